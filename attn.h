@@ -1,0 +1,3092 @@
+/* attn.h - v0.1.0 - paged attention and MLA for C/C++, portable C and CUDA (NVRTC)
+
+   Do this:
+       #define ATTN_IMPLEMENTATION
+   before you include this file in *one* C or C++ file to create the implementation.
+
+       // i.e. it should look like this:
+       #include ...
+       #define ATTN_IMPLEMENTATION
+       #include "attn.h"
+
+   Link with -lpthread -lm (and -ldl on glibc older than 2.34).
+
+   WHAT IT IS
+       Paged-KV-cache attention as served by LLM inference engines (vLLM's v1 attention
+       layer, in plain C): one call runs a batch that mixes prefills (with or without
+       earlier context) and single-token decodes, over a block-paged KV cache, with GQA/MQA,
+       causal or not, sliding window, logits soft cap and ALiBi. Every call returns a status;
+       every backend decision is logged and can be printed as a selection record.
+
+   CONFIGURATION MACROS (define before including the implementation)
+       ATTN_STATIC             make every function static (private copy per C file)
+       ATTN_MALLOC(sz) ATTN_REALLOC(p,sz) ATTN_FREE(p)
+                               custom allocator: define all three or none
+       ATTN_ASSERT(x)          internal invariant check (default: assert.h)
+       ATTN_NO_THREADS         compile the thread pool out (single-threaded CPU backend)
+       ATTN_NO_SIMD            use the plain-C inner loops even where AVX2/AVX-512 exist
+
+   ENVIRONMENT VARIABLES
+       ATTN_BACKEND            force a backend by name (case-insensitive): CPU
+                               (code beats env; an unknown name fails and lists the names)
+       ATTN_LOG_LEVEL          error | warn | info (default) | debug | none
+       ATTN_NUM_THREADS        CPU worker threads (default: the number of online cores)
+       ATTN_BATCH_INVARIANT    1 = never split a sequence's keys across threads, so a row's
+                               result does not depend on what else is in the batch
+
+   BACKENDS, in automatic priority order per platform
+       platform CPU:   CPU
+       platform CUDA:  CPU        (CUDA backends join this list in later versions)
+       A candidate is skipped, with a recorded reason, when a check fails (dtype, KV-cache
+       dtype, head size, block size, feature, platform). Explicit requests (code or env)
+       that cannot be honoured fail with ATTN_ERROR_BACKEND_UNAVAILABLE and every reason,
+       unless attn_select_request.allow_fallback is set: then the automatic choice is used
+       and a WARN line says why.
+
+   ERRORS AND LOGGING
+       Every public function returns attn_status (ATTN_OK = 0); attn_status_string() names
+       it. The context keeps the last error message, which names the argument, the value
+       and what is allowed: attn_context_last_error(ctx); with ctx == NULL the calling
+       thread's last error. Bad input never writes to outputs or caches.
+       Log lines go through one hook (attn_context_desc.log) with a level and an item
+       (attn_log_item, one X-macro list) so programs and tests can match on items. The
+       selector logs each skipped candidate (DEBUG) and exactly one INFO line for each
+       resolution, the default included. Cached resolutions log at DEBUG.
+
+   SELECTION CACHE
+       Resolutions are cached per context, keyed by the layer descriptor, the platform,
+       the request *and the value of ATTN_BACKEND at the time of the call*: changing the
+       variable later takes effect at the next attn_layer_create; attn_selection_cache_clear
+       drops the cache.
+
+   QUICK START (decode over a paged cache; see examples/paged_decode.c)
+       attn_context *ctx;  attn_context_create(NULL, &ctx);
+       attn_layer_desc d = {0};  d.num_heads = 32; d.num_kv_heads = 8; d.head_size = 128;
+       d.dtype = ATTN_DTYPE_F16;  d.block_size = 16;
+       attn_layer *layer;  attn_layer_create(ctx, &d, NULL, &layer);
+       attn_metadata_desc md = {0}; md.max_num_reqs = 8; md.max_num_tokens = 8;
+       md.max_blocks_per_req = 256; md.num_blocks = 2048;
+       attn_metadata *meta;  attn_metadata_create(layer, &md, &meta);
+       attn_metadata_build(meta, 0, &batch, 0);      // batch: attn_batch, see below
+       attn_layer_forward(layer, meta, &q, &k, &v, &kv_cache, &out, NULL, NULL);
+
+   FUNCTION LIST
+       context   attn_context_create attn_context_destroy attn_context_last_error
+                 attn_context_set_log_level attn_status_string attn_log_item_name
+       types     attn_dtype_name attn_dtype_size attn_f32_to_f16 attn_f16_to_f32
+                 attn_f32_to_bf16 attn_bf16_to_f32 attn_tensor_make attn_tensor_nbytes
+       platform  attn_platform_get attn_platform_format
+       backends  attn_backend_get attn_backend_name attn_backend_from_name
+                 attn_register_backend
+       selector  attn_select_backend attn_selection_format attn_selection_cache_clear
+       layer     attn_layer_create attn_layer_destroy attn_layer_backend
+                 attn_layer_selection attn_layer_kv_cache_shape
+       metadata  attn_metadata_create attn_metadata_destroy attn_metadata_build
+       cache     attn_reshape_and_cache
+       forward   attn_layer_forward
+
+   THREAD SAFETY
+       A context may be used from one thread at a time (its forward calls use the context's
+       own worker threads). Different contexts are independent. The backend registry is
+       global and guarded by a lock.
+
+   HISTORY
+       0.1.0  backend abstraction, selector with selection record, metadata builder,
+              paged KV cache, portable C backend.
+
+   LICENSE: MIT, see the end of the file.
+*/
+#ifndef ATTN_H
+#define ATTN_H
+
+#define ATTN_VERSION_MAJOR 0
+#define ATTN_VERSION_MINOR 1
+#define ATTN_VERSION_PATCH 0
+#define ATTN_VERSION_STRING "0.1.0"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifndef ATTN_API
+#ifdef ATTN_STATIC
+#define ATTN_API static
+#else
+#define ATTN_API extern
+#endif
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------------------------------
+   Status codes and log items
+   ------------------------------------------------------------------------------------- */
+
+typedef enum attn_status {
+    ATTN_OK = 0,
+    /* caller errors: the call changed nothing */
+    ATTN_ERROR_NULL_ARGUMENT = 1,        /* a required pointer was NULL */
+    ATTN_ERROR_INVALID_VALUE = 2,        /* a size, count or enum is out of range */
+    ATTN_ERROR_SHAPE_MISMATCH = 3,       /* a tensor's dtype/shape/strides/device disagree */
+    ATTN_ERROR_INVALID_METADATA = 4,     /* the batch description is inconsistent */
+    ATTN_ERROR_UNSUPPORTED = 5,          /* the backend cannot run this combination */
+    ATTN_ERROR_BACKEND_UNAVAILABLE = 6,  /* an explicitly requested backend cannot serve */
+    ATTN_ERROR_UNKNOWN_BACKEND = 7,      /* ATTN_BACKEND or a name matches no backend */
+    ATTN_ERROR_CAPACITY = 8,             /* a batch exceeds the metadata's fixed capacity */
+    /* environment errors */
+    ATTN_ERROR_OUT_OF_MEMORY = 20,
+    ATTN_ERROR_PLATFORM = 21,            /* threads, dynamic loading, driver */
+    ATTN_ERROR_INTERNAL = 30
+} attn_status;
+
+/* One list of log items: the enum and the text come from it. */
+#define ATTN_LOG_ITEMS(X)                                                        \
+    X(NONE, "no item")                                                           \
+    X(CONTEXT_CREATED, "context created")                                        \
+    X(PLATFORM_PROBED, "platform probed")                                        \
+    X(CUDA_UNAVAILABLE, "CUDA platform unavailable")                             \
+    X(SELECT_CANDIDATE_SKIPPED, "backend candidate skipped")                     \
+    X(SELECT_RESOLVED, "backend resolved")                                       \
+    X(SELECT_CACHED, "backend resolution taken from the cache")                  \
+    X(SELECT_FALLBACK, "explicit backend request degraded to automatic choice") \
+    X(SELECT_EXPLICIT_FAILED, "explicit backend request cannot be honoured")     \
+    X(SELECT_NO_BACKEND, "no backend supports the layer")                        \
+    X(SELECT_UNKNOWN_ENV, "ATTN_BACKEND names no backend")                       \
+    X(SELECT_CACHE_CLEARED, "selection cache cleared")                           \
+    X(BACKEND_REGISTERED, "backend registry entry replaced")                     \
+    X(BACKEND_RESTORED, "backend registry entry restored")                       \
+    X(INVALID_ARGUMENT, "invalid argument")                                      \
+    X(INVALID_METADATA, "invalid batch metadata")                                \
+    X(THREADS_STARTED, "worker threads started")                                 \
+    X(OUT_OF_MEMORY, "out of memory")
+
+typedef enum attn_log_item {
+#define ATTN__LOG_ENUM(name, text) ATTN_LOG_##name,
+    ATTN_LOG_ITEMS(ATTN__LOG_ENUM)
+#undef ATTN__LOG_ENUM
+    ATTN_LOG_ITEM_COUNT
+} attn_log_item;
+
+typedef enum attn_log_level {
+    ATTN_LOG_LEVEL_DEFAULT = 0, /* env ATTN_LOG_LEVEL, else INFO */
+    ATTN_LOG_LEVEL_ERROR = 1,
+    ATTN_LOG_LEVEL_WARN = 2,
+    ATTN_LOG_LEVEL_INFO = 3,
+    ATTN_LOG_LEVEL_DEBUG = 4,
+    ATTN_LOG_LEVEL_NONE = 5     /* as a threshold: log nothing */
+} attn_log_level;
+
+/* The logger hook: `message` is one line without a newline, valid during the call. */
+typedef void (*attn_log_fn)(void *user_data, attn_log_level level, attn_log_item item,
+                            const char *message);
+
+ATTN_API const char *attn_status_string(attn_status status);
+ATTN_API const char *attn_log_item_name(attn_log_item item);
+
+/* ---------------------------------------------------------------------------------------
+   Element types and tensor views
+   ------------------------------------------------------------------------------------- */
+
+typedef enum attn_dtype {
+    ATTN_DTYPE_AUTO = 0,  /* in descriptors: "same as the layer dtype" / default */
+    ATTN_DTYPE_F32 = 1,
+    ATTN_DTYPE_F16 = 2,
+    ATTN_DTYPE_BF16 = 3,
+    ATTN_DTYPE_COUNT
+} attn_dtype;
+
+ATTN_API const char *attn_dtype_name(attn_dtype dtype); /* "f32", "f16", "bf16", "auto" */
+ATTN_API size_t attn_dtype_size(attn_dtype dtype);      /* 0 for AUTO or unknown */
+
+/* Exact conversions, round to nearest even (NaN stays NaN, overflow goes to inf). */
+ATTN_API uint16_t attn_f32_to_f16(float x);
+ATTN_API float attn_f16_to_f32(uint16_t h);
+ATTN_API uint16_t attn_f32_to_bf16(float x);
+ATTN_API float attn_bf16_to_f32(uint16_t h);
+
+typedef enum attn_device_kind {
+    ATTN_DEVICE_CPU = 0,
+    ATTN_DEVICE_CUDA = 1
+} attn_device_kind;
+
+typedef struct attn_device {
+    attn_device_kind kind;
+    int index;
+} attn_device;
+
+#define ATTN_MAX_DIMS 6
+
+/* A view of memory the caller owns. Strides are in elements; all-zero strides mean
+   "contiguous" and are filled in by the library. */
+typedef struct attn_tensor {
+    void *data;
+    attn_dtype dtype;
+    int ndim;
+    int64_t shape[ATTN_MAX_DIMS];
+    int64_t strides[ATTN_MAX_DIMS];
+    attn_device device;
+} attn_tensor;
+
+/* A contiguous CPU view; shape has ndim entries (ndim <= ATTN_MAX_DIMS). */
+ATTN_API attn_tensor attn_tensor_make(void *data, attn_dtype dtype, int ndim,
+                                      const int64_t *shape);
+ATTN_API size_t attn_tensor_nbytes(const attn_tensor *t); /* extent of a contiguous view */
+
+/* ---------------------------------------------------------------------------------------
+   Context: logger, last error, worker threads, selection cache
+   ------------------------------------------------------------------------------------- */
+
+typedef struct attn_context attn_context;
+
+typedef struct attn_context_desc {
+    attn_log_fn log;           /* NULL: lines go to stderr as "attn: LEVEL: message" */
+    void *log_user_data;
+    attn_log_level log_level;  /* DEFAULT: env ATTN_LOG_LEVEL, else INFO */
+    int num_threads;           /* 0: env ATTN_NUM_THREADS, else online cores */
+} attn_context_desc;
+
+/* desc may be NULL (all defaults). On failure *out is NULL and the message is in
+   attn_context_last_error(NULL). */
+ATTN_API attn_status attn_context_create(const attn_context_desc *desc, attn_context **out);
+ATTN_API void attn_context_destroy(attn_context *ctx);
+/* ctx == NULL: the calling thread's last error (for failures without a context). */
+ATTN_API const char *attn_context_last_error(const attn_context *ctx);
+ATTN_API attn_status attn_context_set_log_level(attn_context *ctx, attn_log_level level);
+
+/* ---------------------------------------------------------------------------------------
+   Platform
+   ------------------------------------------------------------------------------------- */
+
+typedef enum attn_platform_kind {
+    ATTN_PLATFORM_CPU = 0,
+    ATTN_PLATFORM_CUDA = 1
+} attn_platform_kind;
+
+typedef struct attn_platform {
+    attn_platform_kind kind;      /* CUDA when a driver and a device were found */
+    int cpu_cores;                /* online cores */
+    int cpu_threads;              /* worker threads the context uses */
+    char cpu_simd[32];            /* the inner loops compiled in: "avx512", "avx2", "c" */
+    int cuda_device_count;
+    int cuda_capability_major;    /* of device 0; 0 when none */
+    int cuda_capability_minor;
+    int cuda_multiprocessors;
+    char cuda_device_name[96];
+    int cuda_driver_version;      /* e.g. 13000; 0 when unknown */
+    char cuda_reason[160];        /* why the CUDA platform is unavailable, else "" */
+} attn_platform;
+
+ATTN_API attn_status attn_platform_get(attn_context *ctx, attn_platform *out);
+/* Writes a multi-line description; returns the length it needed (like snprintf). */
+ATTN_API size_t attn_platform_format(const attn_platform *p, char *buf, size_t size);
+
+/* ---------------------------------------------------------------------------------------
+   Layer descriptor (zero-initialise; 0 means default)
+   ------------------------------------------------------------------------------------- */
+
+typedef enum attn_causal {
+    ATTN_CAUSAL_DEFAULT = 0, /* layer: causal (decoder); batch: the layer's setting */
+    ATTN_CAUSAL_YES = 1,
+    ATTN_CAUSAL_NO = 2
+} attn_causal;
+
+typedef struct attn_layer_desc {
+    int num_heads;             /* query heads, required */
+    int num_kv_heads;          /* 0: num_heads; must divide num_heads */
+    int head_size;             /* required (MLA: kv_lora_rank + qk_rope_head_dim) */
+    attn_dtype dtype;          /* q/k/v/out element type; AUTO: F16 */
+    attn_dtype kv_cache_dtype; /* AUTO: dtype */
+    int block_size;            /* tokens per KV-cache block; 0: 16; multiple of 16 */
+    float scale;               /* softmax scale; 0: 1/sqrt(head_size) */
+    attn_causal causal;        /* DEFAULT: causal */
+    int sliding_window;        /* 0: none; else a key is seen only within this many positions */
+    float logits_soft_cap;     /* 0: none; else logits = cap * tanh(logits / cap) */
+    const float *alibi_slopes; /* NULL: none; else num_heads slopes (copied at create) */
+    /* MLA (multi-head latent attention) */
+    int use_mla;
+    int kv_lora_rank;          /* 512 or 256 */
+    int qk_rope_head_dim;      /* 64 */
+    int qk_nope_head_dim;      /* 128 */
+    int v_head_dim;            /* 128 */
+} attn_layer_desc;
+
+/* ---------------------------------------------------------------------------------------
+   Backends (layer 1): a const vtable per backend and a registry id -> backend
+   ------------------------------------------------------------------------------------- */
+
+typedef enum attn_backend_id {
+    ATTN_BACKEND_AUTO = 0,   /* in requests: let the selector choose */
+    ATTN_BACKEND_CPU = 1,    /* portable C, standard attention */
+    ATTN_BACKEND_CUSTOM = 2, /* empty until a plugin registers it */
+    ATTN_BACKEND_COUNT
+} attn_backend_id;
+
+typedef enum attn_cuda_graph_support {
+    ATTN_CUDA_GRAPH_NEVER = 0,
+    ATTN_CUDA_GRAPH_UNIFORM_SINGLE_TOKEN_DECODE = 1,
+    ATTN_CUDA_GRAPH_UNIFORM_BATCH = 2,
+    ATTN_CUDA_GRAPH_ALWAYS = 3
+} attn_cuda_graph_support;
+
+typedef enum attn_lse_base {
+    ATTN_LSE_BASE_E = 0,
+    ATTN_LSE_BASE_2 = 1
+} attn_lse_base;
+
+#define ATTN_DTYPE_BIT(d) (1u << (unsigned)(d))
+
+typedef struct attn_layer attn_layer;
+typedef struct attn_metadata attn_metadata;
+typedef struct attn_batch attn_batch;
+typedef struct attn_backend attn_backend;
+
+/* What a backend is and supports (the selector reads these), and its entry points.
+   A plugin fills one of these (static storage) and passes it to attn_register_backend. */
+struct attn_backend {
+    const char *name;                /* matched case-insensitively by ATTN_BACKEND */
+    attn_backend_id id;
+    unsigned dtypes;                 /* ATTN_DTYPE_BIT mask of q/k/v/out types */
+    unsigned kv_cache_dtypes;        /* mask of KV-cache element types */
+    int head_size_min, head_size_max, head_size_multiple;
+    int block_size_multiple;         /* kernel block sizes: multiples of this (16) */
+    int block_size_max;
+    int supports_non_causal;
+    int supports_sliding_window;
+    int supports_logits_soft_cap;
+    int supports_alibi;
+    int is_mla;
+    int needs_cuda;                  /* only on the CUDA platform */
+    attn_cuda_graph_support cuda_graph;
+    int can_return_lse;
+    attn_lse_base lse_base;
+    /* Extra checks beyond the fields above; NULL = none. Return 0 if supported, else
+       write why into reason. */
+    int (*check)(const attn_backend *self, const attn_layer_desc *desc,
+                 const attn_platform *platform, char *reason, size_t reason_size);
+    /* KV-cache shape for num_blocks blocks of a layer (returns ndim). */
+    int (*kv_cache_shape)(const attn_layer_desc *desc, int64_t num_blocks,
+                          int64_t shape[ATTN_MAX_DIMS]);
+    /* Metadata builder: init allocates the backend's private part for the metadata's
+       fixed capacity (attn_metadata_private_set), release frees it; build turns the
+       validated backend-neutral batch (already copied into meta) into the schedule. */
+    attn_status (*metadata_init)(attn_layer *layer, attn_metadata *meta);
+    void (*metadata_release)(attn_metadata *meta);
+    attn_status (*build)(attn_layer *layer, attn_metadata *meta, int common_prefix_len,
+                         int fast_build);
+    /* The forward call. k/v (new tokens) may be NULL when already in the cache. */
+    attn_status (*forward)(attn_layer *layer, const attn_metadata *meta,
+                           const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
+                           attn_tensor *kv_cache, attn_tensor *out, attn_tensor *lse,
+                           void *stream);
+};
+
+ATTN_API const attn_backend *attn_backend_get(attn_backend_id id); /* NULL if empty */
+ATTN_API const char *attn_backend_name(attn_backend_id id);        /* "AUTO", "CPU", ... */
+/* Case-insensitive lookup among registered backends. */
+ATTN_API attn_status attn_backend_from_name(const char *name, attn_backend_id *out);
+/* Replace the registry entry for id (backend->id must equal id); backend == NULL restores
+   the built-in entry (or empties CUSTOM). Selection caches of all contexts are stale
+   afterwards: call attn_selection_cache_clear. */
+ATTN_API attn_status attn_register_backend(attn_backend_id id, const attn_backend *backend);
+
+/* ---------------------------------------------------------------------------------------
+   Selector (layer 2): code > env ATTN_BACKEND > automatic, always with a record
+   ------------------------------------------------------------------------------------- */
+
+typedef struct attn_select_request {
+    attn_backend_id backend;  /* AUTO: not forced by code */
+    int allow_fallback;       /* explicit (code or env) failures degrade with a WARN line */
+} attn_select_request;
+
+typedef enum attn_selection_source {
+    ATTN_SELECTION_AUTO = 0,
+    ATTN_SELECTION_CODE = 1,
+    ATTN_SELECTION_ENV = 2
+} attn_selection_source;
+
+#define ATTN_SELECTION_MAX_SKIPPED 8
+
+typedef struct attn_selection {
+    /* selection */
+    char env_var[16];                 /* "ATTN_BACKEND" */
+    char env_value[64];               /* its value at resolution time, "" if unset */
+    int env_set;
+    int forced_by_code;
+    attn_backend_id forced_backend;   /* AUTO unless forced_by_code */
+    attn_backend_id default_backend;  /* first of the platform's priority list */
+    attn_backend_id requested;        /* what code or env asked for, AUTO if nothing */
+    attn_backend_id resolved;         /* AUTO only on failure */
+    attn_selection_source source;     /* where the resolved choice came from */
+    int degraded;                     /* an explicit request was not honoured */
+    char degradation[256];            /* why, or "none" */
+    /* inputs */
+    attn_dtype dtype;
+    attn_dtype kv_cache_dtype;        /* effective */
+    int block_size;                   /* effective */
+    int sliding_window;
+    int head_size;
+    int num_heads, num_kv_heads;
+    int use_mla;
+    int device_capability;            /* major*10+minor, 0 on CPU */
+    attn_platform_kind platform;
+    /* evidence */
+    int num_skipped;
+    struct {
+        attn_backend_id backend;
+        char reason[160];
+    } skipped[ATTN_SELECTION_MAX_SKIPPED];
+    char log_line[640];               /* the INFO line that was logged */
+} attn_selection;
+
+/* Resolves without creating a layer. On ATTN_ERROR_BACKEND_UNAVAILABLE /
+   ATTN_ERROR_UNKNOWN_BACKEND / ATTN_ERROR_UNSUPPORTED the record still says why. */
+ATTN_API attn_status attn_select_backend(attn_context *ctx, const attn_layer_desc *desc,
+                                         const attn_select_request *request,
+                                         attn_selection *out);
+/* The record in the field layout of the seed report (YAML-like); returns needed length. */
+ATTN_API size_t attn_selection_format(const attn_selection *s, char *buf, size_t size);
+ATTN_API attn_status attn_selection_cache_clear(attn_context *ctx);
+
+/* ---------------------------------------------------------------------------------------
+   Layer: a resolved backend plus the validated descriptor
+   ------------------------------------------------------------------------------------- */
+
+/* request may be NULL (automatic). */
+ATTN_API attn_status attn_layer_create(attn_context *ctx, const attn_layer_desc *desc,
+                                       const attn_select_request *request, attn_layer **out);
+ATTN_API void attn_layer_destroy(attn_layer *layer);
+ATTN_API const attn_backend *attn_layer_backend(const attn_layer *layer);
+ATTN_API const attn_selection *attn_layer_selection(const attn_layer *layer);
+/* The effective descriptor (defaults filled in). */
+ATTN_API const attn_layer_desc *attn_layer_get_desc(const attn_layer *layer);
+/* Standard: [num_blocks, 2, block_size, num_kv_heads, head_size]. Returns ndim via out. */
+ATTN_API attn_status attn_layer_kv_cache_shape(attn_layer *layer, int64_t num_blocks,
+                                               int64_t shape[ATTN_MAX_DIMS], int *ndim);
+
+/* ---------------------------------------------------------------------------------------
+   Metadata builder (layer 3)
+   ------------------------------------------------------------------------------------- */
+
+/* The backend-neutral description of one batch (vLLM's CommonAttentionMetadata). Tokens
+   of request i are rows query_start_loc[i] .. query_start_loc[i+1]-1 of q/k/v/out; they
+   are the *last* query_len positions of a sequence of seq_lens[i] tokens. */
+struct attn_batch {
+    const int32_t *query_start_loc; /* [num_reqs + 1], starts at 0, non-decreasing */
+    const int32_t *seq_lens;        /* [num_reqs], context + new tokens */
+    const int32_t *block_table;     /* [num_reqs, block_table_stride] block ids */
+    int block_table_stride;         /* entries per row (>= blocks any row needs) */
+    const int64_t *slot_mapping;    /* [num_actual_tokens] cache slot of each new token, -1 = pad */
+    int num_reqs;
+    int num_actual_tokens;          /* == query_start_loc[num_reqs] */
+    int max_query_len;              /* == max of query lengths */
+    int max_seq_len;                /* == max of seq_lens */
+    attn_causal causal;             /* DEFAULT: the layer's setting */
+};
+
+/* Fixed capacity, so that buffers never move between builds (CUDA-graph friendly). */
+typedef struct attn_metadata_desc {
+    int max_num_reqs;        /* required */
+    int max_num_tokens;      /* required */
+    int max_blocks_per_req;  /* required: block_table_stride may not exceed it */
+    int64_t num_blocks;      /* required: blocks in the KV cache this metadata indexes */
+} attn_metadata_desc;
+
+ATTN_API attn_status attn_metadata_create(attn_layer *layer, const attn_metadata_desc *desc,
+                                          attn_metadata **out);
+ATTN_API void attn_metadata_destroy(attn_metadata *meta);
+/* For backends (plugins included): the last built batch (arrays owned by meta), the
+   backend's private part, and the layer's context. */
+ATTN_API const attn_batch *attn_metadata_batch(const attn_metadata *meta);
+ATTN_API void *attn_metadata_private(const attn_metadata *meta);
+ATTN_API void attn_metadata_private_set(attn_metadata *meta, void *priv);
+ATTN_API attn_context *attn_layer_context(const attn_layer *layer);
+/* Validates every field (naming the first bad one), copies the batch, and runs the
+   backend's builder. On error the previous contents are kept. */
+ATTN_API attn_status attn_metadata_build(attn_metadata *meta, int common_prefix_len,
+                                         const attn_batch *batch, int fast_build);
+
+/* ---------------------------------------------------------------------------------------
+   Paged KV cache and forward (layer 4)
+   ------------------------------------------------------------------------------------- */
+
+/* Writes key/value [num_tokens, num_kv_heads, head_size] into kv_cache (the layer's shape)
+   at slot_mapping[i] = block * block_size + offset; -1 skips a token. All slots are
+   checked before anything is written. */
+ATTN_API attn_status attn_reshape_and_cache(attn_layer *layer, const attn_tensor *key,
+                                            const attn_tensor *value, attn_tensor *kv_cache,
+                                            const int64_t *slot_mapping, int num_tokens);
+
+/* q: [num_tokens, num_heads, head_size]; k, v: [num_tokens, num_kv_heads, head_size] or
+   both NULL (already cached); when given they are written to the cache by the metadata's
+   slot_mapping first. out: [num_tokens, num_heads, head_size] of the layer dtype.
+   lse: NULL or f32 [num_tokens, num_heads], base e. stream: CUDA stream (NULL on CPU).
+   num_tokens may exceed the batch's num_actual_tokens (padding rows are not written). */
+ATTN_API attn_status attn_layer_forward(attn_layer *layer, const attn_metadata *meta,
+                                        const attn_tensor *q, const attn_tensor *k,
+                                        const attn_tensor *v, attn_tensor *kv_cache,
+                                        attn_tensor *out, attn_tensor *lse, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ATTN_H */
+
+/* =======================================================================================
+   Stop here if you only want the API.
+   ======================================================================================= */
+
+#ifdef ATTN_IMPLEMENTATION
+#ifndef ATTN_IMPLEMENTATION_DONE
+#define ATTN_IMPLEMENTATION_DONE
+
+/* =======================================================================================
+   >>config
+   Allocator and assert overrides, platform headers, compiler helpers.
+   ======================================================================================= */
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#include <float.h>
+
+#if defined(ATTN_MALLOC) && defined(ATTN_REALLOC) && defined(ATTN_FREE)
+/* all three given */
+#elif !defined(ATTN_MALLOC) && !defined(ATTN_REALLOC) && !defined(ATTN_FREE)
+#define ATTN_MALLOC(sz) malloc(sz)
+#define ATTN_REALLOC(p, sz) realloc(p, sz)
+#define ATTN_FREE(p) free(p)
+#else
+#error "attn.h: define all of ATTN_MALLOC, ATTN_REALLOC and ATTN_FREE, or none of them"
+#endif
+
+#ifndef ATTN_ASSERT
+#include <assert.h>
+#define ATTN_ASSERT(x) assert(x)
+#endif
+
+#include <unistd.h>
+#include <dlfcn.h>
+#ifndef ATTN_NO_THREADS
+#include <pthread.h>
+#endif
+
+#if defined(__cplusplus) && __cplusplus >= 201103L
+#define ATTN__THREAD_LOCAL thread_local
+#elif defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L && !defined(__STDC_NO_THREADS__)
+#define ATTN__THREAD_LOCAL _Thread_local
+#elif defined(__GNUC__) || defined(__clang__)
+#define ATTN__THREAD_LOCAL __thread
+#else
+#define ATTN__THREAD_LOCAL
+#endif
+
+#if defined(__GNUC__) || defined(__clang__)
+#define ATTN__INLINE static inline __attribute__((always_inline))
+#define ATTN__PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define ATTN__INLINE static inline
+#define ATTN__PRINTF(a, b)
+#endif
+
+#if !defined(ATTN_NO_SIMD) && defined(__AVX512F__)
+#define ATTN__SIMD_AVX512 1
+#elif !defined(ATTN_NO_SIMD) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define ATTN__SIMD_AVX2 1
+#else
+#define ATTN__SIMD_C 1
+#endif
+#if defined(ATTN__SIMD_AVX512) || defined(ATTN__SIMD_AVX2)
+#if defined(__GNUC__) && !defined(__clang__)
+/* g++ 12 flags its own AVX-512 headers (-Wmaybe-uninitialized on _mm512_undefined_*). */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+#else
+#include <immintrin.h>
+#endif
+#endif
+
+#define ATTN__MIN(a, b) ((a) < (b) ? (a) : (b))
+#define ATTN__MAX(a, b) ((a) > (b) ? (a) : (b))
+#define ATTN__LOG2E 1.4426950408889634f
+#define ATTN__LN2 0.6931471805599453f
+
+/* =======================================================================================
+   >>common
+   Memory, strings, the last-error slots and the logger every other section reports to.
+   ======================================================================================= */
+
+static void *attn__malloc(size_t size) { return size ? ATTN_MALLOC(size) : NULL; }
+static void *attn__calloc(size_t n, size_t size) {
+    void *p;
+    if (n && size > (size_t)-1 / n) return NULL;
+    p = attn__malloc(n * size);
+    if (p) memset(p, 0, n * size);
+    return p;
+}
+static void attn__free(void *p) { if (p) ATTN_FREE(p); }
+
+/* snprintf through one function, so messages that may be cut stay quiet under
+   -Wformat-truncation (a cut message is still a valid, terminated message). */
+static int attn__fmt(char *buf, size_t size, const char *fmt, ...) ATTN__PRINTF(3, 4);
+static int attn__fmt(char *buf, size_t size, const char *fmt, ...) {
+    va_list ap;
+    int n;
+    va_start(ap, fmt);
+    n = vsnprintf(buf, size, fmt, ap);
+    va_end(ap);
+    return n;
+}
+
+static int attn__tolower(int c) { return (c >= 'A' && c <= 'Z') ? c - 'A' + 'a' : c; }
+static int attn__strieq(const char *a, const char *b) {
+    while (*a && *b) {
+        if (attn__tolower((unsigned char)*a) != attn__tolower((unsigned char)*b)) return 0;
+        a++; b++;
+    }
+    return *a == *b;
+}
+static void attn__strlcpy(char *dst, const char *src, size_t size) {
+    size_t n;
+    if (!size) return;
+    n = strlen(src);
+    if (n >= size) n = size - 1;
+    memcpy(dst, src, n);
+    dst[n] = 0;
+}
+static const char *attn__trim_env(const char *name) {
+    const char *v = getenv(name);
+    return (v && *v) ? v : NULL;
+}
+
+typedef struct attn__threadpool attn__threadpool;
+
+typedef struct attn__selection_cache_entry {
+    attn_layer_desc desc;            /* alibi pointer replaced by a hash of the slopes */
+    uint64_t alibi_hash;
+    attn_select_request request;
+    char env_value[64];
+    attn_status status;
+    attn_selection selection;
+} attn__selection_cache_entry;
+
+struct attn_context {
+    attn_log_fn log;
+    void *log_user_data;
+    attn_log_level log_level;
+    char last_error[512];
+    attn_platform platform;
+    int num_threads;
+    attn__threadpool *pool;
+    float **scratch;                 /* one per thread, grown on demand */
+    size_t *scratch_size;
+    attn__selection_cache_entry *cache;
+    int cache_count, cache_capacity;
+    void *cuda_driver;               /* dlopen handle of libcuda, kept for later backends */
+};
+
+static ATTN__THREAD_LOCAL char attn__thread_error[512];
+
+static const char *attn__level_name(attn_log_level level) {
+    switch (level) {
+    case ATTN_LOG_LEVEL_ERROR: return "ERROR";
+    case ATTN_LOG_LEVEL_WARN: return "WARN";
+    case ATTN_LOG_LEVEL_INFO: return "INFO";
+    case ATTN_LOG_LEVEL_DEBUG: return "DEBUG";
+    default: return "?";
+    }
+}
+
+static attn_log_level attn__env_log_level(void) {
+    const char *v = attn__trim_env("ATTN_LOG_LEVEL");
+    if (!v) return ATTN_LOG_LEVEL_INFO;
+    if (attn__strieq(v, "error")) return ATTN_LOG_LEVEL_ERROR;
+    if (attn__strieq(v, "warn") || attn__strieq(v, "warning")) return ATTN_LOG_LEVEL_WARN;
+    if (attn__strieq(v, "info")) return ATTN_LOG_LEVEL_INFO;
+    if (attn__strieq(v, "debug")) return ATTN_LOG_LEVEL_DEBUG;
+    if (attn__strieq(v, "none") || attn__strieq(v, "off")) return ATTN_LOG_LEVEL_NONE;
+    return ATTN_LOG_LEVEL_INFO;
+}
+
+static void attn__log(const attn_context *ctx, attn_log_level level, attn_log_item item,
+                      const char *fmt, ...) ATTN__PRINTF(4, 5);
+static void attn__log(const attn_context *ctx, attn_log_level level, attn_log_item item,
+                      const char *fmt, ...) {
+    char line[768];
+    va_list ap;
+    attn_log_level threshold = ctx ? ctx->log_level : attn__env_log_level();
+    if (threshold == ATTN_LOG_LEVEL_NONE || level > threshold) return;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (ctx && ctx->log)
+        ctx->log(ctx->log_user_data, level, item, line);
+    else
+        fprintf(stderr, "attn: %s: %s\n", attn__level_name(level), line);
+}
+
+/* Records the message as the last error (context, else thread), logs it at ERROR level
+   under `item`, and returns status so callers can `return attn__fail(...)`. */
+static attn_status attn__fail(attn_context *ctx, attn_status status, attn_log_item item,
+                              const char *fmt, ...) ATTN__PRINTF(4, 5);
+static attn_status attn__fail(attn_context *ctx, attn_status status, attn_log_item item,
+                              const char *fmt, ...) {
+    char *slot = ctx ? ctx->last_error : attn__thread_error;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(slot, 512, fmt, ap);
+    va_end(ap);
+    if (!ctx) attn__strlcpy(attn__thread_error, slot, sizeof attn__thread_error);
+    attn__log(ctx, ATTN_LOG_LEVEL_ERROR, item, "%s: %s", attn_status_string(status), slot);
+    return status;
+}
+
+#define ATTN__CHECK_PTR(ctx, p, fn)                                                        \
+    do {                                                                                   \
+        if (!(p))                                                                          \
+            return attn__fail((ctx), ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT, \
+                              "%s: argument '%s' is NULL (a valid pointer is required)",   \
+                              fn, #p);                                                     \
+    } while (0)
+
+ATTN_API const char *attn_status_string(attn_status status) {
+    switch (status) {
+    case ATTN_OK: return "ATTN_OK";
+    case ATTN_ERROR_NULL_ARGUMENT: return "ATTN_ERROR_NULL_ARGUMENT";
+    case ATTN_ERROR_INVALID_VALUE: return "ATTN_ERROR_INVALID_VALUE";
+    case ATTN_ERROR_SHAPE_MISMATCH: return "ATTN_ERROR_SHAPE_MISMATCH";
+    case ATTN_ERROR_INVALID_METADATA: return "ATTN_ERROR_INVALID_METADATA";
+    case ATTN_ERROR_UNSUPPORTED: return "ATTN_ERROR_UNSUPPORTED";
+    case ATTN_ERROR_BACKEND_UNAVAILABLE: return "ATTN_ERROR_BACKEND_UNAVAILABLE";
+    case ATTN_ERROR_UNKNOWN_BACKEND: return "ATTN_ERROR_UNKNOWN_BACKEND";
+    case ATTN_ERROR_CAPACITY: return "ATTN_ERROR_CAPACITY";
+    case ATTN_ERROR_OUT_OF_MEMORY: return "ATTN_ERROR_OUT_OF_MEMORY";
+    case ATTN_ERROR_PLATFORM: return "ATTN_ERROR_PLATFORM";
+    case ATTN_ERROR_INTERNAL: return "ATTN_ERROR_INTERNAL";
+    }
+    return "ATTN_ERROR_UNKNOWN_STATUS";
+}
+
+ATTN_API const char *attn_log_item_name(attn_log_item item) {
+    static const char *const names[] = {
+#define ATTN__LOG_NAME(name, text) "ATTN_LOG_" #name,
+        ATTN_LOG_ITEMS(ATTN__LOG_NAME)
+#undef ATTN__LOG_NAME
+    };
+    if ((int)item < 0 || (int)item >= (int)ATTN_LOG_ITEM_COUNT) return "ATTN_LOG_?";
+    return names[item];
+}
+
+/* =======================================================================================
+   >>types
+   Exact f16/bf16 conversions (round to nearest even) and tensor-view helpers.
+   ======================================================================================= */
+
+static uint32_t attn__f32_bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
+static float attn__bits_f32(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }
+
+ATTN_API uint16_t attn_f32_to_f16(float x) {
+    uint32_t u = attn__f32_bits(x);
+    uint32_t sign = (u >> 16) & 0x8000u;
+    uint32_t exp = (u >> 23) & 0xffu;
+    uint32_t man = u & 0x7fffffu;
+    if (exp == 0xff) return (uint16_t)(sign | 0x7c00u | (man ? 0x200u | (man >> 13) : 0));
+    if (exp > 142) return (uint16_t)(sign | 0x7c00u); /* >= 2^16: overflow to inf */
+    if (exp < 113) {                                   /* subnormal half or zero */
+        uint32_t shift, m, r, half;
+        if (exp < 102) return (uint16_t)sign;          /* < 2^-25: rounds to zero */
+        m = man | 0x800000u;
+        shift = 126 - exp;                             /* 14..24 */
+        r = m >> shift;
+        half = 1u << (shift - 1);
+        if ((m & ((half << 1) - 1)) > half || ((m & ((half << 1) - 1)) == half && (r & 1))) r++;
+        return (uint16_t)(sign | r);
+    } else {
+        uint32_t h = ((exp - 112) << 10) | (man >> 13);
+        uint32_t rest = man & 0x1fffu;
+        if (rest > 0x1000u || (rest == 0x1000u && (h & 1))) h++; /* may carry into exp: ok */
+        return (uint16_t)(sign | h);
+    }
+}
+
+ATTN_API float attn_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t man = h & 0x3ffu;
+    if (exp == 0x1f) return attn__bits_f32(sign | 0x7f800000u | (man << 13));
+    if (exp == 0) {
+        float v = (float)man * (1.0f / 16777216.0f); /* man * 2^-24, exact */
+        return sign ? -v : v;
+    }
+    return attn__bits_f32(sign | ((exp + 112) << 23) | (man << 13));
+}
+
+ATTN_API uint16_t attn_f32_to_bf16(float x) {
+    uint32_t u = attn__f32_bits(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+ATTN_API float attn_bf16_to_f32(uint16_t h) { return attn__bits_f32((uint32_t)h << 16); }
+
+ATTN_API const char *attn_dtype_name(attn_dtype dtype) {
+    switch (dtype) {
+    case ATTN_DTYPE_AUTO: return "auto";
+    case ATTN_DTYPE_F32: return "f32";
+    case ATTN_DTYPE_F16: return "f16";
+    case ATTN_DTYPE_BF16: return "bf16";
+    default: return "?";
+    }
+}
+
+ATTN_API size_t attn_dtype_size(attn_dtype dtype) {
+    switch (dtype) {
+    case ATTN_DTYPE_F32: return 4;
+    case ATTN_DTYPE_F16: case ATTN_DTYPE_BF16: return 2;
+    default: return 0;
+    }
+}
+
+ATTN_API attn_tensor attn_tensor_make(void *data, attn_dtype dtype, int ndim,
+                                      const int64_t *shape) {
+    attn_tensor t;
+    int i;
+    memset(&t, 0, sizeof t);
+    t.data = data;
+    t.dtype = dtype;
+    t.ndim = (ndim < 0 || ndim > ATTN_MAX_DIMS || !shape) ? 0 : ndim;
+    for (i = 0; i < t.ndim; i++) t.shape[i] = shape[i];
+    return t;
+}
+
+/* Fills default (contiguous) strides into a copy when all strides are zero. */
+static attn_tensor attn__tensor_resolved(const attn_tensor *t) {
+    attn_tensor r = *t;
+    int i, all_zero = 1;
+    for (i = 0; i < r.ndim; i++) if (r.strides[i]) all_zero = 0;
+    if (all_zero && r.ndim > 0) {
+        int64_t s = 1;
+        for (i = r.ndim - 1; i >= 0; i--) { r.strides[i] = s; s *= r.shape[i]; }
+    }
+    return r;
+}
+
+ATTN_API size_t attn_tensor_nbytes(const attn_tensor *t) {
+    size_t n;
+    int i;
+    if (!t || t->ndim <= 0) return 0;
+    n = attn_dtype_size(t->dtype);
+    for (i = 0; i < t->ndim; i++) n *= (size_t)(t->shape[i] > 0 ? t->shape[i] : 0);
+    return n;
+}
+
+static float attn__load_elem(const void *p, attn_dtype dt, int64_t i) {
+    switch (dt) {
+    case ATTN_DTYPE_F32: return ((const float *)p)[i];
+    case ATTN_DTYPE_F16: return attn_f16_to_f32(((const uint16_t *)p)[i]);
+    default: return attn_bf16_to_f32(((const uint16_t *)p)[i]);
+    }
+}
+
+static void attn__store_elem(void *p, attn_dtype dt, int64_t i, float x) {
+    switch (dt) {
+    case ATTN_DTYPE_F32: ((float *)p)[i] = x; break;
+    case ATTN_DTYPE_F16: ((uint16_t *)p)[i] = attn_f32_to_f16(x); break;
+    default: ((uint16_t *)p)[i] = attn_f32_to_bf16(x); break;
+    }
+}
+
+/* Checks a tensor against an expected dtype and shape, innermost dimension contiguous. */
+static attn_status attn__check_tensor(attn_context *ctx, const char *fn, const char *name,
+                                      const attn_tensor *t, attn_dtype dtype, int ndim,
+                                      const int64_t *shape, attn_device_kind device) {
+    int i;
+    if (!t->data)
+        return attn__fail(ctx, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT,
+                          "%s: %s.data is NULL (a valid pointer is required)", fn, name);
+    if (t->dtype != dtype)
+        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
+                          "%s: %s.dtype is %s (allowed: %s)", fn, name,
+                          attn_dtype_name(t->dtype), attn_dtype_name(dtype));
+    if (t->device.kind != device)
+        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
+                          "%s: %s.device is %s (allowed: %s)", fn, name,
+                          t->device.kind == ATTN_DEVICE_CUDA ? "cuda" : "cpu",
+                          device == ATTN_DEVICE_CUDA ? "cuda" : "cpu");
+    if (t->ndim != ndim)
+        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
+                          "%s: %s.ndim is %d (allowed: %d)", fn, name, t->ndim, ndim);
+    for (i = 0; i < ndim; i++) {
+        if (shape[i] >= 0 && t->shape[i] != shape[i])
+            return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
+                              "%s: %s.shape[%d] is %lld (allowed: %lld)", fn, name, i,
+                              (long long)t->shape[i], (long long)shape[i]);
+        if (shape[i] < 0 && t->shape[i] < -shape[i])
+            return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
+                              "%s: %s.shape[%d] is %lld (allowed: at least %lld)", fn, name,
+                              i, (long long)t->shape[i], (long long)-shape[i]);
+    }
+    {
+        attn_tensor r = attn__tensor_resolved(t);
+        if (r.strides[ndim - 1] != 1)
+            return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
+                              "%s: %s.strides[%d] is %lld (allowed: 1, the last dimension "
+                              "must be contiguous)", fn, name, ndim - 1,
+                              (long long)r.strides[ndim - 1]);
+        for (i = 0; i < ndim - 1; i++)
+            if (r.strides[i] < 0)
+                return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
+                                  "%s: %s.strides[%d] is %lld (allowed: >= 0)", fn, name, i,
+                                  (long long)r.strides[i]);
+    }
+    return ATTN_OK;
+}
+
+/* Contiguity of a whole tensor (the KV cache must be exactly the backend's layout). */
+static int attn__tensor_is_contiguous(const attn_tensor *t) {
+    attn_tensor r = attn__tensor_resolved(t);
+    int64_t s = 1;
+    int i;
+    for (i = r.ndim - 1; i >= 0; i--) {
+        if (r.shape[i] != 1 && r.strides[i] != s) return 0;
+        s *= r.shape[i];
+    }
+    return 1;
+}
+
+/* =======================================================================================
+   >>platform
+   What this process can run on: online cores, the compiled SIMD path, and a CUDA driver
+   and device found with dlopen (a missing piece is a recorded reason, never an error).
+   ======================================================================================= */
+
+typedef int attn__CUresult;
+typedef int attn__CUdevice;
+#define ATTN__CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT 16
+#define ATTN__CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR 75
+#define ATTN__CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR 76
+
+/* The driver's library name; tests and unusual installs can point it elsewhere. */
+#ifndef ATTN_CUDA_DRIVER_LIBRARY
+#define ATTN_CUDA_DRIVER_LIBRARY "libcuda.so.1"
+#endif
+
+static int attn__cpu_cores(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+static const char *attn__simd_name(void) {
+#if defined(ATTN__SIMD_AVX512)
+    return "avx512";
+#elif defined(ATTN__SIMD_AVX2)
+    return "avx2";
+#else
+    return "c";
+#endif
+}
+
+/* Fills the CUDA part of p; returns the library handle (kept open) or NULL. */
+static void *attn__probe_cuda(attn_platform *p) {
+    typedef attn__CUresult (*init_fn)(unsigned);
+    typedef attn__CUresult (*count_fn)(int *);
+    typedef attn__CUresult (*get_fn)(attn__CUdevice *, int);
+    typedef attn__CUresult (*attr_fn)(int *, int, attn__CUdevice);
+    typedef attn__CUresult (*name_fn)(char *, int, attn__CUdevice);
+    typedef attn__CUresult (*version_fn)(int *);
+    void *lib = dlopen(ATTN_CUDA_DRIVER_LIBRARY, RTLD_NOW | RTLD_LOCAL);
+    const char *missing = NULL;
+    init_fn cu_init; count_fn cu_count; get_fn cu_get; attr_fn cu_attr; name_fn cu_name;
+    version_fn cu_version;
+    attn__CUdevice dev;
+    attn__CUresult rc;
+    int n = 0;
+    if (!lib) {
+        attn__fmt(p->cuda_reason, sizeof p->cuda_reason, "no CUDA driver (%s not found)",
+                 ATTN_CUDA_DRIVER_LIBRARY);
+        return NULL;
+    }
+    /* Casting object pointers to function pointers is what dlsym requires (POSIX). */
+#define ATTN__SYM(var, type, name)                                   \
+    do {                                                             \
+        void *s_ = dlsym(lib, name);                                 \
+        memcpy(&var, &s_, sizeof var);                               \
+        if (!s_ && !missing) missing = name;                         \
+    } while (0)
+    ATTN__SYM(cu_init, init_fn, "cuInit");
+    ATTN__SYM(cu_count, count_fn, "cuDeviceGetCount");
+    ATTN__SYM(cu_get, get_fn, "cuDeviceGet");
+    ATTN__SYM(cu_attr, attr_fn, "cuDeviceGetAttribute");
+    ATTN__SYM(cu_name, name_fn, "cuDeviceGetName");
+    ATTN__SYM(cu_version, version_fn, "cuDriverGetVersion");
+#undef ATTN__SYM
+    if (missing) {
+        attn__fmt(p->cuda_reason, sizeof p->cuda_reason,
+                 "CUDA driver %s lacks symbol %s", ATTN_CUDA_DRIVER_LIBRARY, missing);
+        dlclose(lib);
+        return NULL;
+    }
+    if ((rc = cu_init(0)) != 0) {
+        attn__fmt(p->cuda_reason, sizeof p->cuda_reason, "cuInit failed (CUresult %d)", rc);
+        dlclose(lib);
+        return NULL;
+    }
+    if ((rc = cu_count(&n)) != 0 || n <= 0) {
+        attn__fmt(p->cuda_reason, sizeof p->cuda_reason, "no CUDA device (cuDeviceGetCount: "
+                 "result %d, count %d)", rc, n);
+        dlclose(lib);
+        return NULL;
+    }
+    p->cuda_device_count = n;
+    cu_version(&p->cuda_driver_version);
+    if (cu_get(&dev, 0) == 0) {
+        cu_attr(&p->cuda_capability_major, ATTN__CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
+        cu_attr(&p->cuda_capability_minor, ATTN__CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
+        cu_attr(&p->cuda_multiprocessors, ATTN__CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
+        cu_name(p->cuda_device_name, (int)sizeof p->cuda_device_name, dev);
+    }
+    p->kind = ATTN_PLATFORM_CUDA;
+    return lib;
+}
+
+ATTN_API attn_status attn_platform_get(attn_context *ctx, attn_platform *out) {
+    ATTN__CHECK_PTR(ctx, ctx, "attn_platform_get");
+    ATTN__CHECK_PTR(ctx, out, "attn_platform_get");
+    *out = ctx->platform;
+    return ATTN_OK;
+}
+
+ATTN_API size_t attn_platform_format(const attn_platform *p, char *buf, size_t size) {
+    int n;
+    if (!p) return 0;
+    n = attn__fmt(buf, size,
+                 "platform:\n"
+                 "  kind: %s\n"
+                 "  cpu_cores: %d\n"
+                 "  cpu_threads: %d\n"
+                 "  cpu_simd: %s\n"
+                 "  cuda_devices: %d\n"
+                 "  cuda_device: %s\n"
+                 "  device_capability: %d.%d\n"
+                 "  cuda_multiprocessors: %d\n"
+                 "  cuda_driver_version: %d\n"
+                 "  cuda_unavailable_reason: %s\n",
+                 p->kind == ATTN_PLATFORM_CUDA ? "CUDA" : "CPU", p->cpu_cores, p->cpu_threads,
+                 p->cpu_simd, p->cuda_device_count,
+                 p->cuda_device_name[0] ? p->cuda_device_name : "none",
+                 p->cuda_capability_major, p->cuda_capability_minor, p->cuda_multiprocessors,
+                 p->cuda_driver_version, p->cuda_reason[0] ? p->cuda_reason : "none");
+    return n < 0 ? 0 : (size_t)n;
+}
+
+/* =======================================================================================
+   >>threads
+   A persistent pool: the caller plus num_threads-1 workers pull task indices from a
+   shared counter (tasks are coarse, so a mutex-guarded counter costs nothing).
+   ======================================================================================= */
+
+typedef void (*attn__task_fn)(void *arg, int task, int thread);
+
+#ifndef ATTN_NO_THREADS
+struct attn__threadpool {
+    pthread_mutex_t lock;
+    pthread_cond_t wake, done;
+    pthread_t *threads;
+    int num_workers;
+    unsigned generation;
+    int stop;
+    attn__task_fn fn;
+    void *arg;
+    int num_tasks, next_task, busy;
+};
+
+typedef struct attn__worker_arg { attn__threadpool *pool; int index; } attn__worker_arg;
+
+static void attn__pool_drain(attn__threadpool *pool, int thread) {
+    for (;;) {
+        int t;
+        pthread_mutex_lock(&pool->lock);
+        t = pool->next_task < pool->num_tasks ? pool->next_task++ : -1;
+        pthread_mutex_unlock(&pool->lock);
+        if (t < 0) return;
+        pool->fn(pool->arg, t, thread);
+    }
+}
+
+static void *attn__worker_main(void *varg) {
+    attn__worker_arg a = *(attn__worker_arg *)varg;
+    attn__threadpool *pool = a.pool;
+    unsigned seen = 0;
+    attn__free(varg);
+    for (;;) {
+        pthread_mutex_lock(&pool->lock);
+        while (!pool->stop && pool->generation == seen) pthread_cond_wait(&pool->wake, &pool->lock);
+        if (pool->stop) { pthread_mutex_unlock(&pool->lock); return NULL; }
+        seen = pool->generation;
+        pthread_mutex_unlock(&pool->lock);
+        attn__pool_drain(pool, a.index);
+        pthread_mutex_lock(&pool->lock);
+        if (--pool->busy == 0) pthread_cond_signal(&pool->done);
+        pthread_mutex_unlock(&pool->lock);
+    }
+}
+
+static void attn__pool_destroy(attn__threadpool *pool) {
+    int i;
+    if (!pool) return;
+    pthread_mutex_lock(&pool->lock);
+    pool->stop = 1;
+    pthread_cond_broadcast(&pool->wake);
+    pthread_mutex_unlock(&pool->lock);
+    for (i = 0; i < pool->num_workers; i++) pthread_join(pool->threads[i], NULL);
+    pthread_cond_destroy(&pool->wake);
+    pthread_cond_destroy(&pool->done);
+    pthread_mutex_destroy(&pool->lock);
+    attn__free(pool->threads);
+    attn__free(pool);
+}
+
+static attn__threadpool *attn__pool_create(int num_threads) {
+    attn__threadpool *pool = (attn__threadpool *)attn__calloc(1, sizeof *pool);
+    int i;
+    if (!pool) return NULL;
+    pthread_mutex_init(&pool->lock, NULL);
+    pthread_cond_init(&pool->wake, NULL);
+    pthread_cond_init(&pool->done, NULL);
+    pool->threads = (pthread_t *)attn__calloc((size_t)(num_threads > 1 ? num_threads - 1 : 1),
+                                               sizeof(pthread_t));
+    if (!pool->threads) { attn__pool_destroy(pool); return NULL; }
+    for (i = 0; i < num_threads - 1; i++) {
+        attn__worker_arg *a = (attn__worker_arg *)attn__malloc(sizeof *a);
+        if (!a) break;
+        a->pool = pool;
+        a->index = i + 1;
+        if (pthread_create(&pool->threads[i], NULL, attn__worker_main, a) != 0) {
+            attn__free(a);
+            break;
+        }
+        pool->num_workers++;
+    }
+    if (pool->num_workers != num_threads - 1) { attn__pool_destroy(pool); return NULL; }
+    return pool;
+}
+
+static void attn__pool_run(attn__threadpool *pool, attn__task_fn fn, void *arg, int num_tasks) {
+    if (!pool || pool->num_workers == 0 || num_tasks <= 1) {
+        int t;
+        for (t = 0; t < num_tasks; t++) fn(arg, t, 0);
+        return;
+    }
+    pthread_mutex_lock(&pool->lock);
+    pool->fn = fn;
+    pool->arg = arg;
+    pool->num_tasks = num_tasks;
+    pool->next_task = 0;
+    pool->busy = pool->num_workers;
+    pool->generation++;
+    pthread_cond_broadcast(&pool->wake);
+    pthread_mutex_unlock(&pool->lock);
+    attn__pool_drain(pool, 0);
+    pthread_mutex_lock(&pool->lock);
+    while (pool->busy > 0) pthread_cond_wait(&pool->done, &pool->lock);
+    pthread_mutex_unlock(&pool->lock);
+}
+#else
+struct attn__threadpool { int unused; };
+static void attn__pool_destroy(attn__threadpool *pool) { (void)pool; }
+static attn__threadpool *attn__pool_create(int num_threads) { (void)num_threads; return NULL; }
+static void attn__pool_run(attn__threadpool *pool, attn__task_fn fn, void *arg, int num_tasks) {
+    int t;
+    (void)pool;
+    for (t = 0; t < num_tasks; t++) fn(arg, t, 0);
+}
+#endif
+
+/* Per-thread float scratch, grown before a parallel region so tasks never allocate. */
+static attn_status attn__scratch_reserve(attn_context *ctx, size_t floats) {
+    int t;
+    for (t = 0; t < ctx->num_threads; t++) {
+        if (ctx->scratch_size[t] < floats) {
+            float *p = (float *)attn__malloc(floats * sizeof(float) + 64);
+            if (!p)
+                return attn__fail(ctx, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
+                                  "worker scratch: cannot allocate %zu bytes",
+                                  floats * sizeof(float));
+            attn__free(ctx->scratch[t]);
+            ctx->scratch[t] = p;
+            ctx->scratch_size[t] = floats;
+        }
+    }
+    return ATTN_OK;
+}
+
+/* =======================================================================================
+   >>context
+   ======================================================================================= */
+
+ATTN_API attn_status attn_context_create(const attn_context_desc *desc, attn_context **out) {
+    attn_context_desc d;
+    attn_context *ctx;
+    int threads;
+    if (!out)
+        return attn__fail(NULL, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT,
+                          "attn_context_create: argument 'out' is NULL (a valid pointer is "
+                          "required)");
+    *out = NULL;
+    memset(&d, 0, sizeof d);
+    if (desc) d = *desc;
+    if ((int)d.log_level < 0 || (int)d.log_level > (int)ATTN_LOG_LEVEL_NONE)
+        return attn__fail(NULL, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                          "attn_context_create: desc.log_level is %d (allowed: 0..5, "
+                          "ATTN_LOG_LEVEL_DEFAULT..ATTN_LOG_LEVEL_NONE)", (int)d.log_level);
+    if (d.num_threads < 0 || d.num_threads > 1024)
+        return attn__fail(NULL, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                          "attn_context_create: desc.num_threads is %d (allowed: 0 = default, "
+                          "or 1..1024)", d.num_threads);
+    threads = d.num_threads;
+    if (!threads) {
+        const char *env = attn__trim_env("ATTN_NUM_THREADS");
+        threads = env ? atoi(env) : 0;
+        if (threads <= 0 || threads > 1024) threads = attn__cpu_cores();
+    }
+#ifdef ATTN_NO_THREADS
+    threads = 1;
+#endif
+    ctx = (attn_context *)attn__calloc(1, sizeof *ctx);
+    if (!ctx)
+        return attn__fail(NULL, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
+                          "attn_context_create: cannot allocate the context");
+    ctx->log = d.log;
+    ctx->log_user_data = d.log_user_data;
+    ctx->log_level = d.log_level ? d.log_level : attn__env_log_level();
+    ctx->num_threads = threads;
+    ctx->scratch = (float **)attn__calloc((size_t)threads, sizeof(float *));
+    ctx->scratch_size = (size_t *)attn__calloc((size_t)threads, sizeof(size_t));
+    if (!ctx->scratch || !ctx->scratch_size) {
+        attn_context_destroy(ctx);
+        return attn__fail(NULL, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
+                          "attn_context_create: cannot allocate thread scratch tables");
+    }
+    if (threads > 1) {
+        ctx->pool = attn__pool_create(threads);
+        if (!ctx->pool) {
+            attn_context_destroy(ctx);
+            return attn__fail(NULL, ATTN_ERROR_PLATFORM, ATTN_LOG_INVALID_ARGUMENT,
+                              "attn_context_create: cannot start %d worker threads", threads - 1);
+        }
+        attn__log(ctx, ATTN_LOG_LEVEL_DEBUG, ATTN_LOG_THREADS_STARTED, "%d worker threads",
+                  threads);
+    }
+    ctx->platform.cpu_cores = attn__cpu_cores();
+    ctx->platform.cpu_threads = threads;
+    attn__strlcpy(ctx->platform.cpu_simd, attn__simd_name(), sizeof ctx->platform.cpu_simd);
+    ctx->cuda_driver = attn__probe_cuda(&ctx->platform);
+    if (ctx->platform.kind != ATTN_PLATFORM_CUDA)
+        attn__log(ctx, ATTN_LOG_LEVEL_DEBUG, ATTN_LOG_CUDA_UNAVAILABLE, "CUDA: %s",
+                  ctx->platform.cuda_reason);
+    attn__log(ctx, ATTN_LOG_LEVEL_DEBUG, ATTN_LOG_PLATFORM_PROBED,
+              "platform %s, %d cores, %d threads, simd %s",
+              ctx->platform.kind == ATTN_PLATFORM_CUDA ? "CUDA" : "CPU",
+              ctx->platform.cpu_cores, threads, ctx->platform.cpu_simd);
+    *out = ctx;
+    return ATTN_OK;
+}
+
+ATTN_API void attn_context_destroy(attn_context *ctx) {
+    int t;
+    if (!ctx) return;
+    attn__pool_destroy(ctx->pool);
+    if (ctx->scratch)
+        for (t = 0; t < ctx->num_threads; t++) attn__free(ctx->scratch[t]);
+    attn__free(ctx->scratch);
+    attn__free(ctx->scratch_size);
+    attn__free(ctx->cache);
+    if (ctx->cuda_driver) dlclose(ctx->cuda_driver);
+    attn__free(ctx);
+}
+
+ATTN_API const char *attn_context_last_error(const attn_context *ctx) {
+    return ctx ? ctx->last_error : attn__thread_error;
+}
+
+ATTN_API attn_status attn_context_set_log_level(attn_context *ctx, attn_log_level level) {
+    ATTN__CHECK_PTR(ctx, ctx, "attn_context_set_log_level");
+    if ((int)level < 0 || (int)level > (int)ATTN_LOG_LEVEL_NONE)
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                          "attn_context_set_log_level: level is %d (allowed: 0..5)", (int)level);
+    ctx->log_level = level ? level : attn__env_log_level();
+    return ATTN_OK;
+}
+
+/* =======================================================================================
+   >>registry
+   Backend id -> const vtable. Built-in entries are static; attn_register_backend swaps
+   an entry under a lock (the only global mutable state in the library).
+   ======================================================================================= */
+
+static const attn_backend *attn__builtin_backend(attn_backend_id id); /* >>cpu */
+
+static const attn_backend *attn__registry_override[ATTN_BACKEND_COUNT];
+static int attn__registry_overridden[ATTN_BACKEND_COUNT];
+#ifndef ATTN_NO_THREADS
+static pthread_mutex_t attn__registry_lock = PTHREAD_MUTEX_INITIALIZER;
+#define ATTN__REGISTRY_LOCK() pthread_mutex_lock(&attn__registry_lock)
+#define ATTN__REGISTRY_UNLOCK() pthread_mutex_unlock(&attn__registry_lock)
+#else
+#define ATTN__REGISTRY_LOCK() ((void)0)
+#define ATTN__REGISTRY_UNLOCK() ((void)0)
+#endif
+
+/* Automatic priority per platform: the first entry whose checks pass wins. CUSTOM leads
+   so that a registered plugin is preferred; an empty slot is not a candidate. */
+static const attn_backend_id attn__priority_cpu[] = {ATTN_BACKEND_CUSTOM, ATTN_BACKEND_CPU};
+static const attn_backend_id attn__priority_cuda[] = {ATTN_BACKEND_CUSTOM, ATTN_BACKEND_CPU};
+
+static const attn_backend_id *attn__priority_list(attn_platform_kind kind, int *count) {
+    if (kind == ATTN_PLATFORM_CUDA) {
+        *count = (int)(sizeof attn__priority_cuda / sizeof attn__priority_cuda[0]);
+        return attn__priority_cuda;
+    }
+    *count = (int)(sizeof attn__priority_cpu / sizeof attn__priority_cpu[0]);
+    return attn__priority_cpu;
+}
+
+ATTN_API const attn_backend *attn_backend_get(attn_backend_id id) {
+    const attn_backend *b;
+    if ((int)id <= 0 || (int)id >= (int)ATTN_BACKEND_COUNT) return NULL;
+    ATTN__REGISTRY_LOCK();
+    b = attn__registry_overridden[id] ? attn__registry_override[id] : attn__builtin_backend(id);
+    ATTN__REGISTRY_UNLOCK();
+    return b;
+}
+
+ATTN_API const char *attn_backend_name(attn_backend_id id) {
+    switch (id) {
+    case ATTN_BACKEND_AUTO: return "AUTO";
+    case ATTN_BACKEND_CPU: return "CPU";
+    case ATTN_BACKEND_CUSTOM: return "CUSTOM";
+    default: return "?";
+    }
+}
+
+/* The valid names, for error messages: "CPU, CUSTOM". */
+static void attn__backend_names(char *buf, size_t size) {
+    int id;
+    buf[0] = 0;
+    for (id = 1; id < (int)ATTN_BACKEND_COUNT; id++) {
+        const attn_backend *b = attn_backend_get((attn_backend_id)id);
+        size_t n = strlen(buf);
+        if (!b) continue;
+        attn__fmt(buf + n, size - n, "%s%s", n ? ", " : "", b->name);
+    }
+}
+
+ATTN_API attn_status attn_backend_from_name(const char *name, attn_backend_id *out) {
+    int id;
+    char names[256];
+    ATTN__CHECK_PTR(NULL, name, "attn_backend_from_name");
+    ATTN__CHECK_PTR(NULL, out, "attn_backend_from_name");
+    for (id = 1; id < (int)ATTN_BACKEND_COUNT; id++) {
+        const attn_backend *b = attn_backend_get((attn_backend_id)id);
+        if ((b && attn__strieq(name, b->name)) || attn__strieq(name, attn_backend_name((attn_backend_id)id))) {
+            if (!b) break;
+            *out = (attn_backend_id)id;
+            return ATTN_OK;
+        }
+    }
+    attn__backend_names(names, sizeof names);
+    return attn__fail(NULL, ATTN_ERROR_UNKNOWN_BACKEND, ATTN_LOG_INVALID_ARGUMENT,
+                      "backend name '%s' matches no registered backend (allowed, "
+                      "case-insensitive: %s)", name, names);
+}
+
+ATTN_API attn_status attn_register_backend(attn_backend_id id, const attn_backend *backend) {
+    if ((int)id <= 0 || (int)id >= (int)ATTN_BACKEND_COUNT)
+        return attn__fail(NULL, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                          "attn_register_backend: id is %d (allowed: 1..%d)", (int)id,
+                          (int)ATTN_BACKEND_COUNT - 1);
+    if (backend) {
+        if (backend->id != id)
+            return attn__fail(NULL, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                              "attn_register_backend: backend->id is %d (allowed: %d, the "
+                              "slot it is registered in)", (int)backend->id, (int)id);
+        if (!backend->name || !backend->name[0] || !backend->forward || !backend->kv_cache_shape)
+            return attn__fail(NULL, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                              "attn_register_backend: backend must have a name, "
+                              "kv_cache_shape and forward (one of them is NULL)");
+        if (backend->block_size_multiple <= 0 || backend->block_size_multiple % 16)
+            return attn__fail(NULL, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                              "attn_register_backend: backend->block_size_multiple is %d "
+                              "(allowed: a positive multiple of 16)",
+                              backend->block_size_multiple);
+    }
+    ATTN__REGISTRY_LOCK();
+    attn__registry_overridden[id] = backend != NULL;
+    attn__registry_override[id] = backend;
+    ATTN__REGISTRY_UNLOCK();
+    if (backend)
+        attn__log(NULL, ATTN_LOG_LEVEL_DEBUG, ATTN_LOG_BACKEND_REGISTERED,
+                  "registry: %s now serves id %d", backend->name, (int)id);
+    else
+        attn__log(NULL, ATTN_LOG_LEVEL_DEBUG, ATTN_LOG_BACKEND_RESTORED,
+                  "registry: id %d restored to its built-in entry", (int)id);
+    return ATTN_OK;
+}
+
+/* =======================================================================================
+   >>selector
+   Descriptor validation and defaults, the per-backend checks, and the resolution
+   code > env > automatic that always leaves a record and one INFO line.
+   ======================================================================================= */
+
+static attn_status attn__desc_resolve(attn_context *ctx, const char *fn,
+                                      const attn_layer_desc *in, attn_layer_desc *out) {
+    attn_layer_desc d = *in;
+    int i;
+#define ATTN__BAD(...) return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT, __VA_ARGS__)
+    if (d.num_heads <= 0) ATTN__BAD("%s: desc.num_heads is %d (allowed: >= 1)", fn, d.num_heads);
+    if (d.num_kv_heads < 0)
+        ATTN__BAD("%s: desc.num_kv_heads is %d (allowed: 0 = num_heads, or a divisor of "
+                  "num_heads)", fn, d.num_kv_heads);
+    if (!d.num_kv_heads) d.num_kv_heads = d.use_mla ? 1 : d.num_heads;
+    if (d.num_heads % d.num_kv_heads)
+        ATTN__BAD("%s: desc.num_kv_heads is %d (allowed: a divisor of num_heads %d)", fn,
+                  d.num_kv_heads, d.num_heads);
+    if (d.head_size <= 0) ATTN__BAD("%s: desc.head_size is %d (allowed: >= 1)", fn, d.head_size);
+    if ((int)d.dtype < 0 || (int)d.dtype >= (int)ATTN_DTYPE_COUNT)
+        ATTN__BAD("%s: desc.dtype is %d (allowed: ATTN_DTYPE_AUTO, F32, F16, BF16)", fn, (int)d.dtype);
+    if ((int)d.kv_cache_dtype < 0 || (int)d.kv_cache_dtype >= (int)ATTN_DTYPE_COUNT)
+        ATTN__BAD("%s: desc.kv_cache_dtype is %d (allowed: ATTN_DTYPE_AUTO, F32, F16, BF16)",
+                  fn, (int)d.kv_cache_dtype);
+    if (!d.dtype) d.dtype = ATTN_DTYPE_F16;
+    if (!d.kv_cache_dtype) d.kv_cache_dtype = d.dtype;
+    if (d.block_size < 0 || d.block_size % 16)
+        ATTN__BAD("%s: desc.block_size is %d (allowed: 0 = 16, or a positive multiple of 16)",
+                  fn, d.block_size);
+    if (!d.block_size) d.block_size = 16;
+    if (!(d.scale >= 0.0f) || d.scale > FLT_MAX)
+        ATTN__BAD("%s: desc.scale is %g (allowed: 0 = 1/sqrt(head_size), or a finite value "
+                  "> 0)", fn, (double)d.scale);
+    if (d.scale == 0.0f) {
+        int qk = d.use_mla ? d.qk_nope_head_dim + d.qk_rope_head_dim : d.head_size;
+        d.scale = 1.0f / sqrtf((float)(qk > 0 ? qk : d.head_size));
+    }
+    if ((int)d.causal < 0 || (int)d.causal > (int)ATTN_CAUSAL_NO)
+        ATTN__BAD("%s: desc.causal is %d (allowed: ATTN_CAUSAL_DEFAULT, _YES, _NO)", fn,
+                  (int)d.causal);
+    if (!d.causal) d.causal = ATTN_CAUSAL_YES;
+    if (d.sliding_window < 0)
+        ATTN__BAD("%s: desc.sliding_window is %d (allowed: 0 = none, or >= 1)", fn,
+                  d.sliding_window);
+    if (!(d.logits_soft_cap >= 0.0f) || d.logits_soft_cap > FLT_MAX)
+        ATTN__BAD("%s: desc.logits_soft_cap is %g (allowed: 0 = none, or a finite value > 0)",
+                  fn, (double)d.logits_soft_cap);
+    if (d.alibi_slopes)
+        for (i = 0; i < d.num_heads; i++)
+            if (!(d.alibi_slopes[i] - d.alibi_slopes[i] == 0.0f))
+                ATTN__BAD("%s: desc.alibi_slopes[%d] is %g (allowed: finite values)", fn, i,
+                          (double)d.alibi_slopes[i]);
+    if (d.use_mla < 0 || d.use_mla > 1)
+        ATTN__BAD("%s: desc.use_mla is %d (allowed: 0 or 1)", fn, d.use_mla);
+#undef ATTN__BAD
+    *out = d;
+    return ATTN_OK;
+}
+
+static int attn__head_size_ok(const attn_backend *b, int hs) {
+    return hs >= b->head_size_min && hs <= b->head_size_max &&
+           (b->head_size_multiple <= 1 || hs % b->head_size_multiple == 0);
+}
+
+static void attn__dtype_mask_names(unsigned mask, char *buf, size_t size) {
+    int d;
+    buf[0] = 0;
+    for (d = 1; d < (int)ATTN_DTYPE_COUNT; d++)
+        if (mask & ATTN_DTYPE_BIT(d)) {
+            size_t n = strlen(buf);
+            attn__fmt(buf + n, size - n, "%s%s", n ? ", " : "", attn_dtype_name((attn_dtype)d));
+        }
+}
+
+/* 0 when b can serve the (resolved) descriptor on the platform, else reason is written. */
+static int attn__backend_check(const attn_backend *b, const attn_layer_desc *d,
+                               const attn_platform *p, char *reason, size_t size) {
+    char allowed[64];
+    char custom[128];
+    if (b->needs_cuda && p->kind != ATTN_PLATFORM_CUDA) {
+        attn__fmt(reason, size, "%s: %s", b->name, p->cuda_reason[0] ? p->cuda_reason : "no CUDA device");
+        return 1;
+    }
+    if (b->is_mla != d->use_mla) {
+        attn__fmt(reason, size, b->is_mla ? "%s: MLA backend, the layer is not MLA (use_mla = 0)"
+                                         : "%s: standard-attention backend, the layer is MLA "
+                                           "(use_mla = 1)", b->name);
+        return 1;
+    }
+    if (!(b->dtypes & ATTN_DTYPE_BIT(d->dtype))) {
+        attn__dtype_mask_names(b->dtypes, allowed, sizeof allowed);
+        attn__fmt(reason, size, "%s: dtype %s not supported (%s)", b->name,
+                 attn_dtype_name(d->dtype), allowed);
+        return 1;
+    }
+    if (!(b->kv_cache_dtypes & ATTN_DTYPE_BIT(d->kv_cache_dtype))) {
+        attn__dtype_mask_names(b->kv_cache_dtypes, allowed, sizeof allowed);
+        attn__fmt(reason, size, "%s: kv_cache_dtype %s not supported (%s)", b->name,
+                 attn_dtype_name(d->kv_cache_dtype), allowed);
+        return 1;
+    }
+    if (!attn__head_size_ok(b, d->head_size)) {
+        attn__fmt(reason, size, "%s: head_size %d not supported (multiples of %d from %d to %d)",
+                 b->name, d->head_size, b->head_size_multiple, b->head_size_min, b->head_size_max);
+        return 1;
+    }
+    if (d->block_size % b->block_size_multiple || (b->block_size_max && d->block_size > b->block_size_max)) {
+        attn__fmt(reason, size, "%s: block_size %d not supported (multiples of %d up to %d)",
+                 b->name, d->block_size, b->block_size_multiple, b->block_size_max);
+        return 1;
+    }
+    if (d->causal == ATTN_CAUSAL_NO && !b->supports_non_causal) {
+        attn__fmt(reason, size, "%s: non-causal attention not supported", b->name);
+        return 1;
+    }
+    if (d->sliding_window && !b->supports_sliding_window) {
+        attn__fmt(reason, size, "%s: sliding_window %d not supported", b->name, d->sliding_window);
+        return 1;
+    }
+    if (d->logits_soft_cap > 0.0f && !b->supports_logits_soft_cap) {
+        attn__fmt(reason, size, "%s: logits_soft_cap not supported", b->name);
+        return 1;
+    }
+    if (d->alibi_slopes && !b->supports_alibi) {
+        attn__fmt(reason, size, "%s: ALiBi not supported", b->name);
+        return 1;
+    }
+    if (b->check) {
+        custom[0] = 0;
+        if (b->check(b, d, p, custom, sizeof custom)) {
+            attn__fmt(reason, size, "%s: %s", b->name, custom[0] ? custom : "backend check failed");
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static uint64_t attn__hash_floats(const float *f, int n) {
+    uint64_t h = 1469598103934665603ull;
+    int i;
+    if (!f) return 0;
+    for (i = 0; i < n; i++) {
+        uint32_t u = attn__f32_bits(f[i]);
+        h = (h ^ u) * 1099511628211ull;
+    }
+    return h | 1;
+}
+
+static int attn__desc_equal(const attn_layer_desc *a, const attn_layer_desc *b) {
+    return a->num_heads == b->num_heads && a->num_kv_heads == b->num_kv_heads &&
+           a->head_size == b->head_size && a->dtype == b->dtype &&
+           a->kv_cache_dtype == b->kv_cache_dtype && a->block_size == b->block_size &&
+           a->scale == b->scale && a->causal == b->causal &&
+           a->sliding_window == b->sliding_window && a->logits_soft_cap == b->logits_soft_cap &&
+           a->use_mla == b->use_mla && a->kv_lora_rank == b->kv_lora_rank &&
+           a->qk_rope_head_dim == b->qk_rope_head_dim &&
+           a->qk_nope_head_dim == b->qk_nope_head_dim && a->v_head_dim == b->v_head_dim;
+}
+
+static void attn__selection_add_skip(attn_selection *s, attn_backend_id id, const char *reason) {
+    if (s->num_skipped >= ATTN_SELECTION_MAX_SKIPPED) return;
+    s->skipped[s->num_skipped].backend = id;
+    attn__strlcpy(s->skipped[s->num_skipped].reason, reason, sizeof s->skipped[0].reason);
+    s->num_skipped++;
+}
+
+/* All skip reasons joined by "; " for error messages. */
+static void attn__selection_reasons(const attn_selection *s, char *buf, size_t size) {
+    int i;
+    buf[0] = 0;
+    for (i = 0; i < s->num_skipped; i++) {
+        size_t n = strlen(buf);
+        attn__fmt(buf + n, size - n, "%s%s", n ? "; " : "", s->skipped[i].reason);
+    }
+}
+
+static void attn__automatic(attn_context *ctx, const attn_layer_desc *d, attn_selection *s) {
+    int count, i;
+    const attn_backend_id *list = attn__priority_list(ctx->platform.kind, &count);
+    char reason[160];
+    for (i = 0; i < count; i++) {
+        const attn_backend *b = attn_backend_get(list[i]);
+        if (!b) continue;
+        if (attn__backend_check(b, d, &ctx->platform, reason, sizeof reason)) {
+            attn__selection_add_skip(s, list[i], reason);
+            attn__log(ctx, ATTN_LOG_LEVEL_DEBUG, ATTN_LOG_SELECT_CANDIDATE_SKIPPED, "skipped %s",
+                      reason);
+            continue;
+        }
+        s->resolved = list[i];
+        return;
+    }
+}
+
+static attn_status attn__resolve(attn_context *ctx, const attn_layer_desc *d,
+                                 const attn_select_request *req, attn_selection *s) {
+    const char *env = attn__trim_env("ATTN_BACKEND");
+    int count, i;
+    const attn_backend_id *list = attn__priority_list(ctx->platform.kind, &count);
+    char reasons[1024], reason[160];
+    memset(s, 0, sizeof *s);
+    attn__strlcpy(s->env_var, "ATTN_BACKEND", sizeof s->env_var);
+    if (env) { s->env_set = 1; attn__strlcpy(s->env_value, env, sizeof s->env_value); }
+    s->dtype = d->dtype;
+    s->kv_cache_dtype = d->kv_cache_dtype;
+    s->block_size = d->block_size;
+    s->sliding_window = d->sliding_window;
+    s->head_size = d->head_size;
+    s->num_heads = d->num_heads;
+    s->num_kv_heads = d->num_kv_heads;
+    s->use_mla = d->use_mla;
+    s->platform = ctx->platform.kind;
+    s->device_capability = ctx->platform.kind == ATTN_PLATFORM_CUDA
+                               ? ctx->platform.cuda_capability_major * 10 + ctx->platform.cuda_capability_minor
+                               : 0;
+    attn__strlcpy(s->degradation, "none", sizeof s->degradation);
+    for (i = 0; i < count; i++)
+        if (attn_backend_get(list[i])) { s->default_backend = list[i]; break; }
+
+    if (req->backend != ATTN_BACKEND_AUTO) {
+        s->forced_by_code = 1;
+        s->forced_backend = req->backend;
+        s->requested = req->backend;
+        s->source = ATTN_SELECTION_CODE;
+    } else if (env) {
+        attn_backend_id id = ATTN_BACKEND_AUTO;
+        int k;
+        for (k = 1; k < (int)ATTN_BACKEND_COUNT; k++) {
+            const attn_backend *b = attn_backend_get((attn_backend_id)k);
+            if (b && attn__strieq(env, b->name)) { id = (attn_backend_id)k; break; }
+        }
+        if (id == ATTN_BACKEND_AUTO) {
+            char names[256];
+            attn__backend_names(names, sizeof names);
+            attn__fmt(s->log_line, sizeof s->log_line,
+                     "ATTN_BACKEND='%s' names no backend (allowed, case-insensitive: %s)", env, names);
+            return attn__fail(ctx, ATTN_ERROR_UNKNOWN_BACKEND, ATTN_LOG_SELECT_UNKNOWN_ENV, "%s",
+                              s->log_line);
+        }
+        s->requested = id;
+        s->source = ATTN_SELECTION_ENV;
+    }
+
+    if (s->requested != ATTN_BACKEND_AUTO) {
+        const attn_backend *b = attn_backend_get(s->requested);
+        if (!b)
+            attn__fmt(reason, sizeof reason, "%s: not registered", attn_backend_name(s->requested));
+        if (b && !attn__backend_check(b, d, &ctx->platform, reason, sizeof reason)) {
+            s->resolved = s->requested;
+        } else {
+            attn__selection_add_skip(s, s->requested, reason);
+            if (!req->allow_fallback) {
+                attn__fmt(s->log_line, sizeof s->log_line,
+                         "backend %s requested by %s cannot serve the layer: %s",
+                         attn_backend_name(s->requested),
+                         s->source == ATTN_SELECTION_CODE ? "code" : "env ATTN_BACKEND", reason);
+                return attn__fail(ctx, ATTN_ERROR_BACKEND_UNAVAILABLE,
+                                  ATTN_LOG_SELECT_EXPLICIT_FAILED, "%s", s->log_line);
+            }
+            s->degraded = 1;
+            attn__fmt(s->degradation, sizeof s->degradation, "%s", reason);
+            attn__automatic(ctx, d, s);
+            if (s->resolved)
+                attn__log(ctx, ATTN_LOG_LEVEL_WARN, ATTN_LOG_SELECT_FALLBACK,
+                          "requested backend %s (%s) cannot serve the layer (%s); falling "
+                          "back to %s", attn_backend_name(s->requested),
+                          s->source == ATTN_SELECTION_CODE ? "code" : "env", reason,
+                          attn_backend_name(s->resolved));
+            s->source = ATTN_SELECTION_AUTO;
+        }
+    } else {
+        attn__automatic(ctx, d, s);
+    }
+    if (!s->resolved) {
+        attn__selection_reasons(s, reasons, sizeof reasons);
+        attn__fmt(s->log_line, sizeof s->log_line, "no backend supports the layer: %s",
+                 reasons[0] ? reasons : "no backend registered");
+        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_SELECT_NO_BACKEND, "%s",
+                          s->log_line);
+    }
+    attn__fmt(s->log_line, sizeof s->log_line,
+             "attention backend %s (source: %s%s; degraded: %s) for %s layer heads=%d/%d "
+             "head_size=%d dtype=%s kv_cache_dtype=%s block_size=%d sliding_window=%d "
+             "platform=%s",
+             attn_backend_name(s->resolved),
+             s->source == ATTN_SELECTION_CODE ? "code" : s->source == ATTN_SELECTION_ENV ? "env" : "auto",
+             (s->source == ATTN_SELECTION_AUTO && s->resolved == s->default_backend) ? ", default" : "",
+             s->degradation, d->use_mla ? "MLA" : "standard", d->num_heads, d->num_kv_heads,
+             d->head_size, attn_dtype_name(d->dtype), attn_dtype_name(d->kv_cache_dtype),
+             d->block_size, d->sliding_window, ctx->platform.kind == ATTN_PLATFORM_CUDA ? "CUDA" : "CPU");
+    attn__log(ctx, ATTN_LOG_LEVEL_INFO, ATTN_LOG_SELECT_RESOLVED, "%s", s->log_line);
+    return ATTN_OK;
+}
+
+/* Resolution through the context's cache (keyed by descriptor, request, env value). */
+static attn_status attn__select(attn_context *ctx, const attn_layer_desc *d,
+                                const attn_select_request *req, attn_selection *out) {
+    const char *env = attn__trim_env("ATTN_BACKEND");
+    char env_value[64];
+    uint64_t ah = attn__hash_floats(d->alibi_slopes, d->num_heads);
+    attn_status st;
+    int i;
+    attn__strlcpy(env_value, env ? env : "", sizeof env_value);
+    for (i = 0; i < ctx->cache_count; i++) {
+        attn__selection_cache_entry *e = &ctx->cache[i];
+        if (attn__desc_equal(&e->desc, d) && e->alibi_hash == ah &&
+            e->request.backend == req->backend && e->request.allow_fallback == req->allow_fallback &&
+            strcmp(e->env_value, env_value) == 0) {
+            *out = e->selection;
+            attn__log(ctx, ATTN_LOG_LEVEL_DEBUG, ATTN_LOG_SELECT_CACHED, "cached: %s",
+                      out->log_line);
+            return ATTN_OK;
+        }
+    }
+    st = attn__resolve(ctx, d, req, out);
+    if (st != ATTN_OK) return st;
+    if (ctx->cache_count == ctx->cache_capacity) {
+        int cap = ctx->cache_capacity ? ctx->cache_capacity * 2 : 8;
+        attn__selection_cache_entry *n = (attn__selection_cache_entry *)ATTN_REALLOC(
+            ctx->cache, (size_t)cap * sizeof *n);
+        if (!n) return ATTN_OK; /* caching is an optimisation */
+        ctx->cache = n;
+        ctx->cache_capacity = cap;
+    }
+    {
+        attn__selection_cache_entry *e = &ctx->cache[ctx->cache_count++];
+        memset(e, 0, sizeof *e);
+        e->desc = *d;
+        e->desc.alibi_slopes = NULL;
+        e->alibi_hash = ah;
+        e->request = *req;
+        attn__strlcpy(e->env_value, env_value, sizeof e->env_value);
+        e->status = st;
+        e->selection = *out;
+    }
+    return ATTN_OK;
+}
+
+ATTN_API attn_status attn_select_backend(attn_context *ctx, const attn_layer_desc *desc,
+                                         const attn_select_request *request,
+                                         attn_selection *out) {
+    attn_layer_desc d;
+    attn_select_request req;
+    attn_status st;
+    ATTN__CHECK_PTR(ctx, ctx, "attn_select_backend");
+    ATTN__CHECK_PTR(ctx, desc, "attn_select_backend");
+    ATTN__CHECK_PTR(ctx, out, "attn_select_backend");
+    memset(&req, 0, sizeof req);
+    if (request) req = *request;
+    if ((int)req.backend < 0 || (int)req.backend >= (int)ATTN_BACKEND_COUNT)
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                          "attn_select_backend: request.backend is %d (allowed: 0 = AUTO .. %d)",
+                          (int)req.backend, (int)ATTN_BACKEND_COUNT - 1);
+    st = attn__desc_resolve(ctx, "attn_select_backend", desc, &d);
+    if (st != ATTN_OK) return st;
+    return attn__select(ctx, &d, &req, out);
+}
+
+ATTN_API attn_status attn_selection_cache_clear(attn_context *ctx) {
+    ATTN__CHECK_PTR(ctx, ctx, "attn_selection_cache_clear");
+    ctx->cache_count = 0;
+    attn__log(ctx, ATTN_LOG_LEVEL_DEBUG, ATTN_LOG_SELECT_CACHE_CLEARED, "selection cache cleared");
+    return ATTN_OK;
+}
+
+ATTN_API size_t attn_selection_format(const attn_selection *s, char *buf, size_t size) {
+    char skipped[1100];
+    int n, i;
+    if (!s) return 0;
+    skipped[0] = 0;
+    for (i = 0; i < s->num_skipped; i++) {
+        size_t k = strlen(skipped);
+        attn__fmt(skipped + k, sizeof skipped - k, "    - %s\n", s->skipped[i].reason);
+    }
+    n = attn__fmt(buf, size,
+                 "selection:\n"
+                 "  env_var: %s\n"
+                 "  env_value: %s\n"
+                 "  forced_by_code: %s\n"
+                 "  default_backend: %s\n"
+                 "  requested_backend: %s\n"
+                 "  resolved_backend: %s\n"
+                 "  source: %s\n"
+                 "  degradation_hit: %s\n"
+                 "  skipped:%s\n%s"
+                 "inputs:\n"
+                 "  layer: %s\n"
+                 "  num_heads: %d\n"
+                 "  num_kv_heads: %d\n"
+                 "  dtype: %s\n"
+                 "  kv_cache_dtype: %s\n"
+                 "  block_size: %d  # effective\n"
+                 "  sliding_window: %d\n"
+                 "  head_size: %d\n"
+                 "  device_capability: %s%d.%d\n"
+                 "platform:\n"
+                 "  kind: %s\n"
+                 "log:\n"
+                 "  backend_line: %s\n",
+                 s->env_var, s->env_set ? s->env_value : "(unset)",
+                 s->forced_by_code ? attn_backend_name(s->forced_backend) : "no",
+                 attn_backend_name(s->default_backend), attn_backend_name(s->requested),
+                 s->resolved ? attn_backend_name(s->resolved) : "(none)",
+                 s->source == ATTN_SELECTION_CODE ? "code" : s->source == ATTN_SELECTION_ENV ? "env" : "auto",
+                 s->degradation, s->num_skipped ? "" : " none", skipped,
+                 s->use_mla ? "MLA" : "standard", s->num_heads, s->num_kv_heads,
+                 attn_dtype_name(s->dtype), attn_dtype_name(s->kv_cache_dtype), s->block_size,
+                 s->sliding_window, s->head_size, s->device_capability ? "" : "none (CPU) ",
+                 s->device_capability / 10, s->device_capability % 10,
+                 s->platform == ATTN_PLATFORM_CUDA ? "CUDA" : "CPU", s->log_line);
+    return n < 0 ? 0 : (size_t)n;
+}
+
+/* =======================================================================================
+   >>layer
+   A resolved backend plus the validated descriptor (defaults filled in, slopes copied).
+   ======================================================================================= */
+
+struct attn_layer {
+    attn_context *ctx;
+    attn_layer_desc desc;
+    float *alibi;
+    const attn_backend *backend;
+    attn_selection selection;
+};
+
+ATTN_API attn_status attn_layer_create(attn_context *ctx, const attn_layer_desc *desc,
+                                       const attn_select_request *request, attn_layer **out) {
+    attn_layer_desc d;
+    attn_select_request req;
+    attn_selection sel;
+    attn_layer *layer;
+    attn_status st;
+    ATTN__CHECK_PTR(ctx, ctx, "attn_layer_create");
+    ATTN__CHECK_PTR(ctx, desc, "attn_layer_create");
+    ATTN__CHECK_PTR(ctx, out, "attn_layer_create");
+    *out = NULL;
+    memset(&req, 0, sizeof req);
+    if (request) req = *request;
+    if ((int)req.backend < 0 || (int)req.backend >= (int)ATTN_BACKEND_COUNT)
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                          "attn_layer_create: request.backend is %d (allowed: 0 = AUTO .. %d)",
+                          (int)req.backend, (int)ATTN_BACKEND_COUNT - 1);
+    st = attn__desc_resolve(ctx, "attn_layer_create", desc, &d);
+    if (st != ATTN_OK) return st;
+    st = attn__select(ctx, &d, &req, &sel);
+    if (st != ATTN_OK) return st;
+    layer = (attn_layer *)attn__calloc(1, sizeof *layer);
+    if (!layer)
+        return attn__fail(ctx, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
+                          "attn_layer_create: cannot allocate the layer");
+    if (d.alibi_slopes) {
+        layer->alibi = (float *)attn__malloc((size_t)d.num_heads * sizeof(float));
+        if (!layer->alibi) {
+            attn__free(layer);
+            return attn__fail(ctx, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
+                              "attn_layer_create: cannot copy alibi_slopes");
+        }
+        memcpy(layer->alibi, d.alibi_slopes, (size_t)d.num_heads * sizeof(float));
+        d.alibi_slopes = layer->alibi;
+    }
+    layer->ctx = ctx;
+    layer->desc = d;
+    layer->backend = attn_backend_get(sel.resolved);
+    layer->selection = sel;
+    if (!layer->backend) {
+        attn_layer_destroy(layer);
+        return attn__fail(ctx, ATTN_ERROR_BACKEND_UNAVAILABLE, ATTN_LOG_SELECT_EXPLICIT_FAILED,
+                          "attn_layer_create: backend %s was unregistered during creation",
+                          attn_backend_name(sel.resolved));
+    }
+    *out = layer;
+    return ATTN_OK;
+}
+
+ATTN_API void attn_layer_destroy(attn_layer *layer) {
+    if (!layer) return;
+    attn__free(layer->alibi);
+    attn__free(layer);
+}
+
+ATTN_API const attn_backend *attn_layer_backend(const attn_layer *layer) {
+    return layer ? layer->backend : NULL;
+}
+ATTN_API const attn_selection *attn_layer_selection(const attn_layer *layer) {
+    return layer ? &layer->selection : NULL;
+}
+ATTN_API const attn_layer_desc *attn_layer_get_desc(const attn_layer *layer) {
+    return layer ? &layer->desc : NULL;
+}
+ATTN_API attn_context *attn_layer_context(const attn_layer *layer) {
+    return layer ? layer->ctx : NULL;
+}
+
+ATTN_API attn_status attn_layer_kv_cache_shape(attn_layer *layer, int64_t num_blocks,
+                                               int64_t shape[ATTN_MAX_DIMS], int *ndim) {
+    attn_context *ctx = layer ? layer->ctx : NULL;
+    ATTN__CHECK_PTR(ctx, layer, "attn_layer_kv_cache_shape");
+    ATTN__CHECK_PTR(ctx, shape, "attn_layer_kv_cache_shape");
+    ATTN__CHECK_PTR(ctx, ndim, "attn_layer_kv_cache_shape");
+    if (num_blocks <= 0)
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                          "attn_layer_kv_cache_shape: num_blocks is %lld (allowed: >= 1)",
+                          (long long)num_blocks);
+    *ndim = layer->backend->kv_cache_shape(&layer->desc, num_blocks, shape);
+    return ATTN_OK;
+}
+
+/* =======================================================================================
+   >>metadata
+   Fixed-capacity copies of the backend-neutral batch, validated field by field (the
+   first bad field is named), then handed to the backend's builder.
+   ======================================================================================= */
+
+struct attn_metadata {
+    attn_layer *layer;
+    const attn_backend *backend;
+    attn_metadata_desc cap;
+    int num_heads, num_kv_heads, head_size, block_size; /* what it was built for */
+    int built;
+    attn_batch batch;              /* points into the arrays below */
+    int32_t *query_start_loc, *seq_lens, *block_table;
+    int64_t *slot_mapping;
+    int common_prefix_len;
+    void *priv;
+};
+
+ATTN_API const attn_batch *attn_metadata_batch(const attn_metadata *meta) {
+    return meta ? &meta->batch : NULL;
+}
+ATTN_API void *attn_metadata_private(const attn_metadata *meta) { return meta ? meta->priv : NULL; }
+ATTN_API void attn_metadata_private_set(attn_metadata *meta, void *priv) { if (meta) meta->priv = priv; }
+
+ATTN_API void attn_metadata_destroy(attn_metadata *meta) {
+    if (!meta) return;
+    if (meta->backend && meta->backend->metadata_release) meta->backend->metadata_release(meta);
+    attn__free(meta->query_start_loc);
+    attn__free(meta->seq_lens);
+    attn__free(meta->block_table);
+    attn__free(meta->slot_mapping);
+    attn__free(meta);
+}
+
+ATTN_API attn_status attn_metadata_create(attn_layer *layer, const attn_metadata_desc *desc,
+                                          attn_metadata **out) {
+    attn_context *ctx = layer ? layer->ctx : NULL;
+    attn_metadata *m;
+    attn_status st;
+    const char *fn = "attn_metadata_create";
+    ATTN__CHECK_PTR(ctx, layer, "attn_metadata_create");
+    ATTN__CHECK_PTR(ctx, desc, "attn_metadata_create");
+    ATTN__CHECK_PTR(ctx, out, "attn_metadata_create");
+    *out = NULL;
+#define ATTN__CAP(field, lo, hi)                                                               \
+    if (desc->field < (lo) || desc->field > (hi))                                              \
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,            \
+                          "%s: desc." #field " is %lld (allowed: %lld..%lld)", fn,             \
+                          (long long)desc->field, (long long)(lo), (long long)(hi))
+    ATTN__CAP(max_num_reqs, 1, 1 << 24);
+    ATTN__CAP(max_num_tokens, 1, 1 << 28);
+    ATTN__CAP(max_blocks_per_req, 1, 1 << 24);
+    ATTN__CAP(num_blocks, 1, (int64_t)1 << 40);
+#undef ATTN__CAP
+    m = (attn_metadata *)attn__calloc(1, sizeof *m);
+    if (!m) goto oom;
+    m->layer = layer;
+    m->backend = layer->backend;
+    m->cap = *desc;
+    m->num_heads = layer->desc.num_heads;
+    m->num_kv_heads = layer->desc.num_kv_heads;
+    m->head_size = layer->desc.head_size;
+    m->block_size = layer->desc.block_size;
+    m->query_start_loc = (int32_t *)attn__calloc((size_t)desc->max_num_reqs + 1, sizeof(int32_t));
+    m->seq_lens = (int32_t *)attn__calloc((size_t)desc->max_num_reqs, sizeof(int32_t));
+    m->block_table = (int32_t *)attn__calloc((size_t)desc->max_num_reqs * (size_t)desc->max_blocks_per_req,
+                                             sizeof(int32_t));
+    m->slot_mapping = (int64_t *)attn__calloc((size_t)desc->max_num_tokens, sizeof(int64_t));
+    if (!m->query_start_loc || !m->seq_lens || !m->block_table || !m->slot_mapping) goto oom;
+    if (m->backend->metadata_init) {
+        st = m->backend->metadata_init(layer, m);
+        if (st != ATTN_OK) {
+            m->backend = NULL; /* nothing to release */
+            attn_metadata_destroy(m);
+            return st;
+        }
+    }
+    *out = m;
+    return ATTN_OK;
+oom:
+    if (m) m->backend = NULL;
+    attn_metadata_destroy(m);
+    return attn__fail(ctx, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
+                      "%s: cannot allocate metadata for %d requests, %d tokens, %d blocks per "
+                      "request", fn, desc->max_num_reqs, desc->max_num_tokens,
+                      desc->max_blocks_per_req);
+}
+
+/* Checks every field of the batch against itself and the capacity; names the first bad one. */
+static attn_status attn__batch_validate(attn_context *ctx, const attn_metadata *m,
+                                        int common_prefix_len, const attn_batch *b) {
+    const char *fn = "attn_metadata_build";
+    int i, max_q = 0, max_s = 0;
+    int64_t num_slots = m->cap.num_blocks * (int64_t)m->block_size;
+#define ATTN__META(...) return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, __VA_ARGS__)
+    if (b->num_reqs < 0)
+        ATTN__META("%s: batch.num_reqs is %d (allowed: >= 0)", fn, b->num_reqs);
+    if (b->num_reqs > m->cap.max_num_reqs)
+        return attn__fail(ctx, ATTN_ERROR_CAPACITY, ATTN_LOG_INVALID_METADATA,
+                          "%s: batch.num_reqs is %d (allowed: <= max_num_reqs %d of this metadata)",
+                          fn, b->num_reqs, m->cap.max_num_reqs);
+    if (b->num_actual_tokens < 0)
+        ATTN__META("%s: batch.num_actual_tokens is %d (allowed: >= 0)", fn, b->num_actual_tokens);
+    if (b->num_actual_tokens > m->cap.max_num_tokens)
+        return attn__fail(ctx, ATTN_ERROR_CAPACITY, ATTN_LOG_INVALID_METADATA,
+                          "%s: batch.num_actual_tokens is %d (allowed: <= max_num_tokens %d of "
+                          "this metadata)", fn, b->num_actual_tokens, m->cap.max_num_tokens);
+    if ((int)b->causal < 0 || (int)b->causal > (int)ATTN_CAUSAL_NO)
+        ATTN__META("%s: batch.causal is %d (allowed: ATTN_CAUSAL_DEFAULT, _YES, _NO)", fn, (int)b->causal);
+    if (!b->query_start_loc)
+        return attn__fail(ctx, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_METADATA,
+                          "%s: batch.query_start_loc is NULL (a [num_reqs+1] array is required)", fn);
+    if (b->num_reqs > 0 && (!b->seq_lens || !b->block_table))
+        return attn__fail(ctx, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_METADATA,
+                          "%s: batch.%s is NULL (required when num_reqs > 0)", fn,
+                          b->seq_lens ? "block_table" : "seq_lens");
+    if (b->num_reqs > 0 && (b->block_table_stride < 1 || b->block_table_stride > m->cap.max_blocks_per_req))
+        ATTN__META("%s: batch.block_table_stride is %d (allowed: 1..%d, max_blocks_per_req of "
+                   "this metadata)", fn, b->block_table_stride, m->cap.max_blocks_per_req);
+    if (b->query_start_loc[0] != 0)
+        ATTN__META("%s: batch.query_start_loc[0] is %d (allowed: 0)", fn, b->query_start_loc[0]);
+    for (i = 0; i < b->num_reqs; i++) {
+        int q0 = b->query_start_loc[i], q1 = b->query_start_loc[i + 1];
+        int ql = q1 - q0, sl = b->seq_lens[i], nb, k;
+        if (q1 < q0)
+            ATTN__META("%s: batch.query_start_loc is not non-decreasing at index %d (%d then %d)",
+                       fn, i, q0, q1);
+        if (q1 > b->num_actual_tokens)
+            ATTN__META("%s: batch.query_start_loc[%d] is %d (allowed: <= num_actual_tokens %d)",
+                       fn, i + 1, q1, b->num_actual_tokens);
+        if (sl < 0)
+            ATTN__META("%s: batch.seq_lens[%d] is %d (allowed: >= 0)", fn, i, sl);
+        if (ql > sl)
+            ATTN__META("%s: request %d has query_len %d > seq_lens[%d] %d (allowed: query_len <= "
+                       "seq_len)", fn, i, ql, i, sl);
+        nb = (sl + m->block_size - 1) / m->block_size;
+        if (nb > b->block_table_stride)
+            ATTN__META("%s: batch.seq_lens[%d] is %d, needing %d blocks of %d, but the block "
+                       "table row holds %d (block_table_stride)", fn, i, sl, nb, m->block_size,
+                       b->block_table_stride);
+        for (k = 0; k < nb; k++) {
+            int32_t id = b->block_table[(size_t)i * (size_t)b->block_table_stride + (size_t)k];
+            if (id < 0 || id >= m->cap.num_blocks)
+                ATTN__META("%s: batch.block_table[%d][%d] is %d (allowed: 0..%lld, num_blocks - 1)",
+                           fn, i, k, id, (long long)m->cap.num_blocks - 1);
+        }
+        if (ql > max_q) max_q = ql;
+        if (sl > max_s) max_s = sl;
+    }
+    if (b->query_start_loc[b->num_reqs] != b->num_actual_tokens)
+        ATTN__META("%s: batch.query_start_loc[num_reqs=%d] is %d but num_actual_tokens is %d "
+                   "(they must agree)", fn, b->num_reqs, b->query_start_loc[b->num_reqs],
+                   b->num_actual_tokens);
+    if (b->max_query_len != max_q)
+        ATTN__META("%s: batch.max_query_len is %d but the longest query is %d (they must agree)",
+                   fn, b->max_query_len, max_q);
+    if (b->max_seq_len != max_s)
+        ATTN__META("%s: batch.max_seq_len is %d but the longest sequence is %d (they must agree)",
+                   fn, b->max_seq_len, max_s);
+    if (b->slot_mapping)
+        for (i = 0; i < b->num_actual_tokens; i++) {
+            int64_t s = b->slot_mapping[i];
+            if (s < -1 || s >= num_slots)
+                ATTN__META("%s: batch.slot_mapping[%d] is %lld (allowed: -1 = padding, or "
+                           "0..%lld = num_blocks * block_size - 1)", fn, i, (long long)s,
+                           (long long)num_slots - 1);
+        }
+    if (common_prefix_len < 0 || common_prefix_len > max_s)
+        ATTN__META("%s: common_prefix_len is %d (allowed: 0..%d, max_seq_len)", fn,
+                   common_prefix_len, max_s);
+#undef ATTN__META
+    return ATTN_OK;
+}
+
+ATTN_API attn_status attn_metadata_build(attn_metadata *meta, int common_prefix_len,
+                                         const attn_batch *batch, int fast_build) {
+    attn_context *ctx = meta ? meta->layer->ctx : NULL;
+    attn_status st;
+    int i;
+    ATTN__CHECK_PTR(ctx, meta, "attn_metadata_build");
+    ATTN__CHECK_PTR(ctx, batch, "attn_metadata_build");
+    st = attn__batch_validate(ctx, meta, common_prefix_len, batch);
+    if (st != ATTN_OK) return st;
+    memcpy(meta->query_start_loc, batch->query_start_loc, ((size_t)batch->num_reqs + 1) * sizeof(int32_t));
+    if (batch->num_reqs > 0) {
+        memcpy(meta->seq_lens, batch->seq_lens, (size_t)batch->num_reqs * sizeof(int32_t));
+        for (i = 0; i < batch->num_reqs; i++) {
+            int nb = (batch->seq_lens[i] + meta->block_size - 1) / meta->block_size;
+            memcpy(meta->block_table + (size_t)i * (size_t)meta->cap.max_blocks_per_req,
+                   batch->block_table + (size_t)i * (size_t)batch->block_table_stride,
+                   (size_t)nb * sizeof(int32_t));
+        }
+    }
+    if (batch->slot_mapping && batch->num_actual_tokens > 0)
+        memcpy(meta->slot_mapping, batch->slot_mapping, (size_t)batch->num_actual_tokens * sizeof(int64_t));
+    meta->batch = *batch;
+    meta->batch.query_start_loc = meta->query_start_loc;
+    meta->batch.seq_lens = meta->seq_lens;
+    meta->batch.block_table = meta->block_table;
+    meta->batch.block_table_stride = meta->cap.max_blocks_per_req;
+    meta->batch.slot_mapping = batch->slot_mapping ? meta->slot_mapping : NULL;
+    if (!meta->batch.causal) meta->batch.causal = meta->layer->desc.causal;
+    meta->common_prefix_len = common_prefix_len;
+    meta->built = 0;
+    if (meta->backend->build) {
+        st = meta->backend->build(meta->layer, meta, common_prefix_len, fast_build);
+        if (st != ATTN_OK) return st;
+    }
+    meta->built = 1;
+    return ATTN_OK;
+}
+
+/* =======================================================================================
+   >>cache
+   Paged KV-cache writes by slot mapping (every slot checked before anything is written).
+   ======================================================================================= */
+
+static attn_status attn__check_kv_cache(attn_layer *layer, const char *fn, const attn_tensor *kv,
+                                        int64_t expect_blocks) {
+    int64_t shape[ATTN_MAX_DIMS];
+    int ndim = layer->backend->kv_cache_shape(&layer->desc, expect_blocks > 0 ? expect_blocks : 1, shape);
+    attn_status st;
+    if (expect_blocks <= 0) shape[0] = -1; /* any positive count */
+    st = attn__check_tensor(layer->ctx, fn, "kv_cache", kv, layer->desc.kv_cache_dtype, ndim, shape,
+                            layer->backend->needs_cuda ? ATTN_DEVICE_CUDA : ATTN_DEVICE_CPU);
+    if (st != ATTN_OK) return st;
+    if (kv->shape[0] < 1)
+        return attn__fail(layer->ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
+                          "%s: kv_cache.shape[0] is %lld (allowed: >= 1 blocks)", fn,
+                          (long long)kv->shape[0]);
+    if (!attn__tensor_is_contiguous(kv))
+        return attn__fail(layer->ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
+                          "%s: kv_cache is not contiguous (allowed: the dense layout of "
+                          "attn_layer_kv_cache_shape)", fn);
+    return ATTN_OK;
+}
+
+/* Copies token rows of key/value into the standard cache; inputs already validated. */
+static void attn__write_kv(const attn_layer *layer, const attn_tensor *k, const attn_tensor *v,
+                           attn_tensor *kv, const int64_t *slots, int num_tokens) {
+    const attn_layer_desc *d = &layer->desc;
+    attn_tensor kr = attn__tensor_resolved(k), vr = attn__tensor_resolved(v);
+    int64_t bs = d->block_size, hkv = d->num_kv_heads, hs = d->head_size;
+    size_t esz = attn_dtype_size(d->kv_cache_dtype);
+    int t, h;
+    int64_t i;
+    for (t = 0; t < num_tokens; t++) {
+        int64_t slot = slots[t], blk, off;
+        if (slot < 0) continue;
+        blk = slot / bs;
+        off = slot % bs;
+        for (h = 0; h < hkv; h++) {
+            int64_t kdst = (((blk * 2 + 0) * bs + off) * hkv + h) * hs;
+            int64_t vdst = (((blk * 2 + 1) * bs + off) * hkv + h) * hs;
+            const char *ks = (const char *)k->data + (size_t)(t * kr.strides[0] + h * kr.strides[1]) * attn_dtype_size(k->dtype);
+            const char *vs = (const char *)v->data + (size_t)(t * vr.strides[0] + h * vr.strides[1]) * attn_dtype_size(v->dtype);
+            if (k->dtype == d->kv_cache_dtype) {
+                memcpy((char *)kv->data + (size_t)kdst * esz, ks, (size_t)hs * esz);
+                memcpy((char *)kv->data + (size_t)vdst * esz, vs, (size_t)hs * esz);
+            } else {
+                for (i = 0; i < hs; i++) {
+                    attn__store_elem(kv->data, d->kv_cache_dtype, kdst + i, attn__load_elem(ks, k->dtype, i));
+                    attn__store_elem(kv->data, d->kv_cache_dtype, vdst + i, attn__load_elem(vs, v->dtype, i));
+                }
+            }
+        }
+    }
+}
+
+/* Validates key/value/cache/slots for a write of num_tokens rows. */
+static attn_status attn__check_kv_write(attn_layer *layer, const char *fn, const attn_tensor *key,
+                                        const attn_tensor *value, const attn_tensor *kv_cache,
+                                        const int64_t *slots, int num_tokens) {
+    const attn_layer_desc *d = &layer->desc;
+    attn_device_kind dev = layer->backend->needs_cuda ? ATTN_DEVICE_CUDA : ATTN_DEVICE_CPU;
+    int64_t shape[3];
+    int64_t num_slots;
+    attn_status st;
+    int t;
+    shape[0] = -(int64_t)num_tokens; shape[1] = d->num_kv_heads; shape[2] = d->head_size;
+    st = attn__check_tensor(layer->ctx, fn, "key", key, d->dtype, 3, shape, dev);
+    if (st == ATTN_OK) st = attn__check_tensor(layer->ctx, fn, "value", value, d->dtype, 3, shape, dev);
+    if (st == ATTN_OK) st = attn__check_kv_cache(layer, fn, kv_cache, 0);
+    if (st != ATTN_OK) return st;
+    num_slots = kv_cache->shape[0] * (int64_t)d->block_size;
+    for (t = 0; t < num_tokens; t++)
+        if (slots[t] < -1 || slots[t] >= num_slots)
+            return attn__fail(layer->ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                              "%s: slot_mapping[%d] is %lld (allowed: -1 = skip, or 0..%lld = "
+                              "num_blocks * block_size - 1)", fn, t, (long long)slots[t],
+                              (long long)num_slots - 1);
+    return ATTN_OK;
+}
+
+ATTN_API attn_status attn_reshape_and_cache(attn_layer *layer, const attn_tensor *key,
+                                            const attn_tensor *value, attn_tensor *kv_cache,
+                                            const int64_t *slot_mapping, int num_tokens) {
+    attn_context *ctx = layer ? layer->ctx : NULL;
+    const char *fn = "attn_reshape_and_cache";
+    attn_status st;
+    ATTN__CHECK_PTR(ctx, layer, "attn_reshape_and_cache");
+    ATTN__CHECK_PTR(ctx, key, "attn_reshape_and_cache");
+    ATTN__CHECK_PTR(ctx, value, "attn_reshape_and_cache");
+    ATTN__CHECK_PTR(ctx, kv_cache, "attn_reshape_and_cache");
+    ATTN__CHECK_PTR(ctx, slot_mapping, "attn_reshape_and_cache");
+    if (layer->desc.use_mla)
+        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_ARGUMENT,
+                          "%s: the layer is MLA (its cache holds latents; use the MLA cache write)", fn);
+    if (num_tokens < 0)
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                          "%s: num_tokens is %d (allowed: >= 0)", fn, num_tokens);
+    st = attn__check_kv_write(layer, fn, key, value, kv_cache, slot_mapping, num_tokens);
+    if (st != ATTN_OK) return st;
+    if (layer->backend->needs_cuda)
+        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_ARGUMENT,
+                          "%s: device caches are written by the backend's forward", fn);
+    attn__write_kv(layer, key, value, kv_cache, slot_mapping, num_tokens);
+    return ATTN_OK;
+}
+
+/* =======================================================================================
+   >>cpu
+   The portable C backend. Work is split into tasks of (request, KV head, query tile[, key
+   split]); a task loads all query heads of its KV-head group, so each K/V row is read once
+   per group. Inner loops run on f32 tiles (K/V rows converted as they are gathered from
+   the pages) through a small vector layer: AVX-512, AVX2+FMA+F16C, or plain C.
+   ======================================================================================= */
+
+#define ATTN__CPU_NT 64        /* keys per tile */
+#define ATTN__CPU_ROWS 64      /* target query rows (tokens x group heads) per task */
+#define ATTN__CPU_SPLIT_MIN 512 /* fewest keys worth a split of their own */
+#define ATTN__CPU_MAX_SPLITS 16
+
+#if defined(ATTN__SIMD_AVX512)
+#define ATTN__W 16
+#define ATTN__QK_RB 4
+typedef __m512 attn__vf;
+ATTN__INLINE attn__vf attn__vld(const float *p) { return _mm512_loadu_ps(p); }
+ATTN__INLINE void attn__vst(float *p, attn__vf v) { _mm512_storeu_ps(p, v); }
+ATTN__INLINE attn__vf attn__vset1(float x) { return _mm512_set1_ps(x); }
+ATTN__INLINE attn__vf attn__vzero(void) { return _mm512_setzero_ps(); }
+ATTN__INLINE attn__vf attn__vfma(attn__vf a, attn__vf b, attn__vf c) { return _mm512_fmadd_ps(a, b, c); }
+ATTN__INLINE attn__vf attn__vmul(attn__vf a, attn__vf b) { return _mm512_mul_ps(a, b); }
+ATTN__INLINE attn__vf attn__vadd(attn__vf a, attn__vf b) { return _mm512_add_ps(a, b); }
+ATTN__INLINE attn__vf attn__vsub(attn__vf a, attn__vf b) { return _mm512_sub_ps(a, b); }
+ATTN__INLINE attn__vf attn__vmax(attn__vf a, attn__vf b) { return _mm512_max_ps(a, b); }
+ATTN__INLINE float attn__vhadd(attn__vf v) { return _mm512_reduce_add_ps(v); }
+ATTN__INLINE float attn__vhmax(attn__vf v) { return _mm512_reduce_max_ps(v); }
+ATTN__INLINE attn__vf attn__vround(attn__vf v) {
+    return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+ATTN__INLINE attn__vf attn__vpow2i(attn__vf n) { /* 2^n for integral n in [-127, 127] */
+    __m512i e = _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(e, 23));
+}
+ATTN__INLINE attn__vf attn__vclamp(attn__vf v, float lo, float hi) {
+    return _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(lo)), _mm512_set1_ps(hi));
+}
+/* 16 accumulators acc[r*4+k] (4 rows x 4 keys) -> their sums, row r to S + r*ld. */
+ATTN__INLINE void attn__hsum_block_store(const attn__vf *v, float *S, int ld) {
+    __m512 t[8], u[4], w0, w1, x;
+    int i;
+    for (i = 0; i < 8; i++)
+        t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                             _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (i = 0; i < 4; i++)
+        u[i] = _mm512_add_ps(_mm512_shuffle_ps(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    w0 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    w1 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(u[2], u[3], _MM_SHUFFLE(3, 1, 3, 1)));
+    x = _mm512_add_ps(_mm512_shuffle_f32x4(w0, w1, _MM_SHUFFLE(2, 0, 2, 0)),
+                      _mm512_shuffle_f32x4(w0, w1, _MM_SHUFFLE(3, 1, 3, 1)));
+    _mm_storeu_ps(S, _mm512_extractf32x4_ps(x, 0));
+    _mm_storeu_ps(S + ld, _mm512_extractf32x4_ps(x, 1));
+    _mm_storeu_ps(S + 2 * ld, _mm512_extractf32x4_ps(x, 2));
+    _mm_storeu_ps(S + 3 * ld, _mm512_extractf32x4_ps(x, 3));
+}
+static void attn__f16_row(const uint16_t *s, float *d, int n) {
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(d + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(s + i))));
+    for (; i < n; i++) d[i] = attn_f16_to_f32(s[i]);
+}
+static void attn__bf16_row(const uint16_t *s, float *d, int n) {
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512i x = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)(s + i)));
+        _mm512_storeu_ps(d + i, _mm512_castsi512_ps(_mm512_slli_epi32(x, 16)));
+    }
+    for (; i < n; i++) d[i] = attn_bf16_to_f32(s[i]);
+}
+static void attn__row_to_f16(const float *s, uint16_t *d, int n) {
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(void *)(d + i),
+                            _mm512_cvtps_ph(_mm512_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    for (; i < n; i++) d[i] = attn_f32_to_f16(s[i]);
+}
+
+#elif defined(ATTN__SIMD_AVX2)
+#define ATTN__W 8
+#define ATTN__QK_RB 2
+typedef __m256 attn__vf;
+ATTN__INLINE attn__vf attn__vld(const float *p) { return _mm256_loadu_ps(p); }
+ATTN__INLINE void attn__vst(float *p, attn__vf v) { _mm256_storeu_ps(p, v); }
+ATTN__INLINE attn__vf attn__vset1(float x) { return _mm256_set1_ps(x); }
+ATTN__INLINE attn__vf attn__vzero(void) { return _mm256_setzero_ps(); }
+ATTN__INLINE attn__vf attn__vfma(attn__vf a, attn__vf b, attn__vf c) { return _mm256_fmadd_ps(a, b, c); }
+ATTN__INLINE attn__vf attn__vmul(attn__vf a, attn__vf b) { return _mm256_mul_ps(a, b); }
+ATTN__INLINE attn__vf attn__vadd(attn__vf a, attn__vf b) { return _mm256_add_ps(a, b); }
+ATTN__INLINE attn__vf attn__vsub(attn__vf a, attn__vf b) { return _mm256_sub_ps(a, b); }
+ATTN__INLINE attn__vf attn__vmax(attn__vf a, attn__vf b) { return _mm256_max_ps(a, b); }
+ATTN__INLINE float attn__vhadd(attn__vf v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+ATTN__INLINE float attn__vhmax(attn__vf v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+ATTN__INLINE attn__vf attn__vround(attn__vf v) {
+    return _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+ATTN__INLINE attn__vf attn__vpow2i(attn__vf n) {
+    __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(e, 23));
+}
+ATTN__INLINE attn__vf attn__vclamp(attn__vf v, float lo, float hi) {
+    return _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(lo)), _mm256_set1_ps(hi));
+}
+/* 8 accumulators acc[r*4+k] (2 rows x 4 keys) -> their sums, row r to S + r*ld. */
+ATTN__INLINE void attn__hsum_block_store(const attn__vf *v, float *S, int ld) {
+    __m256 t[4], u0, u1, x;
+    int i;
+    for (i = 0; i < 4; i++)
+        t[i] = _mm256_add_ps(_mm256_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                             _mm256_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    u0 = _mm256_add_ps(_mm256_shuffle_ps(t[0], t[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                       _mm256_shuffle_ps(t[0], t[1], _MM_SHUFFLE(3, 2, 3, 2)));
+    u1 = _mm256_add_ps(_mm256_shuffle_ps(t[2], t[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                       _mm256_shuffle_ps(t[2], t[3], _MM_SHUFFLE(3, 2, 3, 2)));
+    x = _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+    _mm_storeu_ps(S, _mm256_castps256_ps128(x));
+    _mm_storeu_ps(S + ld, _mm256_extractf128_ps(x, 1));
+}
+static void attn__f16_row(const uint16_t *s, float *d, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(s + i))));
+    for (; i < n; i++) d[i] = attn_f16_to_f32(s[i]);
+}
+static void attn__bf16_row(const uint16_t *s, float *d, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256i x = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)(s + i)));
+        _mm256_storeu_ps(d + i, _mm256_castsi256_ps(_mm256_slli_epi32(x, 16)));
+    }
+    for (; i < n; i++) d[i] = attn_bf16_to_f32(s[i]);
+}
+static void attn__row_to_f16(const float *s, uint16_t *d, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(void *)(d + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    for (; i < n; i++) d[i] = attn_f32_to_f16(s[i]);
+}
+
+#else /* plain C: fixed-width lanes the compiler may vectorise */
+#define ATTN__W 8
+#define ATTN__QK_RB 2
+typedef struct attn__vf { float v[ATTN__W]; } attn__vf;
+ATTN__INLINE attn__vf attn__vld(const float *p) { attn__vf r; memcpy(r.v, p, sizeof r.v); return r; }
+ATTN__INLINE void attn__vst(float *p, attn__vf v) { memcpy(p, v.v, sizeof v.v); }
+ATTN__INLINE attn__vf attn__vset1(float x) { attn__vf r; int i; for (i = 0; i < ATTN__W; i++) r.v[i] = x; return r; }
+ATTN__INLINE attn__vf attn__vzero(void) { return attn__vset1(0.0f); }
+ATTN__INLINE attn__vf attn__vfma(attn__vf a, attn__vf b, attn__vf c) {
+    int i; for (i = 0; i < ATTN__W; i++) c.v[i] += a.v[i] * b.v[i]; return c;
+}
+ATTN__INLINE attn__vf attn__vmul(attn__vf a, attn__vf b) { int i; for (i = 0; i < ATTN__W; i++) a.v[i] *= b.v[i]; return a; }
+ATTN__INLINE attn__vf attn__vadd(attn__vf a, attn__vf b) { int i; for (i = 0; i < ATTN__W; i++) a.v[i] += b.v[i]; return a; }
+ATTN__INLINE attn__vf attn__vsub(attn__vf a, attn__vf b) { int i; for (i = 0; i < ATTN__W; i++) a.v[i] -= b.v[i]; return a; }
+ATTN__INLINE attn__vf attn__vmax(attn__vf a, attn__vf b) {
+    int i; for (i = 0; i < ATTN__W; i++) a.v[i] = a.v[i] > b.v[i] ? a.v[i] : b.v[i]; return a;
+}
+ATTN__INLINE float attn__vhadd(attn__vf v) {
+    float s[4]; int i;
+    for (i = 0; i < 4; i++) s[i] = v.v[i] + v.v[i + 4];
+    return (s[0] + s[2]) + (s[1] + s[3]);
+}
+ATTN__INLINE float attn__vhmax(attn__vf v) {
+    float m = v.v[0]; int i; for (i = 1; i < ATTN__W; i++) m = v.v[i] > m ? v.v[i] : m; return m;
+}
+ATTN__INLINE attn__vf attn__vround(attn__vf v) { int i; for (i = 0; i < ATTN__W; i++) v.v[i] = nearbyintf(v.v[i]); return v; }
+ATTN__INLINE attn__vf attn__vpow2i(attn__vf n) {
+    int i;
+    for (i = 0; i < ATTN__W; i++) {
+        int e = (int)n.v[i] + 127;
+        n.v[i] = attn__bits_f32((uint32_t)e << 23);
+    }
+    return n;
+}
+ATTN__INLINE attn__vf attn__vclamp(attn__vf v, float lo, float hi) {
+    int i;
+    for (i = 0; i < ATTN__W; i++) v.v[i] = v.v[i] < lo ? lo : (v.v[i] > hi ? hi : v.v[i]);
+    return v;
+}
+ATTN__INLINE void attn__hsum_block_store(const attn__vf *v, float *S, int ld) {
+    int r, k;
+    for (r = 0; r < ATTN__QK_RB; r++)
+        for (k = 0; k < 4; k++) S[r * ld + k] = attn__vhadd(v[r * 4 + k]);
+}
+static void attn__f16_row(const uint16_t *s, float *d, int n) { int i; for (i = 0; i < n; i++) d[i] = attn_f16_to_f32(s[i]); }
+static void attn__bf16_row(const uint16_t *s, float *d, int n) { int i; for (i = 0; i < n; i++) d[i] = attn_bf16_to_f32(s[i]); }
+static void attn__row_to_f16(const float *s, uint16_t *d, int n) { int i; for (i = 0; i < n; i++) d[i] = attn_f32_to_f16(s[i]); }
+#endif
+
+/* 2^x with |relative error| < 2e-7; x <= -127 gives exactly 0 (masked scores). */
+ATTN__INLINE attn__vf attn__vexp2(attn__vf x) {
+    attn__vf n, f, p;
+    x = attn__vclamp(x, -127.0f, 127.0f);
+    n = attn__vround(x);
+    f = attn__vsub(x, n);
+    p = attn__vset1(1.5252734e-05f);
+    p = attn__vfma(p, f, attn__vset1(1.5403530e-04f));
+    p = attn__vfma(p, f, attn__vset1(1.3333558e-03f));
+    p = attn__vfma(p, f, attn__vset1(9.6181291e-03f));
+    p = attn__vfma(p, f, attn__vset1(5.5504109e-02f));
+    p = attn__vfma(p, f, attn__vset1(2.4022651e-01f));
+    p = attn__vfma(p, f, attn__vset1(6.9314718e-01f));
+    p = attn__vfma(p, f, attn__vset1(1.0f));
+    return attn__vmul(p, attn__vpow2i(n));
+}
+
+/* A row of n elements of type dt -> f32, zero-padded to npad. */
+static void attn__row_to_f32(const void *src, attn_dtype dt, float *dst, int n, int npad) {
+    int i;
+    if (dt == ATTN_DTYPE_F32) memcpy(dst, src, (size_t)n * sizeof(float));
+    else if (dt == ATTN_DTYPE_F16) attn__f16_row((const uint16_t *)src, dst, n);
+    else attn__bf16_row((const uint16_t *)src, dst, n);
+    for (i = n; i < npad; i++) dst[i] = 0.0f;
+}
+
+static void attn__row_from_f32(const float *src, attn_dtype dt, void *dst, int n) {
+    int i;
+    if (dt == ATTN_DTYPE_F32) memcpy(dst, src, (size_t)n * sizeof(float));
+    else if (dt == ATTN_DTYPE_F16) attn__row_to_f16(src, (uint16_t *)dst, n);
+    else for (i = 0; i < n; i++) ((uint16_t *)dst)[i] = attn_f32_to_bf16(src[i]);
+}
+
+ATTN__INLINE float attn__dot(const float *a, const float *b, int dp) {
+    attn__vf acc0 = attn__vzero(), acc1 = attn__vzero();
+    int d = 0;
+    for (; d + 2 * ATTN__W <= dp; d += 2 * ATTN__W) {
+        acc0 = attn__vfma(attn__vld(a + d), attn__vld(b + d), acc0);
+        acc1 = attn__vfma(attn__vld(a + d + ATTN__W), attn__vld(b + d + ATTN__W), acc1);
+    }
+    for (; d < dp; d += ATTN__W) acc0 = attn__vfma(attn__vld(a + d), attn__vld(b + d), acc0);
+    return attn__vhadd(attn__vadd(acc0, acc1));
+}
+
+/* S[M][ld] = Q[M][dp] . K[n][dp]^T, with QK_RB rows x 4 keys per register block. */
+static void attn__cpu_qk(const float *Q, int M, const float *K, int n, int dp, float *S, int ld) {
+    int r = 0, j, d, rr, kk;
+    for (; r + ATTN__QK_RB <= M; r += ATTN__QK_RB) {
+        const float *q = Q + (size_t)r * (size_t)dp;
+        for (j = 0; j + 4 <= n; j += 4) {
+            attn__vf acc[ATTN__QK_RB * 4];
+            const float *k = K + (size_t)j * (size_t)dp;
+            for (rr = 0; rr < ATTN__QK_RB * 4; rr++) acc[rr] = attn__vzero();
+            for (d = 0; d < dp; d += ATTN__W) {
+                attn__vf kv[4];
+                for (kk = 0; kk < 4; kk++) kv[kk] = attn__vld(k + (size_t)kk * (size_t)dp + d);
+                for (rr = 0; rr < ATTN__QK_RB; rr++) {
+                    attn__vf qv = attn__vld(q + (size_t)rr * (size_t)dp + d);
+                    for (kk = 0; kk < 4; kk++) acc[rr * 4 + kk] = attn__vfma(qv, kv[kk], acc[rr * 4 + kk]);
+                }
+            }
+            attn__hsum_block_store(acc, S + (size_t)r * (size_t)ld + j, ld);
+        }
+        for (; j < n; j++)
+            for (rr = 0; rr < ATTN__QK_RB; rr++)
+                S[(size_t)(r + rr) * (size_t)ld + j] = attn__dot(q + (size_t)rr * (size_t)dp, K + (size_t)j * (size_t)dp, dp);
+    }
+    for (; r < M; r++)
+        for (j = 0; j < n; j++)
+            S[(size_t)r * (size_t)ld + j] = attn__dot(Q + (size_t)r * (size_t)dp, K + (size_t)j * (size_t)dp, dp);
+}
+
+/* O[r] = O[r] * alpha[r] + sum_j P[r][j] V[j], 4 rows x 2 vectors per register block. */
+static void attn__cpu_pv(const float *P, int ld, int M, const float *V, int n, int dp, float *O,
+                         const float *alpha) {
+    int r = 0, d, j, rr;
+    for (; r + 4 <= M; r += 4) {
+        for (d = 0; d + 2 * ATTN__W <= dp; d += 2 * ATTN__W) {
+            attn__vf a0[4], a1[4];
+            for (rr = 0; rr < 4; rr++) {
+                attn__vf al = attn__vset1(alpha[r + rr]);
+                a0[rr] = attn__vmul(attn__vld(O + (size_t)(r + rr) * (size_t)dp + d), al);
+                a1[rr] = attn__vmul(attn__vld(O + (size_t)(r + rr) * (size_t)dp + d + ATTN__W), al);
+            }
+            for (j = 0; j < n; j++) {
+                attn__vf v0 = attn__vld(V + (size_t)j * (size_t)dp + d);
+                attn__vf v1 = attn__vld(V + (size_t)j * (size_t)dp + d + ATTN__W);
+                for (rr = 0; rr < 4; rr++) {
+                    attn__vf p = attn__vset1(P[(size_t)(r + rr) * (size_t)ld + j]);
+                    a0[rr] = attn__vfma(p, v0, a0[rr]);
+                    a1[rr] = attn__vfma(p, v1, a1[rr]);
+                }
+            }
+            for (rr = 0; rr < 4; rr++) {
+                attn__vst(O + (size_t)(r + rr) * (size_t)dp + d, a0[rr]);
+                attn__vst(O + (size_t)(r + rr) * (size_t)dp + d + ATTN__W, a1[rr]);
+            }
+        }
+        for (; d < dp; d += ATTN__W) {
+            attn__vf a0[4];
+            for (rr = 0; rr < 4; rr++)
+                a0[rr] = attn__vmul(attn__vld(O + (size_t)(r + rr) * (size_t)dp + d), attn__vset1(alpha[r + rr]));
+            for (j = 0; j < n; j++) {
+                attn__vf v0 = attn__vld(V + (size_t)j * (size_t)dp + d);
+                for (rr = 0; rr < 4; rr++)
+                    a0[rr] = attn__vfma(attn__vset1(P[(size_t)(r + rr) * (size_t)ld + j]), v0, a0[rr]);
+            }
+            for (rr = 0; rr < 4; rr++) attn__vst(O + (size_t)(r + rr) * (size_t)dp + d, a0[rr]);
+        }
+    }
+    for (; r < M; r++)
+        for (d = 0; d < dp; d += ATTN__W) {
+            attn__vf a = attn__vmul(attn__vld(O + (size_t)r * (size_t)dp + d), attn__vset1(alpha[r]));
+            for (j = 0; j < n; j++)
+                a = attn__vfma(attn__vset1(P[(size_t)r * (size_t)ld + j]), attn__vld(V + (size_t)j * (size_t)dp + d), a);
+            attn__vst(O + (size_t)r * (size_t)dp + d, a);
+        }
+}
+
+/* Online-softmax step for one row of base-2 scores s[0..n) (padded to a multiple of W):
+   updates the running max *m and sum *l, turns s into probabilities, returns alpha. */
+static float attn__cpu_softmax_row(float *s, int n, float *m, float *l) {
+    int np = (n + ATTN__W - 1) / ATTN__W * ATTN__W, j;
+    attn__vf vm = attn__vset1(-INFINITY), sum = attn__vzero(), mv;
+    float mx, mnew, alpha;
+    for (j = n; j < np; j++) s[j] = -INFINITY;
+    for (j = 0; j < np; j += ATTN__W) vm = attn__vmax(vm, attn__vld(s + j));
+    mx = attn__vhmax(vm);
+    mnew = mx > *m ? mx : *m;
+    if (mnew == -INFINITY) { /* nothing visible yet */
+        for (j = 0; j < np; j++) s[j] = 0.0f;
+        return 1.0f;
+    }
+    alpha = *m == -INFINITY ? 0.0f : exp2f(*m - mnew);
+    mv = attn__vset1(mnew);
+    for (j = 0; j < np; j += ATTN__W) {
+        attn__vf p = attn__vexp2(attn__vsub(attn__vld(s + j), mv));
+        attn__vst(s + j, p);
+        sum = attn__vadd(sum, p);
+    }
+    *l = *l * alpha + attn__vhadd(sum);
+    *m = mnew;
+    return alpha;
+}
+
+typedef struct attn__cpu_task {
+    int req, kv_head, tok0, tok1; /* query tokens [tok0, tok1) of the request */
+    int key0, key1;               /* key positions this task may see */
+    int slot;                     /* -1: writes the output; else partial-result slot */
+    int64_t cost;
+} attn__cpu_task;
+
+typedef struct attn__cpu_merge {
+    int req, kv_head, tok0, tok1, slot0, num_splits;
+} attn__cpu_merge;
+
+typedef struct attn__cpu_meta {
+    attn__cpu_task *tasks;
+    int num_tasks, task_capacity;
+    attn__cpu_merge *merges;
+    int num_merges, merge_capacity;
+    int rows_per_task;            /* most query rows a task holds */
+    int num_slots;
+    float *partial;               /* num_slots x rows_per_task x (dp + 2) */
+    size_t partial_floats;
+} attn__cpu_meta;
+
+static int attn__cpu_dp(int head_size) { return (head_size + 15) / 16 * 16; }
+
+static int attn__cpu_tile_tokens(int group) {
+    int t = ATTN__CPU_ROWS / group;
+    return t > 0 ? t : 1;
+}
+
+static int attn__env_batch_invariant(void) {
+    const char *v = attn__trim_env("ATTN_BATCH_INVARIANT");
+    return v && strcmp(v, "0") != 0;
+}
+
+static attn_status attn__cpu_metadata_init(attn_layer *layer, attn_metadata *meta) {
+    attn__cpu_meta *cm = (attn__cpu_meta *)attn__calloc(1, sizeof *cm);
+    int group = layer->desc.num_heads / layer->desc.num_kv_heads;
+    int tt = attn__cpu_tile_tokens(group);
+    int want = 4 * layer->ctx->num_threads;
+    int64_t base = (int64_t)layer->desc.num_kv_heads *
+                   ((int64_t)meta->cap.max_num_tokens / tt + 1 + meta->cap.max_num_reqs);
+    if (!cm) goto oom;
+    cm->task_capacity = (int)(base + (int64_t)want * ATTN__CPU_MAX_SPLITS);
+    cm->merge_capacity = want;
+    cm->rows_per_task = tt * group;
+    cm->tasks = (attn__cpu_task *)attn__calloc((size_t)cm->task_capacity, sizeof *cm->tasks);
+    cm->merges = (attn__cpu_merge *)attn__calloc((size_t)cm->merge_capacity, sizeof *cm->merges);
+    if (!cm->tasks || !cm->merges) goto oom;
+    attn_metadata_private_set(meta, cm);
+    return ATTN_OK;
+oom:
+    if (cm) { attn__free(cm->tasks); attn__free(cm->merges); attn__free(cm); }
+    return attn__fail(layer->ctx, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
+                      "attn_metadata_create: cannot allocate the CPU schedule");
+}
+
+static void attn__cpu_metadata_release(attn_metadata *meta) {
+    attn__cpu_meta *cm = (attn__cpu_meta *)attn_metadata_private(meta);
+    if (!cm) return;
+    attn__free(cm->tasks);
+    attn__free(cm->merges);
+    attn__free(cm->partial);
+    attn__free(cm);
+    attn_metadata_private_set(meta, NULL);
+}
+
+/* Keys visible to query position pos of a sequence of seq_len tokens: [*lo, *hi). */
+static void attn__visible_keys(const attn_layer_desc *d, int causal, int pos, int seq_len,
+                               int *lo, int *hi) {
+    int w = d->sliding_window;
+    *lo = w ? ATTN__MAX(0, pos - w + 1) : 0;
+    if (causal) *hi = pos + 1;
+    else *hi = w ? ATTN__MIN(seq_len, pos + w) : seq_len;
+}
+
+static int attn__cpu_task_cmp(const void *a, const void *b) {
+    int64_t ca = ((const attn__cpu_task *)a)->cost, cb = ((const attn__cpu_task *)b)->cost;
+    return ca > cb ? -1 : ca < cb ? 1 : 0;
+}
+
+static attn_status attn__cpu_build(attn_layer *layer, attn_metadata *meta, int common_prefix_len,
+                                   int fast_build) {
+    attn__cpu_meta *cm = (attn__cpu_meta *)attn_metadata_private(meta);
+    const attn_batch *b = attn_metadata_batch(meta);
+    const attn_layer_desc *d = &layer->desc;
+    int group = d->num_heads / d->num_kv_heads, tt = attn__cpu_tile_tokens(group);
+    int causal = b->causal == ATTN_CAUSAL_YES;
+    int want = 4 * layer->ctx->num_threads, base = 0, r, h, t0, nt = 0, nm = 0, slots = 0;
+    int split = 0;
+    size_t need;
+    (void)common_prefix_len;
+    (void)fast_build;
+    for (r = 0; r < b->num_reqs; r++) {
+        int ql = b->query_start_loc[r + 1] - b->query_start_loc[r];
+        base += d->num_kv_heads * ((ql + tt - 1) / tt);
+    }
+    split = !attn__env_batch_invariant() && base > 0 && base < want;
+    for (r = 0; r < b->num_reqs; r++) {
+        int ql = b->query_start_loc[r + 1] - b->query_start_loc[r], sl = b->seq_lens[r];
+        for (t0 = 0; t0 < ql; t0 += tt) {
+            int t1 = ATTN__MIN(ql, t0 + tt), lo0, hi0, lo1, hi1, lo, hi, ns = 1, s;
+            attn__visible_keys(d, causal, sl - ql + t0, sl, &lo0, &hi0);
+            attn__visible_keys(d, causal, sl - ql + t1 - 1, sl, &lo1, &hi1);
+            lo = ATTN__MIN(lo0, lo1);
+            hi = ATTN__MAX(hi0, hi1);
+            if (split && t0 == 0 && t1 == ql && hi - lo >= 2 * ATTN__CPU_SPLIT_MIN) {
+                ns = (hi - lo) / ATTN__CPU_SPLIT_MIN;
+                ns = ATTN__MIN(ns, (want + base - 1) / base);
+                ns = ATTN__MIN(ns, ATTN__CPU_MAX_SPLITS);
+                if (ns < 2) ns = 1;
+            }
+            for (h = 0; h < d->num_kv_heads; h++) {
+                if (ns > 1) {
+                    attn__cpu_merge *mg = &cm->merges[nm++];
+                    ATTN_ASSERT(nm <= cm->merge_capacity);
+                    mg->req = r; mg->kv_head = h; mg->tok0 = t0; mg->tok1 = t1;
+                    mg->slot0 = slots; mg->num_splits = ns;
+                }
+                for (s = 0; s < ns; s++) {
+                    attn__cpu_task *tk = &cm->tasks[nt++];
+                    ATTN_ASSERT(nt <= cm->task_capacity);
+                    tk->req = r; tk->kv_head = h; tk->tok0 = t0; tk->tok1 = t1;
+                    tk->key0 = lo + (int)((int64_t)(hi - lo) * s / ns);
+                    tk->key1 = lo + (int)((int64_t)(hi - lo) * (s + 1) / ns);
+                    tk->slot = ns > 1 ? slots++ : -1;
+                    tk->cost = (int64_t)(tk->key1 - tk->key0 + 16) * (t1 - t0);
+                }
+            }
+        }
+    }
+    need = (size_t)slots * (size_t)cm->rows_per_task * (size_t)(attn__cpu_dp(d->head_size) + 2);
+    if (need > cm->partial_floats) {
+        float *p = (float *)attn__malloc(need * sizeof(float));
+        if (!p)
+            return attn__fail(layer->ctx, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
+                              "attn_metadata_build: cannot allocate %zu bytes of split-KV partials",
+                              need * sizeof(float));
+        attn__free(cm->partial);
+        cm->partial = p;
+        cm->partial_floats = need;
+    }
+    qsort(cm->tasks, (size_t)nt, sizeof *cm->tasks, attn__cpu_task_cmp);
+    cm->num_tasks = nt;
+    cm->num_merges = nm;
+    cm->num_slots = slots;
+    return ATTN_OK;
+}
+
+typedef struct attn__cpu_run {
+    attn_layer *layer;
+    const attn_metadata *meta;
+    const attn__cpu_meta *cm;
+    attn_tensor q, kv, out, lse;
+    int has_lse;
+    int dp;
+} attn__cpu_run;
+
+static size_t attn__cpu_scratch_floats(int rows, int dp) {
+    size_t nt = ATTN__CPU_NT, r = (size_t)(rows + 15) / 16 * 16;
+    return 2 * r * (size_t)dp + r * nt + 2 * nt * (size_t)dp + 5 * r + 16;
+}
+
+/* Writes normalised rows (or unnormalised partials) of one task. */
+static void attn__cpu_store_rows(const attn__cpu_run *a, const attn__cpu_task *tk, const float *O,
+                                 const float *m, const float *l, float *tmp) {
+    const attn_layer_desc *d = &a->layer->desc;
+    int group = d->num_heads / d->num_kv_heads, dp = a->dp;
+    int rows = (tk->tok1 - tk->tok0) * group, i, x;
+    int qs = a->meta->batch.query_start_loc[tk->req];
+    size_t osz = attn_dtype_size(a->out.dtype);
+    if (tk->slot >= 0) {
+        float *p = a->cm->partial + (size_t)tk->slot * (size_t)a->cm->rows_per_task * (size_t)(dp + 2);
+        for (i = 0; i < rows; i++) {
+            memcpy(p + (size_t)i * (size_t)(dp + 2), O + (size_t)i * (size_t)dp, (size_t)dp * sizeof(float));
+            p[(size_t)i * (size_t)(dp + 2) + (size_t)dp] = m[i];
+            p[(size_t)i * (size_t)(dp + 2) + (size_t)dp + 1] = l[i];
+        }
+        return;
+    }
+    for (i = 0; i < rows; i++) {
+        int tok = qs + tk->tok0 + i / group, head = tk->kv_head * group + i % group;
+        float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+        for (x = 0; x < d->head_size; x++) tmp[x] = O[(size_t)i * (size_t)dp + x] * inv;
+        attn__row_from_f32(tmp, a->out.dtype,
+                           (char *)a->out.data + (size_t)(tok * a->out.strides[0] + head * a->out.strides[1]) * osz,
+                           d->head_size);
+        if (a->has_lse)
+            ((float *)a->lse.data)[tok * a->lse.strides[0] + head * a->lse.strides[1]] =
+                l[i] > 0.0f ? (m[i] + log2f(l[i])) * ATTN__LN2 : -INFINITY;
+    }
+}
+
+static void attn__cpu_task_run(void *varg, int ti, int thread) {
+    const attn__cpu_run *a = (const attn__cpu_run *)varg;
+    const attn__cpu_task *tk = &a->cm->tasks[ti];
+    const attn_layer *layer = a->layer;
+    const attn_layer_desc *d = &layer->desc;
+    const attn_batch *b = &a->meta->batch;
+    int group = d->num_heads / d->num_kv_heads, dp = a->dp, D = d->head_size;
+    int rows = (tk->tok1 - tk->tok0) * group, rp = (rows + 15) / 16 * 16;
+    int ql = b->query_start_loc[tk->req + 1] - b->query_start_loc[tk->req];
+    int sl = b->seq_lens[tk->req], qs = b->query_start_loc[tk->req];
+    int causal = b->causal == ATTN_CAUSAL_YES;
+    int bs = d->block_size, hkv = d->num_kv_heads, i, j, j0, kmin = INT32_MAX, kmax = 0;
+    const int32_t *bt = b->block_table + (size_t)tk->req * (size_t)b->block_table_stride;
+    float *base = layer->ctx->scratch[thread];
+    float *Q, *O, *S, *K, *V, *m, *l, *alpha, *tmp;
+    int *lo, *hi;
+    size_t qsz = attn_dtype_size(a->q.dtype), csz = attn_dtype_size(d->kv_cache_dtype);
+    float cap = d->logits_soft_cap;
+    float qscale = cap > 0.0f ? d->scale : d->scale * ATTN__LOG2E;
+    base = (float *)(void *)(((uintptr_t)base + 63) & ~(uintptr_t)63);
+    Q = base;
+    O = Q + (size_t)rp * (size_t)dp;
+    S = O + (size_t)rp * (size_t)dp;
+    K = S + (size_t)rp * ATTN__CPU_NT;
+    V = K + (size_t)ATTN__CPU_NT * (size_t)dp;
+    m = V + (size_t)ATTN__CPU_NT * (size_t)dp;
+    l = m + rp;
+    alpha = l + rp;
+    lo = (int *)(void *)(alpha + rp);
+    hi = lo + rp;
+    tmp = K; /* free once the key loop is done */
+
+    for (i = 0; i < rows; i++) {
+        int t = tk->tok0 + i / group, head = tk->kv_head * group + i % group;
+        float *qr = Q + (size_t)i * (size_t)dp;
+        attn__visible_keys(d, causal, sl - ql + t, sl, &lo[i], &hi[i]);
+        lo[i] = ATTN__MAX(lo[i], tk->key0);
+        hi[i] = ATTN__MIN(hi[i], tk->key1);
+        if (lo[i] < hi[i]) { kmin = ATTN__MIN(kmin, lo[i]); kmax = ATTN__MAX(kmax, hi[i]); }
+        attn__row_to_f32((const char *)a->q.data + (size_t)((qs + t) * a->q.strides[0] + head * a->q.strides[1]) * qsz,
+                         a->q.dtype, qr, D, dp);
+        for (j = 0; j < D; j++) qr[j] *= qscale;
+        memset(O + (size_t)i * (size_t)dp, 0, (size_t)dp * sizeof(float));
+        m[i] = -INFINITY;
+        l[i] = 0.0f;
+    }
+    for (j0 = kmin; j0 < kmax; j0 += ATTN__CPU_NT) {
+        int n = ATTN__MIN(ATTN__CPU_NT, kmax - j0);
+        for (j = 0; j < n; j++) {
+            int key = j0 + j;
+            int64_t blk = bt[key / bs], off = key % bs;
+            const char *kr = (const char *)a->kv.data + (size_t)((((blk * 2 + 0) * bs + off) * hkv + tk->kv_head) * D) * csz;
+            const char *vr = (const char *)a->kv.data + (size_t)((((blk * 2 + 1) * bs + off) * hkv + tk->kv_head) * D) * csz;
+            attn__row_to_f32(kr, d->kv_cache_dtype, K + (size_t)j * (size_t)dp, D, dp);
+            attn__row_to_f32(vr, d->kv_cache_dtype, V + (size_t)j * (size_t)dp, D, dp);
+        }
+        attn__cpu_qk(Q, rows, K, n, dp, S, ATTN__CPU_NT);
+        for (i = 0; i < rows; i++) {
+            float *s = S + (size_t)i * ATTN__CPU_NT;
+            if (cap > 0.0f)
+                for (j = 0; j < n; j++) s[j] = cap * tanhf(s[j] / cap) * ATTN__LOG2E;
+            if (layer->alibi) {
+                int pos = sl - ql + tk->tok0 + i / group;
+                float slope = layer->alibi[tk->kv_head * group + i % group] * ATTN__LOG2E;
+                for (j = 0; j < n; j++) s[j] += slope * (float)(j0 + j - pos);
+            }
+            if (j0 < lo[i] || j0 + n > hi[i])
+                for (j = 0; j < n; j++)
+                    if (j0 + j < lo[i] || j0 + j >= hi[i]) s[j] = -INFINITY;
+            alpha[i] = attn__cpu_softmax_row(s, n, &m[i], &l[i]);
+        }
+        attn__cpu_pv(S, ATTN__CPU_NT, rows, V, n, dp, O, alpha);
+    }
+    attn__cpu_store_rows(a, tk, O, m, l, tmp);
+}
+
+/* Merges the split-KV partials of one (request, KV head, tile) by their LSEs. */
+static void attn__cpu_merge_run(void *varg, int mi, int thread) {
+    const attn__cpu_run *a = (const attn__cpu_run *)varg;
+    const attn__cpu_merge *mg = &a->cm->merges[mi];
+    const attn_layer_desc *d = &a->layer->desc;
+    int group = d->num_heads / d->num_kv_heads, dp = a->dp;
+    int rows = (mg->tok1 - mg->tok0) * group, i, s, x;
+    size_t stride = (size_t)a->cm->rows_per_task * (size_t)(dp + 2);
+    float *O = (float *)(void *)(((uintptr_t)a->layer->ctx->scratch[thread] + 63) & ~(uintptr_t)63);
+    float *mrow = O + (size_t)rows * (size_t)dp, *lrow = mrow + rows, *tmp = lrow + rows;
+    attn__cpu_task tk;
+    for (i = 0; i < rows; i++) {
+        float mx = -INFINITY, lsum = 0.0f;
+        for (s = 0; s < mg->num_splits; s++) {
+            const float *p = a->cm->partial + (size_t)(mg->slot0 + s) * stride + (size_t)i * (size_t)(dp + 2);
+            if (p[dp + 1] > 0.0f && p[dp] > mx) mx = p[dp];
+        }
+        for (x = 0; x < dp; x++) O[(size_t)i * (size_t)dp + x] = 0.0f;
+        for (s = 0; s < mg->num_splits && mx > -INFINITY; s++) {
+            const float *p = a->cm->partial + (size_t)(mg->slot0 + s) * stride + (size_t)i * (size_t)(dp + 2);
+            float w;
+            if (!(p[dp + 1] > 0.0f)) continue;
+            w = exp2f(p[dp] - mx);
+            lsum += p[dp + 1] * w;
+            for (x = 0; x < dp; x++) O[(size_t)i * (size_t)dp + x] += w * p[x];
+        }
+        mrow[i] = mx;
+        lrow[i] = lsum;
+    }
+    memset(&tk, 0, sizeof tk);
+    tk.req = mg->req; tk.kv_head = mg->kv_head; tk.tok0 = mg->tok0; tk.tok1 = mg->tok1; tk.slot = -1;
+    attn__cpu_store_rows(a, &tk, O, mrow, lrow, tmp);
+}
+
+static attn_status attn__cpu_forward(attn_layer *layer, const attn_metadata *meta,
+                                     const attn_tensor *q, const attn_tensor *k,
+                                     const attn_tensor *v, attn_tensor *kv_cache,
+                                     attn_tensor *out, attn_tensor *lse, void *stream) {
+    attn__cpu_run a;
+    attn_status st;
+    int dp = attn__cpu_dp(layer->desc.head_size);
+    size_t need;
+    (void)stream;
+    memset(&a, 0, sizeof a);
+    a.layer = layer;
+    a.meta = meta;
+    a.cm = (const attn__cpu_meta *)attn_metadata_private(meta);
+    a.q = attn__tensor_resolved(q);
+    a.kv = attn__tensor_resolved(kv_cache);
+    a.out = attn__tensor_resolved(out);
+    if (lse) { a.lse = attn__tensor_resolved(lse); a.has_lse = 1; }
+    a.dp = dp;
+    need = attn__cpu_scratch_floats(a.cm->rows_per_task, dp);
+    st = attn__scratch_reserve(layer->ctx, need);
+    if (st != ATTN_OK) return st;
+    if (k && v)
+        attn__write_kv(layer, k, v, kv_cache, meta->batch.slot_mapping, meta->batch.num_actual_tokens);
+    attn__pool_run(layer->ctx->pool, attn__cpu_task_run, &a, a.cm->num_tasks);
+    if (a.cm->num_merges)
+        attn__pool_run(layer->ctx->pool, attn__cpu_merge_run, &a, a.cm->num_merges);
+    return ATTN_OK;
+}
+
+static int attn__std_kv_cache_shape(const attn_layer_desc *d, int64_t num_blocks,
+                                    int64_t shape[ATTN_MAX_DIMS]) {
+    shape[0] = num_blocks;
+    shape[1] = 2;
+    shape[2] = d->block_size;
+    shape[3] = d->num_kv_heads;
+    shape[4] = d->head_size;
+    return 5;
+}
+
+static const attn_backend attn__cpu_backend = {
+    "CPU",                    /* name */
+    ATTN_BACKEND_CPU,         /* id */
+    ATTN_DTYPE_BIT(ATTN_DTYPE_F32) | ATTN_DTYPE_BIT(ATTN_DTYPE_F16) | ATTN_DTYPE_BIT(ATTN_DTYPE_BF16),
+    ATTN_DTYPE_BIT(ATTN_DTYPE_F32) | ATTN_DTYPE_BIT(ATTN_DTYPE_F16) | ATTN_DTYPE_BIT(ATTN_DTYPE_BF16),
+    8, 512, 8,                /* head sizes: multiples of 8 from 8 to 512 */
+    16, 0,                    /* block sizes: any multiple of 16 */
+    1, 1, 1, 1,               /* non-causal, sliding window, soft cap, ALiBi */
+    0,                        /* is_mla */
+    0,                        /* needs_cuda */
+    ATTN_CUDA_GRAPH_NEVER,
+    1, ATTN_LSE_BASE_E,       /* returns LSE, base e */
+    NULL,                     /* check */
+    attn__std_kv_cache_shape,
+    attn__cpu_metadata_init,
+    attn__cpu_metadata_release,
+    attn__cpu_build,
+    attn__cpu_forward
+};
+
+static const attn_backend *attn__builtin_backend(attn_backend_id id) {
+    switch (id) {
+    case ATTN_BACKEND_CPU: return &attn__cpu_backend;
+    default: return NULL;
+    }
+}
+
+/* =======================================================================================
+   >>forward
+   The public forward: validates everything a backend relies on, then dispatches.
+   ======================================================================================= */
+
+ATTN_API attn_status attn_layer_forward(attn_layer *layer, const attn_metadata *meta,
+                                        const attn_tensor *q, const attn_tensor *k,
+                                        const attn_tensor *v, attn_tensor *kv_cache,
+                                        attn_tensor *out, attn_tensor *lse, void *stream) {
+    attn_context *ctx = layer ? layer->ctx : NULL;
+    const char *fn = "attn_layer_forward";
+    const attn_layer_desc *d;
+    attn_device_kind dev;
+    int64_t shape[3];
+    attn_status st;
+    int ntok;
+    ATTN__CHECK_PTR(ctx, layer, "attn_layer_forward");
+    ATTN__CHECK_PTR(ctx, meta, "attn_layer_forward");
+    ATTN__CHECK_PTR(ctx, q, "attn_layer_forward");
+    ATTN__CHECK_PTR(ctx, kv_cache, "attn_layer_forward");
+    ATTN__CHECK_PTR(ctx, out, "attn_layer_forward");
+    d = &layer->desc;
+    dev = layer->backend->needs_cuda ? ATTN_DEVICE_CUDA : ATTN_DEVICE_CPU;
+    if (d->use_mla)
+        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_ARGUMENT,
+                          "%s: the layer is MLA (allowed: standard layers; MLA layers use the "
+                          "MLA forward calls)", fn);
+    if (!meta->built)
+        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA,
+                          "%s: meta has not been built (call attn_metadata_build first)", fn);
+    if (meta->backend != layer->backend || meta->num_heads != d->num_heads ||
+        meta->num_kv_heads != d->num_kv_heads || meta->head_size != d->head_size ||
+        meta->block_size != d->block_size)
+        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA,
+                          "%s: meta was created for backend %s, heads %d/%d, head_size %d, "
+                          "block_size %d (allowed: the same as this layer: %s, %d/%d, %d, %d)",
+                          fn, meta->backend ? meta->backend->name : "?", meta->num_heads,
+                          meta->num_kv_heads, meta->head_size, meta->block_size,
+                          layer->backend->name, d->num_heads, d->num_kv_heads, d->head_size,
+                          d->block_size);
+    if ((k == NULL) != (v == NULL))
+        return attn__fail(ctx, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT,
+                          "%s: argument '%s' is NULL but '%s' is not (allowed: both or neither)",
+                          fn, k ? "v" : "k", k ? "k" : "v");
+    ntok = meta->batch.num_actual_tokens;
+    shape[0] = -(int64_t)ntok; shape[1] = d->num_heads; shape[2] = d->head_size;
+    st = attn__check_tensor(ctx, fn, "q", q, d->dtype, 3, shape, dev);
+    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out", out, d->dtype, 3, shape, dev);
+    if (st != ATTN_OK) return st;
+    st = attn__check_kv_cache(layer, fn, kv_cache, 0);
+    if (st != ATTN_OK) return st;
+    if (kv_cache->shape[0] < meta->cap.num_blocks)
+        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
+                          "%s: kv_cache.shape[0] is %lld (allowed: >= num_blocks %lld of the "
+                          "metadata)", fn, (long long)kv_cache->shape[0], (long long)meta->cap.num_blocks);
+    if (k) {
+        if (!meta->batch.slot_mapping)
+            return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA,
+                              "%s: k/v given but the batch has no slot_mapping (allowed: a "
+                              "slot_mapping, or k = v = NULL)", fn);
+        st = attn__check_kv_write(layer, fn, k, v, kv_cache, meta->batch.slot_mapping, ntok);
+        if (st != ATTN_OK) return st;
+    }
+    if (lse) {
+        if (!layer->backend->can_return_lse)
+            return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_ARGUMENT,
+                              "%s: backend %s cannot return the LSE (allowed: lse = NULL)", fn,
+                              layer->backend->name);
+        shape[1] = d->num_heads;
+        st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, dev);
+        if (st != ATTN_OK) return st;
+    }
+    return layer->backend->forward(layer, meta, q, k, v, kv_cache, out, lse, stream);
+}
+
+/* >>kernels-begin (generated by tools/embed from kernels/; do not edit) */
+/* >>kernels-end */
+
+#endif /* ATTN_IMPLEMENTATION_DONE */
+#endif /* ATTN_IMPLEMENTATION */
+
+/*
+------------------------------------------------------------------------------
+MIT License
+
+Copyright (c) 2026 the attn.h authors
+
+Permission is hereby granted, free of charge, to any person obtaining a copy of
+this software and associated documentation files (the "Software"), to deal in
+the Software without restriction, including without limitation the rights to
+use, copy, modify, merge, publish, distribute, sublicense, and/or sell copies
+of the Software, and to permit persons to whom the Software is furnished to do
+so, subject to the following conditions:
+
+The above copyright notice and this permission notice shall be included in all
+copies or substantial portions of the Software.
+
+THE SOFTWARE IS PROVIDED "AS IS", WITHOUT WARRANTY OF ANY KIND, EXPRESS OR
+IMPLIED, INCLUDING BUT NOT LIMITED TO THE WARRANTIES OF MERCHANTABILITY,
+FITNESS FOR A PARTICULAR PURPOSE AND NONINFRINGEMENT. IN NO EVENT SHALL THE
+AUTHORS OR COPYRIGHT HOLDERS BE LIABLE FOR ANY CLAIM, DAMAGES OR OTHER
+LIABILITY, WHETHER IN AN ACTION OF CONTRACT, TORT OR OTHERWISE, ARISING FROM,
+OUT OF OR IN CONNECTION WITH THE SOFTWARE OR THE USE OR OTHER DEALINGS IN THE
+SOFTWARE.
+------------------------------------------------------------------------------
+*/
