@@ -1,0 +1,65 @@
+# attn.h — build, test, demo, bench.  `make` builds everything; `make test` runs all tests.
+CC      ?= cc
+CXX     ?= c++
+WARN     = -Wall -Wextra -Wpedantic -Werror
+CSTD     = -std=c99
+OPT      = -O2 -g
+NATIVE   = -march=native
+LIBS     = -lpthread -lm -ldl
+B        = build
+
+TEST_SRC = tests/main.c $(wildcard tests/test_*.c)
+TEST_DEP = attn.h tests/attn_test.h $(TEST_SRC)
+
+.PHONY: all test demo bench embed check-embed clean info
+
+all: $(B)/attn_tests $(B)/attn_tests_avx2 $(B)/attn_tests_c $(B)/attn_tests_nothreads \
+     $(B)/attn_tests_asan $(B)/attn-info $(B)/attn-bench $(B)/paged_decode $(B)/libattn.so
+
+$(B):
+	mkdir -p $(B)
+
+# The test binary in four builds: the widest SIMD this CPU has, AVX2, plain C, no threads;
+# and once more under AddressSanitizer + UndefinedBehaviorSanitizer.
+$(B)/attn_tests: $(TEST_DEP) | $(B)
+	$(CC) $(CSTD) $(WARN) $(OPT) $(NATIVE) -I. $(TEST_SRC) -o $@ $(LIBS)
+$(B)/attn_tests_avx2: $(TEST_DEP) | $(B)
+	$(CC) $(CSTD) $(WARN) $(OPT) -mavx2 -mfma -mf16c -I. $(TEST_SRC) -o $@ $(LIBS)
+$(B)/attn_tests_c: $(TEST_DEP) | $(B)
+	$(CC) $(CSTD) $(WARN) $(OPT) -DATTN_NO_SIMD -I. $(TEST_SRC) -o $@ $(LIBS)
+$(B)/attn_tests_nothreads: $(TEST_DEP) | $(B)
+	$(CC) $(CSTD) $(WARN) $(OPT) $(NATIVE) -DATTN_NO_THREADS -I. $(TEST_SRC) -o $@ -lm -ldl
+$(B)/attn_tests_asan: $(TEST_DEP) | $(B)
+	$(CC) $(CSTD) $(WARN) -O1 -g $(NATIVE) -fsanitize=address,undefined -fno-sanitize-recover=undefined \
+	  -fno-omit-frame-pointer -I. $(TEST_SRC) -o $@ $(LIBS)
+
+$(B)/attn-info: tools/attn-info.c attn.h | $(B)
+	$(CC) $(CSTD) $(WARN) $(OPT) $(NATIVE) -I. $< -o $@ $(LIBS)
+$(B)/attn-bench: tools/attn-bench.c attn.h | $(B)
+	$(CC) $(CSTD) $(WARN) -O3 $(NATIVE) -I. $< -o $@ $(LIBS)
+$(B)/paged_decode: examples/paged_decode.c attn.h | $(B)
+	$(CC) $(CSTD) $(WARN) $(OPT) $(NATIVE) -I. $< -o $@ $(LIBS)
+# Shared build for the Python (ctypes) check.
+$(B)/libattn.so: tests/python/attn_shared.c attn.h | $(B)
+	$(CC) $(CSTD) $(WARN) $(OPT) $(NATIVE) -fPIC -shared -I. $< -o $@ $(LIBS)
+
+test: all
+	@bash tests/run_all.sh
+
+demo: $(B)/paged_decode
+	./$(B)/paged_decode
+
+bench: $(B)/attn-bench
+	./$(B)/attn-bench
+
+info: $(B)/attn-info
+	./$(B)/attn-info
+
+# The generated kernel block between the >>kernels-begin / >>kernels-end markers.
+embed:
+	python3 tools/embed.py attn.h kernels
+check-embed:
+	python3 tools/embed.py --check attn.h kernels
+
+clean:
+	rm -rf $(B)

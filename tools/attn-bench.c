@@ -1,0 +1,797 @@
+#define _POSIX_C_SOURCE 200809L
+/* attn-bench: the CPU backend of attn.h against this machine's own ceilings, in one run.
+
+   1. Ceilings, measured here and now with one thread per online core:
+        memory read  - each thread sums its own slice of a 1 GiB buffer (far beyond any L3)
+                       with the widest vector loads and 8 independent accumulators; best pass.
+        FP32 FMA     - 16 independent FMA chains per thread in the widest vectors (AVX-512,
+                       else AVX2, else scalar), 2 flops per lane per FMA; best pass.
+   2. attn.h through its public API only (context, layer, metadata, forward):
+        decode   - 32 query / 8 KV heads, head 128, context 4096, batch 1 and 8, KV cache f16
+                   (q/out f16) and f32 (q/out f32). Metric: GB/s of KV read, against the
+                   read ceiling. Every iteration reads a different set of blocks (randomly
+                   shuffled block ids) out of >= 640 MiB of cache, so nothing is served from
+                   the previous iteration's L3 contents.
+        prefill  - 512 and 2048 tokens, causal, same heads, batch 1, f16. Metric: GFLOP/s
+                   over unmasked (query, key) pairs only, 4 * head * heads * L(L+1)/2,
+                   against the FP32 FMA ceiling (the CPU backend computes in fp32).
+      Only attn_layer_forward is timed: metadata is built beforehand (one build per block
+      set) and K/V are already in the cache (k = v = NULL), so the numbers are attention.
+   3. A markdown table for BENCHMARKS.md and the command line that produced it.
+
+   Build: make build/attn-bench.  Usage: attn-bench [--threads N] [--quick]
+   [--case decode|prefill|all] */
+#define ATTN_IMPLEMENTATION
+#include "attn.h"
+
+#include <pthread.h>
+#include <time.h>
+#include <unistd.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+#else
+#include <immintrin.h>
+#endif
+#endif
+
+#define MIB (1024.0 * 1024.0)
+#define BENCH_HEADS 32
+#define BENCH_KV_HEADS 8
+#define BENCH_HEAD_SIZE 128
+#define BENCH_BLOCK 16
+#define BENCH_CONTEXT 4096
+#define BENCH_ROTATE_BYTES ((size_t)640 << 20) /* decode KV rotated through >= this */
+#define BENCH_READ_BYTES ((size_t)1 << 30)     /* memory-read ceiling buffer */
+#define BENCH_MAX_ROWS 16
+
+/* ---------------------------------------------------------------------------------------
+   Small helpers: time, random numbers, allocation, failure
+   ------------------------------------------------------------------------------------- */
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static uint64_t rng_next(uint64_t *s) { /* xorshift64 */
+    uint64_t x = *s;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return *s = x;
+}
+
+static float rng_unit(uint64_t *s) { /* uniform in [-1, 1) */
+    return (float)((double)(rng_next(s) >> 40) / (double)(1u << 23) - 1.0);
+}
+
+static uint64_t rng_seed(uint64_t x) { return x * 0x9e3779b97f4a7c15ull + 0x2545f4914f6cdd1dull; }
+
+static void *bench_alloc(size_t bytes) {
+    void *p = NULL;
+    if (posix_memalign(&p, 4096, bytes ? bytes : 1) != 0 || !p) {
+        fprintf(stderr, "attn-bench: cannot allocate %.1f MiB\n", (double)bytes / MIB);
+        exit(1);
+    }
+    return p;
+}
+
+static void bench_check(attn_context *ctx, attn_status st, const char *what) {
+    if (st == ATTN_OK) return;
+    fprintf(stderr, "attn-bench: %s failed: %s: %s\n", what, attn_status_string(st),
+            attn_context_last_error(ctx));
+    exit(1);
+}
+#define CHECK(ctx, call) bench_check((ctx), (call), #call)
+
+/* Random values in [-1, 1) in the given dtype. For large f16/bf16 buffers the values come
+   from a 64 Ki-entry table of converted random floats (converting 300M elements one by one
+   would dominate the run); every element is still independently drawn. */
+static void fill_random(void *data, attn_dtype dt, size_t n, uint64_t seed) {
+    uint64_t s = rng_seed(seed);
+    size_t i;
+    if (dt == ATTN_DTYPE_F32) {
+        float *f = (float *)data;
+        for (i = 0; i < n; i++) f[i] = rng_unit(&s);
+        return;
+    }
+    if (n < ((size_t)1 << 20)) {
+        uint16_t *h = (uint16_t *)data;
+        for (i = 0; i < n; i++)
+            h[i] = dt == ATTN_DTYPE_F16 ? attn_f32_to_f16(rng_unit(&s)) : attn_f32_to_bf16(rng_unit(&s));
+        return;
+    }
+    {
+        uint16_t *table = (uint16_t *)bench_alloc(65536 * sizeof(uint16_t));
+        uint16_t *h = (uint16_t *)data;
+        for (i = 0; i < 65536; i++)
+            table[i] = dt == ATTN_DTYPE_F16 ? attn_f32_to_f16(rng_unit(&s)) : attn_f32_to_bf16(rng_unit(&s));
+        for (i = 0; i + 4 <= n; i += 4) {
+            uint64_t r = rng_next(&s);
+            h[i] = table[r & 0xffff];
+            h[i + 1] = table[(r >> 16) & 0xffff];
+            h[i + 2] = table[(r >> 32) & 0xffff];
+            h[i + 3] = table[(r >> 48) & 0xffff];
+        }
+        for (; i < n; i++) h[i] = table[rng_next(&s) & 0xffff];
+        free(table);
+    }
+}
+
+static void shuffle_ids(int32_t *ids, int n, uint64_t seed) {
+    uint64_t s = rng_seed(seed);
+    int i;
+    for (i = 0; i < n; i++) ids[i] = i;
+    for (i = n - 1; i > 0; i--) {
+        int j = (int)(rng_next(&s) % (uint64_t)(i + 1));
+        int32_t t = ids[i];
+        ids[i] = ids[j];
+        ids[j] = t;
+    }
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y ? 1 : 0;
+}
+
+/* Sorts t in place; returns the median. */
+static double median(double *t, int n) {
+    qsort(t, (size_t)n, sizeof *t, cmp_double);
+    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+}
+
+/* Every output element must be finite: a broken kernel must not pass as a fast one. */
+static void check_finite(const void *data, attn_dtype dt, size_t n, const char *name) {
+    size_t i;
+    for (i = 0; i < n; i++) {
+        float x = dt == ATTN_DTYPE_F32 ? ((const float *)data)[i]
+                : dt == ATTN_DTYPE_F16 ? attn_f16_to_f32(((const uint16_t *)data)[i])
+                                       : attn_bf16_to_f32(((const uint16_t *)data)[i]);
+        if (!isfinite(x)) {
+            fprintf(stderr, "attn-bench: %s: output element %zu is not finite (%g)\n", name, i,
+                    (double)x);
+            exit(1);
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------------------------
+   Ceilings: memory read bandwidth and FP32 FMA throughput, one thread per online core
+   ------------------------------------------------------------------------------------- */
+
+#if defined(__AVX512F__)
+#define CEIL_SIMD "AVX-512"
+#define CEIL_LANES 16
+#elif defined(__AVX2__) && defined(__FMA__)
+#define CEIL_SIMD "AVX2+FMA"
+#define CEIL_LANES 8
+#else
+#define CEIL_SIMD "scalar"
+#define CEIL_LANES 1
+#endif
+#define READ_UNROLL 128 /* floats per loop iteration: 8 accumulators x 16 lanes */
+#define FMA_CHAINS 16
+
+/* Sums n floats (n a multiple of READ_UNROLL, p 64-byte aligned) with 8 independent sums. */
+static float read_sum(const float *p, size_t n) {
+    float lanes[128];
+    float total = 0.0f;
+    size_t i;
+    int k, nl;
+#if defined(__AVX512F__)
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    for (i = 0; i < n; i += 128) {
+        a0 = _mm512_add_ps(a0, _mm512_load_ps(p + i));
+        a1 = _mm512_add_ps(a1, _mm512_load_ps(p + i + 16));
+        a2 = _mm512_add_ps(a2, _mm512_load_ps(p + i + 32));
+        a3 = _mm512_add_ps(a3, _mm512_load_ps(p + i + 48));
+        a4 = _mm512_add_ps(a4, _mm512_load_ps(p + i + 64));
+        a5 = _mm512_add_ps(a5, _mm512_load_ps(p + i + 80));
+        a6 = _mm512_add_ps(a6, _mm512_load_ps(p + i + 96));
+        a7 = _mm512_add_ps(a7, _mm512_load_ps(p + i + 112));
+    }
+    _mm512_storeu_ps(lanes, a0); _mm512_storeu_ps(lanes + 16, a1);
+    _mm512_storeu_ps(lanes + 32, a2); _mm512_storeu_ps(lanes + 48, a3);
+    _mm512_storeu_ps(lanes + 64, a4); _mm512_storeu_ps(lanes + 80, a5);
+    _mm512_storeu_ps(lanes + 96, a6); _mm512_storeu_ps(lanes + 112, a7);
+    nl = 128;
+#elif defined(__AVX2__) && defined(__FMA__)
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    for (i = 0; i < n; i += 64) {
+        a0 = _mm256_add_ps(a0, _mm256_load_ps(p + i));
+        a1 = _mm256_add_ps(a1, _mm256_load_ps(p + i + 8));
+        a2 = _mm256_add_ps(a2, _mm256_load_ps(p + i + 16));
+        a3 = _mm256_add_ps(a3, _mm256_load_ps(p + i + 24));
+        a4 = _mm256_add_ps(a4, _mm256_load_ps(p + i + 32));
+        a5 = _mm256_add_ps(a5, _mm256_load_ps(p + i + 40));
+        a6 = _mm256_add_ps(a6, _mm256_load_ps(p + i + 48));
+        a7 = _mm256_add_ps(a7, _mm256_load_ps(p + i + 56));
+    }
+    _mm256_storeu_ps(lanes, a0); _mm256_storeu_ps(lanes + 8, a1);
+    _mm256_storeu_ps(lanes + 16, a2); _mm256_storeu_ps(lanes + 24, a3);
+    _mm256_storeu_ps(lanes + 32, a4); _mm256_storeu_ps(lanes + 40, a5);
+    _mm256_storeu_ps(lanes + 48, a6); _mm256_storeu_ps(lanes + 56, a7);
+    nl = 64;
+#else
+    float s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
+    for (i = 0; i < n; i += 8) {
+        s0 += p[i]; s1 += p[i + 1]; s2 += p[i + 2]; s3 += p[i + 3];
+        s4 += p[i + 4]; s5 += p[i + 5]; s6 += p[i + 6]; s7 += p[i + 7];
+    }
+    lanes[0] = s0; lanes[1] = s1; lanes[2] = s2; lanes[3] = s3;
+    lanes[4] = s4; lanes[5] = s5; lanes[6] = s6; lanes[7] = s7;
+    nl = 8;
+#endif
+    for (k = 0; k < nl; k++) total += lanes[k];
+    return total;
+}
+
+/* iters rounds of FMA_CHAINS independent x = x * b + c chains; x converges to 1, so no
+   overflow and no denormals. Returns a value that depends on every chain. */
+static float fma_chains(long iters, float seed) {
+    float lanes[FMA_CHAINS * CEIL_LANES];
+    float total = 0.0f;
+    long it;
+    int k;
+#if defined(__AVX512F__)
+    const __m512 b = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-6f);
+    __m512 x0 = _mm512_set1_ps(seed), x1 = _mm512_set1_ps(seed + 0.01f),
+           x2 = _mm512_set1_ps(seed + 0.02f), x3 = _mm512_set1_ps(seed + 0.03f),
+           x4 = _mm512_set1_ps(seed + 0.04f), x5 = _mm512_set1_ps(seed + 0.05f),
+           x6 = _mm512_set1_ps(seed + 0.06f), x7 = _mm512_set1_ps(seed + 0.07f),
+           x8 = _mm512_set1_ps(seed + 0.08f), x9 = _mm512_set1_ps(seed + 0.09f),
+           x10 = _mm512_set1_ps(seed + 0.10f), x11 = _mm512_set1_ps(seed + 0.11f),
+           x12 = _mm512_set1_ps(seed + 0.12f), x13 = _mm512_set1_ps(seed + 0.13f),
+           x14 = _mm512_set1_ps(seed + 0.14f), x15 = _mm512_set1_ps(seed + 0.15f);
+#define FMA_STEP(x) x = _mm512_fmadd_ps(x, b, c)
+#define FMA_STORE(x, k) _mm512_storeu_ps(lanes + (k) * 16, x)
+#elif defined(__AVX2__) && defined(__FMA__)
+    const __m256 b = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-6f);
+    __m256 x0 = _mm256_set1_ps(seed), x1 = _mm256_set1_ps(seed + 0.01f),
+           x2 = _mm256_set1_ps(seed + 0.02f), x3 = _mm256_set1_ps(seed + 0.03f),
+           x4 = _mm256_set1_ps(seed + 0.04f), x5 = _mm256_set1_ps(seed + 0.05f),
+           x6 = _mm256_set1_ps(seed + 0.06f), x7 = _mm256_set1_ps(seed + 0.07f),
+           x8 = _mm256_set1_ps(seed + 0.08f), x9 = _mm256_set1_ps(seed + 0.09f),
+           x10 = _mm256_set1_ps(seed + 0.10f), x11 = _mm256_set1_ps(seed + 0.11f),
+           x12 = _mm256_set1_ps(seed + 0.12f), x13 = _mm256_set1_ps(seed + 0.13f),
+           x14 = _mm256_set1_ps(seed + 0.14f), x15 = _mm256_set1_ps(seed + 0.15f);
+#define FMA_STEP(x) x = _mm256_fmadd_ps(x, b, c)
+#define FMA_STORE(x, k) _mm256_storeu_ps(lanes + (k) * 8, x)
+#else
+    const float b = 0.999999f, c = 1e-6f;
+    float x0 = seed, x1 = seed + 0.01f, x2 = seed + 0.02f, x3 = seed + 0.03f,
+          x4 = seed + 0.04f, x5 = seed + 0.05f, x6 = seed + 0.06f, x7 = seed + 0.07f,
+          x8 = seed + 0.08f, x9 = seed + 0.09f, x10 = seed + 0.10f, x11 = seed + 0.11f,
+          x12 = seed + 0.12f, x13 = seed + 0.13f, x14 = seed + 0.14f, x15 = seed + 0.15f;
+#define FMA_STEP(x) x = fmaf(x, b, c)
+#define FMA_STORE(x, k) lanes[k] = x
+#endif
+    for (it = 0; it < iters; it++) {
+        FMA_STEP(x0); FMA_STEP(x1); FMA_STEP(x2); FMA_STEP(x3);
+        FMA_STEP(x4); FMA_STEP(x5); FMA_STEP(x6); FMA_STEP(x7);
+        FMA_STEP(x8); FMA_STEP(x9); FMA_STEP(x10); FMA_STEP(x11);
+        FMA_STEP(x12); FMA_STEP(x13); FMA_STEP(x14); FMA_STEP(x15);
+    }
+    FMA_STORE(x0, 0); FMA_STORE(x1, 1); FMA_STORE(x2, 2); FMA_STORE(x3, 3);
+    FMA_STORE(x4, 4); FMA_STORE(x5, 5); FMA_STORE(x6, 6); FMA_STORE(x7, 7);
+    FMA_STORE(x8, 8); FMA_STORE(x9, 9); FMA_STORE(x10, 10); FMA_STORE(x11, 11);
+    FMA_STORE(x12, 12); FMA_STORE(x13, 13); FMA_STORE(x14, 14); FMA_STORE(x15, 15);
+#undef FMA_STEP
+#undef FMA_STORE
+    for (k = 0; k < FMA_CHAINS * CEIL_LANES; k++) total += lanes[k];
+    return total;
+}
+
+typedef enum { CEIL_READ, CEIL_FMA } ceil_kind;
+
+typedef struct {
+    ceil_kind kind;
+    int index, passes, fill;
+    float *slice;          /* CEIL_READ: this thread's part of the buffer */
+    size_t slice_floats;
+    long fma_iters;        /* CEIL_FMA: rounds per pass */
+    pthread_barrier_t *barrier;
+    double *pass_times;    /* written by thread 0 */
+    float sink;            /* keeps the work observable */
+} ceil_thread;
+
+static void *ceil_thread_main(void *varg) {
+    ceil_thread *a = (ceil_thread *)varg;
+    int p;
+    float sink = 0.0f;
+    if (a->kind == CEIL_READ && a->fill) /* first touch by the thread that reads it */
+        fill_random(a->slice, ATTN_DTYPE_F32, a->slice_floats, 1000 + (uint64_t)a->index);
+    pthread_barrier_wait(a->barrier);
+    for (p = 0; p < a->passes; p++) {
+        double t0;
+        pthread_barrier_wait(a->barrier);
+        t0 = now_s();
+        if (a->kind == CEIL_READ) sink += read_sum(a->slice, a->slice_floats);
+        else sink += fma_chains(a->fma_iters, 0.5f + 0.001f * (float)(a->index + p));
+        pthread_barrier_wait(a->barrier);
+        if (a->index == 0) a->pass_times[p] = now_s() - t0;
+    }
+    a->sink = sink;
+    return NULL;
+}
+
+/* Runs a ceiling kernel on nthreads threads for `passes` passes; returns the best pass. */
+static double ceil_run(ceil_kind kind, int nthreads, int passes, float *buf, size_t floats_per_thread,
+                       int fill, long fma_iters) {
+    pthread_t th[256];
+    ceil_thread args[256];
+    pthread_barrier_t barrier;
+    double times[64], best;
+    float sink = 0.0f;
+    int i;
+    if (pthread_barrier_init(&barrier, NULL, (unsigned)nthreads) != 0) {
+        fprintf(stderr, "attn-bench: pthread_barrier_init failed\n");
+        exit(1);
+    }
+    for (i = 0; i < nthreads; i++) {
+        memset(&args[i], 0, sizeof args[i]);
+        args[i].kind = kind;
+        args[i].index = i;
+        args[i].passes = passes;
+        args[i].fill = fill;
+        args[i].slice = buf ? buf + (size_t)i * floats_per_thread : NULL;
+        args[i].slice_floats = floats_per_thread;
+        args[i].fma_iters = fma_iters;
+        args[i].barrier = &barrier;
+        args[i].pass_times = times;
+        if (pthread_create(&th[i], NULL, ceil_thread_main, &args[i]) != 0) {
+            fprintf(stderr, "attn-bench: pthread_create failed\n");
+            exit(1);
+        }
+    }
+    for (i = 0; i < nthreads; i++) {
+        pthread_join(th[i], NULL);
+        sink += args[i].sink;
+    }
+    pthread_barrier_destroy(&barrier);
+    if (!isfinite(sink)) fprintf(stderr, "attn-bench: note: ceiling checksum %g\n", (double)sink);
+    best = times[0];
+    for (i = 1; i < passes; i++)
+        if (times[i] < best) best = times[i];
+    return best;
+}
+
+/* ---------------------------------------------------------------------------------------
+   Results
+   ------------------------------------------------------------------------------------- */
+
+typedef struct {
+    char name[96];
+    double ms;          /* median */
+    char metric[48];
+    char ceiling[64];
+} bench_row;
+
+static bench_row rows[BENCH_MAX_ROWS];
+static int num_rows;
+
+static bench_row *row_add(void) {
+    if (num_rows >= BENCH_MAX_ROWS) {
+        fprintf(stderr, "attn-bench: too many result rows\n");
+        exit(1);
+    }
+    memset(&rows[num_rows], 0, sizeof rows[num_rows]);
+    return &rows[num_rows++];
+}
+
+typedef struct {
+    int quick;
+    int threads;        /* attn_context_desc.num_threads (0 = library default) */
+    double read_gbs;    /* ceilings */
+    double fma_gflops;
+} bench_opts;
+
+/* How many timed runs: enough to fill the time target, within [min, max]. */
+static int reps_for(const bench_opts *o, double one_run_s, int is_fast_case) {
+    double target = o->quick ? 0.3 : 1.5;
+    int lo = o->quick ? 5 : (is_fast_case ? 21 : 7), hi = o->quick ? 50 : 1001;
+    double want = one_run_s > 0 ? target / one_run_s : (double)hi;
+    int n = want > (double)hi ? hi : (int)want;
+    if (n < lo) n = lo;
+    return n | 1; /* odd: the median is one measured run */
+}
+
+/* ---------------------------------------------------------------------------------------
+   Decode: one token per request over a 4096-token paged context
+   ------------------------------------------------------------------------------------- */
+
+static void bench_decode(attn_context *ctx, const bench_opts *o, int batch, attn_dtype dtype,
+                         attn_dtype cache_dtype) {
+    const int blocks_per_seq = BENCH_CONTEXT / BENCH_BLOCK;
+    attn_layer_desc d;
+    attn_layer *layer = NULL;
+    attn_metadata **metas;
+    attn_tensor kv, q, out;
+    int64_t shape[ATTN_MAX_DIMS], qshape[3];
+    int ndim, nsets, set, i, reps, warm, next = 0;
+    int64_t num_blocks;
+    size_t esz = attn_dtype_size(cache_dtype), kv_bytes_iter, kv_bytes_total;
+    int32_t *ids, *table, *qsl, *seq_lens;
+    void *kv_data, *q_data, *out_data;
+    double *t, med, gbs, t_warm;
+    bench_row *row;
+
+    memset(&d, 0, sizeof d);
+    d.num_heads = BENCH_HEADS;
+    d.num_kv_heads = BENCH_KV_HEADS;
+    d.head_size = BENCH_HEAD_SIZE;
+    d.dtype = dtype;
+    d.kv_cache_dtype = cache_dtype;
+    d.block_size = BENCH_BLOCK;
+    CHECK(ctx, attn_layer_create(ctx, &d, NULL, &layer));
+
+    kv_bytes_iter = (size_t)batch * BENCH_CONTEXT * BENCH_KV_HEADS * BENCH_HEAD_SIZE * 2 * esz;
+    nsets = (int)((BENCH_ROTATE_BYTES + kv_bytes_iter - 1) / kv_bytes_iter);
+    if (nsets < 3) nsets = 3;
+    num_blocks = (int64_t)nsets * batch * blocks_per_seq;
+    CHECK(ctx, attn_layer_kv_cache_shape(layer, num_blocks, shape, &ndim));
+    kv_data = bench_alloc((size_t)num_blocks * 2 * BENCH_BLOCK * BENCH_KV_HEADS * BENCH_HEAD_SIZE * esz);
+    kv = attn_tensor_make(kv_data, cache_dtype, ndim, shape);
+    kv_bytes_total = attn_tensor_nbytes(&kv);
+    fill_random(kv_data, cache_dtype, kv_bytes_total / esz, 7 + (uint64_t)batch);
+
+    qshape[0] = batch; qshape[1] = BENCH_HEADS; qshape[2] = BENCH_HEAD_SIZE;
+    q_data = bench_alloc((size_t)batch * BENCH_HEADS * BENCH_HEAD_SIZE * attn_dtype_size(dtype));
+    out_data = bench_alloc((size_t)batch * BENCH_HEADS * BENCH_HEAD_SIZE * attn_dtype_size(dtype));
+    q = attn_tensor_make(q_data, dtype, 3, qshape);
+    out = attn_tensor_make(out_data, dtype, 3, qshape);
+    fill_random(q_data, dtype, (size_t)batch * BENCH_HEADS * BENCH_HEAD_SIZE, 11);
+    fill_random(out_data, dtype, (size_t)batch * BENCH_HEADS * BENCH_HEAD_SIZE, 12);
+
+    /* Block ids shuffled over the whole cache; set s owns ids[s*batch*bps ...]. */
+    ids = (int32_t *)bench_alloc((size_t)num_blocks * sizeof(int32_t));
+    shuffle_ids(ids, (int)num_blocks, 99 + (uint64_t)batch);
+    qsl = (int32_t *)bench_alloc(((size_t)batch + 1) * sizeof(int32_t));
+    seq_lens = (int32_t *)bench_alloc((size_t)batch * sizeof(int32_t));
+    for (i = 0; i <= batch; i++) qsl[i] = i;
+    for (i = 0; i < batch; i++) seq_lens[i] = BENCH_CONTEXT;
+    metas = (attn_metadata **)bench_alloc((size_t)nsets * sizeof *metas);
+    for (set = 0; set < nsets; set++) {
+        attn_metadata_desc md;
+        attn_batch b;
+        memset(&md, 0, sizeof md);
+        md.max_num_reqs = batch;
+        md.max_num_tokens = batch;
+        md.max_blocks_per_req = blocks_per_seq;
+        md.num_blocks = num_blocks;
+        CHECK(ctx, attn_metadata_create(layer, &md, &metas[set]));
+        table = ids + (size_t)set * (size_t)batch * (size_t)blocks_per_seq;
+        memset(&b, 0, sizeof b);
+        b.query_start_loc = qsl;
+        b.seq_lens = seq_lens;
+        b.block_table = table;
+        b.block_table_stride = blocks_per_seq;
+        b.slot_mapping = NULL; /* the new token's K/V is already in the cache */
+        b.num_reqs = batch;
+        b.num_actual_tokens = batch;
+        b.max_query_len = 1;
+        b.max_seq_len = BENCH_CONTEXT;
+        b.causal = ATTN_CAUSAL_YES;
+        CHECK(ctx, attn_metadata_build(metas[set], 0, &b, 0));
+    }
+
+    /* Warm-up (also sizes the repetition count), then timed runs, each on the next set. */
+    warm = nsets < 3 ? nsets : 3;
+    t_warm = 0.0;
+    for (i = 0; i < warm; i++) {
+        double t0 = now_s();
+        CHECK(ctx, attn_layer_forward(layer, metas[next], &q, NULL, NULL, &kv, &out, NULL, NULL));
+        t_warm = now_s() - t0;
+        next = (next + 1) % nsets;
+    }
+    reps = reps_for(o, t_warm, 1);
+    t = (double *)bench_alloc((size_t)reps * sizeof(double));
+    for (i = 0; i < reps; i++) {
+        double t0 = now_s();
+        CHECK(ctx, attn_layer_forward(layer, metas[next], &q, NULL, NULL, &kv, &out, NULL, NULL));
+        t[i] = now_s() - t0;
+        next = (next + 1) % nsets;
+    }
+    check_finite(out_data, dtype, (size_t)batch * BENCH_HEADS * BENCH_HEAD_SIZE, "decode");
+    med = median(t, reps);
+    gbs = (double)kv_bytes_iter / med / 1e9;
+
+    row = row_add();
+    snprintf(row->name, sizeof row->name, "decode b=%d ctx=%d, KV %s, q/out %s", batch,
+             BENCH_CONTEXT, attn_dtype_name(cache_dtype), attn_dtype_name(dtype));
+    row->ms = med * 1e3;
+    snprintf(row->metric, sizeof row->metric, "%.1f GB/s KV read", gbs);
+    snprintf(row->ceiling, sizeof row->ceiling, "%.1f%% of read BW", 100.0 * gbs / o->read_gbs);
+    printf("%-40s %8.3f ms median (min %.3f, max %.3f, n=%d)  %7.1f GB/s  %5.1f%% of read BW"
+           "  [KV %.1f MiB/iter, rotated over %d sets = %.0f MiB]\n",
+           row->name, med * 1e3, t[0] * 1e3, t[reps - 1] * 1e3, reps, gbs, 100.0 * gbs / o->read_gbs,
+           (double)kv_bytes_iter / MIB, nsets, (double)kv_bytes_total / MIB);
+    fflush(stdout);
+
+    for (set = 0; set < nsets; set++) attn_metadata_destroy(metas[set]);
+    attn_layer_destroy(layer);
+    free(metas); free(ids); free(qsl); free(seq_lens); free(t);
+    free(kv_data); free(q_data); free(out_data);
+}
+
+/* ---------------------------------------------------------------------------------------
+   Prefill: one causal sequence of L tokens, K/V already in the (shuffled) paged cache
+   ------------------------------------------------------------------------------------- */
+
+static void bench_prefill(attn_context *ctx, const bench_opts *o, int len) {
+    attn_layer_desc d;
+    attn_layer *layer = NULL;
+    attn_metadata *meta = NULL;
+    attn_metadata_desc md;
+    attn_batch b;
+    attn_tensor kv, q, k, v, out;
+    int64_t shape[ATTN_MAX_DIMS], qshape[3], kshape[3];
+    int ndim, i, reps, nblocks = (len + BENCH_BLOCK - 1) / BENCH_BLOCK;
+    const attn_dtype dt = ATTN_DTYPE_F16;
+    size_t esz = attn_dtype_size(dt), qn, kn;
+    int32_t *table, qsl[2], seq_len[1];
+    int64_t *slots;
+    void *kv_data, *q_data, *k_data, *v_data, *out_data;
+    double *t, med, flops, gflops, t_warm = 0.0;
+    bench_row *row;
+
+    memset(&d, 0, sizeof d);
+    d.num_heads = BENCH_HEADS;
+    d.num_kv_heads = BENCH_KV_HEADS;
+    d.head_size = BENCH_HEAD_SIZE;
+    d.dtype = dt;
+    d.kv_cache_dtype = dt;
+    d.block_size = BENCH_BLOCK;
+    d.causal = ATTN_CAUSAL_YES;
+    CHECK(ctx, attn_layer_create(ctx, &d, NULL, &layer));
+
+    CHECK(ctx, attn_layer_kv_cache_shape(layer, nblocks, shape, &ndim));
+    kv_data = bench_alloc((size_t)nblocks * 2 * BENCH_BLOCK * BENCH_KV_HEADS * BENCH_HEAD_SIZE * esz);
+    kv = attn_tensor_make(kv_data, dt, ndim, shape);
+    fill_random(kv_data, dt, attn_tensor_nbytes(&kv) / esz, 21);
+
+    qn = (size_t)len * BENCH_HEADS * BENCH_HEAD_SIZE;
+    kn = (size_t)len * BENCH_KV_HEADS * BENCH_HEAD_SIZE;
+    qshape[0] = len; qshape[1] = BENCH_HEADS; qshape[2] = BENCH_HEAD_SIZE;
+    kshape[0] = len; kshape[1] = BENCH_KV_HEADS; kshape[2] = BENCH_HEAD_SIZE;
+    q_data = bench_alloc(qn * esz);
+    out_data = bench_alloc(qn * esz);
+    k_data = bench_alloc(kn * esz);
+    v_data = bench_alloc(kn * esz);
+    fill_random(q_data, dt, qn, 22);
+    fill_random(out_data, dt, qn, 23);
+    fill_random(k_data, dt, kn, 24);
+    fill_random(v_data, dt, kn, 25);
+    q = attn_tensor_make(q_data, dt, 3, qshape);
+    out = attn_tensor_make(out_data, dt, 3, qshape);
+    k = attn_tensor_make(k_data, dt, 3, kshape);
+    v = attn_tensor_make(v_data, dt, 3, kshape);
+
+    table = (int32_t *)bench_alloc((size_t)nblocks * sizeof(int32_t));
+    shuffle_ids(table, nblocks, 31 + (uint64_t)len);
+    slots = (int64_t *)bench_alloc((size_t)len * sizeof(int64_t));
+    for (i = 0; i < len; i++)
+        slots[i] = (int64_t)table[i / BENCH_BLOCK] * BENCH_BLOCK + i % BENCH_BLOCK;
+    /* The sequence's K/V go into the cache once, outside the timing. */
+    CHECK(ctx, attn_reshape_and_cache(layer, &k, &v, &kv, slots, len));
+
+    memset(&md, 0, sizeof md);
+    md.max_num_reqs = 1;
+    md.max_num_tokens = len;
+    md.max_blocks_per_req = nblocks;
+    md.num_blocks = nblocks;
+    CHECK(ctx, attn_metadata_create(layer, &md, &meta));
+    qsl[0] = 0; qsl[1] = len; seq_len[0] = len;
+    memset(&b, 0, sizeof b);
+    b.query_start_loc = qsl;
+    b.seq_lens = seq_len;
+    b.block_table = table;
+    b.block_table_stride = nblocks;
+    b.slot_mapping = slots;
+    b.num_reqs = 1;
+    b.num_actual_tokens = len;
+    b.max_query_len = len;
+    b.max_seq_len = len;
+    b.causal = ATTN_CAUSAL_YES;
+    CHECK(ctx, attn_metadata_build(meta, 0, &b, 0));
+
+    for (i = 0; i < 2; i++) {
+        double t0 = now_s();
+        CHECK(ctx, attn_layer_forward(layer, meta, &q, NULL, NULL, &kv, &out, NULL, NULL));
+        t_warm = now_s() - t0;
+    }
+    reps = reps_for(o, t_warm, 0);
+    t = (double *)bench_alloc((size_t)reps * sizeof(double));
+    for (i = 0; i < reps; i++) {
+        double t0 = now_s();
+        CHECK(ctx, attn_layer_forward(layer, meta, &q, NULL, NULL, &kv, &out, NULL, NULL));
+        t[i] = now_s() - t0;
+    }
+    check_finite(out_data, dt, qn, "prefill");
+    med = median(t, reps);
+    flops = 4.0 * BENCH_HEAD_SIZE * BENCH_HEADS * ((double)len * (double)(len + 1) / 2.0);
+    gflops = flops / med / 1e9;
+
+    row = row_add();
+    snprintf(row->name, sizeof row->name, "prefill L=%d causal, f16", len);
+    row->ms = med * 1e3;
+    snprintf(row->metric, sizeof row->metric, "%.1f GFLOP/s", gflops);
+    snprintf(row->ceiling, sizeof row->ceiling, "%.1f%% of FP32 FMA peak",
+             100.0 * gflops / o->fma_gflops);
+    printf("%-40s %8.3f ms median (min %.3f, max %.3f, n=%d)  %7.1f GFLOP/s  %5.1f%% of FMA peak"
+           "  [%.2f GFLOP unmasked]\n",
+           row->name, med * 1e3, t[0] * 1e3, t[reps - 1] * 1e3, reps, gflops,
+           100.0 * gflops / o->fma_gflops, flops / 1e9);
+    fflush(stdout);
+
+    attn_metadata_destroy(meta);
+    attn_layer_destroy(layer);
+    free(table); free(slots); free(t);
+    free(kv_data); free(q_data); free(k_data); free(v_data); free(out_data);
+}
+
+/* The 1-minute load average (Linux), or -1: other busy processes skew every number here. */
+static double load_average(void) {
+    FILE *f = fopen("/proc/loadavg", "r");
+    double la = -1.0;
+    if (!f) return -1.0;
+    if (fscanf(f, "%lf", &la) != 1) la = -1.0;
+    fclose(f);
+    return la;
+}
+
+/* ---------------------------------------------------------------------------------------
+   main
+   ------------------------------------------------------------------------------------- */
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: attn-bench [--threads N] [--quick] [--case decode|prefill|all]\n"
+               "  --threads N   attn_context_desc.num_threads (default 0: the library's default)\n"
+               "  --quick       fewer repetitions\n"
+               "  --case C      decode, prefill or all (default all)\n");
+}
+
+int main(int argc, char **argv) {
+    bench_opts o;
+    attn_context_desc cd;
+    attn_context *ctx = NULL;
+    attn_platform plat;
+    int i, cores, run_decode = 1, run_prefill = 1, read_passes, fma_passes;
+    long fma_iters;
+    size_t per_thread;
+    float *buf;
+    double t_read, t_fma, fma_flops, read1_gbs, fma1_gflops;
+    char cmd[1024];
+    size_t cl = 0;
+
+    memset(&o, 0, sizeof o);
+    for (i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--quick")) {
+            o.quick = 1;
+        } else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
+            char *end;
+            long n = strtol(argv[++i], &end, 10);
+            if (*end || n < 0 || n > 1024) {
+                fprintf(stderr, "attn-bench: --threads %s (allowed: 0..1024)\n", argv[i]);
+                return 2;
+            }
+            o.threads = (int)n;
+        } else if (!strcmp(argv[i], "--case") && i + 1 < argc) {
+            const char *c = argv[++i];
+            if (!strcmp(c, "decode")) { run_decode = 1; run_prefill = 0; }
+            else if (!strcmp(c, "prefill")) { run_decode = 0; run_prefill = 1; }
+            else if (!strcmp(c, "all")) { run_decode = 1; run_prefill = 1; }
+            else {
+                fprintf(stderr, "attn-bench: --case %s (allowed: decode, prefill, all)\n", c);
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            usage(stdout);
+            return 0;
+        } else {
+            fprintf(stderr, "attn-bench: unknown or incomplete option '%s'\n", argv[i]);
+            usage(stderr);
+            return 2;
+        }
+    }
+    cmd[0] = '\0';
+    for (i = 0; i < argc && cl + 2 < sizeof cmd; i++) {
+        int n = snprintf(cmd + cl, sizeof cmd - cl, "%s%s", i ? " " : "", argv[i]);
+        if (n < 0) break;
+        cl += (size_t)n;
+        if (cl >= sizeof cmd) { cl = sizeof cmd - 1; break; }
+    }
+
+    memset(&cd, 0, sizeof cd);
+    cd.log_level = ATTN_LOG_LEVEL_WARN;
+    cd.num_threads = o.threads;
+    CHECK(NULL, attn_context_create(&cd, &ctx));
+    CHECK(ctx, attn_platform_get(ctx, &plat));
+
+    cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (cores < 1) cores = 1;
+    if (cores > 256) cores = 256;
+    printf("attn-bench (attn.h %s): CPU backend, %d online cores, library threads %d, "
+           "library SIMD %s\n", ATTN_VERSION_STRING, plat.cpu_cores, plat.cpu_threads, plat.cpu_simd);
+    printf("command: %s\n", cmd);
+    if (load_average() >= 0) printf("load average (1 min) at start: %.2f\n", load_average());
+    printf("\n");
+
+    /* 1. Ceilings. */
+    read_passes = o.quick ? 3 : 7;
+    fma_passes = o.quick ? 3 : 7;
+    per_thread = BENCH_READ_BYTES / sizeof(float) / (size_t)cores / READ_UNROLL * READ_UNROLL;
+    buf = (float *)bench_alloc(per_thread * (size_t)cores * sizeof(float));
+    t_read = ceil_run(CEIL_READ, cores, read_passes, buf, per_thread, 1, 0);
+    o.read_gbs = (double)(per_thread * (size_t)cores * sizeof(float)) / t_read / 1e9;
+    /* One thread alone, for context only (on a VM, two vCPUs may share a physical core). */
+    read1_gbs = cores > 1 ? (double)(per_thread * (size_t)cores * sizeof(float)) /
+                            ceil_run(CEIL_READ, 1, read_passes, buf, per_thread * (size_t)cores, 0, 0) / 1e9
+                          : o.read_gbs;
+    free(buf);
+    fma_iters = o.quick ? 10000000L : 25000000L;
+    t_fma = ceil_run(CEIL_FMA, cores, fma_passes, NULL, 0, 0, fma_iters);
+    fma_flops = (double)cores * (double)fma_iters * FMA_CHAINS * CEIL_LANES * 2.0;
+    o.fma_gflops = fma_flops / t_fma / 1e9;
+    fma1_gflops = cores > 1 ? fma_flops / cores / ceil_run(CEIL_FMA, 1, fma_passes, NULL, 0, 0, fma_iters) / 1e9
+                            : o.fma_gflops;
+    printf("ceilings (%d threads, one per online core):\n", cores);
+    printf("  memory read : %8.1f GB/s    (%s loads, 8 accumulators/thread, %.0f MiB buffer, "
+           "best of %d passes, %.2f ms; 1 thread alone: %.1f GB/s)\n", o.read_gbs, CEIL_SIMD,
+           (double)(per_thread * (size_t)cores * sizeof(float)) / MIB, read_passes, t_read * 1e3,
+           read1_gbs);
+    printf("  FP32 FMA    : %8.1f GFLOP/s (%s, %d chains/thread, 2 flops/lane, best of %d passes, "
+           "%.2f ms; 1 thread alone: %.1f GFLOP/s)\n\n", o.fma_gflops, CEIL_SIMD, FMA_CHAINS,
+           fma_passes, t_fma * 1e3, fma1_gflops);
+    fflush(stdout);
+    {
+        bench_row *r = row_add();
+        snprintf(r->name, sizeof r->name, "ceiling: memory read, %d threads, %s", cores, CEIL_SIMD);
+        r->ms = t_read * 1e3;
+        snprintf(r->metric, sizeof r->metric, "%.1f GB/s", o.read_gbs);
+        snprintf(r->ceiling, sizeof r->ceiling, "100%% (best of %d)", read_passes);
+        r = row_add();
+        snprintf(r->name, sizeof r->name, "ceiling: FP32 FMA, %d threads, %s", cores, CEIL_SIMD);
+        r->ms = t_fma * 1e3;
+        snprintf(r->metric, sizeof r->metric, "%.1f GFLOP/s", o.fma_gflops);
+        snprintf(r->ceiling, sizeof r->ceiling, "100%% (best of %d)", fma_passes);
+    }
+
+    /* 2. The library. */
+    if (run_decode) {
+        bench_decode(ctx, &o, 1, ATTN_DTYPE_F16, ATTN_DTYPE_F16);
+        bench_decode(ctx, &o, 8, ATTN_DTYPE_F16, ATTN_DTYPE_F16);
+        bench_decode(ctx, &o, 1, ATTN_DTYPE_F32, ATTN_DTYPE_F32);
+        bench_decode(ctx, &o, 8, ATTN_DTYPE_F32, ATTN_DTYPE_F32);
+    }
+    if (run_prefill) {
+        bench_prefill(ctx, &o, 512);
+        bench_prefill(ctx, &o, 2048);
+    }
+
+    /* 3. The table. */
+    printf("\n| case | time ms (median) | metric | %% of ceiling |\n");
+    printf("| --- | ---: | ---: | ---: |\n");
+    for (i = 0; i < num_rows; i++)
+        printf("| %s | %.3f | %s | %s |\n", rows[i].name, rows[i].ms, rows[i].metric, rows[i].ceiling);
+    printf("\nheads 32/8, head_size 128, block_size 16; library threads %d, %d cores; "
+           "ceiling rows show the best pass time.\n", plat.cpu_threads, cores);
+    printf("command: %s\n", cmd);
+    if (load_average() >= 0)
+        printf("load average (1 min) at end: %.2f (includes this run; more than the core count "
+               "means other processes competed for the cores)\n", load_average());
+
+    attn_context_destroy(ctx);
+    return 0;
+}
