@@ -159,6 +159,7 @@ typedef enum attn_status {
     X(INVALID_ARGUMENT, "invalid argument")                                      \
     X(INVALID_METADATA, "invalid batch metadata")                                \
     X(THREADS_STARTED, "worker threads started")                                 \
+    X(PLATFORM_ERROR, "platform facility failed (threads, loading)")            \
     X(OUT_OF_MEMORY, "out of memory")
 
 typedef enum attn_log_item {
@@ -741,7 +742,6 @@ static attn_status attn__fail(attn_context *ctx, attn_status status, attn_log_it
     va_start(ap, fmt);
     vsnprintf(slot, 512, fmt, ap);
     va_end(ap);
-    if (!ctx) attn__strlcpy(attn__thread_error, slot, sizeof attn__thread_error);
     attn__log(ctx, ATTN_LOG_LEVEL_ERROR, item, "%s: %s", attn_status_string(status), slot);
     return status;
 }
@@ -1277,7 +1277,7 @@ ATTN_API attn_status attn_context_create(const attn_context_desc *desc, attn_con
         ctx->pool = attn__pool_create(threads);
         if (!ctx->pool) {
             attn_context_destroy(ctx);
-            return attn__fail(NULL, ATTN_ERROR_PLATFORM, ATTN_LOG_INVALID_ARGUMENT,
+            return attn__fail(NULL, ATTN_ERROR_PLATFORM, ATTN_LOG_PLATFORM_ERROR,
                               "attn_context_create: cannot start %d worker threads", threads - 1);
         }
         attn__log(ctx, ATTN_LOG_LEVEL_DEBUG, ATTN_LOG_THREADS_STARTED, "%d worker threads",
@@ -1387,18 +1387,26 @@ static void attn__backend_names(char *buf, size_t size) {
     }
 }
 
-ATTN_API attn_status attn_backend_from_name(const char *name, attn_backend_id *out) {
+/* A registered backend by its own name or its slot's name, case-insensitively; AUTO if none. */
+static attn_backend_id attn__lookup_name(const char *name) {
     int id;
-    char names[256];
-    ATTN__CHECK_PTR(NULL, name, "attn_backend_from_name");
-    ATTN__CHECK_PTR(NULL, out, "attn_backend_from_name");
     for (id = 1; id < (int)ATTN_BACKEND_COUNT; id++) {
         const attn_backend *b = attn_backend_get((attn_backend_id)id);
-        if ((b && attn__strieq(name, b->name)) || attn__strieq(name, attn_backend_name((attn_backend_id)id))) {
-            if (!b) break;
-            *out = (attn_backend_id)id;
-            return ATTN_OK;
-        }
+        if (b && (attn__strieq(name, b->name) || attn__strieq(name, attn_backend_name((attn_backend_id)id))))
+            return (attn_backend_id)id;
+    }
+    return ATTN_BACKEND_AUTO;
+}
+
+ATTN_API attn_status attn_backend_from_name(const char *name, attn_backend_id *out) {
+    char names[256];
+    attn_backend_id id;
+    ATTN__CHECK_PTR(NULL, name, "attn_backend_from_name");
+    ATTN__CHECK_PTR(NULL, out, "attn_backend_from_name");
+    id = attn__lookup_name(name);
+    if (id != ATTN_BACKEND_AUTO) {
+        *out = id;
+        return ATTN_OK;
     }
     attn__backend_names(names, sizeof names);
     return attn__fail(NULL, ATTN_ERROR_UNKNOWN_BACKEND, ATTN_LOG_INVALID_ARGUMENT,
@@ -1616,13 +1624,15 @@ static void attn__selection_reasons(const attn_selection *s, char *buf, size_t s
     }
 }
 
-static void attn__automatic(attn_context *ctx, const attn_layer_desc *d, attn_selection *s) {
+/* Walks the platform's priority list; `tried` (already rejected, or AUTO) is not rechecked. */
+static void attn__automatic(attn_context *ctx, const attn_layer_desc *d, attn_selection *s,
+                            attn_backend_id tried) {
     int count, i;
     const attn_backend_id *list = attn__priority_list(ctx->platform.kind, &count);
     char reason[160];
     for (i = 0; i < count; i++) {
         const attn_backend *b = attn_backend_get(list[i]);
-        if (!b) continue;
+        if (!b || list[i] == tried) continue;
         if (attn__backend_check(b, d, &ctx->platform, reason, sizeof reason)) {
             attn__selection_add_skip(s, list[i], reason);
             attn__log(ctx, ATTN_LOG_LEVEL_DEBUG, ATTN_LOG_SELECT_CANDIDATE_SKIPPED, "skipped %s",
@@ -1665,12 +1675,8 @@ static attn_status attn__resolve(attn_context *ctx, const attn_layer_desc *d,
         s->requested = req->backend;
         s->source = ATTN_SELECTION_CODE;
     } else if (env) {
-        attn_backend_id id = ATTN_BACKEND_AUTO;
-        int k;
-        for (k = 1; k < (int)ATTN_BACKEND_COUNT; k++) {
-            const attn_backend *b = attn_backend_get((attn_backend_id)k);
-            if (b && attn__strieq(env, b->name)) { id = (attn_backend_id)k; break; }
-        }
+        attn_backend_id id = attn__lookup_name(env);
+        s->source = ATTN_SELECTION_ENV;
         if (id == ATTN_BACKEND_AUTO) {
             char names[256];
             attn__backend_names(names, sizeof names);
@@ -1701,7 +1707,7 @@ static attn_status attn__resolve(attn_context *ctx, const attn_layer_desc *d,
             }
             s->degraded = 1;
             attn__fmt(s->degradation, sizeof s->degradation, "%s", reason);
-            attn__automatic(ctx, d, s);
+            attn__automatic(ctx, d, s, s->requested);
             if (s->resolved)
                 attn__log(ctx, ATTN_LOG_LEVEL_WARN, ATTN_LOG_SELECT_FALLBACK,
                           "requested backend %s (%s) cannot serve the layer (%s); falling "
@@ -1711,7 +1717,7 @@ static attn_status attn__resolve(attn_context *ctx, const attn_layer_desc *d,
             s->source = ATTN_SELECTION_AUTO;
         }
     } else {
-        attn__automatic(ctx, d, s);
+        attn__automatic(ctx, d, s, ATTN_BACKEND_AUTO);
     }
     if (!s->resolved) {
         attn__selection_reasons(s, reasons, sizeof reasons);
@@ -1806,9 +1812,13 @@ ATTN_API attn_status attn_selection_cache_clear(attn_context *ctx) {
 }
 
 ATTN_API size_t attn_selection_format(const attn_selection *s, char *buf, size_t size) {
-    char skipped[1100];
+    char skipped[1100], cap[32];
     int n, i;
     if (!s) return 0;
+    if (s->device_capability)
+        attn__fmt(cap, sizeof cap, "%d.%d", s->device_capability / 10, s->device_capability % 10);
+    else
+        attn__strlcpy(cap, "none (CPU platform)", sizeof cap);
     skipped[0] = 0;
     for (i = 0; i < s->num_skipped; i++) {
         size_t k = strlen(skipped);
@@ -1834,7 +1844,7 @@ ATTN_API size_t attn_selection_format(const attn_selection *s, char *buf, size_t
                  "  block_size: %d  # effective\n"
                  "  sliding_window: %d\n"
                  "  head_size: %d\n"
-                 "  device_capability: %s%d.%d\n"
+                 "  device_capability: %s\n"
                  "platform:\n"
                  "  kind: %s\n"
                  "log:\n"
@@ -1847,8 +1857,7 @@ ATTN_API size_t attn_selection_format(const attn_selection *s, char *buf, size_t
                  s->degradation, s->num_skipped ? "" : " none", skipped,
                  s->use_mla ? "MLA" : "standard", s->num_heads, s->num_kv_heads,
                  attn_dtype_name(s->dtype), attn_dtype_name(s->kv_cache_dtype), s->block_size,
-                 s->sliding_window, s->head_size, s->device_capability ? "" : "none (CPU) ",
-                 s->device_capability / 10, s->device_capability % 10,
+                 s->sliding_window, s->head_size, cap,
                  s->platform == ATTN_PLATFORM_CUDA ? "CUDA" : "CPU", s->log_line);
     return n < 0 ? 0 : (size_t)n;
 }
@@ -2590,6 +2599,143 @@ static void attn__cpu_pv(const float *P, int ld, int M, const float *V, int n, i
         }
 }
 
+/* One vector of a K/V row straight from the cache, converted to f32 in registers. */
+ATTN__INLINE attn__vf attn__vload_kv(const char *p, attn_dtype dt) {
+#if defined(ATTN__SIMD_AVX512)
+    if (dt == ATTN_DTYPE_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)p));
+    if (dt == ATTN_DTYPE_BF16)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)p)), 16));
+    return _mm512_loadu_ps((const float *)(const void *)p);
+#elif defined(ATTN__SIMD_AVX2)
+    if (dt == ATTN_DTYPE_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)p));
+    if (dt == ATTN_DTYPE_BF16)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)p)), 16));
+    return _mm256_loadu_ps((const float *)(const void *)p);
+#else
+    attn__vf r;
+    if (dt == ATTN_DTYPE_F32) memcpy(r.v, p, sizeof r.v);
+    else if (dt == ATTN_DTYPE_F16) attn__f16_row((const uint16_t *)(const void *)p, r.v, ATTN__W);
+    else attn__bf16_row((const uint16_t *)(const void *)p, r.v, ATTN__W);
+    return r;
+#endif
+}
+
+/* The decode-shaped kernels: few query rows per KV head, so every K/V element is used
+   once per row block and is read from the cache directly (row pointers, converted in
+   registers; no gather copy). D is a multiple of W. The QK loop takes a quad of keys and
+   then every head of the task, so it reads whole token rows front to back. */
+ATTN__INLINE void attn__qk_direct(const float *Q, int per_head, int nheads, const char *const *kp,
+                                  size_t head_bytes, int n, int D, int dq, float *S, int ld,
+                                  attn_dtype dt) {
+    size_t esz = dt == ATTN_DTYPE_F32 ? 4 : 2;
+    int r, j, d, rr, kk, h;
+    for (j = 0; j + 4 <= n; j += 4)
+        for (h = 0; h < nheads; h++) {
+            const char *k0 = kp[j] + h * head_bytes, *k1 = kp[j + 1] + h * head_bytes;
+            const char *k2 = kp[j + 2] + h * head_bytes, *k3 = kp[j + 3] + h * head_bytes;
+            int rend = (h + 1) * per_head;
+            for (r = h * per_head; r + ATTN__QK_RB <= rend; r += ATTN__QK_RB) {
+                const float *q = Q + (size_t)r * (size_t)dq;
+                attn__vf acc[ATTN__QK_RB * 4];
+                for (rr = 0; rr < ATTN__QK_RB * 4; rr++) acc[rr] = attn__vzero();
+                for (d = 0; d < D; d += ATTN__W) {
+                    attn__vf kv[4];
+                    kv[0] = attn__vload_kv(k0 + (size_t)d * esz, dt);
+                    kv[1] = attn__vload_kv(k1 + (size_t)d * esz, dt);
+                    kv[2] = attn__vload_kv(k2 + (size_t)d * esz, dt);
+                    kv[3] = attn__vload_kv(k3 + (size_t)d * esz, dt);
+                    for (rr = 0; rr < ATTN__QK_RB; rr++) {
+                        attn__vf qv = attn__vld(q + (size_t)rr * (size_t)dq + d);
+                        for (kk = 0; kk < 4; kk++) acc[rr * 4 + kk] = attn__vfma(qv, kv[kk], acc[rr * 4 + kk]);
+                    }
+                }
+                attn__hsum_block_store(acc, S + (size_t)r * (size_t)ld + j, ld);
+            }
+            for (; r < rend; r++)
+                for (kk = 0; kk < 4; kk++) {
+                    attn__vf acc = attn__vzero();
+                    const char *kr = kk == 0 ? k0 : kk == 1 ? k1 : kk == 2 ? k2 : k3;
+                    for (d = 0; d < D; d += ATTN__W)
+                        acc = attn__vfma(attn__vld(Q + (size_t)r * (size_t)dq + d), attn__vload_kv(kr + (size_t)d * esz, dt), acc);
+                    S[(size_t)r * (size_t)ld + j + kk] = attn__vhadd(acc);
+                }
+        }
+    for (; j < n; j++)
+        for (r = 0; r < per_head * nheads; r++) {
+            const char *kr = kp[j] + (size_t)(r / per_head) * head_bytes;
+            attn__vf acc = attn__vzero();
+            for (d = 0; d < D; d += ATTN__W)
+                acc = attn__vfma(attn__vld(Q + (size_t)r * (size_t)dq + d), attn__vload_kv(kr + (size_t)d * esz, dt), acc);
+            S[(size_t)r * (size_t)ld + j] = attn__vhadd(acc);
+        }
+}
+
+/* O[r] = O[r] * alpha[r] + sum_j P[r][j] V[j] for the rows of one head; 4 rows x 4 vectors
+   per register block (16 independent FMA chains). */
+ATTN__INLINE void attn__pv_direct(const float *P, int ld, int M, const char *const *vp, size_t hoff,
+                                  int n, int D, int dq, float *O, const float *alpha, attn_dtype dt) {
+    size_t esz = dt == ATTN_DTYPE_F32 ? 4 : 2;
+    int r = 0, d, j, rr, c;
+    for (; r + 4 <= M; r += 4) {
+        for (d = 0; d + 4 * ATTN__W <= D; d += 4 * ATTN__W) {
+            attn__vf acc[4][4];
+            for (rr = 0; rr < 4; rr++) {
+                attn__vf al = attn__vset1(alpha[r + rr]);
+                for (c = 0; c < 4; c++)
+                    acc[rr][c] = attn__vmul(attn__vld(O + (size_t)(r + rr) * (size_t)dq + d + c * ATTN__W), al);
+            }
+            for (j = 0; j < n; j++) {
+                const char *v = vp[j] + hoff + (size_t)d * esz;
+                attn__vf v0 = attn__vload_kv(v, dt), v1 = attn__vload_kv(v + ATTN__W * esz, dt);
+                attn__vf v2 = attn__vload_kv(v + 2 * ATTN__W * esz, dt), v3 = attn__vload_kv(v + 3 * ATTN__W * esz, dt);
+                for (rr = 0; rr < 4; rr++) {
+                    attn__vf p = attn__vset1(P[(size_t)(r + rr) * (size_t)ld + j]);
+                    acc[rr][0] = attn__vfma(p, v0, acc[rr][0]);
+                    acc[rr][1] = attn__vfma(p, v1, acc[rr][1]);
+                    acc[rr][2] = attn__vfma(p, v2, acc[rr][2]);
+                    acc[rr][3] = attn__vfma(p, v3, acc[rr][3]);
+                }
+            }
+            for (rr = 0; rr < 4; rr++)
+                for (c = 0; c < 4; c++) attn__vst(O + (size_t)(r + rr) * (size_t)dq + d + c * ATTN__W, acc[rr][c]);
+        }
+        for (; d < D; d += ATTN__W) {
+            attn__vf a0[4];
+            for (rr = 0; rr < 4; rr++)
+                a0[rr] = attn__vmul(attn__vld(O + (size_t)(r + rr) * (size_t)dq + d), attn__vset1(alpha[r + rr]));
+            for (j = 0; j < n; j++) {
+                attn__vf v0 = attn__vload_kv(vp[j] + hoff + (size_t)d * esz, dt);
+                for (rr = 0; rr < 4; rr++)
+                    a0[rr] = attn__vfma(attn__vset1(P[(size_t)(r + rr) * (size_t)ld + j]), v0, a0[rr]);
+            }
+            for (rr = 0; rr < 4; rr++) attn__vst(O + (size_t)(r + rr) * (size_t)dq + d, a0[rr]);
+        }
+    }
+    for (; r < M; r++)
+        for (d = 0; d < D; d += ATTN__W) {
+            attn__vf a = attn__vmul(attn__vld(O + (size_t)r * (size_t)dq + d), attn__vset1(alpha[r]));
+            for (j = 0; j < n; j++)
+                a = attn__vfma(attn__vset1(P[(size_t)r * (size_t)ld + j]), attn__vload_kv(vp[j] + hoff + (size_t)d * esz, dt), a);
+            attn__vst(O + (size_t)r * (size_t)dq + d, a);
+        }
+}
+
+/* One instantiation per cache dtype, so the conversion is fixed inside the loops. */
+static void attn__cpu_qk_direct(const float *Q, int per_head, int nheads, const char *const *kp,
+                                size_t head_bytes, int n, int D, int dq, float *S, int ld, attn_dtype dt) {
+    if (dt == ATTN_DTYPE_F16) attn__qk_direct(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, ATTN_DTYPE_F16);
+    else if (dt == ATTN_DTYPE_BF16) attn__qk_direct(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, ATTN_DTYPE_BF16);
+    else attn__qk_direct(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, ATTN_DTYPE_F32);
+}
+static void attn__cpu_pv_direct(const float *P, int ld, int M, const char *const *vp, size_t hoff,
+                                int n, int D, int dq, float *O, const float *alpha, attn_dtype dt) {
+    if (dt == ATTN_DTYPE_F16) attn__pv_direct(P, ld, M, vp, hoff, n, D, dq, O, alpha, ATTN_DTYPE_F16);
+    else if (dt == ATTN_DTYPE_BF16) attn__pv_direct(P, ld, M, vp, hoff, n, D, dq, O, alpha, ATTN_DTYPE_BF16);
+    else attn__pv_direct(P, ld, M, vp, hoff, n, D, dq, O, alpha, ATTN_DTYPE_F32);
+}
+
 /* Online-softmax step for one row of base-2 scores s[0..n) (padded to a multiple of W):
    updates the running max *m and sum *l, turns s into probabilities, returns alpha. */
 static float attn__cpu_softmax_row(float *s, int n, float *m, float *l) {
@@ -2616,15 +2762,28 @@ static float attn__cpu_softmax_row(float *s, int n, float *m, float *l) {
     return alpha;
 }
 
+/* Asks for a K/V row ahead of use: rows of one head are strided across the page, which
+   the hardware prefetchers do not follow. */
+ATTN__INLINE void attn__prefetch_row(const char *p, size_t bytes) {
+#if defined(__GNUC__) || defined(__clang__)
+    size_t o;
+    for (o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 2);
+#else
+    (void)p; (void)bytes;
+#endif
+}
+
 typedef struct attn__cpu_task {
-    int req, kv_head, tok0, tok1; /* query tokens [tok0, tok1) of the request */
+    int req;
+    int head0, head1;             /* KV heads [head0, head1) */
+    int tok0, tok1;               /* query tokens [tok0, tok1) of the request */
     int key0, key1;               /* key positions this task may see */
     int slot;                     /* -1: writes the output; else partial-result slot */
     int64_t cost;
 } attn__cpu_task;
 
 typedef struct attn__cpu_merge {
-    int req, kv_head, tok0, tok1, slot0, num_splits;
+    int req, head0, head1, tok0, tok1, slot0, num_splits;
 } attn__cpu_merge;
 
 typedef struct attn__cpu_meta {
@@ -2633,6 +2792,7 @@ typedef struct attn__cpu_meta {
     attn__cpu_merge *merges;
     int num_merges, merge_capacity;
     int rows_per_task;            /* most query rows a task holds */
+    int tile_rows;                /* K/V rows a tile holds (heads x keys) */
     int num_slots;
     float *partial;               /* num_slots x rows_per_task x (dp + 2) */
     size_t partial_floats;
@@ -2645,6 +2805,19 @@ static int attn__cpu_tile_tokens(int group) {
     return t > 0 ? t : 1;
 }
 
+/* Requests with few query rows (decodes, short chunks) take all KV heads in one task, so
+   that a tile reads whole token rows of the cache ([num_kv_heads, head_size] each)
+   front to back; longer queries take one KV head per task. */
+static int attn__cpu_all_heads(const attn_layer_desc *d, int query_len) {
+    return d->num_kv_heads > 1 && (int64_t)query_len * d->num_heads <= ATTN__CPU_ROWS;
+}
+
+/* Keys per tile: ATTN__CPU_NT for one head, fewer (a multiple of 16) for many heads. */
+static int attn__cpu_tile_keys(int heads) {
+    int n = ATTN__CPU_NT / heads / 16 * 16;
+    return heads == 1 ? ATTN__CPU_NT : (n < 16 ? 16 : n);
+}
+
 static int attn__env_batch_invariant(void) {
     const char *v = attn__trim_env("ATTN_BATCH_INVARIANT");
     return v && strcmp(v, "0") != 0;
@@ -2652,15 +2825,17 @@ static int attn__env_batch_invariant(void) {
 
 static attn_status attn__cpu_metadata_init(attn_layer *layer, attn_metadata *meta) {
     attn__cpu_meta *cm = (attn__cpu_meta *)attn__calloc(1, sizeof *cm);
-    int group = layer->desc.num_heads / layer->desc.num_kv_heads;
+    const attn_layer_desc *d = &layer->desc;
+    int group = d->num_heads / d->num_kv_heads;
     int tt = attn__cpu_tile_tokens(group);
     int want = 4 * layer->ctx->num_threads;
-    int64_t base = (int64_t)layer->desc.num_kv_heads *
+    int64_t base = (int64_t)d->num_kv_heads *
                    ((int64_t)meta->cap.max_num_tokens / tt + 1 + meta->cap.max_num_reqs);
     if (!cm) goto oom;
     cm->task_capacity = (int)(base + (int64_t)want * ATTN__CPU_MAX_SPLITS);
     cm->merge_capacity = want;
-    cm->rows_per_task = tt * group;
+    cm->rows_per_task = ATTN__MAX(tt * group, ATTN__CPU_ROWS);
+    cm->tile_rows = ATTN__MAX(ATTN__CPU_NT, d->num_kv_heads * attn__cpu_tile_keys(d->num_kv_heads));
     cm->tasks = (attn__cpu_task *)attn__calloc((size_t)cm->task_capacity, sizeof *cm->tasks);
     cm->merges = (attn__cpu_merge *)attn__calloc((size_t)cm->merge_capacity, sizeof *cm->merges);
     if (!cm->tasks || !cm->merges) goto oom;
@@ -2696,6 +2871,8 @@ static int attn__cpu_task_cmp(const void *a, const void *b) {
     return ca > cb ? -1 : ca < cb ? 1 : 0;
 }
 
+/* The schedule: tasks of (request, KV heads, query tile), split along the keys when the
+   batch alone cannot keep the threads busy (never under ATTN_BATCH_INVARIANT=1). */
 static attn_status attn__cpu_build(attn_layer *layer, attn_metadata *meta, int common_prefix_len,
                                    int fast_build) {
     attn__cpu_meta *cm = (attn__cpu_meta *)attn_metadata_private(meta);
@@ -2704,19 +2881,20 @@ static attn_status attn__cpu_build(attn_layer *layer, attn_metadata *meta, int c
     int group = d->num_heads / d->num_kv_heads, tt = attn__cpu_tile_tokens(group);
     int causal = b->causal == ATTN_CAUSAL_YES;
     int want = 4 * layer->ctx->num_threads, base = 0, r, h, t0, nt = 0, nm = 0, slots = 0;
-    int split = 0;
+    int split;
     size_t need;
     (void)common_prefix_len;
     (void)fast_build;
     for (r = 0; r < b->num_reqs; r++) {
         int ql = b->query_start_loc[r + 1] - b->query_start_loc[r];
-        base += d->num_kv_heads * ((ql + tt - 1) / tt);
+        base += attn__cpu_all_heads(d, ql) ? (ql > 0) : d->num_kv_heads * ((ql + tt - 1) / tt);
     }
     split = !attn__env_batch_invariant() && base > 0 && base < want;
     for (r = 0; r < b->num_reqs; r++) {
         int ql = b->query_start_loc[r + 1] - b->query_start_loc[r], sl = b->seq_lens[r];
-        for (t0 = 0; t0 < ql; t0 += tt) {
-            int t1 = ATTN__MIN(ql, t0 + tt), lo0, hi0, lo1, hi1, lo, hi, ns = 1, s;
+        int all = attn__cpu_all_heads(d, ql), step = all ? ql : tt;
+        for (t0 = 0; t0 < ql; t0 += step) {
+            int t1 = ATTN__MIN(ql, t0 + step), lo0, hi0, lo1, hi1, lo, hi, ns = 1, s;
             attn__visible_keys(d, causal, sl - ql + t0, sl, &lo0, &hi0);
             attn__visible_keys(d, causal, sl - ql + t1 - 1, sl, &lo1, &hi1);
             lo = ATTN__MIN(lo0, lo1);
@@ -2727,21 +2905,22 @@ static attn_status attn__cpu_build(attn_layer *layer, attn_metadata *meta, int c
                 ns = ATTN__MIN(ns, ATTN__CPU_MAX_SPLITS);
                 if (ns < 2) ns = 1;
             }
-            for (h = 0; h < d->num_kv_heads; h++) {
+            for (h = 0; h < d->num_kv_heads; h += all ? d->num_kv_heads : 1) {
+                int h1 = all ? d->num_kv_heads : h + 1;
                 if (ns > 1) {
                     attn__cpu_merge *mg = &cm->merges[nm++];
                     ATTN_ASSERT(nm <= cm->merge_capacity);
-                    mg->req = r; mg->kv_head = h; mg->tok0 = t0; mg->tok1 = t1;
+                    mg->req = r; mg->head0 = h; mg->head1 = h1; mg->tok0 = t0; mg->tok1 = t1;
                     mg->slot0 = slots; mg->num_splits = ns;
                 }
                 for (s = 0; s < ns; s++) {
                     attn__cpu_task *tk = &cm->tasks[nt++];
                     ATTN_ASSERT(nt <= cm->task_capacity);
-                    tk->req = r; tk->kv_head = h; tk->tok0 = t0; tk->tok1 = t1;
+                    tk->req = r; tk->head0 = h; tk->head1 = h1; tk->tok0 = t0; tk->tok1 = t1;
                     tk->key0 = lo + (int)((int64_t)(hi - lo) * s / ns);
                     tk->key1 = lo + (int)((int64_t)(hi - lo) * (s + 1) / ns);
                     tk->slot = ns > 1 ? slots++ : -1;
-                    tk->cost = (int64_t)(tk->key1 - tk->key0 + 16) * (t1 - t0);
+                    tk->cost = (int64_t)(tk->key1 - tk->key0 + 16) * (t1 - t0) * (h1 - h);
                 }
             }
         }
@@ -2773,21 +2952,32 @@ typedef struct attn__cpu_run {
     int dp;
 } attn__cpu_run;
 
-static size_t attn__cpu_scratch_floats(int rows, int dp) {
-    size_t nt = ATTN__CPU_NT, r = (size_t)(rows + 15) / 16 * 16;
-    return 2 * r * (size_t)dp + r * nt + 2 * nt * (size_t)dp + 5 * r + 16;
+static size_t attn__cpu_scratch_floats(const attn__cpu_meta *cm, int dp) {
+    size_t r = (size_t)(cm->rows_per_task + 15) / 16 * 16;
+    return 2 * r * (size_t)dp + r * ATTN__CPU_NT + 2 * (size_t)cm->tile_rows * (size_t)dp +
+           5 * r + 64;
+}
+
+/* Row i of a task is (KV head, token, group member) in that order of significance. */
+static void attn__cpu_row_owner(const attn_layer_desc *d, int head0, int tok0, int tok1, int i,
+                                int *tok, int *head) {
+    int group = d->num_heads / d->num_kv_heads, per_head = (tok1 - tok0) * group;
+    int kh = head0 + i / per_head, rem = i % per_head;
+    *tok = tok0 + rem / group;
+    *head = kh * group + rem % group;
 }
 
 /* Writes normalised rows (or unnormalised partials) of one task. */
-static void attn__cpu_store_rows(const attn__cpu_run *a, const attn__cpu_task *tk, const float *O,
-                                 const float *m, const float *l, float *tmp) {
+static void attn__cpu_store_rows(const attn__cpu_run *a, int req, int head0, int head1,
+                                 int tok0, int tok1, int slot, const float *O, const float *m,
+                                 const float *l, float *tmp) {
     const attn_layer_desc *d = &a->layer->desc;
     int group = d->num_heads / d->num_kv_heads, dp = a->dp;
-    int rows = (tk->tok1 - tk->tok0) * group, i, x;
-    int qs = a->meta->batch.query_start_loc[tk->req];
+    int rows = (tok1 - tok0) * group * (head1 - head0), i, x, tok, head;
+    int qs = a->meta->batch.query_start_loc[req];
     size_t osz = attn_dtype_size(a->out.dtype);
-    if (tk->slot >= 0) {
-        float *p = a->cm->partial + (size_t)tk->slot * (size_t)a->cm->rows_per_task * (size_t)(dp + 2);
+    if (slot >= 0) {
+        float *p = a->cm->partial + (size_t)slot * (size_t)a->cm->rows_per_task * (size_t)(dp + 2);
         for (i = 0; i < rows; i++) {
             memcpy(p + (size_t)i * (size_t)(dp + 2), O + (size_t)i * (size_t)dp, (size_t)dp * sizeof(float));
             p[(size_t)i * (size_t)(dp + 2) + (size_t)dp] = m[i];
@@ -2796,8 +2986,9 @@ static void attn__cpu_store_rows(const attn__cpu_run *a, const attn__cpu_task *t
         return;
     }
     for (i = 0; i < rows; i++) {
-        int tok = qs + tk->tok0 + i / group, head = tk->kv_head * group + i % group;
         float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+        attn__cpu_row_owner(d, head0, tok0, tok1, i, &tok, &head);
+        tok += qs;
         for (x = 0; x < d->head_size; x++) tmp[x] = O[(size_t)i * (size_t)dp + x] * inv;
         attn__row_from_f32(tmp, a->out.dtype,
                            (char *)a->out.data + (size_t)(tok * a->out.strides[0] + head * a->out.strides[1]) * osz,
@@ -2815,16 +3006,22 @@ static void attn__cpu_task_run(void *varg, int ti, int thread) {
     const attn_layer_desc *d = &layer->desc;
     const attn_batch *b = &a->meta->batch;
     int group = d->num_heads / d->num_kv_heads, dp = a->dp, D = d->head_size;
-    int rows = (tk->tok1 - tk->tok0) * group, rp = (rows + 15) / 16 * 16;
+    int nheads = tk->head1 - tk->head0, per_head = (tk->tok1 - tk->tok0) * group;
+    int rows = per_head * nheads, rp = (rows + 15) / 16 * 16;
+    int direct = per_head <= 8 && d->head_size % ATTN__W == 0;
+    int nt_keys = direct ? ATTN__CPU_NT : attn__cpu_tile_keys(nheads);
+    const char *kp[ATTN__CPU_NT], *vp[ATTN__CPU_NT];
     int ql = b->query_start_loc[tk->req + 1] - b->query_start_loc[tk->req];
     int sl = b->seq_lens[tk->req], qs = b->query_start_loc[tk->req];
     int causal = b->causal == ATTN_CAUSAL_YES;
-    int bs = d->block_size, hkv = d->num_kv_heads, i, j, j0, kmin = INT32_MAX, kmax = 0;
+    int bs = d->block_size, hkv = d->num_kv_heads, i, j, j0, h, kmin = INT32_MAX, kmax = 0;
     const int32_t *bt = b->block_table + (size_t)tk->req * (size_t)b->block_table_stride;
     float *base = layer->ctx->scratch[thread];
     float *Q, *O, *S, *K, *V, *m, *l, *alpha, *tmp;
     int *lo, *hi;
     size_t qsz = attn_dtype_size(a->q.dtype), csz = attn_dtype_size(d->kv_cache_dtype);
+    size_t tok_row = (size_t)hkv * (size_t)D; /* elements of one token's K (or V) row */
+    size_t row_bytes = (size_t)D * csz;
     float cap = d->logits_soft_cap;
     float qscale = cap > 0.0f ? d->scale : d->scale * ATTN__LOG2E;
     base = (float *)(void *)(((uintptr_t)base + 63) & ~(uintptr_t)63);
@@ -2832,8 +3029,8 @@ static void attn__cpu_task_run(void *varg, int ti, int thread) {
     O = Q + (size_t)rp * (size_t)dp;
     S = O + (size_t)rp * (size_t)dp;
     K = S + (size_t)rp * ATTN__CPU_NT;
-    V = K + (size_t)ATTN__CPU_NT * (size_t)dp;
-    m = V + (size_t)ATTN__CPU_NT * (size_t)dp;
+    V = K + (size_t)a->cm->tile_rows * (size_t)dp;
+    m = V + (size_t)a->cm->tile_rows * (size_t)dp;
     l = m + rp;
     alpha = l + rp;
     lo = (int *)(void *)(alpha + rp);
@@ -2841,8 +3038,9 @@ static void attn__cpu_task_run(void *varg, int ti, int thread) {
     tmp = K; /* free once the key loop is done */
 
     for (i = 0; i < rows; i++) {
-        int t = tk->tok0 + i / group, head = tk->kv_head * group + i % group;
+        int t, head;
         float *qr = Q + (size_t)i * (size_t)dp;
+        attn__cpu_row_owner(d, tk->head0, tk->tok0, tk->tok1, i, &t, &head);
         attn__visible_keys(d, causal, sl - ql + t, sl, &lo[i], &hi[i]);
         lo[i] = ATTN__MAX(lo[i], tk->key0);
         hi[i] = ATTN__MIN(hi[i], tk->key1);
@@ -2854,47 +3052,74 @@ static void attn__cpu_task_run(void *varg, int ti, int thread) {
         m[i] = -INFINITY;
         l[i] = 0.0f;
     }
-    for (j0 = kmin; j0 < kmax; j0 += ATTN__CPU_NT) {
-        int n = ATTN__MIN(ATTN__CPU_NT, kmax - j0);
+    for (j0 = kmin; j0 < kmax; j0 += nt_keys) {
+        int n = ATTN__MIN(nt_keys, kmax - j0);
+        if (direct) { /* row pointers only; the kernels read and convert */
+            for (j = 0; j < n; j++) {
+                int key = j0 + j;
+                int64_t blk = bt[key / bs], off = key % bs;
+                kp[j] = (const char *)a->kv.data + ((size_t)((blk * 2 + 0) * bs + off) * tok_row + (size_t)tk->head0 * (size_t)D) * csz;
+                vp[j] = (const char *)a->kv.data + ((size_t)((blk * 2 + 1) * bs + off) * tok_row + (size_t)tk->head0 * (size_t)D) * csz;
+                /* V is read head by head after the softmax: ask for its rows now */
+                attn__prefetch_row(vp[j], (size_t)nheads * row_bytes);
+            }
+            attn__cpu_qk_direct(Q, per_head, nheads, kp, row_bytes, n, D, dp, S, ATTN__CPU_NT,
+                                d->kv_cache_dtype);
+        } else /* gather: token rows of the cache, converted to f32, tile layout [head][key][dp] */
         for (j = 0; j < n; j++) {
             int key = j0 + j;
             int64_t blk = bt[key / bs], off = key % bs;
-            const char *kr = (const char *)a->kv.data + (size_t)((((blk * 2 + 0) * bs + off) * hkv + tk->kv_head) * D) * csz;
-            const char *vr = (const char *)a->kv.data + (size_t)((((blk * 2 + 1) * bs + off) * hkv + tk->kv_head) * D) * csz;
-            attn__row_to_f32(kr, d->kv_cache_dtype, K + (size_t)j * (size_t)dp, D, dp);
-            attn__row_to_f32(vr, d->kv_cache_dtype, V + (size_t)j * (size_t)dp, D, dp);
-        }
-        attn__cpu_qk(Q, rows, K, n, dp, S, ATTN__CPU_NT);
-        for (i = 0; i < rows; i++) {
-            float *s = S + (size_t)i * ATTN__CPU_NT;
-            if (cap > 0.0f)
-                for (j = 0; j < n; j++) s[j] = cap * tanhf(s[j] / cap) * ATTN__LOG2E;
-            if (layer->alibi) {
-                int pos = sl - ql + tk->tok0 + i / group;
-                float slope = layer->alibi[tk->kv_head * group + i % group] * ATTN__LOG2E;
-                for (j = 0; j < n; j++) s[j] += slope * (float)(j0 + j - pos);
+            const char *kr = (const char *)a->kv.data + ((size_t)((blk * 2 + 0) * bs + off) * tok_row + (size_t)tk->head0 * (size_t)D) * csz;
+            const char *vr = (const char *)a->kv.data + ((size_t)((blk * 2 + 1) * bs + off) * tok_row + (size_t)tk->head0 * (size_t)D) * csz;
+            for (h = 0; h < nheads; h++) {
+                attn__row_to_f32(kr + (size_t)h * (size_t)D * csz, d->kv_cache_dtype,
+                                 K + ((size_t)h * (size_t)nt_keys + (size_t)j) * (size_t)dp, D, dp);
+                attn__row_to_f32(vr + (size_t)h * (size_t)D * csz, d->kv_cache_dtype,
+                                 V + ((size_t)h * (size_t)nt_keys + (size_t)j) * (size_t)dp, D, dp);
             }
-            if (j0 < lo[i] || j0 + n > hi[i])
-                for (j = 0; j < n; j++)
-                    if (j0 + j < lo[i] || j0 + j >= hi[i]) s[j] = -INFINITY;
-            alpha[i] = attn__cpu_softmax_row(s, n, &m[i], &l[i]);
         }
-        attn__cpu_pv(S, ATTN__CPU_NT, rows, V, n, dp, O, alpha);
+        for (h = 0; h < nheads; h++) {
+            float *Sh = S + (size_t)h * (size_t)per_head * ATTN__CPU_NT;
+            const float *Kh = K + (size_t)h * (size_t)nt_keys * (size_t)dp;
+            const float *Vh = V + (size_t)h * (size_t)nt_keys * (size_t)dp;
+            int r0 = h * per_head;
+            if (!direct) attn__cpu_qk(Q + (size_t)r0 * (size_t)dp, per_head, Kh, n, dp, Sh, ATTN__CPU_NT);
+            for (i = r0; i < r0 + per_head; i++) {
+                float *s = S + (size_t)i * ATTN__CPU_NT;
+                if (cap > 0.0f)
+                    for (j = 0; j < n; j++) s[j] = cap * tanhf(s[j] / cap) * ATTN__LOG2E;
+                if (layer->alibi) {
+                    int t, head;
+                    float slope;
+                    attn__cpu_row_owner(d, tk->head0, tk->tok0, tk->tok1, i, &t, &head);
+                    slope = layer->alibi[head] * ATTN__LOG2E;
+                    for (j = 0; j < n; j++) s[j] += slope * (float)(j0 + j - (sl - ql + t));
+                }
+                if (j0 < lo[i] || j0 + n > hi[i])
+                    for (j = 0; j < n; j++)
+                        if (j0 + j < lo[i] || j0 + j >= hi[i]) s[j] = -INFINITY;
+                alpha[i] = attn__cpu_softmax_row(s, n, &m[i], &l[i]);
+            }
+            if (direct)
+                attn__cpu_pv_direct(Sh, ATTN__CPU_NT, per_head, vp, (size_t)h * (size_t)D * csz, n, D, dp,
+                                    O + (size_t)r0 * (size_t)dp, alpha + r0, d->kv_cache_dtype);
+            else
+                attn__cpu_pv(Sh, ATTN__CPU_NT, per_head, Vh, n, dp, O + (size_t)r0 * (size_t)dp, alpha + r0);
+        }
     }
-    attn__cpu_store_rows(a, tk, O, m, l, tmp);
+    attn__cpu_store_rows(a, tk->req, tk->head0, tk->head1, tk->tok0, tk->tok1, tk->slot, O, m, l, tmp);
 }
 
-/* Merges the split-KV partials of one (request, KV head, tile) by their LSEs. */
+/* Merges the split-KV partials of one (request, KV heads, tile) by their LSEs. */
 static void attn__cpu_merge_run(void *varg, int mi, int thread) {
     const attn__cpu_run *a = (const attn__cpu_run *)varg;
     const attn__cpu_merge *mg = &a->cm->merges[mi];
     const attn_layer_desc *d = &a->layer->desc;
     int group = d->num_heads / d->num_kv_heads, dp = a->dp;
-    int rows = (mg->tok1 - mg->tok0) * group, i, s, x;
+    int rows = (mg->tok1 - mg->tok0) * group * (mg->head1 - mg->head0), i, s, x;
     size_t stride = (size_t)a->cm->rows_per_task * (size_t)(dp + 2);
     float *O = (float *)(void *)(((uintptr_t)a->layer->ctx->scratch[thread] + 63) & ~(uintptr_t)63);
     float *mrow = O + (size_t)rows * (size_t)dp, *lrow = mrow + rows, *tmp = lrow + rows;
-    attn__cpu_task tk;
     for (i = 0; i < rows; i++) {
         float mx = -INFINITY, lsum = 0.0f;
         for (s = 0; s < mg->num_splits; s++) {
@@ -2913,9 +3138,7 @@ static void attn__cpu_merge_run(void *varg, int mi, int thread) {
         mrow[i] = mx;
         lrow[i] = lsum;
     }
-    memset(&tk, 0, sizeof tk);
-    tk.req = mg->req; tk.kv_head = mg->kv_head; tk.tok0 = mg->tok0; tk.tok1 = mg->tok1; tk.slot = -1;
-    attn__cpu_store_rows(a, &tk, O, mrow, lrow, tmp);
+    attn__cpu_store_rows(a, mg->req, mg->head0, mg->head1, mg->tok0, mg->tok1, -1, O, mrow, lrow, tmp);
 }
 
 static attn_status attn__cpu_forward(attn_layer *layer, const attn_metadata *meta,
@@ -2924,8 +3147,6 @@ static attn_status attn__cpu_forward(attn_layer *layer, const attn_metadata *met
                                      attn_tensor *out, attn_tensor *lse, void *stream) {
     attn__cpu_run a;
     attn_status st;
-    int dp = attn__cpu_dp(layer->desc.head_size);
-    size_t need;
     (void)stream;
     memset(&a, 0, sizeof a);
     a.layer = layer;
@@ -2935,9 +3156,8 @@ static attn_status attn__cpu_forward(attn_layer *layer, const attn_metadata *met
     a.kv = attn__tensor_resolved(kv_cache);
     a.out = attn__tensor_resolved(out);
     if (lse) { a.lse = attn__tensor_resolved(lse); a.has_lse = 1; }
-    a.dp = dp;
-    need = attn__cpu_scratch_floats(a.cm->rows_per_task, dp);
-    st = attn__scratch_reserve(layer->ctx, need);
+    a.dp = attn__cpu_dp(layer->desc.head_size);
+    st = attn__scratch_reserve(layer->ctx, attn__cpu_scratch_floats(a.cm, a.dp));
     if (st != ATTN_OK) return st;
     if (k && v)
         attn__write_kv(layer, k, v, kv_cache, meta->batch.slot_mapping, meta->batch.num_actual_tokens);
@@ -3060,6 +3280,7 @@ ATTN_API attn_status attn_layer_forward(attn_layer *layer, const attn_metadata *
 }
 
 /* >>kernels-begin (generated by tools/embed from kernels/; do not edit) */
+/* 0 kernel source file(s) */
 /* >>kernels-end */
 
 #endif /* ATTN_IMPLEMENTATION_DONE */

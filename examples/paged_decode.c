@@ -333,7 +333,7 @@ int main(void) {
           block boundary. The metadata is rebuilt for each batch. */
     for (i = 0; i < NUM_REQS; i++) ones[i] = 1;
     for (step = 1; step <= DECODE_STEPS; step++) {
-        char label[16];
+        char label[32];
         snprintf(label, sizeof label, "decode %d", step);
         run_step(label, ones, layer, meta, &kv_cache, &sb);
     }

@@ -368,6 +368,52 @@ static double ceil_run(ceil_kind kind, int nthreads, int passes, float *buf, siz
 }
 
 /* ---------------------------------------------------------------------------------------
+   Contention: how many cores other processes (and the hypervisor's steal) used meanwhile.
+   Ceilings are best-of passes but cases are medians, so a busy machine would understate
+   the fractions; every case reports this so a contended number is never taken at face value.
+   ------------------------------------------------------------------------------------- */
+
+typedef struct {
+    double wall, self_cpu, busy_s; /* busy_s < 0: /proc/stat unreadable (not Linux) */
+} load_probe;
+
+static double cpu_busy_seconds(void) { /* all CPUs, from /proc/stat */
+    FILE *f = fopen("/proc/stat", "r");
+    unsigned long long v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    long tck = sysconf(_SC_CLK_TCK);
+    int n;
+    if (!f) return -1.0;
+    n = fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3],
+               &v[4], &v[5], &v[6], &v[7]);
+    fclose(f);
+    if (n < 8 || tck <= 0) return -1.0;
+    /* user nice system [idle iowait] irq softirq steal */
+    return (double)(v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / (double)tck;
+}
+
+static void probe_start(load_probe *p) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    p->self_cpu = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    p->busy_s = cpu_busy_seconds();
+    p->wall = now_s();
+}
+
+/* Average number of cores busy with something other than this process since probe_start;
+   -1 when unknown. Resolution is the kernel tick (10 ms), fine over a whole case. */
+static double probe_other_cores(const load_probe *p) {
+    struct timespec ts;
+    double self, busy = cpu_busy_seconds(), wall = now_s() - p->wall, other;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    self = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec - p->self_cpu;
+    if (busy < 0 || p->busy_s < 0 || wall <= 0) return -1.0;
+    other = (busy - p->busy_s - self) / wall;
+    return other < 0 ? 0.0 : other;
+}
+
+#define CONTENDED_CORES 0.15 /* flag a case when others used more than this many cores */
+
+/* ---------------------------------------------------------------------------------------
    Results
    ------------------------------------------------------------------------------------- */
 
@@ -375,7 +421,8 @@ typedef struct {
     char name[96];
     double ms;          /* median */
     char metric[48];
-    char ceiling[64];
+    char ceiling[96];
+    double other_cores; /* contention during the case, -1 unknown */
 } bench_row;
 
 static bench_row rows[BENCH_MAX_ROWS];
@@ -424,7 +471,8 @@ static void bench_decode(attn_context *ctx, const bench_opts *o, int batch, attn
     size_t esz = attn_dtype_size(cache_dtype), kv_bytes_iter, kv_bytes_total;
     int32_t *ids, *table, *qsl, *seq_lens;
     void *kv_data, *q_data, *out_data;
-    double *t, med, gbs, t_warm;
+    double *t, med, gbs, t_warm, other;
+    load_probe probe;
     bench_row *row;
 
     memset(&d, 0, sizeof d);
@@ -487,6 +535,7 @@ static void bench_decode(attn_context *ctx, const bench_opts *o, int batch, attn
     }
 
     /* Warm-up (also sizes the repetition count), then timed runs, each on the next set. */
+    probe_start(&probe);
     warm = nsets < 3 ? nsets : 3;
     t_warm = 0.0;
     for (i = 0; i < warm; i++) {
@@ -503,6 +552,7 @@ static void bench_decode(attn_context *ctx, const bench_opts *o, int batch, attn
         t[i] = now_s() - t0;
         next = (next + 1) % nsets;
     }
+    other = probe_other_cores(&probe);
     check_finite(out_data, dtype, (size_t)batch * BENCH_HEADS * BENCH_HEAD_SIZE, "decode");
     med = median(t, reps);
     gbs = (double)kv_bytes_iter / med / 1e9;
@@ -513,10 +563,11 @@ static void bench_decode(attn_context *ctx, const bench_opts *o, int batch, attn
     row->ms = med * 1e3;
     snprintf(row->metric, sizeof row->metric, "%.1f GB/s KV read", gbs);
     snprintf(row->ceiling, sizeof row->ceiling, "%.1f%% of read BW", 100.0 * gbs / o->read_gbs);
+    row->other_cores = other;
     printf("%-40s %8.3f ms median (min %.3f, max %.3f, n=%d)  %7.1f GB/s  %5.1f%% of read BW"
-           "  [KV %.1f MiB/iter, rotated over %d sets = %.0f MiB]\n",
+           "  [KV %.1f MiB/iter, rotated over %d sets = %.0f MiB; other load %.2f cores]\n",
            row->name, med * 1e3, t[0] * 1e3, t[reps - 1] * 1e3, reps, gbs, 100.0 * gbs / o->read_gbs,
-           (double)kv_bytes_iter / MIB, nsets, (double)kv_bytes_total / MIB);
+           (double)kv_bytes_iter / MIB, nsets, (double)kv_bytes_total / MIB, other);
     fflush(stdout);
 
     for (set = 0; set < nsets; set++) attn_metadata_destroy(metas[set]);
@@ -543,7 +594,8 @@ static void bench_prefill(attn_context *ctx, const bench_opts *o, int len) {
     int32_t *table, qsl[2], seq_len[1];
     int64_t *slots;
     void *kv_data, *q_data, *k_data, *v_data, *out_data;
-    double *t, med, flops, gflops, t_warm = 0.0;
+    double *t, med, flops, gflops, t_warm = 0.0, other;
+    load_probe probe;
     bench_row *row;
 
     memset(&d, 0, sizeof d);
@@ -606,6 +658,7 @@ static void bench_prefill(attn_context *ctx, const bench_opts *o, int len) {
     b.causal = ATTN_CAUSAL_YES;
     CHECK(ctx, attn_metadata_build(meta, 0, &b, 0));
 
+    probe_start(&probe);
     for (i = 0; i < 2; i++) {
         double t0 = now_s();
         CHECK(ctx, attn_layer_forward(layer, meta, &q, NULL, NULL, &kv, &out, NULL, NULL));
@@ -618,6 +671,7 @@ static void bench_prefill(attn_context *ctx, const bench_opts *o, int len) {
         CHECK(ctx, attn_layer_forward(layer, meta, &q, NULL, NULL, &kv, &out, NULL, NULL));
         t[i] = now_s() - t0;
     }
+    other = probe_other_cores(&probe);
     check_finite(out_data, dt, qn, "prefill");
     med = median(t, reps);
     flops = 4.0 * BENCH_HEAD_SIZE * BENCH_HEADS * ((double)len * (double)(len + 1) / 2.0);
@@ -629,10 +683,11 @@ static void bench_prefill(attn_context *ctx, const bench_opts *o, int len) {
     snprintf(row->metric, sizeof row->metric, "%.1f GFLOP/s", gflops);
     snprintf(row->ceiling, sizeof row->ceiling, "%.1f%% of FP32 FMA peak",
              100.0 * gflops / o->fma_gflops);
+    row->other_cores = other;
     printf("%-40s %8.3f ms median (min %.3f, max %.3f, n=%d)  %7.1f GFLOP/s  %5.1f%% of FMA peak"
-           "  [%.2f GFLOP unmasked]\n",
+           "  [%.2f GFLOP unmasked; other load %.2f cores]\n",
            row->name, med * 1e3, t[0] * 1e3, t[reps - 1] * 1e3, reps, gflops,
-           100.0 * gflops / o->fma_gflops, flops / 1e9);
+           100.0 * gflops / o->fma_gflops, flops / 1e9, other);
     fflush(stdout);
 
     attn_metadata_destroy(meta);
@@ -671,7 +726,9 @@ int main(int argc, char **argv) {
     long fma_iters;
     size_t per_thread;
     float *buf;
-    double t_read, t_fma, fma_flops, read1_gbs, fma1_gflops;
+    double t_read, t_fma, fma_flops, read1_gbs, fma1_gflops, ceil_other;
+    load_probe probe;
+    int contended = 0;
     char cmd[1024];
     size_t cl = 0;
 
@@ -733,6 +790,7 @@ int main(int argc, char **argv) {
     fma_passes = o.quick ? 3 : 7;
     per_thread = BENCH_READ_BYTES / sizeof(float) / (size_t)cores / READ_UNROLL * READ_UNROLL;
     buf = (float *)bench_alloc(per_thread * (size_t)cores * sizeof(float));
+    probe_start(&probe);
     t_read = ceil_run(CEIL_READ, cores, read_passes, buf, per_thread, 1, 0);
     o.read_gbs = (double)(per_thread * (size_t)cores * sizeof(float)) / t_read / 1e9;
     /* One thread alone, for context only (on a VM, two vCPUs may share a physical core). */
@@ -746,7 +804,8 @@ int main(int argc, char **argv) {
     o.fma_gflops = fma_flops / t_fma / 1e9;
     fma1_gflops = cores > 1 ? fma_flops / cores / ceil_run(CEIL_FMA, 1, fma_passes, NULL, 0, 0, fma_iters) / 1e9
                             : o.fma_gflops;
-    printf("ceilings (%d threads, one per online core):\n", cores);
+    ceil_other = probe_other_cores(&probe);
+    printf("ceilings (%d threads, one per online core; other load %.2f cores):\n", cores, ceil_other);
     printf("  memory read : %8.1f GB/s    (%s loads, 8 accumulators/thread, %.0f MiB buffer, "
            "best of %d passes, %.2f ms; 1 thread alone: %.1f GB/s)\n", o.read_gbs, CEIL_SIMD,
            (double)(per_thread * (size_t)cores * sizeof(float)) / MIB, read_passes, t_read * 1e3,
@@ -761,11 +820,13 @@ int main(int argc, char **argv) {
         r->ms = t_read * 1e3;
         snprintf(r->metric, sizeof r->metric, "%.1f GB/s", o.read_gbs);
         snprintf(r->ceiling, sizeof r->ceiling, "100%% (best of %d)", read_passes);
+        r->other_cores = ceil_other;
         r = row_add();
         snprintf(r->name, sizeof r->name, "ceiling: FP32 FMA, %d threads, %s", cores, CEIL_SIMD);
         r->ms = t_fma * 1e3;
         snprintf(r->metric, sizeof r->metric, "%.1f GFLOP/s", o.fma_gflops);
         snprintf(r->ceiling, sizeof r->ceiling, "100%% (best of %d)", fma_passes);
+        r->other_cores = ceil_other;
     }
 
     /* 2. The library. */
@@ -783,10 +844,18 @@ int main(int argc, char **argv) {
     /* 3. The table. */
     printf("\n| case | time ms (median) | metric | %% of ceiling |\n");
     printf("| --- | ---: | ---: | ---: |\n");
-    for (i = 0; i < num_rows; i++)
-        printf("| %s | %.3f | %s | %s |\n", rows[i].name, rows[i].ms, rows[i].metric, rows[i].ceiling);
+    for (i = 0; i < num_rows; i++) {
+        int flag = rows[i].other_cores > CONTENDED_CORES;
+        contended |= flag;
+        printf("| %s%s | %.3f | %s | %s |\n", rows[i].name, flag ? " (*)" : "", rows[i].ms,
+               rows[i].metric, rows[i].ceiling);
+    }
     printf("\nheads 32/8, head_size 128, block_size 16; library threads %d, %d cores; "
            "ceiling rows show the best pass time.\n", plat.cpu_threads, cores);
+    if (contended)
+        printf("(*) other processes used more than %.2f cores while this row ran (see \"other "
+               "load\" above): its time and, through a contended ceiling, its fraction are not "
+               "representative; rerun on an idle machine.\n", CONTENDED_CORES);
     printf("command: %s\n", cmd);
     if (load_average() >= 0)
         printf("load average (1 min) at end: %.2f (includes this run; more than the core count "

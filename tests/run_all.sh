@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Runs every test build of attn.h and prints the total as the last line:
+#   N passed, N failed, N skipped
+# Each binary's own closing line is added in; single checks (header compiles, demo,
+# embedded-kernel freshness) count one each. Full logs go to build/test-logs/.
+set -u
+cd "$(dirname "$0")/.."
+logs=build/test-logs
+mkdir -p "$logs"
+P=0 F=0 S=0
+
+# run NAME CMD... : a test binary that ends with "N passed, N failed[, N skipped]"
+run() {
+    local name=$1; shift
+    local log="$logs/$name.log"
+    echo "=== $name"
+    "$@" >"$log" 2>&1
+    local rc=$?
+    grep -E '^(FAIL|  FAIL|  SKIP)' "$log" | head -n 30
+    local line
+    line=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$log" | tail -n 1)
+    if [ -z "$line" ]; then
+        echo "    no summary line (exit $rc); see $log"; tail -n 20 "$log"
+        F=$((F + 1)); return
+    fi
+    echo "    $line"
+    local p f s
+    p=$(echo "$line" | sed -E 's/^([0-9]+) passed.*/\1/')
+    f=$(echo "$line" | sed -E 's/.* ([0-9]+) failed.*/\1/')
+    s=$(echo "$line" | sed -nE 's/.* ([0-9]+) skipped.*/\1/p')
+    P=$((P + p)); F=$((F + f)); S=$((S + ${s:-0}))
+    if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then echo "    exit $rc with no failed test"; F=$((F + 1)); fi
+}
+
+# check NAME CMD... : one pass or fail
+check() {
+    local name=$1; shift
+    local log="$logs/$name.log"
+    if "$@" >"$log" 2>&1; then echo "ok   $name"; P=$((P + 1));
+    else echo "FAIL $name (see $log)"; tail -n 15 "$log"; F=$((F + 1)); fi
+}
+
+skip() { echo "SKIP $1: $2"; S=$((S + 1)); }
+
+# The header compiles warning-free as C99, C11 and C++17 (the implementation included).
+hdr=$(mktemp -d)
+printf '#define ATTN_IMPLEMENTATION\n#include "attn.h"\nint main(void){return 0;}\n' >"$hdr/t.c"
+cp "$hdr/t.c" "$hdr/t.cpp"
+check header-c99-gcc     gcc -std=c99 -Wall -Wextra -Wpedantic -Werror -I. -c "$hdr/t.c" -o "$hdr/a.o"
+check header-c11-clang   clang -std=c11 -Wall -Wextra -Wpedantic -Werror -I. -c "$hdr/t.c" -o "$hdr/b.o"
+check header-cxx17-gxx   g++ -std=c++17 -Wall -Wextra -Werror -I. -c "$hdr/t.cpp" -o "$hdr/c.o"
+check header-cxx17-native g++ -std=c++17 -Wall -Wextra -Werror -O2 -march=native -I. -c "$hdr/t.cpp" -o "$hdr/d.o"
+check header-c99-avx2    gcc -std=c99 -Wall -Wextra -Wpedantic -Werror -O2 -mavx2 -mfma -mf16c -I. -c "$hdr/t.c" -o "$hdr/e.o"
+check header-c99-static  gcc -std=c99 -Wall -Wextra -Wpedantic -Werror -DATTN_STATIC -Wno-unused-function -I. -c "$hdr/t.c" -o "$hdr/f.o"
+rm -rf "$hdr"
+check embedded-kernels-fresh python3 tools/embed.py --check attn.h kernels
+
+run tests-native ./build/attn_tests
+if grep -q ' avx2 ' /proc/cpuinfo && grep -q ' fma ' /proc/cpuinfo && grep -q ' f16c ' /proc/cpuinfo; then
+    run tests-avx2 env ATTN_TEST_SCALE=0.5 ./build/attn_tests_avx2
+else
+    skip tests-avx2 "this CPU lacks AVX2/FMA/F16C"
+fi
+run tests-plain-c env ATTN_TEST_SCALE=0.5 ./build/attn_tests_c
+run tests-no-threads env ATTN_TEST_SCALE=0.3 ./build/attn_tests_nothreads
+run tests-asan-ubsan env ATTN_TEST_SCALE=0.2 ASAN_OPTIONS=detect_leaks=1 ./build/attn_tests_asan
+run python-numpy python3 tests/python/check_numpy.py
+check demo ./build/paged_decode
+check attn-info ./build/attn-info
+check attn-info-env-unknown bash -c '! ATTN_BACKEND=nope ./build/attn-info'
+
+echo "$P passed, $F failed, $S skipped"
+[ "$F" -eq 0 ]
