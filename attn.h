@@ -902,6 +902,9 @@ static void attn__store_elem(void *p, attn_dtype dt, int64_t i, float x) {
     }
 }
 
+/* Expected extents for attn__check_tensor: n means exactly n, ATTN__AT_LEAST(n) at least n. */
+#define ATTN__AT_LEAST(n) (-(int64_t)(n) - 1)
+
 /* Checks a tensor against an expected dtype and shape, innermost dimension contiguous. */
 static attn_status attn__check_tensor(attn_context *ctx, const char *fn, const char *name,
                                       const attn_tensor *t, attn_dtype dtype, int ndim,
@@ -927,10 +930,10 @@ static attn_status attn__check_tensor(attn_context *ctx, const char *fn, const c
             return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
                               "%s: %s.shape[%d] is %lld (allowed: %lld)", fn, name, i,
                               (long long)t->shape[i], (long long)shape[i]);
-        if (shape[i] < 0 && t->shape[i] < -shape[i])
+        if (shape[i] < 0 && t->shape[i] < -shape[i] - 1)
             return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
                               "%s: %s.shape[%d] is %lld (allowed: at least %lld)", fn, name,
-                              i, (long long)t->shape[i], (long long)-shape[i]);
+                              i, (long long)t->shape[i], (long long)(-shape[i] - 1));
     }
     {
         attn_tensor r = attn__tensor_resolved(t);
@@ -1424,10 +1427,14 @@ ATTN_API attn_status attn_register_backend(attn_backend_id id, const attn_backen
             return attn__fail(NULL, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
                               "attn_register_backend: backend->id is %d (allowed: %d, the "
                               "slot it is registered in)", (int)backend->id, (int)id);
-        if (!backend->name || !backend->name[0] || !backend->forward || !backend->kv_cache_shape)
-            return attn__fail(NULL, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+        if (!backend->name || !backend->forward || !backend->kv_cache_shape)
+            return attn__fail(NULL, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT,
                               "attn_register_backend: backend must have a name, "
                               "kv_cache_shape and forward (one of them is NULL)");
+        if (!backend->name[0])
+            return attn__fail(NULL, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                              "attn_register_backend: backend->name is \"\" (allowed: a "
+                              "non-empty name)");
         if (backend->block_size_multiple <= 0 || backend->block_size_multiple % 16)
             return attn__fail(NULL, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
                               "attn_register_backend: backend->block_size_multiple is %d "
@@ -1882,10 +1889,10 @@ ATTN_API attn_status attn_layer_create(attn_context *ctx, const attn_layer_desc 
     attn_selection sel;
     attn_layer *layer;
     attn_status st;
-    ATTN__CHECK_PTR(ctx, ctx, "attn_layer_create");
-    ATTN__CHECK_PTR(ctx, desc, "attn_layer_create");
     ATTN__CHECK_PTR(ctx, out, "attn_layer_create");
     *out = NULL;
+    ATTN__CHECK_PTR(ctx, ctx, "attn_layer_create");
+    ATTN__CHECK_PTR(ctx, desc, "attn_layer_create");
     memset(&req, 0, sizeof req);
     if (request) req = *request;
     if ((int)req.backend < 0 || (int)req.backend >= (int)ATTN_BACKEND_COUNT)
@@ -1967,7 +1974,7 @@ struct attn_metadata {
     attn_layer *layer;
     const attn_backend *backend;
     attn_metadata_desc cap;
-    int num_heads, num_kv_heads, head_size, block_size; /* what it was built for */
+    attn_layer_desc built_for;     /* the creating layer's descriptor (alibi not kept) */
     int built;
     attn_batch batch;              /* points into the arrays below */
     int32_t *query_start_loc, *seq_lens, *block_table;
@@ -1975,6 +1982,16 @@ struct attn_metadata {
     int common_prefix_len;
     void *priv;
 };
+
+/* Metadata may serve every layer whose schedule-relevant fields match its creator's. */
+static int attn__metadata_fits(const attn_metadata *meta, const attn_layer *layer) {
+    const attn_layer_desc *m = &meta->built_for, *d = &layer->desc;
+    return meta->backend == layer->backend && m->num_heads == d->num_heads &&
+           m->num_kv_heads == d->num_kv_heads && m->head_size == d->head_size &&
+           m->block_size == d->block_size && m->causal == d->causal &&
+           m->sliding_window == d->sliding_window && m->use_mla == d->use_mla &&
+           m->kv_lora_rank == d->kv_lora_rank && m->qk_rope_head_dim == d->qk_rope_head_dim;
+}
 
 ATTN_API const attn_batch *attn_metadata_batch(const attn_metadata *meta) {
     return meta ? &meta->batch : NULL;
@@ -1998,10 +2015,10 @@ ATTN_API attn_status attn_metadata_create(attn_layer *layer, const attn_metadata
     attn_metadata *m;
     attn_status st;
     const char *fn = "attn_metadata_create";
-    ATTN__CHECK_PTR(ctx, layer, "attn_metadata_create");
-    ATTN__CHECK_PTR(ctx, desc, "attn_metadata_create");
     ATTN__CHECK_PTR(ctx, out, "attn_metadata_create");
     *out = NULL;
+    ATTN__CHECK_PTR(ctx, layer, "attn_metadata_create");
+    ATTN__CHECK_PTR(ctx, desc, "attn_metadata_create");
 #define ATTN__CAP(field, lo, hi)                                                               \
     if (desc->field < (lo) || desc->field > (hi))                                              \
         return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,            \
@@ -2017,10 +2034,8 @@ ATTN_API attn_status attn_metadata_create(attn_layer *layer, const attn_metadata
     m->layer = layer;
     m->backend = layer->backend;
     m->cap = *desc;
-    m->num_heads = layer->desc.num_heads;
-    m->num_kv_heads = layer->desc.num_kv_heads;
-    m->head_size = layer->desc.head_size;
-    m->block_size = layer->desc.block_size;
+    m->built_for = layer->desc;
+    m->built_for.alibi_slopes = NULL;
     m->query_start_loc = (int32_t *)attn__calloc((size_t)desc->max_num_reqs + 1, sizeof(int32_t));
     m->seq_lens = (int32_t *)attn__calloc((size_t)desc->max_num_reqs, sizeof(int32_t));
     m->block_table = (int32_t *)attn__calloc((size_t)desc->max_num_reqs * (size_t)desc->max_blocks_per_req,
@@ -2051,7 +2066,7 @@ static attn_status attn__batch_validate(attn_context *ctx, const attn_metadata *
                                         int common_prefix_len, const attn_batch *b) {
     const char *fn = "attn_metadata_build";
     int i, max_q = 0, max_s = 0;
-    int64_t num_slots = m->cap.num_blocks * (int64_t)m->block_size;
+    int64_t num_slots = m->cap.num_blocks * (int64_t)m->built_for.block_size;
 #define ATTN__META(...) return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, __VA_ARGS__)
     if (b->num_reqs < 0)
         ATTN__META("%s: batch.num_reqs is %d (allowed: >= 0)", fn, b->num_reqs);
@@ -2081,10 +2096,11 @@ static attn_status attn__batch_validate(attn_context *ctx, const attn_metadata *
         ATTN__META("%s: batch.query_start_loc[0] is %d (allowed: 0)", fn, b->query_start_loc[0]);
     for (i = 0; i < b->num_reqs; i++) {
         int q0 = b->query_start_loc[i], q1 = b->query_start_loc[i + 1];
-        int ql = q1 - q0, sl = b->seq_lens[i], nb, k;
+        int ql, sl = b->seq_lens[i], nb, k;
         if (q1 < q0)
             ATTN__META("%s: batch.query_start_loc is not non-decreasing at index %d (%d then %d)",
                        fn, i, q0, q1);
+        ql = q1 - q0;
         if (q1 > b->num_actual_tokens)
             ATTN__META("%s: batch.query_start_loc[%d] is %d (allowed: <= num_actual_tokens %d)",
                        fn, i + 1, q1, b->num_actual_tokens);
@@ -2093,10 +2109,10 @@ static attn_status attn__batch_validate(attn_context *ctx, const attn_metadata *
         if (ql > sl)
             ATTN__META("%s: request %d has query_len %d > seq_lens[%d] %d (allowed: query_len <= "
                        "seq_len)", fn, i, ql, i, sl);
-        nb = (sl + m->block_size - 1) / m->block_size;
+        nb = (int)(((int64_t)sl + m->built_for.block_size - 1) / m->built_for.block_size);
         if (nb > b->block_table_stride)
             ATTN__META("%s: batch.seq_lens[%d] is %d, needing %d blocks of %d, but the block "
-                       "table row holds %d (block_table_stride)", fn, i, sl, nb, m->block_size,
+                       "table row holds %d (block_table_stride)", fn, i, sl, nb, m->built_for.block_size,
                        b->block_table_stride);
         for (k = 0; k < nb; k++) {
             int32_t id = b->block_table[(size_t)i * (size_t)b->block_table_stride + (size_t)k];
@@ -2145,7 +2161,7 @@ ATTN_API attn_status attn_metadata_build(attn_metadata *meta, int common_prefix_
     if (batch->num_reqs > 0) {
         memcpy(meta->seq_lens, batch->seq_lens, (size_t)batch->num_reqs * sizeof(int32_t));
         for (i = 0; i < batch->num_reqs; i++) {
-            int nb = (batch->seq_lens[i] + meta->block_size - 1) / meta->block_size;
+            int nb = (int)(((int64_t)batch->seq_lens[i] + meta->built_for.block_size - 1) / meta->built_for.block_size);
             memcpy(meta->block_table + (size_t)i * (size_t)meta->cap.max_blocks_per_req,
                    batch->block_table + (size_t)i * (size_t)batch->block_table_stride,
                    (size_t)nb * sizeof(int32_t));
@@ -2180,7 +2196,7 @@ static attn_status attn__check_kv_cache(attn_layer *layer, const char *fn, const
     int64_t shape[ATTN_MAX_DIMS];
     int ndim = layer->backend->kv_cache_shape(&layer->desc, expect_blocks > 0 ? expect_blocks : 1, shape);
     attn_status st;
-    if (expect_blocks <= 0) shape[0] = -1; /* any positive count */
+    if (expect_blocks <= 0) shape[0] = ATTN__AT_LEAST(1);
     st = attn__check_tensor(layer->ctx, fn, "kv_cache", kv, layer->desc.kv_cache_dtype, ndim, shape,
                             layer->backend->needs_cuda ? ATTN_DEVICE_CUDA : ATTN_DEVICE_CPU);
     if (st != ATTN_OK) return st;
@@ -2237,7 +2253,7 @@ static attn_status attn__check_kv_write(attn_layer *layer, const char *fn, const
     int64_t num_slots;
     attn_status st;
     int t;
-    shape[0] = -(int64_t)num_tokens; shape[1] = d->num_kv_heads; shape[2] = d->head_size;
+    shape[0] = ATTN__AT_LEAST(num_tokens); shape[1] = d->num_kv_heads; shape[2] = d->head_size;
     st = attn__check_tensor(layer->ctx, fn, "key", key, d->dtype, 3, shape, dev);
     if (st == ATTN_OK) st = attn__check_tensor(layer->ctx, fn, "value", value, d->dtype, 3, shape, dev);
     if (st == ATTN_OK) st = attn__check_kv_cache(layer, fn, kv_cache, 0);
@@ -3234,22 +3250,24 @@ ATTN_API attn_status attn_layer_forward(attn_layer *layer, const attn_metadata *
     if (!meta->built)
         return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA,
                           "%s: meta has not been built (call attn_metadata_build first)", fn);
-    if (meta->backend != layer->backend || meta->num_heads != d->num_heads ||
-        meta->num_kv_heads != d->num_kv_heads || meta->head_size != d->head_size ||
-        meta->block_size != d->block_size)
+    if (!attn__metadata_fits(meta, layer)) {
+        const attn_layer_desc *m = &meta->built_for;
         return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA,
                           "%s: meta was created for backend %s, heads %d/%d, head_size %d, "
-                          "block_size %d (allowed: the same as this layer: %s, %d/%d, %d, %d)",
-                          fn, meta->backend ? meta->backend->name : "?", meta->num_heads,
-                          meta->num_kv_heads, meta->head_size, meta->block_size,
-                          layer->backend->name, d->num_heads, d->num_kv_heads, d->head_size,
-                          d->block_size);
+                          "block_size %d, causal %d, sliding_window %d (allowed: the same as "
+                          "this layer: %s, %d/%d, %d, %d, %d, %d)",
+                          fn, meta->backend ? meta->backend->name : "?", m->num_heads,
+                          m->num_kv_heads, m->head_size, m->block_size, (int)m->causal,
+                          m->sliding_window, layer->backend->name, d->num_heads,
+                          d->num_kv_heads, d->head_size, d->block_size, (int)d->causal,
+                          d->sliding_window);
+    }
     if ((k == NULL) != (v == NULL))
         return attn__fail(ctx, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT,
                           "%s: argument '%s' is NULL but '%s' is not (allowed: both or neither)",
                           fn, k ? "v" : "k", k ? "k" : "v");
     ntok = meta->batch.num_actual_tokens;
-    shape[0] = -(int64_t)ntok; shape[1] = d->num_heads; shape[2] = d->head_size;
+    shape[0] = ATTN__AT_LEAST(ntok); shape[1] = d->num_heads; shape[2] = d->head_size;
     st = attn__check_tensor(ctx, fn, "q", q, d->dtype, 3, shape, dev);
     if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out", out, d->dtype, 3, shape, dev);
     if (st != ATTN_OK) return st;

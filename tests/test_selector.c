@@ -572,6 +572,18 @@ ATTN_TEST(sel_env_names_a_plugin) {
     EXPECT_EQ_INT(s.requested, ATTN_BACKEND_CUSTOM);
     EXPECT_EQ_INT(s.resolved, ATTN_BACKEND_CUSTOM);
     EXPECT_EQ_INT(cap.by_item_level[ATTN_LOG_SELECT_RESOLVED][ATTN_LOG_LEVEL_INFO], 1);
+    /* The slot's name works too, as it does for attn_backend_from_name. */
+    setenv("ATTN_BACKEND", "custom", 1);
+    memset(&s, 0, sizeof s);
+    EXPECT_OK(attn_select_backend(ctx, &d, NULL, &s));
+    EXPECT_EQ_INT(s.source, ATTN_SELECTION_ENV);
+    EXPECT_EQ_INT(s.resolved, ATTN_BACKEND_CUSTOM);
+    /* An empty slot's name names no backend. */
+    EXPECT_OK(attn_register_backend(ATTN_BACKEND_CUSTOM, NULL));
+    EXPECT_OK(attn_selection_cache_clear(ctx)); /* the registry changed */
+    sel_reset(&cap);
+    EXPECT_STATUS(attn_select_backend(ctx, &d, NULL, &s), ATTN_ERROR_UNKNOWN_BACKEND);
+    EXPECT_EQ_INT(cap.by_item[ATTN_LOG_SELECT_UNKNOWN_ENV], 1);
     attn_context_destroy(ctx);
     sel_cleanup();
 }
@@ -694,6 +706,7 @@ ATTN_TEST(sel_fallback_degrades_to_cpu_with_warn) {
             EXPECT_TRUE(s->degradation[0] != 0);
             EXPECT_TRUE(strcmp(s->degradation, "none") != 0);
             EXPECT_TRUE(sel_skipped_has(s, ATTN_BACKEND_CUSTOM));
+            EXPECT_EQ_INT(s->num_skipped, 1); /* the refused request is not re-tried */
             EXPECT_TRUE(attn_layer_backend(layer) == attn_backend_get(ATTN_BACKEND_CPU));
         }
         attn_layer_destroy(layer);

@@ -756,10 +756,14 @@ ATTN_TEST(val_build_seq_len_beyond_block_table_row) {
     F.block_table[1] = 5;
     F.batch.block_table_stride = 1;
     VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
-    /* A huge seq_len is caught the same way (kept below INT32_MAX - block_size: closer to
-       the limit the block count overflows inside attn.h, see the report). */
+    /* A huge seq_len is caught the same way, up to INT32_MAX (the block count must not
+       overflow). */
     vf_batch_reset(&F);
     F.seq_lens[1] = INT32_MAX - 64;
+    F.batch.max_seq_len = F.seq_lens[1];
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    vf_batch_reset(&F);
+    F.seq_lens[1] = INT32_MAX;
     F.batch.max_seq_len = F.seq_lens[1];
     VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
     vf_teardown(&F);
