@@ -2615,6 +2615,25 @@ static void attn__cpu_pv(const float *P, int ld, int M, const float *V, int n, i
         }
 }
 
+/* How far ahead the decode kernels ask for K (keys) and V (rows) while they compute. */
+#ifndef ATTN__QKPF
+#define ATTN__QKPF 4
+#endif
+#ifndef ATTN__PVPF
+#define ATTN__PVPF 8
+#endif
+
+/* Asks for a K/V row ahead of use: rows of one head are strided across the page, which
+   the hardware prefetchers do not follow. */
+ATTN__INLINE void attn__prefetch_row(const char *p, size_t bytes) {
+#if defined(__GNUC__) || defined(__clang__)
+    size_t o;
+    for (o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 2);
+#else
+    (void)p; (void)bytes;
+#endif
+}
+
 /* One vector of a K/V row straight from the cache, converted to f32 in registers. */
 ATTN__INLINE attn__vf attn__vload_kv(const char *p, attn_dtype dt) {
 #if defined(ATTN__SIMD_AVX512)
@@ -2652,6 +2671,10 @@ ATTN__INLINE void attn__qk_direct(const float *Q, int per_head, int nheads, cons
             const char *k0 = kp[j] + h * head_bytes, *k1 = kp[j + 1] + h * head_bytes;
             const char *k2 = kp[j + 2] + h * head_bytes, *k3 = kp[j + 3] + h * head_bytes;
             int rend = (h + 1) * per_head;
+            if (j + ATTN__QKPF + 4 <= n) { /* this head's slice of a later quad's rows */
+                int q2;
+                for (q2 = ATTN__QKPF; q2 < ATTN__QKPF + 4; q2++) attn__prefetch_row(kp[j + q2] + h * head_bytes, head_bytes);
+            }
             for (r = h * per_head; r + ATTN__QK_RB <= rend; r += ATTN__QK_RB) {
                 const float *q = Q + (size_t)r * (size_t)dq;
                 attn__vf acc[ATTN__QK_RB * 4];
@@ -2704,8 +2727,10 @@ ATTN__INLINE void attn__pv_direct(const float *P, int ld, int M, const char *con
             }
             for (j = 0; j < n; j++) {
                 const char *v = vp[j] + hoff + (size_t)d * esz;
-                attn__vf v0 = attn__vload_kv(v, dt), v1 = attn__vload_kv(v + ATTN__W * esz, dt);
-                attn__vf v2 = attn__vload_kv(v + 2 * ATTN__W * esz, dt), v3 = attn__vload_kv(v + 3 * ATTN__W * esz, dt);
+                attn__vf v0, v1, v2, v3;
+                if (d == 0 && j + ATTN__PVPF < n) attn__prefetch_row(vp[j + ATTN__PVPF] + hoff, (size_t)D * esz);
+                v0 = attn__vload_kv(v, dt); v1 = attn__vload_kv(v + ATTN__W * esz, dt);
+                v2 = attn__vload_kv(v + 2 * ATTN__W * esz, dt); v3 = attn__vload_kv(v + 3 * ATTN__W * esz, dt);
                 for (rr = 0; rr < 4; rr++) {
                     attn__vf p = attn__vset1(P[(size_t)(r + rr) * (size_t)ld + j]);
                     acc[rr][0] = attn__vfma(p, v0, acc[rr][0]);
@@ -2776,17 +2801,6 @@ static float attn__cpu_softmax_row(float *s, int n, float *m, float *l) {
     *l = *l * alpha + attn__vhadd(sum);
     *m = mnew;
     return alpha;
-}
-
-/* Asks for a K/V row ahead of use: rows of one head are strided across the page, which
-   the hardware prefetchers do not follow. */
-ATTN__INLINE void attn__prefetch_row(const char *p, size_t bytes) {
-#if defined(__GNUC__) || defined(__clang__)
-    size_t o;
-    for (o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 2);
-#else
-    (void)p; (void)bytes;
-#endif
 }
 
 typedef struct attn__cpu_task {
@@ -3076,8 +3090,6 @@ static void attn__cpu_task_run(void *varg, int ti, int thread) {
                 int64_t blk = bt[key / bs], off = key % bs;
                 kp[j] = (const char *)a->kv.data + ((size_t)((blk * 2 + 0) * bs + off) * tok_row + (size_t)tk->head0 * (size_t)D) * csz;
                 vp[j] = (const char *)a->kv.data + ((size_t)((blk * 2 + 1) * bs + off) * tok_row + (size_t)tk->head0 * (size_t)D) * csz;
-                /* V is read head by head after the softmax: ask for its rows now */
-                attn__prefetch_row(vp[j], (size_t)nheads * row_bytes);
             }
             attn__cpu_qk_direct(Q, per_head, nheads, kp, row_bytes, n, D, dp, S, ATTN__CPU_NT,
                                 d->kv_cache_dtype);
