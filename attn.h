@@ -319,7 +319,8 @@ typedef struct attn_layer_desc {
 typedef enum attn_backend_id {
     ATTN_BACKEND_AUTO = 0,   /* in requests: let the selector choose */
     ATTN_BACKEND_CPU = 1,    /* portable C, standard attention */
-    ATTN_BACKEND_CUSTOM = 2, /* empty until a plugin registers it */
+    ATTN_BACKEND_CPU_MLA = 2, /* portable C, MLA (latent cache) */
+    ATTN_BACKEND_CUSTOM = 3, /* empty until a plugin registers it */
     ATTN_BACKEND_COUNT
 } attn_backend_id;
 
@@ -375,11 +376,22 @@ struct attn_backend {
     void (*metadata_release)(attn_metadata *meta);
     attn_status (*build)(attn_layer *layer, attn_metadata *meta, int common_prefix_len,
                          int fast_build);
-    /* The forward call. k/v (new tokens) may be NULL when already in the cache. */
+    /* Standard attention (is_mla = 0): the forward call. k/v (new tokens) may be NULL
+       when already in the cache. */
     attn_status (*forward)(attn_layer *layer, const attn_metadata *meta,
                            const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
                            attn_tensor *kv_cache, attn_tensor *out, attn_tensor *lse,
                            void *stream);
+    /* MLA (is_mla = 1): absorbed decode over the latent cache and up-projected prefill;
+       arguments as attn_mla_forward_mqa / attn_mla_forward_mha, already validated. */
+    attn_status (*forward_mqa)(attn_layer *layer, const attn_metadata *meta,
+                               const attn_tensor *q, const attn_tensor *q_pe,
+                               const attn_tensor *kv_cache, attn_tensor *out_latent,
+                               attn_tensor *lse, void *stream);
+    attn_status (*forward_mha)(attn_layer *layer, const attn_metadata *meta,
+                               const attn_tensor *q, const attn_tensor *kv_cache,
+                               const attn_tensor *w_uk, const attn_tensor *w_uv,
+                               attn_tensor *out, attn_tensor *lse, void *stream);
 };
 
 ATTN_API const attn_backend *attn_backend_get(attn_backend_id id); /* NULL if empty */
@@ -491,6 +503,9 @@ typedef struct attn_metadata_desc {
     int max_num_tokens;      /* required */
     int max_blocks_per_req;  /* required: block_table_stride may not exceed it */
     int64_t num_blocks;      /* required: blocks in the KV cache this metadata indexes */
+    /* MLA only */
+    int decode_threshold;    /* requests with query_len <= this are decodes; 0: 1 */
+    int num_kv_splits;       /* decode split-KV count; 0: attn_mla_num_kv_splits() */
 } attn_metadata_desc;
 
 ATTN_API attn_status attn_metadata_create(attn_layer *layer, const attn_metadata_desc *desc,
@@ -527,6 +542,91 @@ ATTN_API attn_status attn_layer_forward(attn_layer *layer, const attn_metadata *
                                         const attn_tensor *q, const attn_tensor *k,
                                         const attn_tensor *v, attn_tensor *kv_cache,
                                         attn_tensor *out, attn_tensor *lse, void *stream);
+
+/* ---------------------------------------------------------------------------------------
+   MLA (multi-head latent attention, DeepSeek-V2/V3)
+   A layer with use_mla = 1 caches one latent row per token, [kv_c (kv_lora_rank) | k_pe
+   (qk_rope_head_dim)]: cache [num_blocks, block_size, head_size], head_size 576 (512+64)
+   or 320 (256+64). num_kv_heads is 1. The up-projection kv_b_proj splits into
+   W_UK [num_heads, qk_nope_head_dim, kv_lora_rank] and W_UV [num_heads, kv_lora_rank,
+   v_head_dim] (layer dtype). A batch must list its decodes first (attn_reorder_batch).
+   ------------------------------------------------------------------------------------- */
+
+/* The decode/prefill split of a built MLA batch. Decode tokens are batch rows
+   0..num_decode_tokens-1; prefill tokens follow. */
+typedef struct attn_mla_info {
+    int num_decodes, num_decode_tokens;
+    int num_prefills, num_prefill_tokens;
+    int num_kv_splits;      /* decode split-KV count in force */
+    int prefill_chunk;      /* keys up-projected per pass of forward_mha */
+} attn_mla_info;
+
+ATTN_API attn_status attn_metadata_mla_info(const attn_metadata *meta, attn_mla_info *out);
+
+/* Split-KV count for decode: about one split per 512 keys of max_seq_len, at least 1, at
+   most `parallelism` (threads on CPU, 2 x SMs on GPU); 1 when batch_invariant. The same
+   function sizes the workspace and drives the forward. */
+ATTN_API int attn_mla_num_kv_splits(int max_seq_len, int parallelism, int batch_invariant);
+
+/* Decodes-first order with the fewest moves: perm[new_index] = old_index, where requests
+   with query_lens[i] <= decode_threshold (0: 1) come first. *num_decodes gets their count,
+   *num_swaps (may be NULL) the pairs exchanged. Scanning from both ends swaps each prefill
+   found in front with a decode found at the back, so nothing already in place moves. */
+ATTN_API attn_status attn_reorder_batch(const int32_t *query_lens, int num_reqs,
+                                        int decode_threshold, int32_t *perm, int *num_decodes,
+                                        int *num_swaps);
+
+/* Writes kv_c [num_tokens, kv_lora_rank] and k_pe [num_tokens, qk_rope_head_dim] (layer
+   dtype) into the latent cache at slot_mapping; -1 skips; all slots checked first. */
+ATTN_API attn_status attn_concat_and_cache_mla(attn_layer *layer, const attn_tensor *kv_c,
+                                               const attn_tensor *k_pe, attn_tensor *kv_cache,
+                                               const int64_t *slot_mapping, int num_tokens);
+
+/* Absorbed decode (MQA over the latent): for the batch's decode tokens, q is either
+   [>= num_decode_tokens, num_heads, head_size] with q_pe == NULL, or q_latent
+   [.., num_heads, kv_lora_rank] plus q_pe [.., num_heads, qk_rope_head_dim]. Writes
+   out_latent [.., num_heads, kv_lora_rank] (layer dtype) and, if lse != NULL, f32
+   [.., num_heads] (base e). Split-KV in two stages: partial outputs per split, merged
+   by LSE. */
+ATTN_API attn_status attn_mla_forward_mqa(attn_layer *layer, const attn_metadata *meta,
+                                          const attn_tensor *q, const attn_tensor *q_pe,
+                                          const attn_tensor *kv_cache, attn_tensor *out_latent,
+                                          attn_tensor *lse, void *stream);
+
+/* Up-projected prefill (MHA): q [>= num_prefill_tokens, num_heads, qk_nope + qk_rope]
+   holds the prefill tokens (batch rows num_decode_tokens.. in order); keys are the cached
+   latents of each prefill request (its new tokens must be in the cache already),
+   up-projected with W_UK / W_UV in chunks of attn_mla_info.prefill_chunk keys and merged
+   by LSE. Causal. out [.., num_heads, v_head_dim]; lse as above. */
+ATTN_API attn_status attn_mla_forward_mha(attn_layer *layer, const attn_metadata *meta,
+                                          const attn_tensor *q, const attn_tensor *kv_cache,
+                                          const attn_tensor *w_uk, const attn_tensor *w_uv,
+                                          attn_tensor *out, attn_tensor *lse, void *stream);
+
+/* The whole MLA attention of a layer (before o_proj) for a built batch: writes kv_c/k_pe
+   (both or neither, [num_actual_tokens, ...]) into the cache, runs the decodes absorbed
+   (q_nope . W_UK -> forward_mqa -> . W_UV) and the prefills up-projected, and writes
+   out [>= num_actual_tokens, num_heads, v_head_dim]. q_nope [.., num_heads,
+   qk_nope_head_dim], q_pe [.., num_heads, qk_rope_head_dim]. */
+ATTN_API attn_status attn_mla_forward(attn_layer *layer, const attn_metadata *meta,
+                                      const attn_tensor *q_nope, const attn_tensor *q_pe,
+                                      const attn_tensor *kv_c, const attn_tensor *k_pe,
+                                      attn_tensor *kv_cache, const attn_tensor *w_uk,
+                                      const attn_tensor *w_uv, attn_tensor *out, void *stream);
+
+/* ---------------------------------------------------------------------------------------
+   LSE merge of partial attention results (split-KV, context-parallel shards)
+   ------------------------------------------------------------------------------------- */
+
+/* out = merge((out_a, lse_a), (out_b, lse_b)): out_* [tokens, heads, head_size] of one
+   dtype (f32/f16/bf16, CPU), lse_* f32 [tokens, heads] in base base_a / base_b. An empty
+   partition has LSE -inf and contributes nothing (both empty: out 0, lse -inf, no NaN).
+   lse may be NULL; its base is base_out. out may alias out_a or out_b. */
+ATTN_API attn_status attn_merge_attn_states(attn_context *ctx, const attn_tensor *out_a,
+                                            const attn_tensor *lse_a, attn_lse_base base_a,
+                                            const attn_tensor *out_b, const attn_tensor *lse_b,
+                                            attn_lse_base base_b, attn_tensor *out,
+                                            attn_tensor *lse, attn_lse_base base_out);
 
 #ifdef __cplusplus
 }
@@ -605,6 +705,7 @@ ATTN_API attn_status attn_layer_forward(attn_layer *layer, const attn_metadata *
 /* g++ 12 flags its own AVX-512 headers (-Wmaybe-uninitialized on _mm512_undefined_*). */
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 #pragma GCC diagnostic pop
 #else
@@ -1348,8 +1449,10 @@ static pthread_mutex_t attn__registry_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* Automatic priority per platform: the first entry whose checks pass wins. CUSTOM leads
    so that a registered plugin is preferred; an empty slot is not a candidate. */
-static const attn_backend_id attn__priority_cpu[] = {ATTN_BACKEND_CUSTOM, ATTN_BACKEND_CPU};
-static const attn_backend_id attn__priority_cuda[] = {ATTN_BACKEND_CUSTOM, ATTN_BACKEND_CPU};
+static const attn_backend_id attn__priority_cpu[] = {ATTN_BACKEND_CUSTOM, ATTN_BACKEND_CPU,
+                                                     ATTN_BACKEND_CPU_MLA};
+static const attn_backend_id attn__priority_cuda[] = {ATTN_BACKEND_CUSTOM, ATTN_BACKEND_CPU,
+                                                      ATTN_BACKEND_CPU_MLA};
 
 static const attn_backend_id *attn__priority_list(attn_platform_kind kind, int *count) {
     if (kind == ATTN_PLATFORM_CUDA) {
@@ -1373,6 +1476,7 @@ ATTN_API const char *attn_backend_name(attn_backend_id id) {
     switch (id) {
     case ATTN_BACKEND_AUTO: return "AUTO";
     case ATTN_BACKEND_CPU: return "CPU";
+    case ATTN_BACKEND_CPU_MLA: return "CPU_MLA";
     case ATTN_BACKEND_CUSTOM: return "CUSTOM";
     default: return "?";
     }
@@ -1427,10 +1531,11 @@ ATTN_API attn_status attn_register_backend(attn_backend_id id, const attn_backen
             return attn__fail(NULL, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
                               "attn_register_backend: backend->id is %d (allowed: %d, the "
                               "slot it is registered in)", (int)backend->id, (int)id);
-        if (!backend->name || !backend->forward || !backend->kv_cache_shape)
+        if (!backend->name || !backend->kv_cache_shape ||
+            (backend->is_mla ? (!backend->forward_mqa || !backend->forward_mha) : !backend->forward))
             return attn__fail(NULL, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT,
-                              "attn_register_backend: backend must have a name, "
-                              "kv_cache_shape and forward (one of them is NULL)");
+                              "attn_register_backend: backend must have a name, kv_cache_shape "
+                              "and forward (MLA: forward_mqa and forward_mha); one is NULL");
         if (!backend->name[0])
             return attn__fail(NULL, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
                               "attn_register_backend: backend->name is \"\" (allowed: a "
@@ -1469,7 +1574,7 @@ static attn_status attn__desc_resolve(attn_context *ctx, const char *fn,
     if (d.num_kv_heads < 0)
         ATTN__BAD("%s: desc.num_kv_heads is %d (allowed: 0 = num_heads, or a divisor of "
                   "num_heads)", fn, d.num_kv_heads);
-    if (!d.num_kv_heads) d.num_kv_heads = d.use_mla ? 1 : d.num_heads;
+    if (!d.num_kv_heads) d.num_kv_heads = d.use_mla == 1 ? 1 : d.num_heads;
     if (d.num_heads % d.num_kv_heads)
         ATTN__BAD("%s: desc.num_kv_heads is %d (allowed: a divisor of num_heads %d)", fn,
                   d.num_kv_heads, d.num_heads);
@@ -1485,6 +1590,25 @@ static attn_status attn__desc_resolve(attn_context *ctx, const char *fn,
         ATTN__BAD("%s: desc.block_size is %d (allowed: 0 = 16, or a positive multiple of 16)",
                   fn, d.block_size);
     if (!d.block_size) d.block_size = 16;
+    if (d.use_mla < 0 || d.use_mla > 1)
+        ATTN__BAD("%s: desc.use_mla is %d (allowed: 0 or 1)", fn, d.use_mla);
+    if (d.use_mla) {
+        if (d.num_kv_heads != 1)
+            ATTN__BAD("%s: desc.num_kv_heads is %d for an MLA layer (allowed: 0 or 1, the one "
+                      "latent head)", fn, in->num_kv_heads);
+        if (d.qk_rope_head_dim < 0 || d.kv_lora_rank < 0 || d.qk_nope_head_dim < 0 || d.v_head_dim < 0)
+            ATTN__BAD("%s: an MLA dimension is negative (kv_lora_rank %d, qk_rope_head_dim %d, "
+                      "qk_nope_head_dim %d, v_head_dim %d; allowed: 0 = default, or > 0)", fn,
+                      d.kv_lora_rank, d.qk_rope_head_dim, d.qk_nope_head_dim, d.v_head_dim);
+        if (!d.qk_rope_head_dim) d.qk_rope_head_dim = 64;
+        if (!d.kv_lora_rank) d.kv_lora_rank = d.head_size - d.qk_rope_head_dim;
+        if (!d.qk_nope_head_dim) d.qk_nope_head_dim = 128;
+        if (!d.v_head_dim) d.v_head_dim = 128;
+        if (d.kv_lora_rank <= 0 || d.kv_lora_rank + d.qk_rope_head_dim != d.head_size)
+            ATTN__BAD("%s: desc.head_size %d is not kv_lora_rank %d + qk_rope_head_dim %d "
+                      "(allowed: head_size = kv_lora_rank + qk_rope_head_dim, e.g. 576 = 512 + 64)",
+                      fn, d.head_size, d.kv_lora_rank, d.qk_rope_head_dim);
+    }
     if (!(d.scale >= 0.0f) || d.scale > FLT_MAX)
         ATTN__BAD("%s: desc.scale is %g (allowed: 0 = 1/sqrt(head_size), or a finite value "
                   "> 0)", fn, (double)d.scale);
@@ -1507,8 +1631,6 @@ static attn_status attn__desc_resolve(attn_context *ctx, const char *fn,
             if (!(d.alibi_slopes[i] - d.alibi_slopes[i] == 0.0f))
                 ATTN__BAD("%s: desc.alibi_slopes[%d] is %g (allowed: finite values)", fn, i,
                           (double)d.alibi_slopes[i]);
-    if (d.use_mla < 0 || d.use_mla > 1)
-        ATTN__BAD("%s: desc.use_mla is %d (allowed: 0 or 1)", fn, d.use_mla);
 #undef ATTN__BAD
     *out = d;
     return ATTN_OK;
@@ -2568,21 +2690,27 @@ static void attn__cpu_qk(const float *Q, int M, const float *K, int n, int dp, f
             S[(size_t)r * (size_t)ld + j] = attn__dot(Q + (size_t)r * (size_t)dp, K + (size_t)j * (size_t)dp, dp);
 }
 
-/* O[r] = O[r] * alpha[r] + sum_j P[r][j] V[j], 4 rows x 2 vectors per register block. */
-static void attn__cpu_pv(const float *P, int ld, int M, const float *V, int n, int dp, float *O,
-                         const float *alpha) {
+/* O[r] = O[r] * alpha[r] + sum_j P[r][j] V[j], 4 rows x 2 vectors per register block.
+   V rows are ldv apart; O rows dp apart (dp floats wide, a multiple of W). */
+static void attn__cpu_pv(const float *P, int ld, int M, const float *V, int ldv, int n, int dp,
+                         float *O, const float *alpha) {
     int r = 0, d, j, rr;
     for (; r + 4 <= M; r += 4) {
         for (d = 0; d + 2 * ATTN__W <= dp; d += 2 * ATTN__W) {
             attn__vf a0[4], a1[4];
             for (rr = 0; rr < 4; rr++) {
-                attn__vf al = attn__vset1(alpha[r + rr]);
-                a0[rr] = attn__vmul(attn__vld(O + (size_t)(r + rr) * (size_t)dp + d), al);
-                a1[rr] = attn__vmul(attn__vld(O + (size_t)(r + rr) * (size_t)dp + d + ATTN__W), al);
+                if (alpha) {
+                    attn__vf al = attn__vset1(alpha[r + rr]);
+                    a0[rr] = attn__vmul(attn__vld(O + (size_t)(r + rr) * (size_t)dp + d), al);
+                    a1[rr] = attn__vmul(attn__vld(O + (size_t)(r + rr) * (size_t)dp + d + ATTN__W), al);
+                } else {
+                    a0[rr] = attn__vzero();
+                    a1[rr] = attn__vzero();
+                }
             }
             for (j = 0; j < n; j++) {
-                attn__vf v0 = attn__vld(V + (size_t)j * (size_t)dp + d);
-                attn__vf v1 = attn__vld(V + (size_t)j * (size_t)dp + d + ATTN__W);
+                attn__vf v0 = attn__vld(V + (size_t)j * (size_t)ldv + d);
+                attn__vf v1 = attn__vld(V + (size_t)j * (size_t)ldv + d + ATTN__W);
                 for (rr = 0; rr < 4; rr++) {
                     attn__vf p = attn__vset1(P[(size_t)(r + rr) * (size_t)ld + j]);
                     a0[rr] = attn__vfma(p, v0, a0[rr]);
@@ -2597,9 +2725,10 @@ static void attn__cpu_pv(const float *P, int ld, int M, const float *V, int n, i
         for (; d < dp; d += ATTN__W) {
             attn__vf a0[4];
             for (rr = 0; rr < 4; rr++)
-                a0[rr] = attn__vmul(attn__vld(O + (size_t)(r + rr) * (size_t)dp + d), attn__vset1(alpha[r + rr]));
+                a0[rr] = alpha ? attn__vmul(attn__vld(O + (size_t)(r + rr) * (size_t)dp + d), attn__vset1(alpha[r + rr]))
+                               : attn__vzero();
             for (j = 0; j < n; j++) {
-                attn__vf v0 = attn__vld(V + (size_t)j * (size_t)dp + d);
+                attn__vf v0 = attn__vld(V + (size_t)j * (size_t)ldv + d);
                 for (rr = 0; rr < 4; rr++)
                     a0[rr] = attn__vfma(attn__vset1(P[(size_t)(r + rr) * (size_t)ld + j]), v0, a0[rr]);
             }
@@ -2608,9 +2737,10 @@ static void attn__cpu_pv(const float *P, int ld, int M, const float *V, int n, i
     }
     for (; r < M; r++)
         for (d = 0; d < dp; d += ATTN__W) {
-            attn__vf a = attn__vmul(attn__vld(O + (size_t)r * (size_t)dp + d), attn__vset1(alpha[r]));
+            attn__vf a = alpha ? attn__vmul(attn__vld(O + (size_t)r * (size_t)dp + d), attn__vset1(alpha[r]))
+                               : attn__vzero();
             for (j = 0; j < n; j++)
-                a = attn__vfma(attn__vset1(P[(size_t)r * (size_t)ld + j]), attn__vld(V + (size_t)j * (size_t)dp + d), a);
+                a = attn__vfma(attn__vset1(P[(size_t)r * (size_t)ld + j]), attn__vld(V + (size_t)j * (size_t)ldv + d), a);
             attn__vst(O + (size_t)r * (size_t)dp + d, a);
         }
 }
@@ -2824,6 +2954,7 @@ typedef struct attn__cpu_meta {
     int rows_per_task;            /* most query rows a task holds */
     int tile_rows;                /* K/V rows a tile holds (heads x keys) */
     int num_slots;
+    attn_mla_info mla;            /* MLA batches: the decode/prefill split */
     float *partial;               /* num_slots x rows_per_task x (dp + 2) */
     size_t partial_floats;
 } attn__cpu_meta;
@@ -2973,18 +3104,30 @@ static attn_status attn__cpu_build(attn_layer *layer, attn_metadata *meta, int c
     return ATTN_OK;
 }
 
+/* What one parallel attention pass reads and writes: the effective layer view (for MLA
+   decode: one KV head of width dk, V the first dv of the same row), the batch, the
+   schedule, the cache geometry and the q/out/lse views. */
 typedef struct attn__cpu_run {
-    attn_layer *layer;
-    const attn_metadata *meta;
+    attn_context *ctx;
+    attn_layer_desc d;             /* heads, KV heads, head_size = dk, scale, mask fields */
+    const float *alibi;
+    const attn_batch *b;
     const attn__cpu_meta *cm;
-    attn_tensor q, kv, out, lse;
+    int dk, dv, dpk, dpv;          /* QK and PV widths, and padded to 16 */
+    const char *kv;                /* cache base and geometry (elements) */
+    attn_dtype kv_dtype;
+    size_t block_stride, token_stride, head_stride, k_offset, v_offset;
+    int v_in_k;                    /* V rows are the K rows (the MLA latent) */
+    attn_tensor q, q2;             /* q rows [token][head][dk], or split at q_split: */
+    int q_split;                   /*   q gives the first q_split dims, q2 the rest */
+    int row0;                      /* batch token of q/out/lse row 0 */
+    attn_tensor out, lse;
     int has_lse;
-    int dp;
 } attn__cpu_run;
 
-static size_t attn__cpu_scratch_floats(const attn__cpu_meta *cm, int dp) {
+static size_t attn__cpu_scratch_floats(const attn__cpu_meta *cm, int dpk, int dpv) {
     size_t r = (size_t)(cm->rows_per_task + 15) / 16 * 16;
-    return 2 * r * (size_t)dp + r * ATTN__CPU_NT + 2 * (size_t)cm->tile_rows * (size_t)dp +
+    return r * (size_t)(dpk + dpv) + r * ATTN__CPU_NT + (size_t)cm->tile_rows * (size_t)(dpk + dpv) +
            5 * r + 64;
 }
 
@@ -3001,10 +3144,10 @@ static void attn__cpu_row_owner(const attn_layer_desc *d, int head0, int tok0, i
 static void attn__cpu_store_rows(const attn__cpu_run *a, int req, int head0, int head1,
                                  int tok0, int tok1, int slot, const float *O, const float *m,
                                  const float *l, float *tmp) {
-    const attn_layer_desc *d = &a->layer->desc;
-    int group = d->num_heads / d->num_kv_heads, dp = a->dp;
+    const attn_layer_desc *d = &a->d;
+    int group = d->num_heads / d->num_kv_heads, dp = a->dpv;
     int rows = (tok1 - tok0) * group * (head1 - head0), i, x, tok, head;
-    int qs = a->meta->batch.query_start_loc[req];
+    int qs = a->b->query_start_loc[req] - a->row0;
     size_t osz = attn_dtype_size(a->out.dtype);
     if (slot >= 0) {
         float *p = a->cm->partial + (size_t)slot * (size_t)a->cm->rows_per_task * (size_t)(dp + 2);
@@ -3019,48 +3162,54 @@ static void attn__cpu_store_rows(const attn__cpu_run *a, int req, int head0, int
         float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
         attn__cpu_row_owner(d, head0, tok0, tok1, i, &tok, &head);
         tok += qs;
-        for (x = 0; x < d->head_size; x++) tmp[x] = O[(size_t)i * (size_t)dp + x] * inv;
+        for (x = 0; x < a->dv; x++) tmp[x] = O[(size_t)i * (size_t)dp + x] * inv;
         attn__row_from_f32(tmp, a->out.dtype,
                            (char *)a->out.data + (size_t)(tok * a->out.strides[0] + head * a->out.strides[1]) * osz,
-                           d->head_size);
+                           a->dv);
         if (a->has_lse)
             ((float *)a->lse.data)[tok * a->lse.strides[0] + head * a->lse.strides[1]] =
                 l[i] > 0.0f ? (m[i] + log2f(l[i])) * ATTN__LN2 : -INFINITY;
     }
 }
 
+/* Start of the K row of (block slot key, KV head h); V adds v_offset - k_offset. */
+static const char *attn__cpu_krow(const attn__cpu_run *a, const int32_t *bt, int key, int h) {
+    int bs = a->d.block_size;
+    size_t blk = (size_t)bt[key / bs], off = (size_t)(key % bs);
+    return a->kv + (blk * a->block_stride + off * a->token_stride + (size_t)h * a->head_stride +
+                    a->k_offset) * attn_dtype_size(a->kv_dtype);
+}
+
 static void attn__cpu_task_run(void *varg, int ti, int thread) {
     const attn__cpu_run *a = (const attn__cpu_run *)varg;
     const attn__cpu_task *tk = &a->cm->tasks[ti];
-    const attn_layer *layer = a->layer;
-    const attn_layer_desc *d = &layer->desc;
-    const attn_batch *b = &a->meta->batch;
-    int group = d->num_heads / d->num_kv_heads, dp = a->dp, D = d->head_size;
+    const attn_layer_desc *d = &a->d;
+    const attn_batch *b = a->b;
+    int group = d->num_heads / d->num_kv_heads, dpk = a->dpk, dpv = a->dpv, dk = a->dk, dv = a->dv;
     int nheads = tk->head1 - tk->head0, per_head = (tk->tok1 - tk->tok0) * group;
     int rows = per_head * nheads, rp = (rows + 15) / 16 * 16;
-    int direct = per_head <= 8 && d->head_size % ATTN__W == 0;
+    int direct = per_head <= 8 && dk % ATTN__W == 0 && dv % ATTN__W == 0 && !a->v_in_k;
     int nt_keys = direct ? ATTN__CPU_NT : attn__cpu_tile_keys(nheads);
     const char *kp[ATTN__CPU_NT], *vp[ATTN__CPU_NT];
     int ql = b->query_start_loc[tk->req + 1] - b->query_start_loc[tk->req];
-    int sl = b->seq_lens[tk->req], qs = b->query_start_loc[tk->req];
+    int sl = b->seq_lens[tk->req], qs = b->query_start_loc[tk->req] - a->row0;
     int causal = b->causal == ATTN_CAUSAL_YES;
-    int bs = d->block_size, hkv = d->num_kv_heads, i, j, j0, h, kmin = INT32_MAX, kmax = 0;
+    int i, j, j0, h, kmin = INT32_MAX, kmax = 0, ldv = a->v_in_k ? dpk : dpv;
     const int32_t *bt = b->block_table + (size_t)tk->req * (size_t)b->block_table_stride;
-    float *base = layer->ctx->scratch[thread];
+    float *base = a->ctx->scratch[thread];
     float *Q, *O, *S, *K, *V, *m, *l, *alpha, *tmp;
     int *lo, *hi;
-    size_t qsz = attn_dtype_size(a->q.dtype), csz = attn_dtype_size(d->kv_cache_dtype);
-    size_t tok_row = (size_t)hkv * (size_t)D; /* elements of one token's K (or V) row */
-    size_t row_bytes = (size_t)D * csz;
+    size_t qsz = attn_dtype_size(a->q.dtype), csz = attn_dtype_size(a->kv_dtype);
+    size_t head_bytes = a->head_stride * csz, vdelta = (a->v_offset - a->k_offset) * csz;
     float cap = d->logits_soft_cap;
     float qscale = cap > 0.0f ? d->scale : d->scale * ATTN__LOG2E;
     base = (float *)(void *)(((uintptr_t)base + 63) & ~(uintptr_t)63);
     Q = base;
-    O = Q + (size_t)rp * (size_t)dp;
-    S = O + (size_t)rp * (size_t)dp;
+    O = Q + (size_t)rp * (size_t)dpk;
+    S = O + (size_t)rp * (size_t)dpv;
     K = S + (size_t)rp * ATTN__CPU_NT;
-    V = K + (size_t)a->cm->tile_rows * (size_t)dp;
-    m = V + (size_t)a->cm->tile_rows * (size_t)dp;
+    V = K + (size_t)a->cm->tile_rows * (size_t)dpk;
+    m = V + (size_t)a->cm->tile_rows * (size_t)dpv;
     l = m + rp;
     alpha = l + rp;
     lo = (int *)(void *)(alpha + rp);
@@ -3069,16 +3218,24 @@ static void attn__cpu_task_run(void *varg, int ti, int thread) {
 
     for (i = 0; i < rows; i++) {
         int t, head;
-        float *qr = Q + (size_t)i * (size_t)dp;
+        float *qr = Q + (size_t)i * (size_t)dpk;
         attn__cpu_row_owner(d, tk->head0, tk->tok0, tk->tok1, i, &t, &head);
         attn__visible_keys(d, causal, sl - ql + t, sl, &lo[i], &hi[i]);
         lo[i] = ATTN__MAX(lo[i], tk->key0);
         hi[i] = ATTN__MIN(hi[i], tk->key1);
         if (lo[i] < hi[i]) { kmin = ATTN__MIN(kmin, lo[i]); kmax = ATTN__MAX(kmax, hi[i]); }
-        attn__row_to_f32((const char *)a->q.data + (size_t)((qs + t) * a->q.strides[0] + head * a->q.strides[1]) * qsz,
-                         a->q.dtype, qr, D, dp);
-        for (j = 0; j < D; j++) qr[j] *= qscale;
-        memset(O + (size_t)i * (size_t)dp, 0, (size_t)dp * sizeof(float));
+        if (a->q_split) {
+            size_t q2sz = attn_dtype_size(a->q2.dtype);
+            attn__row_to_f32((const char *)a->q.data + (size_t)((qs + t) * a->q.strides[0] + head * a->q.strides[1]) * qsz,
+                             a->q.dtype, qr, a->q_split, a->q_split);
+            attn__row_to_f32((const char *)a->q2.data + (size_t)((qs + t) * a->q2.strides[0] + head * a->q2.strides[1]) * q2sz,
+                             a->q2.dtype, qr + a->q_split, dk - a->q_split, dpk - a->q_split);
+        } else {
+            attn__row_to_f32((const char *)a->q.data + (size_t)((qs + t) * a->q.strides[0] + head * a->q.strides[1]) * qsz,
+                             a->q.dtype, qr, dk, dpk);
+        }
+        for (j = 0; j < dk; j++) qr[j] *= qscale;
+        memset(O + (size_t)i * (size_t)dpv, 0, (size_t)dpv * sizeof(float));
         m[i] = -INFINITY;
         l[i] = 0.0f;
     }
@@ -3086,41 +3243,38 @@ static void attn__cpu_task_run(void *varg, int ti, int thread) {
         int n = ATTN__MIN(nt_keys, kmax - j0);
         if (direct) { /* row pointers only; the kernels read and convert */
             for (j = 0; j < n; j++) {
-                int key = j0 + j;
-                int64_t blk = bt[key / bs], off = key % bs;
-                kp[j] = (const char *)a->kv.data + ((size_t)((blk * 2 + 0) * bs + off) * tok_row + (size_t)tk->head0 * (size_t)D) * csz;
-                vp[j] = (const char *)a->kv.data + ((size_t)((blk * 2 + 1) * bs + off) * tok_row + (size_t)tk->head0 * (size_t)D) * csz;
+                kp[j] = attn__cpu_krow(a, bt, j0 + j, tk->head0);
+                vp[j] = kp[j] + vdelta;
             }
-            attn__cpu_qk_direct(Q, per_head, nheads, kp, row_bytes, n, D, dp, S, ATTN__CPU_NT,
-                                d->kv_cache_dtype);
-        } else /* gather: token rows of the cache, converted to f32, tile layout [head][key][dp] */
-        for (j = 0; j < n; j++) {
-            int key = j0 + j;
-            int64_t blk = bt[key / bs], off = key % bs;
-            const char *kr = (const char *)a->kv.data + ((size_t)((blk * 2 + 0) * bs + off) * tok_row + (size_t)tk->head0 * (size_t)D) * csz;
-            const char *vr = (const char *)a->kv.data + ((size_t)((blk * 2 + 1) * bs + off) * tok_row + (size_t)tk->head0 * (size_t)D) * csz;
-            for (h = 0; h < nheads; h++) {
-                attn__row_to_f32(kr + (size_t)h * (size_t)D * csz, d->kv_cache_dtype,
-                                 K + ((size_t)h * (size_t)nt_keys + (size_t)j) * (size_t)dp, D, dp);
-                attn__row_to_f32(vr + (size_t)h * (size_t)D * csz, d->kv_cache_dtype,
-                                 V + ((size_t)h * (size_t)nt_keys + (size_t)j) * (size_t)dp, D, dp);
+            attn__cpu_qk_direct(Q, per_head, nheads, kp, head_bytes, n, dk, dpk, S, ATTN__CPU_NT,
+                                a->kv_dtype);
+        } else { /* gather: rows of the cache, converted to f32, tile layout [head][key][dp] */
+            for (j = 0; j < n; j++) {
+                const char *kr = attn__cpu_krow(a, bt, j0 + j, tk->head0);
+                for (h = 0; h < nheads; h++) {
+                    attn__row_to_f32(kr + (size_t)h * head_bytes, a->kv_dtype,
+                                     K + ((size_t)h * (size_t)nt_keys + (size_t)j) * (size_t)dpk, dk, dpk);
+                    if (!a->v_in_k)
+                        attn__row_to_f32(kr + (size_t)h * head_bytes + vdelta, a->kv_dtype,
+                                         V + ((size_t)h * (size_t)nt_keys + (size_t)j) * (size_t)dpv, dv, dpv);
+                }
             }
         }
         for (h = 0; h < nheads; h++) {
             float *Sh = S + (size_t)h * (size_t)per_head * ATTN__CPU_NT;
-            const float *Kh = K + (size_t)h * (size_t)nt_keys * (size_t)dp;
-            const float *Vh = V + (size_t)h * (size_t)nt_keys * (size_t)dp;
+            const float *Kh = K + (size_t)h * (size_t)nt_keys * (size_t)dpk;
+            const float *Vh = a->v_in_k ? Kh : V + (size_t)h * (size_t)nt_keys * (size_t)dpv;
             int r0 = h * per_head;
-            if (!direct) attn__cpu_qk(Q + (size_t)r0 * (size_t)dp, per_head, Kh, n, dp, Sh, ATTN__CPU_NT);
+            if (!direct) attn__cpu_qk(Q + (size_t)r0 * (size_t)dpk, per_head, Kh, n, dpk, S + (size_t)r0 * ATTN__CPU_NT, ATTN__CPU_NT);
             for (i = r0; i < r0 + per_head; i++) {
                 float *s = S + (size_t)i * ATTN__CPU_NT;
                 if (cap > 0.0f)
                     for (j = 0; j < n; j++) s[j] = cap * tanhf(s[j] / cap) * ATTN__LOG2E;
-                if (layer->alibi) {
+                if (a->alibi) {
                     int t, head;
                     float slope;
                     attn__cpu_row_owner(d, tk->head0, tk->tok0, tk->tok1, i, &t, &head);
-                    slope = layer->alibi[head] * ATTN__LOG2E;
+                    slope = a->alibi[head] * ATTN__LOG2E;
                     for (j = 0; j < n; j++) s[j] += slope * (float)(j0 + j - (sl - ql + t));
                 }
                 if (j0 < lo[i] || j0 + n > hi[i])
@@ -3129,24 +3283,25 @@ static void attn__cpu_task_run(void *varg, int ti, int thread) {
                 alpha[i] = attn__cpu_softmax_row(s, n, &m[i], &l[i]);
             }
             if (direct)
-                attn__cpu_pv_direct(Sh, ATTN__CPU_NT, per_head, vp, (size_t)h * (size_t)D * csz, n, D, dp,
-                                    O + (size_t)r0 * (size_t)dp, alpha + r0, d->kv_cache_dtype);
+                attn__cpu_pv_direct(Sh, ATTN__CPU_NT, per_head, vp, (size_t)h * head_bytes, n, dv, dpv,
+                                    O + (size_t)r0 * (size_t)dpv, alpha + r0, a->kv_dtype);
             else
-                attn__cpu_pv(Sh, ATTN__CPU_NT, per_head, Vh, n, dp, O + (size_t)r0 * (size_t)dp, alpha + r0);
+                attn__cpu_pv(Sh, ATTN__CPU_NT, per_head, Vh, ldv, n, dpv, O + (size_t)r0 * (size_t)dpv, alpha + r0);
         }
     }
     attn__cpu_store_rows(a, tk->req, tk->head0, tk->head1, tk->tok0, tk->tok1, tk->slot, O, m, l, tmp);
 }
 
-/* Merges the split-KV partials of one (request, KV heads, tile) by their LSEs. */
+/* Merges the split-KV partials of one (request, KV heads, tile) by their LSEs: the
+   second stage of split-KV. */
 static void attn__cpu_merge_run(void *varg, int mi, int thread) {
     const attn__cpu_run *a = (const attn__cpu_run *)varg;
     const attn__cpu_merge *mg = &a->cm->merges[mi];
-    const attn_layer_desc *d = &a->layer->desc;
-    int group = d->num_heads / d->num_kv_heads, dp = a->dp;
+    const attn_layer_desc *d = &a->d;
+    int group = d->num_heads / d->num_kv_heads, dp = a->dpv;
     int rows = (mg->tok1 - mg->tok0) * group * (mg->head1 - mg->head0), i, s, x;
     size_t stride = (size_t)a->cm->rows_per_task * (size_t)(dp + 2);
-    float *O = (float *)(void *)(((uintptr_t)a->layer->ctx->scratch[thread] + 63) & ~(uintptr_t)63);
+    float *O = (float *)(void *)(((uintptr_t)a->ctx->scratch[thread] + 63) & ~(uintptr_t)63);
     float *mrow = O + (size_t)rows * (size_t)dp, *lrow = mrow + rows, *tmp = lrow + rows;
     for (i = 0; i < rows; i++) {
         float mx = -INFINITY, lsum = 0.0f;
@@ -3169,30 +3324,45 @@ static void attn__cpu_merge_run(void *varg, int mi, int thread) {
     attn__cpu_store_rows(a, mg->req, mg->head0, mg->head1, mg->tok0, mg->tok1, -1, O, mrow, lrow, tmp);
 }
 
+/* Runs a schedule: stage 1 (tasks), then stage 2 (merges of split partials). */
+static attn_status attn__cpu_execute(attn__cpu_run *a) {
+    attn_status st = attn__scratch_reserve(a->ctx, attn__cpu_scratch_floats(a->cm, a->dpk, a->dpv));
+    if (st != ATTN_OK) return st;
+    attn__pool_run(a->ctx->pool, attn__cpu_task_run, a, a->cm->num_tasks);
+    if (a->cm->num_merges) attn__pool_run(a->ctx->pool, attn__cpu_merge_run, a, a->cm->num_merges);
+    return ATTN_OK;
+}
+
 static attn_status attn__cpu_forward(attn_layer *layer, const attn_metadata *meta,
                                      const attn_tensor *q, const attn_tensor *k,
                                      const attn_tensor *v, attn_tensor *kv_cache,
                                      attn_tensor *out, attn_tensor *lse, void *stream) {
     attn__cpu_run a;
+    const attn_layer_desc *d = &layer->desc;
     attn_status st;
     (void)stream;
     memset(&a, 0, sizeof a);
-    a.layer = layer;
-    a.meta = meta;
+    a.ctx = layer->ctx;
+    a.d = *d;
+    a.alibi = layer->alibi;
+    a.b = attn_metadata_batch(meta);
     a.cm = (const attn__cpu_meta *)attn_metadata_private(meta);
+    a.dk = a.dv = d->head_size;
+    a.dpk = a.dpv = attn__cpu_dp(d->head_size);
+    a.kv = (const char *)kv_cache->data;
+    a.kv_dtype = d->kv_cache_dtype;
+    a.token_stride = (size_t)d->num_kv_heads * (size_t)d->head_size;
+    a.block_stride = 2 * (size_t)d->block_size * a.token_stride;
+    a.head_stride = (size_t)d->head_size;
+    a.v_offset = (size_t)d->block_size * a.token_stride;
     a.q = attn__tensor_resolved(q);
-    a.kv = attn__tensor_resolved(kv_cache);
     a.out = attn__tensor_resolved(out);
     if (lse) { a.lse = attn__tensor_resolved(lse); a.has_lse = 1; }
-    a.dp = attn__cpu_dp(layer->desc.head_size);
-    st = attn__scratch_reserve(layer->ctx, attn__cpu_scratch_floats(a.cm, a.dp));
+    st = attn__scratch_reserve(layer->ctx, attn__cpu_scratch_floats(a.cm, a.dpk, a.dpv));
     if (st != ATTN_OK) return st;
     if (k && v)
-        attn__write_kv(layer, k, v, kv_cache, meta->batch.slot_mapping, meta->batch.num_actual_tokens);
-    attn__pool_run(layer->ctx->pool, attn__cpu_task_run, &a, a.cm->num_tasks);
-    if (a.cm->num_merges)
-        attn__pool_run(layer->ctx->pool, attn__cpu_merge_run, &a, a.cm->num_merges);
-    return ATTN_OK;
+        attn__write_kv(layer, k, v, kv_cache, a.b->slot_mapping, a.b->num_actual_tokens);
+    return attn__cpu_execute(&a);
 }
 
 static int attn__std_kv_cache_shape(const attn_layer_desc *d, int64_t num_blocks,
@@ -3222,12 +3392,901 @@ static const attn_backend attn__cpu_backend = {
     attn__cpu_metadata_init,
     attn__cpu_metadata_release,
     attn__cpu_build,
-    attn__cpu_forward
+    attn__cpu_forward,
+    NULL, NULL                /* forward_mqa, forward_mha: standard backend */
 };
+
+/* =======================================================================================
+   >>mla
+   MLA on the portable path: the latent cache, the decodes-first builder with split-KV,
+   absorbed decode (forward_mqa) on the same task runner as standard attention,
+   up-projected prefill (forward_mha) in bounded chunks, the fused layer call, and the
+   public LSE merge. Projections use the same register-blocked kernels as a GEMM.
+   ======================================================================================= */
+
+/* Bytes forward_mha may spend on up-projected K/V of one chunk of keys. */
+#ifndef ATTN_MLA_WORKSPACE_BYTES
+#define ATTN_MLA_WORKSPACE_BYTES (64u << 20)
+#endif
+
+ATTN_API int attn_mla_num_kv_splits(int max_seq_len, int parallelism, int batch_invariant) {
+    int n = (max_seq_len + 511) / 512;
+    if (batch_invariant || n < 1) return 1;
+    if (parallelism < 1) parallelism = 1;
+    return n < parallelism ? n : parallelism;
+}
+
+ATTN_API attn_status attn_reorder_batch(const int32_t *query_lens, int num_reqs,
+                                        int decode_threshold, int32_t *perm, int *num_decodes,
+                                        int *num_swaps) {
+    int i, j, swaps = 0, nd = 0;
+    const char *fn = "attn_reorder_batch";
+    ATTN__CHECK_PTR(NULL, num_decodes, "attn_reorder_batch");
+    if (num_reqs < 0)
+        return attn__fail(NULL, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                          "%s: num_reqs is %d (allowed: >= 0)", fn, num_reqs);
+    if (num_reqs > 0) {
+        ATTN__CHECK_PTR(NULL, query_lens, "attn_reorder_batch");
+        ATTN__CHECK_PTR(NULL, perm, "attn_reorder_batch");
+    }
+    if (decode_threshold < 0)
+        return attn__fail(NULL, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                          "%s: decode_threshold is %d (allowed: 0 = 1, or >= 1)", fn, decode_threshold);
+    if (!decode_threshold) decode_threshold = 1;
+    for (i = 0; i < num_reqs; i++)
+        if (query_lens[i] < 0)
+            return attn__fail(NULL, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                              "%s: query_lens[%d] is %d (allowed: >= 0)", fn, i, query_lens[i]);
+    for (i = 0; i < num_reqs; i++) perm[i] = i;
+    i = 0;
+    j = num_reqs - 1;
+    for (;;) {
+        while (i < num_reqs && query_lens[perm[i]] <= decode_threshold) i++;
+        while (j >= 0 && query_lens[perm[j]] > decode_threshold) j--;
+        if (i >= j) break;
+        { int32_t t = perm[i]; perm[i] = perm[j]; perm[j] = t; }
+        swaps++;
+    }
+    for (i = 0; i < num_reqs; i++) nd += query_lens[i] <= decode_threshold;
+    *num_decodes = nd;
+    if (num_swaps) *num_swaps = swaps;
+    return ATTN_OK;
+}
+
+static int attn__mla_kv_cache_shape(const attn_layer_desc *d, int64_t num_blocks,
+                                    int64_t shape[ATTN_MAX_DIMS]) {
+    shape[0] = num_blocks;
+    shape[1] = d->block_size;
+    shape[2] = d->head_size;
+    return 3;
+}
+
+static int attn__mla_check(const attn_backend *self, const attn_layer_desc *d,
+                           const attn_platform *p, char *reason, size_t size) {
+    (void)self; (void)p;
+    if (!((d->kv_lora_rank == 512 || d->kv_lora_rank == 256) && d->qk_rope_head_dim == 64)) {
+        attn__fmt(reason, size, "head_size %d (kv_lora_rank %d + qk_rope_head_dim %d) not "
+                  "supported (576 = 512 + 64, or 320 = 256 + 64)", d->head_size,
+                  d->kv_lora_rank, d->qk_rope_head_dim);
+        return 1;
+    }
+    if (d->qk_nope_head_dim % 8 || d->v_head_dim % 8 || d->qk_nope_head_dim > 512 || d->v_head_dim > 512) {
+        attn__fmt(reason, size, "qk_nope_head_dim %d / v_head_dim %d not supported (multiples "
+                  "of 8 up to 512)", d->qk_nope_head_dim, d->v_head_dim);
+        return 1;
+    }
+    return 0;
+}
+
+static attn_status attn__mla_metadata_init(attn_layer *layer, attn_metadata *meta) {
+    attn__cpu_meta *cm = (attn__cpu_meta *)attn__calloc(1, sizeof *cm);
+    const attn_layer_desc *d = &layer->desc;
+    int splits = meta->cap.num_kv_splits > 0 ? meta->cap.num_kv_splits : ATTN__MAX(1, layer->ctx->num_threads);
+    int thr = meta->cap.decode_threshold > 0 ? meta->cap.decode_threshold : 1;
+    int64_t per_key = (int64_t)d->num_heads * (attn__cpu_dp(d->qk_nope_head_dim + d->qk_rope_head_dim) +
+                                              attn__cpu_dp(d->v_head_dim)) * 4;
+    if (!cm) goto oom;
+    cm->task_capacity = meta->cap.max_num_reqs * splits;
+    cm->merge_capacity = meta->cap.max_num_reqs;
+    cm->rows_per_task = thr * d->num_heads;
+    cm->tile_rows = ATTN__CPU_NT;
+    cm->mla.prefill_chunk = (int)ATTN__MIN(4096, ATTN__MAX(64, (int64_t)ATTN_MLA_WORKSPACE_BYTES / per_key / 64 * 64));
+    cm->tasks = (attn__cpu_task *)attn__calloc((size_t)cm->task_capacity, sizeof *cm->tasks);
+    cm->merges = (attn__cpu_merge *)attn__calloc((size_t)cm->merge_capacity, sizeof *cm->merges);
+    if (!cm->tasks || !cm->merges) goto oom;
+    attn_metadata_private_set(meta, cm);
+    return ATTN_OK;
+oom:
+    if (cm) { attn__free(cm->tasks); attn__free(cm->merges); attn__free(cm); }
+    return attn__fail(layer->ctx, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
+                      "attn_metadata_create: cannot allocate the MLA schedule");
+}
+
+/* Decodes first (the batch must be reordered), then the split-KV schedule of the decodes:
+   every decode request gets num_kv_splits tasks over its keys, merged by LSE. */
+static attn_status attn__mla_build(attn_layer *layer, attn_metadata *meta, int common_prefix_len,
+                                   int fast_build) {
+    attn__cpu_meta *cm = (attn__cpu_meta *)attn_metadata_private(meta);
+    const attn_batch *b = attn_metadata_batch(meta);
+    int thr = meta->cap.decode_threshold > 0 ? meta->cap.decode_threshold : 1;
+    int nd = 0, r, s, nt = 0, nm = 0, slots = 0, max_dec = 0, ns;
+    attn_mla_info info;
+    size_t need;
+    (void)common_prefix_len;
+    (void)fast_build;
+    while (nd < b->num_reqs && b->query_start_loc[nd + 1] - b->query_start_loc[nd] <= thr) nd++;
+    for (r = nd; r < b->num_reqs; r++)
+        if (b->query_start_loc[r + 1] - b->query_start_loc[r] <= thr)
+            return attn__fail(layer->ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA,
+                              "attn_metadata_build: request %d (query_len %d) is a decode after the "
+                              "prefill request %d (allowed: decodes first; reorder with "
+                              "attn_reorder_batch)", r, b->query_start_loc[r + 1] - b->query_start_loc[r], nd);
+    for (r = 0; r < nd; r++) max_dec = ATTN__MAX(max_dec, b->seq_lens[r]);
+    ns = meta->cap.num_kv_splits > 0 ? meta->cap.num_kv_splits
+                                     : attn_mla_num_kv_splits(max_dec, layer->ctx->num_threads,
+                                                              attn__env_batch_invariant());
+    memset(&info, 0, sizeof info);
+    info.num_decodes = nd;
+    info.num_decode_tokens = b->query_start_loc[nd];
+    info.num_prefills = b->num_reqs - nd;
+    info.num_prefill_tokens = b->num_actual_tokens - info.num_decode_tokens;
+    info.num_kv_splits = ns;
+    info.prefill_chunk = cm->mla.prefill_chunk;
+    for (r = 0; r < nd; r++) {
+        int ql = b->query_start_loc[r + 1] - b->query_start_loc[r], sl = b->seq_lens[r];
+        int lo = 0, hi = sl;
+        if (ql == 0) continue;
+        if (ns > 1) {
+            attn__cpu_merge *mg = &cm->merges[nm++];
+            mg->req = r; mg->head0 = 0; mg->head1 = 1; mg->tok0 = 0; mg->tok1 = ql;
+            mg->slot0 = slots; mg->num_splits = ns;
+        }
+        for (s = 0; s < ns; s++) {
+            attn__cpu_task *tk = &cm->tasks[nt++];
+            tk->req = r; tk->head0 = 0; tk->head1 = 1; tk->tok0 = 0; tk->tok1 = ql;
+            tk->key0 = lo + (int)((int64_t)(hi - lo) * s / ns);
+            tk->key1 = lo + (int)((int64_t)(hi - lo) * (s + 1) / ns);
+            tk->slot = ns > 1 ? slots++ : -1;
+            tk->cost = (int64_t)(tk->key1 - tk->key0 + 16) * ql;
+        }
+    }
+    need = (size_t)slots * (size_t)cm->rows_per_task * (size_t)(attn__cpu_dp(layer->desc.kv_lora_rank) + 2);
+    if (need > cm->partial_floats) {
+        float *p = (float *)attn__malloc(need * sizeof(float));
+        if (!p)
+            return attn__fail(layer->ctx, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
+                              "attn_metadata_build: cannot allocate %zu bytes of split-KV partials",
+                              need * sizeof(float));
+        attn__free(cm->partial);
+        cm->partial = p;
+        cm->partial_floats = need;
+    }
+    qsort(cm->tasks, (size_t)nt, sizeof *cm->tasks, attn__cpu_task_cmp);
+    cm->num_tasks = nt;
+    cm->num_merges = nm;
+    cm->num_slots = slots;
+    cm->mla = info;
+    return ATTN_OK;
+}
+
+static attn_status attn__mla_cpu_forward_mqa(attn_layer *layer, const attn_metadata *meta,
+                                             const attn_tensor *q, const attn_tensor *q_pe,
+                                             const attn_tensor *kv_cache, attn_tensor *out_latent,
+                                             attn_tensor *lse, void *stream) {
+    const attn_layer_desc *d = &layer->desc;
+    attn__cpu_run a;
+    (void)stream;
+    memset(&a, 0, sizeof a);
+    a.ctx = layer->ctx;
+    a.d = *d;
+    a.d.num_kv_heads = 1;
+    a.b = attn_metadata_batch(meta);
+    a.cm = (const attn__cpu_meta *)attn_metadata_private(meta);
+    a.dk = d->head_size;
+    a.dv = d->kv_lora_rank;
+    a.dpk = attn__cpu_dp(a.dk);
+    a.dpv = attn__cpu_dp(a.dv);
+    a.kv = (const char *)kv_cache->data;
+    a.kv_dtype = d->kv_cache_dtype;
+    a.token_stride = (size_t)d->head_size;
+    a.block_stride = (size_t)d->block_size * a.token_stride;
+    a.v_in_k = 1;
+    a.q = attn__tensor_resolved(q);
+    if (q_pe) { a.q2 = attn__tensor_resolved(q_pe); a.q_split = d->kv_lora_rank; }
+    a.out = attn__tensor_resolved(out_latent);
+    if (lse) { a.lse = attn__tensor_resolved(lse); a.has_lse = 1; }
+    return attn__cpu_execute(&a);
+}
+
+/* ---- projections: C = A . B, f32, through the attention kernels ---------------------- */
+
+/* B (rows x cols, of dtype dt, row stride ldb elements) -> dst f32 with row stride ldd. */
+static void attn__matrix_to_f32(const void *src, attn_dtype dt, int rows, int cols, int64_t ldb,
+                                float *dst, int ldd) {
+    int r;
+    size_t esz = attn_dtype_size(dt);
+    for (r = 0; r < rows; r++)
+        attn__row_to_f32((const char *)src + (size_t)r * (size_t)ldb * esz, dt, dst + (size_t)r * (size_t)ldd, cols, ldd);
+}
+
+/* C[M][N] (row stride N, a multiple of W) = A[M][K] (ld lda) . B[K][N] (ld N): the PV
+   kernel starting from zero. */
+static void attn__gemm_nn(const float *A, int lda, int M, const float *B, int K, int N, float *C) {
+    attn__cpu_pv(A, lda, M, B, N, K, N, C, NULL);
+}
+
+/* C[M][N] (ld ldc) = A[M][K] (ld K) . B[N][K]^T (ld K): the QK kernel, in strips of keys. */
+static void attn__gemm_nt(const float *A, int M, const float *B, int N, int K, float *C, int ldc) {
+    int n0;
+    for (n0 = 0; n0 < N; n0 += ATTN__CPU_NT)
+        attn__cpu_qk(A, M, B + (size_t)n0 * (size_t)K, ATTN__MIN(ATTN__CPU_NT, N - n0), K, C + n0, ldc);
+}
+
+/* The LSE merge of one row: (o, l) and (ob, lb), base-e LSEs; result into (o, l). */
+static void attn__lse_merge_row(float *o, float *l, const float *ob, float lb, int n) {
+    float la = *l, m = la > lb ? la : lb, wa, wb, inv;
+    int x;
+    if (m == -INFINITY) { /* both empty */
+        for (x = 0; x < n; x++) o[x] = 0.0f;
+        *l = -INFINITY;
+        return;
+    }
+    wa = la == -INFINITY ? 0.0f : expf(la - m);
+    wb = lb == -INFINITY ? 0.0f : expf(lb - m);
+    inv = 1.0f / (wa + wb);
+    for (x = 0; x < n; x++) o[x] = (wa * o[x] + (wb > 0.0f ? wb * ob[x] : 0.0f)) * inv;
+    *l = m + logf(wa + wb);
+}
+
+/* ---- forward_mha: prefill over up-projected latents ------------------------------------ */
+
+typedef struct attn__mha_run {
+    attn_layer *layer;
+    const attn_batch *b;
+    int req, c0, c1;               /* request and the chunk of keys [c0, c1) */
+    const float *latc, *latpe;     /* the chunk's latents, f32: [keys][kv_lora_rank], [keys][rope] */
+    const attn_tensor *w_uk, *w_uv;
+    float *kw, *vw;                /* [heads][chunk][dpk] / [heads][chunk][dpv] */
+    int chunk, dpk, dpv;
+    attn_tensor q, q2;             /* q [..][H][nope+rope], or q_nope + q_pe when q_split */
+    int q_split;
+    int row0;                      /* batch token of q row 0 */
+    float *state;                  /* per prefill row (token-major, head-minor): [dpv + 1] */
+    int state_row0;                /* batch token of state row 0 */
+    int ntiles;                    /* query tiles of the request per head */
+} attn__mha_run;
+
+#define ATTN__MHA_TILE 32
+
+/* Up-projects the chunk for one head: K = [lat . W_UK[h]^T | k_pe], V = lat . W_UV[h]. */
+static void attn__mha_project(void *varg, int h, int thread) {
+    const attn__mha_run *a = (const attn__mha_run *)varg;
+    const attn_layer_desc *d = &a->layer->desc;
+    int R = d->kv_lora_rank, P = d->qk_rope_head_dim, N = d->qk_nope_head_dim, Vd = d->v_head_dim;
+    int n = a->c1 - a->c0, j;
+    float *base = (float *)(void *)(((uintptr_t)a->layer->ctx->scratch[thread] + 63) & ~(uintptr_t)63);
+    float *wk = base, *wv = wk + (size_t)N * (size_t)R;
+    attn_tensor uk = attn__tensor_resolved(a->w_uk), uv = attn__tensor_resolved(a->w_uv);
+    size_t esz = attn_dtype_size(uk.dtype);
+    float *K = a->kw + (size_t)h * (size_t)a->chunk * (size_t)a->dpk;
+    float *V = a->vw + (size_t)h * (size_t)a->chunk * (size_t)a->dpv;
+    attn__matrix_to_f32((const char *)uk.data + (size_t)(h * uk.strides[0]) * esz, uk.dtype, N, R, uk.strides[1], wk, R);
+    attn__matrix_to_f32((const char *)uv.data + (size_t)(h * uv.strides[0]) * esz, uv.dtype, R, Vd, uv.strides[1], wv, a->dpv);
+    attn__gemm_nt(a->latc, n, wk, N, R, K, a->dpk);        /* K_nope = latent . W_UK[h]^T */
+    for (j = 0; j < n; j++) {                               /* K = [K_nope | k_pe] */
+        int x;
+        memcpy(K + (size_t)j * (size_t)a->dpk + N, a->latpe + (size_t)j * (size_t)P, (size_t)P * sizeof(float));
+        for (x = N + P; x < a->dpk; x++) K[(size_t)j * (size_t)a->dpk + x] = 0.0f;
+    }
+    attn__gemm_nn(a->latc, R, n, wv, R, a->dpv, V);       /* V = latent . W_UV[h] */
+}
+
+/* Attention of one (head, query tile) against the chunk, merged into the running state. */
+static void attn__mha_attend(void *varg, int task, int thread) {
+    const attn__mha_run *a = (const attn__mha_run *)varg;
+    const attn_layer_desc *d = &a->layer->desc;
+    const attn_batch *b = a->b;
+    int H = d->num_heads, h = task / a->ntiles, tile = task % a->ntiles;
+    int dk = d->qk_nope_head_dim + d->qk_rope_head_dim, Vd = d->v_head_dim;
+    int q0 = b->query_start_loc[a->req], ql = b->query_start_loc[a->req + 1] - q0;
+    int sl = b->seq_lens[a->req], t0 = tile * ATTN__MHA_TILE, t1 = ATTN__MIN(ql, t0 + ATTN__MHA_TILE);
+    int rows = t1 - t0, i, j, j0, n;
+    float *base = (float *)(void *)(((uintptr_t)a->layer->ctx->scratch[thread] + 63) & ~(uintptr_t)63);
+    float *Q = base, *O = Q + (size_t)ATTN__MHA_TILE * (size_t)a->dpk;
+    float *S = O + (size_t)ATTN__MHA_TILE * (size_t)a->dpv, *m = S + (size_t)ATTN__MHA_TILE * ATTN__CPU_NT;
+    float *l = m + ATTN__MHA_TILE, *alpha = l + ATTN__MHA_TILE;
+    const float *K = a->kw + (size_t)h * (size_t)a->chunk * (size_t)a->dpk;
+    const float *V = a->vw + (size_t)h * (size_t)a->chunk * (size_t)a->dpv;
+    float qscale = d->scale * ATTN__LOG2E;
+    int last_pos = sl - ql + t1 - 1;
+    if (rows <= 0 || a->c0 > last_pos) return; /* the whole chunk is in this tile's future */
+    for (i = 0; i < rows; i++) {
+        int tok = q0 + t0 + i;
+        float *qr = Q + (size_t)i * (size_t)a->dpk;
+        size_t qsz = attn_dtype_size(a->q.dtype);
+        if (a->q_split) {
+            size_t q2sz = attn_dtype_size(a->q2.dtype);
+            attn__row_to_f32((const char *)a->q.data + (size_t)((tok - a->row0) * a->q.strides[0] + h * a->q.strides[1]) * qsz,
+                             a->q.dtype, qr, a->q_split, a->q_split);
+            attn__row_to_f32((const char *)a->q2.data + (size_t)((tok - a->row0) * a->q2.strides[0] + h * a->q2.strides[1]) * q2sz,
+                             a->q2.dtype, qr + a->q_split, dk - a->q_split, a->dpk - a->q_split);
+        } else {
+            attn__row_to_f32((const char *)a->q.data + (size_t)((tok - a->row0) * a->q.strides[0] + h * a->q.strides[1]) * qsz,
+                             a->q.dtype, qr, dk, a->dpk);
+        }
+        for (j = 0; j < dk; j++) qr[j] *= qscale;
+        memset(O + (size_t)i * (size_t)a->dpv, 0, (size_t)a->dpv * sizeof(float));
+        m[i] = -INFINITY;
+        l[i] = 0.0f;
+    }
+    for (j0 = a->c0; j0 < ATTN__MIN(a->c1, last_pos + 1); j0 += ATTN__CPU_NT) {
+        n = ATTN__MIN(ATTN__CPU_NT, ATTN__MIN(a->c1, last_pos + 1) - j0);
+        attn__cpu_qk(Q, rows, K + (size_t)(j0 - a->c0) * (size_t)a->dpk, n, a->dpk, S, ATTN__CPU_NT);
+        for (i = 0; i < rows; i++) {
+            float *s = S + (size_t)i * ATTN__CPU_NT;
+            int pos = sl - ql + t0 + i;
+            if (j0 + n - 1 > pos)
+                for (j = 0; j < n; j++) if (j0 + j > pos) s[j] = -INFINITY;
+            alpha[i] = attn__cpu_softmax_row(s, n, &m[i], &l[i]);
+        }
+        attn__cpu_pv(S, ATTN__CPU_NT, rows, V + (size_t)(j0 - a->c0) * (size_t)a->dpv, a->dpv, n, a->dpv, O, alpha);
+    }
+    /* this chunk's partial (normalised output, base-e LSE) merged into the running state */
+    for (i = 0; i < rows; i++) {
+        int tok = q0 + t0 + i, x;
+        float *st = a->state + ((size_t)(tok - a->state_row0) * (size_t)H + (size_t)h) * (size_t)(a->dpv + 1);
+        float lse_c = l[i] > 0.0f ? (m[i] + log2f(l[i])) * ATTN__LN2 : -INFINITY;
+        float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+        float *o = O + (size_t)i * (size_t)a->dpv;
+        for (x = 0; x < Vd; x++) o[x] *= inv;
+        attn__lse_merge_row(st, &st[a->dpv], o, lse_c, Vd);
+    }
+}
+
+/* Prefill of the batch's prefill requests; q rows start at batch token row0. Output rows
+   and lse are written for batch tokens from the first prefill token. */
+static attn_status attn__mla_mha(attn_layer *layer, const attn_metadata *meta, const attn_tensor *q,
+                                 const attn_tensor *q2, int q_split, int row0,
+                                 const attn_tensor *kv_cache, const attn_tensor *w_uk,
+                                 const attn_tensor *w_uv, const attn_tensor *out, int out_row0,
+                                 const attn_tensor *lse) {
+    const attn_layer_desc *d = &layer->desc;
+    const attn__cpu_meta *cm = (const attn__cpu_meta *)attn_metadata_private(meta);
+    const attn_batch *b = attn_metadata_batch(meta);
+    int H = d->num_heads, R = d->kv_lora_rank, P = d->qk_rope_head_dim, LD = R + P;
+    int nd = cm->mla.num_decodes, tp = cm->mla.num_prefill_tokens, first = cm->mla.num_decode_tokens;
+    int chunk = cm->mla.prefill_chunk, r, x, i;
+    attn__mha_run a;
+    attn_tensor o = attn__tensor_resolved(out), ls;
+    attn_status st = ATTN_OK;
+    float *latc = NULL, *latpe = NULL, *kw = NULL, *vw = NULL, *state = NULL;
+    size_t csz = attn_dtype_size(d->kv_cache_dtype), osz = attn_dtype_size(o.dtype);
+    size_t scratch;
+    if (tp <= 0) return ATTN_OK;
+    memset(&a, 0, sizeof a);
+    a.layer = layer;
+    a.b = b;
+    a.chunk = chunk;
+    a.dpk = attn__cpu_dp(d->qk_nope_head_dim + P);
+    a.dpv = attn__cpu_dp(d->v_head_dim);
+    a.w_uk = w_uk;
+    a.w_uv = w_uv;
+    a.q = attn__tensor_resolved(q);
+    if (q2) { a.q2 = attn__tensor_resolved(q2); a.q_split = q_split; }
+    a.row0 = row0;
+    a.state_row0 = first;
+    scratch = ATTN__MAX((size_t)d->qk_nope_head_dim * (size_t)R + (size_t)R * (size_t)a.dpv + 64,
+                        (size_t)ATTN__MHA_TILE * (size_t)(a.dpk + a.dpv + ATTN__CPU_NT + 3) + 64);
+    st = attn__scratch_reserve(layer->ctx, scratch);
+    if (st != ATTN_OK) return st;
+    latc = (float *)attn__malloc((size_t)chunk * (size_t)R * sizeof(float));
+    latpe = (float *)attn__malloc((size_t)chunk * (size_t)P * sizeof(float));
+    kw = (float *)attn__malloc((size_t)H * (size_t)chunk * (size_t)a.dpk * sizeof(float));
+    vw = (float *)attn__malloc((size_t)H * (size_t)chunk * (size_t)a.dpv * sizeof(float));
+    state = (float *)attn__malloc((size_t)tp * (size_t)H * (size_t)(a.dpv + 1) * sizeof(float));
+    if (!latc || !latpe || !kw || !vw || !state) {
+        st = attn__fail(layer->ctx, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
+                        "forward_mha: cannot allocate the %d-key workspace", chunk);
+        goto done;
+    }
+    for (i = 0; i < tp * H; i++) {
+        float *sr = state + (size_t)i * (size_t)(a.dpv + 1);
+        memset(sr, 0, (size_t)a.dpv * sizeof(float));
+        sr[a.dpv] = -INFINITY;
+    }
+    a.latc = latc; a.latpe = latpe; a.kw = kw; a.vw = vw; a.state = state;
+    for (r = nd; r < b->num_reqs; r++) {
+        int ql = b->query_start_loc[r + 1] - b->query_start_loc[r], sl = b->seq_lens[r], c0;
+        const int32_t *bt = b->block_table + (size_t)r * (size_t)b->block_table_stride;
+        if (ql <= 0) continue;
+        a.req = r;
+        a.ntiles = (ql + ATTN__MHA_TILE - 1) / ATTN__MHA_TILE;
+        for (c0 = 0; c0 < sl; c0 += chunk) {
+            int c1 = ATTN__MIN(sl, c0 + chunk), j;
+            for (j = c0; j < c1; j++) {
+                size_t blk = (size_t)bt[j / d->block_size], off = (size_t)(j % d->block_size);
+                const char *row = (const char *)kv_cache->data + (blk * (size_t)d->block_size + off) * (size_t)LD * csz;
+                attn__row_to_f32(row, d->kv_cache_dtype, latc + (size_t)(j - c0) * (size_t)R, R, R);
+                attn__row_to_f32(row + (size_t)R * csz, d->kv_cache_dtype, latpe + (size_t)(j - c0) * (size_t)P, P, P);
+            }
+            a.c0 = c0;
+            a.c1 = c1;
+            attn__pool_run(layer->ctx->pool, attn__mha_project, &a, H);
+            attn__pool_run(layer->ctx->pool, attn__mha_attend, &a, H * a.ntiles);
+        }
+    }
+    ls = lse ? attn__tensor_resolved(lse) : o;
+    for (i = 0; i < tp; i++) {
+        int tok = first + i, h;
+        for (h = 0; h < H; h++) {
+            const float *sr = state + ((size_t)i * (size_t)H + (size_t)h) * (size_t)(a.dpv + 1);
+            attn__row_from_f32(sr, o.dtype,
+                               (char *)o.data + (size_t)((tok - out_row0) * o.strides[0] + h * o.strides[1]) * osz,
+                               d->v_head_dim);
+            if (lse) ((float *)ls.data)[(tok - out_row0) * ls.strides[0] + h * ls.strides[1]] = sr[a.dpv];
+        }
+    }
+    (void)x;
+done:
+    attn__free(latc);
+    attn__free(latpe);
+    attn__free(kw);
+    attn__free(vw);
+    attn__free(state);
+    return st;
+}
+
+static attn_status attn__mla_cpu_forward_mha(attn_layer *layer, const attn_metadata *meta,
+                                             const attn_tensor *q, const attn_tensor *kv_cache,
+                                             const attn_tensor *w_uk, const attn_tensor *w_uv,
+                                             attn_tensor *out, attn_tensor *lse, void *stream) {
+    const attn__cpu_meta *cm = (const attn__cpu_meta *)attn_metadata_private(meta);
+    (void)stream;
+    return attn__mla_mha(layer, meta, q, NULL, 0, cm->mla.num_decode_tokens, kv_cache, w_uk, w_uv,
+                         out, cm->mla.num_decode_tokens, lse);
+}
+
+static const attn_backend attn__cpu_mla_backend = {
+    "CPU_MLA",                /* name */
+    ATTN_BACKEND_CPU_MLA,     /* id */
+    ATTN_DTYPE_BIT(ATTN_DTYPE_F32) | ATTN_DTYPE_BIT(ATTN_DTYPE_F16) | ATTN_DTYPE_BIT(ATTN_DTYPE_BF16),
+    ATTN_DTYPE_BIT(ATTN_DTYPE_F32) | ATTN_DTYPE_BIT(ATTN_DTYPE_F16) | ATTN_DTYPE_BIT(ATTN_DTYPE_BF16),
+    320, 576, 8,              /* head sizes: 576 or 320 exactly (attn__mla_check) */
+    16, 0,                    /* block sizes: any multiple of 16 */
+    0, 0, 0, 0,               /* non-causal, sliding window, soft cap, ALiBi: no */
+    1,                        /* is_mla */
+    0,                        /* needs_cuda */
+    ATTN_CUDA_GRAPH_NEVER,
+    1, ATTN_LSE_BASE_E,
+    attn__mla_check,
+    attn__mla_kv_cache_shape,
+    attn__mla_metadata_init,
+    attn__cpu_metadata_release,
+    attn__mla_build,
+    NULL,                     /* forward: MLA uses forward_mqa / forward_mha */
+    attn__mla_cpu_forward_mqa,
+    attn__mla_cpu_forward_mha
+};
+
+
+/* ---- the public MLA calls -------------------------------------------------------------- */
+
+static attn_status attn__mla_check_call(attn_layer *layer, const attn_metadata *meta, const char *fn) {
+    attn_context *ctx = layer->ctx;
+    if (!layer->desc.use_mla || !layer->backend->is_mla)
+        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_ARGUMENT,
+                          "%s: the layer is not MLA (allowed: a layer created with use_mla = 1)", fn);
+    if (!meta->built)
+        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA,
+                          "%s: meta has not been built (call attn_metadata_build first)", fn);
+    if (!attn__metadata_fits(meta, layer))
+        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA,
+                          "%s: meta was created for another layer configuration (allowed: "
+                          "metadata of a layer with the same backend, heads and MLA dims)", fn);
+    return ATTN_OK;
+}
+
+ATTN_API attn_status attn_metadata_mla_info(const attn_metadata *meta, attn_mla_info *out) {
+    attn_context *ctx = meta ? meta->layer->ctx : NULL;
+    ATTN__CHECK_PTR(ctx, meta, "attn_metadata_mla_info");
+    ATTN__CHECK_PTR(ctx, out, "attn_metadata_mla_info");
+    if (!meta->built_for.use_mla)
+        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_ARGUMENT,
+                          "attn_metadata_mla_info: meta belongs to a standard layer (allowed: MLA)");
+    if (!meta->built)
+        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA,
+                          "attn_metadata_mla_info: meta has not been built");
+    if (meta->backend->is_mla && meta->backend->metadata_init == attn__mla_metadata_init)
+        *out = ((const attn__cpu_meta *)meta->priv)->mla;
+    else
+        memset(out, 0, sizeof *out);
+    return ATTN_OK;
+}
+
+ATTN_API attn_status attn_concat_and_cache_mla(attn_layer *layer, const attn_tensor *kv_c,
+                                               const attn_tensor *k_pe, attn_tensor *kv_cache,
+                                               const int64_t *slot_mapping, int num_tokens) {
+    attn_context *ctx = layer ? layer->ctx : NULL;
+    const char *fn = "attn_concat_and_cache_mla";
+    const attn_layer_desc *d;
+    attn_tensor c, p;
+    int64_t shape[2], num_slots;
+    size_t csz;
+    attn_status st;
+    int t, x;
+    ATTN__CHECK_PTR(ctx, layer, "attn_concat_and_cache_mla");
+    ATTN__CHECK_PTR(ctx, kv_c, "attn_concat_and_cache_mla");
+    ATTN__CHECK_PTR(ctx, k_pe, "attn_concat_and_cache_mla");
+    ATTN__CHECK_PTR(ctx, kv_cache, "attn_concat_and_cache_mla");
+    ATTN__CHECK_PTR(ctx, slot_mapping, "attn_concat_and_cache_mla");
+    d = &layer->desc;
+    if (!d->use_mla)
+        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_ARGUMENT,
+                          "%s: the layer is not MLA (allowed: use_mla = 1; standard layers use "
+                          "attn_reshape_and_cache)", fn);
+    if (num_tokens < 0)
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                          "%s: num_tokens is %d (allowed: >= 0)", fn, num_tokens);
+    shape[0] = ATTN__AT_LEAST(num_tokens); shape[1] = d->kv_lora_rank;
+    st = attn__check_tensor(ctx, fn, "kv_c", kv_c, d->dtype, 2, shape, ATTN_DEVICE_CPU);
+    shape[1] = d->qk_rope_head_dim;
+    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "k_pe", k_pe, d->dtype, 2, shape, ATTN_DEVICE_CPU);
+    if (st == ATTN_OK) st = attn__check_kv_cache(layer, fn, kv_cache, 0);
+    if (st != ATTN_OK) return st;
+    num_slots = kv_cache->shape[0] * (int64_t)d->block_size;
+    for (t = 0; t < num_tokens; t++)
+        if (slot_mapping[t] < -1 || slot_mapping[t] >= num_slots)
+            return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                              "%s: slot_mapping[%d] is %lld (allowed: -1 = skip, or 0..%lld = "
+                              "num_blocks * block_size - 1)", fn, t, (long long)slot_mapping[t],
+                              (long long)num_slots - 1);
+    c = attn__tensor_resolved(kv_c);
+    p = attn__tensor_resolved(k_pe);
+    csz = attn_dtype_size(d->kv_cache_dtype);
+    for (t = 0; t < num_tokens; t++) {
+        int64_t slot = slot_mapping[t];
+        char *row;
+        const char *cs = (const char *)c.data + (size_t)(t * c.strides[0]) * attn_dtype_size(c.dtype);
+        const char *ps = (const char *)p.data + (size_t)(t * p.strides[0]) * attn_dtype_size(p.dtype);
+        if (slot < 0) continue;
+        row = (char *)kv_cache->data + (size_t)slot * (size_t)d->head_size * csz;
+        if (c.dtype == d->kv_cache_dtype) {
+            memcpy(row, cs, (size_t)d->kv_lora_rank * csz);
+            memcpy(row + (size_t)d->kv_lora_rank * csz, ps, (size_t)d->qk_rope_head_dim * csz);
+        } else {
+            for (x = 0; x < d->kv_lora_rank; x++)
+                attn__store_elem(row, d->kv_cache_dtype, x, attn__load_elem(cs, c.dtype, x));
+            for (x = 0; x < d->qk_rope_head_dim; x++)
+                attn__store_elem(row, d->kv_cache_dtype, d->kv_lora_rank + x, attn__load_elem(ps, p.dtype, x));
+        }
+    }
+    return ATTN_OK;
+}
+
+ATTN_API attn_status attn_mla_forward_mqa(attn_layer *layer, const attn_metadata *meta,
+                                          const attn_tensor *q, const attn_tensor *q_pe,
+                                          const attn_tensor *kv_cache, attn_tensor *out_latent,
+                                          attn_tensor *lse, void *stream) {
+    attn_context *ctx = layer ? layer->ctx : NULL;
+    const char *fn = "attn_mla_forward_mqa";
+    const attn_layer_desc *d;
+    attn_device_kind dev;
+    int64_t shape[3];
+    attn_status st;
+    int td;
+    ATTN__CHECK_PTR(ctx, layer, "attn_mla_forward_mqa");
+    ATTN__CHECK_PTR(ctx, meta, "attn_mla_forward_mqa");
+    ATTN__CHECK_PTR(ctx, q, "attn_mla_forward_mqa");
+    ATTN__CHECK_PTR(ctx, kv_cache, "attn_mla_forward_mqa");
+    ATTN__CHECK_PTR(ctx, out_latent, "attn_mla_forward_mqa");
+    st = attn__mla_check_call(layer, meta, fn);
+    if (st != ATTN_OK) return st;
+    d = &layer->desc;
+    dev = layer->backend->needs_cuda ? ATTN_DEVICE_CUDA : ATTN_DEVICE_CPU;
+    {
+        attn_mla_info info;
+        st = attn_metadata_mla_info(meta, &info);
+        if (st != ATTN_OK) return st;
+        td = info.num_decode_tokens;
+    }
+    shape[0] = ATTN__AT_LEAST(td); shape[1] = d->num_heads;
+    shape[2] = q_pe ? d->kv_lora_rank : d->head_size;
+    st = attn__check_tensor(ctx, fn, "q", q, d->dtype, 3, shape, dev);
+    if (st == ATTN_OK && q_pe) {
+        shape[2] = d->qk_rope_head_dim;
+        st = attn__check_tensor(ctx, fn, "q_pe", q_pe, d->dtype, 3, shape, dev);
+    }
+    shape[2] = d->kv_lora_rank;
+    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out_latent", out_latent, d->dtype, 3, shape, dev);
+    if (st == ATTN_OK && lse) st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, dev);
+    if (st == ATTN_OK) st = attn__check_kv_cache(layer, fn, kv_cache, 0);
+    if (st != ATTN_OK) return st;
+    if (kv_cache->shape[0] < meta->cap.num_blocks)
+        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
+                          "%s: kv_cache.shape[0] is %lld (allowed: >= num_blocks %lld of the metadata)",
+                          fn, (long long)kv_cache->shape[0], (long long)meta->cap.num_blocks);
+    return layer->backend->forward_mqa(layer, meta, q, q_pe, kv_cache, out_latent, lse, stream);
+}
+
+/* Shapes shared by forward_mha and the fused call: W_UK, W_UV, cache. */
+static attn_status attn__mla_check_weights(attn_layer *layer, const attn_metadata *meta, const char *fn,
+                                           const attn_tensor *kv_cache, const attn_tensor *w_uk,
+                                           const attn_tensor *w_uv) {
+    const attn_layer_desc *d = &layer->desc;
+    attn_device_kind dev = layer->backend->needs_cuda ? ATTN_DEVICE_CUDA : ATTN_DEVICE_CPU;
+    int64_t shape[3];
+    attn_status st;
+    shape[0] = d->num_heads; shape[1] = d->qk_nope_head_dim; shape[2] = d->kv_lora_rank;
+    st = attn__check_tensor(layer->ctx, fn, "w_uk", w_uk, d->dtype, 3, shape, dev);
+    shape[1] = d->kv_lora_rank; shape[2] = d->v_head_dim;
+    if (st == ATTN_OK) st = attn__check_tensor(layer->ctx, fn, "w_uv", w_uv, d->dtype, 3, shape, dev);
+    if (st == ATTN_OK) st = attn__check_kv_cache(layer, fn, kv_cache, 0);
+    if (st == ATTN_OK && kv_cache->shape[0] < meta->cap.num_blocks)
+        st = attn__fail(layer->ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
+                        "%s: kv_cache.shape[0] is %lld (allowed: >= num_blocks %lld of the metadata)",
+                        fn, (long long)kv_cache->shape[0], (long long)meta->cap.num_blocks);
+    return st;
+}
+
+ATTN_API attn_status attn_mla_forward_mha(attn_layer *layer, const attn_metadata *meta,
+                                          const attn_tensor *q, const attn_tensor *kv_cache,
+                                          const attn_tensor *w_uk, const attn_tensor *w_uv,
+                                          attn_tensor *out, attn_tensor *lse, void *stream) {
+    attn_context *ctx = layer ? layer->ctx : NULL;
+    const char *fn = "attn_mla_forward_mha";
+    const attn_layer_desc *d;
+    attn_device_kind dev;
+    attn_mla_info info;
+    int64_t shape[3];
+    attn_status st;
+    ATTN__CHECK_PTR(ctx, layer, "attn_mla_forward_mha");
+    ATTN__CHECK_PTR(ctx, meta, "attn_mla_forward_mha");
+    ATTN__CHECK_PTR(ctx, q, "attn_mla_forward_mha");
+    ATTN__CHECK_PTR(ctx, kv_cache, "attn_mla_forward_mha");
+    ATTN__CHECK_PTR(ctx, w_uk, "attn_mla_forward_mha");
+    ATTN__CHECK_PTR(ctx, w_uv, "attn_mla_forward_mha");
+    ATTN__CHECK_PTR(ctx, out, "attn_mla_forward_mha");
+    st = attn__mla_check_call(layer, meta, fn);
+    if (st == ATTN_OK) st = attn_metadata_mla_info(meta, &info);
+    if (st != ATTN_OK) return st;
+    d = &layer->desc;
+    dev = layer->backend->needs_cuda ? ATTN_DEVICE_CUDA : ATTN_DEVICE_CPU;
+    shape[0] = ATTN__AT_LEAST(info.num_prefill_tokens); shape[1] = d->num_heads;
+    shape[2] = d->qk_nope_head_dim + d->qk_rope_head_dim;
+    st = attn__check_tensor(ctx, fn, "q", q, d->dtype, 3, shape, dev);
+    shape[2] = d->v_head_dim;
+    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out", out, d->dtype, 3, shape, dev);
+    if (st == ATTN_OK && lse) st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, dev);
+    if (st == ATTN_OK) st = attn__mla_check_weights(layer, meta, fn, kv_cache, w_uk, w_uv);
+    if (st != ATTN_OK) return st;
+    return layer->backend->forward_mha(layer, meta, q, kv_cache, w_uk, w_uv, out, lse, stream);
+}
+
+/* The absorbed projections of the fused call, one head per task. */
+typedef struct attn__mla_proj {
+    attn_layer *layer;
+    int td;
+    attn_tensor src;               /* q_nope (absorb) or unused */
+    const float *src_f32;          /* o_latent [td][H][R] (up-project) */
+    attn_tensor w;                 /* W_UK or W_UV */
+    float *dst_f32;                /* q_latent [td][H][R] (absorb) */
+    attn_tensor dst;               /* out (up-project) */
+    int absorb;
+} attn__mla_proj;
+
+static void attn__mla_proj_run(void *varg, int h, int thread) {
+    const attn__mla_proj *a = (const attn__mla_proj *)varg;
+    const attn_layer_desc *d = &a->layer->desc;
+    int H = d->num_heads, R = d->kv_lora_rank, N = d->qk_nope_head_dim, Vd = d->v_head_dim;
+    int dpv = attn__cpu_dp(Vd), t;
+    float *base = (float *)(void *)(((uintptr_t)a->layer->ctx->scratch[thread] + 63) & ~(uintptr_t)63);
+    size_t wsz = attn_dtype_size(a->w.dtype);
+    const char *wh = (const char *)a->w.data + (size_t)(h * a->w.strides[0]) * wsz;
+    if (a->absorb) { /* q_latent[t][h] = q_nope[t][h] . W_UK[h]   ([N] x [N][R]) */
+        float *w = base, *A = w + (size_t)N * (size_t)R, *C = A + (size_t)a->td * (size_t)N;
+        size_t ssz = attn_dtype_size(a->src.dtype);
+        attn__matrix_to_f32(wh, a->w.dtype, N, R, a->w.strides[1], w, R);
+        for (t = 0; t < a->td; t++)
+            attn__row_to_f32((const char *)a->src.data + (size_t)(t * a->src.strides[0] + h * a->src.strides[1]) * ssz,
+                             a->src.dtype, A + (size_t)t * (size_t)N, N, N);
+        attn__gemm_nn(A, N, a->td, w, N, R, C);
+        for (t = 0; t < a->td; t++)
+            memcpy(a->dst_f32 + ((size_t)t * (size_t)H + (size_t)h) * (size_t)R, C + (size_t)t * (size_t)R,
+                   (size_t)R * sizeof(float));
+    } else { /* out[t][h] = o_latent[t][h] . W_UV[h]   ([R] x [R][Vd]) */
+        float *w = base, *A = w + (size_t)R * (size_t)dpv, *C = A + (size_t)a->td * (size_t)R;
+        size_t osz = attn_dtype_size(a->dst.dtype);
+        attn__matrix_to_f32(wh, a->w.dtype, R, Vd, a->w.strides[1], w, dpv);
+        for (t = 0; t < a->td; t++)
+            memcpy(A + (size_t)t * (size_t)R, a->src_f32 + ((size_t)t * (size_t)H + (size_t)h) * (size_t)R,
+                   (size_t)R * sizeof(float));
+        attn__gemm_nn(A, R, a->td, w, R, dpv, C);
+        for (t = 0; t < a->td; t++)
+            attn__row_from_f32(C + (size_t)t * (size_t)dpv, a->dst.dtype,
+                               (char *)a->dst.data + (size_t)(t * a->dst.strides[0] + h * a->dst.strides[1]) * osz, Vd);
+    }
+}
+
+ATTN_API attn_status attn_mla_forward(attn_layer *layer, const attn_metadata *meta,
+                                      const attn_tensor *q_nope, const attn_tensor *q_pe,
+                                      const attn_tensor *kv_c, const attn_tensor *k_pe,
+                                      attn_tensor *kv_cache, const attn_tensor *w_uk,
+                                      const attn_tensor *w_uv, attn_tensor *out, void *stream) {
+    attn_context *ctx = layer ? layer->ctx : NULL;
+    const char *fn = "attn_mla_forward";
+    const attn_layer_desc *d;
+    const attn_batch *b;
+    attn_mla_info info;
+    int64_t shape[3];
+    attn_status st;
+    int H, R, td;
+    (void)stream;
+    ATTN__CHECK_PTR(ctx, layer, "attn_mla_forward");
+    ATTN__CHECK_PTR(ctx, meta, "attn_mla_forward");
+    ATTN__CHECK_PTR(ctx, q_nope, "attn_mla_forward");
+    ATTN__CHECK_PTR(ctx, q_pe, "attn_mla_forward");
+    ATTN__CHECK_PTR(ctx, kv_cache, "attn_mla_forward");
+    ATTN__CHECK_PTR(ctx, w_uk, "attn_mla_forward");
+    ATTN__CHECK_PTR(ctx, w_uv, "attn_mla_forward");
+    ATTN__CHECK_PTR(ctx, out, "attn_mla_forward");
+    st = attn__mla_check_call(layer, meta, fn);
+    if (st == ATTN_OK) st = attn_metadata_mla_info(meta, &info);
+    if (st != ATTN_OK) return st;
+    if (layer->backend != &attn__cpu_mla_backend)
+        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_ARGUMENT,
+                          "%s: the fused call runs on backend CPU_MLA (this layer has %s; call "
+                          "attn_mla_forward_mqa / attn_mla_forward_mha instead)", fn, layer->backend->name);
+    d = &layer->desc;
+    b = attn_metadata_batch(meta);
+    H = d->num_heads;
+    R = d->kv_lora_rank;
+    td = info.num_decode_tokens;
+    if ((kv_c == NULL) != (k_pe == NULL))
+        return attn__fail(ctx, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT,
+                          "%s: argument '%s' is NULL but '%s' is not (allowed: both or neither)",
+                          fn, kv_c ? "k_pe" : "kv_c", kv_c ? "kv_c" : "k_pe");
+    shape[0] = ATTN__AT_LEAST(b->num_actual_tokens); shape[1] = H; shape[2] = d->qk_nope_head_dim;
+    st = attn__check_tensor(ctx, fn, "q_nope", q_nope, d->dtype, 3, shape, ATTN_DEVICE_CPU);
+    shape[2] = d->qk_rope_head_dim;
+    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "q_pe", q_pe, d->dtype, 3, shape, ATTN_DEVICE_CPU);
+    shape[2] = d->v_head_dim;
+    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out", out, d->dtype, 3, shape, ATTN_DEVICE_CPU);
+    if (st == ATTN_OK) st = attn__mla_check_weights(layer, meta, fn, kv_cache, w_uk, w_uv);
+    if (st != ATTN_OK) return st;
+    if (kv_c) {
+        int64_t s2[2];
+        int t;
+        if (!b->slot_mapping)
+            return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA,
+                              "%s: kv_c/k_pe given but the batch has no slot_mapping", fn);
+        s2[0] = ATTN__AT_LEAST(b->num_actual_tokens); s2[1] = R;
+        st = attn__check_tensor(ctx, fn, "kv_c", kv_c, d->dtype, 2, s2, ATTN_DEVICE_CPU);
+        s2[1] = d->qk_rope_head_dim;
+        if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "k_pe", k_pe, d->dtype, 2, s2, ATTN_DEVICE_CPU);
+        if (st != ATTN_OK) return st;
+        for (t = 0; t < b->num_actual_tokens; t++)
+            if (b->slot_mapping[t] >= kv_cache->shape[0] * (int64_t)d->block_size)
+                return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA,
+                                  "%s: slot_mapping[%d] is beyond the cache", fn, t);
+        st = attn_concat_and_cache_mla(layer, kv_c, k_pe, kv_cache, b->slot_mapping, b->num_actual_tokens);
+        if (st != ATTN_OK) return st;
+    }
+    if (td > 0) {
+        float *ql = (float *)attn__malloc((size_t)td * (size_t)H * (size_t)R * sizeof(float));
+        float *ol = (float *)attn__malloc((size_t)td * (size_t)H * (size_t)R * sizeof(float));
+        attn__mla_proj pj;
+        attn_tensor tql, tol;
+        int64_t s3[3];
+        size_t need = ATTN__MAX((size_t)d->qk_nope_head_dim * (size_t)R + (size_t)td * (size_t)(d->qk_nope_head_dim + R),
+                                (size_t)R * (size_t)attn__cpu_dp(d->v_head_dim) + (size_t)td * (size_t)(R + attn__cpu_dp(d->v_head_dim))) + 64;
+        if (!ql || !ol) {
+            attn__free(ql);
+            attn__free(ol);
+            return attn__fail(ctx, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
+                              "%s: cannot allocate the latent query/output of %d decode tokens", fn, td);
+        }
+        st = attn__scratch_reserve(ctx, need);
+        if (st == ATTN_OK) {
+            memset(&pj, 0, sizeof pj);
+            pj.layer = layer;
+            pj.td = td;
+            pj.absorb = 1;
+            pj.src = attn__tensor_resolved(q_nope);
+            pj.w = attn__tensor_resolved(w_uk);
+            pj.dst_f32 = ql;
+            attn__pool_run(ctx->pool, attn__mla_proj_run, &pj, H);        /* q_latent */
+            s3[0] = td; s3[1] = H; s3[2] = R;
+            tql = attn_tensor_make(ql, ATTN_DTYPE_F32, 3, s3);
+            tol = attn_tensor_make(ol, ATTN_DTYPE_F32, 3, s3);
+            st = attn__mla_cpu_forward_mqa(layer, meta, &tql, q_pe, kv_cache, &tol, NULL, stream);
+        }
+        if (st == ATTN_OK) st = attn__scratch_reserve(ctx, need);
+        if (st == ATTN_OK) {
+            pj.absorb = 0;
+            pj.src_f32 = ol;
+            pj.w = attn__tensor_resolved(w_uv);
+            pj.dst = attn__tensor_resolved(out);
+            attn__pool_run(ctx->pool, attn__mla_proj_run, &pj, H);        /* o = o_latent . W_UV */
+        }
+        attn__free(ql);
+        attn__free(ol);
+        if (st != ATTN_OK) return st;
+    }
+    return attn__mla_mha(layer, meta, q_nope, q_pe, d->qk_nope_head_dim, 0, kv_cache, w_uk, w_uv,
+                         out, 0, NULL);
+}
+
+ATTN_API attn_status attn_merge_attn_states(attn_context *ctx, const attn_tensor *out_a,
+                                            const attn_tensor *lse_a, attn_lse_base base_a,
+                                            const attn_tensor *out_b, const attn_tensor *lse_b,
+                                            attn_lse_base base_b, attn_tensor *out,
+                                            attn_tensor *lse, attn_lse_base base_out) {
+    const char *fn = "attn_merge_attn_states";
+    attn_tensor oa, ob, oo, la, lb, lo;
+    int64_t shape[3];
+    attn_status st;
+    int64_t t, h, T, H;
+    int D, x;
+    float *row;
+    ATTN__CHECK_PTR(ctx, ctx, "attn_merge_attn_states");
+    ATTN__CHECK_PTR(ctx, out_a, "attn_merge_attn_states");
+    ATTN__CHECK_PTR(ctx, lse_a, "attn_merge_attn_states");
+    ATTN__CHECK_PTR(ctx, out_b, "attn_merge_attn_states");
+    ATTN__CHECK_PTR(ctx, lse_b, "attn_merge_attn_states");
+    ATTN__CHECK_PTR(ctx, out, "attn_merge_attn_states");
+    if ((int)base_a < 0 || (int)base_a > 1 || (int)base_b < 0 || (int)base_b > 1 ||
+        (int)base_out < 0 || (int)base_out > 1)
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                          "%s: an LSE base is out of range (%d, %d, %d; allowed: ATTN_LSE_BASE_E, "
+                          "ATTN_LSE_BASE_2)", fn, (int)base_a, (int)base_b, (int)base_out);
+    if (out_a->ndim != 3 || out_a->shape[0] < 0 || out_a->shape[1] <= 0 || out_a->shape[2] <= 0 ||
+        attn_dtype_size(out_a->dtype) == 0)
+        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
+                          "%s: out_a must be [tokens, heads, head_size] of f32/f16/bf16 (ndim %d)",
+                          fn, out_a->ndim);
+    T = out_a->shape[0]; H = out_a->shape[1]; D = (int)out_a->shape[2];
+    shape[0] = T; shape[1] = H; shape[2] = D;
+    st = attn__check_tensor(ctx, fn, "out_a", out_a, out_a->dtype, 3, shape, ATTN_DEVICE_CPU);
+    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out_b", out_b, out_a->dtype, 3, shape, ATTN_DEVICE_CPU);
+    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out", out, out_a->dtype, 3, shape, ATTN_DEVICE_CPU);
+    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "lse_a", lse_a, ATTN_DTYPE_F32, 2, shape, ATTN_DEVICE_CPU);
+    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "lse_b", lse_b, ATTN_DTYPE_F32, 2, shape, ATTN_DEVICE_CPU);
+    if (st == ATTN_OK && lse) st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, ATTN_DEVICE_CPU);
+    if (st != ATTN_OK) return st;
+    row = (float *)attn__malloc(2 * (size_t)D * sizeof(float) + 16);
+    if (!row)
+        return attn__fail(ctx, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY, "%s: out of memory", fn);
+    oa = attn__tensor_resolved(out_a); ob = attn__tensor_resolved(out_b); oo = attn__tensor_resolved(out);
+    la = attn__tensor_resolved(lse_a); lb = attn__tensor_resolved(lse_b);
+    lo = lse ? attn__tensor_resolved(lse) : la;
+    for (t = 0; t < T; t++)
+        for (h = 0; h < H; h++) {
+            size_t esz = attn_dtype_size(oa.dtype);
+            float a = ((const float *)la.data)[t * la.strides[0] + h * la.strides[1]];
+            float bb = ((const float *)lb.data)[t * lb.strides[0] + h * lb.strides[1]];
+            float l;
+            if (base_a == ATTN_LSE_BASE_2) a *= ATTN__LN2;
+            if (base_b == ATTN_LSE_BASE_2) bb *= ATTN__LN2;
+            for (x = 0; x < D; x++) {
+                row[x] = attn__load_elem((const char *)oa.data + (size_t)(t * oa.strides[0] + h * oa.strides[1]) * esz, oa.dtype, x);
+                row[D + x] = attn__load_elem((const char *)ob.data + (size_t)(t * ob.strides[0] + h * ob.strides[1]) * esz, ob.dtype, x);
+            }
+            l = a;
+            attn__lse_merge_row(row, &l, row + D, bb, D);
+            for (x = 0; x < D; x++)
+                attn__store_elem((char *)oo.data + (size_t)(t * oo.strides[0] + h * oo.strides[1]) * esz, oo.dtype, x, row[x]);
+            if (lse)
+                ((float *)lo.data)[t * lo.strides[0] + h * lo.strides[1]] =
+                    base_out == ATTN_LSE_BASE_2 ? l * ATTN__LOG2E : l;
+        }
+    attn__free(row);
+    return ATTN_OK;
+}
 
 static const attn_backend *attn__builtin_backend(attn_backend_id id) {
     switch (id) {
     case ATTN_BACKEND_CPU: return &attn__cpu_backend;
+    case ATTN_BACKEND_CPU_MLA: return &attn__cpu_mla_backend;
     default: return NULL;
     }
 }

@@ -141,6 +141,21 @@ static attn_backend sel_plug;     /* registered in the CUSTOM slot */
 static attn_backend sel_plug_cpu; /* registered in the CPU slot */
 
 /* A standard-attention plugin serving head sizes hs_min..hs_max (multiples of 8). */
+static attn_status sel_plug_forward_mqa(attn_layer *layer, const attn_metadata *meta,
+                                       const attn_tensor *q, const attn_tensor *q_pe,
+                                       const attn_tensor *kv_cache, attn_tensor *out_latent,
+                                       attn_tensor *lse, void *stream) {
+    (void)layer; (void)meta; (void)q; (void)q_pe; (void)kv_cache; (void)out_latent; (void)lse; (void)stream;
+    return ATTN_ERROR_UNSUPPORTED; /* never run: selector tests only */
+}
+static attn_status sel_plug_forward_mha(attn_layer *layer, const attn_metadata *meta,
+                                       const attn_tensor *q, const attn_tensor *kv_cache,
+                                       const attn_tensor *w_uk, const attn_tensor *w_uv,
+                                       attn_tensor *out, attn_tensor *lse, void *stream) {
+    (void)layer; (void)meta; (void)q; (void)kv_cache; (void)w_uk; (void)w_uv; (void)out; (void)lse; (void)stream;
+    return ATTN_ERROR_UNSUPPORTED;
+}
+
 static attn_backend *sel_plug_make(attn_backend *b, attn_backend_id id, const char *name,
                                    int hs_min, int hs_max) {
     memset(b, 0, sizeof *b);
@@ -161,6 +176,8 @@ static attn_backend *sel_plug_make(attn_backend *b, attn_backend_id id, const ch
     b->cuda_graph = ATTN_CUDA_GRAPH_NEVER;
     b->kv_cache_shape = sel_plug_kv_shape;
     b->forward = sel_plug_forward;
+    b->forward_mqa = sel_plug_forward_mqa; /* used only when the test makes it an MLA plugin */
+    b->forward_mha = sel_plug_forward_mha;
     return b;
 }
 
@@ -1067,16 +1084,18 @@ ATTN_TEST(sel_head_size_600_is_unsupported) {
     EXPECT_STATUS(attn_layer_create(ctx, &d, NULL, &layer), ATTN_ERROR_UNSUPPORTED);
     EXPECT_TRUE(layer == NULL);
     EXPECT_EQ_INT(cap.by_item_level[ATTN_LOG_SELECT_NO_BACKEND][ATTN_LOG_LEVEL_ERROR], 1);
-    EXPECT_EQ_INT(cap.by_item_level[ATTN_LOG_SELECT_CANDIDATE_SKIPPED][ATTN_LOG_LEVEL_DEBUG], 1);
+    /* CPU (head size) and CPU_MLA (not an MLA layer) each leave a reason */
+    EXPECT_EQ_INT(cap.by_item_level[ATTN_LOG_SELECT_CANDIDATE_SKIPPED][ATTN_LOG_LEVEL_DEBUG], 2);
     EXPECT_EQ_INT(cap.by_item[ATTN_LOG_SELECT_RESOLVED], 0);
     EXPECT_EQ_INT(cap.by_level[ATTN_LOG_LEVEL_INFO], 0);
     EXPECT_TRUE(attn_context_last_error(ctx)[0] != 0);
     memset(&s, 0, sizeof s);
     EXPECT_STATUS(attn_select_backend(ctx, &d, NULL, &s), ATTN_ERROR_UNSUPPORTED);
     EXPECT_EQ_INT(s.resolved, ATTN_BACKEND_AUTO);
-    EXPECT_EQ_INT(s.num_skipped, 1);
+    EXPECT_EQ_INT(s.num_skipped, 2);
     EXPECT_EQ_INT(s.skipped[0].backend, ATTN_BACKEND_CPU);
     EXPECT_TRUE(s.skipped[0].reason[0] != 0);
+    EXPECT_EQ_INT(s.skipped[1].backend, ATTN_BACKEND_CPU_MLA);
     EXPECT_EQ_INT(s.head_size, 600);
     attn_context_destroy(ctx);
     sel_cleanup();
@@ -1092,7 +1111,7 @@ ATTN_TEST(sel_head_size_off_grid_is_unsupported) {
     d.head_size = 12; /* not a multiple of 8 */
     memset(&s, 0, sizeof s);
     EXPECT_STATUS(attn_select_backend(ctx, &d, NULL, &s), ATTN_ERROR_UNSUPPORTED);
-    EXPECT_EQ_INT(s.num_skipped, 1);
+    EXPECT_EQ_INT(s.num_skipped, 2); /* CPU: head size; CPU_MLA: not an MLA layer */
     EXPECT_EQ_INT(s.skipped[0].backend, ATTN_BACKEND_CPU);
     d.head_size = 512; /* the top of the range is served */
     EXPECT_OK(attn_select_backend(ctx, &d, NULL, &s));
@@ -1101,7 +1120,7 @@ ATTN_TEST(sel_head_size_off_grid_is_unsupported) {
     sel_cleanup();
 }
 
-ATTN_TEST(sel_mla_not_served_by_cpu) {
+ATTN_TEST(sel_mla_served_only_by_mla_backend) {
     sel_capture cap;
     attn_context *ctx;
     attn_layer_desc d;
@@ -1119,12 +1138,15 @@ ATTN_TEST(sel_mla_not_served_by_cpu) {
     d.qk_rope_head_dim = 64;
     d.qk_nope_head_dim = 128;
     d.v_head_dim = 128;
-    EXPECT_STATUS(attn_layer_create(ctx, &d, NULL, &layer), ATTN_ERROR_UNSUPPORTED);
-    EXPECT_TRUE(layer == NULL);
-    EXPECT_EQ_INT(cap.by_item[ATTN_LOG_SELECT_NO_BACKEND], 1);
+    /* An MLA layer goes to CPU_MLA; the standard CPU backend is skipped with its reason. */
+    EXPECT_OK(attn_layer_create(ctx, &d, NULL, &layer));
+    EXPECT_TRUE(layer != NULL && attn_layer_backend(layer)->id == ATTN_BACKEND_CPU_MLA);
+    attn_layer_destroy(layer);
+    EXPECT_EQ_INT(cap.by_item[ATTN_LOG_SELECT_NO_BACKEND], 0);
     memset(&s, 0, sizeof s);
-    EXPECT_STATUS(attn_select_backend(ctx, &d, NULL, &s), ATTN_ERROR_UNSUPPORTED);
+    EXPECT_OK(attn_select_backend(ctx, &d, NULL, &s));
     EXPECT_EQ_INT(s.use_mla, 1);
+    EXPECT_EQ_INT(s.resolved, ATTN_BACKEND_CPU_MLA);
     EXPECT_TRUE(sel_skipped_has(&s, ATTN_BACKEND_CPU));
     /* Asking for CPU by name does not make it an MLA backend. */
     memset(&req, 0, sizeof req);
@@ -1529,7 +1551,7 @@ void suite_selector(void) {
     ATTN_RUN(sel_registry_rejects_out_of_range_ids);
     ATTN_RUN(sel_head_size_600_is_unsupported);
     ATTN_RUN(sel_head_size_off_grid_is_unsupported);
-    ATTN_RUN(sel_mla_not_served_by_cpu);
+    ATTN_RUN(sel_mla_served_only_by_mla_backend);
     ATTN_RUN(sel_failures_are_not_cached);
     ATTN_RUN(sel_record_inputs_are_filled);
     ATTN_RUN(sel_format_names_every_field);
