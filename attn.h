@@ -15,8 +15,10 @@
        Paged-KV-cache attention as served by LLM inference engines (vLLM's v1 attention
        layer, in plain C): one call runs a batch that mixes prefills (with or without
        earlier context) and single-token decodes, over a block-paged KV cache, with GQA/MQA,
-       causal or not, sliding window, logits soft cap and ALiBi. Every call returns a status;
-       every backend decision is logged and can be printed as a selection record.
+       causal or not, sliding window, logits soft cap and ALiBi. MLA (DeepSeek-V2/V3 latent
+       attention): latent cache, absorbed split-KV decode, up-projected chunked prefill, the
+       fused layer call and the LSE merge. Every call returns a status; every backend
+       decision is logged and can be printed as a selection record.
 
    CONFIGURATION MACROS (define before including the implementation)
        ATTN_STATIC             make every function static (private copy per C file)
@@ -27,16 +29,21 @@
        ATTN_NO_SIMD            use the plain-C inner loops even where AVX2/AVX-512 exist
 
    ENVIRONMENT VARIABLES
-       ATTN_BACKEND            force a backend by name (case-insensitive): CPU
+       ATTN_BACKEND            force a backend by name (case-insensitive): CPU, CPU_MLA
                                (code beats env; an unknown name fails and lists the names)
        ATTN_LOG_LEVEL          error | warn | info (default) | debug | none
        ATTN_NUM_THREADS        CPU worker threads (default: the number of online cores)
-       ATTN_BATCH_INVARIANT    1 = never split a sequence's keys across threads, so a row's
-                               result does not depend on what else is in the batch
+       ATTN_BATCH_INVARIANT    1 = never split a sequence's keys across threads (MLA: one
+                               KV split), so a row's result does not depend on what else
+                               is in the batch; read at attn_metadata_build
 
-   BACKENDS, in automatic priority order per platform
-       platform CPU:   CPU
-       platform CUDA:  CPU        (CUDA backends join this list in later versions)
+   BACKENDS, in automatic priority order per platform (a backend serves only layers of
+   its kind: standard or MLA; CUSTOM, a plugin slot, leads when registered)
+       platform CPU:   CUSTOM, CPU, CPU_MLA
+       platform CUDA:  CUSTOM, CPU, CPU_MLA   (CUDA backends join this list later)
+       CPU      standard attention: f32/f16/bf16, head sizes 8..512 step 8, any block size
+                that is a multiple of 16, causal/non-causal, window, soft cap, ALiBi, LSE
+       CPU_MLA  MLA: head size 576 (512+64) or 320 (256+64), causal, LSE
        A candidate is skipped, with a recorded reason, when a check fails (dtype, KV-cache
        dtype, head size, block size, feature, platform). Explicit requests (code or env)
        that cannot be honoured fail with ATTN_ERROR_BACKEND_UNAVAILABLE and every reason,
@@ -82,8 +89,11 @@
        layer     attn_layer_create attn_layer_destroy attn_layer_backend
                  attn_layer_selection attn_layer_kv_cache_shape
        metadata  attn_metadata_create attn_metadata_destroy attn_metadata_build
-       cache     attn_reshape_and_cache
+       cache     attn_reshape_and_cache attn_concat_and_cache_mla
        forward   attn_layer_forward
+       mla       attn_reorder_batch attn_metadata_mla_info attn_mla_num_kv_splits
+                 attn_mla_forward_mqa attn_mla_forward_mha attn_mla_forward
+       merge     attn_merge_attn_states
 
    THREAD SAFETY
        A context may be used from one thread at a time (its forward calls use the context's
@@ -92,7 +102,7 @@
 
    HISTORY
        0.1.0  backend abstraction, selector with selection record, metadata builder,
-              paged KV cache, portable C backend.
+              paged KV cache, portable C backend; MLA on the portable path.
 
    LICENSE: MIT, see the end of the file.
 */
@@ -2475,26 +2485,15 @@ ATTN__INLINE void attn__hsum_block_store(const attn__vf *v, float *S, int ld) {
     _mm_storeu_ps(S + 2 * ld, _mm512_extractf32x4_ps(x, 2));
     _mm_storeu_ps(S + 3 * ld, _mm512_extractf32x4_ps(x, 3));
 }
-static void attn__f16_row(const uint16_t *s, float *d, int n) {
-    int i = 0;
-    for (; i + 16 <= n; i += 16)
-        _mm512_storeu_ps(d + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(s + i))));
-    for (; i < n; i++) d[i] = attn_f16_to_f32(s[i]);
+ATTN__INLINE attn__vf attn__vld_f16(const uint16_t *p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)p));
 }
-static void attn__bf16_row(const uint16_t *s, float *d, int n) {
-    int i = 0;
-    for (; i + 16 <= n; i += 16) {
-        __m512i x = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)(s + i)));
-        _mm512_storeu_ps(d + i, _mm512_castsi512_ps(_mm512_slli_epi32(x, 16)));
-    }
-    for (; i < n; i++) d[i] = attn_bf16_to_f32(s[i]);
+ATTN__INLINE attn__vf attn__vld_bf16(const uint16_t *p) {
+    __m512i x = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
 }
-static void attn__row_to_f16(const float *s, uint16_t *d, int n) {
-    int i = 0;
-    for (; i + 16 <= n; i += 16)
-        _mm256_storeu_si256((__m256i *)(void *)(d + i),
-                            _mm512_cvtps_ph(_mm512_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    for (; i < n; i++) d[i] = attn_f32_to_f16(s[i]);
+ATTN__INLINE void attn__vst_f16(uint16_t *p, attn__vf v) { /* round to nearest even */
+    _mm256_storeu_si256((__m256i *)(void *)p, _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
 
 #elif defined(ATTN__SIMD_AVX2)
@@ -2547,26 +2546,15 @@ ATTN__INLINE void attn__hsum_block_store(const attn__vf *v, float *S, int ld) {
     _mm_storeu_ps(S, _mm256_castps256_ps128(x));
     _mm_storeu_ps(S + ld, _mm256_extractf128_ps(x, 1));
 }
-static void attn__f16_row(const uint16_t *s, float *d, int n) {
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(s + i))));
-    for (; i < n; i++) d[i] = attn_f16_to_f32(s[i]);
+ATTN__INLINE attn__vf attn__vld_f16(const uint16_t *p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)p));
 }
-static void attn__bf16_row(const uint16_t *s, float *d, int n) {
-    int i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256i x = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)(s + i)));
-        _mm256_storeu_ps(d + i, _mm256_castsi256_ps(_mm256_slli_epi32(x, 16)));
-    }
-    for (; i < n; i++) d[i] = attn_bf16_to_f32(s[i]);
+ATTN__INLINE attn__vf attn__vld_bf16(const uint16_t *p) {
+    __m256i x = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
 }
-static void attn__row_to_f16(const float *s, uint16_t *d, int n) {
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm_storeu_si128((__m128i *)(void *)(d + i),
-                         _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    for (; i < n; i++) d[i] = attn_f32_to_f16(s[i]);
+ATTN__INLINE void attn__vst_f16(uint16_t *p, attn__vf v) {
+    _mm_storeu_si128((__m128i *)(void *)p, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
 
 #else /* plain C: fixed-width lanes the compiler may vectorise */
@@ -2613,10 +2601,33 @@ ATTN__INLINE void attn__hsum_block_store(const attn__vf *v, float *S, int ld) {
     for (r = 0; r < ATTN__QK_RB; r++)
         for (k = 0; k < 4; k++) S[r * ld + k] = attn__vhadd(v[r * 4 + k]);
 }
-static void attn__f16_row(const uint16_t *s, float *d, int n) { int i; for (i = 0; i < n; i++) d[i] = attn_f16_to_f32(s[i]); }
-static void attn__bf16_row(const uint16_t *s, float *d, int n) { int i; for (i = 0; i < n; i++) d[i] = attn_bf16_to_f32(s[i]); }
-static void attn__row_to_f16(const float *s, uint16_t *d, int n) { int i; for (i = 0; i < n; i++) d[i] = attn_f32_to_f16(s[i]); }
+ATTN__INLINE attn__vf attn__vld_f16(const uint16_t *p) {
+    attn__vf r; int i; for (i = 0; i < ATTN__W; i++) r.v[i] = attn_f16_to_f32(p[i]); return r;
+}
+ATTN__INLINE attn__vf attn__vld_bf16(const uint16_t *p) {
+    attn__vf r; int i; for (i = 0; i < ATTN__W; i++) r.v[i] = attn_bf16_to_f32(p[i]); return r;
+}
+ATTN__INLINE void attn__vst_f16(uint16_t *p, attn__vf v) {
+    int i; for (i = 0; i < ATTN__W; i++) p[i] = attn_f32_to_f16(v.v[i]);
+}
 #endif
+
+/* Rows of n elements between f16/bf16 storage and f32, W at a time, scalar tails. */
+static void attn__f16_row(const uint16_t *s, float *d, int n) {
+    int i = 0;
+    for (; i + ATTN__W <= n; i += ATTN__W) attn__vst(d + i, attn__vld_f16(s + i));
+    for (; i < n; i++) d[i] = attn_f16_to_f32(s[i]);
+}
+static void attn__bf16_row(const uint16_t *s, float *d, int n) {
+    int i = 0;
+    for (; i + ATTN__W <= n; i += ATTN__W) attn__vst(d + i, attn__vld_bf16(s + i));
+    for (; i < n; i++) d[i] = attn_bf16_to_f32(s[i]);
+}
+static void attn__row_to_f16(const float *s, uint16_t *d, int n) {
+    int i = 0;
+    for (; i + ATTN__W <= n; i += ATTN__W) attn__vst_f16(d + i, attn__vld(s + i));
+    for (; i < n; i++) d[i] = attn_f32_to_f16(s[i]);
+}
 
 /* 2^x with |relative error| < 2e-7; x <= -127 gives exactly 0 (masked scores). */
 ATTN__INLINE attn__vf attn__vexp2(attn__vf x) {
@@ -2766,25 +2777,9 @@ ATTN__INLINE void attn__prefetch_row(const char *p, size_t bytes) {
 
 /* One vector of a K/V row straight from the cache, converted to f32 in registers. */
 ATTN__INLINE attn__vf attn__vload_kv(const char *p, attn_dtype dt) {
-#if defined(ATTN__SIMD_AVX512)
-    if (dt == ATTN_DTYPE_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)p));
-    if (dt == ATTN_DTYPE_BF16)
-        return _mm512_castsi512_ps(_mm512_slli_epi32(
-            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)p)), 16));
-    return _mm512_loadu_ps((const float *)(const void *)p);
-#elif defined(ATTN__SIMD_AVX2)
-    if (dt == ATTN_DTYPE_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)p));
-    if (dt == ATTN_DTYPE_BF16)
-        return _mm256_castsi256_ps(_mm256_slli_epi32(
-            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)p)), 16));
-    return _mm256_loadu_ps((const float *)(const void *)p);
-#else
-    attn__vf r;
-    if (dt == ATTN_DTYPE_F32) memcpy(r.v, p, sizeof r.v);
-    else if (dt == ATTN_DTYPE_F16) attn__f16_row((const uint16_t *)(const void *)p, r.v, ATTN__W);
-    else attn__bf16_row((const uint16_t *)(const void *)p, r.v, ATTN__W);
-    return r;
-#endif
+    if (dt == ATTN_DTYPE_F16) return attn__vld_f16((const uint16_t *)(const void *)p);
+    if (dt == ATTN_DTYPE_BF16) return attn__vld_bf16((const uint16_t *)(const void *)p);
+    return attn__vld((const float *)(const void *)p);
 }
 
 /* The decode-shaped kernels: few query rows per KV head, so every K/V element is used

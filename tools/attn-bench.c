@@ -6,7 +6,7 @@
                        with the widest vector loads and 8 independent accumulators; best pass.
         FP32 FMA     - 16 independent FMA chains per thread in the widest vectors (AVX-512,
                        else AVX2, else scalar), 2 flops per lane per FMA; best pass.
-   2. attn.h through its public API only (context, layer, metadata, forward):
+   2. attn.h through its public API only (context, layer, metadata, forward, MLA forward_mqa):
         decode   - 32 query / 8 KV heads, head 128, context 4096, batch 1 and 8, KV cache f16
                    (q/out f16) and f32 (q/out f32). Metric: GB/s of KV read, against the
                    read ceiling. Every iteration reads a different set of blocks (randomly
@@ -15,12 +15,22 @@
         prefill  - 512 and 2048 tokens, causal, same heads, batch 1, f16. Metric: GFLOP/s
                    over unmasked (query, key) pairs only, 4 * head * heads * L(L+1)/2,
                    against the FP32 FMA ceiling (the CPU backend computes in fp32).
-      Only attn_layer_forward is timed: metadata is built beforehand (one build per block
-      set) and K/V are already in the cache (k = v = NULL), so the numbers are attention.
+        mla      - MLA absorbed decode, attn_mla_forward_mqa: 16 and 128 heads, context 4096,
+                   batch 1 and 4, latent cache bf16 and f16 (q [b, H, 576] and out_latent
+                   [b, H, 512] in the same dtype), block size 16, shuffled block ids,
+                   num_kv_splits automatic. Every iteration uses another metadata over a
+                   disjoint block set of a 648 MiB latent cache (> the 260 MiB L3). Metrics:
+                   GB/s of latent read (b * 4096 * 576 * 2 bytes / time) against the read
+                   ceiling, and GFLOP/s = 2 * b * H * 4096 * (576 + 512) / time against the
+                   FMA ceiling. The roofline (intensity 1.89 * H flop/byte vs the machine
+                   balance) says which bound applies and the best reachable fraction.
+      Only attn_layer_forward / attn_mla_forward_mqa is timed: metadata is built beforehand
+      (one build per block set) and K/V (latents) are already in the cache (k = v = NULL),
+      so the numbers are attention.
    3. A markdown table for BENCHMARKS.md and the command line that produced it.
 
    Build: make build/attn-bench.  Usage: attn-bench [--threads N] [--quick]
-   [--case decode|prefill|all] */
+   [--case decode|prefill|mla|all] */
 #define ATTN_IMPLEMENTATION
 #include "attn.h"
 
@@ -51,7 +61,18 @@
 #define BENCH_CONTEXT 4096
 #define BENCH_ROTATE_BYTES ((size_t)640 << 20) /* decode KV rotated through >= this */
 #define BENCH_READ_BYTES ((size_t)1 << 30)     /* memory-read ceiling buffer */
-#define BENCH_MAX_ROWS 16
+#define BENCH_MAX_ROWS 32
+/* MLA decode (DeepSeek-V2/V3 dims): latent row = kv_c (512) | k_pe (64). */
+#define BENCH_MLA_RANK 512
+#define BENCH_MLA_ROPE 64
+#define BENCH_MLA_HEAD (BENCH_MLA_RANK + BENCH_MLA_ROPE) /* 576 */
+#define BENCH_MLA_NOPE 128
+#define BENCH_MLA_V 128
+#define BENCH_MLA_BLOCK 16
+#define BENCH_MLA_MAX_BATCH 4
+/* Sequences of 4096 tokens in the latent cache: 144 x 4.5 MiB = 648 MiB (bf16/f16), a
+   multiple of every batch size used, so batch b rotates over 144/b disjoint block sets. */
+#define BENCH_MLA_SEQS 144
 
 /* ---------------------------------------------------------------------------------------
    Small helpers: time, random numbers, allocation, failure
@@ -420,7 +441,7 @@ static double probe_other_cores(const load_probe *p) {
 typedef struct {
     char name[96];
     double ms;          /* median */
-    char metric[48];
+    char metric[64];
     char ceiling[96];
     double other_cores; /* contention during the case, -1 unknown */
 } bench_row;
@@ -696,6 +717,206 @@ static void bench_prefill(attn_context *ctx, const bench_opts *o, int len) {
     free(kv_data); free(q_data); free(k_data); free(v_data); free(out_data);
 }
 
+/* ---------------------------------------------------------------------------------------
+   MLA decode: absorbed forward_mqa over the latent cache, one token per request
+   ------------------------------------------------------------------------------------- */
+
+/* Flops per byte of latent read: per key and head, QK over 576 dims and PV over 512, 2 flops
+   per multiply-add; the 576-element latent row (2 bytes each) is read once for all heads. */
+static double mla_intensity(int heads) {
+    return (double)heads * (BENCH_MLA_HEAD + BENCH_MLA_RANK) * 2.0 / (BENCH_MLA_HEAD * 2.0);
+}
+
+/* The roofline for one head count, against this run's ceilings. */
+static void mla_roofline_line(const bench_opts *o, int heads) {
+    double ai = mla_intensity(heads), bal = o->fma_gflops / o->read_gbs;
+    if (ai >= bal)
+        printf("  H=%-3d: %6.1f flop/byte >= balance %.1f -> COMPUTE-bound: at 100%% of FMA peak "
+               "the latent is read at %.1f GB/s = %.1f%% of read BW (the most achievable; 50%% of "
+               "read BW would need %.0f%% of FMA peak)\n",
+               heads, ai, bal, o->fma_gflops / ai, 100.0 * bal / ai, 50.0 * ai / bal);
+    else
+        printf("  H=%-3d: %6.1f flop/byte <  balance %.1f -> MEMORY-bound: at 100%% of read BW "
+               "the heads compute %.1f GFLOP/s = %.1f%% of FMA peak (the most achievable)\n",
+               heads, ai, bal, o->read_gbs * ai, 100.0 * ai / bal);
+}
+
+static void mla_roofline_note(const bench_opts *o) {
+    printf("MLA decode roofline: arithmetic intensity = H*(576+512)*2 flop / (576*2 bytes) per "
+           "latent row = %.3f*H flop/byte; machine balance = FMA peak / read BW = %.1f / %.1f "
+           "= %.1f flop/byte\n", mla_intensity(1), o->fma_gflops, o->read_gbs,
+           o->fma_gflops / o->read_gbs);
+    mla_roofline_line(o, 16);
+    mla_roofline_line(o, 128);
+}
+
+static void bench_mla_case(attn_context *ctx, const bench_opts *o, attn_layer *layer,
+                           const attn_tensor *cache, int heads, int batch, attn_dtype dt) {
+    const int bps = BENCH_CONTEXT / BENCH_MLA_BLOCK;
+    const int nsets = BENCH_MLA_SEQS / batch;
+    const int64_t num_blocks = cache->shape[0];
+    attn_metadata **metas;
+    attn_mla_info info;
+    attn_tensor q, out;
+    int64_t qshape[3], oshape[3];
+    int set, i, reps, warm, next = 0;
+    size_t esz = attn_dtype_size(dt), qn, on, bytes_iter;
+    int32_t *ids, *qsl, *seq_lens;
+    void *q_data, *out_data;
+    double *t, med, gbs, gflops, flops, t_warm = 0.0, other, ai, bal;
+    load_probe probe;
+    bench_row *row;
+
+    qn = (size_t)batch * (size_t)heads * BENCH_MLA_HEAD;
+    on = (size_t)batch * (size_t)heads * BENCH_MLA_RANK;
+    qshape[0] = batch; qshape[1] = heads; qshape[2] = BENCH_MLA_HEAD;
+    oshape[0] = batch; oshape[1] = heads; oshape[2] = BENCH_MLA_RANK;
+    q_data = bench_alloc(qn * esz);
+    out_data = bench_alloc(on * esz);
+    fill_random(q_data, dt, qn, 61 + (uint64_t)heads * 8 + (uint64_t)batch);
+    fill_random(out_data, dt, on, 62 + (uint64_t)heads * 8 + (uint64_t)batch);
+    q = attn_tensor_make(q_data, dt, 3, qshape);
+    out = attn_tensor_make(out_data, dt, 3, oshape);
+
+    /* Block ids shuffled over the whole latent cache; set s owns ids[s*batch*bps ...], so
+       the sets are disjoint and together cover all BENCH_MLA_SEQS sequences' blocks. */
+    ids = (int32_t *)bench_alloc((size_t)num_blocks * sizeof(int32_t));
+    shuffle_ids(ids, (int)num_blocks, 71 + (uint64_t)heads * 8 + (uint64_t)batch + 1000u * (uint64_t)dt);
+    qsl = (int32_t *)bench_alloc(((size_t)batch + 1) * sizeof(int32_t));
+    seq_lens = (int32_t *)bench_alloc((size_t)batch * sizeof(int32_t));
+    for (i = 0; i <= batch; i++) qsl[i] = i;
+    for (i = 0; i < batch; i++) seq_lens[i] = BENCH_CONTEXT;
+    metas = (attn_metadata **)bench_alloc((size_t)nsets * sizeof *metas);
+    for (set = 0; set < nsets; set++) {
+        attn_metadata_desc md;
+        attn_batch b;
+        memset(&md, 0, sizeof md);
+        md.max_num_reqs = batch;
+        md.max_num_tokens = batch;
+        md.max_blocks_per_req = bps;
+        md.num_blocks = num_blocks;
+        md.decode_threshold = 0; /* 1: query_len 1 is a decode */
+        md.num_kv_splits = 0;    /* automatic: attn_mla_num_kv_splits() */
+        CHECK(ctx, attn_metadata_create(layer, &md, &metas[set]));
+        memset(&b, 0, sizeof b);
+        b.query_start_loc = qsl;
+        b.seq_lens = seq_lens;
+        b.block_table = ids + (size_t)set * (size_t)batch * (size_t)bps;
+        b.block_table_stride = bps;
+        b.slot_mapping = NULL; /* the new token's latent is already in the cache */
+        b.num_reqs = batch;
+        b.num_actual_tokens = batch;
+        b.max_query_len = 1;
+        b.max_seq_len = BENCH_CONTEXT;
+        b.causal = ATTN_CAUSAL_YES;
+        CHECK(ctx, attn_metadata_build(metas[set], 0, &b, 0));
+        CHECK(ctx, attn_metadata_mla_info(metas[set], &info));
+        if (info.num_decodes != batch || info.num_decode_tokens != batch || info.num_prefills != 0) {
+            fprintf(stderr, "attn-bench: MLA metadata: %d decodes / %d decode tokens / %d prefills "
+                    "(expected %d / %d / 0)\n", info.num_decodes, info.num_decode_tokens,
+                    info.num_prefills, batch, batch);
+            exit(1);
+        }
+    }
+
+    probe_start(&probe);
+    warm = 3;
+    for (i = 0; i < warm; i++) {
+        double t0 = now_s();
+        CHECK(ctx, attn_mla_forward_mqa(layer, metas[next], &q, NULL, cache, &out, NULL, NULL));
+        t_warm = now_s() - t0;
+        next = (next + 1) % nsets;
+    }
+    reps = reps_for(o, t_warm, 1);
+    t = (double *)bench_alloc((size_t)reps * sizeof(double));
+    for (i = 0; i < reps; i++) {
+        double t0 = now_s();
+        CHECK(ctx, attn_mla_forward_mqa(layer, metas[next], &q, NULL, cache, &out, NULL, NULL));
+        t[i] = now_s() - t0;
+        next = (next + 1) % nsets;
+    }
+    other = probe_other_cores(&probe);
+    check_finite(out_data, dt, on, "MLA decode");
+    med = median(t, reps);
+    bytes_iter = (size_t)batch * BENCH_CONTEXT * BENCH_MLA_HEAD * esz;
+    flops = 2.0 * batch * heads * (double)BENCH_CONTEXT * (BENCH_MLA_HEAD + BENCH_MLA_RANK);
+    gbs = (double)bytes_iter / med / 1e9;
+    gflops = flops / med / 1e9;
+    ai = mla_intensity(heads);
+    bal = o->fma_gflops / o->read_gbs;
+
+    row = row_add();
+    snprintf(row->name, sizeof row->name, "MLA decode H=%d b=%d ctx=%d, latent %s", heads, batch,
+             BENCH_CONTEXT, attn_dtype_name(dt));
+    row->ms = med * 1e3;
+    snprintf(row->metric, sizeof row->metric, "%.1f GB/s latent read; %.1f GFLOP/s", gbs, gflops);
+    snprintf(row->ceiling, sizeof row->ceiling, "%.1f%% of read BW; %.1f%% of FMA peak",
+             100.0 * gbs / o->read_gbs, 100.0 * gflops / o->fma_gflops);
+    row->other_cores = other;
+    printf("%-40s %8.3f ms median (min %.3f, max %.3f, n=%d)  %7.1f GB/s  %5.1f%% of read BW  "
+           "%7.1f GFLOP/s  %5.1f%% of FMA peak  [%s-bound, max %.1f%% of read BW; %d KV splits; "
+           "latent %.1f MiB/iter, rotated over %d sets = %.0f MiB; other load %.2f cores]\n",
+           row->name, med * 1e3, t[0] * 1e3, t[reps - 1] * 1e3, reps, gbs, 100.0 * gbs / o->read_gbs,
+           gflops, 100.0 * gflops / o->fma_gflops, ai >= bal ? "compute" : "memory",
+           ai >= bal ? 100.0 * bal / ai : 100.0, info.num_kv_splits, (double)bytes_iter / MIB, nsets,
+           (double)nsets * (double)bytes_iter / MIB, other);
+    fflush(stdout);
+
+    for (set = 0; set < nsets; set++) attn_metadata_destroy(metas[set]);
+    free(metas); free(ids); free(qsl); free(seq_lens); free(t);
+    free(q_data); free(out_data);
+}
+
+/* All MLA cases of one latent dtype (q/out in the same dtype) over one shared latent cache
+   of BENCH_MLA_SEQS sequences (648 MiB at 2 bytes), filled once with random latents. */
+static void bench_mla(attn_context *ctx, const bench_opts *o, attn_dtype dt) {
+    static const int heads_list[2] = {16, 128}, batch_list[2] = {1, BENCH_MLA_MAX_BATCH};
+    const int64_t num_blocks = (int64_t)BENCH_MLA_SEQS * (BENCH_CONTEXT / BENCH_MLA_BLOCK);
+    int64_t shape[ATTN_MAX_DIMS];
+    int ndim, hi, bi;
+    void *cache_data = NULL;
+    attn_tensor cache;
+    size_t esz = attn_dtype_size(dt);
+
+    memset(&cache, 0, sizeof cache);
+    for (hi = 0; hi < 2; hi++) {
+        attn_layer_desc d;
+        attn_layer *layer = NULL;
+        memset(&d, 0, sizeof d);
+        d.num_heads = heads_list[hi];
+        d.num_kv_heads = 1;
+        d.head_size = BENCH_MLA_HEAD;
+        d.dtype = dt;
+        d.kv_cache_dtype = dt;
+        d.block_size = BENCH_MLA_BLOCK;
+        d.causal = ATTN_CAUSAL_YES;
+        d.use_mla = 1;
+        d.kv_lora_rank = BENCH_MLA_RANK;
+        d.qk_rope_head_dim = BENCH_MLA_ROPE;
+        d.qk_nope_head_dim = BENCH_MLA_NOPE;
+        d.v_head_dim = BENCH_MLA_V;
+        CHECK(ctx, attn_layer_create(ctx, &d, NULL, &layer));
+        CHECK(ctx, attn_layer_kv_cache_shape(layer, num_blocks, shape, &ndim));
+        if (ndim != 3 || shape[0] != num_blocks || shape[1] != BENCH_MLA_BLOCK ||
+            shape[2] != BENCH_MLA_HEAD) {
+            fprintf(stderr, "attn-bench: MLA cache shape has %d dims [%lld, %lld, %lld] (expected "
+                    "[%lld, %d, %d])\n", ndim, (long long)shape[0], (long long)(ndim > 1 ? shape[1] : 0),
+                    (long long)(ndim > 2 ? shape[2] : 0), (long long)num_blocks, BENCH_MLA_BLOCK,
+                    BENCH_MLA_HEAD);
+            exit(1);
+        }
+        if (!cache_data) {
+            size_t n = (size_t)num_blocks * BENCH_MLA_BLOCK * BENCH_MLA_HEAD;
+            cache_data = bench_alloc(n * esz);
+            cache = attn_tensor_make(cache_data, dt, ndim, shape);
+            fill_random(cache_data, dt, n, 51 + (uint64_t)dt);
+        }
+        for (bi = 0; bi < 2; bi++) bench_mla_case(ctx, o, layer, &cache, heads_list[hi], batch_list[bi], dt);
+        attn_layer_destroy(layer);
+    }
+    free(cache_data);
+}
+
 /* The 1-minute load average (Linux), or -1: other busy processes skew every number here. */
 static double load_average(void) {
     FILE *f = fopen("/proc/loadavg", "r");
@@ -711,10 +932,10 @@ static double load_average(void) {
    ------------------------------------------------------------------------------------- */
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: attn-bench [--threads N] [--quick] [--case decode|prefill|all]\n"
+    fprintf(f, "usage: attn-bench [--threads N] [--quick] [--case decode|prefill|mla|all]\n"
                "  --threads N   attn_context_desc.num_threads (default 0: the library's default)\n"
                "  --quick       fewer repetitions\n"
-               "  --case C      decode, prefill or all (default all)\n");
+               "  --case C      decode, prefill, mla or all (default all)\n");
 }
 
 int main(int argc, char **argv) {
@@ -722,7 +943,7 @@ int main(int argc, char **argv) {
     attn_context_desc cd;
     attn_context *ctx = NULL;
     attn_platform plat;
-    int i, cores, run_decode = 1, run_prefill = 1, read_passes, fma_passes;
+    int i, cores, run_decode = 1, run_prefill = 1, run_mla = 1, read_passes, fma_passes;
     long fma_iters;
     size_t per_thread;
     float *buf;
@@ -746,11 +967,12 @@ int main(int argc, char **argv) {
             o.threads = (int)n;
         } else if (!strcmp(argv[i], "--case") && i + 1 < argc) {
             const char *c = argv[++i];
-            if (!strcmp(c, "decode")) { run_decode = 1; run_prefill = 0; }
-            else if (!strcmp(c, "prefill")) { run_decode = 0; run_prefill = 1; }
-            else if (!strcmp(c, "all")) { run_decode = 1; run_prefill = 1; }
+            if (!strcmp(c, "decode")) { run_decode = 1; run_prefill = 0; run_mla = 0; }
+            else if (!strcmp(c, "prefill")) { run_decode = 0; run_prefill = 1; run_mla = 0; }
+            else if (!strcmp(c, "mla")) { run_decode = 0; run_prefill = 0; run_mla = 1; }
+            else if (!strcmp(c, "all")) { run_decode = 1; run_prefill = 1; run_mla = 1; }
             else {
-                fprintf(stderr, "attn-bench: --case %s (allowed: decode, prefill, all)\n", c);
+                fprintf(stderr, "attn-bench: --case %s (allowed: decode, prefill, mla, all)\n", c);
                 return 2;
             }
         } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
@@ -840,6 +1062,14 @@ int main(int argc, char **argv) {
         bench_prefill(ctx, &o, 512);
         bench_prefill(ctx, &o, 2048);
     }
+    if (run_mla) {
+        if (run_decode || run_prefill) printf("\n");
+        mla_roofline_note(&o);
+        printf("\n");
+        fflush(stdout);
+        bench_mla(ctx, &o, ATTN_DTYPE_BF16);
+        bench_mla(ctx, &o, ATTN_DTYPE_F16);
+    }
 
     /* 3. The table. */
     printf("\n| case | time ms (median) | metric | %% of ceiling |\n");
@@ -850,8 +1080,21 @@ int main(int argc, char **argv) {
         printf("| %s%s | %.3f | %s | %s |\n", rows[i].name, flag ? " (*)" : "", rows[i].ms,
                rows[i].metric, rows[i].ceiling);
     }
-    printf("\nheads 32/8, head_size 128, block_size 16; library threads %d, %d cores; "
-           "ceiling rows show the best pass time.\n", plat.cpu_threads, cores);
+    printf("\n");
+    if (run_decode || run_prefill)
+        printf("decode/prefill rows: heads 32/8, head_size 128, block_size 16.\n");
+    if (run_mla) {
+        printf("MLA rows: attn_mla_forward_mqa (absorbed decode; q [b, H, 576], out_latent "
+               "[b, H, 512], q/out in the latent dtype), kv_lora_rank 512 + rope 64, block_size %d, "
+               "shuffled block ids, num_kv_splits automatic; each iteration reads another block "
+               "set of a %.0f MiB latent cache. GB/s = b*%d*576*2 bytes / time; GFLOP/s = "
+               "2*b*H*%d*(576+512) / time.\n", BENCH_MLA_BLOCK,
+               (double)BENCH_MLA_SEQS * BENCH_CONTEXT * BENCH_MLA_HEAD * 2.0 / MIB, BENCH_CONTEXT,
+               BENCH_CONTEXT);
+        mla_roofline_note(&o);
+    }
+    printf("library threads %d, %d cores; ceiling rows show the best pass time.\n",
+           plat.cpu_threads, cores);
     if (contended)
         printf("(*) other processes used more than %.2f cores while this row ran (see \"other "
                "load\" above): its time and, through a contended ceiling, its fraction are not "
