@@ -2673,87 +2673,101 @@ ATTN__INLINE float attn__dot(const float *a, const float *b, int dp) {
     return attn__vhadd(attn__vadd(acc0, acc1));
 }
 
-/* S[M][ld] = Q[M][dp] . K[n][dp]^T, with QK_RB rows x 4 keys per register block. */
+/* Rows per cache block of the gather-path kernels: a chunk of Q (or O) rows stays in L1
+   while the K (or V) tile streams past it once. */
+#define ATTN__CPU_ROW_CHUNK 16
+
+/* S[M][ld] = Q[M][dp] . K[n][dp]^T, with QK_RB rows x 4 keys per register block; keys
+   outer within a chunk of rows, so each K quad is loaded from L2 once per chunk. */
 static void attn__cpu_qk(const float *Q, int M, const float *K, int n, int dp, float *S, int ld) {
-    int r = 0, j, d, rr, kk;
-    for (; r + ATTN__QK_RB <= M; r += ATTN__QK_RB) {
-        const float *q = Q + (size_t)r * (size_t)dp;
+    int rc, r, j, d, rr, kk;
+    for (rc = 0; rc < M; rc += ATTN__CPU_ROW_CHUNK) {
+        int rend = ATTN__MIN(M, rc + ATTN__CPU_ROW_CHUNK);
+        int rfull = rc + (rend - rc) / ATTN__QK_RB * ATTN__QK_RB;
         for (j = 0; j + 4 <= n; j += 4) {
-            attn__vf acc[ATTN__QK_RB * 4];
             const float *k = K + (size_t)j * (size_t)dp;
-            for (rr = 0; rr < ATTN__QK_RB * 4; rr++) acc[rr] = attn__vzero();
-            for (d = 0; d < dp; d += ATTN__W) {
-                attn__vf kv[4];
-                for (kk = 0; kk < 4; kk++) kv[kk] = attn__vld(k + (size_t)kk * (size_t)dp + d);
-                for (rr = 0; rr < ATTN__QK_RB; rr++) {
-                    attn__vf qv = attn__vld(q + (size_t)rr * (size_t)dp + d);
-                    for (kk = 0; kk < 4; kk++) acc[rr * 4 + kk] = attn__vfma(qv, kv[kk], acc[rr * 4 + kk]);
+            for (r = rc; r < rfull; r += ATTN__QK_RB) {
+                const float *q = Q + (size_t)r * (size_t)dp;
+                attn__vf acc[ATTN__QK_RB * 4];
+                for (rr = 0; rr < ATTN__QK_RB * 4; rr++) acc[rr] = attn__vzero();
+                for (d = 0; d < dp; d += ATTN__W) {
+                    attn__vf kv[4];
+                    for (kk = 0; kk < 4; kk++) kv[kk] = attn__vld(k + (size_t)kk * (size_t)dp + d);
+                    for (rr = 0; rr < ATTN__QK_RB; rr++) {
+                        attn__vf qv = attn__vld(q + (size_t)rr * (size_t)dp + d);
+                        for (kk = 0; kk < 4; kk++) acc[rr * 4 + kk] = attn__vfma(qv, kv[kk], acc[rr * 4 + kk]);
+                    }
                 }
+                attn__hsum_block_store(acc, S + (size_t)r * (size_t)ld + j, ld);
             }
-            attn__hsum_block_store(acc, S + (size_t)r * (size_t)ld + j, ld);
+            for (r = rfull; r < rend; r++)
+                for (kk = 0; kk < 4; kk++)
+                    S[(size_t)r * (size_t)ld + j + kk] = attn__dot(Q + (size_t)r * (size_t)dp, k + (size_t)kk * (size_t)dp, dp);
         }
         for (; j < n; j++)
-            for (rr = 0; rr < ATTN__QK_RB; rr++)
-                S[(size_t)(r + rr) * (size_t)ld + j] = attn__dot(q + (size_t)rr * (size_t)dp, K + (size_t)j * (size_t)dp, dp);
+            for (r = rc; r < rend; r++)
+                S[(size_t)r * (size_t)ld + j] = attn__dot(Q + (size_t)r * (size_t)dp, K + (size_t)j * (size_t)dp, dp);
     }
-    for (; r < M; r++)
-        for (j = 0; j < n; j++)
-            S[(size_t)r * (size_t)ld + j] = attn__dot(Q + (size_t)r * (size_t)dp, K + (size_t)j * (size_t)dp, dp);
 }
 
 /* O[r] = O[r] * alpha[r] + sum_j P[r][j] V[j], 4 rows x 2 vectors per register block.
-   V rows are ldv apart; O rows dp apart (dp floats wide, a multiple of W). */
+   V rows are ldv apart; O rows dp apart (dp floats wide, a multiple of W). alpha == NULL:
+   O starts from zero (a plain GEMM). Within a chunk of rows the V column slice is outer,
+   so it stays in L1 for every row block of the chunk. */
 static void attn__cpu_pv(const float *P, int ld, int M, const float *V, int ldv, int n, int dp,
                          float *O, const float *alpha) {
-    int r = 0, d, j, rr;
-    for (; r + 4 <= M; r += 4) {
-        for (d = 0; d + 2 * ATTN__W <= dp; d += 2 * ATTN__W) {
-            attn__vf a0[4], a1[4];
-            for (rr = 0; rr < 4; rr++) {
-                if (alpha) {
-                    attn__vf al = attn__vset1(alpha[r + rr]);
-                    a0[rr] = attn__vmul(attn__vld(O + (size_t)(r + rr) * (size_t)dp + d), al);
-                    a1[rr] = attn__vmul(attn__vld(O + (size_t)(r + rr) * (size_t)dp + d + ATTN__W), al);
-                } else {
-                    a0[rr] = attn__vzero();
-                    a1[rr] = attn__vzero();
-                }
-            }
-            for (j = 0; j < n; j++) {
-                attn__vf v0 = attn__vld(V + (size_t)j * (size_t)ldv + d);
-                attn__vf v1 = attn__vld(V + (size_t)j * (size_t)ldv + d + ATTN__W);
+    int rc, r, d, j, rr;
+    for (rc = 0; rc < M; rc += ATTN__CPU_ROW_CHUNK) {
+        int rend = ATTN__MIN(M, rc + ATTN__CPU_ROW_CHUNK), rfull = rc + (rend - rc) / 4 * 4;
+        for (d = 0; d < dp; d += 2 * ATTN__W) {
+            int two = d + 2 * ATTN__W <= dp;
+            for (r = rc; r < rfull; r += 4) {
+                attn__vf a0[4], a1[4];
                 for (rr = 0; rr < 4; rr++) {
-                    attn__vf p = attn__vset1(P[(size_t)(r + rr) * (size_t)ld + j]);
-                    a0[rr] = attn__vfma(p, v0, a0[rr]);
-                    a1[rr] = attn__vfma(p, v1, a1[rr]);
+                    float *o = O + (size_t)(r + rr) * (size_t)dp + d;
+                    if (alpha) {
+                        attn__vf al = attn__vset1(alpha[r + rr]);
+                        a0[rr] = attn__vmul(attn__vld(o), al);
+                        a1[rr] = two ? attn__vmul(attn__vld(o + ATTN__W), al) : attn__vzero();
+                    } else {
+                        a0[rr] = attn__vzero();
+                        a1[rr] = attn__vzero();
+                    }
+                }
+                if (two) {
+                    for (j = 0; j < n; j++) {
+                        attn__vf v0 = attn__vld(V + (size_t)j * (size_t)ldv + d);
+                        attn__vf v1 = attn__vld(V + (size_t)j * (size_t)ldv + d + ATTN__W);
+                        for (rr = 0; rr < 4; rr++) {
+                            attn__vf p = attn__vset1(P[(size_t)(r + rr) * (size_t)ld + j]);
+                            a0[rr] = attn__vfma(p, v0, a0[rr]);
+                            a1[rr] = attn__vfma(p, v1, a1[rr]);
+                        }
+                    }
+                } else {
+                    for (j = 0; j < n; j++) {
+                        attn__vf v0 = attn__vld(V + (size_t)j * (size_t)ldv + d);
+                        for (rr = 0; rr < 4; rr++)
+                            a0[rr] = attn__vfma(attn__vset1(P[(size_t)(r + rr) * (size_t)ld + j]), v0, a0[rr]);
+                    }
+                }
+                for (rr = 0; rr < 4; rr++) {
+                    attn__vst(O + (size_t)(r + rr) * (size_t)dp + d, a0[rr]);
+                    if (two) attn__vst(O + (size_t)(r + rr) * (size_t)dp + d + ATTN__W, a1[rr]);
                 }
             }
-            for (rr = 0; rr < 4; rr++) {
-                attn__vst(O + (size_t)(r + rr) * (size_t)dp + d, a0[rr]);
-                attn__vst(O + (size_t)(r + rr) * (size_t)dp + d + ATTN__W, a1[rr]);
+            for (r = rfull; r < rend; r++) {
+                int c;
+                for (c = d; c < ATTN__MIN(dp, d + 2 * ATTN__W); c += ATTN__W) {
+                    attn__vf a = alpha ? attn__vmul(attn__vld(O + (size_t)r * (size_t)dp + c), attn__vset1(alpha[r]))
+                                       : attn__vzero();
+                    for (j = 0; j < n; j++)
+                        a = attn__vfma(attn__vset1(P[(size_t)r * (size_t)ld + j]), attn__vld(V + (size_t)j * (size_t)ldv + c), a);
+                    attn__vst(O + (size_t)r * (size_t)dp + c, a);
+                }
             }
-        }
-        for (; d < dp; d += ATTN__W) {
-            attn__vf a0[4];
-            for (rr = 0; rr < 4; rr++)
-                a0[rr] = alpha ? attn__vmul(attn__vld(O + (size_t)(r + rr) * (size_t)dp + d), attn__vset1(alpha[r + rr]))
-                               : attn__vzero();
-            for (j = 0; j < n; j++) {
-                attn__vf v0 = attn__vld(V + (size_t)j * (size_t)ldv + d);
-                for (rr = 0; rr < 4; rr++)
-                    a0[rr] = attn__vfma(attn__vset1(P[(size_t)(r + rr) * (size_t)ld + j]), v0, a0[rr]);
-            }
-            for (rr = 0; rr < 4; rr++) attn__vst(O + (size_t)(r + rr) * (size_t)dp + d, a0[rr]);
         }
     }
-    for (; r < M; r++)
-        for (d = 0; d < dp; d += ATTN__W) {
-            attn__vf a = alpha ? attn__vmul(attn__vld(O + (size_t)r * (size_t)dp + d), attn__vset1(alpha[r]))
-                               : attn__vzero();
-            for (j = 0; j < n; j++)
-                a = attn__vfma(attn__vset1(P[(size_t)r * (size_t)ld + j]), attn__vld(V + (size_t)j * (size_t)ldv + d), a);
-            attn__vst(O + (size_t)r * (size_t)dp + d, a);
-        }
 }
 
 /* How far ahead the decode kernels ask for K (keys) and V (rows) while they compute. */
