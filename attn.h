@@ -513,9 +513,9 @@ typedef struct attn_metadata_desc {
     int max_num_tokens;      /* required */
     int max_blocks_per_req;  /* required: block_table_stride may not exceed it */
     int64_t num_blocks;      /* required: blocks in the KV cache this metadata indexes */
-    /* MLA only */
+    /* MLA only (ignored by standard layers) */
     int decode_threshold;    /* requests with query_len <= this are decodes; 0: 1 */
-    int num_kv_splits;       /* decode split-KV count; 0: attn_mla_num_kv_splits() */
+    int num_kv_splits;       /* decode split-KV count, 1..1024; 0: attn_mla_num_kv_splits() */
 } attn_metadata_desc;
 
 ATTN_API attn_status attn_metadata_create(attn_layer *layer, const attn_metadata_desc *desc,
@@ -2160,6 +2160,8 @@ ATTN_API attn_status attn_metadata_create(attn_layer *layer, const attn_metadata
     ATTN__CAP(max_num_tokens, 1, 1 << 28);
     ATTN__CAP(max_blocks_per_req, 1, 1 << 24);
     ATTN__CAP(num_blocks, 1, (int64_t)1 << 40);
+    ATTN__CAP(decode_threshold, 0, 1 << 16);
+    ATTN__CAP(num_kv_splits, 0, 1024);
 #undef ATTN__CAP
     m = (attn_metadata *)attn__calloc(1, sizeof *m);
     if (!m) goto oom;
@@ -3490,7 +3492,12 @@ static int attn__mla_check(const attn_backend *self, const attn_layer_desc *d,
 static attn_status attn__mla_metadata_init(attn_layer *layer, attn_metadata *meta) {
     attn__cpu_meta *cm = (attn__cpu_meta *)attn__calloc(1, sizeof *cm);
     const attn_layer_desc *d = &layer->desc;
-    int splits = meta->cap.num_kv_splits > 0 ? meta->cap.num_kv_splits : ATTN__MAX(1, layer->ctx->num_threads);
+    /* the most splits any batch this metadata can describe will get: the same function
+       the build uses, at the longest sequence the block table allows */
+    int splits = meta->cap.num_kv_splits > 0
+                     ? meta->cap.num_kv_splits
+                     : attn_mla_num_kv_splits((int)ATTN__MIN((int64_t)INT32_MAX, (int64_t)meta->cap.max_blocks_per_req * d->block_size),
+                                              layer->ctx->num_threads, 0);
     int thr = meta->cap.decode_threshold > 0 ? meta->cap.decode_threshold : 1;
     int64_t per_key = (int64_t)d->num_heads * (attn__cpu_dp(d->qk_nope_head_dim + d->qk_rope_head_dim) +
                                               attn__cpu_dp(d->v_head_dim)) * 4;
