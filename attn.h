@@ -3650,7 +3650,9 @@ static void attn__lse_merge_row(float *o, float *l, const float *ob, float lb, i
     wa = la == -INFINITY ? 0.0f : expf(la - m);
     wb = lb == -INFINITY ? 0.0f : expf(lb - m);
     inv = 1.0f / (wa + wb);
-    for (x = 0; x < n; x++) o[x] = (wa * o[x] + (wb > 0.0f ? wb * ob[x] : 0.0f)) * inv;
+    /* an empty side contributes nothing, whatever its (possibly NaN) output holds */
+    for (x = 0; x < n; x++)
+        o[x] = ((wa > 0.0f ? wa * o[x] : 0.0f) + (wb > 0.0f ? wb * ob[x] : 0.0f)) * inv;
     *l = m + logf(wa + wb);
 }
 
