@@ -84,6 +84,8 @@ class attn_metadata_desc(C.Structure):
         ("max_num_tokens", C.c_int),
         ("max_blocks_per_req", C.c_int),
         ("num_blocks", C.c_int64),
+        ("decode_threshold", C.c_int),  # MLA only
+        ("num_kv_splits", C.c_int),     # MLA only
     ]
 
 
