@@ -2995,28 +2995,42 @@ static int attn__env_batch_invariant(void) {
     return v && strcmp(v, "0") != 0;
 }
 
-static attn_status attn__cpu_metadata_init(attn_layer *layer, attn_metadata *meta) {
+/* The private part of CPU metadata, allocated once at its fixed capacity. */
+static attn_status attn__cpu_meta_attach(attn_layer *layer, attn_metadata *meta, int task_capacity,
+                                         int merge_capacity, int rows_per_task, int tile_rows,
+                                         attn__cpu_meta **out) {
     attn__cpu_meta *cm = (attn__cpu_meta *)attn__calloc(1, sizeof *cm);
+    if (cm) {
+        cm->task_capacity = task_capacity;
+        cm->merge_capacity = merge_capacity;
+        cm->rows_per_task = rows_per_task;
+        cm->tile_rows = tile_rows;
+        cm->tasks = (attn__cpu_task *)attn__calloc((size_t)task_capacity, sizeof *cm->tasks);
+        cm->merges = (attn__cpu_merge *)attn__calloc((size_t)merge_capacity, sizeof *cm->merges);
+    }
+    if (!cm || !cm->tasks || !cm->merges) {
+        if (cm) { attn__free(cm->tasks); attn__free(cm->merges); attn__free(cm); }
+        return attn__fail(layer->ctx, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
+                          "attn_metadata_create: cannot allocate the CPU schedule (%d tasks)",
+                          task_capacity);
+    }
+    attn_metadata_private_set(meta, cm);
+    *out = cm;
+    return ATTN_OK;
+}
+
+static attn_status attn__cpu_metadata_init(attn_layer *layer, attn_metadata *meta) {
     const attn_layer_desc *d = &layer->desc;
     int group = d->num_heads / d->num_kv_heads;
     int tt = attn__cpu_tile_tokens(group);
     int want = 4 * layer->ctx->num_threads;
     int64_t base = (int64_t)d->num_kv_heads *
                    ((int64_t)meta->cap.max_num_tokens / tt + 1 + meta->cap.max_num_reqs);
-    if (!cm) goto oom;
-    cm->task_capacity = (int)(base + (int64_t)want * ATTN__CPU_MAX_SPLITS);
-    cm->merge_capacity = want;
-    cm->rows_per_task = ATTN__MAX(tt * group, ATTN__CPU_ROWS);
-    cm->tile_rows = ATTN__MAX(ATTN__CPU_NT, d->num_kv_heads * attn__cpu_tile_keys(d->num_kv_heads));
-    cm->tasks = (attn__cpu_task *)attn__calloc((size_t)cm->task_capacity, sizeof *cm->tasks);
-    cm->merges = (attn__cpu_merge *)attn__calloc((size_t)cm->merge_capacity, sizeof *cm->merges);
-    if (!cm->tasks || !cm->merges) goto oom;
-    attn_metadata_private_set(meta, cm);
-    return ATTN_OK;
-oom:
-    if (cm) { attn__free(cm->tasks); attn__free(cm->merges); attn__free(cm); }
-    return attn__fail(layer->ctx, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
-                      "attn_metadata_create: cannot allocate the CPU schedule");
+    attn__cpu_meta *cm;
+    return attn__cpu_meta_attach(layer, meta, (int)(base + (int64_t)want * ATTN__CPU_MAX_SPLITS), want,
+                                 ATTN__MAX(tt * group, ATTN__CPU_ROWS),
+                                 ATTN__MAX(ATTN__CPU_NT, d->num_kv_heads * attn__cpu_tile_keys(d->num_kv_heads)),
+                                 &cm);
 }
 
 static void attn__cpu_metadata_release(attn_metadata *meta) {
@@ -3043,65 +3057,37 @@ static int attn__cpu_task_cmp(const void *a, const void *b) {
     return ca > cb ? -1 : ca < cb ? 1 : 0;
 }
 
-/* The schedule: tasks of (request, KV heads, query tile), split along the keys when the
-   batch alone cannot keep the threads busy (never under ATTN_BATCH_INVARIANT=1). */
-static attn_status attn__cpu_build(attn_layer *layer, attn_metadata *meta, int common_prefix_len,
-                                   int fast_build) {
-    attn__cpu_meta *cm = (attn__cpu_meta *)attn_metadata_private(meta);
-    const attn_batch *b = attn_metadata_batch(meta);
-    const attn_layer_desc *d = &layer->desc;
-    int group = d->num_heads / d->num_kv_heads, tt = attn__cpu_tile_tokens(group);
-    int causal = b->causal == ATTN_CAUSAL_YES;
-    int want = 4 * layer->ctx->num_threads, base = 0, r, h, t0, nt = 0, nm = 0, slots = 0;
-    int split;
-    size_t need;
-    (void)common_prefix_len;
-    (void)fast_build;
-    for (r = 0; r < b->num_reqs; r++) {
-        int ql = b->query_start_loc[r + 1] - b->query_start_loc[r];
-        base += attn__cpu_all_heads(d, ql) ? (ql > 0) : d->num_kv_heads * ((ql + tt - 1) / tt);
+/* Appends the tasks of one (request, KV heads, query tile): ns splits of the key range
+   [lo, hi), and the merge that joins them when ns > 1. */
+static void attn__cpu_emit(attn__cpu_meta *cm, int *nt, int *nm, int *slots, int req, int h0,
+                           int h1, int t0, int t1, int lo, int hi, int ns) {
+    int s;
+    if (ns > 1) {
+        attn__cpu_merge *mg = &cm->merges[(*nm)++];
+        ATTN_ASSERT(*nm <= cm->merge_capacity);
+        mg->req = req; mg->head0 = h0; mg->head1 = h1; mg->tok0 = t0; mg->tok1 = t1;
+        mg->slot0 = *slots; mg->num_splits = ns;
     }
-    split = !attn__env_batch_invariant() && base > 0 && base < want;
-    for (r = 0; r < b->num_reqs; r++) {
-        int ql = b->query_start_loc[r + 1] - b->query_start_loc[r], sl = b->seq_lens[r];
-        int all = attn__cpu_all_heads(d, ql), step = all ? ql : tt;
-        for (t0 = 0; t0 < ql; t0 += step) {
-            int t1 = ATTN__MIN(ql, t0 + step), lo0, hi0, lo1, hi1, lo, hi, ns = 1, s;
-            attn__visible_keys(d, causal, sl - ql + t0, sl, &lo0, &hi0);
-            attn__visible_keys(d, causal, sl - ql + t1 - 1, sl, &lo1, &hi1);
-            lo = ATTN__MIN(lo0, lo1);
-            hi = ATTN__MAX(hi0, hi1);
-            if (split && t0 == 0 && t1 == ql && hi - lo >= 2 * ATTN__CPU_SPLIT_MIN) {
-                ns = (hi - lo) / ATTN__CPU_SPLIT_MIN;
-                ns = ATTN__MIN(ns, (want + base - 1) / base);
-                ns = ATTN__MIN(ns, ATTN__CPU_MAX_SPLITS);
-                if (ns < 2) ns = 1;
-            }
-            for (h = 0; h < d->num_kv_heads; h += all ? d->num_kv_heads : 1) {
-                int h1 = all ? d->num_kv_heads : h + 1;
-                if (ns > 1) {
-                    attn__cpu_merge *mg = &cm->merges[nm++];
-                    ATTN_ASSERT(nm <= cm->merge_capacity);
-                    mg->req = r; mg->head0 = h; mg->head1 = h1; mg->tok0 = t0; mg->tok1 = t1;
-                    mg->slot0 = slots; mg->num_splits = ns;
-                }
-                for (s = 0; s < ns; s++) {
-                    attn__cpu_task *tk = &cm->tasks[nt++];
-                    ATTN_ASSERT(nt <= cm->task_capacity);
-                    tk->req = r; tk->head0 = h; tk->head1 = h1; tk->tok0 = t0; tk->tok1 = t1;
-                    tk->key0 = lo + (int)((int64_t)(hi - lo) * s / ns);
-                    tk->key1 = lo + (int)((int64_t)(hi - lo) * (s + 1) / ns);
-                    tk->slot = ns > 1 ? slots++ : -1;
-                    tk->cost = (int64_t)(tk->key1 - tk->key0 + 16) * (t1 - t0) * (h1 - h);
-                }
-            }
-        }
+    for (s = 0; s < ns; s++) {
+        attn__cpu_task *tk = &cm->tasks[(*nt)++];
+        ATTN_ASSERT(*nt <= cm->task_capacity);
+        tk->req = req; tk->head0 = h0; tk->head1 = h1; tk->tok0 = t0; tk->tok1 = t1;
+        tk->key0 = lo + (int)((int64_t)(hi - lo) * s / ns);
+        tk->key1 = lo + (int)((int64_t)(hi - lo) * (s + 1) / ns);
+        tk->slot = ns > 1 ? (*slots)++ : -1;
+        tk->cost = (int64_t)(tk->key1 - tk->key0 + 16) * (t1 - t0) * (h1 - h0);
     }
-    need = (size_t)slots * (size_t)cm->rows_per_task * (size_t)(attn__cpu_dp(d->head_size) + 2);
+}
+
+/* Sizes the split partials (rows x (dv padded + m + l) per slot; grown, never shrunk),
+   orders the tasks longest first and publishes the counts. */
+static attn_status attn__cpu_schedule_finish(attn_context *ctx, attn__cpu_meta *cm, int nt, int nm,
+                                             int slots, int dv) {
+    size_t need = (size_t)slots * (size_t)cm->rows_per_task * (size_t)(attn__cpu_dp(dv) + 2);
     if (need > cm->partial_floats) {
         float *p = (float *)attn__malloc(need * sizeof(float));
         if (!p)
-            return attn__fail(layer->ctx, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
+            return attn__fail(ctx, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
                               "attn_metadata_build: cannot allocate %zu bytes of split-KV partials",
                               need * sizeof(float));
         attn__free(cm->partial);
@@ -3113,6 +3099,47 @@ static attn_status attn__cpu_build(attn_layer *layer, attn_metadata *meta, int c
     cm->num_merges = nm;
     cm->num_slots = slots;
     return ATTN_OK;
+}
+
+/* The schedule: tasks of (request, KV heads, query tile), split along the keys when the
+   batch alone cannot keep the threads busy (never under ATTN_BATCH_INVARIANT=1). */
+static attn_status attn__cpu_build(attn_layer *layer, attn_metadata *meta, int common_prefix_len,
+                                   int fast_build) {
+    attn__cpu_meta *cm = (attn__cpu_meta *)attn_metadata_private(meta);
+    const attn_batch *b = attn_metadata_batch(meta);
+    const attn_layer_desc *d = &layer->desc;
+    int group = d->num_heads / d->num_kv_heads, tt = attn__cpu_tile_tokens(group);
+    int causal = b->causal == ATTN_CAUSAL_YES;
+    int want = 4 * layer->ctx->num_threads, base = 0, r, h, t0, nt = 0, nm = 0, slots = 0;
+    int split;
+    (void)common_prefix_len;
+    (void)fast_build;
+    for (r = 0; r < b->num_reqs; r++) {
+        int ql = b->query_start_loc[r + 1] - b->query_start_loc[r];
+        base += attn__cpu_all_heads(d, ql) ? (ql > 0) : d->num_kv_heads * ((ql + tt - 1) / tt);
+    }
+    split = !attn__env_batch_invariant() && base > 0 && base < want;
+    for (r = 0; r < b->num_reqs; r++) {
+        int ql = b->query_start_loc[r + 1] - b->query_start_loc[r], sl = b->seq_lens[r];
+        int all = attn__cpu_all_heads(d, ql), step = all ? ql : tt;
+        for (t0 = 0; t0 < ql; t0 += step) {
+            int t1 = ATTN__MIN(ql, t0 + step), lo0, hi0, lo1, hi1, lo, hi, ns = 1;
+            attn__visible_keys(d, causal, sl - ql + t0, sl, &lo0, &hi0);
+            attn__visible_keys(d, causal, sl - ql + t1 - 1, sl, &lo1, &hi1);
+            lo = ATTN__MIN(lo0, lo1);
+            hi = ATTN__MAX(hi0, hi1);
+            if (split && t0 == 0 && t1 == ql && hi - lo >= 2 * ATTN__CPU_SPLIT_MIN) {
+                ns = (hi - lo) / ATTN__CPU_SPLIT_MIN;
+                ns = ATTN__MIN(ns, (want + base - 1) / base);
+                ns = ATTN__MIN(ns, ATTN__CPU_MAX_SPLITS);
+                if (ns < 2) ns = 1;
+            }
+            for (h = 0; h < d->num_kv_heads; h += all ? d->num_kv_heads : 1)
+                attn__cpu_emit(cm, &nt, &nm, &slots, r, h, all ? d->num_kv_heads : h + 1, t0, t1,
+                               lo, hi, ns);
+        }
+    }
+    return attn__cpu_schedule_finish(layer->ctx, cm, nt, nm, slots, d->head_size);
 }
 
 /* What one parallel attention pass reads and writes: the effective layer view (for MLA
@@ -3490,7 +3517,6 @@ static int attn__mla_check(const attn_backend *self, const attn_layer_desc *d,
 }
 
 static attn_status attn__mla_metadata_init(attn_layer *layer, attn_metadata *meta) {
-    attn__cpu_meta *cm = (attn__cpu_meta *)attn__calloc(1, sizeof *cm);
     const attn_layer_desc *d = &layer->desc;
     /* the most splits any batch this metadata can describe will get: the same function
        the build uses, at the longest sequence the block table allows */
@@ -3501,21 +3527,13 @@ static attn_status attn__mla_metadata_init(attn_layer *layer, attn_metadata *met
     int thr = meta->cap.decode_threshold > 0 ? meta->cap.decode_threshold : 1;
     int64_t per_key = (int64_t)d->num_heads * (attn__cpu_dp(d->qk_nope_head_dim + d->qk_rope_head_dim) +
                                               attn__cpu_dp(d->v_head_dim)) * 4;
-    if (!cm) goto oom;
-    cm->task_capacity = meta->cap.max_num_reqs * splits;
-    cm->merge_capacity = meta->cap.max_num_reqs;
-    cm->rows_per_task = thr * d->num_heads;
-    cm->tile_rows = ATTN__CPU_NT;
+    attn__cpu_meta *cm;
+    attn_status st = attn__cpu_meta_attach(layer, meta, meta->cap.max_num_reqs * splits, meta->cap.max_num_reqs,
+                                           thr * d->num_heads, ATTN__CPU_NT, &cm);
+    if (st != ATTN_OK) return st;
+    /* keys up-projected per forward_mha pass: ATTN_MLA_WORKSPACE_BYTES of K and V */
     cm->mla.prefill_chunk = (int)ATTN__MIN(4096, ATTN__MAX(64, (int64_t)ATTN_MLA_WORKSPACE_BYTES / per_key / 64 * 64));
-    cm->tasks = (attn__cpu_task *)attn__calloc((size_t)cm->task_capacity, sizeof *cm->tasks);
-    cm->merges = (attn__cpu_merge *)attn__calloc((size_t)cm->merge_capacity, sizeof *cm->merges);
-    if (!cm->tasks || !cm->merges) goto oom;
-    attn_metadata_private_set(meta, cm);
     return ATTN_OK;
-oom:
-    if (cm) { attn__free(cm->tasks); attn__free(cm->merges); attn__free(cm); }
-    return attn__fail(layer->ctx, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
-                      "attn_metadata_create: cannot allocate the MLA schedule");
 }
 
 /* Decodes first (the batch must be reordered), then the split-KV schedule of the decodes:
@@ -3525,9 +3543,9 @@ static attn_status attn__mla_build(attn_layer *layer, attn_metadata *meta, int c
     attn__cpu_meta *cm = (attn__cpu_meta *)attn_metadata_private(meta);
     const attn_batch *b = attn_metadata_batch(meta);
     int thr = meta->cap.decode_threshold > 0 ? meta->cap.decode_threshold : 1;
-    int nd = 0, r, s, nt = 0, nm = 0, slots = 0, max_dec = 0, ns;
+    int nd = 0, r, nt = 0, nm = 0, slots = 0, max_dec = 0, ns;
     attn_mla_info info;
-    size_t need;
+    attn_status st;
     (void)common_prefix_len;
     (void)fast_build;
     while (nd < b->num_reqs && b->query_start_loc[nd + 1] - b->query_start_loc[nd] <= thr) nd++;
@@ -3552,35 +3570,10 @@ static attn_status attn__mla_build(attn_layer *layer, attn_metadata *meta, int c
         int ql = b->query_start_loc[r + 1] - b->query_start_loc[r], sl = b->seq_lens[r];
         int lo = 0, hi = sl;
         if (ql == 0) continue;
-        if (ns > 1) {
-            attn__cpu_merge *mg = &cm->merges[nm++];
-            mg->req = r; mg->head0 = 0; mg->head1 = 1; mg->tok0 = 0; mg->tok1 = ql;
-            mg->slot0 = slots; mg->num_splits = ns;
-        }
-        for (s = 0; s < ns; s++) {
-            attn__cpu_task *tk = &cm->tasks[nt++];
-            tk->req = r; tk->head0 = 0; tk->head1 = 1; tk->tok0 = 0; tk->tok1 = ql;
-            tk->key0 = lo + (int)((int64_t)(hi - lo) * s / ns);
-            tk->key1 = lo + (int)((int64_t)(hi - lo) * (s + 1) / ns);
-            tk->slot = ns > 1 ? slots++ : -1;
-            tk->cost = (int64_t)(tk->key1 - tk->key0 + 16) * ql;
-        }
+        attn__cpu_emit(cm, &nt, &nm, &slots, r, 0, 1, 0, ql, lo, hi, ns);
     }
-    need = (size_t)slots * (size_t)cm->rows_per_task * (size_t)(attn__cpu_dp(layer->desc.kv_lora_rank) + 2);
-    if (need > cm->partial_floats) {
-        float *p = (float *)attn__malloc(need * sizeof(float));
-        if (!p)
-            return attn__fail(layer->ctx, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
-                              "attn_metadata_build: cannot allocate %zu bytes of split-KV partials",
-                              need * sizeof(float));
-        attn__free(cm->partial);
-        cm->partial = p;
-        cm->partial_floats = need;
-    }
-    qsort(cm->tasks, (size_t)nt, sizeof *cm->tasks, attn__cpu_task_cmp);
-    cm->num_tasks = nt;
-    cm->num_merges = nm;
-    cm->num_slots = slots;
+    st = attn__cpu_schedule_finish(layer->ctx, cm, nt, nm, slots, layer->desc.kv_lora_rank);
+    if (st != ATTN_OK) return st;
     cm->mla = info;
     return ATTN_OK;
 }
