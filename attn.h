@@ -2125,6 +2125,26 @@ static int attn__metadata_fits(const attn_metadata *meta, const attn_layer *laye
            m->kv_lora_rank == d->kv_lora_rank && m->qk_rope_head_dim == d->qk_rope_head_dim;
 }
 
+/* A forward call's metadata: built, and created by a layer of the same configuration. */
+static attn_status attn__check_meta(const attn_layer *layer, const attn_metadata *meta, const char *fn) {
+    attn_context *ctx = layer->ctx;
+    const attn_layer_desc *d = &layer->desc, *m = &meta->built_for;
+    if (!meta->built)
+        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA,
+                          "%s: meta has not been built (call attn_metadata_build first)", fn);
+    if (!attn__metadata_fits(meta, layer))
+        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA,
+                          "%s: meta was created for backend %s, heads %d/%d, head_size %d, "
+                          "block_size %d, causal %d, sliding_window %d (allowed: the same as "
+                          "this layer: %s, %d/%d, %d, %d, %d, %d)",
+                          fn, meta->backend ? meta->backend->name : "?", m->num_heads,
+                          m->num_kv_heads, m->head_size, m->block_size, (int)m->causal,
+                          m->sliding_window, layer->backend->name, d->num_heads,
+                          d->num_kv_heads, d->head_size, d->block_size, (int)d->causal,
+                          d->sliding_window);
+    return ATTN_OK;
+}
+
 ATTN_API const attn_batch *attn_metadata_batch(const attn_metadata *meta) {
     return meta ? &meta->batch : NULL;
 }
@@ -3887,14 +3907,7 @@ static attn_status attn__mla_check_call(attn_layer *layer, const attn_metadata *
     if (!layer->desc.use_mla || !layer->backend->is_mla)
         return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_ARGUMENT,
                           "%s: the layer is not MLA (allowed: a layer created with use_mla = 1)", fn);
-    if (!meta->built)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA,
-                          "%s: meta has not been built (call attn_metadata_build first)", fn);
-    if (!attn__metadata_fits(meta, layer))
-        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA,
-                          "%s: meta was created for another layer configuration (allowed: "
-                          "metadata of a layer with the same backend, heads and MLA dims)", fn);
-    return ATTN_OK;
+    return attn__check_meta(layer, meta, fn);
 }
 
 ATTN_API attn_status attn_metadata_mla_info(const attn_metadata *meta, attn_mla_info *out) {
@@ -4329,21 +4342,8 @@ ATTN_API attn_status attn_layer_forward(attn_layer *layer, const attn_metadata *
         return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_ARGUMENT,
                           "%s: the layer is MLA (allowed: standard layers; MLA layers use the "
                           "MLA forward calls)", fn);
-    if (!meta->built)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA,
-                          "%s: meta has not been built (call attn_metadata_build first)", fn);
-    if (!attn__metadata_fits(meta, layer)) {
-        const attn_layer_desc *m = &meta->built_for;
-        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA,
-                          "%s: meta was created for backend %s, heads %d/%d, head_size %d, "
-                          "block_size %d, causal %d, sliding_window %d (allowed: the same as "
-                          "this layer: %s, %d/%d, %d, %d, %d, %d)",
-                          fn, meta->backend ? meta->backend->name : "?", m->num_heads,
-                          m->num_kv_heads, m->head_size, m->block_size, (int)m->causal,
-                          m->sliding_window, layer->backend->name, d->num_heads,
-                          d->num_kv_heads, d->head_size, d->block_size, (int)d->causal,
-                          d->sliding_window);
-    }
+    st = attn__check_meta(layer, meta, fn);
+    if (st != ATTN_OK) return st;
     if ((k == NULL) != (v == NULL))
         return attn__fail(ctx, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT,
                           "%s: argument '%s' is NULL but '%s' is not (allowed: both or neither)",
