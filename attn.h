@@ -2799,13 +2799,16 @@ static void attn__cpu_pv(const float *P, int ld, int M, const float *V, int ldv,
 #ifndef ATTN__PVPF
 #define ATTN__PVPF 8
 #endif
+#ifndef ATTN__PF_HINT
+#define ATTN__PF_HINT 2
+#endif
 
 /* Asks for a K/V row ahead of use: rows of one head are strided across the page, which
    the hardware prefetchers do not follow. */
 ATTN__INLINE void attn__prefetch_row(const char *p, size_t bytes) {
 #if defined(__GNUC__) || defined(__clang__)
     size_t o;
-    for (o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 2);
+    for (o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, ATTN__PF_HINT);
 #else
     (void)p; (void)bytes;
 #endif
