@@ -514,7 +514,7 @@ typedef struct attn_metadata_desc {
     int max_blocks_per_req;  /* required: block_table_stride may not exceed it */
     int64_t num_blocks;      /* required: blocks in the KV cache this metadata indexes */
     /* MLA only (ignored by standard layers) */
-    int decode_threshold;    /* requests with query_len <= this are decodes; 0: 1 */
+    int decode_threshold;    /* requests with query_len <= this are decodes, 0..16; 0: 1 */
     int num_kv_splits;       /* decode split-KV count, 1..1024; 0: attn_mla_num_kv_splits() */
 } attn_metadata_desc;
 
@@ -1596,8 +1596,8 @@ static attn_status attn__desc_resolve(attn_context *ctx, const char *fn,
                   fn, (int)d.kv_cache_dtype);
     if (!d.dtype) d.dtype = ATTN_DTYPE_F16;
     if (!d.kv_cache_dtype) d.kv_cache_dtype = d.dtype;
-    if (d.block_size < 0 || d.block_size % 16)
-        ATTN__BAD("%s: desc.block_size is %d (allowed: 0 = 16, or a positive multiple of 16)",
+    if (d.block_size < 0 || d.block_size % 16 || d.block_size > 65536)
+        ATTN__BAD("%s: desc.block_size is %d (allowed: 0 = 16, or a multiple of 16 up to 65536)",
                   fn, d.block_size);
     if (!d.block_size) d.block_size = 16;
     if (d.use_mla < 0 || d.use_mla > 1)
@@ -2103,7 +2103,9 @@ ATTN_API attn_status attn_layer_kv_cache_shape(attn_layer *layer, int64_t num_bl
    ======================================================================================= */
 
 struct attn_metadata {
-    attn_layer *layer;
+    attn_layer *layer;             /* &creator: the metadata's own copy of its creating layer,
+                                      so it stays valid after that layer is destroyed */
+    attn_layer creator;
     const attn_backend *backend;
     attn_metadata_desc cap;
     attn_layer_desc built_for;     /* the creating layer's descriptor (alibi not kept) */
@@ -2180,12 +2182,15 @@ ATTN_API attn_status attn_metadata_create(attn_layer *layer, const attn_metadata
     ATTN__CAP(max_num_tokens, 1, 1 << 28);
     ATTN__CAP(max_blocks_per_req, 1, 1 << 24);
     ATTN__CAP(num_blocks, 1, (int64_t)1 << 40);
-    ATTN__CAP(decode_threshold, 0, 1 << 16);
+    ATTN__CAP(decode_threshold, 0, 16);
     ATTN__CAP(num_kv_splits, 0, 1024);
 #undef ATTN__CAP
     m = (attn_metadata *)attn__calloc(1, sizeof *m);
     if (!m) goto oom;
-    m->layer = layer;
+    m->creator = *layer;
+    m->creator.alibi = NULL;       /* builders do not read slopes; the layer owns them */
+    m->creator.desc.alibi_slopes = NULL;
+    m->layer = &m->creator;
     m->backend = layer->backend;
     m->cap = *desc;
     m->built_for = layer->desc;
@@ -2298,6 +2303,24 @@ static attn_status attn__batch_validate(attn_context *ctx, const attn_metadata *
     if (common_prefix_len < 0 || common_prefix_len > max_s)
         ATTN__META("%s: common_prefix_len is %d (allowed: 0..%d, max_seq_len)", fn,
                    common_prefix_len, max_s);
+    {
+        attn_causal c = b->causal ? b->causal : m->built_for.causal;
+        if (c == ATTN_CAUSAL_NO && !m->backend->supports_non_causal)
+            return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_METADATA,
+                              "%s: batch.causal is ATTN_CAUSAL_NO but backend %s is causal only "
+                              "(allowed: ATTN_CAUSAL_DEFAULT or _YES)", fn, m->backend->name);
+    }
+    if (m->built_for.use_mla) { /* MLA batches list their decodes first */
+        int thr = m->cap.decode_threshold > 0 ? m->cap.decode_threshold : 1, first_prefill = -1;
+        for (i = 0; i < b->num_reqs; i++) {
+            int ql = b->query_start_loc[i + 1] - b->query_start_loc[i];
+            if (ql > thr && first_prefill < 0) first_prefill = i;
+            if (ql <= thr && first_prefill >= 0)
+                ATTN__META("%s: request %d (query_len %d) is a decode after the prefill request "
+                           "%d (allowed: decodes first; reorder with attn_reorder_batch)", fn, i,
+                           ql, first_prefill);
+        }
+    }
 #undef ATTN__META
     return ATTN_OK;
 }
@@ -2354,9 +2377,9 @@ static attn_status attn__check_kv_cache(attn_layer *layer, const char *fn, const
     st = attn__check_tensor(layer->ctx, fn, "kv_cache", kv, layer->desc.kv_cache_dtype, ndim, shape,
                             layer->backend->needs_cuda ? ATTN_DEVICE_CUDA : ATTN_DEVICE_CPU);
     if (st != ATTN_OK) return st;
-    if (kv->shape[0] < 1)
+    if (kv->shape[0] < 1 || kv->shape[0] > ((int64_t)1 << 40))
         return attn__fail(layer->ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
-                          "%s: kv_cache.shape[0] is %lld (allowed: >= 1 blocks)", fn,
+                          "%s: kv_cache.shape[0] is %lld (allowed: 1..2^40 blocks)", fn,
                           (long long)kv->shape[0]);
     if (!attn__tensor_is_contiguous(kv))
         return attn__fail(layer->ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
@@ -3019,14 +3042,25 @@ static int attn__env_batch_invariant(void) {
 }
 
 /* The private part of CPU metadata, allocated once at its fixed capacity. */
-static attn_status attn__cpu_meta_attach(attn_layer *layer, attn_metadata *meta, int task_capacity,
-                                         int merge_capacity, int rows_per_task, int tile_rows,
+#define ATTN__CPU_MAX_TASKS (1 << 26)
+#define ATTN__CPU_MAX_ROWS (1 << 20)
+
+static attn_status attn__cpu_meta_attach(attn_layer *layer, attn_metadata *meta, int64_t task_capacity,
+                                         int merge_capacity, int64_t rows_per_task, int tile_rows,
                                          attn__cpu_meta **out) {
-    attn__cpu_meta *cm = (attn__cpu_meta *)attn__calloc(1, sizeof *cm);
+    attn__cpu_meta *cm;
+    if (task_capacity > ATTN__CPU_MAX_TASKS || rows_per_task > ATTN__CPU_MAX_ROWS)
+        return attn__fail(layer->ctx, ATTN_ERROR_CAPACITY, ATTN_LOG_INVALID_ARGUMENT,
+                          "attn_metadata_create: the capacity asks for %lld tasks of up to %lld "
+                          "query rows (allowed: at most %d tasks and %d rows; lower max_num_reqs, "
+                          "max_num_tokens, num_kv_splits or decode_threshold)",
+                          (long long)task_capacity, (long long)rows_per_task, ATTN__CPU_MAX_TASKS,
+                          ATTN__CPU_MAX_ROWS);
+    cm = (attn__cpu_meta *)attn__calloc(1, sizeof *cm);
     if (cm) {
-        cm->task_capacity = task_capacity;
+        cm->task_capacity = (int)task_capacity;
         cm->merge_capacity = merge_capacity;
-        cm->rows_per_task = rows_per_task;
+        cm->rows_per_task = (int)rows_per_task;
         cm->tile_rows = tile_rows;
         cm->tasks = (attn__cpu_task *)attn__calloc((size_t)task_capacity, sizeof *cm->tasks);
         cm->merges = (attn__cpu_merge *)attn__calloc((size_t)merge_capacity, sizeof *cm->merges);
@@ -3034,8 +3068,8 @@ static attn_status attn__cpu_meta_attach(attn_layer *layer, attn_metadata *meta,
     if (!cm || !cm->tasks || !cm->merges) {
         if (cm) { attn__free(cm->tasks); attn__free(cm->merges); attn__free(cm); }
         return attn__fail(layer->ctx, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
-                          "attn_metadata_create: cannot allocate the CPU schedule (%d tasks)",
-                          task_capacity);
+                          "attn_metadata_create: cannot allocate the CPU schedule (%lld tasks)",
+                          (long long)task_capacity);
     }
     attn_metadata_private_set(meta, cm);
     *out = cm;
@@ -3050,7 +3084,7 @@ static attn_status attn__cpu_metadata_init(attn_layer *layer, attn_metadata *met
     int64_t base = (int64_t)d->num_kv_heads *
                    ((int64_t)meta->cap.max_num_tokens / tt + 1 + meta->cap.max_num_reqs);
     attn__cpu_meta *cm;
-    return attn__cpu_meta_attach(layer, meta, (int)(base + (int64_t)want * ATTN__CPU_MAX_SPLITS), want,
+    return attn__cpu_meta_attach(layer, meta, base + (int64_t)want * ATTN__CPU_MAX_SPLITS, want,
                                  ATTN__MAX(tt * group, ATTN__CPU_ROWS),
                                  ATTN__MAX(ATTN__CPU_NT, d->num_kv_heads * attn__cpu_tile_keys(d->num_kv_heads)),
                                  &cm);
@@ -3069,10 +3103,10 @@ static void attn__cpu_metadata_release(attn_metadata *meta) {
 /* Keys visible to query position pos of a sequence of seq_len tokens: [*lo, *hi). */
 static void attn__visible_keys(const attn_layer_desc *d, int causal, int pos, int seq_len,
                                int *lo, int *hi) {
-    int w = d->sliding_window;
-    *lo = w ? ATTN__MAX(0, pos - w + 1) : 0;
+    int64_t w = d->sliding_window;
+    *lo = w ? (int)ATTN__MAX(0, (int64_t)pos - w + 1) : 0;
     if (causal) *hi = pos + 1;
-    else *hi = w ? ATTN__MIN(seq_len, pos + w) : seq_len;
+    else *hi = w ? (int)ATTN__MIN((int64_t)seq_len, (int64_t)pos + w) : seq_len;
 }
 
 static int attn__cpu_task_cmp(const void *a, const void *b) {
@@ -3471,7 +3505,7 @@ static const attn_backend attn__cpu_backend = {
 #endif
 
 ATTN_API int attn_mla_num_kv_splits(int max_seq_len, int parallelism, int batch_invariant) {
-    int n = (max_seq_len + 511) / 512;
+    int n = max_seq_len / 512 + (max_seq_len % 512 > 0);
     if (batch_invariant || n < 1) return 1;
     if (parallelism < 1) parallelism = 1;
     return n < parallelism ? n : parallelism;
@@ -3551,8 +3585,9 @@ static attn_status attn__mla_metadata_init(attn_layer *layer, attn_metadata *met
     int64_t per_key = (int64_t)d->num_heads * (attn__cpu_dp(d->qk_nope_head_dim + d->qk_rope_head_dim) +
                                               attn__cpu_dp(d->v_head_dim)) * 4;
     attn__cpu_meta *cm;
-    attn_status st = attn__cpu_meta_attach(layer, meta, meta->cap.max_num_reqs * splits, meta->cap.max_num_reqs,
-                                           thr * d->num_heads, ATTN__CPU_NT, &cm);
+    attn_status st = attn__cpu_meta_attach(layer, meta, (int64_t)meta->cap.max_num_reqs * splits,
+                                           meta->cap.max_num_reqs, (int64_t)thr * d->num_heads,
+                                           ATTN__CPU_NT, &cm);
     if (st != ATTN_OK) return st;
     /* keys up-projected per forward_mha pass: ATTN_MLA_WORKSPACE_BYTES of K and V */
     cm->mla.prefill_chunk = (int)ATTN__MIN(4096, ATTN__MAX(64, (int64_t)ATTN_MLA_WORKSPACE_BYTES / per_key / 64 * 64));
@@ -3571,13 +3606,8 @@ static attn_status attn__mla_build(attn_layer *layer, attn_metadata *meta, int c
     attn_status st;
     (void)common_prefix_len;
     (void)fast_build;
+    /* validation has checked the decodes-first order */
     while (nd < b->num_reqs && b->query_start_loc[nd + 1] - b->query_start_loc[nd] <= thr) nd++;
-    for (r = nd; r < b->num_reqs; r++)
-        if (b->query_start_loc[r + 1] - b->query_start_loc[r] <= thr)
-            return attn__fail(layer->ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA,
-                              "attn_metadata_build: request %d (query_len %d) is a decode after the "
-                              "prefill request %d (allowed: decodes first; reorder with "
-                              "attn_reorder_batch)", r, b->query_start_loc[r + 1] - b->query_start_loc[r], nd);
     for (r = 0; r < nd; r++) max_dec = ATTN__MAX(max_dec, b->seq_lens[r]);
     ns = meta->cap.num_kv_splits > 0 ? meta->cap.num_kv_splits
                                      : attn_mla_num_kv_splits(max_dec, layer->ctx->num_threads,
@@ -3960,6 +3990,9 @@ ATTN_API attn_status attn_concat_and_cache_mla(attn_layer *layer, const attn_ten
     if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "k_pe", k_pe, d->dtype, 2, shape, ATTN_DEVICE_CPU);
     if (st == ATTN_OK) st = attn__check_kv_cache(layer, fn, kv_cache, 0);
     if (st != ATTN_OK) return st;
+    if (layer->backend->needs_cuda)
+        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_ARGUMENT,
+                          "%s: device caches are written by the backend's forward", fn);
     num_slots = kv_cache->shape[0] * (int64_t)d->block_size;
     for (t = 0; t < num_tokens; t++)
         if (slot_mapping[t] < -1 || slot_mapping[t] >= num_slots)
@@ -4147,6 +4180,8 @@ ATTN_API attn_status attn_mla_forward(attn_layer *layer, const attn_metadata *me
     int64_t shape[3];
     attn_status st;
     int H, R, td;
+    float *ql = NULL, *ol = NULL;
+    size_t need;
     (void)stream;
     ATTN__CHECK_PTR(ctx, layer, "attn_mla_forward");
     ATTN__CHECK_PTR(ctx, meta, "attn_mla_forward");
@@ -4168,6 +4203,8 @@ ATTN_API attn_status attn_mla_forward(attn_layer *layer, const attn_metadata *me
     H = d->num_heads;
     R = d->kv_lora_rank;
     td = info.num_decode_tokens;
+    need = ATTN__MAX((size_t)d->qk_nope_head_dim * (size_t)R + (size_t)td * (size_t)(d->qk_nope_head_dim + R),
+                     (size_t)R * (size_t)attn__cpu_dp(d->v_head_dim) + (size_t)td * (size_t)(R + attn__cpu_dp(d->v_head_dim))) + 64;
     if ((kv_c == NULL) != (k_pe == NULL))
         return attn__fail(ctx, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT,
                           "%s: argument '%s' is NULL but '%s' is not (allowed: both or neither)",
@@ -4180,7 +4217,7 @@ ATTN_API attn_status attn_mla_forward(attn_layer *layer, const attn_metadata *me
     if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out", out, d->dtype, 3, shape, ATTN_DEVICE_CPU);
     if (st == ATTN_OK) st = attn__mla_check_weights(layer, meta, fn, kv_cache, w_uk, w_uv);
     if (st != ATTN_OK) return st;
-    if (kv_c) {
+    if (kv_c) { /* all checks of the cache write before anything is allocated or written */
         int64_t s2[2];
         int t;
         if (!b->slot_mapping)
@@ -4194,26 +4231,26 @@ ATTN_API attn_status attn_mla_forward(attn_layer *layer, const attn_metadata *me
         for (t = 0; t < b->num_actual_tokens; t++)
             if (b->slot_mapping[t] >= kv_cache->shape[0] * (int64_t)d->block_size)
                 return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA,
-                                  "%s: slot_mapping[%d] is beyond the cache", fn, t);
+                                  "%s: slot_mapping[%d] is %lld, beyond the cache's %lld slots", fn, t,
+                                  (long long)b->slot_mapping[t], (long long)(kv_cache->shape[0] * d->block_size));
+    }
+    if (td > 0) { /* workspace next: nothing is written before it exists */
+        ql = (float *)attn__malloc((size_t)td * (size_t)H * (size_t)R * sizeof(float));
+        ol = (float *)attn__malloc((size_t)td * (size_t)H * (size_t)R * sizeof(float));
+        st = ql && ol ? attn__scratch_reserve(ctx, need)
+                      : attn__fail(ctx, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
+                                   "%s: cannot allocate the latent query/output of %d decode tokens", fn, td);
+        if (st != ATTN_OK) { attn__free(ql); attn__free(ol); return st; }
+    }
+    if (kv_c) {
         st = attn_concat_and_cache_mla(layer, kv_c, k_pe, kv_cache, b->slot_mapping, b->num_actual_tokens);
-        if (st != ATTN_OK) return st;
+        if (st != ATTN_OK) { attn__free(ql); attn__free(ol); return st; }
     }
     if (td > 0) {
-        float *ql = (float *)attn__malloc((size_t)td * (size_t)H * (size_t)R * sizeof(float));
-        float *ol = (float *)attn__malloc((size_t)td * (size_t)H * (size_t)R * sizeof(float));
         attn__mla_proj pj;
         attn_tensor tql, tol;
         int64_t s3[3];
-        size_t need = ATTN__MAX((size_t)d->qk_nope_head_dim * (size_t)R + (size_t)td * (size_t)(d->qk_nope_head_dim + R),
-                                (size_t)R * (size_t)attn__cpu_dp(d->v_head_dim) + (size_t)td * (size_t)(R + attn__cpu_dp(d->v_head_dim))) + 64;
-        if (!ql || !ol) {
-            attn__free(ql);
-            attn__free(ol);
-            return attn__fail(ctx, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
-                              "%s: cannot allocate the latent query/output of %d decode tokens", fn, td);
-        }
-        st = attn__scratch_reserve(ctx, need);
-        if (st == ATTN_OK) {
+        {
             memset(&pj, 0, sizeof pj);
             pj.layer = layer;
             pj.td = td;
@@ -4294,6 +4331,9 @@ ATTN_API attn_status attn_merge_attn_states(attn_context *ctx, const attn_tensor
             float l;
             if (base_a == ATTN_LSE_BASE_2) a *= ATTN__LN2;
             if (base_b == ATTN_LSE_BASE_2) bb *= ATTN__LN2;
+            /* some kernels report an empty partition as +inf (or NaN): empty either way */
+            if (!(a < INFINITY)) a = -INFINITY;
+            if (!(bb < INFINITY)) bb = -INFINITY;
             for (x = 0; x < D; x++) {
                 row[x] = attn__load_elem((const char *)oa.data + (size_t)(t * oa.strides[0] + h * oa.strides[1]) * esz, oa.dtype, x);
                 row[D + x] = attn__load_elem((const char *)ob.data + (size_t)(t * ob.strides[0] + h * ob.strides[1]) * esz, ob.dtype, x);

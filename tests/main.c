@@ -12,6 +12,7 @@ void suite_types(void);      /* tests/test_forward.c */
 void suite_forward(void);    /* tests/test_forward.c */
 void suite_selector(void);   /* tests/test_selector.c */
 void suite_validation(void); /* tests/test_validation.c */
+void suite_regress(void);    /* tests/test_regress.c */
 void suite_mla(void);        /* tests/test_mla.c */
 
 int main(int argc, char **argv) {
@@ -22,6 +23,7 @@ int main(int argc, char **argv) {
     SUITE(suite_forward);
     SUITE(suite_selector);
     SUITE(suite_validation);
+    SUITE(suite_regress);
     SUITE(suite_mla);
 #undef SUITE
     return attn_test_summary();
