@@ -3048,7 +3048,7 @@ static int attn__env_batch_invariant(void) {
 static attn_status attn__cpu_meta_attach(attn_layer *layer, attn_metadata *meta, int64_t task_capacity,
                                          int merge_capacity, int64_t rows_per_task, int tile_rows,
                                          attn__cpu_meta **out) {
-    attn__cpu_meta *cm;
+    attn__cpu_meta *cm = NULL;
     if (task_capacity > ATTN__CPU_MAX_TASKS || rows_per_task > ATTN__CPU_MAX_ROWS)
         return attn__fail(layer->ctx, ATTN_ERROR_CAPACITY, ATTN_LOG_INVALID_ARGUMENT,
                           "attn_metadata_create: the capacity asks for %lld tasks of up to %lld "
@@ -3083,7 +3083,7 @@ static attn_status attn__cpu_metadata_init(attn_layer *layer, attn_metadata *met
     int want = 4 * layer->ctx->num_threads;
     int64_t base = (int64_t)d->num_kv_heads *
                    ((int64_t)meta->cap.max_num_tokens / tt + 1 + meta->cap.max_num_reqs);
-    attn__cpu_meta *cm;
+    attn__cpu_meta *cm = NULL;
     return attn__cpu_meta_attach(layer, meta, base + (int64_t)want * ATTN__CPU_MAX_SPLITS, want,
                                  ATTN__MAX(tt * group, ATTN__CPU_ROWS),
                                  ATTN__MAX(ATTN__CPU_NT, d->num_kv_heads * attn__cpu_tile_keys(d->num_kv_heads)),
@@ -3584,7 +3584,7 @@ static attn_status attn__mla_metadata_init(attn_layer *layer, attn_metadata *met
     int thr = meta->cap.decode_threshold > 0 ? meta->cap.decode_threshold : 1;
     int64_t per_key = (int64_t)d->num_heads * (attn__cpu_dp(d->qk_nope_head_dim + d->qk_rope_head_dim) +
                                               attn__cpu_dp(d->v_head_dim)) * 4;
-    attn__cpu_meta *cm;
+    attn__cpu_meta *cm = NULL;
     attn_status st = attn__cpu_meta_attach(layer, meta, (int64_t)meta->cap.max_num_reqs * splits,
                                            meta->cap.max_num_reqs, (int64_t)thr * d->num_heads,
                                            ATTN__CPU_NT, &cm);

@@ -50,6 +50,7 @@ check header-c99-gcc     gcc -std=c99 -Wall -Wextra -Wpedantic -Werror -I. -c "$
 check header-c11-clang   clang -std=c11 -Wall -Wextra -Wpedantic -Werror -I. -c "$hdr/t.c" -o "$hdr/b.o"
 check header-cxx17-gxx   g++ -std=c++17 -Wall -Wextra -Werror -I. -c "$hdr/t.cpp" -o "$hdr/c.o"
 check header-cxx17-native g++ -std=c++17 -Wall -Wextra -Werror -O2 -march=native -I. -c "$hdr/t.cpp" -o "$hdr/d.o"
+check header-c99-O3-native gcc -std=c99 -Wall -Wextra -Wpedantic -Werror -O3 -march=native -I. -c "$hdr/t.c" -o "$hdr/g.o"
 check header-c99-avx2    gcc -std=c99 -Wall -Wextra -Wpedantic -Werror -O2 -mavx2 -mfma -mf16c -I. -c "$hdr/t.c" -o "$hdr/e.o"
 check header-c99-static  gcc -std=c99 -Wall -Wextra -Wpedantic -Werror -DATTN_STATIC -Wno-unused-function -I. -c "$hdr/t.c" -o "$hdr/f.o"
 rm -rf "$hdr"
