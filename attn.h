@@ -437,7 +437,7 @@ typedef struct attn_selection {
     int env_set;
     int forced_by_code;
     attn_backend_id forced_backend;   /* AUTO unless forced_by_code */
-    attn_backend_id default_backend;  /* first of the platform's priority list */
+    attn_backend_id default_backend;  /* first of the platform's list of the layer's kind */
     attn_backend_id requested;        /* what code or env asked for, AUTO if nothing */
     attn_backend_id resolved;         /* AUTO only on failure */
     attn_selection_source source;     /* where the resolved choice came from */
@@ -1805,8 +1805,10 @@ static attn_status attn__resolve(attn_context *ctx, const attn_layer_desc *d,
                                ? ctx->platform.cuda_capability_major * 10 + ctx->platform.cuda_capability_minor
                                : 0;
     attn__strlcpy(s->degradation, "none", sizeof s->degradation);
-    for (i = 0; i < count; i++)
-        if (attn_backend_get(list[i])) { s->default_backend = list[i]; break; }
+    for (i = 0; i < count; i++) { /* the first registered backend of the layer's kind */
+        const attn_backend *b = attn_backend_get(list[i]);
+        if (b && b->is_mla == d->use_mla) { s->default_backend = list[i]; break; }
+    }
 
     if (req->backend != ATTN_BACKEND_AUTO) {
         s->forced_by_code = 1;

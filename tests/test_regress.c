@@ -187,7 +187,23 @@ ATTN_TEST(rg_huge_noncausal_window) {
     attn_context_destroy(ctx);
 }
 
+/* The record's default backend is the first of the layer's kind (CPU_MLA for MLA). */
+ATTN_TEST(rg_default_backend_of_the_layer_kind) {
+    attn_context *ctx = rg_ctx(1);
+    attn_layer_desc d = rg_mla_desc(16);
+    attn_selection sel;
+    EXPECT_OK(attn_select_backend(ctx, &d, NULL, &sel));
+    EXPECT_EQ_INT(sel.default_backend, ATTN_BACKEND_CPU_MLA);
+    EXPECT_EQ_INT(sel.resolved, ATTN_BACKEND_CPU_MLA);
+    d.use_mla = 0;
+    d.head_size = 128;
+    EXPECT_OK(attn_select_backend(ctx, &d, NULL, &sel));
+    EXPECT_EQ_INT(sel.default_backend, ATTN_BACKEND_CPU);
+    attn_context_destroy(ctx);
+}
+
 void suite_regress(void) {
+    ATTN_RUN(rg_default_backend_of_the_layer_kind);
     ATTN_RUN(rg_mla_split_capacity_at_int_limit);
     ATTN_RUN(rg_capacity_overflow_is_refused);
     ATTN_RUN(rg_metadata_lifetime_and_rejected_builds);
