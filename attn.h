@@ -528,7 +528,8 @@ ATTN_API void *attn_metadata_private(const attn_metadata *meta);
 ATTN_API void attn_metadata_private_set(attn_metadata *meta, void *priv);
 ATTN_API attn_context *attn_layer_context(const attn_layer *layer);
 /* Validates every field (naming the first bad one), copies the batch, and runs the
-   backend's builder. On error the previous contents are kept. */
+   backend's builder. On a validation error the previous contents are kept; if the
+   builder runs out of memory the metadata is left unbuilt. Reads ATTN_BATCH_INVARIANT. */
 ATTN_API attn_status attn_metadata_build(attn_metadata *meta, int common_prefix_len,
                                          const attn_batch *batch, int fast_build);
 
