@@ -3456,6 +3456,8 @@ static attn_status attn__cpu_forward(attn_layer *layer, const attn_metadata *met
     a.q = attn__tensor_resolved(q);
     a.out = attn__tensor_resolved(out);
     if (lse) { a.lse = attn__tensor_resolved(lse); a.has_lse = 1; }
+    /* reserve before the cache write, so running out of memory changes nothing
+       (attn__cpu_execute's own reservation is then a no-op) */
     st = attn__scratch_reserve(layer->ctx, attn__cpu_scratch_floats(a.cm, a.dpk, a.dpv));
     if (st != ATTN_OK) return st;
     if (k && v)
@@ -3822,7 +3824,7 @@ static attn_status attn__mla_mha(attn_layer *layer, const attn_metadata *meta, c
     const attn_batch *b = attn_metadata_batch(meta);
     int H = d->num_heads, R = d->kv_lora_rank, P = d->qk_rope_head_dim, LD = R + P;
     int nd = cm->mla.num_decodes, tp = cm->mla.num_prefill_tokens, first = cm->mla.num_decode_tokens;
-    int chunk = cm->mla.prefill_chunk, r, x, i;
+    int chunk = cm->mla.prefill_chunk, r, i;
     attn__mha_run a;
     attn_tensor o = attn__tensor_resolved(out), ls;
     attn_status st = ATTN_OK;
@@ -3893,7 +3895,6 @@ static attn_status attn__mla_mha(attn_layer *layer, const attn_metadata *meta, c
             if (lse) ((float *)ls.data)[(tok - out_row0) * ls.strides[0] + h * ls.strides[1]] = sr[a.dpv];
         }
     }
-    (void)x;
 done:
     attn__free(latc);
     attn__free(latpe);
@@ -4267,8 +4268,7 @@ ATTN_API attn_status attn_mla_forward(attn_layer *layer, const attn_metadata *me
             tol = attn_tensor_make(ol, ATTN_DTYPE_F32, 3, s3);
             st = attn__mla_cpu_forward_mqa(layer, meta, &tql, q_pe, kv_cache, &tol, NULL, stream);
         }
-        if (st == ATTN_OK) st = attn__scratch_reserve(ctx, need);
-        if (st == ATTN_OK) {
+        if (st == ATTN_OK) { /* scratch only grows: the reservation above still holds */
             pj.absorb = 0;
             pj.src_f32 = ol;
             pj.w = attn__tensor_resolved(w_uv);
