@@ -32,10 +32,14 @@
        ATTN_BACKEND            force a backend by name (case-insensitive): CPU, CPU_MLA
                                (code beats env; an unknown name fails and lists the names)
        ATTN_LOG_LEVEL          error | warn | info (default) | debug | none
-       ATTN_NUM_THREADS        CPU worker threads (default: the number of online cores)
-       ATTN_BATCH_INVARIANT    1 = never split a sequence's keys across threads (MLA: one
+       ATTN_NUM_THREADS        CPU worker threads, 1..1024 (default: the online cores)
+       ATTN_BATCH_INVARIANT    on = never split a sequence's keys across threads (MLA: one
                                KV split), so a row's result does not depend on what else
-                               is in the batch; read at attn_metadata_build
+                               is in the batch; read at attn_metadata_build (default off)
+       Booleans read 1/0, true/false, yes/no, on/off (case-insensitive). Apart from
+       ATTN_BACKEND, a value that is not allowed logs one WARN line (ATTN_LOG_ENV_INVALID,
+       through the context's hook) naming the variable, the value and what is allowed, and
+       the default is used.
 
    BACKENDS, in automatic priority order per platform (a backend serves only layers of
    its kind: standard or MLA; CUSTOM, a plugin slot, leads when registered)
@@ -168,6 +172,7 @@ typedef enum attn_status {
     X(BACKEND_RESTORED, "backend registry entry restored")                       \
     X(INVALID_ARGUMENT, "invalid argument")                                      \
     X(INVALID_METADATA, "invalid batch metadata")                                \
+    X(ENV_INVALID, "environment variable has an invalid value")                  \
     X(THREADS_STARTED, "worker threads started")                                 \
     X(PLATFORM_ERROR, "platform facility failed (threads, loading)")            \
     X(OUT_OF_MEMORY, "out of memory")
@@ -815,15 +820,24 @@ static const char *attn__level_name(attn_log_level level) {
     }
 }
 
+/* A level name (case-insensitive) -> *level; 0 if v names none. */
+static int attn__parse_log_level(const char *v, attn_log_level *level) {
+    if (attn__strieq(v, "error")) *level = ATTN_LOG_LEVEL_ERROR;
+    else if (attn__strieq(v, "warn") || attn__strieq(v, "warning")) *level = ATTN_LOG_LEVEL_WARN;
+    else if (attn__strieq(v, "info")) *level = ATTN_LOG_LEVEL_INFO;
+    else if (attn__strieq(v, "debug")) *level = ATTN_LOG_LEVEL_DEBUG;
+    else if (attn__strieq(v, "none") || attn__strieq(v, "off")) *level = ATTN_LOG_LEVEL_NONE;
+    else return 0;
+    return 1;
+}
+
+/* Silent: the logger itself asks this for lines without a context (a bad value is
+   reported once per context by attn__env_log_level_check). */
 static attn_log_level attn__env_log_level(void) {
     const char *v = attn__trim_env("ATTN_LOG_LEVEL");
-    if (!v) return ATTN_LOG_LEVEL_INFO;
-    if (attn__strieq(v, "error")) return ATTN_LOG_LEVEL_ERROR;
-    if (attn__strieq(v, "warn") || attn__strieq(v, "warning")) return ATTN_LOG_LEVEL_WARN;
-    if (attn__strieq(v, "info")) return ATTN_LOG_LEVEL_INFO;
-    if (attn__strieq(v, "debug")) return ATTN_LOG_LEVEL_DEBUG;
-    if (attn__strieq(v, "none") || attn__strieq(v, "off")) return ATTN_LOG_LEVEL_NONE;
-    return ATTN_LOG_LEVEL_INFO;
+    attn_log_level level = ATTN_LOG_LEVEL_INFO;
+    if (v && !attn__parse_log_level(v, &level)) level = ATTN_LOG_LEVEL_INFO;
+    return level;
 }
 
 static void attn__log(const attn_context *ctx, attn_log_level level, attn_log_item item,
@@ -856,6 +870,50 @@ static attn_status attn__fail(attn_context *ctx, attn_status status, attn_log_it
     va_end(ap);
     attn__log(ctx, ATTN_LOG_LEVEL_ERROR, item, "%s: %s", attn_status_string(status), slot);
     return status;
+}
+
+/* Environment values other than ATTN_BACKEND: a value that is set but not allowed gets
+   one WARN line (through ctx's hook) naming the variable, the value and what is allowed,
+   and the caller's default is used. Unset or empty means the default, silently. */
+static void attn__env_invalid(const attn_context *ctx, const char *name, const char *value,
+                              const char *allowed) {
+    attn__log(ctx, ATTN_LOG_LEVEL_WARN, ATTN_LOG_ENV_INVALID,
+              "%s='%s' is not allowed (allowed: %s); using the default", name, value, allowed);
+}
+
+/* 1/0, true/false, yes/no, on/off (case-insensitive). */
+static int attn__env_bool(const attn_context *ctx, const char *name, int dflt) {
+    static const char *const words[8] = {"1", "true", "yes", "on", "0", "false", "no", "off"};
+    const char *v = attn__trim_env(name);
+    int i;
+    if (!v) return dflt;
+    for (i = 0; i < 8; i++)
+        if (attn__strieq(v, words[i])) return i < 4;
+    attn__env_invalid(ctx, name, v, "1, 0, true, false, yes, no, on, off (case-insensitive)");
+    return dflt;
+}
+
+/* A decimal integer in lo..hi. */
+static int attn__env_int(const attn_context *ctx, const char *name, int lo, int hi, int dflt) {
+    const char *v = attn__trim_env(name);
+    char allowed[64];
+    char *end;
+    long n;
+    if (!v) return dflt;
+    n = strtol(v, &end, 10);
+    if (end != v && !*end && n >= lo && n <= hi) return (int)n;
+    attn__fmt(allowed, sizeof allowed, "an integer from %d to %d", lo, hi);
+    attn__env_invalid(ctx, name, v, allowed);
+    return dflt;
+}
+
+/* ATTN_LOG_LEVEL once more, to report a bad value through a context that has its logger. */
+static void attn__env_log_level_check(const attn_context *ctx) {
+    const char *v = attn__trim_env("ATTN_LOG_LEVEL");
+    attn_log_level level;
+    if (v && !attn__parse_log_level(v, &level))
+        attn__env_invalid(ctx, "ATTN_LOG_LEVEL", v, "error, warn, info, debug, none "
+                          "(case-insensitive)");
 }
 
 #define ATTN__CHECK_PTR(ctx, p, fn)                                                        \
@@ -1364,15 +1422,6 @@ ATTN_API attn_status attn_context_create(const attn_context_desc *desc, attn_con
         return attn__fail(NULL, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
                           "attn_context_create: desc.num_threads is %d (allowed: 0 = default, "
                           "or 1..1024)", d.num_threads);
-    threads = d.num_threads;
-    if (!threads) {
-        const char *env = attn__trim_env("ATTN_NUM_THREADS");
-        threads = env ? atoi(env) : 0;
-        if (threads <= 0 || threads > 1024) threads = attn__cpu_cores();
-    }
-#ifdef ATTN_NO_THREADS
-    threads = 1;
-#endif
     ctx = (attn_context *)attn__calloc(1, sizeof *ctx);
     if (!ctx)
         return attn__fail(NULL, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
@@ -1380,6 +1429,13 @@ ATTN_API attn_status attn_context_create(const attn_context_desc *desc, attn_con
     ctx->log = d.log;
     ctx->log_user_data = d.log_user_data;
     ctx->log_level = d.log_level ? d.log_level : attn__env_log_level();
+    /* the environment is read once the logger exists, so bad values reach the hook */
+    if (!d.log_level) attn__env_log_level_check(ctx);
+    threads = d.num_threads ? d.num_threads
+                            : attn__env_int(ctx, "ATTN_NUM_THREADS", 1, 1024, attn__cpu_cores());
+#ifdef ATTN_NO_THREADS
+    threads = 1;
+#endif
     ctx->num_threads = threads;
     ctx->scratch = (float **)attn__calloc((size_t)threads, sizeof(float *));
     ctx->scratch_size = (size_t *)attn__calloc((size_t)threads, sizeof(size_t));
@@ -1436,6 +1492,7 @@ ATTN_API attn_status attn_context_set_log_level(attn_context *ctx, attn_log_leve
         return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
                           "attn_context_set_log_level: level is %d (allowed: 0..5)", (int)level);
     ctx->log_level = level ? level : attn__env_log_level();
+    if (!level) attn__env_log_level_check(ctx);
     return ATTN_OK;
 }
 
@@ -3039,9 +3096,8 @@ static int attn__cpu_tile_keys(int heads) {
     return heads == 1 ? ATTN__CPU_NT : (n < 16 ? 16 : n);
 }
 
-static int attn__env_batch_invariant(void) {
-    const char *v = attn__trim_env("ATTN_BATCH_INVARIANT");
-    return v && strcmp(v, "0") != 0;
+static int attn__env_batch_invariant(const attn_context *ctx) {
+    return attn__env_bool(ctx, "ATTN_BATCH_INVARIANT", 0);
 }
 
 /* The private part of CPU metadata, allocated once at its fixed capacity. */
@@ -3178,7 +3234,7 @@ static attn_status attn__cpu_build(attn_layer *layer, attn_metadata *meta, int c
         int ql = b->query_start_loc[r + 1] - b->query_start_loc[r];
         base += attn__cpu_all_heads(d, ql) ? (ql > 0) : d->num_kv_heads * ((ql + tt - 1) / tt);
     }
-    split = !attn__env_batch_invariant() && base > 0 && base < want;
+    split = !attn__env_batch_invariant(layer->ctx) && base > 0 && base < want;
     for (r = 0; r < b->num_reqs; r++) {
         int ql = b->query_start_loc[r + 1] - b->query_start_loc[r], sl = b->seq_lens[r];
         int all = attn__cpu_all_heads(d, ql), step = all ? ql : tt;
@@ -3616,7 +3672,7 @@ static attn_status attn__mla_build(attn_layer *layer, attn_metadata *meta, int c
     for (r = 0; r < nd; r++) max_dec = ATTN__MAX(max_dec, b->seq_lens[r]);
     ns = meta->cap.num_kv_splits > 0 ? meta->cap.num_kv_splits
                                      : attn_mla_num_kv_splits(max_dec, layer->ctx->num_threads,
-                                                              attn__env_batch_invariant());
+                                                              attn__env_batch_invariant(layer->ctx));
     memset(&info, 0, sizeof info);
     info.num_decodes = nd;
     info.num_decode_tokens = b->query_start_loc[nd];
