@@ -234,7 +234,9 @@ typedef struct attn_device {
 #define ATTN_MAX_DIMS 6
 
 /* A view of memory the caller owns. Strides are in elements; all-zero strides mean
-   "contiguous" and are filled in by the library. */
+   "contiguous" and are filled in by the library. Inputs may repeat elements (broadcast
+   views); outputs may not (a stride of 0, or rows or heads that overlap, fail with
+   ATTN_ERROR_SHAPE_MISMATCH). */
 typedef struct attn_tensor {
     void *data;
     attn_dtype dtype;
@@ -1117,6 +1119,36 @@ static attn_status attn__check_tensor(attn_context *ctx, const char *fn, const c
                 return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
                                   "%s: %s.strides[%d] is %lld (allowed: >= 0)", fn, name, i,
                                   (long long)r.strides[i]);
+    }
+    return ATTN_OK;
+}
+
+/* An output may not hold one element twice (two writers, or a row written over another);
+   inputs may (broadcast views). With the dimensions of extent > 1 sorted by stride, each
+   stride must reach past the span of the dimensions inside it. After attn__check_tensor. */
+static attn_status attn__check_output_tensor(attn_context *ctx, const char *fn, const char *name,
+                                             const attn_tensor *t) {
+    attn_tensor r = attn__tensor_resolved(t);
+    int order[ATTN_MAX_DIMS], n = 0, i, j;
+    int64_t span = 1; /* elements from the first to the last of the dimensions so far */
+    for (i = 0; i < r.ndim; i++) {
+        if (r.shape[i] <= 0) return ATTN_OK; /* empty: nothing is written */
+        if (r.shape[i] > 1) order[n++] = i;
+    }
+    for (i = 1; i < n; i++)
+        for (j = i; j > 0 && r.strides[order[j]] < r.strides[order[j - 1]]; j--) {
+            int x = order[j]; order[j] = order[j - 1]; order[j - 1] = x;
+        }
+    for (i = 0; i < n; i++) {
+        int k = order[i];
+        if (r.strides[k] < span)
+            return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
+                              "%s: %s.strides[%d] is %lld with shape[%d] %lld, so the output's "
+                              "elements overlap (allowed: >= %lld, the span of the dimensions "
+                              "inside it; outputs may not repeat elements)", fn, name, k,
+                              (long long)r.strides[k], k, (long long)r.shape[k], (long long)span);
+        span = (r.shape[k] - 1 > (INT64_MAX - span) / r.strides[k])
+                   ? INT64_MAX : span + (r.shape[k] - 1) * r.strides[k];
     }
     return ATTN_OK;
 }
@@ -4118,7 +4150,9 @@ ATTN_API attn_status attn_mla_forward_mqa(attn_layer *layer, const attn_metadata
     }
     shape[2] = d->kv_lora_rank;
     if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out_latent", out_latent, d->dtype, 3, shape, dev);
+    if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out_latent", out_latent);
     if (st == ATTN_OK && lse) st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, dev);
+    if (st == ATTN_OK && lse) st = attn__check_output_tensor(ctx, fn, "lse", lse);
     if (st == ATTN_OK) st = attn__check_kv_cache(layer, fn, kv_cache, 0);
     if (st != ATTN_OK) return st;
     if (kv_cache->shape[0] < meta->cap.num_blocks)
@@ -4176,7 +4210,9 @@ ATTN_API attn_status attn_mla_forward_mha(attn_layer *layer, const attn_metadata
     st = attn__check_tensor(ctx, fn, "q", q, d->dtype, 3, shape, dev);
     shape[2] = d->v_head_dim;
     if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out", out, d->dtype, 3, shape, dev);
+    if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out", out);
     if (st == ATTN_OK && lse) st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, dev);
+    if (st == ATTN_OK && lse) st = attn__check_output_tensor(ctx, fn, "lse", lse);
     if (st == ATTN_OK) st = attn__mla_check_weights(layer, meta, fn, kv_cache, w_uk, w_uv);
     if (st != ATTN_OK) return st;
     return layer->backend->forward_mha(layer, meta, q, kv_cache, w_uk, w_uv, out, lse, stream);
@@ -4275,6 +4311,7 @@ ATTN_API attn_status attn_mla_forward(attn_layer *layer, const attn_metadata *me
     if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "q_pe", q_pe, d->dtype, 3, shape, ATTN_DEVICE_CPU);
     shape[2] = d->v_head_dim;
     if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out", out, d->dtype, 3, shape, ATTN_DEVICE_CPU);
+    if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out", out);
     if (st == ATTN_OK) st = attn__mla_check_weights(layer, meta, fn, kv_cache, w_uk, w_uv);
     if (st != ATTN_OK) return st;
     if (kv_c) { /* all checks of the cache write before anything is allocated or written */
@@ -4372,9 +4409,11 @@ ATTN_API attn_status attn_merge_attn_states(attn_context *ctx, const attn_tensor
     st = attn__check_tensor(ctx, fn, "out_a", out_a, out_a->dtype, 3, shape, ATTN_DEVICE_CPU);
     if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out_b", out_b, out_a->dtype, 3, shape, ATTN_DEVICE_CPU);
     if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out", out, out_a->dtype, 3, shape, ATTN_DEVICE_CPU);
+    if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out", out);
     if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "lse_a", lse_a, ATTN_DTYPE_F32, 2, shape, ATTN_DEVICE_CPU);
     if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "lse_b", lse_b, ATTN_DTYPE_F32, 2, shape, ATTN_DEVICE_CPU);
     if (st == ATTN_OK && lse) st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, ATTN_DEVICE_CPU);
+    if (st == ATTN_OK && lse) st = attn__check_output_tensor(ctx, fn, "lse", lse);
     if (st != ATTN_OK) return st;
     row = (float *)attn__malloc(2 * (size_t)D * sizeof(float) + 16);
     if (!row)
@@ -4454,6 +4493,7 @@ ATTN_API attn_status attn_layer_forward(attn_layer *layer, const attn_metadata *
     shape[0] = ATTN__AT_LEAST(ntok); shape[1] = d->num_heads; shape[2] = d->head_size;
     st = attn__check_tensor(ctx, fn, "q", q, d->dtype, 3, shape, dev);
     if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out", out, d->dtype, 3, shape, dev);
+    if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out", out);
     if (st != ATTN_OK) return st;
     st = attn__check_kv_cache(layer, fn, kv_cache, 0);
     if (st != ATTN_OK) return st;
@@ -4476,6 +4516,7 @@ ATTN_API attn_status attn_layer_forward(attn_layer *layer, const attn_metadata *
                               layer->backend->name);
         shape[1] = d->num_heads;
         st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, dev);
+        if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "lse", lse);
         if (st != ATTN_OK) return st;
     }
     return layer->backend->forward(layer, meta, q, k, v, kv_cache, out, lse, stream);

@@ -231,8 +231,292 @@ ATTN_TEST(def_env_log_level_invalid) {
     def_env_restore(&saved);
 }
 
+/* ---- 2. outputs whose elements overlap ------------------------------------------------- */
+
+/* A failing call: status, one more ERROR line with ATTN_LOG_INVALID_ARGUMENT. */
+#define DEF_FAILS(cap, expr, want)                                                     \
+    do {                                                                               \
+        int e0_ = (cap)->by_level[ATTN_LOG_LEVEL_ERROR];                               \
+        int i0_ = (cap)->by_item[ATTN_LOG_INVALID_ARGUMENT];                           \
+        EXPECT_STATUS(expr, want);                                                     \
+        EXPECT_EQ_INT((cap)->by_level[ATTN_LOG_LEVEL_ERROR] - e0_, 1);                 \
+        EXPECT_EQ_INT((cap)->by_item[ATTN_LOG_INVALID_ARGUMENT] - i0_, 1);             \
+    } while (0)
+
+static attn_tensor def_view(void *data, attn_dtype dt, int ndim, const int64_t *shape,
+                            const int64_t *strides) {
+    attn_tensor t = attn_tensor_make(data, dt, ndim, shape);
+    int i;
+    for (i = 0; i < ndim; i++) t.strides[i] = strides[i];
+    return t;
+}
+
+static int def_all_bytes(const void *p, size_t n, unsigned char b) {
+    const unsigned char *c = (const unsigned char *)p;
+    size_t i;
+    for (i = 0; i < n; i++)
+        if (c[i] != b) return 0;
+    return 1;
+}
+
+/* Standard layer: 4/2 heads of 16, one 3-token prefill; out and lse may not overlap. */
+#define DS_H 4
+#define DS_HKV 2
+#define DS_D 16
+#define DS_T 4 /* rows of q/out (one padding row) */
+
+ATTN_TEST(def_output_overlap_forward) {
+    def_capture cap;
+    attn_context *ctx = def_ctx(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
+    attn_layer_desc d;
+    attn_metadata_desc md;
+    attn_layer *layer = NULL;
+    attn_metadata *meta = NULL;
+    attn_batch b;
+    int32_t qsl[2] = {0, 3}, seq[1] = {3}, bt[1] = {0};
+    int64_t slots[3] = {0, 1, 2};
+    int64_t sq[3] = {DS_T, DS_H, DS_D}, skv[3] = {DS_T, DS_HKV, DS_D}, sl[2] = {DS_T, DS_H};
+    int64_t sc[5] = {2, 2, 16, DS_HKV, DS_D};
+    static float q[DS_T * DS_H * DS_D], k[DS_T * DS_HKV * DS_D], v[DS_T * DS_HKV * DS_D];
+    static float kv[2 * 2 * 16 * DS_HKV * DS_D], out[2 * DS_T * DS_H * DS_D], lse[2 * DS_T * DS_H];
+    attn_tensor tq, tk, tv, tkv, tout, tlse;
+    size_t i;
+    if (!ctx) return;
+    memset(&d, 0, sizeof d);
+    d.num_heads = DS_H;
+    d.num_kv_heads = DS_HKV;
+    d.head_size = DS_D;
+    d.dtype = ATTN_DTYPE_F32;
+    memset(&md, 0, sizeof md);
+    md.max_num_reqs = 1;
+    md.max_num_tokens = DS_T;
+    md.max_blocks_per_req = 1;
+    md.num_blocks = 2;
+    memset(&b, 0, sizeof b);
+    b.query_start_loc = qsl;
+    b.seq_lens = seq;
+    b.block_table = bt;
+    b.block_table_stride = 1;
+    b.slot_mapping = slots;
+    b.num_reqs = 1;
+    b.num_actual_tokens = 3;
+    b.max_query_len = 3;
+    b.max_seq_len = 3;
+    for (i = 0; i < sizeof q / sizeof q[0]; i++) q[i] = (float)(i % 7) * 0.1f;
+    for (i = 0; i < sizeof k / sizeof k[0]; i++) k[i] = v[i] = (float)(i % 5) * 0.1f;
+    tq = attn_tensor_make(q, ATTN_DTYPE_F32, 3, sq);
+    tk = attn_tensor_make(k, ATTN_DTYPE_F32, 3, skv);
+    tv = attn_tensor_make(v, ATTN_DTYPE_F32, 3, skv);
+    tkv = attn_tensor_make(kv, ATTN_DTYPE_F32, 5, sc);
+    tout = attn_tensor_make(out, ATTN_DTYPE_F32, 3, sq);
+    tlse = attn_tensor_make(lse, ATTN_DTYPE_F32, 2, sl);
+    EXPECT_OK(attn_layer_create(ctx, &d, NULL, &layer));
+    if (layer) EXPECT_OK(attn_metadata_create(layer, &md, &meta));
+    if (meta) EXPECT_OK(attn_metadata_build(meta, 0, &b, 0));
+    if (!meta) goto done;
+    {
+        /* rows on top of each other, heads on top of each other, rows overlapping heads */
+        static const int64_t bad_out[][3] = {{0, DS_D, 1}, {DS_H * DS_D, DS_D / 2, 1},
+                                             {DS_D * 2, DS_D, 1}, {DS_H * DS_D, 0, 1}};
+        static const int64_t bad_lse[][2] = {{0, 1}, {2, 1}, {DS_H, 0}};
+        attn_tensor o, l;
+        for (i = 0; i < sizeof bad_out / sizeof bad_out[0]; i++) {
+            memset(out, 0x7f, sizeof out);
+            memset(kv, 0x7e, sizeof kv);
+            o = def_view(out, ATTN_DTYPE_F32, 3, sq, bad_out[i]);
+            DEF_FAILS(&cap, attn_layer_forward(layer, meta, &tq, &tk, &tv, &tkv, &o, NULL, NULL),
+                      ATTN_ERROR_SHAPE_MISMATCH);
+            EXPECT_TRUE(def_all_bytes(out, sizeof out, 0x7f));
+            EXPECT_TRUE(def_all_bytes(kv, sizeof kv, 0x7e)); /* the cache write waits too */
+        }
+        for (i = 0; i < sizeof bad_lse / sizeof bad_lse[0]; i++) {
+            memset(out, 0x7f, sizeof out);
+            memset(lse, 0x7f, sizeof lse);
+            l = def_view(lse, ATTN_DTYPE_F32, 2, sl, bad_lse[i]);
+            DEF_FAILS(&cap, attn_layer_forward(layer, meta, &tq, NULL, NULL, &tkv, &tout, &l, NULL),
+                      ATTN_ERROR_SHAPE_MISMATCH);
+            EXPECT_TRUE(def_all_bytes(out, sizeof out, 0x7f));
+            EXPECT_TRUE(def_all_bytes(lse, sizeof lse, 0x7f));
+        }
+        /* allowed: dense, padded rows and heads, and a broadcast input (q rows repeated) */
+        memset(kv, 0, sizeof kv);
+        EXPECT_OK(attn_layer_forward(layer, meta, &tq, &tk, &tv, &tkv, &tout, &tlse, NULL));
+        {
+            static const int64_t pad[3] = {2 * DS_H * DS_D, 2 * DS_D, 1}, lpad[2] = {2 * DS_H, 1};
+            static const int64_t bq[3] = {0, DS_D, 1};
+            attn_tensor qb = def_view(q, ATTN_DTYPE_F32, 3, sq, bq);
+            o = def_view(out, ATTN_DTYPE_F32, 3, sq, pad);
+            l = def_view(lse, ATTN_DTYPE_F32, 2, sl, lpad);
+            EXPECT_OK(attn_layer_forward(layer, meta, &qb, NULL, NULL, &tkv, &o, &l, NULL));
+        }
+        /* one row: its stride does not matter */
+        {
+            static const int64_t one[3] = {1, DS_H, DS_D}, st0[3] = {0, DS_D, 1};
+            attn_tensor q1, o1;
+            attn_batch b1 = b;
+            int32_t qsl1[2] = {0, 1}, seq1[1] = {1};
+            int64_t slot1[1] = {0};
+            b1.query_start_loc = qsl1;
+            b1.seq_lens = seq1;
+            b1.slot_mapping = slot1;
+            b1.num_actual_tokens = 1;
+            b1.max_query_len = 1;
+            b1.max_seq_len = 1;
+            EXPECT_OK(attn_metadata_build(meta, 0, &b1, 0));
+            q1 = attn_tensor_make(q, ATTN_DTYPE_F32, 3, one);
+            o1 = def_view(out, ATTN_DTYPE_F32, 3, one, st0);
+            EXPECT_OK(attn_layer_forward(layer, meta, &q1, NULL, NULL, &tkv, &o1, NULL, NULL));
+        }
+    }
+done:
+    attn_metadata_destroy(meta);
+    attn_layer_destroy(layer);
+    attn_context_destroy(ctx);
+}
+
+/* MLA (head 320 = 256 + 64, nope/v 16): out_latent, out and lse of the three MLA calls,
+   and out/lse of attn_merge_attn_states. */
+#define DM_H 2
+#define DM_R 256
+#define DM_P 64
+#define DM_N 16
+#define DM_V 16
+#define DM_T 3
+
+ATTN_TEST(def_output_overlap_mla_and_merge) {
+    def_capture cap;
+    attn_context *ctx = def_ctx(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
+    attn_layer_desc d = def_mla_desc(DM_R + DM_P);
+    attn_metadata_desc md;
+    attn_layer *layer = NULL;
+    attn_metadata *meta = NULL;
+    attn_batch b;
+    /* a decode (seq 3) then a 2-token prefill (seq 2) */
+    int32_t qsl[3] = {0, 1, 3}, seq[2] = {3, 2}, bt[2] = {0, 1};
+    int64_t slots[3] = {2, 16, 17};
+    int64_t sqm[3] = {DM_T, DM_H, DM_R + DM_P}, sol[3] = {DM_T, DM_H, DM_R}, sl[2] = {DM_T, DM_H};
+    int64_t sqh[3] = {DM_T, DM_H, DM_N + DM_P}, so[3] = {DM_T, DM_H, DM_V};
+    int64_t sqn[3] = {DM_T, DM_H, DM_N}, sqp[3] = {DM_T, DM_H, DM_P};
+    int64_t sc[3] = {2, 16, DM_R + DM_P}, suk[3] = {DM_H, DM_N, DM_R}, suv[3] = {DM_H, DM_R, DM_V};
+    static float qm[DM_T * DM_H * (DM_R + DM_P)], ol[DM_T * DM_H * DM_R], lse[DM_T * DM_H];
+    static float qh[DM_T * DM_H * (DM_N + DM_P)], out[DM_T * DM_H * DM_V];
+    static float qn[DM_T * DM_H * DM_N], qp[DM_T * DM_H * DM_P];
+    static float kv[2 * 16 * (DM_R + DM_P)], wuk[DM_H * DM_N * DM_R], wuv[DM_H * DM_R * DM_V];
+    static float oa[DM_T * DM_H * DM_V], la[DM_T * DM_H];
+    attn_tensor tqm, tol, tlse, tqh, tout, tqn, tqp, tkv, tuk, tuv, toa, tla, o, l;
+    static const int64_t st3_row0[3] = {0, DM_V, 1}, st3_heads[3] = {DM_H * DM_V, DM_V / 2, 1};
+    static const int64_t stl_row0[3] = {0, DM_R, 1}, st2_row0[2] = {0, 1}, st2_heads[2] = {DM_H, 0};
+    size_t i;
+    if (!ctx) return;
+    d.num_heads = DM_H;
+    d.qk_nope_head_dim = DM_N;
+    d.v_head_dim = DM_V;
+    memset(&md, 0, sizeof md);
+    md.max_num_reqs = 2;
+    md.max_num_tokens = DM_T;
+    md.max_blocks_per_req = 1;
+    md.num_blocks = 2;
+    memset(&b, 0, sizeof b);
+    b.query_start_loc = qsl;
+    b.seq_lens = seq;
+    b.block_table = bt;
+    b.block_table_stride = 1;
+    b.slot_mapping = slots;
+    b.num_reqs = 2;
+    b.num_actual_tokens = DM_T;
+    b.max_query_len = 2;
+    b.max_seq_len = 3;
+    for (i = 0; i < sizeof qm / sizeof qm[0]; i++) qm[i] = (float)(i % 9) * 0.01f;
+    for (i = 0; i < sizeof qh / sizeof qh[0]; i++) qh[i] = (float)(i % 5) * 0.01f;
+    for (i = 0; i < sizeof qn / sizeof qn[0]; i++) qn[i] = (float)(i % 3) * 0.01f;
+    for (i = 0; i < sizeof qp / sizeof qp[0]; i++) qp[i] = (float)(i % 4) * 0.01f;
+    for (i = 0; i < sizeof kv / sizeof kv[0]; i++) kv[i] = (float)(i % 11) * 0.01f;
+    for (i = 0; i < sizeof wuk / sizeof wuk[0]; i++) wuk[i] = wuv[i] = (float)(i % 13) * 0.01f;
+    for (i = 0; i < sizeof la / sizeof la[0]; i++) la[i] = 0.5f;
+    tqm = attn_tensor_make(qm, ATTN_DTYPE_F32, 3, sqm);
+    tol = attn_tensor_make(ol, ATTN_DTYPE_F32, 3, sol);
+    tlse = attn_tensor_make(lse, ATTN_DTYPE_F32, 2, sl);
+    tqh = attn_tensor_make(qh, ATTN_DTYPE_F32, 3, sqh);
+    tout = attn_tensor_make(out, ATTN_DTYPE_F32, 3, so);
+    tqn = attn_tensor_make(qn, ATTN_DTYPE_F32, 3, sqn);
+    tqp = attn_tensor_make(qp, ATTN_DTYPE_F32, 3, sqp);
+    tkv = attn_tensor_make(kv, ATTN_DTYPE_F32, 3, sc);
+    tuk = attn_tensor_make(wuk, ATTN_DTYPE_F32, 3, suk);
+    tuv = attn_tensor_make(wuv, ATTN_DTYPE_F32, 3, suv);
+    toa = attn_tensor_make(oa, ATTN_DTYPE_F32, 3, so);
+    tla = attn_tensor_make(la, ATTN_DTYPE_F32, 2, sl);
+    EXPECT_OK(attn_layer_create(ctx, &d, NULL, &layer));
+    if (layer) EXPECT_OK(attn_metadata_create(layer, &md, &meta));
+    if (meta) EXPECT_OK(attn_metadata_build(meta, 0, &b, 0));
+    if (!meta) goto done;
+
+    /* forward_mqa: out_latent, lse */
+    memset(ol, 0x7f, sizeof ol);
+    o = def_view(ol, ATTN_DTYPE_F32, 3, sol, stl_row0);
+    DEF_FAILS(&cap, attn_mla_forward_mqa(layer, meta, &tqm, NULL, &tkv, &o, NULL, NULL),
+              ATTN_ERROR_SHAPE_MISMATCH);
+    l = def_view(lse, ATTN_DTYPE_F32, 2, sl, st2_row0);
+    DEF_FAILS(&cap, attn_mla_forward_mqa(layer, meta, &tqm, NULL, &tkv, &tol, &l, NULL),
+              ATTN_ERROR_SHAPE_MISMATCH);
+    EXPECT_TRUE(def_all_bytes(ol, sizeof ol, 0x7f));
+    EXPECT_OK(attn_mla_forward_mqa(layer, meta, &tqm, NULL, &tkv, &tol, &tlse, NULL));
+
+    /* forward_mha: out, lse */
+    memset(out, 0x7f, sizeof out);
+    o = def_view(out, ATTN_DTYPE_F32, 3, so, st3_row0);
+    DEF_FAILS(&cap, attn_mla_forward_mha(layer, meta, &tqh, &tkv, &tuk, &tuv, &o, NULL, NULL),
+              ATTN_ERROR_SHAPE_MISMATCH);
+    o = def_view(out, ATTN_DTYPE_F32, 3, so, st3_heads);
+    DEF_FAILS(&cap, attn_mla_forward_mha(layer, meta, &tqh, &tkv, &tuk, &tuv, &o, NULL, NULL),
+              ATTN_ERROR_SHAPE_MISMATCH);
+    l = def_view(lse, ATTN_DTYPE_F32, 2, sl, st2_heads);
+    DEF_FAILS(&cap, attn_mla_forward_mha(layer, meta, &tqh, &tkv, &tuk, &tuv, &tout, &l, NULL),
+              ATTN_ERROR_SHAPE_MISMATCH);
+    EXPECT_TRUE(def_all_bytes(out, sizeof out, 0x7f));
+    EXPECT_OK(attn_mla_forward_mha(layer, meta, &tqh, &tkv, &tuk, &tuv, &tout, &tlse, NULL));
+
+    /* the fused call: out */
+    memset(out, 0x7f, sizeof out);
+    o = def_view(out, ATTN_DTYPE_F32, 3, so, st3_heads);
+    DEF_FAILS(&cap, attn_mla_forward(layer, meta, &tqn, &tqp, NULL, NULL, &tkv, &tuk, &tuv, &o, NULL),
+              ATTN_ERROR_SHAPE_MISMATCH);
+    o = def_view(out, ATTN_DTYPE_F32, 3, so, st3_row0);
+    DEF_FAILS(&cap, attn_mla_forward(layer, meta, &tqn, &tqp, NULL, NULL, &tkv, &tuk, &tuv, &o, NULL),
+              ATTN_ERROR_SHAPE_MISMATCH);
+    EXPECT_TRUE(def_all_bytes(out, sizeof out, 0x7f));
+    EXPECT_OK(attn_mla_forward(layer, meta, &tqn, &tqp, NULL, NULL, &tkv, &tuk, &tuv, &tout, NULL));
+
+    /* the merge: out, lse; out may still alias an input, and inputs may broadcast */
+    memset(out, 0x7f, sizeof out);
+    memset(lse, 0x7f, sizeof lse);
+    o = def_view(out, ATTN_DTYPE_F32, 3, so, st3_row0);
+    DEF_FAILS(&cap, attn_merge_attn_states(ctx, &toa, &tla, ATTN_LSE_BASE_E, &toa, &tla,
+                                           ATTN_LSE_BASE_E, &o, NULL, ATTN_LSE_BASE_E),
+              ATTN_ERROR_SHAPE_MISMATCH);
+    l = def_view(lse, ATTN_DTYPE_F32, 2, sl, st2_row0);
+    DEF_FAILS(&cap, attn_merge_attn_states(ctx, &toa, &tla, ATTN_LSE_BASE_E, &toa, &tla,
+                                           ATTN_LSE_BASE_E, &tout, &l, ATTN_LSE_BASE_E),
+              ATTN_ERROR_SHAPE_MISMATCH);
+    EXPECT_TRUE(def_all_bytes(out, sizeof out, 0x7f));
+    EXPECT_TRUE(def_all_bytes(lse, sizeof lse, 0x7f));
+    {
+        attn_tensor bcast = def_view(oa, ATTN_DTYPE_F32, 3, so, st3_row0);
+        attn_tensor lb = def_view(la, ATTN_DTYPE_F32, 2, sl, st2_row0);
+        EXPECT_OK(attn_merge_attn_states(ctx, &bcast, &lb, ATTN_LSE_BASE_E, &toa, &tla,
+                                         ATTN_LSE_BASE_E, &tout, &tlse, ATTN_LSE_BASE_E));
+        EXPECT_OK(attn_merge_attn_states(ctx, &toa, &tla, ATTN_LSE_BASE_E, &tout, &tlse,
+                                         ATTN_LSE_BASE_E, &toa, &tla, ATTN_LSE_BASE_E));
+    }
+done:
+    attn_metadata_destroy(meta);
+    attn_layer_destroy(layer);
+    attn_context_destroy(ctx);
+}
+
 void suite_defects(void) {
     ATTN_RUN(def_env_batch_invariant_words);
     ATTN_RUN(def_env_num_threads_invalid);
     ATTN_RUN(def_env_log_level_invalid);
+    ATTN_RUN(def_output_overlap_forward);
+    ATTN_RUN(def_output_overlap_mla_and_merge);
 }
