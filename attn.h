@@ -249,7 +249,10 @@ typedef struct attn_tensor {
 /* A contiguous CPU view; shape has ndim entries (ndim <= ATTN_MAX_DIMS). */
 ATTN_API attn_tensor attn_tensor_make(void *data, attn_dtype dtype, int ndim,
                                       const int64_t *shape);
-ATTN_API size_t attn_tensor_nbytes(const attn_tensor *t); /* extent of a contiguous view */
+/* Bytes of a contiguous view: element size x the product of the shape. 0 for NULL, no
+   dimensions, an empty dimension or AUTO; SIZE_MAX when the product does not fit in size_t
+   (so that an allocation of that size fails rather than comes out short). */
+ATTN_API size_t attn_tensor_nbytes(const attn_tensor *t);
 
 /* ---------------------------------------------------------------------------------------
    Context: logger, last error, worker threads, selection cache
@@ -490,7 +493,8 @@ ATTN_API const attn_backend *attn_layer_backend(const attn_layer *layer);
 ATTN_API const attn_selection *attn_layer_selection(const attn_layer *layer);
 /* The effective descriptor (defaults filled in). */
 ATTN_API const attn_layer_desc *attn_layer_get_desc(const attn_layer *layer);
-/* Standard: [num_blocks, 2, block_size, num_kv_heads, head_size]. Returns ndim via out. */
+/* Standard: [num_blocks, 2, block_size, num_kv_heads, head_size]. Returns ndim via out.
+   num_blocks: 1..2^40, the cap of every block count (metadata, cache tensors). */
 ATTN_API attn_status attn_layer_kv_cache_shape(attn_layer *layer, int64_t num_blocks,
                                                int64_t shape[ATTN_MAX_DIMS], int *ndim);
 
@@ -735,6 +739,10 @@ ATTN_API attn_status attn_merge_attn_states(attn_context *ctx, const attn_tensor
 #define ATTN__MAX(a, b) ((a) > (b) ? (a) : (b))
 #define ATTN__LOG2E 1.4426950408889634f
 #define ATTN__LN2 0.6931471805599453f
+
+/* The most blocks a KV cache may have, wherever a block count is taken (cache shapes,
+   metadata capacity, cache tensors): block ids and slots stay far from int64 overflow. */
+#define ATTN__MAX_BLOCKS ((int64_t)1 << 40)
 
 /* =======================================================================================
    >>common
@@ -1052,9 +1060,15 @@ static attn_tensor attn__tensor_resolved(const attn_tensor *t) {
 ATTN_API size_t attn_tensor_nbytes(const attn_tensor *t) {
     size_t n;
     int i;
-    if (!t || t->ndim <= 0) return 0;
+    if (!t || t->ndim <= 0 || t->ndim > ATTN_MAX_DIMS) return 0;
     n = attn_dtype_size(t->dtype);
-    for (i = 0; i < t->ndim; i++) n *= (size_t)(t->shape[i] > 0 ? t->shape[i] : 0);
+    for (i = 0; i < t->ndim; i++)
+        if (t->shape[i] <= 0) return 0;
+    for (i = 0; i < t->ndim; i++) {
+        uint64_t e = (uint64_t)t->shape[i];
+        if (e > (uint64_t)SIZE_MAX || (n && (size_t)e > SIZE_MAX / n)) return SIZE_MAX;
+        n *= (size_t)e;
+    }
     return n;
 }
 
@@ -2180,10 +2194,10 @@ ATTN_API attn_status attn_layer_kv_cache_shape(attn_layer *layer, int64_t num_bl
     ATTN__CHECK_PTR(ctx, layer, "attn_layer_kv_cache_shape");
     ATTN__CHECK_PTR(ctx, shape, "attn_layer_kv_cache_shape");
     ATTN__CHECK_PTR(ctx, ndim, "attn_layer_kv_cache_shape");
-    if (num_blocks <= 0)
+    if (num_blocks <= 0 || num_blocks > ATTN__MAX_BLOCKS)
         return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
-                          "attn_layer_kv_cache_shape: num_blocks is %lld (allowed: >= 1)",
-                          (long long)num_blocks);
+                          "attn_layer_kv_cache_shape: num_blocks is %lld (allowed: 1..%lld)",
+                          (long long)num_blocks, (long long)ATTN__MAX_BLOCKS);
     *ndim = layer->backend->kv_cache_shape(&layer->desc, num_blocks, shape);
     return ATTN_OK;
 }
@@ -2273,7 +2287,7 @@ ATTN_API attn_status attn_metadata_create(attn_layer *layer, const attn_metadata
     ATTN__CAP(max_num_reqs, 1, 1 << 24);
     ATTN__CAP(max_num_tokens, 1, 1 << 28);
     ATTN__CAP(max_blocks_per_req, 1, 1 << 24);
-    ATTN__CAP(num_blocks, 1, (int64_t)1 << 40);
+    ATTN__CAP(num_blocks, 1, ATTN__MAX_BLOCKS);
     ATTN__CAP(decode_threshold, 0, 16);
     ATTN__CAP(num_kv_splits, 0, 1024);
 #undef ATTN__CAP
@@ -2469,10 +2483,10 @@ static attn_status attn__check_kv_cache(attn_layer *layer, const char *fn, const
     st = attn__check_tensor(layer->ctx, fn, "kv_cache", kv, layer->desc.kv_cache_dtype, ndim, shape,
                             layer->backend->needs_cuda ? ATTN_DEVICE_CUDA : ATTN_DEVICE_CPU);
     if (st != ATTN_OK) return st;
-    if (kv->shape[0] < 1 || kv->shape[0] > ((int64_t)1 << 40))
+    if (kv->shape[0] < 1 || kv->shape[0] > ATTN__MAX_BLOCKS)
         return attn__fail(layer->ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
-                          "%s: kv_cache.shape[0] is %lld (allowed: 1..2^40 blocks)", fn,
-                          (long long)kv->shape[0]);
+                          "%s: kv_cache.shape[0] is %lld (allowed: 1..%lld blocks)", fn,
+                          (long long)kv->shape[0], (long long)ATTN__MAX_BLOCKS);
     if (!attn__tensor_is_contiguous(kv))
         return attn__fail(layer->ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
                           "%s: kv_cache is not contiguous (allowed: the dense layout of "

@@ -513,10 +513,78 @@ done:
     attn_context_destroy(ctx);
 }
 
+/* ---- 3. one block cap, and attn_tensor_nbytes without wrap-around ------------------------ */
+
+/* attn_layer_kv_cache_shape used to accept 2^50 and 2^62 blocks (create and forward cap at
+   2^40), and attn_tensor_nbytes of such a shape wrapped to 0. */
+ATTN_TEST(def_block_cap_and_nbytes) {
+    def_capture cap;
+    attn_context *ctx = def_ctx(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
+    attn_layer_desc d;
+    attn_metadata_desc md;
+    attn_layer *layer = NULL;
+    attn_metadata *meta = NULL;
+    int64_t shape[ATTN_MAX_DIMS], cap40 = (int64_t)1 << 40;
+    static const int64_t too_many[] = {((int64_t)1 << 40) + 1, (int64_t)1 << 50, (int64_t)1 << 62,
+                                       INT64_MAX, 0, -1};
+    attn_tensor t;
+    int ndim = 0;
+    size_t i;
+    if (!ctx) return;
+    memset(&d, 0, sizeof d);
+    d.num_heads = 8;
+    d.num_kv_heads = 8;
+    d.head_size = 128;
+    d.dtype = ATTN_DTYPE_F16;
+    EXPECT_OK(attn_layer_create(ctx, &d, NULL, &layer));
+    if (!layer) { attn_context_destroy(ctx); return; }
+    for (i = 0; i < sizeof too_many / sizeof too_many[0]; i++)
+        DEF_FAILS(&cap, attn_layer_kv_cache_shape(layer, too_many[i], shape, &ndim),
+                  ATTN_ERROR_INVALID_VALUE);
+    EXPECT_OK(attn_layer_kv_cache_shape(layer, cap40, shape, &ndim));
+    EXPECT_EQ_INT(ndim, 5);
+    EXPECT_EQ_INT(shape[0], cap40);
+    /* the same cap for the metadata */
+    memset(&md, 0, sizeof md);
+    md.max_num_reqs = 1;
+    md.max_num_tokens = 1;
+    md.max_blocks_per_req = 1;
+    md.num_blocks = cap40 + 1;
+    DEF_FAILS(&cap, attn_metadata_create(layer, &md, &meta), ATTN_ERROR_INVALID_VALUE);
+    EXPECT_TRUE(meta == NULL);
+    /* nbytes: exact while it fits, SIZE_MAX (never a wrapped small number) beyond */
+    t = attn_tensor_make(NULL, ATTN_DTYPE_F16, ndim, shape);
+    if (sizeof(size_t) >= 8)
+        EXPECT_TRUE(attn_tensor_nbytes(&t) == (size_t)cap40 * 2u * 16u * 8u * 128u * 2u);
+    t.shape[0] = (int64_t)1 << 62;
+    EXPECT_TRUE(attn_tensor_nbytes(&t) == SIZE_MAX);
+    t.shape[0] = (int64_t)1 << 50;
+    EXPECT_TRUE(attn_tensor_nbytes(&t) == SIZE_MAX);
+    t.shape[0] = INT64_MAX;
+    t.shape[1] = INT64_MAX;
+    EXPECT_TRUE(attn_tensor_nbytes(&t) == SIZE_MAX);
+    t.shape[2] = 0; /* empty beats huge */
+    EXPECT_TRUE(attn_tensor_nbytes(&t) == 0);
+    {
+        int64_t one[1] = {(int64_t)1 << 62};
+        t = attn_tensor_make(NULL, ATTN_DTYPE_F32, 1, one);
+        EXPECT_TRUE(attn_tensor_nbytes(&t) == SIZE_MAX);
+        one[0] = 3;
+        t = attn_tensor_make(NULL, ATTN_DTYPE_F32, 1, one);
+        EXPECT_TRUE(attn_tensor_nbytes(&t) == 12);
+        t.dtype = ATTN_DTYPE_AUTO;
+        EXPECT_TRUE(attn_tensor_nbytes(&t) == 0);
+    }
+    EXPECT_TRUE(attn_tensor_nbytes(NULL) == 0);
+    attn_layer_destroy(layer);
+    attn_context_destroy(ctx);
+}
+
 void suite_defects(void) {
     ATTN_RUN(def_env_batch_invariant_words);
     ATTN_RUN(def_env_num_threads_invalid);
     ATTN_RUN(def_env_log_level_invalid);
     ATTN_RUN(def_output_overlap_forward);
     ATTN_RUN(def_output_overlap_mla_and_merge);
+    ATTN_RUN(def_block_cap_and_nbytes);
 }
