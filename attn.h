@@ -268,7 +268,7 @@ typedef struct attn_context_desc {
 } attn_context_desc;
 
 /* desc may be NULL (all defaults). On failure *out is NULL and the message is in
-   attn_context_last_error(NULL). */
+   attn_context_last_error(NULL); it is logged through desc's hook and level already. */
 ATTN_API attn_status attn_context_create(const attn_context_desc *desc, attn_context **out);
 ATTN_API void attn_context_destroy(attn_context *ctx);
 /* ctx == NULL: the calling thread's last error (for failures without a context). */
@@ -1449,28 +1449,44 @@ static attn_status attn__scratch_reserve(attn_context *ctx, size_t floats) {
    >>context
    ======================================================================================= */
 
+/* attn_context_create's failures have no context to keep their message: they are logged
+   through a stack context holding just the caller's hook and level, and the message is
+   copied to the thread's last error (where attn_context_last_error(NULL) finds it). */
+static attn_status attn__context_create_failed(const attn_context *logger, attn_status status) {
+    attn__strlcpy(attn__thread_error, logger->last_error, sizeof attn__thread_error);
+    return status;
+}
+
 ATTN_API attn_status attn_context_create(const attn_context_desc *desc, attn_context **out) {
     attn_context_desc d;
+    attn_context logger;
     attn_context *ctx;
     int threads;
+    memset(&d, 0, sizeof d);
+    if (desc) d = *desc;
+    memset(&logger, 0, sizeof logger);
+    logger.log = d.log;
+    logger.log_user_data = d.log_user_data;
+    logger.log_level = (int)d.log_level > 0 && (int)d.log_level <= (int)ATTN_LOG_LEVEL_NONE
+                           ? d.log_level : attn__env_log_level();
+#define ATTN__CREATE_FAIL(...) \
+    return attn__context_create_failed(&logger, attn__fail(&logger, __VA_ARGS__))
     if (!out)
-        return attn__fail(NULL, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT,
+        ATTN__CREATE_FAIL(ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT,
                           "attn_context_create: argument 'out' is NULL (a valid pointer is "
                           "required)");
     *out = NULL;
-    memset(&d, 0, sizeof d);
-    if (desc) d = *desc;
     if ((int)d.log_level < 0 || (int)d.log_level > (int)ATTN_LOG_LEVEL_NONE)
-        return attn__fail(NULL, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+        ATTN__CREATE_FAIL(ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
                           "attn_context_create: desc.log_level is %d (allowed: 0..5, "
                           "ATTN_LOG_LEVEL_DEFAULT..ATTN_LOG_LEVEL_NONE)", (int)d.log_level);
     if (d.num_threads < 0 || d.num_threads > 1024)
-        return attn__fail(NULL, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+        ATTN__CREATE_FAIL(ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
                           "attn_context_create: desc.num_threads is %d (allowed: 0 = default, "
                           "or 1..1024)", d.num_threads);
     ctx = (attn_context *)attn__calloc(1, sizeof *ctx);
     if (!ctx)
-        return attn__fail(NULL, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
+        ATTN__CREATE_FAIL(ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
                           "attn_context_create: cannot allocate the context");
     ctx->log = d.log;
     ctx->log_user_data = d.log_user_data;
@@ -1487,14 +1503,14 @@ ATTN_API attn_status attn_context_create(const attn_context_desc *desc, attn_con
     ctx->scratch_size = (size_t *)attn__calloc((size_t)threads, sizeof(size_t));
     if (!ctx->scratch || !ctx->scratch_size) {
         attn_context_destroy(ctx);
-        return attn__fail(NULL, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
+        ATTN__CREATE_FAIL(ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
                           "attn_context_create: cannot allocate thread scratch tables");
     }
     if (threads > 1) {
         ctx->pool = attn__pool_create(threads);
         if (!ctx->pool) {
             attn_context_destroy(ctx);
-            return attn__fail(NULL, ATTN_ERROR_PLATFORM, ATTN_LOG_PLATFORM_ERROR,
+            ATTN__CREATE_FAIL(ATTN_ERROR_PLATFORM, ATTN_LOG_PLATFORM_ERROR,
                               "attn_context_create: cannot start %d worker threads", threads - 1);
         }
         attn__log(ctx, ATTN_LOG_LEVEL_DEBUG, ATTN_LOG_THREADS_STARTED, "%d worker threads",
@@ -1513,6 +1529,7 @@ ATTN_API attn_status attn_context_create(const attn_context_desc *desc, attn_con
               ctx->platform.cpu_cores, threads, ctx->platform.cpu_simd);
     *out = ctx;
     return ATTN_OK;
+#undef ATTN__CREATE_FAIL
 }
 
 ATTN_API void attn_context_destroy(attn_context *ctx) {

@@ -580,6 +580,84 @@ ATTN_TEST(def_block_cap_and_nbytes) {
     attn_context_destroy(ctx);
 }
 
+/* ---- 4. attn_context_create's failures honour the caller's hook and level ---------------- */
+
+/* Bytes written to stderr by attn_context_create(desc, out); -1 if stderr cannot be caught. */
+static long def_create_stderr_bytes(const attn_context_desc *desc, attn_context **out,
+                                    attn_status *st) {
+    FILE *tf = tmpfile();
+    int saved;
+    long n;
+    if (!tf) return -1;
+    fflush(stderr);
+    saved = dup(2);
+    if (saved < 0 || dup2(fileno(tf), 2) < 0) {
+        if (saved >= 0) close(saved);
+        fclose(tf);
+        return -1;
+    }
+    *st = attn_context_create(desc, out);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    fseek(tf, 0, SEEK_END);
+    n = ftell(tf);
+    fclose(tf);
+    return n;
+}
+
+/* Failures used to go to stderr past the caller's hook and level. */
+ATTN_TEST(def_context_create_failure_logs) {
+    def_env saved = def_env_save("ATTN_LOG_LEVEL");
+    attn_context_desc cd;
+    def_capture cap;
+    attn_context *ctx;
+    attn_status st = ATTN_OK;
+    long n;
+    unsetenv("ATTN_LOG_LEVEL");
+    memset(&cd, 0, sizeof cd);
+    memset(&cap, 0, sizeof cap);
+    cd.log = def_hook;
+    cd.log_user_data = &cap;
+    cd.log_level = ATTN_LOG_LEVEL_ERROR;
+    /* through the hook, with the message in the thread's last error */
+    cd.num_threads = -1;
+    ctx = (attn_context *)&cd;
+    EXPECT_STATUS(attn_context_create(&cd, &ctx), ATTN_ERROR_INVALID_VALUE);
+    EXPECT_TRUE(ctx == NULL);
+    EXPECT_EQ_INT(cap.by_level[ATTN_LOG_LEVEL_ERROR], 1);
+    EXPECT_EQ_INT(cap.by_item[ATTN_LOG_INVALID_ARGUMENT], 1);
+    EXPECT_TRUE(attn_context_last_error(NULL)[0] != 0);
+    EXPECT_STATUS(attn_context_create(&cd, NULL), ATTN_ERROR_NULL_ARGUMENT);
+    EXPECT_EQ_INT(cap.by_level[ATTN_LOG_LEVEL_ERROR], 2);
+    /* a bad level: the hook still gets it, at the default level */
+    cd.num_threads = 0;
+    cd.log_level = (attn_log_level)99;
+    EXPECT_STATUS(attn_context_create(&cd, &ctx), ATTN_ERROR_INVALID_VALUE);
+    EXPECT_EQ_INT(cap.by_level[ATTN_LOG_LEVEL_ERROR], 3);
+    /* level NONE: nothing, neither to the hook nor to stderr */
+    cd.log_level = ATTN_LOG_LEVEL_NONE;
+    cd.num_threads = 2000;
+    EXPECT_STATUS(attn_context_create(&cd, &ctx), ATTN_ERROR_INVALID_VALUE);
+    EXPECT_EQ_INT(cap.by_level[ATTN_LOG_LEVEL_ERROR], 3);
+    EXPECT_TRUE(attn_context_last_error(NULL)[0] != 0);
+    cd.log = NULL;
+    cd.log_user_data = NULL;
+    n = def_create_stderr_bytes(&cd, &ctx, &st);
+    if (n >= 0) {
+        EXPECT_STATUS(st, ATTN_ERROR_INVALID_VALUE);
+        EXPECT_EQ_INT(n, 0);
+    }
+    /* no hook, level ERROR: the line goes to stderr (the default sink) */
+    cd.log_level = ATTN_LOG_LEVEL_ERROR;
+    n = def_create_stderr_bytes(&cd, &ctx, &st);
+    if (n >= 0) {
+        EXPECT_STATUS(st, ATTN_ERROR_INVALID_VALUE);
+        EXPECT_TRUE(n > 0);
+    }
+    def_env_restore(&saved);
+}
+
 void suite_defects(void) {
     ATTN_RUN(def_env_batch_invariant_words);
     ATTN_RUN(def_env_num_threads_invalid);
@@ -587,4 +665,5 @@ void suite_defects(void) {
     ATTN_RUN(def_output_overlap_forward);
     ATTN_RUN(def_output_overlap_mla_and_merge);
     ATTN_RUN(def_block_cap_and_nbytes);
+    ATTN_RUN(def_context_create_failure_logs);
 }
