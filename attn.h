@@ -1810,8 +1810,14 @@ static int attn__backend_check(const attn_backend *b, const attn_layer_desc *d,
         return 1;
     }
     if (!attn__head_size_ok(b, d->head_size)) {
-        attn__fmt(reason, size, "%s: head_size %d not supported (multiples of %d from %d to %d)",
-                 b->name, d->head_size, b->head_size_multiple, b->head_size_min, b->head_size_max);
+        /* the fields can only say "a range"; a backend whose sizes are a list (CPU_MLA: 576
+           or 320) names them in its own check, so that reason wins when it has one */
+        custom[0] = 0;
+        if (b->check && b->check(b, d, p, custom, sizeof custom) && custom[0])
+            attn__fmt(reason, size, "%s: %s", b->name, custom);
+        else
+            attn__fmt(reason, size, "%s: head_size %d not supported (multiples of %d from %d to %d)",
+                     b->name, d->head_size, b->head_size_multiple, b->head_size_min, b->head_size_max);
         return 1;
     }
     if (d->block_size % b->block_size_multiple || (b->block_size_max && d->block_size > b->block_size_max)) {

@@ -658,6 +658,59 @@ ATTN_TEST(def_context_create_failure_logs) {
     def_env_restore(&saved);
 }
 
+/* ---- 5. the MLA head-size reason names the allowed sizes ---------------------------------- */
+
+/* The reason CPU_MLA was skipped for, or "" if it was not. */
+static const char *def_skip_reason(const attn_selection *s, attn_backend_id id) {
+    int i;
+    for (i = 0; i < s->num_skipped; i++)
+        if (s->skipped[i].backend == id) return s->skipped[i].reason;
+    return "";
+}
+
+/* Head 600 or 288 used to be refused "(multiples of 8 from 320 to 576)", though only 576
+   and 320 are served. The text is the defect here, so the test reads it. */
+ATTN_TEST(def_mla_head_size_reason) {
+    static const int sizes[] = {600, 288, 448, 584};
+    def_capture cap;
+    attn_context *ctx = def_ctx(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
+    def_env saved = def_env_save("ATTN_BACKEND");
+    attn_select_request req;
+    attn_selection sel;
+    size_t i;
+    if (!ctx) { def_env_restore(&saved); return; }
+    unsetenv("ATTN_BACKEND");
+    memset(&req, 0, sizeof req);
+    for (i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        attn_layer_desc d = def_mla_desc(sizes[i]);
+        const char *r;
+        req.backend = ATTN_BACKEND_AUTO;
+        EXPECT_STATUS(attn_select_backend(ctx, &d, &req, &sel), ATTN_ERROR_UNSUPPORTED);
+        EXPECT_EQ_INT(sel.resolved, ATTN_BACKEND_AUTO);
+        r = def_skip_reason(&sel, ATTN_BACKEND_CPU_MLA);
+        EXPECT_TRUE(strstr(r, "576") != NULL);
+        EXPECT_TRUE(strstr(r, "320") != NULL);
+        EXPECT_TRUE(strstr(r, "multiples") == NULL);
+        req.backend = ATTN_BACKEND_CPU_MLA;
+        EXPECT_STATUS(attn_select_backend(ctx, &d, &req, &sel), ATTN_ERROR_BACKEND_UNAVAILABLE);
+        r = def_skip_reason(&sel, ATTN_BACKEND_CPU_MLA);
+        EXPECT_TRUE(strstr(r, "576") != NULL && strstr(r, "320") != NULL);
+        EXPECT_TRUE(strstr(r, "multiples") == NULL);
+    }
+    /* the standard backend's range is still described by its fields */
+    {
+        attn_layer_desc d;
+        memset(&d, 0, sizeof d);
+        d.num_heads = 2;
+        d.head_size = 520;
+        req.backend = ATTN_BACKEND_CPU;
+        EXPECT_STATUS(attn_select_backend(ctx, &d, &req, &sel), ATTN_ERROR_BACKEND_UNAVAILABLE);
+        EXPECT_TRUE(strstr(def_skip_reason(&sel, ATTN_BACKEND_CPU), "512") != NULL);
+    }
+    attn_context_destroy(ctx);
+    def_env_restore(&saved);
+}
+
 void suite_defects(void) {
     ATTN_RUN(def_env_batch_invariant_words);
     ATTN_RUN(def_env_num_threads_invalid);
@@ -666,4 +719,5 @@ void suite_defects(void) {
     ATTN_RUN(def_output_overlap_mla_and_merge);
     ATTN_RUN(def_block_cap_and_nbytes);
     ATTN_RUN(def_context_create_failure_logs);
+    ATTN_RUN(def_mla_head_size_reason);
 }
