@@ -709,9 +709,11 @@ ATTN_API attn_status attn_merge_attn_states(attn_context *ctx, const attn_tensor
 
 #if defined(__GNUC__) || defined(__clang__)
 #define ATTN__INLINE static inline __attribute__((always_inline))
+#define ATTN__NOINLINE __attribute__((noinline))
 #define ATTN__PRINTF(a, b) __attribute__((format(printf, a, b)))
 #else
 #define ATTN__INLINE static inline
+#define ATTN__NOINLINE
 #define ATTN__PRINTF(a, b)
 #endif
 
@@ -964,7 +966,8 @@ ATTN_API const char *attn_log_item_name(attn_log_item item) {
 
 /* =======================================================================================
    >>types
-   Exact f16/bf16 conversions (round to nearest even) and tensor-view helpers.
+   Exact f16/bf16 conversions (round to nearest even), the dtype table and tensor-view
+   helpers.
    ======================================================================================= */
 
 static uint32_t attn__f32_bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
@@ -1015,22 +1018,64 @@ ATTN_API uint16_t attn_f32_to_bf16(float x) {
 
 ATTN_API float attn_bf16_to_f32(uint16_t h) { return attn__bits_f32((uint32_t)h << 16); }
 
+/* Rows of n elements between storage and f32 (stores round to nearest even). The f16 and
+   bf16 ones are defined in >>cpu, next to the vector layer they use. */
+static void attn__f32_row(const void *src, float *dst, int n) {
+    memcpy(dst, src, (size_t)n * sizeof(float));
+}
+static void attn__row_store_f32(const float *src, void *dst, int n) {
+    memcpy(dst, src, (size_t)n * sizeof(float));
+}
+static void attn__f16_row(const void *src, float *dst, int n);
+static void attn__bf16_row(const void *src, float *dst, int n);
+static void attn__row_to_f16(const float *src, void *dst, int n);
+static void attn__row_to_bf16(const float *src, void *dst, int n);
+
+/* Everything that depends on the element type goes through this table, or through a
+   switch without `default:` (so -Wswitch names each place a new type must be handled;
+   the SIMD kernels keep one instantiation per type for speed). */
+typedef struct attn__dtype_info {
+    const char *name, *long_name;                         /* "bf16", "bfloat16" */
+    size_t size;                                          /* bytes; 0: not an element type */
+    void (*load_row)(const void *src, float *dst, int n); /* n elements -> f32 */
+    void (*store_row)(const float *src, void *dst, int n);
+} attn__dtype_info;
+
+static const attn__dtype_info attn__dtypes[] = { /* one row per attn_dtype, in order */
+    {"auto", "auto", 0, NULL, NULL},
+    {"f32", "float32", 4, attn__f32_row, attn__row_store_f32},
+    {"f16", "float16", 2, attn__f16_row, attn__row_to_f16},
+    {"bf16", "bfloat16", 2, attn__bf16_row, attn__row_to_bf16}
+};
+/* fails to compile when attn_dtype gains an enumerator without a row */
+typedef char attn__dtype_table_complete[
+    sizeof attn__dtypes / sizeof attn__dtypes[0] == (size_t)ATTN_DTYPE_COUNT ? 1 : -1];
+
+static int attn__dtype_valid(attn_dtype dtype) {
+    return (int)dtype >= 0 && (int)dtype < (int)ATTN_DTYPE_COUNT;
+}
+
+/* The element types' names for messages: "f32, f16, bf16". */
+static void attn__dtype_names(char *buf, size_t size, int long_names) {
+    int d;
+    buf[0] = 0;
+    for (d = 0; d < (int)ATTN_DTYPE_COUNT; d++)
+        if (attn__dtypes[d].size) {
+            size_t n = strlen(buf);
+            attn__fmt(buf + n, size - n, "%s%s", n ? ", " : "", attn__dtypes[d].name);
+            if (long_names) {
+                n = strlen(buf);
+                attn__fmt(buf + n, size - n, " (%s)", attn__dtypes[d].long_name);
+            }
+        }
+}
+
 ATTN_API const char *attn_dtype_name(attn_dtype dtype) {
-    switch (dtype) {
-    case ATTN_DTYPE_AUTO: return "auto";
-    case ATTN_DTYPE_F32: return "f32";
-    case ATTN_DTYPE_F16: return "f16";
-    case ATTN_DTYPE_BF16: return "bf16";
-    default: return "?";
-    }
+    return attn__dtype_valid(dtype) ? attn__dtypes[dtype].name : "?";
 }
 
 ATTN_API size_t attn_dtype_size(attn_dtype dtype) {
-    switch (dtype) {
-    case ATTN_DTYPE_F32: return 4;
-    case ATTN_DTYPE_F16: case ATTN_DTYPE_BF16: return 2;
-    default: return 0;
-    }
+    return attn__dtype_valid(dtype) ? attn__dtypes[dtype].size : 0;
 }
 
 ATTN_API attn_tensor attn_tensor_make(void *data, attn_dtype dtype, int ndim,
@@ -1072,20 +1117,26 @@ ATTN_API size_t attn_tensor_nbytes(const attn_tensor *t) {
     return n;
 }
 
+/* One element; a switch rather than the table's rows, so the conversion inlines. */
 static float attn__load_elem(const void *p, attn_dtype dt, int64_t i) {
     switch (dt) {
     case ATTN_DTYPE_F32: return ((const float *)p)[i];
     case ATTN_DTYPE_F16: return attn_f16_to_f32(((const uint16_t *)p)[i]);
-    default: return attn_bf16_to_f32(((const uint16_t *)p)[i]);
+    case ATTN_DTYPE_BF16: return attn_bf16_to_f32(((const uint16_t *)p)[i]);
+    case ATTN_DTYPE_AUTO: case ATTN_DTYPE_COUNT: break; /* not element types */
     }
+    ATTN_ASSERT(0);
+    return 0.0f;
 }
 
 static void attn__store_elem(void *p, attn_dtype dt, int64_t i, float x) {
     switch (dt) {
-    case ATTN_DTYPE_F32: ((float *)p)[i] = x; break;
-    case ATTN_DTYPE_F16: ((uint16_t *)p)[i] = attn_f32_to_f16(x); break;
-    default: ((uint16_t *)p)[i] = attn_f32_to_bf16(x); break;
+    case ATTN_DTYPE_F32: ((float *)p)[i] = x; return;
+    case ATTN_DTYPE_F16: ((uint16_t *)p)[i] = attn_f32_to_f16(x); return;
+    case ATTN_DTYPE_BF16: ((uint16_t *)p)[i] = attn_f32_to_bf16(x); return;
+    case ATTN_DTYPE_AUTO: case ATTN_DTYPE_COUNT: break;
     }
+    ATTN_ASSERT(0);
 }
 
 /* Expected extents for attn__check_tensor: n means exactly n, ATTN__AT_LEAST(n) at least n. */
@@ -1699,6 +1750,7 @@ ATTN_API attn_status attn_register_backend(attn_backend_id id, const attn_backen
 static attn_status attn__desc_resolve(attn_context *ctx, const char *fn,
                                       const attn_layer_desc *in, attn_layer_desc *out) {
     attn_layer_desc d = *in;
+    char types[64];
     int i;
 #define ATTN__BAD(...) return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT, __VA_ARGS__)
     if (d.num_heads <= 0) ATTN__BAD("%s: desc.num_heads is %d (allowed: >= 1)", fn, d.num_heads);
@@ -1710,11 +1762,13 @@ static attn_status attn__desc_resolve(attn_context *ctx, const char *fn,
         ATTN__BAD("%s: desc.num_kv_heads is %d (allowed: a divisor of num_heads %d)", fn,
                   d.num_kv_heads, d.num_heads);
     if (d.head_size <= 0) ATTN__BAD("%s: desc.head_size is %d (allowed: >= 1)", fn, d.head_size);
-    if ((int)d.dtype < 0 || (int)d.dtype >= (int)ATTN_DTYPE_COUNT)
-        ATTN__BAD("%s: desc.dtype is %d (allowed: ATTN_DTYPE_AUTO, F32, F16, BF16)", fn, (int)d.dtype);
-    if ((int)d.kv_cache_dtype < 0 || (int)d.kv_cache_dtype >= (int)ATTN_DTYPE_COUNT)
-        ATTN__BAD("%s: desc.kv_cache_dtype is %d (allowed: ATTN_DTYPE_AUTO, F32, F16, BF16)",
-                  fn, (int)d.kv_cache_dtype);
+    attn__dtype_names(types, sizeof types, 0);
+    if (!attn__dtype_valid(d.dtype))
+        ATTN__BAD("%s: desc.dtype is %d (allowed: ATTN_DTYPE_AUTO, or an element type: %s)", fn,
+                  (int)d.dtype, types);
+    if (!attn__dtype_valid(d.kv_cache_dtype))
+        ATTN__BAD("%s: desc.kv_cache_dtype is %d (allowed: ATTN_DTYPE_AUTO, or an element type: "
+                  "%s)", fn, (int)d.kv_cache_dtype, types);
     if (!d.dtype) d.dtype = ATTN_DTYPE_F16;
     if (!d.kv_cache_dtype) d.kv_cache_dtype = d.dtype;
     if (d.block_size < 0 || d.block_size % 16 || d.block_size > 65536)
@@ -2786,21 +2840,30 @@ ATTN__INLINE void attn__vst_f16(uint16_t *p, attn__vf v) {
 }
 #endif
 
-/* Rows of n elements between f16/bf16 storage and f32, W at a time, scalar tails. */
-static void attn__f16_row(const uint16_t *s, float *d, int n) {
+/* Rows of n elements between f16/bf16 storage and f32, W at a time, scalar tails (the
+   dtype table's rows for f16 and bf16). */
+static void attn__f16_row(const void *src, float *d, int n) {
+    const uint16_t *s = (const uint16_t *)src;
     int i = 0;
     for (; i + ATTN__W <= n; i += ATTN__W) attn__vst(d + i, attn__vld_f16(s + i));
     for (; i < n; i++) d[i] = attn_f16_to_f32(s[i]);
 }
-static void attn__bf16_row(const uint16_t *s, float *d, int n) {
+static void attn__bf16_row(const void *src, float *d, int n) {
+    const uint16_t *s = (const uint16_t *)src;
     int i = 0;
     for (; i + ATTN__W <= n; i += ATTN__W) attn__vst(d + i, attn__vld_bf16(s + i));
     for (; i < n; i++) d[i] = attn_bf16_to_f32(s[i]);
 }
-static void attn__row_to_f16(const float *s, uint16_t *d, int n) {
+static void attn__row_to_f16(const float *s, void *dst, int n) {
+    uint16_t *d = (uint16_t *)dst;
     int i = 0;
     for (; i + ATTN__W <= n; i += ATTN__W) attn__vst_f16(d + i, attn__vld(s + i));
     for (; i < n; i++) d[i] = attn_f32_to_f16(s[i]);
+}
+static void attn__row_to_bf16(const float *s, void *dst, int n) {
+    uint16_t *d = (uint16_t *)dst;
+    int i;
+    for (i = 0; i < n; i++) d[i] = attn_f32_to_bf16(s[i]);
 }
 
 /* 2^x with |relative error| < 2e-7; x <= -127 gives exactly 0 (masked scores). */
@@ -2820,20 +2883,17 @@ ATTN__INLINE attn__vf attn__vexp2(attn__vf x) {
     return attn__vmul(p, attn__vpow2i(n));
 }
 
-/* A row of n elements of type dt -> f32, zero-padded to npad. */
+/* A row of n elements of type dt -> f32, zero-padded to npad (through the dtype table). */
 static void attn__row_to_f32(const void *src, attn_dtype dt, float *dst, int n, int npad) {
     int i;
-    if (dt == ATTN_DTYPE_F32) memcpy(dst, src, (size_t)n * sizeof(float));
-    else if (dt == ATTN_DTYPE_F16) attn__f16_row((const uint16_t *)src, dst, n);
-    else attn__bf16_row((const uint16_t *)src, dst, n);
+    ATTN_ASSERT(attn__dtype_valid(dt) && attn__dtypes[dt].load_row);
+    attn__dtypes[dt].load_row(src, dst, n);
     for (i = n; i < npad; i++) dst[i] = 0.0f;
 }
 
 static void attn__row_from_f32(const float *src, attn_dtype dt, void *dst, int n) {
-    int i;
-    if (dt == ATTN_DTYPE_F32) memcpy(dst, src, (size_t)n * sizeof(float));
-    else if (dt == ATTN_DTYPE_F16) attn__row_to_f16(src, (uint16_t *)dst, n);
-    else for (i = 0; i < n; i++) ((uint16_t *)dst)[i] = attn_f32_to_bf16(src[i]);
+    ATTN_ASSERT(attn__dtype_valid(dt) && attn__dtypes[dt].store_row);
+    attn__dtypes[dt].store_row(src, dst, n);
 }
 
 ATTN__INLINE float attn__dot(const float *a, const float *b, int dp) {
@@ -2966,11 +3026,17 @@ ATTN__INLINE void attn__prefetch_row(const char *p, size_t bytes) {
 #endif
 }
 
-/* One vector of a K/V row straight from the cache, converted to f32 in registers. */
+/* One vector of a K/V row straight from the cache, converted to f32 in registers. dt is a
+   compile-time constant in every instantiation, so the switch folds away. */
 ATTN__INLINE attn__vf attn__vload_kv(const char *p, attn_dtype dt) {
-    if (dt == ATTN_DTYPE_F16) return attn__vld_f16((const uint16_t *)(const void *)p);
-    if (dt == ATTN_DTYPE_BF16) return attn__vld_bf16((const uint16_t *)(const void *)p);
-    return attn__vld((const float *)(const void *)p);
+    switch (dt) {
+    case ATTN_DTYPE_F32: return attn__vld((const float *)(const void *)p);
+    case ATTN_DTYPE_F16: return attn__vld_f16((const uint16_t *)(const void *)p);
+    case ATTN_DTYPE_BF16: return attn__vld_bf16((const uint16_t *)(const void *)p);
+    case ATTN_DTYPE_AUTO: case ATTN_DTYPE_COUNT: break;
+    }
+    ATTN_ASSERT(0);
+    return attn__vzero();
 }
 
 /* The decode-shaped kernels: few query rows per KV head, so every K/V element is used
@@ -2980,7 +3046,7 @@ ATTN__INLINE attn__vf attn__vload_kv(const char *p, attn_dtype dt) {
 ATTN__INLINE void attn__qk_direct(const float *Q, int per_head, int nheads, const char *const *kp,
                                   size_t head_bytes, int n, int D, int dq, float *S, int ld,
                                   attn_dtype dt) {
-    size_t esz = dt == ATTN_DTYPE_F32 ? 4 : 2;
+    size_t esz = attn__dtypes[dt].size; /* a constant: dt is one */
     int r, j, d, rr, kk, h;
     for (j = 0; j + 4 <= n; j += 4)
         for (h = 0; h < nheads; h++) {
@@ -3031,7 +3097,7 @@ ATTN__INLINE void attn__qk_direct(const float *Q, int per_head, int nheads, cons
    per register block (16 independent FMA chains). */
 ATTN__INLINE void attn__pv_direct(const float *P, int ld, int M, const char *const *vp, size_t hoff,
                                   int n, int D, int dq, float *O, const float *alpha, attn_dtype dt) {
-    size_t esz = dt == ATTN_DTYPE_F32 ? 4 : 2;
+    size_t esz = attn__dtypes[dt].size;
     int r = 0, d, j, rr, c;
     for (; r + 4 <= M; r += 4) {
         for (d = 0; d + 4 * ATTN__W <= D; d += 4 * ATTN__W) {
@@ -3079,18 +3145,28 @@ ATTN__INLINE void attn__pv_direct(const float *P, int ld, int M, const char *con
         }
 }
 
-/* One instantiation per cache dtype, so the conversion is fixed inside the loops. */
-static void attn__cpu_qk_direct(const float *Q, int per_head, int nheads, const char *const *kp,
+/* One instantiation per cache dtype, so the conversion is fixed inside the loops. Not
+   inlined into attn__cpu_task_run: the kernels' registers are then allocated on their own,
+   and an edit elsewhere in that large function cannot spill them (one did: -6% decode). */
+ATTN__NOINLINE static void attn__cpu_qk_direct(const float *Q, int per_head, int nheads, const char *const *kp,
                                 size_t head_bytes, int n, int D, int dq, float *S, int ld, attn_dtype dt) {
-    if (dt == ATTN_DTYPE_F16) attn__qk_direct(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, ATTN_DTYPE_F16);
-    else if (dt == ATTN_DTYPE_BF16) attn__qk_direct(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, ATTN_DTYPE_BF16);
-    else attn__qk_direct(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, ATTN_DTYPE_F32);
+    switch (dt) {
+    case ATTN_DTYPE_F32: attn__qk_direct(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, ATTN_DTYPE_F32); return;
+    case ATTN_DTYPE_F16: attn__qk_direct(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, ATTN_DTYPE_F16); return;
+    case ATTN_DTYPE_BF16: attn__qk_direct(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, ATTN_DTYPE_BF16); return;
+    case ATTN_DTYPE_AUTO: case ATTN_DTYPE_COUNT: break;
+    }
+    ATTN_ASSERT(0);
 }
-static void attn__cpu_pv_direct(const float *P, int ld, int M, const char *const *vp, size_t hoff,
+ATTN__NOINLINE static void attn__cpu_pv_direct(const float *P, int ld, int M, const char *const *vp, size_t hoff,
                                 int n, int D, int dq, float *O, const float *alpha, attn_dtype dt) {
-    if (dt == ATTN_DTYPE_F16) attn__pv_direct(P, ld, M, vp, hoff, n, D, dq, O, alpha, ATTN_DTYPE_F16);
-    else if (dt == ATTN_DTYPE_BF16) attn__pv_direct(P, ld, M, vp, hoff, n, D, dq, O, alpha, ATTN_DTYPE_BF16);
-    else attn__pv_direct(P, ld, M, vp, hoff, n, D, dq, O, alpha, ATTN_DTYPE_F32);
+    switch (dt) {
+    case ATTN_DTYPE_F32: attn__pv_direct(P, ld, M, vp, hoff, n, D, dq, O, alpha, ATTN_DTYPE_F32); return;
+    case ATTN_DTYPE_F16: attn__pv_direct(P, ld, M, vp, hoff, n, D, dq, O, alpha, ATTN_DTYPE_F16); return;
+    case ATTN_DTYPE_BF16: attn__pv_direct(P, ld, M, vp, hoff, n, D, dq, O, alpha, ATTN_DTYPE_BF16); return;
+    case ATTN_DTYPE_AUTO: case ATTN_DTYPE_COUNT: break;
+    }
+    ATTN_ASSERT(0);
 }
 
 /* Online-softmax step for one row of base-2 scores s[0..n) (padded to a multiple of W):

@@ -711,6 +711,30 @@ ATTN_TEST(def_mla_head_size_reason) {
     def_env_restore(&saved);
 }
 
+/* ---- the dtype table -------------------------------------------------------------------- */
+
+/* A layer descriptor with an out-of-range dtype is refused (the table's range). */
+ATTN_TEST(def_dtype_desc_range) {
+    def_capture cap;
+    attn_context *ctx = def_ctx(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
+    attn_layer_desc d;
+    attn_layer *layer = NULL;
+    if (!ctx) return;
+    memset(&d, 0, sizeof d);
+    d.num_heads = 2;
+    d.head_size = 16;
+    d.dtype = ATTN_DTYPE_COUNT;
+    DEF_FAILS(&cap, attn_layer_create(ctx, &d, NULL, &layer), ATTN_ERROR_INVALID_VALUE);
+    d.dtype = ATTN_DTYPE_BF16;
+    d.kv_cache_dtype = (attn_dtype)-2;
+    DEF_FAILS(&cap, attn_layer_create(ctx, &d, NULL, &layer), ATTN_ERROR_INVALID_VALUE);
+    EXPECT_TRUE(layer == NULL);
+    d.kv_cache_dtype = ATTN_DTYPE_F32;
+    EXPECT_OK(attn_layer_create(ctx, &d, NULL, &layer));
+    attn_layer_destroy(layer);
+    attn_context_destroy(ctx);
+}
+
 void suite_defects(void) {
     ATTN_RUN(def_env_batch_invariant_words);
     ATTN_RUN(def_env_num_threads_invalid);
@@ -720,4 +744,5 @@ void suite_defects(void) {
     ATTN_RUN(def_block_cap_and_nbytes);
     ATTN_RUN(def_context_create_failure_logs);
     ATTN_RUN(def_mla_head_size_reason);
+    ATTN_RUN(def_dtype_desc_range);
 }
