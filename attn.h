@@ -84,8 +84,9 @@
    FUNCTION LIST
        context   attn_context_create attn_context_destroy attn_context_last_error
                  attn_context_set_log_level attn_status_string attn_log_item_name
-       types     attn_dtype_name attn_dtype_size attn_f32_to_f16 attn_f16_to_f32
-                 attn_f32_to_bf16 attn_bf16_to_f32 attn_tensor_make attn_tensor_nbytes
+       types     attn_dtype_name attn_dtype_from_name attn_dtype_size attn_f32_to_f16
+                 attn_f16_to_f32 attn_f32_to_bf16 attn_bf16_to_f32 attn_tensor_make
+                 attn_tensor_nbytes
        platform  attn_platform_get attn_platform_format
        backends  attn_backend_get attn_backend_name attn_backend_from_name
                  attn_register_backend
@@ -213,6 +214,9 @@ typedef enum attn_dtype {
 } attn_dtype;
 
 ATTN_API const char *attn_dtype_name(attn_dtype dtype); /* "f32", "f16", "bf16", "auto" */
+/* An element type by name, case-insensitive: "f32", "f16", "bf16" or "float32", "float16",
+   "bfloat16". Unknown names: ATTN_ERROR_INVALID_VALUE, *out unchanged. */
+ATTN_API attn_status attn_dtype_from_name(const char *name, attn_dtype *out);
 ATTN_API size_t attn_dtype_size(attn_dtype dtype);      /* 0 for AUTO or unknown */
 
 /* Exact conversions, round to nearest even (NaN stays NaN, overflow goes to inf). */
@@ -1072,6 +1076,23 @@ static void attn__dtype_names(char *buf, size_t size, int long_names) {
 
 ATTN_API const char *attn_dtype_name(attn_dtype dtype) {
     return attn__dtype_valid(dtype) ? attn__dtypes[dtype].name : "?";
+}
+
+ATTN_API attn_status attn_dtype_from_name(const char *name, attn_dtype *out) {
+    char names[160];
+    int d;
+    ATTN__CHECK_PTR(NULL, name, "attn_dtype_from_name");
+    ATTN__CHECK_PTR(NULL, out, "attn_dtype_from_name");
+    for (d = 0; d < (int)ATTN_DTYPE_COUNT; d++)
+        if (attn__dtypes[d].size &&
+            (attn__strieq(name, attn__dtypes[d].name) || attn__strieq(name, attn__dtypes[d].long_name))) {
+            *out = (attn_dtype)d;
+            return ATTN_OK;
+        }
+    attn__dtype_names(names, sizeof names, 1);
+    return attn__fail(NULL, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                      "attn_dtype_from_name: name '%s' names no element type (allowed, "
+                      "case-insensitive: %s)", name, names);
 }
 
 ATTN_API size_t attn_dtype_size(attn_dtype dtype) {

@@ -711,7 +711,51 @@ ATTN_TEST(def_mla_head_size_reason) {
     def_env_restore(&saved);
 }
 
-/* ---- the dtype table -------------------------------------------------------------------- */
+/* ---- the dtype table: names both ways, sizes -------------------------------------------- */
+
+ATTN_TEST(def_dtype_from_name) {
+    static const struct { const char *name; attn_dtype dt; } ok[] = {
+        {"f32", ATTN_DTYPE_F32},       {"F32", ATTN_DTYPE_F32},       {"float32", ATTN_DTYPE_F32},
+        {"Float32", ATTN_DTYPE_F32},   {"f16", ATTN_DTYPE_F16},       {"FLOAT16", ATTN_DTYPE_F16},
+        {"float16", ATTN_DTYPE_F16},   {"bf16", ATTN_DTYPE_BF16},     {"BF16", ATTN_DTYPE_BF16},
+        {"bfloat16", ATTN_DTYPE_BF16}, {"BFloat16", ATTN_DTYPE_BF16}};
+    static const char *const bad[] = {"", "auto", "fp8", "f64", "float", "half", "f16 ", "bf"};
+    def_env saved = def_env_save("ATTN_LOG_LEVEL");
+    attn_dtype dt;
+    size_t i;
+    int d;
+    setenv("ATTN_LOG_LEVEL", "none", 1); /* context-less failures would go to stderr */
+    for (i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        dt = ATTN_DTYPE_AUTO;
+        EXPECT_OK(attn_dtype_from_name(ok[i].name, &dt));
+        EXPECT_EQ_INT(dt, ok[i].dt);
+    }
+    for (i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        dt = (attn_dtype)77;
+        EXPECT_STATUS(attn_dtype_from_name(bad[i], &dt), ATTN_ERROR_INVALID_VALUE);
+        EXPECT_EQ_INT(dt, 77); /* unchanged */
+        EXPECT_TRUE(attn_context_last_error(NULL)[0] != 0);
+    }
+    EXPECT_STATUS(attn_dtype_from_name(NULL, &dt), ATTN_ERROR_NULL_ARGUMENT);
+    EXPECT_STATUS(attn_dtype_from_name("f16", NULL), ATTN_ERROR_NULL_ARGUMENT);
+    /* every element type: its name reads back, its size is that of its storage */
+    for (d = 1; d < (int)ATTN_DTYPE_COUNT; d++) {
+        dt = ATTN_DTYPE_AUTO;
+        EXPECT_OK(attn_dtype_from_name(attn_dtype_name((attn_dtype)d), &dt));
+        EXPECT_EQ_INT(dt, d);
+        EXPECT_TRUE(attn_dtype_size((attn_dtype)d) > 0);
+    }
+    EXPECT_EQ_INT(attn_dtype_size(ATTN_DTYPE_F32), 4);
+    EXPECT_EQ_INT(attn_dtype_size(ATTN_DTYPE_F16), 2);
+    EXPECT_EQ_INT(attn_dtype_size(ATTN_DTYPE_BF16), 2);
+    EXPECT_EQ_INT(attn_dtype_size(ATTN_DTYPE_AUTO), 0);
+    EXPECT_EQ_INT(attn_dtype_size((attn_dtype)99), 0);
+    EXPECT_EQ_INT(attn_dtype_size((attn_dtype)-1), 0);
+    EXPECT_TRUE(strcmp(attn_dtype_name(ATTN_DTYPE_AUTO), "auto") == 0);
+    EXPECT_TRUE(strcmp(attn_dtype_name((attn_dtype)99), "?") == 0);
+    EXPECT_TRUE(strcmp(attn_dtype_name((attn_dtype)-1), "?") == 0);
+    def_env_restore(&saved);
+}
 
 /* A layer descriptor with an out-of-range dtype is refused (the table's range). */
 ATTN_TEST(def_dtype_desc_range) {
@@ -744,5 +788,6 @@ void suite_defects(void) {
     ATTN_RUN(def_block_cap_and_nbytes);
     ATTN_RUN(def_context_create_failure_logs);
     ATTN_RUN(def_mla_head_size_reason);
+    ATTN_RUN(def_dtype_from_name);
     ATTN_RUN(def_dtype_desc_range);
 }
