@@ -4158,10 +4158,11 @@ static attn_status attn__mla_metadata_init(const attn_backend *self, attn_layer 
     cm->workspace_floats = attn__mla_ws_layout(d, cap, NULL, &ws);
     cm->workspace = (float *)attn__malloc(cm->workspace_floats * sizeof(float) + 64);
     if (!cm->workspace) {
+        size_t bytes = cm->workspace_floats * sizeof(float);
         attn__cpu_metadata_release(self, meta);
         return attn__fail(layer->ctx, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
                           "attn_metadata_create: cannot allocate the MLA workspace (%zu bytes; "
-                          "desc.workspace_bytes bounds it)", cm->workspace_floats * sizeof(float));
+                          "desc.workspace_bytes bounds it)", bytes);
     }
     scratch = ATTN__MAX(attn__cpu_scratch_floats(cm, attn__cpu_dp(d->head_size), attn__cpu_dp(d->kv_lora_rank)),
                         attn__mla_scratch_floats(d, (int)td));
@@ -4180,6 +4181,7 @@ static attn_status attn__mla_build(const attn_backend *self, attn_layer *layer, 
     (void)self;
     (void)common_prefix_len;
     (void)fast_build;
+    memset(&info, 0, sizeof info);
     st = attn_metadata_mla_info(meta, &info);
     if (st != ATTN_OK) return st;
     for (r = 0; r < info.num_decodes; r++) {
@@ -4386,7 +4388,9 @@ static attn_status attn__mla_mha(attn_layer *layer, const attn_metadata *meta, c
     attn__mla_ws ws;
     attn__mha_run a;
     attn_tensor o = attn__tensor_resolved(out), ls;
-    attn_status st = attn_metadata_mla_info(meta, &info);
+    attn_status st;
+    memset(&info, 0, sizeof info);
+    st = attn_metadata_mla_info(meta, &info);
     size_t csz = attn_dtype_size(d->kv_cache_dtype), osz = attn_dtype_size(o.dtype);
     int r, i;
     if (st != ATTN_OK || info.num_prefill_tokens <= 0) return st;
