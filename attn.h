@@ -4700,7 +4700,6 @@ ATTN_API attn_status attn_mla_forward_mha(attn_layer *layer, const attn_metadata
     const char *fn = "attn_mla_forward_mha";
     const attn_layer_desc *d;
     attn_device_kind dev;
-    attn_mla_info info;
     int64_t shape[3];
     attn_status st;
     if (!layer) return attn__null_arg(ctx, __func__, "layer");
@@ -4711,11 +4710,10 @@ ATTN_API attn_status attn_mla_forward_mha(attn_layer *layer, const attn_metadata
     if (!w_uv) return attn__null_arg(ctx, __func__, "w_uv");
     if (!out) return attn__null_arg(ctx, __func__, "out");
     st = attn__mla_check_call(layer, meta, fn);
-    if (st == ATTN_OK) st = attn_metadata_mla_info(meta, &info);
     if (st != ATTN_OK) return st;
     d = &layer->desc;
     dev = layer->backend->device;
-    shape[0] = ATTN__AT_LEAST(info.num_prefill_tokens); shape[1] = d->num_heads;
+    shape[0] = ATTN__AT_LEAST(meta->mla.num_prefill_tokens); shape[1] = d->num_heads;
     shape[2] = d->qk_nope_head_dim + d->qk_rope_head_dim;
     st = attn__check_tensor(ctx, fn, "q", q, d->dtype, 3, shape, dev);
     shape[2] = d->v_head_dim;

@@ -791,6 +791,7 @@ static void bench_mla_case(attn_context *ctx, const bench_opts *o, attn_layer *l
         attn_metadata_desc md;
         attn_batch b;
         memset(&md, 0, sizeof md);
+        memset(&info, 0, sizeof info);
         md.max_num_reqs = batch;
         md.max_num_tokens = batch;
         md.max_blocks_per_req = bps;
