@@ -2203,6 +2203,16 @@ ATTN_API attn_status attn_selection_cache_clear(attn_context *ctx) {
     return ATTN_OK;
 }
 
+static const char *attn__graph_name(attn_cuda_graph_support g) {
+    switch (g) {
+    case ATTN_CUDA_GRAPH_NEVER: return "NEVER";
+    case ATTN_CUDA_GRAPH_UNIFORM_SINGLE_TOKEN_DECODE: return "UNIFORM_SINGLE_TOKEN_DECODE";
+    case ATTN_CUDA_GRAPH_UNIFORM_BATCH: return "UNIFORM_BATCH";
+    case ATTN_CUDA_GRAPH_ALWAYS: return "ALWAYS";
+    }
+    return "?";
+}
+
 ATTN_API size_t attn_selection_format(const attn_selection *s, char *buf, size_t size) {
     char skipped[1100], cap[32];
     int n, i;
@@ -2237,6 +2247,10 @@ ATTN_API size_t attn_selection_format(const attn_selection *s, char *buf, size_t
                  "  sliding_window: %d\n"
                  "  head_size: %d\n"
                  "  device_capability: %s\n"
+                 "backend:\n"
+                 "  device: %s\n"
+                 "  cuda_graph: %s\n"
+                 "  lse: %s\n"
                  "platform:\n"
                  "  kind: %s\n"
                  "log:\n"
@@ -2250,6 +2264,10 @@ ATTN_API size_t attn_selection_format(const attn_selection *s, char *buf, size_t
                  s->use_mla ? "MLA" : "standard", s->num_heads, s->num_kv_heads,
                  attn_dtype_name(s->dtype), attn_dtype_name(s->kv_cache_dtype), s->block_size,
                  s->sliding_window, s->head_size, cap,
+                 !s->resolved ? "(none)" : s->backend_device == ATTN_DEVICE_CUDA ? "cuda" : "cpu",
+                 !s->resolved ? "(none)" : attn__graph_name(s->cuda_graph),
+                 !s->resolved ? "(none)" : !s->can_return_lse ? "not returned"
+                 : s->lse_base == ATTN_LSE_BASE_2 ? "base 2 (returned as base e)" : "base e",
                  s->platform == ATTN_PLATFORM_CUDA ? "CUDA" : "CPU", s->log_line);
     return n < 0 ? 0 : (size_t)n;
 }
