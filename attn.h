@@ -1,4 +1,4 @@
-/* attn.h - v0.1.0 - paged attention and MLA for C/C++, portable C and CUDA (NVRTC)
+/* attn.h - v0.2.0 - paged attention and MLA for C/C++, portable C and CUDA (NVRTC)
 
    Do this:
        #define ATTN_IMPLEMENTATION
@@ -27,6 +27,11 @@
        ATTN_ASSERT(x)          internal invariant check (default: assert.h)
        ATTN_NO_THREADS         compile the thread pool out (single-threaded CPU backend)
        ATTN_NO_SIMD            use the plain-C inner loops even where AVX2/AVX-512 exist
+       ATTN_CUDA_DRIVER_LIBRARY  the driver's soname (default "libcuda.so.1"; the loader
+                               then tries "libcuda.so")
+       ATTN_MLA_WORKSPACE_BYTES  default of attn_metadata_desc.workspace_bytes (64 MiB): the
+                               bound on each of forward_mha's workspaces (up-projected K/V of
+                               a chunk of keys; running outputs of a group of queries)
 
    ENVIRONMENT VARIABLES
        ATTN_BACKEND            force a backend by name (case-insensitive): CPU, CPU_MLA
@@ -34,8 +39,10 @@
        ATTN_LOG_LEVEL          error | warn | info (default) | debug | none
        ATTN_NUM_THREADS        CPU worker threads (default: the number of online cores)
        ATTN_BATCH_INVARIANT    1 = never split a sequence's keys across threads (MLA: one
-                               KV split), so a row's result does not depend on what else
-                               is in the batch; read at attn_metadata_build
+                               KV split, unless attn_metadata_desc.num_kv_splits forces a
+                               count: an explicit count wins), so a row's result does not
+                               depend on what else is in the batch; read at
+                               attn_metadata_build
 
    BACKENDS, in automatic priority order per platform (a backend serves only layers of
    its kind: standard or MLA; CUSTOM, a plugin slot, leads when registered)
@@ -87,13 +94,52 @@
                  attn_register_backend
        selector  attn_select_backend attn_selection_format attn_selection_cache_clear
        layer     attn_layer_create attn_layer_destroy attn_layer_backend
-                 attn_layer_selection attn_layer_kv_cache_shape
+                 attn_layer_selection attn_layer_get_desc attn_layer_kv_cache_shape
        metadata  attn_metadata_create attn_metadata_destroy attn_metadata_build
+       plugins   attn_layer_context attn_layer_backend_state attn_context_backend_state
+                 attn_metadata_batch attn_metadata_capacity attn_metadata_context
+                 attn_metadata_private attn_metadata_private_set
        cache     attn_reshape_and_cache attn_concat_and_cache_mla
        forward   attn_layer_forward
        mla       attn_reorder_batch attn_metadata_mla_info attn_mla_num_kv_splits
                  attn_mla_forward_mqa attn_mla_forward_mha attn_mla_forward
        merge     attn_merge_attn_states
+
+   ADDING A BACKEND (miniaudio's backend callbacks are the model)
+       A backend is one const attn_backend: capability fields the selector and validation
+       read, and hooks, each called with `self`. Registration checks the required hooks
+       (standard: kv_cache_shape, forward, reshape_and_cache; MLA: kv_cache_shape,
+       forward_mqa, forward_mha, mla_forward, concat_and_cache_mla). Built-in backends
+       add a section (>>cpu, >>cpu_mla; >>cuda next), an id, a line in the built-in table
+       and a place in the per-platform priority lists; plugins use attn_register_backend.
+       Lifecycle, and which state lives where:
+         check          pure: can it serve this descriptor on this platform? (a reason)
+         context_init   once per context, lazily, the first time the selector would pick
+                        it: load libraries (through the context's loader), create handles,
+                        open the kernel cache. State: attn_context_backend_state. A failure
+                        is a skip reason remembered for the context's life.
+                        context_release at attn_context_destroy.
+         layer_init     when the selector picks it for a layer: compile or find the
+                        variants for the layer's shapes. State: attn_layer_backend_state.
+                        A failure is a skip reason in the layer's record and the selector
+                        moves on (an explicit request fails with it). layer_release at
+                        attn_layer_destroy.
+         metadata_init  at attn_metadata_create: allocate, for the capacity
+                        (attn_metadata_capacity, defaults resolved), the schedule and every
+                        workspace forward will use, host and device. Private part:
+                        attn_metadata_private_set. Metadata may outlive its layer, so keep
+                        what build and forward need there. metadata_release frees it.
+         build          at attn_metadata_build, after validation: turn the copied batch
+                        (attn_metadata_batch; MLA: attn_metadata_mla_info, the backend-
+                        neutral decode/prefill split and split count) into the schedule; a
+                        GPU backend uploads it with one asynchronous copy. No allocation.
+         entry points   forward / reshape_and_cache (standard); forward_mqa, forward_mha,
+                        mla_forward, concat_and_cache_mla (MLA); merge_attn_states (any
+                        backend, per device). Arguments are validated by the front door
+                        (shapes, dtypes, device = self->device, metadata fit); the hook
+                        allocates nothing, synchronises nothing, reads no device data on the
+                        host, and works on the caller's stream, so a captured CUDA graph
+                        replays after every build (cuda_graph says for which batches).
 
    THREAD SAFETY
        A context may be used from one thread at a time (its forward calls use the context's
@@ -103,6 +149,10 @@
    HISTORY
        0.1.0  backend abstraction, selector with selection record, metadata builder,
               paged KV cache, portable C backend; MLA on the portable path.
+       0.2.0  the backend seam: lifecycle hooks with state, every front door through the
+              vtable (cache writes, fused MLA call and LSE merge take a stream), device
+              kind per backend, backend-neutral MLA plan, workspaces fixed at create,
+              run-time loader table with an injection point (attn_context_desc.loader).
 
    LICENSE: MIT, see the end of the file.
 */
@@ -110,9 +160,9 @@
 #define ATTN_H
 
 #define ATTN_VERSION_MAJOR 0
-#define ATTN_VERSION_MINOR 1
+#define ATTN_VERSION_MINOR 2
 #define ATTN_VERSION_PATCH 0
-#define ATTN_VERSION_STRING "0.1.0"
+#define ATTN_VERSION_STRING "0.2.0"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -320,7 +370,8 @@ typedef struct attn_layer_desc {
     attn_dtype dtype;          /* q/k/v/out element type; AUTO: F16 */
     attn_dtype kv_cache_dtype; /* AUTO: dtype */
     int block_size;            /* tokens per KV-cache block; 0: 16; multiple of 16 */
-    float scale;               /* softmax scale; 0: 1/sqrt(head_size) */
+    float scale;               /* softmax scale; 0: 1/sqrt(head_size) (MLA: 1/sqrt(
+                                  qk_nope_head_dim + qk_rope_head_dim), the query's width) */
     attn_causal causal;        /* DEFAULT: causal */
     int sliding_window;        /* 0: none; else a key is seen only within this many positions */
     float logits_soft_cap;     /* 0: none; else logits = cap * tanh(logits / cap) */
