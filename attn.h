@@ -37,12 +37,16 @@
        ATTN_BACKEND            force a backend by name (case-insensitive): CPU, CPU_MLA
                                (code beats env; an unknown name fails and lists the names)
        ATTN_LOG_LEVEL          error | warn | info (default) | debug | none
-       ATTN_NUM_THREADS        CPU worker threads (default: the number of online cores)
-       ATTN_BATCH_INVARIANT    1 = never split a sequence's keys across threads (MLA: one
+       ATTN_NUM_THREADS        CPU worker threads, 1..1024 (default: the online cores)
+       ATTN_BATCH_INVARIANT    on = never split a sequence's keys across threads (MLA: one
                                KV split, unless attn_metadata_desc.num_kv_splits forces a
                                count: an explicit count wins), so a row's result does not
                                depend on what else is in the batch; read at
-                               attn_metadata_build
+                               attn_metadata_build (default off)
+       Booleans read 1/0, true/false, yes/no, on/off (case-insensitive). Apart from
+       ATTN_BACKEND, a value that is not allowed logs one WARN line (ATTN_LOG_ENV_INVALID,
+       through the context's hook) naming the variable, the value and what is allowed, and
+       the default is used.
 
    BACKENDS, in automatic priority order per platform (a backend serves only layers of
    its kind: standard or MLA; CUSTOM, a plugin slot, leads when registered)
@@ -218,6 +222,7 @@ typedef enum attn_status {
     X(BACKEND_RESTORED, "backend registry entry restored")                       \
     X(INVALID_ARGUMENT, "invalid argument")                                      \
     X(INVALID_METADATA, "invalid batch metadata")                                \
+    X(ENV_INVALID, "environment variable has an invalid value")                  \
     X(THREADS_STARTED, "worker threads started")                                 \
     X(PLATFORM_ERROR, "platform facility failed (threads, loading)")            \
     X(OUT_OF_MEMORY, "out of memory")
@@ -279,7 +284,9 @@ typedef struct attn_device {
 #define ATTN_MAX_DIMS 6
 
 /* A view of memory the caller owns. Strides are in elements; all-zero strides mean
-   "contiguous" and are filled in by the library. */
+   "contiguous" and are filled in by the library. Inputs may repeat elements (broadcast
+   views); outputs may not (a stride of 0, or rows or heads that overlap, fail with
+   ATTN_ERROR_SHAPE_MISMATCH). */
 typedef struct attn_tensor {
     void *data;
     attn_dtype dtype;
@@ -292,7 +299,10 @@ typedef struct attn_tensor {
 /* A contiguous CPU view; shape has ndim entries (ndim <= ATTN_MAX_DIMS). */
 ATTN_API attn_tensor attn_tensor_make(void *data, attn_dtype dtype, int ndim,
                                       const int64_t *shape);
-ATTN_API size_t attn_tensor_nbytes(const attn_tensor *t); /* extent of a contiguous view */
+/* Bytes of a contiguous view: element size x the product of the shape. 0 for NULL, no
+   dimensions, an empty dimension or AUTO; SIZE_MAX when the product does not fit in size_t
+   (so that an allocation of that size fails rather than comes out short). */
+ATTN_API size_t attn_tensor_nbytes(const attn_tensor *t);
 
 /* ---------------------------------------------------------------------------------------
    Context: logger, last error, worker threads, selection cache
@@ -319,7 +329,7 @@ typedef struct attn_context_desc {
 } attn_context_desc;
 
 /* desc may be NULL (all defaults). On failure *out is NULL and the message is in
-   attn_context_last_error(NULL). */
+   attn_context_last_error(NULL); it is logged through desc's hook and level already. */
 ATTN_API attn_status attn_context_create(const attn_context_desc *desc, attn_context **out);
 ATTN_API void attn_context_destroy(attn_context *ctx);
 /* ctx == NULL: the calling thread's last error (for failures without a context). */
@@ -604,7 +614,8 @@ ATTN_API void *attn_layer_backend_state(const attn_layer *layer);
 ATTN_API void *attn_context_backend_state(const attn_context *ctx, const attn_backend *backend);
 /* The effective descriptor (defaults filled in). */
 ATTN_API const attn_layer_desc *attn_layer_get_desc(const attn_layer *layer);
-/* Standard: [num_blocks, 2, block_size, num_kv_heads, head_size]. Returns ndim via out. */
+/* Standard: [num_blocks, 2, block_size, num_kv_heads, head_size]. Returns ndim via out.
+   num_blocks: 1..2^40, the cap of every block count (metadata, cache tensors). */
 ATTN_API attn_status attn_layer_kv_cache_shape(attn_layer *layer, int64_t num_blocks,
                                                int64_t shape[ATTN_MAX_DIMS], int *ndim);
 
@@ -861,6 +872,10 @@ ATTN_API attn_status attn_merge_attn_states(attn_context *ctx, const attn_tensor
 #define ATTN__LOG2E 1.4426950408889634f
 #define ATTN__LN2 0.6931471805599453f
 
+/* The most blocks a KV cache may have, wherever a block count is taken (cache shapes,
+   metadata capacity, cache tensors): block ids and slots stay far from int64 overflow. */
+#define ATTN__MAX_BLOCKS ((int64_t)1 << 40)
+
 /* =======================================================================================
    >>common
    Memory, strings, the last-error slots and the logger every other section reports to.
@@ -968,15 +983,24 @@ static const char *attn__level_name(attn_log_level level) {
     }
 }
 
+/* A level name (case-insensitive) -> *level; 0 if v names none. */
+static int attn__parse_log_level(const char *v, attn_log_level *level) {
+    if (attn__strieq(v, "error")) *level = ATTN_LOG_LEVEL_ERROR;
+    else if (attn__strieq(v, "warn") || attn__strieq(v, "warning")) *level = ATTN_LOG_LEVEL_WARN;
+    else if (attn__strieq(v, "info")) *level = ATTN_LOG_LEVEL_INFO;
+    else if (attn__strieq(v, "debug")) *level = ATTN_LOG_LEVEL_DEBUG;
+    else if (attn__strieq(v, "none") || attn__strieq(v, "off")) *level = ATTN_LOG_LEVEL_NONE;
+    else return 0;
+    return 1;
+}
+
+/* Silent: the logger itself asks this for lines without a context (a bad value is
+   reported once per context by attn__env_log_level_check). */
 static attn_log_level attn__env_log_level(void) {
     const char *v = attn__trim_env("ATTN_LOG_LEVEL");
-    if (!v) return ATTN_LOG_LEVEL_INFO;
-    if (attn__strieq(v, "error")) return ATTN_LOG_LEVEL_ERROR;
-    if (attn__strieq(v, "warn") || attn__strieq(v, "warning")) return ATTN_LOG_LEVEL_WARN;
-    if (attn__strieq(v, "info")) return ATTN_LOG_LEVEL_INFO;
-    if (attn__strieq(v, "debug")) return ATTN_LOG_LEVEL_DEBUG;
-    if (attn__strieq(v, "none") || attn__strieq(v, "off")) return ATTN_LOG_LEVEL_NONE;
-    return ATTN_LOG_LEVEL_INFO;
+    attn_log_level level = ATTN_LOG_LEVEL_INFO;
+    if (v && !attn__parse_log_level(v, &level)) level = ATTN_LOG_LEVEL_INFO;
+    return level;
 }
 
 static void attn__log(const attn_context *ctx, attn_log_level level, attn_log_item item,
@@ -1015,6 +1039,50 @@ static attn_status attn__fail(attn_context *ctx, attn_status status, attn_log_it
 static attn_status attn__null_arg(attn_context *ctx, const char *fn, const char *name) {
     return attn__fail(ctx, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT,
                       "%s: argument '%s' is NULL (a valid pointer is required)", fn, name);
+}
+
+/* Environment values other than ATTN_BACKEND: a value that is set but not allowed gets
+   one WARN line (through ctx's hook) naming the variable, the value and what is allowed,
+   and the caller's default is used. Unset or empty means the default, silently. */
+static void attn__env_invalid(const attn_context *ctx, const char *name, const char *value,
+                              const char *allowed) {
+    attn__log(ctx, ATTN_LOG_LEVEL_WARN, ATTN_LOG_ENV_INVALID,
+              "%s='%s' is not allowed (allowed: %s); using the default", name, value, allowed);
+}
+
+/* 1/0, true/false, yes/no, on/off (case-insensitive). */
+static int attn__env_bool(const attn_context *ctx, const char *name, int dflt) {
+    static const char *const words[8] = {"1", "true", "yes", "on", "0", "false", "no", "off"};
+    const char *v = attn__trim_env(name);
+    int i;
+    if (!v) return dflt;
+    for (i = 0; i < 8; i++)
+        if (attn__strieq(v, words[i])) return i < 4;
+    attn__env_invalid(ctx, name, v, "1, 0, true, false, yes, no, on, off (case-insensitive)");
+    return dflt;
+}
+
+/* A decimal integer in lo..hi. */
+static int attn__env_int(const attn_context *ctx, const char *name, int lo, int hi, int dflt) {
+    const char *v = attn__trim_env(name);
+    char allowed[64];
+    char *end;
+    long n;
+    if (!v) return dflt;
+    n = strtol(v, &end, 10);
+    if (end != v && !*end && n >= lo && n <= hi) return (int)n;
+    attn__fmt(allowed, sizeof allowed, "an integer from %d to %d", lo, hi);
+    attn__env_invalid(ctx, name, v, allowed);
+    return dflt;
+}
+
+/* ATTN_LOG_LEVEL once more, to report a bad value through a context that has its logger. */
+static void attn__env_log_level_check(const attn_context *ctx) {
+    const char *v = attn__trim_env("ATTN_LOG_LEVEL");
+    attn_log_level level;
+    if (v && !attn__parse_log_level(v, &level))
+        attn__env_invalid(ctx, "ATTN_LOG_LEVEL", v, "error, warn, info, debug, none "
+                          "(case-insensitive)");
 }
 
 ATTN_API const char *attn_status_string(attn_status status) {
@@ -1143,9 +1211,15 @@ static attn_tensor attn__tensor_resolved(const attn_tensor *t) {
 ATTN_API size_t attn_tensor_nbytes(const attn_tensor *t) {
     size_t n;
     int i;
-    if (!t || t->ndim <= 0) return 0;
+    if (!t || t->ndim <= 0 || t->ndim > ATTN_MAX_DIMS) return 0;
     n = attn_dtype_size(t->dtype);
-    for (i = 0; i < t->ndim; i++) n *= (size_t)(t->shape[i] > 0 ? t->shape[i] : 0);
+    for (i = 0; i < t->ndim; i++)
+        if (t->shape[i] <= 0) return 0;
+    for (i = 0; i < t->ndim; i++) {
+        uint64_t e = (uint64_t)t->shape[i];
+        if (e > (uint64_t)SIZE_MAX || (n && (size_t)e > SIZE_MAX / n)) return SIZE_MAX;
+        n *= (size_t)e;
+    }
     return n;
 }
 
@@ -1210,6 +1284,36 @@ static attn_status attn__check_tensor(attn_context *ctx, const char *fn, const c
                 return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
                                   "%s: %s.strides[%d] is %lld (allowed: >= 0)", fn, name, i,
                                   (long long)r.strides[i]);
+    }
+    return ATTN_OK;
+}
+
+/* An output may not hold one element twice (two writers, or a row written over another);
+   inputs may (broadcast views). With the dimensions of extent > 1 sorted by stride, each
+   stride must reach past the span of the dimensions inside it. After attn__check_tensor. */
+static attn_status attn__check_output_tensor(attn_context *ctx, const char *fn, const char *name,
+                                             const attn_tensor *t) {
+    attn_tensor r = attn__tensor_resolved(t);
+    int order[ATTN_MAX_DIMS], n = 0, i, j;
+    int64_t span = 1; /* elements from the first to the last of the dimensions so far */
+    for (i = 0; i < r.ndim; i++) {
+        if (r.shape[i] <= 0) return ATTN_OK; /* empty: nothing is written */
+        if (r.shape[i] > 1) order[n++] = i;
+    }
+    for (i = 1; i < n; i++)
+        for (j = i; j > 0 && r.strides[order[j]] < r.strides[order[j - 1]]; j--) {
+            int x = order[j]; order[j] = order[j - 1]; order[j - 1] = x;
+        }
+    for (i = 0; i < n; i++) {
+        int k = order[i];
+        if (r.strides[k] < span)
+            return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
+                              "%s: %s.strides[%d] is %lld with shape[%d] %lld, so the output's "
+                              "elements overlap (allowed: >= %lld, the span of the dimensions "
+                              "inside it; outputs may not repeat elements)", fn, name, k,
+                              (long long)r.strides[k], k, (long long)r.shape[k], (long long)span);
+        span = (r.shape[k] - 1 > (INT64_MAX - span) / r.strides[k])
+                   ? INT64_MAX : span + (r.shape[k] - 1) * r.strides[k];
     }
     return ATTN_OK;
 }
@@ -1550,54 +1654,68 @@ static attn_status attn__scratch_reserve(attn_context *ctx, size_t floats) {
    >>context
    ======================================================================================= */
 
+/* attn_context_create's failures have no context to keep their message: they are logged
+   through a stack context holding just the caller's hook and level, and the message is
+   copied to the thread's last error (where attn_context_last_error(NULL) finds it). */
+static attn_status attn__context_create_failed(const attn_context *logger, attn_status status) {
+    attn__strlcpy(attn__thread_error, logger->last_error, sizeof attn__thread_error);
+    return status;
+}
+
 ATTN_API attn_status attn_context_create(const attn_context_desc *desc, attn_context **out) {
     attn_context_desc d;
+    attn_context logger;
     attn_context *ctx;
     int threads;
+    memset(&d, 0, sizeof d);
+    if (desc) d = *desc;
+    memset(&logger, 0, sizeof logger);
+    logger.log = d.log;
+    logger.log_user_data = d.log_user_data;
+    logger.log_level = (int)d.log_level > 0 && (int)d.log_level <= (int)ATTN_LOG_LEVEL_NONE
+                           ? d.log_level : attn__env_log_level();
+#define ATTN__CREATE_FAIL(...) \
+    return attn__context_create_failed(&logger, attn__fail(&logger, __VA_ARGS__))
     if (!out)
-        return attn__fail(NULL, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT,
+        ATTN__CREATE_FAIL(ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT,
                           "attn_context_create: argument 'out' is NULL (a valid pointer is "
                           "required)");
     *out = NULL;
-    memset(&d, 0, sizeof d);
-    if (desc) d = *desc;
     if ((int)d.log_level < 0 || (int)d.log_level > (int)ATTN_LOG_LEVEL_NONE)
-        return attn__fail(NULL, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+        ATTN__CREATE_FAIL(ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
                           "attn_context_create: desc.log_level is %d (allowed: 0..5, "
                           "ATTN_LOG_LEVEL_DEFAULT..ATTN_LOG_LEVEL_NONE)", (int)d.log_level);
     if (d.num_threads < 0 || d.num_threads > 1024)
-        return attn__fail(NULL, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+        ATTN__CREATE_FAIL(ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
                           "attn_context_create: desc.num_threads is %d (allowed: 0 = default, "
                           "or 1..1024)", d.num_threads);
-    threads = d.num_threads;
-    if (!threads) {
-        const char *env = attn__trim_env("ATTN_NUM_THREADS");
-        threads = env ? atoi(env) : 0;
-        if (threads <= 0 || threads > 1024) threads = attn__cpu_cores();
-    }
-#ifdef ATTN_NO_THREADS
-    threads = 1;
-#endif
     ctx = (attn_context *)attn__calloc(1, sizeof *ctx);
     if (!ctx)
-        return attn__fail(NULL, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
+        ATTN__CREATE_FAIL(ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
                           "attn_context_create: cannot allocate the context");
     ctx->log = d.log;
     ctx->log_user_data = d.log_user_data;
     ctx->log_level = d.log_level ? d.log_level : attn__env_log_level();
+    /* the environment is read once the logger exists, so bad values reach the hook */
+    if (!d.log_level) attn__env_log_level_check(ctx);
+    threads = d.num_threads ? d.num_threads
+                            : attn__env_int(ctx, "ATTN_NUM_THREADS", 1, 1024, attn__cpu_cores());
+#ifdef ATTN_NO_THREADS
+    threads = 1;
+#endif
     ctx->num_threads = threads;
     ctx->scratch = (float **)attn__calloc((size_t)threads, sizeof(float *));
     ctx->scratch_size = (size_t *)attn__calloc((size_t)threads, sizeof(size_t));
     if (!ctx->scratch || !ctx->scratch_size) {
         attn_context_destroy(ctx);
-        return attn__fail(NULL, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
+        ATTN__CREATE_FAIL(ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
                           "attn_context_create: cannot allocate thread scratch tables");
     }
     if (threads > 1) {
         ctx->pool = attn__pool_create(threads);
         if (!ctx->pool) {
             attn_context_destroy(ctx);
-            return attn__fail(NULL, ATTN_ERROR_PLATFORM, ATTN_LOG_PLATFORM_ERROR,
+            ATTN__CREATE_FAIL(ATTN_ERROR_PLATFORM, ATTN_LOG_PLATFORM_ERROR,
                               "attn_context_create: cannot start %d worker threads", threads - 1);
         }
         attn__log(ctx, ATTN_LOG_LEVEL_DEBUG, ATTN_LOG_THREADS_STARTED, "%d worker threads",
@@ -1623,6 +1741,7 @@ ATTN_API attn_status attn_context_create(const attn_context_desc *desc, attn_con
               ctx->platform.cpu_cores, threads, ctx->platform.cpu_simd);
     *out = ctx;
     return ATTN_OK;
+#undef ATTN__CREATE_FAIL
 }
 
 ATTN_API void attn_context_destroy(attn_context *ctx) {
@@ -1655,6 +1774,7 @@ ATTN_API attn_status attn_context_set_log_level(attn_context *ctx, attn_log_leve
         return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
                           "attn_context_set_log_level: level is %d (allowed: 0..5)", (int)level);
     ctx->log_level = level ? level : attn__env_log_level();
+    if (!level) attn__env_log_level_check(ctx);
     return ATTN_OK;
 }
 
@@ -1962,8 +2082,14 @@ static int attn__backend_check(const attn_backend *b, const attn_layer_desc *d,
         return 1;
     }
     if (!attn__head_size_ok(b, d->head_size)) {
-        attn__fmt(reason, size, "%s: head_size %d not supported (multiples of %d from %d to %d)",
-                 b->name, d->head_size, b->head_size_multiple, b->head_size_min, b->head_size_max);
+        /* the fields can only say "a range"; a backend whose sizes are a list (CPU_MLA: 576
+           or 320) names them in its own check, so that reason wins when it has one */
+        custom[0] = 0;
+        if (b->check && b->check(b, d, p, custom, sizeof custom) && custom[0])
+            attn__fmt(reason, size, "%s: %s", b->name, custom);
+        else
+            attn__fmt(reason, size, "%s: head_size %d not supported (multiples of %d from %d to %d)",
+                     b->name, d->head_size, b->head_size_multiple, b->head_size_min, b->head_size_max);
         return 1;
     }
     if (d->block_size % b->block_size_multiple || (b->block_size_max && d->block_size > b->block_size_max)) {
@@ -2424,10 +2550,10 @@ ATTN_API attn_status attn_layer_kv_cache_shape(attn_layer *layer, int64_t num_bl
     if (!layer) return attn__null_arg(ctx, __func__, "layer");
     if (!shape) return attn__null_arg(ctx, __func__, "shape");
     if (!ndim) return attn__null_arg(ctx, __func__, "ndim");
-    if (num_blocks <= 0)
+    if (num_blocks <= 0 || num_blocks > ATTN__MAX_BLOCKS)
         return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
-                          "attn_layer_kv_cache_shape: num_blocks is %lld (allowed: >= 1)",
-                          (long long)num_blocks);
+                          "attn_layer_kv_cache_shape: num_blocks is %lld (allowed: 1..%lld)",
+                          (long long)num_blocks, (long long)ATTN__MAX_BLOCKS);
     *ndim = layer->backend->kv_cache_shape(layer->backend, &layer->desc, num_blocks, shape);
     return ATTN_OK;
 }
@@ -2465,9 +2591,8 @@ static int attn__parallelism(const attn_context *ctx, attn_device_kind device) {
     return 1;
 }
 
-static int attn__env_batch_invariant(void) {
-    const char *v = attn__trim_env("ATTN_BATCH_INVARIANT");
-    return v && strcmp(v, "0") != 0;
+static int attn__env_batch_invariant(const attn_context *ctx) {
+    return attn__env_bool(ctx, "ATTN_BATCH_INVARIANT", 0);
 }
 
 /* Bytes forward_mha may spend on up-projected K/V of one chunk of keys (and, as much
@@ -2561,7 +2686,7 @@ static attn_mla_info attn__mla_plan(const attn_metadata *m, const attn_batch *b)
     info.num_kv_splits = m->kv_splits_forced
                              ? m->cap.num_kv_splits
                              : attn_mla_num_kv_splits(max_dec, attn__parallelism(m->layer->ctx, m->backend->device),
-                                                      attn__env_batch_invariant());
+                                                      attn__env_batch_invariant(m->layer->ctx));
     info.prefill_chunk = attn__mla_prefill_chunk(&m->built_for, m->cap.workspace_bytes);
     return info;
 }
@@ -2643,15 +2768,15 @@ ATTN_API attn_status attn_metadata_create(attn_layer *layer, const attn_metadata
         return attn__bad_capacity(ctx, "max_num_tokens", desc->max_num_tokens, 1, 1 << 28);
     if (desc->max_blocks_per_req < 1 || desc->max_blocks_per_req > (1 << 24))
         return attn__bad_capacity(ctx, "max_blocks_per_req", desc->max_blocks_per_req, 1, 1 << 24);
-    if (desc->num_blocks < 1 || desc->num_blocks > ((int64_t)1 << 40))
-        return attn__bad_capacity(ctx, "num_blocks", desc->num_blocks, 1, (int64_t)1 << 40);
+    if (desc->num_blocks < 1 || desc->num_blocks > ATTN__MAX_BLOCKS)
+        return attn__bad_capacity(ctx, "num_blocks", desc->num_blocks, 1, ATTN__MAX_BLOCKS);
     if (desc->decode_threshold < 0 || desc->decode_threshold > 16)
         return attn__bad_capacity(ctx, "decode_threshold", desc->decode_threshold, 0, 16);
     if (desc->num_kv_splits < 0 || desc->num_kv_splits > 1024)
         return attn__bad_capacity(ctx, "num_kv_splits", desc->num_kv_splits, 0, 1024);
     if (desc->workspace_bytes && (desc->workspace_bytes < (1 << 20) || desc->workspace_bytes > ((int64_t)1 << 40)))
         return attn__bad_capacity(ctx, "workspace_bytes", desc->workspace_bytes, 1 << 20, (int64_t)1 << 40);
-    m = (attn_metadata *)attn__calloc(1, sizeof *m);    m = (attn_metadata *)attn__calloc(1, sizeof *m);
+    m = (attn_metadata *)attn__calloc(1, sizeof *m);
     if (!m) goto oom;
     m->creator = *layer;
     m->creator.alibi = NULL;       /* builders do not read slopes; the layer owns them */
@@ -2855,10 +2980,10 @@ static attn_status attn__check_kv_cache(attn_layer *layer, const char *fn, const
     st = attn__check_tensor(layer->ctx, fn, "kv_cache", kv, layer->desc.kv_cache_dtype, ndim, shape,
                             layer->backend->device);
     if (st != ATTN_OK) return st;
-    if (kv->shape[0] < 1 || kv->shape[0] > ((int64_t)1 << 40))
+    if (kv->shape[0] < 1 || kv->shape[0] > ATTN__MAX_BLOCKS)
         return attn__fail(layer->ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
-                          "%s: kv_cache.shape[0] is %lld (allowed: 1..2^40 blocks)", fn,
-                          (long long)kv->shape[0]);
+                          "%s: kv_cache.shape[0] is %lld (allowed: 1..%lld blocks)", fn,
+                          (long long)kv->shape[0], (long long)ATTN__MAX_BLOCKS);
     if (!attn__tensor_is_contiguous(kv))
         return attn__fail(layer->ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
                           "%s: kv_cache is not contiguous (allowed: the dense layout of "
@@ -3740,7 +3865,7 @@ static attn_status attn__cpu_build(const attn_backend *self, attn_layer *layer, 
         int ql = b->query_start_loc[r + 1] - b->query_start_loc[r];
         base += attn__cpu_all_heads(d, ql) ? (ql > 0) : d->num_kv_heads * ((ql + tt - 1) / tt);
     }
-    split = !attn__env_batch_invariant() && base > 0 && base < want;
+    split = !attn__env_batch_invariant(layer->ctx) && base > 0 && base < want;
     for (r = 0; r < b->num_reqs; r++) {
         int ql = b->query_start_loc[r + 1] - b->query_start_loc[r], sl = b->seq_lens[r];
         int all = attn__cpu_all_heads(d, ql), step = all ? ql : tt;
@@ -4730,7 +4855,9 @@ ATTN_API attn_status attn_mla_forward_mqa(attn_layer *layer, const attn_metadata
     }
     shape[2] = d->kv_lora_rank;
     if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out_latent", out_latent, d->dtype, 3, shape, dev);
+    if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out_latent", out_latent);
     if (st == ATTN_OK && lse) st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, dev);
+    if (st == ATTN_OK && lse) st = attn__check_output_tensor(ctx, fn, "lse", lse);
     if (st == ATTN_OK) st = attn__check_kv_cache(layer, fn, kv_cache, 0);
     if (st != ATTN_OK) return st;
     if (kv_cache->shape[0] < meta->cap.num_blocks)
@@ -4787,7 +4914,9 @@ ATTN_API attn_status attn_mla_forward_mha(attn_layer *layer, const attn_metadata
     st = attn__check_tensor(ctx, fn, "q", q, d->dtype, 3, shape, dev);
     shape[2] = d->v_head_dim;
     if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out", out, d->dtype, 3, shape, dev);
+    if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out", out);
     if (st == ATTN_OK && lse) st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, dev);
+    if (st == ATTN_OK && lse) st = attn__check_output_tensor(ctx, fn, "lse", lse);
     if (st == ATTN_OK) st = attn__mla_check_weights(layer, meta, fn, kv_cache, w_uk, w_uv);
     if (st != ATTN_OK) return st;
     return layer->backend->forward_mha(layer->backend, layer, meta, q, kv_cache, w_uk, w_uv, out,
@@ -4830,6 +4959,7 @@ ATTN_API attn_status attn_mla_forward(attn_layer *layer, const attn_metadata *me
     if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "q_pe", q_pe, d->dtype, 3, shape, dev);
     shape[2] = d->v_head_dim;
     if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out", out, d->dtype, 3, shape, dev);
+    if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out", out);
     if (st == ATTN_OK) st = attn__mla_check_weights(layer, meta, fn, kv_cache, w_uk, w_uv);
     if (st != ATTN_OK) return st;
     if (kv_c) { /* every check of the cache write before the backend writes anything */
@@ -4893,9 +5023,11 @@ ATTN_API attn_status attn_merge_attn_states(attn_context *ctx, const attn_tensor
     st = attn__check_tensor(ctx, fn, "out_a", out_a, out_a->dtype, 3, shape, dev);
     if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out_b", out_b, out_a->dtype, 3, shape, dev);
     if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out", out, out_a->dtype, 3, shape, dev);
+    if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out", out);
     if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "lse_a", lse_a, ATTN_DTYPE_F32, 2, shape, dev);
     if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "lse_b", lse_b, ATTN_DTYPE_F32, 2, shape, dev);
     if (st == ATTN_OK && lse) st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, dev);
+    if (st == ATTN_OK && lse) st = attn__check_output_tensor(ctx, fn, "lse", lse);
     if (st != ATTN_OK) return st;
     return be->merge_attn_states(be, ctx, out_a, lse_a, base_a, out_b, lse_b, base_b, out, lse,
                                  base_out, stream);
@@ -4946,6 +5078,7 @@ ATTN_API attn_status attn_layer_forward(attn_layer *layer, const attn_metadata *
     shape[0] = ATTN__AT_LEAST(ntok); shape[1] = d->num_heads; shape[2] = d->head_size;
     st = attn__check_tensor(ctx, fn, "q", q, d->dtype, 3, shape, dev);
     if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out", out, d->dtype, 3, shape, dev);
+    if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out", out);
     if (st != ATTN_OK) return st;
     st = attn__check_kv_cache(layer, fn, kv_cache, 0);
     if (st != ATTN_OK) return st;
@@ -4968,6 +5101,7 @@ ATTN_API attn_status attn_layer_forward(attn_layer *layer, const attn_metadata *
                               layer->backend->name);
         shape[1] = d->num_heads;
         st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, dev);
+        if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "lse", lse);
         if (st != ATTN_OK) return st;
     }
     return layer->backend->forward(layer->backend, layer, meta, q, k, v, kv_cache, out, lse, stream);

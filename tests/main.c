@@ -26,6 +26,7 @@ void suite_validation(void); /* tests/test_validation.c */
 void suite_regress(void);    /* tests/test_regress.c */
 void suite_mla(void);        /* tests/test_mla.c */
 void suite_seam(void);       /* tests/test_seam.c */
+void suite_defects(void);    /* tests/test_defects.c */
 
 int main(int argc, char **argv) {
     /* Optional filter: run only suites whose name contains argv[1]. */
@@ -38,6 +39,7 @@ int main(int argc, char **argv) {
     SUITE(suite_regress);
     SUITE(suite_mla);
     SUITE(suite_seam);
+    SUITE(suite_defects);
 #undef SUITE
     return attn_test_summary();
 }
