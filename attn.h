@@ -1,4 +1,4 @@
-/* attn.h - v0.1.0 - paged attention and MLA for C/C++, portable C and CUDA (NVRTC)
+/* attn.h - v0.2.0 - paged attention and MLA for C/C++, portable C and CUDA (NVRTC)
 
    Do this:
        #define ATTN_IMPLEMENTATION
@@ -27,6 +27,11 @@
        ATTN_ASSERT(x)          internal invariant check (default: assert.h)
        ATTN_NO_THREADS         compile the thread pool out (single-threaded CPU backend)
        ATTN_NO_SIMD            use the plain-C inner loops even where AVX2/AVX-512 exist
+       ATTN_CUDA_DRIVER_LIBRARY  the driver's soname (default "libcuda.so.1"; the loader
+                               then tries "libcuda.so")
+       ATTN_MLA_WORKSPACE_BYTES  default of attn_metadata_desc.workspace_bytes (64 MiB): the
+                               bound on each of forward_mha's workspaces (up-projected K/V of
+                               a chunk of keys; running outputs of a group of queries)
 
    ENVIRONMENT VARIABLES
        ATTN_BACKEND            force a backend by name (case-insensitive): CPU, CPU_MLA
@@ -34,8 +39,10 @@
        ATTN_LOG_LEVEL          error | warn | info (default) | debug | none
        ATTN_NUM_THREADS        CPU worker threads, 1..1024 (default: the online cores)
        ATTN_BATCH_INVARIANT    on = never split a sequence's keys across threads (MLA: one
-                               KV split), so a row's result does not depend on what else
-                               is in the batch; read at attn_metadata_build (default off)
+                               KV split, unless attn_metadata_desc.num_kv_splits forces a
+                               count: an explicit count wins), so a row's result does not
+                               depend on what else is in the batch; read at
+                               attn_metadata_build (default off)
        Booleans read 1/0, true/false, yes/no, on/off (case-insensitive). Apart from
        ATTN_BACKEND, a value that is not allowed logs one WARN line (ATTN_LOG_ENV_INVALID,
        through the context's hook) naming the variable, the value and what is allowed, and
@@ -92,13 +99,52 @@
                  attn_register_backend
        selector  attn_select_backend attn_selection_format attn_selection_cache_clear
        layer     attn_layer_create attn_layer_destroy attn_layer_backend
-                 attn_layer_selection attn_layer_kv_cache_shape
+                 attn_layer_selection attn_layer_get_desc attn_layer_kv_cache_shape
        metadata  attn_metadata_create attn_metadata_destroy attn_metadata_build
+       plugins   attn_layer_context attn_layer_backend_state attn_context_backend_state
+                 attn_metadata_batch attn_metadata_capacity attn_metadata_context
+                 attn_metadata_private attn_metadata_private_set
        cache     attn_reshape_and_cache attn_concat_and_cache_mla
        forward   attn_layer_forward
        mla       attn_reorder_batch attn_metadata_mla_info attn_mla_num_kv_splits
                  attn_mla_forward_mqa attn_mla_forward_mha attn_mla_forward
        merge     attn_merge_attn_states
+
+   ADDING A BACKEND (miniaudio's backend callbacks are the model)
+       A backend is one const attn_backend: capability fields the selector and validation
+       read, and hooks, each called with `self`. Registration checks the required hooks
+       (standard: kv_cache_shape, forward, reshape_and_cache; MLA: kv_cache_shape,
+       forward_mqa, forward_mha, mla_forward, concat_and_cache_mla). Built-in backends
+       add a section (>>cpu, >>cpu_mla; >>cuda next), an id, a line in the built-in table
+       and a place in the per-platform priority lists; plugins use attn_register_backend.
+       Lifecycle, and which state lives where:
+         check          pure: can it serve this descriptor on this platform? (a reason)
+         context_init   once per context, lazily, the first time the selector would pick
+                        it: load libraries (through the context's loader), create handles,
+                        open the kernel cache. State: attn_context_backend_state. A failure
+                        is a skip reason remembered for the context's life.
+                        context_release at attn_context_destroy.
+         layer_init     when the selector picks it for a layer: compile or find the
+                        variants for the layer's shapes. State: attn_layer_backend_state.
+                        A failure is a skip reason in the layer's record and the selector
+                        moves on (an explicit request fails with it). layer_release at
+                        attn_layer_destroy.
+         metadata_init  at attn_metadata_create: allocate, for the capacity
+                        (attn_metadata_capacity, defaults resolved), the schedule and every
+                        workspace forward will use, host and device. Private part:
+                        attn_metadata_private_set. Metadata may outlive its layer, so keep
+                        what build and forward need there. metadata_release frees it.
+         build          at attn_metadata_build, after validation: turn the copied batch
+                        (attn_metadata_batch; MLA: attn_metadata_mla_info, the backend-
+                        neutral decode/prefill split and split count) into the schedule; a
+                        GPU backend uploads it with one asynchronous copy. No allocation.
+         entry points   forward / reshape_and_cache (standard); forward_mqa, forward_mha,
+                        mla_forward, concat_and_cache_mla (MLA); merge_attn_states (any
+                        backend, per device). Arguments are validated by the front door
+                        (shapes, dtypes, device = self->device, metadata fit); the hook
+                        allocates nothing, synchronises nothing, reads no device data on the
+                        host, and works on the caller's stream, so a captured CUDA graph
+                        replays after every build (cuda_graph says for which batches).
 
    THREAD SAFETY
        A context may be used from one thread at a time (its forward calls use the context's
@@ -108,6 +154,10 @@
    HISTORY
        0.1.0  backend abstraction, selector with selection record, metadata builder,
               paged KV cache, portable C backend; MLA on the portable path.
+       0.2.0  the backend seam: lifecycle hooks with state, every front door through the
+              vtable (cache writes, fused MLA call and LSE merge take a stream), device
+              kind per backend, backend-neutral MLA plan, workspaces fixed at create,
+              run-time loader table with an injection point (attn_context_desc.loader).
 
    LICENSE: MIT, see the end of the file.
 */
@@ -115,9 +165,9 @@
 #define ATTN_H
 
 #define ATTN_VERSION_MAJOR 0
-#define ATTN_VERSION_MINOR 1
+#define ATTN_VERSION_MINOR 2
 #define ATTN_VERSION_PATCH 0
-#define ATTN_VERSION_STRING "0.1.0"
+#define ATTN_VERSION_STRING "0.2.0"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -264,11 +314,22 @@ ATTN_API size_t attn_tensor_nbytes(const attn_tensor *t);
 
 typedef struct attn_context attn_context;
 
+/* How the context opens run-time libraries (the CUDA driver; NVRTC and cuBLAS later).
+   NULL members fall back to dlopen(RTLD_NOW | RTLD_LOCAL) / dlsym / dlclose; tests and
+   unusual installs inject their own. */
+typedef struct attn_loader {
+    void *(*open)(void *user_data, const char *soname);   /* NULL: not found */
+    void *(*symbol)(void *user_data, void *library, const char *name);
+    void (*close)(void *user_data, void *library);
+    void *user_data;
+} attn_loader;
+
 typedef struct attn_context_desc {
     attn_log_fn log;           /* NULL: lines go to stderr as "attn: LEVEL: message" */
     void *log_user_data;
     attn_log_level log_level;  /* DEFAULT: env ATTN_LOG_LEVEL, else INFO */
     int num_threads;           /* 0: env ATTN_NUM_THREADS, else online cores */
+    const attn_loader *loader; /* NULL: dlopen; copied at create */
 } attn_context_desc;
 
 /* desc may be NULL (all defaults). On failure *out is NULL and the message is in
@@ -323,7 +384,8 @@ typedef struct attn_layer_desc {
     attn_dtype dtype;          /* q/k/v/out element type; AUTO: F16 */
     attn_dtype kv_cache_dtype; /* AUTO: dtype */
     int block_size;            /* tokens per KV-cache block; 0: 16; multiple of 16 */
-    float scale;               /* softmax scale; 0: 1/sqrt(head_size) */
+    float scale;               /* softmax scale; 0: 1/sqrt(head_size) (MLA: 1/sqrt(
+                                  qk_nope_head_dim + qk_rope_head_dim), the query's width) */
     attn_causal causal;        /* DEFAULT: causal */
     int sliding_window;        /* 0: none; else a key is seen only within this many positions */
     float logits_soft_cap;     /* 0: none; else logits = cap * tanh(logits / cap) */
@@ -367,55 +429,105 @@ typedef struct attn_metadata attn_metadata;
 typedef struct attn_batch attn_batch;
 typedef struct attn_backend attn_backend;
 
-/* What a backend is and supports (the selector reads these), and its entry points.
-   A plugin fills one of these (static storage) and passes it to attn_register_backend. */
+/* What a backend is and supports (the selector reads these), its lifecycle hooks and its
+   entry points. A plugin fills one of these (static storage: the vtable must outlive every
+   context that used it) and passes it to attn_register_backend. See "ADDING A BACKEND" in
+   the doc block at the top for which state lives where and what each hook may do.
+   Every hook gets `self`, the vtable it was called through. */
 struct attn_backend {
+    /* ---- identity and capabilities: read by the selector and by validation ---- */
     const char *name;                /* matched case-insensitively by ATTN_BACKEND */
     attn_backend_id id;
+    attn_device_kind device;         /* where every tensor of its layers must live */
     unsigned dtypes;                 /* ATTN_DTYPE_BIT mask of q/k/v/out types */
     unsigned kv_cache_dtypes;        /* mask of KV-cache element types */
     int head_size_min, head_size_max, head_size_multiple;
     int block_size_multiple;         /* kernel block sizes: multiples of this (16) */
-    int block_size_max;
+    int block_size_max;              /* 0: no limit */
     int supports_non_causal;
     int supports_sliding_window;
     int supports_logits_soft_cap;
     int supports_alibi;
     int is_mla;
-    int needs_cuda;                  /* only on the CUDA platform */
-    attn_cuda_graph_support cuda_graph;
+    attn_cuda_graph_support cuda_graph; /* which batches a captured graph may replay */
     int can_return_lse;
-    attn_lse_base lse_base;
+    attn_lse_base lse_base;          /* base of the LSE its kernels produce; the front
+                                        doors always hand the caller base e */
+
+    /* ---- lifecycle ---- */
     /* Extra checks beyond the fields above; NULL = none. Return 0 if supported, else
-       write why into reason. */
+       write why into reason. Must not allocate or touch the context. */
     int (*check)(const attn_backend *self, const attn_layer_desc *desc,
                  const attn_platform *platform, char *reason, size_t reason_size);
+    /* Once per context, the first time the selector would pick this backend: load
+       libraries, create handles, open the kernel cache. *state is kept on the context
+       and handed back to context_release. A failure is a skip reason (write it into
+       reason), remembered for the context's lifetime. NULL = nothing to do. */
+    attn_status (*context_init)(const attn_backend *self, attn_context *ctx, void **state,
+                                char *reason, size_t reason_size);
+    void (*context_release)(const attn_backend *self, attn_context *ctx, void *state);
+    /* Once per layer, when the selector picks this backend for it: compile or look up
+       the variants for this layer's shapes. A failure is a skip reason in the layer's
+       selection record and the selector moves on. *state: attn_layer_backend_state. */
+    attn_status (*layer_init)(const attn_backend *self, attn_layer *layer, void **state,
+                              char *reason, size_t reason_size);
+    void (*layer_release)(const attn_backend *self, attn_layer *layer, void *state);
     /* KV-cache shape for num_blocks blocks of a layer (returns ndim). */
-    int (*kv_cache_shape)(const attn_layer_desc *desc, int64_t num_blocks,
-                          int64_t shape[ATTN_MAX_DIMS]);
-    /* Metadata builder: init allocates the backend's private part for the metadata's
-       fixed capacity (attn_metadata_private_set), release frees it; build turns the
-       validated backend-neutral batch (already copied into meta) into the schedule. */
-    attn_status (*metadata_init)(attn_layer *layer, attn_metadata *meta);
-    void (*metadata_release)(attn_metadata *meta);
-    attn_status (*build)(attn_layer *layer, attn_metadata *meta, int common_prefix_len,
-                         int fast_build);
-    /* Standard attention (is_mla = 0): the forward call. k/v (new tokens) may be NULL
-       when already in the cache. */
-    attn_status (*forward)(attn_layer *layer, const attn_metadata *meta,
+    int (*kv_cache_shape)(const attn_backend *self, const attn_layer_desc *desc,
+                          int64_t num_blocks, int64_t shape[ATTN_MAX_DIMS]);
+    /* Metadata: init allocates everything the backend needs for the metadata's fixed
+       capacity (attn_metadata_capacity), its schedule and every workspace forward uses,
+       and sets attn_metadata_private_set; release frees it. build turns the validated,
+       copied batch (attn_metadata_batch; MLA: attn_metadata_mla_info) into the schedule
+       and may not allocate. Metadata may outlive the layer that created it: keep what
+       build and forward need in the private part. */
+    attn_status (*metadata_init)(const attn_backend *self, attn_layer *layer, attn_metadata *meta);
+    void (*metadata_release)(const attn_backend *self, attn_metadata *meta);
+    attn_status (*build)(const attn_backend *self, attn_layer *layer, attn_metadata *meta,
+                         int common_prefix_len, int fast_build);
+
+    /* ---- entry points: arguments already validated by the front door; none may
+       allocate, and a GPU backend may not synchronise (CUDA-graph capture) ---- */
+    /* Standard attention (is_mla = 0): forward (k/v NULL when already cached) and the
+       cache write. */
+    attn_status (*forward)(const attn_backend *self, attn_layer *layer, const attn_metadata *meta,
                            const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
                            attn_tensor *kv_cache, attn_tensor *out, attn_tensor *lse,
                            void *stream);
-    /* MLA (is_mla = 1): absorbed decode over the latent cache and up-projected prefill;
-       arguments as attn_mla_forward_mqa / attn_mla_forward_mha, already validated. */
-    attn_status (*forward_mqa)(attn_layer *layer, const attn_metadata *meta,
-                               const attn_tensor *q, const attn_tensor *q_pe,
-                               const attn_tensor *kv_cache, attn_tensor *out_latent,
-                               attn_tensor *lse, void *stream);
-    attn_status (*forward_mha)(attn_layer *layer, const attn_metadata *meta,
-                               const attn_tensor *q, const attn_tensor *kv_cache,
+    attn_status (*reshape_and_cache)(const attn_backend *self, attn_layer *layer,
+                                     const attn_tensor *key, const attn_tensor *value,
+                                     attn_tensor *kv_cache, const int64_t *slot_mapping,
+                                     int num_tokens, void *stream);
+    /* MLA (is_mla = 1): absorbed decode, up-projected prefill, the fused layer call and
+       the latent cache write; arguments as the public calls of the same names. */
+    attn_status (*forward_mqa)(const attn_backend *self, attn_layer *layer,
+                               const attn_metadata *meta, const attn_tensor *q,
+                               const attn_tensor *q_pe, const attn_tensor *kv_cache,
+                               attn_tensor *out_latent, attn_tensor *lse, void *stream);
+    attn_status (*forward_mha)(const attn_backend *self, attn_layer *layer,
+                               const attn_metadata *meta, const attn_tensor *q,
+                               const attn_tensor *kv_cache, const attn_tensor *w_uk,
+                               const attn_tensor *w_uv, attn_tensor *out, attn_tensor *lse,
+                               void *stream);
+    attn_status (*mla_forward)(const attn_backend *self, attn_layer *layer,
+                               const attn_metadata *meta, const attn_tensor *q_nope,
+                               const attn_tensor *q_pe, const attn_tensor *kv_c,
+                               const attn_tensor *k_pe, attn_tensor *kv_cache,
                                const attn_tensor *w_uk, const attn_tensor *w_uv,
-                               attn_tensor *out, attn_tensor *lse, void *stream);
+                               attn_tensor *out, void *stream);
+    attn_status (*concat_and_cache_mla)(const attn_backend *self, attn_layer *layer,
+                                        const attn_tensor *kv_c, const attn_tensor *k_pe,
+                                        attn_tensor *kv_cache, const int64_t *slot_mapping,
+                                        int num_tokens, void *stream);
+    /* The LSE merge for tensors on this backend's device (any backend; NULL = none).
+       attn_merge_attn_states picks the first backend of the platform's priority list
+       whose device holds the tensors and which has this hook. */
+    attn_status (*merge_attn_states)(const attn_backend *self, attn_context *ctx,
+                                     const attn_tensor *out_a, const attn_tensor *lse_a,
+                                     attn_lse_base base_a, const attn_tensor *out_b,
+                                     const attn_tensor *lse_b, attn_lse_base base_b,
+                                     attn_tensor *out, attn_tensor *lse,
+                                     attn_lse_base base_out, void *stream);
 };
 
 ATTN_API const attn_backend *attn_backend_get(attn_backend_id id); /* NULL if empty */
@@ -467,6 +579,11 @@ typedef struct attn_selection {
     int use_mla;
     int device_capability;            /* major*10+minor, 0 on CPU */
     attn_platform_kind platform;
+    /* what the resolved backend declares */
+    attn_device_kind backend_device;  /* where the layer's tensors must live */
+    attn_cuda_graph_support cuda_graph;
+    int can_return_lse;
+    attn_lse_base lse_base;           /* of its kernels; callers always get base e */
     /* evidence */
     int num_skipped;
     struct {
@@ -495,6 +612,10 @@ ATTN_API attn_status attn_layer_create(attn_context *ctx, const attn_layer_desc 
 ATTN_API void attn_layer_destroy(attn_layer *layer);
 ATTN_API const attn_backend *attn_layer_backend(const attn_layer *layer);
 ATTN_API const attn_selection *attn_layer_selection(const attn_layer *layer);
+/* For backends: the state layer_init stored, and the context-level state of a backend
+   (NULL until the selector first initialised it in this context). */
+ATTN_API void *attn_layer_backend_state(const attn_layer *layer);
+ATTN_API void *attn_context_backend_state(const attn_context *ctx, const attn_backend *backend);
 /* The effective descriptor (defaults filled in). */
 ATTN_API const attn_layer_desc *attn_layer_get_desc(const attn_layer *layer);
 /* Standard: [num_blocks, 2, block_size, num_kv_heads, head_size]. Returns ndim via out.
@@ -531,6 +652,8 @@ typedef struct attn_metadata_desc {
     /* MLA only (ignored by standard layers) */
     int decode_threshold;    /* requests with query_len <= this are decodes, 0..16; 0: 1 */
     int num_kv_splits;       /* decode split-KV count, 1..1024; 0: attn_mla_num_kv_splits() */
+    int64_t workspace_bytes; /* MLA prefill: bytes for up-projected K/V and running outputs,
+                                0: ATTN_MLA_WORKSPACE_BYTES; at least 1 MiB */
 } attn_metadata_desc;
 
 ATTN_API attn_status attn_metadata_create(attn_layer *layer, const attn_metadata_desc *desc,
@@ -542,6 +665,9 @@ ATTN_API const attn_batch *attn_metadata_batch(const attn_metadata *meta);
 ATTN_API void *attn_metadata_private(const attn_metadata *meta);
 ATTN_API void attn_metadata_private_set(attn_metadata *meta, void *priv);
 ATTN_API attn_context *attn_layer_context(const attn_layer *layer);
+ATTN_API attn_context *attn_metadata_context(const attn_metadata *meta);
+/* The capacity with every default resolved (decode_threshold, num_kv_splits, workspace). */
+ATTN_API const attn_metadata_desc *attn_metadata_capacity(const attn_metadata *meta);
 /* Validates every field (naming the first bad one), copies the batch, and runs the
    backend's builder. On a validation error the previous contents are kept; if the
    builder runs out of memory the metadata is left unbuilt. Reads ATTN_BATCH_INVARIANT. */
@@ -554,10 +680,12 @@ ATTN_API attn_status attn_metadata_build(attn_metadata *meta, int common_prefix_
 
 /* Writes key/value [num_tokens, num_kv_heads, head_size] into kv_cache (the layer's shape)
    at slot_mapping[i] = block * block_size + offset; -1 skips a token. All slots are
-   checked before anything is written. */
+   checked before anything is written. slot_mapping lives on the host; stream: the CUDA
+   stream of a GPU backend (NULL on the CPU). */
 ATTN_API attn_status attn_reshape_and_cache(attn_layer *layer, const attn_tensor *key,
                                             const attn_tensor *value, attn_tensor *kv_cache,
-                                            const int64_t *slot_mapping, int num_tokens);
+                                            const int64_t *slot_mapping, int num_tokens,
+                                            void *stream);
 
 /* q: [num_tokens, num_heads, head_size]; k, v: [num_tokens, num_kv_heads, head_size] or
    both NULL (already cached); when given they are written to the cache by the metadata's
@@ -606,7 +734,8 @@ ATTN_API attn_status attn_reorder_batch(const int32_t *query_lens, int num_reqs,
    dtype) into the latent cache at slot_mapping; -1 skips; all slots checked first. */
 ATTN_API attn_status attn_concat_and_cache_mla(attn_layer *layer, const attn_tensor *kv_c,
                                                const attn_tensor *k_pe, attn_tensor *kv_cache,
-                                               const int64_t *slot_mapping, int num_tokens);
+                                               const int64_t *slot_mapping, int num_tokens,
+                                               void *stream);
 
 /* Absorbed decode (MQA over the latent): for the batch's decode tokens, q is either
    [>= num_decode_tokens, num_heads, head_size] with q_pe == NULL, or q_latent
@@ -645,14 +774,17 @@ ATTN_API attn_status attn_mla_forward(attn_layer *layer, const attn_metadata *me
    ------------------------------------------------------------------------------------- */
 
 /* out = merge((out_a, lse_a), (out_b, lse_b)): out_* [tokens, heads, head_size] of one
-   dtype (f32/f16/bf16, CPU), lse_* f32 [tokens, heads] in base base_a / base_b. An empty
-   partition has LSE -inf and contributes nothing (both empty: out 0, lse -inf, no NaN).
-   lse may be NULL; its base is base_out. out may alias out_a or out_b. */
+   dtype (f32/f16/bf16), lse_* f32 [tokens, heads] in base base_a / base_b, all on one
+   device. An empty partition has LSE -inf (or +inf/NaN, as some kernels report it) and
+   contributes nothing (both empty: out 0, lse -inf, no NaN). lse may be NULL; its base
+   is base_out. out may alias out_a or out_b. Runs on the first backend of the platform's
+   priority list that serves the tensors' device and has a merge; stream as above. */
 ATTN_API attn_status attn_merge_attn_states(attn_context *ctx, const attn_tensor *out_a,
                                             const attn_tensor *lse_a, attn_lse_base base_a,
                                             const attn_tensor *out_b, const attn_tensor *lse_b,
                                             attn_lse_base base_b, attn_tensor *out,
-                                            attn_tensor *lse, attn_lse_base base_out);
+                                            attn_tensor *lse, attn_lse_base base_out,
+                                            void *stream);
 
 #ifdef __cplusplus
 }
@@ -800,6 +932,14 @@ static const char *attn__trim_env(const char *name) {
 
 typedef struct attn__threadpool attn__threadpool;
 
+/* A backend's context-level state (context_init ran once; status and reason kept). */
+typedef struct attn__backend_slot {
+    const attn_backend *backend;
+    void *state;
+    attn_status status;
+    char reason[160];
+} attn__backend_slot;
+
 typedef struct attn__selection_cache_entry {
     attn_layer_desc desc;            /* alibi pointer replaced by a hash of the slopes */
     uint64_t alibi_hash;
@@ -821,7 +961,20 @@ struct attn_context {
     size_t *scratch_size;
     attn__selection_cache_entry *cache;
     int cache_count, cache_capacity;
-    void *cuda_driver;               /* dlopen handle of libcuda, kept for later backends */
+    attn_loader loader;              /* how run-time libraries are opened */
+    struct attn__cuda_driver *cuda;  /* the driver's function table (library NULL: none) */
+    struct attn__backend_slot *backends; /* context-level state of each backend used */
+    int num_backends, backend_capacity;
+};
+
+/* A resolved backend plus the validated descriptor (defaults filled in, slopes copied). */
+struct attn_layer {
+    attn_context *ctx;
+    attn_layer_desc desc;
+    float *alibi;
+    const attn_backend *backend;   /* bound by the selector once layer_init succeeded */
+    void *backend_state;           /* what layer_init stored */
+    attn_selection selection;
 };
 
 static ATTN__THREAD_LOCAL char attn__thread_error[512];
@@ -888,6 +1041,12 @@ static attn_status attn__fail(attn_context *ctx, attn_status status, attn_log_it
     return status;
 }
 
+/* The NULL-argument failure every front door reports: `return attn__null_arg(...)`. */
+static attn_status attn__null_arg(attn_context *ctx, const char *fn, const char *name) {
+    return attn__fail(ctx, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT,
+                      "%s: argument '%s' is NULL (a valid pointer is required)", fn, name);
+}
+
 /* Environment values other than ATTN_BACKEND: a value that is set but not allowed gets
    one WARN line (through ctx's hook) naming the variable, the value and what is allowed,
    and the caller's default is used. Unset or empty means the default, silently. */
@@ -931,14 +1090,6 @@ static void attn__env_log_level_check(const attn_context *ctx) {
         attn__env_invalid(ctx, "ATTN_LOG_LEVEL", v, "error, warn, info, debug, none "
                           "(case-insensitive)");
 }
-
-#define ATTN__CHECK_PTR(ctx, p, fn)                                                        \
-    do {                                                                                   \
-        if (!(p))                                                                          \
-            return attn__fail((ctx), ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT, \
-                              "%s: argument '%s' is NULL (a valid pointer is required)",   \
-                              fn, #p);                                                     \
-    } while (0)
 
 ATTN_API const char *attn_status_string(attn_status status) {
     switch (status) {
@@ -1081,8 +1232,8 @@ ATTN_API const char *attn_dtype_name(attn_dtype dtype) {
 ATTN_API attn_status attn_dtype_from_name(const char *name, attn_dtype *out) {
     char names[160];
     int d;
-    ATTN__CHECK_PTR(NULL, name, "attn_dtype_from_name");
-    ATTN__CHECK_PTR(NULL, out, "attn_dtype_from_name");
+    if (!name) return attn__null_arg(NULL, __func__, "name");
+    if (!out) return attn__null_arg(NULL, __func__, "out");
     for (d = 0; d < (int)ATTN_DTYPE_COUNT; d++)
         if (attn__dtypes[d].size &&
             (attn__strieq(name, attn__dtypes[d].name) || attn__strieq(name, attn__dtypes[d].long_name))) {
@@ -1263,10 +1414,90 @@ typedef int attn__CUdevice;
 #define ATTN__CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR 75
 #define ATTN__CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR 76
 
-/* The driver's library name; tests and unusual installs can point it elsewhere. */
+/* The driver's library name; tests and unusual installs can point it elsewhere. The
+   loader tries it, then "libcuda.so" (a development symlink some installs have only). */
 #ifndef ATTN_CUDA_DRIVER_LIBRARY
 #define ATTN_CUDA_DRIVER_LIBRARY "libcuda.so.1"
 #endif
+
+/* Every CUDA driver function attn.h calls: (field, exported symbol, parameters). The one
+   list makes the pointer table and the table the loader walks (volk / cuew). */
+#define ATTN__CUDA_DRIVER_FUNCTIONS(X)                                                   \
+    X(cuInit, "cuInit", (unsigned flags))                                                \
+    X(cuDriverGetVersion, "cuDriverGetVersion", (int *version))                          \
+    X(cuDeviceGetCount, "cuDeviceGetCount", (int *count))                                \
+    X(cuDeviceGet, "cuDeviceGet", (attn__CUdevice *device, int ordinal))                 \
+    X(cuDeviceGetAttribute, "cuDeviceGetAttribute",                                      \
+      (int *value, int attribute, attn__CUdevice device))                                \
+    X(cuDeviceGetName, "cuDeviceGetName", (char *name, int length, attn__CUdevice device))
+
+/* The loaded driver, kept on the context for the backends that use it. */
+typedef struct attn__cuda_driver {
+    void *library;                  /* NULL: not loaded (platform.cuda_reason says why) */
+    char soname[64];                /* the name it was opened under */
+#define ATTN__DRIVER_POINTER(field, symbol, params) attn__CUresult (*field) params;
+    ATTN__CUDA_DRIVER_FUNCTIONS(ATTN__DRIVER_POINTER)
+#undef ATTN__DRIVER_POINTER
+} attn__cuda_driver;
+
+typedef struct attn__symbol_slot {
+    const char *name;
+    size_t offset;                  /* of the function pointer in its table */
+} attn__symbol_slot;
+
+static const attn__symbol_slot attn__cuda_driver_symbols[] = {
+#define ATTN__DRIVER_SLOT(field, symbol, params) {symbol, offsetof(attn__cuda_driver, field)},
+    ATTN__CUDA_DRIVER_FUNCTIONS(ATTN__DRIVER_SLOT)
+#undef ATTN__DRIVER_SLOT
+};
+
+static void *attn__loader_open(const attn_loader *l, const char *soname) {
+    return l->open ? l->open(l->user_data, soname) : dlopen(soname, RTLD_NOW | RTLD_LOCAL);
+}
+static void *attn__loader_symbol(const attn_loader *l, void *lib, const char *name) {
+    return l->symbol ? l->symbol(l->user_data, lib, name) : dlsym(lib, name);
+}
+static void attn__loader_close(const attn_loader *l, void *lib) {
+    if (!lib) return;
+    if (l->close) l->close(l->user_data, lib);
+    else if (!l->open) dlclose(lib); /* a library opened by an injected open stays its own */
+}
+
+/* Opens the first of `sonames` (NULL-terminated) that loads and fills the function
+   pointers of `table` (slots give their offsets). Returns the library, or NULL with
+   `reason` saying which library was missing or which symbol it lacks. */
+static void *attn__load_library(const attn_loader *l, const char *const *sonames,
+                                const attn__symbol_slot *slots, size_t num_slots, void *table,
+                                char *opened, size_t opened_size, char *reason, size_t reason_size) {
+    void *lib = NULL;
+    size_t i, n = 0;
+    char tried[160];
+    tried[0] = 0;
+    for (i = 0; sonames[i] && !lib; i++) {
+        lib = attn__loader_open(l, sonames[i]);
+        if (!lib) {
+            attn__fmt(tried + n, sizeof tried - n, "%s%s", n ? ", " : "", sonames[i]);
+            n = strlen(tried);
+        } else {
+            attn__strlcpy(opened, sonames[i], opened_size);
+        }
+    }
+    if (!lib) {
+        attn__fmt(reason, reason_size, "library not found (tried %s)", tried);
+        return NULL;
+    }
+    for (i = 0; i < num_slots; i++) {
+        void *sym = attn__loader_symbol(l, lib, slots[i].name);
+        if (!sym) {
+            attn__fmt(reason, reason_size, "library %s lacks symbol %s", opened, slots[i].name);
+            attn__loader_close(l, lib);
+            return NULL;
+        }
+        /* object pointer -> function pointer, as dlsym requires (POSIX) */
+        memcpy((char *)table + slots[i].offset, &sym, sizeof sym);
+    }
+    return lib;
+}
 
 static int attn__cpu_cores(void) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
@@ -1283,72 +1514,46 @@ static const char *attn__simd_name(void) {
 #endif
 }
 
-/* Fills the CUDA part of p; returns the library handle (kept open) or NULL. */
-static void *attn__probe_cuda(attn_platform *p) {
-    typedef attn__CUresult (*init_fn)(unsigned);
-    typedef attn__CUresult (*count_fn)(int *);
-    typedef attn__CUresult (*get_fn)(attn__CUdevice *, int);
-    typedef attn__CUresult (*attr_fn)(int *, int, attn__CUdevice);
-    typedef attn__CUresult (*name_fn)(char *, int, attn__CUdevice);
-    typedef attn__CUresult (*version_fn)(int *);
-    void *lib = dlopen(ATTN_CUDA_DRIVER_LIBRARY, RTLD_NOW | RTLD_LOCAL);
-    const char *missing = NULL;
-    init_fn cu_init; count_fn cu_count; get_fn cu_get; attr_fn cu_attr; name_fn cu_name;
-    version_fn cu_version;
+/* Loads the driver into *drv and fills the CUDA part of p; a missing piece is a reason
+   in p->cuda_reason and leaves drv->library NULL. */
+static void attn__probe_cuda(const attn_loader *loader, attn__cuda_driver *drv, attn_platform *p) {
+    static const char *const sonames[] = {ATTN_CUDA_DRIVER_LIBRARY, "libcuda.so", NULL};
+    char reason[160];
     attn__CUdevice dev;
     attn__CUresult rc;
     int n = 0;
-    if (!lib) {
-        attn__fmt(p->cuda_reason, sizeof p->cuda_reason, "no CUDA driver (%s not found)",
-                 ATTN_CUDA_DRIVER_LIBRARY);
-        return NULL;
+    memset(drv, 0, sizeof *drv);
+    drv->library = attn__load_library(loader, sonames, attn__cuda_driver_symbols,
+                                      sizeof attn__cuda_driver_symbols / sizeof attn__cuda_driver_symbols[0],
+                                      drv, drv->soname, sizeof drv->soname, reason, sizeof reason);
+    if (!drv->library) {
+        attn__fmt(p->cuda_reason, sizeof p->cuda_reason, "no CUDA driver: %s", reason);
+        return;
     }
-    /* Casting object pointers to function pointers is what dlsym requires (POSIX). */
-#define ATTN__SYM(var, type, name)                                   \
-    do {                                                             \
-        void *s_ = dlsym(lib, name);                                 \
-        memcpy(&var, &s_, sizeof var);                               \
-        if (!s_ && !missing) missing = name;                         \
-    } while (0)
-    ATTN__SYM(cu_init, init_fn, "cuInit");
-    ATTN__SYM(cu_count, count_fn, "cuDeviceGetCount");
-    ATTN__SYM(cu_get, get_fn, "cuDeviceGet");
-    ATTN__SYM(cu_attr, attr_fn, "cuDeviceGetAttribute");
-    ATTN__SYM(cu_name, name_fn, "cuDeviceGetName");
-    ATTN__SYM(cu_version, version_fn, "cuDriverGetVersion");
-#undef ATTN__SYM
-    if (missing) {
-        attn__fmt(p->cuda_reason, sizeof p->cuda_reason,
-                 "CUDA driver %s lacks symbol %s", ATTN_CUDA_DRIVER_LIBRARY, missing);
-        dlclose(lib);
-        return NULL;
-    }
-    if ((rc = cu_init(0)) != 0) {
+    if ((rc = drv->cuInit(0)) != 0)
         attn__fmt(p->cuda_reason, sizeof p->cuda_reason, "cuInit failed (CUresult %d)", rc);
-        dlclose(lib);
-        return NULL;
-    }
-    if ((rc = cu_count(&n)) != 0 || n <= 0) {
+    else if ((rc = drv->cuDeviceGetCount(&n)) != 0 || n <= 0)
         attn__fmt(p->cuda_reason, sizeof p->cuda_reason, "no CUDA device (cuDeviceGetCount: "
-                 "result %d, count %d)", rc, n);
-        dlclose(lib);
-        return NULL;
+                  "result %d, count %d)", rc, n);
+    if (p->cuda_reason[0]) {
+        attn__loader_close(loader, drv->library);
+        memset(drv, 0, sizeof *drv);
+        return;
     }
     p->cuda_device_count = n;
-    cu_version(&p->cuda_driver_version);
-    if (cu_get(&dev, 0) == 0) {
-        cu_attr(&p->cuda_capability_major, ATTN__CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
-        cu_attr(&p->cuda_capability_minor, ATTN__CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
-        cu_attr(&p->cuda_multiprocessors, ATTN__CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
-        cu_name(p->cuda_device_name, (int)sizeof p->cuda_device_name, dev);
+    drv->cuDriverGetVersion(&p->cuda_driver_version);
+    if (drv->cuDeviceGet(&dev, 0) == 0) {
+        drv->cuDeviceGetAttribute(&p->cuda_capability_major, ATTN__CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
+        drv->cuDeviceGetAttribute(&p->cuda_capability_minor, ATTN__CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
+        drv->cuDeviceGetAttribute(&p->cuda_multiprocessors, ATTN__CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
+        drv->cuDeviceGetName(p->cuda_device_name, (int)sizeof p->cuda_device_name, dev);
     }
     p->kind = ATTN_PLATFORM_CUDA;
-    return lib;
 }
 
 ATTN_API attn_status attn_platform_get(attn_context *ctx, attn_platform *out) {
-    ATTN__CHECK_PTR(ctx, ctx, "attn_platform_get");
-    ATTN__CHECK_PTR(ctx, out, "attn_platform_get");
+    if (!ctx) return attn__null_arg(ctx, __func__, "ctx");
+    if (!out) return attn__null_arg(ctx, __func__, "out");
     *out = ctx->platform;
     return ATTN_OK;
 }
@@ -1591,7 +1796,14 @@ ATTN_API attn_status attn_context_create(const attn_context_desc *desc, attn_con
     ctx->platform.cpu_cores = attn__cpu_cores();
     ctx->platform.cpu_threads = threads;
     attn__strlcpy(ctx->platform.cpu_simd, attn__simd_name(), sizeof ctx->platform.cpu_simd);
-    ctx->cuda_driver = attn__probe_cuda(&ctx->platform);
+    if (d.loader) ctx->loader = *d.loader;
+    ctx->cuda = (struct attn__cuda_driver *)attn__calloc(1, sizeof *ctx->cuda);
+    if (!ctx->cuda) {
+        attn_context_destroy(ctx);
+        return attn__fail(NULL, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
+                          "attn_context_create: cannot allocate the driver table");
+    }
+    attn__probe_cuda(&ctx->loader, ctx->cuda, &ctx->platform);
     if (ctx->platform.kind != ATTN_PLATFORM_CUDA)
         attn__log(ctx, ATTN_LOG_LEVEL_DEBUG, ATTN_LOG_CUDA_UNAVAILABLE, "CUDA: %s",
                   ctx->platform.cuda_reason);
@@ -1607,13 +1819,20 @@ ATTN_API attn_status attn_context_create(const attn_context_desc *desc, attn_con
 ATTN_API void attn_context_destroy(attn_context *ctx) {
     int t;
     if (!ctx) return;
+    for (t = ctx->num_backends - 1; t >= 0; t--) { /* in reverse order of init */
+        attn__backend_slot *bs = &ctx->backends[t];
+        if (bs->status == ATTN_OK && bs->backend->context_release)
+            bs->backend->context_release(bs->backend, ctx, bs->state);
+    }
+    attn__free(ctx->backends);
     attn__pool_destroy(ctx->pool);
     if (ctx->scratch)
         for (t = 0; t < ctx->num_threads; t++) attn__free(ctx->scratch[t]);
     attn__free(ctx->scratch);
     attn__free(ctx->scratch_size);
     attn__free(ctx->cache);
-    if (ctx->cuda_driver) dlclose(ctx->cuda_driver);
+    if (ctx->cuda) attn__loader_close(&ctx->loader, ctx->cuda->library);
+    attn__free(ctx->cuda);
     attn__free(ctx);
 }
 
@@ -1622,13 +1841,60 @@ ATTN_API const char *attn_context_last_error(const attn_context *ctx) {
 }
 
 ATTN_API attn_status attn_context_set_log_level(attn_context *ctx, attn_log_level level) {
-    ATTN__CHECK_PTR(ctx, ctx, "attn_context_set_log_level");
+    if (!ctx) return attn__null_arg(ctx, __func__, "ctx");
     if ((int)level < 0 || (int)level > (int)ATTN_LOG_LEVEL_NONE)
         return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
                           "attn_context_set_log_level: level is %d (allowed: 0..5)", (int)level);
     ctx->log_level = level ? level : attn__env_log_level();
     if (!level) attn__env_log_level_check(ctx);
     return ATTN_OK;
+}
+
+/* The context-level state of backend b, running its context_init the first time this
+   context needs it. A failure is remembered (with its reason) for the context's life, so
+   the selector's records stay consistent and a broken library is not retried per layer. */
+static attn_status attn__backend_context(attn_context *ctx, const attn_backend *b, void **state,
+                                         char *reason, size_t reason_size) {
+    attn__backend_slot *bs = NULL;
+    int i;
+    for (i = 0; i < ctx->num_backends; i++)
+        if (ctx->backends[i].backend == b) { bs = &ctx->backends[i]; break; }
+    if (!bs) {
+        if (ctx->num_backends == ctx->backend_capacity) {
+            int cap = ctx->backend_capacity ? 2 * ctx->backend_capacity : 4;
+            attn__backend_slot *n = (attn__backend_slot *)ATTN_REALLOC(ctx->backends, (size_t)cap * sizeof *n);
+            if (!n) {
+                attn__fmt(reason, reason_size, "%s: out of memory for its context state", b->name);
+                return ATTN_ERROR_OUT_OF_MEMORY;
+            }
+            ctx->backends = n;
+            ctx->backend_capacity = cap;
+        }
+        bs = &ctx->backends[ctx->num_backends];
+        memset(bs, 0, sizeof *bs);
+        bs->backend = b;
+        if (b->context_init) {
+            char why[160];
+            why[0] = 0;
+            bs->status = b->context_init(b, ctx, &bs->state, why, sizeof why);
+            if (bs->status != ATTN_OK)
+                attn__fmt(bs->reason, sizeof bs->reason, "%s: %s", b->name,
+                          why[0] ? why : attn_status_string(bs->status));
+        }
+        ctx->num_backends++;
+    }
+    if (state) *state = bs->state;
+    if (bs->status != ATTN_OK) attn__strlcpy(reason, bs->reason, reason_size);
+    return bs->status;
+}
+
+ATTN_API void *attn_context_backend_state(const attn_context *ctx, const attn_backend *backend) {
+    int i;
+    if (!ctx || !backend) return NULL;
+    for (i = 0; i < ctx->num_backends; i++)
+        if (ctx->backends[i].backend == backend && ctx->backends[i].status == ATTN_OK)
+            return ctx->backends[i].state;
+    return NULL;
 }
 
 /* =======================================================================================
@@ -1711,8 +1977,8 @@ static attn_backend_id attn__lookup_name(const char *name) {
 ATTN_API attn_status attn_backend_from_name(const char *name, attn_backend_id *out) {
     char names[256];
     attn_backend_id id;
-    ATTN__CHECK_PTR(NULL, name, "attn_backend_from_name");
-    ATTN__CHECK_PTR(NULL, out, "attn_backend_from_name");
+    if (!name) return attn__null_arg(NULL, __func__, "name");
+    if (!out) return attn__null_arg(NULL, __func__, "out");
     id = attn__lookup_name(name);
     if (id != ATTN_BACKEND_AUTO) {
         *out = id;
@@ -1735,10 +2001,18 @@ ATTN_API attn_status attn_register_backend(attn_backend_id id, const attn_backen
                               "attn_register_backend: backend->id is %d (allowed: %d, the "
                               "slot it is registered in)", (int)backend->id, (int)id);
         if (!backend->name || !backend->kv_cache_shape ||
-            (backend->is_mla ? (!backend->forward_mqa || !backend->forward_mha) : !backend->forward))
+            (backend->is_mla ? (!backend->forward_mqa || !backend->forward_mha ||
+                                !backend->mla_forward || !backend->concat_and_cache_mla)
+                             : (!backend->forward || !backend->reshape_and_cache)))
             return attn__fail(NULL, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT,
                               "attn_register_backend: backend must have a name, kv_cache_shape "
-                              "and forward (MLA: forward_mqa and forward_mha); one is NULL");
+                              "and its entry points (standard: forward, reshape_and_cache; MLA: "
+                              "forward_mqa, forward_mha, mla_forward, concat_and_cache_mla); one "
+                              "is NULL");
+        if ((int)backend->device != ATTN_DEVICE_CPU && (int)backend->device != ATTN_DEVICE_CUDA)
+            return attn__fail(NULL, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                              "attn_register_backend: backend->device is %d (allowed: "
+                              "ATTN_DEVICE_CPU, ATTN_DEVICE_CUDA)", (int)backend->device);
         if (!backend->name[0])
             return attn__fail(NULL, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
                               "attn_register_backend: backend->name is \"\" (allowed: a "
@@ -1773,37 +2047,36 @@ static attn_status attn__desc_resolve(attn_context *ctx, const char *fn,
     attn_layer_desc d = *in;
     char types[64];
     int i;
-#define ATTN__BAD(...) return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT, __VA_ARGS__)
-    if (d.num_heads <= 0) ATTN__BAD("%s: desc.num_heads is %d (allowed: >= 1)", fn, d.num_heads);
+    if (d.num_heads <= 0) return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT, "%s: desc.num_heads is %d (allowed: >= 1)", fn, d.num_heads);
     if (d.num_kv_heads < 0)
-        ATTN__BAD("%s: desc.num_kv_heads is %d (allowed: 0 = num_heads, or a divisor of "
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT, "%s: desc.num_kv_heads is %d (allowed: 0 = num_heads, or a divisor of "
                   "num_heads)", fn, d.num_kv_heads);
     if (!d.num_kv_heads) d.num_kv_heads = d.use_mla == 1 ? 1 : d.num_heads;
     if (d.num_heads % d.num_kv_heads)
-        ATTN__BAD("%s: desc.num_kv_heads is %d (allowed: a divisor of num_heads %d)", fn,
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT, "%s: desc.num_kv_heads is %d (allowed: a divisor of num_heads %d)", fn,
                   d.num_kv_heads, d.num_heads);
-    if (d.head_size <= 0) ATTN__BAD("%s: desc.head_size is %d (allowed: >= 1)", fn, d.head_size);
+    if (d.head_size <= 0) return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT, "%s: desc.head_size is %d (allowed: >= 1)", fn, d.head_size);
     attn__dtype_names(types, sizeof types, 0);
     if (!attn__dtype_valid(d.dtype))
-        ATTN__BAD("%s: desc.dtype is %d (allowed: ATTN_DTYPE_AUTO, or an element type: %s)", fn,
-                  (int)d.dtype, types);
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT, "%s: desc.dtype is %d (allowed: ATTN_DTYPE_AUTO, or an element type: %s)",
+                          fn, (int)d.dtype, types);
     if (!attn__dtype_valid(d.kv_cache_dtype))
-        ATTN__BAD("%s: desc.kv_cache_dtype is %d (allowed: ATTN_DTYPE_AUTO, or an element type: "
-                  "%s)", fn, (int)d.kv_cache_dtype, types);
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT, "%s: desc.kv_cache_dtype is %d (allowed: ATTN_DTYPE_AUTO, or an element type: %s)",
+                          fn, (int)d.kv_cache_dtype, types);
     if (!d.dtype) d.dtype = ATTN_DTYPE_F16;
     if (!d.kv_cache_dtype) d.kv_cache_dtype = d.dtype;
     if (d.block_size < 0 || d.block_size % 16 || d.block_size > 65536)
-        ATTN__BAD("%s: desc.block_size is %d (allowed: 0 = 16, or a multiple of 16 up to 65536)",
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT, "%s: desc.block_size is %d (allowed: 0 = 16, or a multiple of 16 up to 65536)",
                   fn, d.block_size);
     if (!d.block_size) d.block_size = 16;
     if (d.use_mla < 0 || d.use_mla > 1)
-        ATTN__BAD("%s: desc.use_mla is %d (allowed: 0 or 1)", fn, d.use_mla);
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT, "%s: desc.use_mla is %d (allowed: 0 or 1)", fn, d.use_mla);
     if (d.use_mla) {
         if (d.num_kv_heads != 1)
-            ATTN__BAD("%s: desc.num_kv_heads is %d for an MLA layer (allowed: 0 or 1, the one "
+            return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT, "%s: desc.num_kv_heads is %d for an MLA layer (allowed: 0 or 1, the one "
                       "latent head)", fn, in->num_kv_heads);
         if (d.qk_rope_head_dim < 0 || d.kv_lora_rank < 0 || d.qk_nope_head_dim < 0 || d.v_head_dim < 0)
-            ATTN__BAD("%s: an MLA dimension is negative (kv_lora_rank %d, qk_rope_head_dim %d, "
+            return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT, "%s: an MLA dimension is negative (kv_lora_rank %d, qk_rope_head_dim %d, "
                       "qk_nope_head_dim %d, v_head_dim %d; allowed: 0 = default, or > 0)", fn,
                       d.kv_lora_rank, d.qk_rope_head_dim, d.qk_nope_head_dim, d.v_head_dim);
         if (!d.qk_rope_head_dim) d.qk_rope_head_dim = 64;
@@ -1811,33 +2084,32 @@ static attn_status attn__desc_resolve(attn_context *ctx, const char *fn,
         if (!d.qk_nope_head_dim) d.qk_nope_head_dim = 128;
         if (!d.v_head_dim) d.v_head_dim = 128;
         if (d.kv_lora_rank <= 0 || d.kv_lora_rank + d.qk_rope_head_dim != d.head_size)
-            ATTN__BAD("%s: desc.head_size %d is not kv_lora_rank %d + qk_rope_head_dim %d "
+            return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT, "%s: desc.head_size %d is not kv_lora_rank %d + qk_rope_head_dim %d "
                       "(allowed: head_size = kv_lora_rank + qk_rope_head_dim, e.g. 576 = 512 + 64)",
                       fn, d.head_size, d.kv_lora_rank, d.qk_rope_head_dim);
     }
     if (!(d.scale >= 0.0f) || d.scale > FLT_MAX)
-        ATTN__BAD("%s: desc.scale is %g (allowed: 0 = 1/sqrt(head_size), or a finite value "
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT, "%s: desc.scale is %g (allowed: 0 = 1/sqrt(head_size), or a finite value "
                   "> 0)", fn, (double)d.scale);
     if (d.scale == 0.0f) {
         int qk = d.use_mla ? d.qk_nope_head_dim + d.qk_rope_head_dim : d.head_size;
         d.scale = 1.0f / sqrtf((float)(qk > 0 ? qk : d.head_size));
     }
     if ((int)d.causal < 0 || (int)d.causal > (int)ATTN_CAUSAL_NO)
-        ATTN__BAD("%s: desc.causal is %d (allowed: ATTN_CAUSAL_DEFAULT, _YES, _NO)", fn,
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT, "%s: desc.causal is %d (allowed: ATTN_CAUSAL_DEFAULT, _YES, _NO)", fn,
                   (int)d.causal);
     if (!d.causal) d.causal = ATTN_CAUSAL_YES;
     if (d.sliding_window < 0)
-        ATTN__BAD("%s: desc.sliding_window is %d (allowed: 0 = none, or >= 1)", fn,
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT, "%s: desc.sliding_window is %d (allowed: 0 = none, or >= 1)", fn,
                   d.sliding_window);
     if (!(d.logits_soft_cap >= 0.0f) || d.logits_soft_cap > FLT_MAX)
-        ATTN__BAD("%s: desc.logits_soft_cap is %g (allowed: 0 = none, or a finite value > 0)",
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT, "%s: desc.logits_soft_cap is %g (allowed: 0 = none, or a finite value > 0)",
                   fn, (double)d.logits_soft_cap);
     if (d.alibi_slopes)
         for (i = 0; i < d.num_heads; i++)
             if (!(d.alibi_slopes[i] - d.alibi_slopes[i] == 0.0f))
-                ATTN__BAD("%s: desc.alibi_slopes[%d] is %g (allowed: finite values)", fn, i,
+                return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT, "%s: desc.alibi_slopes[%d] is %g (allowed: finite values)", fn, i,
                           (double)d.alibi_slopes[i]);
-#undef ATTN__BAD
     *out = d;
     return ATTN_OK;
 }
@@ -1862,7 +2134,7 @@ static int attn__backend_check(const attn_backend *b, const attn_layer_desc *d,
                                const attn_platform *p, char *reason, size_t size) {
     char allowed[64];
     char custom[128];
-    if (b->needs_cuda && p->kind != ATTN_PLATFORM_CUDA) {
+    if (b->device == ATTN_DEVICE_CUDA && p->kind != ATTN_PLATFORM_CUDA) {
         attn__fmt(reason, size, "%s: %s", b->name, p->cuda_reason[0] ? p->cuda_reason : "no CUDA device");
         return 1;
     }
@@ -1926,6 +2198,19 @@ static int attn__backend_check(const attn_backend *b, const attn_layer_desc *d,
     return 0;
 }
 
+static attn_status attn__layer_bind(attn_layer *layer, const attn_backend *b, char *reason,
+                                    size_t size); /* >>layer */
+
+/* 0 when b serves the layer: its capabilities fit, its context-level state is (or can
+   be) initialised, and, when a layer is being created, its layer_init succeeds (the
+   layer is then bound to b). Else 1 with the reason. */
+static int attn__candidate_refused(attn_context *ctx, const attn_backend *b, const attn_layer_desc *d,
+                                   attn_layer *layer, char *reason, size_t size) {
+    if (attn__backend_check(b, d, &ctx->platform, reason, size)) return 1;
+    if (attn__backend_context(ctx, b, NULL, reason, size) != ATTN_OK) return 1;
+    return layer && attn__layer_bind(layer, b, reason, size) != ATTN_OK;
+}
+
 static uint64_t attn__hash_floats(const float *f, int n) {
     uint64_t h = 1469598103934665603ull;
     int i;
@@ -1967,14 +2252,14 @@ static void attn__selection_reasons(const attn_selection *s, char *buf, size_t s
 
 /* Walks the platform's priority list; `tried` (already rejected, or AUTO) is not rechecked. */
 static void attn__automatic(attn_context *ctx, const attn_layer_desc *d, attn_selection *s,
-                            attn_backend_id tried) {
+                            attn_backend_id tried, attn_layer *layer) {
     int count, i;
     const attn_backend_id *list = attn__priority_list(ctx->platform.kind, &count);
     char reason[160];
     for (i = 0; i < count; i++) {
         const attn_backend *b = attn_backend_get(list[i]);
         if (!b || list[i] == tried) continue;
-        if (attn__backend_check(b, d, &ctx->platform, reason, sizeof reason)) {
+        if (attn__candidate_refused(ctx, b, d, layer, reason, sizeof reason)) {
             attn__selection_add_skip(s, list[i], reason);
             attn__log(ctx, ATTN_LOG_LEVEL_DEBUG, ATTN_LOG_SELECT_CANDIDATE_SKIPPED, "skipped %s",
                       reason);
@@ -1986,7 +2271,8 @@ static void attn__automatic(attn_context *ctx, const attn_layer_desc *d, attn_se
 }
 
 static attn_status attn__resolve(attn_context *ctx, const attn_layer_desc *d,
-                                 const attn_select_request *req, attn_selection *s) {
+                                 const attn_select_request *req, attn_selection *s,
+                                 attn_layer *layer) {
     const char *env = attn__trim_env("ATTN_BACKEND");
     int count, i;
     const attn_backend_id *list = attn__priority_list(ctx->platform.kind, &count);
@@ -2036,7 +2322,7 @@ static attn_status attn__resolve(attn_context *ctx, const attn_layer_desc *d,
         const attn_backend *b = attn_backend_get(s->requested);
         if (!b)
             attn__fmt(reason, sizeof reason, "%s: not registered", attn_backend_name(s->requested));
-        if (b && !attn__backend_check(b, d, &ctx->platform, reason, sizeof reason)) {
+        if (b && !attn__candidate_refused(ctx, b, d, layer, reason, sizeof reason)) {
             s->resolved = s->requested;
         } else {
             attn__selection_add_skip(s, s->requested, reason);
@@ -2050,7 +2336,7 @@ static attn_status attn__resolve(attn_context *ctx, const attn_layer_desc *d,
             }
             s->degraded = 1;
             attn__fmt(s->degradation, sizeof s->degradation, "%s", reason);
-            attn__automatic(ctx, d, s, s->requested);
+            attn__automatic(ctx, d, s, s->requested, layer);
             if (s->resolved)
                 attn__log(ctx, ATTN_LOG_LEVEL_WARN, ATTN_LOG_SELECT_FALLBACK,
                           "requested backend %s (%s) cannot serve the layer (%s); falling "
@@ -2060,7 +2346,16 @@ static attn_status attn__resolve(attn_context *ctx, const attn_layer_desc *d,
             s->source = ATTN_SELECTION_AUTO;
         }
     } else {
-        attn__automatic(ctx, d, s, ATTN_BACKEND_AUTO);
+        attn__automatic(ctx, d, s, ATTN_BACKEND_AUTO, layer);
+    }
+    if (s->resolved) {
+        const attn_backend *b = layer ? layer->backend : attn_backend_get(s->resolved);
+        if (b) {
+            s->backend_device = b->device;
+            s->cuda_graph = b->cuda_graph;
+            s->can_return_lse = b->can_return_lse;
+            s->lse_base = b->lse_base;
+        }
     }
     if (!s->resolved) {
         attn__selection_reasons(s, reasons, sizeof reasons);
@@ -2085,45 +2380,51 @@ static attn_status attn__resolve(attn_context *ctx, const attn_layer_desc *d,
 
 /* Resolution through the context's cache (keyed by descriptor, request, env value). */
 static attn_status attn__select(attn_context *ctx, const attn_layer_desc *d,
-                                const attn_select_request *req, attn_selection *out) {
+                                const attn_select_request *req, attn_selection *out,
+                                attn_layer *layer) {
     const char *env = attn__trim_env("ATTN_BACKEND");
-    char env_value[64];
+    char env_value[64], reason[160];
     uint64_t ah = attn__hash_floats(d->alibi_slopes, d->num_heads);
+    attn__selection_cache_entry *e = NULL;
     attn_status st;
     int i;
     attn__strlcpy(env_value, env ? env : "", sizeof env_value);
     for (i = 0; i < ctx->cache_count; i++) {
-        attn__selection_cache_entry *e = &ctx->cache[i];
-        if (attn__desc_equal(&e->desc, d) && e->alibi_hash == ah &&
-            e->request.backend == req->backend && e->request.allow_fallback == req->allow_fallback &&
-            strcmp(e->env_value, env_value) == 0) {
-            *out = e->selection;
+        attn__selection_cache_entry *c = &ctx->cache[i];
+        if (attn__desc_equal(&c->desc, d) && c->alibi_hash == ah &&
+            c->request.backend == req->backend && c->request.allow_fallback == req->allow_fallback &&
+            strcmp(c->env_value, env_value) == 0) {
+            const attn_backend *b = attn_backend_get(c->selection.resolved);
+            e = c;
+            /* a layer still runs its own layer_init; if that fails now, resolve afresh */
+            if (layer && (!b || attn__layer_bind(layer, b, reason, sizeof reason) != ATTN_OK)) break;
+            *out = c->selection;
             attn__log(ctx, ATTN_LOG_LEVEL_DEBUG, ATTN_LOG_SELECT_CACHED, "cached: %s",
                       out->log_line);
             return ATTN_OK;
         }
     }
-    st = attn__resolve(ctx, d, req, out);
+    st = attn__resolve(ctx, d, req, out, layer);
     if (st != ATTN_OK) return st;
-    if (ctx->cache_count == ctx->cache_capacity) {
-        int cap = ctx->cache_capacity ? ctx->cache_capacity * 2 : 8;
-        attn__selection_cache_entry *n = (attn__selection_cache_entry *)ATTN_REALLOC(
-            ctx->cache, (size_t)cap * sizeof *n);
-        if (!n) return ATTN_OK; /* caching is an optimisation */
-        ctx->cache = n;
-        ctx->cache_capacity = cap;
+    if (!e) {
+        if (ctx->cache_count == ctx->cache_capacity) {
+            int cap = ctx->cache_capacity ? ctx->cache_capacity * 2 : 8;
+            attn__selection_cache_entry *n = (attn__selection_cache_entry *)ATTN_REALLOC(
+                ctx->cache, (size_t)cap * sizeof *n);
+            if (!n) return ATTN_OK; /* caching is an optimisation */
+            ctx->cache = n;
+            ctx->cache_capacity = cap;
+        }
+        e = &ctx->cache[ctx->cache_count++];
     }
-    {
-        attn__selection_cache_entry *e = &ctx->cache[ctx->cache_count++];
-        memset(e, 0, sizeof *e);
-        e->desc = *d;
-        e->desc.alibi_slopes = NULL;
-        e->alibi_hash = ah;
-        e->request = *req;
-        attn__strlcpy(e->env_value, env_value, sizeof e->env_value);
-        e->status = st;
-        e->selection = *out;
-    }
+    memset(e, 0, sizeof *e);
+    e->desc = *d;
+    e->desc.alibi_slopes = NULL;
+    e->alibi_hash = ah;
+    e->request = *req;
+    attn__strlcpy(e->env_value, env_value, sizeof e->env_value);
+    e->status = st;
+    e->selection = *out;
     return ATTN_OK;
 }
 
@@ -2133,9 +2434,9 @@ ATTN_API attn_status attn_select_backend(attn_context *ctx, const attn_layer_des
     attn_layer_desc d;
     attn_select_request req;
     attn_status st;
-    ATTN__CHECK_PTR(ctx, ctx, "attn_select_backend");
-    ATTN__CHECK_PTR(ctx, desc, "attn_select_backend");
-    ATTN__CHECK_PTR(ctx, out, "attn_select_backend");
+    if (!ctx) return attn__null_arg(ctx, __func__, "ctx");
+    if (!desc) return attn__null_arg(ctx, __func__, "desc");
+    if (!out) return attn__null_arg(ctx, __func__, "out");
     memset(&req, 0, sizeof req);
     if (request) req = *request;
     if ((int)req.backend < 0 || (int)req.backend >= (int)ATTN_BACKEND_COUNT)
@@ -2144,14 +2445,24 @@ ATTN_API attn_status attn_select_backend(attn_context *ctx, const attn_layer_des
                           (int)req.backend, (int)ATTN_BACKEND_COUNT - 1);
     st = attn__desc_resolve(ctx, "attn_select_backend", desc, &d);
     if (st != ATTN_OK) return st;
-    return attn__select(ctx, &d, &req, out);
+    return attn__select(ctx, &d, &req, out, NULL);
 }
 
 ATTN_API attn_status attn_selection_cache_clear(attn_context *ctx) {
-    ATTN__CHECK_PTR(ctx, ctx, "attn_selection_cache_clear");
+    if (!ctx) return attn__null_arg(ctx, __func__, "ctx");
     ctx->cache_count = 0;
     attn__log(ctx, ATTN_LOG_LEVEL_DEBUG, ATTN_LOG_SELECT_CACHE_CLEARED, "selection cache cleared");
     return ATTN_OK;
+}
+
+static const char *attn__graph_name(attn_cuda_graph_support g) {
+    switch (g) {
+    case ATTN_CUDA_GRAPH_NEVER: return "NEVER";
+    case ATTN_CUDA_GRAPH_UNIFORM_SINGLE_TOKEN_DECODE: return "UNIFORM_SINGLE_TOKEN_DECODE";
+    case ATTN_CUDA_GRAPH_UNIFORM_BATCH: return "UNIFORM_BATCH";
+    case ATTN_CUDA_GRAPH_ALWAYS: return "ALWAYS";
+    }
+    return "?";
 }
 
 ATTN_API size_t attn_selection_format(const attn_selection *s, char *buf, size_t size) {
@@ -2188,6 +2499,10 @@ ATTN_API size_t attn_selection_format(const attn_selection *s, char *buf, size_t
                  "  sliding_window: %d\n"
                  "  head_size: %d\n"
                  "  device_capability: %s\n"
+                 "backend:\n"
+                 "  device: %s\n"
+                 "  cuda_graph: %s\n"
+                 "  lse: %s\n"
                  "platform:\n"
                  "  kind: %s\n"
                  "log:\n"
@@ -2201,6 +2516,10 @@ ATTN_API size_t attn_selection_format(const attn_selection *s, char *buf, size_t
                  s->use_mla ? "MLA" : "standard", s->num_heads, s->num_kv_heads,
                  attn_dtype_name(s->dtype), attn_dtype_name(s->kv_cache_dtype), s->block_size,
                  s->sliding_window, s->head_size, cap,
+                 !s->resolved ? "(none)" : s->backend_device == ATTN_DEVICE_CUDA ? "cuda" : "cpu",
+                 !s->resolved ? "(none)" : attn__graph_name(s->cuda_graph),
+                 !s->resolved ? "(none)" : !s->can_return_lse ? "not returned"
+                 : s->lse_base == ATTN_LSE_BASE_2 ? "base 2 (returned as base e)" : "base e",
                  s->platform == ATTN_PLATFORM_CUDA ? "CUDA" : "CPU", s->log_line);
     return n < 0 ? 0 : (size_t)n;
 }
@@ -2210,14 +2529,6 @@ ATTN_API size_t attn_selection_format(const attn_selection *s, char *buf, size_t
    A resolved backend plus the validated descriptor (defaults filled in, slopes copied).
    ======================================================================================= */
 
-struct attn_layer {
-    attn_context *ctx;
-    attn_layer_desc desc;
-    float *alibi;
-    const attn_backend *backend;
-    attn_selection selection;
-};
-
 ATTN_API attn_status attn_layer_create(attn_context *ctx, const attn_layer_desc *desc,
                                        const attn_select_request *request, attn_layer **out) {
     attn_layer_desc d;
@@ -2225,10 +2536,10 @@ ATTN_API attn_status attn_layer_create(attn_context *ctx, const attn_layer_desc 
     attn_selection sel;
     attn_layer *layer;
     attn_status st;
-    ATTN__CHECK_PTR(ctx, out, "attn_layer_create");
+    if (!out) return attn__null_arg(ctx, __func__, "out");
     *out = NULL;
-    ATTN__CHECK_PTR(ctx, ctx, "attn_layer_create");
-    ATTN__CHECK_PTR(ctx, desc, "attn_layer_create");
+    if (!ctx) return attn__null_arg(ctx, __func__, "ctx");
+    if (!desc) return attn__null_arg(ctx, __func__, "desc");
     memset(&req, 0, sizeof req);
     if (request) req = *request;
     if ((int)req.backend < 0 || (int)req.backend >= (int)ATTN_BACKEND_COUNT)
@@ -2236,8 +2547,6 @@ ATTN_API attn_status attn_layer_create(attn_context *ctx, const attn_layer_desc 
                           "attn_layer_create: request.backend is %d (allowed: 0 = AUTO .. %d)",
                           (int)req.backend, (int)ATTN_BACKEND_COUNT - 1);
     st = attn__desc_resolve(ctx, "attn_layer_create", desc, &d);
-    if (st != ATTN_OK) return st;
-    st = attn__select(ctx, &d, &req, &sel);
     if (st != ATTN_OK) return st;
     layer = (attn_layer *)attn__calloc(1, sizeof *layer);
     if (!layer)
@@ -2255,20 +2564,41 @@ ATTN_API attn_status attn_layer_create(attn_context *ctx, const attn_layer_desc 
     }
     layer->ctx = ctx;
     layer->desc = d;
-    layer->backend = attn_backend_get(sel.resolved);
-    layer->selection = sel;
-    if (!layer->backend) {
+    /* the selector binds the layer to the first candidate whose layer_init succeeds */
+    st = attn__select(ctx, &d, &req, &sel, layer);
+    if (st != ATTN_OK) {
         attn_layer_destroy(layer);
-        return attn__fail(ctx, ATTN_ERROR_BACKEND_UNAVAILABLE, ATTN_LOG_SELECT_EXPLICIT_FAILED,
-                          "attn_layer_create: backend %s was unregistered during creation",
-                          attn_backend_name(sel.resolved));
+        return st;
     }
+    layer->selection = sel;
     *out = layer;
+    return ATTN_OK;
+}
+
+/* Runs b's layer_init for the layer and binds it; a failure leaves the layer unbound. */
+static attn_status attn__layer_bind(attn_layer *layer, const attn_backend *b, char *reason,
+                                    size_t size) {
+    void *state = NULL;
+    attn_status st = ATTN_OK;
+    if (b->layer_init) {
+        char why[160];
+        why[0] = 0;
+        st = b->layer_init(b, layer, &state, why, sizeof why);
+        if (st != ATTN_OK) {
+            attn__fmt(reason, size, "%s: layer init failed: %s", b->name,
+                      why[0] ? why : attn_status_string(st));
+            return st;
+        }
+    }
+    layer->backend = b;
+    layer->backend_state = state;
     return ATTN_OK;
 }
 
 ATTN_API void attn_layer_destroy(attn_layer *layer) {
     if (!layer) return;
+    if (layer->backend && layer->backend->layer_release)
+        layer->backend->layer_release(layer->backend, layer, layer->backend_state);
     attn__free(layer->alibi);
     attn__free(layer);
 }
@@ -2285,18 +2615,21 @@ ATTN_API const attn_layer_desc *attn_layer_get_desc(const attn_layer *layer) {
 ATTN_API attn_context *attn_layer_context(const attn_layer *layer) {
     return layer ? layer->ctx : NULL;
 }
+ATTN_API void *attn_layer_backend_state(const attn_layer *layer) {
+    return layer ? layer->backend_state : NULL;
+}
 
 ATTN_API attn_status attn_layer_kv_cache_shape(attn_layer *layer, int64_t num_blocks,
                                                int64_t shape[ATTN_MAX_DIMS], int *ndim) {
     attn_context *ctx = layer ? layer->ctx : NULL;
-    ATTN__CHECK_PTR(ctx, layer, "attn_layer_kv_cache_shape");
-    ATTN__CHECK_PTR(ctx, shape, "attn_layer_kv_cache_shape");
-    ATTN__CHECK_PTR(ctx, ndim, "attn_layer_kv_cache_shape");
+    if (!layer) return attn__null_arg(ctx, __func__, "layer");
+    if (!shape) return attn__null_arg(ctx, __func__, "shape");
+    if (!ndim) return attn__null_arg(ctx, __func__, "ndim");
     if (num_blocks <= 0 || num_blocks > ATTN__MAX_BLOCKS)
         return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
                           "attn_layer_kv_cache_shape: num_blocks is %lld (allowed: 1..%lld)",
                           (long long)num_blocks, (long long)ATTN__MAX_BLOCKS);
-    *ndim = layer->backend->kv_cache_shape(&layer->desc, num_blocks, shape);
+    *ndim = layer->backend->kv_cache_shape(layer->backend, &layer->desc, num_blocks, shape);
     return ATTN_OK;
 }
 
@@ -2318,8 +2651,120 @@ struct attn_metadata {
     int32_t *query_start_loc, *seq_lens, *block_table;
     int64_t *slot_mapping;
     int common_prefix_len;
+    int kv_splits_forced;          /* desc.num_kv_splits was given (else cap holds the most) */
+    int planned;                   /* the batch is copied and planned (set before build) */
+    attn_mla_info mla;             /* MLA: the decode/prefill split of the built batch */
     void *priv;
 };
+
+/* Work items one pass runs side by side on a device: what split-KV counts aim to fill. */
+static int attn__parallelism(const attn_context *ctx, attn_device_kind device) {
+    switch (device) {
+    case ATTN_DEVICE_CPU: return ctx->num_threads;
+    case ATTN_DEVICE_CUDA: return 2 * ATTN__MAX(1, ctx->platform.cuda_multiprocessors);
+    }
+    return 1;
+}
+
+static int attn__env_batch_invariant(const attn_context *ctx) {
+    return attn__env_bool(ctx, "ATTN_BATCH_INVARIANT", 0);
+}
+
+/* Bytes forward_mha may spend on up-projected K/V of one chunk of keys (and, as much
+   again, on the running outputs of the queries it serves at once). */
+#ifndef ATTN_MLA_WORKSPACE_BYTES
+#define ATTN_MLA_WORKSPACE_BYTES (64u << 20)
+#endif
+
+/* Keys up-projected per forward_mha pass: workspace_bytes of f32 K and V for all heads. */
+static int attn__mla_prefill_chunk(const attn_layer_desc *d, int64_t workspace_bytes) {
+    int64_t per_key = (int64_t)d->num_heads * (((d->qk_nope_head_dim + d->qk_rope_head_dim + 15) / 16 * 16) +
+                                              (d->v_head_dim + 15) / 16 * 16) * 4;
+    return (int)ATTN__MIN(4096, ATTN__MAX(64, workspace_bytes / per_key / 64 * 64));
+}
+
+/* Split-KV policy. Two policies, for a reason: the standard CPU schedule splits only
+   when the batch's own tasks cannot fill the threads, and only as much as needed (it
+   adapts per batch: attn__cpu_build); MLA decode splits every decode request the same
+   number of times, fixed by the longest decode's keys, so that a GPU grid and its
+   workspace are uniform and a captured graph replays for any batch of the capacity.
+   Both count about one split per 512 keys. */
+ATTN_API int attn_mla_num_kv_splits(int max_seq_len, int parallelism, int batch_invariant) {
+    int n = max_seq_len / 512 + (max_seq_len % 512 > 0);
+    if (batch_invariant || n < 1) return 1;
+    if (parallelism < 1) parallelism = 1;
+    return n < parallelism ? n : parallelism;
+}
+
+ATTN_API attn_status attn_reorder_batch(const int32_t *query_lens, int num_reqs,
+                                        int decode_threshold, int32_t *perm, int *num_decodes,
+                                        int *num_swaps) {
+    int i, j, swaps = 0, nd = 0;
+    const char *fn = "attn_reorder_batch";
+    if (!num_decodes) return attn__null_arg(NULL, __func__, "num_decodes");
+    if (num_reqs < 0)
+        return attn__fail(NULL, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                          "%s: num_reqs is %d (allowed: >= 0)", fn, num_reqs);
+    if (num_reqs > 0) {
+        if (!query_lens) return attn__null_arg(NULL, __func__, "query_lens");
+        if (!perm) return attn__null_arg(NULL, __func__, "perm");
+    }
+    if (decode_threshold < 0)
+        return attn__fail(NULL, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                          "%s: decode_threshold is %d (allowed: 0 = 1, or >= 1)", fn, decode_threshold);
+    if (!decode_threshold) decode_threshold = 1;
+    for (i = 0; i < num_reqs; i++)
+        if (query_lens[i] < 0)
+            return attn__fail(NULL, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                              "%s: query_lens[%d] is %d (allowed: >= 0)", fn, i, query_lens[i]);
+    for (i = 0; i < num_reqs; i++) perm[i] = i;
+    i = 0;
+    j = num_reqs - 1;
+    for (;;) {
+        while (i < num_reqs && query_lens[perm[i]] <= decode_threshold) i++;
+        while (j >= 0 && query_lens[perm[j]] > decode_threshold) j--;
+        if (i >= j) break;
+        { int32_t t = perm[i]; perm[i] = perm[j]; perm[j] = t; }
+        swaps++;
+    }
+    for (i = 0; i < num_reqs; i++) nd += query_lens[i] <= decode_threshold;
+    *num_decodes = nd;
+    if (num_swaps) *num_swaps = swaps;
+    return ATTN_OK;
+}
+
+ATTN_API attn_status attn_metadata_mla_info(const attn_metadata *meta, attn_mla_info *out) {
+    attn_context *ctx = meta ? meta->layer->ctx : NULL;
+    if (!meta) return attn__null_arg(ctx, __func__, "meta");
+    if (!out) return attn__null_arg(ctx, __func__, "out");
+    if (!meta->built_for.use_mla)
+        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_ARGUMENT,
+                          "attn_metadata_mla_info: meta belongs to a standard layer (allowed: MLA)");
+    if (!meta->planned) /* a builder may read the plan of the batch it is building */
+        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA,
+                          "attn_metadata_mla_info: meta has not been built");
+    *out = meta->mla;
+    return ATTN_OK;
+}
+
+/* The decode/prefill split of a validated MLA batch (decodes first) and its plan. */
+static attn_mla_info attn__mla_plan(const attn_metadata *m, const attn_batch *b) {
+    attn_mla_info info;
+    int nd = 0, r, max_dec = 0;
+    memset(&info, 0, sizeof info);
+    while (nd < b->num_reqs && b->query_start_loc[nd + 1] - b->query_start_loc[nd] <= m->cap.decode_threshold) nd++;
+    for (r = 0; r < nd; r++) max_dec = ATTN__MAX(max_dec, b->seq_lens[r]);
+    info.num_decodes = nd;
+    info.num_decode_tokens = b->query_start_loc[nd];
+    info.num_prefills = b->num_reqs - nd;
+    info.num_prefill_tokens = b->num_actual_tokens - info.num_decode_tokens;
+    info.num_kv_splits = m->kv_splits_forced
+                             ? m->cap.num_kv_splits
+                             : attn_mla_num_kv_splits(max_dec, attn__parallelism(m->layer->ctx, m->backend->device),
+                                                      attn__env_batch_invariant(m->layer->ctx));
+    info.prefill_chunk = attn__mla_prefill_chunk(&m->built_for, m->cap.workspace_bytes);
+    return info;
+}
 
 /* Metadata may serve every layer whose schedule-relevant fields match its creator's. */
 static int attn__metadata_fits(const attn_metadata *meta, const attn_layer *layer) {
@@ -2356,15 +2801,30 @@ ATTN_API const attn_batch *attn_metadata_batch(const attn_metadata *meta) {
 }
 ATTN_API void *attn_metadata_private(const attn_metadata *meta) { return meta ? meta->priv : NULL; }
 ATTN_API void attn_metadata_private_set(attn_metadata *meta, void *priv) { if (meta) meta->priv = priv; }
+ATTN_API attn_context *attn_metadata_context(const attn_metadata *meta) {
+    return meta ? meta->layer->ctx : NULL;
+}
+ATTN_API const attn_metadata_desc *attn_metadata_capacity(const attn_metadata *meta) {
+    return meta ? &meta->cap : NULL;
+}
 
 ATTN_API void attn_metadata_destroy(attn_metadata *meta) {
     if (!meta) return;
-    if (meta->backend && meta->backend->metadata_release) meta->backend->metadata_release(meta);
+    if (meta->backend && meta->backend->metadata_release)
+        meta->backend->metadata_release(meta->backend, meta);
     attn__free(meta->query_start_loc);
     attn__free(meta->seq_lens);
     attn__free(meta->block_table);
     attn__free(meta->slot_mapping);
     attn__free(meta);
+}
+
+static attn_status attn__bad_capacity(attn_context *ctx, const char *field, int64_t value,
+                                      int64_t lo, int64_t hi) {
+    return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                      "attn_metadata_create: desc.%s is %lld (allowed: %lld..%lld%s)", field,
+                      (long long)value, (long long)lo, (long long)hi,
+                      strcmp(field, "workspace_bytes") == 0 ? ", or 0 = default" : "");
 }
 
 ATTN_API attn_status attn_metadata_create(attn_layer *layer, const attn_metadata_desc *desc,
@@ -2373,22 +2833,24 @@ ATTN_API attn_status attn_metadata_create(attn_layer *layer, const attn_metadata
     attn_metadata *m;
     attn_status st;
     const char *fn = "attn_metadata_create";
-    ATTN__CHECK_PTR(ctx, out, "attn_metadata_create");
+    if (!out) return attn__null_arg(ctx, __func__, "out");
     *out = NULL;
-    ATTN__CHECK_PTR(ctx, layer, "attn_metadata_create");
-    ATTN__CHECK_PTR(ctx, desc, "attn_metadata_create");
-#define ATTN__CAP(field, lo, hi)                                                               \
-    if (desc->field < (lo) || desc->field > (hi))                                              \
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,            \
-                          "%s: desc." #field " is %lld (allowed: %lld..%lld)", fn,             \
-                          (long long)desc->field, (long long)(lo), (long long)(hi))
-    ATTN__CAP(max_num_reqs, 1, 1 << 24);
-    ATTN__CAP(max_num_tokens, 1, 1 << 28);
-    ATTN__CAP(max_blocks_per_req, 1, 1 << 24);
-    ATTN__CAP(num_blocks, 1, ATTN__MAX_BLOCKS);
-    ATTN__CAP(decode_threshold, 0, 16);
-    ATTN__CAP(num_kv_splits, 0, 1024);
-#undef ATTN__CAP
+    if (!layer) return attn__null_arg(ctx, __func__, "layer");
+    if (!desc) return attn__null_arg(ctx, __func__, "desc");
+    if (desc->max_num_reqs < 1 || desc->max_num_reqs > (1 << 24))
+        return attn__bad_capacity(ctx, "max_num_reqs", desc->max_num_reqs, 1, 1 << 24);
+    if (desc->max_num_tokens < 1 || desc->max_num_tokens > (1 << 28))
+        return attn__bad_capacity(ctx, "max_num_tokens", desc->max_num_tokens, 1, 1 << 28);
+    if (desc->max_blocks_per_req < 1 || desc->max_blocks_per_req > (1 << 24))
+        return attn__bad_capacity(ctx, "max_blocks_per_req", desc->max_blocks_per_req, 1, 1 << 24);
+    if (desc->num_blocks < 1 || desc->num_blocks > ATTN__MAX_BLOCKS)
+        return attn__bad_capacity(ctx, "num_blocks", desc->num_blocks, 1, ATTN__MAX_BLOCKS);
+    if (desc->decode_threshold < 0 || desc->decode_threshold > 16)
+        return attn__bad_capacity(ctx, "decode_threshold", desc->decode_threshold, 0, 16);
+    if (desc->num_kv_splits < 0 || desc->num_kv_splits > 1024)
+        return attn__bad_capacity(ctx, "num_kv_splits", desc->num_kv_splits, 0, 1024);
+    if (desc->workspace_bytes && (desc->workspace_bytes < (1 << 20) || desc->workspace_bytes > ((int64_t)1 << 40)))
+        return attn__bad_capacity(ctx, "workspace_bytes", desc->workspace_bytes, 1 << 20, (int64_t)1 << 40);
     m = (attn_metadata *)attn__calloc(1, sizeof *m);
     if (!m) goto oom;
     m->creator = *layer;
@@ -2396,7 +2858,15 @@ ATTN_API attn_status attn_metadata_create(attn_layer *layer, const attn_metadata
     m->creator.desc.alibi_slopes = NULL;
     m->layer = &m->creator;
     m->backend = layer->backend;
+    /* every default resolved here, once: builders and backends read m->cap */
     m->cap = *desc;
+    if (!m->cap.decode_threshold) m->cap.decode_threshold = 1;
+    if (!m->cap.workspace_bytes) m->cap.workspace_bytes = ATTN_MLA_WORKSPACE_BYTES;
+    m->kv_splits_forced = desc->num_kv_splits > 0;
+    if (!m->kv_splits_forced) /* the most any batch of this capacity gets */
+        m->cap.num_kv_splits = attn_mla_num_kv_splits(
+            (int)ATTN__MIN((int64_t)INT32_MAX, (int64_t)desc->max_blocks_per_req * layer->desc.block_size),
+            attn__parallelism(ctx, layer->backend->device), 0);
     m->built_for = layer->desc;
     m->built_for.alibi_slopes = NULL;
     m->query_start_loc = (int32_t *)attn__calloc((size_t)desc->max_num_reqs + 1, sizeof(int32_t));
@@ -2406,7 +2876,7 @@ ATTN_API attn_status attn_metadata_create(attn_layer *layer, const attn_metadata
     m->slot_mapping = (int64_t *)attn__calloc((size_t)desc->max_num_tokens, sizeof(int64_t));
     if (!m->query_start_loc || !m->seq_lens || !m->block_table || !m->slot_mapping) goto oom;
     if (m->backend->metadata_init) {
-        st = m->backend->metadata_init(layer, m);
+        st = m->backend->metadata_init(m->backend, layer, m);
         if (st != ATTN_OK) {
             m->backend = NULL; /* nothing to release */
             attn_metadata_destroy(m);
@@ -2430,21 +2900,20 @@ static attn_status attn__batch_validate(attn_context *ctx, const attn_metadata *
     const char *fn = "attn_metadata_build";
     int i, max_q = 0, max_s = 0;
     int64_t num_slots = m->cap.num_blocks * (int64_t)m->built_for.block_size;
-#define ATTN__META(...) return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, __VA_ARGS__)
     if (b->num_reqs < 0)
-        ATTN__META("%s: batch.num_reqs is %d (allowed: >= 0)", fn, b->num_reqs);
+        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.num_reqs is %d (allowed: >= 0)", fn, b->num_reqs);
     if (b->num_reqs > m->cap.max_num_reqs)
         return attn__fail(ctx, ATTN_ERROR_CAPACITY, ATTN_LOG_INVALID_METADATA,
                           "%s: batch.num_reqs is %d (allowed: <= max_num_reqs %d of this metadata)",
                           fn, b->num_reqs, m->cap.max_num_reqs);
     if (b->num_actual_tokens < 0)
-        ATTN__META("%s: batch.num_actual_tokens is %d (allowed: >= 0)", fn, b->num_actual_tokens);
+        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.num_actual_tokens is %d (allowed: >= 0)", fn, b->num_actual_tokens);
     if (b->num_actual_tokens > m->cap.max_num_tokens)
         return attn__fail(ctx, ATTN_ERROR_CAPACITY, ATTN_LOG_INVALID_METADATA,
                           "%s: batch.num_actual_tokens is %d (allowed: <= max_num_tokens %d of "
                           "this metadata)", fn, b->num_actual_tokens, m->cap.max_num_tokens);
     if ((int)b->causal < 0 || (int)b->causal > (int)ATTN_CAUSAL_NO)
-        ATTN__META("%s: batch.causal is %d (allowed: ATTN_CAUSAL_DEFAULT, _YES, _NO)", fn, (int)b->causal);
+        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.causal is %d (allowed: ATTN_CAUSAL_DEFAULT, _YES, _NO)", fn, (int)b->causal);
     if (!b->query_start_loc)
         return attn__fail(ctx, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_METADATA,
                           "%s: batch.query_start_loc is NULL (a [num_reqs+1] array is required)", fn);
@@ -2453,59 +2922,59 @@ static attn_status attn__batch_validate(attn_context *ctx, const attn_metadata *
                           "%s: batch.%s is NULL (required when num_reqs > 0)", fn,
                           b->seq_lens ? "block_table" : "seq_lens");
     if (b->num_reqs > 0 && (b->block_table_stride < 1 || b->block_table_stride > m->cap.max_blocks_per_req))
-        ATTN__META("%s: batch.block_table_stride is %d (allowed: 1..%d, max_blocks_per_req of "
+        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.block_table_stride is %d (allowed: 1..%d, max_blocks_per_req of "
                    "this metadata)", fn, b->block_table_stride, m->cap.max_blocks_per_req);
     if (b->query_start_loc[0] != 0)
-        ATTN__META("%s: batch.query_start_loc[0] is %d (allowed: 0)", fn, b->query_start_loc[0]);
+        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.query_start_loc[0] is %d (allowed: 0)", fn, b->query_start_loc[0]);
     for (i = 0; i < b->num_reqs; i++) {
         int q0 = b->query_start_loc[i], q1 = b->query_start_loc[i + 1];
         int ql, sl = b->seq_lens[i], nb, k;
         if (q1 < q0)
-            ATTN__META("%s: batch.query_start_loc is not non-decreasing at index %d (%d then %d)",
+            return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.query_start_loc is not non-decreasing at index %d (%d then %d)",
                        fn, i, q0, q1);
         ql = q1 - q0;
         if (q1 > b->num_actual_tokens)
-            ATTN__META("%s: batch.query_start_loc[%d] is %d (allowed: <= num_actual_tokens %d)",
+            return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.query_start_loc[%d] is %d (allowed: <= num_actual_tokens %d)",
                        fn, i + 1, q1, b->num_actual_tokens);
         if (sl < 0)
-            ATTN__META("%s: batch.seq_lens[%d] is %d (allowed: >= 0)", fn, i, sl);
+            return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.seq_lens[%d] is %d (allowed: >= 0)", fn, i, sl);
         if (ql > sl)
-            ATTN__META("%s: request %d has query_len %d > seq_lens[%d] %d (allowed: query_len <= "
+            return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: request %d has query_len %d > seq_lens[%d] %d (allowed: query_len <= "
                        "seq_len)", fn, i, ql, i, sl);
         nb = (int)(((int64_t)sl + m->built_for.block_size - 1) / m->built_for.block_size);
         if (nb > b->block_table_stride)
-            ATTN__META("%s: batch.seq_lens[%d] is %d, needing %d blocks of %d, but the block "
+            return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.seq_lens[%d] is %d, needing %d blocks of %d, but the block "
                        "table row holds %d (block_table_stride)", fn, i, sl, nb, m->built_for.block_size,
                        b->block_table_stride);
         for (k = 0; k < nb; k++) {
             int32_t id = b->block_table[(size_t)i * (size_t)b->block_table_stride + (size_t)k];
             if (id < 0 || id >= m->cap.num_blocks)
-                ATTN__META("%s: batch.block_table[%d][%d] is %d (allowed: 0..%lld, num_blocks - 1)",
+                return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.block_table[%d][%d] is %d (allowed: 0..%lld, num_blocks - 1)",
                            fn, i, k, id, (long long)m->cap.num_blocks - 1);
         }
         if (ql > max_q) max_q = ql;
         if (sl > max_s) max_s = sl;
     }
     if (b->query_start_loc[b->num_reqs] != b->num_actual_tokens)
-        ATTN__META("%s: batch.query_start_loc[num_reqs=%d] is %d but num_actual_tokens is %d "
+        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.query_start_loc[num_reqs=%d] is %d but num_actual_tokens is %d "
                    "(they must agree)", fn, b->num_reqs, b->query_start_loc[b->num_reqs],
                    b->num_actual_tokens);
     if (b->max_query_len != max_q)
-        ATTN__META("%s: batch.max_query_len is %d but the longest query is %d (they must agree)",
+        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.max_query_len is %d but the longest query is %d (they must agree)",
                    fn, b->max_query_len, max_q);
     if (b->max_seq_len != max_s)
-        ATTN__META("%s: batch.max_seq_len is %d but the longest sequence is %d (they must agree)",
+        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.max_seq_len is %d but the longest sequence is %d (they must agree)",
                    fn, b->max_seq_len, max_s);
     if (b->slot_mapping)
         for (i = 0; i < b->num_actual_tokens; i++) {
             int64_t s = b->slot_mapping[i];
             if (s < -1 || s >= num_slots)
-                ATTN__META("%s: batch.slot_mapping[%d] is %lld (allowed: -1 = padding, or "
+                return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.slot_mapping[%d] is %lld (allowed: -1 = padding, or "
                            "0..%lld = num_blocks * block_size - 1)", fn, i, (long long)s,
                            (long long)num_slots - 1);
         }
     if (common_prefix_len < 0 || common_prefix_len > max_s)
-        ATTN__META("%s: common_prefix_len is %d (allowed: 0..%d, max_seq_len)", fn,
+        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: common_prefix_len is %d (allowed: 0..%d, max_seq_len)", fn,
                    common_prefix_len, max_s);
     {
         attn_causal c = b->causal ? b->causal : m->built_for.causal;
@@ -2515,17 +2984,16 @@ static attn_status attn__batch_validate(attn_context *ctx, const attn_metadata *
                               "(allowed: ATTN_CAUSAL_DEFAULT or _YES)", fn, m->backend->name);
     }
     if (m->built_for.use_mla) { /* MLA batches list their decodes first */
-        int thr = m->cap.decode_threshold > 0 ? m->cap.decode_threshold : 1, first_prefill = -1;
+        int thr = m->cap.decode_threshold, first_prefill = -1;
         for (i = 0; i < b->num_reqs; i++) {
             int ql = b->query_start_loc[i + 1] - b->query_start_loc[i];
             if (ql > thr && first_prefill < 0) first_prefill = i;
             if (ql <= thr && first_prefill >= 0)
-                ATTN__META("%s: request %d (query_len %d) is a decode after the prefill request "
+                return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: request %d (query_len %d) is a decode after the prefill request "
                            "%d (allowed: decodes first; reorder with attn_reorder_batch)", fn, i,
                            ql, first_prefill);
         }
     }
-#undef ATTN__META
     return ATTN_OK;
 }
 
@@ -2534,8 +3002,8 @@ ATTN_API attn_status attn_metadata_build(attn_metadata *meta, int common_prefix_
     attn_context *ctx = meta ? meta->layer->ctx : NULL;
     attn_status st;
     int i;
-    ATTN__CHECK_PTR(ctx, meta, "attn_metadata_build");
-    ATTN__CHECK_PTR(ctx, batch, "attn_metadata_build");
+    if (!meta) return attn__null_arg(ctx, __func__, "meta");
+    if (!batch) return attn__null_arg(ctx, __func__, "batch");
     st = attn__batch_validate(ctx, meta, common_prefix_len, batch);
     if (st != ATTN_OK) return st;
     memcpy(meta->query_start_loc, batch->query_start_loc, ((size_t)batch->num_reqs + 1) * sizeof(int32_t));
@@ -2559,9 +3027,14 @@ ATTN_API attn_status attn_metadata_build(attn_metadata *meta, int common_prefix_
     if (!meta->batch.causal) meta->batch.causal = meta->layer->desc.causal;
     meta->common_prefix_len = common_prefix_len;
     meta->built = 0;
+    if (meta->built_for.use_mla) meta->mla = attn__mla_plan(meta, &meta->batch);
+    meta->planned = 1;
     if (meta->backend->build) {
-        st = meta->backend->build(meta->layer, meta, common_prefix_len, fast_build);
-        if (st != ATTN_OK) return st;
+        st = meta->backend->build(meta->backend, meta->layer, meta, common_prefix_len, fast_build);
+        if (st != ATTN_OK) {
+            meta->planned = 0;
+            return st;
+        }
     }
     meta->built = 1;
     return ATTN_OK;
@@ -2575,11 +3048,12 @@ ATTN_API attn_status attn_metadata_build(attn_metadata *meta, int common_prefix_
 static attn_status attn__check_kv_cache(attn_layer *layer, const char *fn, const attn_tensor *kv,
                                         int64_t expect_blocks) {
     int64_t shape[ATTN_MAX_DIMS];
-    int ndim = layer->backend->kv_cache_shape(&layer->desc, expect_blocks > 0 ? expect_blocks : 1, shape);
+    int ndim = layer->backend->kv_cache_shape(layer->backend, &layer->desc,
+                                              expect_blocks > 0 ? expect_blocks : 1, shape);
     attn_status st;
     if (expect_blocks <= 0) shape[0] = ATTN__AT_LEAST(1);
     st = attn__check_tensor(layer->ctx, fn, "kv_cache", kv, layer->desc.kv_cache_dtype, ndim, shape,
-                            layer->backend->needs_cuda ? ATTN_DEVICE_CUDA : ATTN_DEVICE_CPU);
+                            layer->backend->device);
     if (st != ATTN_OK) return st;
     if (kv->shape[0] < 1 || kv->shape[0] > ATTN__MAX_BLOCKS)
         return attn__fail(layer->ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
@@ -2592,7 +3066,8 @@ static attn_status attn__check_kv_cache(attn_layer *layer, const char *fn, const
     return ATTN_OK;
 }
 
-/* Copies token rows of key/value into the standard cache; inputs already validated. */
+/* Copies token rows of key/value into the standard cache; inputs already validated. (The
+   CPU backends' cache writes; >>cpu.) */
 static void attn__write_kv(const attn_layer *layer, const attn_tensor *k, const attn_tensor *v,
                            attn_tensor *kv, const int64_t *slots, int num_tokens) {
     const attn_layer_desc *d = &layer->desc;
@@ -2629,7 +3104,7 @@ static attn_status attn__check_kv_write(attn_layer *layer, const char *fn, const
                                         const attn_tensor *value, const attn_tensor *kv_cache,
                                         const int64_t *slots, int num_tokens) {
     const attn_layer_desc *d = &layer->desc;
-    attn_device_kind dev = layer->backend->needs_cuda ? ATTN_DEVICE_CUDA : ATTN_DEVICE_CPU;
+    attn_device_kind dev = layer->backend->device;
     int64_t shape[3];
     int64_t num_slots;
     attn_status st;
@@ -2651,15 +3126,16 @@ static attn_status attn__check_kv_write(attn_layer *layer, const char *fn, const
 
 ATTN_API attn_status attn_reshape_and_cache(attn_layer *layer, const attn_tensor *key,
                                             const attn_tensor *value, attn_tensor *kv_cache,
-                                            const int64_t *slot_mapping, int num_tokens) {
+                                            const int64_t *slot_mapping, int num_tokens,
+                                            void *stream) {
     attn_context *ctx = layer ? layer->ctx : NULL;
     const char *fn = "attn_reshape_and_cache";
     attn_status st;
-    ATTN__CHECK_PTR(ctx, layer, "attn_reshape_and_cache");
-    ATTN__CHECK_PTR(ctx, key, "attn_reshape_and_cache");
-    ATTN__CHECK_PTR(ctx, value, "attn_reshape_and_cache");
-    ATTN__CHECK_PTR(ctx, kv_cache, "attn_reshape_and_cache");
-    ATTN__CHECK_PTR(ctx, slot_mapping, "attn_reshape_and_cache");
+    if (!layer) return attn__null_arg(ctx, __func__, "layer");
+    if (!key) return attn__null_arg(ctx, __func__, "key");
+    if (!value) return attn__null_arg(ctx, __func__, "value");
+    if (!kv_cache) return attn__null_arg(ctx, __func__, "kv_cache");
+    if (!slot_mapping) return attn__null_arg(ctx, __func__, "slot_mapping");
     if (layer->desc.use_mla)
         return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_ARGUMENT,
                           "%s: the layer is MLA (its cache holds latents; use the MLA cache write)", fn);
@@ -2668,11 +3144,57 @@ ATTN_API attn_status attn_reshape_and_cache(attn_layer *layer, const attn_tensor
                           "%s: num_tokens is %d (allowed: >= 0)", fn, num_tokens);
     st = attn__check_kv_write(layer, fn, key, value, kv_cache, slot_mapping, num_tokens);
     if (st != ATTN_OK) return st;
-    if (layer->backend->needs_cuda)
-        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_ARGUMENT,
-                          "%s: device caches are written by the backend's forward", fn);
-    attn__write_kv(layer, key, value, kv_cache, slot_mapping, num_tokens);
+    return layer->backend->reshape_and_cache(layer->backend, layer, key, value, kv_cache,
+                                             slot_mapping, num_tokens, stream);
+}
+
+/* Validates kv_c/k_pe/cache/slots for a latent write of num_tokens rows. */
+static attn_status attn__check_latent_write(attn_layer *layer, const char *fn, const attn_tensor *kv_c,
+                                            const attn_tensor *k_pe, const attn_tensor *kv_cache,
+                                            const int64_t *slots, int num_tokens) {
+    const attn_layer_desc *d = &layer->desc;
+    int64_t shape[2], num_slots;
+    attn_status st;
+    int t;
+    shape[0] = ATTN__AT_LEAST(num_tokens); shape[1] = d->kv_lora_rank;
+    st = attn__check_tensor(layer->ctx, fn, "kv_c", kv_c, d->dtype, 2, shape, layer->backend->device);
+    shape[1] = d->qk_rope_head_dim;
+    if (st == ATTN_OK) st = attn__check_tensor(layer->ctx, fn, "k_pe", k_pe, d->dtype, 2, shape, layer->backend->device);
+    if (st == ATTN_OK) st = attn__check_kv_cache(layer, fn, kv_cache, 0);
+    if (st != ATTN_OK) return st;
+    num_slots = kv_cache->shape[0] * (int64_t)d->block_size;
+    for (t = 0; t < num_tokens; t++)
+        if (slots[t] < -1 || slots[t] >= num_slots)
+            return attn__fail(layer->ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                              "%s: slot_mapping[%d] is %lld (allowed: -1 = skip, or 0..%lld = "
+                              "num_blocks * block_size - 1)", fn, t, (long long)slots[t],
+                              (long long)num_slots - 1);
     return ATTN_OK;
+}
+
+ATTN_API attn_status attn_concat_and_cache_mla(attn_layer *layer, const attn_tensor *kv_c,
+                                               const attn_tensor *k_pe, attn_tensor *kv_cache,
+                                               const int64_t *slot_mapping, int num_tokens,
+                                               void *stream) {
+    attn_context *ctx = layer ? layer->ctx : NULL;
+    const char *fn = "attn_concat_and_cache_mla";
+    attn_status st;
+    if (!layer) return attn__null_arg(ctx, __func__, "layer");
+    if (!kv_c) return attn__null_arg(ctx, __func__, "kv_c");
+    if (!k_pe) return attn__null_arg(ctx, __func__, "k_pe");
+    if (!kv_cache) return attn__null_arg(ctx, __func__, "kv_cache");
+    if (!slot_mapping) return attn__null_arg(ctx, __func__, "slot_mapping");
+    if (!layer->desc.use_mla)
+        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_ARGUMENT,
+                          "%s: the layer is not MLA (allowed: use_mla = 1; standard layers use "
+                          "attn_reshape_and_cache)", fn);
+    if (num_tokens < 0)
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                          "%s: num_tokens is %d (allowed: >= 0)", fn, num_tokens);
+    st = attn__check_latent_write(layer, fn, kv_c, k_pe, kv_cache, slot_mapping, num_tokens);
+    if (st != ATTN_OK) return st;
+    return layer->backend->concat_and_cache_mla(layer->backend, layer, kv_c, k_pe, kv_cache,
+                                                slot_mapping, num_tokens, stream);
 }
 
 /* =======================================================================================
@@ -3221,12 +3743,12 @@ typedef struct attn__cpu_task {
     int head0, head1;             /* KV heads [head0, head1) */
     int tok0, tok1;               /* query tokens [tok0, tok1) of the request */
     int key0, key1;               /* key positions this task may see */
-    int slot;                     /* -1: writes the output; else partial-result slot */
+    int prow;                     /* -1: writes the output; else its first partial row */
     int64_t cost;
 } attn__cpu_task;
 
 typedef struct attn__cpu_merge {
-    int req, head0, head1, tok0, tok1, slot0, num_splits;
+    int req, head0, head1, tok0, tok1, row0, num_splits; /* split s: partial rows row0 + s*rows */
 } attn__cpu_merge;
 
 typedef struct attn__cpu_meta {
@@ -3236,10 +3758,13 @@ typedef struct attn__cpu_meta {
     int num_merges, merge_capacity;
     int rows_per_task;            /* most query rows a task holds */
     int tile_rows;                /* K/V rows a tile holds (heads x keys) */
-    int num_slots;
-    attn_mla_info mla;            /* MLA batches: the decode/prefill split */
-    float *partial;               /* num_slots x rows_per_task x (dp + 2) */
-    size_t partial_floats;
+    int partial_rows;             /* split-KV partial rows the current schedule uses */
+    int partial_capacity;         /* rows the partial buffer holds (fixed at create) */
+    float *partial;               /* partial_capacity rows of (dp + 2): O, m, l */
+    int partial_dp;               /* dp of a partial row */
+    size_t scratch_floats;        /* per-thread scratch every forward path needs */
+    float *workspace;             /* MLA: the fused call's latents and forward_mha's chunk */
+    size_t workspace_floats;
 } attn__cpu_meta;
 
 static int attn__cpu_dp(int head_size) { return (head_size + 15) / 16 * 16; }
@@ -3262,65 +3787,92 @@ static int attn__cpu_tile_keys(int heads) {
     return heads == 1 ? ATTN__CPU_NT : (n < 16 ? 16 : n);
 }
 
-static int attn__env_batch_invariant(const attn_context *ctx) {
-    return attn__env_bool(ctx, "ATTN_BATCH_INVARIANT", 0);
-}
-
 /* The private part of CPU metadata, allocated once at its fixed capacity. */
 #define ATTN__CPU_MAX_TASKS (1 << 26)
 #define ATTN__CPU_MAX_ROWS (1 << 20)
 
 static attn_status attn__cpu_meta_attach(attn_layer *layer, attn_metadata *meta, int64_t task_capacity,
                                          int merge_capacity, int64_t rows_per_task, int tile_rows,
-                                         attn__cpu_meta **out) {
+                                         int64_t partial_rows, int partial_dp, attn__cpu_meta **out) {
     attn__cpu_meta *cm = NULL;
-    if (task_capacity > ATTN__CPU_MAX_TASKS || rows_per_task > ATTN__CPU_MAX_ROWS)
+    if (task_capacity > ATTN__CPU_MAX_TASKS || rows_per_task > ATTN__CPU_MAX_ROWS ||
+        partial_rows > (int64_t)ATTN__CPU_MAX_TASKS * 16)
         return attn__fail(layer->ctx, ATTN_ERROR_CAPACITY, ATTN_LOG_INVALID_ARGUMENT,
                           "attn_metadata_create: the capacity asks for %lld tasks of up to %lld "
-                          "query rows (allowed: at most %d tasks and %d rows; lower max_num_reqs, "
-                          "max_num_tokens, num_kv_splits or decode_threshold)",
-                          (long long)task_capacity, (long long)rows_per_task, ATTN__CPU_MAX_TASKS,
-                          ATTN__CPU_MAX_ROWS);
+                          "query rows and %lld split-KV rows (allowed: at most %d tasks, %d rows "
+                          "and %d split rows; lower max_num_reqs, max_num_tokens, num_kv_splits "
+                          "or decode_threshold)", (long long)task_capacity, (long long)rows_per_task,
+                          (long long)partial_rows, ATTN__CPU_MAX_TASKS, ATTN__CPU_MAX_ROWS,
+                          ATTN__CPU_MAX_TASKS * 16);
     cm = (attn__cpu_meta *)attn__calloc(1, sizeof *cm);
     if (cm) {
         cm->task_capacity = (int)task_capacity;
         cm->merge_capacity = merge_capacity;
         cm->rows_per_task = (int)rows_per_task;
         cm->tile_rows = tile_rows;
+        cm->partial_capacity = (int)partial_rows;
+        cm->partial_dp = partial_dp;
         cm->tasks = (attn__cpu_task *)attn__calloc((size_t)task_capacity, sizeof *cm->tasks);
         cm->merges = (attn__cpu_merge *)attn__calloc((size_t)merge_capacity, sizeof *cm->merges);
+        cm->partial = (float *)attn__calloc((size_t)partial_rows * (size_t)(partial_dp + 2), sizeof(float));
     }
-    if (!cm || !cm->tasks || !cm->merges) {
-        if (cm) { attn__free(cm->tasks); attn__free(cm->merges); attn__free(cm); }
+    if (!cm || !cm->tasks || !cm->merges || (partial_rows && !cm->partial)) {
+        if (cm) { attn__free(cm->tasks); attn__free(cm->merges); attn__free(cm->partial); attn__free(cm); }
         return attn__fail(layer->ctx, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
-                          "attn_metadata_create: cannot allocate the CPU schedule (%lld tasks)",
-                          (long long)task_capacity);
+                          "attn_metadata_create: cannot allocate the CPU schedule (%lld tasks, "
+                          "%lld split-KV rows)", (long long)task_capacity, (long long)partial_rows);
     }
     attn_metadata_private_set(meta, cm);
     *out = cm;
     return ATTN_OK;
 }
 
-static attn_status attn__cpu_metadata_init(attn_layer *layer, attn_metadata *meta) {
+/* Reserves the per-thread scratch of every forward path now, so forward never allocates
+   (the context's scratch only grows). */
+static attn_status attn__cpu_meta_reserve(attn_layer *layer, attn_metadata *meta, attn__cpu_meta *cm,
+                                          size_t scratch_floats) {
+    attn_status st;
+    cm->scratch_floats = scratch_floats;
+    st = attn__scratch_reserve(layer->ctx, scratch_floats);
+    if (st != ATTN_OK) {
+        attn__free(cm->tasks); attn__free(cm->merges); attn__free(cm->partial); attn__free(cm);
+        attn_metadata_private_set(meta, NULL);
+    }
+    return st;
+}
+
+static size_t attn__cpu_scratch_floats(const attn__cpu_meta *cm, int dpk, int dpv);
+
+static attn_status attn__cpu_metadata_init(const attn_backend *self, attn_layer *layer, attn_metadata *meta) {
     const attn_layer_desc *d = &layer->desc;
+    const attn_metadata_desc *cap = attn_metadata_capacity(meta);
     int group = d->num_heads / d->num_kv_heads;
     int tt = attn__cpu_tile_tokens(group);
     int want = 4 * layer->ctx->num_threads;
     int64_t base = (int64_t)d->num_kv_heads *
-                   ((int64_t)meta->cap.max_num_tokens / tt + 1 + meta->cap.max_num_reqs);
+                   ((int64_t)cap->max_num_tokens / tt + 1 + cap->max_num_reqs);
+    int64_t rows = ATTN__MAX(tt * group, ATTN__CPU_ROWS);
     attn__cpu_meta *cm = NULL;
-    return attn__cpu_meta_attach(layer, meta, base + (int64_t)want * ATTN__CPU_MAX_SPLITS, want,
-                                 ATTN__MAX(tt * group, ATTN__CPU_ROWS),
-                                 ATTN__MAX(ATTN__CPU_NT, d->num_kv_heads * attn__cpu_tile_keys(d->num_kv_heads)),
-                                 &cm);
+    attn_status st;
+    (void)self;
+    /* splits happen only while the batch has fewer than `want` base tasks, and at most
+       ceil(want / base) per tile: fewer than 2 * want split tasks in all */
+    st = attn__cpu_meta_attach(layer, meta, base + (int64_t)want * ATTN__CPU_MAX_SPLITS, want, rows,
+                               ATTN__MAX(ATTN__CPU_NT, d->num_kv_heads * attn__cpu_tile_keys(d->num_kv_heads)),
+                               2 * (int64_t)want * rows, attn__cpu_dp(d->head_size), &cm);
+    if (st != ATTN_OK) return st;
+    return attn__cpu_meta_reserve(layer, meta, cm,
+                                  attn__cpu_scratch_floats(cm, attn__cpu_dp(d->head_size), attn__cpu_dp(d->head_size)));
 }
 
-static void attn__cpu_metadata_release(attn_metadata *meta) {
+static void attn__cpu_metadata_release(const attn_backend *self, attn_metadata *meta) {
     attn__cpu_meta *cm = (attn__cpu_meta *)attn_metadata_private(meta);
+    (void)self;
     if (!cm) return;
     attn__free(cm->tasks);
     attn__free(cm->merges);
     attn__free(cm->partial);
+    attn__free(cm->workspace);
     attn__free(cm);
     attn_metadata_private_set(meta, NULL);
 }
@@ -3334,21 +3886,16 @@ static void attn__visible_keys(const attn_layer_desc *d, int causal, int pos, in
     else *hi = w ? (int)ATTN__MIN((int64_t)seq_len, (int64_t)pos + w) : seq_len;
 }
 
-static int attn__cpu_task_cmp(const void *a, const void *b) {
-    int64_t ca = ((const attn__cpu_task *)a)->cost, cb = ((const attn__cpu_task *)b)->cost;
-    return ca > cb ? -1 : ca < cb ? 1 : 0;
-}
-
 /* Appends the tasks of one (request, KV heads, query tile): ns splits of the key range
    [lo, hi), and the merge that joins them when ns > 1. */
-static void attn__cpu_emit(attn__cpu_meta *cm, int *nt, int *nm, int *slots, int req, int h0,
-                           int h1, int t0, int t1, int lo, int hi, int ns) {
+static void attn__cpu_emit(attn__cpu_meta *cm, int *nt, int *nm, int *prow, int req, int h0,
+                           int h1, int t0, int t1, int lo, int hi, int ns, int rows) {
     int s;
     if (ns > 1) {
         attn__cpu_merge *mg = &cm->merges[(*nm)++];
         ATTN_ASSERT(*nm <= cm->merge_capacity);
         mg->req = req; mg->head0 = h0; mg->head1 = h1; mg->tok0 = t0; mg->tok1 = t1;
-        mg->slot0 = *slots; mg->num_splits = ns;
+        mg->row0 = *prow; mg->num_splits = ns;
     }
     for (s = 0; s < ns; s++) {
         attn__cpu_task *tk = &cm->tasks[(*nt)++];
@@ -3356,44 +3903,59 @@ static void attn__cpu_emit(attn__cpu_meta *cm, int *nt, int *nm, int *slots, int
         tk->req = req; tk->head0 = h0; tk->head1 = h1; tk->tok0 = t0; tk->tok1 = t1;
         tk->key0 = lo + (int)((int64_t)(hi - lo) * s / ns);
         tk->key1 = lo + (int)((int64_t)(hi - lo) * (s + 1) / ns);
-        tk->slot = ns > 1 ? (*slots)++ : -1;
+        tk->prow = -1;
+        if (ns > 1) {
+            tk->prow = *prow;
+            *prow += rows;
+            ATTN_ASSERT(*prow <= cm->partial_capacity);
+        }
         tk->cost = (int64_t)(tk->key1 - tk->key0 + 16) * (t1 - t0) * (h1 - h0);
     }
 }
 
-/* Sizes the split partials (rows x (dv padded + m + l) per slot; grown, never shrunk),
-   orders the tasks longest first and publishes the counts. */
-static attn_status attn__cpu_schedule_finish(attn_context *ctx, attn__cpu_meta *cm, int nt, int nm,
-                                             int slots, int dv) {
-    size_t need = (size_t)slots * (size_t)cm->rows_per_task * (size_t)(attn__cpu_dp(dv) + 2);
-    if (need > cm->partial_floats) {
-        float *p = (float *)attn__malloc(need * sizeof(float));
-        if (!p)
-            return attn__fail(ctx, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
-                              "attn_metadata_build: cannot allocate %zu bytes of split-KV partials",
-                              need * sizeof(float));
-        attn__free(cm->partial);
-        cm->partial = p;
-        cm->partial_floats = need;
+/* Heap sort by cost, longest first (qsort may allocate; build may not). */
+static void attn__cpu_sift(attn__cpu_task *t, int root, int n) {
+    for (;;) {
+        int c = 2 * root + 1;
+        attn__cpu_task tmp;
+        if (c >= n) return;
+        if (c + 1 < n && t[c + 1].cost < t[c].cost) c++;   /* min-heap: smallest to the end */
+        if (t[root].cost <= t[c].cost) return;
+        tmp = t[root]; t[root] = t[c]; t[c] = tmp;
+        root = c;
     }
-    qsort(cm->tasks, (size_t)nt, sizeof *cm->tasks, attn__cpu_task_cmp);
+}
+static void attn__cpu_sort_tasks(attn__cpu_task *t, int n) {
+    int i;
+    for (i = n / 2 - 1; i >= 0; i--) attn__cpu_sift(t, i, n);
+    for (i = n - 1; i > 0; i--) {
+        attn__cpu_task tmp = t[0];
+        t[0] = t[i]; t[i] = tmp;
+        attn__cpu_sift(t, 0, i);
+    }
+}
+
+/* Orders the tasks longest first and publishes the counts (partials were sized at create). */
+static attn_status attn__cpu_schedule_finish(attn__cpu_meta *cm, int nt, int nm, int prows) {
+    attn__cpu_sort_tasks(cm->tasks, nt);
     cm->num_tasks = nt;
     cm->num_merges = nm;
-    cm->num_slots = slots;
+    cm->partial_rows = prows;
     return ATTN_OK;
 }
 
 /* The schedule: tasks of (request, KV heads, query tile), split along the keys when the
    batch alone cannot keep the threads busy (never under ATTN_BATCH_INVARIANT=1). */
-static attn_status attn__cpu_build(attn_layer *layer, attn_metadata *meta, int common_prefix_len,
-                                   int fast_build) {
+static attn_status attn__cpu_build(const attn_backend *self, attn_layer *layer, attn_metadata *meta,
+                                   int common_prefix_len, int fast_build) {
     attn__cpu_meta *cm = (attn__cpu_meta *)attn_metadata_private(meta);
     const attn_batch *b = attn_metadata_batch(meta);
     const attn_layer_desc *d = &layer->desc;
     int group = d->num_heads / d->num_kv_heads, tt = attn__cpu_tile_tokens(group);
     int causal = b->causal == ATTN_CAUSAL_YES;
-    int want = 4 * layer->ctx->num_threads, base = 0, r, h, t0, nt = 0, nm = 0, slots = 0;
+    int want = 4 * layer->ctx->num_threads, base = 0, r, h, t0, nt = 0, nm = 0, prows = 0;
     int split;
+    (void)self;
     (void)common_prefix_len;
     (void)fast_build;
     for (r = 0; r < b->num_reqs; r++) {
@@ -3417,11 +3979,11 @@ static attn_status attn__cpu_build(attn_layer *layer, attn_metadata *meta, int c
                 if (ns < 2) ns = 1;
             }
             for (h = 0; h < d->num_kv_heads; h += all ? d->num_kv_heads : 1)
-                attn__cpu_emit(cm, &nt, &nm, &slots, r, h, all ? d->num_kv_heads : h + 1, t0, t1,
-                               lo, hi, ns);
+                attn__cpu_emit(cm, &nt, &nm, &prows, r, h, all ? d->num_kv_heads : h + 1, t0, t1,
+                               lo, hi, ns, (t1 - t0) * group * (all ? d->num_kv_heads : 1));
         }
     }
-    return attn__cpu_schedule_finish(layer->ctx, cm, nt, nm, slots, d->head_size);
+    return attn__cpu_schedule_finish(cm, nt, nm, prows);
 }
 
 /* What one parallel attention pass reads and writes: the effective layer view (for MLA
@@ -3462,15 +4024,15 @@ static void attn__cpu_row_owner(const attn_layer_desc *d, int head0, int tok0, i
 
 /* Writes normalised rows (or unnormalised partials) of one task. */
 static void attn__cpu_store_rows(const attn__cpu_run *a, int req, int head0, int head1,
-                                 int tok0, int tok1, int slot, const float *O, const float *m,
+                                 int tok0, int tok1, int prow, const float *O, const float *m,
                                  const float *l, float *tmp) {
     const attn_layer_desc *d = &a->d;
     int group = d->num_heads / d->num_kv_heads, dp = a->dpv;
     int rows = (tok1 - tok0) * group * (head1 - head0), i, x, tok, head;
     int qs = a->b->query_start_loc[req] - a->row0;
     size_t osz = attn_dtype_size(a->out.dtype);
-    if (slot >= 0) {
-        float *p = a->cm->partial + (size_t)slot * (size_t)a->cm->rows_per_task * (size_t)(dp + 2);
+    if (prow >= 0) {
+        float *p = a->cm->partial + (size_t)prow * (size_t)(dp + 2);
         for (i = 0; i < rows; i++) {
             memcpy(p + (size_t)i * (size_t)(dp + 2), O + (size_t)i * (size_t)dp, (size_t)dp * sizeof(float));
             p[(size_t)i * (size_t)(dp + 2) + (size_t)dp] = m[i];
@@ -3609,7 +4171,7 @@ static void attn__cpu_task_run(void *varg, int ti, int thread) {
                 attn__cpu_pv(Sh, ATTN__CPU_NT, per_head, Vh, ldv, n, dpv, O + (size_t)r0 * (size_t)dpv, alpha + r0);
         }
     }
-    attn__cpu_store_rows(a, tk->req, tk->head0, tk->head1, tk->tok0, tk->tok1, tk->slot, O, m, l, tmp);
+    attn__cpu_store_rows(a, tk->req, tk->head0, tk->head1, tk->tok0, tk->tok1, tk->prow, O, m, l, tmp);
 }
 
 /* Merges the split-KV partials of one (request, KV heads, tile) by their LSEs: the
@@ -3620,18 +4182,18 @@ static void attn__cpu_merge_run(void *varg, int mi, int thread) {
     const attn_layer_desc *d = &a->d;
     int group = d->num_heads / d->num_kv_heads, dp = a->dpv;
     int rows = (mg->tok1 - mg->tok0) * group * (mg->head1 - mg->head0), i, s, x;
-    size_t stride = (size_t)a->cm->rows_per_task * (size_t)(dp + 2);
+    size_t stride = (size_t)rows * (size_t)(dp + 2);            /* one split's rows */
     float *O = (float *)(void *)(((uintptr_t)a->ctx->scratch[thread] + 63) & ~(uintptr_t)63);
     float *mrow = O + (size_t)rows * (size_t)dp, *lrow = mrow + rows, *tmp = lrow + rows;
     for (i = 0; i < rows; i++) {
         float mx = -INFINITY, lsum = 0.0f;
         for (s = 0; s < mg->num_splits; s++) {
-            const float *p = a->cm->partial + (size_t)(mg->slot0 + s) * stride + (size_t)i * (size_t)(dp + 2);
+            const float *p = a->cm->partial + (size_t)mg->row0 * (size_t)(dp + 2) + (size_t)s * stride + (size_t)i * (size_t)(dp + 2);
             if (p[dp + 1] > 0.0f && p[dp] > mx) mx = p[dp];
         }
         for (x = 0; x < dp; x++) O[(size_t)i * (size_t)dp + x] = 0.0f;
         for (s = 0; s < mg->num_splits && mx > -INFINITY; s++) {
-            const float *p = a->cm->partial + (size_t)(mg->slot0 + s) * stride + (size_t)i * (size_t)(dp + 2);
+            const float *p = a->cm->partial + (size_t)mg->row0 * (size_t)(dp + 2) + (size_t)s * stride + (size_t)i * (size_t)(dp + 2);
             float w;
             if (!(p[dp + 1] > 0.0f)) continue;
             w = exp2f(p[dp] - mx);
@@ -3646,20 +4208,21 @@ static void attn__cpu_merge_run(void *varg, int mi, int thread) {
 
 /* Runs a schedule: stage 1 (tasks), then stage 2 (merges of split partials). */
 static attn_status attn__cpu_execute(attn__cpu_run *a) {
-    attn_status st = attn__scratch_reserve(a->ctx, attn__cpu_scratch_floats(a->cm, a->dpk, a->dpv));
+    attn_status st = attn__scratch_reserve(a->ctx, a->cm->scratch_floats); /* reserved at create */
     if (st != ATTN_OK) return st;
     attn__pool_run(a->ctx->pool, attn__cpu_task_run, a, a->cm->num_tasks);
     if (a->cm->num_merges) attn__pool_run(a->ctx->pool, attn__cpu_merge_run, a, a->cm->num_merges);
     return ATTN_OK;
 }
 
-static attn_status attn__cpu_forward(attn_layer *layer, const attn_metadata *meta,
+static attn_status attn__cpu_forward(const attn_backend *self, attn_layer *layer, const attn_metadata *meta,
                                      const attn_tensor *q, const attn_tensor *k,
                                      const attn_tensor *v, attn_tensor *kv_cache,
                                      attn_tensor *out, attn_tensor *lse, void *stream) {
     attn__cpu_run a;
     const attn_layer_desc *d = &layer->desc;
     attn_status st;
+    (void)self;
     (void)stream;
     memset(&a, 0, sizeof a);
     a.ctx = layer->ctx;
@@ -3678,17 +4241,77 @@ static attn_status attn__cpu_forward(attn_layer *layer, const attn_metadata *met
     a.q = attn__tensor_resolved(q);
     a.out = attn__tensor_resolved(out);
     if (lse) { a.lse = attn__tensor_resolved(lse); a.has_lse = 1; }
-    /* reserve before the cache write, so running out of memory changes nothing
-       (attn__cpu_execute's own reservation is then a no-op) */
-    st = attn__scratch_reserve(layer->ctx, attn__cpu_scratch_floats(a.cm, a.dpk, a.dpv));
+    /* the scratch was reserved at metadata create; this only allocates when the metadata
+       came from another context. Before the cache write, so a failure changes nothing. */
+    st = attn__scratch_reserve(layer->ctx, a.cm->scratch_floats);
     if (st != ATTN_OK) return st;
     if (k && v)
         attn__write_kv(layer, k, v, kv_cache, a.b->slot_mapping, a.b->num_actual_tokens);
     return attn__cpu_execute(&a);
 }
 
-static int attn__std_kv_cache_shape(const attn_layer_desc *d, int64_t num_blocks,
-                                    int64_t shape[ATTN_MAX_DIMS]) {
+static attn_status attn__cpu_reshape_and_cache(const attn_backend *self, attn_layer *layer,
+                                               const attn_tensor *key, const attn_tensor *value,
+                                               attn_tensor *kv_cache, const int64_t *slot_mapping,
+                                               int num_tokens, void *stream) {
+    (void)self; (void)stream;
+    attn__write_kv(layer, key, value, kv_cache, slot_mapping, num_tokens);
+    return ATTN_OK;
+}
+
+/* The LSE merge on the CPU, element by element (no buffer): weights from the two LSEs
+   (base e), an empty side (-inf, or +inf/NaN as some kernels report it) contributes
+   nothing whatever its output holds. out may alias out_a or out_b. */
+static attn_status attn__cpu_merge_attn_states(const attn_backend *self, attn_context *ctx,
+                                               const attn_tensor *out_a, const attn_tensor *lse_a,
+                                               attn_lse_base base_a, const attn_tensor *out_b,
+                                               const attn_tensor *lse_b, attn_lse_base base_b,
+                                               attn_tensor *out, attn_tensor *lse,
+                                               attn_lse_base base_out, void *stream) {
+    attn_tensor oa = attn__tensor_resolved(out_a), ob = attn__tensor_resolved(out_b);
+    attn_tensor oo = attn__tensor_resolved(out), la = attn__tensor_resolved(lse_a);
+    attn_tensor lb = attn__tensor_resolved(lse_b), lo = lse ? attn__tensor_resolved(lse) : la;
+    int64_t t, h, T = oa.shape[0], H = oa.shape[1];
+    int D = (int)oa.shape[2], x;
+    size_t esz = attn_dtype_size(oa.dtype);
+    (void)self; (void)ctx; (void)stream;
+    for (t = 0; t < T; t++)
+        for (h = 0; h < H; h++) {
+            float a = ((const float *)la.data)[t * la.strides[0] + h * la.strides[1]];
+            float b = ((const float *)lb.data)[t * lb.strides[0] + h * lb.strides[1]];
+            const char *pa = (const char *)oa.data + (size_t)(t * oa.strides[0] + h * oa.strides[1]) * esz;
+            const char *pb = (const char *)ob.data + (size_t)(t * ob.strides[0] + h * ob.strides[1]) * esz;
+            char *po = (char *)oo.data + (size_t)(t * oo.strides[0] + h * oo.strides[1]) * esz;
+            float m, wa, wb, inv, l;
+            if (base_a == ATTN_LSE_BASE_2) a *= ATTN__LN2;
+            if (base_b == ATTN_LSE_BASE_2) b *= ATTN__LN2;
+            if (!(a < INFINITY)) a = -INFINITY;
+            if (!(b < INFINITY)) b = -INFINITY;
+            m = a > b ? a : b;
+            if (m == -INFINITY) { /* both empty */
+                for (x = 0; x < D; x++) attn__store_elem(po, oo.dtype, x, 0.0f);
+                l = -INFINITY;
+            } else {
+                wa = a == -INFINITY ? 0.0f : expf(a - m);
+                wb = b == -INFINITY ? 0.0f : expf(b - m);
+                inv = 1.0f / (wa + wb);
+                for (x = 0; x < D; x++) { /* both loads before the store: out may alias */
+                    float va = wa > 0.0f ? wa * attn__load_elem(pa, oa.dtype, x) : 0.0f;
+                    float vb = wb > 0.0f ? wb * attn__load_elem(pb, ob.dtype, x) : 0.0f;
+                    attn__store_elem(po, oo.dtype, x, (va + vb) * inv);
+                }
+                l = m + logf(wa + wb);
+            }
+            if (lse)
+                ((float *)lo.data)[t * lo.strides[0] + h * lo.strides[1]] =
+                    base_out == ATTN_LSE_BASE_2 ? l * ATTN__LOG2E : l;
+        }
+    return ATTN_OK;
+}
+
+static int attn__std_kv_cache_shape(const attn_backend *self, const attn_layer_desc *d,
+                                    int64_t num_blocks, int64_t shape[ATTN_MAX_DIMS]) {
+    (void)self;
     shape[0] = num_blocks;
     shape[1] = 2;
     shape[2] = d->block_size;
@@ -3700,22 +4323,26 @@ static int attn__std_kv_cache_shape(const attn_layer_desc *d, int64_t num_blocks
 static const attn_backend attn__cpu_backend = {
     "CPU",                    /* name */
     ATTN_BACKEND_CPU,         /* id */
+    ATTN_DEVICE_CPU,          /* device */
     ATTN_DTYPE_BIT(ATTN_DTYPE_F32) | ATTN_DTYPE_BIT(ATTN_DTYPE_F16) | ATTN_DTYPE_BIT(ATTN_DTYPE_BF16),
     ATTN_DTYPE_BIT(ATTN_DTYPE_F32) | ATTN_DTYPE_BIT(ATTN_DTYPE_F16) | ATTN_DTYPE_BIT(ATTN_DTYPE_BF16),
     8, 512, 8,                /* head sizes: multiples of 8 from 8 to 512 */
     16, 0,                    /* block sizes: any multiple of 16 */
     1, 1, 1, 1,               /* non-causal, sliding window, soft cap, ALiBi */
     0,                        /* is_mla */
-    0,                        /* needs_cuda */
-    ATTN_CUDA_GRAPH_NEVER,
-    1, ATTN_LSE_BASE_E,       /* returns LSE, base e */
+    ATTN_CUDA_GRAPH_NEVER,    /* no graphs on the CPU */
+    1, ATTN_LSE_BASE_E,       /* returns LSE; its kernels work in base 2 and convert */
     NULL,                     /* check */
+    NULL, NULL,               /* context_init/release: the context's threads suffice */
+    NULL, NULL,               /* layer_init/release: nothing compiled per layer */
     attn__std_kv_cache_shape,
     attn__cpu_metadata_init,
     attn__cpu_metadata_release,
     attn__cpu_build,
     attn__cpu_forward,
-    NULL, NULL                /* forward_mqa, forward_mha: standard backend */
+    attn__cpu_reshape_and_cache,
+    NULL, NULL, NULL, NULL,   /* MLA entry points: standard backend */
+    attn__cpu_merge_attn_states
 };
 
 /* =======================================================================================
@@ -3726,57 +4353,9 @@ static const attn_backend attn__cpu_backend = {
    public LSE merge. Projections use the same register-blocked kernels as a GEMM.
    ======================================================================================= */
 
-/* Bytes forward_mha may spend on up-projected K/V of one chunk of keys. */
-#ifndef ATTN_MLA_WORKSPACE_BYTES
-#define ATTN_MLA_WORKSPACE_BYTES (64u << 20)
-#endif
-
-ATTN_API int attn_mla_num_kv_splits(int max_seq_len, int parallelism, int batch_invariant) {
-    int n = max_seq_len / 512 + (max_seq_len % 512 > 0);
-    if (batch_invariant || n < 1) return 1;
-    if (parallelism < 1) parallelism = 1;
-    return n < parallelism ? n : parallelism;
-}
-
-ATTN_API attn_status attn_reorder_batch(const int32_t *query_lens, int num_reqs,
-                                        int decode_threshold, int32_t *perm, int *num_decodes,
-                                        int *num_swaps) {
-    int i, j, swaps = 0, nd = 0;
-    const char *fn = "attn_reorder_batch";
-    ATTN__CHECK_PTR(NULL, num_decodes, "attn_reorder_batch");
-    if (num_reqs < 0)
-        return attn__fail(NULL, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
-                          "%s: num_reqs is %d (allowed: >= 0)", fn, num_reqs);
-    if (num_reqs > 0) {
-        ATTN__CHECK_PTR(NULL, query_lens, "attn_reorder_batch");
-        ATTN__CHECK_PTR(NULL, perm, "attn_reorder_batch");
-    }
-    if (decode_threshold < 0)
-        return attn__fail(NULL, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
-                          "%s: decode_threshold is %d (allowed: 0 = 1, or >= 1)", fn, decode_threshold);
-    if (!decode_threshold) decode_threshold = 1;
-    for (i = 0; i < num_reqs; i++)
-        if (query_lens[i] < 0)
-            return attn__fail(NULL, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
-                              "%s: query_lens[%d] is %d (allowed: >= 0)", fn, i, query_lens[i]);
-    for (i = 0; i < num_reqs; i++) perm[i] = i;
-    i = 0;
-    j = num_reqs - 1;
-    for (;;) {
-        while (i < num_reqs && query_lens[perm[i]] <= decode_threshold) i++;
-        while (j >= 0 && query_lens[perm[j]] > decode_threshold) j--;
-        if (i >= j) break;
-        { int32_t t = perm[i]; perm[i] = perm[j]; perm[j] = t; }
-        swaps++;
-    }
-    for (i = 0; i < num_reqs; i++) nd += query_lens[i] <= decode_threshold;
-    *num_decodes = nd;
-    if (num_swaps) *num_swaps = swaps;
-    return ATTN_OK;
-}
-
-static int attn__mla_kv_cache_shape(const attn_layer_desc *d, int64_t num_blocks,
-                                    int64_t shape[ATTN_MAX_DIMS]) {
+static int attn__mla_kv_cache_shape(const attn_backend *self, const attn_layer_desc *d,
+                                    int64_t num_blocks, int64_t shape[ATTN_MAX_DIMS]) {
+    (void)self;
     shape[0] = num_blocks;
     shape[1] = d->block_size;
     shape[2] = d->head_size;
@@ -3800,70 +4379,118 @@ static int attn__mla_check(const attn_backend *self, const attn_layer_desc *d,
     return 0;
 }
 
-static attn_status attn__mla_metadata_init(attn_layer *layer, attn_metadata *meta) {
-    const attn_layer_desc *d = &layer->desc;
-    /* the most splits any batch this metadata can describe will get: the same function
-       the build uses, at the longest sequence the block table allows */
-    int splits = meta->cap.num_kv_splits > 0
-                     ? meta->cap.num_kv_splits
-                     : attn_mla_num_kv_splits((int)ATTN__MIN((int64_t)INT32_MAX, (int64_t)meta->cap.max_blocks_per_req * d->block_size),
-                                              layer->ctx->num_threads, 0);
-    int thr = meta->cap.decode_threshold > 0 ? meta->cap.decode_threshold : 1;
-    int64_t per_key = (int64_t)d->num_heads * (attn__cpu_dp(d->qk_nope_head_dim + d->qk_rope_head_dim) +
-                                              attn__cpu_dp(d->v_head_dim)) * 4;
-    attn__cpu_meta *cm = NULL;
-    attn_status st = attn__cpu_meta_attach(layer, meta, (int64_t)meta->cap.max_num_reqs * splits,
-                                           meta->cap.max_num_reqs, (int64_t)thr * d->num_heads,
-                                           ATTN__CPU_NT, &cm);
-    if (st != ATTN_OK) return st;
-    /* keys up-projected per forward_mha pass: ATTN_MLA_WORKSPACE_BYTES of K and V */
-    cm->mla.prefill_chunk = (int)ATTN__MIN(4096, ATTN__MAX(64, (int64_t)ATTN_MLA_WORKSPACE_BYTES / per_key / 64 * 64));
-    return ATTN_OK;
+#define ATTN__MHA_TILE 32
+
+/* The MLA workspace of one metadata: forward_mha's chunk (latents, up-projected K/V, the
+   running outputs of a group of queries) and the fused call's latent query/output. The
+   fused call runs its decodes before its prefills, so the two phases share the memory.
+   One layout sizes (base NULL) and carves; returns the floats it needs. */
+typedef struct attn__mla_ws {
+    float *latc, *latpe, *kw, *vw, *state; /* forward_mha */
+    float *ql, *ol;                        /* fused decode: [decode tokens][H][R] each */
+    int chunk;                             /* keys up-projected per pass */
+    int group;                             /* query tokens whose running state fits */
+} attn__mla_ws;
+
+static float *attn__carve(float *base, size_t *used, size_t floats) {
+    float *p = base ? base + *used : NULL;
+    *used += (floats + 15) / 16 * 16; /* 64-byte aligned pieces */
+    return p;
 }
 
-/* Decodes first (the batch must be reordered), then the split-KV schedule of the decodes:
-   every decode request gets num_kv_splits tasks over its keys, merged by LSE. */
-static attn_status attn__mla_build(attn_layer *layer, attn_metadata *meta, int common_prefix_len,
-                                   int fast_build) {
+static int attn__mla_decode_token_capacity(const attn_metadata_desc *cap) {
+    return (int)ATTN__MIN((int64_t)cap->max_num_tokens, (int64_t)cap->max_num_reqs * cap->decode_threshold);
+}
+
+static size_t attn__mla_ws_layout(const attn_layer_desc *d, const attn_metadata_desc *cap, float *base,
+                                  attn__mla_ws *w) {
+    size_t H = (size_t)d->num_heads, R = (size_t)d->kv_lora_rank, P = (size_t)d->qk_rope_head_dim;
+    size_t dpk = (size_t)attn__cpu_dp(d->qk_nope_head_dim + d->qk_rope_head_dim);
+    size_t dpv = (size_t)attn__cpu_dp(d->v_head_dim), pre = 0, dec = 0, td;
+    int64_t group = cap->workspace_bytes / (int64_t)(H * (dpv + 1) * 4);
+    group = ATTN__MIN(group, (int64_t)cap->max_num_tokens + ATTN__MHA_TILE - 1) / ATTN__MHA_TILE * ATTN__MHA_TILE;
+    w->chunk = attn__mla_prefill_chunk(d, cap->workspace_bytes);
+    w->group = (int)ATTN__MAX(ATTN__MHA_TILE, group);
+    w->latc = attn__carve(base, &pre, (size_t)w->chunk * R);
+    w->latpe = attn__carve(base, &pre, (size_t)w->chunk * P);
+    w->kw = attn__carve(base, &pre, H * (size_t)w->chunk * dpk);
+    w->vw = attn__carve(base, &pre, H * (size_t)w->chunk * dpv);
+    w->state = attn__carve(base, &pre, (size_t)w->group * H * (dpv + 1));
+    td = (size_t)attn__mla_decode_token_capacity(cap);
+    w->ql = attn__carve(base, &dec, td * H * R);
+    w->ol = attn__carve(base, &dec, td * H * R);
+    return ATTN__MAX(pre, dec);
+}
+
+/* Per-thread scratch of forward_mha's two kinds of task and of the fused projections. */
+static size_t attn__mla_scratch_floats(const attn_layer_desc *d, int decode_tokens) {
+    size_t R = (size_t)d->kv_lora_rank, N = (size_t)d->qk_nope_head_dim, td = (size_t)decode_tokens;
+    size_t dpk = (size_t)attn__cpu_dp(d->qk_nope_head_dim + d->qk_rope_head_dim);
+    size_t dpv = (size_t)attn__cpu_dp(d->v_head_dim);
+    size_t mha = ATTN__MAX(N * R + R * dpv, (size_t)ATTN__MHA_TILE * (dpk + dpv + ATTN__CPU_NT + 3));
+    size_t proj = ATTN__MAX(N * R + td * (N + R), R * dpv + td * (R + dpv));
+    return ATTN__MAX(mha, proj) + 64;
+}
+
+static attn_status attn__mla_metadata_init(const attn_backend *self, attn_layer *layer, attn_metadata *meta) {
+    const attn_layer_desc *d = &layer->desc;
+    const attn_metadata_desc *cap = attn_metadata_capacity(meta);
+    int splits = cap->num_kv_splits; /* the most any batch of this capacity gets */
+    int64_t td = attn__mla_decode_token_capacity(cap);
+    attn__cpu_meta *cm = NULL;
+    attn__mla_ws ws;
+    size_t scratch;
+    attn_status st;
+    (void)self;
+    st = attn__cpu_meta_attach(layer, meta, (int64_t)cap->max_num_reqs * splits, cap->max_num_reqs,
+                               (int64_t)cap->decode_threshold * d->num_heads, ATTN__CPU_NT,
+                               splits > 1 ? td * d->num_heads * splits : 0, attn__cpu_dp(d->kv_lora_rank), &cm);
+    if (st != ATTN_OK) return st;
+    cm->workspace_floats = attn__mla_ws_layout(d, cap, NULL, &ws);
+    cm->workspace = (float *)attn__malloc(cm->workspace_floats * sizeof(float) + 64);
+    if (!cm->workspace) {
+        size_t bytes = cm->workspace_floats * sizeof(float);
+        attn__cpu_metadata_release(self, meta);
+        return attn__fail(layer->ctx, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
+                          "attn_metadata_create: cannot allocate the MLA workspace (%zu bytes; "
+                          "desc.workspace_bytes bounds it)", bytes);
+    }
+    scratch = ATTN__MAX(attn__cpu_scratch_floats(cm, attn__cpu_dp(d->head_size), attn__cpu_dp(d->kv_lora_rank)),
+                        attn__mla_scratch_floats(d, (int)td));
+    return attn__cpu_meta_reserve(layer, meta, cm, scratch);
+}
+
+/* The split-KV schedule of the decodes (the batch lists them first): every decode request
+   gets num_kv_splits tasks over its keys, merged by LSE. */
+static attn_status attn__mla_build(const attn_backend *self, attn_layer *layer, attn_metadata *meta,
+                                   int common_prefix_len, int fast_build) {
     attn__cpu_meta *cm = (attn__cpu_meta *)attn_metadata_private(meta);
     const attn_batch *b = attn_metadata_batch(meta);
-    int thr = meta->cap.decode_threshold > 0 ? meta->cap.decode_threshold : 1;
-    int nd = 0, r, nt = 0, nm = 0, slots = 0, max_dec = 0, ns;
     attn_mla_info info;
+    int r, nt = 0, nm = 0, prows = 0;
     attn_status st;
+    (void)self;
     (void)common_prefix_len;
     (void)fast_build;
-    /* validation has checked the decodes-first order */
-    while (nd < b->num_reqs && b->query_start_loc[nd + 1] - b->query_start_loc[nd] <= thr) nd++;
-    for (r = 0; r < nd; r++) max_dec = ATTN__MAX(max_dec, b->seq_lens[r]);
-    ns = meta->cap.num_kv_splits > 0 ? meta->cap.num_kv_splits
-                                     : attn_mla_num_kv_splits(max_dec, layer->ctx->num_threads,
-                                                              attn__env_batch_invariant(layer->ctx));
     memset(&info, 0, sizeof info);
-    info.num_decodes = nd;
-    info.num_decode_tokens = b->query_start_loc[nd];
-    info.num_prefills = b->num_reqs - nd;
-    info.num_prefill_tokens = b->num_actual_tokens - info.num_decode_tokens;
-    info.num_kv_splits = ns;
-    info.prefill_chunk = cm->mla.prefill_chunk;
-    for (r = 0; r < nd; r++) {
-        int ql = b->query_start_loc[r + 1] - b->query_start_loc[r], sl = b->seq_lens[r];
-        int lo = 0, hi = sl;
-        if (ql == 0) continue;
-        attn__cpu_emit(cm, &nt, &nm, &slots, r, 0, 1, 0, ql, lo, hi, ns);
-    }
-    st = attn__cpu_schedule_finish(layer->ctx, cm, nt, nm, slots, layer->desc.kv_lora_rank);
+    st = attn_metadata_mla_info(meta, &info);
     if (st != ATTN_OK) return st;
-    cm->mla = info;
-    return ATTN_OK;
+    for (r = 0; r < info.num_decodes; r++) {
+        int ql = b->query_start_loc[r + 1] - b->query_start_loc[r];
+        if (ql == 0) continue;
+        attn__cpu_emit(cm, &nt, &nm, &prows, r, 0, 1, 0, ql, 0, b->seq_lens[r], info.num_kv_splits,
+                       ql * layer->desc.num_heads);
+    }
+    return attn__cpu_schedule_finish(cm, nt, nm, prows);
 }
 
-static attn_status attn__mla_cpu_forward_mqa(attn_layer *layer, const attn_metadata *meta,
-                                             const attn_tensor *q, const attn_tensor *q_pe,
-                                             const attn_tensor *kv_cache, attn_tensor *out_latent,
-                                             attn_tensor *lse, void *stream) {
+static attn_status attn__mla_cpu_forward_mqa(const attn_backend *self, attn_layer *layer,
+                                             const attn_metadata *meta, const attn_tensor *q,
+                                             const attn_tensor *q_pe, const attn_tensor *kv_cache,
+                                             attn_tensor *out_latent, attn_tensor *lse, void *stream) {
     const attn_layer_desc *d = &layer->desc;
     attn__cpu_run a;
+    (void)self;
     (void)stream;
     memset(&a, 0, sizeof a);
     a.ctx = layer->ctx;
@@ -3944,10 +4571,9 @@ typedef struct attn__mha_run {
     int row0;                      /* batch token of q row 0 */
     float *state;                  /* per prefill row (token-major, head-minor): [dpv + 1] */
     int state_row0;                /* batch token of state row 0 */
-    int ntiles;                    /* query tiles of the request per head */
+    int g0, gq;                    /* the group of the request's queries: [g0, g0 + gq) */
+    int ntiles;                    /* query tiles of the group per head */
 } attn__mha_run;
-
-#define ATTN__MHA_TILE 32
 
 /* Up-projects the chunk for one head: K = [lat . W_UK[h]^T | k_pe], V = lat . W_UV[h]. */
 static void attn__mha_project(void *varg, int h, int thread) {
@@ -3980,7 +4606,8 @@ static void attn__mha_attend(void *varg, int task, int thread) {
     int H = d->num_heads, h = task / a->ntiles, tile = task % a->ntiles;
     int dk = d->qk_nope_head_dim + d->qk_rope_head_dim, Vd = d->v_head_dim;
     int q0 = b->query_start_loc[a->req], ql = b->query_start_loc[a->req + 1] - q0;
-    int sl = b->seq_lens[a->req], t0 = tile * ATTN__MHA_TILE, t1 = ATTN__MIN(ql, t0 + ATTN__MHA_TILE);
+    int sl = b->seq_lens[a->req], t0 = a->g0 + tile * ATTN__MHA_TILE;
+    int t1 = ATTN__MIN(a->g0 + a->gq, t0 + ATTN__MHA_TILE);
     int rows = t1 - t0, i, j, j0, n;
     float *base = (float *)(void *)(((uintptr_t)a->layer->ctx->scratch[thread] + 63) & ~(uintptr_t)63);
     float *Q = base, *O = Q + (size_t)ATTN__MHA_TILE * (size_t)a->dpk;
@@ -4035,7 +4662,10 @@ static void attn__mha_attend(void *varg, int task, int thread) {
 }
 
 /* Prefill of the batch's prefill requests; q rows start at batch token row0. Output rows
-   and lse are written for batch tokens from the first prefill token. */
+   and lse are written for batch tokens from the first prefill token. A request's queries
+   go in groups whose running outputs fit the workspace; each group walks the chunks of
+   keys it can see (a group past the first re-projects them: only for prefills longer
+   than attn__mla_ws.group tokens). */
 static attn_status attn__mla_mha(attn_layer *layer, const attn_metadata *meta, const attn_tensor *q,
                                  const attn_tensor *q2, int q_split, int row0,
                                  const attn_tensor *kv_cache, const attn_tensor *w_uk,
@@ -4045,19 +4675,24 @@ static attn_status attn__mla_mha(attn_layer *layer, const attn_metadata *meta, c
     const attn__cpu_meta *cm = (const attn__cpu_meta *)attn_metadata_private(meta);
     const attn_batch *b = attn_metadata_batch(meta);
     int H = d->num_heads, R = d->kv_lora_rank, P = d->qk_rope_head_dim, LD = R + P;
-    int nd = cm->mla.num_decodes, tp = cm->mla.num_prefill_tokens, first = cm->mla.num_decode_tokens;
-    int chunk = cm->mla.prefill_chunk, r, i;
+    attn_mla_info info;
+    attn__mla_ws ws;
     attn__mha_run a;
     attn_tensor o = attn__tensor_resolved(out), ls;
-    attn_status st = ATTN_OK;
-    float *latc = NULL, *latpe = NULL, *kw = NULL, *vw = NULL, *state = NULL;
+    attn_status st;
+    memset(&info, 0, sizeof info);
+    st = attn_metadata_mla_info(meta, &info);
     size_t csz = attn_dtype_size(d->kv_cache_dtype), osz = attn_dtype_size(o.dtype);
-    size_t scratch;
-    if (tp <= 0) return ATTN_OK;
+    int r, i;
+    if (st != ATTN_OK || info.num_prefill_tokens <= 0) return st;
+    attn__mla_ws_layout(d, attn_metadata_capacity(meta),
+                        (float *)(void *)(((uintptr_t)cm->workspace + 63) & ~(uintptr_t)63), &ws);
+    st = attn__scratch_reserve(layer->ctx, cm->scratch_floats); /* reserved at create */
+    if (st != ATTN_OK) return st;
     memset(&a, 0, sizeof a);
     a.layer = layer;
     a.b = b;
-    a.chunk = chunk;
+    a.chunk = ws.chunk;
     a.dpk = attn__cpu_dp(d->qk_nope_head_dim + P);
     a.dpv = attn__cpu_dp(d->v_head_dim);
     a.w_uk = w_uk;
@@ -4065,167 +4700,73 @@ static attn_status attn__mla_mha(attn_layer *layer, const attn_metadata *meta, c
     a.q = attn__tensor_resolved(q);
     if (q2) { a.q2 = attn__tensor_resolved(q2); a.q_split = q_split; }
     a.row0 = row0;
-    a.state_row0 = first;
-    scratch = ATTN__MAX((size_t)d->qk_nope_head_dim * (size_t)R + (size_t)R * (size_t)a.dpv + 64,
-                        (size_t)ATTN__MHA_TILE * (size_t)(a.dpk + a.dpv + ATTN__CPU_NT + 3) + 64);
-    st = attn__scratch_reserve(layer->ctx, scratch);
-    if (st != ATTN_OK) return st;
-    latc = (float *)attn__malloc((size_t)chunk * (size_t)R * sizeof(float));
-    latpe = (float *)attn__malloc((size_t)chunk * (size_t)P * sizeof(float));
-    kw = (float *)attn__malloc((size_t)H * (size_t)chunk * (size_t)a.dpk * sizeof(float));
-    vw = (float *)attn__malloc((size_t)H * (size_t)chunk * (size_t)a.dpv * sizeof(float));
-    state = (float *)attn__malloc((size_t)tp * (size_t)H * (size_t)(a.dpv + 1) * sizeof(float));
-    if (!latc || !latpe || !kw || !vw || !state) {
-        st = attn__fail(layer->ctx, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
-                        "forward_mha: cannot allocate the %d-key workspace", chunk);
-        goto done;
-    }
-    for (i = 0; i < tp * H; i++) {
-        float *sr = state + (size_t)i * (size_t)(a.dpv + 1);
-        memset(sr, 0, (size_t)a.dpv * sizeof(float));
-        sr[a.dpv] = -INFINITY;
-    }
-    a.latc = latc; a.latpe = latpe; a.kw = kw; a.vw = vw; a.state = state;
-    for (r = nd; r < b->num_reqs; r++) {
-        int ql = b->query_start_loc[r + 1] - b->query_start_loc[r], sl = b->seq_lens[r], c0;
-        const int32_t *bt = b->block_table + (size_t)r * (size_t)b->block_table_stride;
-        if (ql <= 0) continue;
-        a.req = r;
-        a.ntiles = (ql + ATTN__MHA_TILE - 1) / ATTN__MHA_TILE;
-        for (c0 = 0; c0 < sl; c0 += chunk) {
-            int c1 = ATTN__MIN(sl, c0 + chunk), j;
-            for (j = c0; j < c1; j++) {
-                size_t blk = (size_t)bt[j / d->block_size], off = (size_t)(j % d->block_size);
-                const char *row = (const char *)kv_cache->data + (blk * (size_t)d->block_size + off) * (size_t)LD * csz;
-                attn__row_to_f32(row, d->kv_cache_dtype, latc + (size_t)(j - c0) * (size_t)R, R, R);
-                attn__row_to_f32(row + (size_t)R * csz, d->kv_cache_dtype, latpe + (size_t)(j - c0) * (size_t)P, P, P);
-            }
-            a.c0 = c0;
-            a.c1 = c1;
-            attn__pool_run(layer->ctx->pool, attn__mha_project, &a, H);
-            attn__pool_run(layer->ctx->pool, attn__mha_attend, &a, H * a.ntiles);
-        }
-    }
+    a.latc = ws.latc; a.latpe = ws.latpe; a.kw = ws.kw; a.vw = ws.vw; a.state = ws.state;
     ls = lse ? attn__tensor_resolved(lse) : o;
-    for (i = 0; i < tp; i++) {
-        int tok = first + i, h;
-        for (h = 0; h < H; h++) {
-            const float *sr = state + ((size_t)i * (size_t)H + (size_t)h) * (size_t)(a.dpv + 1);
-            attn__row_from_f32(sr, o.dtype,
-                               (char *)o.data + (size_t)((tok - out_row0) * o.strides[0] + h * o.strides[1]) * osz,
-                               d->v_head_dim);
-            if (lse) ((float *)ls.data)[(tok - out_row0) * ls.strides[0] + h * ls.strides[1]] = sr[a.dpv];
+    for (r = info.num_decodes; r < b->num_reqs; r++) {
+        int q0 = b->query_start_loc[r], ql = b->query_start_loc[r + 1] - q0, sl = b->seq_lens[r];
+        const int32_t *bt = b->block_table + (size_t)r * (size_t)b->block_table_stride;
+        a.req = r;
+        for (a.g0 = 0; a.g0 < ql; a.g0 += ws.group) {
+            int c0, last_key;
+            a.gq = ATTN__MIN(ws.group, ql - a.g0);
+            a.ntiles = (a.gq + ATTN__MHA_TILE - 1) / ATTN__MHA_TILE;
+            a.state_row0 = q0 + a.g0;
+            last_key = sl - ql + a.g0 + a.gq - 1; /* causal: the group sees keys 0..last_key */
+            for (i = 0; i < a.gq * H; i++) {
+                float *sr = ws.state + (size_t)i * (size_t)(a.dpv + 1);
+                memset(sr, 0, (size_t)a.dpv * sizeof(float));
+                sr[a.dpv] = -INFINITY;
+            }
+            for (c0 = 0; c0 <= last_key; c0 += ws.chunk) {
+                int c1 = ATTN__MIN(last_key + 1, c0 + ws.chunk), j;
+                for (j = c0; j < c1; j++) {
+                    size_t blk = (size_t)bt[j / d->block_size], off = (size_t)(j % d->block_size);
+                    const char *row = (const char *)kv_cache->data + (blk * (size_t)d->block_size + off) * (size_t)LD * csz;
+                    attn__row_to_f32(row, d->kv_cache_dtype, ws.latc + (size_t)(j - c0) * (size_t)R, R, R);
+                    attn__row_to_f32(row + (size_t)R * csz, d->kv_cache_dtype, ws.latpe + (size_t)(j - c0) * (size_t)P, P, P);
+                }
+                a.c0 = c0;
+                a.c1 = c1;
+                attn__pool_run(layer->ctx->pool, attn__mha_project, &a, H);
+                attn__pool_run(layer->ctx->pool, attn__mha_attend, &a, H * a.ntiles);
+            }
+            for (i = 0; i < a.gq; i++) {
+                int tok = a.state_row0 + i, h;
+                for (h = 0; h < H; h++) {
+                    const float *sr = ws.state + ((size_t)i * (size_t)H + (size_t)h) * (size_t)(a.dpv + 1);
+                    attn__row_from_f32(sr, o.dtype,
+                                       (char *)o.data + (size_t)((tok - out_row0) * o.strides[0] + h * o.strides[1]) * osz,
+                                       d->v_head_dim);
+                    if (lse) ((float *)ls.data)[(tok - out_row0) * ls.strides[0] + h * ls.strides[1]] = sr[a.dpv];
+                }
+            }
         }
     }
-done:
-    attn__free(latc);
-    attn__free(latpe);
-    attn__free(kw);
-    attn__free(vw);
-    attn__free(state);
-    return st;
-}
-
-static attn_status attn__mla_cpu_forward_mha(attn_layer *layer, const attn_metadata *meta,
-                                             const attn_tensor *q, const attn_tensor *kv_cache,
-                                             const attn_tensor *w_uk, const attn_tensor *w_uv,
-                                             attn_tensor *out, attn_tensor *lse, void *stream) {
-    const attn__cpu_meta *cm = (const attn__cpu_meta *)attn_metadata_private(meta);
-    (void)stream;
-    return attn__mla_mha(layer, meta, q, NULL, 0, cm->mla.num_decode_tokens, kv_cache, w_uk, w_uv,
-                         out, cm->mla.num_decode_tokens, lse);
-}
-
-static const attn_backend attn__cpu_mla_backend = {
-    "CPU_MLA",                /* name */
-    ATTN_BACKEND_CPU_MLA,     /* id */
-    ATTN_DTYPE_BIT(ATTN_DTYPE_F32) | ATTN_DTYPE_BIT(ATTN_DTYPE_F16) | ATTN_DTYPE_BIT(ATTN_DTYPE_BF16),
-    ATTN_DTYPE_BIT(ATTN_DTYPE_F32) | ATTN_DTYPE_BIT(ATTN_DTYPE_F16) | ATTN_DTYPE_BIT(ATTN_DTYPE_BF16),
-    320, 576, 8,              /* head sizes: 576 or 320 exactly (attn__mla_check) */
-    16, 0,                    /* block sizes: any multiple of 16 */
-    0, 0, 0, 0,               /* non-causal, sliding window, soft cap, ALiBi: no */
-    1,                        /* is_mla */
-    0,                        /* needs_cuda */
-    ATTN_CUDA_GRAPH_NEVER,
-    1, ATTN_LSE_BASE_E,
-    attn__mla_check,
-    attn__mla_kv_cache_shape,
-    attn__mla_metadata_init,
-    attn__cpu_metadata_release,
-    attn__mla_build,
-    NULL,                     /* forward: MLA uses forward_mqa / forward_mha */
-    attn__mla_cpu_forward_mqa,
-    attn__mla_cpu_forward_mha
-};
-
-
-/* ---- the public MLA calls -------------------------------------------------------------- */
-
-static attn_status attn__mla_check_call(attn_layer *layer, const attn_metadata *meta, const char *fn) {
-    attn_context *ctx = layer->ctx;
-    if (!layer->desc.use_mla || !layer->backend->is_mla)
-        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_ARGUMENT,
-                          "%s: the layer is not MLA (allowed: a layer created with use_mla = 1)", fn);
-    return attn__check_meta(layer, meta, fn);
-}
-
-ATTN_API attn_status attn_metadata_mla_info(const attn_metadata *meta, attn_mla_info *out) {
-    attn_context *ctx = meta ? meta->layer->ctx : NULL;
-    ATTN__CHECK_PTR(ctx, meta, "attn_metadata_mla_info");
-    ATTN__CHECK_PTR(ctx, out, "attn_metadata_mla_info");
-    if (!meta->built_for.use_mla)
-        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_ARGUMENT,
-                          "attn_metadata_mla_info: meta belongs to a standard layer (allowed: MLA)");
-    if (!meta->built)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA,
-                          "attn_metadata_mla_info: meta has not been built");
-    if (meta->backend->is_mla && meta->backend->metadata_init == attn__mla_metadata_init)
-        *out = ((const attn__cpu_meta *)meta->priv)->mla;
-    else
-        memset(out, 0, sizeof *out);
     return ATTN_OK;
 }
 
-ATTN_API attn_status attn_concat_and_cache_mla(attn_layer *layer, const attn_tensor *kv_c,
-                                               const attn_tensor *k_pe, attn_tensor *kv_cache,
-                                               const int64_t *slot_mapping, int num_tokens) {
-    attn_context *ctx = layer ? layer->ctx : NULL;
-    const char *fn = "attn_concat_and_cache_mla";
-    const attn_layer_desc *d;
+static attn_status attn__mla_cpu_forward_mha(const attn_backend *self, attn_layer *layer,
+                                             const attn_metadata *meta, const attn_tensor *q,
+                                             const attn_tensor *kv_cache, const attn_tensor *w_uk,
+                                             const attn_tensor *w_uv, attn_tensor *out,
+                                             attn_tensor *lse, void *stream) {
+    const attn_mla_info *info = &meta->mla;
+    (void)self;
+    (void)stream;
+    return attn__mla_mha(layer, meta, q, NULL, 0, info->num_decode_tokens, kv_cache, w_uk, w_uv,
+                         out, info->num_decode_tokens, lse);
+}
+
+/* The latent cache write (validated by the front door). */
+static attn_status attn__cpu_concat_and_cache_mla(const attn_backend *self, attn_layer *layer,
+                                                  const attn_tensor *kv_c, const attn_tensor *k_pe,
+                                                  attn_tensor *kv_cache, const int64_t *slot_mapping,
+                                                  int num_tokens, void *stream) {
+    const attn_layer_desc *d = &layer->desc;
     attn_tensor c, p;
-    int64_t shape[2], num_slots;
     size_t csz;
-    attn_status st;
     int t, x;
-    ATTN__CHECK_PTR(ctx, layer, "attn_concat_and_cache_mla");
-    ATTN__CHECK_PTR(ctx, kv_c, "attn_concat_and_cache_mla");
-    ATTN__CHECK_PTR(ctx, k_pe, "attn_concat_and_cache_mla");
-    ATTN__CHECK_PTR(ctx, kv_cache, "attn_concat_and_cache_mla");
-    ATTN__CHECK_PTR(ctx, slot_mapping, "attn_concat_and_cache_mla");
-    d = &layer->desc;
-    if (!d->use_mla)
-        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_ARGUMENT,
-                          "%s: the layer is not MLA (allowed: use_mla = 1; standard layers use "
-                          "attn_reshape_and_cache)", fn);
-    if (num_tokens < 0)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
-                          "%s: num_tokens is %d (allowed: >= 0)", fn, num_tokens);
-    shape[0] = ATTN__AT_LEAST(num_tokens); shape[1] = d->kv_lora_rank;
-    st = attn__check_tensor(ctx, fn, "kv_c", kv_c, d->dtype, 2, shape, ATTN_DEVICE_CPU);
-    shape[1] = d->qk_rope_head_dim;
-    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "k_pe", k_pe, d->dtype, 2, shape, ATTN_DEVICE_CPU);
-    if (st == ATTN_OK) st = attn__check_kv_cache(layer, fn, kv_cache, 0);
-    if (st != ATTN_OK) return st;
-    if (layer->backend->needs_cuda)
-        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_ARGUMENT,
-                          "%s: device caches are written by the backend's forward", fn);
-    num_slots = kv_cache->shape[0] * (int64_t)d->block_size;
-    for (t = 0; t < num_tokens; t++)
-        if (slot_mapping[t] < -1 || slot_mapping[t] >= num_slots)
-            return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
-                              "%s: slot_mapping[%d] is %lld (allowed: -1 = skip, or 0..%lld = "
-                              "num_blocks * block_size - 1)", fn, t, (long long)slot_mapping[t],
-                              (long long)num_slots - 1);
+    (void)self; (void)stream;
     c = attn__tensor_resolved(kv_c);
     p = attn__tensor_resolved(k_pe);
     csz = attn_dtype_size(d->kv_cache_dtype);
@@ -4247,109 +4788,6 @@ ATTN_API attn_status attn_concat_and_cache_mla(attn_layer *layer, const attn_ten
         }
     }
     return ATTN_OK;
-}
-
-ATTN_API attn_status attn_mla_forward_mqa(attn_layer *layer, const attn_metadata *meta,
-                                          const attn_tensor *q, const attn_tensor *q_pe,
-                                          const attn_tensor *kv_cache, attn_tensor *out_latent,
-                                          attn_tensor *lse, void *stream) {
-    attn_context *ctx = layer ? layer->ctx : NULL;
-    const char *fn = "attn_mla_forward_mqa";
-    const attn_layer_desc *d;
-    attn_device_kind dev;
-    int64_t shape[3];
-    attn_status st;
-    int td;
-    ATTN__CHECK_PTR(ctx, layer, "attn_mla_forward_mqa");
-    ATTN__CHECK_PTR(ctx, meta, "attn_mla_forward_mqa");
-    ATTN__CHECK_PTR(ctx, q, "attn_mla_forward_mqa");
-    ATTN__CHECK_PTR(ctx, kv_cache, "attn_mla_forward_mqa");
-    ATTN__CHECK_PTR(ctx, out_latent, "attn_mla_forward_mqa");
-    st = attn__mla_check_call(layer, meta, fn);
-    if (st != ATTN_OK) return st;
-    d = &layer->desc;
-    dev = layer->backend->needs_cuda ? ATTN_DEVICE_CUDA : ATTN_DEVICE_CPU;
-    {
-        attn_mla_info info;
-        st = attn_metadata_mla_info(meta, &info);
-        if (st != ATTN_OK) return st;
-        td = info.num_decode_tokens;
-    }
-    shape[0] = ATTN__AT_LEAST(td); shape[1] = d->num_heads;
-    shape[2] = q_pe ? d->kv_lora_rank : d->head_size;
-    st = attn__check_tensor(ctx, fn, "q", q, d->dtype, 3, shape, dev);
-    if (st == ATTN_OK && q_pe) {
-        shape[2] = d->qk_rope_head_dim;
-        st = attn__check_tensor(ctx, fn, "q_pe", q_pe, d->dtype, 3, shape, dev);
-    }
-    shape[2] = d->kv_lora_rank;
-    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out_latent", out_latent, d->dtype, 3, shape, dev);
-    if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out_latent", out_latent);
-    if (st == ATTN_OK && lse) st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, dev);
-    if (st == ATTN_OK && lse) st = attn__check_output_tensor(ctx, fn, "lse", lse);
-    if (st == ATTN_OK) st = attn__check_kv_cache(layer, fn, kv_cache, 0);
-    if (st != ATTN_OK) return st;
-    if (kv_cache->shape[0] < meta->cap.num_blocks)
-        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
-                          "%s: kv_cache.shape[0] is %lld (allowed: >= num_blocks %lld of the metadata)",
-                          fn, (long long)kv_cache->shape[0], (long long)meta->cap.num_blocks);
-    return layer->backend->forward_mqa(layer, meta, q, q_pe, kv_cache, out_latent, lse, stream);
-}
-
-/* Shapes shared by forward_mha and the fused call: W_UK, W_UV, cache. */
-static attn_status attn__mla_check_weights(attn_layer *layer, const attn_metadata *meta, const char *fn,
-                                           const attn_tensor *kv_cache, const attn_tensor *w_uk,
-                                           const attn_tensor *w_uv) {
-    const attn_layer_desc *d = &layer->desc;
-    attn_device_kind dev = layer->backend->needs_cuda ? ATTN_DEVICE_CUDA : ATTN_DEVICE_CPU;
-    int64_t shape[3];
-    attn_status st;
-    shape[0] = d->num_heads; shape[1] = d->qk_nope_head_dim; shape[2] = d->kv_lora_rank;
-    st = attn__check_tensor(layer->ctx, fn, "w_uk", w_uk, d->dtype, 3, shape, dev);
-    shape[1] = d->kv_lora_rank; shape[2] = d->v_head_dim;
-    if (st == ATTN_OK) st = attn__check_tensor(layer->ctx, fn, "w_uv", w_uv, d->dtype, 3, shape, dev);
-    if (st == ATTN_OK) st = attn__check_kv_cache(layer, fn, kv_cache, 0);
-    if (st == ATTN_OK && kv_cache->shape[0] < meta->cap.num_blocks)
-        st = attn__fail(layer->ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
-                        "%s: kv_cache.shape[0] is %lld (allowed: >= num_blocks %lld of the metadata)",
-                        fn, (long long)kv_cache->shape[0], (long long)meta->cap.num_blocks);
-    return st;
-}
-
-ATTN_API attn_status attn_mla_forward_mha(attn_layer *layer, const attn_metadata *meta,
-                                          const attn_tensor *q, const attn_tensor *kv_cache,
-                                          const attn_tensor *w_uk, const attn_tensor *w_uv,
-                                          attn_tensor *out, attn_tensor *lse, void *stream) {
-    attn_context *ctx = layer ? layer->ctx : NULL;
-    const char *fn = "attn_mla_forward_mha";
-    const attn_layer_desc *d;
-    attn_device_kind dev;
-    attn_mla_info info;
-    int64_t shape[3];
-    attn_status st;
-    ATTN__CHECK_PTR(ctx, layer, "attn_mla_forward_mha");
-    ATTN__CHECK_PTR(ctx, meta, "attn_mla_forward_mha");
-    ATTN__CHECK_PTR(ctx, q, "attn_mla_forward_mha");
-    ATTN__CHECK_PTR(ctx, kv_cache, "attn_mla_forward_mha");
-    ATTN__CHECK_PTR(ctx, w_uk, "attn_mla_forward_mha");
-    ATTN__CHECK_PTR(ctx, w_uv, "attn_mla_forward_mha");
-    ATTN__CHECK_PTR(ctx, out, "attn_mla_forward_mha");
-    st = attn__mla_check_call(layer, meta, fn);
-    if (st == ATTN_OK) st = attn_metadata_mla_info(meta, &info);
-    if (st != ATTN_OK) return st;
-    d = &layer->desc;
-    dev = layer->backend->needs_cuda ? ATTN_DEVICE_CUDA : ATTN_DEVICE_CPU;
-    shape[0] = ATTN__AT_LEAST(info.num_prefill_tokens); shape[1] = d->num_heads;
-    shape[2] = d->qk_nope_head_dim + d->qk_rope_head_dim;
-    st = attn__check_tensor(ctx, fn, "q", q, d->dtype, 3, shape, dev);
-    shape[2] = d->v_head_dim;
-    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out", out, d->dtype, 3, shape, dev);
-    if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out", out);
-    if (st == ATTN_OK && lse) st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, dev);
-    if (st == ATTN_OK && lse) st = attn__check_output_tensor(ctx, fn, "lse", lse);
-    if (st == ATTN_OK) st = attn__mla_check_weights(layer, meta, fn, kv_cache, w_uk, w_uv);
-    if (st != ATTN_OK) return st;
-    return layer->backend->forward_mha(layer, meta, q, kv_cache, w_uk, w_uv, out, lse, stream);
 }
 
 /* The absorbed projections of the fused call, one head per task. */
@@ -4397,6 +4835,191 @@ static void attn__mla_proj_run(void *varg, int h, int thread) {
     }
 }
 
+/* The fused layer call (validated by the front door): the cache write, the decodes
+   absorbed (q_nope . W_UK -> MQA -> . W_UV) through the workspace, then the prefills. */
+static attn_status attn__cpu_mla_forward(const attn_backend *self, attn_layer *layer,
+                                         const attn_metadata *meta, const attn_tensor *q_nope,
+                                         const attn_tensor *q_pe, const attn_tensor *kv_c,
+                                         const attn_tensor *k_pe, attn_tensor *kv_cache,
+                                         const attn_tensor *w_uk, const attn_tensor *w_uv,
+                                         attn_tensor *out, void *stream) {
+    const attn_layer_desc *d = &layer->desc;
+    const attn__cpu_meta *cm = (const attn__cpu_meta *)attn_metadata_private(meta);
+    const attn_batch *b = attn_metadata_batch(meta);
+    attn_context *ctx = layer->ctx;
+    int H = d->num_heads, R = d->kv_lora_rank, td = meta->mla.num_decode_tokens;
+    attn__mla_ws ws;
+    attn_status st = attn__scratch_reserve(ctx, cm->scratch_floats); /* reserved at create */
+    if (st != ATTN_OK) return st; /* before anything is written */
+    attn__mla_ws_layout(d, attn_metadata_capacity(meta),
+                        (float *)(void *)(((uintptr_t)cm->workspace + 63) & ~(uintptr_t)63), &ws);
+    if (kv_c)
+        attn__cpu_concat_and_cache_mla(self, layer, kv_c, k_pe, kv_cache, b->slot_mapping,
+                                       b->num_actual_tokens, stream);
+    if (td > 0) {
+        attn__mla_proj pj;
+        attn_tensor tql, tol;
+        int64_t s3[3];
+        memset(&pj, 0, sizeof pj);
+        pj.layer = layer;
+        pj.td = td;
+        pj.absorb = 1;
+        pj.src = attn__tensor_resolved(q_nope);
+        pj.w = attn__tensor_resolved(w_uk);
+        pj.dst_f32 = ws.ql;
+        attn__pool_run(ctx->pool, attn__mla_proj_run, &pj, H);        /* q_latent */
+        s3[0] = td; s3[1] = H; s3[2] = R;
+        tql = attn_tensor_make(ws.ql, ATTN_DTYPE_F32, 3, s3);
+        tol = attn_tensor_make(ws.ol, ATTN_DTYPE_F32, 3, s3);
+        st = attn__mla_cpu_forward_mqa(self, layer, meta, &tql, q_pe, kv_cache, &tol, NULL, stream);
+        if (st != ATTN_OK) return st;
+        pj.absorb = 0;
+        pj.src_f32 = ws.ol;
+        pj.w = attn__tensor_resolved(w_uv);
+        pj.dst = attn__tensor_resolved(out);
+        attn__pool_run(ctx->pool, attn__mla_proj_run, &pj, H);        /* o = o_latent . W_UV */
+    }
+    return attn__mla_mha(layer, meta, q_nope, q_pe, d->qk_nope_head_dim, 0, kv_cache, w_uk, w_uv,
+                         out, 0, NULL);
+}
+
+static const attn_backend attn__cpu_mla_backend = {
+    "CPU_MLA",                /* name */
+    ATTN_BACKEND_CPU_MLA,     /* id */
+    ATTN_DEVICE_CPU,          /* device */
+    ATTN_DTYPE_BIT(ATTN_DTYPE_F32) | ATTN_DTYPE_BIT(ATTN_DTYPE_F16) | ATTN_DTYPE_BIT(ATTN_DTYPE_BF16),
+    ATTN_DTYPE_BIT(ATTN_DTYPE_F32) | ATTN_DTYPE_BIT(ATTN_DTYPE_F16) | ATTN_DTYPE_BIT(ATTN_DTYPE_BF16),
+    320, 576, 8,              /* head sizes: 576 or 320 exactly (attn__mla_check) */
+    16, 0,                    /* block sizes: any multiple of 16 */
+    0, 0, 0, 0,               /* non-causal, sliding window, soft cap, ALiBi: no */
+    1,                        /* is_mla */
+    ATTN_CUDA_GRAPH_NEVER,    /* no graphs on the CPU */
+    1, ATTN_LSE_BASE_E,
+    attn__mla_check,
+    NULL, NULL,               /* context_init/release */
+    NULL, NULL,               /* layer_init/release */
+    attn__mla_kv_cache_shape,
+    attn__mla_metadata_init,
+    attn__cpu_metadata_release,
+    attn__mla_build,
+    NULL, NULL,               /* forward, reshape_and_cache: MLA backend */
+    attn__mla_cpu_forward_mqa,
+    attn__mla_cpu_forward_mha,
+    attn__cpu_mla_forward,
+    attn__cpu_concat_and_cache_mla,
+    attn__cpu_merge_attn_states
+};
+
+/* =======================================================================================
+   >>mla-front (public MLA calls and the merge: validate, then dispatch)
+   ======================================================================================= */
+
+static attn_status attn__mla_check_call(attn_layer *layer, const attn_metadata *meta, const char *fn) {
+    attn_context *ctx = layer->ctx;
+    if (!layer->desc.use_mla || !layer->backend->is_mla)
+        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_ARGUMENT,
+                          "%s: the layer is not MLA (allowed: a layer created with use_mla = 1)", fn);
+    return attn__check_meta(layer, meta, fn);
+}
+
+ATTN_API attn_status attn_mla_forward_mqa(attn_layer *layer, const attn_metadata *meta,
+                                          const attn_tensor *q, const attn_tensor *q_pe,
+                                          const attn_tensor *kv_cache, attn_tensor *out_latent,
+                                          attn_tensor *lse, void *stream) {
+    attn_context *ctx = layer ? layer->ctx : NULL;
+    const char *fn = "attn_mla_forward_mqa";
+    const attn_layer_desc *d;
+    attn_device_kind dev;
+    int64_t shape[3];
+    attn_status st;
+    int td;
+    if (!layer) return attn__null_arg(ctx, __func__, "layer");
+    if (!meta) return attn__null_arg(ctx, __func__, "meta");
+    if (!q) return attn__null_arg(ctx, __func__, "q");
+    if (!kv_cache) return attn__null_arg(ctx, __func__, "kv_cache");
+    if (!out_latent) return attn__null_arg(ctx, __func__, "out_latent");
+    st = attn__mla_check_call(layer, meta, fn);
+    if (st != ATTN_OK) return st;
+    d = &layer->desc;
+    dev = layer->backend->device;
+    td = meta->mla.num_decode_tokens;
+    shape[0] = ATTN__AT_LEAST(td); shape[1] = d->num_heads;
+    shape[2] = q_pe ? d->kv_lora_rank : d->head_size;
+    st = attn__check_tensor(ctx, fn, "q", q, d->dtype, 3, shape, dev);
+    if (st == ATTN_OK && q_pe) {
+        shape[2] = d->qk_rope_head_dim;
+        st = attn__check_tensor(ctx, fn, "q_pe", q_pe, d->dtype, 3, shape, dev);
+    }
+    shape[2] = d->kv_lora_rank;
+    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out_latent", out_latent, d->dtype, 3, shape, dev);
+    if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out_latent", out_latent);
+    if (st == ATTN_OK && lse) st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, dev);
+    if (st == ATTN_OK && lse) st = attn__check_output_tensor(ctx, fn, "lse", lse);
+    if (st == ATTN_OK) st = attn__check_kv_cache(layer, fn, kv_cache, 0);
+    if (st != ATTN_OK) return st;
+    if (kv_cache->shape[0] < meta->cap.num_blocks)
+        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
+                          "%s: kv_cache.shape[0] is %lld (allowed: >= num_blocks %lld of the metadata)",
+                          fn, (long long)kv_cache->shape[0], (long long)meta->cap.num_blocks);
+    return layer->backend->forward_mqa(layer->backend, layer, meta, q, q_pe, kv_cache, out_latent,
+                                       lse, stream);
+}
+
+/* Shapes shared by forward_mha and the fused call: W_UK, W_UV, cache. */
+static attn_status attn__mla_check_weights(attn_layer *layer, const attn_metadata *meta, const char *fn,
+                                           const attn_tensor *kv_cache, const attn_tensor *w_uk,
+                                           const attn_tensor *w_uv) {
+    const attn_layer_desc *d = &layer->desc;
+    attn_device_kind dev = layer->backend->device;
+    int64_t shape[3];
+    attn_status st;
+    shape[0] = d->num_heads; shape[1] = d->qk_nope_head_dim; shape[2] = d->kv_lora_rank;
+    st = attn__check_tensor(layer->ctx, fn, "w_uk", w_uk, d->dtype, 3, shape, dev);
+    shape[1] = d->kv_lora_rank; shape[2] = d->v_head_dim;
+    if (st == ATTN_OK) st = attn__check_tensor(layer->ctx, fn, "w_uv", w_uv, d->dtype, 3, shape, dev);
+    if (st == ATTN_OK) st = attn__check_kv_cache(layer, fn, kv_cache, 0);
+    if (st == ATTN_OK && kv_cache->shape[0] < meta->cap.num_blocks)
+        st = attn__fail(layer->ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
+                        "%s: kv_cache.shape[0] is %lld (allowed: >= num_blocks %lld of the metadata)",
+                        fn, (long long)kv_cache->shape[0], (long long)meta->cap.num_blocks);
+    return st;
+}
+
+ATTN_API attn_status attn_mla_forward_mha(attn_layer *layer, const attn_metadata *meta,
+                                          const attn_tensor *q, const attn_tensor *kv_cache,
+                                          const attn_tensor *w_uk, const attn_tensor *w_uv,
+                                          attn_tensor *out, attn_tensor *lse, void *stream) {
+    attn_context *ctx = layer ? layer->ctx : NULL;
+    const char *fn = "attn_mla_forward_mha";
+    const attn_layer_desc *d;
+    attn_device_kind dev;
+    int64_t shape[3];
+    attn_status st;
+    if (!layer) return attn__null_arg(ctx, __func__, "layer");
+    if (!meta) return attn__null_arg(ctx, __func__, "meta");
+    if (!q) return attn__null_arg(ctx, __func__, "q");
+    if (!kv_cache) return attn__null_arg(ctx, __func__, "kv_cache");
+    if (!w_uk) return attn__null_arg(ctx, __func__, "w_uk");
+    if (!w_uv) return attn__null_arg(ctx, __func__, "w_uv");
+    if (!out) return attn__null_arg(ctx, __func__, "out");
+    st = attn__mla_check_call(layer, meta, fn);
+    if (st != ATTN_OK) return st;
+    d = &layer->desc;
+    dev = layer->backend->device;
+    shape[0] = ATTN__AT_LEAST(meta->mla.num_prefill_tokens); shape[1] = d->num_heads;
+    shape[2] = d->qk_nope_head_dim + d->qk_rope_head_dim;
+    st = attn__check_tensor(ctx, fn, "q", q, d->dtype, 3, shape, dev);
+    shape[2] = d->v_head_dim;
+    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out", out, d->dtype, 3, shape, dev);
+    if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out", out);
+    if (st == ATTN_OK && lse) st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, dev);
+    if (st == ATTN_OK && lse) st = attn__check_output_tensor(ctx, fn, "lse", lse);
+    if (st == ATTN_OK) st = attn__mla_check_weights(layer, meta, fn, kv_cache, w_uk, w_uv);
+    if (st != ATTN_OK) return st;
+    return layer->backend->forward_mha(layer->backend, layer, meta, q, kv_cache, w_uk, w_uv, out,
+                                       lse, stream);
+}
+
 ATTN_API attn_status attn_mla_forward(attn_layer *layer, const attn_metadata *meta,
                                       const attn_tensor *q_nope, const attn_tensor *q_pe,
                                       const attn_tensor *kv_c, const attn_tensor *k_pe,
@@ -4406,128 +5029,76 @@ ATTN_API attn_status attn_mla_forward(attn_layer *layer, const attn_metadata *me
     const char *fn = "attn_mla_forward";
     const attn_layer_desc *d;
     const attn_batch *b;
-    attn_mla_info info;
+    attn_device_kind dev;
     int64_t shape[3];
     attn_status st;
-    int H, R, td;
-    float *ql = NULL, *ol = NULL;
-    size_t need;
-    (void)stream;
-    ATTN__CHECK_PTR(ctx, layer, "attn_mla_forward");
-    ATTN__CHECK_PTR(ctx, meta, "attn_mla_forward");
-    ATTN__CHECK_PTR(ctx, q_nope, "attn_mla_forward");
-    ATTN__CHECK_PTR(ctx, q_pe, "attn_mla_forward");
-    ATTN__CHECK_PTR(ctx, kv_cache, "attn_mla_forward");
-    ATTN__CHECK_PTR(ctx, w_uk, "attn_mla_forward");
-    ATTN__CHECK_PTR(ctx, w_uv, "attn_mla_forward");
-    ATTN__CHECK_PTR(ctx, out, "attn_mla_forward");
+    if (!layer) return attn__null_arg(ctx, __func__, "layer");
+    if (!meta) return attn__null_arg(ctx, __func__, "meta");
+    if (!q_nope) return attn__null_arg(ctx, __func__, "q_nope");
+    if (!q_pe) return attn__null_arg(ctx, __func__, "q_pe");
+    if (!kv_cache) return attn__null_arg(ctx, __func__, "kv_cache");
+    if (!w_uk) return attn__null_arg(ctx, __func__, "w_uk");
+    if (!w_uv) return attn__null_arg(ctx, __func__, "w_uv");
+    if (!out) return attn__null_arg(ctx, __func__, "out");
     st = attn__mla_check_call(layer, meta, fn);
-    if (st == ATTN_OK) st = attn_metadata_mla_info(meta, &info);
     if (st != ATTN_OK) return st;
-    if (layer->backend != &attn__cpu_mla_backend)
-        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_ARGUMENT,
-                          "%s: the fused call runs on backend CPU_MLA (this layer has %s; call "
-                          "attn_mla_forward_mqa / attn_mla_forward_mha instead)", fn, layer->backend->name);
     d = &layer->desc;
     b = attn_metadata_batch(meta);
-    H = d->num_heads;
-    R = d->kv_lora_rank;
-    td = info.num_decode_tokens;
-    need = ATTN__MAX((size_t)d->qk_nope_head_dim * (size_t)R + (size_t)td * (size_t)(d->qk_nope_head_dim + R),
-                     (size_t)R * (size_t)attn__cpu_dp(d->v_head_dim) + (size_t)td * (size_t)(R + attn__cpu_dp(d->v_head_dim))) + 64;
+    dev = layer->backend->device;
     if ((kv_c == NULL) != (k_pe == NULL))
         return attn__fail(ctx, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT,
                           "%s: argument '%s' is NULL but '%s' is not (allowed: both or neither)",
                           fn, kv_c ? "k_pe" : "kv_c", kv_c ? "kv_c" : "k_pe");
-    shape[0] = ATTN__AT_LEAST(b->num_actual_tokens); shape[1] = H; shape[2] = d->qk_nope_head_dim;
-    st = attn__check_tensor(ctx, fn, "q_nope", q_nope, d->dtype, 3, shape, ATTN_DEVICE_CPU);
+    shape[0] = ATTN__AT_LEAST(b->num_actual_tokens); shape[1] = d->num_heads;
+    shape[2] = d->qk_nope_head_dim;
+    st = attn__check_tensor(ctx, fn, "q_nope", q_nope, d->dtype, 3, shape, dev);
     shape[2] = d->qk_rope_head_dim;
-    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "q_pe", q_pe, d->dtype, 3, shape, ATTN_DEVICE_CPU);
+    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "q_pe", q_pe, d->dtype, 3, shape, dev);
     shape[2] = d->v_head_dim;
-    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out", out, d->dtype, 3, shape, ATTN_DEVICE_CPU);
+    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out", out, d->dtype, 3, shape, dev);
     if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out", out);
     if (st == ATTN_OK) st = attn__mla_check_weights(layer, meta, fn, kv_cache, w_uk, w_uv);
     if (st != ATTN_OK) return st;
-    if (kv_c) { /* all checks of the cache write before anything is allocated or written */
-        int64_t s2[2];
-        int t;
+    if (kv_c) { /* every check of the cache write before the backend writes anything */
         if (!b->slot_mapping)
             return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA,
                               "%s: kv_c/k_pe given but the batch has no slot_mapping", fn);
-        s2[0] = ATTN__AT_LEAST(b->num_actual_tokens); s2[1] = R;
-        st = attn__check_tensor(ctx, fn, "kv_c", kv_c, d->dtype, 2, s2, ATTN_DEVICE_CPU);
-        s2[1] = d->qk_rope_head_dim;
-        if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "k_pe", k_pe, d->dtype, 2, s2, ATTN_DEVICE_CPU);
-        if (st != ATTN_OK) return st;
-        for (t = 0; t < b->num_actual_tokens; t++)
-            if (b->slot_mapping[t] >= kv_cache->shape[0] * (int64_t)d->block_size)
-                return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA,
-                                  "%s: slot_mapping[%d] is %lld, beyond the cache's %lld slots", fn, t,
-                                  (long long)b->slot_mapping[t], (long long)(kv_cache->shape[0] * d->block_size));
-    }
-    if (td > 0) { /* workspace next: nothing is written before it exists */
-        ql = (float *)attn__malloc((size_t)td * (size_t)H * (size_t)R * sizeof(float));
-        ol = (float *)attn__malloc((size_t)td * (size_t)H * (size_t)R * sizeof(float));
-        st = ql && ol ? attn__scratch_reserve(ctx, need)
-                      : attn__fail(ctx, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
-                                   "%s: cannot allocate the latent query/output of %d decode tokens", fn, td);
-        if (st != ATTN_OK) { attn__free(ql); attn__free(ol); return st; }
-    }
-    if (kv_c) {
-        st = attn_concat_and_cache_mla(layer, kv_c, k_pe, kv_cache, b->slot_mapping, b->num_actual_tokens);
-        if (st != ATTN_OK) { attn__free(ql); attn__free(ol); return st; }
-    }
-    if (td > 0) {
-        attn__mla_proj pj;
-        attn_tensor tql, tol;
-        int64_t s3[3];
-        {
-            memset(&pj, 0, sizeof pj);
-            pj.layer = layer;
-            pj.td = td;
-            pj.absorb = 1;
-            pj.src = attn__tensor_resolved(q_nope);
-            pj.w = attn__tensor_resolved(w_uk);
-            pj.dst_f32 = ql;
-            attn__pool_run(ctx->pool, attn__mla_proj_run, &pj, H);        /* q_latent */
-            s3[0] = td; s3[1] = H; s3[2] = R;
-            tql = attn_tensor_make(ql, ATTN_DTYPE_F32, 3, s3);
-            tol = attn_tensor_make(ol, ATTN_DTYPE_F32, 3, s3);
-            st = attn__mla_cpu_forward_mqa(layer, meta, &tql, q_pe, kv_cache, &tol, NULL, stream);
-        }
-        if (st == ATTN_OK) { /* scratch only grows: the reservation above still holds */
-            pj.absorb = 0;
-            pj.src_f32 = ol;
-            pj.w = attn__tensor_resolved(w_uv);
-            pj.dst = attn__tensor_resolved(out);
-            attn__pool_run(ctx->pool, attn__mla_proj_run, &pj, H);        /* o = o_latent . W_UV */
-        }
-        attn__free(ql);
-        attn__free(ol);
+        st = attn__check_latent_write(layer, fn, kv_c, k_pe, kv_cache, b->slot_mapping,
+                                      b->num_actual_tokens);
         if (st != ATTN_OK) return st;
     }
-    return attn__mla_mha(layer, meta, q_nope, q_pe, d->qk_nope_head_dim, 0, kv_cache, w_uk, w_uv,
-                         out, 0, NULL);
+    return layer->backend->mla_forward(layer->backend, layer, meta, q_nope, q_pe, kv_c, k_pe,
+                                       kv_cache, w_uk, w_uv, out, stream);
+}
+
+/* The first backend of the platform's priority list that serves `device` and merges. */
+static const attn_backend *attn__merge_backend(const attn_context *ctx, attn_device_kind device) {
+    int count, i;
+    const attn_backend_id *list = attn__priority_list(ctx->platform.kind, &count);
+    for (i = 0; i < count; i++) {
+        const attn_backend *b = attn_backend_get(list[i]);
+        if (b && b->device == device && b->merge_attn_states) return b;
+    }
+    return NULL;
 }
 
 ATTN_API attn_status attn_merge_attn_states(attn_context *ctx, const attn_tensor *out_a,
                                             const attn_tensor *lse_a, attn_lse_base base_a,
                                             const attn_tensor *out_b, const attn_tensor *lse_b,
                                             attn_lse_base base_b, attn_tensor *out,
-                                            attn_tensor *lse, attn_lse_base base_out) {
+                                            attn_tensor *lse, attn_lse_base base_out,
+                                            void *stream) {
     const char *fn = "attn_merge_attn_states";
-    attn_tensor oa, ob, oo, la, lb, lo;
+    const attn_backend *be;
     int64_t shape[3];
+    attn_device_kind dev;
     attn_status st;
-    int64_t t, h, T, H;
-    int D, x;
-    float *row;
-    ATTN__CHECK_PTR(ctx, ctx, "attn_merge_attn_states");
-    ATTN__CHECK_PTR(ctx, out_a, "attn_merge_attn_states");
-    ATTN__CHECK_PTR(ctx, lse_a, "attn_merge_attn_states");
-    ATTN__CHECK_PTR(ctx, out_b, "attn_merge_attn_states");
-    ATTN__CHECK_PTR(ctx, lse_b, "attn_merge_attn_states");
-    ATTN__CHECK_PTR(ctx, out, "attn_merge_attn_states");
+    if (!ctx) return attn__null_arg(ctx, __func__, "ctx");
+    if (!out_a) return attn__null_arg(ctx, __func__, "out_a");
+    if (!lse_a) return attn__null_arg(ctx, __func__, "lse_a");
+    if (!out_b) return attn__null_arg(ctx, __func__, "out_b");
+    if (!lse_b) return attn__null_arg(ctx, __func__, "lse_b");
+    if (!out) return attn__null_arg(ctx, __func__, "out");
     if ((int)base_a < 0 || (int)base_a > 1 || (int)base_b < 0 || (int)base_b > 1 ||
         (int)base_out < 0 || (int)base_out > 1)
         return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
@@ -4538,48 +5109,25 @@ ATTN_API attn_status attn_merge_attn_states(attn_context *ctx, const attn_tensor
         return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
                           "%s: out_a must be [tokens, heads, head_size] of f32/f16/bf16 (ndim %d)",
                           fn, out_a->ndim);
-    T = out_a->shape[0]; H = out_a->shape[1]; D = (int)out_a->shape[2];
-    shape[0] = T; shape[1] = H; shape[2] = D;
-    st = attn__check_tensor(ctx, fn, "out_a", out_a, out_a->dtype, 3, shape, ATTN_DEVICE_CPU);
-    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out_b", out_b, out_a->dtype, 3, shape, ATTN_DEVICE_CPU);
-    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out", out, out_a->dtype, 3, shape, ATTN_DEVICE_CPU);
+    dev = out_a->device.kind;
+    be = attn__merge_backend(ctx, dev);
+    if (!be)
+        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_ARGUMENT,
+                          "%s: out_a.device is %s and no registered backend merges there "
+                          "(allowed: a device a backend of this platform serves)", fn,
+                          dev == ATTN_DEVICE_CUDA ? "cuda" : "cpu");
+    shape[0] = out_a->shape[0]; shape[1] = out_a->shape[1]; shape[2] = out_a->shape[2];
+    st = attn__check_tensor(ctx, fn, "out_a", out_a, out_a->dtype, 3, shape, dev);
+    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out_b", out_b, out_a->dtype, 3, shape, dev);
+    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out", out, out_a->dtype, 3, shape, dev);
     if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out", out);
-    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "lse_a", lse_a, ATTN_DTYPE_F32, 2, shape, ATTN_DEVICE_CPU);
-    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "lse_b", lse_b, ATTN_DTYPE_F32, 2, shape, ATTN_DEVICE_CPU);
-    if (st == ATTN_OK && lse) st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, ATTN_DEVICE_CPU);
+    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "lse_a", lse_a, ATTN_DTYPE_F32, 2, shape, dev);
+    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "lse_b", lse_b, ATTN_DTYPE_F32, 2, shape, dev);
+    if (st == ATTN_OK && lse) st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, dev);
     if (st == ATTN_OK && lse) st = attn__check_output_tensor(ctx, fn, "lse", lse);
     if (st != ATTN_OK) return st;
-    row = (float *)attn__malloc(2 * (size_t)D * sizeof(float) + 16);
-    if (!row)
-        return attn__fail(ctx, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY, "%s: out of memory", fn);
-    oa = attn__tensor_resolved(out_a); ob = attn__tensor_resolved(out_b); oo = attn__tensor_resolved(out);
-    la = attn__tensor_resolved(lse_a); lb = attn__tensor_resolved(lse_b);
-    lo = lse ? attn__tensor_resolved(lse) : la;
-    for (t = 0; t < T; t++)
-        for (h = 0; h < H; h++) {
-            size_t esz = attn_dtype_size(oa.dtype);
-            float a = ((const float *)la.data)[t * la.strides[0] + h * la.strides[1]];
-            float bb = ((const float *)lb.data)[t * lb.strides[0] + h * lb.strides[1]];
-            float l;
-            if (base_a == ATTN_LSE_BASE_2) a *= ATTN__LN2;
-            if (base_b == ATTN_LSE_BASE_2) bb *= ATTN__LN2;
-            /* some kernels report an empty partition as +inf (or NaN): empty either way */
-            if (!(a < INFINITY)) a = -INFINITY;
-            if (!(bb < INFINITY)) bb = -INFINITY;
-            for (x = 0; x < D; x++) {
-                row[x] = attn__load_elem((const char *)oa.data + (size_t)(t * oa.strides[0] + h * oa.strides[1]) * esz, oa.dtype, x);
-                row[D + x] = attn__load_elem((const char *)ob.data + (size_t)(t * ob.strides[0] + h * ob.strides[1]) * esz, ob.dtype, x);
-            }
-            l = a;
-            attn__lse_merge_row(row, &l, row + D, bb, D);
-            for (x = 0; x < D; x++)
-                attn__store_elem((char *)oo.data + (size_t)(t * oo.strides[0] + h * oo.strides[1]) * esz, oo.dtype, x, row[x]);
-            if (lse)
-                ((float *)lo.data)[t * lo.strides[0] + h * lo.strides[1]] =
-                    base_out == ATTN_LSE_BASE_2 ? l * ATTN__LOG2E : l;
-        }
-    attn__free(row);
-    return ATTN_OK;
+    return be->merge_attn_states(be, ctx, out_a, lse_a, base_a, out_b, lse_b, base_b, out, lse,
+                                 base_out, stream);
 }
 
 static const attn_backend *attn__builtin_backend(attn_backend_id id) {
@@ -4606,13 +5154,13 @@ ATTN_API attn_status attn_layer_forward(attn_layer *layer, const attn_metadata *
     int64_t shape[3];
     attn_status st;
     int ntok;
-    ATTN__CHECK_PTR(ctx, layer, "attn_layer_forward");
-    ATTN__CHECK_PTR(ctx, meta, "attn_layer_forward");
-    ATTN__CHECK_PTR(ctx, q, "attn_layer_forward");
-    ATTN__CHECK_PTR(ctx, kv_cache, "attn_layer_forward");
-    ATTN__CHECK_PTR(ctx, out, "attn_layer_forward");
+    if (!layer) return attn__null_arg(ctx, __func__, "layer");
+    if (!meta) return attn__null_arg(ctx, __func__, "meta");
+    if (!q) return attn__null_arg(ctx, __func__, "q");
+    if (!kv_cache) return attn__null_arg(ctx, __func__, "kv_cache");
+    if (!out) return attn__null_arg(ctx, __func__, "out");
     d = &layer->desc;
-    dev = layer->backend->needs_cuda ? ATTN_DEVICE_CUDA : ATTN_DEVICE_CPU;
+    dev = layer->backend->device;
     if (d->use_mla)
         return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_ARGUMENT,
                           "%s: the layer is MLA (allowed: standard layers; MLA layers use the "
@@ -4653,7 +5201,7 @@ ATTN_API attn_status attn_layer_forward(attn_layer *layer, const attn_metadata *
         if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "lse", lse);
         if (st != ATTN_OK) return st;
     }
-    return layer->backend->forward(layer, meta, q, k, v, kv_cache, out, lse, stream);
+    return layer->backend->forward(layer->backend, layer, meta, q, k, v, kv_cache, out, lse, stream);
 }
 
 /* >>kernels-begin (generated by tools/embed from kernels/; do not edit) */

@@ -491,11 +491,11 @@ ATTN_TEST(def_output_overlap_mla_and_merge) {
     memset(lse, 0x7f, sizeof lse);
     o = def_view(out, ATTN_DTYPE_F32, 3, so, st3_row0);
     DEF_FAILS(&cap, attn_merge_attn_states(ctx, &toa, &tla, ATTN_LSE_BASE_E, &toa, &tla,
-                                           ATTN_LSE_BASE_E, &o, NULL, ATTN_LSE_BASE_E),
+                                           ATTN_LSE_BASE_E, &o, NULL, ATTN_LSE_BASE_E, NULL),
               ATTN_ERROR_SHAPE_MISMATCH);
     l = def_view(lse, ATTN_DTYPE_F32, 2, sl, st2_row0);
     DEF_FAILS(&cap, attn_merge_attn_states(ctx, &toa, &tla, ATTN_LSE_BASE_E, &toa, &tla,
-                                           ATTN_LSE_BASE_E, &tout, &l, ATTN_LSE_BASE_E),
+                                           ATTN_LSE_BASE_E, &tout, &l, ATTN_LSE_BASE_E, NULL),
               ATTN_ERROR_SHAPE_MISMATCH);
     EXPECT_TRUE(def_all_bytes(out, sizeof out, 0x7f));
     EXPECT_TRUE(def_all_bytes(lse, sizeof lse, 0x7f));
@@ -503,9 +503,9 @@ ATTN_TEST(def_output_overlap_mla_and_merge) {
         attn_tensor bcast = def_view(oa, ATTN_DTYPE_F32, 3, so, st3_row0);
         attn_tensor lb = def_view(la, ATTN_DTYPE_F32, 2, sl, st2_row0);
         EXPECT_OK(attn_merge_attn_states(ctx, &bcast, &lb, ATTN_LSE_BASE_E, &toa, &tla,
-                                         ATTN_LSE_BASE_E, &tout, &tlse, ATTN_LSE_BASE_E));
+                                         ATTN_LSE_BASE_E, &tout, &tlse, ATTN_LSE_BASE_E, NULL));
         EXPECT_OK(attn_merge_attn_states(ctx, &toa, &tla, ATTN_LSE_BASE_E, &tout, &tlse,
-                                         ATTN_LSE_BASE_E, &toa, &tla, ATTN_LSE_BASE_E));
+                                         ATTN_LSE_BASE_E, &toa, &tla, ATTN_LSE_BASE_E, NULL));
     }
 done:
     attn_metadata_destroy(meta);

@@ -290,7 +290,7 @@ static void vf_cache_fails(vfix *f, const attn_tensor *key, const attn_tensor *v
     int e0 = f->cap.by_level[ATTN_LOG_LEVEL_ERROR];
     attn_status st;
     vf_poison(f);
-    st = attn_reshape_and_cache(f->layer, key, value, kv, slots, n);
+    st = attn_reshape_and_cache(f->layer, key, value, kv, slots, n, NULL);
     if (st != want)
         attn_test_fail(__FILE__, line, "attn_reshape_and_cache: got %s, expected %s",
                        attn_status_string(st), attn_status_string(want));
@@ -382,7 +382,8 @@ ATTN_TEST(val_backend_from_name) {
     EXPECT_EQ_INT(id, 55);
 }
 
-static int val_kv_shape(const attn_layer_desc *d, int64_t nb, int64_t shape[ATTN_MAX_DIMS]) {
+static int val_kv_shape(const attn_backend *self, const attn_layer_desc *d, int64_t nb, int64_t shape[ATTN_MAX_DIMS]) {
+    (void)self;
     shape[0] = nb;
     shape[1] = 2;
     shape[2] = d->block_size;
@@ -390,11 +391,11 @@ static int val_kv_shape(const attn_layer_desc *d, int64_t nb, int64_t shape[ATTN
     shape[4] = d->head_size;
     return 5;
 }
-static attn_status val_forward_nop(attn_layer *layer, const attn_metadata *meta,
+static attn_status val_forward_nop(const attn_backend *self, attn_layer *layer, const attn_metadata *meta,
                                    const attn_tensor *q, const attn_tensor *k,
                                    const attn_tensor *v, attn_tensor *kv_cache,
                                    attn_tensor *out, attn_tensor *lse, void *stream) {
-    (void)layer; (void)meta; (void)q; (void)k; (void)v; (void)kv_cache; (void)out;
+    (void)self; (void)layer; (void)meta; (void)q; (void)k; (void)v; (void)kv_cache; (void)out;
     (void)lse; (void)stream;
     return ATTN_OK;
 }
@@ -414,6 +415,7 @@ static attn_backend *val_plug_make(void) {
     val_plug.can_return_lse = 0;
     val_plug.kv_cache_shape = val_kv_shape;
     val_plug.forward = val_forward_nop;
+    val_plug.reshape_and_cache = attn_backend_get(ATTN_BACKEND_CPU)->reshape_and_cache;
     return &val_plug;
 }
 
@@ -938,7 +940,7 @@ ATTN_TEST(val_cache_null_arguments) {
     vf_setup(&F, 0);
     if (!vf_ready(&F)) { vf_teardown(&F); return; }
     vf_poison(&F);
-    VAL_FAILS_NOCTX(attn_reshape_and_cache(NULL, &F.tk, &F.tv, &F.tkv, F.slots, VF_NT), ATTN_ERROR_NULL_ARGUMENT);
+    VAL_FAILS_NOCTX(attn_reshape_and_cache(NULL, &F.tk, &F.tv, &F.tkv, F.slots, VF_NT, NULL), ATTN_ERROR_NULL_ARGUMENT);
     VF_CACHE_FAILS(NULL, &F.tv, &F.tkv, F.slots, VF_NT, ATTN_ERROR_NULL_ARGUMENT);
     VF_CACHE_FAILS(&F.tk, NULL, &F.tkv, F.slots, VF_NT, ATTN_ERROR_NULL_ARGUMENT);
     VF_CACHE_FAILS(&F.tk, &F.tv, NULL, F.slots, VF_NT, ATTN_ERROR_NULL_ARGUMENT);
@@ -972,7 +974,7 @@ ATTN_TEST(val_cache_bad_counts_and_slots) {
     memcpy(slots, F.slots, sizeof slots);
     slots[2] = -1;
     vf_poison(&F);
-    EXPECT_OK(attn_reshape_and_cache(F.layer, &F.tk, &F.tv, &F.tkv, slots, VF_NT));
+    EXPECT_OK(attn_reshape_and_cache(F.layer, &F.tk, &F.tv, &F.tkv, slots, VF_NT, NULL));
     {
         /* token 0 -> slot 48 = block 3, offset 0; K at [3][0][0][h], V at [3][1][0][h] */
         size_t kdst = (size_t)(((3 * 2 + 0) * VF_BS + 0) * VF_HKV) * VF_D;
@@ -984,7 +986,7 @@ ATTN_TEST(val_cache_bad_counts_and_slots) {
     }
     /* Fewer tokens than key rows: only those are written. */
     vf_poison(&F);
-    EXPECT_OK(attn_reshape_and_cache(F.layer, &F.tk, &F.tv, &F.tkv, F.slots, 1));
+    EXPECT_OK(attn_reshape_and_cache(F.layer, &F.tk, &F.tv, &F.tkv, F.slots, 1, NULL));
     EXPECT_TRUE(memcmp(F.kv + VF_KV_FLOATS / 2, F.kv_ref + VF_KV_FLOATS / 2,
                        VF_KV_FLOATS / 2 * sizeof(float)) == 0); /* blocks 4..7 untouched */
     vf_teardown(&F);
@@ -996,7 +998,7 @@ ATTN_TEST(val_cache_zero_tokens_with_padded_inputs) {
     vf_setup(&F, 0);
     if (!vf_ready(&F)) { vf_teardown(&F); return; }
     vf_poison(&F);
-    EXPECT_OK(attn_reshape_and_cache(F.layer, &F.tk, &F.tv, &F.tkv, F.slots, 0));
+    EXPECT_OK(attn_reshape_and_cache(F.layer, &F.tk, &F.tv, &F.tkv, F.slots, 0, NULL));
     EXPECT_TRUE(vf_untouched(&F));
     vf_teardown(&F);
 }
