@@ -1,9 +1,11 @@
-/* The test runner: the implementation of attn.h and of the harness live here; each
-   tests/test_*.c file contributes one or more suites, registered explicitly below. */
+/* The test runner: the implementations of attn.h, of the harness and of the shared
+   fixtures live here; each tests/test_*.c file contributes one or more suites,
+   registered explicitly below. */
 #define ATTN_IMPLEMENTATION
 #include "attn.h"
 #define ATTN_TEST_IMPLEMENTATION
 #include "attn_test.h"
+#include "fixtures.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -3,24 +3,11 @@
    non-causal windows. Each test is the reviewer's reproducer, made to assert. */
 #include "attn.h"
 #include "attn_test.h"
+#include "fixtures.h"
 
 #include <limits.h>
 #include <math.h>
 #include <string.h>
-
-static void rg_quiet(void *u, attn_log_level l, attn_log_item i, const char *m) {
-    (void)u; (void)l; (void)i; (void)m;
-}
-
-static attn_context *rg_ctx(int threads) {
-    attn_context_desc cd;
-    attn_context *ctx = NULL;
-    memset(&cd, 0, sizeof cd);
-    cd.num_threads = threads;
-    cd.log = rg_quiet;
-    attn_context_create(&cd, &ctx);
-    return ctx;
-}
 
 static attn_layer_desc rg_mla_desc(int block_size) {
     attn_layer_desc d;
@@ -36,7 +23,7 @@ static attn_layer_desc rg_mla_desc(int block_size) {
 /* The MLA split capacity at the longest sequence a block table allows must not overflow
    (it once wrapped to 1 split and the build wrote past the task array). */
 ATTN_TEST(rg_mla_split_capacity_at_int_limit) {
-    attn_context *ctx = rg_ctx(4);
+    attn_context *ctx = attn_test_context(NULL, ATTN_LOG_LEVEL_DEFAULT, 4);
     attn_layer_desc d = rg_mla_desc(128);
     attn_layer *L = NULL;
     attn_metadata *m = NULL;
@@ -69,7 +56,7 @@ ATTN_TEST(rg_mla_split_capacity_at_int_limit) {
 
 /* Capacities whose task count does not fit are refused at create, not overrun at build. */
 ATTN_TEST(rg_capacity_overflow_is_refused) {
-    attn_context *ctx = rg_ctx(1);
+    attn_context *ctx = attn_test_context(NULL, ATTN_LOG_LEVEL_DEFAULT, 1);
     attn_layer_desc d, dm = rg_mla_desc(16);
     attn_layer *L = NULL, *LM = NULL;
     attn_metadata *m = (attn_metadata *)&d;
@@ -92,7 +79,7 @@ ATTN_TEST(rg_capacity_overflow_is_refused) {
 /* Metadata keeps working after the layer that created it is destroyed; a rejected MLA
    build keeps the previous schedule; a causal-only backend refuses a non-causal batch. */
 ATTN_TEST(rg_metadata_lifetime_and_rejected_builds) {
-    attn_context *ctx = rg_ctx(2);
+    attn_context *ctx = attn_test_context(NULL, ATTN_LOG_LEVEL_DEFAULT, 2);
     attn_layer_desc d = rg_mla_desc(16);
     attn_layer *L = NULL, *L2 = NULL;
     attn_metadata *m = NULL;
@@ -132,7 +119,7 @@ ATTN_TEST(rg_metadata_lifetime_and_rejected_builds) {
 
 /* An LSE of +inf (how some kernels mark an empty partition) merges as empty, not NaN. */
 ATTN_TEST(rg_merge_plus_inf_lse_is_empty) {
-    attn_context *ctx = rg_ctx(1);
+    attn_context *ctx = attn_test_context(NULL, ATTN_LOG_LEVEL_DEFAULT, 1);
     float oa[2] = {NAN, NAN}, ob[2] = {1.0f, 2.0f}, o[2] = {0, 0};
     float la[1] = {INFINITY}, lb[1] = {0.5f}, l[1] = {0};
     int64_t s3[3] = {1, 1, 2}, s2[2] = {1, 1};
@@ -150,7 +137,7 @@ ATTN_TEST(rg_merge_plus_inf_lse_is_empty) {
 
 /* A non-causal window near INT_MAX sees every key (pos + window once overflowed). */
 ATTN_TEST(rg_huge_noncausal_window) {
-    attn_context *ctx = rg_ctx(1);
+    attn_context *ctx = attn_test_context(NULL, ATTN_LOG_LEVEL_DEFAULT, 1);
     attn_layer_desc d;
     attn_layer *L = NULL;
     attn_metadata *m = NULL;
@@ -189,7 +176,7 @@ ATTN_TEST(rg_huge_noncausal_window) {
 
 /* The record's default backend is the first of the layer's kind (CPU_MLA for MLA). */
 ATTN_TEST(rg_default_backend_of_the_layer_kind) {
-    attn_context *ctx = rg_ctx(1);
+    attn_context *ctx = attn_test_context(NULL, ATTN_LOG_LEVEL_DEFAULT, 1);
     attn_layer_desc d = rg_mla_desc(16);
     attn_selection sel;
     EXPECT_OK(attn_select_backend(ctx, &d, NULL, &sel));
