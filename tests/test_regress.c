@@ -174,6 +174,52 @@ ATTN_TEST(rg_huge_noncausal_window) {
     attn_context_destroy(ctx);
 }
 
+/* Views longer than the batch with default (all-zero) strides: q and out of INT64_MAX
+   rows run like one row, a cache of INT64_MAX blocks is refused. Deriving the strides
+   once multiplied by the outermost extent too, a signed overflow (UBSan); the fuzzer
+   found it. */
+ATTN_TEST(rg_huge_outer_extent_with_default_strides) {
+    attn_context *ctx = attn_test_context(NULL, ATTN_LOG_LEVEL_DEFAULT, 1);
+    attn_layer_desc d;
+    attn_layer *L = NULL;
+    attn_metadata *m = NULL;
+    attn_metadata_desc md;
+    attn_batch b;
+    int32_t qsl[2] = {0, 1}, sl[1] = {3}, bt[1] = {0};
+    float qd[16], cache[2 * 16 * 2 * 8], out[16], out_long[16];
+    int64_t s3[3] = {1, 2, 8}, s5[5] = {1, 2, 16, 2, 8};
+    attn_tensor tq, to, tc, tq_long, to_long, tc_long;
+    int i;
+    memset(&d, 0, sizeof d);
+    d.num_heads = 2; d.head_size = 8; d.dtype = ATTN_DTYPE_F32;
+    EXPECT_OK(attn_layer_create(ctx, &d, NULL, &L));
+    memset(&md, 0, sizeof md);
+    md.max_num_reqs = 1; md.max_num_tokens = 1; md.max_blocks_per_req = 1; md.num_blocks = 1;
+    if (L) EXPECT_OK(attn_metadata_create(L, &md, &m));
+    memset(&b, 0, sizeof b);
+    b.query_start_loc = qsl; b.seq_lens = sl; b.block_table = bt; b.block_table_stride = 1;
+    b.num_reqs = 1; b.num_actual_tokens = 1; b.max_query_len = 1; b.max_seq_len = 3;
+    if (m) EXPECT_OK(attn_metadata_build(m, 0, &b, 0));
+    for (i = 0; i < 16; i++) qd[i] = (float)(i % 5) * 0.25f;
+    for (i = 0; i < 2 * 16 * 2 * 8; i++) cache[i] = (float)(i % 7) * 0.125f;
+    tq = attn_tensor_make(qd, ATTN_DTYPE_F32, 3, s3);
+    to = attn_tensor_make(out, ATTN_DTYPE_F32, 3, s3);
+    tc = attn_tensor_make(cache, ATTN_DTYPE_F32, 5, s5);
+    tq_long = tq; tq_long.shape[0] = INT64_MAX;
+    to_long = attn_tensor_make(out_long, ATTN_DTYPE_F32, 3, s3); to_long.shape[0] = INT64_MAX;
+    tc_long = tc; tc_long.shape[0] = INT64_MAX;
+    if (m) {
+        EXPECT_OK(attn_layer_forward(L, m, &tq, NULL, NULL, &tc, &to, NULL, NULL));
+        EXPECT_OK(attn_layer_forward(L, m, &tq_long, NULL, NULL, &tc, &to_long, NULL, NULL));
+        EXPECT_TRUE(memcmp(out, out_long, sizeof out) == 0);
+        EXPECT_STATUS(attn_layer_forward(L, m, &tq, NULL, NULL, &tc_long, &to, NULL, NULL),
+                      ATTN_ERROR_SHAPE_MISMATCH);
+    }
+    attn_metadata_destroy(m);
+    attn_layer_destroy(L);
+    attn_context_destroy(ctx);
+}
+
 /* The record's default backend is the first of the layer's kind (CPU_MLA for MLA). */
 ATTN_TEST(rg_default_backend_of_the_layer_kind) {
     attn_context *ctx = attn_test_context(NULL, ATTN_LOG_LEVEL_DEFAULT, 1);
@@ -196,4 +242,5 @@ void suite_regress(void) {
     ATTN_RUN(rg_metadata_lifetime_and_rejected_builds);
     ATTN_RUN(rg_merge_plus_inf_lse_is_empty);
     ATTN_RUN(rg_huge_noncausal_window);
+    ATTN_RUN(rg_huge_outer_extent_with_default_strides);
 }
