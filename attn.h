@@ -1269,7 +1269,8 @@ static attn_tensor attn__tensor_resolved(const attn_tensor *t) {
     for (i = 0; i < r.ndim; i++) if (r.strides[i]) all_zero = 0;
     if (all_zero && r.ndim > 0) {
         int64_t s = 1;
-        for (i = r.ndim - 1; i >= 0; i--) { r.strides[i] = s; s *= r.shape[i]; }
+        /* the outermost extent enters no stride: it may be any length without overflow */
+        for (i = r.ndim - 1; i >= 0; i--) { r.strides[i] = s; if (i > 0) s *= r.shape[i]; }
     }
     return r;
 }
@@ -1397,7 +1398,7 @@ static int attn__tensor_is_contiguous(const attn_tensor *t) {
     int i;
     for (i = r.ndim - 1; i >= 0; i--) {
         if (r.shape[i] != 1 && r.strides[i] != s) return 0;
-        s *= r.shape[i];
+        if (i > 0) s *= r.shape[i];
     }
     return 1;
 }

@@ -5,44 +5,12 @@
 #define _POSIX_C_SOURCE 200809L
 #include "attn.h"
 #include "attn_test.h"
+#include "fixtures.h"
 
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* ---- a silent logger that counts ---------------------------------------------------- */
-
-typedef struct val_capture {
-    int total;
-    int by_level[6];
-    int by_item[ATTN_LOG_ITEM_COUNT];
-    attn_log_item last_item;
-    attn_log_level last_level;
-} val_capture;
-
-static void val_hook(void *user, attn_log_level level, attn_log_item item, const char *msg) {
-    val_capture *c = (val_capture *)user;
-    (void)msg;
-    c->total++;
-    if ((int)level >= 0 && (int)level < 6) c->by_level[level]++;
-    if ((int)item >= 0 && (int)item < (int)ATTN_LOG_ITEM_COUNT) c->by_item[item]++;
-    c->last_item = item;
-    c->last_level = level;
-}
-
-static attn_context *val_ctx(val_capture *cap, int threads) {
-    attn_context_desc cd;
-    attn_context *ctx = NULL;
-    memset(&cd, 0, sizeof cd);
-    memset(cap, 0, sizeof *cap);
-    cd.log = val_hook;
-    cd.log_user_data = cap;
-    cd.log_level = ATTN_LOG_LEVEL_DEBUG;
-    cd.num_threads = threads;
-    EXPECT_OK(attn_context_create(&cd, &ctx));
-    return ctx;
-}
 
 /* A failing call on a context: the status, one more ERROR line carrying `item`, and a
    message in the context's last error. */
@@ -77,7 +45,7 @@ static attn_context *val_ctx(val_capture *cap, int threads) {
 #define VF_KV_FLOATS (VF_NB * 2 * VF_BS * VF_HKV * VF_D)
 
 typedef struct vfix {
-    val_capture cap;
+    attn_test_log cap;
     attn_context *ctx;
     attn_layer *layer;
     attn_metadata *meta;
@@ -165,7 +133,7 @@ static void vf_tensors(vfix *f) {
 /* ctx + layer + metadata (+ a built batch when build is set). */
 static void vf_setup(vfix *f, int build) {
     memset(f, 0, sizeof *f);
-    f->ctx = val_ctx(&f->cap, 2);
+    f->ctx = attn_test_context(&f->cap, ATTN_LOG_LEVEL_DEBUG, 2);
     f->desc = vf_desc();
     if (f->ctx) EXPECT_OK(attn_layer_create(f->ctx, &f->desc, NULL, &f->layer));
     f->mdesc.max_num_reqs = VF_MAXREQ;
@@ -337,8 +305,8 @@ ATTN_TEST(val_context_create) {
 }
 
 ATTN_TEST(val_context_set_log_level) {
-    val_capture cap;
-    attn_context *ctx = val_ctx(&cap, 1);
+    attn_test_log cap;
+    attn_context *ctx = attn_test_context(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
     attn_layer_desc d = vf_desc();
     attn_layer *layer = NULL;
     if (!ctx) return;
@@ -358,8 +326,8 @@ ATTN_TEST(val_context_set_log_level) {
 }
 
 ATTN_TEST(val_platform_get) {
-    val_capture cap;
-    attn_context *ctx = val_ctx(&cap, 1);
+    attn_test_log cap;
+    attn_context *ctx = attn_test_context(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
     attn_platform p, ref;
     memset(&p, 0x7f, sizeof p);
     memcpy(&ref, &p, sizeof p);
@@ -434,8 +402,8 @@ ATTN_TEST(val_register_backend) {
 }
 
 ATTN_TEST(val_select_backend) {
-    val_capture cap;
-    attn_context *ctx = val_ctx(&cap, 1);
+    attn_test_log cap;
+    attn_context *ctx = attn_test_context(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
     attn_layer_desc d = vf_desc();
     attn_select_request req;
     attn_selection s, ref;
@@ -472,8 +440,8 @@ ATTN_TEST(val_selection_cache_clear) {
 /* attn_layer_create(d) must fail with want, log INVALID_ARGUMENT (or the selector item for
    UNSUPPORTED), set *out to NULL and resolve nothing. */
 static void val_layer_fails(const attn_layer_desc *d, attn_status want, int line) {
-    val_capture cap;
-    attn_context *ctx = val_ctx(&cap, 1);
+    attn_test_log cap;
+    attn_context *ctx = attn_test_context(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
     attn_layer *layer = (attn_layer *)&cap;
     attn_status st;
     if (!ctx) return;
@@ -498,8 +466,8 @@ static void val_layer_fails(const attn_layer_desc *d, attn_status want, int line
 #define VAL_LAYER_FAILS(d, want) val_layer_fails(&(d), want, __LINE__)
 
 ATTN_TEST(val_layer_create_null_arguments) {
-    val_capture cap;
-    attn_context *ctx = val_ctx(&cap, 1);
+    attn_test_log cap;
+    attn_context *ctx = attn_test_context(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
     attn_layer_desc d = vf_desc();
     attn_layer *layer = (attn_layer *)&cap;
     attn_select_request req;
@@ -1315,8 +1283,8 @@ ATTN_TEST(val_forward_new_kv_mismatch) {
 }
 
 ATTN_TEST(val_forward_lse_unsupported_by_backend) {
-    val_capture cap;
-    attn_context *ctx = val_ctx(&cap, 1);
+    attn_test_log cap;
+    attn_context *ctx = attn_test_context(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
     attn_layer_desc d = vf_desc();
     attn_metadata_desc md;
     attn_layer *layer = NULL;
