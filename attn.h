@@ -226,7 +226,11 @@ typedef enum attn_status {
     X(ENV_INVALID, "environment variable has an invalid value")                  \
     X(THREADS_STARTED, "worker threads started")                                 \
     X(PLATFORM_ERROR, "platform facility failed (threads, loading)")            \
-    X(OUT_OF_MEMORY, "out of memory")
+    X(OUT_OF_MEMORY, "out of memory")                                            \
+    X(KERNEL_COMPILED, "kernel variant compiled by NVRTC")                       \
+    X(KERNEL_CACHE_HIT, "kernel variant read from the disk cache")               \
+    X(KERNEL_CACHE_FAULT, "kernel cache directory or file unusable")             \
+    X(KERNEL_COMPILE_FAILED, "kernel variant failed to compile")
 
 typedef enum attn_log_item {
 #define ATTN__LOG_ENUM(name, text) ATTN_LOG_##name,
@@ -330,6 +334,8 @@ typedef struct attn_context_desc {
     attn_log_level log_level;  /* DEFAULT: env ATTN_LOG_LEVEL, else INFO */
     int num_threads;           /* 0: env ATTN_NUM_THREADS, else online cores */
     const attn_loader *loader; /* NULL: dlopen; copied at create */
+    const char *kernel_cache_dir; /* NULL: env ATTN_CACHE_DIR, else $XDG_CACHE_HOME/attn,
+                                     else ~/.cache/attn; "off": memory only */
 } attn_context_desc;
 
 /* desc may be NULL (all defaults). On failure *out is NULL and the message is in
@@ -360,12 +366,47 @@ typedef struct attn_platform {
     int cuda_multiprocessors;
     char cuda_device_name[96];
     int cuda_driver_version;      /* e.g. 13000; 0 when unknown */
+    uint64_t cuda_memory_bytes;   /* of device 0; 0 when none */
     char cuda_reason[160];        /* why the CUDA platform is unavailable, else "" */
+    int nvrtc_version;            /* run-time compiler found, e.g. 13000; 0 when none */
+    char nvrtc_reason[160];       /* why NVRTC is unavailable, else "" */
 } attn_platform;
 
 ATTN_API attn_status attn_platform_get(attn_context *ctx, attn_platform *out);
 /* Writes a multi-line description; returns the length it needed (like snprintf). */
 ATTN_API size_t attn_platform_format(const attn_platform *p, char *buf, size_t size);
+
+/* ---------------------------------------------------------------------------------------
+   Run-time kernel compilation (NVRTC; no GPU needed to compile)
+   ------------------------------------------------------------------------------------- */
+
+typedef enum attn_kernel_source {
+    ATTN_KERNEL_COMPILED = 1,      /* NVRTC ran */
+    ATTN_KERNEL_FROM_MEMORY = 2,   /* the context had it */
+    ATTN_KERNEL_FROM_DISK = 3      /* the disk cache had it */
+} attn_kernel_source;
+
+typedef struct attn_kernel_info {
+    char kernel[64];               /* the embedded file, e.g. "paged_attention.cu" */
+    char arch[16];                 /* e.g. "sm_90" */
+    attn_kernel_source source;
+    size_t cubin_bytes;
+    int registers;                 /* the most any function of the file uses (ptxas) */
+    int shared_bytes;              /* the most static shared memory of any function */
+    int spill_stores, spill_loads; /* bytes, all functions */
+    double compile_ms;             /* of the compile that made it */
+    char log[1024];                /* the start of the NVRTC log of that compile */
+} attn_kernel_info;
+
+/* Compiles one variant of an embedded kernel file to CUBIN for `arch` ("sm_80", "sm_90",
+   "sm_90a"), with `options` (space-separated NVRTC options, e.g. "-DHEAD_DIM=128"), or
+   finds it in the context's memory or disk cache. Backends call this at layer creation;
+   tools and tests use it to check that every variant builds. A compile error returns
+   ATTN_ERROR_PLATFORM with the NVRTC log in the message. info may be NULL. */
+ATTN_API attn_status attn_kernel_compile(attn_context *ctx, const char *kernel, const char *options,
+                                         const char *arch, attn_kernel_info *info);
+/* NVRTC compilations this context has run (cache hits excluded). */
+ATTN_API int attn_kernel_compile_count(const attn_context *ctx);
 
 /* ---------------------------------------------------------------------------------------
    Layer descriptor (zero-initialise; 0 means default)
@@ -829,6 +870,9 @@ ATTN_API attn_status attn_merge_attn_states(attn_context *ctx, const attn_tensor
 
 #include <unistd.h>
 #include <dlfcn.h>
+#include <errno.h>
+#include <sys/stat.h>
+#include <sys/time.h>
 #ifndef ATTN_NO_THREADS
 #include <pthread.h>
 #endif
@@ -963,6 +1007,8 @@ struct attn_context {
     int cache_count, cache_capacity;
     attn_loader loader;              /* how run-time libraries are opened */
     struct attn__cuda_driver *cuda;  /* the driver's function table (library NULL: none) */
+    struct attn__nvrtc *nvrtc;       /* the run-time compiler's table (library NULL: none) */
+    struct attn__kernel_cache *kernels; /* compiled variants, memory and disk (>>nvrtc) */
     struct attn__backend_slot *backends; /* context-level state of each backend used */
     int num_backends, backend_capacity;
 };
@@ -1430,7 +1476,8 @@ typedef int attn__CUdevice;
     X(cuDeviceGet, "cuDeviceGet", (attn__CUdevice *device, int ordinal))                 \
     X(cuDeviceGetAttribute, "cuDeviceGetAttribute",                                      \
       (int *value, int attribute, attn__CUdevice device))                                \
-    X(cuDeviceGetName, "cuDeviceGetName", (char *name, int length, attn__CUdevice device))
+    X(cuDeviceGetName, "cuDeviceGetName", (char *name, int length, attn__CUdevice device)) \
+    X(cuDeviceTotalMem, "cuDeviceTotalMem_v2", (size_t *bytes, attn__CUdevice device))
 
 /* The loaded driver, kept on the context for the backends that use it. */
 typedef struct attn__cuda_driver {
@@ -1441,6 +1488,36 @@ typedef struct attn__cuda_driver {
 #undef ATTN__DRIVER_POINTER
 } attn__cuda_driver;
 
+/* NVRTC, the run-time compiler: loaded at context creation (it needs no GPU). */
+typedef int attn__nvrtcResult;
+typedef struct attn__nvrtcProgram_st *attn__nvrtcProgram;
+
+#define ATTN__NVRTC_FUNCTIONS(X)                                                         \
+    X(nvrtcVersion, "nvrtcVersion", (int *major, int *minor))                            \
+    X(nvrtcCreateProgram, "nvrtcCreateProgram",                                          \
+      (attn__nvrtcProgram * prog, const char *src, const char *name, int num_headers,    \
+       const char *const *headers, const char *const *include_names))                    \
+    X(nvrtcDestroyProgram, "nvrtcDestroyProgram", (attn__nvrtcProgram * prog))           \
+    X(nvrtcCompileProgram, "nvrtcCompileProgram",                                        \
+      (attn__nvrtcProgram prog, int num_options, const char *const *options))            \
+    X(nvrtcGetProgramLogSize, "nvrtcGetProgramLogSize", (attn__nvrtcProgram prog, size_t *size)) \
+    X(nvrtcGetProgramLog, "nvrtcGetProgramLog", (attn__nvrtcProgram prog, char *log))    \
+    X(nvrtcGetCUBINSize, "nvrtcGetCUBINSize", (attn__nvrtcProgram prog, size_t *size))   \
+    X(nvrtcGetCUBIN, "nvrtcGetCUBIN", (attn__nvrtcProgram prog, char *cubin))
+
+typedef struct attn__nvrtc {
+    void *library;                  /* NULL: not loaded (platform.nvrtc_reason says why) */
+    char soname[64];
+    int major, minor;
+#define ATTN__NVRTC_POINTER(field, symbol, params) attn__nvrtcResult (*field) params;
+    ATTN__NVRTC_FUNCTIONS(ATTN__NVRTC_POINTER)
+#undef ATTN__NVRTC_POINTER
+} attn__nvrtc;
+
+#ifndef ATTN_NVRTC_LIBRARY
+#define ATTN_NVRTC_LIBRARY "libnvrtc.so.13"
+#endif
+
 typedef struct attn__symbol_slot {
     const char *name;
     size_t offset;                  /* of the function pointer in its table */
@@ -1450,6 +1527,12 @@ static const attn__symbol_slot attn__cuda_driver_symbols[] = {
 #define ATTN__DRIVER_SLOT(field, symbol, params) {symbol, offsetof(attn__cuda_driver, field)},
     ATTN__CUDA_DRIVER_FUNCTIONS(ATTN__DRIVER_SLOT)
 #undef ATTN__DRIVER_SLOT
+};
+
+static const attn__symbol_slot attn__nvrtc_symbols[] = {
+#define ATTN__NVRTC_SLOT(field, symbol, params) {symbol, offsetof(attn__nvrtc, field)},
+    ATTN__NVRTC_FUNCTIONS(ATTN__NVRTC_SLOT)
+#undef ATTN__NVRTC_SLOT
 };
 
 static void *attn__loader_open(const attn_loader *l, const char *soname) {
@@ -1515,6 +1598,28 @@ static const char *attn__simd_name(void) {
 #endif
 }
 
+/* Loads NVRTC into *nv and fills p->nvrtc_version or p->nvrtc_reason. */
+static void attn__probe_nvrtc(const attn_loader *loader, attn__nvrtc *nv, attn_platform *p) {
+    static const char *const sonames[] = {ATTN_NVRTC_LIBRARY, "libnvrtc.so.12", "libnvrtc.so", NULL};
+    char reason[160];
+    memset(nv, 0, sizeof *nv);
+    nv->library = attn__load_library(loader, sonames, attn__nvrtc_symbols,
+                                     sizeof attn__nvrtc_symbols / sizeof attn__nvrtc_symbols[0], nv,
+                                     nv->soname, sizeof nv->soname, reason, sizeof reason);
+    if (!nv->library) {
+        attn__fmt(p->nvrtc_reason, sizeof p->nvrtc_reason, "no NVRTC: %s", reason);
+        return;
+    }
+    if (nv->nvrtcVersion(&nv->major, &nv->minor) != 0 || nv->major < 12) {
+        attn__fmt(p->nvrtc_reason, sizeof p->nvrtc_reason, "NVRTC %s is version %d.%d (allowed: 12 "
+                  "or later)", nv->soname, nv->major, nv->minor);
+        attn__loader_close(loader, nv->library);
+        memset(nv, 0, sizeof *nv);
+        return;
+    }
+    p->nvrtc_version = nv->major * 1000 + nv->minor * 10;
+}
+
 /* Loads the driver into *drv and fills the CUDA part of p; a missing piece is a reason
    in p->cuda_reason and leaves drv->library NULL. */
 static void attn__probe_cuda(const attn_loader *loader, attn__cuda_driver *drv, attn_platform *p) {
@@ -1548,6 +1653,10 @@ static void attn__probe_cuda(const attn_loader *loader, attn__cuda_driver *drv, 
         drv->cuDeviceGetAttribute(&p->cuda_capability_minor, ATTN__CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
         drv->cuDeviceGetAttribute(&p->cuda_multiprocessors, ATTN__CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
         drv->cuDeviceGetName(p->cuda_device_name, (int)sizeof p->cuda_device_name, dev);
+        {
+            size_t bytes = 0;
+            if (drv->cuDeviceTotalMem(&bytes, dev) == 0) p->cuda_memory_bytes = bytes;
+        }
     }
     p->kind = ATTN_PLATFORM_CUDA;
 }
@@ -1573,12 +1682,17 @@ ATTN_API size_t attn_platform_format(const attn_platform *p, char *buf, size_t s
                  "  device_capability: %d.%d\n"
                  "  cuda_multiprocessors: %d\n"
                  "  cuda_driver_version: %d\n"
-                 "  cuda_unavailable_reason: %s\n",
+                 "  cuda_memory_mib: %llu\n"
+                 "  cuda_unavailable_reason: %s\n"
+                 "  nvrtc_version: %d.%d\n"
+                 "  nvrtc_unavailable_reason: %s\n",
                  p->kind == ATTN_PLATFORM_CUDA ? "CUDA" : "CPU", p->cpu_cores, p->cpu_threads,
                  p->cpu_simd, p->cuda_device_count,
                  p->cuda_device_name[0] ? p->cuda_device_name : "none",
                  p->cuda_capability_major, p->cuda_capability_minor, p->cuda_multiprocessors,
-                 p->cuda_driver_version, p->cuda_reason[0] ? p->cuda_reason : "none");
+                 p->cuda_driver_version, (unsigned long long)(p->cuda_memory_bytes >> 20),
+                 p->cuda_reason[0] ? p->cuda_reason : "none", p->nvrtc_version / 1000,
+                 p->nvrtc_version % 1000 / 10, p->nvrtc_reason[0] ? p->nvrtc_reason : "none");
     return n < 0 ? 0 : (size_t)n;
 }
 
@@ -1735,6 +1849,10 @@ static attn_status attn__context_create_failed(const attn_context *logger, attn_
     return status;
 }
 
+struct attn__kernel_cache;                                         /* >>nvrtc */
+static struct attn__kernel_cache *attn__kernel_cache_create(const char *dir);
+static void attn__kernel_cache_destroy(struct attn__kernel_cache *kc);
+
 ATTN_API attn_status attn_context_create(const attn_context_desc *desc, attn_context **out) {
     attn_context_desc d;
     attn_context logger;
@@ -1805,6 +1923,14 @@ ATTN_API attn_status attn_context_create(const attn_context_desc *desc, attn_con
                           "attn_context_create: cannot allocate the driver table");
     }
     attn__probe_cuda(&ctx->loader, ctx->cuda, &ctx->platform);
+    ctx->nvrtc = (struct attn__nvrtc *)attn__calloc(1, sizeof *ctx->nvrtc);
+    ctx->kernels = attn__kernel_cache_create(d.kernel_cache_dir);
+    if (!ctx->nvrtc || !ctx->kernels) {
+        attn_context_destroy(ctx);
+        return attn__fail(NULL, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
+                          "attn_context_create: cannot allocate the compiler tables");
+    }
+    attn__probe_nvrtc(&ctx->loader, ctx->nvrtc, &ctx->platform);
     if (ctx->platform.kind != ATTN_PLATFORM_CUDA)
         attn__log(ctx, ATTN_LOG_LEVEL_DEBUG, ATTN_LOG_CUDA_UNAVAILABLE, "CUDA: %s",
                   ctx->platform.cuda_reason);
@@ -1834,6 +1960,9 @@ ATTN_API void attn_context_destroy(attn_context *ctx) {
     attn__free(ctx->cache);
     if (ctx->cuda) attn__loader_close(&ctx->loader, ctx->cuda->library);
     attn__free(ctx->cuda);
+    if (ctx->nvrtc) attn__loader_close(&ctx->loader, ctx->nvrtc->library);
+    attn__free(ctx->nvrtc);
+    attn__kernel_cache_destroy(ctx->kernels);
     attn__free(ctx);
 }
 
@@ -5205,8 +5334,477 @@ ATTN_API attn_status attn_layer_forward(attn_layer *layer, const attn_metadata *
     return layer->backend->forward(layer->backend, layer, meta, q, k, v, kv_cache, out, lse, stream);
 }
 
+/* =======================================================================================
+   >>nvrtc
+   Run-time compilation of the embedded kernels (the .cu files of kernels/, in the
+   generated block at the end of the file): NVRTC loaded like the driver; a variant is (file, options, arch) compiled
+   to CUBIN, cached in memory per context and on disk, keyed by a hash of the sources,
+   options, NVRTC version and arch; disk files are written atomically and checked on read.
+   ======================================================================================= */
+
+/* The generated block at the end of the file: the embedded sources by name / index. */
+static const char *const *attn__kernel_source_lines(const char *name);
+static const char *attn__kernel_source_name(int i);
+
+/* Bumped when the cache file layout changes: old files then miss and are rebuilt. */
+#define ATTN__CUBIN_MAGIC "ATTNCUB1"
+
+typedef struct attn__cubin {
+    uint64_t key;
+    void *data;
+    size_t size;
+    attn_kernel_info info;         /* as first compiled (registers, spills, ...) */
+} attn__cubin;
+
+struct attn__kernel_cache {
+#ifndef ATTN_NO_THREADS
+    pthread_mutex_t lock;          /* held across a compile: one compile per variant */
+#endif
+    attn__cubin *entries;
+    int count, capacity;
+    char dir[512];                 /* "" = memory only */
+    int dir_warned;                /* one WARN for an unwritable directory */
+    int compiles;                  /* NVRTC compilations this context ran */
+};
+
+static uint64_t attn__fnv1a(uint64_t h, const void *data, size_t n) {
+    const unsigned char *p = (const unsigned char *)data;
+    size_t i;
+    for (i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+#define ATTN__FNV_SEED 1469598103934665603ull
+
+/* The source text of an embedded file (lines joined), NULL if there is none. */
+static char *attn__kernel_source_text(const char *name) {
+    const char *const *lines = attn__kernel_source_lines(name);
+    size_t n = 1, i;
+    char *s, *w;
+    if (!lines) return NULL;
+    for (i = 0; lines[i]; i++) n += strlen(lines[i]);
+    s = (char *)attn__malloc(n);
+    if (!s) return NULL;
+    for (w = s, i = 0; lines[i]; i++) {
+        size_t k = strlen(lines[i]);
+        memcpy(w, lines[i], k);
+        w += k;
+    }
+    *w = 0;
+    return s;
+}
+
+/* Where compiled kernels are kept: desc.cache_dir, else ATTN_CACHE_DIR, else
+   $XDG_CACHE_HOME/attn, else $HOME/.cache/attn; "off" keeps them in memory only. */
+static void attn__kernel_cache_dir(const char *given, char *dir, size_t size) {
+    const char *v = given && *given ? given : attn__trim_env("ATTN_CACHE_DIR");
+    dir[0] = 0;
+    if (v) {
+        if (!attn__strieq(v, "off")) attn__strlcpy(dir, v, size);
+        return;
+    }
+    if ((v = attn__trim_env("XDG_CACHE_HOME")) != NULL) attn__fmt(dir, size, "%s/attn", v);
+    else if ((v = attn__trim_env("HOME")) != NULL) attn__fmt(dir, size, "%s/.cache/attn", v);
+}
+
+static void attn__kernel_cache_destroy(struct attn__kernel_cache *kc) {
+    int i;
+    if (!kc) return;
+    for (i = 0; i < kc->count; i++) attn__free(kc->entries[i].data);
+    attn__free(kc->entries);
+#ifndef ATTN_NO_THREADS
+    pthread_mutex_destroy(&kc->lock);
+#endif
+    attn__free(kc);
+}
+
+static struct attn__kernel_cache *attn__kernel_cache_create(const char *dir) {
+    struct attn__kernel_cache *kc = (struct attn__kernel_cache *)attn__calloc(1, sizeof *kc);
+    if (!kc) return NULL;
+#ifndef ATTN_NO_THREADS
+    pthread_mutex_init(&kc->lock, NULL);
+#endif
+    attn__kernel_cache_dir(dir, kc->dir, sizeof kc->dir);
+    return kc;
+}
+
+/* mkdir -p; 0 when the directory exists afterwards. */
+static int attn__mkdirs(const char *path) {
+    char tmp[512];
+    size_t i, n = strlen(path);
+    struct stat st;
+    if (n == 0 || n >= sizeof tmp) return -1;
+    memcpy(tmp, path, n + 1);
+    for (i = 1; i <= n; i++) {
+        if (tmp[i] == '/' || tmp[i] == 0) {
+            char c = tmp[i];
+            tmp[i] = 0;
+            if (stat(tmp, &st) != 0 && mkdir(tmp, 0700) != 0 && errno != EEXIST) return -1;
+            tmp[i] = c;
+        }
+    }
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode) ? 0 : -1;
+}
+
+/* The disk file's fixed header, then `size` bytes of CUBIN. */
+typedef struct attn__cubin_file {
+    char magic[8];
+    uint64_t key, size, checksum;
+    int32_t registers, shared_bytes, spill_stores, spill_loads;
+} attn__cubin_file;
+
+/* Reads a cached CUBIN; 1 hit, 0 absent, -1 present but damaged (then removed). */
+static int attn__cubin_read(const char *path, uint64_t key, attn__cubin *out) {
+    FILE *f = fopen(path, "rb");
+    attn__cubin_file h;
+    void *data = NULL;
+    long len;
+    int ok = 0;
+    if (!f) return 0;
+    if (fread(&h, sizeof h, 1, f) == 1 && memcmp(h.magic, ATTN__CUBIN_MAGIC, 8) == 0 &&
+        h.key == key && h.size > 0 && h.size < ((uint64_t)1 << 31) &&
+        fseek(f, 0, SEEK_END) == 0 && (len = ftell(f)) >= 0 &&
+        (uint64_t)len == sizeof h + h.size && fseek(f, (long)sizeof h, SEEK_SET) == 0 &&
+        (data = attn__malloc((size_t)h.size)) != NULL &&
+        fread(data, (size_t)h.size, 1, f) == 1 &&
+        attn__fnv1a(ATTN__FNV_SEED, data, (size_t)h.size) == h.checksum) {
+        out->data = data;
+        out->size = (size_t)h.size;
+        out->info.registers = h.registers;
+        out->info.shared_bytes = h.shared_bytes;
+        out->info.spill_stores = h.spill_stores;
+        out->info.spill_loads = h.spill_loads;
+        ok = 1;
+    }
+    fclose(f);
+    if (ok) return 1;
+    attn__free(data);
+    remove(path);
+    return -1;
+}
+
+/* Writes atomically (temp file + rename); 0 on success. */
+static int attn__cubin_write(const char *dir, const char *path, const attn__cubin *c) {
+    char tmp[600];
+    static unsigned counter;
+    attn__cubin_file h;
+    FILE *f;
+    int ok;
+    if (attn__mkdirs(dir) != 0) return -1;
+    attn__fmt(tmp, sizeof tmp, "%s.tmp.%ld.%u", path, (long)getpid(), counter++);
+    f = fopen(tmp, "wb");
+    if (!f) return -1;
+    memset(&h, 0, sizeof h);
+    memcpy(h.magic, ATTN__CUBIN_MAGIC, 8);
+    h.key = c->key;
+    h.size = c->size;
+    h.checksum = attn__fnv1a(ATTN__FNV_SEED, c->data, c->size);
+    h.registers = c->info.registers;
+    h.shared_bytes = c->info.shared_bytes;
+    h.spill_stores = c->info.spill_stores;
+    h.spill_loads = c->info.spill_loads;
+    ok = fwrite(&h, sizeof h, 1, f) == 1 && fwrite(c->data, c->size, 1, f) == 1;
+    ok = (fclose(f) == 0) && ok;
+    if (ok && rename(tmp, path) == 0) return 0;
+    remove(tmp);
+    return -1;
+}
+
+/* The ptxas report in an NVRTC log: the most registers and shared memory of any function,
+   the spill bytes of all of them. */
+static void attn__ptxas_info(const char *log, attn_kernel_info *info) {
+    const char *p = log;
+    info->registers = info->shared_bytes = info->spill_stores = info->spill_loads = 0;
+    while ((p = strstr(p, "ptxas info")) != NULL) {
+        const char *eol = strchr(p, '\n');
+        const char *q;
+        char line[256];
+        size_t n = eol ? (size_t)(eol - p) : strlen(p);
+        if (n >= sizeof line) n = sizeof line - 1;
+        memcpy(line, p, n);
+        line[n] = 0;
+        if ((q = strstr(line, "Used ")) != NULL) {
+            int r = atoi(q + 5);
+            if (r > info->registers) info->registers = r;
+            if ((q = strstr(line, "bytes smem")) != NULL) {
+                while (q > line && q[-1] == ' ') q--;
+                while (q > line && q[-1] >= '0' && q[-1] <= '9') q--;
+                if (atoi(q) > info->shared_bytes) info->shared_bytes = atoi(q);
+            }
+        }
+        p += n;
+        if (eol && (q = strstr(eol, "bytes spill stores")) != NULL && q - eol < 200) {
+            const char *s = q, *l;
+            while (s > eol && s[-1] == ' ') s--;
+            while (s > eol && s[-1] >= '0' && s[-1] <= '9') s--;
+            info->spill_stores += atoi(s);
+            if ((l = strstr(q, "bytes spill loads")) != NULL && l - q < 60) {
+                s = l;
+                while (s > q && s[-1] == ' ') s--;
+                while (s > q && s[-1] >= '0' && s[-1] <= '9') s--;
+                info->spill_loads += atoi(s);
+            }
+        }
+    }
+}
+
+static double attn__now_ms(void) {
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    return (double)tv.tv_sec * 1e3 + (double)tv.tv_usec * 1e-3;
+}
+
+/* Splits `options` (space-separated) into argv, after the fixed options. */
+static int attn__split_options(char *buf, const char **argv, int max) {
+    int n = 0;
+    char *p = buf;
+    while (*p && n < max) {
+        while (*p == ' ') *p++ = 0;
+        if (!*p) break;
+        argv[n++] = p;
+        while (*p && *p != ' ') p++;
+    }
+    return n;
+}
+
+/* Compiles (or finds) one variant; *out points into the context's cache. Caller holds
+   the cache lock. */
+static attn_status attn__kernel_get_locked(attn_context *ctx, const char *file, const char *options,
+                                          const char *arch, const attn__cubin **out, int *source) {
+    struct attn__kernel_cache *kc = ctx->kernels;
+    attn__nvrtc *nv = ctx->nvrtc;
+    const char *fn = "attn_kernel_compile";
+    const char *argv[72], *hdr_src[32], *hdr_name[32];
+    char *text = NULL, *hdr_text[32], opt_buf[1024], arch_opt[48], path[600];
+    int nh = 0, argc, i, major = nv->major, minor = nv->minor;
+    uint64_t key = ATTN__FNV_SEED;
+    attn__cubin c;
+    attn__nvrtcProgram prog = NULL;
+    attn_status st = ATTN_OK;
+    double t0;
+    memset(&c, 0, sizeof c);
+    text = attn__kernel_source_text(file);
+    if (!text)
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                          "%s: kernel '%s' is not embedded (allowed: a kernels/*.cu file name)", fn, file);
+    /* every embedded header is offered to the program; the key covers them all */
+    for (i = 0; attn__kernel_source_name(i) && nh < 32; i++) {
+        const char *name = attn__kernel_source_name(i);
+        size_t k = strlen(name);
+        if (k > 4 && strcmp(name + k - 4, ".cuh") == 0) {
+            hdr_text[nh] = attn__kernel_source_text(name);
+            if (!hdr_text[nh]) { st = ATTN_ERROR_OUT_OF_MEMORY; break; }
+            hdr_name[nh] = name;
+            hdr_src[nh] = hdr_text[nh];
+            key = attn__fnv1a(key, hdr_text[nh], strlen(hdr_text[nh]) + 1);
+            nh++;
+        }
+    }
+    key = attn__fnv1a(key, text, strlen(text) + 1);
+    key = attn__fnv1a(key, file, strlen(file) + 1);
+    key = attn__fnv1a(key, options, strlen(options) + 1);
+    key = attn__fnv1a(key, arch, strlen(arch) + 1);
+    key = attn__fnv1a(key, &major, sizeof major);
+    key = attn__fnv1a(key, &minor, sizeof minor);
+    key = attn__fnv1a(key, ATTN__CUBIN_MAGIC, 8);
+    for (i = 0; st == ATTN_OK && i < kc->count; i++)
+        if (kc->entries[i].key == key) {
+            *out = &kc->entries[i];
+            *source = ATTN_KERNEL_FROM_MEMORY;
+            goto done;
+        }
+    if (st == ATTN_OK && kc->count == kc->capacity) {
+        int cap = kc->capacity ? 2 * kc->capacity : 16;
+        attn__cubin *n = (attn__cubin *)ATTN_REALLOC(kc->entries, (size_t)cap * sizeof *n);
+        if (!n) st = ATTN_ERROR_OUT_OF_MEMORY;
+        else { kc->entries = n; kc->capacity = cap; }
+    }
+    if (st != ATTN_OK) {
+        st = attn__fail(ctx, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
+                        "%s: out of memory for kernel '%s'", fn, file);
+        goto done;
+    }
+    c.key = key;
+    attn__strlcpy(c.info.kernel, file, sizeof c.info.kernel);
+    attn__strlcpy(c.info.arch, arch, sizeof c.info.arch);
+    if (kc->dir[0]) {
+        int r;
+        attn__fmt(path, sizeof path, "%s/%016llx.cubin", kc->dir, (unsigned long long)key);
+        r = attn__cubin_read(path, key, &c);
+        if (r > 0) {
+            c.info.source = *source = ATTN_KERNEL_FROM_DISK;
+            kc->entries[kc->count] = c;
+            *out = &kc->entries[kc->count++];
+            attn__log(ctx, ATTN_LOG_LEVEL_DEBUG, ATTN_LOG_KERNEL_CACHE_HIT, "kernel %s [%s] %s from %s",
+                      file, options, arch, path);
+            goto done;
+        }
+        if (r < 0)
+            attn__log(ctx, ATTN_LOG_LEVEL_WARN, ATTN_LOG_KERNEL_CACHE_FAULT,
+                      "kernel cache file %s was damaged (truncated or corrupt); rebuilding it", path);
+    }
+    /* compile */
+    attn__fmt(arch_opt, sizeof arch_opt, "--gpu-architecture=%s", arch);
+    attn__strlcpy(opt_buf, options, sizeof opt_buf);
+    argv[0] = arch_opt;
+    argv[1] = "--ptxas-options=-v";
+    argv[2] = "--std=c++17";
+    argc = 3 + attn__split_options(opt_buf, argv + 3, 64);
+    t0 = attn__now_ms();
+    if (nv->nvrtcCreateProgram(&prog, text, file, nh, hdr_src, hdr_name) != 0) {
+        st = attn__fail(ctx, ATTN_ERROR_PLATFORM, ATTN_LOG_KERNEL_COMPILE_FAILED,
+                        "%s: nvrtcCreateProgram failed for %s", fn, file);
+        goto done;
+    }
+    {
+        int rc = nv->nvrtcCompileProgram(prog, argc, argv);
+        size_t log_size = 0;
+        char *log = NULL;
+        if (nv->nvrtcGetProgramLogSize(prog, &log_size) == 0 && log_size > 0 &&
+            (log = (char *)attn__malloc(log_size + 1)) != NULL &&
+            nv->nvrtcGetProgramLog(prog, log) == 0) {
+            log[log_size] = 0;
+            attn__ptxas_info(log, &c.info);
+            attn__strlcpy(c.info.log, log, sizeof c.info.log);
+        }
+        if (rc != 0) {
+            st = attn__fail(ctx, ATTN_ERROR_PLATFORM, ATTN_LOG_KERNEL_COMPILE_FAILED,
+                            "%s: NVRTC could not compile %s [%s] for %s (result %d): %s", fn, file,
+                            options, arch, rc, log ? log : "(no log)");
+            attn__free(log);
+            goto done;
+        }
+        attn__free(log);
+    }
+    if (nv->nvrtcGetCUBINSize(prog, &c.size) != 0 || c.size == 0 ||
+        (c.data = attn__malloc(c.size)) == NULL || nv->nvrtcGetCUBIN(prog, (char *)c.data) != 0) {
+        st = attn__fail(ctx, ATTN_ERROR_PLATFORM, ATTN_LOG_KERNEL_COMPILE_FAILED,
+                        "%s: no CUBIN from NVRTC for %s for %s", fn, file, arch);
+        attn__free(c.data);
+        goto done;
+    }
+    c.info.compile_ms = attn__now_ms() - t0;
+    c.info.source = *source = ATTN_KERNEL_COMPILED;
+    kc->compiles++;
+    attn__log(ctx, ATTN_LOG_LEVEL_INFO, ATTN_LOG_KERNEL_COMPILED,
+              "compiled kernel %s [%s] for %s in %.0f ms (%d registers, %d bytes shared, %d/%d "
+              "bytes spilled)", file, options, arch, c.info.compile_ms, c.info.registers,
+              c.info.shared_bytes, c.info.spill_stores, c.info.spill_loads);
+    if (kc->dir[0] && attn__cubin_write(kc->dir, path, &c) != 0 && !kc->dir_warned) {
+        kc->dir_warned = 1;
+        attn__log(ctx, ATTN_LOG_LEVEL_WARN, ATTN_LOG_KERNEL_CACHE_FAULT,
+                  "kernel cache directory %s is not writable; compiled kernels stay in memory "
+                  "(set ATTN_CACHE_DIR to a writable directory, or off)", kc->dir);
+    }
+    kc->entries[kc->count] = c;
+    *out = &kc->entries[kc->count++];
+done:
+    if (prog) nv->nvrtcDestroyProgram(&prog);
+    for (i = 0; i < nh; i++) attn__free(hdr_text[i]);
+    attn__free(text);
+    return st;
+}
+
+static attn_status attn__kernel_get(attn_context *ctx, const char *file, const char *options,
+                                    const char *arch, const attn__cubin **out, int *source) {
+    attn_status st;
+#ifndef ATTN_NO_THREADS
+    pthread_mutex_lock(&ctx->kernels->lock);
+#endif
+    st = attn__kernel_get_locked(ctx, file, options, arch, out, source);
+#ifndef ATTN_NO_THREADS
+    pthread_mutex_unlock(&ctx->kernels->lock);
+#endif
+    return st;
+}
+
+/* sm_NN or sm_NNa with 50 <= NN <= 199. */
+static int attn__arch_ok(const char *arch) {
+    size_t n = strlen(arch);
+    if (n < 5 || n > 7 || strncmp(arch, "sm_", 3) != 0) return 0;
+    if (arch[n - 1] == 'a') n--;
+    if (n - 3 < 2 || n - 3 > 3) return 0;
+    {
+        size_t i;
+        for (i = 3; i < n; i++) if (arch[i] < '0' || arch[i] > '9') return 0;
+    }
+    return atoi(arch + 3) >= 50 && atoi(arch + 3) <= 199;
+}
+
+ATTN_API attn_status attn_kernel_compile(attn_context *ctx, const char *kernel, const char *options,
+                                         const char *arch, attn_kernel_info *info) {
+    const attn__cubin *c = NULL;
+    attn_status st;
+    int source = 0;
+    if (!ctx) return attn__null_arg(ctx, __func__, "ctx");
+    if (!kernel) return attn__null_arg(ctx, __func__, "kernel");
+    if (!arch) return attn__null_arg(ctx, __func__, "arch");
+    if (!options) options = "";
+    if (!attn__arch_ok(arch))
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                          "attn_kernel_compile: arch is '%s' (allowed: sm_NN or sm_NNa, e.g. sm_80, "
+                          "sm_90, sm_90a)", arch);
+    if (strlen(options) >= 1000)
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                          "attn_kernel_compile: options are %zu characters (allowed: fewer than 1000)",
+                          strlen(options));
+    if (!ctx->nvrtc || !ctx->nvrtc->library)
+        return attn__fail(ctx, ATTN_ERROR_PLATFORM, ATTN_LOG_PLATFORM_ERROR,
+                          "attn_kernel_compile: NVRTC is not available (%s)", ctx->platform.nvrtc_reason);
+    st = attn__kernel_get(ctx, kernel, options, arch, &c, &source);
+    if (st == ATTN_OK && info) {
+        *info = c->info;
+        info->cubin_bytes = c->size;
+        info->source = (attn_kernel_source)source;
+    }
+    return st;
+}
+
+ATTN_API int attn_kernel_compile_count(const attn_context *ctx) {
+    return ctx && ctx->kernels ? ctx->kernels->compiles : 0;
+}
+
 /* >>kernels-begin (generated by tools/embed from kernels/; do not edit) */
-/* 0 kernel source file(s) */
+static const char *const attn__kernel_src_util_cu[] = {
+    "// util.cu — small device utilities the library launches itself: filling buffers (the\n",
+    "// tests poison outputs with NaN before every GPU run; workspaces are cleared with it).\n",
+    "// Header-free on purpose: NVRTC has no include path (DESIGN.md).\n",
+    "\n",
+    "typedef unsigned int attn_u32;\n",
+    "typedef unsigned long long attn_u64;\n",
+    "\n",
+    "// Writes `value` (a 32-bit pattern) to n words, 16 bytes per store: dst must be 16-byte\n",
+    "// aligned (cuMemAlloc gives 256).\n",
+    "extern \"C\" __global__ void attn_fill_u32(attn_u32 *dst, attn_u64 n, attn_u32 value) {\n",
+    "    attn_u64 i = ((attn_u64)blockIdx.x * blockDim.x + threadIdx.x) * 4;\n",
+    "    attn_u64 stride = (attn_u64)gridDim.x * blockDim.x * 4;\n",
+    "    for (; i + 4 <= n; i += stride) {\n",
+    "        uint4 v;\n",
+    "        v.x = v.y = v.z = v.w = value;\n",
+    "        *(uint4 *)(dst + i) = v;\n",
+    "    }\n",
+    "    for (; i < n; i++) dst[i] = value; // the tail (< 4 words) of the last thread\n",
+    "}\n",
+    "\n",
+    "// The same for 16-bit patterns (f16/bf16 buffers).\n",
+    "extern \"C\" __global__ void attn_fill_u16(unsigned short *dst, attn_u64 n, unsigned short value) {\n",
+    "    attn_u64 i = (attn_u64)blockIdx.x * blockDim.x + threadIdx.x;\n",
+    "    attn_u64 stride = (attn_u64)gridDim.x * blockDim.x;\n",
+    "    for (; i < n; i += stride) dst[i] = value;\n",
+    "}\n",
+    0};
+/* 1 kernel source file(s); the lookup is declared in >>nvrtc */
+static const struct { const char *name; const char *const *lines; } attn__kernel_sources[] = {
+    {"util.cu", attn__kernel_src_util_cu},
+    {0, 0}};
+static const char *attn__kernel_source_name(int i) {
+    return i >= 0 && i < (int)(sizeof attn__kernel_sources / sizeof attn__kernel_sources[0]) ? attn__kernel_sources[i].name : 0;
+}
+static const char *const *attn__kernel_source_lines(const char *name) {
+    int i;
+    for (i = 0; attn__kernel_sources[i].name; i++)
+        if (strcmp(attn__kernel_sources[i].name, name) == 0) return attn__kernel_sources[i].lines;
+    return 0;
+}
 /* >>kernels-end */
 
 #endif /* ATTN_IMPLEMENTATION_DONE */
