@@ -29,6 +29,7 @@ void suite_regress(void);    /* tests/test_regress.c */
 void suite_mla(void);        /* tests/test_mla.c */
 void suite_seam(void);       /* tests/test_seam.c */
 void suite_defects(void);    /* tests/test_defects.c */
+void suite_nvrtc(void);      /* tests/test_nvrtc.c */
 
 int main(int argc, char **argv) {
     /* Optional filter: run only suites whose name contains argv[1]. */
@@ -42,6 +43,7 @@ int main(int argc, char **argv) {
     SUITE(suite_mla);
     SUITE(suite_seam);
     SUITE(suite_defects);
+    SUITE(suite_nvrtc);
 #undef SUITE
     return attn_test_summary();
 }

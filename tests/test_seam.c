@@ -502,6 +502,11 @@ static int sm_cu_attr(int *v, int attr, int dev) {
     *v = attr == 75 ? 9 : attr == 76 ? 0 : attr == 16 ? 132 : 0;
     return 0;
 }
+static int sm_cu_mem(size_t *bytes, int dev) {
+    (void)dev;
+    *bytes = (size_t)141 << 30;
+    return 0;
+}
 static int sm_cu_name(char *name, int len, int dev) {
     (void)dev;
     strncpy(name, "Fake H200", (size_t)len - 1);
@@ -510,6 +515,7 @@ static int sm_cu_name(char *name, int len, int dev) {
 }
 static void *sm_open(void *u, const char *soname) {
     sm_fake_driver *f = (sm_fake_driver *)u;
+    if (strncmp(soname, "libcuda", 7) != 0) return NULL; /* only a driver is faked */
     if (f->refuse && strcmp(soname, f->refuse) == 0) return NULL;
     f->opened++;
     return f;
@@ -529,6 +535,7 @@ static void *sm_symbol(void *u, void *lib, const char *name) {
     if (strcmp(name, "cuDeviceGet") == 0) return sm_fn((void (*)(void))sm_cu_get);
     if (strcmp(name, "cuDeviceGetAttribute") == 0) return sm_fn((void (*)(void))sm_cu_attr);
     if (strcmp(name, "cuDeviceGetName") == 0 && !f->drop_symbol) return sm_fn((void (*)(void))sm_cu_name);
+    if (strcmp(name, "cuDeviceTotalMem_v2") == 0) return sm_fn((void (*)(void))sm_cu_mem);
     return NULL;
 }
 static void *sm_open_none(void *u, const char *soname) {
@@ -586,6 +593,8 @@ ATTN_TEST(seam_loader_injection) {
         EXPECT_EQ_INT(p.cuda_capability_major, 9);
         EXPECT_EQ_INT(p.cuda_multiprocessors, 132);
         EXPECT_EQ_INT(p.cuda_driver_version, 13000);
+        EXPECT_TRUE(p.cuda_memory_bytes == (uint64_t)141 << 30);
+        EXPECT_TRUE(strstr(p.nvrtc_reason, "libnvrtc.so.13") != NULL); /* the fake has none */
         EXPECT_TRUE(strcmp(p.cuda_device_name, "Fake H200") == 0);
         attn_platform_format(&p, text, sizeof text);
         EXPECT_TRUE(strstr(text, "Fake H200") != NULL);
