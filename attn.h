@@ -1535,8 +1535,17 @@ static const attn__symbol_slot attn__nvrtc_symbols[] = {
 #undef ATTN__NVRTC_SLOT
 };
 
+/* RTLD_NODELETE: a closed driver or compiler stays mapped for the process, as CUDA's own
+   runtime keeps it; unmapping buys nothing and would hide its allocations from leak
+   checkers (their stacks lose the library's name). */
+#ifdef RTLD_NODELETE
+#define ATTN__DLOPEN_FLAGS (RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE)
+#else
+#define ATTN__DLOPEN_FLAGS (RTLD_NOW | RTLD_LOCAL)
+#endif
+
 static void *attn__loader_open(const attn_loader *l, const char *soname) {
-    return l->open ? l->open(l->user_data, soname) : dlopen(soname, RTLD_NOW | RTLD_LOCAL);
+    return l->open ? l->open(l->user_data, soname) : dlopen(soname, ATTN__DLOPEN_FLAGS);
 }
 static void *attn__loader_symbol(const attn_loader *l, void *lib, const char *name) {
     return l->symbol ? l->symbol(l->user_data, lib, name) : dlsym(lib, name);
