@@ -928,7 +928,8 @@ ATTN_API attn_status attn_merge_attn_states(attn_context *ctx, const attn_tensor
 
 /* =======================================================================================
    >>common
-   Memory, strings, the last-error slots and the logger every other section reports to.
+   Memory, formatting and strings: what every other section uses and that needs no
+   context.
    ======================================================================================= */
 
 static void *attn__malloc(size_t size) { return size ? ATTN_MALLOC(size) : NULL; }
@@ -974,7 +975,385 @@ static const char *attn__trim_env(const char *name) {
     return (v && *v) ? v : NULL;
 }
 
+/* =======================================================================================
+   >>platform
+   What this process can run on: cores, the compiled SIMD path, and the run-time
+   libraries (CUDA driver, NVRTC) loaded through one table each; a missing piece is a reason.
+   ======================================================================================= */
+
+typedef int attn__CUresult;
+typedef int attn__CUdevice;
+#define ATTN__CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT 16
+#define ATTN__CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR 75
+#define ATTN__CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR 76
+
+/* The driver's library name; tests and unusual installs can point it elsewhere. The
+   loader tries it, then "libcuda.so" (a development symlink some installs have only). */
+#ifndef ATTN_CUDA_DRIVER_LIBRARY
+#define ATTN_CUDA_DRIVER_LIBRARY "libcuda.so.1"
+#endif
+
+/* Every CUDA driver function attn.h calls: (field, exported symbol, parameters). The one
+   list makes the pointer table and the table the loader walks (volk / cuew). */
+#define ATTN__CUDA_DRIVER_FUNCTIONS(X)                                                   \
+    X(cuInit, "cuInit", (unsigned flags))                                                \
+    X(cuDriverGetVersion, "cuDriverGetVersion", (int *version))                          \
+    X(cuDeviceGetCount, "cuDeviceGetCount", (int *count))                                \
+    X(cuDeviceGet, "cuDeviceGet", (attn__CUdevice *device, int ordinal))                 \
+    X(cuDeviceGetAttribute, "cuDeviceGetAttribute",                                      \
+      (int *value, int attribute, attn__CUdevice device))                                \
+    X(cuDeviceGetName, "cuDeviceGetName", (char *name, int length, attn__CUdevice device)) \
+    X(cuDeviceTotalMem, "cuDeviceTotalMem_v2", (size_t *bytes, attn__CUdevice device))
+
+/* The loaded driver, kept on the context for the backends that use it. */
+typedef struct attn__cuda_driver {
+    void *library;                  /* NULL: not loaded (platform.cuda_reason says why) */
+    char soname[64];                /* the name it was opened under */
+#define ATTN__DRIVER_POINTER(field, symbol, params) attn__CUresult (*field) params;
+    ATTN__CUDA_DRIVER_FUNCTIONS(ATTN__DRIVER_POINTER)
+#undef ATTN__DRIVER_POINTER
+} attn__cuda_driver;
+
+/* NVRTC, the run-time compiler: loaded at context creation (it needs no GPU). */
+typedef int attn__nvrtcResult;
+typedef struct attn__nvrtcProgram_st *attn__nvrtcProgram;
+
+#define ATTN__NVRTC_FUNCTIONS(X)                                                         \
+    X(nvrtcVersion, "nvrtcVersion", (int *major, int *minor))                            \
+    X(nvrtcCreateProgram, "nvrtcCreateProgram",                                          \
+      (attn__nvrtcProgram * prog, const char *src, const char *name, int num_headers,    \
+       const char *const *headers, const char *const *include_names))                    \
+    X(nvrtcDestroyProgram, "nvrtcDestroyProgram", (attn__nvrtcProgram * prog))           \
+    X(nvrtcCompileProgram, "nvrtcCompileProgram",                                        \
+      (attn__nvrtcProgram prog, int num_options, const char *const *options))            \
+    X(nvrtcGetProgramLogSize, "nvrtcGetProgramLogSize", (attn__nvrtcProgram prog, size_t *size)) \
+    X(nvrtcGetProgramLog, "nvrtcGetProgramLog", (attn__nvrtcProgram prog, char *log))    \
+    X(nvrtcGetCUBINSize, "nvrtcGetCUBINSize", (attn__nvrtcProgram prog, size_t *size))   \
+    X(nvrtcGetCUBIN, "nvrtcGetCUBIN", (attn__nvrtcProgram prog, char *cubin))
+
+typedef struct attn__nvrtc {
+    void *library;                  /* NULL: not loaded (platform.nvrtc_reason says why) */
+    char soname[64];
+    int major, minor;
+#define ATTN__NVRTC_POINTER(field, symbol, params) attn__nvrtcResult (*field) params;
+    ATTN__NVRTC_FUNCTIONS(ATTN__NVRTC_POINTER)
+#undef ATTN__NVRTC_POINTER
+} attn__nvrtc;
+
+#ifndef ATTN_NVRTC_LIBRARY
+#define ATTN_NVRTC_LIBRARY "libnvrtc.so.13"
+#endif
+
+typedef struct attn__symbol_slot {
+    const char *name;
+    size_t offset;                  /* of the function pointer in its table */
+} attn__symbol_slot;
+
+static const attn__symbol_slot attn__cuda_driver_symbols[] = {
+#define ATTN__DRIVER_SLOT(field, symbol, params) {symbol, offsetof(attn__cuda_driver, field)},
+    ATTN__CUDA_DRIVER_FUNCTIONS(ATTN__DRIVER_SLOT)
+#undef ATTN__DRIVER_SLOT
+};
+
+static const attn__symbol_slot attn__nvrtc_symbols[] = {
+#define ATTN__NVRTC_SLOT(field, symbol, params) {symbol, offsetof(attn__nvrtc, field)},
+    ATTN__NVRTC_FUNCTIONS(ATTN__NVRTC_SLOT)
+#undef ATTN__NVRTC_SLOT
+};
+
+/* RTLD_NODELETE: a closed driver or compiler stays mapped for the process, as CUDA's own
+   runtime keeps it; unmapping buys nothing and would hide its allocations from leak
+   checkers (their stacks lose the library's name). */
+#ifdef RTLD_NODELETE
+#define ATTN__DLOPEN_FLAGS (RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE)
+#else
+#define ATTN__DLOPEN_FLAGS (RTLD_NOW | RTLD_LOCAL)
+#endif
+
+static void *attn__loader_open(const attn_loader *l, const char *soname) {
+    return l->open ? l->open(l->user_data, soname) : dlopen(soname, ATTN__DLOPEN_FLAGS);
+}
+static void *attn__loader_symbol(const attn_loader *l, void *lib, const char *name) {
+    return l->symbol ? l->symbol(l->user_data, lib, name) : dlsym(lib, name);
+}
+static void attn__loader_close(const attn_loader *l, void *lib) {
+    if (!lib) return;
+    if (l->close) l->close(l->user_data, lib);
+    else if (!l->open) dlclose(lib); /* a library opened by an injected open stays its own */
+}
+
+/* Opens the first of `sonames` (NULL-terminated) that loads and fills the function
+   pointers of `table` (slots give their offsets). Returns the library, or NULL with
+   `reason` saying which library was missing or which symbol it lacks. */
+static void *attn__load_library(const attn_loader *l, const char *const *sonames,
+                                const attn__symbol_slot *slots, size_t num_slots, void *table,
+                                char *opened, size_t opened_size, char *reason, size_t reason_size) {
+    void *lib = NULL;
+    size_t i, n = 0;
+    char tried[160];
+    tried[0] = 0;
+    for (i = 0; sonames[i] && !lib; i++) {
+        lib = attn__loader_open(l, sonames[i]);
+        if (!lib) {
+            attn__fmt(tried + n, sizeof tried - n, "%s%s", n ? ", " : "", sonames[i]);
+            n = strlen(tried);
+        } else {
+            attn__strlcpy(opened, sonames[i], opened_size);
+        }
+    }
+    if (!lib) {
+        attn__fmt(reason, reason_size, "library not found (tried %s)", tried);
+        return NULL;
+    }
+    for (i = 0; i < num_slots; i++) {
+        void *sym = attn__loader_symbol(l, lib, slots[i].name);
+        if (!sym) {
+            attn__fmt(reason, reason_size, "library %s lacks symbol %s", opened, slots[i].name);
+            attn__loader_close(l, lib);
+            return NULL;
+        }
+        /* object pointer -> function pointer, as dlsym requires (POSIX) */
+        memcpy((char *)table + slots[i].offset, &sym, sizeof sym);
+    }
+    return lib;
+}
+
+static int attn__cpu_cores(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+static const char *attn__simd_name(void) {
+#if defined(ATTN__SIMD_AVX512)
+    return "avx512";
+#elif defined(ATTN__SIMD_AVX2)
+    return "avx2";
+#else
+    return "c";
+#endif
+}
+
+/* Loads NVRTC into *nv and fills p->nvrtc_version or p->nvrtc_reason. */
+static void attn__probe_nvrtc(const attn_loader *loader, attn__nvrtc *nv, attn_platform *p) {
+    static const char *const sonames[] = {ATTN_NVRTC_LIBRARY, "libnvrtc.so.12", "libnvrtc.so", NULL};
+    char reason[160];
+    memset(nv, 0, sizeof *nv);
+    nv->library = attn__load_library(loader, sonames, attn__nvrtc_symbols,
+                                     sizeof attn__nvrtc_symbols / sizeof attn__nvrtc_symbols[0], nv,
+                                     nv->soname, sizeof nv->soname, reason, sizeof reason);
+    if (!nv->library) {
+        attn__fmt(p->nvrtc_reason, sizeof p->nvrtc_reason, "no NVRTC: %s", reason);
+        return;
+    }
+    if (nv->nvrtcVersion(&nv->major, &nv->minor) != 0 || nv->major < 12) {
+        attn__fmt(p->nvrtc_reason, sizeof p->nvrtc_reason, "NVRTC %s is version %d.%d (allowed: 12 "
+                  "or later)", nv->soname, nv->major, nv->minor);
+        attn__loader_close(loader, nv->library);
+        memset(nv, 0, sizeof *nv);
+        return;
+    }
+    p->nvrtc_version = nv->major * 1000 + nv->minor * 10;
+}
+
+/* Loads the driver into *drv and fills the CUDA part of p; a missing piece is a reason
+   in p->cuda_reason and leaves drv->library NULL. */
+static void attn__probe_cuda(const attn_loader *loader, attn__cuda_driver *drv, attn_platform *p) {
+    static const char *const sonames[] = {ATTN_CUDA_DRIVER_LIBRARY, "libcuda.so", NULL};
+    char reason[160];
+    attn__CUdevice dev;
+    attn__CUresult rc;
+    int n = 0;
+    memset(drv, 0, sizeof *drv);
+    drv->library = attn__load_library(loader, sonames, attn__cuda_driver_symbols,
+                                      sizeof attn__cuda_driver_symbols / sizeof attn__cuda_driver_symbols[0],
+                                      drv, drv->soname, sizeof drv->soname, reason, sizeof reason);
+    if (!drv->library) {
+        attn__fmt(p->cuda_reason, sizeof p->cuda_reason, "no CUDA driver: %s", reason);
+        return;
+    }
+    if ((rc = drv->cuInit(0)) != 0)
+        attn__fmt(p->cuda_reason, sizeof p->cuda_reason, "cuInit failed (CUresult %d)", rc);
+    else if ((rc = drv->cuDeviceGetCount(&n)) != 0 || n <= 0)
+        attn__fmt(p->cuda_reason, sizeof p->cuda_reason, "no CUDA device (cuDeviceGetCount: "
+                  "result %d, count %d)", rc, n);
+    if (p->cuda_reason[0]) {
+        attn__loader_close(loader, drv->library);
+        memset(drv, 0, sizeof *drv);
+        return;
+    }
+    p->cuda_device_count = n;
+    drv->cuDriverGetVersion(&p->cuda_driver_version);
+    if (drv->cuDeviceGet(&dev, 0) == 0) {
+        drv->cuDeviceGetAttribute(&p->cuda_capability_major, ATTN__CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
+        drv->cuDeviceGetAttribute(&p->cuda_capability_minor, ATTN__CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
+        drv->cuDeviceGetAttribute(&p->cuda_multiprocessors, ATTN__CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
+        drv->cuDeviceGetName(p->cuda_device_name, (int)sizeof p->cuda_device_name, dev);
+        {
+            size_t bytes = 0;
+            if (drv->cuDeviceTotalMem(&bytes, dev) == 0) p->cuda_memory_bytes = bytes;
+        }
+    }
+    p->kind = ATTN_PLATFORM_CUDA;
+}
+
+ATTN_API size_t attn_platform_format(const attn_platform *p, char *buf, size_t size) {
+    int n;
+    if (!p) return 0;
+    n = attn__fmt(buf, size,
+                 "platform:\n"
+                 "  kind: %s\n"
+                 "  cpu_cores: %d\n"
+                 "  cpu_threads: %d\n"
+                 "  cpu_simd: %s\n"
+                 "  cuda_devices: %d\n"
+                 "  cuda_device: %s\n"
+                 "  device_capability: %d.%d\n"
+                 "  cuda_multiprocessors: %d\n"
+                 "  cuda_driver_version: %d\n"
+                 "  cuda_memory_mib: %llu\n"
+                 "  cuda_unavailable_reason: %s\n"
+                 "  nvrtc_version: %d.%d\n"
+                 "  nvrtc_unavailable_reason: %s\n",
+                 p->kind == ATTN_PLATFORM_CUDA ? "CUDA" : "CPU", p->cpu_cores, p->cpu_threads,
+                 p->cpu_simd, p->cuda_device_count,
+                 p->cuda_device_name[0] ? p->cuda_device_name : "none",
+                 p->cuda_capability_major, p->cuda_capability_minor, p->cuda_multiprocessors,
+                 p->cuda_driver_version, (unsigned long long)(p->cuda_memory_bytes >> 20),
+                 p->cuda_reason[0] ? p->cuda_reason : "none", p->nvrtc_version / 1000,
+                 p->nvrtc_version % 1000 / 10, p->nvrtc_reason[0] ? p->nvrtc_reason : "none");
+    return n < 0 ? 0 : (size_t)n;
+}
+
+/* =======================================================================================
+   >>threads
+   A persistent pool: the caller plus num_threads-1 workers pull task indices from a
+   shared counter (tasks are coarse, so a mutex-guarded counter costs nothing).
+   ======================================================================================= */
+
 typedef struct attn__threadpool attn__threadpool;
+
+typedef void (*attn__task_fn)(void *arg, int task, int thread);
+
+#ifndef ATTN_NO_THREADS
+struct attn__threadpool {
+    pthread_mutex_t lock;
+    pthread_cond_t wake, done;
+    pthread_t *threads;
+    int num_workers;
+    unsigned generation;
+    int stop;
+    attn__task_fn fn;
+    void *arg;
+    int num_tasks, next_task, busy;
+};
+
+typedef struct attn__worker_arg { attn__threadpool *pool; int index; } attn__worker_arg;
+
+static void attn__pool_drain(attn__threadpool *pool, int thread) {
+    for (;;) {
+        int t;
+        pthread_mutex_lock(&pool->lock);
+        t = pool->next_task < pool->num_tasks ? pool->next_task++ : -1;
+        pthread_mutex_unlock(&pool->lock);
+        if (t < 0) return;
+        pool->fn(pool->arg, t, thread);
+    }
+}
+
+static void *attn__worker_main(void *varg) {
+    attn__worker_arg a = *(attn__worker_arg *)varg;
+    attn__threadpool *pool = a.pool;
+    unsigned seen = 0;
+    attn__free(varg);
+    for (;;) {
+        pthread_mutex_lock(&pool->lock);
+        while (!pool->stop && pool->generation == seen) pthread_cond_wait(&pool->wake, &pool->lock);
+        if (pool->stop) { pthread_mutex_unlock(&pool->lock); return NULL; }
+        seen = pool->generation;
+        pthread_mutex_unlock(&pool->lock);
+        attn__pool_drain(pool, a.index);
+        pthread_mutex_lock(&pool->lock);
+        if (--pool->busy == 0) pthread_cond_signal(&pool->done);
+        pthread_mutex_unlock(&pool->lock);
+    }
+}
+
+static void attn__pool_destroy(attn__threadpool *pool) {
+    int i;
+    if (!pool) return;
+    pthread_mutex_lock(&pool->lock);
+    pool->stop = 1;
+    pthread_cond_broadcast(&pool->wake);
+    pthread_mutex_unlock(&pool->lock);
+    for (i = 0; i < pool->num_workers; i++) pthread_join(pool->threads[i], NULL);
+    pthread_cond_destroy(&pool->wake);
+    pthread_cond_destroy(&pool->done);
+    pthread_mutex_destroy(&pool->lock);
+    attn__free(pool->threads);
+    attn__free(pool);
+}
+
+static attn__threadpool *attn__pool_create(int num_threads) {
+    attn__threadpool *pool = (attn__threadpool *)attn__calloc(1, sizeof *pool);
+    int i;
+    if (!pool) return NULL;
+    pthread_mutex_init(&pool->lock, NULL);
+    pthread_cond_init(&pool->wake, NULL);
+    pthread_cond_init(&pool->done, NULL);
+    pool->threads = (pthread_t *)attn__calloc((size_t)(num_threads > 1 ? num_threads - 1 : 1),
+                                               sizeof(pthread_t));
+    if (!pool->threads) { attn__pool_destroy(pool); return NULL; }
+    for (i = 0; i < num_threads - 1; i++) {
+        attn__worker_arg *a = (attn__worker_arg *)attn__malloc(sizeof *a);
+        if (!a) break;
+        a->pool = pool;
+        a->index = i + 1;
+        if (pthread_create(&pool->threads[i], NULL, attn__worker_main, a) != 0) {
+            attn__free(a);
+            break;
+        }
+        pool->num_workers++;
+    }
+    if (pool->num_workers != num_threads - 1) { attn__pool_destroy(pool); return NULL; }
+    return pool;
+}
+
+static void attn__pool_run(attn__threadpool *pool, attn__task_fn fn, void *arg, int num_tasks) {
+    if (!pool || pool->num_workers == 0 || num_tasks <= 1) {
+        int t;
+        for (t = 0; t < num_tasks; t++) fn(arg, t, 0);
+        return;
+    }
+    pthread_mutex_lock(&pool->lock);
+    pool->fn = fn;
+    pool->arg = arg;
+    pool->num_tasks = num_tasks;
+    pool->next_task = 0;
+    pool->busy = pool->num_workers;
+    pool->generation++;
+    pthread_cond_broadcast(&pool->wake);
+    pthread_mutex_unlock(&pool->lock);
+    attn__pool_drain(pool, 0);
+    pthread_mutex_lock(&pool->lock);
+    while (pool->busy > 0) pthread_cond_wait(&pool->done, &pool->lock);
+    pthread_mutex_unlock(&pool->lock);
+}
+#else
+struct attn__threadpool { int unused; };
+static void attn__pool_destroy(attn__threadpool *pool) { (void)pool; }
+static attn__threadpool *attn__pool_create(int num_threads) { (void)num_threads; return NULL; }
+static void attn__pool_run(attn__threadpool *pool, attn__task_fn fn, void *arg, int num_tasks) {
+    int t;
+    (void)pool;
+    for (t = 0; t < num_tasks; t++) fn(arg, t, 0);
+}
+#endif
+
+/* =======================================================================================
+   >>context
+   The context: its struct, the logger and last-error slots every section reports to,
+   environment values, create/destroy, per-thread scratch and backends' context-level state.
+   ======================================================================================= */
 
 /* A backend's context-level state (context_init ran once; status and reason kept). */
 typedef struct attn__backend_slot {
@@ -1011,16 +1390,6 @@ struct attn_context {
     struct attn__kernel_cache *kernels; /* compiled variants, memory and disk (>>nvrtc) */
     struct attn__backend_slot *backends; /* context-level state of each backend used */
     int num_backends, backend_capacity;
-};
-
-/* A resolved backend plus the validated descriptor (defaults filled in, slopes copied). */
-struct attn_layer {
-    attn_context *ctx;
-    attn_layer_desc desc;
-    float *alibi;
-    const attn_backend *backend;   /* bound by the selector once layer_init succeeded */
-    void *backend_state;           /* what layer_init stored */
-    attn_selection selection;
 };
 
 static ATTN__THREAD_LOCAL char attn__thread_error[512];
@@ -1165,10 +1534,221 @@ ATTN_API const char *attn_log_item_name(attn_log_item item) {
     return names[item];
 }
 
+/* Per-thread float scratch, grown before a parallel region so tasks never allocate. */
+static attn_status attn__scratch_reserve(attn_context *ctx, size_t floats) {
+    int t;
+    for (t = 0; t < ctx->num_threads; t++) {
+        if (ctx->scratch_size[t] < floats) {
+            float *p = (float *)attn__malloc(floats * sizeof(float) + 64);
+            if (!p)
+                return attn__fail(ctx, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
+                                  "worker scratch: cannot allocate %zu bytes",
+                                  floats * sizeof(float));
+            attn__free(ctx->scratch[t]);
+            ctx->scratch[t] = p;
+            ctx->scratch_size[t] = floats;
+        }
+    }
+    return ATTN_OK;
+}
+
+/* attn_context_create's failures have no context to keep their message: they are logged
+   through a stack context holding just the caller's hook and level, and the message is
+   copied to the thread's last error (where attn_context_last_error(NULL) finds it). */
+static attn_status attn__context_create_failed(const attn_context *logger, attn_status status) {
+    attn__strlcpy(attn__thread_error, logger->last_error, sizeof attn__thread_error);
+    return status;
+}
+
+struct attn__kernel_cache;                                         /* >>nvrtc */
+static struct attn__kernel_cache *attn__kernel_cache_create(const char *dir);
+static void attn__kernel_cache_destroy(struct attn__kernel_cache *kc);
+
+ATTN_API attn_status attn_context_create(const attn_context_desc *desc, attn_context **out) {
+    attn_context_desc d;
+    attn_context logger;
+    attn_context *ctx;
+    int threads;
+    memset(&d, 0, sizeof d);
+    if (desc) d = *desc;
+    memset(&logger, 0, sizeof logger);
+    logger.log = d.log;
+    logger.log_user_data = d.log_user_data;
+    logger.log_level = (int)d.log_level > 0 && (int)d.log_level <= (int)ATTN_LOG_LEVEL_NONE
+                           ? d.log_level : attn__env_log_level();
+#define ATTN__CREATE_FAIL(...) \
+    return attn__context_create_failed(&logger, attn__fail(&logger, __VA_ARGS__))
+    if (!out)
+        ATTN__CREATE_FAIL(ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT,
+                          "attn_context_create: argument 'out' is NULL (a valid pointer is "
+                          "required)");
+    *out = NULL;
+    if ((int)d.log_level < 0 || (int)d.log_level > (int)ATTN_LOG_LEVEL_NONE)
+        ATTN__CREATE_FAIL(ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                          "attn_context_create: desc.log_level is %d (allowed: 0..5, "
+                          "ATTN_LOG_LEVEL_DEFAULT..ATTN_LOG_LEVEL_NONE)", (int)d.log_level);
+    if (d.num_threads < 0 || d.num_threads > 1024)
+        ATTN__CREATE_FAIL(ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                          "attn_context_create: desc.num_threads is %d (allowed: 0 = default, "
+                          "or 1..1024)", d.num_threads);
+    ctx = (attn_context *)attn__calloc(1, sizeof *ctx);
+    if (!ctx)
+        ATTN__CREATE_FAIL(ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
+                          "attn_context_create: cannot allocate the context");
+    ctx->log = d.log;
+    ctx->log_user_data = d.log_user_data;
+    ctx->log_level = d.log_level ? d.log_level : attn__env_log_level();
+    /* the environment is read once the logger exists, so bad values reach the hook */
+    if (!d.log_level) attn__env_log_level_check(ctx);
+    threads = d.num_threads ? d.num_threads
+                            : attn__env_int(ctx, "ATTN_NUM_THREADS", 1, 1024, attn__cpu_cores());
+#ifdef ATTN_NO_THREADS
+    threads = 1;
+#endif
+    ctx->num_threads = threads;
+    ctx->scratch = (float **)attn__calloc((size_t)threads, sizeof(float *));
+    ctx->scratch_size = (size_t *)attn__calloc((size_t)threads, sizeof(size_t));
+    if (!ctx->scratch || !ctx->scratch_size) {
+        attn_context_destroy(ctx);
+        ATTN__CREATE_FAIL(ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
+                          "attn_context_create: cannot allocate thread scratch tables");
+    }
+    if (threads > 1) {
+        ctx->pool = attn__pool_create(threads);
+        if (!ctx->pool) {
+            attn_context_destroy(ctx);
+            ATTN__CREATE_FAIL(ATTN_ERROR_PLATFORM, ATTN_LOG_PLATFORM_ERROR,
+                              "attn_context_create: cannot start %d worker threads", threads - 1);
+        }
+        attn__log(ctx, ATTN_LOG_LEVEL_DEBUG, ATTN_LOG_THREADS_STARTED, "%d worker threads",
+                  threads);
+    }
+    ctx->platform.cpu_cores = attn__cpu_cores();
+    ctx->platform.cpu_threads = threads;
+    attn__strlcpy(ctx->platform.cpu_simd, attn__simd_name(), sizeof ctx->platform.cpu_simd);
+    if (d.loader) ctx->loader = *d.loader;
+    ctx->cuda = (struct attn__cuda_driver *)attn__calloc(1, sizeof *ctx->cuda);
+    if (!ctx->cuda) {
+        attn_context_destroy(ctx);
+        return attn__fail(NULL, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
+                          "attn_context_create: cannot allocate the driver table");
+    }
+    attn__probe_cuda(&ctx->loader, ctx->cuda, &ctx->platform);
+    ctx->nvrtc = (struct attn__nvrtc *)attn__calloc(1, sizeof *ctx->nvrtc);
+    ctx->kernels = attn__kernel_cache_create(d.kernel_cache_dir);
+    if (!ctx->nvrtc || !ctx->kernels) {
+        attn_context_destroy(ctx);
+        return attn__fail(NULL, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
+                          "attn_context_create: cannot allocate the compiler tables");
+    }
+    attn__probe_nvrtc(&ctx->loader, ctx->nvrtc, &ctx->platform);
+    if (ctx->platform.kind != ATTN_PLATFORM_CUDA)
+        attn__log(ctx, ATTN_LOG_LEVEL_DEBUG, ATTN_LOG_CUDA_UNAVAILABLE, "CUDA: %s",
+                  ctx->platform.cuda_reason);
+    attn__log(ctx, ATTN_LOG_LEVEL_DEBUG, ATTN_LOG_PLATFORM_PROBED,
+              "platform %s, %d cores, %d threads, simd %s",
+              ctx->platform.kind == ATTN_PLATFORM_CUDA ? "CUDA" : "CPU",
+              ctx->platform.cpu_cores, threads, ctx->platform.cpu_simd);
+    *out = ctx;
+    return ATTN_OK;
+#undef ATTN__CREATE_FAIL
+}
+
+ATTN_API void attn_context_destroy(attn_context *ctx) {
+    int t;
+    if (!ctx) return;
+    for (t = ctx->num_backends - 1; t >= 0; t--) { /* in reverse order of init */
+        attn__backend_slot *bs = &ctx->backends[t];
+        if (bs->status == ATTN_OK && bs->backend->context_release)
+            bs->backend->context_release(bs->backend, ctx, bs->state);
+    }
+    attn__free(ctx->backends);
+    attn__pool_destroy(ctx->pool);
+    if (ctx->scratch)
+        for (t = 0; t < ctx->num_threads; t++) attn__free(ctx->scratch[t]);
+    attn__free(ctx->scratch);
+    attn__free(ctx->scratch_size);
+    attn__free(ctx->cache);
+    if (ctx->cuda) attn__loader_close(&ctx->loader, ctx->cuda->library);
+    attn__free(ctx->cuda);
+    if (ctx->nvrtc) attn__loader_close(&ctx->loader, ctx->nvrtc->library);
+    attn__free(ctx->nvrtc);
+    attn__kernel_cache_destroy(ctx->kernels);
+    attn__free(ctx);
+}
+
+ATTN_API const char *attn_context_last_error(const attn_context *ctx) {
+    return ctx ? ctx->last_error : attn__thread_error;
+}
+
+ATTN_API attn_status attn_context_set_log_level(attn_context *ctx, attn_log_level level) {
+    if (!ctx) return attn__null_arg(ctx, __func__, "ctx");
+    if ((int)level < 0 || (int)level > (int)ATTN_LOG_LEVEL_NONE)
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                          "attn_context_set_log_level: level is %d (allowed: 0..5)", (int)level);
+    ctx->log_level = level ? level : attn__env_log_level();
+    if (!level) attn__env_log_level_check(ctx);
+    return ATTN_OK;
+}
+
+/* The context-level state of backend b, running its context_init the first time this
+   context needs it. A failure is remembered (with its reason) for the context's life, so
+   the selector's records stay consistent and a broken library is not retried per layer. */
+static attn_status attn__backend_context(attn_context *ctx, const attn_backend *b, void **state,
+                                         char *reason, size_t reason_size) {
+    attn__backend_slot *bs = NULL;
+    int i;
+    for (i = 0; i < ctx->num_backends; i++)
+        if (ctx->backends[i].backend == b) { bs = &ctx->backends[i]; break; }
+    if (!bs) {
+        if (ctx->num_backends == ctx->backend_capacity) {
+            int cap = ctx->backend_capacity ? 2 * ctx->backend_capacity : 4;
+            attn__backend_slot *n = (attn__backend_slot *)ATTN_REALLOC(ctx->backends, (size_t)cap * sizeof *n);
+            if (!n) {
+                attn__fmt(reason, reason_size, "%s: out of memory for its context state", b->name);
+                return ATTN_ERROR_OUT_OF_MEMORY;
+            }
+            ctx->backends = n;
+            ctx->backend_capacity = cap;
+        }
+        bs = &ctx->backends[ctx->num_backends];
+        memset(bs, 0, sizeof *bs);
+        bs->backend = b;
+        if (b->context_init) {
+            char why[160];
+            why[0] = 0;
+            bs->status = b->context_init(b, ctx, &bs->state, why, sizeof why);
+            if (bs->status != ATTN_OK)
+                attn__fmt(bs->reason, sizeof bs->reason, "%s: %s", b->name,
+                          why[0] ? why : attn_status_string(bs->status));
+        }
+        ctx->num_backends++;
+    }
+    if (state) *state = bs->state;
+    if (bs->status != ATTN_OK) attn__strlcpy(reason, bs->reason, reason_size);
+    return bs->status;
+}
+
+ATTN_API void *attn_context_backend_state(const attn_context *ctx, const attn_backend *backend) {
+    int i;
+    if (!ctx || !backend) return NULL;
+    for (i = 0; i < ctx->num_backends; i++)
+        if (ctx->backends[i].backend == backend && ctx->backends[i].status == ATTN_OK)
+            return ctx->backends[i].state;
+    return NULL;
+}
+
+ATTN_API attn_status attn_platform_get(attn_context *ctx, attn_platform *out) {
+    if (!ctx) return attn__null_arg(ctx, __func__, "ctx");
+    if (!out) return attn__null_arg(ctx, __func__, "out");
+    *out = ctx->platform;
+    return ATTN_OK;
+}
+
 /* =======================================================================================
    >>types
-   Exact f16/bf16 conversions (round to nearest even), the dtype table and tensor-view
-   helpers.
+   Element types from one table (name, size, row load/store), exact f16/bf16 conversions
+   (round to nearest even), tensor views and the checks every front door runs on them.
    ======================================================================================= */
 
 static uint32_t attn__f32_bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
@@ -1447,593 +2027,6 @@ static int attn__tensor_is_contiguous(const attn_tensor *t) {
         if (i > 0) s *= r.shape[i];
     }
     return 1;
-}
-
-/* =======================================================================================
-   >>platform
-   What this process can run on: online cores, the compiled SIMD path, and a CUDA driver
-   and device found with dlopen (a missing piece is a recorded reason, never an error).
-   ======================================================================================= */
-
-typedef int attn__CUresult;
-typedef int attn__CUdevice;
-#define ATTN__CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT 16
-#define ATTN__CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR 75
-#define ATTN__CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR 76
-
-/* The driver's library name; tests and unusual installs can point it elsewhere. The
-   loader tries it, then "libcuda.so" (a development symlink some installs have only). */
-#ifndef ATTN_CUDA_DRIVER_LIBRARY
-#define ATTN_CUDA_DRIVER_LIBRARY "libcuda.so.1"
-#endif
-
-/* Every CUDA driver function attn.h calls: (field, exported symbol, parameters). The one
-   list makes the pointer table and the table the loader walks (volk / cuew). */
-#define ATTN__CUDA_DRIVER_FUNCTIONS(X)                                                   \
-    X(cuInit, "cuInit", (unsigned flags))                                                \
-    X(cuDriverGetVersion, "cuDriverGetVersion", (int *version))                          \
-    X(cuDeviceGetCount, "cuDeviceGetCount", (int *count))                                \
-    X(cuDeviceGet, "cuDeviceGet", (attn__CUdevice *device, int ordinal))                 \
-    X(cuDeviceGetAttribute, "cuDeviceGetAttribute",                                      \
-      (int *value, int attribute, attn__CUdevice device))                                \
-    X(cuDeviceGetName, "cuDeviceGetName", (char *name, int length, attn__CUdevice device)) \
-    X(cuDeviceTotalMem, "cuDeviceTotalMem_v2", (size_t *bytes, attn__CUdevice device))
-
-/* The loaded driver, kept on the context for the backends that use it. */
-typedef struct attn__cuda_driver {
-    void *library;                  /* NULL: not loaded (platform.cuda_reason says why) */
-    char soname[64];                /* the name it was opened under */
-#define ATTN__DRIVER_POINTER(field, symbol, params) attn__CUresult (*field) params;
-    ATTN__CUDA_DRIVER_FUNCTIONS(ATTN__DRIVER_POINTER)
-#undef ATTN__DRIVER_POINTER
-} attn__cuda_driver;
-
-/* NVRTC, the run-time compiler: loaded at context creation (it needs no GPU). */
-typedef int attn__nvrtcResult;
-typedef struct attn__nvrtcProgram_st *attn__nvrtcProgram;
-
-#define ATTN__NVRTC_FUNCTIONS(X)                                                         \
-    X(nvrtcVersion, "nvrtcVersion", (int *major, int *minor))                            \
-    X(nvrtcCreateProgram, "nvrtcCreateProgram",                                          \
-      (attn__nvrtcProgram * prog, const char *src, const char *name, int num_headers,    \
-       const char *const *headers, const char *const *include_names))                    \
-    X(nvrtcDestroyProgram, "nvrtcDestroyProgram", (attn__nvrtcProgram * prog))           \
-    X(nvrtcCompileProgram, "nvrtcCompileProgram",                                        \
-      (attn__nvrtcProgram prog, int num_options, const char *const *options))            \
-    X(nvrtcGetProgramLogSize, "nvrtcGetProgramLogSize", (attn__nvrtcProgram prog, size_t *size)) \
-    X(nvrtcGetProgramLog, "nvrtcGetProgramLog", (attn__nvrtcProgram prog, char *log))    \
-    X(nvrtcGetCUBINSize, "nvrtcGetCUBINSize", (attn__nvrtcProgram prog, size_t *size))   \
-    X(nvrtcGetCUBIN, "nvrtcGetCUBIN", (attn__nvrtcProgram prog, char *cubin))
-
-typedef struct attn__nvrtc {
-    void *library;                  /* NULL: not loaded (platform.nvrtc_reason says why) */
-    char soname[64];
-    int major, minor;
-#define ATTN__NVRTC_POINTER(field, symbol, params) attn__nvrtcResult (*field) params;
-    ATTN__NVRTC_FUNCTIONS(ATTN__NVRTC_POINTER)
-#undef ATTN__NVRTC_POINTER
-} attn__nvrtc;
-
-#ifndef ATTN_NVRTC_LIBRARY
-#define ATTN_NVRTC_LIBRARY "libnvrtc.so.13"
-#endif
-
-typedef struct attn__symbol_slot {
-    const char *name;
-    size_t offset;                  /* of the function pointer in its table */
-} attn__symbol_slot;
-
-static const attn__symbol_slot attn__cuda_driver_symbols[] = {
-#define ATTN__DRIVER_SLOT(field, symbol, params) {symbol, offsetof(attn__cuda_driver, field)},
-    ATTN__CUDA_DRIVER_FUNCTIONS(ATTN__DRIVER_SLOT)
-#undef ATTN__DRIVER_SLOT
-};
-
-static const attn__symbol_slot attn__nvrtc_symbols[] = {
-#define ATTN__NVRTC_SLOT(field, symbol, params) {symbol, offsetof(attn__nvrtc, field)},
-    ATTN__NVRTC_FUNCTIONS(ATTN__NVRTC_SLOT)
-#undef ATTN__NVRTC_SLOT
-};
-
-/* RTLD_NODELETE: a closed driver or compiler stays mapped for the process, as CUDA's own
-   runtime keeps it; unmapping buys nothing and would hide its allocations from leak
-   checkers (their stacks lose the library's name). */
-#ifdef RTLD_NODELETE
-#define ATTN__DLOPEN_FLAGS (RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE)
-#else
-#define ATTN__DLOPEN_FLAGS (RTLD_NOW | RTLD_LOCAL)
-#endif
-
-static void *attn__loader_open(const attn_loader *l, const char *soname) {
-    return l->open ? l->open(l->user_data, soname) : dlopen(soname, ATTN__DLOPEN_FLAGS);
-}
-static void *attn__loader_symbol(const attn_loader *l, void *lib, const char *name) {
-    return l->symbol ? l->symbol(l->user_data, lib, name) : dlsym(lib, name);
-}
-static void attn__loader_close(const attn_loader *l, void *lib) {
-    if (!lib) return;
-    if (l->close) l->close(l->user_data, lib);
-    else if (!l->open) dlclose(lib); /* a library opened by an injected open stays its own */
-}
-
-/* Opens the first of `sonames` (NULL-terminated) that loads and fills the function
-   pointers of `table` (slots give their offsets). Returns the library, or NULL with
-   `reason` saying which library was missing or which symbol it lacks. */
-static void *attn__load_library(const attn_loader *l, const char *const *sonames,
-                                const attn__symbol_slot *slots, size_t num_slots, void *table,
-                                char *opened, size_t opened_size, char *reason, size_t reason_size) {
-    void *lib = NULL;
-    size_t i, n = 0;
-    char tried[160];
-    tried[0] = 0;
-    for (i = 0; sonames[i] && !lib; i++) {
-        lib = attn__loader_open(l, sonames[i]);
-        if (!lib) {
-            attn__fmt(tried + n, sizeof tried - n, "%s%s", n ? ", " : "", sonames[i]);
-            n = strlen(tried);
-        } else {
-            attn__strlcpy(opened, sonames[i], opened_size);
-        }
-    }
-    if (!lib) {
-        attn__fmt(reason, reason_size, "library not found (tried %s)", tried);
-        return NULL;
-    }
-    for (i = 0; i < num_slots; i++) {
-        void *sym = attn__loader_symbol(l, lib, slots[i].name);
-        if (!sym) {
-            attn__fmt(reason, reason_size, "library %s lacks symbol %s", opened, slots[i].name);
-            attn__loader_close(l, lib);
-            return NULL;
-        }
-        /* object pointer -> function pointer, as dlsym requires (POSIX) */
-        memcpy((char *)table + slots[i].offset, &sym, sizeof sym);
-    }
-    return lib;
-}
-
-static int attn__cpu_cores(void) {
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n > 0 ? (int)n : 1;
-}
-
-static const char *attn__simd_name(void) {
-#if defined(ATTN__SIMD_AVX512)
-    return "avx512";
-#elif defined(ATTN__SIMD_AVX2)
-    return "avx2";
-#else
-    return "c";
-#endif
-}
-
-/* Loads NVRTC into *nv and fills p->nvrtc_version or p->nvrtc_reason. */
-static void attn__probe_nvrtc(const attn_loader *loader, attn__nvrtc *nv, attn_platform *p) {
-    static const char *const sonames[] = {ATTN_NVRTC_LIBRARY, "libnvrtc.so.12", "libnvrtc.so", NULL};
-    char reason[160];
-    memset(nv, 0, sizeof *nv);
-    nv->library = attn__load_library(loader, sonames, attn__nvrtc_symbols,
-                                     sizeof attn__nvrtc_symbols / sizeof attn__nvrtc_symbols[0], nv,
-                                     nv->soname, sizeof nv->soname, reason, sizeof reason);
-    if (!nv->library) {
-        attn__fmt(p->nvrtc_reason, sizeof p->nvrtc_reason, "no NVRTC: %s", reason);
-        return;
-    }
-    if (nv->nvrtcVersion(&nv->major, &nv->minor) != 0 || nv->major < 12) {
-        attn__fmt(p->nvrtc_reason, sizeof p->nvrtc_reason, "NVRTC %s is version %d.%d (allowed: 12 "
-                  "or later)", nv->soname, nv->major, nv->minor);
-        attn__loader_close(loader, nv->library);
-        memset(nv, 0, sizeof *nv);
-        return;
-    }
-    p->nvrtc_version = nv->major * 1000 + nv->minor * 10;
-}
-
-/* Loads the driver into *drv and fills the CUDA part of p; a missing piece is a reason
-   in p->cuda_reason and leaves drv->library NULL. */
-static void attn__probe_cuda(const attn_loader *loader, attn__cuda_driver *drv, attn_platform *p) {
-    static const char *const sonames[] = {ATTN_CUDA_DRIVER_LIBRARY, "libcuda.so", NULL};
-    char reason[160];
-    attn__CUdevice dev;
-    attn__CUresult rc;
-    int n = 0;
-    memset(drv, 0, sizeof *drv);
-    drv->library = attn__load_library(loader, sonames, attn__cuda_driver_symbols,
-                                      sizeof attn__cuda_driver_symbols / sizeof attn__cuda_driver_symbols[0],
-                                      drv, drv->soname, sizeof drv->soname, reason, sizeof reason);
-    if (!drv->library) {
-        attn__fmt(p->cuda_reason, sizeof p->cuda_reason, "no CUDA driver: %s", reason);
-        return;
-    }
-    if ((rc = drv->cuInit(0)) != 0)
-        attn__fmt(p->cuda_reason, sizeof p->cuda_reason, "cuInit failed (CUresult %d)", rc);
-    else if ((rc = drv->cuDeviceGetCount(&n)) != 0 || n <= 0)
-        attn__fmt(p->cuda_reason, sizeof p->cuda_reason, "no CUDA device (cuDeviceGetCount: "
-                  "result %d, count %d)", rc, n);
-    if (p->cuda_reason[0]) {
-        attn__loader_close(loader, drv->library);
-        memset(drv, 0, sizeof *drv);
-        return;
-    }
-    p->cuda_device_count = n;
-    drv->cuDriverGetVersion(&p->cuda_driver_version);
-    if (drv->cuDeviceGet(&dev, 0) == 0) {
-        drv->cuDeviceGetAttribute(&p->cuda_capability_major, ATTN__CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
-        drv->cuDeviceGetAttribute(&p->cuda_capability_minor, ATTN__CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
-        drv->cuDeviceGetAttribute(&p->cuda_multiprocessors, ATTN__CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
-        drv->cuDeviceGetName(p->cuda_device_name, (int)sizeof p->cuda_device_name, dev);
-        {
-            size_t bytes = 0;
-            if (drv->cuDeviceTotalMem(&bytes, dev) == 0) p->cuda_memory_bytes = bytes;
-        }
-    }
-    p->kind = ATTN_PLATFORM_CUDA;
-}
-
-ATTN_API attn_status attn_platform_get(attn_context *ctx, attn_platform *out) {
-    if (!ctx) return attn__null_arg(ctx, __func__, "ctx");
-    if (!out) return attn__null_arg(ctx, __func__, "out");
-    *out = ctx->platform;
-    return ATTN_OK;
-}
-
-ATTN_API size_t attn_platform_format(const attn_platform *p, char *buf, size_t size) {
-    int n;
-    if (!p) return 0;
-    n = attn__fmt(buf, size,
-                 "platform:\n"
-                 "  kind: %s\n"
-                 "  cpu_cores: %d\n"
-                 "  cpu_threads: %d\n"
-                 "  cpu_simd: %s\n"
-                 "  cuda_devices: %d\n"
-                 "  cuda_device: %s\n"
-                 "  device_capability: %d.%d\n"
-                 "  cuda_multiprocessors: %d\n"
-                 "  cuda_driver_version: %d\n"
-                 "  cuda_memory_mib: %llu\n"
-                 "  cuda_unavailable_reason: %s\n"
-                 "  nvrtc_version: %d.%d\n"
-                 "  nvrtc_unavailable_reason: %s\n",
-                 p->kind == ATTN_PLATFORM_CUDA ? "CUDA" : "CPU", p->cpu_cores, p->cpu_threads,
-                 p->cpu_simd, p->cuda_device_count,
-                 p->cuda_device_name[0] ? p->cuda_device_name : "none",
-                 p->cuda_capability_major, p->cuda_capability_minor, p->cuda_multiprocessors,
-                 p->cuda_driver_version, (unsigned long long)(p->cuda_memory_bytes >> 20),
-                 p->cuda_reason[0] ? p->cuda_reason : "none", p->nvrtc_version / 1000,
-                 p->nvrtc_version % 1000 / 10, p->nvrtc_reason[0] ? p->nvrtc_reason : "none");
-    return n < 0 ? 0 : (size_t)n;
-}
-
-/* =======================================================================================
-   >>threads
-   A persistent pool: the caller plus num_threads-1 workers pull task indices from a
-   shared counter (tasks are coarse, so a mutex-guarded counter costs nothing).
-   ======================================================================================= */
-
-typedef void (*attn__task_fn)(void *arg, int task, int thread);
-
-#ifndef ATTN_NO_THREADS
-struct attn__threadpool {
-    pthread_mutex_t lock;
-    pthread_cond_t wake, done;
-    pthread_t *threads;
-    int num_workers;
-    unsigned generation;
-    int stop;
-    attn__task_fn fn;
-    void *arg;
-    int num_tasks, next_task, busy;
-};
-
-typedef struct attn__worker_arg { attn__threadpool *pool; int index; } attn__worker_arg;
-
-static void attn__pool_drain(attn__threadpool *pool, int thread) {
-    for (;;) {
-        int t;
-        pthread_mutex_lock(&pool->lock);
-        t = pool->next_task < pool->num_tasks ? pool->next_task++ : -1;
-        pthread_mutex_unlock(&pool->lock);
-        if (t < 0) return;
-        pool->fn(pool->arg, t, thread);
-    }
-}
-
-static void *attn__worker_main(void *varg) {
-    attn__worker_arg a = *(attn__worker_arg *)varg;
-    attn__threadpool *pool = a.pool;
-    unsigned seen = 0;
-    attn__free(varg);
-    for (;;) {
-        pthread_mutex_lock(&pool->lock);
-        while (!pool->stop && pool->generation == seen) pthread_cond_wait(&pool->wake, &pool->lock);
-        if (pool->stop) { pthread_mutex_unlock(&pool->lock); return NULL; }
-        seen = pool->generation;
-        pthread_mutex_unlock(&pool->lock);
-        attn__pool_drain(pool, a.index);
-        pthread_mutex_lock(&pool->lock);
-        if (--pool->busy == 0) pthread_cond_signal(&pool->done);
-        pthread_mutex_unlock(&pool->lock);
-    }
-}
-
-static void attn__pool_destroy(attn__threadpool *pool) {
-    int i;
-    if (!pool) return;
-    pthread_mutex_lock(&pool->lock);
-    pool->stop = 1;
-    pthread_cond_broadcast(&pool->wake);
-    pthread_mutex_unlock(&pool->lock);
-    for (i = 0; i < pool->num_workers; i++) pthread_join(pool->threads[i], NULL);
-    pthread_cond_destroy(&pool->wake);
-    pthread_cond_destroy(&pool->done);
-    pthread_mutex_destroy(&pool->lock);
-    attn__free(pool->threads);
-    attn__free(pool);
-}
-
-static attn__threadpool *attn__pool_create(int num_threads) {
-    attn__threadpool *pool = (attn__threadpool *)attn__calloc(1, sizeof *pool);
-    int i;
-    if (!pool) return NULL;
-    pthread_mutex_init(&pool->lock, NULL);
-    pthread_cond_init(&pool->wake, NULL);
-    pthread_cond_init(&pool->done, NULL);
-    pool->threads = (pthread_t *)attn__calloc((size_t)(num_threads > 1 ? num_threads - 1 : 1),
-                                               sizeof(pthread_t));
-    if (!pool->threads) { attn__pool_destroy(pool); return NULL; }
-    for (i = 0; i < num_threads - 1; i++) {
-        attn__worker_arg *a = (attn__worker_arg *)attn__malloc(sizeof *a);
-        if (!a) break;
-        a->pool = pool;
-        a->index = i + 1;
-        if (pthread_create(&pool->threads[i], NULL, attn__worker_main, a) != 0) {
-            attn__free(a);
-            break;
-        }
-        pool->num_workers++;
-    }
-    if (pool->num_workers != num_threads - 1) { attn__pool_destroy(pool); return NULL; }
-    return pool;
-}
-
-static void attn__pool_run(attn__threadpool *pool, attn__task_fn fn, void *arg, int num_tasks) {
-    if (!pool || pool->num_workers == 0 || num_tasks <= 1) {
-        int t;
-        for (t = 0; t < num_tasks; t++) fn(arg, t, 0);
-        return;
-    }
-    pthread_mutex_lock(&pool->lock);
-    pool->fn = fn;
-    pool->arg = arg;
-    pool->num_tasks = num_tasks;
-    pool->next_task = 0;
-    pool->busy = pool->num_workers;
-    pool->generation++;
-    pthread_cond_broadcast(&pool->wake);
-    pthread_mutex_unlock(&pool->lock);
-    attn__pool_drain(pool, 0);
-    pthread_mutex_lock(&pool->lock);
-    while (pool->busy > 0) pthread_cond_wait(&pool->done, &pool->lock);
-    pthread_mutex_unlock(&pool->lock);
-}
-#else
-struct attn__threadpool { int unused; };
-static void attn__pool_destroy(attn__threadpool *pool) { (void)pool; }
-static attn__threadpool *attn__pool_create(int num_threads) { (void)num_threads; return NULL; }
-static void attn__pool_run(attn__threadpool *pool, attn__task_fn fn, void *arg, int num_tasks) {
-    int t;
-    (void)pool;
-    for (t = 0; t < num_tasks; t++) fn(arg, t, 0);
-}
-#endif
-
-/* Per-thread float scratch, grown before a parallel region so tasks never allocate. */
-static attn_status attn__scratch_reserve(attn_context *ctx, size_t floats) {
-    int t;
-    for (t = 0; t < ctx->num_threads; t++) {
-        if (ctx->scratch_size[t] < floats) {
-            float *p = (float *)attn__malloc(floats * sizeof(float) + 64);
-            if (!p)
-                return attn__fail(ctx, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
-                                  "worker scratch: cannot allocate %zu bytes",
-                                  floats * sizeof(float));
-            attn__free(ctx->scratch[t]);
-            ctx->scratch[t] = p;
-            ctx->scratch_size[t] = floats;
-        }
-    }
-    return ATTN_OK;
-}
-
-/* =======================================================================================
-   >>context
-   ======================================================================================= */
-
-/* attn_context_create's failures have no context to keep their message: they are logged
-   through a stack context holding just the caller's hook and level, and the message is
-   copied to the thread's last error (where attn_context_last_error(NULL) finds it). */
-static attn_status attn__context_create_failed(const attn_context *logger, attn_status status) {
-    attn__strlcpy(attn__thread_error, logger->last_error, sizeof attn__thread_error);
-    return status;
-}
-
-struct attn__kernel_cache;                                         /* >>nvrtc */
-static struct attn__kernel_cache *attn__kernel_cache_create(const char *dir);
-static void attn__kernel_cache_destroy(struct attn__kernel_cache *kc);
-
-ATTN_API attn_status attn_context_create(const attn_context_desc *desc, attn_context **out) {
-    attn_context_desc d;
-    attn_context logger;
-    attn_context *ctx;
-    int threads;
-    memset(&d, 0, sizeof d);
-    if (desc) d = *desc;
-    memset(&logger, 0, sizeof logger);
-    logger.log = d.log;
-    logger.log_user_data = d.log_user_data;
-    logger.log_level = (int)d.log_level > 0 && (int)d.log_level <= (int)ATTN_LOG_LEVEL_NONE
-                           ? d.log_level : attn__env_log_level();
-#define ATTN__CREATE_FAIL(...) \
-    return attn__context_create_failed(&logger, attn__fail(&logger, __VA_ARGS__))
-    if (!out)
-        ATTN__CREATE_FAIL(ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT,
-                          "attn_context_create: argument 'out' is NULL (a valid pointer is "
-                          "required)");
-    *out = NULL;
-    if ((int)d.log_level < 0 || (int)d.log_level > (int)ATTN_LOG_LEVEL_NONE)
-        ATTN__CREATE_FAIL(ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
-                          "attn_context_create: desc.log_level is %d (allowed: 0..5, "
-                          "ATTN_LOG_LEVEL_DEFAULT..ATTN_LOG_LEVEL_NONE)", (int)d.log_level);
-    if (d.num_threads < 0 || d.num_threads > 1024)
-        ATTN__CREATE_FAIL(ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
-                          "attn_context_create: desc.num_threads is %d (allowed: 0 = default, "
-                          "or 1..1024)", d.num_threads);
-    ctx = (attn_context *)attn__calloc(1, sizeof *ctx);
-    if (!ctx)
-        ATTN__CREATE_FAIL(ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
-                          "attn_context_create: cannot allocate the context");
-    ctx->log = d.log;
-    ctx->log_user_data = d.log_user_data;
-    ctx->log_level = d.log_level ? d.log_level : attn__env_log_level();
-    /* the environment is read once the logger exists, so bad values reach the hook */
-    if (!d.log_level) attn__env_log_level_check(ctx);
-    threads = d.num_threads ? d.num_threads
-                            : attn__env_int(ctx, "ATTN_NUM_THREADS", 1, 1024, attn__cpu_cores());
-#ifdef ATTN_NO_THREADS
-    threads = 1;
-#endif
-    ctx->num_threads = threads;
-    ctx->scratch = (float **)attn__calloc((size_t)threads, sizeof(float *));
-    ctx->scratch_size = (size_t *)attn__calloc((size_t)threads, sizeof(size_t));
-    if (!ctx->scratch || !ctx->scratch_size) {
-        attn_context_destroy(ctx);
-        ATTN__CREATE_FAIL(ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
-                          "attn_context_create: cannot allocate thread scratch tables");
-    }
-    if (threads > 1) {
-        ctx->pool = attn__pool_create(threads);
-        if (!ctx->pool) {
-            attn_context_destroy(ctx);
-            ATTN__CREATE_FAIL(ATTN_ERROR_PLATFORM, ATTN_LOG_PLATFORM_ERROR,
-                              "attn_context_create: cannot start %d worker threads", threads - 1);
-        }
-        attn__log(ctx, ATTN_LOG_LEVEL_DEBUG, ATTN_LOG_THREADS_STARTED, "%d worker threads",
-                  threads);
-    }
-    ctx->platform.cpu_cores = attn__cpu_cores();
-    ctx->platform.cpu_threads = threads;
-    attn__strlcpy(ctx->platform.cpu_simd, attn__simd_name(), sizeof ctx->platform.cpu_simd);
-    if (d.loader) ctx->loader = *d.loader;
-    ctx->cuda = (struct attn__cuda_driver *)attn__calloc(1, sizeof *ctx->cuda);
-    if (!ctx->cuda) {
-        attn_context_destroy(ctx);
-        return attn__fail(NULL, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
-                          "attn_context_create: cannot allocate the driver table");
-    }
-    attn__probe_cuda(&ctx->loader, ctx->cuda, &ctx->platform);
-    ctx->nvrtc = (struct attn__nvrtc *)attn__calloc(1, sizeof *ctx->nvrtc);
-    ctx->kernels = attn__kernel_cache_create(d.kernel_cache_dir);
-    if (!ctx->nvrtc || !ctx->kernels) {
-        attn_context_destroy(ctx);
-        return attn__fail(NULL, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
-                          "attn_context_create: cannot allocate the compiler tables");
-    }
-    attn__probe_nvrtc(&ctx->loader, ctx->nvrtc, &ctx->platform);
-    if (ctx->platform.kind != ATTN_PLATFORM_CUDA)
-        attn__log(ctx, ATTN_LOG_LEVEL_DEBUG, ATTN_LOG_CUDA_UNAVAILABLE, "CUDA: %s",
-                  ctx->platform.cuda_reason);
-    attn__log(ctx, ATTN_LOG_LEVEL_DEBUG, ATTN_LOG_PLATFORM_PROBED,
-              "platform %s, %d cores, %d threads, simd %s",
-              ctx->platform.kind == ATTN_PLATFORM_CUDA ? "CUDA" : "CPU",
-              ctx->platform.cpu_cores, threads, ctx->platform.cpu_simd);
-    *out = ctx;
-    return ATTN_OK;
-#undef ATTN__CREATE_FAIL
-}
-
-ATTN_API void attn_context_destroy(attn_context *ctx) {
-    int t;
-    if (!ctx) return;
-    for (t = ctx->num_backends - 1; t >= 0; t--) { /* in reverse order of init */
-        attn__backend_slot *bs = &ctx->backends[t];
-        if (bs->status == ATTN_OK && bs->backend->context_release)
-            bs->backend->context_release(bs->backend, ctx, bs->state);
-    }
-    attn__free(ctx->backends);
-    attn__pool_destroy(ctx->pool);
-    if (ctx->scratch)
-        for (t = 0; t < ctx->num_threads; t++) attn__free(ctx->scratch[t]);
-    attn__free(ctx->scratch);
-    attn__free(ctx->scratch_size);
-    attn__free(ctx->cache);
-    if (ctx->cuda) attn__loader_close(&ctx->loader, ctx->cuda->library);
-    attn__free(ctx->cuda);
-    if (ctx->nvrtc) attn__loader_close(&ctx->loader, ctx->nvrtc->library);
-    attn__free(ctx->nvrtc);
-    attn__kernel_cache_destroy(ctx->kernels);
-    attn__free(ctx);
-}
-
-ATTN_API const char *attn_context_last_error(const attn_context *ctx) {
-    return ctx ? ctx->last_error : attn__thread_error;
-}
-
-ATTN_API attn_status attn_context_set_log_level(attn_context *ctx, attn_log_level level) {
-    if (!ctx) return attn__null_arg(ctx, __func__, "ctx");
-    if ((int)level < 0 || (int)level > (int)ATTN_LOG_LEVEL_NONE)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
-                          "attn_context_set_log_level: level is %d (allowed: 0..5)", (int)level);
-    ctx->log_level = level ? level : attn__env_log_level();
-    if (!level) attn__env_log_level_check(ctx);
-    return ATTN_OK;
-}
-
-/* The context-level state of backend b, running its context_init the first time this
-   context needs it. A failure is remembered (with its reason) for the context's life, so
-   the selector's records stay consistent and a broken library is not retried per layer. */
-static attn_status attn__backend_context(attn_context *ctx, const attn_backend *b, void **state,
-                                         char *reason, size_t reason_size) {
-    attn__backend_slot *bs = NULL;
-    int i;
-    for (i = 0; i < ctx->num_backends; i++)
-        if (ctx->backends[i].backend == b) { bs = &ctx->backends[i]; break; }
-    if (!bs) {
-        if (ctx->num_backends == ctx->backend_capacity) {
-            int cap = ctx->backend_capacity ? 2 * ctx->backend_capacity : 4;
-            attn__backend_slot *n = (attn__backend_slot *)ATTN_REALLOC(ctx->backends, (size_t)cap * sizeof *n);
-            if (!n) {
-                attn__fmt(reason, reason_size, "%s: out of memory for its context state", b->name);
-                return ATTN_ERROR_OUT_OF_MEMORY;
-            }
-            ctx->backends = n;
-            ctx->backend_capacity = cap;
-        }
-        bs = &ctx->backends[ctx->num_backends];
-        memset(bs, 0, sizeof *bs);
-        bs->backend = b;
-        if (b->context_init) {
-            char why[160];
-            why[0] = 0;
-            bs->status = b->context_init(b, ctx, &bs->state, why, sizeof why);
-            if (bs->status != ATTN_OK)
-                attn__fmt(bs->reason, sizeof bs->reason, "%s: %s", b->name,
-                          why[0] ? why : attn_status_string(bs->status));
-        }
-        ctx->num_backends++;
-    }
-    if (state) *state = bs->state;
-    if (bs->status != ATTN_OK) attn__strlcpy(reason, bs->reason, reason_size);
-    return bs->status;
-}
-
-ATTN_API void *attn_context_backend_state(const attn_context *ctx, const attn_backend *backend) {
-    int i;
-    if (!ctx || !backend) return NULL;
-    for (i = 0; i < ctx->num_backends; i++)
-        if (ctx->backends[i].backend == backend && ctx->backends[i].status == ATTN_OK)
-            return ctx->backends[i].state;
-    return NULL;
 }
 
 /* =======================================================================================
@@ -2488,7 +2481,7 @@ static attn_status attn__resolve(attn_context *ctx, const attn_layer_desc *d,
         attn__automatic(ctx, d, s, ATTN_BACKEND_AUTO, layer);
     }
     if (s->resolved) {
-        const attn_backend *b = layer ? layer->backend : attn_backend_get(s->resolved);
+        const attn_backend *b = layer ? attn_layer_backend(layer) : attn_backend_get(s->resolved);
         if (b) {
             s->backend_device = b->device;
             s->cuda_graph = b->cuda_graph;
@@ -2667,6 +2660,16 @@ ATTN_API size_t attn_selection_format(const attn_selection *s, char *buf, size_t
    >>layer
    A resolved backend plus the validated descriptor (defaults filled in, slopes copied).
    ======================================================================================= */
+
+/* A resolved backend plus the validated descriptor (defaults filled in, slopes copied). */
+struct attn_layer {
+    attn_context *ctx;
+    attn_layer_desc desc;
+    float *alibi;
+    const attn_backend *backend;   /* bound by the selector once layer_init succeeded */
+    void *backend_state;           /* what layer_init stored */
+    attn_selection selection;
+};
 
 ATTN_API attn_status attn_layer_create(attn_context *ctx, const attn_layer_desc *desc,
                                        const attn_select_request *request, attn_layer **out) {
@@ -3181,7 +3184,8 @@ ATTN_API attn_status attn_metadata_build(attn_metadata *meta, int common_prefix_
 
 /* =======================================================================================
    >>cache
-   Paged KV-cache writes by slot mapping (every slot checked before anything is written).
+   The cache-write front doors: every tensor and slot checked, then the backend writes
+   (standard: reshape_and_cache; MLA: concat_and_cache_mla).
    ======================================================================================= */
 
 static attn_status attn__check_kv_cache(attn_layer *layer, const char *fn, const attn_tensor *kv,
@@ -3203,39 +3207,6 @@ static attn_status attn__check_kv_cache(attn_layer *layer, const char *fn, const
                           "%s: kv_cache is not contiguous (allowed: the dense layout of "
                           "attn_layer_kv_cache_shape)", fn);
     return ATTN_OK;
-}
-
-/* Copies token rows of key/value into the standard cache; inputs already validated. (The
-   CPU backends' cache writes; >>cpu.) */
-static void attn__write_kv(const attn_layer *layer, const attn_tensor *k, const attn_tensor *v,
-                           attn_tensor *kv, const int64_t *slots, int num_tokens) {
-    const attn_layer_desc *d = &layer->desc;
-    attn_tensor kr = attn__tensor_resolved(k), vr = attn__tensor_resolved(v);
-    int64_t bs = d->block_size, hkv = d->num_kv_heads, hs = d->head_size;
-    size_t esz = attn_dtype_size(d->kv_cache_dtype);
-    int t, h;
-    int64_t i;
-    for (t = 0; t < num_tokens; t++) {
-        int64_t slot = slots[t], blk, off;
-        if (slot < 0) continue;
-        blk = slot / bs;
-        off = slot % bs;
-        for (h = 0; h < hkv; h++) {
-            int64_t kdst = (((blk * 2 + 0) * bs + off) * hkv + h) * hs;
-            int64_t vdst = (((blk * 2 + 1) * bs + off) * hkv + h) * hs;
-            const char *ks = (const char *)k->data + (size_t)(t * kr.strides[0] + h * kr.strides[1]) * attn_dtype_size(k->dtype);
-            const char *vs = (const char *)v->data + (size_t)(t * vr.strides[0] + h * vr.strides[1]) * attn_dtype_size(v->dtype);
-            if (k->dtype == d->kv_cache_dtype) {
-                memcpy((char *)kv->data + (size_t)kdst * esz, ks, (size_t)hs * esz);
-                memcpy((char *)kv->data + (size_t)vdst * esz, vs, (size_t)hs * esz);
-            } else {
-                for (i = 0; i < hs; i++) {
-                    attn__store_elem(kv->data, d->kv_cache_dtype, kdst + i, attn__load_elem(ks, k->dtype, i));
-                    attn__store_elem(kv->data, d->kv_cache_dtype, vdst + i, attn__load_elem(vs, v->dtype, i));
-                }
-            }
-        }
-    }
 }
 
 /* Validates key/value/cache/slots for a write of num_tokens rows. */
@@ -3338,11 +3309,13 @@ ATTN_API attn_status attn_concat_and_cache_mla(attn_layer *layer, const attn_ten
 
 /* =======================================================================================
    >>cpu
-   The portable C backend. Work is split into tasks of (request, KV head, query tile[, key
-   split]); a task loads all query heads of its KV-head group, so each K/V row is read once
-   per group. Inner loops run on f32 tiles (K/V rows converted as they are gathered from
-   the pages) through a small vector layer: AVX-512, AVX2+FMA+F16C, or plain C.
+   The portable C backend (CPU). Work is split into tasks of (request, KV heads, query
+   tile[, key split]); a task loads all query heads of its KV-head group, so each K/V row is
+   read once per group. Inner loops run on f32 tiles through a small vector layer: AVX-512,
+   AVX2+FMA+F16C, or plain C. The MLA backend (>>cpu_mla) runs on the same kernels and runner.
    ======================================================================================= */
+
+/* ---- SIMD layer and row conversions ------------------------------------------------------ */
 
 #define ATTN__CPU_NT 64        /* keys per tile */
 #define ATTN__CPU_ROWS 64      /* target query rows (tokens x group heads) per task */
@@ -3589,6 +3562,8 @@ ATTN__INLINE float attn__dot(const float *a, const float *b, int dp) {
     return attn__vhadd(attn__vadd(acc0, acc1));
 }
 
+/* ---- kernels: QK and PV tiles, direct decode kernels, online softmax --------------------- */
+
 /* Rows per cache block of the gather-path kernels: a chunk of Q (or O) rows stays in L1
    while the K (or V) tile streams past it once. */
 #define ATTN__CPU_ROW_CHUNK 16
@@ -3699,7 +3674,7 @@ static void attn__cpu_pv(const float *P, int ld, int M, const float *V, int ldv,
 
 /* Asks for a K/V row ahead of use: rows of one head are strided across the page, which
    the hardware prefetchers do not follow. */
-ATTN__INLINE void attn__prefetch_row(const char *p, size_t bytes) {
+ATTN__INLINE void attn__cpu_prefetch_row(const char *p, size_t bytes) {
 #if defined(__GNUC__) || defined(__clang__)
     size_t o;
     for (o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, ATTN__PF_HINT);
@@ -3725,7 +3700,7 @@ ATTN__INLINE attn__vf attn__vload_kv(const char *p, attn_dtype dt) {
    once per row block and is read from the cache directly (row pointers, converted in
    registers; no gather copy). D is a multiple of W. The QK loop takes a quad of keys and
    then every head of the task, so it reads whole token rows front to back. */
-ATTN__INLINE void attn__qk_direct(const float *Q, int per_head, int nheads, const char *const *kp,
+ATTN__INLINE void attn__cpu_qk_direct_dt(const float *Q, int per_head, int nheads, const char *const *kp,
                                   size_t head_bytes, int n, int D, int dq, float *S, int ld,
                                   attn_dtype dt) {
     size_t esz = attn__dtypes[dt].size; /* a constant: dt is one */
@@ -3737,7 +3712,7 @@ ATTN__INLINE void attn__qk_direct(const float *Q, int per_head, int nheads, cons
             int rend = (h + 1) * per_head;
             if (j + ATTN__QKPF + 4 <= n) { /* this head's slice of a later quad's rows */
                 int q2;
-                for (q2 = ATTN__QKPF; q2 < ATTN__QKPF + 4; q2++) attn__prefetch_row(kp[j + q2] + h * head_bytes, head_bytes);
+                for (q2 = ATTN__QKPF; q2 < ATTN__QKPF + 4; q2++) attn__cpu_prefetch_row(kp[j + q2] + h * head_bytes, head_bytes);
             }
             for (r = h * per_head; r + ATTN__QK_RB <= rend; r += ATTN__QK_RB) {
                 const float *q = Q + (size_t)r * (size_t)dq;
@@ -3777,7 +3752,7 @@ ATTN__INLINE void attn__qk_direct(const float *Q, int per_head, int nheads, cons
 
 /* O[r] = O[r] * alpha[r] + sum_j P[r][j] V[j] for the rows of one head; 4 rows x 4 vectors
    per register block (16 independent FMA chains). */
-ATTN__INLINE void attn__pv_direct(const float *P, int ld, int M, const char *const *vp, size_t hoff,
+ATTN__INLINE void attn__cpu_pv_direct_dt(const float *P, int ld, int M, const char *const *vp, size_t hoff,
                                   int n, int D, int dq, float *O, const float *alpha, attn_dtype dt) {
     size_t esz = attn__dtypes[dt].size;
     int r = 0, d, j, rr, c;
@@ -3792,7 +3767,7 @@ ATTN__INLINE void attn__pv_direct(const float *P, int ld, int M, const char *con
             for (j = 0; j < n; j++) {
                 const char *v = vp[j] + hoff + (size_t)d * esz;
                 attn__vf v0, v1, v2, v3;
-                if (d == 0 && j + ATTN__PVPF < n) attn__prefetch_row(vp[j + ATTN__PVPF] + hoff, (size_t)D * esz);
+                if (d == 0 && j + ATTN__PVPF < n) attn__cpu_prefetch_row(vp[j + ATTN__PVPF] + hoff, (size_t)D * esz);
                 v0 = attn__vload_kv(v, dt); v1 = attn__vload_kv(v + ATTN__W * esz, dt);
                 v2 = attn__vload_kv(v + 2 * ATTN__W * esz, dt); v3 = attn__vload_kv(v + 3 * ATTN__W * esz, dt);
                 for (rr = 0; rr < 4; rr++) {
@@ -3833,9 +3808,9 @@ ATTN__INLINE void attn__pv_direct(const float *P, int ld, int M, const char *con
 ATTN__NOINLINE static void attn__cpu_qk_direct(const float *Q, int per_head, int nheads, const char *const *kp,
                                 size_t head_bytes, int n, int D, int dq, float *S, int ld, attn_dtype dt) {
     switch (dt) {
-    case ATTN_DTYPE_F32: attn__qk_direct(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, ATTN_DTYPE_F32); return;
-    case ATTN_DTYPE_F16: attn__qk_direct(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, ATTN_DTYPE_F16); return;
-    case ATTN_DTYPE_BF16: attn__qk_direct(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, ATTN_DTYPE_BF16); return;
+    case ATTN_DTYPE_F32: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, ATTN_DTYPE_F32); return;
+    case ATTN_DTYPE_F16: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, ATTN_DTYPE_F16); return;
+    case ATTN_DTYPE_BF16: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, ATTN_DTYPE_BF16); return;
     case ATTN_DTYPE_AUTO: case ATTN_DTYPE_COUNT: break;
     }
     ATTN_ASSERT(0);
@@ -3843,9 +3818,9 @@ ATTN__NOINLINE static void attn__cpu_qk_direct(const float *Q, int per_head, int
 ATTN__NOINLINE static void attn__cpu_pv_direct(const float *P, int ld, int M, const char *const *vp, size_t hoff,
                                 int n, int D, int dq, float *O, const float *alpha, attn_dtype dt) {
     switch (dt) {
-    case ATTN_DTYPE_F32: attn__pv_direct(P, ld, M, vp, hoff, n, D, dq, O, alpha, ATTN_DTYPE_F32); return;
-    case ATTN_DTYPE_F16: attn__pv_direct(P, ld, M, vp, hoff, n, D, dq, O, alpha, ATTN_DTYPE_F16); return;
-    case ATTN_DTYPE_BF16: attn__pv_direct(P, ld, M, vp, hoff, n, D, dq, O, alpha, ATTN_DTYPE_BF16); return;
+    case ATTN_DTYPE_F32: attn__cpu_pv_direct_dt(P, ld, M, vp, hoff, n, D, dq, O, alpha, ATTN_DTYPE_F32); return;
+    case ATTN_DTYPE_F16: attn__cpu_pv_direct_dt(P, ld, M, vp, hoff, n, D, dq, O, alpha, ATTN_DTYPE_F16); return;
+    case ATTN_DTYPE_BF16: attn__cpu_pv_direct_dt(P, ld, M, vp, hoff, n, D, dq, O, alpha, ATTN_DTYPE_BF16); return;
     case ATTN_DTYPE_AUTO: case ATTN_DTYPE_COUNT: break;
     }
     ATTN_ASSERT(0);
@@ -3876,6 +3851,8 @@ static float attn__cpu_softmax_row(float *s, int n, float *m, float *l) {
     *m = mnew;
     return alpha;
 }
+
+/* ---- schedule: the metadata's private part and the builder ------------------------------- */
 
 typedef struct attn__cpu_task {
     int req;
@@ -4017,7 +3994,7 @@ static void attn__cpu_metadata_release(const attn_backend *self, attn_metadata *
 }
 
 /* Keys visible to query position pos of a sequence of seq_len tokens: [*lo, *hi). */
-static void attn__visible_keys(const attn_layer_desc *d, int causal, int pos, int seq_len,
+static void attn__cpu_visible_keys(const attn_layer_desc *d, int causal, int pos, int seq_len,
                                int *lo, int *hi) {
     int64_t w = d->sliding_window;
     *lo = w ? (int)ATTN__MAX(0, (int64_t)pos - w + 1) : 0;
@@ -4107,8 +4084,8 @@ static attn_status attn__cpu_build(const attn_backend *self, attn_layer *layer, 
         int all = attn__cpu_all_heads(d, ql), step = all ? ql : tt;
         for (t0 = 0; t0 < ql; t0 += step) {
             int t1 = ATTN__MIN(ql, t0 + step), lo0, hi0, lo1, hi1, lo, hi, ns = 1;
-            attn__visible_keys(d, causal, sl - ql + t0, sl, &lo0, &hi0);
-            attn__visible_keys(d, causal, sl - ql + t1 - 1, sl, &lo1, &hi1);
+            attn__cpu_visible_keys(d, causal, sl - ql + t0, sl, &lo0, &hi0);
+            attn__cpu_visible_keys(d, causal, sl - ql + t1 - 1, sl, &lo1, &hi1);
             lo = ATTN__MIN(lo0, lo1);
             hi = ATTN__MAX(hi0, hi1);
             if (split && t0 == 0 && t1 == ql && hi - lo >= 2 * ATTN__CPU_SPLIT_MIN) {
@@ -4124,6 +4101,8 @@ static attn_status attn__cpu_build(const attn_backend *self, attn_layer *layer, 
     }
     return attn__cpu_schedule_finish(cm, nt, nm, prows);
 }
+
+/* ---- runner: one pass of tasks, then the split-KV merges --------------------------------- */
 
 /* What one parallel attention pass reads and writes: the effective layer view (for MLA
    decode: one KV head of width dk, V the first dv of the same row), the batch, the
@@ -4241,7 +4220,7 @@ static void attn__cpu_task_run(void *varg, int ti, int thread) {
         int t, head;
         float *qr = Q + (size_t)i * (size_t)dpk;
         attn__cpu_row_owner(d, tk->head0, tk->tok0, tk->tok1, i, &t, &head);
-        attn__visible_keys(d, causal, sl - ql + t, sl, &lo[i], &hi[i]);
+        attn__cpu_visible_keys(d, causal, sl - ql + t, sl, &lo[i], &hi[i]);
         lo[i] = ATTN__MAX(lo[i], tk->key0);
         hi[i] = ATTN__MIN(hi[i], tk->key1);
         if (lo[i] < hi[i]) { kmin = ATTN__MIN(kmin, lo[i]); kmax = ATTN__MAX(kmax, hi[i]); }
@@ -4354,6 +4333,41 @@ static attn_status attn__cpu_execute(attn__cpu_run *a) {
     return ATTN_OK;
 }
 
+/* ---- entry points: forward, cache write, LSE merge --------------------------------------- */
+
+/* Copies token rows of key/value into the standard cache; inputs already validated. (The
+   CPU backends' cache writes; >>cpu.) */
+static void attn__cpu_write_kv(const attn_layer *layer, const attn_tensor *k, const attn_tensor *v,
+                           attn_tensor *kv, const int64_t *slots, int num_tokens) {
+    const attn_layer_desc *d = &layer->desc;
+    attn_tensor kr = attn__tensor_resolved(k), vr = attn__tensor_resolved(v);
+    int64_t bs = d->block_size, hkv = d->num_kv_heads, hs = d->head_size;
+    size_t esz = attn_dtype_size(d->kv_cache_dtype);
+    int t, h;
+    int64_t i;
+    for (t = 0; t < num_tokens; t++) {
+        int64_t slot = slots[t], blk, off;
+        if (slot < 0) continue;
+        blk = slot / bs;
+        off = slot % bs;
+        for (h = 0; h < hkv; h++) {
+            int64_t kdst = (((blk * 2 + 0) * bs + off) * hkv + h) * hs;
+            int64_t vdst = (((blk * 2 + 1) * bs + off) * hkv + h) * hs;
+            const char *ks = (const char *)k->data + (size_t)(t * kr.strides[0] + h * kr.strides[1]) * attn_dtype_size(k->dtype);
+            const char *vs = (const char *)v->data + (size_t)(t * vr.strides[0] + h * vr.strides[1]) * attn_dtype_size(v->dtype);
+            if (k->dtype == d->kv_cache_dtype) {
+                memcpy((char *)kv->data + (size_t)kdst * esz, ks, (size_t)hs * esz);
+                memcpy((char *)kv->data + (size_t)vdst * esz, vs, (size_t)hs * esz);
+            } else {
+                for (i = 0; i < hs; i++) {
+                    attn__store_elem(kv->data, d->kv_cache_dtype, kdst + i, attn__load_elem(ks, k->dtype, i));
+                    attn__store_elem(kv->data, d->kv_cache_dtype, vdst + i, attn__load_elem(vs, v->dtype, i));
+                }
+            }
+        }
+    }
+}
+
 static attn_status attn__cpu_forward(const attn_backend *self, attn_layer *layer, const attn_metadata *meta,
                                      const attn_tensor *q, const attn_tensor *k,
                                      const attn_tensor *v, attn_tensor *kv_cache,
@@ -4385,7 +4399,7 @@ static attn_status attn__cpu_forward(const attn_backend *self, attn_layer *layer
     st = attn__scratch_reserve(layer->ctx, a.cm->scratch_floats);
     if (st != ATTN_OK) return st;
     if (k && v)
-        attn__write_kv(layer, k, v, kv_cache, a.b->slot_mapping, a.b->num_actual_tokens);
+        attn__cpu_write_kv(layer, k, v, kv_cache, a.b->slot_mapping, a.b->num_actual_tokens);
     return attn__cpu_execute(&a);
 }
 
@@ -4394,7 +4408,7 @@ static attn_status attn__cpu_reshape_and_cache(const attn_backend *self, attn_la
                                                attn_tensor *kv_cache, const int64_t *slot_mapping,
                                                int num_tokens, void *stream) {
     (void)self; (void)stream;
-    attn__write_kv(layer, key, value, kv_cache, slot_mapping, num_tokens);
+    attn__cpu_write_kv(layer, key, value, kv_cache, slot_mapping, num_tokens);
     return ATTN_OK;
 }
 
@@ -4448,7 +4462,9 @@ static attn_status attn__cpu_merge_attn_states(const attn_backend *self, attn_co
     return ATTN_OK;
 }
 
-static int attn__std_kv_cache_shape(const attn_backend *self, const attn_layer_desc *d,
+/* ---- vtable ------------------------------------------------------------------------------ */
+
+static int attn__cpu_kv_cache_shape(const attn_backend *self, const attn_layer_desc *d,
                                     int64_t num_blocks, int64_t shape[ATTN_MAX_DIMS]) {
     (void)self;
     shape[0] = num_blocks;
@@ -4474,7 +4490,7 @@ static const attn_backend attn__cpu_backend = {
     NULL,                     /* check */
     NULL, NULL,               /* context_init/release: the context's threads suffice */
     NULL, NULL,               /* layer_init/release: nothing compiled per layer */
-    attn__std_kv_cache_shape,
+    attn__cpu_kv_cache_shape,
     attn__cpu_metadata_init,
     attn__cpu_metadata_release,
     attn__cpu_build,
@@ -4485,14 +4501,15 @@ static const attn_backend attn__cpu_backend = {
 };
 
 /* =======================================================================================
-   >>mla
-   MLA on the portable path: the latent cache, the decodes-first builder with split-KV,
-   absorbed decode (forward_mqa) on the same task runner as standard attention,
-   up-projected prefill (forward_mha) in bounded chunks, the fused layer call, and the
-   public LSE merge. Projections use the same register-blocked kernels as a GEMM.
+   >>cpu_mla
+   MLA on the portable path (CPU_MLA): the latent cache, the decodes-first split-KV
+   schedule, absorbed decode on the CPU runner, up-projected prefill in bounded chunks, the
+   fused layer call. Projections use the same register-blocked kernels as a GEMM.
    ======================================================================================= */
 
-static int attn__mla_kv_cache_shape(const attn_backend *self, const attn_layer_desc *d,
+/* ---- capabilities ------------------------------------------------------------------------ */
+
+static int attn__cpu_mla_kv_cache_shape(const attn_backend *self, const attn_layer_desc *d,
                                     int64_t num_blocks, int64_t shape[ATTN_MAX_DIMS]) {
     (void)self;
     shape[0] = num_blocks;
@@ -4501,7 +4518,7 @@ static int attn__mla_kv_cache_shape(const attn_backend *self, const attn_layer_d
     return 3;
 }
 
-static int attn__mla_check(const attn_backend *self, const attn_layer_desc *d,
+static int attn__cpu_mla_check(const attn_backend *self, const attn_layer_desc *d,
                            const attn_platform *p, char *reason, size_t size) {
     (void)self; (void)p;
     if (!((d->kv_lora_rank == 512 || d->kv_lora_rank == 256) && d->qk_rope_head_dim == 64)) {
@@ -4518,18 +4535,20 @@ static int attn__mla_check(const attn_backend *self, const attn_layer_desc *d,
     return 0;
 }
 
-#define ATTN__MHA_TILE 32
+/* ---- workspace: one layout that sizes and carves ----------------------------------------- */
+
+#define ATTN__CPU_MLA_TILE 32
 
 /* The MLA workspace of one metadata: forward_mha's chunk (latents, up-projected K/V, the
    running outputs of a group of queries) and the fused call's latent query/output. The
    fused call runs its decodes before its prefills, so the two phases share the memory.
    One layout sizes (base NULL) and carves; returns the floats it needs. */
-typedef struct attn__mla_ws {
+typedef struct attn__cpu_mla_ws {
     float *latc, *latpe, *kw, *vw, *state; /* forward_mha */
     float *ql, *ol;                        /* fused decode: [decode tokens][H][R] each */
     int chunk;                             /* keys up-projected per pass */
     int group;                             /* query tokens whose running state fits */
-} attn__mla_ws;
+} attn__cpu_mla_ws;
 
 static float *attn__carve(float *base, size_t *used, size_t floats) {
     float *p = base ? base + *used : NULL;
@@ -4537,47 +4556,49 @@ static float *attn__carve(float *base, size_t *used, size_t floats) {
     return p;
 }
 
-static int attn__mla_decode_token_capacity(const attn_metadata_desc *cap) {
+static int attn__cpu_mla_decode_tokens(const attn_metadata_desc *cap) {
     return (int)ATTN__MIN((int64_t)cap->max_num_tokens, (int64_t)cap->max_num_reqs * cap->decode_threshold);
 }
 
-static size_t attn__mla_ws_layout(const attn_layer_desc *d, const attn_metadata_desc *cap, float *base,
-                                  attn__mla_ws *w) {
+static size_t attn__cpu_mla_ws_layout(const attn_layer_desc *d, const attn_metadata_desc *cap, float *base,
+                                  attn__cpu_mla_ws *w) {
     size_t H = (size_t)d->num_heads, R = (size_t)d->kv_lora_rank, P = (size_t)d->qk_rope_head_dim;
     size_t dpk = (size_t)attn__cpu_dp(d->qk_nope_head_dim + d->qk_rope_head_dim);
     size_t dpv = (size_t)attn__cpu_dp(d->v_head_dim), pre = 0, dec = 0, td;
     int64_t group = cap->workspace_bytes / (int64_t)(H * (dpv + 1) * 4);
-    group = ATTN__MIN(group, (int64_t)cap->max_num_tokens + ATTN__MHA_TILE - 1) / ATTN__MHA_TILE * ATTN__MHA_TILE;
+    group = ATTN__MIN(group, (int64_t)cap->max_num_tokens + ATTN__CPU_MLA_TILE - 1) / ATTN__CPU_MLA_TILE * ATTN__CPU_MLA_TILE;
     w->chunk = attn__mla_prefill_chunk(d, cap->workspace_bytes);
-    w->group = (int)ATTN__MAX(ATTN__MHA_TILE, group);
+    w->group = (int)ATTN__MAX(ATTN__CPU_MLA_TILE, group);
     w->latc = attn__carve(base, &pre, (size_t)w->chunk * R);
     w->latpe = attn__carve(base, &pre, (size_t)w->chunk * P);
     w->kw = attn__carve(base, &pre, H * (size_t)w->chunk * dpk);
     w->vw = attn__carve(base, &pre, H * (size_t)w->chunk * dpv);
     w->state = attn__carve(base, &pre, (size_t)w->group * H * (dpv + 1));
-    td = (size_t)attn__mla_decode_token_capacity(cap);
+    td = (size_t)attn__cpu_mla_decode_tokens(cap);
     w->ql = attn__carve(base, &dec, td * H * R);
     w->ol = attn__carve(base, &dec, td * H * R);
     return ATTN__MAX(pre, dec);
 }
 
 /* Per-thread scratch of forward_mha's two kinds of task and of the fused projections. */
-static size_t attn__mla_scratch_floats(const attn_layer_desc *d, int decode_tokens) {
+static size_t attn__cpu_mla_scratch_floats(const attn_layer_desc *d, int decode_tokens) {
     size_t R = (size_t)d->kv_lora_rank, N = (size_t)d->qk_nope_head_dim, td = (size_t)decode_tokens;
     size_t dpk = (size_t)attn__cpu_dp(d->qk_nope_head_dim + d->qk_rope_head_dim);
     size_t dpv = (size_t)attn__cpu_dp(d->v_head_dim);
-    size_t mha = ATTN__MAX(N * R + R * dpv, (size_t)ATTN__MHA_TILE * (dpk + dpv + ATTN__CPU_NT + 3));
+    size_t mha = ATTN__MAX(N * R + R * dpv, (size_t)ATTN__CPU_MLA_TILE * (dpk + dpv + ATTN__CPU_NT + 3));
     size_t proj = ATTN__MAX(N * R + td * (N + R), R * dpv + td * (R + dpv));
     return ATTN__MAX(mha, proj) + 64;
 }
 
-static attn_status attn__mla_metadata_init(const attn_backend *self, attn_layer *layer, attn_metadata *meta) {
+/* ---- schedule ---------------------------------------------------------------------------- */
+
+static attn_status attn__cpu_mla_metadata_init(const attn_backend *self, attn_layer *layer, attn_metadata *meta) {
     const attn_layer_desc *d = &layer->desc;
     const attn_metadata_desc *cap = attn_metadata_capacity(meta);
     int splits = cap->num_kv_splits; /* the most any batch of this capacity gets */
-    int64_t td = attn__mla_decode_token_capacity(cap);
+    int64_t td = attn__cpu_mla_decode_tokens(cap);
     attn__cpu_meta *cm = NULL;
-    attn__mla_ws ws;
+    attn__cpu_mla_ws ws;
     size_t scratch;
     attn_status st;
     (void)self;
@@ -4585,7 +4606,7 @@ static attn_status attn__mla_metadata_init(const attn_backend *self, attn_layer 
                                (int64_t)cap->decode_threshold * d->num_heads, ATTN__CPU_NT,
                                splits > 1 ? td * d->num_heads * splits : 0, attn__cpu_dp(d->kv_lora_rank), &cm);
     if (st != ATTN_OK) return st;
-    cm->workspace_floats = attn__mla_ws_layout(d, cap, NULL, &ws);
+    cm->workspace_floats = attn__cpu_mla_ws_layout(d, cap, NULL, &ws);
     cm->workspace = (float *)attn__malloc(cm->workspace_floats * sizeof(float) + 64);
     if (!cm->workspace) {
         size_t bytes = cm->workspace_floats * sizeof(float);
@@ -4595,13 +4616,13 @@ static attn_status attn__mla_metadata_init(const attn_backend *self, attn_layer 
                           "desc.workspace_bytes bounds it)", bytes);
     }
     scratch = ATTN__MAX(attn__cpu_scratch_floats(cm, attn__cpu_dp(d->head_size), attn__cpu_dp(d->kv_lora_rank)),
-                        attn__mla_scratch_floats(d, (int)td));
+                        attn__cpu_mla_scratch_floats(d, (int)td));
     return attn__cpu_meta_reserve(layer, meta, cm, scratch);
 }
 
 /* The split-KV schedule of the decodes (the batch lists them first): every decode request
    gets num_kv_splits tasks over its keys, merged by LSE. */
-static attn_status attn__mla_build(const attn_backend *self, attn_layer *layer, attn_metadata *meta,
+static attn_status attn__cpu_mla_build(const attn_backend *self, attn_layer *layer, attn_metadata *meta,
                                    int common_prefix_len, int fast_build) {
     attn__cpu_meta *cm = (attn__cpu_meta *)attn_metadata_private(meta);
     const attn_batch *b = attn_metadata_batch(meta);
@@ -4623,7 +4644,9 @@ static attn_status attn__mla_build(const attn_backend *self, attn_layer *layer, 
     return attn__cpu_schedule_finish(cm, nt, nm, prows);
 }
 
-static attn_status attn__mla_cpu_forward_mqa(const attn_backend *self, attn_layer *layer,
+/* ---- decode (forward_mqa) ---------------------------------------------------------------- */
+
+static attn_status attn__cpu_mla_forward_mqa(const attn_backend *self, attn_layer *layer,
                                              const attn_metadata *meta, const attn_tensor *q,
                                              const attn_tensor *q_pe, const attn_tensor *kv_cache,
                                              attn_tensor *out_latent, attn_tensor *lse, void *stream) {
@@ -4653,10 +4676,10 @@ static attn_status attn__mla_cpu_forward_mqa(const attn_backend *self, attn_laye
     return attn__cpu_execute(&a);
 }
 
-/* ---- projections: C = A . B, f32, through the attention kernels ---------------------- */
+/* ---- projections: C = A . B through the attention kernels -------------------------------- */
 
 /* B (rows x cols, of dtype dt, row stride ldb elements) -> dst f32 with row stride ldd. */
-static void attn__matrix_to_f32(const void *src, attn_dtype dt, int rows, int cols, int64_t ldb,
+static void attn__cpu_matrix_to_f32(const void *src, attn_dtype dt, int rows, int cols, int64_t ldb,
                                 float *dst, int ldd) {
     int r;
     size_t esz = attn_dtype_size(dt);
@@ -4666,19 +4689,19 @@ static void attn__matrix_to_f32(const void *src, attn_dtype dt, int rows, int co
 
 /* C[M][N] (row stride N, a multiple of W) = A[M][K] (ld lda) . B[K][N] (ld N): the PV
    kernel starting from zero. */
-static void attn__gemm_nn(const float *A, int lda, int M, const float *B, int K, int N, float *C) {
+static void attn__cpu_gemm_nn(const float *A, int lda, int M, const float *B, int K, int N, float *C) {
     attn__cpu_pv(A, lda, M, B, N, K, N, C, NULL);
 }
 
 /* C[M][N] (ld ldc) = A[M][K] (ld K) . B[N][K]^T (ld K): the QK kernel, in strips of keys. */
-static void attn__gemm_nt(const float *A, int M, const float *B, int N, int K, float *C, int ldc) {
+static void attn__cpu_gemm_nt(const float *A, int M, const float *B, int N, int K, float *C, int ldc) {
     int n0;
     for (n0 = 0; n0 < N; n0 += ATTN__CPU_NT)
         attn__cpu_qk(A, M, B + (size_t)n0 * (size_t)K, ATTN__MIN(ATTN__CPU_NT, N - n0), K, C + n0, ldc);
 }
 
 /* The LSE merge of one row: (o, l) and (ob, lb), base-e LSEs; result into (o, l). */
-static void attn__lse_merge_row(float *o, float *l, const float *ob, float lb, int n) {
+static void attn__cpu_lse_merge_row(float *o, float *l, const float *ob, float lb, int n) {
     float la = *l, m = la > lb ? la : lb, wa, wb, inv;
     int x;
     if (m == -INFINITY) { /* both empty */
@@ -4695,9 +4718,9 @@ static void attn__lse_merge_row(float *o, float *l, const float *ob, float lb, i
     *l = m + logf(wa + wb);
 }
 
-/* ---- forward_mha: prefill over up-projected latents ------------------------------------ */
+/* ---- prefill (forward_mha): up-projected chunks merged by LSE ---------------------------- */
 
-typedef struct attn__mha_run {
+typedef struct attn__cpu_mla_prefill_run {
     attn_layer *layer;
     const attn_batch *b;
     int req, c0, c1;               /* request and the chunk of keys [c0, c1) */
@@ -4712,11 +4735,11 @@ typedef struct attn__mha_run {
     int state_row0;                /* batch token of state row 0 */
     int g0, gq;                    /* the group of the request's queries: [g0, g0 + gq) */
     int ntiles;                    /* query tiles of the group per head */
-} attn__mha_run;
+} attn__cpu_mla_prefill_run;
 
 /* Up-projects the chunk for one head: K = [lat . W_UK[h]^T | k_pe], V = lat . W_UV[h]. */
-static void attn__mha_project(void *varg, int h, int thread) {
-    const attn__mha_run *a = (const attn__mha_run *)varg;
+static void attn__cpu_mla_project(void *varg, int h, int thread) {
+    const attn__cpu_mla_prefill_run *a = (const attn__cpu_mla_prefill_run *)varg;
     const attn_layer_desc *d = &a->layer->desc;
     int R = d->kv_lora_rank, P = d->qk_rope_head_dim, N = d->qk_nope_head_dim, Vd = d->v_head_dim;
     int n = a->c1 - a->c0, j;
@@ -4726,32 +4749,32 @@ static void attn__mha_project(void *varg, int h, int thread) {
     size_t esz = attn_dtype_size(uk.dtype);
     float *K = a->kw + (size_t)h * (size_t)a->chunk * (size_t)a->dpk;
     float *V = a->vw + (size_t)h * (size_t)a->chunk * (size_t)a->dpv;
-    attn__matrix_to_f32((const char *)uk.data + (size_t)(h * uk.strides[0]) * esz, uk.dtype, N, R, uk.strides[1], wk, R);
-    attn__matrix_to_f32((const char *)uv.data + (size_t)(h * uv.strides[0]) * esz, uv.dtype, R, Vd, uv.strides[1], wv, a->dpv);
-    attn__gemm_nt(a->latc, n, wk, N, R, K, a->dpk);        /* K_nope = latent . W_UK[h]^T */
+    attn__cpu_matrix_to_f32((const char *)uk.data + (size_t)(h * uk.strides[0]) * esz, uk.dtype, N, R, uk.strides[1], wk, R);
+    attn__cpu_matrix_to_f32((const char *)uv.data + (size_t)(h * uv.strides[0]) * esz, uv.dtype, R, Vd, uv.strides[1], wv, a->dpv);
+    attn__cpu_gemm_nt(a->latc, n, wk, N, R, K, a->dpk);        /* K_nope = latent . W_UK[h]^T */
     for (j = 0; j < n; j++) {                               /* K = [K_nope | k_pe] */
         int x;
         memcpy(K + (size_t)j * (size_t)a->dpk + N, a->latpe + (size_t)j * (size_t)P, (size_t)P * sizeof(float));
         for (x = N + P; x < a->dpk; x++) K[(size_t)j * (size_t)a->dpk + x] = 0.0f;
     }
-    attn__gemm_nn(a->latc, R, n, wv, R, a->dpv, V);       /* V = latent . W_UV[h] */
+    attn__cpu_gemm_nn(a->latc, R, n, wv, R, a->dpv, V);       /* V = latent . W_UV[h] */
 }
 
 /* Attention of one (head, query tile) against the chunk, merged into the running state. */
-static void attn__mha_attend(void *varg, int task, int thread) {
-    const attn__mha_run *a = (const attn__mha_run *)varg;
+static void attn__cpu_mla_attend(void *varg, int task, int thread) {
+    const attn__cpu_mla_prefill_run *a = (const attn__cpu_mla_prefill_run *)varg;
     const attn_layer_desc *d = &a->layer->desc;
     const attn_batch *b = a->b;
     int H = d->num_heads, h = task / a->ntiles, tile = task % a->ntiles;
     int dk = d->qk_nope_head_dim + d->qk_rope_head_dim, Vd = d->v_head_dim;
     int q0 = b->query_start_loc[a->req], ql = b->query_start_loc[a->req + 1] - q0;
-    int sl = b->seq_lens[a->req], t0 = a->g0 + tile * ATTN__MHA_TILE;
-    int t1 = ATTN__MIN(a->g0 + a->gq, t0 + ATTN__MHA_TILE);
+    int sl = b->seq_lens[a->req], t0 = a->g0 + tile * ATTN__CPU_MLA_TILE;
+    int t1 = ATTN__MIN(a->g0 + a->gq, t0 + ATTN__CPU_MLA_TILE);
     int rows = t1 - t0, i, j, j0, n;
     float *base = (float *)(void *)(((uintptr_t)a->layer->ctx->scratch[thread] + 63) & ~(uintptr_t)63);
-    float *Q = base, *O = Q + (size_t)ATTN__MHA_TILE * (size_t)a->dpk;
-    float *S = O + (size_t)ATTN__MHA_TILE * (size_t)a->dpv, *m = S + (size_t)ATTN__MHA_TILE * ATTN__CPU_NT;
-    float *l = m + ATTN__MHA_TILE, *alpha = l + ATTN__MHA_TILE;
+    float *Q = base, *O = Q + (size_t)ATTN__CPU_MLA_TILE * (size_t)a->dpk;
+    float *S = O + (size_t)ATTN__CPU_MLA_TILE * (size_t)a->dpv, *m = S + (size_t)ATTN__CPU_MLA_TILE * ATTN__CPU_NT;
+    float *l = m + ATTN__CPU_MLA_TILE, *alpha = l + ATTN__CPU_MLA_TILE;
     const float *K = a->kw + (size_t)h * (size_t)a->chunk * (size_t)a->dpk;
     const float *V = a->vw + (size_t)h * (size_t)a->chunk * (size_t)a->dpv;
     float qscale = d->scale * ATTN__LOG2E;
@@ -4796,7 +4819,7 @@ static void attn__mha_attend(void *varg, int task, int thread) {
         float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
         float *o = O + (size_t)i * (size_t)a->dpv;
         for (x = 0; x < Vd; x++) o[x] *= inv;
-        attn__lse_merge_row(st, &st[a->dpv], o, lse_c, Vd);
+        attn__cpu_lse_merge_row(st, &st[a->dpv], o, lse_c, Vd);
     }
 }
 
@@ -4804,8 +4827,8 @@ static void attn__mha_attend(void *varg, int task, int thread) {
    and lse are written for batch tokens from the first prefill token. A request's queries
    go in groups whose running outputs fit the workspace; each group walks the chunks of
    keys it can see (a group past the first re-projects them: only for prefills longer
-   than attn__mla_ws.group tokens). */
-static attn_status attn__mla_mha(attn_layer *layer, const attn_metadata *meta, const attn_tensor *q,
+   than attn__cpu_mla_ws.group tokens). */
+static attn_status attn__cpu_mla_prefill(attn_layer *layer, const attn_metadata *meta, const attn_tensor *q,
                                  const attn_tensor *q2, int q_split, int row0,
                                  const attn_tensor *kv_cache, const attn_tensor *w_uk,
                                  const attn_tensor *w_uv, const attn_tensor *out, int out_row0,
@@ -4815,8 +4838,8 @@ static attn_status attn__mla_mha(attn_layer *layer, const attn_metadata *meta, c
     const attn_batch *b = attn_metadata_batch(meta);
     int H = d->num_heads, R = d->kv_lora_rank, P = d->qk_rope_head_dim, LD = R + P;
     attn_mla_info info;
-    attn__mla_ws ws;
-    attn__mha_run a;
+    attn__cpu_mla_ws ws;
+    attn__cpu_mla_prefill_run a;
     attn_tensor o = attn__tensor_resolved(out), ls;
     attn_status st;
     memset(&info, 0, sizeof info);
@@ -4824,7 +4847,7 @@ static attn_status attn__mla_mha(attn_layer *layer, const attn_metadata *meta, c
     size_t csz = attn_dtype_size(d->kv_cache_dtype), osz = attn_dtype_size(o.dtype);
     int r, i;
     if (st != ATTN_OK || info.num_prefill_tokens <= 0) return st;
-    attn__mla_ws_layout(d, attn_metadata_capacity(meta),
+    attn__cpu_mla_ws_layout(d, attn_metadata_capacity(meta),
                         (float *)(void *)(((uintptr_t)cm->workspace + 63) & ~(uintptr_t)63), &ws);
     st = attn__scratch_reserve(layer->ctx, cm->scratch_floats); /* reserved at create */
     if (st != ATTN_OK) return st;
@@ -4848,7 +4871,7 @@ static attn_status attn__mla_mha(attn_layer *layer, const attn_metadata *meta, c
         for (a.g0 = 0; a.g0 < ql; a.g0 += ws.group) {
             int c0, last_key;
             a.gq = ATTN__MIN(ws.group, ql - a.g0);
-            a.ntiles = (a.gq + ATTN__MHA_TILE - 1) / ATTN__MHA_TILE;
+            a.ntiles = (a.gq + ATTN__CPU_MLA_TILE - 1) / ATTN__CPU_MLA_TILE;
             a.state_row0 = q0 + a.g0;
             last_key = sl - ql + a.g0 + a.gq - 1; /* causal: the group sees keys 0..last_key */
             for (i = 0; i < a.gq * H; i++) {
@@ -4866,8 +4889,8 @@ static attn_status attn__mla_mha(attn_layer *layer, const attn_metadata *meta, c
                 }
                 a.c0 = c0;
                 a.c1 = c1;
-                attn__pool_run(layer->ctx->pool, attn__mha_project, &a, H);
-                attn__pool_run(layer->ctx->pool, attn__mha_attend, &a, H * a.ntiles);
+                attn__pool_run(layer->ctx->pool, attn__cpu_mla_project, &a, H);
+                attn__pool_run(layer->ctx->pool, attn__cpu_mla_attend, &a, H * a.ntiles);
             }
             for (i = 0; i < a.gq; i++) {
                 int tok = a.state_row0 + i, h;
@@ -4884,7 +4907,7 @@ static attn_status attn__mla_mha(attn_layer *layer, const attn_metadata *meta, c
     return ATTN_OK;
 }
 
-static attn_status attn__mla_cpu_forward_mha(const attn_backend *self, attn_layer *layer,
+static attn_status attn__cpu_mla_forward_mha(const attn_backend *self, attn_layer *layer,
                                              const attn_metadata *meta, const attn_tensor *q,
                                              const attn_tensor *kv_cache, const attn_tensor *w_uk,
                                              const attn_tensor *w_uv, attn_tensor *out,
@@ -4892,9 +4915,11 @@ static attn_status attn__mla_cpu_forward_mha(const attn_backend *self, attn_laye
     const attn_mla_info *info = &meta->mla;
     (void)self;
     (void)stream;
-    return attn__mla_mha(layer, meta, q, NULL, 0, info->num_decode_tokens, kv_cache, w_uk, w_uv,
+    return attn__cpu_mla_prefill(layer, meta, q, NULL, 0, info->num_decode_tokens, kv_cache, w_uk, w_uv,
                          out, info->num_decode_tokens, lse);
 }
+
+/* ---- cache write and the fused layer call ------------------------------------------------ */
 
 /* The latent cache write (validated by the front door). */
 static attn_status attn__cpu_concat_and_cache_mla(const attn_backend *self, attn_layer *layer,
@@ -4930,7 +4955,7 @@ static attn_status attn__cpu_concat_and_cache_mla(const attn_backend *self, attn
 }
 
 /* The absorbed projections of the fused call, one head per task. */
-typedef struct attn__mla_proj {
+typedef struct attn__cpu_mla_proj {
     attn_layer *layer;
     int td;
     attn_tensor src;               /* q_nope (absorb) or unused */
@@ -4939,10 +4964,10 @@ typedef struct attn__mla_proj {
     float *dst_f32;                /* q_latent [td][H][R] (absorb) */
     attn_tensor dst;               /* out (up-project) */
     int absorb;
-} attn__mla_proj;
+} attn__cpu_mla_proj;
 
-static void attn__mla_proj_run(void *varg, int h, int thread) {
-    const attn__mla_proj *a = (const attn__mla_proj *)varg;
+static void attn__cpu_mla_proj_run(void *varg, int h, int thread) {
+    const attn__cpu_mla_proj *a = (const attn__cpu_mla_proj *)varg;
     const attn_layer_desc *d = &a->layer->desc;
     int H = d->num_heads, R = d->kv_lora_rank, N = d->qk_nope_head_dim, Vd = d->v_head_dim;
     int dpv = attn__cpu_dp(Vd), t;
@@ -4952,22 +4977,22 @@ static void attn__mla_proj_run(void *varg, int h, int thread) {
     if (a->absorb) { /* q_latent[t][h] = q_nope[t][h] . W_UK[h]   ([N] x [N][R]) */
         float *w = base, *A = w + (size_t)N * (size_t)R, *C = A + (size_t)a->td * (size_t)N;
         size_t ssz = attn_dtype_size(a->src.dtype);
-        attn__matrix_to_f32(wh, a->w.dtype, N, R, a->w.strides[1], w, R);
+        attn__cpu_matrix_to_f32(wh, a->w.dtype, N, R, a->w.strides[1], w, R);
         for (t = 0; t < a->td; t++)
             attn__row_to_f32((const char *)a->src.data + (size_t)(t * a->src.strides[0] + h * a->src.strides[1]) * ssz,
                              a->src.dtype, A + (size_t)t * (size_t)N, N, N);
-        attn__gemm_nn(A, N, a->td, w, N, R, C);
+        attn__cpu_gemm_nn(A, N, a->td, w, N, R, C);
         for (t = 0; t < a->td; t++)
             memcpy(a->dst_f32 + ((size_t)t * (size_t)H + (size_t)h) * (size_t)R, C + (size_t)t * (size_t)R,
                    (size_t)R * sizeof(float));
     } else { /* out[t][h] = o_latent[t][h] . W_UV[h]   ([R] x [R][Vd]) */
         float *w = base, *A = w + (size_t)R * (size_t)dpv, *C = A + (size_t)a->td * (size_t)R;
         size_t osz = attn_dtype_size(a->dst.dtype);
-        attn__matrix_to_f32(wh, a->w.dtype, R, Vd, a->w.strides[1], w, dpv);
+        attn__cpu_matrix_to_f32(wh, a->w.dtype, R, Vd, a->w.strides[1], w, dpv);
         for (t = 0; t < a->td; t++)
             memcpy(A + (size_t)t * (size_t)R, a->src_f32 + ((size_t)t * (size_t)H + (size_t)h) * (size_t)R,
                    (size_t)R * sizeof(float));
-        attn__gemm_nn(A, R, a->td, w, R, dpv, C);
+        attn__cpu_gemm_nn(A, R, a->td, w, R, dpv, C);
         for (t = 0; t < a->td; t++)
             attn__row_from_f32(C + (size_t)t * (size_t)dpv, a->dst.dtype,
                                (char *)a->dst.data + (size_t)(t * a->dst.strides[0] + h * a->dst.strides[1]) * osz, Vd);
@@ -4987,16 +5012,16 @@ static attn_status attn__cpu_mla_forward(const attn_backend *self, attn_layer *l
     const attn_batch *b = attn_metadata_batch(meta);
     attn_context *ctx = layer->ctx;
     int H = d->num_heads, R = d->kv_lora_rank, td = meta->mla.num_decode_tokens;
-    attn__mla_ws ws;
+    attn__cpu_mla_ws ws;
     attn_status st = attn__scratch_reserve(ctx, cm->scratch_floats); /* reserved at create */
     if (st != ATTN_OK) return st; /* before anything is written */
-    attn__mla_ws_layout(d, attn_metadata_capacity(meta),
+    attn__cpu_mla_ws_layout(d, attn_metadata_capacity(meta),
                         (float *)(void *)(((uintptr_t)cm->workspace + 63) & ~(uintptr_t)63), &ws);
     if (kv_c)
         attn__cpu_concat_and_cache_mla(self, layer, kv_c, k_pe, kv_cache, b->slot_mapping,
                                        b->num_actual_tokens, stream);
     if (td > 0) {
-        attn__mla_proj pj;
+        attn__cpu_mla_proj pj;
         attn_tensor tql, tol;
         int64_t s3[3];
         memset(&pj, 0, sizeof pj);
@@ -5006,21 +5031,23 @@ static attn_status attn__cpu_mla_forward(const attn_backend *self, attn_layer *l
         pj.src = attn__tensor_resolved(q_nope);
         pj.w = attn__tensor_resolved(w_uk);
         pj.dst_f32 = ws.ql;
-        attn__pool_run(ctx->pool, attn__mla_proj_run, &pj, H);        /* q_latent */
+        attn__pool_run(ctx->pool, attn__cpu_mla_proj_run, &pj, H);        /* q_latent */
         s3[0] = td; s3[1] = H; s3[2] = R;
         tql = attn_tensor_make(ws.ql, ATTN_DTYPE_F32, 3, s3);
         tol = attn_tensor_make(ws.ol, ATTN_DTYPE_F32, 3, s3);
-        st = attn__mla_cpu_forward_mqa(self, layer, meta, &tql, q_pe, kv_cache, &tol, NULL, stream);
+        st = attn__cpu_mla_forward_mqa(self, layer, meta, &tql, q_pe, kv_cache, &tol, NULL, stream);
         if (st != ATTN_OK) return st;
         pj.absorb = 0;
         pj.src_f32 = ws.ol;
         pj.w = attn__tensor_resolved(w_uv);
         pj.dst = attn__tensor_resolved(out);
-        attn__pool_run(ctx->pool, attn__mla_proj_run, &pj, H);        /* o = o_latent . W_UV */
+        attn__pool_run(ctx->pool, attn__cpu_mla_proj_run, &pj, H);        /* o = o_latent . W_UV */
     }
-    return attn__mla_mha(layer, meta, q_nope, q_pe, d->qk_nope_head_dim, 0, kv_cache, w_uk, w_uv,
+    return attn__cpu_mla_prefill(layer, meta, q_nope, q_pe, d->qk_nope_head_dim, 0, kv_cache, w_uk, w_uv,
                          out, 0, NULL);
 }
+
+/* ---- vtable ------------------------------------------------------------------------------ */
 
 static const attn_backend attn__cpu_mla_backend = {
     "CPU_MLA",                /* name */
@@ -5028,246 +5055,31 @@ static const attn_backend attn__cpu_mla_backend = {
     ATTN_DEVICE_CPU,          /* device */
     ATTN_DTYPE_BIT(ATTN_DTYPE_F32) | ATTN_DTYPE_BIT(ATTN_DTYPE_F16) | ATTN_DTYPE_BIT(ATTN_DTYPE_BF16),
     ATTN_DTYPE_BIT(ATTN_DTYPE_F32) | ATTN_DTYPE_BIT(ATTN_DTYPE_F16) | ATTN_DTYPE_BIT(ATTN_DTYPE_BF16),
-    320, 576, 8,              /* head sizes: 576 or 320 exactly (attn__mla_check) */
+    320, 576, 8,              /* head sizes: 576 or 320 exactly (attn__cpu_mla_check) */
     16, 0,                    /* block sizes: any multiple of 16 */
     0, 0, 0, 0,               /* non-causal, sliding window, soft cap, ALiBi: no */
     1,                        /* is_mla */
     ATTN_CUDA_GRAPH_NEVER,    /* no graphs on the CPU */
     1, ATTN_LSE_BASE_E,
-    attn__mla_check,
+    attn__cpu_mla_check,
     NULL, NULL,               /* context_init/release */
     NULL, NULL,               /* layer_init/release */
-    attn__mla_kv_cache_shape,
-    attn__mla_metadata_init,
+    attn__cpu_mla_kv_cache_shape,
+    attn__cpu_mla_metadata_init,
     attn__cpu_metadata_release,
-    attn__mla_build,
+    attn__cpu_mla_build,
     NULL, NULL,               /* forward, reshape_and_cache: MLA backend */
-    attn__mla_cpu_forward_mqa,
-    attn__mla_cpu_forward_mha,
+    attn__cpu_mla_forward_mqa,
+    attn__cpu_mla_forward_mha,
     attn__cpu_mla_forward,
     attn__cpu_concat_and_cache_mla,
     attn__cpu_merge_attn_states
 };
 
 /* =======================================================================================
-   >>mla-front (public MLA calls and the merge: validate, then dispatch)
+   >>builtin
+   The built-in registry entries: one line per backend section above.
    ======================================================================================= */
-
-static attn_status attn__mla_check_call(attn_layer *layer, const attn_metadata *meta, const char *fn) {
-    attn_context *ctx = layer->ctx;
-    if (!layer->desc.use_mla || !layer->backend->is_mla)
-        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_ARGUMENT,
-                          "%s: the layer is not MLA (allowed: a layer created with use_mla = 1)", fn);
-    return attn__check_meta(layer, meta, fn);
-}
-
-ATTN_API attn_status attn_mla_forward_mqa(attn_layer *layer, const attn_metadata *meta,
-                                          const attn_tensor *q, const attn_tensor *q_pe,
-                                          const attn_tensor *kv_cache, attn_tensor *out_latent,
-                                          attn_tensor *lse, void *stream) {
-    attn_context *ctx = layer ? layer->ctx : NULL;
-    const char *fn = "attn_mla_forward_mqa";
-    const attn_layer_desc *d;
-    attn_device_kind dev;
-    int64_t shape[3];
-    attn_status st;
-    int td;
-    if (!layer) return attn__null_arg(ctx, __func__, "layer");
-    if (!meta) return attn__null_arg(ctx, __func__, "meta");
-    if (!q) return attn__null_arg(ctx, __func__, "q");
-    if (!kv_cache) return attn__null_arg(ctx, __func__, "kv_cache");
-    if (!out_latent) return attn__null_arg(ctx, __func__, "out_latent");
-    st = attn__mla_check_call(layer, meta, fn);
-    if (st != ATTN_OK) return st;
-    d = &layer->desc;
-    dev = layer->backend->device;
-    td = meta->mla.num_decode_tokens;
-    shape[0] = ATTN__AT_LEAST(td); shape[1] = d->num_heads;
-    shape[2] = q_pe ? d->kv_lora_rank : d->head_size;
-    st = attn__check_tensor(ctx, fn, "q", q, d->dtype, 3, shape, dev);
-    if (st == ATTN_OK && q_pe) {
-        shape[2] = d->qk_rope_head_dim;
-        st = attn__check_tensor(ctx, fn, "q_pe", q_pe, d->dtype, 3, shape, dev);
-    }
-    shape[2] = d->kv_lora_rank;
-    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out_latent", out_latent, d->dtype, 3, shape, dev);
-    if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out_latent", out_latent);
-    if (st == ATTN_OK && lse) st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, dev);
-    if (st == ATTN_OK && lse) st = attn__check_output_tensor(ctx, fn, "lse", lse);
-    if (st == ATTN_OK) st = attn__check_kv_cache(layer, fn, kv_cache, 0);
-    if (st != ATTN_OK) return st;
-    if (kv_cache->shape[0] < meta->cap.num_blocks)
-        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
-                          "%s: kv_cache.shape[0] is %lld (allowed: >= num_blocks %lld of the metadata)",
-                          fn, (long long)kv_cache->shape[0], (long long)meta->cap.num_blocks);
-    return layer->backend->forward_mqa(layer->backend, layer, meta, q, q_pe, kv_cache, out_latent,
-                                       lse, stream);
-}
-
-/* Shapes shared by forward_mha and the fused call: W_UK, W_UV, cache. */
-static attn_status attn__mla_check_weights(attn_layer *layer, const attn_metadata *meta, const char *fn,
-                                           const attn_tensor *kv_cache, const attn_tensor *w_uk,
-                                           const attn_tensor *w_uv) {
-    const attn_layer_desc *d = &layer->desc;
-    attn_device_kind dev = layer->backend->device;
-    int64_t shape[3];
-    attn_status st;
-    shape[0] = d->num_heads; shape[1] = d->qk_nope_head_dim; shape[2] = d->kv_lora_rank;
-    st = attn__check_tensor(layer->ctx, fn, "w_uk", w_uk, d->dtype, 3, shape, dev);
-    shape[1] = d->kv_lora_rank; shape[2] = d->v_head_dim;
-    if (st == ATTN_OK) st = attn__check_tensor(layer->ctx, fn, "w_uv", w_uv, d->dtype, 3, shape, dev);
-    if (st == ATTN_OK) st = attn__check_kv_cache(layer, fn, kv_cache, 0);
-    if (st == ATTN_OK && kv_cache->shape[0] < meta->cap.num_blocks)
-        st = attn__fail(layer->ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
-                        "%s: kv_cache.shape[0] is %lld (allowed: >= num_blocks %lld of the metadata)",
-                        fn, (long long)kv_cache->shape[0], (long long)meta->cap.num_blocks);
-    return st;
-}
-
-ATTN_API attn_status attn_mla_forward_mha(attn_layer *layer, const attn_metadata *meta,
-                                          const attn_tensor *q, const attn_tensor *kv_cache,
-                                          const attn_tensor *w_uk, const attn_tensor *w_uv,
-                                          attn_tensor *out, attn_tensor *lse, void *stream) {
-    attn_context *ctx = layer ? layer->ctx : NULL;
-    const char *fn = "attn_mla_forward_mha";
-    const attn_layer_desc *d;
-    attn_device_kind dev;
-    int64_t shape[3];
-    attn_status st;
-    if (!layer) return attn__null_arg(ctx, __func__, "layer");
-    if (!meta) return attn__null_arg(ctx, __func__, "meta");
-    if (!q) return attn__null_arg(ctx, __func__, "q");
-    if (!kv_cache) return attn__null_arg(ctx, __func__, "kv_cache");
-    if (!w_uk) return attn__null_arg(ctx, __func__, "w_uk");
-    if (!w_uv) return attn__null_arg(ctx, __func__, "w_uv");
-    if (!out) return attn__null_arg(ctx, __func__, "out");
-    st = attn__mla_check_call(layer, meta, fn);
-    if (st != ATTN_OK) return st;
-    d = &layer->desc;
-    dev = layer->backend->device;
-    shape[0] = ATTN__AT_LEAST(meta->mla.num_prefill_tokens); shape[1] = d->num_heads;
-    shape[2] = d->qk_nope_head_dim + d->qk_rope_head_dim;
-    st = attn__check_tensor(ctx, fn, "q", q, d->dtype, 3, shape, dev);
-    shape[2] = d->v_head_dim;
-    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out", out, d->dtype, 3, shape, dev);
-    if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out", out);
-    if (st == ATTN_OK && lse) st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, dev);
-    if (st == ATTN_OK && lse) st = attn__check_output_tensor(ctx, fn, "lse", lse);
-    if (st == ATTN_OK) st = attn__mla_check_weights(layer, meta, fn, kv_cache, w_uk, w_uv);
-    if (st != ATTN_OK) return st;
-    return layer->backend->forward_mha(layer->backend, layer, meta, q, kv_cache, w_uk, w_uv, out,
-                                       lse, stream);
-}
-
-ATTN_API attn_status attn_mla_forward(attn_layer *layer, const attn_metadata *meta,
-                                      const attn_tensor *q_nope, const attn_tensor *q_pe,
-                                      const attn_tensor *kv_c, const attn_tensor *k_pe,
-                                      attn_tensor *kv_cache, const attn_tensor *w_uk,
-                                      const attn_tensor *w_uv, attn_tensor *out, void *stream) {
-    attn_context *ctx = layer ? layer->ctx : NULL;
-    const char *fn = "attn_mla_forward";
-    const attn_layer_desc *d;
-    const attn_batch *b;
-    attn_device_kind dev;
-    int64_t shape[3];
-    attn_status st;
-    if (!layer) return attn__null_arg(ctx, __func__, "layer");
-    if (!meta) return attn__null_arg(ctx, __func__, "meta");
-    if (!q_nope) return attn__null_arg(ctx, __func__, "q_nope");
-    if (!q_pe) return attn__null_arg(ctx, __func__, "q_pe");
-    if (!kv_cache) return attn__null_arg(ctx, __func__, "kv_cache");
-    if (!w_uk) return attn__null_arg(ctx, __func__, "w_uk");
-    if (!w_uv) return attn__null_arg(ctx, __func__, "w_uv");
-    if (!out) return attn__null_arg(ctx, __func__, "out");
-    st = attn__mla_check_call(layer, meta, fn);
-    if (st != ATTN_OK) return st;
-    d = &layer->desc;
-    b = attn_metadata_batch(meta);
-    dev = layer->backend->device;
-    if ((kv_c == NULL) != (k_pe == NULL))
-        return attn__fail(ctx, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT,
-                          "%s: argument '%s' is NULL but '%s' is not (allowed: both or neither)",
-                          fn, kv_c ? "k_pe" : "kv_c", kv_c ? "kv_c" : "k_pe");
-    shape[0] = ATTN__AT_LEAST(b->num_actual_tokens); shape[1] = d->num_heads;
-    shape[2] = d->qk_nope_head_dim;
-    st = attn__check_tensor(ctx, fn, "q_nope", q_nope, d->dtype, 3, shape, dev);
-    shape[2] = d->qk_rope_head_dim;
-    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "q_pe", q_pe, d->dtype, 3, shape, dev);
-    shape[2] = d->v_head_dim;
-    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out", out, d->dtype, 3, shape, dev);
-    if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out", out);
-    if (st == ATTN_OK) st = attn__mla_check_weights(layer, meta, fn, kv_cache, w_uk, w_uv);
-    if (st != ATTN_OK) return st;
-    if (kv_c) { /* every check of the cache write before the backend writes anything */
-        if (!b->slot_mapping)
-            return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA,
-                              "%s: kv_c/k_pe given but the batch has no slot_mapping", fn);
-        st = attn__check_latent_write(layer, fn, kv_c, k_pe, kv_cache, b->slot_mapping,
-                                      b->num_actual_tokens);
-        if (st != ATTN_OK) return st;
-    }
-    return layer->backend->mla_forward(layer->backend, layer, meta, q_nope, q_pe, kv_c, k_pe,
-                                       kv_cache, w_uk, w_uv, out, stream);
-}
-
-/* The first backend of the platform's priority list that serves `device` and merges. */
-static const attn_backend *attn__merge_backend(const attn_context *ctx, attn_device_kind device) {
-    int count, i;
-    const attn_backend_id *list = attn__priority_list(ctx->platform.kind, &count);
-    for (i = 0; i < count; i++) {
-        const attn_backend *b = attn_backend_get(list[i]);
-        if (b && b->device == device && b->merge_attn_states) return b;
-    }
-    return NULL;
-}
-
-ATTN_API attn_status attn_merge_attn_states(attn_context *ctx, const attn_tensor *out_a,
-                                            const attn_tensor *lse_a, attn_lse_base base_a,
-                                            const attn_tensor *out_b, const attn_tensor *lse_b,
-                                            attn_lse_base base_b, attn_tensor *out,
-                                            attn_tensor *lse, attn_lse_base base_out,
-                                            void *stream) {
-    const char *fn = "attn_merge_attn_states";
-    const attn_backend *be;
-    int64_t shape[3];
-    attn_device_kind dev;
-    attn_status st;
-    if (!ctx) return attn__null_arg(ctx, __func__, "ctx");
-    if (!out_a) return attn__null_arg(ctx, __func__, "out_a");
-    if (!lse_a) return attn__null_arg(ctx, __func__, "lse_a");
-    if (!out_b) return attn__null_arg(ctx, __func__, "out_b");
-    if (!lse_b) return attn__null_arg(ctx, __func__, "lse_b");
-    if (!out) return attn__null_arg(ctx, __func__, "out");
-    if ((int)base_a < 0 || (int)base_a > 1 || (int)base_b < 0 || (int)base_b > 1 ||
-        (int)base_out < 0 || (int)base_out > 1)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
-                          "%s: an LSE base is out of range (%d, %d, %d; allowed: ATTN_LSE_BASE_E, "
-                          "ATTN_LSE_BASE_2)", fn, (int)base_a, (int)base_b, (int)base_out);
-    if (out_a->ndim != 3 || out_a->shape[0] < 0 || out_a->shape[1] <= 0 || out_a->shape[2] <= 0 ||
-        attn_dtype_size(out_a->dtype) == 0)
-        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
-                          "%s: out_a must be [tokens, heads, head_size] of f32/f16/bf16 (ndim %d)",
-                          fn, out_a->ndim);
-    dev = out_a->device.kind;
-    be = attn__merge_backend(ctx, dev);
-    if (!be)
-        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_ARGUMENT,
-                          "%s: out_a.device is %s and no registered backend merges there "
-                          "(allowed: a device a backend of this platform serves)", fn,
-                          dev == ATTN_DEVICE_CUDA ? "cuda" : "cpu");
-    shape[0] = out_a->shape[0]; shape[1] = out_a->shape[1]; shape[2] = out_a->shape[2];
-    st = attn__check_tensor(ctx, fn, "out_a", out_a, out_a->dtype, 3, shape, dev);
-    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out_b", out_b, out_a->dtype, 3, shape, dev);
-    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out", out, out_a->dtype, 3, shape, dev);
-    if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out", out);
-    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "lse_a", lse_a, ATTN_DTYPE_F32, 2, shape, dev);
-    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "lse_b", lse_b, ATTN_DTYPE_F32, 2, shape, dev);
-    if (st == ATTN_OK && lse) st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, dev);
-    if (st == ATTN_OK && lse) st = attn__check_output_tensor(ctx, fn, "lse", lse);
-    if (st != ATTN_OK) return st;
-    return be->merge_attn_states(be, ctx, out_a, lse_a, base_a, out_b, lse_b, base_b, out, lse,
-                                 base_out, stream);
-}
 
 static const attn_backend *attn__builtin_backend(attn_backend_id id) {
     switch (id) {
@@ -5279,7 +5091,8 @@ static const attn_backend *attn__builtin_backend(attn_backend_id id) {
 
 /* =======================================================================================
    >>forward
-   The public forward: validates everything a backend relies on, then dispatches.
+   The public forward calls: validate everything a backend relies on (tensors, device,
+   metadata fit, token counts), then dispatch through the vtable.
    ======================================================================================= */
 
 ATTN_API attn_status attn_layer_forward(attn_layer *layer, const attn_metadata *meta,
@@ -5341,6 +5154,228 @@ ATTN_API attn_status attn_layer_forward(attn_layer *layer, const attn_metadata *
         if (st != ATTN_OK) return st;
     }
     return layer->backend->forward(layer->backend, layer, meta, q, k, v, kv_cache, out, lse, stream);
+}
+
+static attn_status attn__check_mla_call(attn_layer *layer, const attn_metadata *meta, const char *fn) {
+    attn_context *ctx = layer->ctx;
+    if (!layer->desc.use_mla || !layer->backend->is_mla)
+        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_ARGUMENT,
+                          "%s: the layer is not MLA (allowed: a layer created with use_mla = 1)", fn);
+    return attn__check_meta(layer, meta, fn);
+}
+
+ATTN_API attn_status attn_mla_forward_mqa(attn_layer *layer, const attn_metadata *meta,
+                                          const attn_tensor *q, const attn_tensor *q_pe,
+                                          const attn_tensor *kv_cache, attn_tensor *out_latent,
+                                          attn_tensor *lse, void *stream) {
+    attn_context *ctx = layer ? layer->ctx : NULL;
+    const char *fn = "attn_mla_forward_mqa";
+    const attn_layer_desc *d;
+    attn_device_kind dev;
+    int64_t shape[3];
+    attn_status st;
+    int td;
+    if (!layer) return attn__null_arg(ctx, __func__, "layer");
+    if (!meta) return attn__null_arg(ctx, __func__, "meta");
+    if (!q) return attn__null_arg(ctx, __func__, "q");
+    if (!kv_cache) return attn__null_arg(ctx, __func__, "kv_cache");
+    if (!out_latent) return attn__null_arg(ctx, __func__, "out_latent");
+    st = attn__check_mla_call(layer, meta, fn);
+    if (st != ATTN_OK) return st;
+    d = &layer->desc;
+    dev = layer->backend->device;
+    td = meta->mla.num_decode_tokens;
+    shape[0] = ATTN__AT_LEAST(td); shape[1] = d->num_heads;
+    shape[2] = q_pe ? d->kv_lora_rank : d->head_size;
+    st = attn__check_tensor(ctx, fn, "q", q, d->dtype, 3, shape, dev);
+    if (st == ATTN_OK && q_pe) {
+        shape[2] = d->qk_rope_head_dim;
+        st = attn__check_tensor(ctx, fn, "q_pe", q_pe, d->dtype, 3, shape, dev);
+    }
+    shape[2] = d->kv_lora_rank;
+    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out_latent", out_latent, d->dtype, 3, shape, dev);
+    if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out_latent", out_latent);
+    if (st == ATTN_OK && lse) st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, dev);
+    if (st == ATTN_OK && lse) st = attn__check_output_tensor(ctx, fn, "lse", lse);
+    if (st == ATTN_OK) st = attn__check_kv_cache(layer, fn, kv_cache, 0);
+    if (st != ATTN_OK) return st;
+    if (kv_cache->shape[0] < meta->cap.num_blocks)
+        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
+                          "%s: kv_cache.shape[0] is %lld (allowed: >= num_blocks %lld of the metadata)",
+                          fn, (long long)kv_cache->shape[0], (long long)meta->cap.num_blocks);
+    return layer->backend->forward_mqa(layer->backend, layer, meta, q, q_pe, kv_cache, out_latent,
+                                       lse, stream);
+}
+
+/* Shapes shared by forward_mha and the fused call: W_UK, W_UV, cache. */
+static attn_status attn__check_mla_weights(attn_layer *layer, const attn_metadata *meta, const char *fn,
+                                           const attn_tensor *kv_cache, const attn_tensor *w_uk,
+                                           const attn_tensor *w_uv) {
+    const attn_layer_desc *d = &layer->desc;
+    attn_device_kind dev = layer->backend->device;
+    int64_t shape[3];
+    attn_status st;
+    shape[0] = d->num_heads; shape[1] = d->qk_nope_head_dim; shape[2] = d->kv_lora_rank;
+    st = attn__check_tensor(layer->ctx, fn, "w_uk", w_uk, d->dtype, 3, shape, dev);
+    shape[1] = d->kv_lora_rank; shape[2] = d->v_head_dim;
+    if (st == ATTN_OK) st = attn__check_tensor(layer->ctx, fn, "w_uv", w_uv, d->dtype, 3, shape, dev);
+    if (st == ATTN_OK) st = attn__check_kv_cache(layer, fn, kv_cache, 0);
+    if (st == ATTN_OK && kv_cache->shape[0] < meta->cap.num_blocks)
+        st = attn__fail(layer->ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
+                        "%s: kv_cache.shape[0] is %lld (allowed: >= num_blocks %lld of the metadata)",
+                        fn, (long long)kv_cache->shape[0], (long long)meta->cap.num_blocks);
+    return st;
+}
+
+ATTN_API attn_status attn_mla_forward_mha(attn_layer *layer, const attn_metadata *meta,
+                                          const attn_tensor *q, const attn_tensor *kv_cache,
+                                          const attn_tensor *w_uk, const attn_tensor *w_uv,
+                                          attn_tensor *out, attn_tensor *lse, void *stream) {
+    attn_context *ctx = layer ? layer->ctx : NULL;
+    const char *fn = "attn_mla_forward_mha";
+    const attn_layer_desc *d;
+    attn_device_kind dev;
+    int64_t shape[3];
+    attn_status st;
+    if (!layer) return attn__null_arg(ctx, __func__, "layer");
+    if (!meta) return attn__null_arg(ctx, __func__, "meta");
+    if (!q) return attn__null_arg(ctx, __func__, "q");
+    if (!kv_cache) return attn__null_arg(ctx, __func__, "kv_cache");
+    if (!w_uk) return attn__null_arg(ctx, __func__, "w_uk");
+    if (!w_uv) return attn__null_arg(ctx, __func__, "w_uv");
+    if (!out) return attn__null_arg(ctx, __func__, "out");
+    st = attn__check_mla_call(layer, meta, fn);
+    if (st != ATTN_OK) return st;
+    d = &layer->desc;
+    dev = layer->backend->device;
+    shape[0] = ATTN__AT_LEAST(meta->mla.num_prefill_tokens); shape[1] = d->num_heads;
+    shape[2] = d->qk_nope_head_dim + d->qk_rope_head_dim;
+    st = attn__check_tensor(ctx, fn, "q", q, d->dtype, 3, shape, dev);
+    shape[2] = d->v_head_dim;
+    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out", out, d->dtype, 3, shape, dev);
+    if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out", out);
+    if (st == ATTN_OK && lse) st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, dev);
+    if (st == ATTN_OK && lse) st = attn__check_output_tensor(ctx, fn, "lse", lse);
+    if (st == ATTN_OK) st = attn__check_mla_weights(layer, meta, fn, kv_cache, w_uk, w_uv);
+    if (st != ATTN_OK) return st;
+    return layer->backend->forward_mha(layer->backend, layer, meta, q, kv_cache, w_uk, w_uv, out,
+                                       lse, stream);
+}
+
+ATTN_API attn_status attn_mla_forward(attn_layer *layer, const attn_metadata *meta,
+                                      const attn_tensor *q_nope, const attn_tensor *q_pe,
+                                      const attn_tensor *kv_c, const attn_tensor *k_pe,
+                                      attn_tensor *kv_cache, const attn_tensor *w_uk,
+                                      const attn_tensor *w_uv, attn_tensor *out, void *stream) {
+    attn_context *ctx = layer ? layer->ctx : NULL;
+    const char *fn = "attn_mla_forward";
+    const attn_layer_desc *d;
+    const attn_batch *b;
+    attn_device_kind dev;
+    int64_t shape[3];
+    attn_status st;
+    if (!layer) return attn__null_arg(ctx, __func__, "layer");
+    if (!meta) return attn__null_arg(ctx, __func__, "meta");
+    if (!q_nope) return attn__null_arg(ctx, __func__, "q_nope");
+    if (!q_pe) return attn__null_arg(ctx, __func__, "q_pe");
+    if (!kv_cache) return attn__null_arg(ctx, __func__, "kv_cache");
+    if (!w_uk) return attn__null_arg(ctx, __func__, "w_uk");
+    if (!w_uv) return attn__null_arg(ctx, __func__, "w_uv");
+    if (!out) return attn__null_arg(ctx, __func__, "out");
+    st = attn__check_mla_call(layer, meta, fn);
+    if (st != ATTN_OK) return st;
+    d = &layer->desc;
+    b = attn_metadata_batch(meta);
+    dev = layer->backend->device;
+    if ((kv_c == NULL) != (k_pe == NULL))
+        return attn__fail(ctx, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT,
+                          "%s: argument '%s' is NULL but '%s' is not (allowed: both or neither)",
+                          fn, kv_c ? "k_pe" : "kv_c", kv_c ? "kv_c" : "k_pe");
+    shape[0] = ATTN__AT_LEAST(b->num_actual_tokens); shape[1] = d->num_heads;
+    shape[2] = d->qk_nope_head_dim;
+    st = attn__check_tensor(ctx, fn, "q_nope", q_nope, d->dtype, 3, shape, dev);
+    shape[2] = d->qk_rope_head_dim;
+    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "q_pe", q_pe, d->dtype, 3, shape, dev);
+    shape[2] = d->v_head_dim;
+    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out", out, d->dtype, 3, shape, dev);
+    if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out", out);
+    if (st == ATTN_OK) st = attn__check_mla_weights(layer, meta, fn, kv_cache, w_uk, w_uv);
+    if (st != ATTN_OK) return st;
+    if (kv_c) { /* every check of the cache write before the backend writes anything */
+        if (!b->slot_mapping)
+            return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA,
+                              "%s: kv_c/k_pe given but the batch has no slot_mapping", fn);
+        st = attn__check_latent_write(layer, fn, kv_c, k_pe, kv_cache, b->slot_mapping,
+                                      b->num_actual_tokens);
+        if (st != ATTN_OK) return st;
+    }
+    return layer->backend->mla_forward(layer->backend, layer, meta, q_nope, q_pe, kv_c, k_pe,
+                                       kv_cache, w_uk, w_uv, out, stream);
+}
+
+/* =======================================================================================
+   >>merge
+   The public LSE merge: validated here, run by the first backend of the platform's
+   priority list that serves the tensors' device.
+   ======================================================================================= */
+
+/* The first backend of the platform's priority list that serves `device` and merges. */
+static const attn_backend *attn__merge_backend(const attn_context *ctx, attn_device_kind device) {
+    int count, i;
+    const attn_backend_id *list = attn__priority_list(ctx->platform.kind, &count);
+    for (i = 0; i < count; i++) {
+        const attn_backend *b = attn_backend_get(list[i]);
+        if (b && b->device == device && b->merge_attn_states) return b;
+    }
+    return NULL;
+}
+
+ATTN_API attn_status attn_merge_attn_states(attn_context *ctx, const attn_tensor *out_a,
+                                            const attn_tensor *lse_a, attn_lse_base base_a,
+                                            const attn_tensor *out_b, const attn_tensor *lse_b,
+                                            attn_lse_base base_b, attn_tensor *out,
+                                            attn_tensor *lse, attn_lse_base base_out,
+                                            void *stream) {
+    const char *fn = "attn_merge_attn_states";
+    const attn_backend *be;
+    int64_t shape[3];
+    attn_device_kind dev;
+    attn_status st;
+    if (!ctx) return attn__null_arg(ctx, __func__, "ctx");
+    if (!out_a) return attn__null_arg(ctx, __func__, "out_a");
+    if (!lse_a) return attn__null_arg(ctx, __func__, "lse_a");
+    if (!out_b) return attn__null_arg(ctx, __func__, "out_b");
+    if (!lse_b) return attn__null_arg(ctx, __func__, "lse_b");
+    if (!out) return attn__null_arg(ctx, __func__, "out");
+    if ((int)base_a < 0 || (int)base_a > 1 || (int)base_b < 0 || (int)base_b > 1 ||
+        (int)base_out < 0 || (int)base_out > 1)
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                          "%s: an LSE base is out of range (%d, %d, %d; allowed: ATTN_LSE_BASE_E, "
+                          "ATTN_LSE_BASE_2)", fn, (int)base_a, (int)base_b, (int)base_out);
+    if (out_a->ndim != 3 || out_a->shape[0] < 0 || out_a->shape[1] <= 0 || out_a->shape[2] <= 0 ||
+        attn_dtype_size(out_a->dtype) == 0)
+        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
+                          "%s: out_a must be [tokens, heads, head_size] of f32/f16/bf16 (ndim %d)",
+                          fn, out_a->ndim);
+    dev = out_a->device.kind;
+    be = attn__merge_backend(ctx, dev);
+    if (!be)
+        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_ARGUMENT,
+                          "%s: out_a.device is %s and no registered backend merges there "
+                          "(allowed: a device a backend of this platform serves)", fn,
+                          dev == ATTN_DEVICE_CUDA ? "cuda" : "cpu");
+    shape[0] = out_a->shape[0]; shape[1] = out_a->shape[1]; shape[2] = out_a->shape[2];
+    st = attn__check_tensor(ctx, fn, "out_a", out_a, out_a->dtype, 3, shape, dev);
+    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out_b", out_b, out_a->dtype, 3, shape, dev);
+    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out", out, out_a->dtype, 3, shape, dev);
+    if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out", out);
+    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "lse_a", lse_a, ATTN_DTYPE_F32, 2, shape, dev);
+    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "lse_b", lse_b, ATTN_DTYPE_F32, 2, shape, dev);
+    if (st == ATTN_OK && lse) st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, dev);
+    if (st == ATTN_OK && lse) st = attn__check_output_tensor(ctx, fn, "lse", lse);
+    if (st != ATTN_OK) return st;
+    return be->merge_attn_states(be, ctx, out_a, lse_a, base_a, out_b, lse_b, base_b, out, lse,
+                                 base_out, stream);
 }
 
 /* =======================================================================================
@@ -5640,7 +5675,8 @@ static attn_status attn__kernel_get_locked(attn_context *ctx, const char *file, 
         attn__fmt(path, sizeof path, "%s/%016llx.cubin", kc->dir, (unsigned long long)key);
         r = attn__cubin_read(path, key, &c);
         if (r > 0) {
-            c.info.source = *source = ATTN_KERNEL_FROM_DISK;
+            *source = ATTN_KERNEL_FROM_DISK;
+            c.info.source = ATTN_KERNEL_FROM_DISK;
             kc->entries[kc->count] = c;
             *out = &kc->entries[kc->count++];
             attn__log(ctx, ATTN_LOG_LEVEL_DEBUG, ATTN_LOG_KERNEL_CACHE_HIT, "kernel %s [%s] %s from %s",
@@ -5692,7 +5728,8 @@ static attn_status attn__kernel_get_locked(attn_context *ctx, const char *file, 
         goto done;
     }
     c.info.compile_ms = attn__now_ms() - t0;
-    c.info.source = *source = ATTN_KERNEL_COMPILED;
+    *source = ATTN_KERNEL_COMPILED;
+    c.info.source = ATTN_KERNEL_COMPILED;
     kc->compiles++;
     attn__log(ctx, ATTN_LOG_LEVEL_INFO, ATTN_LOG_KERNEL_COMPILED,
               "compiled kernel %s [%s] for %s in %.0f ms (%d registers, %d bytes shared, %d/%d "
