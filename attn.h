@@ -221,7 +221,7 @@ typedef enum attn_status {
     X(SELECT_CACHE_CLEARED, "selection cache cleared")                           \
     X(BACKEND_REGISTERED, "backend registry entry replaced")                     \
     X(BACKEND_RESTORED, "backend registry entry restored")                       \
-    X(INVALID_ARGUMENT, "invalid argument")                                      \
+    X(INVALID_ARGUMENT, "an argument value is out of range")                     \
     X(INVALID_METADATA, "invalid batch metadata")                                \
     X(ENV_INVALID, "environment variable has an invalid value")                  \
     X(THREADS_STARTED, "worker threads started")                                 \
@@ -230,7 +230,17 @@ typedef enum attn_status {
     X(KERNEL_COMPILED, "kernel variant compiled by NVRTC")                       \
     X(KERNEL_CACHE_HIT, "kernel variant read from the disk cache")               \
     X(KERNEL_CACHE_FAULT, "kernel cache directory or file unusable")             \
-    X(KERNEL_COMPILE_FAILED, "kernel variant failed to compile")
+    X(KERNEL_COMPILE_FAILED, "kernel variant failed to compile")                 \
+    X(ARG_NULL, "a required pointer argument is NULL")                           \
+    X(INVALID_DESC, "a descriptor or request field is out of range")             \
+    X(TENSOR_DTYPE, "a tensor has another element type than allowed")            \
+    X(TENSOR_SHAPE, "a tensor has another rank or shape than allowed")           \
+    X(TENSOR_LAYOUT, "a tensor's strides are not allowed (rows not contiguous, overlapping output)") \
+    X(TENSOR_DEVICE, "a tensor lives on another device than the layer's backend") \
+    X(INVALID_SLOT, "a cache slot is out of range")                             \
+    X(CALL_UNSUPPORTED, "the call does not fit the layer's kind or backend")     \
+    X(METADATA_MISMATCH, "metadata not built, or built for another layer")       \
+    X(CAPACITY_EXCEEDED, "a batch or capacity exceeds what is allowed")
 
 typedef enum attn_log_item {
 #define ATTN__LOG_ENUM(name, text) ATTN_LOG_##name,
@@ -1458,7 +1468,7 @@ static attn_status attn__fail(attn_context *ctx, attn_status status, attn_log_it
 
 /* The NULL-argument failure every front door reports: `return attn__null_arg(...)`. */
 static attn_status attn__null_arg(attn_context *ctx, const char *fn, const char *name) {
-    return attn__fail(ctx, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT,
+    return attn__fail(ctx, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL,
                       "%s: argument '%s' is NULL (a valid pointer is required)", fn, name);
 }
 
@@ -1947,40 +1957,40 @@ static attn_status attn__check_tensor(attn_context *ctx, const char *fn, const c
                                       const int64_t *shape, attn_device_kind device) {
     int i;
     if (!t->data)
-        return attn__fail(ctx, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT,
+        return attn__fail(ctx, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL,
                           "%s: %s.data is NULL (a valid pointer is required)", fn, name);
     if (t->dtype != dtype)
-        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
+        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_DTYPE,
                           "%s: %s.dtype is %s (allowed: %s)", fn, name,
                           attn_dtype_name(t->dtype), attn_dtype_name(dtype));
     if (t->device.kind != device)
-        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
+        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_DEVICE,
                           "%s: %s.device is %s (allowed: %s)", fn, name,
                           t->device.kind == ATTN_DEVICE_CUDA ? "cuda" : "cpu",
                           device == ATTN_DEVICE_CUDA ? "cuda" : "cpu");
     if (t->ndim != ndim)
-        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
+        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE,
                           "%s: %s.ndim is %d (allowed: %d)", fn, name, t->ndim, ndim);
     for (i = 0; i < ndim; i++) {
         if (shape[i] >= 0 && t->shape[i] != shape[i])
-            return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
+            return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE,
                               "%s: %s.shape[%d] is %lld (allowed: %lld)", fn, name, i,
                               (long long)t->shape[i], (long long)shape[i]);
         if (shape[i] < 0 && t->shape[i] < -shape[i] - 1)
-            return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
+            return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE,
                               "%s: %s.shape[%d] is %lld (allowed: at least %lld)", fn, name,
                               i, (long long)t->shape[i], (long long)(-shape[i] - 1));
     }
     {
         attn_tensor r = attn__tensor_resolved(t);
         if (r.strides[ndim - 1] != 1)
-            return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
+            return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_LAYOUT,
                               "%s: %s.strides[%d] is %lld (allowed: 1, the last dimension "
                               "must be contiguous)", fn, name, ndim - 1,
                               (long long)r.strides[ndim - 1]);
         for (i = 0; i < ndim - 1; i++)
             if (r.strides[i] < 0)
-                return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
+                return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_LAYOUT,
                                   "%s: %s.strides[%d] is %lld (allowed: >= 0)", fn, name, i,
                                   (long long)r.strides[i]);
     }
@@ -2006,7 +2016,7 @@ static attn_status attn__check_output_tensor(attn_context *ctx, const char *fn, 
     for (i = 0; i < n; i++) {
         int k = order[i];
         if (r.strides[k] < span)
-            return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
+            return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_LAYOUT,
                               "%s: %s.strides[%d] is %lld with shape[%d] %lld, so the output's "
                               "elements overlap (allowed: >= %lld, the span of the dimensions "
                               "inside it; outputs may not repeat elements)", fn, name, k,
@@ -2136,7 +2146,7 @@ ATTN_API attn_status attn_register_backend(attn_backend_id id, const attn_backen
             (backend->is_mla ? (!backend->forward_mqa || !backend->forward_mha ||
                                 !backend->mla_forward || !backend->concat_and_cache_mla)
                              : (!backend->forward || !backend->reshape_and_cache)))
-            return attn__fail(NULL, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT,
+            return attn__fail(NULL, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL,
                               "attn_register_backend: backend must have a name, kv_cache_shape "
                               "and its entry points (standard: forward, reshape_and_cache; MLA: "
                               "forward_mqa, forward_mha, mla_forward, concat_and_cache_mla); one "
@@ -2179,33 +2189,33 @@ static attn_status attn__desc_resolve(attn_context *ctx, const char *fn,
     attn_layer_desc d = *in;
     char types[64];
     int i;
-    if (d.num_heads <= 0) return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT, "%s: desc.num_heads is %d (allowed: >= 1)", fn, d.num_heads);
+    if (d.num_heads <= 0) return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.num_heads is %d (allowed: >= 1)", fn, d.num_heads);
     if (d.num_kv_heads < 0)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT, "%s: desc.num_kv_heads is %d (allowed: 0 = num_heads, or a divisor of "
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.num_kv_heads is %d (allowed: 0 = num_heads, or a divisor of "
                   "num_heads)", fn, d.num_kv_heads);
     if (!d.num_kv_heads) d.num_kv_heads = d.use_mla == 1 ? 1 : d.num_heads;
     if (d.num_heads % d.num_kv_heads)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT, "%s: desc.num_kv_heads is %d (allowed: a divisor of num_heads %d)", fn,
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.num_kv_heads is %d (allowed: a divisor of num_heads %d)", fn,
                   d.num_kv_heads, d.num_heads);
-    if (d.head_size <= 0) return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT, "%s: desc.head_size is %d (allowed: >= 1)", fn, d.head_size);
+    if (d.head_size <= 0) return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.head_size is %d (allowed: >= 1)", fn, d.head_size);
     attn__dtype_names(types, sizeof types, 0);
     if (!attn__dtype_valid(d.dtype))
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT, "%s: desc.dtype is %d (allowed: ATTN_DTYPE_AUTO, or an element type: %s)",
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.dtype is %d (allowed: ATTN_DTYPE_AUTO, or an element type: %s)",
                           fn, (int)d.dtype, types);
     if (!attn__dtype_valid(d.kv_cache_dtype))
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT, "%s: desc.kv_cache_dtype is %d (allowed: ATTN_DTYPE_AUTO, or an element type: %s)",
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.kv_cache_dtype is %d (allowed: ATTN_DTYPE_AUTO, or an element type: %s)",
                           fn, (int)d.kv_cache_dtype, types);
     if (!d.dtype) d.dtype = ATTN_DTYPE_F16;
     if (!d.kv_cache_dtype) d.kv_cache_dtype = d.dtype;
     if (d.block_size < 0 || d.block_size % 16 || d.block_size > 65536)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT, "%s: desc.block_size is %d (allowed: 0 = 16, or a multiple of 16 up to 65536)",
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.block_size is %d (allowed: 0 = 16, or a multiple of 16 up to 65536)",
                   fn, d.block_size);
     if (!d.block_size) d.block_size = 16;
     if (d.use_mla < 0 || d.use_mla > 1)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT, "%s: desc.use_mla is %d (allowed: 0 or 1)", fn, d.use_mla);
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.use_mla is %d (allowed: 0 or 1)", fn, d.use_mla);
     if (d.use_mla) {
         if (d.num_kv_heads != 1)
-            return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT, "%s: desc.num_kv_heads is %d for an MLA layer (allowed: 0 or 1, the one "
+            return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.num_kv_heads is %d for an MLA layer (allowed: 0 or 1, the one "
                       "latent head)", fn, in->num_kv_heads);
         if (d.qk_rope_head_dim < 0 || d.kv_lora_rank < 0 || d.qk_nope_head_dim < 0 || d.v_head_dim < 0)
             return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT, "%s: an MLA dimension is negative (kv_lora_rank %d, qk_rope_head_dim %d, "
@@ -2216,31 +2226,31 @@ static attn_status attn__desc_resolve(attn_context *ctx, const char *fn,
         if (!d.qk_nope_head_dim) d.qk_nope_head_dim = 128;
         if (!d.v_head_dim) d.v_head_dim = 128;
         if (d.kv_lora_rank <= 0 || d.kv_lora_rank + d.qk_rope_head_dim != d.head_size)
-            return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT, "%s: desc.head_size %d is not kv_lora_rank %d + qk_rope_head_dim %d "
+            return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.head_size %d is not kv_lora_rank %d + qk_rope_head_dim %d "
                       "(allowed: head_size = kv_lora_rank + qk_rope_head_dim, e.g. 576 = 512 + 64)",
                       fn, d.head_size, d.kv_lora_rank, d.qk_rope_head_dim);
     }
     if (!(d.scale >= 0.0f) || d.scale > FLT_MAX)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT, "%s: desc.scale is %g (allowed: 0 = 1/sqrt(head_size), or a finite value "
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.scale is %g (allowed: 0 = 1/sqrt(head_size), or a finite value "
                   "> 0)", fn, (double)d.scale);
     if (d.scale == 0.0f) {
         int qk = d.use_mla ? d.qk_nope_head_dim + d.qk_rope_head_dim : d.head_size;
         d.scale = 1.0f / sqrtf((float)(qk > 0 ? qk : d.head_size));
     }
     if ((int)d.causal < 0 || (int)d.causal > (int)ATTN_CAUSAL_NO)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT, "%s: desc.causal is %d (allowed: ATTN_CAUSAL_DEFAULT, _YES, _NO)", fn,
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.causal is %d (allowed: ATTN_CAUSAL_DEFAULT, _YES, _NO)", fn,
                   (int)d.causal);
     if (!d.causal) d.causal = ATTN_CAUSAL_YES;
     if (d.sliding_window < 0)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT, "%s: desc.sliding_window is %d (allowed: 0 = none, or >= 1)", fn,
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.sliding_window is %d (allowed: 0 = none, or >= 1)", fn,
                   d.sliding_window);
     if (!(d.logits_soft_cap >= 0.0f) || d.logits_soft_cap > FLT_MAX)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT, "%s: desc.logits_soft_cap is %g (allowed: 0 = none, or a finite value > 0)",
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.logits_soft_cap is %g (allowed: 0 = none, or a finite value > 0)",
                   fn, (double)d.logits_soft_cap);
     if (d.alibi_slopes)
         for (i = 0; i < d.num_heads; i++)
             if (!(d.alibi_slopes[i] - d.alibi_slopes[i] == 0.0f))
-                return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT, "%s: desc.alibi_slopes[%d] is %g (allowed: finite values)", fn, i,
+                return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.alibi_slopes[%d] is %g (allowed: finite values)", fn, i,
                           (double)d.alibi_slopes[i]);
     *out = d;
     return ATTN_OK;
@@ -2572,7 +2582,7 @@ ATTN_API attn_status attn_select_backend(attn_context *ctx, const attn_layer_des
     memset(&req, 0, sizeof req);
     if (request) req = *request;
     if ((int)req.backend < 0 || (int)req.backend >= (int)ATTN_BACKEND_COUNT)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC,
                           "attn_select_backend: request.backend is %d (allowed: 0 = AUTO .. %d)",
                           (int)req.backend, (int)ATTN_BACKEND_COUNT - 1);
     st = attn__desc_resolve(ctx, "attn_select_backend", desc, &d);
@@ -2685,7 +2695,7 @@ ATTN_API attn_status attn_layer_create(attn_context *ctx, const attn_layer_desc 
     memset(&req, 0, sizeof req);
     if (request) req = *request;
     if ((int)req.backend < 0 || (int)req.backend >= (int)ATTN_BACKEND_COUNT)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC,
                           "attn_layer_create: request.backend is %d (allowed: 0 = AUTO .. %d)",
                           (int)req.backend, (int)ATTN_BACKEND_COUNT - 1);
     st = attn__desc_resolve(ctx, "attn_layer_create", desc, &d);
@@ -2880,10 +2890,10 @@ ATTN_API attn_status attn_metadata_mla_info(const attn_metadata *meta, attn_mla_
     if (!meta) return attn__null_arg(ctx, __func__, "meta");
     if (!out) return attn__null_arg(ctx, __func__, "out");
     if (!meta->built_for.use_mla)
-        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_ARGUMENT,
+        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_CALL_UNSUPPORTED,
                           "attn_metadata_mla_info: meta belongs to a standard layer (allowed: MLA)");
     if (!meta->planned) /* a builder may read the plan of the batch it is building */
-        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA,
+        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_METADATA_MISMATCH,
                           "attn_metadata_mla_info: meta has not been built");
     *out = meta->mla;
     return ATTN_OK;
@@ -2923,10 +2933,10 @@ static attn_status attn__check_meta(const attn_layer *layer, const attn_metadata
     attn_context *ctx = layer->ctx;
     const attn_layer_desc *d = &layer->desc, *m = &meta->built_for;
     if (!meta->built)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA,
+        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_METADATA_MISMATCH,
                           "%s: meta has not been built (call attn_metadata_build first)", fn);
     if (!attn__metadata_fits(meta, layer))
-        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA,
+        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_METADATA_MISMATCH,
                           "%s: meta was created for backend %s, heads %d/%d, head_size %d, "
                           "block_size %d, causal %d, sliding_window %d (allowed: the same as "
                           "this layer: %s, %d/%d, %d, %d, %d, %d)",
@@ -2963,7 +2973,7 @@ ATTN_API void attn_metadata_destroy(attn_metadata *meta) {
 
 static attn_status attn__bad_capacity(attn_context *ctx, const char *field, int64_t value,
                                       int64_t lo, int64_t hi) {
-    return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+    return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC,
                       "attn_metadata_create: desc.%s is %lld (allowed: %lld..%lld%s)", field,
                       (long long)value, (long long)lo, (long long)hi,
                       strcmp(field, "workspace_bytes") == 0 ? ", or 0 = default" : "");
@@ -3045,13 +3055,13 @@ static attn_status attn__batch_validate(attn_context *ctx, const attn_metadata *
     if (b->num_reqs < 0)
         return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.num_reqs is %d (allowed: >= 0)", fn, b->num_reqs);
     if (b->num_reqs > m->cap.max_num_reqs)
-        return attn__fail(ctx, ATTN_ERROR_CAPACITY, ATTN_LOG_INVALID_METADATA,
+        return attn__fail(ctx, ATTN_ERROR_CAPACITY, ATTN_LOG_CAPACITY_EXCEEDED,
                           "%s: batch.num_reqs is %d (allowed: <= max_num_reqs %d of this metadata)",
                           fn, b->num_reqs, m->cap.max_num_reqs);
     if (b->num_actual_tokens < 0)
         return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.num_actual_tokens is %d (allowed: >= 0)", fn, b->num_actual_tokens);
     if (b->num_actual_tokens > m->cap.max_num_tokens)
-        return attn__fail(ctx, ATTN_ERROR_CAPACITY, ATTN_LOG_INVALID_METADATA,
+        return attn__fail(ctx, ATTN_ERROR_CAPACITY, ATTN_LOG_CAPACITY_EXCEEDED,
                           "%s: batch.num_actual_tokens is %d (allowed: <= max_num_tokens %d of "
                           "this metadata)", fn, b->num_actual_tokens, m->cap.max_num_tokens);
     if ((int)b->causal < 0 || (int)b->causal > (int)ATTN_CAUSAL_NO)
@@ -3199,11 +3209,11 @@ static attn_status attn__check_kv_cache(attn_layer *layer, const char *fn, const
                             layer->backend->device);
     if (st != ATTN_OK) return st;
     if (kv->shape[0] < 1 || kv->shape[0] > ATTN__MAX_BLOCKS)
-        return attn__fail(layer->ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
+        return attn__fail(layer->ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE,
                           "%s: kv_cache.shape[0] is %lld (allowed: 1..%lld blocks)", fn,
                           (long long)kv->shape[0], (long long)ATTN__MAX_BLOCKS);
     if (!attn__tensor_is_contiguous(kv))
-        return attn__fail(layer->ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
+        return attn__fail(layer->ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_LAYOUT,
                           "%s: kv_cache is not contiguous (allowed: the dense layout of "
                           "attn_layer_kv_cache_shape)", fn);
     return ATTN_OK;
@@ -3227,7 +3237,7 @@ static attn_status attn__check_kv_write(attn_layer *layer, const char *fn, const
     num_slots = kv_cache->shape[0] * (int64_t)d->block_size;
     for (t = 0; t < num_tokens; t++)
         if (slots[t] < -1 || slots[t] >= num_slots)
-            return attn__fail(layer->ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+            return attn__fail(layer->ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_SLOT,
                               "%s: slot_mapping[%d] is %lld (allowed: -1 = skip, or 0..%lld = "
                               "num_blocks * block_size - 1)", fn, t, (long long)slots[t],
                               (long long)num_slots - 1);
@@ -3247,7 +3257,7 @@ ATTN_API attn_status attn_reshape_and_cache(attn_layer *layer, const attn_tensor
     if (!kv_cache) return attn__null_arg(ctx, __func__, "kv_cache");
     if (!slot_mapping) return attn__null_arg(ctx, __func__, "slot_mapping");
     if (layer->desc.use_mla)
-        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_ARGUMENT,
+        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_CALL_UNSUPPORTED,
                           "%s: the layer is MLA (its cache holds latents; use the MLA cache write)", fn);
     if (num_tokens < 0)
         return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
@@ -3275,7 +3285,7 @@ static attn_status attn__check_latent_write(attn_layer *layer, const char *fn, c
     num_slots = kv_cache->shape[0] * (int64_t)d->block_size;
     for (t = 0; t < num_tokens; t++)
         if (slots[t] < -1 || slots[t] >= num_slots)
-            return attn__fail(layer->ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+            return attn__fail(layer->ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_SLOT,
                               "%s: slot_mapping[%d] is %lld (allowed: -1 = skip, or 0..%lld = "
                               "num_blocks * block_size - 1)", fn, t, (long long)slots[t],
                               (long long)num_slots - 1);
@@ -3295,7 +3305,7 @@ ATTN_API attn_status attn_concat_and_cache_mla(attn_layer *layer, const attn_ten
     if (!kv_cache) return attn__null_arg(ctx, __func__, "kv_cache");
     if (!slot_mapping) return attn__null_arg(ctx, __func__, "slot_mapping");
     if (!layer->desc.use_mla)
-        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_ARGUMENT,
+        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_CALL_UNSUPPORTED,
                           "%s: the layer is not MLA (allowed: use_mla = 1; standard layers use "
                           "attn_reshape_and_cache)", fn);
     if (num_tokens < 0)
@@ -3913,7 +3923,7 @@ static attn_status attn__cpu_meta_attach(attn_layer *layer, attn_metadata *meta,
     attn__cpu_meta *cm = NULL;
     if (task_capacity > ATTN__CPU_MAX_TASKS || rows_per_task > ATTN__CPU_MAX_ROWS ||
         partial_rows > (int64_t)ATTN__CPU_MAX_TASKS * 16)
-        return attn__fail(layer->ctx, ATTN_ERROR_CAPACITY, ATTN_LOG_INVALID_ARGUMENT,
+        return attn__fail(layer->ctx, ATTN_ERROR_CAPACITY, ATTN_LOG_CAPACITY_EXCEEDED,
                           "attn_metadata_create: the capacity asks for %lld tasks of up to %lld "
                           "query rows and %lld split-KV rows (allowed: at most %d tasks, %d rows "
                           "and %d split rows; lower max_num_reqs, max_num_tokens, num_kv_splits "
@@ -5114,13 +5124,13 @@ ATTN_API attn_status attn_layer_forward(attn_layer *layer, const attn_metadata *
     d = &layer->desc;
     dev = layer->backend->device;
     if (d->use_mla)
-        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_ARGUMENT,
+        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_CALL_UNSUPPORTED,
                           "%s: the layer is MLA (allowed: standard layers; MLA layers use the "
                           "MLA forward calls)", fn);
     st = attn__check_meta(layer, meta, fn);
     if (st != ATTN_OK) return st;
     if ((k == NULL) != (v == NULL))
-        return attn__fail(ctx, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT,
+        return attn__fail(ctx, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL,
                           "%s: argument '%s' is NULL but '%s' is not (allowed: both or neither)",
                           fn, k ? "v" : "k", k ? "k" : "v");
     ntok = meta->batch.num_actual_tokens;
@@ -5132,7 +5142,7 @@ ATTN_API attn_status attn_layer_forward(attn_layer *layer, const attn_metadata *
     st = attn__check_kv_cache(layer, fn, kv_cache, 0);
     if (st != ATTN_OK) return st;
     if (kv_cache->shape[0] < meta->cap.num_blocks)
-        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
+        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE,
                           "%s: kv_cache.shape[0] is %lld (allowed: >= num_blocks %lld of the "
                           "metadata)", fn, (long long)kv_cache->shape[0], (long long)meta->cap.num_blocks);
     if (k) {
@@ -5145,7 +5155,7 @@ ATTN_API attn_status attn_layer_forward(attn_layer *layer, const attn_metadata *
     }
     if (lse) {
         if (!layer->backend->can_return_lse)
-            return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_ARGUMENT,
+            return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_CALL_UNSUPPORTED,
                               "%s: backend %s cannot return the LSE (allowed: lse = NULL)", fn,
                               layer->backend->name);
         shape[1] = d->num_heads;
@@ -5159,7 +5169,7 @@ ATTN_API attn_status attn_layer_forward(attn_layer *layer, const attn_metadata *
 static attn_status attn__check_mla_call(attn_layer *layer, const attn_metadata *meta, const char *fn) {
     attn_context *ctx = layer->ctx;
     if (!layer->desc.use_mla || !layer->backend->is_mla)
-        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_ARGUMENT,
+        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_CALL_UNSUPPORTED,
                           "%s: the layer is not MLA (allowed: a layer created with use_mla = 1)", fn);
     return attn__check_meta(layer, meta, fn);
 }
@@ -5200,7 +5210,7 @@ ATTN_API attn_status attn_mla_forward_mqa(attn_layer *layer, const attn_metadata
     if (st == ATTN_OK) st = attn__check_kv_cache(layer, fn, kv_cache, 0);
     if (st != ATTN_OK) return st;
     if (kv_cache->shape[0] < meta->cap.num_blocks)
-        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
+        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE,
                           "%s: kv_cache.shape[0] is %lld (allowed: >= num_blocks %lld of the metadata)",
                           fn, (long long)kv_cache->shape[0], (long long)meta->cap.num_blocks);
     return layer->backend->forward_mqa(layer->backend, layer, meta, q, q_pe, kv_cache, out_latent,
@@ -5221,7 +5231,7 @@ static attn_status attn__check_mla_weights(attn_layer *layer, const attn_metadat
     if (st == ATTN_OK) st = attn__check_tensor(layer->ctx, fn, "w_uv", w_uv, d->dtype, 3, shape, dev);
     if (st == ATTN_OK) st = attn__check_kv_cache(layer, fn, kv_cache, 0);
     if (st == ATTN_OK && kv_cache->shape[0] < meta->cap.num_blocks)
-        st = attn__fail(layer->ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
+        st = attn__fail(layer->ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE,
                         "%s: kv_cache.shape[0] is %lld (allowed: >= num_blocks %lld of the metadata)",
                         fn, (long long)kv_cache->shape[0], (long long)meta->cap.num_blocks);
     return st;
@@ -5288,7 +5298,7 @@ ATTN_API attn_status attn_mla_forward(attn_layer *layer, const attn_metadata *me
     b = attn_metadata_batch(meta);
     dev = layer->backend->device;
     if ((kv_c == NULL) != (k_pe == NULL))
-        return attn__fail(ctx, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT,
+        return attn__fail(ctx, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL,
                           "%s: argument '%s' is NULL but '%s' is not (allowed: both or neither)",
                           fn, kv_c ? "k_pe" : "kv_c", kv_c ? "kv_c" : "k_pe");
     shape[0] = ATTN__AT_LEAST(b->num_actual_tokens); shape[1] = d->num_heads;
@@ -5354,13 +5364,13 @@ ATTN_API attn_status attn_merge_attn_states(attn_context *ctx, const attn_tensor
                           "ATTN_LSE_BASE_2)", fn, (int)base_a, (int)base_b, (int)base_out);
     if (out_a->ndim != 3 || out_a->shape[0] < 0 || out_a->shape[1] <= 0 || out_a->shape[2] <= 0 ||
         attn_dtype_size(out_a->dtype) == 0)
-        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
+        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE,
                           "%s: out_a must be [tokens, heads, head_size] of f32/f16/bf16 (ndim %d)",
                           fn, out_a->ndim);
     dev = out_a->device.kind;
     be = attn__merge_backend(ctx, dev);
     if (!be)
-        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_ARGUMENT,
+        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_CALL_UNSUPPORTED,
                           "%s: out_a.device is %s and no registered backend merges there "
                           "(allowed: a device a backend of this platform serves)", fn,
                           dev == ATTN_DEVICE_CUDA ? "cuda" : "cpu");

@@ -2341,7 +2341,7 @@ ATTN_TEST(test_mla_reject_layers) {
     d = mla_desc(16, 576, 500);
     attn_test_log_reset(&cap);
     EXPECT_STATUS(attn_layer_create(ctx, &d, NULL, &layer), ATTN_ERROR_INVALID_VALUE);
-    EXPECT_TRUE(attn_test_log_has(&cap, ATTN_LOG_INVALID_ARGUMENT, ATTN_LOG_LEVEL_ERROR));
+    EXPECT_TRUE(attn_test_log_has(&cap, ATTN_LOG_INVALID_DESC, ATTN_LOG_LEVEL_ERROR));
     d = mla_desc(16, 320, 512);
     EXPECT_STATUS(attn_layer_create(ctx, &d, NULL, &layer), ATTN_ERROR_INVALID_VALUE);
     /* more than one KV head */
@@ -2502,7 +2502,7 @@ ATTN_TEST(test_mla_reject_calls) {
         attn_test_log_reset(&wcap);
         EXPECT_STATUS(attn_mla_forward_mqa(w.layer, meta, &tq_bad, NULL, &w.t_cache, &to, &tl, NULL),
                       ATTN_ERROR_SHAPE_MISMATCH);
-        EXPECT_TRUE(attn_test_log_has(&wcap, ATTN_LOG_INVALID_ARGUMENT, ATTN_LOG_LEVEL_ERROR));
+        EXPECT_TRUE(attn_test_log_has(&wcap, ATTN_LOG_TENSOR_SHAPE, ATTN_LOG_LEVEL_ERROR));
         EXPECT_STATUS(attn_mla_forward_mqa(w.layer, meta, &tq, &tqpe, &w.t_cache, &to, &tl, NULL),
                       ATTN_ERROR_SHAPE_MISMATCH);
         EXPECT_STATUS(attn_mla_forward_mqa(w.layer, meta, &tqlat, &tqpe_bad, &w.t_cache, &to, &tl, NULL),
@@ -2639,7 +2639,7 @@ ATTN_TEST(test_mla_reject_calls) {
             attn_test_log_reset(&wcap);
             EXPECT_STATUS(attn_concat_and_cache_mla(w.layer, &tkc, &tkp, &w.t_cache, slots, 3, NULL),
                           ATTN_ERROR_INVALID_VALUE);
-            EXPECT_TRUE(attn_test_log_has(&wcap, ATTN_LOG_INVALID_ARGUMENT, ATTN_LOG_LEVEL_ERROR));
+            EXPECT_TRUE(attn_test_log_has(&wcap, ATTN_LOG_INVALID_SLOT, ATTN_LOG_LEVEL_ERROR));
             slots[2] = -2;
             EXPECT_STATUS(attn_concat_and_cache_mla(w.layer, &tkc, &tkp, &w.t_cache, slots, 3, NULL),
                           ATTN_ERROR_INVALID_VALUE);
@@ -2690,7 +2690,7 @@ ATTN_TEST(test_mla_reject_calls) {
                     attn_test_log_reset(&wcap);
                     EXPECT_STATUS(attn_metadata_create(w.layer, &md, &mb), ATTN_ERROR_INVALID_VALUE);
                     EXPECT_TRUE(mb == NULL);
-                    EXPECT_TRUE(attn_test_log_has(&wcap, ATTN_LOG_INVALID_ARGUMENT, ATTN_LOG_LEVEL_ERROR));
+                    EXPECT_TRUE(attn_test_log_has(&wcap, ATTN_LOG_INVALID_DESC, ATTN_LOG_LEVEL_ERROR));
                     attn_metadata_destroy(mb);
                 }
                 md.decode_threshold = 0;
