@@ -2702,7 +2702,7 @@ ATTN_TEST(test_mla_reject_calls) {
                 attn_tensor tqn, tqp, tof, tkc, tkp;
                 attn_test_log_reset(&wcap);
                 EXPECT_STATUS(attn_metadata_mla_info(m0, &i0), ATTN_ERROR_INVALID_METADATA);
-                EXPECT_TRUE(attn_test_log_has(&wcap, ATTN_LOG_INVALID_METADATA, ATTN_LOG_LEVEL_ERROR));
+                EXPECT_TRUE(attn_test_log_has(&wcap, ATTN_LOG_METADATA_MISMATCH, ATTN_LOG_LEVEL_ERROR));
                 b.slot_mapping = NULL;
                 EXPECT_OK(attn_metadata_build(m0, 0, &b, 0));
                 s2[0] = w.ntok;
@@ -2768,16 +2768,16 @@ ATTN_TEST(test_mla_reject_calls) {
                 attn_mla_forward_mha(std_layer, std_meta, &tq, &tsc, &w.t_wuk, &w.t_wuv, &to, NULL, NULL),
                 ATTN_ERROR_UNSUPPORTED);
             EXPECT_STATUS(attn_metadata_mla_info(std_meta, &info2), ATTN_ERROR_UNSUPPORTED);
-            EXPECT_TRUE(attn_test_log_has(&cap, ATTN_LOG_INVALID_ARGUMENT, ATTN_LOG_LEVEL_ERROR));
+            EXPECT_TRUE(attn_test_log_has(&cap, ATTN_LOG_CALL_UNSUPPORTED, ATTN_LOG_LEVEL_ERROR));
             /* MLA layer through the standard forward, and standard metadata on an MLA layer */
             attn_test_log_reset(&wcap);
             EXPECT_STATUS(attn_layer_forward(w.layer, meta, &tsq, NULL, NULL, &w.t_cache, &tso, NULL, NULL),
                           ATTN_ERROR_UNSUPPORTED);
-            EXPECT_TRUE(attn_test_log_has(&wcap, ATTN_LOG_INVALID_ARGUMENT, ATTN_LOG_LEVEL_ERROR));
+            EXPECT_TRUE(attn_test_log_has(&wcap, ATTN_LOG_CALL_UNSUPPORTED, ATTN_LOG_LEVEL_ERROR));
             attn_test_log_reset(&wcap);
             EXPECT_STATUS(attn_mla_forward_mqa(w.layer, std_meta, &tq, NULL, &w.t_cache, &to, &tl, NULL),
                           ATTN_ERROR_INVALID_METADATA);
-            EXPECT_TRUE(attn_test_log_has(&wcap, ATTN_LOG_INVALID_METADATA, ATTN_LOG_LEVEL_ERROR));
+            EXPECT_TRUE(attn_test_log_has(&wcap, ATTN_LOG_METADATA_MISMATCH, ATTN_LOG_LEVEL_ERROR));
             EXPECT_STATUS(attn_reshape_and_cache(w.layer, &tsq, &tsq, &w.t_cache, w.slots, 1, NULL),
                           ATTN_ERROR_UNSUPPORTED);
             for (x = 0; x < (int)nq; x++)
