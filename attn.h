@@ -1455,15 +1455,42 @@ static void attn__log(const attn_context *ctx, attn_log_level level, attn_log_it
    under `item`, and returns status so callers can `return attn__fail(...)`. */
 static attn_status attn__fail(attn_context *ctx, attn_status status, attn_log_item item,
                               const char *fmt, ...) ATTN__PRINTF(4, 5);
-static attn_status attn__fail(attn_context *ctx, attn_status status, attn_log_item item,
-                              const char *fmt, ...) {
+static attn_status attn__vfail(attn_context *ctx, attn_status status, attn_log_item item,
+                               const char *fmt, va_list ap) {
     char *slot = ctx ? ctx->last_error : attn__thread_error;
-    va_list ap;
-    va_start(ap, fmt);
     vsnprintf(slot, 512, fmt, ap);
-    va_end(ap);
     attn__log(ctx, ATTN_LOG_LEVEL_ERROR, item, "%s: %s", attn_status_string(status), slot);
     return status;
+}
+static attn_status attn__fail(attn_context *ctx, attn_status status, attn_log_item item,
+                              const char *fmt, ...) {
+    attn_status st;
+    va_list ap;
+    va_start(ap, fmt);
+    st = attn__vfail(ctx, status, item, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+/* The two most common failures, spelled short: a descriptor field out of range, and a
+   batch field that is inconsistent. Callers `return` them. */
+static attn_status attn__bad_desc(attn_context *ctx, const char *fmt, ...) ATTN__PRINTF(2, 3);
+static attn_status attn__bad_desc(attn_context *ctx, const char *fmt, ...) {
+    attn_status st;
+    va_list ap;
+    va_start(ap, fmt);
+    st = attn__vfail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, fmt, ap);
+    va_end(ap);
+    return st;
+}
+static attn_status attn__bad_batch(attn_context *ctx, const char *fmt, ...) ATTN__PRINTF(2, 3);
+static attn_status attn__bad_batch(attn_context *ctx, const char *fmt, ...) {
+    attn_status st;
+    va_list ap;
+    va_start(ap, fmt);
+    st = attn__vfail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, fmt, ap);
+    va_end(ap);
+    return st;
 }
 
 /* The NULL-argument failure every front door reports: `return attn__null_arg(...)`. */
@@ -1565,7 +1592,17 @@ static attn_status attn__scratch_reserve(attn_context *ctx, size_t floats) {
 /* attn_context_create's failures have no context to keep their message: they are logged
    through a stack context holding just the caller's hook and level, and the message is
    copied to the thread's last error (where attn_context_last_error(NULL) finds it). */
-static attn_status attn__context_create_failed(const attn_context *logger, attn_status status) {
+/* A failure of attn_context_create: logged through the caller's hook and level (`logger`
+   holds only those), kept as the thread's last error since there is no context. */
+static attn_status attn__create_fail(attn_context *logger, attn_status status, attn_log_item item,
+                                     const char *fmt, ...) ATTN__PRINTF(4, 5);
+static attn_status attn__create_fail(attn_context *logger, attn_status status, attn_log_item item,
+                                     const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(logger->last_error, sizeof logger->last_error, fmt, ap);
+    va_end(ap);
+    attn__log(logger, ATTN_LOG_LEVEL_ERROR, item, "%s: %s", attn_status_string(status), logger->last_error);
     attn__strlcpy(attn__thread_error, logger->last_error, sizeof attn__thread_error);
     return status;
 }
@@ -1586,24 +1623,22 @@ ATTN_API attn_status attn_context_create(const attn_context_desc *desc, attn_con
     logger.log_user_data = d.log_user_data;
     logger.log_level = (int)d.log_level > 0 && (int)d.log_level <= (int)ATTN_LOG_LEVEL_NONE
                            ? d.log_level : attn__env_log_level();
-#define ATTN__CREATE_FAIL(...) \
-    return attn__context_create_failed(&logger, attn__fail(&logger, __VA_ARGS__))
     if (!out)
-        ATTN__CREATE_FAIL(ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT,
+        return attn__create_fail(&logger, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL,
                           "attn_context_create: argument 'out' is NULL (a valid pointer is "
                           "required)");
     *out = NULL;
     if ((int)d.log_level < 0 || (int)d.log_level > (int)ATTN_LOG_LEVEL_NONE)
-        ATTN__CREATE_FAIL(ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+        return attn__create_fail(&logger, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC,
                           "attn_context_create: desc.log_level is %d (allowed: 0..5, "
                           "ATTN_LOG_LEVEL_DEFAULT..ATTN_LOG_LEVEL_NONE)", (int)d.log_level);
     if (d.num_threads < 0 || d.num_threads > 1024)
-        ATTN__CREATE_FAIL(ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+        return attn__create_fail(&logger, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC,
                           "attn_context_create: desc.num_threads is %d (allowed: 0 = default, "
                           "or 1..1024)", d.num_threads);
     ctx = (attn_context *)attn__calloc(1, sizeof *ctx);
     if (!ctx)
-        ATTN__CREATE_FAIL(ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
+        return attn__create_fail(&logger, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
                           "attn_context_create: cannot allocate the context");
     ctx->log = d.log;
     ctx->log_user_data = d.log_user_data;
@@ -1620,14 +1655,14 @@ ATTN_API attn_status attn_context_create(const attn_context_desc *desc, attn_con
     ctx->scratch_size = (size_t *)attn__calloc((size_t)threads, sizeof(size_t));
     if (!ctx->scratch || !ctx->scratch_size) {
         attn_context_destroy(ctx);
-        ATTN__CREATE_FAIL(ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
+        return attn__create_fail(&logger, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
                           "attn_context_create: cannot allocate thread scratch tables");
     }
     if (threads > 1) {
         ctx->pool = attn__pool_create(threads);
         if (!ctx->pool) {
             attn_context_destroy(ctx);
-            ATTN__CREATE_FAIL(ATTN_ERROR_PLATFORM, ATTN_LOG_PLATFORM_ERROR,
+            return attn__create_fail(&logger, ATTN_ERROR_PLATFORM, ATTN_LOG_PLATFORM_ERROR,
                               "attn_context_create: cannot start %d worker threads", threads - 1);
         }
         attn__log(ctx, ATTN_LOG_LEVEL_DEBUG, ATTN_LOG_THREADS_STARTED, "%d worker threads",
@@ -1640,16 +1675,16 @@ ATTN_API attn_status attn_context_create(const attn_context_desc *desc, attn_con
     ctx->cuda = (struct attn__cuda_driver *)attn__calloc(1, sizeof *ctx->cuda);
     if (!ctx->cuda) {
         attn_context_destroy(ctx);
-        return attn__fail(NULL, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
-                          "attn_context_create: cannot allocate the driver table");
+        return attn__create_fail(&logger, ATTN_ERROR_OUT_OF_MEMORY,
+                          ATTN_LOG_OUT_OF_MEMORY, "attn_context_create: cannot allocate the driver table");
     }
     attn__probe_cuda(&ctx->loader, ctx->cuda, &ctx->platform);
     ctx->nvrtc = (struct attn__nvrtc *)attn__calloc(1, sizeof *ctx->nvrtc);
     ctx->kernels = attn__kernel_cache_create(d.kernel_cache_dir);
     if (!ctx->nvrtc || !ctx->kernels) {
         attn_context_destroy(ctx);
-        return attn__fail(NULL, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
-                          "attn_context_create: cannot allocate the compiler tables");
+        return attn__create_fail(&logger, ATTN_ERROR_OUT_OF_MEMORY,
+                          ATTN_LOG_OUT_OF_MEMORY, "attn_context_create: cannot allocate the compiler tables");
     }
     attn__probe_nvrtc(&ctx->loader, ctx->nvrtc, &ctx->platform);
     if (ctx->platform.kind != ATTN_PLATFORM_CUDA)
@@ -1661,7 +1696,6 @@ ATTN_API attn_status attn_context_create(const attn_context_desc *desc, attn_con
               ctx->platform.cpu_cores, threads, ctx->platform.cpu_simd);
     *out = ctx;
     return ATTN_OK;
-#undef ATTN__CREATE_FAIL
 }
 
 ATTN_API void attn_context_destroy(attn_context *ctx) {
@@ -2189,69 +2223,73 @@ static attn_status attn__desc_resolve(attn_context *ctx, const char *fn,
     attn_layer_desc d = *in;
     char types[64];
     int i;
-    if (d.num_heads <= 0) return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.num_heads is %d (allowed: >= 1)", fn, d.num_heads);
+    if (d.num_heads <= 0)
+        return attn__bad_desc(ctx, "%s: desc.num_heads is %d (allowed: >= 1)", fn, d.num_heads);
     if (d.num_kv_heads < 0)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.num_kv_heads is %d (allowed: 0 = num_heads, or a divisor of "
-                  "num_heads)", fn, d.num_kv_heads);
+        return attn__bad_desc(ctx, "%s: desc.num_kv_heads is %d (allowed: 0 = num_heads, or a "
+                                   "divisor of num_heads)", fn, d.num_kv_heads);
     if (!d.num_kv_heads) d.num_kv_heads = d.use_mla == 1 ? 1 : d.num_heads;
     if (d.num_heads % d.num_kv_heads)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.num_kv_heads is %d (allowed: a divisor of num_heads %d)", fn,
-                  d.num_kv_heads, d.num_heads);
-    if (d.head_size <= 0) return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.head_size is %d (allowed: >= 1)", fn, d.head_size);
+        return attn__bad_desc(ctx, "%s: desc.num_kv_heads is %d (allowed: a divisor of num_heads "
+                                   "%d)", fn, d.num_kv_heads, d.num_heads);
+    if (d.head_size <= 0)
+        return attn__bad_desc(ctx, "%s: desc.head_size is %d (allowed: >= 1)", fn, d.head_size);
     attn__dtype_names(types, sizeof types, 0);
     if (!attn__dtype_valid(d.dtype))
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.dtype is %d (allowed: ATTN_DTYPE_AUTO, or an element type: %s)",
-                          fn, (int)d.dtype, types);
+        return attn__bad_desc(ctx, "%s: desc.dtype is %d (allowed: ATTN_DTYPE_AUTO, or an element "
+                                   "type: %s)", fn, (int)d.dtype, types);
     if (!attn__dtype_valid(d.kv_cache_dtype))
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.kv_cache_dtype is %d (allowed: ATTN_DTYPE_AUTO, or an element type: %s)",
-                          fn, (int)d.kv_cache_dtype, types);
+        return attn__bad_desc(ctx, "%s: desc.kv_cache_dtype is %d (allowed: ATTN_DTYPE_AUTO, or an "
+                                   "element type: %s)", fn, (int)d.kv_cache_dtype, types);
     if (!d.dtype) d.dtype = ATTN_DTYPE_F16;
     if (!d.kv_cache_dtype) d.kv_cache_dtype = d.dtype;
     if (d.block_size < 0 || d.block_size % 16 || d.block_size > 65536)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.block_size is %d (allowed: 0 = 16, or a multiple of 16 up to 65536)",
-                  fn, d.block_size);
+        return attn__bad_desc(ctx, "%s: desc.block_size is %d (allowed: 0 = 16, or a multiple of "
+                                   "16 up to 65536)", fn, d.block_size);
     if (!d.block_size) d.block_size = 16;
     if (d.use_mla < 0 || d.use_mla > 1)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.use_mla is %d (allowed: 0 or 1)", fn, d.use_mla);
+        return attn__bad_desc(ctx, "%s: desc.use_mla is %d (allowed: 0 or 1)", fn, d.use_mla);
     if (d.use_mla) {
         if (d.num_kv_heads != 1)
-            return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.num_kv_heads is %d for an MLA layer (allowed: 0 or 1, the one "
-                      "latent head)", fn, in->num_kv_heads);
+            return attn__bad_desc(ctx, "%s: desc.num_kv_heads is %d for an MLA layer (allowed: 0 "
+                                       "or 1, the one latent head)", fn, in->num_kv_heads);
         if (d.qk_rope_head_dim < 0 || d.kv_lora_rank < 0 || d.qk_nope_head_dim < 0 || d.v_head_dim < 0)
-            return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT, "%s: an MLA dimension is negative (kv_lora_rank %d, qk_rope_head_dim %d, "
-                      "qk_nope_head_dim %d, v_head_dim %d; allowed: 0 = default, or > 0)", fn,
-                      d.kv_lora_rank, d.qk_rope_head_dim, d.qk_nope_head_dim, d.v_head_dim);
+            return attn__bad_desc(ctx, "%s: an MLA dimension is negative (kv_lora_rank %d, "
+                                       "qk_rope_head_dim %d, qk_nope_head_dim %d, v_head_dim %d; "
+                                       "allowed: 0 = default, or > 0)", fn, d.kv_lora_rank,
+                                       d.qk_rope_head_dim, d.qk_nope_head_dim, d.v_head_dim);
         if (!d.qk_rope_head_dim) d.qk_rope_head_dim = 64;
         if (!d.kv_lora_rank) d.kv_lora_rank = d.head_size - d.qk_rope_head_dim;
         if (!d.qk_nope_head_dim) d.qk_nope_head_dim = 128;
         if (!d.v_head_dim) d.v_head_dim = 128;
         if (d.kv_lora_rank <= 0 || d.kv_lora_rank + d.qk_rope_head_dim != d.head_size)
-            return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.head_size %d is not kv_lora_rank %d + qk_rope_head_dim %d "
-                      "(allowed: head_size = kv_lora_rank + qk_rope_head_dim, e.g. 576 = 512 + 64)",
-                      fn, d.head_size, d.kv_lora_rank, d.qk_rope_head_dim);
+            return attn__bad_desc(ctx, "%s: desc.head_size %d is not kv_lora_rank %d + "
+                                       "qk_rope_head_dim %d (allowed: head_size = kv_lora_rank + "
+                                       "qk_rope_head_dim, e.g. 576 = 512 + 64)", fn, d.head_size,
+                                       d.kv_lora_rank, d.qk_rope_head_dim);
     }
     if (!(d.scale >= 0.0f) || d.scale > FLT_MAX)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.scale is %g (allowed: 0 = 1/sqrt(head_size), or a finite value "
-                  "> 0)", fn, (double)d.scale);
+        return attn__bad_desc(ctx, "%s: desc.scale is %g (allowed: 0 = 1/sqrt(head_size), or a "
+                                   "finite value > 0)", fn, (double)d.scale);
     if (d.scale == 0.0f) {
         int qk = d.use_mla ? d.qk_nope_head_dim + d.qk_rope_head_dim : d.head_size;
         d.scale = 1.0f / sqrtf((float)(qk > 0 ? qk : d.head_size));
     }
     if ((int)d.causal < 0 || (int)d.causal > (int)ATTN_CAUSAL_NO)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.causal is %d (allowed: ATTN_CAUSAL_DEFAULT, _YES, _NO)", fn,
-                  (int)d.causal);
+        return attn__bad_desc(ctx, "%s: desc.causal is %d (allowed: ATTN_CAUSAL_DEFAULT, _YES, _NO)",
+                                   fn, (int)d.causal);
     if (!d.causal) d.causal = ATTN_CAUSAL_YES;
     if (d.sliding_window < 0)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.sliding_window is %d (allowed: 0 = none, or >= 1)", fn,
-                  d.sliding_window);
+        return attn__bad_desc(ctx, "%s: desc.sliding_window is %d (allowed: 0 = none, or >= 1)",
+                                   fn, d.sliding_window);
     if (!(d.logits_soft_cap >= 0.0f) || d.logits_soft_cap > FLT_MAX)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.logits_soft_cap is %g (allowed: 0 = none, or a finite value > 0)",
-                  fn, (double)d.logits_soft_cap);
+        return attn__bad_desc(ctx, "%s: desc.logits_soft_cap is %g (allowed: 0 = none, or a finite "
+                                   "value > 0)", fn, (double)d.logits_soft_cap);
     if (d.alibi_slopes)
         for (i = 0; i < d.num_heads; i++)
             if (!(d.alibi_slopes[i] - d.alibi_slopes[i] == 0.0f))
-                return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.alibi_slopes[%d] is %g (allowed: finite values)", fn, i,
-                          (double)d.alibi_slopes[i]);
+                return attn__bad_desc(ctx, "%s: desc.alibi_slopes[%d] is %g (allowed: finite "
+                                           "values)", fn, i, (double)d.alibi_slopes[i]);
     *out = d;
     return ATTN_OK;
 }
@@ -3053,19 +3091,21 @@ static attn_status attn__batch_validate(attn_context *ctx, const attn_metadata *
     int i, max_q = 0, max_s = 0;
     int64_t num_slots = m->cap.num_blocks * (int64_t)m->built_for.block_size;
     if (b->num_reqs < 0)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.num_reqs is %d (allowed: >= 0)", fn, b->num_reqs);
+        return attn__bad_batch(ctx, "%s: batch.num_reqs is %d (allowed: >= 0)", fn, b->num_reqs);
     if (b->num_reqs > m->cap.max_num_reqs)
         return attn__fail(ctx, ATTN_ERROR_CAPACITY, ATTN_LOG_CAPACITY_EXCEEDED,
                           "%s: batch.num_reqs is %d (allowed: <= max_num_reqs %d of this metadata)",
                           fn, b->num_reqs, m->cap.max_num_reqs);
     if (b->num_actual_tokens < 0)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.num_actual_tokens is %d (allowed: >= 0)", fn, b->num_actual_tokens);
+        return attn__bad_batch(ctx, "%s: batch.num_actual_tokens is %d (allowed: >= 0)", fn,
+                                    b->num_actual_tokens);
     if (b->num_actual_tokens > m->cap.max_num_tokens)
         return attn__fail(ctx, ATTN_ERROR_CAPACITY, ATTN_LOG_CAPACITY_EXCEEDED,
                           "%s: batch.num_actual_tokens is %d (allowed: <= max_num_tokens %d of "
                           "this metadata)", fn, b->num_actual_tokens, m->cap.max_num_tokens);
     if ((int)b->causal < 0 || (int)b->causal > (int)ATTN_CAUSAL_NO)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.causal is %d (allowed: ATTN_CAUSAL_DEFAULT, _YES, _NO)", fn, (int)b->causal);
+        return attn__bad_batch(ctx, "%s: batch.causal is %d (allowed: ATTN_CAUSAL_DEFAULT, _YES, "
+                                    "_NO)", fn, (int)b->causal);
     if (!b->query_start_loc)
         return attn__fail(ctx, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_METADATA,
                           "%s: batch.query_start_loc is NULL (a [num_reqs+1] array is required)", fn);
@@ -3074,60 +3114,65 @@ static attn_status attn__batch_validate(attn_context *ctx, const attn_metadata *
                           "%s: batch.%s is NULL (required when num_reqs > 0)", fn,
                           b->seq_lens ? "block_table" : "seq_lens");
     if (b->num_reqs > 0 && (b->block_table_stride < 1 || b->block_table_stride > m->cap.max_blocks_per_req))
-        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.block_table_stride is %d (allowed: 1..%d, max_blocks_per_req of "
-                   "this metadata)", fn, b->block_table_stride, m->cap.max_blocks_per_req);
+        return attn__bad_batch(ctx, "%s: batch.block_table_stride is %d (allowed: 1..%d, "
+                                    "max_blocks_per_req of this metadata)", fn,
+                                    b->block_table_stride, m->cap.max_blocks_per_req);
     if (b->query_start_loc[0] != 0)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.query_start_loc[0] is %d (allowed: 0)", fn, b->query_start_loc[0]);
+        return attn__bad_batch(ctx, "%s: batch.query_start_loc[0] is %d (allowed: 0)", fn,
+                                    b->query_start_loc[0]);
     for (i = 0; i < b->num_reqs; i++) {
         int q0 = b->query_start_loc[i], q1 = b->query_start_loc[i + 1];
         int ql, sl = b->seq_lens[i], nb, k;
         if (q1 < q0)
-            return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.query_start_loc is not non-decreasing at index %d (%d then %d)",
-                       fn, i, q0, q1);
+            return attn__bad_batch(ctx, "%s: batch.query_start_loc is not non-decreasing at index "
+                                        "%d (%d then %d)", fn, i, q0, q1);
         ql = q1 - q0;
         if (q1 > b->num_actual_tokens)
-            return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.query_start_loc[%d] is %d (allowed: <= num_actual_tokens %d)",
-                       fn, i + 1, q1, b->num_actual_tokens);
+            return attn__bad_batch(ctx, "%s: batch.query_start_loc[%d] is %d (allowed: <= "
+                                        "num_actual_tokens %d)", fn, i + 1, q1,
+                                        b->num_actual_tokens);
         if (sl < 0)
-            return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.seq_lens[%d] is %d (allowed: >= 0)", fn, i, sl);
+            return attn__bad_batch(ctx, "%s: batch.seq_lens[%d] is %d (allowed: >= 0)", fn, i, sl);
         if (ql > sl)
-            return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: request %d has query_len %d > seq_lens[%d] %d (allowed: query_len <= "
-                       "seq_len)", fn, i, ql, i, sl);
+            return attn__bad_batch(ctx, "%s: request %d has query_len %d > seq_lens[%d] %d "
+                                        "(allowed: query_len <= seq_len)", fn, i, ql, i, sl);
         nb = (int)(((int64_t)sl + m->built_for.block_size - 1) / m->built_for.block_size);
         if (nb > b->block_table_stride)
-            return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.seq_lens[%d] is %d, needing %d blocks of %d, but the block "
-                       "table row holds %d (block_table_stride)", fn, i, sl, nb, m->built_for.block_size,
-                       b->block_table_stride);
+            return attn__bad_batch(ctx, "%s: batch.seq_lens[%d] is %d, needing %d blocks of %d, "
+                                        "but the block table row holds %d (block_table_stride)",
+                                        fn, i, sl, nb, m->built_for.block_size,
+                                        b->block_table_stride);
         for (k = 0; k < nb; k++) {
             int32_t id = b->block_table[(size_t)i * (size_t)b->block_table_stride + (size_t)k];
             if (id < 0 || id >= m->cap.num_blocks)
-                return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.block_table[%d][%d] is %d (allowed: 0..%lld, num_blocks - 1)",
-                           fn, i, k, id, (long long)m->cap.num_blocks - 1);
+                return attn__bad_batch(ctx, "%s: batch.block_table[%d][%d] is %d (allowed: "
+                                            "0..%lld, num_blocks - 1)", fn, i, k, id,
+                                            (long long)m->cap.num_blocks - 1);
         }
         if (ql > max_q) max_q = ql;
         if (sl > max_s) max_s = sl;
     }
     if (b->query_start_loc[b->num_reqs] != b->num_actual_tokens)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.query_start_loc[num_reqs=%d] is %d but num_actual_tokens is %d "
-                   "(they must agree)", fn, b->num_reqs, b->query_start_loc[b->num_reqs],
-                   b->num_actual_tokens);
+        return attn__bad_batch(ctx, "%s: batch.query_start_loc[num_reqs=%d] is %d but "
+                                    "num_actual_tokens is %d (they must agree)", fn, b->num_reqs,
+                                    b->query_start_loc[b->num_reqs], b->num_actual_tokens);
     if (b->max_query_len != max_q)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.max_query_len is %d but the longest query is %d (they must agree)",
-                   fn, b->max_query_len, max_q);
+        return attn__bad_batch(ctx, "%s: batch.max_query_len is %d but the longest query is %d "
+                                    "(they must agree)", fn, b->max_query_len, max_q);
     if (b->max_seq_len != max_s)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.max_seq_len is %d but the longest sequence is %d (they must agree)",
-                   fn, b->max_seq_len, max_s);
+        return attn__bad_batch(ctx, "%s: batch.max_seq_len is %d but the longest sequence is %d "
+                                    "(they must agree)", fn, b->max_seq_len, max_s);
     if (b->slot_mapping)
         for (i = 0; i < b->num_actual_tokens; i++) {
             int64_t s = b->slot_mapping[i];
             if (s < -1 || s >= num_slots)
-                return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.slot_mapping[%d] is %lld (allowed: -1 = padding, or "
-                           "0..%lld = num_blocks * block_size - 1)", fn, i, (long long)s,
-                           (long long)num_slots - 1);
+                return attn__bad_batch(ctx, "%s: batch.slot_mapping[%d] is %lld (allowed: -1 = "
+                                            "padding, or 0..%lld = num_blocks * block_size - 1)",
+                                            fn, i, (long long)s, (long long)num_slots - 1);
         }
     if (common_prefix_len < 0 || common_prefix_len > max_s)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: common_prefix_len is %d (allowed: 0..%d, max_seq_len)", fn,
-                   common_prefix_len, max_s);
+        return attn__bad_batch(ctx, "%s: common_prefix_len is %d (allowed: 0..%d, max_seq_len)",
+                                    fn, common_prefix_len, max_s);
     {
         attn_causal c = b->causal ? b->causal : m->built_for.causal;
         if (c == ATTN_CAUSAL_NO && !m->backend->supports_non_causal)
@@ -3141,9 +3186,9 @@ static attn_status attn__batch_validate(attn_context *ctx, const attn_metadata *
             int ql = b->query_start_loc[i + 1] - b->query_start_loc[i];
             if (ql > thr && first_prefill < 0) first_prefill = i;
             if (ql <= thr && first_prefill >= 0)
-                return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: request %d (query_len %d) is a decode after the prefill request "
-                           "%d (allowed: decodes first; reorder with attn_reorder_batch)", fn, i,
-                           ql, first_prefill);
+                return attn__bad_batch(ctx, "%s: request %d (query_len %d) is a decode after the "
+                                            "prefill request %d (allowed: decodes first; reorder "
+                                            "with attn_reorder_batch)", fn, i, ql, first_prefill);
         }
     }
     return ATTN_OK;
