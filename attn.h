@@ -447,6 +447,10 @@ typedef struct attn_layer_desc {
     int qk_rope_head_dim;      /* 64 */
     int qk_nope_head_dim;      /* 128 */
     int v_head_dim;            /* 128 */
+    /* Where the layer's tensors (q/k/v/out/lse, the cache, the MLA weights) live: the
+       caller's choice, and the selector considers only backends for that device. CPU (0)
+       by default, so existing programs keep running on the CPU on a GPU machine. */
+    attn_device_kind device;
 } attn_layer_desc;
 
 /* ---------------------------------------------------------------------------------------
@@ -628,6 +632,7 @@ typedef struct attn_selection {
     int head_size;
     int num_heads, num_kv_heads;
     int use_mla;
+    attn_device_kind device;          /* where the layer's tensors live */
     int device_capability;            /* major*10+minor, 0 on CPU */
     attn_platform_kind platform;
     /* what the resolved backend declares */
@@ -1982,6 +1987,14 @@ static void attn__store_elem(void *p, attn_dtype dt, int64_t i, float x) {
     ATTN_ASSERT(0);
 }
 
+static const char *attn__device_name(attn_device_kind d) {
+    switch (d) {
+    case ATTN_DEVICE_CPU: return "cpu";
+    case ATTN_DEVICE_CUDA: return "cuda";
+    }
+    return "?";
+}
+
 /* Expected extents for attn__check_tensor: n means exactly n, ATTN__AT_LEAST(n) at least n. */
 #define ATTN__AT_LEAST(n) (-(int64_t)(n) - 1)
 
@@ -2000,8 +2013,7 @@ static attn_status attn__check_tensor(attn_context *ctx, const char *fn, const c
     if (t->device.kind != device)
         return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_DEVICE,
                           "%s: %s.device is %s (allowed: %s)", fn, name,
-                          t->device.kind == ATTN_DEVICE_CUDA ? "cuda" : "cpu",
-                          device == ATTN_DEVICE_CUDA ? "cuda" : "cpu");
+                          attn__device_name(t->device.kind), attn__device_name(device));
     if (t->ndim != ndim)
         return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE,
                           "%s: %s.ndim is %d (allowed: %d)", fn, name, t->ndim, ndim);
@@ -2249,6 +2261,9 @@ static attn_status attn__desc_resolve(attn_context *ctx, const char *fn,
     if (!d.block_size) d.block_size = 16;
     if (d.use_mla < 0 || d.use_mla > 1)
         return attn__bad_desc(ctx, "%s: desc.use_mla is %d (allowed: 0 or 1)", fn, d.use_mla);
+    if ((int)d.device != ATTN_DEVICE_CPU && (int)d.device != ATTN_DEVICE_CUDA)
+        return attn__bad_desc(ctx, "%s: desc.device is %d (allowed: ATTN_DEVICE_CPU, "
+                                   "ATTN_DEVICE_CUDA)", fn, (int)d.device);
     if (d.use_mla) {
         if (d.num_kv_heads != 1)
             return attn__bad_desc(ctx, "%s: desc.num_kv_heads is %d for an MLA layer (allowed: 0 "
@@ -2314,6 +2329,12 @@ static int attn__backend_check(const attn_backend *b, const attn_layer_desc *d,
                                const attn_platform *p, char *reason, size_t size) {
     char allowed[64];
     char custom[128];
+    if (b->device != d->device) {
+        attn__fmt(reason, size, "%s: runs on %s tensors; the layer's tensors are on %s "
+                  "(attn_layer_desc.device)", b->name, attn__device_name(b->device),
+                  attn__device_name(d->device));
+        return 1;
+    }
     if (b->device == ATTN_DEVICE_CUDA && p->kind != ATTN_PLATFORM_CUDA) {
         attn__fmt(reason, size, "%s: %s", b->name, p->cuda_reason[0] ? p->cuda_reason : "no CUDA device");
         return 1;
@@ -2408,7 +2429,7 @@ static int attn__desc_equal(const attn_layer_desc *a, const attn_layer_desc *b) 
            a->kv_cache_dtype == b->kv_cache_dtype && a->block_size == b->block_size &&
            a->scale == b->scale && a->causal == b->causal &&
            a->sliding_window == b->sliding_window && a->logits_soft_cap == b->logits_soft_cap &&
-           a->use_mla == b->use_mla && a->kv_lora_rank == b->kv_lora_rank &&
+           a->use_mla == b->use_mla && a->device == b->device && a->kv_lora_rank == b->kv_lora_rank &&
            a->qk_rope_head_dim == b->qk_rope_head_dim &&
            a->qk_nope_head_dim == b->qk_nope_head_dim && a->v_head_dim == b->v_head_dim;
 }
@@ -2468,6 +2489,7 @@ static attn_status attn__resolve(attn_context *ctx, const attn_layer_desc *d,
     s->num_heads = d->num_heads;
     s->num_kv_heads = d->num_kv_heads;
     s->use_mla = d->use_mla;
+    s->device = d->device;
     s->platform = ctx->platform.kind;
     s->device_capability = ctx->platform.kind == ATTN_PLATFORM_CUDA
                                ? ctx->platform.cuda_capability_major * 10 + ctx->platform.cuda_capability_minor
@@ -2475,7 +2497,7 @@ static attn_status attn__resolve(attn_context *ctx, const attn_layer_desc *d,
     attn__strlcpy(s->degradation, "none", sizeof s->degradation);
     for (i = 0; i < count; i++) { /* the first registered backend of the layer's kind */
         const attn_backend *b = attn_backend_get(list[i]);
-        if (b && b->is_mla == d->use_mla) { s->default_backend = list[i]; break; }
+        if (b && b->is_mla == d->use_mla && b->device == d->device) { s->default_backend = list[i]; break; }
     }
 
     if (req->backend != ATTN_BACKEND_AUTO) {
@@ -2547,13 +2569,14 @@ static attn_status attn__resolve(attn_context *ctx, const attn_layer_desc *d,
     attn__fmt(s->log_line, sizeof s->log_line,
              "attention backend %s (source: %s%s; degraded: %s) for %s layer heads=%d/%d "
              "head_size=%d dtype=%s kv_cache_dtype=%s block_size=%d sliding_window=%d "
-             "platform=%s",
+             "device=%s platform=%s",
              attn_backend_name(s->resolved),
              s->source == ATTN_SELECTION_CODE ? "code" : s->source == ATTN_SELECTION_ENV ? "env" : "auto",
              (s->source == ATTN_SELECTION_AUTO && s->resolved == s->default_backend) ? ", default" : "",
              s->degradation, d->use_mla ? "MLA" : "standard", d->num_heads, d->num_kv_heads,
              d->head_size, attn_dtype_name(d->dtype), attn_dtype_name(d->kv_cache_dtype),
-             d->block_size, d->sliding_window, ctx->platform.kind == ATTN_PLATFORM_CUDA ? "CUDA" : "CPU");
+             d->block_size, d->sliding_window, attn__device_name(d->device),
+             ctx->platform.kind == ATTN_PLATFORM_CUDA ? "CUDA" : "CPU");
     attn__log(ctx, ATTN_LOG_LEVEL_INFO, ATTN_LOG_SELECT_RESOLVED, "%s", s->log_line);
     return ATTN_OK;
 }
@@ -2678,6 +2701,7 @@ ATTN_API size_t attn_selection_format(const attn_selection *s, char *buf, size_t
                  "  block_size: %d  # effective\n"
                  "  sliding_window: %d\n"
                  "  head_size: %d\n"
+                 "  device: %s\n"
                  "  device_capability: %s\n"
                  "backend:\n"
                  "  device: %s\n"
@@ -2695,8 +2719,8 @@ ATTN_API size_t attn_selection_format(const attn_selection *s, char *buf, size_t
                  s->degradation, s->num_skipped ? "" : " none", skipped,
                  s->use_mla ? "MLA" : "standard", s->num_heads, s->num_kv_heads,
                  attn_dtype_name(s->dtype), attn_dtype_name(s->kv_cache_dtype), s->block_size,
-                 s->sliding_window, s->head_size, cap,
-                 !s->resolved ? "(none)" : s->backend_device == ATTN_DEVICE_CUDA ? "cuda" : "cpu",
+                 s->sliding_window, s->head_size, attn__device_name(s->device), cap,
+                 !s->resolved ? "(none)" : attn__device_name(s->backend_device),
                  !s->resolved ? "(none)" : attn__graph_name(s->cuda_graph),
                  !s->resolved ? "(none)" : !s->can_return_lse ? "not returned"
                  : s->lse_base == ATTN_LSE_BASE_2 ? "base 2 (returned as base e)" : "base e",
@@ -5418,7 +5442,7 @@ ATTN_API attn_status attn_merge_attn_states(attn_context *ctx, const attn_tensor
         return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_CALL_UNSUPPORTED,
                           "%s: out_a.device is %s and no registered backend merges there "
                           "(allowed: a device a backend of this platform serves)", fn,
-                          dev == ATTN_DEVICE_CUDA ? "cuda" : "cpu");
+                          attn__device_name(dev));
     shape[0] = out_a->shape[0]; shape[1] = out_a->shape[1]; shape[2] = out_a->shape[2];
     st = attn__check_tensor(ctx, fn, "out_a", out_a, out_a->dtype, 3, shape, dev);
     if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out_b", out_b, out_a->dtype, 3, shape, dev);
