@@ -998,9 +998,24 @@ static const char *attn__trim_env(const char *name) {
 
 typedef int attn__CUresult;
 typedef int attn__CUdevice;
+typedef unsigned long long attn__CUdeviceptr;
+typedef struct attn__CUctx_st *attn__CUcontext;
+typedef struct attn__CUmod_st *attn__CUmodule;
+typedef struct attn__CUfunc_st *attn__CUfunction;
+typedef struct attn__CUstream_st *attn__CUstream;
+typedef struct attn__CUevent_st *attn__CUevent;
 #define ATTN__CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT 16
 #define ATTN__CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR 75
 #define ATTN__CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR 76
+#define ATTN__CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN 97
+#define ATTN__CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES 8
+#define ATTN__CU_POINTER_ATTRIBUTE_MEMORY_TYPE 2
+#define ATTN__CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL 9
+#define ATTN__CU_MEMORYTYPE_HOST 1
+#define ATTN__CU_MEMORYTYPE_DEVICE 2
+#define ATTN__CU_MEMORYTYPE_UNIFIED 4
+#define ATTN__CU_EVENT_DISABLE_TIMING 2
+#define ATTN__CUDA_ERROR_NOT_READY 600
 
 /* The driver's library name; tests and unusual installs can point it elsewhere. The
    loader tries it, then "libcuda.so" (a development symlink some installs have only). */
@@ -1018,7 +1033,43 @@ typedef int attn__CUdevice;
     X(cuDeviceGetAttribute, "cuDeviceGetAttribute",                                      \
       (int *value, int attribute, attn__CUdevice device))                                \
     X(cuDeviceGetName, "cuDeviceGetName", (char *name, int length, attn__CUdevice device)) \
-    X(cuDeviceTotalMem, "cuDeviceTotalMem_v2", (size_t *bytes, attn__CUdevice device))
+    X(cuDeviceTotalMem, "cuDeviceTotalMem_v2", (size_t *bytes, attn__CUdevice device)) \
+    X(cuGetErrorString, "cuGetErrorString", (attn__CUresult error, const char **text))   \
+    X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain",                              \
+      (attn__CUcontext * ctx, attn__CUdevice device))                                    \
+    X(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2", (attn__CUdevice device)) \
+    X(cuCtxPushCurrent, "cuCtxPushCurrent_v2", (attn__CUcontext ctx))                    \
+    X(cuCtxPopCurrent, "cuCtxPopCurrent_v2", (attn__CUcontext * ctx))                    \
+    X(cuCtxSynchronize, "cuCtxSynchronize", (void))                                      \
+    X(cuModuleLoadData, "cuModuleLoadData", (attn__CUmodule * module, const void *image)) \
+    X(cuModuleUnload, "cuModuleUnload", (attn__CUmodule module))                         \
+    X(cuModuleGetFunction, "cuModuleGetFunction",                                        \
+      (attn__CUfunction * function, attn__CUmodule module, const char *name))            \
+    X(cuModuleGetGlobal, "cuModuleGetGlobal_v2",                                         \
+      (attn__CUdeviceptr * ptr, size_t *bytes, attn__CUmodule module, const char *name)) \
+    X(cuFuncSetAttribute, "cuFuncSetAttribute",                                          \
+      (attn__CUfunction function, int attribute, int value))                             \
+    X(cuLaunchKernel, "cuLaunchKernel",                                                  \
+      (attn__CUfunction f, unsigned grid_x, unsigned grid_y, unsigned grid_z,            \
+       unsigned block_x, unsigned block_y, unsigned block_z, unsigned shared_bytes,      \
+       attn__CUstream stream, void **params, void **extra))                              \
+    X(cuMemAlloc, "cuMemAlloc_v2", (attn__CUdeviceptr * ptr, size_t bytes))              \
+    X(cuMemFree, "cuMemFree_v2", (attn__CUdeviceptr ptr))                                \
+    X(cuMemAllocHost, "cuMemAllocHost_v2", (void **ptr, size_t bytes))                   \
+    X(cuMemFreeHost, "cuMemFreeHost", (void *ptr))                                       \
+    X(cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2",                                         \
+      (attn__CUdeviceptr dst, const void *src, size_t bytes, attn__CUstream stream))     \
+    X(cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2",                                         \
+      (void *dst, attn__CUdeviceptr src, size_t bytes, attn__CUstream stream))           \
+    X(cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2",                                         \
+      (attn__CUdeviceptr dst, attn__CUdeviceptr src, size_t bytes, attn__CUstream stream)) \
+    X(cuStreamSynchronize, "cuStreamSynchronize", (attn__CUstream stream))               \
+    X(cuEventCreate, "cuEventCreate", (attn__CUevent * event, unsigned flags))           \
+    X(cuEventRecord, "cuEventRecord", (attn__CUevent event, attn__CUstream stream))      \
+    X(cuEventSynchronize, "cuEventSynchronize", (attn__CUevent event))                   \
+    X(cuEventDestroy, "cuEventDestroy_v2", (attn__CUevent event))                        \
+    X(cuPointerGetAttribute, "cuPointerGetAttribute",                                    \
+      (void *data, int attribute, attn__CUdeviceptr ptr))
 
 /* The loaded driver, kept on the context for the backends that use it. */
 typedef struct attn__cuda_driver {
@@ -5156,308 +5207,6 @@ static const attn_backend attn__cpu_mla_backend = {
 };
 
 /* =======================================================================================
-   >>builtin
-   The built-in registry entries: one line per backend section above.
-   ======================================================================================= */
-
-static const attn_backend *attn__builtin_backend(attn_backend_id id) {
-    switch (id) {
-    case ATTN_BACKEND_CPU: return &attn__cpu_backend;
-    case ATTN_BACKEND_CPU_MLA: return &attn__cpu_mla_backend;
-    default: return NULL;
-    }
-}
-
-/* =======================================================================================
-   >>forward
-   The public forward calls: validate everything a backend relies on (tensors, device,
-   metadata fit, token counts), then dispatch through the vtable.
-   ======================================================================================= */
-
-ATTN_API attn_status attn_layer_forward(attn_layer *layer, const attn_metadata *meta,
-                                        const attn_tensor *q, const attn_tensor *k,
-                                        const attn_tensor *v, attn_tensor *kv_cache,
-                                        attn_tensor *out, attn_tensor *lse, void *stream) {
-    attn_context *ctx = layer ? layer->ctx : NULL;
-    const char *fn = "attn_layer_forward";
-    const attn_layer_desc *d;
-    attn_device_kind dev;
-    int64_t shape[3];
-    attn_status st;
-    int ntok;
-    if (!layer) return attn__null_arg(ctx, __func__, "layer");
-    if (!meta) return attn__null_arg(ctx, __func__, "meta");
-    if (!q) return attn__null_arg(ctx, __func__, "q");
-    if (!kv_cache) return attn__null_arg(ctx, __func__, "kv_cache");
-    if (!out) return attn__null_arg(ctx, __func__, "out");
-    d = &layer->desc;
-    dev = layer->backend->device;
-    if (d->use_mla)
-        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_CALL_UNSUPPORTED,
-                          "%s: the layer is MLA (allowed: standard layers; MLA layers use the "
-                          "MLA forward calls)", fn);
-    st = attn__check_meta(layer, meta, fn);
-    if (st != ATTN_OK) return st;
-    if ((k == NULL) != (v == NULL))
-        return attn__fail(ctx, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL,
-                          "%s: argument '%s' is NULL but '%s' is not (allowed: both or neither)",
-                          fn, k ? "v" : "k", k ? "k" : "v");
-    ntok = meta->batch.num_actual_tokens;
-    shape[0] = ATTN__AT_LEAST(ntok); shape[1] = d->num_heads; shape[2] = d->head_size;
-    st = attn__check_tensor(ctx, fn, "q", q, d->dtype, 3, shape, dev);
-    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out", out, d->dtype, 3, shape, dev);
-    if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out", out);
-    if (st != ATTN_OK) return st;
-    st = attn__check_kv_cache(layer, fn, kv_cache, 0);
-    if (st != ATTN_OK) return st;
-    if (kv_cache->shape[0] < meta->cap.num_blocks)
-        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE,
-                          "%s: kv_cache.shape[0] is %lld (allowed: >= num_blocks %lld of the "
-                          "metadata)", fn, (long long)kv_cache->shape[0], (long long)meta->cap.num_blocks);
-    if (k) {
-        if (!meta->batch.slot_mapping)
-            return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA,
-                              "%s: k/v given but the batch has no slot_mapping (allowed: a "
-                              "slot_mapping, or k = v = NULL)", fn);
-        st = attn__check_kv_write(layer, fn, k, v, kv_cache, meta->batch.slot_mapping, ntok);
-        if (st != ATTN_OK) return st;
-    }
-    if (lse) {
-        if (!layer->backend->can_return_lse)
-            return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_CALL_UNSUPPORTED,
-                              "%s: backend %s cannot return the LSE (allowed: lse = NULL)", fn,
-                              layer->backend->name);
-        shape[1] = d->num_heads;
-        st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, dev);
-        if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "lse", lse);
-        if (st != ATTN_OK) return st;
-    }
-    return layer->backend->forward(layer->backend, layer, meta, q, k, v, kv_cache, out, lse, stream);
-}
-
-static attn_status attn__check_mla_call(attn_layer *layer, const attn_metadata *meta, const char *fn) {
-    attn_context *ctx = layer->ctx;
-    if (!layer->desc.use_mla || !layer->backend->is_mla)
-        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_CALL_UNSUPPORTED,
-                          "%s: the layer is not MLA (allowed: a layer created with use_mla = 1)", fn);
-    return attn__check_meta(layer, meta, fn);
-}
-
-ATTN_API attn_status attn_mla_forward_mqa(attn_layer *layer, const attn_metadata *meta,
-                                          const attn_tensor *q, const attn_tensor *q_pe,
-                                          const attn_tensor *kv_cache, attn_tensor *out_latent,
-                                          attn_tensor *lse, void *stream) {
-    attn_context *ctx = layer ? layer->ctx : NULL;
-    const char *fn = "attn_mla_forward_mqa";
-    const attn_layer_desc *d;
-    attn_device_kind dev;
-    int64_t shape[3];
-    attn_status st;
-    int td;
-    if (!layer) return attn__null_arg(ctx, __func__, "layer");
-    if (!meta) return attn__null_arg(ctx, __func__, "meta");
-    if (!q) return attn__null_arg(ctx, __func__, "q");
-    if (!kv_cache) return attn__null_arg(ctx, __func__, "kv_cache");
-    if (!out_latent) return attn__null_arg(ctx, __func__, "out_latent");
-    st = attn__check_mla_call(layer, meta, fn);
-    if (st != ATTN_OK) return st;
-    d = &layer->desc;
-    dev = layer->backend->device;
-    td = meta->mla.num_decode_tokens;
-    shape[0] = ATTN__AT_LEAST(td); shape[1] = d->num_heads;
-    shape[2] = q_pe ? d->kv_lora_rank : d->head_size;
-    st = attn__check_tensor(ctx, fn, "q", q, d->dtype, 3, shape, dev);
-    if (st == ATTN_OK && q_pe) {
-        shape[2] = d->qk_rope_head_dim;
-        st = attn__check_tensor(ctx, fn, "q_pe", q_pe, d->dtype, 3, shape, dev);
-    }
-    shape[2] = d->kv_lora_rank;
-    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out_latent", out_latent, d->dtype, 3, shape, dev);
-    if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out_latent", out_latent);
-    if (st == ATTN_OK && lse) st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, dev);
-    if (st == ATTN_OK && lse) st = attn__check_output_tensor(ctx, fn, "lse", lse);
-    if (st == ATTN_OK) st = attn__check_kv_cache(layer, fn, kv_cache, 0);
-    if (st != ATTN_OK) return st;
-    if (kv_cache->shape[0] < meta->cap.num_blocks)
-        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE,
-                          "%s: kv_cache.shape[0] is %lld (allowed: >= num_blocks %lld of the metadata)",
-                          fn, (long long)kv_cache->shape[0], (long long)meta->cap.num_blocks);
-    return layer->backend->forward_mqa(layer->backend, layer, meta, q, q_pe, kv_cache, out_latent,
-                                       lse, stream);
-}
-
-/* Shapes shared by forward_mha and the fused call: W_UK, W_UV, cache. */
-static attn_status attn__check_mla_weights(attn_layer *layer, const attn_metadata *meta, const char *fn,
-                                           const attn_tensor *kv_cache, const attn_tensor *w_uk,
-                                           const attn_tensor *w_uv) {
-    const attn_layer_desc *d = &layer->desc;
-    attn_device_kind dev = layer->backend->device;
-    int64_t shape[3];
-    attn_status st;
-    shape[0] = d->num_heads; shape[1] = d->qk_nope_head_dim; shape[2] = d->kv_lora_rank;
-    st = attn__check_tensor(layer->ctx, fn, "w_uk", w_uk, d->dtype, 3, shape, dev);
-    shape[1] = d->kv_lora_rank; shape[2] = d->v_head_dim;
-    if (st == ATTN_OK) st = attn__check_tensor(layer->ctx, fn, "w_uv", w_uv, d->dtype, 3, shape, dev);
-    if (st == ATTN_OK) st = attn__check_kv_cache(layer, fn, kv_cache, 0);
-    if (st == ATTN_OK && kv_cache->shape[0] < meta->cap.num_blocks)
-        st = attn__fail(layer->ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE,
-                        "%s: kv_cache.shape[0] is %lld (allowed: >= num_blocks %lld of the metadata)",
-                        fn, (long long)kv_cache->shape[0], (long long)meta->cap.num_blocks);
-    return st;
-}
-
-ATTN_API attn_status attn_mla_forward_mha(attn_layer *layer, const attn_metadata *meta,
-                                          const attn_tensor *q, const attn_tensor *kv_cache,
-                                          const attn_tensor *w_uk, const attn_tensor *w_uv,
-                                          attn_tensor *out, attn_tensor *lse, void *stream) {
-    attn_context *ctx = layer ? layer->ctx : NULL;
-    const char *fn = "attn_mla_forward_mha";
-    const attn_layer_desc *d;
-    attn_device_kind dev;
-    int64_t shape[3];
-    attn_status st;
-    if (!layer) return attn__null_arg(ctx, __func__, "layer");
-    if (!meta) return attn__null_arg(ctx, __func__, "meta");
-    if (!q) return attn__null_arg(ctx, __func__, "q");
-    if (!kv_cache) return attn__null_arg(ctx, __func__, "kv_cache");
-    if (!w_uk) return attn__null_arg(ctx, __func__, "w_uk");
-    if (!w_uv) return attn__null_arg(ctx, __func__, "w_uv");
-    if (!out) return attn__null_arg(ctx, __func__, "out");
-    st = attn__check_mla_call(layer, meta, fn);
-    if (st != ATTN_OK) return st;
-    d = &layer->desc;
-    dev = layer->backend->device;
-    shape[0] = ATTN__AT_LEAST(meta->mla.num_prefill_tokens); shape[1] = d->num_heads;
-    shape[2] = d->qk_nope_head_dim + d->qk_rope_head_dim;
-    st = attn__check_tensor(ctx, fn, "q", q, d->dtype, 3, shape, dev);
-    shape[2] = d->v_head_dim;
-    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out", out, d->dtype, 3, shape, dev);
-    if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out", out);
-    if (st == ATTN_OK && lse) st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, dev);
-    if (st == ATTN_OK && lse) st = attn__check_output_tensor(ctx, fn, "lse", lse);
-    if (st == ATTN_OK) st = attn__check_mla_weights(layer, meta, fn, kv_cache, w_uk, w_uv);
-    if (st != ATTN_OK) return st;
-    return layer->backend->forward_mha(layer->backend, layer, meta, q, kv_cache, w_uk, w_uv, out,
-                                       lse, stream);
-}
-
-ATTN_API attn_status attn_mla_forward(attn_layer *layer, const attn_metadata *meta,
-                                      const attn_tensor *q_nope, const attn_tensor *q_pe,
-                                      const attn_tensor *kv_c, const attn_tensor *k_pe,
-                                      attn_tensor *kv_cache, const attn_tensor *w_uk,
-                                      const attn_tensor *w_uv, attn_tensor *out, void *stream) {
-    attn_context *ctx = layer ? layer->ctx : NULL;
-    const char *fn = "attn_mla_forward";
-    const attn_layer_desc *d;
-    const attn_batch *b;
-    attn_device_kind dev;
-    int64_t shape[3];
-    attn_status st;
-    if (!layer) return attn__null_arg(ctx, __func__, "layer");
-    if (!meta) return attn__null_arg(ctx, __func__, "meta");
-    if (!q_nope) return attn__null_arg(ctx, __func__, "q_nope");
-    if (!q_pe) return attn__null_arg(ctx, __func__, "q_pe");
-    if (!kv_cache) return attn__null_arg(ctx, __func__, "kv_cache");
-    if (!w_uk) return attn__null_arg(ctx, __func__, "w_uk");
-    if (!w_uv) return attn__null_arg(ctx, __func__, "w_uv");
-    if (!out) return attn__null_arg(ctx, __func__, "out");
-    st = attn__check_mla_call(layer, meta, fn);
-    if (st != ATTN_OK) return st;
-    d = &layer->desc;
-    b = attn_metadata_batch(meta);
-    dev = layer->backend->device;
-    if ((kv_c == NULL) != (k_pe == NULL))
-        return attn__fail(ctx, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL,
-                          "%s: argument '%s' is NULL but '%s' is not (allowed: both or neither)",
-                          fn, kv_c ? "k_pe" : "kv_c", kv_c ? "kv_c" : "k_pe");
-    shape[0] = ATTN__AT_LEAST(b->num_actual_tokens); shape[1] = d->num_heads;
-    shape[2] = d->qk_nope_head_dim;
-    st = attn__check_tensor(ctx, fn, "q_nope", q_nope, d->dtype, 3, shape, dev);
-    shape[2] = d->qk_rope_head_dim;
-    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "q_pe", q_pe, d->dtype, 3, shape, dev);
-    shape[2] = d->v_head_dim;
-    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out", out, d->dtype, 3, shape, dev);
-    if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out", out);
-    if (st == ATTN_OK) st = attn__check_mla_weights(layer, meta, fn, kv_cache, w_uk, w_uv);
-    if (st != ATTN_OK) return st;
-    if (kv_c) { /* every check of the cache write before the backend writes anything */
-        if (!b->slot_mapping)
-            return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA,
-                              "%s: kv_c/k_pe given but the batch has no slot_mapping", fn);
-        st = attn__check_latent_write(layer, fn, kv_c, k_pe, kv_cache, b->slot_mapping,
-                                      b->num_actual_tokens);
-        if (st != ATTN_OK) return st;
-    }
-    return layer->backend->mla_forward(layer->backend, layer, meta, q_nope, q_pe, kv_c, k_pe,
-                                       kv_cache, w_uk, w_uv, out, stream);
-}
-
-/* =======================================================================================
-   >>merge
-   The public LSE merge: validated here, run by the first backend of the platform's
-   priority list that serves the tensors' device.
-   ======================================================================================= */
-
-/* The first backend of the platform's priority list that serves `device` and merges. */
-static const attn_backend *attn__merge_backend(const attn_context *ctx, attn_device_kind device) {
-    int count, i;
-    const attn_backend_id *list = attn__priority_list(ctx->platform.kind, &count);
-    for (i = 0; i < count; i++) {
-        const attn_backend *b = attn_backend_get(list[i]);
-        if (b && b->device == device && b->merge_attn_states) return b;
-    }
-    return NULL;
-}
-
-ATTN_API attn_status attn_merge_attn_states(attn_context *ctx, const attn_tensor *out_a,
-                                            const attn_tensor *lse_a, attn_lse_base base_a,
-                                            const attn_tensor *out_b, const attn_tensor *lse_b,
-                                            attn_lse_base base_b, attn_tensor *out,
-                                            attn_tensor *lse, attn_lse_base base_out,
-                                            void *stream) {
-    const char *fn = "attn_merge_attn_states";
-    const attn_backend *be;
-    int64_t shape[3];
-    attn_device_kind dev;
-    attn_status st;
-    if (!ctx) return attn__null_arg(ctx, __func__, "ctx");
-    if (!out_a) return attn__null_arg(ctx, __func__, "out_a");
-    if (!lse_a) return attn__null_arg(ctx, __func__, "lse_a");
-    if (!out_b) return attn__null_arg(ctx, __func__, "out_b");
-    if (!lse_b) return attn__null_arg(ctx, __func__, "lse_b");
-    if (!out) return attn__null_arg(ctx, __func__, "out");
-    if ((int)base_a < 0 || (int)base_a > 1 || (int)base_b < 0 || (int)base_b > 1 ||
-        (int)base_out < 0 || (int)base_out > 1)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
-                          "%s: an LSE base is out of range (%d, %d, %d; allowed: ATTN_LSE_BASE_E, "
-                          "ATTN_LSE_BASE_2)", fn, (int)base_a, (int)base_b, (int)base_out);
-    if (out_a->ndim != 3 || out_a->shape[0] < 0 || out_a->shape[1] <= 0 || out_a->shape[2] <= 0 ||
-        attn_dtype_size(out_a->dtype) == 0)
-        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE,
-                          "%s: out_a must be [tokens, heads, head_size] of f32/f16/bf16 (ndim %d)",
-                          fn, out_a->ndim);
-    dev = out_a->device.kind;
-    be = attn__merge_backend(ctx, dev);
-    if (!be)
-        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_CALL_UNSUPPORTED,
-                          "%s: out_a.device is %s and no registered backend merges there "
-                          "(allowed: a device a backend of this platform serves)", fn,
-                          attn__device_name(dev));
-    shape[0] = out_a->shape[0]; shape[1] = out_a->shape[1]; shape[2] = out_a->shape[2];
-    st = attn__check_tensor(ctx, fn, "out_a", out_a, out_a->dtype, 3, shape, dev);
-    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out_b", out_b, out_a->dtype, 3, shape, dev);
-    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out", out, out_a->dtype, 3, shape, dev);
-    if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out", out);
-    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "lse_a", lse_a, ATTN_DTYPE_F32, 2, shape, dev);
-    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "lse_b", lse_b, ATTN_DTYPE_F32, 2, shape, dev);
-    if (st == ATTN_OK && lse) st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, dev);
-    if (st == ATTN_OK && lse) st = attn__check_output_tensor(ctx, fn, "lse", lse);
-    if (st != ATTN_OK) return st;
-    return be->merge_attn_states(be, ctx, out_a, lse_a, base_a, out_b, lse_b, base_b, out, lse,
-                                 base_out, stream);
-}
-
-/* =======================================================================================
    >>nvrtc
    Run-time compilation of the embedded kernels (the .cu files of kernels/, in the
    generated block at the end of the file): NVRTC loaded like the driver; a variant is (file, options, arch) compiled
@@ -5886,6 +5635,308 @@ ATTN_API attn_status attn_kernel_compile(attn_context *ctx, const char *kernel, 
 
 ATTN_API int attn_kernel_compile_count(const attn_context *ctx) {
     return ctx && ctx->kernels ? ctx->kernels->compiles : 0;
+}
+
+/* =======================================================================================
+   >>builtin
+   The built-in registry entries: one line per backend section above.
+   ======================================================================================= */
+
+static const attn_backend *attn__builtin_backend(attn_backend_id id) {
+    switch (id) {
+    case ATTN_BACKEND_CPU: return &attn__cpu_backend;
+    case ATTN_BACKEND_CPU_MLA: return &attn__cpu_mla_backend;
+    default: return NULL;
+    }
+}
+
+/* =======================================================================================
+   >>forward
+   The public forward calls: validate everything a backend relies on (tensors, device,
+   metadata fit, token counts), then dispatch through the vtable.
+   ======================================================================================= */
+
+ATTN_API attn_status attn_layer_forward(attn_layer *layer, const attn_metadata *meta,
+                                        const attn_tensor *q, const attn_tensor *k,
+                                        const attn_tensor *v, attn_tensor *kv_cache,
+                                        attn_tensor *out, attn_tensor *lse, void *stream) {
+    attn_context *ctx = layer ? layer->ctx : NULL;
+    const char *fn = "attn_layer_forward";
+    const attn_layer_desc *d;
+    attn_device_kind dev;
+    int64_t shape[3];
+    attn_status st;
+    int ntok;
+    if (!layer) return attn__null_arg(ctx, __func__, "layer");
+    if (!meta) return attn__null_arg(ctx, __func__, "meta");
+    if (!q) return attn__null_arg(ctx, __func__, "q");
+    if (!kv_cache) return attn__null_arg(ctx, __func__, "kv_cache");
+    if (!out) return attn__null_arg(ctx, __func__, "out");
+    d = &layer->desc;
+    dev = layer->backend->device;
+    if (d->use_mla)
+        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_CALL_UNSUPPORTED,
+                          "%s: the layer is MLA (allowed: standard layers; MLA layers use the "
+                          "MLA forward calls)", fn);
+    st = attn__check_meta(layer, meta, fn);
+    if (st != ATTN_OK) return st;
+    if ((k == NULL) != (v == NULL))
+        return attn__fail(ctx, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL,
+                          "%s: argument '%s' is NULL but '%s' is not (allowed: both or neither)",
+                          fn, k ? "v" : "k", k ? "k" : "v");
+    ntok = meta->batch.num_actual_tokens;
+    shape[0] = ATTN__AT_LEAST(ntok); shape[1] = d->num_heads; shape[2] = d->head_size;
+    st = attn__check_tensor(ctx, fn, "q", q, d->dtype, 3, shape, dev);
+    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out", out, d->dtype, 3, shape, dev);
+    if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out", out);
+    if (st != ATTN_OK) return st;
+    st = attn__check_kv_cache(layer, fn, kv_cache, 0);
+    if (st != ATTN_OK) return st;
+    if (kv_cache->shape[0] < meta->cap.num_blocks)
+        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE,
+                          "%s: kv_cache.shape[0] is %lld (allowed: >= num_blocks %lld of the "
+                          "metadata)", fn, (long long)kv_cache->shape[0], (long long)meta->cap.num_blocks);
+    if (k) {
+        if (!meta->batch.slot_mapping)
+            return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA,
+                              "%s: k/v given but the batch has no slot_mapping (allowed: a "
+                              "slot_mapping, or k = v = NULL)", fn);
+        st = attn__check_kv_write(layer, fn, k, v, kv_cache, meta->batch.slot_mapping, ntok);
+        if (st != ATTN_OK) return st;
+    }
+    if (lse) {
+        if (!layer->backend->can_return_lse)
+            return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_CALL_UNSUPPORTED,
+                              "%s: backend %s cannot return the LSE (allowed: lse = NULL)", fn,
+                              layer->backend->name);
+        shape[1] = d->num_heads;
+        st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, dev);
+        if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "lse", lse);
+        if (st != ATTN_OK) return st;
+    }
+    return layer->backend->forward(layer->backend, layer, meta, q, k, v, kv_cache, out, lse, stream);
+}
+
+static attn_status attn__check_mla_call(attn_layer *layer, const attn_metadata *meta, const char *fn) {
+    attn_context *ctx = layer->ctx;
+    if (!layer->desc.use_mla || !layer->backend->is_mla)
+        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_CALL_UNSUPPORTED,
+                          "%s: the layer is not MLA (allowed: a layer created with use_mla = 1)", fn);
+    return attn__check_meta(layer, meta, fn);
+}
+
+ATTN_API attn_status attn_mla_forward_mqa(attn_layer *layer, const attn_metadata *meta,
+                                          const attn_tensor *q, const attn_tensor *q_pe,
+                                          const attn_tensor *kv_cache, attn_tensor *out_latent,
+                                          attn_tensor *lse, void *stream) {
+    attn_context *ctx = layer ? layer->ctx : NULL;
+    const char *fn = "attn_mla_forward_mqa";
+    const attn_layer_desc *d;
+    attn_device_kind dev;
+    int64_t shape[3];
+    attn_status st;
+    int td;
+    if (!layer) return attn__null_arg(ctx, __func__, "layer");
+    if (!meta) return attn__null_arg(ctx, __func__, "meta");
+    if (!q) return attn__null_arg(ctx, __func__, "q");
+    if (!kv_cache) return attn__null_arg(ctx, __func__, "kv_cache");
+    if (!out_latent) return attn__null_arg(ctx, __func__, "out_latent");
+    st = attn__check_mla_call(layer, meta, fn);
+    if (st != ATTN_OK) return st;
+    d = &layer->desc;
+    dev = layer->backend->device;
+    td = meta->mla.num_decode_tokens;
+    shape[0] = ATTN__AT_LEAST(td); shape[1] = d->num_heads;
+    shape[2] = q_pe ? d->kv_lora_rank : d->head_size;
+    st = attn__check_tensor(ctx, fn, "q", q, d->dtype, 3, shape, dev);
+    if (st == ATTN_OK && q_pe) {
+        shape[2] = d->qk_rope_head_dim;
+        st = attn__check_tensor(ctx, fn, "q_pe", q_pe, d->dtype, 3, shape, dev);
+    }
+    shape[2] = d->kv_lora_rank;
+    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out_latent", out_latent, d->dtype, 3, shape, dev);
+    if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out_latent", out_latent);
+    if (st == ATTN_OK && lse) st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, dev);
+    if (st == ATTN_OK && lse) st = attn__check_output_tensor(ctx, fn, "lse", lse);
+    if (st == ATTN_OK) st = attn__check_kv_cache(layer, fn, kv_cache, 0);
+    if (st != ATTN_OK) return st;
+    if (kv_cache->shape[0] < meta->cap.num_blocks)
+        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE,
+                          "%s: kv_cache.shape[0] is %lld (allowed: >= num_blocks %lld of the metadata)",
+                          fn, (long long)kv_cache->shape[0], (long long)meta->cap.num_blocks);
+    return layer->backend->forward_mqa(layer->backend, layer, meta, q, q_pe, kv_cache, out_latent,
+                                       lse, stream);
+}
+
+/* Shapes shared by forward_mha and the fused call: W_UK, W_UV, cache. */
+static attn_status attn__check_mla_weights(attn_layer *layer, const attn_metadata *meta, const char *fn,
+                                           const attn_tensor *kv_cache, const attn_tensor *w_uk,
+                                           const attn_tensor *w_uv) {
+    const attn_layer_desc *d = &layer->desc;
+    attn_device_kind dev = layer->backend->device;
+    int64_t shape[3];
+    attn_status st;
+    shape[0] = d->num_heads; shape[1] = d->qk_nope_head_dim; shape[2] = d->kv_lora_rank;
+    st = attn__check_tensor(layer->ctx, fn, "w_uk", w_uk, d->dtype, 3, shape, dev);
+    shape[1] = d->kv_lora_rank; shape[2] = d->v_head_dim;
+    if (st == ATTN_OK) st = attn__check_tensor(layer->ctx, fn, "w_uv", w_uv, d->dtype, 3, shape, dev);
+    if (st == ATTN_OK) st = attn__check_kv_cache(layer, fn, kv_cache, 0);
+    if (st == ATTN_OK && kv_cache->shape[0] < meta->cap.num_blocks)
+        st = attn__fail(layer->ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE,
+                        "%s: kv_cache.shape[0] is %lld (allowed: >= num_blocks %lld of the metadata)",
+                        fn, (long long)kv_cache->shape[0], (long long)meta->cap.num_blocks);
+    return st;
+}
+
+ATTN_API attn_status attn_mla_forward_mha(attn_layer *layer, const attn_metadata *meta,
+                                          const attn_tensor *q, const attn_tensor *kv_cache,
+                                          const attn_tensor *w_uk, const attn_tensor *w_uv,
+                                          attn_tensor *out, attn_tensor *lse, void *stream) {
+    attn_context *ctx = layer ? layer->ctx : NULL;
+    const char *fn = "attn_mla_forward_mha";
+    const attn_layer_desc *d;
+    attn_device_kind dev;
+    int64_t shape[3];
+    attn_status st;
+    if (!layer) return attn__null_arg(ctx, __func__, "layer");
+    if (!meta) return attn__null_arg(ctx, __func__, "meta");
+    if (!q) return attn__null_arg(ctx, __func__, "q");
+    if (!kv_cache) return attn__null_arg(ctx, __func__, "kv_cache");
+    if (!w_uk) return attn__null_arg(ctx, __func__, "w_uk");
+    if (!w_uv) return attn__null_arg(ctx, __func__, "w_uv");
+    if (!out) return attn__null_arg(ctx, __func__, "out");
+    st = attn__check_mla_call(layer, meta, fn);
+    if (st != ATTN_OK) return st;
+    d = &layer->desc;
+    dev = layer->backend->device;
+    shape[0] = ATTN__AT_LEAST(meta->mla.num_prefill_tokens); shape[1] = d->num_heads;
+    shape[2] = d->qk_nope_head_dim + d->qk_rope_head_dim;
+    st = attn__check_tensor(ctx, fn, "q", q, d->dtype, 3, shape, dev);
+    shape[2] = d->v_head_dim;
+    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out", out, d->dtype, 3, shape, dev);
+    if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out", out);
+    if (st == ATTN_OK && lse) st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, dev);
+    if (st == ATTN_OK && lse) st = attn__check_output_tensor(ctx, fn, "lse", lse);
+    if (st == ATTN_OK) st = attn__check_mla_weights(layer, meta, fn, kv_cache, w_uk, w_uv);
+    if (st != ATTN_OK) return st;
+    return layer->backend->forward_mha(layer->backend, layer, meta, q, kv_cache, w_uk, w_uv, out,
+                                       lse, stream);
+}
+
+ATTN_API attn_status attn_mla_forward(attn_layer *layer, const attn_metadata *meta,
+                                      const attn_tensor *q_nope, const attn_tensor *q_pe,
+                                      const attn_tensor *kv_c, const attn_tensor *k_pe,
+                                      attn_tensor *kv_cache, const attn_tensor *w_uk,
+                                      const attn_tensor *w_uv, attn_tensor *out, void *stream) {
+    attn_context *ctx = layer ? layer->ctx : NULL;
+    const char *fn = "attn_mla_forward";
+    const attn_layer_desc *d;
+    const attn_batch *b;
+    attn_device_kind dev;
+    int64_t shape[3];
+    attn_status st;
+    if (!layer) return attn__null_arg(ctx, __func__, "layer");
+    if (!meta) return attn__null_arg(ctx, __func__, "meta");
+    if (!q_nope) return attn__null_arg(ctx, __func__, "q_nope");
+    if (!q_pe) return attn__null_arg(ctx, __func__, "q_pe");
+    if (!kv_cache) return attn__null_arg(ctx, __func__, "kv_cache");
+    if (!w_uk) return attn__null_arg(ctx, __func__, "w_uk");
+    if (!w_uv) return attn__null_arg(ctx, __func__, "w_uv");
+    if (!out) return attn__null_arg(ctx, __func__, "out");
+    st = attn__check_mla_call(layer, meta, fn);
+    if (st != ATTN_OK) return st;
+    d = &layer->desc;
+    b = attn_metadata_batch(meta);
+    dev = layer->backend->device;
+    if ((kv_c == NULL) != (k_pe == NULL))
+        return attn__fail(ctx, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL,
+                          "%s: argument '%s' is NULL but '%s' is not (allowed: both or neither)",
+                          fn, kv_c ? "k_pe" : "kv_c", kv_c ? "kv_c" : "k_pe");
+    shape[0] = ATTN__AT_LEAST(b->num_actual_tokens); shape[1] = d->num_heads;
+    shape[2] = d->qk_nope_head_dim;
+    st = attn__check_tensor(ctx, fn, "q_nope", q_nope, d->dtype, 3, shape, dev);
+    shape[2] = d->qk_rope_head_dim;
+    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "q_pe", q_pe, d->dtype, 3, shape, dev);
+    shape[2] = d->v_head_dim;
+    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out", out, d->dtype, 3, shape, dev);
+    if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out", out);
+    if (st == ATTN_OK) st = attn__check_mla_weights(layer, meta, fn, kv_cache, w_uk, w_uv);
+    if (st != ATTN_OK) return st;
+    if (kv_c) { /* every check of the cache write before the backend writes anything */
+        if (!b->slot_mapping)
+            return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA,
+                              "%s: kv_c/k_pe given but the batch has no slot_mapping", fn);
+        st = attn__check_latent_write(layer, fn, kv_c, k_pe, kv_cache, b->slot_mapping,
+                                      b->num_actual_tokens);
+        if (st != ATTN_OK) return st;
+    }
+    return layer->backend->mla_forward(layer->backend, layer, meta, q_nope, q_pe, kv_c, k_pe,
+                                       kv_cache, w_uk, w_uv, out, stream);
+}
+
+/* =======================================================================================
+   >>merge
+   The public LSE merge: validated here, run by the first backend of the platform's
+   priority list that serves the tensors' device.
+   ======================================================================================= */
+
+/* The first backend of the platform's priority list that serves `device` and merges. */
+static const attn_backend *attn__merge_backend(const attn_context *ctx, attn_device_kind device) {
+    int count, i;
+    const attn_backend_id *list = attn__priority_list(ctx->platform.kind, &count);
+    for (i = 0; i < count; i++) {
+        const attn_backend *b = attn_backend_get(list[i]);
+        if (b && b->device == device && b->merge_attn_states) return b;
+    }
+    return NULL;
+}
+
+ATTN_API attn_status attn_merge_attn_states(attn_context *ctx, const attn_tensor *out_a,
+                                            const attn_tensor *lse_a, attn_lse_base base_a,
+                                            const attn_tensor *out_b, const attn_tensor *lse_b,
+                                            attn_lse_base base_b, attn_tensor *out,
+                                            attn_tensor *lse, attn_lse_base base_out,
+                                            void *stream) {
+    const char *fn = "attn_merge_attn_states";
+    const attn_backend *be;
+    int64_t shape[3];
+    attn_device_kind dev;
+    attn_status st;
+    if (!ctx) return attn__null_arg(ctx, __func__, "ctx");
+    if (!out_a) return attn__null_arg(ctx, __func__, "out_a");
+    if (!lse_a) return attn__null_arg(ctx, __func__, "lse_a");
+    if (!out_b) return attn__null_arg(ctx, __func__, "out_b");
+    if (!lse_b) return attn__null_arg(ctx, __func__, "lse_b");
+    if (!out) return attn__null_arg(ctx, __func__, "out");
+    if ((int)base_a < 0 || (int)base_a > 1 || (int)base_b < 0 || (int)base_b > 1 ||
+        (int)base_out < 0 || (int)base_out > 1)
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                          "%s: an LSE base is out of range (%d, %d, %d; allowed: ATTN_LSE_BASE_E, "
+                          "ATTN_LSE_BASE_2)", fn, (int)base_a, (int)base_b, (int)base_out);
+    if (out_a->ndim != 3 || out_a->shape[0] < 0 || out_a->shape[1] <= 0 || out_a->shape[2] <= 0 ||
+        attn_dtype_size(out_a->dtype) == 0)
+        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE,
+                          "%s: out_a must be [tokens, heads, head_size] of f32/f16/bf16 (ndim %d)",
+                          fn, out_a->ndim);
+    dev = out_a->device.kind;
+    be = attn__merge_backend(ctx, dev);
+    if (!be)
+        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_CALL_UNSUPPORTED,
+                          "%s: out_a.device is %s and no registered backend merges there "
+                          "(allowed: a device a backend of this platform serves)", fn,
+                          attn__device_name(dev));
+    shape[0] = out_a->shape[0]; shape[1] = out_a->shape[1]; shape[2] = out_a->shape[2];
+    st = attn__check_tensor(ctx, fn, "out_a", out_a, out_a->dtype, 3, shape, dev);
+    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out_b", out_b, out_a->dtype, 3, shape, dev);
+    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out", out, out_a->dtype, 3, shape, dev);
+    if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out", out);
+    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "lse_a", lse_a, ATTN_DTYPE_F32, 2, shape, dev);
+    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "lse_b", lse_b, ATTN_DTYPE_F32, 2, shape, dev);
+    if (st == ATTN_OK && lse) st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, dev);
+    if (st == ATTN_OK && lse) st = attn__check_output_tensor(ctx, fn, "lse", lse);
+    if (st != ATTN_OK) return st;
+    return be->merge_attn_states(be, ctx, out_a, lse_a, base_a, out_b, lse_b, base_b, out, lse,
+                                 base_out, stream);
 }
 
 /* >>kernels-begin (generated by tools/embed from kernels/; do not edit) */
