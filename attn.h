@@ -27,15 +27,21 @@
        ATTN_ASSERT(x)          internal invariant check (default: assert.h)
        ATTN_NO_THREADS         compile the thread pool out (single-threaded CPU backend)
        ATTN_NO_SIMD            use the plain-C inner loops even where AVX2/AVX-512 exist
+       ATTN_NO_CUDA            compile the CUDA path out (the helpers answer PLATFORM errors)
        ATTN_CUDA_DRIVER_LIBRARY  the driver's soname (default "libcuda.so.1"; the loader
                                then tries "libcuda.so")
+       ATTN_NVRTC_LIBRARY      NVRTC's soname (default "libnvrtc.so.13"; then ".so.12",
+                               "libnvrtc.so")
        ATTN_MLA_WORKSPACE_BYTES  default of attn_metadata_desc.workspace_bytes (64 MiB): the
                                bound on each of forward_mha's workspaces (up-projected K/V of
                                a chunk of keys; running outputs of a group of queries)
 
    ENVIRONMENT VARIABLES
-       ATTN_BACKEND            force a backend by name (case-insensitive): CPU, CPU_MLA
+       ATTN_BACKEND            force a backend by name (case-insensitive): CPU, CPU_MLA, CUDA
                                (code beats env; an unknown name fails and lists the names)
+       ATTN_CACHE_DIR          where compiled kernels are kept (default $XDG_CACHE_HOME/attn,
+                               else ~/.cache/attn; "off": in memory only); read at
+                               attn_context_create unless attn_context_desc.kernel_cache_dir
        ATTN_LOG_LEVEL          error | warn | info (default) | debug | none
        ATTN_NUM_THREADS        CPU worker threads, 1..1024 (default: the online cores)
        ATTN_BATCH_INVARIANT    on = never split a sequence's keys across threads (MLA: one
@@ -50,11 +56,16 @@
 
    BACKENDS, in automatic priority order per platform (a backend serves only layers of
    its kind: standard or MLA; CUSTOM, a plugin slot, leads when registered)
-       platform CPU:   CUSTOM, CPU, CPU_MLA
-       platform CUDA:  CUSTOM, CPU, CPU_MLA   (CUDA backends join this list later)
+       platform CPU:   CUSTOM, CPU, CPU_MLA, CUDA (skipped: no device, but the record says so)
+       platform CUDA:  CUSTOM, CUDA, CPU, CPU_MLA
+       Only backends of the layer's device (attn_layer_desc.device, CPU by default) serve it.
        CPU      standard attention: f32/f16/bf16, head sizes 8..512 step 8, any block size
                 that is a multiple of 16, causal/non-causal, window, soft cap, ALiBi, LSE
        CPU_MLA  MLA: head size 576 (512+64) or 320 (256+64), causal, LSE
+       CUDA     standard attention on NVIDIA GPUs (compute capability 8.0+, NVRTC needed):
+                the CPU backend's features and cache layout; head sizes 8..256 step 8;
+                f16/bf16 on tensor cores, f32 and mixed types on FMAs; split-KV; CUDA
+                graphs: ALWAYS (fixed grids; counts read on the device)
        A candidate is skipped, with a recorded reason, when a check fails (dtype, KV-cache
        dtype, head size, block size, feature, platform). Explicit requests (code or env)
        that cannot be honoured fail with ATTN_ERROR_BACKEND_UNAVAILABLE and every reason,
@@ -95,6 +106,8 @@
                  attn_f16_to_f32 attn_f32_to_bf16 attn_bf16_to_f32 attn_tensor_make
                  attn_tensor_nbytes
        platform  attn_platform_get attn_platform_format
+       cuda      attn_cuda_malloc attn_cuda_free attn_cuda_memcpy attn_cuda_synchronize
+       kernels   attn_kernel_compile attn_kernel_compile_count
        backends  attn_backend_get attn_backend_name attn_backend_from_name
                  attn_register_backend
        selector  attn_select_backend attn_selection_format attn_selection_cache_clear
@@ -158,6 +171,8 @@
               vtable (cache writes, fused MLA call and LSE merge take a stream), device
               kind per backend, backend-neutral MLA plan, workspaces fixed at create,
               run-time loader table with an injection point (attn_context_desc.loader).
+              NVRTC on the context with a memory and disk kernel cache; the layer names
+              its device; the CUDA backend (first cut).
 
    LICENSE: MIT, see the end of the file.
 */
