@@ -33,6 +33,10 @@ def block(kdir):
         table.append((name, ident))
     out.append("/* %d kernel source file(s) */" % len(table))
     if table:
+        # read by the CUDA backend and tools/nvrtc-check; no warning where nothing reads it yet
+        out.append("#if defined(__GNUC__) || defined(__clang__)")
+        out.append("__attribute__((unused))")
+        out.append("#endif")
         out.append("static const struct { const char *name; const char *const *lines; } attn__kernel_sources[] = {")
         out.extend(f'    {{"{n}", {i}}},' for n, i in table)
         out.append("};")
