@@ -61,13 +61,14 @@ static struct {
     cu_result (*EventRecord)(cu_event, cu_stream);
     cu_result (*EventSynchronize)(cu_event);
     cu_result (*EventElapsedTime)(float *, cu_event, cu_event);
+    cu_result (*OccupancyMaxActiveBlocksPerMultiprocessor)(int *, cu_function, int, size_t);
 } cu;
 static const char *const cu_names[] = {
     "cuInit", "cuDeviceGet", "cuDeviceGetAttribute", "cuDevicePrimaryCtxRetain", "cuCtxSetCurrent",
     "cuModuleLoadData", "cuModuleGetFunction", "cuModuleGetGlobal_v2", "cuFuncSetAttribute",
     "cuMemAlloc_v2", "cuMemFree_v2", "cuMemcpyHtoD_v2", "cuMemcpyDtoH_v2", "cuMemsetD8_v2",
     "cuLaunchKernel", "cuCtxSynchronize", "cuGetErrorString", "cuEventCreate", "cuEventRecord",
-    "cuEventSynchronize", "cuEventElapsedTime"};
+    "cuEventSynchronize", "cuEventElapsedTime", "cuOccupancyMaxActiveBlocksPerMultiprocessor"};
 
 static struct {
     const char *(*GetErrorString)(nvrtc_result);
@@ -217,7 +218,8 @@ static module_entry *get_module(const char *file, const char *defines) {
     {
         cu_ptr g;
         size_t gs;
-        if (cu.ModuleGetGlobal(&g, &gs, m->mod, "attn_paged_config") == 0 && gs == sizeof m->config) {
+        if (!strcmp(file, "paged_attention.cu") && cu.ModuleGetGlobal(&g, &gs, m->mod, "attn_paged_config") == 0 &&
+            gs == sizeof m->config) {
             cu_function f;
             CU_CHECK(cu.MemcpyDtoH(m->config, g, gs));
             CU_CHECK(cu.ModuleGetFunction(&f, m->mod, "attn_paged_attention"));
@@ -843,6 +845,8 @@ static float time_launch(module_entry *m, paged_params *p, schedule *s, int reps
     return ms / reps;
 }
 
+static int prefill_tt; /* --prefill-tt: query tokens per prefill CTA (default 64 / group) */
+
 static void bench(const char *extra) {
     const int H = 32, Hkv = 8, D = 128, BS = 16, G = H / Hkv;
     static const int batches[] = {1, 8, 32, 128}, ctxs[] = {1024, 4096, 16384};
@@ -876,10 +880,14 @@ static void bench(const char *extra) {
             for (r = 0; r < B; r++) sl[r] = ctx;
             snprintf(defs, sizeof defs, "HEAD_DIM=%d BLOCK_SIZE=%d GROUP=%d DT_Q=2 DT_KV=2 TILE_TOKENS=%d CAUSAL=1 %s", D, BS, G, 16 / G, extra);
             m = get_module("paged_attention.cu", defs);
-            /* split until the grid holds about 2 CTAs per SM (each split >= 256 keys) */
-            splits = (2 * num_sms + B * Hkv - 1) / (B * Hkv);
-            if (splits > ctx / 256) splits = ctx / 256;
-            if (splits < 1) splits = 1;
+            { /* split so that one wave of resident CTAs holds the grid (splits >= 256 keys) */
+                int per_sm = 1;
+                CU_CHECK(cu.OccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, get_function(m, "attn_paged_attention"),
+                                                                      m->config[0], (size_t)m->config[1]));
+                splits = per_sm * num_sms / (B * Hkv);
+                if (splits > ctx / 256) splits = ctx / 256;
+                if (splits < 1) splits = 1;
+            }
             build_work(&s, B, qsl, sl, Hkv, 16 / G, 1, 0, splits, m->config[2]);
             d_sl = dupload(sl, (size_t)B * 4); d_qsl = dupload(qsl, (size_t)(B + 1) * 4);
             d_w = dupload(s.work, (size_t)s.num_work * 32); d_nw = dupload(&s.num_work, 4);
@@ -910,9 +918,10 @@ static void bench(const char *extra) {
             float ms;
             double flops = 4.0 * H * D * ((double)n * (n + 1) / 2);
             qsl[0] = 0; qsl[1] = n; sl[0] = n;
-            snprintf(defs, sizeof defs, "HEAD_DIM=%d BLOCK_SIZE=%d GROUP=%d DT_Q=2 DT_KV=2 TILE_TOKENS=%d CAUSAL=1 %s", D, BS, G, 64 / G, extra);
+            int ptt = prefill_tt ? prefill_tt : 64 / G;
+            snprintf(defs, sizeof defs, "HEAD_DIM=%d BLOCK_SIZE=%d GROUP=%d DT_Q=2 DT_KV=2 TILE_TOKENS=%d CAUSAL=1 %s", D, BS, G, ptt, extra);
             m = get_module("paged_attention.cu", defs);
-            build_work(&s, 1, qsl, sl, Hkv, 64 / G, 1, 0, 1, m->config[2]);
+            build_work(&s, 1, qsl, sl, Hkv, ptt, 1, 0, 1, m->config[2]);
             { /* longest first: the tiles at the end of the sequence see the most keys */
                 int a, b2;
                 for (a = 0, b2 = s.num_work - 1; a < b2; a++, b2--) {
@@ -929,7 +938,8 @@ static void bench(const char *extra) {
             p.q_stride_token = (int64_t)H * D; p.q_stride_head = D; p.out_stride_token = (int64_t)H * D; p.out_stride_head = D;
             p.block_table_stride = (int64_t)max_blocks; p.num_kv_heads = Hkv; p.scale = 0.088f;
             ms = time_launch(m, &p, &s, 10);
-            printf("  tokens %5d: ctas %5d  %9.1f us  %6.1f TFLOP/s\n", n, s.num_work, ms * 1e3, flops / (ms * 1e-3) / 1e12);
+            printf("  tokens %5d (%d per CTA): ctas %5d  %9.1f us  %6.1f TFLOP/s\n", n, ptt, s.num_work, ms * 1e3,
+                   flops / (ms * 1e-3) / 1e12);
             cu.MemFree(d_sl); cu.MemFree(d_qsl); cu.MemFree(d_w); cu.MemFree(d_nw); cu.MemFree(d_m); cu.MemFree(d_nm);
             free(s.work); free(s.merge);
         }
@@ -949,9 +959,11 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--bench-only")) do_bench = only_bench = 1;
         else if (!strcmp(argv[i], "--defines") && i + 1 < argc) extra = argv[++i];
         else if (!strcmp(argv[i], "--cases") && i + 1 < argc) cases = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--prefill-tt") && i + 1 < argc) prefill_tt = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--seed") && i + 1 < argc) rng_state = strtoull(argv[++i], NULL, 0) | 1;
         else {
-            fprintf(stderr, "usage: cuda_kernels [--cases N] [--seed S] [--bench | --bench-only] [--defines \"KV_STAGES=3 ...\"]\n");
+            fprintf(stderr, "usage: cuda_kernels [--cases N] [--seed S] [--bench | --bench-only] [--defines \"KV_STAGES=3 ...\"]\n"
+                            "                    [--prefill-tt N]\n");
             return 2;
         }
     }
