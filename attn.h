@@ -91,8 +91,9 @@
    FUNCTION LIST
        context   attn_context_create attn_context_destroy attn_context_last_error
                  attn_context_set_log_level attn_status_string attn_log_item_name
-       types     attn_dtype_name attn_dtype_size attn_f32_to_f16 attn_f16_to_f32
-                 attn_f32_to_bf16 attn_bf16_to_f32 attn_tensor_make attn_tensor_nbytes
+       types     attn_dtype_name attn_dtype_from_name attn_dtype_size attn_f32_to_f16
+                 attn_f16_to_f32 attn_f32_to_bf16 attn_bf16_to_f32 attn_tensor_make
+                 attn_tensor_nbytes
        platform  attn_platform_get attn_platform_format
        backends  attn_backend_get attn_backend_name attn_backend_from_name
                  attn_register_backend
@@ -220,12 +221,26 @@ typedef enum attn_status {
     X(SELECT_CACHE_CLEARED, "selection cache cleared")                           \
     X(BACKEND_REGISTERED, "backend registry entry replaced")                     \
     X(BACKEND_RESTORED, "backend registry entry restored")                       \
-    X(INVALID_ARGUMENT, "invalid argument")                                      \
+    X(INVALID_ARGUMENT, "an argument value is out of range")                     \
     X(INVALID_METADATA, "invalid batch metadata")                                \
     X(ENV_INVALID, "environment variable has an invalid value")                  \
     X(THREADS_STARTED, "worker threads started")                                 \
     X(PLATFORM_ERROR, "platform facility failed (threads, loading)")            \
-    X(OUT_OF_MEMORY, "out of memory")
+    X(OUT_OF_MEMORY, "out of memory")                                            \
+    X(KERNEL_COMPILED, "kernel variant compiled by NVRTC")                       \
+    X(KERNEL_CACHE_HIT, "kernel variant read from the disk cache")               \
+    X(KERNEL_CACHE_FAULT, "kernel cache directory or file unusable")             \
+    X(KERNEL_COMPILE_FAILED, "kernel variant failed to compile")                 \
+    X(ARG_NULL, "a required pointer argument is NULL")                           \
+    X(INVALID_DESC, "a descriptor or request field is out of range")             \
+    X(TENSOR_DTYPE, "a tensor has another element type than allowed")            \
+    X(TENSOR_SHAPE, "a tensor has another rank or shape than allowed")           \
+    X(TENSOR_LAYOUT, "a tensor's strides are not allowed (rows not contiguous, overlapping output)") \
+    X(TENSOR_DEVICE, "a tensor lives on another device than the layer's backend") \
+    X(INVALID_SLOT, "a cache slot is out of range")                             \
+    X(CALL_UNSUPPORTED, "the call does not fit the layer's kind or backend")     \
+    X(METADATA_MISMATCH, "metadata not built, or built for another layer")       \
+    X(CAPACITY_EXCEEDED, "a batch or capacity exceeds what is allowed")
 
 typedef enum attn_log_item {
 #define ATTN__LOG_ENUM(name, text) ATTN_LOG_##name,
@@ -263,6 +278,9 @@ typedef enum attn_dtype {
 } attn_dtype;
 
 ATTN_API const char *attn_dtype_name(attn_dtype dtype); /* "f32", "f16", "bf16", "auto" */
+/* An element type by name, case-insensitive: "f32", "f16", "bf16" or "float32", "float16",
+   "bfloat16". Unknown names: ATTN_ERROR_INVALID_VALUE, *out unchanged. */
+ATTN_API attn_status attn_dtype_from_name(const char *name, attn_dtype *out);
 ATTN_API size_t attn_dtype_size(attn_dtype dtype);      /* 0 for AUTO or unknown */
 
 /* Exact conversions, round to nearest even (NaN stays NaN, overflow goes to inf). */
@@ -326,6 +344,8 @@ typedef struct attn_context_desc {
     attn_log_level log_level;  /* DEFAULT: env ATTN_LOG_LEVEL, else INFO */
     int num_threads;           /* 0: env ATTN_NUM_THREADS, else online cores */
     const attn_loader *loader; /* NULL: dlopen; copied at create */
+    const char *kernel_cache_dir; /* NULL: env ATTN_CACHE_DIR, else $XDG_CACHE_HOME/attn,
+                                     else ~/.cache/attn; "off": memory only */
 } attn_context_desc;
 
 /* desc may be NULL (all defaults). On failure *out is NULL and the message is in
@@ -356,12 +376,47 @@ typedef struct attn_platform {
     int cuda_multiprocessors;
     char cuda_device_name[96];
     int cuda_driver_version;      /* e.g. 13000; 0 when unknown */
+    uint64_t cuda_memory_bytes;   /* of device 0; 0 when none */
     char cuda_reason[160];        /* why the CUDA platform is unavailable, else "" */
+    int nvrtc_version;            /* run-time compiler found, e.g. 13000; 0 when none */
+    char nvrtc_reason[160];       /* why NVRTC is unavailable, else "" */
 } attn_platform;
 
 ATTN_API attn_status attn_platform_get(attn_context *ctx, attn_platform *out);
 /* Writes a multi-line description; returns the length it needed (like snprintf). */
 ATTN_API size_t attn_platform_format(const attn_platform *p, char *buf, size_t size);
+
+/* ---------------------------------------------------------------------------------------
+   Run-time kernel compilation (NVRTC; no GPU needed to compile)
+   ------------------------------------------------------------------------------------- */
+
+typedef enum attn_kernel_source {
+    ATTN_KERNEL_COMPILED = 1,      /* NVRTC ran */
+    ATTN_KERNEL_FROM_MEMORY = 2,   /* the context had it */
+    ATTN_KERNEL_FROM_DISK = 3      /* the disk cache had it */
+} attn_kernel_source;
+
+typedef struct attn_kernel_info {
+    char kernel[64];               /* the embedded file, e.g. "paged_attention.cu" */
+    char arch[16];                 /* e.g. "sm_90" */
+    attn_kernel_source source;
+    size_t cubin_bytes;
+    int registers;                 /* the most any function of the file uses (ptxas) */
+    int shared_bytes;              /* the most static shared memory of any function */
+    int spill_stores, spill_loads; /* bytes, all functions */
+    double compile_ms;             /* of the compile that made it */
+    char log[1024];                /* the start of the NVRTC log of that compile */
+} attn_kernel_info;
+
+/* Compiles one variant of an embedded kernel file to CUBIN for `arch` ("sm_80", "sm_90",
+   "sm_90a"), with `options` (space-separated NVRTC options, e.g. "-DHEAD_DIM=128"), or
+   finds it in the context's memory or disk cache. Backends call this at layer creation;
+   tools and tests use it to check that every variant builds. A compile error returns
+   ATTN_ERROR_PLATFORM with the NVRTC log in the message. info may be NULL. */
+ATTN_API attn_status attn_kernel_compile(attn_context *ctx, const char *kernel, const char *options,
+                                         const char *arch, attn_kernel_info *info);
+/* NVRTC compilations this context has run (cache hits excluded). */
+ATTN_API int attn_kernel_compile_count(const attn_context *ctx);
 
 /* ---------------------------------------------------------------------------------------
    Layer descriptor (zero-initialise; 0 means default)
@@ -392,6 +447,10 @@ typedef struct attn_layer_desc {
     int qk_rope_head_dim;      /* 64 */
     int qk_nope_head_dim;      /* 128 */
     int v_head_dim;            /* 128 */
+    /* Where the layer's tensors (q/k/v/out/lse, the cache, the MLA weights) live: the
+       caller's choice, and the selector considers only backends for that device. CPU (0)
+       by default, so existing programs keep running on the CPU on a GPU machine. */
+    attn_device_kind device;
 } attn_layer_desc;
 
 /* ---------------------------------------------------------------------------------------
@@ -573,6 +632,7 @@ typedef struct attn_selection {
     int head_size;
     int num_heads, num_kv_heads;
     int use_mla;
+    attn_device_kind device;          /* where the layer's tensors live */
     int device_capability;            /* major*10+minor, 0 on CPU */
     attn_platform_kind platform;
     /* what the resolved backend declares */
@@ -825,6 +885,9 @@ ATTN_API attn_status attn_merge_attn_states(attn_context *ctx, const attn_tensor
 
 #include <unistd.h>
 #include <dlfcn.h>
+#include <errno.h>
+#include <sys/stat.h>
+#include <sys/time.h>
 #ifndef ATTN_NO_THREADS
 #include <pthread.h>
 #endif
@@ -841,9 +904,11 @@ ATTN_API attn_status attn_merge_attn_states(attn_context *ctx, const attn_tensor
 
 #if defined(__GNUC__) || defined(__clang__)
 #define ATTN__INLINE static inline __attribute__((always_inline))
+#define ATTN__NOINLINE __attribute__((noinline))
 #define ATTN__PRINTF(a, b) __attribute__((format(printf, a, b)))
 #else
 #define ATTN__INLINE static inline
+#define ATTN__NOINLINE
 #define ATTN__PRINTF(a, b)
 #endif
 
@@ -878,7 +943,8 @@ ATTN_API attn_status attn_merge_attn_states(attn_context *ctx, const attn_tensor
 
 /* =======================================================================================
    >>common
-   Memory, strings, the last-error slots and the logger every other section reports to.
+   Memory, formatting and strings: what every other section uses and that needs no
+   context.
    ======================================================================================= */
 
 static void *attn__malloc(size_t size) { return size ? ATTN_MALLOC(size) : NULL; }
@@ -924,423 +990,32 @@ static const char *attn__trim_env(const char *name) {
     return (v && *v) ? v : NULL;
 }
 
-typedef struct attn__threadpool attn__threadpool;
-
-/* A backend's context-level state (context_init ran once; status and reason kept). */
-typedef struct attn__backend_slot {
-    const attn_backend *backend;
-    void *state;
-    attn_status status;
-    char reason[160];
-} attn__backend_slot;
-
-typedef struct attn__selection_cache_entry {
-    attn_layer_desc desc;            /* alibi pointer replaced by a hash of the slopes */
-    uint64_t alibi_hash;
-    attn_select_request request;
-    char env_value[64];
-    attn_status status;
-    attn_selection selection;
-} attn__selection_cache_entry;
-
-struct attn_context {
-    attn_log_fn log;
-    void *log_user_data;
-    attn_log_level log_level;
-    char last_error[512];
-    attn_platform platform;
-    int num_threads;
-    attn__threadpool *pool;
-    float **scratch;                 /* one per thread, grown on demand */
-    size_t *scratch_size;
-    attn__selection_cache_entry *cache;
-    int cache_count, cache_capacity;
-    attn_loader loader;              /* how run-time libraries are opened */
-    struct attn__cuda_driver *cuda;  /* the driver's function table (library NULL: none) */
-    struct attn__backend_slot *backends; /* context-level state of each backend used */
-    int num_backends, backend_capacity;
-};
-
-/* A resolved backend plus the validated descriptor (defaults filled in, slopes copied). */
-struct attn_layer {
-    attn_context *ctx;
-    attn_layer_desc desc;
-    float *alibi;
-    const attn_backend *backend;   /* bound by the selector once layer_init succeeded */
-    void *backend_state;           /* what layer_init stored */
-    attn_selection selection;
-};
-
-static ATTN__THREAD_LOCAL char attn__thread_error[512];
-
-static const char *attn__level_name(attn_log_level level) {
-    switch (level) {
-    case ATTN_LOG_LEVEL_ERROR: return "ERROR";
-    case ATTN_LOG_LEVEL_WARN: return "WARN";
-    case ATTN_LOG_LEVEL_INFO: return "INFO";
-    case ATTN_LOG_LEVEL_DEBUG: return "DEBUG";
-    default: return "?";
-    }
-}
-
-/* A level name (case-insensitive) -> *level; 0 if v names none. */
-static int attn__parse_log_level(const char *v, attn_log_level *level) {
-    if (attn__strieq(v, "error")) *level = ATTN_LOG_LEVEL_ERROR;
-    else if (attn__strieq(v, "warn") || attn__strieq(v, "warning")) *level = ATTN_LOG_LEVEL_WARN;
-    else if (attn__strieq(v, "info")) *level = ATTN_LOG_LEVEL_INFO;
-    else if (attn__strieq(v, "debug")) *level = ATTN_LOG_LEVEL_DEBUG;
-    else if (attn__strieq(v, "none") || attn__strieq(v, "off")) *level = ATTN_LOG_LEVEL_NONE;
-    else return 0;
-    return 1;
-}
-
-/* Silent: the logger itself asks this for lines without a context (a bad value is
-   reported once per context by attn__env_log_level_check). */
-static attn_log_level attn__env_log_level(void) {
-    const char *v = attn__trim_env("ATTN_LOG_LEVEL");
-    attn_log_level level = ATTN_LOG_LEVEL_INFO;
-    if (v && !attn__parse_log_level(v, &level)) level = ATTN_LOG_LEVEL_INFO;
-    return level;
-}
-
-static void attn__log(const attn_context *ctx, attn_log_level level, attn_log_item item,
-                      const char *fmt, ...) ATTN__PRINTF(4, 5);
-static void attn__log(const attn_context *ctx, attn_log_level level, attn_log_item item,
-                      const char *fmt, ...) {
-    char line[768];
-    va_list ap;
-    attn_log_level threshold = ctx ? ctx->log_level : attn__env_log_level();
-    if (threshold == ATTN_LOG_LEVEL_NONE || level > threshold) return;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    if (ctx && ctx->log)
-        ctx->log(ctx->log_user_data, level, item, line);
-    else
-        fprintf(stderr, "attn: %s: %s\n", attn__level_name(level), line);
-}
-
-/* Records the message as the last error (context, else thread), logs it at ERROR level
-   under `item`, and returns status so callers can `return attn__fail(...)`. */
-static attn_status attn__fail(attn_context *ctx, attn_status status, attn_log_item item,
-                              const char *fmt, ...) ATTN__PRINTF(4, 5);
-static attn_status attn__fail(attn_context *ctx, attn_status status, attn_log_item item,
-                              const char *fmt, ...) {
-    char *slot = ctx ? ctx->last_error : attn__thread_error;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(slot, 512, fmt, ap);
-    va_end(ap);
-    attn__log(ctx, ATTN_LOG_LEVEL_ERROR, item, "%s: %s", attn_status_string(status), slot);
-    return status;
-}
-
-/* The NULL-argument failure every front door reports: `return attn__null_arg(...)`. */
-static attn_status attn__null_arg(attn_context *ctx, const char *fn, const char *name) {
-    return attn__fail(ctx, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT,
-                      "%s: argument '%s' is NULL (a valid pointer is required)", fn, name);
-}
-
-/* Environment values other than ATTN_BACKEND: a value that is set but not allowed gets
-   one WARN line (through ctx's hook) naming the variable, the value and what is allowed,
-   and the caller's default is used. Unset or empty means the default, silently. */
-static void attn__env_invalid(const attn_context *ctx, const char *name, const char *value,
-                              const char *allowed) {
-    attn__log(ctx, ATTN_LOG_LEVEL_WARN, ATTN_LOG_ENV_INVALID,
-              "%s='%s' is not allowed (allowed: %s); using the default", name, value, allowed);
-}
-
-/* 1/0, true/false, yes/no, on/off (case-insensitive). */
-static int attn__env_bool(const attn_context *ctx, const char *name, int dflt) {
-    static const char *const words[8] = {"1", "true", "yes", "on", "0", "false", "no", "off"};
-    const char *v = attn__trim_env(name);
-    int i;
-    if (!v) return dflt;
-    for (i = 0; i < 8; i++)
-        if (attn__strieq(v, words[i])) return i < 4;
-    attn__env_invalid(ctx, name, v, "1, 0, true, false, yes, no, on, off (case-insensitive)");
-    return dflt;
-}
-
-/* A decimal integer in lo..hi. */
-static int attn__env_int(const attn_context *ctx, const char *name, int lo, int hi, int dflt) {
-    const char *v = attn__trim_env(name);
-    char allowed[64];
-    char *end;
-    long n;
-    if (!v) return dflt;
-    n = strtol(v, &end, 10);
-    if (end != v && !*end && n >= lo && n <= hi) return (int)n;
-    attn__fmt(allowed, sizeof allowed, "an integer from %d to %d", lo, hi);
-    attn__env_invalid(ctx, name, v, allowed);
-    return dflt;
-}
-
-/* ATTN_LOG_LEVEL once more, to report a bad value through a context that has its logger. */
-static void attn__env_log_level_check(const attn_context *ctx) {
-    const char *v = attn__trim_env("ATTN_LOG_LEVEL");
-    attn_log_level level;
-    if (v && !attn__parse_log_level(v, &level))
-        attn__env_invalid(ctx, "ATTN_LOG_LEVEL", v, "error, warn, info, debug, none "
-                          "(case-insensitive)");
-}
-
-ATTN_API const char *attn_status_string(attn_status status) {
-    switch (status) {
-    case ATTN_OK: return "ATTN_OK";
-    case ATTN_ERROR_NULL_ARGUMENT: return "ATTN_ERROR_NULL_ARGUMENT";
-    case ATTN_ERROR_INVALID_VALUE: return "ATTN_ERROR_INVALID_VALUE";
-    case ATTN_ERROR_SHAPE_MISMATCH: return "ATTN_ERROR_SHAPE_MISMATCH";
-    case ATTN_ERROR_INVALID_METADATA: return "ATTN_ERROR_INVALID_METADATA";
-    case ATTN_ERROR_UNSUPPORTED: return "ATTN_ERROR_UNSUPPORTED";
-    case ATTN_ERROR_BACKEND_UNAVAILABLE: return "ATTN_ERROR_BACKEND_UNAVAILABLE";
-    case ATTN_ERROR_UNKNOWN_BACKEND: return "ATTN_ERROR_UNKNOWN_BACKEND";
-    case ATTN_ERROR_CAPACITY: return "ATTN_ERROR_CAPACITY";
-    case ATTN_ERROR_OUT_OF_MEMORY: return "ATTN_ERROR_OUT_OF_MEMORY";
-    case ATTN_ERROR_PLATFORM: return "ATTN_ERROR_PLATFORM";
-    case ATTN_ERROR_INTERNAL: return "ATTN_ERROR_INTERNAL";
-    }
-    return "ATTN_ERROR_UNKNOWN_STATUS";
-}
-
-ATTN_API const char *attn_log_item_name(attn_log_item item) {
-    static const char *const names[] = {
-#define ATTN__LOG_NAME(name, text) "ATTN_LOG_" #name,
-        ATTN_LOG_ITEMS(ATTN__LOG_NAME)
-#undef ATTN__LOG_NAME
-    };
-    if ((int)item < 0 || (int)item >= (int)ATTN_LOG_ITEM_COUNT) return "ATTN_LOG_?";
-    return names[item];
-}
-
-/* =======================================================================================
-   >>types
-   Exact f16/bf16 conversions (round to nearest even) and tensor-view helpers.
-   ======================================================================================= */
-
-static uint32_t attn__f32_bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
-static float attn__bits_f32(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }
-
-ATTN_API uint16_t attn_f32_to_f16(float x) {
-    uint32_t u = attn__f32_bits(x);
-    uint32_t sign = (u >> 16) & 0x8000u;
-    uint32_t exp = (u >> 23) & 0xffu;
-    uint32_t man = u & 0x7fffffu;
-    if (exp == 0xff) return (uint16_t)(sign | 0x7c00u | (man ? 0x200u | (man >> 13) : 0));
-    if (exp > 142) return (uint16_t)(sign | 0x7c00u); /* >= 2^16: overflow to inf */
-    if (exp < 113) {                                   /* subnormal half or zero */
-        uint32_t shift, m, r, half;
-        if (exp < 102) return (uint16_t)sign;          /* < 2^-25: rounds to zero */
-        m = man | 0x800000u;
-        shift = 126 - exp;                             /* 14..24 */
-        r = m >> shift;
-        half = 1u << (shift - 1);
-        if ((m & ((half << 1) - 1)) > half || ((m & ((half << 1) - 1)) == half && (r & 1))) r++;
-        return (uint16_t)(sign | r);
-    } else {
-        uint32_t h = ((exp - 112) << 10) | (man >> 13);
-        uint32_t rest = man & 0x1fffu;
-        if (rest > 0x1000u || (rest == 0x1000u && (h & 1))) h++; /* may carry into exp: ok */
-        return (uint16_t)(sign | h);
-    }
-}
-
-ATTN_API float attn_f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t exp = (h >> 10) & 0x1fu;
-    uint32_t man = h & 0x3ffu;
-    if (exp == 0x1f) return attn__bits_f32(sign | 0x7f800000u | (man << 13));
-    if (exp == 0) {
-        float v = (float)man * (1.0f / 16777216.0f); /* man * 2^-24, exact */
-        return sign ? -v : v;
-    }
-    return attn__bits_f32(sign | ((exp + 112) << 23) | (man << 13));
-}
-
-ATTN_API uint16_t attn_f32_to_bf16(float x) {
-    uint32_t u = attn__f32_bits(x);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* quiet NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-ATTN_API float attn_bf16_to_f32(uint16_t h) { return attn__bits_f32((uint32_t)h << 16); }
-
-ATTN_API const char *attn_dtype_name(attn_dtype dtype) {
-    switch (dtype) {
-    case ATTN_DTYPE_AUTO: return "auto";
-    case ATTN_DTYPE_F32: return "f32";
-    case ATTN_DTYPE_F16: return "f16";
-    case ATTN_DTYPE_BF16: return "bf16";
-    default: return "?";
-    }
-}
-
-ATTN_API size_t attn_dtype_size(attn_dtype dtype) {
-    switch (dtype) {
-    case ATTN_DTYPE_F32: return 4;
-    case ATTN_DTYPE_F16: case ATTN_DTYPE_BF16: return 2;
-    default: return 0;
-    }
-}
-
-ATTN_API attn_tensor attn_tensor_make(void *data, attn_dtype dtype, int ndim,
-                                      const int64_t *shape) {
-    attn_tensor t;
-    int i;
-    memset(&t, 0, sizeof t);
-    t.data = data;
-    t.dtype = dtype;
-    t.ndim = (ndim < 0 || ndim > ATTN_MAX_DIMS || !shape) ? 0 : ndim;
-    for (i = 0; i < t.ndim; i++) t.shape[i] = shape[i];
-    return t;
-}
-
-/* Fills default (contiguous) strides into a copy when all strides are zero. */
-static attn_tensor attn__tensor_resolved(const attn_tensor *t) {
-    attn_tensor r = *t;
-    int i, all_zero = 1;
-    for (i = 0; i < r.ndim; i++) if (r.strides[i]) all_zero = 0;
-    if (all_zero && r.ndim > 0) {
-        int64_t s = 1;
-        for (i = r.ndim - 1; i >= 0; i--) { r.strides[i] = s; s *= r.shape[i]; }
-    }
-    return r;
-}
-
-ATTN_API size_t attn_tensor_nbytes(const attn_tensor *t) {
-    size_t n;
-    int i;
-    if (!t || t->ndim <= 0 || t->ndim > ATTN_MAX_DIMS) return 0;
-    n = attn_dtype_size(t->dtype);
-    for (i = 0; i < t->ndim; i++)
-        if (t->shape[i] <= 0) return 0;
-    for (i = 0; i < t->ndim; i++) {
-        uint64_t e = (uint64_t)t->shape[i];
-        if (e > (uint64_t)SIZE_MAX || (n && (size_t)e > SIZE_MAX / n)) return SIZE_MAX;
-        n *= (size_t)e;
-    }
-    return n;
-}
-
-static float attn__load_elem(const void *p, attn_dtype dt, int64_t i) {
-    switch (dt) {
-    case ATTN_DTYPE_F32: return ((const float *)p)[i];
-    case ATTN_DTYPE_F16: return attn_f16_to_f32(((const uint16_t *)p)[i]);
-    default: return attn_bf16_to_f32(((const uint16_t *)p)[i]);
-    }
-}
-
-static void attn__store_elem(void *p, attn_dtype dt, int64_t i, float x) {
-    switch (dt) {
-    case ATTN_DTYPE_F32: ((float *)p)[i] = x; break;
-    case ATTN_DTYPE_F16: ((uint16_t *)p)[i] = attn_f32_to_f16(x); break;
-    default: ((uint16_t *)p)[i] = attn_f32_to_bf16(x); break;
-    }
-}
-
-/* Expected extents for attn__check_tensor: n means exactly n, ATTN__AT_LEAST(n) at least n. */
-#define ATTN__AT_LEAST(n) (-(int64_t)(n) - 1)
-
-/* Checks a tensor against an expected dtype and shape, innermost dimension contiguous. */
-static attn_status attn__check_tensor(attn_context *ctx, const char *fn, const char *name,
-                                      const attn_tensor *t, attn_dtype dtype, int ndim,
-                                      const int64_t *shape, attn_device_kind device) {
-    int i;
-    if (!t->data)
-        return attn__fail(ctx, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT,
-                          "%s: %s.data is NULL (a valid pointer is required)", fn, name);
-    if (t->dtype != dtype)
-        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
-                          "%s: %s.dtype is %s (allowed: %s)", fn, name,
-                          attn_dtype_name(t->dtype), attn_dtype_name(dtype));
-    if (t->device.kind != device)
-        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
-                          "%s: %s.device is %s (allowed: %s)", fn, name,
-                          t->device.kind == ATTN_DEVICE_CUDA ? "cuda" : "cpu",
-                          device == ATTN_DEVICE_CUDA ? "cuda" : "cpu");
-    if (t->ndim != ndim)
-        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
-                          "%s: %s.ndim is %d (allowed: %d)", fn, name, t->ndim, ndim);
-    for (i = 0; i < ndim; i++) {
-        if (shape[i] >= 0 && t->shape[i] != shape[i])
-            return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
-                              "%s: %s.shape[%d] is %lld (allowed: %lld)", fn, name, i,
-                              (long long)t->shape[i], (long long)shape[i]);
-        if (shape[i] < 0 && t->shape[i] < -shape[i] - 1)
-            return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
-                              "%s: %s.shape[%d] is %lld (allowed: at least %lld)", fn, name,
-                              i, (long long)t->shape[i], (long long)(-shape[i] - 1));
-    }
-    {
-        attn_tensor r = attn__tensor_resolved(t);
-        if (r.strides[ndim - 1] != 1)
-            return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
-                              "%s: %s.strides[%d] is %lld (allowed: 1, the last dimension "
-                              "must be contiguous)", fn, name, ndim - 1,
-                              (long long)r.strides[ndim - 1]);
-        for (i = 0; i < ndim - 1; i++)
-            if (r.strides[i] < 0)
-                return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
-                                  "%s: %s.strides[%d] is %lld (allowed: >= 0)", fn, name, i,
-                                  (long long)r.strides[i]);
-    }
-    return ATTN_OK;
-}
-
-/* An output may not hold one element twice (two writers, or a row written over another);
-   inputs may (broadcast views). With the dimensions of extent > 1 sorted by stride, each
-   stride must reach past the span of the dimensions inside it. After attn__check_tensor. */
-static attn_status attn__check_output_tensor(attn_context *ctx, const char *fn, const char *name,
-                                             const attn_tensor *t) {
-    attn_tensor r = attn__tensor_resolved(t);
-    int order[ATTN_MAX_DIMS], n = 0, i, j;
-    int64_t span = 1; /* elements from the first to the last of the dimensions so far */
-    for (i = 0; i < r.ndim; i++) {
-        if (r.shape[i] <= 0) return ATTN_OK; /* empty: nothing is written */
-        if (r.shape[i] > 1) order[n++] = i;
-    }
-    for (i = 1; i < n; i++)
-        for (j = i; j > 0 && r.strides[order[j]] < r.strides[order[j - 1]]; j--) {
-            int x = order[j]; order[j] = order[j - 1]; order[j - 1] = x;
-        }
-    for (i = 0; i < n; i++) {
-        int k = order[i];
-        if (r.strides[k] < span)
-            return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
-                              "%s: %s.strides[%d] is %lld with shape[%d] %lld, so the output's "
-                              "elements overlap (allowed: >= %lld, the span of the dimensions "
-                              "inside it; outputs may not repeat elements)", fn, name, k,
-                              (long long)r.strides[k], k, (long long)r.shape[k], (long long)span);
-        span = (r.shape[k] - 1 > (INT64_MAX - span) / r.strides[k])
-                   ? INT64_MAX : span + (r.shape[k] - 1) * r.strides[k];
-    }
-    return ATTN_OK;
-}
-
-/* Contiguity of a whole tensor (the KV cache must be exactly the backend's layout). */
-static int attn__tensor_is_contiguous(const attn_tensor *t) {
-    attn_tensor r = attn__tensor_resolved(t);
-    int64_t s = 1;
-    int i;
-    for (i = r.ndim - 1; i >= 0; i--) {
-        if (r.shape[i] != 1 && r.strides[i] != s) return 0;
-        s *= r.shape[i];
-    }
-    return 1;
-}
-
 /* =======================================================================================
    >>platform
-   What this process can run on: online cores, the compiled SIMD path, and a CUDA driver
-   and device found with dlopen (a missing piece is a recorded reason, never an error).
+   What this process can run on: cores, the compiled SIMD path, and the run-time
+   libraries (CUDA driver, NVRTC) loaded through one table each; a missing piece is a reason.
    ======================================================================================= */
 
 typedef int attn__CUresult;
 typedef int attn__CUdevice;
+typedef unsigned long long attn__CUdeviceptr;
+typedef struct attn__CUctx_st *attn__CUcontext;
+typedef struct attn__CUmod_st *attn__CUmodule;
+typedef struct attn__CUfunc_st *attn__CUfunction;
+typedef struct attn__CUstream_st *attn__CUstream;
+typedef struct attn__CUevent_st *attn__CUevent;
 #define ATTN__CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT 16
 #define ATTN__CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR 75
 #define ATTN__CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR 76
+#define ATTN__CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN 97
+#define ATTN__CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES 8
+#define ATTN__CU_POINTER_ATTRIBUTE_MEMORY_TYPE 2
+#define ATTN__CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL 9
+#define ATTN__CU_MEMORYTYPE_HOST 1
+#define ATTN__CU_MEMORYTYPE_DEVICE 2
+#define ATTN__CU_MEMORYTYPE_UNIFIED 4
+#define ATTN__CU_EVENT_DISABLE_TIMING 2
+#define ATTN__CUDA_ERROR_NOT_READY 600
 
 /* The driver's library name; tests and unusual installs can point it elsewhere. The
    loader tries it, then "libcuda.so" (a development symlink some installs have only). */
@@ -1357,7 +1032,44 @@ typedef int attn__CUdevice;
     X(cuDeviceGet, "cuDeviceGet", (attn__CUdevice *device, int ordinal))                 \
     X(cuDeviceGetAttribute, "cuDeviceGetAttribute",                                      \
       (int *value, int attribute, attn__CUdevice device))                                \
-    X(cuDeviceGetName, "cuDeviceGetName", (char *name, int length, attn__CUdevice device))
+    X(cuDeviceGetName, "cuDeviceGetName", (char *name, int length, attn__CUdevice device)) \
+    X(cuDeviceTotalMem, "cuDeviceTotalMem_v2", (size_t *bytes, attn__CUdevice device)) \
+    X(cuGetErrorString, "cuGetErrorString", (attn__CUresult error, const char **text))   \
+    X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain",                              \
+      (attn__CUcontext * ctx, attn__CUdevice device))                                    \
+    X(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2", (attn__CUdevice device)) \
+    X(cuCtxPushCurrent, "cuCtxPushCurrent_v2", (attn__CUcontext ctx))                    \
+    X(cuCtxPopCurrent, "cuCtxPopCurrent_v2", (attn__CUcontext * ctx))                    \
+    X(cuCtxSynchronize, "cuCtxSynchronize", (void))                                      \
+    X(cuModuleLoadData, "cuModuleLoadData", (attn__CUmodule * module, const void *image)) \
+    X(cuModuleUnload, "cuModuleUnload", (attn__CUmodule module))                         \
+    X(cuModuleGetFunction, "cuModuleGetFunction",                                        \
+      (attn__CUfunction * function, attn__CUmodule module, const char *name))            \
+    X(cuModuleGetGlobal, "cuModuleGetGlobal_v2",                                         \
+      (attn__CUdeviceptr * ptr, size_t *bytes, attn__CUmodule module, const char *name)) \
+    X(cuFuncSetAttribute, "cuFuncSetAttribute",                                          \
+      (attn__CUfunction function, int attribute, int value))                             \
+    X(cuLaunchKernel, "cuLaunchKernel",                                                  \
+      (attn__CUfunction f, unsigned grid_x, unsigned grid_y, unsigned grid_z,            \
+       unsigned block_x, unsigned block_y, unsigned block_z, unsigned shared_bytes,      \
+       attn__CUstream stream, void **params, void **extra))                              \
+    X(cuMemAlloc, "cuMemAlloc_v2", (attn__CUdeviceptr * ptr, size_t bytes))              \
+    X(cuMemFree, "cuMemFree_v2", (attn__CUdeviceptr ptr))                                \
+    X(cuMemAllocHost, "cuMemAllocHost_v2", (void **ptr, size_t bytes))                   \
+    X(cuMemFreeHost, "cuMemFreeHost", (void *ptr))                                       \
+    X(cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2",                                         \
+      (attn__CUdeviceptr dst, const void *src, size_t bytes, attn__CUstream stream))     \
+    X(cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2",                                         \
+      (void *dst, attn__CUdeviceptr src, size_t bytes, attn__CUstream stream))           \
+    X(cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2",                                         \
+      (attn__CUdeviceptr dst, attn__CUdeviceptr src, size_t bytes, attn__CUstream stream)) \
+    X(cuStreamSynchronize, "cuStreamSynchronize", (attn__CUstream stream))               \
+    X(cuEventCreate, "cuEventCreate", (attn__CUevent * event, unsigned flags))           \
+    X(cuEventRecord, "cuEventRecord", (attn__CUevent event, attn__CUstream stream))      \
+    X(cuEventSynchronize, "cuEventSynchronize", (attn__CUevent event))                   \
+    X(cuEventDestroy, "cuEventDestroy_v2", (attn__CUevent event))                        \
+    X(cuPointerGetAttribute, "cuPointerGetAttribute",                                    \
+      (void *data, int attribute, attn__CUdeviceptr ptr))
 
 /* The loaded driver, kept on the context for the backends that use it. */
 typedef struct attn__cuda_driver {
@@ -1367,6 +1079,36 @@ typedef struct attn__cuda_driver {
     ATTN__CUDA_DRIVER_FUNCTIONS(ATTN__DRIVER_POINTER)
 #undef ATTN__DRIVER_POINTER
 } attn__cuda_driver;
+
+/* NVRTC, the run-time compiler: loaded at context creation (it needs no GPU). */
+typedef int attn__nvrtcResult;
+typedef struct attn__nvrtcProgram_st *attn__nvrtcProgram;
+
+#define ATTN__NVRTC_FUNCTIONS(X)                                                         \
+    X(nvrtcVersion, "nvrtcVersion", (int *major, int *minor))                            \
+    X(nvrtcCreateProgram, "nvrtcCreateProgram",                                          \
+      (attn__nvrtcProgram * prog, const char *src, const char *name, int num_headers,    \
+       const char *const *headers, const char *const *include_names))                    \
+    X(nvrtcDestroyProgram, "nvrtcDestroyProgram", (attn__nvrtcProgram * prog))           \
+    X(nvrtcCompileProgram, "nvrtcCompileProgram",                                        \
+      (attn__nvrtcProgram prog, int num_options, const char *const *options))            \
+    X(nvrtcGetProgramLogSize, "nvrtcGetProgramLogSize", (attn__nvrtcProgram prog, size_t *size)) \
+    X(nvrtcGetProgramLog, "nvrtcGetProgramLog", (attn__nvrtcProgram prog, char *log))    \
+    X(nvrtcGetCUBINSize, "nvrtcGetCUBINSize", (attn__nvrtcProgram prog, size_t *size))   \
+    X(nvrtcGetCUBIN, "nvrtcGetCUBIN", (attn__nvrtcProgram prog, char *cubin))
+
+typedef struct attn__nvrtc {
+    void *library;                  /* NULL: not loaded (platform.nvrtc_reason says why) */
+    char soname[64];
+    int major, minor;
+#define ATTN__NVRTC_POINTER(field, symbol, params) attn__nvrtcResult (*field) params;
+    ATTN__NVRTC_FUNCTIONS(ATTN__NVRTC_POINTER)
+#undef ATTN__NVRTC_POINTER
+} attn__nvrtc;
+
+#ifndef ATTN_NVRTC_LIBRARY
+#define ATTN_NVRTC_LIBRARY "libnvrtc.so.13"
+#endif
 
 typedef struct attn__symbol_slot {
     const char *name;
@@ -1379,8 +1121,23 @@ static const attn__symbol_slot attn__cuda_driver_symbols[] = {
 #undef ATTN__DRIVER_SLOT
 };
 
+static const attn__symbol_slot attn__nvrtc_symbols[] = {
+#define ATTN__NVRTC_SLOT(field, symbol, params) {symbol, offsetof(attn__nvrtc, field)},
+    ATTN__NVRTC_FUNCTIONS(ATTN__NVRTC_SLOT)
+#undef ATTN__NVRTC_SLOT
+};
+
+/* RTLD_NODELETE: a closed driver or compiler stays mapped for the process, as CUDA's own
+   runtime keeps it; unmapping buys nothing and would hide its allocations from leak
+   checkers (their stacks lose the library's name). */
+#ifdef RTLD_NODELETE
+#define ATTN__DLOPEN_FLAGS (RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE)
+#else
+#define ATTN__DLOPEN_FLAGS (RTLD_NOW | RTLD_LOCAL)
+#endif
+
 static void *attn__loader_open(const attn_loader *l, const char *soname) {
-    return l->open ? l->open(l->user_data, soname) : dlopen(soname, RTLD_NOW | RTLD_LOCAL);
+    return l->open ? l->open(l->user_data, soname) : dlopen(soname, ATTN__DLOPEN_FLAGS);
 }
 static void *attn__loader_symbol(const attn_loader *l, void *lib, const char *name) {
     return l->symbol ? l->symbol(l->user_data, lib, name) : dlsym(lib, name);
@@ -1442,6 +1199,28 @@ static const char *attn__simd_name(void) {
 #endif
 }
 
+/* Loads NVRTC into *nv and fills p->nvrtc_version or p->nvrtc_reason. */
+static void attn__probe_nvrtc(const attn_loader *loader, attn__nvrtc *nv, attn_platform *p) {
+    static const char *const sonames[] = {ATTN_NVRTC_LIBRARY, "libnvrtc.so.12", "libnvrtc.so", NULL};
+    char reason[160];
+    memset(nv, 0, sizeof *nv);
+    nv->library = attn__load_library(loader, sonames, attn__nvrtc_symbols,
+                                     sizeof attn__nvrtc_symbols / sizeof attn__nvrtc_symbols[0], nv,
+                                     nv->soname, sizeof nv->soname, reason, sizeof reason);
+    if (!nv->library) {
+        attn__fmt(p->nvrtc_reason, sizeof p->nvrtc_reason, "no NVRTC: %s", reason);
+        return;
+    }
+    if (nv->nvrtcVersion(&nv->major, &nv->minor) != 0 || nv->major < 12) {
+        attn__fmt(p->nvrtc_reason, sizeof p->nvrtc_reason, "NVRTC %s is version %d.%d (allowed: 12 "
+                  "or later)", nv->soname, nv->major, nv->minor);
+        attn__loader_close(loader, nv->library);
+        memset(nv, 0, sizeof *nv);
+        return;
+    }
+    p->nvrtc_version = nv->major * 1000 + nv->minor * 10;
+}
+
 /* Loads the driver into *drv and fills the CUDA part of p; a missing piece is a reason
    in p->cuda_reason and leaves drv->library NULL. */
 static void attn__probe_cuda(const attn_loader *loader, attn__cuda_driver *drv, attn_platform *p) {
@@ -1475,15 +1254,12 @@ static void attn__probe_cuda(const attn_loader *loader, attn__cuda_driver *drv, 
         drv->cuDeviceGetAttribute(&p->cuda_capability_minor, ATTN__CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
         drv->cuDeviceGetAttribute(&p->cuda_multiprocessors, ATTN__CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
         drv->cuDeviceGetName(p->cuda_device_name, (int)sizeof p->cuda_device_name, dev);
+        {
+            size_t bytes = 0;
+            if (drv->cuDeviceTotalMem(&bytes, dev) == 0) p->cuda_memory_bytes = bytes;
+        }
     }
     p->kind = ATTN_PLATFORM_CUDA;
-}
-
-ATTN_API attn_status attn_platform_get(attn_context *ctx, attn_platform *out) {
-    if (!ctx) return attn__null_arg(ctx, __func__, "ctx");
-    if (!out) return attn__null_arg(ctx, __func__, "out");
-    *out = ctx->platform;
-    return ATTN_OK;
 }
 
 ATTN_API size_t attn_platform_format(const attn_platform *p, char *buf, size_t size) {
@@ -1500,12 +1276,17 @@ ATTN_API size_t attn_platform_format(const attn_platform *p, char *buf, size_t s
                  "  device_capability: %d.%d\n"
                  "  cuda_multiprocessors: %d\n"
                  "  cuda_driver_version: %d\n"
-                 "  cuda_unavailable_reason: %s\n",
+                 "  cuda_memory_mib: %llu\n"
+                 "  cuda_unavailable_reason: %s\n"
+                 "  nvrtc_version: %d.%d\n"
+                 "  nvrtc_unavailable_reason: %s\n",
                  p->kind == ATTN_PLATFORM_CUDA ? "CUDA" : "CPU", p->cpu_cores, p->cpu_threads,
                  p->cpu_simd, p->cuda_device_count,
                  p->cuda_device_name[0] ? p->cuda_device_name : "none",
                  p->cuda_capability_major, p->cuda_capability_minor, p->cuda_multiprocessors,
-                 p->cuda_driver_version, p->cuda_reason[0] ? p->cuda_reason : "none");
+                 p->cuda_driver_version, (unsigned long long)(p->cuda_memory_bytes >> 20),
+                 p->cuda_reason[0] ? p->cuda_reason : "none", p->nvrtc_version / 1000,
+                 p->nvrtc_version % 1000 / 10, p->nvrtc_reason[0] ? p->nvrtc_reason : "none");
     return n < 0 ? 0 : (size_t)n;
 }
 
@@ -1514,6 +1295,8 @@ ATTN_API size_t attn_platform_format(const attn_platform *p, char *buf, size_t s
    A persistent pool: the caller plus num_threads-1 workers pull task indices from a
    shared counter (tasks are coarse, so a mutex-guarded counter costs nothing).
    ======================================================================================= */
+
+typedef struct attn__threadpool attn__threadpool;
 
 typedef void (*attn__task_fn)(void *arg, int task, int thread);
 
@@ -1632,6 +1415,218 @@ static void attn__pool_run(attn__threadpool *pool, attn__task_fn fn, void *arg, 
 }
 #endif
 
+/* =======================================================================================
+   >>context
+   The context: its struct, the logger and last-error slots every section reports to,
+   environment values, create/destroy, per-thread scratch and backends' context-level state.
+   ======================================================================================= */
+
+/* A backend's context-level state (context_init ran once; status and reason kept). */
+typedef struct attn__backend_slot {
+    const attn_backend *backend;
+    void *state;
+    attn_status status;
+    char reason[160];
+} attn__backend_slot;
+
+typedef struct attn__selection_cache_entry {
+    attn_layer_desc desc;            /* alibi pointer replaced by a hash of the slopes */
+    uint64_t alibi_hash;
+    attn_select_request request;
+    char env_value[64];
+    attn_status status;
+    attn_selection selection;
+} attn__selection_cache_entry;
+
+struct attn_context {
+    attn_log_fn log;
+    void *log_user_data;
+    attn_log_level log_level;
+    char last_error[512];
+    attn_platform platform;
+    int num_threads;
+    attn__threadpool *pool;
+    float **scratch;                 /* one per thread, grown on demand */
+    size_t *scratch_size;
+    attn__selection_cache_entry *cache;
+    int cache_count, cache_capacity;
+    attn_loader loader;              /* how run-time libraries are opened */
+    struct attn__cuda_driver *cuda;  /* the driver's function table (library NULL: none) */
+    struct attn__nvrtc *nvrtc;       /* the run-time compiler's table (library NULL: none) */
+    struct attn__kernel_cache *kernels; /* compiled variants, memory and disk (>>nvrtc) */
+    struct attn__backend_slot *backends; /* context-level state of each backend used */
+    int num_backends, backend_capacity;
+};
+
+static ATTN__THREAD_LOCAL char attn__thread_error[512];
+
+static const char *attn__level_name(attn_log_level level) {
+    switch (level) {
+    case ATTN_LOG_LEVEL_ERROR: return "ERROR";
+    case ATTN_LOG_LEVEL_WARN: return "WARN";
+    case ATTN_LOG_LEVEL_INFO: return "INFO";
+    case ATTN_LOG_LEVEL_DEBUG: return "DEBUG";
+    default: return "?";
+    }
+}
+
+/* A level name (case-insensitive) -> *level; 0 if v names none. */
+static int attn__parse_log_level(const char *v, attn_log_level *level) {
+    if (attn__strieq(v, "error")) *level = ATTN_LOG_LEVEL_ERROR;
+    else if (attn__strieq(v, "warn") || attn__strieq(v, "warning")) *level = ATTN_LOG_LEVEL_WARN;
+    else if (attn__strieq(v, "info")) *level = ATTN_LOG_LEVEL_INFO;
+    else if (attn__strieq(v, "debug")) *level = ATTN_LOG_LEVEL_DEBUG;
+    else if (attn__strieq(v, "none") || attn__strieq(v, "off")) *level = ATTN_LOG_LEVEL_NONE;
+    else return 0;
+    return 1;
+}
+
+/* Silent: the logger itself asks this for lines without a context (a bad value is
+   reported once per context by attn__env_log_level_check). */
+static attn_log_level attn__env_log_level(void) {
+    const char *v = attn__trim_env("ATTN_LOG_LEVEL");
+    attn_log_level level = ATTN_LOG_LEVEL_INFO;
+    if (v && !attn__parse_log_level(v, &level)) level = ATTN_LOG_LEVEL_INFO;
+    return level;
+}
+
+static void attn__log(const attn_context *ctx, attn_log_level level, attn_log_item item,
+                      const char *fmt, ...) ATTN__PRINTF(4, 5);
+static void attn__log(const attn_context *ctx, attn_log_level level, attn_log_item item,
+                      const char *fmt, ...) {
+    char line[768];
+    va_list ap;
+    attn_log_level threshold = ctx ? ctx->log_level : attn__env_log_level();
+    if (threshold == ATTN_LOG_LEVEL_NONE || level > threshold) return;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (ctx && ctx->log)
+        ctx->log(ctx->log_user_data, level, item, line);
+    else
+        fprintf(stderr, "attn: %s: %s\n", attn__level_name(level), line);
+}
+
+/* Records the message as the last error (context, else thread), logs it at ERROR level
+   under `item`, and returns status so callers can `return attn__fail(...)`. */
+static attn_status attn__fail(attn_context *ctx, attn_status status, attn_log_item item,
+                              const char *fmt, ...) ATTN__PRINTF(4, 5);
+static attn_status attn__vfail(attn_context *ctx, attn_status status, attn_log_item item,
+                               const char *fmt, va_list ap) {
+    char *slot = ctx ? ctx->last_error : attn__thread_error;
+    vsnprintf(slot, 512, fmt, ap);
+    attn__log(ctx, ATTN_LOG_LEVEL_ERROR, item, "%s: %s", attn_status_string(status), slot);
+    return status;
+}
+static attn_status attn__fail(attn_context *ctx, attn_status status, attn_log_item item,
+                              const char *fmt, ...) {
+    attn_status st;
+    va_list ap;
+    va_start(ap, fmt);
+    st = attn__vfail(ctx, status, item, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+/* The two most common failures, spelled short: a descriptor field out of range, and a
+   batch field that is inconsistent. Callers `return` them. */
+static attn_status attn__bad_desc(attn_context *ctx, const char *fmt, ...) ATTN__PRINTF(2, 3);
+static attn_status attn__bad_desc(attn_context *ctx, const char *fmt, ...) {
+    attn_status st;
+    va_list ap;
+    va_start(ap, fmt);
+    st = attn__vfail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, fmt, ap);
+    va_end(ap);
+    return st;
+}
+static attn_status attn__bad_batch(attn_context *ctx, const char *fmt, ...) ATTN__PRINTF(2, 3);
+static attn_status attn__bad_batch(attn_context *ctx, const char *fmt, ...) {
+    attn_status st;
+    va_list ap;
+    va_start(ap, fmt);
+    st = attn__vfail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+/* The NULL-argument failure every front door reports: `return attn__null_arg(...)`. */
+static attn_status attn__null_arg(attn_context *ctx, const char *fn, const char *name) {
+    return attn__fail(ctx, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL,
+                      "%s: argument '%s' is NULL (a valid pointer is required)", fn, name);
+}
+
+/* Environment values other than ATTN_BACKEND: a value that is set but not allowed gets
+   one WARN line (through ctx's hook) naming the variable, the value and what is allowed,
+   and the caller's default is used. Unset or empty means the default, silently. */
+static void attn__env_invalid(const attn_context *ctx, const char *name, const char *value,
+                              const char *allowed) {
+    attn__log(ctx, ATTN_LOG_LEVEL_WARN, ATTN_LOG_ENV_INVALID,
+              "%s='%s' is not allowed (allowed: %s); using the default", name, value, allowed);
+}
+
+/* 1/0, true/false, yes/no, on/off (case-insensitive). */
+static int attn__env_bool(const attn_context *ctx, const char *name, int dflt) {
+    static const char *const words[8] = {"1", "true", "yes", "on", "0", "false", "no", "off"};
+    const char *v = attn__trim_env(name);
+    int i;
+    if (!v) return dflt;
+    for (i = 0; i < 8; i++)
+        if (attn__strieq(v, words[i])) return i < 4;
+    attn__env_invalid(ctx, name, v, "1, 0, true, false, yes, no, on, off (case-insensitive)");
+    return dflt;
+}
+
+/* A decimal integer in lo..hi. */
+static int attn__env_int(const attn_context *ctx, const char *name, int lo, int hi, int dflt) {
+    const char *v = attn__trim_env(name);
+    char allowed[64];
+    char *end;
+    long n;
+    if (!v) return dflt;
+    n = strtol(v, &end, 10);
+    if (end != v && !*end && n >= lo && n <= hi) return (int)n;
+    attn__fmt(allowed, sizeof allowed, "an integer from %d to %d", lo, hi);
+    attn__env_invalid(ctx, name, v, allowed);
+    return dflt;
+}
+
+/* ATTN_LOG_LEVEL once more, to report a bad value through a context that has its logger. */
+static void attn__env_log_level_check(const attn_context *ctx) {
+    const char *v = attn__trim_env("ATTN_LOG_LEVEL");
+    attn_log_level level;
+    if (v && !attn__parse_log_level(v, &level))
+        attn__env_invalid(ctx, "ATTN_LOG_LEVEL", v, "error, warn, info, debug, none "
+                          "(case-insensitive)");
+}
+
+ATTN_API const char *attn_status_string(attn_status status) {
+    switch (status) {
+    case ATTN_OK: return "ATTN_OK";
+    case ATTN_ERROR_NULL_ARGUMENT: return "ATTN_ERROR_NULL_ARGUMENT";
+    case ATTN_ERROR_INVALID_VALUE: return "ATTN_ERROR_INVALID_VALUE";
+    case ATTN_ERROR_SHAPE_MISMATCH: return "ATTN_ERROR_SHAPE_MISMATCH";
+    case ATTN_ERROR_INVALID_METADATA: return "ATTN_ERROR_INVALID_METADATA";
+    case ATTN_ERROR_UNSUPPORTED: return "ATTN_ERROR_UNSUPPORTED";
+    case ATTN_ERROR_BACKEND_UNAVAILABLE: return "ATTN_ERROR_BACKEND_UNAVAILABLE";
+    case ATTN_ERROR_UNKNOWN_BACKEND: return "ATTN_ERROR_UNKNOWN_BACKEND";
+    case ATTN_ERROR_CAPACITY: return "ATTN_ERROR_CAPACITY";
+    case ATTN_ERROR_OUT_OF_MEMORY: return "ATTN_ERROR_OUT_OF_MEMORY";
+    case ATTN_ERROR_PLATFORM: return "ATTN_ERROR_PLATFORM";
+    case ATTN_ERROR_INTERNAL: return "ATTN_ERROR_INTERNAL";
+    }
+    return "ATTN_ERROR_UNKNOWN_STATUS";
+}
+
+ATTN_API const char *attn_log_item_name(attn_log_item item) {
+    static const char *const names[] = {
+#define ATTN__LOG_NAME(name, text) "ATTN_LOG_" #name,
+        ATTN_LOG_ITEMS(ATTN__LOG_NAME)
+#undef ATTN__LOG_NAME
+    };
+    if ((int)item < 0 || (int)item >= (int)ATTN_LOG_ITEM_COUNT) return "ATTN_LOG_?";
+    return names[item];
+}
+
 /* Per-thread float scratch, grown before a parallel region so tasks never allocate. */
 static attn_status attn__scratch_reserve(attn_context *ctx, size_t floats) {
     int t;
@@ -1650,17 +1645,27 @@ static attn_status attn__scratch_reserve(attn_context *ctx, size_t floats) {
     return ATTN_OK;
 }
 
-/* =======================================================================================
-   >>context
-   ======================================================================================= */
-
 /* attn_context_create's failures have no context to keep their message: they are logged
    through a stack context holding just the caller's hook and level, and the message is
    copied to the thread's last error (where attn_context_last_error(NULL) finds it). */
-static attn_status attn__context_create_failed(const attn_context *logger, attn_status status) {
+/* A failure of attn_context_create: logged through the caller's hook and level (`logger`
+   holds only those), kept as the thread's last error since there is no context. */
+static attn_status attn__create_fail(attn_context *logger, attn_status status, attn_log_item item,
+                                     const char *fmt, ...) ATTN__PRINTF(4, 5);
+static attn_status attn__create_fail(attn_context *logger, attn_status status, attn_log_item item,
+                                     const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(logger->last_error, sizeof logger->last_error, fmt, ap);
+    va_end(ap);
+    attn__log(logger, ATTN_LOG_LEVEL_ERROR, item, "%s: %s", attn_status_string(status), logger->last_error);
     attn__strlcpy(attn__thread_error, logger->last_error, sizeof attn__thread_error);
     return status;
 }
+
+struct attn__kernel_cache;                                         /* >>nvrtc */
+static struct attn__kernel_cache *attn__kernel_cache_create(const char *dir);
+static void attn__kernel_cache_destroy(struct attn__kernel_cache *kc);
 
 ATTN_API attn_status attn_context_create(const attn_context_desc *desc, attn_context **out) {
     attn_context_desc d;
@@ -1674,24 +1679,22 @@ ATTN_API attn_status attn_context_create(const attn_context_desc *desc, attn_con
     logger.log_user_data = d.log_user_data;
     logger.log_level = (int)d.log_level > 0 && (int)d.log_level <= (int)ATTN_LOG_LEVEL_NONE
                            ? d.log_level : attn__env_log_level();
-#define ATTN__CREATE_FAIL(...) \
-    return attn__context_create_failed(&logger, attn__fail(&logger, __VA_ARGS__))
     if (!out)
-        ATTN__CREATE_FAIL(ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT,
+        return attn__create_fail(&logger, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL,
                           "attn_context_create: argument 'out' is NULL (a valid pointer is "
                           "required)");
     *out = NULL;
     if ((int)d.log_level < 0 || (int)d.log_level > (int)ATTN_LOG_LEVEL_NONE)
-        ATTN__CREATE_FAIL(ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+        return attn__create_fail(&logger, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC,
                           "attn_context_create: desc.log_level is %d (allowed: 0..5, "
                           "ATTN_LOG_LEVEL_DEFAULT..ATTN_LOG_LEVEL_NONE)", (int)d.log_level);
     if (d.num_threads < 0 || d.num_threads > 1024)
-        ATTN__CREATE_FAIL(ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+        return attn__create_fail(&logger, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC,
                           "attn_context_create: desc.num_threads is %d (allowed: 0 = default, "
                           "or 1..1024)", d.num_threads);
     ctx = (attn_context *)attn__calloc(1, sizeof *ctx);
     if (!ctx)
-        ATTN__CREATE_FAIL(ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
+        return attn__create_fail(&logger, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
                           "attn_context_create: cannot allocate the context");
     ctx->log = d.log;
     ctx->log_user_data = d.log_user_data;
@@ -1708,14 +1711,14 @@ ATTN_API attn_status attn_context_create(const attn_context_desc *desc, attn_con
     ctx->scratch_size = (size_t *)attn__calloc((size_t)threads, sizeof(size_t));
     if (!ctx->scratch || !ctx->scratch_size) {
         attn_context_destroy(ctx);
-        ATTN__CREATE_FAIL(ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
+        return attn__create_fail(&logger, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
                           "attn_context_create: cannot allocate thread scratch tables");
     }
     if (threads > 1) {
         ctx->pool = attn__pool_create(threads);
         if (!ctx->pool) {
             attn_context_destroy(ctx);
-            ATTN__CREATE_FAIL(ATTN_ERROR_PLATFORM, ATTN_LOG_PLATFORM_ERROR,
+            return attn__create_fail(&logger, ATTN_ERROR_PLATFORM, ATTN_LOG_PLATFORM_ERROR,
                               "attn_context_create: cannot start %d worker threads", threads - 1);
         }
         attn__log(ctx, ATTN_LOG_LEVEL_DEBUG, ATTN_LOG_THREADS_STARTED, "%d worker threads",
@@ -1728,10 +1731,18 @@ ATTN_API attn_status attn_context_create(const attn_context_desc *desc, attn_con
     ctx->cuda = (struct attn__cuda_driver *)attn__calloc(1, sizeof *ctx->cuda);
     if (!ctx->cuda) {
         attn_context_destroy(ctx);
-        return attn__fail(NULL, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
-                          "attn_context_create: cannot allocate the driver table");
+        return attn__create_fail(&logger, ATTN_ERROR_OUT_OF_MEMORY,
+                          ATTN_LOG_OUT_OF_MEMORY, "attn_context_create: cannot allocate the driver table");
     }
     attn__probe_cuda(&ctx->loader, ctx->cuda, &ctx->platform);
+    ctx->nvrtc = (struct attn__nvrtc *)attn__calloc(1, sizeof *ctx->nvrtc);
+    ctx->kernels = attn__kernel_cache_create(d.kernel_cache_dir);
+    if (!ctx->nvrtc || !ctx->kernels) {
+        attn_context_destroy(ctx);
+        return attn__create_fail(&logger, ATTN_ERROR_OUT_OF_MEMORY,
+                          ATTN_LOG_OUT_OF_MEMORY, "attn_context_create: cannot allocate the compiler tables");
+    }
+    attn__probe_nvrtc(&ctx->loader, ctx->nvrtc, &ctx->platform);
     if (ctx->platform.kind != ATTN_PLATFORM_CUDA)
         attn__log(ctx, ATTN_LOG_LEVEL_DEBUG, ATTN_LOG_CUDA_UNAVAILABLE, "CUDA: %s",
                   ctx->platform.cuda_reason);
@@ -1741,7 +1752,6 @@ ATTN_API attn_status attn_context_create(const attn_context_desc *desc, attn_con
               ctx->platform.cpu_cores, threads, ctx->platform.cpu_simd);
     *out = ctx;
     return ATTN_OK;
-#undef ATTN__CREATE_FAIL
 }
 
 ATTN_API void attn_context_destroy(attn_context *ctx) {
@@ -1761,6 +1771,9 @@ ATTN_API void attn_context_destroy(attn_context *ctx) {
     attn__free(ctx->cache);
     if (ctx->cuda) attn__loader_close(&ctx->loader, ctx->cuda->library);
     attn__free(ctx->cuda);
+    if (ctx->nvrtc) attn__loader_close(&ctx->loader, ctx->nvrtc->library);
+    attn__free(ctx->nvrtc);
+    attn__kernel_cache_destroy(ctx->kernels);
     attn__free(ctx);
 }
 
@@ -1823,6 +1836,304 @@ ATTN_API void *attn_context_backend_state(const attn_context *ctx, const attn_ba
         if (ctx->backends[i].backend == backend && ctx->backends[i].status == ATTN_OK)
             return ctx->backends[i].state;
     return NULL;
+}
+
+ATTN_API attn_status attn_platform_get(attn_context *ctx, attn_platform *out) {
+    if (!ctx) return attn__null_arg(ctx, __func__, "ctx");
+    if (!out) return attn__null_arg(ctx, __func__, "out");
+    *out = ctx->platform;
+    return ATTN_OK;
+}
+
+/* =======================================================================================
+   >>types
+   Element types from one table (name, size, row load/store), exact f16/bf16 conversions
+   (round to nearest even), tensor views and the checks every front door runs on them.
+   ======================================================================================= */
+
+static uint32_t attn__f32_bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
+static float attn__bits_f32(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }
+
+ATTN_API uint16_t attn_f32_to_f16(float x) {
+    uint32_t u = attn__f32_bits(x);
+    uint32_t sign = (u >> 16) & 0x8000u;
+    uint32_t exp = (u >> 23) & 0xffu;
+    uint32_t man = u & 0x7fffffu;
+    if (exp == 0xff) return (uint16_t)(sign | 0x7c00u | (man ? 0x200u | (man >> 13) : 0));
+    if (exp > 142) return (uint16_t)(sign | 0x7c00u); /* >= 2^16: overflow to inf */
+    if (exp < 113) {                                   /* subnormal half or zero */
+        uint32_t shift, m, r, half;
+        if (exp < 102) return (uint16_t)sign;          /* < 2^-25: rounds to zero */
+        m = man | 0x800000u;
+        shift = 126 - exp;                             /* 14..24 */
+        r = m >> shift;
+        half = 1u << (shift - 1);
+        if ((m & ((half << 1) - 1)) > half || ((m & ((half << 1) - 1)) == half && (r & 1))) r++;
+        return (uint16_t)(sign | r);
+    } else {
+        uint32_t h = ((exp - 112) << 10) | (man >> 13);
+        uint32_t rest = man & 0x1fffu;
+        if (rest > 0x1000u || (rest == 0x1000u && (h & 1))) h++; /* may carry into exp: ok */
+        return (uint16_t)(sign | h);
+    }
+}
+
+ATTN_API float attn_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t man = h & 0x3ffu;
+    if (exp == 0x1f) return attn__bits_f32(sign | 0x7f800000u | (man << 13));
+    if (exp == 0) {
+        float v = (float)man * (1.0f / 16777216.0f); /* man * 2^-24, exact */
+        return sign ? -v : v;
+    }
+    return attn__bits_f32(sign | ((exp + 112) << 23) | (man << 13));
+}
+
+ATTN_API uint16_t attn_f32_to_bf16(float x) {
+    uint32_t u = attn__f32_bits(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+ATTN_API float attn_bf16_to_f32(uint16_t h) { return attn__bits_f32((uint32_t)h << 16); }
+
+/* Rows of n elements between storage and f32 (stores round to nearest even). The f16 and
+   bf16 ones are defined in >>cpu, next to the vector layer they use. */
+static void attn__f32_row(const void *src, float *dst, int n) {
+    memcpy(dst, src, (size_t)n * sizeof(float));
+}
+static void attn__row_store_f32(const float *src, void *dst, int n) {
+    memcpy(dst, src, (size_t)n * sizeof(float));
+}
+static void attn__f16_row(const void *src, float *dst, int n);
+static void attn__bf16_row(const void *src, float *dst, int n);
+static void attn__row_to_f16(const float *src, void *dst, int n);
+static void attn__row_to_bf16(const float *src, void *dst, int n);
+
+/* Everything that depends on the element type goes through this table, or through a
+   switch without `default:` (so -Wswitch names each place a new type must be handled;
+   the SIMD kernels keep one instantiation per type for speed). */
+typedef struct attn__dtype_info {
+    const char *name, *long_name;                         /* "bf16", "bfloat16" */
+    size_t size;                                          /* bytes; 0: not an element type */
+    void (*load_row)(const void *src, float *dst, int n); /* n elements -> f32 */
+    void (*store_row)(const float *src, void *dst, int n);
+} attn__dtype_info;
+
+static const attn__dtype_info attn__dtypes[] = { /* one row per attn_dtype, in order */
+    {"auto", "auto", 0, NULL, NULL},
+    {"f32", "float32", 4, attn__f32_row, attn__row_store_f32},
+    {"f16", "float16", 2, attn__f16_row, attn__row_to_f16},
+    {"bf16", "bfloat16", 2, attn__bf16_row, attn__row_to_bf16}
+};
+/* fails to compile when attn_dtype gains an enumerator without a row */
+typedef char attn__dtype_table_complete[
+    sizeof attn__dtypes / sizeof attn__dtypes[0] == (size_t)ATTN_DTYPE_COUNT ? 1 : -1];
+
+static int attn__dtype_valid(attn_dtype dtype) {
+    return (int)dtype >= 0 && (int)dtype < (int)ATTN_DTYPE_COUNT;
+}
+
+/* The element types' names for messages: "f32, f16, bf16". */
+static void attn__dtype_names(char *buf, size_t size, int long_names) {
+    int d;
+    buf[0] = 0;
+    for (d = 0; d < (int)ATTN_DTYPE_COUNT; d++)
+        if (attn__dtypes[d].size) {
+            size_t n = strlen(buf);
+            attn__fmt(buf + n, size - n, "%s%s", n ? ", " : "", attn__dtypes[d].name);
+            if (long_names) {
+                n = strlen(buf);
+                attn__fmt(buf + n, size - n, " (%s)", attn__dtypes[d].long_name);
+            }
+        }
+}
+
+ATTN_API const char *attn_dtype_name(attn_dtype dtype) {
+    return attn__dtype_valid(dtype) ? attn__dtypes[dtype].name : "?";
+}
+
+ATTN_API attn_status attn_dtype_from_name(const char *name, attn_dtype *out) {
+    char names[160];
+    int d;
+    if (!name) return attn__null_arg(NULL, __func__, "name");
+    if (!out) return attn__null_arg(NULL, __func__, "out");
+    for (d = 0; d < (int)ATTN_DTYPE_COUNT; d++)
+        if (attn__dtypes[d].size &&
+            (attn__strieq(name, attn__dtypes[d].name) || attn__strieq(name, attn__dtypes[d].long_name))) {
+            *out = (attn_dtype)d;
+            return ATTN_OK;
+        }
+    attn__dtype_names(names, sizeof names, 1);
+    return attn__fail(NULL, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                      "attn_dtype_from_name: name '%s' names no element type (allowed, "
+                      "case-insensitive: %s)", name, names);
+}
+
+ATTN_API size_t attn_dtype_size(attn_dtype dtype) {
+    return attn__dtype_valid(dtype) ? attn__dtypes[dtype].size : 0;
+}
+
+ATTN_API attn_tensor attn_tensor_make(void *data, attn_dtype dtype, int ndim,
+                                      const int64_t *shape) {
+    attn_tensor t;
+    int i;
+    memset(&t, 0, sizeof t);
+    t.data = data;
+    t.dtype = dtype;
+    t.ndim = (ndim < 0 || ndim > ATTN_MAX_DIMS || !shape) ? 0 : ndim;
+    for (i = 0; i < t.ndim; i++) t.shape[i] = shape[i];
+    return t;
+}
+
+/* Fills default (contiguous) strides into a copy when all strides are zero. */
+static attn_tensor attn__tensor_resolved(const attn_tensor *t) {
+    attn_tensor r = *t;
+    int i, all_zero = 1;
+    for (i = 0; i < r.ndim; i++) if (r.strides[i]) all_zero = 0;
+    if (all_zero && r.ndim > 0) {
+        int64_t s = 1;
+        /* the outermost extent enters no stride: it may be any length without overflow */
+        for (i = r.ndim - 1; i >= 0; i--) { r.strides[i] = s; if (i > 0) s *= r.shape[i]; }
+    }
+    return r;
+}
+
+ATTN_API size_t attn_tensor_nbytes(const attn_tensor *t) {
+    size_t n;
+    int i;
+    if (!t || t->ndim <= 0 || t->ndim > ATTN_MAX_DIMS) return 0;
+    n = attn_dtype_size(t->dtype);
+    for (i = 0; i < t->ndim; i++)
+        if (t->shape[i] <= 0) return 0;
+    for (i = 0; i < t->ndim; i++) {
+        uint64_t e = (uint64_t)t->shape[i];
+        if (e > (uint64_t)SIZE_MAX || (n && (size_t)e > SIZE_MAX / n)) return SIZE_MAX;
+        n *= (size_t)e;
+    }
+    return n;
+}
+
+/* One element; a switch rather than the table's rows, so the conversion inlines. */
+static float attn__load_elem(const void *p, attn_dtype dt, int64_t i) {
+    switch (dt) {
+    case ATTN_DTYPE_F32: return ((const float *)p)[i];
+    case ATTN_DTYPE_F16: return attn_f16_to_f32(((const uint16_t *)p)[i]);
+    case ATTN_DTYPE_BF16: return attn_bf16_to_f32(((const uint16_t *)p)[i]);
+    case ATTN_DTYPE_AUTO: case ATTN_DTYPE_COUNT: break; /* not element types */
+    }
+    ATTN_ASSERT(0);
+    return 0.0f;
+}
+
+static void attn__store_elem(void *p, attn_dtype dt, int64_t i, float x) {
+    switch (dt) {
+    case ATTN_DTYPE_F32: ((float *)p)[i] = x; return;
+    case ATTN_DTYPE_F16: ((uint16_t *)p)[i] = attn_f32_to_f16(x); return;
+    case ATTN_DTYPE_BF16: ((uint16_t *)p)[i] = attn_f32_to_bf16(x); return;
+    case ATTN_DTYPE_AUTO: case ATTN_DTYPE_COUNT: break;
+    }
+    ATTN_ASSERT(0);
+}
+
+static const char *attn__device_name(attn_device_kind d) {
+    switch (d) {
+    case ATTN_DEVICE_CPU: return "cpu";
+    case ATTN_DEVICE_CUDA: return "cuda";
+    }
+    return "?";
+}
+
+/* Expected extents for attn__check_tensor: n means exactly n, ATTN__AT_LEAST(n) at least n. */
+#define ATTN__AT_LEAST(n) (-(int64_t)(n) - 1)
+
+/* Checks a tensor against an expected dtype and shape, innermost dimension contiguous. */
+static attn_status attn__check_tensor(attn_context *ctx, const char *fn, const char *name,
+                                      const attn_tensor *t, attn_dtype dtype, int ndim,
+                                      const int64_t *shape, attn_device_kind device) {
+    int i;
+    if (!t->data)
+        return attn__fail(ctx, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL,
+                          "%s: %s.data is NULL (a valid pointer is required)", fn, name);
+    if (t->dtype != dtype)
+        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_DTYPE,
+                          "%s: %s.dtype is %s (allowed: %s)", fn, name,
+                          attn_dtype_name(t->dtype), attn_dtype_name(dtype));
+    if (t->device.kind != device)
+        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_DEVICE,
+                          "%s: %s.device is %s (allowed: %s)", fn, name,
+                          attn__device_name(t->device.kind), attn__device_name(device));
+    if (t->ndim != ndim)
+        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE,
+                          "%s: %s.ndim is %d (allowed: %d)", fn, name, t->ndim, ndim);
+    for (i = 0; i < ndim; i++) {
+        if (shape[i] >= 0 && t->shape[i] != shape[i])
+            return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE,
+                              "%s: %s.shape[%d] is %lld (allowed: %lld)", fn, name, i,
+                              (long long)t->shape[i], (long long)shape[i]);
+        if (shape[i] < 0 && t->shape[i] < -shape[i] - 1)
+            return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE,
+                              "%s: %s.shape[%d] is %lld (allowed: at least %lld)", fn, name,
+                              i, (long long)t->shape[i], (long long)(-shape[i] - 1));
+    }
+    {
+        attn_tensor r = attn__tensor_resolved(t);
+        if (r.strides[ndim - 1] != 1)
+            return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_LAYOUT,
+                              "%s: %s.strides[%d] is %lld (allowed: 1, the last dimension "
+                              "must be contiguous)", fn, name, ndim - 1,
+                              (long long)r.strides[ndim - 1]);
+        for (i = 0; i < ndim - 1; i++)
+            if (r.strides[i] < 0)
+                return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_LAYOUT,
+                                  "%s: %s.strides[%d] is %lld (allowed: >= 0)", fn, name, i,
+                                  (long long)r.strides[i]);
+    }
+    return ATTN_OK;
+}
+
+/* An output may not hold one element twice (two writers, or a row written over another);
+   inputs may (broadcast views). With the dimensions of extent > 1 sorted by stride, each
+   stride must reach past the span of the dimensions inside it. After attn__check_tensor. */
+static attn_status attn__check_output_tensor(attn_context *ctx, const char *fn, const char *name,
+                                             const attn_tensor *t) {
+    attn_tensor r = attn__tensor_resolved(t);
+    int order[ATTN_MAX_DIMS], n = 0, i, j;
+    int64_t span = 1; /* elements from the first to the last of the dimensions so far */
+    for (i = 0; i < r.ndim; i++) {
+        if (r.shape[i] <= 0) return ATTN_OK; /* empty: nothing is written */
+        if (r.shape[i] > 1) order[n++] = i;
+    }
+    for (i = 1; i < n; i++)
+        for (j = i; j > 0 && r.strides[order[j]] < r.strides[order[j - 1]]; j--) {
+            int x = order[j]; order[j] = order[j - 1]; order[j - 1] = x;
+        }
+    for (i = 0; i < n; i++) {
+        int k = order[i];
+        if (r.strides[k] < span)
+            return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_LAYOUT,
+                              "%s: %s.strides[%d] is %lld with shape[%d] %lld, so the output's "
+                              "elements overlap (allowed: >= %lld, the span of the dimensions "
+                              "inside it; outputs may not repeat elements)", fn, name, k,
+                              (long long)r.strides[k], k, (long long)r.shape[k], (long long)span);
+        span = (r.shape[k] - 1 > (INT64_MAX - span) / r.strides[k])
+                   ? INT64_MAX : span + (r.shape[k] - 1) * r.strides[k];
+    }
+    return ATTN_OK;
+}
+
+/* Contiguity of a whole tensor (the KV cache must be exactly the backend's layout). */
+static int attn__tensor_is_contiguous(const attn_tensor *t) {
+    attn_tensor r = attn__tensor_resolved(t);
+    int64_t s = 1;
+    int i;
+    for (i = r.ndim - 1; i >= 0; i--) {
+        if (r.shape[i] != 1 && r.strides[i] != s) return 0;
+        if (i > 0) s *= r.shape[i];
+    }
+    return 1;
 }
 
 /* =======================================================================================
@@ -1932,7 +2243,7 @@ ATTN_API attn_status attn_register_backend(attn_backend_id id, const attn_backen
             (backend->is_mla ? (!backend->forward_mqa || !backend->forward_mha ||
                                 !backend->mla_forward || !backend->concat_and_cache_mla)
                              : (!backend->forward || !backend->reshape_and_cache)))
-            return attn__fail(NULL, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT,
+            return attn__fail(NULL, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL,
                               "attn_register_backend: backend must have a name, kv_cache_shape "
                               "and its entry points (standard: forward, reshape_and_cache; MLA: "
                               "forward_mqa, forward_mha, mla_forward, concat_and_cache_mla); one "
@@ -1973,68 +2284,78 @@ ATTN_API attn_status attn_register_backend(attn_backend_id id, const attn_backen
 static attn_status attn__desc_resolve(attn_context *ctx, const char *fn,
                                       const attn_layer_desc *in, attn_layer_desc *out) {
     attn_layer_desc d = *in;
+    char types[64];
     int i;
-    if (d.num_heads <= 0) return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT, "%s: desc.num_heads is %d (allowed: >= 1)", fn, d.num_heads);
+    if (d.num_heads <= 0)
+        return attn__bad_desc(ctx, "%s: desc.num_heads is %d (allowed: >= 1)", fn, d.num_heads);
     if (d.num_kv_heads < 0)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT, "%s: desc.num_kv_heads is %d (allowed: 0 = num_heads, or a divisor of "
-                  "num_heads)", fn, d.num_kv_heads);
+        return attn__bad_desc(ctx, "%s: desc.num_kv_heads is %d (allowed: 0 = num_heads, or a "
+                                   "divisor of num_heads)", fn, d.num_kv_heads);
     if (!d.num_kv_heads) d.num_kv_heads = d.use_mla == 1 ? 1 : d.num_heads;
     if (d.num_heads % d.num_kv_heads)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT, "%s: desc.num_kv_heads is %d (allowed: a divisor of num_heads %d)", fn,
-                  d.num_kv_heads, d.num_heads);
-    if (d.head_size <= 0) return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT, "%s: desc.head_size is %d (allowed: >= 1)", fn, d.head_size);
-    if ((int)d.dtype < 0 || (int)d.dtype >= (int)ATTN_DTYPE_COUNT)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT, "%s: desc.dtype is %d (allowed: ATTN_DTYPE_AUTO, F32, F16, BF16)", fn, (int)d.dtype);
-    if ((int)d.kv_cache_dtype < 0 || (int)d.kv_cache_dtype >= (int)ATTN_DTYPE_COUNT)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT, "%s: desc.kv_cache_dtype is %d (allowed: ATTN_DTYPE_AUTO, F32, F16, BF16)",
-                  fn, (int)d.kv_cache_dtype);
+        return attn__bad_desc(ctx, "%s: desc.num_kv_heads is %d (allowed: a divisor of num_heads "
+                                   "%d)", fn, d.num_kv_heads, d.num_heads);
+    if (d.head_size <= 0)
+        return attn__bad_desc(ctx, "%s: desc.head_size is %d (allowed: >= 1)", fn, d.head_size);
+    attn__dtype_names(types, sizeof types, 0);
+    if (!attn__dtype_valid(d.dtype))
+        return attn__bad_desc(ctx, "%s: desc.dtype is %d (allowed: ATTN_DTYPE_AUTO, or an element "
+                                   "type: %s)", fn, (int)d.dtype, types);
+    if (!attn__dtype_valid(d.kv_cache_dtype))
+        return attn__bad_desc(ctx, "%s: desc.kv_cache_dtype is %d (allowed: ATTN_DTYPE_AUTO, or an "
+                                   "element type: %s)", fn, (int)d.kv_cache_dtype, types);
     if (!d.dtype) d.dtype = ATTN_DTYPE_F16;
     if (!d.kv_cache_dtype) d.kv_cache_dtype = d.dtype;
     if (d.block_size < 0 || d.block_size % 16 || d.block_size > 65536)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT, "%s: desc.block_size is %d (allowed: 0 = 16, or a multiple of 16 up to 65536)",
-                  fn, d.block_size);
+        return attn__bad_desc(ctx, "%s: desc.block_size is %d (allowed: 0 = 16, or a multiple of "
+                                   "16 up to 65536)", fn, d.block_size);
     if (!d.block_size) d.block_size = 16;
     if (d.use_mla < 0 || d.use_mla > 1)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT, "%s: desc.use_mla is %d (allowed: 0 or 1)", fn, d.use_mla);
+        return attn__bad_desc(ctx, "%s: desc.use_mla is %d (allowed: 0 or 1)", fn, d.use_mla);
+    if ((int)d.device != ATTN_DEVICE_CPU && (int)d.device != ATTN_DEVICE_CUDA)
+        return attn__bad_desc(ctx, "%s: desc.device is %d (allowed: ATTN_DEVICE_CPU, "
+                                   "ATTN_DEVICE_CUDA)", fn, (int)d.device);
     if (d.use_mla) {
         if (d.num_kv_heads != 1)
-            return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT, "%s: desc.num_kv_heads is %d for an MLA layer (allowed: 0 or 1, the one "
-                      "latent head)", fn, in->num_kv_heads);
+            return attn__bad_desc(ctx, "%s: desc.num_kv_heads is %d for an MLA layer (allowed: 0 "
+                                       "or 1, the one latent head)", fn, in->num_kv_heads);
         if (d.qk_rope_head_dim < 0 || d.kv_lora_rank < 0 || d.qk_nope_head_dim < 0 || d.v_head_dim < 0)
-            return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT, "%s: an MLA dimension is negative (kv_lora_rank %d, qk_rope_head_dim %d, "
-                      "qk_nope_head_dim %d, v_head_dim %d; allowed: 0 = default, or > 0)", fn,
-                      d.kv_lora_rank, d.qk_rope_head_dim, d.qk_nope_head_dim, d.v_head_dim);
+            return attn__bad_desc(ctx, "%s: an MLA dimension is negative (kv_lora_rank %d, "
+                                       "qk_rope_head_dim %d, qk_nope_head_dim %d, v_head_dim %d; "
+                                       "allowed: 0 = default, or > 0)", fn, d.kv_lora_rank,
+                                       d.qk_rope_head_dim, d.qk_nope_head_dim, d.v_head_dim);
         if (!d.qk_rope_head_dim) d.qk_rope_head_dim = 64;
         if (!d.kv_lora_rank) d.kv_lora_rank = d.head_size - d.qk_rope_head_dim;
         if (!d.qk_nope_head_dim) d.qk_nope_head_dim = 128;
         if (!d.v_head_dim) d.v_head_dim = 128;
         if (d.kv_lora_rank <= 0 || d.kv_lora_rank + d.qk_rope_head_dim != d.head_size)
-            return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT, "%s: desc.head_size %d is not kv_lora_rank %d + qk_rope_head_dim %d "
-                      "(allowed: head_size = kv_lora_rank + qk_rope_head_dim, e.g. 576 = 512 + 64)",
-                      fn, d.head_size, d.kv_lora_rank, d.qk_rope_head_dim);
+            return attn__bad_desc(ctx, "%s: desc.head_size %d is not kv_lora_rank %d + "
+                                       "qk_rope_head_dim %d (allowed: head_size = kv_lora_rank + "
+                                       "qk_rope_head_dim, e.g. 576 = 512 + 64)", fn, d.head_size,
+                                       d.kv_lora_rank, d.qk_rope_head_dim);
     }
     if (!(d.scale >= 0.0f) || d.scale > FLT_MAX)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT, "%s: desc.scale is %g (allowed: 0 = 1/sqrt(head_size), or a finite value "
-                  "> 0)", fn, (double)d.scale);
+        return attn__bad_desc(ctx, "%s: desc.scale is %g (allowed: 0 = 1/sqrt(head_size), or a "
+                                   "finite value > 0)", fn, (double)d.scale);
     if (d.scale == 0.0f) {
         int qk = d.use_mla ? d.qk_nope_head_dim + d.qk_rope_head_dim : d.head_size;
         d.scale = 1.0f / sqrtf((float)(qk > 0 ? qk : d.head_size));
     }
     if ((int)d.causal < 0 || (int)d.causal > (int)ATTN_CAUSAL_NO)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT, "%s: desc.causal is %d (allowed: ATTN_CAUSAL_DEFAULT, _YES, _NO)", fn,
-                  (int)d.causal);
+        return attn__bad_desc(ctx, "%s: desc.causal is %d (allowed: ATTN_CAUSAL_DEFAULT, _YES, _NO)",
+                                   fn, (int)d.causal);
     if (!d.causal) d.causal = ATTN_CAUSAL_YES;
     if (d.sliding_window < 0)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT, "%s: desc.sliding_window is %d (allowed: 0 = none, or >= 1)", fn,
-                  d.sliding_window);
+        return attn__bad_desc(ctx, "%s: desc.sliding_window is %d (allowed: 0 = none, or >= 1)",
+                                   fn, d.sliding_window);
     if (!(d.logits_soft_cap >= 0.0f) || d.logits_soft_cap > FLT_MAX)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT, "%s: desc.logits_soft_cap is %g (allowed: 0 = none, or a finite value > 0)",
-                  fn, (double)d.logits_soft_cap);
+        return attn__bad_desc(ctx, "%s: desc.logits_soft_cap is %g (allowed: 0 = none, or a finite "
+                                   "value > 0)", fn, (double)d.logits_soft_cap);
     if (d.alibi_slopes)
         for (i = 0; i < d.num_heads; i++)
             if (!(d.alibi_slopes[i] - d.alibi_slopes[i] == 0.0f))
-                return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT, "%s: desc.alibi_slopes[%d] is %g (allowed: finite values)", fn, i,
-                          (double)d.alibi_slopes[i]);
+                return attn__bad_desc(ctx, "%s: desc.alibi_slopes[%d] is %g (allowed: finite "
+                                           "values)", fn, i, (double)d.alibi_slopes[i]);
     *out = d;
     return ATTN_OK;
 }
@@ -2059,6 +2380,12 @@ static int attn__backend_check(const attn_backend *b, const attn_layer_desc *d,
                                const attn_platform *p, char *reason, size_t size) {
     char allowed[64];
     char custom[128];
+    if (b->device != d->device) {
+        attn__fmt(reason, size, "%s: runs on %s tensors; the layer's tensors are on %s "
+                  "(attn_layer_desc.device)", b->name, attn__device_name(b->device),
+                  attn__device_name(d->device));
+        return 1;
+    }
     if (b->device == ATTN_DEVICE_CUDA && p->kind != ATTN_PLATFORM_CUDA) {
         attn__fmt(reason, size, "%s: %s", b->name, p->cuda_reason[0] ? p->cuda_reason : "no CUDA device");
         return 1;
@@ -2153,7 +2480,7 @@ static int attn__desc_equal(const attn_layer_desc *a, const attn_layer_desc *b) 
            a->kv_cache_dtype == b->kv_cache_dtype && a->block_size == b->block_size &&
            a->scale == b->scale && a->causal == b->causal &&
            a->sliding_window == b->sliding_window && a->logits_soft_cap == b->logits_soft_cap &&
-           a->use_mla == b->use_mla && a->kv_lora_rank == b->kv_lora_rank &&
+           a->use_mla == b->use_mla && a->device == b->device && a->kv_lora_rank == b->kv_lora_rank &&
            a->qk_rope_head_dim == b->qk_rope_head_dim &&
            a->qk_nope_head_dim == b->qk_nope_head_dim && a->v_head_dim == b->v_head_dim;
 }
@@ -2213,6 +2540,7 @@ static attn_status attn__resolve(attn_context *ctx, const attn_layer_desc *d,
     s->num_heads = d->num_heads;
     s->num_kv_heads = d->num_kv_heads;
     s->use_mla = d->use_mla;
+    s->device = d->device;
     s->platform = ctx->platform.kind;
     s->device_capability = ctx->platform.kind == ATTN_PLATFORM_CUDA
                                ? ctx->platform.cuda_capability_major * 10 + ctx->platform.cuda_capability_minor
@@ -2220,7 +2548,7 @@ static attn_status attn__resolve(attn_context *ctx, const attn_layer_desc *d,
     attn__strlcpy(s->degradation, "none", sizeof s->degradation);
     for (i = 0; i < count; i++) { /* the first registered backend of the layer's kind */
         const attn_backend *b = attn_backend_get(list[i]);
-        if (b && b->is_mla == d->use_mla) { s->default_backend = list[i]; break; }
+        if (b && b->is_mla == d->use_mla && b->device == d->device) { s->default_backend = list[i]; break; }
     }
 
     if (req->backend != ATTN_BACKEND_AUTO) {
@@ -2274,7 +2602,7 @@ static attn_status attn__resolve(attn_context *ctx, const attn_layer_desc *d,
         attn__automatic(ctx, d, s, ATTN_BACKEND_AUTO, layer);
     }
     if (s->resolved) {
-        const attn_backend *b = layer ? layer->backend : attn_backend_get(s->resolved);
+        const attn_backend *b = layer ? attn_layer_backend(layer) : attn_backend_get(s->resolved);
         if (b) {
             s->backend_device = b->device;
             s->cuda_graph = b->cuda_graph;
@@ -2292,13 +2620,14 @@ static attn_status attn__resolve(attn_context *ctx, const attn_layer_desc *d,
     attn__fmt(s->log_line, sizeof s->log_line,
              "attention backend %s (source: %s%s; degraded: %s) for %s layer heads=%d/%d "
              "head_size=%d dtype=%s kv_cache_dtype=%s block_size=%d sliding_window=%d "
-             "platform=%s",
+             "device=%s platform=%s",
              attn_backend_name(s->resolved),
              s->source == ATTN_SELECTION_CODE ? "code" : s->source == ATTN_SELECTION_ENV ? "env" : "auto",
              (s->source == ATTN_SELECTION_AUTO && s->resolved == s->default_backend) ? ", default" : "",
              s->degradation, d->use_mla ? "MLA" : "standard", d->num_heads, d->num_kv_heads,
              d->head_size, attn_dtype_name(d->dtype), attn_dtype_name(d->kv_cache_dtype),
-             d->block_size, d->sliding_window, ctx->platform.kind == ATTN_PLATFORM_CUDA ? "CUDA" : "CPU");
+             d->block_size, d->sliding_window, attn__device_name(d->device),
+             ctx->platform.kind == ATTN_PLATFORM_CUDA ? "CUDA" : "CPU");
     attn__log(ctx, ATTN_LOG_LEVEL_INFO, ATTN_LOG_SELECT_RESOLVED, "%s", s->log_line);
     return ATTN_OK;
 }
@@ -2365,7 +2694,7 @@ ATTN_API attn_status attn_select_backend(attn_context *ctx, const attn_layer_des
     memset(&req, 0, sizeof req);
     if (request) req = *request;
     if ((int)req.backend < 0 || (int)req.backend >= (int)ATTN_BACKEND_COUNT)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC,
                           "attn_select_backend: request.backend is %d (allowed: 0 = AUTO .. %d)",
                           (int)req.backend, (int)ATTN_BACKEND_COUNT - 1);
     st = attn__desc_resolve(ctx, "attn_select_backend", desc, &d);
@@ -2423,6 +2752,7 @@ ATTN_API size_t attn_selection_format(const attn_selection *s, char *buf, size_t
                  "  block_size: %d  # effective\n"
                  "  sliding_window: %d\n"
                  "  head_size: %d\n"
+                 "  device: %s\n"
                  "  device_capability: %s\n"
                  "backend:\n"
                  "  device: %s\n"
@@ -2440,8 +2770,8 @@ ATTN_API size_t attn_selection_format(const attn_selection *s, char *buf, size_t
                  s->degradation, s->num_skipped ? "" : " none", skipped,
                  s->use_mla ? "MLA" : "standard", s->num_heads, s->num_kv_heads,
                  attn_dtype_name(s->dtype), attn_dtype_name(s->kv_cache_dtype), s->block_size,
-                 s->sliding_window, s->head_size, cap,
-                 !s->resolved ? "(none)" : s->backend_device == ATTN_DEVICE_CUDA ? "cuda" : "cpu",
+                 s->sliding_window, s->head_size, attn__device_name(s->device), cap,
+                 !s->resolved ? "(none)" : attn__device_name(s->backend_device),
                  !s->resolved ? "(none)" : attn__graph_name(s->cuda_graph),
                  !s->resolved ? "(none)" : !s->can_return_lse ? "not returned"
                  : s->lse_base == ATTN_LSE_BASE_2 ? "base 2 (returned as base e)" : "base e",
@@ -2453,6 +2783,16 @@ ATTN_API size_t attn_selection_format(const attn_selection *s, char *buf, size_t
    >>layer
    A resolved backend plus the validated descriptor (defaults filled in, slopes copied).
    ======================================================================================= */
+
+/* A resolved backend plus the validated descriptor (defaults filled in, slopes copied). */
+struct attn_layer {
+    attn_context *ctx;
+    attn_layer_desc desc;
+    float *alibi;
+    const attn_backend *backend;   /* bound by the selector once layer_init succeeded */
+    void *backend_state;           /* what layer_init stored */
+    attn_selection selection;
+};
 
 ATTN_API attn_status attn_layer_create(attn_context *ctx, const attn_layer_desc *desc,
                                        const attn_select_request *request, attn_layer **out) {
@@ -2468,7 +2808,7 @@ ATTN_API attn_status attn_layer_create(attn_context *ctx, const attn_layer_desc 
     memset(&req, 0, sizeof req);
     if (request) req = *request;
     if ((int)req.backend < 0 || (int)req.backend >= (int)ATTN_BACKEND_COUNT)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC,
                           "attn_layer_create: request.backend is %d (allowed: 0 = AUTO .. %d)",
                           (int)req.backend, (int)ATTN_BACKEND_COUNT - 1);
     st = attn__desc_resolve(ctx, "attn_layer_create", desc, &d);
@@ -2663,10 +3003,10 @@ ATTN_API attn_status attn_metadata_mla_info(const attn_metadata *meta, attn_mla_
     if (!meta) return attn__null_arg(ctx, __func__, "meta");
     if (!out) return attn__null_arg(ctx, __func__, "out");
     if (!meta->built_for.use_mla)
-        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_ARGUMENT,
+        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_CALL_UNSUPPORTED,
                           "attn_metadata_mla_info: meta belongs to a standard layer (allowed: MLA)");
     if (!meta->planned) /* a builder may read the plan of the batch it is building */
-        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA,
+        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_METADATA_MISMATCH,
                           "attn_metadata_mla_info: meta has not been built");
     *out = meta->mla;
     return ATTN_OK;
@@ -2706,10 +3046,10 @@ static attn_status attn__check_meta(const attn_layer *layer, const attn_metadata
     attn_context *ctx = layer->ctx;
     const attn_layer_desc *d = &layer->desc, *m = &meta->built_for;
     if (!meta->built)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA,
+        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_METADATA_MISMATCH,
                           "%s: meta has not been built (call attn_metadata_build first)", fn);
     if (!attn__metadata_fits(meta, layer))
-        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA,
+        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_METADATA_MISMATCH,
                           "%s: meta was created for backend %s, heads %d/%d, head_size %d, "
                           "block_size %d, causal %d, sliding_window %d (allowed: the same as "
                           "this layer: %s, %d/%d, %d, %d, %d, %d)",
@@ -2746,7 +3086,7 @@ ATTN_API void attn_metadata_destroy(attn_metadata *meta) {
 
 static attn_status attn__bad_capacity(attn_context *ctx, const char *field, int64_t value,
                                       int64_t lo, int64_t hi) {
-    return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+    return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC,
                       "attn_metadata_create: desc.%s is %lld (allowed: %lld..%lld%s)", field,
                       (long long)value, (long long)lo, (long long)hi,
                       strcmp(field, "workspace_bytes") == 0 ? ", or 0 = default" : "");
@@ -2826,19 +3166,21 @@ static attn_status attn__batch_validate(attn_context *ctx, const attn_metadata *
     int i, max_q = 0, max_s = 0;
     int64_t num_slots = m->cap.num_blocks * (int64_t)m->built_for.block_size;
     if (b->num_reqs < 0)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.num_reqs is %d (allowed: >= 0)", fn, b->num_reqs);
+        return attn__bad_batch(ctx, "%s: batch.num_reqs is %d (allowed: >= 0)", fn, b->num_reqs);
     if (b->num_reqs > m->cap.max_num_reqs)
-        return attn__fail(ctx, ATTN_ERROR_CAPACITY, ATTN_LOG_INVALID_METADATA,
+        return attn__fail(ctx, ATTN_ERROR_CAPACITY, ATTN_LOG_CAPACITY_EXCEEDED,
                           "%s: batch.num_reqs is %d (allowed: <= max_num_reqs %d of this metadata)",
                           fn, b->num_reqs, m->cap.max_num_reqs);
     if (b->num_actual_tokens < 0)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.num_actual_tokens is %d (allowed: >= 0)", fn, b->num_actual_tokens);
+        return attn__bad_batch(ctx, "%s: batch.num_actual_tokens is %d (allowed: >= 0)", fn,
+                                    b->num_actual_tokens);
     if (b->num_actual_tokens > m->cap.max_num_tokens)
-        return attn__fail(ctx, ATTN_ERROR_CAPACITY, ATTN_LOG_INVALID_METADATA,
+        return attn__fail(ctx, ATTN_ERROR_CAPACITY, ATTN_LOG_CAPACITY_EXCEEDED,
                           "%s: batch.num_actual_tokens is %d (allowed: <= max_num_tokens %d of "
                           "this metadata)", fn, b->num_actual_tokens, m->cap.max_num_tokens);
     if ((int)b->causal < 0 || (int)b->causal > (int)ATTN_CAUSAL_NO)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.causal is %d (allowed: ATTN_CAUSAL_DEFAULT, _YES, _NO)", fn, (int)b->causal);
+        return attn__bad_batch(ctx, "%s: batch.causal is %d (allowed: ATTN_CAUSAL_DEFAULT, _YES, "
+                                    "_NO)", fn, (int)b->causal);
     if (!b->query_start_loc)
         return attn__fail(ctx, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_METADATA,
                           "%s: batch.query_start_loc is NULL (a [num_reqs+1] array is required)", fn);
@@ -2847,60 +3189,65 @@ static attn_status attn__batch_validate(attn_context *ctx, const attn_metadata *
                           "%s: batch.%s is NULL (required when num_reqs > 0)", fn,
                           b->seq_lens ? "block_table" : "seq_lens");
     if (b->num_reqs > 0 && (b->block_table_stride < 1 || b->block_table_stride > m->cap.max_blocks_per_req))
-        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.block_table_stride is %d (allowed: 1..%d, max_blocks_per_req of "
-                   "this metadata)", fn, b->block_table_stride, m->cap.max_blocks_per_req);
+        return attn__bad_batch(ctx, "%s: batch.block_table_stride is %d (allowed: 1..%d, "
+                                    "max_blocks_per_req of this metadata)", fn,
+                                    b->block_table_stride, m->cap.max_blocks_per_req);
     if (b->query_start_loc[0] != 0)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.query_start_loc[0] is %d (allowed: 0)", fn, b->query_start_loc[0]);
+        return attn__bad_batch(ctx, "%s: batch.query_start_loc[0] is %d (allowed: 0)", fn,
+                                    b->query_start_loc[0]);
     for (i = 0; i < b->num_reqs; i++) {
         int q0 = b->query_start_loc[i], q1 = b->query_start_loc[i + 1];
         int ql, sl = b->seq_lens[i], nb, k;
         if (q1 < q0)
-            return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.query_start_loc is not non-decreasing at index %d (%d then %d)",
-                       fn, i, q0, q1);
+            return attn__bad_batch(ctx, "%s: batch.query_start_loc is not non-decreasing at index "
+                                        "%d (%d then %d)", fn, i, q0, q1);
         ql = q1 - q0;
         if (q1 > b->num_actual_tokens)
-            return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.query_start_loc[%d] is %d (allowed: <= num_actual_tokens %d)",
-                       fn, i + 1, q1, b->num_actual_tokens);
+            return attn__bad_batch(ctx, "%s: batch.query_start_loc[%d] is %d (allowed: <= "
+                                        "num_actual_tokens %d)", fn, i + 1, q1,
+                                        b->num_actual_tokens);
         if (sl < 0)
-            return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.seq_lens[%d] is %d (allowed: >= 0)", fn, i, sl);
+            return attn__bad_batch(ctx, "%s: batch.seq_lens[%d] is %d (allowed: >= 0)", fn, i, sl);
         if (ql > sl)
-            return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: request %d has query_len %d > seq_lens[%d] %d (allowed: query_len <= "
-                       "seq_len)", fn, i, ql, i, sl);
+            return attn__bad_batch(ctx, "%s: request %d has query_len %d > seq_lens[%d] %d "
+                                        "(allowed: query_len <= seq_len)", fn, i, ql, i, sl);
         nb = (int)(((int64_t)sl + m->built_for.block_size - 1) / m->built_for.block_size);
         if (nb > b->block_table_stride)
-            return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.seq_lens[%d] is %d, needing %d blocks of %d, but the block "
-                       "table row holds %d (block_table_stride)", fn, i, sl, nb, m->built_for.block_size,
-                       b->block_table_stride);
+            return attn__bad_batch(ctx, "%s: batch.seq_lens[%d] is %d, needing %d blocks of %d, "
+                                        "but the block table row holds %d (block_table_stride)",
+                                        fn, i, sl, nb, m->built_for.block_size,
+                                        b->block_table_stride);
         for (k = 0; k < nb; k++) {
             int32_t id = b->block_table[(size_t)i * (size_t)b->block_table_stride + (size_t)k];
             if (id < 0 || id >= m->cap.num_blocks)
-                return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.block_table[%d][%d] is %d (allowed: 0..%lld, num_blocks - 1)",
-                           fn, i, k, id, (long long)m->cap.num_blocks - 1);
+                return attn__bad_batch(ctx, "%s: batch.block_table[%d][%d] is %d (allowed: "
+                                            "0..%lld, num_blocks - 1)", fn, i, k, id,
+                                            (long long)m->cap.num_blocks - 1);
         }
         if (ql > max_q) max_q = ql;
         if (sl > max_s) max_s = sl;
     }
     if (b->query_start_loc[b->num_reqs] != b->num_actual_tokens)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.query_start_loc[num_reqs=%d] is %d but num_actual_tokens is %d "
-                   "(they must agree)", fn, b->num_reqs, b->query_start_loc[b->num_reqs],
-                   b->num_actual_tokens);
+        return attn__bad_batch(ctx, "%s: batch.query_start_loc[num_reqs=%d] is %d but "
+                                    "num_actual_tokens is %d (they must agree)", fn, b->num_reqs,
+                                    b->query_start_loc[b->num_reqs], b->num_actual_tokens);
     if (b->max_query_len != max_q)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.max_query_len is %d but the longest query is %d (they must agree)",
-                   fn, b->max_query_len, max_q);
+        return attn__bad_batch(ctx, "%s: batch.max_query_len is %d but the longest query is %d "
+                                    "(they must agree)", fn, b->max_query_len, max_q);
     if (b->max_seq_len != max_s)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.max_seq_len is %d but the longest sequence is %d (they must agree)",
-                   fn, b->max_seq_len, max_s);
+        return attn__bad_batch(ctx, "%s: batch.max_seq_len is %d but the longest sequence is %d "
+                                    "(they must agree)", fn, b->max_seq_len, max_s);
     if (b->slot_mapping)
         for (i = 0; i < b->num_actual_tokens; i++) {
             int64_t s = b->slot_mapping[i];
             if (s < -1 || s >= num_slots)
-                return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.slot_mapping[%d] is %lld (allowed: -1 = padding, or "
-                           "0..%lld = num_blocks * block_size - 1)", fn, i, (long long)s,
-                           (long long)num_slots - 1);
+                return attn__bad_batch(ctx, "%s: batch.slot_mapping[%d] is %lld (allowed: -1 = "
+                                            "padding, or 0..%lld = num_blocks * block_size - 1)",
+                                            fn, i, (long long)s, (long long)num_slots - 1);
         }
     if (common_prefix_len < 0 || common_prefix_len > max_s)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: common_prefix_len is %d (allowed: 0..%d, max_seq_len)", fn,
-                   common_prefix_len, max_s);
+        return attn__bad_batch(ctx, "%s: common_prefix_len is %d (allowed: 0..%d, max_seq_len)",
+                                    fn, common_prefix_len, max_s);
     {
         attn_causal c = b->causal ? b->causal : m->built_for.causal;
         if (c == ATTN_CAUSAL_NO && !m->backend->supports_non_causal)
@@ -2914,9 +3261,9 @@ static attn_status attn__batch_validate(attn_context *ctx, const attn_metadata *
             int ql = b->query_start_loc[i + 1] - b->query_start_loc[i];
             if (ql > thr && first_prefill < 0) first_prefill = i;
             if (ql <= thr && first_prefill >= 0)
-                return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: request %d (query_len %d) is a decode after the prefill request "
-                           "%d (allowed: decodes first; reorder with attn_reorder_batch)", fn, i,
-                           ql, first_prefill);
+                return attn__bad_batch(ctx, "%s: request %d (query_len %d) is a decode after the "
+                                            "prefill request %d (allowed: decodes first; reorder "
+                                            "with attn_reorder_batch)", fn, i, ql, first_prefill);
         }
     }
     return ATTN_OK;
@@ -2967,7 +3314,8 @@ ATTN_API attn_status attn_metadata_build(attn_metadata *meta, int common_prefix_
 
 /* =======================================================================================
    >>cache
-   Paged KV-cache writes by slot mapping (every slot checked before anything is written).
+   The cache-write front doors: every tensor and slot checked, then the backend writes
+   (standard: reshape_and_cache; MLA: concat_and_cache_mla).
    ======================================================================================= */
 
 static attn_status attn__check_kv_cache(attn_layer *layer, const char *fn, const attn_tensor *kv,
@@ -2981,47 +3329,14 @@ static attn_status attn__check_kv_cache(attn_layer *layer, const char *fn, const
                             layer->backend->device);
     if (st != ATTN_OK) return st;
     if (kv->shape[0] < 1 || kv->shape[0] > ATTN__MAX_BLOCKS)
-        return attn__fail(layer->ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
+        return attn__fail(layer->ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE,
                           "%s: kv_cache.shape[0] is %lld (allowed: 1..%lld blocks)", fn,
                           (long long)kv->shape[0], (long long)ATTN__MAX_BLOCKS);
     if (!attn__tensor_is_contiguous(kv))
-        return attn__fail(layer->ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
+        return attn__fail(layer->ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_LAYOUT,
                           "%s: kv_cache is not contiguous (allowed: the dense layout of "
                           "attn_layer_kv_cache_shape)", fn);
     return ATTN_OK;
-}
-
-/* Copies token rows of key/value into the standard cache; inputs already validated. (The
-   CPU backends' cache writes; >>cpu.) */
-static void attn__write_kv(const attn_layer *layer, const attn_tensor *k, const attn_tensor *v,
-                           attn_tensor *kv, const int64_t *slots, int num_tokens) {
-    const attn_layer_desc *d = &layer->desc;
-    attn_tensor kr = attn__tensor_resolved(k), vr = attn__tensor_resolved(v);
-    int64_t bs = d->block_size, hkv = d->num_kv_heads, hs = d->head_size;
-    size_t esz = attn_dtype_size(d->kv_cache_dtype);
-    int t, h;
-    int64_t i;
-    for (t = 0; t < num_tokens; t++) {
-        int64_t slot = slots[t], blk, off;
-        if (slot < 0) continue;
-        blk = slot / bs;
-        off = slot % bs;
-        for (h = 0; h < hkv; h++) {
-            int64_t kdst = (((blk * 2 + 0) * bs + off) * hkv + h) * hs;
-            int64_t vdst = (((blk * 2 + 1) * bs + off) * hkv + h) * hs;
-            const char *ks = (const char *)k->data + (size_t)(t * kr.strides[0] + h * kr.strides[1]) * attn_dtype_size(k->dtype);
-            const char *vs = (const char *)v->data + (size_t)(t * vr.strides[0] + h * vr.strides[1]) * attn_dtype_size(v->dtype);
-            if (k->dtype == d->kv_cache_dtype) {
-                memcpy((char *)kv->data + (size_t)kdst * esz, ks, (size_t)hs * esz);
-                memcpy((char *)kv->data + (size_t)vdst * esz, vs, (size_t)hs * esz);
-            } else {
-                for (i = 0; i < hs; i++) {
-                    attn__store_elem(kv->data, d->kv_cache_dtype, kdst + i, attn__load_elem(ks, k->dtype, i));
-                    attn__store_elem(kv->data, d->kv_cache_dtype, vdst + i, attn__load_elem(vs, v->dtype, i));
-                }
-            }
-        }
-    }
 }
 
 /* Validates key/value/cache/slots for a write of num_tokens rows. */
@@ -3042,7 +3357,7 @@ static attn_status attn__check_kv_write(attn_layer *layer, const char *fn, const
     num_slots = kv_cache->shape[0] * (int64_t)d->block_size;
     for (t = 0; t < num_tokens; t++)
         if (slots[t] < -1 || slots[t] >= num_slots)
-            return attn__fail(layer->ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+            return attn__fail(layer->ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_SLOT,
                               "%s: slot_mapping[%d] is %lld (allowed: -1 = skip, or 0..%lld = "
                               "num_blocks * block_size - 1)", fn, t, (long long)slots[t],
                               (long long)num_slots - 1);
@@ -3062,7 +3377,7 @@ ATTN_API attn_status attn_reshape_and_cache(attn_layer *layer, const attn_tensor
     if (!kv_cache) return attn__null_arg(ctx, __func__, "kv_cache");
     if (!slot_mapping) return attn__null_arg(ctx, __func__, "slot_mapping");
     if (layer->desc.use_mla)
-        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_ARGUMENT,
+        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_CALL_UNSUPPORTED,
                           "%s: the layer is MLA (its cache holds latents; use the MLA cache write)", fn);
     if (num_tokens < 0)
         return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
@@ -3090,7 +3405,7 @@ static attn_status attn__check_latent_write(attn_layer *layer, const char *fn, c
     num_slots = kv_cache->shape[0] * (int64_t)d->block_size;
     for (t = 0; t < num_tokens; t++)
         if (slots[t] < -1 || slots[t] >= num_slots)
-            return attn__fail(layer->ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+            return attn__fail(layer->ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_SLOT,
                               "%s: slot_mapping[%d] is %lld (allowed: -1 = skip, or 0..%lld = "
                               "num_blocks * block_size - 1)", fn, t, (long long)slots[t],
                               (long long)num_slots - 1);
@@ -3110,7 +3425,7 @@ ATTN_API attn_status attn_concat_and_cache_mla(attn_layer *layer, const attn_ten
     if (!kv_cache) return attn__null_arg(ctx, __func__, "kv_cache");
     if (!slot_mapping) return attn__null_arg(ctx, __func__, "slot_mapping");
     if (!layer->desc.use_mla)
-        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_ARGUMENT,
+        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_CALL_UNSUPPORTED,
                           "%s: the layer is not MLA (allowed: use_mla = 1; standard layers use "
                           "attn_reshape_and_cache)", fn);
     if (num_tokens < 0)
@@ -3124,11 +3439,13 @@ ATTN_API attn_status attn_concat_and_cache_mla(attn_layer *layer, const attn_ten
 
 /* =======================================================================================
    >>cpu
-   The portable C backend. Work is split into tasks of (request, KV head, query tile[, key
-   split]); a task loads all query heads of its KV-head group, so each K/V row is read once
-   per group. Inner loops run on f32 tiles (K/V rows converted as they are gathered from
-   the pages) through a small vector layer: AVX-512, AVX2+FMA+F16C, or plain C.
+   The portable C backend (CPU). Work is split into tasks of (request, KV heads, query
+   tile[, key split]); a task loads all query heads of its KV-head group, so each K/V row is
+   read once per group. Inner loops run on f32 tiles through a small vector layer: AVX-512,
+   AVX2+FMA+F16C, or plain C. The MLA backend (>>cpu_mla) runs on the same kernels and runner.
    ======================================================================================= */
+
+/* ---- SIMD layer and row conversions ------------------------------------------------------ */
 
 #define ATTN__CPU_NT 64        /* keys per tile */
 #define ATTN__CPU_ROWS 64      /* target query rows (tokens x group heads) per task */
@@ -3308,21 +3625,30 @@ ATTN__INLINE void attn__vst_f16(uint16_t *p, attn__vf v) {
 }
 #endif
 
-/* Rows of n elements between f16/bf16 storage and f32, W at a time, scalar tails. */
-static void attn__f16_row(const uint16_t *s, float *d, int n) {
+/* Rows of n elements between f16/bf16 storage and f32, W at a time, scalar tails (the
+   dtype table's rows for f16 and bf16). */
+static void attn__f16_row(const void *src, float *d, int n) {
+    const uint16_t *s = (const uint16_t *)src;
     int i = 0;
     for (; i + ATTN__W <= n; i += ATTN__W) attn__vst(d + i, attn__vld_f16(s + i));
     for (; i < n; i++) d[i] = attn_f16_to_f32(s[i]);
 }
-static void attn__bf16_row(const uint16_t *s, float *d, int n) {
+static void attn__bf16_row(const void *src, float *d, int n) {
+    const uint16_t *s = (const uint16_t *)src;
     int i = 0;
     for (; i + ATTN__W <= n; i += ATTN__W) attn__vst(d + i, attn__vld_bf16(s + i));
     for (; i < n; i++) d[i] = attn_bf16_to_f32(s[i]);
 }
-static void attn__row_to_f16(const float *s, uint16_t *d, int n) {
+static void attn__row_to_f16(const float *s, void *dst, int n) {
+    uint16_t *d = (uint16_t *)dst;
     int i = 0;
     for (; i + ATTN__W <= n; i += ATTN__W) attn__vst_f16(d + i, attn__vld(s + i));
     for (; i < n; i++) d[i] = attn_f32_to_f16(s[i]);
+}
+static void attn__row_to_bf16(const float *s, void *dst, int n) {
+    uint16_t *d = (uint16_t *)dst;
+    int i;
+    for (i = 0; i < n; i++) d[i] = attn_f32_to_bf16(s[i]);
 }
 
 /* 2^x with |relative error| < 2e-7; x <= -127 gives exactly 0 (masked scores). */
@@ -3342,20 +3668,17 @@ ATTN__INLINE attn__vf attn__vexp2(attn__vf x) {
     return attn__vmul(p, attn__vpow2i(n));
 }
 
-/* A row of n elements of type dt -> f32, zero-padded to npad. */
+/* A row of n elements of type dt -> f32, zero-padded to npad (through the dtype table). */
 static void attn__row_to_f32(const void *src, attn_dtype dt, float *dst, int n, int npad) {
     int i;
-    if (dt == ATTN_DTYPE_F32) memcpy(dst, src, (size_t)n * sizeof(float));
-    else if (dt == ATTN_DTYPE_F16) attn__f16_row((const uint16_t *)src, dst, n);
-    else attn__bf16_row((const uint16_t *)src, dst, n);
+    ATTN_ASSERT(attn__dtype_valid(dt) && attn__dtypes[dt].load_row);
+    attn__dtypes[dt].load_row(src, dst, n);
     for (i = n; i < npad; i++) dst[i] = 0.0f;
 }
 
 static void attn__row_from_f32(const float *src, attn_dtype dt, void *dst, int n) {
-    int i;
-    if (dt == ATTN_DTYPE_F32) memcpy(dst, src, (size_t)n * sizeof(float));
-    else if (dt == ATTN_DTYPE_F16) attn__row_to_f16(src, (uint16_t *)dst, n);
-    else for (i = 0; i < n; i++) ((uint16_t *)dst)[i] = attn_f32_to_bf16(src[i]);
+    ATTN_ASSERT(attn__dtype_valid(dt) && attn__dtypes[dt].store_row);
+    attn__dtypes[dt].store_row(src, dst, n);
 }
 
 ATTN__INLINE float attn__dot(const float *a, const float *b, int dp) {
@@ -3368,6 +3691,8 @@ ATTN__INLINE float attn__dot(const float *a, const float *b, int dp) {
     for (; d < dp; d += ATTN__W) acc0 = attn__vfma(attn__vld(a + d), attn__vld(b + d), acc0);
     return attn__vhadd(attn__vadd(acc0, acc1));
 }
+
+/* ---- kernels: QK and PV tiles, direct decode kernels, online softmax --------------------- */
 
 /* Rows per cache block of the gather-path kernels: a chunk of Q (or O) rows stays in L1
    while the K (or V) tile streams past it once. */
@@ -3479,7 +3804,7 @@ static void attn__cpu_pv(const float *P, int ld, int M, const float *V, int ldv,
 
 /* Asks for a K/V row ahead of use: rows of one head are strided across the page, which
    the hardware prefetchers do not follow. */
-ATTN__INLINE void attn__prefetch_row(const char *p, size_t bytes) {
+ATTN__INLINE void attn__cpu_prefetch_row(const char *p, size_t bytes) {
 #if defined(__GNUC__) || defined(__clang__)
     size_t o;
     for (o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, ATTN__PF_HINT);
@@ -3488,21 +3813,27 @@ ATTN__INLINE void attn__prefetch_row(const char *p, size_t bytes) {
 #endif
 }
 
-/* One vector of a K/V row straight from the cache, converted to f32 in registers. */
+/* One vector of a K/V row straight from the cache, converted to f32 in registers. dt is a
+   compile-time constant in every instantiation, so the switch folds away. */
 ATTN__INLINE attn__vf attn__vload_kv(const char *p, attn_dtype dt) {
-    if (dt == ATTN_DTYPE_F16) return attn__vld_f16((const uint16_t *)(const void *)p);
-    if (dt == ATTN_DTYPE_BF16) return attn__vld_bf16((const uint16_t *)(const void *)p);
-    return attn__vld((const float *)(const void *)p);
+    switch (dt) {
+    case ATTN_DTYPE_F32: return attn__vld((const float *)(const void *)p);
+    case ATTN_DTYPE_F16: return attn__vld_f16((const uint16_t *)(const void *)p);
+    case ATTN_DTYPE_BF16: return attn__vld_bf16((const uint16_t *)(const void *)p);
+    case ATTN_DTYPE_AUTO: case ATTN_DTYPE_COUNT: break;
+    }
+    ATTN_ASSERT(0);
+    return attn__vzero();
 }
 
 /* The decode-shaped kernels: few query rows per KV head, so every K/V element is used
    once per row block and is read from the cache directly (row pointers, converted in
    registers; no gather copy). D is a multiple of W. The QK loop takes a quad of keys and
    then every head of the task, so it reads whole token rows front to back. */
-ATTN__INLINE void attn__qk_direct(const float *Q, int per_head, int nheads, const char *const *kp,
+ATTN__INLINE void attn__cpu_qk_direct_dt(const float *Q, int per_head, int nheads, const char *const *kp,
                                   size_t head_bytes, int n, int D, int dq, float *S, int ld,
                                   attn_dtype dt) {
-    size_t esz = dt == ATTN_DTYPE_F32 ? 4 : 2;
+    size_t esz = attn__dtypes[dt].size; /* a constant: dt is one */
     int r, j, d, rr, kk, h;
     for (j = 0; j + 4 <= n; j += 4)
         for (h = 0; h < nheads; h++) {
@@ -3511,7 +3842,7 @@ ATTN__INLINE void attn__qk_direct(const float *Q, int per_head, int nheads, cons
             int rend = (h + 1) * per_head;
             if (j + ATTN__QKPF + 4 <= n) { /* this head's slice of a later quad's rows */
                 int q2;
-                for (q2 = ATTN__QKPF; q2 < ATTN__QKPF + 4; q2++) attn__prefetch_row(kp[j + q2] + h * head_bytes, head_bytes);
+                for (q2 = ATTN__QKPF; q2 < ATTN__QKPF + 4; q2++) attn__cpu_prefetch_row(kp[j + q2] + h * head_bytes, head_bytes);
             }
             for (r = h * per_head; r + ATTN__QK_RB <= rend; r += ATTN__QK_RB) {
                 const float *q = Q + (size_t)r * (size_t)dq;
@@ -3551,9 +3882,9 @@ ATTN__INLINE void attn__qk_direct(const float *Q, int per_head, int nheads, cons
 
 /* O[r] = O[r] * alpha[r] + sum_j P[r][j] V[j] for the rows of one head; 4 rows x 4 vectors
    per register block (16 independent FMA chains). */
-ATTN__INLINE void attn__pv_direct(const float *P, int ld, int M, const char *const *vp, size_t hoff,
+ATTN__INLINE void attn__cpu_pv_direct_dt(const float *P, int ld, int M, const char *const *vp, size_t hoff,
                                   int n, int D, int dq, float *O, const float *alpha, attn_dtype dt) {
-    size_t esz = dt == ATTN_DTYPE_F32 ? 4 : 2;
+    size_t esz = attn__dtypes[dt].size;
     int r = 0, d, j, rr, c;
     for (; r + 4 <= M; r += 4) {
         for (d = 0; d + 4 * ATTN__W <= D; d += 4 * ATTN__W) {
@@ -3566,7 +3897,7 @@ ATTN__INLINE void attn__pv_direct(const float *P, int ld, int M, const char *con
             for (j = 0; j < n; j++) {
                 const char *v = vp[j] + hoff + (size_t)d * esz;
                 attn__vf v0, v1, v2, v3;
-                if (d == 0 && j + ATTN__PVPF < n) attn__prefetch_row(vp[j + ATTN__PVPF] + hoff, (size_t)D * esz);
+                if (d == 0 && j + ATTN__PVPF < n) attn__cpu_prefetch_row(vp[j + ATTN__PVPF] + hoff, (size_t)D * esz);
                 v0 = attn__vload_kv(v, dt); v1 = attn__vload_kv(v + ATTN__W * esz, dt);
                 v2 = attn__vload_kv(v + 2 * ATTN__W * esz, dt); v3 = attn__vload_kv(v + 3 * ATTN__W * esz, dt);
                 for (rr = 0; rr < 4; rr++) {
@@ -3601,18 +3932,28 @@ ATTN__INLINE void attn__pv_direct(const float *P, int ld, int M, const char *con
         }
 }
 
-/* One instantiation per cache dtype, so the conversion is fixed inside the loops. */
-static void attn__cpu_qk_direct(const float *Q, int per_head, int nheads, const char *const *kp,
+/* One instantiation per cache dtype, so the conversion is fixed inside the loops. Not
+   inlined into attn__cpu_task_run: the kernels' registers are then allocated on their own,
+   and an edit elsewhere in that large function cannot spill them (one did: -6% decode). */
+ATTN__NOINLINE static void attn__cpu_qk_direct(const float *Q, int per_head, int nheads, const char *const *kp,
                                 size_t head_bytes, int n, int D, int dq, float *S, int ld, attn_dtype dt) {
-    if (dt == ATTN_DTYPE_F16) attn__qk_direct(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, ATTN_DTYPE_F16);
-    else if (dt == ATTN_DTYPE_BF16) attn__qk_direct(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, ATTN_DTYPE_BF16);
-    else attn__qk_direct(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, ATTN_DTYPE_F32);
+    switch (dt) {
+    case ATTN_DTYPE_F32: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, ATTN_DTYPE_F32); return;
+    case ATTN_DTYPE_F16: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, ATTN_DTYPE_F16); return;
+    case ATTN_DTYPE_BF16: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, ATTN_DTYPE_BF16); return;
+    case ATTN_DTYPE_AUTO: case ATTN_DTYPE_COUNT: break;
+    }
+    ATTN_ASSERT(0);
 }
-static void attn__cpu_pv_direct(const float *P, int ld, int M, const char *const *vp, size_t hoff,
+ATTN__NOINLINE static void attn__cpu_pv_direct(const float *P, int ld, int M, const char *const *vp, size_t hoff,
                                 int n, int D, int dq, float *O, const float *alpha, attn_dtype dt) {
-    if (dt == ATTN_DTYPE_F16) attn__pv_direct(P, ld, M, vp, hoff, n, D, dq, O, alpha, ATTN_DTYPE_F16);
-    else if (dt == ATTN_DTYPE_BF16) attn__pv_direct(P, ld, M, vp, hoff, n, D, dq, O, alpha, ATTN_DTYPE_BF16);
-    else attn__pv_direct(P, ld, M, vp, hoff, n, D, dq, O, alpha, ATTN_DTYPE_F32);
+    switch (dt) {
+    case ATTN_DTYPE_F32: attn__cpu_pv_direct_dt(P, ld, M, vp, hoff, n, D, dq, O, alpha, ATTN_DTYPE_F32); return;
+    case ATTN_DTYPE_F16: attn__cpu_pv_direct_dt(P, ld, M, vp, hoff, n, D, dq, O, alpha, ATTN_DTYPE_F16); return;
+    case ATTN_DTYPE_BF16: attn__cpu_pv_direct_dt(P, ld, M, vp, hoff, n, D, dq, O, alpha, ATTN_DTYPE_BF16); return;
+    case ATTN_DTYPE_AUTO: case ATTN_DTYPE_COUNT: break;
+    }
+    ATTN_ASSERT(0);
 }
 
 /* Online-softmax step for one row of base-2 scores s[0..n) (padded to a multiple of W):
@@ -3640,6 +3981,8 @@ static float attn__cpu_softmax_row(float *s, int n, float *m, float *l) {
     *m = mnew;
     return alpha;
 }
+
+/* ---- schedule: the metadata's private part and the builder ------------------------------- */
 
 typedef struct attn__cpu_task {
     int req;
@@ -3700,7 +4043,7 @@ static attn_status attn__cpu_meta_attach(attn_layer *layer, attn_metadata *meta,
     attn__cpu_meta *cm = NULL;
     if (task_capacity > ATTN__CPU_MAX_TASKS || rows_per_task > ATTN__CPU_MAX_ROWS ||
         partial_rows > (int64_t)ATTN__CPU_MAX_TASKS * 16)
-        return attn__fail(layer->ctx, ATTN_ERROR_CAPACITY, ATTN_LOG_INVALID_ARGUMENT,
+        return attn__fail(layer->ctx, ATTN_ERROR_CAPACITY, ATTN_LOG_CAPACITY_EXCEEDED,
                           "attn_metadata_create: the capacity asks for %lld tasks of up to %lld "
                           "query rows and %lld split-KV rows (allowed: at most %d tasks, %d rows "
                           "and %d split rows; lower max_num_reqs, max_num_tokens, num_kv_splits "
@@ -3781,7 +4124,7 @@ static void attn__cpu_metadata_release(const attn_backend *self, attn_metadata *
 }
 
 /* Keys visible to query position pos of a sequence of seq_len tokens: [*lo, *hi). */
-static void attn__visible_keys(const attn_layer_desc *d, int causal, int pos, int seq_len,
+static void attn__cpu_visible_keys(const attn_layer_desc *d, int causal, int pos, int seq_len,
                                int *lo, int *hi) {
     int64_t w = d->sliding_window;
     *lo = w ? (int)ATTN__MAX(0, (int64_t)pos - w + 1) : 0;
@@ -3871,8 +4214,8 @@ static attn_status attn__cpu_build(const attn_backend *self, attn_layer *layer, 
         int all = attn__cpu_all_heads(d, ql), step = all ? ql : tt;
         for (t0 = 0; t0 < ql; t0 += step) {
             int t1 = ATTN__MIN(ql, t0 + step), lo0, hi0, lo1, hi1, lo, hi, ns = 1;
-            attn__visible_keys(d, causal, sl - ql + t0, sl, &lo0, &hi0);
-            attn__visible_keys(d, causal, sl - ql + t1 - 1, sl, &lo1, &hi1);
+            attn__cpu_visible_keys(d, causal, sl - ql + t0, sl, &lo0, &hi0);
+            attn__cpu_visible_keys(d, causal, sl - ql + t1 - 1, sl, &lo1, &hi1);
             lo = ATTN__MIN(lo0, lo1);
             hi = ATTN__MAX(hi0, hi1);
             if (split && t0 == 0 && t1 == ql && hi - lo >= 2 * ATTN__CPU_SPLIT_MIN) {
@@ -3888,6 +4231,8 @@ static attn_status attn__cpu_build(const attn_backend *self, attn_layer *layer, 
     }
     return attn__cpu_schedule_finish(cm, nt, nm, prows);
 }
+
+/* ---- runner: one pass of tasks, then the split-KV merges --------------------------------- */
 
 /* What one parallel attention pass reads and writes: the effective layer view (for MLA
    decode: one KV head of width dk, V the first dv of the same row), the batch, the
@@ -4005,7 +4350,7 @@ static void attn__cpu_task_run(void *varg, int ti, int thread) {
         int t, head;
         float *qr = Q + (size_t)i * (size_t)dpk;
         attn__cpu_row_owner(d, tk->head0, tk->tok0, tk->tok1, i, &t, &head);
-        attn__visible_keys(d, causal, sl - ql + t, sl, &lo[i], &hi[i]);
+        attn__cpu_visible_keys(d, causal, sl - ql + t, sl, &lo[i], &hi[i]);
         lo[i] = ATTN__MAX(lo[i], tk->key0);
         hi[i] = ATTN__MIN(hi[i], tk->key1);
         if (lo[i] < hi[i]) { kmin = ATTN__MIN(kmin, lo[i]); kmax = ATTN__MAX(kmax, hi[i]); }
@@ -4118,6 +4463,41 @@ static attn_status attn__cpu_execute(attn__cpu_run *a) {
     return ATTN_OK;
 }
 
+/* ---- entry points: forward, cache write, LSE merge --------------------------------------- */
+
+/* Copies token rows of key/value into the standard cache; inputs already validated. (The
+   CPU backends' cache writes; >>cpu.) */
+static void attn__cpu_write_kv(const attn_layer *layer, const attn_tensor *k, const attn_tensor *v,
+                           attn_tensor *kv, const int64_t *slots, int num_tokens) {
+    const attn_layer_desc *d = &layer->desc;
+    attn_tensor kr = attn__tensor_resolved(k), vr = attn__tensor_resolved(v);
+    int64_t bs = d->block_size, hkv = d->num_kv_heads, hs = d->head_size;
+    size_t esz = attn_dtype_size(d->kv_cache_dtype);
+    int t, h;
+    int64_t i;
+    for (t = 0; t < num_tokens; t++) {
+        int64_t slot = slots[t], blk, off;
+        if (slot < 0) continue;
+        blk = slot / bs;
+        off = slot % bs;
+        for (h = 0; h < hkv; h++) {
+            int64_t kdst = (((blk * 2 + 0) * bs + off) * hkv + h) * hs;
+            int64_t vdst = (((blk * 2 + 1) * bs + off) * hkv + h) * hs;
+            const char *ks = (const char *)k->data + (size_t)(t * kr.strides[0] + h * kr.strides[1]) * attn_dtype_size(k->dtype);
+            const char *vs = (const char *)v->data + (size_t)(t * vr.strides[0] + h * vr.strides[1]) * attn_dtype_size(v->dtype);
+            if (k->dtype == d->kv_cache_dtype) {
+                memcpy((char *)kv->data + (size_t)kdst * esz, ks, (size_t)hs * esz);
+                memcpy((char *)kv->data + (size_t)vdst * esz, vs, (size_t)hs * esz);
+            } else {
+                for (i = 0; i < hs; i++) {
+                    attn__store_elem(kv->data, d->kv_cache_dtype, kdst + i, attn__load_elem(ks, k->dtype, i));
+                    attn__store_elem(kv->data, d->kv_cache_dtype, vdst + i, attn__load_elem(vs, v->dtype, i));
+                }
+            }
+        }
+    }
+}
+
 static attn_status attn__cpu_forward(const attn_backend *self, attn_layer *layer, const attn_metadata *meta,
                                      const attn_tensor *q, const attn_tensor *k,
                                      const attn_tensor *v, attn_tensor *kv_cache,
@@ -4149,7 +4529,7 @@ static attn_status attn__cpu_forward(const attn_backend *self, attn_layer *layer
     st = attn__scratch_reserve(layer->ctx, a.cm->scratch_floats);
     if (st != ATTN_OK) return st;
     if (k && v)
-        attn__write_kv(layer, k, v, kv_cache, a.b->slot_mapping, a.b->num_actual_tokens);
+        attn__cpu_write_kv(layer, k, v, kv_cache, a.b->slot_mapping, a.b->num_actual_tokens);
     return attn__cpu_execute(&a);
 }
 
@@ -4158,7 +4538,7 @@ static attn_status attn__cpu_reshape_and_cache(const attn_backend *self, attn_la
                                                attn_tensor *kv_cache, const int64_t *slot_mapping,
                                                int num_tokens, void *stream) {
     (void)self; (void)stream;
-    attn__write_kv(layer, key, value, kv_cache, slot_mapping, num_tokens);
+    attn__cpu_write_kv(layer, key, value, kv_cache, slot_mapping, num_tokens);
     return ATTN_OK;
 }
 
@@ -4212,7 +4592,9 @@ static attn_status attn__cpu_merge_attn_states(const attn_backend *self, attn_co
     return ATTN_OK;
 }
 
-static int attn__std_kv_cache_shape(const attn_backend *self, const attn_layer_desc *d,
+/* ---- vtable ------------------------------------------------------------------------------ */
+
+static int attn__cpu_kv_cache_shape(const attn_backend *self, const attn_layer_desc *d,
                                     int64_t num_blocks, int64_t shape[ATTN_MAX_DIMS]) {
     (void)self;
     shape[0] = num_blocks;
@@ -4238,7 +4620,7 @@ static const attn_backend attn__cpu_backend = {
     NULL,                     /* check */
     NULL, NULL,               /* context_init/release: the context's threads suffice */
     NULL, NULL,               /* layer_init/release: nothing compiled per layer */
-    attn__std_kv_cache_shape,
+    attn__cpu_kv_cache_shape,
     attn__cpu_metadata_init,
     attn__cpu_metadata_release,
     attn__cpu_build,
@@ -4249,14 +4631,15 @@ static const attn_backend attn__cpu_backend = {
 };
 
 /* =======================================================================================
-   >>mla
-   MLA on the portable path: the latent cache, the decodes-first builder with split-KV,
-   absorbed decode (forward_mqa) on the same task runner as standard attention,
-   up-projected prefill (forward_mha) in bounded chunks, the fused layer call, and the
-   public LSE merge. Projections use the same register-blocked kernels as a GEMM.
+   >>cpu_mla
+   MLA on the portable path (CPU_MLA): the latent cache, the decodes-first split-KV
+   schedule, absorbed decode on the CPU runner, up-projected prefill in bounded chunks, the
+   fused layer call. Projections use the same register-blocked kernels as a GEMM.
    ======================================================================================= */
 
-static int attn__mla_kv_cache_shape(const attn_backend *self, const attn_layer_desc *d,
+/* ---- capabilities ------------------------------------------------------------------------ */
+
+static int attn__cpu_mla_kv_cache_shape(const attn_backend *self, const attn_layer_desc *d,
                                     int64_t num_blocks, int64_t shape[ATTN_MAX_DIMS]) {
     (void)self;
     shape[0] = num_blocks;
@@ -4265,7 +4648,7 @@ static int attn__mla_kv_cache_shape(const attn_backend *self, const attn_layer_d
     return 3;
 }
 
-static int attn__mla_check(const attn_backend *self, const attn_layer_desc *d,
+static int attn__cpu_mla_check(const attn_backend *self, const attn_layer_desc *d,
                            const attn_platform *p, char *reason, size_t size) {
     (void)self; (void)p;
     if (!((d->kv_lora_rank == 512 || d->kv_lora_rank == 256) && d->qk_rope_head_dim == 64)) {
@@ -4282,18 +4665,20 @@ static int attn__mla_check(const attn_backend *self, const attn_layer_desc *d,
     return 0;
 }
 
-#define ATTN__MHA_TILE 32
+/* ---- workspace: one layout that sizes and carves ----------------------------------------- */
+
+#define ATTN__CPU_MLA_TILE 32
 
 /* The MLA workspace of one metadata: forward_mha's chunk (latents, up-projected K/V, the
    running outputs of a group of queries) and the fused call's latent query/output. The
    fused call runs its decodes before its prefills, so the two phases share the memory.
    One layout sizes (base NULL) and carves; returns the floats it needs. */
-typedef struct attn__mla_ws {
+typedef struct attn__cpu_mla_ws {
     float *latc, *latpe, *kw, *vw, *state; /* forward_mha */
     float *ql, *ol;                        /* fused decode: [decode tokens][H][R] each */
     int chunk;                             /* keys up-projected per pass */
     int group;                             /* query tokens whose running state fits */
-} attn__mla_ws;
+} attn__cpu_mla_ws;
 
 static float *attn__carve(float *base, size_t *used, size_t floats) {
     float *p = base ? base + *used : NULL;
@@ -4301,47 +4686,49 @@ static float *attn__carve(float *base, size_t *used, size_t floats) {
     return p;
 }
 
-static int attn__mla_decode_token_capacity(const attn_metadata_desc *cap) {
+static int attn__cpu_mla_decode_tokens(const attn_metadata_desc *cap) {
     return (int)ATTN__MIN((int64_t)cap->max_num_tokens, (int64_t)cap->max_num_reqs * cap->decode_threshold);
 }
 
-static size_t attn__mla_ws_layout(const attn_layer_desc *d, const attn_metadata_desc *cap, float *base,
-                                  attn__mla_ws *w) {
+static size_t attn__cpu_mla_ws_layout(const attn_layer_desc *d, const attn_metadata_desc *cap, float *base,
+                                  attn__cpu_mla_ws *w) {
     size_t H = (size_t)d->num_heads, R = (size_t)d->kv_lora_rank, P = (size_t)d->qk_rope_head_dim;
     size_t dpk = (size_t)attn__cpu_dp(d->qk_nope_head_dim + d->qk_rope_head_dim);
     size_t dpv = (size_t)attn__cpu_dp(d->v_head_dim), pre = 0, dec = 0, td;
     int64_t group = cap->workspace_bytes / (int64_t)(H * (dpv + 1) * 4);
-    group = ATTN__MIN(group, (int64_t)cap->max_num_tokens + ATTN__MHA_TILE - 1) / ATTN__MHA_TILE * ATTN__MHA_TILE;
+    group = ATTN__MIN(group, (int64_t)cap->max_num_tokens + ATTN__CPU_MLA_TILE - 1) / ATTN__CPU_MLA_TILE * ATTN__CPU_MLA_TILE;
     w->chunk = attn__mla_prefill_chunk(d, cap->workspace_bytes);
-    w->group = (int)ATTN__MAX(ATTN__MHA_TILE, group);
+    w->group = (int)ATTN__MAX(ATTN__CPU_MLA_TILE, group);
     w->latc = attn__carve(base, &pre, (size_t)w->chunk * R);
     w->latpe = attn__carve(base, &pre, (size_t)w->chunk * P);
     w->kw = attn__carve(base, &pre, H * (size_t)w->chunk * dpk);
     w->vw = attn__carve(base, &pre, H * (size_t)w->chunk * dpv);
     w->state = attn__carve(base, &pre, (size_t)w->group * H * (dpv + 1));
-    td = (size_t)attn__mla_decode_token_capacity(cap);
+    td = (size_t)attn__cpu_mla_decode_tokens(cap);
     w->ql = attn__carve(base, &dec, td * H * R);
     w->ol = attn__carve(base, &dec, td * H * R);
     return ATTN__MAX(pre, dec);
 }
 
 /* Per-thread scratch of forward_mha's two kinds of task and of the fused projections. */
-static size_t attn__mla_scratch_floats(const attn_layer_desc *d, int decode_tokens) {
+static size_t attn__cpu_mla_scratch_floats(const attn_layer_desc *d, int decode_tokens) {
     size_t R = (size_t)d->kv_lora_rank, N = (size_t)d->qk_nope_head_dim, td = (size_t)decode_tokens;
     size_t dpk = (size_t)attn__cpu_dp(d->qk_nope_head_dim + d->qk_rope_head_dim);
     size_t dpv = (size_t)attn__cpu_dp(d->v_head_dim);
-    size_t mha = ATTN__MAX(N * R + R * dpv, (size_t)ATTN__MHA_TILE * (dpk + dpv + ATTN__CPU_NT + 3));
+    size_t mha = ATTN__MAX(N * R + R * dpv, (size_t)ATTN__CPU_MLA_TILE * (dpk + dpv + ATTN__CPU_NT + 3));
     size_t proj = ATTN__MAX(N * R + td * (N + R), R * dpv + td * (R + dpv));
     return ATTN__MAX(mha, proj) + 64;
 }
 
-static attn_status attn__mla_metadata_init(const attn_backend *self, attn_layer *layer, attn_metadata *meta) {
+/* ---- schedule ---------------------------------------------------------------------------- */
+
+static attn_status attn__cpu_mla_metadata_init(const attn_backend *self, attn_layer *layer, attn_metadata *meta) {
     const attn_layer_desc *d = &layer->desc;
     const attn_metadata_desc *cap = attn_metadata_capacity(meta);
     int splits = cap->num_kv_splits; /* the most any batch of this capacity gets */
-    int64_t td = attn__mla_decode_token_capacity(cap);
+    int64_t td = attn__cpu_mla_decode_tokens(cap);
     attn__cpu_meta *cm = NULL;
-    attn__mla_ws ws;
+    attn__cpu_mla_ws ws;
     size_t scratch;
     attn_status st;
     (void)self;
@@ -4349,7 +4736,7 @@ static attn_status attn__mla_metadata_init(const attn_backend *self, attn_layer 
                                (int64_t)cap->decode_threshold * d->num_heads, ATTN__CPU_NT,
                                splits > 1 ? td * d->num_heads * splits : 0, attn__cpu_dp(d->kv_lora_rank), &cm);
     if (st != ATTN_OK) return st;
-    cm->workspace_floats = attn__mla_ws_layout(d, cap, NULL, &ws);
+    cm->workspace_floats = attn__cpu_mla_ws_layout(d, cap, NULL, &ws);
     cm->workspace = (float *)attn__malloc(cm->workspace_floats * sizeof(float) + 64);
     if (!cm->workspace) {
         size_t bytes = cm->workspace_floats * sizeof(float);
@@ -4359,13 +4746,13 @@ static attn_status attn__mla_metadata_init(const attn_backend *self, attn_layer 
                           "desc.workspace_bytes bounds it)", bytes);
     }
     scratch = ATTN__MAX(attn__cpu_scratch_floats(cm, attn__cpu_dp(d->head_size), attn__cpu_dp(d->kv_lora_rank)),
-                        attn__mla_scratch_floats(d, (int)td));
+                        attn__cpu_mla_scratch_floats(d, (int)td));
     return attn__cpu_meta_reserve(layer, meta, cm, scratch);
 }
 
 /* The split-KV schedule of the decodes (the batch lists them first): every decode request
    gets num_kv_splits tasks over its keys, merged by LSE. */
-static attn_status attn__mla_build(const attn_backend *self, attn_layer *layer, attn_metadata *meta,
+static attn_status attn__cpu_mla_build(const attn_backend *self, attn_layer *layer, attn_metadata *meta,
                                    int common_prefix_len, int fast_build) {
     attn__cpu_meta *cm = (attn__cpu_meta *)attn_metadata_private(meta);
     const attn_batch *b = attn_metadata_batch(meta);
@@ -4387,7 +4774,9 @@ static attn_status attn__mla_build(const attn_backend *self, attn_layer *layer, 
     return attn__cpu_schedule_finish(cm, nt, nm, prows);
 }
 
-static attn_status attn__mla_cpu_forward_mqa(const attn_backend *self, attn_layer *layer,
+/* ---- decode (forward_mqa) ---------------------------------------------------------------- */
+
+static attn_status attn__cpu_mla_forward_mqa(const attn_backend *self, attn_layer *layer,
                                              const attn_metadata *meta, const attn_tensor *q,
                                              const attn_tensor *q_pe, const attn_tensor *kv_cache,
                                              attn_tensor *out_latent, attn_tensor *lse, void *stream) {
@@ -4417,10 +4806,10 @@ static attn_status attn__mla_cpu_forward_mqa(const attn_backend *self, attn_laye
     return attn__cpu_execute(&a);
 }
 
-/* ---- projections: C = A . B, f32, through the attention kernels ---------------------- */
+/* ---- projections: C = A . B through the attention kernels -------------------------------- */
 
 /* B (rows x cols, of dtype dt, row stride ldb elements) -> dst f32 with row stride ldd. */
-static void attn__matrix_to_f32(const void *src, attn_dtype dt, int rows, int cols, int64_t ldb,
+static void attn__cpu_matrix_to_f32(const void *src, attn_dtype dt, int rows, int cols, int64_t ldb,
                                 float *dst, int ldd) {
     int r;
     size_t esz = attn_dtype_size(dt);
@@ -4430,19 +4819,19 @@ static void attn__matrix_to_f32(const void *src, attn_dtype dt, int rows, int co
 
 /* C[M][N] (row stride N, a multiple of W) = A[M][K] (ld lda) . B[K][N] (ld N): the PV
    kernel starting from zero. */
-static void attn__gemm_nn(const float *A, int lda, int M, const float *B, int K, int N, float *C) {
+static void attn__cpu_gemm_nn(const float *A, int lda, int M, const float *B, int K, int N, float *C) {
     attn__cpu_pv(A, lda, M, B, N, K, N, C, NULL);
 }
 
 /* C[M][N] (ld ldc) = A[M][K] (ld K) . B[N][K]^T (ld K): the QK kernel, in strips of keys. */
-static void attn__gemm_nt(const float *A, int M, const float *B, int N, int K, float *C, int ldc) {
+static void attn__cpu_gemm_nt(const float *A, int M, const float *B, int N, int K, float *C, int ldc) {
     int n0;
     for (n0 = 0; n0 < N; n0 += ATTN__CPU_NT)
         attn__cpu_qk(A, M, B + (size_t)n0 * (size_t)K, ATTN__MIN(ATTN__CPU_NT, N - n0), K, C + n0, ldc);
 }
 
 /* The LSE merge of one row: (o, l) and (ob, lb), base-e LSEs; result into (o, l). */
-static void attn__lse_merge_row(float *o, float *l, const float *ob, float lb, int n) {
+static void attn__cpu_lse_merge_row(float *o, float *l, const float *ob, float lb, int n) {
     float la = *l, m = la > lb ? la : lb, wa, wb, inv;
     int x;
     if (m == -INFINITY) { /* both empty */
@@ -4459,9 +4848,9 @@ static void attn__lse_merge_row(float *o, float *l, const float *ob, float lb, i
     *l = m + logf(wa + wb);
 }
 
-/* ---- forward_mha: prefill over up-projected latents ------------------------------------ */
+/* ---- prefill (forward_mha): up-projected chunks merged by LSE ---------------------------- */
 
-typedef struct attn__mha_run {
+typedef struct attn__cpu_mla_prefill_run {
     attn_layer *layer;
     const attn_batch *b;
     int req, c0, c1;               /* request and the chunk of keys [c0, c1) */
@@ -4476,11 +4865,11 @@ typedef struct attn__mha_run {
     int state_row0;                /* batch token of state row 0 */
     int g0, gq;                    /* the group of the request's queries: [g0, g0 + gq) */
     int ntiles;                    /* query tiles of the group per head */
-} attn__mha_run;
+} attn__cpu_mla_prefill_run;
 
 /* Up-projects the chunk for one head: K = [lat . W_UK[h]^T | k_pe], V = lat . W_UV[h]. */
-static void attn__mha_project(void *varg, int h, int thread) {
-    const attn__mha_run *a = (const attn__mha_run *)varg;
+static void attn__cpu_mla_project(void *varg, int h, int thread) {
+    const attn__cpu_mla_prefill_run *a = (const attn__cpu_mla_prefill_run *)varg;
     const attn_layer_desc *d = &a->layer->desc;
     int R = d->kv_lora_rank, P = d->qk_rope_head_dim, N = d->qk_nope_head_dim, Vd = d->v_head_dim;
     int n = a->c1 - a->c0, j;
@@ -4490,32 +4879,32 @@ static void attn__mha_project(void *varg, int h, int thread) {
     size_t esz = attn_dtype_size(uk.dtype);
     float *K = a->kw + (size_t)h * (size_t)a->chunk * (size_t)a->dpk;
     float *V = a->vw + (size_t)h * (size_t)a->chunk * (size_t)a->dpv;
-    attn__matrix_to_f32((const char *)uk.data + (size_t)(h * uk.strides[0]) * esz, uk.dtype, N, R, uk.strides[1], wk, R);
-    attn__matrix_to_f32((const char *)uv.data + (size_t)(h * uv.strides[0]) * esz, uv.dtype, R, Vd, uv.strides[1], wv, a->dpv);
-    attn__gemm_nt(a->latc, n, wk, N, R, K, a->dpk);        /* K_nope = latent . W_UK[h]^T */
+    attn__cpu_matrix_to_f32((const char *)uk.data + (size_t)(h * uk.strides[0]) * esz, uk.dtype, N, R, uk.strides[1], wk, R);
+    attn__cpu_matrix_to_f32((const char *)uv.data + (size_t)(h * uv.strides[0]) * esz, uv.dtype, R, Vd, uv.strides[1], wv, a->dpv);
+    attn__cpu_gemm_nt(a->latc, n, wk, N, R, K, a->dpk);        /* K_nope = latent . W_UK[h]^T */
     for (j = 0; j < n; j++) {                               /* K = [K_nope | k_pe] */
         int x;
         memcpy(K + (size_t)j * (size_t)a->dpk + N, a->latpe + (size_t)j * (size_t)P, (size_t)P * sizeof(float));
         for (x = N + P; x < a->dpk; x++) K[(size_t)j * (size_t)a->dpk + x] = 0.0f;
     }
-    attn__gemm_nn(a->latc, R, n, wv, R, a->dpv, V);       /* V = latent . W_UV[h] */
+    attn__cpu_gemm_nn(a->latc, R, n, wv, R, a->dpv, V);       /* V = latent . W_UV[h] */
 }
 
 /* Attention of one (head, query tile) against the chunk, merged into the running state. */
-static void attn__mha_attend(void *varg, int task, int thread) {
-    const attn__mha_run *a = (const attn__mha_run *)varg;
+static void attn__cpu_mla_attend(void *varg, int task, int thread) {
+    const attn__cpu_mla_prefill_run *a = (const attn__cpu_mla_prefill_run *)varg;
     const attn_layer_desc *d = &a->layer->desc;
     const attn_batch *b = a->b;
     int H = d->num_heads, h = task / a->ntiles, tile = task % a->ntiles;
     int dk = d->qk_nope_head_dim + d->qk_rope_head_dim, Vd = d->v_head_dim;
     int q0 = b->query_start_loc[a->req], ql = b->query_start_loc[a->req + 1] - q0;
-    int sl = b->seq_lens[a->req], t0 = a->g0 + tile * ATTN__MHA_TILE;
-    int t1 = ATTN__MIN(a->g0 + a->gq, t0 + ATTN__MHA_TILE);
+    int sl = b->seq_lens[a->req], t0 = a->g0 + tile * ATTN__CPU_MLA_TILE;
+    int t1 = ATTN__MIN(a->g0 + a->gq, t0 + ATTN__CPU_MLA_TILE);
     int rows = t1 - t0, i, j, j0, n;
     float *base = (float *)(void *)(((uintptr_t)a->layer->ctx->scratch[thread] + 63) & ~(uintptr_t)63);
-    float *Q = base, *O = Q + (size_t)ATTN__MHA_TILE * (size_t)a->dpk;
-    float *S = O + (size_t)ATTN__MHA_TILE * (size_t)a->dpv, *m = S + (size_t)ATTN__MHA_TILE * ATTN__CPU_NT;
-    float *l = m + ATTN__MHA_TILE, *alpha = l + ATTN__MHA_TILE;
+    float *Q = base, *O = Q + (size_t)ATTN__CPU_MLA_TILE * (size_t)a->dpk;
+    float *S = O + (size_t)ATTN__CPU_MLA_TILE * (size_t)a->dpv, *m = S + (size_t)ATTN__CPU_MLA_TILE * ATTN__CPU_NT;
+    float *l = m + ATTN__CPU_MLA_TILE, *alpha = l + ATTN__CPU_MLA_TILE;
     const float *K = a->kw + (size_t)h * (size_t)a->chunk * (size_t)a->dpk;
     const float *V = a->vw + (size_t)h * (size_t)a->chunk * (size_t)a->dpv;
     float qscale = d->scale * ATTN__LOG2E;
@@ -4560,7 +4949,7 @@ static void attn__mha_attend(void *varg, int task, int thread) {
         float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
         float *o = O + (size_t)i * (size_t)a->dpv;
         for (x = 0; x < Vd; x++) o[x] *= inv;
-        attn__lse_merge_row(st, &st[a->dpv], o, lse_c, Vd);
+        attn__cpu_lse_merge_row(st, &st[a->dpv], o, lse_c, Vd);
     }
 }
 
@@ -4568,8 +4957,8 @@ static void attn__mha_attend(void *varg, int task, int thread) {
    and lse are written for batch tokens from the first prefill token. A request's queries
    go in groups whose running outputs fit the workspace; each group walks the chunks of
    keys it can see (a group past the first re-projects them: only for prefills longer
-   than attn__mla_ws.group tokens). */
-static attn_status attn__mla_mha(attn_layer *layer, const attn_metadata *meta, const attn_tensor *q,
+   than attn__cpu_mla_ws.group tokens). */
+static attn_status attn__cpu_mla_prefill(attn_layer *layer, const attn_metadata *meta, const attn_tensor *q,
                                  const attn_tensor *q2, int q_split, int row0,
                                  const attn_tensor *kv_cache, const attn_tensor *w_uk,
                                  const attn_tensor *w_uv, const attn_tensor *out, int out_row0,
@@ -4579,8 +4968,8 @@ static attn_status attn__mla_mha(attn_layer *layer, const attn_metadata *meta, c
     const attn_batch *b = attn_metadata_batch(meta);
     int H = d->num_heads, R = d->kv_lora_rank, P = d->qk_rope_head_dim, LD = R + P;
     attn_mla_info info;
-    attn__mla_ws ws;
-    attn__mha_run a;
+    attn__cpu_mla_ws ws;
+    attn__cpu_mla_prefill_run a;
     attn_tensor o = attn__tensor_resolved(out), ls;
     attn_status st;
     memset(&info, 0, sizeof info);
@@ -4588,7 +4977,7 @@ static attn_status attn__mla_mha(attn_layer *layer, const attn_metadata *meta, c
     size_t csz = attn_dtype_size(d->kv_cache_dtype), osz = attn_dtype_size(o.dtype);
     int r, i;
     if (st != ATTN_OK || info.num_prefill_tokens <= 0) return st;
-    attn__mla_ws_layout(d, attn_metadata_capacity(meta),
+    attn__cpu_mla_ws_layout(d, attn_metadata_capacity(meta),
                         (float *)(void *)(((uintptr_t)cm->workspace + 63) & ~(uintptr_t)63), &ws);
     st = attn__scratch_reserve(layer->ctx, cm->scratch_floats); /* reserved at create */
     if (st != ATTN_OK) return st;
@@ -4612,7 +5001,7 @@ static attn_status attn__mla_mha(attn_layer *layer, const attn_metadata *meta, c
         for (a.g0 = 0; a.g0 < ql; a.g0 += ws.group) {
             int c0, last_key;
             a.gq = ATTN__MIN(ws.group, ql - a.g0);
-            a.ntiles = (a.gq + ATTN__MHA_TILE - 1) / ATTN__MHA_TILE;
+            a.ntiles = (a.gq + ATTN__CPU_MLA_TILE - 1) / ATTN__CPU_MLA_TILE;
             a.state_row0 = q0 + a.g0;
             last_key = sl - ql + a.g0 + a.gq - 1; /* causal: the group sees keys 0..last_key */
             for (i = 0; i < a.gq * H; i++) {
@@ -4630,8 +5019,8 @@ static attn_status attn__mla_mha(attn_layer *layer, const attn_metadata *meta, c
                 }
                 a.c0 = c0;
                 a.c1 = c1;
-                attn__pool_run(layer->ctx->pool, attn__mha_project, &a, H);
-                attn__pool_run(layer->ctx->pool, attn__mha_attend, &a, H * a.ntiles);
+                attn__pool_run(layer->ctx->pool, attn__cpu_mla_project, &a, H);
+                attn__pool_run(layer->ctx->pool, attn__cpu_mla_attend, &a, H * a.ntiles);
             }
             for (i = 0; i < a.gq; i++) {
                 int tok = a.state_row0 + i, h;
@@ -4648,7 +5037,7 @@ static attn_status attn__mla_mha(attn_layer *layer, const attn_metadata *meta, c
     return ATTN_OK;
 }
 
-static attn_status attn__mla_cpu_forward_mha(const attn_backend *self, attn_layer *layer,
+static attn_status attn__cpu_mla_forward_mha(const attn_backend *self, attn_layer *layer,
                                              const attn_metadata *meta, const attn_tensor *q,
                                              const attn_tensor *kv_cache, const attn_tensor *w_uk,
                                              const attn_tensor *w_uv, attn_tensor *out,
@@ -4656,9 +5045,11 @@ static attn_status attn__mla_cpu_forward_mha(const attn_backend *self, attn_laye
     const attn_mla_info *info = &meta->mla;
     (void)self;
     (void)stream;
-    return attn__mla_mha(layer, meta, q, NULL, 0, info->num_decode_tokens, kv_cache, w_uk, w_uv,
+    return attn__cpu_mla_prefill(layer, meta, q, NULL, 0, info->num_decode_tokens, kv_cache, w_uk, w_uv,
                          out, info->num_decode_tokens, lse);
 }
+
+/* ---- cache write and the fused layer call ------------------------------------------------ */
 
 /* The latent cache write (validated by the front door). */
 static attn_status attn__cpu_concat_and_cache_mla(const attn_backend *self, attn_layer *layer,
@@ -4694,7 +5085,7 @@ static attn_status attn__cpu_concat_and_cache_mla(const attn_backend *self, attn
 }
 
 /* The absorbed projections of the fused call, one head per task. */
-typedef struct attn__mla_proj {
+typedef struct attn__cpu_mla_proj {
     attn_layer *layer;
     int td;
     attn_tensor src;               /* q_nope (absorb) or unused */
@@ -4703,10 +5094,10 @@ typedef struct attn__mla_proj {
     float *dst_f32;                /* q_latent [td][H][R] (absorb) */
     attn_tensor dst;               /* out (up-project) */
     int absorb;
-} attn__mla_proj;
+} attn__cpu_mla_proj;
 
-static void attn__mla_proj_run(void *varg, int h, int thread) {
-    const attn__mla_proj *a = (const attn__mla_proj *)varg;
+static void attn__cpu_mla_proj_run(void *varg, int h, int thread) {
+    const attn__cpu_mla_proj *a = (const attn__cpu_mla_proj *)varg;
     const attn_layer_desc *d = &a->layer->desc;
     int H = d->num_heads, R = d->kv_lora_rank, N = d->qk_nope_head_dim, Vd = d->v_head_dim;
     int dpv = attn__cpu_dp(Vd), t;
@@ -4716,22 +5107,22 @@ static void attn__mla_proj_run(void *varg, int h, int thread) {
     if (a->absorb) { /* q_latent[t][h] = q_nope[t][h] . W_UK[h]   ([N] x [N][R]) */
         float *w = base, *A = w + (size_t)N * (size_t)R, *C = A + (size_t)a->td * (size_t)N;
         size_t ssz = attn_dtype_size(a->src.dtype);
-        attn__matrix_to_f32(wh, a->w.dtype, N, R, a->w.strides[1], w, R);
+        attn__cpu_matrix_to_f32(wh, a->w.dtype, N, R, a->w.strides[1], w, R);
         for (t = 0; t < a->td; t++)
             attn__row_to_f32((const char *)a->src.data + (size_t)(t * a->src.strides[0] + h * a->src.strides[1]) * ssz,
                              a->src.dtype, A + (size_t)t * (size_t)N, N, N);
-        attn__gemm_nn(A, N, a->td, w, N, R, C);
+        attn__cpu_gemm_nn(A, N, a->td, w, N, R, C);
         for (t = 0; t < a->td; t++)
             memcpy(a->dst_f32 + ((size_t)t * (size_t)H + (size_t)h) * (size_t)R, C + (size_t)t * (size_t)R,
                    (size_t)R * sizeof(float));
     } else { /* out[t][h] = o_latent[t][h] . W_UV[h]   ([R] x [R][Vd]) */
         float *w = base, *A = w + (size_t)R * (size_t)dpv, *C = A + (size_t)a->td * (size_t)R;
         size_t osz = attn_dtype_size(a->dst.dtype);
-        attn__matrix_to_f32(wh, a->w.dtype, R, Vd, a->w.strides[1], w, dpv);
+        attn__cpu_matrix_to_f32(wh, a->w.dtype, R, Vd, a->w.strides[1], w, dpv);
         for (t = 0; t < a->td; t++)
             memcpy(A + (size_t)t * (size_t)R, a->src_f32 + ((size_t)t * (size_t)H + (size_t)h) * (size_t)R,
                    (size_t)R * sizeof(float));
-        attn__gemm_nn(A, R, a->td, w, R, dpv, C);
+        attn__cpu_gemm_nn(A, R, a->td, w, R, dpv, C);
         for (t = 0; t < a->td; t++)
             attn__row_from_f32(C + (size_t)t * (size_t)dpv, a->dst.dtype,
                                (char *)a->dst.data + (size_t)(t * a->dst.strides[0] + h * a->dst.strides[1]) * osz, Vd);
@@ -4751,16 +5142,16 @@ static attn_status attn__cpu_mla_forward(const attn_backend *self, attn_layer *l
     const attn_batch *b = attn_metadata_batch(meta);
     attn_context *ctx = layer->ctx;
     int H = d->num_heads, R = d->kv_lora_rank, td = meta->mla.num_decode_tokens;
-    attn__mla_ws ws;
+    attn__cpu_mla_ws ws;
     attn_status st = attn__scratch_reserve(ctx, cm->scratch_floats); /* reserved at create */
     if (st != ATTN_OK) return st; /* before anything is written */
-    attn__mla_ws_layout(d, attn_metadata_capacity(meta),
+    attn__cpu_mla_ws_layout(d, attn_metadata_capacity(meta),
                         (float *)(void *)(((uintptr_t)cm->workspace + 63) & ~(uintptr_t)63), &ws);
     if (kv_c)
         attn__cpu_concat_and_cache_mla(self, layer, kv_c, k_pe, kv_cache, b->slot_mapping,
                                        b->num_actual_tokens, stream);
     if (td > 0) {
-        attn__mla_proj pj;
+        attn__cpu_mla_proj pj;
         attn_tensor tql, tol;
         int64_t s3[3];
         memset(&pj, 0, sizeof pj);
@@ -4770,21 +5161,23 @@ static attn_status attn__cpu_mla_forward(const attn_backend *self, attn_layer *l
         pj.src = attn__tensor_resolved(q_nope);
         pj.w = attn__tensor_resolved(w_uk);
         pj.dst_f32 = ws.ql;
-        attn__pool_run(ctx->pool, attn__mla_proj_run, &pj, H);        /* q_latent */
+        attn__pool_run(ctx->pool, attn__cpu_mla_proj_run, &pj, H);        /* q_latent */
         s3[0] = td; s3[1] = H; s3[2] = R;
         tql = attn_tensor_make(ws.ql, ATTN_DTYPE_F32, 3, s3);
         tol = attn_tensor_make(ws.ol, ATTN_DTYPE_F32, 3, s3);
-        st = attn__mla_cpu_forward_mqa(self, layer, meta, &tql, q_pe, kv_cache, &tol, NULL, stream);
+        st = attn__cpu_mla_forward_mqa(self, layer, meta, &tql, q_pe, kv_cache, &tol, NULL, stream);
         if (st != ATTN_OK) return st;
         pj.absorb = 0;
         pj.src_f32 = ws.ol;
         pj.w = attn__tensor_resolved(w_uv);
         pj.dst = attn__tensor_resolved(out);
-        attn__pool_run(ctx->pool, attn__mla_proj_run, &pj, H);        /* o = o_latent . W_UV */
+        attn__pool_run(ctx->pool, attn__cpu_mla_proj_run, &pj, H);        /* o = o_latent . W_UV */
     }
-    return attn__mla_mha(layer, meta, q_nope, q_pe, d->qk_nope_head_dim, 0, kv_cache, w_uk, w_uv,
+    return attn__cpu_mla_prefill(layer, meta, q_nope, q_pe, d->qk_nope_head_dim, 0, kv_cache, w_uk, w_uv,
                          out, 0, NULL);
 }
+
+/* ---- vtable ------------------------------------------------------------------------------ */
 
 static const attn_backend attn__cpu_mla_backend = {
     "CPU_MLA",                /* name */
@@ -4792,35 +5185,542 @@ static const attn_backend attn__cpu_mla_backend = {
     ATTN_DEVICE_CPU,          /* device */
     ATTN_DTYPE_BIT(ATTN_DTYPE_F32) | ATTN_DTYPE_BIT(ATTN_DTYPE_F16) | ATTN_DTYPE_BIT(ATTN_DTYPE_BF16),
     ATTN_DTYPE_BIT(ATTN_DTYPE_F32) | ATTN_DTYPE_BIT(ATTN_DTYPE_F16) | ATTN_DTYPE_BIT(ATTN_DTYPE_BF16),
-    320, 576, 8,              /* head sizes: 576 or 320 exactly (attn__mla_check) */
+    320, 576, 8,              /* head sizes: 576 or 320 exactly (attn__cpu_mla_check) */
     16, 0,                    /* block sizes: any multiple of 16 */
     0, 0, 0, 0,               /* non-causal, sliding window, soft cap, ALiBi: no */
     1,                        /* is_mla */
     ATTN_CUDA_GRAPH_NEVER,    /* no graphs on the CPU */
     1, ATTN_LSE_BASE_E,
-    attn__mla_check,
+    attn__cpu_mla_check,
     NULL, NULL,               /* context_init/release */
     NULL, NULL,               /* layer_init/release */
-    attn__mla_kv_cache_shape,
-    attn__mla_metadata_init,
+    attn__cpu_mla_kv_cache_shape,
+    attn__cpu_mla_metadata_init,
     attn__cpu_metadata_release,
-    attn__mla_build,
+    attn__cpu_mla_build,
     NULL, NULL,               /* forward, reshape_and_cache: MLA backend */
-    attn__mla_cpu_forward_mqa,
-    attn__mla_cpu_forward_mha,
+    attn__cpu_mla_forward_mqa,
+    attn__cpu_mla_forward_mha,
     attn__cpu_mla_forward,
     attn__cpu_concat_and_cache_mla,
     attn__cpu_merge_attn_states
 };
 
 /* =======================================================================================
-   >>mla-front (public MLA calls and the merge: validate, then dispatch)
+   >>nvrtc
+   Run-time compilation of the embedded kernels (the .cu files of kernels/, in the
+   generated block at the end of the file): NVRTC loaded like the driver; a variant is (file, options, arch) compiled
+   to CUBIN, cached in memory per context and on disk, keyed by a hash of the sources,
+   options, NVRTC version and arch; disk files are written atomically and checked on read.
    ======================================================================================= */
 
-static attn_status attn__mla_check_call(attn_layer *layer, const attn_metadata *meta, const char *fn) {
+/* The generated block at the end of the file: the embedded sources by name / index. */
+static const char *const *attn__kernel_source_lines(const char *name);
+static const char *attn__kernel_source_name(int i);
+
+/* Bumped when the cache file layout changes: old files then miss and are rebuilt. */
+#define ATTN__CUBIN_MAGIC "ATTNCUB1"
+
+typedef struct attn__cubin {
+    uint64_t key;
+    void *data;
+    size_t size;
+    attn_kernel_info info;         /* as first compiled (registers, spills, ...) */
+} attn__cubin;
+
+struct attn__kernel_cache {
+#ifndef ATTN_NO_THREADS
+    pthread_mutex_t lock;          /* held across a compile: one compile per variant */
+#endif
+    attn__cubin *entries;
+    int count, capacity;
+    char dir[512];                 /* "" = memory only */
+    int dir_warned;                /* one WARN for an unwritable directory */
+    int compiles;                  /* NVRTC compilations this context ran */
+};
+
+static uint64_t attn__fnv1a(uint64_t h, const void *data, size_t n) {
+    const unsigned char *p = (const unsigned char *)data;
+    size_t i;
+    for (i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+#define ATTN__FNV_SEED 1469598103934665603ull
+
+/* The source text of an embedded file (lines joined), NULL if there is none. */
+static char *attn__kernel_source_text(const char *name) {
+    const char *const *lines = attn__kernel_source_lines(name);
+    size_t n = 1, i;
+    char *s, *w;
+    if (!lines) return NULL;
+    for (i = 0; lines[i]; i++) n += strlen(lines[i]);
+    s = (char *)attn__malloc(n);
+    if (!s) return NULL;
+    for (w = s, i = 0; lines[i]; i++) {
+        size_t k = strlen(lines[i]);
+        memcpy(w, lines[i], k);
+        w += k;
+    }
+    *w = 0;
+    return s;
+}
+
+/* Where compiled kernels are kept: desc.cache_dir, else ATTN_CACHE_DIR, else
+   $XDG_CACHE_HOME/attn, else $HOME/.cache/attn; "off" keeps them in memory only. */
+static void attn__kernel_cache_dir(const char *given, char *dir, size_t size) {
+    const char *v = given && *given ? given : attn__trim_env("ATTN_CACHE_DIR");
+    dir[0] = 0;
+    if (v) {
+        if (!attn__strieq(v, "off")) attn__strlcpy(dir, v, size);
+        return;
+    }
+    if ((v = attn__trim_env("XDG_CACHE_HOME")) != NULL) attn__fmt(dir, size, "%s/attn", v);
+    else if ((v = attn__trim_env("HOME")) != NULL) attn__fmt(dir, size, "%s/.cache/attn", v);
+}
+
+static void attn__kernel_cache_destroy(struct attn__kernel_cache *kc) {
+    int i;
+    if (!kc) return;
+    for (i = 0; i < kc->count; i++) attn__free(kc->entries[i].data);
+    attn__free(kc->entries);
+#ifndef ATTN_NO_THREADS
+    pthread_mutex_destroy(&kc->lock);
+#endif
+    attn__free(kc);
+}
+
+static struct attn__kernel_cache *attn__kernel_cache_create(const char *dir) {
+    struct attn__kernel_cache *kc = (struct attn__kernel_cache *)attn__calloc(1, sizeof *kc);
+    if (!kc) return NULL;
+#ifndef ATTN_NO_THREADS
+    pthread_mutex_init(&kc->lock, NULL);
+#endif
+    attn__kernel_cache_dir(dir, kc->dir, sizeof kc->dir);
+    return kc;
+}
+
+/* mkdir -p; 0 when the directory exists afterwards. */
+static int attn__mkdirs(const char *path) {
+    char tmp[512];
+    size_t i, n = strlen(path);
+    struct stat st;
+    if (n == 0 || n >= sizeof tmp) return -1;
+    memcpy(tmp, path, n + 1);
+    for (i = 1; i <= n; i++) {
+        if (tmp[i] == '/' || tmp[i] == 0) {
+            char c = tmp[i];
+            tmp[i] = 0;
+            if (stat(tmp, &st) != 0 && mkdir(tmp, 0700) != 0 && errno != EEXIST) return -1;
+            tmp[i] = c;
+        }
+    }
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode) ? 0 : -1;
+}
+
+/* The disk file's fixed header, then `size` bytes of CUBIN. */
+typedef struct attn__cubin_file {
+    char magic[8];
+    uint64_t key, size, checksum;
+    int32_t registers, shared_bytes, spill_stores, spill_loads;
+} attn__cubin_file;
+
+/* Reads a cached CUBIN; 1 hit, 0 absent, -1 present but damaged (then removed). */
+static int attn__cubin_read(const char *path, uint64_t key, attn__cubin *out) {
+    FILE *f = fopen(path, "rb");
+    attn__cubin_file h;
+    void *data = NULL;
+    long len;
+    int ok = 0;
+    if (!f) return 0;
+    if (fread(&h, sizeof h, 1, f) == 1 && memcmp(h.magic, ATTN__CUBIN_MAGIC, 8) == 0 &&
+        h.key == key && h.size > 0 && h.size < ((uint64_t)1 << 31) &&
+        fseek(f, 0, SEEK_END) == 0 && (len = ftell(f)) >= 0 &&
+        (uint64_t)len == sizeof h + h.size && fseek(f, (long)sizeof h, SEEK_SET) == 0 &&
+        (data = attn__malloc((size_t)h.size)) != NULL &&
+        fread(data, (size_t)h.size, 1, f) == 1 &&
+        attn__fnv1a(ATTN__FNV_SEED, data, (size_t)h.size) == h.checksum) {
+        out->data = data;
+        out->size = (size_t)h.size;
+        out->info.registers = h.registers;
+        out->info.shared_bytes = h.shared_bytes;
+        out->info.spill_stores = h.spill_stores;
+        out->info.spill_loads = h.spill_loads;
+        ok = 1;
+    }
+    fclose(f);
+    if (ok) return 1;
+    attn__free(data);
+    remove(path);
+    return -1;
+}
+
+/* Writes atomically (temp file + rename); 0 on success. */
+static int attn__cubin_write(const char *dir, const char *path, const attn__cubin *c) {
+    char tmp[600];
+    static unsigned counter;
+    attn__cubin_file h;
+    FILE *f;
+    int ok;
+    if (attn__mkdirs(dir) != 0) return -1;
+    attn__fmt(tmp, sizeof tmp, "%s.tmp.%ld.%u", path, (long)getpid(), counter++);
+    f = fopen(tmp, "wb");
+    if (!f) return -1;
+    memset(&h, 0, sizeof h);
+    memcpy(h.magic, ATTN__CUBIN_MAGIC, 8);
+    h.key = c->key;
+    h.size = c->size;
+    h.checksum = attn__fnv1a(ATTN__FNV_SEED, c->data, c->size);
+    h.registers = c->info.registers;
+    h.shared_bytes = c->info.shared_bytes;
+    h.spill_stores = c->info.spill_stores;
+    h.spill_loads = c->info.spill_loads;
+    ok = fwrite(&h, sizeof h, 1, f) == 1 && fwrite(c->data, c->size, 1, f) == 1;
+    ok = (fclose(f) == 0) && ok;
+    if (ok && rename(tmp, path) == 0) return 0;
+    remove(tmp);
+    return -1;
+}
+
+/* The ptxas report in an NVRTC log: the most registers and shared memory of any function,
+   the spill bytes of all of them. */
+static void attn__ptxas_info(const char *log, attn_kernel_info *info) {
+    const char *p = log;
+    info->registers = info->shared_bytes = info->spill_stores = info->spill_loads = 0;
+    while ((p = strstr(p, "ptxas info")) != NULL) {
+        const char *eol = strchr(p, '\n');
+        const char *q;
+        char line[256];
+        size_t n = eol ? (size_t)(eol - p) : strlen(p);
+        if (n >= sizeof line) n = sizeof line - 1;
+        memcpy(line, p, n);
+        line[n] = 0;
+        if ((q = strstr(line, "Used ")) != NULL) {
+            int r = atoi(q + 5);
+            if (r > info->registers) info->registers = r;
+            if ((q = strstr(line, "bytes smem")) != NULL) {
+                while (q > line && q[-1] == ' ') q--;
+                while (q > line && q[-1] >= '0' && q[-1] <= '9') q--;
+                if (atoi(q) > info->shared_bytes) info->shared_bytes = atoi(q);
+            }
+        }
+        p += n;
+        if (eol && (q = strstr(eol, "bytes spill stores")) != NULL && q - eol < 200) {
+            const char *s = q, *l;
+            while (s > eol && s[-1] == ' ') s--;
+            while (s > eol && s[-1] >= '0' && s[-1] <= '9') s--;
+            info->spill_stores += atoi(s);
+            if ((l = strstr(q, "bytes spill loads")) != NULL && l - q < 60) {
+                s = l;
+                while (s > q && s[-1] == ' ') s--;
+                while (s > q && s[-1] >= '0' && s[-1] <= '9') s--;
+                info->spill_loads += atoi(s);
+            }
+        }
+    }
+}
+
+static double attn__now_ms(void) {
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    return (double)tv.tv_sec * 1e3 + (double)tv.tv_usec * 1e-3;
+}
+
+/* Splits `options` (space-separated) into argv, after the fixed options. */
+static int attn__split_options(char *buf, const char **argv, int max) {
+    int n = 0;
+    char *p = buf;
+    while (*p && n < max) {
+        while (*p == ' ') *p++ = 0;
+        if (!*p) break;
+        argv[n++] = p;
+        while (*p && *p != ' ') p++;
+    }
+    return n;
+}
+
+/* Compiles (or finds) one variant; *out points into the context's cache. Caller holds
+   the cache lock. */
+static attn_status attn__kernel_get_locked(attn_context *ctx, const char *file, const char *options,
+                                          const char *arch, const attn__cubin **out, int *source) {
+    struct attn__kernel_cache *kc = ctx->kernels;
+    attn__nvrtc *nv = ctx->nvrtc;
+    const char *fn = "attn_kernel_compile";
+    const char *argv[72], *hdr_src[32], *hdr_name[32];
+    char *text = NULL, *hdr_text[32], opt_buf[1024], arch_opt[48], path[600];
+    int nh = 0, argc, i, major = nv->major, minor = nv->minor;
+    uint64_t key = ATTN__FNV_SEED;
+    attn__cubin c;
+    attn__nvrtcProgram prog = NULL;
+    attn_status st = ATTN_OK;
+    double t0;
+    memset(&c, 0, sizeof c);
+    text = attn__kernel_source_text(file);
+    if (!text)
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                          "%s: kernel '%s' is not embedded (allowed: a kernels/*.cu file name)", fn, file);
+    /* every embedded header is offered to the program; the key covers them all */
+    for (i = 0; attn__kernel_source_name(i) && nh < 32; i++) {
+        const char *name = attn__kernel_source_name(i);
+        size_t k = strlen(name);
+        if (k > 4 && strcmp(name + k - 4, ".cuh") == 0) {
+            hdr_text[nh] = attn__kernel_source_text(name);
+            if (!hdr_text[nh]) { st = ATTN_ERROR_OUT_OF_MEMORY; break; }
+            hdr_name[nh] = name;
+            hdr_src[nh] = hdr_text[nh];
+            key = attn__fnv1a(key, hdr_text[nh], strlen(hdr_text[nh]) + 1);
+            nh++;
+        }
+    }
+    key = attn__fnv1a(key, text, strlen(text) + 1);
+    key = attn__fnv1a(key, file, strlen(file) + 1);
+    key = attn__fnv1a(key, options, strlen(options) + 1);
+    key = attn__fnv1a(key, arch, strlen(arch) + 1);
+    key = attn__fnv1a(key, &major, sizeof major);
+    key = attn__fnv1a(key, &minor, sizeof minor);
+    key = attn__fnv1a(key, ATTN__CUBIN_MAGIC, 8);
+    for (i = 0; st == ATTN_OK && i < kc->count; i++)
+        if (kc->entries[i].key == key) {
+            *out = &kc->entries[i];
+            *source = ATTN_KERNEL_FROM_MEMORY;
+            goto done;
+        }
+    if (st == ATTN_OK && kc->count == kc->capacity) {
+        int cap = kc->capacity ? 2 * kc->capacity : 16;
+        attn__cubin *n = (attn__cubin *)ATTN_REALLOC(kc->entries, (size_t)cap * sizeof *n);
+        if (!n) st = ATTN_ERROR_OUT_OF_MEMORY;
+        else { kc->entries = n; kc->capacity = cap; }
+    }
+    if (st != ATTN_OK) {
+        st = attn__fail(ctx, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
+                        "%s: out of memory for kernel '%s'", fn, file);
+        goto done;
+    }
+    c.key = key;
+    attn__strlcpy(c.info.kernel, file, sizeof c.info.kernel);
+    attn__strlcpy(c.info.arch, arch, sizeof c.info.arch);
+    if (kc->dir[0]) {
+        int r;
+        attn__fmt(path, sizeof path, "%s/%016llx.cubin", kc->dir, (unsigned long long)key);
+        r = attn__cubin_read(path, key, &c);
+        if (r > 0) {
+            *source = ATTN_KERNEL_FROM_DISK;
+            c.info.source = ATTN_KERNEL_FROM_DISK;
+            kc->entries[kc->count] = c;
+            *out = &kc->entries[kc->count++];
+            attn__log(ctx, ATTN_LOG_LEVEL_DEBUG, ATTN_LOG_KERNEL_CACHE_HIT, "kernel %s [%s] %s from %s",
+                      file, options, arch, path);
+            goto done;
+        }
+        if (r < 0)
+            attn__log(ctx, ATTN_LOG_LEVEL_WARN, ATTN_LOG_KERNEL_CACHE_FAULT,
+                      "kernel cache file %s was damaged (truncated or corrupt); rebuilding it", path);
+    }
+    /* compile */
+    attn__fmt(arch_opt, sizeof arch_opt, "--gpu-architecture=%s", arch);
+    attn__strlcpy(opt_buf, options, sizeof opt_buf);
+    argv[0] = arch_opt;
+    argv[1] = "--ptxas-options=-v";
+    argv[2] = "--std=c++17";
+    argc = 3 + attn__split_options(opt_buf, argv + 3, 64);
+    t0 = attn__now_ms();
+    if (nv->nvrtcCreateProgram(&prog, text, file, nh, hdr_src, hdr_name) != 0) {
+        st = attn__fail(ctx, ATTN_ERROR_PLATFORM, ATTN_LOG_KERNEL_COMPILE_FAILED,
+                        "%s: nvrtcCreateProgram failed for %s", fn, file);
+        goto done;
+    }
+    {
+        int rc = nv->nvrtcCompileProgram(prog, argc, argv);
+        size_t log_size = 0;
+        char *log = NULL;
+        if (nv->nvrtcGetProgramLogSize(prog, &log_size) == 0 && log_size > 0 &&
+            (log = (char *)attn__malloc(log_size + 1)) != NULL &&
+            nv->nvrtcGetProgramLog(prog, log) == 0) {
+            log[log_size] = 0;
+            attn__ptxas_info(log, &c.info);
+            attn__strlcpy(c.info.log, log, sizeof c.info.log);
+        }
+        if (rc != 0) {
+            st = attn__fail(ctx, ATTN_ERROR_PLATFORM, ATTN_LOG_KERNEL_COMPILE_FAILED,
+                            "%s: NVRTC could not compile %s [%s] for %s (result %d): %s", fn, file,
+                            options, arch, rc, log ? log : "(no log)");
+            attn__free(log);
+            goto done;
+        }
+        attn__free(log);
+    }
+    if (nv->nvrtcGetCUBINSize(prog, &c.size) != 0 || c.size == 0 ||
+        (c.data = attn__malloc(c.size)) == NULL || nv->nvrtcGetCUBIN(prog, (char *)c.data) != 0) {
+        st = attn__fail(ctx, ATTN_ERROR_PLATFORM, ATTN_LOG_KERNEL_COMPILE_FAILED,
+                        "%s: no CUBIN from NVRTC for %s for %s", fn, file, arch);
+        attn__free(c.data);
+        goto done;
+    }
+    c.info.compile_ms = attn__now_ms() - t0;
+    *source = ATTN_KERNEL_COMPILED;
+    c.info.source = ATTN_KERNEL_COMPILED;
+    kc->compiles++;
+    attn__log(ctx, ATTN_LOG_LEVEL_INFO, ATTN_LOG_KERNEL_COMPILED,
+              "compiled kernel %s [%s] for %s in %.0f ms (%d registers, %d bytes shared, %d/%d "
+              "bytes spilled)", file, options, arch, c.info.compile_ms, c.info.registers,
+              c.info.shared_bytes, c.info.spill_stores, c.info.spill_loads);
+    if (kc->dir[0] && attn__cubin_write(kc->dir, path, &c) != 0 && !kc->dir_warned) {
+        kc->dir_warned = 1;
+        attn__log(ctx, ATTN_LOG_LEVEL_WARN, ATTN_LOG_KERNEL_CACHE_FAULT,
+                  "kernel cache directory %s is not writable; compiled kernels stay in memory "
+                  "(set ATTN_CACHE_DIR to a writable directory, or off)", kc->dir);
+    }
+    kc->entries[kc->count] = c;
+    *out = &kc->entries[kc->count++];
+done:
+    if (prog) nv->nvrtcDestroyProgram(&prog);
+    for (i = 0; i < nh; i++) attn__free(hdr_text[i]);
+    attn__free(text);
+    return st;
+}
+
+static attn_status attn__kernel_get(attn_context *ctx, const char *file, const char *options,
+                                    const char *arch, const attn__cubin **out, int *source) {
+    attn_status st;
+#ifndef ATTN_NO_THREADS
+    pthread_mutex_lock(&ctx->kernels->lock);
+#endif
+    st = attn__kernel_get_locked(ctx, file, options, arch, out, source);
+#ifndef ATTN_NO_THREADS
+    pthread_mutex_unlock(&ctx->kernels->lock);
+#endif
+    return st;
+}
+
+/* sm_NN or sm_NNa with 50 <= NN <= 199. */
+static int attn__arch_ok(const char *arch) {
+    size_t n = strlen(arch);
+    if (n < 5 || n > 7 || strncmp(arch, "sm_", 3) != 0) return 0;
+    if (arch[n - 1] == 'a') n--;
+    if (n - 3 < 2 || n - 3 > 3) return 0;
+    {
+        size_t i;
+        for (i = 3; i < n; i++) if (arch[i] < '0' || arch[i] > '9') return 0;
+    }
+    return atoi(arch + 3) >= 50 && atoi(arch + 3) <= 199;
+}
+
+ATTN_API attn_status attn_kernel_compile(attn_context *ctx, const char *kernel, const char *options,
+                                         const char *arch, attn_kernel_info *info) {
+    const attn__cubin *c = NULL;
+    attn_status st;
+    int source = 0;
+    if (!ctx) return attn__null_arg(ctx, __func__, "ctx");
+    if (!kernel) return attn__null_arg(ctx, __func__, "kernel");
+    if (!arch) return attn__null_arg(ctx, __func__, "arch");
+    if (!options) options = "";
+    if (!attn__arch_ok(arch))
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                          "attn_kernel_compile: arch is '%s' (allowed: sm_NN or sm_NNa, e.g. sm_80, "
+                          "sm_90, sm_90a)", arch);
+    if (strlen(options) >= 1000)
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                          "attn_kernel_compile: options are %zu characters (allowed: fewer than 1000)",
+                          strlen(options));
+    if (!ctx->nvrtc || !ctx->nvrtc->library)
+        return attn__fail(ctx, ATTN_ERROR_PLATFORM, ATTN_LOG_PLATFORM_ERROR,
+                          "attn_kernel_compile: NVRTC is not available (%s)", ctx->platform.nvrtc_reason);
+    st = attn__kernel_get(ctx, kernel, options, arch, &c, &source);
+    if (st == ATTN_OK && info) {
+        *info = c->info;
+        info->cubin_bytes = c->size;
+        info->source = (attn_kernel_source)source;
+    }
+    return st;
+}
+
+ATTN_API int attn_kernel_compile_count(const attn_context *ctx) {
+    return ctx && ctx->kernels ? ctx->kernels->compiles : 0;
+}
+
+/* =======================================================================================
+   >>builtin
+   The built-in registry entries: one line per backend section above.
+   ======================================================================================= */
+
+static const attn_backend *attn__builtin_backend(attn_backend_id id) {
+    switch (id) {
+    case ATTN_BACKEND_CPU: return &attn__cpu_backend;
+    case ATTN_BACKEND_CPU_MLA: return &attn__cpu_mla_backend;
+    default: return NULL;
+    }
+}
+
+/* =======================================================================================
+   >>forward
+   The public forward calls: validate everything a backend relies on (tensors, device,
+   metadata fit, token counts), then dispatch through the vtable.
+   ======================================================================================= */
+
+ATTN_API attn_status attn_layer_forward(attn_layer *layer, const attn_metadata *meta,
+                                        const attn_tensor *q, const attn_tensor *k,
+                                        const attn_tensor *v, attn_tensor *kv_cache,
+                                        attn_tensor *out, attn_tensor *lse, void *stream) {
+    attn_context *ctx = layer ? layer->ctx : NULL;
+    const char *fn = "attn_layer_forward";
+    const attn_layer_desc *d;
+    attn_device_kind dev;
+    int64_t shape[3];
+    attn_status st;
+    int ntok;
+    if (!layer) return attn__null_arg(ctx, __func__, "layer");
+    if (!meta) return attn__null_arg(ctx, __func__, "meta");
+    if (!q) return attn__null_arg(ctx, __func__, "q");
+    if (!kv_cache) return attn__null_arg(ctx, __func__, "kv_cache");
+    if (!out) return attn__null_arg(ctx, __func__, "out");
+    d = &layer->desc;
+    dev = layer->backend->device;
+    if (d->use_mla)
+        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_CALL_UNSUPPORTED,
+                          "%s: the layer is MLA (allowed: standard layers; MLA layers use the "
+                          "MLA forward calls)", fn);
+    st = attn__check_meta(layer, meta, fn);
+    if (st != ATTN_OK) return st;
+    if ((k == NULL) != (v == NULL))
+        return attn__fail(ctx, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL,
+                          "%s: argument '%s' is NULL but '%s' is not (allowed: both or neither)",
+                          fn, k ? "v" : "k", k ? "k" : "v");
+    ntok = meta->batch.num_actual_tokens;
+    shape[0] = ATTN__AT_LEAST(ntok); shape[1] = d->num_heads; shape[2] = d->head_size;
+    st = attn__check_tensor(ctx, fn, "q", q, d->dtype, 3, shape, dev);
+    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out", out, d->dtype, 3, shape, dev);
+    if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out", out);
+    if (st != ATTN_OK) return st;
+    st = attn__check_kv_cache(layer, fn, kv_cache, 0);
+    if (st != ATTN_OK) return st;
+    if (kv_cache->shape[0] < meta->cap.num_blocks)
+        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE,
+                          "%s: kv_cache.shape[0] is %lld (allowed: >= num_blocks %lld of the "
+                          "metadata)", fn, (long long)kv_cache->shape[0], (long long)meta->cap.num_blocks);
+    if (k) {
+        if (!meta->batch.slot_mapping)
+            return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA,
+                              "%s: k/v given but the batch has no slot_mapping (allowed: a "
+                              "slot_mapping, or k = v = NULL)", fn);
+        st = attn__check_kv_write(layer, fn, k, v, kv_cache, meta->batch.slot_mapping, ntok);
+        if (st != ATTN_OK) return st;
+    }
+    if (lse) {
+        if (!layer->backend->can_return_lse)
+            return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_CALL_UNSUPPORTED,
+                              "%s: backend %s cannot return the LSE (allowed: lse = NULL)", fn,
+                              layer->backend->name);
+        shape[1] = d->num_heads;
+        st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, dev);
+        if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "lse", lse);
+        if (st != ATTN_OK) return st;
+    }
+    return layer->backend->forward(layer->backend, layer, meta, q, k, v, kv_cache, out, lse, stream);
+}
+
+static attn_status attn__check_mla_call(attn_layer *layer, const attn_metadata *meta, const char *fn) {
     attn_context *ctx = layer->ctx;
     if (!layer->desc.use_mla || !layer->backend->is_mla)
-        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_ARGUMENT,
+        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_CALL_UNSUPPORTED,
                           "%s: the layer is not MLA (allowed: a layer created with use_mla = 1)", fn);
     return attn__check_meta(layer, meta, fn);
 }
@@ -4841,7 +5741,7 @@ ATTN_API attn_status attn_mla_forward_mqa(attn_layer *layer, const attn_metadata
     if (!q) return attn__null_arg(ctx, __func__, "q");
     if (!kv_cache) return attn__null_arg(ctx, __func__, "kv_cache");
     if (!out_latent) return attn__null_arg(ctx, __func__, "out_latent");
-    st = attn__mla_check_call(layer, meta, fn);
+    st = attn__check_mla_call(layer, meta, fn);
     if (st != ATTN_OK) return st;
     d = &layer->desc;
     dev = layer->backend->device;
@@ -4861,7 +5761,7 @@ ATTN_API attn_status attn_mla_forward_mqa(attn_layer *layer, const attn_metadata
     if (st == ATTN_OK) st = attn__check_kv_cache(layer, fn, kv_cache, 0);
     if (st != ATTN_OK) return st;
     if (kv_cache->shape[0] < meta->cap.num_blocks)
-        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
+        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE,
                           "%s: kv_cache.shape[0] is %lld (allowed: >= num_blocks %lld of the metadata)",
                           fn, (long long)kv_cache->shape[0], (long long)meta->cap.num_blocks);
     return layer->backend->forward_mqa(layer->backend, layer, meta, q, q_pe, kv_cache, out_latent,
@@ -4869,7 +5769,7 @@ ATTN_API attn_status attn_mla_forward_mqa(attn_layer *layer, const attn_metadata
 }
 
 /* Shapes shared by forward_mha and the fused call: W_UK, W_UV, cache. */
-static attn_status attn__mla_check_weights(attn_layer *layer, const attn_metadata *meta, const char *fn,
+static attn_status attn__check_mla_weights(attn_layer *layer, const attn_metadata *meta, const char *fn,
                                            const attn_tensor *kv_cache, const attn_tensor *w_uk,
                                            const attn_tensor *w_uv) {
     const attn_layer_desc *d = &layer->desc;
@@ -4882,7 +5782,7 @@ static attn_status attn__mla_check_weights(attn_layer *layer, const attn_metadat
     if (st == ATTN_OK) st = attn__check_tensor(layer->ctx, fn, "w_uv", w_uv, d->dtype, 3, shape, dev);
     if (st == ATTN_OK) st = attn__check_kv_cache(layer, fn, kv_cache, 0);
     if (st == ATTN_OK && kv_cache->shape[0] < meta->cap.num_blocks)
-        st = attn__fail(layer->ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
+        st = attn__fail(layer->ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE,
                         "%s: kv_cache.shape[0] is %lld (allowed: >= num_blocks %lld of the metadata)",
                         fn, (long long)kv_cache->shape[0], (long long)meta->cap.num_blocks);
     return st;
@@ -4905,7 +5805,7 @@ ATTN_API attn_status attn_mla_forward_mha(attn_layer *layer, const attn_metadata
     if (!w_uk) return attn__null_arg(ctx, __func__, "w_uk");
     if (!w_uv) return attn__null_arg(ctx, __func__, "w_uv");
     if (!out) return attn__null_arg(ctx, __func__, "out");
-    st = attn__mla_check_call(layer, meta, fn);
+    st = attn__check_mla_call(layer, meta, fn);
     if (st != ATTN_OK) return st;
     d = &layer->desc;
     dev = layer->backend->device;
@@ -4917,7 +5817,7 @@ ATTN_API attn_status attn_mla_forward_mha(attn_layer *layer, const attn_metadata
     if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out", out);
     if (st == ATTN_OK && lse) st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, dev);
     if (st == ATTN_OK && lse) st = attn__check_output_tensor(ctx, fn, "lse", lse);
-    if (st == ATTN_OK) st = attn__mla_check_weights(layer, meta, fn, kv_cache, w_uk, w_uv);
+    if (st == ATTN_OK) st = attn__check_mla_weights(layer, meta, fn, kv_cache, w_uk, w_uv);
     if (st != ATTN_OK) return st;
     return layer->backend->forward_mha(layer->backend, layer, meta, q, kv_cache, w_uk, w_uv, out,
                                        lse, stream);
@@ -4943,13 +5843,13 @@ ATTN_API attn_status attn_mla_forward(attn_layer *layer, const attn_metadata *me
     if (!w_uk) return attn__null_arg(ctx, __func__, "w_uk");
     if (!w_uv) return attn__null_arg(ctx, __func__, "w_uv");
     if (!out) return attn__null_arg(ctx, __func__, "out");
-    st = attn__mla_check_call(layer, meta, fn);
+    st = attn__check_mla_call(layer, meta, fn);
     if (st != ATTN_OK) return st;
     d = &layer->desc;
     b = attn_metadata_batch(meta);
     dev = layer->backend->device;
     if ((kv_c == NULL) != (k_pe == NULL))
-        return attn__fail(ctx, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT,
+        return attn__fail(ctx, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL,
                           "%s: argument '%s' is NULL but '%s' is not (allowed: both or neither)",
                           fn, kv_c ? "k_pe" : "kv_c", kv_c ? "kv_c" : "k_pe");
     shape[0] = ATTN__AT_LEAST(b->num_actual_tokens); shape[1] = d->num_heads;
@@ -4960,7 +5860,7 @@ ATTN_API attn_status attn_mla_forward(attn_layer *layer, const attn_metadata *me
     shape[2] = d->v_head_dim;
     if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out", out, d->dtype, 3, shape, dev);
     if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out", out);
-    if (st == ATTN_OK) st = attn__mla_check_weights(layer, meta, fn, kv_cache, w_uk, w_uv);
+    if (st == ATTN_OK) st = attn__check_mla_weights(layer, meta, fn, kv_cache, w_uk, w_uv);
     if (st != ATTN_OK) return st;
     if (kv_c) { /* every check of the cache write before the backend writes anything */
         if (!b->slot_mapping)
@@ -4973,6 +5873,12 @@ ATTN_API attn_status attn_mla_forward(attn_layer *layer, const attn_metadata *me
     return layer->backend->mla_forward(layer->backend, layer, meta, q_nope, q_pe, kv_c, k_pe,
                                        kv_cache, w_uk, w_uv, out, stream);
 }
+
+/* =======================================================================================
+   >>merge
+   The public LSE merge: validated here, run by the first backend of the platform's
+   priority list that serves the tensors' device.
+   ======================================================================================= */
 
 /* The first backend of the platform's priority list that serves `device` and merges. */
 static const attn_backend *attn__merge_backend(const attn_context *ctx, attn_device_kind device) {
@@ -5009,16 +5915,16 @@ ATTN_API attn_status attn_merge_attn_states(attn_context *ctx, const attn_tensor
                           "ATTN_LSE_BASE_2)", fn, (int)base_a, (int)base_b, (int)base_out);
     if (out_a->ndim != 3 || out_a->shape[0] < 0 || out_a->shape[1] <= 0 || out_a->shape[2] <= 0 ||
         attn_dtype_size(out_a->dtype) == 0)
-        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
+        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE,
                           "%s: out_a must be [tokens, heads, head_size] of f32/f16/bf16 (ndim %d)",
                           fn, out_a->ndim);
     dev = out_a->device.kind;
     be = attn__merge_backend(ctx, dev);
     if (!be)
-        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_ARGUMENT,
+        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_CALL_UNSUPPORTED,
                           "%s: out_a.device is %s and no registered backend merges there "
                           "(allowed: a device a backend of this platform serves)", fn,
-                          dev == ATTN_DEVICE_CUDA ? "cuda" : "cpu");
+                          attn__device_name(dev));
     shape[0] = out_a->shape[0]; shape[1] = out_a->shape[1]; shape[2] = out_a->shape[2];
     st = attn__check_tensor(ctx, fn, "out_a", out_a, out_a->dtype, 3, shape, dev);
     if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out_b", out_b, out_a->dtype, 3, shape, dev);
@@ -5031,80 +5937,6 @@ ATTN_API attn_status attn_merge_attn_states(attn_context *ctx, const attn_tensor
     if (st != ATTN_OK) return st;
     return be->merge_attn_states(be, ctx, out_a, lse_a, base_a, out_b, lse_b, base_b, out, lse,
                                  base_out, stream);
-}
-
-static const attn_backend *attn__builtin_backend(attn_backend_id id) {
-    switch (id) {
-    case ATTN_BACKEND_CPU: return &attn__cpu_backend;
-    case ATTN_BACKEND_CPU_MLA: return &attn__cpu_mla_backend;
-    default: return NULL;
-    }
-}
-
-/* =======================================================================================
-   >>forward
-   The public forward: validates everything a backend relies on, then dispatches.
-   ======================================================================================= */
-
-ATTN_API attn_status attn_layer_forward(attn_layer *layer, const attn_metadata *meta,
-                                        const attn_tensor *q, const attn_tensor *k,
-                                        const attn_tensor *v, attn_tensor *kv_cache,
-                                        attn_tensor *out, attn_tensor *lse, void *stream) {
-    attn_context *ctx = layer ? layer->ctx : NULL;
-    const char *fn = "attn_layer_forward";
-    const attn_layer_desc *d;
-    attn_device_kind dev;
-    int64_t shape[3];
-    attn_status st;
-    int ntok;
-    if (!layer) return attn__null_arg(ctx, __func__, "layer");
-    if (!meta) return attn__null_arg(ctx, __func__, "meta");
-    if (!q) return attn__null_arg(ctx, __func__, "q");
-    if (!kv_cache) return attn__null_arg(ctx, __func__, "kv_cache");
-    if (!out) return attn__null_arg(ctx, __func__, "out");
-    d = &layer->desc;
-    dev = layer->backend->device;
-    if (d->use_mla)
-        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_ARGUMENT,
-                          "%s: the layer is MLA (allowed: standard layers; MLA layers use the "
-                          "MLA forward calls)", fn);
-    st = attn__check_meta(layer, meta, fn);
-    if (st != ATTN_OK) return st;
-    if ((k == NULL) != (v == NULL))
-        return attn__fail(ctx, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT,
-                          "%s: argument '%s' is NULL but '%s' is not (allowed: both or neither)",
-                          fn, k ? "v" : "k", k ? "k" : "v");
-    ntok = meta->batch.num_actual_tokens;
-    shape[0] = ATTN__AT_LEAST(ntok); shape[1] = d->num_heads; shape[2] = d->head_size;
-    st = attn__check_tensor(ctx, fn, "q", q, d->dtype, 3, shape, dev);
-    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out", out, d->dtype, 3, shape, dev);
-    if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out", out);
-    if (st != ATTN_OK) return st;
-    st = attn__check_kv_cache(layer, fn, kv_cache, 0);
-    if (st != ATTN_OK) return st;
-    if (kv_cache->shape[0] < meta->cap.num_blocks)
-        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
-                          "%s: kv_cache.shape[0] is %lld (allowed: >= num_blocks %lld of the "
-                          "metadata)", fn, (long long)kv_cache->shape[0], (long long)meta->cap.num_blocks);
-    if (k) {
-        if (!meta->batch.slot_mapping)
-            return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA,
-                              "%s: k/v given but the batch has no slot_mapping (allowed: a "
-                              "slot_mapping, or k = v = NULL)", fn);
-        st = attn__check_kv_write(layer, fn, k, v, kv_cache, meta->batch.slot_mapping, ntok);
-        if (st != ATTN_OK) return st;
-    }
-    if (lse) {
-        if (!layer->backend->can_return_lse)
-            return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_ARGUMENT,
-                              "%s: backend %s cannot return the LSE (allowed: lse = NULL)", fn,
-                              layer->backend->name);
-        shape[1] = d->num_heads;
-        st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, dev);
-        if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "lse", lse);
-        if (st != ATTN_OK) return st;
-    }
-    return layer->backend->forward(layer->backend, layer, meta, q, k, v, kv_cache, out, lse, stream);
 }
 
 /* >>kernels-begin (generated by tools/embed from kernels/; do not edit) */
@@ -6428,16 +7260,51 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "    }\n",
     "}\n",
     0};
-/* 4 kernel source file(s) */
-#if defined(__GNUC__) || defined(__clang__)
-__attribute__((unused))
-#endif
+static const char *const attn__kernel_src_util_cu[] = {
+    "// util.cu — small device utilities the library launches itself: filling buffers (the\n",
+    "// tests poison outputs with NaN before every GPU run; workspaces are cleared with it).\n",
+    "// Header-free on purpose: NVRTC has no include path (DESIGN.md).\n",
+    "\n",
+    "typedef unsigned int attn_u32;\n",
+    "typedef unsigned long long attn_u64;\n",
+    "\n",
+    "// Writes `value` (a 32-bit pattern) to n words, 16 bytes per store: dst must be 16-byte\n",
+    "// aligned (cuMemAlloc gives 256).\n",
+    "extern \"C\" __global__ void attn_fill_u32(attn_u32 *dst, attn_u64 n, attn_u32 value) {\n",
+    "    attn_u64 i = ((attn_u64)blockIdx.x * blockDim.x + threadIdx.x) * 4;\n",
+    "    attn_u64 stride = (attn_u64)gridDim.x * blockDim.x * 4;\n",
+    "    for (; i + 4 <= n; i += stride) {\n",
+    "        uint4 v;\n",
+    "        v.x = v.y = v.z = v.w = value;\n",
+    "        *(uint4 *)(dst + i) = v;\n",
+    "    }\n",
+    "    for (; i < n; i++) dst[i] = value; // the tail (< 4 words) of the last thread\n",
+    "}\n",
+    "\n",
+    "// The same for 16-bit patterns (f16/bf16 buffers).\n",
+    "extern \"C\" __global__ void attn_fill_u16(unsigned short *dst, attn_u64 n, unsigned short value) {\n",
+    "    attn_u64 i = (attn_u64)blockIdx.x * blockDim.x + threadIdx.x;\n",
+    "    attn_u64 stride = (attn_u64)gridDim.x * blockDim.x;\n",
+    "    for (; i < n; i += stride) dst[i] = value;\n",
+    "}\n",
+    0};
+/* 5 kernel source file(s); the lookup is declared in >>nvrtc */
 static const struct { const char *name; const char *const *lines; } attn__kernel_sources[] = {
     {"attn_common.cuh", attn__kernel_src_attn_common_cuh},
     {"cache_write.cu", attn__kernel_src_cache_write_cu},
     {"merge.cu", attn__kernel_src_merge_cu},
     {"paged_attention.cu", attn__kernel_src_paged_attention_cu},
-};
+    {"util.cu", attn__kernel_src_util_cu},
+    {0, 0}};
+static const char *attn__kernel_source_name(int i) {
+    return i >= 0 && i < (int)(sizeof attn__kernel_sources / sizeof attn__kernel_sources[0]) ? attn__kernel_sources[i].name : 0;
+}
+static const char *const *attn__kernel_source_lines(const char *name) {
+    int i;
+    for (i = 0; attn__kernel_sources[i].name; i++)
+        if (strcmp(attn__kernel_sources[i].name, name) == 0) return attn__kernel_sources[i].lines;
+    return 0;
+}
 /* >>kernels-end */
 
 #endif /* ATTN_IMPLEMENTATION_DONE */

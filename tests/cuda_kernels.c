@@ -159,21 +159,19 @@ static module_entry modules[1024];
 static int num_modules;
 
 static char *source_text(const char *name) {
-    size_t i, n = sizeof attn__kernel_sources / sizeof attn__kernel_sources[0], len = 1, k;
-    for (i = 0; i < n; i++)
-        if (!strcmp(attn__kernel_sources[i].name, name)) {
-            char *s, *p;
-            for (k = 0; attn__kernel_sources[i].lines[k]; k++) len += strlen(attn__kernel_sources[i].lines[k]);
-            s = p = (char *)malloc(len);
-            for (k = 0; attn__kernel_sources[i].lines[k]; k++) {
-                size_t m = strlen(attn__kernel_sources[i].lines[k]);
-                memcpy(p, attn__kernel_sources[i].lines[k], m);
-                p += m;
-            }
-            *p = 0;
-            return s;
-        }
-    return NULL;
+    const char *const *lines = attn__kernel_source_lines(name); /* the generated lookup */
+    size_t len = 1, k;
+    char *s, *p;
+    if (!lines) return NULL;
+    for (k = 0; lines[k]; k++) len += strlen(lines[k]);
+    s = p = (char *)malloc(len);
+    for (k = 0; lines[k]; k++) {
+        size_t m = strlen(lines[k]);
+        memcpy(p, lines[k], m);
+        p += m;
+    }
+    *p = 0;
+    return s;
 }
 
 static module_entry *get_module(const char *file, const char *defines) {

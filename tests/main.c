@@ -1,5 +1,6 @@
-/* The test runner: the implementation of attn.h and of the harness live here; each
-   tests/test_*.c file contributes one or more suites, registered explicitly below. */
+/* The test runner: the implementations of attn.h, of the harness and of the shared
+   fixtures live here; each tests/test_*.c file contributes one or more suites,
+   registered explicitly below. */
 #include <stdlib.h>
 
 /* Every allocation of the library is counted, so a test can prove that build and forward
@@ -15,6 +16,7 @@ static void *attn_test_realloc(void *p, size_t n) { attn_test_allocations++; ret
 #include "attn.h"
 #define ATTN_TEST_IMPLEMENTATION
 #include "attn_test.h"
+#include "fixtures.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +29,7 @@ void suite_regress(void);    /* tests/test_regress.c */
 void suite_mla(void);        /* tests/test_mla.c */
 void suite_seam(void);       /* tests/test_seam.c */
 void suite_defects(void);    /* tests/test_defects.c */
+void suite_nvrtc(void);      /* tests/test_nvrtc.c */
 
 int main(int argc, char **argv) {
     /* Optional filter: run only suites whose name contains argv[1]. */
@@ -40,6 +43,7 @@ int main(int argc, char **argv) {
     SUITE(suite_mla);
     SUITE(suite_seam);
     SUITE(suite_defects);
+    SUITE(suite_nvrtc);
 #undef SUITE
     return attn_test_summary();
 }

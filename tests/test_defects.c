@@ -18,6 +18,7 @@ typedef struct def_capture {
     int by_level[6];
     int by_item[ATTN_LOG_ITEM_COUNT];
     int env_warns;                  /* WARN lines with ATTN_LOG_ENV_INVALID */
+    attn_log_item last_item;
 } def_capture;
 
 static void def_hook(void *user, attn_log_level level, attn_log_item item, const char *msg) {
@@ -25,6 +26,7 @@ static void def_hook(void *user, attn_log_level level, attn_log_item item, const
     (void)msg;
     if ((int)level >= 0 && (int)level < 6) c->by_level[level]++;
     if ((int)item >= 0 && (int)item < (int)ATTN_LOG_ITEM_COUNT) c->by_item[item]++;
+    c->last_item = item;
     if (level == ATTN_LOG_LEVEL_WARN && item == ATTN_LOG_ENV_INVALID) c->env_warns++;
 }
 
@@ -234,13 +236,15 @@ ATTN_TEST(def_env_log_level_invalid) {
 /* ---- 2. outputs whose elements overlap ------------------------------------------------- */
 
 /* A failing call: status, one more ERROR line with ATTN_LOG_INVALID_ARGUMENT. */
-#define DEF_FAILS(cap, expr, want)                                                     \
+#define DEF_FAILS(cap, expr, want, item)                                               \
     do {                                                                               \
         int e0_ = (cap)->by_level[ATTN_LOG_LEVEL_ERROR];                               \
-        int i0_ = (cap)->by_item[ATTN_LOG_INVALID_ARGUMENT];                           \
+        int i0_ = (cap)->by_item[item];                                                \
         EXPECT_STATUS(expr, want);                                                     \
         EXPECT_EQ_INT((cap)->by_level[ATTN_LOG_LEVEL_ERROR] - e0_, 1);                 \
-        EXPECT_EQ_INT((cap)->by_item[ATTN_LOG_INVALID_ARGUMENT] - i0_, 1);             \
+        if ((cap)->by_item[item] - i0_ != 1)                                           \
+            attn_test_fail(__FILE__, __LINE__, "ITEMFIX got %s expected %s",           \
+                           attn_log_item_name((cap)->last_item), attn_log_item_name(item)); \
     } while (0)
 
 static attn_tensor def_view(void *data, attn_dtype dt, int ndim, const int64_t *shape,
@@ -325,7 +329,7 @@ ATTN_TEST(def_output_overlap_forward) {
             memset(kv, 0x7e, sizeof kv);
             o = def_view(out, ATTN_DTYPE_F32, 3, sq, bad_out[i]);
             DEF_FAILS(&cap, attn_layer_forward(layer, meta, &tq, &tk, &tv, &tkv, &o, NULL, NULL),
-                      ATTN_ERROR_SHAPE_MISMATCH);
+                      ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_LAYOUT);
             EXPECT_TRUE(def_all_bytes(out, sizeof out, 0x7f));
             EXPECT_TRUE(def_all_bytes(kv, sizeof kv, 0x7e)); /* the cache write waits too */
         }
@@ -334,7 +338,7 @@ ATTN_TEST(def_output_overlap_forward) {
             memset(lse, 0x7f, sizeof lse);
             l = def_view(lse, ATTN_DTYPE_F32, 2, sl, bad_lse[i]);
             DEF_FAILS(&cap, attn_layer_forward(layer, meta, &tq, NULL, NULL, &tkv, &tout, &l, NULL),
-                      ATTN_ERROR_SHAPE_MISMATCH);
+                      ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_LAYOUT);
             EXPECT_TRUE(def_all_bytes(out, sizeof out, 0x7f));
             EXPECT_TRUE(def_all_bytes(lse, sizeof lse, 0x7f));
         }
@@ -454,10 +458,10 @@ ATTN_TEST(def_output_overlap_mla_and_merge) {
     memset(ol, 0x7f, sizeof ol);
     o = def_view(ol, ATTN_DTYPE_F32, 3, sol, stl_row0);
     DEF_FAILS(&cap, attn_mla_forward_mqa(layer, meta, &tqm, NULL, &tkv, &o, NULL, NULL),
-              ATTN_ERROR_SHAPE_MISMATCH);
+              ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_LAYOUT);
     l = def_view(lse, ATTN_DTYPE_F32, 2, sl, st2_row0);
     DEF_FAILS(&cap, attn_mla_forward_mqa(layer, meta, &tqm, NULL, &tkv, &tol, &l, NULL),
-              ATTN_ERROR_SHAPE_MISMATCH);
+              ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_LAYOUT);
     EXPECT_TRUE(def_all_bytes(ol, sizeof ol, 0x7f));
     EXPECT_OK(attn_mla_forward_mqa(layer, meta, &tqm, NULL, &tkv, &tol, &tlse, NULL));
 
@@ -465,13 +469,13 @@ ATTN_TEST(def_output_overlap_mla_and_merge) {
     memset(out, 0x7f, sizeof out);
     o = def_view(out, ATTN_DTYPE_F32, 3, so, st3_row0);
     DEF_FAILS(&cap, attn_mla_forward_mha(layer, meta, &tqh, &tkv, &tuk, &tuv, &o, NULL, NULL),
-              ATTN_ERROR_SHAPE_MISMATCH);
+              ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_LAYOUT);
     o = def_view(out, ATTN_DTYPE_F32, 3, so, st3_heads);
     DEF_FAILS(&cap, attn_mla_forward_mha(layer, meta, &tqh, &tkv, &tuk, &tuv, &o, NULL, NULL),
-              ATTN_ERROR_SHAPE_MISMATCH);
+              ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_LAYOUT);
     l = def_view(lse, ATTN_DTYPE_F32, 2, sl, st2_heads);
     DEF_FAILS(&cap, attn_mla_forward_mha(layer, meta, &tqh, &tkv, &tuk, &tuv, &tout, &l, NULL),
-              ATTN_ERROR_SHAPE_MISMATCH);
+              ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_LAYOUT);
     EXPECT_TRUE(def_all_bytes(out, sizeof out, 0x7f));
     EXPECT_OK(attn_mla_forward_mha(layer, meta, &tqh, &tkv, &tuk, &tuv, &tout, &tlse, NULL));
 
@@ -479,10 +483,10 @@ ATTN_TEST(def_output_overlap_mla_and_merge) {
     memset(out, 0x7f, sizeof out);
     o = def_view(out, ATTN_DTYPE_F32, 3, so, st3_heads);
     DEF_FAILS(&cap, attn_mla_forward(layer, meta, &tqn, &tqp, NULL, NULL, &tkv, &tuk, &tuv, &o, NULL),
-              ATTN_ERROR_SHAPE_MISMATCH);
+              ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_LAYOUT);
     o = def_view(out, ATTN_DTYPE_F32, 3, so, st3_row0);
     DEF_FAILS(&cap, attn_mla_forward(layer, meta, &tqn, &tqp, NULL, NULL, &tkv, &tuk, &tuv, &o, NULL),
-              ATTN_ERROR_SHAPE_MISMATCH);
+              ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_LAYOUT);
     EXPECT_TRUE(def_all_bytes(out, sizeof out, 0x7f));
     EXPECT_OK(attn_mla_forward(layer, meta, &tqn, &tqp, NULL, NULL, &tkv, &tuk, &tuv, &tout, NULL));
 
@@ -492,11 +496,11 @@ ATTN_TEST(def_output_overlap_mla_and_merge) {
     o = def_view(out, ATTN_DTYPE_F32, 3, so, st3_row0);
     DEF_FAILS(&cap, attn_merge_attn_states(ctx, &toa, &tla, ATTN_LSE_BASE_E, &toa, &tla,
                                            ATTN_LSE_BASE_E, &o, NULL, ATTN_LSE_BASE_E, NULL),
-              ATTN_ERROR_SHAPE_MISMATCH);
+              ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_LAYOUT);
     l = def_view(lse, ATTN_DTYPE_F32, 2, sl, st2_row0);
     DEF_FAILS(&cap, attn_merge_attn_states(ctx, &toa, &tla, ATTN_LSE_BASE_E, &toa, &tla,
                                            ATTN_LSE_BASE_E, &tout, &l, ATTN_LSE_BASE_E, NULL),
-              ATTN_ERROR_SHAPE_MISMATCH);
+              ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_LAYOUT);
     EXPECT_TRUE(def_all_bytes(out, sizeof out, 0x7f));
     EXPECT_TRUE(def_all_bytes(lse, sizeof lse, 0x7f));
     {
@@ -540,7 +544,7 @@ ATTN_TEST(def_block_cap_and_nbytes) {
     if (!layer) { attn_context_destroy(ctx); return; }
     for (i = 0; i < sizeof too_many / sizeof too_many[0]; i++)
         DEF_FAILS(&cap, attn_layer_kv_cache_shape(layer, too_many[i], shape, &ndim),
-                  ATTN_ERROR_INVALID_VALUE);
+                  ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT);
     EXPECT_OK(attn_layer_kv_cache_shape(layer, cap40, shape, &ndim));
     EXPECT_EQ_INT(ndim, 5);
     EXPECT_EQ_INT(shape[0], cap40);
@@ -550,7 +554,7 @@ ATTN_TEST(def_block_cap_and_nbytes) {
     md.max_num_tokens = 1;
     md.max_blocks_per_req = 1;
     md.num_blocks = cap40 + 1;
-    DEF_FAILS(&cap, attn_metadata_create(layer, &md, &meta), ATTN_ERROR_INVALID_VALUE);
+    DEF_FAILS(&cap, attn_metadata_create(layer, &md, &meta), ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC);
     EXPECT_TRUE(meta == NULL);
     /* nbytes: exact while it fits, SIZE_MAX (never a wrapped small number) beyond */
     t = attn_tensor_make(NULL, ATTN_DTYPE_F16, ndim, shape);
@@ -626,7 +630,7 @@ ATTN_TEST(def_context_create_failure_logs) {
     EXPECT_STATUS(attn_context_create(&cd, &ctx), ATTN_ERROR_INVALID_VALUE);
     EXPECT_TRUE(ctx == NULL);
     EXPECT_EQ_INT(cap.by_level[ATTN_LOG_LEVEL_ERROR], 1);
-    EXPECT_EQ_INT(cap.by_item[ATTN_LOG_INVALID_ARGUMENT], 1);
+    EXPECT_EQ_INT(cap.by_item[ATTN_LOG_INVALID_DESC], 1);
     EXPECT_TRUE(attn_context_last_error(NULL)[0] != 0);
     EXPECT_STATUS(attn_context_create(&cd, NULL), ATTN_ERROR_NULL_ARGUMENT);
     EXPECT_EQ_INT(cap.by_level[ATTN_LOG_LEVEL_ERROR], 2);
@@ -711,6 +715,74 @@ ATTN_TEST(def_mla_head_size_reason) {
     def_env_restore(&saved);
 }
 
+/* ---- the dtype table: names both ways, sizes -------------------------------------------- */
+
+ATTN_TEST(def_dtype_from_name) {
+    static const struct { const char *name; attn_dtype dt; } ok[] = {
+        {"f32", ATTN_DTYPE_F32},       {"F32", ATTN_DTYPE_F32},       {"float32", ATTN_DTYPE_F32},
+        {"Float32", ATTN_DTYPE_F32},   {"f16", ATTN_DTYPE_F16},       {"FLOAT16", ATTN_DTYPE_F16},
+        {"float16", ATTN_DTYPE_F16},   {"bf16", ATTN_DTYPE_BF16},     {"BF16", ATTN_DTYPE_BF16},
+        {"bfloat16", ATTN_DTYPE_BF16}, {"BFloat16", ATTN_DTYPE_BF16}};
+    static const char *const bad[] = {"", "auto", "fp8", "f64", "float", "half", "f16 ", "bf"};
+    def_env saved = def_env_save("ATTN_LOG_LEVEL");
+    attn_dtype dt;
+    size_t i;
+    int d;
+    setenv("ATTN_LOG_LEVEL", "none", 1); /* context-less failures would go to stderr */
+    for (i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        dt = ATTN_DTYPE_AUTO;
+        EXPECT_OK(attn_dtype_from_name(ok[i].name, &dt));
+        EXPECT_EQ_INT(dt, ok[i].dt);
+    }
+    for (i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        dt = (attn_dtype)77;
+        EXPECT_STATUS(attn_dtype_from_name(bad[i], &dt), ATTN_ERROR_INVALID_VALUE);
+        EXPECT_EQ_INT(dt, 77); /* unchanged */
+        EXPECT_TRUE(attn_context_last_error(NULL)[0] != 0);
+    }
+    EXPECT_STATUS(attn_dtype_from_name(NULL, &dt), ATTN_ERROR_NULL_ARGUMENT);
+    EXPECT_STATUS(attn_dtype_from_name("f16", NULL), ATTN_ERROR_NULL_ARGUMENT);
+    /* every element type: its name reads back, its size is that of its storage */
+    for (d = 1; d < (int)ATTN_DTYPE_COUNT; d++) {
+        dt = ATTN_DTYPE_AUTO;
+        EXPECT_OK(attn_dtype_from_name(attn_dtype_name((attn_dtype)d), &dt));
+        EXPECT_EQ_INT(dt, d);
+        EXPECT_TRUE(attn_dtype_size((attn_dtype)d) > 0);
+    }
+    EXPECT_EQ_INT(attn_dtype_size(ATTN_DTYPE_F32), 4);
+    EXPECT_EQ_INT(attn_dtype_size(ATTN_DTYPE_F16), 2);
+    EXPECT_EQ_INT(attn_dtype_size(ATTN_DTYPE_BF16), 2);
+    EXPECT_EQ_INT(attn_dtype_size(ATTN_DTYPE_AUTO), 0);
+    EXPECT_EQ_INT(attn_dtype_size((attn_dtype)99), 0);
+    EXPECT_EQ_INT(attn_dtype_size((attn_dtype)-1), 0);
+    EXPECT_TRUE(strcmp(attn_dtype_name(ATTN_DTYPE_AUTO), "auto") == 0);
+    EXPECT_TRUE(strcmp(attn_dtype_name((attn_dtype)99), "?") == 0);
+    EXPECT_TRUE(strcmp(attn_dtype_name((attn_dtype)-1), "?") == 0);
+    def_env_restore(&saved);
+}
+
+/* A layer descriptor with an out-of-range dtype is refused (the table's range). */
+ATTN_TEST(def_dtype_desc_range) {
+    def_capture cap;
+    attn_context *ctx = def_ctx(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
+    attn_layer_desc d;
+    attn_layer *layer = NULL;
+    if (!ctx) return;
+    memset(&d, 0, sizeof d);
+    d.num_heads = 2;
+    d.head_size = 16;
+    d.dtype = ATTN_DTYPE_COUNT;
+    DEF_FAILS(&cap, attn_layer_create(ctx, &d, NULL, &layer), ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC);
+    d.dtype = ATTN_DTYPE_BF16;
+    d.kv_cache_dtype = (attn_dtype)-2;
+    DEF_FAILS(&cap, attn_layer_create(ctx, &d, NULL, &layer), ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC);
+    EXPECT_TRUE(layer == NULL);
+    d.kv_cache_dtype = ATTN_DTYPE_F32;
+    EXPECT_OK(attn_layer_create(ctx, &d, NULL, &layer));
+    attn_layer_destroy(layer);
+    attn_context_destroy(ctx);
+}
+
 void suite_defects(void) {
     ATTN_RUN(def_env_batch_invariant_words);
     ATTN_RUN(def_env_num_threads_invalid);
@@ -720,4 +792,6 @@ void suite_defects(void) {
     ATTN_RUN(def_block_cap_and_nbytes);
     ATTN_RUN(def_context_create_failure_logs);
     ATTN_RUN(def_mla_head_size_reason);
+    ATTN_RUN(def_dtype_from_name);
+    ATTN_RUN(def_dtype_desc_range);
 }

@@ -4,6 +4,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "attn.h"
 #include "attn_test.h"
+#include "fixtures.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -54,21 +55,6 @@ static void poison(void *p, attn_dtype dt, size_t n) {
         if (dt == ATTN_DTYPE_F32) ((float *)p)[i] = NAN;
         else ((uint16_t *)p)[i] = dt == ATTN_DTYPE_F16 ? 0x7e00u : 0x7fc0u;
     }
-}
-
-static void quiet_log(void *user, attn_log_level level, attn_log_item item, const char *msg) {
-    (void)user; (void)level; (void)item; (void)msg;
-}
-
-static attn_context *make_ctx(int threads) {
-    attn_context_desc cd;
-    attn_context *ctx = NULL;
-    memset(&cd, 0, sizeof cd);
-    cd.num_threads = threads;
-    cd.log = quiet_log;
-    cd.log_level = ATTN_LOG_LEVEL_DEBUG;
-    if (attn_context_create(&cd, &ctx) != ATTN_OK) return NULL;
-    return ctx;
 }
 
 /* The scale of the test: ATTN_TEST_SCALE=0.25 runs a quarter of the random cases. */
@@ -201,7 +187,7 @@ static void tol_for(attn_dtype dt, double *abs_tol, double *rel_tol) {
 /* Runs one case end to end and checks every output element and LSE against float64. */
 static fresult run_case(const fcase *c, rng *r, int keep_out) {
     fresult res;
-    attn_context *ctx = make_ctx(c->threads);
+    attn_context *ctx = attn_test_context(NULL, ATTN_LOG_LEVEL_DEBUG, c->threads);
     attn_layer_desc d;
     attn_layer *layer = NULL;
     attn_metadata *meta = NULL;

@@ -9,6 +9,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "attn.h"
 #include "attn_test.h"
+#include "fixtures.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -102,24 +103,6 @@ static void *xmalloc(size_t n) {
     return p;
 }
 
-static void quiet_log(void *user, attn_log_level level, attn_log_item item, const char *msg) {
-    (void)user;
-    (void)level;
-    (void)item;
-    (void)msg;
-}
-
-static attn_context *make_ctx(int threads) {
-    attn_context_desc cd;
-    attn_context *ctx = NULL;
-    memset(&cd, 0, sizeof cd);
-    cd.num_threads = threads;
-    cd.log = quiet_log;
-    cd.log_level = ATTN_LOG_LEVEL_DEBUG;
-    if (attn_context_create(&cd, &ctx) != ATTN_OK) return NULL;
-    return ctx;
-}
-
 /* ATTN_TEST_SCALE=0.25 shrinks the random cases and the long contexts. */
 static int ctx_threads(attn_context *ctx) {
     attn_platform p;
@@ -170,31 +153,6 @@ static attn_tensor t2(void *p, int64_t a, int64_t b) {
     return attn_tensor_make(p, ATTN_DTYPE_F32, 2, s);
 }
 
-/* ---- log capture -------------------------------------------------------------------- */
-
-typedef struct logcap logcap;
-struct logcap {
-    int n;
-    attn_log_item item[64];
-    attn_log_level level[64];
-};
-
-static void cap_log(void *user, attn_log_level level, attn_log_item item, const char *msg) {
-    logcap *c = (logcap *)user;
-    (void)msg;
-    if (c->n < 64) {
-        c->item[c->n] = item;
-        c->level[c->n] = level;
-    }
-    c->n++;
-}
-static int cap_has(const logcap *c, attn_log_item item, attn_log_level level) {
-    int i;
-    for (i = 0; i < c->n && i < 64; i++)
-        if (c->item[i] == item && c->level[i] == level) return 1;
-    return 0;
-}
-
 /* ---- a test world: layer, weights, per-request latents and queries, cache, reference -- */
 
 typedef struct mcfg {
@@ -211,7 +169,7 @@ typedef struct mcfg {
     int pad;                          /* extra rows in q/out tensors, never written */
     float scale;                      /* 0: default 1/sqrt(192) */
     uint64_t seed, wseed;
-    struct logcap *cap; /* NULL: the world's context logs nowhere */
+    attn_test_log *cap; /* NULL: the world's context logs nowhere */
     int no_ref;         /* skip the float64 reference */
 } mcfg;
 
@@ -399,17 +357,7 @@ static int world_init(mworld *w, const mcfg *cfg) {
     D = w->D = R + ROPE;
     esz = attn_dtype_size(c->dt);
     w->thr = c->decode_threshold > 0 ? c->decode_threshold : 1;
-    if (c->cap) {
-        attn_context_desc cd;
-        memset(&cd, 0, sizeof cd);
-        cd.num_threads = c->threads;
-        cd.log = cap_log;
-        cd.log_user_data = c->cap;
-        cd.log_level = ATTN_LOG_LEVEL_DEBUG;
-        if (attn_context_create(&cd, &w->ctx) != ATTN_OK) w->ctx = NULL;
-    } else {
-        w->ctx = make_ctx(c->threads);
-    }
+    w->ctx = attn_test_context(c->cap, ATTN_LOG_LEVEL_DEBUG, c->threads);
     if (!w->ctx) {
         attn_test_fail(__FILE__, __LINE__, "context");
         return 0;
@@ -1195,7 +1143,7 @@ ATTN_TEST(test_mla_prefill_320) {
 
 /* info.prefill_chunk of an f32 MLA layer with H heads (-1 on failure). */
 static int probe_chunk(int H) {
-    attn_context *ctx = make_ctx(1);
+    attn_context *ctx = attn_test_context(NULL, ATTN_LOG_LEVEL_DEBUG, 1);
     attn_layer_desc d;
     attn_layer *layer = NULL;
     attn_metadata_desc md;
@@ -1895,7 +1843,7 @@ ATTN_TEST(test_mla_merge_shards) {
 
 /* Empty partitions, aliasing, several rows, half-precision outputs. */
 ATTN_TEST(test_mla_merge_edges) {
-    attn_context *ctx = make_ctx(1);
+    attn_context *ctx = attn_test_context(NULL, ATTN_LOG_LEVEL_DEBUG, 1);
     int T = 3, H = 5, D = 40, n = T * H * D, x, i;
     float *oa = (float *)xmalloc((size_t)n * sizeof(float)),
           *ob = (float *)xmalloc((size_t)n * sizeof(float));
@@ -2057,7 +2005,7 @@ ATTN_TEST(test_mla_merge_edges) {
    unused output of the empty side (a buffer nobody wrote), merge(a, b) and merge(b, a)
    both give the other side. */
 ATTN_TEST(test_mla_merge_empty_nan) {
-    attn_context *ctx = make_ctx(1);
+    attn_context *ctx = attn_test_context(NULL, ATTN_LOG_LEVEL_DEBUG, 1);
     int H = 4, D = 64, n = H * D, x, side;
     float *ov = (float *)xmalloc((size_t)n * sizeof(float)),
           *og = (float *)xmalloc((size_t)n * sizeof(float));
@@ -2264,17 +2212,9 @@ ATTN_TEST(test_mla_unsorted_batch_reordered) {
         return;
     }
     {
-        logcap cap;
-        attn_context_desc cd;
-        attn_context *lctx = NULL;
+        attn_test_log cap;
         /* the unsorted build, on a context that captures the log */
-        memset(&cap, 0, sizeof cap);
-        memset(&cd, 0, sizeof cd);
-        cd.log = cap_log;
-        cd.log_user_data = &cap;
-        cd.log_level = ATTN_LOG_LEVEL_DEBUG;
-        cd.num_threads = 1;
-        EXPECT_OK(attn_context_create(&cd, &lctx));
+        attn_context *lctx = attn_test_context(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
         if (lctx) {
             attn_layer_desc d = *attn_layer_get_desc(wu.layer);
             attn_layer *l2 = NULL;
@@ -2289,9 +2229,9 @@ ATTN_TEST(test_mla_unsorted_batch_reordered) {
             md.num_blocks = wu.nblocks;
             if (l2) EXPECT_OK(attn_metadata_create(l2, &md, &m2));
             if (m2) {
-                cap.n = 0;
+                attn_test_log_reset(&cap);
                 EXPECT_STATUS(attn_metadata_build(m2, 0, &b, 0), ATTN_ERROR_INVALID_METADATA);
-                EXPECT_TRUE(cap_has(&cap, ATTN_LOG_INVALID_METADATA, ATTN_LOG_LEVEL_ERROR));
+                EXPECT_TRUE(attn_test_log_has(&cap, ATTN_LOG_INVALID_METADATA, ATTN_LOG_LEVEL_ERROR));
                 /* and the forward calls refuse a metadata that was never built */
                 {
                     attn_tensor tq = t3(wu.qn_raw, ATTN_DTYPE_F32, wu.ntok, 16, 576);
@@ -2351,20 +2291,6 @@ ATTN_TEST(test_mla_unsorted_batch_reordered) {
 
 /* ---- rejections --------------------------------------------------------------------------- */
 
-static attn_context *cap_ctx(logcap *cap) {
-    attn_context_desc cd;
-    attn_context *ctx = NULL;
-    memset(&cd, 0, sizeof cd);
-    cd.log = cap_log;
-    cd.log_user_data = cap;
-    cd.log_level = ATTN_LOG_LEVEL_DEBUG;
-    cd.num_threads = 2;
-    memset(cap, 0, sizeof *cap);
-    EXPECT_OK(attn_context_create(&cd, &ctx));
-    memset(cap, 0, sizeof *cap); /* the creation lines are dropped */
-    return ctx;
-}
-
 static attn_layer_desc mla_desc(int H, int hs, int rank) {
     attn_layer_desc d;
     memset(&d, 0, sizeof d);
@@ -2378,8 +2304,8 @@ static attn_layer_desc mla_desc(int H, int hs, int rank) {
 }
 
 ATTN_TEST(test_mla_reject_layers) {
-    logcap cap;
-    attn_context *ctx = cap_ctx(&cap);
+    attn_test_log cap;
+    attn_context *ctx = attn_test_context(&cap, ATTN_LOG_LEVEL_DEBUG, 2);
     attn_layer_desc d;
     attn_layer *layer = NULL;
     attn_select_request req;
@@ -2391,11 +2317,11 @@ ATTN_TEST(test_mla_reject_layers) {
 
     /* 600 = 536 + 64: no backend (CPU_MLA skipped, and named in the record) */
     d = mla_desc(16, 600, 536);
-    cap.n = 0;
+    attn_test_log_reset(&cap);
     EXPECT_STATUS(attn_layer_create(ctx, &d, NULL, &layer), ATTN_ERROR_UNSUPPORTED);
     EXPECT_TRUE(layer == NULL);
-    EXPECT_TRUE(cap_has(&cap, ATTN_LOG_SELECT_NO_BACKEND, ATTN_LOG_LEVEL_ERROR));
-    EXPECT_TRUE(cap_has(&cap, ATTN_LOG_SELECT_CANDIDATE_SKIPPED, ATTN_LOG_LEVEL_DEBUG));
+    EXPECT_TRUE(attn_test_log_has(&cap, ATTN_LOG_SELECT_NO_BACKEND, ATTN_LOG_LEVEL_ERROR));
+    EXPECT_TRUE(attn_test_log_has(&cap, ATTN_LOG_SELECT_CANDIDATE_SKIPPED, ATTN_LOG_LEVEL_DEBUG));
     memset(&sel, 0, sizeof sel);
     EXPECT_STATUS(attn_select_backend(ctx, &d, NULL, &sel), ATTN_ERROR_UNSUPPORTED);
     EXPECT_EQ_INT(sel.resolved, ATTN_BACKEND_AUTO);
@@ -2413,9 +2339,9 @@ ATTN_TEST(test_mla_reject_layers) {
 
     /* head_size != kv_lora_rank + qk_rope_head_dim */
     d = mla_desc(16, 576, 500);
-    cap.n = 0;
+    attn_test_log_reset(&cap);
     EXPECT_STATUS(attn_layer_create(ctx, &d, NULL, &layer), ATTN_ERROR_INVALID_VALUE);
-    EXPECT_TRUE(cap_has(&cap, ATTN_LOG_INVALID_ARGUMENT, ATTN_LOG_LEVEL_ERROR));
+    EXPECT_TRUE(attn_test_log_has(&cap, ATTN_LOG_INVALID_DESC, ATTN_LOG_LEVEL_ERROR));
     d = mla_desc(16, 320, 512);
     EXPECT_STATUS(attn_layer_create(ctx, &d, NULL, &layer), ATTN_ERROR_INVALID_VALUE);
     /* more than one KV head */
@@ -2430,9 +2356,9 @@ ATTN_TEST(test_mla_reject_layers) {
         if (i == 1) d.sliding_window = 128;
         if (i == 2) d.logits_soft_cap = 30.0f;
         if (i == 3) d.causal = ATTN_CAUSAL_NO;
-        cap.n = 0;
+        attn_test_log_reset(&cap);
         EXPECT_STATUS(attn_layer_create(ctx, &d, NULL, &layer), ATTN_ERROR_UNSUPPORTED);
-        EXPECT_TRUE(cap_has(&cap, ATTN_LOG_SELECT_NO_BACKEND, ATTN_LOG_LEVEL_ERROR));
+        EXPECT_TRUE(attn_test_log_has(&cap, ATTN_LOG_SELECT_NO_BACKEND, ATTN_LOG_LEVEL_ERROR));
         EXPECT_TRUE(layer == NULL);
     }
 
@@ -2443,19 +2369,19 @@ ATTN_TEST(test_mla_reject_layers) {
     d.dtype = ATTN_DTYPE_F32;
     memset(&req, 0, sizeof req);
     req.backend = ATTN_BACKEND_CPU_MLA;
-    cap.n = 0;
+    attn_test_log_reset(&cap);
     EXPECT_STATUS(attn_layer_create(ctx, &d, &req, &layer), ATTN_ERROR_BACKEND_UNAVAILABLE);
-    EXPECT_TRUE(cap_has(&cap, ATTN_LOG_SELECT_EXPLICIT_FAILED, ATTN_LOG_LEVEL_ERROR));
+    EXPECT_TRUE(attn_test_log_has(&cap, ATTN_LOG_SELECT_EXPLICIT_FAILED, ATTN_LOG_LEVEL_ERROR));
     d = mla_desc(16, 576, 512);
     req.backend = ATTN_BACKEND_CPU;
-    cap.n = 0;
+    attn_test_log_reset(&cap);
     EXPECT_STATUS(attn_layer_create(ctx, &d, &req, &layer), ATTN_ERROR_BACKEND_UNAVAILABLE);
-    EXPECT_TRUE(cap_has(&cap, ATTN_LOG_SELECT_EXPLICIT_FAILED, ATTN_LOG_LEVEL_ERROR));
+    EXPECT_TRUE(attn_test_log_has(&cap, ATTN_LOG_SELECT_EXPLICIT_FAILED, ATTN_LOG_LEVEL_ERROR));
     /* with fallback the automatic choice serves, with a WARN */
     req.allow_fallback = 1;
-    cap.n = 0;
+    attn_test_log_reset(&cap);
     EXPECT_OK(attn_layer_create(ctx, &d, &req, &layer));
-    EXPECT_TRUE(cap_has(&cap, ATTN_LOG_SELECT_FALLBACK, ATTN_LOG_LEVEL_WARN));
+    EXPECT_TRUE(attn_test_log_has(&cap, ATTN_LOG_SELECT_FALLBACK, ATTN_LOG_LEVEL_WARN));
     if (layer) EXPECT_EQ_INT(attn_layer_backend(layer)->id, ATTN_BACKEND_CPU_MLA);
     attn_layer_destroy(layer);
     layer = NULL;
@@ -2466,9 +2392,9 @@ ATTN_TEST(test_mla_reject_layers) {
     attn_layer_destroy(layer);
     layer = NULL;
     d.dtype = ATTN_DTYPE_BF16; /* a descriptor not in the selection cache yet */
-    cap.n = 0;
+    attn_test_log_reset(&cap);
     EXPECT_OK(attn_layer_create(ctx, &d, NULL, &layer));
-    EXPECT_TRUE(cap_has(&cap, ATTN_LOG_SELECT_RESOLVED, ATTN_LOG_LEVEL_INFO));
+    EXPECT_TRUE(attn_test_log_has(&cap, ATTN_LOG_SELECT_RESOLVED, ATTN_LOG_LEVEL_INFO));
     if (layer) {
         const attn_layer_desc *e = attn_layer_get_desc(layer);
         EXPECT_EQ_INT(e->num_kv_heads, 1);
@@ -2484,7 +2410,7 @@ ATTN_TEST(test_mla_reject_layers) {
 /* Calls that do not fit the layer, bad slots, bad shapes: the status, and outputs and
    caches untouched. */
 ATTN_TEST(test_mla_reject_calls) {
-    logcap cap;
+    attn_test_log cap;
     mcfg c;
     mworld w;
     attn_metadata *meta = NULL;
@@ -2492,7 +2418,7 @@ ATTN_TEST(test_mla_reject_calls) {
     attn_layer *std_layer = NULL;
     attn_metadata *std_meta = NULL;
     int H = 8, R = 512, D = 576, x;
-    logcap wcap;
+    attn_test_log wcap;
     base_cfg(&c, H, R, ATTN_DTYPE_F32, ATTN_DTYPE_F32);
     memset(&wcap, 0, sizeof wcap);
     c.cap = &wcap;
@@ -2505,7 +2431,7 @@ ATTN_TEST(test_mla_reject_calls) {
     }
     meta = world_meta(&w, 0, NULL);
     EXPECT_TRUE(meta != NULL);
-    ctx = cap_ctx(&cap);
+    ctx = attn_test_context(&cap, ATTN_LOG_LEVEL_DEBUG, 2);
     if (!meta || !ctx) {
         attn_metadata_destroy(meta);
         attn_context_destroy(ctx);
@@ -2573,10 +2499,10 @@ ATTN_TEST(test_mla_reject_calls) {
         memset(std_cache, 0, (size_t)2 * 2 * 16 * 8 * 64 * sizeof(float));
 
         /* forward_mqa: wrong q width, q_pe width, out width/heads, dtype, empty decode rows */
-        wcap.n = 0;
+        attn_test_log_reset(&wcap);
         EXPECT_STATUS(attn_mla_forward_mqa(w.layer, meta, &tq_bad, NULL, &w.t_cache, &to, &tl, NULL),
                       ATTN_ERROR_SHAPE_MISMATCH);
-        EXPECT_TRUE(cap_has(&wcap, ATTN_LOG_INVALID_ARGUMENT, ATTN_LOG_LEVEL_ERROR));
+        EXPECT_TRUE(attn_test_log_has(&wcap, ATTN_LOG_TENSOR_SHAPE, ATTN_LOG_LEVEL_ERROR));
         EXPECT_STATUS(attn_mla_forward_mqa(w.layer, meta, &tq, &tqpe, &w.t_cache, &to, &tl, NULL),
                       ATTN_ERROR_SHAPE_MISMATCH);
         EXPECT_STATUS(attn_mla_forward_mqa(w.layer, meta, &tqlat, &tqpe_bad, &w.t_cache, &to, &tl, NULL),
@@ -2710,10 +2636,10 @@ ATTN_TEST(test_mla_reject_calls) {
             slots[1] = 5;
             slots[2] = (int64_t)w.nblocks * c.bs;
             for (x = 0; x < (int)w.cache_elems; x++) cache_copy[x] = ((float *)w.cache)[x];
-            wcap.n = 0;
+            attn_test_log_reset(&wcap);
             EXPECT_STATUS(attn_concat_and_cache_mla(w.layer, &tkc, &tkp, &w.t_cache, slots, 3, NULL),
                           ATTN_ERROR_INVALID_VALUE);
-            EXPECT_TRUE(cap_has(&wcap, ATTN_LOG_INVALID_ARGUMENT, ATTN_LOG_LEVEL_ERROR));
+            EXPECT_TRUE(attn_test_log_has(&wcap, ATTN_LOG_INVALID_SLOT, ATTN_LOG_LEVEL_ERROR));
             slots[2] = -2;
             EXPECT_STATUS(attn_concat_and_cache_mla(w.layer, &tkc, &tkp, &w.t_cache, slots, 3, NULL),
                           ATTN_ERROR_INVALID_VALUE);
@@ -2761,10 +2687,10 @@ ATTN_TEST(test_mla_reject_calls) {
                     attn_metadata *mb = NULL;
                     md.decode_threshold = bad[k][0];
                     md.num_kv_splits = bad[k][1];
-                    wcap.n = 0;
+                    attn_test_log_reset(&wcap);
                     EXPECT_STATUS(attn_metadata_create(w.layer, &md, &mb), ATTN_ERROR_INVALID_VALUE);
                     EXPECT_TRUE(mb == NULL);
-                    EXPECT_TRUE(cap_has(&wcap, ATTN_LOG_INVALID_ARGUMENT, ATTN_LOG_LEVEL_ERROR));
+                    EXPECT_TRUE(attn_test_log_has(&wcap, ATTN_LOG_INVALID_DESC, ATTN_LOG_LEVEL_ERROR));
                     attn_metadata_destroy(mb);
                 }
                 md.decode_threshold = 0;
@@ -2774,9 +2700,9 @@ ATTN_TEST(test_mla_reject_calls) {
             if (m0) {
                 int64_t s2[3];
                 attn_tensor tqn, tqp, tof, tkc, tkp;
-                wcap.n = 0;
+                attn_test_log_reset(&wcap);
                 EXPECT_STATUS(attn_metadata_mla_info(m0, &i0), ATTN_ERROR_INVALID_METADATA);
-                EXPECT_TRUE(cap_has(&wcap, ATTN_LOG_INVALID_METADATA, ATTN_LOG_LEVEL_ERROR));
+                EXPECT_TRUE(attn_test_log_has(&wcap, ATTN_LOG_METADATA_MISMATCH, ATTN_LOG_LEVEL_ERROR));
                 b.slot_mapping = NULL;
                 EXPECT_OK(attn_metadata_build(m0, 0, &b, 0));
                 s2[0] = w.ntok;
@@ -2835,23 +2761,23 @@ ATTN_TEST(test_mla_reject_calls) {
         if (std_layer && std_meta) {
             attn_tensor tsq = t3(q, ATTN_DTYPE_F32, 1, H, 64), tso = t3(o, ATTN_DTYPE_F32, 1, H, 64);
             attn_mla_info info2;
-            cap.n = 0;
+            attn_test_log_reset(&cap);
             EXPECT_STATUS(attn_mla_forward_mqa(std_layer, std_meta, &tq, NULL, &tsc, &to, &tl, NULL),
                           ATTN_ERROR_UNSUPPORTED);
             EXPECT_STATUS(
                 attn_mla_forward_mha(std_layer, std_meta, &tq, &tsc, &w.t_wuk, &w.t_wuv, &to, NULL, NULL),
                 ATTN_ERROR_UNSUPPORTED);
             EXPECT_STATUS(attn_metadata_mla_info(std_meta, &info2), ATTN_ERROR_UNSUPPORTED);
-            EXPECT_TRUE(cap_has(&cap, ATTN_LOG_INVALID_ARGUMENT, ATTN_LOG_LEVEL_ERROR));
+            EXPECT_TRUE(attn_test_log_has(&cap, ATTN_LOG_CALL_UNSUPPORTED, ATTN_LOG_LEVEL_ERROR));
             /* MLA layer through the standard forward, and standard metadata on an MLA layer */
-            wcap.n = 0;
+            attn_test_log_reset(&wcap);
             EXPECT_STATUS(attn_layer_forward(w.layer, meta, &tsq, NULL, NULL, &w.t_cache, &tso, NULL, NULL),
                           ATTN_ERROR_UNSUPPORTED);
-            EXPECT_TRUE(cap_has(&wcap, ATTN_LOG_INVALID_ARGUMENT, ATTN_LOG_LEVEL_ERROR));
-            wcap.n = 0;
+            EXPECT_TRUE(attn_test_log_has(&wcap, ATTN_LOG_CALL_UNSUPPORTED, ATTN_LOG_LEVEL_ERROR));
+            attn_test_log_reset(&wcap);
             EXPECT_STATUS(attn_mla_forward_mqa(w.layer, std_meta, &tq, NULL, &w.t_cache, &to, &tl, NULL),
                           ATTN_ERROR_INVALID_METADATA);
-            EXPECT_TRUE(cap_has(&wcap, ATTN_LOG_INVALID_METADATA, ATTN_LOG_LEVEL_ERROR));
+            EXPECT_TRUE(attn_test_log_has(&wcap, ATTN_LOG_METADATA_MISMATCH, ATTN_LOG_LEVEL_ERROR));
             EXPECT_STATUS(attn_reshape_and_cache(w.layer, &tsq, &tsq, &w.t_cache, w.slots, 1, NULL),
                           ATTN_ERROR_UNSUPPORTED);
             for (x = 0; x < (int)nq; x++)

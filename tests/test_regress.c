@@ -3,24 +3,11 @@
    non-causal windows. Each test is the reviewer's reproducer, made to assert. */
 #include "attn.h"
 #include "attn_test.h"
+#include "fixtures.h"
 
 #include <limits.h>
 #include <math.h>
 #include <string.h>
-
-static void rg_quiet(void *u, attn_log_level l, attn_log_item i, const char *m) {
-    (void)u; (void)l; (void)i; (void)m;
-}
-
-static attn_context *rg_ctx(int threads) {
-    attn_context_desc cd;
-    attn_context *ctx = NULL;
-    memset(&cd, 0, sizeof cd);
-    cd.num_threads = threads;
-    cd.log = rg_quiet;
-    attn_context_create(&cd, &ctx);
-    return ctx;
-}
 
 static attn_layer_desc rg_mla_desc(int block_size) {
     attn_layer_desc d;
@@ -36,7 +23,7 @@ static attn_layer_desc rg_mla_desc(int block_size) {
 /* The MLA split capacity at the longest sequence a block table allows must not overflow
    (it once wrapped to 1 split and the build wrote past the task array). */
 ATTN_TEST(rg_mla_split_capacity_at_int_limit) {
-    attn_context *ctx = rg_ctx(4);
+    attn_context *ctx = attn_test_context(NULL, ATTN_LOG_LEVEL_DEFAULT, 4);
     attn_layer_desc d = rg_mla_desc(128);
     attn_layer *L = NULL;
     attn_metadata *m = NULL;
@@ -69,7 +56,7 @@ ATTN_TEST(rg_mla_split_capacity_at_int_limit) {
 
 /* Capacities whose task count does not fit are refused at create, not overrun at build. */
 ATTN_TEST(rg_capacity_overflow_is_refused) {
-    attn_context *ctx = rg_ctx(1);
+    attn_context *ctx = attn_test_context(NULL, ATTN_LOG_LEVEL_DEFAULT, 1);
     attn_layer_desc d, dm = rg_mla_desc(16);
     attn_layer *L = NULL, *LM = NULL;
     attn_metadata *m = (attn_metadata *)&d;
@@ -92,7 +79,7 @@ ATTN_TEST(rg_capacity_overflow_is_refused) {
 /* Metadata keeps working after the layer that created it is destroyed; a rejected MLA
    build keeps the previous schedule; a causal-only backend refuses a non-causal batch. */
 ATTN_TEST(rg_metadata_lifetime_and_rejected_builds) {
-    attn_context *ctx = rg_ctx(2);
+    attn_context *ctx = attn_test_context(NULL, ATTN_LOG_LEVEL_DEFAULT, 2);
     attn_layer_desc d = rg_mla_desc(16);
     attn_layer *L = NULL, *L2 = NULL;
     attn_metadata *m = NULL;
@@ -132,7 +119,7 @@ ATTN_TEST(rg_metadata_lifetime_and_rejected_builds) {
 
 /* An LSE of +inf (how some kernels mark an empty partition) merges as empty, not NaN. */
 ATTN_TEST(rg_merge_plus_inf_lse_is_empty) {
-    attn_context *ctx = rg_ctx(1);
+    attn_context *ctx = attn_test_context(NULL, ATTN_LOG_LEVEL_DEFAULT, 1);
     float oa[2] = {NAN, NAN}, ob[2] = {1.0f, 2.0f}, o[2] = {0, 0};
     float la[1] = {INFINITY}, lb[1] = {0.5f}, l[1] = {0};
     int64_t s3[3] = {1, 1, 2}, s2[2] = {1, 1};
@@ -150,7 +137,7 @@ ATTN_TEST(rg_merge_plus_inf_lse_is_empty) {
 
 /* A non-causal window near INT_MAX sees every key (pos + window once overflowed). */
 ATTN_TEST(rg_huge_noncausal_window) {
-    attn_context *ctx = rg_ctx(1);
+    attn_context *ctx = attn_test_context(NULL, ATTN_LOG_LEVEL_DEFAULT, 1);
     attn_layer_desc d;
     attn_layer *L = NULL;
     attn_metadata *m = NULL;
@@ -187,9 +174,55 @@ ATTN_TEST(rg_huge_noncausal_window) {
     attn_context_destroy(ctx);
 }
 
+/* Views longer than the batch with default (all-zero) strides: q and out of INT64_MAX
+   rows run like one row, a cache of INT64_MAX blocks is refused. Deriving the strides
+   once multiplied by the outermost extent too, a signed overflow (UBSan); the fuzzer
+   found it. */
+ATTN_TEST(rg_huge_outer_extent_with_default_strides) {
+    attn_context *ctx = attn_test_context(NULL, ATTN_LOG_LEVEL_DEFAULT, 1);
+    attn_layer_desc d;
+    attn_layer *L = NULL;
+    attn_metadata *m = NULL;
+    attn_metadata_desc md;
+    attn_batch b;
+    int32_t qsl[2] = {0, 1}, sl[1] = {3}, bt[1] = {0};
+    float qd[16], cache[2 * 16 * 2 * 8], out[16], out_long[16];
+    int64_t s3[3] = {1, 2, 8}, s5[5] = {1, 2, 16, 2, 8};
+    attn_tensor tq, to, tc, tq_long, to_long, tc_long;
+    int i;
+    memset(&d, 0, sizeof d);
+    d.num_heads = 2; d.head_size = 8; d.dtype = ATTN_DTYPE_F32;
+    EXPECT_OK(attn_layer_create(ctx, &d, NULL, &L));
+    memset(&md, 0, sizeof md);
+    md.max_num_reqs = 1; md.max_num_tokens = 1; md.max_blocks_per_req = 1; md.num_blocks = 1;
+    if (L) EXPECT_OK(attn_metadata_create(L, &md, &m));
+    memset(&b, 0, sizeof b);
+    b.query_start_loc = qsl; b.seq_lens = sl; b.block_table = bt; b.block_table_stride = 1;
+    b.num_reqs = 1; b.num_actual_tokens = 1; b.max_query_len = 1; b.max_seq_len = 3;
+    if (m) EXPECT_OK(attn_metadata_build(m, 0, &b, 0));
+    for (i = 0; i < 16; i++) qd[i] = (float)(i % 5) * 0.25f;
+    for (i = 0; i < 2 * 16 * 2 * 8; i++) cache[i] = (float)(i % 7) * 0.125f;
+    tq = attn_tensor_make(qd, ATTN_DTYPE_F32, 3, s3);
+    to = attn_tensor_make(out, ATTN_DTYPE_F32, 3, s3);
+    tc = attn_tensor_make(cache, ATTN_DTYPE_F32, 5, s5);
+    tq_long = tq; tq_long.shape[0] = INT64_MAX;
+    to_long = attn_tensor_make(out_long, ATTN_DTYPE_F32, 3, s3); to_long.shape[0] = INT64_MAX;
+    tc_long = tc; tc_long.shape[0] = INT64_MAX;
+    if (m) {
+        EXPECT_OK(attn_layer_forward(L, m, &tq, NULL, NULL, &tc, &to, NULL, NULL));
+        EXPECT_OK(attn_layer_forward(L, m, &tq_long, NULL, NULL, &tc, &to_long, NULL, NULL));
+        EXPECT_TRUE(memcmp(out, out_long, sizeof out) == 0);
+        EXPECT_STATUS(attn_layer_forward(L, m, &tq, NULL, NULL, &tc_long, &to, NULL, NULL),
+                      ATTN_ERROR_SHAPE_MISMATCH);
+    }
+    attn_metadata_destroy(m);
+    attn_layer_destroy(L);
+    attn_context_destroy(ctx);
+}
+
 /* The record's default backend is the first of the layer's kind (CPU_MLA for MLA). */
 ATTN_TEST(rg_default_backend_of_the_layer_kind) {
-    attn_context *ctx = rg_ctx(1);
+    attn_context *ctx = attn_test_context(NULL, ATTN_LOG_LEVEL_DEFAULT, 1);
     attn_layer_desc d = rg_mla_desc(16);
     attn_selection sel;
     EXPECT_OK(attn_select_backend(ctx, &d, NULL, &sel));
@@ -209,4 +242,5 @@ void suite_regress(void) {
     ATTN_RUN(rg_metadata_lifetime_and_rejected_builds);
     ATTN_RUN(rg_merge_plus_inf_lse_is_empty);
     ATTN_RUN(rg_huge_noncausal_window);
+    ATTN_RUN(rg_huge_outer_extent_with_default_strides);
 }

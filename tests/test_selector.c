@@ -5,60 +5,11 @@
 #define _POSIX_C_SOURCE 200809L
 #include "attn.h"
 #include "attn_test.h"
+#include "fixtures.h"
 
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* ---- log capture ------------------------------------------------------------------- */
-
-#define SEL_LEVELS 6
-
-typedef struct sel_capture {
-    int total;
-    int by_level[SEL_LEVELS];
-    int by_item[ATTN_LOG_ITEM_COUNT];
-    int by_item_level[ATTN_LOG_ITEM_COUNT][SEL_LEVELS];
-    int bad_item;                 /* items or levels outside their enums */
-    attn_log_item last_item;
-    attn_log_level last_level;
-    char resolved_line[800];      /* the message of the last SELECT_RESOLVED line */
-} sel_capture;
-
-static void sel_hook(void *user, attn_log_level level, attn_log_item item, const char *msg) {
-    sel_capture *c = (sel_capture *)user;
-    c->total++;
-    if ((int)level < 0 || (int)level >= SEL_LEVELS || (int)item < 0 ||
-        (int)item >= (int)ATTN_LOG_ITEM_COUNT) {
-        c->bad_item++;
-        return;
-    }
-    c->by_level[level]++;
-    c->by_item[item]++;
-    c->by_item_level[item][level]++;
-    c->last_item = item;
-    c->last_level = level;
-    if (item == ATTN_LOG_SELECT_RESOLVED && msg) {
-        strncpy(c->resolved_line, msg, sizeof c->resolved_line - 1);
-        c->resolved_line[sizeof c->resolved_line - 1] = 0;
-    }
-}
-
-static void sel_reset(sel_capture *c) { memset(c, 0, sizeof *c); }
-
-/* A one-thread context logging into cap at `level`; the creation lines are dropped. */
-static attn_context *sel_ctx(sel_capture *cap, attn_log_level level) {
-    attn_context_desc cd;
-    attn_context *ctx = NULL;
-    memset(&cd, 0, sizeof cd);
-    cd.log = sel_hook;
-    cd.log_user_data = cap;
-    cd.log_level = level;
-    cd.num_threads = 1;
-    EXPECT_OK(attn_context_create(&cd, &ctx));
-    sel_reset(cap);
-    return ctx;
-}
 
 /* ---- environment save/restore ------------------------------------------------------ */
 
@@ -234,13 +185,13 @@ static int sel_skipped_has(const attn_selection *s, attn_backend_id id) {
 /* ---- automatic resolution ---------------------------------------------------------- */
 
 ATTN_TEST(sel_auto_resolves_cpu_with_one_info_line) {
-    sel_capture cap;
+    attn_test_log cap;
     attn_context *ctx;
     attn_layer_desc d = sel_desc();
     attn_layer *layer = NULL;
     const attn_selection *s;
     unsetenv("ATTN_BACKEND");
-    ctx = sel_ctx(&cap, ATTN_LOG_LEVEL_DEBUG);
+    ctx = attn_test_context(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
     EXPECT_OK(attn_layer_create(ctx, &d, NULL, &layer));
     EXPECT_TRUE(layer != NULL);
     EXPECT_EQ_INT(cap.by_item[ATTN_LOG_SELECT_RESOLVED], 1);
@@ -277,12 +228,12 @@ ATTN_TEST(sel_auto_resolves_cpu_with_one_info_line) {
 }
 
 ATTN_TEST(sel_default_resolution_logs_info_at_info_threshold) {
-    sel_capture cap;
+    attn_test_log cap;
     attn_context *ctx;
     attn_layer_desc d = sel_desc();
     attn_layer *layer = NULL;
     unsetenv("ATTN_BACKEND");
-    ctx = sel_ctx(&cap, ATTN_LOG_LEVEL_INFO);
+    ctx = attn_test_context(&cap, ATTN_LOG_LEVEL_INFO, 1);
     EXPECT_OK(attn_layer_create(ctx, &d, NULL, &layer));
     EXPECT_EQ_INT(cap.total, 1);
     EXPECT_EQ_INT(cap.last_item, ATTN_LOG_SELECT_RESOLVED);
@@ -293,15 +244,15 @@ ATTN_TEST(sel_default_resolution_logs_info_at_info_threshold) {
 }
 
 ATTN_TEST(sel_second_create_is_cached) {
-    sel_capture cap;
+    attn_test_log cap;
     attn_context *ctx;
     attn_layer_desc d = sel_desc();
     attn_layer *a = NULL, *b = NULL;
     unsetenv("ATTN_BACKEND");
-    ctx = sel_ctx(&cap, ATTN_LOG_LEVEL_DEBUG);
+    ctx = attn_test_context(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
     EXPECT_OK(attn_layer_create(ctx, &d, NULL, &a));
     EXPECT_EQ_INT(cap.by_item[ATTN_LOG_SELECT_RESOLVED], 1);
-    sel_reset(&cap);
+    attn_test_log_reset(&cap);
     EXPECT_OK(attn_layer_create(ctx, &d, NULL, &b));
     EXPECT_EQ_INT(cap.by_item[ATTN_LOG_SELECT_RESOLVED], 0);
     EXPECT_EQ_INT(cap.by_level[ATTN_LOG_LEVEL_INFO], 0);
@@ -322,17 +273,17 @@ ATTN_TEST(sel_second_create_is_cached) {
 }
 
 ATTN_TEST(sel_cache_clear_resolves_again) {
-    sel_capture cap;
+    attn_test_log cap;
     attn_context *ctx;
     attn_layer_desc d = sel_desc();
     attn_layer *a = NULL, *b = NULL, *c = NULL;
     unsetenv("ATTN_BACKEND");
-    ctx = sel_ctx(&cap, ATTN_LOG_LEVEL_DEBUG);
+    ctx = attn_test_context(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
     EXPECT_OK(attn_layer_create(ctx, &d, NULL, &a));
     EXPECT_OK(attn_layer_create(ctx, &d, NULL, &b));
     EXPECT_EQ_INT(cap.by_item[ATTN_LOG_SELECT_RESOLVED], 1);
     EXPECT_EQ_INT(cap.by_item[ATTN_LOG_SELECT_CACHED], 1);
-    sel_reset(&cap);
+    attn_test_log_reset(&cap);
     EXPECT_OK(attn_selection_cache_clear(ctx));
     EXPECT_EQ_INT(cap.by_item_level[ATTN_LOG_SELECT_CACHE_CLEARED][ATTN_LOG_LEVEL_DEBUG], 1);
     EXPECT_OK(attn_layer_create(ctx, &d, NULL, &c));
@@ -346,13 +297,13 @@ ATTN_TEST(sel_cache_clear_resolves_again) {
 }
 
 ATTN_TEST(sel_cache_is_per_context) {
-    sel_capture cap1, cap2;
+    attn_test_log cap1, cap2;
     attn_context *c1, *c2;
     attn_layer_desc d = sel_desc();
     attn_layer *a = NULL, *b = NULL;
     unsetenv("ATTN_BACKEND");
-    c1 = sel_ctx(&cap1, ATTN_LOG_LEVEL_DEBUG);
-    c2 = sel_ctx(&cap2, ATTN_LOG_LEVEL_DEBUG);
+    c1 = attn_test_context(&cap1, ATTN_LOG_LEVEL_DEBUG, 1);
+    c2 = attn_test_context(&cap2, ATTN_LOG_LEVEL_DEBUG, 1);
     EXPECT_OK(attn_layer_create(c1, &d, NULL, &a));
     EXPECT_OK(attn_layer_create(c2, &d, NULL, &b));
     EXPECT_EQ_INT(cap1.by_item[ATTN_LOG_SELECT_RESOLVED], 1);
@@ -366,21 +317,21 @@ ATTN_TEST(sel_cache_is_per_context) {
 }
 
 ATTN_TEST(sel_cache_keyed_by_env_value) {
-    sel_capture cap;
+    attn_test_log cap;
     attn_context *ctx;
     attn_layer_desc d = sel_desc();
     attn_layer *a = NULL, *b = NULL, *c = NULL;
     unsetenv("ATTN_BACKEND");
-    ctx = sel_ctx(&cap, ATTN_LOG_LEVEL_DEBUG);
+    ctx = attn_test_context(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
     EXPECT_OK(attn_layer_create(ctx, &d, NULL, &a));
-    sel_reset(&cap);
+    attn_test_log_reset(&cap);
     setenv("ATTN_BACKEND", "cpu", 1);
     EXPECT_OK(attn_layer_create(ctx, &d, NULL, &b));
     /* The variable changed: a new resolution, now from the environment. */
     EXPECT_EQ_INT(cap.by_item_level[ATTN_LOG_SELECT_RESOLVED][ATTN_LOG_LEVEL_INFO], 1);
     EXPECT_EQ_INT(cap.by_item[ATTN_LOG_SELECT_CACHED], 0);
     if (b) EXPECT_EQ_INT(attn_layer_selection(b)->source, ATTN_SELECTION_ENV);
-    sel_reset(&cap);
+    attn_test_log_reset(&cap);
     unsetenv("ATTN_BACKEND");
     EXPECT_OK(attn_layer_create(ctx, &d, NULL, &c));
     /* Back to the first key: served from the cache, with the automatic record. */
@@ -395,22 +346,22 @@ ATTN_TEST(sel_cache_keyed_by_env_value) {
 }
 
 ATTN_TEST(sel_cache_keyed_by_request_and_desc) {
-    sel_capture cap;
+    attn_test_log cap;
     attn_context *ctx;
     attn_layer_desc d = sel_desc(), d2;
     attn_select_request req;
     attn_layer *a = NULL, *b = NULL, *c = NULL;
     unsetenv("ATTN_BACKEND");
-    ctx = sel_ctx(&cap, ATTN_LOG_LEVEL_DEBUG);
+    ctx = attn_test_context(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
     EXPECT_OK(attn_layer_create(ctx, &d, NULL, &a));
-    sel_reset(&cap);
+    attn_test_log_reset(&cap);
     memset(&req, 0, sizeof req);
     req.backend = ATTN_BACKEND_CPU;
     EXPECT_OK(attn_layer_create(ctx, &d, &req, &b));
     EXPECT_EQ_INT(cap.by_item[ATTN_LOG_SELECT_RESOLVED], 1);
     EXPECT_EQ_INT(cap.by_item[ATTN_LOG_SELECT_CACHED], 0);
     if (b) EXPECT_EQ_INT(attn_layer_selection(b)->source, ATTN_SELECTION_CODE);
-    sel_reset(&cap);
+    attn_test_log_reset(&cap);
     d2 = d;
     d2.sliding_window = 128;
     EXPECT_OK(attn_layer_create(ctx, &d2, NULL, &c));
@@ -424,24 +375,24 @@ ATTN_TEST(sel_cache_keyed_by_request_and_desc) {
 }
 
 ATTN_TEST(sel_select_backend_shares_the_cache) {
-    sel_capture cap;
+    attn_test_log cap;
     attn_context *ctx;
     attn_layer_desc d = sel_desc();
     attn_selection s;
     attn_layer *layer = NULL;
     unsetenv("ATTN_BACKEND");
-    ctx = sel_ctx(&cap, ATTN_LOG_LEVEL_DEBUG);
+    ctx = attn_test_context(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
     memset(&s, 0, sizeof s);
     EXPECT_OK(attn_select_backend(ctx, &d, NULL, &s));
     EXPECT_EQ_INT(s.resolved, ATTN_BACKEND_CPU);
     EXPECT_EQ_INT(cap.by_item_level[ATTN_LOG_SELECT_RESOLVED][ATTN_LOG_LEVEL_INFO], 1);
-    sel_reset(&cap);
+    attn_test_log_reset(&cap);
     memset(&s, 0, sizeof s);
     EXPECT_OK(attn_select_backend(ctx, &d, NULL, &s));
     EXPECT_EQ_INT(s.resolved, ATTN_BACKEND_CPU);
     EXPECT_EQ_INT(cap.by_item[ATTN_LOG_SELECT_RESOLVED], 0);
     EXPECT_EQ_INT(cap.by_item[ATTN_LOG_SELECT_CACHED], 1);
-    sel_reset(&cap);
+    attn_test_log_reset(&cap);
     EXPECT_OK(attn_layer_create(ctx, &d, NULL, &layer));
     EXPECT_EQ_INT(cap.by_item[ATTN_LOG_SELECT_RESOLVED], 0);
     EXPECT_EQ_INT(cap.by_item[ATTN_LOG_SELECT_CACHED], 1);
@@ -453,13 +404,13 @@ ATTN_TEST(sel_select_backend_shares_the_cache) {
 /* ---- explicit requests: code and environment ----------------------------------------- */
 
 ATTN_TEST(sel_code_request_cpu) {
-    sel_capture cap;
+    attn_test_log cap;
     attn_context *ctx;
     attn_layer_desc d = sel_desc();
     attn_select_request req;
     attn_layer *layer = NULL;
     unsetenv("ATTN_BACKEND");
-    ctx = sel_ctx(&cap, ATTN_LOG_LEVEL_DEBUG);
+    ctx = attn_test_context(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
     memset(&req, 0, sizeof req);
     req.backend = ATTN_BACKEND_CPU;
     EXPECT_OK(attn_layer_create(ctx, &d, &req, &layer));
@@ -482,15 +433,15 @@ ATTN_TEST(sel_code_request_cpu) {
 
 ATTN_TEST(sel_env_cpu_is_case_insensitive) {
     static const char *const spellings[] = {"cpu", "CPU", "Cpu", "cPu"};
-    sel_capture cap;
+    attn_test_log cap;
     attn_context *ctx;
     attn_layer_desc d = sel_desc();
     int i;
-    ctx = sel_ctx(&cap, ATTN_LOG_LEVEL_DEBUG);
+    ctx = attn_test_context(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
     for (i = 0; i < 4; i++) {
         attn_layer *layer = NULL;
         setenv("ATTN_BACKEND", spellings[i], 1);
-        sel_reset(&cap);
+        attn_test_log_reset(&cap);
         EXPECT_OK(attn_layer_create(ctx, &d, NULL, &layer));
         EXPECT_EQ_INT(cap.by_item_level[ATTN_LOG_SELECT_RESOLVED][ATTN_LOG_LEVEL_INFO], 1);
         if (layer) {
@@ -510,11 +461,11 @@ ATTN_TEST(sel_env_cpu_is_case_insensitive) {
 }
 
 ATTN_TEST(sel_env_empty_counts_as_unset) {
-    sel_capture cap;
+    attn_test_log cap;
     attn_context *ctx;
     attn_layer_desc d = sel_desc();
     attn_selection s;
-    ctx = sel_ctx(&cap, ATTN_LOG_LEVEL_DEBUG);
+    ctx = attn_test_context(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
     setenv("ATTN_BACKEND", "", 1);
     memset(&s, 0, sizeof s);
     EXPECT_OK(attn_select_backend(ctx, &d, NULL, &s));
@@ -526,12 +477,12 @@ ATTN_TEST(sel_env_empty_counts_as_unset) {
 }
 
 ATTN_TEST(sel_code_beats_env) {
-    sel_capture cap;
+    attn_test_log cap;
     attn_context *ctx;
     attn_layer_desc d = sel_desc();
     attn_select_request req;
     attn_selection s;
-    ctx = sel_ctx(&cap, ATTN_LOG_LEVEL_DEBUG);
+    ctx = attn_test_context(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
     memset(&req, 0, sizeof req);
 
     /* A bogus variable does not matter when code decides. */
@@ -568,12 +519,12 @@ ATTN_TEST(sel_code_beats_env) {
 }
 
 ATTN_TEST(sel_env_unknown_name_fails) {
-    sel_capture cap;
+    attn_test_log cap;
     attn_context *ctx;
     attn_layer_desc d = sel_desc();
     attn_layer *layer = (attn_layer *)&cap; /* poison: must come back NULL */
     attn_selection s;
-    ctx = sel_ctx(&cap, ATTN_LOG_LEVEL_DEBUG);
+    ctx = attn_test_context(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
     setenv("ATTN_BACKEND", "flashinfer", 1);
     EXPECT_STATUS(attn_layer_create(ctx, &d, NULL, &layer), ATTN_ERROR_UNKNOWN_BACKEND);
     EXPECT_TRUE(layer == NULL);
@@ -582,7 +533,7 @@ ATTN_TEST(sel_env_unknown_name_fails) {
     EXPECT_EQ_INT(cap.by_item[ATTN_LOG_SELECT_RESOLVED], 0);
     EXPECT_TRUE(attn_context_last_error(ctx)[0] != 0);
     /* attn_select_backend says the same and keeps the record. */
-    sel_reset(&cap);
+    attn_test_log_reset(&cap);
     memset(&s, 0, sizeof s);
     EXPECT_STATUS(attn_select_backend(ctx, &d, NULL, &s), ATTN_ERROR_UNKNOWN_BACKEND);
     EXPECT_EQ_INT(cap.by_item[ATTN_LOG_SELECT_UNKNOWN_ENV], 1);
@@ -590,7 +541,7 @@ ATTN_TEST(sel_env_unknown_name_fails) {
     EXPECT_TRUE(strcmp(s.env_value, "flashinfer") == 0);
     EXPECT_EQ_INT(s.resolved, ATTN_BACKEND_AUTO);
     /* Not cached: a repeat fails the same way. */
-    sel_reset(&cap);
+    attn_test_log_reset(&cap);
     EXPECT_STATUS(attn_select_backend(ctx, &d, NULL, &s), ATTN_ERROR_UNKNOWN_BACKEND);
     EXPECT_EQ_INT(cap.by_item[ATTN_LOG_SELECT_UNKNOWN_ENV], 1);
     EXPECT_EQ_INT(cap.by_item[ATTN_LOG_SELECT_CACHED], 0);
@@ -602,11 +553,11 @@ ATTN_TEST(sel_env_unknown_name_fails) {
 }
 
 ATTN_TEST(sel_env_names_a_plugin) {
-    sel_capture cap;
+    attn_test_log cap;
     attn_context *ctx;
     attn_layer_desc d = sel_desc();
     attn_selection s;
-    ctx = sel_ctx(&cap, ATTN_LOG_LEVEL_DEBUG);
+    ctx = attn_test_context(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
     EXPECT_OK(attn_register_backend(ATTN_BACKEND_CUSTOM,
                                     sel_plug_make(&sel_plug, ATTN_BACKEND_CUSTOM, "TESTPLUG", 8, 512)));
     setenv("ATTN_BACKEND", "TestPlug", 1);
@@ -625,7 +576,7 @@ ATTN_TEST(sel_env_names_a_plugin) {
     /* An empty slot's name names no backend. */
     EXPECT_OK(attn_register_backend(ATTN_BACKEND_CUSTOM, NULL));
     EXPECT_OK(attn_selection_cache_clear(ctx)); /* the registry changed */
-    sel_reset(&cap);
+    attn_test_log_reset(&cap);
     EXPECT_STATUS(attn_select_backend(ctx, &d, NULL, &s), ATTN_ERROR_UNKNOWN_BACKEND);
     EXPECT_EQ_INT(cap.by_item[ATTN_LOG_SELECT_UNKNOWN_ENV], 1);
     attn_context_destroy(ctx);
@@ -633,14 +584,14 @@ ATTN_TEST(sel_env_names_a_plugin) {
 }
 
 ATTN_TEST(sel_code_request_for_empty_slot_fails) {
-    sel_capture cap;
+    attn_test_log cap;
     attn_context *ctx;
     attn_layer_desc d = sel_desc();
     attn_select_request req;
     attn_selection s;
     attn_layer *layer = (attn_layer *)&cap;
     unsetenv("ATTN_BACKEND");
-    ctx = sel_ctx(&cap, ATTN_LOG_LEVEL_DEBUG);
+    ctx = attn_test_context(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
     memset(&req, 0, sizeof req);
     req.backend = ATTN_BACKEND_CUSTOM;
     EXPECT_STATUS(attn_layer_create(ctx, &d, &req, &layer), ATTN_ERROR_BACKEND_UNAVAILABLE);
@@ -650,7 +601,7 @@ ATTN_TEST(sel_code_request_for_empty_slot_fails) {
     EXPECT_EQ_INT(cap.by_item[ATTN_LOG_SELECT_RESOLVED], 0);
     EXPECT_EQ_INT(cap.by_item[ATTN_LOG_SELECT_FALLBACK], 0);
     EXPECT_TRUE(attn_context_last_error(ctx)[0] != 0);
-    sel_reset(&cap);
+    attn_test_log_reset(&cap);
     memset(&s, 0, sizeof s);
     EXPECT_STATUS(attn_select_backend(ctx, &d, &req, &s), ATTN_ERROR_BACKEND_UNAVAILABLE);
     EXPECT_EQ_INT(cap.by_item[ATTN_LOG_SELECT_EXPLICIT_FAILED], 1);
@@ -666,13 +617,13 @@ ATTN_TEST(sel_code_request_for_empty_slot_fails) {
 }
 
 ATTN_TEST(sel_code_request_plugin_head_size_excluded_fails) {
-    sel_capture cap;
+    attn_test_log cap;
     attn_context *ctx;
     attn_layer_desc d = sel_desc(); /* head_size 64 */
     attn_select_request req;
     attn_selection s;
     unsetenv("ATTN_BACKEND");
-    ctx = sel_ctx(&cap, ATTN_LOG_LEVEL_DEBUG);
+    ctx = attn_test_context(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
     EXPECT_OK(attn_register_backend(ATTN_BACKEND_CUSTOM,
                                     sel_plug_make(&sel_plug, ATTN_BACKEND_CUSTOM, "TESTPLUG", 128, 256)));
     memset(&req, 0, sizeof req);
@@ -692,11 +643,11 @@ ATTN_TEST(sel_code_request_plugin_head_size_excluded_fails) {
 }
 
 ATTN_TEST(sel_env_request_that_cannot_serve_fails) {
-    sel_capture cap;
+    attn_test_log cap;
     attn_context *ctx;
     attn_layer_desc d = sel_desc();
     attn_selection s;
-    ctx = sel_ctx(&cap, ATTN_LOG_LEVEL_DEBUG);
+    ctx = attn_test_context(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
     EXPECT_OK(attn_register_backend(ATTN_BACKEND_CUSTOM,
                                     sel_plug_make(&sel_plug, ATTN_BACKEND_CUSTOM, "TESTPLUG", 128, 256)));
     setenv("ATTN_BACKEND", "testplug", 1);
@@ -714,14 +665,14 @@ ATTN_TEST(sel_env_request_that_cannot_serve_fails) {
 }
 
 ATTN_TEST(sel_fallback_degrades_to_cpu_with_warn) {
-    sel_capture cap;
+    attn_test_log cap;
     attn_context *ctx;
     attn_layer_desc d = sel_desc();
     attn_select_request req;
     attn_layer *layer = NULL;
     int round;
     unsetenv("ATTN_BACKEND");
-    ctx = sel_ctx(&cap, ATTN_LOG_LEVEL_DEBUG);
+    ctx = attn_test_context(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
     memset(&req, 0, sizeof req);
     req.backend = ATTN_BACKEND_CUSTOM;
     req.allow_fallback = 1;
@@ -732,7 +683,7 @@ ATTN_TEST(sel_fallback_degrades_to_cpu_with_warn) {
                 ATTN_BACKEND_CUSTOM, sel_plug_make(&sel_plug, ATTN_BACKEND_CUSTOM, "TESTPLUG", 128, 256)));
             EXPECT_OK(attn_selection_cache_clear(ctx));
         }
-        sel_reset(&cap);
+        attn_test_log_reset(&cap);
         layer = NULL;
         EXPECT_OK(attn_layer_create(ctx, &d, &req, &layer));
         EXPECT_EQ_INT(cap.by_item[ATTN_LOG_SELECT_FALLBACK], 1);
@@ -760,12 +711,12 @@ ATTN_TEST(sel_fallback_degrades_to_cpu_with_warn) {
 }
 
 ATTN_TEST(sel_fallback_from_env_request) {
-    sel_capture cap;
+    attn_test_log cap;
     attn_context *ctx;
     attn_layer_desc d = sel_desc();
     attn_select_request req;
     attn_selection s;
-    ctx = sel_ctx(&cap, ATTN_LOG_LEVEL_DEBUG);
+    ctx = attn_test_context(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
     EXPECT_OK(attn_register_backend(ATTN_BACKEND_CUSTOM,
                                     sel_plug_make(&sel_plug, ATTN_BACKEND_CUSTOM, "TESTPLUG", 128, 256)));
     setenv("ATTN_BACKEND", "TESTPLUG", 1);
@@ -784,13 +735,13 @@ ATTN_TEST(sel_fallback_from_env_request) {
 }
 
 ATTN_TEST(sel_fallback_with_nothing_to_fall_back_to) {
-    sel_capture cap;
+    attn_test_log cap;
     attn_context *ctx;
     attn_layer_desc d = sel_desc();
     attn_select_request req;
     attn_selection s;
     unsetenv("ATTN_BACKEND");
-    ctx = sel_ctx(&cap, ATTN_LOG_LEVEL_DEBUG);
+    ctx = attn_test_context(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
     d.head_size = 600; /* beyond CPU's range */
     memset(&req, 0, sizeof req);
     req.backend = ATTN_BACKEND_CUSTOM;
@@ -810,12 +761,12 @@ ATTN_TEST(sel_fallback_with_nothing_to_fall_back_to) {
 /* ---- plugins in automatic resolution --------------------------------------------------- */
 
 ATTN_TEST(sel_auto_skips_plugin_outside_its_range) {
-    sel_capture cap;
+    attn_test_log cap;
     attn_context *ctx;
     attn_layer_desc d = sel_desc();
     attn_layer *layer = NULL;
     unsetenv("ATTN_BACKEND");
-    ctx = sel_ctx(&cap, ATTN_LOG_LEVEL_DEBUG);
+    ctx = attn_test_context(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
     EXPECT_OK(attn_register_backend(ATTN_BACKEND_CUSTOM,
                                     sel_plug_make(&sel_plug, ATTN_BACKEND_CUSTOM, "TESTPLUG", 128, 256)));
     EXPECT_OK(attn_layer_create(ctx, &d, NULL, &layer));
@@ -838,13 +789,13 @@ ATTN_TEST(sel_auto_skips_plugin_outside_its_range) {
 }
 
 ATTN_TEST(sel_auto_skips_plugin_whose_check_refuses) {
-    sel_capture cap;
+    attn_test_log cap;
     attn_context *ctx;
     attn_layer_desc d = sel_desc();
     attn_selection s;
     attn_backend *b;
     unsetenv("ATTN_BACKEND");
-    ctx = sel_ctx(&cap, ATTN_LOG_LEVEL_DEBUG);
+    ctx = attn_test_context(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
     b = sel_plug_make(&sel_plug, ATTN_BACKEND_CUSTOM, "TESTPLUG", 8, 512);
     b->check = sel_plug_check_refuses;
     EXPECT_OK(attn_register_backend(ATTN_BACKEND_CUSTOM, b));
@@ -861,13 +812,13 @@ ATTN_TEST(sel_auto_skips_plugin_whose_check_refuses) {
 
 ATTN_TEST(sel_auto_skips_plugin_of_other_kind) {
     /* An MLA plugin does not serve a standard layer; a feature it lacks skips it too. */
-    sel_capture cap;
+    attn_test_log cap;
     attn_context *ctx;
     attn_layer_desc d = sel_desc();
     attn_selection s;
     attn_backend *b;
     unsetenv("ATTN_BACKEND");
-    ctx = sel_ctx(&cap, ATTN_LOG_LEVEL_DEBUG);
+    ctx = attn_test_context(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
     b = sel_plug_make(&sel_plug, ATTN_BACKEND_CUSTOM, "TESTPLUG", 8, 512);
     b->is_mla = 1;
     EXPECT_OK(attn_register_backend(ATTN_BACKEND_CUSTOM, b));
@@ -897,13 +848,13 @@ ATTN_TEST(sel_auto_skips_plugin_of_other_kind) {
 }
 
 ATTN_TEST(sel_auto_skips_cuda_plugin_on_cpu_platform) {
-    sel_capture cap;
+    attn_test_log cap;
     attn_context *ctx;
     attn_layer_desc d = sel_desc();
     attn_selection s;
     attn_backend *b;
     unsetenv("ATTN_BACKEND");
-    ctx = sel_ctx(&cap, ATTN_LOG_LEVEL_DEBUG);
+    ctx = attn_test_context(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
     if (sel_platform_is_cuda(ctx)) {
         attn_context_destroy(ctx);
         SKIP("a CUDA platform is present");
@@ -921,14 +872,14 @@ ATTN_TEST(sel_auto_skips_cuda_plugin_on_cpu_platform) {
 }
 
 ATTN_TEST(sel_auto_prefers_passing_plugin) {
-    sel_capture cap;
+    attn_test_log cap;
     attn_context *ctx;
     attn_layer_desc d = sel_desc();
     attn_layer *layer = NULL;
     int64_t shape[ATTN_MAX_DIMS];
     int ndim = 0;
     unsetenv("ATTN_BACKEND");
-    ctx = sel_ctx(&cap, ATTN_LOG_LEVEL_DEBUG);
+    ctx = attn_test_context(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
     EXPECT_OK(attn_register_backend(ATTN_BACKEND_CUSTOM,
                                     sel_plug_make(&sel_plug, ATTN_BACKEND_CUSTOM, "TESTPLUG", 8, 512)));
     EXPECT_OK(attn_layer_create(ctx, &d, NULL, &layer));
@@ -996,12 +947,12 @@ ATTN_TEST(sel_registry_replace_and_restore) {
 }
 
 ATTN_TEST(sel_registry_replacement_serves_new_layers) {
-    sel_capture cap;
+    attn_test_log cap;
     attn_context *ctx;
     attn_layer_desc d = sel_desc();
     attn_layer *layer = NULL;
     unsetenv("ATTN_BACKEND");
-    ctx = sel_ctx(&cap, ATTN_LOG_LEVEL_DEBUG);
+    ctx = attn_test_context(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
     EXPECT_OK(attn_register_backend(ATTN_BACKEND_CPU,
                                     sel_plug_make(&sel_plug_cpu, ATTN_BACKEND_CPU, "CPU2", 8, 512)));
     EXPECT_OK(attn_layer_create(ctx, &d, NULL, &layer));
@@ -1100,13 +1051,13 @@ ATTN_TEST(sel_registry_rejects_out_of_range_ids) {
 /* ---- what no backend serves -------------------------------------------------------------- */
 
 ATTN_TEST(sel_head_size_600_is_unsupported) {
-    sel_capture cap;
+    attn_test_log cap;
     attn_context *ctx;
     attn_layer_desc d = sel_desc();
     attn_layer *layer = (attn_layer *)&cap;
     attn_selection s;
     unsetenv("ATTN_BACKEND");
-    ctx = sel_ctx(&cap, ATTN_LOG_LEVEL_DEBUG);
+    ctx = attn_test_context(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
     d.head_size = 600;
     EXPECT_STATUS(attn_layer_create(ctx, &d, NULL, &layer), ATTN_ERROR_UNSUPPORTED);
     EXPECT_TRUE(layer == NULL);
@@ -1129,12 +1080,12 @@ ATTN_TEST(sel_head_size_600_is_unsupported) {
 }
 
 ATTN_TEST(sel_head_size_off_grid_is_unsupported) {
-    sel_capture cap;
+    attn_test_log cap;
     attn_context *ctx;
     attn_layer_desc d = sel_desc();
     attn_selection s;
     unsetenv("ATTN_BACKEND");
-    ctx = sel_ctx(&cap, ATTN_LOG_LEVEL_DEBUG);
+    ctx = attn_test_context(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
     d.head_size = 12; /* not a multiple of 8 */
     memset(&s, 0, sizeof s);
     EXPECT_STATUS(attn_select_backend(ctx, &d, NULL, &s), ATTN_ERROR_UNSUPPORTED);
@@ -1148,14 +1099,14 @@ ATTN_TEST(sel_head_size_off_grid_is_unsupported) {
 }
 
 ATTN_TEST(sel_mla_served_only_by_mla_backend) {
-    sel_capture cap;
+    attn_test_log cap;
     attn_context *ctx;
     attn_layer_desc d;
     attn_select_request req;
     attn_selection s;
     attn_layer *layer = (attn_layer *)&cap;
     unsetenv("ATTN_BACKEND");
-    ctx = sel_ctx(&cap, ATTN_LOG_LEVEL_DEBUG);
+    ctx = attn_test_context(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
     memset(&d, 0, sizeof d);
     d.num_heads = 16;
     d.head_size = 576;
@@ -1178,7 +1129,7 @@ ATTN_TEST(sel_mla_served_only_by_mla_backend) {
     /* Asking for CPU by name does not make it an MLA backend. */
     memset(&req, 0, sizeof req);
     req.backend = ATTN_BACKEND_CPU;
-    sel_reset(&cap);
+    attn_test_log_reset(&cap);
     EXPECT_STATUS(attn_select_backend(ctx, &d, &req, &s), ATTN_ERROR_BACKEND_UNAVAILABLE);
     EXPECT_EQ_INT(cap.by_item[ATTN_LOG_SELECT_EXPLICIT_FAILED], 1);
     EXPECT_EQ_INT(s.num_skipped, 1);
@@ -1188,15 +1139,15 @@ ATTN_TEST(sel_mla_served_only_by_mla_backend) {
 }
 
 ATTN_TEST(sel_failures_are_not_cached) {
-    sel_capture cap;
+    attn_test_log cap;
     attn_context *ctx;
     attn_layer_desc d = sel_desc();
     attn_layer *layer = NULL;
     unsetenv("ATTN_BACKEND");
-    ctx = sel_ctx(&cap, ATTN_LOG_LEVEL_DEBUG);
+    ctx = attn_test_context(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
     d.head_size = 600;
     EXPECT_STATUS(attn_layer_create(ctx, &d, NULL, &layer), ATTN_ERROR_UNSUPPORTED);
-    sel_reset(&cap);
+    attn_test_log_reset(&cap);
     EXPECT_STATUS(attn_layer_create(ctx, &d, NULL, &layer), ATTN_ERROR_UNSUPPORTED);
     EXPECT_EQ_INT(cap.by_item[ATTN_LOG_SELECT_NO_BACKEND], 1);
     EXPECT_EQ_INT(cap.by_item[ATTN_LOG_SELECT_CACHED], 0);
@@ -1213,7 +1164,7 @@ ATTN_TEST(sel_failures_are_not_cached) {
 /* ---- the selection record ---------------------------------------------------------------- */
 
 ATTN_TEST(sel_record_inputs_are_filled) {
-    sel_capture cap;
+    attn_test_log cap;
     attn_context *ctx;
     attn_layer_desc d;
     attn_selection s;
@@ -1221,7 +1172,7 @@ ATTN_TEST(sel_record_inputs_are_filled) {
     const attn_layer_desc *eff;
     attn_layer *layer = NULL;
     unsetenv("ATTN_BACKEND");
-    ctx = sel_ctx(&cap, ATTN_LOG_LEVEL_DEBUG);
+    ctx = attn_test_context(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
     memset(&p, 0, sizeof p);
     EXPECT_OK(attn_platform_get(ctx, &p));
     memset(&d, 0, sizeof d);
@@ -1283,14 +1234,14 @@ ATTN_TEST(sel_format_names_every_field) {
         "env_var", "env_value", "forced_by_code", "default_backend", "resolved_backend",
         "degradation_hit", "dtype", "kv_cache_dtype", "block_size", "sliding_window",
         "head_size", "device_capability", "kind"};
-    sel_capture cap;
+    attn_test_log cap;
     attn_context *ctx;
     attn_layer_desc d = sel_desc();
     attn_selection s;
     char buf[4096], small[16];
     size_t n, n2, i;
     unsetenv("ATTN_BACKEND");
-    ctx = sel_ctx(&cap, ATTN_LOG_LEVEL_DEBUG);
+    ctx = attn_test_context(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
     memset(&s, 0, sizeof s);
     EXPECT_OK(attn_select_backend(ctx, &d, NULL, &s));
     n = attn_selection_format(&s, buf, sizeof buf);
@@ -1321,7 +1272,7 @@ ATTN_TEST(sel_format_names_every_field) {
 /* ---- platform, names, levels ---------------------------------------------------------------- */
 
 ATTN_TEST(sel_platform_reports_cpu) {
-    sel_capture cap;
+    attn_test_log cap;
     attn_context_desc cd;
     attn_context *ctx = NULL;
     attn_platform p;
@@ -1329,7 +1280,7 @@ ATTN_TEST(sel_platform_reports_cpu) {
     size_t n;
     memset(&cd, 0, sizeof cd);
     memset(&cap, 0, sizeof cap);
-    cd.log = sel_hook;
+    cd.log = attn_test_log_hook;
     cd.log_user_data = &cap;
     cd.log_level = ATTN_LOG_LEVEL_DEBUG;
     cd.num_threads = 2;
@@ -1399,12 +1350,12 @@ ATTN_TEST(sel_backend_from_name) {
 }
 
 ATTN_TEST(sel_log_level_error_hides_info) {
-    sel_capture cap;
+    attn_test_log cap;
     attn_context *ctx;
     attn_layer_desc d = sel_desc();
     attn_layer *layer = NULL, *bad = NULL;
     unsetenv("ATTN_BACKEND");
-    ctx = sel_ctx(&cap, ATTN_LOG_LEVEL_ERROR);
+    ctx = attn_test_context(&cap, ATTN_LOG_LEVEL_ERROR, 1);
     EXPECT_OK(attn_layer_create(ctx, &d, NULL, &layer));
     EXPECT_EQ_INT(cap.total, 0);
     EXPECT_EQ_INT(cap.by_item[ATTN_LOG_SELECT_RESOLVED], 0);
@@ -1421,7 +1372,7 @@ ATTN_TEST(sel_log_level_error_hides_info) {
 }
 
 ATTN_TEST(sel_log_level_thresholds) {
-    sel_capture cap;
+    attn_test_log cap;
     attn_context *ctx;
     attn_layer_desc d = sel_desc();
     attn_select_request req;
@@ -1432,14 +1383,14 @@ ATTN_TEST(sel_log_level_thresholds) {
     req.allow_fallback = 1;
 
     /* WARN: the fallback line, not the INFO line. */
-    ctx = sel_ctx(&cap, ATTN_LOG_LEVEL_WARN);
+    ctx = attn_test_context(&cap, ATTN_LOG_LEVEL_WARN, 1);
     EXPECT_OK(attn_select_backend(ctx, &d, &req, &s));
     EXPECT_EQ_INT(cap.by_item_level[ATTN_LOG_SELECT_FALLBACK][ATTN_LOG_LEVEL_WARN], 1);
     EXPECT_EQ_INT(cap.by_level[ATTN_LOG_LEVEL_INFO], 0);
     EXPECT_EQ_INT(cap.by_level[ATTN_LOG_LEVEL_DEBUG], 0);
 
     /* NONE: nothing at all, errors included. */
-    sel_reset(&cap);
+    attn_test_log_reset(&cap);
     EXPECT_OK(attn_context_set_log_level(ctx, ATTN_LOG_LEVEL_NONE));
     EXPECT_OK(attn_selection_cache_clear(ctx));
     EXPECT_OK(attn_select_backend(ctx, &d, &req, &s));
@@ -1449,7 +1400,7 @@ ATTN_TEST(sel_log_level_thresholds) {
 
     /* INFO: the resolution and the warning, no debug lines. */
     d.head_size = 64;
-    sel_reset(&cap);
+    attn_test_log_reset(&cap);
     EXPECT_OK(attn_context_set_log_level(ctx, ATTN_LOG_LEVEL_INFO));
     EXPECT_OK(attn_selection_cache_clear(ctx));
     EXPECT_OK(attn_select_backend(ctx, &d, &req, &s));
@@ -1461,7 +1412,7 @@ ATTN_TEST(sel_log_level_thresholds) {
     EXPECT_EQ_INT(cap.by_item[ATTN_LOG_SELECT_RESOLVED], 1);
 
     /* DEBUG: the cache hit becomes visible. */
-    sel_reset(&cap);
+    attn_test_log_reset(&cap);
     EXPECT_OK(attn_context_set_log_level(ctx, ATTN_LOG_LEVEL_DEBUG));
     EXPECT_OK(attn_select_backend(ctx, &d, &req, &s));
     EXPECT_EQ_INT(cap.by_item_level[ATTN_LOG_SELECT_CACHED][ATTN_LOG_LEVEL_DEBUG], 1);
@@ -1471,14 +1422,14 @@ ATTN_TEST(sel_log_level_thresholds) {
 }
 
 ATTN_TEST(sel_log_level_from_env) {
-    sel_capture cap;
+    attn_test_log cap;
     attn_context *ctx;
     attn_layer_desc d = sel_desc();
     attn_selection s;
     sel_env saved = sel_env_save("ATTN_LOG_LEVEL");
     unsetenv("ATTN_BACKEND");
     setenv("ATTN_LOG_LEVEL", "ERROR", 1);
-    ctx = sel_ctx(&cap, ATTN_LOG_LEVEL_DEFAULT);
+    ctx = attn_test_context(&cap, ATTN_LOG_LEVEL_DEFAULT, 1);
     EXPECT_OK(attn_select_backend(ctx, &d, NULL, &s));
     EXPECT_EQ_INT(cap.total, 0);
     /* DEFAULT through set_log_level re-reads the variable. */
@@ -1490,7 +1441,7 @@ ATTN_TEST(sel_log_level_from_env) {
     attn_context_destroy(ctx);
     /* Unset: INFO. */
     unsetenv("ATTN_LOG_LEVEL");
-    ctx = sel_ctx(&cap, ATTN_LOG_LEVEL_DEFAULT);
+    ctx = attn_test_context(&cap, ATTN_LOG_LEVEL_DEFAULT, 1);
     EXPECT_OK(attn_select_backend(ctx, &d, NULL, &s));
     EXPECT_EQ_INT(cap.by_item_level[ATTN_LOG_SELECT_RESOLVED][ATTN_LOG_LEVEL_INFO], 1);
     EXPECT_EQ_INT(cap.by_level[ATTN_LOG_LEVEL_DEBUG], 0);

@@ -5,44 +5,12 @@
 #define _POSIX_C_SOURCE 200809L
 #include "attn.h"
 #include "attn_test.h"
+#include "fixtures.h"
 
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* ---- a silent logger that counts ---------------------------------------------------- */
-
-typedef struct val_capture {
-    int total;
-    int by_level[6];
-    int by_item[ATTN_LOG_ITEM_COUNT];
-    attn_log_item last_item;
-    attn_log_level last_level;
-} val_capture;
-
-static void val_hook(void *user, attn_log_level level, attn_log_item item, const char *msg) {
-    val_capture *c = (val_capture *)user;
-    (void)msg;
-    c->total++;
-    if ((int)level >= 0 && (int)level < 6) c->by_level[level]++;
-    if ((int)item >= 0 && (int)item < (int)ATTN_LOG_ITEM_COUNT) c->by_item[item]++;
-    c->last_item = item;
-    c->last_level = level;
-}
-
-static attn_context *val_ctx(val_capture *cap, int threads) {
-    attn_context_desc cd;
-    attn_context *ctx = NULL;
-    memset(&cd, 0, sizeof cd);
-    memset(cap, 0, sizeof *cap);
-    cd.log = val_hook;
-    cd.log_user_data = cap;
-    cd.log_level = ATTN_LOG_LEVEL_DEBUG;
-    cd.num_threads = threads;
-    EXPECT_OK(attn_context_create(&cd, &ctx));
-    return ctx;
-}
 
 /* A failing call on a context: the status, one more ERROR line carrying `item`, and a
    message in the context's last error. */
@@ -51,7 +19,9 @@ static attn_context *val_ctx(val_capture *cap, int threads) {
         int e0_ = (cap)->by_level[ATTN_LOG_LEVEL_ERROR];                               \
         EXPECT_STATUS(expr, want);                                                     \
         EXPECT_EQ_INT((cap)->by_level[ATTN_LOG_LEVEL_ERROR] - e0_, 1);                 \
-        EXPECT_EQ_INT((cap)->last_item, item);                                         \
+        if ((cap)->last_item != (item))                                                \
+            attn_test_fail(__FILE__, __LINE__, "ITEMFIX got %s expected %s",           \
+                           attn_log_item_name((cap)->last_item), attn_log_item_name(item)); \
         EXPECT_EQ_INT((cap)->last_level, ATTN_LOG_LEVEL_ERROR);                        \
         EXPECT_TRUE(attn_context_last_error(ctx)[0] != 0);                             \
     } while (0)
@@ -77,7 +47,7 @@ static attn_context *val_ctx(val_capture *cap, int threads) {
 #define VF_KV_FLOATS (VF_NB * 2 * VF_BS * VF_HKV * VF_D)
 
 typedef struct vfix {
-    val_capture cap;
+    attn_test_log cap;
     attn_context *ctx;
     attn_layer *layer;
     attn_metadata *meta;
@@ -165,7 +135,7 @@ static void vf_tensors(vfix *f) {
 /* ctx + layer + metadata (+ a built batch when build is set). */
 static void vf_setup(vfix *f, int build) {
     memset(f, 0, sizeof *f);
-    f->ctx = val_ctx(&f->cap, 2);
+    f->ctx = attn_test_context(&f->cap, ATTN_LOG_LEVEL_DEBUG, 2);
     f->desc = vf_desc();
     if (f->ctx) EXPECT_OK(attn_layer_create(f->ctx, &f->desc, NULL, &f->layer));
     f->mdesc.max_num_reqs = VF_MAXREQ;
@@ -243,7 +213,7 @@ static int vf_meta_same(const vf_meta_snap *a, const vf_meta_snap *b) {
 
 /* attn_metadata_build with f->batch must fail with `want` (item INVALID_METADATA) and
    keep the metadata as it was. */
-static void vf_build_fails(vfix *f, int common_prefix_len, attn_status want, int line) {
+static void vf_build_fails(vfix *f, int common_prefix_len, attn_status want, attn_log_item item, int line) {
     vf_meta_snap before, after;
     int e0 = f->cap.by_level[ATTN_LOG_LEVEL_ERROR];
     attn_status st;
@@ -252,10 +222,12 @@ static void vf_build_fails(vfix *f, int common_prefix_len, attn_status want, int
     if (st != want)
         attn_test_fail(__FILE__, line, "attn_metadata_build: got %s, expected %s",
                        attn_status_string(st), attn_status_string(want));
-    if (f->cap.by_level[ATTN_LOG_LEVEL_ERROR] - e0 != 1 || f->cap.last_item != ATTN_LOG_INVALID_METADATA)
-        attn_test_fail(__FILE__, line, "expected one ERROR line with ATTN_LOG_INVALID_METADATA "
-                       "(got %d lines, last item %s)", f->cap.by_level[ATTN_LOG_LEVEL_ERROR] - e0,
-                       attn_log_item_name(f->cap.last_item));
+    if (f->cap.by_level[ATTN_LOG_LEVEL_ERROR] - e0 != 1)
+        attn_test_fail(__FILE__, line, "expected one ERROR line (got %d)",
+                       f->cap.by_level[ATTN_LOG_LEVEL_ERROR] - e0);
+    else if (f->cap.last_item != item)
+        attn_test_fail(__FILE__, line, "ITEMFIX got %s expected %s", attn_log_item_name(f->cap.last_item),
+                       attn_log_item_name(item));
     if (!attn_context_last_error(f->ctx)[0])
         attn_test_fail(__FILE__, line, "empty last error");
     vf_meta_take(f->meta, &after);
@@ -275,7 +247,10 @@ static void vf_forward_fails(vfix *f, const attn_metadata *meta, const attn_tens
     if (st != want)
         attn_test_fail(__FILE__, line, "attn_layer_forward: got %s, expected %s",
                        attn_status_string(st), attn_status_string(want));
-    if (f->cap.by_level[ATTN_LOG_LEVEL_ERROR] - e0 != 1 || f->cap.last_item != item)
+    if (f->cap.by_level[ATTN_LOG_LEVEL_ERROR] - e0 == 1 && f->cap.last_item != item)
+        attn_test_fail(__FILE__, line, "ITEMFIX got %s expected %s", attn_log_item_name(f->cap.last_item),
+                       attn_log_item_name(item));
+    else if (f->cap.by_level[ATTN_LOG_LEVEL_ERROR] - e0 != 1 || f->cap.last_item != item)
         attn_test_fail(__FILE__, line, "expected one ERROR line with %s (got %d lines, last %s)",
                        attn_log_item_name(item), f->cap.by_level[ATTN_LOG_LEVEL_ERROR] - e0,
                        attn_log_item_name(f->cap.last_item));
@@ -286,7 +261,7 @@ static void vf_forward_fails(vfix *f, const attn_metadata *meta, const attn_tens
 /* attn_reshape_and_cache must fail and leave the cache as it was. */
 static void vf_cache_fails(vfix *f, const attn_tensor *key, const attn_tensor *value,
                            attn_tensor *kv, const int64_t *slots, int n, attn_status want,
-                           int line) {
+                           attn_log_item item, int line) {
     int e0 = f->cap.by_level[ATTN_LOG_LEVEL_ERROR];
     attn_status st;
     vf_poison(f);
@@ -294,17 +269,21 @@ static void vf_cache_fails(vfix *f, const attn_tensor *key, const attn_tensor *v
     if (st != want)
         attn_test_fail(__FILE__, line, "attn_reshape_and_cache: got %s, expected %s",
                        attn_status_string(st), attn_status_string(want));
-    if (f->cap.by_level[ATTN_LOG_LEVEL_ERROR] - e0 != 1 || f->cap.last_item != ATTN_LOG_INVALID_ARGUMENT)
-        attn_test_fail(__FILE__, line, "expected one ERROR line with ATTN_LOG_INVALID_ARGUMENT");
+    if (f->cap.by_level[ATTN_LOG_LEVEL_ERROR] - e0 != 1)
+        attn_test_fail(__FILE__, line, "expected one ERROR line (got %d)",
+                       f->cap.by_level[ATTN_LOG_LEVEL_ERROR] - e0);
+    else if (f->cap.last_item != item)
+        attn_test_fail(__FILE__, line, "ITEMFIX got %s expected %s", attn_log_item_name(f->cap.last_item),
+                       attn_log_item_name(item));
     if (!attn_context_last_error(f->ctx)[0]) attn_test_fail(__FILE__, line, "empty last error");
     if (!vf_untouched(f)) attn_test_fail(__FILE__, line, "the cache was written");
 }
 
 #define VF_FWD_FAILS(meta, q, k, v, kv, out, lse, want, item) \
     vf_forward_fails(&F, meta, q, k, v, kv, out, lse, want, item, __LINE__)
-#define VF_BUILD_FAILS(cpl, want) vf_build_fails(&F, cpl, want, __LINE__)
-#define VF_CACHE_FAILS(key, value, kv, slots, n, want) \
-    vf_cache_fails(&F, key, value, kv, slots, n, want, __LINE__)
+#define VF_BUILD_FAILS(cpl, want, item) vf_build_fails(&F, cpl, want, item, __LINE__)
+#define VF_CACHE_FAILS(key, value, kv, slots, n, want, item) \
+    vf_cache_fails(&F, key, value, kv, slots, n, want, item, __LINE__)
 
 /* ---- context, platform, names, registry ----------------------------------------------- */
 
@@ -337,8 +316,8 @@ ATTN_TEST(val_context_create) {
 }
 
 ATTN_TEST(val_context_set_log_level) {
-    val_capture cap;
-    attn_context *ctx = val_ctx(&cap, 1);
+    attn_test_log cap;
+    attn_context *ctx = attn_test_context(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
     attn_layer_desc d = vf_desc();
     attn_layer *layer = NULL;
     if (!ctx) return;
@@ -358,8 +337,8 @@ ATTN_TEST(val_context_set_log_level) {
 }
 
 ATTN_TEST(val_platform_get) {
-    val_capture cap;
-    attn_context *ctx = val_ctx(&cap, 1);
+    attn_test_log cap;
+    attn_context *ctx = attn_test_context(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
     attn_platform p, ref;
     memset(&p, 0x7f, sizeof p);
     memcpy(&ref, &p, sizeof p);
@@ -368,7 +347,7 @@ ATTN_TEST(val_platform_get) {
     if (ctx) {
         memset(&cap, 0, sizeof cap);
         VAL_FAILS(&cap, ctx, attn_platform_get(ctx, NULL), ATTN_ERROR_NULL_ARGUMENT,
-                  ATTN_LOG_INVALID_ARGUMENT);
+                  ATTN_LOG_ARG_NULL);
     }
     EXPECT_EQ_INT(attn_platform_format(NULL, NULL, 0), 0);
     attn_context_destroy(ctx);
@@ -434,8 +413,8 @@ ATTN_TEST(val_register_backend) {
 }
 
 ATTN_TEST(val_select_backend) {
-    val_capture cap;
-    attn_context *ctx = val_ctx(&cap, 1);
+    attn_test_log cap;
+    attn_context *ctx = attn_test_context(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
     attn_layer_desc d = vf_desc();
     attn_select_request req;
     attn_selection s, ref;
@@ -444,19 +423,19 @@ ATTN_TEST(val_select_backend) {
     memcpy(&ref, &s, sizeof s);
     VAL_FAILS_NOCTX(attn_select_backend(NULL, &d, NULL, &s), ATTN_ERROR_NULL_ARGUMENT);
     VAL_FAILS(&cap, ctx, attn_select_backend(ctx, NULL, NULL, &s), ATTN_ERROR_NULL_ARGUMENT,
-              ATTN_LOG_INVALID_ARGUMENT);
+              ATTN_LOG_ARG_NULL);
     VAL_FAILS(&cap, ctx, attn_select_backend(ctx, &d, NULL, NULL), ATTN_ERROR_NULL_ARGUMENT,
-              ATTN_LOG_INVALID_ARGUMENT);
+              ATTN_LOG_ARG_NULL);
     memset(&req, 0, sizeof req);
     req.backend = ATTN_BACKEND_COUNT;
     VAL_FAILS(&cap, ctx, attn_select_backend(ctx, &d, &req, &s), ATTN_ERROR_INVALID_VALUE,
-              ATTN_LOG_INVALID_ARGUMENT);
+              ATTN_LOG_INVALID_DESC);
     req.backend = (attn_backend_id)-1;
     VAL_FAILS(&cap, ctx, attn_select_backend(ctx, &d, &req, &s), ATTN_ERROR_INVALID_VALUE,
-              ATTN_LOG_INVALID_ARGUMENT);
+              ATTN_LOG_INVALID_DESC);
     d.num_heads = 0;
     VAL_FAILS(&cap, ctx, attn_select_backend(ctx, &d, NULL, &s), ATTN_ERROR_INVALID_VALUE,
-              ATTN_LOG_INVALID_ARGUMENT);
+              ATTN_LOG_INVALID_DESC);
     /* Argument errors come before resolution: no record was written, nothing resolved. */
     EXPECT_TRUE(memcmp(&s, &ref, sizeof s) == 0);
     EXPECT_EQ_INT(cap.by_item[ATTN_LOG_SELECT_RESOLVED], 0);
@@ -472,8 +451,8 @@ ATTN_TEST(val_selection_cache_clear) {
 /* attn_layer_create(d) must fail with want, log INVALID_ARGUMENT (or the selector item for
    UNSUPPORTED), set *out to NULL and resolve nothing. */
 static void val_layer_fails(const attn_layer_desc *d, attn_status want, int line) {
-    val_capture cap;
-    attn_context *ctx = val_ctx(&cap, 1);
+    attn_test_log cap;
+    attn_context *ctx = attn_test_context(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
     attn_layer *layer = (attn_layer *)&cap;
     attn_status st;
     if (!ctx) return;
@@ -486,8 +465,8 @@ static void val_layer_fails(const attn_layer_desc *d, attn_status want, int line
     if (cap.by_level[ATTN_LOG_LEVEL_ERROR] != 1)
         attn_test_fail(__FILE__, line, "expected one ERROR line, got %d",
                        cap.by_level[ATTN_LOG_LEVEL_ERROR]);
-    if (want == ATTN_ERROR_INVALID_VALUE && cap.last_item != ATTN_LOG_INVALID_ARGUMENT)
-        attn_test_fail(__FILE__, line, "expected ATTN_LOG_INVALID_ARGUMENT, got %s",
+    if (want == ATTN_ERROR_INVALID_VALUE && cap.last_item != ATTN_LOG_INVALID_DESC)
+        attn_test_fail(__FILE__, line, "expected ATTN_LOG_INVALID_DESC, got %s",
                        attn_log_item_name(cap.last_item));
     if (cap.by_item[ATTN_LOG_SELECT_RESOLVED] != 0)
         attn_test_fail(__FILE__, line, "a backend was resolved for a bad descriptor");
@@ -498,23 +477,23 @@ static void val_layer_fails(const attn_layer_desc *d, attn_status want, int line
 #define VAL_LAYER_FAILS(d, want) val_layer_fails(&(d), want, __LINE__)
 
 ATTN_TEST(val_layer_create_null_arguments) {
-    val_capture cap;
-    attn_context *ctx = val_ctx(&cap, 1);
+    attn_test_log cap;
+    attn_context *ctx = attn_test_context(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
     attn_layer_desc d = vf_desc();
     attn_layer *layer = (attn_layer *)&cap;
     attn_select_request req;
     if (!ctx) return;
     VAL_FAILS_NOCTX(attn_layer_create(NULL, &d, NULL, &layer), ATTN_ERROR_NULL_ARGUMENT);
     VAL_FAILS(&cap, ctx, attn_layer_create(ctx, NULL, NULL, &layer), ATTN_ERROR_NULL_ARGUMENT,
-              ATTN_LOG_INVALID_ARGUMENT);
+              ATTN_LOG_ARG_NULL);
     EXPECT_TRUE(layer == NULL || layer == (attn_layer *)&cap); /* no layer, no garbage */
     VAL_FAILS(&cap, ctx, attn_layer_create(ctx, &d, NULL, NULL), ATTN_ERROR_NULL_ARGUMENT,
-              ATTN_LOG_INVALID_ARGUMENT);
+              ATTN_LOG_ARG_NULL);
     memset(&req, 0, sizeof req);
     req.backend = (attn_backend_id)7;
     layer = (attn_layer *)&cap;
     VAL_FAILS(&cap, ctx, attn_layer_create(ctx, &d, &req, &layer), ATTN_ERROR_INVALID_VALUE,
-              ATTN_LOG_INVALID_ARGUMENT);
+              ATTN_LOG_INVALID_DESC);
     EXPECT_TRUE(layer == NULL);
     EXPECT_EQ_INT(cap.by_item[ATTN_LOG_SELECT_RESOLVED], 0);
     attn_context_destroy(ctx);
@@ -629,9 +608,9 @@ ATTN_TEST(val_layer_kv_cache_shape) {
     memcpy(ref, shape, sizeof shape);
     VAL_FAILS_NOCTX(attn_layer_kv_cache_shape(NULL, 4, shape, &ndim), ATTN_ERROR_NULL_ARGUMENT);
     VAL_FAILS(&F.cap, F.ctx, attn_layer_kv_cache_shape(F.layer, 4, NULL, &ndim),
-              ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT);
+              ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL);
     VAL_FAILS(&F.cap, F.ctx, attn_layer_kv_cache_shape(F.layer, 4, shape, NULL),
-              ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT);
+              ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL);
     VAL_FAILS(&F.cap, F.ctx, attn_layer_kv_cache_shape(F.layer, 0, shape, &ndim),
               ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT);
     VAL_FAILS(&F.cap, F.ctx, attn_layer_kv_cache_shape(F.layer, -3, shape, &ndim),
@@ -659,16 +638,16 @@ ATTN_TEST(val_metadata_create) {
     meta = (attn_metadata *)&md;
     VAL_FAILS_NOCTX(attn_metadata_create(NULL, &md, &meta), ATTN_ERROR_NULL_ARGUMENT);
     VAL_FAILS(&F.cap, F.ctx, attn_metadata_create(F.layer, NULL, &meta), ATTN_ERROR_NULL_ARGUMENT,
-              ATTN_LOG_INVALID_ARGUMENT);
+              ATTN_LOG_ARG_NULL);
     VAL_FAILS(&F.cap, F.ctx, attn_metadata_create(F.layer, &md, NULL), ATTN_ERROR_NULL_ARGUMENT,
-              ATTN_LOG_INVALID_ARGUMENT);
+              ATTN_LOG_ARG_NULL);
 #define VAL_CAP_FAILS(field, value)                                                          \
     do {                                                                                     \
         md = F.mdesc;                                                                        \
         md.field = value;                                                                    \
         meta = (attn_metadata *)&md;                                                         \
         VAL_FAILS(&F.cap, F.ctx, attn_metadata_create(F.layer, &md, &meta),                  \
-                  ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT);                      \
+                  ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC);                          \
         EXPECT_TRUE(meta == NULL);                                                           \
     } while (0)
     VAL_CAP_FAILS(max_num_reqs, 0);
@@ -691,15 +670,15 @@ ATTN_TEST(val_build_null_arguments) {
     if (!vf_ready(&F)) { vf_teardown(&F); return; }
     VAL_FAILS_NOCTX(attn_metadata_build(NULL, 0, &F.batch, 0), ATTN_ERROR_NULL_ARGUMENT);
     VAL_FAILS(&F.cap, F.ctx, attn_metadata_build(F.meta, 0, NULL, 0), ATTN_ERROR_NULL_ARGUMENT,
-              ATTN_LOG_INVALID_ARGUMENT);
+              ATTN_LOG_ARG_NULL);
     F.batch.query_start_loc = NULL;
-    VF_BUILD_FAILS(0, ATTN_ERROR_NULL_ARGUMENT);
+    VF_BUILD_FAILS(0, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_METADATA);
     vf_batch_reset(&F);
     F.batch.seq_lens = NULL;
-    VF_BUILD_FAILS(0, ATTN_ERROR_NULL_ARGUMENT);
+    VF_BUILD_FAILS(0, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_METADATA);
     vf_batch_reset(&F);
     F.batch.block_table = NULL;
-    VF_BUILD_FAILS(0, ATTN_ERROR_NULL_ARGUMENT);
+    VF_BUILD_FAILS(0, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_METADATA);
     vf_teardown(&F);
 }
 
@@ -707,7 +686,7 @@ ATTN_TEST(val_build_query_start_loc_not_monotonic) {
     vf_setup(&F, 1);
     if (!vf_ready(&F)) { vf_teardown(&F); return; }
     F.qsl[1] = 5; F.qsl[2] = 4; /* request 1 would have length -1 */
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     vf_teardown(&F);
 }
 
@@ -716,7 +695,7 @@ ATTN_TEST(val_build_query_start_loc_first_not_zero) {
     if (!vf_ready(&F)) { vf_teardown(&F); return; }
     F.qsl[0] = 1;
     F.batch.max_query_len = 4;
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     vf_teardown(&F);
 }
 
@@ -724,7 +703,7 @@ ATTN_TEST(val_build_query_start_loc_past_tokens) {
     vf_setup(&F, 1);
     if (!vf_ready(&F)) { vf_teardown(&F); return; }
     F.qsl[1] = 7; /* beyond num_actual_tokens 6 */
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     vf_teardown(&F);
 }
 
@@ -732,7 +711,7 @@ ATTN_TEST(val_build_query_len_exceeds_seq_len) {
     vf_setup(&F, 1);
     if (!vf_ready(&F)) { vf_teardown(&F); return; }
     F.seq_lens[0] = 4; /* 5 new tokens in a sequence of 4 */
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     vf_teardown(&F);
 }
 
@@ -742,7 +721,7 @@ ATTN_TEST(val_build_negative_seq_len) {
     F.qsl[1] = 5; F.qsl[2] = 5;
     F.batch.num_actual_tokens = 5;
     F.seq_lens[1] = -1;
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     vf_teardown(&F);
 }
 
@@ -751,23 +730,23 @@ ATTN_TEST(val_build_seq_len_beyond_block_table_row) {
     if (!vf_ready(&F)) { vf_teardown(&F); return; }
     F.seq_lens[1] = 70; /* needs 5 blocks, the row holds 4 */
     F.batch.max_seq_len = 70;
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     /* A narrower row: stride 1 cannot hold the 2 blocks of request 1. */
     vf_batch_reset(&F);
     F.block_table[0] = 3;
     F.block_table[1] = 5;
     F.batch.block_table_stride = 1;
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     /* A huge seq_len is caught the same way, up to INT32_MAX (the block count must not
        overflow). */
     vf_batch_reset(&F);
     F.seq_lens[1] = INT32_MAX - 64;
     F.batch.max_seq_len = F.seq_lens[1];
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     vf_batch_reset(&F);
     F.seq_lens[1] = INT32_MAX;
     F.batch.max_seq_len = F.seq_lens[1];
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     vf_teardown(&F);
 }
 
@@ -775,11 +754,11 @@ ATTN_TEST(val_build_block_id_out_of_range) {
     vf_setup(&F, 1);
     if (!vf_ready(&F)) { vf_teardown(&F); return; }
     F.block_table[1 * VF_MAXBLK + 1] = VF_NB; /* == num_blocks */
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     F.block_table[1 * VF_MAXBLK + 1] = -1;
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     F.block_table[1 * VF_MAXBLK + 1] = INT32_MIN;
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     /* Entries past what a row needs are not looked at. */
     vf_batch_reset(&F);
     F.block_table[0 * VF_MAXBLK + 3] = -7;
@@ -791,11 +770,11 @@ ATTN_TEST(val_build_slot_mapping_range) {
     vf_setup(&F, 1);
     if (!vf_ready(&F)) { vf_teardown(&F); return; }
     F.slots[5] = (int64_t)VF_NB * VF_BS; /* one past the last slot */
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     F.slots[5] = -2;
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     F.slots[5] = INT64_MIN;
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     /* -1 is padding; the last slot is fine; no slot_mapping at all is fine. */
     F.slots[5] = -1;
     EXPECT_OK(attn_metadata_build(F.meta, 0, &F.batch, 0));
@@ -810,9 +789,9 @@ ATTN_TEST(val_build_num_actual_tokens_disagrees) {
     vf_setup(&F, 1);
     if (!vf_ready(&F)) { vf_teardown(&F); return; }
     F.batch.num_actual_tokens = 7; /* query_start_loc[2] is 6 */
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     F.batch.num_actual_tokens = -1;
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     vf_teardown(&F);
 }
 
@@ -820,9 +799,9 @@ ATTN_TEST(val_build_max_query_len_disagrees) {
     vf_setup(&F, 1);
     if (!vf_ready(&F)) { vf_teardown(&F); return; }
     F.batch.max_query_len = 4;
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     F.batch.max_query_len = 6;
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     vf_teardown(&F);
 }
 
@@ -830,9 +809,9 @@ ATTN_TEST(val_build_max_seq_len_disagrees) {
     vf_setup(&F, 1);
     if (!vf_ready(&F)) { vf_teardown(&F); return; }
     F.batch.max_seq_len = 21;
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     F.batch.max_seq_len = 19;
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     vf_teardown(&F);
 }
 
@@ -847,14 +826,14 @@ ATTN_TEST(val_build_capacity) {
     F.batch.num_actual_tokens = 5;
     F.batch.max_query_len = 1;
     F.batch.max_seq_len = 1;
-    VF_BUILD_FAILS(0, ATTN_ERROR_CAPACITY);
+    VF_BUILD_FAILS(0, ATTN_ERROR_CAPACITY, ATTN_LOG_CAPACITY_EXCEEDED);
     /* More tokens than max_num_tokens (8). */
     vf_batch_reset(&F);
     F.qsl[1] = 9; F.qsl[2] = 10;
     F.seq_lens[0] = 9;
     F.batch.num_actual_tokens = 10;
     F.batch.max_query_len = 9;
-    VF_BUILD_FAILS(0, ATTN_ERROR_CAPACITY);
+    VF_BUILD_FAILS(0, ATTN_ERROR_CAPACITY, ATTN_LOG_CAPACITY_EXCEEDED);
     /* Exactly at capacity is fine. */
     for (i = 0; i <= 4; i++) F.qsl[i] = i * 2;
     for (i = 0; i < 4; i++) { F.seq_lens[i] = 2; F.block_table[i * VF_MAXBLK] = i; }
@@ -871,7 +850,7 @@ ATTN_TEST(val_build_num_reqs_negative) {
     vf_setup(&F, 1);
     if (!vf_ready(&F)) { vf_teardown(&F); return; }
     F.batch.num_reqs = -1;
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     vf_teardown(&F);
 }
 
@@ -879,19 +858,19 @@ ATTN_TEST(val_build_block_table_stride) {
     vf_setup(&F, 1);
     if (!vf_ready(&F)) { vf_teardown(&F); return; }
     F.batch.block_table_stride = VF_MAXBLK + 1; /* beyond max_blocks_per_req */
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     F.batch.block_table_stride = 0;
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     F.batch.block_table_stride = -4;
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     vf_teardown(&F);
 }
 
 ATTN_TEST(val_build_common_prefix_len) {
     vf_setup(&F, 1);
     if (!vf_ready(&F)) { vf_teardown(&F); return; }
-    VF_BUILD_FAILS(-1, ATTN_ERROR_INVALID_METADATA);
-    VF_BUILD_FAILS(21, ATTN_ERROR_INVALID_METADATA); /* > max_seq_len 20 */
+    VF_BUILD_FAILS(-1, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
+    VF_BUILD_FAILS(21, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA); /* > max_seq_len 20 */
     EXPECT_OK(attn_metadata_build(F.meta, 5, &F.batch, 0));
     vf_teardown(&F);
 }
@@ -900,9 +879,9 @@ ATTN_TEST(val_build_causal_enum) {
     vf_setup(&F, 1);
     if (!vf_ready(&F)) { vf_teardown(&F); return; }
     F.batch.causal = (attn_causal)3;
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     F.batch.causal = (attn_causal)-1;
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     vf_teardown(&F);
 }
 
@@ -918,14 +897,14 @@ ATTN_TEST(val_build_failure_keeps_previous_contents) {
     F.batch.max_seq_len = 18;
     F.slots[5] = 6 * VF_BS + 1;
     F.block_table[1 * VF_MAXBLK + 0] = 2;
-    VF_BUILD_FAILS(19, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(19, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     /* And a different batch that fails early. */
     vf_batch_reset(&F);
     F.batch.num_reqs = 1;
     F.batch.num_actual_tokens = 5;
     F.batch.max_seq_len = 5;
     F.block_table[0] = VF_NB;
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     memset(F.out, 0, sizeof F.out);
     memset(F.lse, 0, sizeof F.lse);
     EXPECT_OK(attn_layer_forward(F.layer, F.meta, &F.tq, &F.tk, &F.tv, &F.tkv, &F.tout, &F.tlse, NULL));
@@ -941,19 +920,19 @@ ATTN_TEST(val_cache_null_arguments) {
     if (!vf_ready(&F)) { vf_teardown(&F); return; }
     vf_poison(&F);
     VAL_FAILS_NOCTX(attn_reshape_and_cache(NULL, &F.tk, &F.tv, &F.tkv, F.slots, VF_NT, NULL), ATTN_ERROR_NULL_ARGUMENT);
-    VF_CACHE_FAILS(NULL, &F.tv, &F.tkv, F.slots, VF_NT, ATTN_ERROR_NULL_ARGUMENT);
-    VF_CACHE_FAILS(&F.tk, NULL, &F.tkv, F.slots, VF_NT, ATTN_ERROR_NULL_ARGUMENT);
-    VF_CACHE_FAILS(&F.tk, &F.tv, NULL, F.slots, VF_NT, ATTN_ERROR_NULL_ARGUMENT);
-    VF_CACHE_FAILS(&F.tk, &F.tv, &F.tkv, NULL, VF_NT, ATTN_ERROR_NULL_ARGUMENT);
+    VF_CACHE_FAILS(NULL, &F.tv, &F.tkv, F.slots, VF_NT, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL);
+    VF_CACHE_FAILS(&F.tk, NULL, &F.tkv, F.slots, VF_NT, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL);
+    VF_CACHE_FAILS(&F.tk, &F.tv, NULL, F.slots, VF_NT, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL);
+    VF_CACHE_FAILS(&F.tk, &F.tv, &F.tkv, NULL, VF_NT, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL);
     {
         attn_tensor k = F.tk;
         k.data = NULL;
-        VF_CACHE_FAILS(&k, &F.tv, &F.tkv, F.slots, VF_NT, ATTN_ERROR_NULL_ARGUMENT);
+        VF_CACHE_FAILS(&k, &F.tv, &F.tkv, F.slots, VF_NT, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL);
     }
     {
         attn_tensor kv = F.tkv;
         kv.data = NULL;
-        VF_CACHE_FAILS(&F.tk, &F.tv, &kv, F.slots, VF_NT, ATTN_ERROR_NULL_ARGUMENT);
+        VF_CACHE_FAILS(&F.tk, &F.tv, &kv, F.slots, VF_NT, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL);
     }
     vf_teardown(&F);
 }
@@ -963,13 +942,13 @@ ATTN_TEST(val_cache_bad_counts_and_slots) {
     vf_setup(&F, 0);
     if (!vf_ready(&F)) { vf_teardown(&F); return; }
     memcpy(slots, F.slots, sizeof slots);
-    VF_CACHE_FAILS(&F.tk, &F.tv, &F.tkv, slots, -1, ATTN_ERROR_INVALID_VALUE);
-    VF_CACHE_FAILS(&F.tk, &F.tv, &F.tkv, slots, VF_ROWS + 1, ATTN_ERROR_SHAPE_MISMATCH); /* more rows than key has */
+    VF_CACHE_FAILS(&F.tk, &F.tv, &F.tkv, slots, -1, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT);
+    VF_CACHE_FAILS(&F.tk, &F.tv, &F.tkv, slots, VF_ROWS + 1, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE); /* more rows than key has */
     /* One bad slot at the end: nothing before it may have been written. */
     slots[VF_NT - 1] = (int64_t)VF_NB * VF_BS;
-    VF_CACHE_FAILS(&F.tk, &F.tv, &F.tkv, slots, VF_NT, ATTN_ERROR_INVALID_VALUE);
+    VF_CACHE_FAILS(&F.tk, &F.tv, &F.tkv, slots, VF_NT, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_SLOT);
     slots[VF_NT - 1] = -2;
-    VF_CACHE_FAILS(&F.tk, &F.tv, &F.tkv, slots, VF_NT, ATTN_ERROR_INVALID_VALUE);
+    VF_CACHE_FAILS(&F.tk, &F.tv, &F.tkv, slots, VF_NT, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_SLOT);
     /* -1 skips a token; the others land where the slots say. */
     memcpy(slots, F.slots, sizeof slots);
     slots[2] = -1;
@@ -1009,52 +988,52 @@ ATTN_TEST(val_cache_mismatched_tensors) {
     {
         attn_tensor k = F.tk;
         k.dtype = ATTN_DTYPE_F16;
-        VF_CACHE_FAILS(&k, &F.tv, &F.tkv, F.slots, VF_NT, ATTN_ERROR_SHAPE_MISMATCH);
+        VF_CACHE_FAILS(&k, &F.tv, &F.tkv, F.slots, VF_NT, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_DTYPE);
     }
     {
         attn_tensor v = F.tv;
         v.dtype = ATTN_DTYPE_BF16;
-        VF_CACHE_FAILS(&F.tk, &v, &F.tkv, F.slots, VF_NT, ATTN_ERROR_SHAPE_MISMATCH);
+        VF_CACHE_FAILS(&F.tk, &v, &F.tkv, F.slots, VF_NT, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_DTYPE);
     }
     {
         attn_tensor k = F.tk;
         k.shape[1] = VF_H; /* query heads instead of KV heads */
-        VF_CACHE_FAILS(&k, &F.tv, &F.tkv, F.slots, VF_NT, ATTN_ERROR_SHAPE_MISMATCH);
+        VF_CACHE_FAILS(&k, &F.tv, &F.tkv, F.slots, VF_NT, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE);
     }
     {
         attn_tensor v = F.tv;
         v.shape[2] = VF_D / 2;
-        VF_CACHE_FAILS(&F.tk, &v, &F.tkv, F.slots, VF_NT, ATTN_ERROR_SHAPE_MISMATCH);
+        VF_CACHE_FAILS(&F.tk, &v, &F.tkv, F.slots, VF_NT, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE);
     }
     {
         attn_tensor k = F.tk;
         k.ndim = 2;
-        VF_CACHE_FAILS(&k, &F.tv, &F.tkv, F.slots, VF_NT, ATTN_ERROR_SHAPE_MISMATCH);
+        VF_CACHE_FAILS(&k, &F.tv, &F.tkv, F.slots, VF_NT, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE);
     }
     {
         attn_tensor k = F.tk;
         k.strides[0] = VF_HKV * VF_D * 2; k.strides[1] = VF_D * 2; k.strides[2] = 2;
-        VF_CACHE_FAILS(&k, &F.tv, &F.tkv, F.slots, VF_NT / 2, ATTN_ERROR_SHAPE_MISMATCH);
+        VF_CACHE_FAILS(&k, &F.tv, &F.tkv, F.slots, VF_NT / 2, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_LAYOUT);
     }
     {
         attn_tensor k = F.tk;
         k.device.kind = ATTN_DEVICE_CUDA;
-        VF_CACHE_FAILS(&k, &F.tv, &F.tkv, F.slots, VF_NT, ATTN_ERROR_SHAPE_MISMATCH);
+        VF_CACHE_FAILS(&k, &F.tv, &F.tkv, F.slots, VF_NT, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_DEVICE);
     }
     {
         attn_tensor kv = F.tkv;
         kv.shape[0] = VF_NB / 2; kv.shape[2] = VF_BS * 2; /* same bytes, block size 32 */
-        VF_CACHE_FAILS(&F.tk, &F.tv, &kv, F.slots, VF_NT, ATTN_ERROR_SHAPE_MISMATCH);
+        VF_CACHE_FAILS(&F.tk, &F.tv, &kv, F.slots, VF_NT, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE);
     }
     {
         attn_tensor kv = F.tkv;
         kv.dtype = ATTN_DTYPE_F16;
-        VF_CACHE_FAILS(&F.tk, &F.tv, &kv, F.slots, VF_NT, ATTN_ERROR_SHAPE_MISMATCH);
+        VF_CACHE_FAILS(&F.tk, &F.tv, &kv, F.slots, VF_NT, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_DTYPE);
     }
     {
         attn_tensor kv = F.tkv;
         kv.shape[3] = 1; kv.shape[4] = VF_D * 2; /* same bytes, other layout */
-        VF_CACHE_FAILS(&F.tk, &F.tv, &kv, F.slots, VF_NT, ATTN_ERROR_SHAPE_MISMATCH);
+        VF_CACHE_FAILS(&F.tk, &F.tv, &kv, F.slots, VF_NT, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE);
     }
     {
         attn_tensor kv = F.tkv; /* non-contiguous: every other block */
@@ -1064,7 +1043,7 @@ ATTN_TEST(val_cache_mismatched_tensors) {
         kv.strides[4] = 1;
         for (i = 3; i >= 0; i--) kv.strides[i] = kv.strides[i + 1] * sc[i + 1];
         kv.strides[0] *= 2;
-        VF_CACHE_FAILS(&F.tk, &F.tv, &kv, F.slots, 2, ATTN_ERROR_SHAPE_MISMATCH);
+        VF_CACHE_FAILS(&F.tk, &F.tv, &kv, F.slots, 2, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_LAYOUT);
     }
     vf_teardown(&F);
 }
@@ -1078,19 +1057,19 @@ ATTN_TEST(val_forward_null_arguments) {
     VAL_FAILS_NOCTX(attn_layer_forward(NULL, F.meta, &F.tq, &F.tk, &F.tv, &F.tkv, &F.tout, NULL, NULL),
                     ATTN_ERROR_NULL_ARGUMENT);
     EXPECT_TRUE(vf_untouched(&F));
-    VF_FWD_FAILS(NULL, &F.tq, &F.tk, &F.tv, &F.tkv, &F.tout, NULL, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT);
-    VF_FWD_FAILS(F.meta, NULL, &F.tk, &F.tv, &F.tkv, &F.tout, NULL, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT);
-    VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, NULL, &F.tout, NULL, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT);
-    VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &F.tkv, NULL, NULL, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT);
+    VF_FWD_FAILS(NULL, &F.tq, &F.tk, &F.tv, &F.tkv, &F.tout, NULL, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL);
+    VF_FWD_FAILS(F.meta, NULL, &F.tk, &F.tv, &F.tkv, &F.tout, NULL, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL);
+    VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, NULL, &F.tout, NULL, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL);
+    VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &F.tkv, NULL, NULL, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL);
     /* k without v, v without k */
-    VF_FWD_FAILS(F.meta, &F.tq, &F.tk, NULL, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT);
-    VF_FWD_FAILS(F.meta, &F.tq, NULL, &F.tv, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT);
+    VF_FWD_FAILS(F.meta, &F.tq, &F.tk, NULL, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL);
+    VF_FWD_FAILS(F.meta, &F.tq, NULL, &F.tv, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL);
     {
         attn_tensor q = F.tq, out = F.tout;
         q.data = NULL;
-        VF_FWD_FAILS(F.meta, &q, &F.tk, &F.tv, &F.tkv, &F.tout, NULL, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &q, &F.tk, &F.tv, &F.tkv, &F.tout, NULL, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL);
         out.data = NULL;
-        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &F.tkv, &out, NULL, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &F.tkv, &out, NULL, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL);
     }
     vf_teardown(&F);
 }
@@ -1098,11 +1077,11 @@ ATTN_TEST(val_forward_null_arguments) {
 ATTN_TEST(val_forward_metadata_not_built) {
     vf_setup(&F, 0);
     if (!vf_ready(&F)) { vf_teardown(&F); return; }
-    VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
+    VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_METADATA_MISMATCH);
     /* A failed first build leaves it unbuilt. */
     F.batch.max_seq_len = 3;
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
-    VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
+    VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_METADATA_MISMATCH);
     vf_teardown(&F);
 }
 
@@ -1117,7 +1096,7 @@ static void val_meta_of_other_layer(attn_layer_desc other, int line) {
         /* a batch all layers could share: request 1 only uses block 5 and 6 */
         EXPECT_OK(attn_metadata_build(m2, 0, &F.batch, 0));
         vf_forward_fails(&F, m2, &F.tq, NULL, NULL, &F.tkv, &F.tout, NULL,
-                         ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, line);
+                         ATTN_ERROR_INVALID_METADATA, ATTN_LOG_METADATA_MISMATCH, line);
     }
     attn_metadata_destroy(m2);
     attn_layer_destroy(l2);
@@ -1148,43 +1127,43 @@ ATTN_TEST(val_forward_q_mismatch) {
     {
         attn_tensor q = F.tq;
         q.dtype = ATTN_DTYPE_F16;
-        VF_FWD_FAILS(F.meta, &q, &F.tk, &F.tv, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &q, &F.tk, &F.tv, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_DTYPE);
     }
     {
         attn_tensor q = F.tq;
         q.shape[1] = VF_HKV; /* wrong head count */
-        VF_FWD_FAILS(F.meta, &q, &F.tk, &F.tv, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &q, &F.tk, &F.tv, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE);
     }
     {
         attn_tensor q = F.tq;
         q.shape[2] = VF_D / 2;
-        VF_FWD_FAILS(F.meta, &q, &F.tk, &F.tv, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &q, &F.tk, &F.tv, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE);
     }
     {
         attn_tensor q = F.tq;
         q.shape[0] = VF_NT - 1; /* fewer rows than tokens */
-        VF_FWD_FAILS(F.meta, &q, &F.tk, &F.tv, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &q, &F.tk, &F.tv, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE);
     }
     {
         attn_tensor q = F.tq;
         q.ndim = 4;
         q.shape[3] = 1;
-        VF_FWD_FAILS(F.meta, &q, &F.tk, &F.tv, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &q, &F.tk, &F.tv, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE);
     }
     {
         attn_tensor q = F.tq; /* last dimension not contiguous */
         q.strides[0] = VF_H * VF_D; q.strides[1] = VF_D; q.strides[2] = 2;
-        VF_FWD_FAILS(F.meta, &q, &F.tk, &F.tv, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &q, &F.tk, &F.tv, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_LAYOUT);
     }
     {
         attn_tensor q = F.tq; /* negative row stride */
         q.strides[0] = -(VF_H * VF_D); q.strides[1] = VF_D; q.strides[2] = 1;
-        VF_FWD_FAILS(F.meta, &q, &F.tk, &F.tv, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &q, &F.tk, &F.tv, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_LAYOUT);
     }
     {
         attn_tensor q = F.tq;
         q.device.kind = ATTN_DEVICE_CUDA;
-        VF_FWD_FAILS(F.meta, &q, &F.tk, &F.tv, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &q, &F.tk, &F.tv, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_DEVICE);
     }
     vf_teardown(&F);
 }
@@ -1195,48 +1174,48 @@ ATTN_TEST(val_forward_out_and_lse_mismatch) {
     {
         attn_tensor out = F.tout;
         out.shape[0] = VF_NT - 1; /* too small */
-        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &F.tkv, &out, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &F.tkv, &out, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE);
     }
     {
         attn_tensor out = F.tout;
         out.dtype = ATTN_DTYPE_BF16;
-        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &F.tkv, &out, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &F.tkv, &out, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_DTYPE);
     }
     {
         attn_tensor out = F.tout;
         out.shape[1] = VF_H * 2;
-        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &F.tkv, &out, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &F.tkv, &out, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE);
     }
     {
         attn_tensor out = F.tout;
         out.strides[0] = VF_H * VF_D; out.strides[1] = 1; out.strides[2] = VF_H; /* heads innermost */
-        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &F.tkv, &out, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &F.tkv, &out, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_LAYOUT);
     }
     {
         attn_tensor lse = F.tlse;
         lse.dtype = ATTN_DTYPE_F16;
-        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &F.tkv, &F.tout, &lse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &F.tkv, &F.tout, &lse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_DTYPE);
     }
     {
         attn_tensor lse = F.tlse;
         lse.shape[1] = VF_HKV;
-        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &F.tkv, &F.tout, &lse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &F.tkv, &F.tout, &lse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE);
     }
     {
         attn_tensor lse = F.tlse;
         lse.shape[0] = VF_NT - 1;
-        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &F.tkv, &F.tout, &lse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &F.tkv, &F.tout, &lse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE);
     }
     {
         attn_tensor lse = F.tlse;
         lse.ndim = 3;
         lse.shape[2] = 1;
-        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &F.tkv, &F.tout, &lse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &F.tkv, &F.tout, &lse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE);
     }
     {
         attn_tensor lse = F.tlse;
         lse.data = NULL;
-        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &F.tkv, &F.tout, &lse, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &F.tkv, &F.tout, &lse, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL);
     }
     vf_teardown(&F);
 }
@@ -1247,40 +1226,40 @@ ATTN_TEST(val_forward_kv_cache_mismatch) {
     {
         attn_tensor kv = F.tkv;
         kv.shape[0] = VF_NB / 2; kv.shape[2] = VF_BS * 2; /* block size 32 */
-        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &kv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &kv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE);
     }
     {
         attn_tensor kv = F.tkv;
         kv.shape[0] = VF_NB - 1; /* fewer blocks than the metadata indexes */
-        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &kv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT);
-        VF_FWD_FAILS(F.meta, &F.tq, NULL, NULL, &kv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &kv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE);
+        VF_FWD_FAILS(F.meta, &F.tq, NULL, NULL, &kv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE);
     }
     {
         attn_tensor kv = F.tkv;
         kv.dtype = ATTN_DTYPE_F16;
-        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &kv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &kv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_DTYPE);
     }
     {
         attn_tensor kv = F.tkv;
         kv.ndim = 4;
-        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &kv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &kv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE);
     }
     {
         attn_tensor kv = F.tkv;
         kv.shape[3] = VF_H; kv.shape[0] = VF_NB / 2; /* query heads instead of KV heads */
-        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &kv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &kv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE);
     }
     {
         attn_tensor kv = F.tkv; /* K and V planes swapped by strides: not the dense layout */
         int64_t plane = (int64_t)VF_BS * VF_HKV * VF_D;
         kv.strides[4] = 1; kv.strides[3] = VF_D; kv.strides[2] = (int64_t)VF_HKV * VF_D;
         kv.strides[1] = -plane; kv.strides[0] = 2 * plane;
-        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &kv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &kv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_LAYOUT);
     }
     {
         attn_tensor kv = F.tkv;
         kv.device.kind = ATTN_DEVICE_CUDA;
-        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &kv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &kv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_DEVICE);
     }
     vf_teardown(&F);
 }
@@ -1291,17 +1270,17 @@ ATTN_TEST(val_forward_new_kv_mismatch) {
     {
         attn_tensor k = F.tk;
         k.shape[1] = VF_H;
-        VF_FWD_FAILS(F.meta, &F.tq, &k, &F.tv, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &F.tq, &k, &F.tv, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE);
     }
     {
         attn_tensor v = F.tv;
         v.shape[0] = VF_NT - 1;
-        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &v, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &v, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE);
     }
     {
         attn_tensor k = F.tk;
         k.dtype = ATTN_DTYPE_F16;
-        VF_FWD_FAILS(F.meta, &F.tq, &k, &F.tv, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &F.tq, &k, &F.tv, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_DTYPE);
     }
     /* k/v given, but the batch has no slot_mapping to place them. */
     F.batch.slot_mapping = NULL;
@@ -1315,8 +1294,8 @@ ATTN_TEST(val_forward_new_kv_mismatch) {
 }
 
 ATTN_TEST(val_forward_lse_unsupported_by_backend) {
-    val_capture cap;
-    attn_context *ctx = val_ctx(&cap, 1);
+    attn_test_log cap;
+    attn_context *ctx = attn_test_context(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
     attn_layer_desc d = vf_desc();
     attn_metadata_desc md;
     attn_layer *layer = NULL;

@@ -1,0 +1,92 @@
+/* fixtures.h - what several test files share: a logger that records lines instead of
+   printing them, and a context that logs into it.
+
+       attn_test_log log;
+       attn_context *ctx = attn_test_context(&log, ATTN_LOG_LEVEL_DEBUG, 2);
+       ... EXPECT_EQ_INT(log.by_level[ATTN_LOG_LEVEL_ERROR], 1); ...
+       attn_test_log_reset(&log);   // start counting again
+
+   Include after attn.h and attn_test.h. The implementation is compiled where
+   ATTN_TEST_IMPLEMENTATION is defined (tests/main.c). */
+#ifndef ATTN_TEST_FIXTURES_H
+#define ATTN_TEST_FIXTURES_H
+
+#define ATTN_TEST_LOG_LEVELS 6 /* ATTN_LOG_LEVEL_DEFAULT .. ATTN_LOG_LEVEL_NONE */
+
+/* What a context logged since the last reset. A line whose item or level is outside its
+   enum counts in total and bad_item only. */
+typedef struct attn_test_log {
+    int total;
+    int bad_item;
+    int by_level[ATTN_TEST_LOG_LEVELS];
+    int by_item[ATTN_LOG_ITEM_COUNT];
+    int by_item_level[ATTN_LOG_ITEM_COUNT][ATTN_TEST_LOG_LEVELS];
+    attn_log_item last_item;
+    attn_log_level last_level;
+    char resolved_line[800]; /* the message of the last SELECT_RESOLVED line */
+} attn_test_log;
+
+/* The logger hook; user_data is an attn_test_log, or NULL to drop every line. */
+void attn_test_log_hook(void *user_data, attn_log_level level, attn_log_item item,
+                        const char *message);
+void attn_test_log_reset(attn_test_log *log);
+/* Whether a line with this item was logged at this level. */
+int attn_test_log_has(const attn_test_log *log, attn_log_item item, attn_log_level level);
+
+/* A context with `threads` worker threads (0: the default) whose lines at or above
+   `level` go to log (NULL: nowhere). The lines of the creation itself are dropped. A
+   failure to create counts as a failed check and returns NULL. */
+attn_context *attn_test_context(attn_test_log *log, attn_log_level level, int threads);
+
+#endif
+
+#ifdef ATTN_TEST_IMPLEMENTATION
+#include <string.h>
+
+void attn_test_log_hook(void *user_data, attn_log_level level, attn_log_item item,
+                        const char *message) {
+    attn_test_log *c = (attn_test_log *)user_data;
+    if (!c) return;
+    c->total++;
+    if ((int)level < 0 || (int)level >= ATTN_TEST_LOG_LEVELS || (int)item < 0 ||
+        (int)item >= (int)ATTN_LOG_ITEM_COUNT) {
+        c->bad_item++;
+        return;
+    }
+    c->by_level[level]++;
+    c->by_item[item]++;
+    c->by_item_level[item][level]++;
+    c->last_item = item;
+    c->last_level = level;
+    if (item == ATTN_LOG_SELECT_RESOLVED && message) {
+        strncpy(c->resolved_line, message, sizeof c->resolved_line - 1);
+        c->resolved_line[sizeof c->resolved_line - 1] = 0;
+    }
+}
+
+void attn_test_log_reset(attn_test_log *log) { memset(log, 0, sizeof *log); }
+
+int attn_test_log_has(const attn_test_log *log, attn_log_item item, attn_log_level level) {
+    if ((int)item < 0 || (int)item >= (int)ATTN_LOG_ITEM_COUNT || (int)level < 0 ||
+        (int)level >= ATTN_TEST_LOG_LEVELS)
+        return 0;
+    return log->by_item_level[item][level] > 0;
+}
+
+attn_context *attn_test_context(attn_test_log *log, attn_log_level level, int threads) {
+    attn_context_desc cd;
+    attn_context *ctx = NULL;
+    attn_status st;
+    memset(&cd, 0, sizeof cd);
+    cd.log = attn_test_log_hook;
+    cd.log_user_data = log;
+    cd.log_level = level;
+    cd.num_threads = threads;
+    st = attn_context_create(&cd, &ctx);
+    if (st != ATTN_OK)
+        attn_test_fail(__FILE__, __LINE__, "attn_context_create (%d threads): %s: %s", threads,
+                       attn_status_string(st), attn_context_last_error(NULL));
+    if (log) attn_test_log_reset(log);
+    return ctx;
+}
+#endif
