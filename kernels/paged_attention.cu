@@ -22,7 +22,8 @@
    =====================================================================================
    DEFINES (every one a compile-time constant; the host compiles one variant per layer)
    =====================================================================================
-   required  HEAD_DIM     multiple of 8, 8..256 (tested: 64, 80, 96, 128, 256)
+   required  HEAD_DIM     multiple of 8, 8..256 (run against the CPU on an H200: 64, 80,
+                          96, 120, 128, 256; 120 takes the zero-column path)
              BLOCK_SIZE   cache block size, a multiple of 16 (any; tiles need not align)
              GROUP        query heads per KV head (num_heads / num_kv_heads), >= 1
              DT_Q         q/out element type: 0 f32, 1 f16, 2 bf16
@@ -85,7 +86,10 @@
    Split-KV: the splits of one (req, kv_head, tok0, ntok) tile cover disjoint key ranges
    whose union is the tile's visible range, and use consecutive slots slot0..slot0+n-1;
    split boundaries at multiples of KV_TILE (and of BLOCK_SIZE) waste no loads. Order the
-   list longest first (key1 - key0) so the long items start early.
+   list longest first (key1 - key0) so the long items start early. Split only as far as
+   one wave of resident CTAs (cuOccupancyMaxActiveBlocksPerMultiprocessor x SMs; a decode
+   CTA of head 128 on an H200 is 2 per SM): a second, partial wave costs more than the
+   splits gain. tests/cuda_kernels.c (build_work) is a reference scheduler.
    MERGE LIST (one entry per split tile, 8 x int32):
      merge[8*i + 0..3]  req, kv_head, tok0, ntok   (as the tile's work items)
      merge[8*i + 4]     slot0      first slot of the tile's splits
@@ -115,11 +119,13 @@
    KV_TILE, from floor(key0 / KV_TILE) * KV_TILE to key1. Every thread copies fixed 16-byte
    chunks (the same chunk positions in every tile) of K and V with cp.async into stage
    (tile % KV_STAGES); keys outside [key0, key1) are zero-filled and never read from
-   global memory (nor is their block_table entry). The physical block numbers of the next
-   tile are fetched into registers one tile ahead, so the block-table latency hides under
-   compute. Per tile: wait for the tile's group, __syncthreads (tile visible, and every
-   warp is done with the stage about to be refilled), issue the copy of tile
-   it + KV_STAGES - 1, compute tile it. One barrier per tile.
+   global memory (nor is their block_table entry). The physical block of every key row of
+   the tiles in flight sits in shared memory (sBlk); the block numbers of tile
+   it + KV_STAGES are loaded into registers before tile it computes and stored after it,
+   so the block-table latency hides under compute. Per tile: wait for the tile's group,
+   __syncthreads (tile visible, and every warp is done with the stage about to be
+   refilled), issue the copy of tile it + KV_STAGES - 1, compute tile it. One barrier per
+   tile.
    Compute per warp and tile (tensor cores): S = Q K^T (Q fragments by ldmatrix from shared
    memory, K fragments by ldmatrix, m16n8k16 with f32 accumulators), scale/soft cap/ALiBi/
    mask in registers (masking only on tiles that cross a row's visible range; a warp skips
@@ -132,9 +138,12 @@
    Epilogue: O, m, l of every warp to shared memory (over the K/V stages), then all threads
    combine the WARPS_N slices of each row and write 8 elements at a time: normalised rows
    to out (and lse), or the partial to the workspace.
-   Shared memory: [Q: ROW_TILES*16 rows x Q_PITCH][K: KV_STAGES x KV_TILE x KV_PITCH]
-   [V: same], rows padded by 16 bytes so ldmatrix reads 8 rows without bank conflicts;
-   for HEAD_DIM % 16 == 8 the Q and K rows carry 8 zero columns up to a multiple of 16. */
+   Shared memory: [Q: ROW_TILES*16 rows x Q_PITCH][sBlk: KV_STAGES x KV_TILE int]
+   [K: KV_STAGES x KV_TILE x KV_PITCH][V: same], rows padded by 16 bytes so ldmatrix reads
+   8 rows without bank conflicts; for HEAD_DIM % 16 == 8 the Q and K rows carry 8 zero
+   columns up to a multiple of 16. The epilogue reuses the K/V stages:
+   [O: WARPS_N x ROW_TILES*16 x (HEAD_DIM + 4) f32][m: WARPS_N x rows][l: WARPS_N x rows x 4].
+   attn_paged_config[1] is the total; the kernel traps when the launch gives less. */
 #include "attn_common.cuh"
 
 #if !defined(HEAD_DIM) || !defined(BLOCK_SIZE) || !defined(GROUP) || !defined(DT_Q) || \
