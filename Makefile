@@ -11,10 +11,10 @@ B        = build
 TEST_SRC = tests/main.c $(wildcard tests/test_*.c)
 TEST_DEP = attn.h tests/attn_test.h tests/fixtures.h $(TEST_SRC)
 
-.PHONY: all test demo bench embed check-embed clean info
+.PHONY: all test demo bench embed check-embed clean info nvrtc-check cuda-test
 
 all: $(B)/attn_tests $(B)/attn_tests_avx2 $(B)/attn_tests_c $(B)/attn_tests_nothreads \
-     $(B)/attn_tests_asan $(B)/attn-info $(B)/attn-bench $(B)/paged_decode $(B)/libattn.so
+     $(B)/attn_tests_asan $(B)/attn-info $(B)/attn-bench $(B)/paged_decode $(B)/libattn.so $(B)/nvrtc-check
 
 $(B):
 	mkdir -p $(B)
@@ -37,6 +37,13 @@ $(B)/attn-info: tools/attn-info.c attn.h | $(B)
 	$(CC) $(CSTD) $(WARN) $(OPT) $(NATIVE) -I. $< -o $@ $(LIBS)
 $(B)/attn-bench: tools/attn-bench.c attn.h | $(B)
 	$(CC) $(CSTD) $(WARN) -O3 $(NATIVE) -I. $< -o $@ $(LIBS)
+# Compiles every kernel variant with NVRTC (dlopen; no CUDA header, no GPU needed).
+$(B)/nvrtc-check: tools/nvrtc-check.c attn.h | $(B)
+	$(CC) $(CSTD) $(WARN) $(OPT) -I. $< -o $@ $(LIBS)
+# The kernels on a GPU against the CPU backend (dlopen; skips without a GPU). Not in `all`:
+# `make cuda-test` on a machine with one.
+$(B)/cuda_kernels: tests/cuda_kernels.c attn.h | $(B)
+	$(CC) $(CSTD) $(WARN) $(OPT) -I. $< -o $@ $(LIBS)
 $(B)/paged_decode: examples/paged_decode.c attn.h | $(B)
 	$(CC) $(CSTD) $(WARN) $(OPT) $(NATIVE) -I. $< -o $@ $(LIBS)
 # Shared build for the Python (ctypes) check.
@@ -54,6 +61,12 @@ bench: $(B)/attn-bench
 
 info: $(B)/attn-info
 	./$(B)/attn-info
+
+nvrtc-check: $(B)/nvrtc-check
+	./$(B)/nvrtc-check
+
+cuda-test: $(B)/cuda_kernels
+	./$(B)/cuda_kernels
 
 # The generated kernel block between the >>kernels-begin / >>kernels-end markers.
 embed:

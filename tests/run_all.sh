@@ -55,6 +55,13 @@ check header-c99-avx2    gcc -std=c99 -Wall -Wextra -Wpedantic -Werror -O2 -mavx
 check header-c99-static  gcc -std=c99 -Wall -Wextra -Wpedantic -Werror -DATTN_STATIC -Wno-unused-function -I. -c "$hdr/t.c" -o "$hdr/f.o"
 rm -rf "$hdr"
 check embedded-kernels-fresh python3 tools/embed.py --check attn.h kernels
+# Every kernel variant of tools/nvrtc-check's manifest compiles with NVRTC for sm_80 and
+# sm_90 with no spill; needs libnvrtc (the CUDA toolkit or the nvrtc package), no GPU.
+if nvrtc_probe=$(./build/nvrtc-check --probe 2>&1); then
+    check nvrtc-kernels ./build/nvrtc-check
+else
+    skip nvrtc-kernels "$(echo "$nvrtc_probe" | tail -n 1)"
+fi
 
 run tests-native ./build/attn_tests
 if grep -q ' avx2 ' /proc/cpuinfo && grep -q ' fma ' /proc/cpuinfo && grep -q ' f16c ' /proc/cpuinfo; then

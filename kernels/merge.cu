@@ -1,0 +1,120 @@
+/* merge.cu - the LSE merge of two partial attention results (attn_merge_attn_states; the
+   CPU form is attn__cpu_merge_attn_states).
+
+   attn_merge_attn_states                          defines: HEAD_DIM DT
+       For every (token, head):
+           a = lse_a (base e, or base 2 when base_a is 1, then converted), b likewise;
+           an LSE that is -inf, +inf or NaN means an empty partition: it contributes
+           nothing, whatever its output row holds (NaN included);
+           both empty:  out = 0, lse = -inf;
+           else         m = max(a, b), wa = exp(a - m) (0 if a is empty), wb likewise,
+                        out = (wa * out_a + wb * out_b) / (wa + wb)   (rounded to DT, RNE)
+                        lse = m + log(wa + wb), written in base_out (0 e, 1 two) if lse != 0.
+       out_a, out_b, out: DT [tokens, heads, HEAD_DIM] (element strides per token and per
+       head, last dimension contiguous); lse_*: f32 [tokens, heads] (element strides).
+       out may alias out_a or out_b, and lse may alias lse_a or lse_b, element for element:
+       each row is read completely before any of it is written.
+
+   Launch: 1-D, any grid (a grid-stride loop over rows), 128 threads (a multiple of 32), no
+   shared memory. A row is handled by LANES lanes of one warp (below), 8 elements per lane
+   and step with 16-byte accesses when HEAD_DIM % 8 == 0 and the row is 16-byte aligned.
+   HEAD_DIM: any positive size. DT: 0 f32, 1 f16, 2 bf16. */
+#include "attn_common.cuh"
+
+#if !defined(HEAD_DIM) || !defined(DT)
+#error "merge.cu: define HEAD_DIM and DT"
+#endif
+
+struct attn_merge_params {
+    const void *out_a;
+    const float *lse_a;
+    const void *out_b;
+    const float *lse_b;
+    void *out;
+    float *lse;                   /* NULL: no LSE output */
+    attn_i64 out_a_stride_token, out_a_stride_head; /* elements */
+    attn_i64 out_b_stride_token, out_b_stride_head;
+    attn_i64 out_stride_token, out_stride_head;
+    attn_i64 lse_a_stride_token, lse_a_stride_head;
+    attn_i64 lse_b_stride_token, lse_b_stride_head;
+    attn_i64 lse_stride_token, lse_stride_head;
+    int num_tokens;
+    int num_heads;
+    int base_a, base_b, base_out; /* 0: base e, 1: base 2 */
+    int pad0;
+};
+
+/* Lanes per row: enough for one pass over the 8-element chunks (a power of two <= 32). */
+#define ATTN_MERGE_CHUNKS ((HEAD_DIM + 7) / 8)
+#define ATTN_MERGE_LANES (ATTN_MERGE_CHUNKS >= 32 ? 32 : ATTN_MERGE_CHUNKS > 8 ? (ATTN_MERGE_CHUNKS > 16 ? 32 : 16) \
+                          : ATTN_MERGE_CHUNKS > 4 ? 8 : ATTN_MERGE_CHUNKS > 2 ? 4 : ATTN_MERGE_CHUNKS > 1 ? 2 : 1)
+
+/* An LSE in base e, with every kind of "empty" (+inf, NaN, -inf) as -inf. */
+ATTN_DEV float attn_merge_lse_in(float x, int base2) {
+    if (base2) x *= ATTN_LN2;
+    return x < attn_inf() ? x : attn_neg_inf();
+}
+
+extern "C" __global__ void __launch_bounds__(128) attn_merge_attn_states(const attn_merge_params p) {
+    typedef typename attn_elem<DT>::storage elem_t;
+    const int esz = attn_elem<DT>::size;
+    const int lane = threadIdx.x & 31, sub = lane % ATTN_MERGE_LANES;
+    const int rows_per_warp = 32 / ATTN_MERGE_LANES;
+    const attn_i64 rows = (attn_i64)p.num_tokens * p.num_heads;
+    const attn_i64 warp0 = ((attn_i64)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    const attn_i64 warps = (attn_i64)gridDim.x * blockDim.x / 32;
+    /* Every lane of a warp runs the same number of iterations (the __syncwarp below). */
+    for (attn_i64 base = warp0 * rows_per_warp; base < rows; base += warps * rows_per_warp) {
+        attn_i64 row = base + lane / ATTN_MERGE_LANES;
+        int valid = row < rows;
+        int t = valid ? (int)(row / p.num_heads) : 0, h = valid ? (int)(row - (attn_i64)t * p.num_heads) : 0;
+        float a = attn_neg_inf(), b = attn_neg_inf();
+        if (valid) {
+            a = attn_merge_lse_in(p.lse_a[t * p.lse_a_stride_token + h * p.lse_a_stride_head], p.base_a);
+            b = attn_merge_lse_in(p.lse_b[t * p.lse_b_stride_token + h * p.lse_b_stride_head], p.base_b);
+        }
+        float m = fmaxf(a, b), wa = 0.0f, wb = 0.0f, inv = 0.0f, l = attn_neg_inf();
+        if (m > attn_neg_inf()) {
+            wa = a == attn_neg_inf() ? 0.0f : expf(a - m);
+            wb = b == attn_neg_inf() ? 0.0f : expf(b - m);
+            inv = attn_rcp(wa + wb); /* wa + wb is in [1, 2] */
+            l = m + logf(wa + wb);
+        }
+        const char *pa = (const char *)p.out_a + (t * p.out_a_stride_token + h * p.out_a_stride_head) * esz;
+        const char *pb = (const char *)p.out_b + (t * p.out_b_stride_token + h * p.out_b_stride_head) * esz;
+        char *po = (char *)p.out + (t * p.out_stride_token + h * p.out_stride_head) * esz;
+        if (valid) {
+            /* Each element is read and written by the same lane, so out may alias a or b. */
+            if (HEAD_DIM % 8 == 0 && attn_aligned16(pa) && attn_aligned16(pb) && attn_aligned16(po)) {
+                for (int c = sub; c < ATTN_MERGE_CHUNKS; c += ATTN_MERGE_LANES) {
+                    attn_vec16 va[2], vb[2], vo[2];
+                    float fa[8], fb[8], fo[8];
+                    const int off = c * 8 * esz;
+                    va[0] = attn_ld16(pa + off);
+                    vb[0] = attn_ld16(pb + off);
+                    if (esz == 4) { va[1] = attn_ld16(pa + off + 16); vb[1] = attn_ld16(pb + off + 16); }
+                    attn_unpack8<DT>(va, fa);
+                    attn_unpack8<DT>(vb, fb);
+#pragma unroll
+                    for (int i = 0; i < 8; i++) {
+                        float x = wa > 0.0f ? wa * fa[i] : 0.0f, y = wb > 0.0f ? wb * fb[i] : 0.0f;
+                        fo[i] = (x + y) * inv; /* both empty: inv = 0 -> 0 */
+                    }
+                    attn_pack8<DT>(fo, vo);
+                    attn_stg16(po + off, vo[0]);
+                    if (esz == 4) attn_stg16(po + off + 16, vo[1]);
+                }
+            } else {
+                for (int x = sub; x < HEAD_DIM; x += ATTN_MERGE_LANES) {
+                    float va = wa > 0.0f ? wa * attn_elem<DT>::to_f32(((const elem_t *)pa)[x]) : 0.0f;
+                    float vb = wb > 0.0f ? wb * attn_elem<DT>::to_f32(((const elem_t *)pb)[x]) : 0.0f;
+                    ((elem_t *)po)[x] = attn_elem<DT>::from_f32((va + vb) * inv);
+                }
+            }
+        }
+        /* lse may alias lse_a/lse_b: every lane of the row has read them above. */
+        __syncwarp();
+        if (valid && sub == 0 && p.lse)
+            p.lse[t * p.lse_stride_token + h * p.lse_stride_head] = p.base_out ? l * ATTN_LOG2E : l;
+    }
+}

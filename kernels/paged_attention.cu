@@ -1,0 +1,790 @@
+/* paged_attention.cu - paged attention forward over a varlen batch (decodes and chunked
+   prefills in one launch), the GPU form of the CPU backend's attn__cpu_task_run /
+   attn__cpu_merge_run; vLLM's unified attention, written as CUDA.
+
+   =====================================================================================
+   WHAT IT COMPUTES (exactly the CPU backend's function)
+   =====================================================================================
+   Request r has query_len = query_start_loc[r+1] - query_start_loc[r] tokens, which are
+   the LAST query_len positions of its seq_len = seq_lens[r] keys: query token i (0-based
+   within the request) sits at position pos = seq_len - query_len + i. Query head h reads
+   KV head h / GROUP. Key j (0 <= j < seq_len) lives in cache block block_table[r][j /
+   BLOCK_SIZE], row j % BLOCK_SIZE. Key j is visible from pos iff lo <= j < hi with
+       lo = window ? max(0, pos - window + 1) : 0
+       hi = CAUSAL ? pos + 1 : (window ? min(seq_len, pos + window) : seq_len)
+   (attn__visible_keys). Scores, in base-2 units (exp2 softmax, the scale folded in):
+       s = q.k * scale * log2(e)                                  (SOFTCAP 0)
+       s = softcap * tanh(q.k * scale / softcap) * log2(e)        (SOFTCAP 1)
+       s += alibi_slopes[h] * log2(e) * (j - pos)                 (ALIBI 1)
+   out = sum_j 2^(s_j - m) v_j / sum_j 2^(s_j - m), rounded to DT_Q (RNE); a row that sees
+   no key gets out = 0 and lse = -inf; lse = (m + log2(l)) * ln(2) (base e, f32).
+
+   =====================================================================================
+   DEFINES (every one a compile-time constant; the host compiles one variant per layer)
+   =====================================================================================
+   required  HEAD_DIM     multiple of 8, 8..256 (run against the CPU on an H200: 64, 80,
+                          96, 120, 128, 256; 120 takes the zero-column path)
+             BLOCK_SIZE   cache block size, a multiple of 16 (any; tiles need not align)
+             GROUP        query heads per KV head (num_heads / num_kv_heads), >= 1
+             DT_Q         q/out element type: 0 f32, 1 f16, 2 bf16
+             DT_KV        cache element type, same numbering
+             TILE_TOKENS  query tokens per CTA; TILE_TOKENS * GROUP <= 128
+   flags     CAUSAL WINDOW SOFTCAP ALIBI   (0/1, default 0; WINDOW and SOFTCAP take their
+             values from params; WINDOW 1 with params.window 0 means no window)
+   tuning    WARPS_N      warps sharing one row tile, each on its slice of a K/V tile
+             KV_TILE      keys per K/V tile (shared-memory stage)
+             KV_STAGES    K/V tiles in shared memory (default 2, double-buffered; 3 for
+                          decode shapes on sm_90 whose stages fit in 112 KiB)
+             Q_IN_REGS    keep the Q fragments in registers (default: MMA and HEAD_DIM <= 128)
+             (defaults below; the values in force are exported, see attn_paged_config)
+   Tensor cores (mma.sync m16n8k16, f32 accumulators) when DT_Q == DT_KV and both are
+   f16 or bf16; otherwise (any f32 involved, or mixed 16-bit types) a plain-FMA variant
+   with the same tiling, the same softmax and the same epilogue, in f32 throughout.
+   Suggested variants: decode (query_len 1): TILE_TOKENS = max(1, 16 / GROUP), so that one
+   warp's 16 rows hold the whole group; prefill: TILE_TOKENS = max(1, 64 / GROUP) (four
+   row tiles, FlashAttention-2 shape). One launch serves any mix of requests; a mixed batch
+   runs best as two launches (decodes with the decode variant, the rest with the prefill
+   variant), each with its own work list, because a decode row in a prefill CTA leaves
+   three of its four warps idle.
+
+   =====================================================================================
+   LAUNCH
+   =====================================================================================
+   attn_paged_attention:      grid (>= *num_work, 1, 1), block (attn_paged_config[0]),
+                              dynamic shared memory attn_paged_config[1] bytes (over 48 KiB
+                              for most variants: set CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_
+                              SIZE_BYTES once after loading). CTAs past *num_work exit, so a
+                              graph captured with the capacity replays any smaller batch.
+                              A wrong block size or too little shared memory traps.
+   attn_paged_merge_partials: grid (>= *num_merge), block 128, no shared memory; launch it
+                              after attn_paged_attention on the same stream when any work
+                              item writes a partial (else skip it).
+   Both take the same attn_paged_params by value. Requirements: kv_cache 16-byte aligned
+   (cp.async); partial_o/partial_ml 16-byte aligned; q/out rows need not be aligned (16-byte
+   paths are taken when they are).
+   attn_paged_config (an extern "C" __constant__ int[8]; read it with cuModuleGetGlobal +
+   cuMemcpyDtoH at layer init): {threads, dynamic shared bytes, KV_TILE, TILE_TOKENS * GROUP
+   (= rows of a partial slot), TILE_TOKENS, KV_STAGES, WARPS_N, 1 if tensor cores}.
+
+   =====================================================================================
+   WORK LIST (host-built, device memory; one entry per CTA, 8 x int32 = 32 bytes)
+   =====================================================================================
+     work[8*i + 0]  req       request index (row of block_table, seq_lens, query_start_loc)
+     work[8*i + 1]  kv_head   0 .. num_kv_heads-1; the CTA serves query heads
+                              kv_head*GROUP .. kv_head*GROUP + GROUP-1
+     work[8*i + 2]  tok0      first query token of the tile, 0-based within the request
+     work[8*i + 3]  ntok      query tokens in the tile, 1..TILE_TOKENS (tok0+ntok <= query_len)
+     work[8*i + 4]  key0      first key the CTA reads (absolute position, >= 0)
+     work[8*i + 5]  key1      one past the last key (<= seq_len; clamped to it). The CTA
+                              never reads a key outside [key0, key1) and masks each row to
+                              its visible range inside it: give the union of the tile's
+                              visible ranges, or a part of it for split-KV (an empty range
+                              is allowed: rows with nothing visible)
+     work[8*i + 6]  slot      -1: write out (and lse) for these rows; >= 0: write an
+                              unnormalised partial into partial slot `slot` instead
+     work[8*i + 7]  0         reserved
+   Split-KV: the splits of one (req, kv_head, tok0, ntok) tile cover disjoint key ranges
+   whose union is the tile's visible range, and use consecutive slots slot0..slot0+n-1;
+   split boundaries at multiples of KV_TILE (and of BLOCK_SIZE) waste no loads. Order the
+   list longest first (key1 - key0) so the long items start early. Split only as far as
+   one wave of resident CTAs (cuOccupancyMaxActiveBlocksPerMultiprocessor x SMs; a decode
+   CTA of head 128 on an H200 is 2 per SM): a second, partial wave costs more than the
+   splits gain. tests/cuda_kernels.c (build_work) is a reference scheduler.
+   MERGE LIST (one entry per split tile, 8 x int32):
+     merge[8*i + 0..3]  req, kv_head, tok0, ntok   (as the tile's work items)
+     merge[8*i + 4]     slot0      first slot of the tile's splits
+     merge[8*i + 5]     num_splits
+     merge[8*i + 6..7]  0          reserved
+   PARTIAL WORKSPACE (f32): slot s holds ROWS = TILE_TOKENS * GROUP rows, row
+   R = t * GROUP + g for query token tok0 + t and head kv_head*GROUP + g (rows t >= ntok
+   are not written):
+     partial_o  [num_slots][ROWS][HEAD_DIM]  O = sum_j 2^(s_j - m) v_j   (unnormalised)
+     partial_ml [num_slots][ROWS][2]         (m, l): running max of s (base 2) and
+                                             l = sum_j 2^(s_j - m); a row that saw no key
+                                             has m = -inf, l = 0 and contributes nothing
+   The merge: M = max of m over splits with l > 0; out = sum 2^(m - M) O / sum 2^(m - M) l.
+
+   =====================================================================================
+   INSIDE A CTA
+   =====================================================================================
+   Rows: the CTA's ROWS = TILE_TOKENS * GROUP query rows (row R = token R / GROUP, head
+   member R % GROUP; rows of tokens >= ntok are padding, zero Q, never stored), padded to
+   ROW_TILES * 16. Warp w = wm * WARPS_N + wn owns row tile wm (16 rows, the M of mma) and
+   key slice wn: keys [wn * KW, (wn + 1) * KW) of every K/V tile, KW = KV_TILE / WARPS_N.
+   So a decode CTA (one row tile) has four warps splitting each tile's keys, a prefill CTA
+   four warps of 16 rows each reading the whole tile (FlashAttention-2). Each warp keeps
+   its own online softmax (m, l per row, O in registers); the epilogue combines the
+   WARPS_N slices of a row tile through shared memory.
+   Pipeline (all threads): the CTA walks tiles of KV_TILE keys aligned to multiples of
+   KV_TILE, from floor(key0 / KV_TILE) * KV_TILE to key1. Every thread copies fixed 16-byte
+   chunks (the same chunk positions in every tile) of K and V with cp.async into stage
+   (tile % KV_STAGES); keys outside [key0, key1) are zero-filled and never read from
+   global memory (nor is their block_table entry). The physical block of every key row of
+   the tiles in flight sits in shared memory (sBlk); the block numbers of tile
+   it + KV_STAGES are loaded into registers before tile it computes and stored after it,
+   so the block-table latency hides under compute. Per tile: wait for the tile's group,
+   __syncthreads (tile visible, and every warp is done with the stage about to be
+   refilled), issue the copy of tile it + KV_STAGES - 1, compute tile it. One barrier per
+   tile.
+   Compute per warp and tile (tensor cores): S = Q K^T (Q fragments by ldmatrix from shared
+   memory, K fragments by ldmatrix, m16n8k16 with f32 accumulators), scale/soft cap/ALiBi/
+   mask in registers (masking only on tiles that cross a row's visible range; a warp skips
+   tiles none of its rows sees: causal tiles above the diagonal), online softmax in base 2
+   with ex2.approx (rows reduced over the 4 lanes of an mma row group), P converted to
+   16-bit in registers as the A operand of O += P V (V fragments by ldmatrix.trans).
+   FMA variant: the same S and O fragment layout (lane 4g+t: rows g and g+8; columns
+   8n + 2t, 8n + 2t + 1), computed with f32 FMAs from shared memory; P is broadcast to the
+   lanes of its row with shuffles.
+   Epilogue: O, m, l of every warp to shared memory (over the K/V stages), then all threads
+   combine the WARPS_N slices of each row and write 8 elements at a time: normalised rows
+   to out (and lse), or the partial to the workspace.
+   Shared memory: [Q: ROW_TILES*16 rows x Q_PITCH][sBlk: KV_STAGES x KV_TILE int]
+   [K: KV_STAGES x KV_TILE x KV_PITCH][V: same], rows padded by 16 bytes so ldmatrix reads
+   8 rows without bank conflicts; for HEAD_DIM % 16 == 8 the Q and K rows carry 8 zero
+   columns up to a multiple of 16. The epilogue reuses the K/V stages:
+   [O: WARPS_N x ROW_TILES*16 x (HEAD_DIM + 4) f32][m: WARPS_N x rows][l: WARPS_N x rows x 4].
+   attn_paged_config[1] is the total; the kernel traps when the launch gives less. */
+#include "attn_common.cuh"
+
+#if !defined(HEAD_DIM) || !defined(BLOCK_SIZE) || !defined(GROUP) || !defined(DT_Q) || \
+    !defined(DT_KV) || !defined(TILE_TOKENS)
+#error "paged_attention.cu: define HEAD_DIM, BLOCK_SIZE, GROUP, DT_Q, DT_KV and TILE_TOKENS"
+#endif
+#if HEAD_DIM % 8 != 0 || HEAD_DIM < 8 || HEAD_DIM > 256
+#error "paged_attention.cu: HEAD_DIM must be a multiple of 8 in 8..256"
+#endif
+#if BLOCK_SIZE % 16 != 0 || BLOCK_SIZE <= 0
+#error "paged_attention.cu: BLOCK_SIZE must be a positive multiple of 16"
+#endif
+#ifndef CAUSAL
+#define CAUSAL 0
+#endif
+#ifndef WINDOW
+#define WINDOW 0
+#endif
+#ifndef SOFTCAP
+#define SOFTCAP 0
+#endif
+#ifndef ALIBI
+#define ALIBI 0
+#endif
+
+#define ATTN_ROWS (TILE_TOKENS * GROUP)
+#define ATTN_ROW_TILES ((ATTN_ROWS + 15) / 16)
+#define ATTN_ROWS_PAD (ATTN_ROW_TILES * 16)
+#if TILE_TOKENS < 1 || GROUP < 1 || ATTN_ROWS > 128
+#error "paged_attention.cu: need TILE_TOKENS >= 1, GROUP >= 1 and TILE_TOKENS * GROUP <= 128"
+#endif
+#define ATTN_USE_MMA (DT_Q == DT_KV && DT_Q != ATTN_DT_F32)
+#define ATTN_ESZ_Q (DT_Q == ATTN_DT_F32 ? 4 : 2)
+#define ATTN_ESZ_KV (DT_KV == ATTN_DT_F32 ? 4 : 2)
+#define ATTN_BIG_ROWS (HEAD_DIM * ATTN_ESZ_KV > 512) /* FMA variant: f32 rows over 128 wide */
+
+#ifndef WARPS_N
+#if ATTN_USE_MMA || !ATTN_BIG_ROWS
+#define WARPS_N (ATTN_ROW_TILES == 1 ? 4 : ATTN_ROW_TILES == 2 ? 2 : 1)
+#else
+#define WARPS_N (ATTN_ROW_TILES <= 2 ? 2 : 1)
+#endif
+#endif
+#define ATTN_WARPS (ATTN_ROW_TILES * WARPS_N)
+#define ATTN_THREADS (32 * ATTN_WARPS)
+#if ATTN_THREADS > 512
+#error "paged_attention.cu: more than 16 warps; lower WARPS_N"
+#endif
+
+#define ATTN_MAX_(a, b) ((a) > (b) ? (a) : (b))
+#ifndef KV_TILE
+#if ATTN_USE_MMA
+#define KV_TILE ATTN_MAX_(16 * WARPS_N, HEAD_DIM <= 128 ? 64 : 32)
+#else
+#define KV_TILE ATTN_MAX_(8 * WARPS_N, ATTN_BIG_ROWS ? 16 : 32)
+#endif
+#endif
+#define ATTN_KW (KV_TILE / WARPS_N) /* keys of a tile per warp */
+#define ATTN_NT (ATTN_KW / 8)       /* n8 tiles of S per warp */
+#define ATTN_OT (HEAD_DIM / 8)      /* n8 tiles of O per warp */
+#if KV_TILE % WARPS_N != 0 || ATTN_KW % (ATTN_USE_MMA ? 16 : 8) != 0
+#error "paged_attention.cu: KV_TILE / WARPS_N must be a multiple of 16 (tensor cores) or 8 (FMA)"
+#endif
+#ifndef Q_IN_REGS
+#define Q_IN_REGS (ATTN_USE_MMA && HEAD_DIM <= 128)
+#endif
+
+#define ATTN_HDP ((HEAD_DIM + 15) / 16 * 16) /* k extent of Q K^T on tensor cores */
+/* Row pitches in elements: 16 bytes past the data (conflict-free ldmatrix). */
+#define ATTN_Q_PITCH (ATTN_USE_MMA ? ATTN_HDP + 8 : HEAD_DIM + 16 / ATTN_ESZ_Q)
+#define ATTN_KV_PITCH (ATTN_USE_MMA ? ATTN_HDP + 8 : HEAD_DIM + 16 / ATTN_ESZ_KV)
+#define ATTN_O_PITCH (HEAD_DIM + 4) /* floats, epilogue */
+#ifndef KV_STAGES
+/* A decode-shaped CTA (one row tile) waits on memory: on sm_90 (228 KiB of shared memory
+   per SM) a third tile in flight pays (H200: 4.2 against 4.0 TB/s at batch 128) when the
+   stages stay within 112 KiB, two CTAs still fitting. A prefill CTA, and sm_80 (164 KiB),
+   are better off with two stages and more CTAs per SM. */
+#if ATTN_ROW_TILES == 1 && __CUDA_ARCH__ >= 900 && 3 * 2 * KV_TILE * ATTN_KV_PITCH * ATTN_ESZ_KV <= 114688
+#define KV_STAGES 3
+#else
+#define KV_STAGES 2
+#endif
+#endif
+#if KV_STAGES < 2
+#error "paged_attention.cu: KV_STAGES must be at least 2"
+#endif
+#define ATTN_SQ_BYTES (ATTN_ROWS_PAD * ATTN_Q_PITCH * ATTN_ESZ_Q)
+#define ATTN_TILE_BYTES (KV_TILE * ATTN_KV_PITCH * ATTN_ESZ_KV) /* one K (or V) tile */
+#define ATTN_KV_BYTES (KV_STAGES * 2 * ATTN_TILE_BYTES)
+#define ATTN_EPI_BYTES (WARPS_N * ATTN_ROWS_PAD * (ATTN_O_PITCH + 5) * 4) /* O, m, 4 partial l */
+#define ATTN_SBLK_BYTES (KV_STAGES * KV_TILE * 4) /* block numbers of the tiles in flight */
+#define ATTN_SMEM_BYTES (ATTN_SQ_BYTES + ATTN_SBLK_BYTES + ATTN_MAX_(ATTN_KV_BYTES, ATTN_EPI_BYTES))
+
+#define ATTN_KV_CPR (HEAD_DIM * ATTN_ESZ_KV / 16)   /* 16-byte chunks per K/V row */
+#define ATTN_KV_CHUNKS (KV_TILE * ATTN_KV_CPR)      /* chunks per K (or V) tile */
+#define ATTN_KV_LPT ((ATTN_KV_CHUNKS + ATTN_THREADS - 1) / ATTN_THREADS) /* per thread */
+#define ATTN_KV_BPT ((KV_TILE + ATTN_THREADS - 1) / ATTN_THREADS)   /* block numbers per thread */
+
+typedef typename attn_elem<DT_Q>::storage attn_q_t;
+typedef typename attn_elem<DT_KV>::storage attn_kv_t;
+
+/* Passed by value to both kernels; the host declares the same struct (same order; pointers
+   and int64 first, so the natural alignment leaves no holes). Strides are in elements. */
+struct attn_paged_params {
+    const void *q;               /* DT_Q [tokens, num_heads, HEAD_DIM] */
+    const void *kv_cache;        /* DT_KV [num_blocks, 2, BLOCK_SIZE, num_kv_heads, HEAD_DIM] */
+    void *out;                   /* DT_Q [tokens, num_heads, HEAD_DIM] */
+    float *lse;                  /* f32 [tokens, num_heads], base e; NULL: not written */
+    const int *block_table;      /* [num_reqs, block_table_stride] */
+    const int *seq_lens;         /* [num_reqs] */
+    const int *query_start_loc;  /* [num_reqs + 1] */
+    const float *alibi_slopes;   /* [num_heads] (ALIBI) */
+    const int *work;             /* [capacity][8], see WORK LIST */
+    const int *num_work;         /* one int: entries of `work` this launch runs */
+    const int *merge;            /* [capacity][8], see MERGE LIST */
+    const int *num_merge;        /* one int */
+    float *partial_o;            /* [num_slots][TILE_TOKENS*GROUP][HEAD_DIM] */
+    float *partial_ml;           /* [num_slots][TILE_TOKENS*GROUP][2] */
+    attn_i64 q_stride_token, q_stride_head;
+    attn_i64 out_stride_token, out_stride_head;
+    attn_i64 lse_stride_token, lse_stride_head;
+    attn_i64 block_table_stride;
+    int num_kv_heads;
+    float scale;                 /* softmax scale */
+    float softcap;               /* SOFTCAP: the cap (> 0) */
+    int window;                  /* WINDOW: sliding window in tokens (0: none) */
+};
+
+extern "C" __constant__ int attn_paged_config[8] = {
+    ATTN_THREADS, ATTN_SMEM_BYTES, KV_TILE, ATTN_ROWS, TILE_TOKENS, KV_STAGES, WARPS_N, ATTN_USE_MMA};
+
+ATTN_DEV int attn_imin(int a, int b) { return a < b ? a : b; }
+ATTN_DEV int attn_imax(int a, int b) { return a > b ? a : b; }
+ATTN_DEV int attn_warp_imin(int v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = attn_imin(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+ATTN_DEV int attn_warp_imax(int v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = attn_imax(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* Shared-memory reads of the FMA variant: 4 (or 2) consecutive elements as f32. */
+struct __align__(8) attn_vec8 { attn_u32 x, y; };
+template <int ET> ATTN_DEV void attn_lds4(const void *p, float *f) {
+    if (ET == ATTN_DT_F32) {
+        attn_vec16 v = *(const attn_vec16 *)p;
+        f[0] = __int_as_float(v.x); f[1] = __int_as_float(v.y);
+        f[2] = __int_as_float(v.z); f[3] = __int_as_float(v.w);
+    } else {
+        attn_vec8 v = *(const attn_vec8 *)p;
+        f[0] = attn_elem<ET>::to_f32((attn_u16)(v.x & 0xffffu)); f[1] = attn_elem<ET>::to_f32((attn_u16)(v.x >> 16));
+        f[2] = attn_elem<ET>::to_f32((attn_u16)(v.y & 0xffffu)); f[3] = attn_elem<ET>::to_f32((attn_u16)(v.y >> 16));
+    }
+}
+template <int ET> ATTN_DEV void attn_lds2(const void *p, float *f) {
+    if (ET == ATTN_DT_F32) {
+        attn_vec8 v = *(const attn_vec8 *)p;
+        f[0] = __int_as_float(v.x); f[1] = __int_as_float(v.y);
+    } else {
+        attn_u32 v = *(const attn_u32 *)p;
+        f[0] = attn_elem<ET>::to_f32((attn_u16)(v & 0xffffu)); f[1] = attn_elem<ET>::to_f32((attn_u16)(v >> 16));
+    }
+}
+
+/* Writes 8 finished elements (columns 8c..8c+7) of row R of a tile: out and lse, or the
+   partial slot. O is unnormalised; (m, l) its base-2 max and sum. The CPU's
+   attn__cpu_store_rows. out_vec: every out row is 16-byte aligned (attn_out_vec). */
+ATTN_DEV void attn_store_row8(const attn_paged_params &p, int q_row0, int kv_head, int slot, int R,
+                              int c, const float *O, float m, float l, int out_vec) {
+    if (slot >= 0) {
+        float *dst = p.partial_o + ((attn_i64)slot * ATTN_ROWS + R) * HEAD_DIM + c * 8;
+        attn_vec16 v[2];
+        attn_pack8<ATTN_DT_F32>(O, v);
+        attn_stg16(dst, v[0]);
+        attn_stg16(dst + 4, v[1]);
+        if (c == 0) {
+            float *ml = p.partial_ml + ((attn_i64)slot * ATTN_ROWS + R) * 2;
+            ml[0] = m;
+            ml[1] = l;
+        }
+        return;
+    }
+    const int t = R / GROUP, head = kv_head * GROUP + (R - t * GROUP);
+    const attn_i64 token = q_row0 + t;
+    float inv = l > 0.0f ? attn_rcp(l) : 0.0f, f[8]; /* l >= 1 when a key was seen */
+#pragma unroll
+    for (int i = 0; i < 8; i++) f[i] = O[i] * inv;
+    char *dst = (char *)p.out + (token * p.out_stride_token + head * p.out_stride_head + c * 8) * ATTN_ESZ_Q;
+    if (out_vec) {
+        attn_vec16 v[2];
+        attn_pack8<DT_Q>(f, v);
+        attn_stg16(dst, v[0]);
+        if (ATTN_ESZ_Q == 4) attn_stg16(dst + 16, v[1]);
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; i++) ((attn_q_t *)dst)[i] = attn_elem<DT_Q>::from_f32(f[i]);
+    }
+    if (c == 0 && p.lse)
+        p.lse[token * p.lse_stride_token + head * p.lse_stride_head] =
+            l > 0.0f ? (m + attn_log2(l)) * ATTN_LN2 : attn_neg_inf();
+}
+
+/* The same for every row of the launch, so the choice is made once, not per element
+   (a per-row test inside the store loops also makes ptxas spill). */
+ATTN_DEV int attn_out_vec(const attn_paged_params &p) {
+    return attn_aligned16(p.out) && ((p.out_stride_token * ATTN_ESZ_Q) & 15) == 0 &&
+           ((p.out_stride_head * ATTN_ESZ_Q) & 15) == 0;
+}
+
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_paged_attention(const attn_paged_params p) {
+    extern __shared__ attn_vec16 attn_smem[];
+    if (blockDim.x != ATTN_THREADS || attn_dynamic_smem_size() < ATTN_SMEM_BYTES) attn_trap();
+    if ((int)blockIdx.x >= *p.num_work) return;
+
+    const int *item = p.work + 8 * (attn_i64)blockIdx.x;
+    const int req = item[0], kv_head = item[1], tok0 = item[2], ntok = item[3], slot = item[6];
+    const int seq_len = p.seq_lens[req];
+    const int q_start = p.query_start_loc[req], query_len = p.query_start_loc[req + 1] - q_start;
+    const int key0 = attn_imax(item[4], 0), key1 = attn_imin(item[5], seq_len);
+    const int nrows = ntok * GROUP;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp / WARPS_N, wn = warp - wm * WARPS_N;
+    const int g = lane >> 2, tq = lane & 3; /* mma row group and lane within it */
+
+    char *smem = (char *)attn_smem;
+    attn_q_t *sQ = (attn_q_t *)smem;
+    int *sBlk = (int *)(smem + ATTN_SQ_BYTES);                              /* [stage][key] */
+    attn_kv_t *sK = (attn_kv_t *)(smem + ATTN_SQ_BYTES + ATTN_SBLK_BYTES);  /* [stage][key][pitch] */
+    attn_kv_t *sV = sK + KV_STAGES * KV_TILE * ATTN_KV_PITCH;
+    const attn_u32 sQ_addr = attn_smem_addr(sQ), sK_addr = attn_smem_addr(sK), sV_addr = attn_smem_addr(sV);
+
+    /* ---- Q rows -> shared memory (cp.async group 0, with the first K/V tile) ---- */
+    {
+        const int cpr = HEAD_DIM * ATTN_ESZ_Q / 16;
+        const int vec = attn_aligned16(p.q) && ((p.q_stride_token * ATTN_ESZ_Q) & 15) == 0 &&
+                        ((p.q_stride_head * ATTN_ESZ_Q) & 15) == 0;
+        for (int c = tid; c < ATTN_ROWS_PAD * cpr; c += ATTN_THREADS) {
+            const int r = c / cpr, col = c - r * cpr, t = r / GROUP;
+            const int valid = r < nrows;
+            const char *src = valid ? (const char *)p.q +
+                                          ((attn_i64)(q_start + tok0 + t) * p.q_stride_token +
+                                           (attn_i64)(kv_head * GROUP + r - t * GROUP) * p.q_stride_head) * ATTN_ESZ_Q + col * 16
+                                    : (const char *)p.q;
+            char *dst = (char *)sQ + r * (ATTN_Q_PITCH * ATTN_ESZ_Q) + col * 16;
+            if (vec) {
+                attn_cp_async16(attn_smem_addr(dst), src, valid ? 16 : 0);
+            } else {
+#pragma unroll
+                for (int i = 0; i < 16 / ATTN_ESZ_Q; i++)
+                    ((attn_q_t *)dst)[i] = valid ? ((const attn_q_t *)src)[i] : (attn_q_t)0;
+            }
+        }
+#if ATTN_USE_MMA && HEAD_DIM % 16 != 0
+        /* the 8 columns past HEAD_DIM enter Q K^T: zero in Q and in every K stage (cp.async
+           never writes them) */
+        for (int r = tid; r < ATTN_ROWS_PAD + KV_STAGES * KV_TILE; r += ATTN_THREADS) {
+            attn_vec16 z = {0u, 0u, 0u, 0u};
+            if (r < ATTN_ROWS_PAD) *(attn_vec16 *)(sQ + r * ATTN_Q_PITCH + HEAD_DIM) = z;
+            else *(attn_vec16 *)(sK + (r - ATTN_ROWS_PAD) * ATTN_KV_PITCH + HEAD_DIM) = z;
+        }
+#endif
+    }
+
+    /* ---- this lane's two rows (g and g + 8 of the warp's row tile): visible keys ---- */
+    int lo[2], hi[2];
+#if ALIBI
+    int qpos[2];
+    float slope[2];
+#endif
+    int lo_min = 0x7fffffff, lo_max = (int)0x80000000, hi_min = 0x7fffffff, hi_max = (int)0x80000000;
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++) {
+        const int R = wm * 16 + g + 8 * rr, t = R / GROUP;
+        const int valid = R < nrows;
+        const int pos = seq_len - query_len + tok0 + t;
+        int a = 0, b = CAUSAL ? pos + 1 : seq_len;
+#if WINDOW
+        if (p.window > 0) {
+            a = attn_imax(0, pos - p.window + 1);
+            if (!CAUSAL) b = (int)(((attn_i64)pos + p.window) < seq_len ? (attn_i64)pos + p.window : seq_len);
+        }
+#endif
+        a = attn_imax(a, key0);
+        b = attn_imin(b, key1);
+        lo[rr] = valid ? a : 0;
+        hi[rr] = valid ? b : 0;
+#if ALIBI
+        qpos[rr] = pos;
+        slope[rr] = valid ? p.alibi_slopes[kv_head * GROUP + (R - t * GROUP)] * ATTN_LOG2E : 0.0f;
+#endif
+        if (valid) {
+            lo_min = attn_imin(lo_min, a); lo_max = attn_imax(lo_max, a);
+            hi_min = attn_imin(hi_min, b); hi_max = attn_imax(hi_max, b);
+        }
+    }
+    lo_min = attn_warp_imin(lo_min); lo_max = attn_warp_imax(lo_max);
+    hi_min = attn_warp_imin(hi_min); hi_max = attn_warp_imax(hi_max);
+
+    /* ---- K/V loader ----
+       Thread chunk i: row kv_row(i) of the tile, 16-byte column kv_col (the same positions
+       in every tile). The physical block of every row of a tile is in sBlk[stage][row]
+       (-1: the key is outside [key0, key1): zero-fill, nothing read). The block numbers of
+       tile it + KV_STAGES are loaded into registers while tile it computes and stored to
+       sBlk after it, so the block-table latency hides under compute. */
+    const char *kv_base = (const char *)p.kv_cache;
+    const attn_i64 tok_stride = (attn_i64)p.num_kv_heads * HEAD_DIM;   /* elements */
+    const attn_i64 blk_stride = 2 * (attn_i64)BLOCK_SIZE * tok_stride;
+    const attn_i64 v_bytes = (attn_i64)BLOCK_SIZE * tok_stride * ATTN_ESZ_KV; /* K row -> V row */
+    const attn_i64 head_off = (attn_i64)kv_head * HEAD_DIM;
+    const int *bt = p.block_table + (attn_i64)req * p.block_table_stride;
+    const unsigned utid = (unsigned)tid;
+
+    auto kv_row = [&](int i) -> int {
+        return ATTN_THREADS % ATTN_KV_CPR == 0 ? (int)(utid / ATTN_KV_CPR) + i * (ATTN_THREADS / ATTN_KV_CPR)
+                                               : (int)((utid + i * ATTN_THREADS) / ATTN_KV_CPR);
+    };
+    auto kv_col = [&](int i) -> int {
+        return ATTN_THREADS % ATTN_KV_CPR == 0 ? (int)(utid % ATTN_KV_CPR) : (int)((utid + i * ATTN_THREADS) % ATTN_KV_CPR);
+    };
+    auto block_of = [&](int j) -> int { /* physical block of key j, -1 outside [key0, key1) */
+        return j >= key0 && j < key1 ? bt[(unsigned)j / BLOCK_SIZE] : -1;
+    };
+    auto issue = [&](int ts, int stage) { /* cp.async of tile ts into `stage` */
+#pragma unroll
+        for (int i = 0; i < ATTN_KV_LPT; i++) {
+            const int r = kv_row(i), col = kv_col(i);
+            if (ATTN_KV_CHUNKS % ATTN_THREADS == 0 || r < KV_TILE) {
+                const int b = sBlk[stage * KV_TILE + r];
+                const unsigned j = (unsigned)(ts + r);
+                const char *src = b >= 0 ? kv_base + ((attn_i64)b * blk_stride + (attn_i64)(j % BLOCK_SIZE) * tok_stride + head_off) * ATTN_ESZ_KV + col * 16
+                                         : kv_base;
+                const attn_u32 off = (attn_u32)((stage * KV_TILE + r) * (ATTN_KV_PITCH * ATTN_ESZ_KV) + col * 16);
+                attn_cp_async16(sK_addr + off, src, b >= 0 ? 16 : 0);
+                attn_cp_async16(sV_addr + off, b >= 0 ? src + v_bytes : kv_base, b >= 0 ? 16 : 0);
+            }
+        }
+    };
+
+    const int tile0 = key1 > key0 ? key0 / KV_TILE * KV_TILE : 0;
+    const int ntiles = key1 > key0 ? (key1 - tile0 + KV_TILE - 1) / KV_TILE : 0;
+    /* prologue: block numbers of tiles 0..KV_STAGES-1, then the copies of 0..KV_STAGES-2 */
+#pragma unroll
+    for (int s = 0; s < KV_STAGES; s++)
+        for (int r = tid; r < KV_TILE; r += ATTN_THREADS) sBlk[s * KV_TILE + r] = block_of(tile0 + s * KV_TILE + r);
+    __syncthreads();
+#pragma unroll
+    for (int s = 0; s < KV_STAGES - 1; s++) {
+        if (s < ntiles) issue(tile0 + s * KV_TILE, s);
+        attn_cp_async_commit(); /* one group per tile slot, empty or not: uniform counting */
+    }
+
+    /* ---- per-warp softmax state: rows g (rr 0) and g + 8 (rr 1); O in C-fragment layout ---- */
+    float m[2] = {attn_neg_inf(), attn_neg_inf()}, l[2] = {0.0f, 0.0f};
+    float o[ATTN_OT][4];
+#pragma unroll
+    for (int i = 0; i < ATTN_OT; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+#if SOFTCAP
+    const float cap_inv = 1.0f / p.softcap, cap_log2 = p.softcap * ATTN_LOG2E, qk_scale = p.scale;
+#else
+    const float qk_scale = p.scale * ATTN_LOG2E;
+#endif
+
+#if ATTN_USE_MMA
+    /* lane offsets (bytes) of the ldmatrix row addresses, see the fragment table in
+       attn_common.cuh: Q as A (rows lane%16, column half lane/16), K as B (keys lane%8 +
+       8*(lane/16), column half (lane/8)%2), V as B transposed (keys lane%16, column half
+       lane/16) */
+    const attn_u32 q_lane = (attn_u32)(((wm * 16 + (lane & 15)) * ATTN_Q_PITCH + (lane >> 4) * 8) * 2);
+    const attn_u32 k_lane = (attn_u32)((((lane & 7) + ((lane >> 4) << 3)) * ATTN_KV_PITCH + ((lane >> 3) & 1) * 8) * 2);
+    const attn_u32 v_lane = (attn_u32)(((lane & 15) * ATTN_KV_PITCH + (lane >> 4) * 8) * 2);
+#if Q_IN_REGS
+    attn_u32 qf[ATTN_HDP / 16][4];
+#endif
+#endif
+
+    for (int it = 0; it < ntiles; it++) {
+        attn_cp_async_wait<KV_STAGES - 2>(); /* this thread's part of tile `it` has landed */
+        __syncthreads();                      /* everyone's part; stage (it-1) is free again */
+        if (it + KV_STAGES - 1 < ntiles) issue(tile0 + (it + KV_STAGES - 1) * KV_TILE, (it + KV_STAGES - 1) % KV_STAGES);
+        attn_cp_async_commit();
+        int next_blk[ATTN_KV_BPT]; /* block numbers of tile it + KV_STAGES, stored after compute */
+#pragma unroll
+        for (int i = 0; i < ATTN_KV_BPT; i++)
+            next_blk[i] = tid + i * ATTN_THREADS < KV_TILE ? block_of(tile0 + (it + KV_STAGES) * KV_TILE + tid + i * ATTN_THREADS) : -1;
+#if ATTN_USE_MMA && Q_IN_REGS
+        if (it == 0) {
+#pragma unroll
+            for (int ks = 0; ks < ATTN_HDP / 16; ks++) attn_ldmatrix_x4(qf[ks], sQ_addr + q_lane + ks * 32);
+        }
+#endif
+        const int stage = it % KV_STAGES;
+        const int kt0 = tile0 + it * KV_TILE + wn * ATTN_KW; /* this warp's first key */
+        /* A warp whose rows see none of its keys skips them (causal tiles above the
+           diagonal). The test is uniform over the warp already; __all_sync says so to
+           ptxas, which otherwise builds the softmax shuffles a divergent slow path (a call,
+           and spills around it). */
+        if (__all_sync(0xffffffffu, kt0 + ATTN_KW > lo_min && kt0 < hi_max)) {
+            const int need_mask = kt0 < lo_max || kt0 + ATTN_KW > hi_min;
+
+            /* ---- S = Q K^T for 16 rows x KW keys ---- */
+            float s[ATTN_NT][4];
+#pragma unroll
+            for (int n = 0; n < ATTN_NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#if ATTN_USE_MMA
+            {
+                const attn_u32 kb = sK_addr + (attn_u32)((stage * KV_TILE + wn * ATTN_KW) * ATTN_KV_PITCH * 2) + k_lane;
+#pragma unroll
+                for (int ks = 0; ks < ATTN_HDP / 16; ks++) {
+#if Q_IN_REGS
+                    const attn_u32 *a = qf[ks];
+#else
+                    attn_u32 a[4];
+                    attn_ldmatrix_x4(a, sQ_addr + q_lane + ks * 32);
+#endif
+#pragma unroll
+                    for (int np = 0; np < ATTN_NT / 2; np++) {
+                        attn_u32 b[4];
+                        attn_ldmatrix_x4(b, kb + (attn_u32)((np * 16 * ATTN_KV_PITCH + ks * 16) * 2));
+                        attn_mma16816<DT_Q>(s[2 * np], a, b);
+                        attn_mma16816<DT_Q>(s[2 * np + 1], a, b + 2);
+                    }
+                }
+            }
+#else
+            {
+                const attn_q_t *q0 = sQ + (wm * 16 + g) * ATTN_Q_PITCH, *q1 = q0 + 8 * ATTN_Q_PITCH;
+                const attn_kv_t *kb = sK + (stage * KV_TILE + wn * ATTN_KW + 2 * tq) * ATTN_KV_PITCH;
+#pragma unroll 2
+                for (int d = 0; d < HEAD_DIM; d += 4) {
+                    float a0[4], a1[4];
+                    attn_lds4<DT_Q>(q0 + d, a0);
+                    attn_lds4<DT_Q>(q1 + d, a1);
+#pragma unroll
+                    for (int n = 0; n < ATTN_NT; n++) {
+                        float k0[4], k1[4];
+                        attn_lds4<DT_KV>(kb + n * 8 * ATTN_KV_PITCH + d, k0);
+                        attn_lds4<DT_KV>(kb + (n * 8 + 1) * ATTN_KV_PITCH + d, k1);
+#pragma unroll
+                        for (int x = 0; x < 4; x++) {
+                            s[n][0] = fmaf(a0[x], k0[x], s[n][0]);
+                            s[n][1] = fmaf(a0[x], k1[x], s[n][1]);
+                            s[n][2] = fmaf(a1[x], k0[x], s[n][2]);
+                            s[n][3] = fmaf(a1[x], k1[x], s[n][3]);
+                        }
+                    }
+                }
+            }
+#endif
+
+            /* ---- scores in base 2, masks, online softmax (element e: row rr = e / 2, key
+               kt0 + 8n + 2tq + e % 2) ---- */
+            float mx[2] = {attn_neg_inf(), attn_neg_inf()};
+            /* Per-tile row offsets, so that per element only the constant 8n + e%2 varies
+               (offsets like lo - 8n would be hoisted out of the tile loop: 32 registers). */
+            int dlo[2], dhi[2];
+#if ALIBI
+            float dpos[2];
+#endif
+#pragma unroll
+            for (int rr = 0; rr < 2; rr++) {
+                dlo[rr] = lo[rr] - (kt0 + 2 * tq);
+                dhi[rr] = hi[rr] - (kt0 + 2 * tq);
+#if ALIBI
+                dpos[rr] = (float)(kt0 + 2 * tq - qpos[rr]);
+#endif
+            }
+#pragma unroll
+            for (int n = 0; n < ATTN_NT; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int rr = e >> 1, c = 8 * n + (e & 1); /* key = kt0 + 2tq + c */
+#if SOFTCAP
+                    float x = cap_log2 * attn_tanh(s[n][e] * qk_scale * cap_inv);
+#else
+                    float x = s[n][e] * qk_scale;
+#endif
+#if ALIBI
+                    x = fmaf(slope[rr], dpos[rr] + (float)c, x);
+#endif
+                    if (need_mask && (c < dlo[rr] || c >= dhi[rr])) x = attn_neg_inf();
+                    s[n][e] = x;
+                    mx[rr] = fmaxf(mx[rr], x);
+                }
+            float sum[2] = {0.0f, 0.0f}, base[2];
+#pragma unroll
+            for (int rr = 0; rr < 2; rr++) {
+                const float mnew = fmaxf(m[rr], attn_quad_max(mx[rr]));
+                base[rr] = mnew == attn_neg_inf() ? 0.0f : mnew; /* nothing seen yet: p = 0, not NaN */
+                const float alpha = attn_exp2(m[rr] - base[rr]);  /* m = -inf -> 0 */
+                m[rr] = mnew;
+                l[rr] *= alpha;
+#pragma unroll
+                for (int i = 0; i < ATTN_OT; i++) { o[i][2 * rr] *= alpha; o[i][2 * rr + 1] *= alpha; }
+            }
+#pragma unroll
+            for (int n = 0; n < ATTN_NT; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    s[n][e] = attn_exp2(s[n][e] - base[e >> 1]);
+                    sum[e >> 1] += s[n][e];
+                }
+            l[0] += sum[0]; /* lane-partial sums; the 4 lanes of a row are added in the epilogue */
+            l[1] += sum[1];
+
+            /* ---- O += P V ---- */
+#if ATTN_USE_MMA
+            {
+                const attn_u32 vb = sV_addr + (attn_u32)((stage * KV_TILE + wn * ATTN_KW) * ATTN_KV_PITCH * 2) + v_lane;
+#pragma unroll
+                for (int kk = 0; kk < ATTN_KW / 16; kk++) {
+                    attn_u32 a[4]; /* the C fragments of keys 16kk.. are the A fragment of P */
+                    a[0] = attn_elem<DT_Q>::pack2(s[2 * kk][0], s[2 * kk][1]);
+                    a[1] = attn_elem<DT_Q>::pack2(s[2 * kk][2], s[2 * kk][3]);
+                    a[2] = attn_elem<DT_Q>::pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+                    a[3] = attn_elem<DT_Q>::pack2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+                    const attn_u32 vrow = vb + (attn_u32)(kk * 16 * ATTN_KV_PITCH * 2);
+#pragma unroll
+                    for (int op = 0; op < ATTN_OT / 2; op++) {
+                        attn_u32 b[4];
+                        attn_ldmatrix_x4_trans(b, vrow + op * 32);
+                        attn_mma16816<DT_Q>(o[2 * op], a, b);
+                        attn_mma16816<DT_Q>(o[2 * op + 1], a, b + 2);
+                    }
+#if ATTN_OT % 2
+                    {
+                        attn_u32 b[2];
+                        attn_ldmatrix_x2_trans(b, vrow + (ATTN_OT - 1) * 16);
+                        attn_mma16816<DT_Q>(o[ATTN_OT - 1], a, b);
+                    }
+#endif
+                }
+            }
+#else
+            {
+                const attn_kv_t *vb = sV + (stage * KV_TILE + wn * ATTN_KW) * ATTN_KV_PITCH + 2 * tq;
+#pragma unroll
+                for (int n = 0; n < ATTN_NT; n++)
+#pragma unroll
+                    for (int src = 0; src < 4; src++)
+#pragma unroll
+                        for (int e = 0; e < 2; e++) {
+                            /* P of key 8n + 2src + e for rows g and g + 8 lives in lane 4g + src */
+                            const float p0 = __shfl_sync(0xffffffffu, s[n][e], (lane & ~3) | src);
+                            const float p1 = __shfl_sync(0xffffffffu, s[n][2 + e], (lane & ~3) | src);
+                            const attn_kv_t *v = vb + (8 * n + 2 * src + e) * ATTN_KV_PITCH;
+#pragma unroll
+                            for (int i = 0; i < ATTN_OT; i++) {
+                                float vv[2];
+                                attn_lds2<DT_KV>(v + i * 8, vv);
+                                o[i][0] = fmaf(p0, vv[0], o[i][0]);
+                                o[i][1] = fmaf(p0, vv[1], o[i][1]);
+                                o[i][2] = fmaf(p1, vv[0], o[i][2]);
+                                o[i][3] = fmaf(p1, vv[1], o[i][3]);
+                            }
+                        }
+            }
+#endif
+        }
+        if (it + KV_STAGES < ntiles) { /* the slot of tile it + KV_STAGES held tile it: done */
+#pragma unroll
+            for (int i = 0; i < ATTN_KV_BPT; i++)
+                if (tid + i * ATTN_THREADS < KV_TILE) sBlk[((it + KV_STAGES) % KV_STAGES) * KV_TILE + tid + i * ATTN_THREADS] = next_blk[i];
+        }
+    }
+
+    /* ---- epilogue: combine the WARPS_N key slices of each row, then store ---- */
+    attn_cp_async_wait<0>(); /* nothing may still land in the stages being reused */
+    __syncthreads();         /* every warp is done with the K/V stages */
+    float *sO = (float *)(smem + ATTN_SQ_BYTES + ATTN_SBLK_BYTES);   /* [WARPS_N][ROWS_PAD][O_PITCH] */
+    float *sM = sO + WARPS_N * ATTN_ROWS_PAD * ATTN_O_PITCH;          /* [WARPS_N][ROWS_PAD] */
+    float *sL = sM + WARPS_N * ATTN_ROWS_PAD;                         /* [WARPS_N][ROWS_PAD][4] */
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++) {
+        const int R = wm * 16 + g + 8 * rr;
+        float *orow = sO + (wn * ATTN_ROWS_PAD + R) * ATTN_O_PITCH + 2 * tq;
+#pragma unroll
+        for (int i = 0; i < ATTN_OT; i++) {
+            orow[i * 8] = o[i][2 * rr];
+            orow[i * 8 + 1] = o[i][2 * rr + 1];
+        }
+        sL[(wn * ATTN_ROWS_PAD + R) * 4 + tq] = l[rr]; /* the four lane-partial sums of the row */
+        if (tq == 0) sM[wn * ATTN_ROWS_PAD + R] = m[rr];
+    }
+    __syncthreads();
+    const int out_vec = attn_out_vec(p);
+    for (int u = tid; u < nrows * ATTN_OT; u += ATTN_THREADS) {
+        const int R = u / ATTN_OT, c = u - R * ATTN_OT;
+        float M = attn_neg_inf();
+#pragma unroll
+        for (int w = 0; w < WARPS_N; w++) M = fmaxf(M, sM[w * ATTN_ROWS_PAD + R]);
+        const float Mb = M == attn_neg_inf() ? 0.0f : M;
+        float L = 0.0f, f[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int w = 0; w < WARPS_N; w++) {
+            const float sc = WARPS_N == 1 ? 1.0f : attn_exp2(sM[w * ATTN_ROWS_PAD + R] - Mb);
+            const float *orow = sO + (w * ATTN_ROWS_PAD + R) * ATTN_O_PITCH + c * 8;
+            const float *lp = sL + (w * ATTN_ROWS_PAD + R) * 4;
+            L += sc * ((lp[0] + lp[1]) + (lp[2] + lp[3]));
+#pragma unroll
+            for (int i = 0; i < 8; i++) f[i] += sc * orow[i];
+        }
+        attn_store_row8(p, q_start + tok0, kv_head, slot, R, c, f, M, L, out_vec);
+    }
+}
+
+/* Second stage of split-KV: merges the partial slots of each split tile into out/lse (the
+   CPU's attn__cpu_merge_run). Thread per (row, 8 columns). */
+extern "C" __global__ void __launch_bounds__(128) attn_paged_merge_partials(const attn_paged_params p) {
+    if ((int)blockIdx.x >= *p.num_merge) return;
+    const int *item = p.merge + 8 * (attn_i64)blockIdx.x;
+    const int req = item[0], kv_head = item[1], tok0 = item[2], ntok = item[3];
+    const int slot0 = item[4], nsplit = item[5];
+    const int q_row0 = p.query_start_loc[req] + tok0, out_vec = attn_out_vec(p);
+    for (int u = threadIdx.x; u < ntok * GROUP * ATTN_OT; u += blockDim.x) {
+        const int R = u / ATTN_OT, c = u - R * ATTN_OT;
+        float M = attn_neg_inf();
+        for (int s = 0; s < nsplit; s++) {
+            const float *ml = p.partial_ml + ((attn_i64)(slot0 + s) * ATTN_ROWS + R) * 2;
+            M = fmaxf(M, ml[1] > 0.0f ? ml[0] : attn_neg_inf());
+        }
+        const float Mb = M == attn_neg_inf() ? 0.0f : M;
+        float L = 0.0f, f[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        for (int s = 0; s < nsplit; s++) {
+            const attn_i64 row = (attn_i64)(slot0 + s) * ATTN_ROWS + R;
+            const float *ml = p.partial_ml + row * 2;
+            /* an empty split (l = 0) contributes nothing, whatever its O holds */
+            const int used = ml[1] > 0.0f;
+            const float w = used ? attn_exp2(ml[0] - Mb) : 0.0f;
+            attn_vec16 v[2];
+            float x[8];
+            v[0] = attn_ldg16(p.partial_o + row * HEAD_DIM + c * 8);
+            v[1] = attn_ldg16(p.partial_o + row * HEAD_DIM + c * 8 + 4);
+            attn_unpack8<ATTN_DT_F32>(v, x);
+            L += used ? ml[1] * w : 0.0f;
+#pragma unroll
+            for (int i = 0; i < 8; i++) f[i] += used ? w * x[i] : 0.0f;
+        }
+        attn_store_row8(p, q_row0, kv_head, -1, R, c, f, M, L, out_vec);
+    }
+}

@@ -1,0 +1,990 @@
+/* cuda_kernels - runs the embedded CUDA kernels on a GPU against the CPU backend.
+
+   A standalone C99 program: libcuda and libnvrtc are opened with dlopen and the few driver
+   and NVRTC functions it uses are declared here (no CUDA header). It compiles the kernels
+   of attn.h's generated block with NVRTC for the device's architecture, builds work lists
+   the way the CUDA backend will (a reference host scheduler: see build_work below),
+   launches, and compares with the CPU backend through the public API on the same inputs:
+     - paged attention: random varlen batches (decodes, chunked prefills with context),
+       decode- and prefill-shaped variants, f16/bf16 (tensor cores), f32 and mixed types
+       (FMA), head sizes 64..256, GQA groups, causal or not, window, soft cap, ALiBi, LSE,
+       strided and unaligned q/out, split-KV with the partial merge;
+     - the cache writes (bit-exact against attn_reshape_and_cache / _mla);
+     - the LSE merge, with empty (-inf/+inf/NaN) sides, both bases and out aliasing out_a.
+   --bench adds timings: decode (32/8 heads, head 128, bf16, block 16) against the memory
+   roof, and causal prefill in TFLOP/s.
+
+   Ends with "N passed, N failed[, N skipped]" like the other test binaries. Exit 0 when
+   nothing failed; with no GPU (or no NVRTC) every test is a skip and the exit is 0. */
+#define _POSIX_C_SOURCE 200809L
+#define ATTN_IMPLEMENTATION
+#include "attn.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ---- the CUDA driver and NVRTC subsets, declared here ---- */
+typedef int cu_result;
+typedef int cu_device;
+typedef unsigned long long cu_ptr;
+typedef struct cu_ctx_s *cu_context;
+typedef struct cu_mod_s *cu_module;
+typedef struct cu_fn_s *cu_function;
+typedef struct cu_event_s *cu_event;
+typedef struct cu_stream_s *cu_stream;
+typedef int nvrtc_result;
+typedef struct nvrtc_prog_s *nvrtc_program;
+
+static struct {
+    cu_result (*Init)(unsigned);
+    cu_result (*DeviceGet)(cu_device *, int);
+    cu_result (*DeviceGetAttribute)(int *, int, cu_device);
+    cu_result (*DevicePrimaryCtxRetain)(cu_context *, cu_device);
+    cu_result (*CtxSetCurrent)(cu_context);
+    cu_result (*ModuleLoadData)(cu_module *, const void *);
+    cu_result (*ModuleGetFunction)(cu_function *, cu_module, const char *);
+    cu_result (*ModuleGetGlobal)(cu_ptr *, size_t *, cu_module, const char *);
+    cu_result (*FuncSetAttribute)(cu_function, int, int);
+    cu_result (*MemAlloc)(cu_ptr *, size_t);
+    cu_result (*MemFree)(cu_ptr);
+    cu_result (*MemcpyHtoD)(cu_ptr, const void *, size_t);
+    cu_result (*MemcpyDtoH)(void *, cu_ptr, size_t);
+    cu_result (*MemsetD8)(cu_ptr, unsigned char, size_t);
+    cu_result (*LaunchKernel)(cu_function, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                              unsigned, cu_stream, void **, void **);
+    cu_result (*CtxSynchronize)(void);
+    cu_result (*GetErrorString)(cu_result, const char **);
+    cu_result (*EventCreate)(cu_event *, unsigned);
+    cu_result (*EventRecord)(cu_event, cu_stream);
+    cu_result (*EventSynchronize)(cu_event);
+    cu_result (*EventElapsedTime)(float *, cu_event, cu_event);
+    cu_result (*OccupancyMaxActiveBlocksPerMultiprocessor)(int *, cu_function, int, size_t);
+} cu;
+static const char *const cu_names[] = {
+    "cuInit", "cuDeviceGet", "cuDeviceGetAttribute", "cuDevicePrimaryCtxRetain", "cuCtxSetCurrent",
+    "cuModuleLoadData", "cuModuleGetFunction", "cuModuleGetGlobal_v2", "cuFuncSetAttribute",
+    "cuMemAlloc_v2", "cuMemFree_v2", "cuMemcpyHtoD_v2", "cuMemcpyDtoH_v2", "cuMemsetD8_v2",
+    "cuLaunchKernel", "cuCtxSynchronize", "cuGetErrorString", "cuEventCreate", "cuEventRecord",
+    "cuEventSynchronize", "cuEventElapsedTime", "cuOccupancyMaxActiveBlocksPerMultiprocessor"};
+
+static struct {
+    const char *(*GetErrorString)(nvrtc_result);
+    nvrtc_result (*CreateProgram)(nvrtc_program *, const char *, const char *, int, const char *const *,
+                                  const char *const *);
+    nvrtc_result (*DestroyProgram)(nvrtc_program *);
+    nvrtc_result (*CompileProgram)(nvrtc_program, int, const char *const *);
+    nvrtc_result (*GetProgramLogSize)(nvrtc_program, size_t *);
+    nvrtc_result (*GetProgramLog)(nvrtc_program, char *);
+    nvrtc_result (*GetCUBINSize)(nvrtc_program, size_t *);
+    nvrtc_result (*GetCUBIN)(nvrtc_program, char *);
+} nv;
+static const char *const nv_names[] = {"nvrtcGetErrorString", "nvrtcCreateProgram", "nvrtcDestroyProgram",
+                                       "nvrtcCompileProgram", "nvrtcGetProgramLogSize", "nvrtcGetProgramLog",
+                                       "nvrtcGetCUBINSize", "nvrtcGetCUBIN"};
+
+#define CU_ATTR_SM_COUNT 16
+#define CU_ATTR_CC_MAJOR 75
+#define CU_ATTR_CC_MINOR 76
+#define CU_FUNC_MAX_DYNAMIC_SMEM 8
+
+static int arch, num_sms;
+static char skip_reason[256];
+
+static int load_table(const char *const *sonames, const char *const *syms, size_t n, void *table) {
+    void *lib = NULL;
+    size_t i;
+    for (i = 0; sonames[i] && !lib; i++) lib = dlopen(sonames[i], RTLD_NOW | RTLD_LOCAL);
+    if (!lib) { snprintf(skip_reason, sizeof skip_reason, "cannot load %s", sonames[0]); return 0; }
+    for (i = 0; i < n; i++) {
+        void *sym = dlsym(lib, syms[i]);
+        if (!sym) { snprintf(skip_reason, sizeof skip_reason, "%s lacks %s", sonames[0], syms[i]); return 0; }
+        memcpy((char *)table + i * sizeof sym, &sym, sizeof sym);
+    }
+    return 1;
+}
+
+static int cuda_init(void) {
+    static const char *const cuda_libs[] = {"libcuda.so.1", "libcuda.so", NULL};
+    static const char *const nvrtc_libs[] = {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so",
+                                             "/usr/local/cuda/lib64/libnvrtc.so", NULL};
+    cu_device dev;
+    cu_context ctx;
+    int major = 0, minor = 0;
+    if (!load_table(cuda_libs, cu_names, sizeof cu_names / sizeof cu_names[0], &cu)) return 0;
+    if (!load_table(nvrtc_libs, nv_names, sizeof nv_names / sizeof nv_names[0], &nv)) return 0;
+    if (cu.Init(0) || cu.DeviceGet(&dev, 0)) { snprintf(skip_reason, sizeof skip_reason, "no CUDA device"); return 0; }
+    cu.DeviceGetAttribute(&major, CU_ATTR_CC_MAJOR, dev);
+    cu.DeviceGetAttribute(&minor, CU_ATTR_CC_MINOR, dev);
+    cu.DeviceGetAttribute(&num_sms, CU_ATTR_SM_COUNT, dev);
+    arch = major * 10 + minor;
+    if (arch < 80) { snprintf(skip_reason, sizeof skip_reason, "device sm_%d is older than sm_80", arch); return 0; }
+    if (cu.DevicePrimaryCtxRetain(&ctx, dev) || cu.CtxSetCurrent(ctx)) {
+        snprintf(skip_reason, sizeof skip_reason, "cannot make a context");
+        return 0;
+    }
+    return 1;
+}
+
+static int failures;
+#define CU_CHECK(x) cu_check((x), #x, __LINE__)
+static int cu_check(cu_result r, const char *what, int line) {
+    const char *s = "?";
+    if (!r) return 1;
+    cu.GetErrorString(r, &s);
+    fprintf(stderr, "CUDA error %d (%s) at line %d: %s\n", r, s, line, what);
+    exit(2); /* a sticky error leaves the context unusable: stop here */
+}
+
+static cu_ptr dalloc(size_t n) {
+    cu_ptr p = 0;
+    CU_CHECK(cu.MemAlloc(&p, n ? n : 16));
+    return p;
+}
+static cu_ptr dupload(const void *h, size_t n) {
+    cu_ptr p = dalloc(n);
+    if (n) CU_CHECK(cu.MemcpyHtoD(p, h, n));
+    return p;
+}
+
+/* ---- kernel modules, compiled once per (file, defines) ---- */
+typedef struct module_entry {
+    char key[320];
+    cu_module mod;
+    int config[8];
+} module_entry;
+static module_entry modules[1024];
+static int num_modules;
+
+static char *source_text(const char *name) {
+    const char *const *lines = attn__kernel_source_lines(name); /* the generated lookup */
+    size_t len = 1, k;
+    char *s, *p;
+    if (!lines) return NULL;
+    for (k = 0; lines[k]; k++) len += strlen(lines[k]);
+    s = p = (char *)malloc(len);
+    for (k = 0; lines[k]; k++) {
+        size_t m = strlen(lines[k]);
+        memcpy(p, lines[k], m);
+        p += m;
+    }
+    *p = 0;
+    return s;
+}
+
+static module_entry *get_module(const char *file, const char *defines) {
+    char key[320], defs[256], *tok, *save = NULL, optbuf[24][64];
+    const char *opts[24], *hname = "attn_common.cuh";
+    char *src, *hdr, *cubin, *log;
+    nvrtc_program prog;
+    int no = 0, i;
+    size_t size;
+    module_entry *m;
+    snprintf(key, sizeof key, "%s|%s", file, defines);
+    for (i = 0; i < num_modules; i++)
+        if (!strcmp(modules[i].key, key)) return &modules[i];
+    if (num_modules == (int)(sizeof modules / sizeof modules[0])) { fprintf(stderr, "too many modules\n"); exit(2); }
+    src = source_text(file);
+    hdr = source_text(hname);
+    if (!src || !hdr) { fprintf(stderr, "%s is not embedded in attn.h\n", file); exit(2); }
+    snprintf(optbuf[no], sizeof optbuf[no], "--gpu-architecture=sm_%d", arch); opts[no] = optbuf[no]; no++;
+    opts[no++] = "-std=c++17";
+    snprintf(defs, sizeof defs, "%s", defines);
+    for (tok = strtok_r(defs, " ", &save); tok && no < 24; tok = strtok_r(NULL, " ", &save)) {
+        snprintf(optbuf[no], sizeof optbuf[no], "-D%s", tok);
+        opts[no] = optbuf[no];
+        no++;
+    }
+    if (nv.CreateProgram(&prog, src, file, 1, (const char *const *)&hdr, &hname)) exit(2);
+    if (nv.CompileProgram(prog, no, opts)) {
+        nv.GetProgramLogSize(prog, &size);
+        log = (char *)malloc(size + 1);
+        nv.GetProgramLog(prog, log);
+        fprintf(stderr, "NVRTC failed for %s %s:\n%s\n", file, defines, log);
+        exit(2);
+    }
+    nv.GetCUBINSize(prog, &size);
+    cubin = (char *)malloc(size);
+    nv.GetCUBIN(prog, cubin);
+    nv.DestroyProgram(&prog);
+    m = &modules[num_modules++];
+    snprintf(m->key, sizeof m->key, "%s", key);
+    CU_CHECK(cu.ModuleLoadData(&m->mod, cubin));
+    memset(m->config, 0, sizeof m->config);
+    {
+        cu_ptr g;
+        size_t gs;
+        if (!strcmp(file, "paged_attention.cu") && cu.ModuleGetGlobal(&g, &gs, m->mod, "attn_paged_config") == 0 &&
+            gs == sizeof m->config) {
+            cu_function f;
+            CU_CHECK(cu.MemcpyDtoH(m->config, g, gs));
+            CU_CHECK(cu.ModuleGetFunction(&f, m->mod, "attn_paged_attention"));
+            CU_CHECK(cu.FuncSetAttribute(f, CU_FUNC_MAX_DYNAMIC_SMEM, m->config[1]));
+        }
+    }
+    free(cubin);
+    free(src);
+    free(hdr);
+    return m;
+}
+
+static cu_function get_function(module_entry *m, const char *name) {
+    cu_function f;
+    CU_CHECK(cu.ModuleGetFunction(&f, m->mod, name));
+    return f;
+}
+
+/* ---- random numbers and element helpers ---- */
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static uint64_t rnd(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+static int rnd_int(int lo, int hi) { return lo + (int)(rnd() % (uint64_t)(hi - lo + 1)); }
+static float rnd_float(float lo, float hi) { return lo + (hi - lo) * (float)((rnd() >> 40) * (1.0 / 16777216.0)); }
+
+static size_t dsize(attn_dtype dt) { return dt == ATTN_DTYPE_F32 ? 4 : 2; }
+static int dcode(attn_dtype dt) { return dt == ATTN_DTYPE_F32 ? 0 : dt == ATTN_DTYPE_F16 ? 1 : 2; }
+static void put(void *p, attn_dtype dt, size_t i, float x) {
+    if (dt == ATTN_DTYPE_F32) ((float *)p)[i] = x;
+    else if (dt == ATTN_DTYPE_F16) ((uint16_t *)p)[i] = attn_f32_to_f16(x);
+    else ((uint16_t *)p)[i] = attn_f32_to_bf16(x);
+}
+static float get(const void *p, attn_dtype dt, size_t i) {
+    if (dt == ATTN_DTYPE_F32) return ((const float *)p)[i];
+    if (dt == ATTN_DTYPE_F16) return attn_f16_to_f32(((const uint16_t *)p)[i]);
+    return attn_bf16_to_f32(((const uint16_t *)p)[i]);
+}
+static void fill_random(void *p, attn_dtype dt, size_t n, float amp) {
+    size_t i;
+    for (i = 0; i < n; i++) put(p, dt, i, rnd_float(-amp, amp));
+}
+
+static void quiet(void *u, attn_log_level l, attn_log_item it, const char *m) { (void)u; (void)l; (void)it; (void)m; }
+
+static attn_context *cpu_ctx;
+
+/* ---- the host-side mirror of attn_paged_params (kernels/paged_attention.cu) ---- */
+typedef struct paged_params {
+    cu_ptr q, kv_cache, out, lse, block_table, seq_lens, query_start_loc, alibi_slopes;
+    cu_ptr work, num_work, merge, num_merge, partial_o, partial_ml;
+    int64_t q_stride_token, q_stride_head, out_stride_token, out_stride_head;
+    int64_t lse_stride_token, lse_stride_head, block_table_stride;
+    int num_kv_heads;
+    float scale, softcap;
+    int window;
+} paged_params;
+
+/* Keys visible from pos: [lo, hi) (attn__visible_keys). */
+static void visible(int causal, int window, int pos, int seq_len, int *lo, int *hi) {
+    *lo = window ? (pos - window + 1 > 0 ? pos - window + 1 : 0) : 0;
+    if (causal) *hi = pos + 1;
+    else *hi = window ? ((int64_t)pos + window < seq_len ? pos + window : seq_len) : seq_len;
+}
+
+/* The reference host scheduler: one work item per (request, KV head, tile of tile_tokens
+   query tokens); a tile's key range is the union of its rows' visible ranges; with
+   splits > 1 a range of at least 2 * kv_tile keys is cut into up to `splits` parts at
+   multiples of kv_tile, each writing a partial slot, plus a merge entry. */
+typedef struct schedule {
+    int *work, num_work, *merge, num_merge, num_slots;
+} schedule;
+
+static void build_work(schedule *s, int num_reqs, const int32_t *qsl, const int32_t *seq_lens, int num_kv_heads,
+                       int tile_tokens, int causal, int window, int splits, int kv_tile) {
+    int r, t0, h, cap = 0;
+    for (r = 0; r < num_reqs; r++) cap += ((qsl[r + 1] - qsl[r] + tile_tokens - 1) / tile_tokens) * num_kv_heads;
+    s->work = (int *)calloc((size_t)cap * (splits > 0 ? splits : 1) + 1, 8 * sizeof(int));
+    s->merge = (int *)calloc((size_t)cap + 1, 8 * sizeof(int));
+    s->num_work = s->num_merge = s->num_slots = 0;
+    for (r = 0; r < num_reqs; r++) {
+        int ql = qsl[r + 1] - qsl[r], sl = seq_lens[r];
+        for (t0 = 0; t0 < ql; t0 += tile_tokens) {
+            int t1 = t0 + tile_tokens < ql ? t0 + tile_tokens : ql, lo0, hi0, lo1, hi1, lo, hi, ns = 1, k;
+            visible(causal, window, sl - ql + t0, sl, &lo0, &hi0);
+            visible(causal, window, sl - ql + t1 - 1, sl, &lo1, &hi1);
+            lo = lo0 < lo1 ? lo0 : lo1;
+            hi = hi0 > hi1 ? hi0 : hi1;
+            if (splits > 1 && hi - lo >= 2 * kv_tile) {
+                ns = (hi - lo) / kv_tile;
+                if (ns > splits) ns = splits;
+            }
+            for (h = 0; h < num_kv_heads; h++) {
+                int slot0 = ns > 1 ? s->num_slots : -1;
+                if (ns > 1) {
+                    int *m = s->merge + 8 * s->num_merge++;
+                    m[0] = r; m[1] = h; m[2] = t0; m[3] = t1 - t0; m[4] = slot0; m[5] = ns;
+                    s->num_slots += ns;
+                }
+                for (k = 0; k < ns; k++) {
+                    int *w = s->work + 8 * s->num_work++;
+                    int a = lo + (int)((int64_t)(hi - lo) * k / ns), b = lo + (int)((int64_t)(hi - lo) * (k + 1) / ns);
+                    if (k > 0) a = a / kv_tile * kv_tile;         /* cut at tile multiples */
+                    if (k + 1 < ns) b = b / kv_tile * kv_tile;
+                    if (k > 0 && a < lo) a = lo;
+                    w[0] = r; w[1] = h; w[2] = t0; w[3] = t1 - t0; w[4] = a; w[5] = b;
+                    w[6] = ns > 1 ? slot0 + k : -1; w[7] = 0;
+                }
+            }
+        }
+    }
+}
+
+/* ---- tests ---- */
+static int passed, failed, skipped;
+
+static int near_ok(float a, float b, float atol, float rtol) {
+    if (isnan(a) || isnan(b)) return isnan(a) && isnan(b);
+    if (isinf(a) || isinf(b)) return a == b;
+    return fabsf(a - b) <= atol + rtol * fabsf(b);
+}
+
+typedef struct attn_case {
+    int head, group, kv_heads, block, causal, window, alibi, want_lse, splits, decode_shape;
+    float softcap;
+    attn_dtype dq, dkv;
+    int q_pad, q_misalign; /* q/out row strides wider than the heads; q/out offset by one element */
+} attn_case;
+
+static void describe(const attn_case *c, char *buf, size_t n) {
+    snprintf(buf, n, "head %d group %d kv_heads %d block %d %s q=%s kv=%s causal %d window %d softcap %g alibi %d "
+                     "lse %d splits %d pad %d misalign %d",
+             c->head, c->group, c->kv_heads, c->block, c->decode_shape ? "decode-shape" : "prefill-shape",
+             attn_dtype_name(c->dq), attn_dtype_name(c->dkv), c->causal, c->window, c->softcap, c->alibi,
+             c->want_lse, c->splits, c->q_pad, c->q_misalign);
+}
+
+static void run_attention_case(const attn_case *c, int num_reqs, const int *qlens, const int *ctxlens) {
+    int H = c->kv_heads * c->group, D = c->head, Hkv = c->kv_heads, BS = c->block, r, i;
+    int32_t *qsl = (int32_t *)calloc((size_t)num_reqs + 1, 4), *sl = (int32_t *)calloc((size_t)num_reqs, 4);
+    int max_blocks = 0, total_blocks, T, max_q = 0, max_s = 0, tt;
+    int32_t *bt;
+    float *alibi = NULL;
+    attn_layer_desc d;
+    attn_layer *layer = NULL;
+    attn_metadata *meta = NULL;
+    attn_metadata_desc md;
+    attn_batch b;
+    attn_select_request req;
+    char desc[400], defs[256];
+    void *kvh, *qh, *out_cpu, *out_gpu;
+    float *lse_cpu = NULL, *lse_gpu = NULL;
+    size_t kv_elems, q_row, q_elems, esq = dsize(c->dq), eskv = dsize(c->dkv);
+    int64_t shape[ATTN_MAX_DIMS];
+    int ndim, bad = 0;
+    float atol, rtol;
+    describe(c, desc, sizeof desc);
+    for (r = 0; r < num_reqs; r++) {
+        qsl[r + 1] = qsl[r] + qlens[r];
+        sl[r] = ctxlens[r] + qlens[r];
+        if ((sl[r] + BS - 1) / BS > max_blocks) max_blocks = (sl[r] + BS - 1) / BS;
+        if (qlens[r] > max_q) max_q = qlens[r];
+        if (sl[r] > max_s) max_s = sl[r];
+    }
+    T = qsl[num_reqs];
+    total_blocks = max_blocks * num_reqs + 3;
+    bt = (int32_t *)malloc((size_t)max_blocks * num_reqs * 4);
+    { /* a random permutation of the blocks, so that pages are scattered */
+        int *perm = (int *)malloc((size_t)total_blocks * sizeof(int));
+        for (i = 0; i < total_blocks; i++) perm[i] = i;
+        for (i = total_blocks - 1; i > 0; i--) { int j = rnd_int(0, i), x = perm[i]; perm[i] = perm[j]; perm[j] = x; }
+        for (i = 0; i < max_blocks * num_reqs; i++) bt[i] = perm[i];
+        free(perm);
+    }
+    memset(&d, 0, sizeof d);
+    d.num_heads = H; d.num_kv_heads = Hkv; d.head_size = D; d.dtype = c->dq; d.kv_cache_dtype = c->dkv;
+    d.block_size = BS; d.causal = c->causal ? ATTN_CAUSAL_YES : ATTN_CAUSAL_NO; d.sliding_window = c->window;
+    d.logits_soft_cap = c->softcap;
+    if (c->alibi) {
+        alibi = (float *)malloc((size_t)H * sizeof(float));
+        for (i = 0; i < H; i++) alibi[i] = -rnd_float(0.01f, 0.5f);
+        d.alibi_slopes = alibi;
+    }
+    memset(&req, 0, sizeof req);
+    req.backend = ATTN_BACKEND_CPU;
+    if (attn_layer_create(cpu_ctx, &d, &req, &layer) != ATTN_OK) {
+        printf("FAIL attention %s: CPU layer: %s\n", desc, attn_context_last_error(cpu_ctx));
+        failed++;
+        goto done;
+    }
+    memset(&md, 0, sizeof md);
+    md.max_num_reqs = num_reqs; md.max_num_tokens = T; md.max_blocks_per_req = max_blocks; md.num_blocks = total_blocks;
+    memset(&b, 0, sizeof b);
+    b.query_start_loc = qsl; b.seq_lens = sl; b.block_table = bt; b.block_table_stride = max_blocks;
+    b.num_reqs = num_reqs; b.num_actual_tokens = T; b.max_query_len = max_q; b.max_seq_len = max_s;
+    if (attn_metadata_create(layer, &md, &meta) != ATTN_OK || attn_metadata_build(meta, 0, &b, 0) != ATTN_OK) {
+        printf("FAIL attention %s: CPU metadata: %s\n", desc, attn_context_last_error(cpu_ctx));
+        failed++;
+        goto done;
+    }
+    attn_layer_kv_cache_shape(layer, total_blocks, shape, &ndim);
+    kv_elems = (size_t)total_blocks * 2 * BS * Hkv * D;
+    kvh = malloc(kv_elems * eskv);
+    fill_random(kvh, c->dkv, kv_elems, 1.0f);
+    q_row = (size_t)H * D + (size_t)c->q_pad;              /* elements per token row */
+    q_elems = (size_t)T * q_row + 1;
+    qh = calloc(q_elems, esq);
+    fill_random(qh, c->dq, q_elems, 1.0f);
+    out_cpu = calloc(q_elems, esq);
+    out_gpu = calloc(q_elems, esq);
+    lse_cpu = (float *)calloc((size_t)T * H, 4);
+    lse_gpu = (float *)calloc((size_t)T * H, 4);
+    {
+        attn_tensor q = attn_tensor_make((char *)qh + c->q_misalign * esq, c->dq, 3, NULL), kv, out, lse;
+        int64_t s3[3];
+        s3[0] = T; s3[1] = H; s3[2] = D;
+        q = attn_tensor_make((char *)qh + c->q_misalign * esq, c->dq, 3, s3);
+        q.strides[0] = (int64_t)q_row; q.strides[1] = D; q.strides[2] = 1;
+        out = attn_tensor_make((char *)out_cpu + c->q_misalign * esq, c->dq, 3, s3);
+        out.strides[0] = (int64_t)q_row; out.strides[1] = D; out.strides[2] = 1;
+        kv = attn_tensor_make(kvh, c->dkv, ndim, shape);
+        s3[0] = T; s3[1] = H;
+        lse = attn_tensor_make(lse_cpu, ATTN_DTYPE_F32, 2, s3);
+        if (attn_layer_forward(layer, meta, &q, NULL, NULL, &kv, &out, c->want_lse ? &lse : NULL, NULL) != ATTN_OK) {
+            printf("FAIL attention %s: CPU forward: %s\n", desc, attn_context_last_error(cpu_ctx));
+            failed++;
+            goto free_all;
+        }
+    }
+    /* ---- the GPU run ---- */
+    tt = c->decode_shape ? (16 / c->group > 0 ? 16 / c->group : 1) : (64 / c->group > 0 ? 64 / c->group : 1);
+    snprintf(defs, sizeof defs, "HEAD_DIM=%d BLOCK_SIZE=%d GROUP=%d DT_Q=%d DT_KV=%d TILE_TOKENS=%d CAUSAL=%d WINDOW=%d SOFTCAP=%d ALIBI=%d",
+             D, BS, c->group, dcode(c->dq), dcode(c->dkv), tt, c->causal, c->window > 0, c->softcap > 0, c->alibi);
+    {
+        module_entry *m = get_module("paged_attention.cu", defs);
+        cu_function fa = get_function(m, "attn_paged_attention"), fm = get_function(m, "attn_paged_merge_partials");
+        schedule s;
+        paged_params p;
+        void *args[1];
+        int zero_merge = 0;
+        cu_ptr d_q, d_kv, d_out, d_lse, d_bt, d_sl, d_qsl, d_alibi, d_work, d_nw, d_merge, d_nm, d_po, d_pml;
+        float scale = 1.0f / sqrtf((float)D);
+        build_work(&s, num_reqs, qsl, sl, Hkv, tt, c->causal, c->window, c->splits, m->config[2]);
+        d_q = dupload(qh, q_elems * esq);
+        d_kv = dupload(kvh, kv_elems * eskv);
+        d_out = dalloc(q_elems * esq);
+        CU_CHECK(cu.MemsetD8(d_out, 0xff, q_elems * esq)); /* NaN everywhere: unwritten rows show */
+        d_lse = dalloc((size_t)T * H * 4);
+        CU_CHECK(cu.MemsetD8(d_lse, 0xff, (size_t)T * H * 4));
+        d_bt = dupload(bt, (size_t)max_blocks * num_reqs * 4);
+        d_sl = dupload(sl, (size_t)num_reqs * 4);
+        d_qsl = dupload(qsl, (size_t)(num_reqs + 1) * 4);
+        d_alibi = alibi ? dupload(alibi, (size_t)H * 4) : 0;
+        d_work = dupload(s.work, (size_t)s.num_work * 32);
+        d_nw = dupload(&s.num_work, 4);
+        d_merge = dupload(s.merge, (size_t)(s.num_merge ? s.num_merge : 1) * 32);
+        d_nm = dupload(s.num_merge ? &s.num_merge : &zero_merge, 4);
+        d_po = dalloc((size_t)(s.num_slots ? s.num_slots : 1) * tt * c->group * D * 4);
+        d_pml = dalloc((size_t)(s.num_slots ? s.num_slots : 1) * tt * c->group * 2 * 4);
+        CU_CHECK(cu.MemsetD8(d_po, 0xff, (size_t)(s.num_slots ? s.num_slots : 1) * tt * c->group * D * 4));
+        memset(&p, 0, sizeof p);
+        p.q = d_q + (cu_ptr)(c->q_misalign * esq);
+        p.kv_cache = d_kv;
+        p.out = d_out + (cu_ptr)(c->q_misalign * esq);
+        p.lse = c->want_lse ? d_lse : 0;
+        p.block_table = d_bt; p.seq_lens = d_sl; p.query_start_loc = d_qsl; p.alibi_slopes = d_alibi;
+        p.work = d_work; p.num_work = d_nw; p.merge = d_merge; p.num_merge = d_nm;
+        p.partial_o = d_po; p.partial_ml = d_pml;
+        p.q_stride_token = (int64_t)q_row; p.q_stride_head = D;
+        p.out_stride_token = (int64_t)q_row; p.out_stride_head = D;
+        p.lse_stride_token = H; p.lse_stride_head = 1;
+        p.block_table_stride = max_blocks;
+        p.num_kv_heads = Hkv; p.scale = scale; p.softcap = c->softcap; p.window = c->window;
+        args[0] = &p;
+        /* one spare CTA past *num_work: it must exit without touching anything */
+        CU_CHECK(cu.LaunchKernel(fa, (unsigned)s.num_work + 1, 1, 1, (unsigned)m->config[0], 1, 1,
+                                 (unsigned)m->config[1], NULL, args, NULL));
+        if (s.num_merge) CU_CHECK(cu.LaunchKernel(fm, (unsigned)s.num_merge, 1, 1, 128, 1, 1, 0, NULL, args, NULL));
+        CU_CHECK(cu.CtxSynchronize());
+        CU_CHECK(cu.MemcpyDtoH(out_gpu, d_out, q_elems * esq));
+        CU_CHECK(cu.MemcpyDtoH(lse_gpu, d_lse, (size_t)T * H * 4));
+        cu.MemFree(d_q); cu.MemFree(d_kv); cu.MemFree(d_out); cu.MemFree(d_lse); cu.MemFree(d_bt); cu.MemFree(d_sl);
+        cu.MemFree(d_qsl); if (d_alibi) cu.MemFree(d_alibi); cu.MemFree(d_work); cu.MemFree(d_nw); cu.MemFree(d_merge);
+        cu.MemFree(d_nm); cu.MemFree(d_po); cu.MemFree(d_pml);
+        free(s.work);
+        free(s.merge);
+    }
+    /* ---- compare: outputs in the q dtype; bf16 keeps 8 bits, so its tolerance is widest ---- */
+    atol = c->dq == ATTN_DTYPE_BF16 || c->dkv == ATTN_DTYPE_BF16 ? 2e-2f
+           : c->dq == ATTN_DTYPE_F16 || c->dkv == ATTN_DTYPE_F16   ? 4e-3f
+           : c->softcap > 0                                        ? 2e-4f  /* tanh: 3e-7 x the cap */
+                                                                   : 5e-5f;
+    rtol = atol;
+    {
+        int t, h, x;
+        float worst = 0;
+        for (t = 0; t < T && bad < 5; t++)
+            for (h = 0; h < H && bad < 5; h++) {
+                for (x = 0; x < D; x++) {
+                    size_t k = (size_t)c->q_misalign + (size_t)t * q_row + (size_t)h * D + (size_t)x;
+                    float a = get(out_gpu, c->dq, k), e = get(out_cpu, c->dq, k);
+                    if (fabsf(a - e) > worst) worst = fabsf(a - e);
+                    if (!near_ok(a, e, atol, rtol)) {
+                        printf("  out[%d][%d][%d]: gpu %g cpu %g\n", t, h, x, a, e);
+                        bad++;
+                        break;
+                    }
+                }
+                if (c->want_lse && !near_ok(lse_gpu[t * H + h], lse_cpu[t * H + h], 1e-3f, 1e-4f)) {
+                    printf("  lse[%d][%d]: gpu %g cpu %g\n", t, h, lse_gpu[t * H + h], lse_cpu[t * H + h]);
+                    bad++;
+                }
+            }
+        /* padding between rows (q_pad) and the misaligned first element stay untouched (NaN) */
+        if (c->q_pad && !isnan(get(out_gpu, c->dq, (size_t)c->q_misalign + (size_t)H * D))) {
+            printf("  the padding after row 0 was written\n");
+            bad++;
+        }
+        if (bad) {
+            printf("FAIL attention %s (reqs %d, tokens %d)\n", desc, num_reqs, T);
+            for (r = 0; r < num_reqs; r++) printf("    req %d: query %d context %d\n", r, qlens[r], ctxlens[r]);
+            failed++;
+        } else {
+            passed++;
+            if (getenv("ATTN_TEST_VERBOSE")) printf("ok   attention %s max|diff| %.3g\n", desc, worst);
+        }
+    }
+free_all:
+    free(kvh); free(qh); free(out_cpu); free(out_gpu); free(lse_cpu); free(lse_gpu);
+done:
+    if (meta) attn_metadata_destroy(meta);
+    if (layer) attn_layer_destroy(layer);
+    free(alibi); free(bt); free(qsl); free(sl);
+}
+
+static void test_attention(int cases) {
+    static const int heads[] = {64, 80, 96, 128, 256, 120, 128, 128};
+    static const int groups[] = {1, 4, 8, 3, 4, 16};
+    int k;
+    for (k = 0; k < cases; k++) {
+        attn_case c;
+        int nr = rnd_int(1, 5), qlens[8], ctx[8], r, kind = rnd_int(0, 9);
+        memset(&c, 0, sizeof c);
+        c.head = heads[rnd_int(0, 7)];
+        c.group = groups[rnd_int(0, 5)];
+        c.kv_heads = rnd_int(1, c.group >= 8 ? 2 : 3);
+        c.block = rnd_int(0, 2) ? 16 : 32;
+        c.causal = rnd_int(0, 4) != 0;
+        c.window = rnd_int(0, 4) == 0 ? rnd_int(1, 300) : 0;
+        c.softcap = rnd_int(0, 5) == 0 ? rnd_float(5.0f, 50.0f) : 0.0f;
+        c.alibi = rnd_int(0, 5) == 0;
+        c.want_lse = rnd_int(0, 1);
+        c.splits = rnd_int(0, 2) == 0 ? 1 : rnd_int(2, 9);
+        c.decode_shape = rnd_int(0, 1);
+        c.q_pad = rnd_int(0, 3) == 0 ? 8 * rnd_int(1, 4) : 0;
+        c.q_misalign = rnd_int(0, 7) == 0;
+        if (kind < 6) c.dq = c.dkv = rnd_int(0, 1) ? ATTN_DTYPE_BF16 : ATTN_DTYPE_F16;
+        else if (kind < 8) c.dq = c.dkv = ATTN_DTYPE_F32;
+        else { c.dq = rnd_int(0, 1) ? ATTN_DTYPE_F16 : ATTN_DTYPE_F32; c.dkv = c.dq == ATTN_DTYPE_F32 ? ATTN_DTYPE_BF16 : ATTN_DTYPE_F32; }
+        for (r = 0; r < nr; r++) {
+            int shape = rnd_int(0, 3);
+            if (shape == 0) { qlens[r] = 1; ctx[r] = rnd_int(0, 700); }                 /* decode */
+            else if (shape == 1) { qlens[r] = rnd_int(2, 90); ctx[r] = 0; }             /* prefill */
+            else if (shape == 2) { qlens[r] = rnd_int(2, 70); ctx[r] = rnd_int(1, 400); } /* chunked prefill */
+            else { qlens[r] = rnd_int(1, 3); ctx[r] = rnd_int(1500, 3000); }           /* long decode */
+        }
+        run_attention_case(&c, nr, qlens, ctx);
+    }
+}
+
+/* ---- cache writes ---- */
+static void test_cache_write(int cases) {
+    int k;
+    for (k = 0; k < cases; k++) {
+        static const int heads[] = {64, 80, 128, 256};
+        attn_dtype din = (attn_dtype)rnd_int(1, 3), dc = rnd_int(0, 1) ? din : (attn_dtype)rnd_int(1, 3);
+        int D = heads[rnd_int(0, 3)], Hkv = rnd_int(1, 4), BS = rnd_int(0, 1) ? 16 : 32, T = rnd_int(1, 40);
+        int nblocks = (T + BS - 1) / BS + 2, pad = rnd_int(0, 1) ? 8 : 0, mis = rnd_int(0, 4) == 0, t;
+        size_t row = (size_t)Hkv * D + (size_t)pad, in_elems = (size_t)T * row + 1, c_elems = (size_t)nblocks * 2 * BS * Hkv * D;
+        size_t ein = dsize(din), ec = dsize(dc);
+        void *kh = malloc(in_elems * ein), *vh = malloc(in_elems * ein), *cpu = calloc(c_elems, ec), *gpu = malloc(c_elems * ec);
+        int64_t *slots = (int64_t *)malloc((size_t)T * 8), shape[ATTN_MAX_DIMS];
+        attn_layer_desc d;
+        attn_layer *layer = NULL;
+        attn_select_request req;
+        char defs[128];
+        int ndim;
+        fill_random(kh, din, in_elems, 3.0f);
+        fill_random(vh, din, in_elems, 3.0f);
+        { /* distinct slots in random order, some -1 */
+            int n = nblocks * BS, *perm = (int *)malloc((size_t)n * sizeof(int)), i;
+            for (i = 0; i < n; i++) perm[i] = i;
+            for (i = n - 1; i > 0; i--) { int j = rnd_int(0, i), x = perm[i]; perm[i] = perm[j]; perm[j] = x; }
+            for (t = 0; t < T; t++) slots[t] = rnd_int(0, 5) == 0 ? -1 : perm[t];
+            free(perm);
+        }
+        memset(&d, 0, sizeof d);
+        d.num_heads = Hkv; d.num_kv_heads = Hkv; d.head_size = D; d.dtype = din; d.kv_cache_dtype = dc; d.block_size = BS;
+        memset(&req, 0, sizeof req);
+        req.backend = ATTN_BACKEND_CPU;
+        if (attn_layer_create(cpu_ctx, &d, &req, &layer) != ATTN_OK) { failed++; continue; }
+        attn_layer_kv_cache_shape(layer, nblocks, shape, &ndim);
+        {
+            int64_t s3[3];
+            attn_tensor kt, vt, ct;
+            s3[0] = T; s3[1] = Hkv; s3[2] = D;
+            kt = attn_tensor_make((char *)kh + mis * ein, din, 3, s3);
+            kt.strides[0] = (int64_t)row; kt.strides[1] = D; kt.strides[2] = 1;
+            vt = attn_tensor_make((char *)vh + mis * ein, din, 3, s3);
+            vt.strides[0] = (int64_t)row; vt.strides[1] = D; vt.strides[2] = 1;
+            ct = attn_tensor_make(cpu, dc, ndim, shape);
+            if (attn_reshape_and_cache(layer, &kt, &vt, &ct, slots, T, NULL) != ATTN_OK) { failed++; attn_layer_destroy(layer); continue; }
+        }
+        snprintf(defs, sizeof defs, "HEAD_DIM=%d DT_IN=%d DT_CACHE=%d", D, dcode(din), dcode(dc));
+        {
+            module_entry *m = get_module("cache_write.cu", defs);
+            cu_function f = get_function(m, "attn_reshape_and_cache");
+            struct { cu_ptr key, value, cache, slots; int64_t ks0, ks1, vs0, vs1; int n, hkv, bs, pad0; } p;
+            void *args[1];
+            cu_ptr dk = dupload(kh, in_elems * ein), dv = dupload(vh, in_elems * ein), dcache = dalloc(c_elems * ec),
+                   ds = dupload(slots, (size_t)T * 8);
+            CU_CHECK(cu.MemsetD8(dcache, 0, c_elems * ec));
+            p.key = dk + (cu_ptr)(mis * ein); p.value = dv + (cu_ptr)(mis * ein); p.cache = dcache; p.slots = ds;
+            p.ks0 = p.vs0 = (int64_t)row; p.ks1 = p.vs1 = D; p.n = T; p.hkv = Hkv; p.bs = BS; p.pad0 = 0;
+            args[0] = &p;
+            CU_CHECK(cu.LaunchKernel(f, (unsigned)rnd_int(1, T), 1, 1, 128, 1, 1, 0, NULL, args, NULL));
+            CU_CHECK(cu.CtxSynchronize());
+            CU_CHECK(cu.MemcpyDtoH(gpu, dcache, c_elems * ec));
+            cu.MemFree(dk); cu.MemFree(dv); cu.MemFree(dcache); cu.MemFree(ds);
+        }
+        if (memcmp(cpu, gpu, c_elems * ec)) {
+            printf("FAIL reshape_and_cache %s (tokens %d, kv_heads %d, block %d, pad %d, misalign %d)\n", defs, T, Hkv, BS, pad, mis);
+            failed++;
+        } else passed++;
+        attn_layer_destroy(layer);
+        free(kh); free(vh); free(cpu); free(gpu); free(slots);
+    }
+    for (k = 0; k < cases; k++) { /* the MLA latent write */
+        attn_dtype din = (attn_dtype)rnd_int(1, 3), dc = rnd_int(0, 1) ? din : (attn_dtype)rnd_int(1, 3);
+        int R = rnd_int(0, 1) ? 512 : 256, P = 64, BS = 16, T = rnd_int(1, 40), nblocks = (T + BS - 1) / BS + 1, t, mis = rnd_int(0, 3) == 0;
+        size_t ein = dsize(din), ec = dsize(dc), c_elems = (size_t)nblocks * BS * (R + P);
+        void *ch = malloc(((size_t)T * (R + 8) + 1) * ein), *ph = malloc(((size_t)T * P + 1) * ein);
+        void *cpu = calloc(c_elems, ec), *gpu = malloc(c_elems * ec);
+        int64_t *slots = (int64_t *)malloc((size_t)T * 8), shape[ATTN_MAX_DIMS];
+        attn_layer_desc d;
+        attn_layer *layer = NULL;
+        attn_select_request req;
+        char defs[128];
+        int ndim;
+        fill_random(ch, din, (size_t)T * (R + 8) + 1, 2.0f);
+        fill_random(ph, din, (size_t)T * P + 1, 2.0f);
+        for (t = 0; t < T; t++) slots[t] = rnd_int(0, 6) == 0 ? -1 : (int64_t)t * (nblocks * BS - 1) / (T > 1 ? T - 1 : 1) % (nblocks * BS);
+        { /* distinct: sequential slots shuffled */
+            int i;
+            for (t = 0; t < T; t++) if (slots[t] >= 0) slots[t] = t;
+            for (i = T - 1; i > 0; i--) { int j = rnd_int(0, i); int64_t x = slots[i]; slots[i] = slots[j]; slots[j] = x; }
+        }
+        memset(&d, 0, sizeof d);
+        d.num_heads = 16; d.num_kv_heads = 1; d.head_size = R + P; d.dtype = din; d.kv_cache_dtype = dc; d.block_size = BS;
+        d.use_mla = 1; d.kv_lora_rank = R; d.qk_rope_head_dim = P; d.qk_nope_head_dim = 128; d.v_head_dim = 128;
+        memset(&req, 0, sizeof req);
+        req.backend = ATTN_BACKEND_CPU_MLA;
+        if (attn_layer_create(cpu_ctx, &d, &req, &layer) != ATTN_OK) {
+            printf("FAIL MLA layer: %s\n", attn_context_last_error(cpu_ctx));
+            failed++;
+            continue;
+        }
+        attn_layer_kv_cache_shape(layer, nblocks, shape, &ndim);
+        {
+            int64_t s2[2];
+            attn_tensor ct, pt, kt;
+            s2[0] = T; s2[1] = R;
+            ct = attn_tensor_make((char *)ch + mis * ein, din, 2, s2);
+            ct.strides[0] = R + 8; ct.strides[1] = 1;
+            s2[1] = P;
+            pt = attn_tensor_make((char *)ph + mis * ein, din, 2, s2);
+            kt = attn_tensor_make(cpu, dc, ndim, shape);
+            if (attn_concat_and_cache_mla(layer, &ct, &pt, &kt, slots, T, NULL) != ATTN_OK) {
+                printf("FAIL MLA write (CPU): %s\n", attn_context_last_error(cpu_ctx));
+                failed++;
+                attn_layer_destroy(layer);
+                continue;
+            }
+        }
+        snprintf(defs, sizeof defs, "KV_LORA_RANK=%d ROPE_DIM=%d DT_IN=%d DT_CACHE=%d", R, P, dcode(din), dcode(dc));
+        {
+            module_entry *m = get_module("cache_write.cu", defs);
+            cu_function f = get_function(m, "attn_concat_and_cache_mla");
+            struct { cu_ptr kv_c, k_pe, cache, slots; int64_t cs, ps; int n, pad0; } p;
+            void *args[1];
+            cu_ptr dcx = dupload(ch, ((size_t)T * (R + 8) + 1) * ein), dpx = dupload(ph, ((size_t)T * P + 1) * ein);
+            cu_ptr dcache = dalloc(c_elems * ec), ds = dupload(slots, (size_t)T * 8);
+            CU_CHECK(cu.MemsetD8(dcache, 0, c_elems * ec));
+            p.kv_c = dcx + (cu_ptr)(mis * ein); p.k_pe = dpx + (cu_ptr)(mis * ein); p.cache = dcache; p.slots = ds;
+            p.cs = R + 8; p.ps = P; p.n = T; p.pad0 = 0;
+            args[0] = &p;
+            CU_CHECK(cu.LaunchKernel(f, (unsigned)rnd_int(1, T), 1, 1, 128, 1, 1, 0, NULL, args, NULL));
+            CU_CHECK(cu.CtxSynchronize());
+            CU_CHECK(cu.MemcpyDtoH(gpu, dcache, c_elems * ec));
+            cu.MemFree(dcx); cu.MemFree(dpx); cu.MemFree(dcache); cu.MemFree(ds);
+        }
+        if (memcmp(cpu, gpu, c_elems * ec)) {
+            printf("FAIL concat_and_cache_mla %s (tokens %d, misalign %d)\n", defs, T, mis);
+            failed++;
+        } else passed++;
+        attn_layer_destroy(layer);
+        free(ch); free(ph); free(cpu); free(gpu); free(slots);
+    }
+}
+
+/* ---- the LSE merge ---- */
+static float special_lse(void) {
+    switch (rnd_int(0, 9)) {
+    case 0: return -INFINITY;
+    case 1: return INFINITY;
+    case 2: return NAN;
+    default: return rnd_float(-5.0f, 5.0f);
+    }
+}
+
+static void test_merge(int cases) {
+    int k;
+    for (k = 0; k < cases; k++) {
+        static const int dims[] = {64, 128, 100, 512, 8, 13};
+        attn_dtype dt = (attn_dtype)rnd_int(1, 3);
+        int T = rnd_int(1, 50), H = rnd_int(1, 8), D = dims[rnd_int(0, 5)], alias = rnd_int(0, 2) == 0, with_lse = rnd_int(0, 3) != 0;
+        int ba = rnd_int(0, 1), bb = rnd_int(0, 1), bo = rnd_int(0, 1), i, bad = 0;
+        size_t n = (size_t)T * H * D, es = dsize(dt);
+        void *a = malloc(n * es), *bh = malloc(n * es), *cpu = malloc(n * es), *gpu = malloc(n * es);
+        float *la = (float *)malloc((size_t)T * H * 4), *lb = (float *)malloc((size_t)T * H * 4);
+        float *lcpu = (float *)malloc((size_t)T * H * 4), *lgpu = (float *)malloc((size_t)T * H * 4);
+        char defs[64];
+        fill_random(a, dt, n, 2.0f);
+        fill_random(bh, dt, n, 2.0f);
+        for (i = 0; i < T * H; i++) { la[i] = special_lse(); lb[i] = special_lse(); }
+        { /* an empty side may hold NaN in its output: it must not leak */
+            for (i = 0; i < T * H; i++)
+                if (!(la[i] < INFINITY) && D > 0) put(a, dt, (size_t)i * D, NAN);
+        }
+        {
+            int64_t s3[3], s2[2];
+            attn_tensor oa, ob, oo, ta, tb, to;
+            s3[0] = T; s3[1] = H; s3[2] = D; s2[0] = T; s2[1] = H;
+            memcpy(cpu, a, n * es);
+            oa = attn_tensor_make(alias ? cpu : a, dt, 3, s3);
+            ob = attn_tensor_make(bh, dt, 3, s3);
+            oo = attn_tensor_make(cpu, dt, 3, s3);
+            ta = attn_tensor_make(la, ATTN_DTYPE_F32, 2, s2);
+            tb = attn_tensor_make(lb, ATTN_DTYPE_F32, 2, s2);
+            to = attn_tensor_make(lcpu, ATTN_DTYPE_F32, 2, s2);
+            if (attn_merge_attn_states(cpu_ctx, &oa, &ta, (attn_lse_base)ba, &ob, &tb, (attn_lse_base)bb, &oo,
+                                       with_lse ? &to : NULL, (attn_lse_base)bo, NULL) != ATTN_OK) {
+                printf("FAIL merge (CPU): %s\n", attn_context_last_error(cpu_ctx));
+                failed++;
+                continue;
+            }
+        }
+        snprintf(defs, sizeof defs, "HEAD_DIM=%d DT=%d", D, dcode(dt));
+        {
+            module_entry *m = get_module("merge.cu", defs);
+            cu_function f = get_function(m, "attn_merge_attn_states");
+            struct {
+                cu_ptr oa, la, ob, lb, out, lse;
+                int64_t s[12];
+                int T, H, ba, bb, bo, pad0;
+            } p;
+            void *args[1];
+            cu_ptr da = dupload(a, n * es), db = dupload(bh, n * es), dla = dupload(la, (size_t)T * H * 4),
+                   dlb = dupload(lb, (size_t)T * H * 4), dout = alias ? da : dalloc(n * es), dl = dalloc((size_t)T * H * 4);
+            p.oa = da; p.la = dla; p.ob = db; p.lb = dlb; p.out = dout; p.lse = with_lse ? dl : 0;
+            for (i = 0; i < 6; i++) { p.s[2 * i] = (int64_t)H * (i < 3 ? D : 1); p.s[2 * i + 1] = i < 3 ? D : 1; }
+            p.T = T; p.H = H; p.ba = ba; p.bb = bb; p.bo = bo; p.pad0 = 0;
+            args[0] = &p;
+            CU_CHECK(cu.LaunchKernel(f, (unsigned)rnd_int(1, 8), 1, 1, 128, 1, 1, 0, NULL, args, NULL));
+            CU_CHECK(cu.CtxSynchronize());
+            CU_CHECK(cu.MemcpyDtoH(gpu, dout, n * es));
+            CU_CHECK(cu.MemcpyDtoH(lgpu, dl, (size_t)T * H * 4));
+            cu.MemFree(da); cu.MemFree(db); cu.MemFree(dla); cu.MemFree(dlb); if (!alias) cu.MemFree(dout); cu.MemFree(dl);
+        }
+        for (i = 0; i < (int)n && bad < 3; i++) {
+            float x = get(gpu, dt, (size_t)i), y = get(cpu, dt, (size_t)i);
+            if (!near_ok(x, y, dt == ATTN_DTYPE_F32 ? 1e-6f : 1e-4f, dt == ATTN_DTYPE_F32 ? 1e-5f : 8e-3f)) {
+                printf("  out %d: gpu %g cpu %g\n", i, x, y);
+                bad++;
+            }
+        }
+        for (i = 0; with_lse && i < T * H && bad < 3; i++)
+            if (!near_ok(lgpu[i], lcpu[i], 1e-5f, 1e-5f)) { printf("  lse %d: gpu %g cpu %g\n", i, lgpu[i], lcpu[i]); bad++; }
+        if (bad) { printf("FAIL merge %s tokens %d heads %d alias %d bases %d %d %d\n", defs, T, H, alias, ba, bb, bo); failed++; }
+        else passed++;
+        free(a); free(bh); free(cpu); free(gpu); free(la); free(lb); free(lcpu); free(lgpu);
+    }
+}
+
+/* ---- benchmarks ---- */
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Times one launch pair (attention + merge) of a schedule, average of `reps` after warmup. */
+static float time_launch(module_entry *m, paged_params *p, schedule *s, int reps) {
+    cu_function fa = get_function(m, "attn_paged_attention"), fm = get_function(m, "attn_paged_merge_partials");
+    cu_event e0, e1;
+    void *args[1];
+    float ms = 0;
+    int i;
+    args[0] = p;
+    CU_CHECK(cu.EventCreate(&e0, 0));
+    CU_CHECK(cu.EventCreate(&e1, 0));
+    for (i = 0; i < reps + 3; i++) {
+        if (i == 3) CU_CHECK(cu.EventRecord(e0, NULL));
+        CU_CHECK(cu.LaunchKernel(fa, (unsigned)s->num_work, 1, 1, (unsigned)m->config[0], 1, 1, (unsigned)m->config[1], NULL, args, NULL));
+        if (s->num_merge) CU_CHECK(cu.LaunchKernel(fm, (unsigned)s->num_merge, 1, 1, 128, 1, 1, 0, NULL, args, NULL));
+    }
+    CU_CHECK(cu.EventRecord(e1, NULL));
+    CU_CHECK(cu.EventSynchronize(e1));
+    CU_CHECK(cu.EventElapsedTime(&ms, e0, e1));
+    return ms / reps;
+}
+
+static int prefill_tt; /* --prefill-tt: query tokens per prefill CTA (default 64 / group) */
+
+static void bench(const char *extra) {
+    const int H = 32, Hkv = 8, D = 128, BS = 16, G = H / Hkv;
+    static const int batches[] = {1, 8, 32, 128}, ctxs[] = {1024, 4096, 16384};
+    int bi, ci;
+    char defs[256];
+    size_t max_blocks = 16384 / BS, total_blocks = 128 * max_blocks;
+    cu_ptr d_kv = dalloc(total_blocks * 2 * BS * Hkv * D * 2);
+    cu_ptr d_q = dalloc((size_t)16384 * H * D * 2), d_out = dalloc((size_t)16384 * H * D * 2);
+    cu_ptr d_po = dalloc((size_t)64 << 20), d_pml = dalloc((size_t)8 << 20);
+    int32_t *bt = (int32_t *)malloc(total_blocks * 4);
+    cu_ptr d_bt;
+    size_t i;
+    double t0 = now_s();
+    CU_CHECK(cu.MemsetD8(d_kv, 0x3c, total_blocks * 2 * BS * Hkv * D * 2)); /* bf16 ~0.01 */
+    CU_CHECK(cu.MemsetD8(d_q, 0x3c, (size_t)16384 * H * D * 2));
+    for (i = 0; i < total_blocks; i++) bt[i] = (int32_t)((i * 7919) % total_blocks); /* scattered pages */
+    d_bt = dupload(bt, total_blocks * 4);
+    printf("decode: bf16, %d/%d heads, head %d, block %d%s%s (bytes = K+V read once)\n", H, Hkv, D, BS,
+           extra[0] ? ", " : "", extra);
+    for (bi = 0; bi < 4; bi++)
+        for (ci = 0; ci < 3; ci++) {
+            int B = batches[bi], ctx = ctxs[ci], r, splits;
+            int32_t *qsl = (int32_t *)malloc((size_t)(B + 1) * 4), *sl = (int32_t *)malloc((size_t)B * 4);
+            schedule s;
+            paged_params p;
+            module_entry *m;
+            cu_ptr d_sl, d_qsl, d_w, d_nw, d_m, d_nm;
+            float ms;
+            double bytes = (double)B * ctx * Hkv * D * 2 * 2;
+            for (r = 0; r <= B; r++) qsl[r] = r;
+            for (r = 0; r < B; r++) sl[r] = ctx;
+            snprintf(defs, sizeof defs, "HEAD_DIM=%d BLOCK_SIZE=%d GROUP=%d DT_Q=2 DT_KV=2 TILE_TOKENS=%d CAUSAL=1 %s", D, BS, G, 16 / G, extra);
+            m = get_module("paged_attention.cu", defs);
+            { /* split so that one wave of resident CTAs holds the grid (splits >= 256 keys) */
+                int per_sm = 1;
+                CU_CHECK(cu.OccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, get_function(m, "attn_paged_attention"),
+                                                                      m->config[0], (size_t)m->config[1]));
+                splits = per_sm * num_sms / (B * Hkv);
+                if (splits > ctx / 256) splits = ctx / 256;
+                if (splits < 1) splits = 1;
+            }
+            build_work(&s, B, qsl, sl, Hkv, 16 / G, 1, 0, splits, m->config[2]);
+            d_sl = dupload(sl, (size_t)B * 4); d_qsl = dupload(qsl, (size_t)(B + 1) * 4);
+            d_w = dupload(s.work, (size_t)s.num_work * 32); d_nw = dupload(&s.num_work, 4);
+            d_m = dupload(s.merge, (size_t)(s.num_merge + 1) * 32); d_nm = dupload(&s.num_merge, 4);
+            memset(&p, 0, sizeof p);
+            p.q = d_q; p.kv_cache = d_kv; p.out = d_out; p.block_table = d_bt; p.seq_lens = d_sl; p.query_start_loc = d_qsl;
+            p.work = d_w; p.num_work = d_nw; p.merge = d_m; p.num_merge = d_nm; p.partial_o = d_po; p.partial_ml = d_pml;
+            p.q_stride_token = (int64_t)H * D; p.q_stride_head = D; p.out_stride_token = (int64_t)H * D; p.out_stride_head = D;
+            p.block_table_stride = (int64_t)max_blocks; p.num_kv_heads = Hkv; p.scale = 0.088f;
+            ms = time_launch(m, &p, &s, 20);
+            printf("  batch %3d context %5d: splits %2d ctas %5d  %8.1f us  %6.2f TB/s\n", B, ctx, splits, s.num_work,
+                   ms * 1e3, bytes / (ms * 1e-3) / 1e12);
+            cu.MemFree(d_sl); cu.MemFree(d_qsl); cu.MemFree(d_w); cu.MemFree(d_nw); cu.MemFree(d_m); cu.MemFree(d_nm);
+            free(s.work); free(s.merge); free(qsl); free(sl);
+        }
+    { /* causal prefill: one request of n tokens, 32/8 heads, head 128, bf16 */
+        static const int lens[] = {1024, 4096, 16384};
+        int li;
+        printf("prefill: causal, bf16, %d/%d heads, head %d, block %d%s%s (FLOPs = 4 * heads * head * visible pairs)\n",
+               H, Hkv, D, BS, extra[0] ? ", " : "", extra);
+        for (li = 0; li < 3; li++) {
+            int n = lens[li];
+            int32_t qsl[2], sl[1];
+            schedule s;
+            paged_params p;
+            module_entry *m;
+            cu_ptr d_sl, d_qsl, d_w, d_nw, d_m, d_nm;
+            float ms;
+            double flops = 4.0 * H * D * ((double)n * (n + 1) / 2);
+            qsl[0] = 0; qsl[1] = n; sl[0] = n;
+            int ptt = prefill_tt ? prefill_tt : 64 / G;
+            snprintf(defs, sizeof defs, "HEAD_DIM=%d BLOCK_SIZE=%d GROUP=%d DT_Q=2 DT_KV=2 TILE_TOKENS=%d CAUSAL=1 %s", D, BS, G, ptt, extra);
+            m = get_module("paged_attention.cu", defs);
+            build_work(&s, 1, qsl, sl, Hkv, ptt, 1, 0, 1, m->config[2]);
+            { /* longest first: the tiles at the end of the sequence see the most keys */
+                int a, b2;
+                for (a = 0, b2 = s.num_work - 1; a < b2; a++, b2--) {
+                    int tmp[8];
+                    memcpy(tmp, s.work + 8 * a, 32); memcpy(s.work + 8 * a, s.work + 8 * b2, 32); memcpy(s.work + 8 * b2, tmp, 32);
+                }
+            }
+            d_sl = dupload(sl, 4); d_qsl = dupload(qsl, 8);
+            d_w = dupload(s.work, (size_t)s.num_work * 32); d_nw = dupload(&s.num_work, 4);
+            d_m = dupload(s.merge, 32); d_nm = dupload(&s.num_merge, 4);
+            memset(&p, 0, sizeof p);
+            p.q = d_q; p.kv_cache = d_kv; p.out = d_out; p.block_table = d_bt; p.seq_lens = d_sl; p.query_start_loc = d_qsl;
+            p.work = d_w; p.num_work = d_nw; p.merge = d_m; p.num_merge = d_nm; p.partial_o = d_po; p.partial_ml = d_pml;
+            p.q_stride_token = (int64_t)H * D; p.q_stride_head = D; p.out_stride_token = (int64_t)H * D; p.out_stride_head = D;
+            p.block_table_stride = (int64_t)max_blocks; p.num_kv_heads = Hkv; p.scale = 0.088f;
+            ms = time_launch(m, &p, &s, 10);
+            printf("  tokens %5d (%d per CTA): ctas %5d  %9.1f us  %6.1f TFLOP/s\n", n, ptt, s.num_work, ms * 1e3,
+                   flops / (ms * 1e-3) / 1e12);
+            cu.MemFree(d_sl); cu.MemFree(d_qsl); cu.MemFree(d_w); cu.MemFree(d_nw); cu.MemFree(d_m); cu.MemFree(d_nm);
+            free(s.work); free(s.merge);
+        }
+    }
+    cu.MemFree(d_kv); cu.MemFree(d_q); cu.MemFree(d_out); cu.MemFree(d_po); cu.MemFree(d_pml); cu.MemFree(d_bt);
+    free(bt);
+    printf("bench: %.1f s\n", now_s() - t0);
+}
+
+int main(int argc, char **argv) {
+    int i, do_bench = 0, cases = 60, only_bench = 0;
+    const char *extra = "";
+    attn_context_desc cd;
+    double t0 = now_s();
+    for (i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--bench")) do_bench = 1;
+        else if (!strcmp(argv[i], "--bench-only")) do_bench = only_bench = 1;
+        else if (!strcmp(argv[i], "--defines") && i + 1 < argc) extra = argv[++i];
+        else if (!strcmp(argv[i], "--cases") && i + 1 < argc) cases = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--prefill-tt") && i + 1 < argc) prefill_tt = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--seed") && i + 1 < argc) rng_state = strtoull(argv[++i], NULL, 0) | 1;
+        else {
+            fprintf(stderr, "usage: cuda_kernels [--cases N] [--seed S] [--bench | --bench-only] [--defines \"KV_STAGES=3 ...\"]\n"
+                            "                    [--prefill-tt N]\n");
+            return 2;
+        }
+    }
+    if (!cuda_init()) {
+        printf("  SKIP cuda kernels: %s\n", skip_reason);
+        printf("0 passed, 0 failed, 1 skipped\n");
+        return 0;
+    }
+    memset(&cd, 0, sizeof cd);
+    cd.log = quiet;
+    if (attn_context_create(&cd, &cpu_ctx) != ATTN_OK) return 2;
+    printf("device sm_%d, %d SMs\n", arch, num_sms);
+    if (!only_bench) {
+        test_merge(cases);
+        printf("merge: %d passed, %d failed (%.1f s)\n", passed, failed, now_s() - t0);
+        test_cache_write(cases / 2);
+        printf("cache writes: %d passed, %d failed (%.1f s)\n", passed, failed, now_s() - t0);
+        test_attention(cases);
+        printf("attention: %d passed, %d failed (%.1f s, %d modules)\n", passed, failed, now_s() - t0, num_modules);
+    }
+    if (do_bench) bench(extra);
+    attn_context_destroy(cpu_ctx);
+    (void)failures;
+    printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);
+    return failed ? 1 : 0;
+}
