@@ -6215,6 +6215,11 @@ static attn_status attn__cuda_build(const attn_backend *self, attn_layer *layer,
     (void)self;
     (void)common_prefix_len;
     (void)fast_build;
+    if (b->causal != d->causal) /* the variants are compiled for the layer's setting */
+        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_CALL_UNSUPPORTED,
+                          "attn_metadata_build: batch.causal differs from the layer's (the CUDA "
+                          "backend compiles its kernels for the layer's setting; allowed: "
+                          "ATTN_CAUSAL_DEFAULT or the layer's value)");
     if ((st = attn__cuda_enter(ctx, "attn_metadata_build")) != ATTN_OK) return st;
     /* the previous build's copy may still read the staging buffer */
     if (cm->upload_pending && (rc = cu->cuEventSynchronize(cm->uploaded)) != 0) {
@@ -6277,8 +6282,11 @@ static attn_status attn__cuda_build(const attn_backend *self, attn_layer *layer,
     p->counts[3] = 0;
     memcpy(p->query_start_loc, b->query_start_loc, ((size_t)b->num_reqs + 1) * 4);
     if (b->num_reqs) memcpy(p->seq_lens, b->seq_lens, (size_t)b->num_reqs * 4);
+    /* slots past the batch are -1, so the forward's cache write can cover the capacity
+       (a graph replays it for any later batch) and skip them */
     if (b->slot_mapping && b->num_actual_tokens)
         memcpy(p->slot_mapping, b->slot_mapping, (size_t)b->num_actual_tokens * 8);
+    for (r = b->slot_mapping ? b->num_actual_tokens : 0; r < cap->max_num_tokens; r++) p->slot_mapping[r] = -1;
     if (b->num_reqs) /* the metadata's copy has row stride max_blocks_per_req already */
         memcpy(p->block_table, b->block_table, (size_t)b->num_reqs * (size_t)cap->max_blocks_per_req * 4);
     upload = (size_t)((char *)(p->block_table + (size_t)b->num_reqs * (size_t)cap->max_blocks_per_req) - cm->staging);
@@ -6338,7 +6346,8 @@ static attn_status attn__cuda_forward(const attn_backend *self, attn_layer *laye
     (void)self;
     if ((st = attn__cuda_enter(ctx, "attn_layer_forward")) != ATTN_OK) return st;
     if (k && v)
-        rc = attn__cuda_write_kv(ctx, L, d, k, v, kv_cache, attn__dptr(cm->dev.slot_mapping), b->num_actual_tokens, s);
+        rc = attn__cuda_write_kv(ctx, L, d, k, v, kv_cache, attn__dptr(cm->dev.slot_mapping),
+                                 attn_metadata_capacity(meta)->max_num_tokens, s);
     memset(&pp, 0, sizeof pp);
     pp.q = attn__dptr(q->data);
     pp.kv_cache = attn__dptr(kv_cache->data);

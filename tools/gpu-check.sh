@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The GPU half of the suite, for a machine with a CUDA device (CI has none): builds the test
+# runner, runs the CUDA suite against the CPU backend, the same under compute-sanitizer
+# (memcheck, then racecheck on a subset), the whole runner, the kernel harness and its
+# benchmark. Logs under $OUT (default build/gpu-out); a short table last.
+#   usage: tools/gpu-check.sh [--quick]
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-build/gpu-out}
+mkdir -p "$OUT" build
+export ATTN_CACHE_DIR=${ATTN_CACHE_DIR:-$PWD/build/kernel-cache}
+summary() { printf '%-28s %s\n' "$1" "$2" | tee -a "$OUT/summary.txt"; }
+: > "$OUT/summary.txt"
+nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1; summary "gpu" "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
+t0=$(date +%s)
+if ! make -j"$(nproc)" build/attn_tests build/cuda_kernels > "$OUT/build.log" 2>&1; then
+    summary "build" "FAILED (see build.log)"; tail -n 30 "$OUT/build.log"; exit 1
+fi
+summary "build" "ok ($(( $(date +%s) - t0 )) s)"
+last() { grep -E '^[0-9]+ passed, [0-9]+ failed' "$1" | tail -n 1; }
+t0=$(date +%s)
+timeout 400 ./build/attn_tests cuda > "$OUT/cuda-suite.log" 2>&1
+summary "cuda suite (cold compile)" "$(last "$OUT/cuda-suite.log") ($(( $(date +%s) - t0 )) s)"
+grep -E '^  (FAIL|SKIP)' "$OUT/cuda-suite.log" | head -n 20
+t0=$(date +%s)
+timeout 120 ./build/attn_tests cuda > "$OUT/cuda-suite-warm.log" 2>&1
+summary "cuda suite (disk cache)" "$(last "$OUT/cuda-suite-warm.log") ($(( $(date +%s) - t0 )) s)"
+if command -v compute-sanitizer >/dev/null 2>&1; then
+    timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 ./build/attn_tests cuda \
+        > "$OUT/memcheck.log" 2>&1
+    rc=$?
+    summary "memcheck" "exit $rc, $(grep -c 'Invalid\|Error' "$OUT/memcheck.log") error lines; $(last "$OUT/memcheck.log")"
+    [ "${1:-}" = "--quick" ] || {
+        timeout 300 compute-sanitizer --tool racecheck --error-exitcode 9 ./build/attn_tests cuda_merge \
+            > "$OUT/racecheck.log" 2>&1
+        summary "racecheck (merge)" "exit $?; $(grep -c 'Race\|Hazard' "$OUT/racecheck.log") hazard lines"
+    }
+else
+    summary "compute-sanitizer" "not installed"
+fi
+timeout 300 ./build/attn_tests > "$OUT/all-suites.log" 2>&1
+summary "all suites" "$(last "$OUT/all-suites.log")"
+grep -E '^  FAIL' "$OUT/all-suites.log" | head -n 10
+timeout 200 ./build/cuda_kernels > "$OUT/cuda-kernels.log" 2>&1
+summary "kernel harness" "$(last "$OUT/cuda-kernels.log")"
+[ "${1:-}" = "--quick" ] || {
+    timeout 200 ./build/cuda_kernels --bench > "$OUT/cuda-bench.log" 2>&1
+    summary "kernel bench" "exit $? (cuda-bench.log)"
+}
+cat "$OUT/summary.txt"
