@@ -6334,7 +6334,6 @@ static attn_status attn__cuda_forward(const attn_backend *self, attn_layer *laye
     const attn_layer_desc *d = attn_layer_get_desc(layer);
     const attn__cuda_layer *L = (const attn__cuda_layer *)attn_layer_backend_state(layer);
     const attn__cuda_meta *cm = (const attn__cuda_meta *)attn_metadata_private(meta);
-    const attn_batch *b = attn_metadata_batch(meta);
     attn__cuda_driver *cu = ctx->cuda;
     attn__CUstream s = (attn__CUstream)stream;
     attn__paged_params pp;
