@@ -495,11 +495,21 @@ ATTN_TEST(seam_layer_device) {
     attn_selection sel;
     if (!ctx) return;
     d.device = ATTN_DEVICE_CUDA;
-    EXPECT_STATUS(attn_select_backend(ctx, &d, NULL, &sel), ATTN_ERROR_UNSUPPORTED);
-    EXPECT_TRUE(sm_skipped(&sel, ATTN_BACKEND_CPU, "tensors are on cuda"));
+    {
+        attn_platform p;
+        attn_platform_get(ctx, &p);
+        if (p.kind != ATTN_PLATFORM_CUDA) { /* here: nothing serves it, and the record says why */
+            EXPECT_STATUS(attn_select_backend(ctx, &d, NULL, &sel), ATTN_ERROR_UNSUPPORTED);
+            EXPECT_TRUE(sm_skipped(&sel, ATTN_BACKEND_CUDA, "CUDA"));
+            EXPECT_TRUE(sm_skipped(&sel, ATTN_BACKEND_CPU, "tensors are on cuda"));
+            EXPECT_STATUS(attn_layer_create(ctx, &d, NULL, &layer), ATTN_ERROR_UNSUPPORTED);
+            EXPECT_TRUE(layer == NULL);
+        } else { /* on a GPU machine the CUDA backend serves it */
+            EXPECT_OK(attn_select_backend(ctx, &d, NULL, &sel));
+            EXPECT_EQ_INT(sel.resolved, ATTN_BACKEND_CUDA);
+        }
+    }
     EXPECT_EQ_INT(sel.device, ATTN_DEVICE_CUDA);
-    EXPECT_STATUS(attn_layer_create(ctx, &d, NULL, &layer), ATTN_ERROR_UNSUPPORTED);
-    EXPECT_TRUE(layer == NULL);
     d.device = (attn_device_kind)7;
     attn_test_log_reset(&log);
     EXPECT_STATUS(attn_layer_create(ctx, &d, NULL, &layer), ATTN_ERROR_INVALID_VALUE);

@@ -175,6 +175,10 @@ static int sel_platform_is_cuda(attn_context *ctx) {
     return p.kind == ATTN_PLATFORM_CUDA;
 }
 
+/* On a CUDA platform the CUDA backend is tried before CPU and skipped for a CPU layer (its
+   tensors are on the CPU): one skip more than on a CPU host. */
+static int sel_cuda_ahead(attn_context *ctx) { return sel_platform_is_cuda(ctx); }
+
 static int sel_skipped_has(const attn_selection *s, attn_backend_id id) {
     int i;
     for (i = 0; i < s->num_skipped && i < ATTN_SELECTION_MAX_SKIPPED; i++)
@@ -216,7 +220,7 @@ ATTN_TEST(sel_auto_resolves_cpu_with_one_info_line) {
             EXPECT_EQ_INT(s->env_set, 0);
             EXPECT_EQ_INT(s->degraded, 0);
             EXPECT_TRUE(strcmp(s->degradation, "none") == 0);
-            EXPECT_EQ_INT(s->num_skipped, 0);
+            EXPECT_EQ_INT(s->num_skipped, sel_cuda_ahead(ctx));
             /* The record keeps the very line that went to the logger. */
             EXPECT_TRUE(s->log_line[0] != 0);
             EXPECT_TRUE(strcmp(s->log_line, cap.resolved_line) == 0);
@@ -701,7 +705,7 @@ ATTN_TEST(sel_fallback_degrades_to_cpu_with_warn) {
             EXPECT_TRUE(s->degradation[0] != 0);
             EXPECT_TRUE(strcmp(s->degradation, "none") != 0);
             EXPECT_TRUE(sel_skipped_has(s, ATTN_BACKEND_CUSTOM));
-            EXPECT_EQ_INT(s->num_skipped, 1); /* the refused request is not re-tried */
+            EXPECT_EQ_INT(s->num_skipped, 1 + sel_cuda_ahead(ctx)); /* the refused request is not re-tried */
             EXPECT_TRUE(attn_layer_backend(layer) == attn_backend_get(ATTN_BACKEND_CPU));
         }
         attn_layer_destroy(layer);
@@ -770,7 +774,7 @@ ATTN_TEST(sel_auto_skips_plugin_outside_its_range) {
     EXPECT_OK(attn_register_backend(ATTN_BACKEND_CUSTOM,
                                     sel_plug_make(&sel_plug, ATTN_BACKEND_CUSTOM, "TESTPLUG", 128, 256)));
     EXPECT_OK(attn_layer_create(ctx, &d, NULL, &layer));
-    EXPECT_EQ_INT(cap.by_item_level[ATTN_LOG_SELECT_CANDIDATE_SKIPPED][ATTN_LOG_LEVEL_DEBUG], 1);
+    EXPECT_EQ_INT(cap.by_item_level[ATTN_LOG_SELECT_CANDIDATE_SKIPPED][ATTN_LOG_LEVEL_DEBUG], 1 + sel_cuda_ahead(ctx));
     EXPECT_EQ_INT(cap.by_item_level[ATTN_LOG_SELECT_RESOLVED][ATTN_LOG_LEVEL_INFO], 1);
     EXPECT_EQ_INT(cap.by_item[ATTN_LOG_SELECT_FALLBACK], 0);
     if (layer) {
@@ -778,7 +782,7 @@ ATTN_TEST(sel_auto_skips_plugin_outside_its_range) {
         EXPECT_EQ_INT(s->resolved, ATTN_BACKEND_CPU);
         EXPECT_EQ_INT(s->source, ATTN_SELECTION_AUTO);
         EXPECT_EQ_INT(s->degraded, 0); /* automatic skips are no degradation */
-        EXPECT_EQ_INT(s->num_skipped, 1);
+        EXPECT_EQ_INT(s->num_skipped, 1 + sel_cuda_ahead(ctx));
         EXPECT_EQ_INT(s->skipped[0].backend, ATTN_BACKEND_CUSTOM);
         EXPECT_TRUE(s->skipped[0].reason[0] != 0);
         EXPECT_TRUE(attn_layer_backend(layer) == attn_backend_get(ATTN_BACKEND_CPU));
@@ -802,10 +806,10 @@ ATTN_TEST(sel_auto_skips_plugin_whose_check_refuses) {
     memset(&s, 0, sizeof s);
     EXPECT_OK(attn_select_backend(ctx, &d, NULL, &s));
     EXPECT_EQ_INT(s.resolved, ATTN_BACKEND_CPU);
-    EXPECT_EQ_INT(s.num_skipped, 1);
+    EXPECT_EQ_INT(s.num_skipped, 1 + sel_cuda_ahead(ctx));
     EXPECT_EQ_INT(s.skipped[0].backend, ATTN_BACKEND_CUSTOM);
     EXPECT_TRUE(s.skipped[0].reason[0] != 0);
-    EXPECT_EQ_INT(cap.by_item[ATTN_LOG_SELECT_CANDIDATE_SKIPPED], 1);
+    EXPECT_EQ_INT(cap.by_item[ATTN_LOG_SELECT_CANDIDATE_SKIPPED], 1 + sel_cuda_ahead(ctx));
     attn_context_destroy(ctx);
     sel_cleanup();
 }
@@ -1204,7 +1208,7 @@ ATTN_TEST(sel_record_inputs_are_filled) {
     EXPECT_EQ_INT(s.env_set, 0);
     EXPECT_EQ_INT(s.env_value[0], 0);
     EXPECT_EQ_INT(s.default_backend, ATTN_BACKEND_CPU);
-    EXPECT_EQ_INT(s.num_skipped, 0);
+    EXPECT_EQ_INT(s.num_skipped, sel_cuda_ahead(ctx));
 
     /* dtype AUTO means f16; an explicit kv_cache_dtype is kept. */
     d.dtype = ATTN_DTYPE_AUTO;
