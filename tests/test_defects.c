@@ -5,6 +5,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "attn.h"
 #include "attn_test.h"
+#include "fixtures.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -13,22 +14,6 @@
 #include <unistd.h>
 
 /* ---- a logger that counts, and environment save/restore ------------------------------- */
-
-typedef struct def_capture {
-    int by_level[6];
-    int by_item[ATTN_LOG_ITEM_COUNT];
-    int env_warns;                  /* WARN lines with ATTN_LOG_ENV_INVALID */
-    attn_log_item last_item;
-} def_capture;
-
-static void def_hook(void *user, attn_log_level level, attn_log_item item, const char *msg) {
-    def_capture *c = (def_capture *)user;
-    (void)msg;
-    if ((int)level >= 0 && (int)level < 6) c->by_level[level]++;
-    if ((int)item >= 0 && (int)item < (int)ATTN_LOG_ITEM_COUNT) c->by_item[item]++;
-    c->last_item = item;
-    if (level == ATTN_LOG_LEVEL_WARN && item == ATTN_LOG_ENV_INVALID) c->env_warns++;
-}
 
 typedef struct def_env {
     const char *name;
@@ -50,12 +35,14 @@ static void def_env_restore(def_env *e) {
     e->value = NULL;
 }
 
-static attn_context *def_ctx(def_capture *cap, attn_log_level level, int threads) {
+/* A context logging into the shared capture (tests/fixtures.h) that, unlike
+   attn_test_context, keeps the lines of the creation: the environment is read there. */
+static attn_context *def_ctx(attn_test_log *cap, attn_log_level level, int threads) {
     attn_context_desc cd;
     attn_context *ctx = NULL;
     memset(&cd, 0, sizeof cd);
-    memset(cap, 0, sizeof *cap);
-    cd.log = def_hook;
+    attn_test_log_reset(cap);
+    cd.log = attn_test_log_hook;
     cd.log_user_data = cap;
     cd.log_level = level;
     cd.num_threads = threads;
@@ -123,7 +110,7 @@ ATTN_TEST(def_env_batch_invariant_words) {
     static const char *const on[] = {"1", "true", "TRUE", "yes", "Yes", "on", "ON"};
     static const char *const off[] = {"0", "false", "False", "no", "NO", "off", "Off"};
     def_env saved = def_env_save("ATTN_BATCH_INVARIANT");
-    def_capture cap;
+    attn_test_log cap;
     attn_context *ctx = def_ctx(&cap, ATTN_LOG_LEVEL_DEBUG, 2);
     attn_platform p;
     size_t i;
@@ -142,10 +129,10 @@ ATTN_TEST(def_env_batch_invariant_words) {
         setenv("ATTN_BATCH_INVARIANT", off[i], 1);
         EXPECT_EQ_INT(def_mla_splits(ctx), split_when_free);
     }
-    EXPECT_EQ_INT(cap.env_warns, 0);
+    EXPECT_EQ_INT(cap.by_item_level[ATTN_LOG_ENV_INVALID][ATTN_LOG_LEVEL_WARN], 0);
     setenv("ATTN_BATCH_INVARIANT", "maybe", 1);
     EXPECT_EQ_INT(def_mla_splits(ctx), split_when_free); /* the default: off */
-    EXPECT_EQ_INT(cap.env_warns, 1);
+    EXPECT_EQ_INT(cap.by_item_level[ATTN_LOG_ENV_INVALID][ATTN_LOG_LEVEL_WARN], 1);
     EXPECT_EQ_INT(cap.by_level[ATTN_LOG_LEVEL_WARN], 1);
     attn_context_destroy(ctx);
     def_env_restore(&saved);
@@ -156,7 +143,7 @@ ATTN_TEST(def_env_batch_invariant_words) {
 ATTN_TEST(def_env_num_threads_invalid) {
     static const char *const bad[] = {"-1", "abc", "100000", "0", "4x", "1025"};
     def_env saved = def_env_save("ATTN_NUM_THREADS");
-    def_capture cap;
+    attn_test_log cap;
     attn_context *ctx;
     attn_platform p;
     size_t i;
@@ -164,7 +151,7 @@ ATTN_TEST(def_env_num_threads_invalid) {
         setenv("ATTN_NUM_THREADS", bad[i], 1);
         ctx = def_ctx(&cap, ATTN_LOG_LEVEL_DEBUG, 0);
         if (!ctx) continue;
-        EXPECT_EQ_INT(cap.env_warns, 1);
+        EXPECT_EQ_INT(cap.by_item_level[ATTN_LOG_ENV_INVALID][ATTN_LOG_LEVEL_WARN], 1);
         EXPECT_EQ_INT(cap.by_level[ATTN_LOG_LEVEL_WARN], 1);
         EXPECT_OK(attn_platform_get(ctx, &p));
 #ifdef ATTN_NO_THREADS
@@ -177,7 +164,7 @@ ATTN_TEST(def_env_num_threads_invalid) {
     setenv("ATTN_NUM_THREADS", "1", 1);
     ctx = def_ctx(&cap, ATTN_LOG_LEVEL_DEBUG, 0);
     if (ctx) {
-        EXPECT_EQ_INT(cap.env_warns, 0);
+        EXPECT_EQ_INT(cap.by_item_level[ATTN_LOG_ENV_INVALID][ATTN_LOG_LEVEL_WARN], 0);
         EXPECT_OK(attn_platform_get(ctx, &p));
         EXPECT_EQ_INT(p.cpu_threads, 1);
         attn_context_destroy(ctx);
@@ -186,7 +173,7 @@ ATTN_TEST(def_env_num_threads_invalid) {
     setenv("ATTN_NUM_THREADS", "abc", 1);
     ctx = def_ctx(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
     if (ctx) {
-        EXPECT_EQ_INT(cap.env_warns, 0);
+        EXPECT_EQ_INT(cap.by_item_level[ATTN_LOG_ENV_INVALID][ATTN_LOG_LEVEL_WARN], 0);
         attn_context_destroy(ctx);
     }
     def_env_restore(&saved);
@@ -196,14 +183,14 @@ ATTN_TEST(def_env_num_threads_invalid) {
    and the default level (INFO: no DEBUG lines, INFO lines pass). */
 ATTN_TEST(def_env_log_level_invalid) {
     def_env saved = def_env_save("ATTN_LOG_LEVEL");
-    def_capture cap;
+    attn_test_log cap;
     attn_context *ctx;
     attn_layer_desc d;
     attn_layer *layer = NULL;
     setenv("ATTN_LOG_LEVEL", "verbose", 1);
     ctx = def_ctx(&cap, ATTN_LOG_LEVEL_DEFAULT, 2);
     if (ctx) {
-        EXPECT_EQ_INT(cap.env_warns, 1);
+        EXPECT_EQ_INT(cap.by_item_level[ATTN_LOG_ENV_INVALID][ATTN_LOG_LEVEL_WARN], 1);
         EXPECT_EQ_INT(cap.by_level[ATTN_LOG_LEVEL_DEBUG], 0);
         memset(&d, 0, sizeof d);
         d.num_heads = 2;
@@ -214,20 +201,20 @@ ATTN_TEST(def_env_log_level_invalid) {
         attn_layer_destroy(layer);
         /* back to DEFAULT re-reads the variable and reports it again */
         EXPECT_OK(attn_context_set_log_level(ctx, ATTN_LOG_LEVEL_DEFAULT));
-        EXPECT_EQ_INT(cap.env_warns, 2);
+        EXPECT_EQ_INT(cap.by_item_level[ATTN_LOG_ENV_INVALID][ATTN_LOG_LEVEL_WARN], 2);
         attn_context_destroy(ctx);
     }
     /* a level given in code: the variable is not read */
     ctx = def_ctx(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
     if (ctx) {
-        EXPECT_EQ_INT(cap.env_warns, 0);
+        EXPECT_EQ_INT(cap.by_item_level[ATTN_LOG_ENV_INVALID][ATTN_LOG_LEVEL_WARN], 0);
         attn_context_destroy(ctx);
     }
     /* allowed spellings: no WARN */
     setenv("ATTN_LOG_LEVEL", "WARNING", 1);
     ctx = def_ctx(&cap, ATTN_LOG_LEVEL_DEFAULT, 1);
     if (ctx) {
-        EXPECT_EQ_INT(cap.env_warns, 0);
+        EXPECT_EQ_INT(cap.by_item_level[ATTN_LOG_ENV_INVALID][ATTN_LOG_LEVEL_WARN], 0);
         attn_context_destroy(ctx);
     }
     def_env_restore(&saved);
@@ -270,7 +257,7 @@ static int def_all_bytes(const void *p, size_t n, unsigned char b) {
 #define DS_T 4 /* rows of q/out (one padding row) */
 
 ATTN_TEST(def_output_overlap_forward) {
-    def_capture cap;
+    attn_test_log cap;
     attn_context *ctx = def_ctx(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
     attn_layer_desc d;
     attn_metadata_desc md;
@@ -388,7 +375,7 @@ done:
 #define DM_T 3
 
 ATTN_TEST(def_output_overlap_mla_and_merge) {
-    def_capture cap;
+    attn_test_log cap;
     attn_context *ctx = def_ctx(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
     attn_layer_desc d = def_mla_desc(DM_R + DM_P);
     attn_metadata_desc md;
@@ -522,7 +509,7 @@ done:
 /* attn_layer_kv_cache_shape used to accept 2^50 and 2^62 blocks (create and forward cap at
    2^40), and attn_tensor_nbytes of such a shape wrapped to 0. */
 ATTN_TEST(def_block_cap_and_nbytes) {
-    def_capture cap;
+    attn_test_log cap;
     attn_context *ctx = def_ctx(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
     attn_layer_desc d;
     attn_metadata_desc md;
@@ -614,14 +601,14 @@ static long def_create_stderr_bytes(const attn_context_desc *desc, attn_context 
 ATTN_TEST(def_context_create_failure_logs) {
     def_env saved = def_env_save("ATTN_LOG_LEVEL");
     attn_context_desc cd;
-    def_capture cap;
+    attn_test_log cap;
     attn_context *ctx;
     attn_status st = ATTN_OK;
     long n;
     unsetenv("ATTN_LOG_LEVEL");
     memset(&cd, 0, sizeof cd);
     memset(&cap, 0, sizeof cap);
-    cd.log = def_hook;
+    cd.log = attn_test_log_hook;
     cd.log_user_data = &cap;
     cd.log_level = ATTN_LOG_LEVEL_ERROR;
     /* through the hook, with the message in the thread's last error */
@@ -676,7 +663,7 @@ static const char *def_skip_reason(const attn_selection *s, attn_backend_id id) 
    and 320 are served. The text is the defect here, so the test reads it. */
 ATTN_TEST(def_mla_head_size_reason) {
     static const int sizes[] = {600, 288, 448, 584};
-    def_capture cap;
+    attn_test_log cap;
     attn_context *ctx = def_ctx(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
     def_env saved = def_env_save("ATTN_BACKEND");
     attn_select_request req;
@@ -763,7 +750,7 @@ ATTN_TEST(def_dtype_from_name) {
 
 /* A layer descriptor with an out-of-range dtype is refused (the table's range). */
 ATTN_TEST(def_dtype_desc_range) {
-    def_capture cap;
+    attn_test_log cap;
     attn_context *ctx = def_ctx(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
     attn_layer_desc d;
     attn_layer *layer = NULL;

@@ -13,16 +13,12 @@
 /* Counted by the ATTN_MALLOC/ATTN_REALLOC of tests/main.c. */
 extern long attn_test_allocations;
 
-static void sm_quiet(void *u, attn_log_level l, attn_log_item i, const char *m) {
-    (void)u; (void)l; (void)i; (void)m;
-}
-
 static attn_context *sm_ctx(int threads, const attn_loader *loader) {
     attn_context_desc cd;
     attn_context *ctx = NULL;
     memset(&cd, 0, sizeof cd);
     cd.num_threads = threads;
-    cd.log = sm_quiet;
+    cd.log = attn_test_log_hook; /* user_data NULL: lines dropped */
     cd.loader = loader;
     attn_context_create(&cd, &ctx);
     return ctx;
