@@ -8,6 +8,7 @@
 #include "fixtures.h"
 
 #include <dlfcn.h>
+#include <dlfcn.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -460,10 +461,162 @@ ATTN_TEST(cuda_layers_share_compiled_variants) {
     attn_context_destroy(ctx);
 }
 
+/* ---- CUDA graphs: capture one forward, replay it after new builds ------------------------ */
+
+typedef int (*cu_fn_stream_create)(void **, unsigned);
+typedef int (*cu_fn_stream_destroy)(void *);
+typedef int (*cu_fn_begin)(void *, int);
+typedef int (*cu_fn_end)(void *, void **);
+typedef int (*cu_fn_instantiate)(void **, void *, unsigned long long);
+typedef int (*cu_fn_launch)(void *, void *);
+typedef int (*cu_fn_destroy)(void *);
+typedef int (*cu_fn_sync)(void *);
+typedef int (*cu_fn_retain)(void **, int);
+typedef int (*cu_fn_set)(void *);
+typedef int (*cu_fn_release)(int);
+
+static void *cu_sym(void *lib, const char *name) {
+    void *p = dlsym(lib, name);
+    return p;
+}
+#define CU_LOAD(var, type, name)                                 \
+    do {                                                         \
+        void *s_ = cu_sym(lib, name);                            \
+        memcpy(&var, &s_, sizeof var);                           \
+        if (!s_) missing = name;                                 \
+    } while (0)
+
+ATTN_TEST(cuda_graph_replays_after_new_builds) {
+    enum { H = 32, HKV = 8, D = 128, BS = 16, MAXR = 8, MAXT = 16, MAXB = 80, NB = MAXR * MAXB };
+    attn_test_log log;
+    attn_context *ctx = cu_ctx(&log);
+    void *lib = NULL, *stream = NULL, *graph = NULL, *exec = NULL, *pctx = NULL;
+    const char *missing = NULL;
+    cu_fn_stream_create stream_create; cu_fn_stream_destroy stream_destroy; cu_fn_begin begin;
+    cu_fn_end end; cu_fn_instantiate instantiate; cu_fn_launch launch; cu_fn_destroy exec_destroy;
+    cu_fn_destroy graph_destroy; cu_fn_sync sync; cu_fn_retain retain; cu_fn_set set_current;
+    cu_fn_release release = NULL;
+    attn_layer_desc d;
+    attn_layer *cpu = NULL, *gpu = NULL;
+    attn_metadata *mc = NULL, *mg = NULL;
+    attn_metadata_desc md;
+    cu_buf q, kv, out;
+    int64_t shape[ATTN_MAX_DIMS];
+    int ndim, round, bad = 0;
+    int32_t bt[MAXR * MAXB];
+    static uint16_t cpu_out[MAXT * H * D], gpu_out[MAXT * H * D];
+    memset(&q, 0, sizeof q); memset(&kv, 0, sizeof kv); memset(&out, 0, sizeof out);
+    CU_SKIP_IF_NO_GPU(ctx);
+    lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) { attn_context_destroy(ctx); SKIP("libcuda.so.1 not loadable by the test"); }
+    CU_LOAD(stream_create, cu_fn_stream_create, "cuStreamCreate");
+    CU_LOAD(stream_destroy, cu_fn_stream_destroy, "cuStreamDestroy_v2");
+    CU_LOAD(begin, cu_fn_begin, "cuStreamBeginCapture_v2");
+    CU_LOAD(end, cu_fn_end, "cuStreamEndCapture");
+    CU_LOAD(instantiate, cu_fn_instantiate, "cuGraphInstantiateWithFlags");
+    CU_LOAD(launch, cu_fn_launch, "cuGraphLaunch");
+    CU_LOAD(exec_destroy, cu_fn_destroy, "cuGraphExecDestroy");
+    CU_LOAD(graph_destroy, cu_fn_destroy, "cuGraphDestroy");
+    CU_LOAD(sync, cu_fn_sync, "cuStreamSynchronize");
+    CU_LOAD(retain, cu_fn_retain, "cuDevicePrimaryCtxRetain");
+    CU_LOAD(set_current, cu_fn_set, "cuCtxSetCurrent");
+    CU_LOAD(release, cu_fn_release, "cuDevicePrimaryCtxRelease_v2");
+    if (missing) { attn_test_fail(__FILE__, __LINE__, "libcuda lacks %s", missing); goto done; }
+    /* the library works in the device's primary context: make it current here too */
+    if (retain(&pctx, 0) != 0 || set_current(pctx) != 0 || stream_create(&stream, 1) != 0) {
+        attn_test_fail(__FILE__, __LINE__, "cannot make a stream");
+        goto done;
+    }
+    memset(&d, 0, sizeof d);
+    d.num_heads = H; d.num_kv_heads = HKV; d.head_size = D; d.dtype = ATTN_DTYPE_BF16; d.block_size = BS;
+    EXPECT_OK(attn_layer_create(ctx, &d, NULL, &cpu));
+    d.device = ATTN_DEVICE_CUDA;
+    EXPECT_OK(attn_layer_create(ctx, &d, NULL, &gpu));
+    memset(&md, 0, sizeof md);
+    md.max_num_reqs = MAXR; md.max_num_tokens = MAXT; md.max_blocks_per_req = MAXB; md.num_blocks = NB;
+    if (!cpu || !gpu || attn_metadata_create(cpu, &md, &mc) != ATTN_OK || attn_metadata_create(gpu, &md, &mg) != ATTN_OK)
+        goto done;
+    attn_layer_kv_cache_shape(gpu, NB, shape, &ndim);
+    if (!cu_buf_make(ctx, &q, sizeof cpu_out) || !cu_buf_make(ctx, &out, sizeof cpu_out) ||
+        !cu_buf_make(ctx, &kv, (size_t)NB * 2 * BS * HKV * D * 2)) goto done;
+    cu_fill(q.host, ATTN_DTYPE_BF16, MAXT * H * D, 2.0f);
+    cu_fill(kv.host, ATTN_DTYPE_BF16, (size_t)NB * 2 * BS * HKV * D, 2.0f);
+    if (!cu_up(ctx, &q) || !cu_up(ctx, &kv)) goto done;
+    {
+        int i;
+        for (i = 0; i < MAXR * MAXB; i++) bt[i] = (i * 37) % NB;
+    }
+    for (round = 0; round < 4 && !bad; round++) {
+        /* a new batch each round: decodes and a short prefill, other lengths */
+        int32_t qsl[MAXR + 1], seq[MAXR];
+        int nreq = 2 + round, r, maxq = 0, maxs = 0;
+        attn_batch b;
+        attn_tensor hq = cu_tensor(q.host, ATTN_DTYPE_BF16, 3, MAXT, H, D, 0);
+        attn_tensor ho = cu_tensor(cpu_out, ATTN_DTYPE_BF16, 3, MAXT, H, D, 0);
+        attn_tensor hc = attn_tensor_make(kv.host, ATTN_DTYPE_BF16, ndim, shape);
+        attn_tensor gq = cu_tensor(q.dev, ATTN_DTYPE_BF16, 3, MAXT, H, D, 1);
+        attn_tensor go = cu_tensor(out.dev, ATTN_DTYPE_BF16, 3, MAXT, H, D, 1);
+        attn_tensor gc = attn_tensor_make(kv.dev, ATTN_DTYPE_BF16, ndim, shape);
+        gc.device.kind = ATTN_DEVICE_CUDA;
+        qsl[0] = 0;
+        for (r = 0; r < nreq; r++) {
+            int ql = r == nreq - 1 ? 3 : 1;
+            seq[r] = 100 + 300 * r + 150 * round;
+            qsl[r + 1] = qsl[r] + ql;
+            maxq = ql > maxq ? ql : maxq;
+            maxs = seq[r] > maxs ? seq[r] : maxs;
+        }
+        memset(&b, 0, sizeof b);
+        b.query_start_loc = qsl; b.seq_lens = seq; b.block_table = bt; b.block_table_stride = MAXB;
+        b.num_reqs = nreq; b.num_actual_tokens = qsl[nreq]; b.max_query_len = maxq; b.max_seq_len = maxs;
+        b.stream = stream;
+        EXPECT_OK(attn_metadata_build(mc, 0, &b, 0));
+        EXPECT_OK(attn_metadata_build(mg, 0, &b, 0));
+        if (round == 0) { /* capture once */
+            EXPECT_EQ_INT(begin(stream, 2 /* relaxed */), 0);
+            EXPECT_OK(attn_layer_forward(gpu, mg, &gq, NULL, NULL, &gc, &go, NULL, stream));
+            EXPECT_EQ_INT(end(stream, &graph), 0);
+            if (!graph || instantiate(&exec, graph, 0) != 0) {
+                attn_test_fail(__FILE__, __LINE__, "graph capture / instantiate failed");
+                bad++;
+                break;
+            }
+        }
+        memset(out.host, 0xff, out.bytes);
+        if (!cu_up(ctx, &out)) { bad++; break; }
+        EXPECT_EQ_INT(launch(exec, stream), 0);
+        EXPECT_EQ_INT(sync(stream), 0);
+        EXPECT_OK(attn_layer_forward(cpu, mc, &hq, NULL, NULL, &hc, &ho, NULL, NULL));
+        if (!cu_down(ctx, &out, gpu_out)) { bad++; break; }
+        {
+            int x, n = qsl[nreq] * H * D;
+            for (x = 0; x < n && bad < 4; x++) {
+                float a = attn_bf16_to_f32(cpu_out[x]), g = attn_bf16_to_f32(gpu_out[x]);
+                if (!(fabsf(a - g) <= 3e-2f + 1e-2f * fabsf(a))) {
+                    attn_test_fail(__FILE__, __LINE__, "round %d out[%d]: cpu %g, graph replay %g", round, x, a, g);
+                    bad++;
+                }
+            }
+        }
+    }
+    EXPECT_EQ_INT(bad, 0);
+done:
+    if (exec) exec_destroy(exec);
+    if (graph) graph_destroy(graph);
+    if (stream) stream_destroy(stream);
+    if (pctx && release) release(0);
+    cu_buf_free(ctx, &q); cu_buf_free(ctx, &kv); cu_buf_free(ctx, &out);
+    attn_metadata_destroy(mc); attn_metadata_destroy(mg);
+    attn_layer_destroy(cpu); attn_layer_destroy(gpu);
+    attn_context_destroy(ctx);
+    if (lib) dlclose(lib);
+}
+
 void suite_cuda(void) {
     ATTN_RUN(cuda_selected_for_device_layers);
     ATTN_RUN(cuda_forward_matches_cpu);
     ATTN_RUN(cuda_host_tensor_refused);
     ATTN_RUN(cuda_merge_matches_cpu);
     ATTN_RUN(cuda_layers_share_compiled_variants);
+    ATTN_RUN(cuda_graph_replays_after_new_builds);
 }
