@@ -14,7 +14,8 @@ TEST_DEP = attn.h tests/attn_test.h tests/fixtures.h $(TEST_SRC)
 .PHONY: all test demo bench embed check-embed clean info
 
 all: $(B)/attn_tests $(B)/attn_tests_avx2 $(B)/attn_tests_c $(B)/attn_tests_nothreads \
-     $(B)/attn_tests_asan $(B)/attn-info $(B)/attn-bench $(B)/paged_decode $(B)/libattn.so
+     $(B)/attn_tests_asan $(B)/attn_tests_tsan $(B)/attn-info $(B)/attn-bench $(B)/paged_decode \
+     $(B)/libattn.so
 
 $(B):
 	mkdir -p $(B)
@@ -32,6 +33,10 @@ $(B)/attn_tests_nothreads: $(TEST_DEP) | $(B)
 $(B)/attn_tests_asan: $(TEST_DEP) | $(B)
 	$(CC) $(CSTD) $(WARN) -O1 -g $(NATIVE) -fsanitize=address,undefined -fno-sanitize-recover=undefined \
 	  -fno-omit-frame-pointer -I. $(TEST_SRC) -o $@ $(LIBS)
+
+# And under ThreadSanitizer (make test runs it on a twentieth of the random cases).
+$(B)/attn_tests_tsan: $(TEST_DEP) | $(B)
+	$(CC) $(CSTD) $(WARN) $(OPT) $(NATIVE) -fsanitize=thread -I. $(TEST_SRC) -o $@ $(LIBS)
 
 $(B)/attn-info: tools/attn-info.c attn.h | $(B)
 	$(CC) $(CSTD) $(WARN) $(OPT) $(NATIVE) -I. $< -o $@ $(LIBS)
