@@ -1,4 +1,4 @@
-/* attn.h - v0.1.0 - paged attention and MLA for C/C++, portable C and CUDA (NVRTC)
+/* attn.h - v0.2.0 - paged attention and MLA for C/C++, portable C and CUDA (NVRTC)
 
    Do this:
        #define ATTN_IMPLEMENTATION
@@ -27,15 +27,26 @@
        ATTN_ASSERT(x)          internal invariant check (default: assert.h)
        ATTN_NO_THREADS         compile the thread pool out (single-threaded CPU backend)
        ATTN_NO_SIMD            use the plain-C inner loops even where AVX2/AVX-512 exist
+       ATTN_CUDA_DRIVER_LIBRARY  the driver's soname (default "libcuda.so.1"; the loader
+                               then tries "libcuda.so")
+       ATTN_MLA_WORKSPACE_BYTES  default of attn_metadata_desc.workspace_bytes (64 MiB): the
+                               bound on each of forward_mha's workspaces (up-projected K/V of
+                               a chunk of keys; running outputs of a group of queries)
 
    ENVIRONMENT VARIABLES
        ATTN_BACKEND            force a backend by name (case-insensitive): CPU, CPU_MLA
                                (code beats env; an unknown name fails and lists the names)
        ATTN_LOG_LEVEL          error | warn | info (default) | debug | none
-       ATTN_NUM_THREADS        CPU worker threads (default: the number of online cores)
-       ATTN_BATCH_INVARIANT    1 = never split a sequence's keys across threads (MLA: one
-                               KV split), so a row's result does not depend on what else
-                               is in the batch; read at attn_metadata_build
+       ATTN_NUM_THREADS        CPU worker threads, 1..1024 (default: the online cores)
+       ATTN_BATCH_INVARIANT    on = never split a sequence's keys across threads (MLA: one
+                               KV split, unless attn_metadata_desc.num_kv_splits forces a
+                               count: an explicit count wins), so a row's result does not
+                               depend on what else is in the batch; read at
+                               attn_metadata_build (default off)
+       Booleans read 1/0, true/false, yes/no, on/off (case-insensitive). Apart from
+       ATTN_BACKEND, a value that is not allowed logs one WARN line (ATTN_LOG_ENV_INVALID,
+       through the context's hook) naming the variable, the value and what is allowed, and
+       the default is used.
 
    BACKENDS, in automatic priority order per platform (a backend serves only layers of
    its kind: standard or MLA; CUSTOM, a plugin slot, leads when registered)
@@ -80,20 +91,60 @@
    FUNCTION LIST
        context   attn_context_create attn_context_destroy attn_context_last_error
                  attn_context_set_log_level attn_status_string attn_log_item_name
-       types     attn_dtype_name attn_dtype_size attn_f32_to_f16 attn_f16_to_f32
-                 attn_f32_to_bf16 attn_bf16_to_f32 attn_tensor_make attn_tensor_nbytes
+       types     attn_dtype_name attn_dtype_from_name attn_dtype_size attn_f32_to_f16
+                 attn_f16_to_f32 attn_f32_to_bf16 attn_bf16_to_f32 attn_tensor_make
+                 attn_tensor_nbytes
        platform  attn_platform_get attn_platform_format
        backends  attn_backend_get attn_backend_name attn_backend_from_name
                  attn_register_backend
        selector  attn_select_backend attn_selection_format attn_selection_cache_clear
        layer     attn_layer_create attn_layer_destroy attn_layer_backend
-                 attn_layer_selection attn_layer_kv_cache_shape
+                 attn_layer_selection attn_layer_get_desc attn_layer_kv_cache_shape
        metadata  attn_metadata_create attn_metadata_destroy attn_metadata_build
+       plugins   attn_layer_context attn_layer_backend_state attn_context_backend_state
+                 attn_metadata_batch attn_metadata_capacity attn_metadata_context
+                 attn_metadata_private attn_metadata_private_set
        cache     attn_reshape_and_cache attn_concat_and_cache_mla
        forward   attn_layer_forward
        mla       attn_reorder_batch attn_metadata_mla_info attn_mla_num_kv_splits
                  attn_mla_forward_mqa attn_mla_forward_mha attn_mla_forward
        merge     attn_merge_attn_states
+
+   ADDING A BACKEND (miniaudio's backend callbacks are the model)
+       A backend is one const attn_backend: capability fields the selector and validation
+       read, and hooks, each called with `self`. Registration checks the required hooks
+       (standard: kv_cache_shape, forward, reshape_and_cache; MLA: kv_cache_shape,
+       forward_mqa, forward_mha, mla_forward, concat_and_cache_mla). Built-in backends
+       add a section (>>cpu, >>cpu_mla; >>cuda next), an id, a line in the built-in table
+       and a place in the per-platform priority lists; plugins use attn_register_backend.
+       Lifecycle, and which state lives where:
+         check          pure: can it serve this descriptor on this platform? (a reason)
+         context_init   once per context, lazily, the first time the selector would pick
+                        it: load libraries (through the context's loader), create handles,
+                        open the kernel cache. State: attn_context_backend_state. A failure
+                        is a skip reason remembered for the context's life.
+                        context_release at attn_context_destroy.
+         layer_init     when the selector picks it for a layer: compile or find the
+                        variants for the layer's shapes. State: attn_layer_backend_state.
+                        A failure is a skip reason in the layer's record and the selector
+                        moves on (an explicit request fails with it). layer_release at
+                        attn_layer_destroy.
+         metadata_init  at attn_metadata_create: allocate, for the capacity
+                        (attn_metadata_capacity, defaults resolved), the schedule and every
+                        workspace forward will use, host and device. Private part:
+                        attn_metadata_private_set. Metadata may outlive its layer, so keep
+                        what build and forward need there. metadata_release frees it.
+         build          at attn_metadata_build, after validation: turn the copied batch
+                        (attn_metadata_batch; MLA: attn_metadata_mla_info, the backend-
+                        neutral decode/prefill split and split count) into the schedule; a
+                        GPU backend uploads it with one asynchronous copy. No allocation.
+         entry points   forward / reshape_and_cache (standard); forward_mqa, forward_mha,
+                        mla_forward, concat_and_cache_mla (MLA); merge_attn_states (any
+                        backend, per device). Arguments are validated by the front door
+                        (shapes, dtypes, device = self->device, metadata fit); the hook
+                        allocates nothing, synchronises nothing, reads no device data on the
+                        host, and works on the caller's stream, so a captured CUDA graph
+                        replays after every build (cuda_graph says for which batches).
 
    THREAD SAFETY
        A context may be used from one thread at a time (its forward calls use the context's
@@ -103,6 +154,10 @@
    HISTORY
        0.1.0  backend abstraction, selector with selection record, metadata builder,
               paged KV cache, portable C backend; MLA on the portable path.
+       0.2.0  the backend seam: lifecycle hooks with state, every front door through the
+              vtable (cache writes, fused MLA call and LSE merge take a stream), device
+              kind per backend, backend-neutral MLA plan, workspaces fixed at create,
+              run-time loader table with an injection point (attn_context_desc.loader).
 
    LICENSE: MIT, see the end of the file.
 */
@@ -110,9 +165,9 @@
 #define ATTN_H
 
 #define ATTN_VERSION_MAJOR 0
-#define ATTN_VERSION_MINOR 1
+#define ATTN_VERSION_MINOR 2
 #define ATTN_VERSION_PATCH 0
-#define ATTN_VERSION_STRING "0.1.0"
+#define ATTN_VERSION_STRING "0.2.0"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -166,11 +221,26 @@ typedef enum attn_status {
     X(SELECT_CACHE_CLEARED, "selection cache cleared")                           \
     X(BACKEND_REGISTERED, "backend registry entry replaced")                     \
     X(BACKEND_RESTORED, "backend registry entry restored")                       \
-    X(INVALID_ARGUMENT, "invalid argument")                                      \
+    X(INVALID_ARGUMENT, "an argument value is out of range")                     \
     X(INVALID_METADATA, "invalid batch metadata")                                \
+    X(ENV_INVALID, "environment variable has an invalid value")                  \
     X(THREADS_STARTED, "worker threads started")                                 \
     X(PLATFORM_ERROR, "platform facility failed (threads, loading)")            \
-    X(OUT_OF_MEMORY, "out of memory")
+    X(OUT_OF_MEMORY, "out of memory")                                            \
+    X(KERNEL_COMPILED, "kernel variant compiled by NVRTC")                       \
+    X(KERNEL_CACHE_HIT, "kernel variant read from the disk cache")               \
+    X(KERNEL_CACHE_FAULT, "kernel cache directory or file unusable")             \
+    X(KERNEL_COMPILE_FAILED, "kernel variant failed to compile")                 \
+    X(ARG_NULL, "a required pointer argument is NULL")                           \
+    X(INVALID_DESC, "a descriptor or request field is out of range")             \
+    X(TENSOR_DTYPE, "a tensor has another element type than allowed")            \
+    X(TENSOR_SHAPE, "a tensor has another rank or shape than allowed")           \
+    X(TENSOR_LAYOUT, "a tensor's strides are not allowed (rows not contiguous, overlapping output)") \
+    X(TENSOR_DEVICE, "a tensor lives on another device than the layer's backend") \
+    X(INVALID_SLOT, "a cache slot is out of range")                             \
+    X(CALL_UNSUPPORTED, "the call does not fit the layer's kind or backend")     \
+    X(METADATA_MISMATCH, "metadata not built, or built for another layer")       \
+    X(CAPACITY_EXCEEDED, "a batch or capacity exceeds what is allowed")
 
 typedef enum attn_log_item {
 #define ATTN__LOG_ENUM(name, text) ATTN_LOG_##name,
@@ -208,6 +278,9 @@ typedef enum attn_dtype {
 } attn_dtype;
 
 ATTN_API const char *attn_dtype_name(attn_dtype dtype); /* "f32", "f16", "bf16", "auto" */
+/* An element type by name, case-insensitive: "f32", "f16", "bf16" or "float32", "float16",
+   "bfloat16". Unknown names: ATTN_ERROR_INVALID_VALUE, *out unchanged. */
+ATTN_API attn_status attn_dtype_from_name(const char *name, attn_dtype *out);
 ATTN_API size_t attn_dtype_size(attn_dtype dtype);      /* 0 for AUTO or unknown */
 
 /* Exact conversions, round to nearest even (NaN stays NaN, overflow goes to inf). */
@@ -229,7 +302,9 @@ typedef struct attn_device {
 #define ATTN_MAX_DIMS 6
 
 /* A view of memory the caller owns. Strides are in elements; all-zero strides mean
-   "contiguous" and are filled in by the library. */
+   "contiguous" and are filled in by the library. Inputs may repeat elements (broadcast
+   views); outputs may not (a stride of 0, or rows or heads that overlap, fail with
+   ATTN_ERROR_SHAPE_MISMATCH). */
 typedef struct attn_tensor {
     void *data;
     attn_dtype dtype;
@@ -242,7 +317,10 @@ typedef struct attn_tensor {
 /* A contiguous CPU view; shape has ndim entries (ndim <= ATTN_MAX_DIMS). */
 ATTN_API attn_tensor attn_tensor_make(void *data, attn_dtype dtype, int ndim,
                                       const int64_t *shape);
-ATTN_API size_t attn_tensor_nbytes(const attn_tensor *t); /* extent of a contiguous view */
+/* Bytes of a contiguous view: element size x the product of the shape. 0 for NULL, no
+   dimensions, an empty dimension or AUTO; SIZE_MAX when the product does not fit in size_t
+   (so that an allocation of that size fails rather than comes out short). */
+ATTN_API size_t attn_tensor_nbytes(const attn_tensor *t);
 
 /* ---------------------------------------------------------------------------------------
    Context: logger, last error, worker threads, selection cache
@@ -250,15 +328,28 @@ ATTN_API size_t attn_tensor_nbytes(const attn_tensor *t); /* extent of a contigu
 
 typedef struct attn_context attn_context;
 
+/* How the context opens run-time libraries (the CUDA driver; NVRTC and cuBLAS later).
+   NULL members fall back to dlopen(RTLD_NOW | RTLD_LOCAL) / dlsym / dlclose; tests and
+   unusual installs inject their own. */
+typedef struct attn_loader {
+    void *(*open)(void *user_data, const char *soname);   /* NULL: not found */
+    void *(*symbol)(void *user_data, void *library, const char *name);
+    void (*close)(void *user_data, void *library);
+    void *user_data;
+} attn_loader;
+
 typedef struct attn_context_desc {
     attn_log_fn log;           /* NULL: lines go to stderr as "attn: LEVEL: message" */
     void *log_user_data;
     attn_log_level log_level;  /* DEFAULT: env ATTN_LOG_LEVEL, else INFO */
     int num_threads;           /* 0: env ATTN_NUM_THREADS, else online cores */
+    const attn_loader *loader; /* NULL: dlopen; copied at create */
+    const char *kernel_cache_dir; /* NULL: env ATTN_CACHE_DIR, else $XDG_CACHE_HOME/attn,
+                                     else ~/.cache/attn; "off": memory only */
 } attn_context_desc;
 
 /* desc may be NULL (all defaults). On failure *out is NULL and the message is in
-   attn_context_last_error(NULL). */
+   attn_context_last_error(NULL); it is logged through desc's hook and level already. */
 ATTN_API attn_status attn_context_create(const attn_context_desc *desc, attn_context **out);
 ATTN_API void attn_context_destroy(attn_context *ctx);
 /* ctx == NULL: the calling thread's last error (for failures without a context). */
@@ -285,12 +376,47 @@ typedef struct attn_platform {
     int cuda_multiprocessors;
     char cuda_device_name[96];
     int cuda_driver_version;      /* e.g. 13000; 0 when unknown */
+    uint64_t cuda_memory_bytes;   /* of device 0; 0 when none */
     char cuda_reason[160];        /* why the CUDA platform is unavailable, else "" */
+    int nvrtc_version;            /* run-time compiler found, e.g. 13000; 0 when none */
+    char nvrtc_reason[160];       /* why NVRTC is unavailable, else "" */
 } attn_platform;
 
 ATTN_API attn_status attn_platform_get(attn_context *ctx, attn_platform *out);
 /* Writes a multi-line description; returns the length it needed (like snprintf). */
 ATTN_API size_t attn_platform_format(const attn_platform *p, char *buf, size_t size);
+
+/* ---------------------------------------------------------------------------------------
+   Run-time kernel compilation (NVRTC; no GPU needed to compile)
+   ------------------------------------------------------------------------------------- */
+
+typedef enum attn_kernel_source {
+    ATTN_KERNEL_COMPILED = 1,      /* NVRTC ran */
+    ATTN_KERNEL_FROM_MEMORY = 2,   /* the context had it */
+    ATTN_KERNEL_FROM_DISK = 3      /* the disk cache had it */
+} attn_kernel_source;
+
+typedef struct attn_kernel_info {
+    char kernel[64];               /* the embedded file, e.g. "paged_attention.cu" */
+    char arch[16];                 /* e.g. "sm_90" */
+    attn_kernel_source source;
+    size_t cubin_bytes;
+    int registers;                 /* the most any function of the file uses (ptxas) */
+    int shared_bytes;              /* the most static shared memory of any function */
+    int spill_stores, spill_loads; /* bytes, all functions */
+    double compile_ms;             /* of the compile that made it */
+    char log[1024];                /* the start of the NVRTC log of that compile */
+} attn_kernel_info;
+
+/* Compiles one variant of an embedded kernel file to CUBIN for `arch` ("sm_80", "sm_90",
+   "sm_90a"), with `options` (space-separated NVRTC options, e.g. "-DHEAD_DIM=128"), or
+   finds it in the context's memory or disk cache. Backends call this at layer creation;
+   tools and tests use it to check that every variant builds. A compile error returns
+   ATTN_ERROR_PLATFORM with the NVRTC log in the message. info may be NULL. */
+ATTN_API attn_status attn_kernel_compile(attn_context *ctx, const char *kernel, const char *options,
+                                         const char *arch, attn_kernel_info *info);
+/* NVRTC compilations this context has run (cache hits excluded). */
+ATTN_API int attn_kernel_compile_count(const attn_context *ctx);
 
 /* ---------------------------------------------------------------------------------------
    Layer descriptor (zero-initialise; 0 means default)
@@ -309,7 +435,8 @@ typedef struct attn_layer_desc {
     attn_dtype dtype;          /* q/k/v/out element type; AUTO: F16 */
     attn_dtype kv_cache_dtype; /* AUTO: dtype */
     int block_size;            /* tokens per KV-cache block; 0: 16; multiple of 16 */
-    float scale;               /* softmax scale; 0: 1/sqrt(head_size) */
+    float scale;               /* softmax scale; 0: 1/sqrt(head_size) (MLA: 1/sqrt(
+                                  qk_nope_head_dim + qk_rope_head_dim), the query's width) */
     attn_causal causal;        /* DEFAULT: causal */
     int sliding_window;        /* 0: none; else a key is seen only within this many positions */
     float logits_soft_cap;     /* 0: none; else logits = cap * tanh(logits / cap) */
@@ -353,55 +480,105 @@ typedef struct attn_metadata attn_metadata;
 typedef struct attn_batch attn_batch;
 typedef struct attn_backend attn_backend;
 
-/* What a backend is and supports (the selector reads these), and its entry points.
-   A plugin fills one of these (static storage) and passes it to attn_register_backend. */
+/* What a backend is and supports (the selector reads these), its lifecycle hooks and its
+   entry points. A plugin fills one of these (static storage: the vtable must outlive every
+   context that used it) and passes it to attn_register_backend. See "ADDING A BACKEND" in
+   the doc block at the top for which state lives where and what each hook may do.
+   Every hook gets `self`, the vtable it was called through. */
 struct attn_backend {
+    /* ---- identity and capabilities: read by the selector and by validation ---- */
     const char *name;                /* matched case-insensitively by ATTN_BACKEND */
     attn_backend_id id;
+    attn_device_kind device;         /* where every tensor of its layers must live */
     unsigned dtypes;                 /* ATTN_DTYPE_BIT mask of q/k/v/out types */
     unsigned kv_cache_dtypes;        /* mask of KV-cache element types */
     int head_size_min, head_size_max, head_size_multiple;
     int block_size_multiple;         /* kernel block sizes: multiples of this (16) */
-    int block_size_max;
+    int block_size_max;              /* 0: no limit */
     int supports_non_causal;
     int supports_sliding_window;
     int supports_logits_soft_cap;
     int supports_alibi;
     int is_mla;
-    int needs_cuda;                  /* only on the CUDA platform */
-    attn_cuda_graph_support cuda_graph;
+    attn_cuda_graph_support cuda_graph; /* which batches a captured graph may replay */
     int can_return_lse;
-    attn_lse_base lse_base;
+    attn_lse_base lse_base;          /* base of the LSE its kernels produce; the front
+                                        doors always hand the caller base e */
+
+    /* ---- lifecycle ---- */
     /* Extra checks beyond the fields above; NULL = none. Return 0 if supported, else
-       write why into reason. */
+       write why into reason. Must not allocate or touch the context. */
     int (*check)(const attn_backend *self, const attn_layer_desc *desc,
                  const attn_platform *platform, char *reason, size_t reason_size);
+    /* Once per context, the first time the selector would pick this backend: load
+       libraries, create handles, open the kernel cache. *state is kept on the context
+       and handed back to context_release. A failure is a skip reason (write it into
+       reason), remembered for the context's lifetime. NULL = nothing to do. */
+    attn_status (*context_init)(const attn_backend *self, attn_context *ctx, void **state,
+                                char *reason, size_t reason_size);
+    void (*context_release)(const attn_backend *self, attn_context *ctx, void *state);
+    /* Once per layer, when the selector picks this backend for it: compile or look up
+       the variants for this layer's shapes. A failure is a skip reason in the layer's
+       selection record and the selector moves on. *state: attn_layer_backend_state. */
+    attn_status (*layer_init)(const attn_backend *self, attn_layer *layer, void **state,
+                              char *reason, size_t reason_size);
+    void (*layer_release)(const attn_backend *self, attn_layer *layer, void *state);
     /* KV-cache shape for num_blocks blocks of a layer (returns ndim). */
-    int (*kv_cache_shape)(const attn_layer_desc *desc, int64_t num_blocks,
-                          int64_t shape[ATTN_MAX_DIMS]);
-    /* Metadata builder: init allocates the backend's private part for the metadata's
-       fixed capacity (attn_metadata_private_set), release frees it; build turns the
-       validated backend-neutral batch (already copied into meta) into the schedule. */
-    attn_status (*metadata_init)(attn_layer *layer, attn_metadata *meta);
-    void (*metadata_release)(attn_metadata *meta);
-    attn_status (*build)(attn_layer *layer, attn_metadata *meta, int common_prefix_len,
-                         int fast_build);
-    /* Standard attention (is_mla = 0): the forward call. k/v (new tokens) may be NULL
-       when already in the cache. */
-    attn_status (*forward)(attn_layer *layer, const attn_metadata *meta,
+    int (*kv_cache_shape)(const attn_backend *self, const attn_layer_desc *desc,
+                          int64_t num_blocks, int64_t shape[ATTN_MAX_DIMS]);
+    /* Metadata: init allocates everything the backend needs for the metadata's fixed
+       capacity (attn_metadata_capacity), its schedule and every workspace forward uses,
+       and sets attn_metadata_private_set; release frees it. build turns the validated,
+       copied batch (attn_metadata_batch; MLA: attn_metadata_mla_info) into the schedule
+       and may not allocate. Metadata may outlive the layer that created it: keep what
+       build and forward need in the private part. */
+    attn_status (*metadata_init)(const attn_backend *self, attn_layer *layer, attn_metadata *meta);
+    void (*metadata_release)(const attn_backend *self, attn_metadata *meta);
+    attn_status (*build)(const attn_backend *self, attn_layer *layer, attn_metadata *meta,
+                         int common_prefix_len, int fast_build);
+
+    /* ---- entry points: arguments already validated by the front door; none may
+       allocate, and a GPU backend may not synchronise (CUDA-graph capture) ---- */
+    /* Standard attention (is_mla = 0): forward (k/v NULL when already cached) and the
+       cache write. */
+    attn_status (*forward)(const attn_backend *self, attn_layer *layer, const attn_metadata *meta,
                            const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
                            attn_tensor *kv_cache, attn_tensor *out, attn_tensor *lse,
                            void *stream);
-    /* MLA (is_mla = 1): absorbed decode over the latent cache and up-projected prefill;
-       arguments as attn_mla_forward_mqa / attn_mla_forward_mha, already validated. */
-    attn_status (*forward_mqa)(attn_layer *layer, const attn_metadata *meta,
-                               const attn_tensor *q, const attn_tensor *q_pe,
-                               const attn_tensor *kv_cache, attn_tensor *out_latent,
-                               attn_tensor *lse, void *stream);
-    attn_status (*forward_mha)(attn_layer *layer, const attn_metadata *meta,
-                               const attn_tensor *q, const attn_tensor *kv_cache,
+    attn_status (*reshape_and_cache)(const attn_backend *self, attn_layer *layer,
+                                     const attn_tensor *key, const attn_tensor *value,
+                                     attn_tensor *kv_cache, const int64_t *slot_mapping,
+                                     int num_tokens, void *stream);
+    /* MLA (is_mla = 1): absorbed decode, up-projected prefill, the fused layer call and
+       the latent cache write; arguments as the public calls of the same names. */
+    attn_status (*forward_mqa)(const attn_backend *self, attn_layer *layer,
+                               const attn_metadata *meta, const attn_tensor *q,
+                               const attn_tensor *q_pe, const attn_tensor *kv_cache,
+                               attn_tensor *out_latent, attn_tensor *lse, void *stream);
+    attn_status (*forward_mha)(const attn_backend *self, attn_layer *layer,
+                               const attn_metadata *meta, const attn_tensor *q,
+                               const attn_tensor *kv_cache, const attn_tensor *w_uk,
+                               const attn_tensor *w_uv, attn_tensor *out, attn_tensor *lse,
+                               void *stream);
+    attn_status (*mla_forward)(const attn_backend *self, attn_layer *layer,
+                               const attn_metadata *meta, const attn_tensor *q_nope,
+                               const attn_tensor *q_pe, const attn_tensor *kv_c,
+                               const attn_tensor *k_pe, attn_tensor *kv_cache,
                                const attn_tensor *w_uk, const attn_tensor *w_uv,
-                               attn_tensor *out, attn_tensor *lse, void *stream);
+                               attn_tensor *out, void *stream);
+    attn_status (*concat_and_cache_mla)(const attn_backend *self, attn_layer *layer,
+                                        const attn_tensor *kv_c, const attn_tensor *k_pe,
+                                        attn_tensor *kv_cache, const int64_t *slot_mapping,
+                                        int num_tokens, void *stream);
+    /* The LSE merge for tensors on this backend's device (any backend; NULL = none).
+       attn_merge_attn_states picks the first backend of the platform's priority list
+       whose device holds the tensors and which has this hook. */
+    attn_status (*merge_attn_states)(const attn_backend *self, attn_context *ctx,
+                                     const attn_tensor *out_a, const attn_tensor *lse_a,
+                                     attn_lse_base base_a, const attn_tensor *out_b,
+                                     const attn_tensor *lse_b, attn_lse_base base_b,
+                                     attn_tensor *out, attn_tensor *lse,
+                                     attn_lse_base base_out, void *stream);
 };
 
 ATTN_API const attn_backend *attn_backend_get(attn_backend_id id); /* NULL if empty */
@@ -453,6 +630,11 @@ typedef struct attn_selection {
     int use_mla;
     int device_capability;            /* major*10+minor, 0 on CPU */
     attn_platform_kind platform;
+    /* what the resolved backend declares */
+    attn_device_kind backend_device;  /* where the layer's tensors must live */
+    attn_cuda_graph_support cuda_graph;
+    int can_return_lse;
+    attn_lse_base lse_base;           /* of its kernels; callers always get base e */
     /* evidence */
     int num_skipped;
     struct {
@@ -481,9 +663,14 @@ ATTN_API attn_status attn_layer_create(attn_context *ctx, const attn_layer_desc 
 ATTN_API void attn_layer_destroy(attn_layer *layer);
 ATTN_API const attn_backend *attn_layer_backend(const attn_layer *layer);
 ATTN_API const attn_selection *attn_layer_selection(const attn_layer *layer);
+/* For backends: the state layer_init stored, and the context-level state of a backend
+   (NULL until the selector first initialised it in this context). */
+ATTN_API void *attn_layer_backend_state(const attn_layer *layer);
+ATTN_API void *attn_context_backend_state(const attn_context *ctx, const attn_backend *backend);
 /* The effective descriptor (defaults filled in). */
 ATTN_API const attn_layer_desc *attn_layer_get_desc(const attn_layer *layer);
-/* Standard: [num_blocks, 2, block_size, num_kv_heads, head_size]. Returns ndim via out. */
+/* Standard: [num_blocks, 2, block_size, num_kv_heads, head_size]. Returns ndim via out.
+   num_blocks: 1..2^40, the cap of every block count (metadata, cache tensors). */
 ATTN_API attn_status attn_layer_kv_cache_shape(attn_layer *layer, int64_t num_blocks,
                                                int64_t shape[ATTN_MAX_DIMS], int *ndim);
 
@@ -516,6 +703,8 @@ typedef struct attn_metadata_desc {
     /* MLA only (ignored by standard layers) */
     int decode_threshold;    /* requests with query_len <= this are decodes, 0..16; 0: 1 */
     int num_kv_splits;       /* decode split-KV count, 1..1024; 0: attn_mla_num_kv_splits() */
+    int64_t workspace_bytes; /* MLA prefill: bytes for up-projected K/V and running outputs,
+                                0: ATTN_MLA_WORKSPACE_BYTES; at least 1 MiB */
 } attn_metadata_desc;
 
 ATTN_API attn_status attn_metadata_create(attn_layer *layer, const attn_metadata_desc *desc,
@@ -527,6 +716,9 @@ ATTN_API const attn_batch *attn_metadata_batch(const attn_metadata *meta);
 ATTN_API void *attn_metadata_private(const attn_metadata *meta);
 ATTN_API void attn_metadata_private_set(attn_metadata *meta, void *priv);
 ATTN_API attn_context *attn_layer_context(const attn_layer *layer);
+ATTN_API attn_context *attn_metadata_context(const attn_metadata *meta);
+/* The capacity with every default resolved (decode_threshold, num_kv_splits, workspace). */
+ATTN_API const attn_metadata_desc *attn_metadata_capacity(const attn_metadata *meta);
 /* Validates every field (naming the first bad one), copies the batch, and runs the
    backend's builder. On a validation error the previous contents are kept; if the
    builder runs out of memory the metadata is left unbuilt. Reads ATTN_BATCH_INVARIANT. */
@@ -539,10 +731,12 @@ ATTN_API attn_status attn_metadata_build(attn_metadata *meta, int common_prefix_
 
 /* Writes key/value [num_tokens, num_kv_heads, head_size] into kv_cache (the layer's shape)
    at slot_mapping[i] = block * block_size + offset; -1 skips a token. All slots are
-   checked before anything is written. */
+   checked before anything is written. slot_mapping lives on the host; stream: the CUDA
+   stream of a GPU backend (NULL on the CPU). */
 ATTN_API attn_status attn_reshape_and_cache(attn_layer *layer, const attn_tensor *key,
                                             const attn_tensor *value, attn_tensor *kv_cache,
-                                            const int64_t *slot_mapping, int num_tokens);
+                                            const int64_t *slot_mapping, int num_tokens,
+                                            void *stream);
 
 /* q: [num_tokens, num_heads, head_size]; k, v: [num_tokens, num_kv_heads, head_size] or
    both NULL (already cached); when given they are written to the cache by the metadata's
@@ -591,7 +785,8 @@ ATTN_API attn_status attn_reorder_batch(const int32_t *query_lens, int num_reqs,
    dtype) into the latent cache at slot_mapping; -1 skips; all slots checked first. */
 ATTN_API attn_status attn_concat_and_cache_mla(attn_layer *layer, const attn_tensor *kv_c,
                                                const attn_tensor *k_pe, attn_tensor *kv_cache,
-                                               const int64_t *slot_mapping, int num_tokens);
+                                               const int64_t *slot_mapping, int num_tokens,
+                                               void *stream);
 
 /* Absorbed decode (MQA over the latent): for the batch's decode tokens, q is either
    [>= num_decode_tokens, num_heads, head_size] with q_pe == NULL, or q_latent
@@ -630,14 +825,17 @@ ATTN_API attn_status attn_mla_forward(attn_layer *layer, const attn_metadata *me
    ------------------------------------------------------------------------------------- */
 
 /* out = merge((out_a, lse_a), (out_b, lse_b)): out_* [tokens, heads, head_size] of one
-   dtype (f32/f16/bf16, CPU), lse_* f32 [tokens, heads] in base base_a / base_b. An empty
-   partition has LSE -inf and contributes nothing (both empty: out 0, lse -inf, no NaN).
-   lse may be NULL; its base is base_out. out may alias out_a or out_b. */
+   dtype (f32/f16/bf16), lse_* f32 [tokens, heads] in base base_a / base_b, all on one
+   device. An empty partition has LSE -inf (or +inf/NaN, as some kernels report it) and
+   contributes nothing (both empty: out 0, lse -inf, no NaN). lse may be NULL; its base
+   is base_out. out may alias out_a or out_b. Runs on the first backend of the platform's
+   priority list that serves the tensors' device and has a merge; stream as above. */
 ATTN_API attn_status attn_merge_attn_states(attn_context *ctx, const attn_tensor *out_a,
                                             const attn_tensor *lse_a, attn_lse_base base_a,
                                             const attn_tensor *out_b, const attn_tensor *lse_b,
                                             attn_lse_base base_b, attn_tensor *out,
-                                            attn_tensor *lse, attn_lse_base base_out);
+                                            attn_tensor *lse, attn_lse_base base_out,
+                                            void *stream);
 
 #ifdef __cplusplus
 }
@@ -682,6 +880,9 @@ ATTN_API attn_status attn_merge_attn_states(attn_context *ctx, const attn_tensor
 
 #include <unistd.h>
 #include <dlfcn.h>
+#include <errno.h>
+#include <sys/stat.h>
+#include <sys/time.h>
 #ifndef ATTN_NO_THREADS
 #include <pthread.h>
 #endif
@@ -698,9 +899,11 @@ ATTN_API attn_status attn_merge_attn_states(attn_context *ctx, const attn_tensor
 
 #if defined(__GNUC__) || defined(__clang__)
 #define ATTN__INLINE static inline __attribute__((always_inline))
+#define ATTN__NOINLINE __attribute__((noinline))
 #define ATTN__PRINTF(a, b) __attribute__((format(printf, a, b)))
 #else
 #define ATTN__INLINE static inline
+#define ATTN__NOINLINE
 #define ATTN__PRINTF(a, b)
 #endif
 
@@ -729,9 +932,14 @@ ATTN_API attn_status attn_merge_attn_states(attn_context *ctx, const attn_tensor
 #define ATTN__LOG2E 1.4426950408889634f
 #define ATTN__LN2 0.6931471805599453f
 
+/* The most blocks a KV cache may have, wherever a block count is taken (cache shapes,
+   metadata capacity, cache tensors): block ids and slots stay far from int64 overflow. */
+#define ATTN__MAX_BLOCKS ((int64_t)1 << 40)
+
 /* =======================================================================================
    >>common
-   Memory, strings, the last-error slots and the logger every other section reports to.
+   Memory, formatting and strings: what every other section uses and that needs no
+   context.
    ======================================================================================= */
 
 static void *attn__malloc(size_t size) { return size ? ATTN_MALLOC(size) : NULL; }
@@ -777,309 +985,10 @@ static const char *attn__trim_env(const char *name) {
     return (v && *v) ? v : NULL;
 }
 
-typedef struct attn__threadpool attn__threadpool;
-
-typedef struct attn__selection_cache_entry {
-    attn_layer_desc desc;            /* alibi pointer replaced by a hash of the slopes */
-    uint64_t alibi_hash;
-    attn_select_request request;
-    char env_value[64];
-    attn_status status;
-    attn_selection selection;
-} attn__selection_cache_entry;
-
-struct attn_context {
-    attn_log_fn log;
-    void *log_user_data;
-    attn_log_level log_level;
-    char last_error[512];
-    attn_platform platform;
-    int num_threads;
-    attn__threadpool *pool;
-    float **scratch;                 /* one per thread, grown on demand */
-    size_t *scratch_size;
-    attn__selection_cache_entry *cache;
-    int cache_count, cache_capacity;
-    void *cuda_driver;               /* dlopen handle of libcuda, kept for later backends */
-};
-
-static ATTN__THREAD_LOCAL char attn__thread_error[512];
-
-static const char *attn__level_name(attn_log_level level) {
-    switch (level) {
-    case ATTN_LOG_LEVEL_ERROR: return "ERROR";
-    case ATTN_LOG_LEVEL_WARN: return "WARN";
-    case ATTN_LOG_LEVEL_INFO: return "INFO";
-    case ATTN_LOG_LEVEL_DEBUG: return "DEBUG";
-    default: return "?";
-    }
-}
-
-static attn_log_level attn__env_log_level(void) {
-    const char *v = attn__trim_env("ATTN_LOG_LEVEL");
-    if (!v) return ATTN_LOG_LEVEL_INFO;
-    if (attn__strieq(v, "error")) return ATTN_LOG_LEVEL_ERROR;
-    if (attn__strieq(v, "warn") || attn__strieq(v, "warning")) return ATTN_LOG_LEVEL_WARN;
-    if (attn__strieq(v, "info")) return ATTN_LOG_LEVEL_INFO;
-    if (attn__strieq(v, "debug")) return ATTN_LOG_LEVEL_DEBUG;
-    if (attn__strieq(v, "none") || attn__strieq(v, "off")) return ATTN_LOG_LEVEL_NONE;
-    return ATTN_LOG_LEVEL_INFO;
-}
-
-static void attn__log(const attn_context *ctx, attn_log_level level, attn_log_item item,
-                      const char *fmt, ...) ATTN__PRINTF(4, 5);
-static void attn__log(const attn_context *ctx, attn_log_level level, attn_log_item item,
-                      const char *fmt, ...) {
-    char line[768];
-    va_list ap;
-    attn_log_level threshold = ctx ? ctx->log_level : attn__env_log_level();
-    if (threshold == ATTN_LOG_LEVEL_NONE || level > threshold) return;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    if (ctx && ctx->log)
-        ctx->log(ctx->log_user_data, level, item, line);
-    else
-        fprintf(stderr, "attn: %s: %s\n", attn__level_name(level), line);
-}
-
-/* Records the message as the last error (context, else thread), logs it at ERROR level
-   under `item`, and returns status so callers can `return attn__fail(...)`. */
-static attn_status attn__fail(attn_context *ctx, attn_status status, attn_log_item item,
-                              const char *fmt, ...) ATTN__PRINTF(4, 5);
-static attn_status attn__fail(attn_context *ctx, attn_status status, attn_log_item item,
-                              const char *fmt, ...) {
-    char *slot = ctx ? ctx->last_error : attn__thread_error;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(slot, 512, fmt, ap);
-    va_end(ap);
-    attn__log(ctx, ATTN_LOG_LEVEL_ERROR, item, "%s: %s", attn_status_string(status), slot);
-    return status;
-}
-
-#define ATTN__CHECK_PTR(ctx, p, fn)                                                        \
-    do {                                                                                   \
-        if (!(p))                                                                          \
-            return attn__fail((ctx), ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT, \
-                              "%s: argument '%s' is NULL (a valid pointer is required)",   \
-                              fn, #p);                                                     \
-    } while (0)
-
-ATTN_API const char *attn_status_string(attn_status status) {
-    switch (status) {
-    case ATTN_OK: return "ATTN_OK";
-    case ATTN_ERROR_NULL_ARGUMENT: return "ATTN_ERROR_NULL_ARGUMENT";
-    case ATTN_ERROR_INVALID_VALUE: return "ATTN_ERROR_INVALID_VALUE";
-    case ATTN_ERROR_SHAPE_MISMATCH: return "ATTN_ERROR_SHAPE_MISMATCH";
-    case ATTN_ERROR_INVALID_METADATA: return "ATTN_ERROR_INVALID_METADATA";
-    case ATTN_ERROR_UNSUPPORTED: return "ATTN_ERROR_UNSUPPORTED";
-    case ATTN_ERROR_BACKEND_UNAVAILABLE: return "ATTN_ERROR_BACKEND_UNAVAILABLE";
-    case ATTN_ERROR_UNKNOWN_BACKEND: return "ATTN_ERROR_UNKNOWN_BACKEND";
-    case ATTN_ERROR_CAPACITY: return "ATTN_ERROR_CAPACITY";
-    case ATTN_ERROR_OUT_OF_MEMORY: return "ATTN_ERROR_OUT_OF_MEMORY";
-    case ATTN_ERROR_PLATFORM: return "ATTN_ERROR_PLATFORM";
-    case ATTN_ERROR_INTERNAL: return "ATTN_ERROR_INTERNAL";
-    }
-    return "ATTN_ERROR_UNKNOWN_STATUS";
-}
-
-ATTN_API const char *attn_log_item_name(attn_log_item item) {
-    static const char *const names[] = {
-#define ATTN__LOG_NAME(name, text) "ATTN_LOG_" #name,
-        ATTN_LOG_ITEMS(ATTN__LOG_NAME)
-#undef ATTN__LOG_NAME
-    };
-    if ((int)item < 0 || (int)item >= (int)ATTN_LOG_ITEM_COUNT) return "ATTN_LOG_?";
-    return names[item];
-}
-
-/* =======================================================================================
-   >>types
-   Exact f16/bf16 conversions (round to nearest even) and tensor-view helpers.
-   ======================================================================================= */
-
-static uint32_t attn__f32_bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
-static float attn__bits_f32(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }
-
-ATTN_API uint16_t attn_f32_to_f16(float x) {
-    uint32_t u = attn__f32_bits(x);
-    uint32_t sign = (u >> 16) & 0x8000u;
-    uint32_t exp = (u >> 23) & 0xffu;
-    uint32_t man = u & 0x7fffffu;
-    if (exp == 0xff) return (uint16_t)(sign | 0x7c00u | (man ? 0x200u | (man >> 13) : 0));
-    if (exp > 142) return (uint16_t)(sign | 0x7c00u); /* >= 2^16: overflow to inf */
-    if (exp < 113) {                                   /* subnormal half or zero */
-        uint32_t shift, m, r, half;
-        if (exp < 102) return (uint16_t)sign;          /* < 2^-25: rounds to zero */
-        m = man | 0x800000u;
-        shift = 126 - exp;                             /* 14..24 */
-        r = m >> shift;
-        half = 1u << (shift - 1);
-        if ((m & ((half << 1) - 1)) > half || ((m & ((half << 1) - 1)) == half && (r & 1))) r++;
-        return (uint16_t)(sign | r);
-    } else {
-        uint32_t h = ((exp - 112) << 10) | (man >> 13);
-        uint32_t rest = man & 0x1fffu;
-        if (rest > 0x1000u || (rest == 0x1000u && (h & 1))) h++; /* may carry into exp: ok */
-        return (uint16_t)(sign | h);
-    }
-}
-
-ATTN_API float attn_f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t exp = (h >> 10) & 0x1fu;
-    uint32_t man = h & 0x3ffu;
-    if (exp == 0x1f) return attn__bits_f32(sign | 0x7f800000u | (man << 13));
-    if (exp == 0) {
-        float v = (float)man * (1.0f / 16777216.0f); /* man * 2^-24, exact */
-        return sign ? -v : v;
-    }
-    return attn__bits_f32(sign | ((exp + 112) << 23) | (man << 13));
-}
-
-ATTN_API uint16_t attn_f32_to_bf16(float x) {
-    uint32_t u = attn__f32_bits(x);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* quiet NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-ATTN_API float attn_bf16_to_f32(uint16_t h) { return attn__bits_f32((uint32_t)h << 16); }
-
-ATTN_API const char *attn_dtype_name(attn_dtype dtype) {
-    switch (dtype) {
-    case ATTN_DTYPE_AUTO: return "auto";
-    case ATTN_DTYPE_F32: return "f32";
-    case ATTN_DTYPE_F16: return "f16";
-    case ATTN_DTYPE_BF16: return "bf16";
-    default: return "?";
-    }
-}
-
-ATTN_API size_t attn_dtype_size(attn_dtype dtype) {
-    switch (dtype) {
-    case ATTN_DTYPE_F32: return 4;
-    case ATTN_DTYPE_F16: case ATTN_DTYPE_BF16: return 2;
-    default: return 0;
-    }
-}
-
-ATTN_API attn_tensor attn_tensor_make(void *data, attn_dtype dtype, int ndim,
-                                      const int64_t *shape) {
-    attn_tensor t;
-    int i;
-    memset(&t, 0, sizeof t);
-    t.data = data;
-    t.dtype = dtype;
-    t.ndim = (ndim < 0 || ndim > ATTN_MAX_DIMS || !shape) ? 0 : ndim;
-    for (i = 0; i < t.ndim; i++) t.shape[i] = shape[i];
-    return t;
-}
-
-/* Fills default (contiguous) strides into a copy when all strides are zero. */
-static attn_tensor attn__tensor_resolved(const attn_tensor *t) {
-    attn_tensor r = *t;
-    int i, all_zero = 1;
-    for (i = 0; i < r.ndim; i++) if (r.strides[i]) all_zero = 0;
-    if (all_zero && r.ndim > 0) {
-        int64_t s = 1;
-        /* the outermost extent enters no stride: it may be any length without overflow */
-        for (i = r.ndim - 1; i >= 0; i--) { r.strides[i] = s; if (i > 0) s *= r.shape[i]; }
-    }
-    return r;
-}
-
-ATTN_API size_t attn_tensor_nbytes(const attn_tensor *t) {
-    size_t n;
-    int i;
-    if (!t || t->ndim <= 0) return 0;
-    n = attn_dtype_size(t->dtype);
-    for (i = 0; i < t->ndim; i++) n *= (size_t)(t->shape[i] > 0 ? t->shape[i] : 0);
-    return n;
-}
-
-static float attn__load_elem(const void *p, attn_dtype dt, int64_t i) {
-    switch (dt) {
-    case ATTN_DTYPE_F32: return ((const float *)p)[i];
-    case ATTN_DTYPE_F16: return attn_f16_to_f32(((const uint16_t *)p)[i]);
-    default: return attn_bf16_to_f32(((const uint16_t *)p)[i]);
-    }
-}
-
-static void attn__store_elem(void *p, attn_dtype dt, int64_t i, float x) {
-    switch (dt) {
-    case ATTN_DTYPE_F32: ((float *)p)[i] = x; break;
-    case ATTN_DTYPE_F16: ((uint16_t *)p)[i] = attn_f32_to_f16(x); break;
-    default: ((uint16_t *)p)[i] = attn_f32_to_bf16(x); break;
-    }
-}
-
-/* Expected extents for attn__check_tensor: n means exactly n, ATTN__AT_LEAST(n) at least n. */
-#define ATTN__AT_LEAST(n) (-(int64_t)(n) - 1)
-
-/* Checks a tensor against an expected dtype and shape, innermost dimension contiguous. */
-static attn_status attn__check_tensor(attn_context *ctx, const char *fn, const char *name,
-                                      const attn_tensor *t, attn_dtype dtype, int ndim,
-                                      const int64_t *shape, attn_device_kind device) {
-    int i;
-    if (!t->data)
-        return attn__fail(ctx, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT,
-                          "%s: %s.data is NULL (a valid pointer is required)", fn, name);
-    if (t->dtype != dtype)
-        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
-                          "%s: %s.dtype is %s (allowed: %s)", fn, name,
-                          attn_dtype_name(t->dtype), attn_dtype_name(dtype));
-    if (t->device.kind != device)
-        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
-                          "%s: %s.device is %s (allowed: %s)", fn, name,
-                          t->device.kind == ATTN_DEVICE_CUDA ? "cuda" : "cpu",
-                          device == ATTN_DEVICE_CUDA ? "cuda" : "cpu");
-    if (t->ndim != ndim)
-        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
-                          "%s: %s.ndim is %d (allowed: %d)", fn, name, t->ndim, ndim);
-    for (i = 0; i < ndim; i++) {
-        if (shape[i] >= 0 && t->shape[i] != shape[i])
-            return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
-                              "%s: %s.shape[%d] is %lld (allowed: %lld)", fn, name, i,
-                              (long long)t->shape[i], (long long)shape[i]);
-        if (shape[i] < 0 && t->shape[i] < -shape[i] - 1)
-            return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
-                              "%s: %s.shape[%d] is %lld (allowed: at least %lld)", fn, name,
-                              i, (long long)t->shape[i], (long long)(-shape[i] - 1));
-    }
-    {
-        attn_tensor r = attn__tensor_resolved(t);
-        if (r.strides[ndim - 1] != 1)
-            return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
-                              "%s: %s.strides[%d] is %lld (allowed: 1, the last dimension "
-                              "must be contiguous)", fn, name, ndim - 1,
-                              (long long)r.strides[ndim - 1]);
-        for (i = 0; i < ndim - 1; i++)
-            if (r.strides[i] < 0)
-                return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
-                                  "%s: %s.strides[%d] is %lld (allowed: >= 0)", fn, name, i,
-                                  (long long)r.strides[i]);
-    }
-    return ATTN_OK;
-}
-
-/* Contiguity of a whole tensor (the KV cache must be exactly the backend's layout). */
-static int attn__tensor_is_contiguous(const attn_tensor *t) {
-    attn_tensor r = attn__tensor_resolved(t);
-    int64_t s = 1;
-    int i;
-    for (i = r.ndim - 1; i >= 0; i--) {
-        if (r.shape[i] != 1 && r.strides[i] != s) return 0;
-        if (i > 0) s *= r.shape[i];
-    }
-    return 1;
-}
-
 /* =======================================================================================
    >>platform
-   What this process can run on: online cores, the compiled SIMD path, and a CUDA driver
-   and device found with dlopen (a missing piece is a recorded reason, never an error).
+   What this process can run on: cores, the compiled SIMD path, and the run-time
+   libraries (CUDA driver, NVRTC) loaded through one table each; a missing piece is a reason.
    ======================================================================================= */
 
 typedef int attn__CUresult;
@@ -1088,10 +997,136 @@ typedef int attn__CUdevice;
 #define ATTN__CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR 75
 #define ATTN__CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR 76
 
-/* The driver's library name; tests and unusual installs can point it elsewhere. */
+/* The driver's library name; tests and unusual installs can point it elsewhere. The
+   loader tries it, then "libcuda.so" (a development symlink some installs have only). */
 #ifndef ATTN_CUDA_DRIVER_LIBRARY
 #define ATTN_CUDA_DRIVER_LIBRARY "libcuda.so.1"
 #endif
+
+/* Every CUDA driver function attn.h calls: (field, exported symbol, parameters). The one
+   list makes the pointer table and the table the loader walks (volk / cuew). */
+#define ATTN__CUDA_DRIVER_FUNCTIONS(X)                                                   \
+    X(cuInit, "cuInit", (unsigned flags))                                                \
+    X(cuDriverGetVersion, "cuDriverGetVersion", (int *version))                          \
+    X(cuDeviceGetCount, "cuDeviceGetCount", (int *count))                                \
+    X(cuDeviceGet, "cuDeviceGet", (attn__CUdevice *device, int ordinal))                 \
+    X(cuDeviceGetAttribute, "cuDeviceGetAttribute",                                      \
+      (int *value, int attribute, attn__CUdevice device))                                \
+    X(cuDeviceGetName, "cuDeviceGetName", (char *name, int length, attn__CUdevice device)) \
+    X(cuDeviceTotalMem, "cuDeviceTotalMem_v2", (size_t *bytes, attn__CUdevice device))
+
+/* The loaded driver, kept on the context for the backends that use it. */
+typedef struct attn__cuda_driver {
+    void *library;                  /* NULL: not loaded (platform.cuda_reason says why) */
+    char soname[64];                /* the name it was opened under */
+#define ATTN__DRIVER_POINTER(field, symbol, params) attn__CUresult (*field) params;
+    ATTN__CUDA_DRIVER_FUNCTIONS(ATTN__DRIVER_POINTER)
+#undef ATTN__DRIVER_POINTER
+} attn__cuda_driver;
+
+/* NVRTC, the run-time compiler: loaded at context creation (it needs no GPU). */
+typedef int attn__nvrtcResult;
+typedef struct attn__nvrtcProgram_st *attn__nvrtcProgram;
+
+#define ATTN__NVRTC_FUNCTIONS(X)                                                         \
+    X(nvrtcVersion, "nvrtcVersion", (int *major, int *minor))                            \
+    X(nvrtcCreateProgram, "nvrtcCreateProgram",                                          \
+      (attn__nvrtcProgram * prog, const char *src, const char *name, int num_headers,    \
+       const char *const *headers, const char *const *include_names))                    \
+    X(nvrtcDestroyProgram, "nvrtcDestroyProgram", (attn__nvrtcProgram * prog))           \
+    X(nvrtcCompileProgram, "nvrtcCompileProgram",                                        \
+      (attn__nvrtcProgram prog, int num_options, const char *const *options))            \
+    X(nvrtcGetProgramLogSize, "nvrtcGetProgramLogSize", (attn__nvrtcProgram prog, size_t *size)) \
+    X(nvrtcGetProgramLog, "nvrtcGetProgramLog", (attn__nvrtcProgram prog, char *log))    \
+    X(nvrtcGetCUBINSize, "nvrtcGetCUBINSize", (attn__nvrtcProgram prog, size_t *size))   \
+    X(nvrtcGetCUBIN, "nvrtcGetCUBIN", (attn__nvrtcProgram prog, char *cubin))
+
+typedef struct attn__nvrtc {
+    void *library;                  /* NULL: not loaded (platform.nvrtc_reason says why) */
+    char soname[64];
+    int major, minor;
+#define ATTN__NVRTC_POINTER(field, symbol, params) attn__nvrtcResult (*field) params;
+    ATTN__NVRTC_FUNCTIONS(ATTN__NVRTC_POINTER)
+#undef ATTN__NVRTC_POINTER
+} attn__nvrtc;
+
+#ifndef ATTN_NVRTC_LIBRARY
+#define ATTN_NVRTC_LIBRARY "libnvrtc.so.13"
+#endif
+
+typedef struct attn__symbol_slot {
+    const char *name;
+    size_t offset;                  /* of the function pointer in its table */
+} attn__symbol_slot;
+
+static const attn__symbol_slot attn__cuda_driver_symbols[] = {
+#define ATTN__DRIVER_SLOT(field, symbol, params) {symbol, offsetof(attn__cuda_driver, field)},
+    ATTN__CUDA_DRIVER_FUNCTIONS(ATTN__DRIVER_SLOT)
+#undef ATTN__DRIVER_SLOT
+};
+
+static const attn__symbol_slot attn__nvrtc_symbols[] = {
+#define ATTN__NVRTC_SLOT(field, symbol, params) {symbol, offsetof(attn__nvrtc, field)},
+    ATTN__NVRTC_FUNCTIONS(ATTN__NVRTC_SLOT)
+#undef ATTN__NVRTC_SLOT
+};
+
+/* RTLD_NODELETE: a closed driver or compiler stays mapped for the process, as CUDA's own
+   runtime keeps it; unmapping buys nothing and would hide its allocations from leak
+   checkers (their stacks lose the library's name). */
+#ifdef RTLD_NODELETE
+#define ATTN__DLOPEN_FLAGS (RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE)
+#else
+#define ATTN__DLOPEN_FLAGS (RTLD_NOW | RTLD_LOCAL)
+#endif
+
+static void *attn__loader_open(const attn_loader *l, const char *soname) {
+    return l->open ? l->open(l->user_data, soname) : dlopen(soname, ATTN__DLOPEN_FLAGS);
+}
+static void *attn__loader_symbol(const attn_loader *l, void *lib, const char *name) {
+    return l->symbol ? l->symbol(l->user_data, lib, name) : dlsym(lib, name);
+}
+static void attn__loader_close(const attn_loader *l, void *lib) {
+    if (!lib) return;
+    if (l->close) l->close(l->user_data, lib);
+    else if (!l->open) dlclose(lib); /* a library opened by an injected open stays its own */
+}
+
+/* Opens the first of `sonames` (NULL-terminated) that loads and fills the function
+   pointers of `table` (slots give their offsets). Returns the library, or NULL with
+   `reason` saying which library was missing or which symbol it lacks. */
+static void *attn__load_library(const attn_loader *l, const char *const *sonames,
+                                const attn__symbol_slot *slots, size_t num_slots, void *table,
+                                char *opened, size_t opened_size, char *reason, size_t reason_size) {
+    void *lib = NULL;
+    size_t i, n = 0;
+    char tried[160];
+    tried[0] = 0;
+    for (i = 0; sonames[i] && !lib; i++) {
+        lib = attn__loader_open(l, sonames[i]);
+        if (!lib) {
+            attn__fmt(tried + n, sizeof tried - n, "%s%s", n ? ", " : "", sonames[i]);
+            n = strlen(tried);
+        } else {
+            attn__strlcpy(opened, sonames[i], opened_size);
+        }
+    }
+    if (!lib) {
+        attn__fmt(reason, reason_size, "library not found (tried %s)", tried);
+        return NULL;
+    }
+    for (i = 0; i < num_slots; i++) {
+        void *sym = attn__loader_symbol(l, lib, slots[i].name);
+        if (!sym) {
+            attn__fmt(reason, reason_size, "library %s lacks symbol %s", opened, slots[i].name);
+            attn__loader_close(l, lib);
+            return NULL;
+        }
+        /* object pointer -> function pointer, as dlsym requires (POSIX) */
+        memcpy((char *)table + slots[i].offset, &sym, sizeof sym);
+    }
+    return lib;
+}
 
 static int attn__cpu_cores(void) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
@@ -1108,74 +1143,67 @@ static const char *attn__simd_name(void) {
 #endif
 }
 
-/* Fills the CUDA part of p; returns the library handle (kept open) or NULL. */
-static void *attn__probe_cuda(attn_platform *p) {
-    typedef attn__CUresult (*init_fn)(unsigned);
-    typedef attn__CUresult (*count_fn)(int *);
-    typedef attn__CUresult (*get_fn)(attn__CUdevice *, int);
-    typedef attn__CUresult (*attr_fn)(int *, int, attn__CUdevice);
-    typedef attn__CUresult (*name_fn)(char *, int, attn__CUdevice);
-    typedef attn__CUresult (*version_fn)(int *);
-    void *lib = dlopen(ATTN_CUDA_DRIVER_LIBRARY, RTLD_NOW | RTLD_LOCAL);
-    const char *missing = NULL;
-    init_fn cu_init; count_fn cu_count; get_fn cu_get; attr_fn cu_attr; name_fn cu_name;
-    version_fn cu_version;
+/* Loads NVRTC into *nv and fills p->nvrtc_version or p->nvrtc_reason. */
+static void attn__probe_nvrtc(const attn_loader *loader, attn__nvrtc *nv, attn_platform *p) {
+    static const char *const sonames[] = {ATTN_NVRTC_LIBRARY, "libnvrtc.so.12", "libnvrtc.so", NULL};
+    char reason[160];
+    memset(nv, 0, sizeof *nv);
+    nv->library = attn__load_library(loader, sonames, attn__nvrtc_symbols,
+                                     sizeof attn__nvrtc_symbols / sizeof attn__nvrtc_symbols[0], nv,
+                                     nv->soname, sizeof nv->soname, reason, sizeof reason);
+    if (!nv->library) {
+        attn__fmt(p->nvrtc_reason, sizeof p->nvrtc_reason, "no NVRTC: %s", reason);
+        return;
+    }
+    if (nv->nvrtcVersion(&nv->major, &nv->minor) != 0 || nv->major < 12) {
+        attn__fmt(p->nvrtc_reason, sizeof p->nvrtc_reason, "NVRTC %s is version %d.%d (allowed: 12 "
+                  "or later)", nv->soname, nv->major, nv->minor);
+        attn__loader_close(loader, nv->library);
+        memset(nv, 0, sizeof *nv);
+        return;
+    }
+    p->nvrtc_version = nv->major * 1000 + nv->minor * 10;
+}
+
+/* Loads the driver into *drv and fills the CUDA part of p; a missing piece is a reason
+   in p->cuda_reason and leaves drv->library NULL. */
+static void attn__probe_cuda(const attn_loader *loader, attn__cuda_driver *drv, attn_platform *p) {
+    static const char *const sonames[] = {ATTN_CUDA_DRIVER_LIBRARY, "libcuda.so", NULL};
+    char reason[160];
     attn__CUdevice dev;
     attn__CUresult rc;
     int n = 0;
-    if (!lib) {
-        attn__fmt(p->cuda_reason, sizeof p->cuda_reason, "no CUDA driver (%s not found)",
-                 ATTN_CUDA_DRIVER_LIBRARY);
-        return NULL;
+    memset(drv, 0, sizeof *drv);
+    drv->library = attn__load_library(loader, sonames, attn__cuda_driver_symbols,
+                                      sizeof attn__cuda_driver_symbols / sizeof attn__cuda_driver_symbols[0],
+                                      drv, drv->soname, sizeof drv->soname, reason, sizeof reason);
+    if (!drv->library) {
+        attn__fmt(p->cuda_reason, sizeof p->cuda_reason, "no CUDA driver: %s", reason);
+        return;
     }
-    /* Casting object pointers to function pointers is what dlsym requires (POSIX). */
-#define ATTN__SYM(var, type, name)                                   \
-    do {                                                             \
-        void *s_ = dlsym(lib, name);                                 \
-        memcpy(&var, &s_, sizeof var);                               \
-        if (!s_ && !missing) missing = name;                         \
-    } while (0)
-    ATTN__SYM(cu_init, init_fn, "cuInit");
-    ATTN__SYM(cu_count, count_fn, "cuDeviceGetCount");
-    ATTN__SYM(cu_get, get_fn, "cuDeviceGet");
-    ATTN__SYM(cu_attr, attr_fn, "cuDeviceGetAttribute");
-    ATTN__SYM(cu_name, name_fn, "cuDeviceGetName");
-    ATTN__SYM(cu_version, version_fn, "cuDriverGetVersion");
-#undef ATTN__SYM
-    if (missing) {
-        attn__fmt(p->cuda_reason, sizeof p->cuda_reason,
-                 "CUDA driver %s lacks symbol %s", ATTN_CUDA_DRIVER_LIBRARY, missing);
-        dlclose(lib);
-        return NULL;
-    }
-    if ((rc = cu_init(0)) != 0) {
+    if ((rc = drv->cuInit(0)) != 0)
         attn__fmt(p->cuda_reason, sizeof p->cuda_reason, "cuInit failed (CUresult %d)", rc);
-        dlclose(lib);
-        return NULL;
-    }
-    if ((rc = cu_count(&n)) != 0 || n <= 0) {
+    else if ((rc = drv->cuDeviceGetCount(&n)) != 0 || n <= 0)
         attn__fmt(p->cuda_reason, sizeof p->cuda_reason, "no CUDA device (cuDeviceGetCount: "
-                 "result %d, count %d)", rc, n);
-        dlclose(lib);
-        return NULL;
+                  "result %d, count %d)", rc, n);
+    if (p->cuda_reason[0]) {
+        attn__loader_close(loader, drv->library);
+        memset(drv, 0, sizeof *drv);
+        return;
     }
     p->cuda_device_count = n;
-    cu_version(&p->cuda_driver_version);
-    if (cu_get(&dev, 0) == 0) {
-        cu_attr(&p->cuda_capability_major, ATTN__CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
-        cu_attr(&p->cuda_capability_minor, ATTN__CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
-        cu_attr(&p->cuda_multiprocessors, ATTN__CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
-        cu_name(p->cuda_device_name, (int)sizeof p->cuda_device_name, dev);
+    drv->cuDriverGetVersion(&p->cuda_driver_version);
+    if (drv->cuDeviceGet(&dev, 0) == 0) {
+        drv->cuDeviceGetAttribute(&p->cuda_capability_major, ATTN__CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
+        drv->cuDeviceGetAttribute(&p->cuda_capability_minor, ATTN__CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
+        drv->cuDeviceGetAttribute(&p->cuda_multiprocessors, ATTN__CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
+        drv->cuDeviceGetName(p->cuda_device_name, (int)sizeof p->cuda_device_name, dev);
+        {
+            size_t bytes = 0;
+            if (drv->cuDeviceTotalMem(&bytes, dev) == 0) p->cuda_memory_bytes = bytes;
+        }
     }
     p->kind = ATTN_PLATFORM_CUDA;
-    return lib;
-}
-
-ATTN_API attn_status attn_platform_get(attn_context *ctx, attn_platform *out) {
-    ATTN__CHECK_PTR(ctx, ctx, "attn_platform_get");
-    ATTN__CHECK_PTR(ctx, out, "attn_platform_get");
-    *out = ctx->platform;
-    return ATTN_OK;
 }
 
 ATTN_API size_t attn_platform_format(const attn_platform *p, char *buf, size_t size) {
@@ -1192,12 +1220,17 @@ ATTN_API size_t attn_platform_format(const attn_platform *p, char *buf, size_t s
                  "  device_capability: %d.%d\n"
                  "  cuda_multiprocessors: %d\n"
                  "  cuda_driver_version: %d\n"
-                 "  cuda_unavailable_reason: %s\n",
+                 "  cuda_memory_mib: %llu\n"
+                 "  cuda_unavailable_reason: %s\n"
+                 "  nvrtc_version: %d.%d\n"
+                 "  nvrtc_unavailable_reason: %s\n",
                  p->kind == ATTN_PLATFORM_CUDA ? "CUDA" : "CPU", p->cpu_cores, p->cpu_threads,
                  p->cpu_simd, p->cuda_device_count,
                  p->cuda_device_name[0] ? p->cuda_device_name : "none",
                  p->cuda_capability_major, p->cuda_capability_minor, p->cuda_multiprocessors,
-                 p->cuda_driver_version, p->cuda_reason[0] ? p->cuda_reason : "none");
+                 p->cuda_driver_version, (unsigned long long)(p->cuda_memory_bytes >> 20),
+                 p->cuda_reason[0] ? p->cuda_reason : "none", p->nvrtc_version / 1000,
+                 p->nvrtc_version % 1000 / 10, p->nvrtc_reason[0] ? p->nvrtc_reason : "none");
     return n < 0 ? 0 : (size_t)n;
 }
 
@@ -1206,6 +1239,8 @@ ATTN_API size_t attn_platform_format(const attn_platform *p, char *buf, size_t s
    A persistent pool: the caller plus num_threads-1 workers pull task indices from a
    shared counter (tasks are coarse, so a mutex-guarded counter costs nothing).
    ======================================================================================= */
+
+typedef struct attn__threadpool attn__threadpool;
 
 typedef void (*attn__task_fn)(void *arg, int task, int thread);
 
@@ -1324,6 +1359,191 @@ static void attn__pool_run(attn__threadpool *pool, attn__task_fn fn, void *arg, 
 }
 #endif
 
+/* =======================================================================================
+   >>context
+   The context: its struct, the logger and last-error slots every section reports to,
+   environment values, create/destroy, per-thread scratch and backends' context-level state.
+   ======================================================================================= */
+
+/* A backend's context-level state (context_init ran once; status and reason kept). */
+typedef struct attn__backend_slot {
+    const attn_backend *backend;
+    void *state;
+    attn_status status;
+    char reason[160];
+} attn__backend_slot;
+
+typedef struct attn__selection_cache_entry {
+    attn_layer_desc desc;            /* alibi pointer replaced by a hash of the slopes */
+    uint64_t alibi_hash;
+    attn_select_request request;
+    char env_value[64];
+    attn_status status;
+    attn_selection selection;
+} attn__selection_cache_entry;
+
+struct attn_context {
+    attn_log_fn log;
+    void *log_user_data;
+    attn_log_level log_level;
+    char last_error[512];
+    attn_platform platform;
+    int num_threads;
+    attn__threadpool *pool;
+    float **scratch;                 /* one per thread, grown on demand */
+    size_t *scratch_size;
+    attn__selection_cache_entry *cache;
+    int cache_count, cache_capacity;
+    attn_loader loader;              /* how run-time libraries are opened */
+    struct attn__cuda_driver *cuda;  /* the driver's function table (library NULL: none) */
+    struct attn__nvrtc *nvrtc;       /* the run-time compiler's table (library NULL: none) */
+    struct attn__kernel_cache *kernels; /* compiled variants, memory and disk (>>nvrtc) */
+    struct attn__backend_slot *backends; /* context-level state of each backend used */
+    int num_backends, backend_capacity;
+};
+
+static ATTN__THREAD_LOCAL char attn__thread_error[512];
+
+static const char *attn__level_name(attn_log_level level) {
+    switch (level) {
+    case ATTN_LOG_LEVEL_ERROR: return "ERROR";
+    case ATTN_LOG_LEVEL_WARN: return "WARN";
+    case ATTN_LOG_LEVEL_INFO: return "INFO";
+    case ATTN_LOG_LEVEL_DEBUG: return "DEBUG";
+    default: return "?";
+    }
+}
+
+/* A level name (case-insensitive) -> *level; 0 if v names none. */
+static int attn__parse_log_level(const char *v, attn_log_level *level) {
+    if (attn__strieq(v, "error")) *level = ATTN_LOG_LEVEL_ERROR;
+    else if (attn__strieq(v, "warn") || attn__strieq(v, "warning")) *level = ATTN_LOG_LEVEL_WARN;
+    else if (attn__strieq(v, "info")) *level = ATTN_LOG_LEVEL_INFO;
+    else if (attn__strieq(v, "debug")) *level = ATTN_LOG_LEVEL_DEBUG;
+    else if (attn__strieq(v, "none") || attn__strieq(v, "off")) *level = ATTN_LOG_LEVEL_NONE;
+    else return 0;
+    return 1;
+}
+
+/* Silent: the logger itself asks this for lines without a context (a bad value is
+   reported once per context by attn__env_log_level_check). */
+static attn_log_level attn__env_log_level(void) {
+    const char *v = attn__trim_env("ATTN_LOG_LEVEL");
+    attn_log_level level = ATTN_LOG_LEVEL_INFO;
+    if (v && !attn__parse_log_level(v, &level)) level = ATTN_LOG_LEVEL_INFO;
+    return level;
+}
+
+static void attn__log(const attn_context *ctx, attn_log_level level, attn_log_item item,
+                      const char *fmt, ...) ATTN__PRINTF(4, 5);
+static void attn__log(const attn_context *ctx, attn_log_level level, attn_log_item item,
+                      const char *fmt, ...) {
+    char line[768];
+    va_list ap;
+    attn_log_level threshold = ctx ? ctx->log_level : attn__env_log_level();
+    if (threshold == ATTN_LOG_LEVEL_NONE || level > threshold) return;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (ctx && ctx->log)
+        ctx->log(ctx->log_user_data, level, item, line);
+    else
+        fprintf(stderr, "attn: %s: %s\n", attn__level_name(level), line);
+}
+
+/* Records the message as the last error (context, else thread), logs it at ERROR level
+   under `item`, and returns status so callers can `return attn__fail(...)`. */
+static attn_status attn__fail(attn_context *ctx, attn_status status, attn_log_item item,
+                              const char *fmt, ...) ATTN__PRINTF(4, 5);
+static attn_status attn__fail(attn_context *ctx, attn_status status, attn_log_item item,
+                              const char *fmt, ...) {
+    char *slot = ctx ? ctx->last_error : attn__thread_error;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(slot, 512, fmt, ap);
+    va_end(ap);
+    attn__log(ctx, ATTN_LOG_LEVEL_ERROR, item, "%s: %s", attn_status_string(status), slot);
+    return status;
+}
+
+/* The NULL-argument failure every front door reports: `return attn__null_arg(...)`. */
+static attn_status attn__null_arg(attn_context *ctx, const char *fn, const char *name) {
+    return attn__fail(ctx, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL,
+                      "%s: argument '%s' is NULL (a valid pointer is required)", fn, name);
+}
+
+/* Environment values other than ATTN_BACKEND: a value that is set but not allowed gets
+   one WARN line (through ctx's hook) naming the variable, the value and what is allowed,
+   and the caller's default is used. Unset or empty means the default, silently. */
+static void attn__env_invalid(const attn_context *ctx, const char *name, const char *value,
+                              const char *allowed) {
+    attn__log(ctx, ATTN_LOG_LEVEL_WARN, ATTN_LOG_ENV_INVALID,
+              "%s='%s' is not allowed (allowed: %s); using the default", name, value, allowed);
+}
+
+/* 1/0, true/false, yes/no, on/off (case-insensitive). */
+static int attn__env_bool(const attn_context *ctx, const char *name, int dflt) {
+    static const char *const words[8] = {"1", "true", "yes", "on", "0", "false", "no", "off"};
+    const char *v = attn__trim_env(name);
+    int i;
+    if (!v) return dflt;
+    for (i = 0; i < 8; i++)
+        if (attn__strieq(v, words[i])) return i < 4;
+    attn__env_invalid(ctx, name, v, "1, 0, true, false, yes, no, on, off (case-insensitive)");
+    return dflt;
+}
+
+/* A decimal integer in lo..hi. */
+static int attn__env_int(const attn_context *ctx, const char *name, int lo, int hi, int dflt) {
+    const char *v = attn__trim_env(name);
+    char allowed[64];
+    char *end;
+    long n;
+    if (!v) return dflt;
+    n = strtol(v, &end, 10);
+    if (end != v && !*end && n >= lo && n <= hi) return (int)n;
+    attn__fmt(allowed, sizeof allowed, "an integer from %d to %d", lo, hi);
+    attn__env_invalid(ctx, name, v, allowed);
+    return dflt;
+}
+
+/* ATTN_LOG_LEVEL once more, to report a bad value through a context that has its logger. */
+static void attn__env_log_level_check(const attn_context *ctx) {
+    const char *v = attn__trim_env("ATTN_LOG_LEVEL");
+    attn_log_level level;
+    if (v && !attn__parse_log_level(v, &level))
+        attn__env_invalid(ctx, "ATTN_LOG_LEVEL", v, "error, warn, info, debug, none "
+                          "(case-insensitive)");
+}
+
+ATTN_API const char *attn_status_string(attn_status status) {
+    switch (status) {
+    case ATTN_OK: return "ATTN_OK";
+    case ATTN_ERROR_NULL_ARGUMENT: return "ATTN_ERROR_NULL_ARGUMENT";
+    case ATTN_ERROR_INVALID_VALUE: return "ATTN_ERROR_INVALID_VALUE";
+    case ATTN_ERROR_SHAPE_MISMATCH: return "ATTN_ERROR_SHAPE_MISMATCH";
+    case ATTN_ERROR_INVALID_METADATA: return "ATTN_ERROR_INVALID_METADATA";
+    case ATTN_ERROR_UNSUPPORTED: return "ATTN_ERROR_UNSUPPORTED";
+    case ATTN_ERROR_BACKEND_UNAVAILABLE: return "ATTN_ERROR_BACKEND_UNAVAILABLE";
+    case ATTN_ERROR_UNKNOWN_BACKEND: return "ATTN_ERROR_UNKNOWN_BACKEND";
+    case ATTN_ERROR_CAPACITY: return "ATTN_ERROR_CAPACITY";
+    case ATTN_ERROR_OUT_OF_MEMORY: return "ATTN_ERROR_OUT_OF_MEMORY";
+    case ATTN_ERROR_PLATFORM: return "ATTN_ERROR_PLATFORM";
+    case ATTN_ERROR_INTERNAL: return "ATTN_ERROR_INTERNAL";
+    }
+    return "ATTN_ERROR_UNKNOWN_STATUS";
+}
+
+ATTN_API const char *attn_log_item_name(attn_log_item item) {
+    static const char *const names[] = {
+#define ATTN__LOG_NAME(name, text) "ATTN_LOG_" #name,
+        ATTN_LOG_ITEMS(ATTN__LOG_NAME)
+#undef ATTN__LOG_NAME
+    };
+    if ((int)item < 0 || (int)item >= (int)ATTN_LOG_ITEM_COUNT) return "ATTN_LOG_?";
+    return names[item];
+}
+
 /* Per-thread float scratch, grown before a parallel region so tasks never allocate. */
 static attn_status attn__scratch_reserve(attn_context *ctx, size_t floats) {
     int t;
@@ -1342,58 +1562,72 @@ static attn_status attn__scratch_reserve(attn_context *ctx, size_t floats) {
     return ATTN_OK;
 }
 
-/* =======================================================================================
-   >>context
-   ======================================================================================= */
+/* attn_context_create's failures have no context to keep their message: they are logged
+   through a stack context holding just the caller's hook and level, and the message is
+   copied to the thread's last error (where attn_context_last_error(NULL) finds it). */
+static attn_status attn__context_create_failed(const attn_context *logger, attn_status status) {
+    attn__strlcpy(attn__thread_error, logger->last_error, sizeof attn__thread_error);
+    return status;
+}
+
+struct attn__kernel_cache;                                         /* >>nvrtc */
+static struct attn__kernel_cache *attn__kernel_cache_create(const char *dir);
+static void attn__kernel_cache_destroy(struct attn__kernel_cache *kc);
 
 ATTN_API attn_status attn_context_create(const attn_context_desc *desc, attn_context **out) {
     attn_context_desc d;
+    attn_context logger;
     attn_context *ctx;
     int threads;
+    memset(&d, 0, sizeof d);
+    if (desc) d = *desc;
+    memset(&logger, 0, sizeof logger);
+    logger.log = d.log;
+    logger.log_user_data = d.log_user_data;
+    logger.log_level = (int)d.log_level > 0 && (int)d.log_level <= (int)ATTN_LOG_LEVEL_NONE
+                           ? d.log_level : attn__env_log_level();
+#define ATTN__CREATE_FAIL(...) \
+    return attn__context_create_failed(&logger, attn__fail(&logger, __VA_ARGS__))
     if (!out)
-        return attn__fail(NULL, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT,
+        ATTN__CREATE_FAIL(ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT,
                           "attn_context_create: argument 'out' is NULL (a valid pointer is "
                           "required)");
     *out = NULL;
-    memset(&d, 0, sizeof d);
-    if (desc) d = *desc;
     if ((int)d.log_level < 0 || (int)d.log_level > (int)ATTN_LOG_LEVEL_NONE)
-        return attn__fail(NULL, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+        ATTN__CREATE_FAIL(ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
                           "attn_context_create: desc.log_level is %d (allowed: 0..5, "
                           "ATTN_LOG_LEVEL_DEFAULT..ATTN_LOG_LEVEL_NONE)", (int)d.log_level);
     if (d.num_threads < 0 || d.num_threads > 1024)
-        return attn__fail(NULL, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+        ATTN__CREATE_FAIL(ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
                           "attn_context_create: desc.num_threads is %d (allowed: 0 = default, "
                           "or 1..1024)", d.num_threads);
-    threads = d.num_threads;
-    if (!threads) {
-        const char *env = attn__trim_env("ATTN_NUM_THREADS");
-        threads = env ? atoi(env) : 0;
-        if (threads <= 0 || threads > 1024) threads = attn__cpu_cores();
-    }
-#ifdef ATTN_NO_THREADS
-    threads = 1;
-#endif
     ctx = (attn_context *)attn__calloc(1, sizeof *ctx);
     if (!ctx)
-        return attn__fail(NULL, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
+        ATTN__CREATE_FAIL(ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
                           "attn_context_create: cannot allocate the context");
     ctx->log = d.log;
     ctx->log_user_data = d.log_user_data;
     ctx->log_level = d.log_level ? d.log_level : attn__env_log_level();
+    /* the environment is read once the logger exists, so bad values reach the hook */
+    if (!d.log_level) attn__env_log_level_check(ctx);
+    threads = d.num_threads ? d.num_threads
+                            : attn__env_int(ctx, "ATTN_NUM_THREADS", 1, 1024, attn__cpu_cores());
+#ifdef ATTN_NO_THREADS
+    threads = 1;
+#endif
     ctx->num_threads = threads;
     ctx->scratch = (float **)attn__calloc((size_t)threads, sizeof(float *));
     ctx->scratch_size = (size_t *)attn__calloc((size_t)threads, sizeof(size_t));
     if (!ctx->scratch || !ctx->scratch_size) {
         attn_context_destroy(ctx);
-        return attn__fail(NULL, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
+        ATTN__CREATE_FAIL(ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
                           "attn_context_create: cannot allocate thread scratch tables");
     }
     if (threads > 1) {
         ctx->pool = attn__pool_create(threads);
         if (!ctx->pool) {
             attn_context_destroy(ctx);
-            return attn__fail(NULL, ATTN_ERROR_PLATFORM, ATTN_LOG_PLATFORM_ERROR,
+            ATTN__CREATE_FAIL(ATTN_ERROR_PLATFORM, ATTN_LOG_PLATFORM_ERROR,
                               "attn_context_create: cannot start %d worker threads", threads - 1);
         }
         attn__log(ctx, ATTN_LOG_LEVEL_DEBUG, ATTN_LOG_THREADS_STARTED, "%d worker threads",
@@ -1402,7 +1636,22 @@ ATTN_API attn_status attn_context_create(const attn_context_desc *desc, attn_con
     ctx->platform.cpu_cores = attn__cpu_cores();
     ctx->platform.cpu_threads = threads;
     attn__strlcpy(ctx->platform.cpu_simd, attn__simd_name(), sizeof ctx->platform.cpu_simd);
-    ctx->cuda_driver = attn__probe_cuda(&ctx->platform);
+    if (d.loader) ctx->loader = *d.loader;
+    ctx->cuda = (struct attn__cuda_driver *)attn__calloc(1, sizeof *ctx->cuda);
+    if (!ctx->cuda) {
+        attn_context_destroy(ctx);
+        return attn__fail(NULL, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
+                          "attn_context_create: cannot allocate the driver table");
+    }
+    attn__probe_cuda(&ctx->loader, ctx->cuda, &ctx->platform);
+    ctx->nvrtc = (struct attn__nvrtc *)attn__calloc(1, sizeof *ctx->nvrtc);
+    ctx->kernels = attn__kernel_cache_create(d.kernel_cache_dir);
+    if (!ctx->nvrtc || !ctx->kernels) {
+        attn_context_destroy(ctx);
+        return attn__fail(NULL, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
+                          "attn_context_create: cannot allocate the compiler tables");
+    }
+    attn__probe_nvrtc(&ctx->loader, ctx->nvrtc, &ctx->platform);
     if (ctx->platform.kind != ATTN_PLATFORM_CUDA)
         attn__log(ctx, ATTN_LOG_LEVEL_DEBUG, ATTN_LOG_CUDA_UNAVAILABLE, "CUDA: %s",
                   ctx->platform.cuda_reason);
@@ -1412,18 +1661,29 @@ ATTN_API attn_status attn_context_create(const attn_context_desc *desc, attn_con
               ctx->platform.cpu_cores, threads, ctx->platform.cpu_simd);
     *out = ctx;
     return ATTN_OK;
+#undef ATTN__CREATE_FAIL
 }
 
 ATTN_API void attn_context_destroy(attn_context *ctx) {
     int t;
     if (!ctx) return;
+    for (t = ctx->num_backends - 1; t >= 0; t--) { /* in reverse order of init */
+        attn__backend_slot *bs = &ctx->backends[t];
+        if (bs->status == ATTN_OK && bs->backend->context_release)
+            bs->backend->context_release(bs->backend, ctx, bs->state);
+    }
+    attn__free(ctx->backends);
     attn__pool_destroy(ctx->pool);
     if (ctx->scratch)
         for (t = 0; t < ctx->num_threads; t++) attn__free(ctx->scratch[t]);
     attn__free(ctx->scratch);
     attn__free(ctx->scratch_size);
     attn__free(ctx->cache);
-    if (ctx->cuda_driver) dlclose(ctx->cuda_driver);
+    if (ctx->cuda) attn__loader_close(&ctx->loader, ctx->cuda->library);
+    attn__free(ctx->cuda);
+    if (ctx->nvrtc) attn__loader_close(&ctx->loader, ctx->nvrtc->library);
+    attn__free(ctx->nvrtc);
+    attn__kernel_cache_destroy(ctx->kernels);
     attn__free(ctx);
 }
 
@@ -1432,12 +1692,351 @@ ATTN_API const char *attn_context_last_error(const attn_context *ctx) {
 }
 
 ATTN_API attn_status attn_context_set_log_level(attn_context *ctx, attn_log_level level) {
-    ATTN__CHECK_PTR(ctx, ctx, "attn_context_set_log_level");
+    if (!ctx) return attn__null_arg(ctx, __func__, "ctx");
     if ((int)level < 0 || (int)level > (int)ATTN_LOG_LEVEL_NONE)
         return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
                           "attn_context_set_log_level: level is %d (allowed: 0..5)", (int)level);
     ctx->log_level = level ? level : attn__env_log_level();
+    if (!level) attn__env_log_level_check(ctx);
     return ATTN_OK;
+}
+
+/* The context-level state of backend b, running its context_init the first time this
+   context needs it. A failure is remembered (with its reason) for the context's life, so
+   the selector's records stay consistent and a broken library is not retried per layer. */
+static attn_status attn__backend_context(attn_context *ctx, const attn_backend *b, void **state,
+                                         char *reason, size_t reason_size) {
+    attn__backend_slot *bs = NULL;
+    int i;
+    for (i = 0; i < ctx->num_backends; i++)
+        if (ctx->backends[i].backend == b) { bs = &ctx->backends[i]; break; }
+    if (!bs) {
+        if (ctx->num_backends == ctx->backend_capacity) {
+            int cap = ctx->backend_capacity ? 2 * ctx->backend_capacity : 4;
+            attn__backend_slot *n = (attn__backend_slot *)ATTN_REALLOC(ctx->backends, (size_t)cap * sizeof *n);
+            if (!n) {
+                attn__fmt(reason, reason_size, "%s: out of memory for its context state", b->name);
+                return ATTN_ERROR_OUT_OF_MEMORY;
+            }
+            ctx->backends = n;
+            ctx->backend_capacity = cap;
+        }
+        bs = &ctx->backends[ctx->num_backends];
+        memset(bs, 0, sizeof *bs);
+        bs->backend = b;
+        if (b->context_init) {
+            char why[160];
+            why[0] = 0;
+            bs->status = b->context_init(b, ctx, &bs->state, why, sizeof why);
+            if (bs->status != ATTN_OK)
+                attn__fmt(bs->reason, sizeof bs->reason, "%s: %s", b->name,
+                          why[0] ? why : attn_status_string(bs->status));
+        }
+        ctx->num_backends++;
+    }
+    if (state) *state = bs->state;
+    if (bs->status != ATTN_OK) attn__strlcpy(reason, bs->reason, reason_size);
+    return bs->status;
+}
+
+ATTN_API void *attn_context_backend_state(const attn_context *ctx, const attn_backend *backend) {
+    int i;
+    if (!ctx || !backend) return NULL;
+    for (i = 0; i < ctx->num_backends; i++)
+        if (ctx->backends[i].backend == backend && ctx->backends[i].status == ATTN_OK)
+            return ctx->backends[i].state;
+    return NULL;
+}
+
+ATTN_API attn_status attn_platform_get(attn_context *ctx, attn_platform *out) {
+    if (!ctx) return attn__null_arg(ctx, __func__, "ctx");
+    if (!out) return attn__null_arg(ctx, __func__, "out");
+    *out = ctx->platform;
+    return ATTN_OK;
+}
+
+/* =======================================================================================
+   >>types
+   Element types from one table (name, size, row load/store), exact f16/bf16 conversions
+   (round to nearest even), tensor views and the checks every front door runs on them.
+   ======================================================================================= */
+
+static uint32_t attn__f32_bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
+static float attn__bits_f32(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }
+
+ATTN_API uint16_t attn_f32_to_f16(float x) {
+    uint32_t u = attn__f32_bits(x);
+    uint32_t sign = (u >> 16) & 0x8000u;
+    uint32_t exp = (u >> 23) & 0xffu;
+    uint32_t man = u & 0x7fffffu;
+    if (exp == 0xff) return (uint16_t)(sign | 0x7c00u | (man ? 0x200u | (man >> 13) : 0));
+    if (exp > 142) return (uint16_t)(sign | 0x7c00u); /* >= 2^16: overflow to inf */
+    if (exp < 113) {                                   /* subnormal half or zero */
+        uint32_t shift, m, r, half;
+        if (exp < 102) return (uint16_t)sign;          /* < 2^-25: rounds to zero */
+        m = man | 0x800000u;
+        shift = 126 - exp;                             /* 14..24 */
+        r = m >> shift;
+        half = 1u << (shift - 1);
+        if ((m & ((half << 1) - 1)) > half || ((m & ((half << 1) - 1)) == half && (r & 1))) r++;
+        return (uint16_t)(sign | r);
+    } else {
+        uint32_t h = ((exp - 112) << 10) | (man >> 13);
+        uint32_t rest = man & 0x1fffu;
+        if (rest > 0x1000u || (rest == 0x1000u && (h & 1))) h++; /* may carry into exp: ok */
+        return (uint16_t)(sign | h);
+    }
+}
+
+ATTN_API float attn_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t man = h & 0x3ffu;
+    if (exp == 0x1f) return attn__bits_f32(sign | 0x7f800000u | (man << 13));
+    if (exp == 0) {
+        float v = (float)man * (1.0f / 16777216.0f); /* man * 2^-24, exact */
+        return sign ? -v : v;
+    }
+    return attn__bits_f32(sign | ((exp + 112) << 23) | (man << 13));
+}
+
+ATTN_API uint16_t attn_f32_to_bf16(float x) {
+    uint32_t u = attn__f32_bits(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+ATTN_API float attn_bf16_to_f32(uint16_t h) { return attn__bits_f32((uint32_t)h << 16); }
+
+/* Rows of n elements between storage and f32 (stores round to nearest even). The f16 and
+   bf16 ones are defined in >>cpu, next to the vector layer they use. */
+static void attn__f32_row(const void *src, float *dst, int n) {
+    memcpy(dst, src, (size_t)n * sizeof(float));
+}
+static void attn__row_store_f32(const float *src, void *dst, int n) {
+    memcpy(dst, src, (size_t)n * sizeof(float));
+}
+static void attn__f16_row(const void *src, float *dst, int n);
+static void attn__bf16_row(const void *src, float *dst, int n);
+static void attn__row_to_f16(const float *src, void *dst, int n);
+static void attn__row_to_bf16(const float *src, void *dst, int n);
+
+/* Everything that depends on the element type goes through this table, or through a
+   switch without `default:` (so -Wswitch names each place a new type must be handled;
+   the SIMD kernels keep one instantiation per type for speed). */
+typedef struct attn__dtype_info {
+    const char *name, *long_name;                         /* "bf16", "bfloat16" */
+    size_t size;                                          /* bytes; 0: not an element type */
+    void (*load_row)(const void *src, float *dst, int n); /* n elements -> f32 */
+    void (*store_row)(const float *src, void *dst, int n);
+} attn__dtype_info;
+
+static const attn__dtype_info attn__dtypes[] = { /* one row per attn_dtype, in order */
+    {"auto", "auto", 0, NULL, NULL},
+    {"f32", "float32", 4, attn__f32_row, attn__row_store_f32},
+    {"f16", "float16", 2, attn__f16_row, attn__row_to_f16},
+    {"bf16", "bfloat16", 2, attn__bf16_row, attn__row_to_bf16}
+};
+/* fails to compile when attn_dtype gains an enumerator without a row */
+typedef char attn__dtype_table_complete[
+    sizeof attn__dtypes / sizeof attn__dtypes[0] == (size_t)ATTN_DTYPE_COUNT ? 1 : -1];
+
+static int attn__dtype_valid(attn_dtype dtype) {
+    return (int)dtype >= 0 && (int)dtype < (int)ATTN_DTYPE_COUNT;
+}
+
+/* The element types' names for messages: "f32, f16, bf16". */
+static void attn__dtype_names(char *buf, size_t size, int long_names) {
+    int d;
+    buf[0] = 0;
+    for (d = 0; d < (int)ATTN_DTYPE_COUNT; d++)
+        if (attn__dtypes[d].size) {
+            size_t n = strlen(buf);
+            attn__fmt(buf + n, size - n, "%s%s", n ? ", " : "", attn__dtypes[d].name);
+            if (long_names) {
+                n = strlen(buf);
+                attn__fmt(buf + n, size - n, " (%s)", attn__dtypes[d].long_name);
+            }
+        }
+}
+
+ATTN_API const char *attn_dtype_name(attn_dtype dtype) {
+    return attn__dtype_valid(dtype) ? attn__dtypes[dtype].name : "?";
+}
+
+ATTN_API attn_status attn_dtype_from_name(const char *name, attn_dtype *out) {
+    char names[160];
+    int d;
+    if (!name) return attn__null_arg(NULL, __func__, "name");
+    if (!out) return attn__null_arg(NULL, __func__, "out");
+    for (d = 0; d < (int)ATTN_DTYPE_COUNT; d++)
+        if (attn__dtypes[d].size &&
+            (attn__strieq(name, attn__dtypes[d].name) || attn__strieq(name, attn__dtypes[d].long_name))) {
+            *out = (attn_dtype)d;
+            return ATTN_OK;
+        }
+    attn__dtype_names(names, sizeof names, 1);
+    return attn__fail(NULL, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                      "attn_dtype_from_name: name '%s' names no element type (allowed, "
+                      "case-insensitive: %s)", name, names);
+}
+
+ATTN_API size_t attn_dtype_size(attn_dtype dtype) {
+    return attn__dtype_valid(dtype) ? attn__dtypes[dtype].size : 0;
+}
+
+ATTN_API attn_tensor attn_tensor_make(void *data, attn_dtype dtype, int ndim,
+                                      const int64_t *shape) {
+    attn_tensor t;
+    int i;
+    memset(&t, 0, sizeof t);
+    t.data = data;
+    t.dtype = dtype;
+    t.ndim = (ndim < 0 || ndim > ATTN_MAX_DIMS || !shape) ? 0 : ndim;
+    for (i = 0; i < t.ndim; i++) t.shape[i] = shape[i];
+    return t;
+}
+
+/* Fills default (contiguous) strides into a copy when all strides are zero. */
+static attn_tensor attn__tensor_resolved(const attn_tensor *t) {
+    attn_tensor r = *t;
+    int i, all_zero = 1;
+    for (i = 0; i < r.ndim; i++) if (r.strides[i]) all_zero = 0;
+    if (all_zero && r.ndim > 0) {
+        int64_t s = 1;
+        /* the outermost extent enters no stride: it may be any length without overflow */
+        for (i = r.ndim - 1; i >= 0; i--) { r.strides[i] = s; if (i > 0) s *= r.shape[i]; }
+    }
+    return r;
+}
+
+ATTN_API size_t attn_tensor_nbytes(const attn_tensor *t) {
+    size_t n;
+    int i;
+    if (!t || t->ndim <= 0 || t->ndim > ATTN_MAX_DIMS) return 0;
+    n = attn_dtype_size(t->dtype);
+    for (i = 0; i < t->ndim; i++)
+        if (t->shape[i] <= 0) return 0;
+    for (i = 0; i < t->ndim; i++) {
+        uint64_t e = (uint64_t)t->shape[i];
+        if (e > (uint64_t)SIZE_MAX || (n && (size_t)e > SIZE_MAX / n)) return SIZE_MAX;
+        n *= (size_t)e;
+    }
+    return n;
+}
+
+/* One element; a switch rather than the table's rows, so the conversion inlines. */
+static float attn__load_elem(const void *p, attn_dtype dt, int64_t i) {
+    switch (dt) {
+    case ATTN_DTYPE_F32: return ((const float *)p)[i];
+    case ATTN_DTYPE_F16: return attn_f16_to_f32(((const uint16_t *)p)[i]);
+    case ATTN_DTYPE_BF16: return attn_bf16_to_f32(((const uint16_t *)p)[i]);
+    case ATTN_DTYPE_AUTO: case ATTN_DTYPE_COUNT: break; /* not element types */
+    }
+    ATTN_ASSERT(0);
+    return 0.0f;
+}
+
+static void attn__store_elem(void *p, attn_dtype dt, int64_t i, float x) {
+    switch (dt) {
+    case ATTN_DTYPE_F32: ((float *)p)[i] = x; return;
+    case ATTN_DTYPE_F16: ((uint16_t *)p)[i] = attn_f32_to_f16(x); return;
+    case ATTN_DTYPE_BF16: ((uint16_t *)p)[i] = attn_f32_to_bf16(x); return;
+    case ATTN_DTYPE_AUTO: case ATTN_DTYPE_COUNT: break;
+    }
+    ATTN_ASSERT(0);
+}
+
+/* Expected extents for attn__check_tensor: n means exactly n, ATTN__AT_LEAST(n) at least n. */
+#define ATTN__AT_LEAST(n) (-(int64_t)(n) - 1)
+
+/* Checks a tensor against an expected dtype and shape, innermost dimension contiguous. */
+static attn_status attn__check_tensor(attn_context *ctx, const char *fn, const char *name,
+                                      const attn_tensor *t, attn_dtype dtype, int ndim,
+                                      const int64_t *shape, attn_device_kind device) {
+    int i;
+    if (!t->data)
+        return attn__fail(ctx, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL,
+                          "%s: %s.data is NULL (a valid pointer is required)", fn, name);
+    if (t->dtype != dtype)
+        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_DTYPE,
+                          "%s: %s.dtype is %s (allowed: %s)", fn, name,
+                          attn_dtype_name(t->dtype), attn_dtype_name(dtype));
+    if (t->device.kind != device)
+        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_DEVICE,
+                          "%s: %s.device is %s (allowed: %s)", fn, name,
+                          t->device.kind == ATTN_DEVICE_CUDA ? "cuda" : "cpu",
+                          device == ATTN_DEVICE_CUDA ? "cuda" : "cpu");
+    if (t->ndim != ndim)
+        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE,
+                          "%s: %s.ndim is %d (allowed: %d)", fn, name, t->ndim, ndim);
+    for (i = 0; i < ndim; i++) {
+        if (shape[i] >= 0 && t->shape[i] != shape[i])
+            return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE,
+                              "%s: %s.shape[%d] is %lld (allowed: %lld)", fn, name, i,
+                              (long long)t->shape[i], (long long)shape[i]);
+        if (shape[i] < 0 && t->shape[i] < -shape[i] - 1)
+            return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE,
+                              "%s: %s.shape[%d] is %lld (allowed: at least %lld)", fn, name,
+                              i, (long long)t->shape[i], (long long)(-shape[i] - 1));
+    }
+    {
+        attn_tensor r = attn__tensor_resolved(t);
+        if (r.strides[ndim - 1] != 1)
+            return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_LAYOUT,
+                              "%s: %s.strides[%d] is %lld (allowed: 1, the last dimension "
+                              "must be contiguous)", fn, name, ndim - 1,
+                              (long long)r.strides[ndim - 1]);
+        for (i = 0; i < ndim - 1; i++)
+            if (r.strides[i] < 0)
+                return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_LAYOUT,
+                                  "%s: %s.strides[%d] is %lld (allowed: >= 0)", fn, name, i,
+                                  (long long)r.strides[i]);
+    }
+    return ATTN_OK;
+}
+
+/* An output may not hold one element twice (two writers, or a row written over another);
+   inputs may (broadcast views). With the dimensions of extent > 1 sorted by stride, each
+   stride must reach past the span of the dimensions inside it. After attn__check_tensor. */
+static attn_status attn__check_output_tensor(attn_context *ctx, const char *fn, const char *name,
+                                             const attn_tensor *t) {
+    attn_tensor r = attn__tensor_resolved(t);
+    int order[ATTN_MAX_DIMS], n = 0, i, j;
+    int64_t span = 1; /* elements from the first to the last of the dimensions so far */
+    for (i = 0; i < r.ndim; i++) {
+        if (r.shape[i] <= 0) return ATTN_OK; /* empty: nothing is written */
+        if (r.shape[i] > 1) order[n++] = i;
+    }
+    for (i = 1; i < n; i++)
+        for (j = i; j > 0 && r.strides[order[j]] < r.strides[order[j - 1]]; j--) {
+            int x = order[j]; order[j] = order[j - 1]; order[j - 1] = x;
+        }
+    for (i = 0; i < n; i++) {
+        int k = order[i];
+        if (r.strides[k] < span)
+            return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_LAYOUT,
+                              "%s: %s.strides[%d] is %lld with shape[%d] %lld, so the output's "
+                              "elements overlap (allowed: >= %lld, the span of the dimensions "
+                              "inside it; outputs may not repeat elements)", fn, name, k,
+                              (long long)r.strides[k], k, (long long)r.shape[k], (long long)span);
+        span = (r.shape[k] - 1 > (INT64_MAX - span) / r.strides[k])
+                   ? INT64_MAX : span + (r.shape[k] - 1) * r.strides[k];
+    }
+    return ATTN_OK;
+}
+
+/* Contiguity of a whole tensor (the KV cache must be exactly the backend's layout). */
+static int attn__tensor_is_contiguous(const attn_tensor *t) {
+    attn_tensor r = attn__tensor_resolved(t);
+    int64_t s = 1;
+    int i;
+    for (i = r.ndim - 1; i >= 0; i--) {
+        if (r.shape[i] != 1 && r.strides[i] != s) return 0;
+        if (i > 0) s *= r.shape[i];
+    }
+    return 1;
 }
 
 /* =======================================================================================
@@ -1520,8 +2119,8 @@ static attn_backend_id attn__lookup_name(const char *name) {
 ATTN_API attn_status attn_backend_from_name(const char *name, attn_backend_id *out) {
     char names[256];
     attn_backend_id id;
-    ATTN__CHECK_PTR(NULL, name, "attn_backend_from_name");
-    ATTN__CHECK_PTR(NULL, out, "attn_backend_from_name");
+    if (!name) return attn__null_arg(NULL, __func__, "name");
+    if (!out) return attn__null_arg(NULL, __func__, "out");
     id = attn__lookup_name(name);
     if (id != ATTN_BACKEND_AUTO) {
         *out = id;
@@ -1544,10 +2143,18 @@ ATTN_API attn_status attn_register_backend(attn_backend_id id, const attn_backen
                               "attn_register_backend: backend->id is %d (allowed: %d, the "
                               "slot it is registered in)", (int)backend->id, (int)id);
         if (!backend->name || !backend->kv_cache_shape ||
-            (backend->is_mla ? (!backend->forward_mqa || !backend->forward_mha) : !backend->forward))
-            return attn__fail(NULL, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT,
+            (backend->is_mla ? (!backend->forward_mqa || !backend->forward_mha ||
+                                !backend->mla_forward || !backend->concat_and_cache_mla)
+                             : (!backend->forward || !backend->reshape_and_cache)))
+            return attn__fail(NULL, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL,
                               "attn_register_backend: backend must have a name, kv_cache_shape "
-                              "and forward (MLA: forward_mqa and forward_mha); one is NULL");
+                              "and its entry points (standard: forward, reshape_and_cache; MLA: "
+                              "forward_mqa, forward_mha, mla_forward, concat_and_cache_mla); one "
+                              "is NULL");
+        if ((int)backend->device != ATTN_DEVICE_CPU && (int)backend->device != ATTN_DEVICE_CUDA)
+            return attn__fail(NULL, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                              "attn_register_backend: backend->device is %d (allowed: "
+                              "ATTN_DEVICE_CPU, ATTN_DEVICE_CUDA)", (int)backend->device);
         if (!backend->name[0])
             return attn__fail(NULL, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
                               "attn_register_backend: backend->name is \"\" (allowed: a "
@@ -1580,36 +2187,38 @@ ATTN_API attn_status attn_register_backend(attn_backend_id id, const attn_backen
 static attn_status attn__desc_resolve(attn_context *ctx, const char *fn,
                                       const attn_layer_desc *in, attn_layer_desc *out) {
     attn_layer_desc d = *in;
+    char types[64];
     int i;
-#define ATTN__BAD(...) return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT, __VA_ARGS__)
-    if (d.num_heads <= 0) ATTN__BAD("%s: desc.num_heads is %d (allowed: >= 1)", fn, d.num_heads);
+    if (d.num_heads <= 0) return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.num_heads is %d (allowed: >= 1)", fn, d.num_heads);
     if (d.num_kv_heads < 0)
-        ATTN__BAD("%s: desc.num_kv_heads is %d (allowed: 0 = num_heads, or a divisor of "
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.num_kv_heads is %d (allowed: 0 = num_heads, or a divisor of "
                   "num_heads)", fn, d.num_kv_heads);
     if (!d.num_kv_heads) d.num_kv_heads = d.use_mla == 1 ? 1 : d.num_heads;
     if (d.num_heads % d.num_kv_heads)
-        ATTN__BAD("%s: desc.num_kv_heads is %d (allowed: a divisor of num_heads %d)", fn,
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.num_kv_heads is %d (allowed: a divisor of num_heads %d)", fn,
                   d.num_kv_heads, d.num_heads);
-    if (d.head_size <= 0) ATTN__BAD("%s: desc.head_size is %d (allowed: >= 1)", fn, d.head_size);
-    if ((int)d.dtype < 0 || (int)d.dtype >= (int)ATTN_DTYPE_COUNT)
-        ATTN__BAD("%s: desc.dtype is %d (allowed: ATTN_DTYPE_AUTO, F32, F16, BF16)", fn, (int)d.dtype);
-    if ((int)d.kv_cache_dtype < 0 || (int)d.kv_cache_dtype >= (int)ATTN_DTYPE_COUNT)
-        ATTN__BAD("%s: desc.kv_cache_dtype is %d (allowed: ATTN_DTYPE_AUTO, F32, F16, BF16)",
-                  fn, (int)d.kv_cache_dtype);
+    if (d.head_size <= 0) return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.head_size is %d (allowed: >= 1)", fn, d.head_size);
+    attn__dtype_names(types, sizeof types, 0);
+    if (!attn__dtype_valid(d.dtype))
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.dtype is %d (allowed: ATTN_DTYPE_AUTO, or an element type: %s)",
+                          fn, (int)d.dtype, types);
+    if (!attn__dtype_valid(d.kv_cache_dtype))
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.kv_cache_dtype is %d (allowed: ATTN_DTYPE_AUTO, or an element type: %s)",
+                          fn, (int)d.kv_cache_dtype, types);
     if (!d.dtype) d.dtype = ATTN_DTYPE_F16;
     if (!d.kv_cache_dtype) d.kv_cache_dtype = d.dtype;
     if (d.block_size < 0 || d.block_size % 16 || d.block_size > 65536)
-        ATTN__BAD("%s: desc.block_size is %d (allowed: 0 = 16, or a multiple of 16 up to 65536)",
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.block_size is %d (allowed: 0 = 16, or a multiple of 16 up to 65536)",
                   fn, d.block_size);
     if (!d.block_size) d.block_size = 16;
     if (d.use_mla < 0 || d.use_mla > 1)
-        ATTN__BAD("%s: desc.use_mla is %d (allowed: 0 or 1)", fn, d.use_mla);
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.use_mla is %d (allowed: 0 or 1)", fn, d.use_mla);
     if (d.use_mla) {
         if (d.num_kv_heads != 1)
-            ATTN__BAD("%s: desc.num_kv_heads is %d for an MLA layer (allowed: 0 or 1, the one "
+            return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.num_kv_heads is %d for an MLA layer (allowed: 0 or 1, the one "
                       "latent head)", fn, in->num_kv_heads);
         if (d.qk_rope_head_dim < 0 || d.kv_lora_rank < 0 || d.qk_nope_head_dim < 0 || d.v_head_dim < 0)
-            ATTN__BAD("%s: an MLA dimension is negative (kv_lora_rank %d, qk_rope_head_dim %d, "
+            return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT, "%s: an MLA dimension is negative (kv_lora_rank %d, qk_rope_head_dim %d, "
                       "qk_nope_head_dim %d, v_head_dim %d; allowed: 0 = default, or > 0)", fn,
                       d.kv_lora_rank, d.qk_rope_head_dim, d.qk_nope_head_dim, d.v_head_dim);
         if (!d.qk_rope_head_dim) d.qk_rope_head_dim = 64;
@@ -1617,33 +2226,32 @@ static attn_status attn__desc_resolve(attn_context *ctx, const char *fn,
         if (!d.qk_nope_head_dim) d.qk_nope_head_dim = 128;
         if (!d.v_head_dim) d.v_head_dim = 128;
         if (d.kv_lora_rank <= 0 || d.kv_lora_rank + d.qk_rope_head_dim != d.head_size)
-            ATTN__BAD("%s: desc.head_size %d is not kv_lora_rank %d + qk_rope_head_dim %d "
+            return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.head_size %d is not kv_lora_rank %d + qk_rope_head_dim %d "
                       "(allowed: head_size = kv_lora_rank + qk_rope_head_dim, e.g. 576 = 512 + 64)",
                       fn, d.head_size, d.kv_lora_rank, d.qk_rope_head_dim);
     }
     if (!(d.scale >= 0.0f) || d.scale > FLT_MAX)
-        ATTN__BAD("%s: desc.scale is %g (allowed: 0 = 1/sqrt(head_size), or a finite value "
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.scale is %g (allowed: 0 = 1/sqrt(head_size), or a finite value "
                   "> 0)", fn, (double)d.scale);
     if (d.scale == 0.0f) {
         int qk = d.use_mla ? d.qk_nope_head_dim + d.qk_rope_head_dim : d.head_size;
         d.scale = 1.0f / sqrtf((float)(qk > 0 ? qk : d.head_size));
     }
     if ((int)d.causal < 0 || (int)d.causal > (int)ATTN_CAUSAL_NO)
-        ATTN__BAD("%s: desc.causal is %d (allowed: ATTN_CAUSAL_DEFAULT, _YES, _NO)", fn,
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.causal is %d (allowed: ATTN_CAUSAL_DEFAULT, _YES, _NO)", fn,
                   (int)d.causal);
     if (!d.causal) d.causal = ATTN_CAUSAL_YES;
     if (d.sliding_window < 0)
-        ATTN__BAD("%s: desc.sliding_window is %d (allowed: 0 = none, or >= 1)", fn,
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.sliding_window is %d (allowed: 0 = none, or >= 1)", fn,
                   d.sliding_window);
     if (!(d.logits_soft_cap >= 0.0f) || d.logits_soft_cap > FLT_MAX)
-        ATTN__BAD("%s: desc.logits_soft_cap is %g (allowed: 0 = none, or a finite value > 0)",
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.logits_soft_cap is %g (allowed: 0 = none, or a finite value > 0)",
                   fn, (double)d.logits_soft_cap);
     if (d.alibi_slopes)
         for (i = 0; i < d.num_heads; i++)
             if (!(d.alibi_slopes[i] - d.alibi_slopes[i] == 0.0f))
-                ATTN__BAD("%s: desc.alibi_slopes[%d] is %g (allowed: finite values)", fn, i,
+                return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.alibi_slopes[%d] is %g (allowed: finite values)", fn, i,
                           (double)d.alibi_slopes[i]);
-#undef ATTN__BAD
     *out = d;
     return ATTN_OK;
 }
@@ -1668,7 +2276,7 @@ static int attn__backend_check(const attn_backend *b, const attn_layer_desc *d,
                                const attn_platform *p, char *reason, size_t size) {
     char allowed[64];
     char custom[128];
-    if (b->needs_cuda && p->kind != ATTN_PLATFORM_CUDA) {
+    if (b->device == ATTN_DEVICE_CUDA && p->kind != ATTN_PLATFORM_CUDA) {
         attn__fmt(reason, size, "%s: %s", b->name, p->cuda_reason[0] ? p->cuda_reason : "no CUDA device");
         return 1;
     }
@@ -1691,8 +2299,14 @@ static int attn__backend_check(const attn_backend *b, const attn_layer_desc *d,
         return 1;
     }
     if (!attn__head_size_ok(b, d->head_size)) {
-        attn__fmt(reason, size, "%s: head_size %d not supported (multiples of %d from %d to %d)",
-                 b->name, d->head_size, b->head_size_multiple, b->head_size_min, b->head_size_max);
+        /* the fields can only say "a range"; a backend whose sizes are a list (CPU_MLA: 576
+           or 320) names them in its own check, so that reason wins when it has one */
+        custom[0] = 0;
+        if (b->check && b->check(b, d, p, custom, sizeof custom) && custom[0])
+            attn__fmt(reason, size, "%s: %s", b->name, custom);
+        else
+            attn__fmt(reason, size, "%s: head_size %d not supported (multiples of %d from %d to %d)",
+                     b->name, d->head_size, b->head_size_multiple, b->head_size_min, b->head_size_max);
         return 1;
     }
     if (d->block_size % b->block_size_multiple || (b->block_size_max && d->block_size > b->block_size_max)) {
@@ -1724,6 +2338,19 @@ static int attn__backend_check(const attn_backend *b, const attn_layer_desc *d,
         }
     }
     return 0;
+}
+
+static attn_status attn__layer_bind(attn_layer *layer, const attn_backend *b, char *reason,
+                                    size_t size); /* >>layer */
+
+/* 0 when b serves the layer: its capabilities fit, its context-level state is (or can
+   be) initialised, and, when a layer is being created, its layer_init succeeds (the
+   layer is then bound to b). Else 1 with the reason. */
+static int attn__candidate_refused(attn_context *ctx, const attn_backend *b, const attn_layer_desc *d,
+                                   attn_layer *layer, char *reason, size_t size) {
+    if (attn__backend_check(b, d, &ctx->platform, reason, size)) return 1;
+    if (attn__backend_context(ctx, b, NULL, reason, size) != ATTN_OK) return 1;
+    return layer && attn__layer_bind(layer, b, reason, size) != ATTN_OK;
 }
 
 static uint64_t attn__hash_floats(const float *f, int n) {
@@ -1767,14 +2394,14 @@ static void attn__selection_reasons(const attn_selection *s, char *buf, size_t s
 
 /* Walks the platform's priority list; `tried` (already rejected, or AUTO) is not rechecked. */
 static void attn__automatic(attn_context *ctx, const attn_layer_desc *d, attn_selection *s,
-                            attn_backend_id tried) {
+                            attn_backend_id tried, attn_layer *layer) {
     int count, i;
     const attn_backend_id *list = attn__priority_list(ctx->platform.kind, &count);
     char reason[160];
     for (i = 0; i < count; i++) {
         const attn_backend *b = attn_backend_get(list[i]);
         if (!b || list[i] == tried) continue;
-        if (attn__backend_check(b, d, &ctx->platform, reason, sizeof reason)) {
+        if (attn__candidate_refused(ctx, b, d, layer, reason, sizeof reason)) {
             attn__selection_add_skip(s, list[i], reason);
             attn__log(ctx, ATTN_LOG_LEVEL_DEBUG, ATTN_LOG_SELECT_CANDIDATE_SKIPPED, "skipped %s",
                       reason);
@@ -1786,7 +2413,8 @@ static void attn__automatic(attn_context *ctx, const attn_layer_desc *d, attn_se
 }
 
 static attn_status attn__resolve(attn_context *ctx, const attn_layer_desc *d,
-                                 const attn_select_request *req, attn_selection *s) {
+                                 const attn_select_request *req, attn_selection *s,
+                                 attn_layer *layer) {
     const char *env = attn__trim_env("ATTN_BACKEND");
     int count, i;
     const attn_backend_id *list = attn__priority_list(ctx->platform.kind, &count);
@@ -1836,7 +2464,7 @@ static attn_status attn__resolve(attn_context *ctx, const attn_layer_desc *d,
         const attn_backend *b = attn_backend_get(s->requested);
         if (!b)
             attn__fmt(reason, sizeof reason, "%s: not registered", attn_backend_name(s->requested));
-        if (b && !attn__backend_check(b, d, &ctx->platform, reason, sizeof reason)) {
+        if (b && !attn__candidate_refused(ctx, b, d, layer, reason, sizeof reason)) {
             s->resolved = s->requested;
         } else {
             attn__selection_add_skip(s, s->requested, reason);
@@ -1850,7 +2478,7 @@ static attn_status attn__resolve(attn_context *ctx, const attn_layer_desc *d,
             }
             s->degraded = 1;
             attn__fmt(s->degradation, sizeof s->degradation, "%s", reason);
-            attn__automatic(ctx, d, s, s->requested);
+            attn__automatic(ctx, d, s, s->requested, layer);
             if (s->resolved)
                 attn__log(ctx, ATTN_LOG_LEVEL_WARN, ATTN_LOG_SELECT_FALLBACK,
                           "requested backend %s (%s) cannot serve the layer (%s); falling "
@@ -1860,7 +2488,16 @@ static attn_status attn__resolve(attn_context *ctx, const attn_layer_desc *d,
             s->source = ATTN_SELECTION_AUTO;
         }
     } else {
-        attn__automatic(ctx, d, s, ATTN_BACKEND_AUTO);
+        attn__automatic(ctx, d, s, ATTN_BACKEND_AUTO, layer);
+    }
+    if (s->resolved) {
+        const attn_backend *b = layer ? attn_layer_backend(layer) : attn_backend_get(s->resolved);
+        if (b) {
+            s->backend_device = b->device;
+            s->cuda_graph = b->cuda_graph;
+            s->can_return_lse = b->can_return_lse;
+            s->lse_base = b->lse_base;
+        }
     }
     if (!s->resolved) {
         attn__selection_reasons(s, reasons, sizeof reasons);
@@ -1885,45 +2522,51 @@ static attn_status attn__resolve(attn_context *ctx, const attn_layer_desc *d,
 
 /* Resolution through the context's cache (keyed by descriptor, request, env value). */
 static attn_status attn__select(attn_context *ctx, const attn_layer_desc *d,
-                                const attn_select_request *req, attn_selection *out) {
+                                const attn_select_request *req, attn_selection *out,
+                                attn_layer *layer) {
     const char *env = attn__trim_env("ATTN_BACKEND");
-    char env_value[64];
+    char env_value[64], reason[160];
     uint64_t ah = attn__hash_floats(d->alibi_slopes, d->num_heads);
+    attn__selection_cache_entry *e = NULL;
     attn_status st;
     int i;
     attn__strlcpy(env_value, env ? env : "", sizeof env_value);
     for (i = 0; i < ctx->cache_count; i++) {
-        attn__selection_cache_entry *e = &ctx->cache[i];
-        if (attn__desc_equal(&e->desc, d) && e->alibi_hash == ah &&
-            e->request.backend == req->backend && e->request.allow_fallback == req->allow_fallback &&
-            strcmp(e->env_value, env_value) == 0) {
-            *out = e->selection;
+        attn__selection_cache_entry *c = &ctx->cache[i];
+        if (attn__desc_equal(&c->desc, d) && c->alibi_hash == ah &&
+            c->request.backend == req->backend && c->request.allow_fallback == req->allow_fallback &&
+            strcmp(c->env_value, env_value) == 0) {
+            const attn_backend *b = attn_backend_get(c->selection.resolved);
+            e = c;
+            /* a layer still runs its own layer_init; if that fails now, resolve afresh */
+            if (layer && (!b || attn__layer_bind(layer, b, reason, sizeof reason) != ATTN_OK)) break;
+            *out = c->selection;
             attn__log(ctx, ATTN_LOG_LEVEL_DEBUG, ATTN_LOG_SELECT_CACHED, "cached: %s",
                       out->log_line);
             return ATTN_OK;
         }
     }
-    st = attn__resolve(ctx, d, req, out);
+    st = attn__resolve(ctx, d, req, out, layer);
     if (st != ATTN_OK) return st;
-    if (ctx->cache_count == ctx->cache_capacity) {
-        int cap = ctx->cache_capacity ? ctx->cache_capacity * 2 : 8;
-        attn__selection_cache_entry *n = (attn__selection_cache_entry *)ATTN_REALLOC(
-            ctx->cache, (size_t)cap * sizeof *n);
-        if (!n) return ATTN_OK; /* caching is an optimisation */
-        ctx->cache = n;
-        ctx->cache_capacity = cap;
+    if (!e) {
+        if (ctx->cache_count == ctx->cache_capacity) {
+            int cap = ctx->cache_capacity ? ctx->cache_capacity * 2 : 8;
+            attn__selection_cache_entry *n = (attn__selection_cache_entry *)ATTN_REALLOC(
+                ctx->cache, (size_t)cap * sizeof *n);
+            if (!n) return ATTN_OK; /* caching is an optimisation */
+            ctx->cache = n;
+            ctx->cache_capacity = cap;
+        }
+        e = &ctx->cache[ctx->cache_count++];
     }
-    {
-        attn__selection_cache_entry *e = &ctx->cache[ctx->cache_count++];
-        memset(e, 0, sizeof *e);
-        e->desc = *d;
-        e->desc.alibi_slopes = NULL;
-        e->alibi_hash = ah;
-        e->request = *req;
-        attn__strlcpy(e->env_value, env_value, sizeof e->env_value);
-        e->status = st;
-        e->selection = *out;
-    }
+    memset(e, 0, sizeof *e);
+    e->desc = *d;
+    e->desc.alibi_slopes = NULL;
+    e->alibi_hash = ah;
+    e->request = *req;
+    attn__strlcpy(e->env_value, env_value, sizeof e->env_value);
+    e->status = st;
+    e->selection = *out;
     return ATTN_OK;
 }
 
@@ -1933,25 +2576,35 @@ ATTN_API attn_status attn_select_backend(attn_context *ctx, const attn_layer_des
     attn_layer_desc d;
     attn_select_request req;
     attn_status st;
-    ATTN__CHECK_PTR(ctx, ctx, "attn_select_backend");
-    ATTN__CHECK_PTR(ctx, desc, "attn_select_backend");
-    ATTN__CHECK_PTR(ctx, out, "attn_select_backend");
+    if (!ctx) return attn__null_arg(ctx, __func__, "ctx");
+    if (!desc) return attn__null_arg(ctx, __func__, "desc");
+    if (!out) return attn__null_arg(ctx, __func__, "out");
     memset(&req, 0, sizeof req);
     if (request) req = *request;
     if ((int)req.backend < 0 || (int)req.backend >= (int)ATTN_BACKEND_COUNT)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC,
                           "attn_select_backend: request.backend is %d (allowed: 0 = AUTO .. %d)",
                           (int)req.backend, (int)ATTN_BACKEND_COUNT - 1);
     st = attn__desc_resolve(ctx, "attn_select_backend", desc, &d);
     if (st != ATTN_OK) return st;
-    return attn__select(ctx, &d, &req, out);
+    return attn__select(ctx, &d, &req, out, NULL);
 }
 
 ATTN_API attn_status attn_selection_cache_clear(attn_context *ctx) {
-    ATTN__CHECK_PTR(ctx, ctx, "attn_selection_cache_clear");
+    if (!ctx) return attn__null_arg(ctx, __func__, "ctx");
     ctx->cache_count = 0;
     attn__log(ctx, ATTN_LOG_LEVEL_DEBUG, ATTN_LOG_SELECT_CACHE_CLEARED, "selection cache cleared");
     return ATTN_OK;
+}
+
+static const char *attn__graph_name(attn_cuda_graph_support g) {
+    switch (g) {
+    case ATTN_CUDA_GRAPH_NEVER: return "NEVER";
+    case ATTN_CUDA_GRAPH_UNIFORM_SINGLE_TOKEN_DECODE: return "UNIFORM_SINGLE_TOKEN_DECODE";
+    case ATTN_CUDA_GRAPH_UNIFORM_BATCH: return "UNIFORM_BATCH";
+    case ATTN_CUDA_GRAPH_ALWAYS: return "ALWAYS";
+    }
+    return "?";
 }
 
 ATTN_API size_t attn_selection_format(const attn_selection *s, char *buf, size_t size) {
@@ -1988,6 +2641,10 @@ ATTN_API size_t attn_selection_format(const attn_selection *s, char *buf, size_t
                  "  sliding_window: %d\n"
                  "  head_size: %d\n"
                  "  device_capability: %s\n"
+                 "backend:\n"
+                 "  device: %s\n"
+                 "  cuda_graph: %s\n"
+                 "  lse: %s\n"
                  "platform:\n"
                  "  kind: %s\n"
                  "log:\n"
@@ -2001,6 +2658,10 @@ ATTN_API size_t attn_selection_format(const attn_selection *s, char *buf, size_t
                  s->use_mla ? "MLA" : "standard", s->num_heads, s->num_kv_heads,
                  attn_dtype_name(s->dtype), attn_dtype_name(s->kv_cache_dtype), s->block_size,
                  s->sliding_window, s->head_size, cap,
+                 !s->resolved ? "(none)" : s->backend_device == ATTN_DEVICE_CUDA ? "cuda" : "cpu",
+                 !s->resolved ? "(none)" : attn__graph_name(s->cuda_graph),
+                 !s->resolved ? "(none)" : !s->can_return_lse ? "not returned"
+                 : s->lse_base == ATTN_LSE_BASE_2 ? "base 2 (returned as base e)" : "base e",
                  s->platform == ATTN_PLATFORM_CUDA ? "CUDA" : "CPU", s->log_line);
     return n < 0 ? 0 : (size_t)n;
 }
@@ -2010,11 +2671,13 @@ ATTN_API size_t attn_selection_format(const attn_selection *s, char *buf, size_t
    A resolved backend plus the validated descriptor (defaults filled in, slopes copied).
    ======================================================================================= */
 
+/* A resolved backend plus the validated descriptor (defaults filled in, slopes copied). */
 struct attn_layer {
     attn_context *ctx;
     attn_layer_desc desc;
     float *alibi;
-    const attn_backend *backend;
+    const attn_backend *backend;   /* bound by the selector once layer_init succeeded */
+    void *backend_state;           /* what layer_init stored */
     attn_selection selection;
 };
 
@@ -2025,19 +2688,17 @@ ATTN_API attn_status attn_layer_create(attn_context *ctx, const attn_layer_desc 
     attn_selection sel;
     attn_layer *layer;
     attn_status st;
-    ATTN__CHECK_PTR(ctx, out, "attn_layer_create");
+    if (!out) return attn__null_arg(ctx, __func__, "out");
     *out = NULL;
-    ATTN__CHECK_PTR(ctx, ctx, "attn_layer_create");
-    ATTN__CHECK_PTR(ctx, desc, "attn_layer_create");
+    if (!ctx) return attn__null_arg(ctx, __func__, "ctx");
+    if (!desc) return attn__null_arg(ctx, __func__, "desc");
     memset(&req, 0, sizeof req);
     if (request) req = *request;
     if ((int)req.backend < 0 || (int)req.backend >= (int)ATTN_BACKEND_COUNT)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC,
                           "attn_layer_create: request.backend is %d (allowed: 0 = AUTO .. %d)",
                           (int)req.backend, (int)ATTN_BACKEND_COUNT - 1);
     st = attn__desc_resolve(ctx, "attn_layer_create", desc, &d);
-    if (st != ATTN_OK) return st;
-    st = attn__select(ctx, &d, &req, &sel);
     if (st != ATTN_OK) return st;
     layer = (attn_layer *)attn__calloc(1, sizeof *layer);
     if (!layer)
@@ -2055,20 +2716,41 @@ ATTN_API attn_status attn_layer_create(attn_context *ctx, const attn_layer_desc 
     }
     layer->ctx = ctx;
     layer->desc = d;
-    layer->backend = attn_backend_get(sel.resolved);
-    layer->selection = sel;
-    if (!layer->backend) {
+    /* the selector binds the layer to the first candidate whose layer_init succeeds */
+    st = attn__select(ctx, &d, &req, &sel, layer);
+    if (st != ATTN_OK) {
         attn_layer_destroy(layer);
-        return attn__fail(ctx, ATTN_ERROR_BACKEND_UNAVAILABLE, ATTN_LOG_SELECT_EXPLICIT_FAILED,
-                          "attn_layer_create: backend %s was unregistered during creation",
-                          attn_backend_name(sel.resolved));
+        return st;
     }
+    layer->selection = sel;
     *out = layer;
+    return ATTN_OK;
+}
+
+/* Runs b's layer_init for the layer and binds it; a failure leaves the layer unbound. */
+static attn_status attn__layer_bind(attn_layer *layer, const attn_backend *b, char *reason,
+                                    size_t size) {
+    void *state = NULL;
+    attn_status st = ATTN_OK;
+    if (b->layer_init) {
+        char why[160];
+        why[0] = 0;
+        st = b->layer_init(b, layer, &state, why, sizeof why);
+        if (st != ATTN_OK) {
+            attn__fmt(reason, size, "%s: layer init failed: %s", b->name,
+                      why[0] ? why : attn_status_string(st));
+            return st;
+        }
+    }
+    layer->backend = b;
+    layer->backend_state = state;
     return ATTN_OK;
 }
 
 ATTN_API void attn_layer_destroy(attn_layer *layer) {
     if (!layer) return;
+    if (layer->backend && layer->backend->layer_release)
+        layer->backend->layer_release(layer->backend, layer, layer->backend_state);
     attn__free(layer->alibi);
     attn__free(layer);
 }
@@ -2085,18 +2767,21 @@ ATTN_API const attn_layer_desc *attn_layer_get_desc(const attn_layer *layer) {
 ATTN_API attn_context *attn_layer_context(const attn_layer *layer) {
     return layer ? layer->ctx : NULL;
 }
+ATTN_API void *attn_layer_backend_state(const attn_layer *layer) {
+    return layer ? layer->backend_state : NULL;
+}
 
 ATTN_API attn_status attn_layer_kv_cache_shape(attn_layer *layer, int64_t num_blocks,
                                                int64_t shape[ATTN_MAX_DIMS], int *ndim) {
     attn_context *ctx = layer ? layer->ctx : NULL;
-    ATTN__CHECK_PTR(ctx, layer, "attn_layer_kv_cache_shape");
-    ATTN__CHECK_PTR(ctx, shape, "attn_layer_kv_cache_shape");
-    ATTN__CHECK_PTR(ctx, ndim, "attn_layer_kv_cache_shape");
-    if (num_blocks <= 0)
+    if (!layer) return attn__null_arg(ctx, __func__, "layer");
+    if (!shape) return attn__null_arg(ctx, __func__, "shape");
+    if (!ndim) return attn__null_arg(ctx, __func__, "ndim");
+    if (num_blocks <= 0 || num_blocks > ATTN__MAX_BLOCKS)
         return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
-                          "attn_layer_kv_cache_shape: num_blocks is %lld (allowed: >= 1)",
-                          (long long)num_blocks);
-    *ndim = layer->backend->kv_cache_shape(&layer->desc, num_blocks, shape);
+                          "attn_layer_kv_cache_shape: num_blocks is %lld (allowed: 1..%lld)",
+                          (long long)num_blocks, (long long)ATTN__MAX_BLOCKS);
+    *ndim = layer->backend->kv_cache_shape(layer->backend, &layer->desc, num_blocks, shape);
     return ATTN_OK;
 }
 
@@ -2118,8 +2803,120 @@ struct attn_metadata {
     int32_t *query_start_loc, *seq_lens, *block_table;
     int64_t *slot_mapping;
     int common_prefix_len;
+    int kv_splits_forced;          /* desc.num_kv_splits was given (else cap holds the most) */
+    int planned;                   /* the batch is copied and planned (set before build) */
+    attn_mla_info mla;             /* MLA: the decode/prefill split of the built batch */
     void *priv;
 };
+
+/* Work items one pass runs side by side on a device: what split-KV counts aim to fill. */
+static int attn__parallelism(const attn_context *ctx, attn_device_kind device) {
+    switch (device) {
+    case ATTN_DEVICE_CPU: return ctx->num_threads;
+    case ATTN_DEVICE_CUDA: return 2 * ATTN__MAX(1, ctx->platform.cuda_multiprocessors);
+    }
+    return 1;
+}
+
+static int attn__env_batch_invariant(const attn_context *ctx) {
+    return attn__env_bool(ctx, "ATTN_BATCH_INVARIANT", 0);
+}
+
+/* Bytes forward_mha may spend on up-projected K/V of one chunk of keys (and, as much
+   again, on the running outputs of the queries it serves at once). */
+#ifndef ATTN_MLA_WORKSPACE_BYTES
+#define ATTN_MLA_WORKSPACE_BYTES (64u << 20)
+#endif
+
+/* Keys up-projected per forward_mha pass: workspace_bytes of f32 K and V for all heads. */
+static int attn__mla_prefill_chunk(const attn_layer_desc *d, int64_t workspace_bytes) {
+    int64_t per_key = (int64_t)d->num_heads * (((d->qk_nope_head_dim + d->qk_rope_head_dim + 15) / 16 * 16) +
+                                              (d->v_head_dim + 15) / 16 * 16) * 4;
+    return (int)ATTN__MIN(4096, ATTN__MAX(64, workspace_bytes / per_key / 64 * 64));
+}
+
+/* Split-KV policy. Two policies, for a reason: the standard CPU schedule splits only
+   when the batch's own tasks cannot fill the threads, and only as much as needed (it
+   adapts per batch: attn__cpu_build); MLA decode splits every decode request the same
+   number of times, fixed by the longest decode's keys, so that a GPU grid and its
+   workspace are uniform and a captured graph replays for any batch of the capacity.
+   Both count about one split per 512 keys. */
+ATTN_API int attn_mla_num_kv_splits(int max_seq_len, int parallelism, int batch_invariant) {
+    int n = max_seq_len / 512 + (max_seq_len % 512 > 0);
+    if (batch_invariant || n < 1) return 1;
+    if (parallelism < 1) parallelism = 1;
+    return n < parallelism ? n : parallelism;
+}
+
+ATTN_API attn_status attn_reorder_batch(const int32_t *query_lens, int num_reqs,
+                                        int decode_threshold, int32_t *perm, int *num_decodes,
+                                        int *num_swaps) {
+    int i, j, swaps = 0, nd = 0;
+    const char *fn = "attn_reorder_batch";
+    if (!num_decodes) return attn__null_arg(NULL, __func__, "num_decodes");
+    if (num_reqs < 0)
+        return attn__fail(NULL, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                          "%s: num_reqs is %d (allowed: >= 0)", fn, num_reqs);
+    if (num_reqs > 0) {
+        if (!query_lens) return attn__null_arg(NULL, __func__, "query_lens");
+        if (!perm) return attn__null_arg(NULL, __func__, "perm");
+    }
+    if (decode_threshold < 0)
+        return attn__fail(NULL, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                          "%s: decode_threshold is %d (allowed: 0 = 1, or >= 1)", fn, decode_threshold);
+    if (!decode_threshold) decode_threshold = 1;
+    for (i = 0; i < num_reqs; i++)
+        if (query_lens[i] < 0)
+            return attn__fail(NULL, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                              "%s: query_lens[%d] is %d (allowed: >= 0)", fn, i, query_lens[i]);
+    for (i = 0; i < num_reqs; i++) perm[i] = i;
+    i = 0;
+    j = num_reqs - 1;
+    for (;;) {
+        while (i < num_reqs && query_lens[perm[i]] <= decode_threshold) i++;
+        while (j >= 0 && query_lens[perm[j]] > decode_threshold) j--;
+        if (i >= j) break;
+        { int32_t t = perm[i]; perm[i] = perm[j]; perm[j] = t; }
+        swaps++;
+    }
+    for (i = 0; i < num_reqs; i++) nd += query_lens[i] <= decode_threshold;
+    *num_decodes = nd;
+    if (num_swaps) *num_swaps = swaps;
+    return ATTN_OK;
+}
+
+ATTN_API attn_status attn_metadata_mla_info(const attn_metadata *meta, attn_mla_info *out) {
+    attn_context *ctx = meta ? meta->layer->ctx : NULL;
+    if (!meta) return attn__null_arg(ctx, __func__, "meta");
+    if (!out) return attn__null_arg(ctx, __func__, "out");
+    if (!meta->built_for.use_mla)
+        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_CALL_UNSUPPORTED,
+                          "attn_metadata_mla_info: meta belongs to a standard layer (allowed: MLA)");
+    if (!meta->planned) /* a builder may read the plan of the batch it is building */
+        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_METADATA_MISMATCH,
+                          "attn_metadata_mla_info: meta has not been built");
+    *out = meta->mla;
+    return ATTN_OK;
+}
+
+/* The decode/prefill split of a validated MLA batch (decodes first) and its plan. */
+static attn_mla_info attn__mla_plan(const attn_metadata *m, const attn_batch *b) {
+    attn_mla_info info;
+    int nd = 0, r, max_dec = 0;
+    memset(&info, 0, sizeof info);
+    while (nd < b->num_reqs && b->query_start_loc[nd + 1] - b->query_start_loc[nd] <= m->cap.decode_threshold) nd++;
+    for (r = 0; r < nd; r++) max_dec = ATTN__MAX(max_dec, b->seq_lens[r]);
+    info.num_decodes = nd;
+    info.num_decode_tokens = b->query_start_loc[nd];
+    info.num_prefills = b->num_reqs - nd;
+    info.num_prefill_tokens = b->num_actual_tokens - info.num_decode_tokens;
+    info.num_kv_splits = m->kv_splits_forced
+                             ? m->cap.num_kv_splits
+                             : attn_mla_num_kv_splits(max_dec, attn__parallelism(m->layer->ctx, m->backend->device),
+                                                      attn__env_batch_invariant(m->layer->ctx));
+    info.prefill_chunk = attn__mla_prefill_chunk(&m->built_for, m->cap.workspace_bytes);
+    return info;
+}
 
 /* Metadata may serve every layer whose schedule-relevant fields match its creator's. */
 static int attn__metadata_fits(const attn_metadata *meta, const attn_layer *layer) {
@@ -2136,10 +2933,10 @@ static attn_status attn__check_meta(const attn_layer *layer, const attn_metadata
     attn_context *ctx = layer->ctx;
     const attn_layer_desc *d = &layer->desc, *m = &meta->built_for;
     if (!meta->built)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA,
+        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_METADATA_MISMATCH,
                           "%s: meta has not been built (call attn_metadata_build first)", fn);
     if (!attn__metadata_fits(meta, layer))
-        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA,
+        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_METADATA_MISMATCH,
                           "%s: meta was created for backend %s, heads %d/%d, head_size %d, "
                           "block_size %d, causal %d, sliding_window %d (allowed: the same as "
                           "this layer: %s, %d/%d, %d, %d, %d, %d)",
@@ -2156,15 +2953,30 @@ ATTN_API const attn_batch *attn_metadata_batch(const attn_metadata *meta) {
 }
 ATTN_API void *attn_metadata_private(const attn_metadata *meta) { return meta ? meta->priv : NULL; }
 ATTN_API void attn_metadata_private_set(attn_metadata *meta, void *priv) { if (meta) meta->priv = priv; }
+ATTN_API attn_context *attn_metadata_context(const attn_metadata *meta) {
+    return meta ? meta->layer->ctx : NULL;
+}
+ATTN_API const attn_metadata_desc *attn_metadata_capacity(const attn_metadata *meta) {
+    return meta ? &meta->cap : NULL;
+}
 
 ATTN_API void attn_metadata_destroy(attn_metadata *meta) {
     if (!meta) return;
-    if (meta->backend && meta->backend->metadata_release) meta->backend->metadata_release(meta);
+    if (meta->backend && meta->backend->metadata_release)
+        meta->backend->metadata_release(meta->backend, meta);
     attn__free(meta->query_start_loc);
     attn__free(meta->seq_lens);
     attn__free(meta->block_table);
     attn__free(meta->slot_mapping);
     attn__free(meta);
+}
+
+static attn_status attn__bad_capacity(attn_context *ctx, const char *field, int64_t value,
+                                      int64_t lo, int64_t hi) {
+    return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC,
+                      "attn_metadata_create: desc.%s is %lld (allowed: %lld..%lld%s)", field,
+                      (long long)value, (long long)lo, (long long)hi,
+                      strcmp(field, "workspace_bytes") == 0 ? ", or 0 = default" : "");
 }
 
 ATTN_API attn_status attn_metadata_create(attn_layer *layer, const attn_metadata_desc *desc,
@@ -2173,22 +2985,24 @@ ATTN_API attn_status attn_metadata_create(attn_layer *layer, const attn_metadata
     attn_metadata *m;
     attn_status st;
     const char *fn = "attn_metadata_create";
-    ATTN__CHECK_PTR(ctx, out, "attn_metadata_create");
+    if (!out) return attn__null_arg(ctx, __func__, "out");
     *out = NULL;
-    ATTN__CHECK_PTR(ctx, layer, "attn_metadata_create");
-    ATTN__CHECK_PTR(ctx, desc, "attn_metadata_create");
-#define ATTN__CAP(field, lo, hi)                                                               \
-    if (desc->field < (lo) || desc->field > (hi))                                              \
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,            \
-                          "%s: desc." #field " is %lld (allowed: %lld..%lld)", fn,             \
-                          (long long)desc->field, (long long)(lo), (long long)(hi))
-    ATTN__CAP(max_num_reqs, 1, 1 << 24);
-    ATTN__CAP(max_num_tokens, 1, 1 << 28);
-    ATTN__CAP(max_blocks_per_req, 1, 1 << 24);
-    ATTN__CAP(num_blocks, 1, (int64_t)1 << 40);
-    ATTN__CAP(decode_threshold, 0, 16);
-    ATTN__CAP(num_kv_splits, 0, 1024);
-#undef ATTN__CAP
+    if (!layer) return attn__null_arg(ctx, __func__, "layer");
+    if (!desc) return attn__null_arg(ctx, __func__, "desc");
+    if (desc->max_num_reqs < 1 || desc->max_num_reqs > (1 << 24))
+        return attn__bad_capacity(ctx, "max_num_reqs", desc->max_num_reqs, 1, 1 << 24);
+    if (desc->max_num_tokens < 1 || desc->max_num_tokens > (1 << 28))
+        return attn__bad_capacity(ctx, "max_num_tokens", desc->max_num_tokens, 1, 1 << 28);
+    if (desc->max_blocks_per_req < 1 || desc->max_blocks_per_req > (1 << 24))
+        return attn__bad_capacity(ctx, "max_blocks_per_req", desc->max_blocks_per_req, 1, 1 << 24);
+    if (desc->num_blocks < 1 || desc->num_blocks > ATTN__MAX_BLOCKS)
+        return attn__bad_capacity(ctx, "num_blocks", desc->num_blocks, 1, ATTN__MAX_BLOCKS);
+    if (desc->decode_threshold < 0 || desc->decode_threshold > 16)
+        return attn__bad_capacity(ctx, "decode_threshold", desc->decode_threshold, 0, 16);
+    if (desc->num_kv_splits < 0 || desc->num_kv_splits > 1024)
+        return attn__bad_capacity(ctx, "num_kv_splits", desc->num_kv_splits, 0, 1024);
+    if (desc->workspace_bytes && (desc->workspace_bytes < (1 << 20) || desc->workspace_bytes > ((int64_t)1 << 40)))
+        return attn__bad_capacity(ctx, "workspace_bytes", desc->workspace_bytes, 1 << 20, (int64_t)1 << 40);
     m = (attn_metadata *)attn__calloc(1, sizeof *m);
     if (!m) goto oom;
     m->creator = *layer;
@@ -2196,7 +3010,15 @@ ATTN_API attn_status attn_metadata_create(attn_layer *layer, const attn_metadata
     m->creator.desc.alibi_slopes = NULL;
     m->layer = &m->creator;
     m->backend = layer->backend;
+    /* every default resolved here, once: builders and backends read m->cap */
     m->cap = *desc;
+    if (!m->cap.decode_threshold) m->cap.decode_threshold = 1;
+    if (!m->cap.workspace_bytes) m->cap.workspace_bytes = ATTN_MLA_WORKSPACE_BYTES;
+    m->kv_splits_forced = desc->num_kv_splits > 0;
+    if (!m->kv_splits_forced) /* the most any batch of this capacity gets */
+        m->cap.num_kv_splits = attn_mla_num_kv_splits(
+            (int)ATTN__MIN((int64_t)INT32_MAX, (int64_t)desc->max_blocks_per_req * layer->desc.block_size),
+            attn__parallelism(ctx, layer->backend->device), 0);
     m->built_for = layer->desc;
     m->built_for.alibi_slopes = NULL;
     m->query_start_loc = (int32_t *)attn__calloc((size_t)desc->max_num_reqs + 1, sizeof(int32_t));
@@ -2206,7 +3028,7 @@ ATTN_API attn_status attn_metadata_create(attn_layer *layer, const attn_metadata
     m->slot_mapping = (int64_t *)attn__calloc((size_t)desc->max_num_tokens, sizeof(int64_t));
     if (!m->query_start_loc || !m->seq_lens || !m->block_table || !m->slot_mapping) goto oom;
     if (m->backend->metadata_init) {
-        st = m->backend->metadata_init(layer, m);
+        st = m->backend->metadata_init(m->backend, layer, m);
         if (st != ATTN_OK) {
             m->backend = NULL; /* nothing to release */
             attn_metadata_destroy(m);
@@ -2230,21 +3052,20 @@ static attn_status attn__batch_validate(attn_context *ctx, const attn_metadata *
     const char *fn = "attn_metadata_build";
     int i, max_q = 0, max_s = 0;
     int64_t num_slots = m->cap.num_blocks * (int64_t)m->built_for.block_size;
-#define ATTN__META(...) return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, __VA_ARGS__)
     if (b->num_reqs < 0)
-        ATTN__META("%s: batch.num_reqs is %d (allowed: >= 0)", fn, b->num_reqs);
+        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.num_reqs is %d (allowed: >= 0)", fn, b->num_reqs);
     if (b->num_reqs > m->cap.max_num_reqs)
-        return attn__fail(ctx, ATTN_ERROR_CAPACITY, ATTN_LOG_INVALID_METADATA,
+        return attn__fail(ctx, ATTN_ERROR_CAPACITY, ATTN_LOG_CAPACITY_EXCEEDED,
                           "%s: batch.num_reqs is %d (allowed: <= max_num_reqs %d of this metadata)",
                           fn, b->num_reqs, m->cap.max_num_reqs);
     if (b->num_actual_tokens < 0)
-        ATTN__META("%s: batch.num_actual_tokens is %d (allowed: >= 0)", fn, b->num_actual_tokens);
+        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.num_actual_tokens is %d (allowed: >= 0)", fn, b->num_actual_tokens);
     if (b->num_actual_tokens > m->cap.max_num_tokens)
-        return attn__fail(ctx, ATTN_ERROR_CAPACITY, ATTN_LOG_INVALID_METADATA,
+        return attn__fail(ctx, ATTN_ERROR_CAPACITY, ATTN_LOG_CAPACITY_EXCEEDED,
                           "%s: batch.num_actual_tokens is %d (allowed: <= max_num_tokens %d of "
                           "this metadata)", fn, b->num_actual_tokens, m->cap.max_num_tokens);
     if ((int)b->causal < 0 || (int)b->causal > (int)ATTN_CAUSAL_NO)
-        ATTN__META("%s: batch.causal is %d (allowed: ATTN_CAUSAL_DEFAULT, _YES, _NO)", fn, (int)b->causal);
+        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.causal is %d (allowed: ATTN_CAUSAL_DEFAULT, _YES, _NO)", fn, (int)b->causal);
     if (!b->query_start_loc)
         return attn__fail(ctx, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_METADATA,
                           "%s: batch.query_start_loc is NULL (a [num_reqs+1] array is required)", fn);
@@ -2253,59 +3074,59 @@ static attn_status attn__batch_validate(attn_context *ctx, const attn_metadata *
                           "%s: batch.%s is NULL (required when num_reqs > 0)", fn,
                           b->seq_lens ? "block_table" : "seq_lens");
     if (b->num_reqs > 0 && (b->block_table_stride < 1 || b->block_table_stride > m->cap.max_blocks_per_req))
-        ATTN__META("%s: batch.block_table_stride is %d (allowed: 1..%d, max_blocks_per_req of "
+        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.block_table_stride is %d (allowed: 1..%d, max_blocks_per_req of "
                    "this metadata)", fn, b->block_table_stride, m->cap.max_blocks_per_req);
     if (b->query_start_loc[0] != 0)
-        ATTN__META("%s: batch.query_start_loc[0] is %d (allowed: 0)", fn, b->query_start_loc[0]);
+        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.query_start_loc[0] is %d (allowed: 0)", fn, b->query_start_loc[0]);
     for (i = 0; i < b->num_reqs; i++) {
         int q0 = b->query_start_loc[i], q1 = b->query_start_loc[i + 1];
         int ql, sl = b->seq_lens[i], nb, k;
         if (q1 < q0)
-            ATTN__META("%s: batch.query_start_loc is not non-decreasing at index %d (%d then %d)",
+            return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.query_start_loc is not non-decreasing at index %d (%d then %d)",
                        fn, i, q0, q1);
         ql = q1 - q0;
         if (q1 > b->num_actual_tokens)
-            ATTN__META("%s: batch.query_start_loc[%d] is %d (allowed: <= num_actual_tokens %d)",
+            return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.query_start_loc[%d] is %d (allowed: <= num_actual_tokens %d)",
                        fn, i + 1, q1, b->num_actual_tokens);
         if (sl < 0)
-            ATTN__META("%s: batch.seq_lens[%d] is %d (allowed: >= 0)", fn, i, sl);
+            return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.seq_lens[%d] is %d (allowed: >= 0)", fn, i, sl);
         if (ql > sl)
-            ATTN__META("%s: request %d has query_len %d > seq_lens[%d] %d (allowed: query_len <= "
+            return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: request %d has query_len %d > seq_lens[%d] %d (allowed: query_len <= "
                        "seq_len)", fn, i, ql, i, sl);
         nb = (int)(((int64_t)sl + m->built_for.block_size - 1) / m->built_for.block_size);
         if (nb > b->block_table_stride)
-            ATTN__META("%s: batch.seq_lens[%d] is %d, needing %d blocks of %d, but the block "
+            return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.seq_lens[%d] is %d, needing %d blocks of %d, but the block "
                        "table row holds %d (block_table_stride)", fn, i, sl, nb, m->built_for.block_size,
                        b->block_table_stride);
         for (k = 0; k < nb; k++) {
             int32_t id = b->block_table[(size_t)i * (size_t)b->block_table_stride + (size_t)k];
             if (id < 0 || id >= m->cap.num_blocks)
-                ATTN__META("%s: batch.block_table[%d][%d] is %d (allowed: 0..%lld, num_blocks - 1)",
+                return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.block_table[%d][%d] is %d (allowed: 0..%lld, num_blocks - 1)",
                            fn, i, k, id, (long long)m->cap.num_blocks - 1);
         }
         if (ql > max_q) max_q = ql;
         if (sl > max_s) max_s = sl;
     }
     if (b->query_start_loc[b->num_reqs] != b->num_actual_tokens)
-        ATTN__META("%s: batch.query_start_loc[num_reqs=%d] is %d but num_actual_tokens is %d "
+        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.query_start_loc[num_reqs=%d] is %d but num_actual_tokens is %d "
                    "(they must agree)", fn, b->num_reqs, b->query_start_loc[b->num_reqs],
                    b->num_actual_tokens);
     if (b->max_query_len != max_q)
-        ATTN__META("%s: batch.max_query_len is %d but the longest query is %d (they must agree)",
+        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.max_query_len is %d but the longest query is %d (they must agree)",
                    fn, b->max_query_len, max_q);
     if (b->max_seq_len != max_s)
-        ATTN__META("%s: batch.max_seq_len is %d but the longest sequence is %d (they must agree)",
+        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.max_seq_len is %d but the longest sequence is %d (they must agree)",
                    fn, b->max_seq_len, max_s);
     if (b->slot_mapping)
         for (i = 0; i < b->num_actual_tokens; i++) {
             int64_t s = b->slot_mapping[i];
             if (s < -1 || s >= num_slots)
-                ATTN__META("%s: batch.slot_mapping[%d] is %lld (allowed: -1 = padding, or "
+                return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.slot_mapping[%d] is %lld (allowed: -1 = padding, or "
                            "0..%lld = num_blocks * block_size - 1)", fn, i, (long long)s,
                            (long long)num_slots - 1);
         }
     if (common_prefix_len < 0 || common_prefix_len > max_s)
-        ATTN__META("%s: common_prefix_len is %d (allowed: 0..%d, max_seq_len)", fn,
+        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: common_prefix_len is %d (allowed: 0..%d, max_seq_len)", fn,
                    common_prefix_len, max_s);
     {
         attn_causal c = b->causal ? b->causal : m->built_for.causal;
@@ -2315,17 +3136,16 @@ static attn_status attn__batch_validate(attn_context *ctx, const attn_metadata *
                               "(allowed: ATTN_CAUSAL_DEFAULT or _YES)", fn, m->backend->name);
     }
     if (m->built_for.use_mla) { /* MLA batches list their decodes first */
-        int thr = m->cap.decode_threshold > 0 ? m->cap.decode_threshold : 1, first_prefill = -1;
+        int thr = m->cap.decode_threshold, first_prefill = -1;
         for (i = 0; i < b->num_reqs; i++) {
             int ql = b->query_start_loc[i + 1] - b->query_start_loc[i];
             if (ql > thr && first_prefill < 0) first_prefill = i;
             if (ql <= thr && first_prefill >= 0)
-                ATTN__META("%s: request %d (query_len %d) is a decode after the prefill request "
+                return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: request %d (query_len %d) is a decode after the prefill request "
                            "%d (allowed: decodes first; reorder with attn_reorder_batch)", fn, i,
                            ql, first_prefill);
         }
     }
-#undef ATTN__META
     return ATTN_OK;
 }
 
@@ -2334,8 +3154,8 @@ ATTN_API attn_status attn_metadata_build(attn_metadata *meta, int common_prefix_
     attn_context *ctx = meta ? meta->layer->ctx : NULL;
     attn_status st;
     int i;
-    ATTN__CHECK_PTR(ctx, meta, "attn_metadata_build");
-    ATTN__CHECK_PTR(ctx, batch, "attn_metadata_build");
+    if (!meta) return attn__null_arg(ctx, __func__, "meta");
+    if (!batch) return attn__null_arg(ctx, __func__, "batch");
     st = attn__batch_validate(ctx, meta, common_prefix_len, batch);
     if (st != ATTN_OK) return st;
     memcpy(meta->query_start_loc, batch->query_start_loc, ((size_t)batch->num_reqs + 1) * sizeof(int32_t));
@@ -2359,9 +3179,14 @@ ATTN_API attn_status attn_metadata_build(attn_metadata *meta, int common_prefix_
     if (!meta->batch.causal) meta->batch.causal = meta->layer->desc.causal;
     meta->common_prefix_len = common_prefix_len;
     meta->built = 0;
+    if (meta->built_for.use_mla) meta->mla = attn__mla_plan(meta, &meta->batch);
+    meta->planned = 1;
     if (meta->backend->build) {
-        st = meta->backend->build(meta->layer, meta, common_prefix_len, fast_build);
-        if (st != ATTN_OK) return st;
+        st = meta->backend->build(meta->backend, meta->layer, meta, common_prefix_len, fast_build);
+        if (st != ATTN_OK) {
+            meta->planned = 0;
+            return st;
+        }
     }
     meta->built = 1;
     return ATTN_OK;
@@ -2369,59 +3194,29 @@ ATTN_API attn_status attn_metadata_build(attn_metadata *meta, int common_prefix_
 
 /* =======================================================================================
    >>cache
-   Paged KV-cache writes by slot mapping (every slot checked before anything is written).
+   The cache-write front doors: every tensor and slot checked, then the backend writes
+   (standard: reshape_and_cache; MLA: concat_and_cache_mla).
    ======================================================================================= */
 
 static attn_status attn__check_kv_cache(attn_layer *layer, const char *fn, const attn_tensor *kv,
                                         int64_t expect_blocks) {
     int64_t shape[ATTN_MAX_DIMS];
-    int ndim = layer->backend->kv_cache_shape(&layer->desc, expect_blocks > 0 ? expect_blocks : 1, shape);
+    int ndim = layer->backend->kv_cache_shape(layer->backend, &layer->desc,
+                                              expect_blocks > 0 ? expect_blocks : 1, shape);
     attn_status st;
     if (expect_blocks <= 0) shape[0] = ATTN__AT_LEAST(1);
     st = attn__check_tensor(layer->ctx, fn, "kv_cache", kv, layer->desc.kv_cache_dtype, ndim, shape,
-                            layer->backend->needs_cuda ? ATTN_DEVICE_CUDA : ATTN_DEVICE_CPU);
+                            layer->backend->device);
     if (st != ATTN_OK) return st;
-    if (kv->shape[0] < 1 || kv->shape[0] > ((int64_t)1 << 40))
-        return attn__fail(layer->ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
-                          "%s: kv_cache.shape[0] is %lld (allowed: 1..2^40 blocks)", fn,
-                          (long long)kv->shape[0]);
+    if (kv->shape[0] < 1 || kv->shape[0] > ATTN__MAX_BLOCKS)
+        return attn__fail(layer->ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE,
+                          "%s: kv_cache.shape[0] is %lld (allowed: 1..%lld blocks)", fn,
+                          (long long)kv->shape[0], (long long)ATTN__MAX_BLOCKS);
     if (!attn__tensor_is_contiguous(kv))
-        return attn__fail(layer->ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
+        return attn__fail(layer->ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_LAYOUT,
                           "%s: kv_cache is not contiguous (allowed: the dense layout of "
                           "attn_layer_kv_cache_shape)", fn);
     return ATTN_OK;
-}
-
-/* Copies token rows of key/value into the standard cache; inputs already validated. */
-static void attn__write_kv(const attn_layer *layer, const attn_tensor *k, const attn_tensor *v,
-                           attn_tensor *kv, const int64_t *slots, int num_tokens) {
-    const attn_layer_desc *d = &layer->desc;
-    attn_tensor kr = attn__tensor_resolved(k), vr = attn__tensor_resolved(v);
-    int64_t bs = d->block_size, hkv = d->num_kv_heads, hs = d->head_size;
-    size_t esz = attn_dtype_size(d->kv_cache_dtype);
-    int t, h;
-    int64_t i;
-    for (t = 0; t < num_tokens; t++) {
-        int64_t slot = slots[t], blk, off;
-        if (slot < 0) continue;
-        blk = slot / bs;
-        off = slot % bs;
-        for (h = 0; h < hkv; h++) {
-            int64_t kdst = (((blk * 2 + 0) * bs + off) * hkv + h) * hs;
-            int64_t vdst = (((blk * 2 + 1) * bs + off) * hkv + h) * hs;
-            const char *ks = (const char *)k->data + (size_t)(t * kr.strides[0] + h * kr.strides[1]) * attn_dtype_size(k->dtype);
-            const char *vs = (const char *)v->data + (size_t)(t * vr.strides[0] + h * vr.strides[1]) * attn_dtype_size(v->dtype);
-            if (k->dtype == d->kv_cache_dtype) {
-                memcpy((char *)kv->data + (size_t)kdst * esz, ks, (size_t)hs * esz);
-                memcpy((char *)kv->data + (size_t)vdst * esz, vs, (size_t)hs * esz);
-            } else {
-                for (i = 0; i < hs; i++) {
-                    attn__store_elem(kv->data, d->kv_cache_dtype, kdst + i, attn__load_elem(ks, k->dtype, i));
-                    attn__store_elem(kv->data, d->kv_cache_dtype, vdst + i, attn__load_elem(vs, v->dtype, i));
-                }
-            }
-        }
-    }
 }
 
 /* Validates key/value/cache/slots for a write of num_tokens rows. */
@@ -2429,7 +3224,7 @@ static attn_status attn__check_kv_write(attn_layer *layer, const char *fn, const
                                         const attn_tensor *value, const attn_tensor *kv_cache,
                                         const int64_t *slots, int num_tokens) {
     const attn_layer_desc *d = &layer->desc;
-    attn_device_kind dev = layer->backend->needs_cuda ? ATTN_DEVICE_CUDA : ATTN_DEVICE_CPU;
+    attn_device_kind dev = layer->backend->device;
     int64_t shape[3];
     int64_t num_slots;
     attn_status st;
@@ -2442,7 +3237,7 @@ static attn_status attn__check_kv_write(attn_layer *layer, const char *fn, const
     num_slots = kv_cache->shape[0] * (int64_t)d->block_size;
     for (t = 0; t < num_tokens; t++)
         if (slots[t] < -1 || slots[t] >= num_slots)
-            return attn__fail(layer->ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+            return attn__fail(layer->ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_SLOT,
                               "%s: slot_mapping[%d] is %lld (allowed: -1 = skip, or 0..%lld = "
                               "num_blocks * block_size - 1)", fn, t, (long long)slots[t],
                               (long long)num_slots - 1);
@@ -2451,37 +3246,86 @@ static attn_status attn__check_kv_write(attn_layer *layer, const char *fn, const
 
 ATTN_API attn_status attn_reshape_and_cache(attn_layer *layer, const attn_tensor *key,
                                             const attn_tensor *value, attn_tensor *kv_cache,
-                                            const int64_t *slot_mapping, int num_tokens) {
+                                            const int64_t *slot_mapping, int num_tokens,
+                                            void *stream) {
     attn_context *ctx = layer ? layer->ctx : NULL;
     const char *fn = "attn_reshape_and_cache";
     attn_status st;
-    ATTN__CHECK_PTR(ctx, layer, "attn_reshape_and_cache");
-    ATTN__CHECK_PTR(ctx, key, "attn_reshape_and_cache");
-    ATTN__CHECK_PTR(ctx, value, "attn_reshape_and_cache");
-    ATTN__CHECK_PTR(ctx, kv_cache, "attn_reshape_and_cache");
-    ATTN__CHECK_PTR(ctx, slot_mapping, "attn_reshape_and_cache");
+    if (!layer) return attn__null_arg(ctx, __func__, "layer");
+    if (!key) return attn__null_arg(ctx, __func__, "key");
+    if (!value) return attn__null_arg(ctx, __func__, "value");
+    if (!kv_cache) return attn__null_arg(ctx, __func__, "kv_cache");
+    if (!slot_mapping) return attn__null_arg(ctx, __func__, "slot_mapping");
     if (layer->desc.use_mla)
-        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_ARGUMENT,
+        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_CALL_UNSUPPORTED,
                           "%s: the layer is MLA (its cache holds latents; use the MLA cache write)", fn);
     if (num_tokens < 0)
         return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
                           "%s: num_tokens is %d (allowed: >= 0)", fn, num_tokens);
     st = attn__check_kv_write(layer, fn, key, value, kv_cache, slot_mapping, num_tokens);
     if (st != ATTN_OK) return st;
-    if (layer->backend->needs_cuda)
-        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_ARGUMENT,
-                          "%s: device caches are written by the backend's forward", fn);
-    attn__write_kv(layer, key, value, kv_cache, slot_mapping, num_tokens);
+    return layer->backend->reshape_and_cache(layer->backend, layer, key, value, kv_cache,
+                                             slot_mapping, num_tokens, stream);
+}
+
+/* Validates kv_c/k_pe/cache/slots for a latent write of num_tokens rows. */
+static attn_status attn__check_latent_write(attn_layer *layer, const char *fn, const attn_tensor *kv_c,
+                                            const attn_tensor *k_pe, const attn_tensor *kv_cache,
+                                            const int64_t *slots, int num_tokens) {
+    const attn_layer_desc *d = &layer->desc;
+    int64_t shape[2], num_slots;
+    attn_status st;
+    int t;
+    shape[0] = ATTN__AT_LEAST(num_tokens); shape[1] = d->kv_lora_rank;
+    st = attn__check_tensor(layer->ctx, fn, "kv_c", kv_c, d->dtype, 2, shape, layer->backend->device);
+    shape[1] = d->qk_rope_head_dim;
+    if (st == ATTN_OK) st = attn__check_tensor(layer->ctx, fn, "k_pe", k_pe, d->dtype, 2, shape, layer->backend->device);
+    if (st == ATTN_OK) st = attn__check_kv_cache(layer, fn, kv_cache, 0);
+    if (st != ATTN_OK) return st;
+    num_slots = kv_cache->shape[0] * (int64_t)d->block_size;
+    for (t = 0; t < num_tokens; t++)
+        if (slots[t] < -1 || slots[t] >= num_slots)
+            return attn__fail(layer->ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_SLOT,
+                              "%s: slot_mapping[%d] is %lld (allowed: -1 = skip, or 0..%lld = "
+                              "num_blocks * block_size - 1)", fn, t, (long long)slots[t],
+                              (long long)num_slots - 1);
     return ATTN_OK;
+}
+
+ATTN_API attn_status attn_concat_and_cache_mla(attn_layer *layer, const attn_tensor *kv_c,
+                                               const attn_tensor *k_pe, attn_tensor *kv_cache,
+                                               const int64_t *slot_mapping, int num_tokens,
+                                               void *stream) {
+    attn_context *ctx = layer ? layer->ctx : NULL;
+    const char *fn = "attn_concat_and_cache_mla";
+    attn_status st;
+    if (!layer) return attn__null_arg(ctx, __func__, "layer");
+    if (!kv_c) return attn__null_arg(ctx, __func__, "kv_c");
+    if (!k_pe) return attn__null_arg(ctx, __func__, "k_pe");
+    if (!kv_cache) return attn__null_arg(ctx, __func__, "kv_cache");
+    if (!slot_mapping) return attn__null_arg(ctx, __func__, "slot_mapping");
+    if (!layer->desc.use_mla)
+        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_CALL_UNSUPPORTED,
+                          "%s: the layer is not MLA (allowed: use_mla = 1; standard layers use "
+                          "attn_reshape_and_cache)", fn);
+    if (num_tokens < 0)
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                          "%s: num_tokens is %d (allowed: >= 0)", fn, num_tokens);
+    st = attn__check_latent_write(layer, fn, kv_c, k_pe, kv_cache, slot_mapping, num_tokens);
+    if (st != ATTN_OK) return st;
+    return layer->backend->concat_and_cache_mla(layer->backend, layer, kv_c, k_pe, kv_cache,
+                                                slot_mapping, num_tokens, stream);
 }
 
 /* =======================================================================================
    >>cpu
-   The portable C backend. Work is split into tasks of (request, KV head, query tile[, key
-   split]); a task loads all query heads of its KV-head group, so each K/V row is read once
-   per group. Inner loops run on f32 tiles (K/V rows converted as they are gathered from
-   the pages) through a small vector layer: AVX-512, AVX2+FMA+F16C, or plain C.
+   The portable C backend (CPU). Work is split into tasks of (request, KV heads, query
+   tile[, key split]); a task loads all query heads of its KV-head group, so each K/V row is
+   read once per group. Inner loops run on f32 tiles through a small vector layer: AVX-512,
+   AVX2+FMA+F16C, or plain C. The MLA backend (>>cpu_mla) runs on the same kernels and runner.
    ======================================================================================= */
+
+/* ---- SIMD layer and row conversions ------------------------------------------------------ */
 
 #define ATTN__CPU_NT 64        /* keys per tile */
 #define ATTN__CPU_ROWS 64      /* target query rows (tokens x group heads) per task */
@@ -2661,21 +3505,30 @@ ATTN__INLINE void attn__vst_f16(uint16_t *p, attn__vf v) {
 }
 #endif
 
-/* Rows of n elements between f16/bf16 storage and f32, W at a time, scalar tails. */
-static void attn__f16_row(const uint16_t *s, float *d, int n) {
+/* Rows of n elements between f16/bf16 storage and f32, W at a time, scalar tails (the
+   dtype table's rows for f16 and bf16). */
+static void attn__f16_row(const void *src, float *d, int n) {
+    const uint16_t *s = (const uint16_t *)src;
     int i = 0;
     for (; i + ATTN__W <= n; i += ATTN__W) attn__vst(d + i, attn__vld_f16(s + i));
     for (; i < n; i++) d[i] = attn_f16_to_f32(s[i]);
 }
-static void attn__bf16_row(const uint16_t *s, float *d, int n) {
+static void attn__bf16_row(const void *src, float *d, int n) {
+    const uint16_t *s = (const uint16_t *)src;
     int i = 0;
     for (; i + ATTN__W <= n; i += ATTN__W) attn__vst(d + i, attn__vld_bf16(s + i));
     for (; i < n; i++) d[i] = attn_bf16_to_f32(s[i]);
 }
-static void attn__row_to_f16(const float *s, uint16_t *d, int n) {
+static void attn__row_to_f16(const float *s, void *dst, int n) {
+    uint16_t *d = (uint16_t *)dst;
     int i = 0;
     for (; i + ATTN__W <= n; i += ATTN__W) attn__vst_f16(d + i, attn__vld(s + i));
     for (; i < n; i++) d[i] = attn_f32_to_f16(s[i]);
+}
+static void attn__row_to_bf16(const float *s, void *dst, int n) {
+    uint16_t *d = (uint16_t *)dst;
+    int i;
+    for (i = 0; i < n; i++) d[i] = attn_f32_to_bf16(s[i]);
 }
 
 /* 2^x with |relative error| < 2e-7; x <= -127 gives exactly 0 (masked scores). */
@@ -2695,20 +3548,17 @@ ATTN__INLINE attn__vf attn__vexp2(attn__vf x) {
     return attn__vmul(p, attn__vpow2i(n));
 }
 
-/* A row of n elements of type dt -> f32, zero-padded to npad. */
+/* A row of n elements of type dt -> f32, zero-padded to npad (through the dtype table). */
 static void attn__row_to_f32(const void *src, attn_dtype dt, float *dst, int n, int npad) {
     int i;
-    if (dt == ATTN_DTYPE_F32) memcpy(dst, src, (size_t)n * sizeof(float));
-    else if (dt == ATTN_DTYPE_F16) attn__f16_row((const uint16_t *)src, dst, n);
-    else attn__bf16_row((const uint16_t *)src, dst, n);
+    ATTN_ASSERT(attn__dtype_valid(dt) && attn__dtypes[dt].load_row);
+    attn__dtypes[dt].load_row(src, dst, n);
     for (i = n; i < npad; i++) dst[i] = 0.0f;
 }
 
 static void attn__row_from_f32(const float *src, attn_dtype dt, void *dst, int n) {
-    int i;
-    if (dt == ATTN_DTYPE_F32) memcpy(dst, src, (size_t)n * sizeof(float));
-    else if (dt == ATTN_DTYPE_F16) attn__row_to_f16(src, (uint16_t *)dst, n);
-    else for (i = 0; i < n; i++) ((uint16_t *)dst)[i] = attn_f32_to_bf16(src[i]);
+    ATTN_ASSERT(attn__dtype_valid(dt) && attn__dtypes[dt].store_row);
+    attn__dtypes[dt].store_row(src, dst, n);
 }
 
 ATTN__INLINE float attn__dot(const float *a, const float *b, int dp) {
@@ -2721,6 +3571,8 @@ ATTN__INLINE float attn__dot(const float *a, const float *b, int dp) {
     for (; d < dp; d += ATTN__W) acc0 = attn__vfma(attn__vld(a + d), attn__vld(b + d), acc0);
     return attn__vhadd(attn__vadd(acc0, acc1));
 }
+
+/* ---- kernels: QK and PV tiles, direct decode kernels, online softmax --------------------- */
 
 /* Rows per cache block of the gather-path kernels: a chunk of Q (or O) rows stays in L1
    while the K (or V) tile streams past it once. */
@@ -2832,7 +3684,7 @@ static void attn__cpu_pv(const float *P, int ld, int M, const float *V, int ldv,
 
 /* Asks for a K/V row ahead of use: rows of one head are strided across the page, which
    the hardware prefetchers do not follow. */
-ATTN__INLINE void attn__prefetch_row(const char *p, size_t bytes) {
+ATTN__INLINE void attn__cpu_prefetch_row(const char *p, size_t bytes) {
 #if defined(__GNUC__) || defined(__clang__)
     size_t o;
     for (o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, ATTN__PF_HINT);
@@ -2841,21 +3693,27 @@ ATTN__INLINE void attn__prefetch_row(const char *p, size_t bytes) {
 #endif
 }
 
-/* One vector of a K/V row straight from the cache, converted to f32 in registers. */
+/* One vector of a K/V row straight from the cache, converted to f32 in registers. dt is a
+   compile-time constant in every instantiation, so the switch folds away. */
 ATTN__INLINE attn__vf attn__vload_kv(const char *p, attn_dtype dt) {
-    if (dt == ATTN_DTYPE_F16) return attn__vld_f16((const uint16_t *)(const void *)p);
-    if (dt == ATTN_DTYPE_BF16) return attn__vld_bf16((const uint16_t *)(const void *)p);
-    return attn__vld((const float *)(const void *)p);
+    switch (dt) {
+    case ATTN_DTYPE_F32: return attn__vld((const float *)(const void *)p);
+    case ATTN_DTYPE_F16: return attn__vld_f16((const uint16_t *)(const void *)p);
+    case ATTN_DTYPE_BF16: return attn__vld_bf16((const uint16_t *)(const void *)p);
+    case ATTN_DTYPE_AUTO: case ATTN_DTYPE_COUNT: break;
+    }
+    ATTN_ASSERT(0);
+    return attn__vzero();
 }
 
 /* The decode-shaped kernels: few query rows per KV head, so every K/V element is used
    once per row block and is read from the cache directly (row pointers, converted in
    registers; no gather copy). D is a multiple of W. The QK loop takes a quad of keys and
    then every head of the task, so it reads whole token rows front to back. */
-ATTN__INLINE void attn__qk_direct(const float *Q, int per_head, int nheads, const char *const *kp,
+ATTN__INLINE void attn__cpu_qk_direct_dt(const float *Q, int per_head, int nheads, const char *const *kp,
                                   size_t head_bytes, int n, int D, int dq, float *S, int ld,
                                   attn_dtype dt) {
-    size_t esz = dt == ATTN_DTYPE_F32 ? 4 : 2;
+    size_t esz = attn__dtypes[dt].size; /* a constant: dt is one */
     int r, j, d, rr, kk, h;
     for (j = 0; j + 4 <= n; j += 4)
         for (h = 0; h < nheads; h++) {
@@ -2864,7 +3722,7 @@ ATTN__INLINE void attn__qk_direct(const float *Q, int per_head, int nheads, cons
             int rend = (h + 1) * per_head;
             if (j + ATTN__QKPF + 4 <= n) { /* this head's slice of a later quad's rows */
                 int q2;
-                for (q2 = ATTN__QKPF; q2 < ATTN__QKPF + 4; q2++) attn__prefetch_row(kp[j + q2] + h * head_bytes, head_bytes);
+                for (q2 = ATTN__QKPF; q2 < ATTN__QKPF + 4; q2++) attn__cpu_prefetch_row(kp[j + q2] + h * head_bytes, head_bytes);
             }
             for (r = h * per_head; r + ATTN__QK_RB <= rend; r += ATTN__QK_RB) {
                 const float *q = Q + (size_t)r * (size_t)dq;
@@ -2904,9 +3762,9 @@ ATTN__INLINE void attn__qk_direct(const float *Q, int per_head, int nheads, cons
 
 /* O[r] = O[r] * alpha[r] + sum_j P[r][j] V[j] for the rows of one head; 4 rows x 4 vectors
    per register block (16 independent FMA chains). */
-ATTN__INLINE void attn__pv_direct(const float *P, int ld, int M, const char *const *vp, size_t hoff,
+ATTN__INLINE void attn__cpu_pv_direct_dt(const float *P, int ld, int M, const char *const *vp, size_t hoff,
                                   int n, int D, int dq, float *O, const float *alpha, attn_dtype dt) {
-    size_t esz = dt == ATTN_DTYPE_F32 ? 4 : 2;
+    size_t esz = attn__dtypes[dt].size;
     int r = 0, d, j, rr, c;
     for (; r + 4 <= M; r += 4) {
         for (d = 0; d + 4 * ATTN__W <= D; d += 4 * ATTN__W) {
@@ -2919,7 +3777,7 @@ ATTN__INLINE void attn__pv_direct(const float *P, int ld, int M, const char *con
             for (j = 0; j < n; j++) {
                 const char *v = vp[j] + hoff + (size_t)d * esz;
                 attn__vf v0, v1, v2, v3;
-                if (d == 0 && j + ATTN__PVPF < n) attn__prefetch_row(vp[j + ATTN__PVPF] + hoff, (size_t)D * esz);
+                if (d == 0 && j + ATTN__PVPF < n) attn__cpu_prefetch_row(vp[j + ATTN__PVPF] + hoff, (size_t)D * esz);
                 v0 = attn__vload_kv(v, dt); v1 = attn__vload_kv(v + ATTN__W * esz, dt);
                 v2 = attn__vload_kv(v + 2 * ATTN__W * esz, dt); v3 = attn__vload_kv(v + 3 * ATTN__W * esz, dt);
                 for (rr = 0; rr < 4; rr++) {
@@ -2954,18 +3812,28 @@ ATTN__INLINE void attn__pv_direct(const float *P, int ld, int M, const char *con
         }
 }
 
-/* One instantiation per cache dtype, so the conversion is fixed inside the loops. */
-static void attn__cpu_qk_direct(const float *Q, int per_head, int nheads, const char *const *kp,
+/* One instantiation per cache dtype, so the conversion is fixed inside the loops. Not
+   inlined into attn__cpu_task_run: the kernels' registers are then allocated on their own,
+   and an edit elsewhere in that large function cannot spill them (one did: -6% decode). */
+ATTN__NOINLINE static void attn__cpu_qk_direct(const float *Q, int per_head, int nheads, const char *const *kp,
                                 size_t head_bytes, int n, int D, int dq, float *S, int ld, attn_dtype dt) {
-    if (dt == ATTN_DTYPE_F16) attn__qk_direct(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, ATTN_DTYPE_F16);
-    else if (dt == ATTN_DTYPE_BF16) attn__qk_direct(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, ATTN_DTYPE_BF16);
-    else attn__qk_direct(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, ATTN_DTYPE_F32);
+    switch (dt) {
+    case ATTN_DTYPE_F32: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, ATTN_DTYPE_F32); return;
+    case ATTN_DTYPE_F16: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, ATTN_DTYPE_F16); return;
+    case ATTN_DTYPE_BF16: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, ATTN_DTYPE_BF16); return;
+    case ATTN_DTYPE_AUTO: case ATTN_DTYPE_COUNT: break;
+    }
+    ATTN_ASSERT(0);
 }
-static void attn__cpu_pv_direct(const float *P, int ld, int M, const char *const *vp, size_t hoff,
+ATTN__NOINLINE static void attn__cpu_pv_direct(const float *P, int ld, int M, const char *const *vp, size_t hoff,
                                 int n, int D, int dq, float *O, const float *alpha, attn_dtype dt) {
-    if (dt == ATTN_DTYPE_F16) attn__pv_direct(P, ld, M, vp, hoff, n, D, dq, O, alpha, ATTN_DTYPE_F16);
-    else if (dt == ATTN_DTYPE_BF16) attn__pv_direct(P, ld, M, vp, hoff, n, D, dq, O, alpha, ATTN_DTYPE_BF16);
-    else attn__pv_direct(P, ld, M, vp, hoff, n, D, dq, O, alpha, ATTN_DTYPE_F32);
+    switch (dt) {
+    case ATTN_DTYPE_F32: attn__cpu_pv_direct_dt(P, ld, M, vp, hoff, n, D, dq, O, alpha, ATTN_DTYPE_F32); return;
+    case ATTN_DTYPE_F16: attn__cpu_pv_direct_dt(P, ld, M, vp, hoff, n, D, dq, O, alpha, ATTN_DTYPE_F16); return;
+    case ATTN_DTYPE_BF16: attn__cpu_pv_direct_dt(P, ld, M, vp, hoff, n, D, dq, O, alpha, ATTN_DTYPE_BF16); return;
+    case ATTN_DTYPE_AUTO: case ATTN_DTYPE_COUNT: break;
+    }
+    ATTN_ASSERT(0);
 }
 
 /* Online-softmax step for one row of base-2 scores s[0..n) (padded to a multiple of W):
@@ -2994,17 +3862,19 @@ static float attn__cpu_softmax_row(float *s, int n, float *m, float *l) {
     return alpha;
 }
 
+/* ---- schedule: the metadata's private part and the builder ------------------------------- */
+
 typedef struct attn__cpu_task {
     int req;
     int head0, head1;             /* KV heads [head0, head1) */
     int tok0, tok1;               /* query tokens [tok0, tok1) of the request */
     int key0, key1;               /* key positions this task may see */
-    int slot;                     /* -1: writes the output; else partial-result slot */
+    int prow;                     /* -1: writes the output; else its first partial row */
     int64_t cost;
 } attn__cpu_task;
 
 typedef struct attn__cpu_merge {
-    int req, head0, head1, tok0, tok1, slot0, num_splits;
+    int req, head0, head1, tok0, tok1, row0, num_splits; /* split s: partial rows row0 + s*rows */
 } attn__cpu_merge;
 
 typedef struct attn__cpu_meta {
@@ -3014,10 +3884,13 @@ typedef struct attn__cpu_meta {
     int num_merges, merge_capacity;
     int rows_per_task;            /* most query rows a task holds */
     int tile_rows;                /* K/V rows a tile holds (heads x keys) */
-    int num_slots;
-    attn_mla_info mla;            /* MLA batches: the decode/prefill split */
-    float *partial;               /* num_slots x rows_per_task x (dp + 2) */
-    size_t partial_floats;
+    int partial_rows;             /* split-KV partial rows the current schedule uses */
+    int partial_capacity;         /* rows the partial buffer holds (fixed at create) */
+    float *partial;               /* partial_capacity rows of (dp + 2): O, m, l */
+    int partial_dp;               /* dp of a partial row */
+    size_t scratch_floats;        /* per-thread scratch every forward path needs */
+    float *workspace;             /* MLA: the fused call's latents and forward_mha's chunk */
+    size_t workspace_floats;
 } attn__cpu_meta;
 
 static int attn__cpu_dp(int head_size) { return (head_size + 15) / 16 * 16; }
@@ -3040,72 +3913,98 @@ static int attn__cpu_tile_keys(int heads) {
     return heads == 1 ? ATTN__CPU_NT : (n < 16 ? 16 : n);
 }
 
-static int attn__env_batch_invariant(void) {
-    const char *v = attn__trim_env("ATTN_BATCH_INVARIANT");
-    return v && strcmp(v, "0") != 0;
-}
-
 /* The private part of CPU metadata, allocated once at its fixed capacity. */
 #define ATTN__CPU_MAX_TASKS (1 << 26)
 #define ATTN__CPU_MAX_ROWS (1 << 20)
 
 static attn_status attn__cpu_meta_attach(attn_layer *layer, attn_metadata *meta, int64_t task_capacity,
                                          int merge_capacity, int64_t rows_per_task, int tile_rows,
-                                         attn__cpu_meta **out) {
+                                         int64_t partial_rows, int partial_dp, attn__cpu_meta **out) {
     attn__cpu_meta *cm = NULL;
-    if (task_capacity > ATTN__CPU_MAX_TASKS || rows_per_task > ATTN__CPU_MAX_ROWS)
-        return attn__fail(layer->ctx, ATTN_ERROR_CAPACITY, ATTN_LOG_INVALID_ARGUMENT,
+    if (task_capacity > ATTN__CPU_MAX_TASKS || rows_per_task > ATTN__CPU_MAX_ROWS ||
+        partial_rows > (int64_t)ATTN__CPU_MAX_TASKS * 16)
+        return attn__fail(layer->ctx, ATTN_ERROR_CAPACITY, ATTN_LOG_CAPACITY_EXCEEDED,
                           "attn_metadata_create: the capacity asks for %lld tasks of up to %lld "
-                          "query rows (allowed: at most %d tasks and %d rows; lower max_num_reqs, "
-                          "max_num_tokens, num_kv_splits or decode_threshold)",
-                          (long long)task_capacity, (long long)rows_per_task, ATTN__CPU_MAX_TASKS,
-                          ATTN__CPU_MAX_ROWS);
+                          "query rows and %lld split-KV rows (allowed: at most %d tasks, %d rows "
+                          "and %d split rows; lower max_num_reqs, max_num_tokens, num_kv_splits "
+                          "or decode_threshold)", (long long)task_capacity, (long long)rows_per_task,
+                          (long long)partial_rows, ATTN__CPU_MAX_TASKS, ATTN__CPU_MAX_ROWS,
+                          ATTN__CPU_MAX_TASKS * 16);
     cm = (attn__cpu_meta *)attn__calloc(1, sizeof *cm);
     if (cm) {
         cm->task_capacity = (int)task_capacity;
         cm->merge_capacity = merge_capacity;
         cm->rows_per_task = (int)rows_per_task;
         cm->tile_rows = tile_rows;
+        cm->partial_capacity = (int)partial_rows;
+        cm->partial_dp = partial_dp;
         cm->tasks = (attn__cpu_task *)attn__calloc((size_t)task_capacity, sizeof *cm->tasks);
         cm->merges = (attn__cpu_merge *)attn__calloc((size_t)merge_capacity, sizeof *cm->merges);
+        cm->partial = (float *)attn__calloc((size_t)partial_rows * (size_t)(partial_dp + 2), sizeof(float));
     }
-    if (!cm || !cm->tasks || !cm->merges) {
-        if (cm) { attn__free(cm->tasks); attn__free(cm->merges); attn__free(cm); }
+    if (!cm || !cm->tasks || !cm->merges || (partial_rows && !cm->partial)) {
+        if (cm) { attn__free(cm->tasks); attn__free(cm->merges); attn__free(cm->partial); attn__free(cm); }
         return attn__fail(layer->ctx, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
-                          "attn_metadata_create: cannot allocate the CPU schedule (%lld tasks)",
-                          (long long)task_capacity);
+                          "attn_metadata_create: cannot allocate the CPU schedule (%lld tasks, "
+                          "%lld split-KV rows)", (long long)task_capacity, (long long)partial_rows);
     }
     attn_metadata_private_set(meta, cm);
     *out = cm;
     return ATTN_OK;
 }
 
-static attn_status attn__cpu_metadata_init(attn_layer *layer, attn_metadata *meta) {
+/* Reserves the per-thread scratch of every forward path now, so forward never allocates
+   (the context's scratch only grows). */
+static attn_status attn__cpu_meta_reserve(attn_layer *layer, attn_metadata *meta, attn__cpu_meta *cm,
+                                          size_t scratch_floats) {
+    attn_status st;
+    cm->scratch_floats = scratch_floats;
+    st = attn__scratch_reserve(layer->ctx, scratch_floats);
+    if (st != ATTN_OK) {
+        attn__free(cm->tasks); attn__free(cm->merges); attn__free(cm->partial); attn__free(cm);
+        attn_metadata_private_set(meta, NULL);
+    }
+    return st;
+}
+
+static size_t attn__cpu_scratch_floats(const attn__cpu_meta *cm, int dpk, int dpv);
+
+static attn_status attn__cpu_metadata_init(const attn_backend *self, attn_layer *layer, attn_metadata *meta) {
     const attn_layer_desc *d = &layer->desc;
+    const attn_metadata_desc *cap = attn_metadata_capacity(meta);
     int group = d->num_heads / d->num_kv_heads;
     int tt = attn__cpu_tile_tokens(group);
     int want = 4 * layer->ctx->num_threads;
     int64_t base = (int64_t)d->num_kv_heads *
-                   ((int64_t)meta->cap.max_num_tokens / tt + 1 + meta->cap.max_num_reqs);
+                   ((int64_t)cap->max_num_tokens / tt + 1 + cap->max_num_reqs);
+    int64_t rows = ATTN__MAX(tt * group, ATTN__CPU_ROWS);
     attn__cpu_meta *cm = NULL;
-    return attn__cpu_meta_attach(layer, meta, base + (int64_t)want * ATTN__CPU_MAX_SPLITS, want,
-                                 ATTN__MAX(tt * group, ATTN__CPU_ROWS),
-                                 ATTN__MAX(ATTN__CPU_NT, d->num_kv_heads * attn__cpu_tile_keys(d->num_kv_heads)),
-                                 &cm);
+    attn_status st;
+    (void)self;
+    /* splits happen only while the batch has fewer than `want` base tasks, and at most
+       ceil(want / base) per tile: fewer than 2 * want split tasks in all */
+    st = attn__cpu_meta_attach(layer, meta, base + (int64_t)want * ATTN__CPU_MAX_SPLITS, want, rows,
+                               ATTN__MAX(ATTN__CPU_NT, d->num_kv_heads * attn__cpu_tile_keys(d->num_kv_heads)),
+                               2 * (int64_t)want * rows, attn__cpu_dp(d->head_size), &cm);
+    if (st != ATTN_OK) return st;
+    return attn__cpu_meta_reserve(layer, meta, cm,
+                                  attn__cpu_scratch_floats(cm, attn__cpu_dp(d->head_size), attn__cpu_dp(d->head_size)));
 }
 
-static void attn__cpu_metadata_release(attn_metadata *meta) {
+static void attn__cpu_metadata_release(const attn_backend *self, attn_metadata *meta) {
     attn__cpu_meta *cm = (attn__cpu_meta *)attn_metadata_private(meta);
+    (void)self;
     if (!cm) return;
     attn__free(cm->tasks);
     attn__free(cm->merges);
     attn__free(cm->partial);
+    attn__free(cm->workspace);
     attn__free(cm);
     attn_metadata_private_set(meta, NULL);
 }
 
 /* Keys visible to query position pos of a sequence of seq_len tokens: [*lo, *hi). */
-static void attn__visible_keys(const attn_layer_desc *d, int causal, int pos, int seq_len,
+static void attn__cpu_visible_keys(const attn_layer_desc *d, int causal, int pos, int seq_len,
                                int *lo, int *hi) {
     int64_t w = d->sliding_window;
     *lo = w ? (int)ATTN__MAX(0, (int64_t)pos - w + 1) : 0;
@@ -3113,21 +4012,16 @@ static void attn__visible_keys(const attn_layer_desc *d, int causal, int pos, in
     else *hi = w ? (int)ATTN__MIN((int64_t)seq_len, (int64_t)pos + w) : seq_len;
 }
 
-static int attn__cpu_task_cmp(const void *a, const void *b) {
-    int64_t ca = ((const attn__cpu_task *)a)->cost, cb = ((const attn__cpu_task *)b)->cost;
-    return ca > cb ? -1 : ca < cb ? 1 : 0;
-}
-
 /* Appends the tasks of one (request, KV heads, query tile): ns splits of the key range
    [lo, hi), and the merge that joins them when ns > 1. */
-static void attn__cpu_emit(attn__cpu_meta *cm, int *nt, int *nm, int *slots, int req, int h0,
-                           int h1, int t0, int t1, int lo, int hi, int ns) {
+static void attn__cpu_emit(attn__cpu_meta *cm, int *nt, int *nm, int *prow, int req, int h0,
+                           int h1, int t0, int t1, int lo, int hi, int ns, int rows) {
     int s;
     if (ns > 1) {
         attn__cpu_merge *mg = &cm->merges[(*nm)++];
         ATTN_ASSERT(*nm <= cm->merge_capacity);
         mg->req = req; mg->head0 = h0; mg->head1 = h1; mg->tok0 = t0; mg->tok1 = t1;
-        mg->slot0 = *slots; mg->num_splits = ns;
+        mg->row0 = *prow; mg->num_splits = ns;
     }
     for (s = 0; s < ns; s++) {
         attn__cpu_task *tk = &cm->tasks[(*nt)++];
@@ -3135,58 +4029,73 @@ static void attn__cpu_emit(attn__cpu_meta *cm, int *nt, int *nm, int *slots, int
         tk->req = req; tk->head0 = h0; tk->head1 = h1; tk->tok0 = t0; tk->tok1 = t1;
         tk->key0 = lo + (int)((int64_t)(hi - lo) * s / ns);
         tk->key1 = lo + (int)((int64_t)(hi - lo) * (s + 1) / ns);
-        tk->slot = ns > 1 ? (*slots)++ : -1;
+        tk->prow = -1;
+        if (ns > 1) {
+            tk->prow = *prow;
+            *prow += rows;
+            ATTN_ASSERT(*prow <= cm->partial_capacity);
+        }
         tk->cost = (int64_t)(tk->key1 - tk->key0 + 16) * (t1 - t0) * (h1 - h0);
     }
 }
 
-/* Sizes the split partials (rows x (dv padded + m + l) per slot; grown, never shrunk),
-   orders the tasks longest first and publishes the counts. */
-static attn_status attn__cpu_schedule_finish(attn_context *ctx, attn__cpu_meta *cm, int nt, int nm,
-                                             int slots, int dv) {
-    size_t need = (size_t)slots * (size_t)cm->rows_per_task * (size_t)(attn__cpu_dp(dv) + 2);
-    if (need > cm->partial_floats) {
-        float *p = (float *)attn__malloc(need * sizeof(float));
-        if (!p)
-            return attn__fail(ctx, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
-                              "attn_metadata_build: cannot allocate %zu bytes of split-KV partials",
-                              need * sizeof(float));
-        attn__free(cm->partial);
-        cm->partial = p;
-        cm->partial_floats = need;
+/* Heap sort by cost, longest first (qsort may allocate; build may not). */
+static void attn__cpu_sift(attn__cpu_task *t, int root, int n) {
+    for (;;) {
+        int c = 2 * root + 1;
+        attn__cpu_task tmp;
+        if (c >= n) return;
+        if (c + 1 < n && t[c + 1].cost < t[c].cost) c++;   /* min-heap: smallest to the end */
+        if (t[root].cost <= t[c].cost) return;
+        tmp = t[root]; t[root] = t[c]; t[c] = tmp;
+        root = c;
     }
-    qsort(cm->tasks, (size_t)nt, sizeof *cm->tasks, attn__cpu_task_cmp);
+}
+static void attn__cpu_sort_tasks(attn__cpu_task *t, int n) {
+    int i;
+    for (i = n / 2 - 1; i >= 0; i--) attn__cpu_sift(t, i, n);
+    for (i = n - 1; i > 0; i--) {
+        attn__cpu_task tmp = t[0];
+        t[0] = t[i]; t[i] = tmp;
+        attn__cpu_sift(t, 0, i);
+    }
+}
+
+/* Orders the tasks longest first and publishes the counts (partials were sized at create). */
+static attn_status attn__cpu_schedule_finish(attn__cpu_meta *cm, int nt, int nm, int prows) {
+    attn__cpu_sort_tasks(cm->tasks, nt);
     cm->num_tasks = nt;
     cm->num_merges = nm;
-    cm->num_slots = slots;
+    cm->partial_rows = prows;
     return ATTN_OK;
 }
 
 /* The schedule: tasks of (request, KV heads, query tile), split along the keys when the
    batch alone cannot keep the threads busy (never under ATTN_BATCH_INVARIANT=1). */
-static attn_status attn__cpu_build(attn_layer *layer, attn_metadata *meta, int common_prefix_len,
-                                   int fast_build) {
+static attn_status attn__cpu_build(const attn_backend *self, attn_layer *layer, attn_metadata *meta,
+                                   int common_prefix_len, int fast_build) {
     attn__cpu_meta *cm = (attn__cpu_meta *)attn_metadata_private(meta);
     const attn_batch *b = attn_metadata_batch(meta);
     const attn_layer_desc *d = &layer->desc;
     int group = d->num_heads / d->num_kv_heads, tt = attn__cpu_tile_tokens(group);
     int causal = b->causal == ATTN_CAUSAL_YES;
-    int want = 4 * layer->ctx->num_threads, base = 0, r, h, t0, nt = 0, nm = 0, slots = 0;
+    int want = 4 * layer->ctx->num_threads, base = 0, r, h, t0, nt = 0, nm = 0, prows = 0;
     int split;
+    (void)self;
     (void)common_prefix_len;
     (void)fast_build;
     for (r = 0; r < b->num_reqs; r++) {
         int ql = b->query_start_loc[r + 1] - b->query_start_loc[r];
         base += attn__cpu_all_heads(d, ql) ? (ql > 0) : d->num_kv_heads * ((ql + tt - 1) / tt);
     }
-    split = !attn__env_batch_invariant() && base > 0 && base < want;
+    split = !attn__env_batch_invariant(layer->ctx) && base > 0 && base < want;
     for (r = 0; r < b->num_reqs; r++) {
         int ql = b->query_start_loc[r + 1] - b->query_start_loc[r], sl = b->seq_lens[r];
         int all = attn__cpu_all_heads(d, ql), step = all ? ql : tt;
         for (t0 = 0; t0 < ql; t0 += step) {
             int t1 = ATTN__MIN(ql, t0 + step), lo0, hi0, lo1, hi1, lo, hi, ns = 1;
-            attn__visible_keys(d, causal, sl - ql + t0, sl, &lo0, &hi0);
-            attn__visible_keys(d, causal, sl - ql + t1 - 1, sl, &lo1, &hi1);
+            attn__cpu_visible_keys(d, causal, sl - ql + t0, sl, &lo0, &hi0);
+            attn__cpu_visible_keys(d, causal, sl - ql + t1 - 1, sl, &lo1, &hi1);
             lo = ATTN__MIN(lo0, lo1);
             hi = ATTN__MAX(hi0, hi1);
             if (split && t0 == 0 && t1 == ql && hi - lo >= 2 * ATTN__CPU_SPLIT_MIN) {
@@ -3196,12 +4105,14 @@ static attn_status attn__cpu_build(attn_layer *layer, attn_metadata *meta, int c
                 if (ns < 2) ns = 1;
             }
             for (h = 0; h < d->num_kv_heads; h += all ? d->num_kv_heads : 1)
-                attn__cpu_emit(cm, &nt, &nm, &slots, r, h, all ? d->num_kv_heads : h + 1, t0, t1,
-                               lo, hi, ns);
+                attn__cpu_emit(cm, &nt, &nm, &prows, r, h, all ? d->num_kv_heads : h + 1, t0, t1,
+                               lo, hi, ns, (t1 - t0) * group * (all ? d->num_kv_heads : 1));
         }
     }
-    return attn__cpu_schedule_finish(layer->ctx, cm, nt, nm, slots, d->head_size);
+    return attn__cpu_schedule_finish(cm, nt, nm, prows);
 }
+
+/* ---- runner: one pass of tasks, then the split-KV merges --------------------------------- */
 
 /* What one parallel attention pass reads and writes: the effective layer view (for MLA
    decode: one KV head of width dk, V the first dv of the same row), the batch, the
@@ -3241,15 +4152,15 @@ static void attn__cpu_row_owner(const attn_layer_desc *d, int head0, int tok0, i
 
 /* Writes normalised rows (or unnormalised partials) of one task. */
 static void attn__cpu_store_rows(const attn__cpu_run *a, int req, int head0, int head1,
-                                 int tok0, int tok1, int slot, const float *O, const float *m,
+                                 int tok0, int tok1, int prow, const float *O, const float *m,
                                  const float *l, float *tmp) {
     const attn_layer_desc *d = &a->d;
     int group = d->num_heads / d->num_kv_heads, dp = a->dpv;
     int rows = (tok1 - tok0) * group * (head1 - head0), i, x, tok, head;
     int qs = a->b->query_start_loc[req] - a->row0;
     size_t osz = attn_dtype_size(a->out.dtype);
-    if (slot >= 0) {
-        float *p = a->cm->partial + (size_t)slot * (size_t)a->cm->rows_per_task * (size_t)(dp + 2);
+    if (prow >= 0) {
+        float *p = a->cm->partial + (size_t)prow * (size_t)(dp + 2);
         for (i = 0; i < rows; i++) {
             memcpy(p + (size_t)i * (size_t)(dp + 2), O + (size_t)i * (size_t)dp, (size_t)dp * sizeof(float));
             p[(size_t)i * (size_t)(dp + 2) + (size_t)dp] = m[i];
@@ -3319,7 +4230,7 @@ static void attn__cpu_task_run(void *varg, int ti, int thread) {
         int t, head;
         float *qr = Q + (size_t)i * (size_t)dpk;
         attn__cpu_row_owner(d, tk->head0, tk->tok0, tk->tok1, i, &t, &head);
-        attn__visible_keys(d, causal, sl - ql + t, sl, &lo[i], &hi[i]);
+        attn__cpu_visible_keys(d, causal, sl - ql + t, sl, &lo[i], &hi[i]);
         lo[i] = ATTN__MAX(lo[i], tk->key0);
         hi[i] = ATTN__MIN(hi[i], tk->key1);
         if (lo[i] < hi[i]) { kmin = ATTN__MIN(kmin, lo[i]); kmax = ATTN__MAX(kmax, hi[i]); }
@@ -3388,7 +4299,7 @@ static void attn__cpu_task_run(void *varg, int ti, int thread) {
                 attn__cpu_pv(Sh, ATTN__CPU_NT, per_head, Vh, ldv, n, dpv, O + (size_t)r0 * (size_t)dpv, alpha + r0);
         }
     }
-    attn__cpu_store_rows(a, tk->req, tk->head0, tk->head1, tk->tok0, tk->tok1, tk->slot, O, m, l, tmp);
+    attn__cpu_store_rows(a, tk->req, tk->head0, tk->head1, tk->tok0, tk->tok1, tk->prow, O, m, l, tmp);
 }
 
 /* Merges the split-KV partials of one (request, KV heads, tile) by their LSEs: the
@@ -3399,18 +4310,18 @@ static void attn__cpu_merge_run(void *varg, int mi, int thread) {
     const attn_layer_desc *d = &a->d;
     int group = d->num_heads / d->num_kv_heads, dp = a->dpv;
     int rows = (mg->tok1 - mg->tok0) * group * (mg->head1 - mg->head0), i, s, x;
-    size_t stride = (size_t)a->cm->rows_per_task * (size_t)(dp + 2);
+    size_t stride = (size_t)rows * (size_t)(dp + 2);            /* one split's rows */
     float *O = (float *)(void *)(((uintptr_t)a->ctx->scratch[thread] + 63) & ~(uintptr_t)63);
     float *mrow = O + (size_t)rows * (size_t)dp, *lrow = mrow + rows, *tmp = lrow + rows;
     for (i = 0; i < rows; i++) {
         float mx = -INFINITY, lsum = 0.0f;
         for (s = 0; s < mg->num_splits; s++) {
-            const float *p = a->cm->partial + (size_t)(mg->slot0 + s) * stride + (size_t)i * (size_t)(dp + 2);
+            const float *p = a->cm->partial + (size_t)mg->row0 * (size_t)(dp + 2) + (size_t)s * stride + (size_t)i * (size_t)(dp + 2);
             if (p[dp + 1] > 0.0f && p[dp] > mx) mx = p[dp];
         }
         for (x = 0; x < dp; x++) O[(size_t)i * (size_t)dp + x] = 0.0f;
         for (s = 0; s < mg->num_splits && mx > -INFINITY; s++) {
-            const float *p = a->cm->partial + (size_t)(mg->slot0 + s) * stride + (size_t)i * (size_t)(dp + 2);
+            const float *p = a->cm->partial + (size_t)mg->row0 * (size_t)(dp + 2) + (size_t)s * stride + (size_t)i * (size_t)(dp + 2);
             float w;
             if (!(p[dp + 1] > 0.0f)) continue;
             w = exp2f(p[dp] - mx);
@@ -3425,20 +4336,56 @@ static void attn__cpu_merge_run(void *varg, int mi, int thread) {
 
 /* Runs a schedule: stage 1 (tasks), then stage 2 (merges of split partials). */
 static attn_status attn__cpu_execute(attn__cpu_run *a) {
-    attn_status st = attn__scratch_reserve(a->ctx, attn__cpu_scratch_floats(a->cm, a->dpk, a->dpv));
+    attn_status st = attn__scratch_reserve(a->ctx, a->cm->scratch_floats); /* reserved at create */
     if (st != ATTN_OK) return st;
     attn__pool_run(a->ctx->pool, attn__cpu_task_run, a, a->cm->num_tasks);
     if (a->cm->num_merges) attn__pool_run(a->ctx->pool, attn__cpu_merge_run, a, a->cm->num_merges);
     return ATTN_OK;
 }
 
-static attn_status attn__cpu_forward(attn_layer *layer, const attn_metadata *meta,
+/* ---- entry points: forward, cache write, LSE merge --------------------------------------- */
+
+/* Copies token rows of key/value into the standard cache; inputs already validated. (The
+   CPU backends' cache writes; >>cpu.) */
+static void attn__cpu_write_kv(const attn_layer *layer, const attn_tensor *k, const attn_tensor *v,
+                           attn_tensor *kv, const int64_t *slots, int num_tokens) {
+    const attn_layer_desc *d = &layer->desc;
+    attn_tensor kr = attn__tensor_resolved(k), vr = attn__tensor_resolved(v);
+    int64_t bs = d->block_size, hkv = d->num_kv_heads, hs = d->head_size;
+    size_t esz = attn_dtype_size(d->kv_cache_dtype);
+    int t, h;
+    int64_t i;
+    for (t = 0; t < num_tokens; t++) {
+        int64_t slot = slots[t], blk, off;
+        if (slot < 0) continue;
+        blk = slot / bs;
+        off = slot % bs;
+        for (h = 0; h < hkv; h++) {
+            int64_t kdst = (((blk * 2 + 0) * bs + off) * hkv + h) * hs;
+            int64_t vdst = (((blk * 2 + 1) * bs + off) * hkv + h) * hs;
+            const char *ks = (const char *)k->data + (size_t)(t * kr.strides[0] + h * kr.strides[1]) * attn_dtype_size(k->dtype);
+            const char *vs = (const char *)v->data + (size_t)(t * vr.strides[0] + h * vr.strides[1]) * attn_dtype_size(v->dtype);
+            if (k->dtype == d->kv_cache_dtype) {
+                memcpy((char *)kv->data + (size_t)kdst * esz, ks, (size_t)hs * esz);
+                memcpy((char *)kv->data + (size_t)vdst * esz, vs, (size_t)hs * esz);
+            } else {
+                for (i = 0; i < hs; i++) {
+                    attn__store_elem(kv->data, d->kv_cache_dtype, kdst + i, attn__load_elem(ks, k->dtype, i));
+                    attn__store_elem(kv->data, d->kv_cache_dtype, vdst + i, attn__load_elem(vs, v->dtype, i));
+                }
+            }
+        }
+    }
+}
+
+static attn_status attn__cpu_forward(const attn_backend *self, attn_layer *layer, const attn_metadata *meta,
                                      const attn_tensor *q, const attn_tensor *k,
                                      const attn_tensor *v, attn_tensor *kv_cache,
                                      attn_tensor *out, attn_tensor *lse, void *stream) {
     attn__cpu_run a;
     const attn_layer_desc *d = &layer->desc;
     attn_status st;
+    (void)self;
     (void)stream;
     memset(&a, 0, sizeof a);
     a.ctx = layer->ctx;
@@ -3457,17 +4404,79 @@ static attn_status attn__cpu_forward(attn_layer *layer, const attn_metadata *met
     a.q = attn__tensor_resolved(q);
     a.out = attn__tensor_resolved(out);
     if (lse) { a.lse = attn__tensor_resolved(lse); a.has_lse = 1; }
-    /* reserve before the cache write, so running out of memory changes nothing
-       (attn__cpu_execute's own reservation is then a no-op) */
-    st = attn__scratch_reserve(layer->ctx, attn__cpu_scratch_floats(a.cm, a.dpk, a.dpv));
+    /* the scratch was reserved at metadata create; this only allocates when the metadata
+       came from another context. Before the cache write, so a failure changes nothing. */
+    st = attn__scratch_reserve(layer->ctx, a.cm->scratch_floats);
     if (st != ATTN_OK) return st;
     if (k && v)
-        attn__write_kv(layer, k, v, kv_cache, a.b->slot_mapping, a.b->num_actual_tokens);
+        attn__cpu_write_kv(layer, k, v, kv_cache, a.b->slot_mapping, a.b->num_actual_tokens);
     return attn__cpu_execute(&a);
 }
 
-static int attn__std_kv_cache_shape(const attn_layer_desc *d, int64_t num_blocks,
-                                    int64_t shape[ATTN_MAX_DIMS]) {
+static attn_status attn__cpu_reshape_and_cache(const attn_backend *self, attn_layer *layer,
+                                               const attn_tensor *key, const attn_tensor *value,
+                                               attn_tensor *kv_cache, const int64_t *slot_mapping,
+                                               int num_tokens, void *stream) {
+    (void)self; (void)stream;
+    attn__cpu_write_kv(layer, key, value, kv_cache, slot_mapping, num_tokens);
+    return ATTN_OK;
+}
+
+/* The LSE merge on the CPU, element by element (no buffer): weights from the two LSEs
+   (base e), an empty side (-inf, or +inf/NaN as some kernels report it) contributes
+   nothing whatever its output holds. out may alias out_a or out_b. */
+static attn_status attn__cpu_merge_attn_states(const attn_backend *self, attn_context *ctx,
+                                               const attn_tensor *out_a, const attn_tensor *lse_a,
+                                               attn_lse_base base_a, const attn_tensor *out_b,
+                                               const attn_tensor *lse_b, attn_lse_base base_b,
+                                               attn_tensor *out, attn_tensor *lse,
+                                               attn_lse_base base_out, void *stream) {
+    attn_tensor oa = attn__tensor_resolved(out_a), ob = attn__tensor_resolved(out_b);
+    attn_tensor oo = attn__tensor_resolved(out), la = attn__tensor_resolved(lse_a);
+    attn_tensor lb = attn__tensor_resolved(lse_b), lo = lse ? attn__tensor_resolved(lse) : la;
+    int64_t t, h, T = oa.shape[0], H = oa.shape[1];
+    int D = (int)oa.shape[2], x;
+    size_t esz = attn_dtype_size(oa.dtype);
+    (void)self; (void)ctx; (void)stream;
+    for (t = 0; t < T; t++)
+        for (h = 0; h < H; h++) {
+            float a = ((const float *)la.data)[t * la.strides[0] + h * la.strides[1]];
+            float b = ((const float *)lb.data)[t * lb.strides[0] + h * lb.strides[1]];
+            const char *pa = (const char *)oa.data + (size_t)(t * oa.strides[0] + h * oa.strides[1]) * esz;
+            const char *pb = (const char *)ob.data + (size_t)(t * ob.strides[0] + h * ob.strides[1]) * esz;
+            char *po = (char *)oo.data + (size_t)(t * oo.strides[0] + h * oo.strides[1]) * esz;
+            float m, wa, wb, inv, l;
+            if (base_a == ATTN_LSE_BASE_2) a *= ATTN__LN2;
+            if (base_b == ATTN_LSE_BASE_2) b *= ATTN__LN2;
+            if (!(a < INFINITY)) a = -INFINITY;
+            if (!(b < INFINITY)) b = -INFINITY;
+            m = a > b ? a : b;
+            if (m == -INFINITY) { /* both empty */
+                for (x = 0; x < D; x++) attn__store_elem(po, oo.dtype, x, 0.0f);
+                l = -INFINITY;
+            } else {
+                wa = a == -INFINITY ? 0.0f : expf(a - m);
+                wb = b == -INFINITY ? 0.0f : expf(b - m);
+                inv = 1.0f / (wa + wb);
+                for (x = 0; x < D; x++) { /* both loads before the store: out may alias */
+                    float va = wa > 0.0f ? wa * attn__load_elem(pa, oa.dtype, x) : 0.0f;
+                    float vb = wb > 0.0f ? wb * attn__load_elem(pb, ob.dtype, x) : 0.0f;
+                    attn__store_elem(po, oo.dtype, x, (va + vb) * inv);
+                }
+                l = m + logf(wa + wb);
+            }
+            if (lse)
+                ((float *)lo.data)[t * lo.strides[0] + h * lo.strides[1]] =
+                    base_out == ATTN_LSE_BASE_2 ? l * ATTN__LOG2E : l;
+        }
+    return ATTN_OK;
+}
+
+/* ---- vtable ------------------------------------------------------------------------------ */
+
+static int attn__cpu_kv_cache_shape(const attn_backend *self, const attn_layer_desc *d,
+                                    int64_t num_blocks, int64_t shape[ATTN_MAX_DIMS]) {
+    (void)self;
     shape[0] = num_blocks;
     shape[1] = 2;
     shape[2] = d->block_size;
@@ -3479,90 +4488,47 @@ static int attn__std_kv_cache_shape(const attn_layer_desc *d, int64_t num_blocks
 static const attn_backend attn__cpu_backend = {
     "CPU",                    /* name */
     ATTN_BACKEND_CPU,         /* id */
+    ATTN_DEVICE_CPU,          /* device */
     ATTN_DTYPE_BIT(ATTN_DTYPE_F32) | ATTN_DTYPE_BIT(ATTN_DTYPE_F16) | ATTN_DTYPE_BIT(ATTN_DTYPE_BF16),
     ATTN_DTYPE_BIT(ATTN_DTYPE_F32) | ATTN_DTYPE_BIT(ATTN_DTYPE_F16) | ATTN_DTYPE_BIT(ATTN_DTYPE_BF16),
     8, 512, 8,                /* head sizes: multiples of 8 from 8 to 512 */
     16, 0,                    /* block sizes: any multiple of 16 */
     1, 1, 1, 1,               /* non-causal, sliding window, soft cap, ALiBi */
     0,                        /* is_mla */
-    0,                        /* needs_cuda */
-    ATTN_CUDA_GRAPH_NEVER,
-    1, ATTN_LSE_BASE_E,       /* returns LSE, base e */
+    ATTN_CUDA_GRAPH_NEVER,    /* no graphs on the CPU */
+    1, ATTN_LSE_BASE_E,       /* returns LSE; its kernels work in base 2 and convert */
     NULL,                     /* check */
-    attn__std_kv_cache_shape,
+    NULL, NULL,               /* context_init/release: the context's threads suffice */
+    NULL, NULL,               /* layer_init/release: nothing compiled per layer */
+    attn__cpu_kv_cache_shape,
     attn__cpu_metadata_init,
     attn__cpu_metadata_release,
     attn__cpu_build,
     attn__cpu_forward,
-    NULL, NULL                /* forward_mqa, forward_mha: standard backend */
+    attn__cpu_reshape_and_cache,
+    NULL, NULL, NULL, NULL,   /* MLA entry points: standard backend */
+    attn__cpu_merge_attn_states
 };
 
 /* =======================================================================================
-   >>mla
-   MLA on the portable path: the latent cache, the decodes-first builder with split-KV,
-   absorbed decode (forward_mqa) on the same task runner as standard attention,
-   up-projected prefill (forward_mha) in bounded chunks, the fused layer call, and the
-   public LSE merge. Projections use the same register-blocked kernels as a GEMM.
+   >>cpu_mla
+   MLA on the portable path (CPU_MLA): the latent cache, the decodes-first split-KV
+   schedule, absorbed decode on the CPU runner, up-projected prefill in bounded chunks, the
+   fused layer call. Projections use the same register-blocked kernels as a GEMM.
    ======================================================================================= */
 
-/* Bytes forward_mha may spend on up-projected K/V of one chunk of keys. */
-#ifndef ATTN_MLA_WORKSPACE_BYTES
-#define ATTN_MLA_WORKSPACE_BYTES (64u << 20)
-#endif
+/* ---- capabilities ------------------------------------------------------------------------ */
 
-ATTN_API int attn_mla_num_kv_splits(int max_seq_len, int parallelism, int batch_invariant) {
-    int n = max_seq_len / 512 + (max_seq_len % 512 > 0);
-    if (batch_invariant || n < 1) return 1;
-    if (parallelism < 1) parallelism = 1;
-    return n < parallelism ? n : parallelism;
-}
-
-ATTN_API attn_status attn_reorder_batch(const int32_t *query_lens, int num_reqs,
-                                        int decode_threshold, int32_t *perm, int *num_decodes,
-                                        int *num_swaps) {
-    int i, j, swaps = 0, nd = 0;
-    const char *fn = "attn_reorder_batch";
-    ATTN__CHECK_PTR(NULL, num_decodes, "attn_reorder_batch");
-    if (num_reqs < 0)
-        return attn__fail(NULL, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
-                          "%s: num_reqs is %d (allowed: >= 0)", fn, num_reqs);
-    if (num_reqs > 0) {
-        ATTN__CHECK_PTR(NULL, query_lens, "attn_reorder_batch");
-        ATTN__CHECK_PTR(NULL, perm, "attn_reorder_batch");
-    }
-    if (decode_threshold < 0)
-        return attn__fail(NULL, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
-                          "%s: decode_threshold is %d (allowed: 0 = 1, or >= 1)", fn, decode_threshold);
-    if (!decode_threshold) decode_threshold = 1;
-    for (i = 0; i < num_reqs; i++)
-        if (query_lens[i] < 0)
-            return attn__fail(NULL, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
-                              "%s: query_lens[%d] is %d (allowed: >= 0)", fn, i, query_lens[i]);
-    for (i = 0; i < num_reqs; i++) perm[i] = i;
-    i = 0;
-    j = num_reqs - 1;
-    for (;;) {
-        while (i < num_reqs && query_lens[perm[i]] <= decode_threshold) i++;
-        while (j >= 0 && query_lens[perm[j]] > decode_threshold) j--;
-        if (i >= j) break;
-        { int32_t t = perm[i]; perm[i] = perm[j]; perm[j] = t; }
-        swaps++;
-    }
-    for (i = 0; i < num_reqs; i++) nd += query_lens[i] <= decode_threshold;
-    *num_decodes = nd;
-    if (num_swaps) *num_swaps = swaps;
-    return ATTN_OK;
-}
-
-static int attn__mla_kv_cache_shape(const attn_layer_desc *d, int64_t num_blocks,
-                                    int64_t shape[ATTN_MAX_DIMS]) {
+static int attn__cpu_mla_kv_cache_shape(const attn_backend *self, const attn_layer_desc *d,
+                                    int64_t num_blocks, int64_t shape[ATTN_MAX_DIMS]) {
+    (void)self;
     shape[0] = num_blocks;
     shape[1] = d->block_size;
     shape[2] = d->head_size;
     return 3;
 }
 
-static int attn__mla_check(const attn_backend *self, const attn_layer_desc *d,
+static int attn__cpu_mla_check(const attn_backend *self, const attn_layer_desc *d,
                            const attn_platform *p, char *reason, size_t size) {
     (void)self; (void)p;
     if (!((d->kv_lora_rank == 512 || d->kv_lora_rank == 256) && d->qk_rope_head_dim == 64)) {
@@ -3579,70 +4545,124 @@ static int attn__mla_check(const attn_backend *self, const attn_layer_desc *d,
     return 0;
 }
 
-static attn_status attn__mla_metadata_init(attn_layer *layer, attn_metadata *meta) {
-    const attn_layer_desc *d = &layer->desc;
-    /* the most splits any batch this metadata can describe will get: the same function
-       the build uses, at the longest sequence the block table allows */
-    int splits = meta->cap.num_kv_splits > 0
-                     ? meta->cap.num_kv_splits
-                     : attn_mla_num_kv_splits((int)ATTN__MIN((int64_t)INT32_MAX, (int64_t)meta->cap.max_blocks_per_req * d->block_size),
-                                              layer->ctx->num_threads, 0);
-    int thr = meta->cap.decode_threshold > 0 ? meta->cap.decode_threshold : 1;
-    int64_t per_key = (int64_t)d->num_heads * (attn__cpu_dp(d->qk_nope_head_dim + d->qk_rope_head_dim) +
-                                              attn__cpu_dp(d->v_head_dim)) * 4;
-    attn__cpu_meta *cm = NULL;
-    attn_status st = attn__cpu_meta_attach(layer, meta, (int64_t)meta->cap.max_num_reqs * splits,
-                                           meta->cap.max_num_reqs, (int64_t)thr * d->num_heads,
-                                           ATTN__CPU_NT, &cm);
-    if (st != ATTN_OK) return st;
-    /* keys up-projected per forward_mha pass: ATTN_MLA_WORKSPACE_BYTES of K and V */
-    cm->mla.prefill_chunk = (int)ATTN__MIN(4096, ATTN__MAX(64, (int64_t)ATTN_MLA_WORKSPACE_BYTES / per_key / 64 * 64));
-    return ATTN_OK;
+/* ---- workspace: one layout that sizes and carves ----------------------------------------- */
+
+#define ATTN__CPU_MLA_TILE 32
+
+/* The MLA workspace of one metadata: forward_mha's chunk (latents, up-projected K/V, the
+   running outputs of a group of queries) and the fused call's latent query/output. The
+   fused call runs its decodes before its prefills, so the two phases share the memory.
+   One layout sizes (base NULL) and carves; returns the floats it needs. */
+typedef struct attn__cpu_mla_ws {
+    float *latc, *latpe, *kw, *vw, *state; /* forward_mha */
+    float *ql, *ol;                        /* fused decode: [decode tokens][H][R] each */
+    int chunk;                             /* keys up-projected per pass */
+    int group;                             /* query tokens whose running state fits */
+} attn__cpu_mla_ws;
+
+static float *attn__carve(float *base, size_t *used, size_t floats) {
+    float *p = base ? base + *used : NULL;
+    *used += (floats + 15) / 16 * 16; /* 64-byte aligned pieces */
+    return p;
 }
 
-/* Decodes first (the batch must be reordered), then the split-KV schedule of the decodes:
-   every decode request gets num_kv_splits tasks over its keys, merged by LSE. */
-static attn_status attn__mla_build(attn_layer *layer, attn_metadata *meta, int common_prefix_len,
-                                   int fast_build) {
+static int attn__cpu_mla_decode_tokens(const attn_metadata_desc *cap) {
+    return (int)ATTN__MIN((int64_t)cap->max_num_tokens, (int64_t)cap->max_num_reqs * cap->decode_threshold);
+}
+
+static size_t attn__cpu_mla_ws_layout(const attn_layer_desc *d, const attn_metadata_desc *cap, float *base,
+                                  attn__cpu_mla_ws *w) {
+    size_t H = (size_t)d->num_heads, R = (size_t)d->kv_lora_rank, P = (size_t)d->qk_rope_head_dim;
+    size_t dpk = (size_t)attn__cpu_dp(d->qk_nope_head_dim + d->qk_rope_head_dim);
+    size_t dpv = (size_t)attn__cpu_dp(d->v_head_dim), pre = 0, dec = 0, td;
+    int64_t group = cap->workspace_bytes / (int64_t)(H * (dpv + 1) * 4);
+    group = ATTN__MIN(group, (int64_t)cap->max_num_tokens + ATTN__CPU_MLA_TILE - 1) / ATTN__CPU_MLA_TILE * ATTN__CPU_MLA_TILE;
+    w->chunk = attn__mla_prefill_chunk(d, cap->workspace_bytes);
+    w->group = (int)ATTN__MAX(ATTN__CPU_MLA_TILE, group);
+    w->latc = attn__carve(base, &pre, (size_t)w->chunk * R);
+    w->latpe = attn__carve(base, &pre, (size_t)w->chunk * P);
+    w->kw = attn__carve(base, &pre, H * (size_t)w->chunk * dpk);
+    w->vw = attn__carve(base, &pre, H * (size_t)w->chunk * dpv);
+    w->state = attn__carve(base, &pre, (size_t)w->group * H * (dpv + 1));
+    td = (size_t)attn__cpu_mla_decode_tokens(cap);
+    w->ql = attn__carve(base, &dec, td * H * R);
+    w->ol = attn__carve(base, &dec, td * H * R);
+    return ATTN__MAX(pre, dec);
+}
+
+/* Per-thread scratch of forward_mha's two kinds of task and of the fused projections. */
+static size_t attn__cpu_mla_scratch_floats(const attn_layer_desc *d, int decode_tokens) {
+    size_t R = (size_t)d->kv_lora_rank, N = (size_t)d->qk_nope_head_dim, td = (size_t)decode_tokens;
+    size_t dpk = (size_t)attn__cpu_dp(d->qk_nope_head_dim + d->qk_rope_head_dim);
+    size_t dpv = (size_t)attn__cpu_dp(d->v_head_dim);
+    size_t mha = ATTN__MAX(N * R + R * dpv, (size_t)ATTN__CPU_MLA_TILE * (dpk + dpv + ATTN__CPU_NT + 3));
+    size_t proj = ATTN__MAX(N * R + td * (N + R), R * dpv + td * (R + dpv));
+    return ATTN__MAX(mha, proj) + 64;
+}
+
+/* ---- schedule ---------------------------------------------------------------------------- */
+
+static attn_status attn__cpu_mla_metadata_init(const attn_backend *self, attn_layer *layer, attn_metadata *meta) {
+    const attn_layer_desc *d = &layer->desc;
+    const attn_metadata_desc *cap = attn_metadata_capacity(meta);
+    int splits = cap->num_kv_splits; /* the most any batch of this capacity gets */
+    int64_t td = attn__cpu_mla_decode_tokens(cap);
+    attn__cpu_meta *cm = NULL;
+    attn__cpu_mla_ws ws;
+    size_t scratch;
+    attn_status st;
+    (void)self;
+    st = attn__cpu_meta_attach(layer, meta, (int64_t)cap->max_num_reqs * splits, cap->max_num_reqs,
+                               (int64_t)cap->decode_threshold * d->num_heads, ATTN__CPU_NT,
+                               splits > 1 ? td * d->num_heads * splits : 0, attn__cpu_dp(d->kv_lora_rank), &cm);
+    if (st != ATTN_OK) return st;
+    cm->workspace_floats = attn__cpu_mla_ws_layout(d, cap, NULL, &ws);
+    cm->workspace = (float *)attn__malloc(cm->workspace_floats * sizeof(float) + 64);
+    if (!cm->workspace) {
+        size_t bytes = cm->workspace_floats * sizeof(float);
+        attn__cpu_metadata_release(self, meta);
+        return attn__fail(layer->ctx, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
+                          "attn_metadata_create: cannot allocate the MLA workspace (%zu bytes; "
+                          "desc.workspace_bytes bounds it)", bytes);
+    }
+    scratch = ATTN__MAX(attn__cpu_scratch_floats(cm, attn__cpu_dp(d->head_size), attn__cpu_dp(d->kv_lora_rank)),
+                        attn__cpu_mla_scratch_floats(d, (int)td));
+    return attn__cpu_meta_reserve(layer, meta, cm, scratch);
+}
+
+/* The split-KV schedule of the decodes (the batch lists them first): every decode request
+   gets num_kv_splits tasks over its keys, merged by LSE. */
+static attn_status attn__cpu_mla_build(const attn_backend *self, attn_layer *layer, attn_metadata *meta,
+                                   int common_prefix_len, int fast_build) {
     attn__cpu_meta *cm = (attn__cpu_meta *)attn_metadata_private(meta);
     const attn_batch *b = attn_metadata_batch(meta);
-    int thr = meta->cap.decode_threshold > 0 ? meta->cap.decode_threshold : 1;
-    int nd = 0, r, nt = 0, nm = 0, slots = 0, max_dec = 0, ns;
     attn_mla_info info;
+    int r, nt = 0, nm = 0, prows = 0;
     attn_status st;
+    (void)self;
     (void)common_prefix_len;
     (void)fast_build;
-    /* validation has checked the decodes-first order */
-    while (nd < b->num_reqs && b->query_start_loc[nd + 1] - b->query_start_loc[nd] <= thr) nd++;
-    for (r = 0; r < nd; r++) max_dec = ATTN__MAX(max_dec, b->seq_lens[r]);
-    ns = meta->cap.num_kv_splits > 0 ? meta->cap.num_kv_splits
-                                     : attn_mla_num_kv_splits(max_dec, layer->ctx->num_threads,
-                                                              attn__env_batch_invariant());
     memset(&info, 0, sizeof info);
-    info.num_decodes = nd;
-    info.num_decode_tokens = b->query_start_loc[nd];
-    info.num_prefills = b->num_reqs - nd;
-    info.num_prefill_tokens = b->num_actual_tokens - info.num_decode_tokens;
-    info.num_kv_splits = ns;
-    info.prefill_chunk = cm->mla.prefill_chunk;
-    for (r = 0; r < nd; r++) {
-        int ql = b->query_start_loc[r + 1] - b->query_start_loc[r], sl = b->seq_lens[r];
-        int lo = 0, hi = sl;
-        if (ql == 0) continue;
-        attn__cpu_emit(cm, &nt, &nm, &slots, r, 0, 1, 0, ql, lo, hi, ns);
-    }
-    st = attn__cpu_schedule_finish(layer->ctx, cm, nt, nm, slots, layer->desc.kv_lora_rank);
+    st = attn_metadata_mla_info(meta, &info);
     if (st != ATTN_OK) return st;
-    cm->mla = info;
-    return ATTN_OK;
+    for (r = 0; r < info.num_decodes; r++) {
+        int ql = b->query_start_loc[r + 1] - b->query_start_loc[r];
+        if (ql == 0) continue;
+        attn__cpu_emit(cm, &nt, &nm, &prows, r, 0, 1, 0, ql, 0, b->seq_lens[r], info.num_kv_splits,
+                       ql * layer->desc.num_heads);
+    }
+    return attn__cpu_schedule_finish(cm, nt, nm, prows);
 }
 
-static attn_status attn__mla_cpu_forward_mqa(attn_layer *layer, const attn_metadata *meta,
-                                             const attn_tensor *q, const attn_tensor *q_pe,
-                                             const attn_tensor *kv_cache, attn_tensor *out_latent,
-                                             attn_tensor *lse, void *stream) {
+/* ---- decode (forward_mqa) ---------------------------------------------------------------- */
+
+static attn_status attn__cpu_mla_forward_mqa(const attn_backend *self, attn_layer *layer,
+                                             const attn_metadata *meta, const attn_tensor *q,
+                                             const attn_tensor *q_pe, const attn_tensor *kv_cache,
+                                             attn_tensor *out_latent, attn_tensor *lse, void *stream) {
     const attn_layer_desc *d = &layer->desc;
     attn__cpu_run a;
+    (void)self;
     (void)stream;
     memset(&a, 0, sizeof a);
     a.ctx = layer->ctx;
@@ -3666,10 +4686,10 @@ static attn_status attn__mla_cpu_forward_mqa(attn_layer *layer, const attn_metad
     return attn__cpu_execute(&a);
 }
 
-/* ---- projections: C = A . B, f32, through the attention kernels ---------------------- */
+/* ---- projections: C = A . B through the attention kernels -------------------------------- */
 
 /* B (rows x cols, of dtype dt, row stride ldb elements) -> dst f32 with row stride ldd. */
-static void attn__matrix_to_f32(const void *src, attn_dtype dt, int rows, int cols, int64_t ldb,
+static void attn__cpu_matrix_to_f32(const void *src, attn_dtype dt, int rows, int cols, int64_t ldb,
                                 float *dst, int ldd) {
     int r;
     size_t esz = attn_dtype_size(dt);
@@ -3679,19 +4699,19 @@ static void attn__matrix_to_f32(const void *src, attn_dtype dt, int rows, int co
 
 /* C[M][N] (row stride N, a multiple of W) = A[M][K] (ld lda) . B[K][N] (ld N): the PV
    kernel starting from zero. */
-static void attn__gemm_nn(const float *A, int lda, int M, const float *B, int K, int N, float *C) {
+static void attn__cpu_gemm_nn(const float *A, int lda, int M, const float *B, int K, int N, float *C) {
     attn__cpu_pv(A, lda, M, B, N, K, N, C, NULL);
 }
 
 /* C[M][N] (ld ldc) = A[M][K] (ld K) . B[N][K]^T (ld K): the QK kernel, in strips of keys. */
-static void attn__gemm_nt(const float *A, int M, const float *B, int N, int K, float *C, int ldc) {
+static void attn__cpu_gemm_nt(const float *A, int M, const float *B, int N, int K, float *C, int ldc) {
     int n0;
     for (n0 = 0; n0 < N; n0 += ATTN__CPU_NT)
         attn__cpu_qk(A, M, B + (size_t)n0 * (size_t)K, ATTN__MIN(ATTN__CPU_NT, N - n0), K, C + n0, ldc);
 }
 
 /* The LSE merge of one row: (o, l) and (ob, lb), base-e LSEs; result into (o, l). */
-static void attn__lse_merge_row(float *o, float *l, const float *ob, float lb, int n) {
+static void attn__cpu_lse_merge_row(float *o, float *l, const float *ob, float lb, int n) {
     float la = *l, m = la > lb ? la : lb, wa, wb, inv;
     int x;
     if (m == -INFINITY) { /* both empty */
@@ -3708,9 +4728,9 @@ static void attn__lse_merge_row(float *o, float *l, const float *ob, float lb, i
     *l = m + logf(wa + wb);
 }
 
-/* ---- forward_mha: prefill over up-projected latents ------------------------------------ */
+/* ---- prefill (forward_mha): up-projected chunks merged by LSE ---------------------------- */
 
-typedef struct attn__mha_run {
+typedef struct attn__cpu_mla_prefill_run {
     attn_layer *layer;
     const attn_batch *b;
     int req, c0, c1;               /* request and the chunk of keys [c0, c1) */
@@ -3723,14 +4743,13 @@ typedef struct attn__mha_run {
     int row0;                      /* batch token of q row 0 */
     float *state;                  /* per prefill row (token-major, head-minor): [dpv + 1] */
     int state_row0;                /* batch token of state row 0 */
-    int ntiles;                    /* query tiles of the request per head */
-} attn__mha_run;
-
-#define ATTN__MHA_TILE 32
+    int g0, gq;                    /* the group of the request's queries: [g0, g0 + gq) */
+    int ntiles;                    /* query tiles of the group per head */
+} attn__cpu_mla_prefill_run;
 
 /* Up-projects the chunk for one head: K = [lat . W_UK[h]^T | k_pe], V = lat . W_UV[h]. */
-static void attn__mha_project(void *varg, int h, int thread) {
-    const attn__mha_run *a = (const attn__mha_run *)varg;
+static void attn__cpu_mla_project(void *varg, int h, int thread) {
+    const attn__cpu_mla_prefill_run *a = (const attn__cpu_mla_prefill_run *)varg;
     const attn_layer_desc *d = &a->layer->desc;
     int R = d->kv_lora_rank, P = d->qk_rope_head_dim, N = d->qk_nope_head_dim, Vd = d->v_head_dim;
     int n = a->c1 - a->c0, j;
@@ -3740,31 +4759,32 @@ static void attn__mha_project(void *varg, int h, int thread) {
     size_t esz = attn_dtype_size(uk.dtype);
     float *K = a->kw + (size_t)h * (size_t)a->chunk * (size_t)a->dpk;
     float *V = a->vw + (size_t)h * (size_t)a->chunk * (size_t)a->dpv;
-    attn__matrix_to_f32((const char *)uk.data + (size_t)(h * uk.strides[0]) * esz, uk.dtype, N, R, uk.strides[1], wk, R);
-    attn__matrix_to_f32((const char *)uv.data + (size_t)(h * uv.strides[0]) * esz, uv.dtype, R, Vd, uv.strides[1], wv, a->dpv);
-    attn__gemm_nt(a->latc, n, wk, N, R, K, a->dpk);        /* K_nope = latent . W_UK[h]^T */
+    attn__cpu_matrix_to_f32((const char *)uk.data + (size_t)(h * uk.strides[0]) * esz, uk.dtype, N, R, uk.strides[1], wk, R);
+    attn__cpu_matrix_to_f32((const char *)uv.data + (size_t)(h * uv.strides[0]) * esz, uv.dtype, R, Vd, uv.strides[1], wv, a->dpv);
+    attn__cpu_gemm_nt(a->latc, n, wk, N, R, K, a->dpk);        /* K_nope = latent . W_UK[h]^T */
     for (j = 0; j < n; j++) {                               /* K = [K_nope | k_pe] */
         int x;
         memcpy(K + (size_t)j * (size_t)a->dpk + N, a->latpe + (size_t)j * (size_t)P, (size_t)P * sizeof(float));
         for (x = N + P; x < a->dpk; x++) K[(size_t)j * (size_t)a->dpk + x] = 0.0f;
     }
-    attn__gemm_nn(a->latc, R, n, wv, R, a->dpv, V);       /* V = latent . W_UV[h] */
+    attn__cpu_gemm_nn(a->latc, R, n, wv, R, a->dpv, V);       /* V = latent . W_UV[h] */
 }
 
 /* Attention of one (head, query tile) against the chunk, merged into the running state. */
-static void attn__mha_attend(void *varg, int task, int thread) {
-    const attn__mha_run *a = (const attn__mha_run *)varg;
+static void attn__cpu_mla_attend(void *varg, int task, int thread) {
+    const attn__cpu_mla_prefill_run *a = (const attn__cpu_mla_prefill_run *)varg;
     const attn_layer_desc *d = &a->layer->desc;
     const attn_batch *b = a->b;
     int H = d->num_heads, h = task / a->ntiles, tile = task % a->ntiles;
     int dk = d->qk_nope_head_dim + d->qk_rope_head_dim, Vd = d->v_head_dim;
     int q0 = b->query_start_loc[a->req], ql = b->query_start_loc[a->req + 1] - q0;
-    int sl = b->seq_lens[a->req], t0 = tile * ATTN__MHA_TILE, t1 = ATTN__MIN(ql, t0 + ATTN__MHA_TILE);
+    int sl = b->seq_lens[a->req], t0 = a->g0 + tile * ATTN__CPU_MLA_TILE;
+    int t1 = ATTN__MIN(a->g0 + a->gq, t0 + ATTN__CPU_MLA_TILE);
     int rows = t1 - t0, i, j, j0, n;
     float *base = (float *)(void *)(((uintptr_t)a->layer->ctx->scratch[thread] + 63) & ~(uintptr_t)63);
-    float *Q = base, *O = Q + (size_t)ATTN__MHA_TILE * (size_t)a->dpk;
-    float *S = O + (size_t)ATTN__MHA_TILE * (size_t)a->dpv, *m = S + (size_t)ATTN__MHA_TILE * ATTN__CPU_NT;
-    float *l = m + ATTN__MHA_TILE, *alpha = l + ATTN__MHA_TILE;
+    float *Q = base, *O = Q + (size_t)ATTN__CPU_MLA_TILE * (size_t)a->dpk;
+    float *S = O + (size_t)ATTN__CPU_MLA_TILE * (size_t)a->dpv, *m = S + (size_t)ATTN__CPU_MLA_TILE * ATTN__CPU_NT;
+    float *l = m + ATTN__CPU_MLA_TILE, *alpha = l + ATTN__CPU_MLA_TILE;
     const float *K = a->kw + (size_t)h * (size_t)a->chunk * (size_t)a->dpk;
     const float *V = a->vw + (size_t)h * (size_t)a->chunk * (size_t)a->dpv;
     float qscale = d->scale * ATTN__LOG2E;
@@ -3809,13 +4829,16 @@ static void attn__mha_attend(void *varg, int task, int thread) {
         float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
         float *o = O + (size_t)i * (size_t)a->dpv;
         for (x = 0; x < Vd; x++) o[x] *= inv;
-        attn__lse_merge_row(st, &st[a->dpv], o, lse_c, Vd);
+        attn__cpu_lse_merge_row(st, &st[a->dpv], o, lse_c, Vd);
     }
 }
 
 /* Prefill of the batch's prefill requests; q rows start at batch token row0. Output rows
-   and lse are written for batch tokens from the first prefill token. */
-static attn_status attn__mla_mha(attn_layer *layer, const attn_metadata *meta, const attn_tensor *q,
+   and lse are written for batch tokens from the first prefill token. A request's queries
+   go in groups whose running outputs fit the workspace; each group walks the chunks of
+   keys it can see (a group past the first re-projects them: only for prefills longer
+   than attn__cpu_mla_ws.group tokens). */
+static attn_status attn__cpu_mla_prefill(attn_layer *layer, const attn_metadata *meta, const attn_tensor *q,
                                  const attn_tensor *q2, int q_split, int row0,
                                  const attn_tensor *kv_cache, const attn_tensor *w_uk,
                                  const attn_tensor *w_uv, const attn_tensor *out, int out_row0,
@@ -3824,19 +4847,24 @@ static attn_status attn__mla_mha(attn_layer *layer, const attn_metadata *meta, c
     const attn__cpu_meta *cm = (const attn__cpu_meta *)attn_metadata_private(meta);
     const attn_batch *b = attn_metadata_batch(meta);
     int H = d->num_heads, R = d->kv_lora_rank, P = d->qk_rope_head_dim, LD = R + P;
-    int nd = cm->mla.num_decodes, tp = cm->mla.num_prefill_tokens, first = cm->mla.num_decode_tokens;
-    int chunk = cm->mla.prefill_chunk, r, i;
-    attn__mha_run a;
+    attn_mla_info info;
+    attn__cpu_mla_ws ws;
+    attn__cpu_mla_prefill_run a;
     attn_tensor o = attn__tensor_resolved(out), ls;
-    attn_status st = ATTN_OK;
-    float *latc = NULL, *latpe = NULL, *kw = NULL, *vw = NULL, *state = NULL;
+    attn_status st;
+    memset(&info, 0, sizeof info);
+    st = attn_metadata_mla_info(meta, &info);
     size_t csz = attn_dtype_size(d->kv_cache_dtype), osz = attn_dtype_size(o.dtype);
-    size_t scratch;
-    if (tp <= 0) return ATTN_OK;
+    int r, i;
+    if (st != ATTN_OK || info.num_prefill_tokens <= 0) return st;
+    attn__cpu_mla_ws_layout(d, attn_metadata_capacity(meta),
+                        (float *)(void *)(((uintptr_t)cm->workspace + 63) & ~(uintptr_t)63), &ws);
+    st = attn__scratch_reserve(layer->ctx, cm->scratch_floats); /* reserved at create */
+    if (st != ATTN_OK) return st;
     memset(&a, 0, sizeof a);
     a.layer = layer;
     a.b = b;
-    a.chunk = chunk;
+    a.chunk = ws.chunk;
     a.dpk = attn__cpu_dp(d->qk_nope_head_dim + P);
     a.dpv = attn__cpu_dp(d->v_head_dim);
     a.w_uk = w_uk;
@@ -3844,167 +4872,75 @@ static attn_status attn__mla_mha(attn_layer *layer, const attn_metadata *meta, c
     a.q = attn__tensor_resolved(q);
     if (q2) { a.q2 = attn__tensor_resolved(q2); a.q_split = q_split; }
     a.row0 = row0;
-    a.state_row0 = first;
-    scratch = ATTN__MAX((size_t)d->qk_nope_head_dim * (size_t)R + (size_t)R * (size_t)a.dpv + 64,
-                        (size_t)ATTN__MHA_TILE * (size_t)(a.dpk + a.dpv + ATTN__CPU_NT + 3) + 64);
-    st = attn__scratch_reserve(layer->ctx, scratch);
-    if (st != ATTN_OK) return st;
-    latc = (float *)attn__malloc((size_t)chunk * (size_t)R * sizeof(float));
-    latpe = (float *)attn__malloc((size_t)chunk * (size_t)P * sizeof(float));
-    kw = (float *)attn__malloc((size_t)H * (size_t)chunk * (size_t)a.dpk * sizeof(float));
-    vw = (float *)attn__malloc((size_t)H * (size_t)chunk * (size_t)a.dpv * sizeof(float));
-    state = (float *)attn__malloc((size_t)tp * (size_t)H * (size_t)(a.dpv + 1) * sizeof(float));
-    if (!latc || !latpe || !kw || !vw || !state) {
-        st = attn__fail(layer->ctx, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
-                        "forward_mha: cannot allocate the %d-key workspace", chunk);
-        goto done;
-    }
-    for (i = 0; i < tp * H; i++) {
-        float *sr = state + (size_t)i * (size_t)(a.dpv + 1);
-        memset(sr, 0, (size_t)a.dpv * sizeof(float));
-        sr[a.dpv] = -INFINITY;
-    }
-    a.latc = latc; a.latpe = latpe; a.kw = kw; a.vw = vw; a.state = state;
-    for (r = nd; r < b->num_reqs; r++) {
-        int ql = b->query_start_loc[r + 1] - b->query_start_loc[r], sl = b->seq_lens[r], c0;
-        const int32_t *bt = b->block_table + (size_t)r * (size_t)b->block_table_stride;
-        if (ql <= 0) continue;
-        a.req = r;
-        a.ntiles = (ql + ATTN__MHA_TILE - 1) / ATTN__MHA_TILE;
-        for (c0 = 0; c0 < sl; c0 += chunk) {
-            int c1 = ATTN__MIN(sl, c0 + chunk), j;
-            for (j = c0; j < c1; j++) {
-                size_t blk = (size_t)bt[j / d->block_size], off = (size_t)(j % d->block_size);
-                const char *row = (const char *)kv_cache->data + (blk * (size_t)d->block_size + off) * (size_t)LD * csz;
-                attn__row_to_f32(row, d->kv_cache_dtype, latc + (size_t)(j - c0) * (size_t)R, R, R);
-                attn__row_to_f32(row + (size_t)R * csz, d->kv_cache_dtype, latpe + (size_t)(j - c0) * (size_t)P, P, P);
-            }
-            a.c0 = c0;
-            a.c1 = c1;
-            attn__pool_run(layer->ctx->pool, attn__mha_project, &a, H);
-            attn__pool_run(layer->ctx->pool, attn__mha_attend, &a, H * a.ntiles);
-        }
-    }
+    a.latc = ws.latc; a.latpe = ws.latpe; a.kw = ws.kw; a.vw = ws.vw; a.state = ws.state;
     ls = lse ? attn__tensor_resolved(lse) : o;
-    for (i = 0; i < tp; i++) {
-        int tok = first + i, h;
-        for (h = 0; h < H; h++) {
-            const float *sr = state + ((size_t)i * (size_t)H + (size_t)h) * (size_t)(a.dpv + 1);
-            attn__row_from_f32(sr, o.dtype,
-                               (char *)o.data + (size_t)((tok - out_row0) * o.strides[0] + h * o.strides[1]) * osz,
-                               d->v_head_dim);
-            if (lse) ((float *)ls.data)[(tok - out_row0) * ls.strides[0] + h * ls.strides[1]] = sr[a.dpv];
+    for (r = info.num_decodes; r < b->num_reqs; r++) {
+        int q0 = b->query_start_loc[r], ql = b->query_start_loc[r + 1] - q0, sl = b->seq_lens[r];
+        const int32_t *bt = b->block_table + (size_t)r * (size_t)b->block_table_stride;
+        a.req = r;
+        for (a.g0 = 0; a.g0 < ql; a.g0 += ws.group) {
+            int c0, last_key;
+            a.gq = ATTN__MIN(ws.group, ql - a.g0);
+            a.ntiles = (a.gq + ATTN__CPU_MLA_TILE - 1) / ATTN__CPU_MLA_TILE;
+            a.state_row0 = q0 + a.g0;
+            last_key = sl - ql + a.g0 + a.gq - 1; /* causal: the group sees keys 0..last_key */
+            for (i = 0; i < a.gq * H; i++) {
+                float *sr = ws.state + (size_t)i * (size_t)(a.dpv + 1);
+                memset(sr, 0, (size_t)a.dpv * sizeof(float));
+                sr[a.dpv] = -INFINITY;
+            }
+            for (c0 = 0; c0 <= last_key; c0 += ws.chunk) {
+                int c1 = ATTN__MIN(last_key + 1, c0 + ws.chunk), j;
+                for (j = c0; j < c1; j++) {
+                    size_t blk = (size_t)bt[j / d->block_size], off = (size_t)(j % d->block_size);
+                    const char *row = (const char *)kv_cache->data + (blk * (size_t)d->block_size + off) * (size_t)LD * csz;
+                    attn__row_to_f32(row, d->kv_cache_dtype, ws.latc + (size_t)(j - c0) * (size_t)R, R, R);
+                    attn__row_to_f32(row + (size_t)R * csz, d->kv_cache_dtype, ws.latpe + (size_t)(j - c0) * (size_t)P, P, P);
+                }
+                a.c0 = c0;
+                a.c1 = c1;
+                attn__pool_run(layer->ctx->pool, attn__cpu_mla_project, &a, H);
+                attn__pool_run(layer->ctx->pool, attn__cpu_mla_attend, &a, H * a.ntiles);
+            }
+            for (i = 0; i < a.gq; i++) {
+                int tok = a.state_row0 + i, h;
+                for (h = 0; h < H; h++) {
+                    const float *sr = ws.state + ((size_t)i * (size_t)H + (size_t)h) * (size_t)(a.dpv + 1);
+                    attn__row_from_f32(sr, o.dtype,
+                                       (char *)o.data + (size_t)((tok - out_row0) * o.strides[0] + h * o.strides[1]) * osz,
+                                       d->v_head_dim);
+                    if (lse) ((float *)ls.data)[(tok - out_row0) * ls.strides[0] + h * ls.strides[1]] = sr[a.dpv];
+                }
+            }
         }
     }
-done:
-    attn__free(latc);
-    attn__free(latpe);
-    attn__free(kw);
-    attn__free(vw);
-    attn__free(state);
-    return st;
-}
-
-static attn_status attn__mla_cpu_forward_mha(attn_layer *layer, const attn_metadata *meta,
-                                             const attn_tensor *q, const attn_tensor *kv_cache,
-                                             const attn_tensor *w_uk, const attn_tensor *w_uv,
-                                             attn_tensor *out, attn_tensor *lse, void *stream) {
-    const attn__cpu_meta *cm = (const attn__cpu_meta *)attn_metadata_private(meta);
-    (void)stream;
-    return attn__mla_mha(layer, meta, q, NULL, 0, cm->mla.num_decode_tokens, kv_cache, w_uk, w_uv,
-                         out, cm->mla.num_decode_tokens, lse);
-}
-
-static const attn_backend attn__cpu_mla_backend = {
-    "CPU_MLA",                /* name */
-    ATTN_BACKEND_CPU_MLA,     /* id */
-    ATTN_DTYPE_BIT(ATTN_DTYPE_F32) | ATTN_DTYPE_BIT(ATTN_DTYPE_F16) | ATTN_DTYPE_BIT(ATTN_DTYPE_BF16),
-    ATTN_DTYPE_BIT(ATTN_DTYPE_F32) | ATTN_DTYPE_BIT(ATTN_DTYPE_F16) | ATTN_DTYPE_BIT(ATTN_DTYPE_BF16),
-    320, 576, 8,              /* head sizes: 576 or 320 exactly (attn__mla_check) */
-    16, 0,                    /* block sizes: any multiple of 16 */
-    0, 0, 0, 0,               /* non-causal, sliding window, soft cap, ALiBi: no */
-    1,                        /* is_mla */
-    0,                        /* needs_cuda */
-    ATTN_CUDA_GRAPH_NEVER,
-    1, ATTN_LSE_BASE_E,
-    attn__mla_check,
-    attn__mla_kv_cache_shape,
-    attn__mla_metadata_init,
-    attn__cpu_metadata_release,
-    attn__mla_build,
-    NULL,                     /* forward: MLA uses forward_mqa / forward_mha */
-    attn__mla_cpu_forward_mqa,
-    attn__mla_cpu_forward_mha
-};
-
-
-/* ---- the public MLA calls -------------------------------------------------------------- */
-
-static attn_status attn__mla_check_call(attn_layer *layer, const attn_metadata *meta, const char *fn) {
-    attn_context *ctx = layer->ctx;
-    if (!layer->desc.use_mla || !layer->backend->is_mla)
-        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_ARGUMENT,
-                          "%s: the layer is not MLA (allowed: a layer created with use_mla = 1)", fn);
-    return attn__check_meta(layer, meta, fn);
-}
-
-ATTN_API attn_status attn_metadata_mla_info(const attn_metadata *meta, attn_mla_info *out) {
-    attn_context *ctx = meta ? meta->layer->ctx : NULL;
-    ATTN__CHECK_PTR(ctx, meta, "attn_metadata_mla_info");
-    ATTN__CHECK_PTR(ctx, out, "attn_metadata_mla_info");
-    if (!meta->built_for.use_mla)
-        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_ARGUMENT,
-                          "attn_metadata_mla_info: meta belongs to a standard layer (allowed: MLA)");
-    if (!meta->built)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA,
-                          "attn_metadata_mla_info: meta has not been built");
-    if (meta->backend->is_mla && meta->backend->metadata_init == attn__mla_metadata_init)
-        *out = ((const attn__cpu_meta *)meta->priv)->mla;
-    else
-        memset(out, 0, sizeof *out);
     return ATTN_OK;
 }
 
-ATTN_API attn_status attn_concat_and_cache_mla(attn_layer *layer, const attn_tensor *kv_c,
-                                               const attn_tensor *k_pe, attn_tensor *kv_cache,
-                                               const int64_t *slot_mapping, int num_tokens) {
-    attn_context *ctx = layer ? layer->ctx : NULL;
-    const char *fn = "attn_concat_and_cache_mla";
-    const attn_layer_desc *d;
+static attn_status attn__cpu_mla_forward_mha(const attn_backend *self, attn_layer *layer,
+                                             const attn_metadata *meta, const attn_tensor *q,
+                                             const attn_tensor *kv_cache, const attn_tensor *w_uk,
+                                             const attn_tensor *w_uv, attn_tensor *out,
+                                             attn_tensor *lse, void *stream) {
+    const attn_mla_info *info = &meta->mla;
+    (void)self;
+    (void)stream;
+    return attn__cpu_mla_prefill(layer, meta, q, NULL, 0, info->num_decode_tokens, kv_cache, w_uk, w_uv,
+                         out, info->num_decode_tokens, lse);
+}
+
+/* ---- cache write and the fused layer call ------------------------------------------------ */
+
+/* The latent cache write (validated by the front door). */
+static attn_status attn__cpu_concat_and_cache_mla(const attn_backend *self, attn_layer *layer,
+                                                  const attn_tensor *kv_c, const attn_tensor *k_pe,
+                                                  attn_tensor *kv_cache, const int64_t *slot_mapping,
+                                                  int num_tokens, void *stream) {
+    const attn_layer_desc *d = &layer->desc;
     attn_tensor c, p;
-    int64_t shape[2], num_slots;
     size_t csz;
-    attn_status st;
     int t, x;
-    ATTN__CHECK_PTR(ctx, layer, "attn_concat_and_cache_mla");
-    ATTN__CHECK_PTR(ctx, kv_c, "attn_concat_and_cache_mla");
-    ATTN__CHECK_PTR(ctx, k_pe, "attn_concat_and_cache_mla");
-    ATTN__CHECK_PTR(ctx, kv_cache, "attn_concat_and_cache_mla");
-    ATTN__CHECK_PTR(ctx, slot_mapping, "attn_concat_and_cache_mla");
-    d = &layer->desc;
-    if (!d->use_mla)
-        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_ARGUMENT,
-                          "%s: the layer is not MLA (allowed: use_mla = 1; standard layers use "
-                          "attn_reshape_and_cache)", fn);
-    if (num_tokens < 0)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
-                          "%s: num_tokens is %d (allowed: >= 0)", fn, num_tokens);
-    shape[0] = ATTN__AT_LEAST(num_tokens); shape[1] = d->kv_lora_rank;
-    st = attn__check_tensor(ctx, fn, "kv_c", kv_c, d->dtype, 2, shape, ATTN_DEVICE_CPU);
-    shape[1] = d->qk_rope_head_dim;
-    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "k_pe", k_pe, d->dtype, 2, shape, ATTN_DEVICE_CPU);
-    if (st == ATTN_OK) st = attn__check_kv_cache(layer, fn, kv_cache, 0);
-    if (st != ATTN_OK) return st;
-    if (layer->backend->needs_cuda)
-        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_ARGUMENT,
-                          "%s: device caches are written by the backend's forward", fn);
-    num_slots = kv_cache->shape[0] * (int64_t)d->block_size;
-    for (t = 0; t < num_tokens; t++)
-        if (slot_mapping[t] < -1 || slot_mapping[t] >= num_slots)
-            return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
-                              "%s: slot_mapping[%d] is %lld (allowed: -1 = skip, or 0..%lld = "
-                              "num_blocks * block_size - 1)", fn, t, (long long)slot_mapping[t],
-                              (long long)num_slots - 1);
+    (void)self; (void)stream;
     c = attn__tensor_resolved(kv_c);
     p = attn__tensor_resolved(k_pe);
     csz = attn_dtype_size(d->kv_cache_dtype);
@@ -4028,107 +4964,8 @@ ATTN_API attn_status attn_concat_and_cache_mla(attn_layer *layer, const attn_ten
     return ATTN_OK;
 }
 
-ATTN_API attn_status attn_mla_forward_mqa(attn_layer *layer, const attn_metadata *meta,
-                                          const attn_tensor *q, const attn_tensor *q_pe,
-                                          const attn_tensor *kv_cache, attn_tensor *out_latent,
-                                          attn_tensor *lse, void *stream) {
-    attn_context *ctx = layer ? layer->ctx : NULL;
-    const char *fn = "attn_mla_forward_mqa";
-    const attn_layer_desc *d;
-    attn_device_kind dev;
-    int64_t shape[3];
-    attn_status st;
-    int td;
-    ATTN__CHECK_PTR(ctx, layer, "attn_mla_forward_mqa");
-    ATTN__CHECK_PTR(ctx, meta, "attn_mla_forward_mqa");
-    ATTN__CHECK_PTR(ctx, q, "attn_mla_forward_mqa");
-    ATTN__CHECK_PTR(ctx, kv_cache, "attn_mla_forward_mqa");
-    ATTN__CHECK_PTR(ctx, out_latent, "attn_mla_forward_mqa");
-    st = attn__mla_check_call(layer, meta, fn);
-    if (st != ATTN_OK) return st;
-    d = &layer->desc;
-    dev = layer->backend->needs_cuda ? ATTN_DEVICE_CUDA : ATTN_DEVICE_CPU;
-    {
-        attn_mla_info info;
-        st = attn_metadata_mla_info(meta, &info);
-        if (st != ATTN_OK) return st;
-        td = info.num_decode_tokens;
-    }
-    shape[0] = ATTN__AT_LEAST(td); shape[1] = d->num_heads;
-    shape[2] = q_pe ? d->kv_lora_rank : d->head_size;
-    st = attn__check_tensor(ctx, fn, "q", q, d->dtype, 3, shape, dev);
-    if (st == ATTN_OK && q_pe) {
-        shape[2] = d->qk_rope_head_dim;
-        st = attn__check_tensor(ctx, fn, "q_pe", q_pe, d->dtype, 3, shape, dev);
-    }
-    shape[2] = d->kv_lora_rank;
-    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out_latent", out_latent, d->dtype, 3, shape, dev);
-    if (st == ATTN_OK && lse) st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, dev);
-    if (st == ATTN_OK) st = attn__check_kv_cache(layer, fn, kv_cache, 0);
-    if (st != ATTN_OK) return st;
-    if (kv_cache->shape[0] < meta->cap.num_blocks)
-        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
-                          "%s: kv_cache.shape[0] is %lld (allowed: >= num_blocks %lld of the metadata)",
-                          fn, (long long)kv_cache->shape[0], (long long)meta->cap.num_blocks);
-    return layer->backend->forward_mqa(layer, meta, q, q_pe, kv_cache, out_latent, lse, stream);
-}
-
-/* Shapes shared by forward_mha and the fused call: W_UK, W_UV, cache. */
-static attn_status attn__mla_check_weights(attn_layer *layer, const attn_metadata *meta, const char *fn,
-                                           const attn_tensor *kv_cache, const attn_tensor *w_uk,
-                                           const attn_tensor *w_uv) {
-    const attn_layer_desc *d = &layer->desc;
-    attn_device_kind dev = layer->backend->needs_cuda ? ATTN_DEVICE_CUDA : ATTN_DEVICE_CPU;
-    int64_t shape[3];
-    attn_status st;
-    shape[0] = d->num_heads; shape[1] = d->qk_nope_head_dim; shape[2] = d->kv_lora_rank;
-    st = attn__check_tensor(layer->ctx, fn, "w_uk", w_uk, d->dtype, 3, shape, dev);
-    shape[1] = d->kv_lora_rank; shape[2] = d->v_head_dim;
-    if (st == ATTN_OK) st = attn__check_tensor(layer->ctx, fn, "w_uv", w_uv, d->dtype, 3, shape, dev);
-    if (st == ATTN_OK) st = attn__check_kv_cache(layer, fn, kv_cache, 0);
-    if (st == ATTN_OK && kv_cache->shape[0] < meta->cap.num_blocks)
-        st = attn__fail(layer->ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
-                        "%s: kv_cache.shape[0] is %lld (allowed: >= num_blocks %lld of the metadata)",
-                        fn, (long long)kv_cache->shape[0], (long long)meta->cap.num_blocks);
-    return st;
-}
-
-ATTN_API attn_status attn_mla_forward_mha(attn_layer *layer, const attn_metadata *meta,
-                                          const attn_tensor *q, const attn_tensor *kv_cache,
-                                          const attn_tensor *w_uk, const attn_tensor *w_uv,
-                                          attn_tensor *out, attn_tensor *lse, void *stream) {
-    attn_context *ctx = layer ? layer->ctx : NULL;
-    const char *fn = "attn_mla_forward_mha";
-    const attn_layer_desc *d;
-    attn_device_kind dev;
-    attn_mla_info info;
-    int64_t shape[3];
-    attn_status st;
-    ATTN__CHECK_PTR(ctx, layer, "attn_mla_forward_mha");
-    ATTN__CHECK_PTR(ctx, meta, "attn_mla_forward_mha");
-    ATTN__CHECK_PTR(ctx, q, "attn_mla_forward_mha");
-    ATTN__CHECK_PTR(ctx, kv_cache, "attn_mla_forward_mha");
-    ATTN__CHECK_PTR(ctx, w_uk, "attn_mla_forward_mha");
-    ATTN__CHECK_PTR(ctx, w_uv, "attn_mla_forward_mha");
-    ATTN__CHECK_PTR(ctx, out, "attn_mla_forward_mha");
-    st = attn__mla_check_call(layer, meta, fn);
-    if (st == ATTN_OK) st = attn_metadata_mla_info(meta, &info);
-    if (st != ATTN_OK) return st;
-    d = &layer->desc;
-    dev = layer->backend->needs_cuda ? ATTN_DEVICE_CUDA : ATTN_DEVICE_CPU;
-    shape[0] = ATTN__AT_LEAST(info.num_prefill_tokens); shape[1] = d->num_heads;
-    shape[2] = d->qk_nope_head_dim + d->qk_rope_head_dim;
-    st = attn__check_tensor(ctx, fn, "q", q, d->dtype, 3, shape, dev);
-    shape[2] = d->v_head_dim;
-    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out", out, d->dtype, 3, shape, dev);
-    if (st == ATTN_OK && lse) st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, dev);
-    if (st == ATTN_OK) st = attn__mla_check_weights(layer, meta, fn, kv_cache, w_uk, w_uv);
-    if (st != ATTN_OK) return st;
-    return layer->backend->forward_mha(layer, meta, q, kv_cache, w_uk, w_uv, out, lse, stream);
-}
-
 /* The absorbed projections of the fused call, one head per task. */
-typedef struct attn__mla_proj {
+typedef struct attn__cpu_mla_proj {
     attn_layer *layer;
     int td;
     attn_tensor src;               /* q_nope (absorb) or unused */
@@ -4137,10 +4974,10 @@ typedef struct attn__mla_proj {
     float *dst_f32;                /* q_latent [td][H][R] (absorb) */
     attn_tensor dst;               /* out (up-project) */
     int absorb;
-} attn__mla_proj;
+} attn__cpu_mla_proj;
 
-static void attn__mla_proj_run(void *varg, int h, int thread) {
-    const attn__mla_proj *a = (const attn__mla_proj *)varg;
+static void attn__cpu_mla_proj_run(void *varg, int h, int thread) {
+    const attn__cpu_mla_proj *a = (const attn__cpu_mla_proj *)varg;
     const attn_layer_desc *d = &a->layer->desc;
     int H = d->num_heads, R = d->kv_lora_rank, N = d->qk_nope_head_dim, Vd = d->v_head_dim;
     int dpv = attn__cpu_dp(Vd), t;
@@ -4150,209 +4987,109 @@ static void attn__mla_proj_run(void *varg, int h, int thread) {
     if (a->absorb) { /* q_latent[t][h] = q_nope[t][h] . W_UK[h]   ([N] x [N][R]) */
         float *w = base, *A = w + (size_t)N * (size_t)R, *C = A + (size_t)a->td * (size_t)N;
         size_t ssz = attn_dtype_size(a->src.dtype);
-        attn__matrix_to_f32(wh, a->w.dtype, N, R, a->w.strides[1], w, R);
+        attn__cpu_matrix_to_f32(wh, a->w.dtype, N, R, a->w.strides[1], w, R);
         for (t = 0; t < a->td; t++)
             attn__row_to_f32((const char *)a->src.data + (size_t)(t * a->src.strides[0] + h * a->src.strides[1]) * ssz,
                              a->src.dtype, A + (size_t)t * (size_t)N, N, N);
-        attn__gemm_nn(A, N, a->td, w, N, R, C);
+        attn__cpu_gemm_nn(A, N, a->td, w, N, R, C);
         for (t = 0; t < a->td; t++)
             memcpy(a->dst_f32 + ((size_t)t * (size_t)H + (size_t)h) * (size_t)R, C + (size_t)t * (size_t)R,
                    (size_t)R * sizeof(float));
     } else { /* out[t][h] = o_latent[t][h] . W_UV[h]   ([R] x [R][Vd]) */
         float *w = base, *A = w + (size_t)R * (size_t)dpv, *C = A + (size_t)a->td * (size_t)R;
         size_t osz = attn_dtype_size(a->dst.dtype);
-        attn__matrix_to_f32(wh, a->w.dtype, R, Vd, a->w.strides[1], w, dpv);
+        attn__cpu_matrix_to_f32(wh, a->w.dtype, R, Vd, a->w.strides[1], w, dpv);
         for (t = 0; t < a->td; t++)
             memcpy(A + (size_t)t * (size_t)R, a->src_f32 + ((size_t)t * (size_t)H + (size_t)h) * (size_t)R,
                    (size_t)R * sizeof(float));
-        attn__gemm_nn(A, R, a->td, w, R, dpv, C);
+        attn__cpu_gemm_nn(A, R, a->td, w, R, dpv, C);
         for (t = 0; t < a->td; t++)
             attn__row_from_f32(C + (size_t)t * (size_t)dpv, a->dst.dtype,
                                (char *)a->dst.data + (size_t)(t * a->dst.strides[0] + h * a->dst.strides[1]) * osz, Vd);
     }
 }
 
-ATTN_API attn_status attn_mla_forward(attn_layer *layer, const attn_metadata *meta,
-                                      const attn_tensor *q_nope, const attn_tensor *q_pe,
-                                      const attn_tensor *kv_c, const attn_tensor *k_pe,
-                                      attn_tensor *kv_cache, const attn_tensor *w_uk,
-                                      const attn_tensor *w_uv, attn_tensor *out, void *stream) {
-    attn_context *ctx = layer ? layer->ctx : NULL;
-    const char *fn = "attn_mla_forward";
-    const attn_layer_desc *d;
-    const attn_batch *b;
-    attn_mla_info info;
-    int64_t shape[3];
-    attn_status st;
-    int H, R, td;
-    float *ql = NULL, *ol = NULL;
-    size_t need;
-    (void)stream;
-    ATTN__CHECK_PTR(ctx, layer, "attn_mla_forward");
-    ATTN__CHECK_PTR(ctx, meta, "attn_mla_forward");
-    ATTN__CHECK_PTR(ctx, q_nope, "attn_mla_forward");
-    ATTN__CHECK_PTR(ctx, q_pe, "attn_mla_forward");
-    ATTN__CHECK_PTR(ctx, kv_cache, "attn_mla_forward");
-    ATTN__CHECK_PTR(ctx, w_uk, "attn_mla_forward");
-    ATTN__CHECK_PTR(ctx, w_uv, "attn_mla_forward");
-    ATTN__CHECK_PTR(ctx, out, "attn_mla_forward");
-    st = attn__mla_check_call(layer, meta, fn);
-    if (st == ATTN_OK) st = attn_metadata_mla_info(meta, &info);
-    if (st != ATTN_OK) return st;
-    if (layer->backend != &attn__cpu_mla_backend)
-        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_ARGUMENT,
-                          "%s: the fused call runs on backend CPU_MLA (this layer has %s; call "
-                          "attn_mla_forward_mqa / attn_mla_forward_mha instead)", fn, layer->backend->name);
-    d = &layer->desc;
-    b = attn_metadata_batch(meta);
-    H = d->num_heads;
-    R = d->kv_lora_rank;
-    td = info.num_decode_tokens;
-    need = ATTN__MAX((size_t)d->qk_nope_head_dim * (size_t)R + (size_t)td * (size_t)(d->qk_nope_head_dim + R),
-                     (size_t)R * (size_t)attn__cpu_dp(d->v_head_dim) + (size_t)td * (size_t)(R + attn__cpu_dp(d->v_head_dim))) + 64;
-    if ((kv_c == NULL) != (k_pe == NULL))
-        return attn__fail(ctx, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT,
-                          "%s: argument '%s' is NULL but '%s' is not (allowed: both or neither)",
-                          fn, kv_c ? "k_pe" : "kv_c", kv_c ? "kv_c" : "k_pe");
-    shape[0] = ATTN__AT_LEAST(b->num_actual_tokens); shape[1] = H; shape[2] = d->qk_nope_head_dim;
-    st = attn__check_tensor(ctx, fn, "q_nope", q_nope, d->dtype, 3, shape, ATTN_DEVICE_CPU);
-    shape[2] = d->qk_rope_head_dim;
-    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "q_pe", q_pe, d->dtype, 3, shape, ATTN_DEVICE_CPU);
-    shape[2] = d->v_head_dim;
-    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out", out, d->dtype, 3, shape, ATTN_DEVICE_CPU);
-    if (st == ATTN_OK) st = attn__mla_check_weights(layer, meta, fn, kv_cache, w_uk, w_uv);
-    if (st != ATTN_OK) return st;
-    if (kv_c) { /* all checks of the cache write before anything is allocated or written */
-        int64_t s2[2];
-        int t;
-        if (!b->slot_mapping)
-            return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA,
-                              "%s: kv_c/k_pe given but the batch has no slot_mapping", fn);
-        s2[0] = ATTN__AT_LEAST(b->num_actual_tokens); s2[1] = R;
-        st = attn__check_tensor(ctx, fn, "kv_c", kv_c, d->dtype, 2, s2, ATTN_DEVICE_CPU);
-        s2[1] = d->qk_rope_head_dim;
-        if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "k_pe", k_pe, d->dtype, 2, s2, ATTN_DEVICE_CPU);
-        if (st != ATTN_OK) return st;
-        for (t = 0; t < b->num_actual_tokens; t++)
-            if (b->slot_mapping[t] >= kv_cache->shape[0] * (int64_t)d->block_size)
-                return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA,
-                                  "%s: slot_mapping[%d] is %lld, beyond the cache's %lld slots", fn, t,
-                                  (long long)b->slot_mapping[t], (long long)(kv_cache->shape[0] * d->block_size));
-    }
-    if (td > 0) { /* workspace next: nothing is written before it exists */
-        ql = (float *)attn__malloc((size_t)td * (size_t)H * (size_t)R * sizeof(float));
-        ol = (float *)attn__malloc((size_t)td * (size_t)H * (size_t)R * sizeof(float));
-        st = ql && ol ? attn__scratch_reserve(ctx, need)
-                      : attn__fail(ctx, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
-                                   "%s: cannot allocate the latent query/output of %d decode tokens", fn, td);
-        if (st != ATTN_OK) { attn__free(ql); attn__free(ol); return st; }
-    }
-    if (kv_c) {
-        st = attn_concat_and_cache_mla(layer, kv_c, k_pe, kv_cache, b->slot_mapping, b->num_actual_tokens);
-        if (st != ATTN_OK) { attn__free(ql); attn__free(ol); return st; }
-    }
+/* The fused layer call (validated by the front door): the cache write, the decodes
+   absorbed (q_nope . W_UK -> MQA -> . W_UV) through the workspace, then the prefills. */
+static attn_status attn__cpu_mla_forward(const attn_backend *self, attn_layer *layer,
+                                         const attn_metadata *meta, const attn_tensor *q_nope,
+                                         const attn_tensor *q_pe, const attn_tensor *kv_c,
+                                         const attn_tensor *k_pe, attn_tensor *kv_cache,
+                                         const attn_tensor *w_uk, const attn_tensor *w_uv,
+                                         attn_tensor *out, void *stream) {
+    const attn_layer_desc *d = &layer->desc;
+    const attn__cpu_meta *cm = (const attn__cpu_meta *)attn_metadata_private(meta);
+    const attn_batch *b = attn_metadata_batch(meta);
+    attn_context *ctx = layer->ctx;
+    int H = d->num_heads, R = d->kv_lora_rank, td = meta->mla.num_decode_tokens;
+    attn__cpu_mla_ws ws;
+    attn_status st = attn__scratch_reserve(ctx, cm->scratch_floats); /* reserved at create */
+    if (st != ATTN_OK) return st; /* before anything is written */
+    attn__cpu_mla_ws_layout(d, attn_metadata_capacity(meta),
+                        (float *)(void *)(((uintptr_t)cm->workspace + 63) & ~(uintptr_t)63), &ws);
+    if (kv_c)
+        attn__cpu_concat_and_cache_mla(self, layer, kv_c, k_pe, kv_cache, b->slot_mapping,
+                                       b->num_actual_tokens, stream);
     if (td > 0) {
-        attn__mla_proj pj;
+        attn__cpu_mla_proj pj;
         attn_tensor tql, tol;
         int64_t s3[3];
-        {
-            memset(&pj, 0, sizeof pj);
-            pj.layer = layer;
-            pj.td = td;
-            pj.absorb = 1;
-            pj.src = attn__tensor_resolved(q_nope);
-            pj.w = attn__tensor_resolved(w_uk);
-            pj.dst_f32 = ql;
-            attn__pool_run(ctx->pool, attn__mla_proj_run, &pj, H);        /* q_latent */
-            s3[0] = td; s3[1] = H; s3[2] = R;
-            tql = attn_tensor_make(ql, ATTN_DTYPE_F32, 3, s3);
-            tol = attn_tensor_make(ol, ATTN_DTYPE_F32, 3, s3);
-            st = attn__mla_cpu_forward_mqa(layer, meta, &tql, q_pe, kv_cache, &tol, NULL, stream);
-        }
-        if (st == ATTN_OK) { /* scratch only grows: the reservation above still holds */
-            pj.absorb = 0;
-            pj.src_f32 = ol;
-            pj.w = attn__tensor_resolved(w_uv);
-            pj.dst = attn__tensor_resolved(out);
-            attn__pool_run(ctx->pool, attn__mla_proj_run, &pj, H);        /* o = o_latent . W_UV */
-        }
-        attn__free(ql);
-        attn__free(ol);
+        memset(&pj, 0, sizeof pj);
+        pj.layer = layer;
+        pj.td = td;
+        pj.absorb = 1;
+        pj.src = attn__tensor_resolved(q_nope);
+        pj.w = attn__tensor_resolved(w_uk);
+        pj.dst_f32 = ws.ql;
+        attn__pool_run(ctx->pool, attn__cpu_mla_proj_run, &pj, H);        /* q_latent */
+        s3[0] = td; s3[1] = H; s3[2] = R;
+        tql = attn_tensor_make(ws.ql, ATTN_DTYPE_F32, 3, s3);
+        tol = attn_tensor_make(ws.ol, ATTN_DTYPE_F32, 3, s3);
+        st = attn__cpu_mla_forward_mqa(self, layer, meta, &tql, q_pe, kv_cache, &tol, NULL, stream);
         if (st != ATTN_OK) return st;
+        pj.absorb = 0;
+        pj.src_f32 = ws.ol;
+        pj.w = attn__tensor_resolved(w_uv);
+        pj.dst = attn__tensor_resolved(out);
+        attn__pool_run(ctx->pool, attn__cpu_mla_proj_run, &pj, H);        /* o = o_latent . W_UV */
     }
-    return attn__mla_mha(layer, meta, q_nope, q_pe, d->qk_nope_head_dim, 0, kv_cache, w_uk, w_uv,
+    return attn__cpu_mla_prefill(layer, meta, q_nope, q_pe, d->qk_nope_head_dim, 0, kv_cache, w_uk, w_uv,
                          out, 0, NULL);
 }
 
-ATTN_API attn_status attn_merge_attn_states(attn_context *ctx, const attn_tensor *out_a,
-                                            const attn_tensor *lse_a, attn_lse_base base_a,
-                                            const attn_tensor *out_b, const attn_tensor *lse_b,
-                                            attn_lse_base base_b, attn_tensor *out,
-                                            attn_tensor *lse, attn_lse_base base_out) {
-    const char *fn = "attn_merge_attn_states";
-    attn_tensor oa, ob, oo, la, lb, lo;
-    int64_t shape[3];
-    attn_status st;
-    int64_t t, h, T, H;
-    int D, x;
-    float *row;
-    ATTN__CHECK_PTR(ctx, ctx, "attn_merge_attn_states");
-    ATTN__CHECK_PTR(ctx, out_a, "attn_merge_attn_states");
-    ATTN__CHECK_PTR(ctx, lse_a, "attn_merge_attn_states");
-    ATTN__CHECK_PTR(ctx, out_b, "attn_merge_attn_states");
-    ATTN__CHECK_PTR(ctx, lse_b, "attn_merge_attn_states");
-    ATTN__CHECK_PTR(ctx, out, "attn_merge_attn_states");
-    if ((int)base_a < 0 || (int)base_a > 1 || (int)base_b < 0 || (int)base_b > 1 ||
-        (int)base_out < 0 || (int)base_out > 1)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
-                          "%s: an LSE base is out of range (%d, %d, %d; allowed: ATTN_LSE_BASE_E, "
-                          "ATTN_LSE_BASE_2)", fn, (int)base_a, (int)base_b, (int)base_out);
-    if (out_a->ndim != 3 || out_a->shape[0] < 0 || out_a->shape[1] <= 0 || out_a->shape[2] <= 0 ||
-        attn_dtype_size(out_a->dtype) == 0)
-        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
-                          "%s: out_a must be [tokens, heads, head_size] of f32/f16/bf16 (ndim %d)",
-                          fn, out_a->ndim);
-    T = out_a->shape[0]; H = out_a->shape[1]; D = (int)out_a->shape[2];
-    shape[0] = T; shape[1] = H; shape[2] = D;
-    st = attn__check_tensor(ctx, fn, "out_a", out_a, out_a->dtype, 3, shape, ATTN_DEVICE_CPU);
-    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out_b", out_b, out_a->dtype, 3, shape, ATTN_DEVICE_CPU);
-    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out", out, out_a->dtype, 3, shape, ATTN_DEVICE_CPU);
-    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "lse_a", lse_a, ATTN_DTYPE_F32, 2, shape, ATTN_DEVICE_CPU);
-    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "lse_b", lse_b, ATTN_DTYPE_F32, 2, shape, ATTN_DEVICE_CPU);
-    if (st == ATTN_OK && lse) st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, ATTN_DEVICE_CPU);
-    if (st != ATTN_OK) return st;
-    row = (float *)attn__malloc(2 * (size_t)D * sizeof(float) + 16);
-    if (!row)
-        return attn__fail(ctx, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY, "%s: out of memory", fn);
-    oa = attn__tensor_resolved(out_a); ob = attn__tensor_resolved(out_b); oo = attn__tensor_resolved(out);
-    la = attn__tensor_resolved(lse_a); lb = attn__tensor_resolved(lse_b);
-    lo = lse ? attn__tensor_resolved(lse) : la;
-    for (t = 0; t < T; t++)
-        for (h = 0; h < H; h++) {
-            size_t esz = attn_dtype_size(oa.dtype);
-            float a = ((const float *)la.data)[t * la.strides[0] + h * la.strides[1]];
-            float bb = ((const float *)lb.data)[t * lb.strides[0] + h * lb.strides[1]];
-            float l;
-            if (base_a == ATTN_LSE_BASE_2) a *= ATTN__LN2;
-            if (base_b == ATTN_LSE_BASE_2) bb *= ATTN__LN2;
-            /* some kernels report an empty partition as +inf (or NaN): empty either way */
-            if (!(a < INFINITY)) a = -INFINITY;
-            if (!(bb < INFINITY)) bb = -INFINITY;
-            for (x = 0; x < D; x++) {
-                row[x] = attn__load_elem((const char *)oa.data + (size_t)(t * oa.strides[0] + h * oa.strides[1]) * esz, oa.dtype, x);
-                row[D + x] = attn__load_elem((const char *)ob.data + (size_t)(t * ob.strides[0] + h * ob.strides[1]) * esz, ob.dtype, x);
-            }
-            l = a;
-            attn__lse_merge_row(row, &l, row + D, bb, D);
-            for (x = 0; x < D; x++)
-                attn__store_elem((char *)oo.data + (size_t)(t * oo.strides[0] + h * oo.strides[1]) * esz, oo.dtype, x, row[x]);
-            if (lse)
-                ((float *)lo.data)[t * lo.strides[0] + h * lo.strides[1]] =
-                    base_out == ATTN_LSE_BASE_2 ? l * ATTN__LOG2E : l;
-        }
-    attn__free(row);
-    return ATTN_OK;
-}
+/* ---- vtable ------------------------------------------------------------------------------ */
+
+static const attn_backend attn__cpu_mla_backend = {
+    "CPU_MLA",                /* name */
+    ATTN_BACKEND_CPU_MLA,     /* id */
+    ATTN_DEVICE_CPU,          /* device */
+    ATTN_DTYPE_BIT(ATTN_DTYPE_F32) | ATTN_DTYPE_BIT(ATTN_DTYPE_F16) | ATTN_DTYPE_BIT(ATTN_DTYPE_BF16),
+    ATTN_DTYPE_BIT(ATTN_DTYPE_F32) | ATTN_DTYPE_BIT(ATTN_DTYPE_F16) | ATTN_DTYPE_BIT(ATTN_DTYPE_BF16),
+    320, 576, 8,              /* head sizes: 576 or 320 exactly (attn__cpu_mla_check) */
+    16, 0,                    /* block sizes: any multiple of 16 */
+    0, 0, 0, 0,               /* non-causal, sliding window, soft cap, ALiBi: no */
+    1,                        /* is_mla */
+    ATTN_CUDA_GRAPH_NEVER,    /* no graphs on the CPU */
+    1, ATTN_LSE_BASE_E,
+    attn__cpu_mla_check,
+    NULL, NULL,               /* context_init/release */
+    NULL, NULL,               /* layer_init/release */
+    attn__cpu_mla_kv_cache_shape,
+    attn__cpu_mla_metadata_init,
+    attn__cpu_metadata_release,
+    attn__cpu_mla_build,
+    NULL, NULL,               /* forward, reshape_and_cache: MLA backend */
+    attn__cpu_mla_forward_mqa,
+    attn__cpu_mla_forward_mha,
+    attn__cpu_mla_forward,
+    attn__cpu_concat_and_cache_mla,
+    attn__cpu_merge_attn_states
+};
+
+/* =======================================================================================
+   >>builtin
+   The built-in registry entries: one line per backend section above.
+   ======================================================================================= */
 
 static const attn_backend *attn__builtin_backend(attn_backend_id id) {
     switch (id) {
@@ -4364,7 +5101,8 @@ static const attn_backend *attn__builtin_backend(attn_backend_id id) {
 
 /* =======================================================================================
    >>forward
-   The public forward: validates everything a backend relies on, then dispatches.
+   The public forward calls: validate everything a backend relies on (tensors, device,
+   metadata fit, token counts), then dispatch through the vtable.
    ======================================================================================= */
 
 ATTN_API attn_status attn_layer_forward(attn_layer *layer, const attn_metadata *meta,
@@ -4378,32 +5116,33 @@ ATTN_API attn_status attn_layer_forward(attn_layer *layer, const attn_metadata *
     int64_t shape[3];
     attn_status st;
     int ntok;
-    ATTN__CHECK_PTR(ctx, layer, "attn_layer_forward");
-    ATTN__CHECK_PTR(ctx, meta, "attn_layer_forward");
-    ATTN__CHECK_PTR(ctx, q, "attn_layer_forward");
-    ATTN__CHECK_PTR(ctx, kv_cache, "attn_layer_forward");
-    ATTN__CHECK_PTR(ctx, out, "attn_layer_forward");
+    if (!layer) return attn__null_arg(ctx, __func__, "layer");
+    if (!meta) return attn__null_arg(ctx, __func__, "meta");
+    if (!q) return attn__null_arg(ctx, __func__, "q");
+    if (!kv_cache) return attn__null_arg(ctx, __func__, "kv_cache");
+    if (!out) return attn__null_arg(ctx, __func__, "out");
     d = &layer->desc;
-    dev = layer->backend->needs_cuda ? ATTN_DEVICE_CUDA : ATTN_DEVICE_CPU;
+    dev = layer->backend->device;
     if (d->use_mla)
-        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_ARGUMENT,
+        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_CALL_UNSUPPORTED,
                           "%s: the layer is MLA (allowed: standard layers; MLA layers use the "
                           "MLA forward calls)", fn);
     st = attn__check_meta(layer, meta, fn);
     if (st != ATTN_OK) return st;
     if ((k == NULL) != (v == NULL))
-        return attn__fail(ctx, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT,
+        return attn__fail(ctx, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL,
                           "%s: argument '%s' is NULL but '%s' is not (allowed: both or neither)",
                           fn, k ? "v" : "k", k ? "k" : "v");
     ntok = meta->batch.num_actual_tokens;
     shape[0] = ATTN__AT_LEAST(ntok); shape[1] = d->num_heads; shape[2] = d->head_size;
     st = attn__check_tensor(ctx, fn, "q", q, d->dtype, 3, shape, dev);
     if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out", out, d->dtype, 3, shape, dev);
+    if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out", out);
     if (st != ATTN_OK) return st;
     st = attn__check_kv_cache(layer, fn, kv_cache, 0);
     if (st != ATTN_OK) return st;
     if (kv_cache->shape[0] < meta->cap.num_blocks)
-        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT,
+        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE,
                           "%s: kv_cache.shape[0] is %lld (allowed: >= num_blocks %lld of the "
                           "metadata)", fn, (long long)kv_cache->shape[0], (long long)meta->cap.num_blocks);
     if (k) {
@@ -4416,18 +5155,712 @@ ATTN_API attn_status attn_layer_forward(attn_layer *layer, const attn_metadata *
     }
     if (lse) {
         if (!layer->backend->can_return_lse)
-            return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_ARGUMENT,
+            return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_CALL_UNSUPPORTED,
                               "%s: backend %s cannot return the LSE (allowed: lse = NULL)", fn,
                               layer->backend->name);
         shape[1] = d->num_heads;
         st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, dev);
+        if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "lse", lse);
         if (st != ATTN_OK) return st;
     }
-    return layer->backend->forward(layer, meta, q, k, v, kv_cache, out, lse, stream);
+    return layer->backend->forward(layer->backend, layer, meta, q, k, v, kv_cache, out, lse, stream);
+}
+
+static attn_status attn__check_mla_call(attn_layer *layer, const attn_metadata *meta, const char *fn) {
+    attn_context *ctx = layer->ctx;
+    if (!layer->desc.use_mla || !layer->backend->is_mla)
+        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_CALL_UNSUPPORTED,
+                          "%s: the layer is not MLA (allowed: a layer created with use_mla = 1)", fn);
+    return attn__check_meta(layer, meta, fn);
+}
+
+ATTN_API attn_status attn_mla_forward_mqa(attn_layer *layer, const attn_metadata *meta,
+                                          const attn_tensor *q, const attn_tensor *q_pe,
+                                          const attn_tensor *kv_cache, attn_tensor *out_latent,
+                                          attn_tensor *lse, void *stream) {
+    attn_context *ctx = layer ? layer->ctx : NULL;
+    const char *fn = "attn_mla_forward_mqa";
+    const attn_layer_desc *d;
+    attn_device_kind dev;
+    int64_t shape[3];
+    attn_status st;
+    int td;
+    if (!layer) return attn__null_arg(ctx, __func__, "layer");
+    if (!meta) return attn__null_arg(ctx, __func__, "meta");
+    if (!q) return attn__null_arg(ctx, __func__, "q");
+    if (!kv_cache) return attn__null_arg(ctx, __func__, "kv_cache");
+    if (!out_latent) return attn__null_arg(ctx, __func__, "out_latent");
+    st = attn__check_mla_call(layer, meta, fn);
+    if (st != ATTN_OK) return st;
+    d = &layer->desc;
+    dev = layer->backend->device;
+    td = meta->mla.num_decode_tokens;
+    shape[0] = ATTN__AT_LEAST(td); shape[1] = d->num_heads;
+    shape[2] = q_pe ? d->kv_lora_rank : d->head_size;
+    st = attn__check_tensor(ctx, fn, "q", q, d->dtype, 3, shape, dev);
+    if (st == ATTN_OK && q_pe) {
+        shape[2] = d->qk_rope_head_dim;
+        st = attn__check_tensor(ctx, fn, "q_pe", q_pe, d->dtype, 3, shape, dev);
+    }
+    shape[2] = d->kv_lora_rank;
+    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out_latent", out_latent, d->dtype, 3, shape, dev);
+    if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out_latent", out_latent);
+    if (st == ATTN_OK && lse) st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, dev);
+    if (st == ATTN_OK && lse) st = attn__check_output_tensor(ctx, fn, "lse", lse);
+    if (st == ATTN_OK) st = attn__check_kv_cache(layer, fn, kv_cache, 0);
+    if (st != ATTN_OK) return st;
+    if (kv_cache->shape[0] < meta->cap.num_blocks)
+        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE,
+                          "%s: kv_cache.shape[0] is %lld (allowed: >= num_blocks %lld of the metadata)",
+                          fn, (long long)kv_cache->shape[0], (long long)meta->cap.num_blocks);
+    return layer->backend->forward_mqa(layer->backend, layer, meta, q, q_pe, kv_cache, out_latent,
+                                       lse, stream);
+}
+
+/* Shapes shared by forward_mha and the fused call: W_UK, W_UV, cache. */
+static attn_status attn__check_mla_weights(attn_layer *layer, const attn_metadata *meta, const char *fn,
+                                           const attn_tensor *kv_cache, const attn_tensor *w_uk,
+                                           const attn_tensor *w_uv) {
+    const attn_layer_desc *d = &layer->desc;
+    attn_device_kind dev = layer->backend->device;
+    int64_t shape[3];
+    attn_status st;
+    shape[0] = d->num_heads; shape[1] = d->qk_nope_head_dim; shape[2] = d->kv_lora_rank;
+    st = attn__check_tensor(layer->ctx, fn, "w_uk", w_uk, d->dtype, 3, shape, dev);
+    shape[1] = d->kv_lora_rank; shape[2] = d->v_head_dim;
+    if (st == ATTN_OK) st = attn__check_tensor(layer->ctx, fn, "w_uv", w_uv, d->dtype, 3, shape, dev);
+    if (st == ATTN_OK) st = attn__check_kv_cache(layer, fn, kv_cache, 0);
+    if (st == ATTN_OK && kv_cache->shape[0] < meta->cap.num_blocks)
+        st = attn__fail(layer->ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE,
+                        "%s: kv_cache.shape[0] is %lld (allowed: >= num_blocks %lld of the metadata)",
+                        fn, (long long)kv_cache->shape[0], (long long)meta->cap.num_blocks);
+    return st;
+}
+
+ATTN_API attn_status attn_mla_forward_mha(attn_layer *layer, const attn_metadata *meta,
+                                          const attn_tensor *q, const attn_tensor *kv_cache,
+                                          const attn_tensor *w_uk, const attn_tensor *w_uv,
+                                          attn_tensor *out, attn_tensor *lse, void *stream) {
+    attn_context *ctx = layer ? layer->ctx : NULL;
+    const char *fn = "attn_mla_forward_mha";
+    const attn_layer_desc *d;
+    attn_device_kind dev;
+    int64_t shape[3];
+    attn_status st;
+    if (!layer) return attn__null_arg(ctx, __func__, "layer");
+    if (!meta) return attn__null_arg(ctx, __func__, "meta");
+    if (!q) return attn__null_arg(ctx, __func__, "q");
+    if (!kv_cache) return attn__null_arg(ctx, __func__, "kv_cache");
+    if (!w_uk) return attn__null_arg(ctx, __func__, "w_uk");
+    if (!w_uv) return attn__null_arg(ctx, __func__, "w_uv");
+    if (!out) return attn__null_arg(ctx, __func__, "out");
+    st = attn__check_mla_call(layer, meta, fn);
+    if (st != ATTN_OK) return st;
+    d = &layer->desc;
+    dev = layer->backend->device;
+    shape[0] = ATTN__AT_LEAST(meta->mla.num_prefill_tokens); shape[1] = d->num_heads;
+    shape[2] = d->qk_nope_head_dim + d->qk_rope_head_dim;
+    st = attn__check_tensor(ctx, fn, "q", q, d->dtype, 3, shape, dev);
+    shape[2] = d->v_head_dim;
+    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out", out, d->dtype, 3, shape, dev);
+    if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out", out);
+    if (st == ATTN_OK && lse) st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, dev);
+    if (st == ATTN_OK && lse) st = attn__check_output_tensor(ctx, fn, "lse", lse);
+    if (st == ATTN_OK) st = attn__check_mla_weights(layer, meta, fn, kv_cache, w_uk, w_uv);
+    if (st != ATTN_OK) return st;
+    return layer->backend->forward_mha(layer->backend, layer, meta, q, kv_cache, w_uk, w_uv, out,
+                                       lse, stream);
+}
+
+ATTN_API attn_status attn_mla_forward(attn_layer *layer, const attn_metadata *meta,
+                                      const attn_tensor *q_nope, const attn_tensor *q_pe,
+                                      const attn_tensor *kv_c, const attn_tensor *k_pe,
+                                      attn_tensor *kv_cache, const attn_tensor *w_uk,
+                                      const attn_tensor *w_uv, attn_tensor *out, void *stream) {
+    attn_context *ctx = layer ? layer->ctx : NULL;
+    const char *fn = "attn_mla_forward";
+    const attn_layer_desc *d;
+    const attn_batch *b;
+    attn_device_kind dev;
+    int64_t shape[3];
+    attn_status st;
+    if (!layer) return attn__null_arg(ctx, __func__, "layer");
+    if (!meta) return attn__null_arg(ctx, __func__, "meta");
+    if (!q_nope) return attn__null_arg(ctx, __func__, "q_nope");
+    if (!q_pe) return attn__null_arg(ctx, __func__, "q_pe");
+    if (!kv_cache) return attn__null_arg(ctx, __func__, "kv_cache");
+    if (!w_uk) return attn__null_arg(ctx, __func__, "w_uk");
+    if (!w_uv) return attn__null_arg(ctx, __func__, "w_uv");
+    if (!out) return attn__null_arg(ctx, __func__, "out");
+    st = attn__check_mla_call(layer, meta, fn);
+    if (st != ATTN_OK) return st;
+    d = &layer->desc;
+    b = attn_metadata_batch(meta);
+    dev = layer->backend->device;
+    if ((kv_c == NULL) != (k_pe == NULL))
+        return attn__fail(ctx, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL,
+                          "%s: argument '%s' is NULL but '%s' is not (allowed: both or neither)",
+                          fn, kv_c ? "k_pe" : "kv_c", kv_c ? "kv_c" : "k_pe");
+    shape[0] = ATTN__AT_LEAST(b->num_actual_tokens); shape[1] = d->num_heads;
+    shape[2] = d->qk_nope_head_dim;
+    st = attn__check_tensor(ctx, fn, "q_nope", q_nope, d->dtype, 3, shape, dev);
+    shape[2] = d->qk_rope_head_dim;
+    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "q_pe", q_pe, d->dtype, 3, shape, dev);
+    shape[2] = d->v_head_dim;
+    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out", out, d->dtype, 3, shape, dev);
+    if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out", out);
+    if (st == ATTN_OK) st = attn__check_mla_weights(layer, meta, fn, kv_cache, w_uk, w_uv);
+    if (st != ATTN_OK) return st;
+    if (kv_c) { /* every check of the cache write before the backend writes anything */
+        if (!b->slot_mapping)
+            return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA,
+                              "%s: kv_c/k_pe given but the batch has no slot_mapping", fn);
+        st = attn__check_latent_write(layer, fn, kv_c, k_pe, kv_cache, b->slot_mapping,
+                                      b->num_actual_tokens);
+        if (st != ATTN_OK) return st;
+    }
+    return layer->backend->mla_forward(layer->backend, layer, meta, q_nope, q_pe, kv_c, k_pe,
+                                       kv_cache, w_uk, w_uv, out, stream);
+}
+
+/* =======================================================================================
+   >>merge
+   The public LSE merge: validated here, run by the first backend of the platform's
+   priority list that serves the tensors' device.
+   ======================================================================================= */
+
+/* The first backend of the platform's priority list that serves `device` and merges. */
+static const attn_backend *attn__merge_backend(const attn_context *ctx, attn_device_kind device) {
+    int count, i;
+    const attn_backend_id *list = attn__priority_list(ctx->platform.kind, &count);
+    for (i = 0; i < count; i++) {
+        const attn_backend *b = attn_backend_get(list[i]);
+        if (b && b->device == device && b->merge_attn_states) return b;
+    }
+    return NULL;
+}
+
+ATTN_API attn_status attn_merge_attn_states(attn_context *ctx, const attn_tensor *out_a,
+                                            const attn_tensor *lse_a, attn_lse_base base_a,
+                                            const attn_tensor *out_b, const attn_tensor *lse_b,
+                                            attn_lse_base base_b, attn_tensor *out,
+                                            attn_tensor *lse, attn_lse_base base_out,
+                                            void *stream) {
+    const char *fn = "attn_merge_attn_states";
+    const attn_backend *be;
+    int64_t shape[3];
+    attn_device_kind dev;
+    attn_status st;
+    if (!ctx) return attn__null_arg(ctx, __func__, "ctx");
+    if (!out_a) return attn__null_arg(ctx, __func__, "out_a");
+    if (!lse_a) return attn__null_arg(ctx, __func__, "lse_a");
+    if (!out_b) return attn__null_arg(ctx, __func__, "out_b");
+    if (!lse_b) return attn__null_arg(ctx, __func__, "lse_b");
+    if (!out) return attn__null_arg(ctx, __func__, "out");
+    if ((int)base_a < 0 || (int)base_a > 1 || (int)base_b < 0 || (int)base_b > 1 ||
+        (int)base_out < 0 || (int)base_out > 1)
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                          "%s: an LSE base is out of range (%d, %d, %d; allowed: ATTN_LSE_BASE_E, "
+                          "ATTN_LSE_BASE_2)", fn, (int)base_a, (int)base_b, (int)base_out);
+    if (out_a->ndim != 3 || out_a->shape[0] < 0 || out_a->shape[1] <= 0 || out_a->shape[2] <= 0 ||
+        attn_dtype_size(out_a->dtype) == 0)
+        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE,
+                          "%s: out_a must be [tokens, heads, head_size] of f32/f16/bf16 (ndim %d)",
+                          fn, out_a->ndim);
+    dev = out_a->device.kind;
+    be = attn__merge_backend(ctx, dev);
+    if (!be)
+        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_CALL_UNSUPPORTED,
+                          "%s: out_a.device is %s and no registered backend merges there "
+                          "(allowed: a device a backend of this platform serves)", fn,
+                          dev == ATTN_DEVICE_CUDA ? "cuda" : "cpu");
+    shape[0] = out_a->shape[0]; shape[1] = out_a->shape[1]; shape[2] = out_a->shape[2];
+    st = attn__check_tensor(ctx, fn, "out_a", out_a, out_a->dtype, 3, shape, dev);
+    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out_b", out_b, out_a->dtype, 3, shape, dev);
+    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out", out, out_a->dtype, 3, shape, dev);
+    if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out", out);
+    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "lse_a", lse_a, ATTN_DTYPE_F32, 2, shape, dev);
+    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "lse_b", lse_b, ATTN_DTYPE_F32, 2, shape, dev);
+    if (st == ATTN_OK && lse) st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, dev);
+    if (st == ATTN_OK && lse) st = attn__check_output_tensor(ctx, fn, "lse", lse);
+    if (st != ATTN_OK) return st;
+    return be->merge_attn_states(be, ctx, out_a, lse_a, base_a, out_b, lse_b, base_b, out, lse,
+                                 base_out, stream);
+}
+
+/* =======================================================================================
+   >>nvrtc
+   Run-time compilation of the embedded kernels (the .cu files of kernels/, in the
+   generated block at the end of the file): NVRTC loaded like the driver; a variant is (file, options, arch) compiled
+   to CUBIN, cached in memory per context and on disk, keyed by a hash of the sources,
+   options, NVRTC version and arch; disk files are written atomically and checked on read.
+   ======================================================================================= */
+
+/* The generated block at the end of the file: the embedded sources by name / index. */
+static const char *const *attn__kernel_source_lines(const char *name);
+static const char *attn__kernel_source_name(int i);
+
+/* Bumped when the cache file layout changes: old files then miss and are rebuilt. */
+#define ATTN__CUBIN_MAGIC "ATTNCUB1"
+
+typedef struct attn__cubin {
+    uint64_t key;
+    void *data;
+    size_t size;
+    attn_kernel_info info;         /* as first compiled (registers, spills, ...) */
+} attn__cubin;
+
+struct attn__kernel_cache {
+#ifndef ATTN_NO_THREADS
+    pthread_mutex_t lock;          /* held across a compile: one compile per variant */
+#endif
+    attn__cubin *entries;
+    int count, capacity;
+    char dir[512];                 /* "" = memory only */
+    int dir_warned;                /* one WARN for an unwritable directory */
+    int compiles;                  /* NVRTC compilations this context ran */
+};
+
+static uint64_t attn__fnv1a(uint64_t h, const void *data, size_t n) {
+    const unsigned char *p = (const unsigned char *)data;
+    size_t i;
+    for (i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+#define ATTN__FNV_SEED 1469598103934665603ull
+
+/* The source text of an embedded file (lines joined), NULL if there is none. */
+static char *attn__kernel_source_text(const char *name) {
+    const char *const *lines = attn__kernel_source_lines(name);
+    size_t n = 1, i;
+    char *s, *w;
+    if (!lines) return NULL;
+    for (i = 0; lines[i]; i++) n += strlen(lines[i]);
+    s = (char *)attn__malloc(n);
+    if (!s) return NULL;
+    for (w = s, i = 0; lines[i]; i++) {
+        size_t k = strlen(lines[i]);
+        memcpy(w, lines[i], k);
+        w += k;
+    }
+    *w = 0;
+    return s;
+}
+
+/* Where compiled kernels are kept: desc.cache_dir, else ATTN_CACHE_DIR, else
+   $XDG_CACHE_HOME/attn, else $HOME/.cache/attn; "off" keeps them in memory only. */
+static void attn__kernel_cache_dir(const char *given, char *dir, size_t size) {
+    const char *v = given && *given ? given : attn__trim_env("ATTN_CACHE_DIR");
+    dir[0] = 0;
+    if (v) {
+        if (!attn__strieq(v, "off")) attn__strlcpy(dir, v, size);
+        return;
+    }
+    if ((v = attn__trim_env("XDG_CACHE_HOME")) != NULL) attn__fmt(dir, size, "%s/attn", v);
+    else if ((v = attn__trim_env("HOME")) != NULL) attn__fmt(dir, size, "%s/.cache/attn", v);
+}
+
+static void attn__kernel_cache_destroy(struct attn__kernel_cache *kc) {
+    int i;
+    if (!kc) return;
+    for (i = 0; i < kc->count; i++) attn__free(kc->entries[i].data);
+    attn__free(kc->entries);
+#ifndef ATTN_NO_THREADS
+    pthread_mutex_destroy(&kc->lock);
+#endif
+    attn__free(kc);
+}
+
+static struct attn__kernel_cache *attn__kernel_cache_create(const char *dir) {
+    struct attn__kernel_cache *kc = (struct attn__kernel_cache *)attn__calloc(1, sizeof *kc);
+    if (!kc) return NULL;
+#ifndef ATTN_NO_THREADS
+    pthread_mutex_init(&kc->lock, NULL);
+#endif
+    attn__kernel_cache_dir(dir, kc->dir, sizeof kc->dir);
+    return kc;
+}
+
+/* mkdir -p; 0 when the directory exists afterwards. */
+static int attn__mkdirs(const char *path) {
+    char tmp[512];
+    size_t i, n = strlen(path);
+    struct stat st;
+    if (n == 0 || n >= sizeof tmp) return -1;
+    memcpy(tmp, path, n + 1);
+    for (i = 1; i <= n; i++) {
+        if (tmp[i] == '/' || tmp[i] == 0) {
+            char c = tmp[i];
+            tmp[i] = 0;
+            if (stat(tmp, &st) != 0 && mkdir(tmp, 0700) != 0 && errno != EEXIST) return -1;
+            tmp[i] = c;
+        }
+    }
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode) ? 0 : -1;
+}
+
+/* The disk file's fixed header, then `size` bytes of CUBIN. */
+typedef struct attn__cubin_file {
+    char magic[8];
+    uint64_t key, size, checksum;
+    int32_t registers, shared_bytes, spill_stores, spill_loads;
+} attn__cubin_file;
+
+/* Reads a cached CUBIN; 1 hit, 0 absent, -1 present but damaged (then removed). */
+static int attn__cubin_read(const char *path, uint64_t key, attn__cubin *out) {
+    FILE *f = fopen(path, "rb");
+    attn__cubin_file h;
+    void *data = NULL;
+    long len;
+    int ok = 0;
+    if (!f) return 0;
+    if (fread(&h, sizeof h, 1, f) == 1 && memcmp(h.magic, ATTN__CUBIN_MAGIC, 8) == 0 &&
+        h.key == key && h.size > 0 && h.size < ((uint64_t)1 << 31) &&
+        fseek(f, 0, SEEK_END) == 0 && (len = ftell(f)) >= 0 &&
+        (uint64_t)len == sizeof h + h.size && fseek(f, (long)sizeof h, SEEK_SET) == 0 &&
+        (data = attn__malloc((size_t)h.size)) != NULL &&
+        fread(data, (size_t)h.size, 1, f) == 1 &&
+        attn__fnv1a(ATTN__FNV_SEED, data, (size_t)h.size) == h.checksum) {
+        out->data = data;
+        out->size = (size_t)h.size;
+        out->info.registers = h.registers;
+        out->info.shared_bytes = h.shared_bytes;
+        out->info.spill_stores = h.spill_stores;
+        out->info.spill_loads = h.spill_loads;
+        ok = 1;
+    }
+    fclose(f);
+    if (ok) return 1;
+    attn__free(data);
+    remove(path);
+    return -1;
+}
+
+/* Writes atomically (temp file + rename); 0 on success. */
+static int attn__cubin_write(const char *dir, const char *path, const attn__cubin *c) {
+    char tmp[600];
+    static unsigned counter;
+    attn__cubin_file h;
+    FILE *f;
+    int ok;
+    if (attn__mkdirs(dir) != 0) return -1;
+    attn__fmt(tmp, sizeof tmp, "%s.tmp.%ld.%u", path, (long)getpid(), counter++);
+    f = fopen(tmp, "wb");
+    if (!f) return -1;
+    memset(&h, 0, sizeof h);
+    memcpy(h.magic, ATTN__CUBIN_MAGIC, 8);
+    h.key = c->key;
+    h.size = c->size;
+    h.checksum = attn__fnv1a(ATTN__FNV_SEED, c->data, c->size);
+    h.registers = c->info.registers;
+    h.shared_bytes = c->info.shared_bytes;
+    h.spill_stores = c->info.spill_stores;
+    h.spill_loads = c->info.spill_loads;
+    ok = fwrite(&h, sizeof h, 1, f) == 1 && fwrite(c->data, c->size, 1, f) == 1;
+    ok = (fclose(f) == 0) && ok;
+    if (ok && rename(tmp, path) == 0) return 0;
+    remove(tmp);
+    return -1;
+}
+
+/* The ptxas report in an NVRTC log: the most registers and shared memory of any function,
+   the spill bytes of all of them. */
+static void attn__ptxas_info(const char *log, attn_kernel_info *info) {
+    const char *p = log;
+    info->registers = info->shared_bytes = info->spill_stores = info->spill_loads = 0;
+    while ((p = strstr(p, "ptxas info")) != NULL) {
+        const char *eol = strchr(p, '\n');
+        const char *q;
+        char line[256];
+        size_t n = eol ? (size_t)(eol - p) : strlen(p);
+        if (n >= sizeof line) n = sizeof line - 1;
+        memcpy(line, p, n);
+        line[n] = 0;
+        if ((q = strstr(line, "Used ")) != NULL) {
+            int r = atoi(q + 5);
+            if (r > info->registers) info->registers = r;
+            if ((q = strstr(line, "bytes smem")) != NULL) {
+                while (q > line && q[-1] == ' ') q--;
+                while (q > line && q[-1] >= '0' && q[-1] <= '9') q--;
+                if (atoi(q) > info->shared_bytes) info->shared_bytes = atoi(q);
+            }
+        }
+        p += n;
+        if (eol && (q = strstr(eol, "bytes spill stores")) != NULL && q - eol < 200) {
+            const char *s = q, *l;
+            while (s > eol && s[-1] == ' ') s--;
+            while (s > eol && s[-1] >= '0' && s[-1] <= '9') s--;
+            info->spill_stores += atoi(s);
+            if ((l = strstr(q, "bytes spill loads")) != NULL && l - q < 60) {
+                s = l;
+                while (s > q && s[-1] == ' ') s--;
+                while (s > q && s[-1] >= '0' && s[-1] <= '9') s--;
+                info->spill_loads += atoi(s);
+            }
+        }
+    }
+}
+
+static double attn__now_ms(void) {
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    return (double)tv.tv_sec * 1e3 + (double)tv.tv_usec * 1e-3;
+}
+
+/* Splits `options` (space-separated) into argv, after the fixed options. */
+static int attn__split_options(char *buf, const char **argv, int max) {
+    int n = 0;
+    char *p = buf;
+    while (*p && n < max) {
+        while (*p == ' ') *p++ = 0;
+        if (!*p) break;
+        argv[n++] = p;
+        while (*p && *p != ' ') p++;
+    }
+    return n;
+}
+
+/* Compiles (or finds) one variant; *out points into the context's cache. Caller holds
+   the cache lock. */
+static attn_status attn__kernel_get_locked(attn_context *ctx, const char *file, const char *options,
+                                          const char *arch, const attn__cubin **out, int *source) {
+    struct attn__kernel_cache *kc = ctx->kernels;
+    attn__nvrtc *nv = ctx->nvrtc;
+    const char *fn = "attn_kernel_compile";
+    const char *argv[72], *hdr_src[32], *hdr_name[32];
+    char *text = NULL, *hdr_text[32], opt_buf[1024], arch_opt[48], path[600];
+    int nh = 0, argc, i, major = nv->major, minor = nv->minor;
+    uint64_t key = ATTN__FNV_SEED;
+    attn__cubin c;
+    attn__nvrtcProgram prog = NULL;
+    attn_status st = ATTN_OK;
+    double t0;
+    memset(&c, 0, sizeof c);
+    text = attn__kernel_source_text(file);
+    if (!text)
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                          "%s: kernel '%s' is not embedded (allowed: a kernels/*.cu file name)", fn, file);
+    /* every embedded header is offered to the program; the key covers them all */
+    for (i = 0; attn__kernel_source_name(i) && nh < 32; i++) {
+        const char *name = attn__kernel_source_name(i);
+        size_t k = strlen(name);
+        if (k > 4 && strcmp(name + k - 4, ".cuh") == 0) {
+            hdr_text[nh] = attn__kernel_source_text(name);
+            if (!hdr_text[nh]) { st = ATTN_ERROR_OUT_OF_MEMORY; break; }
+            hdr_name[nh] = name;
+            hdr_src[nh] = hdr_text[nh];
+            key = attn__fnv1a(key, hdr_text[nh], strlen(hdr_text[nh]) + 1);
+            nh++;
+        }
+    }
+    key = attn__fnv1a(key, text, strlen(text) + 1);
+    key = attn__fnv1a(key, file, strlen(file) + 1);
+    key = attn__fnv1a(key, options, strlen(options) + 1);
+    key = attn__fnv1a(key, arch, strlen(arch) + 1);
+    key = attn__fnv1a(key, &major, sizeof major);
+    key = attn__fnv1a(key, &minor, sizeof minor);
+    key = attn__fnv1a(key, ATTN__CUBIN_MAGIC, 8);
+    for (i = 0; st == ATTN_OK && i < kc->count; i++)
+        if (kc->entries[i].key == key) {
+            *out = &kc->entries[i];
+            *source = ATTN_KERNEL_FROM_MEMORY;
+            goto done;
+        }
+    if (st == ATTN_OK && kc->count == kc->capacity) {
+        int cap = kc->capacity ? 2 * kc->capacity : 16;
+        attn__cubin *n = (attn__cubin *)ATTN_REALLOC(kc->entries, (size_t)cap * sizeof *n);
+        if (!n) st = ATTN_ERROR_OUT_OF_MEMORY;
+        else { kc->entries = n; kc->capacity = cap; }
+    }
+    if (st != ATTN_OK) {
+        st = attn__fail(ctx, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
+                        "%s: out of memory for kernel '%s'", fn, file);
+        goto done;
+    }
+    c.key = key;
+    attn__strlcpy(c.info.kernel, file, sizeof c.info.kernel);
+    attn__strlcpy(c.info.arch, arch, sizeof c.info.arch);
+    if (kc->dir[0]) {
+        int r;
+        attn__fmt(path, sizeof path, "%s/%016llx.cubin", kc->dir, (unsigned long long)key);
+        r = attn__cubin_read(path, key, &c);
+        if (r > 0) {
+            *source = ATTN_KERNEL_FROM_DISK;
+            c.info.source = ATTN_KERNEL_FROM_DISK;
+            kc->entries[kc->count] = c;
+            *out = &kc->entries[kc->count++];
+            attn__log(ctx, ATTN_LOG_LEVEL_DEBUG, ATTN_LOG_KERNEL_CACHE_HIT, "kernel %s [%s] %s from %s",
+                      file, options, arch, path);
+            goto done;
+        }
+        if (r < 0)
+            attn__log(ctx, ATTN_LOG_LEVEL_WARN, ATTN_LOG_KERNEL_CACHE_FAULT,
+                      "kernel cache file %s was damaged (truncated or corrupt); rebuilding it", path);
+    }
+    /* compile */
+    attn__fmt(arch_opt, sizeof arch_opt, "--gpu-architecture=%s", arch);
+    attn__strlcpy(opt_buf, options, sizeof opt_buf);
+    argv[0] = arch_opt;
+    argv[1] = "--ptxas-options=-v";
+    argv[2] = "--std=c++17";
+    argc = 3 + attn__split_options(opt_buf, argv + 3, 64);
+    t0 = attn__now_ms();
+    if (nv->nvrtcCreateProgram(&prog, text, file, nh, hdr_src, hdr_name) != 0) {
+        st = attn__fail(ctx, ATTN_ERROR_PLATFORM, ATTN_LOG_KERNEL_COMPILE_FAILED,
+                        "%s: nvrtcCreateProgram failed for %s", fn, file);
+        goto done;
+    }
+    {
+        int rc = nv->nvrtcCompileProgram(prog, argc, argv);
+        size_t log_size = 0;
+        char *log = NULL;
+        if (nv->nvrtcGetProgramLogSize(prog, &log_size) == 0 && log_size > 0 &&
+            (log = (char *)attn__malloc(log_size + 1)) != NULL &&
+            nv->nvrtcGetProgramLog(prog, log) == 0) {
+            log[log_size] = 0;
+            attn__ptxas_info(log, &c.info);
+            attn__strlcpy(c.info.log, log, sizeof c.info.log);
+        }
+        if (rc != 0) {
+            st = attn__fail(ctx, ATTN_ERROR_PLATFORM, ATTN_LOG_KERNEL_COMPILE_FAILED,
+                            "%s: NVRTC could not compile %s [%s] for %s (result %d): %s", fn, file,
+                            options, arch, rc, log ? log : "(no log)");
+            attn__free(log);
+            goto done;
+        }
+        attn__free(log);
+    }
+    if (nv->nvrtcGetCUBINSize(prog, &c.size) != 0 || c.size == 0 ||
+        (c.data = attn__malloc(c.size)) == NULL || nv->nvrtcGetCUBIN(prog, (char *)c.data) != 0) {
+        st = attn__fail(ctx, ATTN_ERROR_PLATFORM, ATTN_LOG_KERNEL_COMPILE_FAILED,
+                        "%s: no CUBIN from NVRTC for %s for %s", fn, file, arch);
+        attn__free(c.data);
+        goto done;
+    }
+    c.info.compile_ms = attn__now_ms() - t0;
+    *source = ATTN_KERNEL_COMPILED;
+    c.info.source = ATTN_KERNEL_COMPILED;
+    kc->compiles++;
+    attn__log(ctx, ATTN_LOG_LEVEL_INFO, ATTN_LOG_KERNEL_COMPILED,
+              "compiled kernel %s [%s] for %s in %.0f ms (%d registers, %d bytes shared, %d/%d "
+              "bytes spilled)", file, options, arch, c.info.compile_ms, c.info.registers,
+              c.info.shared_bytes, c.info.spill_stores, c.info.spill_loads);
+    if (kc->dir[0] && attn__cubin_write(kc->dir, path, &c) != 0 && !kc->dir_warned) {
+        kc->dir_warned = 1;
+        attn__log(ctx, ATTN_LOG_LEVEL_WARN, ATTN_LOG_KERNEL_CACHE_FAULT,
+                  "kernel cache directory %s is not writable; compiled kernels stay in memory "
+                  "(set ATTN_CACHE_DIR to a writable directory, or off)", kc->dir);
+    }
+    kc->entries[kc->count] = c;
+    *out = &kc->entries[kc->count++];
+done:
+    if (prog) nv->nvrtcDestroyProgram(&prog);
+    for (i = 0; i < nh; i++) attn__free(hdr_text[i]);
+    attn__free(text);
+    return st;
+}
+
+static attn_status attn__kernel_get(attn_context *ctx, const char *file, const char *options,
+                                    const char *arch, const attn__cubin **out, int *source) {
+    attn_status st;
+#ifndef ATTN_NO_THREADS
+    pthread_mutex_lock(&ctx->kernels->lock);
+#endif
+    st = attn__kernel_get_locked(ctx, file, options, arch, out, source);
+#ifndef ATTN_NO_THREADS
+    pthread_mutex_unlock(&ctx->kernels->lock);
+#endif
+    return st;
+}
+
+/* sm_NN or sm_NNa with 50 <= NN <= 199. */
+static int attn__arch_ok(const char *arch) {
+    size_t n = strlen(arch);
+    if (n < 5 || n > 7 || strncmp(arch, "sm_", 3) != 0) return 0;
+    if (arch[n - 1] == 'a') n--;
+    if (n - 3 < 2 || n - 3 > 3) return 0;
+    {
+        size_t i;
+        for (i = 3; i < n; i++) if (arch[i] < '0' || arch[i] > '9') return 0;
+    }
+    return atoi(arch + 3) >= 50 && atoi(arch + 3) <= 199;
+}
+
+ATTN_API attn_status attn_kernel_compile(attn_context *ctx, const char *kernel, const char *options,
+                                         const char *arch, attn_kernel_info *info) {
+    const attn__cubin *c = NULL;
+    attn_status st;
+    int source = 0;
+    if (!ctx) return attn__null_arg(ctx, __func__, "ctx");
+    if (!kernel) return attn__null_arg(ctx, __func__, "kernel");
+    if (!arch) return attn__null_arg(ctx, __func__, "arch");
+    if (!options) options = "";
+    if (!attn__arch_ok(arch))
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                          "attn_kernel_compile: arch is '%s' (allowed: sm_NN or sm_NNa, e.g. sm_80, "
+                          "sm_90, sm_90a)", arch);
+    if (strlen(options) >= 1000)
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                          "attn_kernel_compile: options are %zu characters (allowed: fewer than 1000)",
+                          strlen(options));
+    if (!ctx->nvrtc || !ctx->nvrtc->library)
+        return attn__fail(ctx, ATTN_ERROR_PLATFORM, ATTN_LOG_PLATFORM_ERROR,
+                          "attn_kernel_compile: NVRTC is not available (%s)", ctx->platform.nvrtc_reason);
+    st = attn__kernel_get(ctx, kernel, options, arch, &c, &source);
+    if (st == ATTN_OK && info) {
+        *info = c->info;
+        info->cubin_bytes = c->size;
+        info->source = (attn_kernel_source)source;
+    }
+    return st;
+}
+
+ATTN_API int attn_kernel_compile_count(const attn_context *ctx) {
+    return ctx && ctx->kernels ? ctx->kernels->compiles : 0;
 }
 
 /* >>kernels-begin (generated by tools/embed from kernels/; do not edit) */
-/* 0 kernel source file(s) */
+static const char *const attn__kernel_src_util_cu[] = {
+    "// util.cu — small device utilities the library launches itself: filling buffers (the\n",
+    "// tests poison outputs with NaN before every GPU run; workspaces are cleared with it).\n",
+    "// Header-free on purpose: NVRTC has no include path (DESIGN.md).\n",
+    "\n",
+    "typedef unsigned int attn_u32;\n",
+    "typedef unsigned long long attn_u64;\n",
+    "\n",
+    "// Writes `value` (a 32-bit pattern) to n words, 16 bytes per store: dst must be 16-byte\n",
+    "// aligned (cuMemAlloc gives 256).\n",
+    "extern \"C\" __global__ void attn_fill_u32(attn_u32 *dst, attn_u64 n, attn_u32 value) {\n",
+    "    attn_u64 i = ((attn_u64)blockIdx.x * blockDim.x + threadIdx.x) * 4;\n",
+    "    attn_u64 stride = (attn_u64)gridDim.x * blockDim.x * 4;\n",
+    "    for (; i + 4 <= n; i += stride) {\n",
+    "        uint4 v;\n",
+    "        v.x = v.y = v.z = v.w = value;\n",
+    "        *(uint4 *)(dst + i) = v;\n",
+    "    }\n",
+    "    for (; i < n; i++) dst[i] = value; // the tail (< 4 words) of the last thread\n",
+    "}\n",
+    "\n",
+    "// The same for 16-bit patterns (f16/bf16 buffers).\n",
+    "extern \"C\" __global__ void attn_fill_u16(unsigned short *dst, attn_u64 n, unsigned short value) {\n",
+    "    attn_u64 i = (attn_u64)blockIdx.x * blockDim.x + threadIdx.x;\n",
+    "    attn_u64 stride = (attn_u64)gridDim.x * blockDim.x;\n",
+    "    for (; i < n; i += stride) dst[i] = value;\n",
+    "}\n",
+    0};
+/* 1 kernel source file(s); the lookup is declared in >>nvrtc */
+static const struct { const char *name; const char *const *lines; } attn__kernel_sources[] = {
+    {"util.cu", attn__kernel_src_util_cu},
+    {0, 0}};
+static const char *attn__kernel_source_name(int i) {
+    return i >= 0 && i < (int)(sizeof attn__kernel_sources / sizeof attn__kernel_sources[0]) ? attn__kernel_sources[i].name : 0;
+}
+static const char *const *attn__kernel_source_lines(const char *name) {
+    int i;
+    for (i = 0; attn__kernel_sources[i].name; i++)
+        if (strcmp(attn__kernel_sources[i].name, name) == 0) return attn__kernel_sources[i].lines;
+    return 0;
+}
 /* >>kernels-end */
 
 #endif /* ATTN_IMPLEMENTATION_DONE */

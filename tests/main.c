@@ -1,6 +1,17 @@
 /* The test runner: the implementations of attn.h, of the harness and of the shared
    fixtures live here; each tests/test_*.c file contributes one or more suites,
    registered explicitly below. */
+#include <stdlib.h>
+
+/* Every allocation of the library is counted, so a test can prove that build and forward
+   allocate nothing after create (tests/test_seam.c). */
+long attn_test_allocations;
+static void *attn_test_malloc(size_t n) { attn_test_allocations++; return malloc(n); }
+static void *attn_test_realloc(void *p, size_t n) { attn_test_allocations++; return realloc(p, n); }
+#define ATTN_MALLOC(sz) attn_test_malloc(sz)
+#define ATTN_REALLOC(p, sz) attn_test_realloc(p, sz)
+#define ATTN_FREE(p) free(p)
+
 #define ATTN_IMPLEMENTATION
 #include "attn.h"
 #define ATTN_TEST_IMPLEMENTATION
@@ -16,6 +27,9 @@ void suite_selector(void);   /* tests/test_selector.c */
 void suite_validation(void); /* tests/test_validation.c */
 void suite_regress(void);    /* tests/test_regress.c */
 void suite_mla(void);        /* tests/test_mla.c */
+void suite_seam(void);       /* tests/test_seam.c */
+void suite_defects(void);    /* tests/test_defects.c */
+void suite_nvrtc(void);      /* tests/test_nvrtc.c */
 
 int main(int argc, char **argv) {
     /* Optional filter: run only suites whose name contains argv[1]. */
@@ -27,6 +41,9 @@ int main(int argc, char **argv) {
     SUITE(suite_validation);
     SUITE(suite_regress);
     SUITE(suite_mla);
+    SUITE(suite_seam);
+    SUITE(suite_defects);
+    SUITE(suite_nvrtc);
 #undef SUITE
     return attn_test_summary();
 }

@@ -292,7 +292,7 @@ static fresult run_case(const fcase *c, rng *r, int keep_out) {
     shape[0] = nctx; shape[1] = HK; shape[2] = D;
     tkc = attn_tensor_make(kc, c->dtype, 3, shape);
     tvc = attn_tensor_make(vc, c->dtype, 3, shape);
-    if (nctx > 0) EXPECT_OK(attn_reshape_and_cache(layer, &tkc, &tvc, &tcache, ctx_slots, nctx));
+    if (nctx > 0) EXPECT_OK(attn_reshape_and_cache(layer, &tkc, &tvc, &tcache, ctx_slots, nctx, NULL));
 
     /* new tokens: q, k, v rows in batch order, padding rows at the end */
     {
@@ -329,7 +329,7 @@ static fresult run_case(const fcase *c, rng *r, int keep_out) {
         tlse = attn_tensor_make(lse, ATTN_DTYPE_F32, 2, shape);
     }
     if (!c->write_in_forward && ntok > 0)
-        EXPECT_OK(attn_reshape_and_cache(layer, &tk, &tv, &tcache, slots, ntok));
+        EXPECT_OK(attn_reshape_and_cache(layer, &tk, &tv, &tcache, slots, ntok, NULL));
 
     memset(&md, 0, sizeof md);
     md.max_num_reqs = c->num_reqs + 1;

@@ -510,7 +510,7 @@ static int world_init(mworld *w, const mcfg *cfg) {
         tkc = attn_tensor_make(kc, c->dt, 2, shape);
         shape[1] = ROPE;
         tkp = attn_tensor_make(kp, c->dt, 2, shape);
-        EXPECT_OK(attn_concat_and_cache_mla(w->layer, &tkc, &tkp, &w->t_cache, cs, nctx));
+        EXPECT_OK(attn_concat_and_cache_mla(w->layer, &tkc, &tkp, &w->t_cache, cs, nctx, NULL));
         free(kc);
         free(kp);
         free(cs);
@@ -537,7 +537,7 @@ static int world_init(mworld *w, const mcfg *cfg) {
         tkc = attn_tensor_make(w->kvc_raw, c->dt, 2, shape);
         shape[1] = ROPE;
         tkp = attn_tensor_make(w->kpe_raw, c->dt, 2, shape);
-        EXPECT_OK(attn_concat_and_cache_mla(w->layer, &tkc, &tkp, &w->t_cache, w->slots, w->ntok));
+        EXPECT_OK(attn_concat_and_cache_mla(w->layer, &tkc, &tkp, &w->t_cache, w->slots, w->ntok, NULL));
     }
 
     /* the heads checked in float64: all, or nref spread over [0, H) with both ends */
@@ -1757,7 +1757,7 @@ ATTN_TEST(test_mla_merge_shards) {
                 attn_tensor tb = t3(res.lat + (size_t)(first + s) * HR, ATTN_DTYPE_F32, 1, H, R);
                 attn_tensor tlb = t2(res.lse + (size_t)(first + s) * H, 1, H);
                 EXPECT_OK(attn_merge_attn_states(w.ctx, &ta, &tla, ATTN_LSE_BASE_E, &tb, &tlb,
-                                                 ATTN_LSE_BASE_E, &ta, &tla, ATTN_LSE_BASE_E));
+                                                 ATTN_LSE_BASE_E, &ta, &tla, ATTN_LSE_BASE_E, NULL));
             }
             for (x = 0; x < HR; x++)
                 if (!attn_test_near(acc[x], res.lat[(size_t)6 * HR + x], 2e-6, 2e-5)) {
@@ -1807,7 +1807,7 @@ ATTN_TEST(test_mla_merge_shards) {
             poison(oe, ATTN_DTYPE_F32, (size_t)HR);
             poison(le, ATTN_DTYPE_F32, (size_t)H);
             EXPECT_OK(attn_merge_attn_states(w.ctx, &ta, &tla, ATTN_LSE_BASE_E, &tb, &tlb, ATTN_LSE_BASE_E,
-                                             &toe, &tle, ATTN_LSE_BASE_E));
+                                             &toe, &tle, ATTN_LSE_BASE_E, NULL));
             for (combo = 0; combo < 4; combo++) {
                 /* 0: 2+2 -> e, 1: 2+e -> 2, 2: e+2 -> e, 3: 2+2 -> 2 */
                 attn_lse_base ba = combo == 2 ? ATTN_LSE_BASE_E : ATTN_LSE_BASE_2;
@@ -1816,7 +1816,7 @@ ATTN_TEST(test_mla_merge_shards) {
                 poison(o2, ATTN_DTYPE_F32, (size_t)HR);
                 poison(l2, ATTN_DTYPE_F32, (size_t)H);
                 EXPECT_OK(attn_merge_attn_states(w.ctx, &ta, ba == ATTN_LSE_BASE_2 ? &tla2 : &tla, ba, &tb,
-                                                 bb == ATTN_LSE_BASE_2 ? &tlb2 : &tlb, bb, &to2, &tl2, bo));
+                                                 bb == ATTN_LSE_BASE_2 ? &tlb2 : &tlb, bb, &to2, &tl2, bo, NULL));
                 for (x = 0; x < HR; x++)
                     if (!attn_test_near(o2[x], oe[x], 1e-6, 1e-5)) {
                         attn_test_fail(__FILE__, __LINE__,
@@ -1876,7 +1876,7 @@ ATTN_TEST(test_mla_merge_edges) {
 
     /* float64 check of the formula, row by row */
     EXPECT_OK(attn_merge_attn_states(ctx, &ta, &tla, ATTN_LSE_BASE_E, &tb, &tlb, ATTN_LSE_BASE_E, &tr, &tlr,
-                                     ATTN_LSE_BASE_E));
+                                     ATTN_LSE_BASE_E, NULL));
     for (i = 0; i < T * H; i++) {
         double m = la[i] > lb[i] ? la[i] : lb[i], wa = exp(la[i] - m), wb = exp(lb[i] - m);
         EXPECT_NEAR(lref[i], m + log(wa + wb), 1e-5, 1e-6);
@@ -1891,12 +1891,12 @@ ATTN_TEST(test_mla_merge_edges) {
         memcpy(ca, oa, (size_t)n * sizeof(float));
         memcpy(cla, la, sizeof cla);
         EXPECT_OK(attn_merge_attn_states(ctx, &tca, &tcla, ATTN_LSE_BASE_E, &tb, &tlb, ATTN_LSE_BASE_E, &tca,
-                                         &tcla, ATTN_LSE_BASE_E));
+                                         &tcla, ATTN_LSE_BASE_E, NULL));
         EXPECT_TRUE(memcmp(ca, ref, (size_t)n * sizeof(float)) == 0);
         EXPECT_TRUE(memcmp(cla, lref, sizeof cla) == 0);
         memcpy(ca, ob, (size_t)n * sizeof(float));
         EXPECT_OK(attn_merge_attn_states(ctx, &ta, &tla, ATTN_LSE_BASE_E, &tca, &tlb, ATTN_LSE_BASE_E, &tca,
-                                         NULL, ATTN_LSE_BASE_E));
+                                         NULL, ATTN_LSE_BASE_E, NULL));
         EXPECT_TRUE(memcmp(ca, ref, (size_t)n * sizeof(float)) == 0);
         free(ca);
     }
@@ -1909,7 +1909,7 @@ ATTN_TEST(test_mla_merge_edges) {
         poison(oo, ATTN_DTYPE_F32, (size_t)n);
         poison(lo, ATTN_DTYPE_F32, 15);
         EXPECT_OK(attn_merge_attn_states(ctx, &ta, &tla, ATTN_LSE_BASE_E, &tg, &tinf, ATTN_LSE_BASE_E, &to,
-                                         &tlo, ATTN_LSE_BASE_E));
+                                         &tlo, ATTN_LSE_BASE_E, NULL));
         for (x = 0; x < n; x++)
             if (!attn_test_near(oo[x], oa[x], 1e-7, 1e-6)) {
                 attn_test_fail(__FILE__, __LINE__, "empty b (%s): out[%d] = %g, a %g", i ? "NaN" : "finite",
@@ -1920,7 +1920,7 @@ ATTN_TEST(test_mla_merge_edges) {
         if (i == 0) {
             poison(oo, ATTN_DTYPE_F32, (size_t)n);
             EXPECT_OK(attn_merge_attn_states(ctx, &tg, &tinf, ATTN_LSE_BASE_2, &tb, &tlb, ATTN_LSE_BASE_E,
-                                             &to, &tlo, ATTN_LSE_BASE_E));
+                                             &to, &tlo, ATTN_LSE_BASE_E, NULL));
             for (x = 0; x < n; x++)
                 if (!attn_test_near(oo[x], ob[x], 1e-7, 1e-6)) {
                     attn_test_fail(__FILE__, __LINE__, "empty a: out[%d] = %g, b %g", x, (double)oo[x],
@@ -1933,7 +1933,7 @@ ATTN_TEST(test_mla_merge_edges) {
         poison(oo, ATTN_DTYPE_F32, (size_t)n);
         poison(lo, ATTN_DTYPE_F32, 15);
         EXPECT_OK(attn_merge_attn_states(ctx, &tg, &tinf, ATTN_LSE_BASE_E, &tg, &tinf, ATTN_LSE_BASE_2, &to,
-                                         &tlo, i ? ATTN_LSE_BASE_2 : ATTN_LSE_BASE_E));
+                                         &tlo, i ? ATTN_LSE_BASE_2 : ATTN_LSE_BASE_E, NULL));
         for (x = 0; x < n; x++)
             if (oo[x] != 0.0f) {
                 attn_test_fail(__FILE__, __LINE__, "both empty: out[%d] = %g", x, (double)oo[x]);
@@ -1956,7 +1956,7 @@ ATTN_TEST(test_mla_merge_edges) {
             }
             poison(ho, dt, (size_t)n);
             EXPECT_OK(attn_merge_attn_states(ctx, &tha, &tla, ATTN_LSE_BASE_E, &thb, &tlb, ATTN_LSE_BASE_E,
-                                             &tho, NULL, ATTN_LSE_BASE_E));
+                                             &tho, NULL, ATTN_LSE_BASE_E, NULL));
             for (x = 0; x < n; x++)
                 if (!attn_test_near(get(ho, dt, (size_t)x), ref[x], 2e-2, 1e-2)) {
                     attn_test_fail(__FILE__, __LINE__, "%s merge: out[%d] = %g, f32 %g", attn_dtype_name(dt),
@@ -1966,7 +1966,7 @@ ATTN_TEST(test_mla_merge_edges) {
             /* mixed dtypes are rejected and nothing is written */
             poison(oo, ATTN_DTYPE_F32, (size_t)n);
             EXPECT_STATUS(attn_merge_attn_states(ctx, &tha, &tla, ATTN_LSE_BASE_E, &tb, &tlb, ATTN_LSE_BASE_E,
-                                                 &to, NULL, ATTN_LSE_BASE_E),
+                                                 &to, NULL, ATTN_LSE_BASE_E, NULL),
                           ATTN_ERROR_SHAPE_MISMATCH);
             for (x = 0; x < n; x++)
                 if (oo[x] == oo[x]) {
@@ -1982,16 +1982,16 @@ ATTN_TEST(test_mla_merge_edges) {
     {
         attn_tensor small = t3(ob, ATTN_DTYPE_F32, T, H, D - 8), lsmall = t2(lb, T, H - 1);
         EXPECT_STATUS(attn_merge_attn_states(ctx, &ta, &tla, ATTN_LSE_BASE_E, &small, &tlb, ATTN_LSE_BASE_E,
-                                             &to, NULL, ATTN_LSE_BASE_E),
+                                             &to, NULL, ATTN_LSE_BASE_E, NULL),
                       ATTN_ERROR_SHAPE_MISMATCH);
         EXPECT_STATUS(attn_merge_attn_states(ctx, &ta, &tla, ATTN_LSE_BASE_E, &tb, &lsmall, ATTN_LSE_BASE_E,
-                                             &to, NULL, ATTN_LSE_BASE_E),
+                                             &to, NULL, ATTN_LSE_BASE_E, NULL),
                       ATTN_ERROR_SHAPE_MISMATCH);
         EXPECT_STATUS(attn_merge_attn_states(ctx, &ta, &tla, (attn_lse_base)2, &tb, &tlb, ATTN_LSE_BASE_E,
-                                             &to, NULL, ATTN_LSE_BASE_E),
+                                             &to, NULL, ATTN_LSE_BASE_E, NULL),
                       ATTN_ERROR_INVALID_VALUE);
         EXPECT_STATUS(attn_merge_attn_states(ctx, &ta, NULL, ATTN_LSE_BASE_E, &tb, &tlb, ATTN_LSE_BASE_E, &to,
-                                             NULL, ATTN_LSE_BASE_E),
+                                             NULL, ATTN_LSE_BASE_E, NULL),
                       ATTN_ERROR_NULL_ARGUMENT);
     }
     free(oa);
@@ -2029,10 +2029,10 @@ ATTN_TEST(test_mla_merge_empty_nan) {
         poison(lo, ATTN_DTYPE_F32, 4);
         if (side == 0) /* empty b */
             EXPECT_OK(attn_merge_attn_states(ctx, &tv, &tlv, ATTN_LSE_BASE_E, &tg, &tlg, ATTN_LSE_BASE_E, &to,
-                                             &tlo, ATTN_LSE_BASE_E));
+                                             &tlo, ATTN_LSE_BASE_E, NULL));
         else /* empty a */
             EXPECT_OK(attn_merge_attn_states(ctx, &tg, &tlg, ATTN_LSE_BASE_E, &tv, &tlv, ATTN_LSE_BASE_E, &to,
-                                             &tlo, ATTN_LSE_BASE_E));
+                                             &tlo, ATTN_LSE_BASE_E, NULL));
         for (x = 0; x < n && !bad; x++)
             if (!attn_test_near(oo[x], ov[x], 1e-7, 1e-6)) {
                 attn_test_fail(
@@ -2341,7 +2341,7 @@ ATTN_TEST(test_mla_reject_layers) {
     d = mla_desc(16, 576, 500);
     attn_test_log_reset(&cap);
     EXPECT_STATUS(attn_layer_create(ctx, &d, NULL, &layer), ATTN_ERROR_INVALID_VALUE);
-    EXPECT_TRUE(attn_test_log_has(&cap, ATTN_LOG_INVALID_ARGUMENT, ATTN_LOG_LEVEL_ERROR));
+    EXPECT_TRUE(attn_test_log_has(&cap, ATTN_LOG_INVALID_DESC, ATTN_LOG_LEVEL_ERROR));
     d = mla_desc(16, 320, 512);
     EXPECT_STATUS(attn_layer_create(ctx, &d, NULL, &layer), ATTN_ERROR_INVALID_VALUE);
     /* more than one KV head */
@@ -2502,7 +2502,7 @@ ATTN_TEST(test_mla_reject_calls) {
         attn_test_log_reset(&wcap);
         EXPECT_STATUS(attn_mla_forward_mqa(w.layer, meta, &tq_bad, NULL, &w.t_cache, &to, &tl, NULL),
                       ATTN_ERROR_SHAPE_MISMATCH);
-        EXPECT_TRUE(attn_test_log_has(&wcap, ATTN_LOG_INVALID_ARGUMENT, ATTN_LOG_LEVEL_ERROR));
+        EXPECT_TRUE(attn_test_log_has(&wcap, ATTN_LOG_TENSOR_SHAPE, ATTN_LOG_LEVEL_ERROR));
         EXPECT_STATUS(attn_mla_forward_mqa(w.layer, meta, &tq, &tqpe, &w.t_cache, &to, &tl, NULL),
                       ATTN_ERROR_SHAPE_MISMATCH);
         EXPECT_STATUS(attn_mla_forward_mqa(w.layer, meta, &tqlat, &tqpe_bad, &w.t_cache, &to, &tl, NULL),
@@ -2637,23 +2637,23 @@ ATTN_TEST(test_mla_reject_calls) {
             slots[2] = (int64_t)w.nblocks * c.bs;
             for (x = 0; x < (int)w.cache_elems; x++) cache_copy[x] = ((float *)w.cache)[x];
             attn_test_log_reset(&wcap);
-            EXPECT_STATUS(attn_concat_and_cache_mla(w.layer, &tkc, &tkp, &w.t_cache, slots, 3),
+            EXPECT_STATUS(attn_concat_and_cache_mla(w.layer, &tkc, &tkp, &w.t_cache, slots, 3, NULL),
                           ATTN_ERROR_INVALID_VALUE);
-            EXPECT_TRUE(attn_test_log_has(&wcap, ATTN_LOG_INVALID_ARGUMENT, ATTN_LOG_LEVEL_ERROR));
+            EXPECT_TRUE(attn_test_log_has(&wcap, ATTN_LOG_INVALID_SLOT, ATTN_LOG_LEVEL_ERROR));
             slots[2] = -2;
-            EXPECT_STATUS(attn_concat_and_cache_mla(w.layer, &tkc, &tkp, &w.t_cache, slots, 3),
+            EXPECT_STATUS(attn_concat_and_cache_mla(w.layer, &tkc, &tkp, &w.t_cache, slots, 3, NULL),
                           ATTN_ERROR_INVALID_VALUE);
             slots[2] = 7;
-            EXPECT_STATUS(attn_concat_and_cache_mla(w.layer, &tkc_bad, &tkp, &w.t_cache, slots, 3),
+            EXPECT_STATUS(attn_concat_and_cache_mla(w.layer, &tkc_bad, &tkp, &w.t_cache, slots, 3, NULL),
                           ATTN_ERROR_SHAPE_MISMATCH);
-            EXPECT_STATUS(attn_concat_and_cache_mla(w.layer, &tkc, &tkp, &w.t_cache, slots, -1),
+            EXPECT_STATUS(attn_concat_and_cache_mla(w.layer, &tkc, &tkp, &w.t_cache, slots, -1, NULL),
                           ATTN_ERROR_INVALID_VALUE);
             EXPECT_TRUE(memcmp(cache_copy, w.cache, w.cache_elems * sizeof(float)) == 0);
             /* -1 skips; the others land */
             slots[0] = -1;
             slots[1] = 3;
             slots[2] = -1;
-            EXPECT_OK(attn_concat_and_cache_mla(w.layer, &tkc, &tkp, &w.t_cache, slots, 3));
+            EXPECT_OK(attn_concat_and_cache_mla(w.layer, &tkc, &tkp, &w.t_cache, slots, 3, NULL));
             EXPECT_TRUE(memcmp(cache_copy, w.cache, (size_t)3 * D * sizeof(float)) == 0);
             for (x = 0; x < R; x++)
                 EXPECT_TRUE(((float *)w.cache)[(size_t)3 * D + x] == ((float *)w.kvc_raw)[R + x]);
@@ -2663,7 +2663,7 @@ ATTN_TEST(test_mla_reject_calls) {
                                (w.cache_elems - (size_t)4 * D) * sizeof(float)) == 0);
             /* on a standard layer */
             if (std_layer)
-                EXPECT_STATUS(attn_concat_and_cache_mla(std_layer, &tkc, &tkp, &tsc, slots, 3),
+                EXPECT_STATUS(attn_concat_and_cache_mla(std_layer, &tkc, &tkp, &tsc, slots, 3, NULL),
                               ATTN_ERROR_UNSUPPORTED);
         }
         /* metadata: unbuilt; of an MLA layer of another shape; no slot_mapping for a write;
@@ -2690,7 +2690,7 @@ ATTN_TEST(test_mla_reject_calls) {
                     attn_test_log_reset(&wcap);
                     EXPECT_STATUS(attn_metadata_create(w.layer, &md, &mb), ATTN_ERROR_INVALID_VALUE);
                     EXPECT_TRUE(mb == NULL);
-                    EXPECT_TRUE(attn_test_log_has(&wcap, ATTN_LOG_INVALID_ARGUMENT, ATTN_LOG_LEVEL_ERROR));
+                    EXPECT_TRUE(attn_test_log_has(&wcap, ATTN_LOG_INVALID_DESC, ATTN_LOG_LEVEL_ERROR));
                     attn_metadata_destroy(mb);
                 }
                 md.decode_threshold = 0;
@@ -2702,7 +2702,7 @@ ATTN_TEST(test_mla_reject_calls) {
                 attn_tensor tqn, tqp, tof, tkc, tkp;
                 attn_test_log_reset(&wcap);
                 EXPECT_STATUS(attn_metadata_mla_info(m0, &i0), ATTN_ERROR_INVALID_METADATA);
-                EXPECT_TRUE(attn_test_log_has(&wcap, ATTN_LOG_INVALID_METADATA, ATTN_LOG_LEVEL_ERROR));
+                EXPECT_TRUE(attn_test_log_has(&wcap, ATTN_LOG_METADATA_MISMATCH, ATTN_LOG_LEVEL_ERROR));
                 b.slot_mapping = NULL;
                 EXPECT_OK(attn_metadata_build(m0, 0, &b, 0));
                 s2[0] = w.ntok;
@@ -2768,17 +2768,17 @@ ATTN_TEST(test_mla_reject_calls) {
                 attn_mla_forward_mha(std_layer, std_meta, &tq, &tsc, &w.t_wuk, &w.t_wuv, &to, NULL, NULL),
                 ATTN_ERROR_UNSUPPORTED);
             EXPECT_STATUS(attn_metadata_mla_info(std_meta, &info2), ATTN_ERROR_UNSUPPORTED);
-            EXPECT_TRUE(attn_test_log_has(&cap, ATTN_LOG_INVALID_ARGUMENT, ATTN_LOG_LEVEL_ERROR));
+            EXPECT_TRUE(attn_test_log_has(&cap, ATTN_LOG_CALL_UNSUPPORTED, ATTN_LOG_LEVEL_ERROR));
             /* MLA layer through the standard forward, and standard metadata on an MLA layer */
             attn_test_log_reset(&wcap);
             EXPECT_STATUS(attn_layer_forward(w.layer, meta, &tsq, NULL, NULL, &w.t_cache, &tso, NULL, NULL),
                           ATTN_ERROR_UNSUPPORTED);
-            EXPECT_TRUE(attn_test_log_has(&wcap, ATTN_LOG_INVALID_ARGUMENT, ATTN_LOG_LEVEL_ERROR));
+            EXPECT_TRUE(attn_test_log_has(&wcap, ATTN_LOG_CALL_UNSUPPORTED, ATTN_LOG_LEVEL_ERROR));
             attn_test_log_reset(&wcap);
             EXPECT_STATUS(attn_mla_forward_mqa(w.layer, std_meta, &tq, NULL, &w.t_cache, &to, &tl, NULL),
                           ATTN_ERROR_INVALID_METADATA);
-            EXPECT_TRUE(attn_test_log_has(&wcap, ATTN_LOG_INVALID_METADATA, ATTN_LOG_LEVEL_ERROR));
-            EXPECT_STATUS(attn_reshape_and_cache(w.layer, &tsq, &tsq, &w.t_cache, w.slots, 1),
+            EXPECT_TRUE(attn_test_log_has(&wcap, ATTN_LOG_METADATA_MISMATCH, ATTN_LOG_LEVEL_ERROR));
+            EXPECT_STATUS(attn_reshape_and_cache(w.layer, &tsq, &tsq, &w.t_cache, w.slots, 1, NULL),
                           ATTN_ERROR_UNSUPPORTED);
             for (x = 0; x < (int)nq; x++)
                 if (o[x] == o[x]) {

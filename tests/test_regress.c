@@ -128,7 +128,7 @@ ATTN_TEST(rg_merge_plus_inf_lse_is_empty) {
     attn_tensor tla = attn_tensor_make(la, ATTN_DTYPE_F32, 2, s2), tlb = attn_tensor_make(lb, ATTN_DTYPE_F32, 2, s2);
     attn_tensor tl = attn_tensor_make(l, ATTN_DTYPE_F32, 2, s2);
     EXPECT_OK(attn_merge_attn_states(ctx, &ta, &tla, ATTN_LSE_BASE_E, &tb, &tlb, ATTN_LSE_BASE_E, &to, &tl,
-                                     ATTN_LSE_BASE_E));
+                                     ATTN_LSE_BASE_E, NULL));
     EXPECT_NEAR(o[0], 1.0, 0, 0);
     EXPECT_NEAR(o[1], 2.0, 0, 0);
     EXPECT_NEAR(l[0], 0.5, 1e-7, 0);

@@ -59,8 +59,9 @@ static attn_layer_desc sel_desc(void) {
     return d;
 }
 
-static int sel_plug_kv_shape(const attn_layer_desc *d, int64_t num_blocks,
+static int sel_plug_kv_shape(const attn_backend *self, const attn_layer_desc *d, int64_t num_blocks,
                              int64_t shape[ATTN_MAX_DIMS]) {
+    (void)self;
     shape[0] = num_blocks;
     shape[1] = d->block_size;
     shape[2] = 2 * d->num_kv_heads * d->head_size; /* deliberately unlike the CPU layout */
@@ -68,11 +69,11 @@ static int sel_plug_kv_shape(const attn_layer_desc *d, int64_t num_blocks,
 }
 
 /* Never run by a test that checks output: the plugin does nothing. */
-static attn_status sel_plug_forward(attn_layer *layer, const attn_metadata *meta,
+static attn_status sel_plug_forward(const attn_backend *self, attn_layer *layer, const attn_metadata *meta,
                                     const attn_tensor *q, const attn_tensor *k,
                                     const attn_tensor *v, attn_tensor *kv_cache,
                                     attn_tensor *out, attn_tensor *lse, void *stream) {
-    (void)layer; (void)meta; (void)q; (void)k; (void)v; (void)kv_cache; (void)out;
+    (void)self; (void)layer; (void)meta; (void)q; (void)k; (void)v; (void)kv_cache; (void)out;
     (void)lse; (void)stream;
     return ATTN_OK;
 }
@@ -92,18 +93,41 @@ static attn_backend sel_plug;     /* registered in the CUSTOM slot */
 static attn_backend sel_plug_cpu; /* registered in the CPU slot */
 
 /* A standard-attention plugin serving head sizes hs_min..hs_max (multiples of 8). */
-static attn_status sel_plug_forward_mqa(attn_layer *layer, const attn_metadata *meta,
+static attn_status sel_plug_forward_mqa(const attn_backend *self, attn_layer *layer, const attn_metadata *meta,
                                        const attn_tensor *q, const attn_tensor *q_pe,
                                        const attn_tensor *kv_cache, attn_tensor *out_latent,
                                        attn_tensor *lse, void *stream) {
-    (void)layer; (void)meta; (void)q; (void)q_pe; (void)kv_cache; (void)out_latent; (void)lse; (void)stream;
+    (void)self; (void)layer; (void)meta; (void)q; (void)q_pe; (void)kv_cache; (void)out_latent; (void)lse; (void)stream;
     return ATTN_ERROR_UNSUPPORTED; /* never run: selector tests only */
 }
-static attn_status sel_plug_forward_mha(attn_layer *layer, const attn_metadata *meta,
+static attn_status sel_plug_forward_mha(const attn_backend *self, attn_layer *layer, const attn_metadata *meta,
                                        const attn_tensor *q, const attn_tensor *kv_cache,
                                        const attn_tensor *w_uk, const attn_tensor *w_uv,
                                        attn_tensor *out, attn_tensor *lse, void *stream) {
-    (void)layer; (void)meta; (void)q; (void)kv_cache; (void)w_uk; (void)w_uv; (void)out; (void)lse; (void)stream;
+    (void)self; (void)layer; (void)meta; (void)q; (void)kv_cache; (void)w_uk; (void)w_uv; (void)out; (void)lse; (void)stream;
+    return ATTN_ERROR_UNSUPPORTED;
+}
+
+static attn_status sel_plug_cache(const attn_backend *self, attn_layer *layer, const attn_tensor *key,
+                                  const attn_tensor *value, attn_tensor *kv_cache,
+                                  const int64_t *slots, int n, void *stream) {
+    (void)self; (void)layer; (void)key; (void)value; (void)kv_cache; (void)slots; (void)n; (void)stream;
+    return ATTN_ERROR_UNSUPPORTED; /* never run: selector tests only */
+}
+static attn_status sel_plug_mla_forward(const attn_backend *self, attn_layer *layer,
+                                       const attn_metadata *meta, const attn_tensor *q_nope,
+                                       const attn_tensor *q_pe, const attn_tensor *kv_c,
+                                       const attn_tensor *k_pe, attn_tensor *kv_cache,
+                                       const attn_tensor *w_uk, const attn_tensor *w_uv,
+                                       attn_tensor *out, void *stream) {
+    (void)self; (void)layer; (void)meta; (void)q_nope; (void)q_pe; (void)kv_c; (void)k_pe;
+    (void)kv_cache; (void)w_uk; (void)w_uv; (void)out; (void)stream;
+    return ATTN_ERROR_UNSUPPORTED;
+}
+static attn_status sel_plug_latent(const attn_backend *self, attn_layer *layer, const attn_tensor *kv_c,
+                                   const attn_tensor *k_pe, attn_tensor *kv_cache,
+                                   const int64_t *slots, int n, void *stream) {
+    (void)self; (void)layer; (void)kv_c; (void)k_pe; (void)kv_cache; (void)slots; (void)n; (void)stream;
     return ATTN_ERROR_UNSUPPORTED;
 }
 
@@ -127,8 +151,11 @@ static attn_backend *sel_plug_make(attn_backend *b, attn_backend_id id, const ch
     b->cuda_graph = ATTN_CUDA_GRAPH_NEVER;
     b->kv_cache_shape = sel_plug_kv_shape;
     b->forward = sel_plug_forward;
+    b->reshape_and_cache = sel_plug_cache;
     b->forward_mqa = sel_plug_forward_mqa; /* used only when the test makes it an MLA plugin */
     b->forward_mha = sel_plug_forward_mha;
+    b->mla_forward = sel_plug_mla_forward;
+    b->concat_and_cache_mla = sel_plug_latent;
     return b;
 }
 
@@ -833,7 +860,7 @@ ATTN_TEST(sel_auto_skips_cuda_plugin_on_cpu_platform) {
         SKIP("a CUDA platform is present");
     }
     b = sel_plug_make(&sel_plug, ATTN_BACKEND_CUSTOM, "TESTPLUG", 8, 512);
-    b->needs_cuda = 1;
+    b->device = ATTN_DEVICE_CUDA;
     EXPECT_OK(attn_register_backend(ATTN_BACKEND_CUSTOM, b));
     memset(&s, 0, sizeof s);
     EXPECT_OK(attn_select_backend(ctx, &d, NULL, &s));

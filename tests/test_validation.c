@@ -19,7 +19,9 @@
         int e0_ = (cap)->by_level[ATTN_LOG_LEVEL_ERROR];                               \
         EXPECT_STATUS(expr, want);                                                     \
         EXPECT_EQ_INT((cap)->by_level[ATTN_LOG_LEVEL_ERROR] - e0_, 1);                 \
-        EXPECT_EQ_INT((cap)->last_item, item);                                         \
+        if ((cap)->last_item != (item))                                                \
+            attn_test_fail(__FILE__, __LINE__, "ITEMFIX got %s expected %s",           \
+                           attn_log_item_name((cap)->last_item), attn_log_item_name(item)); \
         EXPECT_EQ_INT((cap)->last_level, ATTN_LOG_LEVEL_ERROR);                        \
         EXPECT_TRUE(attn_context_last_error(ctx)[0] != 0);                             \
     } while (0)
@@ -211,7 +213,7 @@ static int vf_meta_same(const vf_meta_snap *a, const vf_meta_snap *b) {
 
 /* attn_metadata_build with f->batch must fail with `want` (item INVALID_METADATA) and
    keep the metadata as it was. */
-static void vf_build_fails(vfix *f, int common_prefix_len, attn_status want, int line) {
+static void vf_build_fails(vfix *f, int common_prefix_len, attn_status want, attn_log_item item, int line) {
     vf_meta_snap before, after;
     int e0 = f->cap.by_level[ATTN_LOG_LEVEL_ERROR];
     attn_status st;
@@ -220,10 +222,12 @@ static void vf_build_fails(vfix *f, int common_prefix_len, attn_status want, int
     if (st != want)
         attn_test_fail(__FILE__, line, "attn_metadata_build: got %s, expected %s",
                        attn_status_string(st), attn_status_string(want));
-    if (f->cap.by_level[ATTN_LOG_LEVEL_ERROR] - e0 != 1 || f->cap.last_item != ATTN_LOG_INVALID_METADATA)
-        attn_test_fail(__FILE__, line, "expected one ERROR line with ATTN_LOG_INVALID_METADATA "
-                       "(got %d lines, last item %s)", f->cap.by_level[ATTN_LOG_LEVEL_ERROR] - e0,
-                       attn_log_item_name(f->cap.last_item));
+    if (f->cap.by_level[ATTN_LOG_LEVEL_ERROR] - e0 != 1)
+        attn_test_fail(__FILE__, line, "expected one ERROR line (got %d)",
+                       f->cap.by_level[ATTN_LOG_LEVEL_ERROR] - e0);
+    else if (f->cap.last_item != item)
+        attn_test_fail(__FILE__, line, "ITEMFIX got %s expected %s", attn_log_item_name(f->cap.last_item),
+                       attn_log_item_name(item));
     if (!attn_context_last_error(f->ctx)[0])
         attn_test_fail(__FILE__, line, "empty last error");
     vf_meta_take(f->meta, &after);
@@ -243,7 +247,10 @@ static void vf_forward_fails(vfix *f, const attn_metadata *meta, const attn_tens
     if (st != want)
         attn_test_fail(__FILE__, line, "attn_layer_forward: got %s, expected %s",
                        attn_status_string(st), attn_status_string(want));
-    if (f->cap.by_level[ATTN_LOG_LEVEL_ERROR] - e0 != 1 || f->cap.last_item != item)
+    if (f->cap.by_level[ATTN_LOG_LEVEL_ERROR] - e0 == 1 && f->cap.last_item != item)
+        attn_test_fail(__FILE__, line, "ITEMFIX got %s expected %s", attn_log_item_name(f->cap.last_item),
+                       attn_log_item_name(item));
+    else if (f->cap.by_level[ATTN_LOG_LEVEL_ERROR] - e0 != 1 || f->cap.last_item != item)
         attn_test_fail(__FILE__, line, "expected one ERROR line with %s (got %d lines, last %s)",
                        attn_log_item_name(item), f->cap.by_level[ATTN_LOG_LEVEL_ERROR] - e0,
                        attn_log_item_name(f->cap.last_item));
@@ -254,25 +261,29 @@ static void vf_forward_fails(vfix *f, const attn_metadata *meta, const attn_tens
 /* attn_reshape_and_cache must fail and leave the cache as it was. */
 static void vf_cache_fails(vfix *f, const attn_tensor *key, const attn_tensor *value,
                            attn_tensor *kv, const int64_t *slots, int n, attn_status want,
-                           int line) {
+                           attn_log_item item, int line) {
     int e0 = f->cap.by_level[ATTN_LOG_LEVEL_ERROR];
     attn_status st;
     vf_poison(f);
-    st = attn_reshape_and_cache(f->layer, key, value, kv, slots, n);
+    st = attn_reshape_and_cache(f->layer, key, value, kv, slots, n, NULL);
     if (st != want)
         attn_test_fail(__FILE__, line, "attn_reshape_and_cache: got %s, expected %s",
                        attn_status_string(st), attn_status_string(want));
-    if (f->cap.by_level[ATTN_LOG_LEVEL_ERROR] - e0 != 1 || f->cap.last_item != ATTN_LOG_INVALID_ARGUMENT)
-        attn_test_fail(__FILE__, line, "expected one ERROR line with ATTN_LOG_INVALID_ARGUMENT");
+    if (f->cap.by_level[ATTN_LOG_LEVEL_ERROR] - e0 != 1)
+        attn_test_fail(__FILE__, line, "expected one ERROR line (got %d)",
+                       f->cap.by_level[ATTN_LOG_LEVEL_ERROR] - e0);
+    else if (f->cap.last_item != item)
+        attn_test_fail(__FILE__, line, "ITEMFIX got %s expected %s", attn_log_item_name(f->cap.last_item),
+                       attn_log_item_name(item));
     if (!attn_context_last_error(f->ctx)[0]) attn_test_fail(__FILE__, line, "empty last error");
     if (!vf_untouched(f)) attn_test_fail(__FILE__, line, "the cache was written");
 }
 
 #define VF_FWD_FAILS(meta, q, k, v, kv, out, lse, want, item) \
     vf_forward_fails(&F, meta, q, k, v, kv, out, lse, want, item, __LINE__)
-#define VF_BUILD_FAILS(cpl, want) vf_build_fails(&F, cpl, want, __LINE__)
-#define VF_CACHE_FAILS(key, value, kv, slots, n, want) \
-    vf_cache_fails(&F, key, value, kv, slots, n, want, __LINE__)
+#define VF_BUILD_FAILS(cpl, want, item) vf_build_fails(&F, cpl, want, item, __LINE__)
+#define VF_CACHE_FAILS(key, value, kv, slots, n, want, item) \
+    vf_cache_fails(&F, key, value, kv, slots, n, want, item, __LINE__)
 
 /* ---- context, platform, names, registry ----------------------------------------------- */
 
@@ -336,7 +347,7 @@ ATTN_TEST(val_platform_get) {
     if (ctx) {
         memset(&cap, 0, sizeof cap);
         VAL_FAILS(&cap, ctx, attn_platform_get(ctx, NULL), ATTN_ERROR_NULL_ARGUMENT,
-                  ATTN_LOG_INVALID_ARGUMENT);
+                  ATTN_LOG_ARG_NULL);
     }
     EXPECT_EQ_INT(attn_platform_format(NULL, NULL, 0), 0);
     attn_context_destroy(ctx);
@@ -350,7 +361,8 @@ ATTN_TEST(val_backend_from_name) {
     EXPECT_EQ_INT(id, 55);
 }
 
-static int val_kv_shape(const attn_layer_desc *d, int64_t nb, int64_t shape[ATTN_MAX_DIMS]) {
+static int val_kv_shape(const attn_backend *self, const attn_layer_desc *d, int64_t nb, int64_t shape[ATTN_MAX_DIMS]) {
+    (void)self;
     shape[0] = nb;
     shape[1] = 2;
     shape[2] = d->block_size;
@@ -358,11 +370,11 @@ static int val_kv_shape(const attn_layer_desc *d, int64_t nb, int64_t shape[ATTN
     shape[4] = d->head_size;
     return 5;
 }
-static attn_status val_forward_nop(attn_layer *layer, const attn_metadata *meta,
+static attn_status val_forward_nop(const attn_backend *self, attn_layer *layer, const attn_metadata *meta,
                                    const attn_tensor *q, const attn_tensor *k,
                                    const attn_tensor *v, attn_tensor *kv_cache,
                                    attn_tensor *out, attn_tensor *lse, void *stream) {
-    (void)layer; (void)meta; (void)q; (void)k; (void)v; (void)kv_cache; (void)out;
+    (void)self; (void)layer; (void)meta; (void)q; (void)k; (void)v; (void)kv_cache; (void)out;
     (void)lse; (void)stream;
     return ATTN_OK;
 }
@@ -382,6 +394,7 @@ static attn_backend *val_plug_make(void) {
     val_plug.can_return_lse = 0;
     val_plug.kv_cache_shape = val_kv_shape;
     val_plug.forward = val_forward_nop;
+    val_plug.reshape_and_cache = attn_backend_get(ATTN_BACKEND_CPU)->reshape_and_cache;
     return &val_plug;
 }
 
@@ -410,19 +423,19 @@ ATTN_TEST(val_select_backend) {
     memcpy(&ref, &s, sizeof s);
     VAL_FAILS_NOCTX(attn_select_backend(NULL, &d, NULL, &s), ATTN_ERROR_NULL_ARGUMENT);
     VAL_FAILS(&cap, ctx, attn_select_backend(ctx, NULL, NULL, &s), ATTN_ERROR_NULL_ARGUMENT,
-              ATTN_LOG_INVALID_ARGUMENT);
+              ATTN_LOG_ARG_NULL);
     VAL_FAILS(&cap, ctx, attn_select_backend(ctx, &d, NULL, NULL), ATTN_ERROR_NULL_ARGUMENT,
-              ATTN_LOG_INVALID_ARGUMENT);
+              ATTN_LOG_ARG_NULL);
     memset(&req, 0, sizeof req);
     req.backend = ATTN_BACKEND_COUNT;
     VAL_FAILS(&cap, ctx, attn_select_backend(ctx, &d, &req, &s), ATTN_ERROR_INVALID_VALUE,
-              ATTN_LOG_INVALID_ARGUMENT);
+              ATTN_LOG_INVALID_DESC);
     req.backend = (attn_backend_id)-1;
     VAL_FAILS(&cap, ctx, attn_select_backend(ctx, &d, &req, &s), ATTN_ERROR_INVALID_VALUE,
-              ATTN_LOG_INVALID_ARGUMENT);
+              ATTN_LOG_INVALID_DESC);
     d.num_heads = 0;
     VAL_FAILS(&cap, ctx, attn_select_backend(ctx, &d, NULL, &s), ATTN_ERROR_INVALID_VALUE,
-              ATTN_LOG_INVALID_ARGUMENT);
+              ATTN_LOG_INVALID_DESC);
     /* Argument errors come before resolution: no record was written, nothing resolved. */
     EXPECT_TRUE(memcmp(&s, &ref, sizeof s) == 0);
     EXPECT_EQ_INT(cap.by_item[ATTN_LOG_SELECT_RESOLVED], 0);
@@ -452,8 +465,8 @@ static void val_layer_fails(const attn_layer_desc *d, attn_status want, int line
     if (cap.by_level[ATTN_LOG_LEVEL_ERROR] != 1)
         attn_test_fail(__FILE__, line, "expected one ERROR line, got %d",
                        cap.by_level[ATTN_LOG_LEVEL_ERROR]);
-    if (want == ATTN_ERROR_INVALID_VALUE && cap.last_item != ATTN_LOG_INVALID_ARGUMENT)
-        attn_test_fail(__FILE__, line, "expected ATTN_LOG_INVALID_ARGUMENT, got %s",
+    if (want == ATTN_ERROR_INVALID_VALUE && cap.last_item != ATTN_LOG_INVALID_DESC)
+        attn_test_fail(__FILE__, line, "expected ATTN_LOG_INVALID_DESC, got %s",
                        attn_log_item_name(cap.last_item));
     if (cap.by_item[ATTN_LOG_SELECT_RESOLVED] != 0)
         attn_test_fail(__FILE__, line, "a backend was resolved for a bad descriptor");
@@ -472,15 +485,15 @@ ATTN_TEST(val_layer_create_null_arguments) {
     if (!ctx) return;
     VAL_FAILS_NOCTX(attn_layer_create(NULL, &d, NULL, &layer), ATTN_ERROR_NULL_ARGUMENT);
     VAL_FAILS(&cap, ctx, attn_layer_create(ctx, NULL, NULL, &layer), ATTN_ERROR_NULL_ARGUMENT,
-              ATTN_LOG_INVALID_ARGUMENT);
+              ATTN_LOG_ARG_NULL);
     EXPECT_TRUE(layer == NULL || layer == (attn_layer *)&cap); /* no layer, no garbage */
     VAL_FAILS(&cap, ctx, attn_layer_create(ctx, &d, NULL, NULL), ATTN_ERROR_NULL_ARGUMENT,
-              ATTN_LOG_INVALID_ARGUMENT);
+              ATTN_LOG_ARG_NULL);
     memset(&req, 0, sizeof req);
     req.backend = (attn_backend_id)7;
     layer = (attn_layer *)&cap;
     VAL_FAILS(&cap, ctx, attn_layer_create(ctx, &d, &req, &layer), ATTN_ERROR_INVALID_VALUE,
-              ATTN_LOG_INVALID_ARGUMENT);
+              ATTN_LOG_INVALID_DESC);
     EXPECT_TRUE(layer == NULL);
     EXPECT_EQ_INT(cap.by_item[ATTN_LOG_SELECT_RESOLVED], 0);
     attn_context_destroy(ctx);
@@ -595,9 +608,9 @@ ATTN_TEST(val_layer_kv_cache_shape) {
     memcpy(ref, shape, sizeof shape);
     VAL_FAILS_NOCTX(attn_layer_kv_cache_shape(NULL, 4, shape, &ndim), ATTN_ERROR_NULL_ARGUMENT);
     VAL_FAILS(&F.cap, F.ctx, attn_layer_kv_cache_shape(F.layer, 4, NULL, &ndim),
-              ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT);
+              ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL);
     VAL_FAILS(&F.cap, F.ctx, attn_layer_kv_cache_shape(F.layer, 4, shape, NULL),
-              ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT);
+              ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL);
     VAL_FAILS(&F.cap, F.ctx, attn_layer_kv_cache_shape(F.layer, 0, shape, &ndim),
               ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT);
     VAL_FAILS(&F.cap, F.ctx, attn_layer_kv_cache_shape(F.layer, -3, shape, &ndim),
@@ -625,16 +638,16 @@ ATTN_TEST(val_metadata_create) {
     meta = (attn_metadata *)&md;
     VAL_FAILS_NOCTX(attn_metadata_create(NULL, &md, &meta), ATTN_ERROR_NULL_ARGUMENT);
     VAL_FAILS(&F.cap, F.ctx, attn_metadata_create(F.layer, NULL, &meta), ATTN_ERROR_NULL_ARGUMENT,
-              ATTN_LOG_INVALID_ARGUMENT);
+              ATTN_LOG_ARG_NULL);
     VAL_FAILS(&F.cap, F.ctx, attn_metadata_create(F.layer, &md, NULL), ATTN_ERROR_NULL_ARGUMENT,
-              ATTN_LOG_INVALID_ARGUMENT);
+              ATTN_LOG_ARG_NULL);
 #define VAL_CAP_FAILS(field, value)                                                          \
     do {                                                                                     \
         md = F.mdesc;                                                                        \
         md.field = value;                                                                    \
         meta = (attn_metadata *)&md;                                                         \
         VAL_FAILS(&F.cap, F.ctx, attn_metadata_create(F.layer, &md, &meta),                  \
-                  ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT);                      \
+                  ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC);                          \
         EXPECT_TRUE(meta == NULL);                                                           \
     } while (0)
     VAL_CAP_FAILS(max_num_reqs, 0);
@@ -657,15 +670,15 @@ ATTN_TEST(val_build_null_arguments) {
     if (!vf_ready(&F)) { vf_teardown(&F); return; }
     VAL_FAILS_NOCTX(attn_metadata_build(NULL, 0, &F.batch, 0), ATTN_ERROR_NULL_ARGUMENT);
     VAL_FAILS(&F.cap, F.ctx, attn_metadata_build(F.meta, 0, NULL, 0), ATTN_ERROR_NULL_ARGUMENT,
-              ATTN_LOG_INVALID_ARGUMENT);
+              ATTN_LOG_ARG_NULL);
     F.batch.query_start_loc = NULL;
-    VF_BUILD_FAILS(0, ATTN_ERROR_NULL_ARGUMENT);
+    VF_BUILD_FAILS(0, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_METADATA);
     vf_batch_reset(&F);
     F.batch.seq_lens = NULL;
-    VF_BUILD_FAILS(0, ATTN_ERROR_NULL_ARGUMENT);
+    VF_BUILD_FAILS(0, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_METADATA);
     vf_batch_reset(&F);
     F.batch.block_table = NULL;
-    VF_BUILD_FAILS(0, ATTN_ERROR_NULL_ARGUMENT);
+    VF_BUILD_FAILS(0, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_METADATA);
     vf_teardown(&F);
 }
 
@@ -673,7 +686,7 @@ ATTN_TEST(val_build_query_start_loc_not_monotonic) {
     vf_setup(&F, 1);
     if (!vf_ready(&F)) { vf_teardown(&F); return; }
     F.qsl[1] = 5; F.qsl[2] = 4; /* request 1 would have length -1 */
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     vf_teardown(&F);
 }
 
@@ -682,7 +695,7 @@ ATTN_TEST(val_build_query_start_loc_first_not_zero) {
     if (!vf_ready(&F)) { vf_teardown(&F); return; }
     F.qsl[0] = 1;
     F.batch.max_query_len = 4;
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     vf_teardown(&F);
 }
 
@@ -690,7 +703,7 @@ ATTN_TEST(val_build_query_start_loc_past_tokens) {
     vf_setup(&F, 1);
     if (!vf_ready(&F)) { vf_teardown(&F); return; }
     F.qsl[1] = 7; /* beyond num_actual_tokens 6 */
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     vf_teardown(&F);
 }
 
@@ -698,7 +711,7 @@ ATTN_TEST(val_build_query_len_exceeds_seq_len) {
     vf_setup(&F, 1);
     if (!vf_ready(&F)) { vf_teardown(&F); return; }
     F.seq_lens[0] = 4; /* 5 new tokens in a sequence of 4 */
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     vf_teardown(&F);
 }
 
@@ -708,7 +721,7 @@ ATTN_TEST(val_build_negative_seq_len) {
     F.qsl[1] = 5; F.qsl[2] = 5;
     F.batch.num_actual_tokens = 5;
     F.seq_lens[1] = -1;
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     vf_teardown(&F);
 }
 
@@ -717,23 +730,23 @@ ATTN_TEST(val_build_seq_len_beyond_block_table_row) {
     if (!vf_ready(&F)) { vf_teardown(&F); return; }
     F.seq_lens[1] = 70; /* needs 5 blocks, the row holds 4 */
     F.batch.max_seq_len = 70;
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     /* A narrower row: stride 1 cannot hold the 2 blocks of request 1. */
     vf_batch_reset(&F);
     F.block_table[0] = 3;
     F.block_table[1] = 5;
     F.batch.block_table_stride = 1;
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     /* A huge seq_len is caught the same way, up to INT32_MAX (the block count must not
        overflow). */
     vf_batch_reset(&F);
     F.seq_lens[1] = INT32_MAX - 64;
     F.batch.max_seq_len = F.seq_lens[1];
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     vf_batch_reset(&F);
     F.seq_lens[1] = INT32_MAX;
     F.batch.max_seq_len = F.seq_lens[1];
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     vf_teardown(&F);
 }
 
@@ -741,11 +754,11 @@ ATTN_TEST(val_build_block_id_out_of_range) {
     vf_setup(&F, 1);
     if (!vf_ready(&F)) { vf_teardown(&F); return; }
     F.block_table[1 * VF_MAXBLK + 1] = VF_NB; /* == num_blocks */
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     F.block_table[1 * VF_MAXBLK + 1] = -1;
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     F.block_table[1 * VF_MAXBLK + 1] = INT32_MIN;
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     /* Entries past what a row needs are not looked at. */
     vf_batch_reset(&F);
     F.block_table[0 * VF_MAXBLK + 3] = -7;
@@ -757,11 +770,11 @@ ATTN_TEST(val_build_slot_mapping_range) {
     vf_setup(&F, 1);
     if (!vf_ready(&F)) { vf_teardown(&F); return; }
     F.slots[5] = (int64_t)VF_NB * VF_BS; /* one past the last slot */
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     F.slots[5] = -2;
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     F.slots[5] = INT64_MIN;
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     /* -1 is padding; the last slot is fine; no slot_mapping at all is fine. */
     F.slots[5] = -1;
     EXPECT_OK(attn_metadata_build(F.meta, 0, &F.batch, 0));
@@ -776,9 +789,9 @@ ATTN_TEST(val_build_num_actual_tokens_disagrees) {
     vf_setup(&F, 1);
     if (!vf_ready(&F)) { vf_teardown(&F); return; }
     F.batch.num_actual_tokens = 7; /* query_start_loc[2] is 6 */
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     F.batch.num_actual_tokens = -1;
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     vf_teardown(&F);
 }
 
@@ -786,9 +799,9 @@ ATTN_TEST(val_build_max_query_len_disagrees) {
     vf_setup(&F, 1);
     if (!vf_ready(&F)) { vf_teardown(&F); return; }
     F.batch.max_query_len = 4;
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     F.batch.max_query_len = 6;
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     vf_teardown(&F);
 }
 
@@ -796,9 +809,9 @@ ATTN_TEST(val_build_max_seq_len_disagrees) {
     vf_setup(&F, 1);
     if (!vf_ready(&F)) { vf_teardown(&F); return; }
     F.batch.max_seq_len = 21;
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     F.batch.max_seq_len = 19;
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     vf_teardown(&F);
 }
 
@@ -813,14 +826,14 @@ ATTN_TEST(val_build_capacity) {
     F.batch.num_actual_tokens = 5;
     F.batch.max_query_len = 1;
     F.batch.max_seq_len = 1;
-    VF_BUILD_FAILS(0, ATTN_ERROR_CAPACITY);
+    VF_BUILD_FAILS(0, ATTN_ERROR_CAPACITY, ATTN_LOG_CAPACITY_EXCEEDED);
     /* More tokens than max_num_tokens (8). */
     vf_batch_reset(&F);
     F.qsl[1] = 9; F.qsl[2] = 10;
     F.seq_lens[0] = 9;
     F.batch.num_actual_tokens = 10;
     F.batch.max_query_len = 9;
-    VF_BUILD_FAILS(0, ATTN_ERROR_CAPACITY);
+    VF_BUILD_FAILS(0, ATTN_ERROR_CAPACITY, ATTN_LOG_CAPACITY_EXCEEDED);
     /* Exactly at capacity is fine. */
     for (i = 0; i <= 4; i++) F.qsl[i] = i * 2;
     for (i = 0; i < 4; i++) { F.seq_lens[i] = 2; F.block_table[i * VF_MAXBLK] = i; }
@@ -837,7 +850,7 @@ ATTN_TEST(val_build_num_reqs_negative) {
     vf_setup(&F, 1);
     if (!vf_ready(&F)) { vf_teardown(&F); return; }
     F.batch.num_reqs = -1;
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     vf_teardown(&F);
 }
 
@@ -845,19 +858,19 @@ ATTN_TEST(val_build_block_table_stride) {
     vf_setup(&F, 1);
     if (!vf_ready(&F)) { vf_teardown(&F); return; }
     F.batch.block_table_stride = VF_MAXBLK + 1; /* beyond max_blocks_per_req */
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     F.batch.block_table_stride = 0;
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     F.batch.block_table_stride = -4;
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     vf_teardown(&F);
 }
 
 ATTN_TEST(val_build_common_prefix_len) {
     vf_setup(&F, 1);
     if (!vf_ready(&F)) { vf_teardown(&F); return; }
-    VF_BUILD_FAILS(-1, ATTN_ERROR_INVALID_METADATA);
-    VF_BUILD_FAILS(21, ATTN_ERROR_INVALID_METADATA); /* > max_seq_len 20 */
+    VF_BUILD_FAILS(-1, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
+    VF_BUILD_FAILS(21, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA); /* > max_seq_len 20 */
     EXPECT_OK(attn_metadata_build(F.meta, 5, &F.batch, 0));
     vf_teardown(&F);
 }
@@ -866,9 +879,9 @@ ATTN_TEST(val_build_causal_enum) {
     vf_setup(&F, 1);
     if (!vf_ready(&F)) { vf_teardown(&F); return; }
     F.batch.causal = (attn_causal)3;
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     F.batch.causal = (attn_causal)-1;
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     vf_teardown(&F);
 }
 
@@ -884,14 +897,14 @@ ATTN_TEST(val_build_failure_keeps_previous_contents) {
     F.batch.max_seq_len = 18;
     F.slots[5] = 6 * VF_BS + 1;
     F.block_table[1 * VF_MAXBLK + 0] = 2;
-    VF_BUILD_FAILS(19, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(19, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     /* And a different batch that fails early. */
     vf_batch_reset(&F);
     F.batch.num_reqs = 1;
     F.batch.num_actual_tokens = 5;
     F.batch.max_seq_len = 5;
     F.block_table[0] = VF_NB;
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     memset(F.out, 0, sizeof F.out);
     memset(F.lse, 0, sizeof F.lse);
     EXPECT_OK(attn_layer_forward(F.layer, F.meta, &F.tq, &F.tk, &F.tv, &F.tkv, &F.tout, &F.tlse, NULL));
@@ -906,20 +919,20 @@ ATTN_TEST(val_cache_null_arguments) {
     vf_setup(&F, 0);
     if (!vf_ready(&F)) { vf_teardown(&F); return; }
     vf_poison(&F);
-    VAL_FAILS_NOCTX(attn_reshape_and_cache(NULL, &F.tk, &F.tv, &F.tkv, F.slots, VF_NT), ATTN_ERROR_NULL_ARGUMENT);
-    VF_CACHE_FAILS(NULL, &F.tv, &F.tkv, F.slots, VF_NT, ATTN_ERROR_NULL_ARGUMENT);
-    VF_CACHE_FAILS(&F.tk, NULL, &F.tkv, F.slots, VF_NT, ATTN_ERROR_NULL_ARGUMENT);
-    VF_CACHE_FAILS(&F.tk, &F.tv, NULL, F.slots, VF_NT, ATTN_ERROR_NULL_ARGUMENT);
-    VF_CACHE_FAILS(&F.tk, &F.tv, &F.tkv, NULL, VF_NT, ATTN_ERROR_NULL_ARGUMENT);
+    VAL_FAILS_NOCTX(attn_reshape_and_cache(NULL, &F.tk, &F.tv, &F.tkv, F.slots, VF_NT, NULL), ATTN_ERROR_NULL_ARGUMENT);
+    VF_CACHE_FAILS(NULL, &F.tv, &F.tkv, F.slots, VF_NT, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL);
+    VF_CACHE_FAILS(&F.tk, NULL, &F.tkv, F.slots, VF_NT, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL);
+    VF_CACHE_FAILS(&F.tk, &F.tv, NULL, F.slots, VF_NT, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL);
+    VF_CACHE_FAILS(&F.tk, &F.tv, &F.tkv, NULL, VF_NT, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL);
     {
         attn_tensor k = F.tk;
         k.data = NULL;
-        VF_CACHE_FAILS(&k, &F.tv, &F.tkv, F.slots, VF_NT, ATTN_ERROR_NULL_ARGUMENT);
+        VF_CACHE_FAILS(&k, &F.tv, &F.tkv, F.slots, VF_NT, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL);
     }
     {
         attn_tensor kv = F.tkv;
         kv.data = NULL;
-        VF_CACHE_FAILS(&F.tk, &F.tv, &kv, F.slots, VF_NT, ATTN_ERROR_NULL_ARGUMENT);
+        VF_CACHE_FAILS(&F.tk, &F.tv, &kv, F.slots, VF_NT, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL);
     }
     vf_teardown(&F);
 }
@@ -929,18 +942,18 @@ ATTN_TEST(val_cache_bad_counts_and_slots) {
     vf_setup(&F, 0);
     if (!vf_ready(&F)) { vf_teardown(&F); return; }
     memcpy(slots, F.slots, sizeof slots);
-    VF_CACHE_FAILS(&F.tk, &F.tv, &F.tkv, slots, -1, ATTN_ERROR_INVALID_VALUE);
-    VF_CACHE_FAILS(&F.tk, &F.tv, &F.tkv, slots, VF_ROWS + 1, ATTN_ERROR_SHAPE_MISMATCH); /* more rows than key has */
+    VF_CACHE_FAILS(&F.tk, &F.tv, &F.tkv, slots, -1, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT);
+    VF_CACHE_FAILS(&F.tk, &F.tv, &F.tkv, slots, VF_ROWS + 1, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE); /* more rows than key has */
     /* One bad slot at the end: nothing before it may have been written. */
     slots[VF_NT - 1] = (int64_t)VF_NB * VF_BS;
-    VF_CACHE_FAILS(&F.tk, &F.tv, &F.tkv, slots, VF_NT, ATTN_ERROR_INVALID_VALUE);
+    VF_CACHE_FAILS(&F.tk, &F.tv, &F.tkv, slots, VF_NT, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_SLOT);
     slots[VF_NT - 1] = -2;
-    VF_CACHE_FAILS(&F.tk, &F.tv, &F.tkv, slots, VF_NT, ATTN_ERROR_INVALID_VALUE);
+    VF_CACHE_FAILS(&F.tk, &F.tv, &F.tkv, slots, VF_NT, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_SLOT);
     /* -1 skips a token; the others land where the slots say. */
     memcpy(slots, F.slots, sizeof slots);
     slots[2] = -1;
     vf_poison(&F);
-    EXPECT_OK(attn_reshape_and_cache(F.layer, &F.tk, &F.tv, &F.tkv, slots, VF_NT));
+    EXPECT_OK(attn_reshape_and_cache(F.layer, &F.tk, &F.tv, &F.tkv, slots, VF_NT, NULL));
     {
         /* token 0 -> slot 48 = block 3, offset 0; K at [3][0][0][h], V at [3][1][0][h] */
         size_t kdst = (size_t)(((3 * 2 + 0) * VF_BS + 0) * VF_HKV) * VF_D;
@@ -952,7 +965,7 @@ ATTN_TEST(val_cache_bad_counts_and_slots) {
     }
     /* Fewer tokens than key rows: only those are written. */
     vf_poison(&F);
-    EXPECT_OK(attn_reshape_and_cache(F.layer, &F.tk, &F.tv, &F.tkv, F.slots, 1));
+    EXPECT_OK(attn_reshape_and_cache(F.layer, &F.tk, &F.tv, &F.tkv, F.slots, 1, NULL));
     EXPECT_TRUE(memcmp(F.kv + VF_KV_FLOATS / 2, F.kv_ref + VF_KV_FLOATS / 2,
                        VF_KV_FLOATS / 2 * sizeof(float)) == 0); /* blocks 4..7 untouched */
     vf_teardown(&F);
@@ -964,7 +977,7 @@ ATTN_TEST(val_cache_zero_tokens_with_padded_inputs) {
     vf_setup(&F, 0);
     if (!vf_ready(&F)) { vf_teardown(&F); return; }
     vf_poison(&F);
-    EXPECT_OK(attn_reshape_and_cache(F.layer, &F.tk, &F.tv, &F.tkv, F.slots, 0));
+    EXPECT_OK(attn_reshape_and_cache(F.layer, &F.tk, &F.tv, &F.tkv, F.slots, 0, NULL));
     EXPECT_TRUE(vf_untouched(&F));
     vf_teardown(&F);
 }
@@ -975,52 +988,52 @@ ATTN_TEST(val_cache_mismatched_tensors) {
     {
         attn_tensor k = F.tk;
         k.dtype = ATTN_DTYPE_F16;
-        VF_CACHE_FAILS(&k, &F.tv, &F.tkv, F.slots, VF_NT, ATTN_ERROR_SHAPE_MISMATCH);
+        VF_CACHE_FAILS(&k, &F.tv, &F.tkv, F.slots, VF_NT, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_DTYPE);
     }
     {
         attn_tensor v = F.tv;
         v.dtype = ATTN_DTYPE_BF16;
-        VF_CACHE_FAILS(&F.tk, &v, &F.tkv, F.slots, VF_NT, ATTN_ERROR_SHAPE_MISMATCH);
+        VF_CACHE_FAILS(&F.tk, &v, &F.tkv, F.slots, VF_NT, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_DTYPE);
     }
     {
         attn_tensor k = F.tk;
         k.shape[1] = VF_H; /* query heads instead of KV heads */
-        VF_CACHE_FAILS(&k, &F.tv, &F.tkv, F.slots, VF_NT, ATTN_ERROR_SHAPE_MISMATCH);
+        VF_CACHE_FAILS(&k, &F.tv, &F.tkv, F.slots, VF_NT, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE);
     }
     {
         attn_tensor v = F.tv;
         v.shape[2] = VF_D / 2;
-        VF_CACHE_FAILS(&F.tk, &v, &F.tkv, F.slots, VF_NT, ATTN_ERROR_SHAPE_MISMATCH);
+        VF_CACHE_FAILS(&F.tk, &v, &F.tkv, F.slots, VF_NT, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE);
     }
     {
         attn_tensor k = F.tk;
         k.ndim = 2;
-        VF_CACHE_FAILS(&k, &F.tv, &F.tkv, F.slots, VF_NT, ATTN_ERROR_SHAPE_MISMATCH);
+        VF_CACHE_FAILS(&k, &F.tv, &F.tkv, F.slots, VF_NT, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE);
     }
     {
         attn_tensor k = F.tk;
         k.strides[0] = VF_HKV * VF_D * 2; k.strides[1] = VF_D * 2; k.strides[2] = 2;
-        VF_CACHE_FAILS(&k, &F.tv, &F.tkv, F.slots, VF_NT / 2, ATTN_ERROR_SHAPE_MISMATCH);
+        VF_CACHE_FAILS(&k, &F.tv, &F.tkv, F.slots, VF_NT / 2, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_LAYOUT);
     }
     {
         attn_tensor k = F.tk;
         k.device.kind = ATTN_DEVICE_CUDA;
-        VF_CACHE_FAILS(&k, &F.tv, &F.tkv, F.slots, VF_NT, ATTN_ERROR_SHAPE_MISMATCH);
+        VF_CACHE_FAILS(&k, &F.tv, &F.tkv, F.slots, VF_NT, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_DEVICE);
     }
     {
         attn_tensor kv = F.tkv;
         kv.shape[0] = VF_NB / 2; kv.shape[2] = VF_BS * 2; /* same bytes, block size 32 */
-        VF_CACHE_FAILS(&F.tk, &F.tv, &kv, F.slots, VF_NT, ATTN_ERROR_SHAPE_MISMATCH);
+        VF_CACHE_FAILS(&F.tk, &F.tv, &kv, F.slots, VF_NT, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE);
     }
     {
         attn_tensor kv = F.tkv;
         kv.dtype = ATTN_DTYPE_F16;
-        VF_CACHE_FAILS(&F.tk, &F.tv, &kv, F.slots, VF_NT, ATTN_ERROR_SHAPE_MISMATCH);
+        VF_CACHE_FAILS(&F.tk, &F.tv, &kv, F.slots, VF_NT, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_DTYPE);
     }
     {
         attn_tensor kv = F.tkv;
         kv.shape[3] = 1; kv.shape[4] = VF_D * 2; /* same bytes, other layout */
-        VF_CACHE_FAILS(&F.tk, &F.tv, &kv, F.slots, VF_NT, ATTN_ERROR_SHAPE_MISMATCH);
+        VF_CACHE_FAILS(&F.tk, &F.tv, &kv, F.slots, VF_NT, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE);
     }
     {
         attn_tensor kv = F.tkv; /* non-contiguous: every other block */
@@ -1030,7 +1043,7 @@ ATTN_TEST(val_cache_mismatched_tensors) {
         kv.strides[4] = 1;
         for (i = 3; i >= 0; i--) kv.strides[i] = kv.strides[i + 1] * sc[i + 1];
         kv.strides[0] *= 2;
-        VF_CACHE_FAILS(&F.tk, &F.tv, &kv, F.slots, 2, ATTN_ERROR_SHAPE_MISMATCH);
+        VF_CACHE_FAILS(&F.tk, &F.tv, &kv, F.slots, 2, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_LAYOUT);
     }
     vf_teardown(&F);
 }
@@ -1044,19 +1057,19 @@ ATTN_TEST(val_forward_null_arguments) {
     VAL_FAILS_NOCTX(attn_layer_forward(NULL, F.meta, &F.tq, &F.tk, &F.tv, &F.tkv, &F.tout, NULL, NULL),
                     ATTN_ERROR_NULL_ARGUMENT);
     EXPECT_TRUE(vf_untouched(&F));
-    VF_FWD_FAILS(NULL, &F.tq, &F.tk, &F.tv, &F.tkv, &F.tout, NULL, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT);
-    VF_FWD_FAILS(F.meta, NULL, &F.tk, &F.tv, &F.tkv, &F.tout, NULL, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT);
-    VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, NULL, &F.tout, NULL, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT);
-    VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &F.tkv, NULL, NULL, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT);
+    VF_FWD_FAILS(NULL, &F.tq, &F.tk, &F.tv, &F.tkv, &F.tout, NULL, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL);
+    VF_FWD_FAILS(F.meta, NULL, &F.tk, &F.tv, &F.tkv, &F.tout, NULL, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL);
+    VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, NULL, &F.tout, NULL, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL);
+    VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &F.tkv, NULL, NULL, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL);
     /* k without v, v without k */
-    VF_FWD_FAILS(F.meta, &F.tq, &F.tk, NULL, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT);
-    VF_FWD_FAILS(F.meta, &F.tq, NULL, &F.tv, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT);
+    VF_FWD_FAILS(F.meta, &F.tq, &F.tk, NULL, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL);
+    VF_FWD_FAILS(F.meta, &F.tq, NULL, &F.tv, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL);
     {
         attn_tensor q = F.tq, out = F.tout;
         q.data = NULL;
-        VF_FWD_FAILS(F.meta, &q, &F.tk, &F.tv, &F.tkv, &F.tout, NULL, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &q, &F.tk, &F.tv, &F.tkv, &F.tout, NULL, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL);
         out.data = NULL;
-        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &F.tkv, &out, NULL, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &F.tkv, &out, NULL, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL);
     }
     vf_teardown(&F);
 }
@@ -1064,11 +1077,11 @@ ATTN_TEST(val_forward_null_arguments) {
 ATTN_TEST(val_forward_metadata_not_built) {
     vf_setup(&F, 0);
     if (!vf_ready(&F)) { vf_teardown(&F); return; }
-    VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
+    VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_METADATA_MISMATCH);
     /* A failed first build leaves it unbuilt. */
     F.batch.max_seq_len = 3;
-    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA);
-    VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
+    VF_BUILD_FAILS(0, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
+    VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_METADATA_MISMATCH);
     vf_teardown(&F);
 }
 
@@ -1083,7 +1096,7 @@ static void val_meta_of_other_layer(attn_layer_desc other, int line) {
         /* a batch all layers could share: request 1 only uses block 5 and 6 */
         EXPECT_OK(attn_metadata_build(m2, 0, &F.batch, 0));
         vf_forward_fails(&F, m2, &F.tq, NULL, NULL, &F.tkv, &F.tout, NULL,
-                         ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, line);
+                         ATTN_ERROR_INVALID_METADATA, ATTN_LOG_METADATA_MISMATCH, line);
     }
     attn_metadata_destroy(m2);
     attn_layer_destroy(l2);
@@ -1114,43 +1127,43 @@ ATTN_TEST(val_forward_q_mismatch) {
     {
         attn_tensor q = F.tq;
         q.dtype = ATTN_DTYPE_F16;
-        VF_FWD_FAILS(F.meta, &q, &F.tk, &F.tv, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &q, &F.tk, &F.tv, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_DTYPE);
     }
     {
         attn_tensor q = F.tq;
         q.shape[1] = VF_HKV; /* wrong head count */
-        VF_FWD_FAILS(F.meta, &q, &F.tk, &F.tv, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &q, &F.tk, &F.tv, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE);
     }
     {
         attn_tensor q = F.tq;
         q.shape[2] = VF_D / 2;
-        VF_FWD_FAILS(F.meta, &q, &F.tk, &F.tv, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &q, &F.tk, &F.tv, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE);
     }
     {
         attn_tensor q = F.tq;
         q.shape[0] = VF_NT - 1; /* fewer rows than tokens */
-        VF_FWD_FAILS(F.meta, &q, &F.tk, &F.tv, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &q, &F.tk, &F.tv, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE);
     }
     {
         attn_tensor q = F.tq;
         q.ndim = 4;
         q.shape[3] = 1;
-        VF_FWD_FAILS(F.meta, &q, &F.tk, &F.tv, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &q, &F.tk, &F.tv, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE);
     }
     {
         attn_tensor q = F.tq; /* last dimension not contiguous */
         q.strides[0] = VF_H * VF_D; q.strides[1] = VF_D; q.strides[2] = 2;
-        VF_FWD_FAILS(F.meta, &q, &F.tk, &F.tv, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &q, &F.tk, &F.tv, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_LAYOUT);
     }
     {
         attn_tensor q = F.tq; /* negative row stride */
         q.strides[0] = -(VF_H * VF_D); q.strides[1] = VF_D; q.strides[2] = 1;
-        VF_FWD_FAILS(F.meta, &q, &F.tk, &F.tv, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &q, &F.tk, &F.tv, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_LAYOUT);
     }
     {
         attn_tensor q = F.tq;
         q.device.kind = ATTN_DEVICE_CUDA;
-        VF_FWD_FAILS(F.meta, &q, &F.tk, &F.tv, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &q, &F.tk, &F.tv, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_DEVICE);
     }
     vf_teardown(&F);
 }
@@ -1161,48 +1174,48 @@ ATTN_TEST(val_forward_out_and_lse_mismatch) {
     {
         attn_tensor out = F.tout;
         out.shape[0] = VF_NT - 1; /* too small */
-        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &F.tkv, &out, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &F.tkv, &out, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE);
     }
     {
         attn_tensor out = F.tout;
         out.dtype = ATTN_DTYPE_BF16;
-        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &F.tkv, &out, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &F.tkv, &out, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_DTYPE);
     }
     {
         attn_tensor out = F.tout;
         out.shape[1] = VF_H * 2;
-        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &F.tkv, &out, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &F.tkv, &out, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE);
     }
     {
         attn_tensor out = F.tout;
         out.strides[0] = VF_H * VF_D; out.strides[1] = 1; out.strides[2] = VF_H; /* heads innermost */
-        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &F.tkv, &out, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &F.tkv, &out, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_LAYOUT);
     }
     {
         attn_tensor lse = F.tlse;
         lse.dtype = ATTN_DTYPE_F16;
-        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &F.tkv, &F.tout, &lse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &F.tkv, &F.tout, &lse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_DTYPE);
     }
     {
         attn_tensor lse = F.tlse;
         lse.shape[1] = VF_HKV;
-        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &F.tkv, &F.tout, &lse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &F.tkv, &F.tout, &lse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE);
     }
     {
         attn_tensor lse = F.tlse;
         lse.shape[0] = VF_NT - 1;
-        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &F.tkv, &F.tout, &lse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &F.tkv, &F.tout, &lse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE);
     }
     {
         attn_tensor lse = F.tlse;
         lse.ndim = 3;
         lse.shape[2] = 1;
-        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &F.tkv, &F.tout, &lse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &F.tkv, &F.tout, &lse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE);
     }
     {
         attn_tensor lse = F.tlse;
         lse.data = NULL;
-        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &F.tkv, &F.tout, &lse, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &F.tkv, &F.tout, &lse, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL);
     }
     vf_teardown(&F);
 }
@@ -1213,40 +1226,40 @@ ATTN_TEST(val_forward_kv_cache_mismatch) {
     {
         attn_tensor kv = F.tkv;
         kv.shape[0] = VF_NB / 2; kv.shape[2] = VF_BS * 2; /* block size 32 */
-        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &kv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &kv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE);
     }
     {
         attn_tensor kv = F.tkv;
         kv.shape[0] = VF_NB - 1; /* fewer blocks than the metadata indexes */
-        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &kv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT);
-        VF_FWD_FAILS(F.meta, &F.tq, NULL, NULL, &kv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &kv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE);
+        VF_FWD_FAILS(F.meta, &F.tq, NULL, NULL, &kv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE);
     }
     {
         attn_tensor kv = F.tkv;
         kv.dtype = ATTN_DTYPE_F16;
-        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &kv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &kv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_DTYPE);
     }
     {
         attn_tensor kv = F.tkv;
         kv.ndim = 4;
-        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &kv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &kv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE);
     }
     {
         attn_tensor kv = F.tkv;
         kv.shape[3] = VF_H; kv.shape[0] = VF_NB / 2; /* query heads instead of KV heads */
-        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &kv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &kv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE);
     }
     {
         attn_tensor kv = F.tkv; /* K and V planes swapped by strides: not the dense layout */
         int64_t plane = (int64_t)VF_BS * VF_HKV * VF_D;
         kv.strides[4] = 1; kv.strides[3] = VF_D; kv.strides[2] = (int64_t)VF_HKV * VF_D;
         kv.strides[1] = -plane; kv.strides[0] = 2 * plane;
-        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &kv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &kv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_LAYOUT);
     }
     {
         attn_tensor kv = F.tkv;
         kv.device.kind = ATTN_DEVICE_CUDA;
-        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &kv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &F.tv, &kv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_DEVICE);
     }
     vf_teardown(&F);
 }
@@ -1257,17 +1270,17 @@ ATTN_TEST(val_forward_new_kv_mismatch) {
     {
         attn_tensor k = F.tk;
         k.shape[1] = VF_H;
-        VF_FWD_FAILS(F.meta, &F.tq, &k, &F.tv, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &F.tq, &k, &F.tv, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE);
     }
     {
         attn_tensor v = F.tv;
         v.shape[0] = VF_NT - 1;
-        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &v, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &F.tq, &F.tk, &v, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE);
     }
     {
         attn_tensor k = F.tk;
         k.dtype = ATTN_DTYPE_F16;
-        VF_FWD_FAILS(F.meta, &F.tq, &k, &F.tv, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_INVALID_ARGUMENT);
+        VF_FWD_FAILS(F.meta, &F.tq, &k, &F.tv, &F.tkv, &F.tout, &F.tlse, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_DTYPE);
     }
     /* k/v given, but the batch has no slot_mapping to place them. */
     F.batch.slot_mapping = NULL;

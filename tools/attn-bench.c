@@ -657,7 +657,7 @@ static void bench_prefill(attn_context *ctx, const bench_opts *o, int len) {
     for (i = 0; i < len; i++)
         slots[i] = (int64_t)table[i / BENCH_BLOCK] * BENCH_BLOCK + i % BENCH_BLOCK;
     /* The sequence's K/V go into the cache once, outside the timing. */
-    CHECK(ctx, attn_reshape_and_cache(layer, &k, &v, &kv, slots, len));
+    CHECK(ctx, attn_reshape_and_cache(layer, &k, &v, &kv, slots, len, NULL));
 
     memset(&md, 0, sizeof md);
     md.max_num_reqs = 1;
@@ -791,6 +791,7 @@ static void bench_mla_case(attn_context *ctx, const bench_opts *o, attn_layer *l
         attn_metadata_desc md;
         attn_batch b;
         memset(&md, 0, sizeof md);
+        memset(&info, 0, sizeof info);
         md.max_num_reqs = batch;
         md.max_num_tokens = batch;
         md.max_blocks_per_req = bps;

@@ -50,6 +50,7 @@ class attn_context_desc(C.Structure):
         ("log_user_data", C.c_void_p),
         ("log_level", C.c_int),
         ("num_threads", C.c_int),
+        ("loader", C.c_void_p),         # const attn_loader *: NULL = dlopen
     ]
 
 
@@ -86,6 +87,7 @@ class attn_metadata_desc(C.Structure):
         ("num_blocks", C.c_int64),
         ("decode_threshold", C.c_int),  # MLA only
         ("num_kv_splits", C.c_int),     # MLA only
+        ("workspace_bytes", C.c_int64), # MLA only
     ]
 
 
