@@ -2,8 +2,8 @@
 # Runs every test build of attn.h and prints the total as the last line:
 #   N passed, N failed, N skipped
 # Each binary's own closing line is added in; single checks (header compiles, demo,
-# embedded-kernel freshness) count one each. A check whose tool is not installed
-# (clang, python3, numpy) is skipped with the reason.
+# embedded-kernel freshness, the fuzz run) count one each. A check whose tool is not
+# installed (clang, python3, numpy, the libFuzzer runtime) is skipped with the reason.
 # Full logs go to build/test-logs/.
 set -u
 cd "$(dirname "$0")/.."
@@ -108,6 +108,26 @@ fi
 check demo ./build/paged_decode
 check attn-info ./build/attn-info
 check attn-info-env-unknown bash -c '! ATTN_BACKEND=nope ./build/attn-info'
+
+# The libFuzzer target: ATTN_FUZZ_SECONDS (30) from a fixed seed over the committed seed
+# corpus, into a fresh corpus; a crash, sanitizer report, broken property or hang fails.
+fuzz_seconds=${ATTN_FUZZ_SECONDS:-30}
+fuzz_probe() {
+    local dir; dir=$(mktemp -d)
+    printf '#include <stddef.h>\n#include <stdint.h>\nint LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) { (void)d; (void)n; return 0; }\n' >"$dir/p.c"
+    clang -fsanitize=fuzzer,address,undefined "$dir/p.c" -o "$dir/p" >/dev/null 2>&1; local rc=$?
+    rm -rf "$dir"; return "$rc"
+}
+fuzz_run() {
+    rm -rf build/fuzz-corpus-test
+    make -s fuzz FUZZ_TIME="$fuzz_seconds" FUZZ_CORPUS=build/fuzz-corpus-test FUZZ_ARGS=-seed=1
+}
+if ! command -v clang >/dev/null 2>&1; then skip fuzz-metadata "clang not installed"
+elif ! fuzz_probe; then skip fuzz-metadata "clang's libFuzzer runtime not installed (libclang-rt-<version>-dev)"
+else
+    check fuzz-metadata fuzz_run
+    grep -hE '^Done [0-9]+ runs|^fuzz_metadata: [0-9]+ inputs' "$logs/fuzz-metadata.log" | sed 's/^/    /'
+fi
 
 echo "$P passed, $F failed, $S skipped"
 [ "$F" -eq 0 ]
