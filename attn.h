@@ -27,15 +27,21 @@
        ATTN_ASSERT(x)          internal invariant check (default: assert.h)
        ATTN_NO_THREADS         compile the thread pool out (single-threaded CPU backend)
        ATTN_NO_SIMD            use the plain-C inner loops even where AVX2/AVX-512 exist
+       ATTN_NO_CUDA            compile the CUDA path out (the helpers answer PLATFORM errors)
        ATTN_CUDA_DRIVER_LIBRARY  the driver's soname (default "libcuda.so.1"; the loader
                                then tries "libcuda.so")
+       ATTN_NVRTC_LIBRARY      NVRTC's soname (default "libnvrtc.so.13"; then ".so.12",
+                               "libnvrtc.so")
        ATTN_MLA_WORKSPACE_BYTES  default of attn_metadata_desc.workspace_bytes (64 MiB): the
                                bound on each of forward_mha's workspaces (up-projected K/V of
                                a chunk of keys; running outputs of a group of queries)
 
    ENVIRONMENT VARIABLES
-       ATTN_BACKEND            force a backend by name (case-insensitive): CPU, CPU_MLA
+       ATTN_BACKEND            force a backend by name (case-insensitive): CPU, CPU_MLA, CUDA
                                (code beats env; an unknown name fails and lists the names)
+       ATTN_CACHE_DIR          where compiled kernels are kept (default $XDG_CACHE_HOME/attn,
+                               else ~/.cache/attn; "off": in memory only); read at
+                               attn_context_create unless attn_context_desc.kernel_cache_dir
        ATTN_LOG_LEVEL          error | warn | info (default) | debug | none
        ATTN_NUM_THREADS        CPU worker threads, 1..1024 (default: the online cores)
        ATTN_BATCH_INVARIANT    on = never split a sequence's keys across threads (MLA: one
@@ -50,11 +56,16 @@
 
    BACKENDS, in automatic priority order per platform (a backend serves only layers of
    its kind: standard or MLA; CUSTOM, a plugin slot, leads when registered)
-       platform CPU:   CUSTOM, CPU, CPU_MLA
-       platform CUDA:  CUSTOM, CPU, CPU_MLA   (CUDA backends join this list later)
+       platform CPU:   CUSTOM, CPU, CPU_MLA, CUDA (skipped: no device, but the record says so)
+       platform CUDA:  CUSTOM, CUDA, CPU, CPU_MLA
+       Only backends of the layer's device (attn_layer_desc.device, CPU by default) serve it.
        CPU      standard attention: f32/f16/bf16, head sizes 8..512 step 8, any block size
                 that is a multiple of 16, causal/non-causal, window, soft cap, ALiBi, LSE
        CPU_MLA  MLA: head size 576 (512+64) or 320 (256+64), causal, LSE
+       CUDA     standard attention on NVIDIA GPUs (compute capability 8.0+, NVRTC needed):
+                the CPU backend's features and cache layout; head sizes 8..256 step 8;
+                f16/bf16 on tensor cores, f32 and mixed types on FMAs; split-KV; CUDA
+                graphs: ALWAYS (fixed grids; counts read on the device)
        A candidate is skipped, with a recorded reason, when a check fails (dtype, KV-cache
        dtype, head size, block size, feature, platform). Explicit requests (code or env)
        that cannot be honoured fail with ATTN_ERROR_BACKEND_UNAVAILABLE and every reason,
@@ -95,6 +106,8 @@
                  attn_f16_to_f32 attn_f32_to_bf16 attn_bf16_to_f32 attn_tensor_make
                  attn_tensor_nbytes
        platform  attn_platform_get attn_platform_format
+       cuda      attn_cuda_malloc attn_cuda_free attn_cuda_memcpy attn_cuda_synchronize
+       kernels   attn_kernel_compile attn_kernel_compile_count
        backends  attn_backend_get attn_backend_name attn_backend_from_name
                  attn_register_backend
        selector  attn_select_backend attn_selection_format attn_selection_cache_clear
@@ -158,6 +171,8 @@
               vtable (cache writes, fused MLA call and LSE merge take a stream), device
               kind per backend, backend-neutral MLA plan, workspaces fixed at create,
               run-time loader table with an injection point (attn_context_desc.loader).
+              NVRTC on the context with a memory and disk kernel cache; the layer names
+              its device; the CUDA backend (first cut).
 
    LICENSE: MIT, see the end of the file.
 */
@@ -387,6 +402,26 @@ ATTN_API attn_status attn_platform_get(attn_context *ctx, attn_platform *out);
 ATTN_API size_t attn_platform_format(const attn_platform *p, char *buf, size_t size);
 
 /* ---------------------------------------------------------------------------------------
+   CUDA helpers for C programs without the CUDA runtime (the device's primary context, so
+   pointers from the runtime or PyTorch in the same process work too). Without a CUDA
+   device they fail with ATTN_ERROR_PLATFORM and the reason.
+   ------------------------------------------------------------------------------------- */
+
+typedef enum attn_copy_kind {
+    ATTN_COPY_HOST_TO_DEVICE = 1,
+    ATTN_COPY_DEVICE_TO_HOST = 2,
+    ATTN_COPY_DEVICE_TO_DEVICE = 3
+} attn_copy_kind;
+
+ATTN_API attn_status attn_cuda_malloc(attn_context *ctx, size_t bytes, void **ptr);
+ATTN_API attn_status attn_cuda_free(attn_context *ctx, void *ptr);   /* NULL: nothing */
+/* stream: a CUstream / cudaStream_t; NULL = the legacy default stream, and then the copy
+   is complete when the call returns. */
+ATTN_API attn_status attn_cuda_memcpy(attn_context *ctx, void *dst, const void *src, size_t bytes,
+                                      attn_copy_kind kind, void *stream);
+ATTN_API attn_status attn_cuda_synchronize(attn_context *ctx, void *stream);
+
+/* ---------------------------------------------------------------------------------------
    Run-time kernel compilation (NVRTC; no GPU needed to compile)
    ------------------------------------------------------------------------------------- */
 
@@ -447,6 +482,10 @@ typedef struct attn_layer_desc {
     int qk_rope_head_dim;      /* 64 */
     int qk_nope_head_dim;      /* 128 */
     int v_head_dim;            /* 128 */
+    /* Where the layer's tensors (q/k/v/out/lse, the cache, the MLA weights) live: the
+       caller's choice, and the selector considers only backends for that device. CPU (0)
+       by default, so existing programs keep running on the CPU on a GPU machine. */
+    attn_device_kind device;
 } attn_layer_desc;
 
 /* ---------------------------------------------------------------------------------------
@@ -458,6 +497,7 @@ typedef enum attn_backend_id {
     ATTN_BACKEND_CPU = 1,    /* portable C, standard attention */
     ATTN_BACKEND_CPU_MLA = 2, /* portable C, MLA (latent cache) */
     ATTN_BACKEND_CUSTOM = 3, /* empty until a plugin registers it */
+    ATTN_BACKEND_CUDA = 4,   /* NVIDIA GPUs (compute capability 8.0+), kernels compiled by NVRTC */
     ATTN_BACKEND_COUNT
 } attn_backend_id;
 
@@ -628,6 +668,7 @@ typedef struct attn_selection {
     int head_size;
     int num_heads, num_kv_heads;
     int use_mla;
+    attn_device_kind device;          /* where the layer's tensors live */
     int device_capability;            /* major*10+minor, 0 on CPU */
     attn_platform_kind platform;
     /* what the resolved backend declares */
@@ -692,6 +733,8 @@ struct attn_batch {
     int max_query_len;              /* == max of query lengths */
     int max_seq_len;                /* == max of seq_lens */
     attn_causal causal;             /* DEFAULT: the layer's setting */
+    void *stream;                   /* CUDA layers: the stream the schedule is uploaded on
+                                       (NULL: the legacy default stream); CPU: ignored */
 };
 
 /* Fixed capacity, so that buffers never move between builds (CUDA-graph friendly). */
@@ -993,9 +1036,24 @@ static const char *attn__trim_env(const char *name) {
 
 typedef int attn__CUresult;
 typedef int attn__CUdevice;
+typedef unsigned long long attn__CUdeviceptr;
+typedef struct attn__CUctx_st *attn__CUcontext;
+typedef struct attn__CUmod_st *attn__CUmodule;
+typedef struct attn__CUfunc_st *attn__CUfunction;
+typedef struct attn__CUstream_st *attn__CUstream;
+typedef struct attn__CUevent_st *attn__CUevent;
 #define ATTN__CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT 16
 #define ATTN__CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR 75
 #define ATTN__CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR 76
+#define ATTN__CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN 97
+#define ATTN__CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES 8
+#define ATTN__CU_POINTER_ATTRIBUTE_MEMORY_TYPE 2
+#define ATTN__CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL 9
+#define ATTN__CU_MEMORYTYPE_HOST 1
+#define ATTN__CU_MEMORYTYPE_DEVICE 2
+#define ATTN__CU_MEMORYTYPE_UNIFIED 4
+#define ATTN__CU_EVENT_DISABLE_TIMING 2
+#define ATTN__CUDA_ERROR_NOT_READY 600
 
 /* The driver's library name; tests and unusual installs can point it elsewhere. The
    loader tries it, then "libcuda.so" (a development symlink some installs have only). */
@@ -1013,7 +1071,43 @@ typedef int attn__CUdevice;
     X(cuDeviceGetAttribute, "cuDeviceGetAttribute",                                      \
       (int *value, int attribute, attn__CUdevice device))                                \
     X(cuDeviceGetName, "cuDeviceGetName", (char *name, int length, attn__CUdevice device)) \
-    X(cuDeviceTotalMem, "cuDeviceTotalMem_v2", (size_t *bytes, attn__CUdevice device))
+    X(cuDeviceTotalMem, "cuDeviceTotalMem_v2", (size_t *bytes, attn__CUdevice device)) \
+    X(cuGetErrorString, "cuGetErrorString", (attn__CUresult error, const char **text))   \
+    X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain",                              \
+      (attn__CUcontext * ctx, attn__CUdevice device))                                    \
+    X(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2", (attn__CUdevice device)) \
+    X(cuCtxPushCurrent, "cuCtxPushCurrent_v2", (attn__CUcontext ctx))                    \
+    X(cuCtxPopCurrent, "cuCtxPopCurrent_v2", (attn__CUcontext * ctx))                    \
+    X(cuCtxSynchronize, "cuCtxSynchronize", (void))                                      \
+    X(cuModuleLoadData, "cuModuleLoadData", (attn__CUmodule * module, const void *image)) \
+    X(cuModuleUnload, "cuModuleUnload", (attn__CUmodule module))                         \
+    X(cuModuleGetFunction, "cuModuleGetFunction",                                        \
+      (attn__CUfunction * function, attn__CUmodule module, const char *name))            \
+    X(cuModuleGetGlobal, "cuModuleGetGlobal_v2",                                         \
+      (attn__CUdeviceptr * ptr, size_t *bytes, attn__CUmodule module, const char *name)) \
+    X(cuFuncSetAttribute, "cuFuncSetAttribute",                                          \
+      (attn__CUfunction function, int attribute, int value))                             \
+    X(cuLaunchKernel, "cuLaunchKernel",                                                  \
+      (attn__CUfunction f, unsigned grid_x, unsigned grid_y, unsigned grid_z,            \
+       unsigned block_x, unsigned block_y, unsigned block_z, unsigned shared_bytes,      \
+       attn__CUstream stream, void **params, void **extra))                              \
+    X(cuMemAlloc, "cuMemAlloc_v2", (attn__CUdeviceptr * ptr, size_t bytes))              \
+    X(cuMemFree, "cuMemFree_v2", (attn__CUdeviceptr ptr))                                \
+    X(cuMemAllocHost, "cuMemAllocHost_v2", (void **ptr, size_t bytes))                   \
+    X(cuMemFreeHost, "cuMemFreeHost", (void *ptr))                                       \
+    X(cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2",                                         \
+      (attn__CUdeviceptr dst, const void *src, size_t bytes, attn__CUstream stream))     \
+    X(cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2",                                         \
+      (void *dst, attn__CUdeviceptr src, size_t bytes, attn__CUstream stream))           \
+    X(cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2",                                         \
+      (attn__CUdeviceptr dst, attn__CUdeviceptr src, size_t bytes, attn__CUstream stream)) \
+    X(cuStreamSynchronize, "cuStreamSynchronize", (attn__CUstream stream))               \
+    X(cuEventCreate, "cuEventCreate", (attn__CUevent * event, unsigned flags))           \
+    X(cuEventRecord, "cuEventRecord", (attn__CUevent event, attn__CUstream stream))      \
+    X(cuEventSynchronize, "cuEventSynchronize", (attn__CUevent event))                   \
+    X(cuEventDestroy, "cuEventDestroy_v2", (attn__CUevent event))                        \
+    X(cuPointerGetAttribute, "cuPointerGetAttribute",                                    \
+      (void *data, int attribute, attn__CUdeviceptr ptr))
 
 /* The loaded driver, kept on the context for the backends that use it. */
 typedef struct attn__cuda_driver {
@@ -1398,6 +1492,8 @@ struct attn_context {
     struct attn__cuda_driver *cuda;  /* the driver's function table (library NULL: none) */
     struct attn__nvrtc *nvrtc;       /* the run-time compiler's table (library NULL: none) */
     struct attn__kernel_cache *kernels; /* compiled variants, memory and disk (>>nvrtc) */
+    attn__CUcontext cuda_primary;    /* the device's primary context, retained on first use */
+    attn__CUdevice cuda_device;
     struct attn__backend_slot *backends; /* context-level state of each backend used */
     int num_backends, backend_capacity;
 };
@@ -1455,15 +1551,42 @@ static void attn__log(const attn_context *ctx, attn_log_level level, attn_log_it
    under `item`, and returns status so callers can `return attn__fail(...)`. */
 static attn_status attn__fail(attn_context *ctx, attn_status status, attn_log_item item,
                               const char *fmt, ...) ATTN__PRINTF(4, 5);
-static attn_status attn__fail(attn_context *ctx, attn_status status, attn_log_item item,
-                              const char *fmt, ...) {
+static attn_status attn__vfail(attn_context *ctx, attn_status status, attn_log_item item,
+                               const char *fmt, va_list ap) {
     char *slot = ctx ? ctx->last_error : attn__thread_error;
-    va_list ap;
-    va_start(ap, fmt);
     vsnprintf(slot, 512, fmt, ap);
-    va_end(ap);
     attn__log(ctx, ATTN_LOG_LEVEL_ERROR, item, "%s: %s", attn_status_string(status), slot);
     return status;
+}
+static attn_status attn__fail(attn_context *ctx, attn_status status, attn_log_item item,
+                              const char *fmt, ...) {
+    attn_status st;
+    va_list ap;
+    va_start(ap, fmt);
+    st = attn__vfail(ctx, status, item, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+/* The two most common failures, spelled short: a descriptor field out of range, and a
+   batch field that is inconsistent. Callers `return` them. */
+static attn_status attn__bad_desc(attn_context *ctx, const char *fmt, ...) ATTN__PRINTF(2, 3);
+static attn_status attn__bad_desc(attn_context *ctx, const char *fmt, ...) {
+    attn_status st;
+    va_list ap;
+    va_start(ap, fmt);
+    st = attn__vfail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, fmt, ap);
+    va_end(ap);
+    return st;
+}
+static attn_status attn__bad_batch(attn_context *ctx, const char *fmt, ...) ATTN__PRINTF(2, 3);
+static attn_status attn__bad_batch(attn_context *ctx, const char *fmt, ...) {
+    attn_status st;
+    va_list ap;
+    va_start(ap, fmt);
+    st = attn__vfail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, fmt, ap);
+    va_end(ap);
+    return st;
 }
 
 /* The NULL-argument failure every front door reports: `return attn__null_arg(...)`. */
@@ -1565,11 +1688,22 @@ static attn_status attn__scratch_reserve(attn_context *ctx, size_t floats) {
 /* attn_context_create's failures have no context to keep their message: they are logged
    through a stack context holding just the caller's hook and level, and the message is
    copied to the thread's last error (where attn_context_last_error(NULL) finds it). */
-static attn_status attn__context_create_failed(const attn_context *logger, attn_status status) {
+/* A failure of attn_context_create: logged through the caller's hook and level (`logger`
+   holds only those), kept as the thread's last error since there is no context. */
+static attn_status attn__create_fail(attn_context *logger, attn_status status, attn_log_item item,
+                                     const char *fmt, ...) ATTN__PRINTF(4, 5);
+static attn_status attn__create_fail(attn_context *logger, attn_status status, attn_log_item item,
+                                     const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(logger->last_error, sizeof logger->last_error, fmt, ap);
+    va_end(ap);
+    attn__log(logger, ATTN_LOG_LEVEL_ERROR, item, "%s: %s", attn_status_string(status), logger->last_error);
     attn__strlcpy(attn__thread_error, logger->last_error, sizeof attn__thread_error);
     return status;
 }
 
+static void attn__cuda_release(attn_context *ctx);                /* >>cuda */
 struct attn__kernel_cache;                                         /* >>nvrtc */
 static struct attn__kernel_cache *attn__kernel_cache_create(const char *dir);
 static void attn__kernel_cache_destroy(struct attn__kernel_cache *kc);
@@ -1586,24 +1720,22 @@ ATTN_API attn_status attn_context_create(const attn_context_desc *desc, attn_con
     logger.log_user_data = d.log_user_data;
     logger.log_level = (int)d.log_level > 0 && (int)d.log_level <= (int)ATTN_LOG_LEVEL_NONE
                            ? d.log_level : attn__env_log_level();
-#define ATTN__CREATE_FAIL(...) \
-    return attn__context_create_failed(&logger, attn__fail(&logger, __VA_ARGS__))
     if (!out)
-        ATTN__CREATE_FAIL(ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT,
+        return attn__create_fail(&logger, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL,
                           "attn_context_create: argument 'out' is NULL (a valid pointer is "
                           "required)");
     *out = NULL;
     if ((int)d.log_level < 0 || (int)d.log_level > (int)ATTN_LOG_LEVEL_NONE)
-        ATTN__CREATE_FAIL(ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+        return attn__create_fail(&logger, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC,
                           "attn_context_create: desc.log_level is %d (allowed: 0..5, "
                           "ATTN_LOG_LEVEL_DEFAULT..ATTN_LOG_LEVEL_NONE)", (int)d.log_level);
     if (d.num_threads < 0 || d.num_threads > 1024)
-        ATTN__CREATE_FAIL(ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+        return attn__create_fail(&logger, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC,
                           "attn_context_create: desc.num_threads is %d (allowed: 0 = default, "
                           "or 1..1024)", d.num_threads);
     ctx = (attn_context *)attn__calloc(1, sizeof *ctx);
     if (!ctx)
-        ATTN__CREATE_FAIL(ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
+        return attn__create_fail(&logger, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
                           "attn_context_create: cannot allocate the context");
     ctx->log = d.log;
     ctx->log_user_data = d.log_user_data;
@@ -1620,14 +1752,14 @@ ATTN_API attn_status attn_context_create(const attn_context_desc *desc, attn_con
     ctx->scratch_size = (size_t *)attn__calloc((size_t)threads, sizeof(size_t));
     if (!ctx->scratch || !ctx->scratch_size) {
         attn_context_destroy(ctx);
-        ATTN__CREATE_FAIL(ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
+        return attn__create_fail(&logger, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
                           "attn_context_create: cannot allocate thread scratch tables");
     }
     if (threads > 1) {
         ctx->pool = attn__pool_create(threads);
         if (!ctx->pool) {
             attn_context_destroy(ctx);
-            ATTN__CREATE_FAIL(ATTN_ERROR_PLATFORM, ATTN_LOG_PLATFORM_ERROR,
+            return attn__create_fail(&logger, ATTN_ERROR_PLATFORM, ATTN_LOG_PLATFORM_ERROR,
                               "attn_context_create: cannot start %d worker threads", threads - 1);
         }
         attn__log(ctx, ATTN_LOG_LEVEL_DEBUG, ATTN_LOG_THREADS_STARTED, "%d worker threads",
@@ -1640,16 +1772,16 @@ ATTN_API attn_status attn_context_create(const attn_context_desc *desc, attn_con
     ctx->cuda = (struct attn__cuda_driver *)attn__calloc(1, sizeof *ctx->cuda);
     if (!ctx->cuda) {
         attn_context_destroy(ctx);
-        return attn__fail(NULL, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
-                          "attn_context_create: cannot allocate the driver table");
+        return attn__create_fail(&logger, ATTN_ERROR_OUT_OF_MEMORY,
+                          ATTN_LOG_OUT_OF_MEMORY, "attn_context_create: cannot allocate the driver table");
     }
     attn__probe_cuda(&ctx->loader, ctx->cuda, &ctx->platform);
     ctx->nvrtc = (struct attn__nvrtc *)attn__calloc(1, sizeof *ctx->nvrtc);
     ctx->kernels = attn__kernel_cache_create(d.kernel_cache_dir);
     if (!ctx->nvrtc || !ctx->kernels) {
         attn_context_destroy(ctx);
-        return attn__fail(NULL, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
-                          "attn_context_create: cannot allocate the compiler tables");
+        return attn__create_fail(&logger, ATTN_ERROR_OUT_OF_MEMORY,
+                          ATTN_LOG_OUT_OF_MEMORY, "attn_context_create: cannot allocate the compiler tables");
     }
     attn__probe_nvrtc(&ctx->loader, ctx->nvrtc, &ctx->platform);
     if (ctx->platform.kind != ATTN_PLATFORM_CUDA)
@@ -1661,7 +1793,6 @@ ATTN_API attn_status attn_context_create(const attn_context_desc *desc, attn_con
               ctx->platform.cpu_cores, threads, ctx->platform.cpu_simd);
     *out = ctx;
     return ATTN_OK;
-#undef ATTN__CREATE_FAIL
 }
 
 ATTN_API void attn_context_destroy(attn_context *ctx) {
@@ -1673,6 +1804,7 @@ ATTN_API void attn_context_destroy(attn_context *ctx) {
             bs->backend->context_release(bs->backend, ctx, bs->state);
     }
     attn__free(ctx->backends);
+    if (ctx->cuda && ctx->cuda->library) attn__cuda_release(ctx);
     attn__pool_destroy(ctx->pool);
     if (ctx->scratch)
         for (t = 0; t < ctx->num_threads; t++) attn__free(ctx->scratch[t]);
@@ -1948,6 +2080,14 @@ static void attn__store_elem(void *p, attn_dtype dt, int64_t i, float x) {
     ATTN_ASSERT(0);
 }
 
+static const char *attn__device_name(attn_device_kind d) {
+    switch (d) {
+    case ATTN_DEVICE_CPU: return "cpu";
+    case ATTN_DEVICE_CUDA: return "cuda";
+    }
+    return "?";
+}
+
 /* Expected extents for attn__check_tensor: n means exactly n, ATTN__AT_LEAST(n) at least n. */
 #define ATTN__AT_LEAST(n) (-(int64_t)(n) - 1)
 
@@ -1966,8 +2106,7 @@ static attn_status attn__check_tensor(attn_context *ctx, const char *fn, const c
     if (t->device.kind != device)
         return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_DEVICE,
                           "%s: %s.device is %s (allowed: %s)", fn, name,
-                          t->device.kind == ATTN_DEVICE_CUDA ? "cuda" : "cpu",
-                          device == ATTN_DEVICE_CUDA ? "cuda" : "cpu");
+                          attn__device_name(t->device.kind), attn__device_name(device));
     if (t->ndim != ndim)
         return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE,
                           "%s: %s.ndim is %d (allowed: %d)", fn, name, t->ndim, ndim);
@@ -2061,9 +2200,9 @@ static pthread_mutex_t attn__registry_lock = PTHREAD_MUTEX_INITIALIZER;
 /* Automatic priority per platform: the first entry whose checks pass wins. CUSTOM leads
    so that a registered plugin is preferred; an empty slot is not a candidate. */
 static const attn_backend_id attn__priority_cpu[] = {ATTN_BACKEND_CUSTOM, ATTN_BACKEND_CPU,
-                                                     ATTN_BACKEND_CPU_MLA};
-static const attn_backend_id attn__priority_cuda[] = {ATTN_BACKEND_CUSTOM, ATTN_BACKEND_CPU,
-                                                      ATTN_BACKEND_CPU_MLA};
+                                                     ATTN_BACKEND_CPU_MLA, ATTN_BACKEND_CUDA};
+static const attn_backend_id attn__priority_cuda[] = {ATTN_BACKEND_CUSTOM, ATTN_BACKEND_CUDA,
+                                                      ATTN_BACKEND_CPU, ATTN_BACKEND_CPU_MLA};
 
 static const attn_backend_id *attn__priority_list(attn_platform_kind kind, int *count) {
     if (kind == ATTN_PLATFORM_CUDA) {
@@ -2089,6 +2228,7 @@ ATTN_API const char *attn_backend_name(attn_backend_id id) {
     case ATTN_BACKEND_CPU: return "CPU";
     case ATTN_BACKEND_CPU_MLA: return "CPU_MLA";
     case ATTN_BACKEND_CUSTOM: return "CUSTOM";
+    case ATTN_BACKEND_CUDA: return "CUDA";
     default: return "?";
     }
 }
@@ -2189,69 +2329,76 @@ static attn_status attn__desc_resolve(attn_context *ctx, const char *fn,
     attn_layer_desc d = *in;
     char types[64];
     int i;
-    if (d.num_heads <= 0) return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.num_heads is %d (allowed: >= 1)", fn, d.num_heads);
+    if (d.num_heads <= 0)
+        return attn__bad_desc(ctx, "%s: desc.num_heads is %d (allowed: >= 1)", fn, d.num_heads);
     if (d.num_kv_heads < 0)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.num_kv_heads is %d (allowed: 0 = num_heads, or a divisor of "
-                  "num_heads)", fn, d.num_kv_heads);
+        return attn__bad_desc(ctx, "%s: desc.num_kv_heads is %d (allowed: 0 = num_heads, or a "
+                                   "divisor of num_heads)", fn, d.num_kv_heads);
     if (!d.num_kv_heads) d.num_kv_heads = d.use_mla == 1 ? 1 : d.num_heads;
     if (d.num_heads % d.num_kv_heads)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.num_kv_heads is %d (allowed: a divisor of num_heads %d)", fn,
-                  d.num_kv_heads, d.num_heads);
-    if (d.head_size <= 0) return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.head_size is %d (allowed: >= 1)", fn, d.head_size);
+        return attn__bad_desc(ctx, "%s: desc.num_kv_heads is %d (allowed: a divisor of num_heads "
+                                   "%d)", fn, d.num_kv_heads, d.num_heads);
+    if (d.head_size <= 0)
+        return attn__bad_desc(ctx, "%s: desc.head_size is %d (allowed: >= 1)", fn, d.head_size);
     attn__dtype_names(types, sizeof types, 0);
     if (!attn__dtype_valid(d.dtype))
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.dtype is %d (allowed: ATTN_DTYPE_AUTO, or an element type: %s)",
-                          fn, (int)d.dtype, types);
+        return attn__bad_desc(ctx, "%s: desc.dtype is %d (allowed: ATTN_DTYPE_AUTO, or an element "
+                                   "type: %s)", fn, (int)d.dtype, types);
     if (!attn__dtype_valid(d.kv_cache_dtype))
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.kv_cache_dtype is %d (allowed: ATTN_DTYPE_AUTO, or an element type: %s)",
-                          fn, (int)d.kv_cache_dtype, types);
+        return attn__bad_desc(ctx, "%s: desc.kv_cache_dtype is %d (allowed: ATTN_DTYPE_AUTO, or an "
+                                   "element type: %s)", fn, (int)d.kv_cache_dtype, types);
     if (!d.dtype) d.dtype = ATTN_DTYPE_F16;
     if (!d.kv_cache_dtype) d.kv_cache_dtype = d.dtype;
     if (d.block_size < 0 || d.block_size % 16 || d.block_size > 65536)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.block_size is %d (allowed: 0 = 16, or a multiple of 16 up to 65536)",
-                  fn, d.block_size);
+        return attn__bad_desc(ctx, "%s: desc.block_size is %d (allowed: 0 = 16, or a multiple of "
+                                   "16 up to 65536)", fn, d.block_size);
     if (!d.block_size) d.block_size = 16;
     if (d.use_mla < 0 || d.use_mla > 1)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.use_mla is %d (allowed: 0 or 1)", fn, d.use_mla);
+        return attn__bad_desc(ctx, "%s: desc.use_mla is %d (allowed: 0 or 1)", fn, d.use_mla);
+    if ((int)d.device != ATTN_DEVICE_CPU && (int)d.device != ATTN_DEVICE_CUDA)
+        return attn__bad_desc(ctx, "%s: desc.device is %d (allowed: ATTN_DEVICE_CPU, "
+                                   "ATTN_DEVICE_CUDA)", fn, (int)d.device);
     if (d.use_mla) {
         if (d.num_kv_heads != 1)
-            return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.num_kv_heads is %d for an MLA layer (allowed: 0 or 1, the one "
-                      "latent head)", fn, in->num_kv_heads);
+            return attn__bad_desc(ctx, "%s: desc.num_kv_heads is %d for an MLA layer (allowed: 0 "
+                                       "or 1, the one latent head)", fn, in->num_kv_heads);
         if (d.qk_rope_head_dim < 0 || d.kv_lora_rank < 0 || d.qk_nope_head_dim < 0 || d.v_head_dim < 0)
-            return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT, "%s: an MLA dimension is negative (kv_lora_rank %d, qk_rope_head_dim %d, "
-                      "qk_nope_head_dim %d, v_head_dim %d; allowed: 0 = default, or > 0)", fn,
-                      d.kv_lora_rank, d.qk_rope_head_dim, d.qk_nope_head_dim, d.v_head_dim);
+            return attn__bad_desc(ctx, "%s: an MLA dimension is negative (kv_lora_rank %d, "
+                                       "qk_rope_head_dim %d, qk_nope_head_dim %d, v_head_dim %d; "
+                                       "allowed: 0 = default, or > 0)", fn, d.kv_lora_rank,
+                                       d.qk_rope_head_dim, d.qk_nope_head_dim, d.v_head_dim);
         if (!d.qk_rope_head_dim) d.qk_rope_head_dim = 64;
         if (!d.kv_lora_rank) d.kv_lora_rank = d.head_size - d.qk_rope_head_dim;
         if (!d.qk_nope_head_dim) d.qk_nope_head_dim = 128;
         if (!d.v_head_dim) d.v_head_dim = 128;
         if (d.kv_lora_rank <= 0 || d.kv_lora_rank + d.qk_rope_head_dim != d.head_size)
-            return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.head_size %d is not kv_lora_rank %d + qk_rope_head_dim %d "
-                      "(allowed: head_size = kv_lora_rank + qk_rope_head_dim, e.g. 576 = 512 + 64)",
-                      fn, d.head_size, d.kv_lora_rank, d.qk_rope_head_dim);
+            return attn__bad_desc(ctx, "%s: desc.head_size %d is not kv_lora_rank %d + "
+                                       "qk_rope_head_dim %d (allowed: head_size = kv_lora_rank + "
+                                       "qk_rope_head_dim, e.g. 576 = 512 + 64)", fn, d.head_size,
+                                       d.kv_lora_rank, d.qk_rope_head_dim);
     }
     if (!(d.scale >= 0.0f) || d.scale > FLT_MAX)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.scale is %g (allowed: 0 = 1/sqrt(head_size), or a finite value "
-                  "> 0)", fn, (double)d.scale);
+        return attn__bad_desc(ctx, "%s: desc.scale is %g (allowed: 0 = 1/sqrt(head_size), or a "
+                                   "finite value > 0)", fn, (double)d.scale);
     if (d.scale == 0.0f) {
         int qk = d.use_mla ? d.qk_nope_head_dim + d.qk_rope_head_dim : d.head_size;
         d.scale = 1.0f / sqrtf((float)(qk > 0 ? qk : d.head_size));
     }
     if ((int)d.causal < 0 || (int)d.causal > (int)ATTN_CAUSAL_NO)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.causal is %d (allowed: ATTN_CAUSAL_DEFAULT, _YES, _NO)", fn,
-                  (int)d.causal);
+        return attn__bad_desc(ctx, "%s: desc.causal is %d (allowed: ATTN_CAUSAL_DEFAULT, _YES, _NO)",
+                                   fn, (int)d.causal);
     if (!d.causal) d.causal = ATTN_CAUSAL_YES;
     if (d.sliding_window < 0)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.sliding_window is %d (allowed: 0 = none, or >= 1)", fn,
-                  d.sliding_window);
+        return attn__bad_desc(ctx, "%s: desc.sliding_window is %d (allowed: 0 = none, or >= 1)",
+                                   fn, d.sliding_window);
     if (!(d.logits_soft_cap >= 0.0f) || d.logits_soft_cap > FLT_MAX)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.logits_soft_cap is %g (allowed: 0 = none, or a finite value > 0)",
-                  fn, (double)d.logits_soft_cap);
+        return attn__bad_desc(ctx, "%s: desc.logits_soft_cap is %g (allowed: 0 = none, or a finite "
+                                   "value > 0)", fn, (double)d.logits_soft_cap);
     if (d.alibi_slopes)
         for (i = 0; i < d.num_heads; i++)
             if (!(d.alibi_slopes[i] - d.alibi_slopes[i] == 0.0f))
-                return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "%s: desc.alibi_slopes[%d] is %g (allowed: finite values)", fn, i,
-                          (double)d.alibi_slopes[i]);
+                return attn__bad_desc(ctx, "%s: desc.alibi_slopes[%d] is %g (allowed: finite "
+                                           "values)", fn, i, (double)d.alibi_slopes[i]);
     *out = d;
     return ATTN_OK;
 }
@@ -2276,6 +2423,12 @@ static int attn__backend_check(const attn_backend *b, const attn_layer_desc *d,
                                const attn_platform *p, char *reason, size_t size) {
     char allowed[64];
     char custom[128];
+    if (b->device != d->device) {
+        attn__fmt(reason, size, "%s: runs on %s tensors; the layer's tensors are on %s "
+                  "(attn_layer_desc.device)", b->name, attn__device_name(b->device),
+                  attn__device_name(d->device));
+        return 1;
+    }
     if (b->device == ATTN_DEVICE_CUDA && p->kind != ATTN_PLATFORM_CUDA) {
         attn__fmt(reason, size, "%s: %s", b->name, p->cuda_reason[0] ? p->cuda_reason : "no CUDA device");
         return 1;
@@ -2370,7 +2523,7 @@ static int attn__desc_equal(const attn_layer_desc *a, const attn_layer_desc *b) 
            a->kv_cache_dtype == b->kv_cache_dtype && a->block_size == b->block_size &&
            a->scale == b->scale && a->causal == b->causal &&
            a->sliding_window == b->sliding_window && a->logits_soft_cap == b->logits_soft_cap &&
-           a->use_mla == b->use_mla && a->kv_lora_rank == b->kv_lora_rank &&
+           a->use_mla == b->use_mla && a->device == b->device && a->kv_lora_rank == b->kv_lora_rank &&
            a->qk_rope_head_dim == b->qk_rope_head_dim &&
            a->qk_nope_head_dim == b->qk_nope_head_dim && a->v_head_dim == b->v_head_dim;
 }
@@ -2430,6 +2583,7 @@ static attn_status attn__resolve(attn_context *ctx, const attn_layer_desc *d,
     s->num_heads = d->num_heads;
     s->num_kv_heads = d->num_kv_heads;
     s->use_mla = d->use_mla;
+    s->device = d->device;
     s->platform = ctx->platform.kind;
     s->device_capability = ctx->platform.kind == ATTN_PLATFORM_CUDA
                                ? ctx->platform.cuda_capability_major * 10 + ctx->platform.cuda_capability_minor
@@ -2437,7 +2591,7 @@ static attn_status attn__resolve(attn_context *ctx, const attn_layer_desc *d,
     attn__strlcpy(s->degradation, "none", sizeof s->degradation);
     for (i = 0; i < count; i++) { /* the first registered backend of the layer's kind */
         const attn_backend *b = attn_backend_get(list[i]);
-        if (b && b->is_mla == d->use_mla) { s->default_backend = list[i]; break; }
+        if (b && b->is_mla == d->use_mla && b->device == d->device) { s->default_backend = list[i]; break; }
     }
 
     if (req->backend != ATTN_BACKEND_AUTO) {
@@ -2509,13 +2663,14 @@ static attn_status attn__resolve(attn_context *ctx, const attn_layer_desc *d,
     attn__fmt(s->log_line, sizeof s->log_line,
              "attention backend %s (source: %s%s; degraded: %s) for %s layer heads=%d/%d "
              "head_size=%d dtype=%s kv_cache_dtype=%s block_size=%d sliding_window=%d "
-             "platform=%s",
+             "device=%s platform=%s",
              attn_backend_name(s->resolved),
              s->source == ATTN_SELECTION_CODE ? "code" : s->source == ATTN_SELECTION_ENV ? "env" : "auto",
              (s->source == ATTN_SELECTION_AUTO && s->resolved == s->default_backend) ? ", default" : "",
              s->degradation, d->use_mla ? "MLA" : "standard", d->num_heads, d->num_kv_heads,
              d->head_size, attn_dtype_name(d->dtype), attn_dtype_name(d->kv_cache_dtype),
-             d->block_size, d->sliding_window, ctx->platform.kind == ATTN_PLATFORM_CUDA ? "CUDA" : "CPU");
+             d->block_size, d->sliding_window, attn__device_name(d->device),
+             ctx->platform.kind == ATTN_PLATFORM_CUDA ? "CUDA" : "CPU");
     attn__log(ctx, ATTN_LOG_LEVEL_INFO, ATTN_LOG_SELECT_RESOLVED, "%s", s->log_line);
     return ATTN_OK;
 }
@@ -2640,6 +2795,7 @@ ATTN_API size_t attn_selection_format(const attn_selection *s, char *buf, size_t
                  "  block_size: %d  # effective\n"
                  "  sliding_window: %d\n"
                  "  head_size: %d\n"
+                 "  device: %s\n"
                  "  device_capability: %s\n"
                  "backend:\n"
                  "  device: %s\n"
@@ -2657,8 +2813,8 @@ ATTN_API size_t attn_selection_format(const attn_selection *s, char *buf, size_t
                  s->degradation, s->num_skipped ? "" : " none", skipped,
                  s->use_mla ? "MLA" : "standard", s->num_heads, s->num_kv_heads,
                  attn_dtype_name(s->dtype), attn_dtype_name(s->kv_cache_dtype), s->block_size,
-                 s->sliding_window, s->head_size, cap,
-                 !s->resolved ? "(none)" : s->backend_device == ATTN_DEVICE_CUDA ? "cuda" : "cpu",
+                 s->sliding_window, s->head_size, attn__device_name(s->device), cap,
+                 !s->resolved ? "(none)" : attn__device_name(s->backend_device),
                  !s->resolved ? "(none)" : attn__graph_name(s->cuda_graph),
                  !s->resolved ? "(none)" : !s->can_return_lse ? "not returned"
                  : s->lse_base == ATTN_LSE_BASE_2 ? "base 2 (returned as base e)" : "base e",
@@ -3053,19 +3209,21 @@ static attn_status attn__batch_validate(attn_context *ctx, const attn_metadata *
     int i, max_q = 0, max_s = 0;
     int64_t num_slots = m->cap.num_blocks * (int64_t)m->built_for.block_size;
     if (b->num_reqs < 0)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.num_reqs is %d (allowed: >= 0)", fn, b->num_reqs);
+        return attn__bad_batch(ctx, "%s: batch.num_reqs is %d (allowed: >= 0)", fn, b->num_reqs);
     if (b->num_reqs > m->cap.max_num_reqs)
         return attn__fail(ctx, ATTN_ERROR_CAPACITY, ATTN_LOG_CAPACITY_EXCEEDED,
                           "%s: batch.num_reqs is %d (allowed: <= max_num_reqs %d of this metadata)",
                           fn, b->num_reqs, m->cap.max_num_reqs);
     if (b->num_actual_tokens < 0)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.num_actual_tokens is %d (allowed: >= 0)", fn, b->num_actual_tokens);
+        return attn__bad_batch(ctx, "%s: batch.num_actual_tokens is %d (allowed: >= 0)", fn,
+                                    b->num_actual_tokens);
     if (b->num_actual_tokens > m->cap.max_num_tokens)
         return attn__fail(ctx, ATTN_ERROR_CAPACITY, ATTN_LOG_CAPACITY_EXCEEDED,
                           "%s: batch.num_actual_tokens is %d (allowed: <= max_num_tokens %d of "
                           "this metadata)", fn, b->num_actual_tokens, m->cap.max_num_tokens);
     if ((int)b->causal < 0 || (int)b->causal > (int)ATTN_CAUSAL_NO)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.causal is %d (allowed: ATTN_CAUSAL_DEFAULT, _YES, _NO)", fn, (int)b->causal);
+        return attn__bad_batch(ctx, "%s: batch.causal is %d (allowed: ATTN_CAUSAL_DEFAULT, _YES, "
+                                    "_NO)", fn, (int)b->causal);
     if (!b->query_start_loc)
         return attn__fail(ctx, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_METADATA,
                           "%s: batch.query_start_loc is NULL (a [num_reqs+1] array is required)", fn);
@@ -3074,60 +3232,65 @@ static attn_status attn__batch_validate(attn_context *ctx, const attn_metadata *
                           "%s: batch.%s is NULL (required when num_reqs > 0)", fn,
                           b->seq_lens ? "block_table" : "seq_lens");
     if (b->num_reqs > 0 && (b->block_table_stride < 1 || b->block_table_stride > m->cap.max_blocks_per_req))
-        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.block_table_stride is %d (allowed: 1..%d, max_blocks_per_req of "
-                   "this metadata)", fn, b->block_table_stride, m->cap.max_blocks_per_req);
+        return attn__bad_batch(ctx, "%s: batch.block_table_stride is %d (allowed: 1..%d, "
+                                    "max_blocks_per_req of this metadata)", fn,
+                                    b->block_table_stride, m->cap.max_blocks_per_req);
     if (b->query_start_loc[0] != 0)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.query_start_loc[0] is %d (allowed: 0)", fn, b->query_start_loc[0]);
+        return attn__bad_batch(ctx, "%s: batch.query_start_loc[0] is %d (allowed: 0)", fn,
+                                    b->query_start_loc[0]);
     for (i = 0; i < b->num_reqs; i++) {
         int q0 = b->query_start_loc[i], q1 = b->query_start_loc[i + 1];
         int ql, sl = b->seq_lens[i], nb, k;
         if (q1 < q0)
-            return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.query_start_loc is not non-decreasing at index %d (%d then %d)",
-                       fn, i, q0, q1);
+            return attn__bad_batch(ctx, "%s: batch.query_start_loc is not non-decreasing at index "
+                                        "%d (%d then %d)", fn, i, q0, q1);
         ql = q1 - q0;
         if (q1 > b->num_actual_tokens)
-            return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.query_start_loc[%d] is %d (allowed: <= num_actual_tokens %d)",
-                       fn, i + 1, q1, b->num_actual_tokens);
+            return attn__bad_batch(ctx, "%s: batch.query_start_loc[%d] is %d (allowed: <= "
+                                        "num_actual_tokens %d)", fn, i + 1, q1,
+                                        b->num_actual_tokens);
         if (sl < 0)
-            return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.seq_lens[%d] is %d (allowed: >= 0)", fn, i, sl);
+            return attn__bad_batch(ctx, "%s: batch.seq_lens[%d] is %d (allowed: >= 0)", fn, i, sl);
         if (ql > sl)
-            return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: request %d has query_len %d > seq_lens[%d] %d (allowed: query_len <= "
-                       "seq_len)", fn, i, ql, i, sl);
+            return attn__bad_batch(ctx, "%s: request %d has query_len %d > seq_lens[%d] %d "
+                                        "(allowed: query_len <= seq_len)", fn, i, ql, i, sl);
         nb = (int)(((int64_t)sl + m->built_for.block_size - 1) / m->built_for.block_size);
         if (nb > b->block_table_stride)
-            return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.seq_lens[%d] is %d, needing %d blocks of %d, but the block "
-                       "table row holds %d (block_table_stride)", fn, i, sl, nb, m->built_for.block_size,
-                       b->block_table_stride);
+            return attn__bad_batch(ctx, "%s: batch.seq_lens[%d] is %d, needing %d blocks of %d, "
+                                        "but the block table row holds %d (block_table_stride)",
+                                        fn, i, sl, nb, m->built_for.block_size,
+                                        b->block_table_stride);
         for (k = 0; k < nb; k++) {
             int32_t id = b->block_table[(size_t)i * (size_t)b->block_table_stride + (size_t)k];
             if (id < 0 || id >= m->cap.num_blocks)
-                return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.block_table[%d][%d] is %d (allowed: 0..%lld, num_blocks - 1)",
-                           fn, i, k, id, (long long)m->cap.num_blocks - 1);
+                return attn__bad_batch(ctx, "%s: batch.block_table[%d][%d] is %d (allowed: "
+                                            "0..%lld, num_blocks - 1)", fn, i, k, id,
+                                            (long long)m->cap.num_blocks - 1);
         }
         if (ql > max_q) max_q = ql;
         if (sl > max_s) max_s = sl;
     }
     if (b->query_start_loc[b->num_reqs] != b->num_actual_tokens)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.query_start_loc[num_reqs=%d] is %d but num_actual_tokens is %d "
-                   "(they must agree)", fn, b->num_reqs, b->query_start_loc[b->num_reqs],
-                   b->num_actual_tokens);
+        return attn__bad_batch(ctx, "%s: batch.query_start_loc[num_reqs=%d] is %d but "
+                                    "num_actual_tokens is %d (they must agree)", fn, b->num_reqs,
+                                    b->query_start_loc[b->num_reqs], b->num_actual_tokens);
     if (b->max_query_len != max_q)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.max_query_len is %d but the longest query is %d (they must agree)",
-                   fn, b->max_query_len, max_q);
+        return attn__bad_batch(ctx, "%s: batch.max_query_len is %d but the longest query is %d "
+                                    "(they must agree)", fn, b->max_query_len, max_q);
     if (b->max_seq_len != max_s)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.max_seq_len is %d but the longest sequence is %d (they must agree)",
-                   fn, b->max_seq_len, max_s);
+        return attn__bad_batch(ctx, "%s: batch.max_seq_len is %d but the longest sequence is %d "
+                                    "(they must agree)", fn, b->max_seq_len, max_s);
     if (b->slot_mapping)
         for (i = 0; i < b->num_actual_tokens; i++) {
             int64_t s = b->slot_mapping[i];
             if (s < -1 || s >= num_slots)
-                return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: batch.slot_mapping[%d] is %lld (allowed: -1 = padding, or "
-                           "0..%lld = num_blocks * block_size - 1)", fn, i, (long long)s,
-                           (long long)num_slots - 1);
+                return attn__bad_batch(ctx, "%s: batch.slot_mapping[%d] is %lld (allowed: -1 = "
+                                            "padding, or 0..%lld = num_blocks * block_size - 1)",
+                                            fn, i, (long long)s, (long long)num_slots - 1);
         }
     if (common_prefix_len < 0 || common_prefix_len > max_s)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: common_prefix_len is %d (allowed: 0..%d, max_seq_len)", fn,
-                   common_prefix_len, max_s);
+        return attn__bad_batch(ctx, "%s: common_prefix_len is %d (allowed: 0..%d, max_seq_len)",
+                                    fn, common_prefix_len, max_s);
     {
         attn_causal c = b->causal ? b->causal : m->built_for.causal;
         if (c == ATTN_CAUSAL_NO && !m->backend->supports_non_causal)
@@ -3141,9 +3304,9 @@ static attn_status attn__batch_validate(attn_context *ctx, const attn_metadata *
             int ql = b->query_start_loc[i + 1] - b->query_start_loc[i];
             if (ql > thr && first_prefill < 0) first_prefill = i;
             if (ql <= thr && first_prefill >= 0)
-                return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA, "%s: request %d (query_len %d) is a decode after the prefill request "
-                           "%d (allowed: decodes first; reorder with attn_reorder_batch)", fn, i,
-                           ql, first_prefill);
+                return attn__bad_batch(ctx, "%s: request %d (query_len %d) is a decode after the "
+                                            "prefill request %d (allowed: decodes first; reorder "
+                                            "with attn_reorder_batch)", fn, i, ql, first_prefill);
         }
     }
     return ATTN_OK;
@@ -5087,308 +5250,6 @@ static const attn_backend attn__cpu_mla_backend = {
 };
 
 /* =======================================================================================
-   >>builtin
-   The built-in registry entries: one line per backend section above.
-   ======================================================================================= */
-
-static const attn_backend *attn__builtin_backend(attn_backend_id id) {
-    switch (id) {
-    case ATTN_BACKEND_CPU: return &attn__cpu_backend;
-    case ATTN_BACKEND_CPU_MLA: return &attn__cpu_mla_backend;
-    default: return NULL;
-    }
-}
-
-/* =======================================================================================
-   >>forward
-   The public forward calls: validate everything a backend relies on (tensors, device,
-   metadata fit, token counts), then dispatch through the vtable.
-   ======================================================================================= */
-
-ATTN_API attn_status attn_layer_forward(attn_layer *layer, const attn_metadata *meta,
-                                        const attn_tensor *q, const attn_tensor *k,
-                                        const attn_tensor *v, attn_tensor *kv_cache,
-                                        attn_tensor *out, attn_tensor *lse, void *stream) {
-    attn_context *ctx = layer ? layer->ctx : NULL;
-    const char *fn = "attn_layer_forward";
-    const attn_layer_desc *d;
-    attn_device_kind dev;
-    int64_t shape[3];
-    attn_status st;
-    int ntok;
-    if (!layer) return attn__null_arg(ctx, __func__, "layer");
-    if (!meta) return attn__null_arg(ctx, __func__, "meta");
-    if (!q) return attn__null_arg(ctx, __func__, "q");
-    if (!kv_cache) return attn__null_arg(ctx, __func__, "kv_cache");
-    if (!out) return attn__null_arg(ctx, __func__, "out");
-    d = &layer->desc;
-    dev = layer->backend->device;
-    if (d->use_mla)
-        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_CALL_UNSUPPORTED,
-                          "%s: the layer is MLA (allowed: standard layers; MLA layers use the "
-                          "MLA forward calls)", fn);
-    st = attn__check_meta(layer, meta, fn);
-    if (st != ATTN_OK) return st;
-    if ((k == NULL) != (v == NULL))
-        return attn__fail(ctx, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL,
-                          "%s: argument '%s' is NULL but '%s' is not (allowed: both or neither)",
-                          fn, k ? "v" : "k", k ? "k" : "v");
-    ntok = meta->batch.num_actual_tokens;
-    shape[0] = ATTN__AT_LEAST(ntok); shape[1] = d->num_heads; shape[2] = d->head_size;
-    st = attn__check_tensor(ctx, fn, "q", q, d->dtype, 3, shape, dev);
-    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out", out, d->dtype, 3, shape, dev);
-    if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out", out);
-    if (st != ATTN_OK) return st;
-    st = attn__check_kv_cache(layer, fn, kv_cache, 0);
-    if (st != ATTN_OK) return st;
-    if (kv_cache->shape[0] < meta->cap.num_blocks)
-        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE,
-                          "%s: kv_cache.shape[0] is %lld (allowed: >= num_blocks %lld of the "
-                          "metadata)", fn, (long long)kv_cache->shape[0], (long long)meta->cap.num_blocks);
-    if (k) {
-        if (!meta->batch.slot_mapping)
-            return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA,
-                              "%s: k/v given but the batch has no slot_mapping (allowed: a "
-                              "slot_mapping, or k = v = NULL)", fn);
-        st = attn__check_kv_write(layer, fn, k, v, kv_cache, meta->batch.slot_mapping, ntok);
-        if (st != ATTN_OK) return st;
-    }
-    if (lse) {
-        if (!layer->backend->can_return_lse)
-            return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_CALL_UNSUPPORTED,
-                              "%s: backend %s cannot return the LSE (allowed: lse = NULL)", fn,
-                              layer->backend->name);
-        shape[1] = d->num_heads;
-        st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, dev);
-        if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "lse", lse);
-        if (st != ATTN_OK) return st;
-    }
-    return layer->backend->forward(layer->backend, layer, meta, q, k, v, kv_cache, out, lse, stream);
-}
-
-static attn_status attn__check_mla_call(attn_layer *layer, const attn_metadata *meta, const char *fn) {
-    attn_context *ctx = layer->ctx;
-    if (!layer->desc.use_mla || !layer->backend->is_mla)
-        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_CALL_UNSUPPORTED,
-                          "%s: the layer is not MLA (allowed: a layer created with use_mla = 1)", fn);
-    return attn__check_meta(layer, meta, fn);
-}
-
-ATTN_API attn_status attn_mla_forward_mqa(attn_layer *layer, const attn_metadata *meta,
-                                          const attn_tensor *q, const attn_tensor *q_pe,
-                                          const attn_tensor *kv_cache, attn_tensor *out_latent,
-                                          attn_tensor *lse, void *stream) {
-    attn_context *ctx = layer ? layer->ctx : NULL;
-    const char *fn = "attn_mla_forward_mqa";
-    const attn_layer_desc *d;
-    attn_device_kind dev;
-    int64_t shape[3];
-    attn_status st;
-    int td;
-    if (!layer) return attn__null_arg(ctx, __func__, "layer");
-    if (!meta) return attn__null_arg(ctx, __func__, "meta");
-    if (!q) return attn__null_arg(ctx, __func__, "q");
-    if (!kv_cache) return attn__null_arg(ctx, __func__, "kv_cache");
-    if (!out_latent) return attn__null_arg(ctx, __func__, "out_latent");
-    st = attn__check_mla_call(layer, meta, fn);
-    if (st != ATTN_OK) return st;
-    d = &layer->desc;
-    dev = layer->backend->device;
-    td = meta->mla.num_decode_tokens;
-    shape[0] = ATTN__AT_LEAST(td); shape[1] = d->num_heads;
-    shape[2] = q_pe ? d->kv_lora_rank : d->head_size;
-    st = attn__check_tensor(ctx, fn, "q", q, d->dtype, 3, shape, dev);
-    if (st == ATTN_OK && q_pe) {
-        shape[2] = d->qk_rope_head_dim;
-        st = attn__check_tensor(ctx, fn, "q_pe", q_pe, d->dtype, 3, shape, dev);
-    }
-    shape[2] = d->kv_lora_rank;
-    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out_latent", out_latent, d->dtype, 3, shape, dev);
-    if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out_latent", out_latent);
-    if (st == ATTN_OK && lse) st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, dev);
-    if (st == ATTN_OK && lse) st = attn__check_output_tensor(ctx, fn, "lse", lse);
-    if (st == ATTN_OK) st = attn__check_kv_cache(layer, fn, kv_cache, 0);
-    if (st != ATTN_OK) return st;
-    if (kv_cache->shape[0] < meta->cap.num_blocks)
-        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE,
-                          "%s: kv_cache.shape[0] is %lld (allowed: >= num_blocks %lld of the metadata)",
-                          fn, (long long)kv_cache->shape[0], (long long)meta->cap.num_blocks);
-    return layer->backend->forward_mqa(layer->backend, layer, meta, q, q_pe, kv_cache, out_latent,
-                                       lse, stream);
-}
-
-/* Shapes shared by forward_mha and the fused call: W_UK, W_UV, cache. */
-static attn_status attn__check_mla_weights(attn_layer *layer, const attn_metadata *meta, const char *fn,
-                                           const attn_tensor *kv_cache, const attn_tensor *w_uk,
-                                           const attn_tensor *w_uv) {
-    const attn_layer_desc *d = &layer->desc;
-    attn_device_kind dev = layer->backend->device;
-    int64_t shape[3];
-    attn_status st;
-    shape[0] = d->num_heads; shape[1] = d->qk_nope_head_dim; shape[2] = d->kv_lora_rank;
-    st = attn__check_tensor(layer->ctx, fn, "w_uk", w_uk, d->dtype, 3, shape, dev);
-    shape[1] = d->kv_lora_rank; shape[2] = d->v_head_dim;
-    if (st == ATTN_OK) st = attn__check_tensor(layer->ctx, fn, "w_uv", w_uv, d->dtype, 3, shape, dev);
-    if (st == ATTN_OK) st = attn__check_kv_cache(layer, fn, kv_cache, 0);
-    if (st == ATTN_OK && kv_cache->shape[0] < meta->cap.num_blocks)
-        st = attn__fail(layer->ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE,
-                        "%s: kv_cache.shape[0] is %lld (allowed: >= num_blocks %lld of the metadata)",
-                        fn, (long long)kv_cache->shape[0], (long long)meta->cap.num_blocks);
-    return st;
-}
-
-ATTN_API attn_status attn_mla_forward_mha(attn_layer *layer, const attn_metadata *meta,
-                                          const attn_tensor *q, const attn_tensor *kv_cache,
-                                          const attn_tensor *w_uk, const attn_tensor *w_uv,
-                                          attn_tensor *out, attn_tensor *lse, void *stream) {
-    attn_context *ctx = layer ? layer->ctx : NULL;
-    const char *fn = "attn_mla_forward_mha";
-    const attn_layer_desc *d;
-    attn_device_kind dev;
-    int64_t shape[3];
-    attn_status st;
-    if (!layer) return attn__null_arg(ctx, __func__, "layer");
-    if (!meta) return attn__null_arg(ctx, __func__, "meta");
-    if (!q) return attn__null_arg(ctx, __func__, "q");
-    if (!kv_cache) return attn__null_arg(ctx, __func__, "kv_cache");
-    if (!w_uk) return attn__null_arg(ctx, __func__, "w_uk");
-    if (!w_uv) return attn__null_arg(ctx, __func__, "w_uv");
-    if (!out) return attn__null_arg(ctx, __func__, "out");
-    st = attn__check_mla_call(layer, meta, fn);
-    if (st != ATTN_OK) return st;
-    d = &layer->desc;
-    dev = layer->backend->device;
-    shape[0] = ATTN__AT_LEAST(meta->mla.num_prefill_tokens); shape[1] = d->num_heads;
-    shape[2] = d->qk_nope_head_dim + d->qk_rope_head_dim;
-    st = attn__check_tensor(ctx, fn, "q", q, d->dtype, 3, shape, dev);
-    shape[2] = d->v_head_dim;
-    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out", out, d->dtype, 3, shape, dev);
-    if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out", out);
-    if (st == ATTN_OK && lse) st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, dev);
-    if (st == ATTN_OK && lse) st = attn__check_output_tensor(ctx, fn, "lse", lse);
-    if (st == ATTN_OK) st = attn__check_mla_weights(layer, meta, fn, kv_cache, w_uk, w_uv);
-    if (st != ATTN_OK) return st;
-    return layer->backend->forward_mha(layer->backend, layer, meta, q, kv_cache, w_uk, w_uv, out,
-                                       lse, stream);
-}
-
-ATTN_API attn_status attn_mla_forward(attn_layer *layer, const attn_metadata *meta,
-                                      const attn_tensor *q_nope, const attn_tensor *q_pe,
-                                      const attn_tensor *kv_c, const attn_tensor *k_pe,
-                                      attn_tensor *kv_cache, const attn_tensor *w_uk,
-                                      const attn_tensor *w_uv, attn_tensor *out, void *stream) {
-    attn_context *ctx = layer ? layer->ctx : NULL;
-    const char *fn = "attn_mla_forward";
-    const attn_layer_desc *d;
-    const attn_batch *b;
-    attn_device_kind dev;
-    int64_t shape[3];
-    attn_status st;
-    if (!layer) return attn__null_arg(ctx, __func__, "layer");
-    if (!meta) return attn__null_arg(ctx, __func__, "meta");
-    if (!q_nope) return attn__null_arg(ctx, __func__, "q_nope");
-    if (!q_pe) return attn__null_arg(ctx, __func__, "q_pe");
-    if (!kv_cache) return attn__null_arg(ctx, __func__, "kv_cache");
-    if (!w_uk) return attn__null_arg(ctx, __func__, "w_uk");
-    if (!w_uv) return attn__null_arg(ctx, __func__, "w_uv");
-    if (!out) return attn__null_arg(ctx, __func__, "out");
-    st = attn__check_mla_call(layer, meta, fn);
-    if (st != ATTN_OK) return st;
-    d = &layer->desc;
-    b = attn_metadata_batch(meta);
-    dev = layer->backend->device;
-    if ((kv_c == NULL) != (k_pe == NULL))
-        return attn__fail(ctx, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL,
-                          "%s: argument '%s' is NULL but '%s' is not (allowed: both or neither)",
-                          fn, kv_c ? "k_pe" : "kv_c", kv_c ? "kv_c" : "k_pe");
-    shape[0] = ATTN__AT_LEAST(b->num_actual_tokens); shape[1] = d->num_heads;
-    shape[2] = d->qk_nope_head_dim;
-    st = attn__check_tensor(ctx, fn, "q_nope", q_nope, d->dtype, 3, shape, dev);
-    shape[2] = d->qk_rope_head_dim;
-    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "q_pe", q_pe, d->dtype, 3, shape, dev);
-    shape[2] = d->v_head_dim;
-    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out", out, d->dtype, 3, shape, dev);
-    if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out", out);
-    if (st == ATTN_OK) st = attn__check_mla_weights(layer, meta, fn, kv_cache, w_uk, w_uv);
-    if (st != ATTN_OK) return st;
-    if (kv_c) { /* every check of the cache write before the backend writes anything */
-        if (!b->slot_mapping)
-            return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA,
-                              "%s: kv_c/k_pe given but the batch has no slot_mapping", fn);
-        st = attn__check_latent_write(layer, fn, kv_c, k_pe, kv_cache, b->slot_mapping,
-                                      b->num_actual_tokens);
-        if (st != ATTN_OK) return st;
-    }
-    return layer->backend->mla_forward(layer->backend, layer, meta, q_nope, q_pe, kv_c, k_pe,
-                                       kv_cache, w_uk, w_uv, out, stream);
-}
-
-/* =======================================================================================
-   >>merge
-   The public LSE merge: validated here, run by the first backend of the platform's
-   priority list that serves the tensors' device.
-   ======================================================================================= */
-
-/* The first backend of the platform's priority list that serves `device` and merges. */
-static const attn_backend *attn__merge_backend(const attn_context *ctx, attn_device_kind device) {
-    int count, i;
-    const attn_backend_id *list = attn__priority_list(ctx->platform.kind, &count);
-    for (i = 0; i < count; i++) {
-        const attn_backend *b = attn_backend_get(list[i]);
-        if (b && b->device == device && b->merge_attn_states) return b;
-    }
-    return NULL;
-}
-
-ATTN_API attn_status attn_merge_attn_states(attn_context *ctx, const attn_tensor *out_a,
-                                            const attn_tensor *lse_a, attn_lse_base base_a,
-                                            const attn_tensor *out_b, const attn_tensor *lse_b,
-                                            attn_lse_base base_b, attn_tensor *out,
-                                            attn_tensor *lse, attn_lse_base base_out,
-                                            void *stream) {
-    const char *fn = "attn_merge_attn_states";
-    const attn_backend *be;
-    int64_t shape[3];
-    attn_device_kind dev;
-    attn_status st;
-    if (!ctx) return attn__null_arg(ctx, __func__, "ctx");
-    if (!out_a) return attn__null_arg(ctx, __func__, "out_a");
-    if (!lse_a) return attn__null_arg(ctx, __func__, "lse_a");
-    if (!out_b) return attn__null_arg(ctx, __func__, "out_b");
-    if (!lse_b) return attn__null_arg(ctx, __func__, "lse_b");
-    if (!out) return attn__null_arg(ctx, __func__, "out");
-    if ((int)base_a < 0 || (int)base_a > 1 || (int)base_b < 0 || (int)base_b > 1 ||
-        (int)base_out < 0 || (int)base_out > 1)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
-                          "%s: an LSE base is out of range (%d, %d, %d; allowed: ATTN_LSE_BASE_E, "
-                          "ATTN_LSE_BASE_2)", fn, (int)base_a, (int)base_b, (int)base_out);
-    if (out_a->ndim != 3 || out_a->shape[0] < 0 || out_a->shape[1] <= 0 || out_a->shape[2] <= 0 ||
-        attn_dtype_size(out_a->dtype) == 0)
-        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE,
-                          "%s: out_a must be [tokens, heads, head_size] of f32/f16/bf16 (ndim %d)",
-                          fn, out_a->ndim);
-    dev = out_a->device.kind;
-    be = attn__merge_backend(ctx, dev);
-    if (!be)
-        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_CALL_UNSUPPORTED,
-                          "%s: out_a.device is %s and no registered backend merges there "
-                          "(allowed: a device a backend of this platform serves)", fn,
-                          dev == ATTN_DEVICE_CUDA ? "cuda" : "cpu");
-    shape[0] = out_a->shape[0]; shape[1] = out_a->shape[1]; shape[2] = out_a->shape[2];
-    st = attn__check_tensor(ctx, fn, "out_a", out_a, out_a->dtype, 3, shape, dev);
-    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out_b", out_b, out_a->dtype, 3, shape, dev);
-    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out", out, out_a->dtype, 3, shape, dev);
-    if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out", out);
-    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "lse_a", lse_a, ATTN_DTYPE_F32, 2, shape, dev);
-    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "lse_b", lse_b, ATTN_DTYPE_F32, 2, shape, dev);
-    if (st == ATTN_OK && lse) st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, dev);
-    if (st == ATTN_OK && lse) st = attn__check_output_tensor(ctx, fn, "lse", lse);
-    if (st != ATTN_OK) return st;
-    return be->merge_attn_states(be, ctx, out_a, lse_a, base_a, out_b, lse_b, base_b, out, lse,
-                                 base_out, stream);
-}
-
-/* =======================================================================================
    >>nvrtc
    Run-time compilation of the embedded kernels (the .cu files of kernels/, in the
    generated block at the end of the file): NVRTC loaded like the driver; a variant is (file, options, arch) compiled
@@ -5817,6 +5678,1183 @@ ATTN_API attn_status attn_kernel_compile(attn_context *ctx, const char *kernel, 
 
 ATTN_API int attn_kernel_compile_count(const attn_context *ctx) {
     return ctx && ctx->kernels ? ctx->kernels->compiles : 0;
+}
+
+/* =======================================================================================
+   >>cuda
+   The CUDA path: the device's primary context (shared with the CUDA runtime and PyTorch),
+   helpers for C users without a runtime, and the CUDA paged-attention backend: kernels
+   compiled by NVRTC at layer creation, a fixed-capacity schedule uploaded by build with
+   one asynchronous copy, forward as launches on the caller's stream (graph-safe).
+   ======================================================================================= */
+
+#ifndef ATTN_NO_CUDA
+
+/* A failed driver call: ATTN_ERROR_PLATFORM naming the call and the driver's text. */
+static attn_status attn__cu_fail(attn_context *ctx, const char *fn, const char *call, attn__CUresult rc) {
+    const char *text = NULL;
+    if (ctx->cuda->cuGetErrorString) ctx->cuda->cuGetErrorString(rc, &text);
+    return attn__fail(ctx, ATTN_ERROR_PLATFORM, ATTN_LOG_PLATFORM_ERROR, "%s: %s failed (CUresult %d: %s)",
+                      fn, call, rc, text ? text : "unknown");
+}
+
+/* Makes the device's primary context current (retained on first use, released at
+   attn_context_destroy). Pair with attn__cuda_leave. */
+static attn_status attn__cuda_enter(attn_context *ctx, const char *fn) {
+    attn__cuda_driver *cu = ctx->cuda;
+    attn__CUresult rc;
+    if (ctx->platform.kind != ATTN_PLATFORM_CUDA)
+        return attn__fail(ctx, ATTN_ERROR_PLATFORM, ATTN_LOG_PLATFORM_ERROR,
+                          "%s: no CUDA device (%s)", fn, ctx->platform.cuda_reason);
+    if (!ctx->cuda_primary) {
+        if ((rc = cu->cuDeviceGet(&ctx->cuda_device, 0)) != 0)
+            return attn__cu_fail(ctx, fn, "cuDeviceGet", rc);
+        if ((rc = cu->cuDevicePrimaryCtxRetain(&ctx->cuda_primary, ctx->cuda_device)) != 0) {
+            ctx->cuda_primary = NULL;
+            return attn__cu_fail(ctx, fn, "cuDevicePrimaryCtxRetain", rc);
+        }
+    }
+    if ((rc = cu->cuCtxPushCurrent(ctx->cuda_primary)) != 0)
+        return attn__cu_fail(ctx, fn, "cuCtxPushCurrent", rc);
+    return ATTN_OK;
+}
+
+static void attn__cuda_leave(attn_context *ctx) {
+    attn__CUcontext popped;
+    ctx->cuda->cuCtxPopCurrent(&popped);
+}
+
+/* At attn_context_destroy. */
+static void attn__cuda_release(attn_context *ctx) {
+    if (ctx->cuda_primary) ctx->cuda->cuDevicePrimaryCtxRelease(ctx->cuda_device);
+    ctx->cuda_primary = NULL;
+}
+
+ATTN_API attn_status attn_cuda_malloc(attn_context *ctx, size_t bytes, void **ptr) {
+    attn__CUdeviceptr p = 0;
+    attn__CUresult rc;
+    attn_status st;
+    if (!ctx) return attn__null_arg(ctx, __func__, "ctx");
+    if (!ptr) return attn__null_arg(ctx, __func__, "ptr");
+    *ptr = NULL;
+    if (bytes == 0)
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                          "attn_cuda_malloc: bytes is 0 (allowed: >= 1)");
+    if ((st = attn__cuda_enter(ctx, "attn_cuda_malloc")) != ATTN_OK) return st;
+    rc = ctx->cuda->cuMemAlloc(&p, bytes);
+    attn__cuda_leave(ctx);
+    if (rc != 0) return attn__fail(ctx, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
+                                   "attn_cuda_malloc: cannot allocate %zu bytes on the device (CUresult %d)",
+                                   bytes, rc);
+    *ptr = (void *)(uintptr_t)p;
+    return ATTN_OK;
+}
+
+ATTN_API attn_status attn_cuda_free(attn_context *ctx, void *ptr) {
+    attn__CUresult rc;
+    attn_status st;
+    if (!ctx) return attn__null_arg(ctx, __func__, "ctx");
+    if (!ptr) return ATTN_OK;
+    if ((st = attn__cuda_enter(ctx, "attn_cuda_free")) != ATTN_OK) return st;
+    rc = ctx->cuda->cuMemFree((attn__CUdeviceptr)(uintptr_t)ptr);
+    attn__cuda_leave(ctx);
+    return rc ? attn__cu_fail(ctx, "attn_cuda_free", "cuMemFree", rc) : ATTN_OK;
+}
+
+ATTN_API attn_status attn_cuda_memcpy(attn_context *ctx, void *dst, const void *src, size_t bytes,
+                                      attn_copy_kind kind, void *stream) {
+    attn__cuda_driver *cu;
+    attn__CUstream s = (attn__CUstream)stream;
+    attn__CUresult rc = 0;
+    attn_status st;
+    if (!ctx) return attn__null_arg(ctx, __func__, "ctx");
+    if (!dst) return attn__null_arg(ctx, __func__, "dst");
+    if (!src) return attn__null_arg(ctx, __func__, "src");
+    if ((int)kind < ATTN_COPY_HOST_TO_DEVICE || (int)kind > ATTN_COPY_DEVICE_TO_DEVICE)
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                          "attn_cuda_memcpy: kind is %d (allowed: ATTN_COPY_HOST_TO_DEVICE, "
+                          "_DEVICE_TO_HOST, _DEVICE_TO_DEVICE)", (int)kind);
+    if (bytes == 0) return ATTN_OK;
+    if ((st = attn__cuda_enter(ctx, "attn_cuda_memcpy")) != ATTN_OK) return st;
+    cu = ctx->cuda;
+    switch (kind) {
+    case ATTN_COPY_HOST_TO_DEVICE:
+        rc = cu->cuMemcpyHtoDAsync((attn__CUdeviceptr)(uintptr_t)dst, src, bytes, s);
+        break;
+    case ATTN_COPY_DEVICE_TO_HOST:
+        rc = cu->cuMemcpyDtoHAsync(dst, (attn__CUdeviceptr)(uintptr_t)src, bytes, s);
+        break;
+    case ATTN_COPY_DEVICE_TO_DEVICE:
+        rc = cu->cuMemcpyDtoDAsync((attn__CUdeviceptr)(uintptr_t)dst, (attn__CUdeviceptr)(uintptr_t)src,
+                                   bytes, s);
+        break;
+    }
+    if (rc == 0 && !stream) rc = cu->cuStreamSynchronize(s); /* NULL stream: synchronous */
+    attn__cuda_leave(ctx);
+    return rc ? attn__cu_fail(ctx, "attn_cuda_memcpy", "the copy", rc) : ATTN_OK;
+}
+
+ATTN_API attn_status attn_cuda_synchronize(attn_context *ctx, void *stream) {
+    attn__CUresult rc;
+    attn_status st;
+    if (!ctx) return attn__null_arg(ctx, __func__, "ctx");
+    if ((st = attn__cuda_enter(ctx, "attn_cuda_synchronize")) != ATTN_OK) return st;
+    rc = ctx->cuda->cuStreamSynchronize((attn__CUstream)stream);
+    attn__cuda_leave(ctx);
+    return rc ? attn__cu_fail(ctx, "attn_cuda_synchronize", "cuStreamSynchronize", rc) : ATTN_OK;
+}
+
+/* ---- kernel variants: compiled, loaded, configured ------------------------------------- */
+
+/* The kernels' element numbering (DT_*): 0 f32, 1 f16, 2 bf16. */
+static int attn__cuda_dt(attn_dtype d) {
+    switch (d) {
+    case ATTN_DTYPE_AUTO: return -1;
+    case ATTN_DTYPE_F32: return 0;
+    case ATTN_DTYPE_F16: return 1;
+    case ATTN_DTYPE_BF16: return 2;
+    case ATTN_DTYPE_COUNT: return -1;
+    }
+    return -1;
+}
+
+typedef struct attn__cuda_module {
+    attn__CUmodule module;
+    attn__CUfunction main, second;   /* paged: attention, merge_partials; else one kernel */
+    int config[8];                   /* paged: attn_paged_config */
+} attn__cuda_module;
+
+/* Compiles (or finds) `file` with `options` for the device and loads the functions. */
+static attn_status attn__cuda_load(attn_context *ctx, const char *file, const char *options,
+                                   const char *main_name, const char *second_name, int paged,
+                                   attn__cuda_module *m, char *reason, size_t reason_size) {
+    attn__cuda_driver *cu = ctx->cuda;
+    const attn__cubin *c = NULL;
+    char arch[16];
+    int source = 0;
+    attn__CUresult rc;
+    attn_status st;
+    memset(m, 0, sizeof *m);
+    attn__fmt(arch, sizeof arch, "sm_%d%d", ctx->platform.cuda_capability_major,
+              ctx->platform.cuda_capability_minor);
+    st = attn__kernel_get(ctx, file, options, arch, &c, &source);
+    if (st != ATTN_OK) {
+        attn__fmt(reason, reason_size, "%s [%s] does not compile for %s: %.90s", file, options, arch,
+                  attn_context_last_error(ctx));
+        return st;
+    }
+    if ((rc = cu->cuModuleLoadData(&m->module, c->data)) != 0 ||
+        (rc = cu->cuModuleGetFunction(&m->main, m->module, main_name)) != 0 ||
+        (second_name && (rc = cu->cuModuleGetFunction(&m->second, m->module, second_name)) != 0)) {
+        attn__fmt(reason, reason_size, "%s [%s]: the driver cannot load it (CUresult %d)", file, options, rc);
+        if (m->module) cu->cuModuleUnload(m->module);
+        m->module = NULL;
+        return ATTN_ERROR_PLATFORM;
+    }
+    if (paged) {
+        attn__CUdeviceptr g = 0;
+        size_t gb = 0;
+        if ((rc = cu->cuModuleGetGlobal(&g, &gb, m->module, "attn_paged_config")) != 0 || gb != sizeof m->config ||
+            (rc = cu->cuMemcpyDtoHAsync(m->config, g, sizeof m->config, NULL)) != 0 ||
+            (rc = cu->cuStreamSynchronize(NULL)) != 0 ||
+            (m->config[1] > 48 * 1024 &&
+             (rc = cu->cuFuncSetAttribute(m->main, ATTN__CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                          m->config[1])) != 0)) {
+            attn__fmt(reason, reason_size, "%s [%s]: cannot configure it (CUresult %d, config %zu bytes)",
+                      file, options, rc, gb);
+            cu->cuModuleUnload(m->module);
+            m->module = NULL;
+            return ATTN_ERROR_PLATFORM;
+        }
+    }
+    return ATTN_OK;
+}
+
+/* ---- backend state ---------------------------------------------------------------------- */
+
+/* Context level: the merge kernels of attn_merge_attn_states, per (dtype, head size),
+   loaded on first use. */
+typedef struct attn__cuda_merge_entry {
+    int dt, head_dim;
+    attn__cuda_module m;
+} attn__cuda_merge_entry;
+
+typedef struct attn__cuda_state {
+    attn__cuda_merge_entry merges[16];
+    int num_merges;
+} attn__cuda_state;
+
+/* Layer level: the two attention variants (decode tiles, prefill tiles), the cache write,
+   the ALiBi slopes on the device. */
+typedef struct attn__cuda_layer {
+    attn__cuda_module decode, prefill, cache;
+    attn__CUdeviceptr alibi;
+} attn__cuda_layer;
+
+/* The host mirrors of the kernels' parameter structs (kernels/paged_attention.cu,
+   cache_write.cu, merge.cu): same members, same order; pointers are device addresses. */
+typedef struct attn__paged_params {
+    attn__CUdeviceptr q, kv_cache, out, lse, block_table, seq_lens, query_start_loc, alibi_slopes;
+    attn__CUdeviceptr work, num_work, merge, num_merge, partial_o, partial_ml;
+    int64_t q_stride_token, q_stride_head, out_stride_token, out_stride_head;
+    int64_t lse_stride_token, lse_stride_head, block_table_stride;
+    int32_t num_kv_heads;
+    float scale, softcap;
+    int32_t window;
+} attn__paged_params;
+
+typedef struct attn__cache_write_params {
+    attn__CUdeviceptr key, value, kv_cache, slot_mapping;
+    int64_t key_stride_token, key_stride_head, value_stride_token, value_stride_head;
+    int32_t num_tokens, num_kv_heads, block_size, pad0;
+} attn__cache_write_params;
+
+typedef struct attn__merge_params {
+    attn__CUdeviceptr out_a, lse_a, out_b, lse_b, out, lse;
+    int64_t out_a_stride_token, out_a_stride_head, out_b_stride_token, out_b_stride_head;
+    int64_t out_stride_token, out_stride_head, lse_a_stride_token, lse_a_stride_head;
+    int64_t lse_b_stride_token, lse_b_stride_head, lse_stride_token, lse_stride_head;
+    int32_t num_tokens, num_heads, base_a, base_b, base_out, pad0;
+} attn__merge_params;
+
+static int attn__cuda_check(const attn_backend *self, const attn_layer_desc *d, const attn_platform *p,
+                            char *reason, size_t size) {
+    (void)self;
+    if (p->cuda_capability_major < 8) {
+        attn__fmt(reason, size, "compute capability %d.%d (allowed: 8.0 or newer: mma.sync, cp.async)",
+                  p->cuda_capability_major, p->cuda_capability_minor);
+        return 1;
+    }
+    if (!p->nvrtc_version) {
+        attn__fmt(reason, size, "%s", p->nvrtc_reason);
+        return 1;
+    }
+    if (d->num_heads / d->num_kv_heads > 128) {
+        attn__fmt(reason, size, "%d query heads per KV head (allowed: at most 128)",
+                  d->num_heads / d->num_kv_heads);
+        return 1;
+    }
+    return 0;
+}
+
+static attn_status attn__cuda_context_init(const attn_backend *self, attn_context *ctx, void **state,
+                                           char *reason, size_t size) {
+    attn__cuda_state *s;
+    attn_status st;
+    (void)self;
+    if ((st = attn__cuda_enter(ctx, "CUDA backend")) != ATTN_OK) {
+        attn__fmt(reason, size, "%s", attn_context_last_error(ctx));
+        return st;
+    }
+    attn__cuda_leave(ctx);
+    s = (attn__cuda_state *)attn__calloc(1, sizeof *s);
+    if (!s) {
+        attn__fmt(reason, size, "out of memory");
+        return ATTN_ERROR_OUT_OF_MEMORY;
+    }
+    *state = s;
+    return ATTN_OK;
+}
+
+static void attn__cuda_context_release(const attn_backend *self, attn_context *ctx, void *state) {
+    attn__cuda_state *s = (attn__cuda_state *)state;
+    int i;
+    (void)self;
+    if (!s) return;
+    if (s->num_merges && attn__cuda_enter(ctx, "CUDA backend") == ATTN_OK) {
+        for (i = 0; i < s->num_merges; i++) ctx->cuda->cuModuleUnload(s->merges[i].m.module);
+        attn__cuda_leave(ctx);
+    }
+    attn__free(s);
+}
+
+/* Tokens per CTA tile: decode tiles hold one warp's 16 rows, prefill tiles four. */
+static int attn__cuda_tile_tokens(int group, int prefill) {
+    int t = (prefill ? 64 : 16) / group;
+    return t > 0 ? t : 1;
+}
+
+static void attn__cuda_layer_free(attn_context *ctx, attn__cuda_layer *L) {
+    if (!L) return;
+    if (L->decode.module) ctx->cuda->cuModuleUnload(L->decode.module);
+    if (L->prefill.module) ctx->cuda->cuModuleUnload(L->prefill.module);
+    if (L->cache.module) ctx->cuda->cuModuleUnload(L->cache.module);
+    if (L->alibi) ctx->cuda->cuMemFree(L->alibi);
+    attn__free(L);
+}
+
+static attn_status attn__cuda_layer_init(const attn_backend *self, attn_layer *layer, void **state,
+                                         char *reason, size_t size) {
+    attn_context *ctx = attn_layer_context(layer);
+    const attn_layer_desc *d = attn_layer_get_desc(layer);
+    int group = d->num_heads / d->num_kv_heads, pass;
+    char opt[256];
+    attn__cuda_layer *L;
+    attn_status st;
+    (void)self;
+    L = (attn__cuda_layer *)attn__calloc(1, sizeof *L);
+    if (!L) {
+        attn__fmt(reason, size, "out of memory");
+        return ATTN_ERROR_OUT_OF_MEMORY;
+    }
+    if ((st = attn__cuda_enter(ctx, "CUDA layer")) != ATTN_OK) {
+        attn__fmt(reason, size, "%s", attn_context_last_error(ctx));
+        attn__free(L);
+        return st;
+    }
+    for (pass = 0; pass < 2 && st == ATTN_OK; pass++) {
+        attn__fmt(opt, sizeof opt, "-DHEAD_DIM=%d -DBLOCK_SIZE=%d -DGROUP=%d -DDT_Q=%d -DDT_KV=%d "
+                  "-DTILE_TOKENS=%d -DCAUSAL=%d -DWINDOW=%d -DSOFTCAP=%d -DALIBI=%d",
+                  d->head_size, d->block_size, group, attn__cuda_dt(d->dtype), attn__cuda_dt(d->kv_cache_dtype),
+                  attn__cuda_tile_tokens(group, pass), d->causal == ATTN_CAUSAL_YES,
+                  d->sliding_window > 0, d->logits_soft_cap > 0.0f, d->alibi_slopes != NULL);
+        st = attn__cuda_load(ctx, "paged_attention.cu", opt, "attn_paged_attention", "attn_paged_merge_partials", 1,
+                             pass ? &L->prefill : &L->decode, reason, size);
+    }
+    if (st == ATTN_OK) {
+        attn__fmt(opt, sizeof opt, "-DHEAD_DIM=%d -DDT_IN=%d -DDT_CACHE=%d", d->head_size,
+                  attn__cuda_dt(d->dtype), attn__cuda_dt(d->kv_cache_dtype));
+        st = attn__cuda_load(ctx, "cache_write.cu", opt, "attn_reshape_and_cache", NULL, 0, &L->cache, reason, size);
+    }
+    if (st == ATTN_OK && d->alibi_slopes) {
+        size_t bytes = (size_t)d->num_heads * sizeof(float);
+        attn__CUresult rc = ctx->cuda->cuMemAlloc(&L->alibi, bytes);
+        if (rc == 0) rc = ctx->cuda->cuMemcpyHtoDAsync(L->alibi, d->alibi_slopes, bytes, NULL);
+        if (rc == 0) rc = ctx->cuda->cuStreamSynchronize(NULL);
+        if (rc != 0) {
+            attn__fmt(reason, size, "cannot place the ALiBi slopes on the device (CUresult %d)", rc);
+            st = ATTN_ERROR_PLATFORM;
+        }
+    }
+    if (st != ATTN_OK) attn__cuda_layer_free(ctx, L);
+    else *state = L;
+    attn__cuda_leave(ctx);
+    return st;
+}
+
+static void attn__cuda_layer_release(const attn_backend *self, attn_layer *layer, void *state) {
+    attn_context *ctx = attn_layer_context(layer);
+    (void)self;
+    if (!state) return;
+    if (attn__cuda_enter(ctx, "CUDA layer") != ATTN_OK) return;
+    attn__cuda_layer_free(ctx, (attn__cuda_layer *)state);
+    attn__cuda_leave(ctx);
+}
+
+/* ---- metadata: the schedule, fixed capacity, one upload per build ------------------------ */
+
+#define ATTN__CUDA_SPLIT_MIN 512   /* fewest keys worth a split of their own */
+#define ATTN__CUDA_MAX_SPLITS 32
+
+/* One region, laid out by one function (sizes with base NULL, carves otherwise), copied
+   to the device with one cuMemcpyHtoDAsync per build: counts, work lists, merges, batch. */
+typedef struct attn__cuda_plan {
+    int32_t *counts;               /* [4]: decode work, prefill work, decode merges, 0 */
+    int32_t *work[2];              /* [capacity][8] per variant (0 decode, 1 prefill) */
+    int32_t *merge;                /* [capacity][8] (decode splits) */
+    int32_t *query_start_loc, *seq_lens;
+    int64_t *slot_mapping;
+    int32_t *block_table;          /* last: the upload stops after the rows in use */
+} attn__cuda_plan;
+
+typedef struct attn__cuda_meta {
+    /* geometry copied from the layer: metadata may outlive it */
+    int group, num_kv_heads, tile[2], rows[2], kv_tile[2];
+    int work_capacity[2], merge_capacity, slot_capacity;
+    int parallelism;               /* 2 x SMs */
+    size_t bytes;                  /* of the region */
+    char *staging;                 /* pinned host copy of the region */
+    attn__CUdeviceptr region;      /* the device copy */
+    attn__CUdeviceptr partial_o, partial_ml;
+    attn__CUevent uploaded;        /* the last build's copy; waited for before the next */
+    int upload_pending;
+    size_t upload_bytes;           /* of the last build */
+    attn__cuda_plan host;          /* pointers into staging */
+    attn__cuda_plan dev;           /* the same offsets as device addresses (in pointer form) */
+} attn__cuda_meta;
+
+static void *attn__carve_bytes(char *base, size_t *used, size_t bytes) {
+    void *p = base ? base + *used : NULL;
+    *used += (bytes + 255) / 256 * 256;
+    return p;
+}
+
+static size_t attn__cuda_plan_layout(const attn__cuda_meta *cm, const attn_metadata_desc *cap, char *base,
+                                     attn__cuda_plan *p) {
+    size_t used = 0;
+    p->counts = (int32_t *)attn__carve_bytes(base, &used, 4 * sizeof(int32_t));
+    p->work[0] = (int32_t *)attn__carve_bytes(base, &used, (size_t)cm->work_capacity[0] * 32);
+    p->work[1] = (int32_t *)attn__carve_bytes(base, &used, (size_t)cm->work_capacity[1] * 32);
+    p->merge = (int32_t *)attn__carve_bytes(base, &used, (size_t)cm->merge_capacity * 32);
+    p->query_start_loc = (int32_t *)attn__carve_bytes(base, &used, ((size_t)cap->max_num_reqs + 1) * 4);
+    p->seq_lens = (int32_t *)attn__carve_bytes(base, &used, (size_t)cap->max_num_reqs * 4);
+    p->slot_mapping = (int64_t *)attn__carve_bytes(base, &used, (size_t)cap->max_num_tokens * 8);
+    p->block_table = (int32_t *)attn__carve_bytes(base, &used, (size_t)cap->max_num_reqs * (size_t)cap->max_blocks_per_req * 4);
+    return used;
+}
+
+static void attn__cuda_meta_free(attn_context *ctx, attn__cuda_meta *cm) {
+    attn__cuda_driver *cu = ctx->cuda;
+    if (!cm) return;
+    if (cm->upload_pending) cu->cuEventSynchronize(cm->uploaded);
+    if (cm->uploaded) cu->cuEventDestroy(cm->uploaded);
+    if (cm->staging) cu->cuMemFreeHost(cm->staging);
+    if (cm->region) cu->cuMemFree(cm->region);
+    if (cm->partial_o) cu->cuMemFree(cm->partial_o);
+    if (cm->partial_ml) cu->cuMemFree(cm->partial_ml);
+    attn__free(cm);
+}
+
+static attn_status attn__cuda_metadata_init(const attn_backend *self, attn_layer *layer, attn_metadata *meta) {
+    attn_context *ctx = attn_layer_context(layer);
+    const attn_layer_desc *d = attn_layer_get_desc(layer);
+    const attn_metadata_desc *cap = attn_metadata_capacity(meta);
+    const attn__cuda_layer *L = (const attn__cuda_layer *)attn_layer_backend_state(layer);
+    attn__cuda_driver *cu = ctx->cuda;
+    attn__cuda_meta *cm;
+    attn__CUresult rc = 0;
+    attn_status st;
+    int v;
+    (void)self;
+    cm = (attn__cuda_meta *)attn__calloc(1, sizeof *cm);
+    if (!cm)
+        return attn__fail(ctx, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
+                          "attn_metadata_create: cannot allocate the CUDA schedule");
+    cm->group = d->num_heads / d->num_kv_heads;
+    cm->num_kv_heads = d->num_kv_heads;
+    cm->parallelism = 2 * ATTN__MAX(1, ctx->platform.cuda_multiprocessors);
+    for (v = 0; v < 2; v++) {
+        const attn__cuda_module *m = v ? &L->prefill : &L->decode;
+        cm->tile[v] = m->config[4];
+        cm->rows[v] = m->config[3];
+        cm->kv_tile[v] = m->config[2];
+    }
+    /* decode items: one per (request, KV head), times the splits; splits happen only while
+       the batch has fewer items than `parallelism`, at most ceil(parallelism / items) per
+       item: fewer than 2 x parallelism split items in all */
+    cm->work_capacity[0] = cap->max_num_reqs * d->num_kv_heads + 2 * cm->parallelism;
+    cm->work_capacity[1] = d->num_kv_heads * (cap->max_num_tokens / cm->tile[1] + cap->max_num_reqs);
+    cm->merge_capacity = ATTN__MIN(cap->max_num_reqs * d->num_kv_heads, cm->parallelism);
+    cm->slot_capacity = 2 * cm->parallelism;
+    cm->bytes = attn__cuda_plan_layout(cm, cap, NULL, &cm->host);
+    if ((st = attn__cuda_enter(ctx, "attn_metadata_create")) != ATTN_OK) {
+        attn__free(cm);
+        return st;
+    }
+    if ((rc = cu->cuMemAllocHost((void **)&cm->staging, cm->bytes)) != 0 ||
+        (rc = cu->cuMemAlloc(&cm->region, cm->bytes)) != 0 ||
+        (rc = cu->cuMemAlloc(&cm->partial_o, (size_t)cm->slot_capacity * (size_t)cm->rows[0] * (size_t)d->head_size * 4)) != 0 ||
+        (rc = cu->cuMemAlloc(&cm->partial_ml, (size_t)cm->slot_capacity * (size_t)cm->rows[0] * 2 * 4)) != 0 ||
+        (rc = cu->cuEventCreate(&cm->uploaded, ATTN__CU_EVENT_DISABLE_TIMING)) != 0) {
+        attn__cuda_meta_free(ctx, cm);
+        attn__cuda_leave(ctx);
+        return attn__fail(ctx, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
+                          "attn_metadata_create: cannot allocate the CUDA schedule (%zu bytes; CUresult %d)",
+                          cm->bytes, rc);
+    }
+    attn__cuda_leave(ctx);
+    memset(cm->staging, 0, cm->bytes);
+    attn__cuda_plan_layout(cm, cap, cm->staging, &cm->host);
+    attn__cuda_plan_layout(cm, cap, (char *)(uintptr_t)cm->region, &cm->dev);
+    attn_metadata_private_set(meta, cm);
+    return ATTN_OK;
+}
+
+static void attn__cuda_metadata_release(const attn_backend *self, attn_metadata *meta) {
+    attn_context *ctx = attn_metadata_context(meta);
+    attn__cuda_meta *cm = (attn__cuda_meta *)attn_metadata_private(meta);
+    (void)self;
+    if (!cm) return;
+    if (attn__cuda_enter(ctx, "attn_metadata_destroy") == ATTN_OK) {
+        attn__cuda_meta_free(ctx, cm);
+        attn__cuda_leave(ctx);
+    }
+    attn_metadata_private_set(meta, NULL);
+}
+
+/* Work items longest first (heap sort: build may not allocate). */
+static void attn__cuda_sift(int32_t *w, int root, int n) {
+    for (;;) {
+        int c = 2 * root + 1, k;
+        int32_t tmp[8];
+        if (c >= n) return;
+        if (c + 1 < n && (w[8 * (c + 1) + 5] - w[8 * (c + 1) + 4]) < (w[8 * c + 5] - w[8 * c + 4])) c++;
+        if ((w[8 * root + 5] - w[8 * root + 4]) <= (w[8 * c + 5] - w[8 * c + 4])) return;
+        for (k = 0; k < 8; k++) { tmp[k] = w[8 * root + k]; w[8 * root + k] = w[8 * c + k]; w[8 * c + k] = tmp[k]; }
+        root = c;
+    }
+}
+static void attn__cuda_sort_work(int32_t *w, int n) {
+    int i, k;
+    for (i = n / 2 - 1; i >= 0; i--) attn__cuda_sift(w, i, n);
+    for (i = n - 1; i > 0; i--) {
+        for (k = 0; k < 8; k++) { int32_t t = w[k]; w[k] = w[8 * i + k]; w[8 * i + k] = t; }
+        attn__cuda_sift(w, 0, i);
+    }
+}
+
+static void attn__cuda_item(int32_t *w, int req, int kvh, int tok0, int ntok, int key0, int key1, int slot) {
+    w[0] = req; w[1] = kvh; w[2] = tok0; w[3] = ntok; w[4] = key0; w[5] = key1; w[6] = slot; w[7] = 0;
+}
+
+/* The schedule of a validated batch, written into the staging region, then uploaded. */
+static attn_status attn__cuda_build(const attn_backend *self, attn_layer *layer, attn_metadata *meta,
+                                    int common_prefix_len, int fast_build) {
+    attn_context *ctx = attn_layer_context(layer);
+    const attn_layer_desc *d = attn_layer_get_desc(layer);
+    const attn_metadata_desc *cap = attn_metadata_capacity(meta);
+    const attn_batch *b = attn_metadata_batch(meta);
+    attn__cuda_meta *cm = (attn__cuda_meta *)attn_metadata_private(meta);
+    attn__cuda_plan *p = &cm->host;
+    attn__cuda_driver *cu = ctx->cuda;
+    int causal = b->causal == ATTN_CAUSAL_YES, r, h, nw[2] = {0, 0}, nm = 0, slots = 0, base;
+    int split, invariant = attn__env_batch_invariant(ctx);
+    size_t upload;
+    attn__CUresult rc;
+    attn_status st;
+    (void)self;
+    (void)common_prefix_len;
+    (void)fast_build;
+    if ((st = attn__cuda_enter(ctx, "attn_metadata_build")) != ATTN_OK) return st;
+    /* the previous build's copy may still read the staging buffer */
+    if (cm->upload_pending && (rc = cu->cuEventSynchronize(cm->uploaded)) != 0) {
+        attn__cuda_leave(ctx);
+        return attn__cu_fail(ctx, "attn_metadata_build", "cuEventSynchronize", rc);
+    }
+    cm->upload_pending = 0;
+    /* base items: decodes (a request that fits one decode tile) one per KV head */
+    base = 0;
+    for (r = 0; r < b->num_reqs; r++) {
+        int ql = b->query_start_loc[r + 1] - b->query_start_loc[r];
+        if (ql <= 0) continue;
+        base += ql <= cm->tile[0] ? d->num_kv_heads
+                                  : d->num_kv_heads * ((ql + cm->tile[1] - 1) / cm->tile[1]);
+    }
+    split = !invariant && base > 0 && base < cm->parallelism;
+    for (r = 0; r < b->num_reqs; r++) {
+        int ql = b->query_start_loc[r + 1] - b->query_start_loc[r], sl = b->seq_lens[r];
+        int v = ql <= cm->tile[0] ? 0 : 1, tt = cm->tile[v], t0;
+        if (ql <= 0) continue;
+        for (t0 = 0; t0 < ql; t0 += tt) {
+            int t1 = ATTN__MIN(ql, t0 + tt), lo0, hi0, lo1, hi1, lo, hi, ns = 1, s;
+            attn__cpu_visible_keys(d, causal, sl - ql + t0, sl, &lo0, &hi0);
+            attn__cpu_visible_keys(d, causal, sl - ql + t1 - 1, sl, &lo1, &hi1);
+            lo = ATTN__MIN(lo0, lo1);
+            hi = ATTN__MAX(hi0, hi1);
+            if (v == 0 && split && hi - lo >= 2 * ATTN__CUDA_SPLIT_MIN) {
+                ns = (hi - lo) / ATTN__CUDA_SPLIT_MIN;
+                ns = ATTN__MIN(ns, (cm->parallelism + base - 1) / base);
+                ns = ATTN__MIN(ns, ATTN__CUDA_MAX_SPLITS);
+                if (ns < 2) ns = 1;
+            }
+            for (h = 0; h < d->num_kv_heads; h++) {
+                if (ns > 1) {
+                    int32_t *m = p->merge + 8 * nm++;
+                    int kt = cm->kv_tile[0];
+                    ATTN_ASSERT(nm <= cm->merge_capacity && slots + ns <= cm->slot_capacity);
+                    m[0] = r; m[1] = h; m[2] = t0; m[3] = t1 - t0; m[4] = slots; m[5] = ns; m[6] = m[7] = 0;
+                    for (s = 0; s < ns; s++) { /* split bounds on KV_TILE multiples */
+                        int k0 = s == 0 ? lo : lo + (int)((int64_t)(hi - lo) * s / ns) / kt * kt;
+                        int k1 = s == ns - 1 ? hi : lo + (int)((int64_t)(hi - lo) * (s + 1) / ns) / kt * kt;
+                        if (k0 < lo) k0 = lo;
+                        if (k1 < k0) k1 = k0;
+                        ATTN_ASSERT(nw[0] < cm->work_capacity[0]);
+                        attn__cuda_item(p->work[0] + 8 * nw[0]++, r, h, t0, t1 - t0, k0, k1, slots + s);
+                    }
+                    slots += ns;
+                } else {
+                    ATTN_ASSERT(nw[v] < cm->work_capacity[v]);
+                    attn__cuda_item(p->work[v] + 8 * nw[v]++, r, h, t0, t1 - t0, lo, hi, -1);
+                }
+            }
+        }
+    }
+    attn__cuda_sort_work(p->work[0], nw[0]);
+    attn__cuda_sort_work(p->work[1], nw[1]);
+    p->counts[0] = nw[0];
+    p->counts[1] = nw[1];
+    p->counts[2] = nm;
+    p->counts[3] = 0;
+    memcpy(p->query_start_loc, b->query_start_loc, ((size_t)b->num_reqs + 1) * 4);
+    if (b->num_reqs) memcpy(p->seq_lens, b->seq_lens, (size_t)b->num_reqs * 4);
+    if (b->slot_mapping && b->num_actual_tokens)
+        memcpy(p->slot_mapping, b->slot_mapping, (size_t)b->num_actual_tokens * 8);
+    if (b->num_reqs) /* the metadata's copy has row stride max_blocks_per_req already */
+        memcpy(p->block_table, b->block_table, (size_t)b->num_reqs * (size_t)cap->max_blocks_per_req * 4);
+    upload = (size_t)((char *)(p->block_table + (size_t)b->num_reqs * (size_t)cap->max_blocks_per_req) - cm->staging);
+    rc = cu->cuMemcpyHtoDAsync(cm->region, cm->staging, upload, (attn__CUstream)b->stream);
+    if (rc == 0) rc = cu->cuEventRecord(cm->uploaded, (attn__CUstream)b->stream);
+    attn__cuda_leave(ctx);
+    if (rc != 0) return attn__cu_fail(ctx, "attn_metadata_build", "the schedule upload", rc);
+    cm->upload_pending = 1;
+    cm->upload_bytes = upload;
+    return ATTN_OK;
+}
+
+/* ---- entry points ------------------------------------------------------------------------ */
+
+static attn__CUdeviceptr attn__dptr(const void *p) { return (attn__CUdeviceptr)(uintptr_t)p; }
+
+static attn__CUresult attn__cuda_write_kv(attn_context *ctx, const attn__cuda_layer *L, const attn_layer_desc *d,
+                                          const attn_tensor *k, const attn_tensor *v, attn_tensor *kv_cache,
+                                          attn__CUdeviceptr slots, int num_tokens, attn__CUstream stream) {
+    attn__cache_write_params wp;
+    attn_tensor kr = attn__tensor_resolved(k), vr = attn__tensor_resolved(v);
+    void *args[1];
+    if (num_tokens <= 0) return 0;
+    memset(&wp, 0, sizeof wp);
+    wp.key = attn__dptr(k->data);
+    wp.value = attn__dptr(v->data);
+    wp.kv_cache = attn__dptr(kv_cache->data);
+    wp.slot_mapping = slots;
+    wp.key_stride_token = kr.strides[0];
+    wp.key_stride_head = kr.strides[1];
+    wp.value_stride_token = vr.strides[0];
+    wp.value_stride_head = vr.strides[1];
+    wp.num_tokens = num_tokens;
+    wp.num_kv_heads = d->num_kv_heads;
+    wp.block_size = d->block_size;
+    args[0] = &wp;
+    return ctx->cuda->cuLaunchKernel(L->cache.main, (unsigned)ATTN__MIN(num_tokens, 4096), 1, 1, 128, 1, 1, 0,
+                                     stream, args, NULL);
+}
+
+static attn_status attn__cuda_forward(const attn_backend *self, attn_layer *layer, const attn_metadata *meta,
+                                      const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
+                                      attn_tensor *kv_cache, attn_tensor *out, attn_tensor *lse, void *stream) {
+    attn_context *ctx = attn_layer_context(layer);
+    const attn_layer_desc *d = attn_layer_get_desc(layer);
+    const attn__cuda_layer *L = (const attn__cuda_layer *)attn_layer_backend_state(layer);
+    const attn__cuda_meta *cm = (const attn__cuda_meta *)attn_metadata_private(meta);
+    const attn_batch *b = attn_metadata_batch(meta);
+    attn__cuda_driver *cu = ctx->cuda;
+    attn__CUstream s = (attn__CUstream)stream;
+    attn__paged_params pp;
+    attn_tensor qr = attn__tensor_resolved(q), orr = attn__tensor_resolved(out), lr;
+    attn__CUresult rc = 0;
+    attn_status st;
+    void *args[1];
+    int v2;
+    (void)self;
+    if ((st = attn__cuda_enter(ctx, "attn_layer_forward")) != ATTN_OK) return st;
+    if (k && v)
+        rc = attn__cuda_write_kv(ctx, L, d, k, v, kv_cache, attn__dptr(cm->dev.slot_mapping), b->num_actual_tokens, s);
+    memset(&pp, 0, sizeof pp);
+    pp.q = attn__dptr(q->data);
+    pp.kv_cache = attn__dptr(kv_cache->data);
+    pp.out = attn__dptr(out->data);
+    pp.block_table = attn__dptr(cm->dev.block_table);
+    pp.seq_lens = attn__dptr(cm->dev.seq_lens);
+    pp.query_start_loc = attn__dptr(cm->dev.query_start_loc);
+    pp.alibi_slopes = L->alibi;
+    pp.merge = attn__dptr(cm->dev.merge);
+    pp.num_merge = attn__dptr(cm->dev.counts + 2);
+    pp.partial_o = cm->partial_o;
+    pp.partial_ml = cm->partial_ml;
+    pp.q_stride_token = qr.strides[0];
+    pp.q_stride_head = qr.strides[1];
+    pp.out_stride_token = orr.strides[0];
+    pp.out_stride_head = orr.strides[1];
+    if (lse) {
+        lr = attn__tensor_resolved(lse);
+        pp.lse = attn__dptr(lse->data);
+        pp.lse_stride_token = lr.strides[0];
+        pp.lse_stride_head = lr.strides[1];
+    }
+    pp.block_table_stride = attn_metadata_capacity(meta)->max_blocks_per_req;
+    pp.num_kv_heads = d->num_kv_heads;
+    pp.scale = d->scale;
+    pp.softcap = d->logits_soft_cap;
+    pp.window = d->sliding_window;
+    args[0] = &pp;
+    /* every launch covers the capacity: CTAs past the built counts exit, so a graph
+       captured once replays for every later build */
+    for (v2 = 0; v2 < 2 && rc == 0; v2++) {
+        const attn__cuda_module *m = v2 ? &L->prefill : &L->decode;
+        pp.work = attn__dptr(cm->dev.work[v2]);
+        pp.num_work = attn__dptr(cm->dev.counts + v2);
+        rc = cu->cuLaunchKernel(m->main, (unsigned)cm->work_capacity[v2], 1, 1, (unsigned)m->config[0], 1, 1,
+                                (unsigned)m->config[1], s, args, NULL);
+    }
+    if (rc == 0) { /* the decode splits' merge (a no-op grid when the build made none) */
+        pp.work = attn__dptr(cm->dev.work[0]);
+        pp.num_work = attn__dptr(cm->dev.counts);
+        rc = cu->cuLaunchKernel(L->decode.second, (unsigned)cm->merge_capacity, 1, 1, 128, 1, 1, 0, s, args, NULL);
+    }
+    attn__cuda_leave(ctx);
+    return rc ? attn__cu_fail(ctx, "attn_layer_forward", "cuLaunchKernel", rc) : ATTN_OK;
+}
+
+static attn_status attn__cuda_reshape_and_cache(const attn_backend *self, attn_layer *layer,
+                                                const attn_tensor *key, const attn_tensor *value,
+                                                attn_tensor *kv_cache, const int64_t *slot_mapping,
+                                                int num_tokens, void *stream) {
+    attn_context *ctx = attn_layer_context(layer);
+    const attn__cuda_layer *L = (const attn__cuda_layer *)attn_layer_backend_state(layer);
+    attn__cuda_driver *cu = ctx->cuda;
+    attn__CUstream s = (attn__CUstream)stream;
+    attn__CUdeviceptr dslots = 0;
+    attn__CUresult rc;
+    attn_status st;
+    size_t bytes = (size_t)num_tokens * sizeof(int64_t);
+    (void)self;
+    if (num_tokens == 0) return ATTN_OK;
+    if ((st = attn__cuda_enter(ctx, "attn_reshape_and_cache")) != ATTN_OK) return st;
+    /* the slots are host values (checked by the front door): a device copy for this call,
+       freed once the stream is past the write. This entry point synchronises the stream
+       and is not graph-capturable; a forward given k/v writes the cache from the
+       metadata's device copy of the batch's slots instead. */
+    rc = cu->cuMemAlloc(&dslots, bytes);
+    if (rc == 0) rc = cu->cuMemcpyHtoDAsync(dslots, slot_mapping, bytes, s);
+    if (rc == 0)
+        rc = attn__cuda_write_kv(ctx, L, attn_layer_get_desc(layer), key, value, kv_cache, dslots, num_tokens, s);
+    if (rc == 0) rc = cu->cuStreamSynchronize(s);
+    if (dslots) cu->cuMemFree(dslots);
+    attn__cuda_leave(ctx);
+    return rc ? attn__cu_fail(ctx, "attn_reshape_and_cache", "the cache write", rc) : ATTN_OK;
+}
+
+/* The merge kernel of (dtype, head size), compiled and loaded on first use. The first
+   merge of a shape therefore compiles (or reads the disk cache): do one before capturing
+   a graph that contains merges. */
+static attn_status attn__cuda_merge_kernel(attn_context *ctx, attn__cuda_state *cs, int dt, int head_dim,
+                                           const attn__cuda_module **out) {
+    char opt[64], reason[256];
+    attn_status st;
+    int i;
+    for (i = 0; i < cs->num_merges; i++)
+        if (cs->merges[i].dt == dt && cs->merges[i].head_dim == head_dim) {
+            *out = &cs->merges[i].m;
+            return ATTN_OK;
+        }
+    if (cs->num_merges == (int)(sizeof cs->merges / sizeof cs->merges[0])) { /* evict the oldest */
+        ctx->cuda->cuModuleUnload(cs->merges[0].m.module);
+        memmove(&cs->merges[0], &cs->merges[1], sizeof cs->merges - sizeof cs->merges[0]);
+        cs->num_merges--;
+    }
+    attn__fmt(opt, sizeof opt, "-DHEAD_DIM=%d -DDT=%d", head_dim, dt);
+    st = attn__cuda_load(ctx, "merge.cu", opt, "attn_merge_attn_states", NULL, 0, &cs->merges[cs->num_merges].m,
+                         reason, sizeof reason);
+    if (st != ATTN_OK)
+        return attn__fail(ctx, st, ATTN_LOG_KERNEL_COMPILE_FAILED, "attn_merge_attn_states: %s", reason);
+    cs->merges[cs->num_merges].dt = dt;
+    cs->merges[cs->num_merges].head_dim = head_dim;
+    *out = &cs->merges[cs->num_merges++].m;
+    return ATTN_OK;
+}
+
+static attn_status attn__cuda_merge_attn_states(const attn_backend *self, attn_context *ctx,
+                                                const attn_tensor *out_a, const attn_tensor *lse_a,
+                                                attn_lse_base base_a, const attn_tensor *out_b,
+                                                const attn_tensor *lse_b, attn_lse_base base_b,
+                                                attn_tensor *out, attn_tensor *lse, attn_lse_base base_out,
+                                                void *stream) {
+    attn__cuda_state *cs = NULL;
+    const attn__cuda_module *m = NULL;
+    attn_tensor oa = attn__tensor_resolved(out_a), ob = attn__tensor_resolved(out_b), oo = attn__tensor_resolved(out);
+    attn_tensor la = attn__tensor_resolved(lse_a), lb = attn__tensor_resolved(lse_b);
+    attn__merge_params mp;
+    attn__CUresult rc;
+    attn_status st;
+    char reason[160];
+    void *args[1];
+    int64_t rows = oa.shape[0] * oa.shape[1];
+    if (rows == 0) return ATTN_OK;
+    st = attn__backend_context(ctx, self, (void **)&cs, reason, sizeof reason);
+    if (st != ATTN_OK) return attn__fail(ctx, st, ATTN_LOG_PLATFORM_ERROR, "attn_merge_attn_states: %s", reason);
+    if ((st = attn__cuda_enter(ctx, "attn_merge_attn_states")) != ATTN_OK) return st;
+    st = attn__cuda_merge_kernel(ctx, cs, attn__cuda_dt(oa.dtype), (int)oa.shape[2], &m);
+    if (st != ATTN_OK) {
+        attn__cuda_leave(ctx);
+        return st;
+    }
+    memset(&mp, 0, sizeof mp);
+    mp.out_a = attn__dptr(oa.data); mp.lse_a = attn__dptr(la.data);
+    mp.out_b = attn__dptr(ob.data); mp.lse_b = attn__dptr(lb.data);
+    mp.out = attn__dptr(oo.data);
+    mp.out_a_stride_token = oa.strides[0]; mp.out_a_stride_head = oa.strides[1];
+    mp.out_b_stride_token = ob.strides[0]; mp.out_b_stride_head = ob.strides[1];
+    mp.out_stride_token = oo.strides[0]; mp.out_stride_head = oo.strides[1];
+    mp.lse_a_stride_token = la.strides[0]; mp.lse_a_stride_head = la.strides[1];
+    mp.lse_b_stride_token = lb.strides[0]; mp.lse_b_stride_head = lb.strides[1];
+    if (lse) {
+        attn_tensor lo = attn__tensor_resolved(lse);
+        mp.lse = attn__dptr(lo.data);
+        mp.lse_stride_token = lo.strides[0];
+        mp.lse_stride_head = lo.strides[1];
+    }
+    mp.num_tokens = (int32_t)oa.shape[0];
+    mp.num_heads = (int32_t)oa.shape[1];
+    mp.base_a = base_a == ATTN_LSE_BASE_2;
+    mp.base_b = base_b == ATTN_LSE_BASE_2;
+    mp.base_out = base_out == ATTN_LSE_BASE_2;
+    args[0] = &mp;
+    rc = ctx->cuda->cuLaunchKernel(m->main, (unsigned)ATTN__MIN((rows + 3) / 4, 65535), 1, 1, 128, 1, 1, 0,
+                                   (attn__CUstream)stream, args, NULL);
+    attn__cuda_leave(ctx);
+    return rc ? attn__cu_fail(ctx, "attn_merge_attn_states", "cuLaunchKernel", rc) : ATTN_OK;
+}
+
+static const attn_backend attn__cuda_backend = {
+    "CUDA",                   /* name */
+    ATTN_BACKEND_CUDA,        /* id */
+    ATTN_DEVICE_CUDA,         /* device */
+    ATTN_DTYPE_BIT(ATTN_DTYPE_F32) | ATTN_DTYPE_BIT(ATTN_DTYPE_F16) | ATTN_DTYPE_BIT(ATTN_DTYPE_BF16),
+    ATTN_DTYPE_BIT(ATTN_DTYPE_F32) | ATTN_DTYPE_BIT(ATTN_DTYPE_F16) | ATTN_DTYPE_BIT(ATTN_DTYPE_BF16),
+    8, 256, 8,                /* head sizes: multiples of 8 up to 256 (the kernels' register tiles) */
+    16, 0,                    /* block sizes: any multiple of 16 */
+    1, 1, 1, 1,               /* non-causal, sliding window, soft cap, ALiBi */
+    0,                        /* is_mla */
+    ATTN_CUDA_GRAPH_ALWAYS,   /* forward: fixed grids, counts read on the device */
+    1, ATTN_LSE_BASE_E,
+    attn__cuda_check,
+    attn__cuda_context_init, attn__cuda_context_release,
+    attn__cuda_layer_init, attn__cuda_layer_release,
+    attn__cpu_kv_cache_shape, /* the same cache layout as the CPU backend */
+    attn__cuda_metadata_init,
+    attn__cuda_metadata_release,
+    attn__cuda_build,
+    attn__cuda_forward,
+    attn__cuda_reshape_and_cache,
+    NULL, NULL, NULL, NULL,   /* MLA entry points: standard backend */
+    attn__cuda_merge_attn_states
+};
+
+#else /* ATTN_NO_CUDA: the helpers answer, the backend does not exist */
+
+static void attn__cuda_release(attn_context *ctx) { (void)ctx; }
+
+static attn_status attn__cuda_compiled_out(attn_context *ctx, const char *fn) {
+    return attn__fail(ctx, ATTN_ERROR_PLATFORM, ATTN_LOG_PLATFORM_ERROR,
+                      "%s: the CUDA path is compiled out (ATTN_NO_CUDA)", fn);
+}
+ATTN_API attn_status attn_cuda_malloc(attn_context *ctx, size_t bytes, void **ptr) {
+    (void)bytes;
+    if (ptr) *ptr = NULL;
+    return attn__cuda_compiled_out(ctx, "attn_cuda_malloc");
+}
+ATTN_API attn_status attn_cuda_free(attn_context *ctx, void *ptr) {
+    return ptr ? attn__cuda_compiled_out(ctx, "attn_cuda_free") : ATTN_OK;
+}
+ATTN_API attn_status attn_cuda_memcpy(attn_context *ctx, void *dst, const void *src, size_t bytes,
+                                      attn_copy_kind kind, void *stream) {
+    (void)dst; (void)src; (void)bytes; (void)kind; (void)stream;
+    return attn__cuda_compiled_out(ctx, "attn_cuda_memcpy");
+}
+ATTN_API attn_status attn_cuda_synchronize(attn_context *ctx, void *stream) {
+    (void)stream;
+    return attn__cuda_compiled_out(ctx, "attn_cuda_synchronize");
+}
+#endif /* ATTN_NO_CUDA */
+
+/* =======================================================================================
+   >>builtin
+   The built-in registry entries: one line per backend section above.
+   ======================================================================================= */
+
+static const attn_backend *attn__builtin_backend(attn_backend_id id) {
+    switch (id) {
+    case ATTN_BACKEND_AUTO: return NULL;
+    case ATTN_BACKEND_CPU: return &attn__cpu_backend;
+    case ATTN_BACKEND_CPU_MLA: return &attn__cpu_mla_backend;
+    case ATTN_BACKEND_CUSTOM: return NULL; /* a plugin's slot */
+#ifndef ATTN_NO_CUDA
+    case ATTN_BACKEND_CUDA: return &attn__cuda_backend;
+#else
+    case ATTN_BACKEND_CUDA: return NULL;
+#endif
+    case ATTN_BACKEND_COUNT: return NULL;
+    }
+    return NULL;
+}
+
+/* =======================================================================================
+   >>forward
+   The public forward calls: validate everything a backend relies on (tensors, device,
+   metadata fit, token counts), then dispatch through the vtable.
+   ======================================================================================= */
+
+ATTN_API attn_status attn_layer_forward(attn_layer *layer, const attn_metadata *meta,
+                                        const attn_tensor *q, const attn_tensor *k,
+                                        const attn_tensor *v, attn_tensor *kv_cache,
+                                        attn_tensor *out, attn_tensor *lse, void *stream) {
+    attn_context *ctx = layer ? layer->ctx : NULL;
+    const char *fn = "attn_layer_forward";
+    const attn_layer_desc *d;
+    attn_device_kind dev;
+    int64_t shape[3];
+    attn_status st;
+    int ntok;
+    if (!layer) return attn__null_arg(ctx, __func__, "layer");
+    if (!meta) return attn__null_arg(ctx, __func__, "meta");
+    if (!q) return attn__null_arg(ctx, __func__, "q");
+    if (!kv_cache) return attn__null_arg(ctx, __func__, "kv_cache");
+    if (!out) return attn__null_arg(ctx, __func__, "out");
+    d = &layer->desc;
+    dev = layer->backend->device;
+    if (d->use_mla)
+        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_CALL_UNSUPPORTED,
+                          "%s: the layer is MLA (allowed: standard layers; MLA layers use the "
+                          "MLA forward calls)", fn);
+    st = attn__check_meta(layer, meta, fn);
+    if (st != ATTN_OK) return st;
+    if ((k == NULL) != (v == NULL))
+        return attn__fail(ctx, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL,
+                          "%s: argument '%s' is NULL but '%s' is not (allowed: both or neither)",
+                          fn, k ? "v" : "k", k ? "k" : "v");
+    ntok = meta->batch.num_actual_tokens;
+    shape[0] = ATTN__AT_LEAST(ntok); shape[1] = d->num_heads; shape[2] = d->head_size;
+    st = attn__check_tensor(ctx, fn, "q", q, d->dtype, 3, shape, dev);
+    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out", out, d->dtype, 3, shape, dev);
+    if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out", out);
+    if (st != ATTN_OK) return st;
+    st = attn__check_kv_cache(layer, fn, kv_cache, 0);
+    if (st != ATTN_OK) return st;
+    if (kv_cache->shape[0] < meta->cap.num_blocks)
+        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE,
+                          "%s: kv_cache.shape[0] is %lld (allowed: >= num_blocks %lld of the "
+                          "metadata)", fn, (long long)kv_cache->shape[0], (long long)meta->cap.num_blocks);
+    if (k) {
+        if (!meta->batch.slot_mapping)
+            return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA,
+                              "%s: k/v given but the batch has no slot_mapping (allowed: a "
+                              "slot_mapping, or k = v = NULL)", fn);
+        st = attn__check_kv_write(layer, fn, k, v, kv_cache, meta->batch.slot_mapping, ntok);
+        if (st != ATTN_OK) return st;
+    }
+    if (lse) {
+        if (!layer->backend->can_return_lse)
+            return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_CALL_UNSUPPORTED,
+                              "%s: backend %s cannot return the LSE (allowed: lse = NULL)", fn,
+                              layer->backend->name);
+        shape[1] = d->num_heads;
+        st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, dev);
+        if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "lse", lse);
+        if (st != ATTN_OK) return st;
+    }
+    return layer->backend->forward(layer->backend, layer, meta, q, k, v, kv_cache, out, lse, stream);
+}
+
+static attn_status attn__check_mla_call(attn_layer *layer, const attn_metadata *meta, const char *fn) {
+    attn_context *ctx = layer->ctx;
+    if (!layer->desc.use_mla || !layer->backend->is_mla)
+        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_CALL_UNSUPPORTED,
+                          "%s: the layer is not MLA (allowed: a layer created with use_mla = 1)", fn);
+    return attn__check_meta(layer, meta, fn);
+}
+
+ATTN_API attn_status attn_mla_forward_mqa(attn_layer *layer, const attn_metadata *meta,
+                                          const attn_tensor *q, const attn_tensor *q_pe,
+                                          const attn_tensor *kv_cache, attn_tensor *out_latent,
+                                          attn_tensor *lse, void *stream) {
+    attn_context *ctx = layer ? layer->ctx : NULL;
+    const char *fn = "attn_mla_forward_mqa";
+    const attn_layer_desc *d;
+    attn_device_kind dev;
+    int64_t shape[3];
+    attn_status st;
+    int td;
+    if (!layer) return attn__null_arg(ctx, __func__, "layer");
+    if (!meta) return attn__null_arg(ctx, __func__, "meta");
+    if (!q) return attn__null_arg(ctx, __func__, "q");
+    if (!kv_cache) return attn__null_arg(ctx, __func__, "kv_cache");
+    if (!out_latent) return attn__null_arg(ctx, __func__, "out_latent");
+    st = attn__check_mla_call(layer, meta, fn);
+    if (st != ATTN_OK) return st;
+    d = &layer->desc;
+    dev = layer->backend->device;
+    td = meta->mla.num_decode_tokens;
+    shape[0] = ATTN__AT_LEAST(td); shape[1] = d->num_heads;
+    shape[2] = q_pe ? d->kv_lora_rank : d->head_size;
+    st = attn__check_tensor(ctx, fn, "q", q, d->dtype, 3, shape, dev);
+    if (st == ATTN_OK && q_pe) {
+        shape[2] = d->qk_rope_head_dim;
+        st = attn__check_tensor(ctx, fn, "q_pe", q_pe, d->dtype, 3, shape, dev);
+    }
+    shape[2] = d->kv_lora_rank;
+    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out_latent", out_latent, d->dtype, 3, shape, dev);
+    if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out_latent", out_latent);
+    if (st == ATTN_OK && lse) st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, dev);
+    if (st == ATTN_OK && lse) st = attn__check_output_tensor(ctx, fn, "lse", lse);
+    if (st == ATTN_OK) st = attn__check_kv_cache(layer, fn, kv_cache, 0);
+    if (st != ATTN_OK) return st;
+    if (kv_cache->shape[0] < meta->cap.num_blocks)
+        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE,
+                          "%s: kv_cache.shape[0] is %lld (allowed: >= num_blocks %lld of the metadata)",
+                          fn, (long long)kv_cache->shape[0], (long long)meta->cap.num_blocks);
+    return layer->backend->forward_mqa(layer->backend, layer, meta, q, q_pe, kv_cache, out_latent,
+                                       lse, stream);
+}
+
+/* Shapes shared by forward_mha and the fused call: W_UK, W_UV, cache. */
+static attn_status attn__check_mla_weights(attn_layer *layer, const attn_metadata *meta, const char *fn,
+                                           const attn_tensor *kv_cache, const attn_tensor *w_uk,
+                                           const attn_tensor *w_uv) {
+    const attn_layer_desc *d = &layer->desc;
+    attn_device_kind dev = layer->backend->device;
+    int64_t shape[3];
+    attn_status st;
+    shape[0] = d->num_heads; shape[1] = d->qk_nope_head_dim; shape[2] = d->kv_lora_rank;
+    st = attn__check_tensor(layer->ctx, fn, "w_uk", w_uk, d->dtype, 3, shape, dev);
+    shape[1] = d->kv_lora_rank; shape[2] = d->v_head_dim;
+    if (st == ATTN_OK) st = attn__check_tensor(layer->ctx, fn, "w_uv", w_uv, d->dtype, 3, shape, dev);
+    if (st == ATTN_OK) st = attn__check_kv_cache(layer, fn, kv_cache, 0);
+    if (st == ATTN_OK && kv_cache->shape[0] < meta->cap.num_blocks)
+        st = attn__fail(layer->ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE,
+                        "%s: kv_cache.shape[0] is %lld (allowed: >= num_blocks %lld of the metadata)",
+                        fn, (long long)kv_cache->shape[0], (long long)meta->cap.num_blocks);
+    return st;
+}
+
+ATTN_API attn_status attn_mla_forward_mha(attn_layer *layer, const attn_metadata *meta,
+                                          const attn_tensor *q, const attn_tensor *kv_cache,
+                                          const attn_tensor *w_uk, const attn_tensor *w_uv,
+                                          attn_tensor *out, attn_tensor *lse, void *stream) {
+    attn_context *ctx = layer ? layer->ctx : NULL;
+    const char *fn = "attn_mla_forward_mha";
+    const attn_layer_desc *d;
+    attn_device_kind dev;
+    int64_t shape[3];
+    attn_status st;
+    if (!layer) return attn__null_arg(ctx, __func__, "layer");
+    if (!meta) return attn__null_arg(ctx, __func__, "meta");
+    if (!q) return attn__null_arg(ctx, __func__, "q");
+    if (!kv_cache) return attn__null_arg(ctx, __func__, "kv_cache");
+    if (!w_uk) return attn__null_arg(ctx, __func__, "w_uk");
+    if (!w_uv) return attn__null_arg(ctx, __func__, "w_uv");
+    if (!out) return attn__null_arg(ctx, __func__, "out");
+    st = attn__check_mla_call(layer, meta, fn);
+    if (st != ATTN_OK) return st;
+    d = &layer->desc;
+    dev = layer->backend->device;
+    shape[0] = ATTN__AT_LEAST(meta->mla.num_prefill_tokens); shape[1] = d->num_heads;
+    shape[2] = d->qk_nope_head_dim + d->qk_rope_head_dim;
+    st = attn__check_tensor(ctx, fn, "q", q, d->dtype, 3, shape, dev);
+    shape[2] = d->v_head_dim;
+    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out", out, d->dtype, 3, shape, dev);
+    if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out", out);
+    if (st == ATTN_OK && lse) st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, dev);
+    if (st == ATTN_OK && lse) st = attn__check_output_tensor(ctx, fn, "lse", lse);
+    if (st == ATTN_OK) st = attn__check_mla_weights(layer, meta, fn, kv_cache, w_uk, w_uv);
+    if (st != ATTN_OK) return st;
+    return layer->backend->forward_mha(layer->backend, layer, meta, q, kv_cache, w_uk, w_uv, out,
+                                       lse, stream);
+}
+
+ATTN_API attn_status attn_mla_forward(attn_layer *layer, const attn_metadata *meta,
+                                      const attn_tensor *q_nope, const attn_tensor *q_pe,
+                                      const attn_tensor *kv_c, const attn_tensor *k_pe,
+                                      attn_tensor *kv_cache, const attn_tensor *w_uk,
+                                      const attn_tensor *w_uv, attn_tensor *out, void *stream) {
+    attn_context *ctx = layer ? layer->ctx : NULL;
+    const char *fn = "attn_mla_forward";
+    const attn_layer_desc *d;
+    const attn_batch *b;
+    attn_device_kind dev;
+    int64_t shape[3];
+    attn_status st;
+    if (!layer) return attn__null_arg(ctx, __func__, "layer");
+    if (!meta) return attn__null_arg(ctx, __func__, "meta");
+    if (!q_nope) return attn__null_arg(ctx, __func__, "q_nope");
+    if (!q_pe) return attn__null_arg(ctx, __func__, "q_pe");
+    if (!kv_cache) return attn__null_arg(ctx, __func__, "kv_cache");
+    if (!w_uk) return attn__null_arg(ctx, __func__, "w_uk");
+    if (!w_uv) return attn__null_arg(ctx, __func__, "w_uv");
+    if (!out) return attn__null_arg(ctx, __func__, "out");
+    st = attn__check_mla_call(layer, meta, fn);
+    if (st != ATTN_OK) return st;
+    d = &layer->desc;
+    b = attn_metadata_batch(meta);
+    dev = layer->backend->device;
+    if ((kv_c == NULL) != (k_pe == NULL))
+        return attn__fail(ctx, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL,
+                          "%s: argument '%s' is NULL but '%s' is not (allowed: both or neither)",
+                          fn, kv_c ? "k_pe" : "kv_c", kv_c ? "kv_c" : "k_pe");
+    shape[0] = ATTN__AT_LEAST(b->num_actual_tokens); shape[1] = d->num_heads;
+    shape[2] = d->qk_nope_head_dim;
+    st = attn__check_tensor(ctx, fn, "q_nope", q_nope, d->dtype, 3, shape, dev);
+    shape[2] = d->qk_rope_head_dim;
+    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "q_pe", q_pe, d->dtype, 3, shape, dev);
+    shape[2] = d->v_head_dim;
+    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out", out, d->dtype, 3, shape, dev);
+    if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out", out);
+    if (st == ATTN_OK) st = attn__check_mla_weights(layer, meta, fn, kv_cache, w_uk, w_uv);
+    if (st != ATTN_OK) return st;
+    if (kv_c) { /* every check of the cache write before the backend writes anything */
+        if (!b->slot_mapping)
+            return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA,
+                              "%s: kv_c/k_pe given but the batch has no slot_mapping", fn);
+        st = attn__check_latent_write(layer, fn, kv_c, k_pe, kv_cache, b->slot_mapping,
+                                      b->num_actual_tokens);
+        if (st != ATTN_OK) return st;
+    }
+    return layer->backend->mla_forward(layer->backend, layer, meta, q_nope, q_pe, kv_c, k_pe,
+                                       kv_cache, w_uk, w_uv, out, stream);
+}
+
+/* =======================================================================================
+   >>merge
+   The public LSE merge: validated here, run by the first backend of the platform's
+   priority list that serves the tensors' device.
+   ======================================================================================= */
+
+/* The first backend of the platform's priority list that serves `device` and merges. */
+static const attn_backend *attn__merge_backend(const attn_context *ctx, attn_device_kind device) {
+    int count, i;
+    const attn_backend_id *list = attn__priority_list(ctx->platform.kind, &count);
+    for (i = 0; i < count; i++) {
+        const attn_backend *b = attn_backend_get(list[i]);
+        if (b && b->device == device && b->merge_attn_states) return b;
+    }
+    return NULL;
+}
+
+ATTN_API attn_status attn_merge_attn_states(attn_context *ctx, const attn_tensor *out_a,
+                                            const attn_tensor *lse_a, attn_lse_base base_a,
+                                            const attn_tensor *out_b, const attn_tensor *lse_b,
+                                            attn_lse_base base_b, attn_tensor *out,
+                                            attn_tensor *lse, attn_lse_base base_out,
+                                            void *stream) {
+    const char *fn = "attn_merge_attn_states";
+    const attn_backend *be;
+    int64_t shape[3];
+    attn_device_kind dev;
+    attn_status st;
+    if (!ctx) return attn__null_arg(ctx, __func__, "ctx");
+    if (!out_a) return attn__null_arg(ctx, __func__, "out_a");
+    if (!lse_a) return attn__null_arg(ctx, __func__, "lse_a");
+    if (!out_b) return attn__null_arg(ctx, __func__, "out_b");
+    if (!lse_b) return attn__null_arg(ctx, __func__, "lse_b");
+    if (!out) return attn__null_arg(ctx, __func__, "out");
+    if ((int)base_a < 0 || (int)base_a > 1 || (int)base_b < 0 || (int)base_b > 1 ||
+        (int)base_out < 0 || (int)base_out > 1)
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                          "%s: an LSE base is out of range (%d, %d, %d; allowed: ATTN_LSE_BASE_E, "
+                          "ATTN_LSE_BASE_2)", fn, (int)base_a, (int)base_b, (int)base_out);
+    if (out_a->ndim != 3 || out_a->shape[0] < 0 || out_a->shape[1] <= 0 || out_a->shape[2] <= 0 ||
+        attn_dtype_size(out_a->dtype) == 0)
+        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE,
+                          "%s: out_a must be [tokens, heads, head_size] of f32/f16/bf16 (ndim %d)",
+                          fn, out_a->ndim);
+    dev = out_a->device.kind;
+    be = attn__merge_backend(ctx, dev);
+    if (!be)
+        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_CALL_UNSUPPORTED,
+                          "%s: out_a.device is %s and no registered backend merges there "
+                          "(allowed: a device a backend of this platform serves)", fn,
+                          attn__device_name(dev));
+    shape[0] = out_a->shape[0]; shape[1] = out_a->shape[1]; shape[2] = out_a->shape[2];
+    st = attn__check_tensor(ctx, fn, "out_a", out_a, out_a->dtype, 3, shape, dev);
+    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out_b", out_b, out_a->dtype, 3, shape, dev);
+    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out", out, out_a->dtype, 3, shape, dev);
+    if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out", out);
+    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "lse_a", lse_a, ATTN_DTYPE_F32, 2, shape, dev);
+    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "lse_b", lse_b, ATTN_DTYPE_F32, 2, shape, dev);
+    if (st == ATTN_OK && lse) st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, dev);
+    if (st == ATTN_OK && lse) st = attn__check_output_tensor(ctx, fn, "lse", lse);
+    if (st != ATTN_OK) return st;
+    return be->merge_attn_states(be, ctx, out_a, lse_a, base_a, out_b, lse_b, base_b, out, lse,
+                                 base_out, stream);
 }
 
 /* >>kernels-begin (generated by tools/embed from kernels/; do not edit) */

@@ -630,7 +630,7 @@ ATTN_TEST(def_context_create_failure_logs) {
     EXPECT_STATUS(attn_context_create(&cd, &ctx), ATTN_ERROR_INVALID_VALUE);
     EXPECT_TRUE(ctx == NULL);
     EXPECT_EQ_INT(cap.by_level[ATTN_LOG_LEVEL_ERROR], 1);
-    EXPECT_EQ_INT(cap.by_item[ATTN_LOG_INVALID_ARGUMENT], 1);
+    EXPECT_EQ_INT(cap.by_item[ATTN_LOG_INVALID_DESC], 1);
     EXPECT_TRUE(attn_context_last_error(NULL)[0] != 0);
     EXPECT_STATUS(attn_context_create(&cd, NULL), ATTN_ERROR_NULL_ARGUMENT);
     EXPECT_EQ_INT(cap.by_level[ATTN_LOG_LEVEL_ERROR], 2);

@@ -4,6 +4,7 @@
    injection point; and nothing is allocated by build or forward after create. */
 #include "attn.h"
 #include "attn_test.h"
+#include "fixtures.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -485,6 +486,31 @@ ATTN_TEST(seam_record_shows_declared_capabilities) {
     attn_context_destroy(ctx);
 }
 
+/* The layer names its device; backends of other devices are skipped with that reason. */
+ATTN_TEST(seam_layer_device) {
+    attn_test_log log;
+    attn_context *ctx = attn_test_context(&log, ATTN_LOG_LEVEL_DEBUG, 1);
+    attn_layer_desc d = sm_desc(0);
+    attn_layer *layer = NULL;
+    attn_selection sel;
+    if (!ctx) return;
+    d.device = ATTN_DEVICE_CUDA;
+    EXPECT_STATUS(attn_select_backend(ctx, &d, NULL, &sel), ATTN_ERROR_UNSUPPORTED);
+    EXPECT_TRUE(sm_skipped(&sel, ATTN_BACKEND_CPU, "tensors are on cuda"));
+    EXPECT_EQ_INT(sel.device, ATTN_DEVICE_CUDA);
+    EXPECT_STATUS(attn_layer_create(ctx, &d, NULL, &layer), ATTN_ERROR_UNSUPPORTED);
+    EXPECT_TRUE(layer == NULL);
+    d.device = (attn_device_kind)7;
+    attn_test_log_reset(&log);
+    EXPECT_STATUS(attn_layer_create(ctx, &d, NULL, &layer), ATTN_ERROR_INVALID_VALUE);
+    EXPECT_TRUE(attn_test_log_has(&log, ATTN_LOG_INVALID_DESC, ATTN_LOG_LEVEL_ERROR));
+    d.device = ATTN_DEVICE_CPU;
+    EXPECT_OK(attn_select_backend(ctx, &d, NULL, &sel));
+    EXPECT_EQ_INT(sel.resolved, ATTN_BACKEND_CPU);
+    EXPECT_EQ_INT(sel.device, ATTN_DEVICE_CPU);
+    attn_context_destroy(ctx);
+}
+
 /* ---- the loader's injection point --------------------------------------------------- */
 
 typedef struct sm_fake_driver {
@@ -520,6 +546,9 @@ static void *sm_open(void *u, const char *soname) {
     f->opened++;
     return f;
 }
+/* Every other driver function: the tests never get a device to call them on. */
+static int sm_cu_unused(void) { return 999; }
+
 /* A function pointer handed out as dlsym would (POSIX: object pointer of the same size). */
 static void *sm_fn(void (*f)(void)) {
     void *p;
@@ -536,7 +565,8 @@ static void *sm_symbol(void *u, void *lib, const char *name) {
     if (strcmp(name, "cuDeviceGetAttribute") == 0) return sm_fn((void (*)(void))sm_cu_attr);
     if (strcmp(name, "cuDeviceGetName") == 0 && !f->drop_symbol) return sm_fn((void (*)(void))sm_cu_name);
     if (strcmp(name, "cuDeviceTotalMem_v2") == 0) return sm_fn((void (*)(void))sm_cu_mem);
-    return NULL;
+    if (strcmp(name, "cuDeviceGetName") == 0) return NULL; /* dropped */
+    return strncmp(name, "cu", 2) == 0 ? sm_fn((void (*)(void))sm_cu_unused) : NULL;
 }
 static void *sm_open_none(void *u, const char *soname) {
     (void)u; (void)soname;
@@ -831,6 +861,7 @@ void suite_seam(void) {
     ATTN_RUN(seam_plugin_every_mla_hook);
     ATTN_RUN(seam_init_failures_are_skip_reasons);
     ATTN_RUN(seam_record_shows_declared_capabilities);
+    ATTN_RUN(seam_layer_device);
     ATTN_RUN(seam_loader_injection);
     ATTN_RUN(seam_no_allocation_after_create);
     ATTN_RUN(seam_mla_small_workspace_groups);

@@ -36,6 +36,7 @@ static void usage(FILE *f) {
             "  --alibi                ALiBi slopes (the standard geometric sequence)\n"
             "  --mla                  multi-head latent attention: kv_lora_rank 512,\n"
             "                         qk_rope_head_dim 64, qk_nope_head_dim 128, v_head_dim 128\n"
+            "  --device D             where the layer's tensors live: cpu | cuda (default cpu)\n"
             "selection:\n"
             "  --backend NAME         request a backend in code (beats env ATTN_BACKEND)\n"
             "  --allow-fallback       degrade an explicit request to the automatic choice\n"
@@ -184,6 +185,11 @@ int main(int argc, char **argv) {
         } else if (strcmp(flag, "--mla") == 0) {
             NO_VALUE();
             desc.use_mla = 1;
+        } else if (strcmp(flag, "--device") == 0) {
+            NEEDS_VALUE("cpu | cuda");
+            if (strcmp(val, "cpu") == 0) desc.device = ATTN_DEVICE_CPU;
+            else if (strcmp(val, "cuda") == 0) desc.device = ATTN_DEVICE_CUDA;
+            else bad_flag(flag, val, "cpu | cuda");
         } else if (strcmp(flag, "--backend") == 0) {
             NEEDS_VALUE("a backend name");
             backend_name = val;
@@ -193,7 +199,7 @@ int main(int argc, char **argv) {
         } else {
             bad_flag(flag, NULL, "unknown flag (allowed: --heads, --kv-heads, --head-size, "
                                  "--dtype, --kv-cache-dtype, --block-size, --sliding-window, "
-                                 "--soft-cap, --non-causal, --alibi, --mla, --backend, "
+                                 "--soft-cap, --non-causal, --alibi, --mla, --device, --backend, "
                                  "--allow-fallback, --help)");
         }
 #undef NEEDS_VALUE

@@ -73,6 +73,7 @@ class attn_layer_desc(C.Structure):
         ("qk_rope_head_dim", C.c_int),
         ("qk_nope_head_dim", C.c_int),
         ("v_head_dim", C.c_int),
+        ("device", C.c_int),            # attn_device_kind: 0 = CPU
     ]
 
 

@@ -1,0 +1,469 @@
+/* The CUDA backend through the public API, against the CPU backend on the same inputs:
+   random varlen batches (decodes, chunked prefills with context), dtypes, head sizes, GQA,
+   causal/window/soft cap/ALiBi, LSE, split-KV; cache writes bit-exact; the LSE merge; a CUDA
+   graph captured once and replayed after new builds; bad input. Every test SKIPs (with the
+   reason) where the platform has no CUDA device. */
+#include "attn.h"
+#include "attn_test.h"
+#include "fixtures.h"
+
+#include <dlfcn.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static attn_context *cu_ctx(attn_test_log *log) {
+    attn_context *ctx = attn_test_context(log, ATTN_LOG_LEVEL_INFO, 2);
+    return ctx;
+}
+
+/* NULL when a CUDA device is here, else the reason. */
+static const char *cu_unavailable(attn_context *ctx) {
+    static attn_platform p;
+    if (!ctx || attn_platform_get(ctx, &p) != ATTN_OK) return "no context";
+    if (p.kind != ATTN_PLATFORM_CUDA) return p.cuda_reason;
+    if (p.cuda_capability_major < 8) return "compute capability below 8.0";
+    if (!p.nvrtc_version) return p.nvrtc_reason;
+    return NULL;
+}
+
+static unsigned cu_rand_state = 12345u;
+static unsigned cu_rand(void) {
+    cu_rand_state = cu_rand_state * 1664525u + 1013904223u;
+    return cu_rand_state >> 8;
+}
+static float cu_uniform(void) { return (float)(cu_rand() & 0xffff) / 65536.0f - 0.5f; }
+
+static void cu_fill(void *p, attn_dtype dt, size_t n, float scale) {
+    size_t i;
+    for (i = 0; i < n; i++) {
+        float x = cu_uniform() * scale;
+        if (dt == ATTN_DTYPE_F32) ((float *)p)[i] = x;
+        else if (dt == ATTN_DTYPE_F16) ((uint16_t *)p)[i] = attn_f32_to_f16(x);
+        else ((uint16_t *)p)[i] = attn_f32_to_bf16(x);
+    }
+}
+
+static float cu_get(const void *p, attn_dtype dt, size_t i) {
+    if (dt == ATTN_DTYPE_F32) return ((const float *)p)[i];
+    if (dt == ATTN_DTYPE_F16) return attn_f16_to_f32(((const uint16_t *)p)[i]);
+    return attn_bf16_to_f32(((const uint16_t *)p)[i]);
+}
+
+/* A host buffer and its device copy. */
+typedef struct cu_buf {
+    void *host, *dev;
+    size_t bytes;
+} cu_buf;
+
+static int cu_buf_make(attn_context *ctx, cu_buf *b, size_t bytes) {
+    b->bytes = bytes;
+    b->host = calloc(1, bytes);
+    b->dev = NULL;
+    return b->host && attn_cuda_malloc(ctx, bytes, &b->dev) == ATTN_OK;
+}
+static void cu_buf_free(attn_context *ctx, cu_buf *b) {
+    free(b->host);
+    attn_cuda_free(ctx, b->dev);
+    b->host = b->dev = NULL;
+}
+static int cu_up(attn_context *ctx, cu_buf *b) {
+    return attn_cuda_memcpy(ctx, b->dev, b->host, b->bytes, ATTN_COPY_HOST_TO_DEVICE, NULL) == ATTN_OK;
+}
+static int cu_down(attn_context *ctx, cu_buf *b, void *dst) {
+    return attn_cuda_memcpy(ctx, dst, b->dev, b->bytes, ATTN_COPY_DEVICE_TO_HOST, NULL) == ATTN_OK;
+}
+
+static attn_tensor cu_tensor(void *data, attn_dtype dt, int ndim, int64_t a, int64_t b, int64_t c, int cuda) {
+    int64_t shape[3];
+    attn_tensor t;
+    shape[0] = a; shape[1] = b; shape[2] = c;
+    t = attn_tensor_make(data, dt, ndim, shape);
+    if (cuda) t.device.kind = ATTN_DEVICE_CUDA;
+    return t;
+}
+
+typedef struct cu_case {
+    int heads, kv_heads, head, block;
+    attn_dtype dt, kv_dt;
+    int causal, window, alibi, lse;
+    float softcap;
+    int nreq, qlen[8], ctxlen[8];
+} cu_case;
+
+/* Runs one case on both backends; returns the number of mismatches reported. */
+static int cu_run_case(attn_context *ctx, const cu_case *c, int line) {
+    attn_layer_desc d;
+    attn_layer *cpu = NULL, *gpu = NULL;
+    attn_metadata *mc = NULL, *mg = NULL;
+    attn_metadata_desc md;
+    attn_batch b;
+    int32_t qsl[9], seq[8], *bt = NULL;
+    int64_t *slots = NULL;
+    int r, i, ntok = 0, maxq = 0, maxs = 0, nb = 0, stride = 0, bad = 0;
+    float slopes[64];
+    size_t esz = attn_dtype_size(c->dt), ksz = attn_dtype_size(c->kv_dt);
+    cu_buf q, k, v, kv, out, lse;
+    float *ref_out = NULL, *ref_lse = NULL, *got_lse = NULL;
+    void *got_out = NULL, *cpu_out = NULL;
+    int64_t cache_shape[ATTN_MAX_DIMS];
+    int ndim;
+    memset(&q, 0, sizeof q); memset(&k, 0, sizeof k); memset(&v, 0, sizeof v);
+    memset(&kv, 0, sizeof kv); memset(&out, 0, sizeof out); memset(&lse, 0, sizeof lse);
+    memset(&d, 0, sizeof d);
+    d.num_heads = c->heads; d.num_kv_heads = c->kv_heads; d.head_size = c->head;
+    d.dtype = c->dt; d.kv_cache_dtype = c->kv_dt; d.block_size = c->block;
+    d.causal = c->causal ? ATTN_CAUSAL_YES : ATTN_CAUSAL_NO;
+    d.sliding_window = c->window;
+    d.logits_soft_cap = c->softcap;
+    for (i = 0; i < c->heads && i < 64; i++) slopes[i] = -0.05f * (float)(i + 1) / (float)c->heads;
+    if (c->alibi) d.alibi_slopes = slopes;
+    qsl[0] = 0;
+    for (r = 0; r < c->nreq; r++) {
+        qsl[r + 1] = qsl[r] + c->qlen[r];
+        seq[r] = c->ctxlen[r] + c->qlen[r];
+        maxq = c->qlen[r] > maxq ? c->qlen[r] : maxq;
+        maxs = seq[r] > maxs ? seq[r] : maxs;
+        stride = (seq[r] + c->block - 1) / c->block > stride ? (seq[r] + c->block - 1) / c->block : stride;
+    }
+    ntok = qsl[c->nreq];
+    nb = c->nreq * stride + 3;
+    bt = (int32_t *)malloc((size_t)c->nreq * (size_t)stride * 4);
+    slots = (int64_t *)malloc((size_t)ntok * 8 + 8);
+    if (!bt || !slots) { bad++; goto done; }
+    { /* shuffled distinct blocks */
+        int *perm = (int *)malloc((size_t)nb * sizeof(int));
+        if (!perm) { bad++; goto done; }
+        for (i = 0; i < nb; i++) perm[i] = i;
+        for (i = nb - 1; i > 0; i--) { int j = (int)(cu_rand() % (unsigned)(i + 1)), t = perm[i]; perm[i] = perm[j]; perm[j] = t; }
+        for (i = 0; i < c->nreq * stride; i++) bt[i] = perm[i];
+        free(perm);
+    }
+    for (r = 0; r < c->nreq; r++)
+        for (i = 0; i < c->qlen[r]; i++) {
+            int pos = c->ctxlen[r] + i;
+            slots[qsl[r] + i] = (int64_t)bt[r * stride + pos / c->block] * c->block + pos % c->block;
+        }
+    memset(&b, 0, sizeof b);
+    b.query_start_loc = qsl; b.seq_lens = seq; b.block_table = bt; b.block_table_stride = stride;
+    b.slot_mapping = slots; b.num_reqs = c->nreq; b.num_actual_tokens = ntok;
+    b.max_query_len = maxq; b.max_seq_len = maxs;
+    memset(&md, 0, sizeof md);
+    md.max_num_reqs = c->nreq + 2; md.max_num_tokens = ntok + 8; md.max_blocks_per_req = stride + 1;
+    md.num_blocks = nb;
+    if (attn_layer_create(ctx, &d, NULL, &cpu) != ATTN_OK) { bad++; goto done; }
+    d.device = ATTN_DEVICE_CUDA;
+    if (attn_layer_create(ctx, &d, NULL, &gpu) != ATTN_OK) {
+        attn_test_fail(__FILE__, line, "CUDA layer: %s", attn_context_last_error(ctx));
+        bad++;
+        goto done;
+    }
+    if (attn_layer_backend(gpu) != attn_backend_get(ATTN_BACKEND_CUDA)) {
+        attn_test_fail(__FILE__, line, "the CUDA layer got backend %s", attn_layer_backend(gpu)->name);
+        bad++;
+        goto done;
+    }
+    if (attn_metadata_create(cpu, &md, &mc) != ATTN_OK || attn_metadata_create(gpu, &md, &mg) != ATTN_OK ||
+        attn_metadata_build(mc, 0, &b, 0) != ATTN_OK || attn_metadata_build(mg, 0, &b, 0) != ATTN_OK) {
+        attn_test_fail(__FILE__, line, "metadata: %s", attn_context_last_error(ctx));
+        bad++;
+        goto done;
+    }
+    attn_layer_kv_cache_shape(cpu, nb, cache_shape, &ndim);
+    if (!cu_buf_make(ctx, &q, (size_t)(ntok + 2) * c->heads * c->head * esz) ||
+        !cu_buf_make(ctx, &k, (size_t)ntok * c->kv_heads * c->head * esz) ||
+        !cu_buf_make(ctx, &v, (size_t)ntok * c->kv_heads * c->head * esz) ||
+        !cu_buf_make(ctx, &kv, (size_t)nb * 2 * c->block * c->kv_heads * c->head * ksz) ||
+        !cu_buf_make(ctx, &out, (size_t)(ntok + 2) * c->heads * c->head * esz) ||
+        !cu_buf_make(ctx, &lse, (size_t)(ntok + 2) * c->heads * 4)) {
+        attn_test_fail(__FILE__, line, "device buffers: %s", attn_context_last_error(ctx));
+        bad++;
+        goto done;
+    }
+    cu_fill(q.host, c->dt, q.bytes / esz, 2.0f);
+    cu_fill(k.host, c->dt, k.bytes / esz, 2.0f);
+    cu_fill(v.host, c->dt, v.bytes / esz, 2.0f);
+    cu_fill(kv.host, c->kv_dt, kv.bytes / ksz, 2.0f); /* the context already cached */
+    memset(out.host, 0xff, out.bytes);                  /* NaN poison */
+    memset(lse.host, 0xff, lse.bytes);
+    if (!cu_up(ctx, &q) || !cu_up(ctx, &k) || !cu_up(ctx, &v) || !cu_up(ctx, &kv) || !cu_up(ctx, &out) ||
+        !cu_up(ctx, &lse)) { bad++; goto done; }
+    {
+        attn_tensor tq = cu_tensor(q.host, c->dt, 3, ntok + 2, c->heads, c->head, 0);
+        attn_tensor tk = cu_tensor(k.host, c->dt, 3, ntok, c->kv_heads, c->head, 0);
+        attn_tensor tv = cu_tensor(v.host, c->dt, 3, ntok, c->kv_heads, c->head, 0);
+        attn_tensor to = cu_tensor(out.host, c->dt, 3, ntok + 2, c->heads, c->head, 0);
+        attn_tensor tl = cu_tensor(lse.host, ATTN_DTYPE_F32, 2, ntok + 2, c->heads, 0, 0);
+        attn_tensor tc = attn_tensor_make(kv.host, c->kv_dt, ndim, cache_shape);
+        attn_tensor gq = cu_tensor(q.dev, c->dt, 3, ntok + 2, c->heads, c->head, 1);
+        attn_tensor gk = cu_tensor(k.dev, c->dt, 3, ntok, c->kv_heads, c->head, 1);
+        attn_tensor gv = cu_tensor(v.dev, c->dt, 3, ntok, c->kv_heads, c->head, 1);
+        attn_tensor go = cu_tensor(out.dev, c->dt, 3, ntok + 2, c->heads, c->head, 1);
+        attn_tensor gl = cu_tensor(lse.dev, ATTN_DTYPE_F32, 2, ntok + 2, c->heads, 0, 1);
+        attn_tensor gc = attn_tensor_make(kv.dev, c->kv_dt, ndim, cache_shape);
+        size_t nout = (size_t)(ntok + 2) * c->heads * c->head, nl = (size_t)(ntok + 2) * c->heads;
+        gc.device.kind = ATTN_DEVICE_CUDA;
+        cpu_out = malloc(out.bytes);
+        got_out = malloc(out.bytes);
+        got_lse = (float *)malloc(lse.bytes);
+        ref_lse = (float *)malloc(lse.bytes);
+        if (!cpu_out || !got_out || !got_lse || !ref_lse) { bad++; goto done; }
+        if (attn_layer_forward(gpu, mg, &gq, &gk, &gv, &gc, &go, c->lse ? &gl : NULL, NULL) != ATTN_OK) {
+            attn_test_fail(__FILE__, line, "CUDA forward: %s", attn_context_last_error(ctx));
+            bad++;
+            goto done;
+        }
+        if (attn_layer_forward(cpu, mc, &tq, &tk, &tv, &tc, &to, c->lse ? &tl : NULL, NULL) != ATTN_OK) {
+            bad++;
+            goto done;
+        }
+        memcpy(cpu_out, out.host, out.bytes);
+        memcpy(ref_lse, lse.host, lse.bytes);
+        if (!cu_down(ctx, &out, got_out) || !cu_down(ctx, &lse, got_lse)) {
+            attn_test_fail(__FILE__, line, "copy back: %s", attn_context_last_error(ctx));
+            bad++;
+            goto done;
+        }
+        {
+            double tol_abs = c->dt == ATTN_DTYPE_F32 ? 2e-4 : c->dt == ATTN_DTYPE_F16 ? 4e-3 : 3e-2;
+            size_t x;
+            for (x = 0; x < nout && bad < 4; x++) {
+                float a = cu_get(cpu_out, c->dt, x), g = cu_get(got_out, c->dt, x);
+                size_t row = x / (size_t)c->head;
+                if (row >= (size_t)ntok * c->heads) { /* padding rows: untouched */
+                    if (g == g) { attn_test_fail(__FILE__, line, "padding out[%zu] written (%g)", x, g); bad++; }
+                    continue;
+                }
+                if (!(fabs((double)a - (double)g) <= tol_abs + 1e-2 * fabs((double)a))) {
+                    attn_test_fail(__FILE__, line, "out[%zu] (token %zu, head %zu): cpu %g, cuda %g", x,
+                                   row / c->heads, row % c->heads, a, g);
+                    bad++;
+                }
+            }
+            for (x = 0; c->lse && x < (size_t)ntok * c->heads && bad < 4; x++)
+                if (!(fabs((double)ref_lse[x] - (double)got_lse[x]) <= 1e-3 + 1e-3 * fabs((double)ref_lse[x])) &&
+                    !(isinf(ref_lse[x]) && ref_lse[x] == got_lse[x])) {
+                    attn_test_fail(__FILE__, line, "lse[%zu]: cpu %g, cuda %g", x, ref_lse[x], got_lse[x]);
+                    bad++;
+                }
+            (void)nl;
+        }
+        /* the cache written by both paths is the same, bit for bit */
+        {
+            void *gcache = malloc(kv.bytes);
+            if (gcache && cu_down(ctx, &kv, gcache) && memcmp(gcache, kv.host, kv.bytes) != 0) {
+                attn_test_fail(__FILE__, line, "the CUDA cache write differs from the CPU one");
+                bad++;
+            }
+            free(gcache);
+        }
+    }
+done:
+    free(cpu_out); free(got_out); free(got_lse); free(ref_lse); free(ref_out);
+    cu_buf_free(ctx, &q); cu_buf_free(ctx, &k); cu_buf_free(ctx, &v); cu_buf_free(ctx, &kv);
+    cu_buf_free(ctx, &out); cu_buf_free(ctx, &lse);
+    attn_metadata_destroy(mc); attn_metadata_destroy(mg);
+    attn_layer_destroy(cpu); attn_layer_destroy(gpu);
+    free(bt); free(slots);
+    return bad;
+}
+
+#define CU_SKIP_IF_NO_GPU(ctx)                       \
+    do {                                             \
+        const char *why_ = cu_unavailable(ctx);      \
+        if (why_) {                                  \
+            attn_context_destroy(ctx);               \
+            SKIP(why_);                              \
+        }                                            \
+    } while (0)
+
+ATTN_TEST(cuda_selected_for_device_layers) {
+    attn_test_log log;
+    attn_context *ctx = cu_ctx(&log);
+    attn_layer_desc d;
+    attn_selection s;
+    CU_SKIP_IF_NO_GPU(ctx);
+    memset(&d, 0, sizeof d);
+    d.num_heads = 32; d.num_kv_heads = 8; d.head_size = 128; d.dtype = ATTN_DTYPE_BF16;
+    d.device = ATTN_DEVICE_CUDA;
+    EXPECT_OK(attn_select_backend(ctx, &d, NULL, &s));
+    EXPECT_EQ_INT(s.resolved, ATTN_BACKEND_CUDA);
+    EXPECT_EQ_INT(s.cuda_graph, ATTN_CUDA_GRAPH_ALWAYS);
+    d.device = ATTN_DEVICE_CPU; /* CPU tensors on a GPU machine stay on the CPU */
+    EXPECT_OK(attn_select_backend(ctx, &d, NULL, &s));
+    EXPECT_EQ_INT(s.resolved, ATTN_BACKEND_CPU);
+    attn_context_destroy(ctx);
+}
+
+ATTN_TEST(cuda_forward_matches_cpu) {
+    attn_test_log log;
+    attn_context *ctx = cu_ctx(&log);
+    static const attn_dtype dts[3] = {ATTN_DTYPE_BF16, ATTN_DTYPE_F16, ATTN_DTYPE_F32};
+    static const int heads[][3] = {{32, 8, 128}, {8, 8, 64}, {16, 2, 96}, {12, 1, 80}, {8, 2, 256}};
+    int n, r, fails = 0;
+    CU_SKIP_IF_NO_GPU(ctx);
+    for (n = 0; n < 24 && fails < 3; n++) {
+        cu_case c;
+        memset(&c, 0, sizeof c);
+        c.heads = heads[n % 5][0]; c.kv_heads = heads[n % 5][1]; c.head = heads[n % 5][2];
+        c.dt = dts[n % 3];
+        c.kv_dt = (n % 7 == 6) ? ATTN_DTYPE_F32 : c.dt; /* a mixed-type case now and then */
+        c.block = n % 4 == 3 ? 32 : 16;
+        c.causal = n % 5 != 4;
+        c.window = n % 6 == 2 ? 100 : 0;
+        c.softcap = n % 6 == 3 ? 30.0f : 0.0f;
+        c.alibi = n % 6 == 5;
+        c.lse = n % 2 == 0;
+        c.nreq = 1 + (int)(cu_rand() % 6);
+        for (r = 0; r < c.nreq; r++) {
+            int decode = r < c.nreq / 2 || (cu_rand() % 3 == 0);
+            c.qlen[r] = decode ? 1 : 1 + (int)(cu_rand() % 70);
+            c.ctxlen[r] = (int)(cu_rand() % 900);
+            if (!c.causal && c.qlen[r] > 1) c.ctxlen[r] = c.ctxlen[r] % 50;
+        }
+        fails += cu_run_case(ctx, &c, __LINE__) > 0;
+    }
+    /* one long decode alone: split-KV with the partial merge */
+    {
+        cu_case c;
+        memset(&c, 0, sizeof c);
+        c.heads = 32; c.kv_heads = 8; c.head = 128; c.dt = c.kv_dt = ATTN_DTYPE_BF16; c.block = 16;
+        c.causal = 1; c.lse = 1; c.nreq = 1; c.qlen[0] = 1; c.ctxlen[0] = 8000;
+        fails += cu_run_case(ctx, &c, __LINE__) > 0;
+    }
+    EXPECT_EQ_INT(fails, 0);
+    attn_context_destroy(ctx);
+}
+
+/* Host tensors given to a CUDA layer are refused, naming the tensor; nothing is written. */
+ATTN_TEST(cuda_host_tensor_refused) {
+    attn_test_log log;
+    attn_context *ctx = cu_ctx(&log);
+    attn_layer_desc d;
+    attn_layer *gpu = NULL;
+    attn_metadata *m = NULL;
+    attn_metadata_desc md;
+    attn_batch b;
+    int32_t qsl[2] = {0, 1}, seq[1] = {1}, bt[1] = {0};
+    int64_t slots[1] = {0}, shape[ATTN_MAX_DIMS];
+    float host_q[64], host_out[64];
+    void *dq = NULL, *dcache = NULL;
+    int ndim;
+    CU_SKIP_IF_NO_GPU(ctx);
+    memset(&d, 0, sizeof d);
+    d.num_heads = 4; d.num_kv_heads = 4; d.head_size = 16; d.dtype = ATTN_DTYPE_F32;
+    d.device = ATTN_DEVICE_CUDA;
+    EXPECT_OK(attn_layer_create(ctx, &d, NULL, &gpu));
+    memset(&md, 0, sizeof md);
+    md.max_num_reqs = 1; md.max_num_tokens = 1; md.max_blocks_per_req = 1; md.num_blocks = 1;
+    memset(&b, 0, sizeof b);
+    b.query_start_loc = qsl; b.seq_lens = seq; b.block_table = bt; b.block_table_stride = 1;
+    b.slot_mapping = slots; b.num_reqs = 1; b.num_actual_tokens = 1; b.max_query_len = 1; b.max_seq_len = 1;
+    if (gpu && attn_metadata_create(gpu, &md, &m) == ATTN_OK && attn_metadata_build(m, 0, &b, 0) == ATTN_OK &&
+        attn_cuda_malloc(ctx, sizeof host_q, &dq) == ATTN_OK && attn_cuda_malloc(ctx, 4096, &dcache) == ATTN_OK) {
+        attn_tensor q = cu_tensor(dq, ATTN_DTYPE_F32, 3, 1, 4, 16, 1);
+        attn_tensor hout = cu_tensor(host_out, ATTN_DTYPE_F32, 3, 1, 4, 16, 0);
+        attn_tensor hq = cu_tensor(host_q, ATTN_DTYPE_F32, 3, 1, 4, 16, 0);
+        attn_tensor cache;
+        attn_layer_kv_cache_shape(gpu, 1, shape, &ndim);
+        cache = attn_tensor_make(dcache, ATTN_DTYPE_F32, ndim, shape);
+        cache.device.kind = ATTN_DEVICE_CUDA;
+        memset(host_out, 0x7f, sizeof host_out);
+        attn_test_log_reset(&log);
+        EXPECT_STATUS(attn_layer_forward(gpu, m, &q, NULL, NULL, &cache, &hout, NULL, NULL), ATTN_ERROR_SHAPE_MISMATCH);
+        EXPECT_TRUE(attn_test_log_has(&log, ATTN_LOG_TENSOR_DEVICE, ATTN_LOG_LEVEL_ERROR));
+        EXPECT_TRUE(strstr(attn_context_last_error(ctx), "out.device") != NULL);
+        EXPECT_TRUE(host_out[0] != host_out[0] || ((unsigned char *)host_out)[0] == 0x7f);
+        EXPECT_STATUS(attn_layer_forward(gpu, m, &hq, NULL, NULL, &cache, &q, NULL, NULL), ATTN_ERROR_SHAPE_MISMATCH);
+        EXPECT_TRUE(strstr(attn_context_last_error(ctx), "q.device") != NULL);
+    } else {
+        EXPECT_TRUE(0);
+    }
+    attn_cuda_free(ctx, dq);
+    attn_cuda_free(ctx, dcache);
+    attn_metadata_destroy(m);
+    attn_layer_destroy(gpu);
+    attn_context_destroy(ctx);
+}
+
+/* The merge of CUDA tensors runs on the GPU and agrees with the CPU merge. */
+ATTN_TEST(cuda_merge_matches_cpu) {
+    attn_test_log log;
+    attn_context *ctx = cu_ctx(&log);
+    enum { T = 37, H = 5, D = 72 };
+    static float a[T * H * D], bb[T * H * D], la[T * H], lb[T * H], o_cpu[T * H * D], l_cpu[T * H];
+    static float o_gpu[T * H * D], l_gpu[T * H];
+    void *da = NULL, *db = NULL, *dla = NULL, *dlb = NULL, *dout = NULL, *dl = NULL;
+    int i, bad = 0;
+    CU_SKIP_IF_NO_GPU(ctx);
+    cu_fill(a, ATTN_DTYPE_F32, T * H * D, 4.0f);
+    cu_fill(bb, ATTN_DTYPE_F32, T * H * D, 4.0f);
+    cu_fill(la, ATTN_DTYPE_F32, T * H, 8.0f);
+    cu_fill(lb, ATTN_DTYPE_F32, T * H, 8.0f);
+    la[3] = -INFINITY; lb[4] = -INFINITY; la[5] = lb[5] = -INFINITY; la[6] = INFINITY; lb[7] = NAN;
+    a[3 * D] = NAN;
+    if (attn_cuda_malloc(ctx, sizeof a, &da) == ATTN_OK && attn_cuda_malloc(ctx, sizeof bb, &db) == ATTN_OK &&
+        attn_cuda_malloc(ctx, sizeof la, &dla) == ATTN_OK && attn_cuda_malloc(ctx, sizeof lb, &dlb) == ATTN_OK &&
+        attn_cuda_malloc(ctx, sizeof o_gpu, &dout) == ATTN_OK && attn_cuda_malloc(ctx, sizeof l_gpu, &dl) == ATTN_OK &&
+        attn_cuda_memcpy(ctx, da, a, sizeof a, ATTN_COPY_HOST_TO_DEVICE, NULL) == ATTN_OK &&
+        attn_cuda_memcpy(ctx, db, bb, sizeof bb, ATTN_COPY_HOST_TO_DEVICE, NULL) == ATTN_OK &&
+        attn_cuda_memcpy(ctx, dla, la, sizeof la, ATTN_COPY_HOST_TO_DEVICE, NULL) == ATTN_OK &&
+        attn_cuda_memcpy(ctx, dlb, lb, sizeof lb, ATTN_COPY_HOST_TO_DEVICE, NULL) == ATTN_OK) {
+        attn_tensor ha = cu_tensor(a, ATTN_DTYPE_F32, 3, T, H, D, 0), hb = cu_tensor(bb, ATTN_DTYPE_F32, 3, T, H, D, 0);
+        attn_tensor hla = cu_tensor(la, ATTN_DTYPE_F32, 2, T, H, 0, 0), hlb = cu_tensor(lb, ATTN_DTYPE_F32, 2, T, H, 0, 0);
+        attn_tensor ho = cu_tensor(o_cpu, ATTN_DTYPE_F32, 3, T, H, D, 0), hl = cu_tensor(l_cpu, ATTN_DTYPE_F32, 2, T, H, 0, 0);
+        attn_tensor ga = cu_tensor(da, ATTN_DTYPE_F32, 3, T, H, D, 1), gb = cu_tensor(db, ATTN_DTYPE_F32, 3, T, H, D, 1);
+        attn_tensor gla = cu_tensor(dla, ATTN_DTYPE_F32, 2, T, H, 0, 1), glb = cu_tensor(dlb, ATTN_DTYPE_F32, 2, T, H, 0, 1);
+        attn_tensor go = cu_tensor(dout, ATTN_DTYPE_F32, 3, T, H, D, 1), gl = cu_tensor(dl, ATTN_DTYPE_F32, 2, T, H, 0, 1);
+        EXPECT_OK(attn_merge_attn_states(ctx, &ha, &hla, ATTN_LSE_BASE_E, &hb, &hlb, ATTN_LSE_BASE_2, &ho, &hl,
+                                         ATTN_LSE_BASE_E, NULL));
+        EXPECT_OK(attn_merge_attn_states(ctx, &ga, &gla, ATTN_LSE_BASE_E, &gb, &glb, ATTN_LSE_BASE_2, &go, &gl,
+                                         ATTN_LSE_BASE_E, NULL));
+        EXPECT_OK(attn_cuda_synchronize(ctx, NULL));
+        EXPECT_OK(attn_cuda_memcpy(ctx, o_gpu, dout, sizeof o_gpu, ATTN_COPY_DEVICE_TO_HOST, NULL));
+        EXPECT_OK(attn_cuda_memcpy(ctx, l_gpu, dl, sizeof l_gpu, ATTN_COPY_DEVICE_TO_HOST, NULL));
+        for (i = 0; i < T * H * D && bad < 4; i++)
+            if (!(fabsf(o_cpu[i] - o_gpu[i]) <= 1e-5f + 1e-5f * fabsf(o_cpu[i]))) {
+                attn_test_fail(__FILE__, __LINE__, "merge out[%d]: cpu %g cuda %g", i, o_cpu[i], o_gpu[i]);
+                bad++;
+            }
+        for (i = 0; i < T * H && bad < 4; i++)
+            if (!(fabsf(l_cpu[i] - l_gpu[i]) <= 1e-5f + 1e-5f * fabsf(l_cpu[i])) && !(l_cpu[i] == l_gpu[i])) {
+                attn_test_fail(__FILE__, __LINE__, "merge lse[%d]: cpu %g cuda %g", i, l_cpu[i], l_gpu[i]);
+                bad++;
+            }
+    } else {
+        EXPECT_TRUE(0);
+    }
+    attn_cuda_free(ctx, da); attn_cuda_free(ctx, db); attn_cuda_free(ctx, dla); attn_cuda_free(ctx, dlb);
+    attn_cuda_free(ctx, dout); attn_cuda_free(ctx, dl);
+    attn_context_destroy(ctx);
+}
+
+/* Two layers of one shape compile once (the context's kernel cache). */
+ATTN_TEST(cuda_layers_share_compiled_variants) {
+    attn_test_log log;
+    attn_context *ctx = cu_ctx(&log);
+    attn_layer_desc d;
+    attn_layer *a = NULL, *b = NULL;
+    int n0;
+    CU_SKIP_IF_NO_GPU(ctx);
+    memset(&d, 0, sizeof d);
+    d.num_heads = 16; d.num_kv_heads = 4; d.head_size = 128; d.dtype = ATTN_DTYPE_BF16;
+    d.device = ATTN_DEVICE_CUDA;
+    EXPECT_OK(attn_layer_create(ctx, &d, NULL, &a));
+    n0 = attn_kernel_compile_count(ctx);
+    EXPECT_OK(attn_layer_create(ctx, &d, NULL, &b));
+    EXPECT_EQ_INT(attn_kernel_compile_count(ctx), n0);
+    attn_layer_destroy(a);
+    attn_layer_destroy(b);
+    attn_context_destroy(ctx);
+}
+
+void suite_cuda(void) {
+    ATTN_RUN(cuda_selected_for_device_layers);
+    ATTN_RUN(cuda_forward_matches_cpu);
+    ATTN_RUN(cuda_host_tensor_refused);
+    ATTN_RUN(cuda_merge_matches_cpu);
+    ATTN_RUN(cuda_layers_share_compiled_variants);
+}
