@@ -11,10 +11,11 @@ B        = build
 TEST_SRC = tests/main.c $(wildcard tests/test_*.c)
 TEST_DEP = attn.h tests/attn_test.h tests/fixtures.h $(TEST_SRC)
 
-.PHONY: all test demo bench embed check-embed clean info nvrtc-check cuda-test
+.PHONY: all test demo bench embed check-embed clean info nvrtc-check cuda-test fuzz
 
 all: $(B)/attn_tests $(B)/attn_tests_avx2 $(B)/attn_tests_c $(B)/attn_tests_nothreads \
-     $(B)/attn_tests_asan $(B)/attn-info $(B)/attn-bench $(B)/paged_decode $(B)/libattn.so $(B)/nvrtc-check
+     $(B)/attn_tests_asan $(B)/attn_tests_tsan $(B)/attn-info $(B)/attn-bench $(B)/paged_decode \
+     $(B)/libattn.so $(B)/nvrtc-check
 
 $(B):
 	mkdir -p $(B)
@@ -32,6 +33,27 @@ $(B)/attn_tests_nothreads: $(TEST_DEP) | $(B)
 $(B)/attn_tests_asan: $(TEST_DEP) | $(B)
 	$(CC) $(CSTD) $(WARN) -O1 -g $(NATIVE) -fsanitize=address,undefined -fno-sanitize-recover=undefined \
 	  -fno-omit-frame-pointer -I. $(TEST_SRC) -o $@ $(LIBS)
+
+# And under ThreadSanitizer (make test runs it on a twentieth of the random cases).
+$(B)/attn_tests_tsan: $(TEST_DEP) | $(B)
+	$(CC) $(CSTD) $(WARN) $(OPT) $(NATIVE) -fsanitize=thread -I. $(TEST_SRC) -o $@ $(LIBS)
+
+# libFuzzer target over the metadata builder and the validation of every forward call
+# (clang only, so not part of `all`; `make test` runs it for 30 s when clang is there).
+# `make fuzz` runs it for FUZZ_TIME seconds, growing FUZZ_CORPUS from the seeds in
+# tests/fuzz_corpus; crashing inputs land in build/fuzz-artifacts/.
+FUZZ_CC     ?= clang
+FUZZ_TIME   ?= 600
+FUZZ_CORPUS ?= $(B)/fuzz-corpus
+FUZZ_ARGS   ?=
+$(B)/fuzz_metadata: tests/fuzz_metadata.c attn.h | $(B)
+	$(FUZZ_CC) $(CSTD) $(WARN) -O1 -g $(NATIVE) -fsanitize=fuzzer,address,undefined \
+	  -fno-sanitize-recover=undefined -fno-omit-frame-pointer -I. $< -o $@ $(LIBS)
+fuzz: $(B)/fuzz_metadata
+	@mkdir -p $(FUZZ_CORPUS) $(B)/fuzz-artifacts
+	LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp:print_suppressions=0 \
+	  ./$(B)/fuzz_metadata -max_total_time=$(FUZZ_TIME) -timeout=20 -max_len=4096 \
+	  -artifact_prefix=$(B)/fuzz-artifacts/ $(FUZZ_ARGS) $(FUZZ_CORPUS) tests/fuzz_corpus
 
 $(B)/attn-info: tools/attn-info.c attn.h | $(B)
 	$(CC) $(CSTD) $(WARN) $(OPT) $(NATIVE) -I. $< -o $@ $(LIBS)

@@ -5,7 +5,9 @@
        ATTN_TEST(test_something) { EXPECT_TRUE(1 + 1 == 2); }
        void suite_example(void) { ATTN_RUN(test_something); }
 
-   Checks record failures and continue; SKIP(reason) ends a test as skipped.
+   Checks record failures and continue; SKIP(reason) ends a test as skipped. The
+   environment variable ATTN_TEST_SKIP (comma-separated test names) skips whole tests,
+   for slow builds such as ThreadSanitizer's.
    attn_test_summary() prints the closing line "N passed, N failed, N skipped" and
    returns the process exit code. Define ATTN_TEST_IMPLEMENTATION in one file. */
 #ifndef ATTN_TEST_H
@@ -63,6 +65,7 @@ int attn_test_near(double a, double b, double abs_tol, double rel_tol);
 
 #ifdef ATTN_TEST_IMPLEMENTATION
 #include <stdarg.h>
+#include <stdlib.h>
 #include <string.h>
 
 static int attn_test__passed, attn_test__failed, attn_test__skipped;
@@ -94,11 +97,25 @@ void attn_test_skip(const char *reason) {
 
 int attn_test_current_failed(void) { return attn_test__cur_failed; }
 
+/* Whether name is listed in ATTN_TEST_SKIP. */
+static int attn_test__skip_listed(const char *name) {
+    const char *p = getenv("ATTN_TEST_SKIP");
+    size_t n = strlen(name);
+    while (p && *p) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (len == n && strncmp(p, name, n) == 0) return 1;
+        p = e ? e + 1 : NULL;
+    }
+    return 0;
+}
+
 void attn_test_run(const char *name, attn_test_fn fn) {
     attn_test__cur_name = name;
     attn_test__cur_failed = 0;
     attn_test__cur_skipped = 0;
-    fn();
+    if (attn_test__skip_listed(name)) attn_test_skip("listed in ATTN_TEST_SKIP");
+    else fn();
     if (attn_test__cur_failed) {
         attn_test__failed++;
         fprintf(stdout, "FAIL %s (%d checks failed)\n", name, attn_test__cur_failed);

@@ -2,7 +2,9 @@
 # Runs every test build of attn.h and prints the total as the last line:
 #   N passed, N failed, N skipped
 # Each binary's own closing line is added in; single checks (header compiles, demo,
-# embedded-kernel freshness) count one each. Full logs go to build/test-logs/.
+# embedded-kernel freshness, the fuzz run) count one each. A check whose tool is not
+# installed (clang, python3, numpy, the libFuzzer runtime) is skipped with the reason.
+# Full logs go to build/test-logs/.
 set -u
 cd "$(dirname "$0")/.."
 logs=build/test-logs
@@ -17,6 +19,7 @@ run() {
     "$@" >"$log" 2>&1
     local rc=$?
     grep -E '^(FAIL|  FAIL|  SKIP)' "$log" | head -n 30
+    grep -m 3 -E '^(WARNING|ERROR): [A-Za-z]+Sanitizer|runtime error:' "$log"
     local line
     line=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$log" | tail -n 1)
     if [ -z "$line" ]; then
@@ -42,18 +45,35 @@ check() {
 
 skip() { echo "SKIP $1: $2"; S=$((S + 1)); }
 
+# need NAME TOOL : true if TOOL is installed; else NAME is skipped, saying so
+need() {
+    command -v "$2" >/dev/null 2>&1 && return 0
+    skip "$1" "$2 not installed"; return 1
+}
+
+# The CUDA driver's own allocations are not ours to report (see the file).
+export LSAN_OPTIONS="suppressions=$PWD/tests/lsan.supp:print_suppressions=0"
+
 # The header compiles warning-free as C99, C11 and C++17 (the implementation included).
 hdr=$(mktemp -d)
 printf '#define ATTN_IMPLEMENTATION\n#include "attn.h"\nint main(void){return 0;}\n' >"$hdr/t.c"
 cp "$hdr/t.c" "$hdr/t.cpp"
+need header-c99-gcc gcc && \
 check header-c99-gcc     gcc -std=c99 -Wall -Wextra -Wpedantic -Werror -I. -c "$hdr/t.c" -o "$hdr/a.o"
+need header-c11-clang clang && \
 check header-c11-clang   clang -std=c11 -Wall -Wextra -Wpedantic -Werror -I. -c "$hdr/t.c" -o "$hdr/b.o"
+need header-cxx17-gxx g++ && \
 check header-cxx17-gxx   g++ -std=c++17 -Wall -Wextra -Werror -I. -c "$hdr/t.cpp" -o "$hdr/c.o"
+need header-cxx17-native g++ && \
 check header-cxx17-native g++ -std=c++17 -Wall -Wextra -Werror -O2 -march=native -I. -c "$hdr/t.cpp" -o "$hdr/d.o"
+need header-c99-O3-native gcc && \
 check header-c99-O3-native gcc -std=c99 -Wall -Wextra -Wpedantic -Werror -O3 -march=native -I. -c "$hdr/t.c" -o "$hdr/g.o"
+need header-c99-avx2 gcc && \
 check header-c99-avx2    gcc -std=c99 -Wall -Wextra -Wpedantic -Werror -O2 -mavx2 -mfma -mf16c -I. -c "$hdr/t.c" -o "$hdr/e.o"
+need header-c99-static gcc && \
 check header-c99-static  gcc -std=c99 -Wall -Wextra -Wpedantic -Werror -DATTN_STATIC -Wno-unused-function -I. -c "$hdr/t.c" -o "$hdr/f.o"
 rm -rf "$hdr"
+need embedded-kernels-fresh python3 && \
 check embedded-kernels-fresh python3 tools/embed.py --check attn.h kernels
 # Every kernel variant of tools/nvrtc-check's manifest compiles with NVRTC for sm_80 and
 # sm_90 with no spill; needs libnvrtc (the CUDA toolkit or the nvrtc package), no GPU.
@@ -72,10 +92,49 @@ fi
 run tests-plain-c env ATTN_TEST_SCALE=0.5 ./build/attn_tests_c
 run tests-no-threads env ATTN_TEST_SCALE=0.3 ./build/attn_tests_nothreads
 run tests-asan-ubsan env ATTN_TEST_SCALE=0.2 ASAN_OPTIONS=detect_leaks=1 ./build/attn_tests_asan
-run python-numpy python3 tests/python/check_numpy.py
+
+# ThreadSanitizer: a twentieth of the random cases, and not the one big fixed-size test
+# (its float64 reference alone would take TSan a quarter of a minute). Kernels that map
+# memory where TSan wants its shadow make it refuse to start: then once more without
+# address-space randomisation.
+tsan() {
+    "$@"; local rc=$?
+    if [ "$rc" -ne 0 ] && grep -q 'ThreadSanitizer: unexpected memory mapping' "$logs/tests-tsan.log" &&
+        command -v setarch >/dev/null 2>&1; then
+        setarch "$(uname -m)" -R "$@"; rc=$?
+    fi
+    return "$rc"
+}
+run tests-tsan tsan env ATTN_TEST_SCALE=0.05 ATTN_TEST_SKIP=test_forward_llama_shapes \
+    TSAN_OPTIONS=halt_on_error=0 ./build/attn_tests_tsan
+
+if ! command -v python3 >/dev/null 2>&1; then skip python-numpy "python3 not installed"
+elif ! python3 -c 'import numpy' >/dev/null 2>&1; then skip python-numpy "numpy not installed"
+else run python-numpy python3 tests/python/check_numpy.py
+fi
 check demo ./build/paged_decode
 check attn-info ./build/attn-info
 check attn-info-env-unknown bash -c '! ATTN_BACKEND=nope ./build/attn-info'
+
+# The libFuzzer target: ATTN_FUZZ_SECONDS (30) from a fixed seed over the committed seed
+# corpus, into a fresh corpus; a crash, sanitizer report, broken property or hang fails.
+fuzz_seconds=${ATTN_FUZZ_SECONDS:-30}
+fuzz_probe() {
+    local dir; dir=$(mktemp -d)
+    printf '#include <stddef.h>\n#include <stdint.h>\nint LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) { (void)d; (void)n; return 0; }\n' >"$dir/p.c"
+    clang -fsanitize=fuzzer,address,undefined "$dir/p.c" -o "$dir/p" >/dev/null 2>&1; local rc=$?
+    rm -rf "$dir"; return "$rc"
+}
+fuzz_run() {
+    rm -rf build/fuzz-corpus-test
+    make -s fuzz FUZZ_TIME="$fuzz_seconds" FUZZ_CORPUS=build/fuzz-corpus-test FUZZ_ARGS=-seed=1
+}
+if ! command -v clang >/dev/null 2>&1; then skip fuzz-metadata "clang not installed"
+elif ! fuzz_probe; then skip fuzz-metadata "clang's libFuzzer runtime not installed (libclang-rt-<version>-dev)"
+else
+    check fuzz-metadata fuzz_run
+    grep -hE '^Done [0-9]+ runs|^fuzz_metadata: [0-9]+ inputs' "$logs/fuzz-metadata.log" | sed 's/^/    /'
+fi
 
 echo "$P passed, $F failed, $S skipped"
 [ "$F" -eq 0 ]
