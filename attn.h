@@ -2675,7 +2675,9 @@ static attn_status attn__resolve(attn_context *ctx, const attn_layer_desc *d,
     return ATTN_OK;
 }
 
-/* Resolution through the context's cache (keyed by descriptor, request, env value). */
+/* Resolution through the context's cache (keyed by descriptor, request, env value); it
+   keeps the most recent ATTN__SELECTION_CACHE_MAX resolutions. */
+#define ATTN__SELECTION_CACHE_MAX 256
 static attn_status attn__select(attn_context *ctx, const attn_layer_desc *d,
                                 const attn_select_request *req, attn_selection *out,
                                 attn_layer *layer) {
@@ -2704,6 +2706,10 @@ static attn_status attn__select(attn_context *ctx, const attn_layer_desc *d,
     st = attn__resolve(ctx, d, req, out, layer);
     if (st != ATTN_OK) return st;
     if (!e) {
+        if (ctx->cache_count == ATTN__SELECTION_CACHE_MAX) { /* bounded: drop the oldest */
+            memmove(ctx->cache, ctx->cache + 1, (size_t)(ctx->cache_count - 1) * sizeof *ctx->cache);
+            ctx->cache_count--;
+        }
         if (ctx->cache_count == ctx->cache_capacity) {
             int cap = ctx->cache_capacity ? ctx->cache_capacity * 2 : 8;
             attn__selection_cache_entry *n = (attn__selection_cache_entry *)ATTN_REALLOC(

@@ -517,6 +517,24 @@ ATTN_TEST(seam_layer_device) {
     attn_context_destroy(ctx);
 }
 
+/* The selection cache is bounded: after its first few hundred distinct layers it stops
+   growing (the oldest resolution makes room). */
+ATTN_TEST(seam_selection_cache_bounded) {
+    attn_context *ctx = sm_ctx(1, NULL);
+    attn_layer_desc d = sm_desc(0);
+    attn_selection s;
+    long before = 0;
+    int i;
+    if (!ctx) return;
+    for (i = 0; i < 700; i++) {
+        if (i == 400) before = attn_test_allocations;
+        d.sliding_window = i + 1; /* a distinct descriptor each time */
+        EXPECT_OK(attn_select_backend(ctx, &d, NULL, &s));
+    }
+    EXPECT_EQ_INT((int)(attn_test_allocations - before), 0);
+    attn_context_destroy(ctx);
+}
+
 /* ---- the loader's injection point --------------------------------------------------- */
 
 typedef struct sm_fake_driver {
@@ -868,6 +886,7 @@ void suite_seam(void) {
     ATTN_RUN(seam_init_failures_are_skip_reasons);
     ATTN_RUN(seam_record_shows_declared_capabilities);
     ATTN_RUN(seam_layer_device);
+    ATTN_RUN(seam_selection_cache_bounded);
     ATTN_RUN(seam_loader_injection);
     ATTN_RUN(seam_no_allocation_after_create);
     ATTN_RUN(seam_mla_small_workspace_groups);
