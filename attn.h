@@ -3388,22 +3388,11 @@ static attn_status attn__check_kv_cache(attn_layer *layer, const char *fn, const
     return ATTN_OK;
 }
 
-/* Validates key/value/cache/slots for a write of num_tokens rows. */
-static attn_status attn__check_kv_write(attn_layer *layer, const char *fn, const attn_tensor *key,
-                                        const attn_tensor *value, const attn_tensor *kv_cache,
-                                        const int64_t *slots, int num_tokens) {
-    const attn_layer_desc *d = &layer->desc;
-    attn_device_kind dev = layer->backend->device;
-    int64_t shape[3];
-    int64_t num_slots;
-    attn_status st;
+/* Every slot of a cache write: -1 (skip) or a slot of the given cache. */
+static attn_status attn__check_slots(attn_layer *layer, const char *fn, const attn_tensor *kv_cache,
+                                     const int64_t *slots, int num_tokens) {
+    int64_t num_slots = kv_cache->shape[0] * (int64_t)layer->desc.block_size;
     int t;
-    shape[0] = ATTN__AT_LEAST(num_tokens); shape[1] = d->num_kv_heads; shape[2] = d->head_size;
-    st = attn__check_tensor(layer->ctx, fn, "key", key, d->dtype, 3, shape, dev);
-    if (st == ATTN_OK) st = attn__check_tensor(layer->ctx, fn, "value", value, d->dtype, 3, shape, dev);
-    if (st == ATTN_OK) st = attn__check_kv_cache(layer, fn, kv_cache, 0);
-    if (st != ATTN_OK) return st;
-    num_slots = kv_cache->shape[0] * (int64_t)d->block_size;
     for (t = 0; t < num_tokens; t++)
         if (slots[t] < -1 || slots[t] >= num_slots)
             return attn__fail(layer->ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_SLOT,
@@ -3411,6 +3400,22 @@ static attn_status attn__check_kv_write(attn_layer *layer, const char *fn, const
                               "num_blocks * block_size - 1)", fn, t, (long long)slots[t],
                               (long long)num_slots - 1);
     return ATTN_OK;
+}
+
+/* Validates key/value/cache/slots for a write of num_tokens rows. */
+static attn_status attn__check_kv_write(attn_layer *layer, const char *fn, const attn_tensor *key,
+                                        const attn_tensor *value, const attn_tensor *kv_cache,
+                                        const int64_t *slots, int num_tokens) {
+    const attn_layer_desc *d = &layer->desc;
+    attn_device_kind dev = layer->backend->device;
+    int64_t shape[3];
+    attn_status st;
+    shape[0] = ATTN__AT_LEAST(num_tokens); shape[1] = d->num_kv_heads; shape[2] = d->head_size;
+    st = attn__check_tensor(layer->ctx, fn, "key", key, d->dtype, 3, shape, dev);
+    if (st == ATTN_OK) st = attn__check_tensor(layer->ctx, fn, "value", value, d->dtype, 3, shape, dev);
+    if (st == ATTN_OK) st = attn__check_kv_cache(layer, fn, kv_cache, 0);
+    if (st != ATTN_OK) return st;
+    return attn__check_slots(layer, fn, kv_cache, slots, num_tokens);
 }
 
 ATTN_API attn_status attn_reshape_and_cache(attn_layer *layer, const attn_tensor *key,
@@ -3442,23 +3447,15 @@ static attn_status attn__check_latent_write(attn_layer *layer, const char *fn, c
                                             const attn_tensor *k_pe, const attn_tensor *kv_cache,
                                             const int64_t *slots, int num_tokens) {
     const attn_layer_desc *d = &layer->desc;
-    int64_t shape[2], num_slots;
+    int64_t shape[2];
     attn_status st;
-    int t;
     shape[0] = ATTN__AT_LEAST(num_tokens); shape[1] = d->kv_lora_rank;
     st = attn__check_tensor(layer->ctx, fn, "kv_c", kv_c, d->dtype, 2, shape, layer->backend->device);
     shape[1] = d->qk_rope_head_dim;
     if (st == ATTN_OK) st = attn__check_tensor(layer->ctx, fn, "k_pe", k_pe, d->dtype, 2, shape, layer->backend->device);
     if (st == ATTN_OK) st = attn__check_kv_cache(layer, fn, kv_cache, 0);
     if (st != ATTN_OK) return st;
-    num_slots = kv_cache->shape[0] * (int64_t)d->block_size;
-    for (t = 0; t < num_tokens; t++)
-        if (slots[t] < -1 || slots[t] >= num_slots)
-            return attn__fail(layer->ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_SLOT,
-                              "%s: slot_mapping[%d] is %lld (allowed: -1 = skip, or 0..%lld = "
-                              "num_blocks * block_size - 1)", fn, t, (long long)slots[t],
-                              (long long)num_slots - 1);
-    return ATTN_OK;
+    return attn__check_slots(layer, fn, kv_cache, slots, num_tokens);
 }
 
 ATTN_API attn_status attn_concat_and_cache_mla(attn_layer *layer, const attn_tensor *kv_c,
