@@ -3738,6 +3738,46 @@ ATTN__INLINE void attn__cpu_prefetch_row(const char *p, size_t bytes) {
 #endif
 }
 
+/* A stream of whole cache rows to request while a kernel computes on other rows: the QK
+   kernel asks for the tile's V rows, the PV kernel for the next tile's K rows, a few lines
+   per step and in address order, so every row is in L2 a half tile before it is read. */
+typedef struct attn__cpu_pf {
+    const char *const *rows; /* row starts */
+    int num_rows, row;       /* rows, and the cursor: row and byte within it */
+    size_t row_bytes, off;
+    int lines_per_step;
+} attn__cpu_pf;
+
+static void attn__cpu_pf_init(attn__cpu_pf *pf, const char *const *rows, int num_rows, size_t row_bytes,
+                              int steps) {
+    size_t lines = (row_bytes + 63) / 64 * (size_t)num_rows;
+    pf->rows = rows;
+    pf->num_rows = num_rows;
+    pf->row = 0;
+    pf->row_bytes = row_bytes;
+    pf->off = 0;
+    pf->lines_per_step = steps > 0 ? (int)((lines + (size_t)steps - 1) / (size_t)steps) : 0;
+}
+
+ATTN__INLINE void attn__cpu_pf_step(attn__cpu_pf *pf) {
+#if defined(__GNUC__) || defined(__clang__)
+    int k = pf->lines_per_step, row = pf->row, i; /* locals: pf may alias, the loop must not reload */
+    size_t off = pf->off, bytes = pf->row_bytes;
+    while (k > 0 && row < pf->num_rows) {
+        const char *p = pf->rows[row] + off;
+        int now = (int)ATTN__MIN((size_t)k, (bytes - off + 63) / 64);
+        for (i = 0; i < now; i++) __builtin_prefetch(p + 64 * i, 0, ATTN__PF_HINT);
+        k -= now;
+        off += (size_t)now * 64;
+        if (off >= bytes) { off = 0; row++; }
+    }
+    pf->row = row;
+    pf->off = off;
+#else
+    (void)pf;
+#endif
+}
+
 /* One vector of a K/V row straight from the cache, converted to f32 in registers. dt is a
    compile-time constant in every instantiation, so the switch folds away. */
 ATTN__INLINE attn__vf attn__vload_kv(const char *p, attn_dtype dt) {
@@ -3757,7 +3797,7 @@ ATTN__INLINE attn__vf attn__vload_kv(const char *p, attn_dtype dt) {
    then every head of the task, so it reads whole token rows front to back. */
 ATTN__INLINE void attn__cpu_qk_direct_dt(const float *Q, int per_head, int nheads, const char *const *kp,
                                   size_t head_bytes, int n, int D, int dq, float *S, int ld,
-                                  attn_dtype dt) {
+                                  attn__cpu_pf *pf, attn_dtype dt) {
     size_t esz = attn__dtypes[dt].size; /* a constant: dt is one */
     int r, j, d, rr, kk, h;
     for (j = 0; j + 4 <= n; j += 4)
@@ -3765,6 +3805,7 @@ ATTN__INLINE void attn__cpu_qk_direct_dt(const float *Q, int per_head, int nhead
             const char *k0 = kp[j] + h * head_bytes, *k1 = kp[j + 1] + h * head_bytes;
             const char *k2 = kp[j + 2] + h * head_bytes, *k3 = kp[j + 3] + h * head_bytes;
             int rend = (h + 1) * per_head;
+            attn__cpu_pf_step(pf);
             if (j + ATTN__QKPF + 4 <= n) { /* this head's slice of a later quad's rows */
                 int q2;
                 for (q2 = ATTN__QKPF; q2 < ATTN__QKPF + 4; q2++) attn__cpu_prefetch_row(kp[j + q2] + h * head_bytes, head_bytes);
@@ -3808,7 +3849,8 @@ ATTN__INLINE void attn__cpu_qk_direct_dt(const float *Q, int per_head, int nhead
 /* O[r] = O[r] * alpha[r] + sum_j P[r][j] V[j] for the rows of one head; 4 rows x 4 vectors
    per register block (16 independent FMA chains). */
 ATTN__INLINE void attn__cpu_pv_direct_dt(const float *P, int ld, int M, const char *const *vp, size_t hoff,
-                                  int n, int D, int dq, float *O, const float *alpha, attn_dtype dt) {
+                                  int n, int D, int dq, float *O, const float *alpha,
+                                  attn__cpu_pf *pf, attn_dtype dt) {
     size_t esz = attn__dtypes[dt].size;
     int r = 0, d, j, rr, c;
     for (; r + 4 <= M; r += 4) {
@@ -3822,7 +3864,10 @@ ATTN__INLINE void attn__cpu_pv_direct_dt(const float *P, int ld, int M, const ch
             for (j = 0; j < n; j++) {
                 const char *v = vp[j] + hoff + (size_t)d * esz;
                 attn__vf v0, v1, v2, v3;
-                if (d == 0 && j + ATTN__PVPF < n) attn__cpu_prefetch_row(vp[j + ATTN__PVPF] + hoff, (size_t)D * esz);
+                if (d == 0) {
+                    if (r == 0) attn__cpu_pf_step(pf);
+                    if (j + ATTN__PVPF < n) attn__cpu_prefetch_row(vp[j + ATTN__PVPF] + hoff, (size_t)D * esz);
+                }
                 v0 = attn__vload_kv(v, dt); v1 = attn__vload_kv(v + ATTN__W * esz, dt);
                 v2 = attn__vload_kv(v + 2 * ATTN__W * esz, dt); v3 = attn__vload_kv(v + 3 * ATTN__W * esz, dt);
                 for (rr = 0; rr < 4; rr++) {
@@ -3851,8 +3896,10 @@ ATTN__INLINE void attn__cpu_pv_direct_dt(const float *P, int ld, int M, const ch
     for (; r < M; r++)
         for (d = 0; d < D; d += ATTN__W) {
             attn__vf a = attn__vmul(attn__vld(O + (size_t)r * (size_t)dq + d), attn__vset1(alpha[r]));
-            for (j = 0; j < n; j++)
+            for (j = 0; j < n; j++) {
+                if (r == 0 && d == 0) attn__cpu_pf_step(pf);
                 a = attn__vfma(attn__vset1(P[(size_t)r * (size_t)ld + j]), attn__vload_kv(vp[j] + hoff + (size_t)d * esz, dt), a);
+            }
             attn__vst(O + (size_t)r * (size_t)dq + d, a);
         }
 }
@@ -3861,21 +3908,23 @@ ATTN__INLINE void attn__cpu_pv_direct_dt(const float *P, int ld, int M, const ch
    inlined into attn__cpu_task_run: the kernels' registers are then allocated on their own,
    and an edit elsewhere in that large function cannot spill them (one did: -6% decode). */
 ATTN__NOINLINE static void attn__cpu_qk_direct(const float *Q, int per_head, int nheads, const char *const *kp,
-                                size_t head_bytes, int n, int D, int dq, float *S, int ld, attn_dtype dt) {
+                                size_t head_bytes, int n, int D, int dq, float *S, int ld,
+                                attn__cpu_pf *pf, attn_dtype dt) {
     switch (dt) {
-    case ATTN_DTYPE_F32: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, ATTN_DTYPE_F32); return;
-    case ATTN_DTYPE_F16: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, ATTN_DTYPE_F16); return;
-    case ATTN_DTYPE_BF16: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, ATTN_DTYPE_BF16); return;
+    case ATTN_DTYPE_F32: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, pf, ATTN_DTYPE_F32); return;
+    case ATTN_DTYPE_F16: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, pf, ATTN_DTYPE_F16); return;
+    case ATTN_DTYPE_BF16: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, pf, ATTN_DTYPE_BF16); return;
     case ATTN_DTYPE_AUTO: case ATTN_DTYPE_COUNT: break;
     }
     ATTN_ASSERT(0);
 }
 ATTN__NOINLINE static void attn__cpu_pv_direct(const float *P, int ld, int M, const char *const *vp, size_t hoff,
-                                int n, int D, int dq, float *O, const float *alpha, attn_dtype dt) {
+                                int n, int D, int dq, float *O, const float *alpha, attn__cpu_pf *pf,
+                                attn_dtype dt) {
     switch (dt) {
-    case ATTN_DTYPE_F32: attn__cpu_pv_direct_dt(P, ld, M, vp, hoff, n, D, dq, O, alpha, ATTN_DTYPE_F32); return;
-    case ATTN_DTYPE_F16: attn__cpu_pv_direct_dt(P, ld, M, vp, hoff, n, D, dq, O, alpha, ATTN_DTYPE_F16); return;
-    case ATTN_DTYPE_BF16: attn__cpu_pv_direct_dt(P, ld, M, vp, hoff, n, D, dq, O, alpha, ATTN_DTYPE_BF16); return;
+    case ATTN_DTYPE_F32: attn__cpu_pv_direct_dt(P, ld, M, vp, hoff, n, D, dq, O, alpha, pf, ATTN_DTYPE_F32); return;
+    case ATTN_DTYPE_F16: attn__cpu_pv_direct_dt(P, ld, M, vp, hoff, n, D, dq, O, alpha, pf, ATTN_DTYPE_F16); return;
+    case ATTN_DTYPE_BF16: attn__cpu_pv_direct_dt(P, ld, M, vp, hoff, n, D, dq, O, alpha, pf, ATTN_DTYPE_BF16); return;
     case ATTN_DTYPE_AUTO: case ATTN_DTYPE_COUNT: break;
     }
     ATTN_ASSERT(0);
@@ -4245,7 +4294,9 @@ static void attn__cpu_task_run(void *varg, int ti, int thread) {
     int rows = per_head * nheads, rp = (rows + 15) / 16 * 16;
     int direct = per_head <= 8 && dk % ATTN__W == 0 && dv % ATTN__W == 0 && !a->v_in_k;
     int nt_keys = direct ? ATTN__CPU_NT : attn__cpu_tile_keys(nheads);
-    const char *kp[ATTN__CPU_NT], *vp[ATTN__CPU_NT];
+    const char *rows_a[ATTN__CPU_NT], *rows_b[ATTN__CPU_NT], *vp[ATTN__CPU_NT];
+    const char **kp = rows_a, **kp_next = rows_b;  /* this tile's K rows, the next tile's */
+    attn__cpu_pf pf;
     int ql = b->query_start_loc[tk->req + 1] - b->query_start_loc[tk->req];
     int sl = b->seq_lens[tk->req], qs = b->query_start_loc[tk->req] - a->row0;
     int causal = b->causal == ATTN_CAUSAL_YES;
@@ -4295,14 +4346,20 @@ static void attn__cpu_task_run(void *varg, int ti, int thread) {
         l[i] = 0.0f;
     }
     for (j0 = kmin; j0 < kmax; j0 += nt_keys) {
-        int n = ATTN__MIN(nt_keys, kmax - j0);
+        int n = ATTN__MIN(nt_keys, kmax - j0), n_next;
         if (direct) { /* row pointers only; the kernels read and convert */
-            for (j = 0; j < n; j++) {
-                kp[j] = attn__cpu_krow(a, bt, j0 + j, tk->head0);
-                vp[j] = kp[j] + vdelta;
-            }
+            const char **t = kp;
+            kp = kp_next;
+            kp_next = t;
+            if (j0 == kmin)
+                for (j = 0; j < n; j++) kp[j] = attn__cpu_krow(a, bt, j0 + j, tk->head0);
+            for (j = 0; j < n; j++) vp[j] = kp[j] + vdelta;
+            attn__cpu_pf_init(&pf, vp, n, (size_t)nheads * head_bytes, (n + 3) / 4 * nheads);
             attn__cpu_qk_direct(Q, per_head, nheads, kp, head_bytes, n, dk, dpk, S, ATTN__CPU_NT,
-                                a->kv_dtype);
+                                &pf, a->kv_dtype);
+            n_next = ATTN__MIN(nt_keys, kmax - j0 - n);
+            for (j = 0; j < n_next; j++) kp_next[j] = attn__cpu_krow(a, bt, j0 + n + j, tk->head0);
+            attn__cpu_pf_init(&pf, kp_next, n_next, (size_t)nheads * head_bytes, n * nheads);
         } else { /* gather: rows of the cache, converted to f32, tile layout [head][key][dp] */
             for (j = 0; j < n; j++) {
                 const char *kr = attn__cpu_krow(a, bt, j0 + j, tk->head0);
@@ -4339,7 +4396,7 @@ static void attn__cpu_task_run(void *varg, int ti, int thread) {
             }
             if (direct)
                 attn__cpu_pv_direct(Sh, ATTN__CPU_NT, per_head, vp, (size_t)h * head_bytes, n, dv, dpv,
-                                    O + (size_t)r0 * (size_t)dpv, alpha + r0, a->kv_dtype);
+                                    O + (size_t)r0 * (size_t)dpv, alpha + r0, &pf, a->kv_dtype);
             else
                 attn__cpu_pv(Sh, ATTN__CPU_NT, per_head, Vh, ldv, n, dpv, O + (size_t)r0 * (size_t)dpv, alpha + r0);
         }
