@@ -3550,6 +3550,15 @@ ATTN__INLINE void attn__vst_f16(uint16_t *p, attn__vf v) {
 }
 #endif
 
+/* Pins a vector to a register: compilers otherwise fold a load used by several FMAs into
+   each of them as a memory operand, loading it again per use (the QK kernels then issue
+   more loads than FMAs and are load-bound). */
+#if (defined(ATTN__SIMD_AVX512) || defined(ATTN__SIMD_AVX2)) && (defined(__GNUC__) || defined(__clang__))
+#define ATTN__VKEEP(v) __asm__("" : "+v"(v))
+#else
+#define ATTN__VKEEP(v) ((void)0)
+#endif
+
 /* Rows of n elements between f16/bf16 storage and f32, W at a time, scalar tails (the
    dtype table's rows for f16 and bf16). */
 static void attn__f16_row(const void *src, float *d, int n) {
@@ -3716,7 +3725,10 @@ static void attn__cpu_pv(const float *P, int ld, int M, const float *V, int ldv,
     }
 }
 
-/* How far ahead the decode kernels ask for K (keys) and V (rows) while they compute. */
+/* How far ahead the decode kernels ask for K (keys) and V (rows) while they compute: the
+   only requests for a task's first tile, later a second one for rows the pipeline below
+   asked for (measured: it helps when that one is late or dropped). Hint 2 is T1, which
+   Intel and Zen 4/5 fill into L2, not L1. */
 #ifndef ATTN__QKPF
 #define ATTN__QKPF 4
 #endif
@@ -3822,6 +3834,7 @@ ATTN__INLINE void attn__cpu_qk_direct_dt(const float *Q, int per_head, int nhead
                     kv[3] = attn__vload_kv(k3 + (size_t)d * esz, dt);
                     for (rr = 0; rr < ATTN__QK_RB; rr++) {
                         attn__vf qv = attn__vld(q + (size_t)rr * (size_t)dq + d);
+                        ATTN__VKEEP(qv);
                         for (kk = 0; kk < 4; kk++) acc[rr * 4 + kk] = attn__vfma(qv, kv[kk], acc[rr * 4 + kk]);
                     }
                 }
