@@ -3377,6 +3377,18 @@ ATTN_API attn_status attn_concat_and_cache_mla(attn_layer *layer, const attn_ten
 #define ATTN__CPU_SPLIT_MIN 512 /* fewest keys worth a split of their own */
 #define ATTN__CPU_MAX_SPLITS 16
 
+/* ATTN_CPU_BF16_DOT (define it before the implementation; off by default): decode QK on
+   bf16 caches with AVX512-BF16 vdpbf16ps, two products per f32 lane, where the CPU has it
+   (Zen 4/5, Cooper Lake, Sapphire Rapids and later) and the build targets it
+   (-mavx512bf16 / -march=native). q is rounded to bf16 (RNE) first, so scores move by
+   about 2^-9 of |q|.|k|: an opt-in, not the default. A compile-time switch: it is a build
+   property like the SIMD level, and the default build stays bitwise what it was. */
+#if defined(ATTN_CPU_BF16_DOT) && defined(__AVX512F__) && defined(__AVX512BF16__) && !defined(ATTN_NO_SIMD)
+#define ATTN__CPU_BF16_DOT_ON 1
+#else
+#define ATTN__CPU_BF16_DOT_ON 0
+#endif
+
 #if defined(ATTN__SIMD_AVX512)
 #define ATTN__W 16
 #define ATTN__QK_RB 4
@@ -3931,6 +3943,70 @@ ATTN__NOINLINE static void attn__cpu_qk_direct(const float *Q, int per_head, int
     }
     ATTN_ASSERT(0);
 }
+#if ATTN__CPU_BF16_DOT_ON
+/* q . k over D bf16 elements (D a multiple of 32), 32 per vdpbf16ps. */
+ATTN__INLINE float attn__cpu_dot_bf16(const uint16_t *q, const char *k, int D) {
+    __m512 acc = _mm512_setzero_ps();
+    int d;
+    for (d = 0; d < D; d += 32)
+        acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512((const void *)(q + d)),
+                               (__m512bh)_mm512_loadu_si512((const void *)(k + (size_t)d * 2)));
+    return _mm512_reduce_add_ps(acc);
+}
+
+/* The QK of attn__cpu_qk_direct for bf16 caches under ATTN_CPU_BF16_DOT: Qb holds the
+   task's q rows rounded to bf16 (dq elements apart), K is read raw, 32 elements per
+   instruction; same order of keys and heads, same prefetches. */
+ATTN__NOINLINE static void attn__cpu_qk_bf16dot(const uint16_t *Qb, int per_head, int nheads,
+                                                const char *const *kp, size_t head_bytes, int n, int D,
+                                                int dq, float *S, int ld, attn__cpu_pf *pf) {
+    int r, j, d, rr, kk, h;
+    for (j = 0; j + 4 <= n; j += 4)
+        for (h = 0; h < nheads; h++) {
+            const char *k[4];
+            int rend = (h + 1) * per_head;
+            for (kk = 0; kk < 4; kk++) k[kk] = kp[j + kk] + h * head_bytes;
+            attn__cpu_pf_step(pf);
+            if (j + ATTN__QKPF + 4 <= n) {
+                int q2;
+                for (q2 = ATTN__QKPF; q2 < ATTN__QKPF + 4; q2++) attn__cpu_prefetch_row(kp[j + q2] + h * head_bytes, head_bytes);
+            }
+            for (r = h * per_head; r + 4 <= rend; r += 4) {
+                __m512 acc[16];
+                for (rr = 0; rr < 16; rr++) acc[rr] = _mm512_setzero_ps();
+                for (d = 0; d < D; d += 32) {
+                    __m512bh kv[4];
+                    for (kk = 0; kk < 4; kk++) kv[kk] = (__m512bh)_mm512_loadu_si512((const void *)(k[kk] + (size_t)d * 2));
+                    for (rr = 0; rr < 4; rr++) {
+                        __m512bh qv = (__m512bh)_mm512_loadu_si512((const void *)(Qb + (size_t)(r + rr) * (size_t)dq + d));
+                        ATTN__VKEEP(qv);
+                        for (kk = 0; kk < 4; kk++) acc[rr * 4 + kk] = _mm512_dpbf16_ps(acc[rr * 4 + kk], qv, kv[kk]);
+                    }
+                }
+                attn__hsum_block_store(acc, S + (size_t)r * (size_t)ld + j, ld);
+            }
+            for (; r < rend; r++)
+                for (kk = 0; kk < 4; kk++)
+                    S[(size_t)r * (size_t)ld + j + kk] = attn__cpu_dot_bf16(Qb + (size_t)r * (size_t)dq, k[kk], D);
+        }
+    for (; j < n; j++)
+        for (r = 0; r < per_head * nheads; r++)
+            S[(size_t)r * (size_t)ld + j] = attn__cpu_dot_bf16(Qb + (size_t)r * (size_t)dq,
+                                                              kp[j] + (size_t)(r / per_head) * head_bytes, D);
+}
+
+/* Q rows (f32, dq apart) -> bf16, round to nearest even; D a multiple of 32. */
+static void attn__cpu_q_to_bf16(const float *Q, int rows, int D, int dq, uint16_t *Qb) {
+    int i, d;
+    for (i = 0; i < rows; i++)
+        for (d = 0; d < D; d += 32) {
+            const float *q = Q + (size_t)i * (size_t)dq + d;
+            _mm512_storeu_si512((void *)(Qb + (size_t)i * (size_t)dq + d),
+                                (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(q + 16), _mm512_loadu_ps(q)));
+        }
+}
+#endif
+
 ATTN__NOINLINE static void attn__cpu_pv_direct(const float *P, int ld, int M, const char *const *vp, size_t hoff,
                                 int n, int D, int dq, float *O, const float *alpha, attn__cpu_pf *pf,
                                 attn_dtype dt) {
@@ -4308,6 +4384,9 @@ static void attn__cpu_task_run(void *varg, int ti, int thread) {
     int direct = per_head <= 8 && dk % ATTN__W == 0 && dv % ATTN__W == 0 && !a->v_in_k;
     int nt_keys = direct ? ATTN__CPU_NT : attn__cpu_tile_keys(nheads);
     const char *rows_a[ATTN__CPU_NT], *rows_b[ATTN__CPU_NT], *vp[ATTN__CPU_NT];
+#if ATTN__CPU_BF16_DOT_ON
+    int bf16dot = direct && a->kv_dtype == ATTN_DTYPE_BF16 && dk % 32 == 0;
+#endif
     const char **kp = rows_a, **kp_next = rows_b;  /* this tile's K rows, the next tile's */
     attn__cpu_pf pf;
     int ql = b->query_start_loc[tk->req + 1] - b->query_start_loc[tk->req];
@@ -4358,6 +4437,9 @@ static void attn__cpu_task_run(void *varg, int ti, int thread) {
         m[i] = -INFINITY;
         l[i] = 0.0f;
     }
+#if ATTN__CPU_BF16_DOT_ON
+    if (bf16dot) attn__cpu_q_to_bf16(Q, rows, dk, dpk, (uint16_t *)(void *)K); /* K is free here */
+#endif
     for (j0 = kmin; j0 < kmax; j0 += nt_keys) {
         int n = ATTN__MIN(nt_keys, kmax - j0), n_next;
         if (direct) { /* row pointers only; the kernels read and convert */
@@ -4368,6 +4450,12 @@ static void attn__cpu_task_run(void *varg, int ti, int thread) {
                 for (j = 0; j < n; j++) kp[j] = attn__cpu_krow(a, bt, j0 + j, tk->head0);
             for (j = 0; j < n; j++) vp[j] = kp[j] + vdelta;
             attn__cpu_pf_init(&pf, vp, n, (size_t)nheads * head_bytes, (n + 3) / 4 * nheads);
+#if ATTN__CPU_BF16_DOT_ON
+            if (bf16dot)
+                attn__cpu_qk_bf16dot((const uint16_t *)(const void *)K, per_head, nheads, kp, head_bytes, n,
+                                     dk, dpk, S, ATTN__CPU_NT, &pf);
+            else
+#endif
             attn__cpu_qk_direct(Q, per_head, nheads, kp, head_bytes, n, dk, dpk, S, ATTN__CPU_NT,
                                 &pf, a->kv_dtype);
             n_next = ATTN__MIN(nt_keys, kmax - j0 - n);

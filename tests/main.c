@@ -30,6 +30,7 @@ void suite_mla(void);        /* tests/test_mla.c */
 void suite_seam(void);       /* tests/test_seam.c */
 void suite_defects(void);    /* tests/test_defects.c */
 void suite_nvrtc(void);      /* tests/test_nvrtc.c */
+void suite_bf16dot(void);    /* tests/test_bf16dot.c */
 
 int main(int argc, char **argv) {
     /* Optional filter: run only suites whose name contains argv[1]. */
@@ -44,6 +45,7 @@ int main(int argc, char **argv) {
     SUITE(suite_seam);
     SUITE(suite_defects);
     SUITE(suite_nvrtc);
+    SUITE(suite_bf16dot);
 #undef SUITE
     return attn_test_summary();
 }
