@@ -51,6 +51,7 @@ class attn_context_desc(C.Structure):
         ("log_level", C.c_int),
         ("num_threads", C.c_int),
         ("loader", C.c_void_p),         # const attn_loader *: NULL = dlopen
+        ("kernel_cache_dir", C.c_char_p),  # NULL: env ATTN_CACHE_DIR, else the user cache
     ]
 
 
