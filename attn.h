@@ -4376,6 +4376,18 @@ static void attn__cpu_store_rows(const attn__cpu_run *a, int req, int head0, int
     }
 }
 
+/* Keys per tile of the direct (decode) kernels: ATTN__CPU_NT, fewer (a multiple of 16)
+   when a tile of K rows of all the task's heads would pass ATTN__CPU_TILE_BYTES, so that
+   the pipelined prefetch's V of this tile and K of the next stay in L2 (1 MiB on Zen 4/5). */
+#ifndef ATTN__CPU_TILE_BYTES
+#define ATTN__CPU_TILE_BYTES (256 * 1024)
+#endif
+static int attn__cpu_direct_tile_keys(int nheads, int dk, attn_dtype dt) {
+    size_t row = (size_t)nheads * (size_t)dk * attn_dtype_size(dt);
+    int keys = (int)ATTN__MIN((size_t)ATTN__CPU_NT, ATTN__CPU_TILE_BYTES / row / 16 * 16);
+    return keys < 16 ? 16 : keys;
+}
+
 /* Start of the K row of (block slot key, KV head h); V adds v_offset - k_offset. */
 static const char *attn__cpu_krow(const attn__cpu_run *a, const int32_t *bt, int key, int h) {
     int bs = a->d.block_size;
@@ -4393,7 +4405,7 @@ static void attn__cpu_task_run(void *varg, int ti, int thread) {
     int nheads = tk->head1 - tk->head0, per_head = (tk->tok1 - tk->tok0) * group;
     int rows = per_head * nheads, rp = (rows + 15) / 16 * 16;
     int direct = per_head <= 8 && dk % ATTN__W == 0 && dv % ATTN__W == 0 && !a->v_in_k;
-    int nt_keys = direct ? ATTN__CPU_NT : attn__cpu_tile_keys(nheads);
+    int nt_keys = direct ? attn__cpu_direct_tile_keys(nheads, a->dk, a->kv_dtype) : attn__cpu_tile_keys(nheads);
     const char *rows_a[ATTN__CPU_NT], *rows_b[ATTN__CPU_NT], *vp[ATTN__CPU_NT];
 #if ATTN__CPU_BF16_DOT_ON
     int bf16dot = direct && a->kv_dtype == ATTN_DTYPE_BF16 && dk % 32 == 0;
