@@ -23,6 +23,7 @@ static void *attn_test_realloc(void *p, size_t n) { attn_test_allocations++; ret
 
 void suite_types(void);      /* tests/test_forward.c */
 void suite_forward(void);    /* tests/test_forward.c */
+void suite_bf16dot(void);    /* tests/test_bf16dot.c */
 void suite_selector(void);   /* tests/test_selector.c */
 void suite_validation(void); /* tests/test_validation.c */
 void suite_regress(void);    /* tests/test_regress.c */
@@ -30,7 +31,6 @@ void suite_mla(void);        /* tests/test_mla.c */
 void suite_seam(void);       /* tests/test_seam.c */
 void suite_defects(void);    /* tests/test_defects.c */
 void suite_nvrtc(void);      /* tests/test_nvrtc.c */
-void suite_bf16dot(void);    /* tests/test_bf16dot.c */
 
 int main(int argc, char **argv) {
     /* Optional filter: run only suites whose name contains argv[1]. */
@@ -38,6 +38,7 @@ int main(int argc, char **argv) {
 #define SUITE(s) if (!only || strstr(#s, only)) s()
     SUITE(suite_types);
     SUITE(suite_forward);
+    SUITE(suite_bf16dot);
     SUITE(suite_selector);
     SUITE(suite_validation);
     SUITE(suite_regress);
@@ -45,7 +46,6 @@ int main(int argc, char **argv) {
     SUITE(suite_seam);
     SUITE(suite_defects);
     SUITE(suite_nvrtc);
-    SUITE(suite_bf16dot);
 #undef SUITE
     return attn_test_summary();
 }
