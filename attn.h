@@ -3498,6 +3498,18 @@ ATTN_API attn_status attn_concat_and_cache_mla(attn_layer *layer, const attn_ten
 #define ATTN__CPU_SPLIT_MIN 512 /* fewest keys worth a split of their own */
 #define ATTN__CPU_MAX_SPLITS 16
 
+/* ATTN_CPU_BF16_DOT (define it before the implementation; off by default): decode QK on
+   bf16 caches with AVX512-BF16 vdpbf16ps, two products per f32 lane, where the CPU has it
+   (Zen 4/5, Cooper Lake, Sapphire Rapids and later) and the build targets it
+   (-mavx512bf16 / -march=native). q is rounded to bf16 (RNE) first, so scores move by
+   about 2^-9 of |q|.|k|: an opt-in, not the default. A compile-time switch: it is a build
+   property like the SIMD level, and the default build stays bitwise what it was. */
+#if defined(ATTN_CPU_BF16_DOT) && defined(__AVX512F__) && defined(__AVX512BF16__) && !defined(ATTN_NO_SIMD)
+#define ATTN__CPU_BF16_DOT_ON 1
+#else
+#define ATTN__CPU_BF16_DOT_ON 0
+#endif
+
 #if defined(ATTN__SIMD_AVX512)
 #define ATTN__W 16
 #define ATTN__QK_RB 4
@@ -3671,6 +3683,15 @@ ATTN__INLINE void attn__vst_f16(uint16_t *p, attn__vf v) {
 }
 #endif
 
+/* Pins a vector to a register: compilers otherwise fold a load used by several FMAs into
+   each of them as a memory operand, loading it again per use (the QK kernels then issue
+   more loads than FMAs and are load-bound). */
+#if (defined(ATTN__SIMD_AVX512) || defined(ATTN__SIMD_AVX2)) && (defined(__GNUC__) || defined(__clang__))
+#define ATTN__VKEEP(v) __asm__("" : "+v"(v))
+#else
+#define ATTN__VKEEP(v) ((void)0)
+#endif
+
 /* Rows of n elements between f16/bf16 storage and f32, W at a time, scalar tails (the
    dtype table's rows for f16 and bf16). */
 static void attn__f16_row(const void *src, float *d, int n) {
@@ -3837,7 +3858,10 @@ static void attn__cpu_pv(const float *P, int ld, int M, const float *V, int ldv,
     }
 }
 
-/* How far ahead the decode kernels ask for K (keys) and V (rows) while they compute. */
+/* How far ahead the decode kernels ask for K (keys) and V (rows) while they compute: the
+   only requests for a task's first tile, later a second one for rows the pipeline below
+   asked for (measured: it helps when that one is late or dropped). Hint 2 is T1, which
+   Intel and Zen 4/5 fill into L2, not L1. */
 #ifndef ATTN__QKPF
 #define ATTN__QKPF 4
 #endif
@@ -3856,6 +3880,57 @@ ATTN__INLINE void attn__cpu_prefetch_row(const char *p, size_t bytes) {
     for (o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, ATTN__PF_HINT);
 #else
     (void)p; (void)bytes;
+#endif
+}
+
+/* Rows of the cache to request while a kernel computes on other rows: the QK kernel asks
+   for the tile's V rows, the PV kernel for the next tile's K rows, a few lines per step,
+   so every row is in L2 about half a tile before it is read. K goes in whole rows (QK
+   takes a quad of keys across all heads); V head by head as PV reads it where a head's
+   slice is 512 bytes or more (f32 at head 128: measured 4-7% faster), else in whole rows
+   (f16: address order measured 10% faster than 256-byte slices). */
+typedef struct attn__cpu_pf {
+    const char *const *rows; /* row starts */
+    int num_rows, num_cols;  /* rows, and slices per row (heads for V, 1 for K) */
+    size_t col_bytes;        /* bytes of a slice */
+    int row, col;            /* cursor: slice col of row, byte off within it */
+    size_t off;
+    int lines_per_step;
+} attn__cpu_pf;
+
+static void attn__cpu_pf_init(attn__cpu_pf *pf, const char *const *rows, int num_rows, int num_cols,
+                              size_t col_bytes, int steps) {
+    size_t lines = (col_bytes + 63) / 64 * (size_t)num_rows * (size_t)num_cols;
+    pf->rows = rows;
+    pf->num_rows = num_rows;
+    pf->num_cols = num_cols;
+    pf->col_bytes = col_bytes;
+    pf->row = pf->col = 0;
+    pf->off = 0;
+    pf->lines_per_step = steps > 0 ? (int)((lines + (size_t)steps - 1) / (size_t)steps) : 0;
+}
+
+ATTN__INLINE void attn__cpu_pf_step(attn__cpu_pf *pf) {
+#if defined(__GNUC__) || defined(__clang__)
+    int k = pf->lines_per_step, row = pf->row, col = pf->col, i; /* locals: pf may alias */
+    size_t off = pf->off, bytes = pf->col_bytes;
+    if (pf->num_rows <= 0) return;
+    while (k > 0 && col < pf->num_cols) {
+        const char *p = pf->rows[row] + (size_t)col * bytes + off;
+        int now = (int)ATTN__MIN((size_t)k, (bytes - off + 63) / 64);
+        for (i = 0; i < now; i++) __builtin_prefetch(p + 64 * i, 0, ATTN__PF_HINT);
+        k -= now;
+        off += (size_t)now * 64;
+        if (off >= bytes) {
+            off = 0;
+            if (++row == pf->num_rows) { row = 0; col++; }
+        }
+    }
+    pf->row = row;
+    pf->col = col;
+    pf->off = off;
+#else
+    (void)pf;
 #endif
 }
 
@@ -3878,7 +3953,7 @@ ATTN__INLINE attn__vf attn__vload_kv(const char *p, attn_dtype dt) {
    then every head of the task, so it reads whole token rows front to back. */
 ATTN__INLINE void attn__cpu_qk_direct_dt(const float *Q, int per_head, int nheads, const char *const *kp,
                                   size_t head_bytes, int n, int D, int dq, float *S, int ld,
-                                  attn_dtype dt) {
+                                  attn__cpu_pf *pf, attn_dtype dt) {
     size_t esz = attn__dtypes[dt].size; /* a constant: dt is one */
     int r, j, d, rr, kk, h;
     for (j = 0; j + 4 <= n; j += 4)
@@ -3886,6 +3961,7 @@ ATTN__INLINE void attn__cpu_qk_direct_dt(const float *Q, int per_head, int nhead
             const char *k0 = kp[j] + h * head_bytes, *k1 = kp[j + 1] + h * head_bytes;
             const char *k2 = kp[j + 2] + h * head_bytes, *k3 = kp[j + 3] + h * head_bytes;
             int rend = (h + 1) * per_head;
+            attn__cpu_pf_step(pf);
             if (j + ATTN__QKPF + 4 <= n) { /* this head's slice of a later quad's rows */
                 int q2;
                 for (q2 = ATTN__QKPF; q2 < ATTN__QKPF + 4; q2++) attn__cpu_prefetch_row(kp[j + q2] + h * head_bytes, head_bytes);
@@ -3902,6 +3978,7 @@ ATTN__INLINE void attn__cpu_qk_direct_dt(const float *Q, int per_head, int nhead
                     kv[3] = attn__vload_kv(k3 + (size_t)d * esz, dt);
                     for (rr = 0; rr < ATTN__QK_RB; rr++) {
                         attn__vf qv = attn__vld(q + (size_t)rr * (size_t)dq + d);
+                        ATTN__VKEEP(qv);
                         for (kk = 0; kk < 4; kk++) acc[rr * 4 + kk] = attn__vfma(qv, kv[kk], acc[rr * 4 + kk]);
                     }
                 }
@@ -3929,7 +4006,8 @@ ATTN__INLINE void attn__cpu_qk_direct_dt(const float *Q, int per_head, int nhead
 /* O[r] = O[r] * alpha[r] + sum_j P[r][j] V[j] for the rows of one head; 4 rows x 4 vectors
    per register block (16 independent FMA chains). */
 ATTN__INLINE void attn__cpu_pv_direct_dt(const float *P, int ld, int M, const char *const *vp, size_t hoff,
-                                  int n, int D, int dq, float *O, const float *alpha, attn_dtype dt) {
+                                  int n, int D, int dq, float *O, const float *alpha,
+                                  attn__cpu_pf *pf, attn_dtype dt) {
     size_t esz = attn__dtypes[dt].size;
     int r = 0, d, j, rr, c;
     for (; r + 4 <= M; r += 4) {
@@ -3943,7 +4021,10 @@ ATTN__INLINE void attn__cpu_pv_direct_dt(const float *P, int ld, int M, const ch
             for (j = 0; j < n; j++) {
                 const char *v = vp[j] + hoff + (size_t)d * esz;
                 attn__vf v0, v1, v2, v3;
-                if (d == 0 && j + ATTN__PVPF < n) attn__cpu_prefetch_row(vp[j + ATTN__PVPF] + hoff, (size_t)D * esz);
+                if (d == 0) {
+                    if (r == 0) attn__cpu_pf_step(pf);
+                    if (j + ATTN__PVPF < n) attn__cpu_prefetch_row(vp[j + ATTN__PVPF] + hoff, (size_t)D * esz);
+                }
                 v0 = attn__vload_kv(v, dt); v1 = attn__vload_kv(v + ATTN__W * esz, dt);
                 v2 = attn__vload_kv(v + 2 * ATTN__W * esz, dt); v3 = attn__vload_kv(v + 3 * ATTN__W * esz, dt);
                 for (rr = 0; rr < 4; rr++) {
@@ -3972,8 +4053,10 @@ ATTN__INLINE void attn__cpu_pv_direct_dt(const float *P, int ld, int M, const ch
     for (; r < M; r++)
         for (d = 0; d < D; d += ATTN__W) {
             attn__vf a = attn__vmul(attn__vld(O + (size_t)r * (size_t)dq + d), attn__vset1(alpha[r]));
-            for (j = 0; j < n; j++)
+            for (j = 0; j < n; j++) {
+                if (r == 0 && d == 0) attn__cpu_pf_step(pf);
                 a = attn__vfma(attn__vset1(P[(size_t)r * (size_t)ld + j]), attn__vload_kv(vp[j] + hoff + (size_t)d * esz, dt), a);
+            }
             attn__vst(O + (size_t)r * (size_t)dq + d, a);
         }
 }
@@ -3982,21 +4065,87 @@ ATTN__INLINE void attn__cpu_pv_direct_dt(const float *P, int ld, int M, const ch
    inlined into attn__cpu_task_run: the kernels' registers are then allocated on their own,
    and an edit elsewhere in that large function cannot spill them (one did: -6% decode). */
 ATTN__NOINLINE static void attn__cpu_qk_direct(const float *Q, int per_head, int nheads, const char *const *kp,
-                                size_t head_bytes, int n, int D, int dq, float *S, int ld, attn_dtype dt) {
+                                size_t head_bytes, int n, int D, int dq, float *S, int ld,
+                                attn__cpu_pf *pf, attn_dtype dt) {
     switch (dt) {
-    case ATTN_DTYPE_F32: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, ATTN_DTYPE_F32); return;
-    case ATTN_DTYPE_F16: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, ATTN_DTYPE_F16); return;
-    case ATTN_DTYPE_BF16: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, ATTN_DTYPE_BF16); return;
+    case ATTN_DTYPE_F32: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, pf, ATTN_DTYPE_F32); return;
+    case ATTN_DTYPE_F16: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, pf, ATTN_DTYPE_F16); return;
+    case ATTN_DTYPE_BF16: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, pf, ATTN_DTYPE_BF16); return;
     case ATTN_DTYPE_AUTO: case ATTN_DTYPE_COUNT: break;
     }
     ATTN_ASSERT(0);
 }
+#if ATTN__CPU_BF16_DOT_ON
+/* q . k over D bf16 elements (D a multiple of 32), 32 per vdpbf16ps. */
+ATTN__INLINE float attn__cpu_dot_bf16(const uint16_t *q, const char *k, int D) {
+    __m512 acc = _mm512_setzero_ps();
+    int d;
+    for (d = 0; d < D; d += 32)
+        acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512((const void *)(q + d)),
+                               (__m512bh)_mm512_loadu_si512((const void *)(k + (size_t)d * 2)));
+    return _mm512_reduce_add_ps(acc);
+}
+
+/* The QK of attn__cpu_qk_direct for bf16 caches under ATTN_CPU_BF16_DOT: Qb holds the
+   task's q rows rounded to bf16 (dq elements apart), K is read raw, 32 elements per
+   instruction; same order of keys and heads, same prefetches. */
+ATTN__NOINLINE static void attn__cpu_qk_bf16dot(const uint16_t *Qb, int per_head, int nheads,
+                                                const char *const *kp, size_t head_bytes, int n, int D,
+                                                int dq, float *S, int ld, attn__cpu_pf *pf) {
+    int r, j, d, rr, kk, h;
+    for (j = 0; j + 4 <= n; j += 4)
+        for (h = 0; h < nheads; h++) {
+            const char *k[4];
+            int rend = (h + 1) * per_head;
+            for (kk = 0; kk < 4; kk++) k[kk] = kp[j + kk] + h * head_bytes;
+            attn__cpu_pf_step(pf);
+            if (j + ATTN__QKPF + 4 <= n) {
+                int q2;
+                for (q2 = ATTN__QKPF; q2 < ATTN__QKPF + 4; q2++) attn__cpu_prefetch_row(kp[j + q2] + h * head_bytes, head_bytes);
+            }
+            for (r = h * per_head; r + 4 <= rend; r += 4) {
+                __m512 acc[16];
+                for (rr = 0; rr < 16; rr++) acc[rr] = _mm512_setzero_ps();
+                for (d = 0; d < D; d += 32) {
+                    __m512bh kv[4];
+                    for (kk = 0; kk < 4; kk++) kv[kk] = (__m512bh)_mm512_loadu_si512((const void *)(k[kk] + (size_t)d * 2));
+                    for (rr = 0; rr < 4; rr++) {
+                        __m512bh qv = (__m512bh)_mm512_loadu_si512((const void *)(Qb + (size_t)(r + rr) * (size_t)dq + d));
+                        ATTN__VKEEP(qv);
+                        for (kk = 0; kk < 4; kk++) acc[rr * 4 + kk] = _mm512_dpbf16_ps(acc[rr * 4 + kk], qv, kv[kk]);
+                    }
+                }
+                attn__hsum_block_store(acc, S + (size_t)r * (size_t)ld + j, ld);
+            }
+            for (; r < rend; r++)
+                for (kk = 0; kk < 4; kk++)
+                    S[(size_t)r * (size_t)ld + j + kk] = attn__cpu_dot_bf16(Qb + (size_t)r * (size_t)dq, k[kk], D);
+        }
+    for (; j < n; j++)
+        for (r = 0; r < per_head * nheads; r++)
+            S[(size_t)r * (size_t)ld + j] = attn__cpu_dot_bf16(Qb + (size_t)r * (size_t)dq,
+                                                              kp[j] + (size_t)(r / per_head) * head_bytes, D);
+}
+
+/* Q rows (f32, dq apart) -> bf16, round to nearest even; D a multiple of 32. */
+static void attn__cpu_q_to_bf16(const float *Q, int rows, int D, int dq, uint16_t *Qb) {
+    int i, d;
+    for (i = 0; i < rows; i++)
+        for (d = 0; d < D; d += 32) {
+            const float *q = Q + (size_t)i * (size_t)dq + d;
+            _mm512_storeu_si512((void *)(Qb + (size_t)i * (size_t)dq + d),
+                                (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(q + 16), _mm512_loadu_ps(q)));
+        }
+}
+#endif
+
 ATTN__NOINLINE static void attn__cpu_pv_direct(const float *P, int ld, int M, const char *const *vp, size_t hoff,
-                                int n, int D, int dq, float *O, const float *alpha, attn_dtype dt) {
+                                int n, int D, int dq, float *O, const float *alpha, attn__cpu_pf *pf,
+                                attn_dtype dt) {
     switch (dt) {
-    case ATTN_DTYPE_F32: attn__cpu_pv_direct_dt(P, ld, M, vp, hoff, n, D, dq, O, alpha, ATTN_DTYPE_F32); return;
-    case ATTN_DTYPE_F16: attn__cpu_pv_direct_dt(P, ld, M, vp, hoff, n, D, dq, O, alpha, ATTN_DTYPE_F16); return;
-    case ATTN_DTYPE_BF16: attn__cpu_pv_direct_dt(P, ld, M, vp, hoff, n, D, dq, O, alpha, ATTN_DTYPE_BF16); return;
+    case ATTN_DTYPE_F32: attn__cpu_pv_direct_dt(P, ld, M, vp, hoff, n, D, dq, O, alpha, pf, ATTN_DTYPE_F32); return;
+    case ATTN_DTYPE_F16: attn__cpu_pv_direct_dt(P, ld, M, vp, hoff, n, D, dq, O, alpha, pf, ATTN_DTYPE_F16); return;
+    case ATTN_DTYPE_BF16: attn__cpu_pv_direct_dt(P, ld, M, vp, hoff, n, D, dq, O, alpha, pf, ATTN_DTYPE_BF16); return;
     case ATTN_DTYPE_AUTO: case ATTN_DTYPE_COUNT: break;
     }
     ATTN_ASSERT(0);
@@ -4348,6 +4497,18 @@ static void attn__cpu_store_rows(const attn__cpu_run *a, int req, int head0, int
     }
 }
 
+/* Keys per tile of the direct (decode) kernels: ATTN__CPU_NT, fewer (a multiple of 16)
+   when a tile of K rows of all the task's heads would pass ATTN__CPU_TILE_BYTES, so that
+   the pipelined prefetch's V of this tile and K of the next stay in L2 (1 MiB on Zen 4/5). */
+#ifndef ATTN__CPU_TILE_BYTES
+#define ATTN__CPU_TILE_BYTES (256 * 1024)
+#endif
+static int attn__cpu_direct_tile_keys(int nheads, int dk, attn_dtype dt) {
+    size_t row = (size_t)nheads * (size_t)dk * attn_dtype_size(dt);
+    int keys = (int)ATTN__MIN((size_t)ATTN__CPU_NT, ATTN__CPU_TILE_BYTES / row / 16 * 16);
+    return keys < 16 ? 16 : keys;
+}
+
 /* Start of the K row of (block slot key, KV head h); V adds v_offset - k_offset. */
 static const char *attn__cpu_krow(const attn__cpu_run *a, const int32_t *bt, int key, int h) {
     int bs = a->d.block_size;
@@ -4365,8 +4526,13 @@ static void attn__cpu_task_run(void *varg, int ti, int thread) {
     int nheads = tk->head1 - tk->head0, per_head = (tk->tok1 - tk->tok0) * group;
     int rows = per_head * nheads, rp = (rows + 15) / 16 * 16;
     int direct = per_head <= 8 && dk % ATTN__W == 0 && dv % ATTN__W == 0 && !a->v_in_k;
-    int nt_keys = direct ? ATTN__CPU_NT : attn__cpu_tile_keys(nheads);
-    const char *kp[ATTN__CPU_NT], *vp[ATTN__CPU_NT];
+    int nt_keys = direct ? attn__cpu_direct_tile_keys(nheads, a->dk, a->kv_dtype) : attn__cpu_tile_keys(nheads);
+    const char *rows_a[ATTN__CPU_NT], *rows_b[ATTN__CPU_NT], *vp[ATTN__CPU_NT];
+#if ATTN__CPU_BF16_DOT_ON
+    int bf16dot = direct && a->kv_dtype == ATTN_DTYPE_BF16 && dk % 32 == 0;
+#endif
+    const char **kp = rows_a, **kp_next = rows_b;  /* this tile's K rows, the next tile's */
+    attn__cpu_pf pf;
     int ql = b->query_start_loc[tk->req + 1] - b->query_start_loc[tk->req];
     int sl = b->seq_lens[tk->req], qs = b->query_start_loc[tk->req] - a->row0;
     int causal = b->causal == ATTN_CAUSAL_YES;
@@ -4415,15 +4581,33 @@ static void attn__cpu_task_run(void *varg, int ti, int thread) {
         m[i] = -INFINITY;
         l[i] = 0.0f;
     }
+#if ATTN__CPU_BF16_DOT_ON
+    if (bf16dot) attn__cpu_q_to_bf16(Q, rows, dk, dpk, (uint16_t *)(void *)K); /* K is free here */
+#endif
     for (j0 = kmin; j0 < kmax; j0 += nt_keys) {
-        int n = ATTN__MIN(nt_keys, kmax - j0);
+        int n = ATTN__MIN(nt_keys, kmax - j0), n_next;
         if (direct) { /* row pointers only; the kernels read and convert */
-            for (j = 0; j < n; j++) {
-                kp[j] = attn__cpu_krow(a, bt, j0 + j, tk->head0);
-                vp[j] = kp[j] + vdelta;
-            }
+            const char **t = kp;
+            kp = kp_next;
+            kp_next = t;
+            if (j0 == kmin)
+                for (j = 0; j < n; j++) kp[j] = attn__cpu_krow(a, bt, j0 + j, tk->head0);
+            for (j = 0; j < n; j++) vp[j] = kp[j] + vdelta;
+            if (head_bytes >= 512)
+                attn__cpu_pf_init(&pf, vp, n, nheads, head_bytes, (n + 3) / 4 * nheads);
+            else
+                attn__cpu_pf_init(&pf, vp, n, 1, (size_t)nheads * head_bytes, (n + 3) / 4 * nheads);
+#if ATTN__CPU_BF16_DOT_ON
+            if (bf16dot)
+                attn__cpu_qk_bf16dot((const uint16_t *)(const void *)K, per_head, nheads, kp, head_bytes, n,
+                                     dk, dpk, S, ATTN__CPU_NT, &pf);
+            else
+#endif
             attn__cpu_qk_direct(Q, per_head, nheads, kp, head_bytes, n, dk, dpk, S, ATTN__CPU_NT,
-                                a->kv_dtype);
+                                &pf, a->kv_dtype);
+            n_next = ATTN__MIN(nt_keys, kmax - j0 - n);
+            for (j = 0; j < n_next; j++) kp_next[j] = attn__cpu_krow(a, bt, j0 + n + j, tk->head0);
+            attn__cpu_pf_init(&pf, kp_next, n_next, 1, (size_t)nheads * head_bytes, n * nheads);
         } else { /* gather: rows of the cache, converted to f32, tile layout [head][key][dp] */
             for (j = 0; j < n; j++) {
                 const char *kr = attn__cpu_krow(a, bt, j0 + j, tk->head0);
@@ -4460,7 +4644,7 @@ static void attn__cpu_task_run(void *varg, int ti, int thread) {
             }
             if (direct)
                 attn__cpu_pv_direct(Sh, ATTN__CPU_NT, per_head, vp, (size_t)h * head_bytes, n, dv, dpv,
-                                    O + (size_t)r0 * (size_t)dpv, alpha + r0, a->kv_dtype);
+                                    O + (size_t)r0 * (size_t)dpv, alpha + r0, &pf, a->kv_dtype);
             else
                 attn__cpu_pv(Sh, ATTN__CPU_NT, per_head, Vh, ldv, n, dpv, O + (size_t)r0 * (size_t)dpv, alpha + r0);
         }

@@ -23,6 +23,7 @@ static void *attn_test_realloc(void *p, size_t n) { attn_test_allocations++; ret
 
 void suite_types(void);      /* tests/test_forward.c */
 void suite_forward(void);    /* tests/test_forward.c */
+void suite_bf16dot(void);    /* tests/test_bf16dot.c */
 void suite_selector(void);   /* tests/test_selector.c */
 void suite_validation(void); /* tests/test_validation.c */
 void suite_regress(void);    /* tests/test_regress.c */
@@ -38,6 +39,7 @@ int main(int argc, char **argv) {
 #define SUITE(s) if (!only || strstr(#s, only)) s()
     SUITE(suite_types);
     SUITE(suite_forward);
+    SUITE(suite_bf16dot);
     SUITE(suite_selector);
     SUITE(suite_validation);
     SUITE(suite_regress);

@@ -547,6 +547,26 @@ ATTN_TEST(test_forward_llama_shapes) {
     EXPECT_EQ_INT(res.failures, 0);
 }
 
+/* Decodes over many KV heads (32/32, head 128): a token row of all heads is 8 KiB (f16) or
+   16 KiB (f32), so the decode kernels take tiles of fewer keys (32, 16) than 64. */
+ATTN_TEST(test_forward_many_kv_heads_decode) {
+    rng r = {2718};
+    fcase c;
+    fresult res;
+    memset(&c, 0, sizeof c);
+    c.num_heads = 32; c.num_kv_heads = 32; c.head_size = 128; c.block_size = 16;
+    c.dtype = ATTN_DTYPE_F32; c.kv_dtype = ATTN_DTYPE_F32; c.causal = ATTN_CAUSAL_YES;
+    c.threads = 2; c.num_reqs = 3; c.write_in_forward = 1;
+    c.qlen[0] = 1; c.slen[0] = 1100;
+    c.qlen[1] = 2; c.slen[1] = 77;
+    c.qlen[2] = 1; c.slen[2] = 9;
+    res = run_case(&c, &r, 0);
+    EXPECT_EQ_INT(res.failures, 0);
+    c.dtype = ATTN_DTYPE_F16; c.kv_dtype = ATTN_DTYPE_F16;
+    res = run_case(&c, &r, 0);
+    EXPECT_EQ_INT(res.failures, 0);
+}
+
 /* One long MQA decode on several threads is split across the key range and merged by
    LSE; the result still matches the reference. */
 ATTN_TEST(test_forward_split_kv_decode) {
@@ -627,6 +647,7 @@ void suite_forward(void) {
     ATTN_RUN(test_forward_llama_shapes);
     ATTN_RUN(test_forward_all_head_sizes);
     ATTN_RUN(test_forward_split_kv_decode);
+    ATTN_RUN(test_forward_many_kv_heads_decode);
     ATTN_RUN(test_forward_batch_invariant);
     ATTN_RUN(test_forward_window_edges);
     ATTN_RUN(test_forward_random_cases);
