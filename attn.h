@@ -27,6 +27,9 @@
        ATTN_ASSERT(x)          internal invariant check (default: assert.h)
        ATTN_NO_THREADS         compile the thread pool out (single-threaded CPU backend)
        ATTN_NO_SIMD            use the plain-C inner loops even where AVX2/AVX-512 exist
+       ATTN_CPU_BF16_DOT       opt-in: decode QK on bf16 caches with AVX512-BF16 dot products
+                               (vdpbf16ps); q is rounded to bf16, so results change slightly;
+                               ignored where the build lacks AVX512-BF16
        ATTN_NO_CUDA            compile the CUDA path out (the helpers answer PLATFORM errors)
        ATTN_CUDA_DRIVER_LIBRARY  the driver's soname (default "libcuda.so.1"; the loader
                                then tries "libcuda.so")
