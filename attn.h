@@ -35,6 +35,8 @@
                                then tries "libcuda.so")
        ATTN_NVRTC_LIBRARY      NVRTC's soname (default "libnvrtc.so.13"; then ".so.12",
                                "libnvrtc.so")
+       ATTN_CUBLAS_LIBRARY     cuBLAS's soname (default "libcublas.so.13"; then ".so.12",
+                               "libcublas.so"); opened only on a CUDA platform, on first need
        ATTN_MLA_WORKSPACE_BYTES  default of attn_metadata_desc.workspace_bytes (64 MiB): the
                                bound on each of forward_mha's workspaces (up-projected K/V of
                                a chunk of keys; running outputs of a group of queries)
@@ -398,6 +400,10 @@ typedef struct attn_platform {
     char cuda_reason[160];        /* why the CUDA platform is unavailable, else "" */
     int nvrtc_version;            /* run-time compiler found, e.g. 13000; 0 when none */
     char nvrtc_reason[160];       /* why NVRTC is unavailable, else "" */
+    int cublas_version;           /* e.g. 130100; 0 when none. Loaded on the first
+                                     attn_platform_get on a CUDA platform (not before:
+                                     the library takes 50-400 ms to open) */
+    char cublas_reason[160];      /* why cuBLAS is unavailable, else "" */
 } attn_platform;
 
 ATTN_API attn_status attn_platform_get(attn_context *ctx, attn_platform *out);
@@ -1151,6 +1157,32 @@ typedef struct attn__nvrtc {
 #define ATTN_NVRTC_LIBRARY "libnvrtc.so.13"
 #endif
 
+/* cuBLAS, for the MLA projections on the GPU: loaded on first need. */
+typedef int attn__cublasStatus;
+#define ATTN__CUBLAS_FUNCTIONS(X)                                                        \
+    X(cublasGetProperty, "cublasGetProperty", (int type, int *value))                    \
+    X(cublasCreate, "cublasCreate_v2", (void **handle))                                  \
+    X(cublasDestroy, "cublasDestroy_v2", (void *handle))                                 \
+    X(cublasSetStream, "cublasSetStream_v2", (void *handle, void *stream))               \
+    X(cublasGemmStridedBatchedEx, "cublasGemmStridedBatchedEx",                          \
+      (void *handle, int transa, int transb, int m, int n, int k, const void *alpha,     \
+       const void *a, int a_type, int lda, long long stride_a, const void *b, int b_type, \
+       int ldb, long long stride_b, const void *beta, void *c, int c_type, int ldc,      \
+       long long stride_c, int batch_count, int compute_type, int algo))
+
+typedef struct attn__cublas {
+    void *library;                  /* NULL: not loaded (platform.cublas_reason says why) */
+    char soname[64];
+    int tried;                      /* loading was attempted (once per context) */
+#define ATTN__CUBLAS_POINTER(field, symbol, params) attn__cublasStatus (*field) params;
+    ATTN__CUBLAS_FUNCTIONS(ATTN__CUBLAS_POINTER)
+#undef ATTN__CUBLAS_POINTER
+} attn__cublas;
+
+#ifndef ATTN_CUBLAS_LIBRARY
+#define ATTN_CUBLAS_LIBRARY "libcublas.so.13"
+#endif
+
 typedef struct attn__symbol_slot {
     const char *name;
     size_t offset;                  /* of the function pointer in its table */
@@ -1176,6 +1208,12 @@ static const attn__symbol_slot attn__nvrtc_symbols[] = {
 #else
 #define ATTN__DLOPEN_FLAGS (RTLD_NOW | RTLD_LOCAL)
 #endif
+
+static const attn__symbol_slot attn__cublas_symbols[] = {
+#define ATTN__CUBLAS_SLOT(field, symbol, params) {symbol, offsetof(attn__cublas, field)},
+    ATTN__CUBLAS_FUNCTIONS(ATTN__CUBLAS_SLOT)
+#undef ATTN__CUBLAS_SLOT
+};
 
 static void *attn__loader_open(const attn_loader *l, const char *soname) {
     return l->open ? l->open(l->user_data, soname) : dlopen(soname, ATTN__DLOPEN_FLAGS);
@@ -1262,6 +1300,32 @@ static void attn__probe_nvrtc(const attn_loader *loader, attn__nvrtc *nv, attn_p
     p->nvrtc_version = nv->major * 1000 + nv->minor * 10;
 }
 
+/* Loads cuBLAS into *cb (once) and fills p->cublas_version or p->cublas_reason. */
+static void attn__probe_cublas(const attn_loader *loader, attn__cublas *cb, attn_platform *p) {
+    static const char *const sonames[] = {ATTN_CUBLAS_LIBRARY, "libcublas.so.12", "libcublas.so", NULL};
+    char reason[160];
+    int v[3] = {0, 0, 0};
+    if (cb->tried) return;
+    memset(cb, 0, sizeof *cb);
+    cb->tried = 1;
+    if (p->kind != ATTN_PLATFORM_CUDA) {
+        attn__fmt(p->cublas_reason, sizeof p->cublas_reason, "not loaded: no CUDA device");
+        return;
+    }
+    cb->library = attn__load_library(loader, sonames, attn__cublas_symbols,
+                                     sizeof attn__cublas_symbols / sizeof attn__cublas_symbols[0], cb,
+                                     cb->soname, sizeof cb->soname, reason, sizeof reason);
+    if (!cb->library) {
+        attn__fmt(p->cublas_reason, sizeof p->cublas_reason, "no cuBLAS: %s", reason);
+        return;
+    }
+    cb->cublasGetProperty(0, &v[0]); /* MAJOR_VERSION, MINOR_VERSION, PATCH_LEVEL */
+    cb->cublasGetProperty(1, &v[1]);
+    cb->cublasGetProperty(2, &v[2]);
+    p->cublas_version = v[0] * 10000 + v[1] * 100 + v[2];
+    p->cublas_reason[0] = 0;
+}
+
 /* Loads the driver into *drv and fills the CUDA part of p; a missing piece is a reason
    in p->cuda_reason and leaves drv->library NULL. */
 static void attn__probe_cuda(const attn_loader *loader, attn__cuda_driver *drv, attn_platform *p) {
@@ -1320,14 +1384,18 @@ ATTN_API size_t attn_platform_format(const attn_platform *p, char *buf, size_t s
                  "  cuda_memory_mib: %llu\n"
                  "  cuda_unavailable_reason: %s\n"
                  "  nvrtc_version: %d.%d\n"
-                 "  nvrtc_unavailable_reason: %s\n",
+                 "  nvrtc_unavailable_reason: %s\n"
+                 "  cublas_version: %d.%d.%d\n"
+                 "  cublas_unavailable_reason: %s\n",
                  p->kind == ATTN_PLATFORM_CUDA ? "CUDA" : "CPU", p->cpu_cores, p->cpu_threads,
                  p->cpu_simd, p->cuda_device_count,
                  p->cuda_device_name[0] ? p->cuda_device_name : "none",
                  p->cuda_capability_major, p->cuda_capability_minor, p->cuda_multiprocessors,
                  p->cuda_driver_version, (unsigned long long)(p->cuda_memory_bytes >> 20),
                  p->cuda_reason[0] ? p->cuda_reason : "none", p->nvrtc_version / 1000,
-                 p->nvrtc_version % 1000 / 10, p->nvrtc_reason[0] ? p->nvrtc_reason : "none");
+                 p->nvrtc_version % 1000 / 10, p->nvrtc_reason[0] ? p->nvrtc_reason : "none",
+                 p->cublas_version / 10000, p->cublas_version / 100 % 100, p->cublas_version % 100,
+                 p->cublas_reason[0] ? p->cublas_reason : "none");
     return n < 0 ? 0 : (size_t)n;
 }
 
@@ -1494,6 +1562,7 @@ struct attn_context {
     attn_loader loader;              /* how run-time libraries are opened */
     struct attn__cuda_driver *cuda;  /* the driver's function table (library NULL: none) */
     struct attn__nvrtc *nvrtc;       /* the run-time compiler's table (library NULL: none) */
+    struct attn__cublas *cublas;     /* cuBLAS, loaded on first need (attn_platform_get) */
     struct attn__kernel_cache *kernels; /* compiled variants, memory and disk (>>nvrtc) */
     attn__CUcontext cuda_primary;    /* the device's primary context, retained on first use */
     attn__CUdevice cuda_device;
@@ -1780,13 +1849,16 @@ ATTN_API attn_status attn_context_create(const attn_context_desc *desc, attn_con
     }
     attn__probe_cuda(&ctx->loader, ctx->cuda, &ctx->platform);
     ctx->nvrtc = (struct attn__nvrtc *)attn__calloc(1, sizeof *ctx->nvrtc);
+    ctx->cublas = (struct attn__cublas *)attn__calloc(1, sizeof *ctx->cublas);
     ctx->kernels = attn__kernel_cache_create(d.kernel_cache_dir);
-    if (!ctx->nvrtc || !ctx->kernels) {
+    if (!ctx->nvrtc || !ctx->cublas || !ctx->kernels) {
         attn_context_destroy(ctx);
         return attn__create_fail(&logger, ATTN_ERROR_OUT_OF_MEMORY,
                           ATTN_LOG_OUT_OF_MEMORY, "attn_context_create: cannot allocate the compiler tables");
     }
     attn__probe_nvrtc(&ctx->loader, ctx->nvrtc, &ctx->platform);
+    if (ctx->platform.kind != ATTN_PLATFORM_CUDA) /* no device: cuBLAS is never opened */
+        attn__probe_cublas(&ctx->loader, ctx->cublas, &ctx->platform);
     if (ctx->platform.kind != ATTN_PLATFORM_CUDA)
         attn__log(ctx, ATTN_LOG_LEVEL_DEBUG, ATTN_LOG_CUDA_UNAVAILABLE, "CUDA: %s",
                   ctx->platform.cuda_reason);
@@ -1818,6 +1890,8 @@ ATTN_API void attn_context_destroy(attn_context *ctx) {
     attn__free(ctx->cuda);
     if (ctx->nvrtc) attn__loader_close(&ctx->loader, ctx->nvrtc->library);
     attn__free(ctx->nvrtc);
+    if (ctx->cublas) attn__loader_close(&ctx->loader, ctx->cublas->library);
+    attn__free(ctx->cublas);
     attn__kernel_cache_destroy(ctx->kernels);
     attn__free(ctx);
 }
@@ -1886,6 +1960,7 @@ ATTN_API void *attn_context_backend_state(const attn_context *ctx, const attn_ba
 ATTN_API attn_status attn_platform_get(attn_context *ctx, attn_platform *out) {
     if (!ctx) return attn__null_arg(ctx, __func__, "ctx");
     if (!out) return attn__null_arg(ctx, __func__, "out");
+    attn__probe_cublas(&ctx->loader, ctx->cublas, &ctx->platform); /* once, on a GPU host */
     *out = ctx->platform;
     return ATTN_OK;
 }

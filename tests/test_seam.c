@@ -618,6 +618,7 @@ ATTN_TEST(seam_loader_injection) {
     if (ctx) {
         EXPECT_OK(attn_platform_get(ctx, &p));
         EXPECT_EQ_INT(p.kind, ATTN_PLATFORM_CPU);
+        EXPECT_TRUE(strstr(p.cublas_reason, "no CUDA device") != NULL); /* never opened here */
         EXPECT_TRUE(strstr(p.cuda_reason, "lacks symbol cuDeviceGetName") != NULL);
         EXPECT_TRUE(strstr(p.cuda_reason, "libcuda.so.1") != NULL);
         EXPECT_EQ_INT(f.closed, 1);
@@ -649,6 +650,8 @@ ATTN_TEST(seam_loader_injection) {
         EXPECT_EQ_INT(p.cuda_driver_version, 13000);
         EXPECT_TRUE(p.cuda_memory_bytes == (uint64_t)141 << 30);
         EXPECT_TRUE(strstr(p.nvrtc_reason, "libnvrtc.so.13") != NULL); /* the fake has none */
+        EXPECT_TRUE(strstr(p.cublas_reason, "libcublas.so.13") != NULL); /* tried on a CUDA platform */
+        EXPECT_EQ_INT(p.cublas_version, 0);
         EXPECT_TRUE(strcmp(p.cuda_device_name, "Fake H200") == 0);
         attn_platform_format(&p, text, sizeof text);
         EXPECT_TRUE(strstr(text, "Fake H200") != NULL);
