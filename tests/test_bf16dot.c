@@ -47,7 +47,7 @@ static int bf_run(const bf_case *c, int rounded_path) {
     attn_tensor tq, tout, tcache;
     int64_t shape[ATTN_MAX_DIMS];
     int32_t qsl[BF_MAX_REQS + 1], seq[BF_MAX_REQS], *bt;
-    int i, t, h, j, x, ndim, nblocks = 0, stride = 0, ntok, maxq = 0, maxs = 0, failures = 0;
+    int i, t, h, j, x, ndim = 0, nblocks = 0, stride = 0, ntok, maxq = 0, maxs = 0, failures = 0;
     uint16_t *cache;
     float *q, *out;
     double *logit, *logit_exact, *acc, *acc_exact;
