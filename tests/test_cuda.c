@@ -108,7 +108,7 @@ static int cu_run_case(attn_context *ctx, const cu_case *c, int line) {
     float *ref_out = NULL, *ref_lse = NULL, *got_lse = NULL;
     void *got_out = NULL, *cpu_out = NULL;
     int64_t cache_shape[ATTN_MAX_DIMS];
-    int ndim;
+    int ndim = 0;
     memset(&q, 0, sizeof q); memset(&k, 0, sizeof k); memset(&v, 0, sizeof v);
     memset(&kv, 0, sizeof kv); memset(&out, 0, sizeof out); memset(&lse, 0, sizeof lse);
     memset(&d, 0, sizeof d);
@@ -502,7 +502,7 @@ ATTN_TEST(cuda_graph_replays_after_new_builds) {
     attn_metadata_desc md;
     cu_buf q, kv, out;
     int64_t shape[ATTN_MAX_DIMS];
-    int ndim, round, bad = 0;
+    int ndim = 0, round, bad = 0;
     int32_t bt[MAXR * MAXB];
     static uint16_t cpu_out[MAXT * H * D], gpu_out[MAXT * H * D];
     memset(&q, 0, sizeof q); memset(&kv, 0, sizeof kv); memset(&out, 0, sizeof out);
