@@ -349,7 +349,7 @@ ATTN_TEST(cuda_host_tensor_refused) {
     int64_t slots[1] = {0}, shape[ATTN_MAX_DIMS];
     float host_q[64], host_out[64];
     void *dq = NULL, *dcache = NULL;
-    int ndim;
+    int ndim = 0;
     CU_SKIP_IF_NO_GPU(ctx);
     memset(&d, 0, sizeof d);
     d.num_heads = 4; d.num_kv_heads = 4; d.head_size = 16; d.dtype = ATTN_DTYPE_F32;
