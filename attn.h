@@ -1032,6 +1032,24 @@ static void attn__strlcpy(char *dst, const char *src, size_t size) {
     memcpy(dst, src, n);
     dst[n] = 0;
 }
+/* FNV-1a: the selection cache's slope hash and the kernel cache's keys. */
+#define ATTN__FNV_SEED 1469598103934665603ull
+static uint64_t attn__fnv1a(uint64_t h, const void *data, size_t n) {
+    const unsigned char *p = (const unsigned char *)data;
+    size_t i;
+    for (i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+
+/* The one layout helper: with base NULL it only sizes (adds `bytes`, rounded up to
+   `align`, to *used); else it also returns the piece at base + *used. Workspaces are laid
+   out by one function called twice, first to size, then to carve. */
+static void *attn__carve(void *base, size_t *used, size_t bytes, size_t align) {
+    void *p = base ? (char *)base + *used : NULL;
+    *used += (bytes + align - 1) / align * align;
+    return p;
+}
+
 static const char *attn__trim_env(const char *name) {
     const char *v = getenv(name);
     return (v && *v) ? v : NULL;
@@ -2585,14 +2603,8 @@ static int attn__candidate_refused(attn_context *ctx, const attn_backend *b, con
 }
 
 static uint64_t attn__hash_floats(const float *f, int n) {
-    uint64_t h = 1469598103934665603ull;
-    int i;
     if (!f) return 0;
-    for (i = 0; i < n; i++) {
-        uint32_t u = attn__f32_bits(f[i]);
-        h = (h ^ u) * 1099511628211ull;
-    }
-    return h | 1;
+    return attn__fnv1a(ATTN__FNV_SEED, f, (size_t)n * sizeof(float)) | 1;
 }
 
 static int attn__desc_equal(const attn_layer_desc *a, const attn_layer_desc *b) {
@@ -4282,8 +4294,9 @@ typedef struct attn__cpu_meta {
     float *partial;               /* partial_capacity rows of (dp + 2): O, m, l */
     int partial_dp;               /* dp of a partial row */
     size_t scratch_floats;        /* per-thread scratch every forward path needs */
-    float *workspace;             /* MLA: the fused call's latents and forward_mha's chunk */
-    size_t workspace_floats;
+    void *workspace;              /* MLA: the fused call's latents and forward_mha's chunk */
+    void *workspace_base;         /* its 64-byte aligned start, where the layout carves */
+    size_t workspace_bytes;
 } attn__cpu_meta;
 
 static int attn__cpu_dp(int head_size) { return (head_size + 15) / 16 * 16; }
@@ -4988,17 +5001,16 @@ typedef struct attn__cpu_mla_ws {
     int group;                             /* query tokens whose running state fits */
 } attn__cpu_mla_ws;
 
-static float *attn__carve(float *base, size_t *used, size_t floats) {
-    float *p = base ? base + *used : NULL;
-    *used += (floats + 15) / 16 * 16; /* 64-byte aligned pieces */
-    return p;
+/* A piece of n floats of the CPU MLA workspace, 64-byte aligned. */
+static float *attn__cpu_mla_piece(void *base, size_t *used, size_t n) {
+    return (float *)attn__carve(base, used, n * sizeof(float), 64);
 }
 
 static int attn__cpu_mla_decode_tokens(const attn_metadata_desc *cap) {
     return (int)ATTN__MIN((int64_t)cap->max_num_tokens, (int64_t)cap->max_num_reqs * cap->decode_threshold);
 }
 
-static size_t attn__cpu_mla_ws_layout(const attn_layer_desc *d, const attn_metadata_desc *cap, float *base,
+static size_t attn__cpu_mla_ws_layout(const attn_layer_desc *d, const attn_metadata_desc *cap, void *base,
                                   attn__cpu_mla_ws *w) {
     size_t H = (size_t)d->num_heads, R = (size_t)d->kv_lora_rank, P = (size_t)d->qk_rope_head_dim;
     size_t dpk = (size_t)attn__cpu_dp(d->qk_nope_head_dim + d->qk_rope_head_dim);
@@ -5007,14 +5019,14 @@ static size_t attn__cpu_mla_ws_layout(const attn_layer_desc *d, const attn_metad
     group = ATTN__MIN(group, (int64_t)cap->max_num_tokens + ATTN__CPU_MLA_TILE - 1) / ATTN__CPU_MLA_TILE * ATTN__CPU_MLA_TILE;
     w->chunk = attn__mla_prefill_chunk(d, cap->workspace_bytes);
     w->group = (int)ATTN__MAX(ATTN__CPU_MLA_TILE, group);
-    w->latc = attn__carve(base, &pre, (size_t)w->chunk * R);
-    w->latpe = attn__carve(base, &pre, (size_t)w->chunk * P);
-    w->kw = attn__carve(base, &pre, H * (size_t)w->chunk * dpk);
-    w->vw = attn__carve(base, &pre, H * (size_t)w->chunk * dpv);
-    w->state = attn__carve(base, &pre, (size_t)w->group * H * (dpv + 1));
+    w->latc = attn__cpu_mla_piece(base, &pre, (size_t)w->chunk * R);
+    w->latpe = attn__cpu_mla_piece(base, &pre, (size_t)w->chunk * P);
+    w->kw = attn__cpu_mla_piece(base, &pre, H * (size_t)w->chunk * dpk);
+    w->vw = attn__cpu_mla_piece(base, &pre, H * (size_t)w->chunk * dpv);
+    w->state = attn__cpu_mla_piece(base, &pre, (size_t)w->group * H * (dpv + 1));
     td = (size_t)attn__cpu_mla_decode_tokens(cap);
-    w->ql = attn__carve(base, &dec, td * H * R);
-    w->ol = attn__carve(base, &dec, td * H * R);
+    w->ql = attn__cpu_mla_piece(base, &dec, td * H * R);
+    w->ol = attn__cpu_mla_piece(base, &dec, td * H * R);
     return ATTN__MAX(pre, dec);
 }
 
@@ -5044,10 +5056,11 @@ static attn_status attn__cpu_mla_metadata_init(const attn_backend *self, attn_la
                                (int64_t)cap->decode_threshold * d->num_heads, ATTN__CPU_NT,
                                splits > 1 ? td * d->num_heads * splits : 0, attn__cpu_dp(d->kv_lora_rank), &cm);
     if (st != ATTN_OK) return st;
-    cm->workspace_floats = attn__cpu_mla_ws_layout(d, cap, NULL, &ws);
-    cm->workspace = (float *)attn__malloc(cm->workspace_floats * sizeof(float) + 64);
+    cm->workspace_bytes = attn__cpu_mla_ws_layout(d, cap, NULL, &ws);
+    cm->workspace = attn__malloc(cm->workspace_bytes + 64);
+    cm->workspace_base = (void *)(((uintptr_t)cm->workspace + 63) & ~(uintptr_t)63);
     if (!cm->workspace) {
-        size_t bytes = cm->workspace_floats * sizeof(float);
+        size_t bytes = cm->workspace_bytes;
         attn__cpu_metadata_release(self, meta);
         return attn__fail(layer->ctx, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
                           "attn_metadata_create: cannot allocate the MLA workspace (%zu bytes; "
@@ -5285,8 +5298,7 @@ static attn_status attn__cpu_mla_prefill(attn_layer *layer, const attn_metadata 
     size_t csz = attn_dtype_size(d->kv_cache_dtype), osz = attn_dtype_size(o.dtype);
     int r, i;
     if (st != ATTN_OK || info.num_prefill_tokens <= 0) return st;
-    attn__cpu_mla_ws_layout(d, attn_metadata_capacity(meta),
-                        (float *)(void *)(((uintptr_t)cm->workspace + 63) & ~(uintptr_t)63), &ws);
+    attn__cpu_mla_ws_layout(d, attn_metadata_capacity(meta), cm->workspace_base, &ws);
     st = attn__scratch_reserve(layer->ctx, cm->scratch_floats); /* reserved at create */
     if (st != ATTN_OK) return st;
     memset(&a, 0, sizeof a);
@@ -5453,8 +5465,7 @@ static attn_status attn__cpu_mla_forward(const attn_backend *self, attn_layer *l
     attn__cpu_mla_ws ws;
     attn_status st = attn__scratch_reserve(ctx, cm->scratch_floats); /* reserved at create */
     if (st != ATTN_OK) return st; /* before anything is written */
-    attn__cpu_mla_ws_layout(d, attn_metadata_capacity(meta),
-                        (float *)(void *)(((uintptr_t)cm->workspace + 63) & ~(uintptr_t)63), &ws);
+    attn__cpu_mla_ws_layout(d, attn_metadata_capacity(meta), cm->workspace_base, &ws);
     if (kv_c)
         attn__cpu_concat_and_cache_mla(self, layer, kv_c, k_pe, kv_cache, b->slot_mapping,
                                        b->num_actual_tokens, stream);
@@ -5547,13 +5558,6 @@ struct attn__kernel_cache {
     int compiles;                  /* NVRTC compilations this context ran */
 };
 
-static uint64_t attn__fnv1a(uint64_t h, const void *data, size_t n) {
-    const unsigned char *p = (const unsigned char *)data;
-    size_t i;
-    for (i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
-    return h;
-}
-#define ATTN__FNV_SEED 1469598103934665603ull
 
 /* The source text of an embedded file (lines joined), NULL if there is none. */
 static char *attn__kernel_source_text(const char *name) {
@@ -6338,23 +6342,19 @@ typedef struct attn__cuda_meta {
     attn__cuda_plan dev;           /* the same offsets as device addresses (in pointer form) */
 } attn__cuda_meta;
 
-static void *attn__carve_bytes(char *base, size_t *used, size_t bytes) {
-    void *p = base ? base + *used : NULL;
-    *used += (bytes + 255) / 256 * 256;
-    return p;
-}
 
 static size_t attn__cuda_plan_layout(const attn__cuda_meta *cm, const attn_metadata_desc *cap, char *base,
                                      attn__cuda_plan *p) {
     size_t used = 0;
-    p->counts = (int32_t *)attn__carve_bytes(base, &used, 4 * sizeof(int32_t));
-    p->work[0] = (int32_t *)attn__carve_bytes(base, &used, (size_t)cm->work_capacity[0] * 32);
-    p->work[1] = (int32_t *)attn__carve_bytes(base, &used, (size_t)cm->work_capacity[1] * 32);
-    p->merge = (int32_t *)attn__carve_bytes(base, &used, (size_t)cm->merge_capacity * 32);
-    p->query_start_loc = (int32_t *)attn__carve_bytes(base, &used, ((size_t)cap->max_num_reqs + 1) * 4);
-    p->seq_lens = (int32_t *)attn__carve_bytes(base, &used, (size_t)cap->max_num_reqs * 4);
-    p->slot_mapping = (int64_t *)attn__carve_bytes(base, &used, (size_t)cap->max_num_tokens * 8);
-    p->block_table = (int32_t *)attn__carve_bytes(base, &used, (size_t)cap->max_num_reqs * (size_t)cap->max_blocks_per_req * 4);
+    p->counts = (int32_t *)attn__carve(base, &used, 4 * sizeof(int32_t), 256);
+    p->work[0] = (int32_t *)attn__carve(base, &used, (size_t)cm->work_capacity[0] * 32, 256);
+    p->work[1] = (int32_t *)attn__carve(base, &used, (size_t)cm->work_capacity[1] * 32, 256);
+    p->merge = (int32_t *)attn__carve(base, &used, (size_t)cm->merge_capacity * 32, 256);
+    p->query_start_loc = (int32_t *)attn__carve(base, &used, ((size_t)cap->max_num_reqs + 1) * 4, 256);
+    p->seq_lens = (int32_t *)attn__carve(base, &used, (size_t)cap->max_num_reqs * 4, 256);
+    p->slot_mapping = (int64_t *)attn__carve(base, &used, (size_t)cap->max_num_tokens * 8, 256);
+    p->block_table = (int32_t *)attn__carve(base, &used,
+                                            (size_t)cap->max_num_reqs * (size_t)cap->max_blocks_per_req * 4, 256);
     return used;
 }
 
