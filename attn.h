@@ -1129,6 +1129,12 @@ typedef struct attn__CUevent_st *attn__CUevent;
     X(cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2",                                         \
       (attn__CUdeviceptr dst, attn__CUdeviceptr src, size_t bytes, attn__CUstream stream)) \
     X(cuStreamSynchronize, "cuStreamSynchronize", (attn__CUstream stream))               \
+    X(cuStreamGetCtx, "cuStreamGetCtx", (attn__CUstream stream, attn__CUcontext * ctx))  \
+    X(cuMemsetD8Async, "cuMemsetD8Async",                                                \
+      (attn__CUdeviceptr dst, unsigned char value, size_t bytes, attn__CUstream stream)) \
+    X(cuOccupancyMaxActiveBlocksPerMultiprocessor, "cuOccupancyMaxActiveBlocksPerMultiprocessor", \
+      (int *blocks, attn__CUfunction f, int block_size, size_t dynamic_shared_bytes))    \
+    X(cuEventElapsedTime, "cuEventElapsedTime", (float *ms, attn__CUevent start, attn__CUevent end)) \
     X(cuEventCreate, "cuEventCreate", (attn__CUevent * event, unsigned flags))           \
     X(cuEventRecord, "cuEventRecord", (attn__CUevent event, attn__CUstream stream))      \
     X(cuEventSynchronize, "cuEventSynchronize", (attn__CUevent event))                   \
@@ -5993,6 +5999,34 @@ static void attn__cuda_leave(attn_context *ctx) {
     ctx->cuda->cuCtxPopCurrent(&popped);
 }
 
+/* attn__cuda_enter for calls that take the caller's stream: the stream must belong to the
+   context the kernels are loaded in (the device's primary context, which the CUDA runtime
+   and PyTorch use too). NULL, CU_STREAM_LEGACY (1) and CU_STREAM_PER_THREAD (2) name the
+   current context's streams and always pass. A stream of another device or of a context
+   made with cuCtxCreate is refused before anything is written. */
+static attn_status attn__cuda_enter_stream(attn_context *ctx, const char *fn, void *stream) {
+    attn__CUcontext owner = NULL;
+    attn__CUresult rc;
+    attn_status st;
+    if ((st = attn__cuda_enter(ctx, fn)) != ATTN_OK) return st;
+    if ((uintptr_t)stream <= 2) return ATTN_OK;
+    rc = ctx->cuda->cuStreamGetCtx((attn__CUstream)stream, &owner);
+    if (rc != 0 || owner != ctx->cuda_primary) {
+        attn__cuda_leave(ctx);
+        if (rc != 0)
+            return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                              "%s: stream %p is not a stream the CUDA driver knows (cuStreamGetCtx: "
+                              "CUresult %d; allowed: NULL for the legacy default stream, or a stream of "
+                              "device %d's primary context)", fn, stream, rc, (int)ctx->cuda_device);
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                          "%s: stream %p belongs to another CUDA context (another device's, or one "
+                          "made with cuCtxCreate); allowed: NULL for the legacy default stream, or a "
+                          "stream of device %d's primary context (CUDA runtime and PyTorch streams "
+                          "are)", fn, stream, (int)ctx->cuda_device);
+    }
+    return ATTN_OK;
+}
+
 /* At attn_context_destroy. */
 static void attn__cuda_release(attn_context *ctx) {
     if (ctx->cuda_primary) ctx->cuda->cuDevicePrimaryCtxRelease(ctx->cuda_device);
@@ -6044,7 +6078,7 @@ ATTN_API attn_status attn_cuda_memcpy(attn_context *ctx, void *dst, const void *
                           "attn_cuda_memcpy: kind is %d (allowed: ATTN_COPY_HOST_TO_DEVICE, "
                           "_DEVICE_TO_HOST, _DEVICE_TO_DEVICE)", (int)kind);
     if (bytes == 0) return ATTN_OK;
-    if ((st = attn__cuda_enter(ctx, "attn_cuda_memcpy")) != ATTN_OK) return st;
+    if ((st = attn__cuda_enter_stream(ctx, "attn_cuda_memcpy", stream)) != ATTN_OK) return st;
     cu = ctx->cuda;
     switch (kind) {
     case ATTN_COPY_HOST_TO_DEVICE:
@@ -6067,7 +6101,7 @@ ATTN_API attn_status attn_cuda_synchronize(attn_context *ctx, void *stream) {
     attn__CUresult rc;
     attn_status st;
     if (!ctx) return attn__null_arg(ctx, __func__, "ctx");
-    if ((st = attn__cuda_enter(ctx, "attn_cuda_synchronize")) != ATTN_OK) return st;
+    if ((st = attn__cuda_enter_stream(ctx, "attn_cuda_synchronize", stream)) != ATTN_OK) return st;
     rc = ctx->cuda->cuStreamSynchronize((attn__CUstream)stream);
     attn__cuda_leave(ctx);
     return rc ? attn__cu_fail(ctx, "attn_cuda_synchronize", "cuStreamSynchronize", rc) : ATTN_OK;
@@ -6273,10 +6307,9 @@ static attn_status attn__cuda_layer_init(const attn_backend *self, attn_layer *l
     }
     for (pass = 0; pass < 2 && st == ATTN_OK; pass++) {
         attn__fmt(opt, sizeof opt, "-DHEAD_DIM=%d -DBLOCK_SIZE=%d -DGROUP=%d -DDT_Q=%d -DDT_KV=%d "
-                  "-DTILE_TOKENS=%d -DCAUSAL=%d -DWINDOW=%d -DSOFTCAP=%d -DALIBI=%d",
+                  "-DTILE_TOKENS=%d -DWINDOW=%d -DSOFTCAP=%d -DALIBI=%d",
                   d->head_size, d->block_size, group, attn__cuda_dt(d->dtype), attn__cuda_dt(d->kv_cache_dtype),
-                  attn__cuda_tile_tokens(group, pass), d->causal == ATTN_CAUSAL_YES,
-                  d->sliding_window > 0, d->logits_soft_cap > 0.0f, d->alibi_slopes != NULL);
+                  attn__cuda_tile_tokens(group, pass), d->sliding_window > 0, d->logits_soft_cap > 0.0f, d->alibi_slopes != NULL);
         st = attn__cuda_load(ctx, "paged_attention.cu", opt, "attn_paged_attention", "attn_paged_merge_partials", 1,
                              pass ? &L->prefill : &L->decode, reason, size);
     }
@@ -6458,8 +6491,10 @@ static void attn__cuda_sort_work(int32_t *w, int n) {
     }
 }
 
-static void attn__cuda_item(int32_t *w, int req, int kvh, int tok0, int ntok, int key0, int key1, int slot) {
-    w[0] = req; w[1] = kvh; w[2] = tok0; w[3] = ntok; w[4] = key0; w[5] = key1; w[6] = slot; w[7] = 0;
+/* One work item (kernels/paged_attention.cu, WORK LIST); flags bit 0: causal. */
+static void attn__cuda_item(int32_t *w, int req, int kvh, int tok0, int ntok, int key0, int key1, int slot,
+                            int causal) {
+    w[0] = req; w[1] = kvh; w[2] = tok0; w[3] = ntok; w[4] = key0; w[5] = key1; w[6] = slot; w[7] = causal ? 1 : 0;
 }
 
 /* The schedule of a validated batch, written into the staging region, then uploaded. */
@@ -6480,12 +6515,7 @@ static attn_status attn__cuda_build(const attn_backend *self, attn_layer *layer,
     (void)self;
     (void)common_prefix_len;
     (void)fast_build;
-    if (b->causal != d->causal) /* the variants are compiled for the layer's setting */
-        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_CALL_UNSUPPORTED,
-                          "attn_metadata_build: batch.causal differs from the layer's (the CUDA "
-                          "backend compiles its kernels for the layer's setting; allowed: "
-                          "ATTN_CAUSAL_DEFAULT or the layer's value)");
-    if ((st = attn__cuda_enter(ctx, "attn_metadata_build")) != ATTN_OK) return st;
+    if ((st = attn__cuda_enter_stream(ctx, "attn_metadata_build", b->stream)) != ATTN_OK) return st;
     /* the previous build's copy may still read the staging buffer */
     if (cm->upload_pending && (rc = cu->cuEventSynchronize(cm->uploaded)) != 0) {
         attn__cuda_leave(ctx);
@@ -6529,12 +6559,12 @@ static attn_status attn__cuda_build(const attn_backend *self, attn_layer *layer,
                         if (k0 < lo) k0 = lo;
                         if (k1 < k0) k1 = k0;
                         ATTN_ASSERT(nw[0] < cm->work_capacity[0]);
-                        attn__cuda_item(p->work[0] + 8 * nw[0]++, r, h, t0, t1 - t0, k0, k1, slots + s);
+                        attn__cuda_item(p->work[0] + 8 * nw[0]++, r, h, t0, t1 - t0, k0, k1, slots + s, causal);
                     }
                     slots += ns;
                 } else {
                     ATTN_ASSERT(nw[v] < cm->work_capacity[v]);
-                    attn__cuda_item(p->work[v] + 8 * nw[v]++, r, h, t0, t1 - t0, lo, hi, -1);
+                    attn__cuda_item(p->work[v] + 8 * nw[v]++, r, h, t0, t1 - t0, lo, hi, -1, causal);
                 }
             }
         }
@@ -6608,7 +6638,7 @@ static attn_status attn__cuda_forward(const attn_backend *self, attn_layer *laye
     void *args[1];
     int v2;
     (void)self;
-    if ((st = attn__cuda_enter(ctx, "attn_layer_forward")) != ATTN_OK) return st;
+    if ((st = attn__cuda_enter_stream(ctx, "attn_layer_forward", stream)) != ATTN_OK) return st;
     if (k && v)
         rc = attn__cuda_write_kv(ctx, L, d, k, v, kv_cache, attn__dptr(cm->dev.slot_mapping),
                                  attn_metadata_capacity(meta)->max_num_tokens, s);
@@ -6672,7 +6702,7 @@ static attn_status attn__cuda_reshape_and_cache(const attn_backend *self, attn_l
     size_t bytes = (size_t)num_tokens * sizeof(int64_t);
     (void)self;
     if (num_tokens == 0) return ATTN_OK;
-    if ((st = attn__cuda_enter(ctx, "attn_reshape_and_cache")) != ATTN_OK) return st;
+    if ((st = attn__cuda_enter_stream(ctx, "attn_reshape_and_cache", stream)) != ATTN_OK) return st;
     /* the slots are host values (checked by the front door): a device copy for this call,
        freed once the stream is past the write. This entry point synchronises the stream
        and is not graph-capturable; a forward given k/v writes the cache from the
@@ -6735,7 +6765,7 @@ static attn_status attn__cuda_merge_attn_states(const attn_backend *self, attn_c
     if (rows == 0) return ATTN_OK;
     st = attn__backend_context(ctx, self, (void **)&cs, reason, sizeof reason);
     if (st != ATTN_OK) return attn__fail(ctx, st, ATTN_LOG_PLATFORM_ERROR, "attn_merge_attn_states: %s", reason);
-    if ((st = attn__cuda_enter(ctx, "attn_merge_attn_states")) != ATTN_OK) return st;
+    if ((st = attn__cuda_enter_stream(ctx, "attn_merge_attn_states", stream)) != ATTN_OK) return st;
     st = attn__cuda_merge_kernel(ctx, cs, attn__cuda_dt(oa.dtype), (int)oa.shape[2], &m);
     if (st != ATTN_OK) {
         attn__cuda_leave(ctx);
@@ -7682,7 +7712,10 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "   KV head h / GROUP. Key j (0 <= j < seq_len) lives in cache block block_table[r][j /\n",
     "   BLOCK_SIZE], row j % BLOCK_SIZE. Key j is visible from pos iff lo <= j < hi with\n",
     "       lo = window ? max(0, pos - window + 1) : 0\n",
-    "       hi = CAUSAL ? pos + 1 : (window ? min(seq_len, pos + window) : seq_len)\n",
+    "       hi = causal ? pos + 1 : (window ? min(seq_len, pos + window) : seq_len)\n",
+    "   where causal is bit 0 of the work item's flags (a run-time value read from device\n",
+    "   memory, so one compiled variant serves causal and non-causal batches and a captured\n",
+    "   graph follows the batch that the last build described).\n",
     "   (attn__visible_keys). Scores, in base-2 units (exp2 softmax, the scale folded in):\n",
     "       s = q.k * scale * log2(e)                                  (SOFTCAP 0)\n",
     "       s = softcap * tanh(q.k * scale / softcap) * log2(e)        (SOFTCAP 1)\n",
@@ -7700,8 +7733,9 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "             DT_Q         q/out element type: 0 f32, 1 f16, 2 bf16\n",
     "             DT_KV        cache element type, same numbering\n",
     "             TILE_TOKENS  query tokens per CTA; TILE_TOKENS * GROUP <= 128\n",
-    "   flags     CAUSAL WINDOW SOFTCAP ALIBI   (0/1, default 0; WINDOW and SOFTCAP take their\n",
-    "             values from params; WINDOW 1 with params.window 0 means no window)\n",
+    "   flags     WINDOW SOFTCAP ALIBI   (0/1, default 0; WINDOW and SOFTCAP take their values\n",
+    "             from params; WINDOW 1 with params.window 0 means no window). Causality is not\n",
+    "             a define: it is a per-work-item flag (WORK LIST, item 7).\n",
     "   tuning    WARPS_N      warps sharing one row tile, each on its slice of a K/V tile\n",
     "             KV_TILE      keys per K/V tile (shared-memory stage)\n",
     "             KV_STAGES    K/V tiles in shared memory (default 2, double-buffered; 3 for\n",
@@ -7753,7 +7787,7 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "                              is allowed: rows with nothing visible)\n",
     "     work[8*i + 6]  slot      -1: write out (and lse) for these rows; >= 0: write an\n",
     "                              unnormalised partial into partial slot `slot` instead\n",
-    "     work[8*i + 7]  0         reserved\n",
+    "     work[8*i + 7]  flags     bit 0: causal (hi = pos + 1); other bits 0\n",
     "   Split-KV: the splits of one (req, kv_head, tok0, ntok) tile cover disjoint key ranges\n",
     "   whose union is the tile's visible range, and use consecutive slots slot0..slot0+n-1;\n",
     "   split boundaries at multiples of KV_TILE (and of BLOCK_SIZE) waste no loads. Order the\n",
@@ -7826,9 +7860,6 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "#endif\n",
     "#if BLOCK_SIZE % 16 != 0 || BLOCK_SIZE <= 0\n",
     "#error \"paged_attention.cu: BLOCK_SIZE must be a positive multiple of 16\"\n",
-    "#endif\n",
-    "#ifndef CAUSAL\n",
-    "#define CAUSAL 0\n",
     "#endif\n",
     "#ifndef WINDOW\n",
     "#define WINDOW 0\n",
@@ -8034,6 +8065,7 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "\n",
     "    const int *item = p.work + 8 * (attn_i64)blockIdx.x;\n",
     "    const int req = item[0], kv_head = item[1], tok0 = item[2], ntok = item[3], slot = item[6];\n",
+    "    const int causal = item[7] & 1;\n",
     "    const int seq_len = p.seq_lens[req];\n",
     "    const int q_start = p.query_start_loc[req], query_len = p.query_start_loc[req + 1] - q_start;\n",
     "    const int key0 = attn_imax(item[4], 0), key1 = attn_imin(item[5], seq_len);\n",
@@ -8094,11 +8126,11 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "        const int R = wm * 16 + g + 8 * rr, t = R / GROUP;\n",
     "        const int valid = R < nrows;\n",
     "        const int pos = seq_len - query_len + tok0 + t;\n",
-    "        int a = 0, b = CAUSAL ? pos + 1 : seq_len;\n",
+    "        int a = 0, b = causal ? pos + 1 : seq_len;\n",
     "#if WINDOW\n",
     "        if (p.window > 0) {\n",
     "            a = attn_imax(0, pos - p.window + 1);\n",
-    "            if (!CAUSAL) b = (int)(((attn_i64)pos + p.window) < seq_len ? (attn_i64)pos + p.window : seq_len);\n",
+    "            if (!causal) b = (int)(((attn_i64)pos + p.window) < seq_len ? (attn_i64)pos + p.window : seq_len);\n",
     "        }\n",
     "#endif\n",
     "        a = attn_imax(a, key0);\n",

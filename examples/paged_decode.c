@@ -13,8 +13,15 @@
         keys/values into the cache and attends over everything cached so far;
      4. at the end, check one decode step against a plain float64 attention.
 
+   Where the data lives is the caller's choice: --device cpu keeps every tensor in host
+   memory; --device cuda puts the KV cache, q/k/v and out in GPU memory (allocated and
+   copied with attn.h's own helpers, so no CUDA SDK is needed to build this file) and the
+   selector then picks the CUDA backend. The default, --device auto, is cuda when the
+   platform has a usable GPU and cpu otherwise.
+
    Build and run:  make demo   (or: cc -std=c99 -O2 -march=native -I. \
-                   examples/paged_decode.c -o paged_decode -lpthread -lm -ldl) */
+                   examples/paged_decode.c -o paged_decode -lpthread -lm -ldl;
+                   ./paged_decode [--device auto|cpu|cuda]) */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #define ATTN_IMPLEMENTATION     /* this file also holds the library's implementation */
 #include "attn.h"
@@ -47,6 +54,7 @@ static const int prompt_lens[NUM_REQS] = {37, 100, 203};
 #define KV_ROW (NUM_KV_HEADS * HEAD_SIZE) /* elements of one token of k or v */
 
 static attn_context *ctx; /* global only so that CHECK can report the context's error */
+static int on_gpu;        /* the tensors live in GPU memory (--device cuda) */
 
 /* Every attn_* call returns a status; on failure the context holds a message that names
    the bad argument, its value and what is allowed. */
@@ -137,9 +145,11 @@ static int64_t slot_for(request *r, int pos) {
 
 /* ---- One forward step ------------------------------------------------------------------ */
 
-/* Buffers sized for the largest batch (the prefill), reused by every step. */
+/* Buffers sized for the largest batch (the prefill), reused by every step. On the GPU the
+   host arrays are staging: q/k/v go up before the forward and out comes back after it. */
 typedef struct step_buffers {
-    uint16_t *q, *k, *v, *out;         /* [tokens, heads, HEAD_SIZE] f16 */
+    uint16_t *q, *k, *v, *out;         /* [tokens, heads, HEAD_SIZE] f16, host */
+    void *dq, *dk, *dv, *dout;         /* the same on the GPU (--device cuda), else NULL */
     int32_t query_start_loc[NUM_REQS + 1];
     int32_t seq_lens[NUM_REQS];
     int32_t block_table[NUM_REQS * MAX_BLOCKS_PER_REQ];
@@ -203,16 +213,26 @@ static int run_step(const char *label, const int *query_lens, attn_layer *layer,
 
     shape_q[0] = ntok; shape_q[1] = NUM_HEADS; shape_q[2] = HEAD_SIZE;
     shape_kv[0] = ntok; shape_kv[1] = NUM_KV_HEADS; shape_kv[2] = HEAD_SIZE;
-    q = attn_tensor_make(sb->q, ATTN_DTYPE_F16, 3, shape_q);
-    k = attn_tensor_make(sb->k, ATTN_DTYPE_F16, 3, shape_kv);
-    v = attn_tensor_make(sb->v, ATTN_DTYPE_F16, 3, shape_kv);
-    out = attn_tensor_make(sb->out, ATTN_DTYPE_F16, 3, shape_q);
+    q = attn_tensor_make(on_gpu ? sb->dq : sb->q, ATTN_DTYPE_F16, 3, shape_q);
+    k = attn_tensor_make(on_gpu ? sb->dk : sb->k, ATTN_DTYPE_F16, 3, shape_kv);
+    v = attn_tensor_make(on_gpu ? sb->dv : sb->v, ATTN_DTYPE_F16, 3, shape_kv);
+    out = attn_tensor_make(on_gpu ? sb->dout : sb->out, ATTN_DTYPE_F16, 3, shape_q);
+    if (on_gpu) { /* every tensor says where it lives; the layer checks them all */
+        q.device.kind = k.device.kind = v.device.kind = out.device.kind = ATTN_DEVICE_CUDA;
+        CHECK(attn_cuda_memcpy(ctx, sb->dq, sb->q, (size_t)ntok * ROW * 2, ATTN_COPY_HOST_TO_DEVICE, NULL));
+        CHECK(attn_cuda_memcpy(ctx, sb->dk, sb->k, (size_t)ntok * KV_ROW * 2, ATTN_COPY_HOST_TO_DEVICE, NULL));
+        CHECK(attn_cuda_memcpy(ctx, sb->dv, sb->v, (size_t)ntok * KV_ROW * 2, ATTN_COPY_HOST_TO_DEVICE, NULL));
+    }
 
     /* k/v are written into the cache at slot_mapping, then every new token attends over
-       its whole sequence (cached context + itself, causally). No LSE wanted: NULL. */
+       its whole sequence (cached context + itself, causally). No LSE wanted: NULL. The
+       last argument is the CUDA stream (NULL: the default stream; ignored on the CPU). */
     t0 = now_ms();
     CHECK(attn_layer_forward(layer, meta, &q, &k, &v, kv_cache, &out, NULL, NULL));
+    if (on_gpu) CHECK(attn_cuda_synchronize(ctx, NULL)); /* GPU work is asynchronous */
     t1 = now_ms();
+    if (on_gpu)
+        CHECK(attn_cuda_memcpy(ctx, sb->out, sb->dout, (size_t)ntok * ROW * 2, ATTN_COPY_DEVICE_TO_HOST, NULL));
 
     for (i = 0; i < ntok * ROW; i++) checksum += attn_f16_to_f32(sb->out[i]);
     printf("%-9s tokens %4d  (query lens %d/%d/%d, seq lens %d/%d/%d)  %8.3f ms  checksum %+.6f\n",
@@ -258,7 +278,30 @@ static double check_row(const step_buffers *sb, int row, const request *r) {
     return max_err;
 }
 
-int main(void) {
+/* --device auto|cpu|cuda -> on_gpu; 0 on success. */
+static int parse_device(int argc, char **argv) {
+    attn_platform platform;
+    const char *want = "auto";
+    if (argc == 3 && strcmp(argv[1], "--device") == 0) want = argv[2];
+    else if (argc != 1) want = "";
+    CHECK(attn_platform_get(ctx, &platform));
+    if (strcmp(want, "cpu") == 0) on_gpu = 0;
+    else if (strcmp(want, "cuda") == 0 || strcmp(want, "auto") == 0) {
+        on_gpu = platform.kind == ATTN_PLATFORM_CUDA && platform.cuda_capability_major >= 8;
+        if (!on_gpu && strcmp(want, "cuda") == 0) {
+            fprintf(stderr, "--device cuda: no usable GPU here (%s)\n",
+                    platform.kind == ATTN_PLATFORM_CUDA ? "compute capability below 8.0" : platform.cuda_reason);
+            return 1;
+        }
+    } else {
+        fprintf(stderr, "usage: paged_decode [--device auto|cpu|cuda]\n");
+        return 1;
+    }
+    printf("device: %s\n", on_gpu ? "cuda (tensors in GPU memory)" : "cpu (tensors in host memory)");
+    return 0;
+}
+
+int main(int argc, char **argv) {
     attn_layer_desc desc;
     attn_metadata_desc mdesc;
     attn_layer *layer;
@@ -275,6 +318,10 @@ int main(void) {
 
     /* 1. Context: NULL = defaults (log to stderr at INFO, one worker per core). */
     CHECK(attn_context_create(NULL, &ctx));
+    if (parse_device(argc, argv) != 0) {
+        attn_context_destroy(ctx);
+        return 2;
+    }
 
     /* 2. Layer: zero-initialise the descriptor; 0 means "default" for every field
           (scale 1/sqrt(head_size), causal, kv_cache_dtype = dtype, ...). */
@@ -284,6 +331,7 @@ int main(void) {
     desc.head_size = HEAD_SIZE;
     desc.dtype = ATTN_DTYPE_F16;
     desc.block_size = BLOCK_SIZE;
+    desc.device = on_gpu ? ATTN_DEVICE_CUDA : ATTN_DEVICE_CPU; /* where the tensors live */
     CHECK(attn_layer_create(ctx, &desc, NULL, &layer)); /* NULL request: automatic choice */
 
     /* Which backend serves the layer, and why: the selection record. */
@@ -300,6 +348,14 @@ int main(void) {
     cache_mem = xmalloc(attn_tensor_nbytes(&kv_cache));
     memset(cache_mem, 0, attn_tensor_nbytes(&kv_cache));
     kv_cache.data = cache_mem;
+    if (on_gpu) { /* the cache in GPU memory, zeroed from the host copy */
+        void *host = cache_mem;
+        CHECK(attn_cuda_malloc(ctx, attn_tensor_nbytes(&kv_cache), &cache_mem));
+        CHECK(attn_cuda_memcpy(ctx, cache_mem, host, attn_tensor_nbytes(&kv_cache), ATTN_COPY_HOST_TO_DEVICE, NULL));
+        free(host);
+        kv_cache.data = cache_mem;
+        kv_cache.device.kind = ATTN_DEVICE_CUDA;
+    }
     printf("KV cache: %d blocks of %d tokens, %.1f MiB\n\n", NUM_BLOCKS, BLOCK_SIZE,
            (double)attn_tensor_nbytes(&kv_cache) / (1024.0 * 1024.0));
     free_list_init();
@@ -319,6 +375,12 @@ int main(void) {
     sb.k = (uint16_t *)xmalloc((size_t)max_tokens * KV_ROW * sizeof(uint16_t));
     sb.v = (uint16_t *)xmalloc((size_t)max_tokens * KV_ROW * sizeof(uint16_t));
     sb.slot_mapping = (int64_t *)xmalloc((size_t)max_tokens * sizeof(int64_t));
+    if (on_gpu) {
+        CHECK(attn_cuda_malloc(ctx, (size_t)max_tokens * ROW * sizeof(uint16_t), &sb.dq));
+        CHECK(attn_cuda_malloc(ctx, (size_t)max_tokens * ROW * sizeof(uint16_t), &sb.dout));
+        CHECK(attn_cuda_malloc(ctx, (size_t)max_tokens * KV_ROW * sizeof(uint16_t), &sb.dk));
+        CHECK(attn_cuda_malloc(ctx, (size_t)max_tokens * KV_ROW * sizeof(uint16_t), &sb.dv));
+    }
     for (i = 0; i < NUM_REQS; i++) {
         memset(&reqs[i], 0, sizeof reqs[i]);
         reqs[i].keys = (uint16_t *)xmalloc((size_t)MAX_SEQ_LEN * KV_ROW * sizeof(uint16_t));
@@ -350,7 +412,13 @@ int main(void) {
 
     for (i = 0; i < NUM_REQS; i++) { free(reqs[i].keys); free(reqs[i].values); }
     free(sb.q); free(sb.k); free(sb.v); free(sb.out); free(sb.slot_mapping);
-    free(cache_mem);
+    if (on_gpu) {
+        CHECK(attn_cuda_free(ctx, sb.dq)); CHECK(attn_cuda_free(ctx, sb.dk));
+        CHECK(attn_cuda_free(ctx, sb.dv)); CHECK(attn_cuda_free(ctx, sb.dout));
+        CHECK(attn_cuda_free(ctx, cache_mem));
+    } else {
+        free(cache_mem);
+    }
     attn_metadata_destroy(meta);
     attn_layer_destroy(layer);
     attn_context_destroy(ctx);

@@ -11,7 +11,10 @@
    KV head h / GROUP. Key j (0 <= j < seq_len) lives in cache block block_table[r][j /
    BLOCK_SIZE], row j % BLOCK_SIZE. Key j is visible from pos iff lo <= j < hi with
        lo = window ? max(0, pos - window + 1) : 0
-       hi = CAUSAL ? pos + 1 : (window ? min(seq_len, pos + window) : seq_len)
+       hi = causal ? pos + 1 : (window ? min(seq_len, pos + window) : seq_len)
+   where causal is bit 0 of the work item's flags (a run-time value read from device
+   memory, so one compiled variant serves causal and non-causal batches and a captured
+   graph follows the batch that the last build described).
    (attn__visible_keys). Scores, in base-2 units (exp2 softmax, the scale folded in):
        s = q.k * scale * log2(e)                                  (SOFTCAP 0)
        s = softcap * tanh(q.k * scale / softcap) * log2(e)        (SOFTCAP 1)
@@ -29,8 +32,9 @@
              DT_Q         q/out element type: 0 f32, 1 f16, 2 bf16
              DT_KV        cache element type, same numbering
              TILE_TOKENS  query tokens per CTA; TILE_TOKENS * GROUP <= 128
-   flags     CAUSAL WINDOW SOFTCAP ALIBI   (0/1, default 0; WINDOW and SOFTCAP take their
-             values from params; WINDOW 1 with params.window 0 means no window)
+   flags     WINDOW SOFTCAP ALIBI   (0/1, default 0; WINDOW and SOFTCAP take their values
+             from params; WINDOW 1 with params.window 0 means no window). Causality is not
+             a define: it is a per-work-item flag (WORK LIST, item 7).
    tuning    WARPS_N      warps sharing one row tile, each on its slice of a K/V tile
              KV_TILE      keys per K/V tile (shared-memory stage)
              KV_STAGES    K/V tiles in shared memory (default 2, double-buffered; 3 for
@@ -82,7 +86,7 @@
                               is allowed: rows with nothing visible)
      work[8*i + 6]  slot      -1: write out (and lse) for these rows; >= 0: write an
                               unnormalised partial into partial slot `slot` instead
-     work[8*i + 7]  0         reserved
+     work[8*i + 7]  flags     bit 0: causal (hi = pos + 1); other bits 0
    Split-KV: the splits of one (req, kv_head, tok0, ntok) tile cover disjoint key ranges
    whose union is the tile's visible range, and use consecutive slots slot0..slot0+n-1;
    split boundaries at multiples of KV_TILE (and of BLOCK_SIZE) waste no loads. Order the
@@ -155,9 +159,6 @@
 #endif
 #if BLOCK_SIZE % 16 != 0 || BLOCK_SIZE <= 0
 #error "paged_attention.cu: BLOCK_SIZE must be a positive multiple of 16"
-#endif
-#ifndef CAUSAL
-#define CAUSAL 0
 #endif
 #ifndef WINDOW
 #define WINDOW 0
@@ -363,6 +364,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_paged_attention(
 
     const int *item = p.work + 8 * (attn_i64)blockIdx.x;
     const int req = item[0], kv_head = item[1], tok0 = item[2], ntok = item[3], slot = item[6];
+    const int causal = item[7] & 1;
     const int seq_len = p.seq_lens[req];
     const int q_start = p.query_start_loc[req], query_len = p.query_start_loc[req + 1] - q_start;
     const int key0 = attn_imax(item[4], 0), key1 = attn_imin(item[5], seq_len);
@@ -423,11 +425,11 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_paged_attention(
         const int R = wm * 16 + g + 8 * rr, t = R / GROUP;
         const int valid = R < nrows;
         const int pos = seq_len - query_len + tok0 + t;
-        int a = 0, b = CAUSAL ? pos + 1 : seq_len;
+        int a = 0, b = causal ? pos + 1 : seq_len;
 #if WINDOW
         if (p.window > 0) {
             a = attn_imax(0, pos - p.window + 1);
-            if (!CAUSAL) b = (int)(((attn_i64)pos + p.window) < seq_len ? (attn_i64)pos + p.window : seq_len);
+            if (!causal) b = (int)(((attn_i64)pos + p.window) < seq_len ? (attn_i64)pos + p.window : seq_len);
         }
 #endif
         a = attn_imax(a, key0);

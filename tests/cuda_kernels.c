@@ -327,7 +327,7 @@ static void build_work(schedule *s, int num_reqs, const int32_t *qsl, const int3
                     if (k + 1 < ns) b = b / kv_tile * kv_tile;
                     if (k > 0 && a < lo) a = lo;
                     w[0] = r; w[1] = h; w[2] = t0; w[3] = t1 - t0; w[4] = a; w[5] = b;
-                    w[6] = ns > 1 ? slot0 + k : -1; w[7] = 0;
+                    w[6] = ns > 1 ? slot0 + k : -1; w[7] = causal ? 1 : 0;
                 }
             }
         }
@@ -452,8 +452,8 @@ static void run_attention_case(const attn_case *c, int num_reqs, const int *qlen
     }
     /* ---- the GPU run ---- */
     tt = c->decode_shape ? (16 / c->group > 0 ? 16 / c->group : 1) : (64 / c->group > 0 ? 64 / c->group : 1);
-    snprintf(defs, sizeof defs, "HEAD_DIM=%d BLOCK_SIZE=%d GROUP=%d DT_Q=%d DT_KV=%d TILE_TOKENS=%d CAUSAL=%d WINDOW=%d SOFTCAP=%d ALIBI=%d",
-             D, BS, c->group, dcode(c->dq), dcode(c->dkv), tt, c->causal, c->window > 0, c->softcap > 0, c->alibi);
+    snprintf(defs, sizeof defs, "HEAD_DIM=%d BLOCK_SIZE=%d GROUP=%d DT_Q=%d DT_KV=%d TILE_TOKENS=%d WINDOW=%d SOFTCAP=%d ALIBI=%d",
+             D, BS, c->group, dcode(c->dq), dcode(c->dkv), tt, c->window > 0, c->softcap > 0, c->alibi);
     {
         module_entry *m = get_module("paged_attention.cu", defs);
         cu_function fa = get_function(m, "attn_paged_attention"), fm = get_function(m, "attn_paged_merge_partials");
@@ -876,7 +876,7 @@ static void bench(const char *extra) {
             double bytes = (double)B * ctx * Hkv * D * 2 * 2;
             for (r = 0; r <= B; r++) qsl[r] = r;
             for (r = 0; r < B; r++) sl[r] = ctx;
-            snprintf(defs, sizeof defs, "HEAD_DIM=%d BLOCK_SIZE=%d GROUP=%d DT_Q=2 DT_KV=2 TILE_TOKENS=%d CAUSAL=1 %s", D, BS, G, 16 / G, extra);
+            snprintf(defs, sizeof defs, "HEAD_DIM=%d BLOCK_SIZE=%d GROUP=%d DT_Q=2 DT_KV=2 TILE_TOKENS=%d %s", D, BS, G, 16 / G, extra);
             m = get_module("paged_attention.cu", defs);
             { /* split so that one wave of resident CTAs holds the grid (splits >= 256 keys) */
                 int per_sm = 1;
@@ -917,7 +917,7 @@ static void bench(const char *extra) {
             double flops = 4.0 * H * D * ((double)n * (n + 1) / 2);
             qsl[0] = 0; qsl[1] = n; sl[0] = n;
             int ptt = prefill_tt ? prefill_tt : 64 / G;
-            snprintf(defs, sizeof defs, "HEAD_DIM=%d BLOCK_SIZE=%d GROUP=%d DT_Q=2 DT_KV=2 TILE_TOKENS=%d CAUSAL=1 %s", D, BS, G, ptt, extra);
+            snprintf(defs, sizeof defs, "HEAD_DIM=%d BLOCK_SIZE=%d GROUP=%d DT_Q=2 DT_KV=2 TILE_TOKENS=%d %s", D, BS, G, ptt, extra);
             m = get_module("paged_attention.cu", defs);
             build_work(&s, 1, qsl, sl, Hkv, ptt, 1, 0, 1, m->config[2]);
             { /* longest first: the tiles at the end of the sequence see the most keys */

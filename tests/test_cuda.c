@@ -8,10 +8,15 @@
 #include "fixtures.h"
 
 #include <dlfcn.h>
-#include <dlfcn.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+#include <dirent.h>
+#ifndef ATTN_NO_THREADS
+#include <pthread.h>
+#endif
 
 static attn_context *cu_ctx(attn_test_log *log) {
     attn_context *ctx = attn_test_context(log, ATTN_LOG_LEVEL_INFO, 2);
@@ -88,6 +93,7 @@ typedef struct cu_case {
     int heads, kv_heads, head, block;
     attn_dtype dt, kv_dt;
     int causal, window, alibi, lse;
+    attn_causal batch_causal; /* the batch's own setting (DEFAULT: the layer's) */
     float softcap;
     int nreq, qlen[8], ctxlen[8];
 } cu_case;
@@ -149,6 +155,7 @@ static int cu_run_case(attn_context *ctx, const cu_case *c, int line) {
     b.query_start_loc = qsl; b.seq_lens = seq; b.block_table = bt; b.block_table_stride = stride;
     b.slot_mapping = slots; b.num_reqs = c->nreq; b.num_actual_tokens = ntok;
     b.max_query_len = maxq; b.max_seq_len = maxs;
+    b.causal = c->batch_causal;
     memset(&md, 0, sizeof md);
     md.max_num_reqs = c->nreq + 2; md.max_num_tokens = ntok + 8; md.max_blocks_per_req = stride + 1;
     md.num_blocks = nb;
@@ -311,6 +318,8 @@ ATTN_TEST(cuda_forward_matches_cpu) {
         c.kv_dt = (n % 7 == 6) ? ATTN_DTYPE_F32 : c.dt; /* a mixed-type case now and then */
         c.block = n % 4 == 3 ? 32 : 16;
         c.causal = n % 5 != 4;
+        /* now and then a batch that overrides the layer: one layer serves both */
+        if (n % 4 == 1) c.batch_causal = c.causal ? ATTN_CAUSAL_NO : ATTN_CAUSAL_YES;
         c.window = n % 6 == 2 ? 100 : 0;
         c.softcap = n % 6 == 3 ? 30.0f : 0.0f;
         c.alibi = n % 6 == 5;
@@ -320,7 +329,8 @@ ATTN_TEST(cuda_forward_matches_cpu) {
             int decode = r < c.nreq / 2 || (cu_rand() % 3 == 0);
             c.qlen[r] = decode ? 1 : 1 + (int)(cu_rand() % 70);
             c.ctxlen[r] = (int)(cu_rand() % 900);
-            if (!c.causal && c.qlen[r] > 1) c.ctxlen[r] = c.ctxlen[r] % 50;
+            if ((c.batch_causal ? c.batch_causal == ATTN_CAUSAL_NO : !c.causal) && c.qlen[r] > 1)
+                c.ctxlen[r] = c.ctxlen[r] % 50;
         }
         fails += cu_run_case(ctx, &c, __LINE__) > 0;
     }
@@ -570,6 +580,7 @@ ATTN_TEST(cuda_graph_replays_after_new_builds) {
         b.query_start_loc = qsl; b.seq_lens = seq; b.block_table = bt; b.block_table_stride = MAXB;
         b.num_reqs = nreq; b.num_actual_tokens = qsl[nreq]; b.max_query_len = maxq; b.max_seq_len = maxs;
         b.stream = stream;
+        b.causal = round % 2 ? ATTN_CAUSAL_NO : ATTN_CAUSAL_DEFAULT; /* the graph follows the build */
         EXPECT_OK(attn_metadata_build(mc, 0, &b, 0));
         EXPECT_OK(attn_metadata_build(mg, 0, &b, 0));
         if (round == 0) { /* capture once */
@@ -612,6 +623,370 @@ done:
     if (lib) dlclose(lib);
 }
 
+/* ---- kernel cache on the GPU: many threads, damaged and unusable directories ---------------- */
+
+/* A context whose kernels are kept in `dir` ("off": memory only), logging into log
+   (an attn_test_log, reset here) or, with a hook of the caller's, into its user data. */
+static attn_context *cu_ctx_dir(void *log, const char *dir, attn_log_fn hook) {
+    attn_context_desc cd;
+    attn_context *ctx = NULL;
+    memset(&cd, 0, sizeof cd);
+    cd.num_threads = 2;
+    cd.log = hook ? hook : attn_test_log_hook;
+    cd.log_user_data = log;
+    cd.log_level = ATTN_LOG_LEVEL_INFO;
+    cd.kernel_cache_dir = dir;
+    if (attn_context_create(&cd, &ctx) != ATTN_OK) return NULL;
+    if (log && !hook) attn_test_log_reset((attn_test_log *)log);
+    return ctx;
+}
+
+/* A small mixed batch on a fresh pair of layers of ctx, CUDA against CPU; 0 = agreed. */
+static int cu_small_case(attn_context *ctx, int line) {
+    cu_case c;
+    memset(&c, 0, sizeof c);
+    c.heads = 16; c.kv_heads = 4; c.head = 128; c.dt = c.kv_dt = ATTN_DTYPE_BF16; c.block = 16;
+    c.causal = 1; c.lse = 1; c.nreq = 3;
+    c.qlen[0] = 1; c.ctxlen[0] = 300;
+    c.qlen[1] = 1; c.ctxlen[1] = 1000;
+    c.qlen[2] = 20; c.ctxlen[2] = 50;
+    return cu_run_case(ctx, &c, line);
+}
+
+/* Damages every .cubin file of dir: truncated, garbage, one flipped byte, in turn. */
+static int cu_damage_cache(const char *dir) {
+    DIR *dd = opendir(dir);
+    struct dirent *ent;
+    int n = 0;
+    if (!dd) return 0;
+    while ((ent = readdir(dd)) != NULL) {
+        char path[600];
+        size_t k = strlen(ent->d_name);
+        FILE *f;
+        if (k <= 6 || strcmp(ent->d_name + k - 6, ".cubin") != 0) continue;
+        snprintf(path, sizeof path, "%s/%s", dir, ent->d_name);
+        if (n % 3 == 0) { /* truncated: the first 100 bytes kept */
+            char head[100];
+            size_t got;
+            if (!(f = fopen(path, "rb"))) continue;
+            got = fread(head, 1, sizeof head, f);
+            fclose(f);
+            if (!(f = fopen(path, "wb"))) continue;
+            fwrite(head, 1, got, f);
+            fclose(f);
+        } else if (n % 3 == 1) {
+            int i;
+            if (!(f = fopen(path, "wb"))) continue;
+            for (i = 0; i < 5000; i++) fputc((i * 131) & 0xff, f);
+            fclose(f);
+        } else {
+            long len;
+            int ch;
+            if (!(f = fopen(path, "r+b"))) continue;
+            fseek(f, 0, SEEK_END);
+            len = ftell(f);
+            fseek(f, len / 2, SEEK_SET);
+            ch = fgetc(f);
+            fseek(f, len / 2, SEEK_SET);
+            fputc(ch ^ 0x40, f);
+            fclose(f);
+        }
+        n++;
+    }
+    closedir(dd);
+    return n;
+}
+
+/* Damaged cache files are rebuilt (one WARN each, right results); an unusable directory
+   keeps the kernels in memory (one WARN, right results). */
+ATTN_TEST(cuda_kernel_cache_faults_survived) {
+    attn_test_log log;
+    char dir[128], cmd[200];
+    attn_context *ctx;
+    int damaged;
+    FILE *f;
+    snprintf(dir, sizeof dir, "/tmp/attn-cuda-kcache-%ld", (long)getpid());
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) { /* best effort */ }
+    ctx = cu_ctx_dir(&log, dir, NULL);
+    CU_SKIP_IF_NO_GPU(ctx);
+    EXPECT_EQ_INT(cu_small_case(ctx, __LINE__), 0);
+    EXPECT_EQ_INT(log.by_level[ATTN_LOG_LEVEL_WARN], 0);
+    attn_context_destroy(ctx);
+    damaged = cu_damage_cache(dir);
+    EXPECT_TRUE(damaged >= 3); /* decode, prefill, cache write */
+    ctx = cu_ctx_dir(&log, dir, NULL);
+    EXPECT_EQ_INT(cu_small_case(ctx, __LINE__), 0);
+    EXPECT_EQ_INT(log.by_item_level[ATTN_LOG_KERNEL_CACHE_FAULT][ATTN_LOG_LEVEL_WARN], damaged);
+    EXPECT_EQ_INT(attn_kernel_compile_count(ctx), damaged);
+    attn_context_destroy(ctx);
+    /* rebuilt: read back with no compile and no warning */
+    ctx = cu_ctx_dir(&log, dir, NULL);
+    EXPECT_EQ_INT(cu_small_case(ctx, __LINE__), 0);
+    EXPECT_EQ_INT(attn_kernel_compile_count(ctx), 0);
+    EXPECT_EQ_INT(log.by_level[ATTN_LOG_LEVEL_WARN], 0);
+    attn_context_destroy(ctx);
+    if (system(cmd) != 0) { /* best effort */ }
+    /* a file where the directory should be */
+    f = fopen(dir, "w");
+    if (f) fclose(f);
+    ctx = cu_ctx_dir(&log, dir, NULL);
+    EXPECT_EQ_INT(cu_small_case(ctx, __LINE__), 0);
+    EXPECT_EQ_INT(log.by_item_level[ATTN_LOG_KERNEL_CACHE_FAULT][ATTN_LOG_LEVEL_WARN], 1);
+    EXPECT_TRUE(attn_kernel_compile_count(ctx) >= 3);
+    attn_context_destroy(ctx);
+    remove(dir);
+}
+
+#ifndef ATTN_NO_THREADS
+/* A log hook several threads may call at once: counts the compile lines. */
+typedef struct cu_mt_log {
+    pthread_mutex_t lock;
+    int compiled, errors;
+} cu_mt_log;
+static void cu_mt_hook(void *user, attn_log_level level, attn_log_item item, const char *msg) {
+    cu_mt_log *l = (cu_mt_log *)user;
+    (void)msg;
+    pthread_mutex_lock(&l->lock);
+    l->compiled += item == ATTN_LOG_KERNEL_COMPILED;
+    l->errors += level == ATTN_LOG_LEVEL_ERROR;
+    pthread_mutex_unlock(&l->lock);
+}
+
+enum { MT_H = 16, MT_HKV = 4, MT_D = 128, MT_BS = 16, MT_REQS = 3, MT_STRIDE = 64, MT_NB = MT_REQS * MT_STRIDE };
+typedef struct cu_mt_arg {
+    attn_context *ctx;
+    const attn_layer_desc *d;
+    const attn_batch *b;
+    const attn_metadata_desc *md;
+    attn_tensor q, cache, out;
+    attn_layer *layer;
+    attn_status st;
+    char err[512];
+} cu_mt_arg;
+
+static void *cu_mt_thread(void *varg) {
+    cu_mt_arg *a = (cu_mt_arg *)varg;
+    attn_metadata *m = NULL;
+    a->st = attn_layer_create(a->ctx, a->d, NULL, &a->layer);
+    if (a->st == ATTN_OK) a->st = attn_metadata_create(a->layer, a->md, &m);
+    if (a->st == ATTN_OK) a->st = attn_metadata_build(m, 0, a->b, 0);
+    if (a->st == ATTN_OK) a->st = attn_layer_forward(a->layer, m, &a->q, NULL, NULL, &a->cache, &a->out, NULL, NULL);
+    if (a->st == ATTN_OK) a->st = attn_cuda_synchronize(a->ctx, NULL);
+    if (a->st != ATTN_OK) snprintf(a->err, sizeof a->err, "%s", attn_context_last_error(a->ctx));
+    attn_metadata_destroy(m);
+    return NULL;
+}
+#endif
+
+/* Eight threads creating the same CUDA layer at once: each variant compiles once, and
+   every thread's layer computes what the CPU does. */
+ATTN_TEST(cuda_threads_create_one_layer_compile_once) {
+#ifdef ATTN_NO_THREADS
+    SKIP("built without threads (ATTN_NO_THREADS)");
+#else
+    cu_mt_log log;
+    attn_context *ctx;
+    attn_layer_desc d;
+    attn_layer *cpu = NULL;
+    attn_metadata *mc = NULL;
+    attn_metadata_desc md;
+    attn_batch b;
+    cu_mt_arg args[8];
+    pthread_t th[8];
+    int32_t qsl[MT_REQS + 1] = {0, 1, 2, 14}, seq[MT_REQS] = {700, 1000, 40}, bt[MT_REQS * MT_STRIDE];
+    int64_t shape[ATTN_MAX_DIMS];
+    int ndim = 0, i, x, bad = 0, ntok = 14;
+    cu_buf q, kv, outs[8];
+    static uint16_t ref[14 * MT_H * MT_D], got[14 * MT_H * MT_D];
+    memset(&log, 0, sizeof log);
+    pthread_mutex_init(&log.lock, NULL);
+    memset(&q, 0, sizeof q); memset(&kv, 0, sizeof kv); memset(outs, 0, sizeof outs);
+    ctx = cu_ctx_dir(&log, "off", cu_mt_hook);
+    CU_SKIP_IF_NO_GPU(ctx);
+    memset(&d, 0, sizeof d);
+    d.num_heads = MT_H; d.num_kv_heads = MT_HKV; d.head_size = MT_D; d.dtype = ATTN_DTYPE_BF16;
+    d.block_size = MT_BS;
+    for (i = 0; i < MT_REQS * MT_STRIDE; i++) bt[i] = (i * 53) % MT_NB;
+    memset(&b, 0, sizeof b);
+    b.query_start_loc = qsl; b.seq_lens = seq; b.block_table = bt; b.block_table_stride = MT_STRIDE;
+    b.num_reqs = MT_REQS; b.num_actual_tokens = ntok; b.max_query_len = 12; b.max_seq_len = 1000;
+    memset(&md, 0, sizeof md);
+    md.max_num_reqs = MT_REQS; md.max_num_tokens = ntok; md.max_blocks_per_req = MT_STRIDE; md.num_blocks = MT_NB;
+    EXPECT_OK(attn_layer_create(ctx, &d, NULL, &cpu));
+    if (!cpu) goto done;
+    attn_layer_kv_cache_shape(cpu, MT_NB, shape, &ndim);
+    if (!cu_buf_make(ctx, &q, sizeof ref) || !cu_buf_make(ctx, &kv, (size_t)MT_NB * 2 * MT_BS * MT_HKV * MT_D * 2))
+        goto done;
+    cu_fill(q.host, ATTN_DTYPE_BF16, sizeof ref / 2, 2.0f);
+    cu_fill(kv.host, ATTN_DTYPE_BF16, kv.bytes / 2, 2.0f);
+    if (!cu_up(ctx, &q) || !cu_up(ctx, &kv)) goto done;
+    EXPECT_OK(attn_metadata_create(cpu, &md, &mc));
+    EXPECT_OK(attn_metadata_build(mc, 0, &b, 0));
+    {
+        attn_tensor hq = cu_tensor(q.host, ATTN_DTYPE_BF16, 3, ntok, MT_H, MT_D, 0);
+        attn_tensor ho = cu_tensor(ref, ATTN_DTYPE_BF16, 3, ntok, MT_H, MT_D, 0);
+        attn_tensor hc = attn_tensor_make(kv.host, ATTN_DTYPE_BF16, ndim, shape);
+        EXPECT_OK(attn_layer_forward(cpu, mc, &hq, NULL, NULL, &hc, &ho, NULL, NULL));
+    }
+    d.device = ATTN_DEVICE_CUDA;
+    for (i = 0; i < 8; i++) {
+        memset(&args[i], 0, sizeof args[i]);
+        if (!cu_buf_make(ctx, &outs[i], sizeof ref)) goto done;
+        memset(outs[i].host, 0xff, sizeof ref);
+        if (!cu_up(ctx, &outs[i])) goto done;
+        args[i].ctx = ctx; args[i].d = &d; args[i].b = &b; args[i].md = &md;
+        args[i].q = cu_tensor(q.dev, ATTN_DTYPE_BF16, 3, ntok, MT_H, MT_D, 1);
+        args[i].out = cu_tensor(outs[i].dev, ATTN_DTYPE_BF16, 3, ntok, MT_H, MT_D, 1);
+        args[i].cache = attn_tensor_make(kv.dev, ATTN_DTYPE_BF16, ndim, shape);
+        args[i].cache.device.kind = ATTN_DEVICE_CUDA;
+    }
+    for (i = 0; i < 8; i++) pthread_create(&th[i], NULL, cu_mt_thread, &args[i]);
+    for (i = 0; i < 8; i++) pthread_join(th[i], NULL);
+    /* decode variant, prefill variant, cache write: once each */
+    EXPECT_EQ_INT(log.compiled, 3);
+    EXPECT_EQ_INT(attn_kernel_compile_count(ctx), 3);
+    EXPECT_EQ_INT(log.errors, 0);
+    for (i = 0; i < 8; i++) {
+        if (args[i].st != ATTN_OK) {
+            attn_test_fail(__FILE__, __LINE__, "thread %d: %s: %s", i, attn_status_string(args[i].st), args[i].err);
+            bad++;
+            continue;
+        }
+        if (!cu_down(ctx, &outs[i], got)) { bad++; continue; }
+        for (x = 0; x < ntok * MT_H * MT_D && bad < 4; x++) {
+            float r = attn_bf16_to_f32(ref[x]), g = attn_bf16_to_f32(got[x]);
+            if (!(fabsf(r - g) <= 3e-2f + 1e-2f * fabsf(r))) {
+                attn_test_fail(__FILE__, __LINE__, "thread %d out[%d]: cpu %g, cuda %g", i, x, r, g);
+                bad++;
+            }
+        }
+    }
+    EXPECT_EQ_INT(bad, 0);
+done:
+    for (i = 0; i < 8; i++) {
+        if (args[i].layer) attn_layer_destroy(args[i].layer);
+        cu_buf_free(ctx, &outs[i]);
+    }
+    cu_buf_free(ctx, &q); cu_buf_free(ctx, &kv);
+    attn_metadata_destroy(mc);
+    attn_layer_destroy(cpu);
+    attn_context_destroy(ctx);
+    pthread_mutex_destroy(&log.lock);
+#endif
+}
+
+/* ---- a stream of another CUDA context: refused by every call that takes one -------------- */
+
+typedef int (*cu_fn_ctx_create)(void **, unsigned, int);
+typedef int (*cu_fn_ctx_ptr)(void *);
+typedef int (*cu_fn_ctx_pop)(void **);
+
+ATTN_TEST(cuda_stream_of_another_context_refused) {
+    attn_test_log log;
+    attn_context *ctx = cu_ctx(&log);
+    void *lib = NULL, *other = NULL, *stream = NULL, *popped = NULL, *dq = NULL, *dc = NULL, *dout = NULL;
+    const char *missing = NULL;
+    cu_fn_ctx_create ctx_create; cu_fn_ctx_ptr ctx_destroy, ctx_push; cu_fn_ctx_pop ctx_pop;
+    cu_fn_stream_create stream_create; cu_fn_stream_destroy stream_destroy;
+    attn_layer_desc d;
+    attn_layer *gpu = NULL;
+    attn_metadata *m = NULL;
+    attn_metadata_desc md;
+    attn_batch b;
+    int32_t qsl[2] = {0, 1}, seq[1] = {5}, bt[1] = {0};
+    int64_t slots[1] = {4}, shape[ATTN_MAX_DIMS];
+    float host_out[64];
+    int ndim = 0, n;
+    CU_SKIP_IF_NO_GPU(ctx);
+    lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) { attn_context_destroy(ctx); SKIP("libcuda.so.1 not loadable by the test"); }
+    CU_LOAD(ctx_create, cu_fn_ctx_create, "cuCtxCreate_v2");
+    CU_LOAD(ctx_destroy, cu_fn_ctx_ptr, "cuCtxDestroy_v2");
+    CU_LOAD(ctx_push, cu_fn_ctx_ptr, "cuCtxPushCurrent_v2");
+    CU_LOAD(ctx_pop, cu_fn_ctx_pop, "cuCtxPopCurrent_v2");
+    CU_LOAD(stream_create, cu_fn_stream_create, "cuStreamCreate");
+    CU_LOAD(stream_destroy, cu_fn_stream_destroy, "cuStreamDestroy_v2");
+    if (missing) { attn_test_fail(__FILE__, __LINE__, "libcuda lacks %s", missing); goto done; }
+    /* a context of its own on device 0 (not the primary one), and a stream in it */
+    if (ctx_create(&other, 0, 0) != 0 || stream_create(&stream, 1) != 0 || ctx_pop(&popped) != 0) {
+        attn_test_fail(__FILE__, __LINE__, "cannot make a context and a stream");
+        goto done;
+    }
+    memset(&d, 0, sizeof d);
+    d.num_heads = 4; d.num_kv_heads = 4; d.head_size = 16; d.dtype = ATTN_DTYPE_F32; d.block_size = 16;
+    d.device = ATTN_DEVICE_CUDA;
+    EXPECT_OK(attn_layer_create(ctx, &d, NULL, &gpu));
+    memset(&md, 0, sizeof md);
+    md.max_num_reqs = 1; md.max_num_tokens = 1; md.max_blocks_per_req = 1; md.num_blocks = 1;
+    memset(&b, 0, sizeof b);
+    b.query_start_loc = qsl; b.seq_lens = seq; b.block_table = bt; b.block_table_stride = 1;
+    b.slot_mapping = slots; b.num_reqs = 1; b.num_actual_tokens = 1; b.max_query_len = 1; b.max_seq_len = 5;
+    if (!gpu || attn_metadata_create(gpu, &md, &m) != ATTN_OK || attn_cuda_malloc(ctx, 256, &dq) != ATTN_OK ||
+        attn_cuda_malloc(ctx, 256, &dout) != ATTN_OK || attn_cuda_malloc(ctx, 4 * 2 * 16 * 64, &dc) != ATTN_OK) {
+        EXPECT_TRUE(0);
+        goto done;
+    }
+    {
+        attn_tensor q = cu_tensor(dq, ATTN_DTYPE_F32, 3, 1, 4, 16, 1);
+        attn_tensor out = cu_tensor(dout, ATTN_DTYPE_F32, 3, 1, 4, 16, 1);
+        attn_tensor cache;
+        attn_layer_kv_cache_shape(gpu, 1, shape, &ndim);
+        cache = attn_tensor_make(dc, ATTN_DTYPE_F32, ndim, shape);
+        cache.device.kind = ATTN_DEVICE_CUDA;
+        for (n = 0; n < 64; n++) host_out[n] = 1.0f + (float)n;
+        EXPECT_OK(attn_cuda_memcpy(ctx, dq, host_out, 256, ATTN_COPY_HOST_TO_DEVICE, NULL));
+        EXPECT_OK(attn_cuda_memcpy(ctx, dc, host_out, 256, ATTN_COPY_HOST_TO_DEVICE, NULL));
+        memset(host_out, 0x7f, sizeof host_out);
+        EXPECT_OK(attn_cuda_memcpy(ctx, dout, host_out, 256, ATTN_COPY_HOST_TO_DEVICE, NULL));
+        /* build with the foreign stream: refused, and the metadata stays unbuilt */
+        b.stream = stream;
+        attn_test_log_reset(&log);
+        EXPECT_STATUS(attn_metadata_build(m, 0, &b, 0), ATTN_ERROR_INVALID_VALUE);
+        EXPECT_TRUE(strstr(attn_context_last_error(ctx), "another CUDA context") != NULL);
+        EXPECT_TRUE(attn_test_log_has(&log, ATTN_LOG_INVALID_ARGUMENT, ATTN_LOG_LEVEL_ERROR));
+        b.stream = NULL;
+        EXPECT_OK(attn_metadata_build(m, 0, &b, 0));
+        EXPECT_STATUS(attn_layer_forward(gpu, m, &q, NULL, NULL, &cache, &out, NULL, stream), ATTN_ERROR_INVALID_VALUE);
+        EXPECT_TRUE(strstr(attn_context_last_error(ctx), "attn_layer_forward: stream") != NULL);
+        EXPECT_STATUS(attn_layer_forward(gpu, m, &q, &q, &q, &cache, &out, NULL, stream), ATTN_ERROR_INVALID_VALUE);
+        EXPECT_STATUS(attn_reshape_and_cache(gpu, &q, &q, &cache, slots, 1, stream), ATTN_ERROR_INVALID_VALUE);
+        EXPECT_STATUS(attn_cuda_memcpy(ctx, dout, dq, 256, ATTN_COPY_DEVICE_TO_DEVICE, stream), ATTN_ERROR_INVALID_VALUE);
+        EXPECT_STATUS(attn_cuda_synchronize(ctx, stream), ATTN_ERROR_INVALID_VALUE);
+        {
+            attn_tensor o = cu_tensor(dout, ATTN_DTYPE_F32, 3, 1, 4, 16, 1);
+            attn_tensor l = cu_tensor(dq, ATTN_DTYPE_F32, 2, 1, 4, 0, 1);
+            attn_tensor l2 = cu_tensor((char *)dq + 64, ATTN_DTYPE_F32, 2, 1, 4, 0, 1);
+            attn_tensor o2 = cu_tensor(dc, ATTN_DTYPE_F32, 3, 1, 4, 16, 1);
+            EXPECT_STATUS(attn_merge_attn_states(ctx, &o, &l, ATTN_LSE_BASE_E, &o2, &l2, ATTN_LSE_BASE_E, &o, NULL,
+                                                 ATTN_LSE_BASE_E, stream), ATTN_ERROR_INVALID_VALUE);
+        }
+        /* nothing was written: out and the cache hold what they held */
+        {
+            float back[64], cache_back[64];
+            int same = 1;
+            EXPECT_OK(attn_cuda_memcpy(ctx, back, dout, 256, ATTN_COPY_DEVICE_TO_HOST, NULL));
+            EXPECT_OK(attn_cuda_memcpy(ctx, cache_back, dc, 256, ATTN_COPY_DEVICE_TO_HOST, NULL));
+            for (n = 0; n < 64; n++) same &= memcmp(&back[n], &host_out[n], 4) == 0 && cache_back[n] == 1.0f + (float)n;
+            EXPECT_TRUE(same);
+        }
+        /* and the same calls on the primary context's streams work */
+        EXPECT_OK(attn_layer_forward(gpu, m, &q, NULL, NULL, &cache, &out, NULL, NULL));
+        EXPECT_OK(attn_cuda_synchronize(ctx, NULL));
+    }
+done:
+    if (stream && other && ctx_push(other) == 0) {
+        stream_destroy(stream);
+        ctx_pop(&popped);
+    }
+    if (other) ctx_destroy(other);
+    attn_cuda_free(ctx, dq); attn_cuda_free(ctx, dout); attn_cuda_free(ctx, dc);
+    attn_metadata_destroy(m);
+    attn_layer_destroy(gpu);
+    attn_context_destroy(ctx);
+    if (lib) dlclose(lib);
+}
+
 void suite_cuda(void) {
     ATTN_RUN(cuda_selected_for_device_layers);
     ATTN_RUN(cuda_forward_matches_cpu);
@@ -619,4 +994,7 @@ void suite_cuda(void) {
     ATTN_RUN(cuda_merge_matches_cpu);
     ATTN_RUN(cuda_layers_share_compiled_variants);
     ATTN_RUN(cuda_graph_replays_after_new_builds);
+    ATTN_RUN(cuda_kernel_cache_faults_survived);
+    ATTN_RUN(cuda_threads_create_one_layer_compile_once);
+    ATTN_RUN(cuda_stream_of_another_context_refused);
 }

@@ -155,41 +155,40 @@ typedef struct variant { const char *file, *defines; } variant;
 
 static variant manifest_builtin[] = {
     /* decode (TILE_TOKENS = 16 / GROUP) and prefill (64 / GROUP) shapes; DT 0 f32, 1 f16, 2 bf16 */
-    PA(128, 16, 4, 2, 2, 4, " CAUSAL=1"),   /* the decode target: 32/8 heads, bf16, block 16 */
-    PA(128, 16, 4, 2, 2, 16, " CAUSAL=1"),  /* the prefill target */
-    PA(128, 32, 4, 1, 1, 4, " CAUSAL=1"),
-    PA(128, 32, 4, 1, 1, 16, " CAUSAL=1"),
-    PA(128, 16, 8, 2, 2, 2, " CAUSAL=1"),
-    PA(128, 16, 8, 1, 1, 8, " CAUSAL=1"),
-    PA(128, 16, 1, 2, 2, 16, " CAUSAL=1"),
-    PA(128, 16, 1, 1, 1, 64, " CAUSAL=1"),
-    PA(64, 16, 1, 1, 1, 16, " CAUSAL=1"),
-    PA(64, 16, 4, 2, 2, 16, " CAUSAL=1"),
-    PA(80, 16, 4, 1, 1, 4, " CAUSAL=1"),
-    PA(80, 16, 4, 2, 2, 16, " CAUSAL=1"),
-    PA(96, 32, 8, 2, 2, 2, " CAUSAL=1"),
-    PA(96, 16, 8, 1, 1, 8, " CAUSAL=1"),
-    PA(120, 16, 4, 2, 2, 16, " CAUSAL=1"),  /* HEAD_DIM % 16 == 8: zero columns */
-    PA(256, 16, 4, 2, 2, 4, " CAUSAL=1"),
-    PA(256, 16, 4, 2, 2, 16, " CAUSAL=1"),
-    PA(256, 32, 8, 1, 1, 8, " CAUSAL=1"),
-    PA(128, 16, 3, 2, 2, 5, " CAUSAL=1"),   /* a group that is no power of two */
-    PA(128, 16, 16, 2, 2, 1, " CAUSAL=1"),
+    PA(128, 16, 4, 2, 2, 4, ""),   /* the decode target: 32/8 heads, bf16, block 16 */
+    PA(128, 16, 4, 2, 2, 16, ""),  /* the prefill target */
+    PA(128, 32, 4, 1, 1, 4, ""),
+    PA(128, 32, 4, 1, 1, 16, ""),
+    PA(128, 16, 8, 2, 2, 2, ""),
+    PA(128, 16, 8, 1, 1, 8, ""),
+    PA(128, 16, 1, 2, 2, 16, ""),
+    PA(128, 16, 1, 1, 1, 64, ""),
+    PA(64, 16, 1, 1, 1, 16, ""),
+    PA(64, 16, 4, 2, 2, 16, ""),
+    PA(80, 16, 4, 1, 1, 4, ""),
+    PA(80, 16, 4, 2, 2, 16, ""),
+    PA(96, 32, 8, 2, 2, 2, ""),
+    PA(96, 16, 8, 1, 1, 8, ""),
+    PA(120, 16, 4, 2, 2, 16, ""),  /* HEAD_DIM % 16 == 8: zero columns */
+    PA(256, 16, 4, 2, 2, 4, ""),
+    PA(256, 16, 4, 2, 2, 16, ""),
+    PA(256, 32, 8, 1, 1, 8, ""),
+    PA(128, 16, 3, 2, 2, 5, ""),   /* a group that is no power of two */
+    PA(128, 16, 16, 2, 2, 1, ""),
     /* the FMA variants: f32, and q/cache types that differ */
-    PA(128, 16, 4, 0, 0, 4, " CAUSAL=1"),
-    PA(128, 16, 4, 0, 0, 16, " CAUSAL=1"),
-    PA(64, 32, 1, 0, 0, 64, " CAUSAL=1"),
-    PA(256, 16, 4, 0, 0, 4, " CAUSAL=1"),
-    PA(256, 16, 4, 0, 0, 16, " CAUSAL=1"),
-    PA(128, 16, 4, 1, 0, 16, " CAUSAL=1"),
-    PA(128, 16, 4, 2, 1, 4, " CAUSAL=1"),
-    /* each feature flag once, then all together */
-    PA(128, 16, 4, 2, 2, 16, " CAUSAL=0"),
-    PA(128, 16, 4, 2, 2, 16, " CAUSAL=1 WINDOW=1"),
-    PA(128, 16, 4, 1, 1, 16, " CAUSAL=1 SOFTCAP=1"),
-    PA(128, 16, 4, 2, 2, 16, " CAUSAL=1 ALIBI=1"),
-    PA(128, 16, 4, 2, 2, 4, " CAUSAL=0 WINDOW=1 SOFTCAP=1 ALIBI=1"),
-    PA(256, 16, 4, 0, 0, 16, " CAUSAL=0 WINDOW=1 SOFTCAP=1 ALIBI=1"),
+    PA(128, 16, 4, 0, 0, 4, ""),
+    PA(128, 16, 4, 0, 0, 16, ""),
+    PA(64, 32, 1, 0, 0, 64, ""),
+    PA(256, 16, 4, 0, 0, 4, ""),
+    PA(256, 16, 4, 0, 0, 16, ""),
+    PA(128, 16, 4, 1, 0, 16, ""),
+    PA(128, 16, 4, 2, 1, 4, ""),
+    /* each feature flag once, then all together (causality is per work item, not a define) */
+    PA(128, 16, 4, 2, 2, 16, " WINDOW=1"),
+    PA(128, 16, 4, 1, 1, 16, " SOFTCAP=1"),
+    PA(128, 16, 4, 2, 2, 16, " ALIBI=1"),
+    PA(128, 16, 4, 2, 2, 4, " WINDOW=1 SOFTCAP=1 ALIBI=1"),
+    PA(256, 16, 4, 0, 0, 16, " WINDOW=1 SOFTCAP=1 ALIBI=1"),
     /* cache writes (DT 0 f32, 1 f16, 2 bf16) */
     {"cache_write.cu", "HEAD_DIM=128 DT_IN=1 DT_CACHE=1"},
     {"cache_write.cu", "HEAD_DIM=128 DT_IN=2 DT_CACHE=2"},
@@ -399,7 +398,7 @@ static void usage(FILE *f) {
             "  --only TXT  only variants whose file or defines contain TXT\n"
             "  --variant FILE DEFS  compile this one variant instead of the manifest, e.g.\n"
             "              --variant paged_attention.cu \"HEAD_DIM=128 BLOCK_SIZE=16 GROUP=4 DT_Q=2\n"
-            "              DT_KV=2 TILE_TOKENS=4 CAUSAL=1 KV_STAGES=3\"\n"
+            "              DT_KV=2 TILE_TOKENS=4 KV_STAGES=3\"\n"
             "  --save DIR  write each CUBIN to DIR/<variant>_sm_<arch>.cubin (for nvdisasm)\n"
             "  -v          print every ptxas log\n");
 }
