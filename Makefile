@@ -68,8 +68,8 @@ $(B)/cuda_kernels: tests/cuda_kernels.c attn.h | $(B)
 	$(CC) $(CSTD) $(WARN) $(OPT) -I. $< -o $@ $(LIBS)
 $(B)/paged_decode: examples/paged_decode.c attn.h | $(B)
 	$(CC) $(CSTD) $(WARN) $(OPT) $(NATIVE) -I. $< -o $@ $(LIBS)
-# Shared build for the Python (ctypes) check.
-$(B)/libattn.so: tests/python/attn_shared.c attn.h | $(B)
+# Shared build for python/attn_h.py (ctypes) and its tests.
+$(B)/libattn.so: python/attn_shared.c attn.h | $(B)
 	$(CC) $(CSTD) $(WARN) $(OPT) $(NATIVE) -fPIC -shared -I. $< -o $@ $(LIBS)
 
 test: all
