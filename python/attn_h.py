@@ -6,24 +6,28 @@ loads CUDA: with the dynamic loader, at run time. It takes numpy arrays and PyTo
 nothing is copied except the small host-side int arrays of a batch. torch is imported only
 when a torch tensor is handed in, so the module works with numpy alone.
 
-Usage (decode and prefill in one batch over a paged cache)::
+Usage (a decode and a prefill in one batch over a paged cache)::
 
     import numpy as np, attn_h
 
+    rng = np.random.default_rng(0)
     with attn_h.Context(log_level="warn") as ctx:
         layer = attn_h.Layer(ctx, num_heads=8, num_kv_heads=2, head_size=64,
                              block_size=16, dtype="float16")
-        print(layer.selection["resolved"])             # 'CPU'
-        cache = np.zeros(layer.kv_cache_shape(num_blocks=64), np.float16)
-        meta = attn_h.Metadata(layer, max_num_reqs=8, max_num_tokens=256,
-                               max_blocks_per_req=16, num_blocks=64)
-        # two requests: a decode (1 new token of 40) and a prefill (20 of 20)
-        qsl, seq_lens = [0, 1, 21], [40, 20]
-        block_table = np.arange(2 * 16, dtype=np.int32).reshape(2, 16)
-        slots = ...                                    # int64 [21]: block * 16 + offset
-        meta.build(qsl, seq_lens, block_table, slots)
-        layer.reshape_and_cache(k, v, cache, slots)    # k, v [21, 2, 64]
-        out = layer.forward(meta, q, cache)            # q [21, 8, 64] -> out like q
+        print(layer.selection["resolved"])               # CPU
+        cache = np.zeros(layer.kv_cache_shape(num_blocks=8), np.float16)
+        meta = attn_h.Metadata(layer, max_num_reqs=4, max_num_tokens=64,
+                               max_blocks_per_req=4, num_blocks=8)
+        # request 0 decodes token 40 of 40 (its first 39 are cached in blocks 0-2),
+        # request 1 prefills 20 tokens (blocks 4-5); slot = block * 16 + offset
+        block_table = np.array([[0, 1, 2, 3], [4, 5, 6, 7]], np.int32)
+        slots = [2 * 16 + 7] + [4 * 16 + i for i in range(20)]
+        meta.build(query_start_loc=[0, 1, 21], seq_lens=[40, 20],
+                   block_table=block_table, slot_mapping=slots)
+        k, v = (rng.standard_normal((21, 2, 64)).astype(np.float16) for _ in "kv")
+        layer.reshape_and_cache(k, v, cache, slots)      # the new tokens' k/v
+        q = rng.standard_normal((21, 8, 64)).astype(np.float16)
+        out = layer.forward(meta, q, cache)              # [21, 8, 64], like q
 
 With torch, the same calls take tensors; on a CUDA layer (``device="cuda"``) tensors live
 on the GPU and every call runs on ``torch.cuda.current_stream()`` unless ``stream=`` says
