@@ -114,7 +114,10 @@ def tx(request):
 
 @pytest.fixture(scope="session")
 def kernel_dir(tmp_path_factory):
-    """One kernel cache for the session: CUDA kernels compile once, not once per test."""
+    """Env ATTN_CACHE_DIR when set (None: the library reads it), else one kernel cache for
+    the session: CUDA kernels compile once, not once per test."""
+    if os.environ.get("ATTN_CACHE_DIR"):
+        return None
     return str(tmp_path_factory.mktemp("attn-kernels"))
 
 
