@@ -636,6 +636,7 @@ class _Owned:
 
     def __init__(self):
         self._children = weakref.WeakSet()
+        self._lib = library()      # held, so that __del__ at interpreter exit still has it
 
     def close(self):
         """Frees the C object (children first). Idempotent."""
@@ -699,7 +700,7 @@ class Context(_Owned):
         self._ptr = ptr.value
 
     def _destroy(self, ptr):
-        library().attn_context_destroy(ptr)
+        self._lib.attn_context_destroy(ptr)
 
     def _check(self, code):
         _check(code, self._ptr)
@@ -831,7 +832,18 @@ class Layer(_Owned):
         ctx._children.add(self)
 
     def _destroy(self, ptr):
-        library().attn_layer_destroy(ptr)
+        self._lib.attn_layer_destroy(ptr)
+
+    def _effective(self):
+        return library().attn_layer_get_desc(self._live()).contents
+
+    def __repr__(self):
+        if self.closed:
+            return "<attn_h.Layer (closed)>"
+        d = self._effective()
+        return "<attn_h.Layer %s heads=%d/%d head_size=%d %s%s>" % (
+            self.backend, d.num_heads, d.num_kv_heads, d.head_size, _dtype_name(d.dtype),
+            " mla" if d.use_mla else "")
 
     def _check(self, code):
         self.ctx._check(code)
@@ -855,8 +867,7 @@ class Layer(_Owned):
 
     @property
     def desc(self):
-        d = _struct_dict(library().attn_layer_get_desc(self._live()).contents,
-                         skip=("alibi_slopes",))
+        d = _struct_dict(self._effective(), skip=("alibi_slopes",))
         for key in ("dtype", "kv_cache_dtype"):
             d[key] = _dtype_name(d[key])
         d["causal"] = {ATTN_CAUSAL_YES: True, ATTN_CAUSAL_NO: False}.get(d["causal"])
@@ -893,7 +904,7 @@ class Layer(_Owned):
         lse: None or float32 [num_tokens, num_heads] (base e). Returns out."""
         fn = "forward"
         if out is None:
-            out = _empty_like(q, tuple(q.shape), self._desc.dtype)
+            out = _empty_like(q, tuple(q.shape), self._effective().dtype)
         self._check(library().attn_layer_forward(
             self._live(), meta._live(), _ref(_tensor(q, "q", fn)), _ref(_tensor(k, "k", fn)),
             _ref(_tensor(v, "v", fn)), _ref(_tensor(kv_cache, "kv_cache", fn)),
@@ -944,8 +955,8 @@ class Layer(_Owned):
         v_head_dim] (allocated when None). Returns out."""
         fn = "mla_forward"
         if out is None:
-            shape = (q_nope.shape[0], q_nope.shape[1], self._desc.v_head_dim)
-            out = _empty_like(q_nope, shape, self._desc.dtype)
+            d = self._effective()
+            out = _empty_like(q_nope, (q_nope.shape[0], q_nope.shape[1], d.v_head_dim), d.dtype)
         self._check(library().attn_mla_forward(
             self._live(), meta._live(), _ref(_tensor(q_nope, "q_nope", fn)),
             _ref(_tensor(q_pe, "q_pe", fn)), _ref(_tensor(kv_c, "kv_c", fn)),
@@ -979,7 +990,7 @@ class Metadata(_Owned):
         layer._children.add(self)
 
     def _destroy(self, ptr):
-        library().attn_metadata_destroy(ptr)
+        self._lib.attn_metadata_destroy(ptr)
 
     def _check(self, code):
         self.layer._check(code)
