@@ -11,7 +11,7 @@ B        = build
 TEST_SRC = tests/main.c $(wildcard tests/test_*.c)
 TEST_DEP = attn.h tests/attn_test.h tests/fixtures.h $(TEST_SRC)
 
-.PHONY: all test demo bench embed check-embed clean info nvrtc-check cuda-test fuzz
+.PHONY: all test demo bench embed check-embed clean info nvrtc-check cuda-test fuzz pytest
 
 all: $(B)/attn_tests $(B)/attn_tests_avx2 $(B)/attn_tests_c $(B)/attn_tests_nothreads \
      $(B)/attn_tests_asan $(B)/attn_tests_tsan $(B)/attn-info $(B)/attn-bench $(B)/paged_decode \
@@ -68,8 +68,8 @@ $(B)/cuda_kernels: tests/cuda_kernels.c attn.h | $(B)
 	$(CC) $(CSTD) $(WARN) $(OPT) -I. $< -o $@ $(LIBS)
 $(B)/paged_decode: examples/paged_decode.c attn.h | $(B)
 	$(CC) $(CSTD) $(WARN) $(OPT) $(NATIVE) -I. $< -o $@ $(LIBS)
-# Shared build for the Python (ctypes) check.
-$(B)/libattn.so: tests/python/attn_shared.c attn.h | $(B)
+# Shared build for python/attn_h.py (ctypes) and its tests.
+$(B)/libattn.so: python/attn_shared.c attn.h | $(B)
 	$(CC) $(CSTD) $(WARN) $(OPT) $(NATIVE) -fPIC -shared -I. $< -o $@ $(LIBS)
 
 test: all
@@ -89,6 +89,11 @@ nvrtc-check: $(B)/nvrtc-check
 
 cuda-test: $(B)/cuda_kernels
 	./$(B)/cuda_kernels
+
+# The pytest suite of python/attn_h.py: numpy always; CPU torch tensors where torch imports;
+# CUDA tensors where torch sees a GPU and attn.h's platform is CUDA (skipped otherwise).
+pytest: $(B)/libattn.so
+	python3 -m pytest -q -p no:cacheprovider tests/python/test_attn_h.py
 
 # The generated kernel block between the >>kernels-begin / >>kernels-end markers.
 embed:

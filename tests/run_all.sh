@@ -3,7 +3,7 @@
 #   N passed, N failed, N skipped
 # Each binary's own closing line is added in; single checks (header compiles, demo,
 # embedded-kernel freshness, the fuzz run) count one each. A check whose tool is not
-# installed (clang, python3, numpy, the libFuzzer runtime) is skipped with the reason.
+# installed (clang, python3, numpy, pytest, the libFuzzer runtime) is skipped with the reason.
 # Full logs go to build/test-logs/.
 set -u
 cd "$(dirname "$0")/.."
@@ -111,6 +111,14 @@ run tests-tsan tsan env ATTN_TEST_SCALE=0.05 ATTN_TEST_SKIP=test_forward_llama_s
 if ! command -v python3 >/dev/null 2>&1; then skip python-numpy "python3 not installed"
 elif ! python3 -c 'import numpy' >/dev/null 2>&1; then skip python-numpy "numpy not installed"
 else run python-numpy python3 tests/python/check_numpy.py
+fi
+# The pytest suite of python/attn_h.py, one check (its torch and CUDA parts skip themselves).
+if ! command -v python3 >/dev/null 2>&1; then skip python-pytest "python3 not installed"
+elif ! python3 -c 'import numpy' >/dev/null 2>&1; then skip python-pytest "numpy not installed"
+elif ! python3 -c 'import pytest' >/dev/null 2>&1; then skip python-pytest "pytest not installed"
+else
+    check python-pytest python3 -m pytest -q -p no:cacheprovider tests/python/test_attn_h.py
+    grep -E '^=* ?[0-9]+ (passed|failed|skipped|error)' "$logs/python-pytest.log" | tail -n 1 | sed 's/^/    /'
 fi
 check demo ./build/paged_decode
 check attn-info ./build/attn-info

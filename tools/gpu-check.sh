@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU half of the suite, for a machine with a CUDA device (CI has none): builds the test
 # runner, runs the CUDA suite against the CPU backend, the same under compute-sanitizer
-# (memcheck, then racecheck on a subset), the whole runner, the kernel harness and its
-# benchmark. Logs under $OUT (default build/gpu-out); a short table last.
+# (memcheck, then racecheck on a subset), the whole runner, python/attn_h.py's pytest suite
+# on CUDA tensors (where torch is installed), the kernel harness and its benchmark. Logs under $OUT (default build/gpu-out); a short table last.
 #   usage: tools/gpu-check.sh [--quick]
 set -u
 cd "$(dirname "$0")/.."
@@ -41,6 +41,14 @@ fi
 timeout 300 ./build/attn_tests > "$OUT/all-suites.log" 2>&1
 summary "all suites" "$(last "$OUT/all-suites.log")"
 grep -E '^  FAIL' "$OUT/all-suites.log" | head -n 10
+if python3 -c 'import numpy, pytest, torch; assert torch.cuda.is_available()' >/dev/null 2>&1; then
+    make build/libattn.so >> "$OUT/build.log" 2>&1
+    timeout 300 python3 -m pytest -q -p no:cacheprovider tests/python/test_attn_h.py \
+        > "$OUT/pytest.log" 2>&1
+    summary "pytest (attn_h, torch CUDA)" "exit $?; $(tail -n 1 "$OUT/pytest.log")"
+else
+    summary "pytest (attn_h, torch CUDA)" "skipped: needs python3 with numpy, pytest, CUDA torch"
+fi
 timeout 200 ./build/cuda_kernels > "$OUT/cuda-kernels.log" 2>&1
 summary "kernel harness" "$(last "$OUT/cuda-kernels.log")"
 [ "${1:-}" = "--quick" ] || {

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """attn.h against an independent numpy (float64) attention, through ctypes.
 
-Loads build/libattn.so (make build/libattn.so; or the path in env ATTN_LIB), writes a
+Loads build/libattn.so (make build/libattn.so; or the path in env ATTN_LIB) through the
+ctypes mirrors of python/attn_h.py, calling the C functions directly; writes a
 paged KV cache [num_blocks, 2, block_size, num_kv_heads, head_size] directly with numpy
 (shuffled block tables, unused slots NaN so a stray read shows), runs attn_layer_forward
 on batches that mix decodes and prefills, and compares out and the LSE (base e,
@@ -17,123 +18,30 @@ import traceback
 
 import numpy as np
 
-# ---- attn.h, mirrored (enums are C int) ---------------------------------------------------
+# ---- attn.h: the ctypes mirrors and the loader of python/attn_h.py -----------------------
+# (one copy of the mirrors, checked against the compiled header when attn_h is imported)
 
-ATTN_MAX_DIMS = 6
-ATTN_OK = 0
-ATTN_DTYPE_AUTO, ATTN_DTYPE_F32, ATTN_DTYPE_F16, ATTN_DTYPE_BF16 = 0, 1, 2, 3
-ATTN_CAUSAL_DEFAULT, ATTN_CAUSAL_YES, ATTN_CAUSAL_NO = 0, 1, 2
-ATTN_LOG_LEVEL_ERROR, ATTN_LOG_LEVEL_WARN, ATTN_LOG_LEVEL_INFO = 1, 2, 3
-ATTN_DEVICE_CPU = 0
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
 
-ATTN_LOG_FN = C.CFUNCTYPE(None, C.c_void_p, C.c_int, C.c_int, C.c_char_p)
-
-
-class attn_device(C.Structure):
-    _fields_ = [("kind", C.c_int), ("index", C.c_int)]
-
-
-class attn_tensor(C.Structure):
-    _fields_ = [
-        ("data", C.c_void_p),
-        ("dtype", C.c_int),
-        ("ndim", C.c_int),
-        ("shape", C.c_int64 * ATTN_MAX_DIMS),
-        ("strides", C.c_int64 * ATTN_MAX_DIMS),
-        ("device", attn_device),
-    ]
-
-
-class attn_context_desc(C.Structure):
-    _fields_ = [
-        ("log", ATTN_LOG_FN),
-        ("log_user_data", C.c_void_p),
-        ("log_level", C.c_int),
-        ("num_threads", C.c_int),
-        ("loader", C.c_void_p),         # const attn_loader *: NULL = dlopen
-        ("kernel_cache_dir", C.c_char_p),  # NULL: env ATTN_CACHE_DIR, else the user cache
-    ]
-
-
-class attn_layer_desc(C.Structure):
-    _fields_ = [
-        ("num_heads", C.c_int),
-        ("num_kv_heads", C.c_int),
-        ("head_size", C.c_int),
-        ("dtype", C.c_int),
-        ("kv_cache_dtype", C.c_int),
-        ("block_size", C.c_int),
-        ("scale", C.c_float),
-        ("causal", C.c_int),
-        ("sliding_window", C.c_int),
-        ("logits_soft_cap", C.c_float),
-        ("alibi_slopes", C.POINTER(C.c_float)),
-        ("use_mla", C.c_int),
-        ("kv_lora_rank", C.c_int),
-        ("qk_rope_head_dim", C.c_int),
-        ("qk_nope_head_dim", C.c_int),
-        ("v_head_dim", C.c_int),
-        ("device", C.c_int),            # attn_device_kind: 0 = CPU
-    ]
-
-
-class attn_select_request(C.Structure):
-    _fields_ = [("backend", C.c_int), ("allow_fallback", C.c_int)]
-
-
-class attn_metadata_desc(C.Structure):
-    _fields_ = [
-        ("max_num_reqs", C.c_int),
-        ("max_num_tokens", C.c_int),
-        ("max_blocks_per_req", C.c_int),
-        ("num_blocks", C.c_int64),
-        ("decode_threshold", C.c_int),  # MLA only
-        ("num_kv_splits", C.c_int),     # MLA only
-        ("workspace_bytes", C.c_int64), # MLA only
-    ]
-
-
-class attn_batch(C.Structure):
-    _fields_ = [
-        ("query_start_loc", C.POINTER(C.c_int32)),
-        ("seq_lens", C.POINTER(C.c_int32)),
-        ("block_table", C.POINTER(C.c_int32)),
-        ("block_table_stride", C.c_int),
-        ("slot_mapping", C.POINTER(C.c_int64)),
-        ("num_reqs", C.c_int),
-        ("num_actual_tokens", C.c_int),
-        ("max_query_len", C.c_int),
-        ("max_seq_len", C.c_int),
-        ("causal", C.c_int),
-    ]
+try:
+    import attn_h  # noqa: E402  (loads the library and checks the mirrors)
+except ImportError as e:
+    if __name__ != "__main__":
+        raise
+    print("cannot load the library (make build/libattn.so, or set ATTN_LIB): %s" % e)
+    print("0 passed, 1 failed")
+    sys.exit(1)
+from attn_h import (ATTN_LOG_FN, ATTN_MAX_DIMS, ATTN_OK,  # noqa: E402
+                    ATTN_DTYPE_F32, ATTN_DTYPE_F16, ATTN_DTYPE_BF16,
+                    ATTN_CAUSAL_DEFAULT, ATTN_CAUSAL_YES, ATTN_CAUSAL_NO,
+                    ATTN_LOG_LEVEL_WARN, ATTN_DEVICE_CPU, attn_device, attn_tensor,
+                    attn_context_desc, attn_layer_desc, attn_select_request,
+                    attn_metadata_desc, attn_batch)
 
 
 def load_library():
-    here = os.path.dirname(os.path.abspath(__file__))
-    path = os.environ.get("ATTN_LIB") or os.path.join(here, "..", "..", "build", "libattn.so")
-    lib = C.CDLL(os.path.abspath(path))
-    P = C.POINTER
-    sig = {
-        "attn_status_string": (C.c_char_p, [C.c_int]),
-        "attn_context_create": (C.c_int, [P(attn_context_desc), P(C.c_void_p)]),
-        "attn_context_destroy": (None, [C.c_void_p]),
-        "attn_context_last_error": (C.c_char_p, [C.c_void_p]),
-        "attn_backend_from_name": (C.c_int, [C.c_char_p, P(C.c_int)]),
-        "attn_layer_create": (C.c_int, [C.c_void_p, P(attn_layer_desc), P(attn_select_request),
-                                        P(C.c_void_p)]),
-        "attn_layer_destroy": (None, [C.c_void_p]),
-        "attn_layer_kv_cache_shape": (C.c_int, [C.c_void_p, C.c_int64, P(C.c_int64), P(C.c_int)]),
-        "attn_metadata_create": (C.c_int, [C.c_void_p, P(attn_metadata_desc), P(C.c_void_p)]),
-        "attn_metadata_destroy": (None, [C.c_void_p]),
-        "attn_metadata_build": (C.c_int, [C.c_void_p, C.c_int, P(attn_batch), C.c_int]),
-        "attn_layer_forward": (C.c_int, [C.c_void_p, C.c_void_p] + [P(attn_tensor)] * 6
-                               + [C.c_void_p]),
-    }
-    for name, (res, args) in sig.items():
-        fn = getattr(lib, name)
-        fn.restype = res
-        fn.argtypes = args
-    return lib
+    """The raw ctypes library (signatures declared by attn_h; ATTN_LIB or build/libattn.so)."""
+    return attn_h.library()
 
 
 # ---- element types: numpy storage and exact float64 values --------------------------------
@@ -428,12 +336,7 @@ CASES = [
 
 def main():
     passed = failed = 0
-    try:
-        lib = load_library()
-    except OSError as e:
-        print("cannot load the library (make build/libattn.so, or set ATTN_LIB): %s" % e)
-        print("0 passed, 1 failed")
-        return 1
+    lib = load_library()
     rng = np.random.default_rng(1234)
     for case in CASES:
         try:

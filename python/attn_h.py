@@ -1,0 +1,1097 @@
+"""attn_h: attn.h from Python, through ctypes (no compiled extension, no CUDA SDK).
+
+The module loads a shared build of attn.h (``make build/libattn.so``) the way the header
+loads CUDA: with the dynamic loader, at run time. It takes numpy arrays and PyTorch tensors
+(CPU or CUDA) as they are, passing their data pointer, element type, strides and device;
+nothing is copied except the small host-side int arrays of a batch. torch is imported only
+when a torch tensor is handed in, so the module works with numpy alone.
+
+Usage (a decode and a prefill in one batch over a paged cache)::
+
+    import numpy as np, attn_h
+
+    rng = np.random.default_rng(0)
+    with attn_h.Context(log_level="warn") as ctx:
+        layer = attn_h.Layer(ctx, num_heads=8, num_kv_heads=2, head_size=64,
+                             block_size=16, dtype="float16")
+        print(layer.selection["resolved"])               # CPU
+        cache = np.zeros(layer.kv_cache_shape(num_blocks=8), np.float16)
+        meta = attn_h.Metadata(layer, max_num_reqs=4, max_num_tokens=64,
+                               max_blocks_per_req=4, num_blocks=8)
+        # request 0 decodes token 40 of 40 (its first 39 are cached in blocks 0-2),
+        # request 1 prefills 20 tokens (blocks 4-5); slot = block * 16 + offset
+        block_table = np.array([[0, 1, 2, 3], [4, 5, 6, 7]], np.int32)
+        slots = [2 * 16 + 7] + [4 * 16 + i for i in range(20)]
+        meta.build(query_start_loc=[0, 1, 21], seq_lens=[40, 20],
+                   block_table=block_table, slot_mapping=slots)
+        k, v = (rng.standard_normal((21, 2, 64)).astype(np.float16) for _ in "kv")
+        layer.reshape_and_cache(k, v, cache, slots)      # the new tokens' k/v
+        q = rng.standard_normal((21, 8, 64)).astype(np.float16)
+        out = layer.forward(meta, q, cache)              # [21, 8, 64], like q
+
+With torch, the same calls take tensors; on a CUDA layer (``device="cuda"``) tensors live
+on the GPU and every call runs on ``torch.cuda.current_stream()`` unless ``stream=`` says
+otherwise (an int handle or a ``torch.cuda.Stream``). Batch arrays (query_start_loc,
+seq_lens, block_table, slot_mapping) are host arrays, as in attn.h.
+
+Element types: float32, float16, bfloat16 (torch; numpy has none, but ml_dtypes' bfloat16
+numpy arrays work), int32/int64 where the API wants ints. Every failure of the library
+raises AttnError (a RuntimeError) with the status name and the context's last error,
+which names the argument; so does input this module can tell is wrong before the call.
+
+The library: env ATTN_LIB, else build/libattn.so of this repository, else libattn.so on
+the loader path. At import the ctypes mirrors below are compared with the library's own
+sizes and offsets (attn_py_layout in python/attn_shared.c); a difference raises
+ImportError naming the struct and field.
+
+Objects: Context -> Layer -> Metadata. Each holds its parent, so a child never outlives
+what it points into; close() (or ``with``) frees at once, children first; __del__ is a
+best effort.
+"""
+import ctypes as C
+import os
+import weakref
+
+import numpy as np
+
+__all__ = [
+    "AttnError", "Context", "Layer", "Metadata", "merge_attn_states", "reorder_batch",
+    "mla_num_kv_splits", "load_library", "library", "check_layout",
+]
+
+# ---- attn.h, mirrored (enums are C int; values checked against the library at import) -
+
+ATTN_MAX_DIMS = 6
+ATTN_SELECTION_MAX_SKIPPED = 8
+ATTN_OK = 0
+ATTN_ERROR_INVALID_VALUE = 2
+ATTN_ERROR_SHAPE_MISMATCH = 3
+ATTN_ERROR_INVALID_METADATA = 4
+ATTN_DTYPE_AUTO, ATTN_DTYPE_F32, ATTN_DTYPE_F16, ATTN_DTYPE_BF16 = 0, 1, 2, 3
+ATTN_DEVICE_CPU, ATTN_DEVICE_CUDA = 0, 1
+ATTN_PLATFORM_CPU, ATTN_PLATFORM_CUDA = 0, 1
+ATTN_CAUSAL_DEFAULT, ATTN_CAUSAL_YES, ATTN_CAUSAL_NO = 0, 1, 2
+(ATTN_LOG_LEVEL_DEFAULT, ATTN_LOG_LEVEL_ERROR, ATTN_LOG_LEVEL_WARN, ATTN_LOG_LEVEL_INFO,
+ ATTN_LOG_LEVEL_DEBUG, ATTN_LOG_LEVEL_NONE) = range(6)
+ATTN_BACKEND_AUTO = 0
+ATTN_LSE_BASE_E, ATTN_LSE_BASE_2 = 0, 1
+ATTN_SELECTION_AUTO, ATTN_SELECTION_CODE, ATTN_SELECTION_ENV = 0, 1, 2
+(ATTN_CUDA_GRAPH_NEVER, ATTN_CUDA_GRAPH_UNIFORM_SINGLE_TOKEN_DECODE,
+ ATTN_CUDA_GRAPH_UNIFORM_BATCH, ATTN_CUDA_GRAPH_ALWAYS) = range(4)
+
+_CONSTANTS = [name for name in dir() if name.startswith("ATTN_")]
+VERSION = None    # the library's "major.minor.patch", set at load
+
+ATTN_LOG_FN = C.CFUNCTYPE(None, C.c_void_p, C.c_int, C.c_int, C.c_char_p)
+
+
+class attn_device(C.Structure):
+    _fields_ = [("kind", C.c_int), ("index", C.c_int)]
+
+
+class attn_tensor(C.Structure):
+    _fields_ = [
+        ("data", C.c_void_p),
+        ("dtype", C.c_int),
+        ("ndim", C.c_int),
+        ("shape", C.c_int64 * ATTN_MAX_DIMS),
+        ("strides", C.c_int64 * ATTN_MAX_DIMS),   # elements; all zero: contiguous
+        ("device", attn_device),
+    ]
+
+
+class attn_context_desc(C.Structure):
+    _fields_ = [
+        ("log", ATTN_LOG_FN),                     # NULL: stderr
+        ("log_user_data", C.c_void_p),
+        ("log_level", C.c_int),
+        ("num_threads", C.c_int),
+        ("loader", C.c_void_p),                   # const attn_loader *: NULL = dlopen
+        ("kernel_cache_dir", C.c_char_p),
+    ]
+
+
+class attn_platform(C.Structure):
+    _fields_ = [
+        ("kind", C.c_int),
+        ("cpu_cores", C.c_int),
+        ("cpu_threads", C.c_int),
+        ("cpu_simd", C.c_char * 32),
+        ("cuda_device_count", C.c_int),
+        ("cuda_capability_major", C.c_int),
+        ("cuda_capability_minor", C.c_int),
+        ("cuda_multiprocessors", C.c_int),
+        ("cuda_device_name", C.c_char * 96),
+        ("cuda_driver_version", C.c_int),
+        ("cuda_memory_bytes", C.c_uint64),
+        ("cuda_reason", C.c_char * 160),
+        ("nvrtc_version", C.c_int),
+        ("nvrtc_reason", C.c_char * 160),
+        ("cublas_version", C.c_int),
+        ("cublas_reason", C.c_char * 160),
+    ]
+
+
+class attn_layer_desc(C.Structure):
+    _fields_ = [
+        ("num_heads", C.c_int),
+        ("num_kv_heads", C.c_int),
+        ("head_size", C.c_int),
+        ("dtype", C.c_int),
+        ("kv_cache_dtype", C.c_int),
+        ("block_size", C.c_int),
+        ("scale", C.c_float),
+        ("causal", C.c_int),
+        ("sliding_window", C.c_int),
+        ("logits_soft_cap", C.c_float),
+        ("alibi_slopes", C.POINTER(C.c_float)),
+        ("use_mla", C.c_int),
+        ("kv_lora_rank", C.c_int),
+        ("qk_rope_head_dim", C.c_int),
+        ("qk_nope_head_dim", C.c_int),
+        ("v_head_dim", C.c_int),
+        ("device", C.c_int),
+    ]
+
+
+class attn_select_request(C.Structure):
+    _fields_ = [("backend", C.c_int), ("allow_fallback", C.c_int)]
+
+
+class attn_selection_skipped(C.Structure):
+    _fields_ = [("backend", C.c_int), ("reason", C.c_char * 160)]
+
+
+class attn_selection(C.Structure):
+    _fields_ = [
+        ("env_var", C.c_char * 16),
+        ("env_value", C.c_char * 64),
+        ("env_set", C.c_int),
+        ("forced_by_code", C.c_int),
+        ("forced_backend", C.c_int),
+        ("default_backend", C.c_int),
+        ("requested", C.c_int),
+        ("resolved", C.c_int),
+        ("source", C.c_int),
+        ("degraded", C.c_int),
+        ("degradation", C.c_char * 256),
+        ("dtype", C.c_int),
+        ("kv_cache_dtype", C.c_int),
+        ("block_size", C.c_int),
+        ("sliding_window", C.c_int),
+        ("head_size", C.c_int),
+        ("num_heads", C.c_int),
+        ("num_kv_heads", C.c_int),
+        ("use_mla", C.c_int),
+        ("device", C.c_int),
+        ("device_capability", C.c_int),
+        ("platform", C.c_int),
+        ("backend_device", C.c_int),
+        ("cuda_graph", C.c_int),
+        ("can_return_lse", C.c_int),
+        ("lse_base", C.c_int),
+        ("num_skipped", C.c_int),
+        ("skipped", attn_selection_skipped * ATTN_SELECTION_MAX_SKIPPED),
+        ("log_line", C.c_char * 640),
+    ]
+
+
+class attn_batch(C.Structure):
+    _fields_ = [
+        ("query_start_loc", C.POINTER(C.c_int32)),
+        ("seq_lens", C.POINTER(C.c_int32)),
+        ("block_table", C.POINTER(C.c_int32)),
+        ("block_table_stride", C.c_int),
+        ("slot_mapping", C.POINTER(C.c_int64)),
+        ("num_reqs", C.c_int),
+        ("num_actual_tokens", C.c_int),
+        ("max_query_len", C.c_int),
+        ("max_seq_len", C.c_int),
+        ("causal", C.c_int),
+        ("stream", C.c_void_p),
+    ]
+
+
+class attn_metadata_desc(C.Structure):
+    _fields_ = [
+        ("max_num_reqs", C.c_int),
+        ("max_num_tokens", C.c_int),
+        ("max_blocks_per_req", C.c_int),
+        ("num_blocks", C.c_int64),
+        ("decode_threshold", C.c_int),            # MLA only
+        ("num_kv_splits", C.c_int),               # MLA only
+        ("workspace_bytes", C.c_int64),           # MLA only
+    ]
+
+
+class attn_mla_info(C.Structure):
+    _fields_ = [
+        ("num_decodes", C.c_int),
+        ("num_decode_tokens", C.c_int),
+        ("num_prefills", C.c_int),
+        ("num_prefill_tokens", C.c_int),
+        ("num_kv_splits", C.c_int),
+        ("prefill_chunk", C.c_int),
+    ]
+
+
+class attn_py_layout_entry(C.Structure):
+    _fields_ = [("name", C.c_char_p), ("a", C.c_int64), ("b", C.c_int64)]
+
+
+# The structs whose layout the library reports (enums: the size of a C int).
+_MIRRORS = {cls.__name__: cls for cls in (
+    attn_device, attn_tensor, attn_context_desc, attn_platform, attn_layer_desc,
+    attn_select_request, attn_selection, attn_batch, attn_metadata_desc, attn_mla_info)}
+_ENUMS = ("attn_status", "attn_dtype", "attn_backend_id")
+
+# ---- the library ---------------------------------------------------------------------
+
+_P = C.POINTER
+_vp = C.c_void_p
+_TP = _P(attn_tensor)
+_SIGNATURES = {
+    "attn_status_string": (C.c_char_p, [C.c_int]),
+    "attn_log_item_name": (C.c_char_p, [C.c_int]),
+    "attn_dtype_name": (C.c_char_p, [C.c_int]),
+    "attn_backend_name": (C.c_char_p, [C.c_int]),
+    "attn_backend_from_name": (C.c_int, [C.c_char_p, _P(C.c_int)]),
+    "attn_context_create": (C.c_int, [_P(attn_context_desc), _P(_vp)]),
+    "attn_context_destroy": (None, [_vp]),
+    "attn_context_last_error": (C.c_char_p, [_vp]),
+    "attn_context_set_log_level": (C.c_int, [_vp, C.c_int]),
+    "attn_platform_get": (C.c_int, [_vp, _P(attn_platform)]),
+    "attn_platform_format": (C.c_size_t, [_P(attn_platform), C.c_char_p, C.c_size_t]),
+    "attn_selection_format": (C.c_size_t, [_P(attn_selection), C.c_char_p, C.c_size_t]),
+    "attn_selection_cache_clear": (C.c_int, [_vp]),
+    "attn_layer_create": (C.c_int, [_vp, _P(attn_layer_desc), _P(attn_select_request),
+                                    _P(_vp)]),
+    "attn_layer_destroy": (None, [_vp]),
+    "attn_layer_selection": (_P(attn_selection), [_vp]),
+    "attn_layer_get_desc": (_P(attn_layer_desc), [_vp]),
+    "attn_layer_kv_cache_shape": (C.c_int, [_vp, C.c_int64, _P(C.c_int64), _P(C.c_int)]),
+    "attn_metadata_create": (C.c_int, [_vp, _P(attn_metadata_desc), _P(_vp)]),
+    "attn_metadata_destroy": (None, [_vp]),
+    "attn_metadata_capacity": (_P(attn_metadata_desc), [_vp]),
+    "attn_metadata_build": (C.c_int, [_vp, C.c_int, _P(attn_batch), C.c_int]),
+    "attn_metadata_mla_info": (C.c_int, [_vp, _P(attn_mla_info)]),
+    "attn_mla_num_kv_splits": (C.c_int, [C.c_int, C.c_int, C.c_int]),
+    "attn_reorder_batch": (C.c_int, [_P(C.c_int32), C.c_int, C.c_int, _P(C.c_int32),
+                                     _P(C.c_int), _P(C.c_int)]),
+    "attn_reshape_and_cache": (C.c_int, [_vp, _TP, _TP, _TP, _P(C.c_int64), C.c_int, _vp]),
+    "attn_layer_forward": (C.c_int, [_vp, _vp, _TP, _TP, _TP, _TP, _TP, _TP, _vp]),
+    "attn_concat_and_cache_mla": (C.c_int, [_vp, _TP, _TP, _TP, _P(C.c_int64), C.c_int,
+                                            _vp]),
+    "attn_mla_forward_mqa": (C.c_int, [_vp, _vp, _TP, _TP, _TP, _TP, _TP, _vp]),
+    "attn_mla_forward_mha": (C.c_int, [_vp, _vp, _TP, _TP, _TP, _TP, _TP, _TP, _vp]),
+    "attn_mla_forward": (C.c_int, [_vp, _vp, _TP, _TP, _TP, _TP, _TP, _TP, _TP, _TP, _vp]),
+    "attn_merge_attn_states": (C.c_int, [_vp, _TP, _TP, C.c_int, _TP, _TP, C.c_int, _TP,
+                                         _TP, C.c_int, _vp]),
+    "attn_py_layout": (_P(attn_py_layout_entry), [_P(C.c_int)]),
+}
+
+
+def _library_paths():
+    here = os.path.dirname(os.path.abspath(__file__))
+    if os.environ.get("ATTN_LIB"):
+        return [os.environ["ATTN_LIB"]]
+    return [os.path.join(os.path.dirname(here), "build", "libattn.so"), "libattn.so"]
+
+
+def load_library(path=None):
+    """Opens the shared build of attn.h (path, else env ATTN_LIB, else build/libattn.so of
+    this repository, else libattn.so on the loader path), declares the signatures and
+    checks the mirrors against it. Raises ImportError naming every path tried."""
+    tried = []
+    for p in ([path] if path else _library_paths()):
+        try:
+            lib = C.CDLL(p, mode=getattr(os, "RTLD_LOCAL", 0) | getattr(os, "RTLD_NOW", 2))
+        except OSError as e:
+            tried.append("%s (%s)" % (p, e))
+            continue
+        missing = [name for name in _SIGNATURES if not hasattr(lib, name)]
+        if missing:
+            tried.append("%s (lacks %s: not a build of python/attn_shared.c?)"
+                         % (p, ", ".join(missing)))
+            continue
+        for name, (res, args) in _SIGNATURES.items():
+            fn = getattr(lib, name)
+            fn.restype, fn.argtypes = res, args
+        check_layout(lib)
+        return lib
+    raise ImportError("attn_h: cannot load the attn.h shared library (make build/libattn.so, "
+                      "or set ATTN_LIB); tried: " + "; ".join(tried))
+
+
+def _layout_table(lib):
+    n = C.c_int()
+    table = lib.attn_py_layout(C.byref(n))
+    return [(table[i].name.decode(), table[i].a, table[i].b) for i in range(n.value)]
+
+
+def _mirror_field(cls, path):
+    """(offset, size) of a field path such as 'skipped[0].reason' in a ctypes struct."""
+    offset = 0
+    for part in path.split("."):
+        index = None
+        if part.endswith("]"):
+            part, index = part[:-1].split("[")
+        desc = getattr(cls, part, None)
+        if desc is None or not hasattr(desc, "offset"):
+            return None
+        offset += desc.offset
+        ftype = dict(cls._fields_)[part]
+        if index is None:
+            size = desc.size
+            cls = ftype
+        else:
+            cls = ftype._type_
+            size = C.sizeof(cls)
+            offset += int(index) * size
+    return offset, size
+
+
+def check_layout(lib):
+    """Compares every mirror above with the compiled header; raises ImportError naming the
+    first struct, field or constant that differs, or a mirror field the library does not
+    report."""
+    global VERSION
+    seen, version = set(), {}
+    for name, a, b in _layout_table(lib):
+        if name.startswith("ATTN_VERSION_"):   # reported, not checked: a bump is no ABI change
+            version[name] = a
+            continue
+        if name.startswith("ATTN_"):
+            mine = globals().get(name)
+            if mine != a:
+                raise ImportError("attn_h: constant %s is %d in the library, %r in attn_h.py"
+                                  % (name, a, mine))
+            continue
+        struct, _, field = name.partition(".")
+        if struct in _ENUMS:
+            if a != C.sizeof(C.c_int):
+                raise ImportError("attn_h: enum %s has %d bytes in the library, a C int has %d"
+                                  % (struct, a, C.sizeof(C.c_int)))
+            continue
+        cls = _MIRRORS.get(struct)
+        if cls is None:
+            raise ImportError("attn_h: the library reports struct %s, which attn_h.py does "
+                              "not mirror" % struct)
+        if not field:
+            if C.sizeof(cls) != a:
+                raise ImportError("attn_h: struct %s is %d bytes in the library, %d in the "
+                                  "attn_h.py mirror" % (struct, a, C.sizeof(cls)))
+            continue
+        got = _mirror_field(cls, field)
+        if got is None:
+            raise ImportError("attn_h: %s.%s is in the library but not in the attn_h.py mirror"
+                              % (struct, field))
+        if got != (a, b):
+            raise ImportError("attn_h: %s.%s is at offset %d, %d bytes, in the library; at "
+                              "offset %d, %d bytes in the attn_h.py mirror"
+                              % (struct, field, a, b, got[0], got[1]))
+        seen.add((struct, field.split(".")[0].split("[")[0]))
+    for struct, cls in _MIRRORS.items():
+        for fname, _ in cls._fields_:
+            if (struct, fname) not in seen:
+                raise ImportError("attn_h: the attn_h.py mirror has %s.%s, which the library "
+                                  "does not report" % (struct, fname))
+    missing = [n for n in _CONSTANTS if n not in {e[0] for e in _layout_table(lib)}]
+    if missing:
+        raise ImportError("attn_h: the library does not report constants %s" % ", ".join(missing))
+    VERSION = "%d.%d.%d" % tuple(version.get("ATTN_VERSION_" + part, -1)
+                                 for part in ("MAJOR", "MINOR", "PATCH"))
+
+
+_lib = None
+
+
+def library():
+    """The loaded ctypes library (opened on first use)."""
+    global _lib
+    if _lib is None:
+        _lib = load_library()
+    return _lib
+
+
+# ---- errors --------------------------------------------------------------------------
+
+class AttnError(RuntimeError):
+    """A call failed: status (e.g. 'ATTN_ERROR_SHAPE_MISMATCH'), code (its number) and
+    message (the context's last error, which names the argument and what is allowed)."""
+
+    def __init__(self, status, code, message):
+        super().__init__("%s: %s" % (status, message))
+        self.status, self.code, self.message = status, code, message
+
+
+def _status_name(code):
+    return library().attn_status_string(code).decode()
+
+
+def _check(code, ctx_ptr):
+    if code != ATTN_OK:
+        lib = library()
+        msg = lib.attn_context_last_error(ctx_ptr) or b""
+        raise AttnError(_status_name(code), code, msg.decode(errors="replace"))
+
+
+def _fail(code, message):
+    raise AttnError(_status_name(code), code, message)
+
+
+# ---- names <-> enums -------------------------------------------------------------------
+
+_DTYPE_BY_NAME = {
+    "f32": ATTN_DTYPE_F32, "float32": ATTN_DTYPE_F32, "float": ATTN_DTYPE_F32,
+    "f16": ATTN_DTYPE_F16, "float16": ATTN_DTYPE_F16, "half": ATTN_DTYPE_F16,
+    "bf16": ATTN_DTYPE_BF16, "bfloat16": ATTN_DTYPE_BF16,
+}
+_LEVEL_BY_NAME = {"default": 0, "error": 1, "warn": 2, "warning": 2, "info": 3,
+                  "debug": 4, "none": 5}
+_LEVEL_NAMES = {v: k for k, v in _LEVEL_BY_NAME.items() if k not in ("warning",)}
+_DEVICE_NAMES = {ATTN_DEVICE_CPU: "cpu", ATTN_DEVICE_CUDA: "cuda"}
+_PLATFORM_NAMES = {ATTN_PLATFORM_CPU: "cpu", ATTN_PLATFORM_CUDA: "cuda"}
+_SOURCE_NAMES = {ATTN_SELECTION_AUTO: "auto", ATTN_SELECTION_CODE: "code",
+                 ATTN_SELECTION_ENV: "env"}
+_GRAPH_NAMES = {ATTN_CUDA_GRAPH_NEVER: "never",
+                ATTN_CUDA_GRAPH_UNIFORM_SINGLE_TOKEN_DECODE: "uniform_single_token_decode",
+                ATTN_CUDA_GRAPH_UNIFORM_BATCH: "uniform_batch",
+                ATTN_CUDA_GRAPH_ALWAYS: "always"}
+_BASE_BY_NAME = {"e": ATTN_LSE_BASE_E, "2": ATTN_LSE_BASE_2, 2: ATTN_LSE_BASE_2}
+
+
+def _dtype(value, what):
+    """An attn_dtype from a name ('f16', 'bfloat16'), a numpy or torch dtype, or None."""
+    if value is None:
+        return ATTN_DTYPE_AUTO
+    name = str(getattr(value, "name", None) or value).lower()
+    name = name.replace("torch.", "").replace("numpy.", "")
+    if name.startswith("<class"):                      # np.float16 and friends
+        name = np.dtype(value).name
+    if name in _DTYPE_BY_NAME:
+        return _DTYPE_BY_NAME[name]
+    _fail(ATTN_ERROR_INVALID_VALUE, "%s is %r (allowed: float32, float16, bfloat16)"
+          % (what, value))
+
+
+def _dtype_name(code):
+    return library().attn_dtype_name(code).decode()
+
+
+def _backend_name(code):
+    return library().attn_backend_name(code).decode()
+
+
+def _level(value):
+    if value is None:
+        return ATTN_LOG_LEVEL_DEFAULT
+    if isinstance(value, str) and value.lower() in _LEVEL_BY_NAME:
+        return _LEVEL_BY_NAME[value.lower()]
+    if isinstance(value, int) and 0 <= value <= ATTN_LOG_LEVEL_NONE:
+        return value
+    _fail(ATTN_ERROR_INVALID_VALUE, "log_level is %r (allowed: error, warn, info, debug, "
+          "none, or None for env ATTN_LOG_LEVEL)" % (value,))
+
+
+def _causal(value, what):
+    if value is None:
+        return ATTN_CAUSAL_DEFAULT
+    if value is True or value is False:
+        return ATTN_CAUSAL_YES if value else ATTN_CAUSAL_NO
+    _fail(ATTN_ERROR_INVALID_VALUE, "%s is %r (allowed: True, False, None)" % (what, value))
+
+
+def _base(value, what):
+    if value in _BASE_BY_NAME:
+        return _BASE_BY_NAME[value]
+    _fail(ATTN_ERROR_INVALID_VALUE, "%s is %r (allowed: 'e', 2)" % (what, value))
+
+
+def _text(raw):
+    return raw.decode(errors="replace")
+
+
+# ---- tensors ---------------------------------------------------------------------------
+
+_TORCH_DTYPES = {"torch.float32": ATTN_DTYPE_F32, "torch.float16": ATTN_DTYPE_F16,
+                 "torch.bfloat16": ATTN_DTYPE_BF16}
+_NUMPY_DTYPES = {"float32": ATTN_DTYPE_F32, "float16": ATTN_DTYPE_F16,
+                 "bfloat16": ATTN_DTYPE_BF16}   # bfloat16: ml_dtypes' numpy type
+
+
+def _is_torch(x):
+    return type(x).__module__.startswith("torch") and hasattr(x, "data_ptr")
+
+
+def _tensor(x, name, fn):
+    """attn_tensor view of a numpy array or torch tensor (None stays None)."""
+    if x is None:
+        return None
+    if isinstance(x, np.ndarray):
+        dtype = _NUMPY_DTYPES.get(x.dtype.name)
+        type_name, ptr, itemsize = x.dtype.name, x.ctypes.data, x.itemsize
+        for i, s in enumerate(x.strides):
+            if s % itemsize:
+                _fail(ATTN_ERROR_SHAPE_MISMATCH, "%s: %s.strides[%d] is %d bytes, not a "
+                      "multiple of the element size %d" % (fn, name, i, s, itemsize))
+        shape, strides = x.shape, [s // itemsize for s in x.strides]
+        device = attn_device(ATTN_DEVICE_CPU, 0)
+    elif _is_torch(x):
+        dtype = _TORCH_DTYPES.get(str(x.dtype))
+        type_name, ptr = str(x.dtype), x.data_ptr()
+        shape, strides = tuple(x.shape), x.stride()
+        kind = {"cpu": ATTN_DEVICE_CPU, "cuda": ATTN_DEVICE_CUDA}.get(x.device.type)
+        if kind is None:
+            _fail(ATTN_ERROR_SHAPE_MISMATCH, "%s: %s is on device %s (allowed: cpu, cuda)"
+                  % (fn, name, x.device))
+        device = attn_device(kind, x.device.index or 0)
+    else:
+        raise TypeError("%s: %s is a %s (allowed: a numpy array or a torch tensor)"
+                        % (fn, name, type(x).__name__))
+    if dtype is None:
+        _fail(ATTN_ERROR_SHAPE_MISMATCH, "%s: %s has element type %s (allowed: float32, "
+              "float16, bfloat16)" % (fn, name, type_name))
+    if len(shape) > ATTN_MAX_DIMS:
+        _fail(ATTN_ERROR_SHAPE_MISMATCH, "%s: %s has %d dimensions (allowed: at most %d)"
+              % (fn, name, len(shape), ATTN_MAX_DIMS))
+    if len(shape) and not any(strides) and int(np.prod(shape)) > 1:
+        # attn.h reads all-zero strides as "contiguous": a broadcast view would be misread.
+        _fail(ATTN_ERROR_SHAPE_MISMATCH, "%s: %s has all strides 0 (a broadcast view; attn.h "
+              "reads that as contiguous): pass a contiguous copy" % (fn, name))
+    t = attn_tensor()
+    t.data, t.dtype, t.ndim, t.device = ptr, dtype, len(shape), device
+    for i, (n, s) in enumerate(zip(shape, strides)):
+        t.shape[i], t.strides[i] = n, s
+    return t
+
+
+def _ref(t):
+    return C.byref(t) if t is not None else None
+
+
+def _host_ints(x, name, fn, ctype):
+    """A C-contiguous host numpy array of int32/int64 from ints in a numpy array, a torch
+    tensor (copied to the host when on a GPU) or a sequence."""
+    want = np.int32 if ctype is C.c_int32 else np.int64
+    if _is_torch(x):
+        x = x.detach().cpu().numpy()
+    a = np.asarray(x)
+    if a.size and a.dtype.kind not in "iu":
+        _fail(ATTN_ERROR_INVALID_VALUE, "%s: %s has element type %s (allowed: integers)"
+              % (fn, name, a.dtype))
+    if a.size and a.dtype != want:
+        info = np.iinfo(want)
+        if a.min() < info.min or a.max() > info.max:
+            _fail(ATTN_ERROR_INVALID_VALUE, "%s: %s holds %d..%d, outside %s"
+                  % (fn, name, a.min(), a.max(), np.dtype(want).name))
+    return np.ascontiguousarray(a, dtype=want)
+
+
+def _ptr(a, ctype):
+    return a.ctypes.data_as(C.POINTER(ctype))
+
+
+def _stream(stream, *tensors):
+    """The CUDA stream handle for a call: the one given (an int or a torch.cuda.Stream),
+    else torch's current stream of the first CUDA tensor's device, else NULL."""
+    if stream is not None:
+        return getattr(stream, "cuda_stream", stream)
+    for x in tensors:
+        if x is not None and _is_torch(x) and x.device.type == "cuda":
+            import torch
+            return torch.cuda.current_stream(x.device).cuda_stream
+    return None
+
+
+def _empty_like(ref, shape, dtype_code):
+    """A new output of `shape` in the same library and on the same device as ref."""
+    if _is_torch(ref):
+        import torch
+        tdt = {ATTN_DTYPE_F32: torch.float32, ATTN_DTYPE_F16: torch.float16,
+               ATTN_DTYPE_BF16: torch.bfloat16}[dtype_code]
+        return torch.empty(shape, dtype=tdt, device=ref.device)
+    if dtype_code == ATTN_DTYPE_BF16:
+        return np.empty(shape, dtype=ref.dtype)
+    return np.empty(shape, dtype={ATTN_DTYPE_F32: np.float32, ATTN_DTYPE_F16: np.float16}
+                    [dtype_code])
+
+
+def _struct_dict(s, skip=()):
+    out = {}
+    for name, _ in s._fields_:
+        if name in skip:
+            continue
+        value = getattr(s, name)
+        out[name] = _text(value) if isinstance(value, bytes) else value
+    return out
+
+
+# ---- context ---------------------------------------------------------------------------
+
+class _Owned:
+    """A C object with a parent that must outlive it and children that must die first."""
+
+    _ptr = None
+
+    def __init__(self):
+        self._children = weakref.WeakSet()
+        self._lib = library()      # held, so that __del__ at interpreter exit still has it
+
+    def close(self):
+        """Frees the C object (children first). Idempotent."""
+        for child in list(self._children):
+            child.close()
+        if self._ptr:
+            ptr, self._ptr = self._ptr, None
+            self._destroy(ptr)
+
+    @property
+    def closed(self):
+        return not self._ptr
+
+    def _live(self):
+        if not self._ptr:
+            raise ValueError("%s is closed" % type(self).__name__)
+        return self._ptr
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:   # interpreter shutdown: the library may be gone already
+            pass
+
+
+class Context(_Owned):
+    """attn_context: logger, last error, worker threads, selection and kernel caches.
+
+    num_threads: None = env ATTN_NUM_THREADS, else the online cores. log_level: 'error',
+    'warn', 'info', 'debug', 'none' or None (env ATTN_LOG_LEVEL, else info). log: None
+    (lines go to stderr) or a callable(level, item, message) with names as strings, e.g.
+    ('info', 'ATTN_LOG_SELECT_RESOLVED', 'attn_layer_create: ...').
+    kernel_cache_dir: None = env ATTN_CACHE_DIR or the user cache; 'off' = memory only."""
+
+    def __init__(self, num_threads=None, log_level=None, kernel_cache_dir=None, log=None):
+        super().__init__()
+        lib = library()
+        desc = attn_context_desc()
+        desc.log_level = _level(log_level)
+        desc.num_threads = 0 if num_threads is None else int(num_threads)
+        self._cache_dir = None if kernel_cache_dir is None else os.fsencode(kernel_cache_dir)
+        desc.kernel_cache_dir = self._cache_dir
+        self._log_fn = None
+        if log is not None:
+            def trampoline(user_data, level, item, message):
+                try:
+                    log(_LEVEL_NAMES.get(level, str(level)),
+                        lib.attn_log_item_name(item).decode(), _text(message))
+                except Exception:   # never unwind through C
+                    pass
+            self._log_fn = ATTN_LOG_FN(trampoline)   # kept: C calls it for the context's life
+            desc.log = self._log_fn
+        ptr = C.c_void_p()
+        _check(lib.attn_context_create(C.byref(desc), C.byref(ptr)), None)
+        self._ptr = ptr.value
+
+    def _destroy(self, ptr):
+        self._lib.attn_context_destroy(ptr)
+
+    def _check(self, code):
+        _check(code, self._ptr)
+
+    @property
+    def last_error(self):
+        return _text(library().attn_context_last_error(self._live()) or b"")
+
+    def set_log_level(self, level):
+        self._check(library().attn_context_set_log_level(self._live(), _level(level)))
+
+    def _platform(self):
+        p = attn_platform()
+        self._check(library().attn_platform_get(self._live(), C.byref(p)))
+        return p
+
+    @property
+    def platform(self):
+        """attn_platform as a dict; kind is 'cpu' or 'cuda'."""
+        d = _struct_dict(self._platform())
+        d["kind"] = _PLATFORM_NAMES.get(d["kind"], d["kind"])
+        return d
+
+    @property
+    def platform_text(self):
+        p = self._platform()
+        n = library().attn_platform_format(C.byref(p), None, 0)
+        buf = C.create_string_buffer(n + 1)
+        library().attn_platform_format(C.byref(p), buf, n + 1)
+        return _text(buf.value)
+
+    def selection_cache_clear(self):
+        self._check(library().attn_selection_cache_clear(self._live()))
+
+
+# ---- layer -----------------------------------------------------------------------------
+
+def _selection_dict(s):
+    """attn_selection as a dict, enums as names: backends 'CPU', dtypes 'f16', devices
+    'cpu'/'cuda'; skipped: a list of {'backend', 'reason'}."""
+    d = _struct_dict(s, skip=("skipped",))
+    for key in ("forced_backend", "default_backend", "requested", "resolved"):
+        d[key] = _backend_name(d[key])
+    for key in ("dtype", "kv_cache_dtype"):
+        d[key] = _dtype_name(d[key])
+    for key in ("device", "backend_device"):
+        d[key] = _DEVICE_NAMES.get(d[key], d[key])
+    d["platform"] = _PLATFORM_NAMES.get(d["platform"], d["platform"])
+    d["source"] = _SOURCE_NAMES.get(d["source"], d["source"])
+    d["cuda_graph"] = _GRAPH_NAMES.get(d["cuda_graph"], d["cuda_graph"])
+    d["lse_base"] = "e" if d["lse_base"] == ATTN_LSE_BASE_E else 2
+    for key in ("env_set", "forced_by_code", "degraded", "use_mla", "can_return_lse"):
+        d[key] = bool(d[key])
+    d["skipped"] = [{"backend": _backend_name(s.skipped[i].backend),
+                     "reason": _text(s.skipped[i].reason)}
+                    for i in range(min(s.num_skipped, ATTN_SELECTION_MAX_SKIPPED))]
+    return d
+
+
+class Layer(_Owned):
+    """attn_layer: a layer descriptor resolved to a backend.
+
+    dtype: of q/k/v/out ('float16', 'bf16', np.float32, torch.bfloat16...); kv_cache_dtype:
+    None = dtype. causal: True, False, or None (the library's default, causal).
+    sliding_window, logits_soft_cap: 0 = none. alibi_slopes: None or num_heads floats.
+    scale: None = 1/sqrt(head_size) (MLA: of the query width). device: 'cpu' or 'cuda'.
+    backend: None (automatic, or env ATTN_BACKEND) or a name ('CPU', 'CUDA', 'CPU_MLA');
+    allow_fallback: an explicit backend that cannot serve degrades to the automatic one.
+    mla: None, or a dict with kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim
+    (head_size then defaults to kv_lora_rank + qk_rope_head_dim, num_kv_heads to 1).
+
+    selection: the selection record (dict); selection_text: the same as attn.h prints it;
+    desc: the effective descriptor (defaults filled in)."""
+
+    def __init__(self, ctx, num_heads, num_kv_heads=None, head_size=None, block_size=16,
+                 dtype="float16", kv_cache_dtype=None, causal=True, sliding_window=0,
+                 logits_soft_cap=0.0, alibi_slopes=None, scale=None, device="cpu",
+                 backend=None, allow_fallback=False, mla=None):
+        super().__init__()
+        lib = library()
+        self.ctx = ctx
+        desc = attn_layer_desc()
+        desc.num_heads = int(num_heads)
+        desc.num_kv_heads = int(num_kv_heads or 0)
+        if mla is not None:
+            known = ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
+            unknown = set(mla) - set(known)
+            if unknown:
+                _fail(ATTN_ERROR_INVALID_VALUE, "Layer: mla has %s (allowed: %s)"
+                      % (", ".join(sorted(unknown)), ", ".join(known)))
+            desc.use_mla = 1
+            for key in known:
+                setattr(desc, key, int(mla.get(key, 0)))
+            if head_size is None:
+                head_size = desc.kv_lora_rank + desc.qk_rope_head_dim
+        desc.head_size = int(head_size or 0)
+        desc.dtype = _dtype(dtype, "Layer: dtype")
+        desc.kv_cache_dtype = _dtype(kv_cache_dtype, "Layer: kv_cache_dtype")
+        desc.block_size = int(block_size or 0)
+        desc.scale = float(scale or 0.0)
+        desc.causal = _causal(causal, "Layer: causal")
+        desc.sliding_window = int(sliding_window or 0)
+        desc.logits_soft_cap = float(logits_soft_cap or 0.0)
+        if alibi_slopes is not None:
+            if _is_torch(alibi_slopes):
+                alibi_slopes = alibi_slopes.detach().float().cpu().numpy()
+            self._alibi = np.ascontiguousarray(alibi_slopes, dtype=np.float32).reshape(-1)
+            if self._alibi.size != desc.num_heads:
+                _fail(ATTN_ERROR_INVALID_VALUE, "Layer: alibi_slopes has %d entries (allowed: "
+                      "num_heads = %d)" % (self._alibi.size, desc.num_heads))
+            desc.alibi_slopes = _ptr(self._alibi, C.c_float)
+        kinds = {"cpu": ATTN_DEVICE_CPU, "cuda": ATTN_DEVICE_CUDA}
+        dev = str(getattr(device, "type", device)).split(":")[0].lower()
+        if dev not in kinds:
+            _fail(ATTN_ERROR_INVALID_VALUE, "Layer: device is %r (allowed: 'cpu', 'cuda')"
+                  % (device,))
+        desc.device = kinds[dev]
+        self._desc = desc                       # alibi_slopes points into self._alibi
+        request = attn_select_request()
+        request.allow_fallback = int(bool(allow_fallback))
+        if backend is not None:
+            bid = C.c_int()
+            _check(lib.attn_backend_from_name(str(backend).encode(), C.byref(bid)), None)
+            request.backend = bid.value
+        ptr = C.c_void_p()
+        ctx._check(lib.attn_layer_create(ctx._live(), C.byref(desc), C.byref(request),
+                                         C.byref(ptr)))
+        self._ptr = ptr.value
+        ctx._children.add(self)
+
+    def _destroy(self, ptr):
+        self._lib.attn_layer_destroy(ptr)
+
+    def _effective(self):
+        return library().attn_layer_get_desc(self._live()).contents
+
+    def __repr__(self):
+        if self.closed:
+            return "<attn_h.Layer (closed)>"
+        d = self._effective()
+        return "<attn_h.Layer %s heads=%d/%d head_size=%d %s%s>" % (
+            self.backend, d.num_heads, d.num_kv_heads, d.head_size, _dtype_name(d.dtype),
+            " mla" if d.use_mla else "")
+
+    def _check(self, code):
+        self.ctx._check(code)
+
+    @property
+    def selection(self):
+        return _selection_dict(library().attn_layer_selection(self._live()).contents)
+
+    @property
+    def selection_text(self):
+        s = library().attn_layer_selection(self._live())
+        n = library().attn_selection_format(s, None, 0)
+        buf = C.create_string_buffer(n + 1)
+        library().attn_selection_format(s, buf, n + 1)
+        return _text(buf.value)
+
+    @property
+    def backend(self):
+        """The resolved backend's name ('CPU', 'CPU_MLA', 'CUDA', ...)."""
+        return self.selection["resolved"]
+
+    @property
+    def desc(self):
+        d = _struct_dict(self._effective(), skip=("alibi_slopes",))
+        for key in ("dtype", "kv_cache_dtype"):
+            d[key] = _dtype_name(d[key])
+        d["causal"] = {ATTN_CAUSAL_YES: True, ATTN_CAUSAL_NO: False}.get(d["causal"])
+        d["device"] = _DEVICE_NAMES.get(d["device"], d["device"])
+        d["use_mla"] = bool(d["use_mla"])
+        return d
+
+    def kv_cache_shape(self, num_blocks):
+        """The cache's shape for num_blocks blocks: standard [num_blocks, 2, block_size,
+        num_kv_heads, head_size]; MLA [num_blocks, block_size, head_size]."""
+        shape = (C.c_int64 * ATTN_MAX_DIMS)()
+        ndim = C.c_int()
+        self._check(library().attn_layer_kv_cache_shape(self._live(), int(num_blocks), shape,
+                                                        C.byref(ndim)))
+        return tuple(shape[i] for i in range(ndim.value))
+
+    # -- standard attention --
+
+    def reshape_and_cache(self, key, value, kv_cache, slot_mapping, stream=None):
+        """Writes key/value [num_tokens, num_kv_heads, head_size] into kv_cache at
+        slot_mapping (host ints, -1 skips; num_tokens = len(slot_mapping))."""
+        fn = "reshape_and_cache"
+        slots = _host_ints(slot_mapping, "slot_mapping", fn, C.c_int64).reshape(-1)
+        tk, tv = _tensor(key, "key", fn), _tensor(value, "value", fn)
+        tc = _tensor(kv_cache, "kv_cache", fn)
+        self._check(library().attn_reshape_and_cache(
+            self._live(), tk, tv, tc, _ptr(slots, C.c_int64), slots.size,
+            _stream(stream, kv_cache, key)))
+
+    def forward(self, meta, q, kv_cache, out=None, lse=None, k=None, v=None, stream=None):
+        """Attention of a built batch. q [num_tokens, num_heads, head_size]; k, v: None
+        (already cached) or the new tokens' [num_tokens, num_kv_heads, head_size], written
+        to the cache first by the batch's slot_mapping. out: like q (allocated when None);
+        lse: None or float32 [num_tokens, num_heads] (base e). Returns out."""
+        fn = "forward"
+        if out is None:
+            out = _empty_like(q, tuple(q.shape), self._effective().dtype)
+        self._check(library().attn_layer_forward(
+            self._live(), meta._live(), _ref(_tensor(q, "q", fn)), _ref(_tensor(k, "k", fn)),
+            _ref(_tensor(v, "v", fn)), _ref(_tensor(kv_cache, "kv_cache", fn)),
+            _ref(_tensor(out, "out", fn)), _ref(_tensor(lse, "lse", fn)),
+            _stream(stream, q, kv_cache)))
+        return out
+
+    # -- MLA --
+
+    def concat_and_cache_mla(self, kv_c, k_pe, kv_cache, slot_mapping, stream=None):
+        """Writes kv_c [num_tokens, kv_lora_rank] and k_pe [num_tokens, qk_rope_head_dim]
+        into the latent cache at slot_mapping (host ints, -1 skips)."""
+        fn = "concat_and_cache_mla"
+        slots = _host_ints(slot_mapping, "slot_mapping", fn, C.c_int64).reshape(-1)
+        self._check(library().attn_concat_and_cache_mla(
+            self._live(), _tensor(kv_c, "kv_c", fn), _tensor(k_pe, "k_pe", fn),
+            _tensor(kv_cache, "kv_cache", fn), _ptr(slots, C.c_int64), slots.size,
+            _stream(stream, kv_cache, kv_c)))
+
+    def mla_forward_mqa(self, meta, q, kv_cache, out_latent, q_pe=None, lse=None, stream=None):
+        """Absorbed decode of the batch's decode tokens: q [.., num_heads, head_size] with
+        q_pe None, or q_latent [.., num_heads, kv_lora_rank] plus q_pe [.., num_heads,
+        qk_rope_head_dim]. Writes out_latent [.., num_heads, kv_lora_rank] and lse."""
+        fn = "mla_forward_mqa"
+        self._check(library().attn_mla_forward_mqa(
+            self._live(), meta._live(), _ref(_tensor(q, "q", fn)),
+            _ref(_tensor(q_pe, "q_pe", fn)), _ref(_tensor(kv_cache, "kv_cache", fn)),
+            _ref(_tensor(out_latent, "out_latent", fn)), _ref(_tensor(lse, "lse", fn)),
+            _stream(stream, q, kv_cache)))
+        return out_latent
+
+    def mla_forward_mha(self, meta, q, kv_cache, w_uk, w_uv, out, lse=None, stream=None):
+        """Up-projected prefill of the batch's prefill tokens: q [.., num_heads, qk_nope +
+        qk_rope] (prefill rows in order), W_UK [num_heads, qk_nope, kv_lora_rank], W_UV
+        [num_heads, kv_lora_rank, v_head_dim]; out [.., num_heads, v_head_dim]."""
+        fn = "mla_forward_mha"
+        self._check(library().attn_mla_forward_mha(
+            self._live(), meta._live(), _ref(_tensor(q, "q", fn)),
+            _ref(_tensor(kv_cache, "kv_cache", fn)), _ref(_tensor(w_uk, "w_uk", fn)),
+            _ref(_tensor(w_uv, "w_uv", fn)), _ref(_tensor(out, "out", fn)),
+            _ref(_tensor(lse, "lse", fn)), _stream(stream, q, kv_cache)))
+        return out
+
+    def mla_forward(self, meta, q_nope, q_pe, kv_cache, w_uk, w_uv, out=None, kv_c=None,
+                    k_pe=None, stream=None):
+        """The whole MLA attention of a built batch (decodes absorbed, prefills up-projected);
+        kv_c/k_pe (both or neither) are written to the cache first. out [.., num_heads,
+        v_head_dim] (allocated when None). Returns out."""
+        fn = "mla_forward"
+        if out is None:
+            d = self._effective()
+            out = _empty_like(q_nope, (q_nope.shape[0], q_nope.shape[1], d.v_head_dim), d.dtype)
+        self._check(library().attn_mla_forward(
+            self._live(), meta._live(), _ref(_tensor(q_nope, "q_nope", fn)),
+            _ref(_tensor(q_pe, "q_pe", fn)), _ref(_tensor(kv_c, "kv_c", fn)),
+            _ref(_tensor(k_pe, "k_pe", fn)), _ref(_tensor(kv_cache, "kv_cache", fn)),
+            _ref(_tensor(w_uk, "w_uk", fn)), _ref(_tensor(w_uv, "w_uv", fn)),
+            _ref(_tensor(out, "out", fn)), _stream(stream, q_nope, kv_cache)))
+        return out
+
+
+# ---- metadata --------------------------------------------------------------------------
+
+class Metadata(_Owned):
+    """attn_metadata: a batch schedule of fixed capacity, rebuilt for each batch.
+
+    max_num_reqs, max_num_tokens, max_blocks_per_req, num_blocks: the capacity (num_blocks
+    defaults to the blocks of the cache it will index; required). MLA only:
+    decode_threshold, num_kv_splits, workspace_bytes (0: defaults)."""
+
+    def __init__(self, layer, max_num_reqs, max_num_tokens, max_blocks_per_req, num_blocks,
+                 decode_threshold=0, num_kv_splits=0, workspace_bytes=0):
+        super().__init__()
+        self.layer = layer
+        desc = attn_metadata_desc(int(max_num_reqs), int(max_num_tokens),
+                                  int(max_blocks_per_req), int(num_blocks),
+                                  int(decode_threshold), int(num_kv_splits),
+                                  int(workspace_bytes))
+        ptr = C.c_void_p()
+        layer._check(library().attn_metadata_create(layer._live(), C.byref(desc),
+                                                    C.byref(ptr)))
+        self._ptr = ptr.value
+        layer._children.add(self)
+
+    def _destroy(self, ptr):
+        self._lib.attn_metadata_destroy(ptr)
+
+    def _check(self, code):
+        self.layer._check(code)
+
+    @property
+    def capacity(self):
+        """The capacity with every default resolved (dict)."""
+        return _struct_dict(library().attn_metadata_capacity(self._live()).contents)
+
+    def build(self, query_start_loc, seq_lens, block_table, slot_mapping, causal=None,
+              stream=None, common_prefix_len=0, fast_build=False):
+        """Validates and copies a batch (host int arrays; torch tensors on a GPU are copied
+        to the host): query_start_loc [num_reqs + 1], seq_lens [num_reqs], block_table
+        [num_reqs, stride] (its row count may exceed num_reqs), slot_mapping
+        [num_actual_tokens] (-1 = pad). causal: None = the layer's. stream: where a CUDA
+        layer uploads the schedule (None: torch's current stream, if torch is loaded and
+        the layer is on CUDA)."""
+        fn = "build"
+        qsl = _host_ints(query_start_loc, "query_start_loc", fn, C.c_int32).reshape(-1)
+        lens = _host_ints(seq_lens, "seq_lens", fn, C.c_int32).reshape(-1)
+        bt = _host_ints(block_table, "block_table", fn, C.c_int32)
+        slots = _host_ints(slot_mapping, "slot_mapping", fn, C.c_int64).reshape(-1)
+        num_reqs = lens.size
+        # attn.h reads these arrays through bare pointers: their lengths are checked here.
+        if qsl.size != num_reqs + 1:
+            _fail(ATTN_ERROR_INVALID_METADATA, "%s: query_start_loc has %d entries (allowed: "
+                  "num_reqs + 1 = %d, num_reqs being len(seq_lens))" % (fn, qsl.size,
+                                                                          num_reqs + 1))
+        if bt.ndim != 2 or bt.shape[0] < num_reqs:
+            _fail(ATTN_ERROR_INVALID_METADATA, "%s: block_table has shape %s (allowed: "
+                  "[>= num_reqs = %d, blocks per request])" % (fn, bt.shape, num_reqs))
+        num_tokens = int(qsl[-1])
+        if slots.size < num_tokens:
+            _fail(ATTN_ERROR_INVALID_METADATA, "%s: slot_mapping has %d entries (allowed: at "
+                  "least num_actual_tokens = query_start_loc[-1] = %d)"
+                  % (fn, slots.size, num_tokens))
+        batch = attn_batch()
+        batch.query_start_loc = _ptr(qsl, C.c_int32)
+        batch.seq_lens = _ptr(lens, C.c_int32)
+        batch.block_table = _ptr(bt, C.c_int32)
+        batch.block_table_stride = bt.shape[1]
+        batch.slot_mapping = _ptr(slots, C.c_int64)
+        batch.num_reqs = num_reqs
+        batch.num_actual_tokens = num_tokens
+        batch.max_query_len = int(np.diff(qsl).max()) if num_reqs else 0
+        batch.max_seq_len = int(lens.max()) if num_reqs else 0
+        batch.causal = _causal(causal, "build: causal")
+        if stream is None and self.layer._desc.device == ATTN_DEVICE_CUDA:
+            import sys
+            torch = sys.modules.get("torch")
+            if torch is not None and torch.cuda.is_available():
+                stream = torch.cuda.current_stream().cuda_stream
+        batch.stream = getattr(stream, "cuda_stream", stream)
+        self._check(library().attn_metadata_build(self._live(), int(common_prefix_len),
+                                                  C.byref(batch), int(bool(fast_build))))
+
+    @property
+    def mla_info(self):
+        """The decode/prefill split of a built MLA batch (dict)."""
+        info = attn_mla_info()
+        self._check(library().attn_metadata_mla_info(self._live(), C.byref(info)))
+        return _struct_dict(info)
+
+
+# ---- free functions --------------------------------------------------------------------
+
+def merge_attn_states(ctx, out_a, lse_a, out_b, lse_b, out=None, lse=None, base_a="e",
+                      base_b="e", base_out="e", stream=None):
+    """out = merge((out_a, lse_a), (out_b, lse_b)) of two partial attention results:
+    out_* [tokens, heads, head_size] of one dtype, lse_* float32 [tokens, heads] in base
+    base_a / base_b ('e' or 2). out (allocated like out_a when None) may alias out_a or
+    out_b; lse: None or where the merged LSE goes, in base base_out. Returns out."""
+    fn = "merge_attn_states"
+    if out is None:
+        out = _empty_like(out_a, tuple(out_a.shape),
+                          _tensor(out_a, "out_a", fn).dtype)
+    ctx._check(library().attn_merge_attn_states(
+        ctx._live(), _ref(_tensor(out_a, "out_a", fn)), _ref(_tensor(lse_a, "lse_a", fn)),
+        _base(base_a, "base_a"), _ref(_tensor(out_b, "out_b", fn)),
+        _ref(_tensor(lse_b, "lse_b", fn)), _base(base_b, "base_b"),
+        _ref(_tensor(out, "out", fn)), _ref(_tensor(lse, "lse", fn)),
+        _base(base_out, "base_out"), _stream(stream, out_a)))
+    return out
+
+
+def reorder_batch(query_lens, decode_threshold=0):
+    """Decodes-first order for an MLA batch: (perm, num_decodes), perm[new] = old, the
+    requests with query_len <= decode_threshold (0: 1) first, with the fewest moves."""
+    lens = _host_ints(query_lens, "query_lens", "reorder_batch", C.c_int32).reshape(-1)
+    perm = np.empty(lens.size, dtype=np.int32)
+    num_decodes = C.c_int()
+    _check(library().attn_reorder_batch(_ptr(lens, C.c_int32), lens.size, int(decode_threshold),
+                                        _ptr(perm, C.c_int32), C.byref(num_decodes), None),
+           None)
+    return perm, num_decodes.value
+
+
+def mla_num_kv_splits(max_seq_len, parallelism, batch_invariant=False):
+    """The split-KV count attn.h uses for MLA decode (see attn_mla_num_kv_splits)."""
+    return library().attn_mla_num_kv_splits(int(max_seq_len), int(parallelism),
+                                            int(bool(batch_invariant)))
+
+
+library()   # load now: a missing library or a stale mirror fails at import

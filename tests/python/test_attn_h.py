@@ -1,0 +1,656 @@
+"""pytest suite of python/attn_h.py (make build/libattn.so first; `make pytest` does both).
+
+Each test runs on numpy arrays and, where torch imports, on CPU torch tensors (bf16
+included) and on CUDA tensors (only where torch sees a GPU and attn.h's platform is CUDA;
+skipped otherwise, with the reason). Inputs are random and never zero; every output and
+every unused cache slot is NaN before a call, so a row not written or a stray read shows.
+
+References: check_numpy.py's independent float64 numpy attention (standard layers), a
+float64 numpy MLA of the unabsorbed definition (here), and with torch,
+torch.nn.functional.scaled_dot_product_attention on the K/V gathered back from the paged
+cache per request, with an explicit boolean mask (causal at the request's offset, window).
+"""
+import math
+import os
+import sys
+
+import numpy as np
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+sys.path.insert(0, HERE)
+
+import attn_h  # noqa: E402
+import check_numpy as ref  # noqa: E402  (the float64 reference and its tolerances)
+
+try:
+    import torch
+except ImportError:       # the numpy tests still run; torch ones skip with the reason
+    torch = None
+try:
+    import ml_dtypes      # numpy's bfloat16, where installed
+except ImportError:
+    ml_dtypes = None
+
+NO_BF16 = "numpy has no bfloat16 (ml_dtypes is not installed)"
+DTYPE_CODE = {"float32": attn_h.ATTN_DTYPE_F32, "float16": attn_h.ATTN_DTYPE_F16,
+              "bfloat16": attn_h.ATTN_DTYPE_BF16}
+
+
+# ---- arrays: numpy or torch (cpu/cuda), exact float64 in and out ------------------------
+
+class Arrays:
+    """Stores float64 values in an element type (rounding them) and reads stored values back
+    as exact float64 numpy; the reference always works from what was stored."""
+
+    def __init__(self, kind):
+        self.kind = kind                        # "numpy", "torch-cpu", "torch-cuda"
+        self.device = "cuda" if kind == "torch-cuda" else "cpu"
+
+    def __repr__(self):
+        return self.kind
+
+    def supports(self, dtype):
+        return self.kind != "numpy" or dtype != "bfloat16" or ml_dtypes is not None
+
+    def store(self, x, dtype):
+        x = np.asarray(x, dtype=np.float64)
+        if self.kind == "numpy":
+            return x.astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
+        return torch.from_numpy(x).to(getattr(torch, dtype)).to(self.device)
+
+    def f64(self, a):
+        if self.kind == "numpy":
+            return np.asarray(a, dtype=np.float64)
+        return a.detach().to("cpu", torch.float64).numpy()
+
+    def nan(self, shape, dtype):
+        return self.store(np.full(shape, np.nan), dtype)
+
+    def ints(self, x, dtype):
+        """Host ints as the library of the test passes them (torch: CPU tensors)."""
+        a = np.asarray(x, dtype=dtype)
+        return a if self.kind == "numpy" else torch.from_numpy(a)
+
+    def sync(self):
+        if self.kind == "torch-cuda":
+            torch.cuda.synchronize()
+
+
+_CUDA_REASON = []
+
+
+def cuda_skip_reason():
+    if torch is None:
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return "torch sees no CUDA device"
+    if not _CUDA_REASON:
+        with attn_h.Context(log_level="error") as ctx:
+            p = ctx.platform
+        _CUDA_REASON.append("" if p["kind"] == "cuda" else
+                            "attn.h's platform is not CUDA: " + p["cuda_reason"])
+    return _CUDA_REASON[0]
+
+
+def arrays(kind):
+    if kind != "numpy" and torch is None:
+        pytest.skip("torch is not installed")
+    if kind == "torch-cuda" and cuda_skip_reason():
+        pytest.skip(cuda_skip_reason())
+    return Arrays(kind)
+
+
+@pytest.fixture(params=["numpy", "torch-cpu", "torch-cuda"])
+def xp(request):
+    return arrays(request.param)
+
+
+@pytest.fixture(params=["torch-cpu", "torch-cuda"])
+def tx(request):
+    return arrays(request.param)
+
+
+@pytest.fixture(scope="session")
+def kernel_dir(tmp_path_factory):
+    """Env ATTN_CACHE_DIR when set (None: the library reads it), else one kernel cache for
+    the session: CUDA kernels compile once, not once per test."""
+    if os.environ.get("ATTN_CACHE_DIR"):
+        return None
+    return str(tmp_path_factory.mktemp("attn-kernels"))
+
+
+@pytest.fixture
+def ctx(kernel_dir):
+    lines = []
+    c = attn_h.Context(log_level="warn", num_threads=2, kernel_cache_dir=kernel_dir,
+                       log=lambda level, item, msg: lines.append((level, item, msg)))
+    c.lines = lines
+    yield c
+    c.close()
+    assert not [line for line in lines if line[0] in ("error", "warn")], lines
+
+
+def assert_close(got, want, atol, rtol, what):
+    """|got - want| <= atol + rtol |want| everywhere (NaN fails), naming the worst element."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert got.shape == want.shape, "%s: shape %s, reference %s" % (what, got.shape, want.shape)
+    err = np.abs(got - want)
+    bad = ~(err <= atol + rtol * np.abs(want))
+    if bad.any():
+        i = np.unravel_index(np.argmax(np.where(np.isnan(err), np.inf, err)), err.shape)
+        raise AssertionError("%s: %d of %d elements off; worst %s = %r, reference %r"
+                             % (what, bad.sum(), bad.size, i, got[i], want[i]))
+
+
+# ---- paged batches ------------------------------------------------------------------------
+
+def paged_batch(rng, reqs, block_size, spare=5):
+    """Block tables from a shuffled pool (spare blocks nobody owns), the slot of every
+    position of every request, and the capacity numbers."""
+    need = [(s + block_size - 1) // block_size for _, s in reqs]
+    num_blocks = sum(need) + spare
+    stride = max(need) + 2
+    pool = rng.permutation(num_blocks).astype(np.int32)
+    table = np.full((len(reqs), stride), -7, dtype=np.int32)       # padding: never read
+    at = 0
+    for r, n in enumerate(need):
+        table[r, :n] = pool[at:at + n]
+        at += n
+    slots = [table[r, np.arange(s) // block_size].astype(np.int64) * block_size
+             + np.arange(s) % block_size for r, (_, s) in enumerate(reqs)]
+    qsl = np.concatenate([[0], np.cumsum([q for q, _ in reqs])]).astype(np.int32)
+    return dict(table=table, slots=slots, num_blocks=num_blocks, stride=stride, qsl=qsl,
+                seq_lens=np.array([s for _, s in reqs], dtype=np.int32))
+
+
+STANDARD = [
+    dict(id="f32-gqa8/2-d64-decodes+chunked-prefills", dtype="float32", heads=8, kv_heads=2,
+         head_size=64, reqs=[(1, 37), (20, 20), (7, 50), (1, 1), (16, 16)]),
+    dict(id="f16-gqa16/4-d128-block32", dtype="float16", heads=16, kv_heads=4, head_size=128,
+         block_size=32, reqs=[(1, 100), (33, 33), (5, 70), (1, 17)], pad_rows=3),
+    dict(id="bf16-gqa8/2-d64", dtype="bfloat16", heads=8, kv_heads=2, head_size=64,
+         reqs=[(1, 64), (21, 21), (3, 35)]),
+    dict(id="f16-mqa-window8-softcap-kv-through-forward", dtype="float16", heads=4, kv_heads=1,
+         head_size=32, window=8, soft_cap=5.0, pass_kv=True, reqs=[(12, 12), (5, 30), (1, 9)]),
+    dict(id="f32-mha-noncausal-alibi-scale", dtype="float32", heads=4, kv_heads=4,
+         head_size=40, causal=False, alibi=True, scale=0.3, reqs=[(1, 40), (17, 17), (9, 30)]),
+    dict(id="f16-q-f32-cache-gqa4/2", dtype="float16", kv_cache_dtype="float32", heads=4,
+         kv_heads=2, head_size=64, reqs=[(1, 30), (11, 11), (4, 19)]),
+]
+
+
+def run_standard(ctx, xp, cfg, seed):
+    """One varlen batch through attn_h: the cache written by reshape_and_cache (all of it,
+    or the context only when the new tokens go through forward), forward with out and LSE.
+    Returns what the checks need."""
+    dt, kvdt = cfg["dtype"], cfg.get("kv_cache_dtype", cfg["dtype"])
+    if not (xp.supports(dt) and xp.supports(kvdt)):
+        pytest.skip(NO_BF16)
+    rng = np.random.default_rng(seed)
+    H, HKV, D, bs = cfg["heads"], cfg["kv_heads"], cfg["head_size"], cfg.get("block_size", 16)
+    reqs, pass_kv, pad = cfg["reqs"], cfg.get("pass_kv", False), cfg.get("pad_rows", 0)
+    slopes = (np.array([2.0 ** (-8.0 * (i + 1) / H) for i in range(H)], np.float32)
+              if cfg.get("alibi") else None)
+    layer = attn_h.Layer(ctx, num_heads=H, num_kv_heads=HKV, head_size=D, block_size=bs,
+                         dtype=dt, kv_cache_dtype=cfg.get("kv_cache_dtype"),
+                         causal=cfg.get("causal", True), sliding_window=cfg.get("window", 0),
+                         logits_soft_cap=cfg.get("soft_cap", 0.0), alibi_slopes=slopes,
+                         scale=cfg.get("scale"), device=xp.device)
+    b = paged_batch(rng, reqs, bs)
+    cache = xp.nan(layer.kv_cache_shape(b["num_blocks"]), kvdt)
+
+    # per request k/v in the layer dtype; what the cache then holds, as float64
+    ks = [xp.store(rng.uniform(-1, 1, (s, HKV, D)), dt) for _, s in reqs]
+    vs = [xp.store(rng.uniform(-1, 1, (s, HKV, D)), dt) for _, s in reqs]
+    keys = [xp.f64(xp.store(xp.f64(k), kvdt)) for k in ks]
+    values = [xp.f64(xp.store(xp.f64(v), kvdt)) for v in vs]
+    cat = np.concatenate if xp.kind == "numpy" else torch.cat
+    upto = [s - q if pass_kv else s for q, s in reqs]                # positions cached now
+    layer.reshape_and_cache(cat([k[:n] for k, n in zip(ks, upto)]),
+                            cat([v[:n] for v, n in zip(vs, upto)]), cache,
+                            xp.ints(np.concatenate([sl[:n] for sl, n in zip(b["slots"], upto)]),
+                                    np.int64))
+    new_slots = np.concatenate([sl[s - q:] for sl, (q, s) in zip(b["slots"], reqs)])
+    ntok = int(b["qsl"][-1])
+    meta = attn_h.Metadata(layer, max_num_reqs=len(reqs) + 1, max_num_tokens=ntok + pad + 4,
+                           max_blocks_per_req=b["stride"], num_blocks=b["num_blocks"])
+    meta.build(xp.ints(b["qsl"], np.int32), xp.ints(b["seq_lens"], np.int32),
+               xp.ints(b["table"], np.int32), xp.ints(new_slots, np.int64))
+
+    q = xp.store(rng.uniform(-2, 2, (ntok + pad, H, D)), dt)
+    out = xp.nan((ntok + pad, H, D), dt)
+    lse = xp.nan((ntok + pad, H), "float32")
+    k_new = v_new = None
+    if pass_kv:
+        k_new = cat([k[s - qn:] for k, (qn, s) in zip(ks, reqs)])
+        v_new = cat([v[s - qn:] for v, (qn, s) in zip(vs, reqs)])
+    got = layer.forward(meta, q, cache, out, lse=lse, k=k_new, v=v_new)
+    assert got is out
+    xp.sync()
+    return dict(layer=layer, meta=meta, cache=cache, q=xp.f64(q), out=xp.f64(out),
+                lse=xp.f64(lse), keys=keys, values=values, batch=b, ntok=ntok, slopes=slopes,
+                scale=cfg.get("scale") or 1.0 / math.sqrt(D), cfg=cfg)
+
+
+def check_cache(xp, run):
+    """The cache holds every position of every request exactly, and NaN everywhere else."""
+    cache = xp.f64(run["cache"])                       # [blocks, 2, bs, kv_heads, D]
+    flat = cache.transpose(0, 2, 1, 3, 4).reshape(-1, 2, *cache.shape[3:])
+    written = np.zeros(flat.shape[0], dtype=bool)
+    for r, sl in enumerate(run["batch"]["slots"]):
+        np.testing.assert_array_equal(flat[sl, 0], run["keys"][r], "request %d keys" % r)
+        np.testing.assert_array_equal(flat[sl, 1], run["values"][r], "request %d values" % r)
+        written[sl] = True
+    assert np.isnan(flat[~written]).all(), "a slot outside every sequence was written"
+
+
+@pytest.mark.parametrize("cfg", STANDARD, ids=[c["id"] for c in STANDARD])
+def test_forward_against_numpy_reference(ctx, xp, cfg):
+    run = run_standard(ctx, xp, cfg, seed=len(cfg["id"]))
+    assert run["layer"].backend == ("CUDA" if xp.device == "cuda" else "CPU")
+    check_cache(xp, run)
+    H, ntok = cfg["heads"], run["ntok"]
+    causal = cfg.get("causal", True)
+    want_out, want_lse = ref.reference(run["q"][:ntok], run["keys"], run["values"], cfg["reqs"],
+                                       H, cfg["kv_heads"], run["scale"], causal,
+                                       cfg.get("window", 0), cfg.get("soft_cap", 0.0),
+                                       run["slopes"])
+    code = DTYPE_CODE[cfg["dtype"]]
+    tol, ltol = ref.TOLERANCE[code], ref.LSE_TOLERANCE[code]
+    assert_close(run["out"][:ntok], want_out, tol, tol, "out")
+    assert_close(run["lse"][:ntok], want_lse, ltol, ltol, "lse")
+    assert np.isnan(run["out"][ntok:]).all() and np.isnan(run["lse"][ntok:]).all(), \
+        "padding rows past num_actual_tokens were written"
+
+
+SDPA = [c for c in STANDARD if not c.get("soft_cap") and not c.get("alibi")] + [
+    dict(id="f16-gqa8/2-window16-block32", dtype="float16", heads=8, kv_heads=2, head_size=64,
+         block_size=32, window=16, reqs=[(1, 80), (40, 40), (10, 60), (1, 5)]),
+    dict(id="bf16-f32-cache-chunked", dtype="bfloat16", kv_cache_dtype="float32", heads=4,
+         kv_heads=2, head_size=128, reqs=[(8, 40), (1, 33), (25, 25)]),
+]
+
+
+@pytest.mark.parametrize("cfg", SDPA, ids=[c["id"] for c in SDPA])
+def test_forward_against_torch_sdpa(ctx, tx, cfg):
+    F = torch.nn.functional
+    run = run_standard(ctx, tx, cfg, seed=7 + len(cfg["id"]))
+    H, HKV, bs = cfg["heads"], cfg["kv_heads"], cfg.get("block_size", 16)
+    group, causal, window = H // HKV, cfg.get("causal", True), cfg.get("window", 0)
+    cache = run["cache"].detach().to("cpu", torch.float64)  # [blocks, 2, bs, kv_heads, D]
+    q = torch.from_numpy(run["q"])
+    want_out, want_lse = [], []
+    row = 0
+    for r, (ql, sl) in enumerate(cfg["reqs"]):
+        blocks = torch.from_numpy(run["batch"]["table"][r]).long()
+        pos = torch.arange(sl)
+        k = cache[blocks[pos // bs], 0, pos % bs]         # gathered: [sl, kv_heads, D]
+        v = cache[blocks[pos // bs], 1, pos % bs]
+        k = k.repeat_interleave(group, dim=1).transpose(0, 1)   # [H, sl, D]
+        v = v.repeat_interleave(group, dim=1).transpose(0, 1)
+        qr = q[row:row + ql].transpose(0, 1)                    # [H, ql, D]
+        qpos = torch.arange(sl - ql, sl)[:, None]               # this chunk's positions
+        kpos = torch.arange(sl)[None, :]
+        mask = torch.ones(ql, sl, dtype=torch.bool)
+        if causal:
+            mask &= kpos <= qpos
+            if window:
+                mask &= kpos > qpos - window
+        elif window:
+            mask &= (kpos > qpos - window) & (kpos < qpos + window)
+        want_out.append(F.scaled_dot_product_attention(qr, k, v, attn_mask=mask,
+                                                       scale=run["scale"]).transpose(0, 1))
+        scores = (qr @ k.transpose(1, 2)) * run["scale"]
+        want_lse.append(torch.logsumexp(scores.masked_fill(~mask, -math.inf), -1).T)
+        row += ql
+    code = DTYPE_CODE[cfg["dtype"]]
+    tol, ltol = ref.TOLERANCE[code], ref.LSE_TOLERANCE[code]
+    ntok = run["ntok"]
+    assert_close(run["out"][:ntok], torch.cat(want_out).numpy(), tol, tol, "out vs SDPA")
+    assert_close(run["lse"][:ntok], torch.cat(want_lse).numpy(), ltol, ltol, "lse vs SDPA")
+
+
+def test_cuda_calls_run_on_the_current_stream(ctx):
+    """CUDA tensors on a side stream made current: build, cache write and forward go on it
+    (stream=None), so after synchronising that stream alone the results are there."""
+    if cuda_skip_reason():
+        pytest.skip(cuda_skip_reason())
+    xp = Arrays("torch-cuda")
+    cfg = STANDARD[0]
+    rng = np.random.default_rng(5)
+    H, HKV, D, reqs = cfg["heads"], cfg["kv_heads"], cfg["head_size"], cfg["reqs"]
+    layer = attn_h.Layer(ctx, num_heads=H, num_kv_heads=HKV, head_size=D, dtype="float32",
+                         device="cuda")
+    b = paged_batch(rng, reqs, 16)
+    ntok = int(b["qsl"][-1])
+    total = sum(s for _, s in reqs)
+    k = xp.store(rng.uniform(-1, 1, (total, HKV, D)), "float32")
+    v = xp.store(rng.uniform(-1, 1, (total, HKV, D)), "float32")
+    q = xp.store(rng.uniform(-2, 2, (ntok, H, D)), "float32")
+    cache = torch.empty(layer.kv_cache_shape(b["num_blocks"]), dtype=torch.float32,
+                        device="cuda")
+    out = torch.empty_like(q)
+    meta = attn_h.Metadata(layer, len(reqs), ntok, b["stride"], b["num_blocks"])
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        cache.fill_(float("nan"))
+        out.fill_(float("nan"))
+        layer.reshape_and_cache(k, v, cache, np.concatenate(b["slots"]))
+        meta.build(b["qsl"], b["seq_lens"], b["table"],
+                   np.concatenate([sl[s - qn:] for sl, (qn, s) in zip(b["slots"], reqs)]))
+        layer.forward(meta, q, cache, out)
+    side.synchronize()
+    kk, vv = xp.f64(k), xp.f64(v)
+    starts = np.concatenate([[0], np.cumsum([s for _, s in reqs])])
+    want, _ = ref.reference(xp.f64(q), [kk[a:e] for a, e in zip(starts, starts[1:])],
+                            [vv[a:e] for a, e in zip(starts, starts[1:])], reqs, H, HKV,
+                            1.0 / math.sqrt(D), True, 0, 0.0, None)
+    assert_close(xp.f64(out), want, 1e-4, 1e-4, "out")
+
+
+# ---- LSE merge ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_merge_attn_states(ctx, xp, dtype):
+    if not xp.supports(dtype):
+        pytest.skip(NO_BF16)
+    rng = np.random.default_rng(11)
+    T, H, D = 9, 4, 64
+    oa, ob = (xp.store(rng.uniform(-1, 1, (T, H, D)), dtype) for _ in range(2))
+    la = rng.uniform(-3, 3, (T, H))
+    lb = rng.uniform(-3, 3, (T, H))
+    la[0, 1] = -np.inf                                # an empty partition: contributes nothing
+    lb[2, 3] = -np.inf
+    # lse_b given in base 2 (as some kernels produce it), the merged LSE asked in base e
+    lse_a, lse_b = xp.store(la, "float32"), xp.store(lb / math.log(2), "float32")
+    out, lse = xp.nan((T, H, D), dtype), xp.nan((T, H), "float32")
+    got = attn_h.merge_attn_states(ctx, oa, lse_a, ob, lse_b, out, lse, base_b=2)
+    assert got is out
+    xp.sync()
+    a, b = xp.f64(oa), xp.f64(ob)
+    la, lb = xp.f64(lse_a), xp.f64(lse_b) * math.log(2)
+    m = np.maximum(la, lb)
+    wa, wb = np.exp(la - m), np.exp(lb - m)
+    want = (wa[..., None] * a + wb[..., None] * b) / (wa + wb)[..., None]
+    tol = ref.TOLERANCE[DTYPE_CODE[dtype]]
+    assert_close(xp.f64(out), want, tol, tol, "merged out")
+    assert_close(xp.f64(lse), m + np.log(wa + wb), 1e-5, 1e-5, "merged lse")
+    # in place (out aliases out_a), allocation when out is None
+    again = attn_h.merge_attn_states(ctx, oa, lse_a, ob, lse_b, base_b=2)
+    attn_h.merge_attn_states(ctx, oa, lse_a, ob, lse_b, oa, base_b=2)
+    xp.sync()
+    assert_close(xp.f64(again), want, tol, tol, "merged out (allocated)")
+    assert_close(xp.f64(oa), want, tol, tol, "merged out (in place)")
+
+
+# ---- MLA ----------------------------------------------------------------------------------
+
+R, ROPE, NOPE, VDIM = 256, 64, 128, 128
+MLA_TOL = {"float32": (1e-4, 1e-4), "float16": (5e-3, 3e-3), "bfloat16": (1.5e-2, 1.5e-2)}
+
+
+def mla_reference(lat, qn, qp, wuk, wuv, reqs, scale):
+    """float64, unabsorbed: per head K = [kv_c W_UK^T | k_pe], V = kv_c W_UV, causal.
+    Returns out [T, H, VDIM], the latent output softmax . kv_c [T, H, R], lse [T, H]."""
+    T, H = qn.shape[:2]
+    out, olat, lse = np.zeros((T, H, VDIM)), np.zeros((T, H, R)), np.zeros((T, H))
+    row = 0
+    for r, (ql, sl) in enumerate(reqs):
+        kvc, kpe = lat[r][:, :R], lat[r][:, R:]
+        k_nope = np.einsum("sr,hnr->hsn", kvc, wuk)          # [H, S, NOPE]
+        v = np.einsum("sr,hrv->hsv", kvc, wuv)               # [H, S, VDIM]
+        for t in range(ql):
+            pos = sl - ql + t
+            s = (np.einsum("hn,hsn->hs", qn[row], k_nope[:, :pos + 1])
+                 + qp[row] @ kpe[:pos + 1].T) * scale        # [H, pos + 1]
+            mx = s.max(-1, keepdims=True)
+            p = np.exp(s - mx)
+            out[row] = np.einsum("hs,hsv->hv", p, v[:, :pos + 1]) / p.sum(-1)[:, None]
+            olat[row] = (p @ kvc[:pos + 1]) / p.sum(-1)[:, None]
+            lse[row] = mx[:, 0] + np.log(p.sum(-1))
+            row += 1
+    return out, olat, lse
+
+
+def assert_rows_close(got, want, abs_tol, rel_tol, what):
+    """Tolerance per row of the last dimension: abs relative to the row's RMS."""
+    rms = np.maximum(np.sqrt((want ** 2).mean(-1, keepdims=True)), 1e-3)
+    assert_close(got, want, abs_tol * rms, rel_tol, what)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_mla(ctx, xp, dtype):
+    if xp.device == "cuda":
+        pytest.skip("attn.h has no CUDA MLA backend yet (CPU_MLA only)")
+    if not xp.supports(dtype):
+        pytest.skip(NO_BF16)
+    rng = np.random.default_rng(3)
+    H, bs = 4, 16
+    layer = attn_h.Layer(ctx, num_heads=H, block_size=bs, dtype=dtype,
+                         mla=dict(kv_lora_rank=R, qk_rope_head_dim=ROPE,
+                                  qk_nope_head_dim=NOPE, v_head_dim=VDIM))
+    assert layer.backend == "CPU_MLA" and layer.selection["use_mla"]
+    scale = layer.desc["scale"]
+    assert scale == pytest.approx(1 / math.sqrt(NOPE + ROPE))
+
+    # decodes first, as attn_reorder_batch orders them
+    unordered = [(9, 30), (1, 40), (12, 12), (1, 17)]
+    perm, num_decodes = attn_h.reorder_batch([q for q, _ in unordered])
+    reqs = [unordered[i] for i in perm]
+    assert num_decodes == 2 and [q for q, _ in reqs[:2]] == [1, 1]
+    assert sorted(perm.tolist()) == [0, 1, 2, 3]
+
+    b = paged_batch(rng, reqs, bs)
+    ntok = int(b["qsl"][-1])
+    td = sum(q for q, _ in reqs[:num_decodes])
+    a = math.sqrt(3.0 / R)
+    lat_t = [xp.store(rng.uniform(-1, 1, (s, R + ROPE)), dtype) for _, s in reqs]
+    lat = [xp.f64(x) for x in lat_t]
+    wuk_t = xp.store(rng.uniform(-a, a, (H, NOPE, R)), dtype)
+    wuv_t = xp.store(rng.uniform(-a, a, (H, R, VDIM)), dtype)
+    qn_t = xp.store(rng.uniform(-2, 2, (ntok, H, NOPE)), dtype)
+    qp_t = xp.store(rng.uniform(-2, 2, (ntok, H, ROPE)), dtype)
+    wuk, wuv, qn, qp = xp.f64(wuk_t), xp.f64(wuv_t), xp.f64(qn_t), xp.f64(qp_t)
+    want_out, want_lat, want_lse = mla_reference(lat, qn, qp, wuk, wuv, reqs, scale)
+
+    cache = xp.nan(layer.kv_cache_shape(b["num_blocks"]), dtype)
+    assert tuple(cache.shape) == (b["num_blocks"], bs, R + ROPE)
+    cat = np.concatenate if xp.kind == "numpy" else torch.cat
+    ctx_rows = cat([x[:s - q] for x, (q, s) in zip(lat_t, reqs)])
+    layer.concat_and_cache_mla(ctx_rows[:, :R], ctx_rows[:, R:], cache,
+                               np.concatenate([sl[:s - q] for sl, (q, s) in
+                                               zip(b["slots"], reqs)]))
+    new_rows = cat([x[s - q:] for x, (q, s) in zip(lat_t, reqs)])
+    meta = attn_h.Metadata(layer, len(reqs), ntok, b["stride"], b["num_blocks"])
+    meta.build(b["qsl"], b["seq_lens"], b["table"],
+               np.concatenate([sl[s - q:] for sl, (q, s) in zip(b["slots"], reqs)]))
+    info = meta.mla_info
+    assert (info["num_decodes"], info["num_decode_tokens"]) == (2, td)
+    assert (info["num_prefills"], info["num_prefill_tokens"]) == (2, ntok - td)
+
+    abs_tol, lse_tol = MLA_TOL[dtype]
+    # the fused call writes the new latents, then attends
+    out = layer.mla_forward(meta, qn_t, qp_t, cache, wuk_t, wuv_t,
+                            kv_c=new_rows[:, :R], k_pe=new_rows[:, R:])
+    assert_rows_close(xp.f64(out), want_out, abs_tol, abs_tol, "mla_forward out")
+    flat = xp.f64(cache).reshape(-1, R + ROPE)
+    for r, sl in enumerate(b["slots"]):
+        np.testing.assert_array_equal(flat[sl], lat[r], "request %d latents" % r)
+
+    # absorbed decode: q_latent = q_nope . W_UK per head, q_pe passed apart
+    q_lat = xp.store(np.einsum("thn,hnr->thr", qn[:td], wuk), dtype)
+    out_lat, lse = xp.nan((td, H, R), dtype), xp.nan((td, H), "float32")
+    layer.mla_forward_mqa(meta, q_lat, cache, out_lat, q_pe=qp_t[:td], lse=lse)
+    assert_rows_close(xp.f64(out_lat), want_lat[:td], abs_tol, abs_tol, "out_latent")
+    assert_close(xp.f64(lse), want_lse[:td], lse_tol, 0, "mqa lse")
+
+    # up-projected prefill of the prefill rows
+    q_full = cat([qn_t[td:], qp_t[td:]], -1) if xp.kind != "numpy" else \
+        np.concatenate([qn_t[td:], qp_t[td:]], -1)
+    out_p, lse_p = xp.nan((ntok - td, H, VDIM), dtype), xp.nan((ntok - td, H), "float32")
+    layer.mla_forward_mha(meta, q_full, cache, wuk_t, wuv_t, out_p, lse=lse_p)
+    assert_rows_close(xp.f64(out_p), want_out[td:], abs_tol, abs_tol, "mha out")
+    assert_close(xp.f64(lse_p), want_lse[td:], lse_tol, 0, "mha lse")
+
+
+# ---- bad input, the library, the objects ---------------------------------------------------
+
+def small_layer(ctx):
+    layer = attn_h.Layer(ctx, num_heads=4, num_kv_heads=2, head_size=32, dtype="float16")
+    meta = attn_h.Metadata(layer, 4, 32, 4, 8)
+    table = np.arange(8, dtype=np.int32).reshape(2, 4)
+    meta.build([0, 1, 5], [20, 4], table, [19, 64, 65, 66, 67])
+    return layer, meta
+
+
+def test_bad_input_raises_attn_error_naming_the_argument():
+    items = []
+    ctx = attn_h.Context(log_level="error", log=lambda level, item, msg: items.append(item))
+    layer, meta = small_layer(ctx)
+    cache = np.full(layer.kv_cache_shape(8), np.nan, np.float16)
+    q = np.random.default_rng(1).uniform(-1, 1, (5, 4, 32)).astype(np.float16)
+    out = np.full((5, 4, 32), np.nan, np.float16)
+
+    def raises(status, needle, fn, *args, **kw):
+        with pytest.raises(attn_h.AttnError) as e:
+            fn(*args, **kw)
+        assert isinstance(e.value, RuntimeError)
+        assert e.value.status == status, str(e.value)
+        assert needle in e.value.message, str(e.value)
+        assert str(e.value).startswith(status + ": ")
+        return e.value
+
+    # the library's own checks (the message is attn_context_last_error)
+    raises("ATTN_ERROR_SHAPE_MISMATCH", "q.dtype", layer.forward, meta, q.astype(np.float32),
+           cache, out)
+    raises("ATTN_ERROR_SHAPE_MISMATCH", "out.shape", layer.forward, meta, q, cache, out[:, :2])
+    raises("ATTN_ERROR_SHAPE_MISMATCH", "kv_cache", layer.forward, meta, q, cache[:4], out)
+    raises("ATTN_ERROR_SHAPE_MISMATCH", "lse", layer.forward, meta, q, cache, out,
+           lse=np.zeros((5, 3), np.float32))
+    assert np.isnan(out).all(), "a rejected call wrote its output"
+    raises("ATTN_ERROR_INVALID_VALUE", "num_kv_heads", attn_h.Layer, ctx, num_heads=4,
+           num_kv_heads=3, head_size=32)
+    raises("ATTN_ERROR_UNKNOWN_BACKEND", "nope", attn_h.Layer, ctx, num_heads=4,
+           head_size=32, backend="nope")
+    raises("ATTN_ERROR_INVALID_METADATA", "seq_lens", meta.build, [0, 1, 5], [20, 3],
+           np.zeros((2, 4), np.int32), [1, 2, 3, 4, 5])
+    kv = q[:, :2]
+    raises("ATTN_ERROR_INVALID_VALUE", "slot", layer.reshape_and_cache, kv, kv, cache,
+           [0, 1, 2, 3, 10 ** 6])
+    assert np.isnan(cache).all(), "a rejected cache write wrote"
+    # checks on the Python side, before the call: same error type, the argument named
+    raises("ATTN_ERROR_SHAPE_MISMATCH", "q", layer.forward, meta, q.astype(np.float64),
+           cache, out)
+    raises("ATTN_ERROR_SHAPE_MISMATCH", "all strides 0", layer.forward, meta,
+           np.broadcast_to(np.float16(1), (5, 4, 32)), cache, out)
+    raises("ATTN_ERROR_INVALID_METADATA", "query_start_loc", meta.build, [0, 1], [20, 4],
+           np.zeros((2, 4), np.int32), [1, 2])
+    raises("ATTN_ERROR_INVALID_METADATA", "slot_mapping", meta.build, [0, 1, 5], [20, 4],
+           np.zeros((2, 4), np.int32), [1, 2])
+    raises("ATTN_ERROR_INVALID_VALUE", "block_table", meta.build, [0, 1, 5], [20, 4],
+           np.zeros((2, 4)), [1, 2, 3, 4, 5])
+    raises("ATTN_ERROR_INVALID_VALUE", "dtype", attn_h.Layer, ctx, num_heads=4,
+           head_size=32, dtype="float64")
+    with pytest.raises(TypeError, match="q is a list"):
+        layer.forward(meta, [[1.0]], cache, out)
+    # each library rejection logged its item (ERROR)
+    assert {"ATTN_LOG_TENSOR_DTYPE", "ATTN_LOG_TENSOR_SHAPE", "ATTN_LOG_INVALID_SLOT"} <= set(items)
+    ctx.close()
+
+
+def test_struct_layout_matches_the_library(monkeypatch):
+    lib = attn_h.library()
+    attn_h.check_layout(lib)                           # what import did
+    reported = {name for name, _, _ in attn_h._layout_table(lib)}
+    for name, cls in attn_h._MIRRORS.items():
+        assert name in reported
+        for field, _ in cls._fields_:
+            assert "%s.%s" % (name, field) in reported
+
+    # and it fails, naming what differs: two fields swapped, a field missing, a constant
+    import ctypes as C
+
+    fields = list(attn_h.attn_layer_desc._fields_)
+    fields[5], fields[6] = fields[6], fields[5]        # block_size <-> scale
+    swapped = type("attn_layer_desc", (C.Structure,), {"_fields_": fields})
+    monkeypatch.setitem(attn_h._MIRRORS, "attn_layer_desc", swapped)
+    with pytest.raises(ImportError, match=r"attn_layer_desc\.(block_size|scale) is at offset"):
+        attn_h.check_layout(lib)
+    short = type("attn_batch", (C.Structure,), {"_fields_": attn_h.attn_batch._fields_[:-1]})
+    monkeypatch.setitem(attn_h._MIRRORS, "attn_layer_desc", attn_h.attn_layer_desc)
+    monkeypatch.setitem(attn_h._MIRRORS, "attn_batch", short)
+    with pytest.raises(ImportError, match=r"attn_batch(\.stream| is \d+ bytes)"):
+        attn_h.check_layout(lib)
+    monkeypatch.setitem(attn_h._MIRRORS, "attn_batch", attn_h.attn_batch)
+    monkeypatch.setattr(attn_h, "ATTN_DTYPE_BF16", 4)
+    with pytest.raises(ImportError, match="ATTN_DTYPE_BF16"):
+        attn_h.check_layout(lib)
+
+
+def test_library_not_found_names_the_paths(monkeypatch, tmp_path):
+    missing = str(tmp_path / "nowhere" / "libattn.so")
+    monkeypatch.setenv("ATTN_LIB", missing)
+    with pytest.raises(ImportError, match="tried: .*nowhere/libattn.so"):
+        attn_h.load_library()
+    monkeypatch.delenv("ATTN_LIB")
+    assert attn_h.load_library() is not None   # the repository's build/libattn.so
+
+
+def test_objects_close_children_first():
+    with attn_h.Context(log_level="error") as c:
+        layer = attn_h.Layer(c, num_heads=4, head_size=32)
+        meta = attn_h.Metadata(layer, 2, 8, 2, 4)
+        assert not meta.closed
+    assert c.closed and layer.closed and meta.closed
+    with pytest.raises(ValueError, match="closed"):
+        layer.kv_cache_shape(4)
+    c.close()                                   # idempotent
+    # dropped without close(): __del__ frees them (metadata before layer before context)
+    for _ in range(20):
+        c = attn_h.Context(log_level="error")
+        meta = attn_h.Metadata(attn_h.Layer(c, num_heads=2, head_size=16), 1, 4, 1, 2)
+        del c, meta
+
+
+def test_context_platform_selection_and_log():
+    lines = []
+    with attn_h.Context(log_level="debug", kernel_cache_dir="off",
+                        log=lambda *line: lines.append(line)) as c:
+        p = c.platform
+        assert p["kind"] in ("cpu", "cuda") and p["cpu_threads"] >= 1
+        assert "platform" in c.platform_text
+        layer = attn_h.Layer(c, num_heads=8, num_kv_heads=2, head_size=64, dtype="bf16",
+                             backend="CPU")
+        s = layer.selection
+        assert (s["resolved"], s["requested"], s["source"]) == ("CPU", "CPU", "code")
+        assert s["forced_by_code"] and s["dtype"] == "bf16" and s["num_kv_heads"] == 2
+        assert s["log_line"] and s["log_line"] in layer.selection_text
+        assert ("info", "ATTN_LOG_SELECT_RESOLVED", s["log_line"]) in lines
+        # an MLA layer on the CPU: the standard CPU backend is skipped, with its reason
+        mla = attn_h.Layer(c, num_heads=2, dtype="float32",
+                           mla=dict(kv_lora_rank=256, qk_rope_head_dim=64,
+                                    qk_nope_head_dim=128, v_head_dim=128))
+        s = mla.selection
+        assert s["resolved"] == "CPU_MLA" and s["head_size"] == 320
+        assert any(k["backend"] == "CPU" and k["reason"] for k in s["skipped"]), s["skipped"]
+        assert mla.kv_cache_shape(3) == (3, 16, 320)
+    assert attn_h.mla_num_kv_splits(4096, 4) >= 1
+    assert attn_h.VERSION.count(".") == 2
+
+
+def test_module_docstring_example(capsys):
+    """The usage example at the top of attn_h.py runs as written."""
+    text = attn_h.__doc__.split("::\n\n", 1)[1]
+    lines = []
+    for line in text.splitlines():
+        if line and not line.startswith("    "):
+            break
+        lines.append(line[4:])
+    scope = {}
+    exec("\n".join(lines), scope)
+    assert capsys.readouterr().out.strip() == "CPU"
+    out = scope["out"]
+    assert out.shape == (21, 8, 64) and np.isfinite(out).all()
