@@ -2209,6 +2209,10 @@ static attn_status attn__check_tensor(attn_context *ctx, const char *fn, const c
         return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_DEVICE,
                           "%s: %s.device is %s (allowed: %s)", fn, name,
                           attn__device_name(t->device.kind), attn__device_name(device));
+    if (device == ATTN_DEVICE_CUDA && t->device.index != 0) /* the context's device (attn__cuda_enter) */
+        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_DEVICE,
+                          "%s: %s.device.index is %d (allowed: 0; a context works on CUDA device 0)",
+                          fn, name, t->device.index);
     if (t->ndim != ndim)
         return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE,
                           "%s: %s.ndim is %d (allowed: %d)", fn, name, t->ndim, ndim);

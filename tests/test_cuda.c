@@ -387,6 +387,9 @@ ATTN_TEST(cuda_host_tensor_refused) {
         EXPECT_TRUE(host_out[0] != host_out[0] || ((unsigned char *)host_out)[0] == 0x7f);
         EXPECT_STATUS(attn_layer_forward(gpu, m, &hq, NULL, NULL, &cache, &q, NULL, NULL), ATTN_ERROR_SHAPE_MISMATCH);
         EXPECT_TRUE(strstr(attn_context_last_error(ctx), "q.device") != NULL);
+        q.device.index = 1; /* another GPU than the context's */
+        EXPECT_STATUS(attn_layer_forward(gpu, m, &q, NULL, NULL, &cache, &q, NULL, NULL), ATTN_ERROR_SHAPE_MISMATCH);
+        EXPECT_TRUE(strstr(attn_context_last_error(ctx), "q.device.index is 1") != NULL);
     } else {
         EXPECT_TRUE(0);
     }
