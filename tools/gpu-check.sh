@@ -31,9 +31,9 @@ if command -v compute-sanitizer >/dev/null 2>&1; then
     rc=$?
     summary "memcheck" "exit $rc, $(grep -c 'Invalid\|Error' "$OUT/memcheck.log") error lines; $(last "$OUT/memcheck.log")"
     [ "${1:-}" = "--quick" ] || {
-        timeout 300 compute-sanitizer --tool racecheck --error-exitcode 9 ./build/attn_tests cuda_merge \
+        timeout 300 compute-sanitizer --tool racecheck --error-exitcode 9 ./build/attn_tests cuda \
             > "$OUT/racecheck.log" 2>&1
-        summary "racecheck (merge)" "exit $?; $(grep -c 'Race\|Hazard' "$OUT/racecheck.log") hazard lines"
+        summary "racecheck (cuda suite)" "exit $?; $(grep -c 'Race\|Hazard' "$OUT/racecheck.log") hazard lines"
     }
 else
     summary "compute-sanitizer" "not installed"
