@@ -2468,10 +2468,12 @@ static attn_status attn__desc_resolve(attn_context *ctx, const char *fn,
         if (d.num_kv_heads != 1)
             return attn__bad_desc(ctx, "%s: desc.num_kv_heads is %d for an MLA layer (allowed: 0 "
                                        "or 1, the one latent head)", fn, in->num_kv_heads);
-        if (d.qk_rope_head_dim < 0 || d.kv_lora_rank < 0 || d.qk_nope_head_dim < 0 || d.v_head_dim < 0)
-            return attn__bad_desc(ctx, "%s: an MLA dimension is negative (kv_lora_rank %d, "
+        if (d.qk_rope_head_dim < 0 || d.kv_lora_rank < 0 || d.qk_nope_head_dim < 0 || d.v_head_dim < 0 ||
+            d.qk_rope_head_dim > 65536 || d.kv_lora_rank > 65536 || d.qk_nope_head_dim > 65536 ||
+            d.v_head_dim > 65536)
+            return attn__bad_desc(ctx, "%s: an MLA dimension is out of range (kv_lora_rank %d, "
                                        "qk_rope_head_dim %d, qk_nope_head_dim %d, v_head_dim %d; "
-                                       "allowed: 0 = default, or > 0)", fn, d.kv_lora_rank,
+                                       "allowed: 0 = default, or 1 to 65536)", fn, d.kv_lora_rank,
                                        d.qk_rope_head_dim, d.qk_nope_head_dim, d.v_head_dim);
         if (!d.qk_rope_head_dim) d.qk_rope_head_dim = 64;
         if (!d.kv_lora_rank) d.kv_lora_rank = d.head_size - d.qk_rope_head_dim;
@@ -6290,12 +6292,31 @@ static void attn__cuda_layer_free(attn_context *ctx, attn__cuda_layer *L) {
     attn__free(L);
 }
 
+/* The kernel variants a layer loads: [0] decode tiles, [1] prefill tiles (paged_attention.cu),
+   [2] the cache write (cache_write.cu). One place, so tools (attn-bench's compile timings)
+   and tests ask for exactly what layer creation compiles. */
+#define ATTN__CUDA_LAYER_VARIANTS 3
+static const char *const attn__cuda_variant_file[ATTN__CUDA_LAYER_VARIANTS] = {
+    "paged_attention.cu", "paged_attention.cu", "cache_write.cu"};
+
+static void attn__cuda_layer_variants(const attn_layer_desc *d, char opt[ATTN__CUDA_LAYER_VARIANTS][256]) {
+    int group = d->num_heads / d->num_kv_heads, pass;
+    for (pass = 0; pass < 2; pass++)
+        attn__fmt(opt[pass], 256, "-DHEAD_DIM=%d -DBLOCK_SIZE=%d -DGROUP=%d -DDT_Q=%d -DDT_KV=%d "
+                  "-DTILE_TOKENS=%d -DWINDOW=%d -DSOFTCAP=%d -DALIBI=%d",
+                  d->head_size, d->block_size, group, attn__cuda_dt(d->dtype), attn__cuda_dt(d->kv_cache_dtype),
+                  attn__cuda_tile_tokens(group, pass), d->sliding_window > 0, d->logits_soft_cap > 0.0f,
+                  d->alibi_slopes != NULL);
+    attn__fmt(opt[2], 256, "-DHEAD_DIM=%d -DDT_IN=%d -DDT_CACHE=%d", d->head_size,
+              attn__cuda_dt(d->dtype), attn__cuda_dt(d->kv_cache_dtype));
+}
+
 static attn_status attn__cuda_layer_init(const attn_backend *self, attn_layer *layer, void **state,
                                          char *reason, size_t size) {
     attn_context *ctx = attn_layer_context(layer);
     const attn_layer_desc *d = attn_layer_get_desc(layer);
-    int group = d->num_heads / d->num_kv_heads, pass;
-    char opt[256];
+    int pass;
+    char opt[ATTN__CUDA_LAYER_VARIANTS][256];
     attn__cuda_layer *L;
     attn_status st;
     (void)self;
@@ -6309,19 +6330,13 @@ static attn_status attn__cuda_layer_init(const attn_backend *self, attn_layer *l
         attn__free(L);
         return st;
     }
-    for (pass = 0; pass < 2 && st == ATTN_OK; pass++) {
-        attn__fmt(opt, sizeof opt, "-DHEAD_DIM=%d -DBLOCK_SIZE=%d -DGROUP=%d -DDT_Q=%d -DDT_KV=%d "
-                  "-DTILE_TOKENS=%d -DWINDOW=%d -DSOFTCAP=%d -DALIBI=%d",
-                  d->head_size, d->block_size, group, attn__cuda_dt(d->dtype), attn__cuda_dt(d->kv_cache_dtype),
-                  attn__cuda_tile_tokens(group, pass), d->sliding_window > 0, d->logits_soft_cap > 0.0f, d->alibi_slopes != NULL);
-        st = attn__cuda_load(ctx, "paged_attention.cu", opt, "attn_paged_attention", "attn_paged_merge_partials", 1,
-                             pass ? &L->prefill : &L->decode, reason, size);
-    }
-    if (st == ATTN_OK) {
-        attn__fmt(opt, sizeof opt, "-DHEAD_DIM=%d -DDT_IN=%d -DDT_CACHE=%d", d->head_size,
-                  attn__cuda_dt(d->dtype), attn__cuda_dt(d->kv_cache_dtype));
-        st = attn__cuda_load(ctx, "cache_write.cu", opt, "attn_reshape_and_cache", NULL, 0, &L->cache, reason, size);
-    }
+    attn__cuda_layer_variants(d, opt);
+    for (pass = 0; pass < 2 && st == ATTN_OK; pass++)
+        st = attn__cuda_load(ctx, attn__cuda_variant_file[pass], opt[pass], "attn_paged_attention",
+                             "attn_paged_merge_partials", 1, pass ? &L->prefill : &L->decode, reason, size);
+    if (st == ATTN_OK)
+        st = attn__cuda_load(ctx, attn__cuda_variant_file[2], opt[2], "attn_reshape_and_cache", NULL, 0, &L->cache,
+                             reason, size);
     if (st == ATTN_OK && d->alibi_slopes) {
         size_t bytes = (size_t)d->num_heads * sizeof(float);
         attn__CUresult rc = ctx->cuda->cuMemAlloc(&L->alibi, bytes);
@@ -8497,8 +8512,9 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "}\n",
     0};
 static const char *const attn__kernel_src_util_cu[] = {
-    "// util.cu — small device utilities the library launches itself: filling buffers (the\n",
-    "// tests poison outputs with NaN before every GPU run; workspaces are cleared with it).\n",
+    "// util.cu — small device utilities: filling buffers (the tests poison outputs with NaN\n",
+    "// before every GPU run; workspaces are cleared with it) and the read-bandwidth probe that\n",
+    "// tools/attn-bench measures the device's ceiling with.\n",
     "// Header-free on purpose: NVRTC has no include path (DESIGN.md).\n",
     "\n",
     "typedef unsigned int attn_u32;\n",
@@ -8522,6 +8538,28 @@ static const char *const attn__kernel_src_util_cu[] = {
     "    attn_u64 i = (attn_u64)blockIdx.x * blockDim.x + threadIdx.x;\n",
     "    attn_u64 stride = (attn_u64)gridDim.x * blockDim.x;\n",
     "    for (; i < n; i += stride) dst[i] = value;\n",
+    "}\n",
+    "\n",
+    "// Reads n 16-byte words (grid-stride, four independent loads in flight per thread, loads\n",
+    "// that bypass L1 and are marked evict-first in L2) and folds them with XOR. The result is\n",
+    "// stored only when it equals `never` (the caller passes a value the data cannot fold to),\n",
+    "// so the compiler must keep every load while the kernel writes nothing: what it measures\n",
+    "// is the device's read bandwidth, the ceiling of a memory-bound decode.\n",
+    "extern \"C\" __global__ void attn_read_probe(const uint4 *src, attn_u64 n, attn_u32 never, attn_u32 *out) {\n",
+    "    attn_u64 stride = (attn_u64)gridDim.x * blockDim.x;\n",
+    "    attn_u64 i = (attn_u64)blockIdx.x * blockDim.x + threadIdx.x;\n",
+    "    attn_u32 acc = 0;\n",
+    "    for (; i + 3 * stride < n; i += 4 * stride) {\n",
+    "        uint4 a = __ldcs(src + i), b = __ldcs(src + i + stride);\n",
+    "        uint4 c = __ldcs(src + i + 2 * stride), d = __ldcs(src + i + 3 * stride);\n",
+    "        acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w;\n",
+    "        acc ^= c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;\n",
+    "    }\n",
+    "    for (; i < n; i += stride) {\n",
+    "        uint4 a = __ldcs(src + i);\n",
+    "        acc ^= a.x ^ a.y ^ a.z ^ a.w;\n",
+    "    }\n",
+    "    if (acc == never) out[0] = acc;\n",
     "}\n",
     0};
 /* 5 kernel source file(s); the lookup is declared in >>nvrtc */

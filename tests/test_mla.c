@@ -11,6 +11,7 @@
 #include "attn_test.h"
 #include "fixtures.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -2344,6 +2345,19 @@ ATTN_TEST(test_mla_reject_layers) {
     EXPECT_TRUE(attn_test_log_has(&cap, ATTN_LOG_INVALID_DESC, ATTN_LOG_LEVEL_ERROR));
     d = mla_desc(16, 320, 512);
     EXPECT_STATUS(attn_layer_create(ctx, &d, NULL, &layer), ATTN_ERROR_INVALID_VALUE);
+    /* MLA dimensions out of range (a fuzzer input: INT_MAX + 64 overflowed in the default
+       scale before this was checked) */
+    for (i = 0; i < 4; i++) {
+        d = mla_desc(16, 576, 512);
+        if (i == 0) d.qk_nope_head_dim = INT_MAX;
+        if (i == 1) d.v_head_dim = 65537;
+        if (i == 2) d.qk_rope_head_dim = INT_MAX;
+        if (i == 3) d.kv_lora_rank = -1;
+        attn_test_log_reset(&cap);
+        EXPECT_STATUS(attn_layer_create(ctx, &d, NULL, &layer), ATTN_ERROR_INVALID_VALUE);
+        EXPECT_TRUE(attn_test_log_has(&cap, ATTN_LOG_INVALID_DESC, ATTN_LOG_LEVEL_ERROR));
+        EXPECT_TRUE(layer == NULL);
+    }
     /* more than one KV head */
     d = mla_desc(16, 576, 512);
     d.num_kv_heads = 2;

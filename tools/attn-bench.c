@@ -1004,8 +1004,468 @@ static void cpu_describe(char *buf, size_t size) {
    main
    ------------------------------------------------------------------------------------- */
 
+/* ---------------------------------------------------------------------------------------
+   --device cuda: the CUDA backend (compile times with or without a GPU; the decode table
+   and the device's read ceiling on a GPU)
+
+   1. Compile times, through the same variant list layer creation compiles
+      (attn__cuda_layer_variants), into a fresh kernel-cache directory:
+        cold  - every variant of five layer configurations compiled by NVRTC for the
+                device's architecture (sm_90 when there is no GPU), one at a time;
+        warm  - a fresh context on the same directory: per layer, the three variants
+                found on disk (no GPU: lookup + read + checksum), or on a GPU the whole
+                attn_layer_create (disk + module load + configuration read-back), after
+                the context's first GPU call (reported on its own line).
+   2. On a GPU: the device's read bandwidth (attn_read_probe over 4 GiB, best of 10), then
+      decode through the public API (attn_layer_forward on device tensors, the backend's
+      own scheduler and split-KV): 32/8 heads, head 128, bf16, block 16, batch
+      1/16/64/128 x context 1k/4k/16k. Each case rotates over pre-built metadata sets on
+      disjoint shuffled block sets of a 16 GiB cache (>= 256 MiB per rotation, 5x the L2),
+      timed with CUDA events over back-to-back forwards; median of 11 groups.
+   ------------------------------------------------------------------------------------- */
+
+#ifndef ATTN_NO_CUDA
+#include <dirent.h>
+#include <sys/stat.h>
+
+typedef struct {
+    const char *name;
+    int heads, kv_heads, head_size, block_size;
+    attn_dtype dtype;
+    int window;
+    float softcap;
+} cuda_layer_cfg;
+
+static const cuda_layer_cfg cuda_cfgs[] = {
+    {"32/8 h128 bf16 (decode table)", 32, 8, 128, 16, ATTN_DTYPE_BF16, 0, 0.0f},
+    {"32/8 h128 f16", 32, 8, 128, 16, ATTN_DTYPE_F16, 0, 0.0f},
+    {"64/8 h64 bf16 block 32", 64, 8, 64, 32, ATTN_DTYPE_BF16, 0, 0.0f},
+    {"16/16 h256 bf16", 16, 16, 256, 16, ATTN_DTYPE_BF16, 0, 0.0f},
+    {"32/4 h128 f32 window soft-cap", 32, 4, 128, 16, ATTN_DTYPE_F32, 4096, 30.0f},
+};
+#define CUDA_NUM_CFGS ((int)(sizeof cuda_cfgs / sizeof cuda_cfgs[0]))
+
+static attn_layer_desc cuda_desc(const cuda_layer_cfg *c) {
+    attn_layer_desc d;
+    memset(&d, 0, sizeof d);
+    d.num_heads = c->heads;
+    d.num_kv_heads = c->kv_heads;
+    d.head_size = c->head_size;
+    d.block_size = c->block_size;
+    d.dtype = c->dtype;
+    d.kv_cache_dtype = c->dtype;
+    d.sliding_window = c->window;
+    d.logits_soft_cap = c->softcap;
+    d.device = ATTN_DEVICE_CUDA;
+    return d;
+}
+
+static attn_context *cuda_bench_context(const char *cache_dir) {
+    attn_context_desc cd;
+    attn_context *ctx = NULL;
+    memset(&cd, 0, sizeof cd);
+    cd.log_level = ATTN_LOG_LEVEL_WARN;
+    cd.kernel_cache_dir = cache_dir;
+    CHECK(NULL, attn_context_create(&cd, &ctx));
+    return ctx;
+}
+
+static void rm_dir(const char *dir) {
+    DIR *dp = opendir(dir);
+    struct dirent *e;
+    char path[1024];
+    if (!dp) return;
+    while ((e = readdir(dp)) != NULL) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        remove(path);
+    }
+    closedir(dp);
+    rmdir(dir);
+}
+
+/* 1. Cold compile per variant, warm start per layer. */
+static void cuda_compile_times(const attn_platform *plat0, int quick) {
+    char dir[512], arch[16], opt[CUDA_NUM_CFGS][ATTN__CUDA_LAYER_VARIANTS][256];
+    const char *tmp = getenv("TMPDIR");
+    int have_gpu = plat0->kind == ATTN_PLATFORM_CUDA, c, v, n_cold = 0, rounds = quick ? 1 : 3, r;
+    double cold_max = 0, cold_sum = 0, warm_max = 0, t0, first_call = 0, ctx_create;
+    attn_context *ctx;
+    attn_kernel_info info;
+
+    snprintf(dir, sizeof dir, "%s/attn-bench-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(dir)) {
+        fprintf(stderr, "attn-bench: cannot make a kernel-cache directory under %s\n", tmp ? tmp : "/tmp");
+        exit(1);
+    }
+    if (have_gpu) snprintf(arch, sizeof arch, "sm_%d%d", plat0->cuda_capability_major, plat0->cuda_capability_minor);
+    else snprintf(arch, sizeof arch, "sm_90");
+    for (c = 0; c < CUDA_NUM_CFGS; c++) {
+        attn_layer_desc d = cuda_desc(&cuda_cfgs[c]);
+        attn__cuda_layer_variants(&d, opt[c]);
+    }
+
+    printf("NVRTC %d.%d, kernels for %s%s; kernel cache: %s (fresh)\n", plat0->nvrtc_version / 1000,
+           plat0->nvrtc_version % 1000 / 10, arch, have_gpu ? " (this GPU)" : " (no GPU here: the H200's arch)", dir);
+    printf("cold compile, per variant (each layer loads 3: decode tiles, prefill tiles, cache write):\n");
+    ctx = cuda_bench_context(dir);
+    for (c = 0; c < CUDA_NUM_CFGS; c++)
+        for (v = 0; v < ATTN__CUDA_LAYER_VARIANTS; v++) {
+            double t;
+            t0 = now_s();
+            CHECK(ctx, attn_kernel_compile(ctx, attn__cuda_variant_file[v], opt[c][v], arch, &info));
+            t = now_s() - t0;
+            if (info.source != ATTN_KERNEL_COMPILED) {
+                printf("  %-34s %-18s (the same variant as an earlier layer: from memory)\n",
+                       v ? "" : cuda_cfgs[c].name, attn__cuda_variant_file[v]);
+                continue;
+            }
+            n_cold++;
+            cold_sum += t;
+            if (t > cold_max) cold_max = t;
+            printf("  %-34s %-18s %s %7.0f ms wall (NVRTC %6.0f ms), %3d registers, %5d B shared, "
+                   "spills %d/%d B, cubin %zu KiB\n", v ? "" : cuda_cfgs[c].name, attn__cuda_variant_file[v],
+                   v == 0 ? "decode " : v == 1 ? "prefill" : "cache  ", t * 1e3, info.compile_ms, info.registers,
+                   info.shared_bytes, info.spill_stores, info.spill_loads, info.cubin_bytes / 1024);
+        }
+    attn_context_destroy(ctx);
+    printf("  %d variants compiled: %.0f ms the slowest, %.0f ms the mean (target <= 2000 ms per variant)\n",
+           n_cold, cold_max * 1e3, cold_sum / (n_cold ? n_cold : 1) * 1e3);
+
+    printf("warm start, per layer (a fresh context on the same cache directory; %d rounds, the "
+           "slowest shown)%s:\n", rounds, have_gpu ? "" : " - no GPU: the disk part only (lookup, read, checksum)");
+    {
+        double warm[CUDA_NUM_CFGS];
+        int compiles = 0;
+        for (c = 0; c < CUDA_NUM_CFGS; c++) warm[c] = 0;
+        for (r = 0; r < rounds; r++) {
+            attn_layer *layers[CUDA_NUM_CFGS];
+            t0 = now_s();
+            ctx = cuda_bench_context(dir);
+            ctx_create = now_s() - t0;
+            if (have_gpu) { /* the context's first GPU call: driver start, primary context */
+                void *p = NULL;
+                t0 = now_s();
+                CHECK(ctx, attn_cuda_malloc(ctx, 256, &p));
+                CHECK(ctx, attn_cuda_free(ctx, p));
+                first_call = now_s() - t0;
+            }
+            for (c = 0; c < CUDA_NUM_CFGS; c++) {
+                double t;
+                layers[c] = NULL;
+                t0 = now_s();
+                if (have_gpu) {
+                    attn_layer_desc d = cuda_desc(&cuda_cfgs[c]);
+                    CHECK(ctx, attn_layer_create(ctx, &d, NULL, &layers[c]));
+                } else {
+                    for (v = 0; v < ATTN__CUDA_LAYER_VARIANTS; v++)
+                        CHECK(ctx, attn_kernel_compile(ctx, attn__cuda_variant_file[v], opt[c][v], arch, NULL));
+                }
+                t = now_s() - t0;
+                if (t > warm[c]) warm[c] = t;
+            }
+            compiles += attn_kernel_compile_count(ctx);
+            for (c = 0; c < CUDA_NUM_CFGS; c++) attn_layer_destroy(layers[c]);
+            attn_context_destroy(ctx);
+            if (r == 0)
+                printf("  attn_context_create %.1f ms\n", ctx_create * 1e3);
+            if (r == 0 && have_gpu)
+                printf("  the context's first GPU call (driver, primary context) %.1f ms, once per process\n",
+                       first_call * 1e3);
+        }
+        for (c = 0; c < CUDA_NUM_CFGS; c++) {
+            printf("  %-34s %7.2f ms%s\n", cuda_cfgs[c].name, warm[c] * 1e3,
+                   have_gpu ? " (attn_layer_create)" : " (3 variants from disk)");
+            if (warm[c] > warm_max) warm_max = warm[c];
+        }
+        printf("  slowest layer %.2f ms (target <= 10 ms); NVRTC compiles during the warm rounds: %d%s\n",
+               warm_max * 1e3, compiles, compiles ? " (NOT warm: the disk cache missed)" : "");
+    }
+    rm_dir(dir);
+    {
+        bench_row *row = row_add();
+        snprintf(row->name, sizeof row->name, "cold NVRTC compile per variant (%d variants, %s)", n_cold, arch);
+        row->ms = cold_max * 1e3;
+        snprintf(row->metric, sizeof row->metric, "slowest; mean %.0f ms", cold_sum / (n_cold ? n_cold : 1) * 1e3);
+        snprintf(row->ceiling, sizeof row->ceiling, "target <= 2000 ms");
+        row->other_cores = -1;
+        row = row_add();
+        snprintf(row->name, sizeof row->name, "warm start per layer (%s)",
+                 have_gpu ? "attn_layer_create, disk cache" : "3 variants from the disk cache, no GPU");
+        row->ms = warm_max * 1e3;
+        snprintf(row->metric, sizeof row->metric, "slowest of %d layers", CUDA_NUM_CFGS);
+        snprintf(row->ceiling, sizeof row->ceiling, "target <= 10 ms");
+        row->other_cores = -1;
+    }
+}
+
+/* The device's read bandwidth: attn_read_probe over `bytes`, best of `passes` (GB/s). */
+static double cuda_read_ceiling(attn_context *ctx, attn__CUdeviceptr buf, size_t bytes, int passes,
+                                double *median_gbs) {
+    attn__cuda_driver *cu = ctx->cuda;
+    attn__cuda_module m;
+    attn__CUevent e0, e1;
+    attn__CUdeviceptr out;
+    unsigned long long n = bytes / 16;
+    unsigned never = 0x9e3779b9u;
+    void *args[4];
+    char reason[256];
+    int per_sm = 0, i;
+    double best = 0, t[32];
+    CHECK(ctx, attn__cuda_enter(ctx, "attn-bench"));
+    CHECK(ctx, attn__cuda_load(ctx, "util.cu", "", "attn_read_probe", NULL, 0, &m, reason, sizeof reason));
+    if (cu->cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, m.main, 512, 0) != 0 || per_sm < 1) per_sm = 1;
+    if (cu->cuMemAlloc(&out, 16) != 0 || cu->cuEventCreate(&e0, 0) != 0 || cu->cuEventCreate(&e1, 0) != 0) {
+        fprintf(stderr, "attn-bench: cannot set up the read probe\n");
+        exit(1);
+    }
+    args[0] = &buf; args[1] = &n; args[2] = &never; args[3] = &out;
+    if (passes > 32) passes = 32;
+    for (i = -1; i < passes; i++) {
+        float ms = 0;
+        cu->cuEventRecord(e0, NULL);
+        if (cu->cuLaunchKernel(m.main, (unsigned)(per_sm * ATTN__MAX(1, ctx->platform.cuda_multiprocessors)), 1, 1,
+                               512, 1, 1, 0, NULL, args, NULL) != 0) {
+            fprintf(stderr, "attn-bench: the read probe did not launch\n");
+            exit(1);
+        }
+        cu->cuEventRecord(e1, NULL);
+        cu->cuEventSynchronize(e1);
+        cu->cuEventElapsedTime(&ms, e0, e1);
+        if (i < 0) continue; /* warm-up */
+        t[i] = (double)bytes / (ms * 1e-3) / 1e9;
+        if (t[i] > best) best = t[i];
+    }
+    *median_gbs = median(t, passes);
+    cu->cuEventDestroy(e0);
+    cu->cuEventDestroy(e1);
+    cu->cuMemFree(out);
+    cu->cuModuleUnload(m.module);
+    attn__cuda_leave(ctx);
+    return best;
+}
+
+#define CUDA_POOL_BYTES ((size_t)16 << 30)   /* the KV cache the decode cases draw from */
+#define CUDA_ROTATE_BYTES ((size_t)256 << 20) /* KV read per rotation, at least */
+#define CUDA_MAX_SETS 64
+
+/* 2. Decode through the public API on device tensors. */
+static void cuda_decode_table(attn_context *ctx, int quick) {
+    static const int batches[] = {1, 16, 64, 128}, contexts[] = {1024, 4096, 16384};
+    const int H = 32, Hkv = 8, D = 128, BS = 16, groups = quick ? 5 : 11;
+    const size_t block_bytes = (size_t)2 * BS * Hkv * D * 2;
+    attn__cuda_driver *cu = ctx->cuda;
+    attn_platform plat;
+    attn_layer_desc d;
+    attn_layer *layer = NULL;
+    attn_tensor kv, q, out;
+    int64_t num_blocks = (int64_t)(CUDA_POOL_BYTES / block_bytes), shape[ATTN_MAX_DIMS], qshape[3];
+    int ndim, bi, ci, i;
+    int32_t *ids;
+    void *d_kv = NULL, *d_q = NULL, *d_out = NULL;
+    uint16_t *host, *host_out;
+    size_t chunk = (size_t)64 << 20, off;
+    double read_best, read_med, read_best2, read_med2, t0;
+    attn__CUevent e0, e1;
+    struct { int b, c; double us, gbs; int items, merges, sets; } res[12];
+    int nres = 0;
+
+    CHECK(ctx, attn_platform_get(ctx, &plat));
+    memset(&d, 0, sizeof d);
+    d.num_heads = H; d.num_kv_heads = Hkv; d.head_size = D; d.block_size = BS;
+    d.dtype = d.kv_cache_dtype = ATTN_DTYPE_BF16;
+    d.device = ATTN_DEVICE_CUDA;
+    CHECK(ctx, attn_layer_create(ctx, &d, NULL, &layer));
+    CHECK(ctx, attn_layer_kv_cache_shape(layer, num_blocks, shape, &ndim));
+    t0 = now_s();
+    CHECK(ctx, attn_cuda_malloc(ctx, (size_t)num_blocks * block_bytes, &d_kv));
+    CHECK(ctx, attn_cuda_malloc(ctx, (size_t)128 * H * D * 2, &d_q));
+    CHECK(ctx, attn_cuda_malloc(ctx, (size_t)128 * H * D * 2, &d_out));
+    host = (uint16_t *)bench_alloc(chunk + 1024);
+    fill_random(host, ATTN_DTYPE_BF16, (chunk + 1024) / 2, 5);
+    /* random bf16 in [-1, 1); each 64 MiB chunk from another offset of the host buffer */
+    for (off = 0; off < (size_t)num_blocks * block_bytes; off += chunk)
+        CHECK(ctx, attn_cuda_memcpy(ctx, (char *)d_kv + off, (const char *)host + (off / chunk % 7) * 128,
+                                    chunk, ATTN_COPY_HOST_TO_DEVICE, NULL));
+    fill_random(host, ATTN_DTYPE_BF16, (size_t)128 * H * D, 6);
+    CHECK(ctx, attn_cuda_memcpy(ctx, d_q, host, (size_t)128 * H * D * 2, ATTN_COPY_HOST_TO_DEVICE, NULL));
+    printf("KV cache: %.1f GiB on the device (%lld blocks of 16 tokens), filled in %.1f s\n",
+           (double)num_blocks * (double)block_bytes / (1 << 30), (long long)num_blocks, now_s() - t0);
+
+    read_best = cuda_read_ceiling(ctx, (attn__CUdeviceptr)(uintptr_t)d_kv, (size_t)4 << 30, 10, &read_med);
+    printf("read ceiling: %.0f GB/s best, %.0f median (attn_read_probe, 4 GiB, 10 passes)\n", read_best, read_med);
+    fflush(stdout);
+
+    kv = attn_tensor_make(d_kv, ATTN_DTYPE_BF16, ndim, shape);
+    kv.device.kind = ATTN_DEVICE_CUDA;
+    ids = (int32_t *)bench_alloc((size_t)num_blocks * sizeof(int32_t));
+    shuffle_ids(ids, (int)num_blocks, 41);
+    host_out = (uint16_t *)bench_alloc((size_t)128 * H * D * 2);
+    CHECK(ctx, attn__cuda_enter(ctx, "attn-bench"));
+    if (cu->cuEventCreate(&e0, 0) != 0 || cu->cuEventCreate(&e1, 0) != 0) {
+        fprintf(stderr, "attn-bench: cannot create CUDA events\n");
+        exit(1);
+    }
+    attn__cuda_leave(ctx);
+
+    printf("decode: %d/%d heads, head %d, bf16, block %d; GB/s = K+V bytes of the batch / time per forward\n",
+           H, Hkv, D, BS);
+    for (bi = 0; bi < 4; bi++)
+        for (ci = 0; ci < 3; ci++) {
+            int B = batches[bi], C = contexts[ci], bps = C / BS, nsets, per_group, g, next = 0, k;
+            size_t iter_bytes = (size_t)B * (size_t)C * Hkv * D * 2 * 2;
+            attn_metadata **metas;
+            int32_t *qsl = (int32_t *)bench_alloc(((size_t)B + 1) * 4), *sl = (int32_t *)bench_alloc((size_t)B * 4);
+            double t[16], med;
+            const attn__cuda_meta *cm;
+            nsets = (int)((CUDA_ROTATE_BYTES + iter_bytes - 1) / iter_bytes);
+            if (nsets < 2) nsets = 2;
+            if (nsets > CUDA_MAX_SETS) nsets = CUDA_MAX_SETS;
+            if ((int64_t)nsets * B * bps > num_blocks) nsets = (int)(num_blocks / ((int64_t)B * bps));
+            per_group = nsets < 20 ? 20 : nsets;
+            for (i = 0; i <= B; i++) qsl[i] = i;
+            for (i = 0; i < B; i++) sl[i] = C;
+            qshape[0] = B; qshape[1] = H; qshape[2] = D;
+            q = attn_tensor_make(d_q, ATTN_DTYPE_BF16, 3, qshape);
+            out = attn_tensor_make(d_out, ATTN_DTYPE_BF16, 3, qshape);
+            q.device.kind = out.device.kind = ATTN_DEVICE_CUDA;
+            metas = (attn_metadata **)bench_alloc((size_t)nsets * sizeof *metas);
+            for (k = 0; k < nsets; k++) {
+                attn_metadata_desc md;
+                attn_batch b;
+                memset(&md, 0, sizeof md);
+                md.max_num_reqs = B;
+                md.max_num_tokens = B;
+                md.max_blocks_per_req = bps;
+                md.num_blocks = num_blocks;
+                CHECK(ctx, attn_metadata_create(layer, &md, &metas[k]));
+                memset(&b, 0, sizeof b);
+                b.query_start_loc = qsl;
+                b.seq_lens = sl;
+                b.block_table = ids + (size_t)k * (size_t)B * (size_t)bps;
+                b.block_table_stride = bps;
+                b.num_reqs = B;
+                b.num_actual_tokens = B;
+                b.max_query_len = 1;
+                b.max_seq_len = C;
+                CHECK(ctx, attn_metadata_build(metas[k], 0, &b, 0));
+            }
+            CHECK(ctx, attn_cuda_synchronize(ctx, NULL));
+            for (k = 0; k < 3; k++) /* warm-up */
+                CHECK(ctx, attn_layer_forward(layer, metas[k % nsets], &q, NULL, NULL, &kv, &out, NULL, NULL));
+            for (g = 0; g < groups; g++) {
+                float ms = 0;
+                CHECK(ctx, attn__cuda_enter(ctx, "attn-bench"));
+                cu->cuEventRecord(e0, NULL);
+                attn__cuda_leave(ctx);
+                for (k = 0; k < per_group; k++) {
+                    CHECK(ctx, attn_layer_forward(layer, metas[next], &q, NULL, NULL, &kv, &out, NULL, NULL));
+                    next = (next + 1) % nsets;
+                }
+                CHECK(ctx, attn__cuda_enter(ctx, "attn-bench"));
+                cu->cuEventRecord(e1, NULL);
+                cu->cuEventSynchronize(e1);
+                cu->cuEventElapsedTime(&ms, e0, e1);
+                attn__cuda_leave(ctx);
+                t[g] = (double)ms * 1e-3 / per_group;
+            }
+            CHECK(ctx, attn_cuda_memcpy(ctx, host_out, d_out, (size_t)B * H * D * 2, ATTN_COPY_DEVICE_TO_HOST, NULL));
+            check_finite(host_out, ATTN_DTYPE_BF16, (size_t)B * H * D, "cuda decode");
+            med = median(t, groups);
+            cm = (const attn__cuda_meta *)attn_metadata_private(metas[(next + nsets - 1) % nsets]);
+            res[nres].b = B; res[nres].c = C; res[nres].us = med * 1e6;
+            res[nres].gbs = (double)iter_bytes / med / 1e9;
+            res[nres].items = cm->host.counts[0];
+            res[nres].merges = cm->host.counts[2];
+            res[nres].sets = nsets;
+            printf("  batch %3d context %5d: %9.1f us median (min %.1f, max %.1f; %d groups of %d)  %7.0f GB/s  "
+                   "%5.1f%% of read  [%d work items, %d merges; %d sets x %.1f MiB]\n", B, C, med * 1e6,
+                   t[0] * 1e6, t[groups - 1] * 1e6, groups, per_group, res[nres].gbs, 100.0 * res[nres].gbs / read_best,
+                   res[nres].items, res[nres].merges, nsets, (double)iter_bytes / MIB);
+            fflush(stdout);
+            nres++;
+            for (k = 0; k < nsets; k++) attn_metadata_destroy(metas[k]);
+            free(metas); free(qsl); free(sl);
+        }
+    read_best2 = cuda_read_ceiling(ctx, (attn__CUdeviceptr)(uintptr_t)d_kv, (size_t)4 << 30, 10, &read_med2);
+    if (read_best2 > read_best) read_best = read_best2;
+    printf("read ceiling after the table: %.0f GB/s best, %.0f median; rows use the best of the run, %.0f GB/s\n",
+           read_best2, read_med2, read_best);
+    {
+        bench_row *row = row_add();
+        snprintf(row->name, sizeof row->name, "ceiling: device read (attn_read_probe, 4 GiB)");
+        row->ms = 0;
+        snprintf(row->metric, sizeof row->metric, "%.0f GB/s", read_best);
+        snprintf(row->ceiling, sizeof row->ceiling, "100%% (best of 20 passes)");
+        row->other_cores = -1;
+    }
+    for (i = 0; i < nres; i++) {
+        bench_row *row = row_add();
+        snprintf(row->name, sizeof row->name, "decode b=%d ctx=%d (%d items, %d merges)", res[i].b, res[i].c,
+                 res[i].items, res[i].merges);
+        row->ms = res[i].us * 1e-3;
+        snprintf(row->metric, sizeof row->metric, "%.0f GB/s KV read", res[i].gbs);
+        snprintf(row->ceiling, sizeof row->ceiling, "%.1f%% of read BW", 100.0 * res[i].gbs / read_best);
+        row->other_cores = -1;
+    }
+    CHECK(ctx, attn__cuda_enter(ctx, "attn-bench"));
+    cu->cuEventDestroy(e0);
+    cu->cuEventDestroy(e1);
+    attn__cuda_leave(ctx);
+    attn_layer_destroy(layer);
+    attn_cuda_free(ctx, d_kv); attn_cuda_free(ctx, d_q); attn_cuda_free(ctx, d_out);
+    free(ids); free(host); free(host_out);
+}
+#endif /* ATTN_NO_CUDA */
+
+static int bench_cuda(int quick, const char *cmd) {
+#ifdef ATTN_NO_CUDA
+    (void)quick; (void)cmd;
+    fprintf(stderr, "attn-bench: --device cuda: built with ATTN_NO_CUDA\n");
+    return 2;
+#else
+    attn_context_desc cd;
+    attn_context *ctx = NULL;
+    attn_platform plat;
+    int i;
+    memset(&cd, 0, sizeof cd);
+    cd.log_level = ATTN_LOG_LEVEL_WARN;
+    CHECK(NULL, attn_context_create(&cd, &ctx));
+    CHECK(ctx, attn_platform_get(ctx, &plat));
+    printf("attn-bench (attn.h %s): CUDA backend\n", ATTN_VERSION_STRING);
+    if (plat.kind == ATTN_PLATFORM_CUDA)
+        printf("GPU: %s, compute capability %d.%d, %d SMs, %.0f GiB; driver %d\n", plat.cuda_device_name,
+               plat.cuda_capability_major, plat.cuda_capability_minor, plat.cuda_multiprocessors,
+               (double)plat.cuda_memory_bytes / (1 << 30), plat.cuda_driver_version);
+    else
+        printf("GPU: none (%s)\n", plat.cuda_reason);
+    printf("command: %s\n\n", cmd);
+    if (!plat.nvrtc_version) {
+        fprintf(stderr, "attn-bench: --device cuda needs NVRTC (%s)\n", plat.nvrtc_reason);
+        attn_context_destroy(ctx);
+        return 2;
+    }
+    cuda_compile_times(&plat, quick);
+    printf("\n");
+    if (plat.kind == ATTN_PLATFORM_CUDA && plat.cuda_capability_major >= 8)
+        cuda_decode_table(ctx, quick);
+    else
+        printf("decode table: skipped (%s)\n", plat.kind == ATTN_PLATFORM_CUDA
+               ? "compute capability below 8.0" : plat.cuda_reason);
+    printf("\n| case | time ms (median) | metric | against |\n| --- | ---: | ---: | ---: |\n");
+    for (i = 0; i < num_rows; i++)
+        printf("| %s | %.3f | %s | %s |\n", rows[i].name, rows[i].ms, rows[i].metric, rows[i].ceiling);
+    printf("\ncommand: %s\n", cmd);
+    attn_context_destroy(ctx);
+    return 0;
+#endif
+}
+
 static void usage(FILE *f) {
-    fprintf(f, "usage: attn-bench [--threads N] [--quick] [--case decode|prefill|mla|all]\n"
+    fprintf(f, "usage: attn-bench [--device cpu|cuda] [--threads N] [--quick] [--case decode|prefill|mla|all]\n"
+               "  --device D    cpu (default): the CPU backend against this CPU's ceilings;\n"
+               "                cuda: NVRTC compile times (also without a GPU) and, on a GPU,\n"
+               "                the CUDA decode table against the device's read bandwidth\n"
                "  --threads N   attn_context_desc.num_threads (default 0: the library's default)\n"
                "  --quick       fewer repetitions\n"
                "  --case C      decode, prefill, mla or all (default all)\n");
@@ -1022,7 +1482,7 @@ int main(int argc, char **argv) {
     float *buf;
     double t_read, t_fma, fma_flops, read1_gbs, fma1_gflops, ceil_other;
     load_probe probe;
-    int contended = 0;
+    int contended = 0, on_cuda = 0;
     char cmd[1024], cpu[512];
     size_t cl = 0;
 
@@ -1030,6 +1490,14 @@ int main(int argc, char **argv) {
     for (i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) {
             o.quick = 1;
+        } else if (!strcmp(argv[i], "--device") && i + 1 < argc) {
+            const char *dv = argv[++i];
+            if (!strcmp(dv, "cpu")) on_cuda = 0;
+            else if (!strcmp(dv, "cuda")) on_cuda = 1;
+            else {
+                fprintf(stderr, "attn-bench: --device %s (allowed: cpu, cuda)\n", dv);
+                return 2;
+            }
         } else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
             char *end;
             long n = strtol(argv[++i], &end, 10);
@@ -1064,6 +1532,7 @@ int main(int argc, char **argv) {
         cl += (size_t)n;
         if (cl >= sizeof cmd) { cl = sizeof cmd - 1; break; }
     }
+    if (on_cuda) return bench_cuda(o.quick, cmd);
 
     memset(&cd, 0, sizeof cd);
     cd.log_level = ATTN_LOG_LEVEL_WARN;
