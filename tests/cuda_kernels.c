@@ -1,10 +1,11 @@
 /* cuda_kernels - runs the embedded CUDA kernels on a GPU against the CPU backend.
 
-   A standalone C99 program: libcuda and libnvrtc are opened with dlopen and the few driver
-   and NVRTC functions it uses are declared here (no CUDA header). It compiles the kernels
-   of attn.h's generated block with NVRTC for the device's architecture, builds work lists
-   the way the CUDA backend will (a reference host scheduler: see build_work below),
-   launches, and compares with the CPU backend through the public API on the same inputs:
+   A standalone C99 program on the library's own CUDA driver and NVRTC tables (loaded by
+   dlopen at context creation; no CUDA header). It compiles the kernels of attn.h's
+   generated block for the device's architecture and loads them as the CUDA backend does
+   (attn__cuda_load), builds work lists the way the backend will (a reference host
+   scheduler: see build_work below), launches, and compares with the CPU backend through
+   the public API on the same inputs:
      - paged attention: random varlen batches (decodes, chunked prefills with context),
        decode- and prefill-shaped variants, f16/bf16 (tensor cores), f32 and mixed types
        (FMA), head sizes 64..256, GQA groups, causal or not, window, soft cap, ALiBi, LSE,
@@ -26,103 +27,26 @@
 #include <string.h>
 #include <time.h>
 
-/* ---- the CUDA driver and NVRTC subsets, declared here ---- */
-typedef int cu_result;
-typedef int cu_device;
-typedef unsigned long long cu_ptr;
-typedef struct cu_ctx_s *cu_context;
-typedef struct cu_mod_s *cu_module;
-typedef struct cu_fn_s *cu_function;
-typedef struct cu_event_s *cu_event;
-typedef struct cu_stream_s *cu_stream;
-typedef int nvrtc_result;
-typedef struct nvrtc_prog_s *nvrtc_program;
-
-static struct {
-    cu_result (*Init)(unsigned);
-    cu_result (*DeviceGet)(cu_device *, int);
-    cu_result (*DeviceGetAttribute)(int *, int, cu_device);
-    cu_result (*DevicePrimaryCtxRetain)(cu_context *, cu_device);
-    cu_result (*CtxSetCurrent)(cu_context);
-    cu_result (*ModuleLoadData)(cu_module *, const void *);
-    cu_result (*ModuleGetFunction)(cu_function *, cu_module, const char *);
-    cu_result (*ModuleGetGlobal)(cu_ptr *, size_t *, cu_module, const char *);
-    cu_result (*FuncSetAttribute)(cu_function, int, int);
-    cu_result (*MemAlloc)(cu_ptr *, size_t);
-    cu_result (*MemFree)(cu_ptr);
-    cu_result (*MemcpyHtoD)(cu_ptr, const void *, size_t);
-    cu_result (*MemcpyDtoH)(void *, cu_ptr, size_t);
-    cu_result (*MemsetD8)(cu_ptr, unsigned char, size_t);
-    cu_result (*LaunchKernel)(cu_function, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                              unsigned, cu_stream, void **, void **);
-    cu_result (*CtxSynchronize)(void);
-    cu_result (*GetErrorString)(cu_result, const char **);
-    cu_result (*EventCreate)(cu_event *, unsigned);
-    cu_result (*EventRecord)(cu_event, cu_stream);
-    cu_result (*EventSynchronize)(cu_event);
-    cu_result (*EventElapsedTime)(float *, cu_event, cu_event);
-    cu_result (*OccupancyMaxActiveBlocksPerMultiprocessor)(int *, cu_function, int, size_t);
-} cu;
-static const char *const cu_names[] = {
-    "cuInit", "cuDeviceGet", "cuDeviceGetAttribute", "cuDevicePrimaryCtxRetain", "cuCtxSetCurrent",
-    "cuModuleLoadData", "cuModuleGetFunction", "cuModuleGetGlobal_v2", "cuFuncSetAttribute",
-    "cuMemAlloc_v2", "cuMemFree_v2", "cuMemcpyHtoD_v2", "cuMemcpyDtoH_v2", "cuMemsetD8_v2",
-    "cuLaunchKernel", "cuCtxSynchronize", "cuGetErrorString", "cuEventCreate", "cuEventRecord",
-    "cuEventSynchronize", "cuEventElapsedTime", "cuOccupancyMaxActiveBlocksPerMultiprocessor"};
-
-static struct {
-    const char *(*GetErrorString)(nvrtc_result);
-    nvrtc_result (*CreateProgram)(nvrtc_program *, const char *, const char *, int, const char *const *,
-                                  const char *const *);
-    nvrtc_result (*DestroyProgram)(nvrtc_program *);
-    nvrtc_result (*CompileProgram)(nvrtc_program, int, const char *const *);
-    nvrtc_result (*GetProgramLogSize)(nvrtc_program, size_t *);
-    nvrtc_result (*GetProgramLog)(nvrtc_program, char *);
-    nvrtc_result (*GetCUBINSize)(nvrtc_program, size_t *);
-    nvrtc_result (*GetCUBIN)(nvrtc_program, char *);
-} nv;
-static const char *const nv_names[] = {"nvrtcGetErrorString", "nvrtcCreateProgram", "nvrtcDestroyProgram",
-                                       "nvrtcCompileProgram", "nvrtcGetProgramLogSize", "nvrtcGetProgramLog",
-                                       "nvrtcGetCUBINSize", "nvrtcGetCUBIN"};
-
-#define CU_ATTR_SM_COUNT 16
-#define CU_ATTR_CC_MAJOR 75
-#define CU_ATTR_CC_MINOR 76
-#define CU_FUNC_MAX_DYNAMIC_SMEM 8
-
+/* The CUDA driver and NVRTC are the library's: one context holds their tables (context->cuda,
+   context->nvrtc), compiles and loads the kernels (attn__cuda_load: NVRTC through its kernel
+   cache) and is the CPU reference too. The device's primary context is pushed once at start
+   and stays current. */
+static attn_context *context;
+static const attn__cuda_driver *cu; /* context->cuda */
 static int arch, num_sms;
 static char skip_reason[256];
 
-static int load_table(const char *const *sonames, const char *const *syms, size_t n, void *table) {
-    void *lib = NULL;
-    size_t i;
-    for (i = 0; sonames[i] && !lib; i++) lib = dlopen(sonames[i], RTLD_NOW | RTLD_LOCAL);
-    if (!lib) { snprintf(skip_reason, sizeof skip_reason, "cannot load %s", sonames[0]); return 0; }
-    for (i = 0; i < n; i++) {
-        void *sym = dlsym(lib, syms[i]);
-        if (!sym) { snprintf(skip_reason, sizeof skip_reason, "%s lacks %s", sonames[0], syms[i]); return 0; }
-        memcpy((char *)table + i * sizeof sym, &sym, sizeof sym);
-    }
-    return 1;
-}
-
+/* 0 with skip_reason when the context's platform cannot run the kernels. */
 static int cuda_init(void) {
-    static const char *const cuda_libs[] = {"libcuda.so.1", "libcuda.so", NULL};
-    static const char *const nvrtc_libs[] = {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so",
-                                             "/usr/local/cuda/lib64/libnvrtc.so", NULL};
-    cu_device dev;
-    cu_context ctx;
-    int major = 0, minor = 0;
-    if (!load_table(cuda_libs, cu_names, sizeof cu_names / sizeof cu_names[0], &cu)) return 0;
-    if (!load_table(nvrtc_libs, nv_names, sizeof nv_names / sizeof nv_names[0], &nv)) return 0;
-    if (cu.Init(0) || cu.DeviceGet(&dev, 0)) { snprintf(skip_reason, sizeof skip_reason, "no CUDA device"); return 0; }
-    cu.DeviceGetAttribute(&major, CU_ATTR_CC_MAJOR, dev);
-    cu.DeviceGetAttribute(&minor, CU_ATTR_CC_MINOR, dev);
-    cu.DeviceGetAttribute(&num_sms, CU_ATTR_SM_COUNT, dev);
-    arch = major * 10 + minor;
-    if (arch < 80) { snprintf(skip_reason, sizeof skip_reason, "device sm_%d is older than sm_80", arch); return 0; }
-    if (cu.DevicePrimaryCtxRetain(&ctx, dev) || cu.CtxSetCurrent(ctx)) {
-        snprintf(skip_reason, sizeof skip_reason, "cannot make a context");
+    const attn_platform *p = &context->platform;
+    cu = context->cuda;
+    arch = p->cuda_capability_major * 10 + p->cuda_capability_minor;
+    num_sms = p->cuda_multiprocessors;
+    if (p->kind != ATTN_PLATFORM_CUDA) { attn__fmt(skip_reason, sizeof skip_reason, "%s", p->cuda_reason); return 0; }
+    if (!p->nvrtc_version) { attn__fmt(skip_reason, sizeof skip_reason, "%s", p->nvrtc_reason); return 0; }
+    if (arch < 80) { attn__fmt(skip_reason, sizeof skip_reason, "device sm_%d is older than sm_80", arch); return 0; }
+    if (attn__cuda_enter(context, "cuda_kernels") != ATTN_OK) {
+        attn__fmt(skip_reason, sizeof skip_reason, "%s", attn_context_last_error(context));
         return 0;
     }
     return 1;
@@ -130,110 +54,68 @@ static int cuda_init(void) {
 
 static int failures;
 #define CU_CHECK(x) cu_check((x), #x, __LINE__)
-static int cu_check(cu_result r, const char *what, int line) {
+static int cu_check(attn__CUresult r, const char *what, int line) {
     const char *s = "?";
     if (!r) return 1;
-    cu.GetErrorString(r, &s);
+    cu->cuGetErrorString(r, &s);
     fprintf(stderr, "CUDA error %d (%s) at line %d: %s\n", r, s, line, what);
     exit(2); /* a sticky error leaves the context unusable: stop here */
 }
 
-static cu_ptr dalloc(size_t n) {
-    cu_ptr p = 0;
-    CU_CHECK(cu.MemAlloc(&p, n ? n : 16));
+static attn__CUdeviceptr dalloc(size_t n) {
+    attn__CUdeviceptr p = 0;
+    CU_CHECK(cu->cuMemAlloc(&p, n ? n : 16));
     return p;
 }
-static cu_ptr dupload(const void *h, size_t n) {
-    cu_ptr p = dalloc(n);
-    if (n) CU_CHECK(cu.MemcpyHtoD(p, h, n));
+/* The copies are complete on return (the host buffers may go right after). */
+static attn__CUdeviceptr dupload(const void *h, size_t n) {
+    attn__CUdeviceptr p = dalloc(n);
+    if (n) {
+        CU_CHECK(cu->cuMemcpyHtoDAsync(p, h, n, NULL));
+        CU_CHECK(cu->cuStreamSynchronize(NULL));
+    }
     return p;
+}
+static attn__CUresult download(void *h, attn__CUdeviceptr d, size_t n) {
+    attn__CUresult r = cu->cuMemcpyDtoHAsync(h, d, n, NULL);
+    return r ? r : cu->cuStreamSynchronize(NULL);
 }
 
-/* ---- kernel modules, compiled once per (file, defines) ---- */
+/* ---- kernel modules, compiled (or found in the library's kernel cache) and loaded once
+   per (file, kernel, defines) ---- */
 typedef struct module_entry {
     char key[320];
-    cu_module mod;
-    int config[8];
+    attn__CUfunction main, second; /* the kernel asked for; paged: and attn_paged_merge_partials */
+    int config[8];                 /* paged: attn_paged_config */
 } module_entry;
 static module_entry modules[1024];
 static int num_modules;
 
-static char *source_text(const char *name) {
-    const char *const *lines = attn__kernel_source_lines(name); /* the generated lookup */
-    size_t len = 1, k;
-    char *s, *p;
-    if (!lines) return NULL;
-    for (k = 0; lines[k]; k++) len += strlen(lines[k]);
-    s = p = (char *)malloc(len);
-    for (k = 0; lines[k]; k++) {
-        size_t m = strlen(lines[k]);
-        memcpy(p, lines[k], m);
-        p += m;
-    }
-    *p = 0;
-    return s;
-}
-
-static module_entry *get_module(const char *file, const char *defines) {
-    char key[320], defs[256], *tok, *save = NULL, optbuf[24][64];
-    const char *opts[24], *hname = "attn_common.cuh";
-    char *src, *hdr, *cubin, *log;
-    nvrtc_program prog;
-    int no = 0, i;
-    size_t size;
+static module_entry *get_module(const char *file, const char *defines, const char *kernel) {
+    char key[320], options[1024], defs[256], reason[256], *tok, *save = NULL;
+    int i, paged = !strcmp(file, "paged_attention.cu");
+    size_t n = 0;
+    attn__cuda_module loaded;
     module_entry *m;
-    snprintf(key, sizeof key, "%s|%s", file, defines);
+    snprintf(key, sizeof key, "%s|%s|%s", file, kernel, defines);
     for (i = 0; i < num_modules; i++)
         if (!strcmp(modules[i].key, key)) return &modules[i];
     if (num_modules == (int)(sizeof modules / sizeof modules[0])) { fprintf(stderr, "too many modules\n"); exit(2); }
-    src = source_text(file);
-    hdr = source_text(hname);
-    if (!src || !hdr) { fprintf(stderr, "%s is not embedded in attn.h\n", file); exit(2); }
-    snprintf(optbuf[no], sizeof optbuf[no], "--gpu-architecture=sm_%d", arch); opts[no] = optbuf[no]; no++;
-    opts[no++] = "-std=c++17";
-    snprintf(defs, sizeof defs, "%s", defines);
-    for (tok = strtok_r(defs, " ", &save); tok && no < 24; tok = strtok_r(NULL, " ", &save)) {
-        snprintf(optbuf[no], sizeof optbuf[no], "-D%s", tok);
-        opts[no] = optbuf[no];
-        no++;
-    }
-    if (nv.CreateProgram(&prog, src, file, 1, (const char *const *)&hdr, &hname)) exit(2);
-    if (nv.CompileProgram(prog, no, opts)) {
-        nv.GetProgramLogSize(prog, &size);
-        log = (char *)malloc(size + 1);
-        nv.GetProgramLog(prog, log);
-        fprintf(stderr, "NVRTC failed for %s %s:\n%s\n", file, defines, log);
+    snprintf(defs, sizeof defs, "%s", defines); /* "HEAD_DIM=128 DT=1" -> "-DHEAD_DIM=128 -DDT=1" */
+    options[0] = 0;
+    for (tok = strtok_r(defs, " ", &save); tok && n < sizeof options; tok = strtok_r(NULL, " ", &save))
+        n += (size_t)snprintf(options + n, sizeof options - n, "%s-D%s", n ? " " : "", tok);
+    if (attn__cuda_load(context, file, options, kernel, paged ? "attn_paged_merge_partials" : NULL, paged, &loaded,
+                        reason, sizeof reason) != ATTN_OK) {
+        fprintf(stderr, "cannot load %s %s: %s\n%s\n", file, defines, reason, attn_context_last_error(context));
         exit(2);
     }
-    nv.GetCUBINSize(prog, &size);
-    cubin = (char *)malloc(size);
-    nv.GetCUBIN(prog, cubin);
-    nv.DestroyProgram(&prog);
     m = &modules[num_modules++];
     snprintf(m->key, sizeof m->key, "%s", key);
-    CU_CHECK(cu.ModuleLoadData(&m->mod, cubin));
-    memset(m->config, 0, sizeof m->config);
-    {
-        cu_ptr g;
-        size_t gs;
-        if (!strcmp(file, "paged_attention.cu") && cu.ModuleGetGlobal(&g, &gs, m->mod, "attn_paged_config") == 0 &&
-            gs == sizeof m->config) {
-            cu_function f;
-            CU_CHECK(cu.MemcpyDtoH(m->config, g, gs));
-            CU_CHECK(cu.ModuleGetFunction(&f, m->mod, "attn_paged_attention"));
-            CU_CHECK(cu.FuncSetAttribute(f, CU_FUNC_MAX_DYNAMIC_SMEM, m->config[1]));
-        }
-    }
-    free(cubin);
-    free(src);
-    free(hdr);
+    m->main = loaded.main;
+    m->second = loaded.second;
+    memcpy(m->config, loaded.config, sizeof m->config);
     return m;
-}
-
-static cu_function get_function(module_entry *m, const char *name) {
-    cu_function f;
-    CU_CHECK(cu.ModuleGetFunction(&f, m->mod, name));
-    return f;
 }
 
 /* ---- random numbers and element helpers ---- */
@@ -265,19 +147,6 @@ static void fill_random(void *p, attn_dtype dt, size_t n, float amp) {
 }
 
 static void quiet(void *u, attn_log_level l, attn_log_item it, const char *m) { (void)u; (void)l; (void)it; (void)m; }
-
-static attn_context *cpu_ctx;
-
-/* ---- the host-side mirror of attn_paged_params (kernels/paged_attention.cu) ---- */
-typedef struct paged_params {
-    cu_ptr q, kv_cache, out, lse, block_table, seq_lens, query_start_loc, alibi_slopes;
-    cu_ptr work, num_work, merge, num_merge, partial_o, partial_ml;
-    int64_t q_stride_token, q_stride_head, out_stride_token, out_stride_head;
-    int64_t lse_stride_token, lse_stride_head, block_table_stride;
-    int num_kv_heads;
-    float scale, softcap;
-    int window;
-} paged_params;
 
 /* Keys visible from pos: [lo, hi) (attn__visible_keys). */
 static void visible(int causal, int window, int pos, int seq_len, int *lo, int *hi) {
@@ -406,8 +275,8 @@ static void run_attention_case(const attn_case *c, int num_reqs, const int *qlen
     }
     memset(&req, 0, sizeof req);
     req.backend = ATTN_BACKEND_CPU;
-    if (attn_layer_create(cpu_ctx, &d, &req, &layer) != ATTN_OK) {
-        printf("FAIL attention %s: CPU layer: %s\n", desc, attn_context_last_error(cpu_ctx));
+    if (attn_layer_create(context, &d, &req, &layer) != ATTN_OK) {
+        printf("FAIL attention %s: CPU layer: %s\n", desc, attn_context_last_error(context));
         failed++;
         goto done;
     }
@@ -417,7 +286,7 @@ static void run_attention_case(const attn_case *c, int num_reqs, const int *qlen
     b.query_start_loc = qsl; b.seq_lens = sl; b.block_table = bt; b.block_table_stride = max_blocks;
     b.num_reqs = num_reqs; b.num_actual_tokens = T; b.max_query_len = max_q; b.max_seq_len = max_s;
     if (attn_metadata_create(layer, &md, &meta) != ATTN_OK || attn_metadata_build(meta, 0, &b, 0) != ATTN_OK) {
-        printf("FAIL attention %s: CPU metadata: %s\n", desc, attn_context_last_error(cpu_ctx));
+        printf("FAIL attention %s: CPU metadata: %s\n", desc, attn_context_last_error(context));
         failed++;
         goto done;
     }
@@ -445,7 +314,7 @@ static void run_attention_case(const attn_case *c, int num_reqs, const int *qlen
         s3[0] = T; s3[1] = H;
         lse = attn_tensor_make(lse_cpu, ATTN_DTYPE_F32, 2, s3);
         if (attn_layer_forward(layer, meta, &q, NULL, NULL, &kv, &out, c->want_lse ? &lse : NULL, NULL) != ATTN_OK) {
-            printf("FAIL attention %s: CPU forward: %s\n", desc, attn_context_last_error(cpu_ctx));
+            printf("FAIL attention %s: CPU forward: %s\n", desc, attn_context_last_error(context));
             failed++;
             goto free_all;
         }
@@ -455,21 +324,21 @@ static void run_attention_case(const attn_case *c, int num_reqs, const int *qlen
     snprintf(defs, sizeof defs, "HEAD_DIM=%d BLOCK_SIZE=%d GROUP=%d DT_Q=%d DT_KV=%d TILE_TOKENS=%d WINDOW=%d SOFTCAP=%d ALIBI=%d",
              D, BS, c->group, dcode(c->dq), dcode(c->dkv), tt, c->window > 0, c->softcap > 0, c->alibi);
     {
-        module_entry *m = get_module("paged_attention.cu", defs);
-        cu_function fa = get_function(m, "attn_paged_attention"), fm = get_function(m, "attn_paged_merge_partials");
+        module_entry *m = get_module("paged_attention.cu", defs, "attn_paged_attention");
+        attn__CUfunction fa = m->main, fm = m->second;
         schedule s;
-        paged_params p;
+        attn__paged_params p;
         void *args[1];
         int zero_merge = 0;
-        cu_ptr d_q, d_kv, d_out, d_lse, d_bt, d_sl, d_qsl, d_alibi, d_work, d_nw, d_merge, d_nm, d_po, d_pml;
+        attn__CUdeviceptr d_q, d_kv, d_out, d_lse, d_bt, d_sl, d_qsl, d_alibi, d_work, d_nw, d_merge, d_nm, d_po, d_pml;
         float scale = 1.0f / sqrtf((float)D);
         build_work(&s, num_reqs, qsl, sl, Hkv, tt, c->causal, c->window, c->splits, m->config[2]);
         d_q = dupload(qh, q_elems * esq);
         d_kv = dupload(kvh, kv_elems * eskv);
         d_out = dalloc(q_elems * esq);
-        CU_CHECK(cu.MemsetD8(d_out, 0xff, q_elems * esq)); /* NaN everywhere: unwritten rows show */
+        CU_CHECK(cu->cuMemsetD8Async(d_out, 0xff, q_elems * esq, NULL)); /* NaN everywhere: unwritten rows show */
         d_lse = dalloc((size_t)T * H * 4);
-        CU_CHECK(cu.MemsetD8(d_lse, 0xff, (size_t)T * H * 4));
+        CU_CHECK(cu->cuMemsetD8Async(d_lse, 0xff, (size_t)T * H * 4, NULL));
         d_bt = dupload(bt, (size_t)max_blocks * num_reqs * 4);
         d_sl = dupload(sl, (size_t)num_reqs * 4);
         d_qsl = dupload(qsl, (size_t)(num_reqs + 1) * 4);
@@ -480,11 +349,11 @@ static void run_attention_case(const attn_case *c, int num_reqs, const int *qlen
         d_nm = dupload(s.num_merge ? &s.num_merge : &zero_merge, 4);
         d_po = dalloc((size_t)(s.num_slots ? s.num_slots : 1) * tt * c->group * D * 4);
         d_pml = dalloc((size_t)(s.num_slots ? s.num_slots : 1) * tt * c->group * 2 * 4);
-        CU_CHECK(cu.MemsetD8(d_po, 0xff, (size_t)(s.num_slots ? s.num_slots : 1) * tt * c->group * D * 4));
+        CU_CHECK(cu->cuMemsetD8Async(d_po, 0xff, (size_t)(s.num_slots ? s.num_slots : 1) * tt * c->group * D * 4, NULL));
         memset(&p, 0, sizeof p);
-        p.q = d_q + (cu_ptr)(c->q_misalign * esq);
+        p.q = d_q + (attn__CUdeviceptr)(c->q_misalign * esq);
         p.kv_cache = d_kv;
-        p.out = d_out + (cu_ptr)(c->q_misalign * esq);
+        p.out = d_out + (attn__CUdeviceptr)(c->q_misalign * esq);
         p.lse = c->want_lse ? d_lse : 0;
         p.block_table = d_bt; p.seq_lens = d_sl; p.query_start_loc = d_qsl; p.alibi_slopes = d_alibi;
         p.work = d_work; p.num_work = d_nw; p.merge = d_merge; p.num_merge = d_nm;
@@ -496,15 +365,15 @@ static void run_attention_case(const attn_case *c, int num_reqs, const int *qlen
         p.num_kv_heads = Hkv; p.scale = scale; p.softcap = c->softcap; p.window = c->window;
         args[0] = &p;
         /* one spare CTA past *num_work: it must exit without touching anything */
-        CU_CHECK(cu.LaunchKernel(fa, (unsigned)s.num_work + 1, 1, 1, (unsigned)m->config[0], 1, 1,
-                                 (unsigned)m->config[1], NULL, args, NULL));
-        if (s.num_merge) CU_CHECK(cu.LaunchKernel(fm, (unsigned)s.num_merge, 1, 1, 128, 1, 1, 0, NULL, args, NULL));
-        CU_CHECK(cu.CtxSynchronize());
-        CU_CHECK(cu.MemcpyDtoH(out_gpu, d_out, q_elems * esq));
-        CU_CHECK(cu.MemcpyDtoH(lse_gpu, d_lse, (size_t)T * H * 4));
-        cu.MemFree(d_q); cu.MemFree(d_kv); cu.MemFree(d_out); cu.MemFree(d_lse); cu.MemFree(d_bt); cu.MemFree(d_sl);
-        cu.MemFree(d_qsl); if (d_alibi) cu.MemFree(d_alibi); cu.MemFree(d_work); cu.MemFree(d_nw); cu.MemFree(d_merge);
-        cu.MemFree(d_nm); cu.MemFree(d_po); cu.MemFree(d_pml);
+        CU_CHECK(cu->cuLaunchKernel(fa, (unsigned)s.num_work + 1, 1, 1, (unsigned)m->config[0], 1, 1,
+                                    (unsigned)m->config[1], NULL, args, NULL));
+        if (s.num_merge) CU_CHECK(cu->cuLaunchKernel(fm, (unsigned)s.num_merge, 1, 1, 128, 1, 1, 0, NULL, args, NULL));
+        CU_CHECK(cu->cuCtxSynchronize());
+        CU_CHECK(download(out_gpu, d_out, q_elems * esq));
+        CU_CHECK(download(lse_gpu, d_lse, (size_t)T * H * 4));
+        cu->cuMemFree(d_q); cu->cuMemFree(d_kv); cu->cuMemFree(d_out); cu->cuMemFree(d_lse); cu->cuMemFree(d_bt); cu->cuMemFree(d_sl);
+        cu->cuMemFree(d_qsl); if (d_alibi) cu->cuMemFree(d_alibi); cu->cuMemFree(d_work); cu->cuMemFree(d_nw); cu->cuMemFree(d_merge);
+        cu->cuMemFree(d_nm); cu->cuMemFree(d_po); cu->cuMemFree(d_pml);
         free(s.work);
         free(s.merge);
     }
@@ -621,7 +490,7 @@ static void test_cache_write(int cases) {
         d.num_heads = Hkv; d.num_kv_heads = Hkv; d.head_size = D; d.dtype = din; d.kv_cache_dtype = dc; d.block_size = BS;
         memset(&req, 0, sizeof req);
         req.backend = ATTN_BACKEND_CPU;
-        if (attn_layer_create(cpu_ctx, &d, &req, &layer) != ATTN_OK) { failed++; continue; }
+        if (attn_layer_create(context, &d, &req, &layer) != ATTN_OK) { failed++; continue; }
         attn_layer_kv_cache_shape(layer, nblocks, shape, &ndim);
         {
             int64_t s3[3];
@@ -636,20 +505,20 @@ static void test_cache_write(int cases) {
         }
         snprintf(defs, sizeof defs, "HEAD_DIM=%d DT_IN=%d DT_CACHE=%d", D, dcode(din), dcode(dc));
         {
-            module_entry *m = get_module("cache_write.cu", defs);
-            cu_function f = get_function(m, "attn_reshape_and_cache");
-            struct { cu_ptr key, value, cache, slots; int64_t ks0, ks1, vs0, vs1; int n, hkv, bs, pad0; } p;
+            module_entry *m = get_module("cache_write.cu", defs, "attn_reshape_and_cache");
+            attn__CUfunction f = m->main;
+            struct { attn__CUdeviceptr key, value, cache, slots; int64_t ks0, ks1, vs0, vs1; int n, hkv, bs, pad0; } p;
             void *args[1];
-            cu_ptr dk = dupload(kh, in_elems * ein), dv = dupload(vh, in_elems * ein), dcache = dalloc(c_elems * ec),
-                   ds = dupload(slots, (size_t)T * 8);
-            CU_CHECK(cu.MemsetD8(dcache, 0, c_elems * ec));
-            p.key = dk + (cu_ptr)(mis * ein); p.value = dv + (cu_ptr)(mis * ein); p.cache = dcache; p.slots = ds;
+            attn__CUdeviceptr dk = dupload(kh, in_elems * ein), dv = dupload(vh, in_elems * ein), dcache = dalloc(c_elems * ec),
+                              ds = dupload(slots, (size_t)T * 8);
+            CU_CHECK(cu->cuMemsetD8Async(dcache, 0, c_elems * ec, NULL));
+            p.key = dk + (attn__CUdeviceptr)(mis * ein); p.value = dv + (attn__CUdeviceptr)(mis * ein); p.cache = dcache; p.slots = ds;
             p.ks0 = p.vs0 = (int64_t)row; p.ks1 = p.vs1 = D; p.n = T; p.hkv = Hkv; p.bs = BS; p.pad0 = 0;
             args[0] = &p;
-            CU_CHECK(cu.LaunchKernel(f, (unsigned)rnd_int(1, T), 1, 1, 128, 1, 1, 0, NULL, args, NULL));
-            CU_CHECK(cu.CtxSynchronize());
-            CU_CHECK(cu.MemcpyDtoH(gpu, dcache, c_elems * ec));
-            cu.MemFree(dk); cu.MemFree(dv); cu.MemFree(dcache); cu.MemFree(ds);
+            CU_CHECK(cu->cuLaunchKernel(f, (unsigned)rnd_int(1, T), 1, 1, 128, 1, 1, 0, NULL, args, NULL));
+            CU_CHECK(cu->cuCtxSynchronize());
+            CU_CHECK(download(gpu, dcache, c_elems * ec));
+            cu->cuMemFree(dk); cu->cuMemFree(dv); cu->cuMemFree(dcache); cu->cuMemFree(ds);
         }
         if (memcmp(cpu, gpu, c_elems * ec)) {
             printf("FAIL reshape_and_cache %s (tokens %d, kv_heads %d, block %d, pad %d, misalign %d)\n", defs, T, Hkv, BS, pad, mis);
@@ -683,8 +552,8 @@ static void test_cache_write(int cases) {
         d.use_mla = 1; d.kv_lora_rank = R; d.qk_rope_head_dim = P; d.qk_nope_head_dim = 128; d.v_head_dim = 128;
         memset(&req, 0, sizeof req);
         req.backend = ATTN_BACKEND_CPU_MLA;
-        if (attn_layer_create(cpu_ctx, &d, &req, &layer) != ATTN_OK) {
-            printf("FAIL MLA layer: %s\n", attn_context_last_error(cpu_ctx));
+        if (attn_layer_create(context, &d, &req, &layer) != ATTN_OK) {
+            printf("FAIL MLA layer: %s\n", attn_context_last_error(context));
             failed++;
             continue;
         }
@@ -699,7 +568,7 @@ static void test_cache_write(int cases) {
             pt = attn_tensor_make((char *)ph + mis * ein, din, 2, s2);
             kt = attn_tensor_make(cpu, dc, ndim, shape);
             if (attn_concat_and_cache_mla(layer, &ct, &pt, &kt, slots, T, NULL) != ATTN_OK) {
-                printf("FAIL MLA write (CPU): %s\n", attn_context_last_error(cpu_ctx));
+                printf("FAIL MLA write (CPU): %s\n", attn_context_last_error(context));
                 failed++;
                 attn_layer_destroy(layer);
                 continue;
@@ -707,20 +576,20 @@ static void test_cache_write(int cases) {
         }
         snprintf(defs, sizeof defs, "KV_LORA_RANK=%d ROPE_DIM=%d DT_IN=%d DT_CACHE=%d", R, P, dcode(din), dcode(dc));
         {
-            module_entry *m = get_module("cache_write.cu", defs);
-            cu_function f = get_function(m, "attn_concat_and_cache_mla");
-            struct { cu_ptr kv_c, k_pe, cache, slots; int64_t cs, ps; int n, pad0; } p;
+            module_entry *m = get_module("cache_write.cu", defs, "attn_concat_and_cache_mla");
+            attn__CUfunction f = m->main;
+            struct { attn__CUdeviceptr kv_c, k_pe, cache, slots; int64_t cs, ps; int n, pad0; } p;
             void *args[1];
-            cu_ptr dcx = dupload(ch, ((size_t)T * (R + 8) + 1) * ein), dpx = dupload(ph, ((size_t)T * P + 1) * ein);
-            cu_ptr dcache = dalloc(c_elems * ec), ds = dupload(slots, (size_t)T * 8);
-            CU_CHECK(cu.MemsetD8(dcache, 0, c_elems * ec));
-            p.kv_c = dcx + (cu_ptr)(mis * ein); p.k_pe = dpx + (cu_ptr)(mis * ein); p.cache = dcache; p.slots = ds;
+            attn__CUdeviceptr dcx = dupload(ch, ((size_t)T * (R + 8) + 1) * ein), dpx = dupload(ph, ((size_t)T * P + 1) * ein);
+            attn__CUdeviceptr dcache = dalloc(c_elems * ec), ds = dupload(slots, (size_t)T * 8);
+            CU_CHECK(cu->cuMemsetD8Async(dcache, 0, c_elems * ec, NULL));
+            p.kv_c = dcx + (attn__CUdeviceptr)(mis * ein); p.k_pe = dpx + (attn__CUdeviceptr)(mis * ein); p.cache = dcache; p.slots = ds;
             p.cs = R + 8; p.ps = P; p.n = T; p.pad0 = 0;
             args[0] = &p;
-            CU_CHECK(cu.LaunchKernel(f, (unsigned)rnd_int(1, T), 1, 1, 128, 1, 1, 0, NULL, args, NULL));
-            CU_CHECK(cu.CtxSynchronize());
-            CU_CHECK(cu.MemcpyDtoH(gpu, dcache, c_elems * ec));
-            cu.MemFree(dcx); cu.MemFree(dpx); cu.MemFree(dcache); cu.MemFree(ds);
+            CU_CHECK(cu->cuLaunchKernel(f, (unsigned)rnd_int(1, T), 1, 1, 128, 1, 1, 0, NULL, args, NULL));
+            CU_CHECK(cu->cuCtxSynchronize());
+            CU_CHECK(download(gpu, dcache, c_elems * ec));
+            cu->cuMemFree(dcx); cu->cuMemFree(dpx); cu->cuMemFree(dcache); cu->cuMemFree(ds);
         }
         if (memcmp(cpu, gpu, c_elems * ec)) {
             printf("FAIL concat_and_cache_mla %s (tokens %d, misalign %d)\n", defs, T, mis);
@@ -771,34 +640,34 @@ static void test_merge(int cases) {
             ta = attn_tensor_make(la, ATTN_DTYPE_F32, 2, s2);
             tb = attn_tensor_make(lb, ATTN_DTYPE_F32, 2, s2);
             to = attn_tensor_make(lcpu, ATTN_DTYPE_F32, 2, s2);
-            if (attn_merge_attn_states(cpu_ctx, &oa, &ta, (attn_lse_base)ba, &ob, &tb, (attn_lse_base)bb, &oo,
+            if (attn_merge_attn_states(context, &oa, &ta, (attn_lse_base)ba, &ob, &tb, (attn_lse_base)bb, &oo,
                                        with_lse ? &to : NULL, (attn_lse_base)bo, NULL) != ATTN_OK) {
-                printf("FAIL merge (CPU): %s\n", attn_context_last_error(cpu_ctx));
+                printf("FAIL merge (CPU): %s\n", attn_context_last_error(context));
                 failed++;
                 continue;
             }
         }
         snprintf(defs, sizeof defs, "HEAD_DIM=%d DT=%d", D, dcode(dt));
         {
-            module_entry *m = get_module("merge.cu", defs);
-            cu_function f = get_function(m, "attn_merge_attn_states");
+            module_entry *m = get_module("merge.cu", defs, "attn_merge_attn_states");
+            attn__CUfunction f = m->main;
             struct {
-                cu_ptr oa, la, ob, lb, out, lse;
+                attn__CUdeviceptr oa, la, ob, lb, out, lse;
                 int64_t s[12];
                 int T, H, ba, bb, bo, pad0;
             } p;
             void *args[1];
-            cu_ptr da = dupload(a, n * es), db = dupload(bh, n * es), dla = dupload(la, (size_t)T * H * 4),
-                   dlb = dupload(lb, (size_t)T * H * 4), dout = alias ? da : dalloc(n * es), dl = dalloc((size_t)T * H * 4);
+            attn__CUdeviceptr da = dupload(a, n * es), db = dupload(bh, n * es), dla = dupload(la, (size_t)T * H * 4),
+                              dlb = dupload(lb, (size_t)T * H * 4), dout = alias ? da : dalloc(n * es), dl = dalloc((size_t)T * H * 4);
             p.oa = da; p.la = dla; p.ob = db; p.lb = dlb; p.out = dout; p.lse = with_lse ? dl : 0;
             for (i = 0; i < 6; i++) { p.s[2 * i] = (int64_t)H * (i < 3 ? D : 1); p.s[2 * i + 1] = i < 3 ? D : 1; }
             p.T = T; p.H = H; p.ba = ba; p.bb = bb; p.bo = bo; p.pad0 = 0;
             args[0] = &p;
-            CU_CHECK(cu.LaunchKernel(f, (unsigned)rnd_int(1, 8), 1, 1, 128, 1, 1, 0, NULL, args, NULL));
-            CU_CHECK(cu.CtxSynchronize());
-            CU_CHECK(cu.MemcpyDtoH(gpu, dout, n * es));
-            CU_CHECK(cu.MemcpyDtoH(lgpu, dl, (size_t)T * H * 4));
-            cu.MemFree(da); cu.MemFree(db); cu.MemFree(dla); cu.MemFree(dlb); if (!alias) cu.MemFree(dout); cu.MemFree(dl);
+            CU_CHECK(cu->cuLaunchKernel(f, (unsigned)rnd_int(1, 8), 1, 1, 128, 1, 1, 0, NULL, args, NULL));
+            CU_CHECK(cu->cuCtxSynchronize());
+            CU_CHECK(download(gpu, dout, n * es));
+            CU_CHECK(download(lgpu, dl, (size_t)T * H * 4));
+            cu->cuMemFree(da); cu->cuMemFree(db); cu->cuMemFree(dla); cu->cuMemFree(dlb); if (!alias) cu->cuMemFree(dout); cu->cuMemFree(dl);
         }
         for (i = 0; i < (int)n && bad < 3; i++) {
             float x = get(gpu, dt, (size_t)i), y = get(cpu, dt, (size_t)i);
@@ -823,23 +692,25 @@ static double now_s(void) {
 }
 
 /* Times one launch pair (attention + merge) of a schedule, average of `reps` after warmup. */
-static float time_launch(module_entry *m, paged_params *p, schedule *s, int reps) {
-    cu_function fa = get_function(m, "attn_paged_attention"), fm = get_function(m, "attn_paged_merge_partials");
-    cu_event e0, e1;
+static float time_launch(module_entry *m, attn__paged_params *p, schedule *s, int reps) {
+    attn__CUfunction fa = m->main, fm = m->second;
+    attn__CUevent e0, e1;
     void *args[1];
     float ms = 0;
     int i;
     args[0] = p;
-    CU_CHECK(cu.EventCreate(&e0, 0));
-    CU_CHECK(cu.EventCreate(&e1, 0));
+    CU_CHECK(cu->cuEventCreate(&e0, 0));
+    CU_CHECK(cu->cuEventCreate(&e1, 0));
     for (i = 0; i < reps + 3; i++) {
-        if (i == 3) CU_CHECK(cu.EventRecord(e0, NULL));
-        CU_CHECK(cu.LaunchKernel(fa, (unsigned)s->num_work, 1, 1, (unsigned)m->config[0], 1, 1, (unsigned)m->config[1], NULL, args, NULL));
-        if (s->num_merge) CU_CHECK(cu.LaunchKernel(fm, (unsigned)s->num_merge, 1, 1, 128, 1, 1, 0, NULL, args, NULL));
+        if (i == 3) CU_CHECK(cu->cuEventRecord(e0, NULL));
+        CU_CHECK(cu->cuLaunchKernel(fa, (unsigned)s->num_work, 1, 1, (unsigned)m->config[0], 1, 1, (unsigned)m->config[1], NULL, args, NULL));
+        if (s->num_merge) CU_CHECK(cu->cuLaunchKernel(fm, (unsigned)s->num_merge, 1, 1, 128, 1, 1, 0, NULL, args, NULL));
     }
-    CU_CHECK(cu.EventRecord(e1, NULL));
-    CU_CHECK(cu.EventSynchronize(e1));
-    CU_CHECK(cu.EventElapsedTime(&ms, e0, e1));
+    CU_CHECK(cu->cuEventRecord(e1, NULL));
+    CU_CHECK(cu->cuEventSynchronize(e1));
+    CU_CHECK(cu->cuEventElapsedTime(&ms, e0, e1));
+    cu->cuEventDestroy(e0);
+    cu->cuEventDestroy(e1);
     return ms / reps;
 }
 
@@ -851,15 +722,15 @@ static void bench(const char *extra) {
     int bi, ci;
     char defs[256];
     size_t max_blocks = 16384 / BS, total_blocks = 128 * max_blocks;
-    cu_ptr d_kv = dalloc(total_blocks * 2 * BS * Hkv * D * 2);
-    cu_ptr d_q = dalloc((size_t)16384 * H * D * 2), d_out = dalloc((size_t)16384 * H * D * 2);
-    cu_ptr d_po = dalloc((size_t)64 << 20), d_pml = dalloc((size_t)8 << 20);
+    attn__CUdeviceptr d_kv = dalloc(total_blocks * 2 * BS * Hkv * D * 2);
+    attn__CUdeviceptr d_q = dalloc((size_t)16384 * H * D * 2), d_out = dalloc((size_t)16384 * H * D * 2);
+    attn__CUdeviceptr d_po = dalloc((size_t)64 << 20), d_pml = dalloc((size_t)8 << 20);
     int32_t *bt = (int32_t *)malloc(total_blocks * 4);
-    cu_ptr d_bt;
+    attn__CUdeviceptr d_bt;
     size_t i;
     double t0 = now_s();
-    CU_CHECK(cu.MemsetD8(d_kv, 0x3c, total_blocks * 2 * BS * Hkv * D * 2)); /* bf16 ~0.01 */
-    CU_CHECK(cu.MemsetD8(d_q, 0x3c, (size_t)16384 * H * D * 2));
+    CU_CHECK(cu->cuMemsetD8Async(d_kv, 0x3c, total_blocks * 2 * BS * Hkv * D * 2, NULL)); /* bf16 ~0.01 */
+    CU_CHECK(cu->cuMemsetD8Async(d_q, 0x3c, (size_t)16384 * H * D * 2, NULL));
     for (i = 0; i < total_blocks; i++) bt[i] = (int32_t)((i * 7919) % total_blocks); /* scattered pages */
     d_bt = dupload(bt, total_blocks * 4);
     printf("decode: bf16, %d/%d heads, head %d, block %d%s%s (bytes = K+V read once)\n", H, Hkv, D, BS,
@@ -869,19 +740,19 @@ static void bench(const char *extra) {
             int B = batches[bi], ctx = ctxs[ci], r, splits;
             int32_t *qsl = (int32_t *)malloc((size_t)(B + 1) * 4), *sl = (int32_t *)malloc((size_t)B * 4);
             schedule s;
-            paged_params p;
+            attn__paged_params p;
             module_entry *m;
-            cu_ptr d_sl, d_qsl, d_w, d_nw, d_m, d_nm;
+            attn__CUdeviceptr d_sl, d_qsl, d_w, d_nw, d_m, d_nm;
             float ms;
             double bytes = (double)B * ctx * Hkv * D * 2 * 2;
             for (r = 0; r <= B; r++) qsl[r] = r;
             for (r = 0; r < B; r++) sl[r] = ctx;
             snprintf(defs, sizeof defs, "HEAD_DIM=%d BLOCK_SIZE=%d GROUP=%d DT_Q=2 DT_KV=2 TILE_TOKENS=%d %s", D, BS, G, 16 / G, extra);
-            m = get_module("paged_attention.cu", defs);
+            m = get_module("paged_attention.cu", defs, "attn_paged_attention");
             { /* split so that one wave of resident CTAs holds the grid (splits >= 256 keys) */
                 int per_sm = 1;
-                CU_CHECK(cu.OccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, get_function(m, "attn_paged_attention"),
-                                                                      m->config[0], (size_t)m->config[1]));
+                CU_CHECK(cu->cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, m->main, m->config[0],
+                                                                         (size_t)m->config[1]));
                 splits = per_sm * num_sms / (B * Hkv);
                 if (splits > ctx / 256) splits = ctx / 256;
                 if (splits < 1) splits = 1;
@@ -898,7 +769,7 @@ static void bench(const char *extra) {
             ms = time_launch(m, &p, &s, 20);
             printf("  batch %3d context %5d: splits %2d ctas %5d  %8.1f us  %6.2f TB/s\n", B, ctx, splits, s.num_work,
                    ms * 1e3, bytes / (ms * 1e-3) / 1e12);
-            cu.MemFree(d_sl); cu.MemFree(d_qsl); cu.MemFree(d_w); cu.MemFree(d_nw); cu.MemFree(d_m); cu.MemFree(d_nm);
+            cu->cuMemFree(d_sl); cu->cuMemFree(d_qsl); cu->cuMemFree(d_w); cu->cuMemFree(d_nw); cu->cuMemFree(d_m); cu->cuMemFree(d_nm);
             free(s.work); free(s.merge); free(qsl); free(sl);
         }
     { /* causal prefill: one request of n tokens, 32/8 heads, head 128, bf16 */
@@ -910,15 +781,15 @@ static void bench(const char *extra) {
             int n = lens[li];
             int32_t qsl[2], sl[1];
             schedule s;
-            paged_params p;
+            attn__paged_params p;
             module_entry *m;
-            cu_ptr d_sl, d_qsl, d_w, d_nw, d_m, d_nm;
+            attn__CUdeviceptr d_sl, d_qsl, d_w, d_nw, d_m, d_nm;
             float ms;
             double flops = 4.0 * H * D * ((double)n * (n + 1) / 2);
             qsl[0] = 0; qsl[1] = n; sl[0] = n;
             int ptt = prefill_tt ? prefill_tt : 64 / G;
             snprintf(defs, sizeof defs, "HEAD_DIM=%d BLOCK_SIZE=%d GROUP=%d DT_Q=2 DT_KV=2 TILE_TOKENS=%d %s", D, BS, G, ptt, extra);
-            m = get_module("paged_attention.cu", defs);
+            m = get_module("paged_attention.cu", defs, "attn_paged_attention");
             build_work(&s, 1, qsl, sl, Hkv, ptt, 1, 0, 1, m->config[2]);
             { /* longest first: the tiles at the end of the sequence see the most keys */
                 int a, b2;
@@ -938,11 +809,11 @@ static void bench(const char *extra) {
             ms = time_launch(m, &p, &s, 10);
             printf("  tokens %5d (%d per CTA): ctas %5d  %9.1f us  %6.1f TFLOP/s\n", n, ptt, s.num_work, ms * 1e3,
                    flops / (ms * 1e-3) / 1e12);
-            cu.MemFree(d_sl); cu.MemFree(d_qsl); cu.MemFree(d_w); cu.MemFree(d_nw); cu.MemFree(d_m); cu.MemFree(d_nm);
+            cu->cuMemFree(d_sl); cu->cuMemFree(d_qsl); cu->cuMemFree(d_w); cu->cuMemFree(d_nw); cu->cuMemFree(d_m); cu->cuMemFree(d_nm);
             free(s.work); free(s.merge);
         }
     }
-    cu.MemFree(d_kv); cu.MemFree(d_q); cu.MemFree(d_out); cu.MemFree(d_po); cu.MemFree(d_pml); cu.MemFree(d_bt);
+    cu->cuMemFree(d_kv); cu->cuMemFree(d_q); cu->cuMemFree(d_out); cu->cuMemFree(d_po); cu->cuMemFree(d_pml); cu->cuMemFree(d_bt);
     free(bt);
     printf("bench: %.1f s\n", now_s() - t0);
 }
@@ -965,14 +836,15 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
+    memset(&cd, 0, sizeof cd);
+    cd.log = quiet;
+    if (attn_context_create(&cd, &context) != ATTN_OK) return 2;
     if (!cuda_init()) {
         printf("  SKIP cuda kernels: %s\n", skip_reason);
         printf("0 passed, 0 failed, 1 skipped\n");
+        attn_context_destroy(context);
         return 0;
     }
-    memset(&cd, 0, sizeof cd);
-    cd.log = quiet;
-    if (attn_context_create(&cd, &cpu_ctx) != ATTN_OK) return 2;
     printf("device sm_%d, %d SMs\n", arch, num_sms);
     if (!only_bench) {
         test_merge(cases);
@@ -983,7 +855,8 @@ int main(int argc, char **argv) {
         printf("attention: %d passed, %d failed (%.1f s, %d modules)\n", passed, failed, now_s() - t0, num_modules);
     }
     if (do_bench) bench(extra);
-    attn_context_destroy(cpu_ctx);
+    attn__cuda_leave(context);
+    attn_context_destroy(context);
     (void)failures;
     printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);
     return failed ? 1 : 0;

@@ -7,9 +7,9 @@
    resolves with no include path. Each variant is compiled to CUBIN for sm_80 and sm_90
    with --ptxas-options=-v; the table lists, per kernel: registers, shared memory (static
    + the dynamic bytes a variant exports in attn_paged_config), spill bytes and compile
-   time. No CUDA header and no GPU are needed: libnvrtc is opened with dlopen
-   (libnvrtc.so.13, .12, libnvrtc.so, then under $CUDA_HOME, $CUDA_PATH and
-   /usr/local/cuda).
+   time. No CUDA header and no GPU are needed: NVRTC is the library's table (ctx->nvrtc),
+   loaded by attn_context_create (libnvrtc.so.13, .12, libnvrtc.so, each also looked for
+   under $CUDA_HOME, $CUDA_PATH and /usr/local/cuda by this tool's loader).
 
    Exit status: 0 all compiled with no spill and within the shared-memory limit of the
    architecture; 1 a compile error, a spill or too much shared memory; 2 bad flags;
@@ -24,62 +24,30 @@
 #include <string.h>
 #include <time.h>
 
-/* ---- the NVRTC subset, declared here (no CUDA header) ---- */
-typedef int nvrtc_result; /* nvrtcResult: 0 = NVRTC_SUCCESS */
-typedef struct nvrtc_program_s *nvrtc_program;
-typedef struct nvrtc_api {
-    const char *(*GetErrorString)(nvrtc_result);
-    nvrtc_result (*Version)(int *, int *);
-    nvrtc_result (*CreateProgram)(nvrtc_program *, const char *, const char *, int, const char *const *,
-                                  const char *const *);
-    nvrtc_result (*DestroyProgram)(nvrtc_program *);
-    nvrtc_result (*CompileProgram)(nvrtc_program, int, const char *const *);
-    nvrtc_result (*GetProgramLogSize)(nvrtc_program, size_t *);
-    nvrtc_result (*GetProgramLog)(nvrtc_program, char *);
-    nvrtc_result (*GetCUBINSize)(nvrtc_program, size_t *);
-    nvrtc_result (*GetCUBIN)(nvrtc_program, char *);
-    nvrtc_result (*GetPTXSize)(nvrtc_program, size_t *);
-    nvrtc_result (*GetPTX)(nvrtc_program, char *);
-} nvrtc_api;
+/* NVRTC comes from the library: attn_context_create loads it into ctx->nvrtc (no GPU
+   needed), through a loader that also looks in the CUDA install directories. */
+static attn_context *ctx;
+static const attn__nvrtc *nv; /* ctx->nvrtc */
+static const char *save_dir;  /* --save: write every CUBIN there */
+static char nv_library[256];  /* the path libnvrtc was opened under */
 
-static nvrtc_api nv;
-static const char *save_dir; /* --save: write every CUBIN there */
-static char nv_library[256];
-
-static int load_nvrtc(char *reason, size_t size) {
-    static const char *const names[] = {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"};
-    static const char *const syms[] = {"nvrtcGetErrorString", "nvrtcVersion", "nvrtcCreateProgram",
-                                       "nvrtcDestroyProgram", "nvrtcCompileProgram",
-                                       "nvrtcGetProgramLogSize", "nvrtcGetProgramLog",
-                                       "nvrtcGetCUBINSize", "nvrtcGetCUBIN", "nvrtcGetPTXSize",
-                                       "nvrtcGetPTX"};
-    const char *dirs[4];
-    void *lib = NULL;
-    size_t i, d, nd = 0;
-    dirs[nd++] = "";
+/* attn_loader.open: a name as given (the loader path), then, for libnvrtc, under $CUDA_HOME,
+   $CUDA_PATH and /usr/local/cuda (lib64). */
+static void *open_library(void *user_data, const char *soname) {
+    const char *dirs[3];
+    void *lib = dlopen(soname, ATTN__DLOPEN_FLAGS);
+    size_t d, nd = 0;
+    (void)user_data;
+    if (strncmp(soname, "libnvrtc", 8) != 0) return lib;
+    snprintf(nv_library, sizeof nv_library, "%s", soname);
     if (getenv("CUDA_HOME")) dirs[nd++] = getenv("CUDA_HOME");
     if (getenv("CUDA_PATH")) dirs[nd++] = getenv("CUDA_PATH");
     dirs[nd++] = "/usr/local/cuda";
-    for (d = 0; d < nd && !lib; d++)
-        for (i = 0; i < sizeof names / sizeof names[0] && !lib; i++) {
-            if (d == 0) snprintf(nv_library, sizeof nv_library, "%s", names[i]);
-            else snprintf(nv_library, sizeof nv_library, "%s/lib64/%s", dirs[d], names[i]);
-            lib = dlopen(nv_library, RTLD_NOW | RTLD_LOCAL);
-        }
-    if (!lib) {
-        snprintf(reason, size, "libnvrtc not found (tried libnvrtc.so.13, .12, libnvrtc.so in the "
-                               "loader path, $CUDA_HOME, $CUDA_PATH and /usr/local/cuda/lib64)");
-        return 0;
+    for (d = 0; d < nd && !lib; d++) {
+        snprintf(nv_library, sizeof nv_library, "%s/lib64/%s", dirs[d], soname);
+        lib = dlopen(nv_library, ATTN__DLOPEN_FLAGS);
     }
-    for (i = 0; i < sizeof syms / sizeof syms[0]; i++) {
-        void *sym = dlsym(lib, syms[i]);
-        if (!sym) {
-            snprintf(reason, size, "%s lacks %s", nv_library, syms[i]);
-            return 0;
-        }
-        memcpy((char *)&nv + i * sizeof sym, &sym, sizeof sym); /* object -> function pointer */
-    }
-    return 1;
+    return lib;
 }
 
 /* ---- sources ---- */
@@ -87,21 +55,6 @@ static int load_nvrtc(char *reason, size_t size) {
 static int num_files;
 static const char *file_name[MAX_FILES];
 static char *file_text[MAX_FILES];
-
-static char *join_lines(const char *const *lines) {
-    size_t n = 1, i;
-    char *s, *p;
-    for (i = 0; lines[i]; i++) n += strlen(lines[i]);
-    s = p = (char *)malloc(n);
-    if (!s) return NULL;
-    for (i = 0; lines[i]; i++) {
-        size_t k = strlen(lines[i]);
-        memcpy(p, lines[i], k);
-        p += k;
-    }
-    *p = 0;
-    return s;
-}
 
 static char *read_file(const char *path) {
     FILE *f = fopen(path, "rb");
@@ -131,7 +84,7 @@ static int load_sources(const char *dir) {
             file_text[num_files] = read_file(path);
             if (!file_text[num_files]) { fprintf(stderr, "nvrtc-check: cannot read %s\n", path); return 0; }
         } else {
-            file_text[num_files] = join_lines(attn__kernel_source_lines(name));
+            file_text[num_files] = attn__kernel_source_text(name);
             if (!file_text[num_files]) return 0;
         }
         num_files++;
@@ -288,24 +241,53 @@ static void parse_log(job *j) {
     }
 }
 
-/* `.const .align 4 .b8 attn_paged_config[32] = {128, 0, 0, 0, ...};` in the PTX (bytes,
-   little endian, trailing zeros may be left out). */
-static void parse_config(job *j, const char *ptx) {
-    const char *s = strstr(ptx, "attn_paged_config[");
-    unsigned char bytes[32];
-    int n = 0, i;
-    if (!s || !(s = strchr(s, '{'))) return;
-    memset(bytes, 0, sizeof bytes);
-    s++;
-    while (*s && *s != '}' && n < 32) {
-        while (*s == ' ' || *s == ',') s++;
-        if (*s == '}') break;
-        bytes[n++] = (unsigned char)strtol(s, (char **)&s, 10);
+/* Little-endian fields of the CUBIN (an ELF64 file). */
+static uint64_t elf_field(const unsigned char *p, int bytes) {
+    uint64_t v = 0;
+    while (bytes--) v = v << 8 | p[bytes];
+    return v;
+}
+
+/* attn_paged_config (an initialised __constant__ int[8]) from the CUBIN: the symbol of that
+   name in the symbol table, its bytes in the section it lives in. */
+static void parse_config(job *j, const unsigned char *elf, size_t size) {
+    static const char name[] = "attn_paged_config";
+    uint64_t shoff, shentsize, shnum, i, k;
+    if (size < 64 || memcmp(elf, "\177ELF", 4) != 0 || elf[4] != 2 /* ELFCLASS64 */) return;
+    shoff = elf_field(elf + 0x28, 8);
+    shentsize = elf_field(elf + 0x3a, 2);
+    shnum = elf_field(elf + 0x3c, 2);
+    if (shentsize < 64 || shoff > size || shnum > (size - shoff) / shentsize) return;
+    for (i = 0; i < shnum; i++) { /* section headers: type +4, addr +0x10, offset +0x18, size +0x20, link +0x28 */
+        const unsigned char *sh = elf + shoff + i * shentsize, *strtab;
+        uint64_t off = elf_field(sh + 0x18, 8), len = elf_field(sh + 0x20, 8), link = elf_field(sh + 0x28, 4);
+        uint64_t str_off, str_len;
+        if (elf_field(sh + 4, 4) != 2 /* SHT_SYMTAB */ || off > size || len > size - off || link >= shnum) continue;
+        strtab = elf + shoff + link * shentsize;
+        str_off = elf_field(strtab + 0x18, 8);
+        str_len = elf_field(strtab + 0x20, 8);
+        if (str_off > size || str_len > size - str_off) return;
+        for (k = 0; k + 24 <= len; k += 24) { /* Elf64_Sym: name +0, shndx +6, value +8, size +16 */
+            const unsigned char *sym = elf + off + k, *sec;
+            uint64_t at = elf_field(sym, 4), shndx = elf_field(sym + 6, 2), value = elf_field(sym + 8, 8);
+            uint64_t sec_addr, sec_off, sec_len;
+            int n;
+            if (at >= str_len || str_len - at < sizeof name || memcmp(elf + str_off + at, name, sizeof name) != 0 ||
+                elf_field(sym + 16, 8) != sizeof j->config || shndx == 0 || shndx >= shnum)
+                continue;
+            sec = elf + shoff + shndx * shentsize;
+            sec_addr = elf_field(sec + 0x10, 8);
+            sec_off = elf_field(sec + 0x18, 8);
+            sec_len = elf_field(sec + 0x20, 8);
+            if (elf_field(sec + 4, 4) == 8 /* SHT_NOBITS */ || value < sec_addr) return;
+            value -= sec_addr;
+            if (sec_off > size || sec_len > size - sec_off || value > sec_len || sec_len - value < sizeof j->config)
+                return;
+            for (n = 0; n < 8; n++) j->config[n] = (int)(uint32_t)elf_field(elf + sec_off + value + 4 * n, 4);
+            j->has_config = 1;
+            return;
+        }
     }
-    for (i = 0; i < 8; i++)
-        j->config[i] = (int)((unsigned)bytes[4 * i] | (unsigned)bytes[4 * i + 1] << 8 |
-                             (unsigned)bytes[4 * i + 2] << 16 | (unsigned)bytes[4 * i + 3] << 24);
-    j->has_config = 1;
 }
 
 static void run_job(job *j) {
@@ -314,8 +296,8 @@ static void run_job(job *j) {
     const char *hdr_text[MAX_FILES], *hdr_name[MAX_FILES], *opts[24];
     char optbuf[24][96], defs[256], *tok, *save = NULL;
     int nh = 0, no = 0, i;
-    nvrtc_program prog;
-    nvrtc_result r;
+    attn__nvrtcProgram prog;
+    attn__nvrtcResult r;
     size_t size;
     double t0 = now_ms();
     j->ok = 0;
@@ -335,38 +317,37 @@ static void run_job(job *j) {
         opts[no] = optbuf[no];
         no++;
     }
-    r = nv.CreateProgram(&prog, src, v->file, nh, hdr_text, hdr_name);
+    r = nv->nvrtcCreateProgram(&prog, src, v->file, nh, hdr_text, hdr_name);
     if (r) {
         j->log = (char *)malloc(128);
-        if (j->log) snprintf(j->log, 128, "nvrtcCreateProgram: %s\n", nv.GetErrorString(r));
+        if (j->log) snprintf(j->log, 128, "nvrtcCreateProgram failed (nvrtcResult %d)\n", r);
         return;
     }
-    r = nv.CompileProgram(prog, no, opts);
+    r = nv->nvrtcCompileProgram(prog, no, opts);
     j->ms = now_ms() - t0;
-    if (nv.GetProgramLogSize(prog, &size) == 0 && (j->log = (char *)malloc(size + 1)) != NULL) {
-        if (nv.GetProgramLog(prog, j->log)) j->log[0] = 0;
+    if (nv->nvrtcGetProgramLogSize(prog, &size) == 0 && (j->log = (char *)malloc(size + 1)) != NULL) {
+        if (nv->nvrtcGetProgramLog(prog, j->log)) j->log[0] = 0;
         j->log[size] = 0;
     }
-    if (r == 0 && nv.GetCUBINSize(prog, &size) == 0 && size > 0) {
+    if (r == 0 && nv->nvrtcGetCUBINSize(prog, &size) == 0 && size > 0) {
+        unsigned char *cubin = (unsigned char *)malloc(size);
         j->ok = 1;
-        if (save_dir) {
-            char path[1024], *cubin = (char *)malloc(size);
-            FILE *f;
-            snprintf(path, sizeof path, "%s/%02d_sm_%d.cubin", save_dir, j->variant, j->arch);
-            if (cubin && nv.GetCUBIN(prog, cubin) == 0 && (f = fopen(path, "wb")) != NULL) {
-                fwrite(cubin, 1, size, f);
-                fclose(f);
+        if (cubin && nv->nvrtcGetCUBIN(prog, (char *)cubin) == 0) {
+            parse_config(j, cubin, size);
+            if (save_dir) {
+                char path[1024];
+                FILE *f;
+                snprintf(path, sizeof path, "%s/%02d_sm_%d.cubin", save_dir, j->variant, j->arch);
+                if ((f = fopen(path, "wb")) != NULL) {
+                    fwrite(cubin, 1, size, f);
+                    fclose(f);
+                }
             }
-            free(cubin);
         }
-        if (nv.GetPTXSize(prog, &size) == 0) {
-            char *ptx = (char *)malloc(size + 1);
-            if (ptx && nv.GetPTX(prog, ptx) == 0) { ptx[size] = 0; parse_config(j, ptx); }
-            free(ptx);
-        }
+        free(cubin);
     }
     parse_log(j);
-    nv.DestroyProgram(&prog);
+    nv->nvrtcDestroyProgram(&prog);
 }
 
 /* ---- a small work queue over the jobs ---- */
@@ -405,10 +386,9 @@ static void usage(FILE *f) {
 
 int main(int argc, char **argv) {
     const char *dir = NULL, *only = NULL;
-    int threads = 2, verbose = 0, probe = 0, i, k, major = 0, minor = 0, failed = 0;
+    int threads = 2, verbose = 0, probe = 0, i, k, failed = 0, status = 1;
     int worst_spill = 0, nvar = 0;
     double total_ms = 0, max_ms = 0, t0;
-    char reason[640];
     pthread_t tids[16];
     for (i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--probe")) probe = 1;
@@ -429,17 +409,35 @@ int main(int argc, char **argv) {
     }
     if (threads < 1) threads = 1;
     if (threads > 16) threads = 16;
-    if (!load_nvrtc(reason, sizeof reason)) {
-        printf("nvrtc-check: %s\n", reason);
+    {
+        attn_context_desc cd;
+        attn_loader loader;
+        memset(&cd, 0, sizeof cd);
+        memset(&loader, 0, sizeof loader);
+        loader.open = open_library;
+        cd.loader = &loader;
+        cd.log_level = ATTN_LOG_LEVEL_NONE;
+        cd.num_threads = 1;
+        cd.kernel_cache_dir = "off";
+        if (attn_context_create(&cd, &ctx) != ATTN_OK) {
+            printf("nvrtc-check: %s\n", attn_context_last_error(NULL));
+            return 1;
+        }
+    }
+    nv = ctx->nvrtc;
+    if (!nv->library) {
+        printf("nvrtc-check: %s%s\n", ctx->platform.nvrtc_reason,
+               strstr(ctx->platform.nvrtc_reason, "not found") ? ", also under $CUDA_HOME, $CUDA_PATH and "
+                                                                 "/usr/local/cuda (lib64)" : "");
+        attn_context_destroy(ctx);
         return 3;
     }
-    nv.Version(&major, &minor);
-    printf("nvrtc-check: %s (NVRTC %d.%d)\n", nv_library, major, minor);
-    if (probe) return 0;
-    if (!load_sources(dir)) return 1;
+    printf("nvrtc-check: %s (NVRTC %d.%d)\n", nv_library, nv->major, nv->minor);
+    if (probe) { status = 0; goto done; }
+    if (!load_sources(dir)) goto done;
 
     jobs = (job *)calloc((size_t)num_variants * NUM_ARCHS, sizeof *jobs);
-    if (!jobs) return 1;
+    if (!jobs) goto done;
     for (i = 0; i < num_variants; i++) {
         char all[384];
         snprintf(all, sizeof all, "%s %s", manifest[i].file, manifest[i].defines);
@@ -485,8 +483,11 @@ int main(int argc, char **argv) {
     printf("nvrtc-check: %d variants x %d architectures, %.1f s wall (%d threads), compile %.0f ms total, "
            "%.0f ms the slowest; %s\n", nvar, NUM_ARCHS, (now_ms() - t0) / 1e3, threads, total_ms, max_ms,
            failed ? "FAILED" : "all compiled, no spills");
+    status = failed ? 1 : 0;
+done:
     for (k = 0; k < num_jobs; k++) free(jobs[k].log);
     free(jobs);
     for (i = 0; i < num_files; i++) free(file_text[i]);
-    return failed ? 1 : 0;
+    attn_context_destroy(ctx);
+    return status;
 }
