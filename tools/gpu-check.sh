@@ -2,8 +2,12 @@
 # The GPU half of the suite, for a machine with a CUDA device (CI has none): builds the test
 # runner, runs the CUDA suite against the CPU backend, the same under compute-sanitizer
 # (memcheck, then racecheck on a subset), the whole runner, python/attn_h.py's pytest suite
-# on CUDA tensors (where torch is installed), the kernel harness and its benchmark. Logs under $OUT (default build/gpu-out); a short table last.
-#   usage: tools/gpu-check.sh [--quick]
+# on CUDA tensors (where torch is installed), the kernel harness and its benchmark, the
+# backend's benchmark (attn-bench --device cuda) and the PyTorch peer on the same shapes.
+# Logs under $OUT (default build/gpu-out); a short table last.
+#   usage: tools/gpu-check.sh [--quick | --bench-only]
+#   RACECHECK_TIMEOUT (seconds, default 330): racecheck's limit over the cuda suite (the whole
+#   suite needs about 400-600 s under it on the H200).
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-build/gpu-out}
@@ -13,11 +17,20 @@ summary() { printf '%-28s %s\n' "$1" "$2" | tee -a "$OUT/summary.txt"; }
 : > "$OUT/summary.txt"
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1; summary "gpu" "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
 t0=$(date +%s)
-if ! make -j"$(nproc)" build/attn_tests build/cuda_kernels > "$OUT/build.log" 2>&1; then
+if ! make -j"$(nproc)" build/attn_tests build/cuda_kernels build/attn-bench > "$OUT/build.log" 2>&1; then
     summary "build" "FAILED (see build.log)"; tail -n 30 "$OUT/build.log"; exit 1
 fi
 summary "build" "ok ($(( $(date +%s) - t0 )) s)"
 last() { grep -E '^[0-9]+ passed, [0-9]+ failed' "$1" | tail -n 1; }
+backend_bench() {
+    timeout 300 ./build/attn-bench --device cuda > "$OUT/attn-bench-cuda.log" 2>&1
+    summary "attn-bench --device cuda" "exit $? (attn-bench-cuda.log)"
+    if python3 -c 'import torch; assert torch.cuda.is_available()' >/dev/null 2>&1; then
+        timeout 300 python3 tools/torch_peer.py > "$OUT/torch-peer.log" 2>&1
+        summary "torch peer" "exit $? (torch-peer.log)"
+    fi
+}
+if [ "${1:-}" = "--bench-only" ]; then backend_bench; cat "$OUT/summary.txt"; exit 0; fi
 t0=$(date +%s)
 timeout 400 ./build/attn_tests cuda > "$OUT/cuda-suite.log" 2>&1
 summary "cuda suite (cold compile)" "$(last "$OUT/cuda-suite.log") ($(( $(date +%s) - t0 )) s)"
@@ -31,9 +44,9 @@ if command -v compute-sanitizer >/dev/null 2>&1; then
     rc=$?
     summary "memcheck" "exit $rc, $(grep -c 'Invalid\|Error' "$OUT/memcheck.log") error lines; $(last "$OUT/memcheck.log")"
     [ "${1:-}" = "--quick" ] || {
-        timeout 300 compute-sanitizer --tool racecheck --error-exitcode 9 ./build/attn_tests cuda \
-            > "$OUT/racecheck.log" 2>&1
-        summary "racecheck (cuda suite)" "exit $?; $(grep -c 'Race\|Hazard' "$OUT/racecheck.log") hazard lines"
+        timeout "${RACECHECK_TIMEOUT:-330}" compute-sanitizer --tool racecheck --error-exitcode 9 \
+            ./build/attn_tests cuda > "$OUT/racecheck.log" 2>&1
+        summary "racecheck (cuda suite)" "exit $?; $(grep -c 'Race\|Hazard' "$OUT/racecheck.log") hazard lines; $(last "$OUT/racecheck.log")"
     }
 else
     summary "compute-sanitizer" "not installed"
@@ -54,5 +67,6 @@ summary "kernel harness" "$(last "$OUT/cuda-kernels.log")"
 [ "${1:-}" = "--quick" ] || {
     timeout 200 ./build/cuda_kernels --bench > "$OUT/cuda-bench.log" 2>&1
     summary "kernel bench" "exit $? (cuda-bench.log)"
+    backend_bench
 }
 cat "$OUT/summary.txt"
