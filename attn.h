@@ -6198,6 +6198,7 @@ typedef struct attn__cuda_state {
 typedef struct attn__cuda_layer {
     attn__cuda_module decode, prefill, cache;
     attn__CUdeviceptr alibi;
+    int resident;                    /* decode CTAs the device holds at once: occupancy x SMs */
 } attn__cuda_layer;
 
 /* The host mirrors of the kernels' parameter structs (kernels/paged_attention.cu,
@@ -6337,6 +6338,13 @@ static attn_status attn__cuda_layer_init(const attn_backend *self, attn_layer *l
     if (st == ATTN_OK)
         st = attn__cuda_load(ctx, attn__cuda_variant_file[2], opt[2], "attn_reshape_and_cache", NULL, 0, &L->cache,
                              reason, size);
+    if (st == ATTN_OK) { /* the split-KV target: one wave of resident decode CTAs */
+        int per_sm = 0;
+        if (ctx->cuda->cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, L->decode.main, L->decode.config[0],
+                                                                   (size_t)L->decode.config[1]) != 0 || per_sm < 1)
+            per_sm = 2;
+        L->resident = per_sm * ATTN__MAX(1, ctx->platform.cuda_multiprocessors);
+    }
     if (st == ATTN_OK && d->alibi_slopes) {
         size_t bytes = (size_t)d->num_heads * sizeof(float);
         attn__CUresult rc = ctx->cuda->cuMemAlloc(&L->alibi, bytes);
@@ -6364,7 +6372,7 @@ static void attn__cuda_layer_release(const attn_backend *self, attn_layer *layer
 
 /* ---- metadata: the schedule, fixed capacity, one upload per build ------------------------ */
 
-#define ATTN__CUDA_SPLIT_MIN 512   /* fewest keys worth a split of their own */
+#define ATTN__CUDA_SPLIT_MIN 256   /* fewest keys worth a split of their own */
 #define ATTN__CUDA_MAX_SPLITS 32
 
 /* One region, laid out by one function (sizes with base NULL, carves otherwise), copied
@@ -6382,7 +6390,7 @@ typedef struct attn__cuda_meta {
     /* geometry copied from the layer: metadata may outlive it */
     int group, num_kv_heads, tile[2], rows[2], kv_tile[2];
     int work_capacity[2], merge_capacity, slot_capacity;
-    int parallelism;               /* 2 x SMs */
+    int parallelism;               /* resident decode CTAs (the layer's occupancy x SMs) */
     size_t bytes;                  /* of the region */
     char *staging;                 /* pinned host copy of the region */
     attn__CUdeviceptr region;      /* the device copy */
@@ -6439,7 +6447,7 @@ static attn_status attn__cuda_metadata_init(const attn_backend *self, attn_layer
                           "attn_metadata_create: cannot allocate the CUDA schedule");
     cm->group = d->num_heads / d->num_kv_heads;
     cm->num_kv_heads = d->num_kv_heads;
-    cm->parallelism = 2 * ATTN__MAX(1, ctx->platform.cuda_multiprocessors);
+    cm->parallelism = ATTN__MAX(1, L->resident);
     for (v = 0; v < 2; v++) {
         const attn__cuda_module *m = v ? &L->prefill : &L->decode;
         cm->tile[v] = m->config[4];
@@ -6447,8 +6455,8 @@ static attn_status attn__cuda_metadata_init(const attn_backend *self, attn_layer
         cm->kv_tile[v] = m->config[2];
     }
     /* decode items: one per (request, KV head), times the splits; splits happen only while
-       the batch has fewer items than `parallelism`, at most ceil(parallelism / items) per
-       item: fewer than 2 x parallelism split items in all */
+       the batch has fewer items than `parallelism`, at most floor(parallelism / items) per
+       item: at most parallelism split items in all */
     cm->work_capacity[0] = cap->max_num_reqs * d->num_kv_heads + 2 * cm->parallelism;
     cm->work_capacity[1] = d->num_kv_heads * (cap->max_num_tokens / cm->tile[1] + cap->max_num_reqs);
     cm->merge_capacity = ATTN__MIN(cap->max_num_reqs * d->num_kv_heads, cm->parallelism);
@@ -6562,7 +6570,7 @@ static attn_status attn__cuda_build(const attn_backend *self, attn_layer *layer,
             hi = ATTN__MAX(hi0, hi1);
             if (v == 0 && split && hi - lo >= 2 * ATTN__CUDA_SPLIT_MIN) {
                 ns = (hi - lo) / ATTN__CUDA_SPLIT_MIN;
-                ns = ATTN__MIN(ns, (cm->parallelism + base - 1) / base);
+                ns = ATTN__MIN(ns, cm->parallelism / base); /* splits fill one wave, never 1.5 */
                 ns = ATTN__MIN(ns, ATTN__CUDA_MAX_SPLITS);
                 if (ns < 2) ns = 1;
             }
