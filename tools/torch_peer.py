@@ -1,34 +1,45 @@
-"""The PyTorch peer of `attn-bench --device cuda`: the same decode shapes through
-torch.nn.functional.scaled_dot_product_attention on the same GPU, for the side-by-side
-column of BENCHMARKS.md.
+"""The peers of `attn-bench --device cuda`, on the same shapes and the same GPU: PyTorch's
+scaled_dot_product_attention (its default choice, and the flash and cuDNN backends forced)
+on contiguous K/V, and attn.h itself through python/attn_h.py on a paged cache in torch
+tensors (so the table is side by side, and the Python path's overhead is visible).
 
-PyTorch has no paged attention, so its K/V are contiguous [B, 8, ctx, 128] bf16 tensors
-(the best case for it: no block-table indirection). q is [B, 32, 1, 128]. Two ways:
-  gqa  - SDPA with enable_gqa=True (what a model port would call);
-  fold - the 4 query heads of a KV head folded into the query length, q [B, 8, 4, 128]
-         against K/V [B, 8, ctx, 128] (non-causal: every query sees all keys), so no
-         backend has to repeat K/V; the fastest exact form of GQA decode in PyTorch.
-Each case rotates over K/V sets of >= 256 MiB in all (5x the L2), like attn-bench; CUDA
-events over back-to-back calls, median of 11 groups. The read ceiling: torch's own
-reduction over 4 GiB (x.sum() of float32), best of 10.
+Decode: 32 query / 8 KV heads, head 128, bf16, batch {1, 16, 64, 128} x context {1k, 4k,
+16k}. PyTorch has no paged attention: its K/V are contiguous [B, 8, ctx, 128] (its best
+case). "default" calls SDPA with enable_gqa=True (what a model port writes); "flash" and
+"cudnn" get the 4 query heads of each KV head folded into the query length, q [B, 8, 4, 128]
+(exact for decode: every query sees every key), because not every backend takes
+enable_gqa. attn_h: the same K/V values' bytes in a paged cache [blocks, 2, 16, 8, 128] with
+shuffled block ids, one metadata per rotation set. GB/s = K+V bytes / time.
 
-usage: python3 tools/torch_peer.py [--quick]
+Prefill: causal, 32 heads, head 128, bf16, batch 4 x 4096 and 1 x 16384; PyTorch gets K/V
+with 8 heads and enable_gqa where the backend takes it, else K/V repeated to 32 heads (same
+FLOPs); TFLOP/s over the causal-useful pairs, 4 * 32 * 128 * L(L+1)/2 per sequence.
+
+Every case rotates over sets of >= 256 MiB in all (5x the L2); CUDA events over back-to-back
+calls, median of 11 groups (5 with --quick). A backend that refuses a shape is reported as
+such. The read ceiling: torch's float32 sum over 4 GiB, best of 11.
+
+usage: python3 tools/torch_peer.py [--quick] [--csv FILE] [--no-attn-h]
 """
+import os
 import sys
+
+import numpy as np
 import torch
 import torch.nn.functional as F
 
-H, HKV, D = 32, 8, 128
+H, HKV, D, BS = 32, 8, 128, 16
 BATCHES, CONTEXTS = (1, 16, 64, 128), (1024, 4096, 16384)
+PREFILLS = ((4, 4096), (1, 16384))
 ROTATE = 256 << 20
 
 
 def timed(fn, per_group, groups):
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(3):
-        fn(0)
-    t = []
-    k = 0
+    for i in range(3):
+        fn(i)
+    torch.cuda.synchronize()
+    t, k = [], 0
     for _ in range(groups):
         e0.record()
         for _ in range(per_group):
@@ -38,7 +49,7 @@ def timed(fn, per_group, groups):
         e1.synchronize()
         t.append(e0.elapsed_time(e1) * 1e-3 / per_group)
     t.sort()
-    return t[len(t) // 2], t[0], t[-1]
+    return t[len(t) // 2]
 
 
 def read_ceiling():
@@ -55,50 +66,188 @@ def read_ceiling():
     return best
 
 
+def sdpa_backend(name):
+    """A context manager forcing one SDPA backend (None: PyTorch's own choice)."""
+    from contextlib import nullcontext
+    if name == "default":
+        return nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    return sdpa_kernel([{"flash": SDPBackend.FLASH_ATTENTION,
+                         "cudnn": SDPBackend.CUDNN_ATTENTION}[name]])
+
+
+def try_time(label, make_fn, check, per_group, groups, backend="default"):
+    """(seconds, None) or (None, why): a backend may refuse a shape. The SDPA backend is
+    forced around the whole timing (its context manager is entered once)."""
+    try:
+        with sdpa_backend(backend):
+            fn = make_fn()
+            check(fn(0))
+            return timed(fn, per_group, groups), None
+    except Exception as e:  # noqa: BLE001 - any refusal is a result to report
+        why = str(e).strip().splitlines()[0][:100] if str(e).strip() else type(e).__name__
+        print(f"    {label}: not run ({why})", flush=True)
+        return None, why
+
+
+class AttnH:
+    """attn.h through python/attn_h.py on a paged bf16 cache in a torch tensor."""
+
+    def __init__(self, device="cuda"):
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+        import attn_h
+        self.mod = attn_h
+        self.ctx = attn_h.Context(log_level="warn")
+        self.layer = attn_h.Layer(self.ctx, num_heads=H, num_kv_heads=HKV, head_size=D, block_size=BS,
+                                  dtype="bfloat16", device=device)
+        self.device = device
+        assert self.layer.selection["resolved"] == ("CUDA" if device == "cuda" else "CPU"), \
+            self.layer.selection_text
+
+    def case(self, b, qlens, seqlens, nsets, gen):
+        """Metadata sets over disjoint shuffled blocks of one cache; returns (fn, cache)."""
+        bps = max(-(-s // BS) for s in seqlens)
+        nblocks = nsets * b * bps
+        cache = torch.empty(self.layer.kv_cache_shape(nblocks), dtype=torch.bfloat16, device=self.device)
+        cache.uniform_(-1, 1, generator=gen)
+        ids = np.random.default_rng(b * 7919 + bps).permutation(nblocks).astype(np.int32)
+        qsl = np.concatenate([[0], np.cumsum(qlens)]).astype(np.int32)
+        ntok = int(qsl[-1])
+        metas = []
+        for s in range(nsets):
+            m = self.mod.Metadata(self.layer, b, ntok, bps, nblocks)
+            m.build(qsl, np.array(seqlens, np.int32), ids[s * b * bps:(s + 1) * b * bps].reshape(b, bps),
+                    np.full(ntok, -1, np.int64))
+            metas.append(m)
+        q = torch.empty((ntok, H, D), dtype=torch.bfloat16, device=self.device).uniform_(-1, 1, generator=gen)
+        out = torch.empty_like(q)
+        layer = self.layer
+
+        def fn(i):
+            return layer.forward(metas[i % nsets], q, cache, out)
+        return fn, (cache, metas)
+
+
 def main():
     quick = "--quick" in sys.argv
+    csv_path = sys.argv[sys.argv.index("--csv") + 1] if "--csv" in sys.argv else None
     groups = 5 if quick else 11
     dev = torch.cuda.get_device_properties(0)
     print(f"torch {torch.__version__}, {dev.name}, {dev.multi_processor_count} SMs")
     read = read_ceiling()
-    print(f"read ceiling (torch float32 sum over 4 GiB, best of 11): {read:.0f} GB/s")
-    rows = []
+    print(f"read ceiling (torch float32 sum over 4 GiB, best of 11): {read:.0f} GB/s", flush=True)
+    ah = None
+    if "--no-attn-h" not in sys.argv:
+        try:
+            ah = AttnH()
+        except Exception as e:  # noqa: BLE001
+            print(f"attn_h: not run ({e})")
+    impls = ["default", "flash", "cudnn"] + (["attn_h"] if ah else [])
+    csv = ["impl,kind,batch,context,us,value,unit"]
+    table = []
+
     for b in BATCHES:
         for c in CONTEXTS:
             set_bytes = b * c * HKV * D * 2 * 2
             nsets = max(2, min(64, -(-ROTATE // set_bytes)))
             per_group = max(20, nsets)
             g = torch.Generator(device="cuda").manual_seed(b * 100003 + c)
-            k = [torch.rand((b, HKV, c, D), device="cuda", dtype=torch.bfloat16, generator=g) * 2 - 1
+            k = [torch.empty((b, HKV, c, D), device="cuda", dtype=torch.bfloat16).uniform_(-1, 1, generator=g)
                  for _ in range(nsets)]
-            v = [torch.rand((b, HKV, c, D), device="cuda", dtype=torch.bfloat16, generator=g) * 2 - 1
+            v = [torch.empty((b, HKV, c, D), device="cuda", dtype=torch.bfloat16).uniform_(-1, 1, generator=g)
                  for _ in range(nsets)]
-            q = torch.rand((b, H, 1, D), device="cuda", dtype=torch.bfloat16, generator=g) * 2 - 1
+            q = torch.empty((b, H, 1, D), device="cuda", dtype=torch.bfloat16).uniform_(-1, 1, generator=g)
             qf = q.view(b, HKV, H // HKV, D)
-            ref = F.scaled_dot_product_attention(qf, k[0], v[0])
+            ref = F.scaled_dot_product_attention(qf.float(), k[0].float(), v[0].float())
+
+            def check(out):
+                err = (out.reshape(b, HKV, H // HKV, D).float() - ref).abs().max().item()
+                assert err < 3e-2, f"differs from the fp32 reference by {err}"
+
             res = {}
-            for name, fn in (
-                ("gqa", lambda i: F.scaled_dot_product_attention(q, k[i % nsets], v[i % nsets], enable_gqa=True)),
-                ("fold", lambda i: F.scaled_dot_product_attention(qf, k[i % nsets], v[i % nsets])),
-            ):
-                out = fn(0).reshape(b, HKV, H // HKV, D)
-                err = (out.float() - ref.float()).abs().max().item()
-                assert err < 2e-2, f"{name}: differs from the folded form by {err}"
-                med, lo, hi = timed(fn, per_group, groups)
-                res[name] = med
-                print(f"  batch {b:3d} context {c:5d} {name:4s}: {med * 1e6:9.1f} us median "
-                      f"(min {lo * 1e6:.1f}, max {hi * 1e6:.1f})  {set_bytes / med / 1e9:7.0f} GB/s  "
-                      f"{100 * set_bytes / med / 1e9 / read:5.1f}% of read  [{nsets} sets]", flush=True)
-            rows.append((b, c, set_bytes, res))
-            del k, v, q, qf, ref
+            for impl in impls[:3]:
+                if impl == "default":
+                    def mk():
+                        return lambda i: F.scaled_dot_product_attention(q, k[i % nsets], v[i % nsets], enable_gqa=True)
+                else:
+                    def mk():
+                        return lambda i: F.scaled_dot_product_attention(qf, k[i % nsets], v[i % nsets])
+                res[impl], _ = try_time(f"b{b} c{c} {impl}", mk, check, per_group, groups, impl)
+            k = v = None  # free before the next case
             torch.cuda.empty_cache()
-    print("\n| case | SDPA enable_gqa us | GB/s | SDPA folded us | GB/s | % of read |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
-    for b, c, nb, r in rows:
-        best = min(r.values())
-        print(f"| decode b={b} ctx={c} | {r['gqa'] * 1e6:.1f} | {nb / r['gqa'] / 1e9:.0f} | "
-              f"{r['fold'] * 1e6:.1f} | {nb / r['fold'] / 1e9:.0f} | {100 * nb / best / 1e9 / read:.1f} |")
-    print(f"\nread ceiling {read:.0f} GB/s; command: python3 tools/torch_peer.py{' --quick' if quick else ''}")
+            if ah:
+                fn, keep = ah.case(b, [1] * b, [c] * b, nsets, g)
+                res["attn_h"], _ = try_time(f"b{b} c{c} attn_h", lambda: fn, lambda out: None, per_group, groups)
+                del fn, keep
+                torch.cuda.empty_cache()
+            line = f"  decode batch {b:3d} context {c:5d}:"
+            for impl in impls:
+                t = res.get(impl)
+                line += f"  {impl} " + (f"{t * 1e6:8.1f} us {set_bytes / t / 1e9:5.0f} GB/s" if t else "   --")
+                if t:
+                    csv.append(f"{impl},decode,{b},{c},{t * 1e6:.2f},{set_bytes / t / 1e9:.1f},GB/s")
+            print(line, flush=True)
+            table.append(("decode", b, c, set_bytes, res))
+
+    for b, L in PREFILLS:
+        flops = b * 4.0 * H * D * L * (L + 1) / 2
+        set_bytes = b * L * D * 2 * (H + 2 * HKV) * 2
+        nsets = max(2, min(8, -(-ROTATE // set_bytes)))
+        g = torch.Generator(device="cuda").manual_seed(L)
+        qs = [torch.empty((b, H, L, D), device="cuda", dtype=torch.bfloat16).uniform_(-1, 1, generator=g)
+              for _ in range(nsets)]
+        ks = [torch.empty((b, HKV, L, D), device="cuda", dtype=torch.bfloat16).uniform_(-1, 1, generator=g)
+              for _ in range(nsets)]
+        vs = [torch.empty((b, HKV, L, D), device="cuda", dtype=torch.bfloat16).uniform_(-1, 1, generator=g)
+              for _ in range(nsets)]
+        res = {}
+        for impl in impls[:3]:
+            def mk(gqa=True):
+                kk = ks if gqa else [x.repeat_interleave(H // HKV, dim=1) for x in ks]
+                vv = vs if gqa else [x.repeat_interleave(H // HKV, dim=1) for x in vs]
+                return lambda i: F.scaled_dot_product_attention(qs[i % nsets], kk[i % nsets], vv[i % nsets],
+                                                                is_causal=True, enable_gqa=gqa)
+            t, _ = try_time(f"prefill b{b} L{L} {impl} (enable_gqa)", mk, lambda out: None, 3, groups, impl)
+            if t is None:
+                t, _ = try_time(f"prefill b{b} L{L} {impl} (K/V repeated)", lambda: mk(False),
+                                lambda out: None, 3, groups, impl)
+            res[impl] = t
+            torch.cuda.empty_cache()
+        qs = ks = vs = None
+        torch.cuda.empty_cache()
+        if ah:
+            fn, keep = ah.case(b, [L] * b, [L] * b, nsets, g)
+            res["attn_h"], _ = try_time(f"prefill b{b} L{L} attn_h", lambda: fn, lambda out: None, 3, groups)
+            del fn, keep
+            torch.cuda.empty_cache()
+        line = f"  prefill batch {b} x {L}:"
+        for impl in impls:
+            t = res.get(impl)
+            line += f"  {impl} " + (f"{t * 1e6:9.1f} us {flops / t / 1e12:5.0f} TFLOP/s" if t else "   --")
+            if t:
+                csv.append(f"{impl},prefill,{b},{L},{t * 1e6:.2f},{flops / t / 1e12:.1f},TFLOP/s")
+        print(line, flush=True)
+        table.append(("prefill", b, L, flops, res))
+
+    hdr = " | ".join(impls)
+    print(f"\n| case | {hdr} (µs; GB/s or TFLOP/s) |")
+    print("| --- |" + " ---: |" * len(impls))
+    for kind, b, c, amount, res in table:
+        cells = []
+        for impl in impls:
+            t = res.get(impl)
+            if not t:
+                cells.append("--")
+            elif kind == "decode":
+                cells.append(f"{t * 1e6:.1f} µs, {amount / t / 1e9:.0f} GB/s")
+            else:
+                cells.append(f"{t * 1e6:.0f} µs, {amount / t / 1e12:.0f} TFLOP/s")
+        print(f"| {kind} b={b} {'ctx' if kind == 'decode' else 'L'}={c} | " + " | ".join(cells) + " |")
+    print(f"\nread ceiling {read:.0f} GB/s (torch); command: python3 {' '.join(sys.argv)}")
+    csv.append(f"torch,ceiling,0,0,0,{read:.1f},GB/s")
+    if csv_path:
+        with open(csv_path, "w") as f:
+            f.write("\n".join(csv) + "\n")
 
 
 if __name__ == "__main__":
