@@ -1016,12 +1016,18 @@ static void cpu_describe(char *buf, size_t size) {
                 found on disk (no GPU: lookup + read + checksum), or on a GPU the whole
                 attn_layer_create (disk + module load + configuration read-back), after
                 the context's first GPU call (reported on its own line).
-   2. On a GPU: the device's read bandwidth (attn_read_probe over 4 GiB, best of 10), then
-      decode through the public API (attn_layer_forward on device tensors, the backend's
-      own scheduler and split-KV): 32/8 heads, head 128, bf16, block 16, batch
-      1/16/64/128 x context 1k/4k/16k. Each case rotates over pre-built metadata sets on
-      disjoint shuffled block sets of a 16 GiB cache (>= 256 MiB per rotation, 5x the L2),
-      timed with CUDA events over back-to-back forwards; median of 11 groups.
+   2. On a GPU, the ceilings of the same run: read bandwidth (attn_read_probe over 4 GiB,
+      best of 10) and the bf16 tensor-core rate (cuBLAS GEMM 8192^3, best of 10); then the
+      backend through the public API (attn_layer_forward on device tensors, its own
+      scheduler and split-KV), 32/8 heads, head 128, bf16, block 16:
+        decode   batch 1/16/64/128 x context 1k/4k/16k, GB/s of K+V against the read;
+        prefill  causal, batch 4 x 4096 and 1 x 16384, TFLOP/s of the causal-useful pairs
+                 against the matmul rate;
+        mixed    vLLM's chunked prefill: one chunk of 2048 over 8192 cached tokens with 64
+                 decodes of 4096, against the sum of its parts timed alone.
+      Each case rotates over pre-built metadata sets on disjoint shuffled block sets of a
+      16 GiB cache (>= 256 MiB per rotation for decode, 5x the L2), timed with CUDA events
+      over back-to-back forwards; median of 11 groups. --csv FILE writes the rows.
    ------------------------------------------------------------------------------------- */
 
 #ifndef ATTN_NO_CUDA
@@ -1256,182 +1262,361 @@ static double cuda_read_ceiling(attn_context *ctx, attn__CUdeviceptr buf, size_t
     return best;
 }
 
-#define CUDA_POOL_BYTES ((size_t)16 << 30)   /* the KV cache the decode cases draw from */
+#define CUDA_POOL_BYTES ((size_t)16 << 30)   /* the KV cache every case draws from */
 #define CUDA_ROTATE_BYTES ((size_t)256 << 20) /* KV read per rotation, at least */
 #define CUDA_MAX_SETS 64
+#define CUDA_MAX_TOKENS 16384                 /* q/out rows (prefill 4 x 4096) */
 
-/* 2. Decode through the public API on device tensors. */
-static void cuda_decode_table(attn_context *ctx, int quick) {
-    static const int batches[] = {1, 16, 64, 128}, contexts[] = {1024, 4096, 16384};
-    const int H = 32, Hkv = 8, D = 128, BS = 16, groups = quick ? 5 : 11;
-    const size_t block_bytes = (size_t)2 * BS * Hkv * D * 2;
-    attn__cuda_driver *cu = ctx->cuda;
-    attn_platform plat;
-    attn_layer_desc d;
-    attn_layer *layer = NULL;
-    attn_tensor kv, q, out;
-    int64_t num_blocks = (int64_t)(CUDA_POOL_BYTES / block_bytes), shape[ATTN_MAX_DIMS], qshape[3];
-    int ndim, bi, ci, i;
+static FILE *cuda_csv; /* --csv FILE: one line per measured row */
+
+static void csv_row(const char *impl, const char *kind, int batch, int context, double us, double value,
+                    const char *unit) {
+    if (cuda_csv) fprintf(cuda_csv, "%s,%s,%d,%d,%.2f,%.1f,%s\n", impl, kind, batch, context, us, value, unit);
+}
+
+/* What every GPU case shares: the layer (32/8 heads, head 128, bf16, block 16), the 16 GiB
+   paged cache with shuffled block ids, q/out buffers, two events. */
+typedef struct {
+    attn_context *ctx;
+    attn_layer *layer;
+    attn_tensor kv;
+    int64_t num_blocks;
     int32_t *ids;
-    void *d_kv = NULL, *d_q = NULL, *d_out = NULL;
-    uint16_t *host, *host_out;
-    size_t chunk = (size_t)64 << 20, off;
-    double read_best, read_med, read_best2, read_med2, t0;
+    void *d_kv, *d_q, *d_out;
     attn__CUevent e0, e1;
-    struct { int b, c; double us, gbs; int items, merges, sets; } res[12];
-    int nres = 0;
+    int groups;
+} cuda_bench;
 
-    CHECK(ctx, attn_platform_get(ctx, &plat));
+enum { CB_H = 32, CB_HKV = 8, CB_D = 128, CB_BS = 16 };
+
+/* nsets metadata over disjoint block sets: set k takes the next sum(ceil(seq / 16)) ids. */
+static attn_metadata **cuda_metas(cuda_bench *cb, int nreq, const int32_t *qlens, const int32_t *seqs, int nsets) {
+    attn_metadata **metas = (attn_metadata **)bench_alloc((size_t)nsets * sizeof *metas);
+    int32_t *qsl = (int32_t *)bench_alloc(((size_t)nreq + 1) * 4), *table;
+    int r, k, bps = 0, per_set = 0, maxq = 0, maxs = 0;
+    for (r = 0; r < nreq; r++) {
+        int nb = (seqs[r] + CB_BS - 1) / CB_BS;
+        if (nb > bps) bps = nb;
+        if (qlens[r] > maxq) maxq = qlens[r];
+        if (seqs[r] > maxs) maxs = seqs[r];
+        per_set += nb;
+    }
+    qsl[0] = 0;
+    for (r = 0; r < nreq; r++) qsl[r + 1] = qsl[r] + qlens[r];
+    if ((int64_t)nsets * per_set > cb->num_blocks || qsl[nreq] > CUDA_MAX_TOKENS) {
+        fprintf(stderr, "attn-bench: a case does not fit the bench's cache or q buffer\n");
+        exit(1);
+    }
+    table = (int32_t *)bench_alloc((size_t)nreq * (size_t)bps * 4);
+    for (k = 0; k < nsets; k++) {
+        attn_metadata_desc md;
+        attn_batch b;
+        const int32_t *ids = cb->ids + (size_t)k * (size_t)per_set;
+        int used = 0;
+        for (r = 0; r < nreq; r++) {
+            int nb = (seqs[r] + CB_BS - 1) / CB_BS, j;
+            for (j = 0; j < bps; j++) table[(size_t)r * bps + j] = j < nb ? ids[used + j] : 0;
+            used += nb;
+        }
+        memset(&md, 0, sizeof md);
+        md.max_num_reqs = nreq;
+        md.max_num_tokens = qsl[nreq];
+        md.max_blocks_per_req = bps;
+        md.num_blocks = cb->num_blocks;
+        CHECK(cb->ctx, attn_metadata_create(cb->layer, &md, &metas[k]));
+        memset(&b, 0, sizeof b);
+        b.query_start_loc = qsl;
+        b.seq_lens = seqs;
+        b.block_table = table;
+        b.block_table_stride = bps;
+        b.num_reqs = nreq;
+        b.num_actual_tokens = qsl[nreq];
+        b.max_query_len = maxq;
+        b.max_seq_len = maxs;
+        CHECK(cb->ctx, attn_metadata_build(metas[k], 0, &b, 0));
+    }
+    CHECK(cb->ctx, attn_cuda_synchronize(cb->ctx, NULL));
+    free(qsl);
+    free(table);
+    return metas;
+}
+
+static void cuda_metas_free(attn_metadata **metas, int nsets) {
+    int k;
+    for (k = 0; k < nsets; k++) attn_metadata_destroy(metas[k]);
+    free(metas);
+}
+
+/* Median seconds per forward: groups of per_group back-to-back forwards, each on the next
+   metadata set, between two CUDA events. The output is checked finite afterwards. */
+static double cuda_time(cuda_bench *cb, attn_metadata **metas, int nsets, int ntok, int per_group) {
+    attn__cuda_driver *cu = cb->ctx->cuda;
+    int64_t qshape[3];
+    attn_tensor q, out;
+    double t[16];
+    uint16_t *host;
+    int g, k, next = 0;
+    qshape[0] = ntok; qshape[1] = CB_H; qshape[2] = CB_D;
+    q = attn_tensor_make(cb->d_q, ATTN_DTYPE_BF16, 3, qshape);
+    out = attn_tensor_make(cb->d_out, ATTN_DTYPE_BF16, 3, qshape);
+    q.device.kind = out.device.kind = ATTN_DEVICE_CUDA;
+    for (k = 0; k < 3; k++) /* warm-up */
+        CHECK(cb->ctx, attn_layer_forward(cb->layer, metas[k % nsets], &q, NULL, NULL, &cb->kv, &out, NULL, NULL));
+    for (g = 0; g < cb->groups; g++) {
+        float ms = 0;
+        CHECK(cb->ctx, attn__cuda_enter(cb->ctx, "attn-bench"));
+        cu->cuEventRecord(cb->e0, NULL);
+        attn__cuda_leave(cb->ctx);
+        for (k = 0; k < per_group; k++) {
+            CHECK(cb->ctx, attn_layer_forward(cb->layer, metas[next], &q, NULL, NULL, &cb->kv, &out, NULL, NULL));
+            next = (next + 1) % nsets;
+        }
+        CHECK(cb->ctx, attn__cuda_enter(cb->ctx, "attn-bench"));
+        cu->cuEventRecord(cb->e1, NULL);
+        cu->cuEventSynchronize(cb->e1);
+        cu->cuEventElapsedTime(&ms, cb->e0, cb->e1);
+        attn__cuda_leave(cb->ctx);
+        t[g] = (double)ms * 1e-3 / per_group;
+    }
+    host = (uint16_t *)bench_alloc((size_t)ntok * CB_H * CB_D * 2);
+    CHECK(cb->ctx, attn_cuda_memcpy(cb->ctx, host, cb->d_out, (size_t)ntok * CB_H * CB_D * 2,
+                                    ATTN_COPY_DEVICE_TO_HOST, NULL));
+    check_finite(host, ATTN_DTYPE_BF16, (size_t)ntok * CB_H * CB_D, "cuda forward");
+    free(host);
+    return median(t, cb->groups);
+}
+
+/* The bf16 tensor-core rate: cuBLAS GEMM 8192^3 (bf16 in, fp32 accumulate, bf16 out),
+   best of 10 (TFLOP/s); 0 with the reason printed when cuBLAS is missing. */
+static double cuda_matmul_ceiling(cuda_bench *cb) {
+    attn_context *ctx = cb->ctx;
+    attn__cuda_driver *cu = ctx->cuda;
+    attn__cublas *bl = ctx->cublas;
+    const int n = 8192;
+    const size_t bytes = (size_t)n * n * 2;
+    attn__CUdeviceptr a, b, c;
+    void *h = NULL;
+    float alpha = 1.0f, beta = 0.0f;
+    double best = 0;
+    int i;
+    if (!bl || !bl->library) {
+        printf("matmul ceiling: not measured (%s)\n", ctx->platform.cublas_reason);
+        return 0;
+    }
+    CHECK(ctx, attn__cuda_enter(ctx, "attn-bench"));
+    if (cu->cuMemAlloc(&a, bytes) != 0 || cu->cuMemAlloc(&b, bytes) != 0 || cu->cuMemAlloc(&c, bytes) != 0 ||
+        bl->cublasCreate(&h) != 0) {
+        fprintf(stderr, "attn-bench: cannot set up the cuBLAS GEMM\n");
+        exit(1);
+    }
+    /* random bf16 operands: the start of the (random) KV cache */
+    cu->cuMemcpyDtoDAsync(a, (attn__CUdeviceptr)(uintptr_t)cb->d_kv, bytes, NULL);
+    cu->cuMemcpyDtoDAsync(b, (attn__CUdeviceptr)(uintptr_t)cb->d_kv + bytes, bytes, NULL);
+    bl->cublasSetStream(h, NULL);
+    for (i = -2; i < 10; i++) {
+        float ms = 0;
+        cu->cuEventRecord(cb->e0, NULL);
+        if (bl->cublasGemmStridedBatchedEx(h, 0, 0, n, n, n, &alpha, (const void *)(uintptr_t)a, 14, n, 0,
+                                           (const void *)(uintptr_t)b, 14, n, 0, &beta, (void *)(uintptr_t)c, 14,
+                                           n, 0, 1, 68, -1) != 0) {
+            fprintf(stderr, "attn-bench: cublasGemmStridedBatchedEx failed\n");
+            exit(1);
+        }
+        cu->cuEventRecord(cb->e1, NULL);
+        cu->cuEventSynchronize(cb->e1);
+        cu->cuEventElapsedTime(&ms, cb->e0, cb->e1);
+        if (i >= 0 && 2.0 * n * n * (double)n / (ms * 1e-3) / 1e12 > best) best = 2.0 * n * n * (double)n / (ms * 1e-3) / 1e12;
+    }
+    bl->cublasDestroy(h);
+    cu->cuMemFree(a); cu->cuMemFree(b); cu->cuMemFree(c);
+    attn__cuda_leave(ctx);
+    return best;
+}
+
+/* 2. The backend on the GPU: ceilings, decode, prefill, a mixed batch. */
+static void cuda_backend_table(attn_context *ctx, int quick) {
+    static const int batches[] = {1, 16, 64, 128}, contexts[] = {1024, 4096, 16384};
+    static const int pre_b[] = {4, 1}, pre_l[] = {4096, 16384};
+    const size_t block_bytes = (size_t)2 * CB_BS * CB_HKV * CB_D * 2;
+    cuda_bench cb;
+    attn_layer_desc d;
+    int64_t shape[ATTN_MAX_DIMS];
+    int ndim, bi, ci, i;
+    uint16_t *host;
+    size_t chunk = (size_t)64 << 20, off;
+    double read_best, read_med, read_best2, read_med2, mm, t0;
+    attn__cuda_driver *cu = ctx->cuda;
+    char name[96];
+
+    memset(&cb, 0, sizeof cb);
+    cb.ctx = ctx;
+    cb.groups = quick ? 5 : 11;
+    cb.num_blocks = (int64_t)(CUDA_POOL_BYTES / block_bytes);
     memset(&d, 0, sizeof d);
-    d.num_heads = H; d.num_kv_heads = Hkv; d.head_size = D; d.block_size = BS;
+    d.num_heads = CB_H; d.num_kv_heads = CB_HKV; d.head_size = CB_D; d.block_size = CB_BS;
     d.dtype = d.kv_cache_dtype = ATTN_DTYPE_BF16;
     d.device = ATTN_DEVICE_CUDA;
-    CHECK(ctx, attn_layer_create(ctx, &d, NULL, &layer));
-    CHECK(ctx, attn_layer_kv_cache_shape(layer, num_blocks, shape, &ndim));
+    CHECK(ctx, attn_layer_create(ctx, &d, NULL, &cb.layer));
+    CHECK(ctx, attn_layer_kv_cache_shape(cb.layer, cb.num_blocks, shape, &ndim));
     t0 = now_s();
-    CHECK(ctx, attn_cuda_malloc(ctx, (size_t)num_blocks * block_bytes, &d_kv));
-    CHECK(ctx, attn_cuda_malloc(ctx, (size_t)128 * H * D * 2, &d_q));
-    CHECK(ctx, attn_cuda_malloc(ctx, (size_t)128 * H * D * 2, &d_out));
+    CHECK(ctx, attn_cuda_malloc(ctx, (size_t)cb.num_blocks * block_bytes, &cb.d_kv));
+    CHECK(ctx, attn_cuda_malloc(ctx, (size_t)CUDA_MAX_TOKENS * CB_H * CB_D * 2, &cb.d_q));
+    CHECK(ctx, attn_cuda_malloc(ctx, (size_t)CUDA_MAX_TOKENS * CB_H * CB_D * 2, &cb.d_out));
     host = (uint16_t *)bench_alloc(chunk + 1024);
     fill_random(host, ATTN_DTYPE_BF16, (chunk + 1024) / 2, 5);
     /* random bf16 in [-1, 1); each 64 MiB chunk from another offset of the host buffer */
-    for (off = 0; off < (size_t)num_blocks * block_bytes; off += chunk)
-        CHECK(ctx, attn_cuda_memcpy(ctx, (char *)d_kv + off, (const char *)host + (off / chunk % 7) * 128,
+    for (off = 0; off < (size_t)cb.num_blocks * block_bytes; off += chunk)
+        CHECK(ctx, attn_cuda_memcpy(ctx, (char *)cb.d_kv + off, (const char *)host + (off / chunk % 7) * 128,
                                     chunk, ATTN_COPY_HOST_TO_DEVICE, NULL));
-    fill_random(host, ATTN_DTYPE_BF16, (size_t)128 * H * D, 6);
-    CHECK(ctx, attn_cuda_memcpy(ctx, d_q, host, (size_t)128 * H * D * 2, ATTN_COPY_HOST_TO_DEVICE, NULL));
+    for (off = 0; off < (size_t)CUDA_MAX_TOKENS * CB_H * CB_D * 2; off += chunk) /* q: 128 MiB */
+        CHECK(ctx, attn_cuda_memcpy(ctx, (char *)cb.d_q + off, (const char *)host + (off / chunk % 7) * 128 + 64,
+                                    chunk, ATTN_COPY_HOST_TO_DEVICE, NULL));
+    free(host);
     printf("KV cache: %.1f GiB on the device (%lld blocks of 16 tokens), filled in %.1f s\n",
-           (double)num_blocks * (double)block_bytes / (1 << 30), (long long)num_blocks, now_s() - t0);
-
-    read_best = cuda_read_ceiling(ctx, (attn__CUdeviceptr)(uintptr_t)d_kv, (size_t)4 << 30, 10, &read_med);
-    printf("read ceiling: %.0f GB/s best, %.0f median (attn_read_probe, 4 GiB, 10 passes)\n", read_best, read_med);
-    fflush(stdout);
-
-    kv = attn_tensor_make(d_kv, ATTN_DTYPE_BF16, ndim, shape);
-    kv.device.kind = ATTN_DEVICE_CUDA;
-    ids = (int32_t *)bench_alloc((size_t)num_blocks * sizeof(int32_t));
-    shuffle_ids(ids, (int)num_blocks, 41);
-    host_out = (uint16_t *)bench_alloc((size_t)128 * H * D * 2);
+           (double)cb.num_blocks * (double)block_bytes / (1 << 30), (long long)cb.num_blocks, now_s() - t0);
+    cb.kv = attn_tensor_make(cb.d_kv, ATTN_DTYPE_BF16, ndim, shape);
+    cb.kv.device.kind = ATTN_DEVICE_CUDA;
+    cb.ids = (int32_t *)bench_alloc((size_t)cb.num_blocks * sizeof(int32_t));
+    shuffle_ids(cb.ids, (int)cb.num_blocks, 41);
     CHECK(ctx, attn__cuda_enter(ctx, "attn-bench"));
-    if (cu->cuEventCreate(&e0, 0) != 0 || cu->cuEventCreate(&e1, 0) != 0) {
+    if (cu->cuEventCreate(&cb.e0, 0) != 0 || cu->cuEventCreate(&cb.e1, 0) != 0) {
         fprintf(stderr, "attn-bench: cannot create CUDA events\n");
         exit(1);
     }
     attn__cuda_leave(ctx);
 
+    read_best = cuda_read_ceiling(ctx, (attn__CUdeviceptr)(uintptr_t)cb.d_kv, (size_t)4 << 30, 10, &read_med);
+    printf("read ceiling: %.0f GB/s best, %.0f median (attn_read_probe, 4 GiB, 10 passes)\n", read_best, read_med);
+    mm = cuda_matmul_ceiling(&cb);
+    if (mm > 0) printf("matmul ceiling: %.0f TFLOP/s (cuBLAS bf16 GEMM 8192^3, fp32 accumulate, best of 10)\n", mm);
+    fflush(stdout);
+
     printf("decode: %d/%d heads, head %d, bf16, block %d; GB/s = K+V bytes of the batch / time per forward\n",
-           H, Hkv, D, BS);
+           CB_H, CB_HKV, CB_D, CB_BS);
     for (bi = 0; bi < 4; bi++)
         for (ci = 0; ci < 3; ci++) {
-            int B = batches[bi], C = contexts[ci], bps = C / BS, nsets, per_group, g, next = 0, k;
-            size_t iter_bytes = (size_t)B * (size_t)C * Hkv * D * 2 * 2;
+            int B = batches[bi], C = contexts[ci], nsets;
+            size_t iter_bytes = (size_t)B * (size_t)C * CB_HKV * CB_D * 2 * 2;
+            int32_t *ql = (int32_t *)bench_alloc((size_t)B * 4), *sl = (int32_t *)bench_alloc((size_t)B * 4);
             attn_metadata **metas;
-            int32_t *qsl = (int32_t *)bench_alloc(((size_t)B + 1) * 4), *sl = (int32_t *)bench_alloc((size_t)B * 4);
-            double t[16], med;
             const attn__cuda_meta *cm;
+            double med, gbs;
+            bench_row *row;
             nsets = (int)((CUDA_ROTATE_BYTES + iter_bytes - 1) / iter_bytes);
             if (nsets < 2) nsets = 2;
             if (nsets > CUDA_MAX_SETS) nsets = CUDA_MAX_SETS;
-            if ((int64_t)nsets * B * bps > num_blocks) nsets = (int)(num_blocks / ((int64_t)B * bps));
-            per_group = nsets < 20 ? 20 : nsets;
-            for (i = 0; i <= B; i++) qsl[i] = i;
-            for (i = 0; i < B; i++) sl[i] = C;
-            qshape[0] = B; qshape[1] = H; qshape[2] = D;
-            q = attn_tensor_make(d_q, ATTN_DTYPE_BF16, 3, qshape);
-            out = attn_tensor_make(d_out, ATTN_DTYPE_BF16, 3, qshape);
-            q.device.kind = out.device.kind = ATTN_DEVICE_CUDA;
-            metas = (attn_metadata **)bench_alloc((size_t)nsets * sizeof *metas);
-            for (k = 0; k < nsets; k++) {
-                attn_metadata_desc md;
-                attn_batch b;
-                memset(&md, 0, sizeof md);
-                md.max_num_reqs = B;
-                md.max_num_tokens = B;
-                md.max_blocks_per_req = bps;
-                md.num_blocks = num_blocks;
-                CHECK(ctx, attn_metadata_create(layer, &md, &metas[k]));
-                memset(&b, 0, sizeof b);
-                b.query_start_loc = qsl;
-                b.seq_lens = sl;
-                b.block_table = ids + (size_t)k * (size_t)B * (size_t)bps;
-                b.block_table_stride = bps;
-                b.num_reqs = B;
-                b.num_actual_tokens = B;
-                b.max_query_len = 1;
-                b.max_seq_len = C;
-                CHECK(ctx, attn_metadata_build(metas[k], 0, &b, 0));
-            }
-            CHECK(ctx, attn_cuda_synchronize(ctx, NULL));
-            for (k = 0; k < 3; k++) /* warm-up */
-                CHECK(ctx, attn_layer_forward(layer, metas[k % nsets], &q, NULL, NULL, &kv, &out, NULL, NULL));
-            for (g = 0; g < groups; g++) {
-                float ms = 0;
-                CHECK(ctx, attn__cuda_enter(ctx, "attn-bench"));
-                cu->cuEventRecord(e0, NULL);
-                attn__cuda_leave(ctx);
-                for (k = 0; k < per_group; k++) {
-                    CHECK(ctx, attn_layer_forward(layer, metas[next], &q, NULL, NULL, &kv, &out, NULL, NULL));
-                    next = (next + 1) % nsets;
-                }
-                CHECK(ctx, attn__cuda_enter(ctx, "attn-bench"));
-                cu->cuEventRecord(e1, NULL);
-                cu->cuEventSynchronize(e1);
-                cu->cuEventElapsedTime(&ms, e0, e1);
-                attn__cuda_leave(ctx);
-                t[g] = (double)ms * 1e-3 / per_group;
-            }
-            CHECK(ctx, attn_cuda_memcpy(ctx, host_out, d_out, (size_t)B * H * D * 2, ATTN_COPY_DEVICE_TO_HOST, NULL));
-            check_finite(host_out, ATTN_DTYPE_BF16, (size_t)B * H * D, "cuda decode");
-            med = median(t, groups);
-            cm = (const attn__cuda_meta *)attn_metadata_private(metas[(next + nsets - 1) % nsets]);
-            res[nres].b = B; res[nres].c = C; res[nres].us = med * 1e6;
-            res[nres].gbs = (double)iter_bytes / med / 1e9;
-            res[nres].items = cm->host.counts[0];
-            res[nres].merges = cm->host.counts[2];
-            res[nres].sets = nsets;
-            printf("  batch %3d context %5d: %9.1f us median (min %.1f, max %.1f; %d groups of %d)  %7.0f GB/s  "
-                   "%5.1f%% of read  [%d work items, %d merges; %d sets x %.1f MiB]\n", B, C, med * 1e6,
-                   t[0] * 1e6, t[groups - 1] * 1e6, groups, per_group, res[nres].gbs, 100.0 * res[nres].gbs / read_best,
-                   res[nres].items, res[nres].merges, nsets, (double)iter_bytes / MIB);
+            for (i = 0; i < B; i++) { ql[i] = 1; sl[i] = C; }
+            metas = cuda_metas(&cb, B, ql, sl, nsets);
+            med = cuda_time(&cb, metas, nsets, B, nsets < 20 ? 20 : nsets);
+            gbs = (double)iter_bytes / med / 1e9;
+            cm = (const attn__cuda_meta *)attn_metadata_private(metas[0]);
+            printf("  batch %3d context %5d: %9.1f us median  %7.0f GB/s  %5.1f%% of read  [%d work items, %d merges; "
+                   "%d sets x %.1f MiB]\n", B, C, med * 1e6, gbs, 100.0 * gbs / read_best, cm->host.counts[0],
+                   cm->host.counts[2], nsets, (double)iter_bytes / MIB);
             fflush(stdout);
-            nres++;
-            for (k = 0; k < nsets; k++) attn_metadata_destroy(metas[k]);
-            free(metas); free(qsl); free(sl);
+            row = row_add();
+            snprintf(row->name, sizeof row->name, "decode b=%d ctx=%d (%d items, %d merges)", B, C,
+                     cm->host.counts[0], cm->host.counts[2]);
+            row->ms = med * 1e3;
+            snprintf(row->metric, sizeof row->metric, "%.0f GB/s KV read", gbs);
+            row->read_gbs = gbs;
+            row->other_cores = -1;
+            csv_row("attn.h", "decode", B, C, med * 1e6, gbs, "GB/s");
+            cuda_metas_free(metas, nsets);
+            free(ql); free(sl);
         }
-    read_best2 = cuda_read_ceiling(ctx, (attn__CUdeviceptr)(uintptr_t)d_kv, (size_t)4 << 30, 10, &read_med2);
+
+    printf("prefill: causal, %d/%d heads, head %d, bf16; TFLOP/s over causal-useful pairs, "
+           "4 * heads * head * L(L+1)/2 per sequence\n", CB_H, CB_HKV, CB_D);
+    for (i = 0; i < 2; i++) {
+        int B = pre_b[i], L = pre_l[i], r, nsets = 4;
+        int32_t ql[4], sl[4];
+        attn_metadata **metas;
+        double med, tf, flops = (double)B * 4.0 * CB_H * CB_D * (double)L * (L + 1) / 2;
+        bench_row *row;
+        for (r = 0; r < B; r++) { ql[r] = L; sl[r] = L; }
+        metas = cuda_metas(&cb, B, ql, sl, nsets);
+        med = cuda_time(&cb, metas, nsets, B * L, 4);
+        tf = flops / med / 1e12;
+        printf("  batch %d x %5d: %9.1f us median  %6.1f TFLOP/s  %5.1f%% of the matmul ceiling\n", B, L, med * 1e6,
+               tf, mm > 0 ? 100.0 * tf / mm : 0.0);
+        fflush(stdout);
+        row = row_add();
+        snprintf(row->name, sizeof row->name, "prefill causal b=%d L=%d", B, L);
+        row->ms = med * 1e3;
+        snprintf(row->metric, sizeof row->metric, "%.1f TFLOP/s", tf);
+        if (mm > 0) snprintf(row->ceiling, sizeof row->ceiling, "%.1f%% of the matmul ceiling", 100.0 * tf / mm);
+        else snprintf(row->ceiling, sizeof row->ceiling, "matmul ceiling not measured");
+        row->other_cores = -1;
+        csv_row("attn.h", "prefill", B, L, med * 1e6, tf, "TFLOP/s");
+        cuda_metas_free(metas, nsets);
+    }
+
+    { /* vLLM's chunked prefill: one chunk of 2048 over 8192 cached tokens + 64 decodes of 4096 */
+        int32_t ql[65], sl[65];
+        attn_metadata **metas;
+        double t_mix, t_pre, t_dec;
+        bench_row *row;
+        ql[0] = 2048; sl[0] = 8192 + 2048;
+        for (i = 1; i <= 64; i++) { ql[i] = 1; sl[i] = 4096; }
+        metas = cuda_metas(&cb, 65, ql, sl, 4);
+        t_mix = cuda_time(&cb, metas, 4, 2048 + 64, 10);
+        cuda_metas_free(metas, 4);
+        metas = cuda_metas(&cb, 1, ql, sl, 4);
+        t_pre = cuda_time(&cb, metas, 4, 2048, 10);
+        cuda_metas_free(metas, 4);
+        metas = cuda_metas(&cb, 64, ql + 1, sl + 1, 4);
+        t_dec = cuda_time(&cb, metas, 4, 64, 20);
+        cuda_metas_free(metas, 4);
+        printf("mixed batch (1 prefill chunk of 2048 over 8192 cached + 64 decodes of 4096): %.1f us; its parts "
+               "alone %.1f + %.1f = %.1f us (mixed / parts = %.2f)\n", t_mix * 1e6, t_pre * 1e6, t_dec * 1e6,
+               (t_pre + t_dec) * 1e6, t_mix / (t_pre + t_dec));
+        row = row_add();
+        snprintf(name, sizeof name, "mixed: chunk 2048 over 8k + 64 decodes of 4k");
+        snprintf(row->name, sizeof row->name, "%s", name);
+        row->ms = t_mix * 1e3;
+        snprintf(row->metric, sizeof row->metric, "parts alone %.1f + %.1f us", t_pre * 1e6, t_dec * 1e6);
+        snprintf(row->ceiling, sizeof row->ceiling, "%.2f x the sum of its parts", t_mix / (t_pre + t_dec));
+        row->other_cores = -1;
+        csv_row("attn.h", "mixed", 65, 4096, t_mix * 1e6, (t_pre + t_dec) * 1e6, "us_parts");
+    }
+
+    read_best2 = cuda_read_ceiling(ctx, (attn__CUdeviceptr)(uintptr_t)cb.d_kv, (size_t)4 << 30, 10, &read_med2);
     if (read_best2 > read_best) read_best = read_best2;
     printf("read ceiling after the table: %.0f GB/s best, %.0f median; rows use the best of the run, %.0f GB/s\n",
            read_best2, read_med2, read_best);
+    csv_row("device", "ceiling_read", 0, 0, 0, read_best, "GB/s");
+    if (mm > 0) csv_row("cublas", "ceiling_matmul", 0, 0, 0, mm, "TFLOP/s");
     {
         bench_row *row = row_add();
         snprintf(row->name, sizeof row->name, "ceiling: device read (attn_read_probe, 4 GiB)");
-        row->ms = 0;
         snprintf(row->metric, sizeof row->metric, "%.0f GB/s", read_best);
         snprintf(row->ceiling, sizeof row->ceiling, "100%% (best of 20 passes)");
         row->other_cores = -1;
+        if (mm > 0) {
+            row = row_add();
+            snprintf(row->name, sizeof row->name, "ceiling: bf16 matmul (cuBLAS 8192^3)");
+            snprintf(row->metric, sizeof row->metric, "%.0f TFLOP/s", mm);
+            snprintf(row->ceiling, sizeof row->ceiling, "100%% (best of 10)");
+            row->other_cores = -1;
+        }
     }
-    for (i = 0; i < nres; i++) {
-        bench_row *row = row_add();
-        snprintf(row->name, sizeof row->name, "decode b=%d ctx=%d (%d items, %d merges)", res[i].b, res[i].c,
-                 res[i].items, res[i].merges);
-        row->ms = res[i].us * 1e-3;
-        snprintf(row->metric, sizeof row->metric, "%.0f GB/s KV read", res[i].gbs);
-        snprintf(row->ceiling, sizeof row->ceiling, "%.1f%% of read BW", 100.0 * res[i].gbs / read_best);
-        row->other_cores = -1;
-    }
+    for (i = 0; i < num_rows; i++) /* decode rows against the run's best read */
+        if (rows[i].read_gbs > 0)
+            snprintf(rows[i].ceiling, sizeof rows[i].ceiling, "%.1f%% of read BW", 100.0 * rows[i].read_gbs / read_best);
     CHECK(ctx, attn__cuda_enter(ctx, "attn-bench"));
-    cu->cuEventDestroy(e0);
-    cu->cuEventDestroy(e1);
+    cu->cuEventDestroy(cb.e0);
+    cu->cuEventDestroy(cb.e1);
     attn__cuda_leave(ctx);
-    attn_layer_destroy(layer);
-    attn_cuda_free(ctx, d_kv); attn_cuda_free(ctx, d_q); attn_cuda_free(ctx, d_out);
-    free(ids); free(host); free(host_out);
+    attn_layer_destroy(cb.layer);
+    attn_cuda_free(ctx, cb.d_kv); attn_cuda_free(ctx, cb.d_q); attn_cuda_free(ctx, cb.d_out);
+    free(cb.ids);
 }
 #endif /* ATTN_NO_CUDA */
 
-static int bench_cuda(int quick, const char *cmd) {
+static int bench_cuda(int quick, const char *cmd, const char *csv_path) {
 #ifdef ATTN_NO_CUDA
-    (void)quick; (void)cmd;
+    (void)quick; (void)cmd; (void)csv_path;
     fprintf(stderr, "attn-bench: --device cuda: built with ATTN_NO_CUDA\n");
     return 2;
 #else
@@ -1456,10 +1641,18 @@ static int bench_cuda(int quick, const char *cmd) {
         attn_context_destroy(ctx);
         return 2;
     }
+    if (csv_path) {
+        if (!(cuda_csv = fopen(csv_path, "w"))) {
+            fprintf(stderr, "attn-bench: --csv %s: cannot write it\n", csv_path);
+            attn_context_destroy(ctx);
+            return 2;
+        }
+        fprintf(cuda_csv, "impl,kind,batch,context,us,value,unit\n");
+    }
     cuda_compile_times(&plat, quick);
     printf("\n");
     if (plat.kind == ATTN_PLATFORM_CUDA && plat.cuda_capability_major >= 8)
-        cuda_decode_table(ctx, quick);
+        cuda_backend_table(ctx, quick);
     else
         printf("decode table: skipped (%s)\n", plat.kind == ATTN_PLATFORM_CUDA
                ? "compute capability below 8.0" : plat.cuda_reason);
@@ -1467,16 +1660,19 @@ static int bench_cuda(int quick, const char *cmd) {
     for (i = 0; i < num_rows; i++)
         printf("| %s | %.3f | %s | %s |\n", rows[i].name, rows[i].ms, rows[i].metric, rows[i].ceiling);
     printf("\ncommand: %s\n", cmd);
+    if (cuda_csv) fclose(cuda_csv);
     attn_context_destroy(ctx);
     return 0;
 #endif
 }
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: attn-bench [--device cpu|cuda] [--threads N] [--quick] [--case decode|prefill|mla|all]\n"
+    fprintf(f, "usage: attn-bench [--device cpu|cuda] [--threads N] [--quick] [--case decode|prefill|mla|all] [--csv FILE]\n"
                "  --device D    cpu (default): the CPU backend against this CPU's ceilings;\n"
                "                cuda: NVRTC compile times (also without a GPU) and, on a GPU,\n"
-               "                the CUDA decode table against the device's read bandwidth\n"
+               "                the CUDA decode, prefill and mixed-batch table against the\n"
+               "                device's read bandwidth and bf16 matmul rate\n"
+               "  --csv FILE    (cuda) also write the rows as CSV (tools/plot_bench.py)\n"
                "  --threads N   attn_context_desc.num_threads (default 0: the library's default)\n"
                "  --quick       fewer repetitions\n"
                "  --case C      decode, prefill, mla or all (default all)\n");
@@ -1494,6 +1690,7 @@ int main(int argc, char **argv) {
     double t_read, t_fma, fma_flops, read1_gbs, fma1_gflops, ceil_other;
     load_probe probe;
     int contended = 0, on_cuda = 0;
+    const char *csv_path = NULL;
     char cmd[1024], cpu[512];
     size_t cl = 0;
 
@@ -1501,6 +1698,8 @@ int main(int argc, char **argv) {
     for (i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) {
             o.quick = 1;
+        } else if (!strcmp(argv[i], "--csv") && i + 1 < argc) {
+            csv_path = argv[++i];
         } else if (!strcmp(argv[i], "--device") && i + 1 < argc) {
             const char *dv = argv[++i];
             if (!strcmp(dv, "cpu")) on_cuda = 0;
@@ -1543,7 +1742,7 @@ int main(int argc, char **argv) {
         cl += (size_t)n;
         if (cl >= sizeof cmd) { cl = sizeof cmd - 1; break; }
     }
-    if (on_cuda) return bench_cuda(o.quick, cmd);
+    if (on_cuda) return bench_cuda(o.quick, cmd, csv_path);
 
     memset(&cd, 0, sizeof cd);
     cd.log_level = ATTN_LOG_LEVEL_WARN;

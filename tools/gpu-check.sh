@@ -23,10 +23,10 @@ fi
 summary "build" "ok ($(( $(date +%s) - t0 )) s)"
 last() { grep -E '^[0-9]+ passed, [0-9]+ failed' "$1" | tail -n 1; }
 backend_bench() {
-    timeout 300 ./build/attn-bench --device cuda > "$OUT/attn-bench-cuda.log" 2>&1
+    timeout 300 ./build/attn-bench --device cuda --csv "$OUT/attn-bench.csv" > "$OUT/attn-bench-cuda.log" 2>&1
     summary "attn-bench --device cuda" "exit $? (attn-bench-cuda.log)"
     if python3 -c 'import torch; assert torch.cuda.is_available()' >/dev/null 2>&1; then
-        timeout 300 python3 tools/torch_peer.py > "$OUT/torch-peer.log" 2>&1
+        timeout 300 python3 tools/torch_peer.py --csv "$OUT/torch-peer.csv" > "$OUT/torch-peer.log" 2>&1
         summary "torch peer" "exit $? (torch-peer.log)"
     fi
 }
