@@ -14,6 +14,14 @@ import sys
 from collections import defaultdict
 
 
+LABELS = {"attn.h": "attn.h (C API, paged)", "attn_h": "attn.h via attn_h.py (paged)",
+          "default": "PyTorch SDPA default", "flash": "PyTorch SDPA flash", "cudnn": "PyTorch SDPA cuDNN"}
+
+
+def label(impl):
+    return LABELS.get(impl, impl)
+
+
 def load(paths):
     rows = []
     for p in paths:
@@ -49,7 +57,7 @@ def main(argv):
                 pts = sorted(dec.get((impl, b), {}).items())
                 if pts:
                     ax.plot([c for c, _ in pts], [v for _, v in pts], marker="o",
-                            linewidth=2.5 if impl == "attn.h" else 1.2, label=impl)
+                            linewidth=2.5 if impl == "attn.h" else 1.2, label=label(impl))
             if read:
                 ax.axhline(read, color="k", linestyle="--", linewidth=1, label=f"read ceiling {read:.0f}")
             ax.set_xscale("log", base=2)
@@ -73,7 +81,7 @@ def main(argv):
         fig, ax = plt.subplots(figsize=(7, 4))
         w = 0.8 / len(pimpls)
         for j, impl in enumerate(pimpls):
-            ax.bar([i + j * w for i in range(len(cases))], [pre[c].get(impl, 0) for c in cases], w, label=impl)
+            ax.bar([i + j * w for i in range(len(cases))], [pre[c].get(impl, 0) for c in cases], w, label=label(impl))
         if mm:
             ax.axhline(mm, color="k", linestyle="--", linewidth=1, label=f"bf16 matmul {mm:.0f}")
         ax.set_xticks([i + 0.4 - w / 2 for i in range(len(cases))])
