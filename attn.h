@@ -6129,7 +6129,7 @@ static int attn__cuda_dt(attn_dtype d) {
 
 typedef struct attn__cuda_module {
     attn__CUmodule module;
-    attn__CUfunction main, second;   /* paged: attention, merge_partials; else one kernel */
+    attn__CUfunction main, second;   /* the kernel; second: a second one where asked for */
     int config[8];                   /* paged: attn_paged_config */
 } attn__cuda_module;
 
@@ -6205,7 +6205,7 @@ typedef struct attn__cuda_layer {
    cache_write.cu, merge.cu): same members, same order; pointers are device addresses. */
 typedef struct attn__paged_params {
     attn__CUdeviceptr q, kv_cache, out, lse, block_table, seq_lens, query_start_loc, alibi_slopes;
-    attn__CUdeviceptr work, num_work, merge, num_merge, partial_o, partial_ml;
+    attn__CUdeviceptr work, num_work, merge, num_merge, partial_o, partial_ml, merge_count;
     int64_t q_stride_token, q_stride_head, out_stride_token, out_stride_head;
     int64_t lse_stride_token, lse_stride_head, block_table_stride;
     int32_t num_kv_heads;
@@ -6333,8 +6333,8 @@ static attn_status attn__cuda_layer_init(const attn_backend *self, attn_layer *l
     }
     attn__cuda_layer_variants(d, opt);
     for (pass = 0; pass < 2 && st == ATTN_OK; pass++)
-        st = attn__cuda_load(ctx, attn__cuda_variant_file[pass], opt[pass], "attn_paged_attention",
-                             "attn_paged_merge_partials", 1, pass ? &L->prefill : &L->decode, reason, size);
+        st = attn__cuda_load(ctx, attn__cuda_variant_file[pass], opt[pass], "attn_paged_attention", NULL, 1,
+                             pass ? &L->prefill : &L->decode, reason, size);
     if (st == ATTN_OK)
         st = attn__cuda_load(ctx, attn__cuda_variant_file[2], opt[2], "attn_reshape_and_cache", NULL, 0, &L->cache,
                              reason, size);
@@ -6395,6 +6395,7 @@ typedef struct attn__cuda_meta {
     char *staging;                 /* pinned host copy of the region */
     attn__CUdeviceptr region;      /* the device copy */
     attn__CUdeviceptr partial_o, partial_ml;
+    attn__CUdeviceptr merge_count;   /* [merge_capacity] fused-merge arrivals, zero between forwards */
     attn__CUevent uploaded;        /* the last build's copy; waited for before the next */
     int upload_pending;
     size_t upload_bytes;           /* of the last build */
@@ -6427,6 +6428,7 @@ static void attn__cuda_meta_free(attn_context *ctx, attn__cuda_meta *cm) {
     if (cm->region) cu->cuMemFree(cm->region);
     if (cm->partial_o) cu->cuMemFree(cm->partial_o);
     if (cm->partial_ml) cu->cuMemFree(cm->partial_ml);
+    if (cm->merge_count) cu->cuMemFree(cm->merge_count);
     attn__free(cm);
 }
 
@@ -6470,6 +6472,9 @@ static attn_status attn__cuda_metadata_init(const attn_backend *self, attn_layer
         (rc = cu->cuMemAlloc(&cm->region, cm->bytes)) != 0 ||
         (rc = cu->cuMemAlloc(&cm->partial_o, (size_t)cm->slot_capacity * (size_t)cm->rows[0] * (size_t)d->head_size * 4)) != 0 ||
         (rc = cu->cuMemAlloc(&cm->partial_ml, (size_t)cm->slot_capacity * (size_t)cm->rows[0] * 2 * 4)) != 0 ||
+        (rc = cu->cuMemAlloc(&cm->merge_count, (size_t)ATTN__MAX(1, cm->merge_capacity) * 4)) != 0 ||
+        (rc = cu->cuMemsetD8Async(cm->merge_count, 0, (size_t)ATTN__MAX(1, cm->merge_capacity) * 4, NULL)) != 0 ||
+        (rc = cu->cuStreamSynchronize(NULL)) != 0 ||
         (rc = cu->cuEventCreate(&cm->uploaded, ATTN__CU_EVENT_DISABLE_TIMING)) != 0) {
         attn__cuda_meta_free(ctx, cm);
         attn__cuda_leave(ctx);
@@ -6519,9 +6524,12 @@ static void attn__cuda_sort_work(int32_t *w, int n) {
 }
 
 /* One work item (kernels/paged_attention.cu, WORK LIST); flags bit 0: causal. */
+/* One work item (kernels/paged_attention.cu, WORK LIST); merge: the merge entry a split
+   item belongs to (its last split to finish merges them: FUSED MERGE), -1 for none. */
 static void attn__cuda_item(int32_t *w, int req, int kvh, int tok0, int ntok, int key0, int key1, int slot,
-                            int causal) {
-    w[0] = req; w[1] = kvh; w[2] = tok0; w[3] = ntok; w[4] = key0; w[5] = key1; w[6] = slot; w[7] = causal ? 1 : 0;
+                            int causal, int merge) {
+    w[0] = req; w[1] = kvh; w[2] = tok0; w[3] = ntok; w[4] = key0; w[5] = key1; w[6] = slot;
+    w[7] = (causal ? 1 : 0) | (int32_t)((uint32_t)(merge + 1) << 8);
 }
 
 /* The schedule of a validated batch, written into the staging region, then uploaded. */
@@ -6586,12 +6594,13 @@ static attn_status attn__cuda_build(const attn_backend *self, attn_layer *layer,
                         if (k0 < lo) k0 = lo;
                         if (k1 < k0) k1 = k0;
                         ATTN_ASSERT(nw[0] < cm->work_capacity[0]);
-                        attn__cuda_item(p->work[0] + 8 * nw[0]++, r, h, t0, t1 - t0, k0, k1, slots + s, causal);
+                        attn__cuda_item(p->work[0] + 8 * nw[0]++, r, h, t0, t1 - t0, k0, k1, slots + s, causal,
+                                        nm - 1);
                     }
                     slots += ns;
                 } else {
                     ATTN_ASSERT(nw[v] < cm->work_capacity[v]);
-                    attn__cuda_item(p->work[v] + 8 * nw[v]++, r, h, t0, t1 - t0, lo, hi, -1, causal);
+                    attn__cuda_item(p->work[v] + 8 * nw[v]++, r, h, t0, t1 - t0, lo, hi, -1, causal, -1);
                 }
             }
         }
@@ -6681,6 +6690,7 @@ static attn_status attn__cuda_forward(const attn_backend *self, attn_layer *laye
     pp.num_merge = attn__dptr(cm->dev.counts + 2);
     pp.partial_o = cm->partial_o;
     pp.partial_ml = cm->partial_ml;
+    pp.merge_count = cm->merge_count; /* split items merge in the attention launch */
     pp.q_stride_token = qr.strides[0];
     pp.q_stride_head = qr.strides[1];
     pp.out_stride_token = orr.strides[0];
@@ -6698,18 +6708,14 @@ static attn_status attn__cuda_forward(const attn_backend *self, attn_layer *laye
     pp.window = d->sliding_window;
     args[0] = &pp;
     /* every launch covers the capacity: CTAs past the built counts exit, so a graph
-       captured once replays for every later build */
+       captured once replays for every later build. Decode splits merge inside the decode
+       launch (the last split of each entry to finish), so a forward is two launches. */
     for (v2 = 0; v2 < 2 && rc == 0; v2++) {
         const attn__cuda_module *m = v2 ? &L->prefill : &L->decode;
         pp.work = attn__dptr(cm->dev.work[v2]);
         pp.num_work = attn__dptr(cm->dev.counts + v2);
         rc = cu->cuLaunchKernel(m->main, (unsigned)cm->work_capacity[v2], 1, 1, (unsigned)m->config[0], 1, 1,
                                 (unsigned)m->config[1], s, args, NULL);
-    }
-    if (rc == 0) { /* the decode splits' merge (a no-op grid when the build made none) */
-        pp.work = attn__dptr(cm->dev.work[0]);
-        pp.num_work = attn__dptr(cm->dev.counts);
-        rc = cu->cuLaunchKernel(L->decode.second, (unsigned)cm->merge_capacity, 1, 1, 128, 1, 1, 0, s, args, NULL);
     }
     attn__cuda_leave(ctx);
     return rc ? attn__cu_fail(ctx, "attn_layer_forward", "cuLaunchKernel", rc) : ATTN_OK;
@@ -7789,8 +7795,10 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "                              graph captured with the capacity replays any smaller batch.\n",
     "                              A wrong block size or too little shared memory traps.\n",
     "   attn_paged_merge_partials: grid (>= *num_merge), block 128, no shared memory; launch it\n",
-    "                              after attn_paged_attention on the same stream when any work\n",
-    "                              item writes a partial (else skip it).\n",
+    "                              after attn_paged_attention on the same stream when work items\n",
+    "                              write partials without a merge index (flags bits 8+ = 0).\n",
+    "                              Items that carry one merge in the attention launch itself\n",
+    "                              (FUSED MERGE below) and need no second launch.\n",
     "   Both take the same attn_paged_params by value. Requirements: kv_cache 16-byte aligned\n",
     "   (cp.async); partial_o/partial_ml 16-byte aligned; q/out rows need not be aligned (16-byte\n",
     "   paths are taken when they are).\n",
@@ -7814,7 +7822,8 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "                              is allowed: rows with nothing visible)\n",
     "     work[8*i + 6]  slot      -1: write out (and lse) for these rows; >= 0: write an\n",
     "                              unnormalised partial into partial slot `slot` instead\n",
-    "     work[8*i + 7]  flags     bit 0: causal (hi = pos + 1); other bits 0\n",
+    "     work[8*i + 7]  flags     bit 0: causal (hi = pos + 1); bits 1-7: 0; bits 8-31:\n",
+    "                              merge index + 1 of a split item (0: none), see FUSED MERGE\n",
     "   Split-KV: the splits of one (req, kv_head, tok0, ntok) tile cover disjoint key ranges\n",
     "   whose union is the tile's visible range, and use consecutive slots slot0..slot0+n-1;\n",
     "   split boundaries at multiples of KV_TILE (and of BLOCK_SIZE) waste no loads. Order the\n",
@@ -7835,6 +7844,12 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "                                             l = sum_j 2^(s_j - m); a row that saw no key\n",
     "                                             has m = -inf, l = 0 and contributes nothing\n",
     "   The merge: M = max of m over splits with l > 0; out = sum 2^(m - M) O / sum 2^(m - M) l.\n",
+    "   FUSED MERGE (variants of at most 16 rows, the decode shape): when a split item carries\n",
+    "   merge index i + 1 in flags and merge_count is given, the CTA that finishes last of merge entry i's splits merges them: each split CTA\n",
+    "   stores its partial, fences, and adds 1 to merge_count[i]; the one that sees\n",
+    "   num_splits - 1 reads every partial (L2 loads, never the read-only path) and writes\n",
+    "   out/lse, then sets merge_count[i] back to 0, so the counters are zero between launches\n",
+    "   (the host zeroes them once; a replayed graph finds them so).\n",
     "\n",
     "   =====================================================================================\n",
     "   INSIDE A CTA\n",
@@ -7991,6 +8006,8 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "    const int *num_merge;        /* one int */\n",
     "    float *partial_o;            /* [num_slots][TILE_TOKENS*GROUP][HEAD_DIM] */\n",
     "    float *partial_ml;           /* [num_slots][TILE_TOKENS*GROUP][2] */\n",
+    "    int *merge_count;            /* [merge capacity] FUSED MERGE arrivals, zero between\n",
+    "                                    launches; NULL: merges only by attn_paged_merge_partials */\n",
     "    attn_i64 q_stride_token, q_stride_head;\n",
     "    attn_i64 out_stride_token, out_stride_head;\n",
     "    attn_i64 lse_stride_token, lse_stride_head;\n",
@@ -8083,6 +8100,41 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "ATTN_DEV int attn_out_vec(const attn_paged_params &p) {\n",
     "    return attn_aligned16(p.out) && ((p.out_stride_token * ATTN_ESZ_Q) & 15) == 0 &&\n",
     "           ((p.out_stride_head * ATTN_ESZ_Q) & 15) == 0;\n",
+    "}\n",
+    "\n",
+    "/* Merges the partial slots of merge entry `mi` into out/lse (the CPU's attn__cpu_merge_run),\n",
+    "   thread per (row, 8 columns), `nthreads` threads from `tid`. Loads at L2 (ld.global.cg):\n",
+    "   in the FUSED MERGE the partials were written by other CTAs of the same launch. */\n",
+    "ATTN_DEV void attn_merge_entry(const attn_paged_params &p, int mi, int tid, int nthreads) {\n",
+    "    const int *item = p.merge + 8 * (attn_i64)mi;\n",
+    "    const int req = item[0], kv_head = item[1], tok0 = item[2], ntok = item[3];\n",
+    "    const int slot0 = item[4], nsplit = item[5];\n",
+    "    const int q_row0 = p.query_start_loc[req] + tok0, out_vec = attn_out_vec(p);\n",
+    "    for (int u = tid; u < ntok * GROUP * ATTN_OT; u += nthreads) {\n",
+    "        const int R = u / ATTN_OT, c = u - R * ATTN_OT;\n",
+    "        float M = attn_neg_inf();\n",
+    "        for (int s = 0; s < nsplit; s++) {\n",
+    "            const float *ml = p.partial_ml + ((attn_i64)(slot0 + s) * ATTN_ROWS + R) * 2;\n",
+    "            M = fmaxf(M, __ldcg(ml + 1) > 0.0f ? __ldcg(ml) : attn_neg_inf());\n",
+    "        }\n",
+    "        const float Mb = M == attn_neg_inf() ? 0.0f : M;\n",
+    "        float L = 0.0f, f[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};\n",
+    "        for (int s = 0; s < nsplit; s++) {\n",
+    "            const attn_i64 row = (attn_i64)(slot0 + s) * ATTN_ROWS + R;\n",
+    "            const float *ml = p.partial_ml + row * 2;\n",
+    "            const float ms = __ldcg(ml), ls = __ldcg(ml + 1);\n",
+    "            /* an empty split (l = 0) contributes nothing, whatever its O holds */\n",
+    "            const int used = ls > 0.0f;\n",
+    "            const float w = used ? attn_exp2(ms - Mb) : 0.0f;\n",
+    "            const float4 a = __ldcg((const float4 *)(p.partial_o + row * HEAD_DIM + c * 8));\n",
+    "            const float4 b = __ldcg((const float4 *)(p.partial_o + row * HEAD_DIM + c * 8 + 4));\n",
+    "            const float x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};\n",
+    "            L += used ? ls * w : 0.0f;\n",
+    "#pragma unroll\n",
+    "            for (int i = 0; i < 8; i++) f[i] += used ? w * x[i] : 0.0f;\n",
+    "        }\n",
+    "        attn_store_row8(p, q_row0, kv_head, -1, R, c, f, M, L, out_vec);\n",
+    "    }\n",
     "}\n",
     "\n",
     "extern \"C\" __global__ void __launch_bounds__(ATTN_THREADS) attn_paged_attention(const attn_paged_params p) {\n",
@@ -8481,42 +8533,30 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "        }\n",
     "        attn_store_row8(p, q_start + tok0, kv_head, slot, R, c, f, M, L, out_vec);\n",
     "    }\n",
+    "#if ATTN_ROWS <= 16\n",
+    "    /* FUSED MERGE (decode-shaped variants only, the ones the host splits: compiled into a\n",
+    "       prefill variant it would cost registers for nothing): the last split of a merge\n",
+    "       entry to finish merges it */\n",
+    "    const int mi = (item[7] >> 8) - 1;\n",
+    "    if (slot >= 0 && mi >= 0 && p.merge_count) {\n",
+    "        __shared__ int attn_last_split;\n",
+    "        __threadfence(); /* this CTA's partial is visible device-wide before it is counted */\n",
+    "        __syncthreads();\n",
+    "        if (tid == 0) attn_last_split = atomicAdd(p.merge_count + mi, 1) == p.merge[8 * (attn_i64)mi + 5] - 1;\n",
+    "        __syncthreads();\n",
+    "        if (attn_last_split) {\n",
+    "            __threadfence(); /* the other splits' partials, counted before, are read after */\n",
+    "            attn_merge_entry(p, mi, tid, ATTN_THREADS);\n",
+    "            if (tid == 0) p.merge_count[mi] = 0;\n",
+    "        }\n",
+    "    }\n",
+    "#endif\n",
     "}\n",
     "\n",
-    "/* Second stage of split-KV: merges the partial slots of each split tile into out/lse (the\n",
-    "   CPU's attn__cpu_merge_run). Thread per (row, 8 columns). */\n",
+    "/* Second stage of split-KV as its own launch: one CTA per merge entry. */\n",
     "extern \"C\" __global__ void __launch_bounds__(128) attn_paged_merge_partials(const attn_paged_params p) {\n",
     "    if ((int)blockIdx.x >= *p.num_merge) return;\n",
-    "    const int *item = p.merge + 8 * (attn_i64)blockIdx.x;\n",
-    "    const int req = item[0], kv_head = item[1], tok0 = item[2], ntok = item[3];\n",
-    "    const int slot0 = item[4], nsplit = item[5];\n",
-    "    const int q_row0 = p.query_start_loc[req] + tok0, out_vec = attn_out_vec(p);\n",
-    "    for (int u = threadIdx.x; u < ntok * GROUP * ATTN_OT; u += blockDim.x) {\n",
-    "        const int R = u / ATTN_OT, c = u - R * ATTN_OT;\n",
-    "        float M = attn_neg_inf();\n",
-    "        for (int s = 0; s < nsplit; s++) {\n",
-    "            const float *ml = p.partial_ml + ((attn_i64)(slot0 + s) * ATTN_ROWS + R) * 2;\n",
-    "            M = fmaxf(M, ml[1] > 0.0f ? ml[0] : attn_neg_inf());\n",
-    "        }\n",
-    "        const float Mb = M == attn_neg_inf() ? 0.0f : M;\n",
-    "        float L = 0.0f, f[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};\n",
-    "        for (int s = 0; s < nsplit; s++) {\n",
-    "            const attn_i64 row = (attn_i64)(slot0 + s) * ATTN_ROWS + R;\n",
-    "            const float *ml = p.partial_ml + row * 2;\n",
-    "            /* an empty split (l = 0) contributes nothing, whatever its O holds */\n",
-    "            const int used = ml[1] > 0.0f;\n",
-    "            const float w = used ? attn_exp2(ml[0] - Mb) : 0.0f;\n",
-    "            attn_vec16 v[2];\n",
-    "            float x[8];\n",
-    "            v[0] = attn_ldg16(p.partial_o + row * HEAD_DIM + c * 8);\n",
-    "            v[1] = attn_ldg16(p.partial_o + row * HEAD_DIM + c * 8 + 4);\n",
-    "            attn_unpack8<ATTN_DT_F32>(v, x);\n",
-    "            L += used ? ml[1] * w : 0.0f;\n",
-    "#pragma unroll\n",
-    "            for (int i = 0; i < 8; i++) f[i] += used ? w * x[i] : 0.0f;\n",
-    "        }\n",
-    "        attn_store_row8(p, q_row0, kv_head, -1, R, c, f, M, L, out_vec);\n",
-    "    }\n",
+    "    attn_merge_entry(p, blockIdx.x, threadIdx.x, blockDim.x);\n",
     "}\n",
     0};
 static const char *const attn__kernel_src_util_cu[] = {

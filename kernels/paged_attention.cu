@@ -61,8 +61,10 @@
                               graph captured with the capacity replays any smaller batch.
                               A wrong block size or too little shared memory traps.
    attn_paged_merge_partials: grid (>= *num_merge), block 128, no shared memory; launch it
-                              after attn_paged_attention on the same stream when any work
-                              item writes a partial (else skip it).
+                              after attn_paged_attention on the same stream when work items
+                              write partials without a merge index (flags bits 8+ = 0).
+                              Items that carry one merge in the attention launch itself
+                              (FUSED MERGE below) and need no second launch.
    Both take the same attn_paged_params by value. Requirements: kv_cache 16-byte aligned
    (cp.async); partial_o/partial_ml 16-byte aligned; q/out rows need not be aligned (16-byte
    paths are taken when they are).
@@ -86,7 +88,8 @@
                               is allowed: rows with nothing visible)
      work[8*i + 6]  slot      -1: write out (and lse) for these rows; >= 0: write an
                               unnormalised partial into partial slot `slot` instead
-     work[8*i + 7]  flags     bit 0: causal (hi = pos + 1); other bits 0
+     work[8*i + 7]  flags     bit 0: causal (hi = pos + 1); bits 1-7: 0; bits 8-31:
+                              merge index + 1 of a split item (0: none), see FUSED MERGE
    Split-KV: the splits of one (req, kv_head, tok0, ntok) tile cover disjoint key ranges
    whose union is the tile's visible range, and use consecutive slots slot0..slot0+n-1;
    split boundaries at multiples of KV_TILE (and of BLOCK_SIZE) waste no loads. Order the
@@ -107,6 +110,12 @@
                                              l = sum_j 2^(s_j - m); a row that saw no key
                                              has m = -inf, l = 0 and contributes nothing
    The merge: M = max of m over splits with l > 0; out = sum 2^(m - M) O / sum 2^(m - M) l.
+   FUSED MERGE (variants of at most 16 rows, the decode shape): when a split item carries
+   merge index i + 1 in flags and merge_count is given, the CTA that finishes last of merge entry i's splits merges them: each split CTA
+   stores its partial, fences, and adds 1 to merge_count[i]; the one that sees
+   num_splits - 1 reads every partial (L2 loads, never the read-only path) and writes
+   out/lse, then sets merge_count[i] back to 0, so the counters are zero between launches
+   (the host zeroes them once; a replayed graph finds them so).
 
    =====================================================================================
    INSIDE A CTA
@@ -263,6 +272,8 @@ struct attn_paged_params {
     const int *num_merge;        /* one int */
     float *partial_o;            /* [num_slots][TILE_TOKENS*GROUP][HEAD_DIM] */
     float *partial_ml;           /* [num_slots][TILE_TOKENS*GROUP][2] */
+    int *merge_count;            /* [merge capacity] FUSED MERGE arrivals, zero between
+                                    launches; NULL: merges only by attn_paged_merge_partials */
     attn_i64 q_stride_token, q_stride_head;
     attn_i64 out_stride_token, out_stride_head;
     attn_i64 lse_stride_token, lse_stride_head;
@@ -355,6 +366,41 @@ ATTN_DEV void attn_store_row8(const attn_paged_params &p, int q_row0, int kv_hea
 ATTN_DEV int attn_out_vec(const attn_paged_params &p) {
     return attn_aligned16(p.out) && ((p.out_stride_token * ATTN_ESZ_Q) & 15) == 0 &&
            ((p.out_stride_head * ATTN_ESZ_Q) & 15) == 0;
+}
+
+/* Merges the partial slots of merge entry `mi` into out/lse (the CPU's attn__cpu_merge_run),
+   thread per (row, 8 columns), `nthreads` threads from `tid`. Loads at L2 (ld.global.cg):
+   in the FUSED MERGE the partials were written by other CTAs of the same launch. */
+ATTN_DEV void attn_merge_entry(const attn_paged_params &p, int mi, int tid, int nthreads) {
+    const int *item = p.merge + 8 * (attn_i64)mi;
+    const int req = item[0], kv_head = item[1], tok0 = item[2], ntok = item[3];
+    const int slot0 = item[4], nsplit = item[5];
+    const int q_row0 = p.query_start_loc[req] + tok0, out_vec = attn_out_vec(p);
+    for (int u = tid; u < ntok * GROUP * ATTN_OT; u += nthreads) {
+        const int R = u / ATTN_OT, c = u - R * ATTN_OT;
+        float M = attn_neg_inf();
+        for (int s = 0; s < nsplit; s++) {
+            const float *ml = p.partial_ml + ((attn_i64)(slot0 + s) * ATTN_ROWS + R) * 2;
+            M = fmaxf(M, __ldcg(ml + 1) > 0.0f ? __ldcg(ml) : attn_neg_inf());
+        }
+        const float Mb = M == attn_neg_inf() ? 0.0f : M;
+        float L = 0.0f, f[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        for (int s = 0; s < nsplit; s++) {
+            const attn_i64 row = (attn_i64)(slot0 + s) * ATTN_ROWS + R;
+            const float *ml = p.partial_ml + row * 2;
+            const float ms = __ldcg(ml), ls = __ldcg(ml + 1);
+            /* an empty split (l = 0) contributes nothing, whatever its O holds */
+            const int used = ls > 0.0f;
+            const float w = used ? attn_exp2(ms - Mb) : 0.0f;
+            const float4 a = __ldcg((const float4 *)(p.partial_o + row * HEAD_DIM + c * 8));
+            const float4 b = __ldcg((const float4 *)(p.partial_o + row * HEAD_DIM + c * 8 + 4));
+            const float x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+            L += used ? ls * w : 0.0f;
+#pragma unroll
+            for (int i = 0; i < 8; i++) f[i] += used ? w * x[i] : 0.0f;
+        }
+        attn_store_row8(p, q_row0, kv_head, -1, R, c, f, M, L, out_vec);
+    }
 }
 
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_paged_attention(const attn_paged_params p) {
@@ -753,40 +799,28 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_paged_attention(
         }
         attn_store_row8(p, q_start + tok0, kv_head, slot, R, c, f, M, L, out_vec);
     }
+#if ATTN_ROWS <= 16
+    /* FUSED MERGE (decode-shaped variants only, the ones the host splits: compiled into a
+       prefill variant it would cost registers for nothing): the last split of a merge
+       entry to finish merges it */
+    const int mi = (item[7] >> 8) - 1;
+    if (slot >= 0 && mi >= 0 && p.merge_count) {
+        __shared__ int attn_last_split;
+        __threadfence(); /* this CTA's partial is visible device-wide before it is counted */
+        __syncthreads();
+        if (tid == 0) attn_last_split = atomicAdd(p.merge_count + mi, 1) == p.merge[8 * (attn_i64)mi + 5] - 1;
+        __syncthreads();
+        if (attn_last_split) {
+            __threadfence(); /* the other splits' partials, counted before, are read after */
+            attn_merge_entry(p, mi, tid, ATTN_THREADS);
+            if (tid == 0) p.merge_count[mi] = 0;
+        }
+    }
+#endif
 }
 
-/* Second stage of split-KV: merges the partial slots of each split tile into out/lse (the
-   CPU's attn__cpu_merge_run). Thread per (row, 8 columns). */
+/* Second stage of split-KV as its own launch: one CTA per merge entry. */
 extern "C" __global__ void __launch_bounds__(128) attn_paged_merge_partials(const attn_paged_params p) {
     if ((int)blockIdx.x >= *p.num_merge) return;
-    const int *item = p.merge + 8 * (attn_i64)blockIdx.x;
-    const int req = item[0], kv_head = item[1], tok0 = item[2], ntok = item[3];
-    const int slot0 = item[4], nsplit = item[5];
-    const int q_row0 = p.query_start_loc[req] + tok0, out_vec = attn_out_vec(p);
-    for (int u = threadIdx.x; u < ntok * GROUP * ATTN_OT; u += blockDim.x) {
-        const int R = u / ATTN_OT, c = u - R * ATTN_OT;
-        float M = attn_neg_inf();
-        for (int s = 0; s < nsplit; s++) {
-            const float *ml = p.partial_ml + ((attn_i64)(slot0 + s) * ATTN_ROWS + R) * 2;
-            M = fmaxf(M, ml[1] > 0.0f ? ml[0] : attn_neg_inf());
-        }
-        const float Mb = M == attn_neg_inf() ? 0.0f : M;
-        float L = 0.0f, f[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-        for (int s = 0; s < nsplit; s++) {
-            const attn_i64 row = (attn_i64)(slot0 + s) * ATTN_ROWS + R;
-            const float *ml = p.partial_ml + row * 2;
-            /* an empty split (l = 0) contributes nothing, whatever its O holds */
-            const int used = ml[1] > 0.0f;
-            const float w = used ? attn_exp2(ml[0] - Mb) : 0.0f;
-            attn_vec16 v[2];
-            float x[8];
-            v[0] = attn_ldg16(p.partial_o + row * HEAD_DIM + c * 8);
-            v[1] = attn_ldg16(p.partial_o + row * HEAD_DIM + c * 8 + 4);
-            attn_unpack8<ATTN_DT_F32>(v, x);
-            L += used ? ml[1] * w : 0.0f;
-#pragma unroll
-            for (int i = 0; i < 8; i++) f[i] += used ? w * x[i] : 0.0f;
-        }
-        attn_store_row8(p, q_row0, kv_head, -1, R, c, f, M, L, out_vec);
-    }
+    attn_merge_entry(p, blockIdx.x, threadIdx.x, blockDim.x);
 }
