@@ -516,6 +516,8 @@ def _text(raw):
 
 _TORCH_DTYPES = {"torch.float32": ATTN_DTYPE_F32, "torch.float16": ATTN_DTYPE_F16,
                  "torch.bfloat16": ATTN_DTYPE_BF16}
+_TORCH_DTYPE_CODES = {}   # torch.dtype -> code (None: not an element type attn.h takes)
+_DEVICE_STRUCTS = {}      # torch.device -> attn_device
 _NUMPY_DTYPES = {"float32": ATTN_DTYPE_F32, "float16": ATTN_DTYPE_F16,
                  "bfloat16": ATTN_DTYPE_BF16}   # bfloat16: ml_dtypes' numpy type
 
@@ -538,14 +540,21 @@ def _tensor(x, name, fn):
         shape, strides = x.shape, [s // itemsize for s in x.strides]
         device = attn_device(ATTN_DEVICE_CPU, 0)
     elif _is_torch(x):
-        dtype = _TORCH_DTYPES.get(str(x.dtype))
-        type_name, ptr = str(x.dtype), x.data_ptr()
-        shape, strides = tuple(x.shape), x.stride()
-        kind = {"cpu": ATTN_DEVICE_CPU, "cuda": ATTN_DEVICE_CUDA}.get(x.device.type)
-        if kind is None:
-            _fail(ATTN_ERROR_SHAPE_MISMATCH, "%s: %s is on device %s (allowed: cpu, cuda)"
-                  % (fn, name, x.device))
-        device = attn_device(kind, x.device.index or 0)
+        # per call on every forward: lookups keyed by torch's own objects (no str())
+        tdt = x.dtype
+        dtype = _TORCH_DTYPE_CODES.get(tdt)
+        if dtype is None:
+            dtype = _TORCH_DTYPE_CODES[tdt] = _TORCH_DTYPES.get(str(tdt))
+        type_name, ptr = tdt, x.data_ptr()
+        shape, strides = x.shape, x.stride()
+        dev = x.device
+        device = _DEVICE_STRUCTS.get(dev)
+        if device is None:
+            kind = {"cpu": ATTN_DEVICE_CPU, "cuda": ATTN_DEVICE_CUDA}.get(dev.type)
+            if kind is None:
+                _fail(ATTN_ERROR_SHAPE_MISMATCH, "%s: %s is on device %s (allowed: cpu, cuda)"
+                      % (fn, name, dev))
+            device = _DEVICE_STRUCTS[dev] = attn_device(kind, dev.index or 0)
     else:
         raise TypeError("%s: %s is a %s (allowed: a numpy array or a torch tensor)"
                         % (fn, name, type(x).__name__))
@@ -560,9 +569,11 @@ def _tensor(x, name, fn):
         _fail(ATTN_ERROR_SHAPE_MISMATCH, "%s: %s has all strides 0 (a broadcast view; attn.h "
               "reads that as contiguous): pass a contiguous copy" % (fn, name))
     t = attn_tensor()
-    t.data, t.dtype, t.ndim, t.device = ptr, dtype, len(shape), device
-    for i, (n, s) in enumerate(zip(shape, strides)):
-        t.shape[i], t.strides[i] = n, s
+    nd = len(shape)
+    t.data, t.dtype, t.ndim, t.device = ptr, dtype, nd, device
+    if nd:
+        t.shape[:nd] = shape
+        t.strides[:nd] = strides
     return t
 
 
