@@ -1433,6 +1433,41 @@ static double cuda_matmul_ceiling(cuda_bench *cb) {
     return best;
 }
 
+/* The launch floor: back-to-back launches of an empty kernel (attn_fill_u32 over 0 words,
+   one CTA) on the legacy stream, per launch, median of 11 groups of 200 - what a forward of
+   n launches costs before it reads a byte. */
+static double cuda_launch_floor(cuda_bench *cb) {
+    attn_context *ctx = cb->ctx;
+    attn__cuda_driver *cu = ctx->cuda;
+    attn__cuda_module m;
+    attn__CUdeviceptr dst = (attn__CUdeviceptr)(uintptr_t)cb->d_out;
+    unsigned long long n = 0;
+    unsigned value = 0;
+    void *args[3];
+    char reason[256];
+    double t[11];
+    int g, k;
+    args[0] = &dst; args[1] = &n; args[2] = &value;
+    CHECK(ctx, attn__cuda_enter(ctx, "attn-bench"));
+    CHECK(ctx, attn__cuda_load(ctx, "util.cu", "", "attn_fill_u32", NULL, 0, &m, reason, sizeof reason));
+    for (g = -1; g < 11; g++) {
+        float ms = 0;
+        cu->cuEventRecord(cb->e0, NULL);
+        for (k = 0; k < 200; k++)
+            if (cu->cuLaunchKernel(m.main, 1, 1, 1, 128, 1, 1, 0, NULL, args, NULL) != 0) {
+                fprintf(stderr, "attn-bench: the empty launch failed\n");
+                exit(1);
+            }
+        cu->cuEventRecord(cb->e1, NULL);
+        cu->cuEventSynchronize(cb->e1);
+        cu->cuEventElapsedTime(&ms, cb->e0, cb->e1);
+        if (g >= 0) t[g] = (double)ms * 1e-3 / 200;
+    }
+    cu->cuModuleUnload(m.module);
+    attn__cuda_leave(ctx);
+    return median(t, 11);
+}
+
 /* 2. The backend on the GPU: ceilings, decode, prefill, a mixed batch. */
 static void cuda_backend_table(attn_context *ctx, int quick) {
     static const int batches[] = {1, 16, 64, 128}, contexts[] = {1024, 4096, 16384};
@@ -1444,7 +1479,7 @@ static void cuda_backend_table(attn_context *ctx, int quick) {
     int ndim, bi, ci, i;
     uint16_t *host;
     size_t chunk = (size_t)64 << 20, off;
-    double read_best, read_med, read_best2, read_med2, mm, t0;
+    double read_best, read_med, read_best2, read_med2, mm, launch, t0;
     attn__cuda_driver *cu = ctx->cuda;
     char name[96];
 
@@ -1489,6 +1524,10 @@ static void cuda_backend_table(attn_context *ctx, int quick) {
     printf("read ceiling: %.0f GB/s best, %.0f median (attn_read_probe, 4 GiB, 10 passes)\n", read_best, read_med);
     mm = cuda_matmul_ceiling(&cb);
     if (mm > 0) printf("matmul ceiling: %.0f TFLOP/s (cuBLAS bf16 GEMM 8192^3, fp32 accumulate, best of 10)\n", mm);
+    launch = cuda_launch_floor(&cb);
+    printf("launch floor: %.2f us per launch (empty kernel, back to back on one stream; a forward is 2 "
+           "launches: %.1f us before any byte is read)\n", launch * 1e6, 2 * launch * 1e6);
+    csv_row("device", "launch_floor", 0, 0, launch * 1e6, 0, "us");
     fflush(stdout);
 
     printf("decode: %d/%d heads, head %d, bf16, block %d; GB/s = K+V bytes of the batch / time per forward\n",
@@ -1592,6 +1631,12 @@ static void cuda_backend_table(attn_context *ctx, int quick) {
         snprintf(row->name, sizeof row->name, "ceiling: device read (attn_read_probe, 4 GiB)");
         snprintf(row->metric, sizeof row->metric, "%.0f GB/s", read_best);
         snprintf(row->ceiling, sizeof row->ceiling, "100%% (best of 20 passes)");
+        row->other_cores = -1;
+        row = row_add();
+        snprintf(row->name, sizeof row->name, "floor: one empty launch, back to back");
+        row->ms = launch * 1e3;
+        snprintf(row->metric, sizeof row->metric, "%.2f us", launch * 1e6);
+        snprintf(row->ceiling, sizeof row->ceiling, "a forward is 2 launches");
         row->other_cores = -1;
         if (mm > 0) {
             row = row_add();
