@@ -6565,7 +6565,9 @@ static attn_status attn__cuda_build(const attn_backend *self, attn_layer *layer,
         base += ql <= cm->tile[0] ? d->num_kv_heads
                                   : d->num_kv_heads * ((ql + cm->tile[1] - 1) / cm->tile[1]);
     }
-    split = !invariant && base > 0 && base < cm->parallelism;
+    /* the decode variant merges splits in its own launch only when its tile has at most 16
+       rows (GROUP <= 16; kernels/paged_attention.cu, FUSED MERGE): larger groups do not split */
+    split = !invariant && base > 0 && base < cm->parallelism && cm->rows[0] <= 16;
     for (r = 0; r < b->num_reqs; r++) {
         int ql = b->query_start_loc[r + 1] - b->query_start_loc[r], sl = b->seq_lens[r];
         int v = ql <= cm->tile[0] ? 0 : 1, tt = cm->tile[v], t0;
