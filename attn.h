@@ -6458,11 +6458,12 @@ static attn_status attn__cuda_metadata_init(const attn_backend *self, attn_layer
     }
     /* decode items: one per (request, KV head), times the splits; splits happen only while
        the batch has fewer items than `parallelism`, at most floor(parallelism / items) per
-       item: at most parallelism split items in all */
-    cm->work_capacity[0] = cap->max_num_reqs * d->num_kv_heads + 2 * cm->parallelism;
+       item: at most parallelism split items in all. Every forward launches the whole
+       capacity (graph safety), so it carries no slack beyond that bound. */
+    cm->work_capacity[0] = cap->max_num_reqs * d->num_kv_heads + cm->parallelism;
     cm->work_capacity[1] = d->num_kv_heads * (cap->max_num_tokens / cm->tile[1] + cap->max_num_reqs);
     cm->merge_capacity = ATTN__MIN(cap->max_num_reqs * d->num_kv_heads, cm->parallelism);
-    cm->slot_capacity = 2 * cm->parallelism;
+    cm->slot_capacity = cm->parallelism;
     cm->bytes = attn__cuda_plan_layout(cm, cap, NULL, &cm->host);
     if ((st = attn__cuda_enter(ctx, "attn_metadata_create")) != ATTN_OK) {
         attn__free(cm);
@@ -6523,7 +6524,6 @@ static void attn__cuda_sort_work(int32_t *w, int n) {
     }
 }
 
-/* One work item (kernels/paged_attention.cu, WORK LIST); flags bit 0: causal. */
 /* One work item (kernels/paged_attention.cu, WORK LIST); merge: the merge entry a split
    item belongs to (its last split to finish merges them: FUSED MERGE), -1 for none. */
 static void attn__cuda_item(int32_t *w, int req, int kvh, int tok0, int ntok, int key0, int key1, int slot,

@@ -128,6 +128,29 @@ class AttnH:
         return fn, (cache, metas)
 
 
+def add_attn_h(ah, res, label, b, qlens, seqlens, nsets, g, per_group, groups):
+    """Times attn.h through attn_h.py on the case (when it loaded) into res["attn_h"]."""
+    if not ah:
+        return
+    case = ah.case(b, qlens, seqlens, nsets, g)  # (forward, the cache and metadata it holds)
+    res["attn_h"], _ = try_time(f"{label} attn_h", lambda: case[0], lambda out: None, per_group, groups)
+    case = None  # frees the cache before the next case
+    torch.cuda.empty_cache()
+
+
+def report(impls, csv, table, kind, b, c, amount, res):
+    """One printed line, CSV rows and a table entry; amount: bytes (decode) or FLOPs."""
+    scale, unit = (1e9, "GB/s") if kind == "decode" else (1e12, "TFLOP/s")
+    line = f"  {kind} batch {b:3d} x {c:5d}:"
+    for impl in impls:
+        t = res.get(impl)
+        line += f"  {impl} " + (f"{t * 1e6:9.1f} us {amount / t / scale:5.0f} {unit}" if t else "   --")
+        if t:
+            csv.append(f"{impl},{kind},{b},{c},{t * 1e6:.2f},{amount / t / scale:.1f},{unit}")
+    print(line, flush=True)
+    table.append((kind, b, c, amount, res))
+
+
 def main():
     quick = "--quick" in sys.argv
     csv_path = sys.argv[sys.argv.index("--csv") + 1] if "--csv" in sys.argv else None
@@ -175,19 +198,8 @@ def main():
                 res[impl], _ = try_time(f"b{b} c{c} {impl}", mk, check, per_group, groups, impl)
             k = v = None  # free before the next case
             torch.cuda.empty_cache()
-            if ah:
-                fn, keep = ah.case(b, [1] * b, [c] * b, nsets, g)
-                res["attn_h"], _ = try_time(f"b{b} c{c} attn_h", lambda: fn, lambda out: None, per_group, groups)
-                del fn, keep
-                torch.cuda.empty_cache()
-            line = f"  decode batch {b:3d} context {c:5d}:"
-            for impl in impls:
-                t = res.get(impl)
-                line += f"  {impl} " + (f"{t * 1e6:8.1f} us {set_bytes / t / 1e9:5.0f} GB/s" if t else "   --")
-                if t:
-                    csv.append(f"{impl},decode,{b},{c},{t * 1e6:.2f},{set_bytes / t / 1e9:.1f},GB/s")
-            print(line, flush=True)
-            table.append(("decode", b, c, set_bytes, res))
+            add_attn_h(ah, res, f"b{b} c{c}", b, [1] * b, [c] * b, nsets, g, per_group, groups)
+            report(impls, csv, table, "decode", b, c, set_bytes, res)
 
     for b, L in PREFILLS:
         flops = b * 4.0 * H * D * L * (L + 1) / 2
@@ -215,19 +227,8 @@ def main():
             torch.cuda.empty_cache()
         qs = ks = vs = None
         torch.cuda.empty_cache()
-        if ah:
-            fn, keep = ah.case(b, [L] * b, [L] * b, nsets, g)
-            res["attn_h"], _ = try_time(f"prefill b{b} L{L} attn_h", lambda: fn, lambda out: None, 3, groups)
-            del fn, keep
-            torch.cuda.empty_cache()
-        line = f"  prefill batch {b} x {L}:"
-        for impl in impls:
-            t = res.get(impl)
-            line += f"  {impl} " + (f"{t * 1e6:9.1f} us {flops / t / 1e12:5.0f} TFLOP/s" if t else "   --")
-            if t:
-                csv.append(f"{impl},prefill,{b},{L},{t * 1e6:.2f},{flops / t / 1e12:.1f},TFLOP/s")
-        print(line, flush=True)
-        table.append(("prefill", b, L, flops, res))
+        add_attn_h(ah, res, f"prefill b{b} L{L}", b, [L] * b, [L] * b, nsets, g, 3, groups)
+        report(impls, csv, table, "prefill", b, L, flops, res)
 
     hdr = " | ".join(impls)
     print(f"\n| case | {hdr} (µs; GB/s or TFLOP/s) |")
