@@ -1130,6 +1130,7 @@ typedef struct attn__CUevent_st *attn__CUevent;
       (attn__CUdeviceptr dst, attn__CUdeviceptr src, size_t bytes, attn__CUstream stream)) \
     X(cuStreamSynchronize, "cuStreamSynchronize", (attn__CUstream stream))               \
     X(cuStreamGetCtx, "cuStreamGetCtx", (attn__CUstream stream, attn__CUcontext * ctx))  \
+    X(cuStreamIsCapturing, "cuStreamIsCapturing", (attn__CUstream stream, int *status))  \
     X(cuMemsetD8Async, "cuMemsetD8Async",                                                \
       (attn__CUdeviceptr dst, unsigned char value, size_t bytes, attn__CUstream stream)) \
     X(cuOccupancyMaxActiveBlocksPerMultiprocessor, "cuOccupancyMaxActiveBlocksPerMultiprocessor", \
@@ -6660,6 +6661,23 @@ static attn__CUresult attn__cuda_write_kv(attn_context *ctx, const attn__cuda_la
                                      stream, args, NULL);
 }
 
+/* Whether work launched on `stream` now is recorded into a graph rather than run. A
+   captured launch must cover the metadata's capacity (the graph replays after later
+   builds, whose counts the device reads); a launch that runs now needs only the last
+   build's counts, which the host knows. A failed query counts as capturing (the safe
+   side: full grids). */
+static int attn__cuda_capturing(attn_context *ctx, attn__CUstream stream) {
+    int status = 0;
+    return ctx->cuda->cuStreamIsCapturing(stream, &status) != 0 || status != 0;
+}
+
+/* The grid of a launch over `count` built entries of a list of `capacity`: the capacity
+   while capturing (CTAs past the count read it on the device and exit), else the count
+   (0: no launch; an empty launch still costs a launch's latency). */
+static unsigned attn__cuda_grid(int count, int capacity, int capturing) {
+    return (unsigned)(capturing ? capacity : count);
+}
+
 static attn_status attn__cuda_forward(const attn_backend *self, attn_layer *layer, const attn_metadata *meta,
                                       const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
                                       attn_tensor *kv_cache, attn_tensor *out, attn_tensor *lse, void *stream) {
@@ -6674,12 +6692,14 @@ static attn_status attn__cuda_forward(const attn_backend *self, attn_layer *laye
     attn__CUresult rc = 0;
     attn_status st;
     void *args[1];
-    int v2;
+    int v2, capturing;
     (void)self;
     if ((st = attn__cuda_enter_stream(ctx, "attn_layer_forward", stream)) != ATTN_OK) return st;
+    capturing = attn__cuda_capturing(ctx, s);
     if (k && v)
         rc = attn__cuda_write_kv(ctx, L, d, k, v, kv_cache, attn__dptr(cm->dev.slot_mapping),
-                                 attn_metadata_capacity(meta)->max_num_tokens, s);
+                                 capturing ? attn_metadata_capacity(meta)->max_num_tokens
+                                           : attn_metadata_batch(meta)->num_actual_tokens, s);
     memset(&pp, 0, sizeof pp);
     pp.q = attn__dptr(q->data);
     pp.kv_cache = attn__dptr(kv_cache->data);
@@ -6709,15 +6729,16 @@ static attn_status attn__cuda_forward(const attn_backend *self, attn_layer *laye
     pp.softcap = d->logits_soft_cap;
     pp.window = d->sliding_window;
     args[0] = &pp;
-    /* every launch covers the capacity: CTAs past the built counts exit, so a graph
-       captured once replays for every later build. Decode splits merge inside the decode
-       launch (the last split of each entry to finish), so a forward is two launches. */
+    /* Decode splits merge inside the decode launch (the last split of each entry to
+       finish), so a forward is at most two launches: decode tiles, prefill tiles. */
     for (v2 = 0; v2 < 2 && rc == 0; v2++) {
         const attn__cuda_module *m = v2 ? &L->prefill : &L->decode;
+        unsigned grid = attn__cuda_grid(cm->host.counts[v2], cm->work_capacity[v2], capturing);
+        if (!grid) continue;
         pp.work = attn__dptr(cm->dev.work[v2]);
         pp.num_work = attn__dptr(cm->dev.counts + v2);
-        rc = cu->cuLaunchKernel(m->main, (unsigned)cm->work_capacity[v2], 1, 1, (unsigned)m->config[0], 1, 1,
-                                (unsigned)m->config[1], s, args, NULL);
+        rc = cu->cuLaunchKernel(m->main, grid, 1, 1, (unsigned)m->config[0], 1, 1, (unsigned)m->config[1], s,
+                                args, NULL);
     }
     attn__cuda_leave(ctx);
     return rc ? attn__cu_fail(ctx, "attn_layer_forward", "cuLaunchKernel", rc) : ATTN_OK;

@@ -13,7 +13,9 @@
      - the cache writes (bit-exact against attn_reshape_and_cache / _mla);
      - the LSE merge, with empty (-inf/+inf/NaN) sides, both bases and out aliasing out_a.
    --bench adds timings: decode (32/8 heads, head 128, bf16, block 16) against the memory
-   roof, and causal prefill in TFLOP/s.
+   roof, and causal prefill in TFLOP/s; --bench-only skips the tests, --decode-bench times
+   the decode shapes only (tuning sweeps: --defines "KV_STAGES=4 ..." applies to the
+   variants timed).
 
    Ends with "N passed, N failed[, N skipped]" like the other test binaries. Exit 0 when
    nothing failed; with no GPU (or no NVRTC) every test is a skip and the exit is 0. */
@@ -714,11 +716,12 @@ static float time_launch(module_entry *m, attn__paged_params *p, schedule *s, in
     return ms / reps;
 }
 
-static int prefill_tt; /* --prefill-tt: query tokens per prefill CTA (default 64 / group) */
+static int prefill_tt;  /* --prefill-tt: query tokens per prefill CTA (default 64 / group) */
+static int decode_only; /* --decode-bench: time the decode shapes only */
 
 static void bench(const char *extra) {
     const int H = 32, Hkv = 8, D = 128, BS = 16, G = H / Hkv;
-    static const int batches[] = {1, 8, 32, 128}, ctxs[] = {1024, 4096, 16384};
+    static const int batches[] = {1, 16, 64, 128}, ctxs[] = {1024, 4096, 16384};
     int bi, ci;
     char defs[256];
     size_t max_blocks = 16384 / BS, total_blocks = 128 * max_blocks;
@@ -737,7 +740,7 @@ static void bench(const char *extra) {
            extra[0] ? ", " : "", extra);
     for (bi = 0; bi < 4; bi++)
         for (ci = 0; ci < 3; ci++) {
-            int B = batches[bi], ctx = ctxs[ci], r, splits;
+            int B = batches[bi], ctx = ctxs[ci], r, splits, per_sm = 1;
             int32_t *qsl = (int32_t *)malloc((size_t)(B + 1) * 4), *sl = (int32_t *)malloc((size_t)B * 4);
             schedule s;
             attn__paged_params p;
@@ -750,7 +753,6 @@ static void bench(const char *extra) {
             snprintf(defs, sizeof defs, "HEAD_DIM=%d BLOCK_SIZE=%d GROUP=%d DT_Q=2 DT_KV=2 TILE_TOKENS=%d %s", D, BS, G, 16 / G, extra);
             m = get_module("paged_attention.cu", defs, "attn_paged_attention");
             { /* split so that one wave of resident CTAs holds the grid (splits >= 256 keys) */
-                int per_sm = 1;
                 CU_CHECK(cu->cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, m->main, m->config[0],
                                                                          (size_t)m->config[1]));
                 splits = per_sm * num_sms / (B * Hkv);
@@ -767,12 +769,12 @@ static void bench(const char *extra) {
             p.q_stride_token = (int64_t)H * D; p.q_stride_head = D; p.out_stride_token = (int64_t)H * D; p.out_stride_head = D;
             p.block_table_stride = (int64_t)max_blocks; p.num_kv_heads = Hkv; p.scale = 0.088f;
             ms = time_launch(m, &p, &s, 20);
-            printf("  batch %3d context %5d: splits %2d ctas %5d  %8.1f us  %6.2f TB/s\n", B, ctx, splits, s.num_work,
-                   ms * 1e3, bytes / (ms * 1e-3) / 1e12);
+            printf("  batch %3d context %5d: splits %2d ctas %5d (%d per SM, %d threads, %d B shared)  %8.1f us  %6.2f TB/s\n",
+                   B, ctx, splits, s.num_work, per_sm, m->config[0], m->config[1], ms * 1e3, bytes / (ms * 1e-3) / 1e12);
             cu->cuMemFree(d_sl); cu->cuMemFree(d_qsl); cu->cuMemFree(d_w); cu->cuMemFree(d_nw); cu->cuMemFree(d_m); cu->cuMemFree(d_nm);
             free(s.work); free(s.merge); free(qsl); free(sl);
         }
-    { /* causal prefill: one request of n tokens, 32/8 heads, head 128, bf16 */
+    if (!decode_only) { /* causal prefill: one request of n tokens, 32/8 heads, head 128, bf16 */
         static const int lens[] = {1024, 4096, 16384};
         int li;
         printf("prefill: causal, bf16, %d/%d heads, head %d, block %d%s%s (FLOPs = 4 * heads * head * visible pairs)\n",
@@ -826,12 +828,13 @@ int main(int argc, char **argv) {
     for (i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--bench")) do_bench = 1;
         else if (!strcmp(argv[i], "--bench-only")) do_bench = only_bench = 1;
+        else if (!strcmp(argv[i], "--decode-bench")) do_bench = only_bench = decode_only = 1;
         else if (!strcmp(argv[i], "--defines") && i + 1 < argc) extra = argv[++i];
         else if (!strcmp(argv[i], "--cases") && i + 1 < argc) cases = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--prefill-tt") && i + 1 < argc) prefill_tt = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--seed") && i + 1 < argc) rng_state = strtoull(argv[++i], NULL, 0) | 1;
         else {
-            fprintf(stderr, "usage: cuda_kernels [--cases N] [--seed S] [--bench | --bench-only] [--defines \"KV_STAGES=3 ...\"]\n"
+            fprintf(stderr, "usage: cuda_kernels [--cases N] [--seed S] [--bench | --bench-only | --decode-bench] [--defines \"KV_STAGES=3 ...\"]\n"
                             "                    [--prefill-tt N]\n");
             return 2;
         }

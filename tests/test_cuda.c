@@ -342,6 +342,18 @@ ATTN_TEST(cuda_forward_matches_cpu) {
         c.causal = 1; c.lse = 1; c.nreq = 1; c.qlen[0] = 1; c.ctxlen[0] = 8000;
         fails += cu_run_case(ctx, &c, __LINE__) > 0;
     }
+    /* long decodes at the largest group that splits (16 query heads per KV head: a
+       16-row tile, fused merge) and past it (32: a 32-row tile, which must not split) */
+    for (n = 0; n < 2; n++) {
+        cu_case c;
+        memset(&c, 0, sizeof c);
+        c.heads = n ? 32 : 16; c.kv_heads = 1; c.head = 128; c.dt = c.kv_dt = ATTN_DTYPE_BF16; c.block = 16;
+        c.causal = 1; c.lse = 1; c.nreq = 3;
+        c.qlen[0] = 1; c.ctxlen[0] = 6000;
+        c.qlen[1] = 1; c.ctxlen[1] = 1500;
+        c.qlen[2] = 40; c.ctxlen[2] = 700;
+        fails += cu_run_case(ctx, &c, __LINE__) > 0;
+    }
     EXPECT_EQ_INT(fails, 0);
     attn_context_destroy(ctx);
 }
@@ -573,7 +585,10 @@ ATTN_TEST(cuda_graph_replays_after_new_builds) {
         gc.device.kind = ATTN_DEVICE_CUDA;
         qsl[0] = 0;
         for (r = 0; r < nreq; r++) {
-            int ql = r == nreq - 1 ? 3 : 1;
+            /* the captured build (round 0) has decodes only, no split and no prefill tile:
+               the graph must still hold every launch the later rounds need (a prefill of
+               8..12 tokens is past the 4-token decode tile; 1750 keys split) */
+            int ql = r == nreq - 1 && round > 0 ? 6 + 2 * round : 1;
             seq[r] = 100 + 300 * r + 150 * round;
             qsl[r + 1] = qsl[r] + ql;
             maxq = ql > maxq ? ql : maxq;
