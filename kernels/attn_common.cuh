@@ -171,6 +171,13 @@ ATTN_DEV void attn_cp_async16(attn_u32 smem, const void *gmem, int src_bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
                  :: "r"(smem), "l"(gmem), "r"(src_bytes) : "memory");
 }
+/* The same with a predicate instead of a byte count: zero = 1 writes 16 zero bytes and
+   reads nothing (gmem must still be a valid address; give the tensor's base). */
+ATTN_DEV void attn_cp_async16_or_zero(attn_u32 smem, const void *gmem, int zero) {
+    asm volatile("{\n\t.reg .pred z;\n\tsetp.ne.b32 z, %2, 0;\n\t"
+                 "cp.async.cg.shared.global [%0], [%1], 16, z;\n\t}"
+                 :: "r"(smem), "l"(gmem), "r"(zero) : "memory");
+}
 ATTN_DEV void attn_cp_async_commit(void) { asm volatile("cp.async.commit_group;" ::: "memory"); }
 /* Waits until at most N of this thread's committed groups are still in flight. */
 template <int N> ATTN_DEV void attn_cp_async_wait(void) {

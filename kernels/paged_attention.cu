@@ -132,10 +132,11 @@
    KV_TILE, from floor(key0 / KV_TILE) * KV_TILE to key1. Every thread copies fixed 16-byte
    chunks (the same chunk positions in every tile) of K and V with cp.async into stage
    (tile % KV_STAGES); keys outside [key0, key1) are zero-filled and never read from
-   global memory (nor is their block_table entry). The physical block of every key row of
-   the tiles in flight sits in shared memory (sBlk); the block numbers of tile
-   it + KV_STAGES are loaded into registers before tile it computes and stored after it,
-   so the block-table latency hides under compute. Per tile: wait for the tile's group,
+   global memory (nor is their block_table entry). The byte offset in the cache of every
+   key row of the tiles in flight (block * block bytes + row in block * row bytes, read
+   from block_table) sits in shared memory (sBlk), so a copy's address is one 64-bit add;
+   the offsets of tile it + KV_STAGES are loaded into registers before tile it computes
+   and stored after it, so the block-table latency hides under compute. Per tile: wait for the tile's group,
    __syncthreads (tile visible, and every warp is done with the stage about to be
    refilled), issue the copy of tile it + KV_STAGES - 1, compute tile it. One barrier per
    tile.
@@ -151,7 +152,7 @@
    Epilogue: O, m, l of every warp to shared memory (over the K/V stages), then all threads
    combine the WARPS_N slices of each row and write 8 elements at a time: normalised rows
    to out (and lse), or the partial to the workspace.
-   Shared memory: [Q: ROW_TILES*16 rows x Q_PITCH][sBlk: KV_STAGES x KV_TILE int]
+   Shared memory: [Q: ROW_TILES*16 rows x Q_PITCH][sBlk: KV_STAGES x KV_TILE int64]
    [K: KV_STAGES x KV_TILE x KV_PITCH][V: same], rows padded by 16 bytes so ldmatrix reads
    8 rows without bank conflicts; for HEAD_DIM % 16 == 8 the Q and K rows carry 8 zero
    columns up to a multiple of 16. The epilogue reuses the K/V stages:
@@ -244,7 +245,7 @@
 #define ATTN_TILE_BYTES (KV_TILE * ATTN_KV_PITCH * ATTN_ESZ_KV) /* one K (or V) tile */
 #define ATTN_KV_BYTES (KV_STAGES * 2 * ATTN_TILE_BYTES)
 #define ATTN_EPI_BYTES (WARPS_N * ATTN_ROWS_PAD * (ATTN_O_PITCH + 5) * 4) /* O, m, 4 partial l */
-#define ATTN_SBLK_BYTES (KV_STAGES * KV_TILE * 4) /* block numbers of the tiles in flight */
+#define ATTN_SBLK_BYTES (KV_STAGES * KV_TILE * 8) /* cache row offsets of the tiles in flight */
 #define ATTN_SMEM_BYTES (ATTN_SQ_BYTES + ATTN_SBLK_BYTES + ATTN_MAX_(ATTN_KV_BYTES, ATTN_EPI_BYTES))
 
 #define ATTN_KV_CPR (HEAD_DIM * ATTN_ESZ_KV / 16)   /* 16-byte chunks per K/V row */
@@ -403,7 +404,7 @@ ATTN_DEV void attn_merge_entry(const attn_paged_params &p, int mi, int tid, int 
     }
 }
 
-extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_paged_attention(const attn_paged_params p) {
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_paged_attention(const attn_paged_params p) {
     extern __shared__ attn_vec16 attn_smem[];
     if (blockDim.x != ATTN_THREADS || attn_dynamic_smem_size() < ATTN_SMEM_BYTES) attn_trap();
     if ((int)blockIdx.x >= *p.num_work) return;
@@ -422,7 +423,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_paged_attention(
 
     char *smem = (char *)attn_smem;
     attn_q_t *sQ = (attn_q_t *)smem;
-    int *sBlk = (int *)(smem + ATTN_SQ_BYTES);                              /* [stage][key] */
+    attn_i64 *sBlk = (attn_i64 *)(smem + ATTN_SQ_BYTES);                    /* [stage][key] */
     attn_kv_t *sK = (attn_kv_t *)(smem + ATTN_SQ_BYTES + ATTN_SBLK_BYTES);  /* [stage][key][pitch] */
     attn_kv_t *sV = sK + KV_STAGES * KV_TILE * ATTN_KV_PITCH;
     const attn_u32 sQ_addr = attn_smem_addr(sQ), sK_addr = attn_smem_addr(sK), sV_addr = attn_smem_addr(sV);
@@ -496,10 +497,10 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_paged_attention(
 
     /* ---- K/V loader ----
        Thread chunk i: row kv_row(i) of the tile, 16-byte column kv_col (the same positions
-       in every tile). The physical block of every row of a tile is in sBlk[stage][row]
-       (-1: the key is outside [key0, key1): zero-fill, nothing read). The block numbers of
-       tile it + KV_STAGES are loaded into registers while tile it computes and stored to
-       sBlk after it, so the block-table latency hides under compute. */
+       in every tile). The cache byte offset of every row of a tile (head 0's K row) is in
+       sBlk[stage][row] (-1: the key is outside [key0, key1): zero-fill, nothing read). The
+       offsets of tile it + KV_STAGES are loaded into registers while tile it computes and
+       stored to sBlk after it, so the block-table latency hides under compute. */
     const char *kv_base = (const char *)p.kv_cache;
     const attn_i64 tok_stride = (attn_i64)p.num_kv_heads * HEAD_DIM;   /* elements */
     const attn_i64 blk_stride = 2 * (attn_i64)BLOCK_SIZE * tok_stride;
@@ -515,21 +516,23 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_paged_attention(
     auto kv_col = [&](int i) -> int {
         return ATTN_THREADS % ATTN_KV_CPR == 0 ? (int)(utid % ATTN_KV_CPR) : (int)((utid + i * ATTN_THREADS) % ATTN_KV_CPR);
     };
-    auto block_of = [&](int j) -> int { /* physical block of key j, -1 outside [key0, key1) */
-        return j >= key0 && j < key1 ? bt[(unsigned)j / BLOCK_SIZE] : -1;
+    /* byte offset of key j's K row of this CTA's KV head in the cache, -1 outside
+       [key0, key1) */
+    auto block_of = [&](int j) -> attn_i64 {
+        return j >= key0 && j < key1 ? ((attn_i64)bt[(unsigned)j / BLOCK_SIZE] * blk_stride +
+                                        (attn_i64)((unsigned)j % BLOCK_SIZE) * tok_stride + head_off) * ATTN_ESZ_KV
+                                     : (attn_i64)-1;
     };
-    auto issue = [&](int ts, int stage) { /* cp.async of tile ts into `stage` */
+    auto issue = [&](int stage) { /* cp.async of the tile whose rows sBlk[stage] holds */
 #pragma unroll
         for (int i = 0; i < ATTN_KV_LPT; i++) {
             const int r = kv_row(i), col = kv_col(i);
             if (ATTN_KV_CHUNKS % ATTN_THREADS == 0 || r < KV_TILE) {
-                const int b = sBlk[stage * KV_TILE + r];
-                const unsigned j = (unsigned)(ts + r);
-                const char *src = b >= 0 ? kv_base + ((attn_i64)b * blk_stride + (attn_i64)(j % BLOCK_SIZE) * tok_stride + head_off) * ATTN_ESZ_KV + col * 16
-                                         : kv_base;
+                const attn_i64 b = sBlk[stage * KV_TILE + r];
+                const char *src = kv_base + (b >= 0 ? b + col * 16 : 0);
                 const attn_u32 off = (attn_u32)((stage * KV_TILE + r) * (ATTN_KV_PITCH * ATTN_ESZ_KV) + col * 16);
-                attn_cp_async16(sK_addr + off, src, b >= 0 ? 16 : 0);
-                attn_cp_async16(sV_addr + off, b >= 0 ? src + v_bytes : kv_base, b >= 0 ? 16 : 0);
+                attn_cp_async16_or_zero(sK_addr + off, src, b < 0);
+                attn_cp_async16_or_zero(sV_addr + off, src + (b >= 0 ? v_bytes : 0), b < 0);
             }
         }
     };
@@ -543,7 +546,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_paged_attention(
     __syncthreads();
 #pragma unroll
     for (int s = 0; s < KV_STAGES - 1; s++) {
-        if (s < ntiles) issue(tile0 + s * KV_TILE, s);
+        if (s < ntiles) issue(s);
         attn_cp_async_commit(); /* one group per tile slot, empty or not: uniform counting */
     }
 
@@ -574,12 +577,12 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_paged_attention(
     for (int it = 0; it < ntiles; it++) {
         attn_cp_async_wait<KV_STAGES - 2>(); /* this thread's part of tile `it` has landed */
         __syncthreads();                      /* everyone's part; stage (it-1) is free again */
-        if (it + KV_STAGES - 1 < ntiles) issue(tile0 + (it + KV_STAGES - 1) * KV_TILE, (it + KV_STAGES - 1) % KV_STAGES);
+        if (it + KV_STAGES - 1 < ntiles) issue((it + KV_STAGES - 1) % KV_STAGES);
         attn_cp_async_commit();
-        int next_blk[ATTN_KV_BPT]; /* block numbers of tile it + KV_STAGES, stored after compute */
+        attn_i64 next_blk[ATTN_KV_BPT]; /* row offsets of tile it + KV_STAGES, stored after compute */
 #pragma unroll
         for (int i = 0; i < ATTN_KV_BPT; i++)
-            next_blk[i] = tid + i * ATTN_THREADS < KV_TILE ? block_of(tile0 + (it + KV_STAGES) * KV_TILE + tid + i * ATTN_THREADS) : -1;
+            next_blk[i] = tid + i * ATTN_THREADS < KV_TILE ? block_of(tile0 + (it + KV_STAGES) * KV_TILE + tid + i * ATTN_THREADS) : (attn_i64)-1;
 #if ATTN_USE_MMA && Q_IN_REGS
         if (it == 0) {
 #pragma unroll
@@ -679,16 +682,22 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_paged_attention(
                     s[n][e] = x;
                     mx[rr] = fmaxf(mx[rr], x);
                 }
-            float sum[2] = {0.0f, 0.0f}, base[2];
+            float sum[2] = {0.0f, 0.0f}, base[2], alpha[2];
 #pragma unroll
             for (int rr = 0; rr < 2; rr++) {
                 const float mnew = fmaxf(m[rr], attn_quad_max(mx[rr]));
                 base[rr] = mnew == attn_neg_inf() ? 0.0f : mnew; /* nothing seen yet: p = 0, not NaN */
-                const float alpha = attn_exp2(m[rr] - base[rr]);  /* m = -inf -> 0 */
+                alpha[rr] = attn_exp2(m[rr] - base[rr]);         /* m = -inf -> 0 */
                 m[rr] = mnew;
-                l[rr] *= alpha;
+                l[rr] *= alpha[rr];
+            }
+            /* O is rescaled only when some row's max moved (after the first tiles of a long
+               row it rarely does: a decode tile then skips 2 x HEAD_DIM / 4 multiplies) */
+            if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
-                for (int i = 0; i < ATTN_OT; i++) { o[i][2 * rr] *= alpha; o[i][2 * rr + 1] *= alpha; }
+                for (int rr = 0; rr < 2; rr++)
+#pragma unroll
+                    for (int i = 0; i < ATTN_OT; i++) { o[i][2 * rr] *= alpha[rr]; o[i][2 * rr + 1] *= alpha[rr]; }
             }
 #pragma unroll
             for (int n = 0; n < ATTN_NT; n++)

@@ -718,6 +718,7 @@ static float time_launch(module_entry *m, attn__paged_params *p, schedule *s, in
 
 static int prefill_tt;  /* --prefill-tt: query tokens per prefill CTA (default 64 / group) */
 static int decode_only; /* --decode-bench: time the decode shapes only */
+static int contiguous;  /* --contiguous: block_table rows in cache order (an upper bound of paging's cost) */
 
 static void bench(const char *extra) {
     const int H = 32, Hkv = 8, D = 128, BS = 16, G = H / Hkv;
@@ -734,7 +735,8 @@ static void bench(const char *extra) {
     double t0 = now_s();
     CU_CHECK(cu->cuMemsetD8Async(d_kv, 0x3c, total_blocks * 2 * BS * Hkv * D * 2, NULL)); /* bf16 ~0.01 */
     CU_CHECK(cu->cuMemsetD8Async(d_q, 0x3c, (size_t)16384 * H * D * 2, NULL));
-    for (i = 0; i < total_blocks; i++) bt[i] = (int32_t)((i * 7919) % total_blocks); /* scattered pages */
+    for (i = 0; i < total_blocks; i++) /* scattered pages (--contiguous: in order) */
+        bt[i] = contiguous ? (int32_t)i : (int32_t)((i * 7919) % total_blocks);
     d_bt = dupload(bt, total_blocks * 4);
     printf("decode: bf16, %d/%d heads, head %d, block %d%s%s (bytes = K+V read once)\n", H, Hkv, D, BS,
            extra[0] ? ", " : "", extra);
@@ -829,12 +831,13 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "--bench")) do_bench = 1;
         else if (!strcmp(argv[i], "--bench-only")) do_bench = only_bench = 1;
         else if (!strcmp(argv[i], "--decode-bench")) do_bench = only_bench = decode_only = 1;
+        else if (!strcmp(argv[i], "--contiguous")) contiguous = 1;
         else if (!strcmp(argv[i], "--defines") && i + 1 < argc) extra = argv[++i];
         else if (!strcmp(argv[i], "--cases") && i + 1 < argc) cases = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--prefill-tt") && i + 1 < argc) prefill_tt = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--seed") && i + 1 < argc) rng_state = strtoull(argv[++i], NULL, 0) | 1;
         else {
-            fprintf(stderr, "usage: cuda_kernels [--cases N] [--seed S] [--bench | --bench-only | --decode-bench] [--defines \"KV_STAGES=3 ...\"]\n"
+            fprintf(stderr, "usage: cuda_kernels [--cases N] [--seed S] [--bench | --bench-only | --decode-bench] [--contiguous] [--defines \"KV_STAGES=3 ...\"]\n"
                             "                    [--prefill-tt N]\n");
             return 2;
         }
