@@ -14,6 +14,9 @@
      - the LSE merge, with empty (-inf/+inf/NaN) sides, both bases and out aliasing out_a.
    --bench adds timings: decode (32/8 heads, head 128, bf16, block 16) against the memory
    roof, and causal prefill in TFLOP/s.
+   --defines "WARP_ROWS=2 ..." adds kernel defines to every paged-attention variant, tested
+   and timed; --prefill-tt N sets the prefill tile (N tokens at group 4, the same rows per
+   CTA at other groups).
 
    Ends with "N passed, N failed[, N skipped]" like the other test binaries. Exit 0 when
    nothing failed; with no GPU (or no NVRTC) every test is a skip and the exit is 0. */
@@ -205,6 +208,12 @@ static void build_work(schedule *s, int num_reqs, const int32_t *qsl, const int3
 
 /* ---- tests ---- */
 static int passed, failed, skipped;
+/* --defines: extra kernel defines for every paged-attention variant, tests and bench alike
+   (e.g. "WARP_ROWS=2": a request the kernel drops where it does not apply) */
+static const char *extra_defines = "";
+/* --prefill-tt: query tokens per prefill CTA at the bench's group 4 (default 64 / group);
+   the tests keep the same rows per CTA at every group: max(1, 4N / group) tokens */
+static int prefill_tt;
 
 static int near_ok(float a, float b, float atol, float rtol) {
     if (isnan(a) || isnan(b)) return isnan(a) && isnan(b);
@@ -320,9 +329,11 @@ static void run_attention_case(const attn_case *c, int num_reqs, const int *qlen
         }
     }
     /* ---- the GPU run ---- */
-    tt = c->decode_shape ? (16 / c->group > 0 ? 16 / c->group : 1) : (64 / c->group > 0 ? 64 / c->group : 1);
-    snprintf(defs, sizeof defs, "HEAD_DIM=%d BLOCK_SIZE=%d GROUP=%d DT_Q=%d DT_KV=%d TILE_TOKENS=%d WINDOW=%d SOFTCAP=%d ALIBI=%d",
-             D, BS, c->group, dcode(c->dq), dcode(c->dkv), tt, c->window > 0, c->softcap > 0, c->alibi);
+    tt = (c->decode_shape ? 16 : prefill_tt ? 4 * prefill_tt : 64) / c->group;
+    if (tt < 1) tt = 1;
+    if (tt * c->group > 128) tt = 128 / c->group;
+    snprintf(defs, sizeof defs, "HEAD_DIM=%d BLOCK_SIZE=%d GROUP=%d DT_Q=%d DT_KV=%d TILE_TOKENS=%d WINDOW=%d SOFTCAP=%d ALIBI=%d %s",
+             D, BS, c->group, dcode(c->dq), dcode(c->dkv), tt, c->window > 0, c->softcap > 0, c->alibi, extra_defines);
     {
         module_entry *m = get_module("paged_attention.cu", defs, "attn_paged_attention");
         attn__CUfunction fa = m->main, fm = m->second;
@@ -409,7 +420,7 @@ static void run_attention_case(const attn_case *c, int num_reqs, const int *qlen
             bad++;
         }
         if (bad) {
-            printf("FAIL attention %s (reqs %d, tokens %d)\n", desc, num_reqs, T);
+            printf("FAIL attention %s (reqs %d, tokens %d; %s)\n", desc, num_reqs, T, defs);
             for (r = 0; r < num_reqs; r++) printf("    req %d: query %d context %d\n", r, qlens[r], ctxlens[r]);
             failed++;
         } else {
@@ -714,8 +725,6 @@ static float time_launch(module_entry *m, attn__paged_params *p, schedule *s, in
     return ms / reps;
 }
 
-static int prefill_tt; /* --prefill-tt: query tokens per prefill CTA (default 64 / group) */
-
 static void bench(const char *extra) {
     const int H = 32, Hkv = 8, D = 128, BS = 16, G = H / Hkv;
     static const int batches[] = {1, 8, 32, 128}, ctxs[] = {1024, 4096, 16384};
@@ -807,8 +816,8 @@ static void bench(const char *extra) {
             p.q_stride_token = (int64_t)H * D; p.q_stride_head = D; p.out_stride_token = (int64_t)H * D; p.out_stride_head = D;
             p.block_table_stride = (int64_t)max_blocks; p.num_kv_heads = Hkv; p.scale = 0.088f;
             ms = time_launch(m, &p, &s, 10);
-            printf("  tokens %5d (%d per CTA): ctas %5d  %9.1f us  %6.1f TFLOP/s\n", n, ptt, s.num_work, ms * 1e3,
-                   flops / (ms * 1e-3) / 1e12);
+            printf("  tokens %5d (%d per CTA, %d threads, %d B smem): ctas %5d  %9.1f us  %6.1f TFLOP/s\n", n, ptt,
+                   m->config[0], m->config[1], s.num_work, ms * 1e3, flops / (ms * 1e-3) / 1e12);
             cu->cuMemFree(d_sl); cu->cuMemFree(d_qsl); cu->cuMemFree(d_w); cu->cuMemFree(d_nw); cu->cuMemFree(d_m); cu->cuMemFree(d_nm);
             free(s.work); free(s.merge);
         }
@@ -820,13 +829,12 @@ static void bench(const char *extra) {
 
 int main(int argc, char **argv) {
     int i, do_bench = 0, cases = 60, only_bench = 0;
-    const char *extra = "";
     attn_context_desc cd;
     double t0 = now_s();
     for (i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--bench")) do_bench = 1;
         else if (!strcmp(argv[i], "--bench-only")) do_bench = only_bench = 1;
-        else if (!strcmp(argv[i], "--defines") && i + 1 < argc) extra = argv[++i];
+        else if (!strcmp(argv[i], "--defines") && i + 1 < argc) extra_defines = argv[++i];
         else if (!strcmp(argv[i], "--cases") && i + 1 < argc) cases = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--prefill-tt") && i + 1 < argc) prefill_tt = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--seed") && i + 1 < argc) rng_state = strtoull(argv[++i], NULL, 0) | 1;
@@ -854,7 +862,7 @@ int main(int argc, char **argv) {
         test_attention(cases);
         printf("attention: %d passed, %d failed (%.1f s, %d modules)\n", passed, failed, now_s() - t0, num_modules);
     }
-    if (do_bench) bench(extra);
+    if (do_bench) bench(extra_defines);
     attn__cuda_leave(context);
     attn_context_destroy(context);
     (void)failures;
