@@ -36,17 +36,26 @@
              from params; WINDOW 1 with params.window 0 means no window). Causality is not
              a define: it is a per-work-item flag (WORK LIST, item 7).
    tuning    WARPS_N      warps sharing one row tile, each on its slice of a K/V tile
+             WARP_ROWS    row tiles of 16 per warp, 1 (default) or 2 (FlashAttention-2: each
+                          K/V fragment read from shared memory feeds two mma). A request: 2 is
+                          in force only with tensor cores, an even number of row tiles,
+                          HEAD_DIM <= 128, SOFTCAP 0 and ALIBI 0 (the register file holds no
+                          more); elsewhere it quietly stays 1, so one -D serves every variant
              KV_TILE      keys per K/V tile (shared-memory stage)
              KV_STAGES    K/V tiles in shared memory (default 2, double-buffered; 3 for
                           decode shapes on sm_90 whose stages fit in 112 KiB)
-             Q_IN_REGS    keep the Q fragments in registers (default: MMA and HEAD_DIM <= 128)
+             Q_IN_REGS    keep the Q fragments in registers (default: MMA, HEAD_DIM <= 128
+                          and one row tile per warp; with two, Q is read from shared memory
+                          per K/V tile)
              (defaults below; the values in force are exported, see attn_paged_config)
    Tensor cores (mma.sync m16n8k16, f32 accumulators) when DT_Q == DT_KV and both are
    f16 or bf16; otherwise (any f32 involved, or mixed 16-bit types) a plain-FMA variant
    with the same tiling, the same softmax and the same epilogue, in f32 throughout.
    Suggested variants: decode (query_len 1): TILE_TOKENS = max(1, 16 / GROUP), so that one
    warp's 16 rows hold the whole group; prefill: TILE_TOKENS = max(1, 64 / GROUP) (four
-   row tiles, FlashAttention-2 shape). One launch serves any mix of requests; a mixed batch
+   row tiles, four warps), or with WARP_ROWS 2 TILE_TOKENS = 128 / GROUP (eight row tiles,
+   four warps of 32 rows: FlashAttention-2's 128 x 64 block; 64 / GROUP gives two warps).
+   One launch serves any mix of requests; a mixed batch
    runs best as two launches (decodes with the decode variant, the rest with the prefill
    variant), each with its own work list, because a decode row in a prefill CTA leaves
    three of its four warps idle.
@@ -122,12 +131,14 @@
    =====================================================================================
    Rows: the CTA's ROWS = TILE_TOKENS * GROUP query rows (row R = token R / GROUP, head
    member R % GROUP; rows of tokens >= ntok are padding, zero Q, never stored), padded to
-   ROW_TILES * 16. Warp w = wm * WARPS_N + wn owns row tile wm (16 rows, the M of mma) and
-   key slice wn: keys [wn * KW, (wn + 1) * KW) of every K/V tile, KW = KV_TILE / WARPS_N.
-   So a decode CTA (one row tile) has four warps splitting each tile's keys, a prefill CTA
-   four warps of 16 rows each reading the whole tile (FlashAttention-2). Each warp keeps
-   its own online softmax (m, l per row, O in registers); the epilogue combines the
-   WARPS_N slices of a row tile through shared memory.
+   ROW_TILES * 16. Warp w = wm * WARPS_N + wn owns row tiles wm * WARP_ROWS ..
+   wm * WARP_ROWS + WARP_ROWS - 1 (16 rows each, the M of mma) and key slice wn: keys
+   [wn * KW, (wn + 1) * KW) of every K/V tile, KW = KV_TILE / WARPS_N; the CTA has
+   ROW_TILES / WARP_ROWS * WARPS_N warps (attn_paged_config[0] / 32). So a decode CTA (one
+   row tile) has four warps splitting each tile's keys, a prefill CTA four warps of 16 rows
+   (or, WARP_ROWS 2, of 32 rows) each reading the whole tile (FlashAttention-2). Each warp
+   keeps its own online softmax (m, l per row, O in registers, per row tile); the epilogue
+   combines the WARPS_N slices of a row through shared memory.
    Pipeline (all threads): the CTA walks tiles of KV_TILE keys aligned to multiples of
    KV_TILE, from floor(key0 / KV_TILE) * KV_TILE to key1. Every thread copies fixed 16-byte
    chunks (the same chunk positions in every tile) of K and V with cp.async into stage
@@ -145,7 +156,10 @@
    mask in registers (masking only on tiles that cross a row's visible range; a warp skips
    tiles none of its rows sees: causal tiles above the diagonal), online softmax in base 2
    with ex2.approx (rows reduced over the 4 lanes of an mma row group), P converted to
-   16-bit in registers as the A operand of O += P V (V fragments by ldmatrix.trans).
+   16-bit in registers as the A operand of O += P V (V fragments by ldmatrix.trans). With
+   WARP_ROWS 2 each K fragment (per 16 dims x 16 keys) and each V fragment (per 16 keys x
+   16 dims) is loaded once and feeds the mma of both row tiles; the skip and mask tests
+   cover the warp's 32 rows.
    FMA variant: the same S and O fragment layout (lane 4g+t: rows g and g+8; columns
    8n + 2t, 8n + 2t + 1), computed with f32 FMAs from shared memory; P is broadcast to the
    lanes of its row with shuffles.
@@ -191,6 +205,22 @@
 #define ATTN_ESZ_KV (DT_KV == ATTN_DT_F32 ? 4 : 2)
 #define ATTN_BIG_ROWS (HEAD_DIM * ATTN_ESZ_KV > 512) /* FMA variant: f32 rows over 128 wide */
 
+#ifndef WARP_ROWS
+#define WARP_ROWS 1
+#endif
+#if WARP_ROWS != 1 && WARP_ROWS != 2
+#error "paged_attention.cu: WARP_ROWS must be 1 or 2"
+#endif
+/* WARP_ROWS 2 is a request, in force only where it fits: tensor cores (the FMA variant keeps
+   one row tile per warp), an even number of row tiles, HEAD_DIM <= 128 (two row tiles of O
+   at 256 wide alone are 256 registers), SOFTCAP 0 and ALIBI 0 (ptxas sits at 255 registers
+   with two row tiles, and their per-score work tips it into spills at some head sizes).
+   Elsewhere it falls back to 1, so one -D can go to every variant of a layer. */
+#if WARP_ROWS == 2 && ATTN_USE_MMA && ATTN_ROW_TILES % 2 == 0 && HEAD_DIM <= 128 && !SOFTCAP && !ALIBI
+#define ATTN_WARP_ROWS 2
+#else
+#define ATTN_WARP_ROWS 1
+#endif
 #ifndef WARPS_N
 #if ATTN_USE_MMA || !ATTN_BIG_ROWS
 #define WARPS_N (ATTN_ROW_TILES == 1 ? 4 : ATTN_ROW_TILES == 2 ? 2 : 1)
@@ -198,7 +228,8 @@
 #define WARPS_N (ATTN_ROW_TILES <= 2 ? 2 : 1)
 #endif
 #endif
-#define ATTN_WARPS (ATTN_ROW_TILES * WARPS_N)
+#define ATTN_WARP_RT (ATTN_ROW_TILES / ATTN_WARP_ROWS) /* warps along the rows */
+#define ATTN_WARPS (ATTN_WARP_RT * WARPS_N)
 #define ATTN_THREADS (32 * ATTN_WARPS)
 #if ATTN_THREADS > 512
 #error "paged_attention.cu: more than 16 warps; lower WARPS_N"
@@ -219,7 +250,9 @@
 #error "paged_attention.cu: KV_TILE / WARPS_N must be a multiple of 16 (tensor cores) or 8 (FMA)"
 #endif
 #ifndef Q_IN_REGS
-#define Q_IN_REGS (ATTN_USE_MMA && HEAD_DIM <= 128)
+/* two row tiles of Q are 64 registers at head 128 (FlashAttention-2 too reads Q from shared
+   memory per K/V tile); at head 64 ptxas takes the 32 but then spills on the flags */
+#define Q_IN_REGS (ATTN_USE_MMA && HEAD_DIM <= 128 && ATTN_WARP_ROWS == 1)
 #endif
 
 #define ATTN_HDP ((HEAD_DIM + 15) / 16 * 16) /* k extent of Q K^T on tensor cores */
@@ -460,16 +493,18 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_paged_attenti
 #endif
     }
 
-    /* ---- this lane's two rows (g and g + 8 of the warp's row tile): visible keys ---- */
-    int lo[2], hi[2];
+    /* ---- this lane's rows (g and g + 8 of each of the warp's row tiles): visible keys ---- */
+    const int row0 = wm * ATTN_WARP_ROWS * 16; /* the warp's first row; row tile wr at row0 + 16 wr */
+    int lo[ATTN_WARP_ROWS][2], hi[ATTN_WARP_ROWS][2];
 #if ALIBI
-    int qpos[2];
-    float slope[2];
+    int qpos[ATTN_WARP_ROWS][2];
+    float slope[ATTN_WARP_ROWS][2];
 #endif
     int lo_min = 0x7fffffff, lo_max = (int)0x80000000, hi_min = 0x7fffffff, hi_max = (int)0x80000000;
 #pragma unroll
-    for (int rr = 0; rr < 2; rr++) {
-        const int R = wm * 16 + g + 8 * rr, t = R / GROUP;
+    for (int x = 0; x < 2 * ATTN_WARP_ROWS; x++) {
+        const int wr = x >> 1, rr = x & 1;
+        const int R = row0 + wr * 16 + g + 8 * rr, t = R / GROUP;
         const int valid = R < nrows;
         const int pos = seq_len - query_len + tok0 + t;
         int a = 0, b = causal ? pos + 1 : seq_len;
@@ -481,11 +516,11 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_paged_attenti
 #endif
         a = attn_imax(a, key0);
         b = attn_imin(b, key1);
-        lo[rr] = valid ? a : 0;
-        hi[rr] = valid ? b : 0;
+        lo[wr][rr] = valid ? a : 0;
+        hi[wr][rr] = valid ? b : 0;
 #if ALIBI
-        qpos[rr] = pos;
-        slope[rr] = valid ? p.alibi_slopes[kv_head * GROUP + (R - t * GROUP)] * ATTN_LOG2E : 0.0f;
+        qpos[wr][rr] = pos;
+        slope[wr][rr] = valid ? p.alibi_slopes[kv_head * GROUP + (R - t * GROUP)] * ATTN_LOG2E : 0.0f;
 #endif
         if (valid) {
             lo_min = attn_imin(lo_min, a); lo_max = attn_imax(lo_max, a);
@@ -518,10 +553,12 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_paged_attenti
     };
     /* byte offset of key j's K row of this CTA's KV head in the cache, -1 outside
        [key0, key1) */
-    auto block_of = [&](int j) -> attn_i64 {
-        return j >= key0 && j < key1 ? ((attn_i64)bt[(unsigned)j / BLOCK_SIZE] * blk_stride +
-                                        (attn_i64)((unsigned)j % BLOCK_SIZE) * tok_stride + head_off) * ATTN_ESZ_KV
-                                     : (attn_i64)-1;
+    auto block_of = [&](int j) -> int { /* physical block of key j, -1 outside [key0, key1) */
+        return j >= key0 && j < key1 ? bt[(unsigned)j / BLOCK_SIZE] : -1;
+    };
+    auto row_offset = [&](int b, int j) -> attn_i64 { /* of key j in block b (-1: none) */
+        return b >= 0 ? ((attn_i64)b * blk_stride + (attn_i64)((unsigned)j % BLOCK_SIZE) * tok_stride + head_off) * ATTN_ESZ_KV
+                      : (attn_i64)-1;
     };
     auto issue = [&](int stage) { /* cp.async of the tile whose rows sBlk[stage] holds */
 #pragma unroll
@@ -542,7 +579,8 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_paged_attenti
     /* prologue: block numbers of tiles 0..KV_STAGES-1, then the copies of 0..KV_STAGES-2 */
 #pragma unroll
     for (int s = 0; s < KV_STAGES; s++)
-        for (int r = tid; r < KV_TILE; r += ATTN_THREADS) sBlk[s * KV_TILE + r] = block_of(tile0 + s * KV_TILE + r);
+        for (int r = tid; r < KV_TILE; r += ATTN_THREADS)
+            sBlk[s * KV_TILE + r] = row_offset(block_of(tile0 + s * KV_TILE + r), r);
     __syncthreads();
 #pragma unroll
     for (int s = 0; s < KV_STAGES - 1; s++) {
@@ -550,11 +588,16 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_paged_attenti
         attn_cp_async_commit(); /* one group per tile slot, empty or not: uniform counting */
     }
 
-    /* ---- per-warp softmax state: rows g (rr 0) and g + 8 (rr 1); O in C-fragment layout ---- */
-    float m[2] = {attn_neg_inf(), attn_neg_inf()}, l[2] = {0.0f, 0.0f};
-    float o[ATTN_OT][4];
+    /* ---- per-warp softmax state, per row tile wr: rows g (rr 0) and g + 8 (rr 1); O in
+       C-fragment layout ---- */
+    float m[ATTN_WARP_ROWS][2], l[ATTN_WARP_ROWS][2], o[ATTN_WARP_ROWS][ATTN_OT][4];
 #pragma unroll
-    for (int i = 0; i < ATTN_OT; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    for (int wr = 0; wr < ATTN_WARP_ROWS; wr++) {
+        m[wr][0] = m[wr][1] = attn_neg_inf();
+        l[wr][0] = l[wr][1] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < ATTN_OT; i++) o[wr][i][0] = o[wr][i][1] = o[wr][i][2] = o[wr][i][3] = 0.0f;
+    }
 #if SOFTCAP
     const float cap_inv = 1.0f / p.softcap, cap_log2 = p.softcap * ATTN_LOG2E, qk_scale = p.scale;
 #else
@@ -566,11 +609,11 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_paged_attenti
        attn_common.cuh: Q as A (rows lane%16, column half lane/16), K as B (keys lane%8 +
        8*(lane/16), column half (lane/8)%2), V as B transposed (keys lane%16, column half
        lane/16) */
-    const attn_u32 q_lane = (attn_u32)(((wm * 16 + (lane & 15)) * ATTN_Q_PITCH + (lane >> 4) * 8) * 2);
+    const attn_u32 q_lane = (attn_u32)(((row0 + (lane & 15)) * ATTN_Q_PITCH + (lane >> 4) * 8) * 2);
     const attn_u32 k_lane = (attn_u32)((((lane & 7) + ((lane >> 4) << 3)) * ATTN_KV_PITCH + ((lane >> 3) & 1) * 8) * 2);
     const attn_u32 v_lane = (attn_u32)(((lane & 15) * ATTN_KV_PITCH + (lane >> 4) * 8) * 2);
 #if Q_IN_REGS
-    attn_u32 qf[ATTN_HDP / 16][4];
+    attn_u32 qf[ATTN_WARP_ROWS][ATTN_HDP / 16][4];
 #endif
 #endif
 
@@ -579,14 +622,17 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_paged_attenti
         __syncthreads();                      /* everyone's part; stage (it-1) is free again */
         if (it + KV_STAGES - 1 < ntiles) issue((it + KV_STAGES - 1) % KV_STAGES);
         attn_cp_async_commit();
-        attn_i64 next_blk[ATTN_KV_BPT]; /* row offsets of tile it + KV_STAGES, stored after compute */
+        int next_blk[ATTN_KV_BPT]; /* block numbers of tile it + KV_STAGES, stored after compute */
 #pragma unroll
         for (int i = 0; i < ATTN_KV_BPT; i++)
-            next_blk[i] = tid + i * ATTN_THREADS < KV_TILE ? block_of(tile0 + (it + KV_STAGES) * KV_TILE + tid + i * ATTN_THREADS) : (attn_i64)-1;
+            next_blk[i] = tid + i * ATTN_THREADS < KV_TILE ? block_of(tile0 + (it + KV_STAGES) * KV_TILE + tid + i * ATTN_THREADS) : -1;
 #if ATTN_USE_MMA && Q_IN_REGS
         if (it == 0) {
 #pragma unroll
-            for (int ks = 0; ks < ATTN_HDP / 16; ks++) attn_ldmatrix_x4(qf[ks], sQ_addr + q_lane + ks * 32);
+            for (int wr = 0; wr < ATTN_WARP_ROWS; wr++)
+#pragma unroll
+                for (int ks = 0; ks < ATTN_HDP / 16; ks++)
+                    attn_ldmatrix_x4(qf[wr][ks], sQ_addr + q_lane + (attn_u32)(wr * 16 * ATTN_Q_PITCH * 2) + ks * 32);
         }
 #endif
         const int stage = it % KV_STAGES;
@@ -598,33 +644,44 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_paged_attenti
         if (__all_sync(0xffffffffu, kt0 + ATTN_KW > lo_min && kt0 < hi_max)) {
             const int need_mask = kt0 < lo_max || kt0 + ATTN_KW > hi_min;
 
-            /* ---- S = Q K^T for 16 rows x KW keys ---- */
-            float s[ATTN_NT][4];
+            /* ---- S = Q K^T for 16 rows x KW keys per row tile; each K fragment feeds
+               every row tile of the warp ---- */
+            float s[ATTN_WARP_ROWS][ATTN_NT][4];
 #pragma unroll
-            for (int n = 0; n < ATTN_NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+            for (int wr = 0; wr < ATTN_WARP_ROWS; wr++)
+#pragma unroll
+                for (int n = 0; n < ATTN_NT; n++) s[wr][n][0] = s[wr][n][1] = s[wr][n][2] = s[wr][n][3] = 0.0f;
 #if ATTN_USE_MMA
             {
                 const attn_u32 kb = sK_addr + (attn_u32)((stage * KV_TILE + wn * ATTN_KW) * ATTN_KV_PITCH * 2) + k_lane;
 #pragma unroll
                 for (int ks = 0; ks < ATTN_HDP / 16; ks++) {
-#if Q_IN_REGS
-                    const attn_u32 *a = qf[ks];
-#else
-                    attn_u32 a[4];
-                    attn_ldmatrix_x4(a, sQ_addr + q_lane + ks * 32);
+#if !Q_IN_REGS
+                    attn_u32 qa[ATTN_WARP_ROWS][4];
+#pragma unroll
+                    for (int wr = 0; wr < ATTN_WARP_ROWS; wr++)
+                        attn_ldmatrix_x4(qa[wr], sQ_addr + q_lane + (attn_u32)(wr * 16 * ATTN_Q_PITCH * 2) + ks * 32);
 #endif
 #pragma unroll
                     for (int np = 0; np < ATTN_NT / 2; np++) {
                         attn_u32 b[4];
                         attn_ldmatrix_x4(b, kb + (attn_u32)((np * 16 * ATTN_KV_PITCH + ks * 16) * 2));
-                        attn_mma16816<DT_Q>(s[2 * np], a, b);
-                        attn_mma16816<DT_Q>(s[2 * np + 1], a, b + 2);
+#pragma unroll
+                        for (int wr = 0; wr < ATTN_WARP_ROWS; wr++) {
+#if Q_IN_REGS
+                            const attn_u32 *a = qf[wr][ks];
+#else
+                            const attn_u32 *a = qa[wr];
+#endif
+                            attn_mma16816<DT_Q>(s[wr][2 * np], a, b);
+                            attn_mma16816<DT_Q>(s[wr][2 * np + 1], a, b + 2);
+                        }
                     }
                 }
             }
 #else
             {
-                const attn_q_t *q0 = sQ + (wm * 16 + g) * ATTN_Q_PITCH, *q1 = q0 + 8 * ATTN_Q_PITCH;
+                const attn_q_t *q0 = sQ + (row0 + g) * ATTN_Q_PITCH, *q1 = q0 + 8 * ATTN_Q_PITCH;
                 const attn_kv_t *kb = sK + (stage * KV_TILE + wn * ATTN_KW + 2 * tq) * ATTN_KV_PITCH;
 #pragma unroll 2
                 for (int d = 0; d < HEAD_DIM; d += 4) {
@@ -637,77 +694,82 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_paged_attenti
                         attn_lds4<DT_KV>(kb + n * 8 * ATTN_KV_PITCH + d, k0);
                         attn_lds4<DT_KV>(kb + (n * 8 + 1) * ATTN_KV_PITCH + d, k1);
 #pragma unroll
-                        for (int x = 0; x < 4; x++) {
-                            s[n][0] = fmaf(a0[x], k0[x], s[n][0]);
-                            s[n][1] = fmaf(a0[x], k1[x], s[n][1]);
-                            s[n][2] = fmaf(a1[x], k0[x], s[n][2]);
-                            s[n][3] = fmaf(a1[x], k1[x], s[n][3]);
+                        for (int x = 0; x < 4; x++) { /* one row tile per warp: s[0] */
+                            s[0][n][0] = fmaf(a0[x], k0[x], s[0][n][0]);
+                            s[0][n][1] = fmaf(a0[x], k1[x], s[0][n][1]);
+                            s[0][n][2] = fmaf(a1[x], k0[x], s[0][n][2]);
+                            s[0][n][3] = fmaf(a1[x], k1[x], s[0][n][3]);
                         }
                     }
                 }
             }
 #endif
 
-            /* ---- scores in base 2, masks, online softmax (element e: row rr = e / 2, key
-               kt0 + 8n + 2tq + e % 2) ---- */
-            float mx[2] = {attn_neg_inf(), attn_neg_inf()};
-            /* Per-tile row offsets, so that per element only the constant 8n + e%2 varies
-               (offsets like lo - 8n would be hoisted out of the tile loop: 32 registers). */
-            int dlo[2], dhi[2];
+            /* ---- scores in base 2, masks, online softmax (row tile wr, element e: row rr =
+               e / 2, key kt0 + 8n + 2tq + e % 2) ---- */
+#pragma unroll
+            for (int wr = 0; wr < ATTN_WARP_ROWS; wr++) {
+                float mx[2] = {attn_neg_inf(), attn_neg_inf()};
+                /* Per-tile row offsets, so that per element only the constant 8n + e%2 varies
+                   (offsets like lo - 8n would be hoisted out of the tile loop: 32 registers). */
+                int dlo[2], dhi[2];
 #if ALIBI
-            float dpos[2];
+                float dpos[2];
 #endif
 #pragma unroll
-            for (int rr = 0; rr < 2; rr++) {
-                dlo[rr] = lo[rr] - (kt0 + 2 * tq);
-                dhi[rr] = hi[rr] - (kt0 + 2 * tq);
+                for (int rr = 0; rr < 2; rr++) {
+                    dlo[rr] = lo[wr][rr] - (kt0 + 2 * tq);
+                    dhi[rr] = hi[wr][rr] - (kt0 + 2 * tq);
 #if ALIBI
-                dpos[rr] = (float)(kt0 + 2 * tq - qpos[rr]);
+                    dpos[rr] = (float)(kt0 + 2 * tq - qpos[wr][rr]);
 #endif
-            }
+                }
 #pragma unroll
-            for (int n = 0; n < ATTN_NT; n++)
+                for (int n = 0; n < ATTN_NT; n++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int rr = e >> 1, c = 8 * n + (e & 1); /* key = kt0 + 2tq + c */
+                    for (int e = 0; e < 4; e++) {
+                        const int rr = e >> 1, c = 8 * n + (e & 1); /* key = kt0 + 2tq + c */
 #if SOFTCAP
-                    float x = cap_log2 * attn_tanh(s[n][e] * qk_scale * cap_inv);
+                        float x = cap_log2 * attn_tanh(s[wr][n][e] * qk_scale * cap_inv);
 #else
-                    float x = s[n][e] * qk_scale;
+                        float x = s[wr][n][e] * qk_scale;
 #endif
 #if ALIBI
-                    x = fmaf(slope[rr], dpos[rr] + (float)c, x);
+                        x = fmaf(slope[wr][rr], dpos[rr] + (float)c, x);
 #endif
-                    if (need_mask && (c < dlo[rr] || c >= dhi[rr])) x = attn_neg_inf();
-                    s[n][e] = x;
-                    mx[rr] = fmaxf(mx[rr], x);
+                        if (need_mask && (c < dlo[rr] || c >= dhi[rr])) x = attn_neg_inf();
+                        s[wr][n][e] = x;
+                        mx[rr] = fmaxf(mx[rr], x);
+                    }
+                float sum[2] = {0.0f, 0.0f}, base[2], alpha[2];
+#pragma unroll
+                for (int rr = 0; rr < 2; rr++) {
+                    const float mnew = fmaxf(m[wr][rr], attn_quad_max(mx[rr]));
+                    base[rr] = mnew == attn_neg_inf() ? 0.0f : mnew; /* nothing seen yet: p = 0, not NaN */
+                    alpha[rr] = attn_exp2(m[wr][rr] - base[rr]);     /* m = -inf -> 0 */
+                    m[wr][rr] = mnew;
+                    l[wr][rr] *= alpha[rr];
                 }
-            float sum[2] = {0.0f, 0.0f}, base[2], alpha[2];
+                /* O is rescaled only when some row's max moved (after the first tiles of a
+                   long row it rarely does: a decode tile then skips 2 x HEAD_DIM / 4
+                   multiplies). Not with two row tiles per warp: there the vote's registers
+                   tip ptxas into spills at 255, and prefill rows move their max often. */
+                if (ATTN_WARP_ROWS == 2 || __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
-            for (int rr = 0; rr < 2; rr++) {
-                const float mnew = fmaxf(m[rr], attn_quad_max(mx[rr]));
-                base[rr] = mnew == attn_neg_inf() ? 0.0f : mnew; /* nothing seen yet: p = 0, not NaN */
-                alpha[rr] = attn_exp2(m[rr] - base[rr]);         /* m = -inf -> 0 */
-                m[rr] = mnew;
-                l[rr] *= alpha[rr];
-            }
-            /* O is rescaled only when some row's max moved (after the first tiles of a long
-               row it rarely does: a decode tile then skips 2 x HEAD_DIM / 4 multiplies) */
-            if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+                    for (int rr = 0; rr < 2; rr++)
 #pragma unroll
-                for (int rr = 0; rr < 2; rr++)
-#pragma unroll
-                    for (int i = 0; i < ATTN_OT; i++) { o[i][2 * rr] *= alpha[rr]; o[i][2 * rr + 1] *= alpha[rr]; }
-            }
-#pragma unroll
-            for (int n = 0; n < ATTN_NT; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    s[n][e] = attn_exp2(s[n][e] - base[e >> 1]);
-                    sum[e >> 1] += s[n][e];
+                        for (int i = 0; i < ATTN_OT; i++) { o[wr][i][2 * rr] *= alpha[rr]; o[wr][i][2 * rr + 1] *= alpha[rr]; }
                 }
-            l[0] += sum[0]; /* lane-partial sums; the 4 lanes of a row are added in the epilogue */
-            l[1] += sum[1];
+#pragma unroll
+                for (int n = 0; n < ATTN_NT; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        s[wr][n][e] = attn_exp2(s[wr][n][e] - base[e >> 1]);
+                        sum[e >> 1] += s[wr][n][e];
+                    }
+                l[wr][0] += sum[0]; /* lane-partial sums; the 4 lanes of a row are added in the epilogue */
+                l[wr][1] += sum[1];
+            }
 
             /* ---- O += P V ---- */
 #if ATTN_USE_MMA
@@ -715,24 +777,31 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_paged_attenti
                 const attn_u32 vb = sV_addr + (attn_u32)((stage * KV_TILE + wn * ATTN_KW) * ATTN_KV_PITCH * 2) + v_lane;
 #pragma unroll
                 for (int kk = 0; kk < ATTN_KW / 16; kk++) {
-                    attn_u32 a[4]; /* the C fragments of keys 16kk.. are the A fragment of P */
-                    a[0] = attn_elem<DT_Q>::pack2(s[2 * kk][0], s[2 * kk][1]);
-                    a[1] = attn_elem<DT_Q>::pack2(s[2 * kk][2], s[2 * kk][3]);
-                    a[2] = attn_elem<DT_Q>::pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-                    a[3] = attn_elem<DT_Q>::pack2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+                    attn_u32 a[ATTN_WARP_ROWS][4]; /* the C fragments of keys 16kk.. are the A fragment of P */
+#pragma unroll
+                    for (int wr = 0; wr < ATTN_WARP_ROWS; wr++) {
+                        a[wr][0] = attn_elem<DT_Q>::pack2(s[wr][2 * kk][0], s[wr][2 * kk][1]);
+                        a[wr][1] = attn_elem<DT_Q>::pack2(s[wr][2 * kk][2], s[wr][2 * kk][3]);
+                        a[wr][2] = attn_elem<DT_Q>::pack2(s[wr][2 * kk + 1][0], s[wr][2 * kk + 1][1]);
+                        a[wr][3] = attn_elem<DT_Q>::pack2(s[wr][2 * kk + 1][2], s[wr][2 * kk + 1][3]);
+                    }
                     const attn_u32 vrow = vb + (attn_u32)(kk * 16 * ATTN_KV_PITCH * 2);
 #pragma unroll
                     for (int op = 0; op < ATTN_OT / 2; op++) {
-                        attn_u32 b[4];
+                        attn_u32 b[4]; /* one V fragment for every row tile of the warp */
                         attn_ldmatrix_x4_trans(b, vrow + op * 32);
-                        attn_mma16816<DT_Q>(o[2 * op], a, b);
-                        attn_mma16816<DT_Q>(o[2 * op + 1], a, b + 2);
+#pragma unroll
+                        for (int wr = 0; wr < ATTN_WARP_ROWS; wr++) {
+                            attn_mma16816<DT_Q>(o[wr][2 * op], a[wr], b);
+                            attn_mma16816<DT_Q>(o[wr][2 * op + 1], a[wr], b + 2);
+                        }
                     }
 #if ATTN_OT % 2
                     {
                         attn_u32 b[2];
                         attn_ldmatrix_x2_trans(b, vrow + (ATTN_OT - 1) * 16);
-                        attn_mma16816<DT_Q>(o[ATTN_OT - 1], a, b);
+#pragma unroll
+                        for (int wr = 0; wr < ATTN_WARP_ROWS; wr++) attn_mma16816<DT_Q>(o[wr][ATTN_OT - 1], a[wr], b);
                     }
 #endif
                 }
@@ -747,17 +816,17 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_paged_attenti
 #pragma unroll
                         for (int e = 0; e < 2; e++) {
                             /* P of key 8n + 2src + e for rows g and g + 8 lives in lane 4g + src */
-                            const float p0 = __shfl_sync(0xffffffffu, s[n][e], (lane & ~3) | src);
-                            const float p1 = __shfl_sync(0xffffffffu, s[n][2 + e], (lane & ~3) | src);
+                            const float p0 = __shfl_sync(0xffffffffu, s[0][n][e], (lane & ~3) | src);
+                            const float p1 = __shfl_sync(0xffffffffu, s[0][n][2 + e], (lane & ~3) | src);
                             const attn_kv_t *v = vb + (8 * n + 2 * src + e) * ATTN_KV_PITCH;
 #pragma unroll
                             for (int i = 0; i < ATTN_OT; i++) {
                                 float vv[2];
                                 attn_lds2<DT_KV>(v + i * 8, vv);
-                                o[i][0] = fmaf(p0, vv[0], o[i][0]);
-                                o[i][1] = fmaf(p0, vv[1], o[i][1]);
-                                o[i][2] = fmaf(p1, vv[0], o[i][2]);
-                                o[i][3] = fmaf(p1, vv[1], o[i][3]);
+                                o[0][i][0] = fmaf(p0, vv[0], o[0][i][0]);
+                                o[0][i][1] = fmaf(p0, vv[1], o[0][i][1]);
+                                o[0][i][2] = fmaf(p1, vv[0], o[0][i][2]);
+                                o[0][i][3] = fmaf(p1, vv[1], o[0][i][3]);
                             }
                         }
             }
@@ -766,7 +835,8 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_paged_attenti
         if (it + KV_STAGES < ntiles) { /* the slot of tile it + KV_STAGES held tile it: done */
 #pragma unroll
             for (int i = 0; i < ATTN_KV_BPT; i++)
-                if (tid + i * ATTN_THREADS < KV_TILE) sBlk[((it + KV_STAGES) % KV_STAGES) * KV_TILE + tid + i * ATTN_THREADS] = next_blk[i];
+                if (tid + i * ATTN_THREADS < KV_TILE) sBlk[((it + KV_STAGES) % KV_STAGES) * KV_TILE + tid + i * ATTN_THREADS] =
+                        row_offset(next_blk[i], tid + i * ATTN_THREADS);
         }
     }
 
@@ -777,16 +847,17 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_paged_attenti
     float *sM = sO + WARPS_N * ATTN_ROWS_PAD * ATTN_O_PITCH;          /* [WARPS_N][ROWS_PAD] */
     float *sL = sM + WARPS_N * ATTN_ROWS_PAD;                         /* [WARPS_N][ROWS_PAD][4] */
 #pragma unroll
-    for (int rr = 0; rr < 2; rr++) {
-        const int R = wm * 16 + g + 8 * rr;
+    for (int x = 0; x < 2 * ATTN_WARP_ROWS; x++) {
+        const int wr = x >> 1, rr = x & 1;
+        const int R = row0 + wr * 16 + g + 8 * rr;
         float *orow = sO + (wn * ATTN_ROWS_PAD + R) * ATTN_O_PITCH + 2 * tq;
 #pragma unroll
         for (int i = 0; i < ATTN_OT; i++) {
-            orow[i * 8] = o[i][2 * rr];
-            orow[i * 8 + 1] = o[i][2 * rr + 1];
+            orow[i * 8] = o[wr][i][2 * rr];
+            orow[i * 8 + 1] = o[wr][i][2 * rr + 1];
         }
-        sL[(wn * ATTN_ROWS_PAD + R) * 4 + tq] = l[rr]; /* the four lane-partial sums of the row */
-        if (tq == 0) sM[wn * ATTN_ROWS_PAD + R] = m[rr];
+        sL[(wn * ATTN_ROWS_PAD + R) * 4 + tq] = l[wr][rr]; /* the four lane-partial sums of the row */
+        if (tq == 0) sM[wn * ATTN_ROWS_PAD + R] = m[wr][rr];
     }
     __syncthreads();
     const int out_vec = attn_out_vec(p);

@@ -14,8 +14,10 @@
      - the LSE merge, with empty (-inf/+inf/NaN) sides, both bases and out aliasing out_a.
    --bench adds timings: decode (32/8 heads, head 128, bf16, block 16) against the memory
    roof, and causal prefill in TFLOP/s; --bench-only skips the tests, --decode-bench times
-   the decode shapes only (tuning sweeps: --defines "KV_STAGES=4 ..." applies to the
-   variants timed).
+   the decode shapes only (tuning sweeps), --contiguous lays the bench's pages out in order.
+   --defines "WARP_ROWS=2 ..." adds kernel defines to every paged-attention variant, tested
+   and timed; --prefill-tt N sets the prefill tile (N tokens at group 4, the same rows per
+   CTA at other groups).
 
    Ends with "N passed, N failed[, N skipped]" like the other test binaries. Exit 0 when
    nothing failed; with no GPU (or no NVRTC) every test is a skip and the exit is 0. */
@@ -207,6 +209,12 @@ static void build_work(schedule *s, int num_reqs, const int32_t *qsl, const int3
 
 /* ---- tests ---- */
 static int passed, failed, skipped;
+/* --defines: extra kernel defines for every paged-attention variant, tests and bench alike
+   (e.g. "WARP_ROWS=2": a request the kernel drops where it does not apply) */
+static const char *extra_defines = "";
+/* --prefill-tt: query tokens per prefill CTA at the bench's group 4 (default 64 / group);
+   the tests keep the same rows per CTA at every group: max(1, 4N / group) tokens */
+static int prefill_tt;
 
 static int near_ok(float a, float b, float atol, float rtol) {
     if (isnan(a) || isnan(b)) return isnan(a) && isnan(b);
@@ -322,9 +330,11 @@ static void run_attention_case(const attn_case *c, int num_reqs, const int *qlen
         }
     }
     /* ---- the GPU run ---- */
-    tt = c->decode_shape ? (16 / c->group > 0 ? 16 / c->group : 1) : (64 / c->group > 0 ? 64 / c->group : 1);
-    snprintf(defs, sizeof defs, "HEAD_DIM=%d BLOCK_SIZE=%d GROUP=%d DT_Q=%d DT_KV=%d TILE_TOKENS=%d WINDOW=%d SOFTCAP=%d ALIBI=%d",
-             D, BS, c->group, dcode(c->dq), dcode(c->dkv), tt, c->window > 0, c->softcap > 0, c->alibi);
+    tt = (c->decode_shape ? 16 : prefill_tt ? 4 * prefill_tt : 64) / c->group;
+    if (tt < 1) tt = 1;
+    if (tt * c->group > 128) tt = 128 / c->group;
+    snprintf(defs, sizeof defs, "HEAD_DIM=%d BLOCK_SIZE=%d GROUP=%d DT_Q=%d DT_KV=%d TILE_TOKENS=%d WINDOW=%d SOFTCAP=%d ALIBI=%d %s",
+             D, BS, c->group, dcode(c->dq), dcode(c->dkv), tt, c->window > 0, c->softcap > 0, c->alibi, extra_defines);
     {
         module_entry *m = get_module("paged_attention.cu", defs, "attn_paged_attention");
         attn__CUfunction fa = m->main, fm = m->second;
@@ -411,7 +421,7 @@ static void run_attention_case(const attn_case *c, int num_reqs, const int *qlen
             bad++;
         }
         if (bad) {
-            printf("FAIL attention %s (reqs %d, tokens %d)\n", desc, num_reqs, T);
+            printf("FAIL attention %s (reqs %d, tokens %d; %s)\n", desc, num_reqs, T, defs);
             for (r = 0; r < num_reqs; r++) printf("    req %d: query %d context %d\n", r, qlens[r], ctxlens[r]);
             failed++;
         } else {
@@ -716,7 +726,6 @@ static float time_launch(module_entry *m, attn__paged_params *p, schedule *s, in
     return ms / reps;
 }
 
-static int prefill_tt;  /* --prefill-tt: query tokens per prefill CTA (default 64 / group) */
 static int decode_only; /* --decode-bench: time the decode shapes only */
 static int contiguous;  /* --contiguous: block_table rows in cache order (an upper bound of paging's cost) */
 
@@ -811,8 +820,8 @@ static void bench(const char *extra) {
             p.q_stride_token = (int64_t)H * D; p.q_stride_head = D; p.out_stride_token = (int64_t)H * D; p.out_stride_head = D;
             p.block_table_stride = (int64_t)max_blocks; p.num_kv_heads = Hkv; p.scale = 0.088f;
             ms = time_launch(m, &p, &s, 10);
-            printf("  tokens %5d (%d per CTA): ctas %5d  %9.1f us  %6.1f TFLOP/s\n", n, ptt, s.num_work, ms * 1e3,
-                   flops / (ms * 1e-3) / 1e12);
+            printf("  tokens %5d (%d per CTA, %d threads, %d B smem): ctas %5d  %9.1f us  %6.1f TFLOP/s\n", n, ptt,
+                   m->config[0], m->config[1], s.num_work, ms * 1e3, flops / (ms * 1e-3) / 1e12);
             cu->cuMemFree(d_sl); cu->cuMemFree(d_qsl); cu->cuMemFree(d_w); cu->cuMemFree(d_nw); cu->cuMemFree(d_m); cu->cuMemFree(d_nm);
             free(s.work); free(s.merge);
         }
@@ -824,7 +833,6 @@ static void bench(const char *extra) {
 
 int main(int argc, char **argv) {
     int i, do_bench = 0, cases = 60, only_bench = 0;
-    const char *extra = "";
     attn_context_desc cd;
     double t0 = now_s();
     for (i = 1; i < argc; i++) {
@@ -832,7 +840,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--bench-only")) do_bench = only_bench = 1;
         else if (!strcmp(argv[i], "--decode-bench")) do_bench = only_bench = decode_only = 1;
         else if (!strcmp(argv[i], "--contiguous")) contiguous = 1;
-        else if (!strcmp(argv[i], "--defines") && i + 1 < argc) extra = argv[++i];
+        else if (!strcmp(argv[i], "--defines") && i + 1 < argc) extra_defines = argv[++i];
         else if (!strcmp(argv[i], "--cases") && i + 1 < argc) cases = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--prefill-tt") && i + 1 < argc) prefill_tt = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--seed") && i + 1 < argc) rng_state = strtoull(argv[++i], NULL, 0) | 1;
@@ -860,7 +868,7 @@ int main(int argc, char **argv) {
         test_attention(cases);
         printf("attention: %d passed, %d failed (%.1f s, %d modules)\n", passed, failed, now_s() - t0, num_modules);
     }
-    if (do_bench) bench(extra);
+    if (do_bench) bench(extra_defines);
     attn__cuda_leave(context);
     attn_context_destroy(context);
     (void)failures;

@@ -142,6 +142,19 @@ static variant manifest_builtin[] = {
     PA(128, 16, 4, 2, 2, 16, " ALIBI=1"),
     PA(128, 16, 4, 2, 2, 4, " WINDOW=1 SOFTCAP=1 ALIBI=1"),
     PA(256, 16, 4, 0, 0, 16, " WINDOW=1 SOFTCAP=1 ALIBI=1"),
+    /* two row tiles per warp (WARP_ROWS 2): the 128-row prefill CTA (FlashAttention-2's 128 x 64),
+       the 64-row one (two warps), the zero-column path, a group of 3 (126 rows), a window;
+       then requests that fall back to one row tile: head 256, soft cap/ALiBi, FMA, decode */
+    PA(128, 16, 4, 2, 2, 32, " WARP_ROWS=2"),
+    PA(128, 16, 4, 2, 2, 16, " WARP_ROWS=2"),
+    PA(64, 16, 1, 1, 1, 128, " WARP_ROWS=2"),
+    PA(120, 16, 4, 2, 2, 32, " WARP_ROWS=2"),
+    PA(128, 32, 3, 1, 1, 42, " WARP_ROWS=2"),
+    PA(96, 16, 8, 2, 2, 16, " WINDOW=1 WARP_ROWS=2"),
+    PA(256, 16, 8, 2, 2, 8, " WARP_ROWS=2"),
+    PA(128, 16, 4, 2, 2, 32, " WINDOW=1 SOFTCAP=1 ALIBI=1 WARP_ROWS=2"),
+    PA(128, 16, 4, 0, 0, 16, " WARP_ROWS=2"),
+    PA(128, 16, 4, 2, 2, 4, " WARP_ROWS=2"),
     /* cache writes (DT 0 f32, 1 f16, 2 bf16) */
     {"cache_write.cu", "HEAD_DIM=128 DT_IN=1 DT_CACHE=1"},
     {"cache_write.cu", "HEAD_DIM=128 DT_IN=2 DT_CACHE=2"},
