@@ -11,11 +11,11 @@ B        = build
 TEST_SRC = tests/main.c $(wildcard tests/test_*.c)
 TEST_DEP = attn.h tests/attn_test.h tests/fixtures.h $(TEST_SRC)
 
-.PHONY: all test demo bench embed check-embed clean info nvrtc-check cuda-test fuzz pytest
+.PHONY: all test demo bench embed check-embed clean info nvrtc-check cuda-test wgmma-check fuzz pytest
 
 all: $(B)/attn_tests $(B)/attn_tests_avx2 $(B)/attn_tests_c $(B)/attn_tests_nothreads \
      $(B)/attn_tests_asan $(B)/attn_tests_tsan $(B)/attn-info $(B)/attn-bench $(B)/paged_decode \
-     $(B)/libattn.so $(B)/nvrtc-check
+     $(B)/libattn.so $(B)/nvrtc-check $(B)/wgmma_check
 
 $(B):
 	mkdir -p $(B)
@@ -66,6 +66,10 @@ $(B)/nvrtc-check: tools/nvrtc-check.c attn.h | $(B)
 # `make cuda-test` on a machine with one.
 $(B)/cuda_kernels: tests/cuda_kernels.c attn.h | $(B)
 	$(CC) $(CSTD) $(WARN) $(OPT) -I. $< -o $@ $(LIBS)
+# The checks of kernels/wgmma.cuh: compiles tests/wgmma_probe.cu for sm_90a (ptxas report,
+# no spill; no GPU needed) and runs the probes on a device of compute capability 9.0.
+$(B)/wgmma_check: tests/wgmma_check.c attn.h | $(B)
+	$(CC) $(CSTD) $(WARN) $(OPT) -I. $< -o $@ $(LIBS)
 $(B)/paged_decode: examples/paged_decode.c attn.h | $(B)
 	$(CC) $(CSTD) $(WARN) $(OPT) $(NATIVE) -I. $< -o $@ $(LIBS)
 # Shared build for python/attn_h.py (ctypes) and its tests.
@@ -89,6 +93,9 @@ nvrtc-check: $(B)/nvrtc-check
 
 cuda-test: $(B)/cuda_kernels
 	./$(B)/cuda_kernels
+
+wgmma-check: $(B)/wgmma_check
+	./$(B)/wgmma_check
 
 # The pytest suite of python/attn_h.py: numpy always; CPU torch tensors where torch imports;
 # CUDA tensors where torch sees a GPU and attn.h's platform is CUDA (skipped otherwise).

@@ -82,6 +82,9 @@ if nvrtc_probe=$(./build/nvrtc-check --probe 2>&1); then
 else
     skip nvrtc-kernels "$(echo "$nvrtc_probe" | tail -n 1)"
 fi
+# kernels/wgmma.cuh: its probes compile for sm_90a with no spill and the sm_90 guard holds
+# (no GPU needed; on an H200/H100 the probes also run against a float64 reference).
+run wgmma-probe ./build/wgmma_check
 
 run tests-native ./build/attn_tests
 if grep -q ' avx2 ' /proc/cpuinfo && grep -q ' fma ' /proc/cpuinfo && grep -q ' f16c ' /proc/cpuinfo; then
