@@ -14,7 +14,7 @@
      - the LSE merge, with empty (-inf/+inf/NaN) sides, both bases and out aliasing out_a.
    --bench adds timings: decode (32/8 heads, head 128, bf16, block 16) against the memory
    roof, and causal prefill in TFLOP/s; --bench-only skips the tests, --decode-bench times
-   the decode shapes only (tuning sweeps), --contiguous lays the bench's pages out in order.
+   the decode shapes only (tuning sweeps; --prefill-bench the prefill ones), --contiguous lays the bench's pages out in order.
    --defines "WARP_ROWS=2 ..." adds kernel defines to every paged-attention variant, tested
    and timed; --prefill-tt N sets the prefill tile (N tokens at group 4, the same rows per
    CTA at other groups).
@@ -726,7 +726,8 @@ static float time_launch(module_entry *m, attn__paged_params *p, schedule *s, in
     return ms / reps;
 }
 
-static int decode_only; /* --decode-bench: time the decode shapes only */
+static int decode_only;  /* --decode-bench: time the decode shapes only */
+static int prefill_only; /* --prefill-bench: the prefill shapes only */
 static int contiguous;  /* --contiguous: block_table rows in cache order (an upper bound of paging's cost) */
 
 static void bench(const char *extra) {
@@ -749,7 +750,7 @@ static void bench(const char *extra) {
     d_bt = dupload(bt, total_blocks * 4);
     printf("decode: bf16, %d/%d heads, head %d, block %d%s%s (bytes = K+V read once)\n", H, Hkv, D, BS,
            extra[0] ? ", " : "", extra);
-    for (bi = 0; bi < 4; bi++)
+    for (bi = 0; bi < (prefill_only ? 0 : 4); bi++)
         for (ci = 0; ci < 3; ci++) {
             int B = batches[bi], ctx = ctxs[ci], r, splits, per_sm = 1;
             int32_t *qsl = (int32_t *)malloc((size_t)(B + 1) * 4), *sl = (int32_t *)malloc((size_t)B * 4);
@@ -839,13 +840,14 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "--bench")) do_bench = 1;
         else if (!strcmp(argv[i], "--bench-only")) do_bench = only_bench = 1;
         else if (!strcmp(argv[i], "--decode-bench")) do_bench = only_bench = decode_only = 1;
+        else if (!strcmp(argv[i], "--prefill-bench")) do_bench = only_bench = prefill_only = 1;
         else if (!strcmp(argv[i], "--contiguous")) contiguous = 1;
         else if (!strcmp(argv[i], "--defines") && i + 1 < argc) extra_defines = argv[++i];
         else if (!strcmp(argv[i], "--cases") && i + 1 < argc) cases = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--prefill-tt") && i + 1 < argc) prefill_tt = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--seed") && i + 1 < argc) rng_state = strtoull(argv[++i], NULL, 0) | 1;
         else {
-            fprintf(stderr, "usage: cuda_kernels [--cases N] [--seed S] [--bench | --bench-only | --decode-bench] [--contiguous] [--defines \"KV_STAGES=3 ...\"]\n"
+            fprintf(stderr, "usage: cuda_kernels [--cases N] [--seed S] [--bench | --bench-only | --decode-bench | --prefill-bench] [--contiguous] [--defines \"KV_STAGES=3 ...\"]\n"
                             "                    [--prefill-tt N]\n");
             return 2;
         }
