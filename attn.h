@@ -6280,8 +6280,21 @@ static void attn__cuda_context_release(const attn_backend *self, attn_context *c
 }
 
 /* Tokens per CTA tile: decode tiles hold one warp's 16 rows, prefill tiles four. */
-static int attn__cuda_tile_tokens(int group, int prefill) {
-    int t = (prefill ? 64 : 16) / group;
+/* Query tokens per CTA: decode tiles hold 16 rows (one mma row tile), prefill tiles 64, or
+   128 rows with two row tiles per warp (FlashAttention-2's shape, WARP_ROWS 2 in
+   kernels/paged_attention.cu) where the kernel takes it: tensor cores (q and cache of one
+   16-bit type), head <= 128, no soft cap, no ALiBi, an even number of 16-row tiles. */
+static int attn__cuda_warp_rows(const attn_layer_desc *d) {
+    int group = d->num_heads / d->num_kv_heads, t = 128 / group;
+    if (t < 1 || d->dtype != d->kv_cache_dtype || d->dtype == ATTN_DTYPE_F32 || d->head_size > 128 ||
+        d->logits_soft_cap > 0.0f || d->alibi_slopes)
+        return 1;
+    return ((t * group + 15) / 16) % 2 == 0 ? 2 : 1;
+}
+
+static int attn__cuda_tile_tokens(const attn_layer_desc *d, int prefill) {
+    int group = d->num_heads / d->num_kv_heads;
+    int t = (prefill ? (attn__cuda_warp_rows(d) == 2 ? 128 : 64) : 16) / group;
     return t > 0 ? t : 1;
 }
 
@@ -6305,10 +6318,10 @@ static void attn__cuda_layer_variants(const attn_layer_desc *d, char opt[ATTN__C
     int group = d->num_heads / d->num_kv_heads, pass;
     for (pass = 0; pass < 2; pass++)
         attn__fmt(opt[pass], 256, "-DHEAD_DIM=%d -DBLOCK_SIZE=%d -DGROUP=%d -DDT_Q=%d -DDT_KV=%d "
-                  "-DTILE_TOKENS=%d -DWINDOW=%d -DSOFTCAP=%d -DALIBI=%d",
+                  "-DTILE_TOKENS=%d -DWINDOW=%d -DSOFTCAP=%d -DALIBI=%d -DWARP_ROWS=%d",
                   d->head_size, d->block_size, group, attn__cuda_dt(d->dtype), attn__cuda_dt(d->kv_cache_dtype),
-                  attn__cuda_tile_tokens(group, pass), d->sliding_window > 0, d->logits_soft_cap > 0.0f,
-                  d->alibi_slopes != NULL);
+                  attn__cuda_tile_tokens(d, pass), d->sliding_window > 0, d->logits_soft_cap > 0.0f,
+                  d->alibi_slopes != NULL, pass ? attn__cuda_warp_rows(d) : 1);
     attn__fmt(opt[2], 256, "-DHEAD_DIM=%d -DDT_IN=%d -DDT_CACHE=%d", d->head_size,
               attn__cuda_dt(d->dtype), attn__cuda_dt(d->kv_cache_dtype));
 }
@@ -8320,7 +8333,7 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "    auto block_of = [&](int j) -> int { /* physical block of key j, -1 outside [key0, key1) */\n",
     "        return j >= key0 && j < key1 ? bt[(unsigned)j / BLOCK_SIZE] : -1;\n",
     "    };\n",
-    "    auto row_offset = [&](int b, int j) -> attn_i64 { /* of key j in block b (-1: none) */\n",
+    "    auto row_offset = [&](int b, int j) -> attn_i64 { /* of key j (absolute) in block b (-1: none) */\n",
     "        return b >= 0 ? ((attn_i64)b * blk_stride + (attn_i64)((unsigned)j % BLOCK_SIZE) * tok_stride + head_off) * ATTN_ESZ_KV\n",
     "                      : (attn_i64)-1;\n",
     "    };\n",
@@ -8344,7 +8357,7 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "#pragma unroll\n",
     "    for (int s = 0; s < KV_STAGES; s++)\n",
     "        for (int r = tid; r < KV_TILE; r += ATTN_THREADS)\n",
-    "            sBlk[s * KV_TILE + r] = row_offset(block_of(tile0 + s * KV_TILE + r), r);\n",
+    "            sBlk[s * KV_TILE + r] = row_offset(block_of(tile0 + s * KV_TILE + r), tile0 + s * KV_TILE + r);\n",
     "    __syncthreads();\n",
     "#pragma unroll\n",
     "    for (int s = 0; s < KV_STAGES - 1; s++) {\n",
@@ -8516,9 +8529,10 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "                }\n",
     "                /* O is rescaled only when some row's max moved (after the first tiles of a\n",
     "                   long row it rarely does: a decode tile then skips 2 x HEAD_DIM / 4\n",
-    "                   multiplies). Not with two row tiles per warp: there the vote's registers\n",
-    "                   tip ptxas into spills at 255, and prefill rows move their max often. */\n",
-    "                if (ATTN_WARP_ROWS == 2 || __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {\n",
+    "                   multiplies). Decode-shaped CTAs only (one row tile): prefill rows move\n",
+    "                   their max often, and with two row tiles per warp the vote's registers\n",
+    "                   tip ptxas into spills at 255. */\n",
+    "                if (ATTN_ROW_TILES > 1 || __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {\n",
     "#pragma unroll\n",
     "                    for (int rr = 0; rr < 2; rr++)\n",
     "#pragma unroll\n",
@@ -8600,7 +8614,7 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "#pragma unroll\n",
     "            for (int i = 0; i < ATTN_KV_BPT; i++)\n",
     "                if (tid + i * ATTN_THREADS < KV_TILE) sBlk[((it + KV_STAGES) % KV_STAGES) * KV_TILE + tid + i * ATTN_THREADS] =\n",
-    "                        row_offset(next_blk[i], tid + i * ATTN_THREADS);\n",
+    "                        row_offset(next_blk[i], tile0 + (it + KV_STAGES) * KV_TILE + tid + i * ATTN_THREADS);\n",
     "        }\n",
     "    }\n",
     "\n",

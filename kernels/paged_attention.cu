@@ -556,7 +556,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_paged_attenti
     auto block_of = [&](int j) -> int { /* physical block of key j, -1 outside [key0, key1) */
         return j >= key0 && j < key1 ? bt[(unsigned)j / BLOCK_SIZE] : -1;
     };
-    auto row_offset = [&](int b, int j) -> attn_i64 { /* of key j in block b (-1: none) */
+    auto row_offset = [&](int b, int j) -> attn_i64 { /* of key j (absolute) in block b (-1: none) */
         return b >= 0 ? ((attn_i64)b * blk_stride + (attn_i64)((unsigned)j % BLOCK_SIZE) * tok_stride + head_off) * ATTN_ESZ_KV
                       : (attn_i64)-1;
     };
@@ -580,7 +580,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_paged_attenti
 #pragma unroll
     for (int s = 0; s < KV_STAGES; s++)
         for (int r = tid; r < KV_TILE; r += ATTN_THREADS)
-            sBlk[s * KV_TILE + r] = row_offset(block_of(tile0 + s * KV_TILE + r), r);
+            sBlk[s * KV_TILE + r] = row_offset(block_of(tile0 + s * KV_TILE + r), tile0 + s * KV_TILE + r);
     __syncthreads();
 #pragma unroll
     for (int s = 0; s < KV_STAGES - 1; s++) {
@@ -752,9 +752,10 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_paged_attenti
                 }
                 /* O is rescaled only when some row's max moved (after the first tiles of a
                    long row it rarely does: a decode tile then skips 2 x HEAD_DIM / 4
-                   multiplies). Not with two row tiles per warp: there the vote's registers
-                   tip ptxas into spills at 255, and prefill rows move their max often. */
-                if (ATTN_WARP_ROWS == 2 || __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+                   multiplies). Decode-shaped CTAs only (one row tile): prefill rows move
+                   their max often, and with two row tiles per warp the vote's registers
+                   tip ptxas into spills at 255. */
+                if (ATTN_ROW_TILES > 1 || __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
                     for (int rr = 0; rr < 2; rr++)
 #pragma unroll
@@ -836,7 +837,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_paged_attenti
 #pragma unroll
             for (int i = 0; i < ATTN_KV_BPT; i++)
                 if (tid + i * ATTN_THREADS < KV_TILE) sBlk[((it + KV_STAGES) % KV_STAGES) * KV_TILE + tid + i * ATTN_THREADS] =
-                        row_offset(next_blk[i], tid + i * ATTN_THREADS);
+                        row_offset(next_blk[i], tile0 + (it + KV_STAGES) * KV_TILE + tid + i * ATTN_THREADS);
         }
     }
 

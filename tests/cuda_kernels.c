@@ -240,7 +240,7 @@ static void describe(const attn_case *c, char *buf, size_t n) {
 static void run_attention_case(const attn_case *c, int num_reqs, const int *qlens, const int *ctxlens) {
     int H = c->kv_heads * c->group, D = c->head, Hkv = c->kv_heads, BS = c->block, r, i;
     int32_t *qsl = (int32_t *)calloc((size_t)num_reqs + 1, 4), *sl = (int32_t *)calloc((size_t)num_reqs, 4);
-    int max_blocks = 0, total_blocks, T, max_q = 0, max_s = 0, tt;
+    int max_blocks = 0, total_blocks, T, max_q = 0, max_s = 0, tt, big;
     int32_t *bt;
     float *alibi = NULL;
     attn_layer_desc d;
@@ -330,7 +330,10 @@ static void run_attention_case(const attn_case *c, int num_reqs, const int *qlen
         }
     }
     /* ---- the GPU run ---- */
-    tt = (c->decode_shape ? 16 : prefill_tt ? 4 * prefill_tt : 64) / c->group;
+    /* --prefill-tt applies where the library would use a large prefill tile: 16-bit q and
+       cache of one type, head <= 128 (elsewhere 64 rows, as the library does) */
+    big = prefill_tt && c->dq == c->dkv && c->dq != ATTN_DTYPE_F32 && D <= 128;
+    tt = (c->decode_shape ? 16 : big ? 4 * prefill_tt : 64) / c->group;
     if (tt < 1) tt = 1;
     if (tt * c->group > 128) tt = 128 / c->group;
     snprintf(defs, sizeof defs, "HEAD_DIM=%d BLOCK_SIZE=%d GROUP=%d DT_Q=%d DT_KV=%d TILE_TOKENS=%d WINDOW=%d SOFTCAP=%d ALIBI=%d %s",
