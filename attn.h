@@ -394,6 +394,7 @@ typedef struct attn_platform {
     int cuda_capability_major;    /* of device 0; 0 when none */
     int cuda_capability_minor;
     int cuda_multiprocessors;
+    int cuda_shared_per_block;    /* bytes of shared memory a block may opt in to; 0 when none */
     char cuda_device_name[96];
     int cuda_driver_version;      /* e.g. 13000; 0 when unknown */
     uint64_t cuda_memory_bytes;   /* of device 0; 0 when none */
@@ -1383,6 +1384,8 @@ static void attn__probe_cuda(const attn_loader *loader, attn__cuda_driver *drv, 
         drv->cuDeviceGetAttribute(&p->cuda_capability_major, ATTN__CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
         drv->cuDeviceGetAttribute(&p->cuda_capability_minor, ATTN__CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
         drv->cuDeviceGetAttribute(&p->cuda_multiprocessors, ATTN__CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
+        drv->cuDeviceGetAttribute(&p->cuda_shared_per_block, ATTN__CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+                                  dev);
         drv->cuDeviceGetName(p->cuda_device_name, (int)sizeof p->cuda_device_name, dev);
         {
             size_t bytes = 0;
@@ -1405,6 +1408,7 @@ ATTN_API size_t attn_platform_format(const attn_platform *p, char *buf, size_t s
                  "  cuda_device: %s\n"
                  "  device_capability: %d.%d\n"
                  "  cuda_multiprocessors: %d\n"
+                 "  cuda_shared_per_block: %d\n"
                  "  cuda_driver_version: %d\n"
                  "  cuda_memory_mib: %llu\n"
                  "  cuda_unavailable_reason: %s\n"
@@ -1416,7 +1420,7 @@ ATTN_API size_t attn_platform_format(const attn_platform *p, char *buf, size_t s
                  p->cpu_simd, p->cuda_device_count,
                  p->cuda_device_name[0] ? p->cuda_device_name : "none",
                  p->cuda_capability_major, p->cuda_capability_minor, p->cuda_multiprocessors,
-                 p->cuda_driver_version, (unsigned long long)(p->cuda_memory_bytes >> 20),
+                 p->cuda_shared_per_block, p->cuda_driver_version, (unsigned long long)(p->cuda_memory_bytes >> 20),
                  p->cuda_reason[0] ? p->cuda_reason : "none", p->nvrtc_version / 1000,
                  p->nvrtc_version % 1000 / 10, p->nvrtc_reason[0] ? p->nvrtc_reason : "none",
                  p->cublas_version / 10000, p->cublas_version / 100 % 100, p->cublas_version % 100,
@@ -6198,8 +6202,10 @@ typedef struct attn__cuda_state {
    the ALiBi slopes on the device. */
 typedef struct attn__cuda_layer {
     attn__cuda_module decode, prefill, cache;
+    attn__cuda_module decode_wide;   /* small batches (sm_90+, head <= 128): module 0 if none */
     attn__CUdeviceptr alibi;
     int resident;                    /* decode CTAs the device holds at once: occupancy x SMs */
+    int resident_wide;               /* the same for decode_wide (0: none) */
 } attn__cuda_layer;
 
 /* The host mirrors of the kernels' parameter structs (kernels/paged_attention.cu,
@@ -6301,6 +6307,7 @@ static int attn__cuda_tile_tokens(const attn_layer_desc *d, int prefill) {
 static void attn__cuda_layer_free(attn_context *ctx, attn__cuda_layer *L) {
     if (!L) return;
     if (L->decode.module) ctx->cuda->cuModuleUnload(L->decode.module);
+    if (L->decode_wide.module) ctx->cuda->cuModuleUnload(L->decode_wide.module);
     if (L->prefill.module) ctx->cuda->cuModuleUnload(L->prefill.module);
     if (L->cache.module) ctx->cuda->cuModuleUnload(L->cache.module);
     if (L->alibi) ctx->cuda->cuMemFree(L->alibi);
@@ -6308,13 +6315,35 @@ static void attn__cuda_layer_free(attn_context *ctx, attn__cuda_layer *L) {
 }
 
 /* The kernel variants a layer loads: [0] decode tiles, [1] prefill tiles (paged_attention.cu),
-   [2] the cache write (cache_write.cu). One place, so tools (attn-bench's compile timings)
-   and tests ask for exactly what layer creation compiles. */
-#define ATTN__CUDA_LAYER_VARIANTS 3
+   [2] the cache write (cache_write.cu), [3] wide decode tiles (an empty string where the
+   layer has none). One place, so tools (attn-bench's compile timings) and tests ask for
+   exactly what layer creation compiles.
+   Decode tiles come in two shapes. The default CTA (4 warps, 64-key tiles, 3 stages on
+   sm_90, two CTAs per SM) streams best when the batch fills the device; a batch of fewer
+   (request, KV head) tiles than SMs runs faster with one wide CTA per SM (8 warps, 128-key
+   tiles, 3 stages in 211 KiB): fewer splits to merge, twice the keys per barrier (H200,
+   32/8 heads, head 128: batch 16 x 4k 77.8 -> 72.4 us, 16 x 1k 28.3 -> 24.1, 1 x 16k
+   38.5 -> 33.1; batch 64 and up 1-4 % slower, so they keep the default). Only where its
+   stages fit: sm_90 or newer with the shared memory (not sm_120's 99 KiB), tensor cores,
+   head <= 128, decode tiles of one row tile. */
+#define ATTN__CUDA_LAYER_VARIANTS 4
 static const char *const attn__cuda_variant_file[ATTN__CUDA_LAYER_VARIANTS] = {
-    "paged_attention.cu", "paged_attention.cu", "cache_write.cu"};
+    "paged_attention.cu", "paged_attention.cu", "cache_write.cu", "paged_attention.cu"};
 
-static void attn__cuda_layer_variants(const attn_layer_desc *d, char opt[ATTN__CUDA_LAYER_VARIANTS][256]) {
+/* 16-row Q tile + 3 stages of 128 K and 128 V rows (padded by 16 bytes) + row offsets */
+static int attn__cuda_wide_smem(const attn_layer_desc *d) {
+    int pitch = ((d->head_size + 15) / 16 * 16 + 8) * 2;
+    return 16 * pitch + 3 * 128 * 8 + 3 * 2 * 128 * pitch;
+}
+
+static int attn__cuda_has_wide_decode(const attn_layer_desc *d, const attn_platform *p) {
+    int group = d->num_heads / d->num_kv_heads;
+    return p->cuda_capability_major >= 9 && p->cuda_shared_per_block >= attn__cuda_wide_smem(d) &&
+           d->dtype == d->kv_cache_dtype && d->dtype != ATTN_DTYPE_F32 && d->head_size <= 128 && group <= 16;
+}
+
+static void attn__cuda_layer_variants(const attn_layer_desc *d, const attn_platform *plat,
+                                      char opt[ATTN__CUDA_LAYER_VARIANTS][256]) {
     int group = d->num_heads / d->num_kv_heads, pass;
     for (pass = 0; pass < 2; pass++)
         attn__fmt(opt[pass], 256, "-DHEAD_DIM=%d -DBLOCK_SIZE=%d -DGROUP=%d -DDT_Q=%d -DDT_KV=%d "
@@ -6324,6 +6353,9 @@ static void attn__cuda_layer_variants(const attn_layer_desc *d, char opt[ATTN__C
                   d->alibi_slopes != NULL, pass ? attn__cuda_warp_rows(d) : 1);
     attn__fmt(opt[2], 256, "-DHEAD_DIM=%d -DDT_IN=%d -DDT_CACHE=%d", d->head_size,
               attn__cuda_dt(d->dtype), attn__cuda_dt(d->kv_cache_dtype));
+    opt[3][0] = 0;
+    if (attn__cuda_has_wide_decode(d, plat))
+        attn__fmt(opt[3], 256, "%s -DKV_TILE=128 -DWARPS_N=8 -DKV_STAGES=3", opt[0]);
 }
 
 static attn_status attn__cuda_layer_init(const attn_backend *self, attn_layer *layer, void **state,
@@ -6345,19 +6377,30 @@ static attn_status attn__cuda_layer_init(const attn_backend *self, attn_layer *l
         attn__free(L);
         return st;
     }
-    attn__cuda_layer_variants(d, opt);
+    attn__cuda_layer_variants(d, &ctx->platform, opt);
     for (pass = 0; pass < 2 && st == ATTN_OK; pass++)
         st = attn__cuda_load(ctx, attn__cuda_variant_file[pass], opt[pass], "attn_paged_attention", NULL, 1,
                              pass ? &L->prefill : &L->decode, reason, size);
     if (st == ATTN_OK)
         st = attn__cuda_load(ctx, attn__cuda_variant_file[2], opt[2], "attn_reshape_and_cache", NULL, 0, &L->cache,
                              reason, size);
+    if (st == ATTN_OK && opt[3][0])
+        st = attn__cuda_load(ctx, attn__cuda_variant_file[3], opt[3], "attn_paged_attention", NULL, 1,
+                             &L->decode_wide, reason, size);
     if (st == ATTN_OK) { /* the split-KV target: one wave of resident decode CTAs */
         int per_sm = 0;
         if (ctx->cuda->cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, L->decode.main, L->decode.config[0],
                                                                    (size_t)L->decode.config[1]) != 0 || per_sm < 1)
             per_sm = 2;
         L->resident = per_sm * ATTN__MAX(1, ctx->platform.cuda_multiprocessors);
+        if (L->decode_wide.module) {
+            per_sm = 0;
+            if (ctx->cuda->cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, L->decode_wide.main,
+                                                                       L->decode_wide.config[0],
+                                                                       (size_t)L->decode_wide.config[1]) != 0)
+                per_sm = 0;
+            L->resident_wide = per_sm * ATTN__MAX(1, ctx->platform.cuda_multiprocessors);
+        }
     }
     if (st == ATTN_OK && d->alibi_slopes) {
         size_t bytes = (size_t)d->num_heads * sizeof(float);
@@ -6392,8 +6435,10 @@ static void attn__cuda_layer_release(const attn_backend *self, attn_layer *layer
 /* One region, laid out by one function (sizes with base NULL, carves otherwise), copied
    to the device with one cuMemcpyHtoDAsync per build: counts, work lists, merges, batch. */
 typedef struct attn__cuda_plan {
-    int32_t *counts;               /* [4]: decode work, prefill work, decode merges, 0 */
-    int32_t *work[2];              /* [capacity][8] per variant (0 decode, 1 prefill) */
+    int32_t *counts;               /* [4]: decode work, prefill work, decode merges, wide decode
+                                      work (decode tiles run with one of the two decode
+                                      variants: the other's count is 0) */
+    int32_t *work[2];              /* [capacity][8] per variant (0 decode either shape, 1 prefill) */
     int32_t *merge;                /* [capacity][8] (decode splits) */
     int32_t *query_start_loc, *seq_lens;
     int64_t *slot_mapping;
@@ -6405,6 +6450,8 @@ typedef struct attn__cuda_meta {
     int group, num_kv_heads, tile[2], rows[2], kv_tile[2];
     int work_capacity[2], merge_capacity, slot_capacity;
     int parallelism;               /* resident decode CTAs (the layer's occupancy x SMs) */
+    int parallelism_wide, kv_tile_wide; /* the same for the wide decode tiles (0: none) */
+    int wide;                      /* the last build runs its decode tiles wide */
     size_t bytes;                  /* of the region */
     char *staging;                 /* pinned host copy of the region */
     attn__CUdeviceptr region;      /* the device copy */
@@ -6464,6 +6511,8 @@ static attn_status attn__cuda_metadata_init(const attn_backend *self, attn_layer
     cm->group = d->num_heads / d->num_kv_heads;
     cm->num_kv_heads = d->num_kv_heads;
     cm->parallelism = ATTN__MAX(1, L->resident);
+    cm->parallelism_wide = L->decode_wide.module ? L->resident_wide : 0;
+    cm->kv_tile_wide = L->decode_wide.module ? L->decode_wide.config[2] : 0;
     for (v = 0; v < 2; v++) {
         const attn__cuda_module *m = v ? &L->prefill : &L->decode;
         cm->tile[v] = m->config[4];
@@ -6557,7 +6606,7 @@ static attn_status attn__cuda_build(const attn_backend *self, attn_layer *layer,
     attn__cuda_plan *p = &cm->host;
     attn__cuda_driver *cu = ctx->cuda;
     int causal = b->causal == ATTN_CAUSAL_YES, r, h, nw[2] = {0, 0}, nm = 0, slots = 0, base;
-    int split, invariant = attn__env_batch_invariant(ctx);
+    int split, invariant = attn__env_batch_invariant(ctx), par, kt;
     size_t upload;
     attn__CUresult rc;
     attn_status st;
@@ -6579,9 +6628,14 @@ static attn_status attn__cuda_build(const attn_backend *self, attn_layer *layer,
         base += ql <= cm->tile[0] ? d->num_kv_heads
                                   : d->num_kv_heads * ((ql + cm->tile[1] - 1) / cm->tile[1]);
     }
+    /* A batch of fewer tiles than the wide decode CTAs the device holds runs its decode
+       tiles wide (attn__cuda_layer_variants); batch-invariant mode keeps one shape. */
+    cm->wide = !invariant && cm->parallelism_wide > 0 && base > 0 && base <= cm->parallelism_wide;
+    par = cm->wide ? cm->parallelism_wide : cm->parallelism;
+    kt = cm->wide ? cm->kv_tile_wide : cm->kv_tile[0];
     /* the decode variant merges splits in its own launch only when its tile has at most 16
        rows (GROUP <= 16; kernels/paged_attention.cu, FUSED MERGE): larger groups do not split */
-    split = !invariant && base > 0 && base < cm->parallelism && cm->rows[0] <= 16;
+    split = !invariant && base > 0 && base < par && cm->rows[0] <= 16;
     for (r = 0; r < b->num_reqs; r++) {
         int ql = b->query_start_loc[r + 1] - b->query_start_loc[r], sl = b->seq_lens[r];
         int v = ql <= cm->tile[0] ? 0 : 1, tt = cm->tile[v], t0;
@@ -6594,14 +6648,13 @@ static attn_status attn__cuda_build(const attn_backend *self, attn_layer *layer,
             hi = ATTN__MAX(hi0, hi1);
             if (v == 0 && split && hi - lo >= 2 * ATTN__CUDA_SPLIT_MIN) {
                 ns = (hi - lo) / ATTN__CUDA_SPLIT_MIN;
-                ns = ATTN__MIN(ns, cm->parallelism / base); /* splits fill one wave, never 1.5 */
+                ns = ATTN__MIN(ns, par / base); /* splits fill one wave, never 1.5 */
                 ns = ATTN__MIN(ns, ATTN__CUDA_MAX_SPLITS);
                 if (ns < 2) ns = 1;
             }
             for (h = 0; h < d->num_kv_heads; h++) {
                 if (ns > 1) {
                     int32_t *m = p->merge + 8 * nm++;
-                    int kt = cm->kv_tile[0];
                     ATTN_ASSERT(nm <= cm->merge_capacity && slots + ns <= cm->slot_capacity);
                     m[0] = r; m[1] = h; m[2] = t0; m[3] = t1 - t0; m[4] = slots; m[5] = ns; m[6] = m[7] = 0;
                     for (s = 0; s < ns; s++) { /* split bounds on KV_TILE multiples */
@@ -6623,10 +6676,10 @@ static attn_status attn__cuda_build(const attn_backend *self, attn_layer *layer,
     }
     attn__cuda_sort_work(p->work[0], nw[0]);
     attn__cuda_sort_work(p->work[1], nw[1]);
-    p->counts[0] = nw[0];
+    p->counts[0] = cm->wide ? 0 : nw[0];
     p->counts[1] = nw[1];
     p->counts[2] = nm;
-    p->counts[3] = 0;
+    p->counts[3] = cm->wide ? nw[0] : 0;
     memcpy(p->query_start_loc, b->query_start_loc, ((size_t)b->num_reqs + 1) * 4);
     if (b->num_reqs) memcpy(p->seq_lens, b->seq_lens, (size_t)b->num_reqs * 4);
     /* slots past the batch are -1, so the forward's cache write can cover the capacity
@@ -6743,13 +6796,18 @@ static attn_status attn__cuda_forward(const attn_backend *self, attn_layer *laye
     pp.window = d->sliding_window;
     args[0] = &pp;
     /* Decode splits merge inside the decode launch (the last split of each entry to
-       finish), so a forward is at most two launches: decode tiles, prefill tiles. */
-    for (v2 = 0; v2 < 2 && rc == 0; v2++) {
-        const attn__cuda_module *m = v2 ? &L->prefill : &L->decode;
-        unsigned grid = attn__cuda_grid(cm->host.counts[v2], cm->work_capacity[v2], capturing);
+       finish), so a forward runs at most two launches: decode tiles (default or wide shape,
+       whichever the build chose), prefill tiles. A captured forward holds all three (the
+       graph replays later builds; the unused shape's count is 0). */
+    for (v2 = 0; v2 < 3 && rc == 0; v2++) {
+        static const int list[3] = {0, 1, 0}, count[3] = {0, 1, 3};
+        const attn__cuda_module *m = v2 == 0 ? &L->decode : v2 == 1 ? &L->prefill : &L->decode_wide;
+        unsigned grid;
+        if (!m->module) continue;
+        grid = attn__cuda_grid(cm->host.counts[count[v2]], cm->work_capacity[list[v2]], capturing);
         if (!grid) continue;
-        pp.work = attn__dptr(cm->dev.work[v2]);
-        pp.num_work = attn__dptr(cm->dev.counts + v2);
+        pp.work = attn__dptr(cm->dev.work[list[v2]]);
+        pp.num_work = attn__dptr(cm->dev.counts + count[v2]);
         rc = cu->cuLaunchKernel(m->main, grid, 1, 1, (unsigned)m->config[0], 1, 1, (unsigned)m->config[1], s,
                                 args, NULL);
     }

@@ -121,6 +121,7 @@ class attn_platform(C.Structure):
         ("cuda_capability_major", C.c_int),
         ("cuda_capability_minor", C.c_int),
         ("cuda_multiprocessors", C.c_int),
+        ("cuda_shared_per_block", C.c_int),
         ("cuda_device_name", C.c_char * 96),
         ("cuda_driver_version", C.c_int),
         ("cuda_memory_bytes", C.c_uint64),

@@ -354,6 +354,16 @@ ATTN_TEST(cuda_forward_matches_cpu) {
         c.qlen[2] = 40; c.ctxlen[2] = 700;
         fails += cu_run_case(ctx, &c, __LINE__) > 0;
     }
+    /* a batch of more (request, KV head) tiles than the device has SMs: decode tiles take
+       the default shape (smaller batches above run the wide one where the layer has it) */
+    {
+        cu_case c;
+        memset(&c, 0, sizeof c);
+        c.heads = 32; c.kv_heads = 32; c.head = 64; c.dt = c.kv_dt = ATTN_DTYPE_BF16; c.block = 16;
+        c.causal = 1; c.lse = 1; c.nreq = 8;
+        for (r = 0; r < 8; r++) { c.qlen[r] = r == 7 ? 20 : 1; c.ctxlen[r] = 200 + 170 * r; }
+        fails += cu_run_case(ctx, &c, __LINE__) > 0;
+    }
     EXPECT_EQ_INT(fails, 0);
     attn_context_destroy(ctx);
 }

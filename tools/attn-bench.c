@@ -1090,6 +1090,8 @@ static void rm_dir(const char *dir) {
     rmdir(dir);
 }
 
+static const char *const cuda_variant_label[ATTN__CUDA_LAYER_VARIANTS] = {"decode     ", "prefill    ", "cache      ", "decode wide"};
+
 /* 1. Cold compile per variant, warm start per layer. */
 static void cuda_compile_times(const attn_platform *plat0, int quick) {
     char dir[512], arch[16], opt[CUDA_NUM_CFGS][ATTN__CUDA_LAYER_VARIANTS][256];
@@ -1109,16 +1111,22 @@ static void cuda_compile_times(const attn_platform *plat0, int quick) {
     else snprintf(arch, sizeof arch, "sm_90");
     for (c = 0; c < CUDA_NUM_CFGS; c++) {
         attn_layer_desc d = cuda_desc(&cuda_cfgs[c]);
-        attn__cuda_layer_variants(&d, opt[c]);
+        attn_platform h200 = *plat0; /* no GPU here: the variants an H200 compiles */
+        if (!have_gpu) {
+            h200.cuda_capability_major = 9; h200.cuda_capability_minor = 0; h200.cuda_shared_per_block = 232448;
+        }
+        attn__cuda_layer_variants(&d, &h200, opt[c]);
     }
 
     printf("NVRTC %d.%d, kernels for %s%s; kernel cache: %s (fresh)\n", plat0->nvrtc_version / 1000,
            plat0->nvrtc_version % 1000 / 10, arch, have_gpu ? " (this GPU)" : " (no GPU here: the H200's arch)", dir);
-    printf("cold compile, per variant (each layer loads 3: decode tiles, prefill tiles, cache write):\n");
+    printf("cold compile, per variant (each layer loads 3 or 4: decode tiles, prefill tiles, cache write, "
+           "wide decode tiles where the layer has them):\n");
     ctx = cuda_bench_context(dir);
     for (c = 0; c < CUDA_NUM_CFGS; c++)
         for (v = 0; v < ATTN__CUDA_LAYER_VARIANTS; v++) {
             double t;
+            if (!opt[c][v][0]) continue; /* no wide decode tiles for this layer */
             t0 = now_s();
             CHECK(ctx, attn_kernel_compile(ctx, attn__cuda_variant_file[v], opt[c][v], arch, &info));
             t = now_s() - t0;
@@ -1133,7 +1141,7 @@ static void cuda_compile_times(const attn_platform *plat0, int quick) {
                 n_nvrtc_cached++;
                 printf("  %-34s %-18s %s %7.0f ms wall: served by NVRTC's own cache (no ptxas report); "
                        "not counted as cold\n", v ? "" : cuda_cfgs[c].name, attn__cuda_variant_file[v],
-                       v == 0 ? "decode " : v == 1 ? "prefill" : "cache  ", t * 1e3);
+                       cuda_variant_label[v], t * 1e3);
                 continue;
             }
             n_cold++;
@@ -1141,7 +1149,7 @@ static void cuda_compile_times(const attn_platform *plat0, int quick) {
             if (t > cold_max) cold_max = t;
             printf("  %-34s %-18s %s %7.0f ms wall (NVRTC %6.0f ms), %3d registers, %5d B shared, "
                    "spills %d/%d B, cubin %zu KiB\n", v ? "" : cuda_cfgs[c].name, attn__cuda_variant_file[v],
-                   v == 0 ? "decode " : v == 1 ? "prefill" : "cache  ", t * 1e3, info.compile_ms, info.registers,
+                   cuda_variant_label[v], t * 1e3, info.compile_ms, info.registers,
                    info.shared_bytes, info.spill_stores, info.spill_loads, info.cubin_bytes / 1024);
         }
     attn_context_destroy(ctx);
@@ -1176,7 +1184,8 @@ static void cuda_compile_times(const attn_platform *plat0, int quick) {
                     CHECK(ctx, attn_layer_create(ctx, &d, NULL, &layers[c]));
                 } else {
                     for (v = 0; v < ATTN__CUDA_LAYER_VARIANTS; v++)
-                        CHECK(ctx, attn_kernel_compile(ctx, attn__cuda_variant_file[v], opt[c][v], arch, NULL));
+                        if (opt[c][v][0])
+                            CHECK(ctx, attn_kernel_compile(ctx, attn__cuda_variant_file[v], opt[c][v], arch, NULL));
                 }
                 t = now_s() - t0;
                 if (t > warm[c]) warm[c] = t;

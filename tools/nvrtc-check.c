@@ -100,11 +100,15 @@ static const char *source_of(const char *name) {
 }
 
 /* ---- the manifest: representative variants of every kernel ---- */
-typedef struct variant { const char *file, *defines; } variant;
+typedef struct variant { const char *file, *defines; int min_arch; } variant; /* min_arch 0: all */
 
 #define PA(hd, bs, grp, dq, dkv, tt, flags) \
     {"paged_attention.cu", "HEAD_DIM=" #hd " BLOCK_SIZE=" #bs " GROUP=" #grp " DT_Q=" #dq " DT_KV=" #dkv \
-                           " TILE_TOKENS=" #tt flags}
+                           " TILE_TOKENS=" #tt flags, 0}
+/* the wide decode tiles a layer adds on sm_90+ (attn__cuda_layer_variants): 209 KiB of stages */
+#define PA_WIDE(hd, bs, grp, dq, dkv, tt, flags) \
+    {"paged_attention.cu", "HEAD_DIM=" #hd " BLOCK_SIZE=" #bs " GROUP=" #grp " DT_Q=" #dq " DT_KV=" #dkv \
+                           " TILE_TOKENS=" #tt flags " KV_TILE=128 WARPS_N=8 KV_STAGES=3", 90}
 
 static variant manifest_builtin[] = {
     /* decode (TILE_TOKENS = 16 / GROUP) and prefill (64 / GROUP) shapes; DT 0 f32, 1 f16, 2 bf16 */
@@ -155,21 +159,28 @@ static variant manifest_builtin[] = {
     PA(128, 16, 4, 2, 2, 32, " WINDOW=1 SOFTCAP=1 ALIBI=1 WARP_ROWS=2"),
     PA(128, 16, 4, 0, 0, 16, " WARP_ROWS=2"),
     PA(128, 16, 4, 2, 2, 4, " WARP_ROWS=2"),
+    /* wide decode tiles (sm_90 only): the decode target, group 1 and 16, block 32, the
+       zero-column path, every flag */
+    PA_WIDE(128, 16, 4, 2, 2, 4, ""),
+    PA_WIDE(64, 16, 1, 1, 1, 16, ""),
+    PA_WIDE(128, 32, 16, 2, 2, 1, ""),
+    PA_WIDE(120, 16, 4, 2, 2, 4, ""),
+    PA_WIDE(96, 16, 8, 1, 1, 2, " WINDOW=1 SOFTCAP=1 ALIBI=1"),
     /* cache writes (DT 0 f32, 1 f16, 2 bf16) */
-    {"cache_write.cu", "HEAD_DIM=128 DT_IN=1 DT_CACHE=1"},
-    {"cache_write.cu", "HEAD_DIM=128 DT_IN=2 DT_CACHE=2"},
-    {"cache_write.cu", "HEAD_DIM=80 DT_IN=0 DT_CACHE=1"},
-    {"cache_write.cu", "HEAD_DIM=256 DT_IN=1 DT_CACHE=0"},
-    {"cache_write.cu", "KV_LORA_RANK=512 ROPE_DIM=64 DT_IN=2 DT_CACHE=2"},
-    {"cache_write.cu", "KV_LORA_RANK=256 ROPE_DIM=64 DT_IN=0 DT_CACHE=2"},
+    {"cache_write.cu", "HEAD_DIM=128 DT_IN=1 DT_CACHE=1", 0},
+    {"cache_write.cu", "HEAD_DIM=128 DT_IN=2 DT_CACHE=2", 0},
+    {"cache_write.cu", "HEAD_DIM=80 DT_IN=0 DT_CACHE=1", 0},
+    {"cache_write.cu", "HEAD_DIM=256 DT_IN=1 DT_CACHE=0", 0},
+    {"cache_write.cu", "KV_LORA_RANK=512 ROPE_DIM=64 DT_IN=2 DT_CACHE=2", 0},
+    {"cache_write.cu", "KV_LORA_RANK=256 ROPE_DIM=64 DT_IN=0 DT_CACHE=2", 0},
     /* the library's own utilities */
-    {"util.cu", ""},
+    {"util.cu", "", 0},
     /* LSE merge */
-    {"merge.cu", "HEAD_DIM=128 DT=1"},
-    {"merge.cu", "HEAD_DIM=128 DT=2"},
-    {"merge.cu", "HEAD_DIM=64 DT=0"},
-    {"merge.cu", "HEAD_DIM=100 DT=2"},
-    {"merge.cu", "HEAD_DIM=512 DT=1"},
+    {"merge.cu", "HEAD_DIM=128 DT=1", 0},
+    {"merge.cu", "HEAD_DIM=128 DT=2", 0},
+    {"merge.cu", "HEAD_DIM=64 DT=0", 0},
+    {"merge.cu", "HEAD_DIM=100 DT=2", 0},
+    {"merge.cu", "HEAD_DIM=512 DT=1", 0},
 };
 static variant *manifest = manifest_builtin;
 static int num_variants = (int)(sizeof manifest_builtin / sizeof manifest_builtin[0]);
@@ -457,6 +468,7 @@ int main(int argc, char **argv) {
         if (only && !strstr(all, only)) continue;
         nvar++;
         for (k = 0; k < NUM_ARCHS; k++) {
+            if (archs[k] < manifest[i].min_arch) continue;
             jobs[num_jobs].variant = i;
             jobs[num_jobs].arch = archs[k];
             num_jobs++;
