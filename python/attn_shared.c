@@ -35,6 +35,7 @@ static const attn_py_layout_entry attn_py__layout[] = {
     F(attn_platform, cpu_threads), F(attn_platform, cpu_simd),
     F(attn_platform, cuda_device_count), F(attn_platform, cuda_capability_major),
     F(attn_platform, cuda_capability_minor), F(attn_platform, cuda_multiprocessors),
+    F(attn_platform, cuda_shared_per_block),
     F(attn_platform, cuda_device_name), F(attn_platform, cuda_driver_version),
     F(attn_platform, cuda_memory_bytes), F(attn_platform, cuda_reason),
     F(attn_platform, nvrtc_version), F(attn_platform, nvrtc_reason),

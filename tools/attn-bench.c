@@ -1558,13 +1558,14 @@ static void cuda_backend_table(attn_context *ctx, int quick) {
             med = cuda_time(&cb, metas, nsets, B, nsets < 20 ? 20 : nsets);
             gbs = (double)iter_bytes / med / 1e9;
             cm = (const attn__cuda_meta *)attn_metadata_private(metas[0]);
-            printf("  batch %3d context %5d: %9.1f us median  %7.0f GB/s  %5.1f%% of read  [%d work items, %d merges; "
-                   "%d sets x %.1f MiB]\n", B, C, med * 1e6, gbs, 100.0 * gbs / read_best, cm->host.counts[0],
-                   cm->host.counts[2], nsets, (double)iter_bytes / MIB);
+            printf("  batch %3d context %5d: %9.1f us median  %7.0f GB/s  %5.1f%% of read  [%d %s work items, %d merges; "
+                   "%d sets x %.1f MiB]\n", B, C, med * 1e6, gbs, 100.0 * gbs / read_best,
+                   cm->host.counts[0] + cm->host.counts[3], cm->wide ? "wide" : "default", cm->host.counts[2], nsets,
+                   (double)iter_bytes / MIB);
             fflush(stdout);
             row = row_add();
-            snprintf(row->name, sizeof row->name, "decode b=%d ctx=%d (%d items, %d merges)", B, C,
-                     cm->host.counts[0], cm->host.counts[2]);
+            snprintf(row->name, sizeof row->name, "decode b=%d ctx=%d (%d %s items, %d merges)", B, C,
+                     cm->host.counts[0] + cm->host.counts[3], cm->wide ? "wide" : "default", cm->host.counts[2]);
             row->ms = med * 1e3;
             snprintf(row->metric, sizeof row->metric, "%.0f GB/s KV read", gbs);
             row->read_gbs = gbs;
