@@ -167,7 +167,11 @@
    THREAD SAFETY
        A context may be used from one thread at a time (its forward calls use the context's
        own worker threads). Different contexts are independent. The backend registry is
-       global and guarded by a lock.
+       global and guarded by a lock. On a CUDA device the forwards that use one metadata
+       must run one after another on the GPU (one stream, or streams ordered by events):
+       the schedule and the split-KV merge counters live in the metadata, and two forwards
+       in flight at once over it would share them. Give concurrent streams their own
+       metadata.
 
    HISTORY
        0.1.0  backend abstraction, selector with selection record, metadata builder,
@@ -178,6 +182,9 @@
               run-time loader table with an injection point (attn_context_desc.loader).
               NVRTC on the context with a memory and disk kernel cache; the layer names
               its device; the CUDA backend (first cut).
+       0.3.0  CUDA speed: decode tiles in two shapes chosen per build, 128-row prefill
+              tiles (two row tiles per warp), one launch per forward off graph capture;
+              attn_platform.cuda_shared_per_block; the sm_90a wgmma base (kernels/wgmma.cuh).
 
    LICENSE: MIT, see the end of the file.
 */
@@ -185,9 +192,9 @@
 #define ATTN_H
 
 #define ATTN_VERSION_MAJOR 0
-#define ATTN_VERSION_MINOR 2
+#define ATTN_VERSION_MINOR 3
 #define ATTN_VERSION_PATCH 0
-#define ATTN_VERSION_STRING "0.2.0"
+#define ATTN_VERSION_STRING "0.3.0"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -6521,8 +6528,9 @@ static attn_status attn__cuda_metadata_init(const attn_backend *self, attn_layer
     }
     /* decode items: one per (request, KV head), times the splits; splits happen only while
        the batch has fewer items than `parallelism`, at most floor(parallelism / items) per
-       item: at most parallelism split items in all. Every forward launches the whole
-       capacity (graph safety), so it carries no slack beyond that bound. */
+       item: at most parallelism split items in all (the wide decode shape's parallelism is
+       smaller). A captured forward launches the whole capacity (graph safety), so it
+       carries no slack beyond that bound. */
     cm->work_capacity[0] = cap->max_num_reqs * d->num_kv_heads + cm->parallelism;
     cm->work_capacity[1] = d->num_kv_heads * (cap->max_num_tokens / cm->tile[1] + cap->max_num_reqs);
     cm->merge_capacity = ATTN__MIN(cap->max_num_reqs * d->num_kv_heads, cm->parallelism);
@@ -7886,14 +7894,17 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "   Tensor cores (mma.sync m16n8k16, f32 accumulators) when DT_Q == DT_KV and both are\n",
     "   f16 or bf16; otherwise (any f32 involved, or mixed 16-bit types) a plain-FMA variant\n",
     "   with the same tiling, the same softmax and the same epilogue, in f32 throughout.\n",
-    "   Suggested variants: decode (query_len 1): TILE_TOKENS = max(1, 16 / GROUP), so that one\n",
-    "   warp's 16 rows hold the whole group; prefill: TILE_TOKENS = max(1, 64 / GROUP) (four\n",
-    "   row tiles, four warps), or with WARP_ROWS 2 TILE_TOKENS = 128 / GROUP (eight row tiles,\n",
-    "   four warps of 32 rows: FlashAttention-2's 128 x 64 block; 64 / GROUP gives two warps).\n",
-    "   One launch serves any mix of requests; a mixed batch\n",
-    "   runs best as two launches (decodes with the decode variant, the rest with the prefill\n",
-    "   variant), each with its own work list, because a decode row in a prefill CTA leaves\n",
-    "   three of its four warps idle.\n",
+    "   Suggested variants (the CUDA backend's, attn__cuda_layer_variants in attn.h): decode\n",
+    "   (query_len 1): TILE_TOKENS = max(1, 16 / GROUP), so that one warp's 16 rows hold the\n",
+    "   whole group, in two shapes: the default (4 warps, 64-key tiles, 2 CTAs per SM on sm_90)\n",
+    "   for batches that fill the device, and KV_TILE 128 WARPS_N 8 KV_STAGES 3 (one 8-warp CTA\n",
+    "   per SM, sm_90) for batches of fewer tiles than SMs; prefill: TILE_TOKENS = max(1, 64 /\n",
+    "   GROUP) (four row tiles, four warps), or with WARP_ROWS 2 TILE_TOKENS = 128 / GROUP\n",
+    "   (eight row tiles, four warps of 32 rows: FlashAttention-2's 128 x 64 block; 64 / GROUP\n",
+    "   gives two warps). One launch serves any mix of requests; a mixed batch runs best as two\n",
+    "   launches (decodes with the decode variant, the rest with the prefill variant), each\n",
+    "   with its own work list, because a decode row in a prefill CTA leaves three of its four\n",
+    "   warps idle.\n",
     "\n",
     "   =====================================================================================\n",
     "   LAUNCH\n",

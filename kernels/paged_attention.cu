@@ -51,14 +51,17 @@
    Tensor cores (mma.sync m16n8k16, f32 accumulators) when DT_Q == DT_KV and both are
    f16 or bf16; otherwise (any f32 involved, or mixed 16-bit types) a plain-FMA variant
    with the same tiling, the same softmax and the same epilogue, in f32 throughout.
-   Suggested variants: decode (query_len 1): TILE_TOKENS = max(1, 16 / GROUP), so that one
-   warp's 16 rows hold the whole group; prefill: TILE_TOKENS = max(1, 64 / GROUP) (four
-   row tiles, four warps), or with WARP_ROWS 2 TILE_TOKENS = 128 / GROUP (eight row tiles,
-   four warps of 32 rows: FlashAttention-2's 128 x 64 block; 64 / GROUP gives two warps).
-   One launch serves any mix of requests; a mixed batch
-   runs best as two launches (decodes with the decode variant, the rest with the prefill
-   variant), each with its own work list, because a decode row in a prefill CTA leaves
-   three of its four warps idle.
+   Suggested variants (the CUDA backend's, attn__cuda_layer_variants in attn.h): decode
+   (query_len 1): TILE_TOKENS = max(1, 16 / GROUP), so that one warp's 16 rows hold the
+   whole group, in two shapes: the default (4 warps, 64-key tiles, 2 CTAs per SM on sm_90)
+   for batches that fill the device, and KV_TILE 128 WARPS_N 8 KV_STAGES 3 (one 8-warp CTA
+   per SM, sm_90) for batches of fewer tiles than SMs; prefill: TILE_TOKENS = max(1, 64 /
+   GROUP) (four row tiles, four warps), or with WARP_ROWS 2 TILE_TOKENS = 128 / GROUP
+   (eight row tiles, four warps of 32 rows: FlashAttention-2's 128 x 64 block; 64 / GROUP
+   gives two warps). One launch serves any mix of requests; a mixed batch runs best as two
+   launches (decodes with the decode variant, the rest with the prefill variant), each
+   with its own work list, because a decode row in a prefill CTA leaves three of its four
+   warps idle.
 
    =====================================================================================
    LAUNCH
