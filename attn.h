@@ -70,7 +70,8 @@
        CUDA     standard attention on NVIDIA GPUs (compute capability 8.0+, NVRTC needed):
                 the CPU backend's features and cache layout; head sizes 8..256 step 8;
                 f16/bf16 on tensor cores, f32 and mixed types on FMAs; split-KV; CUDA
-                graphs: ALWAYS (fixed grids; counts read on the device)
+                graphs: ALWAYS (a captured forward launches capacity grids that read the
+                counts on the device)
        A candidate is skipped, with a recorded reason, when a check fails (dtype, KV-cache
        dtype, head size, block size, feature, platform). Explicit requests (code or env)
        that cannot be honoured fail with ATTN_ERROR_BACKEND_UNAVAILABLE and every reason,
@@ -6292,7 +6293,6 @@ static void attn__cuda_context_release(const attn_backend *self, attn_context *c
     attn__free(s);
 }
 
-/* Tokens per CTA tile: decode tiles hold one warp's 16 rows, prefill tiles four. */
 /* Query tokens per CTA: decode tiles hold 16 rows (one mma row tile), prefill tiles 64, or
    128 rows with two row tiles per warp (FlashAttention-2's shape, WARP_ROWS 2 in
    kernels/paged_attention.cu) where the kernel takes it: tensor cores (q and cache of one
@@ -6326,8 +6326,9 @@ static void attn__cuda_layer_free(attn_context *ctx, attn__cuda_layer *L) {
    layer has none). One place, so tools (attn-bench's compile timings) and tests ask for
    exactly what layer creation compiles.
    Decode tiles come in two shapes. The default CTA (4 warps, 64-key tiles, 3 stages on
-   sm_90, two CTAs per SM) streams best when the batch fills the device; a batch of fewer
-   (request, KV head) tiles than SMs runs faster with one wide CTA per SM (8 warps, 128-key
+   sm_90, two CTAs per SM) streams best when the batch fills the device; a batch of no more
+   work items (decode and prefill tiles before splitting) than the wide CTAs the device
+   holds at once (one per SM) runs faster with one wide CTA per SM (8 warps, 128-key
    tiles, 3 stages in 211 KiB): fewer splits to merge, twice the keys per barrier (H200,
    32/8 heads, head 128: batch 16 x 4k 77.8 -> 72.4 us, 16 x 1k 28.3 -> 24.1, 1 x 16k
    38.5 -> 33.1; batch 64 and up 1-4 % slower, so they keep the default). Only where its
@@ -6391,9 +6392,18 @@ static attn_status attn__cuda_layer_init(const attn_backend *self, attn_layer *l
     if (st == ATTN_OK)
         st = attn__cuda_load(ctx, attn__cuda_variant_file[2], opt[2], "attn_reshape_and_cache", NULL, 0, &L->cache,
                              reason, size);
-    if (st == ATTN_OK && opt[3][0])
-        st = attn__cuda_load(ctx, attn__cuda_variant_file[3], opt[3], "attn_paged_attention", NULL, 1,
-                             &L->decode_wide, reason, size);
+    if (st == ATTN_OK && opt[3][0]) {
+        /* a speed-only variant: if it cannot load, the layer runs every decode tile in the
+           default shape (one WARN, with the reason) */
+        char why[256];
+        if (attn__cuda_load(ctx, attn__cuda_variant_file[3], opt[3], "attn_paged_attention", NULL, 1, &L->decode_wide,
+                            why, sizeof why) != ATTN_OK) {
+            attn__log(ctx, ATTN_LOG_LEVEL_WARN, ATTN_LOG_KERNEL_COMPILE_FAILED,
+                      "CUDA layer: the wide decode tiles (%s) are not available, small batches run the "
+                      "default shape: %s", opt[3], why);
+            memset(&L->decode_wide, 0, sizeof L->decode_wide);
+        }
+    }
     if (st == ATTN_OK) { /* the split-KV target: one wave of resident decode CTAs */
         int per_sm = 0;
         if (ctx->cuda->cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, L->decode.main, L->decode.config[0],
@@ -6518,7 +6528,8 @@ static attn_status attn__cuda_metadata_init(const attn_backend *self, attn_layer
     cm->group = d->num_heads / d->num_kv_heads;
     cm->num_kv_heads = d->num_kv_heads;
     cm->parallelism = ATTN__MAX(1, L->resident);
-    cm->parallelism_wide = L->decode_wide.module ? L->resident_wide : 0;
+    /* the capacities below are sized by `parallelism`; the wide shape never needs more */
+    cm->parallelism_wide = L->decode_wide.module ? ATTN__MIN(ATTN__MAX(1, L->resident_wide), cm->parallelism) : 0;
     cm->kv_tile_wide = L->decode_wide.module ? L->decode_wide.config[2] : 0;
     for (v = 0; v < 2; v++) {
         const attn__cuda_module *m = v ? &L->prefill : &L->decode;
@@ -6768,6 +6779,19 @@ static attn_status attn__cuda_forward(const attn_backend *self, attn_layer *laye
     void *args[1];
     int v2, capturing;
     (void)self;
+    /* The schedule's tile shapes come from the layer that created the metadata; a layer
+       that shares its configuration (attn__metadata_fits) may still compile other tiles
+       (dtypes, soft cap, ALiBi choose them), and its kernels would misread the schedule. */
+    if (cm->tile[0] != L->decode.config[4] || cm->tile[1] != L->prefill.config[4] ||
+        cm->rows[0] != L->decode.config[3] || (cm->parallelism_wide > 0) != (L->decode_wide.module != 0))
+        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_METADATA_MISMATCH,
+                          "attn_layer_forward: meta's CUDA schedule has decode tiles of %d tokens, prefill "
+                          "tiles of %d tokens%s; this layer's kernels take %d, %d%s (its dtypes, soft cap "
+                          "or ALiBi differ from the layer that created meta; allowed: metadata created "
+                          "by a layer with the same kernels, e.g. this one)",
+                          cm->tile[0], cm->tile[1], cm->parallelism_wide ? " and the wide decode shape" : "",
+                          L->decode.config[4], L->prefill.config[4],
+                          L->decode_wide.module ? " and the wide decode shape" : "");
     if ((st = attn__cuda_enter_stream(ctx, "attn_layer_forward", stream)) != ATTN_OK) return st;
     capturing = attn__cuda_capturing(ctx, s);
     if (k && v)
@@ -6943,7 +6967,7 @@ static const attn_backend attn__cuda_backend = {
     16, 0,                    /* block sizes: any multiple of 16 */
     1, 1, 1, 1,               /* non-causal, sliding window, soft cap, ALiBi */
     0,                        /* is_mla */
-    ATTN_CUDA_GRAPH_ALWAYS,   /* forward: fixed grids, counts read on the device */
+    ATTN_CUDA_GRAPH_ALWAYS,   /* captured forward: capacity grids, counts read on the device */
     1, ATTN_LSE_BASE_E,
     attn__cuda_check,
     attn__cuda_context_init, attn__cuda_context_release,
@@ -7898,7 +7922,7 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "   (query_len 1): TILE_TOKENS = max(1, 16 / GROUP), so that one warp's 16 rows hold the\n",
     "   whole group, in two shapes: the default (4 warps, 64-key tiles, 2 CTAs per SM on sm_90)\n",
     "   for batches that fill the device, and KV_TILE 128 WARPS_N 8 KV_STAGES 3 (one 8-warp CTA\n",
-    "   per SM, sm_90) for batches of fewer tiles than SMs; prefill: TILE_TOKENS = max(1, 64 /\n",
+    "   per SM, sm_90) for batches of at most one tile per SM; prefill: TILE_TOKENS = max(1, 64 /\n",
     "   GROUP) (four row tiles, four warps), or with WARP_ROWS 2 TILE_TOKENS = 128 / GROUP\n",
     "   (eight row tiles, four warps of 32 rows: FlashAttention-2's 128 x 64 block; 64 / GROUP\n",
     "   gives two warps). One launch serves any mix of requests; a mixed batch runs best as two\n",
@@ -8397,12 +8421,12 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "    auto kv_col = [&](int i) -> int {\n",
     "        return ATTN_THREADS % ATTN_KV_CPR == 0 ? (int)(utid % ATTN_KV_CPR) : (int)((utid + i * ATTN_THREADS) % ATTN_KV_CPR);\n",
     "    };\n",
-    "    /* byte offset of key j's K row of this CTA's KV head in the cache, -1 outside\n",
-    "       [key0, key1) */\n",
     "    auto block_of = [&](int j) -> int { /* physical block of key j, -1 outside [key0, key1) */\n",
     "        return j >= key0 && j < key1 ? bt[(unsigned)j / BLOCK_SIZE] : -1;\n",
     "    };\n",
-    "    auto row_offset = [&](int b, int j) -> attn_i64 { /* of key j (absolute) in block b (-1: none) */\n",
+    "    /* byte offset in the cache of key j's K row (j absolute) for this CTA's KV head, given\n",
+    "       its block b; -1 for b = -1 */\n",
+    "    auto row_offset = [&](int b, int j) -> attn_i64 {\n",
     "        return b >= 0 ? ((attn_i64)b * blk_stride + (attn_i64)((unsigned)j % BLOCK_SIZE) * tok_stride + head_off) * ATTN_ESZ_KV\n",
     "                      : (attn_i64)-1;\n",
     "    };\n",

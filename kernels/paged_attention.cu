@@ -55,7 +55,7 @@
    (query_len 1): TILE_TOKENS = max(1, 16 / GROUP), so that one warp's 16 rows hold the
    whole group, in two shapes: the default (4 warps, 64-key tiles, 2 CTAs per SM on sm_90)
    for batches that fill the device, and KV_TILE 128 WARPS_N 8 KV_STAGES 3 (one 8-warp CTA
-   per SM, sm_90) for batches of fewer tiles than SMs; prefill: TILE_TOKENS = max(1, 64 /
+   per SM, sm_90) for batches of at most one tile per SM; prefill: TILE_TOKENS = max(1, 64 /
    GROUP) (four row tiles, four warps), or with WARP_ROWS 2 TILE_TOKENS = 128 / GROUP
    (eight row tiles, four warps of 32 rows: FlashAttention-2's 128 x 64 block; 64 / GROUP
    gives two warps). One launch serves any mix of requests; a mixed batch runs best as two
@@ -554,12 +554,12 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_paged_attenti
     auto kv_col = [&](int i) -> int {
         return ATTN_THREADS % ATTN_KV_CPR == 0 ? (int)(utid % ATTN_KV_CPR) : (int)((utid + i * ATTN_THREADS) % ATTN_KV_CPR);
     };
-    /* byte offset of key j's K row of this CTA's KV head in the cache, -1 outside
-       [key0, key1) */
     auto block_of = [&](int j) -> int { /* physical block of key j, -1 outside [key0, key1) */
         return j >= key0 && j < key1 ? bt[(unsigned)j / BLOCK_SIZE] : -1;
     };
-    auto row_offset = [&](int b, int j) -> attn_i64 { /* of key j (absolute) in block b (-1: none) */
+    /* byte offset in the cache of key j's K row (j absolute) for this CTA's KV head, given
+       its block b; -1 for b = -1 */
+    auto row_offset = [&](int b, int j) -> attn_i64 {
         return b >= 0 ? ((attn_i64)b * blk_stride + (attn_i64)((unsigned)j % BLOCK_SIZE) * tok_stride + head_off) * ATTN_ESZ_KV
                       : (attn_i64)-1;
     };

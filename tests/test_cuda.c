@@ -3,6 +3,7 @@
    causal/window/soft cap/ALiBi, LSE, split-KV; cache writes bit-exact; the LSE merge; a CUDA
    graph captured once and replayed after new builds; bad input. Every test SKIPs (with the
    reason) where the platform has no CUDA device. */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include "attn.h"
 #include "attn_test.h"
 #include "fixtures.h"
@@ -496,6 +497,148 @@ ATTN_TEST(cuda_layers_share_compiled_variants) {
     attn_context_destroy(ctx);
 }
 
+/* ---- ATTN_BATCH_INVARIANT: a request's rows do not depend on the rest of the batch ------- */
+
+/* One long decode alone, then the same request first in a batch of 32 decodes (256
+   (request, KV head) tiles): by default the first runs split (and, on sm_90, in the wide
+   decode shape) and the second does not; with ATTN_BATCH_INVARIANT=1 both run the same
+   tiles with no split, so its rows are bitwise equal. */
+ATTN_TEST(cuda_batch_invariant_rows) {
+    enum { H = 32, HKV = 8, D = 128, BS = 16, R = 32, MAXB = 192, NB = 512 }; /* rows share blocks: read only */
+    attn_test_log log;
+    attn_context *ctx = cu_ctx(&log);
+    const char *saved = getenv("ATTN_BATCH_INVARIANT");
+    char saved_copy[32];
+    attn_layer_desc d;
+    attn_layer *gpu = NULL;
+    attn_metadata *mg = NULL;
+    attn_metadata_desc md;
+    cu_buf q, kv, out;
+    int64_t shape[ATTN_MAX_DIMS];
+    int ndim = 0, pass, i;
+    static int32_t bt[R * MAXB];
+    static uint16_t rows[2][H * D];
+    memset(&q, 0, sizeof q); memset(&kv, 0, sizeof kv); memset(&out, 0, sizeof out);
+    CU_SKIP_IF_NO_GPU(ctx);
+    snprintf(saved_copy, sizeof saved_copy, "%s", saved ? saved : "");
+    setenv("ATTN_BATCH_INVARIANT", "1", 1);
+    memset(&d, 0, sizeof d);
+    d.num_heads = H; d.num_kv_heads = HKV; d.head_size = D; d.dtype = ATTN_DTYPE_BF16; d.block_size = BS;
+    d.device = ATTN_DEVICE_CUDA;
+    EXPECT_OK(attn_layer_create(ctx, &d, NULL, &gpu));
+    memset(&md, 0, sizeof md);
+    md.max_num_reqs = R; md.max_num_tokens = R; md.max_blocks_per_req = MAXB; md.num_blocks = NB;
+    if (!gpu || attn_metadata_create(gpu, &md, &mg) != ATTN_OK) goto done;
+    attn_layer_kv_cache_shape(gpu, NB, shape, &ndim);
+    if (!cu_buf_make(ctx, &q, (size_t)R * H * D * 2) || !cu_buf_make(ctx, &out, (size_t)R * H * D * 2) ||
+        !cu_buf_make(ctx, &kv, (size_t)NB * 2 * BS * HKV * D * 2)) goto done;
+    cu_fill(q.host, ATTN_DTYPE_BF16, (size_t)R * H * D, 2.0f);
+    cu_fill(kv.host, ATTN_DTYPE_BF16, (size_t)NB * 2 * BS * HKV * D, 2.0f);
+    if (!cu_up(ctx, &q) || !cu_up(ctx, &kv)) goto done;
+    for (i = 0; i < R * MAXB; i++) bt[i] = (int32_t)(((int64_t)i * 7919) % NB);
+    for (pass = 0; pass < 2; pass++) {
+        int32_t qsl[R + 1], seq[R];
+        int nreq = pass ? R : 1, r;
+        attn_batch b;
+        attn_tensor gq = cu_tensor(q.dev, ATTN_DTYPE_BF16, 3, nreq, H, D, 1);
+        attn_tensor go = cu_tensor(out.dev, ATTN_DTYPE_BF16, 3, nreq, H, D, 1);
+        attn_tensor gc = attn_tensor_make(kv.dev, ATTN_DTYPE_BF16, ndim, shape);
+        gc.device.kind = ATTN_DEVICE_CUDA;
+        qsl[0] = 0;
+        for (r = 0; r < nreq; r++) {
+            qsl[r + 1] = r + 1;
+            seq[r] = r == 0 ? 3000 : 300 + 50 * r; /* request 0: the one compared */
+        }
+        memset(&b, 0, sizeof b);
+        b.query_start_loc = qsl; b.seq_lens = seq; b.block_table = bt; b.block_table_stride = MAXB;
+        b.num_reqs = nreq; b.num_actual_tokens = nreq; b.max_query_len = 1; b.max_seq_len = 3000;
+        EXPECT_OK(attn_metadata_build(mg, 0, &b, 0));
+        memset(out.host, 0xff, out.bytes);
+        if (!cu_up(ctx, &out)) goto done;
+        EXPECT_OK(attn_layer_forward(gpu, mg, &gq, NULL, NULL, &gc, &go, NULL, NULL));
+        if (!cu_down(ctx, &out, out.host)) goto done;
+        memcpy(rows[pass], out.host, sizeof rows[pass]); /* token 0 = request 0 */
+    }
+    for (i = 0; i < H * D; i++)
+        if (rows[0][i] != rows[1][i] || rows[0][i] == 0xffff) {
+            attn_test_fail(__FILE__, __LINE__, "ATTN_BATCH_INVARIANT=1: out[%d] alone 0x%04x, in a batch of %d 0x%04x",
+                           i, rows[0][i], R, rows[1][i]);
+            break;
+        }
+done:
+    if (saved_copy[0]) setenv("ATTN_BATCH_INVARIANT", saved_copy, 1);
+    else unsetenv("ATTN_BATCH_INVARIANT");
+    cu_buf_free(ctx, &q); cu_buf_free(ctx, &kv); cu_buf_free(ctx, &out);
+    attn_metadata_destroy(mg);
+    attn_layer_destroy(gpu);
+    attn_context_destroy(ctx);
+}
+
+/* Metadata is shared by layers of one configuration (attn__metadata_fits), but a CUDA
+   schedule also depends on the kernels the layer compiled: a bf16 layer's prefill tiles
+   are 128 rows, a soft-capped one's 64. Forward with the other layer's metadata is refused
+   by name, and writes nothing (neither out nor the cache). */
+ATTN_TEST(cuda_metadata_of_other_kernels_refused) {
+    enum { H = 32, HKV = 8, D = 128, BS = 16, T = 40, MAXB = 8, NB = 16 };
+    attn_test_log log;
+    attn_context *ctx = cu_ctx(&log);
+    attn_layer_desc d;
+    attn_layer *plain = NULL, *capped = NULL;
+    attn_metadata *m = NULL;
+    attn_metadata_desc md;
+    cu_buf q, kv, out, knew;
+    int64_t shape[ATTN_MAX_DIMS];
+    int ndim = 0, i, changed = 0;
+    int32_t qsl[2] = {0, T}, seq[1] = {T}, bt[MAXB];
+    int64_t slots[T];
+    attn_batch b;
+    static unsigned char before[NB * 2 * BS * HKV * D * 2], after[NB * 2 * BS * HKV * D * 2];
+    memset(&q, 0, sizeof q); memset(&kv, 0, sizeof kv); memset(&out, 0, sizeof out); memset(&knew, 0, sizeof knew);
+    CU_SKIP_IF_NO_GPU(ctx);
+    memset(&d, 0, sizeof d);
+    d.num_heads = H; d.num_kv_heads = HKV; d.head_size = D; d.dtype = ATTN_DTYPE_BF16; d.block_size = BS;
+    d.device = ATTN_DEVICE_CUDA;
+    EXPECT_OK(attn_layer_create(ctx, &d, NULL, &plain));
+    d.logits_soft_cap = 30.0f;
+    EXPECT_OK(attn_layer_create(ctx, &d, NULL, &capped));
+    memset(&md, 0, sizeof md);
+    md.max_num_reqs = 1; md.max_num_tokens = T; md.max_blocks_per_req = MAXB; md.num_blocks = NB;
+    if (!plain || !capped || attn_metadata_create(plain, &md, &m) != ATTN_OK) goto done;
+    attn_layer_kv_cache_shape(plain, NB, shape, &ndim);
+    if (!cu_buf_make(ctx, &q, (size_t)T * H * D * 2) || !cu_buf_make(ctx, &out, (size_t)T * H * D * 2) ||
+        !cu_buf_make(ctx, &knew, (size_t)T * HKV * D * 2) || !cu_buf_make(ctx, &kv, sizeof before)) goto done;
+    cu_fill(q.host, ATTN_DTYPE_BF16, (size_t)T * H * D, 2.0f);
+    cu_fill(knew.host, ATTN_DTYPE_BF16, (size_t)T * HKV * D, 2.0f);
+    cu_fill(kv.host, ATTN_DTYPE_BF16, sizeof before / 2, 2.0f);
+    memset(out.host, 0xff, out.bytes);
+    if (!cu_up(ctx, &q) || !cu_up(ctx, &knew) || !cu_up(ctx, &kv) || !cu_up(ctx, &out)) goto done;
+    memcpy(before, kv.host, sizeof before);
+    for (i = 0; i < MAXB; i++) bt[i] = i;
+    for (i = 0; i < T; i++) slots[i] = i;
+    memset(&b, 0, sizeof b);
+    b.query_start_loc = qsl; b.seq_lens = seq; b.block_table = bt; b.block_table_stride = MAXB;
+    b.slot_mapping = slots; b.num_reqs = 1; b.num_actual_tokens = T; b.max_query_len = T; b.max_seq_len = T;
+    EXPECT_OK(attn_metadata_build(m, 0, &b, 0));
+    {
+        attn_tensor gq = cu_tensor(q.dev, ATTN_DTYPE_BF16, 3, T, H, D, 1);
+        attn_tensor go = cu_tensor(out.dev, ATTN_DTYPE_BF16, 3, T, H, D, 1);
+        attn_tensor gk = cu_tensor(knew.dev, ATTN_DTYPE_BF16, 3, T, HKV, D, 1);
+        attn_tensor gc = attn_tensor_make(kv.dev, ATTN_DTYPE_BF16, ndim, shape);
+        gc.device.kind = ATTN_DEVICE_CUDA;
+        EXPECT_EQ_INT(attn_layer_forward(capped, m, &gq, &gk, &gk, &gc, &go, NULL, NULL), ATTN_ERROR_INVALID_METADATA);
+        EXPECT_TRUE(strstr(attn_context_last_error(ctx), "prefill tiles") != NULL);
+    }
+    if (!cu_down(ctx, &kv, after) || !cu_down(ctx, &out, out.host)) goto done;
+    changed = memcmp(before, after, sizeof before) != 0;
+    for (i = 0; i < T * H * D && !changed; i++) changed = ((uint16_t *)out.host)[i] != 0xffff;
+    EXPECT_EQ_INT(changed, 0);
+done:
+    cu_buf_free(ctx, &q); cu_buf_free(ctx, &kv); cu_buf_free(ctx, &out); cu_buf_free(ctx, &knew);
+    attn_metadata_destroy(m);
+    attn_layer_destroy(plain); attn_layer_destroy(capped);
+    attn_context_destroy(ctx);
+}
+
 /* ---- CUDA graphs: capture one forward, replay it after new builds ------------------------ */
 
 typedef int (*cu_fn_stream_create)(void **, unsigned);
@@ -522,7 +665,10 @@ static void *cu_sym(void *lib, const char *name) {
     } while (0)
 
 ATTN_TEST(cuda_graph_replays_after_new_builds) {
-    enum { H = 32, HKV = 8, D = 128, BS = 16, MAXR = 8, MAXT = 16, MAXB = 112, NB = MAXR * MAXB }; /* the last round reaches 1750 keys */
+    /* round 3 reaches 1750 keys; round 4 has 24 decodes, 192 (request, KV head) tiles: past
+       the SM count, so on a device with the wide decode shape the graph captured on a
+       wide build (round 0) replays the default shape's launch */
+    enum { H = 32, HKV = 8, D = 128, BS = 16, MAXR = 24, MAXT = 32, MAXB = 112, NB = 8 * MAXB };
     attn_test_log log;
     attn_context *ctx = cu_ctx(&log);
     void *lib = NULL, *stream = NULL, *graph = NULL, *exec = NULL, *pctx = NULL;
@@ -581,10 +727,10 @@ ATTN_TEST(cuda_graph_replays_after_new_builds) {
         int i;
         for (i = 0; i < MAXR * MAXB; i++) bt[i] = (i * 37) % NB;
     }
-    for (round = 0; round < 4 && !bad; round++) {
+    for (round = 0; round < 5 && !bad; round++) {
         /* a new batch each round: decodes and a short prefill, other lengths */
         int32_t qsl[MAXR + 1], seq[MAXR];
-        int nreq = 2 + round, r, maxq = 0, maxs = 0;
+        int nreq = round == 4 ? 24 : 2 + round, r, maxq = 0, maxs = 0;
         attn_batch b;
         attn_tensor hq = cu_tensor(q.host, ATTN_DTYPE_BF16, 3, MAXT, H, D, 0);
         attn_tensor ho = cu_tensor(cpu_out, ATTN_DTYPE_BF16, 3, MAXT, H, D, 0);
@@ -598,8 +744,8 @@ ATTN_TEST(cuda_graph_replays_after_new_builds) {
             /* the captured build (round 0) has decodes only, no split and no prefill tile:
                the graph must still hold every launch the later rounds need (a prefill of
                8..12 tokens is past the 4-token decode tile; 1750 keys split) */
-            int ql = r == nreq - 1 && round > 0 ? 6 + 2 * round : 1;
-            seq[r] = 100 + 300 * r + 150 * round;
+            int ql = r == nreq - 1 && round > 0 && round < 4 ? 6 + 2 * round : 1;
+            seq[r] = round == 4 ? 64 + 37 * r : 100 + 300 * r + 150 * round;
             qsl[r + 1] = qsl[r] + ql;
             maxq = ql > maxq ? ql : maxq;
             maxs = seq[r] > maxs ? seq[r] : maxs;
@@ -1032,6 +1178,8 @@ void suite_cuda(void) {
     ATTN_RUN(cuda_merge_matches_cpu);
     ATTN_RUN(cuda_layers_share_compiled_variants);
     ATTN_RUN(cuda_graph_replays_after_new_builds);
+    ATTN_RUN(cuda_batch_invariant_rows);
+    ATTN_RUN(cuda_metadata_of_other_kernels_refused);
     ATTN_RUN(cuda_kernel_cache_faults_survived);
     ATTN_RUN(cuda_threads_create_one_layer_compile_once);
     ATTN_RUN(cuda_stream_of_another_context_refused);
