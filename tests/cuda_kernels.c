@@ -18,6 +18,14 @@
    --defines "WARP_ROWS=2 ..." adds kernel defines to every paged-attention variant, tested
    and timed; --prefill-tt N sets the prefill tile (N tokens at group 4, the same rows per
    CTA at other groups).
+   --wip-prefill: the draft sm_90a prefill kernel kernels/wip/paged_prefill_sm90.cu (not
+   embedded; read from disk, run from the repository root): compiled for sm_90a with
+   ptxas's report for a few variants (no GPU needed; a spill, stack or warning fails); on a
+   device of compute capability 9.0 every attention case is drawn within its scope (16-bit
+   q = cache, head 64 or 128, no soft cap or ALiBi, prefill-shaped, no split) and runs it,
+   at 128 rows per CTA, instead of the prefill variant, against the CPU backend (the merge
+   and cache-write tests are left out); with --prefill-bench it is timed after the prefill
+   variant on each causal shape. Elsewhere its GPU part is a skip.
 
    Ends with "N passed, N failed[, N skipped]" like the other test binaries. Exit 0 when
    nothing failed; with no GPU (or no NVRTC) every test is a skip and the exit is 0. */
