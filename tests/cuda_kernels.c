@@ -18,6 +18,14 @@
    --defines "WARP_ROWS=2 ..." adds kernel defines to every paged-attention variant, tested
    and timed; --prefill-tt N sets the prefill tile (N tokens at group 4, the same rows per
    CTA at other groups).
+   --wip-prefill: the draft sm_90a prefill kernel kernels/wip/paged_prefill_sm90.cu (not
+   embedded; read from disk, run from the repository root): compiled for sm_90a with
+   ptxas's report for a few variants (no GPU needed; a spill, stack or warning fails); on a
+   device of compute capability 9.0 every attention case is drawn within its scope (16-bit
+   q = cache, head 64 or 128, no soft cap or ALiBi, prefill-shaped, no split) and runs it,
+   at 128 rows per CTA, instead of the prefill variant, against the CPU backend (the merge
+   and cache-write tests are left out); with --prefill-bench it is timed after the prefill
+   variant on each causal shape. Elsewhere its GPU part is a skip.
 
    Ends with "N passed, N failed[, N skipped]" like the other test binaries. Exit 0 when
    nothing failed; with no GPU (or no NVRTC) every test is a skip and the exit is 0. */
@@ -237,10 +245,205 @@ static void describe(const attn_case *c, char *buf, size_t n) {
              c->want_lse, c->splits, c->q_pad, c->q_misalign);
 }
 
+/* ---- --wip-prefill: kernels/wip/paged_prefill_sm90.cu (not embedded), read from disk
+   relative to the repository root with kernels/attn_common.cuh and kernels/wgmma.cuh as
+   named headers (as tests/wgmma_check.c compiles its probes), compiled for sm_90a ---- */
+static int wip_prefill; /* 1: asked for; the GPU part runs on compute capability 9.0 only */
+static int wip_passed;  /* attention cases the WIP kernel passed */
+static const char *const wip_files[3] = {"kernels/wip/paged_prefill_sm90.cu", "kernels/attn_common.cuh", "kernels/wgmma.cuh"};
+static char *wip_text[3];
+
+static char *read_text(const char *path) {
+    FILE *f = fopen(path, "rb");
+    char *s;
+    long n;
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    s = (char *)malloc((size_t)n + 1);
+    if (s && fread(s, 1, (size_t)n, f) != (size_t)n) { free(s); s = NULL; }
+    if (s) s[n] = 0;
+    fclose(f);
+    return s;
+}
+
+/* The n bytes of global `name` in a cubin (an ELF64 image): the config without a GPU. */
+static int cubin_global(const unsigned char *elf, size_t size, const char *name, void *out, size_t n) {
+#define RD(T, off) (*(const T *)(const void *)(elf + (off)))
+    uint64_t shoff;
+    unsigned shentsize, shnum, i;
+    if (size < 64 || memcmp(elf, "\177ELF", 4) || elf[4] != 2) return 0;
+    shoff = RD(uint64_t, 0x28);
+    shentsize = RD(uint16_t, 0x3A);
+    shnum = RD(uint16_t, 0x3C);
+    if (shoff + (uint64_t)shnum * shentsize > size) return 0;
+    for (i = 0; i < shnum; i++) {
+        size_t sh = (size_t)shoff + (size_t)i * shentsize, k;
+        uint64_t off, sz, str_off;
+        if (RD(uint32_t, sh + 4) != 2) continue; /* SHT_SYMTAB */
+        off = RD(uint64_t, sh + 24);
+        sz = RD(uint64_t, sh + 32);
+        str_off = RD(uint64_t, (size_t)shoff + (size_t)RD(uint32_t, sh + 40) * shentsize + 24);
+        for (k = 0; off + (k + 1) * 24 <= size && (k + 1) * 24 <= sz; k++) {
+            size_t sym = (size_t)(off + k * 24), data;
+            unsigned shndx = RD(uint16_t, sym + 6);
+            const char *nm = (const char *)elf + str_off + RD(uint32_t, sym);
+            if (strcmp(nm, name) || shndx == 0 || shndx >= shnum) continue;
+            data = (size_t)(RD(uint64_t, (size_t)shoff + (size_t)shndx * shentsize + 24) + RD(uint64_t, sym + 8));
+            if (RD(uint32_t, (size_t)shoff + (size_t)shndx * shentsize + 4) == 8 || data + n > size) return 0; /* NOBITS */
+            memcpy(out, elf + data, n);
+            return 1;
+        }
+    }
+    return 0;
+#undef RD
+}
+
+static int log_number_before(const char *line, const char *marker) {
+    const char *x = strstr(line, marker);
+    if (!x) return -1;
+    while (x > line && x[-1] == ' ') x--;
+    while (x > line && x[-1] >= '0' && x[-1] <= '9') x--;
+    return atoi(x);
+}
+
+/* Compiles the WIP kernel with `defines` for sm_90a and prints ptxas's report (registers,
+   stack, spills, the config's shared memory) and any warning. 0 (a test failure, printed)
+   when it does not compile, spills, or asks for more than 227 KiB; with load (a device of
+   compute capability 9.0), the module is loaded and configured as attn__cuda_load does. */
+static module_entry *wip_module(const char *defines, int load) {
+    char key[320], defs[256], opt_store[32][64], arch_opt[] = "--gpu-architecture=sm_90a", *tok, *save = NULL;
+    const char *opts[40], *hdr_text[2], *hdr_name[2] = {"attn_common.cuh", "wgmma.cuh"};
+    const attn__nvrtc *nv = context->nvrtc;
+    attn__nvrtcProgram prog = NULL;
+    char *log = NULL, *cubin = NULL;
+    size_t log_size = 0, cubin_size = 0;
+    int nopt = 0, i, ok, regs = -1, stack = -1, spill_st = -1, spill_ld = -1, warnings = 0, config[8];
+    module_entry *m = NULL;
+    snprintf(key, sizeof key, "wip|%s|%d", defines, load);
+    for (i = 0; i < num_modules; i++)
+        if (!strcmp(modules[i].key, key)) return &modules[i];
+    for (i = 0; i < 3; i++)
+        if (!wip_text[i] && !(wip_text[i] = read_text(wip_files[i]))) {
+            printf("FAIL wip-prefill: cannot read %s (run from the repository root)\n", wip_files[i]);
+            failed++;
+            return NULL;
+        }
+    hdr_text[0] = wip_text[1];
+    hdr_text[1] = wip_text[2];
+    opts[nopt++] = arch_opt;
+    opts[nopt++] = "--ptxas-options=-v";
+    opts[nopt++] = "--std=c++17";
+    snprintf(defs, sizeof defs, "%s", defines);
+    for (tok = strtok_r(defs, " ", &save); tok && nopt < 32; tok = strtok_r(NULL, " ", &save)) {
+        snprintf(opt_store[nopt], sizeof opt_store[nopt], "-D%s", tok);
+        opts[nopt] = opt_store[nopt];
+        nopt++;
+    }
+    if (nv->nvrtcCreateProgram(&prog, wip_text[0], "paged_prefill_sm90.cu", 2, hdr_text, hdr_name) != 0) {
+        printf("FAIL wip-prefill [%s]: nvrtcCreateProgram failed\n", defines);
+        failed++;
+        return NULL;
+    }
+    ok = nv->nvrtcCompileProgram(prog, nopt, opts) == 0;
+    if (nv->nvrtcGetProgramLogSize(prog, &log_size) == 0 && (log = (char *)calloc(log_size + 1, 1)) != NULL &&
+        nv->nvrtcGetProgramLog(prog, log) != 0)
+        log[0] = 0;
+    if (ok && (nv->nvrtcGetCUBINSize(prog, &cubin_size) != 0 || !cubin_size ||
+               !(cubin = (char *)malloc(cubin_size)) || nv->nvrtcGetCUBIN(prog, cubin) != 0))
+        ok = 0;
+    nv->nvrtcDestroyProgram(&prog);
+    if (!ok) {
+        printf("FAIL wip-prefill [%s]: does not compile for sm_90a\n%s\n", defines, log ? log : "(no log)");
+        failed++;
+        free(log); free(cubin);
+        return NULL;
+    }
+    { /* ptxas -v: one entry function */
+        const char *p = log;
+        while (p && *p) {
+            const char *end = strchr(p, '\n');
+            char line[512];
+            size_t n = end ? (size_t)(end - p) : strlen(p);
+            if (n >= sizeof line) n = sizeof line - 1;
+            memcpy(line, p, n);
+            line[n] = 0;
+            if (strstr(line, "bytes stack frame")) {
+                stack = log_number_before(line, "bytes stack frame");
+                spill_st = log_number_before(line, "bytes spill stores");
+                spill_ld = log_number_before(line, "bytes spill loads");
+            } else if (strstr(line, "Used ") && strstr(line, "registers")) {
+                regs = atoi(strstr(line, "Used ") + 5);
+            }
+            if (strstr(line, "warning") || strstr(line, "Warning")) { printf("    %s\n", line); warnings++; }
+            p = end ? end + 1 : NULL;
+        }
+    }
+    memset(config, 0, sizeof config);
+    if (!cubin_global((const unsigned char *)cubin, cubin_size, "attn_paged_prefill_sm90_config", config, sizeof config))
+        config[1] = -1;
+    printf("  wip-prefill sm_90a [%s]: %d registers, %d B stack, %d/%d B spilled, %d threads, %d B shared "
+           "(%.1f KiB), KV_TILE %d, %d stages, %d rows\n",
+           defines, regs, stack, spill_st, spill_ld, config[0], config[1], config[1] / 1024.0, config[2], config[5],
+           config[3]);
+    if (regs < 0 || stack != 0 || spill_st != 0 || spill_ld != 0 || warnings || config[1] < 0 || config[1] > 227 * 1024) {
+        printf("FAIL wip-prefill [%s]: ptxas reports spills, stack or warnings, or the shared memory is over 227 KiB\n", defines);
+        failed++;
+        free(log); free(cubin);
+        return NULL;
+    }
+    if (num_modules == (int)(sizeof modules / sizeof modules[0])) { fprintf(stderr, "too many modules\n"); exit(2); }
+    m = &modules[num_modules++];
+    memset(m, 0, sizeof *m);
+    snprintf(m->key, sizeof m->key, "%s", key);
+    memcpy(m->config, config, sizeof config);
+    if (load) {
+        attn__CUmodule mod = NULL;
+        attn__CUdeviceptr g = 0;
+        size_t gb = 0;
+        CU_CHECK(cu->cuModuleLoadData(&mod, cubin));
+        CU_CHECK(cu->cuModuleGetFunction(&m->main, mod, "attn_paged_prefill_sm90"));
+        CU_CHECK(cu->cuModuleGetGlobal(&g, &gb, mod, "attn_paged_prefill_sm90_config"));
+        CU_CHECK(download(m->config, g, sizeof m->config));
+        CU_CHECK(cu->cuFuncSetAttribute(m->main, ATTN__CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, m->config[1]));
+    }
+    free(log);
+    free(cubin);
+    return m;
+}
+
+/* The compile report of --wip-prefill, GPU or not: the variants the issue names. */
+static void wip_compile_report(void) {
+    static const char *const variants[] = {
+        "HEAD_DIM=128 BLOCK_SIZE=16 GROUP=4 DT_Q=2 DT_KV=2 TILE_TOKENS=32",
+        "HEAD_DIM=64 BLOCK_SIZE=16 GROUP=1 DT_Q=1 DT_KV=1 TILE_TOKENS=128",
+        "HEAD_DIM=128 BLOCK_SIZE=16 GROUP=8 DT_Q=2 DT_KV=2 TILE_TOKENS=16 WINDOW=1",
+        "HEAD_DIM=64 BLOCK_SIZE=32 GROUP=3 DT_Q=2 DT_KV=2 TILE_TOKENS=42 WINDOW=1",
+        "HEAD_DIM=128 BLOCK_SIZE=32 GROUP=16 DT_Q=1 DT_KV=1 TILE_TOKENS=8",
+    };
+    size_t i;
+    if (!context->platform.nvrtc_version) {
+        printf("  SKIP wip-prefill compile: %s\n", context->platform.nvrtc_reason);
+        skipped++;
+        return;
+    }
+    printf("wip-prefill: %s for sm_90a (NVRTC %d.%d)\n", wip_files[0], context->nvrtc->major, context->nvrtc->minor);
+    for (i = 0; i < sizeof variants / sizeof variants[0]; i++)
+        if (wip_module(variants[i], 0)) passed++;
+}
+
+/* Within the WIP kernel's scope: one 16-bit type for q and cache, head 64 or 128, no soft
+   cap or ALiBi, a prefill-shaped tile, no split. */
+static int wip_in_scope(const attn_case *c) {
+    return c->dq == c->dkv && c->dq != ATTN_DTYPE_F32 && (c->head == 64 || c->head == 128) && c->softcap == 0.0f &&
+           !c->alibi && !c->decode_shape && c->splits <= 1;
+}
+
 static void run_attention_case(const attn_case *c, int num_reqs, const int *qlens, const int *ctxlens) {
     int H = c->kv_heads * c->group, D = c->head, Hkv = c->kv_heads, BS = c->block, r, i;
     int32_t *qsl = (int32_t *)calloc((size_t)num_reqs + 1, 4), *sl = (int32_t *)calloc((size_t)num_reqs, 4);
-    int max_blocks = 0, total_blocks, T, max_q = 0, max_s = 0, tt, big;
+    int max_blocks = 0, total_blocks, T, max_q = 0, max_s = 0, tt, big, wip = wip_prefill && wip_in_scope(c);
     int32_t *bt;
     float *alibi = NULL;
     attn_layer_desc d;
@@ -334,12 +537,19 @@ static void run_attention_case(const attn_case *c, int num_reqs, const int *qlen
        cache of one type, head <= 128 (elsewhere 64 rows, as the library does) */
     big = prefill_tt && c->dq == c->dkv && c->dq != ATTN_DTYPE_F32 && D <= 128;
     tt = (c->decode_shape ? 16 : big ? 4 * prefill_tt : 64) / c->group;
+    if (wip) tt = 128 / c->group; /* --wip-prefill: the sm_90 kernel's 128-row tile */
     if (tt < 1) tt = 1;
     if (tt * c->group > 128) tt = 128 / c->group;
-    snprintf(defs, sizeof defs, "HEAD_DIM=%d BLOCK_SIZE=%d GROUP=%d DT_Q=%d DT_KV=%d TILE_TOKENS=%d WINDOW=%d SOFTCAP=%d ALIBI=%d %s",
-             D, BS, c->group, dcode(c->dq), dcode(c->dkv), tt, c->window > 0, c->softcap > 0, c->alibi, extra_defines);
+    if (wip)
+        snprintf(defs, sizeof defs, "HEAD_DIM=%d BLOCK_SIZE=%d GROUP=%d DT_Q=%d DT_KV=%d TILE_TOKENS=%d WINDOW=%d %s", D, BS,
+                 c->group, dcode(c->dq), dcode(c->dkv), tt, c->window > 0, extra_defines);
+    else
+        snprintf(defs, sizeof defs, "HEAD_DIM=%d BLOCK_SIZE=%d GROUP=%d DT_Q=%d DT_KV=%d TILE_TOKENS=%d WINDOW=%d SOFTCAP=%d ALIBI=%d %s",
+                 D, BS, c->group, dcode(c->dq), dcode(c->dkv), tt, c->window > 0, c->softcap > 0, c->alibi, extra_defines);
     {
-        module_entry *m = get_module("paged_attention.cu", defs, "attn_paged_attention");
+        module_entry *m = wip ? wip_module(defs, 1) : get_module("paged_attention.cu", defs, "attn_paged_attention");
+        if (!m) goto free_all; /* the WIP kernel did not compile: counted as failed */
+        {
         attn__CUfunction fa = m->main, fm = m->second;
         schedule s;
         attn__paged_params p;
@@ -391,6 +601,7 @@ static void run_attention_case(const attn_case *c, int num_reqs, const int *qlen
         cu->cuMemFree(d_nm); cu->cuMemFree(d_po); cu->cuMemFree(d_pml);
         free(s.work);
         free(s.merge);
+        }
     }
     /* ---- compare: outputs in the q dtype; bf16 keeps 8 bits, so its tolerance is widest ---- */
     atol = c->dq == ATTN_DTYPE_BF16 || c->dkv == ATTN_DTYPE_BF16 ? 2e-2f
@@ -424,12 +635,13 @@ static void run_attention_case(const attn_case *c, int num_reqs, const int *qlen
             bad++;
         }
         if (bad) {
-            printf("FAIL attention %s (reqs %d, tokens %d; %s)\n", desc, num_reqs, T, defs);
+            printf("FAIL attention %s%s (reqs %d, tokens %d; %s)\n", wip ? "[wip sm90 prefill] " : "", desc, num_reqs, T, defs);
             for (r = 0; r < num_reqs; r++) printf("    req %d: query %d context %d\n", r, qlens[r], ctxlens[r]);
             failed++;
         } else {
             passed++;
-            if (getenv("ATTN_TEST_VERBOSE")) printf("ok   attention %s max|diff| %.3g\n", desc, worst);
+            if (wip) wip_passed++;
+            if (getenv("ATTN_TEST_VERBOSE")) printf("ok   attention %s%s max|diff| %.3g\n", wip ? "[wip sm90 prefill] " : "", desc, worst);
         }
     }
 free_all:
@@ -464,6 +676,14 @@ static void test_attention(int cases) {
         if (kind < 6) c.dq = c.dkv = rnd_int(0, 1) ? ATTN_DTYPE_BF16 : ATTN_DTYPE_F16;
         else if (kind < 8) c.dq = c.dkv = ATTN_DTYPE_F32;
         else { c.dq = rnd_int(0, 1) ? ATTN_DTYPE_F16 : ATTN_DTYPE_F32; c.dkv = c.dq == ATTN_DTYPE_F32 ? ATTN_DTYPE_BF16 : ATTN_DTYPE_F32; }
+        if (wip_prefill) { /* --wip-prefill: every case within the sm_90 kernel's scope */
+            c.head = rnd_int(0, 1) ? 128 : 64;
+            if (c.dq != c.dkv || c.dq == ATTN_DTYPE_F32) c.dq = c.dkv = rnd_int(0, 1) ? ATTN_DTYPE_BF16 : ATTN_DTYPE_F16;
+            c.softcap = 0.0f;
+            c.alibi = 0;
+            c.splits = 1;
+            c.decode_shape = 0;
+        }
         for (r = 0; r < nr; r++) {
             int shape = rnd_int(0, 3);
             if (shape == 0) { qlens[r] = 1; ctx[r] = rnd_int(0, 700); }                 /* decode */
@@ -733,6 +953,42 @@ static int decode_only;  /* --decode-bench: time the decode shapes only */
 static int prefill_only; /* --prefill-bench: the prefill shapes only */
 static int contiguous;  /* --contiguous: block_table rows in cache order (an upper bound of paging's cost) */
 
+/* Times one causal prefill of n tokens (32/8 heads, head 128, bf16, block 16) with module m
+   at ptt query tokens per CTA; prints TFLOP/s. */
+static void bench_prefill(module_entry *m, const char *label, int n, int ptt, attn__CUdeviceptr d_q, attn__CUdeviceptr d_kv,
+                          attn__CUdeviceptr d_out, attn__CUdeviceptr d_bt, attn__CUdeviceptr d_po, attn__CUdeviceptr d_pml,
+                          int max_blocks) {
+    const int H = 32, Hkv = 8, D = 128;
+    int32_t qsl[2], sl[1];
+    schedule s;
+    attn__paged_params p;
+    attn__CUdeviceptr d_sl, d_qsl, d_w, d_nw, d_m, d_nm;
+    float ms;
+    double flops = 4.0 * H * D * ((double)n * (n + 1) / 2);
+    qsl[0] = 0; qsl[1] = n; sl[0] = n;
+    build_work(&s, 1, qsl, sl, Hkv, ptt, 1, 0, 1, m->config[2]);
+    { /* longest first: the tiles at the end of the sequence see the most keys */
+        int a, b2;
+        for (a = 0, b2 = s.num_work - 1; a < b2; a++, b2--) {
+            int tmp[8];
+            memcpy(tmp, s.work + 8 * a, 32); memcpy(s.work + 8 * a, s.work + 8 * b2, 32); memcpy(s.work + 8 * b2, tmp, 32);
+        }
+    }
+    d_sl = dupload(sl, 4); d_qsl = dupload(qsl, 8);
+    d_w = dupload(s.work, (size_t)s.num_work * 32); d_nw = dupload(&s.num_work, 4);
+    d_m = dupload(s.merge, 32); d_nm = dupload(&s.num_merge, 4);
+    memset(&p, 0, sizeof p);
+    p.q = d_q; p.kv_cache = d_kv; p.out = d_out; p.block_table = d_bt; p.seq_lens = d_sl; p.query_start_loc = d_qsl;
+    p.work = d_w; p.num_work = d_nw; p.merge = d_m; p.num_merge = d_nm; p.partial_o = d_po; p.partial_ml = d_pml;
+    p.q_stride_token = (int64_t)H * D; p.q_stride_head = D; p.out_stride_token = (int64_t)H * D; p.out_stride_head = D;
+    p.block_table_stride = (int64_t)max_blocks; p.num_kv_heads = Hkv; p.scale = 0.088f;
+    ms = time_launch(m, &p, &s, 10);
+    printf("  %stokens %5d (%d per CTA, %d threads, %d B smem): ctas %5d  %9.1f us  %6.1f TFLOP/s\n", label, n, ptt,
+           m->config[0], m->config[1], s.num_work, ms * 1e3, flops / (ms * 1e-3) / 1e12);
+    cu->cuMemFree(d_sl); cu->cuMemFree(d_qsl); cu->cuMemFree(d_w); cu->cuMemFree(d_nw); cu->cuMemFree(d_m); cu->cuMemFree(d_nm);
+    free(s.work); free(s.merge);
+}
+
 static void bench(const char *extra) {
     const int H = 32, Hkv = 8, D = 128, BS = 16, G = H / Hkv;
     static const int batches[] = {1, 16, 64, 128}, ctxs[] = {1024, 4096, 16384};
@@ -795,39 +1051,17 @@ static void bench(const char *extra) {
         printf("prefill: causal, bf16, %d/%d heads, head %d, block %d%s%s (FLOPs = 4 * heads * head * visible pairs)\n",
                H, Hkv, D, BS, extra[0] ? ", " : "", extra);
         for (li = 0; li < 3; li++) {
-            int n = lens[li];
-            int32_t qsl[2], sl[1];
-            schedule s;
-            attn__paged_params p;
-            module_entry *m;
-            attn__CUdeviceptr d_sl, d_qsl, d_w, d_nw, d_m, d_nm;
-            float ms;
-            double flops = 4.0 * H * D * ((double)n * (n + 1) / 2);
-            qsl[0] = 0; qsl[1] = n; sl[0] = n;
             int ptt = prefill_tt ? prefill_tt : 64 / G;
             snprintf(defs, sizeof defs, "HEAD_DIM=%d BLOCK_SIZE=%d GROUP=%d DT_Q=2 DT_KV=2 TILE_TOKENS=%d %s", D, BS, G, ptt, extra);
-            m = get_module("paged_attention.cu", defs, "attn_paged_attention");
-            build_work(&s, 1, qsl, sl, Hkv, ptt, 1, 0, 1, m->config[2]);
-            { /* longest first: the tiles at the end of the sequence see the most keys */
-                int a, b2;
-                for (a = 0, b2 = s.num_work - 1; a < b2; a++, b2--) {
-                    int tmp[8];
-                    memcpy(tmp, s.work + 8 * a, 32); memcpy(s.work + 8 * a, s.work + 8 * b2, 32); memcpy(s.work + 8 * b2, tmp, 32);
-                }
+            bench_prefill(get_module("paged_attention.cu", defs, "attn_paged_attention"), "", lens[li], ptt, d_q, d_kv, d_out,
+                          d_bt, d_po, d_pml, (int)max_blocks);
+            if (wip_prefill) { /* the sm_90 draft on the same shape: 128 rows per CTA */
+                module_entry *m;
+                snprintf(defs, sizeof defs, "HEAD_DIM=%d BLOCK_SIZE=%d GROUP=%d DT_Q=2 DT_KV=2 TILE_TOKENS=%d %s", D, BS, G,
+                         128 / G, extra);
+                if ((m = wip_module(defs, 1)) != NULL)
+                    bench_prefill(m, "wip sm90 ", lens[li], 128 / G, d_q, d_kv, d_out, d_bt, d_po, d_pml, (int)max_blocks);
             }
-            d_sl = dupload(sl, 4); d_qsl = dupload(qsl, 8);
-            d_w = dupload(s.work, (size_t)s.num_work * 32); d_nw = dupload(&s.num_work, 4);
-            d_m = dupload(s.merge, 32); d_nm = dupload(&s.num_merge, 4);
-            memset(&p, 0, sizeof p);
-            p.q = d_q; p.kv_cache = d_kv; p.out = d_out; p.block_table = d_bt; p.seq_lens = d_sl; p.query_start_loc = d_qsl;
-            p.work = d_w; p.num_work = d_nw; p.merge = d_m; p.num_merge = d_nm; p.partial_o = d_po; p.partial_ml = d_pml;
-            p.q_stride_token = (int64_t)H * D; p.q_stride_head = D; p.out_stride_token = (int64_t)H * D; p.out_stride_head = D;
-            p.block_table_stride = (int64_t)max_blocks; p.num_kv_heads = Hkv; p.scale = 0.088f;
-            ms = time_launch(m, &p, &s, 10);
-            printf("  tokens %5d (%d per CTA, %d threads, %d B smem): ctas %5d  %9.1f us  %6.1f TFLOP/s\n", n, ptt,
-                   m->config[0], m->config[1], s.num_work, ms * 1e3, flops / (ms * 1e-3) / 1e12);
-            cu->cuMemFree(d_sl); cu->cuMemFree(d_qsl); cu->cuMemFree(d_w); cu->cuMemFree(d_nw); cu->cuMemFree(d_m); cu->cuMemFree(d_nm);
-            free(s.work); free(s.merge);
         }
     }
     cu->cuMemFree(d_kv); cu->cuMemFree(d_q); cu->cuMemFree(d_out); cu->cuMemFree(d_po); cu->cuMemFree(d_pml); cu->cuMemFree(d_bt);
@@ -849,23 +1083,34 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--cases") && i + 1 < argc) cases = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--prefill-tt") && i + 1 < argc) prefill_tt = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--seed") && i + 1 < argc) rng_state = strtoull(argv[++i], NULL, 0) | 1;
+        else if (!strcmp(argv[i], "--wip-prefill")) wip_prefill = 1;
         else {
             fprintf(stderr, "usage: cuda_kernels [--cases N] [--seed S] [--bench | --bench-only | --decode-bench | --prefill-bench] [--contiguous] [--defines \"KV_STAGES=3 ...\"]\n"
-                            "                    [--prefill-tt N]\n");
+                            "                    [--prefill-tt N] [--wip-prefill]\n");
             return 2;
         }
     }
     memset(&cd, 0, sizeof cd);
     cd.log = quiet;
     if (attn_context_create(&cd, &context) != ATTN_OK) return 2;
+    if (wip_prefill) wip_compile_report(); /* no GPU needed */
     if (!cuda_init()) {
-        printf("  SKIP cuda kernels: %s\n", skip_reason);
-        printf("0 passed, 0 failed, 1 skipped\n");
+        printf("  SKIP cuda kernels%s: %s\n", wip_prefill ? " (and the wip-prefill GPU run)" : "", skip_reason);
+        printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped + 1);
         attn_context_destroy(context);
-        return 0;
+        return failed ? 1 : 0;
     }
     printf("device sm_%d, %d SMs\n", arch, num_sms);
-    if (!only_bench) {
+    if (wip_prefill && arch != 90) {
+        printf("  SKIP wip-prefill GPU run: the device is sm_%d; sm_90a code runs on compute capability 9.0 only\n", arch);
+        skipped++;
+        wip_prefill = 0; /* the rest runs as without --wip-prefill */
+    }
+    if (wip_prefill && !only_bench) { /* the attention cases only, each within the WIP kernel's scope */
+        test_attention(cases);
+        printf("wip-prefill attention: %d of %d cases passed on the sm_90 kernel; %d passed, %d failed (%.1f s)\n",
+               wip_passed, cases, passed, failed, now_s() - t0);
+    } else if (!only_bench) {
         test_merge(cases);
         printf("merge: %d passed, %d failed (%.1f s)\n", passed, failed, now_s() - t0);
         test_cache_write(cases / 2);
