@@ -15,7 +15,7 @@ TEST_DEP = attn.h tests/attn_test.h tests/fixtures.h $(TEST_SRC)
 
 all: $(B)/attn_tests $(B)/attn_tests_avx2 $(B)/attn_tests_c $(B)/attn_tests_nothreads \
      $(B)/attn_tests_asan $(B)/attn_tests_tsan $(B)/attn-info $(B)/attn-bench $(B)/paged_decode \
-     $(B)/libattn.so $(B)/nvrtc-check $(B)/wgmma_check
+     $(B)/libattn.so $(B)/nvrtc-check $(B)/wgmma_check $(B)/cuda_kernels
 
 $(B):
 	mkdir -p $(B)
