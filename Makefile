@@ -60,15 +60,15 @@ $(B)/attn-info: tools/attn-info.c attn.h | $(B)
 $(B)/attn-bench: tools/attn-bench.c attn.h | $(B)
 	$(CC) $(CSTD) $(WARN) -O3 $(NATIVE) -I. $< -o $@ $(LIBS)
 # Compiles every kernel variant with NVRTC (dlopen; no CUDA header, no GPU needed).
-$(B)/nvrtc-check: tools/nvrtc-check.c attn.h | $(B)
+$(B)/nvrtc-check: tools/nvrtc-check.c tools/tool_support.h attn.h | $(B)
 	$(CC) $(CSTD) $(WARN) $(OPT) -I. $< -o $@ $(LIBS)
 # The kernels on a GPU against the CPU backend (dlopen; skips without a GPU). Not in `all`:
 # `make cuda-test` on a machine with one.
-$(B)/cuda_kernels: tests/cuda_kernels.c attn.h | $(B)
+$(B)/cuda_kernels: tests/cuda_kernels.c tools/tool_support.h attn.h | $(B)
 	$(CC) $(CSTD) $(WARN) $(OPT) -I. $< -o $@ $(LIBS)
 # The checks of kernels/wgmma.cuh: compiles tests/wgmma_probe.cu for sm_90a (ptxas report,
 # no spill; no GPU needed) and runs the probes on a device of compute capability 9.0.
-$(B)/wgmma_check: tests/wgmma_check.c attn.h | $(B)
+$(B)/wgmma_check: tests/wgmma_check.c tools/tool_support.h attn.h | $(B)
 	$(CC) $(CSTD) $(WARN) $(OPT) -I. $< -o $@ $(LIBS)
 $(B)/paged_decode: examples/paged_decode.c attn.h | $(B)
 	$(CC) $(CSTD) $(WARN) $(OPT) $(NATIVE) -I. $< -o $@ $(LIBS)

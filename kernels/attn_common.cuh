@@ -257,6 +257,18 @@ ATTN_DEV float attn_tanh(float x) {
 }
 
 /* ---- warp reductions ---- */
+ATTN_DEV int attn_imin(int a, int b) { return a < b ? a : b; }
+ATTN_DEV int attn_imax(int a, int b) { return a > b ? a : b; }
+ATTN_DEV int attn_warp_imin(int v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = attn_imin(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+ATTN_DEV int attn_warp_imax(int v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = attn_imax(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
 ATTN_DEV float attn_warp_max(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));

@@ -175,7 +175,7 @@
    columns up to a multiple of 16. The epilogue reuses the K/V stages:
    [O: WARPS_N x ROW_TILES*16 x (HEAD_DIM + 4) f32][m: WARPS_N x rows][l: WARPS_N x rows x 4].
    attn_paged_config[1] is the total; the kernel traps when the launch gives less. */
-#include "attn_common.cuh"
+#include "paged_common.cuh"
 
 #if !defined(HEAD_DIM) || !defined(BLOCK_SIZE) || !defined(GROUP) || !defined(DT_Q) || \
     !defined(DT_KV) || !defined(TILE_TOKENS)
@@ -292,50 +292,10 @@
 typedef typename attn_elem<DT_Q>::storage attn_q_t;
 typedef typename attn_elem<DT_KV>::storage attn_kv_t;
 
-/* Passed by value to both kernels; the host declares the same struct (same order; pointers
-   and int64 first, so the natural alignment leaves no holes). Strides are in elements. */
-struct attn_paged_params {
-    const void *q;               /* DT_Q [tokens, num_heads, HEAD_DIM] */
-    const void *kv_cache;        /* DT_KV [num_blocks, 2, BLOCK_SIZE, num_kv_heads, HEAD_DIM] */
-    void *out;                   /* DT_Q [tokens, num_heads, HEAD_DIM] */
-    float *lse;                  /* f32 [tokens, num_heads], base e; NULL: not written */
-    const int *block_table;      /* [num_reqs, block_table_stride] */
-    const int *seq_lens;         /* [num_reqs] */
-    const int *query_start_loc;  /* [num_reqs + 1] */
-    const float *alibi_slopes;   /* [num_heads] (ALIBI) */
-    const int *work;             /* [capacity][8], see WORK LIST */
-    const int *num_work;         /* one int: entries of `work` this launch runs */
-    const int *merge;            /* [capacity][8], see MERGE LIST */
-    const int *num_merge;        /* one int */
-    float *partial_o;            /* [num_slots][TILE_TOKENS*GROUP][HEAD_DIM] */
-    float *partial_ml;           /* [num_slots][TILE_TOKENS*GROUP][2] */
-    int *merge_count;            /* [merge capacity] FUSED MERGE arrivals, zero between
-                                    launches; NULL: merges only by attn_paged_merge_partials */
-    attn_i64 q_stride_token, q_stride_head;
-    attn_i64 out_stride_token, out_stride_head;
-    attn_i64 lse_stride_token, lse_stride_head;
-    attn_i64 block_table_stride;
-    int num_kv_heads;
-    float scale;                 /* softmax scale */
-    float softcap;               /* SOFTCAP: the cap (> 0) */
-    int window;                  /* WINDOW: sliding window in tokens (0: none) */
-};
 
 extern "C" __constant__ int attn_paged_config[8] = {
     ATTN_THREADS, ATTN_SMEM_BYTES, KV_TILE, ATTN_ROWS, TILE_TOKENS, KV_STAGES, WARPS_N, ATTN_USE_MMA};
 
-ATTN_DEV int attn_imin(int a, int b) { return a < b ? a : b; }
-ATTN_DEV int attn_imax(int a, int b) { return a > b ? a : b; }
-ATTN_DEV int attn_warp_imin(int v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = attn_imin(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-ATTN_DEV int attn_warp_imax(int v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = attn_imax(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
 
 /* Shared-memory reads of the FMA variant: 4 (or 2) consecutive elements as f32. */
 struct __align__(8) attn_vec8 { attn_u32 x, y; };

@@ -32,6 +32,7 @@
 #define _POSIX_C_SOURCE 200809L
 #define ATTN_IMPLEMENTATION
 #include "attn.h"
+#include "tools/tool_support.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -250,23 +251,12 @@ static void describe(const attn_case *c, char *buf, size_t n) {
    named headers (as tests/wgmma_check.c compiles its probes), compiled for sm_90a ---- */
 static int wip_prefill; /* 1: asked for; the GPU part runs on compute capability 9.0 only */
 static int wip_passed;  /* attention cases the WIP kernel passed */
-static const char *const wip_files[3] = {"kernels/wip/paged_prefill_sm90.cu", "kernels/attn_common.cuh", "kernels/wgmma.cuh"};
-static char *wip_text[3];
-
-static char *read_text(const char *path) {
-    FILE *f = fopen(path, "rb");
-    char *s;
-    long n;
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    s = (char *)malloc((size_t)n + 1);
-    if (s && fread(s, 1, (size_t)n, f) != (size_t)n) { free(s); s = NULL; }
-    if (s) s[n] = 0;
-    fclose(f);
-    return s;
-}
+static const char *const wip_file = "kernels/wip/paged_prefill_sm90.cu";
+static char *wip_text;
+/* the headers: every .cuh embedded in attn.h, as attn_kernel_compile offers them */
+static int wip_nhdr;
+static char *wip_hdr_text[16];
+static const char *wip_hdr_name[16];
 
 /* The n bytes of global `name` in a cubin (an ELF64 image): the config without a GPU. */
 static int cubin_global(const unsigned char *elf, size_t size, const char *name, void *out, size_t n) {
@@ -314,7 +304,7 @@ static int log_number_before(const char *line, const char *marker) {
    compute capability 9.0), the module is loaded and configured as attn__cuda_load does. */
 static module_entry *wip_module(const char *defines, int load) {
     char key[320], defs[256], opt_store[32][64], arch_opt[] = "--gpu-architecture=sm_90a", *tok, *save = NULL;
-    const char *opts[40], *hdr_text[2], *hdr_name[2] = {"attn_common.cuh", "wgmma.cuh"};
+    const char *opts[40];
     const attn__nvrtc *nv = context->nvrtc;
     attn__nvrtcProgram prog = NULL;
     char *log = NULL, *cubin = NULL;
@@ -324,14 +314,20 @@ static module_entry *wip_module(const char *defines, int load) {
     snprintf(key, sizeof key, "wip|%s|%d", defines, load);
     for (i = 0; i < num_modules; i++)
         if (!strcmp(modules[i].key, key)) return &modules[i];
-    for (i = 0; i < 3; i++)
-        if (!wip_text[i] && !(wip_text[i] = read_text(wip_files[i]))) {
-            printf("FAIL wip-prefill: cannot read %s (run from the repository root)\n", wip_files[i]);
-            failed++;
-            return NULL;
+    if (!wip_text && !(wip_text = attn_tool_read_file(wip_file))) {
+        printf("FAIL wip-prefill: cannot read %s (run from the repository root)\n", wip_file);
+        failed++;
+        return NULL;
+    }
+    if (!wip_nhdr)
+        for (i = 0; attn__kernel_source_name(i) && wip_nhdr < 16; i++) {
+            const char *name = attn__kernel_source_name(i);
+            size_t k = strlen(name);
+            if (k > 4 && !strcmp(name + k - 4, ".cuh") && (wip_hdr_text[wip_nhdr] = attn__kernel_source_text(name))) {
+                wip_hdr_name[wip_nhdr] = name;
+                wip_nhdr++;
+            }
         }
-    hdr_text[0] = wip_text[1];
-    hdr_text[1] = wip_text[2];
     opts[nopt++] = arch_opt;
     opts[nopt++] = "--ptxas-options=-v";
     opts[nopt++] = "--std=c++17";
@@ -341,7 +337,8 @@ static module_entry *wip_module(const char *defines, int load) {
         opts[nopt] = opt_store[nopt];
         nopt++;
     }
-    if (nv->nvrtcCreateProgram(&prog, wip_text[0], "paged_prefill_sm90.cu", 2, hdr_text, hdr_name) != 0) {
+    if (nv->nvrtcCreateProgram(&prog, wip_text, "paged_prefill_sm90.cu", wip_nhdr, (const char *const *)wip_hdr_text,
+                               wip_hdr_name) != 0) {
         printf("FAIL wip-prefill [%s]: nvrtcCreateProgram failed\n", defines);
         failed++;
         return NULL;
@@ -428,7 +425,7 @@ static void wip_compile_report(void) {
         skipped++;
         return;
     }
-    printf("wip-prefill: %s for sm_90a (NVRTC %d.%d)\n", wip_files[0], context->nvrtc->major, context->nvrtc->minor);
+    printf("wip-prefill: %s for sm_90a (NVRTC %d.%d)\n", wip_file, context->nvrtc->major, context->nvrtc->minor);
     for (i = 0; i < sizeof variants / sizeof variants[0]; i++)
         if (wip_module(variants[i], 0)) passed++;
 }

@@ -19,6 +19,7 @@
 #define _POSIX_C_SOURCE 200809L
 #define ATTN_IMPLEMENTATION
 #include "attn.h"
+#include "tools/tool_support.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -41,40 +42,6 @@ static void fail(const char *name, const char *detail) {
 static void skip(const char *name, const char *reason) {
     printf("  SKIP %s: %s\n", name, reason);
     skipped++;
-}
-
-/* attn_loader.open: a name as given, then, for libnvrtc, under $CUDA_HOME, $CUDA_PATH and
-   /usr/local/cuda (lib64), as tools/nvrtc-check does. */
-static void *open_library(void *user_data, const char *soname) {
-    const char *dirs[3];
-    char path[512];
-    void *lib = dlopen(soname, ATTN__DLOPEN_FLAGS);
-    size_t d, nd = 0;
-    (void)user_data;
-    if (lib || strncmp(soname, "libnvrtc", 8) != 0) return lib;
-    if (getenv("CUDA_HOME")) dirs[nd++] = getenv("CUDA_HOME");
-    if (getenv("CUDA_PATH")) dirs[nd++] = getenv("CUDA_PATH");
-    dirs[nd++] = "/usr/local/cuda";
-    for (d = 0; d < nd && !lib; d++) {
-        snprintf(path, sizeof path, "%s/lib64/%s", dirs[d], soname);
-        lib = dlopen(path, ATTN__DLOPEN_FLAGS);
-    }
-    return lib;
-}
-
-static char *read_file(const char *path) {
-    FILE *f = fopen(path, "rb");
-    char *s;
-    long n;
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    s = (char *)malloc((size_t)n + 1);
-    if (s && fread(s, 1, (size_t)n, f) != (size_t)n) { free(s); s = NULL; }
-    if (s) s[n] = 0;
-    fclose(f);
-    return s;
 }
 
 /* ---- the probes: name, what it computes, the dynamic shared memory it asks for ---- */
@@ -353,7 +320,7 @@ int main(int argc, char **argv) {
     }
     memset(&cd, 0, sizeof cd);
     memset(&loader, 0, sizeof loader);
-    loader.open = open_library;
+    loader.open = attn_tool_open_library;
     cd.loader = &loader;
     cd.log_level = ATTN_LOG_LEVEL_NONE;
     cd.num_threads = 1;
@@ -370,10 +337,10 @@ int main(int argc, char **argv) {
         for (i = 0; i < NUM_PROBES; i++) skip(probes[i].name, "no NVRTC");
         goto end;
     }
-    texts[0] = read_file(probe_path);
+    texts[0] = attn_tool_read_file(probe_path);
     for (i = 0; i < 2; i++) {
         snprintf(path, sizeof path, "%s/%s", kernel_dir, hdr_name[i]);
-        texts[i + 1] = read_file(path);
+        texts[i + 1] = attn_tool_read_file(path);
         hdr_text[i] = texts[i + 1];
         if (!texts[i + 1]) { printf("wgmma_check: cannot read %s (run from the repository root)\n", path); return 2; }
     }

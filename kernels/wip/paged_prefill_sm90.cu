@@ -76,7 +76,7 @@
    Not yet (FlashAttention-3 proper): a TMA/producer warpgroup with mbarriers, softmax of
    tile it overlapped with S of tile it + 1 inside a warpgroup, ping-pong named barriers
    between the two warpgroups, setmaxnreg. */
-#include "attn_common.cuh"
+#include "paged_common.cuh" /* attn_paged_params, as paged_attention.cu */
 #include "wgmma.cuh"
 
 #if !defined(HEAD_DIM) || !defined(BLOCK_SIZE) || !defined(GROUP) || !defined(DT_Q) || \
@@ -159,49 +159,10 @@
 
 typedef typename attn_elem<DT_Q>::storage attn_q_t;
 
-/* Must match kernels/paged_attention.cu (and the host's attn__paged_params) field for
-   field: the host drives both kernels with one struct. Strides are in elements. */
-struct attn_paged_params {
-    const void *q;               /* DT_Q [tokens, num_heads, HEAD_DIM] */
-    const void *kv_cache;        /* DT_KV [num_blocks, 2, BLOCK_SIZE, num_kv_heads, HEAD_DIM] */
-    void *out;                   /* DT_Q [tokens, num_heads, HEAD_DIM] */
-    float *lse;                  /* f32 [tokens, num_heads], base e; NULL: not written */
-    const int *block_table;      /* [num_reqs, block_table_stride] */
-    const int *seq_lens;         /* [num_reqs] */
-    const int *query_start_loc;  /* [num_reqs + 1] */
-    const float *alibi_slopes;   /* [num_heads] (ALIBI) */
-    const int *work;             /* [capacity][8], see WORK LIST */
-    const int *num_work;         /* one int: entries of `work` this launch runs */
-    const int *merge;            /* [capacity][8], see MERGE LIST */
-    const int *num_merge;        /* one int */
-    float *partial_o;            /* [num_slots][TILE_TOKENS*GROUP][HEAD_DIM] */
-    float *partial_ml;           /* [num_slots][TILE_TOKENS*GROUP][2] */
-    int *merge_count;            /* [merge capacity] FUSED MERGE arrivals */
-    attn_i64 q_stride_token, q_stride_head;
-    attn_i64 out_stride_token, out_stride_head;
-    attn_i64 lse_stride_token, lse_stride_head;
-    attn_i64 block_table_stride;
-    int num_kv_heads;
-    float scale;                 /* softmax scale */
-    float softcap;               /* SOFTCAP: the cap (> 0) */
-    int window;                  /* WINDOW: sliding window in tokens (0: none) */
-};
 
 extern "C" __constant__ int attn_paged_prefill_sm90_config[8] = {
     ATTN_THREADS, ATTN_SMEM_BYTES, KV_TILE, ATTN_ROWS, TILE_TOKENS, KV_STAGES, 0, 1};
 
-ATTN_DEV int attn_imin(int a, int b) { return a < b ? a : b; }
-ATTN_DEV int attn_imax(int a, int b) { return a > b ? a : b; }
-ATTN_DEV int attn_warp_imin(int v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = attn_imin(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-ATTN_DEV int attn_warp_imax(int v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = attn_imax(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
 
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_paged_prefill_sm90(const attn_paged_params p) {
     extern __shared__ attn_vec16 attn_smem[];
