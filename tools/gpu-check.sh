@@ -2,7 +2,8 @@
 # The GPU half of the suite, for a machine with a CUDA device (CI has none): builds the test
 # runner, runs the CUDA suite against the CPU backend, the same under compute-sanitizer
 # (memcheck, then racecheck on a subset), the whole runner, python/attn_h.py's pytest suite
-# on CUDA tensors (where torch is installed), the kernel harness and its benchmark, the
+# on CUDA tensors (where torch is installed), the kernel harness and its benchmark, the wgmma
+# probes and the WIP sm_90a prefill against the CPU backend (and its timing), the
 # backend's benchmark (attn-bench --device cuda) and the PyTorch peer on the same shapes.
 # Logs under $OUT (default build/gpu-out); a short table last.
 #   usage: tools/gpu-check.sh [--quick | --bench-only]
@@ -17,7 +18,7 @@ summary() { printf '%-28s %s\n' "$1" "$2" | tee -a "$OUT/summary.txt"; }
 : > "$OUT/summary.txt"
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1; summary "gpu" "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
 t0=$(date +%s)
-if ! make -j"$(nproc)" build/attn_tests build/cuda_kernels build/attn-bench > "$OUT/build.log" 2>&1; then
+if ! make -j"$(nproc)" build/attn_tests build/cuda_kernels build/attn-bench build/wgmma_check > "$OUT/build.log" 2>&1; then
     summary "build" "FAILED (see build.log)"; tail -n 30 "$OUT/build.log"; exit 1
 fi
 summary "build" "ok ($(( $(date +%s) - t0 )) s)"
@@ -64,9 +65,16 @@ else
 fi
 timeout 200 ./build/cuda_kernels > "$OUT/cuda-kernels.log" 2>&1
 summary "kernel harness" "$(last "$OUT/cuda-kernels.log")"
+timeout 60 ./build/wgmma_check > "$OUT/wgmma-check.log" 2>&1
+summary "wgmma probes (sm_90a)" "$(last "$OUT/wgmma-check.log")"
+# the WIP Hopper prefill (kernels/wip/paged_prefill_sm90.cu): against the CPU backend on sm_90
+timeout 200 ./build/cuda_kernels --wip-prefill --cases 200 > "$OUT/wip-prefill.log" 2>&1
+summary "wip sm_90a prefill" "$(last "$OUT/wip-prefill.log")"
 [ "${1:-}" = "--quick" ] || {
     timeout 200 ./build/cuda_kernels --bench > "$OUT/cuda-bench.log" 2>&1
     summary "kernel bench" "exit $? (cuda-bench.log)"
+    timeout 200 ./build/cuda_kernels --prefill-bench --wip-prefill > "$OUT/wip-prefill-bench.log" 2>&1
+    summary "wip prefill bench" "exit $? (wip-prefill-bench.log)"
     backend_bench
 }
 cat "$OUT/summary.txt"
