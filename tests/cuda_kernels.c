@@ -258,46 +258,6 @@ static int wip_nhdr;
 static char *wip_hdr_text[16];
 static const char *wip_hdr_name[16];
 
-/* The n bytes of global `name` in a cubin (an ELF64 image): the config without a GPU. */
-static int cubin_global(const unsigned char *elf, size_t size, const char *name, void *out, size_t n) {
-#define RD(T, off) (*(const T *)(const void *)(elf + (off)))
-    uint64_t shoff;
-    unsigned shentsize, shnum, i;
-    if (size < 64 || memcmp(elf, "\177ELF", 4) || elf[4] != 2) return 0;
-    shoff = RD(uint64_t, 0x28);
-    shentsize = RD(uint16_t, 0x3A);
-    shnum = RD(uint16_t, 0x3C);
-    if (shoff + (uint64_t)shnum * shentsize > size) return 0;
-    for (i = 0; i < shnum; i++) {
-        size_t sh = (size_t)shoff + (size_t)i * shentsize, k;
-        uint64_t off, sz, str_off;
-        if (RD(uint32_t, sh + 4) != 2) continue; /* SHT_SYMTAB */
-        off = RD(uint64_t, sh + 24);
-        sz = RD(uint64_t, sh + 32);
-        str_off = RD(uint64_t, (size_t)shoff + (size_t)RD(uint32_t, sh + 40) * shentsize + 24);
-        for (k = 0; off + (k + 1) * 24 <= size && (k + 1) * 24 <= sz; k++) {
-            size_t sym = (size_t)(off + k * 24), data;
-            unsigned shndx = RD(uint16_t, sym + 6);
-            const char *nm = (const char *)elf + str_off + RD(uint32_t, sym);
-            if (strcmp(nm, name) || shndx == 0 || shndx >= shnum) continue;
-            data = (size_t)(RD(uint64_t, (size_t)shoff + (size_t)shndx * shentsize + 24) + RD(uint64_t, sym + 8));
-            if (RD(uint32_t, (size_t)shoff + (size_t)shndx * shentsize + 4) == 8 || data + n > size) return 0; /* NOBITS */
-            memcpy(out, elf + data, n);
-            return 1;
-        }
-    }
-    return 0;
-#undef RD
-}
-
-static int log_number_before(const char *line, const char *marker) {
-    const char *x = strstr(line, marker);
-    if (!x) return -1;
-    while (x > line && x[-1] == ' ') x--;
-    while (x > line && x[-1] >= '0' && x[-1] <= '9') x--;
-    return atoi(x);
-}
-
 /* Compiles the WIP kernel with `defines` for sm_90a and prints ptxas's report (registers,
    stack, spills, the config's shared memory) and any warning. 0 (a test failure, printed)
    when it does not compile, spills, or asks for more than 227 KiB; with load (a device of
@@ -309,7 +269,8 @@ static module_entry *wip_module(const char *defines, int load) {
     attn__nvrtcProgram prog = NULL;
     char *log = NULL, *cubin = NULL;
     size_t log_size = 0, cubin_size = 0;
-    int nopt = 0, i, ok, regs = -1, stack = -1, spill_st = -1, spill_ld = -1, warnings = 0, config[8];
+    int nopt = 0, i, ok, warnings = 0, config[8];
+    attn_tool_ptxas e;
     module_entry *m = NULL;
     snprintf(key, sizeof key, "wip|%s|%d", defines, load);
     for (i = 0; i < num_modules; i++)
@@ -357,34 +318,17 @@ static module_entry *wip_module(const char *defines, int load) {
         free(log); free(cubin);
         return NULL;
     }
-    { /* ptxas -v: one entry function */
-        const char *p = log;
-        while (p && *p) {
-            const char *end = strchr(p, '\n');
-            char line[512];
-            size_t n = end ? (size_t)(end - p) : strlen(p);
-            if (n >= sizeof line) n = sizeof line - 1;
-            memcpy(line, p, n);
-            line[n] = 0;
-            if (strstr(line, "bytes stack frame")) {
-                stack = log_number_before(line, "bytes stack frame");
-                spill_st = log_number_before(line, "bytes spill stores");
-                spill_ld = log_number_before(line, "bytes spill loads");
-            } else if (strstr(line, "Used ") && strstr(line, "registers")) {
-                regs = atoi(strstr(line, "Used ") + 5);
-            }
-            if (strstr(line, "warning") || strstr(line, "Warning")) { printf("    %s\n", line); warnings++; }
-            p = end ? end + 1 : NULL;
-        }
-    }
+    e = attn_tool_ptxas_for(log, "attn_paged_prefill_sm90");
+    warnings = attn_tool_print_warnings(log);
     memset(config, 0, sizeof config);
-    if (!cubin_global((const unsigned char *)cubin, cubin_size, "attn_paged_prefill_sm90_config", config, sizeof config))
+    if (!attn_tool_cubin_global((const unsigned char *)cubin, cubin_size, "attn_paged_prefill_sm90_config", config,
+                                sizeof config))
         config[1] = -1;
     printf("  wip-prefill sm_90a [%s]: %d registers, %d B stack, %d/%d B spilled, %d threads, %d B shared "
            "(%.1f KiB), KV_TILE %d, %d stages, %d rows\n",
-           defines, regs, stack, spill_st, spill_ld, config[0], config[1], config[1] / 1024.0, config[2], config[5],
+           defines, e.regs, e.stack, e.spill_st, e.spill_ld, config[0], config[1], config[1] / 1024.0, config[2], config[5],
            config[3]);
-    if (regs < 0 || stack != 0 || spill_st != 0 || spill_ld != 0 || warnings || config[1] < 0 || config[1] > 227 * 1024) {
+    if (!e.found || e.regs <= 0 || e.stack != 0 || e.spill_st != 0 || e.spill_ld != 0 || warnings || config[1] < 0 || config[1] > 227 * 1024) {
         printf("FAIL wip-prefill [%s]: ptxas reports spills, stack or warnings, or the shared memory is over 227 KiB\n", defines);
         failed++;
         free(log); free(cubin);

@@ -97,70 +97,6 @@ static void compile(compiled *out, const char *src, const char *src_name, int nh
     nv->nvrtcDestroyProgram(&prog);
 }
 
-/* ptxas -v for one function: "Compiling entry function 'F' for 'sm_90a'", then
-   "N bytes stack frame, N bytes spill stores, N bytes spill loads" and
-   "Used N registers, used N barriers, N bytes smem, ..." until the next function. */
-typedef struct ptxas_entry { int found, regs, smem, stack, spill_st, spill_ld; } ptxas_entry;
-
-static int number_before(const char *line, const char *marker) {
-    const char *x = strstr(line, marker);
-    if (!x) return 0;
-    while (x > line && x[-1] == ' ') x--;
-    while (x > line && x[-1] >= '0' && x[-1] <= '9') x--;
-    return atoi(x);
-}
-
-static ptxas_entry ptxas_for(const char *log, const char *func) {
-    ptxas_entry e;
-    char key[128];
-    const char *p;
-    memset(&e, 0, sizeof e);
-    snprintf(key, sizeof key, "Compiling entry function '%s'", func);
-    p = log ? strstr(log, key) : NULL;
-    if (!p) return e;
-    e.found = 1;
-    p = strchr(p, '\n');
-    while (p && *++p) {
-        const char *end = strchr(p, '\n');
-        char line[512];
-        size_t n = end ? (size_t)(end - p) : strlen(p);
-        if (n >= sizeof line) n = sizeof line - 1;
-        memcpy(line, p, n);
-        line[n] = 0;
-        if (strstr(line, "Compiling entry function")) break;
-        if (strstr(line, "bytes stack frame")) {
-            e.stack = number_before(line, "bytes stack frame");
-            e.spill_st = number_before(line, "bytes spill stores");
-            e.spill_ld = number_before(line, "bytes spill loads");
-        } else if (strstr(line, "Used ") && strstr(line, "registers")) {
-            e.regs = atoi(strstr(line, "Used ") + 5);
-            e.smem = number_before(line, "bytes smem");
-        }
-        p = end;
-    }
-    return e;
-}
-
-/* Lines of the log that are warnings (NVRTC's front end, or ptxas: e.g. wgmma serialized). */
-static int print_warnings(const char *log) {
-    int count = 0;
-    const char *p = log;
-    while (p && *p) {
-        const char *end = strchr(p, '\n');
-        size_t n = end ? (size_t)(end - p) : strlen(p);
-        char line[512];
-        if (n >= sizeof line) n = sizeof line - 1;
-        memcpy(line, p, n);
-        line[n] = 0;
-        if (strstr(line, "warning") || strstr(line, "Warning")) {
-            printf("    %s\n", line);
-            count++;
-        }
-        p = end ? end + 1 : NULL;
-    }
-    return count;
-}
-
 /* ---- inputs and the reference ---- */
 static uint64_t rng_state = 0x5eed5eed12345679ull;
 static uint64_t rnd(void) {
@@ -302,8 +238,6 @@ int main(int argc, char **argv) {
     const char *probe_path = "tests/wgmma_probe.cu", *kernel_dir = "kernels";
     const char *hdr_name[2] = {"attn_common.cuh", "wgmma.cuh"}, *hdr_text[2];
     char *texts[3] = {NULL, NULL, NULL}, path[1024], detail[512], gpu_reason[600] = "";
-    attn_context_desc cd;
-    attn_loader loader;
     compiled prog, guard;
     int i, arch = 0;
     memset(&prog, 0, sizeof prog);
@@ -318,14 +252,7 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    memset(&cd, 0, sizeof cd);
-    memset(&loader, 0, sizeof loader);
-    loader.open = attn_tool_open_library;
-    cd.loader = &loader;
-    cd.log_level = ATTN_LOG_LEVEL_NONE;
-    cd.num_threads = 1;
-    cd.kernel_cache_dir = "off";
-    if (attn_context_create(&cd, &context) != ATTN_OK) {
+    if (attn_tool_context_create(&context) != ATTN_OK) {
         printf("wgmma_check: %s\n", attn_context_last_error(NULL));
         return 2;
     }
@@ -354,7 +281,7 @@ int main(int argc, char **argv) {
     if (!prog.ok) {
         printf("%s\n", prog.log ? prog.log : "(no log)");
         fail("compile sm_90a", "NVRTC could not compile the probes (log above)");
-    } else if (print_warnings(prog.log) > 0) {
+    } else if (attn_tool_print_warnings(prog.log) > 0) {
         fail("compile sm_90a", "the compile has warnings (above)");
     } else {
         snprintf(detail, sizeof detail, "%zu-byte cubin, no warnings", prog.cubin_size);
@@ -362,7 +289,7 @@ int main(int argc, char **argv) {
     }
     printf("    %-22s %5s %7s %6s %s\n", "ptxas (sm_90a)", "regs", "smem", "stack", "spill st/ld");
     for (i = 0; i < NUM_PROBES; i++) {
-        ptxas_entry e = ptxas_for(prog.log, probes[i].name);
+        attn_tool_ptxas e = attn_tool_ptxas_for(prog.log, probes[i].name);
         char name[96];
         snprintf(name, sizeof name, "ptxas %s", probes[i].name);
         if (!prog.ok) { skip(name, "the program did not compile"); continue; }

@@ -161,7 +161,7 @@ static int smem_limit(int arch) { return arch >= 90 ? 232448 : 166912; }
 #define MAX_FUNCS 4
 typedef struct func_info {
     char name[64];
-    int regs, smem, stack, spill_st, spill_ld;
+    attn_tool_ptxas p; /* regs, smem, stack, spill_st, spill_ld */
 } func_info;
 
 typedef struct job {
@@ -191,92 +191,23 @@ static func_info *func_named(job *j, const char *name, size_t len) {
     return &j->funcs[j->num_funcs++];
 }
 
-/* The number written just before `marker` in line (0 if none). */
-static int number_before(const char *line, const char *marker) {
-    const char *x = strstr(line, marker);
-    if (!x) return 0;
-    while (x > line && x[-1] == ' ') x--;
-    while (x > line && x[-1] >= '0' && x[-1] <= '9') x--;
-    return atoi(x);
-}
-
-/* ptxas -v: "Compiling entry function 'F' for 'sm_90'", "Function properties for F",
-   "N bytes stack frame, N bytes spill stores, N bytes spill loads",
-   "Used N registers, used N barriers, N bytes smem, ..." (the last two follow their F). */
+/* ptxas -v, every function of the log: "Compiling entry function 'F' for 'sm_90'" or
+   "Function properties for F" names F; its figures follow (tools/tool_support.h). */
 static void parse_log(job *j) {
     static const char *const starts[] = {"Compiling entry function '", "Function properties for "};
     const char *p = j->log;
     func_info *cur = NULL;
+    char line[512];
     while (p && *p) {
-        const char *e = strchr(p, '\n'), *q;
-        size_t n = e ? (size_t)(e - p) : strlen(p), k;
-        char line[512];
-        if (n >= sizeof line) n = sizeof line - 1;
-        memcpy(line, p, n);
-        line[n] = 0;
+        const char *e = attn_tool_log_line(p, line, sizeof line), *q;
+        size_t k;
         for (k = 0; k < 2; k++)
             if ((q = strstr(line, starts[k])) != NULL) {
                 q += strlen(starts[k]);
                 cur = func_named(j, q, strcspn(q, "' "));
             }
-        if (cur && strstr(line, "bytes stack frame")) {
-            cur->stack = number_before(line, "bytes stack frame");
-            cur->spill_st = number_before(line, "bytes spill stores");
-            cur->spill_ld = number_before(line, "bytes spill loads");
-        } else if (cur && (q = strstr(line, "Used ")) != NULL && strstr(line, "registers")) {
-            cur->regs = atoi(q + 5);
-            cur->smem = number_before(line, "bytes smem");
-        }
+        if (cur) attn_tool_ptxas_line(line, &cur->p);
         p = e ? e + 1 : NULL;
-    }
-}
-
-/* Little-endian fields of the CUBIN (an ELF64 file). */
-static uint64_t elf_field(const unsigned char *p, int bytes) {
-    uint64_t v = 0;
-    while (bytes--) v = v << 8 | p[bytes];
-    return v;
-}
-
-/* attn_paged_config (an initialised __constant__ int[8]) from the CUBIN: the symbol of that
-   name in the symbol table, its bytes in the section it lives in. */
-static void parse_config(job *j, const unsigned char *elf, size_t size) {
-    static const char name[] = "attn_paged_config";
-    uint64_t shoff, shentsize, shnum, i, k;
-    if (size < 64 || memcmp(elf, "\177ELF", 4) != 0 || elf[4] != 2 /* ELFCLASS64 */) return;
-    shoff = elf_field(elf + 0x28, 8);
-    shentsize = elf_field(elf + 0x3a, 2);
-    shnum = elf_field(elf + 0x3c, 2);
-    if (shentsize < 64 || shoff > size || shnum > (size - shoff) / shentsize) return;
-    for (i = 0; i < shnum; i++) { /* section headers: type +4, addr +0x10, offset +0x18, size +0x20, link +0x28 */
-        const unsigned char *sh = elf + shoff + i * shentsize, *strtab;
-        uint64_t off = elf_field(sh + 0x18, 8), len = elf_field(sh + 0x20, 8), link = elf_field(sh + 0x28, 4);
-        uint64_t str_off, str_len;
-        if (elf_field(sh + 4, 4) != 2 /* SHT_SYMTAB */ || off > size || len > size - off || link >= shnum) continue;
-        strtab = elf + shoff + link * shentsize;
-        str_off = elf_field(strtab + 0x18, 8);
-        str_len = elf_field(strtab + 0x20, 8);
-        if (str_off > size || str_len > size - str_off) return;
-        for (k = 0; k + 24 <= len; k += 24) { /* Elf64_Sym: name +0, shndx +6, value +8, size +16 */
-            const unsigned char *sym = elf + off + k, *sec;
-            uint64_t at = elf_field(sym, 4), shndx = elf_field(sym + 6, 2), value = elf_field(sym + 8, 8);
-            uint64_t sec_addr, sec_off, sec_len;
-            int n;
-            if (at >= str_len || str_len - at < sizeof name || memcmp(elf + str_off + at, name, sizeof name) != 0 ||
-                elf_field(sym + 16, 8) != sizeof j->config || shndx == 0 || shndx >= shnum)
-                continue;
-            sec = elf + shoff + shndx * shentsize;
-            sec_addr = elf_field(sec + 0x10, 8);
-            sec_off = elf_field(sec + 0x18, 8);
-            sec_len = elf_field(sec + 0x20, 8);
-            if (elf_field(sec + 4, 4) == 8 /* SHT_NOBITS */ || value < sec_addr) return;
-            value -= sec_addr;
-            if (sec_off > size || sec_len > size - sec_off || value > sec_len || sec_len - value < sizeof j->config)
-                return;
-            for (n = 0; n < 8; n++) j->config[n] = (int)(uint32_t)elf_field(elf + sec_off + value + 4 * n, 4);
-            j->has_config = 1;
-            return;
-        }
     }
 }
 
@@ -323,7 +254,9 @@ static void run_job(job *j) {
         unsigned char *cubin = (unsigned char *)malloc(size);
         j->ok = 1;
         if (cubin && nv->nvrtcGetCUBIN(prog, (char *)cubin) == 0) {
-            parse_config(j, cubin, size);
+            /* attn_paged_config (an initialised __constant__ int[8]) */
+            j->has_config = attn_tool_cubin_global(cubin, size, "attn_paged_config", j->config,
+                                                   sizeof j->config);
             if (save_dir) {
                 char path[1024];
                 FILE *f;
@@ -399,20 +332,9 @@ int main(int argc, char **argv) {
     }
     if (threads < 1) threads = 1;
     if (threads > 16) threads = 16;
-    {
-        attn_context_desc cd;
-        attn_loader loader;
-        memset(&cd, 0, sizeof cd);
-        memset(&loader, 0, sizeof loader);
-        loader.open = attn_tool_open_library;
-        cd.loader = &loader;
-        cd.log_level = ATTN_LOG_LEVEL_NONE;
-        cd.num_threads = 1;
-        cd.kernel_cache_dir = "off";
-        if (attn_context_create(&cd, &ctx) != ATTN_OK) {
-            printf("nvrtc-check: %s\n", attn_context_last_error(NULL));
-            return 1;
-        }
+    if (attn_tool_context_create(&ctx) != ATTN_OK) {
+        printf("nvrtc-check: %s\n", attn_context_last_error(NULL));
+        return 1;
     }
     nv = ctx->nvrtc;
     if (!nv->library) {
@@ -461,12 +383,12 @@ int main(int argc, char **argv) {
         for (i = 0; i < j->num_funcs; i++) {
             func_info *f = &j->funcs[i];
             int dyn = j->has_config && !strcmp(f->name, "attn_paged_attention") ? j->config[1] : 0;
-            int spill = f->spill_st + f->spill_ld;
-            const char *bad = spill ? "  <- SPILL" : f->smem + dyn > smem_limit(j->arch) ? "  <- SMEM" : "";
+            int spill = f->p.spill_st + f->p.spill_ld;
+            const char *bad = spill ? "  <- SPILL" : f->p.smem + dyn > smem_limit(j->arch) ? "  <- SMEM" : "";
             if (*bad) failed = 1;
             if (spill > worst_spill) worst_spill = spill;
-            printf("%-26s %-58s sm_%d %5d %8d %8d %3d/%-3d %7.0f%s\n", f->name, v->defines, j->arch, f->regs,
-                   f->smem, dyn, f->spill_st, f->spill_ld, j->ms, bad);
+            printf("%-26s %-58s sm_%d %5d %8d %8d %3d/%-3d %7.0f%s\n", f->name, v->defines, j->arch, f->p.regs,
+                   f->p.smem, dyn, f->p.spill_st, f->p.spill_ld, j->ms, bad);
         }
         if (j->num_funcs == 0) { printf("%-26s %-58s sm_%d  no kernel in the ptxas log\n", v->file, v->defines, j->arch); failed = 1; }
         if (verbose && j->log) printf("%s\n", j->log);
