@@ -6414,8 +6414,9 @@ static attn_status attn__cuda_layer_init(const attn_backend *self, attn_layer *l
             per_sm = 0;
             if (ctx->cuda->cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, L->decode_wide.main,
                                                                        L->decode_wide.config[0],
-                                                                       (size_t)L->decode_wide.config[1]) != 0)
-                per_sm = 0;
+                                                                       (size_t)L->decode_wide.config[1]) != 0 ||
+                per_sm < 1)
+                per_sm = 1; /* its shared memory allows one per SM */
             L->resident_wide = per_sm * ATTN__MAX(1, ctx->platform.cuda_multiprocessors);
         }
     }
@@ -6529,7 +6530,7 @@ static attn_status attn__cuda_metadata_init(const attn_backend *self, attn_layer
     cm->num_kv_heads = d->num_kv_heads;
     cm->parallelism = ATTN__MAX(1, L->resident);
     /* the capacities below are sized by `parallelism`; the wide shape never needs more */
-    cm->parallelism_wide = L->decode_wide.module ? ATTN__MIN(ATTN__MAX(1, L->resident_wide), cm->parallelism) : 0;
+    cm->parallelism_wide = L->decode_wide.module ? ATTN__MIN(L->resident_wide, cm->parallelism) : 0;
     cm->kv_tile_wide = L->decode_wide.module ? L->decode_wide.config[2] : 0;
     for (v = 0; v < 2; v++) {
         const attn__cuda_module *m = v ? &L->prefill : &L->decode;
@@ -6748,19 +6749,13 @@ static attn__CUresult attn__cuda_write_kv(attn_context *ctx, const attn__cuda_la
 
 /* Whether work launched on `stream` now is recorded into a graph rather than run. A
    captured launch must cover the metadata's capacity (the graph replays after later
-   builds, whose counts the device reads); a launch that runs now needs only the last
-   build's counts, which the host knows. A failed query counts as capturing (the safe
-   side: full grids). */
+   builds, whose counts the device reads; CTAs past the count exit); a launch that runs
+   now needs only the last build's counts, which the host knows (a count of 0: no launch,
+   which would still cost a launch's latency). A failed query counts as capturing (the
+   safe side: full grids). */
 static int attn__cuda_capturing(attn_context *ctx, attn__CUstream stream) {
     int status = 0;
     return ctx->cuda->cuStreamIsCapturing(stream, &status) != 0 || status != 0;
-}
-
-/* The grid of a launch over `count` built entries of a list of `capacity`: the capacity
-   while capturing (CTAs past the count read it on the device and exit), else the count
-   (0: no launch; an empty launch still costs a launch's latency). */
-static unsigned attn__cuda_grid(int count, int capacity, int capturing) {
-    return (unsigned)(capturing ? capacity : count);
 }
 
 static attn_status attn__cuda_forward(const attn_backend *self, attn_layer *layer, const attn_metadata *meta,
@@ -6831,17 +6826,20 @@ static attn_status attn__cuda_forward(const attn_backend *self, attn_layer *laye
        finish), so a forward runs at most two launches: decode tiles (default or wide shape,
        whichever the build chose), prefill tiles. A captured forward holds all three (the
        graph replays later builds; the unused shape's count is 0). */
-    for (v2 = 0; v2 < 3 && rc == 0; v2++) {
-        static const int list[3] = {0, 1, 0}, count[3] = {0, 1, 3};
-        const attn__cuda_module *m = v2 == 0 ? &L->decode : v2 == 1 ? &L->prefill : &L->decode_wide;
-        unsigned grid;
-        if (!m->module) continue;
-        grid = attn__cuda_grid(cm->host.counts[count[v2]], cm->work_capacity[list[v2]], capturing);
-        if (!grid) continue;
-        pp.work = attn__dptr(cm->dev.work[list[v2]]);
-        pp.num_work = attn__dptr(cm->dev.counts + count[v2]);
-        rc = cu->cuLaunchKernel(m->main, grid, 1, 1, (unsigned)m->config[0], 1, 1, (unsigned)m->config[1], s,
-                                args, NULL);
+    {
+        /* each launch: its module, its work list (plan.work[]), its count (plan.counts[]) */
+        const struct { const attn__cuda_module *m; int list, count; } launch[3] = {
+            {&L->decode, 0, 0}, {&L->prefill, 1, 1}, {&L->decode_wide, 0, 3}};
+        for (v2 = 0; v2 < 3 && rc == 0; v2++) {
+            const attn__cuda_module *m = launch[v2].m;
+            const unsigned grid = (unsigned)(capturing ? cm->work_capacity[launch[v2].list]
+                                                       : cm->host.counts[launch[v2].count]);
+            if (!m->module || !grid) continue;
+            pp.work = attn__dptr(cm->dev.work[launch[v2].list]);
+            pp.num_work = attn__dptr(cm->dev.counts + launch[v2].count);
+            rc = cu->cuLaunchKernel(m->main, grid, 1, 1, (unsigned)m->config[0], 1, 1, (unsigned)m->config[1], s,
+                                    args, NULL);
+        }
     }
     attn__cuda_leave(ctx);
     return rc ? attn__cu_fail(ctx, "attn_layer_forward", "cuLaunchKernel", rc) : ATTN_OK;

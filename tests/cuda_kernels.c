@@ -247,8 +247,8 @@ static void describe(const attn_case *c, char *buf, size_t n) {
 }
 
 /* ---- --wip-prefill: kernels/wip/paged_prefill_sm90.cu (not embedded), read from disk
-   relative to the repository root with kernels/attn_common.cuh and kernels/wgmma.cuh as
-   named headers (as tests/wgmma_check.c compiles its probes), compiled for sm_90a ---- */
+   relative to the repository root, compiled for sm_90a with the headers embedded in attn.h
+   offered by name ---- */
 static int wip_prefill; /* 1: asked for; the GPU part runs on compute capability 9.0 only */
 static int wip_passed;  /* attention cases the WIP kernel passed */
 static const char *const wip_file = "kernels/wip/paged_prefill_sm90.cu";
