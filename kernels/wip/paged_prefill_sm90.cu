@@ -227,15 +227,8 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_paged_prefill
         const int R = row0 + 8 * h, t = R / GROUP;
         const int valid = R < nrows;
         const int pos = seq_len - query_len + tok0 + t;
-        int a = 0, b = causal ? pos + 1 : seq_len;
-#if WINDOW
-        if (p.window > 0) {
-            a = attn_imax(0, pos - p.window + 1);
-            if (!causal) b = (int)(((attn_i64)pos + p.window) < seq_len ? (attn_i64)pos + p.window : seq_len);
-        }
-#endif
-        a = attn_imax(a, key0);
-        b = attn_imin(b, key1);
+        int a, b;
+        attn_visible_keys<WINDOW>(p, causal, pos, seq_len, key0, key1, a, b);
         lo[h] = valid ? a : 0;
         hi[h] = valid ? b : 0;
         if (valid) {
