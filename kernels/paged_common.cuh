@@ -1,6 +1,6 @@
 /* paged_common.cuh - what the paged-attention kernels share: the parameters the host
    passes by value to attn_paged_attention, attn_paged_merge_partials (paged_attention.cu)
-   and the sm_90a prefill (wip/paged_prefill_sm90.cu). attn.h declares the same struct as
+   and the sm_90a prefill (paged_prefill_sm90.cu). attn.h declares the same struct as
    attn__paged_params (same members, same order; pointers and int64 first, so the natural
    alignment leaves no holes). Strides are in elements. The kernels that include it define
    TILE_TOKENS, GROUP and HEAD_DIM (the comments' shapes). */

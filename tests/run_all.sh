@@ -85,10 +85,10 @@ fi
 # kernels/wgmma.cuh: its probes compile for sm_90a with no spill and the sm_90 guard holds
 # (no GPU needed; on an H200/H100 the probes also run against a float64 reference).
 run wgmma-probe ./build/wgmma_check
-# kernels/wip/paged_prefill_sm90.cu (the Hopper prefill, not yet wired into the backend):
-# its variants compile for sm_90a with no spill and fit the shared memory (no GPU needed;
-# on compute capability 9.0 the harness also runs it against the CPU backend).
-run wip-prefill-sm90 ./build/cuda_kernels --wip-prefill --cases 0
+# kernels/paged_prefill_sm90.cu (CUDA_SM90's wgmma prefill): its variants compile for
+# sm_90a with no spill and fit the shared memory (no GPU needed; on compute capability 9.0
+# the harness also runs it against the CPU backend).
+run sm90-prefill ./build/cuda_kernels --sm90-prefill --cases 0
 
 run tests-native ./build/attn_tests
 if grep -q ' avx2 ' /proc/cpuinfo && grep -q ' fma ' /proc/cpuinfo && grep -q ' f16c ' /proc/cpuinfo; then

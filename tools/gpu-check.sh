@@ -3,7 +3,7 @@
 # runner, runs the CUDA suite against the CPU backend, the same under compute-sanitizer
 # (memcheck, then racecheck on a subset), the whole runner, python/attn_h.py's pytest suite
 # on CUDA tensors (where torch is installed), the kernel harness and its benchmark, the wgmma
-# probes and the WIP sm_90a prefill against the CPU backend (and its timing), the
+# probes and the sm_90a prefill (CUDA_SM90) against the CPU backend (and its timing), the
 # backend's benchmark (attn-bench --device cuda) and the PyTorch peer on the same shapes.
 # Logs under $OUT (default build/gpu-out); a short table last.
 #   usage: tools/gpu-check.sh [--quick | --bench-only]
@@ -67,14 +67,14 @@ timeout 200 ./build/cuda_kernels > "$OUT/cuda-kernels.log" 2>&1
 summary "kernel harness" "$(last "$OUT/cuda-kernels.log")"
 timeout 60 ./build/wgmma_check > "$OUT/wgmma-check.log" 2>&1
 summary "wgmma probes (sm_90a)" "$(last "$OUT/wgmma-check.log")"
-# the WIP Hopper prefill (kernels/wip/paged_prefill_sm90.cu): against the CPU backend on sm_90
-timeout 200 ./build/cuda_kernels --wip-prefill --cases 200 > "$OUT/wip-prefill.log" 2>&1
-summary "wip sm_90a prefill" "$(last "$OUT/wip-prefill.log")"
+# the Hopper prefill (kernels/paged_prefill_sm90.cu): against the CPU backend on sm_90
+timeout 200 ./build/cuda_kernels --sm90-prefill --cases 200 > "$OUT/sm90-prefill.log" 2>&1
+summary "sm_90a prefill" "$(last "$OUT/sm90-prefill.log")"
 [ "${1:-}" = "--quick" ] || {
     timeout 200 ./build/cuda_kernels --bench > "$OUT/cuda-bench.log" 2>&1
     summary "kernel bench" "exit $? (cuda-bench.log)"
-    timeout 200 ./build/cuda_kernels --prefill-bench --wip-prefill > "$OUT/wip-prefill-bench.log" 2>&1
-    summary "wip prefill bench" "exit $? (wip-prefill-bench.log)"
+    timeout 200 ./build/cuda_kernels --prefill-bench --sm90-prefill > "$OUT/sm90-prefill-bench.log" 2>&1
+    summary "sm90 prefill bench" "exit $? (sm90-prefill-bench.log)"
     backend_bench
 }
 cat "$OUT/summary.txt"

@@ -5,7 +5,8 @@
    and >>kernels-end; `make embed` writes it), or those of a directory (--dir). Every .cuh
    file is handed to nvrtcCreateProgram as a named header, so `#include "attn_common.cuh"`
    resolves with no include path. Each variant is compiled to CUBIN for sm_80 and sm_90
-   with --ptxas-options=-v; the table lists, per kernel: registers, shared memory (static
+   (the wide decode tiles for sm_90 only, the wgmma kernel for sm_90a only) with
+   --ptxas-options=-v; the table lists, per kernel: registers, shared memory (static
    + the dynamic bytes a variant exports in attn_paged_config), spill bytes and compile
    time. No CUDA header and no GPU are needed: NVRTC is the library's table (ctx->nvrtc),
    loaded by attn_context_create (libnvrtc.so.13, .12, libnvrtc.so, each also looked for
@@ -66,7 +67,9 @@ static const char *source_of(const char *name) {
 }
 
 /* ---- the manifest: representative variants of every kernel ---- */
-typedef struct variant { const char *file, *defines; int min_arch; } variant; /* min_arch 0: all */
+/* min_arch 0: sm_80 and sm_90; 90: sm_90 only; ARCH_90A: sm_90a only (wgmma) */
+typedef struct variant { const char *file, *defines; int min_arch; } variant;
+#define ARCH_90A 91 /* sm_90a in the job table (compiled as --gpu-architecture=sm_90a) */
 
 #define PA(hd, bs, grp, dq, dkv, tt, flags) \
     {"paged_attention.cu", "HEAD_DIM=" #hd " BLOCK_SIZE=" #bs " GROUP=" #grp " DT_Q=" #dq " DT_KV=" #dkv \
@@ -132,6 +135,13 @@ static variant manifest_builtin[] = {
     PA_WIDE(128, 32, 16, 2, 2, 1, ""),
     PA_WIDE(120, 16, 4, 2, 2, 4, ""),
     PA_WIDE(96, 16, 8, 1, 1, 2, " WINDOW=1 SOFTCAP=1 ALIBI=1"),
+    /* the CUDA_SM90 backend's wgmma prefill (sm_90a only; TILE_TOKENS = 128 / GROUP): the
+       prefill target, head 64 with 3 stages, a window, a group of 3 (126 rows), group 16 */
+    {"paged_prefill_sm90.cu", "HEAD_DIM=128 BLOCK_SIZE=16 GROUP=4 DT_Q=2 DT_KV=2 TILE_TOKENS=32", ARCH_90A},
+    {"paged_prefill_sm90.cu", "HEAD_DIM=64 BLOCK_SIZE=16 GROUP=1 DT_Q=1 DT_KV=1 TILE_TOKENS=128", ARCH_90A},
+    {"paged_prefill_sm90.cu", "HEAD_DIM=128 BLOCK_SIZE=16 GROUP=8 DT_Q=2 DT_KV=2 TILE_TOKENS=16 WINDOW=1", ARCH_90A},
+    {"paged_prefill_sm90.cu", "HEAD_DIM=64 BLOCK_SIZE=32 GROUP=3 DT_Q=2 DT_KV=2 TILE_TOKENS=42 WINDOW=1", ARCH_90A},
+    {"paged_prefill_sm90.cu", "HEAD_DIM=128 BLOCK_SIZE=32 GROUP=16 DT_Q=1 DT_KV=1 TILE_TOKENS=8", ARCH_90A},
     /* cache writes (DT 0 f32, 1 f16, 2 bf16) */
     {"cache_write.cu", "HEAD_DIM=128 DT_IN=1 DT_CACHE=1", 0},
     {"cache_write.cu", "HEAD_DIM=128 DT_IN=2 DT_CACHE=2", 0},
@@ -152,8 +162,9 @@ static variant *manifest = manifest_builtin;
 static int num_variants = (int)(sizeof manifest_builtin / sizeof manifest_builtin[0]);
 static variant custom;
 
-static const int archs[] = {80, 90};
-#define NUM_ARCHS 2
+static const int archs[] = {80, 90, ARCH_90A};
+#define NUM_ARCHS 3
+static const char *arch_name(int arch) { return arch == ARCH_90A ? "sm_90a" : arch == 90 ? "sm_90" : "sm_80"; }
 /* Opt-in shared memory per block (bytes): A100 163 KiB, H100/H200 227 KiB. */
 static int smem_limit(int arch) { return arch >= 90 ? 232448 : 166912; }
 
@@ -229,7 +240,7 @@ static void run_job(job *j) {
     }
     for (i = 0; i < num_files; i++)
         if (strstr(file_name[i], ".cuh")) { hdr_text[nh] = file_text[i]; hdr_name[nh] = file_name[i]; nh++; }
-    snprintf(optbuf[no], sizeof optbuf[no], "--gpu-architecture=sm_%d", j->arch); opts[no] = optbuf[no]; no++;
+    snprintf(optbuf[no], sizeof optbuf[no], "--gpu-architecture=%s", arch_name(j->arch)); opts[no] = optbuf[no]; no++;
     opts[no++] = "--ptxas-options=-v";
     opts[no++] = "-std=c++17";
     snprintf(defs, sizeof defs, "%s", v->defines);
@@ -321,6 +332,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--variant") && i + 2 < argc) {
             custom.file = argv[i + 1];
             custom.defines = argv[i + 2];
+            custom.min_arch = strstr(custom.file, "sm90") ? ARCH_90A : 0;
             manifest = &custom;
             num_variants = 1;
             i += 2;
@@ -356,7 +368,8 @@ int main(int argc, char **argv) {
         if (only && !strstr(all, only)) continue;
         nvar++;
         for (k = 0; k < NUM_ARCHS; k++) {
-            if (archs[k] < manifest[i].min_arch) continue;
+            if (archs[k] < manifest[i].min_arch || (archs[k] == ARCH_90A) != (manifest[i].min_arch == ARCH_90A))
+                continue;
             jobs[num_jobs].variant = i;
             jobs[num_jobs].arch = archs[k];
             num_jobs++;
@@ -376,25 +389,26 @@ int main(int argc, char **argv) {
         total_ms += j->ms;
         if (j->ms > max_ms) max_ms = j->ms;
         if (!j->ok) {
-            printf("%-26s %-58s sm_%d  COMPILE ERROR\n%s\n", v->file, v->defines, j->arch, j->log ? j->log : "");
+            printf("%-26s %-58s %-6s COMPILE ERROR\n%s\n", v->file, v->defines, arch_name(j->arch), j->log ? j->log : "");
             failed = 1;
             continue;
         }
         for (i = 0; i < j->num_funcs; i++) {
             func_info *f = &j->funcs[i];
-            int dyn = j->has_config && !strcmp(f->name, "attn_paged_attention") ? j->config[1] : 0;
+            int dyn = j->has_config && (!strcmp(f->name, "attn_paged_attention") || !strcmp(f->name, "attn_paged_prefill_sm90"))
+                          ? j->config[1] : 0;
             int spill = f->p.spill_st + f->p.spill_ld;
             const char *bad = spill ? "  <- SPILL" : f->p.smem + dyn > smem_limit(j->arch) ? "  <- SMEM" : "";
             if (*bad) failed = 1;
             if (spill > worst_spill) worst_spill = spill;
-            printf("%-26s %-58s sm_%d %5d %8d %8d %3d/%-3d %7.0f%s\n", f->name, v->defines, j->arch, f->p.regs,
+            printf("%-26s %-58s %-6s%5d %8d %8d %3d/%-3d %7.0f%s\n", f->name, v->defines, arch_name(j->arch), f->p.regs,
                    f->p.smem, dyn, f->p.spill_st, f->p.spill_ld, j->ms, bad);
         }
-        if (j->num_funcs == 0) { printf("%-26s %-58s sm_%d  no kernel in the ptxas log\n", v->file, v->defines, j->arch); failed = 1; }
+        if (j->num_funcs == 0) { printf("%-26s %-58s %-6s no kernel in the ptxas log\n", v->file, v->defines, arch_name(j->arch)); failed = 1; }
         if (verbose && j->log) printf("%s\n", j->log);
     }
-    printf("nvrtc-check: %d variants x %d architectures, %.1f s wall (%d threads), compile %.0f ms total, "
-           "%.0f ms the slowest; %s\n", nvar, NUM_ARCHS, (now_ms() - t0) / 1e3, threads, total_ms, max_ms,
+    printf("nvrtc-check: %d variants, %d compiles (sm_80, sm_90, sm_90a), %.1f s wall (%d threads), compile %.0f ms total, "
+           "%.0f ms the slowest; %s\n", nvar, num_jobs, (now_ms() - t0) / 1e3, threads, total_ms, max_ms,
            failed ? "FAILED" : "all compiled, no spills");
     status = failed ? 1 : 0;
 done:

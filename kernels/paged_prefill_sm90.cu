@@ -1,13 +1,11 @@
-/* paged_prefill_sm90.cu - paged-attention prefill on Hopper warpgroup MMA (wgmma), a draft.
+/* paged_prefill_sm90.cu - paged-attention prefill on Hopper warpgroup MMA (wgmma), sm_90a.
 
-   NOT YET VERIFIED ON A GPU. It compiles for sm_90a with no spill (tests/cuda_kernels.c
-   --wip-prefill prints ptxas's report without a GPU), and nothing more is known. The next
-   session's first GPU run (an H200, from the repository root):
-       make build/cuda_kernels && ./build/cuda_kernels --wip-prefill --cases 200
-       ./build/cuda_kernels --prefill-bench --wip-prefill
-   The first runs this kernel on every random prefill-shaped case within its scope against
-   the CPU backend; the second times it on the bench's causal prefill shapes. Not embedded
-   in attn.h (tools/embed.py reads top-level kernels/ only) until it passes both.
+   The prefill tiles of the CUDA_SM90 backend (attn.h: a layer whose tensors are on a
+   device of compute capability 9.0 and whose shape is in the scope below; its decode tiles
+   and cache write are the CUDA backend's). Compiled for sm_90a only (wgmma does not exist
+   in plain sm_90). Checked on an H200 against the CPU backend by tests/cuda_kernels.c
+   --sm90-prefill (every random prefill-shaped case in scope, compute-sanitizer memcheck
+   and racecheck clean) and by the CUDA suite through the backend.
 
    =====================================================================================
    WHAT IT COMPUTES
@@ -29,13 +27,13 @@
    =====================================================================================
    LAUNCH
    =====================================================================================
-   attn_paged_prefill_sm90: grid (>= *num_work), block 256 (attn_paged_prefill_sm90_config
-   [0]), dynamic shared memory config[1] bytes (set CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_
-   SIZE_BYTES). sm_90a only (compute capability 9.0). One CTA per SM (two warpgroups at up
+   attn_paged_prefill_sm90: grid (>= *num_work), block 256 (attn_paged_config[0]), dynamic
+   shared memory config[1] bytes (set CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES).
+   sm_90a only (compute capability 9.0). One CTA per SM (two warpgroups at up
    to 255 registers fill the register file). CTAs past *num_work exit. The same params and
    work list as attn_paged_attention: the host drives it with the prefill variant's
-   schedule (build_work with TILE_TOKENS = config[4]). The config (an extern "C"
-   __constant__ int[8], read as attn_paged_config is): {threads, dynamic shared bytes,
+   schedule (TILE_TOKENS = config[4]). The config (an extern "C" __constant__ int[8]
+   named as paged_attention.cu's, so one loader reads both): {threads, dynamic shared bytes,
    KV_TILE, TILE_TOKENS * GROUP, TILE_TOKENS, KV_STAGES, 0, 1}.
 
    =====================================================================================
@@ -160,7 +158,7 @@
 typedef typename attn_elem<DT_Q>::storage attn_q_t;
 
 
-extern "C" __constant__ int attn_paged_prefill_sm90_config[8] = {
+extern "C" __constant__ int attn_paged_config[8] = {
     ATTN_THREADS, ATTN_SMEM_BYTES, KV_TILE, ATTN_ROWS, TILE_TOKENS, KV_STAGES, 0, 1};
 
 
