@@ -321,7 +321,7 @@ static module_entry *sm90_module(const char *defines, int load) {
     e = attn_tool_ptxas_for(log, "attn_paged_prefill_sm90");
     warnings = attn_tool_print_warnings(log);
     memset(config, 0, sizeof config);
-    if (!attn_tool_cubin_global((const unsigned char *)cubin, cubin_size, "attn_paged_prefill_sm90_config", config,
+    if (!attn_tool_cubin_global((const unsigned char *)cubin, cubin_size, "attn_paged_config", config,
                                 sizeof config))
         config[1] = -1;
     if ((!e.found || e.regs <= 0) && load) {
@@ -377,7 +377,7 @@ static module_entry *sm90_module(const char *defines, int load) {
         size_t gb = 0;
         CU_CHECK(cu->cuModuleLoadData(&mod, cubin));
         CU_CHECK(cu->cuModuleGetFunction(&m->main, mod, "attn_paged_prefill_sm90"));
-        CU_CHECK(cu->cuModuleGetGlobal(&g, &gb, mod, "attn_paged_prefill_sm90_config"));
+        CU_CHECK(cu->cuModuleGetGlobal(&g, &gb, mod, "attn_paged_config"));
         CU_CHECK(download(m->config, g, sizeof m->config));
         CU_CHECK(cu->cuFuncSetAttribute(m->main, ATTN__CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, m->config[1]));
     }
