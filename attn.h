@@ -61,8 +61,9 @@
 
    BACKENDS, in automatic priority order per platform (a backend serves only layers of
    its kind: standard or MLA; CUSTOM, a plugin slot, leads when registered)
-       platform CPU:   CUSTOM, CPU, CPU_MLA, CUDA (skipped: no device, but the record says so)
-       platform CUDA:  CUSTOM, CUDA, CPU, CPU_MLA
+       platform CPU:   CUSTOM, CPU, CPU_MLA, CUDA_SM90, CUDA (skipped: no device, but the
+                       record says so)
+       platform CUDA:  CUSTOM, CUDA_SM90, CUDA, CPU, CPU_MLA
        Only backends of the layer's device (attn_layer_desc.device, CPU by default) serve it.
        CPU      standard attention: f32/f16/bf16, head sizes 8..512 step 8, any block size
                 that is a multiple of 16, causal/non-causal, window, soft cap, ALiBi, LSE
@@ -72,6 +73,12 @@
                 f16/bf16 on tensor cores, f32 and mixed types on FMAs; split-KV; CUDA
                 graphs: ALWAYS (a captured forward launches capacity grids that read the
                 counts on the device)
+       CUDA_SM90  the CUDA backend with its prefill tiles on Hopper's warpgroup MMA (wgmma,
+                compiled for sm_90a): compute capability 9.0 only (H100, H200); q and
+                cache of one 16-bit type, head size 64 or 128, no soft cap, no ALiBi. Its
+                decode tiles, cache write, schedule and graph support are CUDA's. Where it
+                does not apply (or its kernel cannot load) the record says why and CUDA
+                serves the layer
        A candidate is skipped, with a recorded reason, when a check fails (dtype, KV-cache
        dtype, head size, block size, feature, platform). Explicit requests (code or env)
        that cannot be honoured fail with ATTN_ERROR_BACKEND_UNAVAILABLE and every reason,
@@ -186,6 +193,7 @@
        0.3.0  CUDA speed: decode tiles in two shapes chosen per build, 128-row prefill
               tiles (two row tiles per warp), one launch per forward off graph capture;
               attn_platform.cuda_shared_per_block; the sm_90a wgmma base (kernels/wgmma.cuh).
+       0.4.0  the CUDA_SM90 backend: wgmma prefill tiles on compute capability 9.0.
 
    LICENSE: MIT, see the end of the file.
 */
@@ -193,9 +201,9 @@
 #define ATTN_H
 
 #define ATTN_VERSION_MAJOR 0
-#define ATTN_VERSION_MINOR 3
+#define ATTN_VERSION_MINOR 4
 #define ATTN_VERSION_PATCH 0
-#define ATTN_VERSION_STRING "0.3.0"
+#define ATTN_VERSION_STRING "0.4.0"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -516,6 +524,7 @@ typedef enum attn_backend_id {
     ATTN_BACKEND_CPU_MLA = 2, /* portable C, MLA (latent cache) */
     ATTN_BACKEND_CUSTOM = 3, /* empty until a plugin registers it */
     ATTN_BACKEND_CUDA = 4,   /* NVIDIA GPUs (compute capability 8.0+), kernels compiled by NVRTC */
+    ATTN_BACKEND_CUDA_SM90 = 5, /* CUDA with wgmma prefill tiles (compute capability 9.0, sm_90a) */
     ATTN_BACKEND_COUNT
 } attn_backend_id;
 
@@ -2319,9 +2328,11 @@ static pthread_mutex_t attn__registry_lock = PTHREAD_MUTEX_INITIALIZER;
 /* Automatic priority per platform: the first entry whose checks pass wins. CUSTOM leads
    so that a registered plugin is preferred; an empty slot is not a candidate. */
 static const attn_backend_id attn__priority_cpu[] = {ATTN_BACKEND_CUSTOM, ATTN_BACKEND_CPU,
-                                                     ATTN_BACKEND_CPU_MLA, ATTN_BACKEND_CUDA};
-static const attn_backend_id attn__priority_cuda[] = {ATTN_BACKEND_CUSTOM, ATTN_BACKEND_CUDA,
-                                                      ATTN_BACKEND_CPU, ATTN_BACKEND_CPU_MLA};
+                                                     ATTN_BACKEND_CPU_MLA, ATTN_BACKEND_CUDA_SM90,
+                                                     ATTN_BACKEND_CUDA};
+static const attn_backend_id attn__priority_cuda[] = {ATTN_BACKEND_CUSTOM, ATTN_BACKEND_CUDA_SM90,
+                                                      ATTN_BACKEND_CUDA, ATTN_BACKEND_CPU,
+                                                      ATTN_BACKEND_CPU_MLA};
 
 static const attn_backend_id *attn__priority_list(attn_platform_kind kind, int *count) {
     if (kind == ATTN_PLATFORM_CUDA) {
@@ -2348,6 +2359,7 @@ ATTN_API const char *attn_backend_name(attn_backend_id id) {
     case ATTN_BACKEND_CPU_MLA: return "CPU_MLA";
     case ATTN_BACKEND_CUSTOM: return "CUSTOM";
     case ATTN_BACKEND_CUDA: return "CUDA";
+    case ATTN_BACKEND_CUDA_SM90: return "CUDA_SM90";
     default: return "?";
     }
 }
@@ -6146,6 +6158,11 @@ typedef struct attn__cuda_module {
     int config[8];                   /* paged: attn_paged_config */
 } attn__cuda_module;
 
+static int attn__ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && !strcmp(s + n - k, suffix);
+}
+
 /* Compiles (or finds) `file` with `options` for the device and loads the functions. */
 static attn_status attn__cuda_load(attn_context *ctx, const char *file, const char *options,
                                    const char *main_name, const char *second_name, int paged,
@@ -6157,8 +6174,10 @@ static attn_status attn__cuda_load(attn_context *ctx, const char *file, const ch
     attn__CUresult rc;
     attn_status st;
     memset(m, 0, sizeof *m);
-    attn__fmt(arch, sizeof arch, "sm_%d%d", ctx->platform.cuda_capability_major,
-              ctx->platform.cuda_capability_minor);
+    /* a file named *_sm90.cu uses sm_90a's architecture-specific instructions (wgmma):
+       compiled for sm_90a, which runs on compute capability 9.0 only */
+    attn__fmt(arch, sizeof arch, "sm_%d%d%s", ctx->platform.cuda_capability_major,
+              ctx->platform.cuda_capability_minor, attn__ends_with(file, "_sm90.cu") ? "a" : "");
     st = attn__kernel_get(ctx, file, options, arch, &c, &source);
     if (st != ATTN_OK) {
         attn__fmt(reason, reason_size, "%s [%s] does not compile for %s: %.90s", file, options, arch,
@@ -6211,6 +6230,7 @@ typedef struct attn__cuda_state {
 typedef struct attn__cuda_layer {
     attn__cuda_module decode, prefill, cache;
     attn__cuda_module decode_wide;   /* small batches (sm_90+, head <= 128): module 0 if none */
+    int sm90;                        /* CUDA_SM90: prefill is paged_prefill_sm90.cu (wgmma) */
     attn__CUdeviceptr alibi;
     int resident;                    /* decode CTAs the device holds at once: occupancy x SMs */
     int resident_wide;               /* the same for decode_wide (0: none) */
@@ -6305,9 +6325,10 @@ static int attn__cuda_warp_rows(const attn_layer_desc *d) {
     return ((t * group + 15) / 16) % 2 == 0 ? 2 : 1;
 }
 
-static int attn__cuda_tile_tokens(const attn_layer_desc *d, int prefill) {
+/* sm90: the CUDA_SM90 layer's prefill kernel (128 rows per CTA, two warpgroups) */
+static int attn__cuda_tile_tokens(const attn_layer_desc *d, int prefill, int sm90) {
     int group = d->num_heads / d->num_kv_heads;
-    int t = (prefill ? (attn__cuda_warp_rows(d) == 2 ? 128 : 64) : 16) / group;
+    int t = (prefill ? (sm90 || attn__cuda_warp_rows(d) == 2 ? 128 : 64) : 16) / group;
     return t > 0 ? t : 1;
 }
 
@@ -6321,10 +6342,11 @@ static void attn__cuda_layer_free(attn_context *ctx, attn__cuda_layer *L) {
     attn__free(L);
 }
 
-/* The kernel variants a layer loads: [0] decode tiles, [1] prefill tiles (paged_attention.cu),
-   [2] the cache write (cache_write.cu), [3] wide decode tiles (an empty string where the
-   layer has none). One place, so tools (attn-bench's compile timings) and tests ask for
-   exactly what layer creation compiles.
+/* The kernel variants a layer loads: [0] decode tiles, [1] prefill tiles (paged_attention.cu;
+   a CUDA_SM90 layer's: paged_prefill_sm90.cu for sm_90a), [2] the cache write
+   (cache_write.cu), [3] wide decode tiles (an empty string where the layer has none). One
+   place, so tools (attn-bench's compile timings) and tests ask for exactly what layer
+   creation compiles: attn__cuda_variant_file(v, sm90) names the file.
    Decode tiles come in two shapes. The default CTA (4 warps, 64-key tiles, 3 stages on
    sm_90, two CTAs per SM) streams best when the batch fills the device; a batch of no more
    work items (decode and prefill tiles before splitting) than the wide CTAs the device
@@ -6335,8 +6357,9 @@ static void attn__cuda_layer_free(attn_context *ctx, attn__cuda_layer *L) {
    stages fit: sm_90 or newer with the shared memory (not sm_120's 99 KiB), tensor cores,
    head <= 128, decode tiles of one row tile. */
 #define ATTN__CUDA_LAYER_VARIANTS 4
-static const char *const attn__cuda_variant_file[ATTN__CUDA_LAYER_VARIANTS] = {
-    "paged_attention.cu", "paged_attention.cu", "cache_write.cu", "paged_attention.cu"};
+static const char *attn__cuda_variant_file(int v, int sm90) {
+    return v == 2 ? "cache_write.cu" : v == 1 && sm90 ? "paged_prefill_sm90.cu" : "paged_attention.cu";
+}
 
 /* 16-row Q tile + 3 stages of 128 K and 128 V rows (padded by 16 bytes) + row offsets */
 static int attn__cuda_wide_smem(const attn_layer_desc *d) {
@@ -6350,15 +6373,19 @@ static int attn__cuda_has_wide_decode(const attn_layer_desc *d, const attn_platf
            d->dtype == d->kv_cache_dtype && d->dtype != ATTN_DTYPE_F32 && d->head_size <= 128 && group <= 16;
 }
 
-static void attn__cuda_layer_variants(const attn_layer_desc *d, const attn_platform *plat,
+static void attn__cuda_layer_variants(const attn_layer_desc *d, const attn_platform *plat, int sm90,
                                       char opt[ATTN__CUDA_LAYER_VARIANTS][256]) {
     int group = d->num_heads / d->num_kv_heads, pass;
     for (pass = 0; pass < 2; pass++)
         attn__fmt(opt[pass], 256, "-DHEAD_DIM=%d -DBLOCK_SIZE=%d -DGROUP=%d -DDT_Q=%d -DDT_KV=%d "
                   "-DTILE_TOKENS=%d -DWINDOW=%d -DSOFTCAP=%d -DALIBI=%d -DWARP_ROWS=%d",
                   d->head_size, d->block_size, group, attn__cuda_dt(d->dtype), attn__cuda_dt(d->kv_cache_dtype),
-                  attn__cuda_tile_tokens(d, pass), d->sliding_window > 0, d->logits_soft_cap > 0.0f,
+                  attn__cuda_tile_tokens(d, pass, 0), d->sliding_window > 0, d->logits_soft_cap > 0.0f,
                   d->alibi_slopes != NULL, pass ? attn__cuda_warp_rows(d) : 1);
+    if (sm90) /* its scope (attn__cuda_sm90_check) has no soft cap, no ALiBi */
+        attn__fmt(opt[1], 256, "-DHEAD_DIM=%d -DBLOCK_SIZE=%d -DGROUP=%d -DDT_Q=%d -DDT_KV=%d -DTILE_TOKENS=%d "
+                  "-DWINDOW=%d", d->head_size, d->block_size, group, attn__cuda_dt(d->dtype),
+                  attn__cuda_dt(d->kv_cache_dtype), attn__cuda_tile_tokens(d, 1, 1), d->sliding_window > 0);
     attn__fmt(opt[2], 256, "-DHEAD_DIM=%d -DDT_IN=%d -DDT_CACHE=%d", d->head_size,
               attn__cuda_dt(d->dtype), attn__cuda_dt(d->kv_cache_dtype));
     opt[3][0] = 0;
@@ -6370,11 +6397,11 @@ static attn_status attn__cuda_layer_init(const attn_backend *self, attn_layer *l
                                          char *reason, size_t size) {
     attn_context *ctx = attn_layer_context(layer);
     const attn_layer_desc *d = attn_layer_get_desc(layer);
+    const int sm90 = self->id == ATTN_BACKEND_CUDA_SM90;
     int pass;
     char opt[ATTN__CUDA_LAYER_VARIANTS][256];
     attn__cuda_layer *L;
     attn_status st;
-    (void)self;
     L = (attn__cuda_layer *)attn__calloc(1, sizeof *L);
     if (!L) {
         attn__fmt(reason, size, "out of memory");
@@ -6385,18 +6412,20 @@ static attn_status attn__cuda_layer_init(const attn_backend *self, attn_layer *l
         attn__free(L);
         return st;
     }
-    attn__cuda_layer_variants(d, &ctx->platform, opt);
+    L->sm90 = sm90;
+    attn__cuda_layer_variants(d, &ctx->platform, sm90, opt);
     for (pass = 0; pass < 2 && st == ATTN_OK; pass++)
-        st = attn__cuda_load(ctx, attn__cuda_variant_file[pass], opt[pass], "attn_paged_attention", NULL, 1,
+        st = attn__cuda_load(ctx, attn__cuda_variant_file(pass, sm90), opt[pass],
+                             pass && sm90 ? "attn_paged_prefill_sm90" : "attn_paged_attention", NULL, 1,
                              pass ? &L->prefill : &L->decode, reason, size);
     if (st == ATTN_OK)
-        st = attn__cuda_load(ctx, attn__cuda_variant_file[2], opt[2], "attn_reshape_and_cache", NULL, 0, &L->cache,
-                             reason, size);
+        st = attn__cuda_load(ctx, attn__cuda_variant_file(2, sm90), opt[2], "attn_reshape_and_cache", NULL, 0,
+                             &L->cache, reason, size);
     if (st == ATTN_OK && opt[3][0]) {
         /* a speed-only variant: if it cannot load, the layer runs every decode tile in the
            default shape (one WARN, with the reason) */
         char why[256];
-        if (attn__cuda_load(ctx, attn__cuda_variant_file[3], opt[3], "attn_paged_attention", NULL, 1, &L->decode_wide,
+        if (attn__cuda_load(ctx, attn__cuda_variant_file(3, sm90), opt[3], "attn_paged_attention", NULL, 1, &L->decode_wide,
                             why, sizeof why) != ATTN_OK) {
             attn__log(ctx, ATTN_LOG_LEVEL_WARN, ATTN_LOG_KERNEL_COMPILE_FAILED,
                       "CUDA layer: the wide decode tiles (%s) are not available, small batches run the "
@@ -6980,6 +7009,57 @@ static const attn_backend attn__cuda_backend = {
     attn__cuda_merge_attn_states
 };
 
+/* CUDA_SM90: the CUDA backend whose layers run their prefill tiles on wgmma
+   (kernels/paged_prefill_sm90.cu, sm_90a); everything else is CUDA's (decode tiles, cache
+   write, schedule, merge, graph support). Its own registry entry so that the selection
+   record says which prefill kernel a layer got and, where it did not get this one, why
+   (H200, causal prefill 32/8 heads, head 128, bf16: 356-390 TFLOP/s against the mma.sync
+   tiles' 300-330; BENCHMARKS.md). */
+static int attn__cuda_sm90_check(const attn_backend *self, const attn_layer_desc *d, const attn_platform *p,
+                                 char *reason, size_t size) {
+    if (d->head_size != 64 && d->head_size != 128) {
+        attn__fmt(reason, size, "head_size %d (allowed: 64 or 128, the wgmma prefill's tiles; CUDA takes "
+                  "the others)", d->head_size);
+        return 1;
+    }
+    if (p->cuda_capability_major != 9 || p->cuda_capability_minor != 0) {
+        attn__fmt(reason, size, "compute capability %d.%d (allowed: 9.0: its prefill is compiled for "
+                  "sm_90a, whose wgmma runs on 9.0 only)", p->cuda_capability_major, p->cuda_capability_minor);
+        return 1;
+    }
+    if (d->dtype != d->kv_cache_dtype) {
+        attn__fmt(reason, size, "dtype %s with kv_cache_dtype %s (allowed: one 16-bit type for both)",
+                  attn_dtype_name(d->dtype), attn_dtype_name(d->kv_cache_dtype));
+        return 1;
+    }
+    return attn__cuda_check(self, d, p, reason, size);
+}
+
+static const attn_backend attn__cuda_sm90_backend = {
+    "CUDA_SM90",              /* name */
+    ATTN_BACKEND_CUDA_SM90,   /* id */
+    ATTN_DEVICE_CUDA,         /* device */
+    ATTN_DTYPE_BIT(ATTN_DTYPE_F16) | ATTN_DTYPE_BIT(ATTN_DTYPE_BF16),
+    ATTN_DTYPE_BIT(ATTN_DTYPE_F16) | ATTN_DTYPE_BIT(ATTN_DTYPE_BF16),
+    64, 128, 64,              /* head sizes 64 and 128 */
+    16, 0,                    /* block sizes: any multiple of 16 */
+    1, 1, 0, 0,               /* non-causal, sliding window; no soft cap, no ALiBi */
+    0,                        /* is_mla */
+    ATTN_CUDA_GRAPH_ALWAYS,
+    1, ATTN_LSE_BASE_E,
+    attn__cuda_sm90_check,
+    attn__cuda_context_init, attn__cuda_context_release,
+    attn__cuda_layer_init, attn__cuda_layer_release,
+    attn__cpu_kv_cache_shape,
+    attn__cuda_metadata_init,
+    attn__cuda_metadata_release,
+    attn__cuda_build,
+    attn__cuda_forward,
+    attn__cuda_reshape_and_cache,
+    NULL, NULL, NULL, NULL,
+    NULL                      /* attn_merge_attn_states on the device goes to CUDA */
+};
+
 #else /* ATTN_NO_CUDA: the helpers answer, the backend does not exist */
 
 static void attn__cuda_release(attn_context *ctx) { (void)ctx; }
@@ -7020,8 +7100,10 @@ static const attn_backend *attn__builtin_backend(attn_backend_id id) {
     case ATTN_BACKEND_CUSTOM: return NULL; /* a plugin's slot */
 #ifndef ATTN_NO_CUDA
     case ATTN_BACKEND_CUDA: return &attn__cuda_backend;
+    case ATTN_BACKEND_CUDA_SM90: return &attn__cuda_sm90_backend;
 #else
     case ATTN_BACKEND_CUDA: return NULL;
+    case ATTN_BACKEND_CUDA_SM90: return NULL;
 #endif
     case ATTN_BACKEND_COUNT: return NULL;
     }
@@ -8950,6 +9032,12 @@ static const char *const attn__kernel_src_paged_prefill_sm90_cu[] = {
     "#if ATTN_KV_RPP % 8 != 0 || KV_TILE % ATTN_KV_RPP != 0\n",
     "#error \"paged_prefill_sm90.cu: the loader's rows per pass must be whole swizzle atoms\"\n",
     "#endif\n",
+    "#ifndef PINGPONG\n",
+    "#define PINGPONG 1\n",
+    "#endif\n",
+    "#if PINGPONG != 0 && PINGPONG != 1\n",
+    "#error \"paged_prefill_sm90.cu: PINGPONG must be 0 or 1\"\n",
+    "#endif\n",
     "#define ATTN_ST (KV_TILE / 2)  /* S accumulator registers per thread (m64nKV_TILE) */\n",
     "#define ATTN_OT (HEAD_DIM / 2) /* O accumulator registers per thread (m64nHEAD_DIM) */\n",
     "\n",
@@ -9111,7 +9199,16 @@ static const char *const attn__kernel_src_paged_prefill_sm90_cu[] = {
     "        const int kt0 = tile0 + it * KV_TILE;\n",
     "        const attn_u32 sK_st = sK + (attn_u32)(stage * ATTN_TILE_BYTES), sV_st = sV + (attn_u32)(stage * ATTN_TILE_BYTES);\n",
     "        /* uniform over the warpgroup (its bounds); __all_sync tells ptxas so per warp */\n",
-    "        if (__all_sync(0xffffffffu, kt0 + KV_TILE > lo_min && kt0 < hi_max)) {\n",
+    "        const int active = __all_sync(0xffffffffu, kt0 + KV_TILE > lo_min && kt0 < hi_max);\n",
+    "#if PINGPONG\n",
+    "        /* warpgroup 1 issues its S after warpgroup 0's S has completed (named barrier 1:\n",
+    "           128 arrivals from warpgroup 0, 128 waiters of warpgroup 1), so that the tensor\n",
+    "           cores run S0, then S1 while warpgroup 0 does its softmax, then P0 V while\n",
+    "           warpgroup 1 does its own (FlashAttention-3's ping-pong); the per-tile\n",
+    "           __syncthreads above realigns the two */\n",
+    "        if (wg == 1) asm volatile(\"bar.sync 1, 256;\" ::: \"memory\");\n",
+    "#endif\n",
+    "        if (active) {\n",
     "            const int need_mask = kt0 < lo_max || kt0 + KV_TILE > hi_min;\n",
     "\n",
     "            /* ---- S = Q K^T: m64nKV_TILEk16, HEAD_DIM / 16 steps ---- */\n",
@@ -9124,6 +9221,9 @@ static const char *const attn__kernel_src_paged_prefill_sm90_cu[] = {
     "            attn_wgmma_commit();\n",
     "            attn_wgmma_wait<0>();\n",
     "            attn_wgmma_fence_acc(s);\n",
+    "#if PINGPONG\n",
+    "            if (wg == 0) asm volatile(\"bar.arrive 1, 256;\" ::: \"memory\");\n",
+    "#endif\n",
     "\n",
     "            /* ---- mask (raw scores; the scale is folded into the exp2 below), row max:\n",
     "               element 4i + 2h + b is row h, key kt0 + 8i + 2tq + b ---- */\n",
@@ -9179,6 +9279,9 @@ static const char *const attn__kernel_src_paged_prefill_sm90_cu[] = {
     "            attn_wgmma_wait<0>();\n",
     "            attn_wgmma_fence_acc(o);\n",
     "        }\n",
+    "#if PINGPONG\n",
+    "        else if (wg == 0) asm volatile(\"bar.arrive 1, 256;\" ::: \"memory\"); /* a skipped tile arrives too */\n",
+    "#endif\n",
     "        if (it + KV_STAGES < ntiles && tid < KV_TILE) /* sBlk's slot of tile it + KV_STAGES held tile it: issued */\n",
     "            sBlk[stage * KV_TILE + tid] = row_offset(next_blk, tile0 + (it + KV_STAGES) * KV_TILE + tid);\n",
     "    }\n",

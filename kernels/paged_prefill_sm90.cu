@@ -152,6 +152,12 @@
 #if ATTN_KV_RPP % 8 != 0 || KV_TILE % ATTN_KV_RPP != 0
 #error "paged_prefill_sm90.cu: the loader's rows per pass must be whole swizzle atoms"
 #endif
+#ifndef PINGPONG
+#define PINGPONG 1
+#endif
+#if PINGPONG != 0 && PINGPONG != 1
+#error "paged_prefill_sm90.cu: PINGPONG must be 0 or 1"
+#endif
 #define ATTN_ST (KV_TILE / 2)  /* S accumulator registers per thread (m64nKV_TILE) */
 #define ATTN_OT (HEAD_DIM / 2) /* O accumulator registers per thread (m64nHEAD_DIM) */
 
@@ -313,7 +319,16 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_paged_prefill
         const int kt0 = tile0 + it * KV_TILE;
         const attn_u32 sK_st = sK + (attn_u32)(stage * ATTN_TILE_BYTES), sV_st = sV + (attn_u32)(stage * ATTN_TILE_BYTES);
         /* uniform over the warpgroup (its bounds); __all_sync tells ptxas so per warp */
-        if (__all_sync(0xffffffffu, kt0 + KV_TILE > lo_min && kt0 < hi_max)) {
+        const int active = __all_sync(0xffffffffu, kt0 + KV_TILE > lo_min && kt0 < hi_max);
+#if PINGPONG
+        /* warpgroup 1 issues its S after warpgroup 0's S has completed (named barrier 1:
+           128 arrivals from warpgroup 0, 128 waiters of warpgroup 1), so that the tensor
+           cores run S0, then S1 while warpgroup 0 does its softmax, then P0 V while
+           warpgroup 1 does its own (FlashAttention-3's ping-pong); the per-tile
+           __syncthreads above realigns the two */
+        if (wg == 1) asm volatile("bar.sync 1, 256;" ::: "memory");
+#endif
+        if (active) {
             const int need_mask = kt0 < lo_max || kt0 + KV_TILE > hi_min;
 
             /* ---- S = Q K^T: m64nKV_TILEk16, HEAD_DIM / 16 steps ---- */
@@ -326,6 +341,9 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_paged_prefill
             attn_wgmma_commit();
             attn_wgmma_wait<0>();
             attn_wgmma_fence_acc(s);
+#if PINGPONG
+            if (wg == 0) asm volatile("bar.arrive 1, 256;" ::: "memory");
+#endif
 
             /* ---- mask (raw scores; the scale is folded into the exp2 below), row max:
                element 4i + 2h + b is row h, key kt0 + 8i + 2tq + b ---- */
@@ -381,6 +399,9 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_paged_prefill
             attn_wgmma_wait<0>();
             attn_wgmma_fence_acc(o);
         }
+#if PINGPONG
+        else if (wg == 0) asm volatile("bar.arrive 1, 256;" ::: "memory"); /* a skipped tile arrives too */
+#endif
         if (it + KV_STAGES < ntiles && tid < KV_TILE) /* sBlk's slot of tile it + KV_STAGES held tile it: issued */
             sBlk[stage * KV_TILE + tid] = row_offset(next_blk, tile0 + (it + KV_STAGES) * KV_TILE + tid);
     }

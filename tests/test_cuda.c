@@ -97,7 +97,27 @@ typedef struct cu_case {
     attn_causal batch_causal; /* the batch's own setting (DEFAULT: the layer's) */
     float softcap;
     int nreq, qlen[8], ctxlen[8];
+    attn_backend_id backend; /* AUTO: the selector's choice (cu_auto_backend) */
 } cu_case;
+
+/* What the selector picks for a CUDA layer: CUDA_SM90 (the wgmma prefill) on compute
+   capability 9.0 within its scope, else CUDA. */
+static attn_backend_id cu_auto_backend(attn_context *ctx, const attn_layer_desc *d) {
+    attn_platform p;
+    attn_platform_get(ctx, &p);
+    return p.cuda_capability_major == 9 && p.cuda_capability_minor == 0 && d->dtype == d->kv_cache_dtype &&
+                   d->dtype != ATTN_DTYPE_F32 && (d->head_size == 64 || d->head_size == 128) &&
+                   d->logits_soft_cap == 0.0f && !d->alibi_slopes
+               ? ATTN_BACKEND_CUDA_SM90
+               : ATTN_BACKEND_CUDA;
+}
+
+static int cu_skip_reason(const attn_selection *s, attn_backend_id id, const char *word) {
+    int i;
+    for (i = 0; i < s->num_skipped; i++)
+        if (s->skipped[i].backend == id && strstr(s->skipped[i].reason, word)) return 1;
+    return 0;
+}
 
 /* Runs one case on both backends; returns the number of mismatches reported. */
 static int cu_run_case(attn_context *ctx, const cu_case *c, int line) {
@@ -162,15 +182,22 @@ static int cu_run_case(attn_context *ctx, const cu_case *c, int line) {
     md.num_blocks = nb;
     if (attn_layer_create(ctx, &d, NULL, &cpu) != ATTN_OK) { bad++; goto done; }
     d.device = ATTN_DEVICE_CUDA;
-    if (attn_layer_create(ctx, &d, NULL, &gpu) != ATTN_OK) {
-        attn_test_fail(__FILE__, line, "CUDA layer: %s", attn_context_last_error(ctx));
-        bad++;
-        goto done;
-    }
-    if (attn_layer_backend(gpu) != attn_backend_get(ATTN_BACKEND_CUDA)) {
-        attn_test_fail(__FILE__, line, "the CUDA layer got backend %s", attn_layer_backend(gpu)->name);
-        bad++;
-        goto done;
+    {
+        attn_select_request req;
+        attn_backend_id want = c->backend ? c->backend : cu_auto_backend(ctx, &d);
+        memset(&req, 0, sizeof req);
+        req.backend = c->backend;
+        if (attn_layer_create(ctx, &d, &req, &gpu) != ATTN_OK) {
+            attn_test_fail(__FILE__, line, "CUDA layer: %s", attn_context_last_error(ctx));
+            bad++;
+            goto done;
+        }
+        if (attn_layer_backend(gpu) != attn_backend_get(want)) {
+            attn_test_fail(__FILE__, line, "the CUDA layer got backend %s, expected %s", attn_layer_backend(gpu)->name,
+                           attn_backend_name(want));
+            bad++;
+            goto done;
+        }
     }
     if (attn_metadata_create(cpu, &md, &mc) != ATTN_OK || attn_metadata_create(gpu, &md, &mg) != ATTN_OK ||
         attn_metadata_build(mc, 0, &b, 0) != ATTN_OK || attn_metadata_build(mg, 0, &b, 0) != ATTN_OK) {
@@ -296,8 +323,28 @@ ATTN_TEST(cuda_selected_for_device_layers) {
     d.num_heads = 32; d.num_kv_heads = 8; d.head_size = 128; d.dtype = ATTN_DTYPE_BF16;
     d.device = ATTN_DEVICE_CUDA;
     EXPECT_OK(attn_select_backend(ctx, &d, NULL, &s));
-    EXPECT_EQ_INT(s.resolved, ATTN_BACKEND_CUDA);
+    EXPECT_EQ_INT(s.resolved, cu_auto_backend(ctx, &d));
     EXPECT_EQ_INT(s.cuda_graph, ATTN_CUDA_GRAPH_ALWAYS);
+    if (s.resolved == ATTN_BACKEND_CUDA) { /* not compute capability 9.0: the record says so */
+        EXPECT_TRUE(cu_skip_reason(&s, ATTN_BACKEND_CUDA_SM90, "compute capability"));
+    }
+    /* outside CUDA_SM90's scope: CUDA, and the record names what did not fit */
+    d.logits_soft_cap = 30.0f;
+    EXPECT_OK(attn_select_backend(ctx, &d, NULL, &s));
+    EXPECT_EQ_INT(s.resolved, ATTN_BACKEND_CUDA);
+    EXPECT_TRUE(cu_skip_reason(&s, ATTN_BACKEND_CUDA_SM90, "soft_cap"));
+    d.logits_soft_cap = 0.0f;
+    d.head_size = 96;
+    EXPECT_OK(attn_select_backend(ctx, &d, NULL, &s));
+    EXPECT_EQ_INT(s.resolved, ATTN_BACKEND_CUDA);
+    EXPECT_TRUE(cu_skip_reason(&s, ATTN_BACKEND_CUDA_SM90, "64 or 128"));
+    d.head_size = 128;
+    d.kv_cache_dtype = ATTN_DTYPE_F16; /* q bf16, cache f16 */
+    EXPECT_OK(attn_select_backend(ctx, &d, NULL, &s));
+    EXPECT_EQ_INT(s.resolved, ATTN_BACKEND_CUDA);
+    EXPECT_TRUE(cu_skip_reason(&s, ATTN_BACKEND_CUDA_SM90, s.device_capability == 90 ? "one 16-bit type"
+                                                                                    : "compute capability"));
+    d.kv_cache_dtype = ATTN_DTYPE_AUTO;
     d.device = ATTN_DEVICE_CPU; /* CPU tensors on a GPU machine stay on the CPU */
     EXPECT_OK(attn_select_backend(ctx, &d, NULL, &s));
     EXPECT_EQ_INT(s.resolved, ATTN_BACKEND_CPU);
@@ -333,6 +380,28 @@ ATTN_TEST(cuda_forward_matches_cpu) {
             if ((c.batch_causal ? c.batch_causal == ATTN_CAUSAL_NO : !c.causal) && c.qlen[r] > 1)
                 c.ctxlen[r] = c.ctxlen[r] % 50;
         }
+        fails += cu_run_case(ctx, &c, __LINE__) > 0;
+    }
+    /* prefill-heavy batches within CUDA_SM90's scope (16-bit q = cache, head 64 or 128, no
+       soft cap or ALiBi), by turns automatic (CUDA_SM90's wgmma prefill on compute
+       capability 9.0, CUDA elsewhere) and forced to CUDA (the mma.sync prefill): several
+       128-row tiles per request, windows, non-causal, groups 1 to 16 */
+    for (n = 0; n < 16 && fails < 3; n++) {
+        static const int shapes[][3] = {{32, 8, 128}, {8, 8, 64}, {16, 1, 128}, {12, 4, 64}, {6, 2, 128}};
+        cu_case c;
+        memset(&c, 0, sizeof c);
+        c.heads = shapes[n % 5][0]; c.kv_heads = shapes[n % 5][1]; c.head = shapes[n % 5][2];
+        c.dt = c.kv_dt = n % 3 == 1 ? ATTN_DTYPE_F16 : ATTN_DTYPE_BF16;
+        c.block = n % 4 == 3 ? 32 : 16;
+        c.causal = n % 5 != 4;
+        c.window = n % 6 == 2 ? 150 : 0;
+        c.lse = n % 2 == 0;
+        c.nreq = 1 + (int)(cu_rand() % 4);
+        for (r = 0; r < c.nreq; r++) {
+            c.qlen[r] = r == 0 ? 1 : 1 + (int)(cu_rand() % 300);
+            c.ctxlen[r] = c.causal ? (int)(cu_rand() % 700) : (int)(cu_rand() % 40);
+        }
+        c.backend = n % 2 ? ATTN_BACKEND_CUDA : ATTN_BACKEND_AUTO;
         fails += cu_run_case(ctx, &c, __LINE__) > 0;
     }
     /* one long decode alone: split-KV with the partial merge */
@@ -598,9 +667,15 @@ ATTN_TEST(cuda_metadata_of_other_kernels_refused) {
     memset(&d, 0, sizeof d);
     d.num_heads = H; d.num_kv_heads = HKV; d.head_size = D; d.dtype = ATTN_DTYPE_BF16; d.block_size = BS;
     d.device = ATTN_DEVICE_CUDA;
-    EXPECT_OK(attn_layer_create(ctx, &d, NULL, &plain));
-    d.logits_soft_cap = 30.0f;
-    EXPECT_OK(attn_layer_create(ctx, &d, NULL, &capped));
+    { /* both on CUDA: one backend, other kernels (a CUDA_SM90 layer's metadata is refused
+         by a CUDA layer already for its backend) */
+        attn_select_request req;
+        memset(&req, 0, sizeof req);
+        req.backend = ATTN_BACKEND_CUDA;
+        EXPECT_OK(attn_layer_create(ctx, &d, &req, &plain));
+        d.logits_soft_cap = 30.0f;
+        EXPECT_OK(attn_layer_create(ctx, &d, &req, &capped));
+    }
     memset(&md, 0, sizeof md);
     md.max_num_reqs = 1; md.max_num_tokens = T; md.max_blocks_per_req = MAXB; md.num_blocks = NB;
     if (!plain || !capped || attn_metadata_create(plain, &md, &m) != ATTN_OK) goto done;

@@ -497,12 +497,14 @@ ATTN_TEST(seam_layer_device) {
         if (p.kind != ATTN_PLATFORM_CUDA) { /* here: nothing serves it, and the record says why */
             EXPECT_STATUS(attn_select_backend(ctx, &d, NULL, &sel), ATTN_ERROR_UNSUPPORTED);
             EXPECT_TRUE(sm_skipped(&sel, ATTN_BACKEND_CUDA, "CUDA"));
+            EXPECT_TRUE(sm_skipped(&sel, ATTN_BACKEND_CUDA_SM90, "CUDA_SM90"));
             EXPECT_TRUE(sm_skipped(&sel, ATTN_BACKEND_CPU, "tensors are on cuda"));
             EXPECT_STATUS(attn_layer_create(ctx, &d, NULL, &layer), ATTN_ERROR_UNSUPPORTED);
             EXPECT_TRUE(layer == NULL);
-        } else { /* on a GPU machine the CUDA backend serves it */
+        } else { /* on a GPU machine the CUDA backend serves it (f32: CUDA_SM90 says why not) */
             EXPECT_OK(attn_select_backend(ctx, &d, NULL, &sel));
             EXPECT_EQ_INT(sel.resolved, ATTN_BACKEND_CUDA);
+            EXPECT_TRUE(sm_skipped(&sel, ATTN_BACKEND_CUDA_SM90, "dtype f32"));
         }
     }
     EXPECT_EQ_INT(sel.device, ATTN_DEVICE_CUDA);

@@ -1094,7 +1094,8 @@ static const char *const cuda_variant_label[ATTN__CUDA_LAYER_VARIANTS] = {"decod
 
 /* 1. Cold compile per variant, warm start per layer. */
 static void cuda_compile_times(const attn_platform *plat0, int quick) {
-    char dir[512], arch[16], opt[CUDA_NUM_CFGS][ATTN__CUDA_LAYER_VARIANTS][256];
+    char dir[512], arch[16], arch_a[20], opt[CUDA_NUM_CFGS][ATTN__CUDA_LAYER_VARIANTS][256];
+    int sm90[CUDA_NUM_CFGS]; /* the layer resolves to CUDA_SM90: its prefill is the sm_90a kernel */
     const char *tmp = getenv("TMPDIR");
     int have_gpu = plat0->kind == ATTN_PLATFORM_CUDA, c, v, n_cold = 0, n_nvrtc_cached = 0;
     int rounds = quick ? 1 : 3, r;
@@ -1114,9 +1115,16 @@ static void cuda_compile_times(const attn_platform *plat0, int quick) {
         attn_platform h200 = *plat0; /* no GPU here: the variants an H200 compiles */
         if (!have_gpu) {
             h200.cuda_capability_major = 9; h200.cuda_capability_minor = 0; h200.cuda_shared_per_block = 232448;
+            h200.kind = ATTN_PLATFORM_CUDA;
         }
-        attn__cuda_layer_variants(&d, &h200, opt[c]);
+        {
+            char why[256];
+            sm90[c] = attn__backend_check(attn_backend_get(ATTN_BACKEND_CUDA_SM90), &d, &h200, why, sizeof why) == 0;
+        }
+        attn__cuda_layer_variants(&d, &h200, sm90[c], opt[c]);
     }
+    snprintf(arch_a, sizeof arch_a, "%sa", arch);
+#define VARIANT_ARCH(c, v) ((v) == 1 && sm90[c] ? arch_a : arch)
 
     printf("NVRTC %d.%d, kernels for %s%s; kernel cache: %s (fresh)\n", plat0->nvrtc_version / 1000,
            plat0->nvrtc_version % 1000 / 10, arch, have_gpu ? " (this GPU)" : " (no GPU here: the H200's arch)", dir);
@@ -1128,27 +1136,27 @@ static void cuda_compile_times(const attn_platform *plat0, int quick) {
             double t;
             if (!opt[c][v][0]) continue; /* no wide decode tiles for this layer */
             t0 = now_s();
-            CHECK(ctx, attn_kernel_compile(ctx, attn__cuda_variant_file[v], opt[c][v], arch, &info));
+            CHECK(ctx, attn_kernel_compile(ctx, attn__cuda_variant_file(v, sm90[c]), opt[c][v], VARIANT_ARCH(c, v), &info));
             t = now_s() - t0;
             if (info.source != ATTN_KERNEL_COMPILED) {
-                printf("  %-34s %-18s (the same variant as an earlier layer: from memory)\n",
-                       v ? "" : cuda_cfgs[c].name, attn__cuda_variant_file[v]);
+                printf("  %-34s %-21s (the same variant as an earlier layer: from memory)\n",
+                       v ? "" : cuda_cfgs[c].name, attn__cuda_variant_file(v, sm90[c]));
                 continue;
             }
             if (!strstr(info.log, "ptxas")) {
                 /* NVRTC 12.9+ keeps a cache of its own: a program it has compiled before on
                    this machine comes back fast and without the ptxas report. Not cold. */
                 n_nvrtc_cached++;
-                printf("  %-34s %-18s %s %7.0f ms wall: served by NVRTC's own cache (no ptxas report); "
-                       "not counted as cold\n", v ? "" : cuda_cfgs[c].name, attn__cuda_variant_file[v],
+                printf("  %-34s %-21s %s %7.0f ms wall: served by NVRTC's own cache (no ptxas report); "
+                       "not counted as cold\n", v ? "" : cuda_cfgs[c].name, attn__cuda_variant_file(v, sm90[c]),
                        cuda_variant_label[v], t * 1e3);
                 continue;
             }
             n_cold++;
             cold_sum += t;
             if (t > cold_max) cold_max = t;
-            printf("  %-34s %-18s %s %7.0f ms wall (NVRTC %6.0f ms), %3d registers, %5d B shared, "
-                   "spills %d/%d B, cubin %zu KiB\n", v ? "" : cuda_cfgs[c].name, attn__cuda_variant_file[v],
+            printf("  %-34s %-21s %s %7.0f ms wall (NVRTC %6.0f ms), %3d registers, %5d B shared, "
+                   "spills %d/%d B, cubin %zu KiB\n", v ? "" : cuda_cfgs[c].name, attn__cuda_variant_file(v, sm90[c]),
                    cuda_variant_label[v], t * 1e3, info.compile_ms, info.registers,
                    info.shared_bytes, info.spill_stores, info.spill_loads, info.cubin_bytes / 1024);
         }
@@ -1185,7 +1193,8 @@ static void cuda_compile_times(const attn_platform *plat0, int quick) {
                 } else {
                     for (v = 0; v < ATTN__CUDA_LAYER_VARIANTS; v++)
                         if (opt[c][v][0])
-                            CHECK(ctx, attn_kernel_compile(ctx, attn__cuda_variant_file[v], opt[c][v], arch, NULL));
+                            CHECK(ctx, attn_kernel_compile(ctx, attn__cuda_variant_file(v, sm90[c]), opt[c][v],
+                                                           VARIANT_ARCH(c, v), NULL));
                 }
                 t = now_s() - t0;
                 if (t > warm[c]) warm[c] = t;
@@ -1501,6 +1510,9 @@ static void cuda_backend_table(attn_context *ctx, int quick) {
     d.dtype = d.kv_cache_dtype = ATTN_DTYPE_BF16;
     d.device = ATTN_DEVICE_CUDA;
     CHECK(ctx, attn_layer_create(ctx, &d, NULL, &cb.layer));
+    printf("layer (32/8 heads, head 128, bf16, block 16): backend %s%s (ATTN_BACKEND=CUDA for the "
+           "mma.sync prefill)\n", attn_layer_backend(cb.layer)->name,
+           attn_layer_backend(cb.layer)->id == ATTN_BACKEND_CUDA_SM90 ? ", prefill tiles on wgmma (sm_90a)" : "");
     CHECK(ctx, attn_layer_kv_cache_shape(cb.layer, cb.num_blocks, shape, &ndim));
     t0 = now_s();
     CHECK(ctx, attn_cuda_malloc(ctx, (size_t)cb.num_blocks * block_bytes, &cb.d_kv));
