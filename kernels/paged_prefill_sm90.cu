@@ -152,11 +152,11 @@
 #if ATTN_KV_RPP % 8 != 0 || KV_TILE % ATTN_KV_RPP != 0
 #error "paged_prefill_sm90.cu: the loader's rows per pass must be whole swizzle atoms"
 #endif
-#ifndef PINGPONG
-#define PINGPONG 1
+#ifndef LOAD_UNDER_S
+#define LOAD_UNDER_S 1 /* the next tile's copies are issued while S's wgmma runs */
 #endif
-#if PINGPONG != 0 && PINGPONG != 1
-#error "paged_prefill_sm90.cu: PINGPONG must be 0 or 1"
+#if LOAD_UNDER_S != 0 && LOAD_UNDER_S != 1
+#error "paged_prefill_sm90.cu: LOAD_UNDER_S must be 0 or 1"
 #endif
 #define ATTN_ST (KV_TILE / 2)  /* S accumulator registers per thread (m64nKV_TILE) */
 #define ATTN_OT (HEAD_DIM / 2) /* O accumulator registers per thread (m64nHEAD_DIM) */
@@ -311,22 +311,22 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_paged_prefill
         attn_cp_async_wait<KV_STAGES - 2>(); /* this thread's part of tile `it` (and Q) landed */
         attn_wgmma_fence_smem_writes();      /* ... and is visible to the async proxy */
         __syncthreads();                      /* everyone's part; stage (it-1) is free again */
-        if (it + KV_STAGES - 1 < ntiles) issue((it + KV_STAGES - 1) % KV_STAGES);
-        attn_cp_async_commit();
-        /* block number of row tid of tile it + KV_STAGES, stored to sBlk after compute */
-        const int next_blk = tid < KV_TILE ? block_of(tile0 + (it + KV_STAGES) * KV_TILE + tid) : -1;
         const int stage = it % KV_STAGES;
         const int kt0 = tile0 + it * KV_TILE;
         const attn_u32 sK_st = sK + (attn_u32)(stage * ATTN_TILE_BYTES), sV_st = sV + (attn_u32)(stage * ATTN_TILE_BYTES);
         /* uniform over the warpgroup (its bounds); __all_sync tells ptxas so per warp */
         const int active = __all_sync(0xffffffffu, kt0 + KV_TILE > lo_min && kt0 < hi_max);
-#if PINGPONG
-        /* warpgroup 1 issues its S after warpgroup 0's S has completed (named barrier 1:
-           128 arrivals from warpgroup 0, 128 waiters of warpgroup 1), so that the tensor
-           cores run S0, then S1 while warpgroup 0 does its softmax, then P0 V while
-           warpgroup 1 does its own (FlashAttention-3's ping-pong); the per-tile
-           __syncthreads above realigns the two */
-        if (wg == 1) asm volatile("bar.sync 1, 256;" ::: "memory");
+        /* block number of row tid of tile it + KV_STAGES, stored to sBlk after compute */
+        const int next_blk = tid < KV_TILE ? block_of(tile0 + (it + KV_STAGES) * KV_TILE + tid) : -1;
+        /* the copies of tile it + KV_STAGES - 1 into the stage tile it - 1 used (free: the
+           barrier above); with LOAD_UNDER_S issued while S's wgmma runs (on both paths, so
+           that no branch joins while the accumulators are in flight: ptxas would serialize) */
+        auto issue_next = [&]() {
+            if (it + KV_STAGES - 1 < ntiles) issue((it + KV_STAGES - 1) % KV_STAGES);
+            attn_cp_async_commit();
+        };
+#if !LOAD_UNDER_S
+        issue_next();
 #endif
         if (active) {
             const int need_mask = kt0 < lo_max || kt0 + KV_TILE > hi_min;
@@ -339,11 +339,11 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_paged_prefill
                 attn_wgmma<KV_TILE, DT_Q>::template ss<0>(s, attn_wgmma_desc_k_major<ATTN_ROWS_PAD>(sQ_wg, k),
                                                           attn_wgmma_desc_k_major<KV_TILE>(sK_st, k), k > 0);
             attn_wgmma_commit();
+#if LOAD_UNDER_S
+            issue_next();
+#endif
             attn_wgmma_wait<0>();
             attn_wgmma_fence_acc(s);
-#if PINGPONG
-            if (wg == 0) asm volatile("bar.arrive 1, 256;" ::: "memory");
-#endif
 
             /* ---- mask (raw scores; the scale is folded into the exp2 below), row max:
                element 4i + 2h + b is row h, key kt0 + 8i + 2tq + b ---- */
@@ -399,8 +399,10 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_paged_prefill
             attn_wgmma_wait<0>();
             attn_wgmma_fence_acc(o);
         }
-#if PINGPONG
-        else if (wg == 0) asm volatile("bar.arrive 1, 256;" ::: "memory"); /* a skipped tile arrives too */
+#if LOAD_UNDER_S
+        else {
+            issue_next();
+        }
 #endif
         if (it + KV_STAGES < ntiles && tid < KV_TILE) /* sBlk's slot of tile it + KV_STAGES held tile it: issued */
             sBlk[stage * KV_TILE + tid] = row_offset(next_blk, tile0 + (it + KV_STAGES) * KV_TILE + tid);

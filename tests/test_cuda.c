@@ -104,8 +104,9 @@ typedef struct cu_case {
    capability 9.0 within its scope, else CUDA. */
 static attn_backend_id cu_auto_backend(attn_context *ctx, const attn_layer_desc *d) {
     attn_platform p;
+    attn_dtype kv = d->kv_cache_dtype == ATTN_DTYPE_AUTO ? d->dtype : d->kv_cache_dtype; /* AUTO: the layer's */
     attn_platform_get(ctx, &p);
-    return p.cuda_capability_major == 9 && p.cuda_capability_minor == 0 && d->dtype == d->kv_cache_dtype &&
+    return p.cuda_capability_major == 9 && p.cuda_capability_minor == 0 && d->dtype == kv &&
                    d->dtype != ATTN_DTYPE_F32 && (d->head_size == 64 || d->head_size == 128) &&
                    d->logits_soft_cap == 0.0f && !d->alibi_slopes
                ? ATTN_BACKEND_CUDA_SM90

@@ -405,6 +405,11 @@ int main(int argc, char **argv) {
                    f->p.smem, dyn, f->p.spill_st, f->p.spill_ld, j->ms, bad);
         }
         if (j->num_funcs == 0) { printf("%-26s %-58s %-6s no kernel in the ptxas log\n", v->file, v->defines, arch_name(j->arch)); failed = 1; }
+        if (j->log && strstr(j->log, "Potential Performance Loss")) { /* C7515: wgmma serialized */
+            printf("%-26s %-58s %-6s <- ptxas serialized wgmma (C7515; -v shows the log)\n", v->file, v->defines,
+                   arch_name(j->arch));
+            failed = 1;
+        }
         if (verbose && j->log) printf("%s\n", j->log);
     }
     printf("nvrtc-check: %d variants, %d compiles (sm_80, sm_90, sm_90a), %.1f s wall (%d threads), compile %.0f ms total, "

@@ -140,7 +140,7 @@ static inline int attn_tool_print_warnings(const char *log) {
     const char *p = log;
     while (p && *p) {
         const char *end = attn_tool_log_line(p, line, sizeof line);
-        if (strstr(line, "warning") || strstr(line, "Warning")) {
+        if (strstr(line, "warning") || strstr(line, "Warning") || strstr(line, "Potential Performance Loss")) {
             printf("    %s\n", line);
             count++;
         }

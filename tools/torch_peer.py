@@ -101,7 +101,7 @@ class AttnH:
         self.layer = attn_h.Layer(self.ctx, num_heads=H, num_kv_heads=HKV, head_size=D, block_size=BS,
                                   dtype="bfloat16", device=device)
         self.device = device
-        assert self.layer.selection["resolved"] == ("CUDA" if device == "cuda" else "CPU"), \
+        assert self.layer.selection["resolved"] in (("CUDA", "CUDA_SM90") if device == "cuda" else ("CPU",)), \
             self.layer.selection_text
 
     def case(self, b, qlens, seqlens, nsets, gen):
