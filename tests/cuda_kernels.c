@@ -1042,6 +1042,309 @@ static void bench(const char *extra) {
     printf("bench: %.1f s\n", now_s() - t0);
 }
 
+/* ---- --mla: the draft MLA decode kernel kernels/wip/mla_decode.cu (not embedded: read
+   from disk, run from the repository root), compiled for the device (sm_90 without one)
+   with ptxas's report; on a GPU, random decode batches against a float64 reference, and
+   with --bench the decode shapes of issue 9 ---- */
+static int mla_mode;
+static const char *const mla_file = "kernels/wip/mla_decode.cu";
+
+typedef struct attn_mla_params_host {
+    attn__CUdeviceptr q, q_pe, kv_cache, out, lse, block_table, work, num_work, merge, num_merge, partial_o, partial_lse;
+    int64_t q_stride_token, q_stride_head, q_pe_stride_token, q_pe_stride_head;
+    int64_t out_stride_token, out_stride_head, lse_stride_token, lse_stride_head;
+    int64_t block_table_stride;
+    int32_t num_heads;
+    float scale;
+} attn_mla_params_host;
+
+/* Compiles the draft with `defines` for `archname`; loads it when load. */
+static module_entry *mla_module(const char *defines, int load) {
+    static char *text;
+    char key[320], defs[256], opt_store[32][64], arch_opt[48], *tok, *save = NULL;
+    const char *opts[40], *hname[16];
+    char *htext[16];
+    const attn__nvrtc *nv = context->nvrtc;
+    attn__nvrtcProgram prog = NULL;
+    char *log = NULL, *cubin = NULL;
+    size_t log_size = 0, cubin_size = 0;
+    int nopt = 0, i, nh = 0, ok, config[8];
+    attn_tool_ptxas e;
+    module_entry *m;
+    snprintf(key, sizeof key, "mla|%s|%d", defines, load);
+    for (i = 0; i < num_modules; i++)
+        if (!strcmp(modules[i].key, key)) return &modules[i];
+    if (!text && !(text = attn_tool_read_file(mla_file))) {
+        printf("FAIL mla: cannot read %s (run from the repository root)\n", mla_file);
+        failed++;
+        return NULL;
+    }
+    for (i = 0; attn__kernel_source_name(i) && nh < 16; i++) {
+        const char *name = attn__kernel_source_name(i);
+        size_t k = strlen(name);
+        if (k > 4 && !strcmp(name + k - 4, ".cuh") && (htext[nh] = attn__kernel_source_text(name))) hname[nh++] = name;
+    }
+    snprintf(arch_opt, sizeof arch_opt, "--gpu-architecture=sm_%d", load ? arch : 90);
+    opts[nopt++] = arch_opt;
+    opts[nopt++] = "--ptxas-options=-v";
+    opts[nopt++] = "--std=c++17";
+    snprintf(defs, sizeof defs, "%s", defines);
+    for (tok = strtok_r(defs, " ", &save); tok && nopt < 32; tok = strtok_r(NULL, " ", &save)) {
+        snprintf(opt_store[nopt], sizeof opt_store[nopt], "-D%s", tok);
+        opts[nopt] = opt_store[nopt];
+        nopt++;
+    }
+    if (nv->nvrtcCreateProgram(&prog, text, "mla_decode.cu", nh, (const char *const *)htext, hname) != 0) {
+        printf("FAIL mla [%s]: nvrtcCreateProgram failed\n", defines);
+        failed++;
+        return NULL;
+    }
+    ok = nv->nvrtcCompileProgram(prog, nopt, opts) == 0;
+    if (nv->nvrtcGetProgramLogSize(prog, &log_size) == 0 && (log = (char *)calloc(log_size + 1, 1)) != NULL &&
+        nv->nvrtcGetProgramLog(prog, log) != 0)
+        log[0] = 0;
+    if (ok && (nv->nvrtcGetCUBINSize(prog, &cubin_size) != 0 || !cubin_size || !(cubin = (char *)malloc(cubin_size)) ||
+               nv->nvrtcGetCUBIN(prog, cubin) != 0))
+        ok = 0;
+    nv->nvrtcDestroyProgram(&prog);
+    if (!ok) {
+        printf("FAIL mla [%s]: does not compile\n%s\n", defines, log ? log : "(no log)");
+        failed++;
+        free(log); free(cubin);
+        return NULL;
+    }
+    e = attn_tool_ptxas_for(log, "attn_mla_decode");
+    memset(config, 0, sizeof config);
+    if (!attn_tool_cubin_global((const unsigned char *)cubin, cubin_size, "attn_mla_config", config, sizeof config))
+        config[1] = -1;
+    printf("  mla %s [%s]: %d registers, %d/%d B spilled, %d threads, %d B shared, KV_TILE %d, %d stages%s\n", arch_opt + 19,
+           defines, e.regs, e.spill_st, e.spill_ld, config[0], config[1], config[2], config[4],
+           e.found ? "" : " (no ptxas report in NVRTC's log)");
+    if ((e.found && (e.spill_st || e.spill_ld || e.stack)) || attn_tool_print_warnings(log) || config[1] < 0 ||
+        config[1] > (arch >= 90 || !load ? 232448 : 166912)) {
+        printf("FAIL mla [%s]: spills, stack, warnings or too much shared memory\n", defines);
+        failed++;
+        free(log); free(cubin);
+        return NULL;
+    }
+    if (num_modules == (int)(sizeof modules / sizeof modules[0])) { fprintf(stderr, "too many modules\n"); exit(2); }
+    m = &modules[num_modules++];
+    memset(m, 0, sizeof *m);
+    snprintf(m->key, sizeof m->key, "%s", key);
+    memcpy(m->config, config, sizeof config);
+    if (load) {
+        attn__CUmodule mod = NULL;
+        CU_CHECK(cu->cuModuleLoadData(&mod, cubin));
+        CU_CHECK(cu->cuModuleGetFunction(&m->main, mod, "attn_mla_decode"));
+        CU_CHECK(cu->cuModuleGetFunction(&m->second, mod, "attn_mla_merge"));
+        CU_CHECK(cu->cuFuncSetAttribute(m->main, ATTN__CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, m->config[1]));
+    }
+    free(log);
+    free(cubin);
+    return m;
+}
+
+static const char *mla_variants[] = {
+    "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2 ROWS=16",
+    "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2 ROWS=64",
+    "KV_LORA=512 ROPE=64 BLOCK_SIZE=16 DT=1 ROWS=32",
+    "KV_LORA=256 ROPE=64 BLOCK_SIZE=32 DT=2 ROWS=16",
+    "KV_LORA=256 ROPE=64 BLOCK_SIZE=64 DT=1 ROWS=64",
+};
+
+static void mla_compile_report(void) {
+    size_t i;
+    if (!context->platform.nvrtc_version) {
+        printf("  SKIP mla compile: %s\n", context->platform.nvrtc_reason);
+        skipped++;
+        return;
+    }
+    printf("mla: %s for sm_90 (NVRTC %d.%d)\n", mla_file, context->nvrtc->major, context->nvrtc->minor);
+    for (i = 0; i < sizeof mla_variants / sizeof mla_variants[0]; i++)
+        if (mla_module(mla_variants[i], 0)) passed++;
+}
+
+/* One random decode batch on variant v with `splits` (1: none) against float64. Returns 1 ok. */
+static int mla_case(int v, int H, int nreq, int max_ctx, int splits, int timing, double *us) {
+    int L, R, BS, dt, rows, r, i, t, h, nq = 0, ok = 1, nw = 0, nm = 0, nslot = 0, maxb = 0, nb;
+    char defs[160];
+    module_entry *m;
+    sscanf(mla_variants[v], "KV_LORA=%d ROPE=%d BLOCK_SIZE=%d DT=%d ROWS=%d", &L, &R, &BS, &dt, &rows);
+    snprintf(defs, sizeof defs, "%s", mla_variants[v]);
+    if (!(m = mla_module(defs, 1))) return 0;
+    {
+        const int D = L + R;
+        attn_dtype et = dt == 1 ? ATTN_DTYPE_F16 : ATTN_DTYPE_BF16;
+        int *qlen = (int *)calloc((size_t)nreq, sizeof(int)), *sl = (int *)calloc((size_t)nreq, sizeof(int));
+        int *qsl = (int *)calloc((size_t)nreq + 1, sizeof(int)), *bt, *work, *merge;
+        uint16_t *q, *qpe, *kvc, *out;
+        float *lse, scale = 1.0f / sqrtf((float)(128 + R));
+        attn__CUdeviceptr dq, dqpe, dkv, dout, dlse, dbt, dw, dnw, dm, dnm, dpo, dpl;
+        attn_mla_params_host p;
+        void *args[1];
+        for (r = 0; r < nreq; r++) {
+            qlen[r] = timing ? 1 : (rnd_int(0, 3) == 0 ? 2 : 1);
+            sl[r] = timing ? max_ctx : rnd_int(qlen[r], max_ctx);
+            if (!timing && rnd_int(0, 9) == 0) sl[r] = qlen[r]; /* a request of its own tokens only */
+            qsl[r + 1] = qsl[r] + qlen[r];
+            if ((sl[r] + BS - 1) / BS > maxb) maxb = (sl[r] + BS - 1) / BS;
+        }
+        nq = qsl[nreq];
+        nb = nreq * maxb + 2;
+        bt = (int *)calloc((size_t)nreq * maxb, sizeof(int));
+        { /* shuffled blocks */
+            int *perm = (int *)malloc((size_t)nb * sizeof(int));
+            for (i = 0; i < nb; i++) perm[i] = i;
+            for (i = nb - 1; i > 0; i--) { int j = rnd_int(0, i), x = perm[i]; perm[i] = perm[j]; perm[j] = x; }
+            for (i = 0; i < nreq * maxb; i++) bt[i] = perm[i];
+            free(perm);
+        }
+        q = (uint16_t *)malloc((size_t)nq * H * L * 2);
+        qpe = (uint16_t *)malloc((size_t)nq * H * R * 2);
+        kvc = (uint16_t *)malloc((size_t)nb * BS * D * 2);
+        out = (uint16_t *)malloc((size_t)nq * H * L * 2);
+        lse = (float *)malloc((size_t)nq * H * 4);
+        fill_random(q, et, (size_t)nq * H * L, 1.0f);
+        fill_random(qpe, et, (size_t)nq * H * R, 1.0f);
+        fill_random(kvc, et, (size_t)nb * BS * D, 1.0f);
+        memset(out, 0xff, (size_t)nq * H * L * 2); /* NaN poison */
+        memset(lse, 0xff, (size_t)nq * H * 4);
+        { /* the work list: per query row and head tile, `splits` parts of its keys */
+            int cap = nq * ((H + rows - 1) / rows);
+            work = (int *)calloc((size_t)cap * splits + 1, 32);
+            merge = (int *)calloc((size_t)cap + 1, 32);
+            for (r = 0; r < nreq; r++)
+                for (t = 0; t < qlen[r]; t++) {
+                    int kend = sl[r] - (qlen[r] - 1 - t), qrow = qsl[r] + t, ns = splits;
+                    if (ns > 1 && kend < 2 * ns) ns = 1;
+                    for (h = 0; h < H; h += rows) {
+                        int s0 = nslot;
+                        if (ns > 1) {
+                            int *me = merge + 8 * nm++;
+                            me[0] = qrow; me[1] = h; me[2] = ns; me[3] = s0;
+                            nslot += ns;
+                        }
+                        for (i = 0; i < ns; i++) {
+                            int *w = work + 8 * nw++;
+                            w[0] = r; w[1] = h; w[2] = qrow; w[4] = (int)((int64_t)kend * i / ns);
+                            w[5] = (int)((int64_t)kend * (i + 1) / ns); w[6] = ns > 1 ? s0 + i : -1;
+                        }
+                    }
+                }
+        }
+        dq = dupload(q, (size_t)nq * H * L * 2); dqpe = dupload(qpe, (size_t)nq * H * R * 2);
+        dkv = dupload(kvc, (size_t)nb * BS * D * 2); dout = dupload(out, (size_t)nq * H * L * 2);
+        dlse = dupload(lse, (size_t)nq * H * 4); dbt = dupload(bt, (size_t)nreq * maxb * 4);
+        dw = dupload(work, (size_t)nw * 32 + 32); dnw = dupload(&nw, 4);
+        dm = dupload(merge, (size_t)nm * 32 + 32); dnm = dupload(&nm, 4);
+        dpo = dalloc((size_t)(nslot + 1) * rows * L * 4); dpl = dalloc((size_t)(nslot + 1) * rows * 4);
+        memset(&p, 0, sizeof p);
+        p.q = dq; p.q_pe = dqpe; p.kv_cache = dkv; p.out = dout; p.lse = dlse; p.block_table = dbt;
+        p.work = dw; p.num_work = dnw; p.merge = dm; p.num_merge = dnm; p.partial_o = dpo; p.partial_lse = dpl;
+        p.q_stride_token = (int64_t)H * L; p.q_stride_head = L; p.q_pe_stride_token = (int64_t)H * R; p.q_pe_stride_head = R;
+        p.out_stride_token = (int64_t)H * L; p.out_stride_head = L; p.lse_stride_token = H; p.lse_stride_head = 1;
+        p.block_table_stride = maxb; p.num_heads = H; p.scale = scale;
+        args[0] = &p;
+        CU_CHECK(cu->cuLaunchKernel(m->main, (unsigned)nw, 1, 1, (unsigned)m->config[0], 1, 1, (unsigned)m->config[1], NULL, args, NULL));
+        if (nm) CU_CHECK(cu->cuLaunchKernel(m->second, (unsigned)nm, (unsigned)rows, 1, 256, 1, 1, 0, NULL, args, NULL));
+        CU_CHECK(cu->cuStreamSynchronize(NULL));
+        if (timing) {
+            attn__CUevent e0, e1;
+            float ms = 0;
+            int k;
+            CU_CHECK(cu->cuEventCreate(&e0, 0)); CU_CHECK(cu->cuEventCreate(&e1, 0));
+            CU_CHECK(cu->cuEventRecord(e0, NULL));
+            for (k = 0; k < 20; k++) {
+                CU_CHECK(cu->cuLaunchKernel(m->main, (unsigned)nw, 1, 1, (unsigned)m->config[0], 1, 1, (unsigned)m->config[1], NULL, args, NULL));
+                if (nm) CU_CHECK(cu->cuLaunchKernel(m->second, (unsigned)nm, (unsigned)rows, 1, 256, 1, 1, 0, NULL, args, NULL));
+            }
+            CU_CHECK(cu->cuEventRecord(e1, NULL));
+            CU_CHECK(cu->cuEventSynchronize(e1));
+            CU_CHECK(cu->cuEventElapsedTime(&ms, e0, e1));
+            *us = ms * 1e3 / 20;
+            cu->cuEventDestroy(e0); cu->cuEventDestroy(e1);
+        }
+        CU_CHECK(download(out, dout, (size_t)nq * H * L * 2));
+        CU_CHECK(download(lse, dlse, (size_t)nq * H * 4));
+        { /* float64 reference over a sample of rows (all of them when small) */
+            double *sc = (double *)malloc((size_t)max_ctx * sizeof(double)), *acc = (double *)malloc((size_t)L * sizeof(double));
+            int bad = 0, checked = 0, step = timing ? 37 : 1;
+            for (r = 0; r < (timing ? 1 : nreq) && bad < 4; r++)
+                for (t = 0; t < qlen[r] && bad < 4; t++) {
+                    int kend = sl[r] - (qlen[r] - 1 - t), qrow = qsl[r] + t, j, c;
+                    for (h = (r * 7 + t) % step; h < H && bad < 4; h += step) {
+                        double mx = -INFINITY, sum = 0, want_lse;
+                        for (j = 0; j < kend; j++) {
+                            const uint16_t *row = kvc + ((size_t)bt[r * maxb + j / BS] * BS + j % BS) * D;
+                            double d = 0;
+                            for (c = 0; c < L; c++) d += (double)get(q, et, ((size_t)qrow * H + h) * L + c) * get(row, et, (size_t)c);
+                            for (c = 0; c < R; c++) d += (double)get(qpe, et, ((size_t)qrow * H + h) * R + c) * get(row, et, (size_t)(L + c));
+                            sc[j] = d * scale;
+                            if (sc[j] > mx) mx = sc[j];
+                        }
+                        for (c = 0; c < L; c++) acc[c] = 0;
+                        for (j = 0; j < kend; j++) {
+                            const uint16_t *row = kvc + ((size_t)bt[r * maxb + j / BS] * BS + j % BS) * D;
+                            double w = exp(sc[j] - mx);
+                            sum += w;
+                            for (c = 0; c < L; c++) acc[c] += w * get(row, et, (size_t)c);
+                        }
+                        want_lse = kend ? mx + log(sum) : -INFINITY;
+                        checked++;
+                        {
+                            float gl = lse[(size_t)qrow * H + h];
+                            if (!(fabs(gl - want_lse) <= 2e-3 * (1 + fabs(want_lse))) && !(kend == 0 && isinf(gl) && gl < 0)) {
+                                printf("FAIL mla [%s] H %d splits %d: req %d row %d head %d (keys %d): lse %g, want %g\n", defs, H, splits, r, t,
+                                       h, kend, gl, want_lse);
+                                bad++;
+                            }
+                        }
+                        for (c = 0; c < L && bad < 4; c++) {
+                            double want = kend ? acc[c] / sum : 0.0;
+                            float got = get(out, et, ((size_t)qrow * H + h) * L + c);
+                            if (!(fabs(got - want) <= (dt == 1 ? 4e-3 : 2e-2) + 2e-2 * fabs(want))) {
+                                printf("FAIL mla [%s] H %d splits %d: req %d row %d head %d col %d (keys %d): out %g, want %g\n", defs, H,
+                                       splits, r, t, h, c, kend, got, want);
+                                bad++;
+                            }
+                        }
+                    }
+                }
+            free(sc); free(acc);
+            ok = bad == 0 && checked > 0;
+        }
+        cu->cuMemFree(dq); cu->cuMemFree(dqpe); cu->cuMemFree(dkv); cu->cuMemFree(dout); cu->cuMemFree(dlse); cu->cuMemFree(dbt);
+        cu->cuMemFree(dw); cu->cuMemFree(dnw); cu->cuMemFree(dm); cu->cuMemFree(dnm); cu->cuMemFree(dpo); cu->cuMemFree(dpl);
+        free(qlen); free(sl); free(qsl); free(bt); free(work); free(merge); free(q); free(qpe); free(kvc); free(out); free(lse);
+    }
+    return ok;
+}
+
+static void mla_tests(int cases, int bench) {
+    int n;
+    for (n = 0; n < cases; n++) {
+        int v = n % 5, Hs[] = {16, 128, 20, 40, 64}, H = Hs[(n / 5) % 5], splits = n % 3 == 2 ? 1 + rnd_int(1, 4) : 1;
+        double us;
+        if (mla_case(v, H, rnd_int(1, 5), rnd_int(1, 1500), splits, 0, &us)) passed++;
+        else failed++;
+    }
+    if (bench) { /* a few of issue 9's decode shapes (20 launches back to back over one batch:
+                    the larger ones exceed the L2; the first request checked against float64) */
+        static const int shapes[][3] = {{16, 64, 4096}, {128, 64, 4096}, {128, 1, 16384}, {16, 1, 16384}, {128, 16, 4096}};
+        int si;
+        for (si = 0; si < 5; si++) {
+            int H = shapes[si][0], B = shapes[si][1], C = shapes[si][2], v = H == 16 ? 0 : 1;
+            int items = B * ((H + (H == 16 ? 16 : 64) - 1) / (H == 16 ? 16 : 64)), splits = 1;
+            double us = 0;
+            while (items * splits * 2 <= 2 * num_sms && C / (splits * 2) >= 256 && splits < 32) splits *= 2;
+            if (!mla_case(v, H, B, C, splits, 1, &us)) { failed++; continue; }
+            passed++;
+            printf("  mla bench H %3d batch %3d ctx %5d: splits %2d  %8.1f us  %6.2f TB/s  %6.1f TFLOP/s\n", H, B, C, splits, us,
+                   (double)B * C * 576 * 2 / (us * 1e-6) / 1e12, 2.0 * B * H * C * (576 + 512) / (us * 1e-6) / 1e12);
+        }
+    }
+}
+
 int main(int argc, char **argv) {
     int i, do_bench = 0, cases = 60, only_bench = 0;
     attn_context_desc cd;
@@ -1057,9 +1360,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--prefill-tt") && i + 1 < argc) prefill_tt = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--seed") && i + 1 < argc) rng_state = strtoull(argv[++i], NULL, 0) | 1;
         else if (!strcmp(argv[i], "--sm90-prefill")) sm90_prefill = 1;
+        else if (!strcmp(argv[i], "--mla")) mla_mode = 1;
         else {
             fprintf(stderr, "usage: cuda_kernels [--cases N] [--seed S] [--bench | --bench-only | --decode-bench | --prefill-bench] [--contiguous] [--defines \"KV_STAGES=3 ...\"]\n"
-                            "                    [--prefill-tt N] [--sm90-prefill]\n");
+                            "                    [--prefill-tt N] [--sm90-prefill] [--mla]\n");
             return 2;
         }
     }
@@ -1067,8 +1371,10 @@ int main(int argc, char **argv) {
     cd.log = quiet;
     if (attn_context_create(&cd, &context) != ATTN_OK) return 2;
     if (sm90_prefill) sm90_compile_report(); /* no GPU needed */
+    if (mla_mode) mla_compile_report();
     if (!cuda_init()) {
-        printf("  SKIP cuda kernels%s: %s\n", sm90_prefill ? " (and the sm90-prefill GPU run)" : "", skip_reason);
+        printf("  SKIP cuda kernels%s: %s\n", sm90_prefill ? " (and the sm90-prefill GPU run)" : mla_mode ? " (and the mla GPU run)" : "",
+               skip_reason);
         printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped + 1);
         attn_context_destroy(context);
         return failed ? 1 : 0;
@@ -1079,7 +1385,11 @@ int main(int argc, char **argv) {
         skipped++;
         sm90_prefill = 0; /* the rest runs as without --sm90-prefill */
     }
-    if (sm90_prefill && !only_bench) { /* the attention cases only, each within the sm_90a kernel's scope */
+    if (mla_mode) { /* the MLA draft only: random decode batches (and with --bench its timings) */
+        mla_tests(cases, do_bench);
+        printf("mla: %d passed, %d failed (%.1f s)\n", passed, failed, now_s() - t0);
+        do_bench = 0;
+    } else if (sm90_prefill && !only_bench) { /* the attention cases only, each within the sm_90a kernel's scope */
         test_attention(cases);
         printf("sm90-prefill attention: %d of %d cases passed on the sm_90 kernel; %d passed, %d failed (%.1f s)\n",
                sm90_passed, cases, passed, failed, now_s() - t0);

@@ -59,6 +59,17 @@ static int load_sources(const char *dir) {
     return 1;
 }
 
+/* --variant with a file that is not embedded (a draft under kernels/wip/): read it from
+   that path, the embedded headers beside it. */
+static int load_extra(const char *path) {
+    if (!path || num_files >= MAX_FILES) return 1;
+    for (int i = 0; i < num_files; i++)
+        if (!strcmp(file_name[i], path)) return 1;
+    if (!(file_text[num_files] = attn_tool_read_file(path))) return 1; /* reported as not embedded */
+    file_name[num_files++] = path;
+    return 1;
+}
+
 static const char *source_of(const char *name) {
     int i;
     for (i = 0; i < num_files; i++)
@@ -358,7 +369,7 @@ int main(int argc, char **argv) {
     }
     printf("nvrtc-check: %s (NVRTC %d.%d)\n", attn_tool_nvrtc_path(), nv->major, nv->minor);
     if (probe) { status = 0; goto done; }
-    if (!load_sources(dir)) goto done;
+    if (!load_sources(dir) || !load_extra(custom.file)) goto done;
 
     jobs = (job *)calloc((size_t)num_variants * NUM_ARCHS, sizeof *jobs);
     if (!jobs) goto done;

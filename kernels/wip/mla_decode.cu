@@ -1,0 +1,424 @@
+/* mla_decode.cu - MLA absorbed decode (MQA over the latent cache) on mma.sync, a draft.
+
+   NOT YET VERIFIED ON A GPU, not embedded (tools/embed.py reads the top level of kernels/
+   only), not wired into a backend. `./build/cuda_kernels --mla` compiles it (no GPU needed)
+   and, on a GPU, runs it against a float64 reference; see tests/cuda_kernels.c.
+
+   =====================================================================================
+   WHAT IT COMPUTES (attn_mla_forward_mqa of the CPU_MLA backend)
+   =====================================================================================
+   Latent cache [num_blocks, BLOCK_SIZE, D] of DT (f16 or bf16), D = KV_LORA + ROPE (576 =
+   512 + 64, or 320 = 256 + 64); a row is [kv_c | k_pe]. One query row per (decode token,
+   head): [q_latent (KV_LORA) | q_pe (ROPE)] from two tensors. For the token's visible keys
+   j in [0, key_end): s_j = q . row_j * scale; out = sum_j softmax(s)_j row_j[0 .. KV_LORA)
+   (the value is the kv_c part of the same row); lse = log sum_j exp(s_j) (base e). Out
+   rounded to DT. A row that sees no key: out 0, lse -inf.
+
+   =====================================================================================
+   WORK LIST AND SPLITS
+   =====================================================================================
+   Work item (8 int32): {req, head0, q_row, -, key0, key1, slot, -}: the ROWS heads head0 ..
+   head0 + ROWS - 1 (those below num_heads) of the query row q_row (an index into q, q_pe,
+   out, lse) of request req, over keys [key0, key1) (one split of its visible range).
+   slot -1: the item writes out and lse; slot >= 0: it writes its normalised partial to
+   partial_o[slot][ROWS][KV_LORA] (f32) and its lse (base 2) to partial_lse[slot][ROWS],
+   and attn_mla_merge combines them. Merge entry (8 int32): {q_row, head0, splits,
+   first slot, -, -, -, -}: slots first .. first + splits - 1.
+
+   =====================================================================================
+   LAUNCH
+   =====================================================================================
+   attn_mla_decode: grid >= *num_work, block WARPS * 32, dynamic shared memory
+   attn_mla_config[1]; CTAs past *num_work exit. attn_mla_merge: grid (>= *num_merge,
+   ROWS), block 256, no shared memory. attn_mla_config (extern "C" __constant__ int[8]):
+   {threads, dynamic shared bytes, KV_TILE, ROWS, KV_STAGES, WARPS, 0, 1}.
+
+   =====================================================================================
+   INSIDE A CTA
+   =====================================================================================
+   ROWS = 16 * RT query rows (heads of one token), WARPS warps. Shared memory:
+       [Q: ROWS x PITCH][K: KV_STAGES x KV_TILE x PITCH][P: ROWS x (KV_TILE + 8) DT]
+       [row maxima: S_KG x ROWS f32][block offsets: KV_STAGES x KV_TILE int64]
+   with PITCH = D + 8 elements (rows 16 bytes past the data: conflict-free ldmatrix).
+   Per tile of KV_TILE keys (cp.async ring of KV_STAGES):
+     S phase   warp w = (row group rg, key group kg) of S_RG x S_KG: S for its RT_S row
+               tiles x KW keys (m16n8k16, Q and K fragments by ldmatrix), keys outside
+               [key0, key1) -> -inf; its rows' maxima over its keys -> shared memory.
+     barrier   every key group's maxima are in.
+     softmax   every thread derives the new row max of its rows from the S_KG partial
+               maxima (identically in every warp), p = 2^(s*scale*log2e - m) -> P (DT) in
+               shared memory, its lane-partial row sums rescaled and accumulated.
+     barrier   P is complete.
+     PV phase  warp w owns output columns w * CW .. (w + 1) * CW of every row: O rescaled by
+               2^(m_old - m_new), O += P V with V = columns 0 .. KV_LORA of the K stage
+               (ldmatrix.trans), P fragments by ldmatrix.
+   Epilogue: row sums (S_KG x 4 lanes) summed through shared memory, O / l out. */
+#include "attn_common.cuh"
+
+#if !defined(KV_LORA) || !defined(ROPE) || !defined(BLOCK_SIZE) || !defined(DT) || !defined(ROWS)
+#error "mla_decode.cu: define KV_LORA, ROPE, BLOCK_SIZE, DT and ROWS"
+#endif
+#if DT != ATTN_DT_F16 && DT != ATTN_DT_BF16
+#error "mla_decode.cu: DT must be 1 (f16) or 2 (bf16)"
+#endif
+#if KV_LORA % 64 != 0 || ROPE % 16 != 0
+#error "mla_decode.cu: KV_LORA must be a multiple of 64 and ROPE of 16"
+#endif
+#if ROWS != 16 && ROWS != 32 && ROWS != 64
+#error "mla_decode.cu: ROWS must be 16, 32 or 64"
+#endif
+#ifndef WARPS
+#define WARPS (ROWS == 64 ? 8 : 4)
+#endif
+#ifndef KV_TILE
+#define KV_TILE 32
+#endif
+#ifndef KV_STAGES
+#define KV_STAGES (ROWS == 16 ? 3 : 2)
+#endif
+
+#define ATTN_D (KV_LORA + ROPE)
+#define ATTN_RT (ROWS / 16)
+#define ATTN_PITCH (ATTN_D + 8)                 /* elements */
+#define ATTN_PPITCH (KV_TILE + 8)               /* elements of a P row */
+#define ATTN_THREADS (WARPS * 32)
+/* S: row groups x key groups = WARPS */
+#define ATTN_S_RG (ATTN_RT < WARPS ? ATTN_RT : WARPS)
+#define ATTN_S_KG (WARPS / ATTN_S_RG)
+#define ATTN_RT_S (ATTN_RT / ATTN_S_RG)          /* row tiles per warp in S */
+#define ATTN_KW (KV_TILE / ATTN_S_KG)            /* keys per warp in S */
+#define ATTN_NT (ATTN_KW / 8)                    /* n tiles of 8 keys */
+#define ATTN_CW (KV_LORA / WARPS)                /* output columns per warp */
+#define ATTN_OT (ATTN_CW / 8)
+#if ATTN_S_RG * ATTN_S_KG != WARPS || ATTN_RT % ATTN_S_RG != 0 || ATTN_KW % 8 != 0 || ATTN_KW < 8
+#error "mla_decode.cu: WARPS must split ROWS / 16 row tiles x KV_TILE keys into whole 16 x 8 tiles"
+#endif
+#if ATTN_CW % 16 != 0 || ATTN_RT * ATTN_OT * 4 > 128
+#error "mla_decode.cu: each warp's output columns must be a multiple of 16 and its O at most 128 registers"
+#endif
+#if KV_TILE % 16 != 0
+#error "mla_decode.cu: KV_TILE must be a multiple of 16"
+#endif
+
+#define ATTN_SQ_OFF 0
+#define ATTN_SK_OFF (ATTN_SQ_OFF + ROWS * ATTN_PITCH * 2)
+#define ATTN_SP_OFF (ATTN_SK_OFF + KV_STAGES * KV_TILE * ATTN_PITCH * 2)
+#define ATTN_SMAX_OFF (ATTN_SP_OFF + ROWS * ATTN_PPITCH * 2)
+#define ATTN_SBLK_OFF (ATTN_SMAX_OFF + ATTN_S_KG * ROWS * 4)
+#define ATTN_SMEM_BYTES (ATTN_SBLK_OFF + KV_STAGES * KV_TILE * 8)
+#if ATTN_SBLK_OFF % 8 != 0
+#error "mla_decode.cu: the block offsets must be 8-byte aligned"
+#endif
+#define ATTN_CPR (ATTN_D * 2 / 16) /* 16-byte chunks per latent row */
+
+extern "C" __constant__ int attn_mla_config[8] = {ATTN_THREADS, ATTN_SMEM_BYTES, KV_TILE, ROWS, KV_STAGES, WARPS, 0, 1};
+
+/* Passed by value; the host declares the same struct. */
+struct attn_mla_params {
+    const void *q;                 /* [.., num_heads, >= KV_LORA] q_latent */
+    const void *q_pe;              /* [.., num_heads, ROPE] */
+    const void *kv_cache;          /* [num_blocks, BLOCK_SIZE, D] */
+    void *out;                     /* [.., num_heads, KV_LORA] */
+    float *lse;                    /* [.., num_heads] or NULL */
+    const int *block_table;        /* [reqs][block_table_stride] */
+    const int *work, *num_work;
+    const int *merge, *num_merge;
+    float *partial_o;              /* [slots][ROWS][KV_LORA] */
+    float *partial_lse;            /* [slots][ROWS] (base 2) */
+    attn_i64 q_stride_token, q_stride_head, q_pe_stride_token, q_pe_stride_head;
+    attn_i64 out_stride_token, out_stride_head, lse_stride_token, lse_stride_head;
+    attn_i64 block_table_stride;
+    int num_heads;
+    float scale;
+};
+
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mla_decode(const attn_mla_params p) {
+    extern __shared__ attn_vec16 attn_smem[];
+    char *const smem = (char *)attn_smem;
+    if (blockDim.x != ATTN_THREADS || attn_dynamic_smem_size() < ATTN_SMEM_BYTES) attn_trap();
+    if ((int)blockIdx.x >= *p.num_work) return;
+    const int *item = p.work + 8 * (attn_i64)blockIdx.x;
+    const int req = item[0], head0 = item[1], q_row = item[2], slot = item[6];
+    const int key0 = item[4], key1 = item[5];
+    const int nrows = attn_imin(ROWS, p.num_heads - head0);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, tq = lane & 3;
+    const attn_u32 sbase = attn_smem_addr(attn_smem);
+    const attn_u32 sQ = sbase + ATTN_SQ_OFF, sK = sbase + ATTN_SK_OFF, sP = sbase + ATTN_SP_OFF;
+    float *const sMax = (float *)(smem + ATTN_SMAX_OFF);      /* [S_KG][ROWS] */
+    attn_i64 *const sBlk = (attn_i64 *)(smem + ATTN_SBLK_OFF); /* [stage][key] */
+
+    /* ---- Q: [q_latent | q_pe] rows of heads head0 .. (zero past num_heads) ---- */
+    for (int c = tid; c < ROWS * ATTN_CPR; c += ATTN_THREADS) {
+        const int r = c / ATTN_CPR, col = c - r * ATTN_CPR; /* col: 16-byte chunk, 8 elements */
+        const int valid = r < nrows;
+        const char *src = (const char *)p.q;
+        if (valid)
+            src = col * 8 < KV_LORA
+                      ? (const char *)p.q + ((attn_i64)q_row * p.q_stride_token + (attn_i64)(head0 + r) * p.q_stride_head + col * 8) * 2
+                      : (const char *)p.q_pe + ((attn_i64)q_row * p.q_pe_stride_token + (attn_i64)(head0 + r) * p.q_pe_stride_head +
+                                                (col * 8 - KV_LORA)) * 2;
+        attn_cp_async16_or_zero(sQ + (attn_u32)((r * ATTN_PITCH + col * 8) * 2), src, !valid);
+    }
+
+    /* ---- the K ring: row offsets of keys in flight, zero-filled outside [key0, key1) ---- */
+    const int *bt = p.block_table + (attn_i64)req * p.block_table_stride;
+    const char *kv = (const char *)p.kv_cache;
+    const int tile0 = key1 > key0 ? key0 / KV_TILE * KV_TILE : 0;
+    const int ntiles = key1 > key0 ? (key1 - tile0 + KV_TILE - 1) / KV_TILE : 0;
+    auto row_off = [&](int j) -> attn_i64 { /* byte offset of key j's row, -1 outside */
+        return j >= key0 && j < key1 ? ((attn_i64)bt[(unsigned)j / BLOCK_SIZE] * BLOCK_SIZE + (attn_i64)((unsigned)j % BLOCK_SIZE)) * ATTN_D * 2
+                                     : (attn_i64)-1;
+    };
+    auto issue = [&](int tile) { /* cp.async of tile `tile` into its stage */
+        const int st = tile % KV_STAGES;
+        for (int c = tid; c < KV_TILE * ATTN_CPR; c += ATTN_THREADS) {
+            const int r = c / ATTN_CPR, col = c - r * ATTN_CPR;
+            const attn_i64 off = sBlk[st * KV_TILE + r];
+            attn_cp_async16_or_zero(sK + (attn_u32)(((st * KV_TILE + r) * ATTN_PITCH + col * 8) * 2),
+                                    kv + (off >= 0 ? off + col * 16 : 0), off < 0);
+        }
+    };
+    for (int s = 0; s < KV_STAGES; s++)
+        for (int r = tid; r < KV_TILE; r += ATTN_THREADS) sBlk[s * KV_TILE + r] = row_off(tile0 + s * KV_TILE + r);
+    __syncthreads(); /* sBlk */
+    for (int s = 0; s < KV_STAGES - 1; s++) {
+        if (s < ntiles) issue(s);
+        attn_cp_async_commit(); /* Q goes with the first group */
+    }
+
+    /* ---- roles ---- */
+    const int rg = warp / ATTN_S_KG, kg = warp % ATTN_S_KG; /* S: row group, key group */
+    const float qk_scale = p.scale * ATTN_LOG2E;
+    /* ldmatrix lane offsets (bytes): A (rows lane % 16, column half lane / 16), B from
+       [key][dim] rows (keys lane % 8 + 8 (lane / 16), column half (lane / 8) % 2), B
+       transposed from [key][dim] (keys lane % 16, column half lane / 16) */
+    const attn_u32 a_lane = (attn_u32)(((lane & 15) * ATTN_PITCH + (lane >> 4) * 8) * 2);
+    const attn_u32 k_lane = (attn_u32)((((lane & 7) + ((lane >> 4) << 3)) * ATTN_PITCH + ((lane >> 3) & 1) * 8) * 2);
+    const attn_u32 v_lane = (attn_u32)(((lane & 15) * ATTN_PITCH + (lane >> 4) * 8) * 2);
+    const attn_u32 p_lane = (attn_u32)(((lane & 15) * ATTN_PPITCH + (lane >> 4) * 8) * 2);
+
+    /* running row max (base 2, scaled) of the S rows and of the O rows of this thread, kept
+       identically (both derive from the same shared maxima) */
+    float mS[ATTN_RT_S][2], lS[ATTN_RT_S][2], mO[ATTN_RT][2];
+#pragma unroll
+    for (int r = 0; r < ATTN_RT_S; r++) mS[r][0] = mS[r][1] = attn_neg_inf(), lS[r][0] = lS[r][1] = 0.0f;
+#pragma unroll
+    for (int r = 0; r < ATTN_RT; r++) mO[r][0] = mO[r][1] = attn_neg_inf();
+    float o[ATTN_RT][ATTN_OT][4];
+#pragma unroll
+    for (int r = 0; r < ATTN_RT; r++)
+#pragma unroll
+        for (int n = 0; n < ATTN_OT; n++) o[r][n][0] = o[r][n][1] = o[r][n][2] = o[r][n][3] = 0.0f;
+
+    for (int it = 0; it < ntiles; it++) {
+        attn_cp_async_wait<KV_STAGES - 2>();
+        __syncthreads(); /* tile it landed; the last tile's P and maxima are read */
+        if (it + KV_STAGES - 1 < ntiles) issue(it + KV_STAGES - 1);
+        attn_cp_async_commit();
+        const int st = it % KV_STAGES;
+        const int kt = tile0 + it * KV_TILE;
+        /* the row offsets of tile it + KV_STAGES into stage st's slot (its last reader,
+           the issue of tile it, ran iterations ago); read after the next barriers */
+        for (int r = tid; r < KV_TILE; r += ATTN_THREADS)
+            sBlk[st * KV_TILE + r] = row_off(tile0 + (it + KV_STAGES) * KV_TILE + r);
+        const attn_u32 sKst = sK + (attn_u32)(st * KV_TILE * ATTN_PITCH * 2);
+
+        /* ---- S phase ---- */
+        float s[ATTN_RT_S][ATTN_NT][4];
+#pragma unroll
+        for (int r = 0; r < ATTN_RT_S; r++)
+#pragma unroll
+            for (int n = 0; n < ATTN_NT; n++) s[r][n][0] = s[r][n][1] = s[r][n][2] = s[r][n][3] = 0.0f;
+        {
+            const attn_u32 kb = sKst + (attn_u32)(kg * ATTN_KW * ATTN_PITCH * 2);
+            const attn_u32 qb = sQ + (attn_u32)(rg * ATTN_RT_S * 16 * ATTN_PITCH * 2) + a_lane;
+#pragma unroll 4
+            for (int ks = 0; ks < ATTN_D / 16; ks++) {
+                attn_u32 a[ATTN_RT_S][4];
+#pragma unroll
+                for (int r = 0; r < ATTN_RT_S; r++) attn_ldmatrix_x4(a[r], qb + (attn_u32)(r * 16 * ATTN_PITCH * 2) + ks * 32);
+#pragma unroll
+                for (int np = 0; np < ATTN_NT / 2; np++) {
+                    attn_u32 b[4];
+                    attn_ldmatrix_x4(b, kb + k_lane + (attn_u32)((np * 16 * ATTN_PITCH + ks * 16) * 2));
+#pragma unroll
+                    for (int r = 0; r < ATTN_RT_S; r++) {
+                        attn_mma16816<DT>(s[r][2 * np], a[r], b);
+                        attn_mma16816<DT>(s[r][2 * np + 1], a[r], b + 2);
+                    }
+                }
+#if ATTN_NT % 2
+                {
+                    const attn_u32 k2_lane = (attn_u32)(((lane & 7) * ATTN_PITCH + ((lane >> 3) & 1) * 8) * 2); /* x2: 8 keys */
+                    attn_u32 b[2];
+                    attn_ldmatrix_x2(b, kb + k2_lane + (attn_u32)(((ATTN_NT - 1) * 8 * ATTN_PITCH + ks * 16) * 2));
+#pragma unroll
+                    for (int r = 0; r < ATTN_RT_S; r++) attn_mma16816<DT>(s[r][ATTN_NT - 1], a[r], b);
+                }
+#endif
+            }
+        }
+        /* mask keys outside [key0, key1); this warp's row maxima to shared memory */
+        const int kw0 = kt + kg * ATTN_KW + 2 * tq;
+#pragma unroll
+        for (int r = 0; r < ATTN_RT_S; r++) {
+            float mx[2] = {attn_neg_inf(), attn_neg_inf()};
+#pragma unroll
+            for (int n = 0; n < ATTN_NT; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int j = kw0 + 8 * n + (e & 1);
+                    float x = j >= key0 && j < key1 ? s[r][n][e] : attn_neg_inf();
+                    s[r][n][e] = x;
+                    mx[e >> 1] = fmaxf(mx[e >> 1], x);
+                }
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                mx[h] = attn_quad_max(mx[h]);
+                if (tq == 0) sMax[kg * ROWS + (rg * ATTN_RT_S + r) * 16 + g + 8 * h] = mx[h];
+            }
+        }
+        __syncthreads(); /* every key group's maxima */
+
+        /* ---- softmax of the S rows: P to shared memory ---- */
+#pragma unroll
+        for (int r = 0; r < ATTN_RT_S; r++) {
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int row = (rg * ATTN_RT_S + r) * 16 + g + 8 * h;
+                float mx = attn_neg_inf();
+#pragma unroll
+                for (int k = 0; k < ATTN_S_KG; k++) mx = fmaxf(mx, sMax[k * ROWS + row]);
+                const float mnew = fmaxf(mS[r][h], mx * qk_scale);
+                const float b = mnew == attn_neg_inf() ? 0.0f : mnew;
+                lS[r][h] *= attn_exp2(mS[r][h] - b);
+                mS[r][h] = mnew;
+                float sum = 0.0f;
+#pragma unroll
+                for (int n = 0; n < ATTN_NT; n++) {
+                    const float p0 = attn_exp2(fmaf(s[r][n][2 * h], qk_scale, -b));
+                    const float p1 = attn_exp2(fmaf(s[r][n][2 * h + 1], qk_scale, -b));
+                    sum += p0 + p1;
+                    *(attn_u32 *)(smem + ATTN_SP_OFF + (row * ATTN_PPITCH + kg * ATTN_KW + 8 * n + 2 * tq) * 2) =
+                        attn_elem<DT>::pack2(p0, p1);
+                }
+                lS[r][h] += sum;
+            }
+        }
+        /* the O rows' new maxima and their rescale factor (same arithmetic as above) */
+        float alpha[ATTN_RT][2];
+#pragma unroll
+        for (int r = 0; r < ATTN_RT; r++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int row = r * 16 + g + 8 * h;
+                float mx = attn_neg_inf();
+#pragma unroll
+                for (int k = 0; k < ATTN_S_KG; k++) mx = fmaxf(mx, sMax[k * ROWS + row]);
+                const float mnew = fmaxf(mO[r][h], mx * qk_scale);
+                const float b = mnew == attn_neg_inf() ? 0.0f : mnew;
+                alpha[r][h] = attn_exp2(mO[r][h] - b);
+                mO[r][h] = mnew;
+            }
+        __syncthreads(); /* P complete */
+
+        /* ---- PV phase: O[:, warp's columns] = alpha O + P V ---- */
+#pragma unroll
+        for (int r = 0; r < ATTN_RT; r++)
+#pragma unroll
+            for (int n = 0; n < ATTN_OT; n++) {
+                o[r][n][0] *= alpha[r][0]; o[r][n][1] *= alpha[r][0];
+                o[r][n][2] *= alpha[r][1]; o[r][n][3] *= alpha[r][1];
+            }
+        {
+            const attn_u32 vb = sKst + v_lane + (attn_u32)(warp * ATTN_CW * 2);
+#pragma unroll
+            for (int kk = 0; kk < KV_TILE / 16; kk++) {
+                attn_u32 a[ATTN_RT][4];
+#pragma unroll
+                for (int r = 0; r < ATTN_RT; r++)
+                    attn_ldmatrix_x4(a[r], sP + p_lane + (attn_u32)((r * 16 * ATTN_PPITCH + kk * 16) * 2));
+                const attn_u32 vrow = vb + (attn_u32)(kk * 16 * ATTN_PITCH * 2);
+#pragma unroll
+                for (int op = 0; op < ATTN_OT / 2; op++) {
+                    attn_u32 b[4];
+                    attn_ldmatrix_x4_trans(b, vrow + op * 32);
+#pragma unroll
+                    for (int r = 0; r < ATTN_RT; r++) {
+                        attn_mma16816<DT>(o[r][2 * op], a[r], b);
+                        attn_mma16816<DT>(o[r][2 * op + 1], a[r], b + 2);
+                    }
+                }
+            }
+        }
+    }
+
+    /* ---- epilogue: row sums through shared memory, O / l out ---- */
+    attn_cp_async_wait<0>();
+    __syncthreads(); /* the maxima buffer is free */
+#pragma unroll
+    for (int r = 0; r < ATTN_RT_S; r++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const float l = attn_quad_sum(lS[r][h]);
+            if (tq == 0) sMax[kg * ROWS + (rg * ATTN_RT_S + r) * 16 + g + 8 * h] = l;
+        }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < ATTN_RT; r++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int row = r * 16 + g + 8 * h;
+            float l = 0.0f;
+#pragma unroll
+            for (int k = 0; k < ATTN_S_KG; k++) l += sMax[k * ROWS + row];
+            const float inv = l > 0.0f ? attn_rcp(l) : 0.0f;
+            const float lse2 = l > 0.0f ? mO[r][h] + attn_log2(l) : attn_neg_inf();
+            if (row >= nrows) continue;
+            if (slot < 0) {
+                char *orow = (char *)p.out + ((attn_i64)q_row * p.out_stride_token + (attn_i64)(head0 + row) * p.out_stride_head) * 2;
+#pragma unroll
+                for (int n = 0; n < ATTN_OT; n++)
+                    *(attn_u32 *)(orow + (warp * ATTN_CW + 8 * n + 2 * tq) * 2) =
+                        attn_elem<DT>::pack2(o[r][n][2 * h] * inv, o[r][n][2 * h + 1] * inv);
+                if (p.lse && warp == 0 && tq == 0)
+                    p.lse[(attn_i64)q_row * p.lse_stride_token + (attn_i64)(head0 + row) * p.lse_stride_head] = lse2 * ATTN_LN2;
+            } else {
+                float *po = p.partial_o + ((attn_i64)slot * ROWS + row) * KV_LORA;
+#pragma unroll
+                for (int n = 0; n < ATTN_OT; n++) {
+                    po[warp * ATTN_CW + 8 * n + 2 * tq] = o[r][n][2 * h] * inv;
+                    po[warp * ATTN_CW + 8 * n + 2 * tq + 1] = o[r][n][2 * h + 1] * inv;
+                }
+                if (warp == 0 && tq == 0) p.partial_lse[(attn_i64)slot * ROWS + row] = lse2;
+            }
+        }
+}
+
+/* The splits of one (query row, head tile): out = sum_i w_i o_i, w_i = 2^(lse_i - max) /
+   sum; lse = max + log2(sum) (to base e); splits that saw no key (-inf) weigh 0. */
+extern "C" __global__ void __launch_bounds__(256) attn_mla_merge(const attn_mla_params p) {
+    if ((int)blockIdx.x >= *p.num_merge) return;
+    const int *m = p.merge + 8 * (attn_i64)blockIdx.x;
+    const int q_row = m[0], head0 = m[1], splits = m[2], slot0 = m[3];
+    const int nrows = attn_imin(ROWS, p.num_heads - head0);
+    const int row = blockIdx.y; /* grid (>= *num_merge, ROWS): one CTA per row */
+    if (row >= nrows) return;
+    for (int c = threadIdx.x; c < KV_LORA; c += blockDim.x) {
+        float mx = attn_neg_inf();
+        for (int i = 0; i < splits; i++) mx = fmaxf(mx, p.partial_lse[(attn_i64)(slot0 + i) * ROWS + row]);
+        float wsum = 0.0f, acc = 0.0f;
+        if (mx != attn_neg_inf())
+            for (int i = 0; i < splits; i++) {
+                const float w = attn_exp2(p.partial_lse[(attn_i64)(slot0 + i) * ROWS + row] - mx);
+                wsum += w;
+                acc += w * p.partial_o[((attn_i64)(slot0 + i) * ROWS + row) * KV_LORA + c];
+            }
+        const float out = wsum > 0.0f ? acc / wsum : 0.0f;
+        attn_store<DT>(p.out, (attn_i64)q_row * p.out_stride_token + (attn_i64)(head0 + row) * p.out_stride_head + c, out);
+        if (c == 0 && p.lse)
+            p.lse[(attn_i64)q_row * p.lse_stride_token + (attn_i64)(head0 + row) * p.lse_stride_head] =
+                wsum > 0.0f ? (mx + attn_log2(wsum)) * ATTN_LN2 : attn_neg_inf();
+    }
+}
