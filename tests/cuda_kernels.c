@@ -1047,7 +1047,8 @@ static void bench(const char *extra) {
    with ptxas's report; on a GPU, random decode batches against a float64 reference, and
    with --bench the decode shapes of issue 9 ---- */
 static int mla_mode;
-static const char *const mla_file = "kernels/wip/mla_decode.cu";
+static const char *const mla_file = "kernels/wip/mla_decode.cu";           /* mma.sync, sm_80+ */
+static const char *const mla_file_sm90 = "kernels/wip/mla_decode_sm90.cu"; /* wgmma, sm_90a */
 
 typedef struct attn_mla_params_host {
     attn__CUdeviceptr q, q_pe, kv_cache, out, lse, block_table, work, num_work, merge, num_merge, partial_o, partial_lse;
@@ -1058,9 +1059,11 @@ typedef struct attn_mla_params_host {
     float scale;
 } attn_mla_params_host;
 
-/* Compiles the draft with `defines` for `archname`; loads it when load. */
-static module_entry *mla_module(const char *defines, int load) {
-    static char *text;
+/* Compiles a draft (`sm90`: the wgmma one, for sm_90a) with `defines` for the device (sm_90
+   without one); loads it when load. */
+static module_entry *mla_module(const char *defines, int sm90, int load) {
+    static char *texts[2];
+    const char *file = sm90 ? mla_file_sm90 : mla_file;
     char key[320], defs[256], opt_store[32][64], arch_opt[48], *tok, *save = NULL;
     const char *opts[40], *hname[16];
     char *htext[16];
@@ -1071,11 +1074,11 @@ static module_entry *mla_module(const char *defines, int load) {
     int nopt = 0, i, nh = 0, ok, config[8];
     attn_tool_ptxas e;
     module_entry *m;
-    snprintf(key, sizeof key, "mla|%s|%d", defines, load);
+    snprintf(key, sizeof key, "mla%d|%s|%d", sm90, defines, load);
     for (i = 0; i < num_modules; i++)
         if (!strcmp(modules[i].key, key)) return &modules[i];
-    if (!text && !(text = attn_tool_read_file(mla_file))) {
-        printf("FAIL mla: cannot read %s (run from the repository root)\n", mla_file);
+    if (!texts[sm90] && !(texts[sm90] = attn_tool_read_file(file))) {
+        printf("FAIL mla: cannot read %s (run from the repository root)\n", file);
         failed++;
         return NULL;
     }
@@ -1084,7 +1087,7 @@ static module_entry *mla_module(const char *defines, int load) {
         size_t k = strlen(name);
         if (k > 4 && !strcmp(name + k - 4, ".cuh") && (htext[nh] = attn__kernel_source_text(name))) hname[nh++] = name;
     }
-    snprintf(arch_opt, sizeof arch_opt, "--gpu-architecture=sm_%d", load ? arch : 90);
+    snprintf(arch_opt, sizeof arch_opt, "--gpu-architecture=sm_%d%s", load ? arch : 90, sm90 ? "a" : "");
     opts[nopt++] = arch_opt;
     opts[nopt++] = "--ptxas-options=-v";
     opts[nopt++] = "--std=c++17";
@@ -1094,7 +1097,8 @@ static module_entry *mla_module(const char *defines, int load) {
         opts[nopt] = opt_store[nopt];
         nopt++;
     }
-    if (nv->nvrtcCreateProgram(&prog, text, "mla_decode.cu", nh, (const char *const *)htext, hname) != 0) {
+    if (nv->nvrtcCreateProgram(&prog, texts[sm90], sm90 ? "mla_decode_sm90.cu" : "mla_decode.cu", nh, (const char *const *)htext,
+                               hname) != 0) {
         printf("FAIL mla [%s]: nvrtcCreateProgram failed\n", defines);
         failed++;
         return NULL;
@@ -1144,12 +1148,18 @@ static module_entry *mla_module(const char *defines, int load) {
     return m;
 }
 
+/* the first five: mla_decode.cu; the last three: mla_decode_sm90.cu (ROWS 64) */
+#define MLA_NV 5
+#define MLA_NV_SM90 3
 static const char *mla_variants[] = {
     "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2 ROWS=16",
     "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2 ROWS=64",
     "KV_LORA=512 ROPE=64 BLOCK_SIZE=16 DT=1 ROWS=32",
     "KV_LORA=256 ROPE=64 BLOCK_SIZE=32 DT=2 ROWS=16",
     "KV_LORA=256 ROPE=64 BLOCK_SIZE=64 DT=1 ROWS=64",
+    "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2",
+    "KV_LORA=512 ROPE=64 BLOCK_SIZE=16 DT=1",
+    "KV_LORA=256 ROPE=64 BLOCK_SIZE=32 DT=2",
 };
 
 static void mla_compile_report(void) {
@@ -1159,9 +1169,10 @@ static void mla_compile_report(void) {
         skipped++;
         return;
     }
-    printf("mla: %s for sm_90 (NVRTC %d.%d)\n", mla_file, context->nvrtc->major, context->nvrtc->minor);
+    printf("mla: %s for sm_90, %s for sm_90a (NVRTC %d.%d)\n", mla_file, mla_file_sm90, context->nvrtc->major,
+           context->nvrtc->minor);
     for (i = 0; i < sizeof mla_variants / sizeof mla_variants[0]; i++)
-        if (mla_module(mla_variants[i], 0)) passed++;
+        if (mla_module(mla_variants[i], i >= MLA_NV, 0)) passed++;
 }
 
 /* One random decode batch on variant v with `splits` (1: none) against float64. Returns 1 ok. */
@@ -1169,9 +1180,9 @@ static int mla_case(int v, int H, int nreq, int max_ctx, int splits, int timing,
     int L, R, BS, dt, rows, r, i, t, h, nq = 0, ok = 1, nw = 0, nm = 0, nslot = 0, maxb = 0, nb;
     char defs[160];
     module_entry *m;
-    sscanf(mla_variants[v], "KV_LORA=%d ROPE=%d BLOCK_SIZE=%d DT=%d ROWS=%d", &L, &R, &BS, &dt, &rows);
+    if (sscanf(mla_variants[v], "KV_LORA=%d ROPE=%d BLOCK_SIZE=%d DT=%d ROWS=%d", &L, &R, &BS, &dt, &rows) < 5) rows = 64;
     snprintf(defs, sizeof defs, "%s", mla_variants[v]);
-    if (!(m = mla_module(defs, 1))) return 0;
+    if (!(m = mla_module(defs, v >= MLA_NV, 1))) return 0;
     {
         const int D = L + R;
         attn_dtype et = dt == 1 ? ATTN_DTYPE_F16 : ATTN_DTYPE_BF16;
@@ -1322,8 +1333,9 @@ static int mla_case(int v, int H, int nreq, int max_ctx, int splits, int timing,
 
 static void mla_tests(int cases, int bench) {
     int n;
+    const int nv = MLA_NV + (arch == 90 ? MLA_NV_SM90 : 0); /* the wgmma draft on compute capability 9.0 only */
     for (n = 0; n < cases; n++) {
-        int v = n % 5, Hs[] = {16, 128, 20, 40, 64}, H = Hs[(n / 5) % 5], splits = n % 3 == 2 ? 1 + rnd_int(1, 4) : 1;
+        int v = n % nv, Hs[] = {16, 128, 20, 40, 64}, H = Hs[(n / nv) % 5], splits = n % 3 == 2 ? 1 + rnd_int(1, 4) : 1;
         double us;
         if (mla_case(v, H, rnd_int(1, 5), rnd_int(1, 1500), splits, 0, &us)) passed++;
         else failed++;
@@ -1332,14 +1344,14 @@ static void mla_tests(int cases, int bench) {
                     the larger ones exceed the L2; the first request checked against float64) */
         static const int shapes[][3] = {{16, 64, 4096}, {128, 64, 4096}, {128, 1, 16384}, {16, 1, 16384}, {128, 16, 4096}};
         int si;
-        for (si = 0; si < 5; si++) {
-            int H = shapes[si][0], B = shapes[si][1], C = shapes[si][2], v = H == 16 ? 0 : 1;
-            int items = B * ((H + (H == 16 ? 16 : 64) - 1) / (H == 16 ? 16 : 64)), splits = 1;
+        for (si = 0; si < (arch == 90 ? 10 : 5); si++) { /* the second five: the wgmma draft */
+            int H = shapes[si % 5][0], B = shapes[si % 5][1], C = shapes[si % 5][2], v = si >= 5 ? MLA_NV : H == 16 ? 0 : 1;
+            int rows = v == 0 ? 16 : 64, items = B * ((H + rows - 1) / rows), splits = 1;
             double us = 0;
             while (items * splits * 2 <= 2 * num_sms && C / (splits * 2) >= 256 && splits < 32) splits *= 2;
             if (!mla_case(v, H, B, C, splits, 1, &us)) { failed++; continue; }
             passed++;
-            printf("  mla bench H %3d batch %3d ctx %5d: splits %2d  %8.1f us  %6.2f TB/s  %6.1f TFLOP/s\n", H, B, C, splits, us,
+            printf("  mla%s bench H %3d batch %3d ctx %5d: splits %2d  %8.1f us  %6.2f TB/s  %6.1f TFLOP/s\n", v >= MLA_NV ? " wgmma" : "", H, B, C, splits, us,
                    (double)B * C * 576 * 2 / (us * 1e-6) / 1e12, 2.0 * B * H * C * (576 + 512) / (us * 1e-6) / 1e12);
         }
     }

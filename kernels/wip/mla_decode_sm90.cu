@@ -1,0 +1,293 @@
+/* mla_decode_sm90.cu - MLA absorbed decode on Hopper warpgroup MMA (wgmma), sm_90a; a draft.
+
+   NOT YET VERIFIED ON A GPU (written after the session's device time was spent), not
+   embedded, not wired. `./build/cuda_kernels --mla` compiles it for sm_90a and, on a
+   device of compute capability 9.0, runs it against the float64 reference beside
+   mla_decode.cu (the mma.sync draft, verified on the H200).
+
+   WHAT IT COMPUTES, WORK LIST, SPLITS, params, merge: exactly mla_decode.cu's (same
+   struct, same work items, same partial layout with ROWS = 64), for 16-bit DT only.
+
+   =====================================================================================
+   INSIDE A CTA (FlashMLA's shape, written with kernels/wgmma.cuh)
+   =====================================================================================
+   256 threads = two warpgroups; 64 query rows (heads head0 .. head0 + 63 of one token:
+   one wgmma M). Shared memory, every tile 1024-aligned, 128B-swizzled (wgmma.cuh):
+       [Q: 64 x D, K-major: D / 64 panels][K: 2 stages x (64 keys x D, K-major)]
+       [P: 64 x 64 DT, K-major][row maxima / sums: 2 x 64 f32][row offsets: 2 x 64 int64]
+   = 72 + 144 + 8 KiB + 1.5 KiB + 1 KiB of alignment slack (226.5 KiB) at D = 576.
+   Per tile of 64 keys:
+     S   warpgroup w: S_w[64][32] = Q . K[keys 32w ..]^T, wgmma m64n32k16 ss over D / 16
+         steps (the next tile's copies are issued while it runs); masked to [key0, key1);
+         row maxima over its 32 keys -> shared memory.            barrier
+     P   both warpgroups derive the same new row max; p = 2^(s - m) -> P (DT, swizzled) in
+         shared memory; lane-partial row sums; fence.proxy.async.  barrier
+     PV  warpgroup w: O_w[64][256] (columns 256w ..) = alpha O_w + P . V, V = columns
+         256w .. 256w + 255 of the K stage read MN-major (LBO = one 64-column panel),
+         wgmma m64n256k16 ss over 4 steps; 128 accumulator registers per thread.
+   Epilogue: row sums of both warpgroups through shared memory; O / l out (or the
+   partial); lse by warpgroup 0. */
+#include "wgmma.cuh"
+
+#if !defined(KV_LORA) || !defined(ROPE) || !defined(BLOCK_SIZE) || !defined(DT)
+#error "mla_decode_sm90.cu: define KV_LORA, ROPE, BLOCK_SIZE and DT"
+#endif
+#if DT != ATTN_DT_F16 && DT != ATTN_DT_BF16
+#error "mla_decode_sm90.cu: DT must be 1 (f16) or 2 (bf16)"
+#endif
+#if KV_LORA != 512 && KV_LORA != 256
+#error "mla_decode_sm90.cu: KV_LORA must be 512 or 256"
+#endif
+#if ROPE != 64
+#error "mla_decode_sm90.cu: ROPE must be 64"
+#endif
+#ifdef ROWS
+#error "mla_decode_sm90.cu: ROWS is always 64 (one wgmma M); do not define it (wgmma.cuh uses the name)"
+#endif
+#define ROWS 64
+
+#define ATTN_D (KV_LORA + ROPE)
+#define KV_TILE 64
+#define KV_STAGES 2
+#define ATTN_THREADS 256
+#define ATTN_CW (KV_LORA / 2)                 /* output columns per warpgroup: 256 or 128 */
+#define ATTN_OR (ATTN_CW / 2)                 /* O accumulator registers per thread */
+#define ATTN_TILE_BYTES (64 * ATTN_D * 2)     /* Q, or one K stage: D / 64 panels of 8 KiB */
+#define ATTN_SQ_OFF 0
+#define ATTN_SK_OFF ATTN_TILE_BYTES
+#define ATTN_SP_OFF (ATTN_SK_OFF + KV_STAGES * ATTN_TILE_BYTES)
+#define ATTN_SRED_OFF (ATTN_SP_OFF + 64 * 64 * 2)
+#define ATTN_SBLK_OFF (ATTN_SRED_OFF + 2 * 64 * 4)
+#define ATTN_SMEM_BYTES (ATTN_SBLK_OFF + KV_STAGES * KV_TILE * 8 + 1024) /* + alignment slack */
+#if ATTN_SMEM_BYTES > 232448
+#error "mla_decode_sm90.cu: shared memory over 227 KiB"
+#endif
+#define ATTN_CPR (ATTN_D / 8) /* 16-byte chunks per row */
+
+extern "C" __constant__ int attn_mla_config[8] = {ATTN_THREADS, ATTN_SMEM_BYTES, KV_TILE, ROWS, KV_STAGES, 8, 0, 1};
+
+struct attn_mla_params { /* mla_decode.cu's */
+    const void *q;
+    const void *q_pe;
+    const void *kv_cache;
+    void *out;
+    float *lse;
+    const int *block_table;
+    const int *work, *num_work;
+    const int *merge, *num_merge;
+    float *partial_o;
+    float *partial_lse;
+    attn_i64 q_stride_token, q_stride_head, q_pe_stride_token, q_pe_stride_head;
+    attn_i64 out_stride_token, out_stride_head, lse_stride_token, lse_stride_head;
+    attn_i64 block_table_stride;
+    int num_heads;
+    float scale;
+};
+
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mla_decode(const attn_mla_params p) {
+    extern __shared__ attn_vec16 attn_smem[];
+    if (blockDim.x != ATTN_THREADS || attn_dynamic_smem_size() < ATTN_SMEM_BYTES) attn_trap();
+    if ((int)blockIdx.x >= *p.num_work) return;
+    const int *item = p.work + 8 * (attn_i64)blockIdx.x;
+    const int req = item[0], head0 = item[1], q_row = item[2], slot = item[6];
+    const int key0 = item[4], key1 = item[5];
+    const int nrows = attn_imin(ROWS, p.num_heads - head0);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = tid >> 7;
+    const int g = lane >> 2, tq = lane & 3;
+    const attn_u32 smem0 = attn_smem_addr(attn_smem);
+    const attn_u32 base = (smem0 + 1023u) & ~1023u;
+    char *const smem = (char *)attn_smem + (base - smem0);
+    const attn_u32 sQ = base + ATTN_SQ_OFF, sK = base + ATTN_SK_OFF, sP = base + ATTN_SP_OFF;
+    float *const sRed = (float *)(smem + ATTN_SRED_OFF);       /* [wg][64] */
+    attn_i64 *const sBlk = (attn_i64 *)(smem + ATTN_SBLK_OFF); /* [stage][key] */
+
+    /* ---- Q rows: [q_latent | q_pe], zero past num_heads ---- */
+    for (int c = tid; c < ROWS * ATTN_CPR; c += ATTN_THREADS) {
+        const int r = c / ATTN_CPR, col = c - r * ATTN_CPR;
+        const int valid = r < nrows;
+        const char *src = (const char *)p.q;
+        if (valid)
+            src = col * 8 < KV_LORA
+                      ? (const char *)p.q + ((attn_i64)q_row * p.q_stride_token + (attn_i64)(head0 + r) * p.q_stride_head + col * 8) * 2
+                      : (const char *)p.q_pe + ((attn_i64)q_row * p.q_pe_stride_token + (attn_i64)(head0 + r) * p.q_pe_stride_head +
+                                                (col * 8 - KV_LORA)) * 2;
+        attn_cp_async16_or_zero(sQ + attn_wgmma_swizzle_offset<ROWS>(r, col), src, !valid);
+    }
+
+    /* ---- the K ring ---- */
+    const int *bt = p.block_table + (attn_i64)req * p.block_table_stride;
+    const char *kv = (const char *)p.kv_cache;
+    const int tile0 = key1 > key0 ? key0 / KV_TILE * KV_TILE : 0;
+    const int ntiles = key1 > key0 ? (key1 - tile0 + KV_TILE - 1) / KV_TILE : 0;
+    auto row_off = [&](int j) -> attn_i64 {
+        return j >= key0 && j < key1 ? ((attn_i64)bt[(unsigned)j / BLOCK_SIZE] * BLOCK_SIZE + (attn_i64)((unsigned)j % BLOCK_SIZE)) * ATTN_D * 2
+                                     : (attn_i64)-1;
+    };
+    auto issue = [&](int tile) {
+        const int st = tile % KV_STAGES;
+        const attn_u32 dst = sK + (attn_u32)(st * ATTN_TILE_BYTES);
+        for (int c = tid; c < KV_TILE * ATTN_CPR; c += ATTN_THREADS) {
+            const int r = c / ATTN_CPR, col = c - r * ATTN_CPR;
+            const attn_i64 off = sBlk[st * KV_TILE + r];
+            attn_cp_async16_or_zero(dst + attn_wgmma_swizzle_offset<KV_TILE>(r, col), kv + (off >= 0 ? off + col * 16 : 0), off < 0);
+        }
+    };
+    for (int s = 0; s < KV_STAGES; s++)
+        for (int r = tid; r < KV_TILE; r += ATTN_THREADS) sBlk[s * KV_TILE + r] = row_off(tile0 + s * KV_TILE + r);
+    __syncthreads();
+    issue(0);
+    attn_cp_async_commit(); /* with Q */
+
+    const float qk_scale = p.scale * ATTN_LOG2E;
+    const int row_a = 16 * (warp & 3) + g; /* this thread's accumulator rows: row_a, row_a + 8 */
+    float m[2] = {attn_neg_inf(), attn_neg_inf()}, l[2] = {0.0f, 0.0f};
+    float o[ATTN_OR];
+#pragma unroll
+    for (int i = 0; i < ATTN_OR; i++) o[i] = 0.0f;
+
+    for (int it = 0; it < ntiles; it++) {
+        attn_cp_async_wait<0>();             /* this thread's part of tile it (and Q) */
+        attn_wgmma_fence_smem_writes();
+        __syncthreads();                      /* everyone's part; tile it-1's P and stage are free */
+        const int st = it % KV_STAGES;
+        const int kt = tile0 + it * KV_TILE;
+        const attn_u32 sKst = sK + (attn_u32)(st * ATTN_TILE_BYTES);
+        /* row offsets of tile it + 2 into this stage's slot (its issue, tile it, is done) */
+        for (int r = tid; r < KV_TILE; r += ATTN_THREADS) sBlk[st * KV_TILE + r] = row_off(tile0 + (it + KV_STAGES) * KV_TILE + r);
+
+        /* ---- S_w = Q K[32 wg ..]^T, the next tile's copies under it ---- */
+        float s[16];
+        attn_wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < ATTN_D; k += 16)
+            attn_wgmma<32, DT>::template ss<0>(s, attn_wgmma_desc_k_major<ROWS>(sQ, k),
+                                               attn_wgmma_desc_k_major<KV_TILE>(sKst + (attn_u32)(wg * 32 * 128), k), k > 0);
+        attn_wgmma_commit();
+        if (it + 1 < ntiles) issue(it + 1); /* into stage (it + 1) % 2: tile it-1's, free since the barrier */
+        attn_cp_async_commit();
+        attn_wgmma_wait<0>();
+        attn_wgmma_fence_acc(s);
+
+        /* ---- mask, row maxima over this warpgroup's 32 keys ---- */
+        const int kw0 = kt + 32 * wg + 2 * tq;
+        float mx[2] = {attn_neg_inf(), attn_neg_inf()};
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int j = kw0 + 8 * i + (e & 1);
+                const float x = j >= key0 && j < key1 ? s[4 * i + e] : attn_neg_inf();
+                s[4 * i + e] = x;
+                mx[e >> 1] = fmaxf(mx[e >> 1], x);
+            }
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            mx[h] = attn_quad_max(mx[h]);
+            if (tq == 0) sRed[wg * 64 + row_a + 8 * h] = mx[h];
+        }
+        __syncthreads(); /* both warpgroups' maxima */
+
+        /* ---- softmax: P to shared memory ---- */
+        float alpha[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int row = row_a + 8 * h;
+            const float mt = fmaxf(sRed[row], sRed[64 + row]);
+            const float mnew = fmaxf(m[h], mt * qk_scale);
+            const float b = mnew == attn_neg_inf() ? 0.0f : mnew;
+            alpha[h] = attn_exp2(m[h] - b);
+            m[h] = mnew;
+            l[h] *= alpha[h];
+            float sum = 0.0f;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const float p0 = attn_exp2(fmaf(s[4 * i + 2 * h], qk_scale, -b));
+                const float p1 = attn_exp2(fmaf(s[4 * i + 2 * h + 1], qk_scale, -b));
+                sum += p0 + p1;
+                const int col = 32 * wg + 8 * i + 2 * tq; /* key column of P */
+                *(attn_u32 *)(smem + ATTN_SP_OFF + attn_wgmma_swizzle_offset<64>(row, col >> 3) + (col & 7) * 2) =
+                    attn_elem<DT>::pack2(p0, p1);
+            }
+            l[h] += sum;
+        }
+        attn_wgmma_fence_smem_writes(); /* P is read by wgmma (async proxy) */
+        __syncthreads();                /* P complete */
+
+        /* ---- O_w = alpha O_w + P V[:, 256 wg ..] ---- */
+#pragma unroll
+        for (int i = 0; i < ATTN_OR / 4; i++) {
+            o[4 * i] *= alpha[0]; o[4 * i + 1] *= alpha[0];
+            o[4 * i + 2] *= alpha[1]; o[4 * i + 3] *= alpha[1];
+        }
+        attn_wgmma_fence(); /* O was written by ordinary instructions */
+#pragma unroll
+        for (int j = 0; j < KV_TILE / 16; j++)
+            attn_wgmma<ATTN_CW, DT>::template ss<1>(o, attn_wgmma_desc_k_major<64>(sP, 16 * j),
+                                                    attn_wgmma_desc_mn_major<KV_TILE>(sKst + (attn_u32)(wg * (ATTN_CW / 64) * KV_TILE * 128), 16 * j),
+                                                    1);
+        attn_wgmma_commit();
+        attn_wgmma_wait<0>();
+        attn_wgmma_fence_acc(o);
+    }
+
+    /* ---- epilogue ---- */
+    attn_cp_async_wait<0>();
+    __syncthreads(); /* sRed is free */
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const float lq = attn_quad_sum(l[h]);
+        if (tq == 0) sRed[wg * 64 + row_a + 8 * h] = lq;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int row = row_a + 8 * h;
+        const float L = sRed[row] + sRed[64 + row];
+        const float inv = L > 0.0f ? attn_rcp(L) : 0.0f;
+        const float lse2 = L > 0.0f ? m[h] + attn_log2(L) : attn_neg_inf();
+        if (row >= nrows) continue;
+        if (slot < 0) {
+            char *orow = (char *)p.out + ((attn_i64)q_row * p.out_stride_token + (attn_i64)(head0 + row) * p.out_stride_head) * 2;
+#pragma unroll
+            for (int i = 0; i < ATTN_OR / 4; i++)
+                *(attn_u32 *)(orow + (wg * ATTN_CW + 8 * i + 2 * tq) * 2) =
+                    attn_elem<DT>::pack2(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv);
+            if (p.lse && wg == 0 && tq == 0)
+                p.lse[(attn_i64)q_row * p.lse_stride_token + (attn_i64)(head0 + row) * p.lse_stride_head] = lse2 * ATTN_LN2;
+        } else {
+            float *po = p.partial_o + ((attn_i64)slot * ROWS + row) * KV_LORA + wg * ATTN_CW;
+#pragma unroll
+            for (int i = 0; i < ATTN_OR / 4; i++) {
+                po[8 * i + 2 * tq] = o[4 * i + 2 * h] * inv;
+                po[8 * i + 2 * tq + 1] = o[4 * i + 2 * h + 1] * inv;
+            }
+            if (wg == 0 && tq == 0) p.partial_lse[(attn_i64)slot * ROWS + row] = lse2;
+        }
+    }
+}
+
+/* mla_decode.cu's merge: one CTA per (entry, row). */
+extern "C" __global__ void __launch_bounds__(256) attn_mla_merge(const attn_mla_params p) {
+    if ((int)blockIdx.x >= *p.num_merge) return;
+    const int *mg = p.merge + 8 * (attn_i64)blockIdx.x;
+    const int q_row = mg[0], head0 = mg[1], splits = mg[2], slot0 = mg[3];
+    const int nrows = attn_imin(ROWS, p.num_heads - head0);
+    const int row = blockIdx.y;
+    if (row >= nrows) return;
+    for (int c = threadIdx.x; c < KV_LORA; c += blockDim.x) {
+        float mx = attn_neg_inf();
+        for (int i = 0; i < splits; i++) mx = fmaxf(mx, p.partial_lse[(attn_i64)(slot0 + i) * ROWS + row]);
+        float wsum = 0.0f, acc = 0.0f;
+        if (mx != attn_neg_inf())
+            for (int i = 0; i < splits; i++) {
+                const float w = attn_exp2(p.partial_lse[(attn_i64)(slot0 + i) * ROWS + row] - mx);
+                wsum += w;
+                acc += w * p.partial_o[((attn_i64)(slot0 + i) * ROWS + row) * KV_LORA + c];
+            }
+        attn_store<DT>(p.out, (attn_i64)q_row * p.out_stride_token + (attn_i64)(head0 + row) * p.out_stride_head + c,
+                       wsum > 0.0f ? acc / wsum : 0.0f);
+        if (c == 0 && p.lse)
+            p.lse[(attn_i64)q_row * p.lse_stride_token + (attn_i64)(head0 + row) * p.lse_stride_head] =
+                wsum > 0.0f ? (mx + attn_log2(wsum)) * ATTN_LN2 : attn_neg_inf();
+    }
+}
