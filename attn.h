@@ -42,7 +42,8 @@
                                a chunk of keys; running outputs of a group of queries)
 
    ENVIRONMENT VARIABLES
-       ATTN_BACKEND            force a backend by name (case-insensitive): CPU, CPU_MLA, CUDA
+       ATTN_BACKEND            force a backend by name (case-insensitive): CPU, CPU_MLA, CUDA,
+                               CUDA_SM90
                                (code beats env; an unknown name fails and lists the names)
        ATTN_CACHE_DIR          where compiled kernels are kept (default $XDG_CACHE_HOME/attn,
                                else ~/.cache/attn; "off": in memory only); read at
@@ -681,7 +682,9 @@ typedef struct attn_selection {
     int env_set;
     int forced_by_code;
     attn_backend_id forced_backend;   /* AUTO unless forced_by_code */
-    attn_backend_id default_backend;  /* first of the platform's list of the layer's kind */
+    attn_backend_id default_backend;  /* first of the platform's list of the layer's kind and
+                                         device whose capabilities fit the layer (the first
+                                         of its kind and device when none fits) */
     attn_backend_id requested;        /* what code or env asked for, AUTO if nothing */
     attn_backend_id resolved;         /* AUTO only on failure */
     attn_selection_source source;     /* where the resolved choice came from */
@@ -2716,9 +2719,14 @@ static attn_status attn__resolve(attn_context *ctx, const attn_layer_desc *d,
                                ? ctx->platform.cuda_capability_major * 10 + ctx->platform.cuda_capability_minor
                                : 0;
     attn__strlcpy(s->degradation, "none", sizeof s->degradation);
-    for (i = 0; i < count; i++) { /* the first registered backend of the layer's kind */
+    for (i = 0; i < count; i++) { /* the first registered backend of the layer's kind and device
+                                     whose capability checks pass (CUDA on an A100, where
+                                     CUDA_SM90 cannot serve), else the first of that kind */
         const attn_backend *b = attn_backend_get(list[i]);
-        if (b && b->is_mla == d->use_mla && b->device == d->device) { s->default_backend = list[i]; break; }
+        char why[160];
+        if (!b || b->is_mla != d->use_mla || b->device != d->device) continue;
+        if (!s->default_backend) s->default_backend = list[i];
+        if (!attn__backend_check(b, d, &ctx->platform, why, sizeof why)) { s->default_backend = list[i]; break; }
     }
 
     if (req->backend != ATTN_BACKEND_AUTO) {
@@ -6230,7 +6238,6 @@ typedef struct attn__cuda_state {
 typedef struct attn__cuda_layer {
     attn__cuda_module decode, prefill, cache;
     attn__cuda_module decode_wide;   /* small batches (sm_90+, head <= 128): module 0 if none */
-    int sm90;                        /* CUDA_SM90: prefill is paged_prefill_sm90.cu (wgmma) */
     attn__CUdeviceptr alibi;
     int resident;                    /* decode CTAs the device holds at once: occupancy x SMs */
     int resident_wide;               /* the same for decode_wide (0: none) */
@@ -6412,7 +6419,6 @@ static attn_status attn__cuda_layer_init(const attn_backend *self, attn_layer *l
         attn__free(L);
         return st;
     }
-    L->sm90 = sm90;
     attn__cuda_layer_variants(d, &ctx->platform, sm90, opt);
     for (pass = 0; pass < 2 && st == ATTN_OK; pass++)
         st = attn__cuda_load(ctx, attn__cuda_variant_file(pass, sm90), opt[pass],

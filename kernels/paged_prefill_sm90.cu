@@ -57,8 +57,9 @@
    Per tile (one __syncthreads): cp.async wait for the tile, fence.proxy.async (this
    thread's generic-proxy writes, cp.async included, become visible to wgmma's async
    proxy), __syncthreads (everyone's part; the stage about to be refilled is free: both
-   warpgroups' wgmma on it completed, wgmma.wait_group 0), issue tile it + KV_STAGES - 1,
-   then per warpgroup, unless none of its 64 rows sees a key of the tile (causal tiles
+   warpgroups' wgmma on it completed, wgmma.wait_group 0), then per warpgroup (tile it +
+   KV_STAGES - 1 is issued between S's commit and its wait, LOAD_UNDER_S 1, or before S
+   with LOAD_UNDER_S 0; by every thread on both branches of the skip), unless none of its 64 rows sees a key of the tile (causal tiles
    above the diagonal, window tiles before it: uniform over the warpgroup, from the
    per-warpgroup bounds):
        S[64][KV_TILE] = Q K^T     wgmma ss m64nKV_TILEk16, HEAD_DIM / 16 steps, wait 0

@@ -325,6 +325,7 @@ ATTN_TEST(cuda_selected_for_device_layers) {
     d.device = ATTN_DEVICE_CUDA;
     EXPECT_OK(attn_select_backend(ctx, &d, NULL, &s));
     EXPECT_EQ_INT(s.resolved, cu_auto_backend(ctx, &d));
+    EXPECT_EQ_INT(s.default_backend, s.resolved); /* the default is the first that fits the layer */
     EXPECT_EQ_INT(s.cuda_graph, ATTN_CUDA_GRAPH_ALWAYS);
     if (s.resolved == ATTN_BACKEND_CUDA) { /* not compute capability 9.0: the record says so */
         EXPECT_TRUE(cu_skip_reason(&s, ATTN_BACKEND_CUDA_SM90, "compute capability"));
@@ -333,6 +334,8 @@ ATTN_TEST(cuda_selected_for_device_layers) {
     d.logits_soft_cap = 30.0f;
     EXPECT_OK(attn_select_backend(ctx, &d, NULL, &s));
     EXPECT_EQ_INT(s.resolved, ATTN_BACKEND_CUDA);
+    EXPECT_EQ_INT(s.default_backend, ATTN_BACKEND_CUDA);
+    EXPECT_TRUE(strstr(s.log_line, ", default") != NULL);
     EXPECT_TRUE(cu_skip_reason(&s, ATTN_BACKEND_CUDA_SM90, "soft_cap"));
     d.logits_soft_cap = 0.0f;
     d.head_size = 96;
