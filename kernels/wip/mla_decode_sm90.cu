@@ -1,9 +1,9 @@
 /* mla_decode_sm90.cu - MLA absorbed decode on Hopper warpgroup MMA (wgmma), sm_90a; a draft.
 
-   NOT YET VERIFIED ON A GPU (written after the session's device time was spent), not
-   embedded, not wired. `./build/cuda_kernels --mla` compiles it for sm_90a and, on a
-   device of compute capability 9.0, runs it against the float64 reference beside
-   mla_decode.cu (the mma.sync draft, verified on the H200).
+   Not embedded, not wired into a backend yet. Checked on an H200 (2026-12-02): `./build/
+   cuda_kernels --mla --cases 24 --bench` compiles it for sm_90a and runs it against the
+   float64 reference beside mla_decode.cu: every case passed, racecheck clean; figures in
+   docs/PERF.md.
 
    WHAT IT COMPUTES, WORK LIST, SPLITS, params, merge: exactly mla_decode.cu's (same
    struct, same work items, same partial layout with ROWS = 64), for 16-bit DT only.
