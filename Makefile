@@ -20,14 +20,15 @@ all: $(B)/attn_tests $(B)/attn_tests_avx2 $(B)/attn_tests_c $(B)/attn_tests_noth
 $(B):
 	mkdir -p $(B)
 
-# The test binary in four builds: the widest SIMD this CPU has, AVX2, plain C, no threads;
+# The test binary in four builds: the widest SIMD this CPU has, AVX2, plain C (also without
+# the CUDA path: ATTN_NO_CUDA), no threads;
 # and once more under AddressSanitizer + UndefinedBehaviorSanitizer.
 $(B)/attn_tests: $(TEST_DEP) | $(B)
 	$(CC) $(CSTD) $(WARN) $(OPT) $(NATIVE) -I. $(TEST_SRC) -o $@ $(LIBS)
 $(B)/attn_tests_avx2: $(TEST_DEP) | $(B)
 	$(CC) $(CSTD) $(WARN) $(OPT) -mavx2 -mfma -mf16c -I. $(TEST_SRC) -o $@ $(LIBS)
 $(B)/attn_tests_c: $(TEST_DEP) | $(B)
-	$(CC) $(CSTD) $(WARN) $(OPT) -DATTN_NO_SIMD -I. $(TEST_SRC) -o $@ $(LIBS)
+	$(CC) $(CSTD) $(WARN) $(OPT) -DATTN_NO_SIMD -DATTN_NO_CUDA -I. $(TEST_SRC) -o $@ $(LIBS)
 $(B)/attn_tests_nothreads: $(TEST_DEP) | $(B)
 	$(CC) $(CSTD) $(WARN) $(OPT) $(NATIVE) -DATTN_NO_THREADS -I. $(TEST_SRC) -o $@ -lm -ldl
 $(B)/attn_tests_asan: $(TEST_DEP) | $(B)

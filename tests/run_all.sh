@@ -100,7 +100,7 @@ if grep -q ' avx2 ' /proc/cpuinfo && grep -q ' fma ' /proc/cpuinfo && grep -q ' 
 else
     skip tests-avx2 "this CPU lacks AVX2/FMA/F16C"
 fi
-run tests-plain-c env ATTN_TEST_SCALE=0.5 ./build/attn_tests_c
+run tests-plain-c-no-cuda env ATTN_TEST_SCALE=0.5 ./build/attn_tests_c
 run tests-no-threads env ATTN_TEST_SCALE=0.3 ./build/attn_tests_nothreads
 run tests-asan-ubsan env ATTN_TEST_SCALE=0.2 ASAN_OPTIONS=detect_leaks=1 ./build/attn_tests_asan
 
