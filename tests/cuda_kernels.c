@@ -1057,6 +1057,7 @@ typedef struct attn_mla_params_host {
     int64_t block_table_stride;
     int32_t num_heads;
     float scale;
+    attn__CUdeviceptr merge_count; /* mla_decode_sm90.cu only (FUSED_MERGE 1) */
 } attn_mla_params_host;
 
 /* Compiles a draft (`sm90`: the wgmma one, for sm_90a) with `defines` for the device (sm_90
@@ -1150,7 +1151,7 @@ static module_entry *mla_module(const char *defines, int sm90, int load) {
 
 /* the first five: mla_decode.cu; the last three: mla_decode_sm90.cu (ROWS 64) */
 #define MLA_NV 5
-#define MLA_NV_SM90 3
+#define MLA_NV_SM90 4
 static const char *mla_variants[] = {
     "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2 ROWS=16",
     "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2 ROWS=64",
@@ -1160,6 +1161,7 @@ static const char *mla_variants[] = {
     "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2",
     "KV_LORA=512 ROPE=64 BLOCK_SIZE=16 DT=1",
     "KV_LORA=256 ROPE=64 BLOCK_SIZE=32 DT=2",
+    "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2 FUSED_MERGE=1",
 };
 
 static void mla_compile_report(void) {
@@ -1190,7 +1192,8 @@ static int mla_case(int v, int H, int nreq, int max_ctx, int splits, int timing,
         int *qsl = (int *)calloc((size_t)nreq + 1, sizeof(int)), *bt, *work, *merge;
         uint16_t *q, *qpe, *kvc, *out;
         float *lse, scale = 1.0f / sqrtf((float)(128 + R));
-        attn__CUdeviceptr dq, dqpe, dkv, dout, dlse, dbt, dw, dnw, dm, dnm, dpo, dpl;
+        attn__CUdeviceptr dq, dqpe, dkv, dout, dlse, dbt, dw, dnw, dm, dnm, dpo, dpl, dmc;
+        const int fused = strstr(mla_variants[v], "FUSED_MERGE=1") != NULL; /* split items merge in the decode launch */
         attn_mla_params_host p;
         void *args[1];
         for (r = 0; r < nreq; r++) {
@@ -1239,6 +1242,7 @@ static int mla_case(int v, int H, int nreq, int max_ctx, int splits, int timing,
                             int *w = work + 8 * nw++;
                             w[0] = r; w[1] = h; w[2] = qrow; w[4] = (int)((int64_t)kend * i / ns);
                             w[5] = (int)((int64_t)kend * (i + 1) / ns); w[6] = ns > 1 ? s0 + i : -1;
+                            w[7] = fused && ns > 1 ? nm : 0; /* merge entry + 1 (nm counts it already) */
                         }
                     }
                 }
@@ -1249,15 +1253,17 @@ static int mla_case(int v, int H, int nreq, int max_ctx, int splits, int timing,
         dw = dupload(work, (size_t)nw * 32 + 32); dnw = dupload(&nw, 4);
         dm = dupload(merge, (size_t)nm * 32 + 32); dnm = dupload(&nm, 4);
         dpo = dalloc((size_t)(nslot + 1) * rows * L * 4); dpl = dalloc((size_t)(nslot + 1) * rows * 4);
+        dmc = dalloc((size_t)(nm + 1) * 4);
+        CU_CHECK(cu->cuMemsetD8Async(dmc, 0, (size_t)(nm + 1) * 4, NULL));
         memset(&p, 0, sizeof p);
         p.q = dq; p.q_pe = dqpe; p.kv_cache = dkv; p.out = dout; p.lse = dlse; p.block_table = dbt;
         p.work = dw; p.num_work = dnw; p.merge = dm; p.num_merge = dnm; p.partial_o = dpo; p.partial_lse = dpl;
         p.q_stride_token = (int64_t)H * L; p.q_stride_head = L; p.q_pe_stride_token = (int64_t)H * R; p.q_pe_stride_head = R;
         p.out_stride_token = (int64_t)H * L; p.out_stride_head = L; p.lse_stride_token = H; p.lse_stride_head = 1;
-        p.block_table_stride = maxb; p.num_heads = H; p.scale = scale;
+        p.block_table_stride = maxb; p.num_heads = H; p.scale = scale; p.merge_count = fused ? dmc : 0;
         args[0] = &p;
         CU_CHECK(cu->cuLaunchKernel(m->main, (unsigned)nw, 1, 1, (unsigned)m->config[0], 1, 1, (unsigned)m->config[1], NULL, args, NULL));
-        if (nm) CU_CHECK(cu->cuLaunchKernel(m->second, (unsigned)nm, (unsigned)rows, 1, 256, 1, 1, 0, NULL, args, NULL));
+        if (nm && !fused) CU_CHECK(cu->cuLaunchKernel(m->second, (unsigned)nm, (unsigned)rows, 1, 256, 1, 1, 0, NULL, args, NULL));
         CU_CHECK(cu->cuStreamSynchronize(NULL));
         if (timing) {
             attn__CUevent e0, e1;
@@ -1267,7 +1273,7 @@ static int mla_case(int v, int H, int nreq, int max_ctx, int splits, int timing,
             CU_CHECK(cu->cuEventRecord(e0, NULL));
             for (k = 0; k < 20; k++) {
                 CU_CHECK(cu->cuLaunchKernel(m->main, (unsigned)nw, 1, 1, (unsigned)m->config[0], 1, 1, (unsigned)m->config[1], NULL, args, NULL));
-                if (nm) CU_CHECK(cu->cuLaunchKernel(m->second, (unsigned)nm, (unsigned)rows, 1, 256, 1, 1, 0, NULL, args, NULL));
+                if (nm && !fused) CU_CHECK(cu->cuLaunchKernel(m->second, (unsigned)nm, (unsigned)rows, 1, 256, 1, 1, 0, NULL, args, NULL));
             }
             CU_CHECK(cu->cuEventRecord(e1, NULL));
             CU_CHECK(cu->cuEventSynchronize(e1));
@@ -1325,7 +1331,7 @@ static int mla_case(int v, int H, int nreq, int max_ctx, int splits, int timing,
             ok = bad == 0 && checked > 0;
         }
         cu->cuMemFree(dq); cu->cuMemFree(dqpe); cu->cuMemFree(dkv); cu->cuMemFree(dout); cu->cuMemFree(dlse); cu->cuMemFree(dbt);
-        cu->cuMemFree(dw); cu->cuMemFree(dnw); cu->cuMemFree(dm); cu->cuMemFree(dnm); cu->cuMemFree(dpo); cu->cuMemFree(dpl);
+        cu->cuMemFree(dw); cu->cuMemFree(dnw); cu->cuMemFree(dm); cu->cuMemFree(dnm); cu->cuMemFree(dpo); cu->cuMemFree(dpl); cu->cuMemFree(dmc);
         free(qlen); free(sl); free(qsl); free(bt); free(work); free(merge); free(q); free(qpe); free(kvc); free(out); free(lse);
     }
     return ok;

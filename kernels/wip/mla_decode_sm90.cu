@@ -6,7 +6,11 @@
    docs/PERF.md.
 
    WHAT IT COMPUTES, WORK LIST, SPLITS, params, merge: exactly mla_decode.cu's (same
-   struct, same work items, same partial layout with ROWS = 64), for 16-bit DT only.
+   struct, same work items, same partial layout with ROWS = 64), for 16-bit DT only; the
+   struct adds merge_count at its end. FUSED_MERGE 1 (not yet run on a GPU): a split item
+   carries its merge entry + 1 in item[7], and the last of an entry's splits to finish
+   merges it in this launch (counter in merge_count, back to 0 after), so a forward is one
+   launch; attn_mla_merge is then not launched.
 
    =====================================================================================
    INSIDE A CTA (FlashMLA's shape, written with kernels/wgmma.cuh)
@@ -46,6 +50,10 @@
 #endif
 #define ROWS 64
 
+#ifndef FUSED_MERGE
+#define FUSED_MERGE 0 /* 1: the last split of a merge entry merges it (item[7] = entry + 1) */
+#endif
+
 #define ATTN_D (KV_LORA + ROPE)
 #define KV_TILE 64
 #define KV_STAGES 2
@@ -82,7 +90,34 @@ struct attn_mla_params { /* mla_decode.cu's */
     attn_i64 block_table_stride;
     int num_heads;
     float scale;
+    int *merge_count;              /* FUSED_MERGE: [merge entries], zero between launches */
 };
+
+/* Merges the splits of entry `mi` for its rows: out = sum_i w_i o_i, w_i = 2^(lse_i - max)
+   / sum (splits that saw no key weigh 0); lse to base e. `n` threads from `t`; partials
+   read at L2 (ld.global.cg: other CTAs wrote them). */
+ATTN_DEV void attn_mla_merge_entry(const attn_mla_params &p, int mi, int t, int n) {
+    const int *mg = p.merge + 8 * (attn_i64)mi;
+    const int q_row = mg[0], head0 = mg[1], splits = mg[2], slot0 = mg[3];
+    const int nrows = attn_imin(ROWS, p.num_heads - head0);
+    for (int u = t; u < nrows * KV_LORA; u += n) {
+        const int row = u / KV_LORA, c = u - row * KV_LORA;
+        float mx = attn_neg_inf();
+        for (int i = 0; i < splits; i++) mx = fmaxf(mx, __ldcg(p.partial_lse + (attn_i64)(slot0 + i) * ROWS + row));
+        float wsum = 0.0f, acc = 0.0f;
+        if (mx != attn_neg_inf())
+            for (int i = 0; i < splits; i++) {
+                const float w = attn_exp2(__ldcg(p.partial_lse + (attn_i64)(slot0 + i) * ROWS + row) - mx);
+                wsum += w;
+                acc += w * __ldcg(p.partial_o + ((attn_i64)(slot0 + i) * ROWS + row) * KV_LORA + c);
+            }
+        attn_store<DT>(p.out, (attn_i64)q_row * p.out_stride_token + (attn_i64)(head0 + row) * p.out_stride_head + c,
+                       wsum > 0.0f ? acc / wsum : 0.0f);
+        if (c == 0 && p.lse)
+            p.lse[(attn_i64)q_row * p.lse_stride_token + (attn_i64)(head0 + row) * p.lse_stride_head] =
+                wsum > 0.0f ? (mx + attn_log2(wsum)) * ATTN_LN2 : attn_neg_inf();
+    }
+}
 
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mla_decode(const attn_mla_params p) {
     extern __shared__ attn_vec16 attn_smem[];
@@ -264,6 +299,22 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mla_decode(co
             if (wg == 0 && tq == 0) p.partial_lse[(attn_i64)slot * ROWS + row] = lse2;
         }
     }
+#if FUSED_MERGE
+    /* the last split of the entry to finish merges it (paged_attention.cu's FUSED MERGE) */
+    const int mi = item[7] - 1;
+    if (slot >= 0 && mi >= 0 && p.merge_count) {
+        __shared__ int attn_last_split;
+        __threadfence(); /* this CTA's partial is visible device-wide before it is counted */
+        __syncthreads();
+        if (tid == 0) attn_last_split = atomicAdd(p.merge_count + mi, 1) == p.merge[8 * (attn_i64)mi + 2] - 1;
+        __syncthreads();
+        if (attn_last_split) {
+            __threadfence(); /* the other splits' partials, counted before, are read after */
+            attn_mla_merge_entry(p, mi, tid, ATTN_THREADS);
+            if (tid == 0) p.merge_count[mi] = 0;
+        }
+    }
+#endif
 }
 
 /* mla_decode.cu's merge: one CTA per (entry, row). */
