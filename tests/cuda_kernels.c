@@ -1049,6 +1049,7 @@ static void bench(const char *extra) {
 static int mla_mode;
 static const char *const mla_file = "kernels/wip/mla_decode.cu";           /* mma.sync, sm_80+ */
 static const char *const mla_file_sm90 = "kernels/wip/mla_decode_sm90.cu"; /* wgmma, sm_90a */
+static const char *const mha_file_sm90 = "kernels/wip/mha_prefill_sm90.cu"; /* MLA prefill attention, sm_90a */
 
 typedef struct attn_mla_params_host {
     attn__CUdeviceptr q, q_pe, kv_cache, out, lse, block_table, work, num_work, merge, num_merge, partial_o, partial_lse;
@@ -1063,8 +1064,9 @@ typedef struct attn_mla_params_host {
 /* Compiles a draft (`sm90`: the wgmma one, for sm_90a) with `defines` for the device (sm_90
    without one); loads it when load. */
 static module_entry *mla_module(const char *defines, int sm90, int load) {
-    static char *texts[2];
-    const char *file = sm90 ? mla_file_sm90 : mla_file;
+    static char *texts[3]; /* sm90: 0 mla_decode.cu, 1 mla_decode_sm90.cu, 2 mha_prefill_sm90.cu */
+    const char *file = sm90 == 2 ? mha_file_sm90 : sm90 ? mla_file_sm90 : mla_file;
+    const char *fn = sm90 == 2 ? "attn_mha_prefill" : "attn_mla_decode", *cfg = sm90 == 2 ? "attn_mha_config" : "attn_mla_config";
     char key[320], defs[256], opt_store[32][64], arch_opt[48], *tok, *save = NULL;
     const char *opts[40], *hname[16];
     char *htext[16];
@@ -1098,8 +1100,7 @@ static module_entry *mla_module(const char *defines, int sm90, int load) {
         opts[nopt] = opt_store[nopt];
         nopt++;
     }
-    if (nv->nvrtcCreateProgram(&prog, texts[sm90], sm90 ? "mla_decode_sm90.cu" : "mla_decode.cu", nh, (const char *const *)htext,
-                               hname) != 0) {
+    if (nv->nvrtcCreateProgram(&prog, texts[sm90], file + 13, nh, (const char *const *)htext, hname) != 0) {
         printf("FAIL mla [%s]: nvrtcCreateProgram failed\n", defines);
         failed++;
         return NULL;
@@ -1118,9 +1119,9 @@ static module_entry *mla_module(const char *defines, int sm90, int load) {
         free(log); free(cubin);
         return NULL;
     }
-    e = attn_tool_ptxas_for(log, "attn_mla_decode");
+    e = attn_tool_ptxas_for(log, fn);
     memset(config, 0, sizeof config);
-    if (!attn_tool_cubin_global((const unsigned char *)cubin, cubin_size, "attn_mla_config", config, sizeof config))
+    if (!attn_tool_cubin_global((const unsigned char *)cubin, cubin_size, cfg, config, sizeof config))
         config[1] = -1;
     printf("  mla %s [%s]: %d registers, %d/%d B spilled, %d threads, %d B shared, KV_TILE %d, %d stages%s\n", arch_opt + 19,
            defines, e.regs, e.spill_st, e.spill_ld, config[0], config[1], config[2], config[4],
@@ -1140,8 +1141,8 @@ static module_entry *mla_module(const char *defines, int sm90, int load) {
     if (load) {
         attn__CUmodule mod = NULL;
         CU_CHECK(cu->cuModuleLoadData(&mod, cubin));
-        CU_CHECK(cu->cuModuleGetFunction(&m->main, mod, "attn_mla_decode"));
-        CU_CHECK(cu->cuModuleGetFunction(&m->second, mod, "attn_mla_merge"));
+        CU_CHECK(cu->cuModuleGetFunction(&m->main, mod, fn));
+        if (sm90 != 2) CU_CHECK(cu->cuModuleGetFunction(&m->second, mod, "attn_mla_merge"));
         CU_CHECK(cu->cuFuncSetAttribute(m->main, ATTN__CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, m->config[1]));
     }
     free(log);
@@ -1164,6 +1165,8 @@ static const char *mla_variants[] = {
     "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2 FUSED_MERGE=1",
 };
 
+static const char *mha_variants[] = {"DN=128 ROPE=64 DV=128 DT=2", "DN=128 ROPE=64 DV=128 DT=1", "DN=64 ROPE=64 DV=64 DT=2"};
+
 static void mla_compile_report(void) {
     size_t i;
     if (!context->platform.nvrtc_version) {
@@ -1175,6 +1178,8 @@ static void mla_compile_report(void) {
            context->nvrtc->minor);
     for (i = 0; i < sizeof mla_variants / sizeof mla_variants[0]; i++)
         if (mla_module(mla_variants[i], i >= MLA_NV, 0)) passed++;
+    for (i = 0; i < sizeof mha_variants / sizeof mha_variants[0]; i++)
+        if (mla_module(mha_variants[i], 2, 0)) passed++;
 }
 
 /* One random decode batch on variant v with `splits` (1: none) against float64. Returns 1 ok. */
@@ -1337,6 +1342,137 @@ static int mla_case(int v, int H, int nreq, int max_ctx, int splits, int timing,
     return ok;
 }
 
+typedef struct attn_mha_params_host {
+    attn__CUdeviceptr q, k_nope, k_pe, v, out, lse, work, num_work;
+    int64_t q_stride_token, q_stride_head, k_stride_token, k_stride_head, kpe_stride_token;
+    int64_t v_stride_token, v_stride_head, out_stride_token, out_stride_head, lse_stride_token, lse_stride_head;
+    float scale;
+} attn_mha_params_host;
+
+/* MLA's prefill attention (mha_prefill_sm90.cu, variant v of mha_variants): random requests,
+   each one item per (head, 128 query rows) over a random chunk of its keys, against
+   float64. With timing: one request of n tokens x 128 heads, causal, all keys; *us set. */
+static int mha_case(int v, int H, int nreq, int max_len, int timing, double *us) {
+    int DN, R, DV, dt, r, t, h, nq = 0, nk = 0, nw = 0, bad = 0;
+    module_entry *m;
+    sscanf(mha_variants[v], "DN=%d ROPE=%d DV=%d DT=%d", &DN, &R, &DV, &dt);
+    if (!(m = mla_module(mha_variants[v], 2, 1))) return 0;
+    {
+        const int DQK = DN + R;
+        attn_dtype et = dt == 1 ? ATTN_DTYPE_F16 : ATTN_DTYPE_BF16;
+        int *qlen = (int *)calloc((size_t)nreq, sizeof(int)), *ctx = (int *)calloc((size_t)nreq, sizeof(int));
+        int *q0 = (int *)calloc((size_t)nreq, sizeof(int)), *k0 = (int *)calloc((size_t)nreq, sizeof(int));
+        int *kp0 = (int *)calloc((size_t)nreq, sizeof(int)), *nks = (int *)calloc((size_t)nreq, sizeof(int)), *work;
+        uint16_t *q, *kn, *kpe, *vv, *out;
+        float *lse, scale = 1.0f / sqrtf((float)DQK);
+        attn__CUdeviceptr dq, dkn, dkpe, dv, dout, dlse, dw, dnw;
+        attn_mha_params_host p;
+        void *args[1];
+        for (r = 0; r < nreq; r++) {
+            qlen[r] = timing ? max_len : rnd_int(1, max_len);
+            ctx[r] = timing ? 0 : rnd_int(0, max_len);
+            q0[r] = nq; nq += qlen[r];
+            k0[r] = nk; nk += ctx[r] + qlen[r];
+            kp0[r] = timing ? 0 : rnd_int(0, ctx[r] + qlen[r] - 1); /* a chunk of the request's keys */
+            nks[r] = timing ? ctx[r] + qlen[r] : rnd_int(1, ctx[r] + qlen[r] - kp0[r]);
+        }
+        q = (uint16_t *)malloc((size_t)nq * H * DQK * 2); kn = (uint16_t *)malloc((size_t)nk * H * DN * 2);
+        kpe = (uint16_t *)malloc((size_t)nk * R * 2); vv = (uint16_t *)malloc((size_t)nk * H * DV * 2);
+        out = (uint16_t *)malloc((size_t)nq * H * DV * 2); lse = (float *)malloc((size_t)nq * H * 4);
+        fill_random(q, et, (size_t)nq * H * DQK, 1.0f); fill_random(kn, et, (size_t)nk * H * DN, 1.0f);
+        fill_random(kpe, et, (size_t)nk * R, 1.0f); fill_random(vv, et, (size_t)nk * H * DV, 1.0f);
+        memset(out, 0xff, (size_t)nq * H * DV * 2); memset(lse, 0xff, (size_t)nq * H * 4);
+        work = (int *)calloc((size_t)(nq / 128 + nreq + 1) * H, 32);
+        for (r = 0; r < nreq; r++)
+            for (h = 0; h < H; h++)
+                for (t = 0; t < qlen[r]; t += 128) {
+                    int *w = work + 8 * nw++;
+                    w[0] = h; w[1] = q0[r] + t; w[2] = qlen[r] - t < 128 ? qlen[r] - t : 128; w[3] = ctx[r] + t;
+                    w[4] = kp0[r]; w[5] = nks[r]; w[6] = k0[r] + kp0[r]; w[7] = 1;
+                }
+        dq = dupload(q, (size_t)nq * H * DQK * 2); dkn = dupload(kn, (size_t)nk * H * DN * 2);
+        dkpe = dupload(kpe, (size_t)nk * R * 2); dv = dupload(vv, (size_t)nk * H * DV * 2);
+        dout = dupload(out, (size_t)nq * H * DV * 2); dlse = dupload(lse, (size_t)nq * H * 4);
+        dw = dupload(work, (size_t)nw * 32); dnw = dupload(&nw, 4);
+        memset(&p, 0, sizeof p);
+        p.q = dq; p.k_nope = dkn; p.k_pe = dkpe; p.v = dv; p.out = dout; p.lse = dlse; p.work = dw; p.num_work = dnw;
+        p.q_stride_token = (int64_t)H * DQK; p.q_stride_head = DQK; p.k_stride_token = (int64_t)H * DN; p.k_stride_head = DN;
+        p.kpe_stride_token = R; p.v_stride_token = (int64_t)H * DV; p.v_stride_head = DV;
+        p.out_stride_token = (int64_t)H * DV; p.out_stride_head = DV; p.lse_stride_token = H; p.lse_stride_head = 1;
+        p.scale = scale;
+        args[0] = &p;
+        CU_CHECK(cu->cuLaunchKernel(m->main, (unsigned)nw, 1, 1, 256, 1, 1, (unsigned)m->config[1], NULL, args, NULL));
+        CU_CHECK(cu->cuStreamSynchronize(NULL));
+        if (timing) {
+            attn__CUevent e0, e1;
+            float ms = 0;
+            int k;
+            CU_CHECK(cu->cuEventCreate(&e0, 0)); CU_CHECK(cu->cuEventCreate(&e1, 0));
+            CU_CHECK(cu->cuEventRecord(e0, NULL));
+            for (k = 0; k < 10; k++)
+                CU_CHECK(cu->cuLaunchKernel(m->main, (unsigned)nw, 1, 1, 256, 1, 1, (unsigned)m->config[1], NULL, args, NULL));
+            CU_CHECK(cu->cuEventRecord(e1, NULL));
+            CU_CHECK(cu->cuEventSynchronize(e1));
+            CU_CHECK(cu->cuEventElapsedTime(&ms, e0, e1));
+            *us = ms * 1e3 / 10;
+            cu->cuEventDestroy(e0); cu->cuEventDestroy(e1);
+        }
+        CU_CHECK(download(out, dout, (size_t)nq * H * DV * 2));
+        CU_CHECK(download(lse, dlse, (size_t)nq * H * 4));
+        { /* float64 reference (timing: every 97th row of head 0 and 1) */
+            double *sc = (double *)malloc((size_t)(nk + 1) * sizeof(double)), *acc = (double *)malloc((size_t)DV * sizeof(double));
+            for (r = 0; r < nreq && bad < 4; r++)
+                for (h = 0; h < (timing ? 2 : H) && bad < 4; h++)
+                    for (t = 0; t < qlen[r] && bad < 4; t += timing ? 97 : 1) {
+                        const int qr = q0[r] + t, pos = ctx[r] + t;
+                        double mx = -INFINITY, sum = 0;
+                        int j, c, seen = 0;
+                        for (j = 0; j < nks[r]; j++) {
+                            const int kr = k0[r] + kp0[r] + j;
+                            double d = 0;
+                            sc[j] = -INFINITY;
+                            if (kp0[r] + j > pos) continue;
+                            for (c = 0; c < DN; c++) d += (double)get(q, et, ((size_t)qr * H + h) * DQK + c) * get(kn, et, ((size_t)kr * H + h) * DN + c);
+                            for (c = 0; c < R; c++) d += (double)get(q, et, ((size_t)qr * H + h) * DQK + DN + c) * get(kpe, et, (size_t)kr * R + c);
+                            sc[j] = d * scale;
+                            if (sc[j] > mx) mx = sc[j];
+                            seen = 1;
+                        }
+                        for (c = 0; c < DV; c++) acc[c] = 0;
+                        for (j = 0; seen && j < nks[r]; j++) {
+                            double w;
+                            if (sc[j] == -INFINITY) continue;
+                            w = exp(sc[j] - mx);
+                            sum += w;
+                            for (c = 0; c < DV; c++) acc[c] += w * get(vv, et, ((size_t)(k0[r] + kp0[r] + j) * H + h) * DV + c);
+                        }
+                        {
+                            const double want_lse = seen ? mx + log(sum) : -INFINITY;
+                            const float gl = lse[(size_t)qr * H + h];
+                            if (!(fabs(gl - want_lse) <= 2e-3 * (1 + fabs(want_lse))) && !(!seen && isinf(gl) && gl < 0)) {
+                                printf("FAIL mha [%s]: req %d head %d row %d: lse %g, want %g\n", mha_variants[v], r, h, t, gl, want_lse);
+                                bad++;
+                            }
+                        }
+                        for (c = 0; c < DV && bad < 4; c++) {
+                            const double want = seen ? acc[c] / sum : 0.0;
+                            const float got = get(out, et, ((size_t)qr * H + h) * DV + c);
+                            if (!(fabs(got - want) <= (dt == 1 ? 4e-3 : 2e-2) + 2e-2 * fabs(want))) {
+                                printf("FAIL mha [%s]: req %d head %d row %d col %d: out %g, want %g\n", mha_variants[v], r, h, t, c, got, want);
+                                bad++;
+                            }
+                        }
+                    }
+            free(sc); free(acc);
+        }
+        cu->cuMemFree(dq); cu->cuMemFree(dkn); cu->cuMemFree(dkpe); cu->cuMemFree(dv); cu->cuMemFree(dout); cu->cuMemFree(dlse);
+        cu->cuMemFree(dw); cu->cuMemFree(dnw);
+        free(qlen); free(ctx); free(q0); free(k0); free(kp0); free(nks); free(work); free(q); free(kn); free(kpe); free(vv);
+        free(out); free(lse);
+    }
+    return bad == 0;
+}
+
 static void mla_tests(int cases, int bench) {
     int n;
     const int nv = MLA_NV + (arch == 90 ? MLA_NV_SM90 : 0); /* the wgmma draft on compute capability 9.0 only */
@@ -1345,6 +1481,22 @@ static void mla_tests(int cases, int bench) {
         double us;
         if (mla_case(v, H, rnd_int(1, 5), rnd_int(1, 1500), splits, 0, &us)) passed++;
         else failed++;
+    }
+    if (arch == 90) /* MLA's prefill attention on wgmma */
+        for (n = 0; n < cases / 2; n++) {
+            double us;
+            if (mha_case(n % 3, 1 + rnd_int(0, 5), rnd_int(1, 3), rnd_int(1, 400), 0, &us)) passed++;
+            else failed++;
+        }
+    if (bench && arch == 90) { /* issue 9's prefill shape: 128 heads, one sequence of 4096, causal */
+        double us = 0;
+        if (mha_case(0, 128, 1, 4096, 1, &us)) {
+            passed++;
+            printf("  mha wgmma bench: 128 heads, 1 x 4096 causal, qk 192 / v 128: %8.1f us  %6.1f TFLOP/s\n", us,
+                   2.0 * 128 * (192 + 128) * 4096.0 * 4097 / 2 / (us * 1e-6) / 1e12);
+        } else {
+            failed++;
+        }
     }
     if (bench) { /* a few of issue 9's decode shapes (20 launches back to back over one batch:
                     the larger ones exceed the L2; the first request checked against float64) */
