@@ -247,48 +247,50 @@ static void describe(const attn_case *c, char *buf, size_t n) {
              c->want_lse, c->splits, c->q_pad, c->q_misalign);
 }
 
-/* ---- --sm90-prefill: kernels/paged_prefill_sm90.cu (the CUDA_SM90 backend's prefill
-   tiles), compiled for sm_90a with the headers embedded in attn.h offered by name ---- */
-static int sm90_prefill; /* 1: asked for; the GPU part runs on compute capability 9.0 only */
-static int sm90_passed;  /* attention cases the sm_90a kernel passed */
-static const char *const sm90_file = "paged_prefill_sm90.cu";
-static char *sm90_text;
-/* the headers: every .cuh embedded in attn.h, as attn_kernel_compile offers them */
-static int sm90_nhdr;
-static char *sm90_hdr_text[16];
-static const char *sm90_hdr_name[16];
+/* ---- kernels compiled here rather than through the library's variant cache: the sm_90a
+   prefill (embedded) and issue 9's drafts (kernels/wip/, read from disk), with the headers
+   embedded in attn.h offered by name, and ptxas's report checked ---- */
+typedef struct draft_kernel {
+    const char *label;     /* in messages: "sm90-prefill", "mla", ... */
+    const char *file;      /* embedded name, or a path (read from disk) */
+    int embedded;          /* 1: attn__kernel_source_text(file) */
+    int arch_a;            /* 1: compiled for sm_XYa (wgmma) */
+    const char *fn, *second, *config; /* the kernel, a second one (or NULL), the config global */
+    char *text;            /* the source, once read */
+} draft_kernel;
 
-/* Compiles the sm_90a kernel with `defines` for sm_90a and prints ptxas's report (registers,
-   stack, spills, the config's shared memory) and any warning. 0 (a test failure, printed)
-   when it does not compile, spills, or asks for more than 227 KiB; with load (a device of
-   compute capability 9.0), the module is loaded and configured as attn__cuda_load does. */
-static module_entry *sm90_module(const char *defines, int load) {
-    char key[320], defs[256], opt_store[32][64], arch_opt[] = "--gpu-architecture=sm_90a", *tok, *save = NULL;
-    const char *opts[40];
+/* Compiles `k` with `defines` for the device's architecture (sm_90 without one) and prints
+   ptxas's report (registers, stack, spills, the config) and any warning. NULL (a test
+   failure, printed) when it does not compile, spills, or asks for more shared memory than
+   the architecture has; a skip when NVRTC's log is empty and nothing is loaded. With load,
+   the module is loaded and its dynamic shared memory configured as attn__cuda_load does. */
+static module_entry *draft_module(draft_kernel *k, const char *defines, int load) {
+    char key[320], defs[256], opt_store[32][64], arch_opt[48], *tok, *save = NULL;
+    const char *opts[40], *hname[16];
+    char *htext[16];
     const attn__nvrtc *nv = context->nvrtc;
     attn__nvrtcProgram prog = NULL;
     char *log = NULL, *cubin = NULL;
     size_t log_size = 0, cubin_size = 0;
-    int nopt = 0, i, ok, warnings = 0, config[8];
+    int nopt = 0, i, nh = 0, ok, warnings, config[8];
+    const char *base_name = strrchr(k->file, '/') ? strrchr(k->file, '/') + 1 : k->file;
     attn_tool_ptxas e;
-    module_entry *m = NULL;
-    snprintf(key, sizeof key, "sm90|%s|%d", defines, load);
+    module_entry *m;
+    snprintf(key, sizeof key, "%s|%s|%s|%d", k->label, k->file, defines, load);
     for (i = 0; i < num_modules; i++)
         if (!strcmp(modules[i].key, key)) return &modules[i];
-    if (!sm90_text && !(sm90_text = attn__kernel_source_text(sm90_file))) {
-        printf("FAIL sm90-prefill: %s is not embedded in attn.h (run `make embed`)\n", sm90_file);
+    if (!k->text && !(k->text = k->embedded ? attn__kernel_source_text(k->file) : attn_tool_read_file(k->file))) {
+        printf("FAIL %s: %s %s\n", k->label, k->file,
+               k->embedded ? "is not embedded in attn.h (run `make embed`)" : "cannot be read (run from the repository root)");
         failed++;
         return NULL;
     }
-    if (!sm90_nhdr)
-        for (i = 0; attn__kernel_source_name(i) && sm90_nhdr < 16; i++) {
-            const char *name = attn__kernel_source_name(i);
-            size_t k = strlen(name);
-            if (k > 4 && !strcmp(name + k - 4, ".cuh") && (sm90_hdr_text[sm90_nhdr] = attn__kernel_source_text(name))) {
-                sm90_hdr_name[sm90_nhdr] = name;
-                sm90_nhdr++;
-            }
-        }
+    for (i = 0; attn__kernel_source_name(i) && nh < 16; i++) {
+        const char *name = attn__kernel_source_name(i);
+        size_t n = strlen(name);
+        if (n > 4 && !strcmp(name + n - 4, ".cuh") && (htext[nh] = attn__kernel_source_text(name))) hname[nh++] = name;
+    }
+    snprintf(arch_opt, sizeof arch_opt, "--gpu-architecture=sm_%d%s", load ? arch : 90, k->arch_a ? "a" : "");
     opts[nopt++] = arch_opt;
     opts[nopt++] = "--ptxas-options=-v";
     opts[nopt++] = "--std=c++17";
@@ -298,9 +300,8 @@ static module_entry *sm90_module(const char *defines, int load) {
         opts[nopt] = opt_store[nopt];
         nopt++;
     }
-    if (nv->nvrtcCreateProgram(&prog, sm90_text, "paged_prefill_sm90.cu", sm90_nhdr, (const char *const *)sm90_hdr_text,
-                               sm90_hdr_name) != 0) {
-        printf("FAIL sm90-prefill [%s]: nvrtcCreateProgram failed\n", defines);
+    if (nv->nvrtcCreateProgram(&prog, k->text, base_name, nh, (const char *const *)htext, hname) != 0) {
+        printf("FAIL %s [%s]: nvrtcCreateProgram failed\n", k->label, defines);
         failed++;
         return NULL;
     }
@@ -308,35 +309,33 @@ static module_entry *sm90_module(const char *defines, int load) {
     if (nv->nvrtcGetProgramLogSize(prog, &log_size) == 0 && (log = (char *)calloc(log_size + 1, 1)) != NULL &&
         nv->nvrtcGetProgramLog(prog, log) != 0)
         log[0] = 0;
-    if (ok && (nv->nvrtcGetCUBINSize(prog, &cubin_size) != 0 || !cubin_size ||
-               !(cubin = (char *)malloc(cubin_size)) || nv->nvrtcGetCUBIN(prog, cubin) != 0))
+    if (ok && (nv->nvrtcGetCUBINSize(prog, &cubin_size) != 0 || !cubin_size || !(cubin = (char *)malloc(cubin_size)) ||
+               nv->nvrtcGetCUBIN(prog, cubin) != 0))
         ok = 0;
     nv->nvrtcDestroyProgram(&prog);
     if (!ok) {
-        printf("FAIL sm90-prefill [%s]: does not compile for sm_90a\n%s\n", defines, log ? log : "(no log)");
+        printf("FAIL %s [%s]: does not compile for %s\n%s\n", k->label, defines, arch_opt + 19, log ? log : "(no log)");
         failed++;
         free(log); free(cubin);
         return NULL;
     }
-    e = attn_tool_ptxas_for(log, "attn_paged_prefill_sm90");
+    e = attn_tool_ptxas_for(log, k->fn);
     warnings = attn_tool_print_warnings(log);
     memset(config, 0, sizeof config);
-    if (!attn_tool_cubin_global((const unsigned char *)cubin, cubin_size, "attn_paged_config", config,
-                                sizeof config))
-        config[1] = -1;
+    if (!attn_tool_cubin_global((const unsigned char *)cubin, cubin_size, k->config, config, sizeof config)) config[1] = -1;
     if ((!e.found || e.regs <= 0) && load) {
-        /* Seen on the H200 host: NVRTC's log sometimes lacks ptxas's report (the cubin is
-           fine). The loaded function's attributes are then the report: registers, and local
-           memory (stack or spills; the two cannot be told apart there). */
+        /* Seen on the H200 host: NVRTC's log sometimes lacks ptxas's report (its own cache
+           served the program; the cubin is fine). The loaded function's attributes are then
+           the report: registers, and local memory (stack or spills, not told apart there). */
         int (*get_attr)(int *, int, attn__CUfunction) = NULL;
         void *lib = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
         attn__CUmodule mod = NULL;
         attn__CUfunction f = NULL;
         int regs = 0, local = -1;
         if (lib) *(void **)&get_attr = dlsym(lib, "cuFuncGetAttribute");
-        if (get_attr && cu->cuModuleLoadData(&mod, cubin) == 0 && cu->cuModuleGetFunction(&f, mod, "attn_paged_prefill_sm90") == 0 &&
+        if (get_attr && cu->cuModuleLoadData(&mod, cubin) == 0 && cu->cuModuleGetFunction(&f, mod, k->fn) == 0 &&
             get_attr(&regs, 4 /* NUM_REGS */, f) == 0 && get_attr(&local, 3 /* LOCAL_SIZE_BYTES */, f) == 0 && regs > 0) {
-            printf("  sm90-prefill [%s]: NVRTC's log (%zu bytes) has no ptxas report; the driver's attributes stand in\n",
+            printf("  %s [%s]: NVRTC's log (%zu bytes) has no ptxas report; the driver's attributes stand in\n", k->label,
                    defines, log ? strlen(log) : (size_t)0);
             e.found = 1;
             e.regs = regs;
@@ -347,21 +346,23 @@ static module_entry *sm90_module(const char *defines, int load) {
     }
     if ((!e.found || e.regs <= 0) && !load && log && !log[0]) {
         /* an empty log (seen on the H200 host, not here): nothing to check without loading */
-        printf("  SKIP sm90-prefill [%s]: NVRTC returned an empty log (the GPU run checks the loaded "
-               "function's attributes)\n", defines);
+        printf("  SKIP %s [%s]: NVRTC returned an empty log (the GPU run checks the loaded function's attributes)\n",
+               k->label, defines);
         skipped++;
         free(log); free(cubin);
         return NULL;
     }
     if (!e.found || e.regs <= 0)
-        printf("  sm90-prefill [%s]: NVRTC's log (%zu bytes) has no ptxas report for attn_paged_prefill_sm90:\n%.600s\n",
-               defines, log ? strlen(log) : (size_t)0, log ? log : "");
-    printf("  sm90-prefill sm_90a [%s]: %d registers, %d B stack, %d/%d B spilled, %d threads, %d B shared "
-           "(%.1f KiB), KV_TILE %d, %d stages, %d rows\n",
-           defines, e.regs, e.stack, e.spill_st, e.spill_ld, config[0], config[1], config[1] / 1024.0, config[2], config[5],
-           config[3]);
-    if (!e.found || e.regs <= 0 || e.stack != 0 || e.spill_st != 0 || e.spill_ld != 0 || warnings || config[1] < 0 || config[1] > 227 * 1024) {
-        printf("FAIL sm90-prefill [%s]: ptxas reports spills, stack or warnings, or the shared memory is over 227 KiB\n", defines);
+        printf("  %s [%s]: NVRTC's log (%zu bytes) has no ptxas report for %s:\n%.600s\n", k->label, defines,
+               log ? strlen(log) : (size_t)0, k->fn, log ? log : "");
+    printf("  %s %s [%s]: %d registers, %d B stack, %d/%d B spilled, %d threads, %d B shared (%.1f KiB), KV_TILE %d, "
+           "%d rows, config[4..5] %d %d\n",
+           k->label, arch_opt + 19, defines, e.regs, e.stack, e.spill_st, e.spill_ld, config[0], config[1],
+           config[1] / 1024.0, config[2], config[3], config[4], config[5]);
+    if (!e.found || e.regs <= 0 || e.stack != 0 || e.spill_st != 0 || e.spill_ld != 0 || warnings || config[1] < 0 ||
+        config[1] > (arch >= 90 || !load ? 232448 : 166912)) {
+        printf("FAIL %s [%s]: ptxas reports spills, stack or warnings, or the shared memory is over the architecture's\n",
+               k->label, defines);
         failed++;
         free(log); free(cubin);
         return NULL;
@@ -373,18 +374,22 @@ static module_entry *sm90_module(const char *defines, int load) {
     memcpy(m->config, config, sizeof config);
     if (load) {
         attn__CUmodule mod = NULL;
-        attn__CUdeviceptr g = 0;
-        size_t gb = 0;
         CU_CHECK(cu->cuModuleLoadData(&mod, cubin));
-        CU_CHECK(cu->cuModuleGetFunction(&m->main, mod, "attn_paged_prefill_sm90"));
-        CU_CHECK(cu->cuModuleGetGlobal(&g, &gb, mod, "attn_paged_config"));
-        CU_CHECK(download(m->config, g, sizeof m->config));
+        CU_CHECK(cu->cuModuleGetFunction(&m->main, mod, k->fn));
+        if (k->second) CU_CHECK(cu->cuModuleGetFunction(&m->second, mod, k->second));
         CU_CHECK(cu->cuFuncSetAttribute(m->main, ATTN__CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, m->config[1]));
     }
     free(log);
     free(cubin);
     return m;
 }
+
+/* ---- --sm90-prefill: kernels/paged_prefill_sm90.cu (the CUDA_SM90 backend's prefill tiles) */
+static int sm90_prefill; /* 1: asked for; the GPU part runs on compute capability 9.0 only */
+static int sm90_passed;  /* attention cases the sm_90a kernel passed */
+static draft_kernel sm90_kernel = {"sm90-prefill", "paged_prefill_sm90.cu", 1, 1, "attn_paged_prefill_sm90", NULL,
+                                   "attn_paged_config", NULL};
+static module_entry *sm90_module(const char *defines, int load) { return draft_module(&sm90_kernel, defines, load); }
 
 /* The compile report of --sm90-prefill, GPU or not: the variants the issue names. */
 static void sm90_compile_report(void) {
@@ -401,7 +406,7 @@ static void sm90_compile_report(void) {
         skipped++;
         return;
     }
-    printf("sm90-prefill: %s for sm_90a (NVRTC %d.%d)\n", sm90_file, context->nvrtc->major, context->nvrtc->minor);
+    printf("sm90-prefill: %s for sm_90a (NVRTC %d.%d)\n", sm90_kernel.file, context->nvrtc->major, context->nvrtc->minor);
     for (i = 0; i < sizeof variants / sizeof variants[0]; i++)
         if (sm90_module(variants[i], 0)) passed++;
 }
@@ -1047,9 +1052,6 @@ static void bench(const char *extra) {
    with ptxas's report; on a GPU, random decode batches against a float64 reference, and
    with --bench the decode shapes of issue 9 ---- */
 static int mla_mode;
-static const char *const mla_file = "kernels/wip/mla_decode.cu";           /* mma.sync, sm_80+ */
-static const char *const mla_file_sm90 = "kernels/wip/mla_decode_sm90.cu"; /* wgmma, sm_90a */
-static const char *const mha_file_sm90 = "kernels/wip/mha_prefill_sm90.cu"; /* MLA prefill attention, sm_90a */
 
 typedef struct attn_mla_params_host {
     attn__CUdeviceptr q, q_pe, kv_cache, out, lse, block_table, work, num_work, merge, num_merge, partial_o, partial_lse;
@@ -1061,93 +1063,13 @@ typedef struct attn_mla_params_host {
     attn__CUdeviceptr merge_count; /* mla_decode_sm90.cu only (FUSED_MERGE 1) */
 } attn_mla_params_host;
 
-/* Compiles a draft (`sm90`: the wgmma one, for sm_90a) with `defines` for the device (sm_90
-   without one); loads it when load. */
-static module_entry *mla_module(const char *defines, int sm90, int load) {
-    static char *texts[3]; /* sm90: 0 mla_decode.cu, 1 mla_decode_sm90.cu, 2 mha_prefill_sm90.cu */
-    const char *file = sm90 == 2 ? mha_file_sm90 : sm90 ? mla_file_sm90 : mla_file;
-    const char *fn = sm90 == 2 ? "attn_mha_prefill" : "attn_mla_decode", *cfg = sm90 == 2 ? "attn_mha_config" : "attn_mla_config";
-    char key[320], defs[256], opt_store[32][64], arch_opt[48], *tok, *save = NULL;
-    const char *opts[40], *hname[16];
-    char *htext[16];
-    const attn__nvrtc *nv = context->nvrtc;
-    attn__nvrtcProgram prog = NULL;
-    char *log = NULL, *cubin = NULL;
-    size_t log_size = 0, cubin_size = 0;
-    int nopt = 0, i, nh = 0, ok, config[8];
-    attn_tool_ptxas e;
-    module_entry *m;
-    snprintf(key, sizeof key, "mla%d|%s|%d", sm90, defines, load);
-    for (i = 0; i < num_modules; i++)
-        if (!strcmp(modules[i].key, key)) return &modules[i];
-    if (!texts[sm90] && !(texts[sm90] = attn_tool_read_file(file))) {
-        printf("FAIL mla: cannot read %s (run from the repository root)\n", file);
-        failed++;
-        return NULL;
-    }
-    for (i = 0; attn__kernel_source_name(i) && nh < 16; i++) {
-        const char *name = attn__kernel_source_name(i);
-        size_t k = strlen(name);
-        if (k > 4 && !strcmp(name + k - 4, ".cuh") && (htext[nh] = attn__kernel_source_text(name))) hname[nh++] = name;
-    }
-    snprintf(arch_opt, sizeof arch_opt, "--gpu-architecture=sm_%d%s", load ? arch : 90, sm90 ? "a" : "");
-    opts[nopt++] = arch_opt;
-    opts[nopt++] = "--ptxas-options=-v";
-    opts[nopt++] = "--std=c++17";
-    snprintf(defs, sizeof defs, "%s", defines);
-    for (tok = strtok_r(defs, " ", &save); tok && nopt < 32; tok = strtok_r(NULL, " ", &save)) {
-        snprintf(opt_store[nopt], sizeof opt_store[nopt], "-D%s", tok);
-        opts[nopt] = opt_store[nopt];
-        nopt++;
-    }
-    if (nv->nvrtcCreateProgram(&prog, texts[sm90], file + 13, nh, (const char *const *)htext, hname) != 0) {
-        printf("FAIL mla [%s]: nvrtcCreateProgram failed\n", defines);
-        failed++;
-        return NULL;
-    }
-    ok = nv->nvrtcCompileProgram(prog, nopt, opts) == 0;
-    if (nv->nvrtcGetProgramLogSize(prog, &log_size) == 0 && (log = (char *)calloc(log_size + 1, 1)) != NULL &&
-        nv->nvrtcGetProgramLog(prog, log) != 0)
-        log[0] = 0;
-    if (ok && (nv->nvrtcGetCUBINSize(prog, &cubin_size) != 0 || !cubin_size || !(cubin = (char *)malloc(cubin_size)) ||
-               nv->nvrtcGetCUBIN(prog, cubin) != 0))
-        ok = 0;
-    nv->nvrtcDestroyProgram(&prog);
-    if (!ok) {
-        printf("FAIL mla [%s]: does not compile\n%s\n", defines, log ? log : "(no log)");
-        failed++;
-        free(log); free(cubin);
-        return NULL;
-    }
-    e = attn_tool_ptxas_for(log, fn);
-    memset(config, 0, sizeof config);
-    if (!attn_tool_cubin_global((const unsigned char *)cubin, cubin_size, cfg, config, sizeof config))
-        config[1] = -1;
-    printf("  mla %s [%s]: %d registers, %d/%d B spilled, %d threads, %d B shared, KV_TILE %d, %d stages%s\n", arch_opt + 19,
-           defines, e.regs, e.spill_st, e.spill_ld, config[0], config[1], config[2], config[4],
-           e.found ? "" : " (no ptxas report in NVRTC's log)");
-    if ((e.found && (e.spill_st || e.spill_ld || e.stack)) || attn_tool_print_warnings(log) || config[1] < 0 ||
-        config[1] > (arch >= 90 || !load ? 232448 : 166912)) {
-        printf("FAIL mla [%s]: spills, stack, warnings or too much shared memory\n", defines);
-        failed++;
-        free(log); free(cubin);
-        return NULL;
-    }
-    if (num_modules == (int)(sizeof modules / sizeof modules[0])) { fprintf(stderr, "too many modules\n"); exit(2); }
-    m = &modules[num_modules++];
-    memset(m, 0, sizeof *m);
-    snprintf(m->key, sizeof m->key, "%s", key);
-    memcpy(m->config, config, sizeof config);
-    if (load) {
-        attn__CUmodule mod = NULL;
-        CU_CHECK(cu->cuModuleLoadData(&mod, cubin));
-        CU_CHECK(cu->cuModuleGetFunction(&m->main, mod, fn));
-        if (sm90 != 2) CU_CHECK(cu->cuModuleGetFunction(&m->second, mod, "attn_mla_merge"));
-        CU_CHECK(cu->cuFuncSetAttribute(m->main, ATTN__CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, m->config[1]));
-    }
-    free(log);
-    free(cubin);
-    return m;
+/* issue 9's drafts: 0 mla_decode.cu, 1 mla_decode_sm90.cu, 2 mha_prefill_sm90.cu */
+static draft_kernel mla_kernels[3] = {
+    {"mla", "kernels/wip/mla_decode.cu", 0, 0, "attn_mla_decode", "attn_mla_merge", "attn_mla_config", NULL},
+    {"mla", "kernels/wip/mla_decode_sm90.cu", 0, 1, "attn_mla_decode", "attn_mla_merge", "attn_mla_config", NULL},
+    {"mha", "kernels/wip/mha_prefill_sm90.cu", 0, 1, "attn_mha_prefill", NULL, "attn_mha_config", NULL}};
+static module_entry *mla_module(const char *defines, int which, int load) {
+    return draft_module(&mla_kernels[which], defines, load);
 }
 
 /* the first five: mla_decode.cu; the last three: mla_decode_sm90.cu (ROWS 64) */
@@ -1174,7 +1096,7 @@ static void mla_compile_report(void) {
         skipped++;
         return;
     }
-    printf("mla: %s for sm_90, %s for sm_90a (NVRTC %d.%d)\n", mla_file, mla_file_sm90, context->nvrtc->major,
+    printf("mla: %s for sm_90, %s and %s for sm_90a (NVRTC %d.%d)\n", mla_kernels[0].file, mla_kernels[1].file, mla_kernels[2].file, context->nvrtc->major,
            context->nvrtc->minor);
     for (i = 0; i < sizeof mla_variants / sizeof mla_variants[0]; i++)
         if (mla_module(mla_variants[i], i >= MLA_NV, 0)) passed++;
