@@ -93,14 +93,14 @@ struct attn_mla_params { /* mla_decode.cu's */
     int *merge_count;              /* FUSED_MERGE: [merge entries], zero between launches */
 };
 
-/* Merges the splits of entry `mi` for its rows: out = sum_i w_i o_i, w_i = 2^(lse_i - max)
-   / sum (splits that saw no key weigh 0); lse to base e. `n` threads from `t`; partials
-   read at L2 (ld.global.cg: other CTAs wrote them). */
-ATTN_DEV void attn_mla_merge_entry(const attn_mla_params &p, int mi, int t, int n) {
+/* Merges the splits of entry `mi` for its rows row0 .. row1 - 1: out = sum_i w_i o_i,
+   w_i = 2^(lse_i - max) / sum (splits that saw no key weigh 0); lse to base e. `n` threads
+   from `t`; partials read at L2 (ld.global.cg: other CTAs wrote them). */
+ATTN_DEV void attn_mla_merge_entry(const attn_mla_params &p, int mi, int row0, int row1, int t, int n) {
     const int *mg = p.merge + 8 * (attn_i64)mi;
     const int q_row = mg[0], head0 = mg[1], splits = mg[2], slot0 = mg[3];
-    const int nrows = attn_imin(ROWS, p.num_heads - head0);
-    for (int u = t; u < nrows * KV_LORA; u += n) {
+    row1 = attn_imin(row1, p.num_heads - head0);
+    for (int u = row0 * KV_LORA + t; u < row1 * KV_LORA; u += n) {
         const int row = u / KV_LORA, c = u - row * KV_LORA;
         float mx = attn_neg_inf();
         for (int i = 0; i < splits; i++) mx = fmaxf(mx, __ldcg(p.partial_lse + (attn_i64)(slot0 + i) * ROWS + row));
@@ -310,35 +310,16 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mla_decode(co
         __syncthreads();
         if (attn_last_split) {
             __threadfence(); /* the other splits' partials, counted before, are read after */
-            attn_mla_merge_entry(p, mi, tid, ATTN_THREADS);
+            attn_mla_merge_entry(p, mi, 0, ROWS, tid, ATTN_THREADS);
             if (tid == 0) p.merge_count[mi] = 0;
         }
     }
 #endif
 }
 
-/* mla_decode.cu's merge: one CTA per (entry, row). */
+/* mla_decode.cu's merge as its own launch: grid (entries, ROWS), one CTA per row. (The two
+   drafts keep their own copies until they are embedded and can share a header.) */
 extern "C" __global__ void __launch_bounds__(256) attn_mla_merge(const attn_mla_params p) {
     if ((int)blockIdx.x >= *p.num_merge) return;
-    const int *mg = p.merge + 8 * (attn_i64)blockIdx.x;
-    const int q_row = mg[0], head0 = mg[1], splits = mg[2], slot0 = mg[3];
-    const int nrows = attn_imin(ROWS, p.num_heads - head0);
-    const int row = blockIdx.y;
-    if (row >= nrows) return;
-    for (int c = threadIdx.x; c < KV_LORA; c += blockDim.x) {
-        float mx = attn_neg_inf();
-        for (int i = 0; i < splits; i++) mx = fmaxf(mx, p.partial_lse[(attn_i64)(slot0 + i) * ROWS + row]);
-        float wsum = 0.0f, acc = 0.0f;
-        if (mx != attn_neg_inf())
-            for (int i = 0; i < splits; i++) {
-                const float w = attn_exp2(p.partial_lse[(attn_i64)(slot0 + i) * ROWS + row] - mx);
-                wsum += w;
-                acc += w * p.partial_o[((attn_i64)(slot0 + i) * ROWS + row) * KV_LORA + c];
-            }
-        attn_store<DT>(p.out, (attn_i64)q_row * p.out_stride_token + (attn_i64)(head0 + row) * p.out_stride_head + c,
-                       wsum > 0.0f ? acc / wsum : 0.0f);
-        if (c == 0 && p.lse)
-            p.lse[(attn_i64)q_row * p.lse_stride_token + (attn_i64)(head0 + row) * p.lse_stride_head] =
-                wsum > 0.0f ? (mx + attn_log2(wsum)) * ATTN_LN2 : attn_neg_inf();
-    }
+    attn_mla_merge_entry(p, blockIdx.x, blockIdx.y, blockIdx.y + 1, threadIdx.x, blockDim.x);
 }
