@@ -1110,6 +1110,9 @@ static void cuda_compile_times(const attn_platform *plat0, int quick) {
     }
     if (have_gpu) snprintf(arch, sizeof arch, "sm_%d%d", plat0->cuda_capability_major, plat0->cuda_capability_minor);
     else snprintf(arch, sizeof arch, "sm_90");
+    /* on a GPU host, one context asks the selector for every layer (ATTN_BACKEND and
+       plugins included); it compiles nothing */
+    ctx = have_gpu ? cuda_bench_context(dir) : NULL;
     for (c = 0; c < CUDA_NUM_CFGS; c++) {
         attn_layer_desc d = cuda_desc(&cuda_cfgs[c]);
         attn_platform h200 = *plat0; /* no GPU here: the variants an H200 compiles */
@@ -1117,17 +1120,16 @@ static void cuda_compile_times(const attn_platform *plat0, int quick) {
             h200.cuda_capability_major = 9; h200.cuda_capability_minor = 0; h200.cuda_shared_per_block = 232448;
             h200.kind = ATTN_PLATFORM_CUDA;
         }
-        if (have_gpu) { /* what the selector picks here (ATTN_BACKEND and plugins included) */
-            attn_context *sctx = cuda_bench_context(NULL);
+        if (have_gpu) {
             attn_selection sel;
-            sm90[c] = attn_select_backend(sctx, &d, NULL, &sel) == ATTN_OK && sel.resolved == ATTN_BACKEND_CUDA_SM90;
-            attn_context_destroy(sctx);
+            sm90[c] = attn_select_backend(ctx, &d, NULL, &sel) == ATTN_OK && sel.resolved == ATTN_BACKEND_CUDA_SM90;
         } else { /* no GPU here: what an H200 would pick with ATTN_BACKEND unset */
             char why[256];
             sm90[c] = attn__backend_check(attn_backend_get(ATTN_BACKEND_CUDA_SM90), &d, &h200, why, sizeof why) == 0;
         }
         attn__cuda_layer_variants(&d, &h200, sm90[c], opt[c]);
     }
+    if (ctx) attn_context_destroy(ctx);
     snprintf(arch_a, sizeof arch_a, "%sa", arch);
 #define VARIANT_ARCH(c, v) ((v) == 1 && sm90[c] ? arch_a : arch)
 
