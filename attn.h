@@ -6166,14 +6166,14 @@ typedef struct attn__cuda_module {
     int config[8];                   /* paged: attn_paged_config */
 } attn__cuda_module;
 
-static int attn__ends_with(const char *s, const char *suffix) {
-    size_t n = strlen(s), k = strlen(suffix);
-    return n >= k && !strcmp(s + n - k, suffix);
-}
+/* attn__cuda_load's flags */
+#define ATTN__LOAD_PAGED 1   /* read attn_paged_config and set the dynamic shared memory */
+#define ATTN__LOAD_ARCH_A 2  /* compile for sm_XYa: the architecture-specific instructions
+                                (wgmma), which run on that exact compute capability only */
 
 /* Compiles (or finds) `file` with `options` for the device and loads the functions. */
 static attn_status attn__cuda_load(attn_context *ctx, const char *file, const char *options,
-                                   const char *main_name, const char *second_name, int paged,
+                                   const char *main_name, const char *second_name, int flags,
                                    attn__cuda_module *m, char *reason, size_t reason_size) {
     attn__cuda_driver *cu = ctx->cuda;
     const attn__cubin *c = NULL;
@@ -6182,10 +6182,8 @@ static attn_status attn__cuda_load(attn_context *ctx, const char *file, const ch
     attn__CUresult rc;
     attn_status st;
     memset(m, 0, sizeof *m);
-    /* a file named *_sm90.cu uses sm_90a's architecture-specific instructions (wgmma):
-       compiled for sm_90a, which runs on compute capability 9.0 only */
     attn__fmt(arch, sizeof arch, "sm_%d%d%s", ctx->platform.cuda_capability_major,
-              ctx->platform.cuda_capability_minor, attn__ends_with(file, "_sm90.cu") ? "a" : "");
+              ctx->platform.cuda_capability_minor, flags & ATTN__LOAD_ARCH_A ? "a" : "");
     st = attn__kernel_get(ctx, file, options, arch, &c, &source);
     if (st != ATTN_OK) {
         attn__fmt(reason, reason_size, "%s [%s] does not compile for %s: %.90s", file, options, arch,
@@ -6200,7 +6198,7 @@ static attn_status attn__cuda_load(attn_context *ctx, const char *file, const ch
         m->module = NULL;
         return ATTN_ERROR_PLATFORM;
     }
-    if (paged) {
+    if (flags & ATTN__LOAD_PAGED) {
         attn__CUdeviceptr g = 0;
         size_t gb = 0;
         if ((rc = cu->cuModuleGetGlobal(&g, &gb, m->module, "attn_paged_config")) != 0 || gb != sizeof m->config ||
@@ -6367,6 +6365,8 @@ static void attn__cuda_layer_free(attn_context *ctx, attn__cuda_layer *L) {
 static const char *attn__cuda_variant_file(int v, int sm90) {
     return v == 2 ? "cache_write.cu" : v == 1 && sm90 ? "paged_prefill_sm90.cu" : "paged_attention.cu";
 }
+/* Whether variant v is compiled for sm_90a (CUDA_SM90's wgmma prefill) */
+static int attn__cuda_variant_arch_a(int v, int sm90) { return v == 1 && sm90; }
 
 /* 16-row Q tile + 3 stages of 128 K and 128 V rows (padded by 16 bytes) + row offsets */
 static int attn__cuda_wide_smem(const attn_layer_desc *d) {
@@ -6422,7 +6422,8 @@ static attn_status attn__cuda_layer_init(const attn_backend *self, attn_layer *l
     attn__cuda_layer_variants(d, &ctx->platform, sm90, opt);
     for (pass = 0; pass < 2 && st == ATTN_OK; pass++)
         st = attn__cuda_load(ctx, attn__cuda_variant_file(pass, sm90), opt[pass],
-                             pass && sm90 ? "attn_paged_prefill_sm90" : "attn_paged_attention", NULL, 1,
+                             pass && sm90 ? "attn_paged_prefill_sm90" : "attn_paged_attention", NULL,
+                             ATTN__LOAD_PAGED | (attn__cuda_variant_arch_a(pass, sm90) ? ATTN__LOAD_ARCH_A : 0),
                              pass ? &L->prefill : &L->decode, reason, size);
     if (st == ATTN_OK)
         st = attn__cuda_load(ctx, attn__cuda_variant_file(2, sm90), opt[2], "attn_reshape_and_cache", NULL, 0,
@@ -6431,8 +6432,8 @@ static attn_status attn__cuda_layer_init(const attn_backend *self, attn_layer *l
         /* a speed-only variant: if it cannot load, the layer runs every decode tile in the
            default shape (one WARN, with the reason) */
         char why[256];
-        if (attn__cuda_load(ctx, attn__cuda_variant_file(3, sm90), opt[3], "attn_paged_attention", NULL, 1, &L->decode_wide,
-                            why, sizeof why) != ATTN_OK) {
+        if (attn__cuda_load(ctx, attn__cuda_variant_file(3, sm90), opt[3], "attn_paged_attention", NULL, ATTN__LOAD_PAGED,
+                            &L->decode_wide, why, sizeof why) != ATTN_OK) {
             attn__log(ctx, ATTN_LOG_LEVEL_WARN, ATTN_LOG_KERNEL_COMPILE_FAILED,
                       "CUDA layer: the wide decode tiles (%s) are not available, small batches run the "
                       "default shape: %s", opt[3], why);

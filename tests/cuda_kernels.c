@@ -119,7 +119,7 @@ static module_entry *get_module(const char *file, const char *defines, const cha
     options[0] = 0;
     for (tok = strtok_r(defs, " ", &save); tok && n < sizeof options; tok = strtok_r(NULL, " ", &save))
         n += (size_t)snprintf(options + n, sizeof options - n, "%s-D%s", n ? " " : "", tok);
-    if (attn__cuda_load(context, file, options, kernel, paged ? "attn_paged_merge_partials" : NULL, paged, &loaded,
+    if (attn__cuda_load(context, file, options, kernel, paged ? "attn_paged_merge_partials" : NULL, paged ? ATTN__LOAD_PAGED : 0, &loaded,
                         reason, sizeof reason) != ATTN_OK) {
         fprintf(stderr, "cannot load %s %s: %s\n%s\n", file, defines, reason, attn_context_last_error(context));
         exit(2);

@@ -1131,7 +1131,7 @@ static void cuda_compile_times(const attn_platform *plat0, int quick) {
     }
     if (ctx) attn_context_destroy(ctx);
     snprintf(arch_a, sizeof arch_a, "%sa", arch);
-#define VARIANT_ARCH(c, v) ((v) == 1 && sm90[c] ? arch_a : arch)
+#define VARIANT_ARCH(c, v) (attn__cuda_variant_arch_a((v), sm90[c]) ? arch_a : arch)
 
     printf("NVRTC %d.%d, kernels for %s%s; kernel cache: %s (fresh)\n", plat0->nvrtc_version / 1000,
            plat0->nvrtc_version % 1000 / 10, arch, have_gpu ? " (this GPU)" : " (no GPU here: the H200's arch)", dir);
