@@ -6383,16 +6383,15 @@ static int attn__cuda_has_wide_decode(const attn_layer_desc *d, const attn_platf
 static void attn__cuda_layer_variants(const attn_layer_desc *d, const attn_platform *plat, int sm90,
                                       char opt[ATTN__CUDA_LAYER_VARIANTS][256]) {
     int group = d->num_heads / d->num_kv_heads, pass;
-    for (pass = 0; pass < 2; pass++)
-        attn__fmt(opt[pass], 256, "-DHEAD_DIM=%d -DBLOCK_SIZE=%d -DGROUP=%d -DDT_Q=%d -DDT_KV=%d "
-                  "-DTILE_TOKENS=%d -DWINDOW=%d -DSOFTCAP=%d -DALIBI=%d -DWARP_ROWS=%d",
-                  d->head_size, d->block_size, group, attn__cuda_dt(d->dtype), attn__cuda_dt(d->kv_cache_dtype),
-                  attn__cuda_tile_tokens(d, pass, 0), d->sliding_window > 0, d->logits_soft_cap > 0.0f,
-                  d->alibi_slopes != NULL, pass ? attn__cuda_warp_rows(d) : 1);
-    if (sm90) /* its scope (attn__cuda_sm90_check) has no soft cap, no ALiBi */
-        attn__fmt(opt[1], 256, "-DHEAD_DIM=%d -DBLOCK_SIZE=%d -DGROUP=%d -DDT_Q=%d -DDT_KV=%d -DTILE_TOKENS=%d "
-                  "-DWINDOW=%d", d->head_size, d->block_size, group, attn__cuda_dt(d->dtype),
-                  attn__cuda_dt(d->kv_cache_dtype), attn__cuda_tile_tokens(d, 1, 1), d->sliding_window > 0);
+    for (pass = 0; pass < 2; pass++) {
+        int n = attn__fmt(opt[pass], 256, "-DHEAD_DIM=%d -DBLOCK_SIZE=%d -DGROUP=%d -DDT_Q=%d -DDT_KV=%d "
+                          "-DTILE_TOKENS=%d -DWINDOW=%d", d->head_size, d->block_size, group,
+                          attn__cuda_dt(d->dtype), attn__cuda_dt(d->kv_cache_dtype),
+                          attn__cuda_tile_tokens(d, pass, pass && sm90), d->sliding_window > 0);
+        if (!(pass && sm90)) /* paged_attention.cu's features (CUDA_SM90's scope has neither) */
+            attn__fmt(opt[pass] + n, 256 - (size_t)n, " -DSOFTCAP=%d -DALIBI=%d -DWARP_ROWS=%d",
+                      d->logits_soft_cap > 0.0f, d->alibi_slopes != NULL, pass ? attn__cuda_warp_rows(d) : 1);
+    }
     attn__fmt(opt[2], 256, "-DHEAD_DIM=%d -DDT_IN=%d -DDT_CACHE=%d", d->head_size,
               attn__cuda_dt(d->dtype), attn__cuda_dt(d->kv_cache_dtype));
     opt[3][0] = 0;
