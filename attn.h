@@ -526,6 +526,7 @@ typedef enum attn_backend_id {
     ATTN_BACKEND_CUSTOM = 3, /* empty until a plugin registers it */
     ATTN_BACKEND_CUDA = 4,   /* NVIDIA GPUs (compute capability 8.0+), kernels compiled by NVRTC */
     ATTN_BACKEND_CUDA_SM90 = 5, /* CUDA with wgmma prefill tiles (compute capability 9.0, sm_90a) */
+    ATTN_BACKEND_CUDA_MLA_SM90 = 6, /* MLA on wgmma and cuBLAS (compute capability 9.0, sm_90a) */
     ATTN_BACKEND_COUNT
 } attn_backend_id;
 
@@ -1210,6 +1211,7 @@ typedef int attn__cublasStatus;
     X(cublasCreate, "cublasCreate_v2", (void **handle))                                  \
     X(cublasDestroy, "cublasDestroy_v2", (void *handle))                                 \
     X(cublasSetStream, "cublasSetStream_v2", (void *handle, void *stream))               \
+    X(cublasSetWorkspace, "cublasSetWorkspace_v2", (void *handle, void *ws, size_t bytes)) \
     X(cublasGemmStridedBatchedEx, "cublasGemmStridedBatchedEx",                          \
       (void *handle, int transa, int transb, int m, int n, int k, const void *alpha,     \
        const void *a, int a_type, int lda, long long stride_a, const void *b, int b_type, \
@@ -2332,10 +2334,10 @@ static pthread_mutex_t attn__registry_lock = PTHREAD_MUTEX_INITIALIZER;
    so that a registered plugin is preferred; an empty slot is not a candidate. */
 static const attn_backend_id attn__priority_cpu[] = {ATTN_BACKEND_CUSTOM, ATTN_BACKEND_CPU,
                                                      ATTN_BACKEND_CPU_MLA, ATTN_BACKEND_CUDA_SM90,
-                                                     ATTN_BACKEND_CUDA};
+                                                     ATTN_BACKEND_CUDA, ATTN_BACKEND_CUDA_MLA_SM90};
 static const attn_backend_id attn__priority_cuda[] = {ATTN_BACKEND_CUSTOM, ATTN_BACKEND_CUDA_SM90,
-                                                      ATTN_BACKEND_CUDA, ATTN_BACKEND_CPU,
-                                                      ATTN_BACKEND_CPU_MLA};
+                                                      ATTN_BACKEND_CUDA, ATTN_BACKEND_CUDA_MLA_SM90,
+                                                      ATTN_BACKEND_CPU, ATTN_BACKEND_CPU_MLA};
 
 static const attn_backend_id *attn__priority_list(attn_platform_kind kind, int *count) {
     if (kind == ATTN_PLATFORM_CUDA) {
@@ -2363,6 +2365,7 @@ ATTN_API const char *attn_backend_name(attn_backend_id id) {
     case ATTN_BACKEND_CUSTOM: return "CUSTOM";
     case ATTN_BACKEND_CUDA: return "CUDA";
     case ATTN_BACKEND_CUDA_SM90: return "CUDA_SM90";
+    case ATTN_BACKEND_CUDA_MLA_SM90: return "CUDA_MLA_SM90";
     default: return "?";
     }
 }
@@ -3125,10 +3128,14 @@ static int attn__env_batch_invariant(const attn_context *ctx) {
 #define ATTN_MLA_WORKSPACE_BYTES (64u << 20)
 #endif
 
-/* Keys up-projected per forward_mha pass: workspace_bytes of f32 K and V for all heads. */
-static int attn__mla_prefill_chunk(const attn_layer_desc *d, int64_t workspace_bytes) {
-    int64_t per_key = (int64_t)d->num_heads * (((d->qk_nope_head_dim + d->qk_rope_head_dim + 15) / 16 * 16) +
-                                              (d->v_head_dim + 15) / 16 * 16) * 4;
+/* Keys up-projected per forward_mha pass: workspace_bytes of K and V for all heads (the
+   CPU: f32 K = [K_nope | k_pe] and V, padded; CUDA: K_nope and V in the layer's 16-bit type
+   and the chunk's latent rows, k_pe read from them). */
+static int attn__mla_prefill_chunk(const attn_layer_desc *d, int64_t workspace_bytes, attn_device_kind device) {
+    int64_t per_key = device == ATTN_DEVICE_CUDA
+                          ? (int64_t)d->num_heads * (d->qk_nope_head_dim + d->v_head_dim) * 2 + (int64_t)d->head_size * 2
+                          : (int64_t)d->num_heads * (((d->qk_nope_head_dim + d->qk_rope_head_dim + 15) / 16 * 16) +
+                                                    (d->v_head_dim + 15) / 16 * 16) * 4;
     return (int)ATTN__MIN(4096, ATTN__MAX(64, workspace_bytes / per_key / 64 * 64));
 }
 
@@ -3199,7 +3206,7 @@ ATTN_API attn_status attn_metadata_mla_info(const attn_metadata *meta, attn_mla_
 /* The decode/prefill split of a validated MLA batch (decodes first) and its plan. */
 static attn_mla_info attn__mla_plan(const attn_metadata *m, const attn_batch *b) {
     attn_mla_info info;
-    int nd = 0, r, max_dec = 0;
+    int nd = 0, r, max_dec = 0, par;
     memset(&info, 0, sizeof info);
     while (nd < b->num_reqs && b->query_start_loc[nd + 1] - b->query_start_loc[nd] <= m->cap.decode_threshold) nd++;
     for (r = 0; r < nd; r++) max_dec = ATTN__MAX(max_dec, b->seq_lens[r]);
@@ -3207,11 +3214,15 @@ static attn_mla_info attn__mla_plan(const attn_metadata *m, const attn_batch *b)
     info.num_decode_tokens = b->query_start_loc[nd];
     info.num_prefills = b->num_reqs - nd;
     info.num_prefill_tokens = b->num_actual_tokens - info.num_decode_tokens;
+    par = attn__parallelism(m->layer->ctx, m->backend->device);
+    /* a GPU splits what its decode items (64 heads of one token each: the CUDA MLA
+       decode's CTA) leave of the device's parallelism; the CPU splits every decode alike */
+    if (m->backend->device == ATTN_DEVICE_CUDA)
+        par = ATTN__MAX(1, par / ATTN__MAX(1, info.num_decode_tokens * ((m->built_for.num_heads + 63) / 64)));
     info.num_kv_splits = m->kv_splits_forced
                              ? m->cap.num_kv_splits
-                             : attn_mla_num_kv_splits(max_dec, attn__parallelism(m->layer->ctx, m->backend->device),
-                                                      attn__env_batch_invariant(m->layer->ctx));
-    info.prefill_chunk = attn__mla_prefill_chunk(&m->built_for, m->cap.workspace_bytes);
+                             : attn_mla_num_kv_splits(max_dec, par, attn__env_batch_invariant(m->layer->ctx));
+    info.prefill_chunk = attn__mla_prefill_chunk(&m->built_for, m->cap.workspace_bytes, m->backend->device);
     return info;
 }
 
@@ -5062,7 +5073,7 @@ static size_t attn__cpu_mla_ws_layout(const attn_layer_desc *d, const attn_metad
     size_t dpv = (size_t)attn__cpu_dp(d->v_head_dim), pre = 0, dec = 0, td;
     int64_t group = cap->workspace_bytes / (int64_t)(H * (dpv + 1) * 4);
     group = ATTN__MIN(group, (int64_t)cap->max_num_tokens + ATTN__CPU_MLA_TILE - 1) / ATTN__CPU_MLA_TILE * ATTN__CPU_MLA_TILE;
-    w->chunk = attn__mla_prefill_chunk(d, cap->workspace_bytes);
+    w->chunk = attn__mla_prefill_chunk(d, cap->workspace_bytes, ATTN_DEVICE_CPU);
     w->group = (int)ATTN__MAX(ATTN__CPU_MLA_TILE, group);
     w->latc = attn__cpu_mla_piece(base, &pre, (size_t)w->chunk * R);
     w->latpe = attn__cpu_mla_piece(base, &pre, (size_t)w->chunk * P);
@@ -7066,6 +7077,805 @@ static const attn_backend attn__cuda_sm90_backend = {
     NULL                      /* attn_merge_attn_states on the device goes to CUDA */
 };
 
+/* ---- CUDA_MLA_SM90: MLA on wgmma (Hopper) ---------------------------------------------- */
+
+/* The MLA backend of compute capability 9.0: absorbed decode on wgmma over 64 heads of one
+   token per CTA with the split-KV merge in the same launch (kernels/mla_decode_sm90.cu),
+   the latent cache write (cache_write.cu), and the up-projected prefill: per request and
+   chunk of keys, the chunk's latent rows gathered from the paged cache, up-projected into
+   K_nope and V by two strided-batched cuBLAS GEMMs (one batch entry per head, f32
+   accumulation), attended by kernels/mla_prefill_sm90.cu, and merged by LSE into the
+   output of the chunks before it (in the attention kernel's epilogue). The fused call's
+   decodes go q_nope . W_UK (cuBLAS) -> decode -> . W_UV (cuBLAS). Decode splits: the
+   shared heuristic (attn_mla_num_kv_splits) with the parallelism left per decode item
+   (attn__mla_plan), fixed per build. Every buffer is allocated at attn_metadata_create;
+   a forward allocates nothing and does not synchronise the host. */
+
+#define ATTN__MLA_HEADS_PER_CTA 64     /* kernels/mla_decode_sm90.cu's ROWS */
+#define ATTN__MLA_CUBLAS_WS (32u << 20) /* cuBLAS's workspace (its Hopper recommendation) */
+
+/* cuBLAS's constants (cublas_api.h, library_types.h) */
+#define ATTN__CUBLAS_OP_N 0
+#define ATTN__CUBLAS_OP_T 1
+#define ATTN__CUDA_R_16F 2
+#define ATTN__CUDA_R_16BF 14
+#define ATTN__CUBLAS_COMPUTE_32F 68
+#define ATTN__CUBLAS_GEMM_DEFAULT (-1)
+
+/* Host mirrors of the kernels' parameter structs (same members, same order). */
+typedef struct attn__mla_decode_params {
+    attn__CUdeviceptr q, q_pe, kv_cache, out, lse, block_table, work, num_work, merge, num_merge;
+    attn__CUdeviceptr partial_o, partial_lse;
+    int64_t q_stride_token, q_stride_head, q_pe_stride_token, q_pe_stride_head;
+    int64_t out_stride_token, out_stride_head, lse_stride_token, lse_stride_head;
+    int64_t block_table_stride;
+    int32_t num_heads;
+    float scale;
+    attn__CUdeviceptr merge_count;
+} attn__mla_decode_params;
+
+typedef struct attn__mla_prefill_params {
+    attn__CUdeviceptr q, q_pe, k_nope, k_pe, v, out, lse;
+    int64_t q_stride_token, q_stride_head, q_pe_stride_token, q_pe_stride_head;
+    int64_t k_stride_token, k_stride_head, kpe_stride_token, v_stride_token, v_stride_head;
+    int64_t out_stride_token, out_stride_head, lse_stride_token, lse_stride_head;
+    int32_t q_row0, nq, pos0, key_pos0, nkeys, flags;
+    float scale;
+    int32_t pad0;
+} attn__mla_prefill_params;
+
+typedef struct attn__mla_gather_params {
+    attn__CUdeviceptr kv_cache, block_table, lat;
+    int32_t key0, nkeys, block_size, pad0;
+} attn__mla_gather_params;
+
+typedef struct attn__latent_write_params {
+    attn__CUdeviceptr kv_c, k_pe, kv_cache, slot_mapping;
+    int64_t kv_c_stride_token, k_pe_stride_token;
+    int32_t num_tokens, pad0;
+} attn__latent_write_params;
+
+/* A tensor of rows for the MLA kernels: device address and element strides. */
+typedef struct attn__mla_rows {
+    attn__CUdeviceptr data;
+    int64_t s0, s1;
+} attn__mla_rows;
+
+static attn__mla_rows attn__mla_rows_of(const attn_tensor *t, int64_t row0) {
+    attn_tensor r = attn__tensor_resolved(t);
+    attn__mla_rows m;
+    m.s0 = r.strides[0];
+    m.s1 = r.ndim > 1 ? r.strides[1] : 0;
+    m.data = attn__dptr(r.data) + (attn__CUdeviceptr)(row0 * m.s0 * (int64_t)attn_dtype_size(r.dtype));
+    return m;
+}
+
+static int attn__cuda_mla_check(const attn_backend *self, const attn_layer_desc *d, const attn_platform *p,
+                                char *reason, size_t size) {
+    (void)self;
+    if (p->cuda_capability_major != 9 || p->cuda_capability_minor != 0) {
+        attn__fmt(reason, size, "compute capability %d.%d (allowed: 9.0: its kernels are compiled for "
+                  "sm_90a, whose wgmma runs on 9.0 only)", p->cuda_capability_major, p->cuda_capability_minor);
+        return 1;
+    }
+    if (!p->nvrtc_version) {
+        attn__fmt(reason, size, "%s", p->nvrtc_reason);
+        return 1;
+    }
+    if (!((d->kv_lora_rank == 512 || d->kv_lora_rank == 256) && d->qk_rope_head_dim == 64)) {
+        attn__fmt(reason, size, "head_size %d (kv_lora_rank %d + qk_rope_head_dim %d) not supported "
+                  "(576 = 512 + 64, or 320 = 256 + 64)", d->head_size, d->kv_lora_rank, d->qk_rope_head_dim);
+        return 1;
+    }
+    if (d->dtype != d->kv_cache_dtype) {
+        attn__fmt(reason, size, "dtype %s with kv_cache_dtype %s (allowed: one 16-bit type for both)",
+                  attn_dtype_name(d->dtype), attn_dtype_name(d->kv_cache_dtype));
+        return 1;
+    }
+    if (!((d->qk_nope_head_dim == 128 && d->v_head_dim == 128) || (d->qk_nope_head_dim == 64 && d->v_head_dim == 64))) {
+        attn__fmt(reason, size, "qk_nope_head_dim %d / v_head_dim %d (allowed: 128 / 128 as DeepSeek-V2/V3, "
+                  "or 64 / 64: the prefill kernel's tiles)", d->qk_nope_head_dim, d->v_head_dim);
+        return 1;
+    }
+    return 0;
+}
+
+/* Context level: the cuBLAS handle of the projections (created once; bound to the caller's
+   stream per call). */
+typedef struct attn__cuda_mla_state {
+    void *cublas;
+} attn__cuda_mla_state;
+
+static attn_status attn__cuda_mla_context_init(const attn_backend *self, attn_context *ctx, void **state,
+                                               char *reason, size_t size) {
+    attn__cuda_mla_state *s;
+    attn_status st;
+    int rc;
+    (void)self;
+    attn__probe_cublas(&ctx->loader, ctx->cublas, &ctx->platform);
+    if (!ctx->cublas->library) {
+        attn__fmt(reason, size, "%s (the MLA projections run on cuBLAS; ATTN_CUBLAS_LIBRARY names it)",
+                  ctx->platform.cublas_reason);
+        return ATTN_ERROR_PLATFORM;
+    }
+    if ((st = attn__cuda_enter(ctx, "CUDA_MLA_SM90 backend")) != ATTN_OK) {
+        attn__fmt(reason, size, "%s", attn_context_last_error(ctx));
+        return st;
+    }
+    s = (attn__cuda_mla_state *)attn__calloc(1, sizeof *s);
+    if (!s) {
+        attn__cuda_leave(ctx);
+        attn__fmt(reason, size, "out of memory");
+        return ATTN_ERROR_OUT_OF_MEMORY;
+    }
+    rc = ctx->cublas->cublasCreate(&s->cublas);
+    attn__cuda_leave(ctx);
+    if (rc != 0) {
+        attn__free(s);
+        attn__fmt(reason, size, "cublasCreate failed (cublasStatus %d)", rc);
+        return ATTN_ERROR_PLATFORM;
+    }
+    *state = s;
+    return ATTN_OK;
+}
+
+static void attn__cuda_mla_context_release(const attn_backend *self, attn_context *ctx, void *state) {
+    attn__cuda_mla_state *s = (attn__cuda_mla_state *)state;
+    (void)self;
+    if (!s) return;
+    if (s->cublas && attn__cuda_enter(ctx, "CUDA_MLA_SM90 backend") == ATTN_OK) {
+        ctx->cublas->cublasDestroy(s->cublas);
+        attn__cuda_leave(ctx);
+    }
+    attn__free(s);
+}
+
+/* Layer level: decode (attn_mla_decode), prefill (attn_mla_prefill + attn_mla_gather), the
+   latent cache write; the context's cuBLAS handle. */
+typedef struct attn__cuda_mla_layer {
+    attn__cuda_module decode, prefill, cache;
+    void *cublas;
+} attn__cuda_mla_layer;
+
+/* The kernel variants an MLA layer loads (all sm_90a but the cache write): [0] decode,
+   [1] prefill, [2] cache write. One place for layer creation and tools. */
+#define ATTN__CUDA_MLA_VARIANTS 3
+static const char *attn__cuda_mla_variant_file(int v) {
+    return v == 0 ? "mla_decode_sm90.cu" : v == 1 ? "mla_prefill_sm90.cu" : "cache_write.cu";
+}
+static void attn__cuda_mla_variants(const attn_layer_desc *d, char opt[ATTN__CUDA_MLA_VARIANTS][256]) {
+    int dt = attn__cuda_dt(d->kv_cache_dtype);
+    attn__fmt(opt[0], 256, "-DKV_LORA=%d -DROPE=%d -DBLOCK_SIZE=%d -DDT=%d -DFUSED_MERGE=1", d->kv_lora_rank,
+              d->qk_rope_head_dim, d->block_size, dt);
+    attn__fmt(opt[1], 256, "-DDN=%d -DROPE=%d -DDV=%d -DDT=%d -DKV_LORA=%d", d->qk_nope_head_dim,
+              d->qk_rope_head_dim, d->v_head_dim, dt, d->kv_lora_rank);
+    attn__fmt(opt[2], 256, "-DKV_LORA_RANK=%d -DROPE_DIM=%d -DDT_IN=%d -DDT_CACHE=%d", d->kv_lora_rank,
+              d->qk_rope_head_dim, attn__cuda_dt(d->dtype), dt);
+}
+
+static void attn__cuda_mla_layer_free(attn_context *ctx, attn__cuda_mla_layer *L) {
+    if (!L) return;
+    if (L->decode.module) ctx->cuda->cuModuleUnload(L->decode.module);
+    if (L->prefill.module) ctx->cuda->cuModuleUnload(L->prefill.module);
+    if (L->cache.module) ctx->cuda->cuModuleUnload(L->cache.module);
+    attn__free(L);
+}
+
+static attn_status attn__cuda_mla_layer_init(const attn_backend *self, attn_layer *layer, void **state,
+                                             char *reason, size_t size) {
+    attn_context *ctx = attn_layer_context(layer);
+    const attn_layer_desc *d = attn_layer_get_desc(layer);
+    attn__cuda_mla_state *cs = NULL;
+    char opt[ATTN__CUDA_MLA_VARIANTS][256];
+    attn__cuda_mla_layer *L;
+    attn_status st = attn__backend_context(ctx, self, (void **)&cs, reason, size);
+    if (st != ATTN_OK) return st;
+    L = (attn__cuda_mla_layer *)attn__calloc(1, sizeof *L);
+    if (!L) {
+        attn__fmt(reason, size, "out of memory");
+        return ATTN_ERROR_OUT_OF_MEMORY;
+    }
+    L->cublas = cs->cublas;
+    if ((st = attn__cuda_enter(ctx, "CUDA_MLA_SM90 layer")) != ATTN_OK) {
+        attn__fmt(reason, size, "%s", attn_context_last_error(ctx));
+        attn__free(L);
+        return st;
+    }
+    attn__cuda_mla_variants(d, opt);
+    st = attn__cuda_load(ctx, attn__cuda_mla_variant_file(0), opt[0], "attn_mla_decode", NULL,
+                         ATTN__LOAD_ARCH_A, &L->decode, reason, size);
+    if (st == ATTN_OK)
+        st = attn__cuda_load(ctx, attn__cuda_mla_variant_file(1), opt[1], "attn_mla_prefill", "attn_mla_gather",
+                             ATTN__LOAD_ARCH_A, &L->prefill, reason, size);
+    if (st == ATTN_OK)
+        st = attn__cuda_load(ctx, attn__cuda_mla_variant_file(2), opt[2], "attn_concat_and_cache_mla", NULL, 0,
+                             &L->cache, reason, size);
+    if (st == ATTN_OK) { /* the two attention kernels' launch configuration */
+        int k;
+        for (k = 0; k < 2 && st == ATTN_OK; k++) {
+            attn__cuda_module *m = k ? &L->prefill : &L->decode;
+            attn__CUdeviceptr g = 0;
+            size_t gb = 0;
+            attn__CUresult rc = ctx->cuda->cuModuleGetGlobal(&g, &gb, m->module, k ? "attn_mha_config" : "attn_mla_config");
+            if (rc == 0 && gb == sizeof m->config) rc = ctx->cuda->cuMemcpyDtoHAsync(m->config, g, sizeof m->config, NULL);
+            if (rc == 0) rc = ctx->cuda->cuStreamSynchronize(NULL);
+            if (rc == 0 && gb == sizeof m->config)
+                rc = ctx->cuda->cuFuncSetAttribute(m->main, ATTN__CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                                   m->config[1]);
+            if (rc != 0 || gb != sizeof m->config) {
+                attn__fmt(reason, size, "%s: cannot configure it (CUresult %d, config %zu bytes)",
+                          attn__cuda_mla_variant_file(k), rc, gb);
+                st = ATTN_ERROR_PLATFORM;
+            }
+        }
+    }
+    if (st != ATTN_OK) attn__cuda_mla_layer_free(ctx, L);
+    else *state = L;
+    attn__cuda_leave(ctx);
+    return st;
+}
+
+static void attn__cuda_mla_layer_release(const attn_backend *self, attn_layer *layer, void *state) {
+    attn_context *ctx = attn_layer_context(layer);
+    (void)self;
+    if (!state) return;
+    if (attn__cuda_enter(ctx, "CUDA_MLA_SM90 layer") != ATTN_OK) return;
+    attn__cuda_mla_layer_free(ctx, (attn__cuda_mla_layer *)state);
+    attn__cuda_leave(ctx);
+}
+
+/* ---- metadata: decode work list, device workspace ---- */
+
+typedef struct attn__cuda_mla_plan {
+    int32_t *counts;               /* [4]: decode work items, merge entries */
+    int32_t *work;                 /* [work_capacity][8] (kernels/mla_decode_sm90.cu) */
+    int32_t *merge;                /* [merge_capacity][8] */
+    int64_t *slot_mapping;         /* [max_num_tokens], -1 past the batch */
+    int32_t *block_table;          /* last: the upload stops after the rows in use */
+} attn__cuda_mla_plan;
+
+/* Device workspace (one allocation): the decode phase (q_latent, o_latent of the fused
+   call) and the prefill phase (a chunk's latents and up-projected K_nope, V) share memory;
+   the running prefill LSE and cuBLAS's workspace have their own. */
+typedef struct attn__cuda_mla_ws {
+    attn__CUdeviceptr q_lat, o_lat;        /* [decode tokens][H][R] DT */
+    attn__CUdeviceptr lat, k_nope, v;      /* [chunk][R + P], [chunk][H][DN], [chunk][H][DV] DT */
+    attn__CUdeviceptr run_lse;             /* [max_num_tokens][H] f32 */
+    attn__CUdeviceptr cublas;              /* ATTN__MLA_CUBLAS_WS bytes */
+} attn__cuda_mla_ws;
+
+typedef struct attn__cuda_mla_meta {
+    int heads, tiles, decode_tokens, chunk;
+    int work_capacity, merge_capacity, slot_capacity;
+    size_t bytes, ws_bytes;
+    char *staging;
+    attn__CUdeviceptr region, partial_o, partial_lse, merge_count, ws_base;
+    attn__CUevent uploaded;
+    int upload_pending;
+    attn__cuda_mla_plan host, dev;
+    attn__cuda_mla_ws ws;
+} attn__cuda_mla_meta;
+
+static size_t attn__cuda_mla_plan_layout(const attn__cuda_mla_meta *cm, const attn_metadata_desc *cap, char *base,
+                                         attn__cuda_mla_plan *p) {
+    size_t used = 0;
+    p->counts = (int32_t *)attn__carve(base, &used, 4 * sizeof(int32_t), 256);
+    p->work = (int32_t *)attn__carve(base, &used, (size_t)cm->work_capacity * 32, 256);
+    p->merge = (int32_t *)attn__carve(base, &used, (size_t)ATTN__MAX(1, cm->merge_capacity) * 32, 256);
+    p->slot_mapping = (int64_t *)attn__carve(base, &used, (size_t)cap->max_num_tokens * 8, 256);
+    p->block_table = (int32_t *)attn__carve(base, &used,
+                                            (size_t)cap->max_num_reqs * (size_t)cap->max_blocks_per_req * 4, 256);
+    return used;
+}
+
+static size_t attn__cuda_mla_ws_layout(const attn__cuda_mla_meta *cm, const attn_layer_desc *d,
+                                       const attn_metadata_desc *cap, attn__CUdeviceptr base, attn__cuda_mla_ws *w) {
+    size_t H = (size_t)d->num_heads, R = (size_t)d->kv_lora_rank, es = attn_dtype_size(d->kv_cache_dtype);
+    size_t dec = 0, pre = 0, used;
+    char *b = (char *)(uintptr_t)base;
+    w->q_lat = attn__dptr(attn__carve(b, &dec, (size_t)cm->decode_tokens * H * R * es, 256));
+    w->o_lat = attn__dptr(attn__carve(b, &dec, (size_t)cm->decode_tokens * H * R * es, 256));
+    w->lat = attn__dptr(attn__carve(b, &pre, (size_t)cm->chunk * (size_t)d->head_size * es, 256));
+    w->k_nope = attn__dptr(attn__carve(b, &pre, (size_t)cm->chunk * H * (size_t)d->qk_nope_head_dim * es, 256));
+    w->v = attn__dptr(attn__carve(b, &pre, (size_t)cm->chunk * H * (size_t)d->v_head_dim * es, 256));
+    used = ATTN__MAX(dec, pre);
+    w->run_lse = attn__dptr(attn__carve(b, &used, (size_t)cap->max_num_tokens * H * 4, 256));
+    w->cublas = attn__dptr(attn__carve(b, &used, ATTN__MLA_CUBLAS_WS, 256));
+    return used;
+}
+
+static void attn__cuda_mla_meta_free(attn_context *ctx, attn__cuda_mla_meta *cm) {
+    attn__cuda_driver *cu = ctx->cuda;
+    if (!cm) return;
+    if (cm->upload_pending) cu->cuEventSynchronize(cm->uploaded);
+    if (cm->uploaded) cu->cuEventDestroy(cm->uploaded);
+    if (cm->staging) cu->cuMemFreeHost(cm->staging);
+    if (cm->region) cu->cuMemFree(cm->region);
+    if (cm->partial_o) cu->cuMemFree(cm->partial_o);
+    if (cm->partial_lse) cu->cuMemFree(cm->partial_lse);
+    if (cm->merge_count) cu->cuMemFree(cm->merge_count);
+    if (cm->ws_base) cu->cuMemFree(cm->ws_base);
+    attn__free(cm);
+}
+
+static attn_status attn__cuda_mla_metadata_init(const attn_backend *self, attn_layer *layer, attn_metadata *meta) {
+    attn_context *ctx = attn_layer_context(layer);
+    const attn_layer_desc *d = attn_layer_get_desc(layer);
+    const attn_metadata_desc *cap = attn_metadata_capacity(meta);
+    attn__cuda_driver *cu = ctx->cuda;
+    attn__cuda_mla_meta *cm;
+    attn__CUresult rc = 0;
+    attn_status st;
+    int64_t items, slots;
+    (void)self;
+    cm = (attn__cuda_mla_meta *)attn__calloc(1, sizeof *cm);
+    if (!cm)
+        return attn__fail(ctx, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
+                          "attn_metadata_create: cannot allocate the CUDA MLA schedule");
+    cm->heads = d->num_heads;
+    cm->tiles = (d->num_heads + ATTN__MLA_HEADS_PER_CTA - 1) / ATTN__MLA_HEADS_PER_CTA;
+    cm->decode_tokens = (int)ATTN__MIN((int64_t)cap->max_num_tokens, (int64_t)cap->max_num_reqs * cap->decode_threshold);
+    cm->chunk = attn__mla_prefill_chunk(d, cap->workspace_bytes, ATTN_DEVICE_CUDA);
+    /* decode items: one per (decode token, 64 heads); split items share the splits a
+       batch gets: with the heuristic's count (attn__mla_plan), items x splits <= the
+       device's parallelism; a forced count multiplies every item */
+    items = (int64_t)cm->decode_tokens * cm->tiles;
+    slots = meta->kv_splits_forced ? items * cap->num_kv_splits
+                                   : ATTN__MIN(items * cap->num_kv_splits, (int64_t)attn__parallelism(ctx, ATTN_DEVICE_CUDA));
+    if (cap->num_kv_splits <= 1) slots = 0;
+    if (items + slots > INT32_MAX / 64) {
+        attn__free(cm);
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                          "attn_metadata_create: %lld decode work items of 64 heads x %d splits is too many "
+                          "(lower max_num_reqs, decode_threshold or num_kv_splits)", (long long)items,
+                          cap->num_kv_splits);
+    }
+    cm->work_capacity = (int)(items + slots);
+    cm->merge_capacity = slots ? (int)items : 0;
+    cm->slot_capacity = (int)slots;
+    cm->bytes = attn__cuda_mla_plan_layout(cm, cap, NULL, &cm->host);
+    cm->ws_bytes = attn__cuda_mla_ws_layout(cm, d, cap, 0, &cm->ws);
+    if ((st = attn__cuda_enter(ctx, "attn_metadata_create")) != ATTN_OK) {
+        attn__free(cm);
+        return st;
+    }
+    if ((rc = cu->cuMemAllocHost((void **)&cm->staging, cm->bytes)) != 0 ||
+        (rc = cu->cuMemAlloc(&cm->region, cm->bytes)) != 0 ||
+        (rc = cu->cuMemAlloc(&cm->partial_o, (size_t)ATTN__MAX(1, cm->slot_capacity) * ATTN__MLA_HEADS_PER_CTA *
+                                                 (size_t)d->kv_lora_rank * 4)) != 0 ||
+        (rc = cu->cuMemAlloc(&cm->partial_lse, (size_t)ATTN__MAX(1, cm->slot_capacity) * ATTN__MLA_HEADS_PER_CTA * 4)) != 0 ||
+        (rc = cu->cuMemAlloc(&cm->merge_count, (size_t)ATTN__MAX(1, cm->merge_capacity) * 4)) != 0 ||
+        (rc = cu->cuMemAlloc(&cm->ws_base, cm->ws_bytes)) != 0 ||
+        (rc = cu->cuMemsetD8Async(cm->merge_count, 0, (size_t)ATTN__MAX(1, cm->merge_capacity) * 4, NULL)) != 0 ||
+        (rc = cu->cuStreamSynchronize(NULL)) != 0 ||
+        (rc = cu->cuEventCreate(&cm->uploaded, ATTN__CU_EVENT_DISABLE_TIMING)) != 0) {
+        size_t bytes = cm->bytes + cm->ws_bytes;
+        attn__cuda_mla_meta_free(ctx, cm);
+        attn__cuda_leave(ctx);
+        return attn__fail(ctx, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
+                          "attn_metadata_create: cannot allocate the CUDA MLA schedule and workspace (%zu bytes "
+                          "and the split-KV partials; CUresult %d; desc.workspace_bytes bounds the prefill chunk)",
+                          bytes, rc);
+    }
+    attn__cuda_leave(ctx);
+    memset(cm->staging, 0, cm->bytes);
+    attn__cuda_mla_plan_layout(cm, cap, cm->staging, &cm->host);
+    attn__cuda_mla_plan_layout(cm, cap, (char *)(uintptr_t)cm->region, &cm->dev);
+    attn__cuda_mla_ws_layout(cm, d, cap, cm->ws_base, &cm->ws);
+    attn_metadata_private_set(meta, cm);
+    return ATTN_OK;
+}
+
+static void attn__cuda_mla_metadata_release(const attn_backend *self, attn_metadata *meta) {
+    attn_context *ctx = attn_metadata_context(meta);
+    attn__cuda_mla_meta *cm = (attn__cuda_mla_meta *)attn_metadata_private(meta);
+    (void)self;
+    if (!cm) return;
+    if (attn__cuda_enter(ctx, "attn_metadata_destroy") == ATTN_OK) {
+        attn__cuda_mla_meta_free(ctx, cm);
+        attn__cuda_leave(ctx);
+    }
+    attn_metadata_private_set(meta, NULL);
+}
+
+/* One decode work item (kernels/mla_decode_sm90.cu); entry1: its merge entry + 1, or 0. */
+static void attn__cuda_mla_item(int32_t *w, int req, int head0, int q_row, int key0, int key1, int slot, int entry1) {
+    w[0] = req; w[1] = head0; w[2] = q_row; w[3] = 0; w[4] = key0; w[5] = key1; w[6] = slot; w[7] = entry1;
+}
+
+/* The decode work list (the batch lists its decodes first): per decode token and 64
+   heads, one item over its visible keys, or info.num_kv_splits items on 64-key bounds
+   with a merge entry. */
+static attn_status attn__cuda_mla_build(const attn_backend *self, attn_layer *layer, attn_metadata *meta,
+                                        int common_prefix_len, int fast_build) {
+    attn_context *ctx = attn_layer_context(layer);
+    const attn_layer_desc *d = attn_layer_get_desc(layer);
+    const attn_metadata_desc *cap = attn_metadata_capacity(meta);
+    const attn_batch *b = attn_metadata_batch(meta);
+    attn__cuda_mla_meta *cm = (attn__cuda_mla_meta *)attn_metadata_private(meta);
+    attn__cuda_mla_plan *p = &cm->host;
+    attn__cuda_driver *cu = ctx->cuda;
+    attn_mla_info info;
+    int r, t, h0, nw = 0, nm = 0, slots = 0;
+    size_t upload;
+    attn__CUresult rc;
+    attn_status st;
+    (void)self;
+    (void)common_prefix_len;
+    (void)fast_build;
+    memset(&info, 0, sizeof info);
+    if ((st = attn_metadata_mla_info(meta, &info)) != ATTN_OK) return st;
+    if ((st = attn__cuda_enter_stream(ctx, "attn_metadata_build", b->stream)) != ATTN_OK) return st;
+    if (cm->upload_pending && (rc = cu->cuEventSynchronize(cm->uploaded)) != 0) {
+        attn__cuda_leave(ctx);
+        return attn__cu_fail(ctx, "attn_metadata_build", "cuEventSynchronize", rc);
+    }
+    cm->upload_pending = 0;
+    for (r = 0; r < info.num_decodes; r++) {
+        int q0 = b->query_start_loc[r], ql = b->query_start_loc[r + 1] - q0, sl = b->seq_lens[r];
+        for (t = 0; t < ql; t++) {
+            int hi = ATTN__MAX(0, ATTN__MIN(sl, sl - ql + t + 1)); /* causal: keys 0 .. pos */
+            int ns = ATTN__MIN(info.num_kv_splits, (hi + 63) / 64), s;
+            for (h0 = 0; h0 < d->num_heads; h0 += ATTN__MLA_HEADS_PER_CTA) {
+                if (ns > 1) {
+                    int32_t *m = p->merge + 8 * nm++;
+                    ATTN_ASSERT(nm <= cm->merge_capacity && slots + ns <= cm->slot_capacity);
+                    m[0] = q0 + t; m[1] = h0; m[2] = ns; m[3] = slots; m[4] = m[5] = m[6] = m[7] = 0;
+                    for (s = 0; s < ns; s++) {
+                        int k0 = s == 0 ? 0 : (int)((int64_t)hi * s / ns) / 64 * 64;
+                        int k1 = s == ns - 1 ? hi : (int)((int64_t)hi * (s + 1) / ns) / 64 * 64;
+                        ATTN_ASSERT(nw < cm->work_capacity);
+                        attn__cuda_mla_item(p->work + 8 * nw++, r, h0, q0 + t, k0, k1, slots + s, nm);
+                    }
+                    slots += ns;
+                } else {
+                    ATTN_ASSERT(nw < cm->work_capacity);
+                    attn__cuda_mla_item(p->work + 8 * nw++, r, h0, q0 + t, 0, hi, -1, 0);
+                }
+            }
+        }
+    }
+    attn__cuda_sort_work(p->work, nw);
+    p->counts[0] = nw;
+    p->counts[1] = nm;
+    if (b->slot_mapping && b->num_actual_tokens)
+        memcpy(p->slot_mapping, b->slot_mapping, (size_t)b->num_actual_tokens * 8);
+    for (r = b->slot_mapping ? b->num_actual_tokens : 0; r < cap->max_num_tokens; r++) p->slot_mapping[r] = -1;
+    if (b->num_reqs)
+        memcpy(p->block_table, b->block_table, (size_t)b->num_reqs * (size_t)cap->max_blocks_per_req * 4);
+    upload = (size_t)((char *)(p->block_table + (size_t)b->num_reqs * (size_t)cap->max_blocks_per_req) - cm->staging);
+    rc = cu->cuMemcpyHtoDAsync(cm->region, cm->staging, upload, (attn__CUstream)b->stream);
+    if (rc == 0) rc = cu->cuEventRecord(cm->uploaded, (attn__CUstream)b->stream);
+    attn__cuda_leave(ctx);
+    if (rc != 0) return attn__cu_fail(ctx, "attn_metadata_build", "the schedule upload", rc);
+    cm->upload_pending = 1;
+    return ATTN_OK;
+}
+
+/* ---- entry points ---- */
+
+/* The MLA kernels copy q rows and write out rows in 16-byte pieces: a row tensor must
+   start on 16 bytes with token and head strides of whole 16-byte pieces. */
+static attn_status attn__cuda_mla_aligned(attn_context *ctx, const char *fn, const char *name, const attn_tensor *t) {
+    attn_tensor r = attn__tensor_resolved(t);
+    int64_t es = (int64_t)attn_dtype_size(r.dtype);
+    if (((uintptr_t)r.data & 15) || (r.strides[0] * es) % 16 || (r.ndim > 2 && (r.strides[1] * es) % 16))
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                          "%s: %s rows are not 16-byte aligned (data %p, strides %lld/%lld elements; allowed on "
+                          "CUDA_MLA_SM90: a 16-byte aligned start and token and head strides that are multiples "
+                          "of %d elements)", fn, name, r.data, (long long)r.strides[0],
+                          (long long)(r.ndim > 2 ? r.strides[1] : 0), (int)(16 / es));
+    return ATTN_OK;
+}
+
+/* C[b] = op(A[b]) . B[b] for b < batch, column-major (cuBLAS's view of our row-major
+   tensors), f32 accumulation, elements of the layer's 16-bit type. */
+static int attn__cuda_mla_gemm(attn_context *ctx, void *h, const attn_layer_desc *d, int transa, int m, int n, int k,
+                               attn__CUdeviceptr A, int64_t lda, int64_t sa, attn__CUdeviceptr B, int64_t ldb,
+                               int64_t sb, attn__CUdeviceptr C, int64_t ldc, int64_t sc, int batch) {
+    const float one = 1.0f, zero = 0.0f;
+    int t = d->dtype == ATTN_DTYPE_BF16 ? ATTN__CUDA_R_16BF : ATTN__CUDA_R_16F;
+    if (n <= 0) return 0;
+    return ctx->cublas->cublasGemmStridedBatchedEx(h, transa, ATTN__CUBLAS_OP_N, m, n, k, &one, (const void *)(uintptr_t)A, t,
+                                                   (int)lda, (long long)sa, (const void *)(uintptr_t)B, t, (int)ldb,
+                                                   (long long)sb, &zero, (void *)(uintptr_t)C, t, (int)ldc, (long long)sc,
+                                                   batch, ATTN__CUBLAS_COMPUTE_32F, ATTN__CUBLAS_GEMM_DEFAULT);
+}
+
+/* The decode launch: q [.][H][R] and q_pe [.][H][P] rows by the work list's q_row, out
+   [.][H][R], lse [.][H] or none. */
+static attn__CUresult attn__cuda_mla_decode(attn_context *ctx, const attn__cuda_mla_layer *L, const attn__cuda_mla_meta *cm,
+                                            const attn_metadata *meta, const attn_layer_desc *d, attn__mla_rows q,
+                                            attn__mla_rows q_pe, const attn_tensor *kv_cache, attn__mla_rows out,
+                                            const attn_tensor *lse, attn__CUstream s, int capturing) {
+    attn__mla_decode_params dp;
+    void *args[1];
+    unsigned grid = (unsigned)(capturing ? cm->work_capacity : cm->host.counts[0]);
+    if (!grid) return 0;
+    memset(&dp, 0, sizeof dp);
+    dp.q = q.data; dp.q_stride_token = q.s0; dp.q_stride_head = q.s1;
+    dp.q_pe = q_pe.data; dp.q_pe_stride_token = q_pe.s0; dp.q_pe_stride_head = q_pe.s1;
+    dp.kv_cache = attn__dptr(kv_cache->data);
+    dp.out = out.data; dp.out_stride_token = out.s0; dp.out_stride_head = out.s1;
+    if (lse) {
+        attn_tensor lr = attn__tensor_resolved(lse);
+        dp.lse = attn__dptr(lr.data);
+        dp.lse_stride_token = lr.strides[0];
+        dp.lse_stride_head = lr.strides[1];
+    }
+    dp.block_table = attn__dptr(cm->dev.block_table);
+    dp.block_table_stride = attn_metadata_capacity(meta)->max_blocks_per_req;
+    dp.work = attn__dptr(cm->dev.work);
+    dp.num_work = attn__dptr(cm->dev.counts);
+    dp.merge = attn__dptr(cm->dev.merge);
+    dp.num_merge = attn__dptr(cm->dev.counts + 1);
+    dp.partial_o = cm->partial_o;
+    dp.partial_lse = cm->partial_lse;
+    dp.merge_count = cm->merge_count;
+    dp.num_heads = d->num_heads;
+    dp.scale = d->scale;
+    args[0] = &dp;
+    return ctx->cuda->cuLaunchKernel(L->decode.main, grid, 1, 1, (unsigned)L->decode.config[0], 1, 1,
+                                     (unsigned)L->decode.config[1], s, args, NULL);
+}
+
+static attn_status attn__cuda_mla_forward_mqa(const attn_backend *self, attn_layer *layer, const attn_metadata *meta,
+                                              const attn_tensor *q, const attn_tensor *q_pe,
+                                              const attn_tensor *kv_cache, attn_tensor *out_latent, attn_tensor *lse,
+                                              void *stream) {
+    attn_context *ctx = attn_layer_context(layer);
+    const attn_layer_desc *d = attn_layer_get_desc(layer);
+    const attn__cuda_mla_layer *L = (const attn__cuda_mla_layer *)attn_layer_backend_state(layer);
+    const attn__cuda_mla_meta *cm = (const attn__cuda_mla_meta *)attn_metadata_private(meta);
+    const char *fn = "attn_mla_forward_mqa";
+    attn__mla_rows qr = attn__mla_rows_of(q, 0), pr;
+    attn__CUresult rc;
+    attn_status st;
+    (void)self;
+    if ((st = attn__cuda_mla_aligned(ctx, fn, "q", q)) != ATTN_OK ||
+        (q_pe && (st = attn__cuda_mla_aligned(ctx, fn, "q_pe", q_pe)) != ATTN_OK) ||
+        (st = attn__cuda_mla_aligned(ctx, fn, "out_latent", out_latent)) != ATTN_OK)
+        return st;
+    if (q_pe) pr = attn__mla_rows_of(q_pe, 0);
+    else { /* one tensor [.][H][R + P]: q_pe is its tail */
+        pr = qr;
+        pr.data += (attn__CUdeviceptr)d->kv_lora_rank * attn_dtype_size(d->dtype);
+    }
+    if ((st = attn__cuda_enter_stream(ctx, fn, stream)) != ATTN_OK) return st;
+    rc = attn__cuda_mla_decode(ctx, L, cm, meta, d, qr, pr, kv_cache, attn__mla_rows_of(out_latent, 0), lse,
+                               (attn__CUstream)stream, attn__cuda_capturing(ctx, (attn__CUstream)stream));
+    attn__cuda_leave(ctx);
+    return rc ? attn__cu_fail(ctx, fn, "cuLaunchKernel", rc) : ATTN_OK;
+}
+
+/* The prefills of the batch (requests num_decodes ..): q_nope/q_pe/out rows are batch
+   tokens from row0; lse rows too (NULL: the workspace's running LSE). Per request and
+   chunk of keys: gather, up-project (cuBLAS), attend and merge. */
+static attn_status attn__cuda_mla_prefill(attn_context *ctx, const char *fn, attn_layer *layer,
+                                          const attn_metadata *meta, attn__mla_rows qn, attn__mla_rows qp,
+                                          int row0, const attn_tensor *kv_cache, const attn_tensor *w_uk,
+                                          const attn_tensor *w_uv, attn__mla_rows out, const attn_tensor *lse,
+                                          attn__CUstream s) {
+    const attn_layer_desc *d = attn_layer_get_desc(layer);
+    const attn__cuda_mla_layer *L = (const attn__cuda_mla_layer *)attn_layer_backend_state(layer);
+    const attn__cuda_mla_meta *cm = (const attn__cuda_mla_meta *)attn_metadata_private(meta);
+    const attn_batch *b = attn_metadata_batch(meta);
+    const attn_mla_info *info = &meta->mla;
+    const int H = d->num_heads, R = d->kv_lora_rank, LD = d->head_size, DN = d->qk_nope_head_dim, DV = d->v_head_dim;
+    const size_t es = attn_dtype_size(d->dtype);
+    attn_tensor uk = attn__tensor_resolved(w_uk), uv = attn__tensor_resolved(w_uv);
+    attn__mla_prefill_params pp;
+    attn__mla_gather_params gp;
+    attn__CUresult rc = 0;
+    void *args[1];
+    int r, c0, crc = 0;
+    if (info->num_prefill_tokens <= 0) return ATTN_OK;
+    memset(&pp, 0, sizeof pp);
+    pp.q = qn.data; pp.q_stride_token = qn.s0; pp.q_stride_head = qn.s1;
+    pp.q_pe = qp.data; pp.q_pe_stride_token = qp.s0; pp.q_pe_stride_head = qp.s1;
+    pp.k_nope = cm->ws.k_nope; pp.k_stride_token = (int64_t)H * DN; pp.k_stride_head = DN;
+    pp.k_pe = cm->ws.lat + (attn__CUdeviceptr)R * es; pp.kpe_stride_token = LD;
+    pp.v = cm->ws.v; pp.v_stride_token = (int64_t)H * DV; pp.v_stride_head = DV;
+    pp.out = out.data; pp.out_stride_token = out.s0; pp.out_stride_head = out.s1;
+    if (lse) {
+        attn_tensor lr = attn__tensor_resolved(lse);
+        pp.lse = attn__dptr(lr.data); pp.lse_stride_token = lr.strides[0]; pp.lse_stride_head = lr.strides[1];
+    } else {
+        pp.lse = cm->ws.run_lse; pp.lse_stride_token = H; pp.lse_stride_head = 1;
+    }
+    pp.scale = d->scale;
+    memset(&gp, 0, sizeof gp);
+    gp.kv_cache = attn__dptr(kv_cache->data);
+    gp.lat = cm->ws.lat;
+    gp.block_size = d->block_size;
+    if ((crc = ctx->cublas->cublasSetStream(L->cublas, (void *)s)) != 0 ||
+        (crc = ctx->cublas->cublasSetWorkspace(L->cublas, (void *)(uintptr_t)cm->ws.cublas, ATTN__MLA_CUBLAS_WS)) != 0)
+        goto cublas_failed;
+    for (r = info->num_decodes; r < b->num_reqs && rc == 0; r++) {
+        int q0 = b->query_start_loc[r], ql = b->query_start_loc[r + 1] - q0, sl = b->seq_lens[r];
+        int past = sl - ql; /* keys before the request's first query */
+        if (ql <= 0) continue;
+        for (c0 = 0; c0 < sl && rc == 0; c0 += cm->chunk) {
+            int n = ATTN__MIN(cm->chunk, sl - c0), tq0 = ATTN__MAX(0, c0 - past);
+            if (tq0 >= ql) break; /* causal: no query sees this chunk or a later one */
+            gp.block_table = attn__dptr(cm->dev.block_table + (size_t)r * (size_t)attn_metadata_capacity(meta)->max_blocks_per_req);
+            gp.key0 = c0;
+            gp.nkeys = n;
+            args[0] = &gp;
+            rc = ctx->cuda->cuLaunchKernel(L->prefill.second, (unsigned)ATTN__MIN(1024, ((int64_t)n * LD / 8 + 255) / 256),
+                                           1, 1, 256, 1, 1, 0, s, args, NULL);
+            if (rc) break;
+            /* K_nope[j][h] = lat[j][:R] . W_UK[h]^T; V[j][h] = lat[j][:R] . W_UV[h] */
+            if ((crc = attn__cuda_mla_gemm(ctx, L->cublas, d, ATTN__CUBLAS_OP_T, DN, n, R, attn__dptr(uk.data), uk.strides[1],
+                                           uk.strides[0], cm->ws.lat, LD, 0, cm->ws.k_nope, (int64_t)H * DN, DN, H)) != 0 ||
+                (crc = attn__cuda_mla_gemm(ctx, L->cublas, d, ATTN__CUBLAS_OP_N, DV, n, R, attn__dptr(uv.data), uv.strides[1],
+                                           uv.strides[0], cm->ws.lat, LD, 0, cm->ws.v, (int64_t)H * DV, DV, H)) != 0)
+                goto cublas_failed;
+            pp.q_row0 = q0 - row0 + tq0;
+            pp.nq = ql - tq0;
+            pp.pos0 = past + tq0;
+            pp.key_pos0 = c0;
+            pp.nkeys = n;
+            pp.flags = 1 | (c0 > 0 ? 2 : 0); /* causal; chunks after the first merge */
+            args[0] = &pp;
+            rc = ctx->cuda->cuLaunchKernel(L->prefill.main, (unsigned)((pp.nq + 127) / 128), (unsigned)H, 1,
+                                           (unsigned)L->prefill.config[0], 1, 1, (unsigned)L->prefill.config[1], s, args, NULL);
+        }
+    }
+    return rc ? attn__cu_fail(ctx, fn, "cuLaunchKernel", rc) : ATTN_OK;
+cublas_failed:
+    return attn__fail(ctx, ATTN_ERROR_PLATFORM, ATTN_LOG_PLATFORM_ERROR, "%s: a cuBLAS call of the up-projection "
+                      "failed (cublasStatus %d)", fn, crc);
+}
+
+static attn_status attn__cuda_mla_forward_mha(const attn_backend *self, attn_layer *layer, const attn_metadata *meta,
+                                              const attn_tensor *q, const attn_tensor *kv_cache, const attn_tensor *w_uk,
+                                              const attn_tensor *w_uv, attn_tensor *out, attn_tensor *lse, void *stream) {
+    attn_context *ctx = attn_layer_context(layer);
+    const attn_layer_desc *d = attn_layer_get_desc(layer);
+    const char *fn = "attn_mla_forward_mha";
+    attn__mla_rows qn = attn__mla_rows_of(q, 0), qp = qn;
+    attn_status st;
+    (void)self;
+    if ((st = attn__cuda_mla_aligned(ctx, fn, "q", q)) != ATTN_OK ||
+        (st = attn__cuda_mla_aligned(ctx, fn, "out", out)) != ATTN_OK)
+        return st;
+    qp.data += (attn__CUdeviceptr)d->qk_nope_head_dim * attn_dtype_size(d->dtype); /* [q_nope | q_pe] */
+    if ((st = attn__cuda_enter_stream(ctx, fn, stream)) != ATTN_OK) return st;
+    st = attn__cuda_mla_prefill(ctx, fn, layer, meta, qn, qp, meta->mla.num_decode_tokens, kv_cache, w_uk, w_uv,
+                                attn__mla_rows_of(out, 0), lse, (attn__CUstream)stream);
+    attn__cuda_leave(ctx);
+    return st;
+}
+
+static attn__CUresult attn__cuda_mla_write(attn_context *ctx, const attn__cuda_mla_layer *L, const attn_tensor *kv_c,
+                                           const attn_tensor *k_pe, attn_tensor *kv_cache, attn__CUdeviceptr slots,
+                                           int num_tokens, attn__CUstream s) {
+    attn__latent_write_params wp;
+    attn_tensor c = attn__tensor_resolved(kv_c), p = attn__tensor_resolved(k_pe);
+    void *args[1];
+    if (num_tokens <= 0) return 0;
+    memset(&wp, 0, sizeof wp);
+    wp.kv_c = attn__dptr(c.data);
+    wp.k_pe = attn__dptr(p.data);
+    wp.kv_cache = attn__dptr(kv_cache->data);
+    wp.slot_mapping = slots;
+    wp.kv_c_stride_token = c.strides[0];
+    wp.k_pe_stride_token = p.strides[0];
+    wp.num_tokens = num_tokens;
+    args[0] = &wp;
+    return ctx->cuda->cuLaunchKernel(L->cache.main, (unsigned)ATTN__MIN(num_tokens, 4096), 1, 1, 128, 1, 1, 0, s,
+                                     args, NULL);
+}
+
+/* The public latent write: host slots, so a device copy per call (synchronises; a fused
+   attn_mla_forward writes from the metadata's device copy instead and is capturable). */
+static attn_status attn__cuda_mla_concat_and_cache(const attn_backend *self, attn_layer *layer, const attn_tensor *kv_c,
+                                                   const attn_tensor *k_pe, attn_tensor *kv_cache,
+                                                   const int64_t *slot_mapping, int num_tokens, void *stream) {
+    attn_context *ctx = attn_layer_context(layer);
+    const attn__cuda_mla_layer *L = (const attn__cuda_mla_layer *)attn_layer_backend_state(layer);
+    attn__cuda_driver *cu = ctx->cuda;
+    attn__CUstream s = (attn__CUstream)stream;
+    attn__CUdeviceptr dslots = 0;
+    attn__CUresult rc;
+    attn_status st;
+    size_t bytes = (size_t)num_tokens * sizeof(int64_t);
+    (void)self;
+    if (num_tokens == 0) return ATTN_OK;
+    if ((st = attn__cuda_enter_stream(ctx, "attn_concat_and_cache_mla", stream)) != ATTN_OK) return st;
+    rc = cu->cuMemAlloc(&dslots, bytes);
+    if (rc == 0) rc = cu->cuMemcpyHtoDAsync(dslots, slot_mapping, bytes, s);
+    if (rc == 0) rc = attn__cuda_mla_write(ctx, L, kv_c, k_pe, kv_cache, dslots, num_tokens, s);
+    if (rc == 0) rc = cu->cuStreamSynchronize(s);
+    if (dslots) cu->cuMemFree(dslots);
+    attn__cuda_leave(ctx);
+    return rc ? attn__cu_fail(ctx, "attn_concat_and_cache_mla", "the cache write", rc) : ATTN_OK;
+}
+
+/* The fused layer call: the cache write from the metadata's slots, the decodes absorbed
+   (q_nope . W_UK -> decode -> o_latent . W_UV, through the workspace), the prefills
+   up-projected. */
+static attn_status attn__cuda_mla_forward(const attn_backend *self, attn_layer *layer, const attn_metadata *meta,
+                                          const attn_tensor *q_nope, const attn_tensor *q_pe, const attn_tensor *kv_c,
+                                          const attn_tensor *k_pe, attn_tensor *kv_cache, const attn_tensor *w_uk,
+                                          const attn_tensor *w_uv, attn_tensor *out, void *stream) {
+    attn_context *ctx = attn_layer_context(layer);
+    const attn_layer_desc *d = attn_layer_get_desc(layer);
+    const attn__cuda_mla_layer *L = (const attn__cuda_mla_layer *)attn_layer_backend_state(layer);
+    const attn__cuda_mla_meta *cm = (const attn__cuda_mla_meta *)attn_metadata_private(meta);
+    const char *fn = "attn_mla_forward";
+    const int H = d->num_heads, R = d->kv_lora_rank, td = meta->mla.num_decode_tokens;
+    attn__CUstream s = (attn__CUstream)stream;
+    attn__mla_rows qn = attn__mla_rows_of(q_nope, 0), qp = attn__mla_rows_of(q_pe, 0), o = attn__mla_rows_of(out, 0);
+    attn__CUresult rc = 0;
+    attn_status st;
+    int capturing, crc = 0;
+    (void)self;
+    if ((st = attn__cuda_mla_aligned(ctx, fn, "q_nope", q_nope)) != ATTN_OK ||
+        (st = attn__cuda_mla_aligned(ctx, fn, "q_pe", q_pe)) != ATTN_OK ||
+        (st = attn__cuda_mla_aligned(ctx, fn, "out", out)) != ATTN_OK)
+        return st;
+    if ((st = attn__cuda_enter_stream(ctx, fn, stream)) != ATTN_OK) return st;
+    capturing = attn__cuda_capturing(ctx, s);
+    if (kv_c)
+        rc = attn__cuda_mla_write(ctx, L, kv_c, k_pe, kv_cache, attn__dptr(cm->dev.slot_mapping),
+                                  capturing ? attn_metadata_capacity(meta)->max_num_tokens
+                                            : attn_metadata_batch(meta)->num_actual_tokens, s);
+    if (rc == 0 && td > 0) {
+        attn__mla_rows ql, ol;
+        attn_tensor uk = attn__tensor_resolved(w_uk), uv = attn__tensor_resolved(w_uv);
+        ql.data = cm->ws.q_lat; ql.s0 = (int64_t)H * R; ql.s1 = R;
+        ol.data = cm->ws.o_lat; ol.s0 = (int64_t)H * R; ol.s1 = R;
+        if ((crc = ctx->cublas->cublasSetStream(L->cublas, (void *)s)) != 0 ||
+            (crc = ctx->cublas->cublasSetWorkspace(L->cublas, (void *)(uintptr_t)cm->ws.cublas, ATTN__MLA_CUBLAS_WS)) != 0 ||
+            /* q_latent[t][h] = q_nope[t][h] . W_UK[h] */
+            (crc = attn__cuda_mla_gemm(ctx, L->cublas, d, ATTN__CUBLAS_OP_N, R, td, d->qk_nope_head_dim, attn__dptr(uk.data),
+                                       uk.strides[1], uk.strides[0], qn.data, qn.s0, qn.s1, ql.data, ql.s0, ql.s1, H)) != 0)
+            goto cublas_failed;
+        rc = attn__cuda_mla_decode(ctx, L, cm, meta, d, ql, qp, kv_cache, ol, NULL, s, capturing);
+        /* out[t][h] = o_latent[t][h] . W_UV[h] */
+        if (rc == 0 &&
+            (crc = attn__cuda_mla_gemm(ctx, L->cublas, d, ATTN__CUBLAS_OP_N, d->v_head_dim, td, R, attn__dptr(uv.data),
+                                       uv.strides[1], uv.strides[0], ol.data, ol.s0, ol.s1, o.data, o.s0, o.s1, H)) != 0)
+            goto cublas_failed;
+    }
+    if (rc == 0) st = attn__cuda_mla_prefill(ctx, fn, layer, meta, qn, qp, 0, kv_cache, w_uk, w_uv, o, NULL, s);
+    attn__cuda_leave(ctx);
+    return rc ? attn__cu_fail(ctx, fn, "cuLaunchKernel", rc) : st;
+cublas_failed:
+    attn__cuda_leave(ctx);
+    return attn__fail(ctx, ATTN_ERROR_PLATFORM, ATTN_LOG_PLATFORM_ERROR, "%s: a cuBLAS call of the projections "
+                      "failed (cublasStatus %d)", fn, crc);
+}
+
+static const attn_backend attn__cuda_mla_sm90_backend = {
+    "CUDA_MLA_SM90",          /* name */
+    ATTN_BACKEND_CUDA_MLA_SM90, /* id */
+    ATTN_DEVICE_CUDA,         /* device */
+    ATTN_DTYPE_BIT(ATTN_DTYPE_F16) | ATTN_DTYPE_BIT(ATTN_DTYPE_BF16),
+    ATTN_DTYPE_BIT(ATTN_DTYPE_F16) | ATTN_DTYPE_BIT(ATTN_DTYPE_BF16),
+    320, 576, 8,              /* head sizes: 576 or 320 exactly (attn__cuda_mla_check) */
+    16, 0,                    /* block sizes: any multiple of 16 (64 recommended) */
+    0, 0, 0, 0,               /* non-causal, sliding window, soft cap, ALiBi: no */
+    1,                        /* is_mla */
+    ATTN_CUDA_GRAPH_UNIFORM_SINGLE_TOKEN_DECODE, /* decode: capacity grids, counts on the device */
+    1, ATTN_LSE_BASE_E,
+    attn__cuda_mla_check,
+    attn__cuda_mla_context_init, attn__cuda_mla_context_release,
+    attn__cuda_mla_layer_init, attn__cuda_mla_layer_release,
+    attn__cpu_mla_kv_cache_shape, /* the CPU_MLA latent layout */
+    attn__cuda_mla_metadata_init,
+    attn__cuda_mla_metadata_release,
+    attn__cuda_mla_build,
+    NULL, NULL,               /* forward, reshape_and_cache: MLA backend */
+    attn__cuda_mla_forward_mqa,
+    attn__cuda_mla_forward_mha,
+    attn__cuda_mla_forward,
+    attn__cuda_mla_concat_and_cache,
+    NULL                      /* attn_merge_attn_states on the device goes to CUDA */
+};
+
 #else /* ATTN_NO_CUDA: the helpers answer, the backend does not exist */
 
 static void attn__cuda_release(attn_context *ctx) { (void)ctx; }
@@ -7107,9 +7917,11 @@ static const attn_backend *attn__builtin_backend(attn_backend_id id) {
 #ifndef ATTN_NO_CUDA
     case ATTN_BACKEND_CUDA: return &attn__cuda_backend;
     case ATTN_BACKEND_CUDA_SM90: return &attn__cuda_sm90_backend;
+    case ATTN_BACKEND_CUDA_MLA_SM90: return &attn__cuda_mla_sm90_backend;
 #else
     case ATTN_BACKEND_CUDA: return NULL;
     case ATTN_BACKEND_CUDA_SM90: return NULL;
+    case ATTN_BACKEND_CUDA_MLA_SM90: return NULL;
 #endif
     case ATTN_BACKEND_COUNT: return NULL;
     }
@@ -7959,6 +8771,645 @@ static const char *const attn__kernel_src_merge_cu[] = {
     "        __syncwarp();\n",
     "        if (valid && sub == 0 && p.lse)\n",
     "            p.lse[t * p.lse_stride_token + h * p.lse_stride_head] = p.base_out ? l * ATTN_LOG2E : l;\n",
+    "    }\n",
+    "}\n",
+    0};
+static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
+    "/* mla_decode_sm90.cu - MLA absorbed decode on Hopper warpgroup MMA (wgmma), sm_90a; a draft.\n",
+    "\n",
+    "   Not embedded, not wired into a backend yet. Checked on an H200 (2026-12-02): `./build/\n",
+    "   cuda_kernels --mla --cases 24 --bench` compiles it for sm_90a and runs it against the\n",
+    "   float64 reference beside mla_decode.cu: every case passed, racecheck clean; figures in\n",
+    "   docs/PERF.md.\n",
+    "\n",
+    "   WHAT IT COMPUTES, WORK LIST, SPLITS, params, merge: exactly mla_decode.cu's (same\n",
+    "   struct, same work items, same partial layout with ROWS = 64), for 16-bit DT only; the\n",
+    "   struct adds merge_count at its end. FUSED_MERGE 1 (not yet run on a GPU): a split item\n",
+    "   carries its merge entry + 1 in item[7], and the last of an entry's splits to finish\n",
+    "   merges it in this launch (counter in merge_count, back to 0 after), so a forward is one\n",
+    "   launch; attn_mla_merge is then not launched.\n",
+    "\n",
+    "   =====================================================================================\n",
+    "   INSIDE A CTA (FlashMLA's shape, written with kernels/wgmma.cuh)\n",
+    "   =====================================================================================\n",
+    "   256 threads = two warpgroups; 64 query rows (heads head0 .. head0 + 63 of one token:\n",
+    "   one wgmma M). Shared memory, every tile 1024-aligned, 128B-swizzled (wgmma.cuh):\n",
+    "       [Q: 64 x D, K-major: D / 64 panels][K: 2 stages x (64 keys x D, K-major)]\n",
+    "       [P: 64 x 64 DT, K-major][row maxima / sums: 2 x 64 f32][row offsets: 2 x 64 int64]\n",
+    "   = 72 + 144 + 8 KiB + 1.5 KiB + 1 KiB of alignment slack (226.5 KiB) at D = 576.\n",
+    "   Per tile of 64 keys:\n",
+    "     S   warpgroup w: S_w[64][32] = Q . K[keys 32w ..]^T, wgmma m64n32k16 ss over D / 16\n",
+    "         steps (the next tile's copies are issued while it runs); masked to [key0, key1);\n",
+    "         row maxima over its 32 keys -> shared memory.            barrier\n",
+    "     P   both warpgroups derive the same new row max; p = 2^(s - m) -> P (DT, swizzled) in\n",
+    "         shared memory; lane-partial row sums; fence.proxy.async.  barrier\n",
+    "     PV  warpgroup w: O_w[64][256] (columns 256w ..) = alpha O_w + P . V, V = columns\n",
+    "         256w .. 256w + 255 of the K stage read MN-major (LBO = one 64-column panel),\n",
+    "         wgmma m64n256k16 ss over 4 steps; 128 accumulator registers per thread.\n",
+    "   Epilogue: row sums of both warpgroups through shared memory; O / l out (or the\n",
+    "   partial); lse by warpgroup 0. */\n",
+    "#include \"wgmma.cuh\"\n",
+    "\n",
+    "#if !defined(KV_LORA) || !defined(ROPE) || !defined(BLOCK_SIZE) || !defined(DT)\n",
+    "#error \"mla_decode_sm90.cu: define KV_LORA, ROPE, BLOCK_SIZE and DT\"\n",
+    "#endif\n",
+    "#if DT != ATTN_DT_F16 && DT != ATTN_DT_BF16\n",
+    "#error \"mla_decode_sm90.cu: DT must be 1 (f16) or 2 (bf16)\"\n",
+    "#endif\n",
+    "#if KV_LORA != 512 && KV_LORA != 256\n",
+    "#error \"mla_decode_sm90.cu: KV_LORA must be 512 or 256\"\n",
+    "#endif\n",
+    "#if ROPE != 64\n",
+    "#error \"mla_decode_sm90.cu: ROPE must be 64\"\n",
+    "#endif\n",
+    "#ifdef ROWS\n",
+    "#error \"mla_decode_sm90.cu: ROWS is always 64 (one wgmma M); do not define it (wgmma.cuh uses the name)\"\n",
+    "#endif\n",
+    "#define ROWS 64\n",
+    "\n",
+    "#ifndef FUSED_MERGE\n",
+    "#define FUSED_MERGE 0 /* 1: the last split of a merge entry merges it (item[7] = entry + 1) */\n",
+    "#endif\n",
+    "\n",
+    "#define ATTN_D (KV_LORA + ROPE)\n",
+    "#define KV_TILE 64\n",
+    "#define KV_STAGES 2\n",
+    "#define ATTN_THREADS 256\n",
+    "#define ATTN_CW (KV_LORA / 2)                 /* output columns per warpgroup: 256 or 128 */\n",
+    "#define ATTN_OR (ATTN_CW / 2)                 /* O accumulator registers per thread */\n",
+    "#define ATTN_TILE_BYTES (64 * ATTN_D * 2)     /* Q, or one K stage: D / 64 panels of 8 KiB */\n",
+    "#define ATTN_SQ_OFF 0\n",
+    "#define ATTN_SK_OFF ATTN_TILE_BYTES\n",
+    "#define ATTN_SP_OFF (ATTN_SK_OFF + KV_STAGES * ATTN_TILE_BYTES)\n",
+    "#define ATTN_SRED_OFF (ATTN_SP_OFF + 64 * 64 * 2)\n",
+    "#define ATTN_SBLK_OFF (ATTN_SRED_OFF + 2 * 64 * 4)\n",
+    "#define ATTN_SMEM_BYTES (ATTN_SBLK_OFF + KV_STAGES * KV_TILE * 8 + 1024) /* + alignment slack */\n",
+    "#if ATTN_SMEM_BYTES > 232448\n",
+    "#error \"mla_decode_sm90.cu: shared memory over 227 KiB\"\n",
+    "#endif\n",
+    "#define ATTN_CPR (ATTN_D / 8) /* 16-byte chunks per row */\n",
+    "\n",
+    "extern \"C\" __constant__ int attn_mla_config[8] = {ATTN_THREADS, ATTN_SMEM_BYTES, KV_TILE, ROWS, KV_STAGES, 8, 0, 1};\n",
+    "\n",
+    "struct attn_mla_params { /* mla_decode.cu's */\n",
+    "    const void *q;\n",
+    "    const void *q_pe;\n",
+    "    const void *kv_cache;\n",
+    "    void *out;\n",
+    "    float *lse;\n",
+    "    const int *block_table;\n",
+    "    const int *work, *num_work;\n",
+    "    const int *merge, *num_merge;\n",
+    "    float *partial_o;\n",
+    "    float *partial_lse;\n",
+    "    attn_i64 q_stride_token, q_stride_head, q_pe_stride_token, q_pe_stride_head;\n",
+    "    attn_i64 out_stride_token, out_stride_head, lse_stride_token, lse_stride_head;\n",
+    "    attn_i64 block_table_stride;\n",
+    "    int num_heads;\n",
+    "    float scale;\n",
+    "    int *merge_count;              /* FUSED_MERGE: [merge entries], zero between launches */\n",
+    "};\n",
+    "\n",
+    "/* Merges the splits of entry `mi` for its rows row0 .. row1 - 1: out = sum_i w_i o_i,\n",
+    "   w_i = 2^(lse_i - max) / sum (splits that saw no key weigh 0); lse to base e. `n` threads\n",
+    "   from `t`; partials read at L2 (ld.global.cg: other CTAs wrote them). */\n",
+    "ATTN_DEV void attn_mla_merge_entry(const attn_mla_params &p, int mi, int row0, int row1, int t, int n) {\n",
+    "    const int *mg = p.merge + 8 * (attn_i64)mi;\n",
+    "    const int q_row = mg[0], head0 = mg[1], splits = mg[2], slot0 = mg[3];\n",
+    "    row1 = attn_imin(row1, p.num_heads - head0);\n",
+    "    for (int u = row0 * KV_LORA + t; u < row1 * KV_LORA; u += n) {\n",
+    "        const int row = u / KV_LORA, c = u - row * KV_LORA;\n",
+    "        float mx = attn_neg_inf();\n",
+    "        for (int i = 0; i < splits; i++) mx = fmaxf(mx, __ldcg(p.partial_lse + (attn_i64)(slot0 + i) * ROWS + row));\n",
+    "        float wsum = 0.0f, acc = 0.0f;\n",
+    "        if (mx != attn_neg_inf())\n",
+    "            for (int i = 0; i < splits; i++) {\n",
+    "                const float w = attn_exp2(__ldcg(p.partial_lse + (attn_i64)(slot0 + i) * ROWS + row) - mx);\n",
+    "                wsum += w;\n",
+    "                acc += w * __ldcg(p.partial_o + ((attn_i64)(slot0 + i) * ROWS + row) * KV_LORA + c);\n",
+    "            }\n",
+    "        attn_store<DT>(p.out, (attn_i64)q_row * p.out_stride_token + (attn_i64)(head0 + row) * p.out_stride_head + c,\n",
+    "                       wsum > 0.0f ? acc / wsum : 0.0f);\n",
+    "        if (c == 0 && p.lse)\n",
+    "            p.lse[(attn_i64)q_row * p.lse_stride_token + (attn_i64)(head0 + row) * p.lse_stride_head] =\n",
+    "                wsum > 0.0f ? (mx + attn_log2(wsum)) * ATTN_LN2 : attn_neg_inf();\n",
+    "    }\n",
+    "}\n",
+    "\n",
+    "extern \"C\" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mla_decode(const attn_mla_params p) {\n",
+    "    extern __shared__ attn_vec16 attn_smem[];\n",
+    "    if (blockDim.x != ATTN_THREADS || attn_dynamic_smem_size() < ATTN_SMEM_BYTES) attn_trap();\n",
+    "    if ((int)blockIdx.x >= *p.num_work) return;\n",
+    "    const int *item = p.work + 8 * (attn_i64)blockIdx.x;\n",
+    "    const int req = item[0], head0 = item[1], q_row = item[2], slot = item[6];\n",
+    "    const int key0 = item[4], key1 = item[5];\n",
+    "    const int nrows = attn_imin(ROWS, p.num_heads - head0);\n",
+    "    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = tid >> 7;\n",
+    "    const int g = lane >> 2, tq = lane & 3;\n",
+    "    const attn_u32 smem0 = attn_smem_addr(attn_smem);\n",
+    "    const attn_u32 base = (smem0 + 1023u) & ~1023u;\n",
+    "    char *const smem = (char *)attn_smem + (base - smem0);\n",
+    "    const attn_u32 sQ = base + ATTN_SQ_OFF, sK = base + ATTN_SK_OFF, sP = base + ATTN_SP_OFF;\n",
+    "    float *const sRed = (float *)(smem + ATTN_SRED_OFF);       /* [wg][64] */\n",
+    "    attn_i64 *const sBlk = (attn_i64 *)(smem + ATTN_SBLK_OFF); /* [stage][key] */\n",
+    "\n",
+    "    /* ---- Q rows: [q_latent | q_pe], zero past num_heads ---- */\n",
+    "    for (int c = tid; c < ROWS * ATTN_CPR; c += ATTN_THREADS) {\n",
+    "        const int r = c / ATTN_CPR, col = c - r * ATTN_CPR;\n",
+    "        const int valid = r < nrows;\n",
+    "        const char *src = (const char *)p.q;\n",
+    "        if (valid)\n",
+    "            src = col * 8 < KV_LORA\n",
+    "                      ? (const char *)p.q + ((attn_i64)q_row * p.q_stride_token + (attn_i64)(head0 + r) * p.q_stride_head + col * 8) * 2\n",
+    "                      : (const char *)p.q_pe + ((attn_i64)q_row * p.q_pe_stride_token + (attn_i64)(head0 + r) * p.q_pe_stride_head +\n",
+    "                                                (col * 8 - KV_LORA)) * 2;\n",
+    "        attn_cp_async16_or_zero(sQ + attn_wgmma_swizzle_offset<ROWS>(r, col), src, !valid);\n",
+    "    }\n",
+    "\n",
+    "    /* ---- the K ring ---- */\n",
+    "    const int *bt = p.block_table + (attn_i64)req * p.block_table_stride;\n",
+    "    const char *kv = (const char *)p.kv_cache;\n",
+    "    const int tile0 = key1 > key0 ? key0 / KV_TILE * KV_TILE : 0;\n",
+    "    const int ntiles = key1 > key0 ? (key1 - tile0 + KV_TILE - 1) / KV_TILE : 0;\n",
+    "    auto row_off = [&](int j) -> attn_i64 {\n",
+    "        return j >= key0 && j < key1 ? ((attn_i64)bt[(unsigned)j / BLOCK_SIZE] * BLOCK_SIZE + (attn_i64)((unsigned)j % BLOCK_SIZE)) * ATTN_D * 2\n",
+    "                                     : (attn_i64)-1;\n",
+    "    };\n",
+    "    auto issue = [&](int tile) {\n",
+    "        const int st = tile % KV_STAGES;\n",
+    "        const attn_u32 dst = sK + (attn_u32)(st * ATTN_TILE_BYTES);\n",
+    "        for (int c = tid; c < KV_TILE * ATTN_CPR; c += ATTN_THREADS) {\n",
+    "            const int r = c / ATTN_CPR, col = c - r * ATTN_CPR;\n",
+    "            const attn_i64 off = sBlk[st * KV_TILE + r];\n",
+    "            attn_cp_async16_or_zero(dst + attn_wgmma_swizzle_offset<KV_TILE>(r, col), kv + (off >= 0 ? off + col * 16 : 0), off < 0);\n",
+    "        }\n",
+    "    };\n",
+    "    for (int s = 0; s < KV_STAGES; s++)\n",
+    "        for (int r = tid; r < KV_TILE; r += ATTN_THREADS) sBlk[s * KV_TILE + r] = row_off(tile0 + s * KV_TILE + r);\n",
+    "    __syncthreads();\n",
+    "    issue(0);\n",
+    "    attn_cp_async_commit(); /* with Q */\n",
+    "\n",
+    "    const float qk_scale = p.scale * ATTN_LOG2E;\n",
+    "    const int row_a = 16 * (warp & 3) + g; /* this thread's accumulator rows: row_a, row_a + 8 */\n",
+    "    float m[2] = {attn_neg_inf(), attn_neg_inf()}, l[2] = {0.0f, 0.0f};\n",
+    "    float o[ATTN_OR];\n",
+    "#pragma unroll\n",
+    "    for (int i = 0; i < ATTN_OR; i++) o[i] = 0.0f;\n",
+    "\n",
+    "    for (int it = 0; it < ntiles; it++) {\n",
+    "        attn_cp_async_wait<0>();             /* this thread's part of tile it (and Q) */\n",
+    "        attn_wgmma_fence_smem_writes();\n",
+    "        __syncthreads();                      /* everyone's part; tile it-1's P and stage are free */\n",
+    "        const int st = it % KV_STAGES;\n",
+    "        const int kt = tile0 + it * KV_TILE;\n",
+    "        const attn_u32 sKst = sK + (attn_u32)(st * ATTN_TILE_BYTES);\n",
+    "        /* row offsets of tile it + 2 into this stage's slot (its issue, tile it, is done) */\n",
+    "        for (int r = tid; r < KV_TILE; r += ATTN_THREADS) sBlk[st * KV_TILE + r] = row_off(tile0 + (it + KV_STAGES) * KV_TILE + r);\n",
+    "\n",
+    "        /* ---- S_w = Q K[32 wg ..]^T, the next tile's copies under it ---- */\n",
+    "        float s[16];\n",
+    "        attn_wgmma_fence();\n",
+    "#pragma unroll\n",
+    "        for (int k = 0; k < ATTN_D; k += 16)\n",
+    "            attn_wgmma<32, DT>::template ss<0>(s, attn_wgmma_desc_k_major<ROWS>(sQ, k),\n",
+    "                                               attn_wgmma_desc_k_major<KV_TILE>(sKst + (attn_u32)(wg * 32 * 128), k), k > 0);\n",
+    "        attn_wgmma_commit();\n",
+    "        if (it + 1 < ntiles) issue(it + 1); /* into stage (it + 1) % 2: tile it-1's, free since the barrier */\n",
+    "        attn_cp_async_commit();\n",
+    "        attn_wgmma_wait<0>();\n",
+    "        attn_wgmma_fence_acc(s);\n",
+    "\n",
+    "        /* ---- mask, row maxima over this warpgroup's 32 keys ---- */\n",
+    "        const int kw0 = kt + 32 * wg + 2 * tq;\n",
+    "        float mx[2] = {attn_neg_inf(), attn_neg_inf()};\n",
+    "#pragma unroll\n",
+    "        for (int i = 0; i < 4; i++)\n",
+    "#pragma unroll\n",
+    "            for (int e = 0; e < 4; e++) {\n",
+    "                const int j = kw0 + 8 * i + (e & 1);\n",
+    "                const float x = j >= key0 && j < key1 ? s[4 * i + e] : attn_neg_inf();\n",
+    "                s[4 * i + e] = x;\n",
+    "                mx[e >> 1] = fmaxf(mx[e >> 1], x);\n",
+    "            }\n",
+    "#pragma unroll\n",
+    "        for (int h = 0; h < 2; h++) {\n",
+    "            mx[h] = attn_quad_max(mx[h]);\n",
+    "            if (tq == 0) sRed[wg * 64 + row_a + 8 * h] = mx[h];\n",
+    "        }\n",
+    "        __syncthreads(); /* both warpgroups' maxima */\n",
+    "\n",
+    "        /* ---- softmax: P to shared memory ---- */\n",
+    "        float alpha[2];\n",
+    "#pragma unroll\n",
+    "        for (int h = 0; h < 2; h++) {\n",
+    "            const int row = row_a + 8 * h;\n",
+    "            const float mt = fmaxf(sRed[row], sRed[64 + row]);\n",
+    "            const float mnew = fmaxf(m[h], mt * qk_scale);\n",
+    "            const float b = mnew == attn_neg_inf() ? 0.0f : mnew;\n",
+    "            alpha[h] = attn_exp2(m[h] - b);\n",
+    "            m[h] = mnew;\n",
+    "            l[h] *= alpha[h];\n",
+    "            float sum = 0.0f;\n",
+    "#pragma unroll\n",
+    "            for (int i = 0; i < 4; i++) {\n",
+    "                const float p0 = attn_exp2(fmaf(s[4 * i + 2 * h], qk_scale, -b));\n",
+    "                const float p1 = attn_exp2(fmaf(s[4 * i + 2 * h + 1], qk_scale, -b));\n",
+    "                sum += p0 + p1;\n",
+    "                const int col = 32 * wg + 8 * i + 2 * tq; /* key column of P */\n",
+    "                *(attn_u32 *)(smem + ATTN_SP_OFF + attn_wgmma_swizzle_offset<64>(row, col >> 3) + (col & 7) * 2) =\n",
+    "                    attn_elem<DT>::pack2(p0, p1);\n",
+    "            }\n",
+    "            l[h] += sum;\n",
+    "        }\n",
+    "        attn_wgmma_fence_smem_writes(); /* P is read by wgmma (async proxy) */\n",
+    "        __syncthreads();                /* P complete */\n",
+    "\n",
+    "        /* ---- O_w = alpha O_w + P V[:, 256 wg ..] ---- */\n",
+    "#pragma unroll\n",
+    "        for (int i = 0; i < ATTN_OR / 4; i++) {\n",
+    "            o[4 * i] *= alpha[0]; o[4 * i + 1] *= alpha[0];\n",
+    "            o[4 * i + 2] *= alpha[1]; o[4 * i + 3] *= alpha[1];\n",
+    "        }\n",
+    "        attn_wgmma_fence(); /* O was written by ordinary instructions */\n",
+    "#pragma unroll\n",
+    "        for (int j = 0; j < KV_TILE / 16; j++)\n",
+    "            attn_wgmma<ATTN_CW, DT>::template ss<1>(o, attn_wgmma_desc_k_major<64>(sP, 16 * j),\n",
+    "                                                    attn_wgmma_desc_mn_major<KV_TILE>(sKst + (attn_u32)(wg * (ATTN_CW / 64) * KV_TILE * 128), 16 * j),\n",
+    "                                                    1);\n",
+    "        attn_wgmma_commit();\n",
+    "        attn_wgmma_wait<0>();\n",
+    "        attn_wgmma_fence_acc(o);\n",
+    "    }\n",
+    "\n",
+    "    /* ---- epilogue ---- */\n",
+    "    attn_cp_async_wait<0>();\n",
+    "    __syncthreads(); /* sRed is free */\n",
+    "#pragma unroll\n",
+    "    for (int h = 0; h < 2; h++) {\n",
+    "        const float lq = attn_quad_sum(l[h]);\n",
+    "        if (tq == 0) sRed[wg * 64 + row_a + 8 * h] = lq;\n",
+    "    }\n",
+    "    __syncthreads();\n",
+    "#pragma unroll\n",
+    "    for (int h = 0; h < 2; h++) {\n",
+    "        const int row = row_a + 8 * h;\n",
+    "        const float L = sRed[row] + sRed[64 + row];\n",
+    "        const float inv = L > 0.0f ? attn_rcp(L) : 0.0f;\n",
+    "        const float lse2 = L > 0.0f ? m[h] + attn_log2(L) : attn_neg_inf();\n",
+    "        if (row >= nrows) continue;\n",
+    "        if (slot < 0) {\n",
+    "            char *orow = (char *)p.out + ((attn_i64)q_row * p.out_stride_token + (attn_i64)(head0 + row) * p.out_stride_head) * 2;\n",
+    "#pragma unroll\n",
+    "            for (int i = 0; i < ATTN_OR / 4; i++)\n",
+    "                *(attn_u32 *)(orow + (wg * ATTN_CW + 8 * i + 2 * tq) * 2) =\n",
+    "                    attn_elem<DT>::pack2(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv);\n",
+    "            if (p.lse && wg == 0 && tq == 0)\n",
+    "                p.lse[(attn_i64)q_row * p.lse_stride_token + (attn_i64)(head0 + row) * p.lse_stride_head] = lse2 * ATTN_LN2;\n",
+    "        } else {\n",
+    "            float *po = p.partial_o + ((attn_i64)slot * ROWS + row) * KV_LORA + wg * ATTN_CW;\n",
+    "#pragma unroll\n",
+    "            for (int i = 0; i < ATTN_OR / 4; i++) {\n",
+    "                po[8 * i + 2 * tq] = o[4 * i + 2 * h] * inv;\n",
+    "                po[8 * i + 2 * tq + 1] = o[4 * i + 2 * h + 1] * inv;\n",
+    "            }\n",
+    "            if (wg == 0 && tq == 0) p.partial_lse[(attn_i64)slot * ROWS + row] = lse2;\n",
+    "        }\n",
+    "    }\n",
+    "#if FUSED_MERGE\n",
+    "    /* the last split of the entry to finish merges it (paged_attention.cu's FUSED MERGE) */\n",
+    "    const int mi = item[7] - 1;\n",
+    "    if (slot >= 0 && mi >= 0 && p.merge_count) {\n",
+    "        __shared__ int attn_last_split;\n",
+    "        __threadfence(); /* this CTA's partial is visible device-wide before it is counted */\n",
+    "        __syncthreads();\n",
+    "        if (tid == 0) attn_last_split = atomicAdd(p.merge_count + mi, 1) == p.merge[8 * (attn_i64)mi + 2] - 1;\n",
+    "        __syncthreads();\n",
+    "        if (attn_last_split) {\n",
+    "            __threadfence(); /* the other splits' partials, counted before, are read after */\n",
+    "            attn_mla_merge_entry(p, mi, 0, ROWS, tid, ATTN_THREADS);\n",
+    "            if (tid == 0) p.merge_count[mi] = 0;\n",
+    "        }\n",
+    "    }\n",
+    "#endif\n",
+    "}\n",
+    "\n",
+    "/* mla_decode.cu's merge as its own launch: grid (entries, ROWS), one CTA per row. (The two\n",
+    "   drafts keep their own copies until they are embedded and can share a header.) */\n",
+    "extern \"C\" __global__ void __launch_bounds__(256) attn_mla_merge(const attn_mla_params p) {\n",
+    "    if ((int)blockIdx.x >= *p.num_merge) return;\n",
+    "    attn_mla_merge_entry(p, blockIdx.x, blockIdx.y, blockIdx.y + 1, threadIdx.x, blockDim.x);\n",
+    "}\n",
+    0};
+static const char *const attn__kernel_src_mla_prefill_sm90_cu[] = {
+    "/* mla_prefill_sm90.cu - MLA's up-projected prefill attention on wgmma (sm_90a), and the\n",
+    "   gather of a chunk of latent rows it runs on: the CUDA_MLA_SM90 backend's forward_mha.\n",
+    "\n",
+    "   =====================================================================================\n",
+    "   WHAT IT COMPUTES (attn_mla_forward_mha's attention over one chunk of keys)\n",
+    "   =====================================================================================\n",
+    "   Per head h (MHA: every head its own K/V, from the up-projection of the latent): query\n",
+    "   row [q_nope | q_pe] (DQK = DN + ROPE: 128 + 64; two tensors, which may be the two halves\n",
+    "   of one), key row [k_nope[j][h] | k_pe[j]] (k_pe one vector per key, shared by all heads:\n",
+    "   the loader appends it, nothing is materialised), value v[j][h] (DV = 128). Scores\n",
+    "   s = q . k * scale; out = softmax(s) V in DT; lse (base e). The keys of a launch are rows\n",
+    "   0 .. nkeys - 1 of the K/V tensors (a chunk of one request's keys, up-projected by the\n",
+    "   host's GEMMs) at positions key_pos0 + j; query t of the launch is row q_row0 + t of\n",
+    "   q/out/lse at position pos0 + t and sees key j iff (not causal or key_pos0 + j <= pos0 +\n",
+    "   t). A row that sees no key: out 0, lse -inf.\n",
+    "   MERGE (flags bit 1): out/lse already hold the result over earlier chunks (lse base e;\n",
+    "   -inf: none); the CTA merges its chunk's result into them by LSE (weights 2^(lse - max);\n",
+    "   a side with lse -inf weighs 0, whatever its out holds). So a request of many chunks is\n",
+    "   one launch per chunk, the first without MERGE; lse is then required (the running LSE).\n",
+    "\n",
+    "   LAUNCH (attn_mla_prefill): grid (ceil(nq / 128), heads), block 256, dynamic shared\n",
+    "   memory attn_mha_config[1] (one CTA per SM: 2 warpgroups at up to 255 registers). Tile\n",
+    "   x takes the 128 queries from the end backwards (tile gridDim.x - 1 - x), so the causal\n",
+    "   tiles with the most keys start first. attn_mha_config: {threads, dynamic shared bytes,\n",
+    "   KV_TILE, 128 rows, KV_STAGES, 8 warps, 0, 1} (mla_decode_sm90.cu's order).\n",
+    "\n",
+    "   INSIDE A CTA: paged_prefill_sm90.cu's loop with three changes: Q is DQK wide (three\n",
+    "   128-byte panels), K and V tiles have their own widths (DQK and DV), and rows come from\n",
+    "   strided tensors instead of pages (the copies of a key row: 16 chunks of k_nope, 8 of\n",
+    "   k_pe; of a value row: 16). Per 128-key tile: S = Q K^T by wgmma m64n128k16 ss over\n",
+    "   DQK / 16 steps (next tile's copies issued under it), masked online softmax in base 2,\n",
+    "   O += P V by wgmma m64nDVk16 rs with P from the S accumulators.\n",
+    "\n",
+    "   attn_mla_gather (defines KV_LORA too): rows key0 .. key0 + nkeys - 1 of one request\n",
+    "   from the paged latent cache [blocks][block_size][KV_LORA + ROPE] into a contiguous\n",
+    "   [nkeys][KV_LORA + ROPE] (the up-projection GEMMs' operand; k_pe is read from its tail).\n",
+    "   Any grid (grid-stride over 16-byte chunks), any block; cache and destination 16-byte\n",
+    "   aligned. */\n",
+    "#include \"wgmma.cuh\"\n",
+    "\n",
+    "#if !defined(DN) || !defined(ROPE) || !defined(DV) || !defined(DT) || !defined(KV_LORA)\n",
+    "#error \"mla_prefill_sm90.cu: define DN (q/k nope width), ROPE, DV, DT and KV_LORA\"\n",
+    "#endif\n",
+    "#if DT != ATTN_DT_F16 && DT != ATTN_DT_BF16\n",
+    "#error \"mla_prefill_sm90.cu: DT must be 1 (f16) or 2 (bf16)\"\n",
+    "#endif\n",
+    "#define ATTN_DQK (DN + ROPE)\n",
+    "#if ATTN_DQK % 64 != 0 || DV % 64 != 0 || DV > 128 || ATTN_DQK > 256 || DN % 8 != 0\n",
+    "#error \"mla_prefill_sm90.cu: DN + ROPE must be a multiple of 64 up to 256, DV 64 or 128\"\n",
+    "#endif\n",
+    "\n",
+    "#define ATTN_ROWS_PAD 128\n",
+    "#define ATTN_THREADS 256\n",
+    "#define KV_TILE 128\n",
+    "#ifndef KV_STAGES\n",
+    "#define KV_STAGES 2\n",
+    "#endif\n",
+    "#define ATTN_SQ_BYTES (ATTN_ROWS_PAD * ATTN_DQK * 2)\n",
+    "#define ATTN_K_BYTES (KV_TILE * ATTN_DQK * 2)\n",
+    "#define ATTN_V_BYTES (KV_TILE * DV * 2)\n",
+    "#define ATTN_SK_OFF ATTN_SQ_BYTES\n",
+    "#define ATTN_SV_OFF (ATTN_SK_OFF + KV_STAGES * ATTN_K_BYTES)\n",
+    "#define ATTN_BOUNDS_OFF (ATTN_SV_OFF + KV_STAGES * ATTN_V_BYTES)\n",
+    "#define ATTN_SMEM_BYTES (ATTN_BOUNDS_OFF + 128 + 1024)\n",
+    "#if ATTN_SMEM_BYTES > 232448\n",
+    "#error \"mla_prefill_sm90.cu: shared memory over 227 KiB; lower KV_STAGES\"\n",
+    "#endif\n",
+    "#define ATTN_O_PITCH (DV + 8)\n",
+    "#if ATTN_ROWS_PAD * ATTN_O_PITCH * 2 > KV_STAGES * (ATTN_K_BYTES + ATTN_V_BYTES)\n",
+    "#error \"mla_prefill_sm90.cu: the epilogue's O does not fit over the K/V stages\"\n",
+    "#endif\n",
+    "#define ATTN_ST (KV_TILE / 2)\n",
+    "#define ATTN_OT (DV / 2)\n",
+    "#define ATTN_KCPR (ATTN_DQK / 8) /* 16-byte chunks of a K row */\n",
+    "#define ATTN_VCPR (DV / 8)\n",
+    "\n",
+    "extern \"C\" __constant__ int attn_mha_config[8] = {ATTN_THREADS, ATTN_SMEM_BYTES, KV_TILE, ATTN_ROWS_PAD, KV_STAGES, 8, 0, 1};\n",
+    "\n",
+    "struct attn_mha_params {\n",
+    "    const void *q;        /* [rows][heads][>= DN]: the first DN columns of the query */\n",
+    "    const void *q_pe;     /* [rows][heads][ROPE] */\n",
+    "    const void *k_nope;   /* [keys][heads][DN] */\n",
+    "    const void *k_pe;     /* [keys][ROPE] */\n",
+    "    const void *v;        /* [keys][heads][DV] */\n",
+    "    void *out;            /* [rows][heads][DV] */\n",
+    "    float *lse;           /* [rows][heads] (base e) or NULL; required with MERGE */\n",
+    "    attn_i64 q_stride_token, q_stride_head, q_pe_stride_token, q_pe_stride_head;\n",
+    "    attn_i64 k_stride_token, k_stride_head, kpe_stride_token, v_stride_token, v_stride_head;\n",
+    "    attn_i64 out_stride_token, out_stride_head, lse_stride_token, lse_stride_head;\n",
+    "    int q_row0, nq, pos0, key_pos0, nkeys, flags; /* flags: 1 causal, 2 merge into out/lse */\n",
+    "    float scale;\n",
+    "    int pad0;\n",
+    "};\n",
+    "\n",
+    "#define ATTN_MHA_CAUSAL 1\n",
+    "#define ATTN_MHA_MERGE 2\n",
+    "\n",
+    "extern \"C\" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mla_prefill(const attn_mha_params p) {\n",
+    "    extern __shared__ attn_vec16 attn_smem[];\n",
+    "    if (blockDim.x != ATTN_THREADS || attn_dynamic_smem_size() < ATTN_SMEM_BYTES) attn_trap();\n",
+    "    const int tile = (int)(gridDim.x - 1 - blockIdx.x), head = blockIdx.y;\n",
+    "    const int q_row0 = p.q_row0 + 128 * tile, nq = attn_imin(128, p.nq - 128 * tile), pos0 = p.pos0 + 128 * tile;\n",
+    "    const int key_pos0 = p.key_pos0, nkeys = p.nkeys, causal = p.flags & ATTN_MHA_CAUSAL;\n",
+    "    if (nq <= 0) return;\n",
+    "    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = tid >> 7;\n",
+    "    const int g = lane >> 2, tq = lane & 3;\n",
+    "    const attn_u32 smem0 = attn_smem_addr(attn_smem);\n",
+    "    const attn_u32 base = (smem0 + 1023u) & ~1023u;\n",
+    "    char *const smem = (char *)attn_smem + (base - smem0);\n",
+    "    const attn_u32 sQ = base, sK = base + ATTN_SK_OFF, sV = base + ATTN_SV_OFF;\n",
+    "    int *const sBounds = (int *)(smem + ATTN_BOUNDS_OFF); /* [warp][2]: hi min, hi max */\n",
+    "\n",
+    "    /* ---- Q rows (zero past nq), with tile 0's group ---- */\n",
+    "    for (int c = tid; c < ATTN_ROWS_PAD * ATTN_KCPR; c += ATTN_THREADS) {\n",
+    "        const int r = c / ATTN_KCPR, col = c - r * ATTN_KCPR;\n",
+    "        const int valid = r < nq;\n",
+    "        const char *src = (const char *)p.q;\n",
+    "        if (valid)\n",
+    "            src = col * 8 < DN ? (const char *)p.q + ((attn_i64)(q_row0 + r) * p.q_stride_token + (attn_i64)head * p.q_stride_head + col * 8) * 2\n",
+    "                               : (const char *)p.q_pe + ((attn_i64)(q_row0 + r) * p.q_pe_stride_token + (attn_i64)head * p.q_pe_stride_head +\n",
+    "                                                         (col * 8 - DN)) * 2;\n",
+    "        attn_cp_async16_or_zero(sQ + attn_wgmma_swizzle_offset<ATTN_ROWS_PAD>(r, col), src, !valid);\n",
+    "    }\n",
+    "\n",
+    "    /* ---- this thread's two rows: keys [0, hi) visible; the warpgroup's extremes ---- */\n",
+    "    const int row0 = 64 * wg + 16 * (warp & 3) + g;\n",
+    "    int hi[2], hi_min = 0x7fffffff, hi_max = (int)0x80000000;\n",
+    "#pragma unroll\n",
+    "    for (int h = 0; h < 2; h++) {\n",
+    "        const int R = row0 + 8 * h;\n",
+    "        const int b = causal ? attn_imax(0, attn_imin(nkeys, pos0 + R - key_pos0 + 1)) : nkeys;\n",
+    "        hi[h] = R < nq ? b : 0;\n",
+    "        if (R < nq) { hi_min = attn_imin(hi_min, b); hi_max = attn_imax(hi_max, b); }\n",
+    "    }\n",
+    "    hi_min = attn_warp_imin(hi_min); hi_max = attn_warp_imax(hi_max);\n",
+    "    if (lane == 0) { sBounds[2 * warp] = hi_min; sBounds[2 * warp + 1] = hi_max; }\n",
+    "\n",
+    "    /* ---- K/V copies of tile `tile` into stage tile % KV_STAGES ---- */\n",
+    "    auto issue = [&](int tile) {\n",
+    "        const int st = tile % KV_STAGES;\n",
+    "        const attn_u32 kd = sK + (attn_u32)(st * ATTN_K_BYTES), vd = sV + (attn_u32)(st * ATTN_V_BYTES);\n",
+    "        for (int c = tid; c < KV_TILE * ATTN_KCPR; c += ATTN_THREADS) {\n",
+    "            const int r = c / ATTN_KCPR, col = c - r * ATTN_KCPR, j = tile * KV_TILE + r;\n",
+    "            const int valid = j < nkeys;\n",
+    "            const char *src = (const char *)p.k_nope;\n",
+    "            if (valid)\n",
+    "                src = col * 8 < DN ? (const char *)p.k_nope + ((attn_i64)j * p.k_stride_token + (attn_i64)head * p.k_stride_head + col * 8) * 2\n",
+    "                                   : (const char *)p.k_pe + ((attn_i64)j * p.kpe_stride_token + (col * 8 - DN)) * 2;\n",
+    "            attn_cp_async16_or_zero(kd + attn_wgmma_swizzle_offset<KV_TILE>(r, col), src, !valid);\n",
+    "        }\n",
+    "        for (int c = tid; c < KV_TILE * ATTN_VCPR; c += ATTN_THREADS) {\n",
+    "            const int r = c / ATTN_VCPR, col = c - r * ATTN_VCPR, j = tile * KV_TILE + r;\n",
+    "            const int valid = j < nkeys;\n",
+    "            const char *src = valid ? (const char *)p.v + ((attn_i64)j * p.v_stride_token + (attn_i64)head * p.v_stride_head + col * 8) * 2\n",
+    "                                    : (const char *)p.v;\n",
+    "            attn_cp_async16_or_zero(vd + attn_wgmma_swizzle_offset<KV_TILE>(r, col), src, !valid);\n",
+    "        }\n",
+    "    };\n",
+    "    const int ntiles = (nkeys + KV_TILE - 1) / KV_TILE;\n",
+    "#pragma unroll\n",
+    "    for (int s = 0; s < KV_STAGES - 1; s++) {\n",
+    "        if (s < ntiles) issue(s);\n",
+    "        attn_cp_async_commit();\n",
+    "    }\n",
+    "    __syncthreads(); /* sBounds */\n",
+    "    {\n",
+    "        const int *wb = sBounds + 8 * wg;\n",
+    "        hi_min = attn_imin(attn_imin(wb[0], wb[2]), attn_imin(wb[4], wb[6]));\n",
+    "        hi_max = attn_imax(attn_imax(wb[1], wb[3]), attn_imax(wb[5], wb[7]));\n",
+    "    }\n",
+    "\n",
+    "    float m[2] = {attn_neg_inf(), attn_neg_inf()}, l[2] = {0.0f, 0.0f};\n",
+    "    float o[ATTN_OT];\n",
+    "#pragma unroll\n",
+    "    for (int i = 0; i < ATTN_OT; i++) o[i] = 0.0f;\n",
+    "    const float qk_scale = p.scale * ATTN_LOG2E;\n",
+    "    const attn_u32 sQ_wg = sQ + (attn_u32)(wg * 64 * 128);\n",
+    "\n",
+    "    for (int it = 0; it < ntiles; it++) {\n",
+    "        attn_cp_async_wait<KV_STAGES - 2>();\n",
+    "        attn_wgmma_fence_smem_writes();\n",
+    "        __syncthreads(); /* tile it visible; stage (it - 1) free */\n",
+    "        const int st = it % KV_STAGES, kt0 = it * KV_TILE;\n",
+    "        const attn_u32 sK_st = sK + (attn_u32)(st * ATTN_K_BYTES), sV_st = sV + (attn_u32)(st * ATTN_V_BYTES);\n",
+    "        const int active = __all_sync(0xffffffffu, kt0 < hi_max);\n",
+    "        auto issue_next = [&]() {\n",
+    "            if (it + KV_STAGES - 1 < ntiles) issue(it + KV_STAGES - 1);\n",
+    "            attn_cp_async_commit();\n",
+    "        };\n",
+    "        if (active) {\n",
+    "            const int need_mask = kt0 + KV_TILE > hi_min;\n",
+    "            float s[ATTN_ST];\n",
+    "            attn_wgmma_fence();\n",
+    "#pragma unroll\n",
+    "            for (int k = 0; k < ATTN_DQK; k += 16)\n",
+    "                attn_wgmma<KV_TILE, DT>::template ss<0>(s, attn_wgmma_desc_k_major<ATTN_ROWS_PAD>(sQ_wg, k),\n",
+    "                                                        attn_wgmma_desc_k_major<KV_TILE>(sK_st, k), k > 0);\n",
+    "            attn_wgmma_commit();\n",
+    "            issue_next();\n",
+    "            attn_wgmma_wait<0>();\n",
+    "            attn_wgmma_fence_acc(s);\n",
+    "            float mx[2] = {attn_neg_inf(), attn_neg_inf()};\n",
+    "            const int dhi[2] = {hi[0] - (kt0 + 2 * tq), hi[1] - (kt0 + 2 * tq)};\n",
+    "#pragma unroll\n",
+    "            for (int i = 0; i < KV_TILE / 8; i++)\n",
+    "#pragma unroll\n",
+    "                for (int e = 0; e < 4; e++) {\n",
+    "                    const int h = e >> 1, c = 8 * i + (e & 1);\n",
+    "                    float x = s[4 * i + e];\n",
+    "                    if (need_mask && c >= dhi[h]) x = attn_neg_inf();\n",
+    "                    s[4 * i + e] = x;\n",
+    "                    mx[h] = fmaxf(mx[h], x);\n",
+    "                }\n",
+    "            float bs[2], sum[2] = {0.0f, 0.0f};\n",
+    "#pragma unroll\n",
+    "            for (int h = 0; h < 2; h++) {\n",
+    "                const float mnew = fmaxf(m[h], attn_quad_max(mx[h]) * qk_scale);\n",
+    "                const float b = mnew == attn_neg_inf() ? 0.0f : mnew;\n",
+    "                const float alpha = attn_exp2(m[h] - b);\n",
+    "                m[h] = mnew;\n",
+    "                l[h] *= alpha;\n",
+    "                bs[h] = b;\n",
+    "#pragma unroll\n",
+    "                for (int i = 0; i < DV / 8; i++) { o[4 * i + 2 * h] *= alpha; o[4 * i + 2 * h + 1] *= alpha; }\n",
+    "            }\n",
+    "#pragma unroll\n",
+    "            for (int i = 0; i < KV_TILE / 8; i++)\n",
+    "#pragma unroll\n",
+    "                for (int e = 0; e < 4; e++) {\n",
+    "                    const float x = attn_exp2(fmaf(s[4 * i + e], qk_scale, -bs[e >> 1]));\n",
+    "                    s[4 * i + e] = x;\n",
+    "                    sum[e >> 1] += x;\n",
+    "                }\n",
+    "            l[0] += sum[0];\n",
+    "            l[1] += sum[1];\n",
+    "            attn_u32 a[KV_TILE / 16][4];\n",
+    "#pragma unroll\n",
+    "            for (int j = 0; j < KV_TILE / 16; j++) attn_wgmma_a_from_acc<DT>(a[j], s, j);\n",
+    "            attn_wgmma_fence();\n",
+    "#pragma unroll\n",
+    "            for (int j = 0; j < KV_TILE / 16; j++)\n",
+    "                attn_wgmma<DV, DT>::template rs<1>(o, a[j], attn_wgmma_desc_mn_major<KV_TILE>(sV_st, 16 * j), 1);\n",
+    "            attn_wgmma_commit();\n",
+    "            attn_wgmma_wait<0>();\n",
+    "            attn_wgmma_fence_acc(o);\n",
+    "        } else {\n",
+    "            issue_next();\n",
+    "        }\n",
+    "    }\n",
+    "\n",
+    "    /* ---- epilogue: O / l to shared memory over the stages, lse out, rows out ---- */\n",
+    "    attn_cp_async_wait<0>();\n",
+    "    __syncthreads();\n",
+    "    char *const sO = smem + ATTN_SK_OFF;\n",
+    "    const int merge = p.flags & ATTN_MHA_MERGE;\n",
+    "#pragma unroll\n",
+    "    for (int h = 0; h < 2; h++) {\n",
+    "        const int R = row0 + 8 * h;\n",
+    "        const float L = attn_quad_sum(l[h]);\n",
+    "        float lse2 = L > 0.0f ? m[h] + attn_log2(L) : attn_neg_inf(); /* this chunk's, base 2 */\n",
+    "        float wn = L > 0.0f ? attn_rcp(L) : 0.0f, wo = 0.0f;           /* weights of new o and old out */\n",
+    "        const attn_i64 lse_at = (attn_i64)(q_row0 + R) * p.lse_stride_token + (attn_i64)head * p.lse_stride_head;\n",
+    "        const char *old = (const char *)p.out + ((attn_i64)(q_row0 + R) * p.out_stride_token + (attn_i64)head * p.out_stride_head + 2 * tq) * 2;\n",
+    "        if (merge && R < nq) { /* out = (w_old out + w_new o) / (w_old + w_new), by LSE */\n",
+    "            const float lo = p.lse[lse_at] * ATTN_LOG2E, mx = fmaxf(lo, lse2);\n",
+    "            if (mx != attn_neg_inf()) {\n",
+    "                const float a = lo == attn_neg_inf() ? 0.0f : attn_exp2(lo - mx);\n",
+    "                const float b = lse2 == attn_neg_inf() ? 0.0f : attn_exp2(lse2 - mx);\n",
+    "                const float inv = attn_rcp(a + b);\n",
+    "                wo = a * inv;\n",
+    "                wn *= b * inv;\n",
+    "                lse2 = mx + attn_log2(a + b);\n",
+    "            }\n",
+    "        }\n",
+    "        char *orow = sO + (R * ATTN_O_PITCH + 2 * tq) * 2;\n",
+    "#pragma unroll\n",
+    "        for (int i = 0; i < DV / 8; i++) {\n",
+    "            float x0 = o[4 * i + 2 * h] * wn, x1 = o[4 * i + 2 * h + 1] * wn;\n",
+    "            if (wo > 0.0f) {\n",
+    "                x0 += wo * attn_load<DT>(old, 8 * i);\n",
+    "                x1 += wo * attn_load<DT>(old, 8 * i + 1);\n",
+    "            }\n",
+    "            *(attn_u32 *)(orow + 8 * i * 2) = attn_elem<DT>::pack2(x0, x1);\n",
+    "        }\n",
+    "        if (tq == 0 && R < nq && p.lse) p.lse[lse_at] = lse2 * ATTN_LN2;\n",
+    "    }\n",
+    "    __syncthreads();\n",
+    "    for (int u = tid; u < nq * ATTN_VCPR; u += ATTN_THREADS) {\n",
+    "        const int R = u / ATTN_VCPR, c = u - R * ATTN_VCPR;\n",
+    "        const attn_vec16 v = *(const attn_vec16 *)(sO + (R * ATTN_O_PITCH + c * 8) * 2);\n",
+    "        attn_stg16((char *)p.out + ((attn_i64)(q_row0 + R) * p.out_stride_token + (attn_i64)head * p.out_stride_head + c * 8) * 2, v);\n",
+    "    }\n",
+    "}\n",
+    "\n",
+    "struct attn_mla_gather_params {\n",
+    "    const void *kv_cache;     /* DT [blocks][block_size][KV_LORA + ROPE] */\n",
+    "    const int *block_table;   /* the request's row */\n",
+    "    void *lat;                /* DT [nkeys][KV_LORA + ROPE] */\n",
+    "    int key0, nkeys, block_size, pad0;\n",
+    "};\n",
+    "\n",
+    "extern \"C\" __global__ void attn_mla_gather(const attn_mla_gather_params p) {\n",
+    "    const int cpr = (KV_LORA + ROPE) / 8;\n",
+    "    for (attn_i64 u = blockIdx.x * (attn_i64)blockDim.x + threadIdx.x; u < (attn_i64)p.nkeys * cpr; u += (attn_i64)gridDim.x * blockDim.x) {\n",
+    "        const int j = (int)(u / cpr), c = (int)(u - (attn_i64)j * cpr), key = p.key0 + j;\n",
+    "        const attn_i64 row = (attn_i64)p.block_table[key / p.block_size] * p.block_size + key % p.block_size;\n",
+    "        attn_stg16((char *)p.lat + ((attn_i64)j * (KV_LORA + ROPE) + c * 8) * 2,\n",
+    "                   attn_ldg16((const char *)p.kv_cache + (row * (KV_LORA + ROPE) + c * 8) * 2));\n",
     "    }\n",
     "}\n",
     0};
@@ -9647,11 +11098,13 @@ static const char *const attn__kernel_src_wgmma_cuh[] = {
     "\n",
     "#endif /* ATTN_WGMMA_CUH */\n",
     0};
-/* 8 kernel source file(s); the lookup is declared in >>nvrtc */
+/* 10 kernel source file(s); the lookup is declared in >>nvrtc */
 static const struct { const char *name; const char *const *lines; } attn__kernel_sources[] = {
     {"attn_common.cuh", attn__kernel_src_attn_common_cuh},
     {"cache_write.cu", attn__kernel_src_cache_write_cu},
     {"merge.cu", attn__kernel_src_merge_cu},
+    {"mla_decode_sm90.cu", attn__kernel_src_mla_decode_sm90_cu},
+    {"mla_prefill_sm90.cu", attn__kernel_src_mla_prefill_sm90_cu},
     {"paged_attention.cu", attn__kernel_src_paged_attention_cu},
     {"paged_common.cuh", attn__kernel_src_paged_common_cuh},
     {"paged_prefill_sm90.cu", attn__kernel_src_paged_prefill_sm90_cu},

@@ -1066,8 +1066,8 @@ typedef struct attn_mla_params_host {
 /* issue 9's drafts: 0 mla_decode.cu, 1 mla_decode_sm90.cu, 2 mha_prefill_sm90.cu */
 static draft_kernel mla_kernels[3] = {
     {"mla", "kernels/wip/mla_decode.cu", 0, 0, "attn_mla_decode", "attn_mla_merge", "attn_mla_config", NULL},
-    {"mla", "kernels/wip/mla_decode_sm90.cu", 0, 1, "attn_mla_decode", "attn_mla_merge", "attn_mla_config", NULL},
-    {"mha", "kernels/wip/mha_prefill_sm90.cu", 0, 1, "attn_mha_prefill", NULL, "attn_mha_config", NULL}};
+    {"mla", "mla_decode_sm90.cu", 1, 1, "attn_mla_decode", "attn_mla_merge", "attn_mla_config", NULL},
+    {"mha", "mla_prefill_sm90.cu", 1, 1, "attn_mla_prefill", "attn_mla_gather", "attn_mha_config", NULL}};
 static module_entry *mla_module(const char *defines, int which, int load) {
     return draft_module(&mla_kernels[which], defines, load);
 }
@@ -1087,7 +1087,8 @@ static const char *mla_variants[] = {
     "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2 FUSED_MERGE=1",
 };
 
-static const char *mha_variants[] = {"DN=128 ROPE=64 DV=128 DT=2", "DN=128 ROPE=64 DV=128 DT=1", "DN=64 ROPE=64 DV=64 DT=2"};
+static const char *mha_variants[] = {"DN=128 ROPE=64 DV=128 DT=2 KV_LORA=512", "DN=128 ROPE=64 DV=128 DT=1 KV_LORA=512",
+                                     "DN=64 ROPE=64 DV=64 DT=2 KV_LORA=256"};
 
 static void mla_compile_report(void) {
     size_t i;
@@ -1264,18 +1265,21 @@ static int mla_case(int v, int H, int nreq, int max_ctx, int splits, int timing,
     return ok;
 }
 
-typedef struct attn_mha_params_host {
-    attn__CUdeviceptr q, k_nope, k_pe, v, out, lse, work, num_work;
-    int64_t q_stride_token, q_stride_head, k_stride_token, k_stride_head, kpe_stride_token;
-    int64_t v_stride_token, v_stride_head, out_stride_token, out_stride_head, lse_stride_token, lse_stride_head;
+typedef struct attn_mha_params_host { /* mla_prefill_sm90.cu's attn_mha_params */
+    attn__CUdeviceptr q, q_pe, k_nope, k_pe, v, out, lse;
+    int64_t q_stride_token, q_stride_head, q_pe_stride_token, q_pe_stride_head;
+    int64_t k_stride_token, k_stride_head, kpe_stride_token, v_stride_token, v_stride_head;
+    int64_t out_stride_token, out_stride_head, lse_stride_token, lse_stride_head;
+    int32_t q_row0, nq, pos0, key_pos0, nkeys, flags;
     float scale;
+    int32_t pad0;
 } attn_mha_params_host;
 
-/* MLA's prefill attention (mha_prefill_sm90.cu, variant v of mha_variants): random requests,
-   each one item per (head, 128 query rows) over a random chunk of its keys, against
-   float64. With timing: one request of n tokens x 128 heads, causal, all keys; *us set. */
+/* MLA's prefill attention (mla_prefill_sm90.cu, variant v of mha_variants): random requests,
+   each over a random chunk of its keys, in one launch or two (the second merged into the
+   first's out/lse by LSE), against float64. With timing: one request of n tokens x 128 heads, causal, all keys; *us set. */
 static int mha_case(int v, int H, int nreq, int max_len, int timing, double *us) {
-    int DN, R, DV, dt, r, t, h, nq = 0, nk = 0, nw = 0, bad = 0;
+    int DN, R, DV, dt, r, t, h, nq = 0, nk = 0, bad = 0;
     module_entry *m;
     sscanf(mha_variants[v], "DN=%d ROPE=%d DV=%d DT=%d", &DN, &R, &DV, &dt);
     if (!(m = mla_module(mha_variants[v], 2, 1))) return 0;
@@ -1284,10 +1288,11 @@ static int mha_case(int v, int H, int nreq, int max_len, int timing, double *us)
         attn_dtype et = dt == 1 ? ATTN_DTYPE_F16 : ATTN_DTYPE_BF16;
         int *qlen = (int *)calloc((size_t)nreq, sizeof(int)), *ctx = (int *)calloc((size_t)nreq, sizeof(int));
         int *q0 = (int *)calloc((size_t)nreq, sizeof(int)), *k0 = (int *)calloc((size_t)nreq, sizeof(int));
-        int *kp0 = (int *)calloc((size_t)nreq, sizeof(int)), *nks = (int *)calloc((size_t)nreq, sizeof(int)), *work;
+        int *kp0 = (int *)calloc((size_t)nreq, sizeof(int)), *nks = (int *)calloc((size_t)nreq, sizeof(int)), k;
+        attn__CUevent e0 = NULL, e1 = NULL;
         uint16_t *q, *kn, *kpe, *vv, *out;
         float *lse, scale = 1.0f / sqrtf((float)DQK);
-        attn__CUdeviceptr dq, dkn, dkpe, dv, dout, dlse, dw, dnw;
+        attn__CUdeviceptr dq, dkn, dkpe, dv, dout, dlse;
         attn_mha_params_host p;
         void *args[1];
         for (r = 0; r < nreq; r++) {
@@ -1304,41 +1309,45 @@ static int mha_case(int v, int H, int nreq, int max_len, int timing, double *us)
         fill_random(q, et, (size_t)nq * H * DQK, 1.0f); fill_random(kn, et, (size_t)nk * H * DN, 1.0f);
         fill_random(kpe, et, (size_t)nk * R, 1.0f); fill_random(vv, et, (size_t)nk * H * DV, 1.0f);
         memset(out, 0xff, (size_t)nq * H * DV * 2); memset(lse, 0xff, (size_t)nq * H * 4);
-        work = (int *)calloc((size_t)(nq / 128 + nreq + 1) * H, 32);
-        for (r = 0; r < nreq; r++)
-            for (h = 0; h < H; h++)
-                for (t = 0; t < qlen[r]; t += 128) {
-                    int *w = work + 8 * nw++;
-                    w[0] = h; w[1] = q0[r] + t; w[2] = qlen[r] - t < 128 ? qlen[r] - t : 128; w[3] = ctx[r] + t;
-                    w[4] = kp0[r]; w[5] = nks[r]; w[6] = k0[r] + kp0[r]; w[7] = 1;
-                }
         dq = dupload(q, (size_t)nq * H * DQK * 2); dkn = dupload(kn, (size_t)nk * H * DN * 2);
         dkpe = dupload(kpe, (size_t)nk * R * 2); dv = dupload(vv, (size_t)nk * H * DV * 2);
         dout = dupload(out, (size_t)nq * H * DV * 2); dlse = dupload(lse, (size_t)nq * H * 4);
-        dw = dupload(work, (size_t)nw * 32); dnw = dupload(&nw, 4);
         memset(&p, 0, sizeof p);
-        p.q = dq; p.k_nope = dkn; p.k_pe = dkpe; p.v = dv; p.out = dout; p.lse = dlse; p.work = dw; p.num_work = dnw;
-        p.q_stride_token = (int64_t)H * DQK; p.q_stride_head = DQK; p.k_stride_token = (int64_t)H * DN; p.k_stride_head = DN;
+        p.q = dq; p.q_pe = dq + (attn__CUdeviceptr)DN * 2; p.k_pe = dkpe; p.out = dout; p.lse = dlse;
+        p.q_stride_token = p.q_pe_stride_token = (int64_t)H * DQK; p.q_stride_head = p.q_pe_stride_head = DQK;
+        p.k_stride_token = (int64_t)H * DN; p.k_stride_head = DN;
         p.kpe_stride_token = R; p.v_stride_token = (int64_t)H * DV; p.v_stride_head = DV;
         p.out_stride_token = (int64_t)H * DV; p.out_stride_head = DV; p.lse_stride_token = H; p.lse_stride_head = 1;
         p.scale = scale;
         args[0] = &p;
-        CU_CHECK(cu->cuLaunchKernel(m->main, (unsigned)nw, 1, 1, 256, 1, 1, (unsigned)m->config[1], NULL, args, NULL));
-        CU_CHECK(cu->cuStreamSynchronize(NULL));
+        if (timing) { CU_CHECK(cu->cuEventCreate(&e0, 0)); CU_CHECK(cu->cuEventCreate(&e1, 0)); }
+        /* one launch per request and chunk of its keys: most requests' keys in two chunks,
+           the second merged into the first's out/lse (MERGE) */
+        for (k = 0; k < (timing ? 11 : 1); k++) {
+            if (timing && k == 1) CU_CHECK(cu->cuEventRecord(e0, NULL));
+            for (r = 0; r < nreq; r++) {
+                const int cut = timing || nks[r] < 2 || rnd_int(0, 3) == 0 ? nks[r] : rnd_int(1, nks[r] - 1);
+                int c0;
+                for (c0 = 0; c0 < nks[r]; c0 = c0 ? nks[r] : cut) {
+                    const int c1 = c0 ? nks[r] : cut;
+                    p.k_nope = dkn + (attn__CUdeviceptr)(k0[r] + kp0[r] + c0) * H * DN * 2;
+                    p.k_pe = dkpe + (attn__CUdeviceptr)(k0[r] + kp0[r] + c0) * R * 2;
+                    p.v = dv + (attn__CUdeviceptr)(k0[r] + kp0[r] + c0) * H * DV * 2;
+                    p.q_row0 = q0[r]; p.nq = qlen[r]; p.pos0 = ctx[r]; p.key_pos0 = kp0[r] + c0; p.nkeys = c1 - c0;
+                    p.flags = 1 | (c0 ? 2 : 0);
+                    CU_CHECK(cu->cuLaunchKernel(m->main, (unsigned)((qlen[r] + 127) / 128), (unsigned)H, 1, 256, 1, 1,
+                                                (unsigned)m->config[1], NULL, args, NULL));
+                }
+            }
+        }
         if (timing) {
-            attn__CUevent e0, e1;
             float ms = 0;
-            int k;
-            CU_CHECK(cu->cuEventCreate(&e0, 0)); CU_CHECK(cu->cuEventCreate(&e1, 0));
-            CU_CHECK(cu->cuEventRecord(e0, NULL));
-            for (k = 0; k < 10; k++)
-                CU_CHECK(cu->cuLaunchKernel(m->main, (unsigned)nw, 1, 1, 256, 1, 1, (unsigned)m->config[1], NULL, args, NULL));
             CU_CHECK(cu->cuEventRecord(e1, NULL));
             CU_CHECK(cu->cuEventSynchronize(e1));
             CU_CHECK(cu->cuEventElapsedTime(&ms, e0, e1));
             *us = ms * 1e3 / 10;
-            cu->cuEventDestroy(e0); cu->cuEventDestroy(e1);
         }
+        CU_CHECK(cu->cuStreamSynchronize(NULL));
         CU_CHECK(download(out, dout, (size_t)nq * H * DV * 2));
         CU_CHECK(download(lse, dlse, (size_t)nq * H * 4));
         { /* float64 reference (timing: every 97th row of head 0 and 1) */
@@ -1388,8 +1397,8 @@ static int mha_case(int v, int H, int nreq, int max_len, int timing, double *us)
             free(sc); free(acc);
         }
         cu->cuMemFree(dq); cu->cuMemFree(dkn); cu->cuMemFree(dkpe); cu->cuMemFree(dv); cu->cuMemFree(dout); cu->cuMemFree(dlse);
-        cu->cuMemFree(dw); cu->cuMemFree(dnw);
-        free(qlen); free(ctx); free(q0); free(k0); free(kp0); free(nks); free(work); free(q); free(kn); free(kpe); free(vv);
+        if (e0) { cu->cuEventDestroy(e0); cu->cuEventDestroy(e1); }
+        free(qlen); free(ctx); free(q0); free(k0); free(kp0); free(nks); free(q); free(kn); free(kpe); free(vv);
         free(out); free(lse);
     }
     return bad == 0;

@@ -32,6 +32,7 @@ void suite_seam(void);       /* tests/test_seam.c */
 void suite_defects(void);    /* tests/test_defects.c */
 void suite_nvrtc(void);      /* tests/test_nvrtc.c */
 void suite_cuda(void);       /* tests/test_cuda.c */
+void suite_cuda_mla(void);   /* tests/test_mla.c: MLA on the GPU */
 
 int main(int argc, char **argv) {
     /* Optional filter: run only suites whose name contains argv[1]. */
@@ -48,6 +49,7 @@ int main(int argc, char **argv) {
     SUITE(suite_defects);
     SUITE(suite_nvrtc);
     SUITE(suite_cuda);
+    SUITE(suite_cuda_mla);
 #undef SUITE
     return attn_test_summary();
 }

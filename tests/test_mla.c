@@ -140,6 +140,10 @@ static void tol_for(attn_dtype dt, double *abs_tol, double *rel_tol, double *lse
     }
 }
 
+/* A world's tolerances (after mworld). */
+struct mworld;
+static void world_tol(const struct mworld *w, double *abs_tol, double *rel_tol, double *lse_tol);
+
 static attn_tensor t3(void *p, attn_dtype dt, int64_t a, int64_t b, int64_t c) {
     int64_t s[3];
     s[0] = a;
@@ -172,6 +176,10 @@ typedef struct mcfg {
     uint64_t seed, wseed;
     attn_test_log *cap; /* NULL: the world's context logs nowhere */
     int no_ref;         /* skip the float64 reference */
+    int64_t workspace_bytes; /* of the metadata (0: the default) */
+    int cuda;           /* a GPU world: the layer on ATTN_DEVICE_CUDA (CUDA_MLA_SM90), every
+                           tensor a device copy of the host data (uploaded before a call,
+                           outputs downloaded after) */
 } mcfg;
 
 typedef struct mworld {
@@ -196,7 +204,77 @@ typedef struct mworld {
     attn_tensor t_cache;
     int nref, refh[256];
     double *ref_out, *ref_lat, *ref_lse; /* [ntok][nref][VDIM], [ntok][nref][R], [ntok][nref] */
+    void *dev[8];                        /* GPU world: weights, cache (freed with the world) */
 } mworld;
+
+/* The CPU path rounds only its outputs to the layer's 16-bit type; the GPU path (like
+   FlashMLA) also rounds q_latent, the softmax weights P before P.V and o_latent before
+   W_UV, so its bounds are wider by GPU_TOL. */
+#define GPU_TOL 2.0
+static void world_tol(const struct mworld *w, double *abs_tol, double *rel_tol, double *lse_tol) {
+    tol_for(w->c.dt, abs_tol, rel_tol, lse_tol);
+    if (w->c.cuda) {
+        *abs_tol *= GPU_TOL;
+        *rel_tol *= GPU_TOL;
+        *lse_tol *= GPU_TOL;
+    }
+}
+
+/* ---- GPU worlds: device copies ------------------------------------------------------ */
+
+/* A device copy of n bytes of host (or the host pointer itself in a CPU world); NULL on
+   failure (a test failure). */
+static void *wup(const mworld *w, const void *host, size_t n) {
+    void *d = NULL;
+    if (!w->c.cuda) return (void *)(uintptr_t)host;
+    if (attn_cuda_malloc(w->ctx, n + 16, &d) != ATTN_OK ||
+        attn_cuda_memcpy(w->ctx, d, host, n, ATTN_COPY_HOST_TO_DEVICE, NULL) != ATTN_OK) {
+        attn_test_fail(__FILE__, __LINE__, "device copy of %zu bytes: %s", n, attn_context_last_error(w->ctx));
+        attn_cuda_free(w->ctx, d);
+        return NULL;
+    }
+    return d;
+}
+/* Back to the host (GPU world) and frees the device copy; a CPU world's pointer is the host's. */
+static void wdown(const mworld *w, void *host, void *d, size_t n) {
+    if (!w->c.cuda || !d) return;
+    if (host && attn_cuda_memcpy(w->ctx, host, d, n, ATTN_COPY_DEVICE_TO_HOST, NULL) != ATTN_OK)
+        attn_test_fail(__FILE__, __LINE__, "download of %zu bytes: %s", n, attn_context_last_error(w->ctx));
+    attn_cuda_free(w->ctx, d);
+}
+/* t on the world's device. */
+static attn_tensor won(const mworld *w, attn_tensor t) {
+    if (w->c.cuda) t.device.kind = ATTN_DEVICE_CUDA;
+    return t;
+}
+/* The world's cache back on the host (GPU world). */
+static void wcache_down(mworld *w) {
+    if (w->c.cuda)
+        EXPECT_OK(attn_cuda_memcpy(w->ctx, w->cache, w->t_cache.data, w->cache_elems * attn_dtype_size(w->c.kvdt),
+                                   ATTN_COPY_DEVICE_TO_HOST, NULL));
+}
+/* NULL where CUDA_MLA_SM90 can run here, else why not. */
+static const char *mla_cuda_unavailable(void) {
+    static char why[200];
+    attn_context *ctx = attn_test_context(NULL, ATTN_LOG_LEVEL_ERROR, 1);
+    attn_platform p;
+    const char *r = NULL;
+    memset(&p, 0, sizeof p);
+    if (!ctx || attn_platform_get(ctx, &p) != ATTN_OK) r = "no context";
+    else if (!attn_backend_get(ATTN_BACKEND_CUDA_MLA_SM90)) r = "the CUDA path is compiled out (ATTN_NO_CUDA)";
+    else if (p.kind != ATTN_PLATFORM_CUDA) r = p.cuda_reason;
+    else if (p.cuda_capability_major != 9 || p.cuda_capability_minor != 0) r = "CUDA_MLA_SM90 needs compute capability 9.0";
+    else if (!p.nvrtc_version) r = p.nvrtc_reason;
+    else if (!p.cublas_version) r = p.cublas_reason;
+    if (r) snprintf(why, sizeof why, "%s", r);
+    attn_context_destroy(ctx);
+    return r ? why : NULL;
+}
+#define MLA_CUDA_SKIP()                                      \
+    do {                                                     \
+        const char *why_ = mla_cuda_unavailable();           \
+        if (why_) SKIP(why_);                                \
+    } while (0)
 
 static uint64_t stream_seed(uint64_t seed, int id) {
     return seed ^ (0x9e3779b97f4a7c15ull * (uint64_t)(id + 1));
@@ -334,6 +412,8 @@ static void world_free(mworld *w) {
     free(w->ref_out);
     free(w->ref_lat);
     free(w->ref_lse);
+    if (w->c.cuda)
+        for (i = 0; i < 8; i++) attn_cuda_free(w->ctx, w->dev[i]);
     attn_layer_destroy(w->layer);
     attn_context_destroy(w->ctx);
     memset(w, 0, sizeof *w);
@@ -375,10 +455,11 @@ static int world_init(mworld *w, const mcfg *cfg) {
     d.kv_cache_dtype = c->kvdt;
     d.block_size = c->bs;
     d.scale = c->scale;
+    d.device = c->cuda ? ATTN_DEVICE_CUDA : ATTN_DEVICE_CPU;
     st = attn_layer_create(w->ctx, &d, NULL, &w->layer);
     EXPECT_OK(st);
     if (st != ATTN_OK) return 0;
-    EXPECT_EQ_INT(attn_layer_backend(w->layer)->id, ATTN_BACKEND_CPU_MLA);
+    EXPECT_EQ_INT(attn_layer_backend(w->layer)->id, c->cuda ? ATTN_BACKEND_CUDA_MLA_SM90 : ATTN_BACKEND_CPU_MLA);
     w->scale = c->scale > 0 ? (double)c->scale : 1.0 / sqrt((double)(NOPE + ROPE));
     EXPECT_NEAR(attn_layer_get_desc(w->layer)->scale, w->scale, 1e-7, 1e-6);
 
@@ -402,10 +483,12 @@ static int world_init(mworld *w, const mcfg *cfg) {
         shape[0] = H;
         shape[1] = NOPE;
         shape[2] = R;
-        w->t_wuk = attn_tensor_make(w->wuk_raw, c->dt, 3, shape);
+        w->dev[0] = c->cuda ? wup(w, w->wuk_raw, n * esz) : NULL;
+        w->dev[1] = c->cuda ? wup(w, w->wuv_raw, n * esz) : NULL;
+        w->t_wuk = won(w, attn_tensor_make(c->cuda ? w->dev[0] : w->wuk_raw, c->dt, 3, shape));
         shape[1] = R;
         shape[2] = VDIM;
-        w->t_wuv = attn_tensor_make(w->wuv_raw, c->dt, 3, shape);
+        w->t_wuv = won(w, attn_tensor_make(c->cuda ? w->dev[1] : w->wuv_raw, c->dt, 3, shape));
     }
 
     w->qsl[0] = 0;
@@ -488,7 +571,8 @@ static int world_init(mworld *w, const mcfg *cfg) {
     w->cache_elems = (size_t)w->nblocks * (size_t)c->bs * (size_t)D;
     w->cache = xmalloc(w->cache_elems * attn_dtype_size(c->kvdt));
     poison(w->cache, c->kvdt, w->cache_elems);
-    w->t_cache = attn_tensor_make(w->cache, c->kvdt, 3, shape);
+    w->dev[2] = c->cuda ? wup(w, w->cache, w->cache_elems * attn_dtype_size(c->kvdt)) : NULL;
+    w->t_cache = won(w, attn_tensor_make(c->cuda ? w->dev[2] : w->cache, c->kvdt, 3, shape));
 
     /* context latents through attn_concat_and_cache_mla */
     if (nctx > 0) {
@@ -508,10 +592,13 @@ static int world_init(mworld *w, const mcfg *cfg) {
             }
         shape[0] = nctx;
         shape[1] = R;
-        tkc = attn_tensor_make(kc, c->dt, 2, shape);
+        void *dkc = wup(w, kc, (size_t)nctx * (size_t)R * esz), *dkp = wup(w, kp, (size_t)nctx * ROPE * esz);
+        tkc = won(w, attn_tensor_make(dkc, c->dt, 2, shape));
         shape[1] = ROPE;
-        tkp = attn_tensor_make(kp, c->dt, 2, shape);
+        tkp = won(w, attn_tensor_make(dkp, c->dt, 2, shape));
         EXPECT_OK(attn_concat_and_cache_mla(w->layer, &tkc, &tkp, &w->t_cache, cs, nctx, NULL));
+        wdown(w, NULL, dkc, 0);
+        wdown(w, NULL, dkp, 0);
         free(kc);
         free(kp);
         free(cs);
@@ -533,12 +620,16 @@ static int world_init(mworld *w, const mcfg *cfg) {
         }
     if (c->write_new && w->ntok > 0) {
         attn_tensor tkc, tkp;
+        void *dkc = wup(w, w->kvc_raw, (size_t)w->ntok * (size_t)R * esz);
+        void *dkp = wup(w, w->kpe_raw, (size_t)w->ntok * ROPE * esz);
         shape[0] = w->ntok;
         shape[1] = R;
-        tkc = attn_tensor_make(w->kvc_raw, c->dt, 2, shape);
+        tkc = won(w, attn_tensor_make(dkc, c->dt, 2, shape));
         shape[1] = ROPE;
-        tkp = attn_tensor_make(w->kpe_raw, c->dt, 2, shape);
+        tkp = won(w, attn_tensor_make(dkp, c->dt, 2, shape));
         EXPECT_OK(attn_concat_and_cache_mla(w->layer, &tkc, &tkp, &w->t_cache, w->slots, w->ntok, NULL));
+        wdown(w, NULL, dkc, 0);
+        wdown(w, NULL, dkp, 0);
     }
 
     /* the heads checked in float64: all, or nref spread over [0, H) with both ends */
@@ -587,6 +678,7 @@ static attn_metadata *world_meta(mworld *w, int splits, attn_status *status) {
     md.num_blocks = w->nblocks;
     md.decode_threshold = w->c.decode_threshold;
     md.num_kv_splits = splits;
+    md.workspace_bytes = w->c.workspace_bytes;
     st = attn_metadata_create(w->layer, &md, &meta);
     if (st == ATTN_OK) st = attn_metadata_build(meta, 0, &b, 0);
     if (status) *status = st;
@@ -618,7 +710,7 @@ static int check_out(const mworld *w, const char *tag, const void *out, const fl
                      int row_last, int out_row0, int alloc_rows) {
     int H = w->c.H, row, k, h, x, fails = 0;
     double at, rt, lt;
-    tol_for(w->c.dt, &at, &rt, &lt);
+    world_tol(w, &at, &rt, &lt);
     for (row = row_first; row < row_last; row++) {
         int orow = row - out_row0;
         for (x = 0; x < H * VDIM; x++)
@@ -667,7 +759,7 @@ static int check_latent(const mworld *w, const char *tag, const void *olat, attn
                         int td, int alloc_rows) {
     int H = w->c.H, R = w->c.R, row, k, h, x, v, fails = 0;
     double at, rt, lt;
-    tol_for(w->c.dt, &at, &rt, &lt);
+    world_tol(w, &at, &rt, &lt);
     for (row = 0; row < td; row++) {
         for (x = 0; x < H * R; x++)
             if (!is_finite(get(olat, odt, (size_t)row * (size_t)H * (size_t)R + (size_t)x))) {
@@ -802,7 +894,20 @@ static int run_mqa(mworld *w, attn_metadata *meta, int split_q, const char *tag,
     tlse = attn_tensor_make(lse, ATTN_DTYPE_F32, 2, shape);
     poison(ol, c->dt, (size_t)rows * (size_t)H * (size_t)R);
     poison(lse, ATTN_DTYPE_F32, (size_t)rows * (size_t)H);
-    st = attn_mla_forward_mqa(w->layer, meta, &tq, split_q ? &tqp : NULL, &w->t_cache, &tol, &tlse, NULL);
+    { /* a GPU world runs on device copies */
+        size_t qb = (size_t)tq.shape[0] * (size_t)H * (size_t)tq.shape[2] * esz, pb = (size_t)(w->ntok + c->pad) * (size_t)H * ROPE * esz;
+        size_t ob = (size_t)rows * (size_t)H * (size_t)R * esz, lb = (size_t)rows * (size_t)H * 4;
+        tq.data = wup(w, q, qb);
+        tqp.data = wup(w, w->qp_raw, pb);
+        tol.data = wup(w, ol, ob);
+        tlse.data = wup(w, lse, lb);
+        tq = won(w, tq); tqp = won(w, tqp); tol = won(w, tol); tlse = won(w, tlse);
+        st = attn_mla_forward_mqa(w->layer, meta, &tq, split_q ? &tqp : NULL, &w->t_cache, &tol, &tlse, NULL);
+        wdown(w, NULL, tq.data, 0);
+        wdown(w, NULL, tqp.data, 0);
+        wdown(w, ol, tol.data, ob);
+        wdown(w, lse, tlse.data, lb);
+    }
     EXPECT_OK(st);
     fails = st != ATTN_OK ? 1 : check_latent(w, tag, ol, c->dt, lse, td, rows);
     if (keep) {
@@ -856,7 +961,18 @@ static int run_mha(mworld *w, attn_metadata *meta, const char *tag) {
     tlse = attn_tensor_make(lse, ATTN_DTYPE_F32, 2, shape);
     poison(out, c->dt, (size_t)rows * (size_t)H * VDIM);
     poison(lse, ATTN_DTYPE_F32, (size_t)rows * (size_t)H);
-    st = attn_mla_forward_mha(w->layer, meta, &tq, &w->t_cache, &w->t_wuk, &w->t_wuv, &tout, &tlse, NULL);
+    {
+        size_t qb = (size_t)rows * (size_t)H * (NOPE + ROPE) * esz, ob = (size_t)rows * (size_t)H * VDIM * esz;
+        size_t lb = (size_t)rows * (size_t)H * 4;
+        tq.data = wup(w, q, qb);
+        tout.data = wup(w, out, ob);
+        tlse.data = wup(w, lse, lb);
+        tq = won(w, tq); tout = won(w, tout); tlse = won(w, tlse);
+        st = attn_mla_forward_mha(w->layer, meta, &tq, &w->t_cache, &w->t_wuk, &w->t_wuv, &tout, &tlse, NULL);
+        wdown(w, NULL, tq.data, 0);
+        wdown(w, out, tout.data, ob);
+        wdown(w, lse, tlse.data, lb);
+    }
     EXPECT_OK(st);
     fails = st != ATTN_OK ? 1 : check_out(w, tag, out, lse, td, w->ntok, td, rows);
     if (st == ATTN_OK)
@@ -897,8 +1013,24 @@ static int run_fused(mworld *w, attn_metadata *meta, int write, const char *tag,
     shape[1] = ROPE;
     tkp = attn_tensor_make(w->kpe_raw, c->dt, 2, shape);
     poison(out, c->dt, (size_t)rows * (size_t)H * VDIM);
-    st = attn_mla_forward(w->layer, meta, &tqn, &tqp, write ? &tkc : NULL, write ? &tkp : NULL, &w->t_cache,
-                          &w->t_wuk, &w->t_wuv, &tout, NULL);
+    {
+        size_t nb = (size_t)rows * (size_t)H * NOPE * esz, pb = (size_t)rows * (size_t)H * ROPE * esz;
+        size_t ob = (size_t)rows * (size_t)H * VDIM * esz;
+        tqn.data = wup(w, w->qn_raw, nb);
+        tqp.data = wup(w, w->qp_raw, pb);
+        tout.data = wup(w, out, ob);
+        tkc.data = wup(w, w->kvc_raw, (size_t)w->ntok * (size_t)R * esz);
+        tkp.data = wup(w, w->kpe_raw, (size_t)w->ntok * ROPE * esz);
+        tqn = won(w, tqn); tqp = won(w, tqp); tout = won(w, tout); tkc = won(w, tkc); tkp = won(w, tkp);
+        st = attn_mla_forward(w->layer, meta, &tqn, &tqp, write ? &tkc : NULL, write ? &tkp : NULL, &w->t_cache,
+                              &w->t_wuk, &w->t_wuv, &tout, NULL);
+        wdown(w, NULL, tqn.data, 0);
+        wdown(w, NULL, tqp.data, 0);
+        wdown(w, out, tout.data, ob);
+        wdown(w, NULL, tkc.data, 0);
+        wdown(w, NULL, tkp.data, 0);
+        if (write) wcache_down(w);
+    }
     EXPECT_OK(st);
     fails = st != ATTN_OK ? 1 : check_out(w, tag, out, NULL, 0, w->ntok, 0, rows);
     if (write && st == ATTN_OK) { /* the cache rows of the new tokens */
@@ -2811,6 +2943,351 @@ ATTN_TEST(test_mla_reject_calls) {
     attn_context_destroy(ctx);
     attn_metadata_destroy(meta);
     world_free(&w);
+}
+
+/* ---- the same on the GPU (CUDA_MLA_SM90) -------------------------------------------------
+   Worlds with c.cuda: the layer on ATTN_DEVICE_CUDA, every tensor a device copy, checked
+   against the same float64 reference (bounds GPU_TOL wider: the GPU rounds q_latent, P and
+   o_latent to the layer dtype) and against the CPU_MLA path on the same data. SKIP where
+   no compute capability 9.0 device (with NVRTC and cuBLAS) is here. */
+
+/* One world, every entry point that applies: forward_mqa in both q forms (decodes),
+   forward_mha (prefills), the fused call (writing the cache when the world did not). */
+static void gpu_world(mcfg *c, const char *name, int splits) {
+    mworld w;
+    attn_metadata *meta;
+    char tag[160];
+    attn_status st;
+    c->cuda = 1;
+    if (!world_init(&w, c)) {
+        world_free(&w);
+        return;
+    }
+    meta = world_meta(&w, splits, &st);
+    EXPECT_OK(st);
+    if (meta) {
+        attn_mla_info info;
+        EXPECT_OK(attn_metadata_mla_info(meta, &info));
+        if (!c->write_new) {
+            snprintf(tag, sizeof tag, "%s fused (writes cache)", name);
+            run_fused(&w, meta, 1, tag, NULL);
+        }
+        if (info.num_decodes) {
+            snprintf(tag, sizeof tag, "%s mqa q[%d]", name, w.D);
+            run_mqa(&w, meta, 0, tag, NULL);
+            snprintf(tag, sizeof tag, "%s mqa q_latent+q_pe", name);
+            run_mqa(&w, meta, 1, tag, NULL);
+        }
+        if (info.num_prefills) {
+            snprintf(tag, sizeof tag, "%s mha", name);
+            run_mha(&w, meta, tag);
+        }
+        if (c->write_new) {
+            snprintf(tag, sizeof tag, "%s fused", name);
+            run_fused(&w, meta, 0, tag, NULL);
+        }
+    }
+    attn_metadata_destroy(meta);
+    world_free(&w);
+}
+
+ATTN_TEST(test_mla_cuda_decode) {
+    static const attn_dtype dts[2] = {ATTN_DTYPE_BF16, ATTN_DTYPE_F16};
+    mcfg c;
+    int i;
+    MLA_CUDA_SKIP();
+    for (i = 0; i < 2; i++) { /* DeepSeek-V3 with 16 heads (tensor parallel 8), pages 64 and 16 */
+        base_cfg(&c, 16, 512, dts[i], dts[i]);
+        c.seed = 7000 + (uint64_t)i;
+        c.bs = i ? 16 : 64;
+        c.nref = 4;
+        add_req(&c, 1, 1);
+        add_req(&c, 1, 17);
+        add_req(&c, 1, 700);
+        add_req(&c, 1, 1500);
+        gpu_world(&c, i ? "cuda decode H16 f16 bs16" : "cuda decode H16 bf16 bs64", 0);
+    }
+    base_cfg(&c, 128, 512, ATTN_DTYPE_BF16, ATTN_DTYPE_BF16); /* 128 heads: two CTAs per token */
+    c.seed = 7100;
+    c.bs = 64;
+    c.nref = 5;
+    add_req(&c, 1, 5);
+    add_req(&c, 1, 640);
+    add_req(&c, 1, 2100);
+    gpu_world(&c, "cuda decode H128 bf16", 0);
+    base_cfg(&c, 40, 256, ATTN_DTYPE_F16, ATTN_DTYPE_F16); /* 320 wide; heads not a multiple of 64 */
+    c.seed = 7200;
+    c.bs = 32;
+    c.nref = 6;
+    add_req(&c, 1, 1);
+    add_req(&c, 1, 40);
+    add_req(&c, 1, 1200);
+    gpu_world(&c, "cuda decode 320 H40 f16", 0);
+}
+
+/* Speculative decodes (decode_threshold 4: up to 4 tokens per decode, causal among them)
+   and a prefill after them. */
+ATTN_TEST(test_mla_cuda_multi_token) {
+    mcfg c;
+    MLA_CUDA_SKIP();
+    base_cfg(&c, 16, 512, ATTN_DTYPE_BF16, ATTN_DTYPE_BF16);
+    c.decode_threshold = 4;
+    c.nref = 4;
+    c.seed = 7300;
+    add_req(&c, 3, 3);
+    add_req(&c, 4, 300);
+    add_req(&c, 1, 50);
+    add_req(&c, 2, 1300);
+    add_req(&c, 9, 200);
+    gpu_world(&c, "cuda spec-decode", 0);
+}
+
+/* Prefills: chunked (context before), fresh, tiny, across 128-query tiles; the 320 shape;
+   a prefill over several up-projection chunks (a small workspace) merged by LSE. */
+ATTN_TEST(test_mla_cuda_prefill) {
+    mcfg c;
+    MLA_CUDA_SKIP();
+    base_cfg(&c, 16, 512, ATTN_DTYPE_BF16, ATTN_DTYPE_BF16);
+    c.seed = 7400;
+    c.nref = 4;
+    c.write_new = 0;
+    add_req(&c, 37, 400);
+    add_req(&c, 70, 70);
+    add_req(&c, 2, 2);
+    add_req(&c, 33, 34);
+    add_req(&c, 300, 300); /* three query tiles */
+    gpu_world(&c, "cuda prefill bf16", 0);
+    base_cfg(&c, 16, 512, ATTN_DTYPE_F16, ATTN_DTYPE_F16);
+    c.seed = 7401;
+    c.nref = 4;
+    c.bs = 32;
+    add_req(&c, 130, 500);
+    add_req(&c, 64, 64);
+    gpu_world(&c, "cuda prefill f16", 0);
+    base_cfg(&c, 24, 256, ATTN_DTYPE_BF16, ATTN_DTYPE_BF16);
+    c.seed = 7402;
+    c.nref = 6;
+    add_req(&c, 45, 500);
+    add_req(&c, 64, 64);
+    gpu_world(&c, "cuda prefill 320", 0);
+    /* 1 MiB of workspace: chunks of 192 keys at 16 heads (16 x 256 x 2 + 1152 bytes a key) */
+    base_cfg(&c, 16, 512, ATTN_DTYPE_BF16, ATTN_DTYPE_BF16);
+    c.seed = 7403;
+    c.nref = 4;
+    c.bs = 64;
+    c.workspace_bytes = 1 << 20;
+    add_req(&c, 1, 900);   /* a decode (decodes first) */
+    add_req(&c, 40, 700);  /* chunked prefill: keys over several chunks */
+    add_req(&c, 400, 400); /* fresh: the causal edge crosses chunks */
+    gpu_world(&c, "cuda prefill over chunks", 0);
+}
+
+/* Decodes, zero-token requests, chunked and fresh prefills in one batch. */
+ATTN_TEST(test_mla_cuda_mixed_batch) {
+    mcfg c;
+    int i;
+    MLA_CUDA_SKIP();
+    for (i = 0; i < 2; i++) {
+        base_cfg(&c, i ? 128 : 16, 512, i ? ATTN_DTYPE_F16 : ATTN_DTYPE_BF16, i ? ATTN_DTYPE_F16 : ATTN_DTYPE_BF16);
+        c.seed = 7500 + (uint64_t)i;
+        c.nref = 4;
+        c.write_new = 0;
+        c.pad = 2;
+        add_req(&c, 1, 1100);
+        add_req(&c, 1, 1);
+        add_req(&c, 0, 30);
+        add_req(&c, 1, 77);
+        add_req(&c, 25, 200);
+        add_req(&c, 40, 40);
+        add_req(&c, 3, 90);
+        gpu_world(&c, i ? "cuda mixed H128 f16" : "cuda mixed H16 bf16", 0);
+    }
+}
+
+/* The same decode batch with num_kv_splits forced to 1, 2, 7, 32 (32 leaves empty splits
+   over short contexts), and automatic. */
+ATTN_TEST(test_mla_cuda_splits) {
+    static const int splits[] = {1, 2, 7, 32, 0};
+    int k;
+    MLA_CUDA_SKIP();
+    for (k = 0; k < 5; k++) {
+        mcfg c;
+        char name[64];
+        base_cfg(&c, k & 1 ? 128 : 16, 512, ATTN_DTYPE_BF16, ATTN_DTYPE_BF16);
+        c.seed = 7600;
+        c.nref = 3;
+        c.bs = 64;
+        add_req(&c, 1, 2);
+        add_req(&c, 1, 3000);
+        add_req(&c, 1, 65);
+        add_req(&c, 1, 700);
+        snprintf(name, sizeof name, "cuda splits %d H%d", splits[k], c.H);
+        gpu_world(&c, name, splits[k]);
+    }
+}
+
+/* Random batches on the GPU: heads, latent width, page size, decode threshold, dtype, pads,
+   scales, splits. */
+ATTN_TEST(test_mla_cuda_random_batches) {
+    rng r;
+    int n = (int)(10 * test_scale()), k;
+    MLA_CUDA_SKIP();
+    if (n < 3) n = 3;
+    rng_seed(&r, 0xc0dafeed5eedull);
+    for (k = 0; k < n; k++) {
+        static const int heads[] = {1, 16, 40, 64, 128};
+        static const int blocks[] = {16, 32, 64, 128};
+        mcfg c;
+        int i, nd, np, f0 = attn_test_current_failed();
+        char tag[160];
+        base_cfg(&c, heads[rng_int(&r, 0, 4)], rng_int(&r, 0, 2) ? 512 : 256,
+                 rng_int(&r, 0, 1) ? ATTN_DTYPE_BF16 : ATTN_DTYPE_F16, ATTN_DTYPE_AUTO);
+        c.kvdt = c.dt;
+        c.bs = blocks[rng_int(&r, 0, 3)];
+        c.decode_threshold = rng_int(&r, 0, 2) == 0 ? rng_int(&r, 2, 4) : 0;
+        c.seed = rng_next(&r);
+        c.wseed = rng_next(&r);
+        c.nref = c.H > 8 ? 3 : 0;
+        c.write_new = rng_int(&r, 0, 1);
+        c.pad = rng_int(&r, 0, 2);
+        if (rng_int(&r, 0, 2) == 0) c.scale = rng_uniform(&r, 0.03f, 0.15f);
+        nd = rng_int(&r, 0, 6);
+        np = rng_int(&r, nd ? 0 : 1, 3);
+        for (i = 0; i < nd; i++) {
+            int thr = c.decode_threshold ? c.decode_threshold : 1;
+            int ql = rng_int(&r, 1, thr);
+            add_req(&c, ql, ql + rng_int(&r, 0, rng_int(&r, 0, 3) ? 500 : 3000));
+        }
+        for (i = 0; i < np; i++) {
+            int thr = c.decode_threshold ? c.decode_threshold : 1;
+            int ql = rng_int(&r, thr + 1, 300);
+            add_req(&c, ql, rng_int(&r, 0, 1) ? ql : ql + rng_int(&r, 1, 600));
+        }
+        snprintf(tag, sizeof tag, "cuda random case %d: H=%d R=%d %s bs=%d thr=%d reqs=%d+%d scale=%g", k, c.H, c.R,
+                 attn_dtype_name(c.dt), c.bs, c.decode_threshold, nd, np, (double)c.scale);
+        gpu_world(&c, tag, rng_int(&r, 0, 3) == 0 ? rng_int(&r, 1, 9) : 0);
+        if (attn_test_current_failed() > f0) printf("    in %s\n", tag);
+    }
+}
+
+/* The GPU against the portable C path on the same world: the fused call's outputs agree
+   within the two paths' bounds (each is also checked against float64). */
+ATTN_TEST(test_mla_cuda_matches_cpu) {
+    mcfg c;
+    mworld wc, wg;
+    attn_metadata *mc = NULL, *mg = NULL;
+    float *oc = NULL, *og = NULL;
+    int x, bad = 0;
+    double at, rt, lt, rms = 0;
+    MLA_CUDA_SKIP();
+    base_cfg(&c, 32, 512, ATTN_DTYPE_BF16, ATTN_DTYPE_BF16);
+    c.seed = 7700;
+    c.nref = 4;
+    c.bs = 64;
+    add_req(&c, 1, 900);
+    add_req(&c, 1, 33);
+    add_req(&c, 50, 300);
+    add_req(&c, 64, 64);
+    if (world_init(&wc, &c)) mc = world_meta(&wc, 0, NULL);
+    c.cuda = 1;
+    if (world_init(&wg, &c)) mg = world_meta(&wg, 0, NULL);
+    EXPECT_TRUE(mc && mg);
+    if (mc && mg) {
+        run_fused(&wc, mc, 0, "cpu fused", &oc);
+        run_fused(&wg, mg, 0, "cuda fused", &og);
+    }
+    if (oc && og) {
+        world_tol(&wg, &at, &rt, &lt);
+        for (x = 0; x < wc.ntok * c.H * VDIM; x++) rms += (double)oc[x] * oc[x];
+        rms = sqrt(rms / (wc.ntok * c.H * VDIM));
+        for (x = 0; x < wc.ntok * c.H * VDIM; x++)
+            if (!attn_test_near(og[x], oc[x], 2 * at * rms, 2 * rt) && bad++ < 3)
+                attn_test_fail(__FILE__, __LINE__, "cuda vs cpu: out element %d: %.7g vs %.7g (rms %.3g)", x,
+                               (double)og[x], (double)oc[x], rms);
+    }
+    free(oc);
+    free(og);
+    attn_metadata_destroy(mc);
+    attn_metadata_destroy(mg);
+    world_free(&wc);
+    world_free(&wg);
+}
+
+/* ATTN_BATCH_INVARIANT=1: one split, and a request's forward_mqa rows are bitwise the same
+   alone and in a batch (another page layout too). */
+ATTN_TEST(test_mla_cuda_batch_invariant) {
+    mcfg one, many;
+    mworld wa, wb;
+    attn_metadata *ma = NULL, *mb = NULL;
+    mqa_result ra, rb;
+    int x, H = 128, R = 512, same = 1, had_env;
+    char saved_env[64];
+    MLA_CUDA_SKIP();
+    base_cfg(&one, H, R, ATTN_DTYPE_BF16, ATTN_DTYPE_BF16);
+    one.nref = 2;
+    one.seed = 7800;
+    one.wseed = 56;
+    one.bs = 64;
+    one.cuda = 1;
+    add_req(&one, 1, 2100);
+    many = one;
+    add_req(&many, 1, 900);
+    add_req(&many, 1, 3000);
+    add_req(&many, 1, 3);
+    add_req(&many, 20, 120);
+    many.bs = 32;
+    memset(&ra, 0, sizeof ra);
+    memset(&rb, 0, sizeof rb);
+    {
+        const char *old = getenv("ATTN_BATCH_INVARIANT");
+        saved_env[0] = 0;
+        had_env = old != NULL;
+        if (old) {
+            strncpy(saved_env, old, sizeof saved_env - 1);
+            saved_env[sizeof saved_env - 1] = 0;
+        }
+    }
+    setenv("ATTN_BATCH_INVARIANT", "1", 1);
+    if (world_init(&wa, &one)) ma = world_meta(&wa, 0, NULL);
+    if (world_init(&wb, &many)) mb = world_meta(&wb, 0, NULL);
+    if (had_env) setenv("ATTN_BATCH_INVARIANT", saved_env, 1);
+    else unsetenv("ATTN_BATCH_INVARIANT");
+    EXPECT_TRUE(ma != NULL && mb != NULL);
+    if (ma && mb) {
+        attn_mla_info ia, ib;
+        EXPECT_OK(attn_metadata_mla_info(ma, &ia));
+        EXPECT_OK(attn_metadata_mla_info(mb, &ib));
+        EXPECT_EQ_INT(ia.num_kv_splits, 1);
+        EXPECT_EQ_INT(ib.num_kv_splits, 1);
+        run_mqa(&wa, ma, 0, "cuda alone", &ra);
+        run_mqa(&wb, mb, 0, "cuda in batch", &rb);
+        if (ra.lat && rb.lat) {
+            for (x = 0; x < H * R; x++)
+                if (memcmp(&ra.lat[x], &rb.lat[x], sizeof(float))) same = 0;
+            for (x = 0; x < H; x++)
+                if (memcmp(&ra.lse[x], &rb.lse[x], sizeof(float))) same = 0;
+            EXPECT_TRUE(same);
+        }
+    }
+    free(ra.lat);
+    free(ra.lse);
+    free(rb.lat);
+    free(rb.lse);
+    attn_metadata_destroy(ma);
+    attn_metadata_destroy(mb);
+    world_free(&wa);
+    world_free(&wb);
+}
+
+void suite_cuda_mla(void) {
+    ATTN_RUN(test_mla_cuda_decode);
+    ATTN_RUN(test_mla_cuda_multi_token);
+    ATTN_RUN(test_mla_cuda_prefill);
+    ATTN_RUN(test_mla_cuda_mixed_batch);
+    ATTN_RUN(test_mla_cuda_splits);
+    ATTN_RUN(test_mla_cuda_matches_cpu);
+    ATTN_RUN(test_mla_cuda_batch_invariant);
+    ATTN_RUN(test_mla_cuda_random_batches);
 }
 
 void suite_mla(void) {

@@ -177,13 +177,14 @@ static int sel_platform_is_cuda(attn_context *ctx) {
 
 /* On a CUDA platform the CUDA backend is tried before CPU and skipped for a CPU layer (its
    tensors are on the CPU): one skip more than on a CPU host. */
-/* the CUDA entries in the registry: 2, or 0 when the path is compiled out (ATTN_NO_CUDA) */
+/* the CUDA entries in the registry: 3, or 0 when the path is compiled out (ATTN_NO_CUDA) */
 static int sel_cuda_entries(void) {
-    return (attn_backend_get(ATTN_BACKEND_CUDA_SM90) != NULL) + (attn_backend_get(ATTN_BACKEND_CUDA) != NULL);
+    return (attn_backend_get(ATTN_BACKEND_CUDA_SM90) != NULL) + (attn_backend_get(ATTN_BACKEND_CUDA) != NULL) +
+           (attn_backend_get(ATTN_BACKEND_CUDA_MLA_SM90) != NULL);
 }
 
-/* backends ahead of CPU on a CUDA platform (CUDA_SM90, CUDA): skipped for CPU layers */
-static int sel_cuda_ahead(attn_context *ctx) { return 2 * sel_platform_is_cuda(ctx); }
+/* backends ahead of CPU on a CUDA platform (CUDA_SM90, CUDA, CUDA_MLA_SM90): skipped for CPU layers */
+static int sel_cuda_ahead(attn_context *ctx) { return 3 * sel_platform_is_cuda(ctx); }
 
 static int sel_skipped_has(const attn_selection *s, attn_backend_id id) {
     int i;
@@ -1072,8 +1073,9 @@ ATTN_TEST(sel_head_size_600_is_unsupported) {
     EXPECT_STATUS(attn_layer_create(ctx, &d, NULL, &layer), ATTN_ERROR_UNSUPPORTED);
     EXPECT_TRUE(layer == NULL);
     EXPECT_EQ_INT(cap.by_item_level[ATTN_LOG_SELECT_NO_BACKEND][ATTN_LOG_LEVEL_ERROR], 1);
-    /* CPU (head size), CPU_MLA (not an MLA layer), CUDA_SM90 and CUDA (no device here, or
-       the head size on a GPU machine; absent with ATTN_NO_CUDA) each leave a reason */
+    /* CPU (head size), CPU_MLA (not an MLA layer), CUDA_SM90, CUDA and CUDA_MLA_SM90 (no
+       device here, or the head size / not MLA on a GPU machine; absent with ATTN_NO_CUDA)
+       each leave a reason */
     EXPECT_EQ_INT(cap.by_item_level[ATTN_LOG_SELECT_CANDIDATE_SKIPPED][ATTN_LOG_LEVEL_DEBUG], 2 + sel_cuda_entries());
     EXPECT_EQ_INT(cap.by_item[ATTN_LOG_SELECT_RESOLVED], 0);
     EXPECT_EQ_INT(cap.by_level[ATTN_LOG_LEVEL_INFO], 0);
@@ -1087,6 +1089,7 @@ ATTN_TEST(sel_head_size_600_is_unsupported) {
     if (sel_cuda_entries()) {
         EXPECT_TRUE(sel_skipped_has(&s, ATTN_BACKEND_CUDA_SM90));
         EXPECT_TRUE(sel_skipped_has(&s, ATTN_BACKEND_CUDA));
+        EXPECT_TRUE(sel_skipped_has(&s, ATTN_BACKEND_CUDA_MLA_SM90));
     }
     EXPECT_TRUE(s.skipped[0].reason[0] != 0);
     EXPECT_EQ_INT(s.head_size, 600);
@@ -1104,7 +1107,7 @@ ATTN_TEST(sel_head_size_off_grid_is_unsupported) {
     d.head_size = 12; /* not a multiple of 8 */
     memset(&s, 0, sizeof s);
     EXPECT_STATUS(attn_select_backend(ctx, &d, NULL, &s), ATTN_ERROR_UNSUPPORTED);
-    EXPECT_EQ_INT(s.num_skipped, 2 + sel_cuda_entries()); /* CPU: head size; CPU_MLA: not MLA; CUDA_SM90, CUDA */
+    EXPECT_EQ_INT(s.num_skipped, 2 + sel_cuda_entries()); /* CPU: head size; CPU_MLA: not MLA; the CUDA entries */
     EXPECT_TRUE(sel_skipped_has(&s, ATTN_BACKEND_CPU));
     d.head_size = 512; /* the top of the range is served */
     EXPECT_OK(attn_select_backend(ctx, &d, NULL, &s));

@@ -1,45 +1,52 @@
-/* mha_prefill_sm90.cu - MLA's up-projected prefill attention on wgmma (sm_90a); a draft.
-
-   NOT YET RUN ON A GPU; not embedded, not wired (issue 9). `./build/cuda_kernels --mla`
-   compiles it for sm_90a and, on compute capability 9.0, checks it against float64.
+/* mla_prefill_sm90.cu - MLA's up-projected prefill attention on wgmma (sm_90a), and the
+   gather of a chunk of latent rows it runs on: the CUDA_MLA_SM90 backend's forward_mha.
 
    =====================================================================================
-   WHAT IT COMPUTES (attn_mla_forward_mha's attention, one chunk of keys)
+   WHAT IT COMPUTES (attn_mla_forward_mha's attention over one chunk of keys)
    =====================================================================================
    Per head h (MHA: every head its own K/V, from the up-projection of the latent): query
-   row [q_nope | q_pe] (DQK = DN + ROPE: 128 + 64), key row [k_nope[j][h] | k_pe[j]] (k_pe
-   one vector per key, shared by all heads: the loader appends it, nothing is
-   materialised), value v[j][h] (DV = 128). Scores s = q . k * scale; out = softmax(s) V in
-   DT; lse (base e). Keys of a work item are a contiguous run of rows of the up-projection
-   workspace with consecutive positions; a query sees key j iff (not causal or
-   key_pos0 + j <= pos of the query). A row that sees no key: out 0, lse -inf (the LSE
-   merge of chunks then gives it weight 0).
+   row [q_nope | q_pe] (DQK = DN + ROPE: 128 + 64; two tensors, which may be the two halves
+   of one), key row [k_nope[j][h] | k_pe[j]] (k_pe one vector per key, shared by all heads:
+   the loader appends it, nothing is materialised), value v[j][h] (DV = 128). Scores
+   s = q . k * scale; out = softmax(s) V in DT; lse (base e). The keys of a launch are rows
+   0 .. nkeys - 1 of the K/V tensors (a chunk of one request's keys, up-projected by the
+   host's GEMMs) at positions key_pos0 + j; query t of the launch is row q_row0 + t of
+   q/out/lse at position pos0 + t and sees key j iff (not causal or key_pos0 + j <= pos0 +
+   t). A row that sees no key: out 0, lse -inf.
+   MERGE (flags bit 1): out/lse already hold the result over earlier chunks (lse base e;
+   -inf: none); the CTA merges its chunk's result into them by LSE (weights 2^(lse - max);
+   a side with lse -inf weighs 0, whatever its out holds). So a request of many chunks is
+   one launch per chunk, the first without MERGE; lse is then required (the running LSE).
 
-   WORK ITEM (8 int32): {head, q_row0, nq (1..128), pos0 (position of query q_row0),
-   key_pos0 (position of key 0), nkeys, kv_row0 (workspace row of key 0), flags (bit 0
-   causal)}. Query t of the item is row q_row0 + t of q/out/lse at position pos0 + t.
-
-   LAUNCH: grid >= *num_work, block 256, dynamic shared memory attn_mha_config[1]
-   (one CTA per SM: 2 warpgroups at up to 255 registers). attn_mha_config: {threads,
-   dynamic shared bytes, KV_TILE, 128 rows, KV_STAGES, 8 warps, 0, 1} (mla_decode.cu's order).
+   LAUNCH (attn_mla_prefill): grid (ceil(nq / 128), heads), block 256, dynamic shared
+   memory attn_mha_config[1] (one CTA per SM: 2 warpgroups at up to 255 registers). Tile
+   x takes the 128 queries from the end backwards (tile gridDim.x - 1 - x), so the causal
+   tiles with the most keys start first. attn_mha_config: {threads, dynamic shared bytes,
+   KV_TILE, 128 rows, KV_STAGES, 8 warps, 0, 1} (mla_decode_sm90.cu's order).
 
    INSIDE A CTA: paged_prefill_sm90.cu's loop with three changes: Q is DQK wide (three
    128-byte panels), K and V tiles have their own widths (DQK and DV), and rows come from
    strided tensors instead of pages (the copies of a key row: 16 chunks of k_nope, 8 of
    k_pe; of a value row: 16). Per 128-key tile: S = Q K^T by wgmma m64n128k16 ss over
    DQK / 16 steps (next tile's copies issued under it), masked online softmax in base 2,
-   O += P V by wgmma m64nDVk16 rs with P from the S accumulators. */
+   O += P V by wgmma m64nDVk16 rs with P from the S accumulators.
+
+   attn_mla_gather (defines KV_LORA too): rows key0 .. key0 + nkeys - 1 of one request
+   from the paged latent cache [blocks][block_size][KV_LORA + ROPE] into a contiguous
+   [nkeys][KV_LORA + ROPE] (the up-projection GEMMs' operand; k_pe is read from its tail).
+   Any grid (grid-stride over 16-byte chunks), any block; cache and destination 16-byte
+   aligned. */
 #include "wgmma.cuh"
 
-#if !defined(DN) || !defined(ROPE) || !defined(DV) || !defined(DT)
-#error "mha_prefill_sm90.cu: define DN (q/k nope width), ROPE, DV and DT"
+#if !defined(DN) || !defined(ROPE) || !defined(DV) || !defined(DT) || !defined(KV_LORA)
+#error "mla_prefill_sm90.cu: define DN (q/k nope width), ROPE, DV, DT and KV_LORA"
 #endif
 #if DT != ATTN_DT_F16 && DT != ATTN_DT_BF16
-#error "mha_prefill_sm90.cu: DT must be 1 (f16) or 2 (bf16)"
+#error "mla_prefill_sm90.cu: DT must be 1 (f16) or 2 (bf16)"
 #endif
 #define ATTN_DQK (DN + ROPE)
 #if ATTN_DQK % 64 != 0 || DV % 64 != 0 || DV > 128 || ATTN_DQK > 256 || DN % 8 != 0
-#error "mha_prefill_sm90.cu: DN + ROPE must be a multiple of 64 up to 256, DV 64 or 128"
+#error "mla_prefill_sm90.cu: DN + ROPE must be a multiple of 64 up to 256, DV 64 or 128"
 #endif
 
 #define ATTN_ROWS_PAD 128
@@ -56,11 +63,11 @@
 #define ATTN_BOUNDS_OFF (ATTN_SV_OFF + KV_STAGES * ATTN_V_BYTES)
 #define ATTN_SMEM_BYTES (ATTN_BOUNDS_OFF + 128 + 1024)
 #if ATTN_SMEM_BYTES > 232448
-#error "mha_prefill_sm90.cu: shared memory over 227 KiB; lower KV_STAGES"
+#error "mla_prefill_sm90.cu: shared memory over 227 KiB; lower KV_STAGES"
 #endif
 #define ATTN_O_PITCH (DV + 8)
 #if ATTN_ROWS_PAD * ATTN_O_PITCH * 2 > KV_STAGES * (ATTN_K_BYTES + ATTN_V_BYTES)
-#error "mha_prefill_sm90.cu: the epilogue's O does not fit over the K/V stages"
+#error "mla_prefill_sm90.cu: the epilogue's O does not fit over the K/V stages"
 #endif
 #define ATTN_ST (KV_TILE / 2)
 #define ATTN_OT (DV / 2)
@@ -70,25 +77,31 @@
 extern "C" __constant__ int attn_mha_config[8] = {ATTN_THREADS, ATTN_SMEM_BYTES, KV_TILE, ATTN_ROWS_PAD, KV_STAGES, 8, 0, 1};
 
 struct attn_mha_params {
-    const void *q;        /* [rows][heads][DQK] */
-    const void *k_nope;   /* [kv rows][heads][DN] */
-    const void *k_pe;     /* [kv rows][ROPE] */
-    const void *v;        /* [kv rows][heads][DV] */
+    const void *q;        /* [rows][heads][>= DN]: the first DN columns of the query */
+    const void *q_pe;     /* [rows][heads][ROPE] */
+    const void *k_nope;   /* [keys][heads][DN] */
+    const void *k_pe;     /* [keys][ROPE] */
+    const void *v;        /* [keys][heads][DV] */
     void *out;            /* [rows][heads][DV] */
-    float *lse;           /* [rows][heads] or NULL */
-    const int *work, *num_work;
-    attn_i64 q_stride_token, q_stride_head, k_stride_token, k_stride_head, kpe_stride_token;
-    attn_i64 v_stride_token, v_stride_head, out_stride_token, out_stride_head, lse_stride_token, lse_stride_head;
+    float *lse;           /* [rows][heads] (base e) or NULL; required with MERGE */
+    attn_i64 q_stride_token, q_stride_head, q_pe_stride_token, q_pe_stride_head;
+    attn_i64 k_stride_token, k_stride_head, kpe_stride_token, v_stride_token, v_stride_head;
+    attn_i64 out_stride_token, out_stride_head, lse_stride_token, lse_stride_head;
+    int q_row0, nq, pos0, key_pos0, nkeys, flags; /* flags: 1 causal, 2 merge into out/lse */
     float scale;
+    int pad0;
 };
 
-extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mha_prefill(const attn_mha_params p) {
+#define ATTN_MHA_CAUSAL 1
+#define ATTN_MHA_MERGE 2
+
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mla_prefill(const attn_mha_params p) {
     extern __shared__ attn_vec16 attn_smem[];
     if (blockDim.x != ATTN_THREADS || attn_dynamic_smem_size() < ATTN_SMEM_BYTES) attn_trap();
-    if ((int)blockIdx.x >= *p.num_work) return;
-    const int *item = p.work + 8 * (attn_i64)blockIdx.x;
-    const int head = item[0], q_row0 = item[1], nq = item[2], pos0 = item[3];
-    const int key_pos0 = item[4], nkeys = item[5], kv_row0 = item[6], causal = item[7] & 1;
+    const int tile = (int)(gridDim.x - 1 - blockIdx.x), head = blockIdx.y;
+    const int q_row0 = p.q_row0 + 128 * tile, nq = attn_imin(128, p.nq - 128 * tile), pos0 = p.pos0 + 128 * tile;
+    const int key_pos0 = p.key_pos0, nkeys = p.nkeys, causal = p.flags & ATTN_MHA_CAUSAL;
+    if (nq <= 0) return;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = tid >> 7;
     const int g = lane >> 2, tq = lane & 3;
     const attn_u32 smem0 = attn_smem_addr(attn_smem);
@@ -101,8 +114,11 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mha_prefill(c
     for (int c = tid; c < ATTN_ROWS_PAD * ATTN_KCPR; c += ATTN_THREADS) {
         const int r = c / ATTN_KCPR, col = c - r * ATTN_KCPR;
         const int valid = r < nq;
-        const char *src = valid ? (const char *)p.q + ((attn_i64)(q_row0 + r) * p.q_stride_token + (attn_i64)head * p.q_stride_head + col * 8) * 2
-                                : (const char *)p.q;
+        const char *src = (const char *)p.q;
+        if (valid)
+            src = col * 8 < DN ? (const char *)p.q + ((attn_i64)(q_row0 + r) * p.q_stride_token + (attn_i64)head * p.q_stride_head + col * 8) * 2
+                               : (const char *)p.q_pe + ((attn_i64)(q_row0 + r) * p.q_pe_stride_token + (attn_i64)head * p.q_pe_stride_head +
+                                                         (col * 8 - DN)) * 2;
         attn_cp_async16_or_zero(sQ + attn_wgmma_swizzle_offset<ATTN_ROWS_PAD>(r, col), src, !valid);
     }
 
@@ -128,14 +144,14 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mha_prefill(c
             const int valid = j < nkeys;
             const char *src = (const char *)p.k_nope;
             if (valid)
-                src = col * 8 < DN ? (const char *)p.k_nope + ((attn_i64)(kv_row0 + j) * p.k_stride_token + (attn_i64)head * p.k_stride_head + col * 8) * 2
-                                   : (const char *)p.k_pe + ((attn_i64)(kv_row0 + j) * p.kpe_stride_token + (col * 8 - DN)) * 2;
+                src = col * 8 < DN ? (const char *)p.k_nope + ((attn_i64)j * p.k_stride_token + (attn_i64)head * p.k_stride_head + col * 8) * 2
+                                   : (const char *)p.k_pe + ((attn_i64)j * p.kpe_stride_token + (col * 8 - DN)) * 2;
             attn_cp_async16_or_zero(kd + attn_wgmma_swizzle_offset<KV_TILE>(r, col), src, !valid);
         }
         for (int c = tid; c < KV_TILE * ATTN_VCPR; c += ATTN_THREADS) {
             const int r = c / ATTN_VCPR, col = c - r * ATTN_VCPR, j = tile * KV_TILE + r;
             const int valid = j < nkeys;
-            const char *src = valid ? (const char *)p.v + ((attn_i64)(kv_row0 + j) * p.v_stride_token + (attn_i64)head * p.v_stride_head + col * 8) * 2
+            const char *src = valid ? (const char *)p.v + ((attn_i64)j * p.v_stride_token + (attn_i64)head * p.v_stride_head + col * 8) * 2
                                     : (const char *)p.v;
             attn_cp_async16_or_zero(vd + attn_wgmma_swizzle_offset<KV_TILE>(r, col), src, !valid);
         }
@@ -236,23 +252,59 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mha_prefill(c
     attn_cp_async_wait<0>();
     __syncthreads();
     char *const sO = smem + ATTN_SK_OFF;
+    const int merge = p.flags & ATTN_MHA_MERGE;
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         const int R = row0 + 8 * h;
         const float L = attn_quad_sum(l[h]);
-        const float inv = L > 0.0f ? attn_rcp(L) : 0.0f;
+        float lse2 = L > 0.0f ? m[h] + attn_log2(L) : attn_neg_inf(); /* this chunk's, base 2 */
+        float wn = L > 0.0f ? attn_rcp(L) : 0.0f, wo = 0.0f;           /* weights of new o and old out */
+        const attn_i64 lse_at = (attn_i64)(q_row0 + R) * p.lse_stride_token + (attn_i64)head * p.lse_stride_head;
+        const char *old = (const char *)p.out + ((attn_i64)(q_row0 + R) * p.out_stride_token + (attn_i64)head * p.out_stride_head + 2 * tq) * 2;
+        if (merge && R < nq) { /* out = (w_old out + w_new o) / (w_old + w_new), by LSE */
+            const float lo = p.lse[lse_at] * ATTN_LOG2E, mx = fmaxf(lo, lse2);
+            if (mx != attn_neg_inf()) {
+                const float a = lo == attn_neg_inf() ? 0.0f : attn_exp2(lo - mx);
+                const float b = lse2 == attn_neg_inf() ? 0.0f : attn_exp2(lse2 - mx);
+                const float inv = attn_rcp(a + b);
+                wo = a * inv;
+                wn *= b * inv;
+                lse2 = mx + attn_log2(a + b);
+            }
+        }
         char *orow = sO + (R * ATTN_O_PITCH + 2 * tq) * 2;
 #pragma unroll
-        for (int i = 0; i < DV / 8; i++)
-            *(attn_u32 *)(orow + 8 * i * 2) = attn_elem<DT>::pack2(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv);
-        if (tq == 0 && R < nq && p.lse)
-            p.lse[(attn_i64)(q_row0 + R) * p.lse_stride_token + (attn_i64)head * p.lse_stride_head] =
-                L > 0.0f ? (m[h] + attn_log2(L)) * ATTN_LN2 : attn_neg_inf();
+        for (int i = 0; i < DV / 8; i++) {
+            float x0 = o[4 * i + 2 * h] * wn, x1 = o[4 * i + 2 * h + 1] * wn;
+            if (wo > 0.0f) {
+                x0 += wo * attn_load<DT>(old, 8 * i);
+                x1 += wo * attn_load<DT>(old, 8 * i + 1);
+            }
+            *(attn_u32 *)(orow + 8 * i * 2) = attn_elem<DT>::pack2(x0, x1);
+        }
+        if (tq == 0 && R < nq && p.lse) p.lse[lse_at] = lse2 * ATTN_LN2;
     }
     __syncthreads();
     for (int u = tid; u < nq * ATTN_VCPR; u += ATTN_THREADS) {
         const int R = u / ATTN_VCPR, c = u - R * ATTN_VCPR;
         const attn_vec16 v = *(const attn_vec16 *)(sO + (R * ATTN_O_PITCH + c * 8) * 2);
         attn_stg16((char *)p.out + ((attn_i64)(q_row0 + R) * p.out_stride_token + (attn_i64)head * p.out_stride_head + c * 8) * 2, v);
+    }
+}
+
+struct attn_mla_gather_params {
+    const void *kv_cache;     /* DT [blocks][block_size][KV_LORA + ROPE] */
+    const int *block_table;   /* the request's row */
+    void *lat;                /* DT [nkeys][KV_LORA + ROPE] */
+    int key0, nkeys, block_size, pad0;
+};
+
+extern "C" __global__ void attn_mla_gather(const attn_mla_gather_params p) {
+    const int cpr = (KV_LORA + ROPE) / 8;
+    for (attn_i64 u = blockIdx.x * (attn_i64)blockDim.x + threadIdx.x; u < (attn_i64)p.nkeys * cpr; u += (attn_i64)gridDim.x * blockDim.x) {
+        const int j = (int)(u / cpr), c = (int)(u - (attn_i64)j * cpr), key = p.key0 + j;
+        const attn_i64 row = (attn_i64)p.block_table[key / p.block_size] * p.block_size + key % p.block_size;
+        attn_stg16((char *)p.lat + ((attn_i64)j * (KV_LORA + ROPE) + c * 8) * 2,
+                   attn_ldg16((const char *)p.kv_cache + (row * (KV_LORA + ROPE) + c * 8) * 2));
     }
 }

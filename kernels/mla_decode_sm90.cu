@@ -1,16 +1,16 @@
-/* mla_decode_sm90.cu - MLA absorbed decode on Hopper warpgroup MMA (wgmma), sm_90a; a draft.
+/* mla_decode_sm90.cu - MLA absorbed decode on Hopper warpgroup MMA (wgmma), sm_90a: the
+   CUDA_MLA_SM90 backend's forward_mqa (and the decode half of its fused attn_mla_forward).
 
-   Not embedded, not wired into a backend yet. Checked on an H200 (2026-12-02): `./build/
-   cuda_kernels --mla --cases 24 --bench` compiles it for sm_90a and runs it against the
-   float64 reference beside mla_decode.cu: every case passed, racecheck clean; figures in
-   docs/PERF.md.
-
-   WHAT IT COMPUTES, WORK LIST, SPLITS, params, merge: exactly mla_decode.cu's (same
-   struct, same work items, same partial layout with ROWS = 64), for 16-bit DT only; the
-   struct adds merge_count at its end. FUSED_MERGE 1 (not yet run on a GPU): a split item
-   carries its merge entry + 1 in item[7], and the last of an entry's splits to finish
-   merges it in this launch (counter in merge_count, back to 0 after), so a forward is one
-   launch; attn_mla_merge is then not launched.
+   WHAT IT COMPUTES, WORK LIST, SPLITS, params, merge: exactly kernels/wip/mla_decode.cu's
+   (the mma.sync form, sm_80+, not yet wired; same struct, same work items, same partial
+   layout with ROWS = 64), for 16-bit DT only; the struct adds merge_count at its end.
+   Work item (8 int32): {req, head0, q_row, -, key0, key1, slot, merge entry + 1}: the 64
+   heads head0 .. head0 + 63 (those below num_heads) of query row q_row over keys [key0,
+   key1); slot -1 writes out/lse, slot >= 0 a normalised f32 partial (partial_o[slot][64]
+   [KV_LORA], partial_lse[slot][64] base 2). Merge entry: {q_row, head0, splits, first
+   slot, ...}. FUSED_MERGE 1 (what the backend compiles): the last of an entry's splits to
+   finish merges it in this launch (counter in merge_count, back to 0 after), so a forward
+   is one launch; FUSED_MERGE 0: attn_mla_merge, grid (entries, 64), block 256, merges.
 
    =====================================================================================
    INSIDE A CTA (FlashMLA's shape, written with kernels/wgmma.cuh)
