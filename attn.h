@@ -3152,6 +3152,14 @@ ATTN_API int attn_mla_num_kv_splits(int max_seq_len, int parallelism, int batch_
     return n < parallelism ? n : parallelism;
 }
 
+/* The split count of a device: the shared heuristic, with a GPU split unit of 256 keys
+   (four of the CUDA MLA decode's 64-key tiles; half the CPU's 512) so that one request
+   fills the SMs: a single 16k decode of 128 heads runs 64 splits x 2 CTAs of 64 heads. */
+static int attn__mla_splits(attn_device_kind device, int keys, int parallelism, int batch_invariant) {
+    if (device == ATTN_DEVICE_CUDA) keys = keys > INT32_MAX / 2 ? INT32_MAX : 2 * keys;
+    return attn_mla_num_kv_splits(keys, parallelism, batch_invariant);
+}
+
 ATTN_API attn_status attn_reorder_batch(const int32_t *query_lens, int num_reqs,
                                         int decode_threshold, int32_t *perm, int *num_decodes,
                                         int *num_swaps) {
@@ -3221,7 +3229,7 @@ static attn_mla_info attn__mla_plan(const attn_metadata *m, const attn_batch *b)
         par = ATTN__MAX(1, par / ATTN__MAX(1, info.num_decode_tokens * ((m->built_for.num_heads + 63) / 64)));
     info.num_kv_splits = m->kv_splits_forced
                              ? m->cap.num_kv_splits
-                             : attn_mla_num_kv_splits(max_dec, par, attn__env_batch_invariant(m->layer->ctx));
+                             : attn__mla_splits(m->backend->device, max_dec, par, attn__env_batch_invariant(m->layer->ctx));
     info.prefill_chunk = attn__mla_prefill_chunk(&m->built_for, m->cap.workspace_bytes, m->backend->device);
     return info;
 }
@@ -3324,7 +3332,8 @@ ATTN_API attn_status attn_metadata_create(attn_layer *layer, const attn_metadata
     if (!m->cap.workspace_bytes) m->cap.workspace_bytes = ATTN_MLA_WORKSPACE_BYTES;
     m->kv_splits_forced = desc->num_kv_splits > 0;
     if (!m->kv_splits_forced) /* the most any batch of this capacity gets */
-        m->cap.num_kv_splits = attn_mla_num_kv_splits(
+        m->cap.num_kv_splits = attn__mla_splits(
+            layer->backend->device,
             (int)ATTN__MIN((int64_t)INT32_MAX, (int64_t)desc->max_blocks_per_req * layer->desc.block_size),
             attn__parallelism(ctx, layer->backend->device), 0);
     m->built_for = layer->desc;
@@ -7230,8 +7239,8 @@ static void attn__cuda_mla_context_release(const attn_backend *self, attn_contex
     attn__free(s);
 }
 
-/* Layer level: decode (attn_mla_decode), prefill (attn_mla_prefill + attn_mla_gather), the
-   latent cache write; the context's cuBLAS handle. */
+/* Layer level: decode (attn_mla_decode + attn_mla_merge), prefill (attn_mla_prefill +
+   attn_mla_gather), the latent cache write; the context's cuBLAS handle. */
 typedef struct attn__cuda_mla_layer {
     attn__cuda_module decode, prefill, cache;
     void *cublas;
@@ -7282,7 +7291,7 @@ static attn_status attn__cuda_mla_layer_init(const attn_backend *self, attn_laye
         return st;
     }
     attn__cuda_mla_variants(d, opt);
-    st = attn__cuda_load(ctx, attn__cuda_mla_variant_file(0), opt[0], "attn_mla_decode", NULL,
+    st = attn__cuda_load(ctx, attn__cuda_mla_variant_file(0), opt[0], "attn_mla_decode", "attn_mla_merge",
                          ATTN__LOAD_ARCH_A, &L->decode, reason, size);
     if (st == ATTN_OK)
         st = attn__cuda_load(ctx, attn__cuda_mla_variant_file(1), opt[1], "attn_mla_prefill", "attn_mla_gather",
@@ -7327,7 +7336,7 @@ static void attn__cuda_mla_layer_release(const attn_backend *self, attn_layer *l
 /* ---- metadata: decode work list, device workspace ---- */
 
 typedef struct attn__cuda_mla_plan {
-    int32_t *counts;               /* [4]: decode work items, merge entries */
+    int32_t *counts;               /* [4]: decode work items, merge entries, of them unfused */
     int32_t *work;                 /* [work_capacity][8] (kernels/mla_decode_sm90.cu) */
     int32_t *merge;                /* [merge_capacity][8] */
     int64_t *slot_mapping;         /* [max_num_tokens], -1 past the batch */
@@ -7496,7 +7505,7 @@ static attn_status attn__cuda_mla_build(const attn_backend *self, attn_layer *la
     attn__cuda_mla_plan *p = &cm->host;
     attn__cuda_driver *cu = ctx->cuda;
     attn_mla_info info;
-    int r, t, h0, nw = 0, nm = 0, slots = 0;
+    int r, t, h0, nw = 0, nm = 0, slots = 0, separate = 0;
     size_t upload;
     attn__CUresult rc;
     attn_status st;
@@ -7518,14 +7527,18 @@ static attn_status attn__cuda_mla_build(const attn_backend *self, attn_layer *la
             int ns = ATTN__MIN(info.num_kv_splits, (hi + 63) / 64), s;
             for (h0 = 0; h0 < d->num_heads; h0 += ATTN__MLA_HEADS_PER_CTA) {
                 if (ns > 1) {
+                    /* merged in the decode launch by the entry's last split, or (many splits:
+                       one CTA would read ns x 128 KiB) by the merge kernel, a CTA per row */
                     int32_t *m = p->merge + 8 * nm++;
+                    int fused = ns * ATTN__MIN(ATTN__MLA_HEADS_PER_CTA, d->num_heads - h0) <= 256;
                     ATTN_ASSERT(nm <= cm->merge_capacity && slots + ns <= cm->slot_capacity);
-                    m[0] = q0 + t; m[1] = h0; m[2] = ns; m[3] = slots; m[4] = m[5] = m[6] = m[7] = 0;
+                    m[0] = q0 + t; m[1] = h0; m[2] = ns; m[3] = slots; m[4] = fused; m[5] = m[6] = m[7] = 0;
+                    separate += !fused;
                     for (s = 0; s < ns; s++) {
                         int k0 = s == 0 ? 0 : (int)((int64_t)hi * s / ns) / 64 * 64;
                         int k1 = s == ns - 1 ? hi : (int)((int64_t)hi * (s + 1) / ns) / 64 * 64;
                         ATTN_ASSERT(nw < cm->work_capacity);
-                        attn__cuda_mla_item(p->work + 8 * nw++, r, h0, q0 + t, k0, k1, slots + s, nm);
+                        attn__cuda_mla_item(p->work + 8 * nw++, r, h0, q0 + t, k0, k1, slots + s, fused ? nm : 0);
                     }
                     slots += ns;
                 } else {
@@ -7538,6 +7551,7 @@ static attn_status attn__cuda_mla_build(const attn_backend *self, attn_layer *la
     attn__cuda_sort_work(p->work, nw);
     p->counts[0] = nw;
     p->counts[1] = nm;
+    p->counts[2] = separate; /* entries the merge kernel takes */
     if (b->slot_mapping && b->num_actual_tokens)
         memcpy(p->slot_mapping, b->slot_mapping, (size_t)b->num_actual_tokens * 8);
     for (r = b->slot_mapping ? b->num_actual_tokens : 0; r < cap->max_num_tokens; r++) p->slot_mapping[r] = -1;
@@ -7591,6 +7605,8 @@ static attn__CUresult attn__cuda_mla_decode(attn_context *ctx, const attn__cuda_
     attn__mla_decode_params dp;
     void *args[1];
     unsigned grid = (unsigned)(capturing ? cm->work_capacity : cm->host.counts[0]);
+    unsigned merges = (unsigned)(capturing ? cm->merge_capacity : cm->host.counts[2]);
+    attn__CUresult rc;
     if (!grid) return 0;
     memset(&dp, 0, sizeof dp);
     dp.q = q.data; dp.q_stride_token = q.s0; dp.q_stride_head = q.s1;
@@ -7615,8 +7631,11 @@ static attn__CUresult attn__cuda_mla_decode(attn_context *ctx, const attn__cuda_
     dp.num_heads = d->num_heads;
     dp.scale = d->scale;
     args[0] = &dp;
-    return ctx->cuda->cuLaunchKernel(L->decode.main, grid, 1, 1, (unsigned)L->decode.config[0], 1, 1,
-                                     (unsigned)L->decode.config[1], s, args, NULL);
+    rc = ctx->cuda->cuLaunchKernel(L->decode.main, grid, 1, 1, (unsigned)L->decode.config[0], 1, 1,
+                                   (unsigned)L->decode.config[1], s, args, NULL);
+    if (rc == 0 && merges) /* the unfused entries (a captured forward holds the launch always) */
+        rc = ctx->cuda->cuLaunchKernel(L->decode.second, merges, ATTN__MLA_HEADS_PER_CTA, 1, 256, 1, 1, 0, s, args, NULL);
+    return rc;
 }
 
 static attn_status attn__cuda_mla_forward_mqa(const attn_backend *self, attn_layer *layer, const attn_metadata *meta,
@@ -8775,19 +8794,23 @@ static const char *const attn__kernel_src_merge_cu[] = {
     "}\n",
     0};
 static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
-    "/* mla_decode_sm90.cu - MLA absorbed decode on Hopper warpgroup MMA (wgmma), sm_90a; a draft.\n",
+    "/* mla_decode_sm90.cu - MLA absorbed decode on Hopper warpgroup MMA (wgmma), sm_90a: the\n",
+    "   CUDA_MLA_SM90 backend's forward_mqa (and the decode half of its fused attn_mla_forward).\n",
     "\n",
-    "   Not embedded, not wired into a backend yet. Checked on an H200 (2026-12-02): `./build/\n",
-    "   cuda_kernels --mla --cases 24 --bench` compiles it for sm_90a and runs it against the\n",
-    "   float64 reference beside mla_decode.cu: every case passed, racecheck clean; figures in\n",
-    "   docs/PERF.md.\n",
-    "\n",
-    "   WHAT IT COMPUTES, WORK LIST, SPLITS, params, merge: exactly mla_decode.cu's (same\n",
-    "   struct, same work items, same partial layout with ROWS = 64), for 16-bit DT only; the\n",
-    "   struct adds merge_count at its end. FUSED_MERGE 1 (not yet run on a GPU): a split item\n",
-    "   carries its merge entry + 1 in item[7], and the last of an entry's splits to finish\n",
+    "   WHAT IT COMPUTES, WORK LIST, SPLITS, params, merge: exactly kernels/wip/mla_decode.cu's\n",
+    "   (the mma.sync form, sm_80+, not yet wired; same struct, same work items, same partial\n",
+    "   layout with ROWS = 64), for 16-bit DT only; the struct adds merge_count at its end.\n",
+    "   Work item (8 int32): {req, head0, q_row, -, key0, key1, slot, merge entry + 1}: the 64\n",
+    "   heads head0 .. head0 + 63 (those below num_heads) of query row q_row over keys [key0,\n",
+    "   key1); slot -1 writes out/lse, slot >= 0 a normalised f32 partial (partial_o[slot][64]\n",
+    "   [KV_LORA], partial_lse[slot][64] base 2). Merge entry: {q_row, head0, splits, first\n",
+    "   slot, fused, ...}. FUSED_MERGE 1 (what the backend compiles): an item with item[7] =\n",
+    "   entry + 1 > 0 is a split of a fused entry (fused = 1): the last of its splits to finish\n",
     "   merges it in this launch (counter in merge_count, back to 0 after), so a forward is one\n",
-    "   launch; attn_mla_merge is then not launched.\n",
+    "   launch. attn_mla_merge, grid (entries, 64), block 256, merges the entries with fused = 0\n",
+    "   (all with FUSED_MERGE 0): one CTA per row, where one CTA merging a whole entry of many\n",
+    "   splits (it reads splits x 128 KiB of partials) would be slow; the backend fuses an entry\n",
+    "   when splits x its rows <= 256.\n",
     "\n",
     "   =====================================================================================\n",
     "   INSIDE A CTA (FlashMLA's shape, written with kernels/wgmma.cuh)\n",
@@ -8848,6 +8871,11 @@ static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
     "#error \"mla_decode_sm90.cu: shared memory over 227 KiB\"\n",
     "#endif\n",
     "#define ATTN_CPR (ATTN_D / 8) /* 16-byte chunks per row */\n",
+    "#define ATTN_NC_L (KV_LORA / 8) /* ... of its latent part */\n",
+    "#define ATTN_NC_R (ROPE / 8)    /* ... of its rope part */\n",
+    "#if ATTN_THREADS % ATTN_NC_L || ATTN_THREADS % ATTN_NC_R || (KV_TILE * ATTN_NC_L) % ATTN_THREADS || (KV_TILE * ATTN_NC_R) % ATTN_THREADS\n",
+    "#error \"mla_decode_sm90.cu: the loader needs chunks per row that divide the threads\"\n",
+    "#endif\n",
     "\n",
     "extern \"C\" __constant__ int attn_mla_config[8] = {ATTN_THREADS, ATTN_SMEM_BYTES, KV_TILE, ROWS, KV_STAGES, 8, 0, 1};\n",
     "\n",
@@ -8870,29 +8898,65 @@ static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
     "    int *merge_count;              /* FUSED_MERGE: [merge entries], zero between launches */\n",
     "};\n",
     "\n",
+    "/* Split weights kept in shared memory per merge (rows x ATTN_MERGE_CAP; an entry of more\n",
+    "   splits recomputes them from the partial LSEs, a slower path for forced split counts). */\n",
+    "#define ATTN_MERGE_CAP 64\n",
+    "#define ATTN_MERGE_SW_FLOATS (ROWS * (ATTN_MERGE_CAP + 2))\n",
+    "\n",
     "/* Merges the splits of entry `mi` for its rows row0 .. row1 - 1: out = sum_i w_i o_i,\n",
-    "   w_i = 2^(lse_i - max) / sum (splits that saw no key weigh 0); lse to base e. `n` threads\n",
-    "   from `t`; partials read at L2 (ld.global.cg: other CTAs wrote them). */\n",
-    "ATTN_DEV void attn_mla_merge_entry(const attn_mla_params &p, int mi, int row0, int row1, int t, int n) {\n",
+    "   w_i = 2^(lse_i - max) / sum (splits that saw no key weigh 0); lse to base e. Called by\n",
+    "   all n threads of the CTA (t = thread index; n a multiple of 32); sw: shared scratch of\n",
+    "   ATTN_MERGE_SW_FLOATS. Phase 1, a warp per row: the row's max and weight sum over the\n",
+    "   splits (lanes over splits), the weights into sw. Phase 2: every thread 4 columns at a\n",
+    "   time, the splits' partials read at L2 (ld.global.cg: other CTAs wrote them) as float4. */\n",
+    "ATTN_DEV void attn_mla_merge_entry(const attn_mla_params &p, int mi, int row0, int row1, int t, int n, float *sw) {\n",
     "    const int *mg = p.merge + 8 * (attn_i64)mi;\n",
     "    const int q_row = mg[0], head0 = mg[1], splits = mg[2], slot0 = mg[3];\n",
+    "    const int lane = t & 31, cap = splits <= ATTN_MERGE_CAP;\n",
     "    row1 = attn_imin(row1, p.num_heads - head0);\n",
-    "    for (int u = row0 * KV_LORA + t; u < row1 * KV_LORA; u += n) {\n",
-    "        const int row = u / KV_LORA, c = u - row * KV_LORA;\n",
-    "        float mx = attn_neg_inf();\n",
-    "        for (int i = 0; i < splits; i++) mx = fmaxf(mx, __ldcg(p.partial_lse + (attn_i64)(slot0 + i) * ROWS + row));\n",
-    "        float wsum = 0.0f, acc = 0.0f;\n",
-    "        if (mx != attn_neg_inf())\n",
-    "            for (int i = 0; i < splits; i++) {\n",
-    "                const float w = attn_exp2(__ldcg(p.partial_lse + (attn_i64)(slot0 + i) * ROWS + row) - mx);\n",
-    "                wsum += w;\n",
-    "                acc += w * __ldcg(p.partial_o + ((attn_i64)(slot0 + i) * ROWS + row) * KV_LORA + c);\n",
+    "    for (int row = row0 + (t >> 5); row < row1; row += n >> 5) {\n",
+    "        float mx = attn_neg_inf(), ws = 0.0f;\n",
+    "        for (int s = lane; s < splits; s += 32) mx = fmaxf(mx, __ldcg(p.partial_lse + (attn_i64)(slot0 + s) * ROWS + row));\n",
+    "        mx = attn_warp_max(mx);\n",
+    "        for (int s = lane; s < splits; s += 32) {\n",
+    "            const float l = __ldcg(p.partial_lse + (attn_i64)(slot0 + s) * ROWS + row);\n",
+    "            ws += l == attn_neg_inf() ? 0.0f : attn_exp2(l - mx);\n",
+    "        }\n",
+    "        ws = attn_warp_sum(ws);\n",
+    "        const float inv = ws > 0.0f ? 1.0f / ws : 0.0f;\n",
+    "        float *w = sw + row * (ATTN_MERGE_CAP + 2);\n",
+    "        if (cap)\n",
+    "            for (int s = lane; s < splits; s += 32) {\n",
+    "                const float l = __ldcg(p.partial_lse + (attn_i64)(slot0 + s) * ROWS + row);\n",
+    "                w[s] = l == attn_neg_inf() ? 0.0f : attn_exp2(l - mx) * inv;\n",
     "            }\n",
-    "        attn_store<DT>(p.out, (attn_i64)q_row * p.out_stride_token + (attn_i64)(head0 + row) * p.out_stride_head + c,\n",
-    "                       wsum > 0.0f ? acc / wsum : 0.0f);\n",
-    "        if (c == 0 && p.lse)\n",
-    "            p.lse[(attn_i64)q_row * p.lse_stride_token + (attn_i64)(head0 + row) * p.lse_stride_head] =\n",
-    "                wsum > 0.0f ? (mx + attn_log2(wsum)) * ATTN_LN2 : attn_neg_inf();\n",
+    "        if (lane == 0) {\n",
+    "            w[ATTN_MERGE_CAP] = mx;\n",
+    "            w[ATTN_MERGE_CAP + 1] = inv;\n",
+    "            if (p.lse)\n",
+    "                p.lse[(attn_i64)q_row * p.lse_stride_token + (attn_i64)(head0 + row) * p.lse_stride_head] =\n",
+    "                    ws > 0.0f ? (mx + attn_log2(ws)) * ATTN_LN2 : attn_neg_inf();\n",
+    "        }\n",
+    "    }\n",
+    "    __syncthreads();\n",
+    "    for (int u = row0 * (KV_LORA / 4) + t; u < row1 * (KV_LORA / 4); u += n) {\n",
+    "        const int row = u / (KV_LORA / 4), c = (u - row * (KV_LORA / 4)) * 4;\n",
+    "        const float *w = sw + row * (ATTN_MERGE_CAP + 2);\n",
+    "        const float *po = p.partial_o + ((attn_i64)slot0 * ROWS + row) * KV_LORA + c;\n",
+    "        float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;\n",
+    "#pragma unroll 4\n",
+    "        for (int s = 0; s < splits; s++) {\n",
+    "            const float x = cap ? w[s]\n",
+    "                                : attn_exp2(__ldcg(p.partial_lse + (attn_i64)(slot0 + s) * ROWS + row) - w[ATTN_MERGE_CAP]) *\n",
+    "                                      w[ATTN_MERGE_CAP + 1];\n",
+    "            if (x > 0.0f) { /* an empty split weighs 0, whatever its partial holds */\n",
+    "                const float4 v = __ldcg((const float4 *)(po + (attn_i64)s * ROWS * KV_LORA));\n",
+    "                a0 += x * v.x; a1 += x * v.y; a2 += x * v.z; a3 += x * v.w;\n",
+    "            }\n",
+    "        }\n",
+    "        attn_u32 *dst = (attn_u32 *)((char *)p.out + ((attn_i64)q_row * p.out_stride_token + (attn_i64)(head0 + row) * p.out_stride_head + c) * 2);\n",
+    "        dst[0] = attn_elem<DT>::pack2(a0, a1);\n",
+    "        dst[1] = attn_elem<DT>::pack2(a2, a3);\n",
     "    }\n",
     "}\n",
     "\n",
@@ -8935,12 +8999,22 @@ static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
     "        return j >= key0 && j < key1 ? ((attn_i64)bt[(unsigned)j / BLOCK_SIZE] * BLOCK_SIZE + (attn_i64)((unsigned)j % BLOCK_SIZE)) * ATTN_D * 2\n",
     "                                     : (attn_i64)-1;\n",
     "    };\n",
+    "    /* each thread copies fixed 16-byte columns of its rows: the latent part (KV_LORA / 8\n",
+    "       chunks a row) and the rope part (8), shifts instead of a division by D / 8 */\n",
     "    auto issue = [&](int tile) {\n",
     "        const int st = tile % KV_STAGES;\n",
     "        const attn_u32 dst = sK + (attn_u32)(st * ATTN_TILE_BYTES);\n",
-    "        for (int c = tid; c < KV_TILE * ATTN_CPR; c += ATTN_THREADS) {\n",
-    "            const int r = c / ATTN_CPR, col = c - r * ATTN_CPR;\n",
-    "            const attn_i64 off = sBlk[st * KV_TILE + r];\n",
+    "        const attn_i64 *blk = sBlk + st * KV_TILE;\n",
+    "#pragma unroll\n",
+    "        for (int i = 0; i < KV_TILE * ATTN_NC_L / ATTN_THREADS; i++) {\n",
+    "            const int r = tid / ATTN_NC_L + i * (ATTN_THREADS / ATTN_NC_L), col = tid % ATTN_NC_L;\n",
+    "            const attn_i64 off = blk[r];\n",
+    "            attn_cp_async16_or_zero(dst + attn_wgmma_swizzle_offset<KV_TILE>(r, col), kv + (off >= 0 ? off + col * 16 : 0), off < 0);\n",
+    "        }\n",
+    "#pragma unroll\n",
+    "        for (int i = 0; i < KV_TILE * ATTN_NC_R / ATTN_THREADS; i++) {\n",
+    "            const int r = tid / ATTN_NC_R + i * (ATTN_THREADS / ATTN_NC_R), col = ATTN_NC_L + tid % ATTN_NC_R;\n",
+    "            const attn_i64 off = blk[r];\n",
     "            attn_cp_async16_or_zero(dst + attn_wgmma_swizzle_offset<KV_TILE>(r, col), kv + (off >= 0 ? off + col * 16 : 0), off < 0);\n",
     "        }\n",
     "    };\n",
@@ -9087,7 +9161,7 @@ static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
     "        __syncthreads();\n",
     "        if (attn_last_split) {\n",
     "            __threadfence(); /* the other splits' partials, counted before, are read after */\n",
-    "            attn_mla_merge_entry(p, mi, 0, ROWS, tid, ATTN_THREADS);\n",
+    "            attn_mla_merge_entry(p, mi, 0, ROWS, tid, ATTN_THREADS, (float *)smem); /* the stages are free */\n",
     "            if (tid == 0) p.merge_count[mi] = 0;\n",
     "        }\n",
     "    }\n",
@@ -9097,8 +9171,9 @@ static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
     "/* mla_decode.cu's merge as its own launch: grid (entries, ROWS), one CTA per row. (The two\n",
     "   drafts keep their own copies until they are embedded and can share a header.) */\n",
     "extern \"C\" __global__ void __launch_bounds__(256) attn_mla_merge(const attn_mla_params p) {\n",
-    "    if ((int)blockIdx.x >= *p.num_merge) return;\n",
-    "    attn_mla_merge_entry(p, blockIdx.x, blockIdx.y, blockIdx.y + 1, threadIdx.x, blockDim.x);\n",
+    "    __shared__ float sw[ATTN_MERGE_SW_FLOATS];\n",
+    "    if ((int)blockIdx.x >= *p.num_merge || p.merge[8 * (attn_i64)blockIdx.x + 4]) return; /* [4]: merged in the decode */\n",
+    "    attn_mla_merge_entry(p, blockIdx.x, blockIdx.y, blockIdx.y + 1, threadIdx.x, blockDim.x, sw);\n",
     "}\n",
     0};
 static const char *const attn__kernel_src_mla_prefill_sm90_cu[] = {
@@ -9177,6 +9252,13 @@ static const char *const attn__kernel_src_mla_prefill_sm90_cu[] = {
     "#define ATTN_OT (DV / 2)\n",
     "#define ATTN_KCPR (ATTN_DQK / 8) /* 16-byte chunks of a K row */\n",
     "#define ATTN_VCPR (DV / 8)\n",
+    "#define ATTN_NC_K (DN / 8)      /* ... of its K_nope part, its k_pe part, a V row */\n",
+    "#define ATTN_NC_P (ROPE / 8)\n",
+    "#define ATTN_NC_V (DV / 8)\n",
+    "#if ATTN_THREADS % ATTN_NC_K || ATTN_THREADS % ATTN_NC_P || ATTN_THREADS % ATTN_NC_V || \\\n",
+    "    (KV_TILE * ATTN_NC_K) % ATTN_THREADS || (KV_TILE * ATTN_NC_P) % ATTN_THREADS || (KV_TILE * ATTN_NC_V) % ATTN_THREADS\n",
+    "#error \"mla_prefill_sm90.cu: the loader needs chunks per row that divide the threads\"\n",
+    "#endif\n",
     "\n",
     "extern \"C\" __constant__ int attn_mha_config[8] = {ATTN_THREADS, ATTN_SMEM_BYTES, KV_TILE, ATTN_ROWS_PAD, KV_STAGES, 8, 0, 1};\n",
     "\n",
@@ -9240,24 +9322,32 @@ static const char *const attn__kernel_src_mla_prefill_sm90_cu[] = {
     "    if (lane == 0) { sBounds[2 * warp] = hi_min; sBounds[2 * warp + 1] = hi_max; }\n",
     "\n",
     "    /* ---- K/V copies of tile `tile` into stage tile % KV_STAGES ---- */\n",
+    "    /* Each thread copies fixed 16-byte columns of K_nope, k_pe and V rows (chunks per row\n",
+    "       divide the 256 threads: shifts, not divisions, and column bases computed once). */\n",
+    "    const char *const kn_base = (const char *)p.k_nope + ((attn_i64)head * p.k_stride_head + (tid % ATTN_NC_K) * 8) * 2;\n",
+    "    const char *const kp_base = (const char *)p.k_pe + (tid % ATTN_NC_P) * 8 * 2;\n",
+    "    const char *const v_base = (const char *)p.v + ((attn_i64)head * p.v_stride_head + (tid % ATTN_NC_V) * 8) * 2;\n",
+    "    const attn_i64 kn_step = p.k_stride_token * 2, kp_step = p.kpe_stride_token * 2, v_step = p.v_stride_token * 2;\n",
     "    auto issue = [&](int tile) {\n",
-    "        const int st = tile % KV_STAGES;\n",
+    "        const int st = tile % KV_STAGES, j0 = tile * KV_TILE;\n",
     "        const attn_u32 kd = sK + (attn_u32)(st * ATTN_K_BYTES), vd = sV + (attn_u32)(st * ATTN_V_BYTES);\n",
-    "        for (int c = tid; c < KV_TILE * ATTN_KCPR; c += ATTN_THREADS) {\n",
-    "            const int r = c / ATTN_KCPR, col = c - r * ATTN_KCPR, j = tile * KV_TILE + r;\n",
-    "            const int valid = j < nkeys;\n",
-    "            const char *src = (const char *)p.k_nope;\n",
-    "            if (valid)\n",
-    "                src = col * 8 < DN ? (const char *)p.k_nope + ((attn_i64)j * p.k_stride_token + (attn_i64)head * p.k_stride_head + col * 8) * 2\n",
-    "                                   : (const char *)p.k_pe + ((attn_i64)j * p.kpe_stride_token + (col * 8 - DN)) * 2;\n",
-    "            attn_cp_async16_or_zero(kd + attn_wgmma_swizzle_offset<KV_TILE>(r, col), src, !valid);\n",
+    "#pragma unroll\n",
+    "        for (int i = 0; i < KV_TILE * ATTN_NC_K / ATTN_THREADS; i++) {\n",
+    "            const int r = tid / ATTN_NC_K + i * (ATTN_THREADS / ATTN_NC_K), j = j0 + r;\n",
+    "            attn_cp_async16_or_zero(kd + attn_wgmma_swizzle_offset<KV_TILE>(r, tid % ATTN_NC_K),\n",
+    "                                    j < nkeys ? kn_base + (attn_i64)j * kn_step : kn_base, j >= nkeys);\n",
     "        }\n",
-    "        for (int c = tid; c < KV_TILE * ATTN_VCPR; c += ATTN_THREADS) {\n",
-    "            const int r = c / ATTN_VCPR, col = c - r * ATTN_VCPR, j = tile * KV_TILE + r;\n",
-    "            const int valid = j < nkeys;\n",
-    "            const char *src = valid ? (const char *)p.v + ((attn_i64)j * p.v_stride_token + (attn_i64)head * p.v_stride_head + col * 8) * 2\n",
-    "                                    : (const char *)p.v;\n",
-    "            attn_cp_async16_or_zero(vd + attn_wgmma_swizzle_offset<KV_TILE>(r, col), src, !valid);\n",
+    "#pragma unroll\n",
+    "        for (int i = 0; i < KV_TILE * ATTN_NC_P / ATTN_THREADS; i++) {\n",
+    "            const int r = tid / ATTN_NC_P + i * (ATTN_THREADS / ATTN_NC_P), j = j0 + r;\n",
+    "            attn_cp_async16_or_zero(kd + attn_wgmma_swizzle_offset<KV_TILE>(r, ATTN_NC_K + tid % ATTN_NC_P),\n",
+    "                                    j < nkeys ? kp_base + (attn_i64)j * kp_step : kp_base, j >= nkeys);\n",
+    "        }\n",
+    "#pragma unroll\n",
+    "        for (int i = 0; i < KV_TILE * ATTN_NC_V / ATTN_THREADS; i++) {\n",
+    "            const int r = tid / ATTN_NC_V + i * (ATTN_THREADS / ATTN_NC_V), j = j0 + r;\n",
+    "            attn_cp_async16_or_zero(vd + attn_wgmma_swizzle_offset<KV_TILE>(r, tid % ATTN_NC_V),\n",
+    "                                    j < nkeys ? v_base + (attn_i64)j * v_step : v_base, j >= nkeys);\n",
     "        }\n",
     "    };\n",
     "    const int ntiles = (nkeys + KV_TILE - 1) / KV_TILE;\n",

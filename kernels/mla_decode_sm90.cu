@@ -8,9 +8,13 @@
    heads head0 .. head0 + 63 (those below num_heads) of query row q_row over keys [key0,
    key1); slot -1 writes out/lse, slot >= 0 a normalised f32 partial (partial_o[slot][64]
    [KV_LORA], partial_lse[slot][64] base 2). Merge entry: {q_row, head0, splits, first
-   slot, ...}. FUSED_MERGE 1 (what the backend compiles): the last of an entry's splits to
-   finish merges it in this launch (counter in merge_count, back to 0 after), so a forward
-   is one launch; FUSED_MERGE 0: attn_mla_merge, grid (entries, 64), block 256, merges.
+   slot, fused, ...}. FUSED_MERGE 1 (what the backend compiles): an item with item[7] =
+   entry + 1 > 0 is a split of a fused entry (fused = 1): the last of its splits to finish
+   merges it in this launch (counter in merge_count, back to 0 after), so a forward is one
+   launch. attn_mla_merge, grid (entries, 64), block 256, merges the entries with fused = 0
+   (all with FUSED_MERGE 0): one CTA per row, where one CTA merging a whole entry of many
+   splits (it reads splits x 128 KiB of partials) would be slow; the backend fuses an entry
+   when splits x its rows <= 256.
 
    =====================================================================================
    INSIDE A CTA (FlashMLA's shape, written with kernels/wgmma.cuh)
@@ -71,6 +75,11 @@
 #error "mla_decode_sm90.cu: shared memory over 227 KiB"
 #endif
 #define ATTN_CPR (ATTN_D / 8) /* 16-byte chunks per row */
+#define ATTN_NC_L (KV_LORA / 8) /* ... of its latent part */
+#define ATTN_NC_R (ROPE / 8)    /* ... of its rope part */
+#if ATTN_THREADS % ATTN_NC_L || ATTN_THREADS % ATTN_NC_R || (KV_TILE * ATTN_NC_L) % ATTN_THREADS || (KV_TILE * ATTN_NC_R) % ATTN_THREADS
+#error "mla_decode_sm90.cu: the loader needs chunks per row that divide the threads"
+#endif
 
 extern "C" __constant__ int attn_mla_config[8] = {ATTN_THREADS, ATTN_SMEM_BYTES, KV_TILE, ROWS, KV_STAGES, 8, 0, 1};
 
@@ -93,29 +102,65 @@ struct attn_mla_params { /* mla_decode.cu's */
     int *merge_count;              /* FUSED_MERGE: [merge entries], zero between launches */
 };
 
+/* Split weights kept in shared memory per merge (rows x ATTN_MERGE_CAP; an entry of more
+   splits recomputes them from the partial LSEs, a slower path for forced split counts). */
+#define ATTN_MERGE_CAP 64
+#define ATTN_MERGE_SW_FLOATS (ROWS * (ATTN_MERGE_CAP + 2))
+
 /* Merges the splits of entry `mi` for its rows row0 .. row1 - 1: out = sum_i w_i o_i,
-   w_i = 2^(lse_i - max) / sum (splits that saw no key weigh 0); lse to base e. `n` threads
-   from `t`; partials read at L2 (ld.global.cg: other CTAs wrote them). */
-ATTN_DEV void attn_mla_merge_entry(const attn_mla_params &p, int mi, int row0, int row1, int t, int n) {
+   w_i = 2^(lse_i - max) / sum (splits that saw no key weigh 0); lse to base e. Called by
+   all n threads of the CTA (t = thread index; n a multiple of 32); sw: shared scratch of
+   ATTN_MERGE_SW_FLOATS. Phase 1, a warp per row: the row's max and weight sum over the
+   splits (lanes over splits), the weights into sw. Phase 2: every thread 4 columns at a
+   time, the splits' partials read at L2 (ld.global.cg: other CTAs wrote them) as float4. */
+ATTN_DEV void attn_mla_merge_entry(const attn_mla_params &p, int mi, int row0, int row1, int t, int n, float *sw) {
     const int *mg = p.merge + 8 * (attn_i64)mi;
     const int q_row = mg[0], head0 = mg[1], splits = mg[2], slot0 = mg[3];
+    const int lane = t & 31, cap = splits <= ATTN_MERGE_CAP;
     row1 = attn_imin(row1, p.num_heads - head0);
-    for (int u = row0 * KV_LORA + t; u < row1 * KV_LORA; u += n) {
-        const int row = u / KV_LORA, c = u - row * KV_LORA;
-        float mx = attn_neg_inf();
-        for (int i = 0; i < splits; i++) mx = fmaxf(mx, __ldcg(p.partial_lse + (attn_i64)(slot0 + i) * ROWS + row));
-        float wsum = 0.0f, acc = 0.0f;
-        if (mx != attn_neg_inf())
-            for (int i = 0; i < splits; i++) {
-                const float w = attn_exp2(__ldcg(p.partial_lse + (attn_i64)(slot0 + i) * ROWS + row) - mx);
-                wsum += w;
-                acc += w * __ldcg(p.partial_o + ((attn_i64)(slot0 + i) * ROWS + row) * KV_LORA + c);
+    for (int row = row0 + (t >> 5); row < row1; row += n >> 5) {
+        float mx = attn_neg_inf(), ws = 0.0f;
+        for (int s = lane; s < splits; s += 32) mx = fmaxf(mx, __ldcg(p.partial_lse + (attn_i64)(slot0 + s) * ROWS + row));
+        mx = attn_warp_max(mx);
+        for (int s = lane; s < splits; s += 32) {
+            const float l = __ldcg(p.partial_lse + (attn_i64)(slot0 + s) * ROWS + row);
+            ws += l == attn_neg_inf() ? 0.0f : attn_exp2(l - mx);
+        }
+        ws = attn_warp_sum(ws);
+        const float inv = ws > 0.0f ? 1.0f / ws : 0.0f;
+        float *w = sw + row * (ATTN_MERGE_CAP + 2);
+        if (cap)
+            for (int s = lane; s < splits; s += 32) {
+                const float l = __ldcg(p.partial_lse + (attn_i64)(slot0 + s) * ROWS + row);
+                w[s] = l == attn_neg_inf() ? 0.0f : attn_exp2(l - mx) * inv;
             }
-        attn_store<DT>(p.out, (attn_i64)q_row * p.out_stride_token + (attn_i64)(head0 + row) * p.out_stride_head + c,
-                       wsum > 0.0f ? acc / wsum : 0.0f);
-        if (c == 0 && p.lse)
-            p.lse[(attn_i64)q_row * p.lse_stride_token + (attn_i64)(head0 + row) * p.lse_stride_head] =
-                wsum > 0.0f ? (mx + attn_log2(wsum)) * ATTN_LN2 : attn_neg_inf();
+        if (lane == 0) {
+            w[ATTN_MERGE_CAP] = mx;
+            w[ATTN_MERGE_CAP + 1] = inv;
+            if (p.lse)
+                p.lse[(attn_i64)q_row * p.lse_stride_token + (attn_i64)(head0 + row) * p.lse_stride_head] =
+                    ws > 0.0f ? (mx + attn_log2(ws)) * ATTN_LN2 : attn_neg_inf();
+        }
+    }
+    __syncthreads();
+    for (int u = row0 * (KV_LORA / 4) + t; u < row1 * (KV_LORA / 4); u += n) {
+        const int row = u / (KV_LORA / 4), c = (u - row * (KV_LORA / 4)) * 4;
+        const float *w = sw + row * (ATTN_MERGE_CAP + 2);
+        const float *po = p.partial_o + ((attn_i64)slot0 * ROWS + row) * KV_LORA + c;
+        float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+#pragma unroll 4
+        for (int s = 0; s < splits; s++) {
+            const float x = cap ? w[s]
+                                : attn_exp2(__ldcg(p.partial_lse + (attn_i64)(slot0 + s) * ROWS + row) - w[ATTN_MERGE_CAP]) *
+                                      w[ATTN_MERGE_CAP + 1];
+            if (x > 0.0f) { /* an empty split weighs 0, whatever its partial holds */
+                const float4 v = __ldcg((const float4 *)(po + (attn_i64)s * ROWS * KV_LORA));
+                a0 += x * v.x; a1 += x * v.y; a2 += x * v.z; a3 += x * v.w;
+            }
+        }
+        attn_u32 *dst = (attn_u32 *)((char *)p.out + ((attn_i64)q_row * p.out_stride_token + (attn_i64)(head0 + row) * p.out_stride_head + c) * 2);
+        dst[0] = attn_elem<DT>::pack2(a0, a1);
+        dst[1] = attn_elem<DT>::pack2(a2, a3);
     }
 }
 
@@ -158,12 +203,22 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mla_decode(co
         return j >= key0 && j < key1 ? ((attn_i64)bt[(unsigned)j / BLOCK_SIZE] * BLOCK_SIZE + (attn_i64)((unsigned)j % BLOCK_SIZE)) * ATTN_D * 2
                                      : (attn_i64)-1;
     };
+    /* each thread copies fixed 16-byte columns of its rows: the latent part (KV_LORA / 8
+       chunks a row) and the rope part (8), shifts instead of a division by D / 8 */
     auto issue = [&](int tile) {
         const int st = tile % KV_STAGES;
         const attn_u32 dst = sK + (attn_u32)(st * ATTN_TILE_BYTES);
-        for (int c = tid; c < KV_TILE * ATTN_CPR; c += ATTN_THREADS) {
-            const int r = c / ATTN_CPR, col = c - r * ATTN_CPR;
-            const attn_i64 off = sBlk[st * KV_TILE + r];
+        const attn_i64 *blk = sBlk + st * KV_TILE;
+#pragma unroll
+        for (int i = 0; i < KV_TILE * ATTN_NC_L / ATTN_THREADS; i++) {
+            const int r = tid / ATTN_NC_L + i * (ATTN_THREADS / ATTN_NC_L), col = tid % ATTN_NC_L;
+            const attn_i64 off = blk[r];
+            attn_cp_async16_or_zero(dst + attn_wgmma_swizzle_offset<KV_TILE>(r, col), kv + (off >= 0 ? off + col * 16 : 0), off < 0);
+        }
+#pragma unroll
+        for (int i = 0; i < KV_TILE * ATTN_NC_R / ATTN_THREADS; i++) {
+            const int r = tid / ATTN_NC_R + i * (ATTN_THREADS / ATTN_NC_R), col = ATTN_NC_L + tid % ATTN_NC_R;
+            const attn_i64 off = blk[r];
             attn_cp_async16_or_zero(dst + attn_wgmma_swizzle_offset<KV_TILE>(r, col), kv + (off >= 0 ? off + col * 16 : 0), off < 0);
         }
     };
@@ -310,7 +365,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mla_decode(co
         __syncthreads();
         if (attn_last_split) {
             __threadfence(); /* the other splits' partials, counted before, are read after */
-            attn_mla_merge_entry(p, mi, 0, ROWS, tid, ATTN_THREADS);
+            attn_mla_merge_entry(p, mi, 0, ROWS, tid, ATTN_THREADS, (float *)smem); /* the stages are free */
             if (tid == 0) p.merge_count[mi] = 0;
         }
     }
@@ -320,6 +375,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mla_decode(co
 /* mla_decode.cu's merge as its own launch: grid (entries, ROWS), one CTA per row. (The two
    drafts keep their own copies until they are embedded and can share a header.) */
 extern "C" __global__ void __launch_bounds__(256) attn_mla_merge(const attn_mla_params p) {
-    if ((int)blockIdx.x >= *p.num_merge) return;
-    attn_mla_merge_entry(p, blockIdx.x, blockIdx.y, blockIdx.y + 1, threadIdx.x, blockDim.x);
+    __shared__ float sw[ATTN_MERGE_SW_FLOATS];
+    if ((int)blockIdx.x >= *p.num_merge || p.merge[8 * (attn_i64)blockIdx.x + 4]) return; /* [4]: merged in the decode */
+    attn_mla_merge_entry(p, blockIdx.x, blockIdx.y, blockIdx.y + 1, threadIdx.x, blockDim.x, sw);
 }

@@ -73,6 +73,13 @@
 #define ATTN_OT (DV / 2)
 #define ATTN_KCPR (ATTN_DQK / 8) /* 16-byte chunks of a K row */
 #define ATTN_VCPR (DV / 8)
+#define ATTN_NC_K (DN / 8)      /* ... of its K_nope part, its k_pe part, a V row */
+#define ATTN_NC_P (ROPE / 8)
+#define ATTN_NC_V (DV / 8)
+#if ATTN_THREADS % ATTN_NC_K || ATTN_THREADS % ATTN_NC_P || ATTN_THREADS % ATTN_NC_V || \
+    (KV_TILE * ATTN_NC_K) % ATTN_THREADS || (KV_TILE * ATTN_NC_P) % ATTN_THREADS || (KV_TILE * ATTN_NC_V) % ATTN_THREADS
+#error "mla_prefill_sm90.cu: the loader needs chunks per row that divide the threads"
+#endif
 
 extern "C" __constant__ int attn_mha_config[8] = {ATTN_THREADS, ATTN_SMEM_BYTES, KV_TILE, ATTN_ROWS_PAD, KV_STAGES, 8, 0, 1};
 
@@ -136,24 +143,32 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mla_prefill(c
     if (lane == 0) { sBounds[2 * warp] = hi_min; sBounds[2 * warp + 1] = hi_max; }
 
     /* ---- K/V copies of tile `tile` into stage tile % KV_STAGES ---- */
+    /* Each thread copies fixed 16-byte columns of K_nope, k_pe and V rows (chunks per row
+       divide the 256 threads: shifts, not divisions, and column bases computed once). */
+    const char *const kn_base = (const char *)p.k_nope + ((attn_i64)head * p.k_stride_head + (tid % ATTN_NC_K) * 8) * 2;
+    const char *const kp_base = (const char *)p.k_pe + (tid % ATTN_NC_P) * 8 * 2;
+    const char *const v_base = (const char *)p.v + ((attn_i64)head * p.v_stride_head + (tid % ATTN_NC_V) * 8) * 2;
+    const attn_i64 kn_step = p.k_stride_token * 2, kp_step = p.kpe_stride_token * 2, v_step = p.v_stride_token * 2;
     auto issue = [&](int tile) {
-        const int st = tile % KV_STAGES;
+        const int st = tile % KV_STAGES, j0 = tile * KV_TILE;
         const attn_u32 kd = sK + (attn_u32)(st * ATTN_K_BYTES), vd = sV + (attn_u32)(st * ATTN_V_BYTES);
-        for (int c = tid; c < KV_TILE * ATTN_KCPR; c += ATTN_THREADS) {
-            const int r = c / ATTN_KCPR, col = c - r * ATTN_KCPR, j = tile * KV_TILE + r;
-            const int valid = j < nkeys;
-            const char *src = (const char *)p.k_nope;
-            if (valid)
-                src = col * 8 < DN ? (const char *)p.k_nope + ((attn_i64)j * p.k_stride_token + (attn_i64)head * p.k_stride_head + col * 8) * 2
-                                   : (const char *)p.k_pe + ((attn_i64)j * p.kpe_stride_token + (col * 8 - DN)) * 2;
-            attn_cp_async16_or_zero(kd + attn_wgmma_swizzle_offset<KV_TILE>(r, col), src, !valid);
+#pragma unroll
+        for (int i = 0; i < KV_TILE * ATTN_NC_K / ATTN_THREADS; i++) {
+            const int r = tid / ATTN_NC_K + i * (ATTN_THREADS / ATTN_NC_K), j = j0 + r;
+            attn_cp_async16_or_zero(kd + attn_wgmma_swizzle_offset<KV_TILE>(r, tid % ATTN_NC_K),
+                                    j < nkeys ? kn_base + (attn_i64)j * kn_step : kn_base, j >= nkeys);
         }
-        for (int c = tid; c < KV_TILE * ATTN_VCPR; c += ATTN_THREADS) {
-            const int r = c / ATTN_VCPR, col = c - r * ATTN_VCPR, j = tile * KV_TILE + r;
-            const int valid = j < nkeys;
-            const char *src = valid ? (const char *)p.v + ((attn_i64)j * p.v_stride_token + (attn_i64)head * p.v_stride_head + col * 8) * 2
-                                    : (const char *)p.v;
-            attn_cp_async16_or_zero(vd + attn_wgmma_swizzle_offset<KV_TILE>(r, col), src, !valid);
+#pragma unroll
+        for (int i = 0; i < KV_TILE * ATTN_NC_P / ATTN_THREADS; i++) {
+            const int r = tid / ATTN_NC_P + i * (ATTN_THREADS / ATTN_NC_P), j = j0 + r;
+            attn_cp_async16_or_zero(kd + attn_wgmma_swizzle_offset<KV_TILE>(r, ATTN_NC_K + tid % ATTN_NC_P),
+                                    j < nkeys ? kp_base + (attn_i64)j * kp_step : kp_base, j >= nkeys);
+        }
+#pragma unroll
+        for (int i = 0; i < KV_TILE * ATTN_NC_V / ATTN_THREADS; i++) {
+            const int r = tid / ATTN_NC_V + i * (ATTN_THREADS / ATTN_NC_V), j = j0 + r;
+            attn_cp_async16_or_zero(vd + attn_wgmma_swizzle_offset<KV_TILE>(r, tid % ATTN_NC_V),
+                                    j < nkeys ? v_base + (attn_i64)j * v_step : v_base, j >= nkeys);
         }
     };
     const int ntiles = (nkeys + KV_TILE - 1) / KV_TILE;

@@ -66,7 +66,7 @@
 #define BENCH_CONTEXT 4096
 #define BENCH_ROTATE_BYTES ((size_t)640 << 20) /* decode KV rotated through >= this */
 #define BENCH_READ_BYTES ((size_t)1 << 30)     /* memory-read ceiling buffer */
-#define BENCH_MAX_ROWS 32
+#define BENCH_MAX_ROWS 64
 /* MLA decode (DeepSeek-V2/V3 dims): latent row = kv_c (512) | k_pe (64). */
 #define BENCH_MLA_RANK 512
 #define BENCH_MLA_ROPE 64
@@ -1030,6 +1030,8 @@ static void cpu_describe(char *buf, size_t size) {
       over back-to-back forwards; median of 11 groups. --csv FILE writes the rows.
    ------------------------------------------------------------------------------------- */
 
+static int cuda_mla_only; /* --device cuda --case mla: the ceilings and the MLA table only */
+
 #ifndef ATTN_NO_CUDA
 #include <dirent.h>
 #include <sys/stat.h>
@@ -1496,7 +1498,283 @@ static double cuda_launch_floor(cuda_bench *cb) {
     return median(t, 11);
 }
 
-/* 2. The backend on the GPU: ceilings, decode, prefill, a mixed batch. */
+/* 3. MLA on the GPU (issue 9's shapes): DeepSeek-V3's latent cache (576 = 512 + 64), bf16,
+   pages of 64, heads {16, 128}; decode through attn_mla_forward_mqa (q_latent + q_pe),
+   batch {1, 16, 64, 128} x context {1k, 4k, 16k}: GB/s of latent read (B L 576 2 bytes)
+   and TFLOP/s (2 B H L (576 + 512)); the fused call on one decode shape (its cuBLAS
+   projections included); the prefill shape (128 heads, one sequence of 4096, causal, qk
+   192 / v 128) through attn_mla_forward_mha: TFLOP/s over the causal-useful pairs, 2 H L(L+1)/2
+   (192 + 128), the up-projection's GEMMs and gathers inside the time. */
+#define MLA_POOL_BYTES ((size_t)12 << 30)
+enum { MB_R = 512, MB_P = 64, MB_D = 576, MB_N = 128, MB_V = 128, MB_BS = 64 };
+
+static attn_layer *mla_bench_layer(attn_context *ctx, int H) {
+    attn_layer_desc d;
+    attn_layer *layer = NULL;
+    memset(&d, 0, sizeof d);
+    d.use_mla = 1;
+    d.num_heads = H;
+    d.head_size = MB_D;
+    d.kv_lora_rank = MB_R;
+    d.qk_rope_head_dim = MB_P;
+    d.qk_nope_head_dim = MB_N;
+    d.v_head_dim = MB_V;
+    d.block_size = MB_BS;
+    d.dtype = d.kv_cache_dtype = ATTN_DTYPE_BF16;
+    d.device = ATTN_DEVICE_CUDA;
+    CHECK(ctx, attn_layer_create(ctx, &d, NULL, &layer));
+    return layer;
+}
+
+/* nsets metadata of one MLA layer over disjoint shuffled block sets of the pool. */
+static attn_metadata **mla_metas(attn_context *ctx, attn_layer *layer, const int32_t *ids, int64_t pool_blocks, int nreq,
+                                 const int32_t *qlens, const int32_t *seqs, int nsets, int64_t workspace) {
+    attn_metadata **metas = (attn_metadata **)bench_alloc((size_t)nsets * sizeof *metas);
+    int32_t *qsl = (int32_t *)bench_alloc(((size_t)nreq + 1) * 4), *table;
+    int r, k, bps = 0, per_set = 0, maxq = 0, maxs = 0;
+    for (r = 0; r < nreq; r++) {
+        int nb = (seqs[r] + MB_BS - 1) / MB_BS;
+        if (nb > bps) bps = nb;
+        if (qlens[r] > maxq) maxq = qlens[r];
+        if (seqs[r] > maxs) maxs = seqs[r];
+        per_set += nb;
+    }
+    qsl[0] = 0;
+    for (r = 0; r < nreq; r++) qsl[r + 1] = qsl[r] + qlens[r];
+    if ((int64_t)nsets * per_set > pool_blocks) {
+        fprintf(stderr, "attn-bench: an MLA case does not fit the bench's latent cache\n");
+        exit(1);
+    }
+    table = (int32_t *)bench_alloc((size_t)nreq * (size_t)bps * 4);
+    for (k = 0; k < nsets; k++) {
+        attn_metadata_desc md;
+        attn_batch b;
+        const int32_t *set = ids + (size_t)k * (size_t)per_set;
+        int used = 0;
+        for (r = 0; r < nreq; r++) {
+            int nb = (seqs[r] + MB_BS - 1) / MB_BS, j;
+            for (j = 0; j < bps; j++) table[(size_t)r * bps + j] = j < nb ? set[used + j] : 0;
+            used += nb;
+        }
+        memset(&md, 0, sizeof md);
+        md.max_num_reqs = nreq;
+        md.max_num_tokens = qsl[nreq];
+        md.max_blocks_per_req = bps;
+        md.num_blocks = pool_blocks;
+        md.workspace_bytes = workspace;
+        CHECK(ctx, attn_metadata_create(layer, &md, &metas[k]));
+        memset(&b, 0, sizeof b);
+        b.query_start_loc = qsl;
+        b.seq_lens = seqs;
+        b.block_table = table;
+        b.block_table_stride = bps;
+        b.num_reqs = nreq;
+        b.num_actual_tokens = qsl[nreq];
+        b.max_query_len = maxq;
+        b.max_seq_len = maxs;
+        CHECK(ctx, attn_metadata_build(metas[k], 0, &b, 0));
+    }
+    CHECK(ctx, attn_cuda_synchronize(ctx, NULL));
+    free(qsl);
+    free(table);
+    return metas;
+}
+
+typedef struct {
+    attn_context *ctx;
+    attn_layer *layer;
+    attn_metadata **metas;
+    int nsets, kind;                   /* kind: 0 forward_mqa, 1 fused decode, 2 forward_mha */
+    attn_tensor cache, q, q_pe, out, w_uk, w_uv;
+} mla_call;
+
+static void mla_call_run(mla_call *c, int k) {
+    attn_metadata *m = c->metas[k % c->nsets];
+    if (c->kind == 0) CHECK(c->ctx, attn_mla_forward_mqa(c->layer, m, &c->q, &c->q_pe, &c->cache, &c->out, NULL, NULL));
+    else if (c->kind == 1)
+        CHECK(c->ctx, attn_mla_forward(c->layer, m, &c->q, &c->q_pe, NULL, NULL, &c->cache, &c->w_uk, &c->w_uv, &c->out, NULL));
+    else CHECK(c->ctx, attn_mla_forward_mha(c->layer, m, &c->q, &c->cache, &c->w_uk, &c->w_uv, &c->out, NULL, NULL));
+}
+
+/* Median seconds per call over groups of per_group back-to-back calls (cuda_time's way). */
+static double mla_time(cuda_bench *cb, mla_call *c, int per_group) {
+    attn__cuda_driver *cu = cb->ctx->cuda;
+    double t[16];
+    int g, k, next = 0;
+    for (k = 0; k < 3; k++) mla_call_run(c, k);
+    for (g = 0; g < cb->groups; g++) {
+        float ms = 0;
+        CHECK(cb->ctx, attn__cuda_enter(cb->ctx, "attn-bench"));
+        cu->cuEventRecord(cb->e0, NULL);
+        attn__cuda_leave(cb->ctx);
+        for (k = 0; k < per_group; k++) mla_call_run(c, next++);
+        CHECK(cb->ctx, attn__cuda_enter(cb->ctx, "attn-bench"));
+        cu->cuEventRecord(cb->e1, NULL);
+        cu->cuEventSynchronize(cb->e1);
+        cu->cuEventElapsedTime(&ms, cb->e0, cb->e1);
+        attn__cuda_leave(cb->ctx);
+        t[g] = (double)ms * 1e-3 / per_group;
+    }
+    return median(t, cb->groups);
+}
+
+static attn_tensor mla_dev_tensor(void *p, int ndim, int64_t a, int64_t b, int64_t c) {
+    int64_t s[3];
+    attn_tensor t;
+    s[0] = a; s[1] = b; s[2] = c;
+    t = attn_tensor_make(p, ATTN_DTYPE_BF16, ndim, s);
+    t.device.kind = ATTN_DEVICE_CUDA;
+    return t;
+}
+
+static void cuda_mla_table(attn_context *ctx, cuda_bench *cb, double read_best, double mm) {
+    static const int heads[] = {16, 128}, batches[] = {1, 16, 64, 128}, contexts[] = {1024, 4096, 16384};
+    const size_t block_bytes = (size_t)MB_BS * MB_D * 2;
+    const int64_t pool_blocks = (int64_t)(MLA_POOL_BYTES / block_bytes);
+    const size_t qbytes = (size_t)4096 * 128 * 192 * 2; /* the largest q: the prefill's */
+    void *d_cache = NULL, *d_q = NULL, *d_qpe = NULL, *d_out = NULL, *d_wuk = NULL, *d_wuv = NULL;
+    int32_t *ids = (int32_t *)bench_alloc((size_t)pool_blocks * sizeof(int32_t));
+    size_t chunk = (size_t)64 << 20, off;
+    uint16_t *host = (uint16_t *)bench_alloc(chunk + 1024);
+    int hi, bi, ci, i;
+    mla_call c;
+    bench_row *row;
+    fill_random(host, ATTN_DTYPE_BF16, (chunk + 1024) / 2, 11);
+    CHECK(ctx, attn_cuda_malloc(ctx, (size_t)pool_blocks * block_bytes, &d_cache));
+    for (off = 0; off < (size_t)pool_blocks * block_bytes; off += chunk)
+        CHECK(ctx, attn_cuda_memcpy(ctx, (char *)d_cache + off, (const char *)host + (off / chunk % 7) * 128,
+                                    ATTN__MIN(chunk, (size_t)pool_blocks * block_bytes - off), ATTN_COPY_HOST_TO_DEVICE, NULL));
+    CHECK(ctx, attn_cuda_malloc(ctx, qbytes, &d_q));
+    CHECK(ctx, attn_cuda_malloc(ctx, qbytes, &d_qpe));
+    CHECK(ctx, attn_cuda_malloc(ctx, qbytes, &d_out));
+    CHECK(ctx, attn_cuda_malloc(ctx, (size_t)128 * MB_N * MB_R * 2, &d_wuk));
+    CHECK(ctx, attn_cuda_malloc(ctx, (size_t)128 * MB_R * MB_V * 2, &d_wuv));
+    for (off = 0; off < qbytes; off += chunk) {
+        size_t n = ATTN__MIN(chunk, qbytes - off);
+        CHECK(ctx, attn_cuda_memcpy(ctx, (char *)d_q + off, (const char *)host + 64, n, ATTN_COPY_HOST_TO_DEVICE, NULL));
+        CHECK(ctx, attn_cuda_memcpy(ctx, (char *)d_qpe + off, (const char *)host + 192, n, ATTN_COPY_HOST_TO_DEVICE, NULL));
+    }
+    /* weights ~ U(-1, 1) / sqrt(R): projections of unit scale */
+    for (i = 0; i < (int)((chunk + 1024) / 2); i++) host[i] = attn_f32_to_bf16(attn_bf16_to_f32(host[i]) * 0.044f);
+    CHECK(ctx, attn_cuda_memcpy(ctx, d_wuk, host, (size_t)128 * MB_N * MB_R * 2, ATTN_COPY_HOST_TO_DEVICE, NULL));
+    CHECK(ctx, attn_cuda_memcpy(ctx, d_wuv, (const char *)host + 512, (size_t)128 * MB_R * MB_V * 2,
+                                ATTN_COPY_HOST_TO_DEVICE, NULL));
+    free(host);
+    shuffle_ids(ids, (int)pool_blocks, 43);
+    memset(&c, 0, sizeof c);
+    c.ctx = ctx;
+    c.cache = mla_dev_tensor(d_cache, 3, pool_blocks, MB_BS, MB_D);
+    c.w_uk = mla_dev_tensor(d_wuk, 3, 128, MB_N, MB_R);
+    c.w_uv = mla_dev_tensor(d_wuv, 3, 128, MB_R, MB_V);
+    for (hi = 0; hi < 2; hi++) {
+        const int H = heads[hi];
+        c.layer = mla_bench_layer(ctx, H);
+        c.w_uk.shape[0] = c.w_uv.shape[0] = H;
+        printf("MLA decode: %d heads, latent 576 (512 + 64), bf16, pages of %d; backend %s; forward_mqa; GB/s of "
+               "latent read (B L 576 2 bytes), TFLOP/s = 2 B H L (576 + 512)\n", H, MB_BS,
+               attn_layer_backend(c.layer)->name);
+        for (bi = 0; bi < 4; bi++)
+            for (ci = 0; ci < 3; ci++) {
+                const int B = batches[bi], C = contexts[ci];
+                const size_t iter_bytes = (size_t)B * (size_t)C * MB_D * 2;
+                const double flops = 2.0 * B * H * (double)C * (MB_D + MB_R);
+                int32_t ql[128], sl[128];
+                attn_mla_info info;
+                double med, gbs, tf;
+                memset(&info, 0, sizeof info);
+                c.nsets = (int)((CUDA_ROTATE_BYTES + iter_bytes - 1) / iter_bytes);
+                c.nsets = c.nsets < 2 ? 2 : c.nsets > CUDA_MAX_SETS ? CUDA_MAX_SETS : c.nsets;
+                for (i = 0; i < B; i++) { ql[i] = 1; sl[i] = C; }
+                c.metas = mla_metas(ctx, c.layer, ids, pool_blocks, B, ql, sl, c.nsets, 0);
+                c.kind = 0;
+                c.q = mla_dev_tensor(d_q, 3, B, H, MB_R);
+                c.q_pe = mla_dev_tensor(d_qpe, 3, B, H, MB_P);
+                c.out = mla_dev_tensor(d_out, 3, B, H, MB_R);
+                med = mla_time(cb, &c, c.nsets < 20 ? 20 : c.nsets);
+                gbs = (double)iter_bytes / med / 1e9;
+                tf = flops / med / 1e12;
+                CHECK(ctx, attn_metadata_mla_info(c.metas[0], &info));
+                printf("  batch %3d context %5d: %9.1f us  %7.0f GB/s (%5.1f%% of read)  %6.1f TFLOP/s (%5.1f%% of "
+                       "matmul)  [%d splits, %d work items; %d sets]\n", B, C, med * 1e6, gbs, 100.0 * gbs / read_best,
+                       tf, mm > 0 ? 100.0 * tf / mm : 0.0, info.num_kv_splits,
+                       ((const attn__cuda_mla_meta *)attn_metadata_private(c.metas[0]))->host.counts[0], c.nsets);
+                fflush(stdout);
+                row = row_add();
+                snprintf(row->name, sizeof row->name, "MLA decode H=%d b=%d ctx=%d (%d splits)", H, B, C, info.num_kv_splits);
+                row->ms = med * 1e3;
+                snprintf(row->metric, sizeof row->metric, "%.0f GB/s, %.1f TFLOP/s", gbs, tf);
+                row->read_gbs = gbs;
+                row->other_cores = -1;
+                {
+                    char kind[32];
+                    snprintf(kind, sizeof kind, "mla_decode_h%d", H);
+                    csv_row("attn.h", kind, B, C, med * 1e6, gbs, "GB/s");
+                    snprintf(kind, sizeof kind, "mla_decode_h%d_tflops", H);
+                    csv_row("attn.h", kind, B, C, med * 1e6, tf, "TFLOP/s");
+                }
+                if (B == 64 && C == 4096) { /* the fused call: projections by cuBLAS around the decode */
+                    double mf;
+                    c.kind = 1;
+                    c.q = mla_dev_tensor(d_q, 3, B, H, MB_N);
+                    c.out = mla_dev_tensor(d_out, 3, B, H, MB_V);
+                    mf = mla_time(cb, &c, 20);
+                    printf("  batch %3d context %5d: %9.1f us through attn_mla_forward (q_nope . W_UK, decode, . W_UV: "
+                           "%.1f us around the decode)\n", B, C, mf * 1e6, (mf - med) * 1e6);
+                    row = row_add();
+                    snprintf(row->name, sizeof row->name, "MLA fused decode H=%d b=%d ctx=%d", H, B, C);
+                    row->ms = mf * 1e3;
+                    snprintf(row->metric, sizeof row->metric, "%.1f us more than forward_mqa", (mf - med) * 1e6);
+                    row->other_cores = -1;
+                    {
+                        char kind[32];
+                        snprintf(kind, sizeof kind, "mla_fused_decode_h%d", H);
+                        csv_row("attn.h", kind, B, C, mf * 1e6, mf * 1e6, "us");
+                    }
+                }
+                cuda_metas_free(c.metas, c.nsets);
+            }
+        if (H == 128) { /* the prefill shape: one sequence of 4096, causal, qk 192 / v 128 */
+            const int L = 4096;
+            const double flops = (double)H * (MB_N + MB_P + MB_V) * (double)L * (L + 1);
+            static const int64_t ws[2] = {0, (int64_t)320 << 20};
+            int32_t ql[1], sl[1];
+            int w;
+            ql[0] = sl[0] = L;
+            for (w = 0; w < 2; w++) {
+                attn_mla_info info;
+                double med, tf;
+                memset(&info, 0, sizeof info);
+                c.nsets = 2;
+                c.metas = mla_metas(ctx, c.layer, ids, pool_blocks, 1, ql, sl, c.nsets, ws[w]);
+                c.kind = 2;
+                c.q = mla_dev_tensor(d_q, 3, L, H, MB_N + MB_P);
+                c.out = mla_dev_tensor(d_out, 3, L, H, MB_V);
+                med = mla_time(cb, &c, 4);
+                tf = flops / med / 1e12;
+                CHECK(ctx, attn_metadata_mla_info(c.metas[0], &info));
+                printf("MLA prefill: 128 heads, 1 x %d causal, qk 192 / v 128, forward_mha with workspace %s (chunks of "
+                       "%d keys): %9.1f us  %6.1f TFLOP/s (%5.1f%% of matmul; gather and up-projection GEMMs "
+                       "included, their FLOPs not counted)\n", L, ws[w] ? "320 MiB" : "64 MiB (default)", info.prefill_chunk,
+                       med * 1e6, tf, mm > 0 ? 100.0 * tf / mm : 0.0);
+                fflush(stdout);
+                row = row_add();
+                snprintf(row->name, sizeof row->name, "MLA prefill H=128 L=%d causal (chunk %d)", L, info.prefill_chunk);
+                row->ms = med * 1e3;
+                snprintf(row->metric, sizeof row->metric, "%.1f TFLOP/s", tf);
+                if (mm > 0) snprintf(row->ceiling, sizeof row->ceiling, "%.1f%% of the matmul ceiling", 100.0 * tf / mm);
+                row->other_cores = -1;
+                csv_row("attn.h", w ? "mla_prefill_ws320" : "mla_prefill", 1, L, med * 1e6, tf, "TFLOP/s");
+                cuda_metas_free(c.metas, c.nsets);
+            }
+        }
+        attn_layer_destroy(c.layer);
+    }
+    attn_cuda_free(ctx, d_cache); attn_cuda_free(ctx, d_q); attn_cuda_free(ctx, d_qpe); attn_cuda_free(ctx, d_out);
+    attn_cuda_free(ctx, d_wuk); attn_cuda_free(ctx, d_wuv);
+    free(ids);
+}
+
+/* 2. The backend on the GPU: ceilings, decode, prefill, a mixed batch (then MLA: 3.). */
 static void cuda_backend_table(attn_context *ctx, int quick) {
     static const int batches[] = {1, 16, 64, 128}, contexts[] = {1024, 4096, 16384};
     static const int pre_b[] = {4, 1}, pre_l[] = {4096, 16384};
@@ -1563,7 +1841,7 @@ static void cuda_backend_table(attn_context *ctx, int quick) {
 
     printf("decode: %d/%d heads, head %d, bf16, block %d; GB/s = K+V bytes of the batch / time per forward\n",
            CB_H, CB_HKV, CB_D, CB_BS);
-    for (bi = 0; bi < 4; bi++)
+    for (bi = 0; bi < (cuda_mla_only ? 0 : 4); bi++)
         for (ci = 0; ci < 3; ci++) {
             int B = batches[bi], C = contexts[ci], nsets;
             size_t iter_bytes = (size_t)B * (size_t)C * CB_HKV * CB_D * 2 * 2;
@@ -1599,7 +1877,7 @@ static void cuda_backend_table(attn_context *ctx, int quick) {
 
     printf("prefill: causal, %d/%d heads, head %d, bf16; TFLOP/s over causal-useful pairs, "
            "4 * heads * head * L(L+1)/2 per sequence\n", CB_H, CB_HKV, CB_D);
-    for (i = 0; i < 2; i++) {
+    for (i = 0; i < (cuda_mla_only ? 0 : 2); i++) {
         int B = pre_b[i], L = pre_l[i], r, nsets = 4;
         int32_t ql[4], sl[4];
         attn_metadata **metas;
@@ -1623,7 +1901,7 @@ static void cuda_backend_table(attn_context *ctx, int quick) {
         cuda_metas_free(metas, nsets);
     }
 
-    { /* vLLM's chunked prefill: one chunk of 2048 over 8192 cached tokens + 64 decodes of 4096 */
+    if (!cuda_mla_only) { /* vLLM's chunked prefill: one chunk of 2048 over 8192 cached tokens + 64 decodes of 4096 */
         int32_t ql[65], sl[65];
         attn_metadata **metas;
         double t_mix, t_pre, t_dec;
@@ -1652,6 +1930,7 @@ static void cuda_backend_table(attn_context *ctx, int quick) {
         csv_row("attn.h", "mixed", 65, 4096, t_mix * 1e6, (t_pre + t_dec) * 1e6, "us_parts");
     }
 
+    cuda_mla_table(ctx, &cb, read_best, mm);
     read_best2 = cuda_read_ceiling(ctx, (attn__CUdeviceptr)(uintptr_t)cb.d_kv, (size_t)4 << 30, 10, &read_med2);
     if (read_best2 > read_best) read_best = read_best2;
     printf("read ceiling after the table: %.0f GB/s best, %.0f median; rows use the best of the run, %.0f GB/s\n",
@@ -1726,7 +2005,7 @@ static int bench_cuda(int quick, const char *cmd, const char *csv_path) {
         }
         fprintf(cuda_csv, "impl,kind,batch,context,us,value,unit\n");
     }
-    cuda_compile_times(&plat, quick);
+    if (!cuda_mla_only) cuda_compile_times(&plat, quick);
     printf("\n");
     if (plat.kind == ATTN_PLATFORM_CUDA && plat.cuda_capability_major >= 8)
         cuda_backend_table(ctx, quick);
@@ -1819,6 +2098,7 @@ int main(int argc, char **argv) {
         cl += (size_t)n;
         if (cl >= sizeof cmd) { cl = sizeof cmd - 1; break; }
     }
+    cuda_mla_only = run_mla && !run_decode && !run_prefill;
     if (on_cuda) return bench_cuda(o.quick, cmd, csv_path);
 
     memset(&cd, 0, sizeof cd);
