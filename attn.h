@@ -7605,7 +7605,8 @@ static attn__CUresult attn__cuda_mla_decode(attn_context *ctx, const attn__cuda_
     attn__mla_decode_params dp;
     void *args[1];
     unsigned grid = (unsigned)(capturing ? cm->work_capacity : cm->host.counts[0]);
-    unsigned merges = (unsigned)(capturing ? cm->merge_capacity : cm->host.counts[2]);
+    /* the merge kernel's grid covers every entry (those merged in the decode exit at once) */
+    unsigned merges = (unsigned)(capturing ? cm->merge_capacity : cm->host.counts[2] ? cm->host.counts[1] : 0);
     attn__CUresult rc;
     if (!grid) return 0;
     memset(&dp, 0, sizeof dp);
