@@ -3223,10 +3223,11 @@ static attn_mla_info attn__mla_plan(const attn_metadata *m, const attn_batch *b)
     info.num_prefills = b->num_reqs - nd;
     info.num_prefill_tokens = b->num_actual_tokens - info.num_decode_tokens;
     par = attn__parallelism(m->layer->ctx, m->backend->device);
-    /* a GPU splits what its decode items (64 heads of one token each: the CUDA MLA
-       decode's CTA) leave of the device's parallelism; the CPU splits every decode alike */
+    /* a GPU splits what its decode items leave of the device's parallelism: an item is 64
+       heads of one token (the CUDA MLA decode's CTA), which fills an SM, i.e. 2 of the
+       2 x SMs slots; the CPU splits every decode alike */
     if (m->backend->device == ATTN_DEVICE_CUDA)
-        par = ATTN__MAX(1, par / ATTN__MAX(1, info.num_decode_tokens * ((m->built_for.num_heads + 63) / 64)));
+        par = ATTN__MAX(1, par / ATTN__MAX(1, 2 * info.num_decode_tokens * ((m->built_for.num_heads + 63) / 64)));
     info.num_kv_splits = m->kv_splits_forced
                              ? m->cap.num_kv_splits
                              : attn__mla_splits(m->backend->device, max_dec, par, attn__env_batch_invariant(m->layer->ctx));
@@ -7101,6 +7102,14 @@ static const attn_backend attn__cuda_sm90_backend = {
    a forward allocates nothing and does not synchronise the host. */
 
 #define ATTN__MLA_HEADS_PER_CTA 64     /* kernels/mla_decode_sm90.cu's ROWS */
+/* A split entry of splits x rows <= this merges in the decode launch (its last CTA reads
+   them all), a larger one in attn_mla_merge (a CTA per row, one launch more). 0 (the
+   default): never fused. Measured on the H200 (attn-bench --case mla, 256 against 0): the
+   fused merge is never faster and up to 1.7x slower (128 heads, 1 x 1024: 55 -> 32 us;
+   16 x 4096: 103 -> 84 us), the last split's CTA reading all partials alone. */
+#ifndef ATTN_MLA_FUSED_MERGE_MAX
+#define ATTN_MLA_FUSED_MERGE_MAX 0
+#endif
 #define ATTN__MLA_CUBLAS_WS (32u << 20) /* cuBLAS's workspace (its Hopper recommendation) */
 
 /* cuBLAS's constants (cublas_api.h, library_types.h) */
@@ -7530,7 +7539,7 @@ static attn_status attn__cuda_mla_build(const attn_backend *self, attn_layer *la
                     /* merged in the decode launch by the entry's last split, or (many splits:
                        one CTA would read ns x 128 KiB) by the merge kernel, a CTA per row */
                     int32_t *m = p->merge + 8 * nm++;
-                    int fused = ns * ATTN__MIN(ATTN__MLA_HEADS_PER_CTA, d->num_heads - h0) <= 256;
+                    int fused = ns * ATTN__MIN(ATTN__MLA_HEADS_PER_CTA, d->num_heads - h0) <= ATTN_MLA_FUSED_MERGE_MAX;
                     ATTN_ASSERT(nm <= cm->merge_capacity && slots + ns <= cm->slot_capacity);
                     m[0] = q0 + t; m[1] = h0; m[2] = ns; m[3] = slots; m[4] = fused; m[5] = m[6] = m[7] = 0;
                     separate += !fused;

@@ -779,7 +779,8 @@ class Layer(_Owned):
     None = dtype. causal: True, False, or None (the library's default, causal).
     sliding_window, logits_soft_cap: 0 = none. alibi_slopes: None or num_heads floats.
     scale: None = 1/sqrt(head_size) (MLA: of the query width). device: 'cpu' or 'cuda'.
-    backend: None (automatic, or env ATTN_BACKEND) or a name ('CPU', 'CUDA', 'CUDA_SM90', 'CPU_MLA');
+    backend: None (automatic, or env ATTN_BACKEND) or a name ('CPU', 'CUDA', 'CUDA_SM90', 'CPU_MLA',
+             'CUDA_MLA_SM90');
     allow_fallback: an explicit backend that cannot serve degrades to the automatic one.
     mla: None, or a dict with kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim
     (head_size then defaults to kv_lora_rank + qk_rope_head_dim, num_kv_heads to 1).
@@ -874,7 +875,7 @@ class Layer(_Owned):
 
     @property
     def backend(self):
-        """The resolved backend's name ('CPU', 'CPU_MLA', 'CUDA', 'CUDA_SM90', ...)."""
+        """The resolved backend's name ('CPU', 'CPU_MLA', 'CUDA', 'CUDA_SM90', 'CUDA_MLA_SM90', ...)."""
         return self.selection["resolved"]
 
     @property

@@ -19,7 +19,14 @@ Every case rotates over sets of >= 256 MiB in all (5x the L2); CUDA events over 
 calls, median of 11 groups (5 with --quick). A backend that refuses a shape is reported as
 such. The read ceiling: torch's float32 sum over 4 GiB, best of 11.
 
-usage: python3 tools/torch_peer.py [--quick] [--csv FILE] [--no-attn-h]
+MLA (issue 9; --mla-only runs this part alone): the prefill shape, 128 heads, one sequence
+of 4096, causal, qk 192 / v 128, bf16: SDPA (default, cuDNN, efficient; flash where it takes
+v != qk) on contiguous q/k/v, beside attn.h's attn_mla_forward_mha through attn_h.py (its time
+includes the latent gather and the up-projection GEMMs). TFLOP/s = 2 H L(L+1)/2 (192 + 128).
+And MLA decode through attn_h.py (mla_forward_mqa, latent 576, pages of 64, heads 16 and 128)
+on the decode shapes of attn-bench (PyTorch has no latent-cache decode to set beside it).
+
+usage: python3 tools/torch_peer.py [--quick] [--csv FILE] [--no-attn-h] [--mla-only]
 """
 import os
 import sys
@@ -140,7 +147,7 @@ def add_attn_h(ah, res, label, b, qlens, seqlens, nsets, g, per_group, groups):
 
 def report(impls, csv, table, kind, b, c, amount, res):
     """One printed line, CSV rows and a table entry; amount: bytes (decode) or FLOPs."""
-    scale, unit = (1e9, "GB/s") if kind == "decode" else (1e12, "TFLOP/s")
+    scale, unit = (1e9, "GB/s") if "decode" in kind else (1e12, "TFLOP/s")
     line = f"  {kind} batch {b:3d} x {c:5d}:"
     for impl in impls:
         t = res.get(impl)
@@ -149,6 +156,81 @@ def report(impls, csv, table, kind, b, c, amount, res):
             csv.append(f"{impl},{kind},{b},{c},{t * 1e6:.2f},{amount / t / scale:.1f},{unit}")
     print(line, flush=True)
     table.append((kind, b, c, amount, res))
+
+
+def mla_part(ah_ok, csv, table, groups):
+    """MLA prefill: SDPA against attn.h's forward_mha; MLA decode through attn_h.py."""
+    Hm, L, DQK, DV, R, P, BSM = 128, 4096, 192, 128, 512, 64, 64
+    flops = 2.0 * Hm * L * (L + 1) / 2 * (DQK + DV)
+    g = torch.Generator(device="cuda").manual_seed(9)
+    q = torch.empty((1, Hm, L, DQK), device="cuda", dtype=torch.bfloat16).uniform_(-1, 1, generator=g)
+    k = torch.empty((1, Hm, L, DQK), device="cuda", dtype=torch.bfloat16).uniform_(-1, 1, generator=g)
+    v = torch.empty((1, Hm, L, DV), device="cuda", dtype=torch.bfloat16).uniform_(-1, 1, generator=g)
+    impls = ["default", "flash", "cudnn", "efficient"] + (["attn_h"] if ah_ok else [])
+    res = {}
+    for impl in impls[:4]:
+        def mk():
+            return lambda i: F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if impl == "efficient":
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+            try:
+                with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):
+                    res[impl] = timed(mk(), 3, groups)
+            except Exception as ex:  # noqa: BLE001
+                print(f"    mla prefill efficient: not run ({str(ex).splitlines()[0][:100]})")
+                res[impl] = None
+        else:
+            res[impl], _ = try_time(f"mla prefill {impl}", mk, lambda out: None, 3, groups, impl)
+        torch.cuda.empty_cache()
+    q = k = v = None
+    torch.cuda.empty_cache()
+    if ah_ok:
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+        import attn_h
+        ctx = attn_h.Context(log_level="warn")
+        mla = dict(kv_lora_rank=R, qk_rope_head_dim=P, qk_nope_head_dim=128, v_head_dim=DV)
+        layer = attn_h.Layer(ctx, num_heads=Hm, block_size=BSM, dtype="bfloat16", device="cuda", mla=mla)
+        nb = L // BSM
+        cache = torch.empty(layer.kv_cache_shape(nb), dtype=torch.bfloat16, device="cuda").uniform_(-1, 1, generator=g)
+        meta = attn_h.Metadata(layer, 1, L, nb, nb, workspace_bytes=320 << 20)
+        meta.build(np.array([0, L], np.int32), np.array([L], np.int32),
+                   np.random.default_rng(5).permutation(nb).astype(np.int32).reshape(1, nb), np.full(L, -1, np.int64))
+        qm = torch.empty((L, Hm, DQK), dtype=torch.bfloat16, device="cuda").uniform_(-1, 1, generator=g)
+        wuk = torch.empty((Hm, 128, R), dtype=torch.bfloat16, device="cuda").uniform_(-0.04, 0.04, generator=g)
+        wuv = torch.empty((Hm, R, DV), dtype=torch.bfloat16, device="cuda").uniform_(-0.04, 0.04, generator=g)
+        om = torch.empty((L, Hm, DV), dtype=torch.bfloat16, device="cuda")
+        res["attn_h"], _ = try_time("mla prefill attn_h", lambda: (lambda i: layer.mla_forward_mha(meta, qm, cache, wuk, wuv, om)),
+                                    lambda out: None, 3, groups)
+        print(f"    attn_h MLA layer backend: {layer.selection['resolved']}")
+    report(impls, csv, table, "mla_prefill", 1, L, flops, res)
+    if not ah_ok:
+        return
+    for Hd in (16, 128):
+        layer = attn_h.Layer(ctx, num_heads=Hd, block_size=BSM, dtype="bfloat16", device="cuda", mla=mla)
+        for b in BATCHES:
+            for c in CONTEXTS:
+                set_bytes = b * c * (R + P) * 2
+                nsets = max(2, min(64, -(-ROTATE // set_bytes)))
+                bps = -(-c // BSM)
+                nblocks = nsets * b * bps
+                cache = torch.empty(layer.kv_cache_shape(nblocks), dtype=torch.bfloat16, device="cuda").uniform_(-1, 1, generator=g)
+                ids = np.random.default_rng(b * 31 + c).permutation(nblocks).astype(np.int32)
+                metas = []
+                for s in range(nsets):
+                    m = attn_h.Metadata(layer, b, b, bps, nblocks)
+                    m.build(np.arange(b + 1, dtype=np.int32), np.full(b, c, np.int32),
+                            ids[s * b * bps:(s + 1) * b * bps].reshape(b, bps), np.full(b, -1, np.int64))
+                    metas.append(m)
+                ql = torch.empty((b, Hd, R), dtype=torch.bfloat16, device="cuda").uniform_(-1, 1, generator=g)
+                qp = torch.empty((b, Hd, P), dtype=torch.bfloat16, device="cuda").uniform_(-1, 1, generator=g)
+                ol = torch.empty((b, Hd, R), dtype=torch.bfloat16, device="cuda")
+                r = {}
+                r["attn_h"], _ = try_time(f"mla decode H{Hd} b{b} c{c}",
+                                          lambda: (lambda i: layer.mla_forward_mqa(metas[i % nsets], ql, cache, ol, q_pe=qp)),
+                                          lambda out: None, max(20, nsets), groups)
+                report(["attn_h"], csv, table, f"mla_decode_h{Hd}", b, c, set_bytes, r)
+                cache = metas = None
+                torch.cuda.empty_cache()
 
 
 def main():
@@ -168,6 +250,12 @@ def main():
     impls = ["default", "flash", "cudnn"] + (["attn_h"] if ah else [])
     csv = ["impl,kind,batch,context,us,value,unit"]
     table = []
+    if "--mla-only" in sys.argv:
+        mla_part(ah is not None, csv, table, groups)
+        if csv_path:
+            with open(csv_path, "w") as f:
+                f.write("\n".join(csv) + "\n")
+        return
 
     for b in BATCHES:
         for c in CONTEXTS:
