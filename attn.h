@@ -1,4 +1,4 @@
-/* attn.h - v0.2.0 - paged attention and MLA for C/C++, portable C and CUDA (NVRTC)
+/* attn.h - v0.5.0 - paged attention and MLA for C/C++, portable C and CUDA (NVRTC)
 
    Do this:
        #define ATTN_IMPLEMENTATION
@@ -39,11 +39,16 @@
                                "libcublas.so"); opened only on a CUDA platform, on first need
        ATTN_MLA_WORKSPACE_BYTES  default of attn_metadata_desc.workspace_bytes (64 MiB): the
                                bound on each of forward_mha's workspaces (up-projected K/V of
-                               a chunk of keys; running outputs of a group of queries)
+                               a chunk of keys; running outputs of a group of queries). On
+                               the GPU a chunk costs heads x (qk_nope + v) x 2 bytes a key:
+                               960 keys at 128 heads; 320 MiB gives 4096
+       ATTN_MLA_FUSED_MERGE_MAX  CUDA_MLA_SM90: split entries of splits x rows <= this merge
+                               in the decode launch (default 0: all in attn_mla_merge, which
+                               measured faster on the H200)
 
    ENVIRONMENT VARIABLES
        ATTN_BACKEND            force a backend by name (case-insensitive): CPU, CPU_MLA, CUDA,
-                               CUDA_SM90
+                               CUDA_SM90, CUDA_MLA_SM90
                                (code beats env; an unknown name fails and lists the names)
        ATTN_CACHE_DIR          where compiled kernels are kept (default $XDG_CACHE_HOME/attn,
                                else ~/.cache/attn; "off": in memory only); read at
@@ -62,9 +67,9 @@
 
    BACKENDS, in automatic priority order per platform (a backend serves only layers of
    its kind: standard or MLA; CUSTOM, a plugin slot, leads when registered)
-       platform CPU:   CUSTOM, CPU, CPU_MLA, CUDA_SM90, CUDA (skipped: no device, but the
-                       record says so)
-       platform CUDA:  CUSTOM, CUDA_SM90, CUDA, CPU, CPU_MLA
+       platform CPU:   CUSTOM, CPU, CPU_MLA, CUDA_SM90, CUDA, CUDA_MLA_SM90 (skipped: no
+                       device, but the record says so)
+       platform CUDA:  CUSTOM, CUDA_SM90, CUDA, CUDA_MLA_SM90, CPU, CPU_MLA
        Only backends of the layer's device (attn_layer_desc.device, CPU by default) serve it.
        CPU      standard attention: f32/f16/bf16, head sizes 8..512 step 8, any block size
                 that is a multiple of 16, causal/non-causal, window, soft cap, ALiBi, LSE
@@ -80,6 +85,16 @@
                 decode tiles, cache write, schedule and graph support are CUDA's. Where it
                 does not apply (or its kernel cannot load) the record says why and CUDA
                 serves the layer
+       CUDA_MLA_SM90  MLA on compute capability 9.0 (sm_90a kernels; cuBLAS for the
+                projections): head size 576 or 320, q = cache of one 16-bit type, qk_nope/v
+                128/128 or 64/64, causal, LSE; the CPU_MLA cache layout. Decode on wgmma
+                (64 heads of one token per CTA, split-KV merged by LSE), prefill up-projected
+                per chunk of keys (cuBLAS) and attended on wgmma, chunks merged by LSE. q,
+                q_pe and out rows must be 16-byte aligned (named error otherwise). CUDA
+                graphs: UNIFORM_SINGLE_TOKEN_DECODE (forward_mqa replays for any decode batch
+                of the metadata's capacity; the fused call for batches of its captured token
+                count, its cuBLAS shapes being fixed at capture). No MLA backend yet for
+                other GPUs (the portable mma.sync fallback is not wired)
        A candidate is skipped, with a recorded reason, when a check fails (dtype, KV-cache
        dtype, head size, block size, feature, platform). Explicit requests (code or env)
        that cannot be honoured fail with ATTN_ERROR_BACKEND_UNAVAILABLE and every reason,
@@ -202,9 +217,9 @@
 #define ATTN_H
 
 #define ATTN_VERSION_MAJOR 0
-#define ATTN_VERSION_MINOR 4
+#define ATTN_VERSION_MINOR 5
 #define ATTN_VERSION_PATCH 0
-#define ATTN_VERSION_STRING "0.4.0"
+#define ATTN_VERSION_STRING "0.5.0"
 
 #include <stddef.h>
 #include <stdint.h>

@@ -248,7 +248,7 @@ static void describe(const attn_case *c, char *buf, size_t n) {
 }
 
 /* ---- kernels compiled here rather than through the library's variant cache: the sm_90a
-   prefill (embedded) and issue 9's drafts (kernels/wip/, read from disk), with the headers
+   prefill and the MLA kernels (embedded) and the drafts (kernels/wip/, read from disk), with the headers
    embedded in attn.h offered by name, and ptxas's report checked ---- */
 typedef struct draft_kernel {
     const char *label;     /* in messages: "sm90-prefill", "mla", ... */
@@ -1047,10 +1047,10 @@ static void bench(const char *extra) {
     printf("bench: %.1f s\n", now_s() - t0);
 }
 
-/* ---- --mla: the draft MLA decode kernel kernels/wip/mla_decode.cu (not embedded: read
-   from disk, run from the repository root), compiled for the device (sm_90 without one)
-   with ptxas's report; on a GPU, random decode batches against a float64 reference, and
-   with --bench the decode shapes of issue 9 ---- */
+/* ---- --mla: the MLA kernels (CUDA_MLA_SM90's, embedded; the mma.sync drafts of the
+   fallback, kernels/wip/, read from disk: run from the repository root), compiled for the
+   device (sm_90 / sm_90a without one) with ptxas's report; on a GPU, random decode batches
+   and prefill passes against a float64 reference, and with --bench issue 9's shapes ---- */
 static int mla_mode;
 
 typedef struct attn_mla_params_host {
@@ -1063,11 +1063,13 @@ typedef struct attn_mla_params_host {
     attn__CUdeviceptr merge_count; /* mla_decode_sm90.cu only (FUSED_MERGE 1) */
 } attn_mla_params_host;
 
-/* issue 9's drafts: 0 mla_decode.cu, 1 mla_decode_sm90.cu, 2 mha_prefill_sm90.cu */
-static draft_kernel mla_kernels[3] = {
+/* MLA kernels: 0 mla_decode.cu (draft), 1 mla_decode_sm90.cu, 2 mla_prefill_sm90.cu,
+   3 mla_prefill.cu (the mma.sync draft of the prefill attention, same params and pass) */
+static draft_kernel mla_kernels[4] = {
     {"mla", "kernels/wip/mla_decode.cu", 0, 0, "attn_mla_decode", "attn_mla_merge", "attn_mla_config", NULL},
     {"mla", "mla_decode_sm90.cu", 1, 1, "attn_mla_decode", "attn_mla_merge", "attn_mla_config", NULL},
-    {"mha", "mla_prefill_sm90.cu", 1, 1, "attn_mla_prefill", "attn_mla_gather", "attn_mha_config", NULL}};
+    {"mha", "mla_prefill_sm90.cu", 1, 1, "attn_mla_prefill", "attn_mla_gather", "attn_mha_config", NULL},
+    {"mha", "kernels/wip/mla_prefill.cu", 0, 0, "attn_mla_prefill", NULL, "attn_mha_config", NULL}};
 static module_entry *mla_module(const char *defines, int which, int load) {
     return draft_module(&mla_kernels[which], defines, load);
 }
@@ -1097,12 +1099,15 @@ static void mla_compile_report(void) {
         skipped++;
         return;
     }
-    printf("mla: %s for sm_90, %s and %s for sm_90a (NVRTC %d.%d)\n", mla_kernels[0].file, mla_kernels[1].file, mla_kernels[2].file, context->nvrtc->major,
+    printf("mla: %s and %s for sm_90, %s and %s for sm_90a (NVRTC %d.%d)\n", mla_kernels[0].file, mla_kernels[3].file,
+           mla_kernels[1].file, mla_kernels[2].file, context->nvrtc->major,
            context->nvrtc->minor);
     for (i = 0; i < sizeof mla_variants / sizeof mla_variants[0]; i++)
         if (mla_module(mla_variants[i], i >= MLA_NV, 0)) passed++;
     for (i = 0; i < sizeof mha_variants / sizeof mha_variants[0]; i++)
         if (mla_module(mha_variants[i], 2, 0)) passed++;
+    for (i = 0; i < sizeof mha_variants / sizeof mha_variants[0]; i++)
+        if (mla_module(mha_variants[i], 3, 0)) passed++;
 }
 
 /* One random decode batch on variant v with `splits` (1: none) against float64. Returns 1 ok. */
@@ -1278,11 +1283,11 @@ typedef struct attn_mha_params_host { /* mla_prefill_sm90.cu's attn_mha_params *
 /* MLA's prefill attention (mla_prefill_sm90.cu, variant v of mha_variants): random requests,
    each over a random chunk of its keys, in one launch or two (the second merged into the
    first's out/lse by LSE), against float64. With timing: one request of n tokens x 128 heads, causal, all keys; *us set. */
-static int mha_case(int v, int H, int nreq, int max_len, int timing, double *us) {
+static int mha_case(int which, int v, int H, int nreq, int max_len, int timing, double *us) {
     int DN, R, DV, dt, r, t, h, nq = 0, nk = 0, bad = 0;
     module_entry *m;
     sscanf(mha_variants[v], "DN=%d ROPE=%d DV=%d DT=%d", &DN, &R, &DV, &dt);
-    if (!(m = mla_module(mha_variants[v], 2, 1))) return 0;
+    if (!(m = mla_module(mha_variants[v], which, 1))) return 0;
     {
         const int DQK = DN + R;
         attn_dtype et = dt == 1 ? ATTN_DTYPE_F16 : ATTN_DTYPE_BF16;
@@ -1335,7 +1340,9 @@ static int mha_case(int v, int H, int nreq, int max_len, int timing, double *us)
                     p.v = dv + (attn__CUdeviceptr)(k0[r] + kp0[r] + c0) * H * DV * 2;
                     p.q_row0 = q0[r]; p.nq = qlen[r]; p.pos0 = ctx[r]; p.key_pos0 = kp0[r] + c0; p.nkeys = c1 - c0;
                     p.flags = 1 | (c0 ? 2 : 0);
-                    CU_CHECK(cu->cuLaunchKernel(m->main, (unsigned)((qlen[r] + 127) / 128), (unsigned)H, 1, 256, 1, 1,
+                    /* config: {threads, dynamic shared bytes, KV_TILE, rows per CTA, ...} */
+                    CU_CHECK(cu->cuLaunchKernel(m->main, (unsigned)((qlen[r] + m->config[3] - 1) / m->config[3]), (unsigned)H, 1,
+                                                (unsigned)m->config[0], 1, 1,
                                                 (unsigned)m->config[1], NULL, args, NULL));
                 }
             }
@@ -1381,7 +1388,8 @@ static int mha_case(int v, int H, int nreq, int max_len, int timing, double *us)
                             const double want_lse = seen ? mx + log(sum) : -INFINITY;
                             const float gl = lse[(size_t)qr * H + h];
                             if (!(fabs(gl - want_lse) <= 2e-3 * (1 + fabs(want_lse))) && !(!seen && isinf(gl) && gl < 0)) {
-                                printf("FAIL mha [%s]: req %d head %d row %d: lse %g, want %g\n", mha_variants[v], r, h, t, gl, want_lse);
+                                printf("FAIL mha %s [%s]: req %d head %d row %d: lse %g, want %g\n", mla_kernels[which].file,
+                                       mha_variants[v], r, h, t, gl, want_lse);
                                 bad++;
                             }
                         }
@@ -1389,7 +1397,8 @@ static int mha_case(int v, int H, int nreq, int max_len, int timing, double *us)
                             const double want = seen ? acc[c] / sum : 0.0;
                             const float got = get(out, et, ((size_t)qr * H + h) * DV + c);
                             if (!(fabs(got - want) <= (dt == 1 ? 4e-3 : 2e-2) + 2e-2 * fabs(want))) {
-                                printf("FAIL mha [%s]: req %d head %d row %d col %d: out %g, want %g\n", mha_variants[v], r, h, t, c, got, want);
+                                printf("FAIL mha %s [%s]: req %d head %d row %d col %d: out %g, want %g\n", mla_kernels[which].file,
+                                       mha_variants[v], r, h, t, c, got, want);
                                 bad++;
                             }
                         }
@@ -1413,20 +1422,26 @@ static void mla_tests(int cases, int bench) {
         if (mla_case(v, H, rnd_int(1, 5), rnd_int(1, 1500), splits, 0, &us)) passed++;
         else failed++;
     }
-    if (arch == 90) /* MLA's prefill attention on wgmma */
-        for (n = 0; n < cases / 2; n++) {
-            double us;
-            if (mha_case(n % 3, 1 + rnd_int(0, 5), rnd_int(1, 3), rnd_int(1, 400), 0, &us)) passed++;
-            else failed++;
-        }
-    if (bench && arch == 90) { /* issue 9's prefill shape: 128 heads, one sequence of 4096, causal */
-        double us = 0;
-        if (mha_case(0, 128, 1, 4096, 1, &us)) {
-            passed++;
-            printf("  mha wgmma bench: 128 heads, 1 x 4096 causal, qk 192 / v 128: %8.1f us  %6.1f TFLOP/s\n", us,
-                   2.0 * 128 * (192 + 128) * 4096.0 * 4097 / 2 / (us * 1e-6) / 1e12);
-        } else {
-            failed++;
+    /* MLA's prefill attention: on mma.sync (the fallback's draft, any sm_80+) and on wgmma
+       (compute capability 9.0) */
+    for (n = 0; n < cases; n++) {
+        double us;
+        const int which = n % 2 ? 3 : 2;
+        if (which == 2 && arch != 90) continue;
+        if (mha_case(which, n / 2 % 3, 1 + rnd_int(0, 5), rnd_int(1, 3), rnd_int(1, 400), 0, &us)) passed++;
+        else failed++;
+    }
+    if (bench) { /* issue 9's prefill shape: 128 heads, one sequence of 4096, causal */
+        int which;
+        for (which = 3; which >= (arch == 90 ? 2 : 3); which--) {
+            double us = 0;
+            if (mha_case(which, 0, 128, 1, 4096, 1, &us)) {
+                passed++;
+                printf("  mha %s bench: 128 heads, 1 x 4096 causal, qk 192 / v 128: %8.1f us  %6.1f TFLOP/s\n",
+                       which == 2 ? "wgmma" : "mma.sync", us, 2.0 * 128 * (192 + 128) * 4096.0 * 4097 / 2 / (us * 1e-6) / 1e12);
+            } else {
+                failed++;
+            }
         }
     }
     if (bench) { /* a few of issue 9's decode shapes (20 launches back to back over one batch:

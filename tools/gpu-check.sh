@@ -3,7 +3,7 @@
 # runner, runs the CUDA suite against the CPU backend, the same under compute-sanitizer
 # (memcheck, then racecheck on a subset), the whole runner, python/attn_h.py's pytest suite
 # on CUDA tensors (where torch is installed), the kernel harness and its benchmark, the wgmma
-# probes and the sm_90a prefill (CUDA_SM90) against the CPU backend, issue 9's MLA drafts (and its timing), the
+# probes and the sm_90a prefill (CUDA_SM90) against the CPU backend, the MLA kernels (and their timing), the
 # backend's benchmark (attn-bench --device cuda) and the PyTorch peer on the same shapes.
 # Logs under $OUT (default build/gpu-out); a short table last.
 #   usage: tools/gpu-check.sh [--quick | --bench-only]
@@ -29,6 +29,8 @@ backend_bench() {
     if python3 -c 'import torch; assert torch.cuda.is_available()' >/dev/null 2>&1; then
         timeout 300 python3 tools/torch_peer.py --csv "$OUT/torch-peer.csv" > "$OUT/torch-peer.log" 2>&1
         summary "torch peer" "exit $? (torch-peer.log)"
+        timeout 200 python3 tools/torch_peer.py --mla-only --csv "$OUT/torch-peer-mla.csv" > "$OUT/torch-peer-mla.log" 2>&1
+        summary "torch peer (MLA)" "exit $? (torch-peer-mla.log)"
     fi
 }
 if [ "${1:-}" = "--bench-only" ]; then backend_bench; cat "$OUT/summary.txt"; exit 0; fi
@@ -70,10 +72,11 @@ summary "wgmma probes (sm_90a)" "$(last "$OUT/wgmma-check.log")"
 # the Hopper prefill (kernels/paged_prefill_sm90.cu): against the CPU backend on sm_90
 timeout 200 ./build/cuda_kernels --sm90-prefill --cases 200 > "$OUT/sm90-prefill.log" 2>&1
 summary "sm_90a prefill" "$(last "$OUT/sm90-prefill.log")"
-# issue 9's drafts (kernels/wip/): MLA decode on mma.sync and wgmma, MLA prefill attention on
-# wgmma, against float64; with the timings of issue 9's shapes
-timeout 200 ./build/cuda_kernels --mla --cases 24 --bench > "$OUT/mla-drafts.log" 2>&1
-summary "mla drafts" "$(last "$OUT/mla-drafts.log")"
+# MLA kernels: the mma.sync decode draft (kernels/wip/), CUDA_MLA_SM90's wgmma decode and
+# prefill attention, against float64; with the timings of issue 9's shapes (the backend
+# itself: the cuda suites above run suite_cuda_mla; its table: attn-bench's MLA part)
+timeout 200 ./build/cuda_kernels --mla --cases 24 --bench > "$OUT/mla-kernels.log" 2>&1
+summary "mla kernels" "$(last "$OUT/mla-kernels.log")"
 [ "${1:-}" = "--quick" ] || {
     timeout 200 ./build/cuda_kernels --bench > "$OUT/cuda-bench.log" 2>&1
     summary "kernel bench" "exit $? (cuda-bench.log)"
