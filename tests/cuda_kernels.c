@@ -1065,11 +1065,13 @@ typedef struct attn_mla_params_host {
 
 /* MLA kernels: 0 mla_decode.cu (draft), 1 mla_decode_sm90.cu, 2 mla_prefill_sm90.cu,
    3 mla_prefill.cu (the mma.sync draft of the prefill attention, same params and pass) */
-static draft_kernel mla_kernels[4] = {
+static draft_kernel mla_kernels[5] = {
     {"mla", "kernels/wip/mla_decode.cu", 0, 0, "attn_mla_decode", "attn_mla_merge", "attn_mla_config", NULL},
     {"mla", "mla_decode_sm90.cu", 1, 1, "attn_mla_decode", "attn_mla_merge", "attn_mla_config", NULL},
     {"mha", "mla_prefill_sm90.cu", 1, 1, "attn_mla_prefill", "attn_mla_gather", "attn_mha_config", NULL},
-    {"mha", "kernels/wip/mla_prefill.cu", 0, 0, "attn_mla_prefill", NULL, "attn_mha_config", NULL}};
+    {"mha", "kernels/wip/mla_prefill.cu", 0, 0, "attn_mla_prefill", NULL, "attn_mha_config", NULL},
+    /* 4: the transposed few-head decode draft (keys on wgmma's M), merged by 1's merge */
+    {"mla", "kernels/wip/mla_decode_sm90_t.cu", 0, 1, "attn_mla_decode", NULL, "attn_mla_config", NULL}};
 static module_entry *mla_module(const char *defines, int which, int load) {
     return draft_module(&mla_kernels[which], defines, load);
 }
@@ -1077,6 +1079,7 @@ static module_entry *mla_module(const char *defines, int which, int load) {
 /* the first five: mla_decode.cu; the last three: mla_decode_sm90.cu (ROWS 64) */
 #define MLA_NV 5
 #define MLA_NV_SM90 4
+#define MLA_NV_T 3 /* the last three: mla_decode_sm90_t.cu (NH heads per item) */
 static const char *mla_variants[] = {
     "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2 ROWS=16",
     "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2 ROWS=64",
@@ -1087,7 +1090,12 @@ static const char *mla_variants[] = {
     "KV_LORA=512 ROPE=64 BLOCK_SIZE=16 DT=1",
     "KV_LORA=256 ROPE=64 BLOCK_SIZE=32 DT=2",
     "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2 FUSED_MERGE=1",
+    "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2 NH=16",
+    "KV_LORA=512 ROPE=64 BLOCK_SIZE=16 DT=1 NH=32",
+    "KV_LORA=256 ROPE=64 BLOCK_SIZE=32 DT=2 NH=16",
 };
+/* the kernel (mla_kernels index) of variant v */
+static int mla_variant_kernel(int v) { return v < MLA_NV ? 0 : v < MLA_NV + MLA_NV_SM90 ? 1 : 4; }
 
 static const char *mha_variants[] = {"DN=128 ROPE=64 DV=128 DT=2 KV_LORA=512", "DN=128 ROPE=64 DV=128 DT=1 KV_LORA=512",
                                      "DN=64 ROPE=64 DV=64 DT=2 KV_LORA=256"};
@@ -1103,7 +1111,7 @@ static void mla_compile_report(void) {
            mla_kernels[1].file, mla_kernels[2].file, context->nvrtc->major,
            context->nvrtc->minor);
     for (i = 0; i < sizeof mla_variants / sizeof mla_variants[0]; i++)
-        if (mla_module(mla_variants[i], i >= MLA_NV, 0)) passed++;
+        if (mla_module(mla_variants[i], mla_variant_kernel((int)i), 0)) passed++;
     for (i = 0; i < sizeof mha_variants / sizeof mha_variants[0]; i++)
         if (mla_module(mha_variants[i], 2, 0)) passed++;
     for (i = 0; i < sizeof mha_variants / sizeof mha_variants[0]; i++)
@@ -1115,9 +1123,20 @@ static int mla_case(int v, int H, int nreq, int max_ctx, int splits, int timing,
     int L, R, BS, dt, rows, r, i, t, h, nq = 0, ok = 1, nw = 0, nm = 0, nslot = 0, maxb = 0, nb;
     char defs[160];
     module_entry *m;
+    const int which = mla_variant_kernel(v);
+    int prow; /* rows of a partial slot: the kernel's ROWS (64 for both wgmma kernels) */
+    module_entry *mm; /* the module whose second function merges the splits */
     if (sscanf(mla_variants[v], "KV_LORA=%d ROPE=%d BLOCK_SIZE=%d DT=%d ROWS=%d", &L, &R, &BS, &dt, &rows) < 5) rows = 64;
+    if (which == 4) sscanf(strstr(mla_variants[v], "NH="), "NH=%d", &rows); /* heads per item */
+    prow = which == 0 ? rows : 64;
     snprintf(defs, sizeof defs, "%s", mla_variants[v]);
-    if (!(m = mla_module(defs, v >= MLA_NV, 1))) return 0;
+    if (!(m = mla_module(defs, which, 1))) return 0;
+    mm = m;
+    if (which == 4) { /* mla_decode_sm90.cu's merge: the same partial layout */
+        char mdefs[160];
+        snprintf(mdefs, sizeof mdefs, "KV_LORA=%d ROPE=%d BLOCK_SIZE=%d DT=%d", L, R, BS, dt);
+        if (!(mm = mla_module(mdefs, 1, 1))) return 0;
+    }
     {
         const int D = L + R;
         attn_dtype et = dt == 1 ? ATTN_DTYPE_F16 : ATTN_DTYPE_BF16;
@@ -1185,7 +1204,7 @@ static int mla_case(int v, int H, int nreq, int max_ctx, int splits, int timing,
         dlse = dupload(lse, (size_t)nq * H * 4); dbt = dupload(bt, (size_t)nreq * maxb * 4);
         dw = dupload(work, (size_t)nw * 32 + 32); dnw = dupload(&nw, 4);
         dm = dupload(merge, (size_t)nm * 32 + 32); dnm = dupload(&nm, 4);
-        dpo = dalloc((size_t)(nslot + 1) * rows * L * 4); dpl = dalloc((size_t)(nslot + 1) * rows * 4);
+        dpo = dalloc((size_t)(nslot + 1) * prow * L * 4); dpl = dalloc((size_t)(nslot + 1) * prow * 4);
         dmc = dalloc((size_t)(nm + 1) * 4);
         CU_CHECK(cu->cuMemsetD8Async(dmc, 0, (size_t)(nm + 1) * 4, NULL));
         memset(&p, 0, sizeof p);
@@ -1196,7 +1215,7 @@ static int mla_case(int v, int H, int nreq, int max_ctx, int splits, int timing,
         p.block_table_stride = maxb; p.num_heads = H; p.scale = scale; p.merge_count = fused ? dmc : 0;
         args[0] = &p;
         CU_CHECK(cu->cuLaunchKernel(m->main, (unsigned)nw, 1, 1, (unsigned)m->config[0], 1, 1, (unsigned)m->config[1], NULL, args, NULL));
-        if (nm && !fused) CU_CHECK(cu->cuLaunchKernel(m->second, (unsigned)nm, (unsigned)rows, 1, 256, 1, 1, 0, NULL, args, NULL));
+        if (nm && !fused) CU_CHECK(cu->cuLaunchKernel(mm->second, (unsigned)nm, (unsigned)prow, 1, 256, 1, 1, 0, NULL, args, NULL));
         CU_CHECK(cu->cuStreamSynchronize(NULL));
         if (timing) {
             attn__CUevent e0, e1;
@@ -1206,7 +1225,7 @@ static int mla_case(int v, int H, int nreq, int max_ctx, int splits, int timing,
             CU_CHECK(cu->cuEventRecord(e0, NULL));
             for (k = 0; k < 20; k++) {
                 CU_CHECK(cu->cuLaunchKernel(m->main, (unsigned)nw, 1, 1, (unsigned)m->config[0], 1, 1, (unsigned)m->config[1], NULL, args, NULL));
-                if (nm && !fused) CU_CHECK(cu->cuLaunchKernel(m->second, (unsigned)nm, (unsigned)rows, 1, 256, 1, 1, 0, NULL, args, NULL));
+                if (nm && !fused) CU_CHECK(cu->cuLaunchKernel(mm->second, (unsigned)nm, (unsigned)prow, 1, 256, 1, 1, 0, NULL, args, NULL));
             }
             CU_CHECK(cu->cuEventRecord(e1, NULL));
             CU_CHECK(cu->cuEventSynchronize(e1));
@@ -1415,7 +1434,7 @@ static int mha_case(int which, int v, int H, int nreq, int max_len, int timing, 
 
 static void mla_tests(int cases, int bench) {
     int n;
-    const int nv = MLA_NV + (arch == 90 ? MLA_NV_SM90 : 0); /* the wgmma draft on compute capability 9.0 only */
+    const int nv = MLA_NV + (arch == 90 ? MLA_NV_SM90 + MLA_NV_T : 0); /* the wgmma kernels on compute capability 9.0 only */
     for (n = 0; n < cases; n++) {
         int v = n % nv, Hs[] = {16, 128, 20, 40, 64}, H = Hs[(n / nv) % 5], splits = n % 3 == 2 ? 1 + rnd_int(1, 4) : 1;
         double us;
@@ -1446,16 +1465,20 @@ static void mla_tests(int cases, int bench) {
     }
     if (bench) { /* a few of issue 9's decode shapes (20 launches back to back over one batch:
                     the larger ones exceed the L2; the first request checked against float64) */
-        static const int shapes[][3] = {{16, 64, 4096}, {128, 64, 4096}, {128, 1, 16384}, {16, 1, 16384}, {128, 16, 4096}};
+        static const int shapes[][3] = {{16, 64, 4096}, {128, 64, 4096}, {128, 1, 16384}, {16, 1, 16384}, {128, 16, 4096},
+                                        {16, 128, 16384}};
         int si;
-        for (si = 0; si < (arch == 90 ? 10 : 5); si++) { /* the second five: the wgmma draft */
-            int H = shapes[si % 5][0], B = shapes[si % 5][1], C = shapes[si % 5][2], v = si >= 5 ? MLA_NV : H == 16 ? 0 : 1;
-            int rows = v == 0 ? 16 : 64, items = B * ((H + rows - 1) / rows), splits = 1;
+        for (si = 0; si < (arch == 90 ? 13 : 5); si++) { /* then the wgmma kernel, then the transposed draft at 16 heads */
+            const int k = si < 10 ? si % 5 : si == 10 ? 0 : si == 11 ? 3 : 5;
+            int H = shapes[k][0], B = shapes[k][1], C = shapes[k][2];
+            int v = si >= 10 ? MLA_NV + MLA_NV_SM90 : si >= 5 ? MLA_NV : H == 16 ? 0 : 1;
+            int rows = v == 0 ? 16 : si >= 10 ? 16 : 64, items = B * ((H + rows - 1) / rows), splits = 1;
             double us = 0;
             while (items * splits * 2 <= 2 * num_sms && C / (splits * 2) >= 256 && splits < 32) splits *= 2;
             if (!mla_case(v, H, B, C, splits, 1, &us)) { failed++; continue; }
             passed++;
-            printf("  mla%s bench H %3d batch %3d ctx %5d: splits %2d  %8.1f us  %6.2f TB/s  %6.1f TFLOP/s\n", v >= MLA_NV ? " wgmma" : "", H, B, C, splits, us,
+            printf("  mla%s bench H %3d batch %3d ctx %5d: splits %2d  %8.1f us  %6.2f TB/s  %6.1f TFLOP/s\n",
+                   si >= 10 ? " wgmma-t" : v >= MLA_NV ? " wgmma" : "", H, B, C, splits, us,
                    (double)B * C * 576 * 2 / (us * 1e-6) / 1e12, 2.0 * B * H * C * (576 + 512) / (us * 1e-6) / 1e12);
         }
     }
