@@ -7105,8 +7105,9 @@ static const attn_backend attn__cuda_sm90_backend = {
 /* ---- CUDA_MLA_SM90: MLA on wgmma (Hopper) ---------------------------------------------- */
 
 /* The MLA backend of compute capability 9.0: absorbed decode on wgmma over 64 heads of one
-   token per CTA with the split-KV merge in the same launch (kernels/mla_decode_sm90.cu),
-   the latent cache write (cache_write.cu), and the up-projected prefill: per request and
+   token per CTA (kernels/mla_decode_sm90.cu; split-KV partials merged by LSE in
+   attn_mla_merge, a CTA per row, or in the decode launch for entries of at most
+   ATTN_MLA_FUSED_MERGE_MAX splits x rows), the latent cache write (cache_write.cu), and the up-projected prefill: per request and
    chunk of keys, the chunk's latent rows gathered from the paged cache, up-projected into
    K_nope and V by two strided-batched cuBLAS GEMMs (one batch entry per head, f32
    accumulation), attended by kernels/mla_prefill_sm90.cu, and merged by LSE into the
