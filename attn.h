@@ -7763,7 +7763,8 @@ static attn_status attn__cuda_mla_prefill(attn_context *ctx, const char *fn, att
             pp.nkeys = n;
             pp.flags = 1 | (c0 > 0 ? 2 : 0); /* causal; chunks after the first merge */
             args[0] = &pp;
-            rc = ctx->cuda->cuLaunchKernel(L->prefill.main, (unsigned)((pp.nq + L->prefill.config[3] - 1) / L->prefill.config[3]), (unsigned)H, 1,
+            rc = ctx->cuda->cuLaunchKernel(L->prefill.main,
+                                           (unsigned)((pp.nq + L->prefill.config[3] - 1) / L->prefill.config[3]), (unsigned)H, 1,
                                            (unsigned)L->prefill.config[0], 1, 1, (unsigned)L->prefill.config[1], s, args, NULL);
         }
     }
