@@ -36,6 +36,7 @@
    Epilogue: row sums of both warpgroups through shared memory; O / l out (or the
    partial); lse by warpgroup 0. */
 #include "wgmma.cuh"
+#include "mla_common.cuh" /* attn_mla_params */
 
 #if !defined(KV_LORA) || !defined(ROPE) || !defined(BLOCK_SIZE) || !defined(DT)
 #error "mla_decode_sm90.cu: define KV_LORA, ROPE, BLOCK_SIZE and DT"
@@ -83,24 +84,6 @@
 
 extern "C" __constant__ int attn_mla_config[8] = {ATTN_THREADS, ATTN_SMEM_BYTES, KV_TILE, ROWS, KV_STAGES, 8, 0, 1};
 
-struct attn_mla_params { /* mla_decode.cu's */
-    const void *q;
-    const void *q_pe;
-    const void *kv_cache;
-    void *out;
-    float *lse;
-    const int *block_table;
-    const int *work, *num_work;
-    const int *merge, *num_merge;
-    float *partial_o;
-    float *partial_lse;
-    attn_i64 q_stride_token, q_stride_head, q_pe_stride_token, q_pe_stride_head;
-    attn_i64 out_stride_token, out_stride_head, lse_stride_token, lse_stride_head;
-    attn_i64 block_table_stride;
-    int num_heads;
-    float scale;
-    int *merge_count;              /* FUSED_MERGE: [merge entries], zero between launches */
-};
 
 /* Split weights kept in shared memory per merge (rows x ATTN_MERGE_CAP; an entry of more
    splits recomputes them from the partial LSEs, a slower path for forced split counts). */

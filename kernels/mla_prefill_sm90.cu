@@ -37,6 +37,7 @@
    Any grid (grid-stride over 16-byte chunks), any block; cache and destination 16-byte
    aligned. */
 #include "wgmma.cuh"
+#include "mla_common.cuh" /* attn_mha_params, attn_mha_merge_weights */
 
 #if !defined(DN) || !defined(ROPE) || !defined(DV) || !defined(DT) || !defined(KV_LORA)
 #error "mla_prefill_sm90.cu: define DN (q/k nope width), ROPE, DV, DT and KV_LORA"
@@ -83,24 +84,6 @@
 
 extern "C" __constant__ int attn_mha_config[8] = {ATTN_THREADS, ATTN_SMEM_BYTES, KV_TILE, ATTN_ROWS_PAD, KV_STAGES, 8, 0, 1};
 
-struct attn_mha_params {
-    const void *q;        /* [rows][heads][>= DN]: the first DN columns of the query */
-    const void *q_pe;     /* [rows][heads][ROPE] */
-    const void *k_nope;   /* [keys][heads][DN] */
-    const void *k_pe;     /* [keys][ROPE] */
-    const void *v;        /* [keys][heads][DV] */
-    void *out;            /* [rows][heads][DV] */
-    float *lse;           /* [rows][heads] (base e) or NULL; required with MERGE */
-    attn_i64 q_stride_token, q_stride_head, q_pe_stride_token, q_pe_stride_head;
-    attn_i64 k_stride_token, k_stride_head, kpe_stride_token, v_stride_token, v_stride_head;
-    attn_i64 out_stride_token, out_stride_head, lse_stride_token, lse_stride_head;
-    int q_row0, nq, pos0, key_pos0, nkeys, flags; /* flags: 1 causal, 2 merge into out/lse */
-    float scale;
-    int pad0;
-};
-
-#define ATTN_MHA_CAUSAL 1
-#define ATTN_MHA_MERGE 2
 
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mla_prefill(const attn_mha_params p) {
     extern __shared__ attn_vec16 attn_smem[];
@@ -276,17 +259,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mla_prefill(c
         float wn = L > 0.0f ? attn_rcp(L) : 0.0f, wo = 0.0f;           /* weights of new o and old out */
         const attn_i64 lse_at = (attn_i64)(q_row0 + R) * p.lse_stride_token + (attn_i64)head * p.lse_stride_head;
         const char *old = (const char *)p.out + ((attn_i64)(q_row0 + R) * p.out_stride_token + (attn_i64)head * p.out_stride_head + 2 * tq) * 2;
-        if (merge && R < nq) { /* out = (w_old out + w_new o) / (w_old + w_new), by LSE */
-            const float lo = p.lse[lse_at] * ATTN_LOG2E, mx = fmaxf(lo, lse2);
-            if (mx != attn_neg_inf()) {
-                const float a = lo == attn_neg_inf() ? 0.0f : attn_exp2(lo - mx);
-                const float b = lse2 == attn_neg_inf() ? 0.0f : attn_exp2(lse2 - mx);
-                const float inv = attn_rcp(a + b);
-                wo = a * inv;
-                wn *= b * inv;
-                lse2 = mx + attn_log2(a + b);
-            }
-        }
+        if (merge && R < nq) attn_mha_merge_weights(p.lse[lse_at], &lse2, &wn, &wo); /* out = wo old + wn o */
         char *orow = sO + (R * ATTN_O_PITCH + 2 * tq) * 2;
 #pragma unroll
         for (int i = 0; i < DV / 8; i++) {

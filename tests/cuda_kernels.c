@@ -1053,15 +1053,8 @@ static void bench(const char *extra) {
    and prefill passes against a float64 reference, and with --bench issue 9's shapes ---- */
 static int mla_mode;
 
-typedef struct attn_mla_params_host {
-    attn__CUdeviceptr q, q_pe, kv_cache, out, lse, block_table, work, num_work, merge, num_merge, partial_o, partial_lse;
-    int64_t q_stride_token, q_stride_head, q_pe_stride_token, q_pe_stride_head;
-    int64_t out_stride_token, out_stride_head, lse_stride_token, lse_stride_head;
-    int64_t block_table_stride;
-    int32_t num_heads;
-    float scale;
-    attn__CUdeviceptr merge_count; /* mla_decode_sm90.cu only (FUSED_MERGE 1) */
-} attn_mla_params_host;
+/* the kernels' parameter structs: attn.h's host mirrors attn__mla_decode_params and
+   attn__mla_prefill_params */
 
 /* MLA kernels: 0 mla_decode.cu (draft), 1 mla_decode_sm90.cu, 2 mla_prefill_sm90.cu,
    3 mla_prefill.cu (the mma.sync draft of the prefill attention, same params and pass) */
@@ -1146,7 +1139,7 @@ static int mla_case(int v, int H, int nreq, int max_ctx, int splits, int timing,
         float *lse, scale = 1.0f / sqrtf((float)(128 + R));
         attn__CUdeviceptr dq, dqpe, dkv, dout, dlse, dbt, dw, dnw, dm, dnm, dpo, dpl, dmc;
         const int fused = strstr(mla_variants[v], "FUSED_MERGE=1") != NULL; /* split items merge in the decode launch */
-        attn_mla_params_host p;
+        attn__mla_decode_params p;
         void *args[1];
         for (r = 0; r < nreq; r++) {
             qlen[r] = timing ? 1 : (rnd_int(0, 3) == 0 ? 2 : 1);
@@ -1289,15 +1282,6 @@ static int mla_case(int v, int H, int nreq, int max_ctx, int splits, int timing,
     return ok;
 }
 
-typedef struct attn_mha_params_host { /* mla_prefill_sm90.cu's attn_mha_params */
-    attn__CUdeviceptr q, q_pe, k_nope, k_pe, v, out, lse;
-    int64_t q_stride_token, q_stride_head, q_pe_stride_token, q_pe_stride_head;
-    int64_t k_stride_token, k_stride_head, kpe_stride_token, v_stride_token, v_stride_head;
-    int64_t out_stride_token, out_stride_head, lse_stride_token, lse_stride_head;
-    int32_t q_row0, nq, pos0, key_pos0, nkeys, flags;
-    float scale;
-    int32_t pad0;
-} attn_mha_params_host;
 
 /* MLA's prefill attention (mla_prefill_sm90.cu, variant v of mha_variants): random requests,
    each over a random chunk of its keys, in one launch or two (the second merged into the
@@ -1317,7 +1301,7 @@ static int mha_case(int which, int v, int H, int nreq, int max_len, int timing, 
         uint16_t *q, *kn, *kpe, *vv, *out;
         float *lse, scale = 1.0f / sqrtf((float)DQK);
         attn__CUdeviceptr dq, dkn, dkpe, dv, dout, dlse;
-        attn_mha_params_host p;
+        attn__mla_prefill_params p;
         void *args[1];
         for (r = 0; r < nreq; r++) {
             qlen[r] = timing ? max_len : rnd_int(1, max_len);

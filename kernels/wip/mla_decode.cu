@@ -54,7 +54,7 @@
                2^(m_old - m_new), O += P V with V = columns 0 .. KV_LORA of the K stage
                (ldmatrix.trans), P fragments by ldmatrix.
    Epilogue: row sums (S_KG x 4 lanes) summed through shared memory, O / l out. */
-#include "attn_common.cuh"
+#include "mla_common.cuh" /* attn_mla_params (its merge_count unused here) */
 
 #if !defined(KV_LORA) || !defined(ROPE) || !defined(BLOCK_SIZE) || !defined(DT) || !defined(ROWS)
 #error "mla_decode.cu: define KV_LORA, ROPE, BLOCK_SIZE, DT and ROWS"
@@ -114,24 +114,6 @@
 
 extern "C" __constant__ int attn_mla_config[8] = {ATTN_THREADS, ATTN_SMEM_BYTES, KV_TILE, ROWS, KV_STAGES, WARPS, 0, 1};
 
-/* Passed by value; the host declares the same struct. */
-struct attn_mla_params {
-    const void *q;                 /* [.., num_heads, >= KV_LORA] q_latent */
-    const void *q_pe;              /* [.., num_heads, ROPE] */
-    const void *kv_cache;          /* [num_blocks, BLOCK_SIZE, D] */
-    void *out;                     /* [.., num_heads, KV_LORA] */
-    float *lse;                    /* [.., num_heads] or NULL */
-    const int *block_table;        /* [reqs][block_table_stride] */
-    const int *work, *num_work;
-    const int *merge, *num_merge;
-    float *partial_o;              /* [slots][ROWS][KV_LORA] */
-    float *partial_lse;            /* [slots][ROWS] (base 2) */
-    attn_i64 q_stride_token, q_stride_head, q_pe_stride_token, q_pe_stride_head;
-    attn_i64 out_stride_token, out_stride_head, lse_stride_token, lse_stride_head;
-    attn_i64 block_table_stride;
-    int num_heads;
-    float scale;
-};
 
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mla_decode(const attn_mla_params p) {
     extern __shared__ attn_vec16 attn_smem[];

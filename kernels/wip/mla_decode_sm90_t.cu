@@ -29,6 +29,7 @@
    the 512 output columns (4 m64 blocks x 4 k-steps). Epilogue: the sums reduced over
    warpgroup 0, O^T / l written per (head, column), lse per head. */
 #include "wgmma.cuh"
+#include "mla_common.cuh" /* attn_mla_params */
 
 #if !defined(KV_LORA) || !defined(ROPE) || !defined(BLOCK_SIZE) || !defined(DT) || !defined(NH)
 #error "mla_decode_sm90_t.cu: define KV_LORA, ROPE, BLOCK_SIZE, DT and NH (16 or 32)"
@@ -73,24 +74,6 @@
 
 extern "C" __constant__ int attn_mla_config[8] = {ATTN_THREADS, ATTN_SMEM_BYTES, KV_TILE, NH, KV_STAGES, 8, 0, 1};
 
-struct attn_mla_params { /* mla_decode_sm90.cu's */
-    const void *q;
-    const void *q_pe;
-    const void *kv_cache;
-    void *out;
-    float *lse;
-    const int *block_table;
-    const int *work, *num_work;
-    const int *merge, *num_merge;
-    float *partial_o;
-    float *partial_lse;
-    attn_i64 q_stride_token, q_stride_head, q_pe_stride_token, q_pe_stride_head;
-    attn_i64 out_stride_token, out_stride_head, lse_stride_token, lse_stride_head;
-    attn_i64 block_table_stride;
-    int num_heads;
-    float scale;
-    int *merge_count;
-};
 
 /* wgmma with A read MN-major from shared memory (imm-trans-a 1), B K-major. */
 template <int N, int ET> struct attn_wgmma_ta;

@@ -20,7 +20,7 @@
    in base 2 in registers, P packed from the S accumulators into A fragments, O += P V (V
    by ldmatrix.trans). Epilogue: O / l (merged with the earlier chunks' out/lse with MERGE),
    4-byte stores per lane. */
-#include "attn_common.cuh"
+#include "mla_common.cuh" /* attn_mha_params, attn_mha_merge_weights */
 
 #if !defined(DN) || !defined(ROPE) || !defined(DV) || !defined(DT) || !defined(KV_LORA)
 #error "mla_prefill.cu: define DN (q/k nope width), ROPE, DV, DT and KV_LORA"
@@ -64,24 +64,6 @@
 
 extern "C" __constant__ int attn_mha_config[8] = {ATTN_THREADS, ATTN_SMEM_BYTES, KV_TILE, ATTN_ROWS, KV_STAGES, ATTN_WARPS, 0, 1};
 
-struct attn_mha_params { /* mla_prefill_sm90.cu's */
-    const void *q;
-    const void *q_pe;
-    const void *k_nope;
-    const void *k_pe;
-    const void *v;
-    void *out;
-    float *lse;
-    attn_i64 q_stride_token, q_stride_head, q_pe_stride_token, q_pe_stride_head;
-    attn_i64 k_stride_token, k_stride_head, kpe_stride_token, v_stride_token, v_stride_head;
-    attn_i64 out_stride_token, out_stride_head, lse_stride_token, lse_stride_head;
-    int q_row0, nq, pos0, key_pos0, nkeys, flags;
-    float scale;
-    int pad0;
-};
-
-#define ATTN_MHA_CAUSAL 1
-#define ATTN_MHA_MERGE 2
 
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_mla_prefill(const attn_mha_params p) {
     extern __shared__ attn_vec16 attn_smem[];
@@ -256,17 +238,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_mla_prefill(cons
         if (R >= nq) continue;
         const attn_i64 lse_at = (attn_i64)(q_row0 + R) * p.lse_stride_token + (attn_i64)head * p.lse_stride_head;
         char *orow = (char *)p.out + ((attn_i64)(q_row0 + R) * p.out_stride_token + (attn_i64)head * p.out_stride_head + 2 * tq) * 2;
-        if (merge) {
-            const float lo = p.lse[lse_at] * ATTN_LOG2E, mxl = fmaxf(lo, lse2);
-            if (mxl != attn_neg_inf()) {
-                const float a = lo == attn_neg_inf() ? 0.0f : attn_exp2(lo - mxl);
-                const float b = lse2 == attn_neg_inf() ? 0.0f : attn_exp2(lse2 - mxl);
-                const float inv = attn_rcp(a + b);
-                wo = a * inv;
-                wn *= b * inv;
-                lse2 = mxl + attn_log2(a + b);
-            }
-        }
+        if (merge) attn_mha_merge_weights(p.lse[lse_at], &lse2, &wn, &wo); /* out = wo old + wn o */
 #pragma unroll
         for (int n = 0; n < ATTN_OT; n++) {
             float x0 = o[n][2 * h] * wn, x1 = o[n][2 * h + 1] * wn;
