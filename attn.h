@@ -6207,6 +6207,26 @@ typedef struct attn__cuda_module {
 #define ATTN__LOAD_ARCH_A 2  /* compile for sm_XYa: the architecture-specific instructions
                                 (wgmma), which run on that exact compute capability only */
 
+/* Reads a loaded kernel's launch configuration, the int[8] global `name` ({threads, dynamic
+   shared bytes, ...}), into m->config and allows m->main that much dynamic shared memory. */
+static attn_status attn__cuda_configure(attn_context *ctx, attn__cuda_module *m, const char *name, const char *file,
+                                        const char *options, char *reason, size_t reason_size) {
+    attn__cuda_driver *cu = ctx->cuda;
+    attn__CUdeviceptr g = 0;
+    size_t gb = 0;
+    attn__CUresult rc;
+    if ((rc = cu->cuModuleGetGlobal(&g, &gb, m->module, name)) != 0 || gb != sizeof m->config ||
+        (rc = cu->cuMemcpyDtoHAsync(m->config, g, sizeof m->config, NULL)) != 0 ||
+        (rc = cu->cuStreamSynchronize(NULL)) != 0 ||
+        (m->config[1] > 48 * 1024 &&
+         (rc = cu->cuFuncSetAttribute(m->main, ATTN__CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, m->config[1])) != 0)) {
+        attn__fmt(reason, reason_size, "%s [%s]: cannot configure it (CUresult %d, config %zu bytes)", file, options,
+                  rc, gb);
+        return ATTN_ERROR_PLATFORM;
+    }
+    return ATTN_OK;
+}
+
 /* Compiles (or finds) `file` with `options` for the device and loads the functions. */
 static attn_status attn__cuda_load(attn_context *ctx, const char *file, const char *options,
                                    const char *main_name, const char *second_name, int flags,
@@ -6234,21 +6254,11 @@ static attn_status attn__cuda_load(attn_context *ctx, const char *file, const ch
         m->module = NULL;
         return ATTN_ERROR_PLATFORM;
     }
-    if (flags & ATTN__LOAD_PAGED) {
-        attn__CUdeviceptr g = 0;
-        size_t gb = 0;
-        if ((rc = cu->cuModuleGetGlobal(&g, &gb, m->module, "attn_paged_config")) != 0 || gb != sizeof m->config ||
-            (rc = cu->cuMemcpyDtoHAsync(m->config, g, sizeof m->config, NULL)) != 0 ||
-            (rc = cu->cuStreamSynchronize(NULL)) != 0 ||
-            (m->config[1] > 48 * 1024 &&
-             (rc = cu->cuFuncSetAttribute(m->main, ATTN__CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                          m->config[1])) != 0)) {
-            attn__fmt(reason, reason_size, "%s [%s]: cannot configure it (CUresult %d, config %zu bytes)",
-                      file, options, rc, gb);
-            cu->cuModuleUnload(m->module);
-            m->module = NULL;
-            return ATTN_ERROR_PLATFORM;
-        }
+    if ((flags & ATTN__LOAD_PAGED) &&
+        attn__cuda_configure(ctx, m, "attn_paged_config", file, options, reason, reason_size) != ATTN_OK) {
+        cu->cuModuleUnload(m->module);
+        m->module = NULL;
+        return ATTN_ERROR_PLATFORM;
     }
     return ATTN_OK;
 }
@@ -7325,25 +7335,10 @@ static attn_status attn__cuda_mla_layer_init(const attn_backend *self, attn_laye
     if (st == ATTN_OK)
         st = attn__cuda_load(ctx, attn__cuda_mla_variant_file(2), opt[2], "attn_concat_and_cache_mla", NULL, 0,
                              &L->cache, reason, size);
-    if (st == ATTN_OK) { /* the two attention kernels' launch configuration */
-        int k;
-        for (k = 0; k < 2 && st == ATTN_OK; k++) {
-            attn__cuda_module *m = k ? &L->prefill : &L->decode;
-            attn__CUdeviceptr g = 0;
-            size_t gb = 0;
-            attn__CUresult rc = ctx->cuda->cuModuleGetGlobal(&g, &gb, m->module, k ? "attn_mha_config" : "attn_mla_config");
-            if (rc == 0 && gb == sizeof m->config) rc = ctx->cuda->cuMemcpyDtoHAsync(m->config, g, sizeof m->config, NULL);
-            if (rc == 0) rc = ctx->cuda->cuStreamSynchronize(NULL);
-            if (rc == 0 && gb == sizeof m->config)
-                rc = ctx->cuda->cuFuncSetAttribute(m->main, ATTN__CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                                   m->config[1]);
-            if (rc != 0 || gb != sizeof m->config) {
-                attn__fmt(reason, size, "%s: cannot configure it (CUresult %d, config %zu bytes)",
-                          attn__cuda_mla_variant_file(k), rc, gb);
-                st = ATTN_ERROR_PLATFORM;
-            }
-        }
-    }
+    if (st == ATTN_OK) /* the two attention kernels' launch configuration */
+        st = attn__cuda_configure(ctx, &L->decode, "attn_mla_config", attn__cuda_mla_variant_file(0), opt[0], reason, size);
+    if (st == ATTN_OK)
+        st = attn__cuda_configure(ctx, &L->prefill, "attn_mha_config", attn__cuda_mla_variant_file(1), opt[1], reason, size);
     if (st != ATTN_OK) attn__cuda_mla_layer_free(ctx, L);
     else *state = L;
     attn__cuda_leave(ctx);
