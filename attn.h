@@ -6544,6 +6544,59 @@ typedef struct attn__cuda_plan {
     int32_t *block_table;          /* last: the upload stops after the rows in use */
 } attn__cuda_plan;
 
+/* The staged schedule region of a CUDA metadata (the standard and the MLA backends'): a
+   pinned host copy that build writes, its device copy, the event of the last upload. */
+typedef struct attn__cuda_staged {
+    size_t bytes;                  /* of the region */
+    char *staging;                 /* pinned host copy */
+    attn__CUdeviceptr region;      /* the device copy */
+    attn__CUevent uploaded;        /* the last build's copy; waited for before the next */
+    int pending;
+} attn__cuda_staged;
+
+/* Allocates s->bytes on both sides (zeroed on the host) and the event; on failure the
+   caller frees with attn__cuda_staged_free. In the entered context. */
+static attn__CUresult attn__cuda_staged_alloc(attn__cuda_driver *cu, attn__cuda_staged *s) {
+    attn__CUresult rc;
+    if ((rc = cu->cuMemAllocHost((void **)&s->staging, s->bytes)) != 0 || (rc = cu->cuMemAlloc(&s->region, s->bytes)) != 0 ||
+        (rc = cu->cuEventCreate(&s->uploaded, ATTN__CU_EVENT_DISABLE_TIMING)) != 0)
+        return rc;
+    memset(s->staging, 0, s->bytes);
+    return 0;
+}
+
+static void attn__cuda_staged_free(attn__cuda_driver *cu, attn__cuda_staged *s) {
+    if (s->pending) cu->cuEventSynchronize(s->uploaded);
+    if (s->uploaded) cu->cuEventDestroy(s->uploaded);
+    if (s->staging) cu->cuMemFreeHost(s->staging);
+    if (s->region) cu->cuMemFree(s->region);
+}
+
+/* Before a build writes the staging copy: the previous build's upload may still read it. */
+static attn__CUresult attn__cuda_staged_wait(attn__cuda_driver *cu, attn__cuda_staged *s) {
+    attn__CUresult rc = s->pending ? cu->cuEventSynchronize(s->uploaded) : 0;
+    if (rc == 0) s->pending = 0;
+    return rc;
+}
+
+/* The batch's slots (-1 past them: a captured cache write covers the capacity, which a
+   graph replays for any later batch) and its block-table rows (the metadata's copy has row
+   stride max_blocks_per_req already) into the staging copy, whose last piece `table` is;
+   then the upload up to the end of the rows in use, on the batch's stream. *bytes: its size. */
+static attn__CUresult attn__cuda_staged_send(attn__cuda_driver *cu, attn__cuda_staged *s, const attn_metadata_desc *cap,
+                                             const attn_batch *b, int64_t *slots, int32_t *table, size_t *bytes) {
+    attn__CUresult rc;
+    int r;
+    if (b->slot_mapping && b->num_actual_tokens) memcpy(slots, b->slot_mapping, (size_t)b->num_actual_tokens * 8);
+    for (r = b->slot_mapping ? b->num_actual_tokens : 0; r < cap->max_num_tokens; r++) slots[r] = -1;
+    if (b->num_reqs) memcpy(table, b->block_table, (size_t)b->num_reqs * (size_t)cap->max_blocks_per_req * 4);
+    *bytes = (size_t)((char *)(table + (size_t)b->num_reqs * (size_t)cap->max_blocks_per_req) - s->staging);
+    rc = cu->cuMemcpyHtoDAsync(s->region, s->staging, *bytes, (attn__CUstream)b->stream);
+    if (rc == 0) rc = cu->cuEventRecord(s->uploaded, (attn__CUstream)b->stream);
+    if (rc == 0) s->pending = 1;
+    return rc;
+}
+
 typedef struct attn__cuda_meta {
     /* geometry copied from the layer: metadata may outlive it */
     int group, num_kv_heads, tile[2], rows[2], kv_tile[2];
@@ -6551,13 +6604,9 @@ typedef struct attn__cuda_meta {
     int parallelism;               /* resident decode CTAs (the layer's occupancy x SMs) */
     int parallelism_wide, kv_tile_wide; /* the same for the wide decode tiles (0: none) */
     int wide;                      /* the last build runs its decode tiles wide */
-    size_t bytes;                  /* of the region */
-    char *staging;                 /* pinned host copy of the region */
-    attn__CUdeviceptr region;      /* the device copy */
+    attn__cuda_staged up;          /* the region: plan, batch */
     attn__CUdeviceptr partial_o, partial_ml;
     attn__CUdeviceptr merge_count;   /* [merge_capacity] fused-merge arrivals, zero between forwards */
-    attn__CUevent uploaded;        /* the last build's copy; waited for before the next */
-    int upload_pending;
     size_t upload_bytes;           /* of the last build */
     attn__cuda_plan host;          /* pointers into staging */
     attn__cuda_plan dev;           /* the same offsets as device addresses (in pointer form) */
@@ -6582,10 +6631,7 @@ static size_t attn__cuda_plan_layout(const attn__cuda_meta *cm, const attn_metad
 static void attn__cuda_meta_free(attn_context *ctx, attn__cuda_meta *cm) {
     attn__cuda_driver *cu = ctx->cuda;
     if (!cm) return;
-    if (cm->upload_pending) cu->cuEventSynchronize(cm->uploaded);
-    if (cm->uploaded) cu->cuEventDestroy(cm->uploaded);
-    if (cm->staging) cu->cuMemFreeHost(cm->staging);
-    if (cm->region) cu->cuMemFree(cm->region);
+    attn__cuda_staged_free(cu, &cm->up);
     if (cm->partial_o) cu->cuMemFree(cm->partial_o);
     if (cm->partial_ml) cu->cuMemFree(cm->partial_ml);
     if (cm->merge_count) cu->cuMemFree(cm->merge_count);
@@ -6628,29 +6674,27 @@ static attn_status attn__cuda_metadata_init(const attn_backend *self, attn_layer
     cm->work_capacity[1] = d->num_kv_heads * (cap->max_num_tokens / cm->tile[1] + cap->max_num_reqs);
     cm->merge_capacity = ATTN__MIN(cap->max_num_reqs * d->num_kv_heads, cm->parallelism);
     cm->slot_capacity = cm->parallelism;
-    cm->bytes = attn__cuda_plan_layout(cm, cap, NULL, &cm->host);
+    cm->up.bytes = attn__cuda_plan_layout(cm, cap, NULL, &cm->host);
     if ((st = attn__cuda_enter(ctx, "attn_metadata_create")) != ATTN_OK) {
         attn__free(cm);
         return st;
     }
-    if ((rc = cu->cuMemAllocHost((void **)&cm->staging, cm->bytes)) != 0 ||
-        (rc = cu->cuMemAlloc(&cm->region, cm->bytes)) != 0 ||
+    if ((rc = attn__cuda_staged_alloc(cu, &cm->up)) != 0 ||
         (rc = cu->cuMemAlloc(&cm->partial_o, (size_t)cm->slot_capacity * (size_t)cm->rows[0] * (size_t)d->head_size * 4)) != 0 ||
         (rc = cu->cuMemAlloc(&cm->partial_ml, (size_t)cm->slot_capacity * (size_t)cm->rows[0] * 2 * 4)) != 0 ||
         (rc = cu->cuMemAlloc(&cm->merge_count, (size_t)ATTN__MAX(1, cm->merge_capacity) * 4)) != 0 ||
         (rc = cu->cuMemsetD8Async(cm->merge_count, 0, (size_t)ATTN__MAX(1, cm->merge_capacity) * 4, NULL)) != 0 ||
-        (rc = cu->cuStreamSynchronize(NULL)) != 0 ||
-        (rc = cu->cuEventCreate(&cm->uploaded, ATTN__CU_EVENT_DISABLE_TIMING)) != 0) {
+        (rc = cu->cuStreamSynchronize(NULL)) != 0) {
+        size_t bytes = cm->up.bytes; /* read before the free */
         attn__cuda_meta_free(ctx, cm);
         attn__cuda_leave(ctx);
         return attn__fail(ctx, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
                           "attn_metadata_create: cannot allocate the CUDA schedule (%zu bytes; CUresult %d)",
-                          cm->bytes, rc);
+                          bytes, rc);
     }
     attn__cuda_leave(ctx);
-    memset(cm->staging, 0, cm->bytes);
-    attn__cuda_plan_layout(cm, cap, cm->staging, &cm->host);
-    attn__cuda_plan_layout(cm, cap, (char *)(uintptr_t)cm->region, &cm->dev);
+    attn__cuda_plan_layout(cm, cap, cm->up.staging, &cm->host);
+    attn__cuda_plan_layout(cm, cap, (char *)(uintptr_t)cm->up.region, &cm->dev);
     attn_metadata_private_set(meta, cm);
     return ATTN_OK;
 }
@@ -6715,12 +6759,10 @@ static attn_status attn__cuda_build(const attn_backend *self, attn_layer *layer,
     (void)common_prefix_len;
     (void)fast_build;
     if ((st = attn__cuda_enter_stream(ctx, "attn_metadata_build", b->stream)) != ATTN_OK) return st;
-    /* the previous build's copy may still read the staging buffer */
-    if (cm->upload_pending && (rc = cu->cuEventSynchronize(cm->uploaded)) != 0) {
+    if ((rc = attn__cuda_staged_wait(cu, &cm->up)) != 0) {
         attn__cuda_leave(ctx);
         return attn__cu_fail(ctx, "attn_metadata_build", "cuEventSynchronize", rc);
     }
-    cm->upload_pending = 0;
     /* base items: decodes (a request that fits one decode tile) one per KV head */
     base = 0;
     for (r = 0; r < b->num_reqs; r++) {
@@ -6783,19 +6825,9 @@ static attn_status attn__cuda_build(const attn_backend *self, attn_layer *layer,
     p->counts[3] = cm->wide ? nw[0] : 0;
     memcpy(p->query_start_loc, b->query_start_loc, ((size_t)b->num_reqs + 1) * 4);
     if (b->num_reqs) memcpy(p->seq_lens, b->seq_lens, (size_t)b->num_reqs * 4);
-    /* slots past the batch are -1, so the forward's cache write can cover the capacity
-       (a graph replays it for any later batch) and skip them */
-    if (b->slot_mapping && b->num_actual_tokens)
-        memcpy(p->slot_mapping, b->slot_mapping, (size_t)b->num_actual_tokens * 8);
-    for (r = b->slot_mapping ? b->num_actual_tokens : 0; r < cap->max_num_tokens; r++) p->slot_mapping[r] = -1;
-    if (b->num_reqs) /* the metadata's copy has row stride max_blocks_per_req already */
-        memcpy(p->block_table, b->block_table, (size_t)b->num_reqs * (size_t)cap->max_blocks_per_req * 4);
-    upload = (size_t)((char *)(p->block_table + (size_t)b->num_reqs * (size_t)cap->max_blocks_per_req) - cm->staging);
-    rc = cu->cuMemcpyHtoDAsync(cm->region, cm->staging, upload, (attn__CUstream)b->stream);
-    if (rc == 0) rc = cu->cuEventRecord(cm->uploaded, (attn__CUstream)b->stream);
+    rc = attn__cuda_staged_send(cu, &cm->up, cap, b, p->slot_mapping, p->block_table, &upload);
     attn__cuda_leave(ctx);
     if (rc != 0) return attn__cu_fail(ctx, "attn_metadata_build", "the schedule upload", rc);
-    cm->upload_pending = 1;
     cm->upload_bytes = upload;
     return ATTN_OK;
 }
@@ -7377,11 +7409,9 @@ typedef struct attn__cuda_mla_ws {
 typedef struct attn__cuda_mla_meta {
     int heads, tiles, decode_tokens, chunk;
     int work_capacity, merge_capacity, slot_capacity;
-    size_t bytes, ws_bytes;
-    char *staging;
-    attn__CUdeviceptr region, partial_o, partial_lse, merge_count, ws_base;
-    attn__CUevent uploaded;
-    int upload_pending;
+    size_t ws_bytes;
+    attn__cuda_staged up;          /* the region: work list, merges, batch */
+    attn__CUdeviceptr partial_o, partial_lse, merge_count, ws_base;
     attn__cuda_mla_plan host, dev;
     attn__cuda_mla_ws ws;
 } attn__cuda_mla_meta;
@@ -7417,10 +7447,7 @@ static size_t attn__cuda_mla_ws_layout(const attn__cuda_mla_meta *cm, const attn
 static void attn__cuda_mla_meta_free(attn_context *ctx, attn__cuda_mla_meta *cm) {
     attn__cuda_driver *cu = ctx->cuda;
     if (!cm) return;
-    if (cm->upload_pending) cu->cuEventSynchronize(cm->uploaded);
-    if (cm->uploaded) cu->cuEventDestroy(cm->uploaded);
-    if (cm->staging) cu->cuMemFreeHost(cm->staging);
-    if (cm->region) cu->cuMemFree(cm->region);
+    attn__cuda_staged_free(cu, &cm->up);
     if (cm->partial_o) cu->cuMemFree(cm->partial_o);
     if (cm->partial_lse) cu->cuMemFree(cm->partial_lse);
     if (cm->merge_count) cu->cuMemFree(cm->merge_count);
@@ -7463,23 +7490,21 @@ static attn_status attn__cuda_mla_metadata_init(const attn_backend *self, attn_l
     cm->work_capacity = (int)(items + slots);
     cm->merge_capacity = slots ? (int)items : 0;
     cm->slot_capacity = (int)slots;
-    cm->bytes = attn__cuda_mla_plan_layout(cm, cap, NULL, &cm->host);
+    cm->up.bytes = attn__cuda_mla_plan_layout(cm, cap, NULL, &cm->host);
     cm->ws_bytes = attn__cuda_mla_ws_layout(cm, d, cap, 0, &cm->ws);
     if ((st = attn__cuda_enter(ctx, "attn_metadata_create")) != ATTN_OK) {
         attn__free(cm);
         return st;
     }
-    if ((rc = cu->cuMemAllocHost((void **)&cm->staging, cm->bytes)) != 0 ||
-        (rc = cu->cuMemAlloc(&cm->region, cm->bytes)) != 0 ||
+    if ((rc = attn__cuda_staged_alloc(cu, &cm->up)) != 0 ||
         (rc = cu->cuMemAlloc(&cm->partial_o, (size_t)ATTN__MAX(1, cm->slot_capacity) * ATTN__MLA_HEADS_PER_CTA *
                                                  (size_t)d->kv_lora_rank * 4)) != 0 ||
         (rc = cu->cuMemAlloc(&cm->partial_lse, (size_t)ATTN__MAX(1, cm->slot_capacity) * ATTN__MLA_HEADS_PER_CTA * 4)) != 0 ||
         (rc = cu->cuMemAlloc(&cm->merge_count, (size_t)ATTN__MAX(1, cm->merge_capacity) * 4)) != 0 ||
         (rc = cu->cuMemAlloc(&cm->ws_base, cm->ws_bytes)) != 0 ||
         (rc = cu->cuMemsetD8Async(cm->merge_count, 0, (size_t)ATTN__MAX(1, cm->merge_capacity) * 4, NULL)) != 0 ||
-        (rc = cu->cuStreamSynchronize(NULL)) != 0 ||
-        (rc = cu->cuEventCreate(&cm->uploaded, ATTN__CU_EVENT_DISABLE_TIMING)) != 0) {
-        size_t bytes = cm->bytes + cm->ws_bytes;
+        (rc = cu->cuStreamSynchronize(NULL)) != 0) {
+        size_t bytes = cm->up.bytes + cm->ws_bytes;
         attn__cuda_mla_meta_free(ctx, cm);
         attn__cuda_leave(ctx);
         return attn__fail(ctx, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
@@ -7488,9 +7513,8 @@ static attn_status attn__cuda_mla_metadata_init(const attn_backend *self, attn_l
                           bytes, rc);
     }
     attn__cuda_leave(ctx);
-    memset(cm->staging, 0, cm->bytes);
-    attn__cuda_mla_plan_layout(cm, cap, cm->staging, &cm->host);
-    attn__cuda_mla_plan_layout(cm, cap, (char *)(uintptr_t)cm->region, &cm->dev);
+    attn__cuda_mla_plan_layout(cm, cap, cm->up.staging, &cm->host);
+    attn__cuda_mla_plan_layout(cm, cap, (char *)(uintptr_t)cm->up.region, &cm->dev);
     attn__cuda_mla_ws_layout(cm, d, cap, cm->ws_base, &cm->ws);
     attn_metadata_private_set(meta, cm);
     return ATTN_OK;
@@ -7536,11 +7560,10 @@ static attn_status attn__cuda_mla_build(const attn_backend *self, attn_layer *la
     memset(&info, 0, sizeof info);
     if ((st = attn_metadata_mla_info(meta, &info)) != ATTN_OK) return st;
     if ((st = attn__cuda_enter_stream(ctx, "attn_metadata_build", b->stream)) != ATTN_OK) return st;
-    if (cm->upload_pending && (rc = cu->cuEventSynchronize(cm->uploaded)) != 0) {
+    if ((rc = attn__cuda_staged_wait(cu, &cm->up)) != 0) {
         attn__cuda_leave(ctx);
         return attn__cu_fail(ctx, "attn_metadata_build", "cuEventSynchronize", rc);
     }
-    cm->upload_pending = 0;
     for (r = 0; r < info.num_decodes; r++) {
         int q0 = b->query_start_loc[r], ql = b->query_start_loc[r + 1] - q0, sl = b->seq_lens[r];
         for (t = 0; t < ql; t++) {
@@ -7573,18 +7596,9 @@ static attn_status attn__cuda_mla_build(const attn_backend *self, attn_layer *la
     p->counts[0] = nw;
     p->counts[1] = nm;
     p->counts[2] = separate; /* entries the merge kernel takes */
-    if (b->slot_mapping && b->num_actual_tokens)
-        memcpy(p->slot_mapping, b->slot_mapping, (size_t)b->num_actual_tokens * 8);
-    for (r = b->slot_mapping ? b->num_actual_tokens : 0; r < cap->max_num_tokens; r++) p->slot_mapping[r] = -1;
-    if (b->num_reqs)
-        memcpy(p->block_table, b->block_table, (size_t)b->num_reqs * (size_t)cap->max_blocks_per_req * 4);
-    upload = (size_t)((char *)(p->block_table + (size_t)b->num_reqs * (size_t)cap->max_blocks_per_req) - cm->staging);
-    rc = cu->cuMemcpyHtoDAsync(cm->region, cm->staging, upload, (attn__CUstream)b->stream);
-    if (rc == 0) rc = cu->cuEventRecord(cm->uploaded, (attn__CUstream)b->stream);
+    rc = attn__cuda_staged_send(cu, &cm->up, cap, b, p->slot_mapping, p->block_table, &upload);
     attn__cuda_leave(ctx);
-    if (rc != 0) return attn__cu_fail(ctx, "attn_metadata_build", "the schedule upload", rc);
-    cm->upload_pending = 1;
-    return ATTN_OK;
+    return rc ? attn__cu_fail(ctx, "attn_metadata_build", "the schedule upload", rc) : ATTN_OK;
 }
 
 /* ---- entry points ---- */
