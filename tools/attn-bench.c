@@ -1319,13 +1319,16 @@ typedef struct {
 
 enum { CB_H = 32, CB_HKV = 8, CB_D = 128, CB_BS = 16 };
 
-/* nsets metadata over disjoint block sets: set k takes the next sum(ceil(seq / 16)) ids. */
-static attn_metadata **cuda_metas(cuda_bench *cb, int nreq, const int32_t *qlens, const int32_t *seqs, int nsets) {
+/* nsets metadata of `layer` over disjoint block sets of a shuffled pool: set k takes the next
+   sum(ceil(seq / block_size)) ids of `ids`. workspace: attn_metadata_desc.workspace_bytes. */
+static attn_metadata **bench_metas(attn_context *ctx, attn_layer *layer, const int32_t *ids, int64_t pool_blocks,
+                                   int block_size, int max_tokens, int nreq, const int32_t *qlens, const int32_t *seqs,
+                                   int nsets, int64_t workspace) {
     attn_metadata **metas = (attn_metadata **)bench_alloc((size_t)nsets * sizeof *metas);
     int32_t *qsl = (int32_t *)bench_alloc(((size_t)nreq + 1) * 4), *table;
     int r, k, bps = 0, per_set = 0, maxq = 0, maxs = 0;
     for (r = 0; r < nreq; r++) {
-        int nb = (seqs[r] + CB_BS - 1) / CB_BS;
+        int nb = (seqs[r] + block_size - 1) / block_size;
         if (nb > bps) bps = nb;
         if (qlens[r] > maxq) maxq = qlens[r];
         if (seqs[r] > maxs) maxs = seqs[r];
@@ -1333,7 +1336,7 @@ static attn_metadata **cuda_metas(cuda_bench *cb, int nreq, const int32_t *qlens
     }
     qsl[0] = 0;
     for (r = 0; r < nreq; r++) qsl[r + 1] = qsl[r] + qlens[r];
-    if ((int64_t)nsets * per_set > cb->num_blocks || qsl[nreq] > CUDA_MAX_TOKENS) {
+    if ((int64_t)nsets * per_set > pool_blocks || qsl[nreq] > max_tokens) {
         fprintf(stderr, "attn-bench: a case does not fit the bench's cache or q buffer\n");
         exit(1);
     }
@@ -1341,19 +1344,20 @@ static attn_metadata **cuda_metas(cuda_bench *cb, int nreq, const int32_t *qlens
     for (k = 0; k < nsets; k++) {
         attn_metadata_desc md;
         attn_batch b;
-        const int32_t *ids = cb->ids + (size_t)k * (size_t)per_set;
+        const int32_t *set = ids + (size_t)k * (size_t)per_set;
         int used = 0;
         for (r = 0; r < nreq; r++) {
-            int nb = (seqs[r] + CB_BS - 1) / CB_BS, j;
-            for (j = 0; j < bps; j++) table[(size_t)r * bps + j] = j < nb ? ids[used + j] : 0;
+            int nb = (seqs[r] + block_size - 1) / block_size, j;
+            for (j = 0; j < bps; j++) table[(size_t)r * bps + j] = j < nb ? set[used + j] : 0;
             used += nb;
         }
         memset(&md, 0, sizeof md);
         md.max_num_reqs = nreq;
         md.max_num_tokens = qsl[nreq];
         md.max_blocks_per_req = bps;
-        md.num_blocks = cb->num_blocks;
-        CHECK(cb->ctx, attn_metadata_create(cb->layer, &md, &metas[k]));
+        md.num_blocks = pool_blocks;
+        md.workspace_bytes = workspace;
+        CHECK(ctx, attn_metadata_create(layer, &md, &metas[k]));
         memset(&b, 0, sizeof b);
         b.query_start_loc = qsl;
         b.seq_lens = seqs;
@@ -1363,12 +1367,17 @@ static attn_metadata **cuda_metas(cuda_bench *cb, int nreq, const int32_t *qlens
         b.num_actual_tokens = qsl[nreq];
         b.max_query_len = maxq;
         b.max_seq_len = maxs;
-        CHECK(cb->ctx, attn_metadata_build(metas[k], 0, &b, 0));
+        CHECK(ctx, attn_metadata_build(metas[k], 0, &b, 0));
     }
-    CHECK(cb->ctx, attn_cuda_synchronize(cb->ctx, NULL));
+    CHECK(ctx, attn_cuda_synchronize(ctx, NULL));
     free(qsl);
     free(table);
     return metas;
+}
+
+/* The standard layer's sets (blocks of 16 from the 16 GiB pool). */
+static attn_metadata **cuda_metas(cuda_bench *cb, int nreq, const int32_t *qlens, const int32_t *seqs, int nsets) {
+    return bench_metas(cb->ctx, cb->layer, cb->ids, cb->num_blocks, CB_BS, CUDA_MAX_TOKENS, nreq, qlens, seqs, nsets, 0);
 }
 
 static void cuda_metas_free(attn_metadata **metas, int nsets) {
@@ -1379,28 +1388,19 @@ static void cuda_metas_free(attn_metadata **metas, int nsets) {
 
 /* Median seconds per forward: groups of per_group back-to-back forwards, each on the next
    metadata set, between two CUDA events. The output is checked finite afterwards. */
-static double cuda_time(cuda_bench *cb, attn_metadata **metas, int nsets, int ntok, int per_group) {
+/* Median seconds per call of run(arg, i), i = 0, 1, ...: 3 warm-up calls, then groups of
+   per_group back-to-back calls between two CUDA events. */
+static double bench_groups(cuda_bench *cb, void (*run)(void *, int), void *arg, int per_group) {
     attn__cuda_driver *cu = cb->ctx->cuda;
-    int64_t qshape[3];
-    attn_tensor q, out;
     double t[16];
-    uint16_t *host;
     int g, k, next = 0;
-    qshape[0] = ntok; qshape[1] = CB_H; qshape[2] = CB_D;
-    q = attn_tensor_make(cb->d_q, ATTN_DTYPE_BF16, 3, qshape);
-    out = attn_tensor_make(cb->d_out, ATTN_DTYPE_BF16, 3, qshape);
-    q.device.kind = out.device.kind = ATTN_DEVICE_CUDA;
-    for (k = 0; k < 3; k++) /* warm-up */
-        CHECK(cb->ctx, attn_layer_forward(cb->layer, metas[k % nsets], &q, NULL, NULL, &cb->kv, &out, NULL, NULL));
+    for (k = 0; k < 3; k++) run(arg, k); /* warm-up */
     for (g = 0; g < cb->groups; g++) {
         float ms = 0;
         CHECK(cb->ctx, attn__cuda_enter(cb->ctx, "attn-bench"));
         cu->cuEventRecord(cb->e0, NULL);
         attn__cuda_leave(cb->ctx);
-        for (k = 0; k < per_group; k++) {
-            CHECK(cb->ctx, attn_layer_forward(cb->layer, metas[next], &q, NULL, NULL, &cb->kv, &out, NULL, NULL));
-            next = (next + 1) % nsets;
-        }
+        for (k = 0; k < per_group; k++) run(arg, next++);
         CHECK(cb->ctx, attn__cuda_enter(cb->ctx, "attn-bench"));
         cu->cuEventRecord(cb->e1, NULL);
         cu->cuEventSynchronize(cb->e1);
@@ -1408,12 +1408,41 @@ static double cuda_time(cuda_bench *cb, attn_metadata **metas, int nsets, int nt
         attn__cuda_leave(cb->ctx);
         t[g] = (double)ms * 1e-3 / per_group;
     }
+    return median(t, cb->groups);
+}
+
+typedef struct {
+    cuda_bench *cb;
+    attn_metadata **metas;
+    int nsets;
+    attn_tensor q, out;
+} cuda_forward_call;
+
+static void cuda_forward_run(void *arg, int i) {
+    cuda_forward_call *c = (cuda_forward_call *)arg;
+    CHECK(c->cb->ctx, attn_layer_forward(c->cb->layer, c->metas[i % c->nsets], &c->q, NULL, NULL, &c->cb->kv, &c->out,
+                                         NULL, NULL));
+}
+
+static double cuda_time(cuda_bench *cb, attn_metadata **metas, int nsets, int ntok, int per_group) {
+    int64_t qshape[3];
+    cuda_forward_call c;
+    uint16_t *host;
+    double med;
+    qshape[0] = ntok; qshape[1] = CB_H; qshape[2] = CB_D;
+    c.cb = cb;
+    c.metas = metas;
+    c.nsets = nsets;
+    c.q = attn_tensor_make(cb->d_q, ATTN_DTYPE_BF16, 3, qshape);
+    c.out = attn_tensor_make(cb->d_out, ATTN_DTYPE_BF16, 3, qshape);
+    c.q.device.kind = c.out.device.kind = ATTN_DEVICE_CUDA;
+    med = bench_groups(cb, cuda_forward_run, &c, per_group);
     host = (uint16_t *)bench_alloc((size_t)ntok * CB_H * CB_D * 2);
     CHECK(cb->ctx, attn_cuda_memcpy(cb->ctx, host, cb->d_out, (size_t)ntok * CB_H * CB_D * 2,
                                     ATTN_COPY_DEVICE_TO_HOST, NULL));
     check_finite(host, ATTN_DTYPE_BF16, (size_t)ntok * CB_H * CB_D, "cuda forward");
     free(host);
-    return median(t, cb->groups);
+    return med;
 }
 
 /* The bf16 tensor-core rate: cuBLAS GEMM 8192^3 (bf16 in, fp32 accumulate, bf16 out),
@@ -1526,60 +1555,6 @@ static attn_layer *mla_bench_layer(attn_context *ctx, int H) {
     return layer;
 }
 
-/* nsets metadata of one MLA layer over disjoint shuffled block sets of the pool. */
-static attn_metadata **mla_metas(attn_context *ctx, attn_layer *layer, const int32_t *ids, int64_t pool_blocks, int nreq,
-                                 const int32_t *qlens, const int32_t *seqs, int nsets, int64_t workspace) {
-    attn_metadata **metas = (attn_metadata **)bench_alloc((size_t)nsets * sizeof *metas);
-    int32_t *qsl = (int32_t *)bench_alloc(((size_t)nreq + 1) * 4), *table;
-    int r, k, bps = 0, per_set = 0, maxq = 0, maxs = 0;
-    for (r = 0; r < nreq; r++) {
-        int nb = (seqs[r] + MB_BS - 1) / MB_BS;
-        if (nb > bps) bps = nb;
-        if (qlens[r] > maxq) maxq = qlens[r];
-        if (seqs[r] > maxs) maxs = seqs[r];
-        per_set += nb;
-    }
-    qsl[0] = 0;
-    for (r = 0; r < nreq; r++) qsl[r + 1] = qsl[r] + qlens[r];
-    if ((int64_t)nsets * per_set > pool_blocks) {
-        fprintf(stderr, "attn-bench: an MLA case does not fit the bench's latent cache\n");
-        exit(1);
-    }
-    table = (int32_t *)bench_alloc((size_t)nreq * (size_t)bps * 4);
-    for (k = 0; k < nsets; k++) {
-        attn_metadata_desc md;
-        attn_batch b;
-        const int32_t *set = ids + (size_t)k * (size_t)per_set;
-        int used = 0;
-        for (r = 0; r < nreq; r++) {
-            int nb = (seqs[r] + MB_BS - 1) / MB_BS, j;
-            for (j = 0; j < bps; j++) table[(size_t)r * bps + j] = j < nb ? set[used + j] : 0;
-            used += nb;
-        }
-        memset(&md, 0, sizeof md);
-        md.max_num_reqs = nreq;
-        md.max_num_tokens = qsl[nreq];
-        md.max_blocks_per_req = bps;
-        md.num_blocks = pool_blocks;
-        md.workspace_bytes = workspace;
-        CHECK(ctx, attn_metadata_create(layer, &md, &metas[k]));
-        memset(&b, 0, sizeof b);
-        b.query_start_loc = qsl;
-        b.seq_lens = seqs;
-        b.block_table = table;
-        b.block_table_stride = bps;
-        b.num_reqs = nreq;
-        b.num_actual_tokens = qsl[nreq];
-        b.max_query_len = maxq;
-        b.max_seq_len = maxs;
-        CHECK(ctx, attn_metadata_build(metas[k], 0, &b, 0));
-    }
-    CHECK(ctx, attn_cuda_synchronize(ctx, NULL));
-    free(qsl);
-    free(table);
-    return metas;
-}
-
 typedef struct {
     attn_context *ctx;
     attn_layer *layer;
@@ -1588,34 +1563,13 @@ typedef struct {
     attn_tensor cache, q, q_pe, out, w_uk, w_uv;
 } mla_call;
 
-static void mla_call_run(mla_call *c, int k) {
+static void mla_call_run(void *arg, int k) { /* bench_groups' run */
+    mla_call *c = (mla_call *)arg;
     attn_metadata *m = c->metas[k % c->nsets];
     if (c->kind == 0) CHECK(c->ctx, attn_mla_forward_mqa(c->layer, m, &c->q, &c->q_pe, &c->cache, &c->out, NULL, NULL));
     else if (c->kind == 1)
         CHECK(c->ctx, attn_mla_forward(c->layer, m, &c->q, &c->q_pe, NULL, NULL, &c->cache, &c->w_uk, &c->w_uv, &c->out, NULL));
     else CHECK(c->ctx, attn_mla_forward_mha(c->layer, m, &c->q, &c->cache, &c->w_uk, &c->w_uv, &c->out, NULL, NULL));
-}
-
-/* Median seconds per call over groups of per_group back-to-back calls (cuda_time's way). */
-static double mla_time(cuda_bench *cb, mla_call *c, int per_group) {
-    attn__cuda_driver *cu = cb->ctx->cuda;
-    double t[16];
-    int g, k, next = 0;
-    for (k = 0; k < 3; k++) mla_call_run(c, k);
-    for (g = 0; g < cb->groups; g++) {
-        float ms = 0;
-        CHECK(cb->ctx, attn__cuda_enter(cb->ctx, "attn-bench"));
-        cu->cuEventRecord(cb->e0, NULL);
-        attn__cuda_leave(cb->ctx);
-        for (k = 0; k < per_group; k++) mla_call_run(c, next++);
-        CHECK(cb->ctx, attn__cuda_enter(cb->ctx, "attn-bench"));
-        cu->cuEventRecord(cb->e1, NULL);
-        cu->cuEventSynchronize(cb->e1);
-        cu->cuEventElapsedTime(&ms, cb->e0, cb->e1);
-        attn__cuda_leave(cb->ctx);
-        t[g] = (double)ms * 1e-3 / per_group;
-    }
-    return median(t, cb->groups);
 }
 
 static attn_tensor mla_dev_tensor(void *p, int ndim, int64_t a, int64_t b, int64_t c) {
@@ -1685,12 +1639,12 @@ static void cuda_mla_table(attn_context *ctx, cuda_bench *cb, double read_best, 
                 c.nsets = (int)((CUDA_ROTATE_BYTES + iter_bytes - 1) / iter_bytes);
                 c.nsets = c.nsets < 2 ? 2 : c.nsets > CUDA_MAX_SETS ? CUDA_MAX_SETS : c.nsets;
                 for (i = 0; i < B; i++) { ql[i] = 1; sl[i] = C; }
-                c.metas = mla_metas(ctx, c.layer, ids, pool_blocks, B, ql, sl, c.nsets, 0);
+                c.metas = bench_metas(ctx, c.layer, ids, pool_blocks, MB_BS, B, B, ql, sl, c.nsets, 0);
                 c.kind = 0;
                 c.q = mla_dev_tensor(d_q, 3, B, H, MB_R);
                 c.q_pe = mla_dev_tensor(d_qpe, 3, B, H, MB_P);
                 c.out = mla_dev_tensor(d_out, 3, B, H, MB_R);
-                med = mla_time(cb, &c, c.nsets < 20 ? 20 : c.nsets);
+                med = bench_groups(cb, mla_call_run, &c, c.nsets < 20 ? 20 : c.nsets);
                 gbs = (double)iter_bytes / med / 1e9;
                 tf = flops / med / 1e12;
                 CHECK(ctx, attn_metadata_mla_info(c.metas[0], &info));
@@ -1717,7 +1671,7 @@ static void cuda_mla_table(attn_context *ctx, cuda_bench *cb, double read_best, 
                     c.kind = 1;
                     c.q = mla_dev_tensor(d_q, 3, B, H, MB_N);
                     c.out = mla_dev_tensor(d_out, 3, B, H, MB_V);
-                    mf = mla_time(cb, &c, 20);
+                    mf = bench_groups(cb, mla_call_run, &c, 20);
                     printf("  batch %3d context %5d: %9.1f us through attn_mla_forward (q_nope . W_UK, decode, . W_UV: "
                            "%.1f us around the decode)\n", B, C, mf * 1e6, (mf - med) * 1e6);
                     row = row_add();
@@ -1745,11 +1699,11 @@ static void cuda_mla_table(attn_context *ctx, cuda_bench *cb, double read_best, 
                 double med, tf;
                 memset(&info, 0, sizeof info);
                 c.nsets = 2;
-                c.metas = mla_metas(ctx, c.layer, ids, pool_blocks, 1, ql, sl, c.nsets, ws[w]);
+                c.metas = bench_metas(ctx, c.layer, ids, pool_blocks, MB_BS, L, 1, ql, sl, c.nsets, ws[w]);
                 c.kind = 2;
                 c.q = mla_dev_tensor(d_q, 3, L, H, MB_N + MB_P);
                 c.out = mla_dev_tensor(d_out, 3, L, H, MB_V);
-                med = mla_time(cb, &c, 4);
+                med = bench_groups(cb, mla_call_run, &c, 4);
                 tf = flops / med / 1e12;
                 CHECK(ctx, attn_metadata_mla_info(c.metas[0], &info));
                 printf("MLA prefill: 128 heads, 1 x %d causal, qk 192 / v 128, forward_mha with workspace %s (chunks of "
