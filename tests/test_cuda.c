@@ -743,6 +743,61 @@ static void *cu_sym(void *lib, const char *name) {
         if (!s_) missing = name;                                 \
     } while (0)
 
+/* libcuda's graph calls, opened by the test itself (the library exposes none), and a
+   stream of the device's primary context made current on this thread (the library works
+   in that context). */
+typedef struct cu_graph_api {
+    void *lib, *pctx, *stream;
+    cu_fn_stream_create stream_create;
+    cu_fn_stream_destroy stream_destroy;
+    cu_fn_begin begin;
+    cu_fn_end end;
+    cu_fn_instantiate instantiate;
+    cu_fn_launch launch;
+    cu_fn_destroy exec_destroy, graph_destroy;
+    cu_fn_sync sync;
+    cu_fn_retain retain;
+    cu_fn_set set_current;
+    cu_fn_release release;
+} cu_graph_api;
+
+/* 0: ready; 1: libcuda cannot be opened here (the caller skips); -1: a failure, reported. */
+static int cu_graph_open(cu_graph_api *g) {
+    const char *missing = NULL;
+    void *lib;
+    memset(g, 0, sizeof *g);
+    lib = g->lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) return 1;
+    CU_LOAD(g->stream_create, cu_fn_stream_create, "cuStreamCreate");
+    CU_LOAD(g->stream_destroy, cu_fn_stream_destroy, "cuStreamDestroy_v2");
+    CU_LOAD(g->begin, cu_fn_begin, "cuStreamBeginCapture_v2");
+    CU_LOAD(g->end, cu_fn_end, "cuStreamEndCapture");
+    CU_LOAD(g->instantiate, cu_fn_instantiate, "cuGraphInstantiateWithFlags");
+    CU_LOAD(g->launch, cu_fn_launch, "cuGraphLaunch");
+    CU_LOAD(g->exec_destroy, cu_fn_destroy, "cuGraphExecDestroy");
+    CU_LOAD(g->graph_destroy, cu_fn_destroy, "cuGraphDestroy");
+    CU_LOAD(g->sync, cu_fn_sync, "cuStreamSynchronize");
+    CU_LOAD(g->retain, cu_fn_retain, "cuDevicePrimaryCtxRetain");
+    CU_LOAD(g->set_current, cu_fn_set, "cuCtxSetCurrent");
+    CU_LOAD(g->release, cu_fn_release, "cuDevicePrimaryCtxRelease_v2");
+    if (missing) {
+        attn_test_fail(__FILE__, __LINE__, "libcuda lacks %s", missing);
+        return -1;
+    }
+    if (g->retain(&g->pctx, 0) != 0 || g->set_current(g->pctx) != 0 || g->stream_create(&g->stream, 1) != 0) {
+        attn_test_fail(__FILE__, __LINE__, "cannot make a stream");
+        return -1;
+    }
+    return 0;
+}
+
+/* The stream and the primary context's reference (libcuda stays open: g->lib). */
+static void cu_graph_close(cu_graph_api *g) {
+    if (g->stream) g->stream_destroy(g->stream);
+    if (g->pctx && g->release) g->release(0);
+    g->stream = g->pctx = NULL;
+}
+
 ATTN_TEST(cuda_graph_replays_after_new_builds) {
     /* round 3 reaches 1750 keys; round 4 has 24 decodes, 192 (request, KV head) tiles: past
        the SM count, so on a device with the wide decode shape the graph captured on a
@@ -750,12 +805,8 @@ ATTN_TEST(cuda_graph_replays_after_new_builds) {
     enum { H = 32, HKV = 8, D = 128, BS = 16, MAXR = 24, MAXT = 32, MAXB = 112, NB = 8 * MAXB };
     attn_test_log log;
     attn_context *ctx = cu_ctx(&log);
-    void *lib = NULL, *stream = NULL, *graph = NULL, *exec = NULL, *pctx = NULL;
-    const char *missing = NULL;
-    cu_fn_stream_create stream_create; cu_fn_stream_destroy stream_destroy; cu_fn_begin begin;
-    cu_fn_end end; cu_fn_instantiate instantiate; cu_fn_launch launch; cu_fn_destroy exec_destroy;
-    cu_fn_destroy graph_destroy; cu_fn_sync sync; cu_fn_retain retain; cu_fn_set set_current;
-    cu_fn_release release = NULL;
+    void *graph = NULL, *exec = NULL;
+    cu_graph_api cg;
     attn_layer_desc d;
     attn_layer *cpu = NULL, *gpu = NULL;
     attn_metadata *mc = NULL, *mg = NULL;
@@ -767,25 +818,9 @@ ATTN_TEST(cuda_graph_replays_after_new_builds) {
     static uint16_t cpu_out[MAXT * H * D], gpu_out[MAXT * H * D];
     memset(&q, 0, sizeof q); memset(&kv, 0, sizeof kv); memset(&out, 0, sizeof out);
     CU_SKIP_IF_NO_GPU(ctx);
-    lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!lib) { attn_context_destroy(ctx); SKIP("libcuda.so.1 not loadable by the test"); }
-    CU_LOAD(stream_create, cu_fn_stream_create, "cuStreamCreate");
-    CU_LOAD(stream_destroy, cu_fn_stream_destroy, "cuStreamDestroy_v2");
-    CU_LOAD(begin, cu_fn_begin, "cuStreamBeginCapture_v2");
-    CU_LOAD(end, cu_fn_end, "cuStreamEndCapture");
-    CU_LOAD(instantiate, cu_fn_instantiate, "cuGraphInstantiateWithFlags");
-    CU_LOAD(launch, cu_fn_launch, "cuGraphLaunch");
-    CU_LOAD(exec_destroy, cu_fn_destroy, "cuGraphExecDestroy");
-    CU_LOAD(graph_destroy, cu_fn_destroy, "cuGraphDestroy");
-    CU_LOAD(sync, cu_fn_sync, "cuStreamSynchronize");
-    CU_LOAD(retain, cu_fn_retain, "cuDevicePrimaryCtxRetain");
-    CU_LOAD(set_current, cu_fn_set, "cuCtxSetCurrent");
-    CU_LOAD(release, cu_fn_release, "cuDevicePrimaryCtxRelease_v2");
-    if (missing) { attn_test_fail(__FILE__, __LINE__, "libcuda lacks %s", missing); goto done; }
-    /* the library works in the device's primary context: make it current here too */
-    if (retain(&pctx, 0) != 0 || set_current(pctx) != 0 || stream_create(&stream, 1) != 0) {
-        attn_test_fail(__FILE__, __LINE__, "cannot make a stream");
-        goto done;
+    switch (cu_graph_open(&cg)) {
+    case 1: attn_context_destroy(ctx); SKIP("libcuda.so.1 not loadable by the test");
+    case -1: goto done;
     }
     memset(&d, 0, sizeof d);
     d.num_heads = H; d.num_kv_heads = HKV; d.head_size = D; d.dtype = ATTN_DTYPE_BF16; d.block_size = BS;
@@ -832,15 +867,15 @@ ATTN_TEST(cuda_graph_replays_after_new_builds) {
         memset(&b, 0, sizeof b);
         b.query_start_loc = qsl; b.seq_lens = seq; b.block_table = bt; b.block_table_stride = MAXB;
         b.num_reqs = nreq; b.num_actual_tokens = qsl[nreq]; b.max_query_len = maxq; b.max_seq_len = maxs;
-        b.stream = stream;
+        b.stream = cg.stream;
         b.causal = round % 2 ? ATTN_CAUSAL_NO : ATTN_CAUSAL_DEFAULT; /* the graph follows the build */
         EXPECT_OK(attn_metadata_build(mc, 0, &b, 0));
         EXPECT_OK(attn_metadata_build(mg, 0, &b, 0));
         if (round == 0) { /* capture once */
-            EXPECT_EQ_INT(begin(stream, 2 /* relaxed */), 0);
-            EXPECT_OK(attn_layer_forward(gpu, mg, &gq, NULL, NULL, &gc, &go, NULL, stream));
-            EXPECT_EQ_INT(end(stream, &graph), 0);
-            if (!graph || instantiate(&exec, graph, 0) != 0) {
+            EXPECT_EQ_INT(cg.begin(cg.stream, 2 /* relaxed */), 0);
+            EXPECT_OK(attn_layer_forward(gpu, mg, &gq, NULL, NULL, &gc, &go, NULL, cg.stream));
+            EXPECT_EQ_INT(cg.end(cg.stream, &graph), 0);
+            if (!graph || cg.instantiate(&exec, graph, 0) != 0) {
                 attn_test_fail(__FILE__, __LINE__, "graph capture / instantiate failed");
                 bad++;
                 break;
@@ -848,8 +883,8 @@ ATTN_TEST(cuda_graph_replays_after_new_builds) {
         }
         memset(out.host, 0xff, out.bytes);
         if (!cu_up(ctx, &out)) { bad++; break; }
-        EXPECT_EQ_INT(launch(exec, stream), 0);
-        EXPECT_EQ_INT(sync(stream), 0);
+        EXPECT_EQ_INT(cg.launch(exec, cg.stream), 0);
+        EXPECT_EQ_INT(cg.sync(cg.stream), 0);
         EXPECT_OK(attn_layer_forward(cpu, mc, &hq, NULL, NULL, &hc, &ho, NULL, NULL));
         if (!cu_down(ctx, &out, gpu_out)) { bad++; break; }
         {
@@ -865,15 +900,14 @@ ATTN_TEST(cuda_graph_replays_after_new_builds) {
     }
     EXPECT_EQ_INT(bad, 0);
 done:
-    if (exec) exec_destroy(exec);
-    if (graph) graph_destroy(graph);
-    if (stream) stream_destroy(stream);
-    if (pctx && release) release(0);
+    if (exec) cg.exec_destroy(exec);
+    if (graph) cg.graph_destroy(graph);
+    cu_graph_close(&cg);
     cu_buf_free(ctx, &q); cu_buf_free(ctx, &kv); cu_buf_free(ctx, &out);
     attn_metadata_destroy(mc); attn_metadata_destroy(mg);
     attn_layer_destroy(cpu); attn_layer_destroy(gpu);
     attn_context_destroy(ctx);
-    if (lib) dlclose(lib);
+    if (cg.lib) dlclose(cg.lib);
 }
 
 /* ---- kernel cache on the GPU: many threads, damaged and unusable directories ---------------- */
@@ -1314,12 +1348,8 @@ ATTN_TEST(cuda_mla_graph_replays_after_new_builds) {
     enum { H = 128, R = 512, P = 64, D = 576, N = 128, V = 128, BS = 64, MAXR = 24, MAXB = 40, NB = MAXR * MAXB };
     attn_test_log log;
     attn_context *ctx = cu_ctx(&log);
-    void *lib = NULL, *stream = NULL, *graph[2] = {NULL, NULL}, *exec[2] = {NULL, NULL}, *pctx = NULL;
-    const char *missing = NULL;
-    cu_fn_stream_create stream_create; cu_fn_stream_destroy stream_destroy; cu_fn_begin begin;
-    cu_fn_end end; cu_fn_instantiate instantiate; cu_fn_launch launch; cu_fn_destroy exec_destroy;
-    cu_fn_destroy graph_destroy; cu_fn_sync sync; cu_fn_retain retain; cu_fn_set set_current;
-    cu_fn_release release = NULL;
+    void *graph[2] = {NULL, NULL}, *exec[2] = {NULL, NULL};
+    cu_graph_api cg;
     attn_layer_desc d;
     attn_layer *cpu = NULL, *gpu = NULL;
     attn_metadata *mc = NULL, *mg = NULL;
@@ -1332,24 +1362,9 @@ ATTN_TEST(cuda_mla_graph_replays_after_new_builds) {
     memset(&out, 0, sizeof out); memset(&wuk, 0, sizeof wuk); memset(&wuv, 0, sizeof wuv);
     CU_SKIP_IF_NO_GPU(ctx);
     if (!cu_mla_sm90(ctx)) { attn_context_destroy(ctx); SKIP("CUDA_MLA_SM90 needs compute capability 9.0 and cuBLAS"); }
-    lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!lib) { attn_context_destroy(ctx); SKIP("libcuda.so.1 not loadable by the test"); }
-    CU_LOAD(stream_create, cu_fn_stream_create, "cuStreamCreate");
-    CU_LOAD(stream_destroy, cu_fn_stream_destroy, "cuStreamDestroy_v2");
-    CU_LOAD(begin, cu_fn_begin, "cuStreamBeginCapture_v2");
-    CU_LOAD(end, cu_fn_end, "cuStreamEndCapture");
-    CU_LOAD(instantiate, cu_fn_instantiate, "cuGraphInstantiateWithFlags");
-    CU_LOAD(launch, cu_fn_launch, "cuGraphLaunch");
-    CU_LOAD(exec_destroy, cu_fn_destroy, "cuGraphExecDestroy");
-    CU_LOAD(graph_destroy, cu_fn_destroy, "cuGraphDestroy");
-    CU_LOAD(sync, cu_fn_sync, "cuStreamSynchronize");
-    CU_LOAD(retain, cu_fn_retain, "cuDevicePrimaryCtxRetain");
-    CU_LOAD(set_current, cu_fn_set, "cuCtxSetCurrent");
-    CU_LOAD(release, cu_fn_release, "cuDevicePrimaryCtxRelease_v2");
-    if (missing) { attn_test_fail(__FILE__, __LINE__, "libcuda lacks %s", missing); goto done; }
-    if (retain(&pctx, 0) != 0 || set_current(pctx) != 0 || stream_create(&stream, 1) != 0) {
-        attn_test_fail(__FILE__, __LINE__, "cannot make a stream");
-        goto done;
+    switch (cu_graph_open(&cg)) {
+    case 1: attn_context_destroy(ctx); SKIP("libcuda.so.1 not loadable by the test");
+    case -1: goto done;
     }
     d = cu_mla_desc(H, ATTN_DTYPE_BF16, ATTN_DEVICE_CPU);
     EXPECT_OK(attn_layer_create(ctx, &d, NULL, &cpu));
@@ -1389,7 +1404,7 @@ ATTN_TEST(cuda_mla_graph_replays_after_new_builds) {
         memset(&b, 0, sizeof b);
         b.query_start_loc = qsl; b.seq_lens = seq; b.block_table = bt; b.block_table_stride = MAXB;
         b.num_reqs = nreq; b.num_actual_tokens = T; b.max_query_len = 1; b.max_seq_len = maxs;
-        b.stream = stream;
+        b.stream = cg.stream;
         EXPECT_OK(attn_metadata_build(mc, 0, &b, 0));
         EXPECT_OK(attn_metadata_build(mg, 0, &b, 0));
         for (g = 0; g < 2 && !bad; g++) { /* 0: forward_mqa, 1: the fused call */
@@ -1410,12 +1425,12 @@ ATTN_TEST(cuda_mla_graph_replays_after_new_builds) {
             if (g == 1 && nreq != 8) continue;
             if (round == 0) { /* capture once */
                 attn_status st;
-                EXPECT_EQ_INT(begin(stream, 2 /* relaxed */), 0);
-                st = g ? attn_mla_forward(gpu, mg, &gq, &gp, NULL, NULL, &gc, &gk, &gv, &go, stream)
-                       : attn_mla_forward_mqa(gpu, mg, &gq, &gp, &gc, &go, NULL, stream);
+                EXPECT_EQ_INT(cg.begin(cg.stream, 2 /* relaxed */), 0);
+                st = g ? attn_mla_forward(gpu, mg, &gq, &gp, NULL, NULL, &gc, &gk, &gv, &go, cg.stream)
+                       : attn_mla_forward_mqa(gpu, mg, &gq, &gp, &gc, &go, NULL, cg.stream);
                 EXPECT_OK(st);
-                EXPECT_EQ_INT(end(stream, &graph[g]), 0);
-                if (!graph[g] || instantiate(&exec[g], graph[g], 0) != 0) {
+                EXPECT_EQ_INT(cg.end(cg.stream, &graph[g]), 0);
+                if (!graph[g] || cg.instantiate(&exec[g], graph[g], 0) != 0) {
                     attn_test_fail(__FILE__, __LINE__, "graph %d capture / instantiate failed", g);
                     bad++;
                     break;
@@ -1423,8 +1438,8 @@ ATTN_TEST(cuda_mla_graph_replays_after_new_builds) {
             }
             memset(out.host, 0xff, out.bytes);
             if (!cu_up(ctx, &out)) { bad++; break; }
-            EXPECT_EQ_INT(launch(exec[g], stream), 0);
-            EXPECT_EQ_INT(sync(stream), 0);
+            EXPECT_EQ_INT(cg.launch(exec[g], cg.stream), 0);
+            EXPECT_EQ_INT(cg.sync(cg.stream), 0);
             if (g) EXPECT_OK(attn_mla_forward(cpu, mc, &hq, &hp, NULL, NULL, &hc, &hk, &hv, &ho, NULL));
             else EXPECT_OK(attn_mla_forward_mqa(cpu, mc, &hq, &hp, &hc, &ho, NULL, NULL));
             if (!cu_down(ctx, &out, gpu_out)) { bad++; break; }
@@ -1448,17 +1463,16 @@ ATTN_TEST(cuda_mla_graph_replays_after_new_builds) {
     EXPECT_EQ_INT(bad, 0);
 done:
     for (x = 0; x < 2; x++) {
-        if (exec[x]) exec_destroy(exec[x]);
-        if (graph[x]) graph_destroy(graph[x]);
+        if (exec[x]) cg.exec_destroy(exec[x]);
+        if (graph[x]) cg.graph_destroy(graph[x]);
     }
-    if (stream) stream_destroy(stream);
-    if (pctx && release) release(0);
+    cu_graph_close(&cg);
     cu_buf_free(ctx, &q); cu_buf_free(ctx, &qpe); cu_buf_free(ctx, &qn); cu_buf_free(ctx, &kv);
     cu_buf_free(ctx, &out); cu_buf_free(ctx, &wuk); cu_buf_free(ctx, &wuv);
     attn_metadata_destroy(mc); attn_metadata_destroy(mg);
     attn_layer_destroy(cpu); attn_layer_destroy(gpu);
     attn_context_destroy(ctx);
-    if (lib) dlclose(lib);
+    if (cg.lib) dlclose(cg.lib);
 }
 
 /* Rows the MLA kernels cannot copy in 16-byte pieces are refused by name, before anything
