@@ -38,6 +38,38 @@ int attn_test_log_has(const attn_test_log *log, attn_log_item item, attn_log_lev
    failure to create counts as a failed check and returns NULL. */
 attn_context *attn_test_context(attn_test_log *log, attn_log_level level, int threads);
 
+#ifdef _POSIX_C_SOURCE /* setenv: in the test files that define it */
+#include <stdlib.h>
+#include <string.h>
+/* An environment variable saved before a test changes it and put back after:
+       attn_test_env e = attn_test_env_save("ATTN_BATCH_INVARIANT");
+       setenv("ATTN_BATCH_INVARIANT", "1", 1); ... attn_test_env_restore(&e); */
+typedef struct attn_test_env {
+    const char *name;
+    char *value; /* NULL: was unset */
+} attn_test_env;
+
+static inline attn_test_env attn_test_env_save(const char *name) {
+    attn_test_env e;
+    const char *v = getenv(name);
+    e.name = name;
+    e.value = NULL;
+    if (v) {
+        size_t n = strlen(v) + 1;
+        e.value = (char *)malloc(n);
+        if (e.value) memcpy(e.value, v, n);
+    }
+    return e;
+}
+
+static inline void attn_test_env_restore(attn_test_env *e) {
+    if (e->value) setenv(e->name, e->value, 1);
+    else unsetenv(e->name);
+    free(e->value);
+    e->value = NULL;
+}
+#endif
+
 #endif
 
 #ifdef ATTN_TEST_IMPLEMENTATION

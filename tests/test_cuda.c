@@ -580,8 +580,7 @@ ATTN_TEST(cuda_batch_invariant_rows) {
     enum { H = 32, HKV = 8, D = 128, BS = 16, R = 32, MAXB = 192, NB = 512 }; /* rows share blocks: read only */
     attn_test_log log;
     attn_context *ctx = cu_ctx(&log);
-    const char *saved = getenv("ATTN_BATCH_INVARIANT");
-    char saved_copy[32];
+    attn_test_env saved;
     attn_layer_desc d;
     attn_layer *gpu = NULL;
     attn_metadata *mg = NULL;
@@ -593,7 +592,7 @@ ATTN_TEST(cuda_batch_invariant_rows) {
     static uint16_t rows[2][H * D];
     memset(&q, 0, sizeof q); memset(&kv, 0, sizeof kv); memset(&out, 0, sizeof out);
     CU_SKIP_IF_NO_GPU(ctx);
-    snprintf(saved_copy, sizeof saved_copy, "%s", saved ? saved : "");
+    saved = attn_test_env_save("ATTN_BATCH_INVARIANT");
     setenv("ATTN_BATCH_INVARIANT", "1", 1);
     memset(&d, 0, sizeof d);
     d.num_heads = H; d.num_kv_heads = HKV; d.head_size = D; d.dtype = ATTN_DTYPE_BF16; d.block_size = BS;
@@ -639,8 +638,7 @@ ATTN_TEST(cuda_batch_invariant_rows) {
             break;
         }
 done:
-    if (saved_copy[0]) setenv("ATTN_BATCH_INVARIANT", saved_copy, 1);
-    else unsetenv("ATTN_BATCH_INVARIANT");
+    attn_test_env_restore(&saved);
     cu_buf_free(ctx, &q); cu_buf_free(ctx, &kv); cu_buf_free(ctx, &out);
     attn_metadata_destroy(mg);
     attn_layer_destroy(gpu);

@@ -15,25 +15,6 @@
 
 /* ---- a logger that counts, and environment save/restore ------------------------------- */
 
-typedef struct def_env {
-    const char *name;
-    char *value; /* NULL: was unset */
-} def_env;
-
-static def_env def_env_save(const char *name) {
-    def_env e;
-    const char *v = getenv(name);
-    e.name = name;
-    e.value = v ? strdup(v) : NULL;
-    return e;
-}
-
-static void def_env_restore(def_env *e) {
-    if (e->value) setenv(e->name, e->value, 1);
-    else unsetenv(e->name);
-    free(e->value);
-    e->value = NULL;
-}
 
 /* A context logging into the shared capture (tests/fixtures.h) that, unlike
    attn_test_context, keeps the lines of the creation: the environment is read there. */
@@ -109,13 +90,13 @@ static int def_mla_splits(attn_context *ctx) {
 ATTN_TEST(def_env_batch_invariant_words) {
     static const char *const on[] = {"1", "true", "TRUE", "yes", "Yes", "on", "ON"};
     static const char *const off[] = {"0", "false", "False", "no", "NO", "off", "Off"};
-    def_env saved = def_env_save("ATTN_BATCH_INVARIANT");
+    attn_test_env saved = attn_test_env_save("ATTN_BATCH_INVARIANT");
     attn_test_log cap;
     attn_context *ctx = def_ctx(&cap, ATTN_LOG_LEVEL_DEBUG, 2);
     attn_platform p;
     size_t i;
     int split_when_free;
-    if (!ctx) { def_env_restore(&saved); return; }
+    if (!ctx) { attn_test_env_restore(&saved); return; }
     EXPECT_OK(attn_platform_get(ctx, &p));
     unsetenv("ATTN_BATCH_INVARIANT");
     split_when_free = def_mla_splits(ctx);
@@ -135,14 +116,14 @@ ATTN_TEST(def_env_batch_invariant_words) {
     EXPECT_EQ_INT(cap.by_item_level[ATTN_LOG_ENV_INVALID][ATTN_LOG_LEVEL_WARN], 1);
     EXPECT_EQ_INT(cap.by_level[ATTN_LOG_LEVEL_WARN], 1);
     attn_context_destroy(ctx);
-    def_env_restore(&saved);
+    attn_test_env_restore(&saved);
 }
 
 /* ATTN_NUM_THREADS=-1/abc/100000 used to be ignored silently: now one WARN line through the
    new context's hook, and the default thread count. */
 ATTN_TEST(def_env_num_threads_invalid) {
     static const char *const bad[] = {"-1", "abc", "100000", "0", "4x", "1025"};
-    def_env saved = def_env_save("ATTN_NUM_THREADS");
+    attn_test_env saved = attn_test_env_save("ATTN_NUM_THREADS");
     attn_test_log cap;
     attn_context *ctx;
     attn_platform p;
@@ -176,13 +157,13 @@ ATTN_TEST(def_env_num_threads_invalid) {
         EXPECT_EQ_INT(cap.by_item_level[ATTN_LOG_ENV_INVALID][ATTN_LOG_LEVEL_WARN], 0);
         attn_context_destroy(ctx);
     }
-    def_env_restore(&saved);
+    attn_test_env_restore(&saved);
 }
 
 /* ATTN_LOG_LEVEL=verbose used to be ignored silently: now one WARN line through the hook
    and the default level (INFO: no DEBUG lines, INFO lines pass). */
 ATTN_TEST(def_env_log_level_invalid) {
-    def_env saved = def_env_save("ATTN_LOG_LEVEL");
+    attn_test_env saved = attn_test_env_save("ATTN_LOG_LEVEL");
     attn_test_log cap;
     attn_context *ctx;
     attn_layer_desc d;
@@ -217,7 +198,7 @@ ATTN_TEST(def_env_log_level_invalid) {
         EXPECT_EQ_INT(cap.by_item_level[ATTN_LOG_ENV_INVALID][ATTN_LOG_LEVEL_WARN], 0);
         attn_context_destroy(ctx);
     }
-    def_env_restore(&saved);
+    attn_test_env_restore(&saved);
 }
 
 /* ---- 2. outputs whose elements overlap ------------------------------------------------- */
@@ -599,7 +580,7 @@ static long def_create_stderr_bytes(const attn_context_desc *desc, attn_context 
 
 /* Failures used to go to stderr past the caller's hook and level. */
 ATTN_TEST(def_context_create_failure_logs) {
-    def_env saved = def_env_save("ATTN_LOG_LEVEL");
+    attn_test_env saved = attn_test_env_save("ATTN_LOG_LEVEL");
     attn_context_desc cd;
     attn_test_log cap;
     attn_context *ctx;
@@ -646,7 +627,7 @@ ATTN_TEST(def_context_create_failure_logs) {
         EXPECT_STATUS(st, ATTN_ERROR_INVALID_VALUE);
         EXPECT_TRUE(n > 0);
     }
-    def_env_restore(&saved);
+    attn_test_env_restore(&saved);
 }
 
 /* ---- 5. the MLA head-size reason names the allowed sizes ---------------------------------- */
@@ -665,11 +646,11 @@ ATTN_TEST(def_mla_head_size_reason) {
     static const int sizes[] = {600, 288, 448, 584};
     attn_test_log cap;
     attn_context *ctx = def_ctx(&cap, ATTN_LOG_LEVEL_DEBUG, 1);
-    def_env saved = def_env_save("ATTN_BACKEND");
+    attn_test_env saved = attn_test_env_save("ATTN_BACKEND");
     attn_select_request req;
     attn_selection sel;
     size_t i;
-    if (!ctx) { def_env_restore(&saved); return; }
+    if (!ctx) { attn_test_env_restore(&saved); return; }
     unsetenv("ATTN_BACKEND");
     memset(&req, 0, sizeof req);
     for (i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
@@ -699,7 +680,7 @@ ATTN_TEST(def_mla_head_size_reason) {
         EXPECT_TRUE(strstr(def_skip_reason(&sel, ATTN_BACKEND_CPU), "512") != NULL);
     }
     attn_context_destroy(ctx);
-    def_env_restore(&saved);
+    attn_test_env_restore(&saved);
 }
 
 /* ---- the dtype table: names both ways, sizes -------------------------------------------- */
@@ -711,7 +692,7 @@ ATTN_TEST(def_dtype_from_name) {
         {"float16", ATTN_DTYPE_F16},   {"bf16", ATTN_DTYPE_BF16},     {"BF16", ATTN_DTYPE_BF16},
         {"bfloat16", ATTN_DTYPE_BF16}, {"BFloat16", ATTN_DTYPE_BF16}};
     static const char *const bad[] = {"", "auto", "fp8", "f64", "float", "half", "f16 ", "bf"};
-    def_env saved = def_env_save("ATTN_LOG_LEVEL");
+    attn_test_env saved = attn_test_env_save("ATTN_LOG_LEVEL");
     attn_dtype dt;
     size_t i;
     int d;
@@ -745,7 +726,7 @@ ATTN_TEST(def_dtype_from_name) {
     EXPECT_TRUE(strcmp(attn_dtype_name(ATTN_DTYPE_AUTO), "auto") == 0);
     EXPECT_TRUE(strcmp(attn_dtype_name((attn_dtype)99), "?") == 0);
     EXPECT_TRUE(strcmp(attn_dtype_name((attn_dtype)-1), "?") == 0);
-    def_env_restore(&saved);
+    attn_test_env_restore(&saved);
 }
 
 /* A layer descriptor with an out-of-range dtype is refused (the table's range). */

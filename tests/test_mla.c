@@ -1537,6 +1537,18 @@ ATTN_TEST(test_mla_strided_views) {
 }
 
 /* Random mixed batches (shapes, dtypes, block sizes, thresholds, threads). */
+/* The random knobs the CPU and GPU random batches share (in this order of draws): decode
+   threshold, seeds, float64 heads, who writes the new tokens, padding rows, scale. */
+static void random_world_knobs(rng *r, mcfg *c) {
+    c->decode_threshold = rng_int(r, 0, 2) == 0 ? rng_int(r, 2, 4) : 0;
+    c->seed = rng_next(r);
+    c->wseed = rng_next(r);
+    c->nref = c->H > 8 ? 3 : 0;
+    c->write_new = rng_int(r, 0, 1);
+    c->pad = rng_int(r, 0, 2);
+    if (rng_int(r, 0, 2) == 0) c->scale = rng_uniform(r, 0.03f, 0.15f);
+}
+
 ATTN_TEST(test_mla_random_batches) {
     rng r;
     int n = (int)(8 * test_scale()), k, failed = 0;
@@ -1556,13 +1568,7 @@ ATTN_TEST(test_mla_random_batches) {
         c.kvdt = rng_int(&r, 0, 2) ? c.dt : (attn_dtype)rng_int(&r, 1, 3);
         c.bs = blocks[rng_int(&r, 0, 3)];
         c.threads = rng_int(&r, 1, 3);
-        c.decode_threshold = rng_int(&r, 0, 2) == 0 ? rng_int(&r, 2, 4) : 0;
-        c.seed = rng_next(&r);
-        c.wseed = rng_next(&r);
-        c.nref = c.H > 8 ? 3 : 0;
-        c.write_new = rng_int(&r, 0, 1);
-        c.pad = rng_int(&r, 0, 2);
-        if (rng_int(&r, 0, 2) == 0) c.scale = rng_uniform(&r, 0.03f, 0.15f);
+        random_world_knobs(&r, &c);
         nd = rng_int(&r, 0, 5);
         np = rng_int(&r, nd ? 0 : 1, 3);
         for (i = 0; i < nd; i++) {
@@ -1732,8 +1738,8 @@ ATTN_TEST(test_mla_batch_invariant) {
     attn_metadata *ma = NULL, *mb = NULL;
     mqa_result ra, rb;
     float *fa = NULL, *fb = NULL;
-    int x, H = 16, R = 512, same = 1, had_env;
-    char saved_env[64];
+    int x, H = 16, R = 512, same = 1;
+    attn_test_env saved_env;
     base_cfg(&one, H, R, ATTN_DTYPE_F32, ATTN_DTYPE_F32);
     one.nref = 1;
     one.seed = 4444;
@@ -1750,15 +1756,7 @@ ATTN_TEST(test_mla_batch_invariant) {
     many.bs = 32; /* a different page layout too */
     memset(&ra, 0, sizeof ra);
     memset(&rb, 0, sizeof rb);
-    {
-        const char *old = getenv("ATTN_BATCH_INVARIANT");
-        saved_env[0] = 0;
-        had_env = old != NULL;
-        if (old) {
-            strncpy(saved_env, old, sizeof saved_env - 1);
-            saved_env[sizeof saved_env - 1] = 0;
-        }
-    }
+    saved_env = attn_test_env_save("ATTN_BATCH_INVARIANT");
     unsetenv("ATTN_BATCH_INVARIANT");
     if (world_init(&wa, &one)) ma = world_meta(&wa, 0, NULL);
     if (world_init(&wb, &many)) mb = world_meta(&wb, 0, NULL);
@@ -1777,10 +1775,7 @@ ATTN_TEST(test_mla_batch_invariant) {
     setenv("ATTN_BATCH_INVARIANT", "1", 1);
     if (wa.ok) ma = world_meta(&wa, 0, NULL);
     if (wb.ok) mb = world_meta(&wb, 0, NULL);
-    if (had_env)
-        setenv("ATTN_BATCH_INVARIANT", saved_env, 1);
-    else
-        unsetenv("ATTN_BATCH_INVARIANT");
+    attn_test_env_restore(&saved_env);
     EXPECT_TRUE(ma != NULL && mb != NULL);
     if (ma && mb) {
         attn_mla_info ia, ib;
@@ -2277,13 +2272,7 @@ ATTN_TEST(test_mla_reorder_batch) {
     }
     /* rejections (no context: the lines would go to stderr, so the level is 'none') */
     {
-        const char *old = getenv("ATTN_LOG_LEVEL");
-        char saved[64];
-        saved[0] = 0;
-        if (old) {
-            strncpy(saved, old, sizeof saved - 1);
-            saved[sizeof saved - 1] = 0;
-        }
+        attn_test_env saved = attn_test_env_save("ATTN_LOG_LEVEL");
         setenv("ATTN_LOG_LEVEL", "none", 1);
         ql[0] = 1;
         ql[1] = -2;
@@ -2296,10 +2285,7 @@ ATTN_TEST(test_mla_reorder_batch) {
         EXPECT_STATUS(attn_reorder_batch(ql, 1, 0, perm, NULL, &sw), ATTN_ERROR_NULL_ARGUMENT);
         EXPECT_STATUS(attn_reorder_batch(ql, 1, 0, NULL, &nd, &sw), ATTN_ERROR_NULL_ARGUMENT);
         EXPECT_EQ_INT(nd, 55);
-        if (old)
-            setenv("ATTN_LOG_LEVEL", saved, 1);
-        else
-            unsetenv("ATTN_LOG_LEVEL");
+        attn_test_env_restore(&saved);
     }
 }
 
@@ -3144,13 +3130,7 @@ ATTN_TEST(test_mla_cuda_random_batches) {
                  rng_int(&r, 0, 1) ? ATTN_DTYPE_BF16 : ATTN_DTYPE_F16, ATTN_DTYPE_AUTO);
         c.kvdt = c.dt;
         c.bs = blocks[rng_int(&r, 0, 3)];
-        c.decode_threshold = rng_int(&r, 0, 2) == 0 ? rng_int(&r, 2, 4) : 0;
-        c.seed = rng_next(&r);
-        c.wseed = rng_next(&r);
-        c.nref = c.H > 8 ? 3 : 0;
-        c.write_new = rng_int(&r, 0, 1);
-        c.pad = rng_int(&r, 0, 2);
-        if (rng_int(&r, 0, 2) == 0) c.scale = rng_uniform(&r, 0.03f, 0.15f);
+        random_world_knobs(&r, &c);
         nd = rng_int(&r, 0, 6);
         np = rng_int(&r, nd ? 0 : 1, 3);
         for (i = 0; i < nd; i++) {
@@ -3220,8 +3200,8 @@ ATTN_TEST(test_mla_cuda_batch_invariant) {
     mworld wa, wb;
     attn_metadata *ma = NULL, *mb = NULL;
     mqa_result ra, rb;
-    int x, H = 128, R = 512, same = 1, had_env;
-    char saved_env[64];
+    int x, H = 128, R = 512, same = 1;
+    attn_test_env saved_env;
     MLA_CUDA_SKIP();
     base_cfg(&one, H, R, ATTN_DTYPE_BF16, ATTN_DTYPE_BF16);
     one.nref = 2;
@@ -3238,20 +3218,11 @@ ATTN_TEST(test_mla_cuda_batch_invariant) {
     many.bs = 32;
     memset(&ra, 0, sizeof ra);
     memset(&rb, 0, sizeof rb);
-    {
-        const char *old = getenv("ATTN_BATCH_INVARIANT");
-        saved_env[0] = 0;
-        had_env = old != NULL;
-        if (old) {
-            strncpy(saved_env, old, sizeof saved_env - 1);
-            saved_env[sizeof saved_env - 1] = 0;
-        }
-    }
+    saved_env = attn_test_env_save("ATTN_BATCH_INVARIANT");
     setenv("ATTN_BATCH_INVARIANT", "1", 1);
     if (world_init(&wa, &one)) ma = world_meta(&wa, 0, NULL);
     if (world_init(&wb, &many)) mb = world_meta(&wb, 0, NULL);
-    if (had_env) setenv("ATTN_BATCH_INVARIANT", saved_env, 1);
-    else unsetenv("ATTN_BATCH_INVARIANT");
+    attn_test_env_restore(&saved_env);
     EXPECT_TRUE(ma != NULL && mb != NULL);
     if (ma && mb) {
         attn_mla_info ia, ib;

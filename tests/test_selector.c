@@ -13,35 +13,11 @@
 
 /* ---- environment save/restore ------------------------------------------------------ */
 
-typedef struct sel_env {
-    const char *name;
-    char *value; /* NULL: was unset */
-} sel_env;
-
-static sel_env sel_env_save(const char *name) {
-    sel_env e;
-    const char *v = getenv(name);
-    e.name = name;
-    e.value = NULL;
-    if (v) {
-        size_t n = strlen(v) + 1;
-        e.value = (char *)malloc(n);
-        if (e.value) memcpy(e.value, v, n);
-    }
-    return e;
-}
-
-static void sel_env_restore(sel_env *e) {
-    if (e->value) setenv(e->name, e->value, 1);
-    else unsetenv(e->name);
-    free(e->value);
-    e->value = NULL;
-}
 
 /* Context-less failures (registry, names) log through stderr unless ATTN_LOG_LEVEL says
    otherwise; tests that provoke them silence it and restore it afterwards. */
-static sel_env sel_quiet_begin(void) {
-    sel_env e = sel_env_save("ATTN_LOG_LEVEL");
+static attn_test_env sel_quiet_begin(void) {
+    attn_test_env e = attn_test_env_save("ATTN_LOG_LEVEL");
     setenv("ATTN_LOG_LEVEL", "none", 1);
     return e;
 }
@@ -161,10 +137,10 @@ static attn_backend *sel_plug_make(attn_backend *b, attn_backend_id id, const ch
 
 /* Restores every registry slot and ATTN_BACKEND (run at the end of each test). */
 static void sel_cleanup(void) {
-    sel_env q = sel_quiet_begin();
+    attn_test_env q = sel_quiet_begin();
     attn_register_backend(ATTN_BACKEND_CUSTOM, NULL);
     attn_register_backend(ATTN_BACKEND_CPU, NULL);
-    sel_env_restore(&q);
+    attn_test_env_restore(&q);
     unsetenv("ATTN_BACKEND");
 }
 
@@ -920,7 +896,7 @@ ATTN_TEST(sel_auto_prefers_passing_plugin) {
 ATTN_TEST(sel_registry_replace_and_restore) {
     attn_backend_id id = ATTN_BACKEND_AUTO;
     const attn_backend *builtin_cpu = attn_backend_get(ATTN_BACKEND_CPU);
-    sel_env q;
+    attn_test_env q;
     EXPECT_TRUE(builtin_cpu != NULL);
     EXPECT_TRUE(attn_backend_get(ATTN_BACKEND_CUSTOM) == NULL);
     EXPECT_TRUE(attn_backend_get(ATTN_BACKEND_AUTO) == NULL);
@@ -941,7 +917,7 @@ ATTN_TEST(sel_registry_replace_and_restore) {
     EXPECT_TRUE(attn_backend_get(ATTN_BACKEND_CUSTOM) == NULL);
     q = sel_quiet_begin();
     EXPECT_STATUS(attn_backend_from_name("testplug", &id), ATTN_ERROR_UNKNOWN_BACKEND);
-    sel_env_restore(&q);
+    attn_test_env_restore(&q);
 
     /* CPU: built-in -> replacement -> built-in. */
     EXPECT_OK(attn_register_backend(ATTN_BACKEND_CPU,
@@ -981,7 +957,7 @@ ATTN_TEST(sel_registry_replacement_serves_new_layers) {
 }
 
 ATTN_TEST(sel_registry_rejects_id_mismatch) {
-    sel_env q = sel_quiet_begin();
+    attn_test_env q = sel_quiet_begin();
     const attn_backend *before_cpu = attn_backend_get(ATTN_BACKEND_CPU);
     sel_plug_make(&sel_plug, ATTN_BACKEND_CUSTOM, "TESTPLUG", 8, 512);
     EXPECT_STATUS(attn_register_backend(ATTN_BACKEND_CPU, &sel_plug), ATTN_ERROR_INVALID_VALUE);
@@ -990,12 +966,12 @@ ATTN_TEST(sel_registry_rejects_id_mismatch) {
     sel_plug_make(&sel_plug, ATTN_BACKEND_CPU, "TESTPLUG", 8, 512);
     EXPECT_STATUS(attn_register_backend(ATTN_BACKEND_CUSTOM, &sel_plug), ATTN_ERROR_INVALID_VALUE);
     EXPECT_TRUE(attn_backend_get(ATTN_BACKEND_CUSTOM) == NULL);
-    sel_env_restore(&q);
+    attn_test_env_restore(&q);
     sel_cleanup();
 }
 
 ATTN_TEST(sel_registry_rejects_missing_fields) {
-    sel_env q = sel_quiet_begin();
+    attn_test_env q = sel_quiet_begin();
     attn_backend *b;
 
     /* A required pointer member that is NULL is a NULL argument. */
@@ -1015,12 +991,12 @@ ATTN_TEST(sel_registry_rejects_missing_fields) {
     EXPECT_STATUS(attn_register_backend(ATTN_BACKEND_CUSTOM, b), ATTN_ERROR_NULL_ARGUMENT);
     EXPECT_TRUE(attn_backend_get(ATTN_BACKEND_CUSTOM) == NULL);
 
-    sel_env_restore(&q);
+    attn_test_env_restore(&q);
     sel_cleanup();
 }
 
 ATTN_TEST(sel_registry_rejects_bad_values) {
-    sel_env q = sel_quiet_begin();
+    attn_test_env q = sel_quiet_begin();
     attn_backend *b;
 
     b = sel_plug_make(&sel_plug, ATTN_BACKEND_CUSTOM, "", 8, 512); /* empty name */
@@ -1037,12 +1013,12 @@ ATTN_TEST(sel_registry_rejects_bad_values) {
     EXPECT_TRUE(attn_backend_get(ATTN_BACKEND_CUSTOM) == NULL);
     EXPECT_TRUE(attn_context_last_error(NULL)[0] != 0);
 
-    sel_env_restore(&q);
+    attn_test_env_restore(&q);
     sel_cleanup();
 }
 
 ATTN_TEST(sel_registry_rejects_out_of_range_ids) {
-    sel_env q = sel_quiet_begin();
+    attn_test_env q = sel_quiet_begin();
     const attn_backend *before_cpu = attn_backend_get(ATTN_BACKEND_CPU);
     sel_plug_make(&sel_plug, ATTN_BACKEND_AUTO, "TESTPLUG", 8, 512);
     EXPECT_STATUS(attn_register_backend(ATTN_BACKEND_AUTO, &sel_plug), ATTN_ERROR_INVALID_VALUE);
@@ -1055,7 +1031,7 @@ ATTN_TEST(sel_registry_rejects_out_of_range_ids) {
     EXPECT_TRUE(attn_context_last_error(NULL)[0] != 0);
     EXPECT_TRUE(attn_backend_get(ATTN_BACKEND_CPU) == before_cpu);
     EXPECT_TRUE(attn_backend_get(ATTN_BACKEND_CUSTOM) == NULL);
-    sel_env_restore(&q);
+    attn_test_env_restore(&q);
     sel_cleanup();
 }
 
@@ -1328,7 +1304,7 @@ ATTN_TEST(sel_platform_reports_cpu) {
 
 ATTN_TEST(sel_backend_from_name) {
     attn_backend_id id;
-    sel_env q = sel_quiet_begin();
+    attn_test_env q = sel_quiet_begin();
     id = ATTN_BACKEND_AUTO;
     EXPECT_OK(attn_backend_from_name("cpu", &id));
     EXPECT_EQ_INT(id, ATTN_BACKEND_CPU);
@@ -1363,7 +1339,7 @@ ATTN_TEST(sel_backend_from_name) {
     EXPECT_TRUE(strcmp(attn_backend_name(ATTN_BACKEND_CPU), attn_backend_name(ATTN_BACKEND_CUSTOM)) != 0);
     EXPECT_TRUE(strcmp(attn_backend_name(ATTN_BACKEND_CPU), attn_backend_name(ATTN_BACKEND_AUTO)) != 0);
     EXPECT_TRUE(attn_backend_name((attn_backend_id)99) != NULL);
-    sel_env_restore(&q);
+    attn_test_env_restore(&q);
     sel_cleanup();
 }
 
@@ -1444,7 +1420,7 @@ ATTN_TEST(sel_log_level_from_env) {
     attn_context *ctx;
     attn_layer_desc d = sel_desc();
     attn_selection s;
-    sel_env saved = sel_env_save("ATTN_LOG_LEVEL");
+    attn_test_env saved = attn_test_env_save("ATTN_LOG_LEVEL");
     unsetenv("ATTN_BACKEND");
     setenv("ATTN_LOG_LEVEL", "ERROR", 1);
     ctx = attn_test_context(&cap, ATTN_LOG_LEVEL_DEFAULT, 1);
@@ -1464,7 +1440,7 @@ ATTN_TEST(sel_log_level_from_env) {
     EXPECT_EQ_INT(cap.by_item_level[ATTN_LOG_SELECT_RESOLVED][ATTN_LOG_LEVEL_INFO], 1);
     EXPECT_EQ_INT(cap.by_level[ATTN_LOG_LEVEL_DEBUG], 0);
     attn_context_destroy(ctx);
-    sel_env_restore(&saved);
+    attn_test_env_restore(&saved);
     sel_cleanup();
 }
 
