@@ -1732,13 +1732,71 @@ ATTN_TEST(test_mla_split_empty) {
    decodes and prefills, other block placement) gives bitwise-identical rows, in
    forward_mqa (out_latent, LSE) and in the fused call. Without the variable the two
    batches would split the request's keys differently (3 vs 4 splits on 4 threads). */
+/* Request 0 alone (wa, ma) and in a batch (wb, mb), both built with ATTN_BATCH_INVARIANT=1:
+   one split each, and its forward_mqa rows (out_latent, LSE) bitwise equal; with fused, the
+   fused call's rows too. */
+static void check_invariant_rows(mworld *wa, attn_metadata *ma, mworld *wb, attn_metadata *mb, int fused,
+                                 const char *tag) {
+    const int H = wa->c.H, R = wa->c.R;
+    attn_mla_info ia, ib;
+    mqa_result ra, rb;
+    float *fa = NULL, *fb = NULL;
+    char name[96];
+    int x, same = 1;
+    memset(&ra, 0, sizeof ra);
+    memset(&rb, 0, sizeof rb);
+    EXPECT_OK(attn_metadata_mla_info(ma, &ia));
+    EXPECT_OK(attn_metadata_mla_info(mb, &ib));
+    EXPECT_EQ_INT(ia.num_kv_splits, 1);
+    EXPECT_EQ_INT(ib.num_kv_splits, 1);
+    snprintf(name, sizeof name, "%salone", tag);
+    run_mqa(wa, ma, 0, name, &ra);
+    snprintf(name, sizeof name, "%sin batch", tag);
+    run_mqa(wb, mb, 0, name, &rb);
+    if (ra.lat && rb.lat) {
+        for (x = 0; x < H * R; x++)
+            if (memcmp(&ra.lat[x], &rb.lat[x], sizeof(float))) {
+                if (same)
+                    printf("    out_latent: first difference at %d: %.9g vs %.9g\n", x, (double)ra.lat[x],
+                           (double)rb.lat[x]);
+                same = 0;
+            }
+        EXPECT_TRUE(same);
+        same = 1;
+        for (x = 0; x < H; x++)
+            if (memcmp(&ra.lse[x], &rb.lse[x], sizeof(float))) same = 0;
+        EXPECT_TRUE(same);
+    }
+    if (fused) {
+        snprintf(name, sizeof name, "%salone fused", tag);
+        run_fused(wa, ma, 0, name, &fa);
+        snprintf(name, sizeof name, "%sin batch fused", tag);
+        run_fused(wb, mb, 0, name, &fb);
+        if (fa && fb) {
+            same = 1;
+            for (x = 0; x < H * VDIM; x++)
+                if (memcmp(&fa[x], &fb[x], sizeof(float))) {
+                    if (same)
+                        printf("    fused out: first difference at %d: %.9g vs %.9g\n", x, (double)fa[x],
+                               (double)fb[x]);
+                    same = 0;
+                }
+            EXPECT_TRUE(same);
+        }
+    }
+    free(ra.lat);
+    free(ra.lse);
+    free(rb.lat);
+    free(rb.lse);
+    free(fa);
+    free(fb);
+}
+
 ATTN_TEST(test_mla_batch_invariant) {
     mcfg one, many;
     mworld wa, wb;
     attn_metadata *ma = NULL, *mb = NULL;
-    mqa_result ra, rb;
-    float *fa = NULL, *fb = NULL;
-    int x, H = 16, R = 512, same = 1;
+    int H = 16, R = 512;
     attn_test_env saved_env;
     base_cfg(&one, H, R, ATTN_DTYPE_F32, ATTN_DTYPE_F32);
     one.nref = 1;
@@ -1754,8 +1812,6 @@ ATTN_TEST(test_mla_batch_invariant) {
     add_req(&many, 20, 120);
     add_req(&many, 7, 7);
     many.bs = 32; /* a different page layout too */
-    memset(&ra, 0, sizeof ra);
-    memset(&rb, 0, sizeof rb);
     saved_env = attn_test_env_save("ATTN_BATCH_INVARIANT");
     unsetenv("ATTN_BATCH_INVARIANT");
     if (world_init(&wa, &one)) ma = world_meta(&wa, 0, NULL);
@@ -1777,48 +1833,7 @@ ATTN_TEST(test_mla_batch_invariant) {
     if (wb.ok) mb = world_meta(&wb, 0, NULL);
     attn_test_env_restore(&saved_env);
     EXPECT_TRUE(ma != NULL && mb != NULL);
-    if (ma && mb) {
-        attn_mla_info ia, ib;
-        EXPECT_OK(attn_metadata_mla_info(ma, &ia));
-        EXPECT_OK(attn_metadata_mla_info(mb, &ib));
-        EXPECT_EQ_INT(ia.num_kv_splits, 1);
-        EXPECT_EQ_INT(ib.num_kv_splits, 1);
-        run_mqa(&wa, ma, 0, "alone", &ra);
-        run_mqa(&wb, mb, 0, "in batch", &rb);
-        if (ra.lat && rb.lat) {
-            for (x = 0; x < H * R; x++)
-                if (memcmp(&ra.lat[x], &rb.lat[x], sizeof(float))) {
-                    if (same)
-                        printf("    out_latent: first difference at %d: %.9g vs %.9g\n", x, (double)ra.lat[x],
-                               (double)rb.lat[x]);
-                    same = 0;
-                }
-            EXPECT_TRUE(same);
-            same = 1;
-            for (x = 0; x < H; x++)
-                if (memcmp(&ra.lse[x], &rb.lse[x], sizeof(float))) same = 0;
-            EXPECT_TRUE(same);
-        }
-        run_fused(&wa, ma, 0, "alone fused", &fa);
-        run_fused(&wb, mb, 0, "in batch fused", &fb);
-        if (fa && fb) {
-            same = 1;
-            for (x = 0; x < H * VDIM; x++)
-                if (memcmp(&fa[x], &fb[x], sizeof(float))) {
-                    if (same)
-                        printf("    fused out: first difference at %d: %.9g vs %.9g\n", x, (double)fa[x],
-                               (double)fb[x]);
-                    same = 0;
-                }
-            EXPECT_TRUE(same);
-        }
-    }
-    free(ra.lat);
-    free(ra.lse);
-    free(rb.lat);
-    free(rb.lse);
-    free(fa);
-    free(fb);
+    if (ma && mb) check_invariant_rows(&wa, ma, &wb, mb, 1, "");
     attn_metadata_destroy(ma);
     attn_metadata_destroy(mb);
     world_free(&wa);
@@ -3199,8 +3214,7 @@ ATTN_TEST(test_mla_cuda_batch_invariant) {
     mcfg one, many;
     mworld wa, wb;
     attn_metadata *ma = NULL, *mb = NULL;
-    mqa_result ra, rb;
-    int x, H = 128, R = 512, same = 1;
+    int H = 128, R = 512;
     attn_test_env saved_env;
     MLA_CUDA_SKIP();
     base_cfg(&one, H, R, ATTN_DTYPE_BF16, ATTN_DTYPE_BF16);
@@ -3216,34 +3230,13 @@ ATTN_TEST(test_mla_cuda_batch_invariant) {
     add_req(&many, 1, 3);
     add_req(&many, 20, 120);
     many.bs = 32;
-    memset(&ra, 0, sizeof ra);
-    memset(&rb, 0, sizeof rb);
     saved_env = attn_test_env_save("ATTN_BATCH_INVARIANT");
     setenv("ATTN_BATCH_INVARIANT", "1", 1);
     if (world_init(&wa, &one)) ma = world_meta(&wa, 0, NULL);
     if (world_init(&wb, &many)) mb = world_meta(&wb, 0, NULL);
     attn_test_env_restore(&saved_env);
     EXPECT_TRUE(ma != NULL && mb != NULL);
-    if (ma && mb) {
-        attn_mla_info ia, ib;
-        EXPECT_OK(attn_metadata_mla_info(ma, &ia));
-        EXPECT_OK(attn_metadata_mla_info(mb, &ib));
-        EXPECT_EQ_INT(ia.num_kv_splits, 1);
-        EXPECT_EQ_INT(ib.num_kv_splits, 1);
-        run_mqa(&wa, ma, 0, "cuda alone", &ra);
-        run_mqa(&wb, mb, 0, "cuda in batch", &rb);
-        if (ra.lat && rb.lat) {
-            for (x = 0; x < H * R; x++)
-                if (memcmp(&ra.lat[x], &rb.lat[x], sizeof(float))) same = 0;
-            for (x = 0; x < H; x++)
-                if (memcmp(&ra.lse[x], &rb.lse[x], sizeof(float))) same = 0;
-            EXPECT_TRUE(same);
-        }
-    }
-    free(ra.lat);
-    free(ra.lse);
-    free(rb.lat);
-    free(rb.lse);
+    if (ma && mb) check_invariant_rows(&wa, ma, &wb, mb, 0, "cuda ");
     attn_metadata_destroy(ma);
     attn_metadata_destroy(mb);
     world_free(&wa);
