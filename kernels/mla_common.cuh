@@ -45,6 +45,23 @@ struct attn_mha_params {
     int pad0;
 };
 
+/* The 16-byte chunk `col` (elements 8 col .. 8 col + 7) of the query row (row, head) held
+   as two 16-bit tensors: columns [0, split) in a (q_latent, or q_nope), the rest in b
+   (q_pe). Strides in elements. */
+ATTN_DEV const char *attn_mla_q_chunk(const void *a, attn_i64 a_token, attn_i64 a_head, const void *b, attn_i64 b_token,
+                                      attn_i64 b_head, int split, int row, int head, int col) {
+    return col * 8 < split ? (const char *)a + ((attn_i64)row * a_token + (attn_i64)head * a_head + col * 8) * 2
+                           : (const char *)b + ((attn_i64)row * b_token + (attn_i64)head * b_head + (col * 8 - split)) * 2;
+}
+
+/* Byte offset of key j's latent row (row_bytes) in the paged cache of one request (its
+   block_table row bt), or -1 outside [key0, key1). */
+ATTN_DEV attn_i64 attn_mla_key_offset(const int *bt, int j, int key0, int key1, int block_size, int row_bytes) {
+    return j >= key0 && j < key1
+               ? ((attn_i64)bt[(unsigned)j / (unsigned)block_size] * block_size + (attn_i64)((unsigned)j % (unsigned)block_size)) * row_bytes
+               : (attn_i64)-1;
+}
+
 #define ATTN_MHA_CAUSAL 1
 #define ATTN_MHA_MERGE 2
 

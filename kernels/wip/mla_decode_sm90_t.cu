@@ -110,12 +110,9 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mla_decode(co
     /* ---- Q: NH heads x [q_latent | q_pe], zero past num_heads ---- */
     for (int c = tid; c < NH * (ATTN_D / 8); c += ATTN_THREADS) {
         const int r = c / (ATTN_D / 8), col = c - r * (ATTN_D / 8), valid = r < nheads;
-        const char *src = (const char *)p.q;
-        if (valid)
-            src = col * 8 < KV_LORA
-                      ? (const char *)p.q + ((attn_i64)q_row * p.q_stride_token + (attn_i64)(head0 + r) * p.q_stride_head + col * 8) * 2
-                      : (const char *)p.q_pe + ((attn_i64)q_row * p.q_pe_stride_token + (attn_i64)(head0 + r) * p.q_pe_stride_head +
-                                                (col * 8 - KV_LORA)) * 2;
+        const char *src = valid ? attn_mla_q_chunk(p.q, p.q_stride_token, p.q_stride_head, p.q_pe, p.q_pe_stride_token,
+                                                   p.q_pe_stride_head, KV_LORA, q_row, head0 + r, col)
+                                : (const char *)p.q;
         attn_cp_async16_or_zero(sQ + attn_wgmma_swizzle_offset<NH>(r, col), src, !valid);
     }
     for (int r = tid; r < NH; r += ATTN_THREADS) { sM[r] = attn_neg_inf(); sAlpha[r] = 1.0f; }
@@ -127,8 +124,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mla_decode(co
     const int tile0 = key1 > key0 ? key0 / KV_TILE * KV_TILE : 0;
     const int ntiles = key1 > key0 ? (key1 - tile0 + KV_TILE - 1) / KV_TILE : 0;
     auto row_off = [&](int j) -> attn_i64 {
-        return j >= key0 && j < key1 ? ((attn_i64)bt[(unsigned)j / BLOCK_SIZE] * BLOCK_SIZE + (attn_i64)((unsigned)j % BLOCK_SIZE)) * ATTN_D * 2
-                                     : (attn_i64)-1;
+        return attn_mla_key_offset(bt, j, key0, key1, BLOCK_SIZE, ATTN_D * 2);
     };
     auto issue = [&](int tile, int t, int nthreads) {
         const int st = tile % KV_STAGES;

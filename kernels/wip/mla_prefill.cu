@@ -80,11 +80,9 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_mla_prefill(cons
     /* ---- Q rows [q_nope | q_pe], zero past nq ---- */
     for (int c = tid; c < ATTN_ROWS * (ATTN_DQK / 8); c += ATTN_THREADS) {
         const int r = c / (ATTN_DQK / 8), col = c - r * (ATTN_DQK / 8), valid = r < nq;
-        const char *src = (const char *)p.q;
-        if (valid)
-            src = col * 8 < DN ? (const char *)p.q + ((attn_i64)(q_row0 + r) * p.q_stride_token + (attn_i64)head * p.q_stride_head + col * 8) * 2
-                               : (const char *)p.q_pe + ((attn_i64)(q_row0 + r) * p.q_pe_stride_token + (attn_i64)head * p.q_pe_stride_head +
-                                                         (col * 8 - DN)) * 2;
+        const char *src = valid ? attn_mla_q_chunk(p.q, p.q_stride_token, p.q_stride_head, p.q_pe, p.q_pe_stride_token,
+                                                   p.q_pe_stride_head, DN, q_row0 + r, head, col)
+                                : (const char *)p.q;
         attn_cp_async16_or_zero(sQ + (attn_u32)((r * ATTN_QP + col * 8) * 2), src, !valid);
     }
 
