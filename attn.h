@@ -48,7 +48,7 @@
 
    ENVIRONMENT VARIABLES
        ATTN_BACKEND            force a backend by name (case-insensitive): CPU, CPU_MLA, CUDA,
-                               CUDA_SM90, CUDA_MLA_SM90
+                               CUDA_SM90, CUDA_MLA_SM90, CUDA_MLA
                                (code beats env; an unknown name fails and lists the names)
        ATTN_CACHE_DIR          where compiled kernels are kept (default $XDG_CACHE_HOME/attn,
                                else ~/.cache/attn; "off": in memory only); read at
@@ -67,9 +67,9 @@
 
    BACKENDS, in automatic priority order per platform (a backend serves only layers of
    its kind: standard or MLA; CUSTOM, a plugin slot, leads when registered)
-       platform CPU:   CUSTOM, CPU, CPU_MLA, CUDA_SM90, CUDA, CUDA_MLA_SM90 (skipped: no
-                       device, but the record says so)
-       platform CUDA:  CUSTOM, CUDA_SM90, CUDA, CUDA_MLA_SM90, CPU, CPU_MLA
+       platform CPU:   CUSTOM, CPU, CPU_MLA, CUDA_SM90, CUDA, CUDA_MLA_SM90, CUDA_MLA
+                       (skipped: no device, but the record says so)
+       platform CUDA:  CUSTOM, CUDA_SM90, CUDA, CUDA_MLA_SM90, CUDA_MLA, CPU, CPU_MLA
        Only backends of the layer's device (attn_layer_desc.device, CPU by default) serve it.
        CPU      standard attention: f32/f16/bf16, head sizes 8..512 step 8, any block size
                 that is a multiple of 16, causal/non-causal, window, soft cap, ALiBi, LSE
@@ -93,8 +93,10 @@
                 q_pe and out rows must be 16-byte aligned (named error otherwise). CUDA
                 graphs: UNIFORM_SINGLE_TOKEN_DECODE (forward_mqa replays for any decode batch
                 of the metadata's capacity; the fused call for batches of its captured token
-                count, its cuBLAS shapes being fixed at capture). No MLA backend yet for
-                other GPUs (the portable mma.sync fallback is not wired)
+                count, its cuBLAS shapes being fixed at capture)
+       CUDA_MLA  the same on mma.sync kernels, compute capability 8.0 and newer (the
+                fallback where CUDA_MLA_SM90 does not apply): decode CTAs of 16, 32 or 64
+                heads; split merges in attn_mla_merge
        A candidate is skipped, with a recorded reason, when a check fails (dtype, KV-cache
        dtype, head size, block size, feature, platform). Explicit requests (code or env)
        that cannot be honoured fail with ATTN_ERROR_BACKEND_UNAVAILABLE and every reason,
@@ -542,6 +544,7 @@ typedef enum attn_backend_id {
     ATTN_BACKEND_CUDA = 4,   /* NVIDIA GPUs (compute capability 8.0+), kernels compiled by NVRTC */
     ATTN_BACKEND_CUDA_SM90 = 5, /* CUDA with wgmma prefill tiles (compute capability 9.0, sm_90a) */
     ATTN_BACKEND_CUDA_MLA_SM90 = 6, /* MLA on wgmma and cuBLAS (compute capability 9.0, sm_90a) */
+    ATTN_BACKEND_CUDA_MLA = 7, /* MLA on mma.sync and cuBLAS (compute capability 8.0+) */
     ATTN_BACKEND_COUNT
 } attn_backend_id;
 
@@ -2349,10 +2352,12 @@ static pthread_mutex_t attn__registry_lock = PTHREAD_MUTEX_INITIALIZER;
    so that a registered plugin is preferred; an empty slot is not a candidate. */
 static const attn_backend_id attn__priority_cpu[] = {ATTN_BACKEND_CUSTOM, ATTN_BACKEND_CPU,
                                                      ATTN_BACKEND_CPU_MLA, ATTN_BACKEND_CUDA_SM90,
-                                                     ATTN_BACKEND_CUDA, ATTN_BACKEND_CUDA_MLA_SM90};
+                                                     ATTN_BACKEND_CUDA, ATTN_BACKEND_CUDA_MLA_SM90,
+                                                     ATTN_BACKEND_CUDA_MLA};
 static const attn_backend_id attn__priority_cuda[] = {ATTN_BACKEND_CUSTOM, ATTN_BACKEND_CUDA_SM90,
                                                       ATTN_BACKEND_CUDA, ATTN_BACKEND_CUDA_MLA_SM90,
-                                                      ATTN_BACKEND_CPU, ATTN_BACKEND_CPU_MLA};
+                                                      ATTN_BACKEND_CUDA_MLA, ATTN_BACKEND_CPU,
+                                                      ATTN_BACKEND_CPU_MLA};
 
 static const attn_backend_id *attn__priority_list(attn_platform_kind kind, int *count) {
     if (kind == ATTN_PLATFORM_CUDA) {
@@ -2381,6 +2386,7 @@ ATTN_API const char *attn_backend_name(attn_backend_id id) {
     case ATTN_BACKEND_CUDA: return "CUDA";
     case ATTN_BACKEND_CUDA_SM90: return "CUDA_SM90";
     case ATTN_BACKEND_CUDA_MLA_SM90: return "CUDA_MLA_SM90";
+    case ATTN_BACKEND_CUDA_MLA: return "CUDA_MLA";
     default: return "?";
     }
 }
@@ -7227,12 +7233,18 @@ static attn__mla_rows attn__mla_rows_of(const attn_tensor *t, int64_t row0) {
     return m;
 }
 
+/* CUDA_MLA (mma.sync, sm_80+) and CUDA_MLA_SM90 (wgmma, sm_90a) take the same layers. */
 static int attn__cuda_mla_check(const attn_backend *self, const attn_layer_desc *d, const attn_platform *p,
                                 char *reason, size_t size) {
-    (void)self;
-    if (p->cuda_capability_major != 9 || p->cuda_capability_minor != 0) {
+    if (self->id == ATTN_BACKEND_CUDA_MLA_SM90 && (p->cuda_capability_major != 9 || p->cuda_capability_minor != 0)) {
         attn__fmt(reason, size, "compute capability %d.%d (allowed: 9.0: its kernels are compiled for "
-                  "sm_90a, whose wgmma runs on 9.0 only)", p->cuda_capability_major, p->cuda_capability_minor);
+                  "sm_90a, whose wgmma runs on 9.0 only; CUDA_MLA takes 8.0 and newer)", p->cuda_capability_major,
+                  p->cuda_capability_minor);
+        return 1;
+    }
+    if (p->cuda_capability_major < 8) {
+        attn__fmt(reason, size, "compute capability %d.%d (allowed: 8.0 or newer: mma.sync, cp.async)",
+                  p->cuda_capability_major, p->cuda_capability_minor);
         return 1;
     }
     if (!p->nvrtc_version) {
@@ -7307,25 +7319,36 @@ static void attn__cuda_mla_context_release(const attn_backend *self, attn_contex
     attn__free(s);
 }
 
-/* Layer level: decode (attn_mla_decode + attn_mla_merge), prefill (attn_mla_prefill +
-   attn_mla_gather), the latent cache write; the context's cuBLAS handle. */
+/* Layer level: decode (attn_mla_decode + attn_mla_merge), prefill (attn_mla_prefill), the
+   latent cache write (attn_concat_and_cache_mla + attn_mla_gather); the context's cuBLAS
+   handle. */
 typedef struct attn__cuda_mla_layer {
     attn__cuda_module decode, prefill, cache;
     void *cublas;
+    int sm90;                        /* CUDA_MLA_SM90's kernels (else CUDA_MLA's, mma.sync) */
+    int rows;                        /* heads per decode CTA (its config[3]: its partials' rows) */
 } attn__cuda_mla_layer;
 
-/* The kernel variants an MLA layer loads (all sm_90a but the cache write): [0] decode,
-   [1] prefill, [2] cache write. One place for layer creation and tools. */
+/* The kernel variants an MLA layer loads: [0] decode, [1] prefill, [2] cache write;
+   CUDA_MLA_SM90's decode and prefill are compiled for sm_90a (wgmma), CUDA_MLA's
+   (mma.sync, sm_80+) for the device; the mma.sync decode's CTA holds 16, 32 or 64 heads
+   (ROWS: the fewest that cover the layer's heads, 64 past 32). One place for layer
+   creation and tools. */
 #define ATTN__CUDA_MLA_VARIANTS 3
-static const char *attn__cuda_mla_variant_file(int v) {
-    return v == 0 ? "mla_decode_sm90.cu" : v == 1 ? "mla_prefill_sm90.cu" : "cache_write.cu";
+static const char *attn__cuda_mla_variant_file(int v, int sm90) {
+    return v == 2 ? "cache_write.cu" : v == 0 ? (sm90 ? "mla_decode_sm90.cu" : "mla_decode.cu")
+                                              : (sm90 ? "mla_prefill_sm90.cu" : "mla_prefill.cu");
 }
-static void attn__cuda_mla_variants(const attn_layer_desc *d, char opt[ATTN__CUDA_MLA_VARIANTS][256]) {
+static void attn__cuda_mla_variants(const attn_layer_desc *d, int sm90, char opt[ATTN__CUDA_MLA_VARIANTS][256]) {
     int dt = attn__cuda_dt(d->kv_cache_dtype);
-    attn__fmt(opt[0], 256, "-DKV_LORA=%d -DROPE=%d -DBLOCK_SIZE=%d -DDT=%d -DFUSED_MERGE=1", d->kv_lora_rank,
-              d->qk_rope_head_dim, d->block_size, dt);
-    attn__fmt(opt[1], 256, "-DDN=%d -DROPE=%d -DDV=%d -DDT=%d -DKV_LORA=%d", d->qk_nope_head_dim,
-              d->qk_rope_head_dim, d->v_head_dim, dt, d->kv_lora_rank);
+    if (sm90)
+        attn__fmt(opt[0], 256, "-DKV_LORA=%d -DROPE=%d -DBLOCK_SIZE=%d -DDT=%d -DFUSED_MERGE=1", d->kv_lora_rank,
+                  d->qk_rope_head_dim, d->block_size, dt);
+    else
+        attn__fmt(opt[0], 256, "-DKV_LORA=%d -DROPE=%d -DBLOCK_SIZE=%d -DDT=%d -DROWS=%d", d->kv_lora_rank,
+                  d->qk_rope_head_dim, d->block_size, dt, d->num_heads <= 16 ? 16 : d->num_heads <= 32 ? 32 : 64);
+    attn__fmt(opt[1], 256, "-DDN=%d -DROPE=%d -DDV=%d -DDT=%d", d->qk_nope_head_dim, d->qk_rope_head_dim,
+              d->v_head_dim, dt);
     attn__fmt(opt[2], 256, "-DKV_LORA_RANK=%d -DROPE_DIM=%d -DDT_IN=%d -DDT_CACHE=%d", d->kv_lora_rank,
               d->qk_rope_head_dim, attn__cuda_dt(d->dtype), dt);
 }
@@ -7353,24 +7376,29 @@ static attn_status attn__cuda_mla_layer_init(const attn_backend *self, attn_laye
         return ATTN_ERROR_OUT_OF_MEMORY;
     }
     L->cublas = cs->cublas;
-    if ((st = attn__cuda_enter(ctx, "CUDA_MLA_SM90 layer")) != ATTN_OK) {
+    L->sm90 = self->id == ATTN_BACKEND_CUDA_MLA_SM90;
+    if ((st = attn__cuda_enter(ctx, "CUDA MLA layer")) != ATTN_OK) {
         attn__fmt(reason, size, "%s", attn_context_last_error(ctx));
         attn__free(L);
         return st;
     }
-    attn__cuda_mla_variants(d, opt);
-    st = attn__cuda_load(ctx, attn__cuda_mla_variant_file(0), opt[0], "attn_mla_decode", "attn_mla_merge",
-                         ATTN__LOAD_ARCH_A, &L->decode, reason, size);
+    attn__cuda_mla_variants(d, L->sm90, opt);
+    st = attn__cuda_load(ctx, attn__cuda_mla_variant_file(0, L->sm90), opt[0], "attn_mla_decode", "attn_mla_merge",
+                         L->sm90 ? ATTN__LOAD_ARCH_A : 0, &L->decode, reason, size);
     if (st == ATTN_OK)
-        st = attn__cuda_load(ctx, attn__cuda_mla_variant_file(1), opt[1], "attn_mla_prefill", "attn_mla_gather",
-                             ATTN__LOAD_ARCH_A, &L->prefill, reason, size);
+        st = attn__cuda_load(ctx, attn__cuda_mla_variant_file(1, L->sm90), opt[1], "attn_mla_prefill", NULL,
+                             L->sm90 ? ATTN__LOAD_ARCH_A : 0, &L->prefill, reason, size);
     if (st == ATTN_OK)
-        st = attn__cuda_load(ctx, attn__cuda_mla_variant_file(2), opt[2], "attn_concat_and_cache_mla", NULL, 0,
+        st = attn__cuda_load(ctx, attn__cuda_mla_variant_file(2, L->sm90), opt[2], "attn_concat_and_cache_mla",
+                             "attn_mla_gather", 0,
                              &L->cache, reason, size);
     if (st == ATTN_OK) /* the two attention kernels' launch configuration */
-        st = attn__cuda_configure(ctx, &L->decode, "attn_mla_config", attn__cuda_mla_variant_file(0), opt[0], reason, size);
+        st = attn__cuda_configure(ctx, &L->decode, "attn_mla_config", attn__cuda_mla_variant_file(0, L->sm90), opt[0],
+                                  reason, size);
     if (st == ATTN_OK)
-        st = attn__cuda_configure(ctx, &L->prefill, "attn_mha_config", attn__cuda_mla_variant_file(1), opt[1], reason, size);
+        st = attn__cuda_configure(ctx, &L->prefill, "attn_mha_config", attn__cuda_mla_variant_file(1, L->sm90), opt[1],
+                                  reason, size);
+    if (st == ATTN_OK) L->rows = L->decode.config[3];
     if (st != ATTN_OK) attn__cuda_mla_layer_free(ctx, L);
     else *state = L;
     attn__cuda_leave(ctx);
@@ -7381,7 +7409,7 @@ static void attn__cuda_mla_layer_release(const attn_backend *self, attn_layer *l
     attn_context *ctx = attn_layer_context(layer);
     (void)self;
     if (!state) return;
-    if (attn__cuda_enter(ctx, "CUDA_MLA_SM90 layer") != ATTN_OK) return;
+    if (attn__cuda_enter(ctx, "CUDA MLA layer") != ATTN_OK) return;
     attn__cuda_mla_layer_free(ctx, (attn__cuda_mla_layer *)state);
     attn__cuda_leave(ctx);
 }
@@ -7408,6 +7436,7 @@ typedef struct attn__cuda_mla_ws {
 
 typedef struct attn__cuda_mla_meta {
     int heads, tiles, decode_tokens, chunk;
+    int rows, sm90;                  /* the creating layer's (metadata may outlive it) */
     int work_capacity, merge_capacity, slot_capacity;
     size_t ws_bytes;
     attn__cuda_staged up;          /* the region: work list, merges, batch */
@@ -7460,6 +7489,7 @@ static attn_status attn__cuda_mla_metadata_init(const attn_backend *self, attn_l
     const attn_layer_desc *d = attn_layer_get_desc(layer);
     const attn_metadata_desc *cap = attn_metadata_capacity(meta);
     attn__cuda_driver *cu = ctx->cuda;
+    const attn__cuda_mla_layer *L = (const attn__cuda_mla_layer *)attn_layer_backend_state(layer);
     attn__cuda_mla_meta *cm;
     attn__CUresult rc = 0;
     attn_status st;
@@ -7470,7 +7500,9 @@ static attn_status attn__cuda_mla_metadata_init(const attn_backend *self, attn_l
         return attn__fail(ctx, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
                           "attn_metadata_create: cannot allocate the CUDA MLA schedule");
     cm->heads = d->num_heads;
-    cm->tiles = (d->num_heads + ATTN__MLA_HEADS_PER_CTA - 1) / ATTN__MLA_HEADS_PER_CTA;
+    cm->rows = L->rows;
+    cm->sm90 = L->sm90;
+    cm->tiles = (d->num_heads + cm->rows - 1) / cm->rows;
     cm->decode_tokens = (int)ATTN__MIN((int64_t)cap->max_num_tokens, (int64_t)cap->max_num_reqs * cap->decode_threshold);
     cm->chunk = attn__mla_prefill_chunk(d, cap->workspace_bytes, ATTN_DEVICE_CUDA);
     /* decode items: one per (decode token, 64 heads); split items share the splits a
@@ -7497,9 +7529,9 @@ static attn_status attn__cuda_mla_metadata_init(const attn_backend *self, attn_l
         return st;
     }
     if ((rc = attn__cuda_staged_alloc(cu, &cm->up)) != 0 ||
-        (rc = cu->cuMemAlloc(&cm->partial_o, (size_t)ATTN__MAX(1, cm->slot_capacity) * ATTN__MLA_HEADS_PER_CTA *
+        (rc = cu->cuMemAlloc(&cm->partial_o, (size_t)ATTN__MAX(1, cm->slot_capacity) * (size_t)cm->rows *
                                                  (size_t)d->kv_lora_rank * 4)) != 0 ||
-        (rc = cu->cuMemAlloc(&cm->partial_lse, (size_t)ATTN__MAX(1, cm->slot_capacity) * ATTN__MLA_HEADS_PER_CTA * 4)) != 0 ||
+        (rc = cu->cuMemAlloc(&cm->partial_lse, (size_t)ATTN__MAX(1, cm->slot_capacity) * (size_t)cm->rows * 4)) != 0 ||
         (rc = cu->cuMemAlloc(&cm->merge_count, (size_t)ATTN__MAX(1, cm->merge_capacity) * 4)) != 0 ||
         (rc = cu->cuMemAlloc(&cm->ws_base, cm->ws_bytes)) != 0 ||
         (rc = cu->cuMemsetD8Async(cm->merge_count, 0, (size_t)ATTN__MAX(1, cm->merge_capacity) * 4, NULL)) != 0 ||
@@ -7569,12 +7601,12 @@ static attn_status attn__cuda_mla_build(const attn_backend *self, attn_layer *la
         for (t = 0; t < ql; t++) {
             int hi = ATTN__MAX(0, ATTN__MIN(sl, sl - ql + t + 1)); /* causal: keys 0 .. pos */
             int ns = ATTN__MIN(info.num_kv_splits, (hi + 63) / 64), s;
-            for (h0 = 0; h0 < d->num_heads; h0 += ATTN__MLA_HEADS_PER_CTA) {
+            for (h0 = 0; h0 < d->num_heads; h0 += cm->rows) {
                 if (ns > 1) {
                     /* merged in the decode launch by the entry's last split, or (many splits:
                        one CTA would read ns x 128 KiB) by the merge kernel, a CTA per row */
                     int32_t *m = p->merge + 8 * nm++;
-                    int fused = ns * ATTN__MIN(ATTN__MLA_HEADS_PER_CTA, d->num_heads - h0) <= ATTN_MLA_FUSED_MERGE_MAX;
+                    int fused = cm->sm90 && ns * ATTN__MIN(cm->rows, d->num_heads - h0) <= ATTN_MLA_FUSED_MERGE_MAX;
                     ATTN_ASSERT(nm <= cm->merge_capacity && slots + ns <= cm->slot_capacity);
                     m[0] = q0 + t; m[1] = h0; m[2] = ns; m[3] = slots; m[4] = fused; m[5] = m[6] = m[7] = 0;
                     separate += !fused;
@@ -7670,7 +7702,7 @@ static attn__CUresult attn__cuda_mla_decode(attn_context *ctx, const attn__cuda_
     rc = ctx->cuda->cuLaunchKernel(L->decode.main, grid, 1, 1, (unsigned)L->decode.config[0], 1, 1,
                                    (unsigned)L->decode.config[1], s, args, NULL);
     if (rc == 0 && merges) /* the unfused entries (a captured forward holds the launch always) */
-        rc = ctx->cuda->cuLaunchKernel(L->decode.second, merges, ATTN__MLA_HEADS_PER_CTA, 1, 256, 1, 1, 0, s, args, NULL);
+        rc = ctx->cuda->cuLaunchKernel(L->decode.second, merges, (unsigned)L->rows, 1, 256, 1, 1, 0, s, args, NULL);
     return rc;
 }
 
@@ -7757,7 +7789,7 @@ static attn_status attn__cuda_mla_prefill(attn_context *ctx, const char *fn, att
             gp.key0 = c0;
             gp.nkeys = n;
             args[0] = &gp;
-            rc = ctx->cuda->cuLaunchKernel(L->prefill.second, (unsigned)ATTN__MIN(1024, ((int64_t)n * LD / 8 + 255) / 256),
+            rc = ctx->cuda->cuLaunchKernel(L->cache.second, (unsigned)ATTN__MIN(1024, ((int64_t)n * LD / 8 + 255) / 256),
                                            1, 1, 256, 1, 1, 0, s, args, NULL);
             if (rc) break;
             /* K_nope[j][h] = lat[j][:R] . W_UK[h]^T; V[j][h] = lat[j][:R] . W_UV[h] */
@@ -7932,6 +7964,38 @@ static const attn_backend attn__cuda_mla_sm90_backend = {
     NULL                      /* attn_merge_attn_states on the device goes to CUDA */
 };
 
+/* CUDA_MLA: the same backend on mma.sync kernels (kernels/mla_decode.cu, mla_prefill.cu),
+   compute capability 8.0 and newer (A100, L40, H100 where CUDA_MLA_SM90 does not apply):
+   the decode's CTA holds 16, 32 or 64 heads of one token; split merges always in
+   attn_mla_merge. Everything else (schedule, workspace, cuBLAS projections, graphs) is
+   CUDA_MLA_SM90's host code. */
+static const attn_backend attn__cuda_mla_backend = {
+    "CUDA_MLA",               /* name */
+    ATTN_BACKEND_CUDA_MLA,    /* id */
+    ATTN_DEVICE_CUDA,         /* device */
+    ATTN_DTYPE_BIT(ATTN_DTYPE_F16) | ATTN_DTYPE_BIT(ATTN_DTYPE_BF16),
+    ATTN_DTYPE_BIT(ATTN_DTYPE_F16) | ATTN_DTYPE_BIT(ATTN_DTYPE_BF16),
+    320, 576, 8,
+    16, 0,
+    0, 0, 0, 0,
+    1,                        /* is_mla */
+    ATTN_CUDA_GRAPH_UNIFORM_SINGLE_TOKEN_DECODE,
+    1, ATTN_LSE_BASE_E,
+    attn__cuda_mla_check,
+    attn__cuda_mla_context_init, attn__cuda_mla_context_release,
+    attn__cuda_mla_layer_init, attn__cuda_mla_layer_release,
+    attn__cpu_mla_kv_cache_shape,
+    attn__cuda_mla_metadata_init,
+    attn__cuda_mla_metadata_release,
+    attn__cuda_mla_build,
+    NULL, NULL,
+    attn__cuda_mla_forward_mqa,
+    attn__cuda_mla_forward_mha,
+    attn__cuda_mla_forward,
+    attn__cuda_mla_concat_and_cache,
+    NULL
+};
+
 #else /* ATTN_NO_CUDA: the helpers answer, the backend does not exist */
 
 static void attn__cuda_release(attn_context *ctx) { (void)ctx; }
@@ -7974,10 +8038,12 @@ static const attn_backend *attn__builtin_backend(attn_backend_id id) {
     case ATTN_BACKEND_CUDA: return &attn__cuda_backend;
     case ATTN_BACKEND_CUDA_SM90: return &attn__cuda_sm90_backend;
     case ATTN_BACKEND_CUDA_MLA_SM90: return &attn__cuda_mla_sm90_backend;
+    case ATTN_BACKEND_CUDA_MLA: return &attn__cuda_mla_backend;
 #else
     case ATTN_BACKEND_CUDA: return NULL;
     case ATTN_BACKEND_CUDA_SM90: return NULL;
     case ATTN_BACKEND_CUDA_MLA_SM90: return NULL;
+    case ATTN_BACKEND_CUDA_MLA: return NULL;
 #endif
     case ATTN_BACKEND_COUNT: return NULL;
     }
@@ -8589,7 +8655,9 @@ static const char *const attn__kernel_src_cache_write_cu[] = {
     "   attn_concat_and_cache_mla                       defines: KV_LORA_RANK ROPE_DIM DT_IN DT_CACHE\n",
     "       kv_c [tokens, KV_LORA_RANK] and k_pe [tokens, ROPE_DIM] (token strides in elements)\n",
     "       into the latent cache [num_blocks, block_size, KV_LORA_RANK + ROPE_DIM]: row\n",
-    "       slot_mapping[t] gets kv_c then k_pe; -1 skips.\n",
+    "       slot_mapping[t] gets kv_c then k_pe; -1 skips. With it, attn_mla_gather: a chunk of\n",
+    "       one request's latent rows back out of the cache, contiguous (the MLA prefill's\n",
+    "       up-projection operand; below).\n",
     "\n",
     "   Launch: any grid (x: a grid-stride loop over tokens; one CTA per token up to a few\n",
     "   thousand is a good default), 128 threads (any multiple of 32 works), no shared memory.\n",
@@ -8704,6 +8772,26 @@ static const char *const attn__kernel_src_cache_write_cu[] = {
     "                                  : (const char *)p.k_pe + (t * p.k_pe_stride_token + (attn_i64)(c - chunks_c) * 8) * esz_in;\n",
     "            attn_move8(src, row + (attn_i64)c * 8 * esz_c, cache_ok && attn_aligned16(src));\n",
     "        }\n",
+    "    }\n",
+    "}\n",
+    "\n",
+    "/* The reverse copy for the up-projected prefill: rows key0 .. key0 + nkeys - 1 of one\n",
+    "   request (its block_table row) from the latent cache into a contiguous [nkeys][KV_LORA_RANK\n",
+    "   + ROPE_DIM] of DT_CACHE (the up-projection GEMMs' operand). Any grid (grid-stride over\n",
+    "   16-byte chunks), any block; cache and destination 16-byte aligned. */\n",
+    "struct attn_mla_gather_params {\n",
+    "    const void *kv_cache;\n",
+    "    const int *block_table;\n",
+    "    void *lat;\n",
+    "    int key0, nkeys, block_size, pad0;\n",
+    "};\n",
+    "\n",
+    "extern \"C\" __global__ void attn_mla_gather(const attn_mla_gather_params p) {\n",
+    "    const int row_bytes = (KV_LORA_RANK + ROPE_DIM) * attn_elem<DT_CACHE>::size, cpr = row_bytes / 16;\n",
+    "    for (attn_i64 u = blockIdx.x * (attn_i64)blockDim.x + threadIdx.x; u < (attn_i64)p.nkeys * cpr; u += (attn_i64)gridDim.x * blockDim.x) {\n",
+    "        const int j = (int)(u / cpr), c = (int)(u - (attn_i64)j * cpr), key = p.key0 + j;\n",
+    "        const attn_i64 row = (attn_i64)p.block_table[key / p.block_size] * p.block_size + key % p.block_size;\n",
+    "        attn_stg16((char *)p.lat + (attn_i64)j * row_bytes + c * 16, attn_ldg16((const char *)p.kv_cache + row * row_bytes + c * 16));\n",
     "    }\n",
     "}\n",
     "#endif /* KV_LORA_RANK */\n",
@@ -8914,6 +9002,411 @@ static const char *const attn__kernel_src_mla_common_cuh[] = {
     "}\n",
     "\n",
     "#endif /* ATTN_MLA_COMMON_CUH */\n",
+    0};
+static const char *const attn__kernel_src_mla_decode_cu[] = {
+    "/* mla_decode.cu - MLA absorbed decode (MQA over the latent cache) on mma.sync, a draft.\n",
+    "\n",
+    "   Not embedded (tools/embed.py reads the top level of kernels/ only), not wired into a\n",
+    "   backend yet. Checked on an H200 (2026-12-02): `./build/cuda_kernels --mla --cases 24\n",
+    "   --bench` against a float64 reference, every case passed, compute-sanitizer memcheck and\n",
+    "   racecheck clean; figures in docs/PERF.md. `make test` compiles its variants (no GPU).\n",
+    "\n",
+    "   =====================================================================================\n",
+    "   WHAT IT COMPUTES (attn_mla_forward_mqa of the CPU_MLA backend)\n",
+    "   =====================================================================================\n",
+    "   Latent cache [num_blocks, BLOCK_SIZE, D] of DT (f16 or bf16), D = KV_LORA + ROPE (576 =\n",
+    "   512 + 64, or 320 = 256 + 64); a row is [kv_c | k_pe]. One query row per (decode token,\n",
+    "   head): [q_latent (KV_LORA) | q_pe (ROPE)] from two tensors. For the token's visible keys\n",
+    "   j in [0, key_end): s_j = q . row_j * scale; out = sum_j softmax(s)_j row_j[0 .. KV_LORA)\n",
+    "   (the value is the kv_c part of the same row); lse = log sum_j exp(s_j) (base e). Out\n",
+    "   rounded to DT. A row that sees no key: out 0, lse -inf.\n",
+    "\n",
+    "   =====================================================================================\n",
+    "   WORK LIST AND SPLITS\n",
+    "   =====================================================================================\n",
+    "   Work item (8 int32): {req, head0, q_row, -, key0, key1, slot, -}: the ROWS heads head0 ..\n",
+    "   head0 + ROWS - 1 (those below num_heads) of the query row q_row (an index into q, q_pe,\n",
+    "   out, lse) of request req, over keys [key0, key1) (one split of its visible range).\n",
+    "   slot -1: the item writes out and lse; slot >= 0: it writes its normalised partial to\n",
+    "   partial_o[slot][ROWS][KV_LORA] (f32) and its lse (base 2) to partial_lse[slot][ROWS],\n",
+    "   and attn_mla_merge combines them. Merge entry (8 int32): {q_row, head0, splits,\n",
+    "   first slot, -, -, -, -}: slots first .. first + splits - 1.\n",
+    "\n",
+    "   =====================================================================================\n",
+    "   LAUNCH\n",
+    "   =====================================================================================\n",
+    "   attn_mla_decode: grid >= *num_work, block WARPS * 32, dynamic shared memory\n",
+    "   attn_mla_config[1]; CTAs past *num_work exit. attn_mla_merge: grid (>= *num_merge,\n",
+    "   ROWS), block 256, no shared memory. attn_mla_config (extern \"C\" __constant__ int[8]):\n",
+    "   {threads, dynamic shared bytes, KV_TILE, ROWS, KV_STAGES, WARPS, 0, 1}.\n",
+    "\n",
+    "   =====================================================================================\n",
+    "   INSIDE A CTA\n",
+    "   =====================================================================================\n",
+    "   ROWS = 16 * RT query rows (heads of one token), WARPS warps. Shared memory:\n",
+    "       [Q: ROWS x PITCH][K: KV_STAGES x KV_TILE x PITCH][P: ROWS x (KV_TILE + 8) DT]\n",
+    "       [row maxima: S_KG x ROWS f32][block offsets: KV_STAGES x KV_TILE int64]\n",
+    "   with PITCH = D + 8 elements (rows 16 bytes past the data: conflict-free ldmatrix).\n",
+    "   Per tile of KV_TILE keys (cp.async ring of KV_STAGES):\n",
+    "     S phase   warp w = (row group rg, key group kg) of S_RG x S_KG: S for its RT_S row\n",
+    "               tiles x KW keys (m16n8k16, Q and K fragments by ldmatrix), keys outside\n",
+    "               [key0, key1) -> -inf; its rows' maxima over its keys -> shared memory.\n",
+    "     barrier   every key group's maxima are in.\n",
+    "     softmax   every thread derives the new row max of its rows from the S_KG partial\n",
+    "               maxima (identically in every warp), p = 2^(s*scale*log2e - m) -> P (DT) in\n",
+    "               shared memory, its lane-partial row sums rescaled and accumulated.\n",
+    "     barrier   P is complete.\n",
+    "     PV phase  warp w owns output columns w * CW .. (w + 1) * CW of every row: O rescaled by\n",
+    "               2^(m_old - m_new), O += P V with V = columns 0 .. KV_LORA of the K stage\n",
+    "               (ldmatrix.trans), P fragments by ldmatrix.\n",
+    "   Epilogue: row sums (S_KG x 4 lanes) summed through shared memory, O / l out. */\n",
+    "#include \"mla_common.cuh\" /* attn_mla_params (its merge_count unused here) */\n",
+    "\n",
+    "#if !defined(KV_LORA) || !defined(ROPE) || !defined(BLOCK_SIZE) || !defined(DT) || !defined(ROWS)\n",
+    "#error \"mla_decode.cu: define KV_LORA, ROPE, BLOCK_SIZE, DT and ROWS\"\n",
+    "#endif\n",
+    "#if DT != ATTN_DT_F16 && DT != ATTN_DT_BF16\n",
+    "#error \"mla_decode.cu: DT must be 1 (f16) or 2 (bf16)\"\n",
+    "#endif\n",
+    "#if KV_LORA % 64 != 0 || ROPE % 16 != 0\n",
+    "#error \"mla_decode.cu: KV_LORA must be a multiple of 64 and ROPE of 16\"\n",
+    "#endif\n",
+    "#if ROWS != 16 && ROWS != 32 && ROWS != 64\n",
+    "#error \"mla_decode.cu: ROWS must be 16, 32 or 64\"\n",
+    "#endif\n",
+    "#ifndef WARPS\n",
+    "#define WARPS (ROWS == 64 ? 8 : 4)\n",
+    "#endif\n",
+    "#ifndef KV_TILE\n",
+    "#define KV_TILE 32\n",
+    "#endif\n",
+    "#ifndef KV_STAGES\n",
+    "#define KV_STAGES (ROWS == 16 ? 3 : 2)\n",
+    "#endif\n",
+    "\n",
+    "#define ATTN_D (KV_LORA + ROPE)\n",
+    "#define ATTN_RT (ROWS / 16)\n",
+    "#define ATTN_PITCH (ATTN_D + 8)                 /* elements */\n",
+    "#define ATTN_PPITCH (KV_TILE + 8)               /* elements of a P row */\n",
+    "#define ATTN_THREADS (WARPS * 32)\n",
+    "/* S: row groups x key groups = WARPS */\n",
+    "#define ATTN_S_RG (ATTN_RT < WARPS ? ATTN_RT : WARPS)\n",
+    "#define ATTN_S_KG (WARPS / ATTN_S_RG)\n",
+    "#define ATTN_RT_S (ATTN_RT / ATTN_S_RG)          /* row tiles per warp in S */\n",
+    "#define ATTN_KW (KV_TILE / ATTN_S_KG)            /* keys per warp in S */\n",
+    "#define ATTN_NT (ATTN_KW / 8)                    /* n tiles of 8 keys */\n",
+    "#define ATTN_CW (KV_LORA / WARPS)                /* output columns per warp */\n",
+    "#define ATTN_OT (ATTN_CW / 8)\n",
+    "#if ATTN_S_RG * ATTN_S_KG != WARPS || ATTN_RT % ATTN_S_RG != 0 || ATTN_KW % 8 != 0 || ATTN_KW < 8\n",
+    "#error \"mla_decode.cu: WARPS must split ROWS / 16 row tiles x KV_TILE keys into whole 16 x 8 tiles\"\n",
+    "#endif\n",
+    "#if ATTN_CW % 16 != 0 || ATTN_RT * ATTN_OT * 4 > 128\n",
+    "#error \"mla_decode.cu: each warp's output columns must be a multiple of 16 and its O at most 128 registers\"\n",
+    "#endif\n",
+    "#if KV_TILE % 16 != 0\n",
+    "#error \"mla_decode.cu: KV_TILE must be a multiple of 16\"\n",
+    "#endif\n",
+    "\n",
+    "#define ATTN_SQ_OFF 0\n",
+    "#define ATTN_SK_OFF (ATTN_SQ_OFF + ROWS * ATTN_PITCH * 2)\n",
+    "#define ATTN_SP_OFF (ATTN_SK_OFF + KV_STAGES * KV_TILE * ATTN_PITCH * 2)\n",
+    "#define ATTN_SMAX_OFF (ATTN_SP_OFF + ROWS * ATTN_PPITCH * 2)\n",
+    "#define ATTN_SBLK_OFF (ATTN_SMAX_OFF + ATTN_S_KG * ROWS * 4)\n",
+    "#define ATTN_SMEM_BYTES (ATTN_SBLK_OFF + KV_STAGES * KV_TILE * 8)\n",
+    "#if ATTN_SBLK_OFF % 8 != 0\n",
+    "#error \"mla_decode.cu: the block offsets must be 8-byte aligned\"\n",
+    "#endif\n",
+    "#define ATTN_CPR (ATTN_D * 2 / 16) /* 16-byte chunks per latent row */\n",
+    "\n",
+    "extern \"C\" __constant__ int attn_mla_config[8] = {ATTN_THREADS, ATTN_SMEM_BYTES, KV_TILE, ROWS, KV_STAGES, WARPS, 0, 1};\n",
+    "\n",
+    "\n",
+    "extern \"C\" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mla_decode(const attn_mla_params p) {\n",
+    "    extern __shared__ attn_vec16 attn_smem[];\n",
+    "    char *const smem = (char *)attn_smem;\n",
+    "    if (blockDim.x != ATTN_THREADS || attn_dynamic_smem_size() < ATTN_SMEM_BYTES) attn_trap();\n",
+    "    if ((int)blockIdx.x >= *p.num_work) return;\n",
+    "    const int *item = p.work + 8 * (attn_i64)blockIdx.x;\n",
+    "    const int req = item[0], head0 = item[1], q_row = item[2], slot = item[6];\n",
+    "    const int key0 = item[4], key1 = item[5];\n",
+    "    const int nrows = attn_imin(ROWS, p.num_heads - head0);\n",
+    "    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;\n",
+    "    const int g = lane >> 2, tq = lane & 3;\n",
+    "    const attn_u32 sbase = attn_smem_addr(attn_smem);\n",
+    "    const attn_u32 sQ = sbase + ATTN_SQ_OFF, sK = sbase + ATTN_SK_OFF, sP = sbase + ATTN_SP_OFF;\n",
+    "    float *const sMax = (float *)(smem + ATTN_SMAX_OFF);      /* [S_KG][ROWS] */\n",
+    "    attn_i64 *const sBlk = (attn_i64 *)(smem + ATTN_SBLK_OFF); /* [stage][key] */\n",
+    "\n",
+    "    /* ---- Q: [q_latent | q_pe] rows of heads head0 .. (zero past num_heads) ---- */\n",
+    "    for (int c = tid; c < ROWS * ATTN_CPR; c += ATTN_THREADS) {\n",
+    "        const int r = c / ATTN_CPR, col = c - r * ATTN_CPR; /* col: 16-byte chunk, 8 elements */\n",
+    "        const int valid = r < nrows;\n",
+    "        const char *src = valid ? attn_mla_q_chunk(p.q, p.q_stride_token, p.q_stride_head, p.q_pe, p.q_pe_stride_token,\n",
+    "                                                   p.q_pe_stride_head, KV_LORA, q_row, head0 + r, col)\n",
+    "                                : (const char *)p.q;\n",
+    "        attn_cp_async16_or_zero(sQ + (attn_u32)((r * ATTN_PITCH + col * 8) * 2), src, !valid);\n",
+    "    }\n",
+    "\n",
+    "    /* ---- the K ring: row offsets of keys in flight, zero-filled outside [key0, key1) ---- */\n",
+    "    const int *bt = p.block_table + (attn_i64)req * p.block_table_stride;\n",
+    "    const char *kv = (const char *)p.kv_cache;\n",
+    "    const int tile0 = key1 > key0 ? key0 / KV_TILE * KV_TILE : 0;\n",
+    "    const int ntiles = key1 > key0 ? (key1 - tile0 + KV_TILE - 1) / KV_TILE : 0;\n",
+    "    auto row_off = [&](int j) -> attn_i64 { /* byte offset of key j's row, -1 outside */\n",
+    "        return attn_mla_key_offset(bt, j, key0, key1, BLOCK_SIZE, ATTN_D * 2);\n",
+    "    };\n",
+    "    auto issue = [&](int tile) { /* cp.async of tile `tile` into its stage */\n",
+    "        const int st = tile % KV_STAGES;\n",
+    "        for (int c = tid; c < KV_TILE * ATTN_CPR; c += ATTN_THREADS) {\n",
+    "            const int r = c / ATTN_CPR, col = c - r * ATTN_CPR;\n",
+    "            const attn_i64 off = sBlk[st * KV_TILE + r];\n",
+    "            attn_cp_async16_or_zero(sK + (attn_u32)(((st * KV_TILE + r) * ATTN_PITCH + col * 8) * 2),\n",
+    "                                    kv + (off >= 0 ? off + col * 16 : 0), off < 0);\n",
+    "        }\n",
+    "    };\n",
+    "    for (int s = 0; s < KV_STAGES; s++)\n",
+    "        for (int r = tid; r < KV_TILE; r += ATTN_THREADS) sBlk[s * KV_TILE + r] = row_off(tile0 + s * KV_TILE + r);\n",
+    "    __syncthreads(); /* sBlk */\n",
+    "    for (int s = 0; s < KV_STAGES - 1; s++) {\n",
+    "        if (s < ntiles) issue(s);\n",
+    "        attn_cp_async_commit(); /* Q goes with the first group */\n",
+    "    }\n",
+    "\n",
+    "    /* ---- roles ---- */\n",
+    "    const int rg = warp / ATTN_S_KG, kg = warp % ATTN_S_KG; /* S: row group, key group */\n",
+    "    const float qk_scale = p.scale * ATTN_LOG2E;\n",
+    "    /* ldmatrix lane offsets (bytes): A (rows lane % 16, column half lane / 16), B from\n",
+    "       [key][dim] rows (keys lane % 8 + 8 (lane / 16), column half (lane / 8) % 2), B\n",
+    "       transposed from [key][dim] (keys lane % 16, column half lane / 16) */\n",
+    "    const attn_u32 a_lane = (attn_u32)(((lane & 15) * ATTN_PITCH + (lane >> 4) * 8) * 2);\n",
+    "    const attn_u32 k_lane = (attn_u32)((((lane & 7) + ((lane >> 4) << 3)) * ATTN_PITCH + ((lane >> 3) & 1) * 8) * 2);\n",
+    "    const attn_u32 v_lane = (attn_u32)(((lane & 15) * ATTN_PITCH + (lane >> 4) * 8) * 2);\n",
+    "    const attn_u32 p_lane = (attn_u32)(((lane & 15) * ATTN_PPITCH + (lane >> 4) * 8) * 2);\n",
+    "\n",
+    "    /* running row max (base 2, scaled) of the S rows and of the O rows of this thread, kept\n",
+    "       identically (both derive from the same shared maxima) */\n",
+    "    float mS[ATTN_RT_S][2], lS[ATTN_RT_S][2], mO[ATTN_RT][2];\n",
+    "#pragma unroll\n",
+    "    for (int r = 0; r < ATTN_RT_S; r++) mS[r][0] = mS[r][1] = attn_neg_inf(), lS[r][0] = lS[r][1] = 0.0f;\n",
+    "#pragma unroll\n",
+    "    for (int r = 0; r < ATTN_RT; r++) mO[r][0] = mO[r][1] = attn_neg_inf();\n",
+    "    float o[ATTN_RT][ATTN_OT][4];\n",
+    "#pragma unroll\n",
+    "    for (int r = 0; r < ATTN_RT; r++)\n",
+    "#pragma unroll\n",
+    "        for (int n = 0; n < ATTN_OT; n++) o[r][n][0] = o[r][n][1] = o[r][n][2] = o[r][n][3] = 0.0f;\n",
+    "\n",
+    "    for (int it = 0; it < ntiles; it++) {\n",
+    "        attn_cp_async_wait<KV_STAGES - 2>();\n",
+    "        __syncthreads(); /* tile it landed; the last tile's P and maxima are read */\n",
+    "        if (it + KV_STAGES - 1 < ntiles) issue(it + KV_STAGES - 1);\n",
+    "        attn_cp_async_commit();\n",
+    "        const int st = it % KV_STAGES;\n",
+    "        const int kt = tile0 + it * KV_TILE;\n",
+    "        /* the row offsets of tile it + KV_STAGES into stage st's slot (its last reader,\n",
+    "           the issue of tile it, ran iterations ago); read after the next barriers */\n",
+    "        for (int r = tid; r < KV_TILE; r += ATTN_THREADS)\n",
+    "            sBlk[st * KV_TILE + r] = row_off(tile0 + (it + KV_STAGES) * KV_TILE + r);\n",
+    "        const attn_u32 sKst = sK + (attn_u32)(st * KV_TILE * ATTN_PITCH * 2);\n",
+    "\n",
+    "        /* ---- S phase ---- */\n",
+    "        float s[ATTN_RT_S][ATTN_NT][4];\n",
+    "#pragma unroll\n",
+    "        for (int r = 0; r < ATTN_RT_S; r++)\n",
+    "#pragma unroll\n",
+    "            for (int n = 0; n < ATTN_NT; n++) s[r][n][0] = s[r][n][1] = s[r][n][2] = s[r][n][3] = 0.0f;\n",
+    "        {\n",
+    "            const attn_u32 kb = sKst + (attn_u32)(kg * ATTN_KW * ATTN_PITCH * 2);\n",
+    "            const attn_u32 qb = sQ + (attn_u32)(rg * ATTN_RT_S * 16 * ATTN_PITCH * 2) + a_lane;\n",
+    "#pragma unroll 4\n",
+    "            for (int ks = 0; ks < ATTN_D / 16; ks++) {\n",
+    "                attn_u32 a[ATTN_RT_S][4];\n",
+    "#pragma unroll\n",
+    "                for (int r = 0; r < ATTN_RT_S; r++) attn_ldmatrix_x4(a[r], qb + (attn_u32)(r * 16 * ATTN_PITCH * 2) + ks * 32);\n",
+    "#pragma unroll\n",
+    "                for (int np = 0; np < ATTN_NT / 2; np++) {\n",
+    "                    attn_u32 b[4];\n",
+    "                    attn_ldmatrix_x4(b, kb + k_lane + (attn_u32)((np * 16 * ATTN_PITCH + ks * 16) * 2));\n",
+    "#pragma unroll\n",
+    "                    for (int r = 0; r < ATTN_RT_S; r++) {\n",
+    "                        attn_mma16816<DT>(s[r][2 * np], a[r], b);\n",
+    "                        attn_mma16816<DT>(s[r][2 * np + 1], a[r], b + 2);\n",
+    "                    }\n",
+    "                }\n",
+    "#if ATTN_NT % 2\n",
+    "                {\n",
+    "                    const attn_u32 k2_lane = (attn_u32)(((lane & 7) * ATTN_PITCH + ((lane >> 3) & 1) * 8) * 2); /* x2: 8 keys */\n",
+    "                    attn_u32 b[2];\n",
+    "                    attn_ldmatrix_x2(b, kb + k2_lane + (attn_u32)(((ATTN_NT - 1) * 8 * ATTN_PITCH + ks * 16) * 2));\n",
+    "#pragma unroll\n",
+    "                    for (int r = 0; r < ATTN_RT_S; r++) attn_mma16816<DT>(s[r][ATTN_NT - 1], a[r], b);\n",
+    "                }\n",
+    "#endif\n",
+    "            }\n",
+    "        }\n",
+    "        /* mask keys outside [key0, key1); this warp's row maxima to shared memory */\n",
+    "        const int kw0 = kt + kg * ATTN_KW + 2 * tq;\n",
+    "#pragma unroll\n",
+    "        for (int r = 0; r < ATTN_RT_S; r++) {\n",
+    "            float mx[2] = {attn_neg_inf(), attn_neg_inf()};\n",
+    "#pragma unroll\n",
+    "            for (int n = 0; n < ATTN_NT; n++)\n",
+    "#pragma unroll\n",
+    "                for (int e = 0; e < 4; e++) {\n",
+    "                    const int j = kw0 + 8 * n + (e & 1);\n",
+    "                    float x = j >= key0 && j < key1 ? s[r][n][e] : attn_neg_inf();\n",
+    "                    s[r][n][e] = x;\n",
+    "                    mx[e >> 1] = fmaxf(mx[e >> 1], x);\n",
+    "                }\n",
+    "#pragma unroll\n",
+    "            for (int h = 0; h < 2; h++) {\n",
+    "                mx[h] = attn_quad_max(mx[h]);\n",
+    "                if (tq == 0) sMax[kg * ROWS + (rg * ATTN_RT_S + r) * 16 + g + 8 * h] = mx[h];\n",
+    "            }\n",
+    "        }\n",
+    "        __syncthreads(); /* every key group's maxima */\n",
+    "\n",
+    "        /* ---- softmax of the S rows: P to shared memory ---- */\n",
+    "#pragma unroll\n",
+    "        for (int r = 0; r < ATTN_RT_S; r++) {\n",
+    "#pragma unroll\n",
+    "            for (int h = 0; h < 2; h++) {\n",
+    "                const int row = (rg * ATTN_RT_S + r) * 16 + g + 8 * h;\n",
+    "                float mx = attn_neg_inf();\n",
+    "#pragma unroll\n",
+    "                for (int k = 0; k < ATTN_S_KG; k++) mx = fmaxf(mx, sMax[k * ROWS + row]);\n",
+    "                const float mnew = fmaxf(mS[r][h], mx * qk_scale);\n",
+    "                const float b = mnew == attn_neg_inf() ? 0.0f : mnew;\n",
+    "                lS[r][h] *= attn_exp2(mS[r][h] - b);\n",
+    "                mS[r][h] = mnew;\n",
+    "                float sum = 0.0f;\n",
+    "#pragma unroll\n",
+    "                for (int n = 0; n < ATTN_NT; n++) {\n",
+    "                    const float p0 = attn_exp2(fmaf(s[r][n][2 * h], qk_scale, -b));\n",
+    "                    const float p1 = attn_exp2(fmaf(s[r][n][2 * h + 1], qk_scale, -b));\n",
+    "                    sum += p0 + p1;\n",
+    "                    *(attn_u32 *)(smem + ATTN_SP_OFF + (row * ATTN_PPITCH + kg * ATTN_KW + 8 * n + 2 * tq) * 2) =\n",
+    "                        attn_elem<DT>::pack2(p0, p1);\n",
+    "                }\n",
+    "                lS[r][h] += sum;\n",
+    "            }\n",
+    "        }\n",
+    "        /* the O rows' new maxima and their rescale factor (same arithmetic as above) */\n",
+    "        float alpha[ATTN_RT][2];\n",
+    "#pragma unroll\n",
+    "        for (int r = 0; r < ATTN_RT; r++)\n",
+    "#pragma unroll\n",
+    "            for (int h = 0; h < 2; h++) {\n",
+    "                const int row = r * 16 + g + 8 * h;\n",
+    "                float mx = attn_neg_inf();\n",
+    "#pragma unroll\n",
+    "                for (int k = 0; k < ATTN_S_KG; k++) mx = fmaxf(mx, sMax[k * ROWS + row]);\n",
+    "                const float mnew = fmaxf(mO[r][h], mx * qk_scale);\n",
+    "                const float b = mnew == attn_neg_inf() ? 0.0f : mnew;\n",
+    "                alpha[r][h] = attn_exp2(mO[r][h] - b);\n",
+    "                mO[r][h] = mnew;\n",
+    "            }\n",
+    "        __syncthreads(); /* P complete */\n",
+    "\n",
+    "        /* ---- PV phase: O[:, warp's columns] = alpha O + P V ---- */\n",
+    "#pragma unroll\n",
+    "        for (int r = 0; r < ATTN_RT; r++)\n",
+    "#pragma unroll\n",
+    "            for (int n = 0; n < ATTN_OT; n++) {\n",
+    "                o[r][n][0] *= alpha[r][0]; o[r][n][1] *= alpha[r][0];\n",
+    "                o[r][n][2] *= alpha[r][1]; o[r][n][3] *= alpha[r][1];\n",
+    "            }\n",
+    "        {\n",
+    "            const attn_u32 vb = sKst + v_lane + (attn_u32)(warp * ATTN_CW * 2);\n",
+    "#pragma unroll\n",
+    "            for (int kk = 0; kk < KV_TILE / 16; kk++) {\n",
+    "                attn_u32 a[ATTN_RT][4];\n",
+    "#pragma unroll\n",
+    "                for (int r = 0; r < ATTN_RT; r++)\n",
+    "                    attn_ldmatrix_x4(a[r], sP + p_lane + (attn_u32)((r * 16 * ATTN_PPITCH + kk * 16) * 2));\n",
+    "                const attn_u32 vrow = vb + (attn_u32)(kk * 16 * ATTN_PITCH * 2);\n",
+    "#pragma unroll\n",
+    "                for (int op = 0; op < ATTN_OT / 2; op++) {\n",
+    "                    attn_u32 b[4];\n",
+    "                    attn_ldmatrix_x4_trans(b, vrow + op * 32);\n",
+    "#pragma unroll\n",
+    "                    for (int r = 0; r < ATTN_RT; r++) {\n",
+    "                        attn_mma16816<DT>(o[r][2 * op], a[r], b);\n",
+    "                        attn_mma16816<DT>(o[r][2 * op + 1], a[r], b + 2);\n",
+    "                    }\n",
+    "                }\n",
+    "            }\n",
+    "        }\n",
+    "    }\n",
+    "\n",
+    "    /* ---- epilogue: row sums through shared memory, O / l out ---- */\n",
+    "    attn_cp_async_wait<0>();\n",
+    "    __syncthreads(); /* the maxima buffer is free */\n",
+    "#pragma unroll\n",
+    "    for (int r = 0; r < ATTN_RT_S; r++)\n",
+    "#pragma unroll\n",
+    "        for (int h = 0; h < 2; h++) {\n",
+    "            const float l = attn_quad_sum(lS[r][h]);\n",
+    "            if (tq == 0) sMax[kg * ROWS + (rg * ATTN_RT_S + r) * 16 + g + 8 * h] = l;\n",
+    "        }\n",
+    "    __syncthreads();\n",
+    "#pragma unroll\n",
+    "    for (int r = 0; r < ATTN_RT; r++)\n",
+    "#pragma unroll\n",
+    "        for (int h = 0; h < 2; h++) {\n",
+    "            const int row = r * 16 + g + 8 * h;\n",
+    "            float l = 0.0f;\n",
+    "#pragma unroll\n",
+    "            for (int k = 0; k < ATTN_S_KG; k++) l += sMax[k * ROWS + row];\n",
+    "            const float inv = l > 0.0f ? attn_rcp(l) : 0.0f;\n",
+    "            const float lse2 = l > 0.0f ? mO[r][h] + attn_log2(l) : attn_neg_inf();\n",
+    "            if (row >= nrows) continue;\n",
+    "            if (slot < 0) {\n",
+    "                char *orow = (char *)p.out + ((attn_i64)q_row * p.out_stride_token + (attn_i64)(head0 + row) * p.out_stride_head) * 2;\n",
+    "#pragma unroll\n",
+    "                for (int n = 0; n < ATTN_OT; n++)\n",
+    "                    *(attn_u32 *)(orow + (warp * ATTN_CW + 8 * n + 2 * tq) * 2) =\n",
+    "                        attn_elem<DT>::pack2(o[r][n][2 * h] * inv, o[r][n][2 * h + 1] * inv);\n",
+    "                if (p.lse && warp == 0 && tq == 0)\n",
+    "                    p.lse[(attn_i64)q_row * p.lse_stride_token + (attn_i64)(head0 + row) * p.lse_stride_head] = lse2 * ATTN_LN2;\n",
+    "            } else {\n",
+    "                float *po = p.partial_o + ((attn_i64)slot * ROWS + row) * KV_LORA;\n",
+    "#pragma unroll\n",
+    "                for (int n = 0; n < ATTN_OT; n++) {\n",
+    "                    po[warp * ATTN_CW + 8 * n + 2 * tq] = o[r][n][2 * h] * inv;\n",
+    "                    po[warp * ATTN_CW + 8 * n + 2 * tq + 1] = o[r][n][2 * h + 1] * inv;\n",
+    "                }\n",
+    "                if (warp == 0 && tq == 0) p.partial_lse[(attn_i64)slot * ROWS + row] = lse2;\n",
+    "            }\n",
+    "        }\n",
+    "}\n",
+    "\n",
+    "/* The splits of one (query row, head tile): out = sum_i w_i o_i, w_i = 2^(lse_i - max) /\n",
+    "   sum; lse = max + log2(sum) (to base e); splits that saw no key (-inf) weigh 0. */\n",
+    "extern \"C\" __global__ void __launch_bounds__(256) attn_mla_merge(const attn_mla_params p) {\n",
+    "    if ((int)blockIdx.x >= *p.num_merge) return;\n",
+    "    const int *m = p.merge + 8 * (attn_i64)blockIdx.x;\n",
+    "    const int q_row = m[0], head0 = m[1], splits = m[2], slot0 = m[3];\n",
+    "    const int nrows = attn_imin(ROWS, p.num_heads - head0);\n",
+    "    const int row = blockIdx.y; /* grid (>= *num_merge, ROWS): one CTA per row */\n",
+    "    if (row >= nrows) return;\n",
+    "    for (int c = threadIdx.x; c < KV_LORA; c += blockDim.x) {\n",
+    "        float mx = attn_neg_inf();\n",
+    "        for (int i = 0; i < splits; i++) mx = fmaxf(mx, p.partial_lse[(attn_i64)(slot0 + i) * ROWS + row]);\n",
+    "        float wsum = 0.0f, acc = 0.0f;\n",
+    "        if (mx != attn_neg_inf())\n",
+    "            for (int i = 0; i < splits; i++) {\n",
+    "                const float w = attn_exp2(p.partial_lse[(attn_i64)(slot0 + i) * ROWS + row] - mx);\n",
+    "                wsum += w;\n",
+    "                acc += w * p.partial_o[((attn_i64)(slot0 + i) * ROWS + row) * KV_LORA + c];\n",
+    "            }\n",
+    "        const float out = wsum > 0.0f ? acc / wsum : 0.0f;\n",
+    "        attn_store<DT>(p.out, (attn_i64)q_row * p.out_stride_token + (attn_i64)(head0 + row) * p.out_stride_head + c, out);\n",
+    "        if (c == 0 && p.lse)\n",
+    "            p.lse[(attn_i64)q_row * p.lse_stride_token + (attn_i64)(head0 + row) * p.lse_stride_head] =\n",
+    "                wsum > 0.0f ? (mx + attn_log2(wsum)) * ATTN_LN2 : attn_neg_inf();\n",
+    "    }\n",
+    "}\n",
     0};
 static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
     "/* mla_decode_sm90.cu - MLA absorbed decode on Hopper warpgroup MMA (wgmma), sm_90a: the\n",
@@ -9277,6 +9770,259 @@ static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
     "    attn_mla_merge_entry(p, blockIdx.x, blockIdx.y, blockIdx.y + 1, threadIdx.x, blockDim.x, sw);\n",
     "}\n",
     0};
+static const char *const attn__kernel_src_mla_prefill_cu[] = {
+    "/* mla_prefill.cu - MLA's up-projected prefill attention on mma.sync (sm_80+); a draft for\n",
+    "   the portable CUDA MLA fallback (issue 9): NOT YET RUN ON A GPU, not embedded, not wired.\n",
+    "\n",
+    "   WHAT IT COMPUTES, params, launch, MERGE: exactly kernels/mla_prefill_sm90.cu's (the same\n",
+    "   struct attn_mha_params, the same pass scalars, the same LSE merge into out/lse for\n",
+    "   chunks after the first), so the host drives both alike; only the tile differs:\n",
+    "   grid (ceil(nq / 64), heads), block 128 (4 warps), dynamic shared memory\n",
+    "   attn_mha_config[1]; tile x takes queries 64 (gridDim.x - 1 - x) .. (the causal tiles\n",
+    "   with the most keys first). attn_mha_config: {threads, dynamic shared bytes, KV_TILE,\n",
+    "   64 rows, KV_STAGES, 4 warps, 0, 1}.\n",
+    "\n",
+    "   INSIDE A CTA (FlashAttention-2's shape): warp w owns query rows 16w .. 16w + 15 of the\n",
+    "   CTA's 64 and every key of a tile, so a row's max and sum stay within the warp's quad of\n",
+    "   lanes. Q [64][DN + ROPE] is copied once (cp.async, rows padded by 16 bytes) and held as\n",
+    "   mma A fragments in registers (DQK / 16 k-steps x 4 registers). K tiles [KV_TILE keys]\n",
+    "   [DN | ROPE] and V tiles [KV_TILE][DV] stream through a cp.async ring of KV_STAGES stages\n",
+    "   (padded rows: conflict-free ldmatrix); each thread copies fixed 16-byte columns (chunks\n",
+    "   per row divide the 128 threads). Per tile: S = Q K^T (m16n8k16, K by ldmatrix), masked\n",
+    "   (key j visible iff j < nkeys and, causal, key_pos0 + j <= pos0 + row), online softmax\n",
+    "   in base 2 in registers, P packed from the S accumulators into A fragments, O += P V (V\n",
+    "   by ldmatrix.trans). Epilogue: O / l (merged with the earlier chunks' out/lse with MERGE),\n",
+    "   4-byte stores per lane. */\n",
+    "#include \"mla_common.cuh\" /* attn_mha_params, attn_mha_merge_weights */\n",
+    "\n",
+    "#if !defined(DN) || !defined(ROPE) || !defined(DV) || !defined(DT)\n",
+    "#error \"mla_prefill.cu: define DN (q/k nope width), ROPE, DV and DT\"\n",
+    "#endif\n",
+    "#if DT != ATTN_DT_F16 && DT != ATTN_DT_BF16\n",
+    "#error \"mla_prefill.cu: DT must be 1 (f16) or 2 (bf16)\"\n",
+    "#endif\n",
+    "#define ATTN_DQK (DN + ROPE)\n",
+    "#if ATTN_DQK % 16 != 0 || DV % 16 != 0 || DN % 8 != 0 || ROPE % 8 != 0 || DV > 128 || ATTN_DQK > 256\n",
+    "#error \"mla_prefill.cu: DN + ROPE must be a multiple of 16 up to 256, DV a multiple of 16 up to 128\"\n",
+    "#endif\n",
+    "\n",
+    "#define ATTN_WARPS 4\n",
+    "#define ATTN_THREADS (ATTN_WARPS * 32)\n",
+    "#define ATTN_ROWS (ATTN_WARPS * 16)\n",
+    "#ifndef KV_TILE\n",
+    "#define KV_TILE 64\n",
+    "#endif\n",
+    "#ifndef KV_STAGES\n",
+    "#define KV_STAGES 2\n",
+    "#endif\n",
+    "#if KV_TILE % 16 != 0 || KV_STAGES < 2\n",
+    "#error \"mla_prefill.cu: KV_TILE a multiple of 16, KV_STAGES >= 2\"\n",
+    "#endif\n",
+    "#define ATTN_QP (ATTN_DQK + 8) /* padded row pitches, elements */\n",
+    "#define ATTN_VP (DV + 8)\n",
+    "#define ATTN_SQ_OFF 0\n",
+    "#define ATTN_SK_OFF (ATTN_SQ_OFF + ATTN_ROWS * ATTN_QP * 2)\n",
+    "#define ATTN_SV_OFF (ATTN_SK_OFF + KV_STAGES * KV_TILE * ATTN_QP * 2)\n",
+    "#define ATTN_SMEM_BYTES (ATTN_SV_OFF + KV_STAGES * KV_TILE * ATTN_VP * 2)\n",
+    "#define ATTN_NC_K (DN / 8) /* 16-byte chunks of a row: K_nope, k_pe, V */\n",
+    "#define ATTN_NC_P (ROPE / 8)\n",
+    "#define ATTN_NC_V (DV / 8)\n",
+    "#if ATTN_THREADS % ATTN_NC_K || ATTN_THREADS % ATTN_NC_P || ATTN_THREADS % ATTN_NC_V || \\\n",
+    "    (KV_TILE * ATTN_NC_K) % ATTN_THREADS || (KV_TILE * ATTN_NC_P) % ATTN_THREADS || (KV_TILE * ATTN_NC_V) % ATTN_THREADS\n",
+    "#error \"mla_prefill.cu: the loader needs chunks per row that divide the threads\"\n",
+    "#endif\n",
+    "#define ATTN_KS (ATTN_DQK / 16) /* k-steps of S */\n",
+    "#define ATTN_NT (KV_TILE / 8)   /* n-tiles of S */\n",
+    "#define ATTN_OT (DV / 8)        /* n-tiles of O */\n",
+    "\n",
+    "extern \"C\" __constant__ int attn_mha_config[8] = {ATTN_THREADS, ATTN_SMEM_BYTES, KV_TILE, ATTN_ROWS, KV_STAGES, ATTN_WARPS, 0, 1};\n",
+    "\n",
+    "\n",
+    "extern \"C\" __global__ void __launch_bounds__(ATTN_THREADS) attn_mla_prefill(const attn_mha_params p) {\n",
+    "    extern __shared__ attn_vec16 attn_smem[];\n",
+    "    if (blockDim.x != ATTN_THREADS || attn_dynamic_smem_size() < ATTN_SMEM_BYTES) attn_trap();\n",
+    "    const int tile = (int)(gridDim.x - 1 - blockIdx.x), head = blockIdx.y;\n",
+    "    const int q_row0 = p.q_row0 + ATTN_ROWS * tile, nq = attn_imin(ATTN_ROWS, p.nq - ATTN_ROWS * tile);\n",
+    "    const int pos0 = p.pos0 + ATTN_ROWS * tile, key_pos0 = p.key_pos0, nkeys = p.nkeys;\n",
+    "    const int causal = p.flags & ATTN_MHA_CAUSAL;\n",
+    "    if (nq <= 0) return;\n",
+    "    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;\n",
+    "    const attn_u32 sbase = attn_smem_addr(attn_smem);\n",
+    "    const attn_u32 sQ = sbase + ATTN_SQ_OFF, sK = sbase + ATTN_SK_OFF, sV = sbase + ATTN_SV_OFF;\n",
+    "\n",
+    "    /* ---- Q rows [q_nope | q_pe], zero past nq ---- */\n",
+    "    for (int c = tid; c < ATTN_ROWS * (ATTN_DQK / 8); c += ATTN_THREADS) {\n",
+    "        const int r = c / (ATTN_DQK / 8), col = c - r * (ATTN_DQK / 8), valid = r < nq;\n",
+    "        const char *src = valid ? attn_mla_q_chunk(p.q, p.q_stride_token, p.q_stride_head, p.q_pe, p.q_pe_stride_token,\n",
+    "                                                   p.q_pe_stride_head, DN, q_row0 + r, head, col)\n",
+    "                                : (const char *)p.q;\n",
+    "        attn_cp_async16_or_zero(sQ + (attn_u32)((r * ATTN_QP + col * 8) * 2), src, !valid);\n",
+    "    }\n",
+    "\n",
+    "    /* ---- keys this CTA sees: [0, kend) of the chunk ---- */\n",
+    "    const int kend = causal ? attn_imax(0, attn_imin(nkeys, pos0 + nq - 1 - key_pos0 + 1)) : nkeys;\n",
+    "    const int ntiles = (kend + KV_TILE - 1) / KV_TILE;\n",
+    "    const char *const kn_base = (const char *)p.k_nope + ((attn_i64)head * p.k_stride_head + (tid % ATTN_NC_K) * 8) * 2;\n",
+    "    const char *const kp_base = (const char *)p.k_pe + (tid % ATTN_NC_P) * 8 * 2;\n",
+    "    const char *const v_base = (const char *)p.v + ((attn_i64)head * p.v_stride_head + (tid % ATTN_NC_V) * 8) * 2;\n",
+    "    const attn_i64 kn_step = p.k_stride_token * 2, kp_step = p.kpe_stride_token * 2, v_step = p.v_stride_token * 2;\n",
+    "    auto issue = [&](int t) {\n",
+    "        const int st = t % KV_STAGES, j0 = t * KV_TILE;\n",
+    "        const attn_u32 kd = sK + (attn_u32)(st * KV_TILE * ATTN_QP * 2), vd = sV + (attn_u32)(st * KV_TILE * ATTN_VP * 2);\n",
+    "#pragma unroll\n",
+    "        for (int i = 0; i < KV_TILE * ATTN_NC_K / ATTN_THREADS; i++) {\n",
+    "            const int r = tid / ATTN_NC_K + i * (ATTN_THREADS / ATTN_NC_K), j = j0 + r;\n",
+    "            attn_cp_async16_or_zero(kd + (attn_u32)((r * ATTN_QP + (tid % ATTN_NC_K) * 8) * 2),\n",
+    "                                    j < nkeys ? kn_base + (attn_i64)j * kn_step : kn_base, j >= nkeys);\n",
+    "        }\n",
+    "#pragma unroll\n",
+    "        for (int i = 0; i < KV_TILE * ATTN_NC_P / ATTN_THREADS; i++) {\n",
+    "            const int r = tid / ATTN_NC_P + i * (ATTN_THREADS / ATTN_NC_P), j = j0 + r;\n",
+    "            attn_cp_async16_or_zero(kd + (attn_u32)((r * ATTN_QP + DN + (tid % ATTN_NC_P) * 8) * 2),\n",
+    "                                    j < nkeys ? kp_base + (attn_i64)j * kp_step : kp_base, j >= nkeys);\n",
+    "        }\n",
+    "#pragma unroll\n",
+    "        for (int i = 0; i < KV_TILE * ATTN_NC_V / ATTN_THREADS; i++) {\n",
+    "            const int r = tid / ATTN_NC_V + i * (ATTN_THREADS / ATTN_NC_V), j = j0 + r;\n",
+    "            attn_cp_async16_or_zero(vd + (attn_u32)((r * ATTN_VP + (tid % ATTN_NC_V) * 8) * 2),\n",
+    "                                    j < nkeys ? v_base + (attn_i64)j * v_step : v_base, j >= nkeys);\n",
+    "        }\n",
+    "    };\n",
+    "#pragma unroll\n",
+    "    for (int s = 0; s < KV_STAGES - 1; s++) {\n",
+    "        if (s < ntiles) issue(s);\n",
+    "        attn_cp_async_commit(); /* Q goes with the first group */\n",
+    "    }\n",
+    "\n",
+    "    /* ldmatrix lane offsets (bytes): A rows lane % 16, column half lane / 16; B from [key]\n",
+    "       [dim] rows: keys lane % 8 + 8 (lane / 16), column half (lane / 8) % 2; V transposed:\n",
+    "       keys lane % 16, column half lane / 16 (mla_decode.cu's) */\n",
+    "    const attn_u32 a_lane = (attn_u32)(((lane & 15) * ATTN_QP + (lane >> 4) * 8) * 2);\n",
+    "    const attn_u32 k_lane = (attn_u32)((((lane & 7) + ((lane >> 4) << 3)) * ATTN_QP + ((lane >> 3) & 1) * 8) * 2);\n",
+    "    const attn_u32 v_lane = (attn_u32)(((lane & 15) * ATTN_VP + (lane >> 4) * 8) * 2);\n",
+    "    const float qk_scale = p.scale * ATTN_LOG2E;\n",
+    "    const int row_a = 16 * warp + g; /* this thread's rows: row_a, row_a + 8 */\n",
+    "    int hi[2]; /* keys [0, hi) visible to each of the two rows */\n",
+    "#pragma unroll\n",
+    "    for (int h = 0; h < 2; h++) {\n",
+    "        const int R = row_a + 8 * h;\n",
+    "        hi[h] = R >= nq ? 0 : causal ? attn_imax(0, attn_imin(nkeys, pos0 + R - key_pos0 + 1)) : nkeys;\n",
+    "    }\n",
+    "    attn_u32 qf[ATTN_KS][4];\n",
+    "    float m[2] = {attn_neg_inf(), attn_neg_inf()}, l[2] = {0.0f, 0.0f};\n",
+    "    float o[ATTN_OT][4];\n",
+    "#pragma unroll\n",
+    "    for (int n = 0; n < ATTN_OT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;\n",
+    "\n",
+    "    for (int it = 0; it < ntiles; it++) {\n",
+    "        attn_cp_async_wait<KV_STAGES - 2>();\n",
+    "        __syncthreads(); /* tile it (and Q) landed; stage (it - 1) % KV_STAGES is free */\n",
+    "        if (it == 0) {\n",
+    "#pragma unroll\n",
+    "            for (int ks = 0; ks < ATTN_KS; ks++)\n",
+    "                attn_ldmatrix_x4(qf[ks], sQ + (attn_u32)(16 * warp * ATTN_QP * 2) + a_lane + ks * 32);\n",
+    "        }\n",
+    "        if (it + KV_STAGES - 1 < ntiles) issue(it + KV_STAGES - 1);\n",
+    "        attn_cp_async_commit();\n",
+    "        const int st = it % KV_STAGES, kt0 = it * KV_TILE;\n",
+    "        const attn_u32 kb = sK + (attn_u32)(st * KV_TILE * ATTN_QP * 2) + k_lane;\n",
+    "        const attn_u32 vb = sV + (attn_u32)(st * KV_TILE * ATTN_VP * 2) + v_lane;\n",
+    "        /* a warp whose rows see none of this tile's keys skips it */\n",
+    "        const int warp_hi = attn_warp_imax(attn_imax(hi[0], hi[1]));\n",
+    "        if (kt0 >= warp_hi) continue;\n",
+    "\n",
+    "        /* ---- S = Q K^T ---- */\n",
+    "        float s[ATTN_NT][4];\n",
+    "#pragma unroll\n",
+    "        for (int n = 0; n < ATTN_NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;\n",
+    "#pragma unroll\n",
+    "        for (int ks = 0; ks < ATTN_KS; ks++)\n",
+    "#pragma unroll\n",
+    "            for (int np = 0; np < ATTN_NT / 2; np++) {\n",
+    "                attn_u32 b[4];\n",
+    "                attn_ldmatrix_x4(b, kb + (attn_u32)((np * 16 * ATTN_QP + ks * 16) * 2));\n",
+    "                attn_mma16816<DT>(s[2 * np], qf[ks], b);\n",
+    "                attn_mma16816<DT>(s[2 * np + 1], qf[ks], b + 2);\n",
+    "            }\n",
+    "\n",
+    "        /* ---- mask, online softmax (base 2, scale folded in) ---- */\n",
+    "        float mx[2] = {attn_neg_inf(), attn_neg_inf()};\n",
+    "#pragma unroll\n",
+    "        for (int n = 0; n < ATTN_NT; n++)\n",
+    "#pragma unroll\n",
+    "            for (int e = 0; e < 4; e++) {\n",
+    "                const int j = kt0 + 8 * n + 2 * tq + (e & 1);\n",
+    "                const float x = j < hi[e >> 1] ? s[n][e] : attn_neg_inf();\n",
+    "                s[n][e] = x;\n",
+    "                mx[e >> 1] = fmaxf(mx[e >> 1], x);\n",
+    "            }\n",
+    "        float b2[2];\n",
+    "#pragma unroll\n",
+    "        for (int h = 0; h < 2; h++) {\n",
+    "            const float mnew = fmaxf(m[h], attn_quad_max(mx[h]) * qk_scale);\n",
+    "            b2[h] = mnew == attn_neg_inf() ? 0.0f : mnew;\n",
+    "            const float alpha = attn_exp2(m[h] - b2[h]);\n",
+    "            m[h] = mnew;\n",
+    "            l[h] *= alpha;\n",
+    "#pragma unroll\n",
+    "            for (int n = 0; n < ATTN_OT; n++) { o[n][2 * h] *= alpha; o[n][2 * h + 1] *= alpha; }\n",
+    "        }\n",
+    "        float sum[2] = {0.0f, 0.0f};\n",
+    "#pragma unroll\n",
+    "        for (int n = 0; n < ATTN_NT; n++)\n",
+    "#pragma unroll\n",
+    "            for (int e = 0; e < 4; e++) {\n",
+    "                const float x = attn_exp2(fmaf(s[n][e], qk_scale, -b2[e >> 1]));\n",
+    "                s[n][e] = x;\n",
+    "                sum[e >> 1] += x;\n",
+    "            }\n",
+    "        l[0] += sum[0];\n",
+    "        l[1] += sum[1];\n",
+    "\n",
+    "        /* ---- O += P V: P's A fragments straight from the S accumulators ---- */\n",
+    "#pragma unroll\n",
+    "        for (int kk = 0; kk < KV_TILE / 16; kk++) {\n",
+    "            attn_u32 a[4];\n",
+    "            a[0] = attn_elem<DT>::pack2(s[2 * kk][0], s[2 * kk][1]);\n",
+    "            a[1] = attn_elem<DT>::pack2(s[2 * kk][2], s[2 * kk][3]);\n",
+    "            a[2] = attn_elem<DT>::pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]);\n",
+    "            a[3] = attn_elem<DT>::pack2(s[2 * kk + 1][2], s[2 * kk + 1][3]);\n",
+    "#pragma unroll\n",
+    "            for (int op = 0; op < ATTN_OT / 2; op++) {\n",
+    "                attn_u32 b[4];\n",
+    "                attn_ldmatrix_x4_trans(b, vb + (attn_u32)((kk * 16 * ATTN_VP + op * 16) * 2));\n",
+    "                attn_mma16816<DT>(o[2 * op], a, b);\n",
+    "                attn_mma16816<DT>(o[2 * op + 1], a, b + 2);\n",
+    "            }\n",
+    "        }\n",
+    "    }\n",
+    "    attn_cp_async_wait<0>();\n",
+    "\n",
+    "    /* ---- epilogue: O / l, merged with the earlier chunks' out/lse (MERGE) ---- */\n",
+    "    const int merge = p.flags & ATTN_MHA_MERGE;\n",
+    "#pragma unroll\n",
+    "    for (int h = 0; h < 2; h++) {\n",
+    "        const int R = row_a + 8 * h;\n",
+    "        const float L = attn_quad_sum(l[h]);\n",
+    "        float lse2 = L > 0.0f ? m[h] + attn_log2(L) : attn_neg_inf();\n",
+    "        float wn = L > 0.0f ? attn_rcp(L) : 0.0f, wo = 0.0f;\n",
+    "        if (R >= nq) continue;\n",
+    "        const attn_i64 lse_at = (attn_i64)(q_row0 + R) * p.lse_stride_token + (attn_i64)head * p.lse_stride_head;\n",
+    "        char *orow = (char *)p.out + ((attn_i64)(q_row0 + R) * p.out_stride_token + (attn_i64)head * p.out_stride_head + 2 * tq) * 2;\n",
+    "        if (merge) attn_mha_merge_weights(p.lse[lse_at], &lse2, &wn, &wo); /* out = wo old + wn o */\n",
+    "#pragma unroll\n",
+    "        for (int n = 0; n < ATTN_OT; n++) {\n",
+    "            float x0 = o[n][2 * h] * wn, x1 = o[n][2 * h + 1] * wn;\n",
+    "            if (wo > 0.0f) {\n",
+    "                x0 += wo * attn_load<DT>(orow, 8 * n);\n",
+    "                x1 += wo * attn_load<DT>(orow, 8 * n + 1);\n",
+    "            }\n",
+    "            *(attn_u32 *)(orow + 8 * n * 2) = attn_elem<DT>::pack2(x0, x1);\n",
+    "        }\n",
+    "        if (tq == 0 && p.lse) p.lse[lse_at] = lse2 * ATTN_LN2;\n",
+    "    }\n",
+    "}\n",
+    0};
 static const char *const attn__kernel_src_mla_prefill_sm90_cu[] = {
     "/* mla_prefill_sm90.cu - MLA's up-projected prefill attention on wgmma (sm_90a), and the\n",
     "   gather of a chunk of latent rows it runs on: the CUDA_MLA_SM90 backend's forward_mha.\n",
@@ -9311,16 +10057,13 @@ static const char *const attn__kernel_src_mla_prefill_sm90_cu[] = {
     "   DQK / 16 steps (next tile's copies issued under it), masked online softmax in base 2,\n",
     "   O += P V by wgmma m64nDVk16 rs with P from the S accumulators.\n",
     "\n",
-    "   attn_mla_gather (defines KV_LORA too): rows key0 .. key0 + nkeys - 1 of one request\n",
-    "   from the paged latent cache [blocks][block_size][KV_LORA + ROPE] into a contiguous\n",
-    "   [nkeys][KV_LORA + ROPE] (the up-projection GEMMs' operand; k_pe is read from its tail).\n",
-    "   Any grid (grid-stride over 16-byte chunks), any block; cache and destination 16-byte\n",
-    "   aligned. */\n",
+    "   The chunk's latent rows come from cache_write.cu's attn_mla_gather (k_pe is read from\n",
+    "   their tail). */\n",
     "#include \"wgmma.cuh\"\n",
     "#include \"mla_common.cuh\" /* attn_mha_params, attn_mha_merge_weights */\n",
     "\n",
-    "#if !defined(DN) || !defined(ROPE) || !defined(DV) || !defined(DT) || !defined(KV_LORA)\n",
-    "#error \"mla_prefill_sm90.cu: define DN (q/k nope width), ROPE, DV, DT and KV_LORA\"\n",
+    "#if !defined(DN) || !defined(ROPE) || !defined(DV) || !defined(DT)\n",
+    "#error \"mla_prefill_sm90.cu: define DN (q/k nope width), ROPE, DV and DT\"\n",
     "#endif\n",
     "#if DT != ATTN_DT_F16 && DT != ATTN_DT_BF16\n",
     "#error \"mla_prefill_sm90.cu: DT must be 1 (f16) or 2 (bf16)\"\n",
@@ -9555,23 +10298,6 @@ static const char *const attn__kernel_src_mla_prefill_sm90_cu[] = {
     "        const int R = u / ATTN_VCPR, c = u - R * ATTN_VCPR;\n",
     "        const attn_vec16 v = *(const attn_vec16 *)(sO + (R * ATTN_O_PITCH + c * 8) * 2);\n",
     "        attn_stg16((char *)p.out + ((attn_i64)(q_row0 + R) * p.out_stride_token + (attn_i64)head * p.out_stride_head + c * 8) * 2, v);\n",
-    "    }\n",
-    "}\n",
-    "\n",
-    "struct attn_mla_gather_params {\n",
-    "    const void *kv_cache;     /* DT [blocks][block_size][KV_LORA + ROPE] */\n",
-    "    const int *block_table;   /* the request's row */\n",
-    "    void *lat;                /* DT [nkeys][KV_LORA + ROPE] */\n",
-    "    int key0, nkeys, block_size, pad0;\n",
-    "};\n",
-    "\n",
-    "extern \"C\" __global__ void attn_mla_gather(const attn_mla_gather_params p) {\n",
-    "    const int cpr = (KV_LORA + ROPE) / 8;\n",
-    "    for (attn_i64 u = blockIdx.x * (attn_i64)blockDim.x + threadIdx.x; u < (attn_i64)p.nkeys * cpr; u += (attn_i64)gridDim.x * blockDim.x) {\n",
-    "        const int j = (int)(u / cpr), c = (int)(u - (attn_i64)j * cpr), key = p.key0 + j;\n",
-    "        const attn_i64 row = (attn_i64)p.block_table[key / p.block_size] * p.block_size + key % p.block_size;\n",
-    "        attn_stg16((char *)p.lat + ((attn_i64)j * (KV_LORA + ROPE) + c * 8) * 2,\n",
-    "                   attn_ldg16((const char *)p.kv_cache + (row * (KV_LORA + ROPE) + c * 8) * 2));\n",
     "    }\n",
     "}\n",
     0};
@@ -11260,13 +11986,15 @@ static const char *const attn__kernel_src_wgmma_cuh[] = {
     "\n",
     "#endif /* ATTN_WGMMA_CUH */\n",
     0};
-/* 11 kernel source file(s); the lookup is declared in >>nvrtc */
+/* 13 kernel source file(s); the lookup is declared in >>nvrtc */
 static const struct { const char *name; const char *const *lines; } attn__kernel_sources[] = {
     {"attn_common.cuh", attn__kernel_src_attn_common_cuh},
     {"cache_write.cu", attn__kernel_src_cache_write_cu},
     {"merge.cu", attn__kernel_src_merge_cu},
     {"mla_common.cuh", attn__kernel_src_mla_common_cuh},
+    {"mla_decode.cu", attn__kernel_src_mla_decode_cu},
     {"mla_decode_sm90.cu", attn__kernel_src_mla_decode_sm90_cu},
+    {"mla_prefill.cu", attn__kernel_src_mla_prefill_cu},
     {"mla_prefill_sm90.cu", attn__kernel_src_mla_prefill_sm90_cu},
     {"paged_attention.cu", attn__kernel_src_paged_attention_cu},
     {"paged_common.cuh", attn__kernel_src_paged_common_cuh},

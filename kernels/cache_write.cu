@@ -14,7 +14,9 @@
    attn_concat_and_cache_mla                       defines: KV_LORA_RANK ROPE_DIM DT_IN DT_CACHE
        kv_c [tokens, KV_LORA_RANK] and k_pe [tokens, ROPE_DIM] (token strides in elements)
        into the latent cache [num_blocks, block_size, KV_LORA_RANK + ROPE_DIM]: row
-       slot_mapping[t] gets kv_c then k_pe; -1 skips.
+       slot_mapping[t] gets kv_c then k_pe; -1 skips. With it, attn_mla_gather: a chunk of
+       one request's latent rows back out of the cache, contiguous (the MLA prefill's
+       up-projection operand; below).
 
    Launch: any grid (x: a grid-stride loop over tokens; one CTA per token up to a few
    thousand is a good default), 128 threads (any multiple of 32 works), no shared memory.
@@ -129,6 +131,26 @@ extern "C" __global__ void attn_concat_and_cache_mla(const attn_latent_write_par
                                   : (const char *)p.k_pe + (t * p.k_pe_stride_token + (attn_i64)(c - chunks_c) * 8) * esz_in;
             attn_move8(src, row + (attn_i64)c * 8 * esz_c, cache_ok && attn_aligned16(src));
         }
+    }
+}
+
+/* The reverse copy for the up-projected prefill: rows key0 .. key0 + nkeys - 1 of one
+   request (its block_table row) from the latent cache into a contiguous [nkeys][KV_LORA_RANK
+   + ROPE_DIM] of DT_CACHE (the up-projection GEMMs' operand). Any grid (grid-stride over
+   16-byte chunks), any block; cache and destination 16-byte aligned. */
+struct attn_mla_gather_params {
+    const void *kv_cache;
+    const int *block_table;
+    void *lat;
+    int key0, nkeys, block_size, pad0;
+};
+
+extern "C" __global__ void attn_mla_gather(const attn_mla_gather_params p) {
+    const int row_bytes = (KV_LORA_RANK + ROPE_DIM) * attn_elem<DT_CACHE>::size, cpr = row_bytes / 16;
+    for (attn_i64 u = blockIdx.x * (attn_i64)blockDim.x + threadIdx.x; u < (attn_i64)p.nkeys * cpr; u += (attn_i64)gridDim.x * blockDim.x) {
+        const int j = (int)(u / cpr), c = (int)(u - (attn_i64)j * cpr), key = p.key0 + j;
+        const attn_i64 row = (attn_i64)p.block_table[key / p.block_size] * p.block_size + key % p.block_size;
+        attn_stg16((char *)p.lat + (attn_i64)j * row_bytes + c * 16, attn_ldg16((const char *)p.kv_cache + row * row_bytes + c * 16));
     }
 }
 #endif /* KV_LORA_RANK */

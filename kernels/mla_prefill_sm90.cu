@@ -31,16 +31,13 @@
    DQK / 16 steps (next tile's copies issued under it), masked online softmax in base 2,
    O += P V by wgmma m64nDVk16 rs with P from the S accumulators.
 
-   attn_mla_gather (defines KV_LORA too): rows key0 .. key0 + nkeys - 1 of one request
-   from the paged latent cache [blocks][block_size][KV_LORA + ROPE] into a contiguous
-   [nkeys][KV_LORA + ROPE] (the up-projection GEMMs' operand; k_pe is read from its tail).
-   Any grid (grid-stride over 16-byte chunks), any block; cache and destination 16-byte
-   aligned. */
+   The chunk's latent rows come from cache_write.cu's attn_mla_gather (k_pe is read from
+   their tail). */
 #include "wgmma.cuh"
 #include "mla_common.cuh" /* attn_mha_params, attn_mha_merge_weights */
 
-#if !defined(DN) || !defined(ROPE) || !defined(DV) || !defined(DT) || !defined(KV_LORA)
-#error "mla_prefill_sm90.cu: define DN (q/k nope width), ROPE, DV, DT and KV_LORA"
+#if !defined(DN) || !defined(ROPE) || !defined(DV) || !defined(DT)
+#error "mla_prefill_sm90.cu: define DN (q/k nope width), ROPE, DV and DT"
 #endif
 #if DT != ATTN_DT_F16 && DT != ATTN_DT_BF16
 #error "mla_prefill_sm90.cu: DT must be 1 (f16) or 2 (bf16)"
@@ -275,22 +272,5 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mla_prefill(c
         const int R = u / ATTN_VCPR, c = u - R * ATTN_VCPR;
         const attn_vec16 v = *(const attn_vec16 *)(sO + (R * ATTN_O_PITCH + c * 8) * 2);
         attn_stg16((char *)p.out + ((attn_i64)(q_row0 + R) * p.out_stride_token + (attn_i64)head * p.out_stride_head + c * 8) * 2, v);
-    }
-}
-
-struct attn_mla_gather_params {
-    const void *kv_cache;     /* DT [blocks][block_size][KV_LORA + ROPE] */
-    const int *block_table;   /* the request's row */
-    void *lat;                /* DT [nkeys][KV_LORA + ROPE] */
-    int key0, nkeys, block_size, pad0;
-};
-
-extern "C" __global__ void attn_mla_gather(const attn_mla_gather_params p) {
-    const int cpr = (KV_LORA + ROPE) / 8;
-    for (attn_i64 u = blockIdx.x * (attn_i64)blockDim.x + threadIdx.x; u < (attn_i64)p.nkeys * cpr; u += (attn_i64)gridDim.x * blockDim.x) {
-        const int j = (int)(u / cpr), c = (int)(u - (attn_i64)j * cpr), key = p.key0 + j;
-        const attn_i64 row = (attn_i64)p.block_table[key / p.block_size] * p.block_size + key % p.block_size;
-        attn_stg16((char *)p.lat + ((attn_i64)j * (KV_LORA + ROPE) + c * 8) * 2,
-                   attn_ldg16((const char *)p.kv_cache + (row * (KV_LORA + ROPE) + c * 8) * 2));
     }
 }

@@ -1059,10 +1059,10 @@ static int mla_mode;
 /* MLA kernels: 0 mla_decode.cu (draft), 1 mla_decode_sm90.cu, 2 mla_prefill_sm90.cu,
    3 mla_prefill.cu (the mma.sync draft of the prefill attention, same params and pass) */
 static draft_kernel mla_kernels[5] = {
-    {"mla", "kernels/wip/mla_decode.cu", 0, 0, "attn_mla_decode", "attn_mla_merge", "attn_mla_config", NULL},
+    {"mla", "mla_decode.cu", 1, 0, "attn_mla_decode", "attn_mla_merge", "attn_mla_config", NULL},
     {"mla", "mla_decode_sm90.cu", 1, 1, "attn_mla_decode", "attn_mla_merge", "attn_mla_config", NULL},
-    {"mha", "mla_prefill_sm90.cu", 1, 1, "attn_mla_prefill", "attn_mla_gather", "attn_mha_config", NULL},
-    {"mha", "kernels/wip/mla_prefill.cu", 0, 0, "attn_mla_prefill", NULL, "attn_mha_config", NULL},
+    {"mha", "mla_prefill_sm90.cu", 1, 1, "attn_mla_prefill", NULL, "attn_mha_config", NULL},
+    {"mha", "mla_prefill.cu", 1, 0, "attn_mla_prefill", NULL, "attn_mha_config", NULL},
     /* 4: the transposed few-head decode draft (keys on wgmma's M), merged by 1's merge */
     {"mla", "kernels/wip/mla_decode_sm90_t.cu", 0, 1, "attn_mla_decode", NULL, "attn_mla_config", NULL}};
 static module_entry *mla_module(const char *defines, int which, int load) {

@@ -89,7 +89,7 @@ run wgmma-probe ./build/wgmma_check
 # sm_90a with no spill and fit the shared memory (no GPU needed; on compute capability 9.0
 # the harness also runs it against the CPU backend).
 run sm90-prefill ./build/cuda_kernels --sm90-prefill --cases 0
-# The MLA kernels: CUDA_MLA_SM90's decode and prefill (sm_90a) and the mma.sync drafts of
+# The MLA kernels: CUDA_MLA_SM90's decode and prefill (sm_90a), CUDA_MLA's on mma.sync, and the drafts of
 # the fallback (kernels/wip/mla_decode.cu, kernels/wip/mla_prefill.cu): their variants
 # compile with no spill (no GPU needed; on a GPU the harness also runs them against a
 # float64 reference: ./build/cuda_kernels --mla --cases 25 --bench).

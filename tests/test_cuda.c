@@ -1311,9 +1311,13 @@ ATTN_TEST(cuda_mla_selected_for_device_layers) {
         EXPECT_EQ_INT(s.default_backend, ATTN_BACKEND_CUDA_MLA_SM90);
         EXPECT_EQ_INT(s.cuda_graph, ATTN_CUDA_GRAPH_UNIFORM_SINGLE_TOKEN_DECODE);
         EXPECT_TRUE(s.can_return_lse);
+    } else if (p.cublas_version) { /* the mma.sync fallback, and the record says why not the wgmma one */
+        EXPECT_OK(attn_select_backend(ctx, &d, NULL, &s));
+        EXPECT_EQ_INT(s.resolved, ATTN_BACKEND_CUDA_MLA);
+        EXPECT_TRUE(cu_skip_reason(&s, ATTN_BACKEND_CUDA_MLA_SM90, "compute capability"));
     } else {
         EXPECT_STATUS(attn_select_backend(ctx, &d, NULL, &s), ATTN_ERROR_UNSUPPORTED);
-        EXPECT_TRUE(cu_skip_reason(&s, ATTN_BACKEND_CUDA_MLA_SM90, p.cublas_version ? "compute capability" : "cuBLAS"));
+        EXPECT_TRUE(cu_skip_reason(&s, ATTN_BACKEND_CUDA_MLA, "cuBLAS"));
     }
     d.dtype = ATTN_DTYPE_F32; /* outside every GPU MLA scope: refused with the reason */
     memset(&s, 0, sizeof s);
@@ -1325,6 +1329,7 @@ ATTN_TEST(cuda_mla_selected_for_device_layers) {
     EXPECT_STATUS(attn_select_backend(ctx, &d, NULL, &s), ATTN_ERROR_UNSUPPORTED);
     if (p.cuda_capability_major == 9 && p.cuda_capability_minor == 0)
         EXPECT_TRUE(cu_skip_reason(&s, ATTN_BACKEND_CUDA_MLA_SM90, "qk_nope_head_dim 96"));
+    EXPECT_TRUE(cu_skip_reason(&s, ATTN_BACKEND_CUDA_MLA, "qk_nope_head_dim 96"));
     d = cu_mla_desc(16, ATTN_DTYPE_BF16, ATTN_DEVICE_CPU); /* CPU tensors stay on the CPU */
     memset(&s, 0, sizeof s);
     EXPECT_OK(attn_select_backend(ctx, &d, NULL, &s));

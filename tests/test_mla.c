@@ -177,7 +177,7 @@ typedef struct mcfg {
     attn_test_log *cap; /* NULL: the world's context logs nowhere */
     int no_ref;         /* skip the float64 reference */
     int64_t workspace_bytes; /* of the metadata (0: the default) */
-    int cuda;           /* a GPU world: the layer on ATTN_DEVICE_CUDA (CUDA_MLA_SM90), every
+    int cuda;           /* a GPU world (1: CUDA_MLA_SM90, 2: CUDA_MLA forced), every
                            tensor a device copy of the host data (uploaded before a call,
                            outputs downloaded after) */
 } mcfg;
@@ -253,8 +253,9 @@ static void wcache_down(mworld *w) {
         EXPECT_OK(attn_cuda_memcpy(w->ctx, w->cache, w->t_cache.data, w->cache_elems * attn_dtype_size(w->c.kvdt),
                                    ATTN_COPY_DEVICE_TO_HOST, NULL));
 }
-/* NULL where CUDA_MLA_SM90 can run here, else why not. */
-static const char *mla_cuda_unavailable(void) {
+/* NULL where the CUDA MLA backend (fallback: CUDA_MLA, else CUDA_MLA_SM90) can run here,
+   else why not. */
+static const char *mla_cuda_unavailable_for(int fallback) {
     static char why[200];
     attn_context *ctx = attn_test_context(NULL, ATTN_LOG_LEVEL_ERROR, 1);
     attn_platform p;
@@ -263,18 +264,21 @@ static const char *mla_cuda_unavailable(void) {
     if (!ctx || attn_platform_get(ctx, &p) != ATTN_OK) r = "no context";
     else if (!attn_backend_get(ATTN_BACKEND_CUDA_MLA_SM90)) r = "the CUDA path is compiled out (ATTN_NO_CUDA)";
     else if (p.kind != ATTN_PLATFORM_CUDA) r = p.cuda_reason;
-    else if (p.cuda_capability_major != 9 || p.cuda_capability_minor != 0) r = "CUDA_MLA_SM90 needs compute capability 9.0";
+    else if (fallback && p.cuda_capability_major < 8) r = "CUDA_MLA needs compute capability 8.0 or newer";
+    else if (!fallback && (p.cuda_capability_major != 9 || p.cuda_capability_minor != 0))
+        r = "CUDA_MLA_SM90 needs compute capability 9.0";
     else if (!p.nvrtc_version) r = p.nvrtc_reason;
     else if (!p.cublas_version) r = p.cublas_reason;
     if (r) snprintf(why, sizeof why, "%s", r);
     attn_context_destroy(ctx);
     return r ? why : NULL;
 }
-#define MLA_CUDA_SKIP()                                      \
+#define MLA_CUDA_SKIP_FOR(fallback)                          \
     do {                                                     \
-        const char *why_ = mla_cuda_unavailable();           \
+        const char *why_ = mla_cuda_unavailable_for(fallback); \
         if (why_) SKIP(why_);                                \
     } while (0)
+#define MLA_CUDA_SKIP() MLA_CUDA_SKIP_FOR(0)
 
 static uint64_t stream_seed(uint64_t seed, int id) {
     return seed ^ (0x9e3779b97f4a7c15ull * (uint64_t)(id + 1));
@@ -456,10 +460,16 @@ static int world_init(mworld *w, const mcfg *cfg) {
     d.block_size = c->bs;
     d.scale = c->scale;
     d.device = c->cuda ? ATTN_DEVICE_CUDA : ATTN_DEVICE_CPU;
-    st = attn_layer_create(w->ctx, &d, NULL, &w->layer);
+    {
+        attn_select_request req; /* cuda 2: the mma.sync fallback forced */
+        memset(&req, 0, sizeof req);
+        req.backend = ATTN_BACKEND_CUDA_MLA;
+        st = attn_layer_create(w->ctx, &d, c->cuda == 2 ? &req : NULL, &w->layer);
+    }
     EXPECT_OK(st);
     if (st != ATTN_OK) return 0;
-    EXPECT_EQ_INT(attn_layer_backend(w->layer)->id, c->cuda ? ATTN_BACKEND_CUDA_MLA_SM90 : ATTN_BACKEND_CPU_MLA);
+    EXPECT_EQ_INT(attn_layer_backend(w->layer)->id,
+                  c->cuda == 2 ? ATTN_BACKEND_CUDA_MLA : c->cuda ? ATTN_BACKEND_CUDA_MLA_SM90 : ATTN_BACKEND_CPU_MLA);
     w->scale = c->scale > 0 ? (double)c->scale : 1.0 / sqrt((double)(NOPE + ROPE));
     EXPECT_NEAR(attn_layer_get_desc(w->layer)->scale, w->scale, 1e-7, 1e-6);
 
@@ -2959,7 +2969,7 @@ static void gpu_world(mcfg *c, const char *name, int splits) {
     attn_metadata *meta;
     char tag[160];
     attn_status st;
-    c->cuda = 1;
+    if (!c->cuda) c->cuda = 1;
     if (!world_init(&w, c)) {
         world_free(&w);
         return;
@@ -3243,6 +3253,72 @@ ATTN_TEST(test_mla_cuda_batch_invariant) {
     world_free(&wb);
 }
 
+/* The portable fallback CUDA_MLA (mma.sync kernels, sm_80+), forced on this device: the
+   decode, prefill, mixed, split and random worlds above, against the same reference. */
+ATTN_TEST(test_mla_cuda_fallback) {
+    static const int splits[] = {1, 7, 0};
+    mcfg c;
+    int i, k;
+    rng r;
+    MLA_CUDA_SKIP_FOR(1);
+    for (i = 0; i < 3; i++) { /* 16 heads (ROWS 16), 32 (ROWS 32), 128 (ROWS 64) */
+        static const int heads[3] = {16, 32, 128};
+        char name[64];
+        base_cfg(&c, heads[i], 512, i == 1 ? ATTN_DTYPE_F16 : ATTN_DTYPE_BF16, i == 1 ? ATTN_DTYPE_F16 : ATTN_DTYPE_BF16);
+        c.cuda = 2;
+        c.seed = 7900 + (uint64_t)i;
+        c.bs = i == 1 ? 16 : 64;
+        c.nref = 4;
+        add_req(&c, 1, 1);
+        add_req(&c, 1, 700);
+        add_req(&c, 1, 1500);
+        snprintf(name, sizeof name, "fallback decode H%d", heads[i]);
+        gpu_world(&c, name, splits[i]);
+    }
+    base_cfg(&c, 40, 256, ATTN_DTYPE_F16, ATTN_DTYPE_F16); /* 320 wide */
+    c.cuda = 2;
+    c.seed = 7910;
+    c.bs = 32;
+    c.nref = 6;
+    add_req(&c, 1, 40);
+    add_req(&c, 1, 1200);
+    add_req(&c, 45, 300);
+    gpu_world(&c, "fallback 320 H40 mixed", 0);
+    base_cfg(&c, 16, 512, ATTN_DTYPE_BF16, ATTN_DTYPE_BF16); /* prefill over several chunks */
+    c.cuda = 2;
+    c.seed = 7911;
+    c.nref = 4;
+    c.bs = 64;
+    c.workspace_bytes = 1 << 20;
+    c.write_new = 0;
+    add_req(&c, 1, 900);
+    add_req(&c, 40, 700);
+    add_req(&c, 150, 150);
+    gpu_world(&c, "fallback prefill over chunks", 0);
+    rng_seed(&r, 0xfa11bacc5eedull);
+    for (k = 0; k < 3; k++) {
+        static const int hs[] = {16, 64, 128};
+        int nd = rng_int(&r, 1, 4), np = rng_int(&r, 0, 2);
+        char tag[96];
+        base_cfg(&c, hs[k], rng_int(&r, 0, 2) ? 512 : 256, rng_int(&r, 0, 1) ? ATTN_DTYPE_BF16 : ATTN_DTYPE_F16,
+                 ATTN_DTYPE_AUTO);
+        c.kvdt = c.dt;
+        c.cuda = 2;
+        c.seed = rng_next(&r);
+        c.nref = 3;
+        c.bs = 16 << rng_int(&r, 0, 3);
+        c.write_new = rng_int(&r, 0, 1);
+        for (i = 0; i < nd; i++) add_req(&c, 1, 1 + rng_int(&r, 0, 2000));
+        for (i = 0; i < np; i++) {
+            int ql = rng_int(&r, 2, 200);
+            add_req(&c, ql, ql + rng_int(&r, 0, 300));
+        }
+        snprintf(tag, sizeof tag, "fallback random %d: H=%d R=%d %s bs=%d reqs=%d+%d", k, c.H, c.R,
+                 attn_dtype_name(c.dt), c.bs, nd, np);
+        gpu_world(&c, tag, 0);
+    }
+}
+
 void suite_cuda_mla(void) {
     ATTN_RUN(test_mla_cuda_decode);
     ATTN_RUN(test_mla_cuda_multi_token);
@@ -3252,6 +3328,7 @@ void suite_cuda_mla(void) {
     ATTN_RUN(test_mla_cuda_matches_cpu);
     ATTN_RUN(test_mla_cuda_batch_invariant);
     ATTN_RUN(test_mla_cuda_random_batches);
+    ATTN_RUN(test_mla_cuda_fallback);
 }
 
 void suite_mla(void) {

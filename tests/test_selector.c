@@ -153,14 +153,14 @@ static int sel_platform_is_cuda(attn_context *ctx) {
 
 /* On a CUDA platform the CUDA backend is tried before CPU and skipped for a CPU layer (its
    tensors are on the CPU): one skip more than on a CPU host. */
-/* the CUDA entries in the registry: 3, or 0 when the path is compiled out (ATTN_NO_CUDA) */
+/* the CUDA entries in the registry: 4, or 0 when the path is compiled out (ATTN_NO_CUDA) */
 static int sel_cuda_entries(void) {
     return (attn_backend_get(ATTN_BACKEND_CUDA_SM90) != NULL) + (attn_backend_get(ATTN_BACKEND_CUDA) != NULL) +
-           (attn_backend_get(ATTN_BACKEND_CUDA_MLA_SM90) != NULL);
+           (attn_backend_get(ATTN_BACKEND_CUDA_MLA_SM90) != NULL) + (attn_backend_get(ATTN_BACKEND_CUDA_MLA) != NULL);
 }
 
-/* backends ahead of CPU on a CUDA platform (CUDA_SM90, CUDA, CUDA_MLA_SM90): skipped for CPU layers */
-static int sel_cuda_ahead(attn_context *ctx) { return 3 * sel_platform_is_cuda(ctx); }
+/* backends ahead of CPU on a CUDA platform (CUDA_SM90, CUDA, CUDA_MLA_SM90, CUDA_MLA): skipped for CPU layers */
+static int sel_cuda_ahead(attn_context *ctx) { return 4 * sel_platform_is_cuda(ctx); }
 
 static int sel_skipped_has(const attn_selection *s, attn_backend_id id) {
     int i;
@@ -1066,6 +1066,7 @@ ATTN_TEST(sel_head_size_600_is_unsupported) {
         EXPECT_TRUE(sel_skipped_has(&s, ATTN_BACKEND_CUDA_SM90));
         EXPECT_TRUE(sel_skipped_has(&s, ATTN_BACKEND_CUDA));
         EXPECT_TRUE(sel_skipped_has(&s, ATTN_BACKEND_CUDA_MLA_SM90));
+        EXPECT_TRUE(sel_skipped_has(&s, ATTN_BACKEND_CUDA_MLA));
     }
     EXPECT_TRUE(s.skipped[0].reason[0] != 0);
     EXPECT_EQ_INT(s.head_size, 600);

@@ -490,7 +490,7 @@ ATTN_TEST(val_layer_create_null_arguments) {
     VAL_FAILS(&cap, ctx, attn_layer_create(ctx, &d, NULL, NULL), ATTN_ERROR_NULL_ARGUMENT,
               ATTN_LOG_ARG_NULL);
     memset(&req, 0, sizeof req);
-    req.backend = (attn_backend_id)7;
+    req.backend = ATTN_BACKEND_COUNT; /* past the last id */
     layer = (attn_layer *)&cap;
     VAL_FAILS(&cap, ctx, attn_layer_create(ctx, &d, &req, &layer), ATTN_ERROR_INVALID_VALUE,
               ATTN_LOG_INVALID_DESC);

@@ -162,6 +162,15 @@ static variant manifest_builtin[] = {
     {"mla_prefill_sm90.cu", "DN=128 ROPE=64 DV=128 DT=2 KV_LORA=512", ARCH_90A},
     {"mla_prefill_sm90.cu", "DN=128 ROPE=64 DV=128 DT=1 KV_LORA=256", ARCH_90A},
     {"mla_prefill_sm90.cu", "DN=64 ROPE=64 DV=64 DT=2 KV_LORA=512", ARCH_90A},
+    /* the CUDA_MLA backend (mma.sync, sm_80+): decode with 16, 32 and 64 heads per CTA (576 and
+       320), the prefill attention */
+    {"mla_decode.cu", "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2 ROWS=16", 0},
+    {"mla_decode.cu", "KV_LORA=512 ROPE=64 BLOCK_SIZE=16 DT=1 ROWS=32", 0},
+    {"mla_decode.cu", "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2 ROWS=64", 0},
+    {"mla_decode.cu", "KV_LORA=256 ROPE=64 BLOCK_SIZE=32 DT=1 ROWS=64", 0},
+    {"mla_prefill.cu", "DN=128 ROPE=64 DV=128 DT=2", 0},
+    {"mla_prefill.cu", "DN=128 ROPE=64 DV=128 DT=1", 0},
+    {"mla_prefill.cu", "DN=64 ROPE=64 DV=64 DT=2", 0},
     /* cache writes (DT 0 f32, 1 f16, 2 bf16) */
     {"cache_write.cu", "HEAD_DIM=128 DT_IN=1 DT_CACHE=1", 0},
     {"cache_write.cu", "HEAD_DIM=128 DT_IN=2 DT_CACHE=2", 0},

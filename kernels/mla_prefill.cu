@@ -22,8 +22,8 @@
    4-byte stores per lane. */
 #include "mla_common.cuh" /* attn_mha_params, attn_mha_merge_weights */
 
-#if !defined(DN) || !defined(ROPE) || !defined(DV) || !defined(DT) || !defined(KV_LORA)
-#error "mla_prefill.cu: define DN (q/k nope width), ROPE, DV, DT and KV_LORA"
+#if !defined(DN) || !defined(ROPE) || !defined(DV) || !defined(DT)
+#error "mla_prefill.cu: define DN (q/k nope width), ROPE, DV and DT"
 #endif
 #if DT != ATTN_DT_F16 && DT != ATTN_DT_BF16
 #error "mla_prefill.cu: DT must be 1 (f16) or 2 (bf16)"
