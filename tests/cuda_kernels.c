@@ -1052,6 +1052,7 @@ static void bench(const char *extra) {
    device (sm_90 / sm_90a without one) with ptxas's report; on a GPU, random decode batches
    and prefill passes against a float64 reference, and with --bench issue 9's shapes ---- */
 static int mla_mode;
+static int mla_shape[4]; /* --mla-shape H,B,CTX,SPLITS: one decode shape timed on the wgmma kernel */
 
 /* the kernels' parameter structs: attn.h's host mirrors attn__mla_decode_params and
    attn__mla_prefill_params */
@@ -1484,9 +1485,12 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--seed") && i + 1 < argc) rng_state = strtoull(argv[++i], NULL, 0) | 1;
         else if (!strcmp(argv[i], "--sm90-prefill")) sm90_prefill = 1;
         else if (!strcmp(argv[i], "--mla")) mla_mode = 1;
+        else if (!strcmp(argv[i], "--mla-shape") && i + 1 < argc &&
+                 sscanf(argv[++i], "%d,%d,%d,%d", &mla_shape[0], &mla_shape[1], &mla_shape[2], &mla_shape[3]) == 4)
+            mla_mode = 1;
         else {
             fprintf(stderr, "usage: cuda_kernels [--cases N] [--seed S] [--bench | --bench-only | --decode-bench | --prefill-bench] [--contiguous] [--defines \"KV_STAGES=3 ...\"]\n"
-                            "                    [--prefill-tt N] [--sm90-prefill] [--mla]\n");
+                            "                    [--prefill-tt N] [--sm90-prefill] [--mla] [--mla-shape H,B,CTX,SPLITS]\n");
             return 2;
         }
     }
@@ -1508,7 +1512,20 @@ int main(int argc, char **argv) {
         skipped++;
         sm90_prefill = 0; /* the rest runs as without --sm90-prefill */
     }
-    if (mla_mode) { /* the MLA draft only: random decode batches (and with --bench its timings) */
+    if (mla_mode && mla_shape[0] > 0) { /* one decode shape on the wgmma kernel (profilers) */
+        double us = 0;
+        if (arch == 90 && mla_case(MLA_NV, mla_shape[0], mla_shape[1], mla_shape[2], mla_shape[3], 1, &us)) {
+            passed++;
+            printf("  mla wgmma H %d batch %d ctx %d splits %d: %.1f us (kernel only, 20 launches)\n", mla_shape[0],
+                   mla_shape[1], mla_shape[2], mla_shape[3], us);
+        } else if (arch != 90) {
+            printf("  SKIP --mla-shape: the wgmma kernel runs on compute capability 9.0 only\n");
+            skipped++;
+        } else {
+            failed++;
+        }
+        do_bench = 0;
+    } else if (mla_mode) { /* the MLA draft only: random decode batches (and with --bench its timings) */
         mla_tests(cases, do_bench);
         printf("mla: %d passed, %d failed (%.1f s)\n", passed, failed, now_s() - t0);
         do_bench = 0;
