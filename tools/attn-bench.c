@@ -1537,6 +1537,10 @@ static double cuda_launch_floor(cuda_bench *cb) {
 #define MLA_POOL_BYTES ((size_t)12 << 30)
 enum { MB_R = 512, MB_P = 64, MB_D = 576, MB_N = 128, MB_V = 128, MB_BS = 64 };
 
+/* --mla-backend NAME: the CUDA MLA table's layers forced onto that backend by code (e.g.
+   CUDA_MLA, the mma.sync fallback, on a Hopper GPU); unset, the selector chooses */
+static attn_select_request mla_request = {ATTN_BACKEND_AUTO, 0};
+
 static attn_layer *mla_bench_layer(attn_context *ctx, int H) {
     attn_layer_desc d;
     attn_layer *layer = NULL;
@@ -1551,7 +1555,8 @@ static attn_layer *mla_bench_layer(attn_context *ctx, int H) {
     d.block_size = MB_BS;
     d.dtype = d.kv_cache_dtype = ATTN_DTYPE_BF16;
     d.device = ATTN_DEVICE_CUDA;
-    CHECK(ctx, attn_layer_create(ctx, &d, NULL, &layer));
+    CHECK(ctx, attn_layer_create(ctx, &d, &mla_request, &layer));
+    if (H == 16 || H == 128) printf("MLA layer, %d heads: backend %s\n", H, attn_backend_name(attn_layer_selection(layer)->resolved));
     return layer;
 }
 
@@ -1978,6 +1983,7 @@ static int bench_cuda(int quick, const char *cmd, const char *csv_path) {
 
 static void usage(FILE *f) {
     fprintf(f, "usage: attn-bench [--device cpu|cuda] [--threads N] [--quick] [--case decode|prefill|mla|all] [--csv FILE]\n"
+               "                  [--mla-backend NAME]\n"
                "  --device D    cpu (default): the CPU backend against this CPU's ceilings;\n"
                "                cuda: NVRTC compile times (also without a GPU) and, on a GPU,\n"
                "                the CUDA decode, prefill and mixed-batch table against the\n"
@@ -1985,7 +1991,9 @@ static void usage(FILE *f) {
                "  --csv FILE    (cuda) also write the rows as CSV (tools/plot_bench.py)\n"
                "  --threads N   attn_context_desc.num_threads (default 0: the library's default)\n"
                "  --quick       fewer repetitions\n"
-               "  --case C      decode, prefill, mla or all (default all)\n");
+               "  --case C      decode, prefill, mla or all (default all)\n"
+               "  --mla-backend NAME  (cuda) the MLA table's layers forced onto NAME (CUDA_MLA: the\n"
+               "                mma.sync fallback on a Hopper GPU; default: the selector's choice)\n");
 }
 
 int main(int argc, char **argv) {
@@ -2034,6 +2042,12 @@ int main(int argc, char **argv) {
             else if (!strcmp(c, "all")) { run_decode = 1; run_prefill = 1; run_mla = 1; }
             else {
                 fprintf(stderr, "attn-bench: --case %s (allowed: decode, prefill, mla, all)\n", c);
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--mla-backend") && i + 1 < argc) {
+            if (attn_backend_from_name(argv[++i], &mla_request.backend) != ATTN_OK) {
+                fprintf(stderr, "attn-bench: --mla-backend %s (allowed: a registered backend name, e.g. CUDA_MLA_SM90 or CUDA_MLA)\n",
+                        argv[i]);
                 return 2;
             }
         } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
