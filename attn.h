@@ -1,4 +1,4 @@
-/* attn.h - v0.5.0 - paged attention and MLA for C/C++, portable C and CUDA (NVRTC)
+/* attn.h - v0.6.0 - paged attention and MLA for C/C++, portable C and CUDA (NVRTC)
 
    Do this:
        #define ATTN_IMPLEMENTATION
@@ -219,9 +219,9 @@
 #define ATTN_H
 
 #define ATTN_VERSION_MAJOR 0
-#define ATTN_VERSION_MINOR 5
+#define ATTN_VERSION_MINOR 6
 #define ATTN_VERSION_PATCH 0
-#define ATTN_VERSION_STRING "0.5.0"
+#define ATTN_VERSION_STRING "0.6.0"
 
 #include <stddef.h>
 #include <stdint.h>
