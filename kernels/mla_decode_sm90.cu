@@ -21,13 +21,15 @@
    =====================================================================================
    256 threads = two warpgroups; 64 query rows (heads head0 .. head0 + 63 of one token:
    one wgmma M). Shared memory, every tile 1024-aligned, 128B-swizzled (wgmma.cuh):
-       [Q: 64 x D, K-major: D / 64 panels][K: 2 stages x (64 keys x D, K-major)]
-       [P: 64 x 64 DT, K-major][row maxima / sums: 2 x 64 f32][row offsets: 2 x 64 int64]
-   = 72 + 144 + 8 KiB + 1.5 KiB + 1 KiB of alignment slack (226.5 KiB) at D = 576.
-   Per tile of 64 keys:
-     S   warpgroup w: S_w[64][32] = Q . K[keys 32w ..]^T, wgmma m64n32k16 ss over D / 16
-         steps (the next tile's copies are issued while it runs); masked to [key0, key1);
-         row maxima over its 32 keys -> shared memory.            barrier
+       [Q: 64 x D, K-major: D / 64 panels][K: KV_STAGES x (KV_TILE keys x D, K-major)]
+       [P: 64 x 64 DT, K-major][row maxima / sums: 2 x 64 f32][row offsets: stages x tile int64]
+   = 72 + 144 + 8 KiB + 1.5 KiB + 1 KiB of alignment slack (226.5 KiB) at D = 576, for
+   KV_TILE x KV_STAGES = 64 x 2 (default) or 32 x 4 (KW = KV_TILE / 2 keys per warpgroup).
+   Tile i + KV_STAGES - 1 is issued when tile i starts (into tile i - 1's stage), so
+   KV_STAGES - 1 tiles are in flight while one is computed. Per tile:
+     S   warpgroup w: S_w[64][KW] = Q . K[keys KW w ..]^T, wgmma m64nKWk16 ss over D / 16
+         steps (the copies of tile i + KV_STAGES - 1 are issued while it runs); masked to
+         [key0, key1); row maxima over its KW keys -> shared memory.    barrier
      P   both warpgroups derive the same new row max; p = 2^(s - m) -> P (DT, swizzled) in
          shared memory; lane-partial row sums; fence.proxy.async.  barrier
      PV  warpgroup w: O_w[64][256] (columns 256w ..) = alpha O_w + P . V, V = columns
@@ -60,15 +62,26 @@
 #endif
 
 #define ATTN_D (KV_LORA + ROPE)
+/* Keys per tile and stages of the K ring: 64 x 2 (default) or 32 x 4 (the same 144 KiB,
+   three tiles in flight while one is computed). */
+#ifndef KV_TILE
 #define KV_TILE 64
-#define KV_STAGES 2
+#endif
+#ifndef KV_STAGES
+#define KV_STAGES (128 / KV_TILE)
+#endif
+#if !(KV_TILE == 64 && KV_STAGES == 2) && !(KV_TILE == 32 && (KV_STAGES == 2 || KV_STAGES == 4))
+#error "mla_decode_sm90.cu: KV_TILE x KV_STAGES must be 64 x 2, 32 x 2 or 32 x 4"
+#endif
+#define ATTN_KW (KV_TILE / 2)                 /* keys of S per warpgroup (its wgmma N) */
 #define ATTN_THREADS 256
 #define ATTN_CW (KV_LORA / 2)                 /* output columns per warpgroup: 256 or 128 */
 #define ATTN_OR (ATTN_CW / 2)                 /* O accumulator registers per thread */
-#define ATTN_TILE_BYTES (64 * ATTN_D * 2)     /* Q, or one K stage: D / 64 panels of 8 KiB */
+#define ATTN_TILE_BYTES (64 * ATTN_D * 2)     /* Q: D / 64 panels of 8 KiB */
+#define ATTN_STAGE_BYTES (KV_TILE * ATTN_D * 2) /* one K stage: D / 64 panels of KV_TILE x 128 bytes */
 #define ATTN_SQ_OFF 0
 #define ATTN_SK_OFF ATTN_TILE_BYTES
-#define ATTN_SP_OFF (ATTN_SK_OFF + KV_STAGES * ATTN_TILE_BYTES)
+#define ATTN_SP_OFF (ATTN_SK_OFF + KV_STAGES * ATTN_STAGE_BYTES)
 #define ATTN_SRED_OFF (ATTN_SP_OFF + 64 * 64 * 2)
 #define ATTN_SBLK_OFF (ATTN_SRED_OFF + 2 * 64 * 4)
 #define ATTN_SMEM_BYTES (ATTN_SBLK_OFF + KV_STAGES * KV_TILE * 8 + 1024) /* + alignment slack */
@@ -186,7 +199,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mla_decode(co
        chunks a row) and the rope part (8), shifts instead of a division by D / 8 */
     auto issue = [&](int tile) {
         const int st = tile % KV_STAGES;
-        const attn_u32 dst = sK + (attn_u32)(st * ATTN_TILE_BYTES);
+        const attn_u32 dst = sK + (attn_u32)(st * ATTN_STAGE_BYTES);
         const attn_i64 *blk = sBlk + st * KV_TILE;
 #pragma unroll
         for (int i = 0; i < KV_TILE * ATTN_NC_L / ATTN_THREADS; i++) {
@@ -204,8 +217,12 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mla_decode(co
     for (int s = 0; s < KV_STAGES; s++)
         for (int r = tid; r < KV_TILE; r += ATTN_THREADS) sBlk[s * KV_TILE + r] = row_off(tile0 + s * KV_TILE + r);
     __syncthreads();
-    issue(0);
-    attn_cp_async_commit(); /* with Q */
+    /* tiles 0 .. KV_STAGES - 2 in flight, a commit group each (Q with tile 0) */
+#pragma unroll
+    for (int s = 0; s < KV_STAGES - 1; s++) {
+        if (s < ntiles) issue(s);
+        attn_cp_async_commit();
+    }
 
     const float qk_scale = p.scale * ATTN_LOG2E;
     const int row_a = 16 * (warp & 3) + g; /* this thread's accumulator rows: row_a, row_a + 8 */
@@ -215,33 +232,37 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mla_decode(co
     for (int i = 0; i < ATTN_OR; i++) o[i] = 0.0f;
 
     for (int it = 0; it < ntiles; it++) {
-        attn_cp_async_wait<0>();             /* this thread's part of tile it (and Q) */
+        attn_cp_async_wait<KV_STAGES - 2>(); /* this thread's part of tile it (and Q) */
         attn_wgmma_fence_smem_writes();
         __syncthreads();                      /* everyone's part; tile it-1's P and stage are free */
         const int st = it % KV_STAGES;
         const int kt = tile0 + it * KV_TILE;
-        const attn_u32 sKst = sK + (attn_u32)(st * ATTN_TILE_BYTES);
-        /* row offsets of tile it + 2 into this stage's slot (its issue, tile it, is done) */
+        const attn_u32 sKst = sK + (attn_u32)(st * ATTN_STAGE_BYTES);
+        /* row offsets of tile it + KV_STAGES into this stage's slot (tile it's copies are
+           done; the slot is read when that tile is issued, the next iteration) */
         for (int r = tid; r < KV_TILE; r += ATTN_THREADS) sBlk[st * KV_TILE + r] = row_off(tile0 + (it + KV_STAGES) * KV_TILE + r);
 
         /* ---- S_w = Q K[32 wg ..]^T, the next tile's copies under it ---- */
-        float s[16];
+        float s[ATTN_KW / 2];
         attn_wgmma_fence();
 #pragma unroll
         for (int k = 0; k < ATTN_D; k += 16)
-            attn_wgmma<32, DT>::template ss<0>(s, attn_wgmma_desc_k_major<ROWS>(sQ, k),
-                                               attn_wgmma_desc_k_major<KV_TILE>(sKst + (attn_u32)(wg * 32 * 128), k), k > 0);
+            attn_wgmma<ATTN_KW, DT>::template ss<0>(s, attn_wgmma_desc_k_major<ROWS>(sQ, k),
+                                                    attn_wgmma_desc_k_major<KV_TILE>(sKst + (attn_u32)(wg * ATTN_KW * 128), k),
+                                                    k > 0);
         attn_wgmma_commit();
-        if (it + 1 < ntiles) issue(it + 1); /* into stage (it + 1) % 2: tile it-1's, free since the barrier */
+        /* tile it + KV_STAGES - 1 into stage (it - 1) % KV_STAGES: tile it-1's, free since the
+           barrier; a commit group every iteration, empty past the last tile */
+        if (it + KV_STAGES - 1 < ntiles) issue(it + KV_STAGES - 1);
         attn_cp_async_commit();
         attn_wgmma_wait<0>();
         attn_wgmma_fence_acc(s);
 
-        /* ---- mask, row maxima over this warpgroup's 32 keys ---- */
-        const int kw0 = kt + 32 * wg + 2 * tq;
+        /* ---- mask, row maxima over this warpgroup's KW keys ---- */
+        const int kw0 = kt + ATTN_KW * wg + 2 * tq;
         float mx[2] = {attn_neg_inf(), attn_neg_inf()};
 #pragma unroll
-        for (int i = 0; i < 4; i++)
+        for (int i = 0; i < ATTN_KW / 8; i++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int j = kw0 + 8 * i + (e & 1);
@@ -269,11 +290,11 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mla_decode(co
             l[h] *= alpha[h];
             float sum = 0.0f;
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
+            for (int i = 0; i < ATTN_KW / 8; i++) {
                 const float p0 = attn_exp2(fmaf(s[4 * i + 2 * h], qk_scale, -b));
                 const float p1 = attn_exp2(fmaf(s[4 * i + 2 * h + 1], qk_scale, -b));
                 sum += p0 + p1;
-                const int col = 32 * wg + 8 * i + 2 * tq; /* key column of P */
+                const int col = ATTN_KW * wg + 8 * i + 2 * tq; /* key column of P */
                 *(attn_u32 *)(smem + ATTN_SP_OFF + attn_wgmma_swizzle_offset<64>(row, col >> 3) + (col & 7) * 2) =
                     attn_elem<DT>::pack2(p0, p1);
             }

@@ -1052,7 +1052,8 @@ static void bench(const char *extra) {
    device (sm_90 / sm_90a without one) with ptxas's report; on a GPU, random decode batches
    and prefill passes against a float64 reference, and with --bench issue 9's shapes ---- */
 static int mla_mode;
-static int mla_shape[4]; /* --mla-shape H,B,CTX,SPLITS: one decode shape timed on the wgmma kernel */
+static int mla_shape[5]; /* --mla-shape H,B,CTX,SPLITS[,V]: one decode shape timed on the wgmma kernel's
+                            variant V of mla_variants (0: the first wgmma one) */
 
 /* the kernels' parameter structs: attn.h's host mirrors attn__mla_decode_params and
    attn__mla_prefill_params */
@@ -1072,7 +1073,7 @@ static module_entry *mla_module(const char *defines, int which, int load) {
 
 /* the first five: mla_decode.cu; the last three: mla_decode_sm90.cu (ROWS 64) */
 #define MLA_NV 5
-#define MLA_NV_SM90 4
+#define MLA_NV_SM90 6 /* the last two: 32-key tiles, 4 stages (KV_TILE=32 KV_STAGES=4) */
 #define MLA_NV_T 3 /* the last three: mla_decode_sm90_t.cu (NH heads per item) */
 static const char *mla_variants[] = {
     "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2 ROWS=16",
@@ -1084,6 +1085,8 @@ static const char *mla_variants[] = {
     "KV_LORA=512 ROPE=64 BLOCK_SIZE=16 DT=1",
     "KV_LORA=256 ROPE=64 BLOCK_SIZE=32 DT=2",
     "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2 FUSED_MERGE=1",
+    "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2 KV_TILE=32 KV_STAGES=4",
+    "KV_LORA=256 ROPE=64 BLOCK_SIZE=16 DT=1 KV_TILE=32 KV_STAGES=4 FUSED_MERGE=1",
     "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2 NH=16",
     "KV_LORA=512 ROPE=64 BLOCK_SIZE=16 DT=1 NH=32",
     "KV_LORA=256 ROPE=64 BLOCK_SIZE=32 DT=2 NH=16",
@@ -1453,17 +1456,18 @@ static void mla_tests(int cases, int bench) {
         static const int shapes[][3] = {{16, 64, 4096}, {128, 64, 4096}, {128, 1, 16384}, {16, 1, 16384}, {128, 16, 4096},
                                         {16, 128, 16384}};
         int si;
-        for (si = 0; si < (arch == 90 ? 13 : 5); si++) { /* then the wgmma kernel, then the transposed draft at 16 heads */
-            const int k = si < 10 ? si % 5 : si == 10 ? 0 : si == 11 ? 3 : 5;
+        for (si = 0; si < (arch == 90 ? 19 : 5); si++) { /* then the wgmma kernel (64 x 2, then 32 x 4 tiles
+                                                              x stages), then the transposed draft at 16 heads */
+            const int k = si < 10 ? si % 5 : si < 16 ? si - 10 : si == 16 ? 0 : si == 17 ? 3 : 5;
             int H = shapes[k][0], B = shapes[k][1], C = shapes[k][2];
-            int v = si >= 10 ? MLA_NV + MLA_NV_SM90 : si >= 5 ? MLA_NV : H == 16 ? 0 : 1;
-            int rows = v == 0 ? 16 : si >= 10 ? 16 : 64, items = B * ((H + rows - 1) / rows), splits = 1;
+            int v = si >= 16 ? MLA_NV + MLA_NV_SM90 : si >= 10 ? MLA_NV + 4 : si >= 5 ? MLA_NV : H == 16 ? 0 : 1;
+            int rows = v == 0 ? 16 : si >= 16 ? 16 : 64, items = B * ((H + rows - 1) / rows), splits = 1;
             double us = 0;
             while (items * splits * 2 <= 2 * num_sms && C / (splits * 2) >= 256 && splits < 32) splits *= 2;
             if (!mla_case(v, H, B, C, splits, 1, &us)) { failed++; continue; }
             passed++;
             printf("  mla%s bench H %3d batch %3d ctx %5d: splits %2d  %8.1f us  %6.2f TB/s  %6.1f TFLOP/s\n",
-                   si >= 10 ? " wgmma-t" : v >= MLA_NV ? " wgmma" : "", H, B, C, splits, us,
+                   si >= 16 ? " wgmma-t" : si >= 10 ? " wgmma-32x4" : v >= MLA_NV ? " wgmma" : "", H, B, C, splits, us,
                    (double)B * C * 576 * 2 / (us * 1e-6) / 1e12, 2.0 * B * H * C * (576 + 512) / (us * 1e-6) / 1e12);
         }
     }
@@ -1486,7 +1490,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--sm90-prefill")) sm90_prefill = 1;
         else if (!strcmp(argv[i], "--mla")) mla_mode = 1;
         else if (!strcmp(argv[i], "--mla-shape") && i + 1 < argc &&
-                 sscanf(argv[++i], "%d,%d,%d,%d", &mla_shape[0], &mla_shape[1], &mla_shape[2], &mla_shape[3]) == 4)
+                 sscanf(argv[++i], "%d,%d,%d,%d,%d", &mla_shape[0], &mla_shape[1], &mla_shape[2], &mla_shape[3],
+                        &mla_shape[4]) >= 4)
             mla_mode = 1;
         else {
             fprintf(stderr, "usage: cuda_kernels [--cases N] [--seed S] [--bench | --bench-only | --decode-bench | --prefill-bench] [--contiguous] [--defines \"KV_STAGES=3 ...\"]\n"
@@ -1514,10 +1519,11 @@ int main(int argc, char **argv) {
     }
     if (mla_mode && mla_shape[0] > 0) { /* one decode shape on the wgmma kernel (profilers) */
         double us = 0;
-        if (arch == 90 && mla_case(MLA_NV, mla_shape[0], mla_shape[1], mla_shape[2], mla_shape[3], 1, &us)) {
+        const int v = MLA_NV + (mla_shape[4] >= 0 && mla_shape[4] < MLA_NV_SM90 ? mla_shape[4] : 0);
+        if (arch == 90 && mla_case(v, mla_shape[0], mla_shape[1], mla_shape[2], mla_shape[3], 1, &us)) {
             passed++;
-            printf("  mla wgmma H %d batch %d ctx %d splits %d: %.1f us (kernel only, 20 launches)\n", mla_shape[0],
-                   mla_shape[1], mla_shape[2], mla_shape[3], us);
+            printf("  mla wgmma [%s] H %d batch %d ctx %d splits %d: %.1f us (kernel + merge, 20 launches)\n",
+                   mla_variants[v], mla_shape[0], mla_shape[1], mla_shape[2], mla_shape[3], us);
         } else if (arch != 90) {
             printf("  SKIP --mla-shape: the wgmma kernel runs on compute capability 9.0 only\n");
             skipped++;

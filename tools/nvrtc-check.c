@@ -159,6 +159,7 @@ static variant manifest_builtin[] = {
     {"mla_decode_sm90.cu", "KV_LORA=512 ROPE=64 BLOCK_SIZE=16 DT=1 FUSED_MERGE=1", ARCH_90A},
     {"mla_decode_sm90.cu", "KV_LORA=256 ROPE=64 BLOCK_SIZE=32 DT=2 FUSED_MERGE=1", ARCH_90A},
     {"mla_decode_sm90.cu", "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2 FUSED_MERGE=0", ARCH_90A},
+    {"mla_decode_sm90.cu", "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2 KV_TILE=32 KV_STAGES=4", ARCH_90A},
     {"mla_prefill_sm90.cu", "DN=128 ROPE=64 DV=128 DT=2 KV_LORA=512", ARCH_90A},
     {"mla_prefill_sm90.cu", "DN=128 ROPE=64 DV=128 DT=1 KV_LORA=256", ARCH_90A},
     {"mla_prefill_sm90.cu", "DN=64 ROPE=64 DV=64 DT=2 KV_LORA=512", ARCH_90A},
