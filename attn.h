@@ -9004,12 +9004,13 @@ static const char *const attn__kernel_src_mla_common_cuh[] = {
     "#endif /* ATTN_MLA_COMMON_CUH */\n",
     0};
 static const char *const attn__kernel_src_mla_decode_cu[] = {
-    "/* mla_decode.cu - MLA absorbed decode (MQA over the latent cache) on mma.sync, a draft.\n",
+    "/* mla_decode.cu - MLA absorbed decode (MQA over the latent cache) on mma.sync (sm_80+): the\n",
+    "   CUDA_MLA backend's forward_mqa (and the decode half of its fused attn_mla_forward).\n",
     "\n",
-    "   Not embedded (tools/embed.py reads the top level of kernels/ only), not wired into a\n",
-    "   backend yet. Checked on an H200 (2026-12-02): `./build/cuda_kernels --mla --cases 24\n",
-    "   --bench` against a float64 reference, every case passed, compute-sanitizer memcheck and\n",
-    "   racecheck clean; figures in docs/PERF.md. `make test` compiles its variants (no GPU).\n",
+    "   Checked on an H200 (2026-12-02): `./build/cuda_kernels --mla` against a float64\n",
+    "   reference and `./build/attn_tests cuda` (GPU worlds forced onto CUDA_MLA) passed,\n",
+    "   compute-sanitizer memcheck and racecheck clean; figures in docs/PERF.md. `make test`\n",
+    "   compiles its variants (no GPU).\n",
     "\n",
     "   =====================================================================================\n",
     "   WHAT IT COMPUTES (attn_mla_forward_mqa of the CPU_MLA backend)\n",
@@ -9792,8 +9793,10 @@ static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
     "}\n",
     0};
 static const char *const attn__kernel_src_mla_prefill_cu[] = {
-    "/* mla_prefill.cu - MLA's up-projected prefill attention on mma.sync (sm_80+); a draft for\n",
-    "   the portable CUDA MLA fallback (issue 9): NOT YET RUN ON A GPU, not embedded, not wired.\n",
+    "/* mla_prefill.cu - MLA's up-projected prefill attention on mma.sync (sm_80+): the CUDA_MLA\n",
+    "   backend's forward_mha. Checked on an H200 (2026-12-02): `./build/cuda_kernels --mla`\n",
+    "   against float64 and `./build/attn_tests cuda` (GPU worlds forced onto CUDA_MLA) passed,\n",
+    "   compute-sanitizer memcheck and racecheck clean; figures in docs/PERF.md (\"CUDA_MLA v1\").\n",
     "\n",
     "   WHAT IT COMPUTES, params, launch, MERGE: exactly kernels/mla_prefill_sm90.cu's (the same\n",
     "   struct attn_mha_params, the same pass scalars, the same LSE merge into out/lse for\n",

@@ -1,9 +1,10 @@
-/* mla_decode.cu - MLA absorbed decode (MQA over the latent cache) on mma.sync, a draft.
+/* mla_decode.cu - MLA absorbed decode (MQA over the latent cache) on mma.sync (sm_80+): the
+   CUDA_MLA backend's forward_mqa (and the decode half of its fused attn_mla_forward).
 
-   Not embedded (tools/embed.py reads the top level of kernels/ only), not wired into a
-   backend yet. Checked on an H200 (2026-12-02): `./build/cuda_kernels --mla --cases 24
-   --bench` against a float64 reference, every case passed, compute-sanitizer memcheck and
-   racecheck clean; figures in docs/PERF.md. `make test` compiles its variants (no GPU).
+   Checked on an H200 (2026-12-02): `./build/cuda_kernels --mla` against a float64
+   reference and `./build/attn_tests cuda` (GPU worlds forced onto CUDA_MLA) passed,
+   compute-sanitizer memcheck and racecheck clean; figures in docs/PERF.md. `make test`
+   compiles its variants (no GPU).
 
    =====================================================================================
    WHAT IT COMPUTES (attn_mla_forward_mqa of the CPU_MLA backend)

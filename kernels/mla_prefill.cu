@@ -1,5 +1,7 @@
-/* mla_prefill.cu - MLA's up-projected prefill attention on mma.sync (sm_80+); a draft for
-   the portable CUDA MLA fallback (issue 9): NOT YET RUN ON A GPU, not embedded, not wired.
+/* mla_prefill.cu - MLA's up-projected prefill attention on mma.sync (sm_80+): the CUDA_MLA
+   backend's forward_mha. Checked on an H200 (2026-12-02): `./build/cuda_kernels --mla`
+   against float64 and `./build/attn_tests cuda` (GPU worlds forced onto CUDA_MLA) passed,
+   compute-sanitizer memcheck and racecheck clean; figures in docs/PERF.md ("CUDA_MLA v1").
 
    WHAT IT COMPUTES, params, launch, MERGE: exactly kernels/mla_prefill_sm90.cu's (the same
    struct attn_mha_params, the same pass scalars, the same LSE merge into out/lse for

@@ -294,6 +294,7 @@ static module_entry *draft_module(draft_kernel *k, const char *defines, int load
     opts[nopt++] = arch_opt;
     opts[nopt++] = "--ptxas-options=-v";
     opts[nopt++] = "--std=c++17";
+    if (getenv("ATTN_HARNESS_LINEINFO")) opts[nopt++] = "-lineinfo"; /* source lines in sanitizer reports */
     snprintf(defs, sizeof defs, "%s", defines);
     for (tok = strtok_r(defs, " ", &save); tok && nopt < 32; tok = strtok_r(NULL, " ", &save)) {
         snprintf(opt_store[nopt], sizeof opt_store[nopt], "-D%s", tok);
@@ -1047,8 +1048,8 @@ static void bench(const char *extra) {
     printf("bench: %.1f s\n", now_s() - t0);
 }
 
-/* ---- --mla: the MLA kernels (CUDA_MLA_SM90's, embedded; the mma.sync drafts of the
-   fallback, kernels/wip/, read from disk: run from the repository root), compiled for the
+/* ---- --mla: the MLA kernels (CUDA_MLA_SM90's on wgmma and CUDA_MLA's on mma.sync, all
+   embedded), compiled for the
    device (sm_90 / sm_90a without one) with ptxas's report; on a GPU, random decode batches
    and prefill passes against a float64 reference, and with --bench issue 9's shapes ---- */
 static int mla_mode;
@@ -1058,15 +1059,14 @@ static int mla_shape[5]; /* --mla-shape H,B,CTX,SPLITS[,V]: one decode shape tim
 /* the kernels' parameter structs: attn.h's host mirrors attn__mla_decode_params and
    attn__mla_prefill_params */
 
-/* MLA kernels: 0 mla_decode.cu (draft), 1 mla_decode_sm90.cu, 2 mla_prefill_sm90.cu,
-   3 mla_prefill.cu (the mma.sync draft of the prefill attention, same params and pass) */
-static draft_kernel mla_kernels[5] = {
+/* MLA kernels (all embedded): 0 mla_decode.cu (CUDA_MLA's decode, mma.sync), 1
+   mla_decode_sm90.cu, 2 mla_prefill_sm90.cu, 3 mla_prefill.cu (CUDA_MLA's prefill attention,
+   same params and pass as 2) */
+static draft_kernel mla_kernels[4] = {
     {"mla", "mla_decode.cu", 1, 0, "attn_mla_decode", "attn_mla_merge", "attn_mla_config", NULL},
     {"mla", "mla_decode_sm90.cu", 1, 1, "attn_mla_decode", "attn_mla_merge", "attn_mla_config", NULL},
     {"mha", "mla_prefill_sm90.cu", 1, 1, "attn_mla_prefill", NULL, "attn_mha_config", NULL},
-    {"mha", "mla_prefill.cu", 1, 0, "attn_mla_prefill", NULL, "attn_mha_config", NULL},
-    /* 4: the transposed few-head decode draft (keys on wgmma's M), merged by 1's merge */
-    {"mla", "kernels/wip/mla_decode_sm90_t.cu", 0, 1, "attn_mla_decode", NULL, "attn_mla_config", NULL}};
+    {"mha", "mla_prefill.cu", 1, 0, "attn_mla_prefill", NULL, "attn_mha_config", NULL}};
 static module_entry *mla_module(const char *defines, int which, int load) {
     return draft_module(&mla_kernels[which], defines, load);
 }
@@ -1074,7 +1074,6 @@ static module_entry *mla_module(const char *defines, int which, int load) {
 /* the first five: mla_decode.cu; the last three: mla_decode_sm90.cu (ROWS 64) */
 #define MLA_NV 5
 #define MLA_NV_SM90 6 /* the last two: 32-key tiles, 4 stages (KV_TILE=32 KV_STAGES=4) */
-#define MLA_NV_T 3 /* the last three: mla_decode_sm90_t.cu (NH heads per item) */
 static const char *mla_variants[] = {
     "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2 ROWS=16",
     "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2 ROWS=64",
@@ -1087,9 +1086,6 @@ static const char *mla_variants[] = {
     "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2 FUSED_MERGE=1",
     "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2 KV_TILE=32 KV_STAGES=4",
     "KV_LORA=256 ROPE=64 BLOCK_SIZE=16 DT=1 KV_TILE=32 KV_STAGES=4 FUSED_MERGE=1",
-    "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2 NH=16",
-    "KV_LORA=512 ROPE=64 BLOCK_SIZE=16 DT=1 NH=32",
-    "KV_LORA=256 ROPE=64 BLOCK_SIZE=32 DT=2 NH=16",
 };
 /* the kernel (mla_kernels index) of variant v */
 static int mla_variant_kernel(int v) { return v < MLA_NV ? 0 : v < MLA_NV + MLA_NV_SM90 ? 1 : 4; }
@@ -1124,16 +1120,10 @@ static int mla_case(int v, int H, int nreq, int max_ctx, int splits, int timing,
     int prow; /* rows of a partial slot: the kernel's ROWS (64 for both wgmma kernels) */
     module_entry *mm; /* the module whose second function merges the splits */
     if (sscanf(mla_variants[v], "KV_LORA=%d ROPE=%d BLOCK_SIZE=%d DT=%d ROWS=%d", &L, &R, &BS, &dt, &rows) < 5) rows = 64;
-    if (which == 4) sscanf(strstr(mla_variants[v], "NH="), "NH=%d", &rows); /* heads per item */
     prow = which == 0 ? rows : 64;
     snprintf(defs, sizeof defs, "%s", mla_variants[v]);
     if (!(m = mla_module(defs, which, 1))) return 0;
     mm = m;
-    if (which == 4) { /* mla_decode_sm90.cu's merge: the same partial layout */
-        char mdefs[160];
-        snprintf(mdefs, sizeof mdefs, "KV_LORA=%d ROPE=%d BLOCK_SIZE=%d DT=%d", L, R, BS, dt);
-        if (!(mm = mla_module(mdefs, 1, 1))) return 0;
-    }
     {
         const int D = L + R;
         attn_dtype et = dt == 1 ? ATTN_DTYPE_F16 : ATTN_DTYPE_BF16;
@@ -1422,14 +1412,14 @@ static int mha_case(int which, int v, int H, int nreq, int max_len, int timing, 
 
 static void mla_tests(int cases, int bench) {
     int n;
-    const int nv = MLA_NV + (arch == 90 ? MLA_NV_SM90 + MLA_NV_T : 0); /* the wgmma kernels on compute capability 9.0 only */
+    const int nv = MLA_NV + (arch == 90 ? MLA_NV_SM90 : 0); /* the wgmma kernels on compute capability 9.0 only */
     for (n = 0; n < cases; n++) {
         int v = n % nv, Hs[] = {16, 128, 20, 40, 64}, H = Hs[(n / nv) % 5], splits = n % 3 == 2 ? 1 + rnd_int(1, 4) : 1;
         double us;
         if (mla_case(v, H, rnd_int(1, 5), rnd_int(1, 1500), splits, 0, &us)) passed++;
         else failed++;
     }
-    /* MLA's prefill attention: on mma.sync (the fallback's draft, any sm_80+) and on wgmma
+    /* MLA's prefill attention: on mma.sync (CUDA_MLA's, any sm_80+) and on wgmma
        (compute capability 9.0) */
     for (n = 0; n < cases; n++) {
         double us;
@@ -1456,18 +1446,18 @@ static void mla_tests(int cases, int bench) {
         static const int shapes[][3] = {{16, 64, 4096}, {128, 64, 4096}, {128, 1, 16384}, {16, 1, 16384}, {128, 16, 4096},
                                         {16, 128, 16384}};
         int si;
-        for (si = 0; si < (arch == 90 ? 19 : 5); si++) { /* then the wgmma kernel (64 x 2, then 32 x 4 tiles
-                                                              x stages), then the transposed draft at 16 heads */
-            const int k = si < 10 ? si % 5 : si < 16 ? si - 10 : si == 16 ? 0 : si == 17 ? 3 : 5;
+        for (si = 0; si < (arch == 90 ? 16 : 5); si++) { /* mma.sync, then the wgmma kernel (64 x 2, then
+                                                              32 x 4 tiles x stages) */
+            const int k = si < 10 ? si % 5 : si - 10;
             int H = shapes[k][0], B = shapes[k][1], C = shapes[k][2];
-            int v = si >= 16 ? MLA_NV + MLA_NV_SM90 : si >= 10 ? MLA_NV + 4 : si >= 5 ? MLA_NV : H == 16 ? 0 : 1;
-            int rows = v == 0 ? 16 : si >= 16 ? 16 : 64, items = B * ((H + rows - 1) / rows), splits = 1;
+            int v = si >= 10 ? MLA_NV + 4 : si >= 5 ? MLA_NV : H == 16 ? 0 : 1;
+            int rows = v == 0 ? 16 : 64, items = B * ((H + rows - 1) / rows), splits = 1;
             double us = 0;
             while (items * splits * 2 <= 2 * num_sms && C / (splits * 2) >= 256 && splits < 32) splits *= 2;
             if (!mla_case(v, H, B, C, splits, 1, &us)) { failed++; continue; }
             passed++;
             printf("  mla%s bench H %3d batch %3d ctx %5d: splits %2d  %8.1f us  %6.2f TB/s  %6.1f TFLOP/s\n",
-                   si >= 16 ? " wgmma-t" : si >= 10 ? " wgmma-32x4" : v >= MLA_NV ? " wgmma" : "", H, B, C, splits, us,
+                   si >= 10 ? " wgmma-32x4" : v >= MLA_NV ? " wgmma" : "", H, B, C, splits, us,
                    (double)B * C * 576 * 2 / (us * 1e-6) / 1e12, 2.0 * B * H * C * (576 + 512) / (us * 1e-6) / 1e12);
         }
     }
@@ -1531,7 +1521,7 @@ int main(int argc, char **argv) {
             failed++;
         }
         do_bench = 0;
-    } else if (mla_mode) { /* the MLA draft only: random decode batches (and with --bench its timings) */
+    } else if (mla_mode) { /* the MLA kernels only: random decode batches (and with --bench their timings) */
         mla_tests(cases, do_bench);
         printf("mla: %d passed, %d failed (%.1f s)\n", passed, failed, now_s() - t0);
         do_bench = 0;
