@@ -328,12 +328,19 @@ typedef enum attn_dtype {
     ATTN_DTYPE_F32 = 1,
     ATTN_DTYPE_F16 = 2,
     ATTN_DTYPE_BF16 = 3,
+    /* 8-bit floats, KV caches only (queries and outputs stay f32/f16/bf16), with a scale
+       per tensor (attn_layer_desc.k_scale / v_scale): the cache holds x / scale. */
+    ATTN_DTYPE_FP8_E4M3 = 4, /* OCP e4m3fn: bias 7, max 448, no infinity, NaN 0x7f/0xff */
+    ATTN_DTYPE_FP8_E5M2 = 5, /* OCP e5m2: bias 15, max 57344, infinities, NaN */
     ATTN_DTYPE_COUNT
 } attn_dtype;
 
-ATTN_API const char *attn_dtype_name(attn_dtype dtype); /* "f32", "f16", "bf16", "auto" */
-/* An element type by name, case-insensitive: "f32", "f16", "bf16" or "float32", "float16",
-   "bfloat16". Unknown names: ATTN_ERROR_INVALID_VALUE, *out unchanged. */
+/* "f32", "f16", "bf16", "fp8_e4m3", "fp8_e5m2", "auto" */
+ATTN_API const char *attn_dtype_name(attn_dtype dtype);
+/* An element type by name, case-insensitive: "f32", "f16", "bf16", "fp8_e4m3", "fp8_e5m2"
+   or "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", and vLLM's cache
+   names "fp8" (= fp8_e4m3) and "fp8_e4m3"/"fp8_e5m2". Unknown names:
+   ATTN_ERROR_INVALID_VALUE, *out unchanged. */
 ATTN_API attn_status attn_dtype_from_name(const char *name, attn_dtype *out);
 ATTN_API size_t attn_dtype_size(attn_dtype dtype);      /* 0 for AUTO or unknown */
 
@@ -342,6 +349,14 @@ ATTN_API uint16_t attn_f32_to_f16(float x);
 ATTN_API float attn_f16_to_f32(uint16_t h);
 ATTN_API uint16_t attn_f32_to_bf16(float x);
 ATTN_API float attn_bf16_to_f32(uint16_t h);
+/* 8-bit floats (OCP FP8): exact decoding of all 256 codes; encoding rounds to nearest
+   even and saturates: a finite value beyond the largest finite code, and an infinity, give
+   that code with the sign (448 for e4m3, 57344 for e5m2; PTX cvt's .satfinite); NaN gives
+   NaN (0x7f with the sign). -0 stays -0. */
+ATTN_API uint8_t attn_f32_to_fp8_e4m3(float x);
+ATTN_API float attn_fp8_e4m3_to_f32(uint8_t c);
+ATTN_API uint8_t attn_f32_to_fp8_e5m2(float x);
+ATTN_API float attn_fp8_e5m2_to_f32(uint8_t c);
 
 typedef enum attn_device_kind {
     ATTN_DEVICE_CPU = 0,
@@ -507,6 +522,15 @@ typedef enum attn_causal {
     ATTN_CAUSAL_NO = 2
 } attn_causal;
 
+/* The scale of an fp8 KV cache (per tensor): the cache holds x / scale, the kernels read
+   code * scale. Either a value, or a pointer to one float read at every forward and cache
+   write (vLLM's k_scale / v_scale tensors: a captured graph sees updated scales). */
+typedef struct attn_kv_scale {
+    float value;              /* used when ptr is NULL: finite and > 0 (e.g. 1.0) */
+    const float *ptr;         /* or the scale's address, read at each call: finite and > 0 */
+    attn_device_kind device;  /* where ptr points: host memory (CPU) for a CPU layer */
+} attn_kv_scale;
+
 typedef struct attn_layer_desc {
     int num_heads;             /* query heads, required */
     int num_kv_heads;          /* 0: num_heads; must divide num_heads */
@@ -530,6 +554,10 @@ typedef struct attn_layer_desc {
        caller's choice, and the selector considers only backends for that device. CPU (0)
        by default, so existing programs keep running on the CPU on a GPU machine. */
     attn_device_kind device;
+    /* fp8 caches (kv_cache_dtype FP8_E4M3 / FP8_E5M2): required, per tensor. MLA: k_scale
+       is the latent's; v_scale is unused there. Other caches ignore them (a value or
+       pointer set anyway must still be valid). */
+    attn_kv_scale k_scale, v_scale;
 } attn_layer_desc;
 
 /* ---------------------------------------------------------------------------------------
@@ -2088,6 +2116,47 @@ ATTN_API uint16_t attn_f32_to_bf16(float x) {
 
 ATTN_API float attn_bf16_to_f32(uint16_t h) { return attn__bits_f32((uint32_t)h << 16); }
 
+/* f32 -> an 8-bit float of MB mantissa bits and exponent bias BIAS whose largest finite
+   code (without the sign) is MAXC: round to nearest even on the f32 bits, then saturate. */
+static uint8_t attn__f32_to_fp8(float x, int mb, int bias, uint32_t maxc) {
+    uint32_t u = attn__f32_bits(x), sign = (u >> 24) & 0x80u, a = u & 0x7fffffffu;
+    uint32_t exp = a >> 23, man = a & 0x7fffffu, m, r, shift, rest, half;
+    int e8;
+    if (a > 0x7f800000u) return (uint8_t)(sign | 0x7fu);  /* NaN */
+    if (a == 0x7f800000u) return (uint8_t)(sign | maxc);  /* infinity: saturate */
+    if (exp == 0) exp = 1;                                /* f32 subnormal: no implicit bit */
+    else man |= 0x800000u;
+    e8 = (int)exp - 127 + bias;                           /* the fp8 exponent field */
+    /* the kept bits: mb mantissa bits (normal), fewer below the smallest normal */
+    shift = (uint32_t)(23 - mb) + (e8 < 1 ? (uint32_t)(1 - e8) : 0u);
+    if (shift > 31) return (uint8_t)sign;                 /* < half the smallest subnormal */
+    m = man >> shift;
+    rest = man & ((1u << shift) - 1u);
+    half = 1u << (shift - 1);
+    if (rest > half || (rest == half && (m & 1u))) m++;
+    /* normal: implicit bit -> exponent field (m's bit mb counts one exponent step);
+       subnormal: m is the code (a carry into bit mb is the smallest normal) */
+    r = e8 < 1 ? m : ((uint32_t)(e8 - 1) << mb) + m;
+    if (r > maxc) r = maxc;
+    return (uint8_t)(sign | r);
+}
+
+ATTN_API uint8_t attn_f32_to_fp8_e4m3(float x) { return attn__f32_to_fp8(x, 3, 7, 0x7eu); }
+ATTN_API uint8_t attn_f32_to_fp8_e5m2(float x) { return attn__f32_to_fp8(x, 2, 15, 0x7bu); }
+
+ATTN_API float attn_fp8_e4m3_to_f32(uint8_t c) {
+    uint32_t sign = (uint32_t)(c & 0x80u) << 24, exp = (c >> 3) & 0xfu, man = c & 7u;
+    float v;
+    if (exp == 0xf && man == 7) return attn__bits_f32(sign | 0x7fc00000u);
+    if (exp == 0) {
+        v = (float)man * (1.0f / 512.0f); /* man * 2^-9, exact */
+        return sign ? -v : v;
+    }
+    return attn__bits_f32(sign | ((exp + 120) << 23) | (man << 20));
+}
+
+ATTN_API float attn_fp8_e5m2_to_f32(uint8_t c) { return attn_f16_to_f32((uint16_t)((uint16_t)c << 8)); }
+
 /* Rows of n elements between storage and f32 (stores round to nearest even). The f16 and
    bf16 ones are defined in >>cpu, next to the vector layer they use. */
 static void attn__f32_row(const void *src, float *dst, int n) {
@@ -2100,6 +2169,18 @@ static void attn__f16_row(const void *src, float *dst, int n);
 static void attn__bf16_row(const void *src, float *dst, int n);
 static void attn__row_to_f16(const float *src, void *dst, int n);
 static void attn__row_to_bf16(const float *src, void *dst, int n);
+static void attn__e4m3_row(const void *src, float *dst, int n);
+static void attn__e5m2_row(const void *src, float *dst, int n);
+static void attn__row_to_e4m3(const float *src, void *dst, int n) {
+    uint8_t *d = (uint8_t *)dst;
+    int i;
+    for (i = 0; i < n; i++) d[i] = attn_f32_to_fp8_e4m3(src[i]);
+}
+static void attn__row_to_e5m2(const float *src, void *dst, int n) {
+    uint8_t *d = (uint8_t *)dst;
+    int i;
+    for (i = 0; i < n; i++) d[i] = attn_f32_to_fp8_e5m2(src[i]);
+}
 
 /* Everything that depends on the element type goes through this table, or through a
    switch without `default:` (so -Wswitch names each place a new type must be handled;
@@ -2109,13 +2190,16 @@ typedef struct attn__dtype_info {
     size_t size;                                          /* bytes; 0: not an element type */
     void (*load_row)(const void *src, float *dst, int n); /* n elements -> f32 */
     void (*store_row)(const float *src, void *dst, int n);
+    int cache_only;                                       /* 1: KV caches only, scaled (fp8) */
 } attn__dtype_info;
 
 static const attn__dtype_info attn__dtypes[] = { /* one row per attn_dtype, in order */
-    {"auto", "auto", 0, NULL, NULL},
-    {"f32", "float32", 4, attn__f32_row, attn__row_store_f32},
-    {"f16", "float16", 2, attn__f16_row, attn__row_to_f16},
-    {"bf16", "bfloat16", 2, attn__bf16_row, attn__row_to_bf16}
+    {"auto", "auto", 0, NULL, NULL, 0},
+    {"f32", "float32", 4, attn__f32_row, attn__row_store_f32, 0},
+    {"f16", "float16", 2, attn__f16_row, attn__row_to_f16, 0},
+    {"bf16", "bfloat16", 2, attn__bf16_row, attn__row_to_bf16, 0},
+    {"fp8_e4m3", "float8_e4m3fn", 1, attn__e4m3_row, attn__row_to_e4m3, 1},
+    {"fp8_e5m2", "float8_e5m2", 1, attn__e5m2_row, attn__row_to_e5m2, 1}
 };
 /* fails to compile when attn_dtype gains an enumerator without a row */
 typedef char attn__dtype_table_complete[
@@ -2149,6 +2233,10 @@ ATTN_API attn_status attn_dtype_from_name(const char *name, attn_dtype *out) {
     int d;
     if (!name) return attn__null_arg(NULL, __func__, "name");
     if (!out) return attn__null_arg(NULL, __func__, "out");
+    if (attn__strieq(name, "fp8")) { /* vLLM's kv_cache_dtype="fp8" */
+        *out = ATTN_DTYPE_FP8_E4M3;
+        return ATTN_OK;
+    }
     for (d = 0; d < (int)ATTN_DTYPE_COUNT; d++)
         if (attn__dtypes[d].size &&
             (attn__strieq(name, attn__dtypes[d].name) || attn__strieq(name, attn__dtypes[d].long_name))) {
@@ -2211,6 +2299,8 @@ static float attn__load_elem(const void *p, attn_dtype dt, int64_t i) {
     case ATTN_DTYPE_F32: return ((const float *)p)[i];
     case ATTN_DTYPE_F16: return attn_f16_to_f32(((const uint16_t *)p)[i]);
     case ATTN_DTYPE_BF16: return attn_bf16_to_f32(((const uint16_t *)p)[i]);
+    case ATTN_DTYPE_FP8_E4M3: return attn_fp8_e4m3_to_f32(((const uint8_t *)p)[i]);
+    case ATTN_DTYPE_FP8_E5M2: return attn_fp8_e5m2_to_f32(((const uint8_t *)p)[i]);
     case ATTN_DTYPE_AUTO: case ATTN_DTYPE_COUNT: break; /* not element types */
     }
     ATTN_ASSERT(0);
@@ -2222,6 +2312,8 @@ static void attn__store_elem(void *p, attn_dtype dt, int64_t i, float x) {
     case ATTN_DTYPE_F32: ((float *)p)[i] = x; return;
     case ATTN_DTYPE_F16: ((uint16_t *)p)[i] = attn_f32_to_f16(x); return;
     case ATTN_DTYPE_BF16: ((uint16_t *)p)[i] = attn_f32_to_bf16(x); return;
+    case ATTN_DTYPE_FP8_E4M3: ((uint8_t *)p)[i] = attn_f32_to_fp8_e4m3(x); return;
+    case ATTN_DTYPE_FP8_E5M2: ((uint8_t *)p)[i] = attn_f32_to_fp8_e5m2(x); return;
     case ATTN_DTYPE_AUTO: case ATTN_DTYPE_COUNT: break;
     }
     ATTN_ASSERT(0);
@@ -2502,6 +2594,10 @@ static attn_status attn__desc_resolve(attn_context *ctx, const char *fn,
     if (!attn__dtype_valid(d.dtype))
         return attn__bad_desc(ctx, "%s: desc.dtype is %d (allowed: ATTN_DTYPE_AUTO, or an element "
                                    "type: %s)", fn, (int)d.dtype, types);
+    if (attn__dtypes[d.dtype].cache_only)
+        return attn__bad_desc(ctx, "%s: desc.dtype is %s (allowed: ATTN_DTYPE_AUTO, f32, f16, bf16; "
+                                   "%s is a KV-cache type: set it as desc.kv_cache_dtype)", fn,
+                              attn_dtype_name(d.dtype), attn_dtype_name(d.dtype));
     if (!attn__dtype_valid(d.kv_cache_dtype))
         return attn__bad_desc(ctx, "%s: desc.kv_cache_dtype is %d (allowed: ATTN_DTYPE_AUTO, or an "
                                    "element type: %s)", fn, (int)d.kv_cache_dtype, types);
@@ -2559,7 +2655,53 @@ static attn_status attn__desc_resolve(attn_context *ctx, const char *fn,
             if (!(d.alibi_slopes[i] - d.alibi_slopes[i] == 0.0f))
                 return attn__bad_desc(ctx, "%s: desc.alibi_slopes[%d] is %g (allowed: finite "
                                            "values)", fn, i, (double)d.alibi_slopes[i]);
+    for (i = 0; i < 2; i++) { /* the fp8 scales */
+        const attn_kv_scale *s = i ? &d.v_scale : &d.k_scale;
+        const char *nm = i ? "v_scale" : "k_scale";
+        int needed = attn__dtypes[d.kv_cache_dtype].cache_only && !(i == 1 && d.use_mla);
+        if ((int)s->device != ATTN_DEVICE_CPU && (int)s->device != ATTN_DEVICE_CUDA)
+            return attn__bad_desc(ctx, "%s: desc.%s.device is %d (allowed: ATTN_DEVICE_CPU, ATTN_DEVICE_CUDA)",
+                                  fn, nm, (int)s->device);
+        if (s->ptr) {
+            if (s->device != d.device)
+                return attn__bad_desc(ctx, "%s: desc.%s.ptr is declared on %s (allowed: %s, the layer's "
+                                           "device: desc.device)", fn, nm, attn__device_name(s->device),
+                                      attn__device_name(d.device));
+        } else if ((needed || s->value != 0.0f) && !(s->value > 0.0f && s->value <= FLT_MAX)) {
+            return attn__bad_desc(ctx, needed ? "%s: desc.%s.value is %g for a %s cache (allowed: a finite "
+                                                "value > 0, e.g. 1.0, or desc.%s.ptr)"
+                                              : "%s: desc.%s.value is %g (allowed: 0 = unset for a %s cache, "
+                                                "or a finite value > 0; desc.%s.ptr is the other way)",
+                                  fn, nm, (double)s->value, attn_dtype_name(d.kv_cache_dtype), nm);
+        }
+    }
     *out = d;
+    return ATTN_OK;
+}
+
+/* The layer's fp8 scales for one call (1, 1 for other caches): the values, or the floats
+   the pointers hold now (host pointers on a CPU layer; checked: finite and > 0, else
+   ATTN_ERROR_INVALID_VALUE and the caller changes nothing). */
+static attn_status attn__kv_scales(attn_context *ctx, const attn_layer_desc *d, const char *fn, float *ks,
+                                   float *vs) {
+    int i;
+    *ks = *vs = 1.0f;
+    if (!attn__dtypes[d->kv_cache_dtype].cache_only) return ATTN_OK;
+    for (i = 0; i < 2; i++) {
+        const attn_kv_scale *s = i ? &d->v_scale : &d->k_scale;
+        float x;
+        if (i == 1 && d->use_mla) { *vs = *ks; break; } /* one latent, one scale */
+        if (!s->ptr) x = s->value;
+        else if (s->device == ATTN_DEVICE_CPU) x = *s->ptr;
+        else return attn__fail(ctx, ATTN_ERROR_INTERNAL, ATTN_LOG_INVALID_ARGUMENT,
+                               "%s: desc.%s.ptr is device memory; this backend reads host scales", fn,
+                               i ? "v_scale" : "k_scale");
+        if (!(x > 0.0f && x <= FLT_MAX))
+            return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                              "%s: desc.%s.ptr holds %g (allowed: a finite value > 0); nothing was written",
+                              fn, i ? "v_scale" : "k_scale", (double)x);
+        *(i ? vs : ks) = x;
+    }
     return ATTN_OK;
 }
 
@@ -3743,6 +3885,24 @@ ATTN__INLINE attn__vf attn__vld_bf16(const uint16_t *p) {
 ATTN__INLINE void attn__vst_f16(uint16_t *p, attn__vf v) { /* round to nearest even */
     _mm256_storeu_si256((__m256i *)(void *)p, _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
+/* 16 fp8 codes -> f32, exactly (attn_fp8_e4m3_to_f32 / attn_fp8_e5m2_to_f32). e4m3: the
+   7 magnitude bits placed at f32 bit 20 with 120 added to the exponent for normals,
+   man * 2^-9 for the subnormals (no reliance on f32 denormals), NaN for 0x7f. e5m2 is the
+   high byte of an f16. */
+ATTN__INLINE attn__vf attn__vld_e4m3(const uint8_t *p) {
+    __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)p));
+    __m512i em = _mm512_and_si512(b, _mm512_set1_epi32(0x7f));
+    __m512i sign = _mm512_slli_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0x80)), 24);
+    __m512 nrm = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_slli_epi32(em, 20), _mm512_set1_epi32(120 << 23)));
+    __m512 sub = _mm512_mul_ps(_mm512_cvtepi32_ps(em), _mm512_set1_ps(1.0f / 512.0f));
+    __m512 v = _mm512_mask_blend_ps(_mm512_cmplt_epi32_mask(em, _mm512_set1_epi32(8)), nrm, sub);
+    v = _mm512_mask_blend_ps(_mm512_cmpeq_epi32_mask(em, _mm512_set1_epi32(0x7f)), v, _mm512_set1_ps(NAN));
+    return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(v), sign));
+}
+ATTN__INLINE attn__vf attn__vld_e5m2(const uint8_t *p) {
+    __m256i h = _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(const void *)p)), 8);
+    return _mm512_cvtph_ps(h);
+}
 
 #elif defined(ATTN__SIMD_AVX2)
 #define ATTN__W 8
@@ -3804,6 +3964,21 @@ ATTN__INLINE attn__vf attn__vld_bf16(const uint16_t *p) {
 ATTN__INLINE void attn__vst_f16(uint16_t *p, attn__vf v) {
     _mm_storeu_si128((__m128i *)(void *)p, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
+/* 8 fp8 codes -> f32, exactly (see the AVX-512 versions) */
+ATTN__INLINE attn__vf attn__vld_e4m3(const uint8_t *p) {
+    __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)p));
+    __m256i em = _mm256_and_si256(b, _mm256_set1_epi32(0x7f));
+    __m256i sign = _mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x80)), 24);
+    __m256 nrm = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_slli_epi32(em, 20), _mm256_set1_epi32(120 << 23)));
+    __m256 sub = _mm256_mul_ps(_mm256_cvtepi32_ps(em), _mm256_set1_ps(1.0f / 512.0f));
+    __m256 v = _mm256_blendv_ps(nrm, sub, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(8), em)));
+    v = _mm256_blendv_ps(v, _mm256_set1_ps(NAN), _mm256_castsi256_ps(_mm256_cmpeq_epi32(em, _mm256_set1_epi32(0x7f))));
+    return _mm256_castsi256_ps(_mm256_or_si256(_mm256_castps_si256(v), sign));
+}
+ATTN__INLINE attn__vf attn__vld_e5m2(const uint8_t *p) {
+    __m128i h = _mm_slli_epi16(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(const void *)p)), 8);
+    return _mm256_cvtph_ps(h);
+}
 
 #else /* plain C: fixed-width lanes the compiler may vectorise */
 #define ATTN__W 8
@@ -3858,6 +4033,12 @@ ATTN__INLINE attn__vf attn__vld_bf16(const uint16_t *p) {
 ATTN__INLINE void attn__vst_f16(uint16_t *p, attn__vf v) {
     int i; for (i = 0; i < ATTN__W; i++) p[i] = attn_f32_to_f16(v.v[i]);
 }
+ATTN__INLINE attn__vf attn__vld_e4m3(const uint8_t *p) {
+    attn__vf r; int i; for (i = 0; i < ATTN__W; i++) r.v[i] = attn_fp8_e4m3_to_f32(p[i]); return r;
+}
+ATTN__INLINE attn__vf attn__vld_e5m2(const uint8_t *p) {
+    attn__vf r; int i; for (i = 0; i < ATTN__W; i++) r.v[i] = attn_fp8_e5m2_to_f32(p[i]); return r;
+}
 #endif
 
 /* Pins a vector to a register: compilers otherwise fold a load used by several FMAs into
@@ -3882,6 +4063,18 @@ static void attn__bf16_row(const void *src, float *d, int n) {
     int i = 0;
     for (; i + ATTN__W <= n; i += ATTN__W) attn__vst(d + i, attn__vld_bf16(s + i));
     for (; i < n; i++) d[i] = attn_bf16_to_f32(s[i]);
+}
+static void attn__e4m3_row(const void *src, float *d, int n) {
+    const uint8_t *s = (const uint8_t *)src;
+    int i = 0;
+    for (; i + ATTN__W <= n; i += ATTN__W) attn__vst(d + i, attn__vld_e4m3(s + i));
+    for (; i < n; i++) d[i] = attn_fp8_e4m3_to_f32(s[i]);
+}
+static void attn__e5m2_row(const void *src, float *d, int n) {
+    const uint8_t *s = (const uint8_t *)src;
+    int i = 0;
+    for (; i + ATTN__W <= n; i += ATTN__W) attn__vst(d + i, attn__vld_e5m2(s + i));
+    for (; i < n; i++) d[i] = attn_fp8_e5m2_to_f32(s[i]);
 }
 static void attn__row_to_f16(const float *s, void *dst, int n) {
     uint16_t *d = (uint16_t *)dst;
@@ -4118,6 +4311,8 @@ ATTN__INLINE attn__vf attn__vload_kv(const char *p, attn_dtype dt) {
     case ATTN_DTYPE_F32: return attn__vld((const float *)(const void *)p);
     case ATTN_DTYPE_F16: return attn__vld_f16((const uint16_t *)(const void *)p);
     case ATTN_DTYPE_BF16: return attn__vld_bf16((const uint16_t *)(const void *)p);
+    case ATTN_DTYPE_FP8_E4M3: return attn__vld_e4m3((const uint8_t *)(const void *)p);
+    case ATTN_DTYPE_FP8_E5M2: return attn__vld_e5m2((const uint8_t *)(const void *)p);
     case ATTN_DTYPE_AUTO: case ATTN_DTYPE_COUNT: break;
     }
     ATTN_ASSERT(0);
@@ -4248,6 +4443,8 @@ ATTN__NOINLINE static void attn__cpu_qk_direct(const float *Q, int per_head, int
     case ATTN_DTYPE_F32: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, pf, ATTN_DTYPE_F32); return;
     case ATTN_DTYPE_F16: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, pf, ATTN_DTYPE_F16); return;
     case ATTN_DTYPE_BF16: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, pf, ATTN_DTYPE_BF16); return;
+    case ATTN_DTYPE_FP8_E4M3: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, pf, ATTN_DTYPE_FP8_E4M3); return;
+    case ATTN_DTYPE_FP8_E5M2: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, pf, ATTN_DTYPE_FP8_E5M2); return;
     case ATTN_DTYPE_AUTO: case ATTN_DTYPE_COUNT: break;
     }
     ATTN_ASSERT(0);
@@ -4323,6 +4520,8 @@ ATTN__NOINLINE static void attn__cpu_pv_direct(const float *P, int ld, int M, co
     case ATTN_DTYPE_F32: attn__cpu_pv_direct_dt(P, ld, M, vp, hoff, n, D, dq, O, alpha, pf, ATTN_DTYPE_F32); return;
     case ATTN_DTYPE_F16: attn__cpu_pv_direct_dt(P, ld, M, vp, hoff, n, D, dq, O, alpha, pf, ATTN_DTYPE_F16); return;
     case ATTN_DTYPE_BF16: attn__cpu_pv_direct_dt(P, ld, M, vp, hoff, n, D, dq, O, alpha, pf, ATTN_DTYPE_BF16); return;
+    case ATTN_DTYPE_FP8_E4M3: attn__cpu_pv_direct_dt(P, ld, M, vp, hoff, n, D, dq, O, alpha, pf, ATTN_DTYPE_FP8_E4M3); return;
+    case ATTN_DTYPE_FP8_E5M2: attn__cpu_pv_direct_dt(P, ld, M, vp, hoff, n, D, dq, O, alpha, pf, ATTN_DTYPE_FP8_E5M2); return;
     case ATTN_DTYPE_AUTO: case ATTN_DTYPE_COUNT: break;
     }
     ATTN_ASSERT(0);
@@ -4612,6 +4811,7 @@ static attn_status attn__cpu_build(const attn_backend *self, attn_layer *layer, 
    schedule, the cache geometry and the q/out/lse views. */
 typedef struct attn__cpu_run {
     attn_context *ctx;
+    float k_scale, v_scale;        /* fp8 caches: q is scaled by k_scale, O by v_scale; else 1 */
     attn_layer_desc d;             /* heads, KV heads, head_size = dk, scale, mask fields */
     const float *alibi;
     const attn_batch *b;
@@ -4722,7 +4922,7 @@ static void attn__cpu_task_run(void *varg, int ti, int thread) {
     size_t qsz = attn_dtype_size(a->q.dtype), csz = attn_dtype_size(a->kv_dtype);
     size_t head_bytes = a->head_stride * csz, vdelta = (a->v_offset - a->k_offset) * csz;
     float cap = d->logits_soft_cap;
-    float qscale = cap > 0.0f ? d->scale : d->scale * ATTN__LOG2E;
+    float qscale = (cap > 0.0f ? d->scale : d->scale * ATTN__LOG2E) * a->k_scale; /* k = code * k_scale */
     base = (float *)(void *)(((uintptr_t)base + 63) & ~(uintptr_t)63);
     Q = base;
     O = Q + (size_t)rp * (size_t)dpk;
@@ -4827,6 +5027,9 @@ static void attn__cpu_task_run(void *varg, int ti, int thread) {
                 attn__cpu_pv(Sh, ATTN__CPU_NT, per_head, Vh, ldv, n, dpv, O + (size_t)r0 * (size_t)dpv, alpha + r0);
         }
     }
+    if (a->v_scale != 1.0f) /* v = code * v_scale: O is linear in v */
+        for (i = 0; i < rows; i++)
+            for (j = 0; j < dv; j++) O[(size_t)i * (size_t)dpv + (size_t)j] *= a->v_scale;
     attn__cpu_store_rows(a, tk->req, tk->head0, tk->head1, tk->tok0, tk->tok1, tk->prow, O, m, l, tmp);
 }
 
@@ -4876,7 +5079,7 @@ static attn_status attn__cpu_execute(attn__cpu_run *a) {
 /* Copies token rows of key/value into the standard cache; inputs already validated. (The
    CPU backends' cache writes; >>cpu.) */
 static void attn__cpu_write_kv(const attn_layer *layer, const attn_tensor *k, const attn_tensor *v,
-                           attn_tensor *kv, const int64_t *slots, int num_tokens) {
+                           attn_tensor *kv, const int64_t *slots, int num_tokens, float k_scale, float v_scale) {
     const attn_layer_desc *d = &layer->desc;
     attn_tensor kr = attn__tensor_resolved(k), vr = attn__tensor_resolved(v);
     int64_t bs = d->block_size, hkv = d->num_kv_heads, hs = d->head_size;
@@ -4893,7 +5096,12 @@ static void attn__cpu_write_kv(const attn_layer *layer, const attn_tensor *k, co
             int64_t vdst = (((blk * 2 + 1) * bs + off) * hkv + h) * hs;
             const char *ks = (const char *)k->data + (size_t)(t * kr.strides[0] + h * kr.strides[1]) * attn_dtype_size(k->dtype);
             const char *vs = (const char *)v->data + (size_t)(t * vr.strides[0] + h * vr.strides[1]) * attn_dtype_size(v->dtype);
-            if (k->dtype == d->kv_cache_dtype) {
+            if (attn__dtypes[d->kv_cache_dtype].cache_only) { /* fp8: x / scale, rounded, saturated */
+                for (i = 0; i < hs; i++) {
+                    attn__store_elem(kv->data, d->kv_cache_dtype, kdst + i, attn__load_elem(ks, k->dtype, i) / k_scale);
+                    attn__store_elem(kv->data, d->kv_cache_dtype, vdst + i, attn__load_elem(vs, v->dtype, i) / v_scale);
+                }
+            } else if (k->dtype == d->kv_cache_dtype) {
                 memcpy((char *)kv->data + (size_t)kdst * esz, ks, (size_t)hs * esz);
                 memcpy((char *)kv->data + (size_t)vdst * esz, vs, (size_t)hs * esz);
             } else {
@@ -4934,10 +5142,11 @@ static attn_status attn__cpu_forward(const attn_backend *self, attn_layer *layer
     if (lse) { a.lse = attn__tensor_resolved(lse); a.has_lse = 1; }
     /* the scratch was reserved at metadata create; this only allocates when the metadata
        came from another context. Before the cache write, so a failure changes nothing. */
-    st = attn__scratch_reserve(layer->ctx, a.cm->scratch_floats);
+    st = attn__kv_scales(layer->ctx, d, "attn_layer_forward", &a.k_scale, &a.v_scale);
+    if (st == ATTN_OK) st = attn__scratch_reserve(layer->ctx, a.cm->scratch_floats);
     if (st != ATTN_OK) return st;
     if (k && v)
-        attn__cpu_write_kv(layer, k, v, kv_cache, a.b->slot_mapping, a.b->num_actual_tokens);
+        attn__cpu_write_kv(layer, k, v, kv_cache, a.b->slot_mapping, a.b->num_actual_tokens, a.k_scale, a.v_scale);
     return attn__cpu_execute(&a);
 }
 
@@ -4945,8 +5154,11 @@ static attn_status attn__cpu_reshape_and_cache(const attn_backend *self, attn_la
                                                const attn_tensor *key, const attn_tensor *value,
                                                attn_tensor *kv_cache, const int64_t *slot_mapping,
                                                int num_tokens, void *stream) {
+    float ks, vs;
+    attn_status st = attn__kv_scales(layer->ctx, &layer->desc, "attn_reshape_and_cache", &ks, &vs);
     (void)self; (void)stream;
-    attn__cpu_write_kv(layer, key, value, kv_cache, slot_mapping, num_tokens);
+    if (st != ATTN_OK) return st;
+    attn__cpu_write_kv(layer, key, value, kv_cache, slot_mapping, num_tokens, ks, vs);
     return ATTN_OK;
 }
 
@@ -5018,7 +5230,8 @@ static const attn_backend attn__cpu_backend = {
     ATTN_BACKEND_CPU,         /* id */
     ATTN_DEVICE_CPU,          /* device */
     ATTN_DTYPE_BIT(ATTN_DTYPE_F32) | ATTN_DTYPE_BIT(ATTN_DTYPE_F16) | ATTN_DTYPE_BIT(ATTN_DTYPE_BF16),
-    ATTN_DTYPE_BIT(ATTN_DTYPE_F32) | ATTN_DTYPE_BIT(ATTN_DTYPE_F16) | ATTN_DTYPE_BIT(ATTN_DTYPE_BF16),
+    ATTN_DTYPE_BIT(ATTN_DTYPE_F32) | ATTN_DTYPE_BIT(ATTN_DTYPE_F16) | ATTN_DTYPE_BIT(ATTN_DTYPE_BF16) |
+        ATTN_DTYPE_BIT(ATTN_DTYPE_FP8_E4M3) | ATTN_DTYPE_BIT(ATTN_DTYPE_FP8_E5M2), /* caches: fp8 with per-tensor scales too */
     8, 512, 8,                /* head sizes: multiples of 8 from 8 to 512 */
     16, 0,                    /* block sizes: any multiple of 16 */
     1, 1, 1, 1,               /* non-causal, sliding window, soft cap, ALiBi */
@@ -5211,6 +5424,10 @@ static attn_status attn__cpu_mla_forward_mqa(const attn_backend *self, attn_laye
     if (q_pe) { a.q2 = attn__tensor_resolved(q_pe); a.q_split = d->kv_lora_rank; }
     a.out = attn__tensor_resolved(out_latent);
     if (lse) { a.lse = attn__tensor_resolved(lse); a.has_lse = 1; }
+    {
+        attn_status st = attn__kv_scales(layer->ctx, d, "attn_mla_forward_mqa", &a.k_scale, &a.v_scale);
+        if (st != ATTN_OK) return st;
+    }
     return attn__cpu_execute(&a);
 }
 
@@ -5385,8 +5602,10 @@ static attn_status attn__cpu_mla_prefill(attn_layer *layer, const attn_metadata 
     size_t csz = attn_dtype_size(d->kv_cache_dtype), osz = attn_dtype_size(o.dtype);
     int r, i;
     if (st != ATTN_OK || info.num_prefill_tokens <= 0) return st;
+    float ks = 1.0f, vs;
     attn__cpu_mla_ws_layout(d, attn_metadata_capacity(meta), cm->workspace_base, &ws);
-    st = attn__scratch_reserve(layer->ctx, cm->scratch_floats); /* reserved at create */
+    st = attn__kv_scales(layer->ctx, d, "attn_mla_forward_mha", &ks, &vs);
+    if (st == ATTN_OK) st = attn__scratch_reserve(layer->ctx, cm->scratch_floats); /* reserved at create */
     if (st != ATTN_OK) return st;
     memset(&a, 0, sizeof a);
     a.layer = layer;
@@ -5423,6 +5642,12 @@ static attn_status attn__cpu_mla_prefill(attn_layer *layer, const attn_metadata 
                     const char *row = (const char *)kv_cache->data + (blk * (size_t)d->block_size + off) * (size_t)LD * csz;
                     attn__row_to_f32(row, d->kv_cache_dtype, ws.latc + (size_t)(j - c0) * (size_t)R, R, R);
                     attn__row_to_f32(row + (size_t)R * csz, d->kv_cache_dtype, ws.latpe + (size_t)(j - c0) * (size_t)P, P, P);
+                    if (ks != 1.0f) { /* fp8: latent = code * scale */
+                        float *lc = ws.latc + (size_t)(j - c0) * (size_t)R, *lp = ws.latpe + (size_t)(j - c0) * (size_t)P;
+                        int x;
+                        for (x = 0; x < R; x++) lc[x] *= ks;
+                        for (x = 0; x < P; x++) lp[x] *= ks;
+                    }
                 }
                 a.c0 = c0;
                 a.c1 = c1;
@@ -5467,7 +5692,10 @@ static attn_status attn__cpu_concat_and_cache_mla(const attn_backend *self, attn
     attn_tensor c, p;
     size_t csz;
     int t, x;
+    float ks, vs;
+    attn_status st = attn__kv_scales(layer->ctx, d, "attn_concat_and_cache_mla", &ks, &vs);
     (void)self; (void)stream;
+    if (st != ATTN_OK) return st;
     c = attn__tensor_resolved(kv_c);
     p = attn__tensor_resolved(k_pe);
     csz = attn_dtype_size(d->kv_cache_dtype);
@@ -5478,7 +5706,12 @@ static attn_status attn__cpu_concat_and_cache_mla(const attn_backend *self, attn
         const char *ps = (const char *)p.data + (size_t)(t * p.strides[0]) * attn_dtype_size(p.dtype);
         if (slot < 0) continue;
         row = (char *)kv_cache->data + (size_t)slot * (size_t)d->head_size * csz;
-        if (c.dtype == d->kv_cache_dtype) {
+        if (attn__dtypes[d->kv_cache_dtype].cache_only) { /* fp8: x / scale, rounded, saturated */
+            for (x = 0; x < d->kv_lora_rank; x++)
+                attn__store_elem(row, d->kv_cache_dtype, x, attn__load_elem(cs, c.dtype, x) / ks);
+            for (x = 0; x < d->qk_rope_head_dim; x++)
+                attn__store_elem(row, d->kv_cache_dtype, d->kv_lora_rank + x, attn__load_elem(ps, p.dtype, x) / ks);
+        } else if (c.dtype == d->kv_cache_dtype) {
             memcpy(row, cs, (size_t)d->kv_lora_rank * csz);
             memcpy(row + (size_t)d->kv_lora_rank * csz, ps, (size_t)d->qk_rope_head_dim * csz);
         } else {
@@ -5590,7 +5823,8 @@ static const attn_backend attn__cpu_mla_backend = {
     ATTN_BACKEND_CPU_MLA,     /* id */
     ATTN_DEVICE_CPU,          /* device */
     ATTN_DTYPE_BIT(ATTN_DTYPE_F32) | ATTN_DTYPE_BIT(ATTN_DTYPE_F16) | ATTN_DTYPE_BIT(ATTN_DTYPE_BF16),
-    ATTN_DTYPE_BIT(ATTN_DTYPE_F32) | ATTN_DTYPE_BIT(ATTN_DTYPE_F16) | ATTN_DTYPE_BIT(ATTN_DTYPE_BF16),
+    ATTN_DTYPE_BIT(ATTN_DTYPE_F32) | ATTN_DTYPE_BIT(ATTN_DTYPE_F16) | ATTN_DTYPE_BIT(ATTN_DTYPE_BF16) |
+        ATTN_DTYPE_BIT(ATTN_DTYPE_FP8_E4M3) | ATTN_DTYPE_BIT(ATTN_DTYPE_FP8_E5M2), /* caches: fp8 with per-tensor scales too */
     320, 576, 8,              /* head sizes: 576 or 320 exactly (attn__cpu_mla_check) */
     16, 0,                    /* block sizes: any multiple of 16 */
     0, 0, 0, 0,               /* non-causal, sliding window, soft cap, ALiBi: no */
@@ -6190,13 +6424,15 @@ ATTN_API attn_status attn_cuda_synchronize(attn_context *ctx, void *stream) {
 
 /* ---- kernel variants: compiled, loaded, configured ------------------------------------- */
 
-/* The kernels' element numbering (DT_*): 0 f32, 1 f16, 2 bf16. */
+/* The kernels' element numbering (DT_*): 0 f32, 1 f16, 2 bf16; -1: no kernel reads it
+   (the CUDA backends' dtype masks leave the fp8 caches out). */
 static int attn__cuda_dt(attn_dtype d) {
     switch (d) {
     case ATTN_DTYPE_AUTO: return -1;
     case ATTN_DTYPE_F32: return 0;
     case ATTN_DTYPE_F16: return 1;
     case ATTN_DTYPE_BF16: return 2;
+    case ATTN_DTYPE_FP8_E4M3: case ATTN_DTYPE_FP8_E5M2: return -1;
     case ATTN_DTYPE_COUNT: return -1;
     }
     return -1;

@@ -6,6 +6,7 @@
 #include "attn_test.h"
 #include "fixtures.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -34,6 +35,14 @@ static float round_to(attn_dtype dt, float x) {
     default: return x;
     }
 }
+/* The value an fp8 cache with this scale holds for x (what the library's cache write
+   stores, dequantized): code(x / scale) * scale; other types: round_to. */
+static float cache_value(attn_dtype dt, float scale, float x) {
+    if (dt == ATTN_DTYPE_FP8_E4M3) return attn_fp8_e4m3_to_f32(attn_f32_to_fp8_e4m3(x / scale)) * scale;
+    if (dt == ATTN_DTYPE_FP8_E5M2) return attn_fp8_e5m2_to_f32(attn_f32_to_fp8_e5m2(x / scale)) * scale;
+    return round_to(dt, x);
+}
+static int is_fp8(attn_dtype dt) { return dt == ATTN_DTYPE_FP8_E4M3 || dt == ATTN_DTYPE_FP8_E5M2; }
 static void put(void *p, attn_dtype dt, size_t i, float x) {
     switch (dt) {
     case ATTN_DTYPE_F32: ((float *)p)[i] = x; break;
@@ -53,6 +62,7 @@ static void poison(void *p, attn_dtype dt, size_t n) {
     size_t i;
     for (i = 0; i < n; i++) {
         if (dt == ATTN_DTYPE_F32) ((float *)p)[i] = NAN;
+        else if (is_fp8(dt)) ((uint8_t *)p)[i] = 0x7fu; /* NaN in both fp8 formats */
         else ((uint16_t *)p)[i] = dt == ATTN_DTYPE_F16 ? 0x7e00u : 0x7fc0u;
     }
 }
@@ -143,6 +153,116 @@ ATTN_TEST(test_bf16_rounding_matches_search) {
     EXPECT_TRUE((attn_f32_to_bf16(NAN) & 0x7fffu) > 0x7f80u);
 }
 
+/* ---- fp8 (OCP e4m3fn / e5m2): every code both ways, rounding against a search ----------- */
+
+typedef struct fp8_kind {
+    const char *name;
+    uint8_t (*enc)(float);
+    float (*dec)(uint8_t);
+    float max;      /* largest finite value */
+    float min_sub;  /* smallest subnormal */
+    int has_inf;
+} fp8_kind;
+static const fp8_kind fp8_kinds[2] = {{"e4m3", attn_f32_to_fp8_e4m3, attn_fp8_e4m3_to_f32, 448.0f, 0x1p-9f, 0},
+                                      {"e5m2", attn_f32_to_fp8_e5m2, attn_fp8_e5m2_to_f32, 57344.0f, 0x1p-16f, 1}};
+
+/* The nearest finite code by search over all of them (ties to the even code), the sign
+   applied after; beyond the largest finite value that is the largest (saturation). */
+static uint8_t fp8_ref(const fp8_kind *k, float x) {
+    uint8_t best = 0;
+    double bd = INFINITY, ax = fabs((double)x);
+    int c;
+    for (c = 0; c < 0x80; c++) {
+        float v = k->dec((uint8_t)c);
+        double dd;
+        if (v != v || v == INFINITY) continue;
+        dd = fabs((double)v - ax);
+        if (dd < bd || (dd == bd && (c & 1) == 0)) { bd = dd; best = (uint8_t)c; }
+    }
+    return (uint8_t)(best | (signbit(x) ? 0x80u : 0u));
+}
+
+ATTN_TEST(test_fp8_all_codes_both_ways) {
+    int k, c, nan_codes, inf_codes;
+    for (k = 0; k < 2; k++) {
+        const fp8_kind *f = &fp8_kinds[k];
+        nan_codes = inf_codes = 0;
+        for (c = 0; c < 256; c++) {
+            float v = f->dec((uint8_t)c);
+            uint8_t back = f->enc(v);
+            if (v != v) { /* NaN codes: e4m3 0x7f/0xff, e5m2 0x7d-0x7f and 0xfd-0xff */
+                nan_codes++;
+                EXPECT_EQ_INT(back & 0x7f, 0x7f); /* NaN stays NaN (0x7f with the sign) */
+                continue;
+            }
+            if (v == INFINITY || v == -INFINITY) { /* e5m2's infinities saturate on the way back */
+                inf_codes++;
+                EXPECT_EQ_INT(back, (c & 0x80) | 0x7b);
+                continue;
+            }
+            if (back != c) {
+                attn_test_fail(__FILE__, __LINE__, "%s code 0x%02x -> %g -> 0x%02x", f->name, c, (double)v, back);
+                break;
+            }
+            /* the decoded value is the format's: sign, exponent, mantissa */
+            {
+                int mb = k ? 2 : 3, bias = k ? 15 : 7, e = (c & 0x7f) >> mb, m = c & ((1 << mb) - 1);
+                double want = e ? ldexp(1.0 + m / (double)(1 << mb), e - bias) : ldexp(m / (double)(1 << mb), 1 - bias);
+                EXPECT_NEAR((double)v, (c & 0x80) ? -want : want, 0.0, 0.0);
+            }
+        }
+        EXPECT_EQ_INT(nan_codes, k ? 6 : 2);
+        EXPECT_EQ_INT(inf_codes, k ? 2 : 0);
+        EXPECT_NEAR((double)f->dec(k ? 0x7b : 0x7e), (double)f->max, 0.0, 0.0);
+        EXPECT_NEAR((double)f->dec(1), (double)f->min_sub, 0.0, 0.0);
+    }
+}
+
+ATTN_TEST(test_fp8_rounding_matches_search) {
+    rng r = {0x5eedf8u};
+    int k, i;
+    for (k = 0; k < 2; k++) {
+        const fp8_kind *f = &fp8_kinds[k];
+        int emin = k ? -18 : -11, emax = k ? 17 : 10;
+        for (i = 0; i < 3000; i++) {
+            float x;
+            if (i % 3 == 0) { /* exact ties between neighbouring finite codes */
+                uint8_t c = (uint8_t)rng_int(&r, 0, k ? 0x7a : 0x7d);
+                x = (float)(((double)f->dec(c) + (double)f->dec((uint8_t)(c + 1))) / 2);
+            } else {
+                x = ldexpf(rng_uniform(&r, 1.0f, 2.0f), rng_int(&r, emin, emax));
+            }
+            if (rng_next(&r) & 1) x = -x;
+            if (f->enc(x) != fp8_ref(f, x)) {
+                attn_test_fail(__FILE__, __LINE__, "%s(%a) = 0x%02x, nearest (ties to even) 0x%02x", f->name,
+                               (double)x, f->enc(x), fp8_ref(f, x));
+                break;
+            }
+        }
+        /* saturation: past the largest finite value, and the infinities */
+        EXPECT_EQ_INT(f->enc(f->max * 1.5f), k ? 0x7b : 0x7e);
+        EXPECT_EQ_INT(f->enc(-f->max * 1000.0f), k ? 0xfb : 0xfe);
+        EXPECT_EQ_INT(f->enc(INFINITY), k ? 0x7b : 0x7e);
+        EXPECT_EQ_INT(f->enc(-INFINITY), k ? 0xfb : 0xfe);
+        EXPECT_EQ_INT(f->enc(FLT_MAX), k ? 0x7b : 0x7e);
+        /* NaN kept; zeros keep their sign; below half the smallest subnormal: zero */
+        EXPECT_EQ_INT(f->enc(NAN) & 0x7f, 0x7f);
+        EXPECT_EQ_INT(f->enc(0.0f), 0x00);
+        EXPECT_EQ_INT(f->enc(-0.0f), 0x80);
+        EXPECT_EQ_INT(f->enc(f->min_sub * 0.5f), 0x00);         /* a tie with 0: to even (0) */
+        EXPECT_EQ_INT(f->enc(f->min_sub * 0.5000001f), 0x01);   /* just past it: up */
+        EXPECT_EQ_INT(f->enc(f->min_sub * 1.5f), 0x02);         /* tie between 1 and 2: even */
+        EXPECT_EQ_INT(f->enc(1e-30f), 0x00);
+        EXPECT_EQ_INT(f->enc(-1e-42f), 0x80);                   /* an f32 subnormal */
+    }
+    /* e4m3's largest finite value and the tie just above it: 464 is halfway to the NaN
+       code's 480 and saturates to 448 */
+    EXPECT_EQ_INT(attn_f32_to_fp8_e4m3(464.0f), 0x7e);
+    EXPECT_EQ_INT(attn_f32_to_fp8_e4m3(447.9f), 0x7e);
+    EXPECT_EQ_INT(attn_f32_to_fp8_e4m3(1.0f), 0x38);
+    EXPECT_EQ_INT(attn_f32_to_fp8_e5m2(1.0f), 0x3c);
+}
+
 /* ---- the forward reference ------------------------------------------------------------ */
 
 #define MAX_REQS 16
@@ -160,11 +280,14 @@ typedef struct fcase {
     int threads;
     int pad_tokens;            /* extra q/out rows beyond num_actual_tokens */
     int write_in_forward;      /* new k/v passed to forward (else written beforehand) */
+    float k_scale, v_scale;    /* fp8 caches: the per-tensor scales */
+    int scale_ptr;             /* fp8: the scales through desc.k_scale.ptr / v_scale.ptr */
 } fcase;
 
 typedef struct fresult {
     int failures;
     double max_err;
+    double max_quant_err, max_quant_bound; /* fp8: |out - unquantized reference|, and its bound */
     float *out;                /* f32 copy of the output rows, for invariance checks */
     int ntok;
 } fresult;
@@ -199,6 +322,8 @@ static fresult run_case(const fcase *c, rng *r, int keep_out) {
     int32_t *bt, *perm;
     int64_t *slots, *ctx_slots;
     float *K[MAX_REQS], *V[MAX_REQS]; /* per request [slen][HK][D], the values the cache holds */
+    float *KU[MAX_REQS], *VU[MAX_REQS]; /* fp8: the values before quantization (layer dtype) */
+    float ks_now = c->k_scale, vs_now = c->v_scale; /* what desc.k_scale.ptr / v_scale.ptr point to */
     float *slopes = NULL;
     void *q, *kn, *vn, *kc, *vc, *out, *cache;
     float *lse;
@@ -218,6 +343,10 @@ static fresult run_case(const fcase *c, rng *r, int keep_out) {
     d.num_heads = H; d.num_kv_heads = HK; d.head_size = D; d.dtype = c->dtype;
     d.kv_cache_dtype = c->kv_dtype; d.block_size = bs; d.causal = c->causal;
     d.sliding_window = c->window; d.logits_soft_cap = c->soft_cap; d.scale = c->scale;
+    if (is_fp8(c->kv_dtype)) {
+        if (c->scale_ptr) { d.k_scale.ptr = &ks_now; d.v_scale.ptr = &vs_now; }
+        else { d.k_scale.value = c->k_scale; d.v_scale.value = c->v_scale; }
+    }
     if (c->alibi) {
         slopes = (float *)malloc((size_t)H * sizeof(float));
         for (h = 0; h < H; h++) slopes[h] = rng_uniform(r, 0.01f, 0.3f);
@@ -258,6 +387,7 @@ static fresult run_case(const fcase *c, rng *r, int keep_out) {
     EXPECT_OK(st);
     cache = malloc((size_t)nblocks * 2 * (size_t)bs * (size_t)HK * (size_t)D * ksz);
     poison(cache, c->kv_dtype, (size_t)nblocks * 2 * (size_t)bs * (size_t)HK * (size_t)D);
+    EXPECT_TRUE(ndim == 5 && shape[0] == nblocks && shape[1] == 2 && shape[2] == bs && shape[3] == HK && shape[4] == D);
     tcache = attn_tensor_make(cache, c->kv_dtype, ndim, shape);
 
     /* K/V values: drawn in the layer dtype, stored in the cache dtype; each request draws
@@ -269,9 +399,13 @@ static fresult run_case(const fcase *c, rng *r, int keep_out) {
         if (!rr->s) rr->s = 1;
         K[i] = (float *)malloc(n * sizeof(float) + 4);
         V[i] = (float *)malloc(n * sizeof(float) + 4);
+        KU[i] = (float *)malloc(n * sizeof(float) + 4);
+        VU[i] = (float *)malloc(n * sizeof(float) + 4);
         for (x = 0; x < (int)n; x++) {
-            K[i][x] = round_to(c->kv_dtype, round_to(c->dtype, rng_uniform(rr, -1.0f, 1.0f)));
-            V[i][x] = round_to(c->kv_dtype, round_to(c->dtype, rng_uniform(rr, -1.0f, 1.0f)));
+            KU[i][x] = round_to(c->dtype, rng_uniform(rr, -1.0f, 1.0f));
+            VU[i][x] = round_to(c->dtype, rng_uniform(rr, -1.0f, 1.0f));
+            K[i][x] = cache_value(c->kv_dtype, c->k_scale, KU[i][x]);
+            V[i][x] = cache_value(c->kv_dtype, c->v_scale, VU[i][x]);
         }
     }
     /* context tokens go in through attn_reshape_and_cache */
@@ -284,8 +418,8 @@ static fresult run_case(const fcase *c, rng *r, int keep_out) {
             for (t = 0; t < c->slen[i] - c->qlen[i]; t++, row++) {
                 ctx_slots[row] = (int64_t)bt[i * stride + t / bs] * bs + t % bs;
                 for (x = 0; x < HK * D; x++) {
-                    put(kc, c->dtype, (size_t)row * (size_t)(HK * D) + (size_t)x, K[i][(size_t)t * (size_t)(HK * D) + (size_t)x]);
-                    put(vc, c->dtype, (size_t)row * (size_t)(HK * D) + (size_t)x, V[i][(size_t)t * (size_t)(HK * D) + (size_t)x]);
+                    put(kc, c->dtype, (size_t)row * (size_t)(HK * D) + (size_t)x, KU[i][(size_t)t * (size_t)(HK * D) + (size_t)x]);
+                    put(vc, c->dtype, (size_t)row * (size_t)(HK * D) + (size_t)x, VU[i][(size_t)t * (size_t)(HK * D) + (size_t)x]);
                 }
             }
     }
@@ -315,8 +449,8 @@ static fresult run_case(const fcase *c, rng *r, int keep_out) {
                 int row = qsl[i] + t, pos = c->slen[i] - c->qlen[i] + t;
                 slots[row] = (int64_t)bt[i * stride + pos / bs] * bs + pos % bs;
                 for (x = 0; x < HK * D; x++) {
-                    put(kn, c->dtype, (size_t)row * (size_t)(HK * D) + (size_t)x, K[i][(size_t)pos * (size_t)(HK * D) + (size_t)x]);
-                    put(vn, c->dtype, (size_t)row * (size_t)(HK * D) + (size_t)x, V[i][(size_t)pos * (size_t)(HK * D) + (size_t)x]);
+                    put(kn, c->dtype, (size_t)row * (size_t)(HK * D) + (size_t)x, KU[i][(size_t)pos * (size_t)(HK * D) + (size_t)x]);
+                    put(vn, c->dtype, (size_t)row * (size_t)(HK * D) + (size_t)x, VU[i][(size_t)pos * (size_t)(HK * D) + (size_t)x]);
                 }
             }
         shape[0] = (int64_t)rows; shape[1] = H; shape[2] = D;
@@ -358,6 +492,8 @@ static fresult run_case(const fcase *c, rng *r, int keep_out) {
     {
         double *logit = (double *)malloc(((size_t)maxs + 1) * sizeof(double));
         double *acc = (double *)malloc((size_t)D * sizeof(double));
+        double *logitu = (double *)malloc(((size_t)maxs + 1) * sizeof(double));
+        double *accu = (double *)malloc((size_t)D * sizeof(double));
         for (rq = 0; rq < c->num_reqs; rq++)
             for (t = 0; t < c->qlen[rq]; t++) {
                 int row = qsl[rq] + t, pos = c->slen[rq] - c->qlen[rq] + t;
@@ -385,6 +521,56 @@ static fresult run_case(const fcase *c, rng *r, int keep_out) {
                         for (x = 0; x < D; x++) acc[x] += p * (double)V[rq][((size_t)j * (size_t)HK + (size_t)kh) * (size_t)D + (size_t)x];
                     }
                     lse_ref = mx + log(sum);
+                    if (is_fp8(c->kv_dtype)) { /* against the unquantized keys and values: the bound */
+                        double mxu = -INFINITY, sumu = 0, ds = 0, dv = 0, vmax = 0;
+                        for (j = 0; j < c->slen[rq]; j++) {
+                            double s = 0, sd = 0;
+                            const float *ku = KU[rq] + ((size_t)j * (size_t)HK + (size_t)kh) * (size_t)D;
+                            const float *kq = K[rq] + ((size_t)j * (size_t)HK + (size_t)kh) * (size_t)D;
+                            const float *vu = VU[rq] + ((size_t)j * (size_t)HK + (size_t)kh) * (size_t)D;
+                            const float *vq = V[rq] + ((size_t)j * (size_t)HK + (size_t)kh) * (size_t)D;
+                            if (logit[j] == -INFINITY) { logitu[j] = -INFINITY; continue; }
+                            for (x = 0; x < D; x++) {
+                                double qx = get(q, c->dtype, ((size_t)row * (size_t)H + (size_t)h) * (size_t)D + (size_t)x);
+                                s += qx * (double)ku[x];
+                                sd += fabs(qx) * fabs((double)kq[x] - (double)ku[x]);
+                                if (fabs((double)vq[x] - (double)vu[x]) > dv) dv = fabs((double)vq[x] - (double)vu[x]);
+                                if (fabs((double)vu[x]) > vmax) vmax = fabs((double)vu[x]);
+                            }
+                            s *= scale;
+                            if (c->soft_cap > 0) s = c->soft_cap * tanh(s / c->soft_cap);
+                            if (slopes) s += (double)slopes[h] * (double)(j - pos);
+                            logitu[j] = s;
+                            if (s > mxu) mxu = s;
+                            if (sd * scale > ds) ds = sd * scale;
+                        }
+                        for (x = 0; x < D; x++) accu[x] = 0;
+                        for (j = 0; j < c->slen[rq]; j++) {
+                            double p;
+                            if (logitu[j] == -INFINITY) continue;
+                            p = exp(logitu[j] - mxu);
+                            sumu += p;
+                            for (x = 0; x < D; x++) accu[x] += p * (double)VU[rq][((size_t)j * (size_t)HK + (size_t)kh) * (size_t)D + (size_t)x];
+                        }
+                        /* |out - out_u| <= max|dv| + (e^(2 max|ds|) - 1) max|v_u| (softmax weights
+                           move by at most that factor when every logit moves by at most ds) */
+                        {
+                            double bound = dv + (exp(2 * ds) - 1) * vmax;
+                            if (bound > res.max_quant_bound) res.max_quant_bound = bound;
+                            for (x = 0; x < D; x++) {
+                                size_t idx = ((size_t)row * (size_t)H + (size_t)h) * (size_t)D + (size_t)x;
+                                double got = get(out, c->dtype, idx), wantu = accu[x] / sumu;
+                                if (fabs(got - wantu) > res.max_quant_err) res.max_quant_err = fabs(got - wantu);
+                                if (!(fabs(got - wantu) <= bound + abs_tol + rel_tol * fabs(wantu))) {
+                                    if (res.failures < 3)
+                                        attn_test_fail(__FILE__, __LINE__, "out[tok %d][head %d][%d] = %.7g: %.3g from the "
+                                                       "unquantized reference %.7g, over the bound %.3g", row, h, x, got,
+                                                       fabs(got - wantu), wantu, bound);
+                                    res.failures++;
+                                }
+                            }
+                        }
+                    }
                     for (x = 0; x < D; x++) {
                         size_t idx = ((size_t)row * (size_t)H + (size_t)h) * (size_t)D + (size_t)x;
                         double want = acc[x] / sum, got = get(out, c->dtype, idx);
@@ -409,6 +595,8 @@ static fresult run_case(const fcase *c, rng *r, int keep_out) {
             }
         free(logit);
         free(acc);
+        free(logitu);
+        free(accu);
     }
     /* padding rows are not written */
     for (x = ntok * H * D; x < (ntok + c->pad_tokens) * H * D; x++)
@@ -418,7 +606,7 @@ static fresult run_case(const fcase *c, rng *r, int keep_out) {
             break;
         }
 
-    for (i = 0; i < c->num_reqs; i++) { free(K[i]); free(V[i]); }
+    for (i = 0; i < c->num_reqs; i++) { free(K[i]); free(V[i]); free(KU[i]); free(VU[i]); }
     free(bt); free(perm); free(cache); free(kc); free(vc); free(ctx_slots);
     free(q); free(out); free(kn); free(vn); free(lse); free(slots); free(slopes);
     attn_metadata_destroy(meta);
@@ -506,6 +694,141 @@ ATTN_TEST(test_forward_random_cases) {
             if (++failed_cases > 3) break;
         }
     }
+}
+
+/* The random cases with fp8 caches (e4m3 and e5m2 by turns): scales by value and by
+   pointer, from 1 (codes down to the subnormals) to amax / max-code (the full range);
+   checked against float64 from the dequantized cache values (the tolerances of the
+   unquantized runs) and against the unquantized values within the bound run_case states. */
+ATTN_TEST(test_forward_fp8_random_cases) {
+    rng r = {0xf8f8f8f8f8ull};
+    int n = (int)(40 * test_scale()), k, failed_cases = 0;
+    double worst_ratio = 0, worst_err = 0;
+    char buf[512];
+    if (n < 4) n = 4;
+    for (k = 0; k < n; k++) {
+        fcase c;
+        fresult res;
+        random_case(&r, &c, 2e8);
+        c.kv_dtype = k % 2 ? ATTN_DTYPE_FP8_E5M2 : ATTN_DTYPE_FP8_E4M3;
+        switch (rng_int(&r, 0, 2)) {
+        case 0: c.k_scale = c.v_scale = 1.0f; break;
+        case 1: c.k_scale = 1.0f / (k % 2 ? 57344.0f : 448.0f); c.v_scale = c.k_scale * 2; break;
+        default: c.k_scale = rng_uniform(&r, 0.002f, 0.5f); c.v_scale = rng_uniform(&r, 0.002f, 0.5f); break;
+        }
+        c.scale_ptr = rng_int(&r, 0, 1);
+        res = run_case(&c, &r, 0);
+        if (res.max_quant_bound > 0 && res.max_quant_err / res.max_quant_bound > worst_ratio)
+            worst_ratio = res.max_quant_err / res.max_quant_bound;
+        if (res.max_quant_err > worst_err) worst_err = res.max_quant_err;
+        if (res.failures) {
+            describe(&c, buf, sizeof buf);
+            attn_test_fail(__FILE__, __LINE__, "fp8 case %d (scales %g/%g%s) failed (%d elements, max err %.3g): %s", k,
+                           (double)c.k_scale, (double)c.v_scale, c.scale_ptr ? " by pointer" : "", res.failures,
+                           res.max_err, buf);
+            if (++failed_cases > 3) break;
+        }
+    }
+    printf("    fp8 caches: largest |out - unquantized reference| %.3g, at most %.0f%% of its bound\n", worst_err,
+           100 * worst_ratio);
+}
+
+/* Scales by pointer are read at every call; bad scales are named errors that change nothing. */
+ATTN_TEST(test_forward_fp8_scales) {
+    attn_context *ctx = attn_test_context(NULL, ATTN_LOG_LEVEL_NONE, 1);
+    attn_layer_desc d;
+    attn_layer *layer = NULL;
+    attn_metadata *meta = NULL;
+    attn_metadata_desc md;
+    attn_batch b;
+    enum { H = 2, D = 64, BS = 16, NB = 2, L = 20 };
+    int32_t qsl[2] = {0, 1}, seq[1] = {L}, bt[NB] = {1, 0};
+    int64_t slots[L], shape[ATTN_MAX_DIMS];
+    float kv_f[L * H * D], q_f[H * D], out1[H * D], out2[H * D], outb[H * D], lse[H];
+    uint8_t cache[NB * 2 * BS * H * D], cache_copy[sizeof cache];
+    float ks = 0.01f, vs = 0.02f, bad;
+    int i, ndim;
+    attn_tensor tq, tk, tv, tc, to, tl;
+    attn_status st;
+    rng r = {77};
+    const float bads[] = {0.0f, -1.0f, NAN, INFINITY};
+    if (!ctx) { attn_test_fail(__FILE__, __LINE__, "context"); return; }
+    memset(&d, 0, sizeof d);
+    d.num_heads = H; d.num_kv_heads = H; d.head_size = D; d.dtype = ATTN_DTYPE_F32;
+    d.kv_cache_dtype = ATTN_DTYPE_FP8_E4M3; d.block_size = BS;
+    /* at create: a scale is required, finite and > 0; a pointer must be declared on the layer's device */
+    for (i = 0; i < 4; i++) {
+        d.k_scale.value = bads[i]; d.v_scale.value = 1.0f;
+        EXPECT_STATUS(attn_layer_create(ctx, &d, NULL, &layer), ATTN_ERROR_INVALID_VALUE);
+        EXPECT_TRUE(strstr(attn_context_last_error(ctx), "k_scale.value") != NULL);
+        d.k_scale.value = 1.0f; d.v_scale.value = bads[i];
+        EXPECT_STATUS(attn_layer_create(ctx, &d, NULL, &layer), ATTN_ERROR_INVALID_VALUE);
+        EXPECT_TRUE(strstr(attn_context_last_error(ctx), "v_scale.value") != NULL);
+    }
+    d.v_scale.value = 1.0f;
+    d.k_scale.value = 0.0f; d.k_scale.ptr = &ks; d.k_scale.device = ATTN_DEVICE_CUDA;
+    EXPECT_STATUS(attn_layer_create(ctx, &d, NULL, &layer), ATTN_ERROR_INVALID_VALUE);
+    EXPECT_TRUE(strstr(attn_context_last_error(ctx), "k_scale.ptr") != NULL);
+    d.k_scale.device = (attn_device_kind)5;
+    EXPECT_STATUS(attn_layer_create(ctx, &d, NULL, &layer), ATTN_ERROR_INVALID_VALUE);
+    d.dtype = ATTN_DTYPE_FP8_E4M3; d.k_scale.device = ATTN_DEVICE_CPU; /* q in fp8: no */
+    EXPECT_STATUS(attn_layer_create(ctx, &d, NULL, &layer), ATTN_ERROR_INVALID_VALUE);
+    EXPECT_TRUE(strstr(attn_context_last_error(ctx), "KV-cache type") != NULL);
+    d.dtype = ATTN_DTYPE_F32;
+    d.v_scale.value = 0.0f; d.v_scale.ptr = &vs;
+    EXPECT_OK(attn_layer_create(ctx, &d, NULL, &layer));
+    if (!layer) { attn_context_destroy(ctx); return; }
+    EXPECT_OK(attn_layer_kv_cache_shape(layer, NB, shape, &ndim));
+    EXPECT_TRUE(ndim == 5 && shape[4] == D);
+
+    for (i = 0; i < L * H * D; i++) kv_f[i] = rng_uniform(&r, -1.0f, 1.0f);
+    for (i = 0; i < H * D; i++) q_f[i] = rng_uniform(&r, -1.0f, 1.0f);
+    for (i = 0; i < L; i++) slots[i] = (int64_t)bt[i / BS] * BS + i % BS;
+    memset(cache, 0x7f, sizeof cache);
+    tc = attn_tensor_make(cache, ATTN_DTYPE_FP8_E4M3, ndim, shape);
+    shape[0] = L; shape[1] = H; shape[2] = D;
+    tk = attn_tensor_make(kv_f, ATTN_DTYPE_F32, 3, shape);
+    tv = tk;
+    shape[0] = 1;
+    tq = attn_tensor_make(q_f, ATTN_DTYPE_F32, 3, shape);
+    to = attn_tensor_make(out1, ATTN_DTYPE_F32, 3, shape);
+    tl = attn_tensor_make(lse, ATTN_DTYPE_F32, 2, shape);
+    EXPECT_OK(attn_reshape_and_cache(layer, &tk, &tv, &tc, slots, L, NULL));
+    /* the cache holds x / scale: K with k_scale, V with v_scale */
+    EXPECT_EQ_INT(cache[(size_t)(1 * 2 + 0) * BS * H * D], attn_f32_to_fp8_e4m3(kv_f[0] / ks));
+    EXPECT_EQ_INT(cache[(size_t)(1 * 2 + 1) * BS * H * D], attn_f32_to_fp8_e4m3(kv_f[0] / vs));
+    memset(&md, 0, sizeof md);
+    md.max_num_reqs = 1; md.max_num_tokens = 1; md.max_blocks_per_req = NB; md.num_blocks = NB;
+    EXPECT_OK(attn_metadata_create(layer, &md, &meta));
+    memset(&b, 0, sizeof b);
+    b.query_start_loc = qsl; b.seq_lens = seq; b.block_table = bt; b.block_table_stride = NB;
+    b.slot_mapping = slots + L - 1; b.num_reqs = 1; b.num_actual_tokens = 1; b.max_query_len = 1; b.max_seq_len = L;
+    if (meta) EXPECT_OK(attn_metadata_build(meta, 0, &b, 0));
+    EXPECT_OK(attn_layer_forward(layer, meta, &tq, NULL, NULL, &tc, &to, &tl, NULL));
+    /* a new v_scale through the pointer: the same codes now mean values twice as large */
+    vs *= 2;
+    to.data = out2;
+    EXPECT_OK(attn_layer_forward(layer, meta, &tq, NULL, NULL, &tc, &to, &tl, NULL));
+    for (i = 0; i < H * D; i++) EXPECT_NEAR(out2[i], 2 * out1[i], 1e-6, 1e-6);
+    /* bad values behind the pointers: named errors; the cache and the output unchanged */
+    memcpy(cache_copy, cache, sizeof cache);
+    for (i = 0; i < 4; i++) {
+        float saved = vs;
+        bad = bads[i];
+        vs = bad;
+        memset(outb, 0x55, sizeof outb);
+        to.data = outb;
+        st = attn_layer_forward(layer, meta, &tq, &tk, &tv, &tc, &to, &tl, NULL);
+        EXPECT_STATUS(st, ATTN_ERROR_INVALID_VALUE);
+        EXPECT_TRUE(strstr(attn_context_last_error(ctx), "v_scale.ptr holds") != NULL);
+        EXPECT_STATUS(attn_reshape_and_cache(layer, &tk, &tv, &tc, slots, L, NULL), ATTN_ERROR_INVALID_VALUE);
+        EXPECT_TRUE(memcmp(cache, cache_copy, sizeof cache) == 0);
+        EXPECT_TRUE(((const uint8_t *)outb)[0] == 0x55 && ((const uint8_t *)outb)[sizeof outb - 1] == 0x55);
+        vs = saved;
+    }
+    attn_metadata_destroy(meta);
+    attn_layer_destroy(layer);
+    attn_context_destroy(ctx);
 }
 
 /* Every head size the backend supports (multiples of 8 up to 512) on a small batch. */
@@ -640,6 +963,8 @@ void suite_types(void) {
     ATTN_RUN(test_f16_roundtrip_all_values);
     ATTN_RUN(test_bf16_roundtrip_all_values);
     ATTN_RUN(test_f16_rounding_matches_search);
+    ATTN_RUN(test_fp8_all_codes_both_ways);
+    ATTN_RUN(test_fp8_rounding_matches_search);
     ATTN_RUN(test_bf16_rounding_matches_search);
 }
 
@@ -651,4 +976,6 @@ void suite_forward(void) {
     ATTN_RUN(test_forward_batch_invariant);
     ATTN_RUN(test_forward_window_edges);
     ATTN_RUN(test_forward_random_cases);
+    ATTN_RUN(test_forward_fp8_random_cases);
+    ATTN_RUN(test_forward_fp8_scales);
 }
