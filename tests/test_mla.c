@@ -66,6 +66,12 @@ static void put(void *p, attn_dtype dt, size_t i, float x) {
     case ATTN_DTYPE_F32:
         ((float *)p)[i] = x;
         break;
+    case ATTN_DTYPE_FP8_E4M3: /* codes, unscaled */
+        ((uint8_t *)p)[i] = attn_f32_to_fp8_e4m3(x);
+        break;
+    case ATTN_DTYPE_FP8_E5M2:
+        ((uint8_t *)p)[i] = attn_f32_to_fp8_e5m2(x);
+        break;
     case ATTN_DTYPE_F16:
         ((uint16_t *)p)[i] = attn_f32_to_f16(x);
         break;
@@ -80,15 +86,28 @@ static float get(const void *p, attn_dtype dt, size_t i) {
         return ((const float *)p)[i];
     case ATTN_DTYPE_F16:
         return attn_f16_to_f32(((const uint16_t *)p)[i]);
+    case ATTN_DTYPE_FP8_E4M3: /* the code's value, unscaled */
+        return attn_fp8_e4m3_to_f32(((const uint8_t *)p)[i]);
+    case ATTN_DTYPE_FP8_E5M2:
+        return attn_fp8_e5m2_to_f32(((const uint8_t *)p)[i]);
     default:
         return attn_bf16_to_f32(((const uint16_t *)p)[i]);
     }
+}
+static int is_fp8(attn_dtype dt) { return dt == ATTN_DTYPE_FP8_E4M3 || dt == ATTN_DTYPE_FP8_E5M2; }
+/* The latent value a cache of type dt with scale s holds for x (fp8: code(x / s) * s) */
+static float latent_value(attn_dtype dt, float s, float x) {
+    if (dt == ATTN_DTYPE_FP8_E4M3) return s * attn_fp8_e4m3_to_f32(attn_f32_to_fp8_e4m3(x / s));
+    if (dt == ATTN_DTYPE_FP8_E5M2) return s * attn_fp8_e5m2_to_f32(attn_f32_to_fp8_e5m2(x / s));
+    return round_to(dt, x);
 }
 static void poison(void *p, attn_dtype dt, size_t n) {
     size_t i;
     for (i = 0; i < n; i++) {
         if (dt == ATTN_DTYPE_F32)
             ((float *)p)[i] = NAN;
+        else if (is_fp8(dt))
+            ((uint8_t *)p)[i] = 0x7fu; /* NaN in both fp8 formats */
         else
             ((uint16_t *)p)[i] = dt == ATTN_DTYPE_F16 ? 0x7e00u : 0x7fc0u;
     }
@@ -177,6 +196,9 @@ typedef struct mcfg {
     attn_test_log *cap; /* NULL: the world's context logs nowhere */
     int no_ref;         /* skip the float64 reference */
     int64_t workspace_bytes; /* of the metadata (0: the default) */
+    float ks;           /* fp8 latent caches: the scale, a power of two (so each latent
+                           value, code * ks, is exact in dt and the cache write of it
+                           reproduces the code) */
     int cuda;           /* a GPU world (1: CUDA_MLA_SM90, 2: CUDA_MLA forced), every
                            tensor a device copy of the host data (uploaded before a call,
                            outputs downloaded after) */
@@ -457,6 +479,7 @@ static int world_init(mworld *w, const mcfg *cfg) {
     d.v_head_dim = VDIM;
     d.dtype = c->dt;
     d.kv_cache_dtype = c->kvdt;
+    if (is_fp8(c->kvdt)) d.k_scale.value = c->ks;
     d.block_size = c->bs;
     d.scale = c->scale;
     d.device = c->cuda ? ATTN_DEVICE_CUDA : ATTN_DEVICE_CPU;
@@ -527,7 +550,12 @@ static int world_init(mworld *w, const mcfg *cfg) {
             w->lat[i] = (float *)xmalloc(n * sizeof(float) + 4);
             if (c->alias[i]) continue;
             rng_seed(&rr, stream_seed(c->seed, c->use_stream ? c->stream[i] : i));
-            for (x = 0; x < (int)n; x++) w->lat[i][x] = round_to(c->kvdt, round_to(c->dt, rng_nz(&rr, 1.0f)));
+            for (x = 0; x < (int)n; x++) {
+                w->lat[i][x] = latent_value(c->kvdt, c->ks, round_to(c->dt, rng_nz(&rr, 1.0f)));
+                if (is_fp8(c->kvdt) && round_to(c->dt, w->lat[i][x]) != w->lat[i][x]) /* see mcfg.ks */
+                    attn_test_fail(__FILE__, __LINE__, "fp8 latent %g not exact in %s", (double)w->lat[i][x],
+                                   attn_dtype_name(c->dt));
+            }
             for (x = w->qsl[i] * H * NOPE; x < w->qsl[i + 1] * H * NOPE; x++)
                 w->qn[x] = round_to(c->dt, rng_nz(&rr, 2.0f));
             for (x = w->qsl[i] * H * ROPE; x < w->qsl[i + 1] * H * ROPE; x++)
@@ -1049,7 +1077,8 @@ static int run_fused(mworld *w, attn_metadata *meta, int write, const char *tag,
             for (t = 0; t < c->qlen[i] && !bad; t++) {
                 int row = w->qsl[i] + t, pos = c->slen[i] - c->qlen[i] + t;
                 for (x = 0; x < D; x++)
-                    if (get(w->cache, c->kvdt, (size_t)w->slots[row] * (size_t)D + (size_t)x) !=
+                    if (get(w->cache, c->kvdt, (size_t)w->slots[row] * (size_t)D + (size_t)x) *
+                            (is_fp8(c->kvdt) ? c->ks : 1.0f) !=
                         w->lat[i][(size_t)pos * (size_t)D + (size_t)x]) {
                         attn_test_fail(__FILE__, __LINE__,
                                        "%s: cache slot %lld element %d not the written latent", tag,
@@ -1368,6 +1397,56 @@ ATTN_TEST(test_mla_prefill_longer_than_chunk) {
 
 /* Decodes + prefills with and without context in one fused call that also writes the
    cache; then forward_mqa / forward_mha on the same built batch. */
+/* fp8 latent caches (per-tensor scale) on CPU_MLA: decode at 16 and 128 heads, the 320
+   variant, chunked and fresh prefills over several up-projection chunks, the fused call,
+   every path against float64 from the dequantized latents; e4m3 and e5m2, scales 1 (codes
+   down to the subnormals), 1/8 and 1/64. */
+ATTN_TEST(test_mla_fp8_latent) {
+    static const struct { int H, R; attn_dtype dt, kvdt; float ks; } cases[] = {
+        {16, 512, ATTN_DTYPE_BF16, ATTN_DTYPE_FP8_E4M3, 1.0f / 64},
+        {128, 512, ATTN_DTYPE_F16, ATTN_DTYPE_FP8_E4M3, 1.0f},
+        {16, 512, ATTN_DTYPE_F32, ATTN_DTYPE_FP8_E5M2, 1.0f / 8},
+        {40, 256, ATTN_DTYPE_BF16, ATTN_DTYPE_FP8_E5M2, 1.0f / 64}};
+    int i;
+    for (i = 0; i < 4; i++) {
+        mcfg c;
+        mworld w;
+        attn_metadata *meta;
+        char tag[96];
+        base_cfg(&c, cases[i].H, cases[i].R, cases[i].dt, cases[i].kvdt);
+        c.ks = cases[i].ks;
+        c.seed = 8100 + (uint64_t)i;
+        c.nref = 4;
+        c.write_new = i & 1;
+        c.bs = i == 3 ? 32 : 64;
+        add_req(&c, 1, scaled(900, 200));
+        add_req(&c, 1, 1);
+        add_req(&c, 2, 70);   /* a speculative decode */
+        add_req(&c, 20, 150); /* chunked prefill */
+        add_req(&c, 33, 33);  /* fresh prefill */
+        if (c.H == 128) add_req(&c, 10, probe_chunk(128) + 60); /* keys over two up-projection chunks */
+        if (!world_init(&w, &c)) {
+            world_free(&w);
+            continue;
+        }
+        meta = world_meta(&w, 2, NULL);
+        EXPECT_TRUE(meta != NULL);
+        if (meta) {
+            snprintf(tag, sizeof tag, "fp8 H%d %s/%s scale %g fused", c.H, attn_dtype_name(c.dt), attn_dtype_name(c.kvdt),
+                     (double)c.ks);
+            if (!c.write_new) run_fused(&w, meta, 1, tag, NULL);
+            snprintf(tag, sizeof tag, "fp8 H%d %s/%s scale %g mqa", c.H, attn_dtype_name(c.dt), attn_dtype_name(c.kvdt),
+                     (double)c.ks);
+            run_mqa(&w, meta, i & 1, tag, NULL);
+            snprintf(tag, sizeof tag, "fp8 H%d %s/%s scale %g mha", c.H, attn_dtype_name(c.dt), attn_dtype_name(c.kvdt),
+                     (double)c.ks);
+            run_mha(&w, meta, tag);
+        }
+        attn_metadata_destroy(meta);
+        world_free(&w);
+    }
+}
+
 ATTN_TEST(test_mla_mixed_batch) {
     static const attn_dtype dts[][2] = {{ATTN_DTYPE_F32, ATTN_DTYPE_F16},
                                         {ATTN_DTYPE_BF16, ATTN_DTYPE_BF16},
@@ -3345,6 +3424,7 @@ void suite_mla(void) {
     ATTN_RUN(test_mla_prefill_320);
     ATTN_RUN(test_mla_prefill_longer_than_chunk);
     ATTN_RUN(test_mla_mixed_batch);
+    ATTN_RUN(test_mla_fp8_latent);
     ATTN_RUN(test_mla_strided_views);
     ATTN_RUN(test_mla_split_invariance);
     ATTN_RUN(test_mla_split_empty);
