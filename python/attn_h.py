@@ -68,6 +68,7 @@ ATTN_ERROR_INVALID_VALUE = 2
 ATTN_ERROR_SHAPE_MISMATCH = 3
 ATTN_ERROR_INVALID_METADATA = 4
 ATTN_DTYPE_AUTO, ATTN_DTYPE_F32, ATTN_DTYPE_F16, ATTN_DTYPE_BF16 = 0, 1, 2, 3
+ATTN_DTYPE_FP8_E4M3, ATTN_DTYPE_FP8_E5M2 = 4, 5     # KV caches only
 ATTN_DEVICE_CPU, ATTN_DEVICE_CUDA = 0, 1
 ATTN_PLATFORM_CPU, ATTN_PLATFORM_CUDA = 0, 1
 ATTN_CAUSAL_DEFAULT, ATTN_CAUSAL_YES, ATTN_CAUSAL_NO = 0, 1, 2
@@ -133,6 +134,10 @@ class attn_platform(C.Structure):
     ]
 
 
+class attn_kv_scale(C.Structure):
+    _fields_ = [("value", C.c_float), ("ptr", C.POINTER(C.c_float)), ("device", C.c_int)]
+
+
 class attn_layer_desc(C.Structure):
     _fields_ = [
         ("num_heads", C.c_int),
@@ -152,6 +157,8 @@ class attn_layer_desc(C.Structure):
         ("qk_nope_head_dim", C.c_int),
         ("v_head_dim", C.c_int),
         ("device", C.c_int),
+        ("k_scale", attn_kv_scale),               # fp8 caches: per-tensor scales
+        ("v_scale", attn_kv_scale),
     ]
 
 
@@ -242,7 +249,7 @@ class attn_py_layout_entry(C.Structure):
 
 # The structs whose layout the library reports (enums: the size of a C int).
 _MIRRORS = {cls.__name__: cls for cls in (
-    attn_device, attn_tensor, attn_context_desc, attn_platform, attn_layer_desc,
+    attn_device, attn_tensor, attn_context_desc, attn_platform, attn_layer_desc, attn_kv_scale,
     attn_select_request, attn_selection, attn_batch, attn_metadata_desc, attn_mla_info)}
 _ENUMS = ("attn_status", "attn_dtype", "attn_backend_id")
 
@@ -447,6 +454,9 @@ _DTYPE_BY_NAME = {
     "f32": ATTN_DTYPE_F32, "float32": ATTN_DTYPE_F32, "float": ATTN_DTYPE_F32,
     "f16": ATTN_DTYPE_F16, "float16": ATTN_DTYPE_F16, "half": ATTN_DTYPE_F16,
     "bf16": ATTN_DTYPE_BF16, "bfloat16": ATTN_DTYPE_BF16,
+    "fp8": ATTN_DTYPE_FP8_E4M3, "fp8_e4m3": ATTN_DTYPE_FP8_E4M3,
+    "float8_e4m3fn": ATTN_DTYPE_FP8_E4M3, "fp8_e5m2": ATTN_DTYPE_FP8_E5M2,
+    "float8_e5m2": ATTN_DTYPE_FP8_E5M2,
 }
 _LEVEL_BY_NAME = {"default": 0, "error": 1, "warn": 2, "warning": 2, "info": 3,
                   "debug": 4, "none": 5}
@@ -472,8 +482,8 @@ def _dtype(value, what):
         name = np.dtype(value).name
     if name in _DTYPE_BY_NAME:
         return _DTYPE_BY_NAME[name]
-    _fail(ATTN_ERROR_INVALID_VALUE, "%s is %r (allowed: float32, float16, bfloat16)"
-          % (what, value))
+    _fail(ATTN_ERROR_INVALID_VALUE, "%s is %r (allowed: float32, float16, bfloat16; for KV "
+          "caches also fp8 = fp8_e4m3 (float8_e4m3fn), fp8_e5m2 (float8_e5m2))" % (what, value))
 
 
 def _dtype_name(code):
@@ -516,11 +526,13 @@ def _text(raw):
 # ---- tensors ---------------------------------------------------------------------------
 
 _TORCH_DTYPES = {"torch.float32": ATTN_DTYPE_F32, "torch.float16": ATTN_DTYPE_F16,
-                 "torch.bfloat16": ATTN_DTYPE_BF16}
+                 "torch.bfloat16": ATTN_DTYPE_BF16, "torch.float8_e4m3fn": ATTN_DTYPE_FP8_E4M3,
+                 "torch.float8_e5m2": ATTN_DTYPE_FP8_E5M2}
 _TORCH_DTYPE_CODES = {}   # torch.dtype -> code (None: not an element type attn.h takes)
 _DEVICE_STRUCTS = {}      # torch.device -> attn_device
 _NUMPY_DTYPES = {"float32": ATTN_DTYPE_F32, "float16": ATTN_DTYPE_F16,
-                 "bfloat16": ATTN_DTYPE_BF16}   # bfloat16: ml_dtypes' numpy type
+                 "bfloat16": ATTN_DTYPE_BF16, "float8_e4m3fn": ATTN_DTYPE_FP8_E4M3,
+                 "float8_e5m2": ATTN_DTYPE_FP8_E5M2}   # bfloat16: ml_dtypes' numpy type
 
 
 def _is_torch(x):
@@ -776,7 +788,8 @@ class Layer(_Owned):
     """attn_layer: a layer descriptor resolved to a backend.
 
     dtype: of q/k/v/out ('float16', 'bf16', np.float32, torch.bfloat16...); kv_cache_dtype:
-    None = dtype. causal: True, False, or None (the library's default, causal).
+    None = dtype, or 'fp8' (= 'fp8_e4m3'), 'fp8_e5m2' with k_scale / v_scale (floats > 0; MLA:
+    k_scale only): the cache holds k / k_scale and v / v_scale. causal: True, False, or None (the library's default, causal).
     sliding_window, logits_soft_cap: 0 = none. alibi_slopes: None or num_heads floats.
     scale: None = 1/sqrt(head_size) (MLA: of the query width). device: 'cpu' or 'cuda'.
     backend: None (automatic, or env ATTN_BACKEND) or a name ('CPU', 'CUDA', 'CUDA_SM90', 'CPU_MLA',
@@ -791,7 +804,7 @@ class Layer(_Owned):
     def __init__(self, ctx, num_heads, num_kv_heads=None, head_size=None, block_size=16,
                  dtype="float16", kv_cache_dtype=None, causal=True, sliding_window=0,
                  logits_soft_cap=0.0, alibi_slopes=None, scale=None, device="cpu",
-                 backend=None, allow_fallback=False, mla=None):
+                 backend=None, allow_fallback=False, mla=None, k_scale=None, v_scale=None):
         super().__init__()
         lib = library()
         self.ctx = ctx
@@ -812,6 +825,8 @@ class Layer(_Owned):
         desc.head_size = int(head_size or 0)
         desc.dtype = _dtype(dtype, "Layer: dtype")
         desc.kv_cache_dtype = _dtype(kv_cache_dtype, "Layer: kv_cache_dtype")
+        desc.k_scale.value = float(k_scale or 0.0)
+        desc.v_scale.value = float(v_scale or 0.0)
         desc.block_size = int(block_size or 0)
         desc.scale = float(scale or 0.0)
         desc.causal = _causal(causal, "Layer: causal")
