@@ -1,4 +1,4 @@
-/* attn.h - v0.6.0 - paged attention and MLA for C/C++, portable C and CUDA (NVRTC)
+/* attn.h - v0.7.0 - paged attention and MLA for C/C++, portable C and CUDA (NVRTC)
 
    Do this:
        #define ATTN_IMPLEMENTATION
@@ -72,8 +72,9 @@
        platform CUDA:  CUSTOM, CUDA_SM90, CUDA, CUDA_MLA_SM90, CUDA_MLA, CPU, CPU_MLA
        Only backends of the layer's device (attn_layer_desc.device, CPU by default) serve it.
        CPU      standard attention: f32/f16/bf16, head sizes 8..512 step 8, any block size
-                that is a multiple of 16, causal/non-causal, window, soft cap, ALiBi, LSE
-       CPU_MLA  MLA: head size 576 (512+64) or 320 (256+64), causal, LSE
+                that is a multiple of 16, causal/non-causal, window, soft cap, ALiBi, LSE;
+                KV caches also fp8 (see QUANTIZED CACHES)
+       CPU_MLA  MLA: head size 576 (512+64) or 320 (256+64), causal, LSE; fp8 latent caches
        CUDA     standard attention on NVIDIA GPUs (compute capability 8.0+, NVRTC needed):
                 the CPU backend's features and cache layout; head sizes 8..256 step 8;
                 f16/bf16 on tensor cores, f32 and mixed types on FMAs; split-KV; CUDA
@@ -102,6 +103,23 @@
        that cannot be honoured fail with ATTN_ERROR_BACKEND_UNAVAILABLE and every reason,
        unless attn_select_request.allow_fallback is set: then the automatic choice is used
        and a WARN line says why.
+
+   QUANTIZED CACHES (issue 10; CPU and CPU_MLA so far, the CUDA backends skip them with
+   the reason "kv_cache_dtype fp8_e4m3 not supported")
+       kv_cache_dtype ATTN_DTYPE_FP8_E4M3 (vLLM's "fp8", "fp8_e4m3") or ATTN_DTYPE_FP8_E5M2,
+       with per-tensor scales attn_layer_desc.k_scale / v_scale (MLA: k_scale for the
+       latent): values, or pointers to one float read at every call (updated scales need
+       no new layer). The cache write stores code(x / scale), rounded to nearest even,
+       saturated to the largest finite code (PTX cvt's .satfinite: 448 for e4m3, 57344 for
+       e5m2; infinities too), NaN kept; kernels read code * scale exactly and accumulate in
+       f32. The cache shape is the unquantized one with 1-byte elements. Accuracy against
+       the unquantized cache (asserted by tests/test_forward.c on random batches): for each
+       output row, |out - out_unquantized| <= dv + (exp(2 ds) - 1) max|v|, where dv is the
+       largest |v - v_cached| over the row's visible keys and ds the largest logit change
+       scale * sum |q| |k - k_cached| (e4m3 keeps 3 mantissa bits: |x - x_cached| <= 2^-4 |x|
+       for normal codes; e5m2 2 bits: 2^-3). Bad scales (0, negative, NaN, infinite, a
+       pointer declared on another device than the layer's) are named errors at create;
+       a pointer holding a bad value fails the call before anything is written.
 
    ERRORS AND LOGGING
        Every public function returns attn_status (ATTN_OK = 0); attn_status_string() names
@@ -219,9 +237,9 @@
 #define ATTN_H
 
 #define ATTN_VERSION_MAJOR 0
-#define ATTN_VERSION_MINOR 6
+#define ATTN_VERSION_MINOR 7
 #define ATTN_VERSION_PATCH 0
-#define ATTN_VERSION_STRING "0.6.0"
+#define ATTN_VERSION_STRING "0.7.0"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -3885,19 +3903,19 @@ ATTN__INLINE attn__vf attn__vld_bf16(const uint16_t *p) {
 ATTN__INLINE void attn__vst_f16(uint16_t *p, attn__vf v) { /* round to nearest even */
     _mm256_storeu_si256((__m256i *)(void *)p, _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
-/* 16 fp8 codes -> f32, exactly (attn_fp8_e4m3_to_f32 / attn_fp8_e5m2_to_f32). e4m3: the
-   7 magnitude bits placed at f32 bit 20 with 120 added to the exponent for normals,
-   man * 2^-9 for the subnormals (no reliance on f32 denormals), NaN for 0x7f. e5m2 is the
-   high byte of an f16. */
+/* 16 fp8 codes -> f32, exactly (attn_fp8_e4m3_to_f32 / attn_fp8_e5m2_to_f32). e4m3: its
+   7 magnitude bits at f16 bit 7 (f16's exponent field holds e4m3's, bias 15 for 7; its
+   subnormals are f16 subnormals), converted by vcvtph2ps and scaled by 2^8, both exact;
+   0x7f/0xff -> NaN. e5m2 is the high byte of an f16. */
 ATTN__INLINE attn__vf attn__vld_e4m3(const uint8_t *p) {
-    __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)p));
-    __m512i em = _mm512_and_si512(b, _mm512_set1_epi32(0x7f));
-    __m512i sign = _mm512_slli_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0x80)), 24);
-    __m512 nrm = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_slli_epi32(em, 20), _mm512_set1_epi32(120 << 23)));
-    __m512 sub = _mm512_mul_ps(_mm512_cvtepi32_ps(em), _mm512_set1_ps(1.0f / 512.0f));
-    __m512 v = _mm512_mask_blend_ps(_mm512_cmplt_epi32_mask(em, _mm512_set1_epi32(8)), nrm, sub);
-    v = _mm512_mask_blend_ps(_mm512_cmpeq_epi32_mask(em, _mm512_set1_epi32(0x7f)), v, _mm512_set1_ps(NAN));
-    return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(v), sign));
+    __m128i b = _mm_loadu_si128((const __m128i *)(const void *)p);
+    __m256i w = _mm256_cvtepu8_epi16(b);
+    __m256i h = _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi16(w, 7), _mm256_set1_epi16(0x3f80)),
+                                _mm256_and_si256(_mm256_slli_epi16(w, 8), _mm256_set1_epi16((short)0x8000)));
+    __m512 v = _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
+    __mmask16 nan = _mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_cvtepu8_epi32(b), _mm512_set1_epi32(0x7f)),
+                                            _mm512_set1_epi32(0x7f));
+    return _mm512_mask_blend_ps(nan, v, _mm512_set1_ps(NAN));
 }
 ATTN__INLINE attn__vf attn__vld_e5m2(const uint8_t *p) {
     __m256i h = _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(const void *)p)), 8);
@@ -3966,14 +3984,12 @@ ATTN__INLINE void attn__vst_f16(uint16_t *p, attn__vf v) {
 }
 /* 8 fp8 codes -> f32, exactly (see the AVX-512 versions) */
 ATTN__INLINE attn__vf attn__vld_e4m3(const uint8_t *p) {
-    __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)p));
-    __m256i em = _mm256_and_si256(b, _mm256_set1_epi32(0x7f));
-    __m256i sign = _mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x80)), 24);
-    __m256 nrm = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_slli_epi32(em, 20), _mm256_set1_epi32(120 << 23)));
-    __m256 sub = _mm256_mul_ps(_mm256_cvtepi32_ps(em), _mm256_set1_ps(1.0f / 512.0f));
-    __m256 v = _mm256_blendv_ps(nrm, sub, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(8), em)));
-    v = _mm256_blendv_ps(v, _mm256_set1_ps(NAN), _mm256_castsi256_ps(_mm256_cmpeq_epi32(em, _mm256_set1_epi32(0x7f))));
-    return _mm256_castsi256_ps(_mm256_or_si256(_mm256_castps_si256(v), sign));
+    __m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(const void *)p));
+    __m128i h = _mm_or_si128(_mm_and_si128(_mm_slli_epi16(w, 7), _mm_set1_epi16(0x3f80)),
+                             _mm_and_si128(_mm_slli_epi16(w, 8), _mm_set1_epi16((short)0x8000)));
+    __m256 v = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
+    __m128i nan = _mm_cmpeq_epi16(_mm_and_si128(w, _mm_set1_epi16(0x7f)), _mm_set1_epi16(0x7f));
+    return _mm256_blendv_ps(v, _mm256_set1_ps(NAN), _mm256_castsi256_ps(_mm256_cvtepi16_epi32(nan)));
 }
 ATTN__INLINE attn__vf attn__vld_e5m2(const uint8_t *p) {
     __m128i h = _mm_slli_epi16(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(const void *)p)), 8);

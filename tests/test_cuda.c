@@ -348,6 +348,12 @@ ATTN_TEST(cuda_selected_for_device_layers) {
     EXPECT_EQ_INT(s.resolved, ATTN_BACKEND_CUDA);
     EXPECT_TRUE(cu_skip_reason(&s, ATTN_BACKEND_CUDA_SM90, s.device_capability == 90 ? "one 16-bit type"
                                                                                     : "compute capability"));
+    /* an fp8 cache: no CUDA kernel reads it yet; each CUDA candidate names the dtype and
+       no backend serves a device layer (the CPU ones are for CPU tensors) */
+    d.kv_cache_dtype = ATTN_DTYPE_FP8_E4M3;
+    d.k_scale.value = d.v_scale.value = 1.0f;
+    EXPECT_TRUE(attn_select_backend(ctx, &d, NULL, &s) != ATTN_OK);
+    EXPECT_TRUE(cu_skip_reason(&s, ATTN_BACKEND_CUDA, "kv_cache_dtype fp8_e4m3 not supported"));
     d.kv_cache_dtype = ATTN_DTYPE_AUTO;
     d.device = ATTN_DEVICE_CPU; /* CPU tensors on a GPU machine stay on the CPU */
     EXPECT_OK(attn_select_backend(ctx, &d, NULL, &s));

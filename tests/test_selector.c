@@ -169,6 +169,50 @@ static int sel_skipped_has(const attn_selection *s, attn_backend_id id) {
     return 0;
 }
 
+/* ---- quantized caches: a capability like any other ------------------------------------ */
+
+/* An fp8 cache resolves to CPU (standard) / CPU_MLA (latent) with the type in the record;
+   the backends whose kernels cannot read it say so in their capability masks (and so in
+   the record, where they are candidates: tests/test_cuda.c checks it on a GPU). */
+ATTN_TEST(sel_fp8_cache_record) {
+    attn_context *ctx;
+    attn_layer_desc d = sel_desc();
+    attn_selection s;
+    char buf[4096];
+    int i;
+    static const attn_backend_id gpu[] = {ATTN_BACKEND_CUDA, ATTN_BACKEND_CUDA_SM90, ATTN_BACKEND_CUDA_MLA_SM90,
+                                          ATTN_BACKEND_CUDA_MLA};
+    unsetenv("ATTN_BACKEND");
+    ctx = attn_test_context(NULL, ATTN_LOG_LEVEL_NONE, 1);
+    d.kv_cache_dtype = ATTN_DTYPE_FP8_E4M3;
+    d.k_scale.value = 0.5f;
+    d.v_scale.value = 0.25f;
+    memset(&s, 0, sizeof s);
+    EXPECT_OK(attn_select_backend(ctx, &d, NULL, &s));
+    EXPECT_EQ_INT(s.resolved, ATTN_BACKEND_CPU);
+    EXPECT_EQ_INT(s.kv_cache_dtype, ATTN_DTYPE_FP8_E4M3);
+    attn_selection_format(&s, buf, sizeof buf);
+    EXPECT_TRUE(strstr(buf, "fp8_e4m3") != NULL);
+    d.kv_cache_dtype = ATTN_DTYPE_FP8_E5M2;
+    EXPECT_OK(attn_select_backend(ctx, &d, NULL, &s));
+    EXPECT_EQ_INT(s.resolved, ATTN_BACKEND_CPU);
+    /* MLA: the latent's scale */
+    memset(&d, 0, sizeof d);
+    d.num_heads = 16; d.head_size = 576; d.use_mla = 1; d.dtype = ATTN_DTYPE_BF16;
+    d.kv_cache_dtype = ATTN_DTYPE_FP8_E4M3; d.k_scale.value = 1.0f;
+    EXPECT_OK(attn_select_backend(ctx, &d, NULL, &s));
+    EXPECT_EQ_INT(s.resolved, ATTN_BACKEND_CPU_MLA);
+    for (i = 0; i < 4; i++) {
+        const attn_backend *b = attn_backend_get(gpu[i]);
+        if (!b) continue; /* compiled out */
+        EXPECT_TRUE(!(b->kv_cache_dtypes & ATTN_DTYPE_BIT(ATTN_DTYPE_FP8_E4M3)));
+        EXPECT_TRUE(!(b->kv_cache_dtypes & ATTN_DTYPE_BIT(ATTN_DTYPE_FP8_E5M2)));
+    }
+    EXPECT_TRUE(attn_backend_get(ATTN_BACKEND_CPU)->kv_cache_dtypes & ATTN_DTYPE_BIT(ATTN_DTYPE_FP8_E4M3));
+    EXPECT_TRUE(attn_backend_get(ATTN_BACKEND_CPU_MLA)->kv_cache_dtypes & ATTN_DTYPE_BIT(ATTN_DTYPE_FP8_E5M2));
+    attn_context_destroy(ctx);
+}
+
 /* ---- automatic resolution ---------------------------------------------------------- */
 
 ATTN_TEST(sel_auto_resolves_cpu_with_one_info_line) {
@@ -1492,6 +1536,7 @@ ATTN_TEST(sel_log_item_names_are_distinct) {
 
 void suite_selector(void) {
     ATTN_RUN(sel_auto_resolves_cpu_with_one_info_line);
+    ATTN_RUN(sel_fp8_cache_record);
     ATTN_RUN(sel_default_resolution_logs_info_at_info_threshold);
     ATTN_RUN(sel_second_create_is_cached);
     ATTN_RUN(sel_cache_clear_resolves_again);

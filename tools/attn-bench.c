@@ -131,6 +131,15 @@ static void fill_random(void *data, attn_dtype dt, size_t n, uint64_t seed) {
         for (i = 0; i < n; i++) f[i] = rng_unit(&s);
         return;
     }
+    if (dt == ATTN_DTYPE_FP8_E4M3 || dt == ATTN_DTYPE_FP8_E5M2) { /* codes of values in [-1, 1) / (1/64) */
+        uint8_t table[256], *c = (uint8_t *)data;
+        for (i = 0; i < 256; i++) {
+            float x = rng_unit(&s) * 64.0f;
+            table[i] = dt == ATTN_DTYPE_FP8_E4M3 ? attn_f32_to_fp8_e4m3(x) : attn_f32_to_fp8_e5m2(x);
+        }
+        for (i = 0; i < n; i++) c[i] = table[(rng_next(&s) >> 32) & 255];
+        return;
+    }
     if (n < ((size_t)1 << 20)) {
         uint16_t *h = (uint16_t *)data;
         for (i = 0; i < n; i++)
@@ -525,6 +534,7 @@ static void bench_decode(attn_context *ctx, bench_opts *o, int batch, attn_dtype
     d.dtype = dtype;
     d.kv_cache_dtype = cache_dtype;
     d.block_size = BENCH_BLOCK;
+    d.k_scale.value = d.v_scale.value = 1.0f / 64; /* fp8 caches: per-tensor scales */
     CHECK(ctx, attn_layer_create(ctx, &d, NULL, &layer));
 
     kv_bytes_iter = (size_t)batch * BENCH_CONTEXT * BENCH_KV_HEADS * BENCH_HEAD_SIZE * 2 * esz;
@@ -2142,6 +2152,9 @@ int main(int argc, char **argv) {
         bench_decode(ctx, &o, 8, ATTN_DTYPE_F32, ATTN_DTYPE_F32);
         bench_decode(ctx, &o, 1, ATTN_DTYPE_BF16, ATTN_DTYPE_BF16);
         bench_decode(ctx, &o, 8, ATTN_DTYPE_BF16, ATTN_DTYPE_BF16);
+        bench_decode(ctx, &o, 1, ATTN_DTYPE_F16, ATTN_DTYPE_FP8_E4M3); /* fp8 caches, per-tensor scales */
+        bench_decode(ctx, &o, 8, ATTN_DTYPE_F16, ATTN_DTYPE_FP8_E4M3);
+        bench_decode(ctx, &o, 8, ATTN_DTYPE_BF16, ATTN_DTYPE_FP8_E5M2);
         printf("read ceiling during the decode cases: %.1f to %.1f GB/s (%d threads); rows use the "
                "best, %.1f GB/s\n", o.read_worst, o.read_best, cores, o.read_best);
         {
