@@ -350,10 +350,11 @@ typedef enum attn_dtype {
        per tensor (attn_layer_desc.k_scale / v_scale): the cache holds x / scale. */
     ATTN_DTYPE_FP8_E4M3 = 4, /* OCP e4m3fn: bias 7, max 448, no infinity, NaN 0x7f/0xff */
     ATTN_DTYPE_FP8_E5M2 = 5, /* OCP e5m2: bias 15, max 57344, infinities, NaN */
+    ATTN_DTYPE_INT8 = 6,     /* KV caches with per-token-head scales only: codes -127..127 */
     ATTN_DTYPE_COUNT
 } attn_dtype;
 
-/* "f32", "f16", "bf16", "fp8_e4m3", "fp8_e5m2", "auto" */
+/* "f32", "f16", "bf16", "fp8_e4m3", "fp8_e5m2", "int8", "auto" */
 ATTN_API const char *attn_dtype_name(attn_dtype dtype);
 /* An element type by name, case-insensitive: "f32", "f16", "bf16", "fp8_e4m3", "fp8_e5m2"
    or "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", and vLLM's cache
@@ -549,6 +550,17 @@ typedef struct attn_kv_scale {
     attn_device_kind device;  /* where ptr points: host memory (CPU) for a CPU layer */
 } attn_kv_scale;
 
+/* Where an 8-bit cache's scales are. */
+typedef enum attn_kv_scale_kind {
+    ATTN_KV_SCALE_PER_TENSOR = 0,    /* fp8_e4m3 / fp8_e5m2: desc.k_scale and desc.v_scale */
+    /* int8 / fp8_e4m3: every (token, KV head) row of K and of V has its own scale, amax / 127
+       (int8) or amax / 448 (e4m3) of the row, set by the cache write and stored in the cache
+       beside the rows: a block half is [block_size][num_kv_heads][head_size] codes (rows stay
+       16-byte aligned for head sizes that are multiples of 16), then [block_size]
+       [num_kv_heads] f32 scales; kv_cache_shape counts head_size + 4 bytes per row. */
+    ATTN_KV_SCALE_PER_TOKEN_HEAD = 1
+} attn_kv_scale_kind;
+
 typedef struct attn_layer_desc {
     int num_heads;             /* query heads, required */
     int num_kv_heads;          /* 0: num_heads; must divide num_heads */
@@ -576,6 +588,7 @@ typedef struct attn_layer_desc {
        is the latent's; v_scale is unused there. Other caches ignore them (a value or
        pointer set anyway must still be valid). */
     attn_kv_scale k_scale, v_scale;
+    attn_kv_scale_kind kv_scale_kind; /* PER_TENSOR (default) or PER_TOKEN_HEAD (no k/v_scale) */
 } attn_layer_desc;
 
 /* ---------------------------------------------------------------------------------------
@@ -2194,6 +2207,23 @@ static void attn__row_to_e4m3(const float *src, void *dst, int n) {
     int i;
     for (i = 0; i < n; i++) d[i] = attn_f32_to_fp8_e4m3(src[i]);
 }
+static void attn__i8_row(const void *src, float *dst, int n);
+/* f32 -> int8 code: round to nearest even, saturated to -127..127, NaN -> 0 (a row with a
+   NaN has a NaN scale: it reads back NaN whatever its codes). */
+static int8_t attn__f32_to_i8(float x) {
+    float r;
+    if (!(x == x)) return 0;
+    if (x >= 127.0f) return 127;
+    if (x <= -127.0f) return -127;
+    r = (float)(int)x; /* toward zero, then to nearest even */
+    if (fabsf(x - r) > 0.5f || (fabsf(x - r) == 0.5f && ((int)r & 1))) r += x > r ? 1.0f : -1.0f;
+    return (int8_t)(int)r;
+}
+static void attn__row_to_i8(const float *src, void *dst, int n) {
+    int8_t *d = (int8_t *)dst;
+    int i;
+    for (i = 0; i < n; i++) d[i] = attn__f32_to_i8(src[i]);
+}
 static void attn__row_to_e5m2(const float *src, void *dst, int n) {
     uint8_t *d = (uint8_t *)dst;
     int i;
@@ -2217,7 +2247,8 @@ static const attn__dtype_info attn__dtypes[] = { /* one row per attn_dtype, in o
     {"f16", "float16", 2, attn__f16_row, attn__row_to_f16, 0},
     {"bf16", "bfloat16", 2, attn__bf16_row, attn__row_to_bf16, 0},
     {"fp8_e4m3", "float8_e4m3fn", 1, attn__e4m3_row, attn__row_to_e4m3, 1},
-    {"fp8_e5m2", "float8_e5m2", 1, attn__e5m2_row, attn__row_to_e5m2, 1}
+    {"fp8_e5m2", "float8_e5m2", 1, attn__e5m2_row, attn__row_to_e5m2, 1},
+    {"int8", "int8", 1, attn__i8_row, attn__row_to_i8, 1}
 };
 /* fails to compile when attn_dtype gains an enumerator without a row */
 typedef char attn__dtype_table_complete[
@@ -2319,6 +2350,7 @@ static float attn__load_elem(const void *p, attn_dtype dt, int64_t i) {
     case ATTN_DTYPE_BF16: return attn_bf16_to_f32(((const uint16_t *)p)[i]);
     case ATTN_DTYPE_FP8_E4M3: return attn_fp8_e4m3_to_f32(((const uint8_t *)p)[i]);
     case ATTN_DTYPE_FP8_E5M2: return attn_fp8_e5m2_to_f32(((const uint8_t *)p)[i]);
+    case ATTN_DTYPE_INT8: return (float)((const int8_t *)p)[i];
     case ATTN_DTYPE_AUTO: case ATTN_DTYPE_COUNT: break; /* not element types */
     }
     ATTN_ASSERT(0);
@@ -2332,6 +2364,7 @@ static void attn__store_elem(void *p, attn_dtype dt, int64_t i, float x) {
     case ATTN_DTYPE_BF16: ((uint16_t *)p)[i] = attn_f32_to_bf16(x); return;
     case ATTN_DTYPE_FP8_E4M3: ((uint8_t *)p)[i] = attn_f32_to_fp8_e4m3(x); return;
     case ATTN_DTYPE_FP8_E5M2: ((uint8_t *)p)[i] = attn_f32_to_fp8_e5m2(x); return;
+    case ATTN_DTYPE_INT8: ((int8_t *)p)[i] = attn__f32_to_i8(x); return;
     case ATTN_DTYPE_AUTO: case ATTN_DTYPE_COUNT: break;
     }
     ATTN_ASSERT(0);
@@ -2673,7 +2706,23 @@ static attn_status attn__desc_resolve(attn_context *ctx, const char *fn,
             if (!(d.alibi_slopes[i] - d.alibi_slopes[i] == 0.0f))
                 return attn__bad_desc(ctx, "%s: desc.alibi_slopes[%d] is %g (allowed: finite "
                                            "values)", fn, i, (double)d.alibi_slopes[i]);
-    for (i = 0; i < 2; i++) { /* the fp8 scales */
+    if ((int)d.kv_scale_kind != ATTN_KV_SCALE_PER_TENSOR && (int)d.kv_scale_kind != ATTN_KV_SCALE_PER_TOKEN_HEAD)
+        return attn__bad_desc(ctx, "%s: desc.kv_scale_kind is %d (allowed: ATTN_KV_SCALE_PER_TENSOR, "
+                                   "ATTN_KV_SCALE_PER_TOKEN_HEAD)", fn, (int)d.kv_scale_kind);
+    if (d.kv_scale_kind == ATTN_KV_SCALE_PER_TOKEN_HEAD) {
+        if (d.kv_cache_dtype != ATTN_DTYPE_INT8 && d.kv_cache_dtype != ATTN_DTYPE_FP8_E4M3)
+            return attn__bad_desc(ctx, "%s: desc.kv_scale_kind is PER_TOKEN_HEAD with kv_cache_dtype %s "
+                                       "(allowed: int8, fp8_e4m3)", fn, attn_dtype_name(d.kv_cache_dtype));
+        if (d.k_scale.value != 0.0f || d.k_scale.ptr || d.v_scale.value != 0.0f || d.v_scale.ptr)
+            return attn__bad_desc(ctx, "%s: desc.k_scale / v_scale are set with kv_scale_kind PER_TOKEN_HEAD "
+                                       "(allowed: unset; the cache write computes and stores a scale per "
+                                       "row)", fn);
+    } else if (d.kv_cache_dtype == ATTN_DTYPE_INT8) {
+        return attn__bad_desc(ctx, "%s: desc.kv_cache_dtype is int8 with kv_scale_kind PER_TENSOR (allowed: "
+                                   "int8 with ATTN_KV_SCALE_PER_TOKEN_HEAD; per-tensor scales take fp8_e4m3 or "
+                                   "fp8_e5m2)", fn);
+    }
+    for (i = 0; i < 2 && d.kv_scale_kind == ATTN_KV_SCALE_PER_TENSOR; i++) { /* the fp8 scales */
         const attn_kv_scale *s = i ? &d.v_scale : &d.k_scale;
         const char *nm = i ? "v_scale" : "k_scale";
         int needed = attn__dtypes[d.kv_cache_dtype].cache_only && !(i == 1 && d.use_mla);
@@ -2704,7 +2753,8 @@ static attn_status attn__kv_scales(attn_context *ctx, const attn_layer_desc *d, 
                                    float *vs) {
     int i;
     *ks = *vs = 1.0f;
-    if (!attn__dtypes[d->kv_cache_dtype].cache_only) return ATTN_OK;
+    if (!attn__dtypes[d->kv_cache_dtype].cache_only || d->kv_scale_kind == ATTN_KV_SCALE_PER_TOKEN_HEAD)
+        return ATTN_OK; /* per-token-head: the scales are in the cache */
     for (i = 0; i < 2; i++) {
         const attn_kv_scale *s = i ? &d->v_scale : &d->k_scale;
         float x;
@@ -2839,7 +2889,8 @@ static int attn__desc_equal(const attn_layer_desc *a, const attn_layer_desc *b) 
            a->sliding_window == b->sliding_window && a->logits_soft_cap == b->logits_soft_cap &&
            a->use_mla == b->use_mla && a->device == b->device && a->kv_lora_rank == b->kv_lora_rank &&
            a->qk_rope_head_dim == b->qk_rope_head_dim &&
-           a->qk_nope_head_dim == b->qk_nope_head_dim && a->v_head_dim == b->v_head_dim;
+           a->qk_nope_head_dim == b->qk_nope_head_dim && a->v_head_dim == b->v_head_dim &&
+           a->kv_scale_kind == b->kv_scale_kind;
 }
 
 static void attn__selection_add_skip(attn_selection *s, attn_backend_id id, const char *reason) {
@@ -3917,6 +3968,9 @@ ATTN__INLINE attn__vf attn__vld_e4m3(const uint8_t *p) {
                                             _mm512_set1_epi32(0x7f));
     return _mm512_mask_blend_ps(nan, v, _mm512_set1_ps(NAN));
 }
+ATTN__INLINE attn__vf attn__vld_i8(const int8_t *p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)p)));
+}
 ATTN__INLINE attn__vf attn__vld_e5m2(const uint8_t *p) {
     __m256i h = _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(const void *)p)), 8);
     return _mm512_cvtph_ps(h);
@@ -3991,6 +4045,9 @@ ATTN__INLINE attn__vf attn__vld_e4m3(const uint8_t *p) {
     __m128i nan = _mm_cmpeq_epi16(_mm_and_si128(w, _mm_set1_epi16(0x7f)), _mm_set1_epi16(0x7f));
     return _mm256_blendv_ps(v, _mm256_set1_ps(NAN), _mm256_castsi256_ps(_mm256_cvtepi16_epi32(nan)));
 }
+ATTN__INLINE attn__vf attn__vld_i8(const int8_t *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)p)));
+}
 ATTN__INLINE attn__vf attn__vld_e5m2(const uint8_t *p) {
     __m128i h = _mm_slli_epi16(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(const void *)p)), 8);
     return _mm256_cvtph_ps(h);
@@ -4055,6 +4112,9 @@ ATTN__INLINE attn__vf attn__vld_e4m3(const uint8_t *p) {
 ATTN__INLINE attn__vf attn__vld_e5m2(const uint8_t *p) {
     attn__vf r; int i; for (i = 0; i < ATTN__W; i++) r.v[i] = attn_fp8_e5m2_to_f32(p[i]); return r;
 }
+ATTN__INLINE attn__vf attn__vld_i8(const int8_t *p) {
+    attn__vf r; int i; for (i = 0; i < ATTN__W; i++) r.v[i] = (float)p[i]; return r;
+}
 #endif
 
 /* Pins a vector to a register: compilers otherwise fold a load used by several FMAs into
@@ -4085,6 +4145,12 @@ static void attn__e4m3_row(const void *src, float *d, int n) {
     int i = 0;
     for (; i + ATTN__W <= n; i += ATTN__W) attn__vst(d + i, attn__vld_e4m3(s + i));
     for (; i < n; i++) d[i] = attn_fp8_e4m3_to_f32(s[i]);
+}
+static void attn__i8_row(const void *src, float *d, int n) {
+    const int8_t *s = (const int8_t *)src;
+    int i = 0;
+    for (; i + ATTN__W <= n; i += ATTN__W) attn__vst(d + i, attn__vld_i8(s + i));
+    for (; i < n; i++) d[i] = (float)s[i];
 }
 static void attn__e5m2_row(const void *src, float *d, int n) {
     const uint8_t *s = (const uint8_t *)src;
@@ -4329,6 +4395,7 @@ ATTN__INLINE attn__vf attn__vload_kv(const char *p, attn_dtype dt) {
     case ATTN_DTYPE_BF16: return attn__vld_bf16((const uint16_t *)(const void *)p);
     case ATTN_DTYPE_FP8_E4M3: return attn__vld_e4m3((const uint8_t *)(const void *)p);
     case ATTN_DTYPE_FP8_E5M2: return attn__vld_e5m2((const uint8_t *)(const void *)p);
+    case ATTN_DTYPE_INT8: return attn__vld_i8((const int8_t *)(const void *)p);
     case ATTN_DTYPE_AUTO: case ATTN_DTYPE_COUNT: break;
     }
     ATTN_ASSERT(0);
@@ -4461,6 +4528,7 @@ ATTN__NOINLINE static void attn__cpu_qk_direct(const float *Q, int per_head, int
     case ATTN_DTYPE_BF16: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, pf, ATTN_DTYPE_BF16); return;
     case ATTN_DTYPE_FP8_E4M3: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, pf, ATTN_DTYPE_FP8_E4M3); return;
     case ATTN_DTYPE_FP8_E5M2: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, pf, ATTN_DTYPE_FP8_E5M2); return;
+    case ATTN_DTYPE_INT8: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, pf, ATTN_DTYPE_INT8); return;
     case ATTN_DTYPE_AUTO: case ATTN_DTYPE_COUNT: break;
     }
     ATTN_ASSERT(0);
@@ -4538,6 +4606,7 @@ ATTN__NOINLINE static void attn__cpu_pv_direct(const float *P, int ld, int M, co
     case ATTN_DTYPE_BF16: attn__cpu_pv_direct_dt(P, ld, M, vp, hoff, n, D, dq, O, alpha, pf, ATTN_DTYPE_BF16); return;
     case ATTN_DTYPE_FP8_E4M3: attn__cpu_pv_direct_dt(P, ld, M, vp, hoff, n, D, dq, O, alpha, pf, ATTN_DTYPE_FP8_E4M3); return;
     case ATTN_DTYPE_FP8_E5M2: attn__cpu_pv_direct_dt(P, ld, M, vp, hoff, n, D, dq, O, alpha, pf, ATTN_DTYPE_FP8_E5M2); return;
+    case ATTN_DTYPE_INT8: attn__cpu_pv_direct_dt(P, ld, M, vp, hoff, n, D, dq, O, alpha, pf, ATTN_DTYPE_INT8); return;
     case ATTN_DTYPE_AUTO: case ATTN_DTYPE_COUNT: break;
     }
     ATTN_ASSERT(0);
@@ -4828,6 +4897,8 @@ static attn_status attn__cpu_build(const attn_backend *self, attn_layer *layer, 
 typedef struct attn__cpu_run {
     attn_context *ctx;
     float k_scale, v_scale;        /* fp8 caches: q is scaled by k_scale, O by v_scale; else 1 */
+    int row_scales;                /* per-token-head scales: a float per (token, KV head) row at */
+    size_t scale_offset;           /*   half + scale_offset + (token * num_kv_heads + head) * 4 */
     attn_layer_desc d;             /* heads, KV heads, head_size = dk, scale, mask fields */
     const float *alibi;
     const attn_batch *b;
@@ -4911,6 +4982,16 @@ static const char *attn__cpu_krow(const attn__cpu_run *a, const int32_t *bt, int
                     a->k_offset) * attn_dtype_size(a->kv_dtype);
 }
 
+/* The per-token-head scale of (key, KV head h): of its K row (v = 0) or V row (v = 1). */
+static float attn__cpu_row_scale(const attn__cpu_run *a, const int32_t *bt, int key, int h, int v) {
+    int bs = a->d.block_size;
+    size_t blk = (size_t)bt[key / bs], off = (size_t)(key % bs);
+    float s;
+    memcpy(&s, a->kv + blk * a->block_stride + (v ? a->v_offset : 0) + a->scale_offset +
+                   (off * (size_t)a->d.num_kv_heads + (size_t)h) * 4, 4);
+    return s;
+}
+
 static void attn__cpu_task_run(void *varg, int ti, int thread) {
     const attn__cpu_run *a = (const attn__cpu_run *)varg;
     const attn__cpu_task *tk = &a->cm->tasks[ti];
@@ -4934,6 +5015,7 @@ static void attn__cpu_task_run(void *varg, int ti, int thread) {
     const int32_t *bt = b->block_table + (size_t)tk->req * (size_t)b->block_table_stride;
     float *base = a->ctx->scratch[thread];
     float *Q, *O, *S, *K, *V, *m, *l, *alpha, *tmp;
+    float rscale[2 * ATTN__CPU_NT]; /* per-token-head scales of a tile's keys: K's, then V's */
     int *lo, *hi;
     size_t qsz = attn_dtype_size(a->q.dtype), csz = attn_dtype_size(a->kv_dtype);
     size_t head_bytes = a->head_stride * csz, vdelta = (a->v_offset - a->k_offset) * csz;
@@ -5006,11 +5088,17 @@ static void attn__cpu_task_run(void *varg, int ti, int thread) {
             for (j = 0; j < n; j++) {
                 const char *kr = attn__cpu_krow(a, bt, j0 + j, tk->head0);
                 for (h = 0; h < nheads; h++) {
-                    attn__row_to_f32(kr + (size_t)h * head_bytes, a->kv_dtype,
-                                     K + ((size_t)h * (size_t)nt_keys + (size_t)j) * (size_t)dpk, dk, dpk);
-                    if (!a->v_in_k)
-                        attn__row_to_f32(kr + (size_t)h * head_bytes + vdelta, a->kv_dtype,
-                                         V + ((size_t)h * (size_t)nt_keys + (size_t)j) * (size_t)dpv, dv, dpv);
+                    float *kd = K + ((size_t)h * (size_t)nt_keys + (size_t)j) * (size_t)dpk;
+                    float *vd = V + ((size_t)h * (size_t)nt_keys + (size_t)j) * (size_t)dpv;
+                    attn__row_to_f32(kr + (size_t)h * head_bytes, a->kv_dtype, kd, dk, dpk);
+                    if (!a->v_in_k) attn__row_to_f32(kr + (size_t)h * head_bytes + vdelta, a->kv_dtype, vd, dv, dpv);
+                    if (a->row_scales) { /* codes * the row's scale */
+                        float ks = attn__cpu_row_scale(a, bt, j0 + j, tk->head0 + h, 0);
+                        float vs = attn__cpu_row_scale(a, bt, j0 + j, tk->head0 + h, 1);
+                        int x;
+                        for (x = 0; x < dk; x++) kd[x] *= ks;
+                        for (x = 0; x < dv; x++) vd[x] *= vs;
+                    }
                 }
             }
         }
@@ -5018,10 +5106,17 @@ static void attn__cpu_task_run(void *varg, int ti, int thread) {
             float *Sh = S + (size_t)h * (size_t)per_head * ATTN__CPU_NT;
             const float *Kh = K + (size_t)h * (size_t)nt_keys * (size_t)dpk;
             const float *Vh = a->v_in_k ? Kh : V + (size_t)h * (size_t)nt_keys * (size_t)dpv;
-            int r0 = h * per_head;
+            int r0 = h * per_head, scaled = direct && a->row_scales;
             if (!direct) attn__cpu_qk(Q + (size_t)r0 * (size_t)dpk, per_head, Kh, n, dpk, S + (size_t)r0 * ATTN__CPU_NT, ATTN__CPU_NT);
+            if (scaled) /* per-token-head scales of this head's rows: s *= k scale, then p *= v scale */
+                for (j = 0; j < n; j++) {
+                    rscale[j] = attn__cpu_row_scale(a, bt, j0 + j, tk->head0 + h, 0);
+                    rscale[ATTN__CPU_NT + j] = attn__cpu_row_scale(a, bt, j0 + j, tk->head0 + h, 1);
+                }
             for (i = r0; i < r0 + per_head; i++) {
                 float *s = S + (size_t)i * ATTN__CPU_NT;
+                if (scaled)
+                    for (j = 0; j < n; j++) s[j] *= rscale[j];
                 if (cap > 0.0f)
                     for (j = 0; j < n; j++) s[j] = cap * tanhf(s[j] / cap) * ATTN__LOG2E;
                 if (a->alibi) {
@@ -5035,6 +5130,8 @@ static void attn__cpu_task_run(void *varg, int ti, int thread) {
                     for (j = 0; j < n; j++)
                         if (j0 + j < lo[i] || j0 + j >= hi[i]) s[j] = -INFINITY;
                 alpha[i] = attn__cpu_softmax_row(s, n, &m[i], &l[i]);
+                if (scaled) /* l counted the unscaled p */
+                    for (j = 0; j < n; j++) s[j] *= rscale[ATTN__CPU_NT + j];
             }
             if (direct)
                 attn__cpu_pv_direct(Sh, ATTN__CPU_NT, per_head, vp, (size_t)h * head_bytes, n, dv, dpv,
@@ -5102,6 +5199,37 @@ static void attn__cpu_write_kv(const attn_layer *layer, const attn_tensor *k, co
     size_t esz = attn_dtype_size(d->kv_cache_dtype);
     int t, h;
     int64_t i;
+    if (d->kv_scale_kind == ATTN_KV_SCALE_PER_TOKEN_HEAD) { /* codes of x / (amax / qmax), the scale beside */
+        const float qmax = d->kv_cache_dtype == ATTN_DTYPE_INT8 ? 127.0f : 448.0f;
+        const size_t half = (size_t)(bs * hkv) * (size_t)(hs + 4), plane = (size_t)(bs * hkv) * (size_t)hs;
+        float row[512];
+        for (t = 0; t < num_tokens; t++) {
+            int64_t slot = slots[t];
+            int kvi;
+            if (slot < 0) continue;
+            for (kvi = 0; kvi < 2; kvi++)
+                for (h = 0; h < hkv; h++) {
+                    const attn_tensor *src = kvi ? v : k;
+                    const attn_tensor *rs = kvi ? &vr : &kr;
+                    const char *p = (const char *)src->data +
+                                    (size_t)(t * rs->strides[0] + h * rs->strides[1]) * attn_dtype_size(src->dtype);
+                    char *base = (char *)kv->data + (size_t)(slot / bs) * 2 * half + (size_t)kvi * half;
+                    size_t r = (size_t)((slot % bs) * hkv + h);
+                    float amax = 0.0f, scale;
+                    for (i = 0; i < hs; i++) {
+                        float a;
+                        row[i] = attn__load_elem(p, src->dtype, i);
+                        a = fabsf(row[i]);
+                        if (!(a <= amax)) amax = a; /* NaN sticks */
+                    }
+                    scale = amax / qmax; /* NaN or inf rows read back NaN */
+                    for (i = 0; i < hs; i++)
+                        attn__store_elem(base + r * (size_t)hs, d->kv_cache_dtype, i, scale > 0.0f ? row[i] / scale : 0.0f);
+                    memcpy(base + plane + r * 4, &scale, 4);
+                }
+        }
+        return;
+    }
     for (t = 0; t < num_tokens; t++) {
         int64_t slot = slots[t], blk, off;
         if (slot < 0) continue;
@@ -5153,6 +5281,12 @@ static attn_status attn__cpu_forward(const attn_backend *self, attn_layer *layer
     a.block_stride = 2 * (size_t)d->block_size * a.token_stride;
     a.head_stride = (size_t)d->head_size;
     a.v_offset = (size_t)d->block_size * a.token_stride;
+    if (d->kv_scale_kind == ATTN_KV_SCALE_PER_TOKEN_HEAD) { /* 1-byte codes, then the scale plane */
+        a.row_scales = 1;
+        a.scale_offset = (size_t)d->block_size * a.token_stride;
+        a.v_offset = a.scale_offset + (size_t)d->block_size * (size_t)d->num_kv_heads * 4;
+        a.block_stride = 2 * a.v_offset;
+    }
     a.q = attn__tensor_resolved(q);
     a.out = attn__tensor_resolved(out);
     if (lse) { a.lse = attn__tensor_resolved(lse); a.has_lse = 1; }
@@ -5237,7 +5371,9 @@ static int attn__cpu_kv_cache_shape(const attn_backend *self, const attn_layer_d
     shape[1] = 2;
     shape[2] = d->block_size;
     shape[3] = d->num_kv_heads;
-    shape[4] = d->head_size;
+    /* per-token-head scales: 4 bytes a row more, stored as a plane after the block half's
+       rows (attn_kv_scale_kind) */
+    shape[4] = d->head_size + (d->kv_scale_kind == ATTN_KV_SCALE_PER_TOKEN_HEAD ? 4 : 0);
     return 5;
 }
 
@@ -5247,7 +5383,8 @@ static const attn_backend attn__cpu_backend = {
     ATTN_DEVICE_CPU,          /* device */
     ATTN_DTYPE_BIT(ATTN_DTYPE_F32) | ATTN_DTYPE_BIT(ATTN_DTYPE_F16) | ATTN_DTYPE_BIT(ATTN_DTYPE_BF16),
     ATTN_DTYPE_BIT(ATTN_DTYPE_F32) | ATTN_DTYPE_BIT(ATTN_DTYPE_F16) | ATTN_DTYPE_BIT(ATTN_DTYPE_BF16) |
-        ATTN_DTYPE_BIT(ATTN_DTYPE_FP8_E4M3) | ATTN_DTYPE_BIT(ATTN_DTYPE_FP8_E5M2), /* caches: fp8 with per-tensor scales too */
+        ATTN_DTYPE_BIT(ATTN_DTYPE_FP8_E4M3) | ATTN_DTYPE_BIT(ATTN_DTYPE_FP8_E5M2) |
+        ATTN_DTYPE_BIT(ATTN_DTYPE_INT8), /* caches: fp8 per tensor, int8 / fp8_e4m3 per token and head */
     8, 512, 8,                /* head sizes: multiples of 8 from 8 to 512 */
     16, 0,                    /* block sizes: any multiple of 16 */
     1, 1, 1, 1,               /* non-causal, sliding window, soft cap, ALiBi */
@@ -5297,6 +5434,11 @@ static int attn__cpu_mla_check(const attn_backend *self, const attn_layer_desc *
     if (d->qk_nope_head_dim % 8 || d->v_head_dim % 8 || d->qk_nope_head_dim > 512 || d->v_head_dim > 512) {
         attn__fmt(reason, size, "qk_nope_head_dim %d / v_head_dim %d not supported (multiples "
                   "of 8 up to 512)", d->qk_nope_head_dim, d->v_head_dim);
+        return 1;
+    }
+    if (d->kv_scale_kind != ATTN_KV_SCALE_PER_TENSOR) {
+        attn__fmt(reason, size, "per-token-head scales not supported (allowed for the latent: per-tensor "
+                  "fp8, kv_scale_kind PER_TENSOR with k_scale)");
         return 1;
     }
     return 0;
@@ -6448,7 +6590,7 @@ static int attn__cuda_dt(attn_dtype d) {
     case ATTN_DTYPE_F32: return 0;
     case ATTN_DTYPE_F16: return 1;
     case ATTN_DTYPE_BF16: return 2;
-    case ATTN_DTYPE_FP8_E4M3: case ATTN_DTYPE_FP8_E5M2: return -1;
+    case ATTN_DTYPE_FP8_E4M3: case ATTN_DTYPE_FP8_E5M2: case ATTN_DTYPE_INT8: return -1;
     case ATTN_DTYPE_COUNT: return -1;
     }
     return -1;

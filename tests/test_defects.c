@@ -692,9 +692,10 @@ ATTN_TEST(def_dtype_from_name) {
         {"float16", ATTN_DTYPE_F16},   {"bf16", ATTN_DTYPE_BF16},     {"BF16", ATTN_DTYPE_BF16},
         {"bfloat16", ATTN_DTYPE_BF16}, {"BFloat16", ATTN_DTYPE_BF16}, {"fp8", ATTN_DTYPE_FP8_E4M3},
         {"FP8", ATTN_DTYPE_FP8_E4M3},  {"fp8_e4m3", ATTN_DTYPE_FP8_E4M3}, {"float8_e4m3fn", ATTN_DTYPE_FP8_E4M3},
-        {"fp8_e5m2", ATTN_DTYPE_FP8_E5M2}, {"Float8_E5M2", ATTN_DTYPE_FP8_E5M2}};
+        {"fp8_e5m2", ATTN_DTYPE_FP8_E5M2}, {"Float8_E5M2", ATTN_DTYPE_FP8_E5M2}, {"int8", ATTN_DTYPE_INT8},
+        {"INT8", ATTN_DTYPE_INT8}};
     static const char *const bad[] = {"", "auto", "fp8 ", "f64", "float", "half", "f16 ", "bf", "fp8_e4m3fn", "e4m3",
-                                      "int8"};
+                                      "i8", "uint8"};
     attn_test_env saved = attn_test_env_save("ATTN_LOG_LEVEL");
     attn_dtype dt;
     size_t i;

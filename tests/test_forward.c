@@ -42,7 +42,24 @@ static float cache_value(attn_dtype dt, float scale, float x) {
     if (dt == ATTN_DTYPE_FP8_E5M2) return attn_fp8_e5m2_to_f32(attn_f32_to_fp8_e5m2(x / scale)) * scale;
     return round_to(dt, x);
 }
-static int is_fp8(attn_dtype dt) { return dt == ATTN_DTYPE_FP8_E4M3 || dt == ATTN_DTYPE_FP8_E5M2; }
+static int is_fp8(attn_dtype dt) {
+    return dt == ATTN_DTYPE_FP8_E4M3 || dt == ATTN_DTYPE_FP8_E5M2 || dt == ATTN_DTYPE_INT8;
+}
+/* Per-token-head quantization of one row of n values in place (what the cache write does:
+   scale = amax / 127 (int8) or / 448 (e4m3), codes of x / scale, read back as code * scale). */
+static void quantize_row(attn_dtype dt, float *x, int n) {
+    float amax = 0.0f, scale;
+    int i;
+    for (i = 0; i < n; i++)
+        if (fabsf(x[i]) > amax) amax = fabsf(x[i]);
+    scale = amax / (dt == ATTN_DTYPE_INT8 ? 127.0f : 448.0f);
+    for (i = 0; i < n; i++) {
+        float c = scale > 0.0f ? x[i] / scale : 0.0f;
+        if (dt == ATTN_DTYPE_INT8) c = rintf(c) > 127.0f ? 127.0f : rintf(c) < -127.0f ? -127.0f : rintf(c);
+        else c = attn_fp8_e4m3_to_f32(attn_f32_to_fp8_e4m3(c));
+        x[i] = c * scale;
+    }
+}
 static void put(void *p, attn_dtype dt, size_t i, float x) {
     switch (dt) {
     case ATTN_DTYPE_F32: ((float *)p)[i] = x; break;
@@ -282,6 +299,7 @@ typedef struct fcase {
     int write_in_forward;      /* new k/v passed to forward (else written beforehand) */
     float k_scale, v_scale;    /* fp8 caches: the per-tensor scales */
     int scale_ptr;             /* fp8: the scales through desc.k_scale.ptr / v_scale.ptr */
+    int per_token_head;        /* int8 / fp8_e4m3 with a scale per (token, KV head) row */
 } fcase;
 
 typedef struct fresult {
@@ -343,7 +361,8 @@ static fresult run_case(const fcase *c, rng *r, int keep_out) {
     d.num_heads = H; d.num_kv_heads = HK; d.head_size = D; d.dtype = c->dtype;
     d.kv_cache_dtype = c->kv_dtype; d.block_size = bs; d.causal = c->causal;
     d.sliding_window = c->window; d.logits_soft_cap = c->soft_cap; d.scale = c->scale;
-    if (is_fp8(c->kv_dtype)) {
+    if (c->per_token_head) d.kv_scale_kind = ATTN_KV_SCALE_PER_TOKEN_HEAD;
+    else if (is_fp8(c->kv_dtype)) {
         if (c->scale_ptr) { d.k_scale.ptr = &ks_now; d.v_scale.ptr = &vs_now; }
         else { d.k_scale.value = c->k_scale; d.v_scale.value = c->v_scale; }
     }
@@ -385,9 +404,10 @@ static fresult run_case(const fcase *c, rng *r, int keep_out) {
     }
     st = attn_layer_kv_cache_shape(layer, nblocks, shape, &ndim);
     EXPECT_OK(st);
-    cache = malloc((size_t)nblocks * 2 * (size_t)bs * (size_t)HK * (size_t)D * ksz);
-    poison(cache, c->kv_dtype, (size_t)nblocks * 2 * (size_t)bs * (size_t)HK * (size_t)D);
-    EXPECT_TRUE(ndim == 5 && shape[0] == nblocks && shape[1] == 2 && shape[2] == bs && shape[3] == HK && shape[4] == D);
+    EXPECT_TRUE(ndim == 5 && shape[0] == nblocks && shape[1] == 2 && shape[2] == bs && shape[3] == HK &&
+                shape[4] == D + (c->per_token_head ? 4 : 0)); /* per-token-head: the scale's 4 bytes a row */
+    cache = malloc((size_t)nblocks * 2 * (size_t)bs * (size_t)HK * (size_t)shape[4] * ksz);
+    poison(cache, c->kv_dtype, (size_t)nblocks * 2 * (size_t)bs * (size_t)HK * (size_t)shape[4]);
     tcache = attn_tensor_make(cache, c->kv_dtype, ndim, shape);
 
     /* K/V values: drawn in the layer dtype, stored in the cache dtype; each request draws
@@ -404,9 +424,14 @@ static fresult run_case(const fcase *c, rng *r, int keep_out) {
         for (x = 0; x < (int)n; x++) {
             KU[i][x] = round_to(c->dtype, rng_uniform(rr, -1.0f, 1.0f));
             VU[i][x] = round_to(c->dtype, rng_uniform(rr, -1.0f, 1.0f));
-            K[i][x] = cache_value(c->kv_dtype, c->k_scale, KU[i][x]);
-            V[i][x] = cache_value(c->kv_dtype, c->v_scale, VU[i][x]);
+            K[i][x] = c->per_token_head ? KU[i][x] : cache_value(c->kv_dtype, c->k_scale, KU[i][x]);
+            V[i][x] = c->per_token_head ? VU[i][x] : cache_value(c->kv_dtype, c->v_scale, VU[i][x]);
         }
+        if (c->per_token_head)
+            for (x = 0; x < c->slen[i] * HK; x++) {
+                quantize_row(c->kv_dtype, K[i] + (size_t)x * (size_t)D, D);
+                quantize_row(c->kv_dtype, V[i] + (size_t)x * (size_t)D, D);
+            }
     }
     /* context tokens go in through attn_reshape_and_cache */
     kc = malloc(((size_t)nctx + 1) * (size_t)HK * (size_t)D * esz);
@@ -733,6 +758,123 @@ ATTN_TEST(test_forward_fp8_random_cases) {
            100 * worst_ratio);
 }
 
+/* The random cases with per-token-head scales (int8 and fp8_e4m3 by turns): against float64
+   from the dequantized rows and against the unquantized values within the bound. */
+ATTN_TEST(test_forward_per_token_head_random_cases) {
+    rng r = {0x7e57ab1e5ull};
+    int n = (int)(40 * test_scale()), k, failed_cases = 0;
+    double worst_ratio = 0, worst_err[2] = {0, 0};
+    char buf[512];
+    if (n < 4) n = 4;
+    for (k = 0; k < n; k++) {
+        fcase c;
+        fresult res;
+        random_case(&r, &c, 2e8);
+        c.kv_dtype = k % 2 ? ATTN_DTYPE_FP8_E4M3 : ATTN_DTYPE_INT8;
+        c.per_token_head = 1;
+        res = run_case(&c, &r, 0);
+        if (res.max_quant_bound > 0 && res.max_quant_err / res.max_quant_bound > worst_ratio)
+            worst_ratio = res.max_quant_err / res.max_quant_bound;
+        if (res.max_quant_err > worst_err[k % 2]) worst_err[k % 2] = res.max_quant_err;
+        if (res.failures) {
+            describe(&c, buf, sizeof buf);
+            attn_test_fail(__FILE__, __LINE__, "per-token-head case %d failed (%d elements, max err %.3g): %s", k,
+                           res.failures, res.max_err, buf);
+            if (++failed_cases > 3) break;
+        }
+    }
+    printf("    per-token-head caches: largest |out - unquantized reference| int8 %.3g, fp8_e4m3 %.3g; at most "
+           "%.0f%% of the bound\n", worst_err[0], worst_err[1], 100 * worst_ratio);
+}
+
+/* The per-token-head layout as documented: a block half is the rows' codes, then their f32
+   scales (amax / 127); the descriptor's rules are named errors. */
+ATTN_TEST(test_forward_per_token_head_layout) {
+    attn_context *ctx = attn_test_context(NULL, ATTN_LOG_LEVEL_NONE, 1);
+    attn_layer_desc d;
+    attn_layer *layer = NULL;
+    enum { HK = 2, D = 32, BS = 16, NB = 3, T = 3 };
+    int64_t shape[ATTN_MAX_DIMS], slots[T] = {2 * BS + 5, 0, -1};
+    int ndim, t, h, i;
+    float kf[T * HK * D], vf[T * HK * D];
+    int8_t cache[NB * 2 * BS * HK * (D + 4)];
+    attn_tensor tk, tv, tc;
+    rng r = {99};
+    if (!ctx) { attn_test_fail(__FILE__, __LINE__, "context"); return; }
+    memset(&d, 0, sizeof d);
+    d.num_heads = 4; d.num_kv_heads = HK; d.head_size = D; d.dtype = ATTN_DTYPE_F32; d.block_size = BS;
+    d.kv_scale_kind = ATTN_KV_SCALE_PER_TOKEN_HEAD;
+    d.kv_cache_dtype = ATTN_DTYPE_FP8_E5M2; /* per-token-head takes int8 and fp8_e4m3 */
+    EXPECT_STATUS(attn_layer_create(ctx, &d, NULL, &layer), ATTN_ERROR_INVALID_VALUE);
+    EXPECT_TRUE(strstr(attn_context_last_error(ctx), "allowed: int8, fp8_e4m3") != NULL);
+    d.kv_cache_dtype = ATTN_DTYPE_INT8;
+    d.k_scale.value = 1.0f; /* the scales are the cache's */
+    EXPECT_STATUS(attn_layer_create(ctx, &d, NULL, &layer), ATTN_ERROR_INVALID_VALUE);
+    d.k_scale.value = 0.0f;
+    d.kv_scale_kind = ATTN_KV_SCALE_PER_TENSOR; /* int8 needs per-token-head */
+    EXPECT_STATUS(attn_layer_create(ctx, &d, NULL, &layer), ATTN_ERROR_INVALID_VALUE);
+    EXPECT_TRUE(strstr(attn_context_last_error(ctx), "int8") != NULL);
+    d.kv_scale_kind = (attn_kv_scale_kind)2;
+    EXPECT_STATUS(attn_layer_create(ctx, &d, NULL, &layer), ATTN_ERROR_INVALID_VALUE);
+    d.kv_scale_kind = ATTN_KV_SCALE_PER_TOKEN_HEAD;
+    EXPECT_OK(attn_layer_create(ctx, &d, NULL, &layer));
+    if (!layer) { attn_context_destroy(ctx); return; }
+    EXPECT_OK(attn_layer_kv_cache_shape(layer, NB, shape, &ndim));
+    EXPECT_TRUE(ndim == 5 && shape[4] == D + 4);
+    for (i = 0; i < T * HK * D; i++) { kf[i] = rng_uniform(&r, -3.0f, 3.0f); vf[i] = rng_uniform(&r, -0.5f, 0.5f); }
+    for (i = 0; i < D; i++) kf[HK * D + D + i] = 0.0f; /* token 1, head 1: an all-zero row */
+    memset(cache, 0x55, sizeof cache);
+    tc = attn_tensor_make(cache, ATTN_DTYPE_INT8, ndim, shape);
+    shape[0] = T; shape[1] = HK; shape[2] = D;
+    tk = attn_tensor_make(kf, ATTN_DTYPE_F32, 3, shape);
+    tv = attn_tensor_make(vf, ATTN_DTYPE_F32, 3, shape);
+    EXPECT_OK(attn_reshape_and_cache(layer, &tk, &tv, &tc, slots, T, NULL));
+    for (t = 0; t < 2; t++)
+        for (h = 0; h < HK; h++) {
+            int kvi;
+            for (kvi = 0; kvi < 2; kvi++) {
+                const float *x = (kvi ? vf : kf) + ((size_t)t * HK + (size_t)h) * D;
+                const int8_t *half = cache + ((size_t)(slots[t] / BS) * 2 + (size_t)kvi) * BS * HK * (D + 4);
+                size_t row = (size_t)(slots[t] % BS) * HK + (size_t)h;
+                float amax = 0.0f, scale, stored;
+                for (i = 0; i < D; i++) amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+                scale = amax / 127.0f;
+                memcpy(&stored, half + (size_t)BS * HK * D + row * 4, 4);
+                EXPECT_NEAR(stored, scale, 0.0, 0.0);
+                for (i = 0; i < D; i++) {
+                    int want = scale > 0.0f ? (int)rintf(x[i] / scale) : 0;
+                    if (half[row * D + (size_t)i] != want) {
+                        attn_test_fail(__FILE__, __LINE__, "token %d head %d %s[%d]: code %d, want %d", t, h,
+                                       kvi ? "v" : "k", i, half[row * D + (size_t)i], want);
+                        break;
+                    }
+                }
+            }
+        }
+    /* the row's largest magnitude is code +-127 */
+    {
+        int m = 0;
+        for (i = 0; i < D; i++) m = abs(cache[(size_t)(2 * 2) * BS * HK * (D + 4) + (size_t)(5 * HK) * D + (size_t)i]) > m
+                                        ? abs(cache[(size_t)(2 * 2) * BS * HK * (D + 4) + (size_t)(5 * HK) * D + (size_t)i])
+                                        : m;
+        EXPECT_EQ_INT(m, 127);
+    }
+    /* MLA latents take per-tensor fp8 only: CPU_MLA says why */
+    {
+        attn_layer_desc m;
+        attn_selection s;
+        memset(&m, 0, sizeof m);
+        m.num_heads = 16; m.head_size = 576; m.use_mla = 1; m.dtype = ATTN_DTYPE_BF16;
+        m.kv_cache_dtype = ATTN_DTYPE_FP8_E4M3; m.kv_scale_kind = ATTN_KV_SCALE_PER_TOKEN_HEAD;
+        EXPECT_TRUE(attn_select_backend(ctx, &m, NULL, &s) != ATTN_OK);
+        for (i = 0; i < s.num_skipped && i < ATTN_SELECTION_MAX_SKIPPED; i++)
+            if (s.skipped[i].backend == ATTN_BACKEND_CPU_MLA)
+                EXPECT_TRUE(strstr(s.skipped[i].reason, "per-token-head scales not supported") != NULL);
+    }
+    attn_layer_destroy(layer);
+    attn_context_destroy(ctx);
+}
+
 /* Scales by pointer are read at every call; bad scales are named errors that change nothing. */
 ATTN_TEST(test_forward_fp8_scales) {
     attn_context *ctx = attn_test_context(NULL, ATTN_LOG_LEVEL_NONE, 1);
@@ -978,4 +1120,6 @@ void suite_forward(void) {
     ATTN_RUN(test_forward_random_cases);
     ATTN_RUN(test_forward_fp8_random_cases);
     ATTN_RUN(test_forward_fp8_scales);
+    ATTN_RUN(test_forward_per_token_head_random_cases);
+    ATTN_RUN(test_forward_per_token_head_layout);
 }
