@@ -120,6 +120,15 @@
        for normal codes; e5m2 2 bits: 2^-3). Bad scales (0, negative, NaN, infinite, a
        pointer declared on another device than the layer's) are named errors at create;
        a pointer holding a bad value fails the call before anything is written.
+       Per-token-head scales (kv_scale_kind ATTN_KV_SCALE_PER_TOKEN_HEAD; CPU): int8 (vLLM's
+       per-token-head int8) or fp8_e4m3 caches where every (token, KV head) row of K and of V
+       gets scale = amax(row) / 127 (int8, codes rounded to nearest even) or / 448 (e4m3) at
+       the cache write. The scales do not sit inline in the rows, which would misalign them
+       (vLLM issue 56081): a block half is [block_size][num_kv_heads][head_size] codes, rows
+       16-byte aligned when head_size is a multiple of 16, then [block_size][num_kv_heads]
+       f32 scales; kv_cache_shape reports head_size + 4 (bytes a row, the scale included) and
+       the record shows kv_cache_dtype int8 / fp8_e4m3. MLA latents: per-tensor fp8 only
+       (CPU_MLA says so in the record). The same accuracy bound is asserted.
 
    ERRORS AND LOGGING
        Every public function returns attn_status (ATTN_OK = 0); attn_status_string() names

@@ -68,7 +68,8 @@ ATTN_ERROR_INVALID_VALUE = 2
 ATTN_ERROR_SHAPE_MISMATCH = 3
 ATTN_ERROR_INVALID_METADATA = 4
 ATTN_DTYPE_AUTO, ATTN_DTYPE_F32, ATTN_DTYPE_F16, ATTN_DTYPE_BF16 = 0, 1, 2, 3
-ATTN_DTYPE_FP8_E4M3, ATTN_DTYPE_FP8_E5M2 = 4, 5     # KV caches only
+ATTN_DTYPE_FP8_E4M3, ATTN_DTYPE_FP8_E5M2, ATTN_DTYPE_INT8 = 4, 5, 6     # KV caches only
+ATTN_KV_SCALE_PER_TENSOR, ATTN_KV_SCALE_PER_TOKEN_HEAD = 0, 1
 ATTN_DEVICE_CPU, ATTN_DEVICE_CUDA = 0, 1
 ATTN_PLATFORM_CPU, ATTN_PLATFORM_CUDA = 0, 1
 ATTN_CAUSAL_DEFAULT, ATTN_CAUSAL_YES, ATTN_CAUSAL_NO = 0, 1, 2
@@ -159,6 +160,7 @@ class attn_layer_desc(C.Structure):
         ("device", C.c_int),
         ("k_scale", attn_kv_scale),               # fp8 caches: per-tensor scales
         ("v_scale", attn_kv_scale),
+        ("kv_scale_kind", C.c_int),               # PER_TENSOR or PER_TOKEN_HEAD (in the cache)
     ]
 
 
@@ -456,7 +458,7 @@ _DTYPE_BY_NAME = {
     "bf16": ATTN_DTYPE_BF16, "bfloat16": ATTN_DTYPE_BF16,
     "fp8": ATTN_DTYPE_FP8_E4M3, "fp8_e4m3": ATTN_DTYPE_FP8_E4M3,
     "float8_e4m3fn": ATTN_DTYPE_FP8_E4M3, "fp8_e5m2": ATTN_DTYPE_FP8_E5M2,
-    "float8_e5m2": ATTN_DTYPE_FP8_E5M2,
+    "float8_e5m2": ATTN_DTYPE_FP8_E5M2, "int8": ATTN_DTYPE_INT8,
 }
 _LEVEL_BY_NAME = {"default": 0, "error": 1, "warn": 2, "warning": 2, "info": 3,
                   "debug": 4, "none": 5}
@@ -483,7 +485,7 @@ def _dtype(value, what):
     if name in _DTYPE_BY_NAME:
         return _DTYPE_BY_NAME[name]
     _fail(ATTN_ERROR_INVALID_VALUE, "%s is %r (allowed: float32, float16, bfloat16; for KV "
-          "caches also fp8 = fp8_e4m3 (float8_e4m3fn), fp8_e5m2 (float8_e5m2))" % (what, value))
+          "caches also fp8 = fp8_e4m3 (float8_e4m3fn), fp8_e5m2 (float8_e5m2), int8)" % (what, value))
 
 
 def _dtype_name(code):
@@ -789,7 +791,8 @@ class Layer(_Owned):
 
     dtype: of q/k/v/out ('float16', 'bf16', np.float32, torch.bfloat16...); kv_cache_dtype:
     None = dtype, or 'fp8' (= 'fp8_e4m3'), 'fp8_e5m2' with k_scale / v_scale (floats > 0; MLA:
-    k_scale only): the cache holds k / k_scale and v / v_scale. causal: True, False, or None (the library's default, causal).
+    k_scale only): the cache holds k / k_scale and v / v_scale; or 'int8' / 'fp8_e4m3' with
+    per_token_head=True: a scale per (token, KV head) row, kept in the cache. causal: True, False, or None (the library's default, causal).
     sliding_window, logits_soft_cap: 0 = none. alibi_slopes: None or num_heads floats.
     scale: None = 1/sqrt(head_size) (MLA: of the query width). device: 'cpu' or 'cuda'.
     backend: None (automatic, or env ATTN_BACKEND) or a name ('CPU', 'CUDA', 'CUDA_SM90', 'CPU_MLA',
@@ -804,7 +807,8 @@ class Layer(_Owned):
     def __init__(self, ctx, num_heads, num_kv_heads=None, head_size=None, block_size=16,
                  dtype="float16", kv_cache_dtype=None, causal=True, sliding_window=0,
                  logits_soft_cap=0.0, alibi_slopes=None, scale=None, device="cpu",
-                 backend=None, allow_fallback=False, mla=None, k_scale=None, v_scale=None):
+                 backend=None, allow_fallback=False, mla=None, k_scale=None, v_scale=None,
+                 per_token_head=False):
         super().__init__()
         lib = library()
         self.ctx = ctx
@@ -827,6 +831,7 @@ class Layer(_Owned):
         desc.kv_cache_dtype = _dtype(kv_cache_dtype, "Layer: kv_cache_dtype")
         desc.k_scale.value = float(k_scale or 0.0)
         desc.v_scale.value = float(v_scale or 0.0)
+        desc.kv_scale_kind = ATTN_KV_SCALE_PER_TOKEN_HEAD if per_token_head else ATTN_KV_SCALE_PER_TENSOR
         desc.block_size = int(block_size or 0)
         desc.scale = float(scale or 0.0)
         desc.causal = _causal(causal, "Layer: causal")

@@ -49,6 +49,7 @@ static const attn_py_layout_entry attn_py__layout[] = {
     F(attn_layer_desc, kv_lora_rank), F(attn_layer_desc, qk_rope_head_dim),
     F(attn_layer_desc, qk_nope_head_dim), F(attn_layer_desc, v_head_dim),
     F(attn_layer_desc, device), F(attn_layer_desc, k_scale), F(attn_layer_desc, v_scale),
+    F(attn_layer_desc, kv_scale_kind),
     S(attn_kv_scale), F(attn_kv_scale, value), F(attn_kv_scale, ptr), F(attn_kv_scale, device),
 
     S(attn_select_request), F(attn_select_request, backend),
@@ -88,7 +89,8 @@ static const attn_py_layout_entry attn_py__layout[] = {
     K(ATTN_MAX_DIMS), K(ATTN_SELECTION_MAX_SKIPPED), K(ATTN_OK),
     K(ATTN_ERROR_SHAPE_MISMATCH), K(ATTN_ERROR_INVALID_VALUE), K(ATTN_ERROR_INVALID_METADATA),
     K(ATTN_DTYPE_AUTO), K(ATTN_DTYPE_F32), K(ATTN_DTYPE_F16), K(ATTN_DTYPE_BF16),
-    K(ATTN_DTYPE_FP8_E4M3), K(ATTN_DTYPE_FP8_E5M2),
+    K(ATTN_DTYPE_FP8_E4M3), K(ATTN_DTYPE_FP8_E5M2), K(ATTN_DTYPE_INT8),
+    K(ATTN_KV_SCALE_PER_TENSOR), K(ATTN_KV_SCALE_PER_TOKEN_HEAD),
     K(ATTN_DEVICE_CPU), K(ATTN_DEVICE_CUDA), K(ATTN_PLATFORM_CPU), K(ATTN_PLATFORM_CUDA),
     K(ATTN_CAUSAL_DEFAULT), K(ATTN_CAUSAL_YES), K(ATTN_CAUSAL_NO),
     K(ATTN_LOG_LEVEL_DEFAULT), K(ATTN_LOG_LEVEL_ERROR), K(ATTN_LOG_LEVEL_WARN),
