@@ -131,11 +131,13 @@ static void fill_random(void *data, attn_dtype dt, size_t n, uint64_t seed) {
         for (i = 0; i < n; i++) f[i] = rng_unit(&s);
         return;
     }
-    if (dt == ATTN_DTYPE_FP8_E4M3 || dt == ATTN_DTYPE_FP8_E5M2) { /* codes of values in [-1, 1) / (1/64) */
+    if (attn_dtype_size(dt) == 1) { /* 8-bit caches: codes of values in [-1, 1) / (1/64) (int8: -127..127) */
         uint8_t table[256], *c = (uint8_t *)data;
         for (i = 0; i < 256; i++) {
             float x = rng_unit(&s) * 64.0f;
-            table[i] = dt == ATTN_DTYPE_FP8_E4M3 ? attn_f32_to_fp8_e4m3(x) : attn_f32_to_fp8_e5m2(x);
+            table[i] = dt == ATTN_DTYPE_FP8_E4M3 ? attn_f32_to_fp8_e4m3(x)
+                       : dt == ATTN_DTYPE_FP8_E5M2 ? attn_f32_to_fp8_e5m2(x)
+                                                  : (uint8_t)(int8_t)(int)(rng_unit(&s) * 127.0f);
         }
         for (i = 0; i < n; i++) c[i] = table[(rng_next(&s) >> 32) & 255];
         return;
@@ -511,7 +513,7 @@ static int reps_for(const bench_opts *o, double one_run_s, int is_fast_case) {
    ------------------------------------------------------------------------------------- */
 
 static void bench_decode(attn_context *ctx, bench_opts *o, int batch, attn_dtype dtype,
-                         attn_dtype cache_dtype) {
+                         attn_dtype cache_dtype, int per_token_head) {
     const int blocks_per_seq = BENCH_CONTEXT / BENCH_BLOCK;
     attn_layer_desc d;
     attn_layer *layer = NULL;
@@ -534,18 +536,29 @@ static void bench_decode(attn_context *ctx, bench_opts *o, int batch, attn_dtype
     d.dtype = dtype;
     d.kv_cache_dtype = cache_dtype;
     d.block_size = BENCH_BLOCK;
-    d.k_scale.value = d.v_scale.value = 1.0f / 64; /* fp8 caches: per-tensor scales */
+    if (per_token_head) d.kv_scale_kind = ATTN_KV_SCALE_PER_TOKEN_HEAD; /* scales in the cache */
+    else d.k_scale.value = d.v_scale.value = 1.0f / 64;                 /* fp8: per-tensor scales */
     CHECK(ctx, attn_layer_create(ctx, &d, NULL, &layer));
 
-    kv_bytes_iter = (size_t)batch * BENCH_CONTEXT * BENCH_KV_HEADS * BENCH_HEAD_SIZE * 2 * esz;
+    kv_bytes_iter = (size_t)batch * BENCH_CONTEXT * BENCH_KV_HEADS * (BENCH_HEAD_SIZE + (per_token_head ? 4 : 0)) * 2 * esz;
     nsets = (int)((BENCH_ROTATE_BYTES + kv_bytes_iter - 1) / kv_bytes_iter);
     if (nsets < 3) nsets = 3;
     num_blocks = (int64_t)nsets * batch * blocks_per_seq;
     CHECK(ctx, attn_layer_kv_cache_shape(layer, num_blocks, shape, &ndim));
-    kv_data = bench_alloc((size_t)num_blocks * 2 * BENCH_BLOCK * BENCH_KV_HEADS * BENCH_HEAD_SIZE * esz);
-    kv = attn_tensor_make(kv_data, cache_dtype, ndim, shape);
+    kv = attn_tensor_make(NULL, cache_dtype, ndim, shape);
     kv_bytes_total = attn_tensor_nbytes(&kv);
+    kv.data = kv_data = bench_alloc(kv_bytes_total);
     fill_random(kv_data, cache_dtype, kv_bytes_total / esz, 7 + (uint64_t)batch);
+    if (per_token_head) { /* the scale planes: 1/64 for every row (the codes are random) */
+        size_t half = (size_t)BENCH_BLOCK * BENCH_KV_HEADS * (BENCH_HEAD_SIZE + 4), rows = (size_t)BENCH_BLOCK * BENCH_KV_HEADS;
+        int64_t blk;
+        size_t r;
+        for (blk = 0; blk < 2 * num_blocks; blk++)
+            for (r = 0; r < rows; r++) {
+                float sc = 1.0f / 64;
+                memcpy((char *)kv_data + (size_t)blk * half + rows * BENCH_HEAD_SIZE + r * 4, &sc, 4);
+            }
+    }
 
     qshape[0] = batch; qshape[1] = BENCH_HEADS; qshape[2] = BENCH_HEAD_SIZE;
     q_data = bench_alloc((size_t)batch * BENCH_HEADS * BENCH_HEAD_SIZE * attn_dtype_size(dtype));
@@ -614,8 +627,9 @@ static void bench_decode(attn_context *ctx, bench_opts *o, int batch, attn_dtype
     gbs = (double)kv_bytes_iter / med / 1e9;
 
     row = row_add();
-    snprintf(row->name, sizeof row->name, "decode b=%d ctx=%d, KV %s, q/out %s", batch,
-             BENCH_CONTEXT, attn_dtype_name(cache_dtype), attn_dtype_name(dtype));
+    snprintf(row->name, sizeof row->name, "decode b=%d ctx=%d, KV %s%s, q/out %s", batch,
+             BENCH_CONTEXT, attn_dtype_name(cache_dtype), per_token_head ? " per token+head" : "",
+             attn_dtype_name(dtype));
     row->ms = med * 1e3;
     snprintf(row->metric, sizeof row->metric, "%.1f GB/s KV read", gbs);
     row->read_gbs = gbs;
@@ -2146,15 +2160,17 @@ int main(int argc, char **argv) {
 
     /* 2. The library. */
     if (run_decode) {
-        bench_decode(ctx, &o, 1, ATTN_DTYPE_F16, ATTN_DTYPE_F16);
-        bench_decode(ctx, &o, 8, ATTN_DTYPE_F16, ATTN_DTYPE_F16);
-        bench_decode(ctx, &o, 1, ATTN_DTYPE_F32, ATTN_DTYPE_F32);
-        bench_decode(ctx, &o, 8, ATTN_DTYPE_F32, ATTN_DTYPE_F32);
-        bench_decode(ctx, &o, 1, ATTN_DTYPE_BF16, ATTN_DTYPE_BF16);
-        bench_decode(ctx, &o, 8, ATTN_DTYPE_BF16, ATTN_DTYPE_BF16);
-        bench_decode(ctx, &o, 1, ATTN_DTYPE_F16, ATTN_DTYPE_FP8_E4M3); /* fp8 caches, per-tensor scales */
-        bench_decode(ctx, &o, 8, ATTN_DTYPE_F16, ATTN_DTYPE_FP8_E4M3);
-        bench_decode(ctx, &o, 8, ATTN_DTYPE_BF16, ATTN_DTYPE_FP8_E5M2);
+        bench_decode(ctx, &o, 1, ATTN_DTYPE_F16, ATTN_DTYPE_F16, 0);
+        bench_decode(ctx, &o, 8, ATTN_DTYPE_F16, ATTN_DTYPE_F16, 0);
+        bench_decode(ctx, &o, 1, ATTN_DTYPE_F32, ATTN_DTYPE_F32, 0);
+        bench_decode(ctx, &o, 8, ATTN_DTYPE_F32, ATTN_DTYPE_F32, 0);
+        bench_decode(ctx, &o, 1, ATTN_DTYPE_BF16, ATTN_DTYPE_BF16, 0);
+        bench_decode(ctx, &o, 8, ATTN_DTYPE_BF16, ATTN_DTYPE_BF16, 0);
+        bench_decode(ctx, &o, 1, ATTN_DTYPE_F16, ATTN_DTYPE_FP8_E4M3, 0); /* fp8 caches, per-tensor scales */
+        bench_decode(ctx, &o, 8, ATTN_DTYPE_F16, ATTN_DTYPE_FP8_E4M3, 0);
+        bench_decode(ctx, &o, 8, ATTN_DTYPE_BF16, ATTN_DTYPE_FP8_E5M2, 0);
+        bench_decode(ctx, &o, 8, ATTN_DTYPE_F16, ATTN_DTYPE_INT8, 1); /* per-token-head scales */
+        bench_decode(ctx, &o, 8, ATTN_DTYPE_F16, ATTN_DTYPE_FP8_E4M3, 1);
         printf("read ceiling during the decode cases: %.1f to %.1f GB/s (%d threads); rows use the "
                "best, %.1f GB/s\n", o.read_worst, o.read_best, cores, o.read_best);
         {
