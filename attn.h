@@ -118,7 +118,8 @@
        largest |v - v_cached| over the row's visible keys and ds the largest logit change
        scale * sum |q| |k - k_cached| (e4m3 keeps 3 mantissa bits: |x - x_cached| <= 2^-4 |x|
        for normal codes; e5m2 2 bits: 2^-3). Bad scales (0, negative, NaN, infinite, a
-       pointer declared on another device than the layer's) are named errors at create;
+       pointer declared on another device than the layer's, or whose memory the CUDA driver
+       places elsewhere than declared) are named errors at create;
        a pointer holding a bad value fails the call before anything is written.
        Per-token-head scales (kv_scale_kind ATTN_KV_SCALE_PER_TOKEN_HEAD; CPU): int8 (vLLM's
        per-token-head int8) or fp8_e4m3 caches where every (token, KV head) row of K and of V
@@ -2634,6 +2635,10 @@ ATTN_API attn_status attn_register_backend(attn_backend_id id, const attn_backen
    code > env > automatic that always leaves a record and one INFO line.
    ======================================================================================= */
 
+/* Where a pointer points, as the CUDA driver sees it: 1 device memory, 0 host memory (or
+   memory the driver does not know), -1 no driver or device to ask (>>cuda). */
+static int attn__cuda_pointer_kind(attn_context *ctx, const void *ptr);
+
 static attn_status attn__desc_resolve(attn_context *ctx, const char *fn,
                                       const attn_layer_desc *in, attn_layer_desc *out) {
     attn_layer_desc d = *in;
@@ -2739,10 +2744,16 @@ static attn_status attn__desc_resolve(attn_context *ctx, const char *fn,
             return attn__bad_desc(ctx, "%s: desc.%s.device is %d (allowed: ATTN_DEVICE_CPU, ATTN_DEVICE_CUDA)",
                                   fn, nm, (int)s->device);
         if (s->ptr) {
+            int kind = ctx ? attn__cuda_pointer_kind(ctx, s->ptr) : -1;
             if (s->device != d.device)
                 return attn__bad_desc(ctx, "%s: desc.%s.ptr is declared on %s (allowed: %s, the layer's "
                                            "device: desc.device)", fn, nm, attn__device_name(s->device),
                                       attn__device_name(d.device));
+            if (kind >= 0 && kind != (s->device == ATTN_DEVICE_CUDA)) /* the driver knows better */
+                return attn__bad_desc(ctx, "%s: desc.%s.ptr points to %s memory (the CUDA driver says so) but is "
+                                           "declared on %s (allowed: %s memory for a %s layer)", fn, nm,
+                                      kind ? "CUDA device" : "host", attn__device_name(s->device),
+                                      s->device == ATTN_DEVICE_CUDA ? "device" : "host", attn__device_name(d.device));
         } else if ((needed || s->value != 0.0f) && !(s->value > 0.0f && s->value <= FLT_MAX)) {
             return attn__bad_desc(ctx, needed ? "%s: desc.%s.value is %g for a %s cache (allowed: a finite "
                                                 "value > 0, e.g. 1.0, or desc.%s.ptr)"
@@ -6481,6 +6492,17 @@ static void attn__cuda_leave(attn_context *ctx) {
     ctx->cuda->cuCtxPopCurrent(&popped);
 }
 
+static int attn__cuda_pointer_kind(attn_context *ctx, const void *ptr) {
+    unsigned int type = 0;
+    attn__CUresult rc;
+    if (ctx->platform.kind != ATTN_PLATFORM_CUDA || !ctx->cuda || !ctx->cuda->library) return -1;
+    if (attn__cuda_enter(ctx, "attn_layer_create") != ATTN_OK) return -1;
+    rc = ctx->cuda->cuPointerGetAttribute(&type, ATTN__CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                          (attn__CUdeviceptr)(uintptr_t)ptr);
+    attn__cuda_leave(ctx);
+    return rc == 0 && type == 2 /* CU_MEMORYTYPE_DEVICE */ ? 1 : 0; /* else host or unknown to CUDA */
+}
+
 /* attn__cuda_enter for calls that take the caller's stream: the stream must belong to the
    context the kernels are loaded in (the device's primary context, which the CUDA runtime
    and PyTorch use too). NULL, CU_STREAM_LEGACY (1) and CU_STREAM_PER_THREAD (2) name the
@@ -8402,6 +8424,11 @@ static const attn_backend attn__cuda_mla_backend = {
 #else /* ATTN_NO_CUDA: the helpers answer, the backend does not exist */
 
 static void attn__cuda_release(attn_context *ctx) { (void)ctx; }
+
+static int attn__cuda_pointer_kind(attn_context *ctx, const void *ptr) {
+    (void)ctx; (void)ptr;
+    return -1;
+}
 
 static attn_status attn__cuda_compiled_out(attn_context *ctx, const char *fn) {
     return attn__fail(ctx, ATTN_ERROR_PLATFORM, ATTN_LOG_PLATFORM_ERROR,

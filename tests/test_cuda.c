@@ -361,6 +361,35 @@ ATTN_TEST(cuda_selected_for_device_layers) {
     attn_context_destroy(ctx);
 }
 
+/* A scale pointer's declared device is checked against the driver: device memory declared
+   CPU, host memory declared CUDA — named errors at create. */
+ATTN_TEST(cuda_fp8_scale_pointer_device_checked) {
+    attn_test_log log;
+    attn_context *ctx = cu_ctx(&log);
+    attn_layer_desc d;
+    attn_layer *layer = NULL;
+    void *dev = NULL;
+    float host = 1.0f;
+    CU_SKIP_IF_NO_GPU(ctx);
+    EXPECT_OK(attn_cuda_malloc(ctx, 64, &dev));
+    memset(&d, 0, sizeof d);
+    d.num_heads = 8; d.num_kv_heads = 2; d.head_size = 64; d.dtype = ATTN_DTYPE_F16;
+    d.kv_cache_dtype = ATTN_DTYPE_FP8_E4M3;
+    d.v_scale.value = 1.0f;
+    d.k_scale.ptr = (const float *)dev; /* device memory, declared CPU (the default) */
+    EXPECT_STATUS(attn_layer_create(ctx, &d, NULL, &layer), ATTN_ERROR_INVALID_VALUE);
+    EXPECT_TRUE(strstr(attn_context_last_error(ctx), "CUDA device memory") != NULL);
+    d.k_scale.ptr = &host; /* host memory: a CPU layer takes it */
+    EXPECT_OK(attn_layer_create(ctx, &d, NULL, &layer));
+    attn_layer_destroy(layer);
+    layer = NULL;
+    d.device = ATTN_DEVICE_CUDA; d.k_scale.device = ATTN_DEVICE_CUDA; /* host memory declared CUDA */
+    EXPECT_STATUS(attn_layer_create(ctx, &d, NULL, &layer), ATTN_ERROR_INVALID_VALUE);
+    EXPECT_TRUE(strstr(attn_context_last_error(ctx), "host memory") != NULL);
+    EXPECT_OK(attn_cuda_free(ctx, dev));
+    attn_context_destroy(ctx);
+}
+
 ATTN_TEST(cuda_forward_matches_cpu) {
     attn_test_log log;
     attn_context *ctx = cu_ctx(&log);
@@ -1540,6 +1569,7 @@ done:
 
 void suite_cuda(void) {
     ATTN_RUN(cuda_selected_for_device_layers);
+    ATTN_RUN(cuda_fp8_scale_pointer_device_checked);
     ATTN_RUN(cuda_forward_matches_cpu);
     ATTN_RUN(cuda_host_tensor_refused);
     ATTN_RUN(cuda_merge_matches_cpu);
