@@ -182,4 +182,34 @@ ATTN_TEST(test_bf16dot_decode) {
     }
 }
 
-void suite_bf16dot(void) { ATTN_RUN(test_bf16dot_decode); }
+/* The 8-bit caches' row loaders (the SIMD paths of this build: AVX-512, AVX2 or plain C, the
+   vector loop and its scalar tail) against the scalar conversions, every code, bit for bit
+   (NaN codes NaN): what the decode kernels read from an fp8/int8 cache. */
+ATTN_TEST(test_8bit_row_loaders_exact) {
+    static const attn_dtype types[] = {ATTN_DTYPE_FP8_E4M3, ATTN_DTYPE_FP8_E5M2, ATTN_DTYPE_INT8};
+    uint8_t codes[256 + 7];
+    float got[256 + 7];
+    int t, i, n;
+    for (i = 0; i < 256 + 7; i++) codes[i] = (uint8_t)(i * 37 + 11); /* every code, then a tail */
+    for (t = 0; t < 3; t++)
+        for (n = 256 + 7; n >= 250; n -= 13) { /* lengths with and without a scalar tail */
+            memset(got, 0, sizeof got);
+            attn__dtypes[types[t]].load_row(codes, got, n);
+            for (i = 0; i < n; i++) {
+                float want = types[t] == ATTN_DTYPE_FP8_E4M3   ? attn_fp8_e4m3_to_f32(codes[i])
+                             : types[t] == ATTN_DTYPE_FP8_E5M2 ? attn_fp8_e5m2_to_f32(codes[i])
+                                                               : (float)(int8_t)codes[i];
+                if (!(got[i] == want || (got[i] != got[i] && want != want)) ||
+                    (want == 0.0f && signbit(got[i]) != signbit(want))) {
+                    attn_test_fail(__FILE__, __LINE__, "%s row loader: code 0x%02x -> %g, want %g",
+                                   attn_dtype_name(types[t]), codes[i], (double)got[i], (double)want);
+                    break;
+                }
+            }
+        }
+}
+
+void suite_bf16dot(void) {
+    ATTN_RUN(test_bf16dot_decode);
+    ATTN_RUN(test_8bit_row_loaders_exact);
+}
