@@ -2212,12 +2212,8 @@ static void attn__row_to_f16(const float *src, void *dst, int n);
 static void attn__row_to_bf16(const float *src, void *dst, int n);
 static void attn__e4m3_row(const void *src, float *dst, int n);
 static void attn__e5m2_row(const void *src, float *dst, int n);
-static void attn__row_to_e4m3(const float *src, void *dst, int n) {
-    uint8_t *d = (uint8_t *)dst;
-    int i;
-    for (i = 0; i < n; i++) d[i] = attn_f32_to_fp8_e4m3(src[i]);
-}
 static void attn__i8_row(const void *src, float *dst, int n);
+
 /* f32 -> int8 code: round to nearest even, saturated to -127..127, NaN -> 0 (a row with a
    NaN has a NaN scale: it reads back NaN whatever its codes). */
 static int8_t attn__f32_to_i8(float x) {
@@ -2229,16 +2225,18 @@ static int8_t attn__f32_to_i8(float x) {
     if (fabsf(x - r) > 0.5f || (fabsf(x - r) == 0.5f && ((int)r & 1))) r += x > r ? 1.0f : -1.0f;
     return (int8_t)(int)r;
 }
-static void attn__row_to_i8(const float *src, void *dst, int n) {
-    int8_t *d = (int8_t *)dst;
-    int i;
-    for (i = 0; i < n; i++) d[i] = attn__f32_to_i8(src[i]);
-}
-static void attn__row_to_e5m2(const float *src, void *dst, int n) {
-    uint8_t *d = (uint8_t *)dst;
-    int i;
-    for (i = 0; i < n; i++) d[i] = attn_f32_to_fp8_e5m2(src[i]);
-}
+
+/* f32 rows into the 8-bit cache types, element by element (cache writes only). */
+#define ATTN__ROW_FROM_F32(name, T, one)                   \
+    static void name(const float *src, void *dst, int n) { \
+        T *d = (T *)dst;                                   \
+        int i;                                             \
+        for (i = 0; i < n; i++) d[i] = one(src[i]);        \
+    }
+ATTN__ROW_FROM_F32(attn__row_to_e4m3, uint8_t, attn_f32_to_fp8_e4m3)
+ATTN__ROW_FROM_F32(attn__row_to_e5m2, uint8_t, attn_f32_to_fp8_e5m2)
+ATTN__ROW_FROM_F32(attn__row_to_i8, int8_t, attn__f32_to_i8)
+#undef ATTN__ROW_FROM_F32
 
 /* Everything that depends on the element type goes through this table, or through a
    switch without `default:` (so -Wswitch names each place a new type must be handled;
@@ -4146,38 +4144,23 @@ ATTN__INLINE attn__vf attn__vld_i8(const int8_t *p) {
 #define ATTN__VKEEP(v) ((void)0)
 #endif
 
-/* Rows of n elements between f16/bf16 storage and f32, W at a time, scalar tails (the
-   dtype table's rows for f16 and bf16). */
-static void attn__f16_row(const void *src, float *d, int n) {
-    const uint16_t *s = (const uint16_t *)src;
-    int i = 0;
-    for (; i + ATTN__W <= n; i += ATTN__W) attn__vst(d + i, attn__vld_f16(s + i));
-    for (; i < n; i++) d[i] = attn_f16_to_f32(s[i]);
-}
-static void attn__bf16_row(const void *src, float *d, int n) {
-    const uint16_t *s = (const uint16_t *)src;
-    int i = 0;
-    for (; i + ATTN__W <= n; i += ATTN__W) attn__vst(d + i, attn__vld_bf16(s + i));
-    for (; i < n; i++) d[i] = attn_bf16_to_f32(s[i]);
-}
-static void attn__e4m3_row(const void *src, float *d, int n) {
-    const uint8_t *s = (const uint8_t *)src;
-    int i = 0;
-    for (; i + ATTN__W <= n; i += ATTN__W) attn__vst(d + i, attn__vld_e4m3(s + i));
-    for (; i < n; i++) d[i] = attn_fp8_e4m3_to_f32(s[i]);
-}
-static void attn__i8_row(const void *src, float *d, int n) {
-    const int8_t *s = (const int8_t *)src;
-    int i = 0;
-    for (; i + ATTN__W <= n; i += ATTN__W) attn__vst(d + i, attn__vld_i8(s + i));
-    for (; i < n; i++) d[i] = (float)s[i];
-}
-static void attn__e5m2_row(const void *src, float *d, int n) {
-    const uint8_t *s = (const uint8_t *)src;
-    int i = 0;
-    for (; i + ATTN__W <= n; i += ATTN__W) attn__vst(d + i, attn__vld_e5m2(s + i));
-    for (; i < n; i++) d[i] = attn_fp8_e5m2_to_f32(s[i]);
-}
+/* Rows of n elements of a storage type into f32, W at a time, scalar tails: the dtype
+   table's load_row for f16, bf16 and the 8-bit cache types. */
+#define ATTN__ROW_TO_F32(name, T, vload, one)                                  \
+    static void name(const void *src, float *d, int n) {                      \
+        const T *s = (const T *)src;                                           \
+        int i = 0;                                                             \
+        for (; i + ATTN__W <= n; i += ATTN__W) attn__vst(d + i, vload(s + i)); \
+        for (; i < n; i++) d[i] = one(s[i]);                                   \
+    }
+#define ATTN__I8_TO_F32(x) ((float)(x))
+ATTN__ROW_TO_F32(attn__f16_row, uint16_t, attn__vld_f16, attn_f16_to_f32)
+ATTN__ROW_TO_F32(attn__bf16_row, uint16_t, attn__vld_bf16, attn_bf16_to_f32)
+ATTN__ROW_TO_F32(attn__e4m3_row, uint8_t, attn__vld_e4m3, attn_fp8_e4m3_to_f32)
+ATTN__ROW_TO_F32(attn__e5m2_row, uint8_t, attn__vld_e5m2, attn_fp8_e5m2_to_f32)
+ATTN__ROW_TO_F32(attn__i8_row, int8_t, attn__vld_i8, ATTN__I8_TO_F32)
+#undef ATTN__ROW_TO_F32
+#undef ATTN__I8_TO_F32
 static void attn__row_to_f16(const float *s, void *dst, int n) {
     uint16_t *d = (uint16_t *)dst;
     int i = 0;

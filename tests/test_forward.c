@@ -325,6 +325,38 @@ static void tol_for(attn_dtype dt, double *abs_tol, double *rel_tol) {
     else { *abs_tol = 1e-2; *rel_tol = 1e-2; }
 }
 
+/* The float64 attention of one query row qd (D values) for KV head kh over keys and values
+   laid out [slen][num_kv_heads][D]: logit[j] (-inf where key j is not visible), acc = the
+   normalised output; returns the LSE. slope: the head's ALiBi slope (0: none). */
+static double ref_attend(const fcase *c, const double *qd, const float *keys, const float *values, int kh, int slen,
+                         int pos, double scale, double slope, double *logit, double *acc) {
+    const int HK = c->num_kv_heads, D = c->head_size;
+    double mx = -INFINITY, sum = 0;
+    int j, x;
+    for (j = 0; j < slen; j++) {
+        const float *k = keys + ((size_t)j * (size_t)HK + (size_t)kh) * (size_t)D;
+        double s = 0;
+        if (!visible(c, pos, j)) { logit[j] = -INFINITY; continue; }
+        for (x = 0; x < D; x++) s += qd[x] * (double)k[x];
+        s *= scale;
+        if (c->soft_cap > 0) s = c->soft_cap * tanh(s / c->soft_cap);
+        if (c->alibi) s += slope * (double)(j - pos);
+        logit[j] = s;
+        if (s > mx) mx = s;
+    }
+    for (x = 0; x < D; x++) acc[x] = 0;
+    for (j = 0; j < slen; j++) {
+        const float *v = values + ((size_t)j * (size_t)HK + (size_t)kh) * (size_t)D;
+        double p;
+        if (logit[j] == -INFINITY) continue;
+        p = exp(logit[j] - mx);
+        sum += p;
+        for (x = 0; x < D; x++) acc[x] += p * (double)v[x];
+    }
+    for (x = 0; x < D; x++) acc[x] /= sum;
+    return mx + log(sum);
+}
+
 /* Runs one case end to end and checks every output element and LSE against float64. */
 static fresult run_case(const fcase *c, rng *r, int keep_out) {
     fresult res;
@@ -517,66 +549,33 @@ static fresult run_case(const fcase *c, rng *r, int keep_out) {
     {
         double *logit = (double *)malloc(((size_t)maxs + 1) * sizeof(double));
         double *acc = (double *)malloc((size_t)D * sizeof(double));
-        double *logitu = (double *)malloc(((size_t)maxs + 1) * sizeof(double));
         double *accu = (double *)malloc((size_t)D * sizeof(double));
+        double *qd = (double *)malloc((size_t)D * sizeof(double));
         for (rq = 0; rq < c->num_reqs; rq++)
             for (t = 0; t < c->qlen[rq]; t++) {
                 int row = qsl[rq] + t, pos = c->slen[rq] - c->qlen[rq] + t;
                 for (h = 0; h < H; h++) {
                     int kh = h / G;
-                    double mx = -INFINITY, sum = 0, lse_ref;
-                    for (j = 0; j < c->slen[rq]; j++) {
-                        double s = 0;
-                        if (!visible(c, pos, j)) { logit[j] = -INFINITY; continue; }
-                        for (x = 0; x < D; x++)
-                            s += (double)get(q, c->dtype, ((size_t)row * (size_t)H + (size_t)h) * (size_t)D + (size_t)x) *
-                                 (double)K[rq][((size_t)j * (size_t)HK + (size_t)kh) * (size_t)D + (size_t)x];
-                        s *= scale;
-                        if (c->soft_cap > 0) s = c->soft_cap * tanh(s / c->soft_cap);
-                        if (slopes) s += (double)slopes[h] * (double)(j - pos);
-                        logit[j] = s;
-                        if (s > mx) mx = s;
-                    }
-                    for (x = 0; x < D; x++) acc[x] = 0;
-                    for (j = 0; j < c->slen[rq]; j++) {
-                        double p;
-                        if (logit[j] == -INFINITY) continue;
-                        p = exp(logit[j] - mx);
-                        sum += p;
-                        for (x = 0; x < D; x++) acc[x] += p * (double)V[rq][((size_t)j * (size_t)HK + (size_t)kh) * (size_t)D + (size_t)x];
-                    }
-                    lse_ref = mx + log(sum);
+                    double lse_ref;
+                    for (x = 0; x < D; x++) qd[x] = get(q, c->dtype, ((size_t)row * (size_t)H + (size_t)h) * (size_t)D + (size_t)x);
+                    lse_ref = ref_attend(c, qd, K[rq], V[rq], kh, c->slen[rq], pos, scale, slopes ? slopes[h] : 0.0, logit, acc);
                     if (is_fp8(c->kv_dtype)) { /* against the unquantized keys and values: the bound */
-                        double mxu = -INFINITY, sumu = 0, ds = 0, dv = 0, vmax = 0;
+                        double ds = 0, dv = 0, vmax = 0;
                         for (j = 0; j < c->slen[rq]; j++) {
-                            double s = 0, sd = 0;
+                            double sd = 0;
                             const float *ku = KU[rq] + ((size_t)j * (size_t)HK + (size_t)kh) * (size_t)D;
                             const float *kq = K[rq] + ((size_t)j * (size_t)HK + (size_t)kh) * (size_t)D;
                             const float *vu = VU[rq] + ((size_t)j * (size_t)HK + (size_t)kh) * (size_t)D;
                             const float *vq = V[rq] + ((size_t)j * (size_t)HK + (size_t)kh) * (size_t)D;
-                            if (logit[j] == -INFINITY) { logitu[j] = -INFINITY; continue; }
+                            if (logit[j] == -INFINITY) continue;
                             for (x = 0; x < D; x++) {
-                                double qx = get(q, c->dtype, ((size_t)row * (size_t)H + (size_t)h) * (size_t)D + (size_t)x);
-                                s += qx * (double)ku[x];
-                                sd += fabs(qx) * fabs((double)kq[x] - (double)ku[x]);
+                                sd += fabs(qd[x]) * fabs((double)kq[x] - (double)ku[x]);
                                 if (fabs((double)vq[x] - (double)vu[x]) > dv) dv = fabs((double)vq[x] - (double)vu[x]);
                                 if (fabs((double)vu[x]) > vmax) vmax = fabs((double)vu[x]);
                             }
-                            s *= scale;
-                            if (c->soft_cap > 0) s = c->soft_cap * tanh(s / c->soft_cap);
-                            if (slopes) s += (double)slopes[h] * (double)(j - pos);
-                            logitu[j] = s;
-                            if (s > mxu) mxu = s;
                             if (sd * scale > ds) ds = sd * scale;
                         }
-                        for (x = 0; x < D; x++) accu[x] = 0;
-                        for (j = 0; j < c->slen[rq]; j++) {
-                            double p;
-                            if (logitu[j] == -INFINITY) continue;
-                            p = exp(logitu[j] - mxu);
-                            sumu += p;
-                            for (x = 0; x < D; x++) accu[x] += p * (double)VU[rq][((size_t)j * (size_t)HK + (size_t)kh) * (size_t)D + (size_t)x];
-                        }
+                        ref_attend(c, qd, KU[rq], VU[rq], kh, c->slen[rq], pos, scale, slopes ? slopes[h] : 0.0, logit, accu);
                         /* |out - out_u| <= max|dv| + (e^(2 max|ds|) - 1) max|v_u| (softmax weights
                            move by at most that factor when every logit moves by at most ds) */
                         {
@@ -584,7 +583,7 @@ static fresult run_case(const fcase *c, rng *r, int keep_out) {
                             if (bound > res.max_quant_bound) res.max_quant_bound = bound;
                             for (x = 0; x < D; x++) {
                                 size_t idx = ((size_t)row * (size_t)H + (size_t)h) * (size_t)D + (size_t)x;
-                                double got = get(out, c->dtype, idx), wantu = accu[x] / sumu;
+                                double got = get(out, c->dtype, idx), wantu = accu[x];
                                 if (fabs(got - wantu) > res.max_quant_err) res.max_quant_err = fabs(got - wantu);
                                 if (!(fabs(got - wantu) <= bound + abs_tol + rel_tol * fabs(wantu))) {
                                     if (res.failures < 3)
@@ -598,7 +597,7 @@ static fresult run_case(const fcase *c, rng *r, int keep_out) {
                     }
                     for (x = 0; x < D; x++) {
                         size_t idx = ((size_t)row * (size_t)H + (size_t)h) * (size_t)D + (size_t)x;
-                        double want = acc[x] / sum, got = get(out, c->dtype, idx);
+                        double want = acc[x], got = get(out, c->dtype, idx);
                         double err = fabs(got - want);
                         if (!(err <= res.max_err)) res.max_err = err != err ? INFINITY : err;
                         if (!attn_test_near(got, want, abs_tol, rel_tol)) {
@@ -620,8 +619,8 @@ static fresult run_case(const fcase *c, rng *r, int keep_out) {
             }
         free(logit);
         free(acc);
-        free(logitu);
         free(accu);
+        free(qd);
     }
     /* padding rows are not written */
     for (x = ntok * H * D; x < (ntok + c->pad_tokens) * H * D; x++)
@@ -721,47 +720,15 @@ ATTN_TEST(test_forward_random_cases) {
     }
 }
 
-/* The random cases with fp8 caches (e4m3 and e5m2 by turns): scales by value and by
-   pointer, from 1 (codes down to the subnormals) to amax / max-code (the full range);
-   checked against float64 from the dequantized cache values (the tolerances of the
-   unquantized runs) and against the unquantized values within the bound run_case states. */
-ATTN_TEST(test_forward_fp8_random_cases) {
-    rng r = {0xf8f8f8f8f8ull};
-    int n = (int)(40 * test_scale()), k, failed_cases = 0;
-    double worst_ratio = 0, worst_err = 0;
-    char buf[512];
-    if (n < 4) n = 4;
-    for (k = 0; k < n; k++) {
-        fcase c;
-        fresult res;
-        random_case(&r, &c, 2e8);
-        c.kv_dtype = k % 2 ? ATTN_DTYPE_FP8_E5M2 : ATTN_DTYPE_FP8_E4M3;
-        switch (rng_int(&r, 0, 2)) {
-        case 0: c.k_scale = c.v_scale = 1.0f; break;
-        case 1: c.k_scale = 1.0f / (k % 2 ? 57344.0f : 448.0f); c.v_scale = c.k_scale * 2; break;
-        default: c.k_scale = rng_uniform(&r, 0.002f, 0.5f); c.v_scale = rng_uniform(&r, 0.002f, 0.5f); break;
-        }
-        c.scale_ptr = rng_int(&r, 0, 1);
-        res = run_case(&c, &r, 0);
-        if (res.max_quant_bound > 0 && res.max_quant_err / res.max_quant_bound > worst_ratio)
-            worst_ratio = res.max_quant_err / res.max_quant_bound;
-        if (res.max_quant_err > worst_err) worst_err = res.max_quant_err;
-        if (res.failures) {
-            describe(&c, buf, sizeof buf);
-            attn_test_fail(__FILE__, __LINE__, "fp8 case %d (scales %g/%g%s) failed (%d elements, max err %.3g): %s", k,
-                           (double)c.k_scale, (double)c.v_scale, c.scale_ptr ? " by pointer" : "", res.failures,
-                           res.max_err, buf);
-            if (++failed_cases > 3) break;
-        }
-    }
-    printf("    fp8 caches: largest |out - unquantized reference| %.3g, at most %.0f%% of its bound\n", worst_err,
-           100 * worst_ratio);
-}
-
-/* The random cases with per-token-head scales (int8 and fp8_e4m3 by turns): against float64
-   from the dequantized rows and against the unquantized values within the bound. */
-ATTN_TEST(test_forward_per_token_head_random_cases) {
-    rng r = {0x7e57ab1e5ull};
+/* The random cases with 8-bit caches, each checked against float64 from the dequantized
+   cache values (the tolerances of the unquantized runs) and against the unquantized values
+   within the bound run_case states. Per tensor: e4m3 and e5m2 by turns, scales by value and
+   by pointer, from 1 (codes down to the subnormals) to 1 / max-code (the full range). Per
+   token and head: int8 and e4m3 by turns. */
+static void quant_random_cases(uint64_t seed, int per_token_head) {
+    static const attn_dtype kinds[2][2] = {{ATTN_DTYPE_FP8_E4M3, ATTN_DTYPE_FP8_E5M2},
+                                           {ATTN_DTYPE_INT8, ATTN_DTYPE_FP8_E4M3}};
+    rng r = {seed};
     int n = (int)(40 * test_scale()), k, failed_cases = 0;
     double worst_ratio = 0, worst_err[2] = {0, 0};
     char buf[512];
@@ -770,22 +737,36 @@ ATTN_TEST(test_forward_per_token_head_random_cases) {
         fcase c;
         fresult res;
         random_case(&r, &c, 2e8);
-        c.kv_dtype = k % 2 ? ATTN_DTYPE_FP8_E4M3 : ATTN_DTYPE_INT8;
-        c.per_token_head = 1;
+        c.kv_dtype = kinds[per_token_head][k % 2];
+        c.per_token_head = per_token_head;
+        if (!per_token_head) {
+            switch (rng_int(&r, 0, 2)) {
+            case 0: c.k_scale = c.v_scale = 1.0f; break;
+            case 1: c.k_scale = 1.0f / (k % 2 ? 57344.0f : 448.0f); c.v_scale = c.k_scale * 2; break;
+            default: c.k_scale = rng_uniform(&r, 0.002f, 0.5f); c.v_scale = rng_uniform(&r, 0.002f, 0.5f); break;
+            }
+            c.scale_ptr = rng_int(&r, 0, 1);
+        }
         res = run_case(&c, &r, 0);
         if (res.max_quant_bound > 0 && res.max_quant_err / res.max_quant_bound > worst_ratio)
             worst_ratio = res.max_quant_err / res.max_quant_bound;
         if (res.max_quant_err > worst_err[k % 2]) worst_err[k % 2] = res.max_quant_err;
         if (res.failures) {
             describe(&c, buf, sizeof buf);
-            attn_test_fail(__FILE__, __LINE__, "per-token-head case %d failed (%d elements, max err %.3g): %s", k,
-                           res.failures, res.max_err, buf);
+            attn_test_fail(__FILE__, __LINE__, "%s case %d (scales %s%g/%g%s) failed (%d elements, max err %.3g): %s",
+                           per_token_head ? "per-token-head" : "per-tensor", k, per_token_head ? "in the cache, " : "",
+                           (double)c.k_scale, (double)c.v_scale, c.scale_ptr ? " by pointer" : "", res.failures,
+                           res.max_err, buf);
             if (++failed_cases > 3) break;
         }
     }
-    printf("    per-token-head caches: largest |out - unquantized reference| int8 %.3g, fp8_e4m3 %.3g; at most "
-           "%.0f%% of the bound\n", worst_err[0], worst_err[1], 100 * worst_ratio);
+    printf("    %s caches: largest |out - unquantized reference| %s %.3g, %s %.3g; at most %.0f%% of the bound\n",
+           per_token_head ? "per-token-head" : "per-tensor fp8", attn_dtype_name(kinds[per_token_head][0]), worst_err[0],
+           attn_dtype_name(kinds[per_token_head][1]), worst_err[1], 100 * worst_ratio);
 }
+
+ATTN_TEST(test_forward_fp8_random_cases) { quant_random_cases(0xf8f8f8f8f8ull, 0); }
+ATTN_TEST(test_forward_per_token_head_random_cases) { quant_random_cases(0x7e57ab1e5ull, 1); }
 
 /* The per-token-head layout as documented: a block half is the rows' codes, then their f32
    scales (amax / 127); the descriptor's rules are named errors. */
