@@ -70,6 +70,18 @@ static inline void attn_test_env_restore(attn_test_env *e) {
 }
 #endif
 
+/* 8-bit KV-cache types (fp8_e4m3, fp8_e5m2, int8): one byte an element. */
+static inline int attn_test_is_8bit(attn_dtype dt) {
+    return dt == ATTN_DTYPE_FP8_E4M3 || dt == ATTN_DTYPE_FP8_E5M2 || dt == ATTN_DTYPE_INT8;
+}
+/* What an fp8 cache with a per-tensor scale holds for x, read back: code(x / scale) * scale
+   (the library's cache write and dequantization); x unchanged for other types. */
+static inline float attn_test_fp8_value(attn_dtype dt, float scale, float x) {
+    if (dt == ATTN_DTYPE_FP8_E4M3) return attn_fp8_e4m3_to_f32(attn_f32_to_fp8_e4m3(x / scale)) * scale;
+    if (dt == ATTN_DTYPE_FP8_E5M2) return attn_fp8_e5m2_to_f32(attn_f32_to_fp8_e5m2(x / scale)) * scale;
+    return x;
+}
+
 #endif
 
 #ifdef ATTN_TEST_IMPLEMENTATION

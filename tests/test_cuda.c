@@ -795,6 +795,18 @@ typedef struct cu_graph_api {
 } cu_graph_api;
 
 /* 0: ready; 1: libcuda cannot be opened here (the caller skips); -1: a failure, reported. */
+/* The same layer on the CPU (d as given, device CPU) and on the GPU, and a metadata of md
+   for each: the graph tests' CPU reference beside the captured GPU calls. 0 on a failure
+   (reported); what was created is left for the caller's cleanup. */
+static int cu_layer_pair(attn_context *ctx, attn_layer_desc *d, const attn_metadata_desc *md, attn_layer **cpu,
+                         attn_layer **gpu, attn_metadata **mc, attn_metadata **mg) {
+    d->device = ATTN_DEVICE_CPU;
+    EXPECT_OK(attn_layer_create(ctx, d, NULL, cpu));
+    d->device = ATTN_DEVICE_CUDA;
+    EXPECT_OK(attn_layer_create(ctx, d, NULL, gpu));
+    return *cpu && *gpu && attn_metadata_create(*cpu, md, mc) == ATTN_OK && attn_metadata_create(*gpu, md, mg) == ATTN_OK;
+}
+
 static int cu_graph_open(cu_graph_api *g) {
     const char *missing = NULL;
     void *lib;
@@ -857,13 +869,9 @@ ATTN_TEST(cuda_graph_replays_after_new_builds) {
     }
     memset(&d, 0, sizeof d);
     d.num_heads = H; d.num_kv_heads = HKV; d.head_size = D; d.dtype = ATTN_DTYPE_BF16; d.block_size = BS;
-    EXPECT_OK(attn_layer_create(ctx, &d, NULL, &cpu));
-    d.device = ATTN_DEVICE_CUDA;
-    EXPECT_OK(attn_layer_create(ctx, &d, NULL, &gpu));
     memset(&md, 0, sizeof md);
     md.max_num_reqs = MAXR; md.max_num_tokens = MAXT; md.max_blocks_per_req = MAXB; md.num_blocks = NB;
-    if (!cpu || !gpu || attn_metadata_create(cpu, &md, &mc) != ATTN_OK || attn_metadata_create(gpu, &md, &mg) != ATTN_OK)
-        goto done;
+    if (!cu_layer_pair(ctx, &d, &md, &cpu, &gpu, &mc, &mg)) goto done;
     attn_layer_kv_cache_shape(gpu, NB, shape, &ndim);
     if (!cu_buf_make(ctx, &q, sizeof cpu_out) || !cu_buf_make(ctx, &out, sizeof cpu_out) ||
         !cu_buf_make(ctx, &kv, (size_t)NB * 2 * BS * HKV * D * 2)) goto done;
@@ -1405,13 +1413,9 @@ ATTN_TEST(cuda_mla_graph_replays_after_new_builds) {
     case -1: goto done;
     }
     d = cu_mla_desc(H, ATTN_DTYPE_BF16, ATTN_DEVICE_CPU);
-    EXPECT_OK(attn_layer_create(ctx, &d, NULL, &cpu));
-    d.device = ATTN_DEVICE_CUDA;
-    EXPECT_OK(attn_layer_create(ctx, &d, NULL, &gpu));
     memset(&md, 0, sizeof md);
     md.max_num_reqs = MAXR; md.max_num_tokens = MAXR; md.max_blocks_per_req = MAXB; md.num_blocks = NB;
-    if (!cpu || !gpu || attn_metadata_create(cpu, &md, &mc) != ATTN_OK || attn_metadata_create(gpu, &md, &mg) != ATTN_OK)
-        goto done;
+    if (!cu_layer_pair(ctx, &d, &md, &cpu, &gpu, &mc, &mg)) goto done;
     if (!cu_buf_make(ctx, &q, (size_t)MAXR * H * R * 2) || !cu_buf_make(ctx, &qpe, (size_t)MAXR * H * P * 2) ||
         !cu_buf_make(ctx, &qn, (size_t)MAXR * H * N * 2) || !cu_buf_make(ctx, &out, sizeof gpu_out) ||
         !cu_buf_make(ctx, &kv, (size_t)NB * BS * D * 2) || !cu_buf_make(ctx, &wuk, (size_t)H * N * R * 2) ||

@@ -35,15 +35,10 @@ static float round_to(attn_dtype dt, float x) {
     default: return x;
     }
 }
-/* The value an fp8 cache with this scale holds for x (what the library's cache write
-   stores, dequantized): code(x / scale) * scale; other types: round_to. */
+/* The value a cache of type dt holds for x: fp8 with a per-tensor scale, code(x / scale) *
+   scale (fixtures.h); other types: round_to. */
 static float cache_value(attn_dtype dt, float scale, float x) {
-    if (dt == ATTN_DTYPE_FP8_E4M3) return attn_fp8_e4m3_to_f32(attn_f32_to_fp8_e4m3(x / scale)) * scale;
-    if (dt == ATTN_DTYPE_FP8_E5M2) return attn_fp8_e5m2_to_f32(attn_f32_to_fp8_e5m2(x / scale)) * scale;
-    return round_to(dt, x);
-}
-static int is_fp8(attn_dtype dt) {
-    return dt == ATTN_DTYPE_FP8_E4M3 || dt == ATTN_DTYPE_FP8_E5M2 || dt == ATTN_DTYPE_INT8;
+    return dt == ATTN_DTYPE_FP8_E4M3 || dt == ATTN_DTYPE_FP8_E5M2 ? attn_test_fp8_value(dt, scale, x) : round_to(dt, x);
 }
 /* Per-token-head quantization of one row of n values in place (what the cache write does:
    scale = amax / 127 (int8) or / 448 (e4m3), codes of x / scale, read back as code * scale). */
@@ -79,7 +74,7 @@ static void poison(void *p, attn_dtype dt, size_t n) {
     size_t i;
     for (i = 0; i < n; i++) {
         if (dt == ATTN_DTYPE_F32) ((float *)p)[i] = NAN;
-        else if (is_fp8(dt)) ((uint8_t *)p)[i] = 0x7fu; /* NaN in both fp8 formats */
+        else if (attn_test_is_8bit(dt)) ((uint8_t *)p)[i] = 0x7fu; /* NaN in both fp8 formats */
         else ((uint16_t *)p)[i] = dt == ATTN_DTYPE_F16 ? 0x7e00u : 0x7fc0u;
     }
 }
@@ -394,7 +389,7 @@ static fresult run_case(const fcase *c, rng *r, int keep_out) {
     d.kv_cache_dtype = c->kv_dtype; d.block_size = bs; d.causal = c->causal;
     d.sliding_window = c->window; d.logits_soft_cap = c->soft_cap; d.scale = c->scale;
     if (c->per_token_head) d.kv_scale_kind = ATTN_KV_SCALE_PER_TOKEN_HEAD;
-    else if (is_fp8(c->kv_dtype)) {
+    else if (attn_test_is_8bit(c->kv_dtype)) {
         if (c->scale_ptr) { d.k_scale.ptr = &ks_now; d.v_scale.ptr = &vs_now; }
         else { d.k_scale.value = c->k_scale; d.v_scale.value = c->v_scale; }
     }
@@ -559,7 +554,7 @@ static fresult run_case(const fcase *c, rng *r, int keep_out) {
                     double lse_ref;
                     for (x = 0; x < D; x++) qd[x] = get(q, c->dtype, ((size_t)row * (size_t)H + (size_t)h) * (size_t)D + (size_t)x);
                     lse_ref = ref_attend(c, qd, K[rq], V[rq], kh, c->slen[rq], pos, scale, slopes ? slopes[h] : 0.0, logit, acc);
-                    if (is_fp8(c->kv_dtype)) { /* against the unquantized keys and values: the bound */
+                    if (attn_test_is_8bit(c->kv_dtype)) { /* against the unquantized keys and values: the bound */
                         double ds = 0, dv = 0, vmax = 0;
                         for (j = 0; j < c->slen[rq]; j++) {
                             double sd = 0;

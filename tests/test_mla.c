@@ -94,19 +94,16 @@ static float get(const void *p, attn_dtype dt, size_t i) {
         return attn_bf16_to_f32(((const uint16_t *)p)[i]);
     }
 }
-static int is_fp8(attn_dtype dt) { return dt == ATTN_DTYPE_FP8_E4M3 || dt == ATTN_DTYPE_FP8_E5M2; }
 /* The latent value a cache of type dt with scale s holds for x (fp8: code(x / s) * s) */
 static float latent_value(attn_dtype dt, float s, float x) {
-    if (dt == ATTN_DTYPE_FP8_E4M3) return s * attn_fp8_e4m3_to_f32(attn_f32_to_fp8_e4m3(x / s));
-    if (dt == ATTN_DTYPE_FP8_E5M2) return s * attn_fp8_e5m2_to_f32(attn_f32_to_fp8_e5m2(x / s));
-    return round_to(dt, x);
+    return attn_test_is_8bit(dt) ? attn_test_fp8_value(dt, s, x) : round_to(dt, x);
 }
 static void poison(void *p, attn_dtype dt, size_t n) {
     size_t i;
     for (i = 0; i < n; i++) {
         if (dt == ATTN_DTYPE_F32)
             ((float *)p)[i] = NAN;
-        else if (is_fp8(dt))
+        else if (attn_test_is_8bit(dt))
             ((uint8_t *)p)[i] = 0x7fu; /* NaN in both fp8 formats */
         else
             ((uint16_t *)p)[i] = dt == ATTN_DTYPE_F16 ? 0x7e00u : 0x7fc0u;
@@ -479,7 +476,7 @@ static int world_init(mworld *w, const mcfg *cfg) {
     d.v_head_dim = VDIM;
     d.dtype = c->dt;
     d.kv_cache_dtype = c->kvdt;
-    if (is_fp8(c->kvdt)) d.k_scale.value = c->ks;
+    if (attn_test_is_8bit(c->kvdt)) d.k_scale.value = c->ks;
     d.block_size = c->bs;
     d.scale = c->scale;
     d.device = c->cuda ? ATTN_DEVICE_CUDA : ATTN_DEVICE_CPU;
@@ -552,7 +549,7 @@ static int world_init(mworld *w, const mcfg *cfg) {
             rng_seed(&rr, stream_seed(c->seed, c->use_stream ? c->stream[i] : i));
             for (x = 0; x < (int)n; x++) {
                 w->lat[i][x] = latent_value(c->kvdt, c->ks, round_to(c->dt, rng_nz(&rr, 1.0f)));
-                if (is_fp8(c->kvdt) && round_to(c->dt, w->lat[i][x]) != w->lat[i][x]) /* see mcfg.ks */
+                if (attn_test_is_8bit(c->kvdt) && round_to(c->dt, w->lat[i][x]) != w->lat[i][x]) /* see mcfg.ks */
                     attn_test_fail(__FILE__, __LINE__, "fp8 latent %g not exact in %s", (double)w->lat[i][x],
                                    attn_dtype_name(c->dt));
             }
@@ -1078,7 +1075,7 @@ static int run_fused(mworld *w, attn_metadata *meta, int write, const char *tag,
                 int row = w->qsl[i] + t, pos = c->slen[i] - c->qlen[i] + t;
                 for (x = 0; x < D; x++)
                     if (get(w->cache, c->kvdt, (size_t)w->slots[row] * (size_t)D + (size_t)x) *
-                            (is_fp8(c->kvdt) ? c->ks : 1.0f) !=
+                            (attn_test_is_8bit(c->kvdt) ? c->ks : 1.0f) !=
                         w->lat[i][(size_t)pos * (size_t)D + (size_t)x]) {
                         attn_test_fail(__FILE__, __LINE__,
                                        "%s: cache slot %lld element %d not the written latent", tag,
@@ -1432,14 +1429,14 @@ ATTN_TEST(test_mla_fp8_latent) {
         meta = world_meta(&w, 2, NULL);
         EXPECT_TRUE(meta != NULL);
         if (meta) {
-            snprintf(tag, sizeof tag, "fp8 H%d %s/%s scale %g fused", c.H, attn_dtype_name(c.dt), attn_dtype_name(c.kvdt),
+            char name[64];
+            snprintf(name, sizeof name, "fp8 H%d %s/%s scale %g", c.H, attn_dtype_name(c.dt), attn_dtype_name(c.kvdt),
                      (double)c.ks);
+            snprintf(tag, sizeof tag, "%s fused", name);
             if (!c.write_new) run_fused(&w, meta, 1, tag, NULL);
-            snprintf(tag, sizeof tag, "fp8 H%d %s/%s scale %g mqa", c.H, attn_dtype_name(c.dt), attn_dtype_name(c.kvdt),
-                     (double)c.ks);
+            snprintf(tag, sizeof tag, "%s mqa", name);
             run_mqa(&w, meta, i & 1, tag, NULL);
-            snprintf(tag, sizeof tag, "fp8 H%d %s/%s scale %g mha", c.H, attn_dtype_name(c.dt), attn_dtype_name(c.kvdt),
-                     (double)c.ks);
+            snprintf(tag, sizeof tag, "%s mha", name);
             run_mha(&w, meta, tag);
         }
         attn_metadata_destroy(meta);
