@@ -15,7 +15,7 @@ TEST_DEP = attn.h tests/attn_test.h tests/fixtures.h $(TEST_SRC)
 
 all: $(B)/attn_tests $(B)/attn_tests_avx2 $(B)/attn_tests_c $(B)/attn_tests_nothreads \
      $(B)/attn_tests_asan $(B)/attn_tests_tsan $(B)/attn-info $(B)/attn-bench $(B)/paged_decode \
-     $(B)/libattn.so $(B)/nvrtc-check $(B)/wgmma_check $(B)/cuda_kernels
+     $(B)/libattn.so $(B)/nvrtc-check $(B)/wgmma_check $(B)/codes_check $(B)/cuda_kernels
 
 $(B):
 	mkdir -p $(B)
@@ -70,6 +70,11 @@ $(B)/cuda_kernels: tests/cuda_kernels.c tools/tool_support.h attn.h | $(B)
 # The checks of kernels/wgmma.cuh: compiles tests/wgmma_probe.cu for sm_90a (ptxas report,
 # no spill; no GPU needed) and runs the probes on a device of compute capability 9.0.
 $(B)/wgmma_check: tests/wgmma_check.c tools/tool_support.h attn.h | $(B)
+	$(CC) $(CSTD) $(WARN) $(OPT) -I. $< -o $@ $(LIBS)
+# The 8-bit KV-cache codes of kernels/attn_common.cuh (tests/codes_probe.cu): compiles for
+# sm_80 and sm_90 (no GPU needed) and, on a GPU, decodes every code and encodes 200000
+# floats on the device, both e4m3 paths, against the CPU's conversions bit for bit.
+$(B)/codes_check: tests/codes_check.c tools/tool_support.h attn.h | $(B)
 	$(CC) $(CSTD) $(WARN) $(OPT) -I. $< -o $@ $(LIBS)
 $(B)/paged_decode: examples/paged_decode.c attn.h | $(B)
 	$(CC) $(CSTD) $(WARN) $(OPT) $(NATIVE) -I. $< -o $@ $(LIBS)

@@ -7,7 +7,10 @@
 
    Element types are numbered as the kernels' defines use them:
        0 = f32, 1 = f16, 2 = bf16     (DT, DT_Q, DT_KV, DT_IN, DT_CACHE, ...)
-   attn_elem<ET> gives the storage type, its size and the conversions. */
+       4 = fp8 e4m3, 5 = fp8 e5m2, 6 = int8   (KV caches only: DT_KV, DT_CACHE; attn.h's
+                                               attn_dtype numbers)
+   attn_elem<ET> gives the storage type, its size and the conversions of 0-2; the 8-bit
+   codes have their own section (attn_f32_to_code, attn_codes4_to_f16x2). */
 #ifndef ATTN_COMMON_CUH
 #define ATTN_COMMON_CUH
 
@@ -26,6 +29,11 @@ typedef unsigned long long attn_u64;
 #define ATTN_DT_F32 0
 #define ATTN_DT_F16 1
 #define ATTN_DT_BF16 2
+#define ATTN_DT_E4M3 4
+#define ATTN_DT_E5M2 5
+#define ATTN_DT_I8 6
+#define ATTN_DT_IS_8BIT(t) ((t) >= ATTN_DT_E4M3 && (t) <= ATTN_DT_I8)
+#define ATTN_DT_SIZE(t) ((t) == ATTN_DT_F32 ? 4 : ATTN_DT_IS_8BIT(t) ? 1 : 2) /* bytes */
 
 #define ATTN_DEV __device__ __forceinline__
 
@@ -137,6 +145,92 @@ template <> ATTN_DEV void attn_pack8<ATTN_DT_BF16>(const float *f, attn_vec16 *v
     v[0].z = attn_pack_bf16x2(f[4], f[5]); v[0].w = attn_pack_bf16x2(f[6], f[7]);
 }
 
+/* ---- 8-bit KV-cache codes (fp8 e4m3 / e5m2, int8) ----
+   Writes: f32 -> code exactly as attn.h's attn_f32_to_fp8_e4m3 / _e5m2 and int8 rounding
+   (round to nearest even on the f32 bits; fp8 saturates to the largest finite code,
+   infinities too; NaN -> 0x7f with the sign; int8 clamps to +-127, NaN -> 0), in integer
+   arithmetic so every architecture writes the CPU's bytes (PTX's cvt .satfinite drops a
+   NaN's sign). Reads: four codes -> two f16x2 words, exactly (every e4m3, e5m2 and int8
+   value is an f16): e5m2 is the high byte of an f16; int8 through the 0x6400 magic
+   number; e4m3 by cvt.rn.f16x2.e4m3x2 on sm_89+, and on sm_80 by placing its bits in an
+   f16 (the value / 256, attn_code_factor: the caller multiplies 256 back in), NaN codes
+   made f16 NaNs. */
+#ifndef ATTN_E4M3_CVT
+#if __CUDA_ARCH__ >= 890
+#define ATTN_E4M3_CVT 1
+#else
+#define ATTN_E4M3_CVT 0
+#endif
+#endif
+
+ATTN_DEV attn_u32 attn_f32_to_fp8(float x, int mb, int bias, attn_u32 maxc) {
+    const attn_u32 u = (attn_u32)__float_as_int(x), sign = (u >> 24) & 0x80u, a = u & 0x7fffffffu;
+    attn_u32 exp = a >> 23, man = a & 0x7fffffu;
+    if (a > 0x7f800000u) return sign | 0x7fu; /* NaN */
+    if (a == 0x7f800000u) return sign | maxc; /* infinity: saturate */
+    if (exp == 0) exp = 1;
+    else man |= 0x800000u;
+    const int e8 = (int)exp - 127 + bias;
+    const attn_u32 shift = (attn_u32)(23 - mb) + (e8 < 1 ? (attn_u32)(1 - e8) : 0u);
+    if (shift > 31) return sign;
+    attn_u32 m = man >> shift;
+    const attn_u32 rest = man & ((1u << shift) - 1u), half = 1u << (shift - 1);
+    if (rest > half || (rest == half && (m & 1u))) m++;
+    attn_u32 r = e8 < 1 ? m : ((attn_u32)(e8 - 1) << mb) + m;
+    return sign | (r > maxc ? maxc : r);
+}
+ATTN_DEV attn_u32 attn_f32_to_i8(float x) {
+    if (!(x == x)) return 0u;
+    if (x >= 127.0f) return 127u;
+    if (x <= -127.0f) return (attn_u32)(attn_u8)(-127);
+    float r = (float)(int)x; /* toward zero, then to nearest even */
+    const float d = fabsf(x - r);
+    if (d > 0.5f || (d == 0.5f && ((int)r & 1))) r += x > r ? 1.0f : -1.0f;
+    return (attn_u32)(attn_u8)(attn_i8)(int)r;
+}
+template <int ET> ATTN_DEV attn_u32 attn_f32_to_code(float x) {
+    return ET == ATTN_DT_E4M3 ? attn_f32_to_fp8(x, 3, 7, 0x7eu)
+         : ET == ATTN_DT_E5M2 ? attn_f32_to_fp8(x, 2, 15, 0x7bu) : attn_f32_to_i8(x);
+}
+/* what the f16 of attn_codes4_to_f16x2 must be multiplied by to give the code's value */
+template <int ET> ATTN_DEV float attn_code_factor(void) { return ET == ATTN_DT_E4M3 && !ATTN_E4M3_CVT ? 256.0f : 1.0f; }
+
+ATTN_DEV attn_u32 attn_prmt(attn_u32 a, attn_u32 b, attn_u32 sel) {
+    attn_u32 r;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+    return r;
+}
+/* codes w (code i in byte i) -> lo = f16x2 of codes 0, 1 (code 0 in the low half), hi = 2, 3 */
+template <int ET> ATTN_DEV void attn_codes4_to_f16x2(attn_u32 w, attn_u32 &lo, attn_u32 &hi) {
+    if (ET == ATTN_DT_I8) { /* f16 0x64uu = 1024 + u, u = code + 128; minus 1152 */
+        const attn_u32 u = w ^ 0x80808080u, k = 0x64806480u;
+        lo = attn_prmt(u, 0x64646464u, 0x4140u);
+        hi = attn_prmt(u, 0x64646464u, 0x4342u);
+        asm("sub.rn.f16x2 %0, %0, %1;" : "+r"(lo) : "r"(k));
+        asm("sub.rn.f16x2 %0, %0, %1;" : "+r"(hi) : "r"(k));
+    } else if (ET == ATTN_DT_E5M2) {
+        lo = attn_prmt(w, 0u, 0x1404u);
+        hi = attn_prmt(w, 0u, 0x3424u);
+    } else {
+#if ATTN_E4M3_CVT
+        asm("{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, %2;\n\t"
+            "cvt.rn.f16x2.e4m3x2 %0, l;\n\tcvt.rn.f16x2.e4m3x2 %1, h;\n\t}"
+            : "=r"(lo), "=r"(hi) : "r"(w));
+#else
+        attn_u32 x[2] = {attn_prmt(w, 0u, 0x1404u), attn_prmt(w, 0u, 0x3424u)}; /* code << 8 per half */
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            /* s 0eeee mmm 0000000: the value / 256 */
+            const attn_u32 h = ((x[i] >> 1) & 0x3f803f80u) | (x[i] & 0x80008000u);
+            /* magnitude 0x7f is NaN (e4m3fn has no infinity): + 1 carries into bit 15 of its
+               half only there; that bit, shifted into the f16 exponent, makes 0x7f80: a NaN */
+            const attn_u32 t = (x[i] & 0x7f007f00u) + 0x01000100u;
+            (i ? hi : lo) = h | ((t >> 1) & 0x40004000u);
+        }
+#endif
+    }
+}
+
 /* 16-byte global loads and stores (the caller guarantees 16-byte alignment). attn_ldg16
    reads through the read-only path: only for data no thread of the kernel writes;
    attn_ld16 for inputs that may alias an output. */
@@ -176,6 +270,18 @@ ATTN_DEV void attn_cp_async16(attn_u32 smem, const void *gmem, int src_bytes) {
 ATTN_DEV void attn_cp_async16_or_zero(attn_u32 smem, const void *gmem, int zero) {
     asm volatile("{\n\t.reg .pred z;\n\tsetp.ne.b32 z, %2, 0;\n\t"
                  "cp.async.cg.shared.global [%0], [%1], 16, z;\n\t}"
+                 :: "r"(smem), "l"(gmem), "r"(zero) : "memory");
+}
+/* 8 or 4 bytes (cp.async.ca: the sizes below 16 go through L1), zero-filled as above. The
+   8-bit caches' rows of a head size that is not a multiple of 16 and their f32 scales. */
+ATTN_DEV void attn_cp_async8_or_zero(attn_u32 smem, const void *gmem, int zero) {
+    asm volatile("{\n\t.reg .pred z;\n\tsetp.ne.b32 z, %2, 0;\n\t"
+                 "cp.async.ca.shared.global [%0], [%1], 8, z;\n\t}"
+                 :: "r"(smem), "l"(gmem), "r"(zero) : "memory");
+}
+ATTN_DEV void attn_cp_async4_or_zero(attn_u32 smem, const void *gmem, int zero) {
+    asm volatile("{\n\t.reg .pred z;\n\tsetp.ne.b32 z, %2, 0;\n\t"
+                 "cp.async.ca.shared.global [%0], [%1], 4, z;\n\t}"
                  :: "r"(smem), "l"(gmem), "r"(zero) : "memory");
 }
 ATTN_DEV void attn_cp_async_commit(void) { asm volatile("cp.async.commit_group;" ::: "memory"); }

@@ -10,6 +10,14 @@
        slot = slot_mapping[t] (int64): block slot / block_size, row slot % block_size;
        slot -1 skips the token. Values are converted DT_IN -> DT_CACHE (round to nearest
        even); with equal types the bytes are copied unchanged (as the CPU's memcpy).
+       8-bit caches (DT_CACHE 4 fp8 e4m3, 5 fp8 e5m2, 6 int8; the CPU's attn__cpu_write_kv,
+       byte for byte): per tensor (KV_PTH 0, fp8) code(x / k_scale) and code(x / v_scale),
+       the scales read from params.k_scale / v_scale (device floats) or the *_value
+       fields; a scale that is not finite and > 0 writes nothing. Per token and head
+       (KV_PTH 1, int8 / e4m3): a warp per (token, K or V, head) row computes amax (a NaN
+       anywhere makes it NaN), scale = amax / 127 (int8) or / 448 (e4m3), stores
+       code(x / scale) (0 where scale is 0) and the scale in the block half's scale plane
+       (layout: paged_attention.cu, 8-BIT CACHES); HEAD_DIM <= 256.
 
    attn_concat_and_cache_mla                       defines: KV_LORA_RANK ROPE_DIM DT_IN DT_CACHE
        kv_c [tokens, KV_LORA_RANK] and k_pe [tokens, ROPE_DIM] (token strides in elements)
@@ -22,13 +30,43 @@
    thousand is a good default), 128 threads (any multiple of 32 works), no shared memory.
    Each thread moves 8 elements at a time with 16-byte loads and stores when the source
    row and the cache are 16-byte aligned, else element by element. HEAD_DIM, KV_LORA_RANK
-   and ROPE_DIM must be multiples of 8. DT_*: 0 f32, 1 f16, 2 bf16. */
+   and ROPE_DIM must be multiples of 8. DT_*: 0 f32, 1 f16, 2 bf16 (DT_CACHE also 4-6). */
 #include "attn_common.cuh"
 
 #if !defined(DT_IN) || !defined(DT_CACHE)
-#error "cache_write.cu: define DT_IN and DT_CACHE (0 f32, 1 f16, 2 bf16)"
+#error "cache_write.cu: define DT_IN and DT_CACHE (0 f32, 1 f16, 2 bf16; DT_CACHE 4-6: 8-bit)"
+#endif
+#ifndef KV_PTH
+#define KV_PTH 0
+#endif
+#define ATTN_CACHE8 ATTN_DT_IS_8BIT(DT_CACHE)
+#if ATTN_CACHE8 && defined(KV_LORA_RANK)
+#error "cache_write.cu: the latent cache write takes 16/32-bit caches here"
 #endif
 
+#if ATTN_CACHE8
+/* 8 elements of DT_IN as f32 (16-byte loads where vec) */
+ATTN_DEV void attn_load8_in(const void *src, int vec, float *f) {
+    if (vec) {
+        attn_vec16 v[2];
+        v[0] = attn_ldg16(src);
+        if (attn_elem<DT_IN>::size == 4) v[1] = attn_ldg16((const char *)src + 16);
+        attn_unpack8<DT_IN>(v, f);
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; i++) f[i] = attn_load<DT_IN>(src, i);
+    }
+}
+/* the codes of f[i] / div (IEEE division, as the CPU; 0 where zero) as 8 bytes at dst */
+ATTN_DEV void attn_store8_codes(void *dst, const float *f, float div, int zero) {
+    attn_u32 w[2] = {0u, 0u};
+#pragma unroll
+    for (int i = 0; i < 8; i++) w[i >> 2] |= (zero ? 0u : attn_f32_to_code<DT_CACHE>(f[i] / div)) << (8 * (i & 3));
+    asm volatile("st.global.v2.u32 [%0], {%1, %2};" :: "l"(dst), "r"(w[0]), "r"(w[1]) : "memory");
+}
+#endif
+
+#if !ATTN_CACHE8
 /* Copies (converting) 8 elements from src to dst; vec: both are 16-byte aligned. */
 ATTN_DEV void attn_move8(const void *src, void *dst, int vec) {
     typedef typename attn_elem<DT_IN>::storage in_t;
@@ -58,6 +96,7 @@ ATTN_DEV void attn_move8(const void *src, void *dst, int vec) {
         }
     }
 }
+#endif
 
 #ifdef HEAD_DIM
 #if HEAD_DIM % 8 != 0
@@ -70,19 +109,65 @@ struct attn_cache_write_params {
     const void *value;            /* DT_IN, same shape */
     void *kv_cache;               /* DT_CACHE [num_blocks, 2, block_size, num_kv_heads, HEAD_DIM] */
     const attn_i64 *slot_mapping; /* [tokens]; -1 skips */
+    const float *k_scale;         /* 8-bit per-tensor caches: device floats, NULL: *_value */
+    const float *v_scale;
     attn_i64 key_stride_token, key_stride_head;     /* elements */
     attn_i64 value_stride_token, value_stride_head; /* elements */
     int num_tokens;
     int num_kv_heads;
     int block_size;
+    float k_scale_value, v_scale_value;
     int pad0;
 };
 
+#if ATTN_CACHE8 && KV_PTH
+#if HEAD_DIM > 256
+#error "cache_write.cu: per-token-head scales take HEAD_DIM <= 256"
+#endif
+/* NaN-sticky max (the CPU's amax loop) */
+ATTN_DEV float attn_amax2(float a, float b) { return a != a || b != b ? __int_as_float(0x7fc00000) : fmaxf(a, b); }
+
+extern "C" __global__ void attn_reshape_and_cache(const attn_cache_write_params p) {
+    const int lane = threadIdx.x & 31, warps = blockDim.x >> 5, rows = 2 * p.num_kv_heads;
+    const float qmax = DT_CACHE == ATTN_DT_I8 ? 127.0f : 448.0f;
+    const attn_i64 half = (attn_i64)p.block_size * p.num_kv_heads * (HEAD_DIM + 4); /* bytes of a block half */
+    for (int t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {
+        const attn_i64 slot = p.slot_mapping[t];
+        if (slot < 0) continue;
+        const attn_i64 blk = slot / p.block_size, off = slot - blk * p.block_size;
+        for (int row = threadIdx.x >> 5; row < rows; row += warps) {
+            const int side = row >= p.num_kv_heads, h = row - side * p.num_kv_heads;
+            const char *src = side ? (const char *)p.value + (t * p.value_stride_token + h * p.value_stride_head) * attn_elem<DT_IN>::size
+                                   : (const char *)p.key + (t * p.key_stride_token + h * p.key_stride_head) * attn_elem<DT_IN>::size;
+            char *base = (char *)p.kv_cache + blk * 2 * half + side * half;
+            const attn_i64 x = off * p.num_kv_heads + h; /* row in the block half */
+            float f[8];
+            float amax = 0.0f;
+            const int has = lane < HEAD_DIM / 8;
+            if (has) {
+                const char *s = src + (attn_i64)lane * 8 * attn_elem<DT_IN>::size;
+                attn_load8_in(s, attn_aligned16(s), f);
+#pragma unroll
+                for (int i = 0; i < 8; i++) amax = attn_amax2(amax, fabsf(f[i]));
+            }
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) amax = attn_amax2(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+            const float scale = amax / qmax; /* NaN or inf rows read back NaN */
+            if (has) attn_store8_codes(base + x * HEAD_DIM + lane * 8, f, scale, !(scale > 0.0f));
+            if (lane == 0) *(float *)(base + (attn_i64)p.block_size * p.num_kv_heads * HEAD_DIM + x * 4) = scale;
+        }
+    }
+}
+#else
 extern "C" __global__ void attn_reshape_and_cache(const attn_cache_write_params p) {
     const int chunks = HEAD_DIM / 8;                 /* 8-element chunks per head row */
     const int per_side = p.num_kv_heads * chunks;    /* chunks of one token's K (or V) */
-    const int esz_in = attn_elem<DT_IN>::size, esz_c = attn_elem<DT_CACHE>::size;
+    const int esz_in = attn_elem<DT_IN>::size, esz_c = ATTN_DT_SIZE(DT_CACHE);
     const int cache_ok = attn_aligned16(p.kv_cache);
+#if ATTN_CACHE8
+    const float ks = p.k_scale ? *p.k_scale : p.k_scale_value, vs = p.v_scale ? *p.v_scale : p.v_scale_value;
+    if (!(ks > 0.0f && ks <= 3.402823466e38f) || !(vs > 0.0f && vs <= 3.402823466e38f)) return; /* nothing written */
+#endif
     for (int t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {
         attn_i64 slot = p.slot_mapping[t];
         if (slot < 0) continue;
@@ -95,10 +180,18 @@ extern "C" __global__ void attn_reshape_and_cache(const attn_cache_write_params 
             src += (attn_i64)c * 8 * esz_in;
             attn_i64 dst_el = (((blk * 2 + side) * p.block_size + off) * p.num_kv_heads + h) * (attn_i64)HEAD_DIM + c * 8;
             char *dst = (char *)p.kv_cache + dst_el * esz_c;
+#if ATTN_CACHE8
+            float f[8];
+            (void)cache_ok;
+            attn_load8_in(src, attn_aligned16(src), f);
+            attn_store8_codes(dst, f, side ? vs : ks, 0);
+#else
             attn_move8(src, dst, cache_ok && attn_aligned16(src));
+#endif
         }
     }
 }
+#endif /* KV_PTH */
 #endif /* HEAD_DIM */
 
 #ifdef KV_LORA_RANK

@@ -30,9 +30,12 @@
              BLOCK_SIZE   cache block size, a multiple of 16 (any; tiles need not align)
              GROUP        query heads per KV head (num_heads / num_kv_heads), >= 1
              DT_Q         q/out element type: 0 f32, 1 f16, 2 bf16
-             DT_KV        cache element type, same numbering
+             DT_KV        cache element type, same numbering, or an 8-bit cache: 4 fp8 e4m3,
+                          5 fp8 e5m2 (per-tensor scales), 6 int8 (KV_PTH 1 only); see
+                          8-BIT CACHES
              TILE_TOKENS  query tokens per CTA; TILE_TOKENS * GROUP <= 128
-   flags     WINDOW SOFTCAP ALIBI   (0/1, default 0; WINDOW and SOFTCAP take their values
+   flags     KV_PTH       1: per-token-head scales (DT_KV 4 or 6), see 8-BIT CACHES
+             WINDOW SOFTCAP ALIBI   (0/1, default 0; WINDOW and SOFTCAP take their values
              from params; WINDOW 1 with params.window 0 means no window). Causality is not
              a define: it is a per-work-item flag (WORK LIST, item 7).
    tuning    WARPS_N      warps sharing one row tile, each on its slice of a K/V tile
@@ -44,12 +47,13 @@
              KV_TILE      keys per K/V tile (shared-memory stage)
              KV_STAGES    K/V tiles in shared memory (default 2, double-buffered; 3 for
                           decode shapes on sm_90 whose stages fit in 112 KiB)
+             MIN_CTAS     CTAs per SM the registers must allow (default 1)
              Q_IN_REGS    keep the Q fragments in registers (default: MMA, HEAD_DIM <= 128
                           and one row tile per warp; with two, Q is read from shared memory
                           per K/V tile)
              (defaults below; the values in force are exported, see attn_paged_config)
    Tensor cores (mma.sync m16n8k16, f32 accumulators) when DT_Q == DT_KV and both are
-   f16 or bf16; otherwise (any f32 involved, or mixed 16-bit types) a plain-FMA variant
+   f16 or bf16, and for every 8-bit cache (f16 mma, any DT_Q); otherwise (any f32 involved, or mixed 16-bit types) a plain-FMA variant
    with the same tiling, the same softmax and the same epilogue, in f32 throughout.
    Suggested variants (the CUDA backend's, attn__cuda_layer_variants in attn.h): decode
    (query_len 1): TILE_TOKENS = max(1, 16 / GROUP), so that one warp's 16 rows hold the
@@ -130,6 +134,34 @@
    (the host zeroes them once; a replayed graph finds them so).
 
    =====================================================================================
+   8-BIT CACHES (DT_KV 4, 5, 6: the CPU backend's fp8 and int8 caches, same bytes)
+   =====================================================================================
+   Per tensor (KV_PTH 0, fp8): the cache holds code(x / k_scale) (and v_scale for V);
+   the scales are params.k_scale / v_scale (device pointers to one float, read at every
+   launch, so a replayed graph sees a new value) or, where those are NULL,
+   params.k_scale_value / v_scale_value. A scale that is not finite and > 0 makes every
+   CTA return at once: nothing is written (the host cannot check a device value without a
+   synchronisation; the CPU backend fails the call instead).
+   Per token and head (KV_PTH 1, int8 or e4m3): a block half is [BLOCK_SIZE][num_kv_heads]
+   [HEAD_DIM] codes, then [BLOCK_SIZE][num_kv_heads] f32 scales (K half, then V half; the
+   code rows stay 16-byte aligned), x = code * scale of its row.
+   The CTA copies codes (half the bytes of f16) with cp.async into the stages (dense rows
+   of HEAD_DIM bytes; 8-byte copies where HEAD_DIM is not a multiple of 16) and, KV_PTH,
+   each key's two scales. Each warp converts its key slice of the tile, once, to f16 in a
+   conversion buffer (exact: every code value is an f16; attn_codes4_to_f16x2) from which
+   the tensor-core code above reads its K and V fragments unchanged; the warps sharing a
+   slice (prefill shapes) convert it together and meet at a named barrier. The mma type is
+   f16 whatever DT_Q is: Q is converted to f16 once, scaled by a power of two 2^e chosen
+   per CTA from its rows' largest |q| (into [2^14, 2^15): no overflow, no subnormals that
+   matter), and 2^-e goes into the score scale with k_scale (per tensor). Per token and
+   head: each score is multiplied by its key's K scale; each probability by its key's V
+   scale over 2^E (E the largest V-scale exponent the warp has seen: O is rescaled by a
+   power of two when it grows, as the softmax max) before P V, while l sums the unscaled
+   probabilities; O is multiplied by v_scale (per tensor) or 2^E in the epilogue. So S,
+   the softmax and O are the CPU's up to the order of the sums and P's rounding to f16.
+   Q rows need no alignment here (read element by element, once per CTA).
+
+   =====================================================================================
    INSIDE A CTA
    =====================================================================================
    Rows: the CTA's ROWS = TILE_TOKENS * GROUP query rows (row R = token R / GROUP, head
@@ -196,6 +228,22 @@
 #ifndef ALIBI
 #define ALIBI 0
 #endif
+#ifndef KV_PTH
+#define KV_PTH 0
+#endif
+#define ATTN_KV8 ATTN_DT_IS_8BIT(DT_KV)
+#if DT_Q < 0 || DT_Q > 2 || DT_KV < 0 || DT_KV > 6 || DT_KV == 3
+#error "paged_attention.cu: DT_Q must be 0-2, DT_KV 0-2 or 4-6"
+#endif
+#if KV_PTH && DT_KV != ATTN_DT_E4M3 && DT_KV != ATTN_DT_I8
+#error "paged_attention.cu: KV_PTH 1 takes DT_KV 4 (fp8 e4m3) or 6 (int8)"
+#endif
+#if DT_KV == ATTN_DT_I8 && !KV_PTH
+#error "paged_attention.cu: an int8 cache has per-token-head scales (KV_PTH 1)"
+#endif
+#if ATTN_KV8 && HEAD_DIM % 16 != 0
+#error "paged_attention.cu: 8-bit caches take HEAD_DIM a multiple of 16"
+#endif
 
 #define ATTN_ROWS (TILE_TOKENS * GROUP)
 #define ATTN_ROW_TILES ((ATTN_ROWS + 15) / 16)
@@ -203,9 +251,11 @@
 #if TILE_TOKENS < 1 || GROUP < 1 || ATTN_ROWS > 128
 #error "paged_attention.cu: need TILE_TOKENS >= 1, GROUP >= 1 and TILE_TOKENS * GROUP <= 128"
 #endif
-#define ATTN_USE_MMA (DT_Q == DT_KV && DT_Q != ATTN_DT_F32)
+#define ATTN_USE_MMA (ATTN_KV8 || (DT_Q == DT_KV && DT_Q != ATTN_DT_F32))
+#define ATTN_DT_M (ATTN_KV8 ? ATTN_DT_F16 : DT_Q) /* the mma's input type */
 #define ATTN_ESZ_Q (DT_Q == ATTN_DT_F32 ? 4 : 2)
-#define ATTN_ESZ_KV (DT_KV == ATTN_DT_F32 ? 4 : 2)
+#define ATTN_ESZ_SQ (ATTN_KV8 ? 2 : ATTN_ESZ_Q)   /* Q in shared memory: f16 for 8-bit caches */
+#define ATTN_ESZ_KV (DT_KV == ATTN_DT_F32 ? 4 : ATTN_KV8 ? 1 : 2)
 #define ATTN_BIG_ROWS (HEAD_DIM * ATTN_ESZ_KV > 512) /* FMA variant: f32 rows over 128 wide */
 
 #ifndef WARP_ROWS
@@ -261,8 +311,25 @@
 #define ATTN_HDP ((HEAD_DIM + 15) / 16 * 16) /* k extent of Q K^T on tensor cores */
 /* Row pitches in elements: 16 bytes past the data (conflict-free ldmatrix). */
 #define ATTN_Q_PITCH (ATTN_USE_MMA ? ATTN_HDP + 8 : HEAD_DIM + 16 / ATTN_ESZ_Q)
+/* K/V rows that fragments are read from (8-bit caches: the f16 conversion buffer's) */
 #define ATTN_KV_PITCH (ATTN_USE_MMA ? ATTN_HDP + 8 : HEAD_DIM + 16 / ATTN_ESZ_KV)
+/* A stage row in bytes. 8-bit codes: HEAD_DIM bytes and 16 more where that makes an even
+   number of 16-byte units (an odd number: ldmatrix's 8 rows in 8 different bank groups). */
+#define ATTN_SROW (ATTN_KV8 ? HEAD_DIM + (HEAD_DIM / 16 % 2 == 0 ? 16 : 0) : ATTN_KV_PITCH * ATTN_ESZ_KV)
+/* 8-bit caches: the stages and scales of `st` stages */
+#define ATTN_KV8_BYTES(st) ((st) * (2 * KV_TILE * ATTN_SROW + (KV_PTH ? 8 * KV_TILE : 0)))
 #define ATTN_O_PITCH (HEAD_DIM + 4) /* floats, epilogue */
+#if !defined(KV_STAGES) && ATTN_KV8
+/* 8-bit caches: a stage is half the bytes, so a decode CTA keeps four tiles in flight on
+   sm_90 where they fit with two CTAs per SM */
+#if ATTN_ROW_TILES == 1 && __CUDA_ARCH__ >= 900 && ATTN_KV8_BYTES(4) <= 104448
+#define KV_STAGES 4
+#elif ATTN_ROW_TILES == 1 && __CUDA_ARCH__ >= 900 && ATTN_KV8_BYTES(3) <= 104448
+#define KV_STAGES 3
+#else
+#define KV_STAGES 2
+#endif
+#endif
 #ifndef KV_STAGES
 /* A decode-shaped CTA (one row tile) waits on memory: on sm_90 (228 KiB of shared memory
    per SM) a third tile in flight pays (H200: 4.2 against 4.0 TB/s at batch 128) when the
@@ -277,20 +344,29 @@
 #if KV_STAGES < 2
 #error "paged_attention.cu: KV_STAGES must be at least 2"
 #endif
-#define ATTN_SQ_BYTES (ATTN_ROWS_PAD * ATTN_Q_PITCH * ATTN_ESZ_Q)
-#define ATTN_TILE_BYTES (KV_TILE * ATTN_KV_PITCH * ATTN_ESZ_KV) /* one K (or V) tile */
-#define ATTN_KV_BYTES (KV_STAGES * 2 * ATTN_TILE_BYTES)
+#define ATTN_SQ_BYTES (ATTN_ROWS_PAD * ATTN_Q_PITCH * ATTN_ESZ_SQ)
+#define ATTN_TILE_BYTES (KV_TILE * ATTN_SROW) /* one K (or V) tile */
+#define ATTN_SCL_BYTES (KV_PTH ? KV_STAGES * 2 * KV_TILE * 4 : 0) /* KV_PTH: K, V scales per stage */
+#define ATTN_KV_BYTES (KV_STAGES * 2 * ATTN_TILE_BYTES + ATTN_SCL_BYTES)
 #define ATTN_EPI_BYTES (WARPS_N * ATTN_ROWS_PAD * (ATTN_O_PITCH + 5) * 4) /* O, m, 4 partial l */
-#define ATTN_SBLK_BYTES (KV_STAGES * KV_TILE * 8) /* cache row offsets of the tiles in flight */
+/* cache row offsets of the tiles in flight (KV_PTH: and each row's scale offset from it) */
+#define ATTN_SBLK_BYTES (KV_STAGES * KV_TILE * (KV_PTH ? 12 : 8))
 #define ATTN_SMEM_BYTES (ATTN_SQ_BYTES + ATTN_SBLK_BYTES + ATTN_MAX_(ATTN_KV_BYTES, ATTN_EPI_BYTES))
 
-#define ATTN_KV_CPR (HEAD_DIM * ATTN_ESZ_KV / 16)   /* 16-byte chunks per K/V row */
+#define ATTN_KV_CB ((HEAD_DIM * ATTN_ESZ_KV) % 16 == 0 ? 16 : 8) /* bytes per copy */
+#define ATTN_KV_CPR (HEAD_DIM * ATTN_ESZ_KV / ATTN_KV_CB)  /* copies per K/V row */
 #define ATTN_KV_CHUNKS (KV_TILE * ATTN_KV_CPR)      /* chunks per K (or V) tile */
 #define ATTN_KV_LPT ((ATTN_KV_CHUNKS + ATTN_THREADS - 1) / ATTN_THREADS) /* per thread */
 #define ATTN_KV_BPT ((KV_TILE + ATTN_THREADS - 1) / ATTN_THREADS)   /* block numbers per thread */
 
 typedef typename attn_elem<DT_Q>::storage attn_q_t;
+#if ATTN_KV8
+typedef attn_u8 attn_kv_t;   /* codes */
+typedef attn_u16 attn_sq_t;  /* Q in shared memory: f16 */
+#else
 typedef typename attn_elem<DT_KV>::storage attn_kv_t;
+typedef attn_q_t attn_sq_t;
+#endif
 
 
 extern "C" __constant__ int attn_paged_config[8] = {
@@ -400,7 +476,10 @@ ATTN_DEV void attn_merge_entry(const attn_paged_params &p, int mi, int tid, int 
     }
 }
 
-extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_paged_attention(const attn_paged_params p) {
+#ifndef MIN_CTAS
+#define MIN_CTAS 1 /* tuning: CTAs per SM ptxas must leave registers for (__launch_bounds__) */
+#endif
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS, MIN_CTAS) attn_paged_attention(const attn_paged_params p) {
     extern __shared__ attn_vec16 attn_smem[];
     if (blockDim.x != ATTN_THREADS || attn_dynamic_smem_size() < ATTN_SMEM_BYTES) attn_trap();
     if ((int)blockIdx.x >= *p.num_work) return;
@@ -412,19 +491,64 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_paged_attenti
     const int q_start = p.query_start_loc[req], query_len = p.query_start_loc[req + 1] - q_start;
     const int key0 = attn_imax(item[4], 0), key1 = attn_imin(item[5], seq_len);
     const int nrows = ntok * GROUP;
+#if ATTN_KV8 && !KV_PTH
+    /* per-tensor fp8 scales: a bad one (not finite and > 0) writes nothing, see 8-BIT CACHES */
+    const float k_scale = p.k_scale ? *p.k_scale : p.k_scale_value;
+    const float v_scale = p.v_scale ? *p.v_scale : p.v_scale_value;
+    if (!(k_scale > 0.0f && k_scale <= 3.402823466e38f) || !(v_scale > 0.0f && v_scale <= 3.402823466e38f)) return;
+#else
+    const float k_scale = 1.0f, v_scale = 1.0f;
+#endif
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wm = warp / WARPS_N, wn = warp - wm * WARPS_N;
     const int g = lane >> 2, tq = lane & 3; /* mma row group and lane within it */
 
     char *smem = (char *)attn_smem;
-    attn_q_t *sQ = (attn_q_t *)smem;
+    attn_sq_t *sQ = (attn_sq_t *)smem;
     attn_i64 *sBlk = (attn_i64 *)(smem + ATTN_SQ_BYTES);                    /* [stage][key] */
     attn_kv_t *sK = (attn_kv_t *)(smem + ATTN_SQ_BYTES + ATTN_SBLK_BYTES);  /* [stage][key][pitch] */
-    attn_kv_t *sV = sK + KV_STAGES * KV_TILE * ATTN_KV_PITCH;
+    attn_kv_t *sV = (attn_kv_t *)((char *)sK + KV_STAGES * ATTN_TILE_BYTES);
     const attn_u32 sQ_addr = attn_smem_addr(sQ), sK_addr = attn_smem_addr(sK), sV_addr = attn_smem_addr(sV);
+#if KV_PTH
+    int *sDel = (int *)(sBlk + KV_STAGES * KV_TILE);           /* [stage][key]: scale offset - row offset */
+    float *sKs = (float *)((char *)sK + 2 * KV_STAGES * ATTN_TILE_BYTES); /* [stage][key] K scales */
+    float *sVs = sKs + KV_STAGES * KV_TILE;                                /* [stage][key] V scales */
+    const attn_u32 sKs_addr = attn_smem_addr(sKs), sVs_addr = attn_smem_addr(sVs);
+#endif
+#if ATTN_KV8
+    float q_unscale = 1.0f; /* 2^-e, the power of two Q was scaled by (8-BIT CACHES) */
+#endif
 
     /* ---- Q rows -> shared memory (cp.async group 0, with the first K/V tile) ---- */
+#if ATTN_KV8
+    {   /* f16, scaled by 2^e: the CTA's largest |q| into [2^14, 2^15); the columns of each 16
+           in the order the K fragments come (8-BIT CACHES) */
+        __shared__ int attn_q_amax;
+        if (tid == 0) attn_q_amax = 0;
+        __syncthreads();
+        auto q_at = [&](int r, int c) -> float {
+            const int t = r / GROUP;
+            return attn_load<DT_Q>(p.q, (attn_i64)(q_start + tok0 + t) * p.q_stride_token +
+                                            (attn_i64)(kv_head * GROUP + r - t * GROUP) * p.q_stride_head + c);
+        };
+        float amax = 0.0f;
+        for (int u = tid; u < nrows * HEAD_DIM; u += ATTN_THREADS) amax = fmaxf(amax, fabsf(q_at(u / HEAD_DIM, u % HEAD_DIM)));
+        atomicMax(&attn_q_amax, __float_as_int(amax)); /* non-negative floats order as ints */
+        __syncthreads();
+        const int ex = (attn_q_amax >> 23) & 0xff; /* biased exponent of the largest |q| */
+        const int sh = attn_q_amax == 0 || ex == 255 ? 0 : attn_imax(-100, attn_imin(100, 141 - ex));
+        const float qmul = __int_as_float((127 + sh / 2) << 23) * __int_as_float((127 + sh - sh / 2) << 23);
+        q_unscale = __int_as_float((127 - sh / 2) << 23) * __int_as_float((127 - sh + sh / 2) << 23);
+        for (int u = tid; u < ATTN_ROWS_PAD * HEAD_DIM; u += ATTN_THREADS) {
+            const int r = u / HEAD_DIM, c = u - r * HEAD_DIM, x = c & 15;
+            /* mma k column x of a 16-block holds dim 4 (x / 2) + x % 2 (x < 8) or that + 2 */
+            const int dim = (c & ~15) + 4 * ((x & 7) >> 1) + (x & 1) + (x >= 8 ? 2 : 0);
+            sQ[r * ATTN_Q_PITCH + c] = attn_f32_to_f16(r < nrows ? q_at(r, dim) * qmul : 0.0f);
+        }
+    }
+    {
+#else
     {
         const int cpr = HEAD_DIM * ATTN_ESZ_Q / 16;
         const int vec = attn_aligned16(p.q) && ((p.q_stride_token * ATTN_ESZ_Q) & 15) == 0 &&
@@ -436,7 +560,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_paged_attenti
                                           ((attn_i64)(q_start + tok0 + t) * p.q_stride_token +
                                            (attn_i64)(kv_head * GROUP + r - t * GROUP) * p.q_stride_head) * ATTN_ESZ_Q + col * 16
                                     : (const char *)p.q;
-            char *dst = (char *)sQ + r * (ATTN_Q_PITCH * ATTN_ESZ_Q) + col * 16;
+            char *dst = (char *)sQ + r * (ATTN_Q_PITCH * ATTN_ESZ_SQ) + col * 16;
             if (vec) {
                 attn_cp_async16(attn_smem_addr(dst), src, valid ? 16 : 0);
             } else {
@@ -445,6 +569,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_paged_attenti
                     ((attn_q_t *)dst)[i] = valid ? ((const attn_q_t *)src)[i] : (attn_q_t)0;
             }
         }
+#endif /* ATTN_KV8 */
 #if ATTN_USE_MMA && HEAD_DIM % 16 != 0
         /* the 8 columns past HEAD_DIM enter Q K^T: zero in Q and in every K stage (cp.async
            never writes them) */
@@ -493,10 +618,9 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_paged_attenti
        offsets of tile it + KV_STAGES are loaded into registers while tile it computes and
        stored to sBlk after it, so the block-table latency hides under compute. */
     const char *kv_base = (const char *)p.kv_cache;
-    const attn_i64 tok_stride = (attn_i64)p.num_kv_heads * HEAD_DIM;   /* elements */
-    const attn_i64 blk_stride = 2 * (attn_i64)BLOCK_SIZE * tok_stride;
-    const attn_i64 v_bytes = (attn_i64)BLOCK_SIZE * tok_stride * ATTN_ESZ_KV; /* K row -> V row */
-    const attn_i64 head_off = (attn_i64)kv_head * HEAD_DIM;
+    /* a block half (K or V): BLOCK_SIZE x num_kv_heads rows (KV_PTH: then their scales) */
+    const attn_i64 v_bytes = (attn_i64)BLOCK_SIZE * p.num_kv_heads * (HEAD_DIM * ATTN_ESZ_KV + (KV_PTH ? 4 : 0));
+    const attn_i64 blk_bytes = 2 * v_bytes;
     const int *bt = p.block_table + (attn_i64)req * p.block_table_stride;
     const unsigned utid = (unsigned)tid;
 
@@ -513,21 +637,43 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_paged_attenti
     /* byte offset in the cache of key j's K row (j absolute) for this CTA's KV head, given
        its block b; -1 for b = -1 */
     auto row_offset = [&](int b, int j) -> attn_i64 {
-        return b >= 0 ? ((attn_i64)b * blk_stride + (attn_i64)((unsigned)j % BLOCK_SIZE) * tok_stride + head_off) * ATTN_ESZ_KV
+        return b >= 0 ? (attn_i64)b * blk_bytes +
+                            ((attn_i64)((unsigned)j % BLOCK_SIZE) * p.num_kv_heads + kv_head) * (HEAD_DIM * ATTN_ESZ_KV)
                       : (attn_i64)-1;
     };
+#if KV_PTH
+    /* the K scale of key j's row sits this many bytes after its codes (the V scale as far
+       after the V codes): the codes plane, then row x's scale, x = row in block * heads + head */
+    auto scale_delta = [&](int j) -> int {
+        const int x = (int)((unsigned)j % BLOCK_SIZE) * p.num_kv_heads + kv_head;
+        return BLOCK_SIZE * p.num_kv_heads * HEAD_DIM - x * (HEAD_DIM - 4);
+    };
+#endif
     auto issue = [&](int stage) { /* cp.async of the tile whose rows sBlk[stage] holds */
 #pragma unroll
         for (int i = 0; i < ATTN_KV_LPT; i++) {
             const int r = kv_row(i), col = kv_col(i);
             if (ATTN_KV_CHUNKS % ATTN_THREADS == 0 || r < KV_TILE) {
                 const attn_i64 b = sBlk[stage * KV_TILE + r];
-                const char *src = kv_base + (b >= 0 ? b + col * 16 : 0);
-                const attn_u32 off = (attn_u32)((stage * KV_TILE + r) * (ATTN_KV_PITCH * ATTN_ESZ_KV) + col * 16);
-                attn_cp_async16_or_zero(sK_addr + off, src, b < 0);
-                attn_cp_async16_or_zero(sV_addr + off, src + (b >= 0 ? v_bytes : 0), b < 0);
+                const char *src = kv_base + (b >= 0 ? b + col * ATTN_KV_CB : 0);
+                const attn_u32 off = (attn_u32)((stage * KV_TILE + r) * ATTN_SROW + col * ATTN_KV_CB);
+                if (ATTN_KV_CB == 16) {
+                    attn_cp_async16_or_zero(sK_addr + off, src, b < 0);
+                    attn_cp_async16_or_zero(sV_addr + off, src + (b >= 0 ? v_bytes : 0), b < 0);
+                } else {
+                    attn_cp_async8_or_zero(sK_addr + off, src, b < 0);
+                    attn_cp_async8_or_zero(sV_addr + off, src + (b >= 0 ? v_bytes : 0), b < 0);
+                }
             }
         }
+#if KV_PTH
+        for (int r = tid; r < KV_TILE; r += ATTN_THREADS) { /* the rows' scales (0 outside the range) */
+            const attn_i64 b = sBlk[stage * KV_TILE + r];
+            const char *src = kv_base + (b >= 0 ? b + sDel[stage * KV_TILE + r] : 0);
+            attn_cp_async4_or_zero(sKs_addr + (attn_u32)(stage * KV_TILE + r) * 4, src, b < 0);
+            attn_cp_async4_or_zero(sVs_addr + (attn_u32)(stage * KV_TILE + r) * 4, src + (b >= 0 ? v_bytes : 0), b < 0);
+        }
+#endif
     };
 
     const int tile0 = key1 > key0 ? key0 / KV_TILE * KV_TILE : 0;
@@ -535,8 +681,12 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_paged_attenti
     /* prologue: block numbers of tiles 0..KV_STAGES-1, then the copies of 0..KV_STAGES-2 */
 #pragma unroll
     for (int s = 0; s < KV_STAGES; s++)
-        for (int r = tid; r < KV_TILE; r += ATTN_THREADS)
+        for (int r = tid; r < KV_TILE; r += ATTN_THREADS) {
             sBlk[s * KV_TILE + r] = row_offset(block_of(tile0 + s * KV_TILE + r), tile0 + s * KV_TILE + r);
+#if KV_PTH
+            sDel[s * KV_TILE + r] = scale_delta(tile0 + s * KV_TILE + r);
+#endif
+        }
     __syncthreads();
 #pragma unroll
     for (int s = 0; s < KV_STAGES - 1; s++) {
@@ -554,10 +704,19 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_paged_attenti
 #pragma unroll
         for (int i = 0; i < ATTN_OT; i++) o[wr][i][0] = o[wr][i][1] = o[wr][i][2] = o[wr][i][3] = 0.0f;
     }
-#if SOFTCAP
-    const float cap_inv = 1.0f / p.softcap, cap_log2 = p.softcap * ATTN_LOG2E, qk_scale = p.scale;
+#if KV_PTH
+    int v_e = 1; /* biased exponent E: O holds sum p * (v scale / 2^(E - 127)) * code */
+#endif
+    /* the q.k each score needs from the mma's: 8-bit caches, k_scale, 2^-e, the code factor */
+#if ATTN_KV8
+    const float kv_fac = k_scale * q_unscale * attn_code_factor<DT_KV>();
 #else
-    const float qk_scale = p.scale * ATTN_LOG2E;
+    const float kv_fac = 1.0f;
+#endif
+#if SOFTCAP
+    const float cap_inv = 1.0f / p.softcap, cap_log2 = p.softcap * ATTN_LOG2E, qk_scale = p.scale * kv_fac;
+#else
+    const float qk_scale = p.scale * ATTN_LOG2E * kv_fac;
 #endif
 
 #if ATTN_USE_MMA
@@ -570,6 +729,14 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_paged_attenti
     const attn_u32 v_lane = (attn_u32)(((lane & 15) * ATTN_KV_PITCH + (lane >> 4) * 8) * 2);
 #if Q_IN_REGS
     attn_u32 qf[ATTN_WARP_ROWS][ATTN_HDP / 16][4];
+#endif
+#if ATTN_KV8
+    /* 8-bit stages: row addresses of ldmatrix x4 over keys 0-7 / 8-15 x bytes +0 / +16 (K:
+       matrices in the order keys 0-7 +0, keys 0-7 +16, keys 8-15 +0, 8-15 +16; V and the x2s:
+       keys 0-7 +0, 8-15 +0, 0-7 +16, 8-15 +16) */
+    const attn_u32 k8_lane4 = (attn_u32)(((lane & 7) + ((lane >> 4) << 3)) * ATTN_SROW + ((lane >> 3) & 1) * 16);
+    const attn_u32 k8_lane2 = (attn_u32)(((lane & 7) + (((lane >> 3) & 1) << 3)) * ATTN_SROW);
+    const attn_u32 v8_lane = (attn_u32)(((lane & 7) + (((lane >> 3) & 1) << 3)) * ATTN_SROW + (lane >> 4) * 16);
 #endif
 #endif
 
@@ -597,17 +764,67 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_paged_attenti
            diagonal). The test is uniform over the warp already; __all_sync says so to
            ptxas, which otherwise builds the softmax shuffles a divergent slow path (a call,
            and spills around it). */
-        if (__all_sync(0xffffffffu, kt0 + ATTN_KW > lo_min && kt0 < hi_max)) {
+        const int sees = __all_sync(0xffffffffu, kt0 + ATTN_KW > lo_min && kt0 < hi_max);
+        if (sees) {
             const int need_mask = kt0 < lo_max || kt0 + ATTN_KW > hi_min;
 
             /* ---- S = Q K^T for 16 rows x KW keys per row tile; each K fragment feeds
-               every row tile of the warp ---- */
+               every row tile of the warp (8-bit caches: after the ATTN_USE_MMA section) ---- */
             float s[ATTN_WARP_ROWS][ATTN_NT][4];
 #pragma unroll
             for (int wr = 0; wr < ATTN_WARP_ROWS; wr++)
 #pragma unroll
                 for (int n = 0; n < ATTN_NT; n++) s[wr][n][0] = s[wr][n][1] = s[wr][n][2] = s[wr][n][3] = 0.0f;
-#if ATTN_USE_MMA
+#if ATTN_KV8
+            {   /* ldmatrix of the codes as b16: lane (g, t) gets key g's four codes 4t..4t+3 of a
+                   16-dim block, whose f16 are b0 and b1 of the B fragment for Q's column order;
+                   x4: keys 0-7 and 8-15 (n8 tiles 2np, 2np+1) x dims +0 and +16 (k chunks) */
+                const attn_u32 kb = sK_addr + (attn_u32)((stage * KV_TILE + wn * ATTN_KW) * ATTN_SROW);
+#pragma unroll
+                for (int np = 0; np < ATTN_NT / 2; np++) {
+#pragma unroll
+                    for (int kq = 0; kq < HEAD_DIM / 32; kq++) {
+                        attn_u32 w[4], b[4][2];
+                        attn_ldmatrix_x4(w, kb + k8_lane4 + (attn_u32)(np * 16 * ATTN_SROW + kq * 32));
+#pragma unroll
+                        for (int i = 0; i < 4; i++) attn_codes4_to_f16x2<DT_KV>(w[i], b[i][0], b[i][1]);
+#pragma unroll
+                        for (int wr = 0; wr < ATTN_WARP_ROWS; wr++) {
+#if Q_IN_REGS
+                            const attn_u32 *a0 = qf[wr][2 * kq], *a1 = qf[wr][2 * kq + 1];
+#else
+                            attn_u32 a0[4], a1[4];
+                            attn_ldmatrix_x4(a0, sQ_addr + q_lane + (attn_u32)(wr * 16 * ATTN_Q_PITCH * 2) + kq * 64);
+                            attn_ldmatrix_x4(a1, sQ_addr + q_lane + (attn_u32)(wr * 16 * ATTN_Q_PITCH * 2) + kq * 64 + 32);
+#endif
+                            attn_mma16816<ATTN_DT_M>(s[wr][2 * np], a0, b[0]);
+                            attn_mma16816<ATTN_DT_M>(s[wr][2 * np], a1, b[1]);
+                            attn_mma16816<ATTN_DT_M>(s[wr][2 * np + 1], a0, b[2]);
+                            attn_mma16816<ATTN_DT_M>(s[wr][2 * np + 1], a1, b[3]);
+                        }
+                    }
+#if HEAD_DIM % 32
+                    { /* the last 16 dims: x2, keys 0-7 and 8-15 */
+                        attn_u32 w[2], b[2][2];
+                        attn_ldmatrix_x2(w, kb + k8_lane2 + (attn_u32)(np * 16 * ATTN_SROW + HEAD_DIM - 16));
+#pragma unroll
+                        for (int i = 0; i < 2; i++) attn_codes4_to_f16x2<DT_KV>(w[i], b[i][0], b[i][1]);
+#pragma unroll
+                        for (int wr = 0; wr < ATTN_WARP_ROWS; wr++) {
+#if Q_IN_REGS
+                            const attn_u32 *a = qf[wr][HEAD_DIM / 16 - 1];
+#else
+                            attn_u32 a[4];
+                            attn_ldmatrix_x4(a, sQ_addr + q_lane + (attn_u32)(wr * 16 * ATTN_Q_PITCH * 2) + (HEAD_DIM - 16) * 2);
+#endif
+                            attn_mma16816<ATTN_DT_M>(s[wr][2 * np], a, b[0]);
+                            attn_mma16816<ATTN_DT_M>(s[wr][2 * np + 1], a, b[1]);
+                        }
+                    }
+#endif
+                }
+            }
+#elif ATTN_USE_MMA
             {
                 const attn_u32 kb = sK_addr + (attn_u32)((stage * KV_TILE + wn * ATTN_KW) * ATTN_KV_PITCH * 2) + k_lane;
 #pragma unroll
@@ -629,8 +846,8 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_paged_attenti
 #else
                             const attn_u32 *a = qa[wr];
 #endif
-                            attn_mma16816<DT_Q>(s[wr][2 * np], a, b);
-                            attn_mma16816<DT_Q>(s[wr][2 * np + 1], a, b + 2);
+                            attn_mma16816<ATTN_DT_M>(s[wr][2 * np], a, b);
+                            attn_mma16816<ATTN_DT_M>(s[wr][2 * np + 1], a, b + 2);
                         }
                     }
                 }
@@ -661,6 +878,20 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_paged_attenti
             }
 #endif
 
+#if KV_PTH
+            { /* each key's K scale (lane keys 8n + 2tq, + 1) */
+                const float *ks = sKs + stage * KV_TILE + wn * ATTN_KW + 2 * tq;
+#pragma unroll
+                for (int n = 0; n < ATTN_NT; n++) {
+                    const attn_vec8 kk = *(const attn_vec8 *)(ks + 8 * n);
+#pragma unroll
+                    for (int wr = 0; wr < ATTN_WARP_ROWS; wr++) {
+                        s[wr][n][0] *= __int_as_float(kk.x); s[wr][n][1] *= __int_as_float(kk.y);
+                        s[wr][n][2] *= __int_as_float(kk.x); s[wr][n][3] *= __int_as_float(kk.y);
+                    }
+                }
+            }
+#endif
             /* ---- scores in base 2, masks, online softmax (row tile wr, element e: row rr =
                e / 2, key kt0 + 8n + 2tq + e % 2) ---- */
 #pragma unroll
@@ -728,8 +959,82 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_paged_attenti
                 l[wr][1] += sum[1];
             }
 
+#if KV_PTH
+            { /* P times each key's V scale / 2^(E - 127); E follows the largest V scale (uniform
+                 over the warp: the four lanes of a row group hold all of its keys) */
+                const float *vs = sVs + stage * KV_TILE + wn * ATTN_KW + 2 * tq;
+                float vsc[ATTN_NT][2], vmax = 0.0f;
+#pragma unroll
+                for (int n = 0; n < ATTN_NT; n++) {
+                    const attn_vec8 vv = *(const attn_vec8 *)(vs + 8 * n);
+                    vsc[n][0] = __int_as_float(vv.x);
+                    vsc[n][1] = __int_as_float(vv.y);
+                    vmax = fmaxf(vmax, fmaxf(vsc[n][0], vsc[n][1]));
+                }
+                vmax = attn_quad_max(vmax);
+                const int et = attn_imin((__float_as_int(vmax) >> 23) & 0xff, 253);
+                if (et > v_e) {
+                    const int d = 127 + v_e - et;
+                    const float f = d > 0 ? __int_as_float(d << 23) : 0.0f;
+#pragma unroll
+                    for (int wr = 0; wr < ATTN_WARP_ROWS; wr++)
+#pragma unroll
+                        for (int i = 0; i < ATTN_OT; i++) { o[wr][i][0] *= f; o[wr][i][1] *= f; o[wr][i][2] *= f; o[wr][i][3] *= f; }
+                    v_e = et;
+                }
+                const float r = __int_as_float((254 - v_e) << 23);
+#pragma unroll
+                for (int n = 0; n < ATTN_NT; n++) {
+                    const float f0 = vsc[n][0] * r, f1 = vsc[n][1] * r;
+#pragma unroll
+                    for (int wr = 0; wr < ATTN_WARP_ROWS; wr++) {
+                        s[wr][n][0] *= f0; s[wr][n][1] *= f1; s[wr][n][2] *= f0; s[wr][n][3] *= f1;
+                    }
+                }
+            }
+#endif
+
             /* ---- O += P V ---- */
-#if ATTN_USE_MMA
+#if ATTN_KV8
+            {   /* ldmatrix.trans of the codes as b16: lane (g, t) gets, for keys 2t and 2t + 1 (and
+                   + 8), the codes of dims 2g and 2g + 1 of a 16-dim block; the even ones make the
+                   B fragment of an n8 tile of the even dims, the odd ones of the odd dims: O's
+                   tiles 4q .. 4q + 3 hold dims 32q + {even, odd} and 32q + 16 + {even, odd}
+                   (kv8_dim maps them back in the epilogue) */
+                const attn_u32 vb = sV_addr + (attn_u32)((stage * KV_TILE + wn * ATTN_KW) * ATTN_SROW) + v8_lane;
+#pragma unroll
+                for (int kk = 0; kk < ATTN_KW / 16; kk++) {
+                    attn_u32 a[ATTN_WARP_ROWS][4];
+#pragma unroll
+                    for (int wr = 0; wr < ATTN_WARP_ROWS; wr++) {
+                        a[wr][0] = attn_elem<ATTN_DT_M>::pack2(s[wr][2 * kk][0], s[wr][2 * kk][1]);
+                        a[wr][1] = attn_elem<ATTN_DT_M>::pack2(s[wr][2 * kk][2], s[wr][2 * kk][3]);
+                        a[wr][2] = attn_elem<ATTN_DT_M>::pack2(s[wr][2 * kk + 1][0], s[wr][2 * kk + 1][1]);
+                        a[wr][3] = attn_elem<ATTN_DT_M>::pack2(s[wr][2 * kk + 1][2], s[wr][2 * kk + 1][3]);
+                    }
+                    const attn_u32 vrow = vb + (attn_u32)(kk * 16 * ATTN_SROW);
+#pragma unroll
+                    for (int dq = 0; dq < (HEAD_DIM + 16) / 32; dq++) {
+                        attn_u32 r[4], b[4][2];
+                        const int halves = dq < HEAD_DIM / 32 ? 2 : 1; /* HEAD_DIM % 32: the last 16 dims */
+                        if (halves == 2) attn_ldmatrix_x4_trans(r, vrow + dq * 32);
+                        else attn_ldmatrix_x2_trans(r, vrow + dq * 32);
+#pragma unroll
+                        for (int h = 0; h < 2; h++) {
+                            if (h < halves) {
+                                attn_codes4_to_f16x2<DT_KV>(attn_prmt(r[2 * h], r[2 * h + 1], 0x6420u), b[2 * h][0], b[2 * h][1]);
+                                attn_codes4_to_f16x2<DT_KV>(attn_prmt(r[2 * h], r[2 * h + 1], 0x7531u), b[2 * h + 1][0], b[2 * h + 1][1]);
+#pragma unroll
+                                for (int wr = 0; wr < ATTN_WARP_ROWS; wr++) {
+                                    attn_mma16816<ATTN_DT_M>(o[wr][4 * dq + 2 * h], a[wr], b[2 * h]);
+                                    attn_mma16816<ATTN_DT_M>(o[wr][4 * dq + 2 * h + 1], a[wr], b[2 * h + 1]);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+#elif ATTN_USE_MMA
             {
                 const attn_u32 vb = sV_addr + (attn_u32)((stage * KV_TILE + wn * ATTN_KW) * ATTN_KV_PITCH * 2) + v_lane;
 #pragma unroll
@@ -737,10 +1042,10 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_paged_attenti
                     attn_u32 a[ATTN_WARP_ROWS][4]; /* the C fragments of keys 16kk.. are the A fragment of P */
 #pragma unroll
                     for (int wr = 0; wr < ATTN_WARP_ROWS; wr++) {
-                        a[wr][0] = attn_elem<DT_Q>::pack2(s[wr][2 * kk][0], s[wr][2 * kk][1]);
-                        a[wr][1] = attn_elem<DT_Q>::pack2(s[wr][2 * kk][2], s[wr][2 * kk][3]);
-                        a[wr][2] = attn_elem<DT_Q>::pack2(s[wr][2 * kk + 1][0], s[wr][2 * kk + 1][1]);
-                        a[wr][3] = attn_elem<DT_Q>::pack2(s[wr][2 * kk + 1][2], s[wr][2 * kk + 1][3]);
+                        a[wr][0] = attn_elem<ATTN_DT_M>::pack2(s[wr][2 * kk][0], s[wr][2 * kk][1]);
+                        a[wr][1] = attn_elem<ATTN_DT_M>::pack2(s[wr][2 * kk][2], s[wr][2 * kk][3]);
+                        a[wr][2] = attn_elem<ATTN_DT_M>::pack2(s[wr][2 * kk + 1][0], s[wr][2 * kk + 1][1]);
+                        a[wr][3] = attn_elem<ATTN_DT_M>::pack2(s[wr][2 * kk + 1][2], s[wr][2 * kk + 1][3]);
                     }
                     const attn_u32 vrow = vb + (attn_u32)(kk * 16 * ATTN_KV_PITCH * 2);
 #pragma unroll
@@ -749,8 +1054,8 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_paged_attenti
                         attn_ldmatrix_x4_trans(b, vrow + op * 32);
 #pragma unroll
                         for (int wr = 0; wr < ATTN_WARP_ROWS; wr++) {
-                            attn_mma16816<DT_Q>(o[wr][2 * op], a[wr], b);
-                            attn_mma16816<DT_Q>(o[wr][2 * op + 1], a[wr], b + 2);
+                            attn_mma16816<ATTN_DT_M>(o[wr][2 * op], a[wr], b);
+                            attn_mma16816<ATTN_DT_M>(o[wr][2 * op + 1], a[wr], b + 2);
                         }
                     }
 #if ATTN_OT % 2
@@ -758,7 +1063,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_paged_attenti
                         attn_u32 b[2];
                         attn_ldmatrix_x2_trans(b, vrow + (ATTN_OT - 1) * 16);
 #pragma unroll
-                        for (int wr = 0; wr < ATTN_WARP_ROWS; wr++) attn_mma16816<DT_Q>(o[wr][ATTN_OT - 1], a[wr], b);
+                        for (int wr = 0; wr < ATTN_WARP_ROWS; wr++) attn_mma16816<ATTN_DT_M>(o[wr][ATTN_OT - 1], a[wr], b);
                     }
 #endif
                 }
@@ -792,8 +1097,13 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_paged_attenti
         if (it + KV_STAGES < ntiles) { /* the slot of tile it + KV_STAGES held tile it: done */
 #pragma unroll
             for (int i = 0; i < ATTN_KV_BPT; i++)
-                if (tid + i * ATTN_THREADS < KV_TILE) sBlk[((it + KV_STAGES) % KV_STAGES) * KV_TILE + tid + i * ATTN_THREADS] =
-                        row_offset(next_blk[i], tile0 + (it + KV_STAGES) * KV_TILE + tid + i * ATTN_THREADS);
+                if (tid + i * ATTN_THREADS < KV_TILE) {
+                    const int j = tile0 + (it + KV_STAGES) * KV_TILE + tid + i * ATTN_THREADS;
+                    sBlk[((it + KV_STAGES) % KV_STAGES) * KV_TILE + tid + i * ATTN_THREADS] = row_offset(next_blk[i], j);
+#if KV_PTH
+                    sDel[((it + KV_STAGES) % KV_STAGES) * KV_TILE + tid + i * ATTN_THREADS] = scale_delta(j);
+#endif
+                }
         }
     }
 
@@ -803,16 +1113,34 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_paged_attenti
     float *sO = (float *)(smem + ATTN_SQ_BYTES + ATTN_SBLK_BYTES);   /* [WARPS_N][ROWS_PAD][O_PITCH] */
     float *sM = sO + WARPS_N * ATTN_ROWS_PAD * ATTN_O_PITCH;          /* [WARPS_N][ROWS_PAD] */
     float *sL = sM + WARPS_N * ATTN_ROWS_PAD;                         /* [WARPS_N][ROWS_PAD][4] */
+    /* O in the values' units: 8-bit caches, v_scale (per tensor) or 2^(E - 127), code factor */
+#if KV_PTH
+    const float ofac = __int_as_float(v_e << 23) * attn_code_factor<DT_KV>();
+#elif ATTN_KV8
+    const float ofac = v_scale * attn_code_factor<DT_KV>();
+#else
+    const float ofac = 1.0f;
+#endif
 #pragma unroll
     for (int x = 0; x < 2 * ATTN_WARP_ROWS; x++) {
         const int wr = x >> 1, rr = x & 1;
         const int R = row0 + wr * 16 + g + 8 * rr;
+#if ATTN_KV8
+        float *orow = sO + (wn * ATTN_ROWS_PAD + R) * ATTN_O_PITCH + 4 * tq;
+#pragma unroll
+        for (int i = 0; i < ATTN_OT; i++) { /* tile i: dims d + (i & 1) + 4t and + 2 (see O += P V) */
+            const int d = (i >> 2) * 32 + ((i & 2) ? 16 : 0) + (i & 1);
+            orow[d] = o[wr][i][2 * rr] * ofac;
+            orow[d + 2] = o[wr][i][2 * rr + 1] * ofac;
+        }
+#else
         float *orow = sO + (wn * ATTN_ROWS_PAD + R) * ATTN_O_PITCH + 2 * tq;
 #pragma unroll
         for (int i = 0; i < ATTN_OT; i++) {
-            orow[i * 8] = o[wr][i][2 * rr];
-            orow[i * 8 + 1] = o[wr][i][2 * rr + 1];
+            orow[i * 8] = o[wr][i][2 * rr] * ofac;
+            orow[i * 8 + 1] = o[wr][i][2 * rr + 1] * ofac;
         }
+#endif
         sL[(wn * ATTN_ROWS_PAD + R) * 4 + tq] = l[wr][rr]; /* the four lane-partial sums of the row */
         if (tq == 0) sM[wn * ATTN_ROWS_PAD + R] = m[wr][rr];
     }

@@ -26,6 +26,9 @@ struct attn_paged_params {
     float *partial_ml;           /* [num_slots][TILE_TOKENS*GROUP][2] */
     int *merge_count;            /* [merge capacity] FUSED MERGE arrivals, zero between
                                     launches; NULL: merges only by attn_paged_merge_partials */
+    const float *k_scale;        /* 8-bit caches with per-tensor scales: one float each on the
+                                    device, read at every launch; NULL: k_scale_value */
+    const float *v_scale;
     attn_i64 q_stride_token, q_stride_head;
     attn_i64 out_stride_token, out_stride_head;
     attn_i64 lse_stride_token, lse_stride_head;
@@ -34,6 +37,7 @@ struct attn_paged_params {
     float scale;                 /* softmax scale */
     float softcap;               /* SOFTCAP: the cap (> 0) */
     int window;                  /* WINDOW: sliding window in tokens (0: none) */
+    float k_scale_value, v_scale_value; /* where k_scale / v_scale are NULL */
 };
 
 /* The keys [lo, hi) that query position pos of a request of seq_len keys sees inside a work

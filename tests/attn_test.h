@@ -97,9 +97,9 @@ void attn_test_skip(const char *reason) {
 
 int attn_test_current_failed(void) { return attn_test__cur_failed; }
 
-/* Whether name is listed in ATTN_TEST_SKIP. */
-static int attn_test__skip_listed(const char *name) {
-    const char *p = getenv("ATTN_TEST_SKIP");
+/* Whether name is listed in the comma-separated environment variable var. */
+static int attn_test__listed(const char *var, const char *name) {
+    const char *p = getenv(var);
     size_t n = strlen(name);
     while (p && *p) {
         const char *e = strchr(p, ',');
@@ -114,7 +114,9 @@ void attn_test_run(const char *name, attn_test_fn fn) {
     attn_test__cur_name = name;
     attn_test__cur_failed = 0;
     attn_test__cur_skipped = 0;
-    if (attn_test__skip_listed(name)) attn_test_skip("listed in ATTN_TEST_SKIP");
+    if (attn_test__listed("ATTN_TEST_SKIP", name)) attn_test_skip("listed in ATTN_TEST_SKIP");
+    else if (getenv("ATTN_TEST_ONLY") && !attn_test__listed("ATTN_TEST_ONLY", name))
+        attn_test_skip("not listed in ATTN_TEST_ONLY"); /* e.g. one test under a sanitizer */
     else fn();
     if (attn_test__cur_failed) {
         attn_test__failed++;

@@ -85,6 +85,8 @@ fi
 # kernels/wgmma.cuh: its probes compile for sm_90a with no spill and the sm_90 guard holds
 # (no GPU needed; on an H200/H100 the probes also run against a float64 reference).
 run wgmma-probe ./build/wgmma_check
+# the 8-bit cache codes on the device against the CPU's conversions (compiles without a GPU)
+run codes-check ./build/codes_check
 # kernels/paged_prefill_sm90.cu (CUDA_SM90's wgmma prefill): its variants compile for
 # sm_90a with no spill and fit the shared memory (no GPU needed; on compute capability 9.0
 # the harness also runs it against the CPU backend).

@@ -1055,6 +1055,7 @@ static void cpu_describe(char *buf, size_t size) {
    ------------------------------------------------------------------------------------- */
 
 static int cuda_mla_only; /* --device cuda --case mla: the ceilings and the MLA table only */
+static int cuda_decode_only; /* --device cuda --case decode: the decode tables (bf16, 8-bit) only */
 
 #ifndef ATTN_NO_CUDA
 #include <dirent.h>
@@ -1758,6 +1759,118 @@ static void cuda_mla_table(attn_context *ctx, cuda_bench *cb, double read_best, 
 }
 
 /* 2. The backend on the GPU: ceilings, decode, prefill, a mixed batch (then MLA: 3.). */
+/* 8-bit caches: the decode of the table above (32/8 heads, head 128, q/out bf16, block 16)
+   over fp8 e4m3 / e5m2 caches with per-tensor scales and int8 / e4m3 ones with
+   per-token-head scales, from a pool of their own (the bf16 pool's block count; codes
+   0x20-0x3f, positive values of every type and, read as f32, finite positive scales),
+   against the bf16 decode of the same shape measured above: GB/s of cache bytes (codes and
+   scales), % of read, speed-up. bf16_us[bi][ci]: the bf16 times (batches 1, 16, 64, 128 x
+   contexts 1k, 4k, 16k). */
+static void cuda_decode_8bit(attn_context *ctx, const cuda_bench *cb16, double read_best, double bf16_us[4][3]) {
+    static const struct { attn_dtype dt; int pth; } kinds[4] = {
+        {ATTN_DTYPE_FP8_E4M3, 0}, {ATTN_DTYPE_FP8_E5M2, 0}, {ATTN_DTYPE_INT8, 1}, {ATTN_DTYPE_FP8_E4M3, 1}};
+    static const int batches[] = {1, 16, 64, 128}, contexts[] = {1024, 4096, 16384};
+    const size_t row_bytes = CB_D + 4; /* the larger layout (per-token-head) sizes the pool */
+    const size_t block_bytes = (size_t)2 * CB_BS * CB_HKV * row_bytes, chunk = (size_t)64 << 20;
+    cuda_bench cb = *cb16;
+    void *pool = NULL;
+    unsigned char *host;
+    size_t off, i;
+    int k, bi, ci;
+    uint64_t st = 77;
+    CHECK(ctx, attn_cuda_malloc(ctx, (size_t)cb.num_blocks * block_bytes, &pool));
+    host = (unsigned char *)bench_alloc(chunk + 1024);
+    for (i = 0; i < chunk + 1024; i++) {
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        host[i] = (unsigned char)(0x20 + ((st >> 33) & 0x1f));
+    }
+    for (off = 0; off < (size_t)cb.num_blocks * block_bytes; off += chunk) {
+        size_t n = (size_t)cb.num_blocks * block_bytes - off < chunk ? (size_t)cb.num_blocks * block_bytes - off : chunk;
+        CHECK(ctx, attn_cuda_memcpy(ctx, (char *)pool + off, host + (off / chunk % 7) * 128, n, ATTN_COPY_HOST_TO_DEVICE, NULL));
+    }
+    free(host);
+    printf("decode, 8-bit caches (q/out bf16; the same shapes; GB/s of cache bytes read: codes, and scales per token "
+           "and head; x: speed-up over the bf16 cache above):\n");
+    for (k = 0; k < 4; k++) {
+        attn_layer_desc d;
+        int64_t shape[ATTN_MAX_DIMS];
+        int ndim = 0;
+        memset(&d, 0, sizeof d);
+        d.num_heads = CB_H; d.num_kv_heads = CB_HKV; d.head_size = CB_D; d.block_size = CB_BS;
+        d.dtype = ATTN_DTYPE_BF16; d.kv_cache_dtype = kinds[k].dt;
+        d.device = ATTN_DEVICE_CUDA;
+        if (kinds[k].pth) d.kv_scale_kind = ATTN_KV_SCALE_PER_TOKEN_HEAD;
+        else d.k_scale.value = d.v_scale.value = 1.0f / 64;
+        CHECK(ctx, attn_layer_create(ctx, &d, NULL, &cb.layer));
+        if (getenv("ATTN_BENCH_KV8_DEFINES")) { /* tuning: the decode tiles recompiled with these defines */
+            attn__cuda_layer *L = (attn__cuda_layer *)attn_layer_backend_state(cb.layer);
+            char opt[ATTN__CUDA_LAYER_VARIANTS][256], reason[256], *tok, defs[256];
+            size_t n;
+            int per_sm = 0;
+            attn__cuda_module m;
+            attn__cuda_layer_variants(attn_layer_get_desc(cb.layer), &ctx->platform, 0, opt);
+            snprintf(defs, sizeof defs, "%s", getenv("ATTN_BENCH_KV8_DEFINES"));
+            for (tok = strtok(defs, " "); tok; tok = strtok(NULL, " "))
+                if ((n = strlen(opt[0])) + strlen(tok) + 4 < sizeof opt[0]) snprintf(opt[0] + n, sizeof opt[0] - n, " -D%s", tok);
+            CHECK(ctx, attn__cuda_enter(ctx, "attn-bench"));
+            if (attn__cuda_load(ctx, "paged_attention.cu", opt[0], "attn_paged_attention", NULL, ATTN__LOAD_PAGED, &m, reason,
+                                sizeof reason) != ATTN_OK) {
+                fprintf(stderr, "attn-bench: ATTN_BENCH_KV8_DEFINES: %s\n", reason);
+                exit(1);
+            }
+            ctx->cuda->cuModuleUnload(L->decode.module);
+            L->decode = m;
+            if (ctx->cuda->cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, m.main, m.config[0], (size_t)m.config[1]) != 0 ||
+                per_sm < 1)
+                per_sm = 1;
+            L->resident = per_sm * ATTN__MAX(1, ctx->platform.cuda_multiprocessors);
+            attn__cuda_leave(ctx);
+            printf("  decode tiles recompiled: %s (%d CTAs per SM, %d threads, %d bytes of shared memory)\n", opt[0], per_sm,
+                   m.config[0], m.config[1]);
+        }
+        CHECK(ctx, attn_layer_kv_cache_shape(cb.layer, cb.num_blocks, shape, &ndim));
+        cb.kv = attn_tensor_make(pool, kinds[k].dt, ndim, shape);
+        cb.kv.device.kind = ATTN_DEVICE_CUDA;
+        printf("  KV %s%s (backend %s):\n", attn_dtype_name(kinds[k].dt), kinds[k].pth ? " per token+head" : " per tensor",
+               attn_layer_backend(cb.layer)->name);
+        for (bi = 0; bi < 4; bi++)
+            for (ci = 1; ci < 3; ci++) {
+                int B = batches[bi], C = contexts[ci], nsets, r;
+                size_t iter_bytes = (size_t)B * (size_t)C * CB_HKV * (CB_D + (kinds[k].pth ? 4 : 0)) * 2;
+                int32_t *ql = (int32_t *)bench_alloc((size_t)B * 4), *sl = (int32_t *)bench_alloc((size_t)B * 4);
+                attn_metadata **metas;
+                double med, gbs;
+                bench_row *row;
+                nsets = (int)((CUDA_ROTATE_BYTES + iter_bytes - 1) / iter_bytes);
+                if (nsets < 2) nsets = 2;
+                if (nsets > CUDA_MAX_SETS) nsets = CUDA_MAX_SETS;
+                for (r = 0; r < B; r++) { ql[r] = 1; sl[r] = C; }
+                metas = cuda_metas(&cb, B, ql, sl, nsets);
+                med = cuda_time(&cb, metas, nsets, B, nsets < 20 ? 20 : nsets);
+                gbs = (double)iter_bytes / med / 1e9;
+                printf("    batch %3d context %5d: %9.1f us median  %7.0f GB/s  %5.1f%% of read  %.2fx bf16 (%.1f us)\n",
+                       B, C, med * 1e6, gbs, 100.0 * gbs / read_best, bf16_us[bi][ci] / (med * 1e6), bf16_us[bi][ci]);
+                fflush(stdout);
+                row = row_add();
+                snprintf(row->name, sizeof row->name, "decode b=%d ctx=%d, KV %s%s: %.2fx bf16", B, C,
+                         attn_dtype_name(kinds[k].dt), kinds[k].pth ? " per token+head" : "", bf16_us[bi][ci] / (med * 1e6));
+                row->ms = med * 1e3;
+                snprintf(row->metric, sizeof row->metric, "%.0f GB/s KV read", gbs);
+                row->read_gbs = gbs;
+                row->other_cores = -1;
+                {
+                    char impl[64];
+                    snprintf(impl, sizeof impl, "attn.h %s%s", attn_dtype_name(kinds[k].dt), kinds[k].pth ? " ptk" : "");
+                    csv_row(impl, "decode", B, C, med * 1e6, gbs, "GB/s");
+                }
+                cuda_metas_free(metas, nsets);
+                free(ql); free(sl);
+            }
+        attn_layer_destroy(cb.layer);
+    }
+    attn_cuda_free(ctx, pool);
+}
+
 static void cuda_backend_table(attn_context *ctx, int quick) {
     static const int batches[] = {1, 16, 64, 128}, contexts[] = {1024, 4096, 16384};
     static const int pre_b[] = {4, 1}, pre_l[] = {4096, 16384};
@@ -1768,7 +1881,7 @@ static void cuda_backend_table(attn_context *ctx, int quick) {
     int ndim, bi, ci, i;
     uint16_t *host;
     size_t chunk = (size_t)64 << 20, off;
-    double read_best, read_med, read_best2, read_med2, mm, launch, t0;
+    double read_best, read_med, read_best2, read_med2, mm, launch, t0, bf16_us[4][3];
     attn__cuda_driver *cu = ctx->cuda;
     char name[96];
 
@@ -1824,7 +1937,9 @@ static void cuda_backend_table(attn_context *ctx, int quick) {
 
     printf("decode: %d/%d heads, head %d, bf16, block %d; GB/s = K+V bytes of the batch / time per forward\n",
            CB_H, CB_HKV, CB_D, CB_BS);
-    for (bi = 0; bi < (cuda_mla_only ? 0 : 4); bi++)
+    memset(bf16_us, 0, sizeof bf16_us);
+    /* ATTN_BENCH_KV8_ONLY (tuning): the 8-bit table alone, no bf16 rows to compare with */
+    for (bi = 0; bi < (cuda_mla_only || getenv("ATTN_BENCH_KV8_ONLY") ? 0 : 4); bi++)
         for (ci = 0; ci < 3; ci++) {
             int B = batches[bi], C = contexts[ci], nsets;
             size_t iter_bytes = (size_t)B * (size_t)C * CB_HKV * CB_D * 2 * 2;
@@ -1841,6 +1956,7 @@ static void cuda_backend_table(attn_context *ctx, int quick) {
             med = cuda_time(&cb, metas, nsets, B, nsets < 20 ? 20 : nsets);
             gbs = (double)iter_bytes / med / 1e9;
             cm = (const attn__cuda_meta *)attn_metadata_private(metas[0]);
+            bf16_us[bi][ci] = med * 1e6;
             printf("  batch %3d context %5d: %9.1f us median  %7.0f GB/s  %5.1f%% of read  [%d %s work items, %d merges; "
                    "%d sets x %.1f MiB]\n", B, C, med * 1e6, gbs, 100.0 * gbs / read_best,
                    cm->host.counts[0] + cm->host.counts[3], cm->wide ? "wide" : "default", cm->host.counts[2], nsets,
@@ -1858,9 +1974,11 @@ static void cuda_backend_table(attn_context *ctx, int quick) {
             free(ql); free(sl);
         }
 
+    if (!cuda_mla_only) cuda_decode_8bit(ctx, &cb, read_best, bf16_us);
+
     printf("prefill: causal, %d/%d heads, head %d, bf16; TFLOP/s over causal-useful pairs, "
            "4 * heads * head * L(L+1)/2 per sequence\n", CB_H, CB_HKV, CB_D);
-    for (i = 0; i < (cuda_mla_only ? 0 : 2); i++) {
+    for (i = 0; i < (cuda_mla_only || cuda_decode_only ? 0 : 2); i++) {
         int B = pre_b[i], L = pre_l[i], r, nsets = 4;
         int32_t ql[4], sl[4];
         attn_metadata **metas;
@@ -1884,7 +2002,7 @@ static void cuda_backend_table(attn_context *ctx, int quick) {
         cuda_metas_free(metas, nsets);
     }
 
-    if (!cuda_mla_only) { /* vLLM's chunked prefill: one chunk of 2048 over 8192 cached tokens + 64 decodes of 4096 */
+    if (!cuda_mla_only && !cuda_decode_only) { /* vLLM's chunked prefill: one chunk of 2048 over 8192 cached tokens + 64 decodes of 4096 */
         int32_t ql[65], sl[65];
         attn_metadata **metas;
         double t_mix, t_pre, t_dec;
@@ -1913,7 +2031,7 @@ static void cuda_backend_table(attn_context *ctx, int quick) {
         csv_row("attn.h", "mixed", 65, 4096, t_mix * 1e6, (t_pre + t_dec) * 1e6, "us_parts");
     }
 
-    cuda_mla_table(ctx, &cb, read_best, mm);
+    if (!cuda_decode_only) cuda_mla_table(ctx, &cb, read_best, mm);
     read_best2 = cuda_read_ceiling(ctx, (attn__CUdeviceptr)(uintptr_t)cb.d_kv, (size_t)4 << 30, 10, &read_med2);
     if (read_best2 > read_best) read_best = read_best2;
     printf("read ceiling after the table: %.0f GB/s best, %.0f median; rows use the best of the run, %.0f GB/s\n",
@@ -2091,6 +2209,7 @@ int main(int argc, char **argv) {
         if (cl >= sizeof cmd) { cl = sizeof cmd - 1; break; }
     }
     cuda_mla_only = run_mla && !run_decode && !run_prefill;
+    cuda_decode_only = run_decode && !run_prefill && !run_mla;
     if (on_cuda) return bench_cuda(o.quick, cmd, csv_path);
 
     memset(&cd, 0, sizeof cd);

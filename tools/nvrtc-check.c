@@ -139,6 +139,23 @@ static variant manifest_builtin[] = {
     PA(128, 16, 4, 2, 2, 32, " WINDOW=1 SOFTCAP=1 ALIBI=1 WARP_ROWS=2"),
     PA(128, 16, 4, 0, 0, 16, " WARP_ROWS=2"),
     PA(128, 16, 4, 2, 2, 4, " WARP_ROWS=2"),
+    /* 8-bit caches (DT_KV 4 fp8 e4m3, 5 e5m2 per tensor; 6 int8 and 4 with KV_PTH=1 per token
+       and head): the decode target (4 stages on sm_90) and prefill for each, q f16 / f32, head
+       sizes 112 and 80 (the last 16 dims by x2 ldmatrix), 256, the flags, group 16, 3 CTAs */
+    PA(128, 16, 4, 2, 4, 4, ""),
+    PA(128, 16, 4, 2, 4, 16, ""),
+    PA(128, 16, 4, 2, 5, 4, ""),
+    PA(128, 16, 4, 1, 5, 16, ""),
+    PA(128, 16, 4, 2, 6, 4, " KV_PTH=1"),
+    PA(128, 16, 4, 2, 6, 16, " KV_PTH=1"),
+    PA(128, 32, 4, 1, 4, 4, " KV_PTH=1"),
+    PA(128, 16, 4, 0, 4, 16, " KV_PTH=1"),
+    PA(112, 16, 1, 0, 5, 16, ""),
+    PA(80, 16, 8, 1, 6, 8, " KV_PTH=1 SOFTCAP=1"),
+    PA(128, 16, 4, 2, 6, 4, " KV_PTH=1 KV_STAGES=3 MIN_CTAS=3"),
+    PA(256, 16, 8, 2, 6, 2, " KV_PTH=1"),
+    PA(64, 16, 2, 2, 4, 32, " KV_PTH=1 WINDOW=1 SOFTCAP=1 ALIBI=1"),
+    PA(128, 16, 16, 2, 4, 1, ""),
     /* wide decode tiles (sm_90 only): the decode target, group 1 and 16, block 32, the
        zero-column path, every flag */
     PA_WIDE(128, 16, 4, 2, 2, 4, ""),
@@ -177,6 +194,10 @@ static variant manifest_builtin[] = {
     {"cache_write.cu", "HEAD_DIM=128 DT_IN=2 DT_CACHE=2", 0},
     {"cache_write.cu", "HEAD_DIM=80 DT_IN=0 DT_CACHE=1", 0},
     {"cache_write.cu", "HEAD_DIM=256 DT_IN=1 DT_CACHE=0", 0},
+    {"cache_write.cu", "HEAD_DIM=128 DT_IN=2 DT_CACHE=4", 0},   /* 8-bit: fp8 per tensor, */
+    {"cache_write.cu", "HEAD_DIM=120 DT_IN=0 DT_CACHE=5", 0},
+    {"cache_write.cu", "HEAD_DIM=128 DT_IN=2 DT_CACHE=6 KV_PTH=1", 0}, /* per token and head */
+    {"cache_write.cu", "HEAD_DIM=256 DT_IN=1 DT_CACHE=4 KV_PTH=1", 0},
     {"cache_write.cu", "KV_LORA_RANK=512 ROPE_DIM=64 DT_IN=2 DT_CACHE=2", 0},
     {"cache_write.cu", "KV_LORA_RANK=256 ROPE_DIM=64 DT_IN=0 DT_CACHE=2", 0},
     /* the library's own utilities */
