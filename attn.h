@@ -104,8 +104,8 @@
        unless attn_select_request.allow_fallback is set: then the automatic choice is used
        and a WARN line says why.
 
-   QUANTIZED CACHES (issue 10; CPU and CPU_MLA so far, the CUDA backends skip them with
-   the reason "kv_cache_dtype fp8_e4m3 not supported")
+   QUANTIZED CACHES (issue 10; CPU, CPU_MLA and CUDA; CUDA_SM90 and the CUDA MLA backends
+   skip them with the reason "kv_cache_dtype fp8_e4m3 not supported (allowed: ...)")
        kv_cache_dtype ATTN_DTYPE_FP8_E4M3 (vLLM's "fp8", "fp8_e4m3") or ATTN_DTYPE_FP8_E5M2,
        with per-tensor scales attn_layer_desc.k_scale / v_scale (MLA: k_scale for the
        latent): values, or pointers to one float read at every call (updated scales need
@@ -130,6 +130,15 @@
        f32 scales; kv_cache_shape reports head_size + 4 (bytes a row, the scale included) and
        the record shows kv_cache_dtype int8 / fp8_e4m3. MLA latents: per-tensor fp8 only
        (CPU_MLA says so in the record). The same accuracy bound is asserted.
+       On the GPU (CUDA backend, head sizes in multiples of 16): the same bytes (the cache
+       write kernel quantizes exactly as the CPU, tested bit for bit), read by the
+       mma.sync kernel: codes to shared memory at half the bytes of f16, to f16 in the
+       registers (exact), f16 tensor cores with f32 accumulation, q scaled by a power of
+       two per CTA into f16's range; per-tensor scales as device pointers (read at every
+       launch, so a replayed CUDA graph sees new values) or values. A device scale that is
+       not finite and > 0 cannot be reported without a synchronisation: the kernels then
+       write nothing (cache and output unchanged). CPU and CUDA agree within the f16
+       rounding of q and of the probabilities (tests/test_cuda.c).
 
    ERRORS AND LOGGING
        Every public function returns attn_status (ATTN_OK = 0); attn_status_string() names
@@ -1249,8 +1258,8 @@ typedef struct attn__CUevent_st *attn__CUevent;
     X(cuEventRecord, "cuEventRecord", (attn__CUevent event, attn__CUstream stream))      \
     X(cuEventSynchronize, "cuEventSynchronize", (attn__CUevent event))                   \
     X(cuEventDestroy, "cuEventDestroy_v2", (attn__CUevent event))                        \
-    X(cuPointerGetAttribute, "cuPointerGetAttribute",                                    \
-      (void *data, int attribute, attn__CUdeviceptr ptr))
+    X(cuPointerGetAttributes, "cuPointerGetAttributes",                                  \
+      (unsigned num, int *attributes, void **data, attn__CUdeviceptr ptr))
 
 /* The loaded driver, kept on the context for the backends that use it. */
 typedef struct attn__cuda_driver {
@@ -6475,13 +6484,17 @@ static void attn__cuda_leave(attn_context *ctx) {
     ctx->cuda->cuCtxPopCurrent(&popped);
 }
 
+/* 1: ptr is device memory, 0: host memory or not CUDA's, -1: no driver to ask. The plural
+   cuPointerGetAttributes: for memory the driver does not know it returns success with a
+   zero type, where cuPointerGetAttribute returns an error (which compute-sanitizer reports). */
 static int attn__cuda_pointer_kind(attn_context *ctx, const void *ptr) {
     unsigned int type = 0;
+    int attr = ATTN__CU_POINTER_ATTRIBUTE_MEMORY_TYPE;
+    void *data = &type;
     attn__CUresult rc;
     if (ctx->platform.kind != ATTN_PLATFORM_CUDA || !ctx->cuda || !ctx->cuda->library) return -1;
     if (attn__cuda_enter(ctx, "attn_layer_create") != ATTN_OK) return -1;
-    rc = ctx->cuda->cuPointerGetAttribute(&type, ATTN__CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-                                          (attn__CUdeviceptr)(uintptr_t)ptr);
+    rc = ctx->cuda->cuPointerGetAttributes(1, &attr, &data, (attn__CUdeviceptr)(uintptr_t)ptr);
     attn__cuda_leave(ctx);
     return rc == 0 && type == 2 /* CU_MEMORYTYPE_DEVICE */ ? 1 : 0; /* else host or unknown to CUDA */
 }
@@ -9061,13 +9074,8 @@ static const char *const attn__kernel_src_attn_common_cuh[] = {
     "                 \"cp.async.cg.shared.global [%0], [%1], 16, z;\\n\\t}\"\n",
     "                 :: \"r\"(smem), \"l\"(gmem), \"r\"(zero) : \"memory\");\n",
     "}\n",
-    "/* 8 or 4 bytes (cp.async.ca: the sizes below 16 go through L1), zero-filled as above. The\n",
-    "   8-bit caches' rows of a head size that is not a multiple of 16 and their f32 scales. */\n",
-    "ATTN_DEV void attn_cp_async8_or_zero(attn_u32 smem, const void *gmem, int zero) {\n",
-    "    asm volatile(\"{\\n\\t.reg .pred z;\\n\\tsetp.ne.b32 z, %2, 0;\\n\\t\"\n",
-    "                 \"cp.async.ca.shared.global [%0], [%1], 8, z;\\n\\t}\"\n",
-    "                 :: \"r\"(smem), \"l\"(gmem), \"r\"(zero) : \"memory\");\n",
-    "}\n",
+    "/* 4 bytes (cp.async.ca: sizes below 16 go through L1), zero-filled as above: the f32\n",
+    "   scales of the 8-bit caches with per-token-head scales. */\n",
     "ATTN_DEV void attn_cp_async4_or_zero(attn_u32 smem, const void *gmem, int zero) {\n",
     "    asm volatile(\"{\\n\\t.reg .pred z;\\n\\tsetp.ne.b32 z, %2, 0;\\n\\t\"\n",
     "                 \"cp.async.ca.shared.global [%0], [%1], 4, z;\\n\\t}\"\n",
@@ -11020,7 +11028,8 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "             KV_TILE      keys per K/V tile (shared-memory stage)\n",
     "             KV_STAGES    K/V tiles in shared memory (default 2, double-buffered; 3 for\n",
     "                          decode shapes on sm_90 whose stages fit in 112 KiB)\n",
-    "             MIN_CTAS     CTAs per SM the registers must allow (default 1)\n",
+    "             MIN_CTAS     CTAs per SM the registers must allow (default 1; 3 for the 8-bit\n",
+    "                          decode on sm_90)\n",
     "             Q_IN_REGS    keep the Q fragments in registers (default: MMA, HEAD_DIM <= 128\n",
     "                          and one row tile per warp; with two, Q is read from shared memory\n",
     "                          per K/V tile)\n",
@@ -11118,15 +11127,21 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "   Per token and head (KV_PTH 1, int8 or e4m3): a block half is [BLOCK_SIZE][num_kv_heads]\n",
     "   [HEAD_DIM] codes, then [BLOCK_SIZE][num_kv_heads] f32 scales (K half, then V half; the\n",
     "   code rows stay 16-byte aligned), x = code * scale of its row.\n",
-    "   The CTA copies codes (half the bytes of f16) with cp.async into the stages (dense rows\n",
-    "   of HEAD_DIM bytes; 8-byte copies where HEAD_DIM is not a multiple of 16) and, KV_PTH,\n",
-    "   each key's two scales. Each warp converts its key slice of the tile, once, to f16 in a\n",
-    "   conversion buffer (exact: every code value is an f16; attn_codes4_to_f16x2) from which\n",
-    "   the tensor-core code above reads its K and V fragments unchanged; the warps sharing a\n",
-    "   slice (prefill shapes) convert it together and meet at a named barrier. The mma type is\n",
-    "   f16 whatever DT_Q is: Q is converted to f16 once, scaled by a power of two 2^e chosen\n",
-    "   per CTA from its rows' largest |q| (into [2^14, 2^15): no overflow, no subnormals that\n",
-    "   matter), and 2^-e goes into the score scale with k_scale (per tensor). Per token and\n",
+    "   HEAD_DIM is a multiple of 16. The CTA copies codes (half the bytes of f16) with cp.async\n",
+    "   into the stages (rows of HEAD_DIM bytes, 16 more where that makes an even number of\n",
+    "   16-byte units: conflict-free ldmatrix) and, KV_PTH, each key's two scales (4-byte\n",
+    "   copies). The fragments come straight from the codes, converted once each in registers\n",
+    "   (exact: every code value is an f16; attn_codes4_to_f16x2): ldmatrix reads the code rows\n",
+    "   as b16 matrices. K (non-transposed): lane (g, t) gets key g's codes of dims 4t .. 4t + 3\n",
+    "   of a 16-dim block, i.e. b0 and b1 of the B fragment if the mma's k index 2t + j means\n",
+    "   dim 4t + j and 2t + 8 + j means dim 4t + 2 + j: Q is stored in shared memory with its\n",
+    "   columns in that order. V (.trans): lane (g, t) gets the codes of dims 2g and 2g + 1 for\n",
+    "   keys 2t and 2t + 1 (and + 8); a byte permute makes the B fragment of dim 2g (even) and\n",
+    "   of dim 2g + 1 (odd), so O's n8 tiles hold the even and the odd dims of each 16 and the\n",
+    "   epilogue puts them back in order. The mma type is f16 whatever DT_Q is: Q is converted\n",
+    "   to f16 once, scaled by a power of two 2^e chosen per CTA from its rows' largest |q|\n",
+    "   (into [2^14, 2^15): no overflow, no subnormals that matter), and 2^-e goes into the\n",
+    "   score scale with k_scale (per tensor). Per token and\n",
     "   head: each score is multiplied by its key's K scale; each probability by its key's V\n",
     "   scale over 2^E (E the largest V-scale exponent the warp has seen: O is rescaled by a\n",
     "   power of two when it grows, as the softmax max) before P V, while l sums the unscaled\n",
@@ -11262,8 +11277,16 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "#endif\n",
     "\n",
     "#define ATTN_MAX_(a, b) ((a) > (b) ? (a) : (b))\n",
+    "/* 8-bit decode shapes on sm_90 (H200, 32/8 heads, head 128, attn-bench's 8-bit table with\n",
+    "   ATTN_BENCH_KV8_DEFINES): per tensor, 128-key tiles x 2 stages, two CTAs per SM, beat\n",
+    "   64 x 4 (batch 128 x 16k 1066 against 1136 us, 64 x 4k 148 against 157) and 64 x 3 with\n",
+    "   three CTAs per SM (1106, 189); per token and head (more work per key: the scales), 64 x 3\n",
+    "   with three CTAs per SM (1273 against 1399 and 1453 us for 64 x 4 and 128 x 2) */\n",
+    "#define ATTN_KV8_DECODE90 (ATTN_KV8 && ATTN_ROW_TILES == 1 && __CUDA_ARCH__ >= 900 && HEAD_DIM <= 128)\n",
     "#ifndef KV_TILE\n",
-    "#if ATTN_USE_MMA\n",
+    "#if ATTN_KV8_DECODE90 && !KV_PTH\n",
+    "#define KV_TILE 128\n",
+    "#elif ATTN_USE_MMA\n",
     "#define KV_TILE ATTN_MAX_(16 * WARPS_N, HEAD_DIM <= 128 ? 64 : 32)\n",
     "#else\n",
     "#define KV_TILE ATTN_MAX_(8 * WARPS_N, ATTN_BIG_ROWS ? 16 : 32)\n",
@@ -11293,11 +11316,9 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "#define ATTN_KV8_BYTES(st) ((st) * (2 * KV_TILE * ATTN_SROW + (KV_PTH ? 8 * KV_TILE : 0)))\n",
     "#define ATTN_O_PITCH (HEAD_DIM + 4) /* floats, epilogue */\n",
     "#if !defined(KV_STAGES) && ATTN_KV8\n",
-    "/* 8-bit caches: a stage is half the bytes, so a decode CTA keeps four tiles in flight on\n",
-    "   sm_90 where they fit with two CTAs per SM */\n",
-    "#if ATTN_ROW_TILES == 1 && __CUDA_ARCH__ >= 900 && ATTN_KV8_BYTES(4) <= 104448\n",
-    "#define KV_STAGES 4\n",
-    "#elif ATTN_ROW_TILES == 1 && __CUDA_ARCH__ >= 900 && ATTN_KV8_BYTES(3) <= 104448\n",
+    "/* 8-bit caches (see ATTN_KV8_DECODE90): per token and head on sm_90, three 64-key stages\n",
+    "   (three CTAs per SM, MIN_CTAS below); otherwise two */\n",
+    "#if ATTN_KV8_DECODE90 && KV_PTH && ATTN_KV8_BYTES(3) <= 73728\n",
     "#define KV_STAGES 3\n",
     "#else\n",
     "#define KV_STAGES 2\n",
@@ -11326,8 +11347,7 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "#define ATTN_SBLK_BYTES (KV_STAGES * KV_TILE * (KV_PTH ? 12 : 8))\n",
     "#define ATTN_SMEM_BYTES (ATTN_SQ_BYTES + ATTN_SBLK_BYTES + ATTN_MAX_(ATTN_KV_BYTES, ATTN_EPI_BYTES))\n",
     "\n",
-    "#define ATTN_KV_CB ((HEAD_DIM * ATTN_ESZ_KV) % 16 == 0 ? 16 : 8) /* bytes per copy */\n",
-    "#define ATTN_KV_CPR (HEAD_DIM * ATTN_ESZ_KV / ATTN_KV_CB)  /* copies per K/V row */\n",
+    "#define ATTN_KV_CPR (HEAD_DIM * ATTN_ESZ_KV / 16)   /* 16-byte chunks per K/V row */\n",
     "#define ATTN_KV_CHUNKS (KV_TILE * ATTN_KV_CPR)      /* chunks per K (or V) tile */\n",
     "#define ATTN_KV_LPT ((ATTN_KV_CHUNKS + ATTN_THREADS - 1) / ATTN_THREADS) /* per thread */\n",
     "#define ATTN_KV_BPT ((KV_TILE + ATTN_THREADS - 1) / ATTN_THREADS)   /* block numbers per thread */\n",
@@ -11449,8 +11469,13 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "    }\n",
     "}\n",
     "\n",
-    "#ifndef MIN_CTAS\n",
-    "#define MIN_CTAS 1 /* tuning: CTAs per SM ptxas must leave registers for (__launch_bounds__) */\n",
+    "#ifndef MIN_CTAS /* tuning: CTAs per SM ptxas must leave registers for (__launch_bounds__) */\n",
+    "#if ATTN_KV8_DECODE90 && ATTN_THREADS == 128\n",
+    "#define MIN_CTAS 3 /* 8-bit decode on sm_90: registers for three CTAs per SM (per tensor, the\n",
+    "                      shared memory of 128-key stages allows two; measured so) */\n",
+    "#else\n",
+    "#define MIN_CTAS 1\n",
+    "#endif\n",
     "#endif\n",
     "extern \"C\" __global__ void __launch_bounds__(ATTN_THREADS, MIN_CTAS) attn_paged_attention(const attn_paged_params p) {\n",
     "    extern __shared__ attn_vec16 attn_smem[];\n",
@@ -11628,15 +11653,10 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "            const int r = kv_row(i), col = kv_col(i);\n",
     "            if (ATTN_KV_CHUNKS % ATTN_THREADS == 0 || r < KV_TILE) {\n",
     "                const attn_i64 b = sBlk[stage * KV_TILE + r];\n",
-    "                const char *src = kv_base + (b >= 0 ? b + col * ATTN_KV_CB : 0);\n",
-    "                const attn_u32 off = (attn_u32)((stage * KV_TILE + r) * ATTN_SROW + col * ATTN_KV_CB);\n",
-    "                if (ATTN_KV_CB == 16) {\n",
-    "                    attn_cp_async16_or_zero(sK_addr + off, src, b < 0);\n",
-    "                    attn_cp_async16_or_zero(sV_addr + off, src + (b >= 0 ? v_bytes : 0), b < 0);\n",
-    "                } else {\n",
-    "                    attn_cp_async8_or_zero(sK_addr + off, src, b < 0);\n",
-    "                    attn_cp_async8_or_zero(sV_addr + off, src + (b >= 0 ? v_bytes : 0), b < 0);\n",
-    "                }\n",
+    "                const char *src = kv_base + (b >= 0 ? b + col * 16 : 0);\n",
+    "                const attn_u32 off = (attn_u32)((stage * KV_TILE + r) * ATTN_SROW + col * 16);\n",
+    "                attn_cp_async16_or_zero(sK_addr + off, src, b < 0);\n",
+    "                attn_cp_async16_or_zero(sV_addr + off, src + (b >= 0 ? v_bytes : 0), b < 0);\n",
     "            }\n",
     "        }\n",
     "#if KV_PTH\n",

@@ -272,13 +272,8 @@ ATTN_DEV void attn_cp_async16_or_zero(attn_u32 smem, const void *gmem, int zero)
                  "cp.async.cg.shared.global [%0], [%1], 16, z;\n\t}"
                  :: "r"(smem), "l"(gmem), "r"(zero) : "memory");
 }
-/* 8 or 4 bytes (cp.async.ca: the sizes below 16 go through L1), zero-filled as above. The
-   8-bit caches' rows of a head size that is not a multiple of 16 and their f32 scales. */
-ATTN_DEV void attn_cp_async8_or_zero(attn_u32 smem, const void *gmem, int zero) {
-    asm volatile("{\n\t.reg .pred z;\n\tsetp.ne.b32 z, %2, 0;\n\t"
-                 "cp.async.ca.shared.global [%0], [%1], 8, z;\n\t}"
-                 :: "r"(smem), "l"(gmem), "r"(zero) : "memory");
-}
+/* 4 bytes (cp.async.ca: sizes below 16 go through L1), zero-filled as above: the f32
+   scales of the 8-bit caches with per-token-head scales. */
 ATTN_DEV void attn_cp_async4_or_zero(attn_u32 smem, const void *gmem, int zero) {
     asm volatile("{\n\t.reg .pred z;\n\tsetp.ne.b32 z, %2, 0;\n\t"
                  "cp.async.ca.shared.global [%0], [%1], 4, z;\n\t}"

@@ -47,7 +47,8 @@
              KV_TILE      keys per K/V tile (shared-memory stage)
              KV_STAGES    K/V tiles in shared memory (default 2, double-buffered; 3 for
                           decode shapes on sm_90 whose stages fit in 112 KiB)
-             MIN_CTAS     CTAs per SM the registers must allow (default 1)
+             MIN_CTAS     CTAs per SM the registers must allow (default 1; 3 for the 8-bit
+                          decode on sm_90)
              Q_IN_REGS    keep the Q fragments in registers (default: MMA, HEAD_DIM <= 128
                           and one row tile per warp; with two, Q is read from shared memory
                           per K/V tile)
@@ -145,15 +146,21 @@
    Per token and head (KV_PTH 1, int8 or e4m3): a block half is [BLOCK_SIZE][num_kv_heads]
    [HEAD_DIM] codes, then [BLOCK_SIZE][num_kv_heads] f32 scales (K half, then V half; the
    code rows stay 16-byte aligned), x = code * scale of its row.
-   The CTA copies codes (half the bytes of f16) with cp.async into the stages (dense rows
-   of HEAD_DIM bytes; 8-byte copies where HEAD_DIM is not a multiple of 16) and, KV_PTH,
-   each key's two scales. Each warp converts its key slice of the tile, once, to f16 in a
-   conversion buffer (exact: every code value is an f16; attn_codes4_to_f16x2) from which
-   the tensor-core code above reads its K and V fragments unchanged; the warps sharing a
-   slice (prefill shapes) convert it together and meet at a named barrier. The mma type is
-   f16 whatever DT_Q is: Q is converted to f16 once, scaled by a power of two 2^e chosen
-   per CTA from its rows' largest |q| (into [2^14, 2^15): no overflow, no subnormals that
-   matter), and 2^-e goes into the score scale with k_scale (per tensor). Per token and
+   HEAD_DIM is a multiple of 16. The CTA copies codes (half the bytes of f16) with cp.async
+   into the stages (rows of HEAD_DIM bytes, 16 more where that makes an even number of
+   16-byte units: conflict-free ldmatrix) and, KV_PTH, each key's two scales (4-byte
+   copies). The fragments come straight from the codes, converted once each in registers
+   (exact: every code value is an f16; attn_codes4_to_f16x2): ldmatrix reads the code rows
+   as b16 matrices. K (non-transposed): lane (g, t) gets key g's codes of dims 4t .. 4t + 3
+   of a 16-dim block, i.e. b0 and b1 of the B fragment if the mma's k index 2t + j means
+   dim 4t + j and 2t + 8 + j means dim 4t + 2 + j: Q is stored in shared memory with its
+   columns in that order. V (.trans): lane (g, t) gets the codes of dims 2g and 2g + 1 for
+   keys 2t and 2t + 1 (and + 8); a byte permute makes the B fragment of dim 2g (even) and
+   of dim 2g + 1 (odd), so O's n8 tiles hold the even and the odd dims of each 16 and the
+   epilogue puts them back in order. The mma type is f16 whatever DT_Q is: Q is converted
+   to f16 once, scaled by a power of two 2^e chosen per CTA from its rows' largest |q|
+   (into [2^14, 2^15): no overflow, no subnormals that matter), and 2^-e goes into the
+   score scale with k_scale (per tensor). Per token and
    head: each score is multiplied by its key's K scale; each probability by its key's V
    scale over 2^E (E the largest V-scale exponent the warp has seen: O is rescaled by a
    power of two when it grows, as the softmax max) before P V, while l sums the unscaled
@@ -289,8 +296,16 @@
 #endif
 
 #define ATTN_MAX_(a, b) ((a) > (b) ? (a) : (b))
+/* 8-bit decode shapes on sm_90 (H200, 32/8 heads, head 128, attn-bench's 8-bit table with
+   ATTN_BENCH_KV8_DEFINES): per tensor, 128-key tiles x 2 stages, two CTAs per SM, beat
+   64 x 4 (batch 128 x 16k 1066 against 1136 us, 64 x 4k 148 against 157) and 64 x 3 with
+   three CTAs per SM (1106, 189); per token and head (more work per key: the scales), 64 x 3
+   with three CTAs per SM (1273 against 1399 and 1453 us for 64 x 4 and 128 x 2) */
+#define ATTN_KV8_DECODE90 (ATTN_KV8 && ATTN_ROW_TILES == 1 && __CUDA_ARCH__ >= 900 && HEAD_DIM <= 128)
 #ifndef KV_TILE
-#if ATTN_USE_MMA
+#if ATTN_KV8_DECODE90 && !KV_PTH
+#define KV_TILE 128
+#elif ATTN_USE_MMA
 #define KV_TILE ATTN_MAX_(16 * WARPS_N, HEAD_DIM <= 128 ? 64 : 32)
 #else
 #define KV_TILE ATTN_MAX_(8 * WARPS_N, ATTN_BIG_ROWS ? 16 : 32)
@@ -320,11 +335,9 @@
 #define ATTN_KV8_BYTES(st) ((st) * (2 * KV_TILE * ATTN_SROW + (KV_PTH ? 8 * KV_TILE : 0)))
 #define ATTN_O_PITCH (HEAD_DIM + 4) /* floats, epilogue */
 #if !defined(KV_STAGES) && ATTN_KV8
-/* 8-bit caches: a stage is half the bytes, so a decode CTA keeps four tiles in flight on
-   sm_90 where they fit with two CTAs per SM */
-#if ATTN_ROW_TILES == 1 && __CUDA_ARCH__ >= 900 && ATTN_KV8_BYTES(4) <= 104448
-#define KV_STAGES 4
-#elif ATTN_ROW_TILES == 1 && __CUDA_ARCH__ >= 900 && ATTN_KV8_BYTES(3) <= 104448
+/* 8-bit caches (see ATTN_KV8_DECODE90): per token and head on sm_90, three 64-key stages
+   (three CTAs per SM, MIN_CTAS below); otherwise two */
+#if ATTN_KV8_DECODE90 && KV_PTH && ATTN_KV8_BYTES(3) <= 73728
 #define KV_STAGES 3
 #else
 #define KV_STAGES 2
@@ -353,8 +366,7 @@
 #define ATTN_SBLK_BYTES (KV_STAGES * KV_TILE * (KV_PTH ? 12 : 8))
 #define ATTN_SMEM_BYTES (ATTN_SQ_BYTES + ATTN_SBLK_BYTES + ATTN_MAX_(ATTN_KV_BYTES, ATTN_EPI_BYTES))
 
-#define ATTN_KV_CB ((HEAD_DIM * ATTN_ESZ_KV) % 16 == 0 ? 16 : 8) /* bytes per copy */
-#define ATTN_KV_CPR (HEAD_DIM * ATTN_ESZ_KV / ATTN_KV_CB)  /* copies per K/V row */
+#define ATTN_KV_CPR (HEAD_DIM * ATTN_ESZ_KV / 16)   /* 16-byte chunks per K/V row */
 #define ATTN_KV_CHUNKS (KV_TILE * ATTN_KV_CPR)      /* chunks per K (or V) tile */
 #define ATTN_KV_LPT ((ATTN_KV_CHUNKS + ATTN_THREADS - 1) / ATTN_THREADS) /* per thread */
 #define ATTN_KV_BPT ((KV_TILE + ATTN_THREADS - 1) / ATTN_THREADS)   /* block numbers per thread */
@@ -476,8 +488,13 @@ ATTN_DEV void attn_merge_entry(const attn_paged_params &p, int mi, int tid, int 
     }
 }
 
-#ifndef MIN_CTAS
-#define MIN_CTAS 1 /* tuning: CTAs per SM ptxas must leave registers for (__launch_bounds__) */
+#ifndef MIN_CTAS /* tuning: CTAs per SM ptxas must leave registers for (__launch_bounds__) */
+#if ATTN_KV8_DECODE90 && ATTN_THREADS == 128
+#define MIN_CTAS 3 /* 8-bit decode on sm_90: registers for three CTAs per SM (per tensor, the
+                      shared memory of 128-key stages allows two; measured so) */
+#else
+#define MIN_CTAS 1
+#endif
 #endif
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS, MIN_CTAS) attn_paged_attention(const attn_paged_params p) {
     extern __shared__ attn_vec16 attn_smem[];
@@ -655,15 +672,10 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, MIN_CTAS) attn_paged_
             const int r = kv_row(i), col = kv_col(i);
             if (ATTN_KV_CHUNKS % ATTN_THREADS == 0 || r < KV_TILE) {
                 const attn_i64 b = sBlk[stage * KV_TILE + r];
-                const char *src = kv_base + (b >= 0 ? b + col * ATTN_KV_CB : 0);
-                const attn_u32 off = (attn_u32)((stage * KV_TILE + r) * ATTN_SROW + col * ATTN_KV_CB);
-                if (ATTN_KV_CB == 16) {
-                    attn_cp_async16_or_zero(sK_addr + off, src, b < 0);
-                    attn_cp_async16_or_zero(sV_addr + off, src + (b >= 0 ? v_bytes : 0), b < 0);
-                } else {
-                    attn_cp_async8_or_zero(sK_addr + off, src, b < 0);
-                    attn_cp_async8_or_zero(sV_addr + off, src + (b >= 0 ? v_bytes : 0), b < 0);
-                }
+                const char *src = kv_base + (b >= 0 ? b + col * 16 : 0);
+                const attn_u32 off = (attn_u32)((stage * KV_TILE + r) * ATTN_SROW + col * 16);
+                attn_cp_async16_or_zero(sK_addr + off, src, b < 0);
+                attn_cp_async16_or_zero(sV_addr + off, src + (b >= 0 ? v_bytes : 0), b < 0);
             }
         }
 #if KV_PTH

@@ -721,13 +721,16 @@ static void test_cache_write(int cases) {
         {
             module_entry *m = get_module("cache_write.cu", defs, "attn_reshape_and_cache");
             attn__CUfunction f = m->main;
-            struct { attn__CUdeviceptr key, value, cache, slots; int64_t ks0, ks1, vs0, vs1; int n, hkv, bs, pad0; } p;
+            attn__cache_write_params p; /* attn.h's mirror of the kernel's struct */
             void *args[1];
             attn__CUdeviceptr dk = dupload(kh, in_elems * ein), dv = dupload(vh, in_elems * ein), dcache = dalloc(c_elems * ec),
                               ds = dupload(slots, (size_t)T * 8);
             CU_CHECK(cu->cuMemsetD8Async(dcache, 0, c_elems * ec, NULL));
-            p.key = dk + (attn__CUdeviceptr)(mis * ein); p.value = dv + (attn__CUdeviceptr)(mis * ein); p.cache = dcache; p.slots = ds;
-            p.ks0 = p.vs0 = (int64_t)row; p.ks1 = p.vs1 = D; p.n = T; p.hkv = Hkv; p.bs = BS; p.pad0 = 0;
+            memset(&p, 0, sizeof p);
+            p.key = dk + (attn__CUdeviceptr)(mis * ein); p.value = dv + (attn__CUdeviceptr)(mis * ein); p.kv_cache = dcache;
+            p.slot_mapping = ds;
+            p.key_stride_token = p.value_stride_token = (int64_t)row; p.key_stride_head = p.value_stride_head = D;
+            p.num_tokens = T; p.num_kv_heads = Hkv; p.block_size = BS;
             args[0] = &p;
             CU_CHECK(cu->cuLaunchKernel(f, (unsigned)rnd_int(1, T), 1, 1, 128, 1, 1, 0, NULL, args, NULL));
             CU_CHECK(cu->cuCtxSynchronize());

@@ -1148,6 +1148,123 @@ done:
     if (cg.lib) dlclose(cg.lib);
 }
 
+/* An fp8 layer whose scales are device floats (vLLM's k_scale / v_scale tensors): a forward
+   captured once in a CUDA graph and replayed after the scales change reads the new values
+   (against a CPU layer reading host floats changed alike). */
+ATTN_TEST(cuda_fp8_graph_replays_new_scales) {
+    enum { H = 8, HKV = 2, D = 128, BS = 16, R = 3, MAXB = 16, NB = R * MAXB };
+    attn_test_log log;
+    attn_context *ctx = cu_ctx(&log);
+    void *graph = NULL, *exec = NULL;
+    cu_graph_api cg;
+    attn_layer_desc d;
+    attn_layer *cpu = NULL, *gpu = NULL;
+    attn_metadata *mc = NULL, *mg = NULL;
+    attn_metadata_desc md;
+    cu_buf q, kv, out, sc;
+    int64_t shape[ATTN_MAX_DIMS], *slots = NULL;
+    int ndim = 0, round, bad = 0, i;
+    int32_t bt[R * MAXB], qsl[R + 1] = {0, 1, 2, 3}, seq[R] = {100, 250, 17};
+    float hs[2] = {1.0f / 64, 1.0f / 32};
+    static const float rounds[3][2] = {{1.0f / 64, 1.0f / 32}, {1.0f / 16, 1.0f / 128}, {0.5f, 0.75f}};
+    static uint16_t cpu_out[R * H * D], gpu_out[R * H * D];
+    memset(&q, 0, sizeof q); memset(&kv, 0, sizeof kv); memset(&out, 0, sizeof out); memset(&sc, 0, sizeof sc);
+    CU_SKIP_IF_NO_GPU(ctx);
+    switch (cu_graph_open(&cg)) {
+    case 1: attn_context_destroy(ctx); SKIP("libcuda.so.1 not loadable by the test");
+    case -1: goto done;
+    }
+    if (!cu_buf_make(ctx, &sc, sizeof hs)) goto done;
+    memset(&d, 0, sizeof d);
+    d.num_heads = H; d.num_kv_heads = HKV; d.head_size = D; d.dtype = ATTN_DTYPE_BF16; d.block_size = BS;
+    d.kv_cache_dtype = ATTN_DTYPE_FP8_E4M3;
+    d.k_scale.ptr = &hs[0]; d.v_scale.ptr = &hs[1]; /* the CPU layer: host floats */
+    EXPECT_OK(attn_layer_create(ctx, &d, NULL, &cpu));
+    d.device = ATTN_DEVICE_CUDA; /* the CUDA layer: device floats */
+    d.k_scale.ptr = (const float *)sc.dev; d.v_scale.ptr = (const float *)sc.dev + 1;
+    d.k_scale.device = d.v_scale.device = ATTN_DEVICE_CUDA;
+    EXPECT_OK(attn_layer_create(ctx, &d, NULL, &gpu));
+    memset(&md, 0, sizeof md);
+    md.max_num_reqs = R; md.max_num_tokens = R; md.max_blocks_per_req = MAXB; md.num_blocks = NB;
+    if (!cpu || !gpu || attn_metadata_create(cpu, &md, &mc) != ATTN_OK || attn_metadata_create(gpu, &md, &mg) != ATTN_OK)
+        goto done;
+    attn_layer_kv_cache_shape(gpu, NB, shape, &ndim);
+    if (!cu_buf_make(ctx, &q, sizeof cpu_out) || !cu_buf_make(ctx, &out, sizeof cpu_out) ||
+        !cu_buf_make(ctx, &kv, (size_t)NB * 2 * BS * HKV * D) || !(slots = (int64_t *)malloc((size_t)NB * BS * 8)))
+        goto done;
+    cu_fill(q.host, ATTN_DTYPE_BF16, R * H * D, 2.0f);
+    { /* every slot's codes through the CPU cache write (scales 1/64, 1/32) */
+        size_t n = (size_t)NB * BS * HKV * D;
+        void *hk = malloc(n * 2), *hv = malloc(n * 2);
+        attn_tensor tk = cu_tensor(hk, ATTN_DTYPE_BF16, 3, NB * BS, HKV, D, 0), tv = cu_tensor(hv, ATTN_DTYPE_BF16, 3, NB * BS, HKV, D, 0);
+        attn_tensor tc = attn_tensor_make(kv.host, ATTN_DTYPE_FP8_E4M3, ndim, shape);
+        int ok = hk && hv;
+        if (ok) {
+            cu_fill(hk, ATTN_DTYPE_BF16, n, 2.0f);
+            cu_fill(hv, ATTN_DTYPE_BF16, n, 2.0f);
+            for (i = 0; i < NB * BS; i++) slots[i] = i;
+            ok = attn_reshape_and_cache(cpu, &tk, &tv, &tc, slots, NB * BS, NULL) == ATTN_OK;
+        }
+        free(hk); free(hv);
+        if (!ok || !cu_up(ctx, &q) || !cu_up(ctx, &kv)) goto done;
+    }
+    for (i = 0; i < R * MAXB; i++) bt[i] = (i * 7) % NB;
+    {
+        attn_batch b;
+        memset(&b, 0, sizeof b);
+        b.query_start_loc = qsl; b.seq_lens = seq; b.block_table = bt; b.block_table_stride = MAXB;
+        b.num_reqs = R; b.num_actual_tokens = R; b.max_query_len = 1; b.max_seq_len = 250;
+        b.stream = cg.stream;
+        EXPECT_OK(attn_metadata_build(mc, 0, &b, 0));
+        EXPECT_OK(attn_metadata_build(mg, 0, &b, 0));
+    }
+    for (round = 0; round < 3 && !bad; round++) {
+        attn_tensor hq = cu_tensor(q.host, ATTN_DTYPE_BF16, 3, R, H, D, 0), ho = cu_tensor(cpu_out, ATTN_DTYPE_BF16, 3, R, H, D, 0);
+        attn_tensor hc = attn_tensor_make(kv.host, ATTN_DTYPE_FP8_E4M3, ndim, shape);
+        attn_tensor gq = cu_tensor(q.dev, ATTN_DTYPE_BF16, 3, R, H, D, 1), go = cu_tensor(out.dev, ATTN_DTYPE_BF16, 3, R, H, D, 1);
+        attn_tensor gc = attn_tensor_make(kv.dev, ATTN_DTYPE_FP8_E4M3, ndim, shape);
+        gc.device.kind = ATTN_DEVICE_CUDA;
+        hs[0] = rounds[round][0]; hs[1] = rounds[round][1];
+        memcpy(sc.host, hs, sizeof hs);
+        if (!cu_up(ctx, &sc)) { bad++; break; }
+        if (round == 0) { /* capture once */
+            EXPECT_EQ_INT(cg.begin(cg.stream, 2 /* relaxed */), 0);
+            EXPECT_OK(attn_layer_forward(gpu, mg, &gq, NULL, NULL, &gc, &go, NULL, cg.stream));
+            EXPECT_EQ_INT(cg.end(cg.stream, &graph), 0);
+            if (!graph || cg.instantiate(&exec, graph, 0) != 0) {
+                attn_test_fail(__FILE__, __LINE__, "graph capture / instantiate failed");
+                bad++;
+                break;
+            }
+        }
+        memset(out.host, 0xff, out.bytes);
+        if (!cu_up(ctx, &out)) { bad++; break; }
+        EXPECT_EQ_INT(cg.launch(exec, cg.stream), 0);
+        EXPECT_EQ_INT(cg.sync(cg.stream), 0);
+        EXPECT_OK(attn_layer_forward(cpu, mc, &hq, NULL, NULL, &hc, &ho, NULL, NULL));
+        if (!cu_down(ctx, &out, gpu_out)) { bad++; break; }
+        for (i = 0; i < R * H * D && bad < 4; i++) {
+            float a = attn_bf16_to_f32(cpu_out[i]), g = attn_bf16_to_f32(gpu_out[i]);
+            if (!(fabsf(a - g) <= 3e-2f * (1.0f + fabsf(a)))) {
+                attn_test_fail(__FILE__, __LINE__, "round %d (k_scale %g, v_scale %g) out[%d]: cpu %g, graph replay %g",
+                               round, (double)hs[0], (double)hs[1], i, a, g);
+                bad++;
+            }
+        }
+    }
+    EXPECT_EQ_INT(bad, 0);
+done:
+    if (exec) cg.exec_destroy(exec);
+    if (graph) cg.graph_destroy(graph);
+    cu_graph_close(&cg);
+    cu_buf_free(ctx, &q); cu_buf_free(ctx, &kv); cu_buf_free(ctx, &out); cu_buf_free(ctx, &sc);
+    free(slots);
+    attn_metadata_destroy(mc); attn_metadata_destroy(mg);
+    attn_layer_destroy(cpu); attn_layer_destroy(gpu);
+    attn_context_destroy(ctx);
+    if (cg.lib) dlclose(cg.lib);
+}
+
 /* ---- kernel cache on the GPU: many threads, damaged and unusable directories ---------------- */
 
 /* A context whose kernels are kept in `dir` ("off": memory only), logging into log
@@ -1773,6 +1890,7 @@ void suite_cuda(void) {
     ATTN_RUN(cuda_fp8_scale_pointer_device_checked);
     ATTN_RUN(cuda_forward_8bit_matches_cpu);
     ATTN_RUN(cuda_fp8_bad_device_scale_writes_nothing);
+    ATTN_RUN(cuda_fp8_graph_replays_new_scales);
     ATTN_RUN(cuda_forward_matches_cpu);
     ATTN_RUN(cuda_host_tensor_refused);
     ATTN_RUN(cuda_merge_matches_cpu);

@@ -1866,6 +1866,19 @@ static void cuda_decode_8bit(attn_context *ctx, const cuda_bench *cb16, double r
                 cuda_metas_free(metas, nsets);
                 free(ql); free(sl);
             }
+        { /* the prefill over the same cache: causal, 4 x 4096 (compare the bf16 prefill rows below) */
+            int32_t ql[4] = {4096, 4096, 4096, 4096};
+            attn_metadata **metas = cuda_metas(&cb, 4, ql, ql, 4);
+            double med = cuda_time(&cb, metas, 4, 4 * 4096, 4), flops = 4.0 * 4.0 * CB_H * CB_D * 4096.0 * 4097 / 2;
+            bench_row *row = row_add();
+            printf("    prefill causal 4 x 4096: %9.1f us median  %6.1f TFLOP/s\n", med * 1e6, flops / med / 1e12);
+            snprintf(row->name, sizeof row->name, "prefill causal b=4 L=4096, KV %s%s", attn_dtype_name(kinds[k].dt),
+                     kinds[k].pth ? " per token+head" : "");
+            row->ms = med * 1e3;
+            snprintf(row->metric, sizeof row->metric, "%.1f TFLOP/s", flops / med / 1e12);
+            row->other_cores = -1;
+            cuda_metas_free(metas, 4);
+        }
         attn_layer_destroy(cb.layer);
     }
     attn_cuda_free(ctx, pool);
