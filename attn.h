@@ -1,4 +1,4 @@
-/* attn.h - v0.7.0 - paged attention and MLA for C/C++, portable C and CUDA (NVRTC)
+/* attn.h - v0.8.0 - paged attention and MLA for C/C++, portable C and CUDA (NVRTC)
 
    Do this:
        #define ATTN_IMPLEMENTATION
@@ -256,9 +256,9 @@
 #define ATTN_H
 
 #define ATTN_VERSION_MAJOR 0
-#define ATTN_VERSION_MINOR 7
+#define ATTN_VERSION_MINOR 8
 #define ATTN_VERSION_PATCH 0
-#define ATTN_VERSION_STRING "0.7.0"
+#define ATTN_VERSION_STRING "0.8.0"
 
 #include <stddef.h>
 #include <stdint.h>
