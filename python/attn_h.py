@@ -529,12 +529,13 @@ def _text(raw):
 
 _TORCH_DTYPES = {"torch.float32": ATTN_DTYPE_F32, "torch.float16": ATTN_DTYPE_F16,
                  "torch.bfloat16": ATTN_DTYPE_BF16, "torch.float8_e4m3fn": ATTN_DTYPE_FP8_E4M3,
-                 "torch.float8_e5m2": ATTN_DTYPE_FP8_E5M2}
+                 "torch.float8_e5m2": ATTN_DTYPE_FP8_E5M2, "torch.int8": ATTN_DTYPE_INT8}
 _TORCH_DTYPE_CODES = {}   # torch.dtype -> code (None: not an element type attn.h takes)
 _DEVICE_STRUCTS = {}      # torch.device -> attn_device
 _NUMPY_DTYPES = {"float32": ATTN_DTYPE_F32, "float16": ATTN_DTYPE_F16,
                  "bfloat16": ATTN_DTYPE_BF16, "float8_e4m3fn": ATTN_DTYPE_FP8_E4M3,
-                 "float8_e5m2": ATTN_DTYPE_FP8_E5M2}   # bfloat16: ml_dtypes' numpy type
+                 "float8_e5m2": ATTN_DTYPE_FP8_E5M2, "int8": ATTN_DTYPE_INT8}
+# (bfloat16 and the float8 types: ml_dtypes' numpy types; int8: KV caches only)
 
 
 def _is_torch(x):
@@ -575,7 +576,8 @@ def _tensor(x, name, fn):
                         % (fn, name, type(x).__name__))
     if dtype is None:
         _fail(ATTN_ERROR_SHAPE_MISMATCH, "%s: %s has element type %s (allowed: float32, "
-              "float16, bfloat16)" % (fn, name, type_name))
+              "float16, bfloat16; KV caches also float8_e4m3fn, float8_e5m2, int8)"
+              % (fn, name, type_name))
     if len(shape) > ATTN_MAX_DIMS:
         _fail(ATTN_ERROR_SHAPE_MISMATCH, "%s: %s has %d dimensions (allowed: at most %d)"
               % (fn, name, len(shape), ATTN_MAX_DIMS))
@@ -786,12 +788,37 @@ def _selection_dict(s):
     return d
 
 
+def _kv_scale(field, x, what, keep):
+    """attn_kv_scale from a number (the value) or a one-element float32 numpy array / torch
+    tensor (its address: read by the library at every call, so writing a new value into it
+    changes the scale — vLLM's k_scale / v_scale tensors, CUDA graphs included)."""
+    if x is None:
+        return
+    if isinstance(x, np.ndarray):
+        if x.dtype != np.float32 or x.size != 1:
+            _fail(ATTN_ERROR_INVALID_VALUE, "%s is a numpy array of %s with %d elements (allowed: "
+                  "a number, or one float32)" % (what, x.dtype.name, x.size))
+        field.ptr = C.cast(C.c_void_p(x.ctypes.data), C.POINTER(C.c_float))
+        field.device = ATTN_DEVICE_CPU
+        keep.append(x)
+    elif _is_torch(x):
+        if str(x.dtype) != "torch.float32" or x.numel() != 1:
+            _fail(ATTN_ERROR_INVALID_VALUE, "%s is a tensor of %s with %d elements (allowed: a "
+                  "number, or one torch.float32)" % (what, x.dtype, x.numel()))
+        field.ptr = C.cast(C.c_void_p(x.data_ptr()), C.POINTER(C.c_float))
+        field.device = ATTN_DEVICE_CUDA if x.device.type == "cuda" else ATTN_DEVICE_CPU
+        keep.append(x)
+    else:
+        field.value = float(x)
+
+
 class Layer(_Owned):
     """attn_layer: a layer descriptor resolved to a backend.
 
     dtype: of q/k/v/out ('float16', 'bf16', np.float32, torch.bfloat16...); kv_cache_dtype:
-    None = dtype, or 'fp8' (= 'fp8_e4m3'), 'fp8_e5m2' with k_scale / v_scale (floats > 0; MLA:
-    k_scale only): the cache holds k / k_scale and v / v_scale; or 'int8' / 'fp8_e4m3' with
+    None = dtype, or 'fp8' (= 'fp8_e4m3'), 'fp8_e5m2' with k_scale / v_scale (floats > 0, or
+    one-element float32 arrays/tensors, read at every call; MLA: k_scale only): the cache
+    holds k / k_scale and v / v_scale; or 'int8' / 'fp8_e4m3' with
     per_token_head=True: a scale per (token, KV head) row, kept in the cache. causal: True, False, or None (the library's default, causal).
     sliding_window, logits_soft_cap: 0 = none. alibi_slopes: None or num_heads floats.
     scale: None = 1/sqrt(head_size) (MLA: of the query width). device: 'cpu' or 'cuda'.
@@ -829,8 +856,9 @@ class Layer(_Owned):
         desc.head_size = int(head_size or 0)
         desc.dtype = _dtype(dtype, "Layer: dtype")
         desc.kv_cache_dtype = _dtype(kv_cache_dtype, "Layer: kv_cache_dtype")
-        desc.k_scale.value = float(k_scale or 0.0)
-        desc.v_scale.value = float(v_scale or 0.0)
+        self._scales = []                      # arrays whose memory the scale pointers name
+        _kv_scale(desc.k_scale, k_scale, "Layer: k_scale", self._scales)
+        _kv_scale(desc.v_scale, v_scale, "Layer: v_scale", self._scales)
         desc.kv_scale_kind = ATTN_KV_SCALE_PER_TOKEN_HEAD if per_token_head else ATTN_KV_SCALE_PER_TENSOR
         desc.block_size = int(block_size or 0)
         desc.scale = float(scale or 0.0)

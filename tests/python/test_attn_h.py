@@ -29,8 +29,8 @@ try:
 except ImportError:       # the numpy tests still run; torch ones skip with the reason
     torch = None
 try:
-    import ml_dtypes      # numpy's bfloat16, where installed
-except ImportError:
+    import ml_dtypes      # numpy's bfloat16 and float8 types, where installed
+except Exception:         # not installed, or built for another numpy
     ml_dtypes = None
 
 NO_BF16 = "numpy has no bfloat16 (ml_dtypes is not installed)"
@@ -263,6 +263,107 @@ def test_forward_against_numpy_reference(ctx, xp, cfg):
     assert_close(run["lse"][:ntok], want_lse, ltol, ltol, "lse")
     assert np.isnan(run["out"][ntok:]).all() and np.isnan(run["lse"][ntok:]).all(), \
         "padding rows past num_actual_tokens were written"
+
+
+# ---- 8-bit KV caches ----------------------------------------------------------------------
+
+def cache_values_8bit(xp, cache, kvdt, per_token_head, slots, kv_heads, head_size, block_size,
+                      k_scale=1.0, v_scale=1.0):
+    """The float64 K and V a quantized cache holds at `slots` ([n, kv_heads, head_size] each),
+    read from its bytes: code * scale (per-token-head: the scale plane after each block half's
+    codes, attn.h's layout)."""
+    if xp.kind == "numpy":
+        raw = cache.view(np.uint8) if per_token_head else cache
+    else:
+        raw = cache.detach().cpu()
+        raw = raw.view(torch.uint8).numpy() if per_token_head else raw.to(torch.float32).numpy()
+    blk, row = slots // block_size, slots % block_size
+    if not per_token_head:
+        vals = np.asarray(raw, dtype=np.float64)                  # [blocks, 2, bs, hkv, D]
+        return vals[blk, 0, row] * k_scale, vals[blk, 1, row] * v_scale
+    half = raw.reshape(raw.shape[0], 2, -1)                       # bytes of each block half
+    plane = block_size * kv_heads * head_size
+    codes = half[:, :, :plane].reshape(raw.shape[0], 2, block_size, kv_heads, head_size)
+    scales = np.ascontiguousarray(half[:, :, plane:]).view(np.float32).reshape(
+        raw.shape[0], 2, block_size, kv_heads)
+    if kvdt == "int8":
+        codes = codes.view(np.int8).astype(np.float64)
+    else:
+        codes = np.ascontiguousarray(codes).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+    return (codes[blk, 0, row] * scales[blk, 0, row][..., None],
+            codes[blk, 1, row] * scales[blk, 1, row][..., None])
+
+
+EIGHT_BIT = [
+    dict(id="int8-per-token-head-f16", kv_cache_dtype="int8", per_token_head=True),
+    dict(id="fp8-e4m3-per-token-head-bf16", kv_cache_dtype="fp8_e4m3", per_token_head=True,
+         dtype="bfloat16"),
+    dict(id="fp8-e4m3-per-tensor-scale-array", kv_cache_dtype="fp8_e4m3"),
+    dict(id="fp8-e5m2-per-tensor-f32", kv_cache_dtype="fp8_e5m2", dtype="float32"),
+]
+
+
+@pytest.mark.parametrize("cfg", EIGHT_BIT, ids=[c["id"] for c in EIGHT_BIT])
+def test_8bit_caches(ctx, xp, cfg):
+    """An 8-bit cache through attn_h (numpy: int8 arrays, ml_dtypes' float8; torch: int8 and
+    float8 tensors): the forward against the float64 reference of the values the cache holds
+    (read back from its bytes), per-tensor scales given as one-element float32 arrays whose
+    new value the next forward reads."""
+    kvdt, pth, dt = cfg["kv_cache_dtype"], cfg.get("per_token_head", False), cfg.get("dtype", "float16")
+    if xp.kind == "numpy" and ml_dtypes is None and (kvdt != "int8" or dt == "bfloat16"):
+        pytest.skip("numpy has no float8/bfloat16 (ml_dtypes is not installed)")
+    rng = np.random.default_rng(len(cfg["id"]))
+    H, HKV, D, bs = 8, 2, 64, 16
+    reqs = [(1, 70), (12, 12), (3, 40), (1, 1)]
+    scales = None
+    if not pth:
+        scales = np.array([1.0 / 64, 1.0 / 32], dtype=np.float32)
+        if xp.kind != "numpy":
+            scales = torch.from_numpy(scales).to(xp.device)
+    layer = attn_h.Layer(ctx, num_heads=H, num_kv_heads=HKV, head_size=D, block_size=bs, dtype=dt,
+                         kv_cache_dtype=kvdt, per_token_head=pth, device=xp.device,
+                         k_scale=None if pth else scales[0:1], v_scale=None if pth else scales[1:2])
+    assert layer.backend == ("CUDA" if xp.device == "cuda" else "CPU")
+    b = paged_batch(rng, reqs, bs)
+    shape = layer.kv_cache_shape(b["num_blocks"])
+    assert shape[-1] == D + (4 if pth else 0)
+    if xp.kind == "numpy":
+        cache = np.zeros(shape, dtype=np.int8 if kvdt == "int8" else getattr(
+            ml_dtypes, "float8_e4m3fn" if kvdt == "fp8_e4m3" else "float8_e5m2"))
+    else:
+        tdt = {"int8": torch.int8, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}[kvdt]
+        cache = torch.zeros(shape, dtype=tdt, device=xp.device)
+    ks = [xp.store(rng.uniform(-1, 1, (s, HKV, D)), dt) for _, s in reqs]
+    vs = [xp.store(rng.uniform(-1, 1, (s, HKV, D)), dt) for _, s in reqs]
+    cat = np.concatenate if xp.kind == "numpy" else torch.cat
+    layer.reshape_and_cache(cat(ks), cat(vs), cache, xp.ints(np.concatenate(b["slots"]), np.int64))
+    new_slots = np.concatenate([sl[s - q:] for sl, (q, s) in zip(b["slots"], reqs)])
+    ntok = int(b["qsl"][-1])
+    meta = attn_h.Metadata(layer, max_num_reqs=len(reqs), max_num_tokens=ntok,
+                           max_blocks_per_req=b["stride"], num_blocks=b["num_blocks"])
+    meta.build(xp.ints(b["qsl"], np.int32), xp.ints(b["seq_lens"], np.int32),
+               xp.ints(b["table"], np.int32), xp.ints(new_slots, np.int64))
+    q = xp.store(rng.uniform(-2, 2, (ntok, H, D)), dt)
+    for round_ in range(1 if pth else 2):
+        if round_ == 1:   # a new value in the same scale arrays: the next call reads it
+            if xp.kind == "numpy":
+                scales[:] = [1.0 / 16, 1.0 / 8]
+            else:
+                scales.copy_(torch.tensor([1.0 / 16, 1.0 / 8]))
+        ksc, vsc = (1.0, 1.0) if pth else [float(x) for x in (scales.tolist() if xp.kind != "numpy" else scales)]
+        out = xp.nan((ntok, H, D), dt)
+        layer.forward(meta, q, cache, out)
+        xp.sync()
+        keys, values = [], []
+        for sl in b["slots"]:
+            k, v = cache_values_8bit(xp, cache, kvdt, pth, sl, HKV, D, bs, ksc, vsc)
+            keys.append(k)
+            values.append(v)
+        want, _ = ref.reference(xp.f64(q), keys, values, reqs, H, HKV, 1.0 / math.sqrt(D), True,
+                                0, 0.0, None)
+        # CUDA: q and the probabilities go through f16 (the 8-bit kernels' mma type)
+        tol = 4e-3 if dt == "float32" and xp.device == "cuda" else ref.TOLERANCE[DTYPE_CODE[dt]]
+        assert_close(xp.f64(out), want, tol, tol, "out, round %d" % round_)
 
 
 SDPA = [c for c in STANDARD if not c.get("soft_cap") and not c.get("alibi")] + [
