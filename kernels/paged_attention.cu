@@ -297,13 +297,14 @@
 
 #define ATTN_MAX_(a, b) ((a) > (b) ? (a) : (b))
 /* 8-bit decode shapes on sm_90 (H200, 32/8 heads, head 128, attn-bench's 8-bit table with
-   ATTN_BENCH_KV8_DEFINES): per tensor, 128-key tiles x 2 stages, two CTAs per SM, beat
+   ATTN_BENCH_KV8_DEFINES): 128-key tiles x 2 stages, two CTAs per SM. Per tensor they beat
    64 x 4 (batch 128 x 16k 1066 against 1136 us, 64 x 4k 148 against 157) and 64 x 3 with
-   three CTAs per SM (1106, 189); per token and head (more work per key: the scales), 64 x 3
-   with three CTAs per SM (1273 against 1399 and 1453 us for 64 x 4 and 128 x 2) */
+   three CTAs per SM (1106, 189). Per token and head, with registers for two CTAs (capped
+   for three, ptxas spills): e4m3 64 x 16k 586 against 790 us for 64 x 3 with three CTAs,
+   128 x 16k 1207 against 1270; int8 128 x 4k the one case behind (371 against 340 us) */
 #define ATTN_KV8_DECODE90 (ATTN_KV8 && ATTN_ROW_TILES == 1 && __CUDA_ARCH__ >= 900 && HEAD_DIM <= 128)
 #ifndef KV_TILE
-#if ATTN_KV8_DECODE90 && !KV_PTH
+#if ATTN_KV8_DECODE90
 #define KV_TILE 128
 #elif ATTN_USE_MMA
 #define KV_TILE ATTN_MAX_(16 * WARPS_N, HEAD_DIM <= 128 ? 64 : 32)
@@ -335,13 +336,8 @@
 #define ATTN_KV8_BYTES(st) ((st) * (2 * KV_TILE * ATTN_SROW + (KV_PTH ? 8 * KV_TILE : 0)))
 #define ATTN_O_PITCH (HEAD_DIM + 4) /* floats, epilogue */
 #if !defined(KV_STAGES) && ATTN_KV8
-/* 8-bit caches (see ATTN_KV8_DECODE90): per token and head on sm_90, three 64-key stages
-   (three CTAs per SM, MIN_CTAS below); otherwise two */
-#if ATTN_KV8_DECODE90 && KV_PTH && ATTN_KV8_BYTES(3) <= 73728
-#define KV_STAGES 3
-#else
+/* 8-bit caches: two stages (sm_90 decode: of 128 keys, see ATTN_KV8_DECODE90) */
 #define KV_STAGES 2
-#endif
 #endif
 #ifndef KV_STAGES
 /* A decode-shaped CTA (one row tile) waits on memory: on sm_90 (228 KiB of shared memory
@@ -489,9 +485,11 @@ ATTN_DEV void attn_merge_entry(const attn_paged_params &p, int mi, int tid, int 
 }
 
 #ifndef MIN_CTAS /* tuning: CTAs per SM ptxas must leave registers for (__launch_bounds__) */
-#if ATTN_KV8_DECODE90 && ATTN_THREADS == 128
-#define MIN_CTAS 3 /* 8-bit decode on sm_90: registers for three CTAs per SM (per tensor, the
-                      shared memory of 128-key stages allows two; measured so) */
+#if ATTN_KV8_DECODE90 && ATTN_THREADS == 128 && KV_TILE == 128
+/* 8-bit decode on sm_90 (the shared memory of 128-key stages allows two CTAs per SM): per
+   tensor, registers capped as for three (measured so); per token and head, two (capped at
+   three it spills) */
+#define MIN_CTAS (KV_PTH ? 2 : 3)
 #else
 #define MIN_CTAS 1
 #endif

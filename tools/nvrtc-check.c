@@ -152,7 +152,7 @@ static variant manifest_builtin[] = {
     PA(128, 16, 4, 0, 4, 16, " KV_PTH=1"),
     PA(112, 16, 1, 0, 5, 16, ""),
     PA(80, 16, 8, 1, 6, 8, " KV_PTH=1 SOFTCAP=1"),
-    PA(128, 16, 4, 2, 6, 4, " KV_PTH=1 KV_STAGES=3 MIN_CTAS=3"),
+    PA(128, 16, 4, 2, 6, 4, " KV_PTH=1 KV_TILE=64 KV_STAGES=3 MIN_CTAS=3"),
     PA(256, 16, 8, 2, 6, 2, " KV_PTH=1"),
     PA(64, 16, 2, 2, 4, 32, " KV_PTH=1 WINDOW=1 SOFTCAP=1 ALIBI=1"),
     PA(128, 16, 16, 2, 4, 1, ""),
