@@ -835,6 +835,27 @@ ATTN_TEST(test_forward_per_token_head_layout) {
                                         : m;
         EXPECT_EQ_INT(m, 127);
     }
+    /* a NaN anywhere in a row makes its scale NaN (the row reads back NaN), wherever it sits:
+       first, middle or last element (an amax loop that lets a later value replace a NaN
+       would store a finite scale and codes of the other elements) */
+    {
+        static const int at[3] = {0, D / 2, D - 1};
+        int k;
+        for (k = 0; k < 3; k++) {
+            int64_t one = 7;
+            float stored;
+            for (i = 0; i < HK * D; i++) kf[i] = rng_uniform(&r, -3.0f, 3.0f);
+            kf[at[k]] = NAN; /* head 0's K row */
+            shape[0] = 1;
+            tk = attn_tensor_make(kf, ATTN_DTYPE_F32, 3, shape);
+            tv = attn_tensor_make(vf, ATTN_DTYPE_F32, 3, shape);
+            EXPECT_OK(attn_reshape_and_cache(layer, &tk, &tv, &tc, &one, 1, NULL));
+            memcpy(&stored, cache + (size_t)BS * HK * D + (size_t)(7 * HK) * 4, 4); /* block 0, K, row 7, head 0 */
+            EXPECT_TRUE(stored != stored);
+            memcpy(&stored, cache + (size_t)BS * HK * D + (size_t)(7 * HK + 1) * 4, 4); /* head 1: finite */
+            EXPECT_TRUE(stored == stored && stored > 0.0f);
+        }
+    }
     /* MLA latents take per-tensor fp8 only: CPU_MLA says why */
     {
         attn_layer_desc m;
