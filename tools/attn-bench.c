@@ -2148,7 +2148,9 @@ static void usage(FILE *f) {
                "  --quick       fewer repetitions\n"
                "  --case C      decode, prefill, mla or all (default all)\n"
                "  --mla-backend NAME  (cuda) the MLA table's layers forced onto NAME (CUDA_MLA: the\n"
-               "                mma.sync fallback on a Hopper GPU; default: the selector's choice)\n");
+               "                mma.sync fallback on a Hopper GPU; default: the selector's choice)\n"
+               "Tuning (cuda): ATTN_BENCH_KV8_DEFINES=\"KV_TILE=64 KV_STAGES=3 ...\" recompiles the 8-bit\n"
+               "table's decode tiles with these defines; ATTN_BENCH_KV8_ONLY=1 skips the bf16 decode rows.\n");
 }
 
 int main(int argc, char **argv) {
