@@ -7292,6 +7292,18 @@ static attn_status attn__cuda_build(const attn_backend *self, attn_layer *layer,
 
 static attn__CUdeviceptr attn__dptr(const void *p) { return (attn__CUdeviceptr)(uintptr_t)p; }
 
+/* The paged kernels copy the cache in 16-byte pieces (cp.async) and the 8-bit cache write
+   stores 8 bytes at a time: the cache must start on 16 bytes (cudaMalloc and PyTorch give
+   256). Checked before anything is launched. */
+static attn_status attn__cuda_cache_aligned(attn_context *ctx, const char *fn, const attn_tensor *kv_cache) {
+    if ((uintptr_t)kv_cache->data & 15)
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                          "%s: kv_cache.data %p is not 16-byte aligned (allowed: a cache that starts on 16 "
+                          "bytes, as cudaMalloc and PyTorch allocate; the kernels copy it in 16-byte pieces)",
+                          fn, kv_cache->data);
+    return ATTN_OK;
+}
+
 static attn__CUresult attn__cuda_write_kv(attn_context *ctx, const attn__cuda_layer *L, const attn_layer_desc *d,
                                           const attn_tensor *k, const attn_tensor *v, attn_tensor *kv_cache,
                                           attn__CUdeviceptr slots, int num_tokens, attn__CUstream stream) {
@@ -7357,6 +7369,7 @@ static attn_status attn__cuda_forward(const attn_backend *self, attn_layer *laye
                           cm->tile[0], cm->tile[1], cm->parallelism_wide ? " and the wide decode shape" : "",
                           L->decode.config[4], L->prefill.config[4],
                           L->decode_wide.module ? " and the wide decode shape" : "");
+    if ((st = attn__cuda_cache_aligned(ctx, "attn_layer_forward", kv_cache)) != ATTN_OK) return st;
     if ((st = attn__cuda_enter_stream(ctx, "attn_layer_forward", stream)) != ATTN_OK) return st;
     capturing = attn__cuda_capturing(ctx, s);
     if (k && v)
@@ -7430,6 +7443,7 @@ static attn_status attn__cuda_reshape_and_cache(const attn_backend *self, attn_l
     size_t bytes = (size_t)num_tokens * sizeof(int64_t);
     (void)self;
     if (num_tokens == 0) return ATTN_OK;
+    if ((st = attn__cuda_cache_aligned(ctx, "attn_reshape_and_cache", kv_cache)) != ATTN_OK) return st;
     if ((st = attn__cuda_enter_stream(ctx, "attn_reshape_and_cache", stream)) != ATTN_OK) return st;
     /* the slots are host values (checked by the front door): a device copy for this call,
        freed once the stream is past the write. This entry point synchronises the stream

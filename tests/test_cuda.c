@@ -718,6 +718,12 @@ ATTN_TEST(cuda_host_tensor_refused) {
         q.device.index = 1; /* another GPU than the context's */
         EXPECT_STATUS(attn_layer_forward(gpu, m, &q, NULL, NULL, &cache, &q, NULL, NULL), ATTN_ERROR_SHAPE_MISMATCH);
         EXPECT_TRUE(strstr(attn_context_last_error(ctx), "q.device.index is 1") != NULL);
+        q.device.index = 0;
+        cache.data = (char *)dcache + 8; /* a cache that does not start on 16 bytes: refused before any launch */
+        EXPECT_STATUS(attn_layer_forward(gpu, m, &q, NULL, NULL, &cache, &q, NULL, NULL), ATTN_ERROR_INVALID_VALUE);
+        EXPECT_TRUE(strstr(attn_context_last_error(ctx), "not 16-byte aligned") != NULL);
+        EXPECT_STATUS(attn_reshape_and_cache(gpu, &q, &q, &cache, slots, 1, NULL), ATTN_ERROR_INVALID_VALUE);
+        EXPECT_TRUE(strstr(attn_context_last_error(ctx), "kv_cache.data") != NULL);
     } else {
         EXPECT_TRUE(0);
     }
