@@ -812,6 +812,7 @@ static void bench_mla_case(attn_context *ctx, const bench_opts *o, attn_layer *l
     int64_t qshape[3], oshape[3];
     int set, i, reps, warm, next = 0;
     size_t esz = attn_dtype_size(dt), qn, on, bytes_iter;
+    const attn_dtype cdt = cache->dtype; /* the latent's type (fp8: 1 byte) */
     int32_t *ids, *qsl, *seq_lens;
     void *q_data, *out_data;
     double *t, med, gbs, gflops, flops, t_warm = 0.0, other, ai, bal;
@@ -890,7 +891,7 @@ static void bench_mla_case(attn_context *ctx, const bench_opts *o, attn_layer *l
     other = probe_other_cores(&probe);
     check_finite(out_data, dt, on, "MLA decode");
     med = median(t, reps);
-    bytes_iter = (size_t)batch * BENCH_CONTEXT * BENCH_MLA_HEAD * esz;
+    bytes_iter = (size_t)batch * BENCH_CONTEXT * BENCH_MLA_HEAD * attn_dtype_size(cdt);
     flops = 2.0 * batch * heads * (double)BENCH_CONTEXT * (BENCH_MLA_HEAD + BENCH_MLA_RANK);
     gbs = (double)bytes_iter / med / 1e9;
     gflops = flops / med / 1e9;
@@ -898,8 +899,8 @@ static void bench_mla_case(attn_context *ctx, const bench_opts *o, attn_layer *l
     bal = o->fma_gflops / o->read_best;
 
     row = row_add();
-    snprintf(row->name, sizeof row->name, "MLA decode H=%d b=%d ctx=%d, latent %s", heads, batch,
-             BENCH_CONTEXT, attn_dtype_name(dt));
+    snprintf(row->name, sizeof row->name, "MLA decode H=%d b=%d ctx=%d, latent %s%s%s", heads, batch,
+             BENCH_CONTEXT, attn_dtype_name(cdt), cdt != dt ? ", q/out " : "", cdt != dt ? attn_dtype_name(dt) : "");
     row->ms = med * 1e3;
     snprintf(row->metric, sizeof row->metric, "%.1f GB/s latent read; %.1f GFLOP/s", gbs, gflops);
     row->read_gbs = gbs;
@@ -919,16 +920,17 @@ static void bench_mla_case(attn_context *ctx, const bench_opts *o, attn_layer *l
     free(q_data); free(out_data);
 }
 
-/* All MLA cases of one latent dtype (q/out in the same dtype) over one shared latent cache
-   of BENCH_MLA_SEQS sequences (648 MiB at 2 bytes), filled once with random latents. */
-static void bench_mla(attn_context *ctx, const bench_opts *o, attn_dtype dt) {
+/* All MLA cases of one latent dtype (q/out in dt; the latent in cdt: dt, or fp8 with a
+   per-tensor scale of 1/64) over one shared latent cache of BENCH_MLA_SEQS sequences (648 MiB
+   at 2 bytes), filled once with random latents. */
+static void bench_mla(attn_context *ctx, const bench_opts *o, attn_dtype dt, attn_dtype cdt) {
     static const int heads_list[2] = {16, 128}, batch_list[2] = {1, BENCH_MLA_MAX_BATCH};
     const int64_t num_blocks = (int64_t)BENCH_MLA_SEQS * (BENCH_CONTEXT / BENCH_MLA_BLOCK);
     int64_t shape[ATTN_MAX_DIMS];
     int ndim, hi, bi;
     void *cache_data = NULL;
     attn_tensor cache;
-    size_t esz = attn_dtype_size(dt);
+    size_t esz = attn_dtype_size(cdt);
 
     memset(&cache, 0, sizeof cache);
     for (hi = 0; hi < 2; hi++) {
@@ -939,7 +941,8 @@ static void bench_mla(attn_context *ctx, const bench_opts *o, attn_dtype dt) {
         d.num_kv_heads = 1;
         d.head_size = BENCH_MLA_HEAD;
         d.dtype = dt;
-        d.kv_cache_dtype = dt;
+        d.kv_cache_dtype = cdt;
+        if (cdt != dt) d.k_scale.value = 1.0f / 64; /* fp8 latent */
         d.block_size = BENCH_MLA_BLOCK;
         d.causal = ATTN_CAUSAL_YES;
         d.use_mla = 1;
@@ -960,8 +963,8 @@ static void bench_mla(attn_context *ctx, const bench_opts *o, attn_dtype dt) {
         if (!cache_data) {
             size_t n = (size_t)num_blocks * BENCH_MLA_BLOCK * BENCH_MLA_HEAD;
             cache_data = bench_alloc(n * esz);
-            cache = attn_tensor_make(cache_data, dt, ndim, shape);
-            fill_random(cache_data, dt, n, 51 + (uint64_t)dt);
+            cache = attn_tensor_make(cache_data, cdt, ndim, shape);
+            fill_random(cache_data, cdt, n, 51 + (uint64_t)cdt);
         }
         for (bi = 0; bi < 2; bi++) bench_mla_case(ctx, o, layer, &cache, heads_list[hi], batch_list[bi], dt);
         attn_layer_destroy(layer);
@@ -2327,8 +2330,9 @@ int main(int argc, char **argv) {
         mla_roofline_note(&o);
         printf("\n");
         fflush(stdout);
-        bench_mla(ctx, &o, ATTN_DTYPE_BF16);
-        bench_mla(ctx, &o, ATTN_DTYPE_F16);
+        bench_mla(ctx, &o, ATTN_DTYPE_BF16, ATTN_DTYPE_BF16);
+        bench_mla(ctx, &o, ATTN_DTYPE_F16, ATTN_DTYPE_F16);
+        bench_mla(ctx, &o, ATTN_DTYPE_BF16, ATTN_DTYPE_FP8_E4M3); /* fp8 latent, per-tensor scale */
     }
 
     /* 3. The table. */
