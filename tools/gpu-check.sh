@@ -18,7 +18,7 @@ summary() { printf '%-28s %s\n' "$1" "$2" | tee -a "$OUT/summary.txt"; }
 : > "$OUT/summary.txt"
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1; summary "gpu" "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
 t0=$(date +%s)
-if ! make -j"$(nproc)" build/attn_tests build/cuda_kernels build/attn-bench build/wgmma_check > "$OUT/build.log" 2>&1; then
+if ! make -j"$(nproc)" build/attn_tests build/cuda_kernels build/attn-bench build/wgmma_check build/codes_check > "$OUT/build.log" 2>&1; then
     summary "build" "FAILED (see build.log)"; tail -n 30 "$OUT/build.log"; exit 1
 fi
 summary "build" "ok ($(( $(date +%s) - t0 )) s)"
@@ -69,6 +69,9 @@ timeout 200 ./build/cuda_kernels > "$OUT/cuda-kernels.log" 2>&1
 summary "kernel harness" "$(last "$OUT/cuda-kernels.log")"
 timeout 60 ./build/wgmma_check > "$OUT/wgmma-check.log" 2>&1
 summary "wgmma probes (sm_90a)" "$(last "$OUT/wgmma-check.log")"
+# the 8-bit KV-cache codes on the device against the CPU's conversions, bit for bit
+timeout 60 ./build/codes_check > "$OUT/codes-check.log" 2>&1
+summary "8-bit codes (device)" "$(last "$OUT/codes-check.log")"
 # the Hopper prefill (kernels/paged_prefill_sm90.cu): against the CPU backend on sm_90
 timeout 200 ./build/cuda_kernels --sm90-prefill --cases 200 > "$OUT/sm90-prefill.log" 2>&1
 summary "sm_90a prefill" "$(last "$OUT/sm90-prefill.log")"
