@@ -123,6 +123,28 @@ static int cu_skip_reason(const attn_selection *s, attn_backend_id id, const cha
     return 0;
 }
 
+/* Fills every slot of a host cache of the layer's shape through the CPU layer's cache write:
+   random k/v of dtype dt in [-1, 1), stored as the library stores them (8-bit caches: their
+   codes and scales). 1 on success. */
+static int cu_fill_by_write(attn_layer *cpu, void *cache, attn_dtype kv_dt, int ndim, const int64_t *shape,
+                            attn_dtype dt, int num_blocks, int block, int kv_heads, int head) {
+    const int64_t all = (int64_t)num_blocks * block;
+    const size_t n = (size_t)all * (size_t)kv_heads * (size_t)head;
+    void *hk = malloc(n * attn_dtype_size(dt)), *hv = malloc(n * attn_dtype_size(dt));
+    int64_t *hs = (int64_t *)malloc((size_t)all * 8), s;
+    int ok = hk && hv && hs;
+    if (ok) {
+        attn_tensor tk = cu_tensor(hk, dt, 3, all, kv_heads, head, 0), tv = cu_tensor(hv, dt, 3, all, kv_heads, head, 0);
+        attn_tensor tc = attn_tensor_make(cache, kv_dt, ndim, shape);
+        cu_fill(hk, dt, n, 2.0f);
+        cu_fill(hv, dt, n, 2.0f);
+        for (s = 0; s < all; s++) hs[s] = s;
+        ok = attn_reshape_and_cache(cpu, &tk, &tv, &tc, hs, (int)all, NULL) == ATTN_OK;
+    }
+    free(hk); free(hv); free(hs);
+    return ok;
+}
+
 /* Runs one case on both backends; returns the number of mismatches reported. */
 static int cu_run_case(attn_context *ctx, const cu_case *c, int line) {
     attn_layer_desc d;
@@ -238,27 +260,11 @@ static int cu_run_case(attn_context *ctx, const cu_case *c, int line) {
     cu_fill(v.host, c->dt, v.bytes / esz, 2.0f);
     if (!q8) {
         cu_fill(kv.host, c->kv_dt, kv.bytes / ksz, 2.0f); /* the context already cached */
-    } else { /* codes (and scales) as the CPU's cache write makes them, every slot */
-        int64_t all = (int64_t)nb * c->block, s;
-        void *hk = malloc((size_t)all * c->kv_heads * c->head * esz), *hv = malloc((size_t)all * c->kv_heads * c->head * esz);
-        int64_t *hs = (int64_t *)malloc((size_t)all * 8);
-        attn_tensor tk, tv, tc;
-        int ok = hk && hv && hs;
-        if (ok) {
-            cu_fill(hk, c->dt, (size_t)all * c->kv_heads * c->head, 2.0f);
-            cu_fill(hv, c->dt, (size_t)all * c->kv_heads * c->head, 2.0f);
-            for (s = 0; s < all; s++) hs[s] = s;
-            tk = cu_tensor(hk, c->dt, 3, all, c->kv_heads, c->head, 0);
-            tv = cu_tensor(hv, c->dt, 3, all, c->kv_heads, c->head, 0);
-            tc = attn_tensor_make(kv.host, c->kv_dt, ndim, cache_shape);
-            ok = attn_reshape_and_cache(cpu, &tk, &tv, &tc, hs, (int)all, NULL) == ATTN_OK;
-        }
-        free(hk); free(hv); free(hs);
-        if (!ok) {
-            attn_test_fail(__FILE__, line, "8-bit cache fill: %s", attn_context_last_error(ctx));
-            bad++;
-            goto done;
-        }
+    } else if (!cu_fill_by_write(cpu, kv.host, c->kv_dt, ndim, cache_shape, c->dt, nb, c->block, c->kv_heads,
+                                 c->head)) { /* codes (and scales) as the CPU's cache write makes them */
+        attn_test_fail(__FILE__, line, "8-bit cache fill: %s", attn_context_last_error(ctx));
+        bad++;
+        goto done;
     }
     memset(out.host, 0xff, out.bytes);                  /* NaN poison */
     memset(lse.host, 0xff, lse.bytes);
@@ -1046,6 +1052,29 @@ static void cu_graph_close(cu_graph_api *g) {
     g->stream = g->pctx = NULL;
 }
 
+/* Captures one forward of `gpu` on cg's stream (relaxed mode) into *graph / *exec; 1 on
+   success. */
+static int cu_capture_forward(cu_graph_api *cg, attn_layer *gpu, attn_metadata *mg, const attn_tensor *q,
+                              attn_tensor *cache, attn_tensor *out, void **graph, void **exec) {
+    EXPECT_EQ_INT(cg->begin(cg->stream, 2 /* relaxed */), 0);
+    EXPECT_OK(attn_layer_forward(gpu, mg, q, NULL, NULL, cache, out, NULL, cg->stream));
+    EXPECT_EQ_INT(cg->end(cg->stream, graph), 0);
+    if (!*graph || cg->instantiate(exec, *graph, 0) != 0) {
+        attn_test_fail(__FILE__, __LINE__, "graph capture / instantiate failed");
+        return 0;
+    }
+    return 1;
+}
+
+/* NaN-poisons `out` on the device, replays `exec` and waits for it; 1 on success. */
+static int cu_replay(attn_context *ctx, cu_graph_api *cg, void *exec, cu_buf *out) {
+    memset(out->host, 0xff, out->bytes);
+    if (!cu_up(ctx, out)) return 0;
+    EXPECT_EQ_INT(cg->launch(exec, cg->stream), 0);
+    EXPECT_EQ_INT(cg->sync(cg->stream), 0);
+    return 1;
+}
+
 ATTN_TEST(cuda_graph_replays_after_new_builds) {
     /* round 3 reaches 1750 keys; round 4 has 24 decodes, 192 (request, KV head) tiles: past
        the SM count, so on a device with the wide decode shape the graph captured on a
@@ -1115,20 +1144,11 @@ ATTN_TEST(cuda_graph_replays_after_new_builds) {
         b.causal = round % 2 ? ATTN_CAUSAL_NO : ATTN_CAUSAL_DEFAULT; /* the graph follows the build */
         EXPECT_OK(attn_metadata_build(mc, 0, &b, 0));
         EXPECT_OK(attn_metadata_build(mg, 0, &b, 0));
-        if (round == 0) { /* capture once */
-            EXPECT_EQ_INT(cg.begin(cg.stream, 2 /* relaxed */), 0);
-            EXPECT_OK(attn_layer_forward(gpu, mg, &gq, NULL, NULL, &gc, &go, NULL, cg.stream));
-            EXPECT_EQ_INT(cg.end(cg.stream, &graph), 0);
-            if (!graph || cg.instantiate(&exec, graph, 0) != 0) {
-                attn_test_fail(__FILE__, __LINE__, "graph capture / instantiate failed");
-                bad++;
-                break;
-            }
+        if (round == 0 && !cu_capture_forward(&cg, gpu, mg, &gq, &gc, &go, &graph, &exec)) { /* capture once */
+            bad++;
+            break;
         }
-        memset(out.host, 0xff, out.bytes);
-        if (!cu_up(ctx, &out)) { bad++; break; }
-        EXPECT_EQ_INT(cg.launch(exec, cg.stream), 0);
-        EXPECT_EQ_INT(cg.sync(cg.stream), 0);
+        if (!cu_replay(ctx, &cg, exec, &out)) { bad++; break; }
         EXPECT_OK(attn_layer_forward(cpu, mc, &hq, NULL, NULL, &hc, &ho, NULL, NULL));
         if (!cu_down(ctx, &out, gpu_out)) { bad++; break; }
         {
@@ -1168,7 +1188,7 @@ ATTN_TEST(cuda_fp8_graph_replays_new_scales) {
     attn_metadata *mc = NULL, *mg = NULL;
     attn_metadata_desc md;
     cu_buf q, kv, out, sc;
-    int64_t shape[ATTN_MAX_DIMS], *slots = NULL;
+    int64_t shape[ATTN_MAX_DIMS];
     int ndim = 0, round, bad = 0, i;
     int32_t bt[R * MAXB], qsl[R + 1] = {0, 1, 2, 3}, seq[R] = {100, 250, 17};
     float hs[2] = {1.0f / 64, 1.0f / 32};
@@ -1196,24 +1216,13 @@ ATTN_TEST(cuda_fp8_graph_replays_new_scales) {
         goto done;
     attn_layer_kv_cache_shape(gpu, NB, shape, &ndim);
     if (!cu_buf_make(ctx, &q, sizeof cpu_out) || !cu_buf_make(ctx, &out, sizeof cpu_out) ||
-        !cu_buf_make(ctx, &kv, (size_t)NB * 2 * BS * HKV * D) || !(slots = (int64_t *)malloc((size_t)NB * BS * 8)))
+        !cu_buf_make(ctx, &kv, (size_t)NB * 2 * BS * HKV * D))
         goto done;
     cu_fill(q.host, ATTN_DTYPE_BF16, R * H * D, 2.0f);
-    { /* every slot's codes through the CPU cache write (scales 1/64, 1/32) */
-        size_t n = (size_t)NB * BS * HKV * D;
-        void *hk = malloc(n * 2), *hv = malloc(n * 2);
-        attn_tensor tk = cu_tensor(hk, ATTN_DTYPE_BF16, 3, NB * BS, HKV, D, 0), tv = cu_tensor(hv, ATTN_DTYPE_BF16, 3, NB * BS, HKV, D, 0);
-        attn_tensor tc = attn_tensor_make(kv.host, ATTN_DTYPE_FP8_E4M3, ndim, shape);
-        int ok = hk && hv;
-        if (ok) {
-            cu_fill(hk, ATTN_DTYPE_BF16, n, 2.0f);
-            cu_fill(hv, ATTN_DTYPE_BF16, n, 2.0f);
-            for (i = 0; i < NB * BS; i++) slots[i] = i;
-            ok = attn_reshape_and_cache(cpu, &tk, &tv, &tc, slots, NB * BS, NULL) == ATTN_OK;
-        }
-        free(hk); free(hv);
-        if (!ok || !cu_up(ctx, &q) || !cu_up(ctx, &kv)) goto done;
-    }
+    /* every slot's codes through the CPU cache write (scales 1/64, 1/32) */
+    if (!cu_fill_by_write(cpu, kv.host, ATTN_DTYPE_FP8_E4M3, ndim, shape, ATTN_DTYPE_BF16, NB, BS, HKV, D) ||
+        !cu_up(ctx, &q) || !cu_up(ctx, &kv))
+        goto done;
     for (i = 0; i < R * MAXB; i++) bt[i] = (i * 7) % NB;
     {
         attn_batch b;
@@ -1233,20 +1242,11 @@ ATTN_TEST(cuda_fp8_graph_replays_new_scales) {
         hs[0] = rounds[round][0]; hs[1] = rounds[round][1];
         memcpy(sc.host, hs, sizeof hs);
         if (!cu_up(ctx, &sc)) { bad++; break; }
-        if (round == 0) { /* capture once */
-            EXPECT_EQ_INT(cg.begin(cg.stream, 2 /* relaxed */), 0);
-            EXPECT_OK(attn_layer_forward(gpu, mg, &gq, NULL, NULL, &gc, &go, NULL, cg.stream));
-            EXPECT_EQ_INT(cg.end(cg.stream, &graph), 0);
-            if (!graph || cg.instantiate(&exec, graph, 0) != 0) {
-                attn_test_fail(__FILE__, __LINE__, "graph capture / instantiate failed");
-                bad++;
-                break;
-            }
+        if (round == 0 && !cu_capture_forward(&cg, gpu, mg, &gq, &gc, &go, &graph, &exec)) { /* capture once */
+            bad++;
+            break;
         }
-        memset(out.host, 0xff, out.bytes);
-        if (!cu_up(ctx, &out)) { bad++; break; }
-        EXPECT_EQ_INT(cg.launch(exec, cg.stream), 0);
-        EXPECT_EQ_INT(cg.sync(cg.stream), 0);
+        if (!cu_replay(ctx, &cg, exec, &out)) { bad++; break; }
         EXPECT_OK(attn_layer_forward(cpu, mc, &hq, NULL, NULL, &hc, &ho, NULL, NULL));
         if (!cu_down(ctx, &out, gpu_out)) { bad++; break; }
         for (i = 0; i < R * H * D && bad < 4; i++) {
@@ -1264,7 +1264,6 @@ done:
     if (graph) cg.graph_destroy(graph);
     cu_graph_close(&cg);
     cu_buf_free(ctx, &q); cu_buf_free(ctx, &kv); cu_buf_free(ctx, &out); cu_buf_free(ctx, &sc);
-    free(slots);
     attn_metadata_destroy(mc); attn_metadata_destroy(mg);
     attn_layer_destroy(cpu); attn_layer_destroy(gpu);
     attn_context_destroy(ctx);
