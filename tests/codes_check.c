@@ -34,33 +34,12 @@ static void pass(const char *name, const char *detail) { printf("  PASS %s: %s\n
 static void fail(const char *name, const char *detail) { printf("  FAIL %s: %s\n", name, detail); failed++; }
 static void skip(const char *name, const char *reason) { printf("  SKIP %s: %s\n", name, reason); skipped++; }
 
-typedef struct compiled { int ok; char *log, *cubin; size_t cubin_size; } compiled;
+typedef attn_tool_compiled compiled; /* tools/tool_support.h */
 
+/* the probes with attn_common.cuh for arch; cvt0: the sm_80 e4m3 path (-DATTN_E4M3_CVT=0) */
 static void compile(compiled *out, const char *src, const char *hdr, const char *arch, int cvt0) {
-    char arch_opt[48];
-    const char *opts[4], *hname = "attn_common.cuh";
-    attn__nvrtcProgram prog;
-    size_t size = 0;
-    int n = 3;
-    memset(out, 0, sizeof *out);
-    snprintf(arch_opt, sizeof arch_opt, "--gpu-architecture=%s", arch);
-    opts[0] = arch_opt;
-    opts[1] = "--ptxas-options=-v";
-    opts[2] = "-std=c++17";
-    if (cvt0) opts[n++] = "-DATTN_E4M3_CVT=0";
-    if (nv->nvrtcCreateProgram(&prog, src, "codes_probe.cu", 1, &hdr, &hname) != 0) return;
-    out->ok = nv->nvrtcCompileProgram(prog, n, opts) == 0;
-    if (nv->nvrtcGetProgramLogSize(prog, &size) == 0 && (out->log = (char *)malloc(size + 1)) != NULL) {
-        if (nv->nvrtcGetProgramLog(prog, out->log)) out->log[0] = 0;
-        out->log[size] = 0;
-    }
-    if (out->ok && nv->nvrtcGetCUBINSize(prog, &out->cubin_size) == 0 && out->cubin_size &&
-        (out->cubin = (char *)malloc(out->cubin_size)) != NULL && nv->nvrtcGetCUBIN(prog, out->cubin) != 0) {
-        free(out->cubin);
-        out->cubin = NULL;
-    }
-    if (!out->cubin) out->ok = 0;
-    nv->nvrtcDestroyProgram(&prog);
+    const char *hname = "attn_common.cuh";
+    attn_tool_compile(nv, out, src, "codes_probe.cu", 1, &hdr, &hname, arch, cvt0 ? "-DATTN_E4M3_CVT=0" : NULL);
 }
 
 static float bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }

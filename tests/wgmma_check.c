@@ -63,39 +63,8 @@ static const probe probes[] = {
 };
 #define NUM_PROBES ((int)(sizeof probes / sizeof probes[0]))
 
-/* ---- compiling ---- */
-typedef struct compiled {
-    int ok;
-    char *log;
-    char *cubin;
-    size_t cubin_size;
-} compiled;
-
-static void compile(compiled *out, const char *src, const char *src_name, int nh, const char **hdr_text,
-                    const char **hdr_name, const char *arch) {
-    char arch_opt[48];
-    const char *opts[3];
-    attn__nvrtcProgram prog;
-    size_t size = 0;
-    memset(out, 0, sizeof *out);
-    snprintf(arch_opt, sizeof arch_opt, "--gpu-architecture=%s", arch);
-    opts[0] = arch_opt;
-    opts[1] = "--ptxas-options=-v";
-    opts[2] = "-std=c++17";
-    if (nv->nvrtcCreateProgram(&prog, src, src_name, nh, hdr_text, hdr_name) != 0) return;
-    out->ok = nv->nvrtcCompileProgram(prog, 3, opts) == 0;
-    if (nv->nvrtcGetProgramLogSize(prog, &size) == 0 && (out->log = (char *)malloc(size + 1)) != NULL) {
-        if (nv->nvrtcGetProgramLog(prog, out->log)) out->log[0] = 0;
-        out->log[size] = 0;
-    }
-    if (out->ok && nv->nvrtcGetCUBINSize(prog, &out->cubin_size) == 0 && out->cubin_size &&
-        (out->cubin = (char *)malloc(out->cubin_size)) != NULL && nv->nvrtcGetCUBIN(prog, out->cubin) != 0) {
-        free(out->cubin);
-        out->cubin = NULL;
-    }
-    if (!out->cubin) out->ok = 0;
-    nv->nvrtcDestroyProgram(&prog);
-}
+/* ---- compiling: attn_tool_compile (tools/tool_support.h) ---- */
+typedef attn_tool_compiled compiled;
 
 /* ---- inputs and the reference ---- */
 static uint64_t rng_state = 0x5eed5eed12345679ull;
@@ -276,7 +245,7 @@ int main(int argc, char **argv) {
            probe_path, kernel_dir);
 
     /* ---- no GPU needed: the compile, ptxas's report, the architecture guard ---- */
-    compile(&prog, texts[0], "wgmma_probe.cu", 2, hdr_text, hdr_name, "sm_90a");
+    attn_tool_compile(nv, &prog, texts[0], "wgmma_probe.cu", 2, hdr_text, hdr_name, "sm_90a", NULL);
     if (verbose && prog.log) printf("%s\n", prog.log);
     if (!prog.ok) {
         printf("%s\n", prog.log ? prog.log : "(no log)");
@@ -302,7 +271,7 @@ int main(int argc, char **argv) {
     }
     {
         static const char guard_src[] = "#include \"wgmma.cuh\"\nextern \"C\" __global__ void k(void) {}\n";
-        compile(&guard, guard_src, "guard.cu", 2, hdr_text, hdr_name, "sm_90");
+        attn_tool_compile(nv, &guard, guard_src, "guard.cu", 2, hdr_text, hdr_name, "sm_90", NULL);
         if (guard.ok) fail("guard: wgmma.cuh refuses sm_90", "it compiled for sm_90");
         else if (!guard.log || !strstr(guard.log, "#error") || !strstr(guard.log, "sm_90a"))
             fail("guard: wgmma.cuh refuses sm_90", "the compile failed without wgmma.cuh's #error");

@@ -1,6 +1,6 @@
 /* tool_support.h - what the tools and the GPU check programs share (tools/nvrtc-check.c,
-   tests/wgmma_check.c, tests/cuda_kernels.c): finding NVRTC, reading files, a quiet
-   context, reading ptxas's report and a CUBIN's globals. Include after attn.h (with
+   tests/wgmma_check.c, tests/codes_check.c, tests/cuda_kernels.c): finding NVRTC, reading
+   files, a quiet context, one NVRTC compile, reading ptxas's report and a CUBIN's globals. Include after attn.h (with
    ATTN_IMPLEMENTATION: ATTN__DLOPEN_FLAGS). Static inline, so a program that uses one
    piece pays nothing for the other. */
 #ifndef ATTN_TOOL_SUPPORT_H
@@ -147,6 +147,45 @@ static inline int attn_tool_print_warnings(const char *log) {
         p = end ? end + 1 : NULL;
     }
     return count;
+}
+
+/* ---- one NVRTC compile (the GPU check programs' probes) ---- */
+
+typedef struct attn_tool_compiled {
+    int ok;           /* compiled, and the CUBIN is in cubin */
+    char *log, *cubin; /* malloc'd (the caller frees them); log also on failure */
+    size_t cubin_size;
+} attn_tool_compiled;
+
+/* Compiles src (named src_name, with nh named headers) for arch with --ptxas-options=-v,
+   C++17 and, where not NULL, one more option (a -D). */
+static inline void attn_tool_compile(const attn__nvrtc *nv, attn_tool_compiled *out, const char *src, const char *src_name,
+                                     int nh, const char *const *hdr_text, const char *const *hdr_name, const char *arch,
+                                     const char *extra) {
+    char arch_opt[48];
+    const char *opts[4];
+    attn__nvrtcProgram prog;
+    size_t size = 0;
+    int n = 3;
+    memset(out, 0, sizeof *out);
+    snprintf(arch_opt, sizeof arch_opt, "--gpu-architecture=%s", arch);
+    opts[0] = arch_opt;
+    opts[1] = "--ptxas-options=-v";
+    opts[2] = "-std=c++17";
+    if (extra) opts[n++] = extra;
+    if (nv->nvrtcCreateProgram(&prog, src, src_name, nh, hdr_text, hdr_name) != 0) return;
+    out->ok = nv->nvrtcCompileProgram(prog, n, opts) == 0;
+    if (nv->nvrtcGetProgramLogSize(prog, &size) == 0 && (out->log = (char *)malloc(size + 1)) != NULL) {
+        if (nv->nvrtcGetProgramLog(prog, out->log)) out->log[0] = 0;
+        out->log[size] = 0;
+    }
+    if (out->ok && nv->nvrtcGetCUBINSize(prog, &out->cubin_size) == 0 && out->cubin_size &&
+        (out->cubin = (char *)malloc(out->cubin_size)) != NULL && nv->nvrtcGetCUBIN(prog, out->cubin) != 0) {
+        free(out->cubin);
+        out->cubin = NULL;
+    }
+    if (!out->cubin) out->ok = 0;
+    nv->nvrtcDestroyProgram(&prog);
 }
 
 /* ---- globals of a CUBIN (an ELF64 image), without a GPU ---- */
