@@ -404,6 +404,17 @@ template <int ET> ATTN_DEV void attn_lds2(const void *p, float *f) {
     }
 }
 
+#if ATTN_USE_MMA
+/* The A fragment of P for keys 16 kk .. 16 kk + 15: the C fragments of S's n8 tiles 2 kk and
+   2 kk + 1 (one row tile), rounded to the mma type. */
+ATTN_DEV void attn_p_fragment(const float (*s)[4], int kk, attn_u32 *a) {
+    a[0] = attn_elem<ATTN_DT_M>::pack2(s[2 * kk][0], s[2 * kk][1]);
+    a[1] = attn_elem<ATTN_DT_M>::pack2(s[2 * kk][2], s[2 * kk][3]);
+    a[2] = attn_elem<ATTN_DT_M>::pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    a[3] = attn_elem<ATTN_DT_M>::pack2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+}
+#endif
+
 /* Writes 8 finished elements (columns 8c..8c+7) of row R of a tile: out and lse, or the
    partial slot. O is unnormalised; (m, l) its base-2 max and sum. The CPU's
    attn__cpu_store_rows. out_vec: every out row is 16-byte aligned (attn_out_vec). */
@@ -1010,18 +1021,13 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, MIN_CTAS) attn_paged_
                    + 8), the codes of dims 2g and 2g + 1 of a 16-dim block; the even ones make the
                    B fragment of an n8 tile of the even dims, the odd ones of the odd dims: O's
                    tiles 4q .. 4q + 3 hold dims 32q + {even, odd} and 32q + 16 + {even, odd}
-                   (kv8_dim maps them back in the epilogue) */
+                   (the epilogue puts them back in order) */
                 const attn_u32 vb = sV_addr + (attn_u32)((stage * KV_TILE + wn * ATTN_KW) * ATTN_SROW) + v8_lane;
 #pragma unroll
                 for (int kk = 0; kk < ATTN_KW / 16; kk++) {
                     attn_u32 a[ATTN_WARP_ROWS][4];
 #pragma unroll
-                    for (int wr = 0; wr < ATTN_WARP_ROWS; wr++) {
-                        a[wr][0] = attn_elem<ATTN_DT_M>::pack2(s[wr][2 * kk][0], s[wr][2 * kk][1]);
-                        a[wr][1] = attn_elem<ATTN_DT_M>::pack2(s[wr][2 * kk][2], s[wr][2 * kk][3]);
-                        a[wr][2] = attn_elem<ATTN_DT_M>::pack2(s[wr][2 * kk + 1][0], s[wr][2 * kk + 1][1]);
-                        a[wr][3] = attn_elem<ATTN_DT_M>::pack2(s[wr][2 * kk + 1][2], s[wr][2 * kk + 1][3]);
-                    }
+                    for (int wr = 0; wr < ATTN_WARP_ROWS; wr++) attn_p_fragment(s[wr], kk, a[wr]);
                     const attn_u32 vrow = vb + (attn_u32)(kk * 16 * ATTN_SROW);
 #pragma unroll
                     for (int dq = 0; dq < (HEAD_DIM + 16) / 32; dq++) {
@@ -1051,12 +1057,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, MIN_CTAS) attn_paged_
                 for (int kk = 0; kk < ATTN_KW / 16; kk++) {
                     attn_u32 a[ATTN_WARP_ROWS][4]; /* the C fragments of keys 16kk.. are the A fragment of P */
 #pragma unroll
-                    for (int wr = 0; wr < ATTN_WARP_ROWS; wr++) {
-                        a[wr][0] = attn_elem<ATTN_DT_M>::pack2(s[wr][2 * kk][0], s[wr][2 * kk][1]);
-                        a[wr][1] = attn_elem<ATTN_DT_M>::pack2(s[wr][2 * kk][2], s[wr][2 * kk][3]);
-                        a[wr][2] = attn_elem<ATTN_DT_M>::pack2(s[wr][2 * kk + 1][0], s[wr][2 * kk + 1][1]);
-                        a[wr][3] = attn_elem<ATTN_DT_M>::pack2(s[wr][2 * kk + 1][2], s[wr][2 * kk + 1][3]);
-                    }
+                    for (int wr = 0; wr < ATTN_WARP_ROWS; wr++) attn_p_fragment(s[wr], kk, a[wr]);
                     const attn_u32 vrow = vb + (attn_u32)(kk * 16 * ATTN_KV_PITCH * 2);
 #pragma unroll
                     for (int op = 0; op < ATTN_OT / 2; op++) {
