@@ -1761,6 +1761,32 @@ static void cuda_mla_table(attn_context *ctx, cuda_bench *cb, double read_best, 
     free(ids);
 }
 
+/* One decode forward of B requests of context C (a query token each) on cb's layer and
+   cache, timed over enough metadata sets to read CUDA_ROTATE_BYTES (iter_bytes a forward):
+   the median seconds, and the first set's schedule (work items of either decode shape,
+   merges, wide or not) and the number of sets. */
+typedef struct { double med; int items, merges, wide, nsets; } cuda_decode_run;
+static cuda_decode_run cuda_decode_time(cuda_bench *cb, int B, int C, size_t iter_bytes) {
+    cuda_decode_run d;
+    int32_t *ql = (int32_t *)bench_alloc((size_t)B * 4), *sl = (int32_t *)bench_alloc((size_t)B * 4);
+    attn_metadata **metas;
+    const attn__cuda_meta *cm;
+    int r;
+    d.nsets = (int)((CUDA_ROTATE_BYTES + iter_bytes - 1) / iter_bytes);
+    if (d.nsets < 2) d.nsets = 2;
+    if (d.nsets > CUDA_MAX_SETS) d.nsets = CUDA_MAX_SETS;
+    for (r = 0; r < B; r++) { ql[r] = 1; sl[r] = C; }
+    metas = cuda_metas(cb, B, ql, sl, d.nsets);
+    d.med = cuda_time(cb, metas, d.nsets, B, d.nsets < 20 ? 20 : d.nsets);
+    cm = (const attn__cuda_meta *)attn_metadata_private(metas[0]);
+    d.items = cm->host.counts[0] + cm->host.counts[3];
+    d.merges = cm->host.counts[2];
+    d.wide = cm->wide;
+    cuda_metas_free(metas, d.nsets);
+    free(ql); free(sl);
+    return d;
+}
+
 /* 2. The backend on the GPU: ceilings, decode, prefill, a mixed batch (then MLA: 3.). */
 /* 8-bit caches: the decode of the table above (32/8 heads, head 128, q/out bf16, block 16)
    over fp8 e4m3 / e5m2 caches with per-tensor scales and int8 / e4m3 ones with
@@ -1838,19 +1864,10 @@ static void cuda_decode_8bit(attn_context *ctx, const cuda_bench *cb16, double r
                attn_layer_backend(cb.layer)->name);
         for (bi = 0; bi < 4; bi++)
             for (ci = 1; ci < 3; ci++) {
-                int B = batches[bi], C = contexts[ci], nsets, r;
-                size_t iter_bytes = (size_t)B * (size_t)C * CB_HKV * (CB_D + (kinds[k].pth ? 4 : 0)) * 2;
-                int32_t *ql = (int32_t *)bench_alloc((size_t)B * 4), *sl = (int32_t *)bench_alloc((size_t)B * 4);
-                attn_metadata **metas;
-                double med, gbs;
+                const int B = batches[bi], C = contexts[ci];
+                const size_t iter_bytes = (size_t)B * (size_t)C * CB_HKV * (CB_D + (kinds[k].pth ? 4 : 0)) * 2;
+                const double med = cuda_decode_time(&cb, B, C, iter_bytes).med, gbs = (double)iter_bytes / med / 1e9;
                 bench_row *row;
-                nsets = (int)((CUDA_ROTATE_BYTES + iter_bytes - 1) / iter_bytes);
-                if (nsets < 2) nsets = 2;
-                if (nsets > CUDA_MAX_SETS) nsets = CUDA_MAX_SETS;
-                for (r = 0; r < B; r++) { ql[r] = 1; sl[r] = C; }
-                metas = cuda_metas(&cb, B, ql, sl, nsets);
-                med = cuda_time(&cb, metas, nsets, B, nsets < 20 ? 20 : nsets);
-                gbs = (double)iter_bytes / med / 1e9;
                 printf("    batch %3d context %5d: %9.1f us median  %7.0f GB/s  %5.1f%% of read  %.2fx bf16 (%.1f us)\n",
                        B, C, med * 1e6, gbs, 100.0 * gbs / read_best, bf16_us[bi][ci] / (med * 1e6), bf16_us[bi][ci]);
                 fflush(stdout);
@@ -1866,8 +1883,6 @@ static void cuda_decode_8bit(attn_context *ctx, const cuda_bench *cb16, double r
                     snprintf(impl, sizeof impl, "attn.h %s%s", attn_dtype_name(kinds[k].dt), kinds[k].pth ? " ptk" : "");
                     csv_row(impl, "decode", B, C, med * 1e6, gbs, "GB/s");
                 }
-                cuda_metas_free(metas, nsets);
-                free(ql); free(sl);
             }
         { /* the prefill over the same cache: causal, 4 x 4096 (compare the bf16 prefill rows below) */
             int32_t ql[4] = {4096, 4096, 4096, 4096};
@@ -1957,37 +1972,24 @@ static void cuda_backend_table(attn_context *ctx, int quick) {
     /* ATTN_BENCH_KV8_ONLY (tuning): the 8-bit table alone, no bf16 rows to compare with */
     for (bi = 0; bi < (cuda_mla_only || getenv("ATTN_BENCH_KV8_ONLY") ? 0 : 4); bi++)
         for (ci = 0; ci < 3; ci++) {
-            int B = batches[bi], C = contexts[ci], nsets;
-            size_t iter_bytes = (size_t)B * (size_t)C * CB_HKV * CB_D * 2 * 2;
-            int32_t *ql = (int32_t *)bench_alloc((size_t)B * 4), *sl = (int32_t *)bench_alloc((size_t)B * 4);
-            attn_metadata **metas;
-            const attn__cuda_meta *cm;
-            double med, gbs;
+            const int B = batches[bi], C = contexts[ci];
+            const size_t iter_bytes = (size_t)B * (size_t)C * CB_HKV * CB_D * 2 * 2;
+            const cuda_decode_run run = cuda_decode_time(&cb, B, C, iter_bytes);
+            const double med = run.med, gbs = (double)iter_bytes / med / 1e9;
             bench_row *row;
-            nsets = (int)((CUDA_ROTATE_BYTES + iter_bytes - 1) / iter_bytes);
-            if (nsets < 2) nsets = 2;
-            if (nsets > CUDA_MAX_SETS) nsets = CUDA_MAX_SETS;
-            for (i = 0; i < B; i++) { ql[i] = 1; sl[i] = C; }
-            metas = cuda_metas(&cb, B, ql, sl, nsets);
-            med = cuda_time(&cb, metas, nsets, B, nsets < 20 ? 20 : nsets);
-            gbs = (double)iter_bytes / med / 1e9;
-            cm = (const attn__cuda_meta *)attn_metadata_private(metas[0]);
             bf16_us[bi][ci] = med * 1e6;
             printf("  batch %3d context %5d: %9.1f us median  %7.0f GB/s  %5.1f%% of read  [%d %s work items, %d merges; "
-                   "%d sets x %.1f MiB]\n", B, C, med * 1e6, gbs, 100.0 * gbs / read_best,
-                   cm->host.counts[0] + cm->host.counts[3], cm->wide ? "wide" : "default", cm->host.counts[2], nsets,
-                   (double)iter_bytes / MIB);
+                   "%d sets x %.1f MiB]\n", B, C, med * 1e6, gbs, 100.0 * gbs / read_best, run.items,
+                   run.wide ? "wide" : "default", run.merges, run.nsets, (double)iter_bytes / MIB);
             fflush(stdout);
             row = row_add();
-            snprintf(row->name, sizeof row->name, "decode b=%d ctx=%d (%d %s items, %d merges)", B, C,
-                     cm->host.counts[0] + cm->host.counts[3], cm->wide ? "wide" : "default", cm->host.counts[2]);
+            snprintf(row->name, sizeof row->name, "decode b=%d ctx=%d (%d %s items, %d merges)", B, C, run.items,
+                     run.wide ? "wide" : "default", run.merges);
             row->ms = med * 1e3;
             snprintf(row->metric, sizeof row->metric, "%.0f GB/s KV read", gbs);
             row->read_gbs = gbs;
             row->other_cores = -1;
             csv_row("attn.h", "decode", B, C, med * 1e6, gbs, "GB/s");
-            cuda_metas_free(metas, nsets);
-            free(ql); free(sl);
         }
 
     if (!cuda_mla_only) cuda_decode_8bit(ctx, &cb, read_best, bf16_us);
