@@ -121,7 +121,7 @@
        pointer declared on another device than the layer's, or whose memory the CUDA driver
        places elsewhere than declared) are named errors at create;
        a pointer holding a bad value fails the call before anything is written.
-       Per-token-head scales (kv_scale_kind ATTN_KV_SCALE_PER_TOKEN_HEAD; CPU): int8 (vLLM's
+       Per-token-head scales (kv_scale_kind ATTN_KV_SCALE_PER_TOKEN_HEAD; CPU, CUDA): int8 (vLLM's
        per-token-head int8) or fp8_e4m3 caches where every (token, KV head) row of K and of V
        gets scale = amax(row) / 127 (int8, codes rounded to nearest even) or / 448 (e4m3) at
        the cache write. The scales do not sit inline in the rows, which would misalign them
@@ -9011,6 +9011,14 @@ static const char *const attn__kernel_src_attn_common_cuh[] = {
     "/* what the f16 of attn_codes4_to_f16x2 must be multiplied by to give the code's value */\n",
     "template <int ET> ATTN_DEV float attn_code_factor(void) { return ET == ATTN_DT_E4M3 && !ATTN_E4M3_CVT ? 256.0f : 1.0f; }\n",
     "\n",
+    "/* A per-tensor scale of an 8-bit cache as the kernels take it: the device float at ptr, or\n",
+    "   value where ptr is NULL; 0 when it is not finite and > 0 (the kernels then write nothing:\n",
+    "   the host cannot check a device value without a synchronisation). */\n",
+    "ATTN_DEV float attn_cache_scale(const float *ptr, float value) {\n",
+    "    const float s = ptr ? *ptr : value;\n",
+    "    return s > 0.0f && s <= 3.402823466e38f ? s : 0.0f;\n",
+    "}\n",
+    "\n",
     "ATTN_DEV attn_u32 attn_prmt(attn_u32 a, attn_u32 b, attn_u32 sel) {\n",
     "    attn_u32 r;\n",
     "    asm(\"prmt.b32 %0, %1, %2, %3;\" : \"=r\"(r) : \"r\"(a), \"r\"(b), \"r\"(sel));\n",
@@ -9378,10 +9386,11 @@ static const char *const attn__kernel_src_cache_write_cu[] = {
     "    const int chunks = HEAD_DIM / 8;                 /* 8-element chunks per head row */\n",
     "    const int per_side = p.num_kv_heads * chunks;    /* chunks of one token's K (or V) */\n",
     "    const int esz_in = attn_elem<DT_IN>::size, esz_c = ATTN_DT_SIZE(DT_CACHE);\n",
+    "#if !ATTN_CACHE8\n",
     "    const int cache_ok = attn_aligned16(p.kv_cache);\n",
-    "#if ATTN_CACHE8\n",
-    "    const float ks = p.k_scale ? *p.k_scale : p.k_scale_value, vs = p.v_scale ? *p.v_scale : p.v_scale_value;\n",
-    "    if (!(ks > 0.0f && ks <= 3.402823466e38f) || !(vs > 0.0f && vs <= 3.402823466e38f)) return; /* nothing written */\n",
+    "#else\n",
+    "    const float ks = attn_cache_scale(p.k_scale, p.k_scale_value), vs = attn_cache_scale(p.v_scale, p.v_scale_value);\n",
+    "    if (ks == 0.0f || vs == 0.0f) return; /* a bad scale: nothing written */\n",
     "#endif\n",
     "    for (int t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {\n",
     "        attn_i64 slot = p.slot_mapping[t];\n",
@@ -9397,7 +9406,6 @@ static const char *const attn__kernel_src_cache_write_cu[] = {
     "            char *dst = (char *)p.kv_cache + dst_el * esz_c;\n",
     "#if ATTN_CACHE8\n",
     "            float f[8];\n",
-    "            (void)cache_ok;\n",
     "            attn_load8_in(src, attn_aligned16(src), f);\n",
     "            attn_store8_codes(dst, f, side ? vs : ks, 0);\n",
     "#else\n",
@@ -11514,9 +11522,9 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "    const int nrows = ntok * GROUP;\n",
     "#if ATTN_KV8 && !KV_PTH\n",
     "    /* per-tensor fp8 scales: a bad one (not finite and > 0) writes nothing, see 8-BIT CACHES */\n",
-    "    const float k_scale = p.k_scale ? *p.k_scale : p.k_scale_value;\n",
-    "    const float v_scale = p.v_scale ? *p.v_scale : p.v_scale_value;\n",
-    "    if (!(k_scale > 0.0f && k_scale <= 3.402823466e38f) || !(v_scale > 0.0f && v_scale <= 3.402823466e38f)) return;\n",
+    "    const float k_scale = attn_cache_scale(p.k_scale, p.k_scale_value);\n",
+    "    const float v_scale = attn_cache_scale(p.v_scale, p.v_scale_value);\n",
+    "    if (k_scale == 0.0f || v_scale == 0.0f) return;\n",
     "#else\n",
     "    const float k_scale = 1.0f, v_scale = 1.0f;\n",
     "#endif\n",

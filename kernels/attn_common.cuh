@@ -195,6 +195,14 @@ template <int ET> ATTN_DEV attn_u32 attn_f32_to_code(float x) {
 /* what the f16 of attn_codes4_to_f16x2 must be multiplied by to give the code's value */
 template <int ET> ATTN_DEV float attn_code_factor(void) { return ET == ATTN_DT_E4M3 && !ATTN_E4M3_CVT ? 256.0f : 1.0f; }
 
+/* A per-tensor scale of an 8-bit cache as the kernels take it: the device float at ptr, or
+   value where ptr is NULL; 0 when it is not finite and > 0 (the kernels then write nothing:
+   the host cannot check a device value without a synchronisation). */
+ATTN_DEV float attn_cache_scale(const float *ptr, float value) {
+    const float s = ptr ? *ptr : value;
+    return s > 0.0f && s <= 3.402823466e38f ? s : 0.0f;
+}
+
 ATTN_DEV attn_u32 attn_prmt(attn_u32 a, attn_u32 b, attn_u32 sel) {
     attn_u32 r;
     asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));

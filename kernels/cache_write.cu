@@ -163,10 +163,11 @@ extern "C" __global__ void attn_reshape_and_cache(const attn_cache_write_params 
     const int chunks = HEAD_DIM / 8;                 /* 8-element chunks per head row */
     const int per_side = p.num_kv_heads * chunks;    /* chunks of one token's K (or V) */
     const int esz_in = attn_elem<DT_IN>::size, esz_c = ATTN_DT_SIZE(DT_CACHE);
+#if !ATTN_CACHE8
     const int cache_ok = attn_aligned16(p.kv_cache);
-#if ATTN_CACHE8
-    const float ks = p.k_scale ? *p.k_scale : p.k_scale_value, vs = p.v_scale ? *p.v_scale : p.v_scale_value;
-    if (!(ks > 0.0f && ks <= 3.402823466e38f) || !(vs > 0.0f && vs <= 3.402823466e38f)) return; /* nothing written */
+#else
+    const float ks = attn_cache_scale(p.k_scale, p.k_scale_value), vs = attn_cache_scale(p.v_scale, p.v_scale_value);
+    if (ks == 0.0f || vs == 0.0f) return; /* a bad scale: nothing written */
 #endif
     for (int t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {
         attn_i64 slot = p.slot_mapping[t];
@@ -182,7 +183,6 @@ extern "C" __global__ void attn_reshape_and_cache(const attn_cache_write_params 
             char *dst = (char *)p.kv_cache + dst_el * esz_c;
 #if ATTN_CACHE8
             float f[8];
-            (void)cache_ok;
             attn_load8_in(src, attn_aligned16(src), f);
             attn_store8_codes(dst, f, side ? vs : ks, 0);
 #else

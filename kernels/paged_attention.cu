@@ -519,9 +519,9 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, MIN_CTAS) attn_paged_
     const int nrows = ntok * GROUP;
 #if ATTN_KV8 && !KV_PTH
     /* per-tensor fp8 scales: a bad one (not finite and > 0) writes nothing, see 8-BIT CACHES */
-    const float k_scale = p.k_scale ? *p.k_scale : p.k_scale_value;
-    const float v_scale = p.v_scale ? *p.v_scale : p.v_scale_value;
-    if (!(k_scale > 0.0f && k_scale <= 3.402823466e38f) || !(v_scale > 0.0f && v_scale <= 3.402823466e38f)) return;
+    const float k_scale = attn_cache_scale(p.k_scale, p.k_scale_value);
+    const float v_scale = attn_cache_scale(p.v_scale, p.v_scale_value);
+    if (k_scale == 0.0f || v_scale == 0.0f) return;
 #else
     const float k_scale = 1.0f, v_scale = 1.0f;
 #endif
