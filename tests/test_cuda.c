@@ -123,6 +123,21 @@ static int cu_skip_reason(const attn_selection *s, attn_backend_id id, const cha
     return 0;
 }
 
+/* A random varlen batch for case c: 1-6 requests, the first half decodes (the others now and
+   then), the rest 1..max_q new tokens, contexts below max_ctx (non-causal prefills: below
+   50, the masks' edge cases without long all-visible rows). */
+static void cu_random_reqs(cu_case *c, int max_q, int max_ctx) {
+    int r;
+    c->nreq = 1 + (int)(cu_rand() % 6);
+    for (r = 0; r < c->nreq; r++) {
+        int decode = r < c->nreq / 2 || (cu_rand() % 3 == 0);
+        c->qlen[r] = decode ? 1 : 1 + (int)(cu_rand() % (unsigned)max_q);
+        c->ctxlen[r] = (int)(cu_rand() % (unsigned)max_ctx);
+        if ((c->batch_causal ? c->batch_causal == ATTN_CAUSAL_NO : !c->causal) && c->qlen[r] > 1)
+            c->ctxlen[r] = c->ctxlen[r] % 50;
+    }
+}
+
 /* Fills every slot of a host cache of the layer's shape through the CPU layer's cache write:
    random k/v of dtype dt in [-1, 1), stored as the library stores them (8-bit caches: their
    codes and scales). 1 on success. */
@@ -476,14 +491,7 @@ ATTN_TEST(cuda_forward_matches_cpu) {
         c.softcap = n % 6 == 3 ? 30.0f : 0.0f;
         c.alibi = n % 6 == 5;
         c.lse = n % 2 == 0;
-        c.nreq = 1 + (int)(cu_rand() % 6);
-        for (r = 0; r < c.nreq; r++) {
-            int decode = r < c.nreq / 2 || (cu_rand() % 3 == 0);
-            c.qlen[r] = decode ? 1 : 1 + (int)(cu_rand() % 70);
-            c.ctxlen[r] = (int)(cu_rand() % 900);
-            if ((c.batch_causal ? c.batch_causal == ATTN_CAUSAL_NO : !c.causal) && c.qlen[r] > 1)
-                c.ctxlen[r] = c.ctxlen[r] % 50;
-        }
+        cu_random_reqs(&c, 70, 900);
         fails += cu_run_case(ctx, &c, __LINE__) > 0;
     }
     /* prefill-heavy batches within CUDA_SM90's scope (16-bit q = cache, head 64 or 128, no
@@ -554,7 +562,7 @@ ATTN_TEST(cuda_forward_8bit_matches_cpu) {
     static const attn_dtype qdts[3] = {ATTN_DTYPE_BF16, ATTN_DTYPE_F16, ATTN_DTYPE_F32};
     static const attn_dtype kdts[4] = {ATTN_DTYPE_FP8_E4M3, ATTN_DTYPE_FP8_E5M2, ATTN_DTYPE_INT8, ATTN_DTYPE_FP8_E4M3};
     static const int heads[][3] = {{32, 8, 128}, {8, 8, 64}, {16, 2, 112}, {12, 1, 80}, {8, 2, 256}, {4, 4, 96}};
-    int n, r, fails = 0, cases = 28;
+    int n, fails = 0, cases = 28;
     CU_SKIP_IF_NO_GPU(ctx);
     if (getenv("ATTN_TEST_8BIT_CASES")) cases = atoi(getenv("ATTN_TEST_8BIT_CASES")); /* fewer under racecheck */
     if (getenv("ATTN_TEST_8BIT_DEBUG")) { /* one request of 1, 2, 17 keys: V alone, then the scores */
@@ -585,13 +593,7 @@ ATTN_TEST(cuda_forward_8bit_matches_cpu) {
         c.softcap = n % 9 == 5 ? 30.0f : 0.0f;
         c.alibi = n % 9 == 7;
         c.lse = n % 2 == 0;
-        c.nreq = 1 + (int)(cu_rand() % 6);
-        for (r = 0; r < c.nreq; r++) {
-            int decode = r < c.nreq / 2 || (cu_rand() % 3 == 0);
-            c.qlen[r] = decode ? 1 : 1 + (int)(cu_rand() % 90);
-            c.ctxlen[r] = (int)(cu_rand() % 1200);
-            if (!c.causal && c.qlen[r] > 1) c.ctxlen[r] = c.ctxlen[r] % 50;
-        }
+        cu_random_reqs(&c, 90, 1200);
         if (n % 5 == 4) { c.nreq = 1; c.qlen[0] = 1; c.ctxlen[0] = 5000 + (int)(cu_rand() % 3000); } /* splits */
         fails += cu_run_case(ctx, &c, __LINE__) > 0;
     }
