@@ -7663,6 +7663,9 @@ typedef struct attn__mla_decode_params {
     int32_t num_heads;
     float scale;
     attn__CUdeviceptr merge_count;
+    attn__CUdeviceptr k_scale;     /* fp8 latent: per-tensor scale (0: k_scale_value) */
+    float k_scale_value;
+    int32_t pad0;
 } attn__mla_decode_params;
 
 typedef struct attn__mla_prefill_params {
@@ -7678,13 +7681,26 @@ typedef struct attn__mla_prefill_params {
 typedef struct attn__mla_gather_params {
     attn__CUdeviceptr kv_cache, block_table, lat;
     int32_t key0, nkeys, block_size, pad0;
+    attn__CUdeviceptr k_scale;
+    float k_scale_value;
+    int32_t pad1;
 } attn__mla_gather_params;
 
 typedef struct attn__latent_write_params {
     attn__CUdeviceptr kv_c, k_pe, kv_cache, slot_mapping;
     int64_t kv_c_stride_token, k_pe_stride_token;
     int32_t num_tokens, pad0;
+    attn__CUdeviceptr k_scale;
+    float k_scale_value;
+    int32_t pad1;
 } attn__latent_write_params;
+
+/* The latent's fp8 scale as the MLA kernels take it (attn__cuda_kv_scales' k half). */
+static void attn__cuda_latent_scale(const attn_layer_desc *d, attn__CUdeviceptr *ptr, float *value) {
+    attn__CUdeviceptr vp;
+    float vv;
+    attn__cuda_kv_scales(d, ptr, &vp, value, &vv);
+}
 
 /* A tensor of rows for the MLA kernels: device address and element strides. */
 typedef struct attn__mla_rows {
@@ -7724,9 +7740,15 @@ static int attn__cuda_mla_check(const attn_backend *self, const attn_layer_desc 
                   "(576 = 512 + 64, or 320 = 256 + 64)", d->head_size, d->kv_lora_rank, d->qk_rope_head_dim);
         return 1;
     }
-    if (d->dtype != d->kv_cache_dtype) {
-        attn__fmt(reason, size, "dtype %s with kv_cache_dtype %s (allowed: one 16-bit type for both)",
-                  attn_dtype_name(d->dtype), attn_dtype_name(d->kv_cache_dtype));
+    if (d->dtype != d->kv_cache_dtype &&
+        (self->id == ATTN_BACKEND_CUDA_MLA_SM90 || !attn__dtypes[d->kv_cache_dtype].cache_only)) {
+        attn__fmt(reason, size, "dtype %s with kv_cache_dtype %s (allowed: one 16-bit type for both%s)",
+                  attn_dtype_name(d->dtype), attn_dtype_name(d->kv_cache_dtype),
+                  self->id == ATTN_BACKEND_CUDA_MLA_SM90 ? "; CUDA_MLA reads fp8 latents" : ", or an fp8 latent");
+        return 1;
+    }
+    if (d->kv_scale_kind != ATTN_KV_SCALE_PER_TENSOR) {
+        attn__fmt(reason, size, "kv_scale_kind PER_TOKEN_HEAD (allowed for MLA latents: per-tensor fp8)");
         return 1;
     }
     if (!((d->qk_nope_head_dim == 128 && d->v_head_dim == 128) || (d->qk_nope_head_dim == 64 && d->v_head_dim == 64))) {
@@ -7808,17 +7830,17 @@ static const char *attn__cuda_mla_variant_file(int v, int sm90) {
                                               : (sm90 ? "mla_prefill_sm90.cu" : "mla_prefill.cu");
 }
 static void attn__cuda_mla_variants(const attn_layer_desc *d, int sm90, char opt[ATTN__CUDA_MLA_VARIANTS][256]) {
-    int dt = attn__cuda_dt(d->kv_cache_dtype);
+    int dt = attn__cuda_dt(d->dtype), kv = attn__cuda_dt(d->kv_cache_dtype); /* kv: = dt, or an fp8 latent */
     if (sm90)
         attn__fmt(opt[0], 256, "-DKV_LORA=%d -DROPE=%d -DBLOCK_SIZE=%d -DDT=%d -DFUSED_MERGE=1", d->kv_lora_rank,
                   d->qk_rope_head_dim, d->block_size, dt);
     else
-        attn__fmt(opt[0], 256, "-DKV_LORA=%d -DROPE=%d -DBLOCK_SIZE=%d -DDT=%d -DROWS=%d", d->kv_lora_rank,
-                  d->qk_rope_head_dim, d->block_size, dt, d->num_heads <= 16 ? 16 : d->num_heads <= 32 ? 32 : 64);
+        attn__fmt(opt[0], 256, "-DKV_LORA=%d -DROPE=%d -DBLOCK_SIZE=%d -DDT=%d -DROWS=%d -DDT_KV=%d", d->kv_lora_rank,
+                  d->qk_rope_head_dim, d->block_size, dt, d->num_heads <= 16 ? 16 : d->num_heads <= 32 ? 32 : 64, kv);
     attn__fmt(opt[1], 256, "-DDN=%d -DROPE=%d -DDV=%d -DDT=%d", d->qk_nope_head_dim, d->qk_rope_head_dim,
-              d->v_head_dim, dt);
+              d->v_head_dim, dt); /* the prefill attends over up-projected (DT) keys and values */
     attn__fmt(opt[2], 256, "-DKV_LORA_RANK=%d -DROPE_DIM=%d -DDT_IN=%d -DDT_CACHE=%d", d->kv_lora_rank,
-              d->qk_rope_head_dim, attn__cuda_dt(d->dtype), dt);
+              d->qk_rope_head_dim, dt, kv);
 }
 
 static void attn__cuda_mla_layer_free(attn_context *ctx, attn__cuda_mla_layer *L) {
@@ -8166,6 +8188,7 @@ static attn__CUresult attn__cuda_mla_decode(attn_context *ctx, const attn__cuda_
     dp.merge_count = cm->merge_count;
     dp.num_heads = d->num_heads;
     dp.scale = d->scale;
+    attn__cuda_latent_scale(d, &dp.k_scale, &dp.k_scale_value);
     args[0] = &dp;
     rc = ctx->cuda->cuLaunchKernel(L->decode.main, grid, 1, 1, (unsigned)L->decode.config[0], 1, 1,
                                    (unsigned)L->decode.config[1], s, args, NULL);
@@ -8243,6 +8266,7 @@ static attn_status attn__cuda_mla_prefill(attn_context *ctx, const char *fn, att
     gp.kv_cache = attn__dptr(kv_cache->data);
     gp.lat = cm->ws.lat;
     gp.block_size = d->block_size;
+    attn__cuda_latent_scale(d, &gp.k_scale, &gp.k_scale_value);
     if ((crc = ctx->cublas->cublasSetStream(L->cublas, (void *)s)) != 0 ||
         (crc = ctx->cublas->cublasSetWorkspace(L->cublas, (void *)(uintptr_t)cm->ws.cublas, ATTN__MLA_CUBLAS_WS)) != 0)
         goto cublas_failed;
@@ -8304,7 +8328,8 @@ static attn_status attn__cuda_mla_forward_mha(const attn_backend *self, attn_lay
     return st;
 }
 
-static attn__CUresult attn__cuda_mla_write(attn_context *ctx, const attn__cuda_mla_layer *L, const attn_tensor *kv_c,
+static attn__CUresult attn__cuda_mla_write(attn_context *ctx, const attn__cuda_mla_layer *L, const attn_layer_desc *d,
+                                           const attn_tensor *kv_c,
                                            const attn_tensor *k_pe, attn_tensor *kv_cache, attn__CUdeviceptr slots,
                                            int num_tokens, attn__CUstream s) {
     attn__latent_write_params wp;
@@ -8319,6 +8344,7 @@ static attn__CUresult attn__cuda_mla_write(attn_context *ctx, const attn__cuda_m
     wp.kv_c_stride_token = c.strides[0];
     wp.k_pe_stride_token = p.strides[0];
     wp.num_tokens = num_tokens;
+    attn__cuda_latent_scale(d, &wp.k_scale, &wp.k_scale_value);
     args[0] = &wp;
     return ctx->cuda->cuLaunchKernel(L->cache.main, (unsigned)ATTN__MIN(num_tokens, 4096), 1, 1, 128, 1, 1, 0, s,
                                      args, NULL);
@@ -8342,7 +8368,7 @@ static attn_status attn__cuda_mla_concat_and_cache(const attn_backend *self, att
     if ((st = attn__cuda_enter_stream(ctx, "attn_concat_and_cache_mla", stream)) != ATTN_OK) return st;
     rc = cu->cuMemAlloc(&dslots, bytes);
     if (rc == 0) rc = cu->cuMemcpyHtoDAsync(dslots, slot_mapping, bytes, s);
-    if (rc == 0) rc = attn__cuda_mla_write(ctx, L, kv_c, k_pe, kv_cache, dslots, num_tokens, s);
+    if (rc == 0) rc = attn__cuda_mla_write(ctx, L, attn_layer_get_desc(layer), kv_c, k_pe, kv_cache, dslots, num_tokens, s);
     if (rc == 0) rc = cu->cuStreamSynchronize(s);
     if (dslots) cu->cuMemFree(dslots);
     attn__cuda_leave(ctx);
@@ -8375,7 +8401,7 @@ static attn_status attn__cuda_mla_forward(const attn_backend *self, attn_layer *
     if ((st = attn__cuda_enter_stream(ctx, fn, stream)) != ATTN_OK) return st;
     capturing = attn__cuda_capturing(ctx, s);
     if (kv_c)
-        rc = attn__cuda_mla_write(ctx, L, kv_c, k_pe, kv_cache, attn__dptr(cm->dev.slot_mapping),
+        rc = attn__cuda_mla_write(ctx, L, d, kv_c, k_pe, kv_cache, attn__dptr(cm->dev.slot_mapping),
                                   capturing ? attn_metadata_capacity(meta)->max_num_tokens
                                             : attn_metadata_batch(meta)->num_actual_tokens, s);
     if (rc == 0 && td > 0) {
@@ -8442,7 +8468,8 @@ static const attn_backend attn__cuda_mla_backend = {
     ATTN_BACKEND_CUDA_MLA,    /* id */
     ATTN_DEVICE_CUDA,         /* device */
     ATTN_DTYPE_BIT(ATTN_DTYPE_F16) | ATTN_DTYPE_BIT(ATTN_DTYPE_BF16),
-    ATTN_DTYPE_BIT(ATTN_DTYPE_F16) | ATTN_DTYPE_BIT(ATTN_DTYPE_BF16),
+    ATTN_DTYPE_BIT(ATTN_DTYPE_F16) | ATTN_DTYPE_BIT(ATTN_DTYPE_BF16) | ATTN_DTYPE_BIT(ATTN_DTYPE_FP8_E4M3) |
+        ATTN_DTYPE_BIT(ATTN_DTYPE_FP8_E5M2), /* fp8 latents with a per-tensor scale */
     320, 576, 8,
     16, 0,
     0, 0, 0, 0,
@@ -9263,8 +9290,8 @@ static const char *const attn__kernel_src_cache_write_cu[] = {
     "#define KV_PTH 0\n",
     "#endif\n",
     "#define ATTN_CACHE8 ATTN_DT_IS_8BIT(DT_CACHE)\n",
-    "#if ATTN_CACHE8 && defined(KV_LORA_RANK)\n",
-    "#error \"cache_write.cu: the latent cache write takes 16/32-bit caches here\"\n",
+    "#if ATTN_CACHE8 && defined(KV_LORA_RANK) && DT_CACHE == ATTN_DT_I8\n",
+    "#error \"cache_write.cu: a latent cache takes fp8 (per-tensor scale), not int8\"\n",
     "#endif\n",
     "\n",
     "#if ATTN_CACHE8\n",
@@ -9431,12 +9458,27 @@ static const char *const attn__kernel_src_cache_write_cu[] = {
     "    attn_i64 k_pe_stride_token;   /* elements */\n",
     "    int num_tokens;\n",
     "    int pad0;\n",
+    "    const float *k_scale;         /* fp8 latent: the per-tensor scale (device float; NULL: value) */\n",
+    "    float k_scale_value;\n",
+    "    int pad1;\n",
     "};\n",
+    "\n",
+    "#if ATTN_CACHE8\n",
+    "/* the latent's fp8 scale; 0 when it is not finite and > 0 (then nothing is written) */\n",
+    "ATTN_DEV float attn_latent_scale(const float *ptr, float value) {\n",
+    "    const float s = ptr ? *ptr : value;\n",
+    "    return s > 0.0f && s <= 3.402823466e38f ? s : 0.0f;\n",
+    "}\n",
+    "#endif\n",
     "\n",
     "extern \"C\" __global__ void attn_concat_and_cache_mla(const attn_latent_write_params p) {\n",
     "    const int chunks_c = KV_LORA_RANK / 8, chunks = (KV_LORA_RANK + ROPE_DIM) / 8;\n",
-    "    const int esz_in = attn_elem<DT_IN>::size, esz_c = attn_elem<DT_CACHE>::size;\n",
+    "    const int esz_in = attn_elem<DT_IN>::size, esz_c = ATTN_DT_SIZE(DT_CACHE);\n",
     "    const int cache_ok = attn_aligned16(p.kv_cache);\n",
+    "#if ATTN_CACHE8 /* code(x / scale), the CPU's bytes */\n",
+    "    const float ks = attn_latent_scale(p.k_scale, p.k_scale_value);\n",
+    "    if (ks == 0.0f) return;\n",
+    "#endif\n",
     "    for (int t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {\n",
     "        attn_i64 slot = p.slot_mapping[t];\n",
     "        if (slot < 0) continue;\n",
@@ -9445,7 +9487,14 @@ static const char *const attn__kernel_src_cache_write_cu[] = {
     "            const char *src = c < chunks_c\n",
     "                                  ? (const char *)p.kv_c + (t * p.kv_c_stride_token + (attn_i64)c * 8) * esz_in\n",
     "                                  : (const char *)p.k_pe + (t * p.k_pe_stride_token + (attn_i64)(c - chunks_c) * 8) * esz_in;\n",
+    "#if ATTN_CACHE8\n",
+    "            float f[8];\n",
+    "            (void)cache_ok;\n",
+    "            attn_load8_in(src, attn_aligned16(src), f);\n",
+    "            attn_store8_codes(row + (attn_i64)c * 8, f, ks, 0);\n",
+    "#else\n",
     "            attn_move8(src, row + (attn_i64)c * 8 * esz_c, cache_ok && attn_aligned16(src));\n",
+    "#endif\n",
     "        }\n",
     "    }\n",
     "}\n",
@@ -9457,17 +9506,45 @@ static const char *const attn__kernel_src_cache_write_cu[] = {
     "struct attn_mla_gather_params {\n",
     "    const void *kv_cache;\n",
     "    const int *block_table;\n",
-    "    void *lat;\n",
+    "    void *lat;                    /* DT_CACHE rows; an fp8 latent: DT_IN rows, code * scale */\n",
     "    int key0, nkeys, block_size, pad0;\n",
+    "    const float *k_scale;         /* fp8 latent (as attn_latent_write_params) */\n",
+    "    float k_scale_value;\n",
+    "    int pad1;\n",
     "};\n",
     "\n",
     "extern \"C\" __global__ void attn_mla_gather(const attn_mla_gather_params p) {\n",
+    "#if ATTN_CACHE8 /* dequantizing: 8 codes -> 8 DT_IN elements (16 bytes at bf16/f16) per step */\n",
+    "    const int D = KV_LORA_RANK + ROPE_DIM, cpr = D / 8;\n",
+    "    const float ks = attn_latent_scale(p.k_scale, p.k_scale_value) * attn_code_factor<DT_CACHE>();\n",
+    "    if (ks == 0.0f) return;\n",
+    "    for (attn_i64 u = blockIdx.x * (attn_i64)blockDim.x + threadIdx.x; u < (attn_i64)p.nkeys * cpr; u += (attn_i64)gridDim.x * blockDim.x) {\n",
+    "        const int j = (int)(u / cpr), c = (int)(u - (attn_i64)j * cpr), key = p.key0 + j;\n",
+    "        const attn_i64 row = (attn_i64)p.block_table[key / p.block_size] * p.block_size + key % p.block_size;\n",
+    "        const attn_u32 *src = (const attn_u32 *)((const char *)p.kv_cache + row * D + c * 8);\n",
+    "        attn_u32 h[4];\n",
+    "        float f[8];\n",
+    "        attn_vec16 o[2];\n",
+    "        attn_codes4_to_f16x2<DT_CACHE>(src[0], h[0], h[1]);\n",
+    "        attn_codes4_to_f16x2<DT_CACHE>(src[1], h[2], h[3]);\n",
+    "#pragma unroll\n",
+    "        for (int i = 0; i < 4; i++) {\n",
+    "            f[2 * i] = attn_f16_to_f32((attn_u16)(h[i] & 0xffffu)) * ks;\n",
+    "            f[2 * i + 1] = attn_f16_to_f32((attn_u16)(h[i] >> 16)) * ks;\n",
+    "        }\n",
+    "        attn_pack8<DT_IN>(f, o);\n",
+    "        char *dst = (char *)p.lat + ((attn_i64)j * D + c * 8) * attn_elem<DT_IN>::size;\n",
+    "        attn_stg16(dst, o[0]);\n",
+    "        if (attn_elem<DT_IN>::size == 4) attn_stg16(dst + 16, o[1]);\n",
+    "    }\n",
+    "#else\n",
     "    const int row_bytes = (KV_LORA_RANK + ROPE_DIM) * attn_elem<DT_CACHE>::size, cpr = row_bytes / 16;\n",
     "    for (attn_i64 u = blockIdx.x * (attn_i64)blockDim.x + threadIdx.x; u < (attn_i64)p.nkeys * cpr; u += (attn_i64)gridDim.x * blockDim.x) {\n",
     "        const int j = (int)(u / cpr), c = (int)(u - (attn_i64)j * cpr), key = p.key0 + j;\n",
     "        const attn_i64 row = (attn_i64)p.block_table[key / p.block_size] * p.block_size + key % p.block_size;\n",
     "        attn_stg16((char *)p.lat + (attn_i64)j * row_bytes + c * 16, attn_ldg16((const char *)p.kv_cache + row * row_bytes + c * 16));\n",
     "    }\n",
+    "#endif\n",
     "}\n",
     "#endif /* KV_LORA_RANK */\n",
     0};
@@ -9621,6 +9698,10 @@ static const char *const attn__kernel_src_mla_common_cuh[] = {
     "    int num_heads;\n",
     "    float scale;\n",
     "    int *merge_count;              /* FUSED_MERGE: [merge entries], zero between launches */\n",
+    "    const float *k_scale;          /* fp8 latent (DT_KV 4/5): the per-tensor scale, one device\n",
+    "                                      float read at every launch; NULL: k_scale_value */\n",
+    "    float k_scale_value;\n",
+    "    int pad0;\n",
     "};\n",
     "\n",
     "/* The prefill attention kernels' (attn_mla_prefill): one launch per request and chunk of\n",
@@ -9744,6 +9825,19 @@ static const char *const attn__kernel_src_mla_decode_cu[] = {
     "#if DT != ATTN_DT_F16 && DT != ATTN_DT_BF16\n",
     "#error \"mla_decode.cu: DT must be 1 (f16) or 2 (bf16)\"\n",
     "#endif\n",
+    "/* DT_KV: the latent cache's type, DT (default) or an fp8 latent, 4 e4m3 / 5 e5m2, with a\n",
+    "   per-tensor scale (params.k_scale / k_scale_value; a value that is not finite and > 0\n",
+    "   writes nothing). fp8: the paged_attention.cu scheme (its 8-BIT CACHES): code stages,\n",
+    "   ldmatrix of the codes as b16, Q in f16 with the k-permuted column order scaled by a power\n",
+    "   of two per CTA, P in f16, V's even/odd column tiles put back in the epilogue. */\n",
+    "#ifndef DT_KV\n",
+    "#define DT_KV DT\n",
+    "#endif\n",
+    "#define ATTN_KV8 (DT_KV == ATTN_DT_E4M3 || DT_KV == ATTN_DT_E5M2)\n",
+    "#if DT_KV != DT && !ATTN_KV8\n",
+    "#error \"mla_decode.cu: DT_KV must be DT, 4 (fp8 e4m3) or 5 (fp8 e5m2)\"\n",
+    "#endif\n",
+    "#define ATTN_DT_M (ATTN_KV8 ? ATTN_DT_F16 : DT) /* the mma's input type (Q, P, K, V) */\n",
     "#if KV_LORA % 64 != 0 || ROPE % 16 != 0\n",
     "#error \"mla_decode.cu: KV_LORA must be a multiple of 64 and ROPE of 16\"\n",
     "#endif\n",
@@ -9762,7 +9856,10 @@ static const char *const attn__kernel_src_mla_decode_cu[] = {
     "\n",
     "#define ATTN_D (KV_LORA + ROPE)\n",
     "#define ATTN_RT (ROWS / 16)\n",
-    "#define ATTN_PITCH (ATTN_D + 8)                 /* elements */\n",
+    "#define ATTN_PITCH (ATTN_D + 8)                 /* elements (Q; K of a 16-bit latent) */\n",
+    "/* a K stage row in bytes: 16-bit latents ATTN_PITCH elements; fp8 codes D bytes, 16 more\n",
+    "   where that makes an even number of 16-byte units (conflict-free ldmatrix) */\n",
+    "#define ATTN_KROW (ATTN_KV8 ? ATTN_D + (ATTN_D / 16 % 2 == 0 ? 16 : 0) : ATTN_PITCH * 2)\n",
     "#define ATTN_PPITCH (KV_TILE + 8)               /* elements of a P row */\n",
     "#define ATTN_THREADS (WARPS * 32)\n",
     "/* S: row groups x key groups = WARPS */\n",
@@ -9782,17 +9879,21 @@ static const char *const attn__kernel_src_mla_decode_cu[] = {
     "#if KV_TILE % 16 != 0\n",
     "#error \"mla_decode.cu: KV_TILE must be a multiple of 16\"\n",
     "#endif\n",
+    "#if ATTN_KV8 && (ATTN_D % 32 != 0 || ATTN_CW % 32 != 0)\n",
+    "#error \"mla_decode.cu: an fp8 latent needs KV_LORA + ROPE and each warp's output columns in multiples of 32\"\n",
+    "#endif\n",
     "\n",
     "#define ATTN_SQ_OFF 0\n",
     "#define ATTN_SK_OFF (ATTN_SQ_OFF + ROWS * ATTN_PITCH * 2)\n",
-    "#define ATTN_SP_OFF (ATTN_SK_OFF + KV_STAGES * KV_TILE * ATTN_PITCH * 2)\n",
+    "#define ATTN_SP_OFF (ATTN_SK_OFF + KV_STAGES * KV_TILE * ATTN_KROW)\n",
     "#define ATTN_SMAX_OFF (ATTN_SP_OFF + ROWS * ATTN_PPITCH * 2)\n",
     "#define ATTN_SBLK_OFF (ATTN_SMAX_OFF + ATTN_S_KG * ROWS * 4)\n",
     "#define ATTN_SMEM_BYTES (ATTN_SBLK_OFF + KV_STAGES * KV_TILE * 8)\n",
     "#if ATTN_SBLK_OFF % 8 != 0\n",
     "#error \"mla_decode.cu: the block offsets must be 8-byte aligned\"\n",
     "#endif\n",
-    "#define ATTN_CPR (ATTN_D * 2 / 16) /* 16-byte chunks per latent row */\n",
+    "#define ATTN_CPR (ATTN_D * 2 / 16) /* 16-byte chunks per latent row (Q) */\n",
+    "#define ATTN_KCPR (ATTN_D * (ATTN_KV8 ? 1 : 2) / 16) /* 16-byte chunks per cache row */\n",
     "\n",
     "extern \"C\" __constant__ int attn_mla_config[8] = {ATTN_THREADS, ATTN_SMEM_BYTES, KV_TILE, ROWS, KV_STAGES, WARPS, 0, 1};\n",
     "\n",
@@ -9806,6 +9907,11 @@ static const char *const attn__kernel_src_mla_decode_cu[] = {
     "    const int req = item[0], head0 = item[1], q_row = item[2], slot = item[6];\n",
     "    const int key0 = item[4], key1 = item[5];\n",
     "    const int nrows = attn_imin(ROWS, p.num_heads - head0);\n",
+    "#if ATTN_KV8\n",
+    "    const float k_scale = p.k_scale ? *p.k_scale : p.k_scale_value;\n",
+    "    if (!(k_scale > 0.0f && k_scale <= 3.402823466e38f)) return; /* nothing written */\n",
+    "    float q_unscale = 1.0f; /* 2^-e of Q's scaling */\n",
+    "#endif\n",
     "    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;\n",
     "    const int g = lane >> 2, tq = lane & 3;\n",
     "    const attn_u32 sbase = attn_smem_addr(attn_smem);\n",
@@ -9814,6 +9920,45 @@ static const char *const attn__kernel_src_mla_decode_cu[] = {
     "    attn_i64 *const sBlk = (attn_i64 *)(smem + ATTN_SBLK_OFF); /* [stage][key] */\n",
     "\n",
     "    /* ---- Q: [q_latent | q_pe] rows of heads head0 .. (zero past num_heads) ---- */\n",
+    "#if ATTN_KV8\n",
+    "    {   /* f16, scaled by 2^e (the CTA's largest |q| into [2^14, 2^15)), columns k-permuted */\n",
+    "        __shared__ int attn_q_amax;\n",
+    "        if (tid == 0) attn_q_amax = 0;\n",
+    "        __syncthreads();\n",
+    "        float amax = 0.0f;\n",
+    "        for (int c = tid; c < nrows * ATTN_CPR; c += ATTN_THREADS) {\n",
+    "            const int r = c / ATTN_CPR, col = c - r * ATTN_CPR;\n",
+    "            float f[8];\n",
+    "            attn_vec16 v = attn_ldg16(attn_mla_q_chunk(p.q, p.q_stride_token, p.q_stride_head, p.q_pe, p.q_pe_stride_token,\n",
+    "                                                       p.q_pe_stride_head, KV_LORA, q_row, head0 + r, col));\n",
+    "            attn_unpack8<DT>(&v, f);\n",
+    "#pragma unroll\n",
+    "            for (int i = 0; i < 8; i++) amax = fmaxf(amax, fabsf(f[i]));\n",
+    "        }\n",
+    "        atomicMax(&attn_q_amax, __float_as_int(amax));\n",
+    "        __syncthreads();\n",
+    "        const int ex = (attn_q_amax >> 23) & 0xff;\n",
+    "        const int sh = attn_q_amax == 0 || ex == 255 ? 0 : attn_imax(-100, attn_imin(100, 141 - ex));\n",
+    "        const float qmul = __int_as_float((127 + sh / 2) << 23) * __int_as_float((127 + sh - sh / 2) << 23);\n",
+    "        q_unscale = __int_as_float((127 - sh / 2) << 23) * __int_as_float((127 - sh + sh / 2) << 23);\n",
+    "        attn_u16 *const q16 = (attn_u16 *)(smem + ATTN_SQ_OFF);\n",
+    "        for (int c = tid; c < ROWS * ATTN_CPR; c += ATTN_THREADS) {\n",
+    "            const int r = c / ATTN_CPR, col = c - r * ATTN_CPR;\n",
+    "            float f[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};\n",
+    "            if (r < nrows) {\n",
+    "                attn_vec16 v = attn_ldg16(attn_mla_q_chunk(p.q, p.q_stride_token, p.q_stride_head, p.q_pe, p.q_pe_stride_token,\n",
+    "                                                           p.q_pe_stride_head, KV_LORA, q_row, head0 + r, col));\n",
+    "                attn_unpack8<DT>(&v, f);\n",
+    "            }\n",
+    "#pragma unroll\n",
+    "            for (int i = 0; i < 8; i++) { /* dim d = 8 col + i; x = d % 16: column 2 (x / 4) + x % 4 (+ 8 - 2 if x % 4 >= 2) */\n",
+    "                const int d = col * 8 + i, x = d & 15, jj = x & 3;\n",
+    "                const int cc = (d & ~15) + (jj < 2 ? 2 * (x >> 2) + jj : 8 + 2 * (x >> 2) + jj - 2);\n",
+    "                q16[r * ATTN_PITCH + cc] = attn_f32_to_f16(f[i] * qmul);\n",
+    "            }\n",
+    "        }\n",
+    "    }\n",
+    "#else\n",
     "    for (int c = tid; c < ROWS * ATTN_CPR; c += ATTN_THREADS) {\n",
     "        const int r = c / ATTN_CPR, col = c - r * ATTN_CPR; /* col: 16-byte chunk, 8 elements */\n",
     "        const int valid = r < nrows;\n",
@@ -9822,6 +9967,7 @@ static const char *const attn__kernel_src_mla_decode_cu[] = {
     "                                : (const char *)p.q;\n",
     "        attn_cp_async16_or_zero(sQ + (attn_u32)((r * ATTN_PITCH + col * 8) * 2), src, !valid);\n",
     "    }\n",
+    "#endif\n",
     "\n",
     "    /* ---- the K ring: row offsets of keys in flight, zero-filled outside [key0, key1) ---- */\n",
     "    const int *bt = p.block_table + (attn_i64)req * p.block_table_stride;\n",
@@ -9829,14 +9975,14 @@ static const char *const attn__kernel_src_mla_decode_cu[] = {
     "    const int tile0 = key1 > key0 ? key0 / KV_TILE * KV_TILE : 0;\n",
     "    const int ntiles = key1 > key0 ? (key1 - tile0 + KV_TILE - 1) / KV_TILE : 0;\n",
     "    auto row_off = [&](int j) -> attn_i64 { /* byte offset of key j's row, -1 outside */\n",
-    "        return attn_mla_key_offset(bt, j, key0, key1, BLOCK_SIZE, ATTN_D * 2);\n",
+    "        return attn_mla_key_offset(bt, j, key0, key1, BLOCK_SIZE, ATTN_D * (ATTN_KV8 ? 1 : 2));\n",
     "    };\n",
     "    auto issue = [&](int tile) { /* cp.async of tile `tile` into its stage */\n",
     "        const int st = tile % KV_STAGES;\n",
-    "        for (int c = tid; c < KV_TILE * ATTN_CPR; c += ATTN_THREADS) {\n",
-    "            const int r = c / ATTN_CPR, col = c - r * ATTN_CPR;\n",
+    "        for (int c = tid; c < KV_TILE * ATTN_KCPR; c += ATTN_THREADS) {\n",
+    "            const int r = c / ATTN_KCPR, col = c - r * ATTN_KCPR;\n",
     "            const attn_i64 off = sBlk[st * KV_TILE + r];\n",
-    "            attn_cp_async16_or_zero(sK + (attn_u32)(((st * KV_TILE + r) * ATTN_PITCH + col * 8) * 2),\n",
+    "            attn_cp_async16_or_zero(sK + (attn_u32)((st * KV_TILE + r) * ATTN_KROW + col * 16),\n",
     "                                    kv + (off >= 0 ? off + col * 16 : 0), off < 0);\n",
     "        }\n",
     "    };\n",
@@ -9850,7 +9996,16 @@ static const char *const attn__kernel_src_mla_decode_cu[] = {
     "\n",
     "    /* ---- roles ---- */\n",
     "    const int rg = warp / ATTN_S_KG, kg = warp % ATTN_S_KG; /* S: row group, key group */\n",
+    "#if ATTN_KV8\n",
+    "    const float qk_scale = p.scale * ATTN_LOG2E * k_scale * q_unscale * attn_code_factor<DT_KV>();\n",
+    "    /* code rows: ldmatrix x4 over keys 0-7 / 8-15 x bytes +0 / +16 (K: keys 0-7 +0, 0-7 +16,\n",
+    "       8-15 +0, 8-15 +16; the 8-key x2: keys 0-7 +0, +16; V: 0-7 +0, 8-15 +0, 0-7 +16, 8-15 +16) */\n",
+    "    const attn_u32 k8_lane4 = (attn_u32)(((lane & 7) + ((lane >> 4) << 3)) * ATTN_KROW + ((lane >> 3) & 1) * 16);\n",
+    "    const attn_u32 k8_lane2 = (attn_u32)((lane & 7) * ATTN_KROW + ((lane >> 3) & 1) * 16);\n",
+    "    const attn_u32 v8_lane = (attn_u32)(((lane & 7) + (((lane >> 3) & 1) << 3)) * ATTN_KROW + (lane >> 4) * 16);\n",
+    "#else\n",
     "    const float qk_scale = p.scale * ATTN_LOG2E;\n",
+    "#endif\n",
     "    /* ldmatrix lane offsets (bytes): A (rows lane % 16, column half lane / 16), B from\n",
     "       [key][dim] rows (keys lane % 8 + 8 (lane / 16), column half (lane / 8) % 2), B\n",
     "       transposed from [key][dim] (keys lane % 16, column half lane / 16) */\n",
@@ -9883,7 +10038,7 @@ static const char *const attn__kernel_src_mla_decode_cu[] = {
     "           the issue of tile it, ran iterations ago); read after the next barriers */\n",
     "        for (int r = tid; r < KV_TILE; r += ATTN_THREADS)\n",
     "            sBlk[st * KV_TILE + r] = row_off(tile0 + (it + KV_STAGES) * KV_TILE + r);\n",
-    "        const attn_u32 sKst = sK + (attn_u32)(st * KV_TILE * ATTN_PITCH * 2);\n",
+    "        const attn_u32 sKst = sK + (attn_u32)(st * KV_TILE * ATTN_KROW);\n",
     "\n",
     "        /* ---- S phase ---- */\n",
     "        float s[ATTN_RT_S][ATTN_NT][4];\n",
@@ -9891,6 +10046,49 @@ static const char *const attn__kernel_src_mla_decode_cu[] = {
     "        for (int r = 0; r < ATTN_RT_S; r++)\n",
     "#pragma unroll\n",
     "            for (int n = 0; n < ATTN_NT; n++) s[r][n][0] = s[r][n][1] = s[r][n][2] = s[r][n][3] = 0.0f;\n",
+    "#if ATTN_KV8\n",
+    "        {   /* fp8: a 16-key x 32-dim block of codes by one ldmatrix.x4 (4 words: b0/b1 of two\n",
+    "               k chunks for two n tiles), an 8-key one by x2 */\n",
+    "            const attn_u32 kb = sKst + (attn_u32)(kg * ATTN_KW * ATTN_KROW);\n",
+    "            const attn_u32 qb = sQ + (attn_u32)(rg * ATTN_RT_S * 16 * ATTN_PITCH * 2) + a_lane;\n",
+    "#pragma unroll 2\n",
+    "            for (int kq = 0; kq < ATTN_D / 32; kq++) {\n",
+    "                attn_u32 a0[ATTN_RT_S][4], a1[ATTN_RT_S][4];\n",
+    "#pragma unroll\n",
+    "                for (int r = 0; r < ATTN_RT_S; r++) {\n",
+    "                    attn_ldmatrix_x4(a0[r], qb + (attn_u32)(r * 16 * ATTN_PITCH * 2) + kq * 64);\n",
+    "                    attn_ldmatrix_x4(a1[r], qb + (attn_u32)(r * 16 * ATTN_PITCH * 2) + kq * 64 + 32);\n",
+    "                }\n",
+    "#pragma unroll\n",
+    "                for (int np = 0; np < ATTN_NT / 2; np++) {\n",
+    "                    attn_u32 w[4], b[4][2];\n",
+    "                    attn_ldmatrix_x4(w, kb + k8_lane4 + (attn_u32)(np * 16 * ATTN_KROW + kq * 32));\n",
+    "#pragma unroll\n",
+    "                    for (int i = 0; i < 4; i++) attn_codes4_to_f16x2<DT_KV>(w[i], b[i][0], b[i][1]);\n",
+    "#pragma unroll\n",
+    "                    for (int r = 0; r < ATTN_RT_S; r++) {\n",
+    "                        attn_mma16816<ATTN_DT_M>(s[r][2 * np], a0[r], b[0]);\n",
+    "                        attn_mma16816<ATTN_DT_M>(s[r][2 * np], a1[r], b[1]);\n",
+    "                        attn_mma16816<ATTN_DT_M>(s[r][2 * np + 1], a0[r], b[2]);\n",
+    "                        attn_mma16816<ATTN_DT_M>(s[r][2 * np + 1], a1[r], b[3]);\n",
+    "                    }\n",
+    "                }\n",
+    "#if ATTN_NT % 2\n",
+    "                {\n",
+    "                    attn_u32 w[2], b[2][2];\n",
+    "                    attn_ldmatrix_x2(w, kb + k8_lane2 + (attn_u32)((ATTN_NT - 1) * 8 * ATTN_KROW + kq * 32));\n",
+    "                    attn_codes4_to_f16x2<DT_KV>(w[0], b[0][0], b[0][1]);\n",
+    "                    attn_codes4_to_f16x2<DT_KV>(w[1], b[1][0], b[1][1]);\n",
+    "#pragma unroll\n",
+    "                    for (int r = 0; r < ATTN_RT_S; r++) {\n",
+    "                        attn_mma16816<ATTN_DT_M>(s[r][ATTN_NT - 1], a0[r], b[0]);\n",
+    "                        attn_mma16816<ATTN_DT_M>(s[r][ATTN_NT - 1], a1[r], b[1]);\n",
+    "                    }\n",
+    "                }\n",
+    "#endif\n",
+    "            }\n",
+    "        }\n",
+    "#else\n",
     "        {\n",
     "            const attn_u32 kb = sKst + (attn_u32)(kg * ATTN_KW * ATTN_PITCH * 2);\n",
     "            const attn_u32 qb = sQ + (attn_u32)(rg * ATTN_RT_S * 16 * ATTN_PITCH * 2) + a_lane;\n",
@@ -9920,6 +10118,7 @@ static const char *const attn__kernel_src_mla_decode_cu[] = {
     "#endif\n",
     "            }\n",
     "        }\n",
+    "#endif\n",
     "        /* mask keys outside [key0, key1); this warp's row maxima to shared memory */\n",
     "        const int kw0 = kt + kg * ATTN_KW + 2 * tq;\n",
     "#pragma unroll\n",
@@ -9962,7 +10161,7 @@ static const char *const attn__kernel_src_mla_decode_cu[] = {
     "                    const float p1 = attn_exp2(fmaf(s[r][n][2 * h + 1], qk_scale, -b));\n",
     "                    sum += p0 + p1;\n",
     "                    *(attn_u32 *)(smem + ATTN_SP_OFF + (row * ATTN_PPITCH + kg * ATTN_KW + 8 * n + 2 * tq) * 2) =\n",
-    "                        attn_elem<DT>::pack2(p0, p1);\n",
+    "                        attn_elem<ATTN_DT_M>::pack2(p0, p1);\n",
     "                }\n",
     "                lS[r][h] += sum;\n",
     "            }\n",
@@ -9992,6 +10191,35 @@ static const char *const attn__kernel_src_mla_decode_cu[] = {
     "                o[r][n][0] *= alpha[r][0]; o[r][n][1] *= alpha[r][0];\n",
     "                o[r][n][2] *= alpha[r][1]; o[r][n][3] *= alpha[r][1];\n",
     "            }\n",
+    "#if ATTN_KV8\n",
+    "        {   /* fp8: V = the first KV_LORA code columns; per 16 keys x 32 columns one\n",
+    "               ldmatrix.x4.trans, split by prmt into the even- and odd-column tiles of each 16\n",
+    "               (o tiles 4q .. 4q + 3: columns 32q + {even, odd}, 32q + 16 + {even, odd}) */\n",
+    "            const attn_u32 vb = sKst + v8_lane + (attn_u32)(warp * ATTN_CW);\n",
+    "#pragma unroll\n",
+    "            for (int kk = 0; kk < KV_TILE / 16; kk++) {\n",
+    "                attn_u32 a[ATTN_RT][4];\n",
+    "#pragma unroll\n",
+    "                for (int r = 0; r < ATTN_RT; r++)\n",
+    "                    attn_ldmatrix_x4(a[r], sP + p_lane + (attn_u32)((r * 16 * ATTN_PPITCH + kk * 16) * 2));\n",
+    "                const attn_u32 vrow = vb + (attn_u32)(kk * 16 * ATTN_KROW);\n",
+    "#pragma unroll\n",
+    "                for (int dq = 0; dq < ATTN_CW / 32; dq++) {\n",
+    "                    attn_u32 w[4], b[4][2];\n",
+    "                    attn_ldmatrix_x4_trans(w, vrow + dq * 32);\n",
+    "#pragma unroll\n",
+    "                    for (int h = 0; h < 2; h++) {\n",
+    "                        attn_codes4_to_f16x2<DT_KV>(attn_prmt(w[2 * h], w[2 * h + 1], 0x6420u), b[2 * h][0], b[2 * h][1]);\n",
+    "                        attn_codes4_to_f16x2<DT_KV>(attn_prmt(w[2 * h], w[2 * h + 1], 0x7531u), b[2 * h + 1][0], b[2 * h + 1][1]);\n",
+    "                    }\n",
+    "#pragma unroll\n",
+    "                    for (int r = 0; r < ATTN_RT; r++)\n",
+    "#pragma unroll\n",
+    "                        for (int i = 0; i < 4; i++) attn_mma16816<ATTN_DT_M>(o[r][4 * dq + i], a[r], b[i]);\n",
+    "                }\n",
+    "            }\n",
+    "        }\n",
+    "#else\n",
     "        {\n",
     "            const attn_u32 vb = sKst + v_lane + (attn_u32)(warp * ATTN_CW * 2);\n",
     "#pragma unroll\n",
@@ -10013,6 +10241,7 @@ static const char *const attn__kernel_src_mla_decode_cu[] = {
     "                }\n",
     "            }\n",
     "        }\n",
+    "#endif\n",
     "    }\n",
     "\n",
     "    /* ---- epilogue: row sums through shared memory, O / l out ---- */\n",
@@ -10037,6 +10266,29 @@ static const char *const attn__kernel_src_mla_decode_cu[] = {
     "            const float inv = l > 0.0f ? attn_rcp(l) : 0.0f;\n",
     "            const float lse2 = l > 0.0f ? mO[r][h] + attn_log2(l) : attn_neg_inf();\n",
     "            if (row >= nrows) continue;\n",
+    "#if ATTN_KV8\n",
+    "            { /* o tile n holds columns c(n) + 4 tq and + 2 (the PV phase's order); the scale */\n",
+    "                const float f = inv * k_scale * attn_code_factor<DT_KV>();\n",
+    "                typedef typename attn_elem<DT>::storage out_t;\n",
+    "                out_t *orow = (out_t *)((char *)p.out + ((attn_i64)q_row * p.out_stride_token + (attn_i64)(head0 + row) * p.out_stride_head) * 2);\n",
+    "                float *po = p.partial_o + ((attn_i64)(slot < 0 ? 0 : slot) * ROWS + row) * KV_LORA;\n",
+    "#pragma unroll\n",
+    "                for (int n = 0; n < ATTN_OT; n++) {\n",
+    "                    const int col = warp * ATTN_CW + (n >> 2) * 32 + ((n & 2) ? 16 : 0) + (n & 1) + 4 * tq;\n",
+    "                    if (slot < 0) {\n",
+    "                        orow[col] = attn_elem<DT>::from_f32(o[r][n][2 * h] * f);\n",
+    "                        orow[col + 2] = attn_elem<DT>::from_f32(o[r][n][2 * h + 1] * f);\n",
+    "                    } else {\n",
+    "                        po[col] = o[r][n][2 * h] * f;\n",
+    "                        po[col + 2] = o[r][n][2 * h + 1] * f;\n",
+    "                    }\n",
+    "                }\n",
+    "                if (slot < 0 && p.lse && warp == 0 && tq == 0)\n",
+    "                    p.lse[(attn_i64)q_row * p.lse_stride_token + (attn_i64)(head0 + row) * p.lse_stride_head] = lse2 * ATTN_LN2;\n",
+    "                if (slot >= 0 && warp == 0 && tq == 0) p.partial_lse[(attn_i64)slot * ROWS + row] = lse2;\n",
+    "                continue;\n",
+    "            }\n",
+    "#endif\n",
     "            if (slot < 0) {\n",
     "                char *orow = (char *)p.out + ((attn_i64)q_row * p.out_stride_token + (attn_i64)(head0 + row) * p.out_stride_head) * 2;\n",
     "#pragma unroll\n",
@@ -10061,6 +10313,12 @@ static const char *const attn__kernel_src_mla_decode_cu[] = {
     "   sum; lse = max + log2(sum) (to base e); splits that saw no key (-inf) weigh 0. */\n",
     "extern \"C\" __global__ void __launch_bounds__(256) attn_mla_merge(const attn_mla_params p) {\n",
     "    if ((int)blockIdx.x >= *p.num_merge) return;\n",
+    "#if ATTN_KV8\n",
+    "    { /* the decode wrote nothing for a bad scale: neither does the merge */\n",
+    "        const float k_scale = p.k_scale ? *p.k_scale : p.k_scale_value;\n",
+    "        if (!(k_scale > 0.0f && k_scale <= 3.402823466e38f)) return;\n",
+    "    }\n",
+    "#endif\n",
     "    const int *m = p.merge + 8 * (attn_i64)blockIdx.x;\n",
     "    const int q_row = m[0], head0 = m[1], splits = m[2], slot0 = m[3];\n",
     "    const int nrows = attn_imin(ROWS, p.num_heads - head0);\n",

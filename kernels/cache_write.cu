@@ -40,8 +40,8 @@
 #define KV_PTH 0
 #endif
 #define ATTN_CACHE8 ATTN_DT_IS_8BIT(DT_CACHE)
-#if ATTN_CACHE8 && defined(KV_LORA_RANK)
-#error "cache_write.cu: the latent cache write takes 16/32-bit caches here"
+#if ATTN_CACHE8 && defined(KV_LORA_RANK) && DT_CACHE == ATTN_DT_I8
+#error "cache_write.cu: a latent cache takes fp8 (per-tensor scale), not int8"
 #endif
 
 #if ATTN_CACHE8
@@ -208,12 +208,27 @@ struct attn_latent_write_params {
     attn_i64 k_pe_stride_token;   /* elements */
     int num_tokens;
     int pad0;
+    const float *k_scale;         /* fp8 latent: the per-tensor scale (device float; NULL: value) */
+    float k_scale_value;
+    int pad1;
 };
+
+#if ATTN_CACHE8
+/* the latent's fp8 scale; 0 when it is not finite and > 0 (then nothing is written) */
+ATTN_DEV float attn_latent_scale(const float *ptr, float value) {
+    const float s = ptr ? *ptr : value;
+    return s > 0.0f && s <= 3.402823466e38f ? s : 0.0f;
+}
+#endif
 
 extern "C" __global__ void attn_concat_and_cache_mla(const attn_latent_write_params p) {
     const int chunks_c = KV_LORA_RANK / 8, chunks = (KV_LORA_RANK + ROPE_DIM) / 8;
-    const int esz_in = attn_elem<DT_IN>::size, esz_c = attn_elem<DT_CACHE>::size;
+    const int esz_in = attn_elem<DT_IN>::size, esz_c = ATTN_DT_SIZE(DT_CACHE);
     const int cache_ok = attn_aligned16(p.kv_cache);
+#if ATTN_CACHE8 /* code(x / scale), the CPU's bytes */
+    const float ks = attn_latent_scale(p.k_scale, p.k_scale_value);
+    if (ks == 0.0f) return;
+#endif
     for (int t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {
         attn_i64 slot = p.slot_mapping[t];
         if (slot < 0) continue;
@@ -222,7 +237,14 @@ extern "C" __global__ void attn_concat_and_cache_mla(const attn_latent_write_par
             const char *src = c < chunks_c
                                   ? (const char *)p.kv_c + (t * p.kv_c_stride_token + (attn_i64)c * 8) * esz_in
                                   : (const char *)p.k_pe + (t * p.k_pe_stride_token + (attn_i64)(c - chunks_c) * 8) * esz_in;
+#if ATTN_CACHE8
+            float f[8];
+            (void)cache_ok;
+            attn_load8_in(src, attn_aligned16(src), f);
+            attn_store8_codes(row + (attn_i64)c * 8, f, ks, 0);
+#else
             attn_move8(src, row + (attn_i64)c * 8 * esz_c, cache_ok && attn_aligned16(src));
+#endif
         }
     }
 }
@@ -234,16 +256,44 @@ extern "C" __global__ void attn_concat_and_cache_mla(const attn_latent_write_par
 struct attn_mla_gather_params {
     const void *kv_cache;
     const int *block_table;
-    void *lat;
+    void *lat;                    /* DT_CACHE rows; an fp8 latent: DT_IN rows, code * scale */
     int key0, nkeys, block_size, pad0;
+    const float *k_scale;         /* fp8 latent (as attn_latent_write_params) */
+    float k_scale_value;
+    int pad1;
 };
 
 extern "C" __global__ void attn_mla_gather(const attn_mla_gather_params p) {
+#if ATTN_CACHE8 /* dequantizing: 8 codes -> 8 DT_IN elements (16 bytes at bf16/f16) per step */
+    const int D = KV_LORA_RANK + ROPE_DIM, cpr = D / 8;
+    const float ks = attn_latent_scale(p.k_scale, p.k_scale_value) * attn_code_factor<DT_CACHE>();
+    if (ks == 0.0f) return;
+    for (attn_i64 u = blockIdx.x * (attn_i64)blockDim.x + threadIdx.x; u < (attn_i64)p.nkeys * cpr; u += (attn_i64)gridDim.x * blockDim.x) {
+        const int j = (int)(u / cpr), c = (int)(u - (attn_i64)j * cpr), key = p.key0 + j;
+        const attn_i64 row = (attn_i64)p.block_table[key / p.block_size] * p.block_size + key % p.block_size;
+        const attn_u32 *src = (const attn_u32 *)((const char *)p.kv_cache + row * D + c * 8);
+        attn_u32 h[4];
+        float f[8];
+        attn_vec16 o[2];
+        attn_codes4_to_f16x2<DT_CACHE>(src[0], h[0], h[1]);
+        attn_codes4_to_f16x2<DT_CACHE>(src[1], h[2], h[3]);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            f[2 * i] = attn_f16_to_f32((attn_u16)(h[i] & 0xffffu)) * ks;
+            f[2 * i + 1] = attn_f16_to_f32((attn_u16)(h[i] >> 16)) * ks;
+        }
+        attn_pack8<DT_IN>(f, o);
+        char *dst = (char *)p.lat + ((attn_i64)j * D + c * 8) * attn_elem<DT_IN>::size;
+        attn_stg16(dst, o[0]);
+        if (attn_elem<DT_IN>::size == 4) attn_stg16(dst + 16, o[1]);
+    }
+#else
     const int row_bytes = (KV_LORA_RANK + ROPE_DIM) * attn_elem<DT_CACHE>::size, cpr = row_bytes / 16;
     for (attn_i64 u = blockIdx.x * (attn_i64)blockDim.x + threadIdx.x; u < (attn_i64)p.nkeys * cpr; u += (attn_i64)gridDim.x * blockDim.x) {
         const int j = (int)(u / cpr), c = (int)(u - (attn_i64)j * cpr), key = p.key0 + j;
         const attn_i64 row = (attn_i64)p.block_table[key / p.block_size] * p.block_size + key % p.block_size;
         attn_stg16((char *)p.lat + (attn_i64)j * row_bytes + c * 16, attn_ldg16((const char *)p.kv_cache + row * row_bytes + c * 16));
     }
+#endif
 }
 #endif /* KV_LORA_RANK */

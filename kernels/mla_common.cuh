@@ -25,6 +25,10 @@ struct attn_mla_params {
     int num_heads;
     float scale;
     int *merge_count;              /* FUSED_MERGE: [merge entries], zero between launches */
+    const float *k_scale;          /* fp8 latent (DT_KV 4/5): the per-tensor scale, one device
+                                      float read at every launch; NULL: k_scale_value */
+    float k_scale_value;
+    int pad0;
 };
 
 /* The prefill attention kernels' (attn_mla_prefill): one launch per request and chunk of

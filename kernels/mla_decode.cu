@@ -63,6 +63,19 @@
 #if DT != ATTN_DT_F16 && DT != ATTN_DT_BF16
 #error "mla_decode.cu: DT must be 1 (f16) or 2 (bf16)"
 #endif
+/* DT_KV: the latent cache's type, DT (default) or an fp8 latent, 4 e4m3 / 5 e5m2, with a
+   per-tensor scale (params.k_scale / k_scale_value; a value that is not finite and > 0
+   writes nothing). fp8: the paged_attention.cu scheme (its 8-BIT CACHES): code stages,
+   ldmatrix of the codes as b16, Q in f16 with the k-permuted column order scaled by a power
+   of two per CTA, P in f16, V's even/odd column tiles put back in the epilogue. */
+#ifndef DT_KV
+#define DT_KV DT
+#endif
+#define ATTN_KV8 (DT_KV == ATTN_DT_E4M3 || DT_KV == ATTN_DT_E5M2)
+#if DT_KV != DT && !ATTN_KV8
+#error "mla_decode.cu: DT_KV must be DT, 4 (fp8 e4m3) or 5 (fp8 e5m2)"
+#endif
+#define ATTN_DT_M (ATTN_KV8 ? ATTN_DT_F16 : DT) /* the mma's input type (Q, P, K, V) */
 #if KV_LORA % 64 != 0 || ROPE % 16 != 0
 #error "mla_decode.cu: KV_LORA must be a multiple of 64 and ROPE of 16"
 #endif
@@ -81,7 +94,10 @@
 
 #define ATTN_D (KV_LORA + ROPE)
 #define ATTN_RT (ROWS / 16)
-#define ATTN_PITCH (ATTN_D + 8)                 /* elements */
+#define ATTN_PITCH (ATTN_D + 8)                 /* elements (Q; K of a 16-bit latent) */
+/* a K stage row in bytes: 16-bit latents ATTN_PITCH elements; fp8 codes D bytes, 16 more
+   where that makes an even number of 16-byte units (conflict-free ldmatrix) */
+#define ATTN_KROW (ATTN_KV8 ? ATTN_D + (ATTN_D / 16 % 2 == 0 ? 16 : 0) : ATTN_PITCH * 2)
 #define ATTN_PPITCH (KV_TILE + 8)               /* elements of a P row */
 #define ATTN_THREADS (WARPS * 32)
 /* S: row groups x key groups = WARPS */
@@ -101,17 +117,21 @@
 #if KV_TILE % 16 != 0
 #error "mla_decode.cu: KV_TILE must be a multiple of 16"
 #endif
+#if ATTN_KV8 && (ATTN_D % 32 != 0 || ATTN_CW % 32 != 0)
+#error "mla_decode.cu: an fp8 latent needs KV_LORA + ROPE and each warp's output columns in multiples of 32"
+#endif
 
 #define ATTN_SQ_OFF 0
 #define ATTN_SK_OFF (ATTN_SQ_OFF + ROWS * ATTN_PITCH * 2)
-#define ATTN_SP_OFF (ATTN_SK_OFF + KV_STAGES * KV_TILE * ATTN_PITCH * 2)
+#define ATTN_SP_OFF (ATTN_SK_OFF + KV_STAGES * KV_TILE * ATTN_KROW)
 #define ATTN_SMAX_OFF (ATTN_SP_OFF + ROWS * ATTN_PPITCH * 2)
 #define ATTN_SBLK_OFF (ATTN_SMAX_OFF + ATTN_S_KG * ROWS * 4)
 #define ATTN_SMEM_BYTES (ATTN_SBLK_OFF + KV_STAGES * KV_TILE * 8)
 #if ATTN_SBLK_OFF % 8 != 0
 #error "mla_decode.cu: the block offsets must be 8-byte aligned"
 #endif
-#define ATTN_CPR (ATTN_D * 2 / 16) /* 16-byte chunks per latent row */
+#define ATTN_CPR (ATTN_D * 2 / 16) /* 16-byte chunks per latent row (Q) */
+#define ATTN_KCPR (ATTN_D * (ATTN_KV8 ? 1 : 2) / 16) /* 16-byte chunks per cache row */
 
 extern "C" __constant__ int attn_mla_config[8] = {ATTN_THREADS, ATTN_SMEM_BYTES, KV_TILE, ROWS, KV_STAGES, WARPS, 0, 1};
 
@@ -125,6 +145,11 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mla_decode(co
     const int req = item[0], head0 = item[1], q_row = item[2], slot = item[6];
     const int key0 = item[4], key1 = item[5];
     const int nrows = attn_imin(ROWS, p.num_heads - head0);
+#if ATTN_KV8
+    const float k_scale = p.k_scale ? *p.k_scale : p.k_scale_value;
+    if (!(k_scale > 0.0f && k_scale <= 3.402823466e38f)) return; /* nothing written */
+    float q_unscale = 1.0f; /* 2^-e of Q's scaling */
+#endif
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, tq = lane & 3;
     const attn_u32 sbase = attn_smem_addr(attn_smem);
@@ -133,6 +158,45 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mla_decode(co
     attn_i64 *const sBlk = (attn_i64 *)(smem + ATTN_SBLK_OFF); /* [stage][key] */
 
     /* ---- Q: [q_latent | q_pe] rows of heads head0 .. (zero past num_heads) ---- */
+#if ATTN_KV8
+    {   /* f16, scaled by 2^e (the CTA's largest |q| into [2^14, 2^15)), columns k-permuted */
+        __shared__ int attn_q_amax;
+        if (tid == 0) attn_q_amax = 0;
+        __syncthreads();
+        float amax = 0.0f;
+        for (int c = tid; c < nrows * ATTN_CPR; c += ATTN_THREADS) {
+            const int r = c / ATTN_CPR, col = c - r * ATTN_CPR;
+            float f[8];
+            attn_vec16 v = attn_ldg16(attn_mla_q_chunk(p.q, p.q_stride_token, p.q_stride_head, p.q_pe, p.q_pe_stride_token,
+                                                       p.q_pe_stride_head, KV_LORA, q_row, head0 + r, col));
+            attn_unpack8<DT>(&v, f);
+#pragma unroll
+            for (int i = 0; i < 8; i++) amax = fmaxf(amax, fabsf(f[i]));
+        }
+        atomicMax(&attn_q_amax, __float_as_int(amax));
+        __syncthreads();
+        const int ex = (attn_q_amax >> 23) & 0xff;
+        const int sh = attn_q_amax == 0 || ex == 255 ? 0 : attn_imax(-100, attn_imin(100, 141 - ex));
+        const float qmul = __int_as_float((127 + sh / 2) << 23) * __int_as_float((127 + sh - sh / 2) << 23);
+        q_unscale = __int_as_float((127 - sh / 2) << 23) * __int_as_float((127 - sh + sh / 2) << 23);
+        attn_u16 *const q16 = (attn_u16 *)(smem + ATTN_SQ_OFF);
+        for (int c = tid; c < ROWS * ATTN_CPR; c += ATTN_THREADS) {
+            const int r = c / ATTN_CPR, col = c - r * ATTN_CPR;
+            float f[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+            if (r < nrows) {
+                attn_vec16 v = attn_ldg16(attn_mla_q_chunk(p.q, p.q_stride_token, p.q_stride_head, p.q_pe, p.q_pe_stride_token,
+                                                           p.q_pe_stride_head, KV_LORA, q_row, head0 + r, col));
+                attn_unpack8<DT>(&v, f);
+            }
+#pragma unroll
+            for (int i = 0; i < 8; i++) { /* dim d = 8 col + i; x = d % 16: column 2 (x / 4) + x % 4 (+ 8 - 2 if x % 4 >= 2) */
+                const int d = col * 8 + i, x = d & 15, jj = x & 3;
+                const int cc = (d & ~15) + (jj < 2 ? 2 * (x >> 2) + jj : 8 + 2 * (x >> 2) + jj - 2);
+                q16[r * ATTN_PITCH + cc] = attn_f32_to_f16(f[i] * qmul);
+            }
+        }
+    }
+#else
     for (int c = tid; c < ROWS * ATTN_CPR; c += ATTN_THREADS) {
         const int r = c / ATTN_CPR, col = c - r * ATTN_CPR; /* col: 16-byte chunk, 8 elements */
         const int valid = r < nrows;
@@ -141,6 +205,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mla_decode(co
                                 : (const char *)p.q;
         attn_cp_async16_or_zero(sQ + (attn_u32)((r * ATTN_PITCH + col * 8) * 2), src, !valid);
     }
+#endif
 
     /* ---- the K ring: row offsets of keys in flight, zero-filled outside [key0, key1) ---- */
     const int *bt = p.block_table + (attn_i64)req * p.block_table_stride;
@@ -148,14 +213,14 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mla_decode(co
     const int tile0 = key1 > key0 ? key0 / KV_TILE * KV_TILE : 0;
     const int ntiles = key1 > key0 ? (key1 - tile0 + KV_TILE - 1) / KV_TILE : 0;
     auto row_off = [&](int j) -> attn_i64 { /* byte offset of key j's row, -1 outside */
-        return attn_mla_key_offset(bt, j, key0, key1, BLOCK_SIZE, ATTN_D * 2);
+        return attn_mla_key_offset(bt, j, key0, key1, BLOCK_SIZE, ATTN_D * (ATTN_KV8 ? 1 : 2));
     };
     auto issue = [&](int tile) { /* cp.async of tile `tile` into its stage */
         const int st = tile % KV_STAGES;
-        for (int c = tid; c < KV_TILE * ATTN_CPR; c += ATTN_THREADS) {
-            const int r = c / ATTN_CPR, col = c - r * ATTN_CPR;
+        for (int c = tid; c < KV_TILE * ATTN_KCPR; c += ATTN_THREADS) {
+            const int r = c / ATTN_KCPR, col = c - r * ATTN_KCPR;
             const attn_i64 off = sBlk[st * KV_TILE + r];
-            attn_cp_async16_or_zero(sK + (attn_u32)(((st * KV_TILE + r) * ATTN_PITCH + col * 8) * 2),
+            attn_cp_async16_or_zero(sK + (attn_u32)((st * KV_TILE + r) * ATTN_KROW + col * 16),
                                     kv + (off >= 0 ? off + col * 16 : 0), off < 0);
         }
     };
@@ -169,7 +234,16 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mla_decode(co
 
     /* ---- roles ---- */
     const int rg = warp / ATTN_S_KG, kg = warp % ATTN_S_KG; /* S: row group, key group */
+#if ATTN_KV8
+    const float qk_scale = p.scale * ATTN_LOG2E * k_scale * q_unscale * attn_code_factor<DT_KV>();
+    /* code rows: ldmatrix x4 over keys 0-7 / 8-15 x bytes +0 / +16 (K: keys 0-7 +0, 0-7 +16,
+       8-15 +0, 8-15 +16; the 8-key x2: keys 0-7 +0, +16; V: 0-7 +0, 8-15 +0, 0-7 +16, 8-15 +16) */
+    const attn_u32 k8_lane4 = (attn_u32)(((lane & 7) + ((lane >> 4) << 3)) * ATTN_KROW + ((lane >> 3) & 1) * 16);
+    const attn_u32 k8_lane2 = (attn_u32)((lane & 7) * ATTN_KROW + ((lane >> 3) & 1) * 16);
+    const attn_u32 v8_lane = (attn_u32)(((lane & 7) + (((lane >> 3) & 1) << 3)) * ATTN_KROW + (lane >> 4) * 16);
+#else
     const float qk_scale = p.scale * ATTN_LOG2E;
+#endif
     /* ldmatrix lane offsets (bytes): A (rows lane % 16, column half lane / 16), B from
        [key][dim] rows (keys lane % 8 + 8 (lane / 16), column half (lane / 8) % 2), B
        transposed from [key][dim] (keys lane % 16, column half lane / 16) */
@@ -202,7 +276,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mla_decode(co
            the issue of tile it, ran iterations ago); read after the next barriers */
         for (int r = tid; r < KV_TILE; r += ATTN_THREADS)
             sBlk[st * KV_TILE + r] = row_off(tile0 + (it + KV_STAGES) * KV_TILE + r);
-        const attn_u32 sKst = sK + (attn_u32)(st * KV_TILE * ATTN_PITCH * 2);
+        const attn_u32 sKst = sK + (attn_u32)(st * KV_TILE * ATTN_KROW);
 
         /* ---- S phase ---- */
         float s[ATTN_RT_S][ATTN_NT][4];
@@ -210,6 +284,49 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mla_decode(co
         for (int r = 0; r < ATTN_RT_S; r++)
 #pragma unroll
             for (int n = 0; n < ATTN_NT; n++) s[r][n][0] = s[r][n][1] = s[r][n][2] = s[r][n][3] = 0.0f;
+#if ATTN_KV8
+        {   /* fp8: a 16-key x 32-dim block of codes by one ldmatrix.x4 (4 words: b0/b1 of two
+               k chunks for two n tiles), an 8-key one by x2 */
+            const attn_u32 kb = sKst + (attn_u32)(kg * ATTN_KW * ATTN_KROW);
+            const attn_u32 qb = sQ + (attn_u32)(rg * ATTN_RT_S * 16 * ATTN_PITCH * 2) + a_lane;
+#pragma unroll 2
+            for (int kq = 0; kq < ATTN_D / 32; kq++) {
+                attn_u32 a0[ATTN_RT_S][4], a1[ATTN_RT_S][4];
+#pragma unroll
+                for (int r = 0; r < ATTN_RT_S; r++) {
+                    attn_ldmatrix_x4(a0[r], qb + (attn_u32)(r * 16 * ATTN_PITCH * 2) + kq * 64);
+                    attn_ldmatrix_x4(a1[r], qb + (attn_u32)(r * 16 * ATTN_PITCH * 2) + kq * 64 + 32);
+                }
+#pragma unroll
+                for (int np = 0; np < ATTN_NT / 2; np++) {
+                    attn_u32 w[4], b[4][2];
+                    attn_ldmatrix_x4(w, kb + k8_lane4 + (attn_u32)(np * 16 * ATTN_KROW + kq * 32));
+#pragma unroll
+                    for (int i = 0; i < 4; i++) attn_codes4_to_f16x2<DT_KV>(w[i], b[i][0], b[i][1]);
+#pragma unroll
+                    for (int r = 0; r < ATTN_RT_S; r++) {
+                        attn_mma16816<ATTN_DT_M>(s[r][2 * np], a0[r], b[0]);
+                        attn_mma16816<ATTN_DT_M>(s[r][2 * np], a1[r], b[1]);
+                        attn_mma16816<ATTN_DT_M>(s[r][2 * np + 1], a0[r], b[2]);
+                        attn_mma16816<ATTN_DT_M>(s[r][2 * np + 1], a1[r], b[3]);
+                    }
+                }
+#if ATTN_NT % 2
+                {
+                    attn_u32 w[2], b[2][2];
+                    attn_ldmatrix_x2(w, kb + k8_lane2 + (attn_u32)((ATTN_NT - 1) * 8 * ATTN_KROW + kq * 32));
+                    attn_codes4_to_f16x2<DT_KV>(w[0], b[0][0], b[0][1]);
+                    attn_codes4_to_f16x2<DT_KV>(w[1], b[1][0], b[1][1]);
+#pragma unroll
+                    for (int r = 0; r < ATTN_RT_S; r++) {
+                        attn_mma16816<ATTN_DT_M>(s[r][ATTN_NT - 1], a0[r], b[0]);
+                        attn_mma16816<ATTN_DT_M>(s[r][ATTN_NT - 1], a1[r], b[1]);
+                    }
+                }
+#endif
+            }
+        }
+#else
         {
             const attn_u32 kb = sKst + (attn_u32)(kg * ATTN_KW * ATTN_PITCH * 2);
             const attn_u32 qb = sQ + (attn_u32)(rg * ATTN_RT_S * 16 * ATTN_PITCH * 2) + a_lane;
@@ -239,6 +356,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mla_decode(co
 #endif
             }
         }
+#endif
         /* mask keys outside [key0, key1); this warp's row maxima to shared memory */
         const int kw0 = kt + kg * ATTN_KW + 2 * tq;
 #pragma unroll
@@ -281,7 +399,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mla_decode(co
                     const float p1 = attn_exp2(fmaf(s[r][n][2 * h + 1], qk_scale, -b));
                     sum += p0 + p1;
                     *(attn_u32 *)(smem + ATTN_SP_OFF + (row * ATTN_PPITCH + kg * ATTN_KW + 8 * n + 2 * tq) * 2) =
-                        attn_elem<DT>::pack2(p0, p1);
+                        attn_elem<ATTN_DT_M>::pack2(p0, p1);
                 }
                 lS[r][h] += sum;
             }
@@ -311,6 +429,35 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mla_decode(co
                 o[r][n][0] *= alpha[r][0]; o[r][n][1] *= alpha[r][0];
                 o[r][n][2] *= alpha[r][1]; o[r][n][3] *= alpha[r][1];
             }
+#if ATTN_KV8
+        {   /* fp8: V = the first KV_LORA code columns; per 16 keys x 32 columns one
+               ldmatrix.x4.trans, split by prmt into the even- and odd-column tiles of each 16
+               (o tiles 4q .. 4q + 3: columns 32q + {even, odd}, 32q + 16 + {even, odd}) */
+            const attn_u32 vb = sKst + v8_lane + (attn_u32)(warp * ATTN_CW);
+#pragma unroll
+            for (int kk = 0; kk < KV_TILE / 16; kk++) {
+                attn_u32 a[ATTN_RT][4];
+#pragma unroll
+                for (int r = 0; r < ATTN_RT; r++)
+                    attn_ldmatrix_x4(a[r], sP + p_lane + (attn_u32)((r * 16 * ATTN_PPITCH + kk * 16) * 2));
+                const attn_u32 vrow = vb + (attn_u32)(kk * 16 * ATTN_KROW);
+#pragma unroll
+                for (int dq = 0; dq < ATTN_CW / 32; dq++) {
+                    attn_u32 w[4], b[4][2];
+                    attn_ldmatrix_x4_trans(w, vrow + dq * 32);
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        attn_codes4_to_f16x2<DT_KV>(attn_prmt(w[2 * h], w[2 * h + 1], 0x6420u), b[2 * h][0], b[2 * h][1]);
+                        attn_codes4_to_f16x2<DT_KV>(attn_prmt(w[2 * h], w[2 * h + 1], 0x7531u), b[2 * h + 1][0], b[2 * h + 1][1]);
+                    }
+#pragma unroll
+                    for (int r = 0; r < ATTN_RT; r++)
+#pragma unroll
+                        for (int i = 0; i < 4; i++) attn_mma16816<ATTN_DT_M>(o[r][4 * dq + i], a[r], b[i]);
+                }
+            }
+        }
+#else
         {
             const attn_u32 vb = sKst + v_lane + (attn_u32)(warp * ATTN_CW * 2);
 #pragma unroll
@@ -332,6 +479,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mla_decode(co
                 }
             }
         }
+#endif
     }
 
     /* ---- epilogue: row sums through shared memory, O / l out ---- */
@@ -356,6 +504,29 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mla_decode(co
             const float inv = l > 0.0f ? attn_rcp(l) : 0.0f;
             const float lse2 = l > 0.0f ? mO[r][h] + attn_log2(l) : attn_neg_inf();
             if (row >= nrows) continue;
+#if ATTN_KV8
+            { /* o tile n holds columns c(n) + 4 tq and + 2 (the PV phase's order); the scale */
+                const float f = inv * k_scale * attn_code_factor<DT_KV>();
+                typedef typename attn_elem<DT>::storage out_t;
+                out_t *orow = (out_t *)((char *)p.out + ((attn_i64)q_row * p.out_stride_token + (attn_i64)(head0 + row) * p.out_stride_head) * 2);
+                float *po = p.partial_o + ((attn_i64)(slot < 0 ? 0 : slot) * ROWS + row) * KV_LORA;
+#pragma unroll
+                for (int n = 0; n < ATTN_OT; n++) {
+                    const int col = warp * ATTN_CW + (n >> 2) * 32 + ((n & 2) ? 16 : 0) + (n & 1) + 4 * tq;
+                    if (slot < 0) {
+                        orow[col] = attn_elem<DT>::from_f32(o[r][n][2 * h] * f);
+                        orow[col + 2] = attn_elem<DT>::from_f32(o[r][n][2 * h + 1] * f);
+                    } else {
+                        po[col] = o[r][n][2 * h] * f;
+                        po[col + 2] = o[r][n][2 * h + 1] * f;
+                    }
+                }
+                if (slot < 0 && p.lse && warp == 0 && tq == 0)
+                    p.lse[(attn_i64)q_row * p.lse_stride_token + (attn_i64)(head0 + row) * p.lse_stride_head] = lse2 * ATTN_LN2;
+                if (slot >= 0 && warp == 0 && tq == 0) p.partial_lse[(attn_i64)slot * ROWS + row] = lse2;
+                continue;
+            }
+#endif
             if (slot < 0) {
                 char *orow = (char *)p.out + ((attn_i64)q_row * p.out_stride_token + (attn_i64)(head0 + row) * p.out_stride_head) * 2;
 #pragma unroll
@@ -380,6 +551,12 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mla_decode(co
    sum; lse = max + log2(sum) (to base e); splits that saw no key (-inf) weigh 0. */
 extern "C" __global__ void __launch_bounds__(256) attn_mla_merge(const attn_mla_params p) {
     if ((int)blockIdx.x >= *p.num_merge) return;
+#if ATTN_KV8
+    { /* the decode wrote nothing for a bad scale: neither does the merge */
+        const float k_scale = p.k_scale ? *p.k_scale : p.k_scale_value;
+        if (!(k_scale > 0.0f && k_scale <= 3.402823466e38f)) return;
+    }
+#endif
     const int *m = p.merge + 8 * (attn_i64)blockIdx.x;
     const int q_row = m[0], head0 = m[1], splits = m[2], slot0 = m[3];
     const int nrows = attn_imin(ROWS, p.num_heads - head0);

@@ -1694,6 +1694,21 @@ ATTN_TEST(cuda_mla_selected_for_device_layers) {
     if (p.cuda_capability_major == 9 && p.cuda_capability_minor == 0)
         EXPECT_TRUE(cu_skip_reason(&s, ATTN_BACKEND_CUDA_MLA_SM90, "qk_nope_head_dim 96"));
     EXPECT_TRUE(cu_skip_reason(&s, ATTN_BACKEND_CUDA_MLA, "qk_nope_head_dim 96"));
+    if (p.cublas_version) { /* an fp8 latent: CUDA_MLA; the wgmma backend says why not */
+        d = cu_mla_desc(16, ATTN_DTYPE_BF16, ATTN_DEVICE_CUDA);
+        d.kv_cache_dtype = ATTN_DTYPE_FP8_E4M3;
+        d.k_scale.value = 0.5f;
+        memset(&s, 0, sizeof s);
+        EXPECT_OK(attn_select_backend(ctx, &d, NULL, &s));
+        EXPECT_EQ_INT(s.resolved, ATTN_BACKEND_CUDA_MLA);
+        if (p.cuda_capability_major == 9 && p.cuda_capability_minor == 0)
+            EXPECT_TRUE(cu_skip_reason(&s, ATTN_BACKEND_CUDA_MLA_SM90, "fp8_e4m3"));
+        d.kv_scale_kind = ATTN_KV_SCALE_PER_TOKEN_HEAD; /* latents: per tensor only */
+        d.k_scale.value = 0.0f;
+        memset(&s, 0, sizeof s);
+        EXPECT_TRUE(attn_select_backend(ctx, &d, NULL, &s) != ATTN_OK);
+        EXPECT_TRUE(cu_skip_reason(&s, ATTN_BACKEND_CUDA_MLA, "PER_TOKEN_HEAD"));
+    }
     d = cu_mla_desc(16, ATTN_DTYPE_BF16, ATTN_DEVICE_CPU); /* CPU tensors stay on the CPU */
     memset(&s, 0, sizeof s);
     EXPECT_OK(attn_select_backend(ctx, &d, NULL, &s));

@@ -3331,6 +3331,43 @@ ATTN_TEST(test_mla_cuda_batch_invariant) {
 
 /* The portable fallback CUDA_MLA (mma.sync kernels, sm_80+), forced on this device: the
    decode, prefill, mixed, split and random worlds above, against the same reference. */
+/* fp8 latents (per-tensor scale) on the GPU: CUDA_MLA reads them (CUDA_MLA_SM90's wgmma
+   kernels take 16-bit latents only: the selector passes it over with that reason) — decode
+   at 16 / 32 / 128 heads (the 8-key and 16-key S paths), e4m3 and e5m2, the 320 shape,
+   speculative decodes, prefills over several up-projection chunks (the gather dequantizes),
+   splits, the fused call writing the cache (quantizing on the device) — against float64 of
+   the values the cache holds and against CPU_MLA. */
+ATTN_TEST(test_mla_cuda_fp8_latent) {
+    static const struct { int H, R; attn_dtype dt, kvdt; float ks; int splits; } cases[] = {
+        {16, 512, ATTN_DTYPE_BF16, ATTN_DTYPE_FP8_E4M3, 1.0f / 64, 0},
+        {32, 512, ATTN_DTYPE_F16, ATTN_DTYPE_FP8_E5M2, 1.0f / 8, 7},
+        {128, 512, ATTN_DTYPE_BF16, ATTN_DTYPE_FP8_E4M3, 1.0f, 1},
+        {40, 256, ATTN_DTYPE_F16, ATTN_DTYPE_FP8_E4M3, 1.0f / 16, 0}};
+    int i;
+    MLA_CUDA_SKIP_FOR(1);
+    for (i = 0; i < 4; i++) {
+        mcfg c;
+        char name[96];
+        base_cfg(&c, cases[i].H, cases[i].R, cases[i].dt, cases[i].kvdt);
+        c.ks = cases[i].ks;
+        c.cuda = 2;
+        c.seed = 8200 + (uint64_t)i;
+        c.nref = 4;
+        c.write_new = i & 1;
+        c.bs = i == 3 ? 32 : 64;
+        c.decode_threshold = i == 1 ? 2 : 0;
+        if (i == 0) c.workspace_bytes = 1 << 20; /* prefill over several chunks */
+        add_req(&c, 1, 1);
+        add_req(&c, 1, 700);
+        add_req(&c, 1, 1500);
+        if (i == 1) add_req(&c, 2, 90); /* a speculative decode */
+        add_req(&c, 20, 150);           /* chunked prefill */
+        add_req(&c, 33, 33);            /* fresh prefill */
+        snprintf(name, sizeof name, "cuda fp8 H%d R%d %s/%s", c.H, c.R, attn_dtype_name(c.dt), attn_dtype_name(c.kvdt));
+        gpu_world(&c, name, cases[i].splits);
+    }
+}
+
 ATTN_TEST(test_mla_cuda_fallback) {
     static const int splits[] = {1, 7, 0};
     mcfg c;
@@ -3405,6 +3442,7 @@ void suite_cuda_mla(void) {
     ATTN_RUN(test_mla_cuda_batch_invariant);
     ATTN_RUN(test_mla_cuda_random_batches);
     ATTN_RUN(test_mla_cuda_fallback);
+    ATTN_RUN(test_mla_cuda_fp8_latent);
 }
 
 void suite_mla(void) {

@@ -202,11 +202,12 @@ ATTN_TEST(sel_fp8_cache_record) {
     d.kv_cache_dtype = ATTN_DTYPE_FP8_E4M3; d.k_scale.value = 1.0f;
     EXPECT_OK(attn_select_backend(ctx, &d, NULL, &s));
     EXPECT_EQ_INT(s.resolved, ATTN_BACKEND_CPU_MLA);
-    for (i = 0; i < 4; i++) { /* CUDA reads 8-bit caches; CUDA_SM90 and the MLA ones do not (yet) */
+    for (i = 0; i < 4; i++) { /* CUDA reads 8-bit caches, CUDA_MLA fp8 latents; CUDA_SM90 and
+                                 CUDA_MLA_SM90 (wgmma) neither */
         const attn_backend *b = attn_backend_get(gpu[i]);
-        const unsigned want = gpu[i] == ATTN_BACKEND_CUDA ? ATTN_DTYPE_BIT(ATTN_DTYPE_FP8_E4M3) | ATTN_DTYPE_BIT(ATTN_DTYPE_FP8_E5M2) |
-                                                                ATTN_DTYPE_BIT(ATTN_DTYPE_INT8)
-                                                          : 0u;
+        const unsigned fp8 = ATTN_DTYPE_BIT(ATTN_DTYPE_FP8_E4M3) | ATTN_DTYPE_BIT(ATTN_DTYPE_FP8_E5M2);
+        const unsigned want = gpu[i] == ATTN_BACKEND_CUDA ? fp8 | ATTN_DTYPE_BIT(ATTN_DTYPE_INT8)
+                              : gpu[i] == ATTN_BACKEND_CUDA_MLA ? fp8 : 0u;
         if (!b) continue; /* compiled out */
         EXPECT_EQ_INT(b->kv_cache_dtypes & (ATTN_DTYPE_BIT(ATTN_DTYPE_FP8_E4M3) | ATTN_DTYPE_BIT(ATTN_DTYPE_FP8_E5M2) |
                                             ATTN_DTYPE_BIT(ATTN_DTYPE_INT8)), want);

@@ -186,6 +186,11 @@ static variant manifest_builtin[] = {
     {"mla_decode.cu", "KV_LORA=512 ROPE=64 BLOCK_SIZE=16 DT=1 ROWS=32", 0},
     {"mla_decode.cu", "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2 ROWS=64", 0},
     {"mla_decode.cu", "KV_LORA=256 ROPE=64 BLOCK_SIZE=32 DT=1 ROWS=64", 0},
+    /* fp8 latents (DT_KV 4 e4m3, 5 e5m2): the 8-key (ROWS 16) and 16-key S paths, the 320 shape */
+    {"mla_decode.cu", "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2 ROWS=16 DT_KV=4", 0},
+    {"mla_decode.cu", "KV_LORA=512 ROPE=64 BLOCK_SIZE=16 DT=1 ROWS=32 DT_KV=5", 0},
+    {"mla_decode.cu", "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2 ROWS=64 DT_KV=4", 0},
+    {"mla_decode.cu", "KV_LORA=256 ROPE=64 BLOCK_SIZE=32 DT=1 ROWS=64 DT_KV=4", 0},
     {"mla_prefill.cu", "DN=128 ROPE=64 DV=128 DT=2", 0},
     {"mla_prefill.cu", "DN=128 ROPE=64 DV=128 DT=1", 0},
     {"mla_prefill.cu", "DN=64 ROPE=64 DV=64 DT=2", 0},
@@ -200,6 +205,8 @@ static variant manifest_builtin[] = {
     {"cache_write.cu", "HEAD_DIM=256 DT_IN=1 DT_CACHE=4 KV_PTH=1", 0},
     {"cache_write.cu", "KV_LORA_RANK=512 ROPE_DIM=64 DT_IN=2 DT_CACHE=2", 0},
     {"cache_write.cu", "KV_LORA_RANK=256 ROPE_DIM=64 DT_IN=0 DT_CACHE=2", 0},
+    {"cache_write.cu", "KV_LORA_RANK=512 ROPE_DIM=64 DT_IN=2 DT_CACHE=4", 0}, /* fp8 latent: write, gather */
+    {"cache_write.cu", "KV_LORA_RANK=256 ROPE_DIM=64 DT_IN=1 DT_CACHE=5", 0},
     /* the library's own utilities */
     {"util.cu", "", 0},
     /* LSE merge */
