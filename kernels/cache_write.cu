@@ -213,20 +213,13 @@ struct attn_latent_write_params {
     int pad1;
 };
 
-#if ATTN_CACHE8
-/* the latent's fp8 scale; 0 when it is not finite and > 0 (then nothing is written) */
-ATTN_DEV float attn_latent_scale(const float *ptr, float value) {
-    const float s = ptr ? *ptr : value;
-    return s > 0.0f && s <= 3.402823466e38f ? s : 0.0f;
-}
-#endif
 
 extern "C" __global__ void attn_concat_and_cache_mla(const attn_latent_write_params p) {
     const int chunks_c = KV_LORA_RANK / 8, chunks = (KV_LORA_RANK + ROPE_DIM) / 8;
     const int esz_in = attn_elem<DT_IN>::size, esz_c = ATTN_DT_SIZE(DT_CACHE);
     const int cache_ok = attn_aligned16(p.kv_cache);
 #if ATTN_CACHE8 /* code(x / scale), the CPU's bytes */
-    const float ks = attn_latent_scale(p.k_scale, p.k_scale_value);
+    const float ks = attn_cache_scale(p.k_scale, p.k_scale_value);
     if (ks == 0.0f) return;
 #endif
     for (int t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {
@@ -266,7 +259,7 @@ struct attn_mla_gather_params {
 extern "C" __global__ void attn_mla_gather(const attn_mla_gather_params p) {
 #if ATTN_CACHE8 /* dequantizing: 8 codes -> 8 DT_IN elements (16 bytes at bf16/f16) per step */
     const int D = KV_LORA_RANK + ROPE_DIM, cpr = D / 8;
-    const float ks = attn_latent_scale(p.k_scale, p.k_scale_value) * attn_code_factor<DT_CACHE>();
+    const float ks = attn_cache_scale(p.k_scale, p.k_scale_value) * attn_code_factor<DT_CACHE>();
     if (ks == 0.0f) return;
     for (attn_i64 u = blockIdx.x * (attn_i64)blockDim.x + threadIdx.x; u < (attn_i64)p.nkeys * cpr; u += (attn_i64)gridDim.x * blockDim.x) {
         const int j = (int)(u / cpr), c = (int)(u - (attn_i64)j * cpr), key = p.key0 + j;

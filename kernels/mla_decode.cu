@@ -146,8 +146,8 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mla_decode(co
     const int key0 = item[4], key1 = item[5];
     const int nrows = attn_imin(ROWS, p.num_heads - head0);
 #if ATTN_KV8
-    const float k_scale = p.k_scale ? *p.k_scale : p.k_scale_value;
-    if (!(k_scale > 0.0f && k_scale <= 3.402823466e38f)) return; /* nothing written */
+    const float k_scale = attn_cache_scale(p.k_scale, p.k_scale_value);
+    if (k_scale == 0.0f) return; /* nothing written */
     float q_unscale = 1.0f; /* 2^-e of Q's scaling */
 #endif
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -553,8 +553,7 @@ extern "C" __global__ void __launch_bounds__(256) attn_mla_merge(const attn_mla_
     if ((int)blockIdx.x >= *p.num_merge) return;
 #if ATTN_KV8
     { /* the decode wrote nothing for a bad scale: neither does the merge */
-        const float k_scale = p.k_scale ? *p.k_scale : p.k_scale_value;
-        if (!(k_scale > 0.0f && k_scale <= 3.402823466e38f)) return;
+        if (attn_cache_scale(p.k_scale, p.k_scale_value) == 0.0f) return;
     }
 #endif
     const int *m = p.merge + 8 * (attn_i64)blockIdx.x;
