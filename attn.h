@@ -183,6 +183,7 @@
                  attn_layer_selection attn_layer_get_desc attn_layer_kv_cache_shape
        metadata  attn_metadata_create attn_metadata_destroy attn_metadata_build
        plugins   attn_layer_context attn_layer_backend_state attn_context_backend_state
+                 attn_layer_set_decode_parallelism
                  attn_metadata_batch attn_metadata_capacity attn_metadata_context
                  attn_metadata_private attn_metadata_private_set
        cache     attn_reshape_and_cache attn_concat_and_cache_mla
@@ -835,6 +836,12 @@ ATTN_API const attn_selection *attn_layer_selection(const attn_layer *layer);
    (NULL until the selector first initialised it in this context). */
 ATTN_API void *attn_layer_backend_state(const attn_layer *layer);
 ATTN_API void *attn_context_backend_state(const attn_context *ctx, const attn_backend *backend);
+/* For GPU MLA backends (from layer_init): the decode work items the device runs at once
+   (resident_items: the decode kernel's CTAs per multiprocessor x multiprocessors) and the
+   heads of one token an item holds (heads_per_item). attn_metadata_mla_info's split count
+   shares resident_items among a batch's decode items. Unset: one item of 64 heads per
+   multiprocessor. resident_items 1 .. 2^20, heads_per_item 1 .. 4096. */
+ATTN_API attn_status attn_layer_set_decode_parallelism(attn_layer *layer, int resident_items, int heads_per_item);
 /* The effective descriptor (defaults filled in). */
 ATTN_API const attn_layer_desc *attn_layer_get_desc(const attn_layer *layer);
 /* Standard: [num_blocks, 2, block_size, num_kv_heads, head_size]. Returns ndim via out.
@@ -3238,6 +3245,7 @@ struct attn_layer {
     const attn_backend *backend;   /* bound by the selector once layer_init succeeded */
     void *backend_state;           /* what layer_init stored */
     attn_selection selection;
+    int decode_items, decode_rows; /* attn_layer_set_decode_parallelism (0: unset) */
 };
 
 ATTN_API attn_status attn_layer_create(attn_context *ctx, const attn_layer_desc *desc,
@@ -3328,6 +3336,20 @@ ATTN_API attn_context *attn_layer_context(const attn_layer *layer) {
 }
 ATTN_API void *attn_layer_backend_state(const attn_layer *layer) {
     return layer ? layer->backend_state : NULL;
+}
+ATTN_API attn_status attn_layer_set_decode_parallelism(attn_layer *layer, int resident_items, int heads_per_item) {
+    if (!layer) return attn__null_arg(NULL, __func__, "layer");
+    if (resident_items < 1 || resident_items > (1 << 20))
+        return attn__fail(layer->ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                          "attn_layer_set_decode_parallelism: resident_items is %d (allowed: 1 .. %d)", resident_items,
+                          1 << 20);
+    if (heads_per_item < 1 || heads_per_item > 4096)
+        return attn__fail(layer->ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                          "attn_layer_set_decode_parallelism: heads_per_item is %d (allowed: 1 .. 4096)",
+                          heads_per_item);
+    layer->decode_items = resident_items;
+    layer->decode_rows = heads_per_item;
+    return ATTN_OK;
 }
 
 ATTN_API attn_status attn_layer_kv_cache_shape(attn_layer *layer, int64_t num_blocks,
@@ -3482,11 +3504,15 @@ static attn_mla_info attn__mla_plan(const attn_metadata *m, const attn_batch *b)
     info.num_prefills = b->num_reqs - nd;
     info.num_prefill_tokens = b->num_actual_tokens - info.num_decode_tokens;
     par = attn__parallelism(m->layer->ctx, m->backend->device);
-    /* a GPU splits what its decode items leave of the device's parallelism: an item is 64
-       heads of one token (the CUDA MLA decode's CTA), which fills an SM, i.e. 2 of the
-       2 x SMs slots; the CPU splits every decode alike */
-    if (m->backend->device == ATTN_DEVICE_CUDA)
-        par = ATTN__MAX(1, par / ATTN__MAX(1, 2 * info.num_decode_tokens * ((m->built_for.num_heads + 63) / 64)));
+    /* a GPU splits what its decode items leave of the items it runs at once: an item is
+       `rows` heads of one token, the backend's resident_items of them at once
+       (attn_layer_set_decode_parallelism; unset: 64 heads filling an SM, one per SM); the
+       CPU splits every decode alike */
+    if (m->backend->device == ATTN_DEVICE_CUDA) {
+        int rows = m->layer->decode_rows ? m->layer->decode_rows : 64;
+        int items = m->layer->decode_items ? m->layer->decode_items : ATTN__MAX(1, par / 2);
+        par = ATTN__MAX(1, items / ATTN__MAX(1, info.num_decode_tokens * ((m->built_for.num_heads + rows - 1) / rows)));
+    }
     info.num_kv_splits = m->kv_splits_forced
                              ? m->cap.num_kv_splits
                              : attn__mla_splits(m->backend->device, max_dec, par, attn__env_batch_invariant(m->layer->ctx));
@@ -3595,7 +3621,7 @@ ATTN_API attn_status attn_metadata_create(attn_layer *layer, const attn_metadata
         m->cap.num_kv_splits = attn__mla_splits(
             layer->backend->device,
             (int)ATTN__MIN((int64_t)INT32_MAX, (int64_t)desc->max_blocks_per_req * layer->desc.block_size),
-            attn__parallelism(ctx, layer->backend->device), 0);
+            ATTN__MAX(attn__parallelism(ctx, layer->backend->device), layer->decode_items), 0);
     m->built_for = layer->desc;
     m->built_for.alibi_slopes = NULL;
     m->query_start_loc = (int32_t *)attn__calloc((size_t)desc->max_num_reqs + 1, sizeof(int32_t));
@@ -7817,6 +7843,8 @@ typedef struct attn__cuda_mla_layer {
     void *cublas;
     int sm90;                        /* CUDA_MLA_SM90's kernels (else CUDA_MLA's, mma.sync) */
     int rows;                        /* heads per decode CTA (its config[3]: its partials' rows) */
+    int resident;                    /* decode CTAs resident at once (CUDA_MLA: occupancy x SMs;
+                                        CUDA_MLA_SM90: 0, the default policy) */
 } attn__cuda_mla_layer;
 
 /* The kernel variants an MLA layer loads: [0] decode, [1] prefill, [2] cache write;
@@ -7889,6 +7917,15 @@ static attn_status attn__cuda_mla_layer_init(const attn_backend *self, attn_laye
         st = attn__cuda_configure(ctx, &L->prefill, "attn_mha_config", attn__cuda_mla_variant_file(1, L->sm90), opt[1],
                                   reason, size);
     if (st == ATTN_OK) L->rows = L->decode.config[3];
+    if (st == ATTN_OK && !L->sm90) { /* the split policy's target: one wave of resident decode CTAs */
+        int per_sm = 0;
+        if (ctx->cuda->cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, L->decode.main, L->decode.config[0],
+                                                                   (size_t)L->decode.config[1]) != 0 || per_sm < 1)
+            per_sm = 1;
+        L->resident = per_sm * ATTN__MAX(1, ctx->platform.cuda_multiprocessors);
+        st = attn_layer_set_decode_parallelism(layer, L->resident, L->rows);
+        if (st != ATTN_OK) attn__fmt(reason, size, "%s", attn_context_last_error(ctx));
+    }
     if (st != ATTN_OK) attn__cuda_mla_layer_free(ctx, L);
     else *state = L;
     attn__cuda_leave(ctx);
@@ -7949,7 +7986,8 @@ static size_t attn__cuda_mla_plan_layout(const attn__cuda_mla_meta *cm, const at
 
 static size_t attn__cuda_mla_ws_layout(const attn__cuda_mla_meta *cm, const attn_layer_desc *d,
                                        const attn_metadata_desc *cap, attn__CUdeviceptr base, attn__cuda_mla_ws *w) {
-    size_t H = (size_t)d->num_heads, R = (size_t)d->kv_lora_rank, es = attn_dtype_size(d->kv_cache_dtype);
+    /* es: the layer's 16-bit type (an fp8 latent is gathered into it for the up-projection) */
+    size_t H = (size_t)d->num_heads, R = (size_t)d->kv_lora_rank, es = attn_dtype_size(d->dtype);
     size_t dec = 0, pre = 0, used;
     char *b = (char *)(uintptr_t)base;
     w->q_lat = attn__dptr(attn__carve(b, &dec, (size_t)cm->decode_tokens * H * R * es, 256));
@@ -7995,12 +8033,14 @@ static attn_status attn__cuda_mla_metadata_init(const attn_backend *self, attn_l
     cm->tiles = (d->num_heads + cm->rows - 1) / cm->rows;
     cm->decode_tokens = (int)ATTN__MIN((int64_t)cap->max_num_tokens, (int64_t)cap->max_num_reqs * cap->decode_threshold);
     cm->chunk = attn__mla_prefill_chunk(d, cap->workspace_bytes, ATTN_DEVICE_CUDA);
-    /* decode items: one per (decode token, 64 heads); split items share the splits a
-       batch gets: with the heuristic's count (attn__mla_plan), items x splits <= the
-       device's parallelism; a forced count multiplies every item */
+    /* decode items: one per (decode token, ROWS heads); split items share the splits a
+       batch gets: with the heuristic's count (attn_metadata_mla_info), items x splits <=
+       the resident items (the layer's, set at layer init); a forced count multiplies every
+       item */
     items = (int64_t)cm->decode_tokens * cm->tiles;
     slots = meta->kv_splits_forced ? items * cap->num_kv_splits
-                                   : ATTN__MIN(items * cap->num_kv_splits, (int64_t)attn__parallelism(ctx, ATTN_DEVICE_CUDA));
+                                   : ATTN__MIN(items * cap->num_kv_splits,
+                                               (int64_t)ATTN__MAX(attn__parallelism(ctx, ATTN_DEVICE_CUDA), L->resident));
     if (cap->num_kv_splits <= 1) slots = 0;
     if (items + slots > INT32_MAX / 64) {
         attn__free(cm);
@@ -9831,6 +9871,10 @@ static const char *const attn__kernel_src_mla_decode_cu[] = {
     "#error \"mla_decode.cu: DT_KV must be DT, 4 (fp8 e4m3) or 5 (fp8 e5m2)\"\n",
     "#endif\n",
     "#define ATTN_DT_M (ATTN_KV8 ? ATTN_DT_F16 : DT) /* the mma's input type (Q, P, K, V) */\n",
+    "/* MIN_CTAS: CTAs per SM the registers are budgeted for (launch bounds) */\n",
+    "#ifndef MIN_CTAS\n",
+    "#define MIN_CTAS 1\n",
+    "#endif\n",
     "#if KV_LORA % 64 != 0 || ROPE % 16 != 0\n",
     "#error \"mla_decode.cu: KV_LORA must be a multiple of 64 and ROPE of 16\"\n",
     "#endif\n",
@@ -9840,11 +9884,13 @@ static const char *const attn__kernel_src_mla_decode_cu[] = {
     "#ifndef WARPS\n",
     "#define WARPS (ROWS == 64 ? 8 : 4)\n",
     "#endif\n",
+    "/* defaults: 16-bit latents 32-key tiles (3 stages at 16 rows, 2 past); an fp8 latent at 16\n",
+    "   rows 64-key tiles x 2 stages (two CTAs per SM; H200 sweep, docs/PERF.md) */\n",
     "#ifndef KV_TILE\n",
-    "#define KV_TILE 32\n",
+    "#define KV_TILE (ATTN_KV8 && ROWS == 16 ? 64 : 32)\n",
     "#endif\n",
     "#ifndef KV_STAGES\n",
-    "#define KV_STAGES (ROWS == 16 ? 3 : 2)\n",
+    "#define KV_STAGES (ROWS == 16 && !ATTN_KV8 ? 3 : 2)\n",
     "#endif\n",
     "\n",
     "#define ATTN_D (KV_LORA + ROPE)\n",
@@ -9872,8 +9918,16 @@ static const char *const attn__kernel_src_mla_decode_cu[] = {
     "#if KV_TILE % 16 != 0\n",
     "#error \"mla_decode.cu: KV_TILE must be a multiple of 16\"\n",
     "#endif\n",
-    "#if ATTN_KV8 && (ATTN_D % 32 != 0 || ATTN_CW % 32 != 0)\n",
-    "#error \"mla_decode.cu: an fp8 latent needs KV_LORA + ROPE and each warp's output columns in multiples of 32\"\n",
+    "#if ATTN_KV8 && (ATTN_D % 64 != 0 || ATTN_CW % 32 != 0)\n",
+    "#error \"mla_decode.cu: an fp8 latent needs KV_LORA + ROPE in multiples of 64 and each warp's output columns of 32\"\n",
+    "#endif\n",
+    "/* S_ACC (fp8): independent partial sums of a warp's S, 1, 2 or 4 (default: 4 at one n tile\n",
+    "   of keys a warp, 2 past it) */\n",
+    "#ifndef S_ACC\n",
+    "#define S_ACC (ATTN_NT == 1 ? 4 : 2)\n",
+    "#endif\n",
+    "#if S_ACC != 1 && S_ACC != 2 && S_ACC != 4\n",
+    "#error \"mla_decode.cu: S_ACC must be 1, 2 or 4\"\n",
     "#endif\n",
     "\n",
     "#define ATTN_SQ_OFF 0\n",
@@ -9891,7 +9945,7 @@ static const char *const attn__kernel_src_mla_decode_cu[] = {
     "extern \"C\" __constant__ int attn_mla_config[8] = {ATTN_THREADS, ATTN_SMEM_BYTES, KV_TILE, ROWS, KV_STAGES, WARPS, 0, 1};\n",
     "\n",
     "\n",
-    "extern \"C\" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mla_decode(const attn_mla_params p) {\n",
+    "extern \"C\" __global__ void __launch_bounds__(ATTN_THREADS, MIN_CTAS) attn_mla_decode(const attn_mla_params p) {\n",
     "    extern __shared__ attn_vec16 attn_smem[];\n",
     "    char *const smem = (char *)attn_smem;\n",
     "    if (blockDim.x != ATTN_THREADS || attn_dynamic_smem_size() < ATTN_SMEM_BYTES) attn_trap();\n",
@@ -10041,45 +10095,67 @@ static const char *const attn__kernel_src_mla_decode_cu[] = {
     "            for (int n = 0; n < ATTN_NT; n++) s[r][n][0] = s[r][n][1] = s[r][n][2] = s[r][n][3] = 0.0f;\n",
     "#if ATTN_KV8\n",
     "        {   /* fp8: a 16-key x 32-dim block of codes by one ldmatrix.x4 (4 words: b0/b1 of two\n",
-    "               k chunks for two n tiles), an 8-key one by x2 */\n",
+    "               k chunks for two n tiles), an 8-key one by x2. S_ACC independent partial sums\n",
+    "               (chunk c of 16 dims into sp[c % S_ACC]): a warp's S is a chain of D / 16 mmas\n",
+    "               per n tile, which at 8 keys a warp is the tile loop's critical path */\n",
     "            const attn_u32 kb = sKst + (attn_u32)(kg * ATTN_KW * ATTN_KROW);\n",
     "            const attn_u32 qb = sQ + (attn_u32)(rg * ATTN_RT_S * 16 * ATTN_PITCH * 2) + a_lane;\n",
-    "#pragma unroll 2\n",
-    "            for (int kq = 0; kq < ATTN_D / 32; kq++) {\n",
-    "                attn_u32 a0[ATTN_RT_S][4], a1[ATTN_RT_S][4];\n",
+    "            float sp[S_ACC][ATTN_RT_S][ATTN_NT][4];\n",
     "#pragma unroll\n",
-    "                for (int r = 0; r < ATTN_RT_S; r++) {\n",
-    "                    attn_ldmatrix_x4(a0[r], qb + (attn_u32)(r * 16 * ATTN_PITCH * 2) + kq * 64);\n",
-    "                    attn_ldmatrix_x4(a1[r], qb + (attn_u32)(r * 16 * ATTN_PITCH * 2) + kq * 64 + 32);\n",
-    "                }\n",
+    "            for (int c = 0; c < S_ACC; c++)\n",
     "#pragma unroll\n",
-    "                for (int np = 0; np < ATTN_NT / 2; np++) {\n",
-    "                    attn_u32 w[4], b[4][2];\n",
-    "                    attn_ldmatrix_x4(w, kb + k8_lane4 + (attn_u32)(np * 16 * ATTN_KROW + kq * 32));\n",
+    "                for (int r = 0; r < ATTN_RT_S; r++)\n",
     "#pragma unroll\n",
-    "                    for (int i = 0; i < 4; i++) attn_codes4_to_f16x2<DT_KV>(w[i], b[i][0], b[i][1]);\n",
+    "                    for (int n = 0; n < ATTN_NT; n++) sp[c][r][n][0] = sp[c][r][n][1] = sp[c][r][n][2] = sp[c][r][n][3] = 0.0f;\n",
+    "            for (int kq2 = 0; kq2 < ATTN_D / 64; kq2++)\n",
+    "#pragma unroll\n",
+    "                for (int h2 = 0; h2 < 2; h2++) {\n",
+    "                    const int kq = 2 * kq2 + h2, c0 = (2 * h2) % S_ACC, c1 = (2 * h2 + 1) % S_ACC;\n",
+    "                    attn_u32 a0[ATTN_RT_S][4], a1[ATTN_RT_S][4];\n",
     "#pragma unroll\n",
     "                    for (int r = 0; r < ATTN_RT_S; r++) {\n",
-    "                        attn_mma16816<ATTN_DT_M>(s[r][2 * np], a0[r], b[0]);\n",
-    "                        attn_mma16816<ATTN_DT_M>(s[r][2 * np], a1[r], b[1]);\n",
-    "                        attn_mma16816<ATTN_DT_M>(s[r][2 * np + 1], a0[r], b[2]);\n",
-    "                        attn_mma16816<ATTN_DT_M>(s[r][2 * np + 1], a1[r], b[3]);\n",
+    "                        attn_ldmatrix_x4(a0[r], qb + (attn_u32)(r * 16 * ATTN_PITCH * 2) + kq * 64);\n",
+    "                        attn_ldmatrix_x4(a1[r], qb + (attn_u32)(r * 16 * ATTN_PITCH * 2) + kq * 64 + 32);\n",
     "                    }\n",
-    "                }\n",
+    "#pragma unroll\n",
+    "                    for (int np = 0; np < ATTN_NT / 2; np++) {\n",
+    "                        attn_u32 w[4], b[4][2];\n",
+    "                        attn_ldmatrix_x4(w, kb + k8_lane4 + (attn_u32)(np * 16 * ATTN_KROW + kq * 32));\n",
+    "#pragma unroll\n",
+    "                        for (int i = 0; i < 4; i++) attn_codes4_to_f16x2<DT_KV>(w[i], b[i][0], b[i][1]);\n",
+    "#pragma unroll\n",
+    "                        for (int r = 0; r < ATTN_RT_S; r++) {\n",
+    "                            attn_mma16816<ATTN_DT_M>(sp[c0][r][2 * np], a0[r], b[0]);\n",
+    "                            attn_mma16816<ATTN_DT_M>(sp[c1][r][2 * np], a1[r], b[1]);\n",
+    "                            attn_mma16816<ATTN_DT_M>(sp[c0][r][2 * np + 1], a0[r], b[2]);\n",
+    "                            attn_mma16816<ATTN_DT_M>(sp[c1][r][2 * np + 1], a1[r], b[3]);\n",
+    "                        }\n",
+    "                    }\n",
     "#if ATTN_NT % 2\n",
-    "                {\n",
-    "                    attn_u32 w[2], b[2][2];\n",
-    "                    attn_ldmatrix_x2(w, kb + k8_lane2 + (attn_u32)((ATTN_NT - 1) * 8 * ATTN_KROW + kq * 32));\n",
-    "                    attn_codes4_to_f16x2<DT_KV>(w[0], b[0][0], b[0][1]);\n",
-    "                    attn_codes4_to_f16x2<DT_KV>(w[1], b[1][0], b[1][1]);\n",
+    "                    {\n",
+    "                        attn_u32 w[2], b[2][2];\n",
+    "                        attn_ldmatrix_x2(w, kb + k8_lane2 + (attn_u32)((ATTN_NT - 1) * 8 * ATTN_KROW + kq * 32));\n",
+    "                        attn_codes4_to_f16x2<DT_KV>(w[0], b[0][0], b[0][1]);\n",
+    "                        attn_codes4_to_f16x2<DT_KV>(w[1], b[1][0], b[1][1]);\n",
     "#pragma unroll\n",
-    "                    for (int r = 0; r < ATTN_RT_S; r++) {\n",
-    "                        attn_mma16816<ATTN_DT_M>(s[r][ATTN_NT - 1], a0[r], b[0]);\n",
-    "                        attn_mma16816<ATTN_DT_M>(s[r][ATTN_NT - 1], a1[r], b[1]);\n",
+    "                        for (int r = 0; r < ATTN_RT_S; r++) {\n",
+    "                            attn_mma16816<ATTN_DT_M>(sp[c0][r][ATTN_NT - 1], a0[r], b[0]);\n",
+    "                            attn_mma16816<ATTN_DT_M>(sp[c1][r][ATTN_NT - 1], a1[r], b[1]);\n",
+    "                        }\n",
     "                    }\n",
-    "                }\n",
     "#endif\n",
-    "            }\n",
+    "                }\n",
+    "#pragma unroll\n",
+    "            for (int r = 0; r < ATTN_RT_S; r++)\n",
+    "#pragma unroll\n",
+    "                for (int n = 0; n < ATTN_NT; n++)\n",
+    "#pragma unroll\n",
+    "                    for (int e = 0; e < 4; e++) {\n",
+    "                        float x = sp[0][r][n][e];\n",
+    "#pragma unroll\n",
+    "                        for (int c = 1; c < S_ACC; c++) x += sp[c][r][n][e];\n",
+    "                        s[r][n][e] = x;\n",
+    "                    }\n",
     "        }\n",
     "#else\n",
     "        {\n",

@@ -76,6 +76,10 @@
 #error "mla_decode.cu: DT_KV must be DT, 4 (fp8 e4m3) or 5 (fp8 e5m2)"
 #endif
 #define ATTN_DT_M (ATTN_KV8 ? ATTN_DT_F16 : DT) /* the mma's input type (Q, P, K, V) */
+/* MIN_CTAS: CTAs per SM the registers are budgeted for (launch bounds) */
+#ifndef MIN_CTAS
+#define MIN_CTAS 1
+#endif
 #if KV_LORA % 64 != 0 || ROPE % 16 != 0
 #error "mla_decode.cu: KV_LORA must be a multiple of 64 and ROPE of 16"
 #endif
@@ -85,11 +89,13 @@
 #ifndef WARPS
 #define WARPS (ROWS == 64 ? 8 : 4)
 #endif
+/* defaults: 16-bit latents 32-key tiles (3 stages at 16 rows, 2 past); an fp8 latent at 16
+   rows 64-key tiles x 2 stages (two CTAs per SM; H200 sweep, docs/PERF.md) */
 #ifndef KV_TILE
-#define KV_TILE 32
+#define KV_TILE (ATTN_KV8 && ROWS == 16 ? 64 : 32)
 #endif
 #ifndef KV_STAGES
-#define KV_STAGES (ROWS == 16 ? 3 : 2)
+#define KV_STAGES (ROWS == 16 && !ATTN_KV8 ? 3 : 2)
 #endif
 
 #define ATTN_D (KV_LORA + ROPE)
@@ -117,8 +123,16 @@
 #if KV_TILE % 16 != 0
 #error "mla_decode.cu: KV_TILE must be a multiple of 16"
 #endif
-#if ATTN_KV8 && (ATTN_D % 32 != 0 || ATTN_CW % 32 != 0)
-#error "mla_decode.cu: an fp8 latent needs KV_LORA + ROPE and each warp's output columns in multiples of 32"
+#if ATTN_KV8 && (ATTN_D % 64 != 0 || ATTN_CW % 32 != 0)
+#error "mla_decode.cu: an fp8 latent needs KV_LORA + ROPE in multiples of 64 and each warp's output columns of 32"
+#endif
+/* S_ACC (fp8): independent partial sums of a warp's S, 1, 2 or 4 (default: 4 at one n tile
+   of keys a warp, 2 past it) */
+#ifndef S_ACC
+#define S_ACC (ATTN_NT == 1 ? 4 : 2)
+#endif
+#if S_ACC != 1 && S_ACC != 2 && S_ACC != 4
+#error "mla_decode.cu: S_ACC must be 1, 2 or 4"
 #endif
 
 #define ATTN_SQ_OFF 0
@@ -136,7 +150,7 @@
 extern "C" __constant__ int attn_mla_config[8] = {ATTN_THREADS, ATTN_SMEM_BYTES, KV_TILE, ROWS, KV_STAGES, WARPS, 0, 1};
 
 
-extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mla_decode(const attn_mla_params p) {
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS, MIN_CTAS) attn_mla_decode(const attn_mla_params p) {
     extern __shared__ attn_vec16 attn_smem[];
     char *const smem = (char *)attn_smem;
     if (blockDim.x != ATTN_THREADS || attn_dynamic_smem_size() < ATTN_SMEM_BYTES) attn_trap();
@@ -286,45 +300,67 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mla_decode(co
             for (int n = 0; n < ATTN_NT; n++) s[r][n][0] = s[r][n][1] = s[r][n][2] = s[r][n][3] = 0.0f;
 #if ATTN_KV8
         {   /* fp8: a 16-key x 32-dim block of codes by one ldmatrix.x4 (4 words: b0/b1 of two
-               k chunks for two n tiles), an 8-key one by x2 */
+               k chunks for two n tiles), an 8-key one by x2. S_ACC independent partial sums
+               (chunk c of 16 dims into sp[c % S_ACC]): a warp's S is a chain of D / 16 mmas
+               per n tile, which at 8 keys a warp is the tile loop's critical path */
             const attn_u32 kb = sKst + (attn_u32)(kg * ATTN_KW * ATTN_KROW);
             const attn_u32 qb = sQ + (attn_u32)(rg * ATTN_RT_S * 16 * ATTN_PITCH * 2) + a_lane;
-#pragma unroll 2
-            for (int kq = 0; kq < ATTN_D / 32; kq++) {
-                attn_u32 a0[ATTN_RT_S][4], a1[ATTN_RT_S][4];
+            float sp[S_ACC][ATTN_RT_S][ATTN_NT][4];
 #pragma unroll
-                for (int r = 0; r < ATTN_RT_S; r++) {
-                    attn_ldmatrix_x4(a0[r], qb + (attn_u32)(r * 16 * ATTN_PITCH * 2) + kq * 64);
-                    attn_ldmatrix_x4(a1[r], qb + (attn_u32)(r * 16 * ATTN_PITCH * 2) + kq * 64 + 32);
-                }
+            for (int c = 0; c < S_ACC; c++)
 #pragma unroll
-                for (int np = 0; np < ATTN_NT / 2; np++) {
-                    attn_u32 w[4], b[4][2];
-                    attn_ldmatrix_x4(w, kb + k8_lane4 + (attn_u32)(np * 16 * ATTN_KROW + kq * 32));
+                for (int r = 0; r < ATTN_RT_S; r++)
 #pragma unroll
-                    for (int i = 0; i < 4; i++) attn_codes4_to_f16x2<DT_KV>(w[i], b[i][0], b[i][1]);
+                    for (int n = 0; n < ATTN_NT; n++) sp[c][r][n][0] = sp[c][r][n][1] = sp[c][r][n][2] = sp[c][r][n][3] = 0.0f;
+            for (int kq2 = 0; kq2 < ATTN_D / 64; kq2++)
+#pragma unroll
+                for (int h2 = 0; h2 < 2; h2++) {
+                    const int kq = 2 * kq2 + h2, c0 = (2 * h2) % S_ACC, c1 = (2 * h2 + 1) % S_ACC;
+                    attn_u32 a0[ATTN_RT_S][4], a1[ATTN_RT_S][4];
 #pragma unroll
                     for (int r = 0; r < ATTN_RT_S; r++) {
-                        attn_mma16816<ATTN_DT_M>(s[r][2 * np], a0[r], b[0]);
-                        attn_mma16816<ATTN_DT_M>(s[r][2 * np], a1[r], b[1]);
-                        attn_mma16816<ATTN_DT_M>(s[r][2 * np + 1], a0[r], b[2]);
-                        attn_mma16816<ATTN_DT_M>(s[r][2 * np + 1], a1[r], b[3]);
+                        attn_ldmatrix_x4(a0[r], qb + (attn_u32)(r * 16 * ATTN_PITCH * 2) + kq * 64);
+                        attn_ldmatrix_x4(a1[r], qb + (attn_u32)(r * 16 * ATTN_PITCH * 2) + kq * 64 + 32);
                     }
-                }
+#pragma unroll
+                    for (int np = 0; np < ATTN_NT / 2; np++) {
+                        attn_u32 w[4], b[4][2];
+                        attn_ldmatrix_x4(w, kb + k8_lane4 + (attn_u32)(np * 16 * ATTN_KROW + kq * 32));
+#pragma unroll
+                        for (int i = 0; i < 4; i++) attn_codes4_to_f16x2<DT_KV>(w[i], b[i][0], b[i][1]);
+#pragma unroll
+                        for (int r = 0; r < ATTN_RT_S; r++) {
+                            attn_mma16816<ATTN_DT_M>(sp[c0][r][2 * np], a0[r], b[0]);
+                            attn_mma16816<ATTN_DT_M>(sp[c1][r][2 * np], a1[r], b[1]);
+                            attn_mma16816<ATTN_DT_M>(sp[c0][r][2 * np + 1], a0[r], b[2]);
+                            attn_mma16816<ATTN_DT_M>(sp[c1][r][2 * np + 1], a1[r], b[3]);
+                        }
+                    }
 #if ATTN_NT % 2
-                {
-                    attn_u32 w[2], b[2][2];
-                    attn_ldmatrix_x2(w, kb + k8_lane2 + (attn_u32)((ATTN_NT - 1) * 8 * ATTN_KROW + kq * 32));
-                    attn_codes4_to_f16x2<DT_KV>(w[0], b[0][0], b[0][1]);
-                    attn_codes4_to_f16x2<DT_KV>(w[1], b[1][0], b[1][1]);
+                    {
+                        attn_u32 w[2], b[2][2];
+                        attn_ldmatrix_x2(w, kb + k8_lane2 + (attn_u32)((ATTN_NT - 1) * 8 * ATTN_KROW + kq * 32));
+                        attn_codes4_to_f16x2<DT_KV>(w[0], b[0][0], b[0][1]);
+                        attn_codes4_to_f16x2<DT_KV>(w[1], b[1][0], b[1][1]);
 #pragma unroll
-                    for (int r = 0; r < ATTN_RT_S; r++) {
-                        attn_mma16816<ATTN_DT_M>(s[r][ATTN_NT - 1], a0[r], b[0]);
-                        attn_mma16816<ATTN_DT_M>(s[r][ATTN_NT - 1], a1[r], b[1]);
+                        for (int r = 0; r < ATTN_RT_S; r++) {
+                            attn_mma16816<ATTN_DT_M>(sp[c0][r][ATTN_NT - 1], a0[r], b[0]);
+                            attn_mma16816<ATTN_DT_M>(sp[c1][r][ATTN_NT - 1], a1[r], b[1]);
+                        }
                     }
-                }
 #endif
-            }
+                }
+#pragma unroll
+            for (int r = 0; r < ATTN_RT_S; r++)
+#pragma unroll
+                for (int n = 0; n < ATTN_NT; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        float x = sp[0][r][n][e];
+#pragma unroll
+                        for (int c = 1; c < S_ACC; c++) x += sp[c][r][n][e];
+                        s[r][n][e] = x;
+                    }
         }
 #else
         {

@@ -1349,6 +1349,8 @@ enum { CB_H = 32, CB_HKV = 8, CB_D = 128, CB_BS = 16 };
 
 /* nsets metadata of `layer` over disjoint block sets of a shuffled pool: set k takes the next
    sum(ceil(seq / block_size)) ids of `ids`. workspace: attn_metadata_desc.workspace_bytes. */
+static int bench_forced_splits; /* attn_metadata_desc.num_kv_splits of bench_metas (0: automatic) */
+
 static attn_metadata **bench_metas(attn_context *ctx, attn_layer *layer, const int32_t *ids, int64_t pool_blocks,
                                    int block_size, int max_tokens, int nreq, const int32_t *qlens, const int32_t *seqs,
                                    int nsets, int64_t workspace) {
@@ -1385,6 +1387,7 @@ static attn_metadata **bench_metas(attn_context *ctx, attn_layer *layer, const i
         md.max_blocks_per_req = bps;
         md.num_blocks = pool_blocks;
         md.workspace_bytes = workspace;
+        md.num_kv_splits = bench_forced_splits;
         CHECK(ctx, attn_metadata_create(layer, &md, &metas[k]));
         memset(&b, 0, sizeof b);
         b.query_start_loc = qsl;
@@ -1655,7 +1658,14 @@ static void cuda_mla_table(attn_context *ctx, cuda_bench *cb, double read_best, 
     c.cache = mla_dev_tensor(d_cache, 3, pool_blocks, MB_BS, MB_D);
     c.w_uk = mla_dev_tensor(d_wuk, 3, 128, MB_N, MB_R);
     c.w_uv = mla_dev_tensor(d_wuv, 3, 128, MB_R, MB_V);
-    for (hi = 0; hi < 2; hi++) {
+    /* tuning the fp8 latent's decode (ATTN_BENCH_MLA_FP8_ONLY: its 16-head rows only, against
+       bf16 times given there as six numbers; ATTN_BENCH_MLA_DEFINES: its decode recompiled with
+       these defines; ATTN_BENCH_MLA_SPLITS: a forced split count) */
+    const int fp8_h = getenv("ATTN_BENCH_MLA_FP8_H128") ? 1 : 0; /* with FP8_ONLY: the 128-head rows instead */
+    if (getenv("ATTN_BENCH_MLA_FP8_ONLY"))
+        sscanf(getenv("ATTN_BENCH_MLA_FP8_ONLY"), "%lf %lf %lf %lf %lf %lf", &bf16_us[fp8_h][1][1], &bf16_us[fp8_h][1][2],
+               &bf16_us[fp8_h][2][1], &bf16_us[fp8_h][2][2], &bf16_us[fp8_h][3][1], &bf16_us[fp8_h][3][2]);
+    for (hi = 0; hi < (getenv("ATTN_BENCH_MLA_FP8_ONLY") ? 0 : 2); hi++) {
         const int H = heads[hi];
         c.layer = mla_bench_layer(ctx, H);
         c.w_uk.shape[0] = c.w_uv.shape[0] = H;
@@ -1761,7 +1771,7 @@ static void cuda_mla_table(attn_context *ctx, cuda_bench *cb, double read_best, 
     }
     /* fp8 latents (per-tensor scale 1/64; the pool's bytes read as e4m3 codes: timing only),
        forward_mqa against the bf16 latent's time above; issue 10's target: 16 heads >= 1.6x */
-    for (hi = 0; hi < 2; hi++) {
+    for (hi = getenv("ATTN_BENCH_MLA_FP8_ONLY") ? fp8_h : 0; hi < (getenv("ATTN_BENCH_MLA_FP8_ONLY") ? fp8_h + 1 : 2); hi++) {
         const int H = heads[hi];
         attn_layer_desc d;
         memset(&d, 0, sizeof d);
@@ -1770,6 +1780,34 @@ static void cuda_mla_table(attn_context *ctx, cuda_bench *cb, double read_best, 
         d.dtype = ATTN_DTYPE_BF16; d.kv_cache_dtype = ATTN_DTYPE_FP8_E4M3; d.k_scale.value = 1.0f / 64;
         d.device = ATTN_DEVICE_CUDA;
         CHECK(ctx, attn_layer_create(ctx, &d, NULL, &c.layer));
+        if (getenv("ATTN_BENCH_MLA_DEFINES") && attn_layer_backend(c.layer)->id == ATTN_BACKEND_CUDA_MLA) {
+            attn__cuda_mla_layer *L = (attn__cuda_mla_layer *)attn_layer_backend_state(c.layer);
+            char opt[ATTN__CUDA_MLA_VARIANTS][256], reason[256];
+            size_t n;
+            int per_sm = 0;
+            attn__cuda_module m;
+            attn__cuda_mla_variants(attn_layer_get_desc(c.layer), 0, opt);
+            n = strlen(opt[0]);
+            snprintf(opt[0] + n, sizeof opt[0] - n, " %s", getenv("ATTN_BENCH_MLA_DEFINES"));
+            CHECK(ctx, attn__cuda_enter(ctx, "attn-bench"));
+            if (attn__cuda_load(ctx, "mla_decode.cu", opt[0], "attn_mla_decode", "attn_mla_merge", 0, &m, reason,
+                                sizeof reason) != ATTN_OK ||
+                attn__cuda_configure(ctx, &m, "attn_mla_config", "mla_decode.cu", opt[0], reason, sizeof reason) != ATTN_OK) {
+                fprintf(stderr, "attn-bench: ATTN_BENCH_MLA_DEFINES: %s\n", reason);
+                exit(1);
+            }
+            ctx->cuda->cuModuleUnload(L->decode.module);
+            L->decode = m;
+            if (ctx->cuda->cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, m.main, m.config[0], (size_t)m.config[1]) != 0 ||
+                per_sm < 1)
+                per_sm = 1;
+            L->resident = per_sm * ATTN__MAX(1, ctx->platform.cuda_multiprocessors);
+            CHECK(ctx, attn_layer_set_decode_parallelism(c.layer, L->resident, L->rows));
+            attn__cuda_leave(ctx);
+            printf("  decode recompiled: %s (%d CTAs per SM, %d threads, %d bytes of shared memory)\n", opt[0], per_sm,
+                   m.config[0], m.config[1]);
+        }
+        bench_forced_splits = getenv("ATTN_BENCH_MLA_SPLITS") ? atoi(getenv("ATTN_BENCH_MLA_SPLITS")) : 0;
         c.cache = mla_dev_tensor(d_cache, 3, pool_blocks, MB_BS, MB_D);
         c.cache.dtype = ATTN_DTYPE_FP8_E4M3;
         printf("MLA decode, fp8 e4m3 latent (q/out bf16): %d heads; backend %s; GB/s of latent read (B L 576 bytes)\n", H,
@@ -1802,6 +1840,7 @@ static void cuda_mla_table(attn_context *ctx, cuda_bench *cb, double read_best, 
                 row->other_cores = -1;
                 cuda_metas_free(c.metas, c.nsets);
             }
+        bench_forced_splits = 0;
         attn_layer_destroy(c.layer);
     }
     attn_cuda_free(ctx, d_cache); attn_cuda_free(ctx, d_q); attn_cuda_free(ctx, d_qpe); attn_cuda_free(ctx, d_out);
