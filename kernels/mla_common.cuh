@@ -1,7 +1,7 @@
 /* mla_common.cuh - what the MLA kernels share: the parameter structs the host passes by
    value (attn.h mirrors them as attn__mla_decode_params and attn__mla_prefill_params) and
    the LSE merge of a prefill chunk's row into the rows of the chunks before it. Included by
-   mla_decode_sm90.cu, mla_prefill_sm90.cu and the drafts under wip/. */
+   the four MLA kernels (the decode's split merge: mla_merge.cuh). */
 #ifndef ATTN_MLA_COMMON_CUH
 #define ATTN_MLA_COMMON_CUH
 #include "attn_common.cuh"

@@ -32,7 +32,7 @@
    =====================================================================================
    attn_mla_decode: grid >= *num_work, block WARPS * 32, dynamic shared memory
    attn_mla_config[1]; CTAs past *num_work exit. attn_mla_merge: grid (>= *num_merge,
-   ROWS), block 256, no shared memory. attn_mla_config (extern "C" __constant__ int[8]):
+   ROWS), block 256, static shared memory only. attn_mla_config (extern "C" __constant__ int[8]):
    {threads, dynamic shared bytes, KV_TILE, ROWS, KV_STAGES, WARPS, 0, 1}.
 
    =====================================================================================
@@ -89,14 +89,16 @@
 #ifndef WARPS
 #define WARPS (ROWS == 64 ? 8 : 4)
 #endif
-/* defaults: 16-bit latents 32-key tiles (3 stages at 16 rows, 2 past); an fp8 latent at 16
-   rows 64-key tiles x 2 stages (two CTAs per SM; H200 sweep, docs/PERF.md) */
+/* defaults: 16-bit latents 32-key tiles (3 stages at 16 rows, 2 past); an fp8 latent
+   64-key tiles x 2 stages (at 16 rows two CTAs per SM; H200 sweeps, docs/PERF.md) */
 #ifndef KV_TILE
-#define KV_TILE (ATTN_KV8 && ROWS == 16 ? 64 : 32)
+#define KV_TILE (ATTN_KV8 ? 64 : 32)
 #endif
 #ifndef KV_STAGES
 #define KV_STAGES (ROWS == 16 && !ATTN_KV8 ? 3 : 2)
 #endif
+
+#include "mla_merge.cuh" /* attn_mla_merge_kernel */
 
 #define ATTN_D (KV_LORA + ROPE)
 #define ATTN_RT (ROWS / 16)
@@ -172,7 +174,43 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, MIN_CTAS) attn_mla_de
     attn_i64 *const sBlk = (attn_i64 *)(smem + ATTN_SBLK_OFF); /* [stage][key] */
 
     /* ---- Q: [q_latent | q_pe] rows of heads head0 .. (zero past num_heads) ---- */
+#if !ATTN_KV8
+    for (int c = tid; c < ROWS * ATTN_CPR; c += ATTN_THREADS) {
+        const int r = c / ATTN_CPR, col = c - r * ATTN_CPR; /* col: 16-byte chunk, 8 elements */
+        const int valid = r < nrows;
+        const char *src = valid ? attn_mla_q_chunk(p.q, p.q_stride_token, p.q_stride_head, p.q_pe, p.q_pe_stride_token,
+                                                   p.q_pe_stride_head, KV_LORA, q_row, head0 + r, col)
+                                : (const char *)p.q;
+        attn_cp_async16_or_zero(sQ + (attn_u32)((r * ATTN_PITCH + col * 8) * 2), src, !valid);
+    }
+#endif
+
+    /* ---- the K ring: row offsets of keys in flight, zero-filled outside [key0, key1) ---- */
+    const int *bt = p.block_table + (attn_i64)req * p.block_table_stride;
+    const char *kv = (const char *)p.kv_cache;
+    const int tile0 = key1 > key0 ? key0 / KV_TILE * KV_TILE : 0;
+    const int ntiles = key1 > key0 ? (key1 - tile0 + KV_TILE - 1) / KV_TILE : 0;
+    auto row_off = [&](int j) -> attn_i64 { /* byte offset of key j's row, -1 outside */
+        return attn_mla_key_offset(bt, j, key0, key1, BLOCK_SIZE, ATTN_D * (ATTN_KV8 ? 1 : 2));
+    };
+    auto issue = [&](int tile) { /* cp.async of tile `tile` into its stage */
+        const int st = tile % KV_STAGES;
+        for (int c = tid; c < KV_TILE * ATTN_KCPR; c += ATTN_THREADS) {
+            const int r = c / ATTN_KCPR, col = c - r * ATTN_KCPR;
+            const attn_i64 off = sBlk[st * KV_TILE + r];
+            attn_cp_async16_or_zero(sK + (attn_u32)((st * KV_TILE + r) * ATTN_KROW + col * 16),
+                                    kv + (off >= 0 ? off + col * 16 : 0), off < 0);
+        }
+    };
+    for (int s = 0; s < KV_STAGES; s++)
+        for (int r = tid; r < KV_TILE; r += ATTN_THREADS) sBlk[s * KV_TILE + r] = row_off(tile0 + s * KV_TILE + r);
+    __syncthreads(); /* sBlk */
+    for (int s = 0; s < KV_STAGES - 1; s++) {
+        if (s < ntiles) issue(s);
+        attn_cp_async_commit(); /* Q goes with the first group */
+    }
 #if ATTN_KV8
+    /* ---- Q of an fp8 latent (converted while the first tiles are in flight) ---- */
     {   /* f16, scaled by 2^e (the CTA's largest |q| into [2^14, 2^15)), columns k-permuted */
         __shared__ int attn_q_amax;
         if (tid == 0) attn_q_amax = 0;
@@ -210,41 +248,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, MIN_CTAS) attn_mla_de
             }
         }
     }
-#else
-    for (int c = tid; c < ROWS * ATTN_CPR; c += ATTN_THREADS) {
-        const int r = c / ATTN_CPR, col = c - r * ATTN_CPR; /* col: 16-byte chunk, 8 elements */
-        const int valid = r < nrows;
-        const char *src = valid ? attn_mla_q_chunk(p.q, p.q_stride_token, p.q_stride_head, p.q_pe, p.q_pe_stride_token,
-                                                   p.q_pe_stride_head, KV_LORA, q_row, head0 + r, col)
-                                : (const char *)p.q;
-        attn_cp_async16_or_zero(sQ + (attn_u32)((r * ATTN_PITCH + col * 8) * 2), src, !valid);
-    }
 #endif
-
-    /* ---- the K ring: row offsets of keys in flight, zero-filled outside [key0, key1) ---- */
-    const int *bt = p.block_table + (attn_i64)req * p.block_table_stride;
-    const char *kv = (const char *)p.kv_cache;
-    const int tile0 = key1 > key0 ? key0 / KV_TILE * KV_TILE : 0;
-    const int ntiles = key1 > key0 ? (key1 - tile0 + KV_TILE - 1) / KV_TILE : 0;
-    auto row_off = [&](int j) -> attn_i64 { /* byte offset of key j's row, -1 outside */
-        return attn_mla_key_offset(bt, j, key0, key1, BLOCK_SIZE, ATTN_D * (ATTN_KV8 ? 1 : 2));
-    };
-    auto issue = [&](int tile) { /* cp.async of tile `tile` into its stage */
-        const int st = tile % KV_STAGES;
-        for (int c = tid; c < KV_TILE * ATTN_KCPR; c += ATTN_THREADS) {
-            const int r = c / ATTN_KCPR, col = c - r * ATTN_KCPR;
-            const attn_i64 off = sBlk[st * KV_TILE + r];
-            attn_cp_async16_or_zero(sK + (attn_u32)((st * KV_TILE + r) * ATTN_KROW + col * 16),
-                                    kv + (off >= 0 ? off + col * 16 : 0), off < 0);
-        }
-    };
-    for (int s = 0; s < KV_STAGES; s++)
-        for (int r = tid; r < KV_TILE; r += ATTN_THREADS) sBlk[s * KV_TILE + r] = row_off(tile0 + s * KV_TILE + r);
-    __syncthreads(); /* sBlk */
-    for (int s = 0; s < KV_STAGES - 1; s++) {
-        if (s < ntiles) issue(s);
-        attn_cp_async_commit(); /* Q goes with the first group */
-    }
 
     /* ---- roles ---- */
     const int rg = warp / ATTN_S_KG, kg = warp % ATTN_S_KG; /* S: row group, key group */
@@ -583,34 +587,11 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, MIN_CTAS) attn_mla_de
         }
 }
 
-/* The splits of one (query row, head tile): out = sum_i w_i o_i, w_i = 2^(lse_i - max) /
-   sum; lse = max + log2(sum) (to base e); splits that saw no key (-inf) weigh 0. */
+/* The splits of one (query row, head tile) merged (mla_merge.cuh): grid (>= *num_merge,
+   ROWS), one CTA per row. */
 extern "C" __global__ void __launch_bounds__(256) attn_mla_merge(const attn_mla_params p) {
-    if ((int)blockIdx.x >= *p.num_merge) return;
 #if ATTN_KV8
-    { /* the decode wrote nothing for a bad scale: neither does the merge */
-        if (attn_cache_scale(p.k_scale, p.k_scale_value) == 0.0f) return;
-    }
+    if (attn_cache_scale(p.k_scale, p.k_scale_value) == 0.0f) return; /* the decode wrote nothing: neither does the merge */
 #endif
-    const int *m = p.merge + 8 * (attn_i64)blockIdx.x;
-    const int q_row = m[0], head0 = m[1], splits = m[2], slot0 = m[3];
-    const int nrows = attn_imin(ROWS, p.num_heads - head0);
-    const int row = blockIdx.y; /* grid (>= *num_merge, ROWS): one CTA per row */
-    if (row >= nrows) return;
-    for (int c = threadIdx.x; c < KV_LORA; c += blockDim.x) {
-        float mx = attn_neg_inf();
-        for (int i = 0; i < splits; i++) mx = fmaxf(mx, p.partial_lse[(attn_i64)(slot0 + i) * ROWS + row]);
-        float wsum = 0.0f, acc = 0.0f;
-        if (mx != attn_neg_inf())
-            for (int i = 0; i < splits; i++) {
-                const float w = attn_exp2(p.partial_lse[(attn_i64)(slot0 + i) * ROWS + row] - mx);
-                wsum += w;
-                acc += w * p.partial_o[((attn_i64)(slot0 + i) * ROWS + row) * KV_LORA + c];
-            }
-        const float out = wsum > 0.0f ? acc / wsum : 0.0f;
-        attn_store<DT>(p.out, (attn_i64)q_row * p.out_stride_token + (attn_i64)(head0 + row) * p.out_stride_head + c, out);
-        if (c == 0 && p.lse)
-            p.lse[(attn_i64)q_row * p.lse_stride_token + (attn_i64)(head0 + row) * p.lse_stride_head] =
-                wsum > 0.0f ? (mx + attn_log2(wsum)) * ATTN_LN2 : attn_neg_inf();
-    }
+    attn_mla_merge_kernel(p);
 }

@@ -2642,6 +2642,49 @@ ATTN_TEST(test_mla_reject_layers) {
 
 /* Calls that do not fit the layer, bad slots, bad shapes: the status, and outputs and
    caches untouched. */
+/* attn_layer_set_decode_parallelism: the backends' hook for the GPU split policy. Bad
+   values are named and change nothing; on a CPU layer the split count stays the CPU's. */
+ATTN_TEST(test_mla_decode_parallelism_checked) {
+    mcfg c;
+    mworld w;
+    attn_metadata *meta;
+    attn_mla_info before, after;
+    const char *err;
+    base_cfg(&c, 16, 512, ATTN_DTYPE_F32, ATTN_DTYPE_F32);
+    c.seed = 1212;
+    add_req(&c, 1, 3000);
+    add_req(&c, 1, 700);
+    if (!world_init(&w, &c)) {
+        world_free(&w);
+        return;
+    }
+    meta = world_meta(&w, 0, NULL);
+    EXPECT_TRUE(meta != NULL);
+    if (meta) EXPECT_OK(attn_metadata_mla_info(meta, &before));
+    EXPECT_STATUS(attn_layer_set_decode_parallelism(NULL, 8, 16), ATTN_ERROR_NULL_ARGUMENT);
+    EXPECT_STATUS(attn_layer_set_decode_parallelism(w.layer, 0, 16), ATTN_ERROR_INVALID_VALUE);
+    err = attn_context_last_error(w.ctx);
+    EXPECT_TRUE(err && strstr(err, "resident_items is 0") && strstr(err, "allowed: 1 .."));
+    EXPECT_STATUS(attn_layer_set_decode_parallelism(w.layer, (1 << 20) + 1, 16), ATTN_ERROR_INVALID_VALUE);
+    EXPECT_STATUS(attn_layer_set_decode_parallelism(w.layer, 8, 0), ATTN_ERROR_INVALID_VALUE);
+    err = attn_context_last_error(w.ctx);
+    EXPECT_TRUE(err && strstr(err, "heads_per_item is 0") && strstr(err, "allowed: 1 .. 4096"));
+    EXPECT_STATUS(attn_layer_set_decode_parallelism(w.layer, 8, 4097), ATTN_ERROR_INVALID_VALUE);
+    EXPECT_OK(attn_layer_set_decode_parallelism(w.layer, 1, 1));
+    if (meta) {
+        attn_metadata *m2 = world_meta(&w, 0, NULL);
+        EXPECT_TRUE(m2 != NULL);
+        if (m2) {
+            EXPECT_OK(attn_metadata_mla_info(m2, &after));
+            EXPECT_EQ_INT(after.num_kv_splits, before.num_kv_splits); /* the CPU's policy */
+            EXPECT_TRUE(before.num_kv_splits >= 1);
+        }
+        attn_metadata_destroy(m2);
+    }
+    attn_metadata_destroy(meta);
+    world_free(&w);
+}
+
 ATTN_TEST(test_mla_reject_calls) {
     attn_test_log cap;
     mcfg c;
@@ -3448,6 +3491,7 @@ void suite_cuda_mla(void) {
 void suite_mla(void) {
     ATTN_RUN(test_mla_reject_layers);
     ATTN_RUN(test_mla_reject_calls);
+    ATTN_RUN(test_mla_decode_parallelism_checked);
     ATTN_RUN(test_mla_reorder_batch);
     ATTN_RUN(test_mla_merge_edges);
     ATTN_RUN(test_mla_merge_empty_nan);
