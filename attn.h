@@ -230,8 +230,10 @@
 
    THREAD SAFETY
        A context may be used from one thread at a time (its forward calls use the context's
-       own worker threads). Different contexts are independent. The backend registry is
-       global and guarded by a lock. On a CUDA device the forwards that use one metadata
+       own worker threads), with one exception: threads may create layers of one context at
+       once (attn_layer_create, attn_select_backend, attn_selection_cache_clear serialise on
+       the context's selection lock; each kernel variant compiles once). Different contexts
+       are independent. The backend registry is global and guarded by a lock. On a CUDA device the forwards that use one metadata
        must run one after another on the GPU (one stream, or streams ordered by events):
        the schedule and the split-KV merge counters live in the metadata, and two forwards
        in flight at once over it would share them. Give concurrent streams their own
@@ -1722,7 +1724,17 @@ struct attn_context {
     attn__CUdevice cuda_device;
     struct attn__backend_slot *backends; /* context-level state of each backend used */
     int num_backends, backend_capacity;
+#ifndef ATTN_NO_THREADS
+    pthread_mutex_t select_lock;     /* selection: the cache, backend context state, layer init */
+#endif
 };
+#ifndef ATTN_NO_THREADS
+#define ATTN__SELECT_LOCK(ctx) pthread_mutex_lock(&(ctx)->select_lock)
+#define ATTN__SELECT_UNLOCK(ctx) pthread_mutex_unlock(&(ctx)->select_lock)
+#else
+#define ATTN__SELECT_LOCK(ctx) ((void)0)
+#define ATTN__SELECT_UNLOCK(ctx) ((void)0)
+#endif
 
 static ATTN__THREAD_LOCAL char attn__thread_error[512];
 
@@ -1963,6 +1975,9 @@ ATTN_API attn_status attn_context_create(const attn_context_desc *desc, attn_con
     if (!ctx)
         return attn__create_fail(&logger, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
                           "attn_context_create: cannot allocate the context");
+#ifndef ATTN_NO_THREADS
+    pthread_mutex_init(&ctx->select_lock, NULL);
+#endif
     ctx->log = d.log;
     ctx->log_user_data = d.log_user_data;
     ctx->log_level = d.log_level ? d.log_level : attn__env_log_level();
@@ -2047,6 +2062,9 @@ ATTN_API void attn_context_destroy(attn_context *ctx) {
     if (ctx->cublas) attn__loader_close(&ctx->loader, ctx->cublas->library);
     attn__free(ctx->cublas);
     attn__kernel_cache_destroy(ctx->kernels);
+#ifndef ATTN_NO_THREADS
+    pthread_mutex_destroy(&ctx->select_lock);
+#endif
     attn__free(ctx);
 }
 
@@ -3152,12 +3170,17 @@ ATTN_API attn_status attn_select_backend(attn_context *ctx, const attn_layer_des
                           (int)req.backend, (int)ATTN_BACKEND_COUNT - 1);
     st = attn__desc_resolve(ctx, "attn_select_backend", desc, &d);
     if (st != ATTN_OK) return st;
-    return attn__select(ctx, &d, &req, out, NULL);
+    ATTN__SELECT_LOCK(ctx);
+    st = attn__select(ctx, &d, &req, out, NULL);
+    ATTN__SELECT_UNLOCK(ctx);
+    return st;
 }
 
 ATTN_API attn_status attn_selection_cache_clear(attn_context *ctx) {
     if (!ctx) return attn__null_arg(ctx, __func__, "ctx");
+    ATTN__SELECT_LOCK(ctx);
     ctx->cache_count = 0;
+    ATTN__SELECT_UNLOCK(ctx);
     attn__log(ctx, ATTN_LOG_LEVEL_DEBUG, ATTN_LOG_SELECT_CACHE_CLEARED, "selection cache cleared");
     return ATTN_OK;
 }
@@ -3283,8 +3306,11 @@ ATTN_API attn_status attn_layer_create(attn_context *ctx, const attn_layer_desc 
     }
     layer->ctx = ctx;
     layer->desc = d;
-    /* the selector binds the layer to the first candidate whose layer_init succeeds */
+    /* the selector binds the layer to the first candidate whose layer_init succeeds (one
+       thread of a context at a time: the selection cache, backend context state) */
+    ATTN__SELECT_LOCK(ctx);
     st = attn__select(ctx, &d, &req, &sel, layer);
+    ATTN__SELECT_UNLOCK(ctx);
     if (st != ATTN_OK) {
         attn_layer_destroy(layer);
         return st;
