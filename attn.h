@@ -97,15 +97,16 @@
                 count, its cuBLAS shapes being fixed at capture)
        CUDA_MLA  the same on mma.sync kernels, compute capability 8.0 and newer (the
                 fallback where CUDA_MLA_SM90 does not apply): decode CTAs of 16, 32 or 64
-                heads; split merges in attn_mla_merge
+                heads; split merges in attn_mla_merge; also fp8 latent caches (per tensor,
+                see QUANTIZED CACHES), which CUDA_MLA_SM90 leaves to it
        A candidate is skipped, with a recorded reason, when a check fails (dtype, KV-cache
        dtype, head size, block size, feature, platform). Explicit requests (code or env)
        that cannot be honoured fail with ATTN_ERROR_BACKEND_UNAVAILABLE and every reason,
        unless attn_select_request.allow_fallback is set: then the automatic choice is used
        and a WARN line says why.
 
-   QUANTIZED CACHES (issue 10; CPU, CPU_MLA and CUDA; CUDA_SM90 and the CUDA MLA backends
-   skip them with the reason "kv_cache_dtype fp8_e4m3 not supported (allowed: ...)")
+   QUANTIZED CACHES (issue 10; CPU, CPU_MLA, CUDA and CUDA_MLA; CUDA_SM90 and CUDA_MLA_SM90
+   skip them with the reason in the record, and the selector moves on to CUDA / CUDA_MLA)
        kv_cache_dtype ATTN_DTYPE_FP8_E4M3 (vLLM's "fp8", "fp8_e4m3") or ATTN_DTYPE_FP8_E5M2,
        with per-tensor scales attn_layer_desc.k_scale / v_scale (MLA: k_scale for the
        latent): values, or pointers to one float read at every call (updated scales need
@@ -129,7 +130,7 @@
        16-byte aligned when head_size is a multiple of 16, then [block_size][num_kv_heads]
        f32 scales; kv_cache_shape reports head_size + 4 (bytes a row, the scale included) and
        the record shows kv_cache_dtype int8 / fp8_e4m3. MLA latents: per-tensor fp8 only
-       (CPU_MLA says so in the record). The same accuracy bound is asserted.
+       (CPU_MLA and CUDA_MLA say so in the record). The same accuracy bound is asserted.
        On the GPU (CUDA backend, head sizes in multiples of 16): the same bytes (the cache
        write kernel quantizes exactly as the CPU, tested bit for bit), read by the
        mma.sync kernel: codes to shared memory at half the bytes of f16, to f16 in the
@@ -139,6 +140,13 @@
        not finite and > 0 cannot be reported without a synchronisation: the kernels then
        write nothing (cache and output unchanged). CPU and CUDA agree within the f16
        rounding of q and of the probabilities (tests/test_cuda.c).
+       CUDA_MLA reads an fp8 latent (e4m3 or e5m2, per-tensor k_scale) the same way in its
+       decode (forward_mqa and the fused call's decode half); attn_concat_and_cache_mla
+       quantizes with the CPU's bytes; forward_mha gathers the chunk's latent rows
+       dequantized into the layer's 16-bit type for the up-projection GEMMs. On the H200 an
+       fp8 latent decodes 1.65-1.96x faster than the bf16 latent on CUDA_MLA_SM90 at 16
+       heads and batch x context >= 16 x 16k or 64 x 4k, but 0.8x at 128 heads (mma.sync
+       against wgmma, compute-bound): BENCHMARKS.md.
 
    ERRORS AND LOGGING
        Every public function returns attn_status (ATTN_OK = 0); attn_status_string() names
@@ -252,6 +260,14 @@
               tiles (two row tiles per warp), one launch per forward off graph capture;
               attn_platform.cuda_shared_per_block; the sm_90a wgmma base (kernels/wgmma.cuh).
        0.4.0  the CUDA_SM90 backend: wgmma prefill tiles on compute capability 9.0.
+       0.5.0  the CUDA_MLA_SM90 backend: MLA decode and up-projected prefill on wgmma.
+       0.6.0  the CUDA_MLA backend: the same on mma.sync (compute capability 8.0+).
+       0.7.0  quantized KV caches on the CPU: fp8 e4m3/e5m2 per tensor, int8/e4m3 per token
+              and head; fp8 MLA latents on CPU_MLA.
+       0.8.0  8-bit KV caches on the CUDA backend.
+       0.9.0  fp8 MLA latents on CUDA_MLA; the GPU MLA split policy over the backend's
+              resident decode CTAs (attn_layer_set_decode_parallelism); a per-context
+              selection lock (threads may create layers of one context at once).
 
    LICENSE: MIT, see the end of the file.
 */
@@ -259,9 +275,9 @@
 #define ATTN_H
 
 #define ATTN_VERSION_MAJOR 0
-#define ATTN_VERSION_MINOR 8
+#define ATTN_VERSION_MINOR 9
 #define ATTN_VERSION_PATCH 0
-#define ATTN_VERSION_STRING "0.8.0"
+#define ATTN_VERSION_STRING "0.9.0"
 
 #include <stddef.h>
 #include <stdint.h>
