@@ -128,13 +128,13 @@
 #if ATTN_KV8 && (ATTN_D % 64 != 0 || ATTN_CW % 32 != 0)
 #error "mla_decode.cu: an fp8 latent needs KV_LORA + ROPE in multiples of 64 and each warp's output columns of 32"
 #endif
-/* S_ACC (fp8): independent partial sums of a warp's S, 1, 2 or 4 (default: 4 at one n tile
-   of keys a warp, 2 past it) */
+/* S_ACC: independent partial sums of a warp's S, 1, 2 or 4 (default: 4 at one n tile of keys
+   a warp, 2 past it): at 8 keys a warp one accumulator is a chain of D / 16 dependent mmas */
 #ifndef S_ACC
 #define S_ACC (ATTN_NT == 1 ? 4 : 2)
 #endif
-#if S_ACC != 1 && S_ACC != 2 && S_ACC != 4
-#error "mla_decode.cu: S_ACC must be 1, 2 or 4"
+#if (S_ACC != 1 && S_ACC != 2 && S_ACC != 4) || ATTN_D / 16 % S_ACC != 0
+#error "mla_decode.cu: S_ACC must be 1, 2 or 4 and divide (KV_LORA + ROPE) / 16"
 #endif
 
 #define ATTN_SQ_OFF 0
@@ -368,33 +368,55 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, MIN_CTAS) attn_mla_de
         }
 #else
         {
+            /* S_ACC independent partial sums, as the fp8 branch: 16-dim step ks into sp[ks % S_ACC] */
             const attn_u32 kb = sKst + (attn_u32)(kg * ATTN_KW * ATTN_PITCH * 2);
             const attn_u32 qb = sQ + (attn_u32)(rg * ATTN_RT_S * 16 * ATTN_PITCH * 2) + a_lane;
-#pragma unroll 4
-            for (int ks = 0; ks < ATTN_D / 16; ks++) {
-                attn_u32 a[ATTN_RT_S][4];
+            float sp[S_ACC][ATTN_RT_S][ATTN_NT][4];
 #pragma unroll
-                for (int r = 0; r < ATTN_RT_S; r++) attn_ldmatrix_x4(a[r], qb + (attn_u32)(r * 16 * ATTN_PITCH * 2) + ks * 32);
+            for (int c = 0; c < S_ACC; c++)
 #pragma unroll
-                for (int np = 0; np < ATTN_NT / 2; np++) {
-                    attn_u32 b[4];
-                    attn_ldmatrix_x4(b, kb + k_lane + (attn_u32)((np * 16 * ATTN_PITCH + ks * 16) * 2));
+                for (int r = 0; r < ATTN_RT_S; r++)
 #pragma unroll
-                    for (int r = 0; r < ATTN_RT_S; r++) {
-                        attn_mma16816<DT>(s[r][2 * np], a[r], b);
-                        attn_mma16816<DT>(s[r][2 * np + 1], a[r], b + 2);
+                    for (int n = 0; n < ATTN_NT; n++) sp[c][r][n][0] = sp[c][r][n][1] = sp[c][r][n][2] = sp[c][r][n][3] = 0.0f;
+#pragma unroll (S_ACC == 1 ? 4 : 1)
+            for (int ks0 = 0; ks0 < ATTN_D / 16; ks0 += S_ACC)
+#pragma unroll
+                for (int c = 0; c < S_ACC; c++) {
+                    const int ks = ks0 + c;
+                    attn_u32 a[ATTN_RT_S][4];
+#pragma unroll
+                    for (int r = 0; r < ATTN_RT_S; r++) attn_ldmatrix_x4(a[r], qb + (attn_u32)(r * 16 * ATTN_PITCH * 2) + ks * 32);
+#pragma unroll
+                    for (int np = 0; np < ATTN_NT / 2; np++) {
+                        attn_u32 b[4];
+                        attn_ldmatrix_x4(b, kb + k_lane + (attn_u32)((np * 16 * ATTN_PITCH + ks * 16) * 2));
+#pragma unroll
+                        for (int r = 0; r < ATTN_RT_S; r++) {
+                            attn_mma16816<DT>(sp[c][r][2 * np], a[r], b);
+                            attn_mma16816<DT>(sp[c][r][2 * np + 1], a[r], b + 2);
+                        }
                     }
-                }
 #if ATTN_NT % 2
-                {
-                    const attn_u32 k2_lane = (attn_u32)(((lane & 7) * ATTN_PITCH + ((lane >> 3) & 1) * 8) * 2); /* x2: 8 keys */
-                    attn_u32 b[2];
-                    attn_ldmatrix_x2(b, kb + k2_lane + (attn_u32)(((ATTN_NT - 1) * 8 * ATTN_PITCH + ks * 16) * 2));
+                    {
+                        const attn_u32 k2_lane = (attn_u32)(((lane & 7) * ATTN_PITCH + ((lane >> 3) & 1) * 8) * 2); /* x2: 8 keys */
+                        attn_u32 b[2];
+                        attn_ldmatrix_x2(b, kb + k2_lane + (attn_u32)(((ATTN_NT - 1) * 8 * ATTN_PITCH + ks * 16) * 2));
 #pragma unroll
-                    for (int r = 0; r < ATTN_RT_S; r++) attn_mma16816<DT>(s[r][ATTN_NT - 1], a[r], b);
-                }
+                        for (int r = 0; r < ATTN_RT_S; r++) attn_mma16816<DT>(sp[c][r][ATTN_NT - 1], a[r], b);
+                    }
 #endif
-            }
+                }
+#pragma unroll
+            for (int r = 0; r < ATTN_RT_S; r++)
+#pragma unroll
+                for (int n = 0; n < ATTN_NT; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        float x = sp[0][r][n][e];
+#pragma unroll
+                        for (int c = 1; c < S_ACC; c++) x += sp[c][r][n][e];
+                        s[r][n][e] = x;
+                    }
         }
 #endif
         /* mask keys outside [key0, key1); this warp's row maxima to shared memory */

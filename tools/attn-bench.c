@@ -1572,6 +1572,38 @@ enum { MB_R = 512, MB_P = 64, MB_D = 576, MB_N = 128, MB_V = 128, MB_BS = 64 };
    CUDA_MLA, the mma.sync fallback, on a Hopper GPU); unset, the selector chooses */
 static attn_select_request mla_request = {ATTN_BACKEND_AUTO, 0};
 
+/* Tuning: a CUDA_MLA layer's decode recompiled with ATTN_BENCH_MLA_DEFINES appended (its
+   resident CTAs and the split policy follow the new variant). */
+static void mla_bench_recompile(attn_context *ctx, attn_layer *layer) {
+    attn__cuda_mla_layer *L;
+    char opt[ATTN__CUDA_MLA_VARIANTS][256], reason[256];
+    size_t n;
+    int per_sm = 0;
+    attn__cuda_module m;
+    if (!getenv("ATTN_BENCH_MLA_DEFINES") || attn_layer_backend(layer)->id != ATTN_BACKEND_CUDA_MLA) return;
+    L = (attn__cuda_mla_layer *)attn_layer_backend_state(layer);
+    attn__cuda_mla_variants(attn_layer_get_desc(layer), 0, opt);
+    n = strlen(opt[0]);
+    snprintf(opt[0] + n, sizeof opt[0] - n, " %s", getenv("ATTN_BENCH_MLA_DEFINES"));
+    CHECK(ctx, attn__cuda_enter(ctx, "attn-bench"));
+    if (attn__cuda_load(ctx, "mla_decode.cu", opt[0], "attn_mla_decode", "attn_mla_merge", 0, &m, reason, sizeof reason) !=
+            ATTN_OK ||
+        attn__cuda_configure(ctx, &m, "attn_mla_config", "mla_decode.cu", opt[0], reason, sizeof reason) != ATTN_OK) {
+        fprintf(stderr, "attn-bench: ATTN_BENCH_MLA_DEFINES: %s\n", reason);
+        exit(1);
+    }
+    ctx->cuda->cuModuleUnload(L->decode.module);
+    L->decode = m;
+    if (ctx->cuda->cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, m.main, m.config[0], (size_t)m.config[1]) != 0 ||
+        per_sm < 1)
+        per_sm = 1;
+    L->resident = per_sm * ATTN__MAX(1, ctx->platform.cuda_multiprocessors);
+    CHECK(ctx, attn_layer_set_decode_parallelism(layer, L->resident, L->rows));
+    attn__cuda_leave(ctx);
+    printf("  decode recompiled: %s (%d CTAs per SM, %d threads, %d bytes of shared memory)\n", opt[0], per_sm, m.config[0],
+           m.config[1]);
+}
+
 static attn_layer *mla_bench_layer(attn_context *ctx, int H) {
     attn_layer_desc d;
     attn_layer *layer = NULL;
@@ -1588,6 +1620,7 @@ static attn_layer *mla_bench_layer(attn_context *ctx, int H) {
     d.device = ATTN_DEVICE_CUDA;
     CHECK(ctx, attn_layer_create(ctx, &d, &mla_request, &layer));
     if (H == 16 || H == 128) printf("MLA layer, %d heads: backend %s\n", H, attn_backend_name(attn_layer_selection(layer)->resolved));
+    mla_bench_recompile(ctx, layer);
     return layer;
 }
 
@@ -1780,33 +1813,7 @@ static void cuda_mla_table(attn_context *ctx, cuda_bench *cb, double read_best, 
         d.dtype = ATTN_DTYPE_BF16; d.kv_cache_dtype = ATTN_DTYPE_FP8_E4M3; d.k_scale.value = 1.0f / 64;
         d.device = ATTN_DEVICE_CUDA;
         CHECK(ctx, attn_layer_create(ctx, &d, NULL, &c.layer));
-        if (getenv("ATTN_BENCH_MLA_DEFINES") && attn_layer_backend(c.layer)->id == ATTN_BACKEND_CUDA_MLA) {
-            attn__cuda_mla_layer *L = (attn__cuda_mla_layer *)attn_layer_backend_state(c.layer);
-            char opt[ATTN__CUDA_MLA_VARIANTS][256], reason[256];
-            size_t n;
-            int per_sm = 0;
-            attn__cuda_module m;
-            attn__cuda_mla_variants(attn_layer_get_desc(c.layer), 0, opt);
-            n = strlen(opt[0]);
-            snprintf(opt[0] + n, sizeof opt[0] - n, " %s", getenv("ATTN_BENCH_MLA_DEFINES"));
-            CHECK(ctx, attn__cuda_enter(ctx, "attn-bench"));
-            if (attn__cuda_load(ctx, "mla_decode.cu", opt[0], "attn_mla_decode", "attn_mla_merge", 0, &m, reason,
-                                sizeof reason) != ATTN_OK ||
-                attn__cuda_configure(ctx, &m, "attn_mla_config", "mla_decode.cu", opt[0], reason, sizeof reason) != ATTN_OK) {
-                fprintf(stderr, "attn-bench: ATTN_BENCH_MLA_DEFINES: %s\n", reason);
-                exit(1);
-            }
-            ctx->cuda->cuModuleUnload(L->decode.module);
-            L->decode = m;
-            if (ctx->cuda->cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, m.main, m.config[0], (size_t)m.config[1]) != 0 ||
-                per_sm < 1)
-                per_sm = 1;
-            L->resident = per_sm * ATTN__MAX(1, ctx->platform.cuda_multiprocessors);
-            CHECK(ctx, attn_layer_set_decode_parallelism(c.layer, L->resident, L->rows));
-            attn__cuda_leave(ctx);
-            printf("  decode recompiled: %s (%d CTAs per SM, %d threads, %d bytes of shared memory)\n", opt[0], per_sm,
-                   m.config[0], m.config[1]);
-        }
+        mla_bench_recompile(ctx, c.layer);
         bench_forced_splits = getenv("ATTN_BENCH_MLA_SPLITS") ? atoi(getenv("ATTN_BENCH_MLA_SPLITS")) : 0;
         c.cache = mla_dev_tensor(d_cache, 3, pool_blocks, MB_BS, MB_D);
         c.cache.dtype = ATTN_DTYPE_FP8_E4M3;
