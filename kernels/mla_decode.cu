@@ -296,12 +296,14 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, MIN_CTAS) attn_mla_de
             sBlk[st * KV_TILE + r] = row_off(tile0 + (it + KV_STAGES) * KV_TILE + r);
         const attn_u32 sKst = sK + (attn_u32)(st * KV_TILE * ATTN_KROW);
 
-        /* ---- S phase ---- */
-        float s[ATTN_RT_S][ATTN_NT][4];
+        /* ---- S phase: S_ACC partial sums sp, added into s ---- */
+        float s[ATTN_RT_S][ATTN_NT][4], sp[S_ACC][ATTN_RT_S][ATTN_NT][4];
 #pragma unroll
-        for (int r = 0; r < ATTN_RT_S; r++)
+        for (int c = 0; c < S_ACC; c++)
 #pragma unroll
-            for (int n = 0; n < ATTN_NT; n++) s[r][n][0] = s[r][n][1] = s[r][n][2] = s[r][n][3] = 0.0f;
+            for (int r = 0; r < ATTN_RT_S; r++)
+#pragma unroll
+                for (int n = 0; n < ATTN_NT; n++) sp[c][r][n][0] = sp[c][r][n][1] = sp[c][r][n][2] = sp[c][r][n][3] = 0.0f;
 #if ATTN_KV8
         {   /* fp8: a 16-key x 32-dim block of codes by one ldmatrix.x4 (4 words: b0/b1 of two
                k chunks for two n tiles), an 8-key one by x2. S_ACC independent partial sums
@@ -309,13 +311,6 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, MIN_CTAS) attn_mla_de
                per n tile, which at 8 keys a warp is the tile loop's critical path */
             const attn_u32 kb = sKst + (attn_u32)(kg * ATTN_KW * ATTN_KROW);
             const attn_u32 qb = sQ + (attn_u32)(rg * ATTN_RT_S * 16 * ATTN_PITCH * 2) + a_lane;
-            float sp[S_ACC][ATTN_RT_S][ATTN_NT][4];
-#pragma unroll
-            for (int c = 0; c < S_ACC; c++)
-#pragma unroll
-                for (int r = 0; r < ATTN_RT_S; r++)
-#pragma unroll
-                    for (int n = 0; n < ATTN_NT; n++) sp[c][r][n][0] = sp[c][r][n][1] = sp[c][r][n][2] = sp[c][r][n][3] = 0.0f;
             for (int kq2 = 0; kq2 < ATTN_D / 64; kq2++)
 #pragma unroll
                 for (int h2 = 0; h2 < 2; h2++) {
@@ -354,30 +349,12 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, MIN_CTAS) attn_mla_de
                     }
 #endif
                 }
-#pragma unroll
-            for (int r = 0; r < ATTN_RT_S; r++)
-#pragma unroll
-                for (int n = 0; n < ATTN_NT; n++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        float x = sp[0][r][n][e];
-#pragma unroll
-                        for (int c = 1; c < S_ACC; c++) x += sp[c][r][n][e];
-                        s[r][n][e] = x;
-                    }
         }
 #else
         {
             /* S_ACC independent partial sums, as the fp8 branch: 16-dim step ks into sp[ks % S_ACC] */
             const attn_u32 kb = sKst + (attn_u32)(kg * ATTN_KW * ATTN_PITCH * 2);
             const attn_u32 qb = sQ + (attn_u32)(rg * ATTN_RT_S * 16 * ATTN_PITCH * 2) + a_lane;
-            float sp[S_ACC][ATTN_RT_S][ATTN_NT][4];
-#pragma unroll
-            for (int c = 0; c < S_ACC; c++)
-#pragma unroll
-                for (int r = 0; r < ATTN_RT_S; r++)
-#pragma unroll
-                    for (int n = 0; n < ATTN_NT; n++) sp[c][r][n][0] = sp[c][r][n][1] = sp[c][r][n][2] = sp[c][r][n][3] = 0.0f;
 #pragma unroll (S_ACC == 1 ? 4 : 1)
             for (int ks0 = 0; ks0 < ATTN_D / 16; ks0 += S_ACC)
 #pragma unroll
@@ -406,19 +383,19 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, MIN_CTAS) attn_mla_de
                     }
 #endif
                 }
-#pragma unroll
-            for (int r = 0; r < ATTN_RT_S; r++)
-#pragma unroll
-                for (int n = 0; n < ATTN_NT; n++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        float x = sp[0][r][n][e];
-#pragma unroll
-                        for (int c = 1; c < S_ACC; c++) x += sp[c][r][n][e];
-                        s[r][n][e] = x;
-                    }
         }
 #endif
+#pragma unroll
+        for (int r = 0; r < ATTN_RT_S; r++)
+#pragma unroll
+            for (int n = 0; n < ATTN_NT; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float x = sp[0][r][n][e];
+#pragma unroll
+                    for (int c = 1; c < S_ACC; c++) x += sp[c][r][n][e];
+                    s[r][n][e] = x;
+                }
         /* mask keys outside [key0, key1); this warp's row maxima to shared memory */
         const int kw0 = kt + kg * ATTN_KW + 2 * tq;
 #pragma unroll

@@ -1572,36 +1572,45 @@ enum { MB_R = 512, MB_P = 64, MB_D = 576, MB_N = 128, MB_V = 128, MB_BS = 64 };
    CUDA_MLA, the mma.sync fallback, on a Hopper GPU); unset, the selector chooses */
 static attn_select_request mla_request = {ATTN_BACKEND_AUTO, 0};
 
-/* Tuning: a CUDA_MLA layer's decode recompiled with ATTN_BENCH_MLA_DEFINES appended (its
-   resident CTAs and the split policy follow the new variant). */
-static void mla_bench_recompile(attn_context *ctx, attn_layer *layer) {
-    attn__cuda_mla_layer *L;
-    char opt[ATTN__CUDA_MLA_VARIANTS][256], reason[256];
+/* Tuning: a layer's decode kernel recompiled with the defines of environment variable `env`
+   ("NAME=VALUE ...", each passed as -D) appended to its options opt: the new module replaces
+   *slot; returns the resident CTAs (occupancy x SMs) the split policies use. */
+static int bench_recompile(attn_context *ctx, const char *env, const char *file, char *opt, size_t opt_size,
+                           const char *kernel, const char *second, int flags, const char *config, attn__cuda_module *slot) {
+    char reason[256], *tok, defs[256];
     size_t n;
     int per_sm = 0;
     attn__cuda_module m;
-    if (!getenv("ATTN_BENCH_MLA_DEFINES") || attn_layer_backend(layer)->id != ATTN_BACKEND_CUDA_MLA) return;
-    L = (attn__cuda_mla_layer *)attn_layer_backend_state(layer);
-    attn__cuda_mla_variants(attn_layer_get_desc(layer), 0, opt);
-    n = strlen(opt[0]);
-    snprintf(opt[0] + n, sizeof opt[0] - n, " %s", getenv("ATTN_BENCH_MLA_DEFINES"));
+    snprintf(defs, sizeof defs, "%s", getenv(env));
+    for (tok = strtok(defs, " "); tok; tok = strtok(NULL, " "))
+        if ((n = strlen(opt)) + strlen(tok) + 4 < opt_size) snprintf(opt + n, opt_size - n, " -D%s", tok);
     CHECK(ctx, attn__cuda_enter(ctx, "attn-bench"));
-    if (attn__cuda_load(ctx, "mla_decode.cu", opt[0], "attn_mla_decode", "attn_mla_merge", 0, &m, reason, sizeof reason) !=
-            ATTN_OK ||
-        attn__cuda_configure(ctx, &m, "attn_mla_config", "mla_decode.cu", opt[0], reason, sizeof reason) != ATTN_OK) {
-        fprintf(stderr, "attn-bench: ATTN_BENCH_MLA_DEFINES: %s\n", reason);
+    if (attn__cuda_load(ctx, file, opt, kernel, second, flags, &m, reason, sizeof reason) != ATTN_OK ||
+        (config && attn__cuda_configure(ctx, &m, config, file, opt, reason, sizeof reason) != ATTN_OK)) {
+        fprintf(stderr, "attn-bench: %s: %s\n", env, reason);
         exit(1);
     }
-    ctx->cuda->cuModuleUnload(L->decode.module);
-    L->decode = m;
+    ctx->cuda->cuModuleUnload(slot->module);
+    *slot = m;
     if (ctx->cuda->cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, m.main, m.config[0], (size_t)m.config[1]) != 0 ||
         per_sm < 1)
         per_sm = 1;
-    L->resident = per_sm * ATTN__MAX(1, ctx->platform.cuda_multiprocessors);
-    CHECK(ctx, attn_layer_set_decode_parallelism(layer, L->resident, L->rows));
     attn__cuda_leave(ctx);
-    printf("  decode recompiled: %s (%d CTAs per SM, %d threads, %d bytes of shared memory)\n", opt[0], per_sm, m.config[0],
+    printf("  decode recompiled: %s (%d CTAs per SM, %d threads, %d bytes of shared memory)\n", opt, per_sm, m.config[0],
            m.config[1]);
+    return per_sm * ATTN__MAX(1, ctx->platform.cuda_multiprocessors);
+}
+
+/* ATTN_BENCH_MLA_DEFINES: a CUDA_MLA layer's decode recompiled (its split policy follows). */
+static void mla_bench_recompile(attn_context *ctx, attn_layer *layer) {
+    attn__cuda_mla_layer *L;
+    char opt[ATTN__CUDA_MLA_VARIANTS][256];
+    if (!getenv("ATTN_BENCH_MLA_DEFINES") || attn_layer_backend(layer)->id != ATTN_BACKEND_CUDA_MLA) return;
+    L = (attn__cuda_mla_layer *)attn_layer_backend_state(layer);
+    attn__cuda_mla_variants(attn_layer_get_desc(layer), 0, opt);
+    L->resident = bench_recompile(ctx, "ATTN_BENCH_MLA_DEFINES", "mla_decode.cu", opt[0], sizeof opt[0], "attn_mla_decode",
+                                  "attn_mla_merge", 0, "attn_mla_config", &L->decode);
+    CHECK(ctx, attn_layer_set_decode_parallelism(layer, L->resident, L->rows));
 }
 
 static attn_layer *mla_bench_layer(attn_context *ctx, int H) {
@@ -1692,8 +1701,9 @@ static void cuda_mla_table(attn_context *ctx, cuda_bench *cb, double read_best, 
     c.w_uk = mla_dev_tensor(d_wuk, 3, 128, MB_N, MB_R);
     c.w_uv = mla_dev_tensor(d_wuv, 3, 128, MB_R, MB_V);
     /* tuning the fp8 latent's decode (ATTN_BENCH_MLA_FP8_ONLY: its 16-head rows only, against
-       bf16 times given there as six numbers; ATTN_BENCH_MLA_DEFINES: its decode recompiled with
-       these defines; ATTN_BENCH_MLA_SPLITS: a forced split count) */
+       bf16 times given there as six numbers; ATTN_BENCH_MLA_DEFINES "NAME=VALUE ...": every
+       CUDA_MLA decode recompiled with these defines; ATTN_BENCH_MLA_SPLITS: a forced split
+       count) */
     const int fp8_h = getenv("ATTN_BENCH_MLA_FP8_H128") ? 1 : 0; /* with FP8_ONLY: the 128-head rows instead */
     if (getenv("ATTN_BENCH_MLA_FP8_ONLY"))
         sscanf(getenv("ATTN_BENCH_MLA_FP8_ONLY"), "%lf %lf %lf %lf %lf %lf", &bf16_us[fp8_h][1][1], &bf16_us[fp8_h][1][2],
@@ -1927,29 +1937,10 @@ static void cuda_decode_8bit(attn_context *ctx, const cuda_bench *cb16, double r
         CHECK(ctx, attn_layer_create(ctx, &d, NULL, &cb.layer));
         if (getenv("ATTN_BENCH_KV8_DEFINES")) { /* tuning: the decode tiles recompiled with these defines */
             attn__cuda_layer *L = (attn__cuda_layer *)attn_layer_backend_state(cb.layer);
-            char opt[ATTN__CUDA_LAYER_VARIANTS][256], reason[256], *tok, defs[256];
-            size_t n;
-            int per_sm = 0;
-            attn__cuda_module m;
+            char opt[ATTN__CUDA_LAYER_VARIANTS][256];
             attn__cuda_layer_variants(attn_layer_get_desc(cb.layer), &ctx->platform, 0, opt);
-            snprintf(defs, sizeof defs, "%s", getenv("ATTN_BENCH_KV8_DEFINES"));
-            for (tok = strtok(defs, " "); tok; tok = strtok(NULL, " "))
-                if ((n = strlen(opt[0])) + strlen(tok) + 4 < sizeof opt[0]) snprintf(opt[0] + n, sizeof opt[0] - n, " -D%s", tok);
-            CHECK(ctx, attn__cuda_enter(ctx, "attn-bench"));
-            if (attn__cuda_load(ctx, "paged_attention.cu", opt[0], "attn_paged_attention", NULL, ATTN__LOAD_PAGED, &m, reason,
-                                sizeof reason) != ATTN_OK) {
-                fprintf(stderr, "attn-bench: ATTN_BENCH_KV8_DEFINES: %s\n", reason);
-                exit(1);
-            }
-            ctx->cuda->cuModuleUnload(L->decode.module);
-            L->decode = m;
-            if (ctx->cuda->cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, m.main, m.config[0], (size_t)m.config[1]) != 0 ||
-                per_sm < 1)
-                per_sm = 1;
-            L->resident = per_sm * ATTN__MAX(1, ctx->platform.cuda_multiprocessors);
-            attn__cuda_leave(ctx);
-            printf("  decode tiles recompiled: %s (%d CTAs per SM, %d threads, %d bytes of shared memory)\n", opt[0], per_sm,
-                   m.config[0], m.config[1]);
+            L->resident = bench_recompile(ctx, "ATTN_BENCH_KV8_DEFINES", "paged_attention.cu", opt[0], sizeof opt[0],
+                                          "attn_paged_attention", NULL, ATTN__LOAD_PAGED, NULL, &L->decode);
         }
         CHECK(ctx, attn_layer_kv_cache_shape(cb.layer, cb.num_blocks, shape, &ndim));
         cb.kv = attn_tensor_make(pool, kinds[k].dt, ndim, shape);
