@@ -1659,6 +1659,22 @@ static attn_tensor mla_dev_tensor(void *p, int ndim, int64_t a, int64_t b, int64
     return t;
 }
 
+/* One uniform decode case of the MLA table: B single-token requests of C keys, metadata sets
+   rotating over CUDA_ROTATE_BYTES of the pool (iter_bytes a forward), forward_mqa. */
+static void mla_decode_case(attn_context *ctx, mla_call *c, const int32_t *ids, int64_t pool_blocks, int B, int C, int H,
+                            size_t iter_bytes, void *d_q, void *d_qpe, void *d_out) {
+    int32_t ql[128], sl[128];
+    int i;
+    c->nsets = (int)((CUDA_ROTATE_BYTES + iter_bytes - 1) / iter_bytes);
+    c->nsets = c->nsets < 2 ? 2 : c->nsets > CUDA_MAX_SETS ? CUDA_MAX_SETS : c->nsets;
+    for (i = 0; i < B; i++) { ql[i] = 1; sl[i] = C; }
+    c->metas = bench_metas(ctx, c->layer, ids, pool_blocks, MB_BS, B, B, ql, sl, c->nsets, 0);
+    c->kind = 0;
+    c->q = mla_dev_tensor(d_q, 3, B, H, MB_R);
+    c->q_pe = mla_dev_tensor(d_qpe, 3, B, H, MB_P);
+    c->out = mla_dev_tensor(d_out, 3, B, H, MB_R);
+}
+
 static void cuda_mla_table(attn_context *ctx, cuda_bench *cb, double read_best, double mm) {
     static const int heads[] = {16, 128}, batches[] = {1, 16, 64, 128}, contexts[] = {1024, 4096, 16384};
     const size_t block_bytes = (size_t)MB_BS * MB_D * 2;
@@ -1720,18 +1736,10 @@ static void cuda_mla_table(attn_context *ctx, cuda_bench *cb, double read_best, 
                 const int B = batches[bi], C = contexts[ci];
                 const size_t iter_bytes = (size_t)B * (size_t)C * MB_D * 2;
                 const double flops = 2.0 * B * H * (double)C * (MB_D + MB_R);
-                int32_t ql[128], sl[128];
                 attn_mla_info info;
                 double med, gbs, tf;
                 memset(&info, 0, sizeof info);
-                c.nsets = (int)((CUDA_ROTATE_BYTES + iter_bytes - 1) / iter_bytes);
-                c.nsets = c.nsets < 2 ? 2 : c.nsets > CUDA_MAX_SETS ? CUDA_MAX_SETS : c.nsets;
-                for (i = 0; i < B; i++) { ql[i] = 1; sl[i] = C; }
-                c.metas = bench_metas(ctx, c.layer, ids, pool_blocks, MB_BS, B, B, ql, sl, c.nsets, 0);
-                c.kind = 0;
-                c.q = mla_dev_tensor(d_q, 3, B, H, MB_R);
-                c.q_pe = mla_dev_tensor(d_qpe, 3, B, H, MB_P);
-                c.out = mla_dev_tensor(d_out, 3, B, H, MB_R);
+                mla_decode_case(ctx, &c, ids, pool_blocks, B, C, H, iter_bytes, d_q, d_qpe, d_out);
                 med = bench_groups(cb, mla_call_run, &c, c.nsets < 20 ? 20 : c.nsets);
                 bf16_us[hi][bi][ci] = med * 1e6;
                 gbs = (double)iter_bytes / med / 1e9;
@@ -1833,16 +1841,8 @@ static void cuda_mla_table(attn_context *ctx, cuda_bench *cb, double read_best, 
             for (ci = 1; ci < 3; ci++) {
                 const int B = batches[bi], C = contexts[ci];
                 const size_t iter_bytes = (size_t)B * (size_t)C * MB_D;
-                int32_t ql[128], sl[128];
                 double med;
-                c.nsets = (int)((CUDA_ROTATE_BYTES + iter_bytes - 1) / iter_bytes);
-                c.nsets = c.nsets < 2 ? 2 : c.nsets > CUDA_MAX_SETS ? CUDA_MAX_SETS : c.nsets;
-                for (i = 0; i < B; i++) { ql[i] = 1; sl[i] = C; }
-                c.metas = bench_metas(ctx, c.layer, ids, pool_blocks, MB_BS, B, B, ql, sl, c.nsets, 0);
-                c.kind = 0;
-                c.q = mla_dev_tensor(d_q, 3, B, H, MB_R);
-                c.q_pe = mla_dev_tensor(d_qpe, 3, B, H, MB_P);
-                c.out = mla_dev_tensor(d_out, 3, B, H, MB_R);
+                mla_decode_case(ctx, &c, ids, pool_blocks, B, C, H, iter_bytes, d_q, d_qpe, d_out);
                 med = bench_groups(cb, mla_call_run, &c, c.nsets < 20 ? 20 : c.nsets);
                 printf("  batch %3d context %5d: %9.1f us  %7.0f GB/s (%5.1f%% of read)  %.2fx the bf16 latent (%.1f us)\n", B,
                        C, med * 1e6, (double)iter_bytes / med / 1e9, 100.0 * (double)iter_bytes / med / 1e9 / read_best,
