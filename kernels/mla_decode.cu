@@ -128,10 +128,11 @@
 #if ATTN_KV8 && (ATTN_D % 64 != 0 || ATTN_CW % 32 != 0)
 #error "mla_decode.cu: an fp8 latent needs KV_LORA + ROPE in multiples of 64 and each warp's output columns of 32"
 #endif
-/* S_ACC: independent partial sums of a warp's S, 1, 2 or 4 (default: 4 at one n tile of keys
-   a warp, 2 past it): at 8 keys a warp one accumulator is a chain of D / 16 dependent mmas */
+/* S_ACC: independent partial sums of a warp's S, 1, 2 or 4: at 8 keys a warp one accumulator
+   is a chain of D / 16 dependent mmas. Default: at 16 rows 4 (one n tile a warp) or 2; past
+   16 rows 1 (H200: 2 was 1.5 % slower at 128 heads, the warps having enough chains) */
 #ifndef S_ACC
-#define S_ACC (ATTN_NT == 1 ? 4 : 2)
+#define S_ACC (ROWS == 16 ? (ATTN_NT == 1 ? 4 : 2) : 1)
 #endif
 #if (S_ACC != 1 && S_ACC != 2 && S_ACC != 4) || ATTN_D / 16 % S_ACC != 0
 #error "mla_decode.cu: S_ACC must be 1, 2 or 4 and divide (KV_LORA + ROPE) / 16"
