@@ -241,11 +241,11 @@
        own worker threads), with one exception: threads may create layers of one context at
        once (attn_layer_create, attn_select_backend, attn_selection_cache_clear serialise on
        the context's selection lock; each kernel variant compiles once). Different contexts
-       are independent. The backend registry is global and guarded by a lock. On a CUDA device the forwards that use one metadata
-       must run one after another on the GPU (one stream, or streams ordered by events):
-       the schedule and the split-KV merge counters live in the metadata, and two forwards
-       in flight at once over it would share them. Give concurrent streams their own
-       metadata.
+       are independent. The backend registry is global and guarded by a lock. On a CUDA
+       device the forwards that use one metadata must run one after another on the GPU (one
+       stream, or streams ordered by events): the schedule and the split-KV merge counters
+       live in the metadata, and two forwards in flight at once over it would share them.
+       Give concurrent streams their own metadata.
 
    HISTORY
        0.1.0  backend abstraction, selector with selection record, metadata builder,

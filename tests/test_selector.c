@@ -10,6 +10,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#ifndef ATTN_NO_THREADS
+#include <pthread.h>
+#endif
 
 /* ---- environment save/restore ------------------------------------------------------ */
 
@@ -1538,6 +1541,69 @@ ATTN_TEST(sel_log_item_names_are_distinct) {
                        attn_log_item_name(ATTN_LOG_NONE)) != 0);
 }
 
+#ifndef ATTN_NO_THREADS
+typedef struct {
+    attn_context *ctx;
+    int id;
+    attn_status st;
+    attn_layer *layers[6];
+} sel_mt_arg;
+
+/* Each thread: layers of three descriptors (the selection cache's entries), a selection
+   record, a cache clear between them. */
+static void *sel_mt_thread(void *varg) {
+    sel_mt_arg *a = (sel_mt_arg *)varg;
+    int i;
+    for (i = 0; i < 6 && a->st == ATTN_OK; i++) {
+        attn_layer_desc d = sel_desc();
+        attn_selection sel;
+        d.head_size = 32 * (1 + (a->id + i) % 3);
+        if (i == 3 && a->id % 2) a->st = attn_selection_cache_clear(a->ctx);
+        if (a->st == ATTN_OK) a->st = attn_select_backend(a->ctx, &d, NULL, &sel);
+        if (a->st == ATTN_OK && sel.resolved != ATTN_BACKEND_CPU) a->st = ATTN_ERROR_INTERNAL;
+        if (a->st == ATTN_OK) a->st = attn_layer_create(a->ctx, &d, NULL, &a->layers[i]);
+    }
+    return NULL;
+}
+#endif
+
+/* Threads creating layers of one fresh context at once (the backends' context state is
+   created by the first; the selection cache grows and is cleared meanwhile): every call
+   succeeds and every layer is the CPU backend's. The documented exception to "one thread
+   at a time" (THREAD SAFETY); the ThreadSanitizer build of make test checks it for races. */
+ATTN_TEST(sel_threads_create_layers_of_one_context) {
+#ifdef ATTN_NO_THREADS
+    SKIP("built without threads (ATTN_NO_THREADS)");
+#else
+    attn_context_desc cd;
+    attn_context *ctx = NULL;
+    sel_mt_arg args[8];
+    pthread_t th[8];
+    int i, k;
+    memset(&cd, 0, sizeof cd);
+    cd.log_level = ATTN_LOG_LEVEL_NONE;
+    cd.num_threads = 1;
+    EXPECT_OK(attn_context_create(&cd, &ctx));
+    if (!ctx) return;
+    memset(args, 0, sizeof args);
+    for (i = 0; i < 8; i++) {
+        args[i].ctx = ctx;
+        args[i].id = i;
+        pthread_create(&th[i], NULL, sel_mt_thread, &args[i]);
+    }
+    for (i = 0; i < 8; i++) pthread_join(th[i], NULL);
+    for (i = 0; i < 8; i++) {
+        EXPECT_OK(args[i].st);
+        for (k = 0; k < 6; k++) {
+            EXPECT_TRUE(args[i].layers[k] != NULL);
+            if (args[i].layers[k]) EXPECT_TRUE(attn_layer_backend(args[i].layers[k])->id == ATTN_BACKEND_CPU);
+            attn_layer_destroy(args[i].layers[k]);
+        }
+    }
+    attn_context_destroy(ctx);
+#endif
+}
+
 void suite_selector(void) {
     ATTN_RUN(sel_auto_resolves_cpu_with_one_info_line);
     ATTN_RUN(sel_fp8_cache_record);
@@ -1584,4 +1650,5 @@ void suite_selector(void) {
     ATTN_RUN(sel_log_level_from_env);
     ATTN_RUN(sel_status_strings_are_distinct);
     ATTN_RUN(sel_log_item_names_are_distinct);
+    ATTN_RUN(sel_threads_create_layers_of_one_context);
 }
