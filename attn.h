@@ -218,7 +218,11 @@
                         variants for the layer's shapes. State: attn_layer_backend_state.
                         A failure is a skip reason in the layer's record and the selector
                         moves on (an explicit request fails with it). layer_release at
-                        attn_layer_destroy.
+                        attn_layer_destroy. A GPU MLA backend may report here how many
+                        decode items it runs at once (attn_layer_set_decode_parallelism),
+                        which the split count of attn_metadata_mla_info then shares out.
+                        Layer creation holds the context's selection lock: no hook may
+                        call attn_layer_create or attn_select_backend on the same context.
          metadata_init  at attn_metadata_create: allocate, for the capacity
                         (attn_metadata_capacity, defaults resolved), the schedule and every
                         workspace forward will use, host and device. Private part:
