@@ -823,7 +823,7 @@ class Layer(_Owned):
     sliding_window, logits_soft_cap: 0 = none. alibi_slopes: None or num_heads floats.
     scale: None = 1/sqrt(head_size) (MLA: of the query width). device: 'cpu' or 'cuda'.
     backend: None (automatic, or env ATTN_BACKEND) or a name ('CPU', 'CUDA', 'CUDA_SM90', 'CPU_MLA',
-             'CUDA_MLA_SM90');
+             'CUDA_MLA_SM90', 'CUDA_MLA'; an fp8 latent on a GPU runs on CUDA_MLA);
     allow_fallback: an explicit backend that cannot serve degrades to the automatic one.
     mla: None, or a dict with kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim
     (head_size then defaults to kv_lora_rank + qk_rope_head_dim, num_kv_heads to 1).

@@ -603,6 +603,86 @@ def test_mla(ctx, xp, dtype):
     assert_close(xp.f64(lse_p), want_lse[td:], lse_tol, 0, "mha lse")
 
 
+FP8_MLA = [dict(id="e4m3-bf16", kv_cache_dtype="fp8_e4m3", dtype="bfloat16"),
+           dict(id="e5m2-f16", kv_cache_dtype="fp8_e5m2", dtype="float16")]
+
+
+@pytest.mark.parametrize("cfg", FP8_MLA, ids=[c["id"] for c in FP8_MLA])
+def test_mla_fp8_latent(ctx, xp, cfg):
+    """An fp8 latent cache (per-tensor k_scale: a one-element float32 array or tensor) through
+    attn_h: the latent write quantizes (each value within half a code step of x / scale), and
+    the absorbed decode and the up-projected prefill attend over the values the cache holds,
+    code * scale read back from its bytes; a new scale value is read by the next call.
+    CPU_MLA; on a GPU CUDA_MLA (CUDA_MLA_SM90 leaves fp8 latents to it)."""
+    kvdt, dt = cfg["kv_cache_dtype"], cfg["dtype"]
+    if xp.kind == "numpy" and ml_dtypes is None:
+        pytest.skip("numpy has no float8/bfloat16 (ml_dtypes is not installed)")
+    if xp.device == "cuda" and torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("CUDA_MLA needs compute capability 8.0")
+    rng = np.random.default_rng(17 + len(kvdt))
+    H, bs = 4, 16
+    ks = np.array([1.0 / 8], dtype=np.float32)
+    if xp.kind != "numpy":
+        ks = torch.from_numpy(ks).to(xp.device)
+    layer = attn_h.Layer(ctx, num_heads=H, block_size=bs, dtype=dt, kv_cache_dtype=kvdt, k_scale=ks,
+                         device=xp.device, mla=dict(kv_lora_rank=R, qk_rope_head_dim=ROPE,
+                                                    qk_nope_head_dim=NOPE, v_head_dim=VDIM))
+    assert layer.backend == ("CUDA_MLA" if xp.device == "cuda" else "CPU_MLA")
+    reqs = [(1, 40), (1, 17), (9, 30), (12, 12)]                 # decodes first
+    td = 2
+    b = paged_batch(rng, reqs, bs)
+    ntok = int(b["qsl"][-1])
+    shape = layer.kv_cache_shape(b["num_blocks"])
+    if xp.kind == "numpy":
+        cache = np.zeros(shape, dtype=getattr(ml_dtypes, "float8_e4m3fn" if kvdt == "fp8_e4m3" else "float8_e5m2"))
+    else:
+        cache = torch.zeros(shape, dtype=torch.float8_e4m3fn if kvdt == "fp8_e4m3" else torch.float8_e5m2,
+                            device=xp.device)
+    cat = np.concatenate if xp.kind == "numpy" else torch.cat
+    lat_t = [xp.store(rng.uniform(-1, 1, (s, R + ROPE)), dt) for _, s in reqs]
+    rows = cat(lat_t)
+    layer.concat_and_cache_mla(rows[:, :R], rows[:, R:], cache, xp.ints(np.concatenate(b["slots"]), np.int64))
+    xp.sync()
+    raw = cache if xp.kind == "numpy" else cache.detach().cpu().to(torch.float32).numpy()
+    codes = np.asarray(raw, dtype=np.float64).reshape(-1, R + ROPE)
+    half_step = 2.0 ** -4 if kvdt == "fp8_e4m3" else 2.0 ** -3    # relative, normal codes
+    for r, sl in enumerate(b["slots"]):
+        x = xp.f64(lat_t[r])
+        assert np.all(np.abs(codes[sl] * 0.125 - x) <= half_step * np.abs(x) + 2.0 ** -12), \
+            "request %d: a latent code is not the nearest to x / scale" % r
+    meta = attn_h.Metadata(layer, len(reqs), ntok, b["stride"], b["num_blocks"])
+    meta.build(b["qsl"], b["seq_lens"], b["table"],
+               np.concatenate([sl[s - q:] for sl, (q, s) in zip(b["slots"], reqs)]))
+    a = math.sqrt(3.0 / R)
+    wuk_t = xp.store(rng.uniform(-a, a, (H, NOPE, R)), dt)
+    wuv_t = xp.store(rng.uniform(-a, a, (H, R, VDIM)), dt)
+    qn_t = xp.store(rng.uniform(-2, 2, (ntok, H, NOPE)), dt)
+    qp_t = xp.store(rng.uniform(-2, 2, (ntok, H, ROPE)), dt)
+    wuk, wuv, qn, qp = xp.f64(wuk_t), xp.f64(wuv_t), xp.f64(qn_t), xp.f64(qp_t)
+    abs_tol, lse_tol = MLA_TOL[dt]
+    if xp.device == "cuda":  # q_latent, P and o_latent also go through f16 on the GPU
+        abs_tol, lse_tol = 2 * abs_tol, 2 * lse_tol
+    q_lat = xp.store(np.einsum("thn,hnr->thr", qn[:td], wuk), dt)
+    for scale_now in (0.125, 0.25):   # the second round: a new value in the same array
+        if scale_now != 0.125:
+            if xp.kind == "numpy":
+                ks[0] = scale_now
+            else:
+                ks.fill_(scale_now)
+        lat = [codes[sl] * scale_now for sl in b["slots"]]
+        want_out, want_lat, want_lse = mla_reference(lat, qn, qp, wuk, wuv, reqs, layer.desc["scale"])
+        out_lat, lse = xp.nan((td, H, R), dt), xp.nan((td, H), "float32")
+        layer.mla_forward_mqa(meta, q_lat, cache, out_lat, q_pe=qp_t[:td], lse=lse)
+        assert_rows_close(xp.f64(out_lat), want_lat[:td], abs_tol, abs_tol, "out_latent, scale %g" % scale_now)
+        assert_close(xp.f64(lse), want_lse[:td], lse_tol, 0, "mqa lse, scale %g" % scale_now)
+        q_full = cat([qn_t[td:], qp_t[td:]], -1) if xp.kind != "numpy" else \
+            np.concatenate([qn_t[td:], qp_t[td:]], -1)
+        out_p, lse_p = xp.nan((ntok - td, H, VDIM), dt), xp.nan((ntok - td, H), "float32")
+        layer.mla_forward_mha(meta, q_full, cache, wuk_t, wuv_t, out_p, lse=lse_p)
+        assert_rows_close(xp.f64(out_p), want_out[td:], abs_tol, abs_tol, "mha out, scale %g" % scale_now)
+        assert_close(xp.f64(lse_p), want_lse[td:], lse_tol, 0, "mha lse, scale %g" % scale_now)
+
+
 # ---- bad input, the library, the objects ---------------------------------------------------
 
 def small_layer(ctx):
