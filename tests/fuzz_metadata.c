@@ -227,7 +227,8 @@ static void fz_fill(void *p, attn_dtype dt, size_t n) {
         if (dt == ATTN_DTYPE_F16) ((uint16_t *)p)[i] = attn_f32_to_f16(x);
         else if (dt == ATTN_DTYPE_BF16) ((uint16_t *)p)[i] = attn_f32_to_bf16(x);
         else if (dt == ATTN_DTYPE_F32) ((float *)p)[i] = x;
-        else ((uint32_t *)p)[i] = (uint32_t)fz_rng();
+        else if (attn_dtype_size(dt) == 1) ((uint8_t *)p)[i] = (uint8_t)fz_rng(); /* fp8 / int8 codes */
+        else ((uint32_t *)p)[i] = (uint32_t)fz_rng(); /* a type of no size: fz_esize's 4 bytes */
     }
 }
 
