@@ -469,11 +469,15 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, MIN_CTAS) attn_mla_de
                 o[r][n][0] *= alpha[r][0]; o[r][n][1] *= alpha[r][0];
                 o[r][n][2] *= alpha[r][1]; o[r][n][3] *= alpha[r][1];
             }
+        {   /* O += P V, per 16 keys: P's A fragments by ldmatrix, then V's */
 #if ATTN_KV8
-        {   /* fp8: V = the first KV_LORA code columns; per 16 keys x 32 columns one
+            /* fp8: V = the first KV_LORA code columns; per 16 keys x 32 columns one
                ldmatrix.x4.trans, split by prmt into the even- and odd-column tiles of each 16
                (o tiles 4q .. 4q + 3: columns 32q + {even, odd}, 32q + 16 + {even, odd}) */
             const attn_u32 vb = sKst + v8_lane + (attn_u32)(warp * ATTN_CW);
+#else
+            const attn_u32 vb = sKst + v_lane + (attn_u32)(warp * ATTN_CW * 2);
+#endif
 #pragma unroll
             for (int kk = 0; kk < KV_TILE / 16; kk++) {
                 attn_u32 a[ATTN_RT][4];
@@ -481,6 +485,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, MIN_CTAS) attn_mla_de
                 for (int r = 0; r < ATTN_RT; r++)
                     attn_ldmatrix_x4(a[r], sP + p_lane + (attn_u32)((r * 16 * ATTN_PPITCH + kk * 16) * 2));
                 const attn_u32 vrow = vb + (attn_u32)(kk * 16 * ATTN_KROW);
+#if ATTN_KV8
 #pragma unroll
                 for (int dq = 0; dq < ATTN_CW / 32; dq++) {
                     attn_u32 w[4], b[4][2];
@@ -495,18 +500,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, MIN_CTAS) attn_mla_de
 #pragma unroll
                         for (int i = 0; i < 4; i++) attn_mma16816<ATTN_DT_M>(o[r][4 * dq + i], a[r], b[i]);
                 }
-            }
-        }
 #else
-        {
-            const attn_u32 vb = sKst + v_lane + (attn_u32)(warp * ATTN_CW * 2);
-#pragma unroll
-            for (int kk = 0; kk < KV_TILE / 16; kk++) {
-                attn_u32 a[ATTN_RT][4];
-#pragma unroll
-                for (int r = 0; r < ATTN_RT; r++)
-                    attn_ldmatrix_x4(a[r], sP + p_lane + (attn_u32)((r * 16 * ATTN_PPITCH + kk * 16) * 2));
-                const attn_u32 vrow = vb + (attn_u32)(kk * 16 * ATTN_PITCH * 2);
 #pragma unroll
                 for (int op = 0; op < ATTN_OT / 2; op++) {
                     attn_u32 b[4];
@@ -517,9 +511,9 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, MIN_CTAS) attn_mla_de
                         attn_mma16816<DT>(o[r][2 * op + 1], a[r], b + 2);
                     }
                 }
+#endif
             }
         }
-#endif
     }
 
     /* ---- epilogue: row sums through shared memory, O / l out ---- */
