@@ -1069,12 +1069,29 @@ static int cu_capture_forward(cu_graph_api *cg, attn_layer *gpu, attn_metadata *
 }
 
 /* NaN-poisons `out` on the device, replays `exec` and waits for it; 1 on success. */
-static int cu_replay(attn_context *ctx, cu_graph_api *cg, void *exec, cu_buf *out) {
+/* One round of a graph test: the captured forward replayed into out (poisoned first), the
+   CPU layer's forward on the host tensors into cpu_out, and the n bf16 outputs compared
+   within atol + rtol |cpu| (the first differences named after `what`). Returns the
+   failures, at most 4 (a replay or copy that fails counts one). */
+static int cu_replay_matches_cpu(attn_context *ctx, cu_graph_api *cg, void *exec, cu_buf *out, attn_layer *cpu,
+                                 attn_metadata *mc, const attn_tensor *hq, attn_tensor *hc, attn_tensor *ho,
+                                 const uint16_t *cpu_out, uint16_t *gpu_out, int n, float atol, float rtol,
+                                 const char *what) {
+    int x, bad = 0;
     memset(out->host, 0xff, out->bytes);
-    if (!cu_up(ctx, out)) return 0;
+    if (!cu_up(ctx, out)) return 1;
     EXPECT_EQ_INT(cg->launch(exec, cg->stream), 0);
     EXPECT_EQ_INT(cg->sync(cg->stream), 0);
-    return 1;
+    EXPECT_OK(attn_layer_forward(cpu, mc, hq, NULL, NULL, hc, ho, NULL, NULL));
+    if (!cu_down(ctx, out, gpu_out)) return 1;
+    for (x = 0; x < n && bad < 4; x++) {
+        float a = attn_bf16_to_f32(cpu_out[x]), g = attn_bf16_to_f32(gpu_out[x]);
+        if (!(fabsf(a - g) <= atol + rtol * fabsf(a))) {
+            attn_test_fail(__FILE__, __LINE__, "%s out[%d]: cpu %g, graph replay %g", what, x, a, g);
+            bad++;
+        }
+    }
+    return bad;
 }
 
 ATTN_TEST(cuda_graph_replays_after_new_builds) {
@@ -1150,18 +1167,11 @@ ATTN_TEST(cuda_graph_replays_after_new_builds) {
             bad++;
             break;
         }
-        if (!cu_replay(ctx, &cg, exec, &out)) { bad++; break; }
-        EXPECT_OK(attn_layer_forward(cpu, mc, &hq, NULL, NULL, &hc, &ho, NULL, NULL));
-        if (!cu_down(ctx, &out, gpu_out)) { bad++; break; }
         {
-            int x, n = qsl[nreq] * H * D;
-            for (x = 0; x < n && bad < 4; x++) {
-                float a = attn_bf16_to_f32(cpu_out[x]), g = attn_bf16_to_f32(gpu_out[x]);
-                if (!(fabsf(a - g) <= 3e-2f + 1e-2f * fabsf(a))) {
-                    attn_test_fail(__FILE__, __LINE__, "round %d out[%d]: cpu %g, graph replay %g", round, x, a, g);
-                    bad++;
-                }
-            }
+            char what[32];
+            snprintf(what, sizeof what, "round %d", round);
+            bad += cu_replay_matches_cpu(ctx, &cg, exec, &out, cpu, mc, &hq, &hc, &ho, cpu_out, gpu_out, qsl[nreq] * H * D,
+                                         3e-2f, 1e-2f, what);
         }
     }
     EXPECT_EQ_INT(bad, 0);
@@ -1248,16 +1258,11 @@ ATTN_TEST(cuda_fp8_graph_replays_new_scales) {
             bad++;
             break;
         }
-        if (!cu_replay(ctx, &cg, exec, &out)) { bad++; break; }
-        EXPECT_OK(attn_layer_forward(cpu, mc, &hq, NULL, NULL, &hc, &ho, NULL, NULL));
-        if (!cu_down(ctx, &out, gpu_out)) { bad++; break; }
-        for (i = 0; i < R * H * D && bad < 4; i++) {
-            float a = attn_bf16_to_f32(cpu_out[i]), g = attn_bf16_to_f32(gpu_out[i]);
-            if (!(fabsf(a - g) <= 3e-2f * (1.0f + fabsf(a)))) {
-                attn_test_fail(__FILE__, __LINE__, "round %d (k_scale %g, v_scale %g) out[%d]: cpu %g, graph replay %g",
-                               round, (double)hs[0], (double)hs[1], i, a, g);
-                bad++;
-            }
+        {
+            char what[80];
+            snprintf(what, sizeof what, "round %d (k_scale %g, v_scale %g)", round, (double)hs[0], (double)hs[1]);
+            bad += cu_replay_matches_cpu(ctx, &cg, exec, &out, cpu, mc, &hq, &hc, &ho, cpu_out, gpu_out, R * H * D, 3e-2f,
+                                         3e-2f, what);
         }
     }
     EXPECT_EQ_INT(bad, 0);
