@@ -6728,6 +6728,17 @@ static attn_status attn__cuda_configure(attn_context *ctx, attn__cuda_module *m,
     return ATTN_OK;
 }
 
+/* The CTAs of a configured kernel (m->main at m->config's threads and shared memory) the
+   device holds at once: occupancy x SMs (occupancy `fallback` where the driver cannot say).
+   The split-KV policies aim at one wave of them. */
+static int attn__cuda_resident(attn_context *ctx, const attn__cuda_module *m, int fallback) {
+    int per_sm = 0;
+    if (ctx->cuda->cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, m->main, m->config[0], (size_t)m->config[1]) != 0 ||
+        per_sm < 1)
+        per_sm = fallback;
+    return per_sm * ATTN__MAX(1, ctx->platform.cuda_multiprocessors);
+}
+
 /* Compiles (or finds) `file` with `options` for the device and loads the functions. */
 static attn_status attn__cuda_load(attn_context *ctx, const char *file, const char *options,
                                    const char *main_name, const char *second_name, int flags,
@@ -7014,20 +7025,9 @@ static attn_status attn__cuda_layer_init(const attn_backend *self, attn_layer *l
         }
     }
     if (st == ATTN_OK) { /* the split-KV target: one wave of resident decode CTAs */
-        int per_sm = 0;
-        if (ctx->cuda->cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, L->decode.main, L->decode.config[0],
-                                                                   (size_t)L->decode.config[1]) != 0 || per_sm < 1)
-            per_sm = 2;
-        L->resident = per_sm * ATTN__MAX(1, ctx->platform.cuda_multiprocessors);
-        if (L->decode_wide.module) {
-            per_sm = 0;
-            if (ctx->cuda->cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, L->decode_wide.main,
-                                                                       L->decode_wide.config[0],
-                                                                       (size_t)L->decode_wide.config[1]) != 0 ||
-                per_sm < 1)
-                per_sm = 1; /* its shared memory allows one per SM */
-            L->resident_wide = per_sm * ATTN__MAX(1, ctx->platform.cuda_multiprocessors);
-        }
+        L->resident = attn__cuda_resident(ctx, &L->decode, 2);
+        if (L->decode_wide.module)
+            L->resident_wide = attn__cuda_resident(ctx, &L->decode_wide, 1); /* its shared memory allows one per SM */
     }
     if (st == ATTN_OK && d->alibi_slopes) {
         size_t bytes = (size_t)d->num_heads * sizeof(float);
@@ -7964,11 +7964,7 @@ static attn_status attn__cuda_mla_layer_init(const attn_backend *self, attn_laye
                                   reason, size);
     if (st == ATTN_OK) L->rows = L->decode.config[3];
     if (st == ATTN_OK && !L->sm90) { /* the split policy's target: one wave of resident decode CTAs */
-        int per_sm = 0;
-        if (ctx->cuda->cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, L->decode.main, L->decode.config[0],
-                                                                   (size_t)L->decode.config[1]) != 0 || per_sm < 1)
-            per_sm = 1;
-        L->resident = per_sm * ATTN__MAX(1, ctx->platform.cuda_multiprocessors);
+        L->resident = attn__cuda_resident(ctx, &L->decode, 1);
         st = attn_layer_set_decode_parallelism(layer, L->resident, L->rows);
         if (st != ATTN_OK) attn__fmt(reason, size, "%s", attn_context_last_error(ctx));
     }

@@ -1579,7 +1579,7 @@ static int bench_recompile(attn_context *ctx, const char *env, const char *file,
                            const char *kernel, const char *second, int flags, const char *config, attn__cuda_module *slot) {
     char reason[256], *tok, defs[256];
     size_t n;
-    int per_sm = 0;
+    int resident;
     attn__cuda_module m;
     snprintf(defs, sizeof defs, "%s", getenv(env));
     for (tok = strtok(defs, " "); tok; tok = strtok(NULL, " "))
@@ -1592,13 +1592,11 @@ static int bench_recompile(attn_context *ctx, const char *env, const char *file,
     }
     ctx->cuda->cuModuleUnload(slot->module);
     *slot = m;
-    if (ctx->cuda->cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, m.main, m.config[0], (size_t)m.config[1]) != 0 ||
-        per_sm < 1)
-        per_sm = 1;
+    resident = attn__cuda_resident(ctx, &m, 1);
     attn__cuda_leave(ctx);
-    printf("  decode recompiled: %s (%d CTAs per SM, %d threads, %d bytes of shared memory)\n", opt, per_sm, m.config[0],
-           m.config[1]);
-    return per_sm * ATTN__MAX(1, ctx->platform.cuda_multiprocessors);
+    printf("  decode recompiled: %s (%d CTAs per SM, %d threads, %d bytes of shared memory)\n", opt,
+           resident / ATTN__MAX(1, ctx->platform.cuda_multiprocessors), m.config[0], m.config[1]);
+    return resident;
 }
 
 /* ATTN_BENCH_MLA_DEFINES: a CUDA_MLA layer's decode recompiled (its split policy follows). */
