@@ -150,9 +150,12 @@
 
    ERRORS AND LOGGING
        Every public function returns attn_status (ATTN_OK = 0); attn_status_string() names
-       it. The context keeps the last error message, which names the argument, the value
-       and what is allowed: attn_context_last_error(ctx); with ctx == NULL the calling
-       thread's last error. Bad input never writes to outputs or caches.
+       it. The last error message names the argument, the value and what is allowed:
+       attn_context_last_error(ctx) is the calling thread's last failure on ctx (each
+       thread keeps its own, so threads failing on one context never see each other's
+       message); with ctx == NULL, the thread's last failure without a context
+       (attn_context_create, attn_reorder_batch, ...). Bad input never writes to outputs
+       or caches.
        Log lines go through one hook (attn_context_desc.log) with a level and an item
        (attn_log_item, one X-macro list) so programs and tests can match on items. The
        selector logs each skipped candidate (DEBUG) and exactly one INFO line for each
@@ -482,7 +485,10 @@ typedef struct attn_context_desc {
    attn_context_last_error(NULL); it is logged through desc's hook and level already. */
 ATTN_API attn_status attn_context_create(const attn_context_desc *desc, attn_context **out);
 ATTN_API void attn_context_destroy(attn_context *ctx);
-/* ctx == NULL: the calling thread's last error (for failures without a context). */
+/* The calling thread's last error message on ctx ("" if none); ctx == NULL: its last
+   failure without a context (e.g. attn_context_create). Per thread: another thread's
+   failure on the same context does not replace it. The pointer stays valid until this
+   thread's next failure. */
 ATTN_API const char *attn_context_last_error(const attn_context *ctx);
 ATTN_API attn_status attn_context_set_log_level(attn_context *ctx, attn_log_level level);
 
@@ -830,9 +836,9 @@ typedef struct attn_selection {
     int num_skipped;
     struct {
         attn_backend_id backend;
-        char reason[160];
+        char reason[320];
     } skipped[ATTN_SELECTION_MAX_SKIPPED];
-    char log_line[640];               /* the INFO line that was logged */
+    char log_line[1024];               /* the INFO line that was logged */
 } attn_selection;
 
 /* Resolves without creating a layer. On ATTN_ERROR_BACKEND_UNAVAILABLE /
@@ -1727,7 +1733,7 @@ struct attn_context {
     attn_log_fn log;
     void *log_user_data;
     attn_log_level log_level;
-    char last_error[512];
+    uint64_t serial;                 /* names the context in the threads' error slots */
     attn_platform platform;
     int num_threads;
     attn__threadpool *pool;
@@ -1756,7 +1762,45 @@ struct attn_context {
 #define ATTN__SELECT_UNLOCK(ctx) ((void)0)
 #endif
 
-static ATTN__THREAD_LOCAL char attn__thread_error[512];
+/* Last errors are per thread: each thread keeps its own message for each of the last
+   ATTN__ERROR_SLOTS contexts it failed on (slot 0: failures without a context), keyed by
+   the context's serial (never reused, unlike its address). Threads that fail on one
+   context at once never write, or log from, each other's message. */
+#define ATTN__ERROR_SLOTS 8
+typedef struct attn__error_slot {
+    uint64_t serial; /* 0: empty (slot 0: no context) */
+    char message[1024];
+} attn__error_slot;
+static ATTN__THREAD_LOCAL attn__error_slot attn__thread_errors[ATTN__ERROR_SLOTS];
+static ATTN__THREAD_LOCAL unsigned attn__thread_error_next;
+
+static uint64_t attn__context_serial(void) {
+    static uint64_t next;
+#ifndef ATTN_NO_THREADS
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    uint64_t s;
+    pthread_mutex_lock(&lock);
+    s = ++next;
+    pthread_mutex_unlock(&lock);
+    return s;
+#else
+    return ++next;
+#endif
+}
+
+/* The calling thread's message slot for ctx (NULL: the context-free slot); claim = 0 only
+   looks (NULL when this thread has no message for ctx), claim = 1 takes the oldest slot. */
+static char *attn__error_slot_of(const attn_context *ctx, int claim) {
+    unsigned i;
+    if (!ctx) return attn__thread_errors[0].message;
+    for (i = 1; i < ATTN__ERROR_SLOTS; i++)
+        if (attn__thread_errors[i].serial == ctx->serial) return attn__thread_errors[i].message;
+    if (!claim) return NULL;
+    i = 1 + attn__thread_error_next++ % (ATTN__ERROR_SLOTS - 1);
+    attn__thread_errors[i].serial = ctx->serial;
+    attn__thread_errors[i].message[0] = 0;
+    return attn__thread_errors[i].message;
+}
 
 static const char *attn__level_name(attn_log_level level) {
     switch (level) {
@@ -1811,8 +1855,8 @@ static attn_status attn__fail(attn_context *ctx, attn_status status, attn_log_it
                               const char *fmt, ...) ATTN__PRINTF(4, 5);
 static attn_status attn__vfail(attn_context *ctx, attn_status status, attn_log_item item,
                                const char *fmt, va_list ap) {
-    char *slot = ctx ? ctx->last_error : attn__thread_error;
-    vsnprintf(slot, 512, fmt, ap);
+    char *slot = attn__error_slot_of(ctx, 1);
+    vsnprintf(slot, sizeof attn__thread_errors[0].message, fmt, ap);
     attn__log(ctx, ATTN_LOG_LEVEL_ERROR, item, "%s: %s", attn_status_string(status), slot);
     return status;
 }
@@ -1943,21 +1987,18 @@ static attn_status attn__scratch_reserve(attn_context *ctx, size_t floats) {
     return ATTN_OK;
 }
 
-/* attn_context_create's failures have no context to keep their message: they are logged
-   through a stack context holding just the caller's hook and level, and the message is
-   copied to the thread's last error (where attn_context_last_error(NULL) finds it). */
 /* A failure of attn_context_create: logged through the caller's hook and level (`logger`
    holds only those), kept as the thread's last error since there is no context. */
 static attn_status attn__create_fail(attn_context *logger, attn_status status, attn_log_item item,
                                      const char *fmt, ...) ATTN__PRINTF(4, 5);
 static attn_status attn__create_fail(attn_context *logger, attn_status status, attn_log_item item,
                                      const char *fmt, ...) {
+    char *slot = attn__error_slot_of(NULL, 1);
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(logger->last_error, sizeof logger->last_error, fmt, ap);
+    vsnprintf(slot, sizeof attn__thread_errors[0].message, fmt, ap);
     va_end(ap);
-    attn__log(logger, ATTN_LOG_LEVEL_ERROR, item, "%s: %s", attn_status_string(status), logger->last_error);
-    attn__strlcpy(attn__thread_error, logger->last_error, sizeof attn__thread_error);
+    attn__log(logger, ATTN_LOG_LEVEL_ERROR, item, "%s: %s", attn_status_string(status), slot);
     return status;
 }
 
@@ -1998,6 +2039,7 @@ ATTN_API attn_status attn_context_create(const attn_context_desc *desc, attn_con
 #ifndef ATTN_NO_THREADS
     pthread_mutex_init(&ctx->select_lock, NULL);
 #endif
+    ctx->serial = attn__context_serial();
     ctx->log = d.log;
     ctx->log_user_data = d.log_user_data;
     ctx->log_level = d.log_level ? d.log_level : attn__env_log_level();
@@ -2089,7 +2131,8 @@ ATTN_API void attn_context_destroy(attn_context *ctx) {
 }
 
 ATTN_API const char *attn_context_last_error(const attn_context *ctx) {
-    return ctx ? ctx->last_error : attn__thread_error;
+    const char *m = attn__error_slot_of(ctx, 0);
+    return m ? m : "";
 }
 
 ATTN_API attn_status attn_context_set_log_level(attn_context *ctx, attn_log_level level) {
@@ -2751,8 +2794,8 @@ static attn_status attn__desc_resolve(attn_context *ctx, const char *fn,
                                        d.kv_lora_rank, d.qk_rope_head_dim);
     }
     if (!(d.scale >= 0.0f) || d.scale > FLT_MAX)
-        return attn__bad_desc(ctx, "%s: desc.scale is %g (allowed: 0 = 1/sqrt(head_size), or a "
-                                   "finite value > 0)", fn, (double)d.scale);
+        return attn__bad_desc(ctx, "%s: desc.scale is %g (allowed: 0 = 1/sqrt(%s), or a finite value > 0)", fn,
+                              (double)d.scale, d.use_mla ? "qk_nope_head_dim + qk_rope_head_dim" : "head_size");
     if (d.scale == 0.0f) {
         int qk = d.use_mla ? d.qk_nope_head_dim + d.qk_rope_head_dim : d.head_size;
         d.scale = 1.0f / sqrtf((float)(qk > 0 ? qk : d.head_size));
@@ -2860,79 +2903,77 @@ static void attn__dtype_mask_names(unsigned mask, char *buf, size_t size) {
         }
 }
 
-/* 0 when b can serve the (resolved) descriptor on the platform, else reason is written. */
+/* Appends one failing check to a backend's reason: "NAME: first", then ", and next". */
+static void attn__reason_add(char *reason, size_t size, int *count, const char *name, const char *fmt, ...)
+    ATTN__PRINTF(5, 6);
+static void attn__reason_add(char *reason, size_t size, int *count, const char *name, const char *fmt, ...) {
+    size_t n = strlen(reason);
+    va_list ap;
+    if (n + 1 >= size) return;
+    n += (size_t)attn__fmt(reason + n, size - n, *count ? ", and " : "%s: ", name);
+    if (n + 1 < size) {
+        va_start(ap, fmt);
+        vsnprintf(reason + n, size - n, fmt, ap);
+        va_end(ap);
+    }
+    ++*count;
+}
+
+/* 0 when b can serve the (resolved) descriptor on the platform, else every failing check
+   is written into reason (the platform first, then the fields in the order of the struct,
+   then the backend's own check) and the count of them is returned. A GPU backend's own
+   check runs only where the platform has a device: on a CPU host its reason would only
+   repeat "no device". */
 static int attn__backend_check(const attn_backend *b, const attn_layer_desc *d,
                                const attn_platform *p, char *reason, size_t size) {
     char allowed[64];
-    char custom[128];
-    if (b->device != d->device) {
-        attn__fmt(reason, size, "%s: runs on %s tensors; the layer's tensors are on %s "
-                  "(attn_layer_desc.device)", b->name, attn__device_name(b->device),
-                  attn__device_name(d->device));
-        return 1;
-    }
-    if (b->device == ATTN_DEVICE_CUDA && p->kind != ATTN_PLATFORM_CUDA) {
-        attn__fmt(reason, size, "%s: %s", b->name, p->cuda_reason[0] ? p->cuda_reason : "no CUDA device");
-        return 1;
-    }
-    if (b->is_mla != d->use_mla) {
-        attn__fmt(reason, size, b->is_mla ? "%s: MLA backend, the layer is not MLA (use_mla = 0)"
-                                         : "%s: standard-attention backend, the layer is MLA "
-                                           "(use_mla = 1)", b->name);
-        return 1;
-    }
+    char custom[160];
+    int n = 0, platform_ok = b->device != ATTN_DEVICE_CUDA || p->kind == ATTN_PLATFORM_CUDA, custom_used = 0;
+    reason[0] = 0;
+    if (!platform_ok)
+        attn__reason_add(reason, size, &n, b->name, "%s", p->cuda_reason[0] ? p->cuda_reason : "no CUDA device");
+    if (b->device != d->device)
+        attn__reason_add(reason, size, &n, b->name, "runs on %s tensors; the layer's tensors are on %s "
+                         "(attn_layer_desc.device)", attn__device_name(b->device), attn__device_name(d->device));
+    if (b->is_mla != d->use_mla)
+        attn__reason_add(reason, size, &n, b->name, b->is_mla ? "MLA backend, the layer is not MLA (use_mla = 0)"
+                                                              : "standard-attention backend, the layer is MLA "
+                                                                "(use_mla = 1)");
     if (!(b->dtypes & ATTN_DTYPE_BIT(d->dtype))) {
         attn__dtype_mask_names(b->dtypes, allowed, sizeof allowed);
-        attn__fmt(reason, size, "%s: dtype %s not supported (%s)", b->name,
-                 attn_dtype_name(d->dtype), allowed);
-        return 1;
+        attn__reason_add(reason, size, &n, b->name, "dtype %s not supported (%s)", attn_dtype_name(d->dtype), allowed);
     }
     if (!(b->kv_cache_dtypes & ATTN_DTYPE_BIT(d->kv_cache_dtype))) {
         attn__dtype_mask_names(b->kv_cache_dtypes, allowed, sizeof allowed);
-        attn__fmt(reason, size, "%s: kv_cache_dtype %s not supported (%s)", b->name,
-                 attn_dtype_name(d->kv_cache_dtype), allowed);
-        return 1;
+        attn__reason_add(reason, size, &n, b->name, "kv_cache_dtype %s not supported (%s)",
+                         attn_dtype_name(d->kv_cache_dtype), allowed);
     }
+    custom[0] = 0;
+    if (b->check && platform_ok && b->check(b, d, p, custom, sizeof custom) && !custom[0])
+        attn__strlcpy(custom, "backend check failed", sizeof custom);
     if (!attn__head_size_ok(b, d->head_size)) {
         /* the fields can only say "a range"; a backend whose sizes are a list (CPU_MLA: 576
            or 320) names them in its own check, so that reason wins when it has one */
-        custom[0] = 0;
-        if (b->check && b->check(b, d, p, custom, sizeof custom) && custom[0])
-            attn__fmt(reason, size, "%s: %s", b->name, custom);
-        else
-            attn__fmt(reason, size, "%s: head_size %d not supported (multiples of %d from %d to %d)",
-                     b->name, d->head_size, b->head_size_multiple, b->head_size_min, b->head_size_max);
-        return 1;
-    }
-    if (d->block_size % b->block_size_multiple || (b->block_size_max && d->block_size > b->block_size_max)) {
-        attn__fmt(reason, size, "%s: block_size %d not supported (multiples of %d up to %d)",
-                 b->name, d->block_size, b->block_size_multiple, b->block_size_max);
-        return 1;
-    }
-    if (d->causal == ATTN_CAUSAL_NO && !b->supports_non_causal) {
-        attn__fmt(reason, size, "%s: non-causal attention not supported", b->name);
-        return 1;
-    }
-    if (d->sliding_window && !b->supports_sliding_window) {
-        attn__fmt(reason, size, "%s: sliding_window %d not supported", b->name, d->sliding_window);
-        return 1;
-    }
-    if (d->logits_soft_cap > 0.0f && !b->supports_logits_soft_cap) {
-        attn__fmt(reason, size, "%s: logits_soft_cap not supported", b->name);
-        return 1;
-    }
-    if (d->alibi_slopes && !b->supports_alibi) {
-        attn__fmt(reason, size, "%s: ALiBi not supported", b->name);
-        return 1;
-    }
-    if (b->check) {
-        custom[0] = 0;
-        if (b->check(b, d, p, custom, sizeof custom)) {
-            attn__fmt(reason, size, "%s: %s", b->name, custom[0] ? custom : "backend check failed");
-            return 1;
+        if (custom[0] && strstr(custom, "head_size")) {
+            attn__reason_add(reason, size, &n, b->name, "%s", custom);
+            custom_used = 1;
+        } else {
+            attn__reason_add(reason, size, &n, b->name, "head_size %d not supported (multiples of %d from %d to %d)",
+                             d->head_size, b->head_size_multiple, b->head_size_min, b->head_size_max);
         }
     }
-    return 0;
+    if (d->block_size % b->block_size_multiple || (b->block_size_max && d->block_size > b->block_size_max))
+        attn__reason_add(reason, size, &n, b->name, "block_size %d not supported (multiples of %d up to %d)",
+                         d->block_size, b->block_size_multiple, b->block_size_max);
+    if (d->causal == ATTN_CAUSAL_NO && !b->supports_non_causal)
+        attn__reason_add(reason, size, &n, b->name, "non-causal attention not supported");
+    if (d->sliding_window && !b->supports_sliding_window)
+        attn__reason_add(reason, size, &n, b->name, "sliding_window %d not supported", d->sliding_window);
+    if (d->logits_soft_cap > 0.0f && !b->supports_logits_soft_cap)
+        attn__reason_add(reason, size, &n, b->name, "logits_soft_cap not supported");
+    if (d->alibi_slopes && !b->supports_alibi) attn__reason_add(reason, size, &n, b->name, "ALiBi not supported");
+    if (custom[0] && !custom_used) attn__reason_add(reason, size, &n, b->name, "%s", custom);
+    return n;
 }
 
 static attn_status attn__layer_bind(attn_layer *layer, const attn_backend *b, char *reason,
@@ -2987,7 +3028,7 @@ static void attn__automatic(attn_context *ctx, const attn_layer_desc *d, attn_se
                             attn_backend_id tried, attn_layer *layer) {
     int count, i;
     const attn_backend_id *list = attn__priority_list(ctx->platform.kind, &count);
-    char reason[160];
+    char reason[320];
     for (i = 0; i < count; i++) {
         const attn_backend *b = attn_backend_get(list[i]);
         if (!b || list[i] == tried) continue;
@@ -3008,7 +3049,7 @@ static attn_status attn__resolve(attn_context *ctx, const attn_layer_desc *d,
     const char *env = attn__trim_env("ATTN_BACKEND");
     int count, i;
     const attn_backend_id *list = attn__priority_list(ctx->platform.kind, &count);
-    char reasons[1024], reason[160];
+    char reasons[2048], reason[320];
     memset(s, 0, sizeof *s);
     attn__strlcpy(s->env_var, "ATTN_BACKEND", sizeof s->env_var);
     if (env) { s->env_set = 1; attn__strlcpy(s->env_value, env, sizeof s->env_value); }
@@ -3030,7 +3071,7 @@ static attn_status attn__resolve(attn_context *ctx, const attn_layer_desc *d,
                                      whose capability checks pass (CUDA on an A100, where
                                      CUDA_SM90 cannot serve), else the first of that kind */
         const attn_backend *b = attn_backend_get(list[i]);
-        char why[160];
+        char why[320];
         if (!b || b->is_mla != d->use_mla || b->device != d->device) continue;
         if (!s->default_backend) s->default_backend = list[i];
         if (!attn__backend_check(b, d, &ctx->platform, why, sizeof why)) { s->default_backend = list[i]; break; }
@@ -3124,7 +3165,7 @@ static attn_status attn__select(attn_context *ctx, const attn_layer_desc *d,
                                 const attn_select_request *req, attn_selection *out,
                                 attn_layer *layer) {
     const char *env = attn__trim_env("ATTN_BACKEND");
-    char env_value[64], reason[160];
+    char env_value[64], reason[320];
     uint64_t ah = attn__hash_floats(d->alibi_slopes, d->num_heads);
     attn__selection_cache_entry *e = NULL;
     attn_status st;
@@ -3566,33 +3607,49 @@ static attn_mla_info attn__mla_plan(const attn_metadata *m, const attn_batch *b)
     return info;
 }
 
-/* Metadata may serve every layer whose schedule-relevant fields match its creator's. */
-static int attn__metadata_fits(const attn_metadata *meta, const attn_layer *layer) {
+/* Metadata may serve every layer whose schedule- and workspace-relevant fields match its
+   creator's: the schedule (heads, block size, causality, window) and the workspaces sized
+   at create (MLA's latent, nope and v widths). Writes the mismatching fields, "name V
+   (this layer: W)" joined by ", ", into why; returns whether all match. */
+static int attn__metadata_fits(const attn_metadata *meta, const attn_layer *layer, char *why, size_t size) {
     const attn_layer_desc *m = &meta->built_for, *d = &layer->desc;
-    return meta->backend == layer->backend && m->num_heads == d->num_heads &&
-           m->num_kv_heads == d->num_kv_heads && m->head_size == d->head_size &&
-           m->block_size == d->block_size && m->causal == d->causal &&
-           m->sliding_window == d->sliding_window && m->use_mla == d->use_mla &&
-           m->kv_lora_rank == d->kv_lora_rank && m->qk_rope_head_dim == d->qk_rope_head_dim;
+    struct { const char *name; int meta, layer; } f[11];
+    size_t n = 0, i, len = 0;
+#define ATTN__FIT(field) (f[n].name = #field, f[n].meta = (int)m->field, f[n].layer = (int)d->field, n++)
+    ATTN__FIT(num_heads); ATTN__FIT(num_kv_heads); ATTN__FIT(head_size); ATTN__FIT(block_size);
+    ATTN__FIT(causal); ATTN__FIT(sliding_window); ATTN__FIT(use_mla);
+    if (m->use_mla && d->use_mla) {
+        ATTN__FIT(kv_lora_rank); ATTN__FIT(qk_rope_head_dim); ATTN__FIT(qk_nope_head_dim); ATTN__FIT(v_head_dim);
+    }
+#undef ATTN__FIT
+    if (why && size) why[0] = 0;
+    if (meta->backend != layer->backend && why)
+        len += (size_t)attn__fmt(why, size, "backend %s (this layer: %s)", meta->backend ? meta->backend->name : "?",
+                                 layer->backend->name);
+    for (i = 0; i < n; i++)
+        if (f[i].meta != f[i].layer && why && len < size)
+            len += (size_t)attn__fmt(why + len, size - len, "%s%s %d (this layer: %d)", len ? ", " : "", f[i].name,
+                                     f[i].meta, f[i].layer);
+    if (meta->backend != layer->backend) return 0;
+    for (i = 0; i < n; i++)
+        if (f[i].meta != f[i].layer) return 0;
+    return 1;
 }
 
 /* A forward call's metadata: built, and created by a layer of the same configuration. */
 static attn_status attn__check_meta(const attn_layer *layer, const attn_metadata *meta, const char *fn) {
     attn_context *ctx = layer->ctx;
-    const attn_layer_desc *d = &layer->desc, *m = &meta->built_for;
+    char why[384];
     if (!meta->built)
         return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_METADATA_MISMATCH,
                           "%s: meta has not been built (call attn_metadata_build first)", fn);
-    if (!attn__metadata_fits(meta, layer))
+    if (!attn__metadata_fits(meta, layer, why, sizeof why))
         return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_METADATA_MISMATCH,
-                          "%s: meta was created for backend %s, heads %d/%d, head_size %d, "
-                          "block_size %d, causal %d, sliding_window %d (allowed: the same as "
-                          "this layer: %s, %d/%d, %d, %d, %d, %d)",
-                          fn, meta->backend ? meta->backend->name : "?", m->num_heads,
-                          m->num_kv_heads, m->head_size, m->block_size, (int)m->causal,
-                          m->sliding_window, layer->backend->name, d->num_heads,
-                          d->num_kv_heads, d->head_size, d->block_size, (int)d->causal,
-                          d->sliding_window);
+                          "%s: meta was created by a layer with %s (allowed: metadata created by a layer "
+                          "with the same backend, num_heads, num_kv_heads, head_size, block_size, causal, "
+                          "sliding_window, use_mla%s)",
+                          fn, why, layer->desc.use_mla ? ", kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim and "
+                                                         "v_head_dim" : "");
     return ATTN_OK;
 }
 
@@ -6025,7 +6082,11 @@ static attn_status attn__cpu_mla_forward(const attn_backend *self, attn_layer *l
     attn_context *ctx = layer->ctx;
     int H = d->num_heads, R = d->kv_lora_rank, td = meta->mla.num_decode_tokens;
     attn__cpu_mla_ws ws;
+    float ks, vs;
     attn_status st = attn__scratch_reserve(ctx, cm->scratch_floats); /* reserved at create */
+    /* the latent's scale, checked here for the whole call: before anything is written, and
+       named by the call the caller made */
+    if (st == ATTN_OK) st = attn__kv_scales(ctx, d, "attn_mla_forward", &ks, &vs);
     if (st != ATTN_OK) return st; /* before anything is written */
     attn__cpu_mla_ws_layout(d, attn_metadata_capacity(meta), cm->workspace_base, &ws);
     if (kv_c)

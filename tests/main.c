@@ -4,10 +4,12 @@
 #include <stdlib.h>
 
 /* Every allocation of the library is counted, so a test can prove that build and forward
-   allocate nothing after create (tests/test_seam.c). */
+   allocate nothing after create (tests/test_seam.c).
+   (Atomic: threads of the threaded tests allocate at once.) */
 long attn_test_allocations;
-static void *attn_test_malloc(size_t n) { attn_test_allocations++; return malloc(n); }
-static void *attn_test_realloc(void *p, size_t n) { attn_test_allocations++; return realloc(p, n); }
+static void attn_test_count(void) { __atomic_fetch_add(&attn_test_allocations, 1, __ATOMIC_RELAXED); }
+static void *attn_test_malloc(size_t n) { attn_test_count(); return malloc(n); }
+static void *attn_test_realloc(void *p, size_t n) { attn_test_count(); return realloc(p, n); }
 #define ATTN_MALLOC(sz) attn_test_malloc(sz)
 #define ATTN_REALLOC(p, sz) attn_test_realloc(p, sz)
 #define ATTN_FREE(p) free(p)
@@ -30,6 +32,7 @@ void suite_regress(void);    /* tests/test_regress.c */
 void suite_mla(void);        /* tests/test_mla.c */
 void suite_seam(void);       /* tests/test_seam.c */
 void suite_defects(void);    /* tests/test_defects.c */
+void suite_outside(void);    /* tests/test_outside.c */
 void suite_nvrtc(void);      /* tests/test_nvrtc.c */
 void suite_cuda(void);       /* tests/test_cuda.c */
 void suite_cuda_mla(void);   /* tests/test_mla.c: MLA on the GPU */
@@ -47,6 +50,7 @@ int main(int argc, char **argv) {
     SUITE(suite_mla);
     SUITE(suite_seam);
     SUITE(suite_defects);
+    SUITE(suite_outside);
     SUITE(suite_nvrtc);
     SUITE(suite_cuda);
     SUITE(suite_cuda_mla);
