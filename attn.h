@@ -937,7 +937,11 @@ ATTN_API attn_status attn_metadata_build(attn_metadata *meta, int common_prefix_
 /* Writes key/value [num_tokens, num_kv_heads, head_size] into kv_cache (the layer's shape)
    at slot_mapping[i] = block * block_size + offset; -1 skips a token. All slots are
    checked before anything is written. slot_mapping lives on the host; stream: the CUDA
-   stream of a GPU backend (NULL on the CPU). */
+   stream of a GPU backend (NULL on the CPU). On CUDA the slots travel in the kernel
+   launches' parameters (448 tokens a launch): the call allocates, copies and waits for
+   nothing, returns while other streams are busy, and may be captured into a CUDA graph
+   (the graph keeps the captured slots; a forward given k/v writes from the metadata's
+   device copy instead, which replays with each build's slots). */
 ATTN_API attn_status attn_reshape_and_cache(attn_layer *layer, const attn_tensor *key,
                                             const attn_tensor *value, attn_tensor *kv_cache,
                                             const int64_t *slot_mapping, int num_tokens,
@@ -987,7 +991,8 @@ ATTN_API attn_status attn_reorder_batch(const int32_t *query_lens, int num_reqs,
                                         int *num_swaps);
 
 /* Writes kv_c [num_tokens, kv_lora_rank] and k_pe [num_tokens, qk_rope_head_dim] (layer
-   dtype) into the latent cache at slot_mapping; -1 skips; all slots checked first. */
+   dtype) into the latent cache at slot_mapping; -1 skips; all slots checked first. Host
+   slots, taken on CUDA as by attn_reshape_and_cache (no copy, allocation or wait). */
 ATTN_API attn_status attn_concat_and_cache_mla(attn_layer *layer, const attn_tensor *kv_c,
                                                const attn_tensor *k_pe, attn_tensor *kv_cache,
                                                const int64_t *slot_mapping, int num_tokens,
@@ -6883,6 +6888,15 @@ typedef struct attn__cache_write_params {
     int32_t pad0;
 } attn__cache_write_params;
 
+/* Host slot mappings travel in the launch parameters of the cache writes' _inline kernels
+   (kernels/cache_write.cu: ATTN_INLINE_SLOTS a launch): no device copy, no allocation, no
+   synchronisation, and a captured write keeps its slots. */
+#define ATTN__INLINE_SLOTS 448
+typedef struct attn__cache_write_inline_params {
+    attn__cache_write_params p;
+    int64_t slots[ATTN__INLINE_SLOTS];
+} attn__cache_write_inline_params;
+
 /* A layer's per-tensor fp8 scales as the kernels take them: a device pointer (read at every
    launch: a replayed graph sees the value of the moment) or, without one, the value. Per
    token and head, and 16/32-bit caches: value 1, no pointer (the kernels ignore them). */
@@ -7071,8 +7085,8 @@ static attn_status attn__cuda_layer_init(const attn_backend *self, attn_layer *l
                              ATTN__LOAD_PAGED | (attn__cuda_variant_arch_a(pass, sm90) ? ATTN__LOAD_ARCH_A : 0),
                              pass ? &L->prefill : &L->decode, reason, size);
     if (st == ATTN_OK)
-        st = attn__cuda_load(ctx, attn__cuda_variant_file(2, sm90), opt[2], "attn_reshape_and_cache", NULL, 0,
-                             &L->cache, reason, size);
+        st = attn__cuda_load(ctx, attn__cuda_variant_file(2, sm90), opt[2], "attn_reshape_and_cache",
+                             "attn_reshape_and_cache_inline", 0, &L->cache, reason, size);
     if (st == ATTN_OK && opt[3][0]) {
         /* a speed-only variant: if it cannot load, the layer runs every decode tile in the
            default shape (one WARN, with the reason) */
@@ -7437,26 +7451,34 @@ static attn_status attn__cuda_cache_aligned(attn_context *ctx, const char *fn, c
     return ATTN_OK;
 }
 
+/* The cache write's parameters for rows t0 .. t0 + num_tokens - 1 of k/v (slots unset). */
+static void attn__cuda_write_params(const attn_layer_desc *d, const attn_tensor *k, const attn_tensor *v,
+                                    attn_tensor *kv_cache, int64_t t0, int num_tokens, attn__cache_write_params *wp) {
+    attn_tensor kr = attn__tensor_resolved(k), vr = attn__tensor_resolved(v);
+    size_t esz = attn_dtype_size(k->dtype);
+    memset(wp, 0, sizeof *wp);
+    wp->key = attn__dptr((const char *)k->data + (size_t)(t0 * kr.strides[0]) * esz);
+    wp->value = attn__dptr((const char *)v->data + (size_t)(t0 * vr.strides[0]) * esz);
+    wp->kv_cache = attn__dptr(kv_cache->data);
+    wp->key_stride_token = kr.strides[0];
+    wp->key_stride_head = kr.strides[1];
+    wp->value_stride_token = vr.strides[0];
+    wp->value_stride_head = vr.strides[1];
+    wp->num_tokens = num_tokens;
+    wp->num_kv_heads = d->num_kv_heads;
+    wp->block_size = d->block_size;
+    attn__cuda_kv_scales(d, &wp->k_scale, &wp->v_scale, &wp->k_scale_value, &wp->v_scale_value);
+}
+
+/* The cache write from device slots (the metadata's copy of the batch's). */
 static attn__CUresult attn__cuda_write_kv(attn_context *ctx, const attn__cuda_layer *L, const attn_layer_desc *d,
                                           const attn_tensor *k, const attn_tensor *v, attn_tensor *kv_cache,
                                           attn__CUdeviceptr slots, int num_tokens, attn__CUstream stream) {
     attn__cache_write_params wp;
-    attn_tensor kr = attn__tensor_resolved(k), vr = attn__tensor_resolved(v);
     void *args[1];
     if (num_tokens <= 0) return 0;
-    memset(&wp, 0, sizeof wp);
-    wp.key = attn__dptr(k->data);
-    wp.value = attn__dptr(v->data);
-    wp.kv_cache = attn__dptr(kv_cache->data);
+    attn__cuda_write_params(d, k, v, kv_cache, 0, num_tokens, &wp);
     wp.slot_mapping = slots;
-    wp.key_stride_token = kr.strides[0];
-    wp.key_stride_head = kr.strides[1];
-    wp.value_stride_token = vr.strides[0];
-    wp.value_stride_head = vr.strides[1];
-    wp.num_tokens = num_tokens;
-    wp.num_kv_heads = d->num_kv_heads;
-    wp.block_size = d->block_size;
-    attn__cuda_kv_scales(d, &wp.k_scale, &wp.v_scale, &wp.k_scale_value, &wp.v_scale_value);
     args[0] = &wp;
     return ctx->cuda->cuLaunchKernel(L->cache.main, (unsigned)ATTN__MIN(num_tokens, 4096), 1, 1, 128, 1, 1, 0,
                                      stream, args, NULL);
@@ -7562,6 +7584,10 @@ static attn_status attn__cuda_forward(const attn_backend *self, attn_layer *laye
     return rc ? attn__cu_fail(ctx, "attn_layer_forward", "cuLaunchKernel", rc) : ATTN_OK;
 }
 
+/* The public cache write: host slots (checked by the front door) in the parameters of
+   ATTN__INLINE_SLOTS-token launches on the caller's stream: it allocates nothing, copies
+   nothing and waits for nothing, so it returns while other streams are busy and may be
+   captured (the graph keeps the slots it was captured with). */
 static attn_status attn__cuda_reshape_and_cache(const attn_backend *self, attn_layer *layer,
                                                 const attn_tensor *key, const attn_tensor *value,
                                                 attn_tensor *kv_cache, const int64_t *slot_mapping,
@@ -7570,26 +7596,24 @@ static attn_status attn__cuda_reshape_and_cache(const attn_backend *self, attn_l
     const attn__cuda_layer *L = (const attn__cuda_layer *)attn_layer_backend_state(layer);
     attn__cuda_driver *cu = ctx->cuda;
     attn__CUstream s = (attn__CUstream)stream;
-    attn__CUdeviceptr dslots = 0;
-    attn__CUresult rc;
+    attn__cache_write_inline_params ip;
+    attn__CUresult rc = 0;
     attn_status st;
-    size_t bytes = (size_t)num_tokens * sizeof(int64_t);
+    void *args[1];
+    int t0, n;
     (void)self;
     if (num_tokens == 0) return ATTN_OK;
     if ((st = attn__cuda_cache_aligned(ctx, "attn_reshape_and_cache", kv_cache)) != ATTN_OK) return st;
     if ((st = attn__cuda_enter_stream(ctx, "attn_reshape_and_cache", stream)) != ATTN_OK) return st;
-    /* the slots are host values (checked by the front door): a device copy for this call,
-       freed once the stream is past the write. This entry point synchronises the stream
-       and is not graph-capturable; a forward given k/v writes the cache from the
-       metadata's device copy of the batch's slots instead. */
-    rc = cu->cuMemAlloc(&dslots, bytes);
-    if (rc == 0) rc = cu->cuMemcpyHtoDAsync(dslots, slot_mapping, bytes, s);
-    if (rc == 0)
-        rc = attn__cuda_write_kv(ctx, L, attn_layer_get_desc(layer), key, value, kv_cache, dslots, num_tokens, s);
-    if (rc == 0) rc = cu->cuStreamSynchronize(s);
-    if (dslots) cu->cuMemFree(dslots);
+    args[0] = &ip;
+    for (t0 = 0; t0 < num_tokens && rc == 0; t0 += n) {
+        n = ATTN__MIN(num_tokens - t0, ATTN__INLINE_SLOTS);
+        attn__cuda_write_params(attn_layer_get_desc(layer), key, value, kv_cache, t0, n, &ip.p);
+        memcpy(ip.slots, slot_mapping + t0, (size_t)n * sizeof(int64_t));
+        rc = cu->cuLaunchKernel(L->cache.second, (unsigned)n, 1, 1, 128, 1, 1, 0, s, args, NULL);
+    }
     attn__cuda_leave(ctx);
-    return rc ? attn__cu_fail(ctx, "attn_reshape_and_cache", "the cache write", rc) : ATTN_OK;
+    return rc ? attn__cu_fail(ctx, "attn_reshape_and_cache", "cuLaunchKernel", rc) : ATTN_OK;
 }
 
 /* The merge kernel of (dtype, head size), compiled and loaded on first use. The first
@@ -7828,6 +7852,11 @@ typedef struct attn__latent_write_params {
     int32_t pad1;
 } attn__latent_write_params;
 
+typedef struct attn__latent_write_inline_params { /* as attn__cache_write_inline_params */
+    attn__latent_write_params p;
+    int64_t slots[ATTN__INLINE_SLOTS];
+} attn__latent_write_inline_params;
+
 /* The latent's fp8 scale as the MLA kernels take it (attn__cuda_kv_scales' k half). */
 static void attn__cuda_latent_scale(const attn_layer_desc *d, attn__CUdeviceptr *ptr, float *value) {
     attn__CUdeviceptr vp;
@@ -7946,7 +7975,8 @@ static void attn__cuda_mla_context_release(const attn_backend *self, attn_contex
    latent cache write (attn_concat_and_cache_mla + attn_mla_gather); the context's cuBLAS
    handle. */
 typedef struct attn__cuda_mla_layer {
-    attn__cuda_module decode, prefill, cache;
+    attn__cuda_module decode, prefill, cache; /* cache: the latent write and the gather */
+    attn__CUfunction cache_inline;   /* the latent write from host slots (cache_write.cu) */
     void *cublas;
     int sm90;                        /* CUDA_MLA_SM90's kernels (else CUDA_MLA's, mma.sync) */
     int rows;                        /* heads per decode CTA (its config[3]: its partials' rows) */
@@ -8017,6 +8047,12 @@ static attn_status attn__cuda_mla_layer_init(const attn_backend *self, attn_laye
         st = attn__cuda_load(ctx, attn__cuda_mla_variant_file(2, L->sm90), opt[2], "attn_concat_and_cache_mla",
                              "attn_mla_gather", 0,
                              &L->cache, reason, size);
+    if (st == ATTN_OK && ctx->cuda->cuModuleGetFunction(&L->cache_inline, L->cache.module,
+                                                        "attn_concat_and_cache_mla_inline") != 0) {
+        attn__fmt(reason, size, "%s [%s]: no attn_concat_and_cache_mla_inline", attn__cuda_mla_variant_file(2, L->sm90),
+                  opt[2]);
+        st = ATTN_ERROR_PLATFORM;
+    }
     if (st == ATTN_OK) /* the two attention kernels' launch configuration */
         st = attn__cuda_configure(ctx, &L->decode, "attn_mla_config", attn__cuda_mla_variant_file(0, L->sm90), opt[0],
                                   reason, size);
@@ -8471,51 +8507,62 @@ static attn_status attn__cuda_mla_forward_mha(const attn_backend *self, attn_lay
     return st;
 }
 
+/* The latent write's parameters for rows t0 .. t0 + num_tokens - 1 (slots unset). */
+static void attn__cuda_mla_write_params(const attn_layer_desc *d, const attn_tensor *kv_c, const attn_tensor *k_pe,
+                                        attn_tensor *kv_cache, int64_t t0, int num_tokens,
+                                        attn__latent_write_params *wp) {
+    attn_tensor c = attn__tensor_resolved(kv_c), p = attn__tensor_resolved(k_pe);
+    size_t esz = attn_dtype_size(kv_c->dtype);
+    memset(wp, 0, sizeof *wp);
+    wp->kv_c = attn__dptr((const char *)kv_c->data + (size_t)(t0 * c.strides[0]) * esz);
+    wp->k_pe = attn__dptr((const char *)k_pe->data + (size_t)(t0 * p.strides[0]) * esz);
+    wp->kv_cache = attn__dptr(kv_cache->data);
+    wp->kv_c_stride_token = c.strides[0];
+    wp->k_pe_stride_token = p.strides[0];
+    wp->num_tokens = num_tokens;
+    attn__cuda_latent_scale(d, &wp->k_scale, &wp->k_scale_value);
+}
+
+/* The latent write from device slots (the metadata's copy of the batch's). */
 static attn__CUresult attn__cuda_mla_write(attn_context *ctx, const attn__cuda_mla_layer *L, const attn_layer_desc *d,
                                            const attn_tensor *kv_c,
                                            const attn_tensor *k_pe, attn_tensor *kv_cache, attn__CUdeviceptr slots,
                                            int num_tokens, attn__CUstream s) {
     attn__latent_write_params wp;
-    attn_tensor c = attn__tensor_resolved(kv_c), p = attn__tensor_resolved(k_pe);
     void *args[1];
     if (num_tokens <= 0) return 0;
-    memset(&wp, 0, sizeof wp);
-    wp.kv_c = attn__dptr(c.data);
-    wp.k_pe = attn__dptr(p.data);
-    wp.kv_cache = attn__dptr(kv_cache->data);
+    attn__cuda_mla_write_params(d, kv_c, k_pe, kv_cache, 0, num_tokens, &wp);
     wp.slot_mapping = slots;
-    wp.kv_c_stride_token = c.strides[0];
-    wp.k_pe_stride_token = p.strides[0];
-    wp.num_tokens = num_tokens;
-    attn__cuda_latent_scale(d, &wp.k_scale, &wp.k_scale_value);
     args[0] = &wp;
     return ctx->cuda->cuLaunchKernel(L->cache.main, (unsigned)ATTN__MIN(num_tokens, 4096), 1, 1, 128, 1, 1, 0, s,
                                      args, NULL);
 }
 
-/* The public latent write: host slots, so a device copy per call (synchronises; a fused
-   attn_mla_forward writes from the metadata's device copy instead and is capturable). */
+/* The public latent write: host slots in the launch parameters, as attn_reshape_and_cache
+   on CUDA (no copy, no allocation, no synchronisation; capturable). */
 static attn_status attn__cuda_mla_concat_and_cache(const attn_backend *self, attn_layer *layer, const attn_tensor *kv_c,
                                                    const attn_tensor *k_pe, attn_tensor *kv_cache,
                                                    const int64_t *slot_mapping, int num_tokens, void *stream) {
     attn_context *ctx = attn_layer_context(layer);
     const attn__cuda_mla_layer *L = (const attn__cuda_mla_layer *)attn_layer_backend_state(layer);
-    attn__cuda_driver *cu = ctx->cuda;
-    attn__CUstream s = (attn__CUstream)stream;
-    attn__CUdeviceptr dslots = 0;
-    attn__CUresult rc;
+    attn__latent_write_inline_params ip;
+    attn__CUresult rc = 0;
     attn_status st;
-    size_t bytes = (size_t)num_tokens * sizeof(int64_t);
+    void *args[1];
+    int t0, n;
     (void)self;
     if (num_tokens == 0) return ATTN_OK;
     if ((st = attn__cuda_enter_stream(ctx, "attn_concat_and_cache_mla", stream)) != ATTN_OK) return st;
-    rc = cu->cuMemAlloc(&dslots, bytes);
-    if (rc == 0) rc = cu->cuMemcpyHtoDAsync(dslots, slot_mapping, bytes, s);
-    if (rc == 0) rc = attn__cuda_mla_write(ctx, L, attn_layer_get_desc(layer), kv_c, k_pe, kv_cache, dslots, num_tokens, s);
-    if (rc == 0) rc = cu->cuStreamSynchronize(s);
-    if (dslots) cu->cuMemFree(dslots);
+    args[0] = &ip;
+    for (t0 = 0; t0 < num_tokens && rc == 0; t0 += n) {
+        n = ATTN__MIN(num_tokens - t0, ATTN__INLINE_SLOTS);
+        attn__cuda_mla_write_params(attn_layer_get_desc(layer), kv_c, k_pe, kv_cache, t0, n, &ip.p);
+        memcpy(ip.slots, slot_mapping + t0, (size_t)n * sizeof(int64_t));
+        rc = ctx->cuda->cuLaunchKernel(L->cache_inline, (unsigned)n, 1, 1, 128, 1, 1, 0, (attn__CUstream)stream, args,
+                                       NULL);
+    }
     attn__cuda_leave(ctx);
-    return rc ? attn__cu_fail(ctx, "attn_concat_and_cache_mla", "the cache write", rc) : ATTN_OK;
+    return rc ? attn__cu_fail(ctx, "attn_concat_and_cache_mla", "cuLaunchKernel", rc) : ATTN_OK;
 }
 
 /* The fused layer call: the cache write from the metadata's slots, the decodes absorbed
@@ -9419,6 +9466,11 @@ static const char *const attn__kernel_src_cache_write_cu[] = {
     "       one request's latent rows back out of the cache, contiguous (the MLA prefill's\n",
     "       up-projection operand; below).\n",
     "\n",
+    "   Each has an `_inline` twin (attn_reshape_and_cache_inline, attn_concat_and_cache_mla_\n",
+    "   inline) that takes the slots in its launch parameters instead of a device array (up to\n",
+    "   ATTN_INLINE_SLOTS a launch, params.slot_mapping unused): the host's slot mapping reaches\n",
+    "   the device with the launch itself, with no copy, allocation or synchronisation.\n",
+    "\n",
     "   Launch: any grid (x: a grid-stride loop over tokens; one CTA per token up to a few\n",
     "   thousand is a good default), 128 threads (any multiple of 32 works), no shared memory.\n",
     "   Each thread moves 8 elements at a time with 16-byte loads and stores when the source\n",
@@ -9436,6 +9488,10 @@ static const char *const attn__kernel_src_cache_write_cu[] = {
     "#if ATTN_CACHE8 && defined(KV_LORA_RANK) && DT_CACHE == ATTN_DT_I8\n",
     "#error \"cache_write.cu: a latent cache takes fp8 (per-tensor scale), not int8\"\n",
     "#endif\n",
+    "\n",
+    "/* Slots carried by an _inline launch (its parameters stay under the 4 KiB every driver\n",
+    "   takes: 3584 bytes of slots and the write's own parameters). */\n",
+    "#define ATTN_INLINE_SLOTS 448\n",
     "\n",
     "#if ATTN_CACHE8\n",
     "/* 8 elements of DT_IN as f32 (16-byte loads where vec) */\n",
@@ -9513,6 +9569,11 @@ static const char *const attn__kernel_src_cache_write_cu[] = {
     "    int pad0;\n",
     "};\n",
     "\n",
+    "struct attn_cache_write_inline_params {\n",
+    "    attn_cache_write_params p;        /* p.slot_mapping unused */\n",
+    "    attn_i64 slots[ATTN_INLINE_SLOTS];  /* [p.num_tokens]; -1 skips */\n",
+    "};\n",
+    "\n",
     "#if ATTN_CACHE8 && KV_PTH\n",
     "#if HEAD_DIM > 256\n",
     "#error \"cache_write.cu: per-token-head scales take HEAD_DIM <= 256\"\n",
@@ -9520,12 +9581,12 @@ static const char *const attn__kernel_src_cache_write_cu[] = {
     "/* NaN-sticky max (the CPU's amax loop) */\n",
     "ATTN_DEV float attn_amax2(float a, float b) { return a != a || b != b ? __int_as_float(0x7fc00000) : fmaxf(a, b); }\n",
     "\n",
-    "extern \"C\" __global__ void attn_reshape_and_cache(const attn_cache_write_params p) {\n",
+    "ATTN_DEV void attn_reshape_and_cache_body(const attn_cache_write_params &p, const attn_i64 *slots) {\n",
     "    const int lane = threadIdx.x & 31, warps = blockDim.x >> 5, rows = 2 * p.num_kv_heads;\n",
     "    const float qmax = DT_CACHE == ATTN_DT_I8 ? 127.0f : 448.0f;\n",
     "    const attn_i64 half = (attn_i64)p.block_size * p.num_kv_heads * (HEAD_DIM + 4); /* bytes of a block half */\n",
     "    for (int t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {\n",
-    "        const attn_i64 slot = p.slot_mapping[t];\n",
+    "        const attn_i64 slot = slots[t];\n",
     "        if (slot < 0) continue;\n",
     "        const attn_i64 blk = slot / p.block_size, off = slot - blk * p.block_size;\n",
     "        for (int row = threadIdx.x >> 5; row < rows; row += warps) {\n",
@@ -9552,7 +9613,7 @@ static const char *const attn__kernel_src_cache_write_cu[] = {
     "    }\n",
     "}\n",
     "#else\n",
-    "extern \"C\" __global__ void attn_reshape_and_cache(const attn_cache_write_params p) {\n",
+    "ATTN_DEV void attn_reshape_and_cache_body(const attn_cache_write_params &p, const attn_i64 *slots) {\n",
     "    const int chunks = HEAD_DIM / 8;                 /* 8-element chunks per head row */\n",
     "    const int per_side = p.num_kv_heads * chunks;    /* chunks of one token's K (or V) */\n",
     "    const int esz_in = attn_elem<DT_IN>::size, esz_c = ATTN_DT_SIZE(DT_CACHE);\n",
@@ -9563,7 +9624,7 @@ static const char *const attn__kernel_src_cache_write_cu[] = {
     "    if (ks == 0.0f || vs == 0.0f) return; /* a bad scale: nothing written */\n",
     "#endif\n",
     "    for (int t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {\n",
-    "        attn_i64 slot = p.slot_mapping[t];\n",
+    "        attn_i64 slot = slots[t];\n",
     "        if (slot < 0) continue;\n",
     "        attn_i64 blk = slot / p.block_size, off = slot - blk * p.block_size;\n",
     "        for (int u = threadIdx.x; u < 2 * per_side; u += blockDim.x) {\n",
@@ -9585,6 +9646,13 @@ static const char *const attn__kernel_src_cache_write_cu[] = {
     "    }\n",
     "}\n",
     "#endif /* KV_PTH */\n",
+    "\n",
+    "extern \"C\" __global__ void attn_reshape_and_cache(const __grid_constant__ attn_cache_write_params p) {\n",
+    "    attn_reshape_and_cache_body(p, p.slot_mapping);\n",
+    "}\n",
+    "extern \"C\" __global__ void attn_reshape_and_cache_inline(const __grid_constant__ attn_cache_write_inline_params ip) {\n",
+    "    attn_reshape_and_cache_body(ip.p, ip.slots);\n",
+    "}\n",
     "#endif /* HEAD_DIM */\n",
     "\n",
     "#ifdef KV_LORA_RANK\n",
@@ -9606,8 +9674,12 @@ static const char *const attn__kernel_src_cache_write_cu[] = {
     "    int pad1;\n",
     "};\n",
     "\n",
+    "struct attn_latent_write_inline_params {\n",
+    "    attn_latent_write_params p;       /* p.slot_mapping unused */\n",
+    "    attn_i64 slots[ATTN_INLINE_SLOTS];  /* [p.num_tokens]; -1 skips */\n",
+    "};\n",
     "\n",
-    "extern \"C\" __global__ void attn_concat_and_cache_mla(const attn_latent_write_params p) {\n",
+    "ATTN_DEV void attn_concat_and_cache_mla_body(const attn_latent_write_params &p, const attn_i64 *slots) {\n",
     "    const int chunks_c = KV_LORA_RANK / 8, chunks = (KV_LORA_RANK + ROPE_DIM) / 8;\n",
     "    const int esz_in = attn_elem<DT_IN>::size, esz_c = ATTN_DT_SIZE(DT_CACHE);\n",
     "    const int cache_ok = attn_aligned16(p.kv_cache);\n",
@@ -9616,7 +9688,7 @@ static const char *const attn__kernel_src_cache_write_cu[] = {
     "    if (ks == 0.0f) return;\n",
     "#endif\n",
     "    for (int t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {\n",
-    "        attn_i64 slot = p.slot_mapping[t];\n",
+    "        attn_i64 slot = slots[t];\n",
     "        if (slot < 0) continue;\n",
     "        char *row = (char *)p.kv_cache + slot * (attn_i64)(KV_LORA_RANK + ROPE_DIM) * esz_c;\n",
     "        for (int c = threadIdx.x; c < chunks; c += blockDim.x) {\n",
@@ -9633,6 +9705,13 @@ static const char *const attn__kernel_src_cache_write_cu[] = {
     "#endif\n",
     "        }\n",
     "    }\n",
+    "}\n",
+    "\n",
+    "extern \"C\" __global__ void attn_concat_and_cache_mla(const __grid_constant__ attn_latent_write_params p) {\n",
+    "    attn_concat_and_cache_mla_body(p, p.slot_mapping);\n",
+    "}\n",
+    "extern \"C\" __global__ void attn_concat_and_cache_mla_inline(const __grid_constant__ attn_latent_write_inline_params ip) {\n",
+    "    attn_concat_and_cache_mla_body(ip.p, ip.slots);\n",
     "}\n",
     "\n",
     "/* The reverse copy for the up-projected prefill: rows key0 .. key0 + nkeys - 1 of one\n",

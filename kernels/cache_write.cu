@@ -26,6 +26,11 @@
        one request's latent rows back out of the cache, contiguous (the MLA prefill's
        up-projection operand; below).
 
+   Each has an `_inline` twin (attn_reshape_and_cache_inline, attn_concat_and_cache_mla_
+   inline) that takes the slots in its launch parameters instead of a device array (up to
+   ATTN_INLINE_SLOTS a launch, params.slot_mapping unused): the host's slot mapping reaches
+   the device with the launch itself, with no copy, allocation or synchronisation.
+
    Launch: any grid (x: a grid-stride loop over tokens; one CTA per token up to a few
    thousand is a good default), 128 threads (any multiple of 32 works), no shared memory.
    Each thread moves 8 elements at a time with 16-byte loads and stores when the source
@@ -43,6 +48,10 @@
 #if ATTN_CACHE8 && defined(KV_LORA_RANK) && DT_CACHE == ATTN_DT_I8
 #error "cache_write.cu: a latent cache takes fp8 (per-tensor scale), not int8"
 #endif
+
+/* Slots carried by an _inline launch (its parameters stay under the 4 KiB every driver
+   takes: 3584 bytes of slots and the write's own parameters). */
+#define ATTN_INLINE_SLOTS 448
 
 #if ATTN_CACHE8
 /* 8 elements of DT_IN as f32 (16-byte loads where vec) */
@@ -120,6 +129,11 @@ struct attn_cache_write_params {
     int pad0;
 };
 
+struct attn_cache_write_inline_params {
+    attn_cache_write_params p;        /* p.slot_mapping unused */
+    attn_i64 slots[ATTN_INLINE_SLOTS];  /* [p.num_tokens]; -1 skips */
+};
+
 #if ATTN_CACHE8 && KV_PTH
 #if HEAD_DIM > 256
 #error "cache_write.cu: per-token-head scales take HEAD_DIM <= 256"
@@ -127,12 +141,12 @@ struct attn_cache_write_params {
 /* NaN-sticky max (the CPU's amax loop) */
 ATTN_DEV float attn_amax2(float a, float b) { return a != a || b != b ? __int_as_float(0x7fc00000) : fmaxf(a, b); }
 
-extern "C" __global__ void attn_reshape_and_cache(const attn_cache_write_params p) {
+ATTN_DEV void attn_reshape_and_cache_body(const attn_cache_write_params &p, const attn_i64 *slots) {
     const int lane = threadIdx.x & 31, warps = blockDim.x >> 5, rows = 2 * p.num_kv_heads;
     const float qmax = DT_CACHE == ATTN_DT_I8 ? 127.0f : 448.0f;
     const attn_i64 half = (attn_i64)p.block_size * p.num_kv_heads * (HEAD_DIM + 4); /* bytes of a block half */
     for (int t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {
-        const attn_i64 slot = p.slot_mapping[t];
+        const attn_i64 slot = slots[t];
         if (slot < 0) continue;
         const attn_i64 blk = slot / p.block_size, off = slot - blk * p.block_size;
         for (int row = threadIdx.x >> 5; row < rows; row += warps) {
@@ -159,7 +173,7 @@ extern "C" __global__ void attn_reshape_and_cache(const attn_cache_write_params 
     }
 }
 #else
-extern "C" __global__ void attn_reshape_and_cache(const attn_cache_write_params p) {
+ATTN_DEV void attn_reshape_and_cache_body(const attn_cache_write_params &p, const attn_i64 *slots) {
     const int chunks = HEAD_DIM / 8;                 /* 8-element chunks per head row */
     const int per_side = p.num_kv_heads * chunks;    /* chunks of one token's K (or V) */
     const int esz_in = attn_elem<DT_IN>::size, esz_c = ATTN_DT_SIZE(DT_CACHE);
@@ -170,7 +184,7 @@ extern "C" __global__ void attn_reshape_and_cache(const attn_cache_write_params 
     if (ks == 0.0f || vs == 0.0f) return; /* a bad scale: nothing written */
 #endif
     for (int t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {
-        attn_i64 slot = p.slot_mapping[t];
+        attn_i64 slot = slots[t];
         if (slot < 0) continue;
         attn_i64 blk = slot / p.block_size, off = slot - blk * p.block_size;
         for (int u = threadIdx.x; u < 2 * per_side; u += blockDim.x) {
@@ -192,6 +206,13 @@ extern "C" __global__ void attn_reshape_and_cache(const attn_cache_write_params 
     }
 }
 #endif /* KV_PTH */
+
+extern "C" __global__ void attn_reshape_and_cache(const __grid_constant__ attn_cache_write_params p) {
+    attn_reshape_and_cache_body(p, p.slot_mapping);
+}
+extern "C" __global__ void attn_reshape_and_cache_inline(const __grid_constant__ attn_cache_write_inline_params ip) {
+    attn_reshape_and_cache_body(ip.p, ip.slots);
+}
 #endif /* HEAD_DIM */
 
 #ifdef KV_LORA_RANK
@@ -213,8 +234,12 @@ struct attn_latent_write_params {
     int pad1;
 };
 
+struct attn_latent_write_inline_params {
+    attn_latent_write_params p;       /* p.slot_mapping unused */
+    attn_i64 slots[ATTN_INLINE_SLOTS];  /* [p.num_tokens]; -1 skips */
+};
 
-extern "C" __global__ void attn_concat_and_cache_mla(const attn_latent_write_params p) {
+ATTN_DEV void attn_concat_and_cache_mla_body(const attn_latent_write_params &p, const attn_i64 *slots) {
     const int chunks_c = KV_LORA_RANK / 8, chunks = (KV_LORA_RANK + ROPE_DIM) / 8;
     const int esz_in = attn_elem<DT_IN>::size, esz_c = ATTN_DT_SIZE(DT_CACHE);
     const int cache_ok = attn_aligned16(p.kv_cache);
@@ -223,7 +248,7 @@ extern "C" __global__ void attn_concat_and_cache_mla(const attn_latent_write_par
     if (ks == 0.0f) return;
 #endif
     for (int t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {
-        attn_i64 slot = p.slot_mapping[t];
+        attn_i64 slot = slots[t];
         if (slot < 0) continue;
         char *row = (char *)p.kv_cache + slot * (attn_i64)(KV_LORA_RANK + ROPE_DIM) * esz_c;
         for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
@@ -240,6 +265,13 @@ extern "C" __global__ void attn_concat_and_cache_mla(const attn_latent_write_par
 #endif
         }
     }
+}
+
+extern "C" __global__ void attn_concat_and_cache_mla(const __grid_constant__ attn_latent_write_params p) {
+    attn_concat_and_cache_mla_body(p, p.slot_mapping);
+}
+extern "C" __global__ void attn_concat_and_cache_mla_inline(const __grid_constant__ attn_latent_write_inline_params ip) {
+    attn_concat_and_cache_mla_body(ip.p, ip.slots);
 }
 
 /* The reverse copy for the up-projected prefill: rows key0 .. key0 + nkeys - 1 of one
