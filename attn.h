@@ -815,7 +815,7 @@ typedef struct attn_selection {
     attn_backend_id resolved;         /* AUTO only on failure */
     attn_selection_source source;     /* where the resolved choice came from */
     int degraded;                     /* an explicit request was not honoured */
-    char degradation[256];            /* why, or "none" */
+    char degradation[320];            /* why, or "none" */
     /* inputs */
     attn_dtype dtype;
     attn_dtype kv_cache_dtype;        /* effective */
@@ -3793,12 +3793,14 @@ static attn_status attn__batch_validate(attn_context *ctx, const attn_metadata *
     if (b->query_start_loc[0] != 0)
         return attn__bad_batch(ctx, "%s: batch.query_start_loc[0] is %d (allowed: 0)", fn,
                                     b->query_start_loc[0]);
+    for (i = 0; i < b->num_reqs; i++) /* the order first: a decrease is what is wrong, not a total */
+        if (b->query_start_loc[i + 1] < b->query_start_loc[i])
+            return attn__bad_batch(ctx, "%s: batch.query_start_loc decreases at index %d (%d then %d; allowed: "
+                                        "non-decreasing offsets from 0)", fn, i + 1, b->query_start_loc[i],
+                                        b->query_start_loc[i + 1]);
     for (i = 0; i < b->num_reqs; i++) {
         int q0 = b->query_start_loc[i], q1 = b->query_start_loc[i + 1];
         int ql, sl = b->seq_lens[i], nb, k;
-        if (q1 < q0)
-            return attn__bad_batch(ctx, "%s: batch.query_start_loc is not non-decreasing at index "
-                                        "%d (%d then %d)", fn, i, q0, q1);
         ql = q1 - q0;
         if (q1 > b->num_actual_tokens)
             return attn__bad_batch(ctx, "%s: batch.query_start_loc[%d] is %d (allowed: <= "

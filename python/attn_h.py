@@ -169,7 +169,7 @@ class attn_select_request(C.Structure):
 
 
 class attn_selection_skipped(C.Structure):
-    _fields_ = [("backend", C.c_int), ("reason", C.c_char * 160)]
+    _fields_ = [("backend", C.c_int), ("reason", C.c_char * 320)]
 
 
 class attn_selection(C.Structure):
@@ -184,7 +184,7 @@ class attn_selection(C.Structure):
         ("resolved", C.c_int),
         ("source", C.c_int),
         ("degraded", C.c_int),
-        ("degradation", C.c_char * 256),
+        ("degradation", C.c_char * 320),
         ("dtype", C.c_int),
         ("kv_cache_dtype", C.c_int),
         ("block_size", C.c_int),
@@ -202,7 +202,7 @@ class attn_selection(C.Structure):
         ("lse_base", C.c_int),
         ("num_skipped", C.c_int),
         ("skipped", attn_selection_skipped * ATTN_SELECTION_MAX_SKIPPED),
-        ("log_line", C.c_char * 640),
+        ("log_line", C.c_char * 1024),
     ]
 
 
@@ -454,7 +454,9 @@ def _fail(code, message):
 
 _DTYPE_BY_NAME = {
     "f32": ATTN_DTYPE_F32, "float32": ATTN_DTYPE_F32, "float": ATTN_DTYPE_F32,
+    "fp32": ATTN_DTYPE_F32,
     "f16": ATTN_DTYPE_F16, "float16": ATTN_DTYPE_F16, "half": ATTN_DTYPE_F16,
+    "fp16": ATTN_DTYPE_F16,
     "bf16": ATTN_DTYPE_BF16, "bfloat16": ATTN_DTYPE_BF16,
     "fp8": ATTN_DTYPE_FP8_E4M3, "fp8_e4m3": ATTN_DTYPE_FP8_E4M3,
     "float8_e4m3fn": ATTN_DTYPE_FP8_E4M3, "fp8_e5m2": ATTN_DTYPE_FP8_E5M2,
@@ -484,8 +486,9 @@ def _dtype(value, what):
         name = np.dtype(value).name
     if name in _DTYPE_BY_NAME:
         return _DTYPE_BY_NAME[name]
-    _fail(ATTN_ERROR_INVALID_VALUE, "%s is %r (allowed: float32, float16, bfloat16; for KV "
-          "caches also fp8 = fp8_e4m3 (float8_e4m3fn), fp8_e5m2 (float8_e5m2), int8)" % (what, value))
+    _fail(ATTN_ERROR_INVALID_VALUE, "%s is %r (allowed: float32 (f32, fp32, float), float16 "
+          "(f16, fp16, half), bfloat16 (bf16); for KV caches also fp8 = fp8_e4m3 "
+          "(float8_e4m3fn), fp8_e5m2 (float8_e5m2), int8)" % (what, value))
 
 
 def _dtype_name(code):
@@ -535,18 +538,51 @@ _DEVICE_STRUCTS = {}      # torch.device -> attn_device
 _NUMPY_DTYPES = {"float32": ATTN_DTYPE_F32, "float16": ATTN_DTYPE_F16,
                  "bfloat16": ATTN_DTYPE_BF16, "float8_e4m3fn": ATTN_DTYPE_FP8_E4M3,
                  "float8_e5m2": ATTN_DTYPE_FP8_E5M2, "int8": ATTN_DTYPE_INT8}
-# (bfloat16 and the float8 types: ml_dtypes' numpy types; int8: KV caches only)
+# (bfloat16 and the float8 types: ml_dtypes' numpy types; int8: KV caches only; uint8:
+# the bytes of an 8-bit cache, taken as the layer's kv_cache_dtype)
+_CACHE_ONLY = (ATTN_DTYPE_FP8_E4M3, ATTN_DTYPE_FP8_E5M2, ATTN_DTYPE_INT8)
 
 
 def _is_torch(x):
     return type(x).__module__.startswith("torch") and hasattr(x, "data_ptr")
 
 
-def _tensor(x, name, fn):
-    """attn_tensor view of a numpy array or torch tensor (None stays None)."""
+def _host_writable(ptr, nbytes):
+    """Whether the host memory [ptr, ptr + nbytes) is mapped writable (Linux: the process's
+    own map; elsewhere assumed). A torch tensor carries no read-only flag, but a view of a
+    read-only mapping (torch.from_numpy of a mode='r' memmap) would crash the interpreter
+    at the first write."""
+    if nbytes <= 0:
+        return True
+    try:
+        with open("/proc/self/maps") as f:
+            lines = f.readlines()
+    except OSError:
+        return True
+    end = ptr + nbytes
+    for line in lines:
+        fields = line.split()
+        lo, hi = (int(x, 16) for x in fields[0].split("-"))
+        if lo <= ptr < hi:
+            if "w" not in fields[1]:
+                return False
+            if end <= hi:
+                return True
+            ptr = hi
+    return False   # [ptr, end) runs into unmapped memory
+
+
+def _tensor(x, name, fn, write=False, cache_dtype=None):
+    """attn_tensor view of a numpy array or torch tensor (None stays None). write: the call
+    writes x (it must be writeable memory); cache_dtype: x is a KV cache of that type, so
+    a uint8 array holding an 8-bit cache's bytes is taken as that type."""
     if x is None:
         return None
     if isinstance(x, np.ndarray):
+        if write and not x.flags.writeable:
+            _fail(ATTN_ERROR_INVALID_VALUE, "%s: %s is read-only (numpy's writeable flag is False, "
+                  "e.g. a np.memmap opened with mode='r'; allowed: a writeable array: this call "
+                  "writes %s)" % (fn, name, name))
         dtype = _NUMPY_DTYPES.get(x.dtype.name)
         type_name, ptr, itemsize = x.dtype.name, x.ctypes.data, x.itemsize
         for i, s in enumerate(x.strides):
@@ -564,6 +600,11 @@ def _tensor(x, name, fn):
         type_name, ptr = tdt, x.data_ptr()
         shape, strides = x.shape, x.stride()
         dev = x.device
+        if write and dev.type == "cpu" and not _host_writable(
+                ptr, (max((n - 1) * abs(st) for n, st in zip(shape, strides)) + 1 if x.numel() else 0)
+                * x.element_size()):
+            _fail(ATTN_ERROR_INVALID_VALUE, "%s: %s is a view of read-only memory (allowed: a "
+                  "tensor in writeable memory: this call writes %s)" % (fn, name, name))
         device = _DEVICE_STRUCTS.get(dev)
         if device is None:
             kind = {"cpu": ATTN_DEVICE_CPU, "cuda": ATTN_DEVICE_CUDA}.get(dev.type)
@@ -574,10 +615,12 @@ def _tensor(x, name, fn):
     else:
         raise TypeError("%s: %s is a %s (allowed: a numpy array or a torch tensor)"
                         % (fn, name, type(x).__name__))
+    if dtype is None and cache_dtype in _CACHE_ONLY and str(type_name) in ("uint8", "torch.uint8"):
+        dtype = cache_dtype   # the bytes of an 8-bit cache, without ml_dtypes / a float8 dtype
     if dtype is None:
         _fail(ATTN_ERROR_SHAPE_MISMATCH, "%s: %s has element type %s (allowed: float32, "
-              "float16, bfloat16; KV caches also float8_e4m3fn, float8_e5m2, int8)"
-              % (fn, name, type_name))
+              "float16, bfloat16; KV caches also float8_e4m3fn, float8_e5m2, int8, or uint8 "
+              "holding the bytes of the layer's 8-bit cache type)" % (fn, name, type_name))
     if len(shape) > ATTN_MAX_DIMS:
         _fail(ATTN_ERROR_SHAPE_MISMATCH, "%s: %s has %d dimensions (allowed: at most %d)"
               % (fn, name, len(shape), ATTN_MAX_DIMS))
@@ -596,6 +639,22 @@ def _tensor(x, name, fn):
 
 def _ref(t):
     return C.byref(t) if t is not None else None
+
+
+def _need(x, cls, name, fn):
+    """x itself when it is a cls (e.g. the Metadata a call needs), else TypeError naming it."""
+    if not isinstance(x, cls):
+        raise TypeError("%s: %s is a %s (allowed: an attn_h.%s)"
+                        % (fn, name, type(x).__name__, cls.__name__))
+    return x
+
+
+def _shape_of(x, name, fn):
+    """The shape of an array argument (TypeError naming it for anything else)."""
+    if not (isinstance(x, np.ndarray) or _is_torch(x)):
+        raise TypeError("%s: %s is a %s (allowed: a numpy array or a torch tensor)"
+                        % (fn, name, type(x).__name__))
+    return tuple(x.shape)
 
 
 def _host_ints(x, name, fn, ctype):
@@ -860,6 +919,10 @@ class Layer(_Owned):
         _kv_scale(desc.k_scale, k_scale, "Layer: k_scale", self._scales)
         _kv_scale(desc.v_scale, v_scale, "Layer: v_scale", self._scales)
         desc.kv_scale_kind = ATTN_KV_SCALE_PER_TOKEN_HEAD if per_token_head else ATTN_KV_SCALE_PER_TENSOR
+        if desc.kv_cache_dtype == ATTN_DTYPE_INT8 and not per_token_head:
+            _fail(ATTN_ERROR_INVALID_VALUE, "Layer: kv_cache_dtype 'int8' needs per_token_head=True "
+                  "(an int8 cache keeps a scale per token and KV head, computed by the cache "
+                  "write; per-tensor scales take 'fp8' / 'fp8_e5m2')")
         desc.block_size = int(block_size or 0)
         desc.scale = float(scale or 0.0)
         desc.causal = _causal(causal, "Layer: causal")
@@ -887,9 +950,11 @@ class Layer(_Owned):
             _check(lib.attn_backend_from_name(str(backend).encode(), C.byref(bid)), None)
             request.backend = bid.value
         ptr = C.c_void_p()
+        _need(ctx, Context, "ctx", "Layer")
         ctx._check(lib.attn_layer_create(ctx._live(), C.byref(desc), C.byref(request),
                                          C.byref(ptr)))
         self._ptr = ptr.value
+        self._kv_dtype = self._effective().kv_cache_dtype   # a uint8 cache is taken as this
         ctx._children.add(self)
 
     def _destroy(self, ptr):
@@ -953,7 +1018,7 @@ class Layer(_Owned):
         fn = "reshape_and_cache"
         slots = _host_ints(slot_mapping, "slot_mapping", fn, C.c_int64).reshape(-1)
         tk, tv = _tensor(key, "key", fn), _tensor(value, "value", fn)
-        tc = _tensor(kv_cache, "kv_cache", fn)
+        tc = _tensor(kv_cache, "kv_cache", fn, write=True, cache_dtype=self._kv_dtype)
         self._check(library().attn_reshape_and_cache(
             self._live(), tk, tv, tc, _ptr(slots, C.c_int64), slots.size,
             _stream(stream, kv_cache, key)))
@@ -964,12 +1029,15 @@ class Layer(_Owned):
         to the cache first by the batch's slot_mapping. out: like q (allocated when None);
         lse: None or float32 [num_tokens, num_heads] (base e). Returns out."""
         fn = "forward"
+        _need(meta, Metadata, "meta", fn)
+        tq = _tensor(q, "q", fn)
         if out is None:
-            out = _empty_like(q, tuple(q.shape), self._effective().dtype)
+            out = _empty_like(q, _shape_of(q, "q", fn), self._effective().dtype)
         self._check(library().attn_layer_forward(
-            self._live(), meta._live(), _ref(_tensor(q, "q", fn)), _ref(_tensor(k, "k", fn)),
-            _ref(_tensor(v, "v", fn)), _ref(_tensor(kv_cache, "kv_cache", fn)),
-            _ref(_tensor(out, "out", fn)), _ref(_tensor(lse, "lse", fn)),
+            self._live(), meta._live(), _ref(tq), _ref(_tensor(k, "k", fn)),
+            _ref(_tensor(v, "v", fn)),
+            _ref(_tensor(kv_cache, "kv_cache", fn, write=k is not None, cache_dtype=self._kv_dtype)),
+            _ref(_tensor(out, "out", fn, write=True)), _ref(_tensor(lse, "lse", fn, write=True)),
             _stream(stream, q, kv_cache)))
         return out
 
@@ -982,7 +1050,8 @@ class Layer(_Owned):
         slots = _host_ints(slot_mapping, "slot_mapping", fn, C.c_int64).reshape(-1)
         self._check(library().attn_concat_and_cache_mla(
             self._live(), _tensor(kv_c, "kv_c", fn), _tensor(k_pe, "k_pe", fn),
-            _tensor(kv_cache, "kv_cache", fn), _ptr(slots, C.c_int64), slots.size,
+            _tensor(kv_cache, "kv_cache", fn, write=True, cache_dtype=self._kv_dtype),
+            _ptr(slots, C.c_int64), slots.size,
             _stream(stream, kv_cache, kv_c)))
 
     def mla_forward_mqa(self, meta, q, kv_cache, out_latent, q_pe=None, lse=None, stream=None):
@@ -990,10 +1059,13 @@ class Layer(_Owned):
         q_pe None, or q_latent [.., num_heads, kv_lora_rank] plus q_pe [.., num_heads,
         qk_rope_head_dim]. Writes out_latent [.., num_heads, kv_lora_rank] and lse."""
         fn = "mla_forward_mqa"
+        _need(meta, Metadata, "meta", fn)
         self._check(library().attn_mla_forward_mqa(
             self._live(), meta._live(), _ref(_tensor(q, "q", fn)),
-            _ref(_tensor(q_pe, "q_pe", fn)), _ref(_tensor(kv_cache, "kv_cache", fn)),
-            _ref(_tensor(out_latent, "out_latent", fn)), _ref(_tensor(lse, "lse", fn)),
+            _ref(_tensor(q_pe, "q_pe", fn)),
+            _ref(_tensor(kv_cache, "kv_cache", fn, cache_dtype=self._kv_dtype)),
+            _ref(_tensor(out_latent, "out_latent", fn, write=True)),
+            _ref(_tensor(lse, "lse", fn, write=True)),
             _stream(stream, q, kv_cache)))
         return out_latent
 
@@ -1002,11 +1074,13 @@ class Layer(_Owned):
         qk_rope] (prefill rows in order), W_UK [num_heads, qk_nope, kv_lora_rank], W_UV
         [num_heads, kv_lora_rank, v_head_dim]; out [.., num_heads, v_head_dim]."""
         fn = "mla_forward_mha"
+        _need(meta, Metadata, "meta", fn)
         self._check(library().attn_mla_forward_mha(
             self._live(), meta._live(), _ref(_tensor(q, "q", fn)),
-            _ref(_tensor(kv_cache, "kv_cache", fn)), _ref(_tensor(w_uk, "w_uk", fn)),
-            _ref(_tensor(w_uv, "w_uv", fn)), _ref(_tensor(out, "out", fn)),
-            _ref(_tensor(lse, "lse", fn)), _stream(stream, q, kv_cache)))
+            _ref(_tensor(kv_cache, "kv_cache", fn, cache_dtype=self._kv_dtype)),
+            _ref(_tensor(w_uk, "w_uk", fn)), _ref(_tensor(w_uv, "w_uv", fn)),
+            _ref(_tensor(out, "out", fn, write=True)), _ref(_tensor(lse, "lse", fn, write=True)),
+            _stream(stream, q, kv_cache)))
         return out
 
     def mla_forward(self, meta, q_nope, q_pe, kv_cache, w_uk, w_uv, out=None, kv_c=None,
@@ -1015,15 +1089,22 @@ class Layer(_Owned):
         kv_c/k_pe (both or neither) are written to the cache first. out [.., num_heads,
         v_head_dim] (allocated when None). Returns out."""
         fn = "mla_forward"
+        _need(meta, Metadata, "meta", fn)
+        tqn = _tensor(q_nope, "q_nope", fn)
         if out is None:
             d = self._effective()
-            out = _empty_like(q_nope, (q_nope.shape[0], q_nope.shape[1], d.v_head_dim), d.dtype)
+            shape = _shape_of(q_nope, "q_nope", fn)
+            if len(shape) != 3:
+                _fail(ATTN_ERROR_SHAPE_MISMATCH, "%s: q_nope has shape %s (allowed: [tokens, "
+                      "num_heads, qk_nope_head_dim])" % (fn, shape))
+            out = _empty_like(q_nope, (shape[0], shape[1], d.v_head_dim), d.dtype)
         self._check(library().attn_mla_forward(
-            self._live(), meta._live(), _ref(_tensor(q_nope, "q_nope", fn)),
+            self._live(), meta._live(), _ref(tqn),
             _ref(_tensor(q_pe, "q_pe", fn)), _ref(_tensor(kv_c, "kv_c", fn)),
-            _ref(_tensor(k_pe, "k_pe", fn)), _ref(_tensor(kv_cache, "kv_cache", fn)),
+            _ref(_tensor(k_pe, "k_pe", fn)),
+            _ref(_tensor(kv_cache, "kv_cache", fn, write=kv_c is not None, cache_dtype=self._kv_dtype)),
             _ref(_tensor(w_uk, "w_uk", fn)), _ref(_tensor(w_uv, "w_uv", fn)),
-            _ref(_tensor(out, "out", fn)), _stream(stream, q_nope, kv_cache)))
+            _ref(_tensor(out, "out", fn, write=True)), _stream(stream, q_nope, kv_cache)))
         return out
 
 
@@ -1039,6 +1120,7 @@ class Metadata(_Owned):
     def __init__(self, layer, max_num_reqs, max_num_tokens, max_blocks_per_req, num_blocks,
                  decode_threshold=0, num_kv_splits=0, workspace_bytes=0):
         super().__init__()
+        _need(layer, Layer, "layer", "Metadata")
         self.layer = layer
         desc = attn_metadata_desc(int(max_num_reqs), int(max_num_tokens),
                                   int(max_blocks_per_req), int(num_blocks),
@@ -1080,6 +1162,13 @@ class Metadata(_Owned):
             _fail(ATTN_ERROR_INVALID_METADATA, "%s: query_start_loc has %d entries (allowed: "
                   "num_reqs + 1 = %d, num_reqs being len(seq_lens))" % (fn, qsl.size,
                                                                           num_reqs + 1))
+        # num_actual_tokens is taken from the last offset: name a decrease first, or the
+        # library would blame the total
+        down = np.nonzero(np.diff(qsl) < 0)[0]
+        if down.size:
+            i = int(down[0]) + 1
+            _fail(ATTN_ERROR_INVALID_METADATA, "%s: query_start_loc decreases at index %d (%d then "
+                  "%d; allowed: non-decreasing offsets from 0)" % (fn, i, qsl[i - 1], qsl[i]))
         if bt.ndim != 2 or bt.shape[0] < num_reqs:
             _fail(ATTN_ERROR_INVALID_METADATA, "%s: block_table has shape %s (allowed: "
                   "[>= num_reqs = %d, blocks per request])" % (fn, bt.shape, num_reqs))
@@ -1125,14 +1214,15 @@ def merge_attn_states(ctx, out_a, lse_a, out_b, lse_b, out=None, lse=None, base_
     base_a / base_b ('e' or 2). out (allocated like out_a when None) may alias out_a or
     out_b; lse: None or where the merged LSE goes, in base base_out. Returns out."""
     fn = "merge_attn_states"
+    _need(ctx, Context, "ctx", fn)
+    ta = _tensor(out_a, "out_a", fn)
     if out is None:
-        out = _empty_like(out_a, tuple(out_a.shape),
-                          _tensor(out_a, "out_a", fn).dtype)
+        out = _empty_like(out_a, _shape_of(out_a, "out_a", fn), ta.dtype)
     ctx._check(library().attn_merge_attn_states(
-        ctx._live(), _ref(_tensor(out_a, "out_a", fn)), _ref(_tensor(lse_a, "lse_a", fn)),
+        ctx._live(), _ref(ta), _ref(_tensor(lse_a, "lse_a", fn)),
         _base(base_a, "base_a"), _ref(_tensor(out_b, "out_b", fn)),
         _ref(_tensor(lse_b, "lse_b", fn)), _base(base_b, "base_b"),
-        _ref(_tensor(out, "out", fn)), _ref(_tensor(lse, "lse", fn)),
+        _ref(_tensor(out, "out", fn, write=True)), _ref(_tensor(lse, "lse", fn, write=True)),
         _base(base_out, "base_out"), _stream(stream, out_a)))
     return out
 

@@ -748,6 +748,105 @@ def test_bad_input_raises_attn_error_naming_the_argument():
     ctx.close()
 
 
+def test_read_only_outputs_and_non_arrays_are_refused(tmp_path):
+    """Issue 20, item 3: an output in read-only memory raises AttnError naming it (a mode='r'
+    memmap used to crash the interpreter; a setflags(write=False) array used to be written),
+    and non-array or None arguments raise TypeError / AttnError naming them."""
+    ctx = attn_h.Context(log_level="none")
+    layer, meta = small_layer(ctx)
+    shape = layer.kv_cache_shape(8)
+    path = tmp_path / "cache.bin"
+    np.full(shape, np.nan, np.float16).tofile(path)
+    rng = np.random.default_rng(3)
+    kv = rng.uniform(-1, 1, (5, 2, 32)).astype(np.float16)
+    q = rng.uniform(-1, 1, (5, 4, 32)).astype(np.float16)
+
+    def refused(needle, fn, *args, **kw):
+        with pytest.raises(attn_h.AttnError) as e:
+            fn(*args, **kw)
+        assert e.value.status == "ATTN_ERROR_INVALID_VALUE" and needle in e.value.message, str(e.value)
+
+    mapped = np.memmap(path, dtype=np.float16, mode="r", shape=shape)
+    refused("kv_cache is read-only", layer.reshape_and_cache, kv, kv, mapped, [19, 64, 65, 66, 67])
+    frozen = np.full(shape, np.nan, np.float16)
+    frozen.setflags(write=False)
+    refused("kv_cache is read-only", layer.reshape_and_cache, kv, kv, frozen, [19, 64, 65, 66, 67])
+    refused("kv_cache is read-only", layer.forward, meta, q, frozen, k=kv, v=kv)
+    assert np.isnan(frozen).all() and np.isnan(np.asarray(mapped)).all()
+    cache = np.full(shape, np.nan, np.float16)
+    layer.reshape_and_cache(kv, kv, cache, [19, 64, 65, 66, 67])
+    cache.setflags(write=False)
+    layer.forward(meta, q, cache)              # a read-only cache is fine where it is only read
+    out = np.full((5, 4, 32), np.nan, np.float16)
+    out.setflags(write=False)
+    refused("out is read-only", layer.forward, meta, q, cache, out)
+    lse = np.zeros((5, 4), np.float32)
+    lse.setflags(write=False)
+    refused("lse is read-only", layer.forward, meta, q, cache, lse=lse)
+    # non-arrays and None, named
+    with pytest.raises(TypeError, match="forward: q is a list"):
+        layer.forward(meta, q.tolist(), cache)
+    with pytest.raises(TypeError, match="forward: meta is a NoneType"):
+        layer.forward(None, q, cache)
+    with pytest.raises(TypeError, match="kv_cache is a list"):
+        layer.reshape_and_cache(kv, kv, cache.tolist(), [19, 64, 65, 66, 67])
+    with pytest.raises(TypeError, match="merge_attn_states: out_a is a list"):
+        attn_h.merge_attn_states(ctx, q.tolist(), None, q, None)
+    with pytest.raises(TypeError, match="Metadata: layer is a NoneType"):
+        attn_h.Metadata(None, 1, 1, 1, 1)
+    if torch is not None:
+        tfrozen = torch.from_numpy(np.asarray(mapped).copy())
+        layer.reshape_and_cache(torch.from_numpy(kv), torch.from_numpy(kv), tfrozen, [19, 64, 65, 66, 67])
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")    # torch warns about the non-writeable array
+            tmapped = torch.from_numpy(mapped)
+        refused("kv_cache is a view of read-only memory", layer.reshape_and_cache,
+                torch.from_numpy(kv), torch.from_numpy(kv), tmapped, [19, 64, 65, 66, 67])
+    ctx.close()
+
+
+def test_names_and_8bit_bytes_a_user_would_try():
+    """Issue 20, item 10: 'fp16' and friends; a uint8 array as an 8-bit cache's bytes; int8
+    without per_token_head named in Python's words; a decreasing query_start_loc blamed on
+    its order."""
+    ctx = attn_h.Context(log_level="none")
+    for name in ("fp16", "half", "f16", "float16", "fp32", "f32", "float", "bf16", "bfloat16"):
+        attn_h.Layer(ctx, num_heads=2, head_size=16, dtype=name)
+    with pytest.raises(attn_h.AttnError, match="fp16"):
+        attn_h.Layer(ctx, num_heads=2, head_size=16, dtype="fp64")
+    with pytest.raises(attn_h.AttnError) as e:
+        attn_h.Layer(ctx, num_heads=2, head_size=16, kv_cache_dtype="int8")
+    assert "per_token_head=True" in e.value.message and "ATTN_" not in e.value.message
+    # an fp8 cache as plain uint8 bytes: the same bytes as the float8 type would hold
+    layer = attn_h.Layer(ctx, num_heads=4, num_kv_heads=2, head_size=32, dtype="float32",
+                         kv_cache_dtype="fp8", k_scale=0.5, v_scale=0.25)
+    meta = attn_h.Metadata(layer, 2, 8, 2, 4)
+    meta.build([0, 3], [3], np.array([[0, 1]], np.int32), [0, 1, 2])
+    rng = np.random.default_rng(5)
+    k, v = (rng.uniform(-1, 1, (3, 2, 32)).astype(np.float32) for _ in "kv")
+    q = rng.uniform(-1, 1, (3, 4, 32)).astype(np.float32)
+    cache = np.zeros(layer.kv_cache_shape(4), np.uint8)
+    layer.reshape_and_cache(k, v, cache, [0, 1, 2])
+    codes = cache[0, 0, :3]                      # K of the three tokens, block 0
+    import ctypes
+    to_e4m3 = attn_h.library().attn_f32_to_fp8_e4m3
+    to_e4m3.argtypes, to_e4m3.restype = [ctypes.c_float], ctypes.c_uint8
+    expect = np.array([[[to_e4m3(float(x) / 0.5) for x in row] for row in tok] for tok in k])
+    assert (codes == expect).all()
+    out = layer.forward(meta, q, cache)
+    assert out.shape == (3, 4, 32) and np.isfinite(out).all()
+    with pytest.raises(attn_h.AttnError, match="uint8"):
+        layer.forward(meta, q, np.zeros(layer.kv_cache_shape(4), np.int16))
+    # a decreasing query_start_loc
+    layer16 = attn_h.Layer(ctx, num_heads=2, head_size=16)
+    meta16 = attn_h.Metadata(layer16, 4, 16, 2, 4)
+    with pytest.raises(attn_h.AttnError) as e:
+        meta16.build([0, 5, 3], [5, 3], np.zeros((2, 2), np.int32), list(range(5)))
+    assert "query_start_loc decreases at index 2" in e.value.message, e.value.message
+    ctx.close()
+
+
 def test_struct_layout_matches_the_library(monkeypatch):
     lib = attn_h.library()
     attn_h.check_layout(lib)                           # what import did
