@@ -1,4 +1,4 @@
-/* attn.h - v0.8.0 - paged attention and MLA for C/C++, portable C and CUDA (NVRTC)
+/* attn.h - v0.9.1 - paged attention and MLA for C/C++, portable C and CUDA (NVRTC)
 
    Do this:
        #define ATTN_IMPLEMENTATION
@@ -275,6 +275,11 @@
        0.9.0  fp8 MLA latents on CUDA_MLA; the GPU MLA split policy over the backend's
               resident decode CTAs (attn_layer_set_decode_parallelism); a per-context
               selection lock (threads may create layers of one context at once).
+       0.9.1  fixes found from outside (issue 20): metadata of an MLA layer with other
+              qk_nope/v widths refused (was a heap overwrite); last errors per thread;
+              explicit requests name every failing check; CUDA cache writes from host
+              slots allocate, copy and wait for nothing (slots in the launch parameters);
+              the selection record shows an 8-bit cache's scale kind.
 
    LICENSE: MIT, see the end of the file.
 */
@@ -283,8 +288,8 @@
 
 #define ATTN_VERSION_MAJOR 0
 #define ATTN_VERSION_MINOR 9
-#define ATTN_VERSION_PATCH 0
-#define ATTN_VERSION_STRING "0.9.0"
+#define ATTN_VERSION_PATCH 1
+#define ATTN_VERSION_STRING "0.9.1"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -819,6 +824,7 @@ typedef struct attn_selection {
     /* inputs */
     attn_dtype dtype;
     attn_dtype kv_cache_dtype;        /* effective */
+    attn_kv_scale_kind kv_scale_kind; /* an 8-bit cache's scales: per tensor or per token and head */
     int block_size;                   /* effective */
     int sliding_window;
     int head_size;
@@ -3060,6 +3066,7 @@ static attn_status attn__resolve(attn_context *ctx, const attn_layer_desc *d,
     if (env) { s->env_set = 1; attn__strlcpy(s->env_value, env, sizeof s->env_value); }
     s->dtype = d->dtype;
     s->kv_cache_dtype = d->kv_cache_dtype;
+    s->kv_scale_kind = d->kv_scale_kind;
     s->block_size = d->block_size;
     s->sliding_window = d->sliding_window;
     s->head_size = d->head_size;
@@ -3262,9 +3269,15 @@ static const char *attn__graph_name(attn_cuda_graph_support g) {
 }
 
 ATTN_API size_t attn_selection_format(const attn_selection *s, char *buf, size_t size) {
-    char skipped[1100], cap[32];
+    char skipped[ATTN_SELECTION_MAX_SKIPPED * 330 + 1], cap[32], kv[64];
     int n, i;
     if (!s) return 0;
+    attn__strlcpy(kv, attn_dtype_name(s->kv_cache_dtype), sizeof kv);
+    if (s->kv_cache_dtype == ATTN_DTYPE_FP8_E4M3 || s->kv_cache_dtype == ATTN_DTYPE_FP8_E5M2 ||
+        s->kv_cache_dtype == ATTN_DTYPE_INT8)
+        attn__fmt(kv, sizeof kv, "%s  # scales %s", attn_dtype_name(s->kv_cache_dtype),
+                  s->kv_scale_kind == ATTN_KV_SCALE_PER_TOKEN_HEAD ? "per token and head (in the cache)"
+                                                                   : "per tensor (k_scale, v_scale)");
     if (s->device_capability)
         attn__fmt(cap, sizeof cap, "%d.%d", s->device_capability / 10, s->device_capability % 10);
     else
@@ -3311,7 +3324,7 @@ ATTN_API size_t attn_selection_format(const attn_selection *s, char *buf, size_t
                  s->source == ATTN_SELECTION_CODE ? "code" : s->source == ATTN_SELECTION_ENV ? "env" : "auto",
                  s->degradation, s->num_skipped ? "" : " none", skipped,
                  s->use_mla ? "MLA" : "standard", s->num_heads, s->num_kv_heads,
-                 attn_dtype_name(s->dtype), attn_dtype_name(s->kv_cache_dtype), s->block_size,
+                 attn_dtype_name(s->dtype), kv, s->block_size,
                  s->sliding_window, s->head_size, attn__device_name(s->device), cap,
                  !s->resolved ? "(none)" : attn__device_name(s->backend_device),
                  !s->resolved ? "(none)" : attn__graph_name(s->cuda_graph),

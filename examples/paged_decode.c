@@ -278,24 +278,42 @@ static double check_row(const step_buffers *sb, int row, const request *r) {
     return max_err;
 }
 
-/* --device auto|cpu|cuda -> on_gpu; 0 on success. */
+/* --device auto|cpu|cuda (or --device=...) -> on_gpu; 0 on success, 1 to exit 0 (--help),
+   -1 on a bad argument (named, with what is allowed). */
 static int parse_device(int argc, char **argv) {
+    static const char usage[] = "usage: paged_decode [--device auto|cpu|cuda]\n"
+                                "  auto: cuda when the platform has a usable GPU, else cpu (the default)\n"
+                                "  cpu:  every tensor in host memory\n"
+                                "  cuda: the KV cache, q/k/v and out in GPU memory\n";
     attn_platform platform;
     const char *want = "auto";
+    if (argc == 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
+        fputs(usage, stdout);
+        return 1;
+    }
     if (argc == 3 && strcmp(argv[1], "--device") == 0) want = argv[2];
-    else if (argc != 1) want = "";
+    else if (argc == 2 && strncmp(argv[1], "--device=", 9) == 0) want = argv[1] + 9;
+    else if (argc == 2 && strcmp(argv[1], "--device") == 0) {
+        fprintf(stderr, "paged_decode: --device needs a value (allowed: auto, cpu, cuda)\n%s", usage);
+        return -1;
+    } else if (argc != 1) {
+        fprintf(stderr, "paged_decode: unknown argument '%s' (allowed: --device auto|cpu|cuda, --help)\n%s",
+                argv[1], usage);
+        return -1;
+    }
     CHECK(attn_platform_get(ctx, &platform));
     if (strcmp(want, "cpu") == 0) on_gpu = 0;
     else if (strcmp(want, "cuda") == 0 || strcmp(want, "auto") == 0) {
         on_gpu = platform.kind == ATTN_PLATFORM_CUDA && platform.cuda_capability_major >= 8;
         if (!on_gpu && strcmp(want, "cuda") == 0) {
-            fprintf(stderr, "--device cuda: no usable GPU here (%s)\n",
+            fprintf(stderr, "paged_decode: --device cuda: no usable GPU here (%s)\n",
                     platform.kind == ATTN_PLATFORM_CUDA ? "compute capability below 8.0" : platform.cuda_reason);
-            return 1;
+            return -1;
         }
     } else {
-        fprintf(stderr, "usage: paged_decode [--device auto|cpu|cuda]\n");
-        return 1;
+        fprintf(stderr, "paged_decode: --device %s is not a device (allowed: auto, cpu, cuda%s)\n%s", want,
+                strcmp(want, "gpu") == 0 ? "; a GPU is 'cuda'" : "", usage);
+        return -1;
     }
     printf("device: %s\n", on_gpu ? "cuda (tensors in GPU memory)" : "cpu (tensors in host memory)");
     return 0;
@@ -318,9 +336,9 @@ int main(int argc, char **argv) {
 
     /* 1. Context: NULL = defaults (log to stderr at INFO, one worker per core). */
     CHECK(attn_context_create(NULL, &ctx));
-    if (parse_device(argc, argv) != 0) {
+    if ((i = parse_device(argc, argv)) != 0) {
         attn_context_destroy(ctx);
-        return 2;
+        return i > 0 ? 0 : 2;
     }
 
     /* 2. Layer: zero-initialise the descriptor; 0 means "default" for every field

@@ -187,6 +187,7 @@ class attn_selection(C.Structure):
         ("degradation", C.c_char * 320),
         ("dtype", C.c_int),
         ("kv_cache_dtype", C.c_int),
+        ("kv_scale_kind", C.c_int),
         ("block_size", C.c_int),
         ("sliding_window", C.c_int),
         ("head_size", C.c_int),
@@ -839,6 +840,8 @@ def _selection_dict(s):
     d["source"] = _SOURCE_NAMES.get(d["source"], d["source"])
     d["cuda_graph"] = _GRAPH_NAMES.get(d["cuda_graph"], d["cuda_graph"])
     d["lse_base"] = "e" if d["lse_base"] == ATTN_LSE_BASE_E else 2
+    d["kv_scale_kind"] = ("per_token_head" if d["kv_scale_kind"] == ATTN_KV_SCALE_PER_TOKEN_HEAD
+                          else "per_tensor")
     for key in ("env_set", "forced_by_code", "degraded", "use_mla", "can_return_lse"):
         d[key] = bool(d[key])
     d["skipped"] = [{"backend": _backend_name(s.skipped[i].backend),

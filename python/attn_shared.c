@@ -60,7 +60,7 @@ static const attn_py_layout_entry attn_py__layout[] = {
     F(attn_selection, forced_backend), F(attn_selection, default_backend),
     F(attn_selection, requested), F(attn_selection, resolved), F(attn_selection, source),
     F(attn_selection, degraded), F(attn_selection, degradation), F(attn_selection, dtype),
-    F(attn_selection, kv_cache_dtype), F(attn_selection, block_size),
+    F(attn_selection, kv_cache_dtype), F(attn_selection, kv_scale_kind), F(attn_selection, block_size),
     F(attn_selection, sliding_window), F(attn_selection, head_size),
     F(attn_selection, num_heads), F(attn_selection, num_kv_heads), F(attn_selection, use_mla),
     F(attn_selection, device), F(attn_selection, device_capability),

@@ -135,8 +135,27 @@ else
     grep -E '^=* ?[0-9]+ (passed|failed|skipped|error)' "$logs/python-pytest.log" | tail -n 1 | sed 's/^/    /'
 fi
 check demo ./build/paged_decode
+# a device the demo does not know: exit 2, naming what is allowed
+check demo-device-named bash -c './build/paged_decode --device gpu 2>&1 >/dev/null; [ $? -eq 2 ] &&
+    ./build/paged_decode --device gpu 2>&1 | grep -q "allowed: auto, cpu, cuda"'
 check attn-info ./build/attn-info
 check attn-info-env-unknown bash -c '! ATTN_BACKEND=nope ./build/attn-info'
+# the 8-bit caches' records: fp8 per tensor, int8 / e4m3 per token and head; bad mixes exit 2
+check attn-info-8bit-caches bash -c '
+    ./build/attn-info --kv-cache-dtype fp8_e4m3 --k-scale 0.5 2>/dev/null |
+        grep -q "kv_cache_dtype: fp8_e4m3  # scales per tensor" &&
+    ./build/attn-info --kv-cache-dtype int8 2>/dev/null | grep -q "kv_cache_dtype: int8  # scales per token and head" &&
+    ./build/attn-info --kv-cache-dtype fp8 --per-token-head 2>/dev/null | grep -q "resolved_backend: CPU" &&
+    { ./build/attn-info --kv-cache-dtype f16 --k-scale 2 >/dev/null 2>&1; [ $? -eq 2 ]; } &&
+    { ./build/attn-info --kv-cache-dtype fp8_e5m2 --per-token-head >/dev/null 2>&1; [ $? -eq 2 ]; }'
+# README.md: its C program compiled and run, its Python run, its make commands real
+if command -v python3 >/dev/null 2>&1; then run readme-snippets python3 tests/readme_check.py
+else skip readme-snippets "python3 not installed"
+fi
+# line 1's version and ATTN_VERSION_STRING come from the version macros: a stale line fails
+need version-derived python3 && check version-derived bash -c '
+    t=$(mktemp -d); sed "1s/ - v[0-9.]* - / - v0.0.1 - /" attn.h >"$t/attn.h";
+    ! python3 tools/embed.py --check "$t/attn.h" kernels 2>/dev/null; rc=$?; rm -rf "$t"; exit $rc'
 
 # The libFuzzer target: ATTN_FUZZ_SECONDS (30) from a fixed seed over the committed seed
 # corpus, into a fresh corpus; a crash, sanitizer report, broken property or hang fails.

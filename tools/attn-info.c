@@ -28,7 +28,13 @@ static void usage(FILE *f) {
             "  --kv-heads N           KV heads, a divisor of --heads (default 8; 1 with --mla)\n"
             "  --head-size N          head size (default 128; 576 with --mla)\n"
             "  --dtype T              q/k/v/out type: f32 | f16 | bf16 (default f16)\n"
-            "  --kv-cache-dtype T     KV-cache type: auto | f32 | f16 | bf16 (default auto = dtype)\n"
+            "  --kv-cache-dtype T     KV-cache type: auto | f32 | f16 | bf16 | fp8 (= fp8_e4m3) |\n"
+            "                         fp8_e5m2 | int8 (default auto = dtype); fp8 caches take a\n"
+            "                         scale per tensor (--k-scale, --v-scale), int8 one per token\n"
+            "                         and head (--per-token-head, implied by int8)\n"
+            "  --k-scale X, --v-scale X  an fp8 cache's per-tensor scales, X > 0 (default 1)\n"
+            "  --per-token-head       int8 / fp8_e4m3 caches with a scale per token and KV head,\n"
+            "                         stored in the cache by the cache write\n"
             "  --block-size N         tokens per KV-cache block, a multiple of 16 (default 16)\n"
             "  --sliding-window N     attend to the last N positions only (default 0 = off)\n"
             "  --soft-cap X           logits soft cap, X > 0 (default 0 = off)\n"
@@ -76,14 +82,16 @@ static float parse_float(const char *flag, const char *s, const char *allowed) {
     return (float)v;
 }
 
-static attn_dtype parse_dtype(const char *flag, const char *s, int allow_auto) {
-    const char *allowed = allow_auto ? "auto, f32, f16, bf16" : "f32, f16, bf16";
-    if (allow_auto && strcmp(s, "auto") == 0) return ATTN_DTYPE_AUTO;
-    if (strcmp(s, "f32") == 0) return ATTN_DTYPE_F32;
-    if (strcmp(s, "f16") == 0) return ATTN_DTYPE_F16;
-    if (strcmp(s, "bf16") == 0) return ATTN_DTYPE_BF16;
-    bad_flag(flag, s, allowed);
-    return ATTN_DTYPE_AUTO;
+/* An element type by the library's names (attn_dtype_from_name: f16 / float16, fp8, ...);
+   cache: the KV-cache flag, which also takes auto and the 8-bit types. */
+static attn_dtype parse_dtype(const char *flag, const char *s, int cache) {
+    const char *allowed = cache ? "auto, f32, f16, bf16, fp8 (= fp8_e4m3), fp8_e5m2, int8" : "f32, f16, bf16";
+    attn_dtype d = ATTN_DTYPE_AUTO;
+    if (cache && strcmp(s, "auto") == 0) return ATTN_DTYPE_AUTO;
+    if (attn_dtype_from_name(s, &d) != ATTN_OK || (!cache && d != ATTN_DTYPE_F32 && d != ATTN_DTYPE_F16 &&
+                                                   d != ATTN_DTYPE_BF16))
+        bad_flag(flag, s, allowed);
+    return d;
 }
 
 /* Prints a formatted block through a buffer sized by a first call (snprintf style). */
@@ -110,7 +118,8 @@ int main(int argc, char **argv) {
     attn_context *ctx = NULL;
     attn_status st;
     const char *backend_name = NULL;
-    int kv_heads_given = 0, head_size_given = 0, alibi = 0, i;
+    int kv_heads_given = 0, head_size_given = 0, alibi = 0, per_token_head = 0, i;
+    float k_scale = 0.0f, v_scale = 0.0f;
     float *slopes = NULL;
 
     memset(&desc, 0, sizeof desc);
@@ -164,8 +173,15 @@ int main(int argc, char **argv) {
             NEEDS_VALUE("f32, f16, bf16");
             desc.dtype = parse_dtype(flag, val, 0);
         } else if (strcmp(flag, "--kv-cache-dtype") == 0) {
-            NEEDS_VALUE("auto, f32, f16, bf16");
+            NEEDS_VALUE("auto, f32, f16, bf16, fp8, fp8_e5m2, int8");
             desc.kv_cache_dtype = parse_dtype(flag, val, 1);
+        } else if (strcmp(flag, "--k-scale") == 0 || strcmp(flag, "--v-scale") == 0) {
+            NEEDS_VALUE("a finite number > 0");
+            *(flag[2] == 'k' ? &k_scale : &v_scale) = parse_float(flag, val, "a finite number > 0");
+            if (!(*(flag[2] == 'k' ? &k_scale : &v_scale) > 0.0f)) bad_flag(flag, val, "a finite number > 0");
+        } else if (strcmp(flag, "--per-token-head") == 0) {
+            NO_VALUE();
+            per_token_head = 1;
         } else if (strcmp(flag, "--block-size") == 0) {
             NEEDS_VALUE("a positive multiple of 16");
             desc.block_size = parse_int(flag, val, 16, 1 << 20, "a positive multiple of 16");
@@ -198,7 +214,8 @@ int main(int argc, char **argv) {
             request.allow_fallback = 1;
         } else {
             bad_flag(flag, NULL, "unknown flag (allowed: --heads, --kv-heads, --head-size, "
-                                 "--dtype, --kv-cache-dtype, --block-size, --sliding-window, "
+                                 "--dtype, --kv-cache-dtype, --k-scale, --v-scale, --per-token-head, "
+                                 "--block-size, --sliding-window, "
                                  "--soft-cap, --non-causal, --alibi, --mla, --device, --backend, "
                                  "--allow-fallback, --help)");
         }
@@ -215,6 +232,21 @@ int main(int argc, char **argv) {
         desc.v_head_dim = 128;
         if (!head_size_given) desc.head_size = 576;
         if (!kv_heads_given) desc.num_kv_heads = 1;
+    }
+    /* 8-bit caches: int8 takes its scales per token and head only; fp8 per tensor needs
+       scales, 1 unless given (the record does not depend on their values) */
+    if (desc.kv_cache_dtype == ATTN_DTYPE_INT8) per_token_head = 1;
+    if (per_token_head) {
+        if (k_scale > 0.0f || v_scale > 0.0f)
+            bad_flag("--k-scale/--v-scale", NULL, "not with --per-token-head (the cache write computes a scale per row)");
+        if (desc.kv_cache_dtype != ATTN_DTYPE_INT8 && desc.kv_cache_dtype != ATTN_DTYPE_FP8_E4M3)
+            bad_flag("--per-token-head", NULL, "needs --kv-cache-dtype int8 or fp8_e4m3");
+        desc.kv_scale_kind = ATTN_KV_SCALE_PER_TOKEN_HEAD;
+    } else if (desc.kv_cache_dtype == ATTN_DTYPE_FP8_E4M3 || desc.kv_cache_dtype == ATTN_DTYPE_FP8_E5M2) {
+        desc.k_scale.value = k_scale > 0.0f ? k_scale : 1.0f;
+        desc.v_scale.value = v_scale > 0.0f ? v_scale : 1.0f;
+    } else if (k_scale > 0.0f || v_scale > 0.0f) {
+        bad_flag("--k-scale/--v-scale", NULL, "only with an fp8 --kv-cache-dtype");
     }
     if (desc.num_heads % desc.num_kv_heads) {
         char v[48], allowed[64];
