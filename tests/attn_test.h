@@ -5,7 +5,8 @@
        ATTN_TEST(test_something) { EXPECT_TRUE(1 + 1 == 2); }
        void suite_example(void) { ATTN_RUN(test_something); }
 
-   Checks record failures and continue; SKIP(reason) ends a test as skipped. The
+   Checks record failures and continue; REQUIRE / REQUIRE_OK record a failure and end the
+   test (a precondition the rest needs); SKIP(reason) ends a test as skipped. The
    environment variable ATTN_TEST_SKIP (comma-separated test names) skips whole tests,
    for slow builds such as ThreadSanitizer's; ATTN_TEST_ONLY (the same form) runs only the
    tests it names (e.g. a few under compute-sanitizer). Some tests read their own knobs:
@@ -59,6 +60,25 @@ int attn_test_near(double a, double b, double abs_tol, double rel_tol);
                            attn_status_string(s_), attn_status_string(status));    \
     } while (0)
 #define EXPECT_OK(expr) EXPECT_STATUS(expr, ATTN_OK)
+/* Fatal checks: a failed precondition ends the test (it returns), instead of cascading
+   into checks that cannot mean anything (a NULL layer, an unbuilt metadata). Use them in
+   the test function itself; a helper that cleans up uses EXPECT_* and returns a flag. */
+#define REQUIRE(cond)                                                              \
+    do {                                                                           \
+        if (!(cond)) {                                                             \
+            attn_test_fail(__FILE__, __LINE__, "required: %s", #cond);            \
+            return;                                                                \
+        }                                                                          \
+    } while (0)
+#define REQUIRE_OK(expr)                                                           \
+    do {                                                                           \
+        attn_status r_ = (expr);                                                   \
+        if (r_ != ATTN_OK) {                                                       \
+            attn_test_fail(__FILE__, __LINE__, "required: %s: got %s", #expr,      \
+                           attn_status_string(r_));                                \
+            return;                                                                \
+        }                                                                          \
+    } while (0)
 #define SKIP(reason)                                                               \
     do {                                                                           \
         attn_test_skip(reason);                                                    \

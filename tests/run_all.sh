@@ -148,6 +148,9 @@ check attn-info-8bit-caches bash -c '
     ./build/attn-info --kv-cache-dtype fp8 --per-token-head 2>/dev/null | grep -q "resolved_backend: CPU" &&
     { ./build/attn-info --kv-cache-dtype f16 --k-scale 2 >/dev/null 2>&1; [ $? -eq 2 ]; } &&
     { ./build/attn-info --kv-cache-dtype fp8_e5m2 --per-token-head >/dev/null 2>&1; [ $? -eq 2 ]; }'
+# attn-bench's result table holds as many rows as a run makes (a fixed 64 cut the default
+# CUDA run short)
+check bench-table-rows bash -c '[ "$(./build/attn-bench --selftest 1000 | grep -c "^| selftest row")" = 1000 ]'
 # README.md: its C program compiled and run, its Python run, its make commands real
 if command -v python3 >/dev/null 2>&1; then run readme-snippets python3 tests/readme_check.py
 else skip readme-snippets "python3 not installed"

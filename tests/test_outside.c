@@ -70,7 +70,7 @@ ATTN_TEST(out_mla_metadata_of_other_widths_is_refused) {
     int32_t qsl[3] = {0, 1, OUT_MLA_T}, seq[2] = {20, 39}, table[2 * 4];
     int64_t slots[OUT_MLA_T];
     int i;
-    if (!ctx) return;
+    REQUIRE(ctx != NULL);
     a = out_mla_layer(ctx, 64, 64);
     b = out_mla_layer(ctx, 128, 128);
     for (i = 0; i < 8; i++) table[i] = i;
@@ -206,7 +206,7 @@ ATTN_TEST(out_threads_failing_on_one_context_keep_their_messages) {
     cd.log_level = ATTN_LOG_LEVEL_ERROR;
     cd.num_threads = 1;
     EXPECT_OK(attn_context_create(&cd, &ctx));
-    if (!ctx) return;
+    REQUIRE(ctx != NULL);
     memset(args, 0, sizeof args);
     for (i = 0; i < 8; i++) {
         args[i].ctx = ctx;
@@ -236,7 +236,7 @@ ATTN_TEST(out_explicit_request_lists_every_reason) {
     attn_selection sel;
     attn_layer *layer = NULL;
     const char *msg;
-    if (!ctx) return;
+    REQUIRE(ctx != NULL);
     EXPECT_OK(attn_platform_get(ctx, &pf));
     memset(&d, 0, sizeof d);
     d.num_heads = 8;
@@ -295,7 +295,7 @@ ATTN_TEST(out_mla_messages_name_the_call_and_the_mla_scale) {
     int64_t slots[3] = {4, 16, 17};
     enum { H = 4, T = 3, R = 256, P = 64, N = 32, V = 32 };
     const char *msg;
-    if (!ctx) return;
+    REQUIRE(ctx != NULL);
     memset(&d, 0, sizeof d);
     d.num_heads = H;
     d.head_size = R + P;
