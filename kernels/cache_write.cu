@@ -28,7 +28,7 @@
 
    Each has an `_inline` twin (attn_reshape_and_cache_inline, attn_concat_and_cache_mla_
    inline) that takes the slots in its launch parameters instead of a device array (up to
-   ATTN_INLINE_SLOTS a launch, params.slot_mapping unused): the host's slot mapping reaches
+   ATTN__INLINE_SLOTS a launch, params.slot_mapping unused): the host's slot mapping reaches
    the device with the launch itself, with no copy, allocation or synchronisation.
 
    Launch: any grid (x: a grid-stride loop over tokens; one CTA per token up to a few
@@ -37,6 +37,7 @@
    row and the cache are 16-byte aligned, else element by element. HEAD_DIM, KV_LORA_RANK
    and ROPE_DIM must be multiples of 8. DT_*: 0 f32, 1 f16, 2 bf16 (DT_CACHE also 4-6). */
 #include "attn_common.cuh"
+#include "attn_params.cuh" /* the write and gather parameters */
 
 #if !defined(DT_IN) || !defined(DT_CACHE)
 #error "cache_write.cu: define DT_IN and DT_CACHE (0 f32, 1 f16, 2 bf16; DT_CACHE 4-6: 8-bit)"
@@ -48,10 +49,6 @@
 #if ATTN_CACHE8 && defined(KV_LORA_RANK) && DT_CACHE == ATTN_DT_I8
 #error "cache_write.cu: a latent cache takes fp8 (per-tensor scale), not int8"
 #endif
-
-/* Slots carried by an _inline launch (its parameters stay under the 4 KiB every driver
-   takes: 3584 bytes of slots and the write's own parameters). */
-#define ATTN_INLINE_SLOTS 448
 
 #if ATTN_CACHE8
 /* 8 elements of DT_IN as f32 (16-byte loads where vec) */
@@ -112,28 +109,6 @@ ATTN_DEV void attn_move8(const void *src, void *dst, int vec) {
 #error "cache_write.cu: HEAD_DIM must be a multiple of 8"
 #endif
 
-/* Passed by value; the host declares the same struct (same order, natural alignment). */
-struct attn_cache_write_params {
-    const void *key;              /* DT_IN [tokens, num_kv_heads, HEAD_DIM] */
-    const void *value;            /* DT_IN, same shape */
-    void *kv_cache;               /* DT_CACHE [num_blocks, 2, block_size, num_kv_heads, HEAD_DIM] */
-    const attn_i64 *slot_mapping; /* [tokens]; -1 skips */
-    const float *k_scale;         /* 8-bit per-tensor caches: device floats, NULL: *_value */
-    const float *v_scale;
-    attn_i64 key_stride_token, key_stride_head;     /* elements */
-    attn_i64 value_stride_token, value_stride_head; /* elements */
-    int num_tokens;
-    int num_kv_heads;
-    int block_size;
-    float k_scale_value, v_scale_value;
-    int pad0;
-};
-
-struct attn_cache_write_inline_params {
-    attn_cache_write_params p;        /* p.slot_mapping unused */
-    attn_i64 slots[ATTN_INLINE_SLOTS];  /* [p.num_tokens]; -1 skips */
-};
-
 #if ATTN_CACHE8 && KV_PTH
 #if HEAD_DIM > 256
 #error "cache_write.cu: per-token-head scales take HEAD_DIM <= 256"
@@ -141,7 +116,7 @@ struct attn_cache_write_inline_params {
 /* NaN-sticky max (the CPU's amax loop) */
 ATTN_DEV float attn_amax2(float a, float b) { return a != a || b != b ? __int_as_float(0x7fc00000) : fmaxf(a, b); }
 
-ATTN_DEV void attn_reshape_and_cache_body(const attn_cache_write_params &p, const attn_i64 *slots) {
+ATTN_DEV void attn_reshape_and_cache_body(const attn__cache_write_params &p, const attn_i64 *slots) {
     const int lane = threadIdx.x & 31, warps = blockDim.x >> 5, rows = 2 * p.num_kv_heads;
     const float qmax = DT_CACHE == ATTN_DT_I8 ? 127.0f : 448.0f;
     const attn_i64 half = (attn_i64)p.block_size * p.num_kv_heads * (HEAD_DIM + 4); /* bytes of a block half */
@@ -173,7 +148,7 @@ ATTN_DEV void attn_reshape_and_cache_body(const attn_cache_write_params &p, cons
     }
 }
 #else
-ATTN_DEV void attn_reshape_and_cache_body(const attn_cache_write_params &p, const attn_i64 *slots) {
+ATTN_DEV void attn_reshape_and_cache_body(const attn__cache_write_params &p, const attn_i64 *slots) {
     const int chunks = HEAD_DIM / 8;                 /* 8-element chunks per head row */
     const int per_side = p.num_kv_heads * chunks;    /* chunks of one token's K (or V) */
     const int esz_in = attn_elem<DT_IN>::size, esz_c = ATTN_DT_SIZE(DT_CACHE);
@@ -207,10 +182,10 @@ ATTN_DEV void attn_reshape_and_cache_body(const attn_cache_write_params &p, cons
 }
 #endif /* KV_PTH */
 
-extern "C" __global__ void attn_reshape_and_cache(const __grid_constant__ attn_cache_write_params p) {
+extern "C" __global__ void attn_reshape_and_cache(const __grid_constant__ attn__cache_write_params p) {
     attn_reshape_and_cache_body(p, p.slot_mapping);
 }
-extern "C" __global__ void attn_reshape_and_cache_inline(const __grid_constant__ attn_cache_write_inline_params ip) {
+extern "C" __global__ void attn_reshape_and_cache_inline(const __grid_constant__ attn__cache_write_inline_params ip) {
     attn_reshape_and_cache_body(ip.p, ip.slots);
 }
 #endif /* HEAD_DIM */
@@ -220,26 +195,7 @@ extern "C" __global__ void attn_reshape_and_cache_inline(const __grid_constant__
 #error "cache_write.cu: KV_LORA_RANK and ROPE_DIM must be defined, multiples of 8"
 #endif
 
-struct attn_latent_write_params {
-    const void *kv_c;             /* DT_IN [tokens, KV_LORA_RANK] */
-    const void *k_pe;             /* DT_IN [tokens, ROPE_DIM] */
-    void *kv_cache;               /* DT_CACHE [num_blocks, block_size, KV_LORA_RANK + ROPE_DIM] */
-    const attn_i64 *slot_mapping; /* [tokens]; -1 skips */
-    attn_i64 kv_c_stride_token;   /* elements */
-    attn_i64 k_pe_stride_token;   /* elements */
-    int num_tokens;
-    int pad0;
-    const float *k_scale;         /* fp8 latent: the per-tensor scale (device float; NULL: value) */
-    float k_scale_value;
-    int pad1;
-};
-
-struct attn_latent_write_inline_params {
-    attn_latent_write_params p;       /* p.slot_mapping unused */
-    attn_i64 slots[ATTN_INLINE_SLOTS];  /* [p.num_tokens]; -1 skips */
-};
-
-ATTN_DEV void attn_concat_and_cache_mla_body(const attn_latent_write_params &p, const attn_i64 *slots) {
+ATTN_DEV void attn_concat_and_cache_mla_body(const attn__latent_write_params &p, const attn_i64 *slots) {
     const int chunks_c = KV_LORA_RANK / 8, chunks = (KV_LORA_RANK + ROPE_DIM) / 8;
     const int esz_in = attn_elem<DT_IN>::size, esz_c = ATTN_DT_SIZE(DT_CACHE);
     const int cache_ok = attn_aligned16(p.kv_cache);
@@ -267,10 +223,10 @@ ATTN_DEV void attn_concat_and_cache_mla_body(const attn_latent_write_params &p, 
     }
 }
 
-extern "C" __global__ void attn_concat_and_cache_mla(const __grid_constant__ attn_latent_write_params p) {
+extern "C" __global__ void attn_concat_and_cache_mla(const __grid_constant__ attn__latent_write_params p) {
     attn_concat_and_cache_mla_body(p, p.slot_mapping);
 }
-extern "C" __global__ void attn_concat_and_cache_mla_inline(const __grid_constant__ attn_latent_write_inline_params ip) {
+extern "C" __global__ void attn_concat_and_cache_mla_inline(const __grid_constant__ attn__latent_write_inline_params ip) {
     attn_concat_and_cache_mla_body(ip.p, ip.slots);
 }
 
@@ -278,17 +234,8 @@ extern "C" __global__ void attn_concat_and_cache_mla_inline(const __grid_constan
    request (its block_table row) from the latent cache into a contiguous [nkeys][KV_LORA_RANK
    + ROPE_DIM] of DT_CACHE (the up-projection GEMMs' operand). Any grid (grid-stride over
    16-byte chunks), any block; cache and destination 16-byte aligned. */
-struct attn_mla_gather_params {
-    const void *kv_cache;
-    const int *block_table;
-    void *lat;                    /* DT_CACHE rows; an fp8 latent: DT_IN rows, code * scale */
-    int key0, nkeys, block_size, pad0;
-    const float *k_scale;         /* fp8 latent (as attn_latent_write_params) */
-    float k_scale_value;
-    int pad1;
-};
 
-extern "C" __global__ void attn_mla_gather(const attn_mla_gather_params p) {
+extern "C" __global__ void attn_mla_gather(const attn__mla_gather_params p) {
 #if ATTN_CACHE8 /* dequantizing: 8 codes -> 8 DT_IN elements (16 bytes at bf16/f16) per step */
     const int D = KV_LORA_RANK + ROPE_DIM, cpr = D / 8;
     const float ks = attn_cache_scale(p.k_scale, p.k_scale_value) * attn_code_factor<DT_CACHE>();

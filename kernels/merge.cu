@@ -20,29 +20,12 @@
    and step with 16-byte accesses when HEAD_DIM % 8 == 0 and the row is 16-byte aligned.
    HEAD_DIM: any positive size. DT: 0 f32, 1 f16, 2 bf16. */
 #include "attn_common.cuh"
+#include "attn_params.cuh" /* attn__merge_params */
 
 #if !defined(HEAD_DIM) || !defined(DT)
 #error "merge.cu: define HEAD_DIM and DT"
 #endif
 
-struct attn_merge_params {
-    const void *out_a;
-    const float *lse_a;
-    const void *out_b;
-    const float *lse_b;
-    void *out;
-    float *lse;                   /* NULL: no LSE output */
-    attn_i64 out_a_stride_token, out_a_stride_head; /* elements */
-    attn_i64 out_b_stride_token, out_b_stride_head;
-    attn_i64 out_stride_token, out_stride_head;
-    attn_i64 lse_a_stride_token, lse_a_stride_head;
-    attn_i64 lse_b_stride_token, lse_b_stride_head;
-    attn_i64 lse_stride_token, lse_stride_head;
-    int num_tokens;
-    int num_heads;
-    int base_a, base_b, base_out; /* 0: base e, 1: base 2 */
-    int pad0;
-};
 
 /* Lanes per row: enough for one pass over the 8-element chunks (a power of two <= 32). */
 #define ATTN_MERGE_CHUNKS ((HEAD_DIM + 7) / 8)
@@ -55,7 +38,7 @@ ATTN_DEV float attn_merge_lse_in(float x, int base2) {
     return x < attn_inf() ? x : attn_neg_inf();
 }
 
-extern "C" __global__ void __launch_bounds__(128) attn_merge_attn_states(const attn_merge_params p) {
+extern "C" __global__ void __launch_bounds__(128) attn_merge_attn_states(const attn__merge_params p) {
     typedef typename attn_elem<DT>::storage elem_t;
     const int esz = attn_elem<DT>::size;
     const int lane = threadIdx.x & 31, sub = lane % ATTN_MERGE_LANES;

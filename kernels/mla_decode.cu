@@ -31,9 +31,9 @@
    LAUNCH
    =====================================================================================
    attn_mla_decode: grid >= *num_work, block WARPS * 32, dynamic shared memory
-   attn_mla_config[1]; CTAs past *num_work exit. attn_mla_merge: grid (>= *num_merge,
-   ROWS), block 256, static shared memory only. attn_mla_config (extern "C" __constant__ int[8]):
-   {threads, dynamic shared bytes, KV_TILE, ROWS, KV_STAGES, WARPS, 0, 1}.
+   attn_mla_config.shared_bytes; CTAs past *num_work exit. attn_mla_merge: grid (>= *num_merge,
+   ROWS), block 256, static shared memory only. attn_mla_config (extern "C" __constant__
+   attn__launch_config): {threads, dynamic shared bytes, KV_TILE, ROWS, 1, KV_STAGES, WARPS, 1}.
 
    =====================================================================================
    INSIDE A CTA
@@ -55,7 +55,7 @@
                2^(m_old - m_new), O += P V with V = columns 0 .. KV_LORA of the K stage
                (ldmatrix.trans), P fragments by ldmatrix.
    Epilogue: row sums (S_KG x 4 lanes) summed through shared memory, O / l out. */
-#include "mla_common.cuh" /* attn_mla_params (its merge_count unused here) */
+#include "mla_common.cuh" /* attn__mla_decode_params (its merge_count unused here) */
 
 #if !defined(KV_LORA) || !defined(ROPE) || !defined(BLOCK_SIZE) || !defined(DT) || !defined(ROWS)
 #error "mla_decode.cu: define KV_LORA, ROPE, BLOCK_SIZE, DT and ROWS"
@@ -150,10 +150,10 @@
 #define ATTN_CPR (ATTN_D * 2 / 16) /* 16-byte chunks per latent row (Q) */
 #define ATTN_KCPR (ATTN_D * (ATTN_KV8 ? 1 : 2) / 16) /* 16-byte chunks per cache row */
 
-extern "C" __constant__ int attn_mla_config[8] = {ATTN_THREADS, ATTN_SMEM_BYTES, KV_TILE, ROWS, KV_STAGES, WARPS, 0, 1};
+extern "C" __constant__ attn__launch_config attn_mla_config = {ATTN_THREADS, ATTN_SMEM_BYTES, KV_TILE, ROWS, 1, KV_STAGES, WARPS, 1};
 
 
-extern "C" __global__ void __launch_bounds__(ATTN_THREADS, MIN_CTAS) attn_mla_decode(const attn_mla_params p) {
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS, MIN_CTAS) attn_mla_decode(const attn__mla_decode_params p) {
     extern __shared__ attn_vec16 attn_smem[];
     char *const smem = (char *)attn_smem;
     if (blockDim.x != ATTN_THREADS || attn_dynamic_smem_size() < ATTN_SMEM_BYTES) attn_trap();
@@ -583,7 +583,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, MIN_CTAS) attn_mla_de
 
 /* The splits of one (query row, head tile) merged (mla_merge.cuh): grid (>= *num_merge,
    ROWS), one CTA per row. */
-extern "C" __global__ void __launch_bounds__(256) attn_mla_merge(const attn_mla_params p) {
+extern "C" __global__ void __launch_bounds__(256) attn_mla_merge(const attn__mla_decode_params p) {
 #if ATTN_KV8
     if (attn_cache_scale(p.k_scale, p.k_scale_value) == 0.0f) return; /* the decode wrote nothing: neither does the merge */
 #endif

@@ -1,9 +1,9 @@
 /* mla_decode_sm90.cu - MLA absorbed decode on Hopper warpgroup MMA (wgmma), sm_90a: the
    CUDA_MLA_SM90 backend's forward_mqa (and the decode half of its fused attn_mla_forward).
 
-   WHAT IT COMPUTES, WORK LIST, SPLITS, params, merge: exactly kernels/wip/mla_decode.cu's
-   (the mma.sync form, sm_80+, not yet wired; same struct, same work items, same partial
-   layout with ROWS = 64), for 16-bit DT only; the struct adds merge_count at its end.
+   WHAT IT COMPUTES, WORK LIST, SPLITS, params, merge: exactly kernels/mla_decode.cu's (the
+   mma.sync form, sm_80+, the CUDA_MLA backend's; same attn__mla_decode_params, same work
+   items, same partial layout with ROWS = 64), for 16-bit DT only.
    Work item (8 int32): {req, head0, q_row, -, key0, key1, slot, merge entry + 1}: the 64
    heads head0 .. head0 + 63 (those below num_heads) of query row q_row over keys [key0,
    key1); slot -1 writes out/lse, slot >= 0 a normalised f32 partial (partial_o[slot][64]
@@ -13,8 +13,10 @@
    merges it in this launch (counter in merge_count, back to 0 after), so a forward is one
    launch. attn_mla_merge, grid (entries, 64), block 256, merges the entries with fused = 0
    (all with FUSED_MERGE 0): one CTA per row, where one CTA merging a whole entry of many
-   splits (it reads splits x 128 KiB of partials) would be slow; the backend fuses an entry
-   when splits x its rows <= 256.
+   splits (it reads splits x 128 KiB of partials) would be slow. The backend compiles
+   FUSED_MERGE 1 and fuses an entry when splits x its rows <= ATTN_MLA_FUSED_MERGE_MAX,
+   which is 0 by default: every split merges in attn_mla_merge, which measured faster on
+   the H200 (docs/PERF.md); the fused path stays for that knob and the kernel harness.
 
    =====================================================================================
    INSIDE A CTA (FlashMLA's shape, written with kernels/wgmma.cuh)
@@ -38,7 +40,7 @@
    Epilogue: row sums of both warpgroups through shared memory; O / l out (or the
    partial); lse by warpgroup 0. */
 #include "wgmma.cuh"
-#include "mla_common.cuh" /* attn_mla_params */
+#include "mla_common.cuh" /* attn__mla_decode_params */
 
 #if !defined(KV_LORA) || !defined(ROPE) || !defined(BLOCK_SIZE) || !defined(DT)
 #error "mla_decode_sm90.cu: define KV_LORA, ROPE, BLOCK_SIZE and DT"
@@ -96,10 +98,10 @@
 #error "mla_decode_sm90.cu: the loader needs chunks per row that divide the threads"
 #endif
 
-extern "C" __constant__ int attn_mla_config[8] = {ATTN_THREADS, ATTN_SMEM_BYTES, KV_TILE, ROWS, KV_STAGES, 8, 0, 1};
+extern "C" __constant__ attn__launch_config attn_mla_config = {ATTN_THREADS, ATTN_SMEM_BYTES, KV_TILE, ROWS, 1, KV_STAGES, 8, 1};
 
 
-extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mla_decode(const attn_mla_params p) {
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mla_decode(const attn__mla_decode_params p) {
     extern __shared__ attn_vec16 attn_smem[];
     if (blockDim.x != ATTN_THREADS || attn_dynamic_smem_size() < ATTN_SMEM_BYTES) attn_trap();
     if ((int)blockIdx.x >= *p.num_work) return;
@@ -312,6 +314,6 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mla_decode(co
 }
 
 /* The merge as its own launch (mla_merge.cuh): grid (entries, ROWS), one CTA per row. */
-extern "C" __global__ void __launch_bounds__(256) attn_mla_merge(const attn_mla_params p) {
+extern "C" __global__ void __launch_bounds__(256) attn_mla_merge(const attn__mla_decode_params p) {
     attn_mla_merge_kernel(p);
 }

@@ -18,7 +18,7 @@
    ATTN_MERGE_SW_FLOATS. Phase 1, a warp per row: the row's max and weight sum over the
    splits (lanes over splits), the weights into sw. Phase 2: every thread 4 columns at a
    time, the splits' partials read at L2 (ld.global.cg: other CTAs wrote them) as float4. */
-ATTN_DEV void attn_mla_merge_entry(const attn_mla_params &p, int mi, int row0, int row1, int t, int n, float *sw) {
+ATTN_DEV void attn_mla_merge_entry(const attn__mla_decode_params &p, int mi, int row0, int row1, int t, int n, float *sw) {
     const int *mg = p.merge + 8 * (attn_i64)mi;
     const int q_row = mg[0], head0 = mg[1], splits = mg[2], slot0 = mg[3];
     const int lane = t & 31, cap = splits <= ATTN_MERGE_CAP;
@@ -71,7 +71,7 @@ ATTN_DEV void attn_mla_merge_entry(const attn_mla_params &p, int mi, int row0, i
 
 /* attn_mla_merge's body: grid (>= *num_merge, ROWS), one CTA per row of an entry; an entry
    merged in the decode launch ([4] set) is skipped. */
-ATTN_DEV void attn_mla_merge_kernel(const attn_mla_params &p) {
+ATTN_DEV void attn_mla_merge_kernel(const attn__mla_decode_params &p) {
     __shared__ float sw[ATTN_MERGE_SW_FLOATS];
     if ((int)blockIdx.x >= *p.num_merge || p.merge[8 * (attn_i64)blockIdx.x + 4]) return;
     attn_mla_merge_entry(p, blockIdx.x, blockIdx.y, blockIdx.y + 1, threadIdx.x, blockDim.x, sw);

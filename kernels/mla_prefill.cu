@@ -4,10 +4,10 @@
    compute-sanitizer memcheck and racecheck clean; figures in docs/PERF.md ("CUDA_MLA v1").
 
    WHAT IT COMPUTES, params, launch, MERGE: exactly kernels/mla_prefill_sm90.cu's (the same
-   struct attn_mha_params, the same pass scalars, the same LSE merge into out/lse for
+   struct attn__mla_prefill_params, the same pass scalars, the same LSE merge into out/lse for
    chunks after the first), so the host drives both alike; only the tile differs:
    grid (ceil(nq / 64), heads), block 128 (4 warps), dynamic shared memory
-   attn_mha_config[1]; tile x takes queries 64 (gridDim.x - 1 - x) .. (the causal tiles
+   attn_mha_config.shared_bytes; tile x takes queries 64 (gridDim.x - 1 - x) .. (the causal tiles
    with the most keys first). attn_mha_config: {threads, dynamic shared bytes, KV_TILE,
    64 rows, KV_STAGES, 4 warps, 0, 1}.
 
@@ -22,7 +22,7 @@
    in base 2 in registers, P packed from the S accumulators into A fragments, O += P V (V
    by ldmatrix.trans). Epilogue: O / l (merged with the earlier chunks' out/lse with MERGE),
    4-byte stores per lane. */
-#include "mla_common.cuh" /* attn_mha_params, attn_mha_merge_weights */
+#include "mla_common.cuh" /* attn__mla_prefill_params, attn_mha_merge_weights */
 
 #if !defined(DN) || !defined(ROPE) || !defined(DV) || !defined(DT)
 #error "mla_prefill.cu: define DN (q/k nope width), ROPE, DV and DT"
@@ -64,10 +64,10 @@
 #define ATTN_NT (KV_TILE / 8)   /* n-tiles of S */
 #define ATTN_OT (DV / 8)        /* n-tiles of O */
 
-extern "C" __constant__ int attn_mha_config[8] = {ATTN_THREADS, ATTN_SMEM_BYTES, KV_TILE, ATTN_ROWS, KV_STAGES, ATTN_WARPS, 0, 1};
+extern "C" __constant__ attn__launch_config attn_mha_config = {ATTN_THREADS, ATTN_SMEM_BYTES, KV_TILE, ATTN_ROWS, 1, KV_STAGES, ATTN_WARPS, 1};
 
 
-extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_mla_prefill(const attn_mha_params p) {
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_mla_prefill(const attn__mla_prefill_params p) {
     extern __shared__ attn_vec16 attn_smem[];
     if (blockDim.x != ATTN_THREADS || attn_dynamic_smem_size() < ATTN_SMEM_BYTES) attn_trap();
     const int tile = (int)(gridDim.x - 1 - blockIdx.x), head = blockIdx.y;

@@ -19,7 +19,7 @@
    one launch per chunk, the first without MERGE; lse is then required (the running LSE).
 
    LAUNCH (attn_mla_prefill): grid (ceil(nq / 128), heads), block 256, dynamic shared
-   memory attn_mha_config[1] (one CTA per SM: 2 warpgroups at up to 255 registers). Tile
+   memory attn_mha_config.shared_bytes (one CTA per SM: 2 warpgroups at up to 255 registers). Tile
    x takes the 128 queries from the end backwards (tile gridDim.x - 1 - x), so the causal
    tiles with the most keys start first. attn_mha_config: {threads, dynamic shared bytes,
    KV_TILE, 128 rows, KV_STAGES, 8 warps, 0, 1} (mla_decode_sm90.cu's order).
@@ -34,7 +34,7 @@
    The chunk's latent rows come from cache_write.cu's attn_mla_gather (k_pe is read from
    their tail). */
 #include "wgmma.cuh"
-#include "mla_common.cuh" /* attn_mha_params, attn_mha_merge_weights */
+#include "mla_common.cuh" /* attn__mla_prefill_params, attn_mha_merge_weights */
 
 #if !defined(DN) || !defined(ROPE) || !defined(DV) || !defined(DT)
 #error "mla_prefill_sm90.cu: define DN (q/k nope width), ROPE, DV and DT"
@@ -79,10 +79,10 @@
 #error "mla_prefill_sm90.cu: the loader needs chunks per row that divide the threads"
 #endif
 
-extern "C" __constant__ int attn_mha_config[8] = {ATTN_THREADS, ATTN_SMEM_BYTES, KV_TILE, ATTN_ROWS_PAD, KV_STAGES, 8, 0, 1};
+extern "C" __constant__ attn__launch_config attn_mha_config = {ATTN_THREADS, ATTN_SMEM_BYTES, KV_TILE, ATTN_ROWS_PAD, 1, KV_STAGES, 8, 1};
 
 
-extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mla_prefill(const attn_mha_params p) {
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mla_prefill(const attn__mla_prefill_params p) {
     extern __shared__ attn_vec16 attn_smem[];
     if (blockDim.x != ATTN_THREADS || attn_dynamic_smem_size() < ATTN_SMEM_BYTES) attn_trap();
     const int tile = (int)(gridDim.x - 1 - blockIdx.x), head = blockIdx.y;

@@ -71,8 +71,8 @@
    =====================================================================================
    LAUNCH
    =====================================================================================
-   attn_paged_attention:      grid (>= *num_work, 1, 1), block (attn_paged_config[0]),
-                              dynamic shared memory attn_paged_config[1] bytes (over 48 KiB
+   attn_paged_attention:      grid (>= *num_work, 1, 1), block (attn_paged_config.threads),
+                              dynamic shared memory attn_paged_config.shared_bytes bytes (over 48 KiB
                               for most variants: set CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_
                               SIZE_BYTES once after loading). CTAs past *num_work exit, so a
                               graph captured with the capacity replays any smaller batch.
@@ -82,10 +82,10 @@
                               write partials without a merge index (flags bits 8+ = 0).
                               Items that carry one merge in the attention launch itself
                               (FUSED MERGE below) and need no second launch.
-   Both take the same attn_paged_params by value. Requirements: kv_cache 16-byte aligned
+   Both take the same attn__paged_params by value. Requirements: kv_cache 16-byte aligned
    (cp.async); partial_o/partial_ml 16-byte aligned; q/out rows need not be aligned (16-byte
    paths are taken when they are).
-   attn_paged_config (an extern "C" __constant__ int[8]; read it with cuModuleGetGlobal +
+   attn_paged_config (an extern "C" __constant__ attn__launch_config, attn_params.cuh; read it with cuModuleGetGlobal +
    cuMemcpyDtoH at layer init): {threads, dynamic shared bytes, KV_TILE, TILE_TOKENS * GROUP
    (= rows of a partial slot), TILE_TOKENS, KV_STAGES, WARPS_N, 1 if tensor cores}.
 
@@ -176,7 +176,7 @@
    ROW_TILES * 16. Warp w = wm * WARPS_N + wn owns row tiles wm * WARP_ROWS ..
    wm * WARP_ROWS + WARP_ROWS - 1 (16 rows each, the M of mma) and key slice wn: keys
    [wn * KW, (wn + 1) * KW) of every K/V tile, KW = KV_TILE / WARPS_N; the CTA has
-   ROW_TILES / WARP_ROWS * WARPS_N warps (attn_paged_config[0] / 32). So a decode CTA (one
+   ROW_TILES / WARP_ROWS * WARPS_N warps (attn_paged_config.threads / 32). So a decode CTA (one
    row tile) has four warps splitting each tile's keys, a prefill CTA four warps of 16 rows
    (or, WARP_ROWS 2, of 32 rows) each reading the whole tile (FlashAttention-2). Each warp
    keeps its own online softmax (m, l per row, O in registers, per row tile); the epilogue
@@ -213,7 +213,7 @@
    8 rows without bank conflicts; for HEAD_DIM % 16 == 8 the Q and K rows carry 8 zero
    columns up to a multiple of 16. The epilogue reuses the K/V stages:
    [O: WARPS_N x ROW_TILES*16 x (HEAD_DIM + 4) f32][m: WARPS_N x rows][l: WARPS_N x rows x 4].
-   attn_paged_config[1] is the total; the kernel traps when the launch gives less. */
+   attn_paged_config.shared_bytes is the total; the kernel traps when the launch gives less. */
 #include "paged_common.cuh"
 
 #if !defined(HEAD_DIM) || !defined(BLOCK_SIZE) || !defined(GROUP) || !defined(DT_Q) || \
@@ -377,7 +377,7 @@ typedef attn_q_t attn_sq_t;
 #endif
 
 
-extern "C" __constant__ int attn_paged_config[8] = {
+extern "C" __constant__ attn__launch_config attn_paged_config = {
     ATTN_THREADS, ATTN_SMEM_BYTES, KV_TILE, ATTN_ROWS, TILE_TOKENS, KV_STAGES, WARPS_N, ATTN_USE_MMA};
 
 
@@ -418,7 +418,7 @@ ATTN_DEV void attn_p_fragment(const float (*s)[4], int kk, attn_u32 *a) {
 /* Writes 8 finished elements (columns 8c..8c+7) of row R of a tile: out and lse, or the
    partial slot. O is unnormalised; (m, l) its base-2 max and sum. The CPU's
    attn__cpu_store_rows. out_vec: every out row is 16-byte aligned (attn_out_vec). */
-ATTN_DEV void attn_store_row8(const attn_paged_params &p, int q_row0, int kv_head, int slot, int R,
+ATTN_DEV void attn_store_row8(const attn__paged_params &p, int q_row0, int kv_head, int slot, int R,
                               int c, const float *O, float m, float l, int out_vec) {
     if (slot >= 0) {
         float *dst = p.partial_o + ((attn_i64)slot * ATTN_ROWS + R) * HEAD_DIM + c * 8;
@@ -455,7 +455,7 @@ ATTN_DEV void attn_store_row8(const attn_paged_params &p, int q_row0, int kv_hea
 
 /* The same for every row of the launch, so the choice is made once, not per element
    (a per-row test inside the store loops also makes ptxas spill). */
-ATTN_DEV int attn_out_vec(const attn_paged_params &p) {
+ATTN_DEV int attn_out_vec(const attn__paged_params &p) {
     return attn_aligned16(p.out) && ((p.out_stride_token * ATTN_ESZ_Q) & 15) == 0 &&
            ((p.out_stride_head * ATTN_ESZ_Q) & 15) == 0;
 }
@@ -463,7 +463,7 @@ ATTN_DEV int attn_out_vec(const attn_paged_params &p) {
 /* Merges the partial slots of merge entry `mi` into out/lse (the CPU's attn__cpu_merge_run),
    thread per (row, 8 columns), `nthreads` threads from `tid`. Loads at L2 (ld.global.cg):
    in the FUSED MERGE the partials were written by other CTAs of the same launch. */
-ATTN_DEV void attn_merge_entry(const attn_paged_params &p, int mi, int tid, int nthreads) {
+ATTN_DEV void attn_merge_entry(const attn__paged_params &p, int mi, int tid, int nthreads) {
     const int *item = p.merge + 8 * (attn_i64)mi;
     const int req = item[0], kv_head = item[1], tok0 = item[2], ntok = item[3];
     const int slot0 = item[4], nsplit = item[5];
@@ -505,7 +505,7 @@ ATTN_DEV void attn_merge_entry(const attn_paged_params &p, int mi, int tid, int 
 #define MIN_CTAS 1
 #endif
 #endif
-extern "C" __global__ void __launch_bounds__(ATTN_THREADS, MIN_CTAS) attn_paged_attention(const attn_paged_params p) {
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS, MIN_CTAS) attn_paged_attention(const attn__paged_params p) {
     extern __shared__ attn_vec16 attn_smem[];
     if (blockDim.x != ATTN_THREADS || attn_dynamic_smem_size() < ATTN_SMEM_BYTES) attn_trap();
     if ((int)blockIdx.x >= *p.num_work) return;
@@ -1196,7 +1196,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, MIN_CTAS) attn_paged_
 }
 
 /* Second stage of split-KV as its own launch: one CTA per merge entry. */
-extern "C" __global__ void __launch_bounds__(128) attn_paged_merge_partials(const attn_paged_params p) {
+extern "C" __global__ void __launch_bounds__(128) attn_paged_merge_partials(const attn__paged_params p) {
     if ((int)blockIdx.x >= *p.num_merge) return;
     attn_merge_entry(p, blockIdx.x, threadIdx.x, blockDim.x);
 }

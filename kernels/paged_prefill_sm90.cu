@@ -27,14 +27,14 @@
    =====================================================================================
    LAUNCH
    =====================================================================================
-   attn_paged_prefill_sm90: grid (>= *num_work), block 256 (attn_paged_config[0]), dynamic
-   shared memory config[1] bytes (set CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES).
+   attn_paged_prefill_sm90: grid (>= *num_work), block 256 (attn_paged_config.threads), dynamic
+   shared memory attn_paged_config.shared_bytes (set CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES).
    sm_90a only (compute capability 9.0). One CTA per SM (two warpgroups at up
    to 255 registers fill the register file). CTAs past *num_work exit. The same params and
    work list as attn_paged_attention: the host drives it with the prefill variant's
-   schedule (TILE_TOKENS = config[4]). The config (an extern "C" __constant__ int[8]
-   named as paged_attention.cu's, so one loader reads both): {threads, dynamic shared bytes,
-   KV_TILE, TILE_TOKENS * GROUP, TILE_TOKENS, KV_STAGES, 0, 1}.
+   schedule (TILE_TOKENS = attn_paged_config.tile_tokens). The config (an extern "C"
+   __constant__ attn__launch_config named as paged_attention.cu's, so one loader reads both):
+   {threads, dynamic shared bytes, KV_TILE, TILE_TOKENS * GROUP, TILE_TOKENS, KV_STAGES, 0, 1}.
 
    =====================================================================================
    INSIDE A CTA (FlashAttention-3's compute, FlashAttention-2's pipeline)
@@ -75,7 +75,7 @@
    Not yet (FlashAttention-3 proper): a TMA/producer warpgroup with mbarriers, softmax of
    tile it overlapped with S of tile it + 1 inside a warpgroup, ping-pong named barriers
    between the two warpgroups, setmaxnreg. */
-#include "paged_common.cuh" /* attn_paged_params, as paged_attention.cu */
+#include "paged_common.cuh" /* attn__paged_params, as paged_attention.cu */
 #include "wgmma.cuh"
 
 #if !defined(HEAD_DIM) || !defined(BLOCK_SIZE) || !defined(GROUP) || !defined(DT_Q) || \
@@ -165,11 +165,11 @@
 typedef typename attn_elem<DT_Q>::storage attn_q_t;
 
 
-extern "C" __constant__ int attn_paged_config[8] = {
+extern "C" __constant__ attn__launch_config attn_paged_config = {
     ATTN_THREADS, ATTN_SMEM_BYTES, KV_TILE, ATTN_ROWS, TILE_TOKENS, KV_STAGES, 0, 1};
 
 
-extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_paged_prefill_sm90(const attn_paged_params p) {
+extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_paged_prefill_sm90(const attn__paged_params p) {
     extern __shared__ attn_vec16 attn_smem[];
     if (blockDim.x != ATTN_THREADS || attn_dynamic_smem_size() < ATTN_SMEM_BYTES) attn_trap();
     if ((int)blockIdx.x >= *p.num_work) return;

@@ -100,7 +100,7 @@ static attn__CUresult download(void *h, attn__CUdeviceptr d, size_t n) {
 typedef struct module_entry {
     char key[320];
     attn__CUfunction main, second; /* the kernel asked for; paged: and attn_paged_merge_partials */
-    int config[8];                 /* paged: attn_paged_config */
+    attn__launch_config config;    /* the one the kernel exports (attn_params.cuh) */
 } module_entry;
 static module_entry modules[1024];
 static int num_modules;
@@ -128,7 +128,7 @@ static module_entry *get_module(const char *file, const char *defines, const cha
     snprintf(m->key, sizeof m->key, "%s", key);
     m->main = loaded.main;
     m->second = loaded.second;
-    memcpy(m->config, loaded.config, sizeof m->config);
+    m->config = loaded.config;
     return m;
 }
 
@@ -272,7 +272,8 @@ static module_entry *draft_module(draft_kernel *k, const char *defines, int load
     attn__nvrtcProgram prog = NULL;
     char *log = NULL, *cubin = NULL;
     size_t log_size = 0, cubin_size = 0;
-    int nopt = 0, i, nh = 0, ok, warnings, config[8];
+    int nopt = 0, i, nh = 0, ok, warnings;
+    attn__launch_config config;
     const char *base_name = strrchr(k->file, '/') ? strrchr(k->file, '/') + 1 : k->file;
     attn_tool_ptxas e;
     module_entry *m;
@@ -322,8 +323,9 @@ static module_entry *draft_module(draft_kernel *k, const char *defines, int load
     }
     e = attn_tool_ptxas_for(log, k->fn);
     warnings = attn_tool_print_warnings(log);
-    memset(config, 0, sizeof config);
-    if (!attn_tool_cubin_global((const unsigned char *)cubin, cubin_size, k->config, config, sizeof config)) config[1] = -1;
+    memset(&config, 0, sizeof config);
+    if (!attn_tool_cubin_global((const unsigned char *)cubin, cubin_size, k->config, &config, sizeof config))
+        config.shared_bytes = -1;
     if ((!e.found || e.regs <= 0) && load) {
         /* Seen on the H200 host: NVRTC's log sometimes lacks ptxas's report (its own cache
            served the program; the cubin is fine). The loaded function's attributes are then
@@ -357,11 +359,11 @@ static module_entry *draft_module(draft_kernel *k, const char *defines, int load
         printf("  %s [%s]: NVRTC's log (%zu bytes) has no ptxas report for %s:\n%.600s\n", k->label, defines,
                log ? strlen(log) : (size_t)0, k->fn, log ? log : "");
     printf("  %s %s [%s]: %d registers, %d B stack, %d/%d B spilled, %d threads, %d B shared (%.1f KiB), KV_TILE %d, "
-           "%d rows, config[4..5] %d %d\n",
-           k->label, arch_opt + 19, defines, e.regs, e.stack, e.spill_st, e.spill_ld, config[0], config[1],
-           config[1] / 1024.0, config[2], config[3], config[4], config[5]);
-    if (!e.found || e.regs <= 0 || e.stack != 0 || e.spill_st != 0 || e.spill_ld != 0 || warnings || config[1] < 0 ||
-        config[1] > (arch >= 90 || !load ? 232448 : 166912)) {
+           "%d rows, tile tokens %d, stages %d\n",
+           k->label, arch_opt + 19, defines, e.regs, e.stack, e.spill_st, e.spill_ld, config.threads, config.shared_bytes,
+           config.shared_bytes / 1024.0, config.kv_tile, config.rows, config.tile_tokens, config.kv_stages);
+    if (!e.found || e.regs <= 0 || e.stack != 0 || e.spill_st != 0 || e.spill_ld != 0 || warnings || config.shared_bytes < 0 ||
+        config.shared_bytes > (arch >= 90 || !load ? 232448 : 166912)) {
         printf("FAIL %s [%s]: ptxas reports spills, stack or warnings, or the shared memory is over the architecture's\n",
                k->label, defines);
         failed++;
@@ -372,13 +374,13 @@ static module_entry *draft_module(draft_kernel *k, const char *defines, int load
     m = &modules[num_modules++];
     memset(m, 0, sizeof *m);
     snprintf(m->key, sizeof m->key, "%s", key);
-    memcpy(m->config, config, sizeof config);
+    m->config = config;
     if (load) {
         attn__CUmodule mod = NULL;
         CU_CHECK(cu->cuModuleLoadData(&mod, cubin));
         CU_CHECK(cu->cuModuleGetFunction(&m->main, mod, k->fn));
         if (k->second) CU_CHECK(cu->cuModuleGetFunction(&m->second, mod, k->second));
-        CU_CHECK(cu->cuFuncSetAttribute(m->main, ATTN__CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, m->config[1]));
+        CU_CHECK(cu->cuFuncSetAttribute(m->main, ATTN__CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, m->config.shared_bytes));
     }
     free(log);
     free(cubin);
@@ -536,7 +538,7 @@ static void run_attention_case(const attn_case *c, int num_reqs, const int *qlen
         int zero_merge = 0;
         attn__CUdeviceptr d_q, d_kv, d_out, d_lse, d_bt, d_sl, d_qsl, d_alibi, d_work, d_nw, d_merge, d_nm, d_po, d_pml;
         float scale = 1.0f / sqrtf((float)D);
-        build_work(&s, num_reqs, qsl, sl, Hkv, tt, c->causal, c->window, c->splits, m->config[2]);
+        build_work(&s, num_reqs, qsl, sl, Hkv, tt, c->causal, c->window, c->splits, m->config.kv_tile);
         d_q = dupload(qh, q_elems * esq);
         d_kv = dupload(kvh, kv_elems * eskv);
         d_out = dalloc(q_elems * esq);
@@ -569,8 +571,8 @@ static void run_attention_case(const attn_case *c, int num_reqs, const int *qlen
         p.num_kv_heads = Hkv; p.scale = scale; p.softcap = c->softcap; p.window = c->window;
         args[0] = &p;
         /* one spare CTA past *num_work: it must exit without touching anything */
-        CU_CHECK(cu->cuLaunchKernel(fa, (unsigned)s.num_work + 1, 1, 1, (unsigned)m->config[0], 1, 1,
-                                    (unsigned)m->config[1], NULL, args, NULL));
+        CU_CHECK(cu->cuLaunchKernel(fa, (unsigned)s.num_work + 1, 1, 1, (unsigned)m->config.threads, 1, 1,
+                                    (unsigned)m->config.shared_bytes, NULL, args, NULL));
         if (s.num_merge) CU_CHECK(cu->cuLaunchKernel(fm, (unsigned)s.num_merge, 1, 1, 128, 1, 1, 0, NULL, args, NULL));
         CU_CHECK(cu->cuCtxSynchronize());
         CU_CHECK(download(out_gpu, d_out, q_elems * esq));
@@ -920,7 +922,7 @@ static float time_launch(module_entry *m, attn__paged_params *p, schedule *s, in
     CU_CHECK(cu->cuEventCreate(&e1, 0));
     for (i = 0; i < reps + 3; i++) {
         if (i == 3) CU_CHECK(cu->cuEventRecord(e0, NULL));
-        CU_CHECK(cu->cuLaunchKernel(fa, (unsigned)s->num_work, 1, 1, (unsigned)m->config[0], 1, 1, (unsigned)m->config[1], NULL, args, NULL));
+        CU_CHECK(cu->cuLaunchKernel(fa, (unsigned)s->num_work, 1, 1, (unsigned)m->config.threads, 1, 1, (unsigned)m->config.shared_bytes, NULL, args, NULL));
         if (s->num_merge) CU_CHECK(cu->cuLaunchKernel(fm, (unsigned)s->num_merge, 1, 1, 128, 1, 1, 0, NULL, args, NULL));
     }
     CU_CHECK(cu->cuEventRecord(e1, NULL));
@@ -948,7 +950,7 @@ static void bench_prefill(module_entry *m, const char *label, int n, int ptt, at
     float ms;
     double flops = 4.0 * H * D * ((double)n * (n + 1) / 2);
     qsl[0] = 0; qsl[1] = n; sl[0] = n;
-    build_work(&s, 1, qsl, sl, Hkv, ptt, 1, 0, 1, m->config[2]);
+    build_work(&s, 1, qsl, sl, Hkv, ptt, 1, 0, 1, m->config.kv_tile);
     { /* longest first: the tiles at the end of the sequence see the most keys */
         int a, b2;
         for (a = 0, b2 = s.num_work - 1; a < b2; a++, b2--) {
@@ -966,7 +968,7 @@ static void bench_prefill(module_entry *m, const char *label, int n, int ptt, at
     p.block_table_stride = (int64_t)max_blocks; p.num_kv_heads = Hkv; p.scale = 0.088f;
     ms = time_launch(m, &p, &s, 10);
     printf("  %stokens %5d (%d per CTA, %d threads, %d B smem): ctas %5d  %9.1f us  %6.1f TFLOP/s\n", label, n, ptt,
-           m->config[0], m->config[1], s.num_work, ms * 1e3, flops / (ms * 1e-3) / 1e12);
+           m->config.threads, m->config.shared_bytes, s.num_work, ms * 1e3, flops / (ms * 1e-3) / 1e12);
     cu->cuMemFree(d_sl); cu->cuMemFree(d_qsl); cu->cuMemFree(d_w); cu->cuMemFree(d_nw); cu->cuMemFree(d_m); cu->cuMemFree(d_nm);
     free(s.work); free(s.merge);
 }
@@ -1006,13 +1008,13 @@ static void bench(const char *extra) {
             snprintf(defs, sizeof defs, "HEAD_DIM=%d BLOCK_SIZE=%d GROUP=%d DT_Q=2 DT_KV=2 TILE_TOKENS=%d %s", D, BS, G, 16 / G, extra);
             m = get_module("paged_attention.cu", defs, "attn_paged_attention");
             { /* split so that one wave of resident CTAs holds the grid (splits >= 256 keys) */
-                CU_CHECK(cu->cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, m->main, m->config[0],
-                                                                         (size_t)m->config[1]));
+                CU_CHECK(cu->cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, m->main, m->config.threads,
+                                                                         (size_t)m->config.shared_bytes));
                 splits = per_sm * num_sms / (B * Hkv);
                 if (splits > ctx / 256) splits = ctx / 256;
                 if (splits < 1) splits = 1;
             }
-            build_work(&s, B, qsl, sl, Hkv, 16 / G, 1, 0, splits, m->config[2]);
+            build_work(&s, B, qsl, sl, Hkv, 16 / G, 1, 0, splits, m->config.kv_tile);
             d_sl = dupload(sl, (size_t)B * 4); d_qsl = dupload(qsl, (size_t)(B + 1) * 4);
             d_w = dupload(s.work, (size_t)s.num_work * 32); d_nw = dupload(&s.num_work, 4);
             d_m = dupload(s.merge, (size_t)(s.num_merge + 1) * 32); d_nm = dupload(&s.num_merge, 4);
@@ -1023,7 +1025,7 @@ static void bench(const char *extra) {
             p.block_table_stride = (int64_t)max_blocks; p.num_kv_heads = Hkv; p.scale = 0.088f;
             ms = time_launch(m, &p, &s, 20);
             printf("  batch %3d context %5d: splits %2d ctas %5d (%d per SM, %d threads, %d B shared)  %8.1f us  %6.2f TB/s\n",
-                   B, ctx, splits, s.num_work, per_sm, m->config[0], m->config[1], ms * 1e3, bytes / (ms * 1e-3) / 1e12);
+                   B, ctx, splits, s.num_work, per_sm, m->config.threads, m->config.shared_bytes, ms * 1e3, bytes / (ms * 1e-3) / 1e12);
             cu->cuMemFree(d_sl); cu->cuMemFree(d_qsl); cu->cuMemFree(d_w); cu->cuMemFree(d_nw); cu->cuMemFree(d_m); cu->cuMemFree(d_nm);
             free(s.work); free(s.merge); free(qsl); free(sl);
         }
@@ -1059,8 +1061,8 @@ static int mla_mode;
 static int mla_shape[5]; /* --mla-shape H,B,CTX,SPLITS[,V]: one decode shape timed on the wgmma kernel's
                             variant V of mla_variants (0: the first wgmma one) */
 
-/* the kernels' parameter structs: attn.h's host mirrors attn__mla_decode_params and
-   attn__mla_prefill_params */
+/* the kernels' parameter structs: attn__mla_decode_params and attn__mla_prefill_params
+   (kernels/attn_params.cuh, shared with the kernels) */
 
 /* MLA kernels (all embedded): 0 mla_decode.cu (CUDA_MLA's decode, mma.sync), 1
    mla_decode_sm90.cu, 2 mla_prefill_sm90.cu, 3 mla_prefill.cu (CUDA_MLA's prefill attention,
@@ -1204,7 +1206,7 @@ static int mla_case(int v, int H, int nreq, int max_ctx, int splits, int timing,
         p.out_stride_token = (int64_t)H * L; p.out_stride_head = L; p.lse_stride_token = H; p.lse_stride_head = 1;
         p.block_table_stride = maxb; p.num_heads = H; p.scale = scale; p.merge_count = fused ? dmc : 0;
         args[0] = &p;
-        CU_CHECK(cu->cuLaunchKernel(m->main, (unsigned)nw, 1, 1, (unsigned)m->config[0], 1, 1, (unsigned)m->config[1], NULL, args, NULL));
+        CU_CHECK(cu->cuLaunchKernel(m->main, (unsigned)nw, 1, 1, (unsigned)m->config.threads, 1, 1, (unsigned)m->config.shared_bytes, NULL, args, NULL));
         if (nm && !fused) CU_CHECK(cu->cuLaunchKernel(mm->second, (unsigned)nm, (unsigned)prow, 1, 256, 1, 1, 0, NULL, args, NULL));
         CU_CHECK(cu->cuStreamSynchronize(NULL));
         if (timing) {
@@ -1214,7 +1216,7 @@ static int mla_case(int v, int H, int nreq, int max_ctx, int splits, int timing,
             CU_CHECK(cu->cuEventCreate(&e0, 0)); CU_CHECK(cu->cuEventCreate(&e1, 0));
             CU_CHECK(cu->cuEventRecord(e0, NULL));
             for (k = 0; k < 20; k++) {
-                CU_CHECK(cu->cuLaunchKernel(m->main, (unsigned)nw, 1, 1, (unsigned)m->config[0], 1, 1, (unsigned)m->config[1], NULL, args, NULL));
+                CU_CHECK(cu->cuLaunchKernel(m->main, (unsigned)nw, 1, 1, (unsigned)m->config.threads, 1, 1, (unsigned)m->config.shared_bytes, NULL, args, NULL));
                 if (nm && !fused) CU_CHECK(cu->cuLaunchKernel(mm->second, (unsigned)nm, (unsigned)prow, 1, 256, 1, 1, 0, NULL, args, NULL));
             }
             CU_CHECK(cu->cuEventRecord(e1, NULL));
@@ -1341,9 +1343,9 @@ static int mha_case(int which, int v, int H, int nreq, int max_len, int timing, 
                     p.q_row0 = q0[r]; p.nq = qlen[r]; p.pos0 = ctx[r]; p.key_pos0 = kp0[r] + c0; p.nkeys = c1 - c0;
                     p.flags = 1 | (c0 ? 2 : 0);
                     /* config: {threads, dynamic shared bytes, KV_TILE, rows per CTA, ...} */
-                    CU_CHECK(cu->cuLaunchKernel(m->main, (unsigned)((qlen[r] + m->config[3] - 1) / m->config[3]), (unsigned)H, 1,
-                                                (unsigned)m->config[0], 1, 1,
-                                                (unsigned)m->config[1], NULL, args, NULL));
+                    CU_CHECK(cu->cuLaunchKernel(m->main, (unsigned)((qlen[r] + m->config.rows - 1) / m->config.rows), (unsigned)H, 1,
+                                                (unsigned)m->config.threads, 1, 1,
+                                                (unsigned)m->config.shared_bytes, NULL, args, NULL));
                 }
             }
         }

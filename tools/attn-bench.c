@@ -1602,7 +1602,7 @@ static int bench_recompile(attn_context *ctx, const char *env, const char *file,
     resident = attn__cuda_resident(ctx, &m, 1);
     attn__cuda_leave(ctx);
     printf("  decode recompiled: %s (%d CTAs per SM, %d threads, %d bytes of shared memory)\n", opt,
-           resident / ATTN__MAX(1, ctx->platform.cuda_multiprocessors), m.config[0], m.config[1]);
+           resident / ATTN__MAX(1, ctx->platform.cuda_multiprocessors), m.config.threads, m.config.shared_bytes);
     return resident;
 }
 
