@@ -30,7 +30,11 @@
        ATTN_CPU_BF16_DOT       opt-in: decode QK on bf16 caches with AVX512-BF16 dot products
                                (vdpbf16ps); q is rounded to bf16, so results change slightly;
                                ignored where the build lacks AVX512-BF16
-       ATTN_NO_CUDA            compile the CUDA path out (the helpers answer PLATFORM errors)
+       ATTN_NO_CUDA            compile the CUDA path out whole: no CUDA library is ever
+                               opened (no driver, NVRTC or cuBLAS probe), no kernel text or
+                               compiler state is built in (the object is under a third of
+                               the full one); the CUDA helpers and attn_kernel_compile answer
+                               ATTN_ERROR_PLATFORM, and the platform's reasons say so
        ATTN_CUDA_DRIVER_LIBRARY  the driver's soname (default "libcuda.so.1"; the loader
                                then tries "libcuda.so")
        ATTN_NVRTC_LIBRARY      NVRTC's soname (default "libnvrtc.so.13"; then ".so.12",
@@ -1225,6 +1229,25 @@ static const char *attn__trim_env(const char *name) {
    libraries (CUDA driver, NVRTC) loaded through one table each; a missing piece is a reason.
    ======================================================================================= */
 
+static int attn__cpu_cores(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+static const char *attn__simd_name(void) {
+#if defined(ATTN__SIMD_AVX512)
+    return "avx512";
+#elif defined(ATTN__SIMD_AVX2)
+    return "avx2";
+#else
+    return "c";
+#endif
+}
+
+/* The CUDA platform: everything below, to the end of attn__probe_cuda, is compiled only
+   with the CUDA path (ATTN_NO_CUDA removes the loaders, their tables and state, and the
+   embedded kernels: no CUDA library is ever opened). */
+#ifndef ATTN_NO_CUDA
 typedef int attn__CUresult;
 typedef int attn__CUdevice;
 typedef unsigned long long attn__CUdeviceptr;
@@ -1453,21 +1476,6 @@ static void *attn__load_library(const attn_loader *l, const char *const *sonames
     return lib;
 }
 
-static int attn__cpu_cores(void) {
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n > 0 ? (int)n : 1;
-}
-
-static const char *attn__simd_name(void) {
-#if defined(ATTN__SIMD_AVX512)
-    return "avx512";
-#elif defined(ATTN__SIMD_AVX2)
-    return "avx2";
-#else
-    return "c";
-#endif
-}
-
 /* Loads NVRTC into *nv and fills p->nvrtc_version or p->nvrtc_reason. */
 static void attn__probe_nvrtc(const attn_loader *loader, attn__nvrtc *nv, attn_platform *p) {
     static const char *const sonames[] = {ATTN_NVRTC_LIBRARY, "libnvrtc.so.12", "libnvrtc.so", NULL};
@@ -1558,6 +1566,7 @@ static void attn__probe_cuda(const attn_loader *loader, attn__cuda_driver *drv, 
     }
     p->kind = ATTN_PLATFORM_CUDA;
 }
+#endif /* ATTN_NO_CUDA (the CUDA platform) */
 
 ATTN_API size_t attn_platform_format(const attn_platform *p, char *buf, size_t size) {
     int n;
@@ -1753,12 +1762,14 @@ struct attn_context {
     attn__selection_cache_entry *cache;
     int cache_count, cache_capacity;
     attn_loader loader;              /* how run-time libraries are opened */
+#ifndef ATTN_NO_CUDA
     struct attn__cuda_driver *cuda;  /* the driver's function table (library NULL: none) */
     struct attn__nvrtc *nvrtc;       /* the run-time compiler's table (library NULL: none) */
     struct attn__cublas *cublas;     /* cuBLAS, loaded on first need (attn_platform_get) */
     struct attn__kernel_cache *kernels; /* compiled variants, memory and disk (>>nvrtc) */
     attn__CUcontext cuda_primary;    /* the device's primary context, retained on first use */
     attn__CUdevice cuda_device;
+#endif
     struct attn__backend_slot *backends; /* context-level state of each backend used */
     int num_backends, backend_capacity;
 #ifndef ATTN_NO_THREADS
@@ -2013,10 +2024,12 @@ static attn_status attn__create_fail(attn_context *logger, attn_status status, a
     return status;
 }
 
+#ifndef ATTN_NO_CUDA
 static void attn__cuda_release(attn_context *ctx);                /* >>cuda */
 struct attn__kernel_cache;                                         /* >>nvrtc */
 static struct attn__kernel_cache *attn__kernel_cache_create(const char *dir);
 static void attn__kernel_cache_destroy(struct attn__kernel_cache *kc);
+#endif
 
 ATTN_API attn_status attn_context_create(const attn_context_desc *desc, attn_context **out) {
     attn_context_desc d;
@@ -2083,6 +2096,11 @@ ATTN_API attn_status attn_context_create(const attn_context_desc *desc, attn_con
     ctx->platform.cpu_threads = threads;
     attn__strlcpy(ctx->platform.cpu_simd, attn__simd_name(), sizeof ctx->platform.cpu_simd);
     if (d.loader) ctx->loader = *d.loader;
+#ifdef ATTN_NO_CUDA
+    attn__strlcpy(ctx->platform.cuda_reason, "the CUDA path is compiled out (ATTN_NO_CUDA)", sizeof ctx->platform.cuda_reason);
+    attn__strlcpy(ctx->platform.nvrtc_reason, "the CUDA path is compiled out (ATTN_NO_CUDA)", sizeof ctx->platform.nvrtc_reason);
+    attn__strlcpy(ctx->platform.cublas_reason, "the CUDA path is compiled out (ATTN_NO_CUDA)", sizeof ctx->platform.cublas_reason);
+#else
     ctx->cuda = (struct attn__cuda_driver *)attn__calloc(1, sizeof *ctx->cuda);
     if (!ctx->cuda) {
         attn_context_destroy(ctx);
@@ -2101,6 +2119,7 @@ ATTN_API attn_status attn_context_create(const attn_context_desc *desc, attn_con
     attn__probe_nvrtc(&ctx->loader, ctx->nvrtc, &ctx->platform);
     if (ctx->platform.kind != ATTN_PLATFORM_CUDA) /* no device: cuBLAS is never opened */
         attn__probe_cublas(&ctx->loader, ctx->cublas, &ctx->platform);
+#endif
     if (ctx->platform.kind != ATTN_PLATFORM_CUDA)
         attn__log(ctx, ATTN_LOG_LEVEL_DEBUG, ATTN_LOG_CUDA_UNAVAILABLE, "CUDA: %s",
                   ctx->platform.cuda_reason);
@@ -2121,13 +2140,16 @@ ATTN_API void attn_context_destroy(attn_context *ctx) {
             bs->backend->context_release(bs->backend, ctx, bs->state);
     }
     attn__free(ctx->backends);
+#ifndef ATTN_NO_CUDA
     if (ctx->cuda && ctx->cuda->library) attn__cuda_release(ctx);
+#endif
     attn__pool_destroy(ctx->pool);
     if (ctx->scratch)
         for (t = 0; t < ctx->num_threads; t++) attn__free(ctx->scratch[t]);
     attn__free(ctx->scratch);
     attn__free(ctx->scratch_size);
     attn__free(ctx->cache);
+#ifndef ATTN_NO_CUDA
     if (ctx->cuda) attn__loader_close(&ctx->loader, ctx->cuda->library);
     attn__free(ctx->cuda);
     if (ctx->nvrtc) attn__loader_close(&ctx->loader, ctx->nvrtc->library);
@@ -2135,6 +2157,7 @@ ATTN_API void attn_context_destroy(attn_context *ctx) {
     if (ctx->cublas) attn__loader_close(&ctx->loader, ctx->cublas->library);
     attn__free(ctx->cublas);
     attn__kernel_cache_destroy(ctx->kernels);
+#endif
 #ifndef ATTN_NO_THREADS
     pthread_mutex_destroy(&ctx->select_lock);
 #endif
@@ -2206,7 +2229,9 @@ ATTN_API void *attn_context_backend_state(const attn_context *ctx, const attn_ba
 ATTN_API attn_status attn_platform_get(attn_context *ctx, attn_platform *out) {
     if (!ctx) return attn__null_arg(ctx, __func__, "ctx");
     if (!out) return attn__null_arg(ctx, __func__, "out");
+#ifndef ATTN_NO_CUDA
     attn__probe_cublas(&ctx->loader, ctx->cublas, &ctx->platform); /* once, on a GPU host */
+#endif
     *out = ctx->platform;
     return ATTN_OK;
 }
@@ -6177,6 +6202,8 @@ static const attn_backend attn__cpu_mla_backend = {
    options, NVRTC version and arch; disk files are written atomically and checked on read.
    ======================================================================================= */
 
+#ifndef ATTN_NO_CUDA
+
 /* The generated block at the end of the file: the embedded sources by name / index. */
 static const char *const *attn__kernel_source_lines(const char *name);
 static const char *attn__kernel_source_name(int i);
@@ -6592,6 +6619,25 @@ ATTN_API attn_status attn_kernel_compile(attn_context *ctx, const char *kernel, 
 ATTN_API int attn_kernel_compile_count(const attn_context *ctx) {
     return ctx && ctx->kernels ? ctx->kernels->compiles : 0;
 }
+
+#else /* ATTN_NO_CUDA: no compiler, no embedded kernels */
+
+ATTN_API attn_status attn_kernel_compile(attn_context *ctx, const char *kernel, const char *options,
+                                         const char *arch, attn_kernel_info *info) {
+    (void)options; (void)info;
+    if (!ctx) return attn__null_arg(ctx, __func__, "ctx");
+    if (!kernel) return attn__null_arg(ctx, __func__, "kernel");
+    if (!arch) return attn__null_arg(ctx, __func__, "arch");
+    return attn__fail(ctx, ATTN_ERROR_PLATFORM, ATTN_LOG_PLATFORM_ERROR,
+                      "attn_kernel_compile: the CUDA path is compiled out (ATTN_NO_CUDA): no kernels, no NVRTC");
+}
+
+ATTN_API int attn_kernel_compile_count(const attn_context *ctx) {
+    (void)ctx;
+    return 0;
+}
+
+#endif /* ATTN_NO_CUDA (>>nvrtc) */
 
 /* =======================================================================================
    >>cuda
@@ -8827,8 +8873,6 @@ static const attn_backend attn__cuda_mla_backend = {
 
 #else /* ATTN_NO_CUDA: the helpers answer, the backend does not exist */
 
-static void attn__cuda_release(attn_context *ctx) { (void)ctx; }
-
 static int attn__cuda_pointer_kind(attn_context *ctx, const void *ptr) {
     (void)ctx; (void)ptr;
     return -1;
@@ -9174,6 +9218,7 @@ ATTN_API attn_status attn_merge_attn_states(attn_context *ctx, const attn_tensor
 }
 
 /* >>kernels-begin (generated by tools/embed from kernels/; do not edit) */
+#ifndef ATTN_NO_CUDA /* the kernels exist only with the CUDA path */
 static const char *const attn__kernel_src_attn_common_cuh[] = {
     "/* attn_common.cuh - helpers shared by every kernel of attn.h.\n",
     "\n",
@@ -13771,6 +13816,7 @@ static const char *const *attn__kernel_source_lines(const char *name) {
         if (strcmp(attn__kernel_sources[i].name, name) == 0) return attn__kernel_sources[i].lines;
     return 0;
 }
+#endif /* ATTN_NO_CUDA */
 /* >>kernels-end */
 
 #endif /* ATTN_IMPLEMENTATION_DONE */

@@ -72,6 +72,19 @@ need header-c99-avx2 gcc && \
 check header-c99-avx2    gcc -std=c99 -Wall -Wextra -Wpedantic -Werror -O2 -mavx2 -mfma -mf16c -I. -c "$hdr/t.c" -o "$hdr/e.o"
 need header-c99-static gcc && \
 check header-c99-static  gcc -std=c99 -Wall -Wextra -Wpedantic -Werror -DATTN_STATIC -Wno-unused-function -I. -c "$hdr/t.c" -o "$hdr/f.o"
+# ATTN_NO_CUDA removes the CUDA path whole: loaders, their state, the embedded kernels (the
+# object keeps under half the full one's size; tests-plain-c-no-cuda checks that no library
+# is opened)
+no_cuda_size() {
+    local full small
+    gcc -std=c99 -Wall -Wextra -Wpedantic -Werror -O2 -I. -c "$hdr/t.c" -o "$hdr/full.o" &&
+    gcc -std=c99 -Wall -Wextra -Wpedantic -Werror -O2 -DATTN_NO_CUDA -I. -c "$hdr/t.c" -o "$hdr/nocuda.o" || return 1
+    full=$(size "$hdr/full.o" | awk 'NR == 2 {print $1 + $2}')
+    small=$(size "$hdr/nocuda.o" | awk 'NR == 2 {print $1 + $2}')
+    echo "text+data: $full bytes with the CUDA path, $small with ATTN_NO_CUDA"
+    [ $((small * 2)) -lt "$full" ]
+}
+need header-no-cuda-size gcc && check header-no-cuda-size no_cuda_size
 rm -rf "$hdr"
 need embedded-kernels-fresh python3 && \
 check embedded-kernels-fresh python3 tools/embed.py --check attn.h kernels

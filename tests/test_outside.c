@@ -362,9 +362,52 @@ ATTN_TEST(out_mla_messages_name_the_call_and_the_mla_scale) {
     attn_context_destroy(ctx);
 }
 
+/* ---- issue 21: an ATTN_NO_CUDA build opens no CUDA library ------------------------------ */
+
+static int out_opens;
+static void *out_open(void *user_data, const char *soname) {
+    (void)user_data; (void)soname;
+    out_opens++;
+    return NULL; /* nothing is found: the platform is CPU either way */
+}
+
+ATTN_TEST(out_no_cuda_build_opens_no_library) {
+    attn_context_desc cd;
+    attn_loader loader;
+    attn_context *ctx = NULL;
+    attn_platform pf;
+    attn_layer_desc d;
+    attn_layer *layer = NULL;
+    memset(&cd, 0, sizeof cd);
+    memset(&loader, 0, sizeof loader);
+    loader.open = out_open;
+    cd.loader = &loader;
+    cd.log_level = ATTN_LOG_LEVEL_NONE;
+    cd.num_threads = 1;
+    out_opens = 0;
+    REQUIRE_OK(attn_context_create(&cd, &ctx));
+    memset(&d, 0, sizeof d);
+    d.num_heads = 4;
+    d.head_size = 64;
+    EXPECT_OK(attn_layer_create(ctx, &d, NULL, &layer));      /* the selector walks every backend */
+    EXPECT_OK(attn_platform_get(ctx, &pf));
+    EXPECT_EQ_INT(pf.kind, ATTN_PLATFORM_CPU);
+#ifdef ATTN_NO_CUDA
+    EXPECT_EQ_INT(out_opens, 0);
+    EXPECT_TRUE(strstr(pf.cuda_reason, "ATTN_NO_CUDA") != NULL);
+    EXPECT_TRUE(strstr(pf.nvrtc_reason, "ATTN_NO_CUDA") != NULL);
+    EXPECT_STATUS(attn_kernel_compile(ctx, "util.cu", "", "sm_80", NULL), ATTN_ERROR_PLATFORM);
+#else
+    EXPECT_TRUE(out_opens >= 2); /* the driver's sonames, then NVRTC's */
+#endif
+    attn_layer_destroy(layer);
+    attn_context_destroy(ctx);
+}
+
 void suite_outside(void) {
     ATTN_RUN(out_mla_metadata_of_other_widths_is_refused);
     ATTN_RUN(out_threads_failing_on_one_context_keep_their_messages);
     ATTN_RUN(out_explicit_request_lists_every_reason);
     ATTN_RUN(out_mla_messages_name_the_call_and_the_mla_scale);
+    ATTN_RUN(out_no_cuda_build_opens_no_library);
 }

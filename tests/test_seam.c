@@ -540,6 +540,7 @@ ATTN_TEST(seam_selection_cache_bounded) {
 }
 
 /* ---- the loader's injection point --------------------------------------------------- */
+#ifndef ATTN_NO_CUDA /* an ATTN_NO_CUDA build never calls the loader (tests/test_outside.c) */
 
 typedef struct sm_fake_driver {
     int drop_symbol;      /* leave cuDeviceGetName out */
@@ -680,6 +681,11 @@ ATTN_TEST(seam_loader_injection) {
         EXPECT_EQ_INT(f.closed, 0);
     }
 }
+#else
+ATTN_TEST(seam_loader_injection) {
+    SKIP("built with ATTN_NO_CUDA: the loader is never called (tests/test_outside.c checks that)");
+}
+#endif
 
 /* ---- nothing allocated after create ------------------------------------------------ */
 

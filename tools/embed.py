@@ -28,7 +28,7 @@ def literal(line):
 
 def block(kdir):
     names = sorted(f for f in os.listdir(kdir) if f.endswith((".cu", ".cuh"))) if os.path.isdir(kdir) else []
-    out = [BEGIN]
+    out = [BEGIN, "#ifndef ATTN_NO_CUDA /* the kernels exist only with the CUDA path */"]
     table = []
     for name in names:
         ident = "attn__kernel_src_" + "".join(c if c.isalnum() else "_" for c in name)
@@ -53,6 +53,7 @@ def block(kdir):
     out.append("        if (strcmp(attn__kernel_sources[i].name, name) == 0) return attn__kernel_sources[i].lines;")
     out.append("    return 0;")
     out.append("}")
+    out.append("#endif /* ATTN_NO_CUDA */")
     out.append(END)
     return "\n".join(out)
 
