@@ -703,10 +703,15 @@ struct attn_backend {
     int supports_logits_soft_cap;
     int supports_alibi;
     int is_mla;
-    attn_cuda_graph_support cuda_graph; /* which batches a captured graph may replay */
+    attn_cuda_graph_support cuda_graph; /* which calls a captured graph may hold: a call on
+                                        a capturing stream outside it is refused (NEVER: all;
+                                        UNIFORM_SINGLE_TOKEN_DECODE: batches of one-token
+                                        decodes and forward_mqa; UNIFORM_BATCH: one query
+                                        length for every request; ALWAYS: any) */
     int can_return_lse;
-    attn_lse_base lse_base;          /* base of the LSE its kernels produce; the front
-                                        doors always hand the caller base e */
+    attn_lse_base lse_base;          /* base of the LSE its kernels produce: base 2 on CPU
+                                        backends only (the front doors convert the rows in
+                                        place); callers always get base e */
 
     /* ---- lifecycle ---- */
     /* Extra checks beyond the fields above; NULL = none. Return 0 if supported, else
@@ -2741,6 +2746,19 @@ ATTN_API attn_status attn_register_backend(attn_backend_id id, const attn_backen
             return attn__fail(NULL, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
                               "attn_register_backend: backend->name is \"\" (allowed: a "
                               "non-empty name)");
+        if ((int)backend->lse_base != ATTN_LSE_BASE_E && (int)backend->lse_base != ATTN_LSE_BASE_2)
+            return attn__fail(NULL, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                              "attn_register_backend: backend->lse_base is %d (allowed: ATTN_LSE_BASE_E, "
+                              "ATTN_LSE_BASE_2)", (int)backend->lse_base);
+        if (backend->lse_base == ATTN_LSE_BASE_2 && backend->device != ATTN_DEVICE_CPU)
+            return attn__fail(NULL, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_ARGUMENT,
+                              "attn_register_backend: backend->lse_base is ATTN_LSE_BASE_2 on a %s backend "
+                              "(allowed: base 2 on CPU backends only, whose LSE the front doors convert "
+                              "in place; a GPU backend hands back base e)", attn__device_name(backend->device));
+        if ((int)backend->cuda_graph < (int)ATTN_CUDA_GRAPH_NEVER || (int)backend->cuda_graph > (int)ATTN_CUDA_GRAPH_ALWAYS)
+            return attn__fail(NULL, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                              "attn_register_backend: backend->cuda_graph is %d (allowed: ATTN_CUDA_GRAPH_NEVER "
+                              ".. ATTN_CUDA_GRAPH_ALWAYS)", (int)backend->cuda_graph);
         if (backend->block_size_multiple <= 0 || backend->block_size_multiple % 16)
             return attn__fail(NULL, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
                               "attn_register_backend: backend->block_size_multiple is %d "
@@ -2769,6 +2787,8 @@ ATTN_API attn_status attn_register_backend(attn_backend_id id, const attn_backen
 /* Where a pointer points, as the CUDA driver sees it: 1 device memory, 0 host memory (or
    memory the driver does not know), -1 no driver or device to ask (>>cuda). */
 static int attn__cuda_pointer_kind(attn_context *ctx, const void *ptr);
+/* Whether `stream` is capturing a CUDA graph now: 1 yes; 0 no, or no device (>>cuda). */
+static int attn__stream_capturing(attn_context *ctx, void *stream);
 
 static attn_status attn__desc_resolve(attn_context *ctx, const char *fn,
                                       const attn_layer_desc *in, attn_layer_desc *out) {
@@ -3956,6 +3976,15 @@ ATTN_API attn_status attn_metadata_build(attn_metadata *meta, int common_prefix_
    (standard: reshape_and_cache; MLA: concat_and_cache_mla).
    ======================================================================================= */
 
+/* What a call recorded into a CUDA graph may hold: a call issued on a stream that is
+   capturing must be one its backend declares replayable (attn_backend.cuda_graph), else it
+   is refused before anything is recorded (>>forward). part: ATTN__PART_ALL (a forward or
+   the fused MLA call: the batch decides), ATTN__PART_DECODES (forward_mqa),
+   ATTN__PART_PREFILLS (forward_mha), ATTN__PART_WRITE (a cache write: meta NULL). */
+enum { ATTN__PART_ALL, ATTN__PART_DECODES, ATTN__PART_PREFILLS, ATTN__PART_WRITE };
+static attn_status attn__check_graph(attn_layer *layer, const attn_metadata *meta, const char *fn, void *stream,
+                                     int part);
+
 static attn_status attn__check_kv_cache(attn_layer *layer, const char *fn, const attn_tensor *kv,
                                         int64_t expect_blocks) {
     int64_t shape[ATTN_MAX_DIMS];
@@ -4026,6 +4055,7 @@ ATTN_API attn_status attn_reshape_and_cache(attn_layer *layer, const attn_tensor
         return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
                           "%s: num_tokens is %d (allowed: >= 0)", fn, num_tokens);
     st = attn__check_kv_write(layer, fn, key, value, kv_cache, slot_mapping, num_tokens);
+    if (st == ATTN_OK) st = attn__check_graph(layer, NULL, fn, stream, ATTN__PART_WRITE);
     if (st != ATTN_OK) return st;
     return layer->backend->reshape_and_cache(layer->backend, layer, key, value, kv_cache,
                                              slot_mapping, num_tokens, stream);
@@ -4067,6 +4097,7 @@ ATTN_API attn_status attn_concat_and_cache_mla(attn_layer *layer, const attn_ten
         return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
                           "%s: num_tokens is %d (allowed: >= 0)", fn, num_tokens);
     st = attn__check_latent_write(layer, fn, kv_c, k_pe, kv_cache, slot_mapping, num_tokens);
+    if (st == ATTN_OK) st = attn__check_graph(layer, NULL, fn, stream, ATTN__PART_WRITE);
     if (st != ATTN_OK) return st;
     return layer->backend->concat_and_cache_mla(layer->backend, layer, kv_c, k_pe, kv_cache,
                                                 slot_mapping, num_tokens, stream);
@@ -6683,6 +6714,14 @@ static void attn__cuda_leave(attn_context *ctx) {
     ctx->cuda->cuCtxPopCurrent(&popped);
 }
 
+static int attn__stream_capturing(attn_context *ctx, void *stream) {
+    int status = 0, rc;
+    if (ctx->platform.kind != ATTN_PLATFORM_CUDA || attn__cuda_enter(ctx, "the graph check") != ATTN_OK) return 0;
+    rc = ctx->cuda->cuStreamIsCapturing((attn__CUstream)stream, &status);
+    attn__cuda_leave(ctx);
+    return rc == 0 && status != 0;
+}
+
 /* 1: ptr is device memory, 0: host memory or not CUDA's, -1: no driver to ask. The plural
    cuPointerGetAttributes: for memory the driver does not know it returns success with a
    zero type, where cuPointerGetAttribute returns an error (which compute-sanitizer reports). */
@@ -8873,6 +8912,11 @@ static const attn_backend attn__cuda_mla_backend = {
 
 #else /* ATTN_NO_CUDA: the helpers answer, the backend does not exist */
 
+static int attn__stream_capturing(attn_context *ctx, void *stream) {
+    (void)ctx; (void)stream;
+    return 0;
+}
+
 static int attn__cuda_pointer_kind(attn_context *ctx, const void *ptr) {
     (void)ctx; (void)ptr;
     return -1;
@@ -8934,6 +8978,51 @@ static const attn_backend *attn__builtin_backend(attn_backend_id id) {
    metadata fit, token counts), then dispatch through the vtable.
    ======================================================================================= */
 
+static attn_status attn__check_graph(attn_layer *layer, const attn_metadata *meta, const char *fn, void *stream,
+                                     int part) {
+    const attn_backend *b = layer->backend;
+    const attn_batch *bt = meta ? &meta->batch : NULL;
+    int i, uniform = 1;
+    if (b->device != ATTN_DEVICE_CUDA || b->cuda_graph == ATTN_CUDA_GRAPH_ALWAYS ||
+        !attn__stream_capturing(layer->ctx, stream))
+        return ATTN_OK;
+    if (b->cuda_graph == ATTN_CUDA_GRAPH_NEVER)
+        return attn__fail(layer->ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_CALL_UNSUPPORTED,
+                          "%s: the stream is capturing a CUDA graph and backend %s declares no graph support "
+                          "(cuda_graph NEVER; allowed: calls on a stream that is not capturing)", fn, b->name);
+    if (part == ATTN__PART_WRITE) return ATTN_OK;
+    if (b->cuda_graph == ATTN_CUDA_GRAPH_UNIFORM_SINGLE_TOKEN_DECODE) {
+        if (part == ATTN__PART_DECODES) return ATTN_OK;
+        if (part == ATTN__PART_PREFILLS || bt->max_query_len > 1)
+            return attn__fail(layer->ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_CALL_UNSUPPORTED,
+                              "%s: the stream is capturing a CUDA graph and backend %s replays single-token "
+                              "decodes only (cuda_graph UNIFORM_SINGLE_TOKEN_DECODE); this %s (allowed: a "
+                              "batch of one-token decodes, or forward_mqa)", fn, b->name,
+                              part == ATTN__PART_PREFILLS ? "call runs prefills" : "batch has a query of more "
+                                                                                   "than one token");
+        return ATTN_OK;
+    }
+    for (i = 1; i < bt->num_reqs; i++) /* UNIFORM_BATCH: one query length for every request */
+        uniform &= bt->query_start_loc[i + 1] - bt->query_start_loc[i] == bt->query_start_loc[1];
+    if (!uniform)
+        return attn__fail(layer->ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_CALL_UNSUPPORTED,
+                          "%s: the stream is capturing a CUDA graph and backend %s replays uniform batches only "
+                          "(cuda_graph UNIFORM_BATCH); this batch's query lengths differ (allowed: one query "
+                          "length for every request)", fn, b->name);
+    return ATTN_OK;
+}
+
+/* A backend that declares base-2 LSE (CPU backends only: attn_register_backend) hands the
+   front door rows in base 2; the caller always gets base e. */
+static void attn__lse_to_base_e(const attn_layer *layer, attn_tensor *lse, int64_t rows) {
+    attn_tensor l;
+    int64_t t, h;
+    if (!lse || layer->backend->lse_base != ATTN_LSE_BASE_2) return;
+    l = attn__tensor_resolved(lse);
+    for (t = 0; t < rows && t < l.shape[0]; t++)
+        for (h = 0; h < l.shape[1]; h++) ((float *)l.data)[t * l.strides[0] + h * l.strides[1]] *= 0.6931471805599453f;
+}
+
 ATTN_API attn_status attn_layer_forward(attn_layer *layer, const attn_metadata *meta,
                                         const attn_tensor *q, const attn_tensor *k,
                                         const attn_tensor *v, attn_tensor *kv_cache,
@@ -8992,7 +9081,10 @@ ATTN_API attn_status attn_layer_forward(attn_layer *layer, const attn_metadata *
         if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "lse", lse);
         if (st != ATTN_OK) return st;
     }
-    return layer->backend->forward(layer->backend, layer, meta, q, k, v, kv_cache, out, lse, stream);
+    if ((st = attn__check_graph(layer, meta, fn, stream, ATTN__PART_ALL)) != ATTN_OK) return st;
+    st = layer->backend->forward(layer->backend, layer, meta, q, k, v, kv_cache, out, lse, stream);
+    if (st == ATTN_OK) attn__lse_to_base_e(layer, lse, ntok);
+    return st;
 }
 
 static attn_status attn__check_mla_call(attn_layer *layer, const attn_metadata *meta, const char *fn) {
@@ -9042,8 +9134,10 @@ ATTN_API attn_status attn_mla_forward_mqa(attn_layer *layer, const attn_metadata
         return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE,
                           "%s: kv_cache.shape[0] is %lld (allowed: >= num_blocks %lld of the metadata)",
                           fn, (long long)kv_cache->shape[0], (long long)meta->cap.num_blocks);
-    return layer->backend->forward_mqa(layer->backend, layer, meta, q, q_pe, kv_cache, out_latent,
-                                       lse, stream);
+    if ((st = attn__check_graph(layer, meta, fn, stream, ATTN__PART_DECODES)) != ATTN_OK) return st;
+    st = layer->backend->forward_mqa(layer->backend, layer, meta, q, q_pe, kv_cache, out_latent, lse, stream);
+    if (st == ATTN_OK) attn__lse_to_base_e(layer, lse, td);
+    return st;
 }
 
 /* Shapes shared by forward_mha and the fused call: W_UK, W_UV, cache. */
@@ -9097,8 +9191,13 @@ ATTN_API attn_status attn_mla_forward_mha(attn_layer *layer, const attn_metadata
     if (st == ATTN_OK && lse) st = attn__check_output_tensor(ctx, fn, "lse", lse);
     if (st == ATTN_OK) st = attn__check_mla_weights(layer, meta, fn, kv_cache, w_uk, w_uv);
     if (st != ATTN_OK) return st;
-    return layer->backend->forward_mha(layer->backend, layer, meta, q, kv_cache, w_uk, w_uv, out,
-                                       lse, stream);
+    if ((st = attn__check_graph(layer, meta, fn, stream, ATTN__PART_PREFILLS)) != ATTN_OK) return st;
+    st = layer->backend->forward_mha(layer->backend, layer, meta, q, kv_cache, w_uk, w_uv, out, lse, stream);
+    if (st == ATTN_OK && lse) { /* lse rows are the prefill tokens, in order */
+        attn_tensor l = attn__tensor_resolved(lse);
+        attn__lse_to_base_e(layer, &l, meta->mla.num_prefill_tokens);
+    }
+    return st;
 }
 
 ATTN_API attn_status attn_mla_forward(attn_layer *layer, const attn_metadata *meta,
@@ -9148,6 +9247,7 @@ ATTN_API attn_status attn_mla_forward(attn_layer *layer, const attn_metadata *me
                                       b->num_actual_tokens);
         if (st != ATTN_OK) return st;
     }
+    if ((st = attn__check_graph(layer, meta, fn, stream, ATTN__PART_ALL)) != ATTN_OK) return st;
     return layer->backend->mla_forward(layer->backend, layer, meta, q_nope, q_pe, kv_c, k_pe,
                                        kv_cache, w_uk, w_uv, out, stream);
 }

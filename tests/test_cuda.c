@@ -1810,6 +1810,13 @@ ATTN_TEST(cuda_mla_graph_replays_after_new_builds) {
             if (round == 0) { /* capture once */
                 attn_status st;
                 EXPECT_EQ_INT(cg.begin(cg.stream, 2 /* relaxed */), 0);
+                if (!g) { /* the backend declares single-token decodes: a prefill call is refused, unrecorded */
+                    attn_tensor gqh = cu_tensor(qn.dev, ATTN_DTYPE_BF16, 3, 1, H, N + P, 1);
+                    attn_tensor goh = cu_tensor(out.dev, ATTN_DTYPE_BF16, 3, 1, H, V, 1);
+                    EXPECT_STATUS(attn_mla_forward_mha(gpu, mg, &gqh, &gc, &gk, &gv, &goh, NULL, cg.stream),
+                                  ATTN_ERROR_UNSUPPORTED);
+                    EXPECT_TRUE(strstr(attn_context_last_error(ctx), "UNIFORM_SINGLE_TOKEN_DECODE") != NULL);
+                }
                 st = g ? attn_mla_forward(gpu, mg, &gq, &gp, NULL, NULL, &gc, &gk, &gv, &go, cg.stream)
                        : attn_mla_forward_mqa(gpu, mg, &gq, &gp, &gc, &go, NULL, cg.stream);
                 EXPECT_OK(st);

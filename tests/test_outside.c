@@ -404,10 +404,107 @@ ATTN_TEST(out_no_cuda_build_opens_no_library) {
     attn_context_destroy(ctx);
 }
 
+/* ---- issue 21: a backend's LSE base and graph level are acted on ------------------------ */
+
+/* A CPU plugin whose kernels produce base-2 LSE: lse[t][h] = (t + 1 + h / 8) log2(e). */
+static attn_status out_b2_forward(const attn_backend *self, attn_layer *layer, const attn_metadata *meta,
+                                  const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
+                                  attn_tensor *kv_cache, attn_tensor *out, attn_tensor *lse, void *stream) {
+    int64_t t, h;
+    (void)self; (void)layer; (void)q; (void)k; (void)v; (void)kv_cache; (void)stream;
+    memset(out->data, 0, (size_t)out->shape[0] * (size_t)out->shape[1] * (size_t)out->shape[2] * sizeof(float));
+    for (t = 0; lse && t < attn_metadata_batch(meta)->num_actual_tokens; t++)
+        for (h = 0; h < lse->shape[1]; h++)
+            ((float *)lse->data)[t * lse->shape[1] + h] = (float)((double)(t + 1) + (double)h / 8.0) * 1.4426950408889634f;
+    return ATTN_OK;
+}
+static attn_status out_b2_write(const attn_backend *self, attn_layer *layer, const attn_tensor *key,
+                                const attn_tensor *value, attn_tensor *kv_cache, const int64_t *slots, int n,
+                                void *stream) {
+    (void)self; (void)layer; (void)key; (void)value; (void)kv_cache; (void)slots; (void)n; (void)stream;
+    return ATTN_OK;
+}
+static int out_b2_shape(const attn_backend *self, const attn_layer_desc *d, int64_t num_blocks,
+                        int64_t shape[ATTN_MAX_DIMS]) {
+    (void)self;
+    shape[0] = num_blocks; shape[1] = 2; shape[2] = d->block_size; shape[3] = d->num_kv_heads; shape[4] = d->head_size;
+    return 5;
+}
+
+ATTN_TEST(out_lse_base_and_graph_level_enforced) {
+    static attn_backend plug, bad;
+    attn_test_log log;
+    attn_context *ctx;
+    attn_layer_desc d;
+    attn_select_request rq;
+    attn_layer *layer = NULL;
+    attn_metadata *meta = NULL;
+    attn_metadata_desc md;
+    attn_batch bt;
+    int32_t qsl[3] = {0, 1, 3}, seq[2] = {1, 2}, table[2] = {0, 1};
+    int64_t slots[3] = {0, 16, 17}, sq[3] = {3, 4, 16}, sl[2] = {3, 4}, sc[5] = {2, 2, 16, 4, 16};
+    float q[3 * 4 * 16], out[3 * 4 * 16], lse[3 * 4], cache[2 * 2 * 16 * 4 * 16];
+    attn_tensor tq, to, tl, tc;
+    int t, h;
+    memset(&plug, 0, sizeof plug);
+    plug.name = "BASE2";
+    plug.id = ATTN_BACKEND_CUSTOM;
+    plug.device = ATTN_DEVICE_CPU;
+    plug.dtypes = plug.kv_cache_dtypes = ATTN_DTYPE_BIT(ATTN_DTYPE_F32);
+    plug.head_size_min = 8; plug.head_size_max = 256; plug.head_size_multiple = 8;
+    plug.block_size_multiple = 16;
+    plug.can_return_lse = 1;
+    plug.lse_base = ATTN_LSE_BASE_2;
+    plug.kv_cache_shape = out_b2_shape;
+    plug.forward = out_b2_forward;
+    plug.reshape_and_cache = out_b2_write;
+    /* what registration refuses: a GPU backend in base 2, values outside the enums */
+    bad = plug;
+    bad.device = ATTN_DEVICE_CUDA;
+    EXPECT_STATUS(attn_register_backend(ATTN_BACKEND_CUSTOM, &bad), ATTN_ERROR_UNSUPPORTED);
+    bad = plug;
+    bad.lse_base = (attn_lse_base)7;
+    EXPECT_STATUS(attn_register_backend(ATTN_BACKEND_CUSTOM, &bad), ATTN_ERROR_INVALID_VALUE);
+    bad = plug;
+    bad.cuda_graph = (attn_cuda_graph_support)9;
+    EXPECT_STATUS(attn_register_backend(ATTN_BACKEND_CUSTOM, &bad), ATTN_ERROR_INVALID_VALUE);
+    REQUIRE_OK(attn_register_backend(ATTN_BACKEND_CUSTOM, &plug));
+    ctx = attn_test_context(&log, ATTN_LOG_LEVEL_NONE, 1);
+    memset(&d, 0, sizeof d);
+    d.num_heads = 4; d.head_size = 16; d.dtype = ATTN_DTYPE_F32;
+    memset(&rq, 0, sizeof rq);
+    rq.backend = ATTN_BACKEND_CUSTOM;
+    if (ctx) EXPECT_OK(attn_layer_create(ctx, &d, &rq, &layer));
+    memset(&md, 0, sizeof md);
+    md.max_num_reqs = 2; md.max_num_tokens = 3; md.max_blocks_per_req = 1; md.num_blocks = 2;
+    memset(&bt, 0, sizeof bt);
+    bt.query_start_loc = qsl; bt.seq_lens = seq; bt.block_table = table; bt.block_table_stride = 1;
+    bt.slot_mapping = slots; bt.num_reqs = 2; bt.num_actual_tokens = 3; bt.max_query_len = 2; bt.max_seq_len = 2;
+    if (layer) EXPECT_OK(attn_metadata_create(layer, &md, &meta));
+    if (meta) EXPECT_OK(attn_metadata_build(meta, 0, &bt, 0));
+    if (meta) {
+        memset(q, 0, sizeof q);
+        memset(cache, 0, sizeof cache);
+        tq = attn_tensor_make(q, ATTN_DTYPE_F32, 3, sq);
+        to = attn_tensor_make(out, ATTN_DTYPE_F32, 3, sq);
+        tl = attn_tensor_make(lse, ATTN_DTYPE_F32, 2, sl);
+        tc = attn_tensor_make(cache, ATTN_DTYPE_F32, 5, sc);
+        EXPECT_EQ_INT(attn_layer_selection(layer)->lse_base, ATTN_LSE_BASE_2);
+        EXPECT_OK(attn_layer_forward(layer, meta, &tq, NULL, NULL, &tc, &to, &tl, NULL));
+        for (t = 0; t < 3; t++) /* the caller gets base e */
+            for (h = 0; h < 4; h++) EXPECT_NEAR(lse[t * 4 + h], (double)(t + 1) + (double)h / 8.0, 1e-5, 1e-6);
+    }
+    attn_metadata_destroy(meta);
+    attn_layer_destroy(layer);
+    attn_context_destroy(ctx);
+    EXPECT_OK(attn_register_backend(ATTN_BACKEND_CUSTOM, NULL));
+}
+
 void suite_outside(void) {
     ATTN_RUN(out_mla_metadata_of_other_widths_is_refused);
     ATTN_RUN(out_threads_failing_on_one_context_keep_their_messages);
     ATTN_RUN(out_explicit_request_lists_every_reason);
     ATTN_RUN(out_mla_messages_name_the_call_and_the_mla_scale);
     ATTN_RUN(out_no_cuda_build_opens_no_library);
+    ATTN_RUN(out_lse_base_and_graph_level_enforced);
 }
