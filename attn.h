@@ -187,7 +187,7 @@
                  attn_context_set_log_level attn_status_string attn_log_item_name
        types     attn_dtype_name attn_dtype_from_name attn_dtype_size attn_f32_to_f16
                  attn_f16_to_f32 attn_f32_to_bf16 attn_bf16_to_f32 attn_tensor_make
-                 attn_tensor_nbytes
+                 attn_tensor_slots attn_tensor_nbytes
        platform  attn_platform_get attn_platform_format
        cuda      attn_cuda_malloc attn_cuda_free attn_cuda_memcpy attn_cuda_synchronize
        kernels   attn_kernel_compile attn_kernel_compile_count
@@ -405,10 +405,11 @@ typedef enum attn_dtype {
     ATTN_DTYPE_FP8_E4M3 = 4, /* OCP e4m3fn: bias 7, max 448, no infinity, NaN 0x7f/0xff */
     ATTN_DTYPE_FP8_E5M2 = 5, /* OCP e5m2: bias 15, max 57344, infinities, NaN */
     ATTN_DTYPE_INT8 = 6,     /* KV caches with per-token-head scales only: codes -127..127 */
+    ATTN_DTYPE_INT64 = 7,    /* indices only: a cache write's slot mapping */
     ATTN_DTYPE_COUNT
 } attn_dtype;
 
-/* "f32", "f16", "bf16", "fp8_e4m3", "fp8_e5m2", "int8", "auto" */
+/* "f32", "f16", "bf16", "fp8_e4m3", "fp8_e5m2", "int8", "int64", "auto" */
 ATTN_API const char *attn_dtype_name(attn_dtype dtype);
 /* An element type by name, case-insensitive: "f32", "f16", "bf16", "fp8_e4m3", "fp8_e5m2"
    or "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", and vLLM's cache
@@ -459,6 +460,11 @@ typedef struct attn_tensor {
 /* A contiguous CPU view; shape has ndim entries (ndim <= ATTN_MAX_DIMS). */
 ATTN_API attn_tensor attn_tensor_make(void *data, attn_dtype dtype, int ndim,
                                       const int64_t *shape);
+/* A host view of a slot mapping, int64 [num_tokens] (the cache writes' argument): the
+   shape a C caller's array of slots needs, e.g.
+       attn_tensor sm = attn_tensor_slots(slots, n);
+       attn_reshape_and_cache(layer, &k, &v, &cache, &sm, NULL); */
+ATTN_API attn_tensor attn_tensor_slots(const int64_t *slots, int64_t num_tokens);
 /* Bytes of a contiguous view: element size x the product of the shape. 0 for NULL, no
    dimensions, an empty dimension or AUTO; SIZE_MAX when the product does not fit in size_t
    (so that an allocation of that size fails rather than comes out short). */
@@ -748,15 +754,17 @@ struct attn_backend {
     /* ---- entry points: arguments already validated by the front door; none may
        allocate, and a GPU backend may not synchronise (CUDA-graph capture) ---- */
     /* Standard attention (is_mla = 0): forward (k/v NULL when already cached) and the
-       cache write. */
+       cache write. A cache write's slot_mapping is a validated int64 [num_tokens] tensor,
+       contiguous: host memory (its slots checked) or the layer's device (unchecked: a GPU
+       backend checks them on the device and writes nothing when one is out of range). */
     attn_status (*forward)(const attn_backend *self, attn_layer *layer, const attn_metadata *meta,
                            const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
                            attn_tensor *kv_cache, attn_tensor *out, attn_tensor *lse,
                            void *stream);
     attn_status (*reshape_and_cache)(const attn_backend *self, attn_layer *layer,
                                      const attn_tensor *key, const attn_tensor *value,
-                                     attn_tensor *kv_cache, const int64_t *slot_mapping,
-                                     int num_tokens, void *stream);
+                                     attn_tensor *kv_cache, const attn_tensor *slot_mapping,
+                                     void *stream);
     /* MLA (is_mla = 1): absorbed decode, up-projected prefill, the fused layer call and
        the latent cache write; arguments as the public calls of the same names. */
     attn_status (*forward_mqa)(const attn_backend *self, attn_layer *layer,
@@ -776,8 +784,8 @@ struct attn_backend {
                                attn_tensor *out, void *stream);
     attn_status (*concat_and_cache_mla)(const attn_backend *self, attn_layer *layer,
                                         const attn_tensor *kv_c, const attn_tensor *k_pe,
-                                        attn_tensor *kv_cache, const int64_t *slot_mapping,
-                                        int num_tokens, void *stream);
+                                        attn_tensor *kv_cache, const attn_tensor *slot_mapping,
+                                        void *stream);
     /* The LSE merge for tensors on this backend's device (any backend; NULL = none).
        attn_merge_attn_states picks the first backend of the platform's priority list
        whose device holds the tensors and which has this hook. */
@@ -949,18 +957,21 @@ ATTN_API attn_status attn_metadata_build(attn_metadata *meta, int common_prefix_
    Paged KV cache and forward (layer 4)
    ------------------------------------------------------------------------------------- */
 
-/* Writes key/value [num_tokens, num_kv_heads, head_size] into kv_cache (the layer's shape)
-   at slot_mapping[i] = block * block_size + offset; -1 skips a token. All slots are
-   checked before anything is written. slot_mapping lives on the host; stream: the CUDA
-   stream of a GPU backend (NULL on the CPU). On CUDA the slots travel in the kernel
-   launches' parameters (448 tokens a launch): the call allocates, copies and waits for
-   nothing, returns while other streams are busy, and may be captured into a CUDA graph
-   (the graph keeps the captured slots; a forward given k/v writes from the metadata's
-   device copy instead, which replays with each build's slots). */
+/* Writes key/value [>= num_tokens, num_kv_heads, head_size] into kv_cache (the layer's
+   shape) at slot = slot_mapping[i] = block * block_size + offset; -1 skips a token.
+   slot_mapping: int64 [num_tokens], contiguous, on the host or on the layer's device (a
+   CUDA layer: vLLM's slot_mapping tensor as it is). Host slots are all checked before
+   anything is written (a bad one is a named error). Device slots cannot be read by the
+   host without a synchronisation: the kernel checks them all first and writes nothing
+   when one is outside [-1, num_blocks * block_size), as it does for a bad device scale.
+   stream: the CUDA stream of a GPU backend (NULL on the CPU). On CUDA the call is launches
+   on `stream` that allocate, copy and wait for nothing: it returns while other streams
+   are busy and may be captured into a CUDA graph. Device slots: one launch, which a replay
+   runs over whatever the slot tensor holds then. Host slots travel in the launches'
+   parameters (448 tokens a launch), so a captured write keeps the captured slots. */
 ATTN_API attn_status attn_reshape_and_cache(attn_layer *layer, const attn_tensor *key,
                                             const attn_tensor *value, attn_tensor *kv_cache,
-                                            const int64_t *slot_mapping, int num_tokens,
-                                            void *stream);
+                                            const attn_tensor *slot_mapping, void *stream);
 
 /* q: [num_tokens, num_heads, head_size]; k, v: [num_tokens, num_kv_heads, head_size] or
    both NULL (already cached); when given they are written to the cache by the metadata's
@@ -1005,13 +1016,12 @@ ATTN_API attn_status attn_reorder_batch(const int32_t *query_lens, int num_reqs,
                                         int decode_threshold, int32_t *perm, int *num_decodes,
                                         int *num_swaps);
 
-/* Writes kv_c [num_tokens, kv_lora_rank] and k_pe [num_tokens, qk_rope_head_dim] (layer
-   dtype) into the latent cache at slot_mapping; -1 skips; all slots checked first. Host
-   slots, taken on CUDA as by attn_reshape_and_cache (no copy, allocation or wait). */
+/* Writes kv_c [>= num_tokens, kv_lora_rank] and k_pe [>= num_tokens, qk_rope_head_dim]
+   (layer dtype) into the latent cache at slot_mapping (int64 [num_tokens]; -1 skips), on
+   the host or the layer's device, checked and launched as by attn_reshape_and_cache. */
 ATTN_API attn_status attn_concat_and_cache_mla(attn_layer *layer, const attn_tensor *kv_c,
                                                const attn_tensor *k_pe, attn_tensor *kv_cache,
-                                               const int64_t *slot_mapping, int num_tokens,
-                                               void *stream);
+                                               const attn_tensor *slot_mapping, void *stream);
 
 /* Absorbed decode (MQA over the latent): for the batch's decode tokens, q is either
    [>= num_decode_tokens, num_heads, head_size] with q_pe == NULL, or q_latent
@@ -2385,16 +2395,18 @@ typedef struct attn__dtype_info {
     void (*load_row)(const void *src, float *dst, int n); /* n elements -> f32 */
     void (*store_row)(const float *src, void *dst, int n);
     int cache_only;                                       /* 1: KV caches only, scaled (fp8) */
+    int index_only;                                       /* 1: indices (slot mappings) only */
 } attn__dtype_info;
 
 static const attn__dtype_info attn__dtypes[] = { /* one row per attn_dtype, in order */
-    {"auto", "auto", 0, NULL, NULL, 0},
-    {"f32", "float32", 4, attn__f32_row, attn__row_store_f32, 0},
-    {"f16", "float16", 2, attn__f16_row, attn__row_to_f16, 0},
-    {"bf16", "bfloat16", 2, attn__bf16_row, attn__row_to_bf16, 0},
-    {"fp8_e4m3", "float8_e4m3fn", 1, attn__e4m3_row, attn__row_to_e4m3, 1},
-    {"fp8_e5m2", "float8_e5m2", 1, attn__e5m2_row, attn__row_to_e5m2, 1},
-    {"int8", "int8", 1, attn__i8_row, attn__row_to_i8, 1}
+    {"auto", "auto", 0, NULL, NULL, 0, 0},
+    {"f32", "float32", 4, attn__f32_row, attn__row_store_f32, 0, 0},
+    {"f16", "float16", 2, attn__f16_row, attn__row_to_f16, 0, 0},
+    {"bf16", "bfloat16", 2, attn__bf16_row, attn__row_to_bf16, 0, 0},
+    {"fp8_e4m3", "float8_e4m3fn", 1, attn__e4m3_row, attn__row_to_e4m3, 1, 0},
+    {"fp8_e5m2", "float8_e5m2", 1, attn__e5m2_row, attn__row_to_e5m2, 1, 0},
+    {"int8", "int8", 1, attn__i8_row, attn__row_to_i8, 1, 0},
+    {"int64", "int64", 8, NULL, NULL, 0, 1}
 };
 /* fails to compile when attn_dtype gains an enumerator without a row */
 typedef char attn__dtype_table_complete[
@@ -2409,7 +2421,7 @@ static void attn__dtype_names(char *buf, size_t size, int long_names) {
     int d;
     buf[0] = 0;
     for (d = 0; d < (int)ATTN_DTYPE_COUNT; d++)
-        if (attn__dtypes[d].size) {
+        if (attn__dtypes[d].size && !attn__dtypes[d].index_only) { /* the element types */
             size_t n = strlen(buf);
             attn__fmt(buf + n, size - n, "%s%s", n ? ", " : "", attn__dtypes[d].name);
             if (long_names) {
@@ -2460,6 +2472,11 @@ ATTN_API attn_tensor attn_tensor_make(void *data, attn_dtype dtype, int ndim,
     return t;
 }
 
+ATTN_API attn_tensor attn_tensor_slots(const int64_t *slots, int64_t num_tokens) {
+    /* the view is read-only by contract (the cache writes take it const) */
+    return attn_tensor_make((void *)(uintptr_t)slots, ATTN_DTYPE_INT64, 1, &num_tokens);
+}
+
 /* Fills default (contiguous) strides into a copy when all strides are zero. */
 static attn_tensor attn__tensor_resolved(const attn_tensor *t) {
     attn_tensor r = *t;
@@ -2497,7 +2514,7 @@ static float attn__load_elem(const void *p, attn_dtype dt, int64_t i) {
     case ATTN_DTYPE_FP8_E4M3: return attn_fp8_e4m3_to_f32(((const uint8_t *)p)[i]);
     case ATTN_DTYPE_FP8_E5M2: return attn_fp8_e5m2_to_f32(((const uint8_t *)p)[i]);
     case ATTN_DTYPE_INT8: return (float)((const int8_t *)p)[i];
-    case ATTN_DTYPE_AUTO: case ATTN_DTYPE_COUNT: break; /* not element types */
+    case ATTN_DTYPE_AUTO: case ATTN_DTYPE_INT64: case ATTN_DTYPE_COUNT: break; /* not element types */
     }
     ATTN_ASSERT(0);
     return 0.0f;
@@ -2511,7 +2528,7 @@ static void attn__store_elem(void *p, attn_dtype dt, int64_t i, float x) {
     case ATTN_DTYPE_FP8_E4M3: ((uint8_t *)p)[i] = attn_f32_to_fp8_e4m3(x); return;
     case ATTN_DTYPE_FP8_E5M2: ((uint8_t *)p)[i] = attn_f32_to_fp8_e5m2(x); return;
     case ATTN_DTYPE_INT8: ((int8_t *)p)[i] = attn__f32_to_i8(x); return;
-    case ATTN_DTYPE_AUTO: case ATTN_DTYPE_COUNT: break;
+    case ATTN_DTYPE_AUTO: case ATTN_DTYPE_INT64: case ATTN_DTYPE_COUNT: break;
     }
     ATTN_ASSERT(0);
 }
@@ -2810,11 +2827,12 @@ static attn_status attn__desc_resolve(attn_context *ctx, const char *fn,
     if (!attn__dtype_valid(d.dtype))
         return attn__bad_desc(ctx, "%s: desc.dtype is %d (allowed: ATTN_DTYPE_AUTO, or an element "
                                    "type: %s)", fn, (int)d.dtype, types);
-    if (attn__dtypes[d.dtype].cache_only)
+    if (attn__dtypes[d.dtype].cache_only || attn__dtypes[d.dtype].index_only)
         return attn__bad_desc(ctx, "%s: desc.dtype is %s (allowed: ATTN_DTYPE_AUTO, f32, f16, bf16; "
-                                   "%s is a KV-cache type: set it as desc.kv_cache_dtype)", fn,
-                              attn_dtype_name(d.dtype), attn_dtype_name(d.dtype));
-    if (!attn__dtype_valid(d.kv_cache_dtype))
+                                   "%s is %s)", fn, attn_dtype_name(d.dtype), attn_dtype_name(d.dtype),
+                              attn__dtypes[d.dtype].index_only ? "an index type (slot mappings)"
+                                                               : "a KV-cache type: set it as desc.kv_cache_dtype");
+    if (!attn__dtype_valid(d.kv_cache_dtype) || attn__dtypes[d.kv_cache_dtype].index_only)
         return attn__bad_desc(ctx, "%s: desc.kv_cache_dtype is %d (allowed: ATTN_DTYPE_AUTO, or an "
                                    "element type: %s)", fn, (int)d.kv_cache_dtype, types);
     if (!d.dtype) d.dtype = ATTN_DTYPE_F16;
@@ -4020,7 +4038,32 @@ static attn_status attn__check_slots(attn_layer *layer, const char *fn, const at
     return ATTN_OK;
 }
 
-/* Validates key/value/cache/slots for a write of num_tokens rows. */
+/* A cache write's slot mapping: int64 [num_tokens] (0 <= num_tokens < 2^31), contiguous,
+   on the host or on the layer's device. Host slots are checked here (all of them, before
+   anything is written); *num_tokens gets the count. */
+static attn_status attn__check_slot_tensor(attn_layer *layer, const char *fn, const attn_tensor *slots,
+                                           const attn_tensor *kv_cache, int *num_tokens) {
+    attn_context *ctx = layer->ctx;
+    attn_device_kind dev = layer->backend->device;
+    int64_t shape[1];
+    attn_status st;
+    if (slots->ndim != 1 || slots->shape[0] < 0 || slots->shape[0] > INT32_MAX)
+        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE,
+                          "%s: slot_mapping has %d dimensions, shape[0] %lld (allowed: 1 dimension, "
+                          "[num_tokens], 0 <= num_tokens < 2^31)", fn, slots->ndim,
+                          (long long)(slots->ndim > 0 ? slots->shape[0] : -1));
+    shape[0] = slots->shape[0];
+    /* the layer's device, or the host (the library reads it: CPU layers always do) */
+    st = attn__check_tensor(ctx, fn, "slot_mapping", slots, ATTN_DTYPE_INT64, 1, shape,
+                            slots->device.kind == ATTN_DEVICE_CPU ? ATTN_DEVICE_CPU : dev);
+    if (st != ATTN_OK) return st;
+    *num_tokens = (int)slots->shape[0];
+    if (slots->device.kind != ATTN_DEVICE_CPU) return ATTN_OK; /* the device checks them */
+    return attn__check_slots(layer, fn, kv_cache, (const int64_t *)slots->data, *num_tokens);
+}
+
+/* Validates key/value/cache for a write of num_tokens rows; slots: host slots to check, or
+   NULL (device slots, or checked already). */
 static attn_status attn__check_kv_write(attn_layer *layer, const char *fn, const attn_tensor *key,
                                         const attn_tensor *value, const attn_tensor *kv_cache,
                                         const int64_t *slots, int num_tokens) {
@@ -4032,17 +4075,17 @@ static attn_status attn__check_kv_write(attn_layer *layer, const char *fn, const
     st = attn__check_tensor(layer->ctx, fn, "key", key, d->dtype, 3, shape, dev);
     if (st == ATTN_OK) st = attn__check_tensor(layer->ctx, fn, "value", value, d->dtype, 3, shape, dev);
     if (st == ATTN_OK) st = attn__check_kv_cache(layer, fn, kv_cache, 0);
-    if (st != ATTN_OK) return st;
+    if (st != ATTN_OK || !slots) return st;
     return attn__check_slots(layer, fn, kv_cache, slots, num_tokens);
 }
 
 ATTN_API attn_status attn_reshape_and_cache(attn_layer *layer, const attn_tensor *key,
                                             const attn_tensor *value, attn_tensor *kv_cache,
-                                            const int64_t *slot_mapping, int num_tokens,
-                                            void *stream) {
+                                            const attn_tensor *slot_mapping, void *stream) {
     attn_context *ctx = layer ? layer->ctx : NULL;
     const char *fn = "attn_reshape_and_cache";
     attn_status st;
+    int num_tokens = 0;
     if (!layer) return attn__null_arg(ctx, __func__, "layer");
     if (!key) return attn__null_arg(ctx, __func__, "key");
     if (!value) return attn__null_arg(ctx, __func__, "value");
@@ -4051,17 +4094,16 @@ ATTN_API attn_status attn_reshape_and_cache(attn_layer *layer, const attn_tensor
     if (layer->desc.use_mla)
         return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_CALL_UNSUPPORTED,
                           "%s: the layer is MLA (its cache holds latents; use the MLA cache write)", fn);
-    if (num_tokens < 0)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
-                          "%s: num_tokens is %d (allowed: >= 0)", fn, num_tokens);
-    st = attn__check_kv_write(layer, fn, key, value, kv_cache, slot_mapping, num_tokens);
+    st = attn__check_kv_write(layer, fn, key, value, kv_cache, NULL, 0);
+    if (st == ATTN_OK) st = attn__check_slot_tensor(layer, fn, slot_mapping, kv_cache, &num_tokens);
+    if (st == ATTN_OK) st = attn__check_kv_write(layer, fn, key, value, kv_cache, NULL, num_tokens);
     if (st == ATTN_OK) st = attn__check_graph(layer, NULL, fn, stream, ATTN__PART_WRITE);
     if (st != ATTN_OK) return st;
-    return layer->backend->reshape_and_cache(layer->backend, layer, key, value, kv_cache,
-                                             slot_mapping, num_tokens, stream);
+    return layer->backend->reshape_and_cache(layer->backend, layer, key, value, kv_cache, slot_mapping, stream);
 }
 
-/* Validates kv_c/k_pe/cache/slots for a latent write of num_tokens rows. */
+/* Validates kv_c/k_pe/cache for a latent write of num_tokens rows; slots: host slots to
+   check, or NULL (device slots, or checked already). */
 static attn_status attn__check_latent_write(attn_layer *layer, const char *fn, const attn_tensor *kv_c,
                                             const attn_tensor *k_pe, const attn_tensor *kv_cache,
                                             const int64_t *slots, int num_tokens) {
@@ -4073,17 +4115,17 @@ static attn_status attn__check_latent_write(attn_layer *layer, const char *fn, c
     shape[1] = d->qk_rope_head_dim;
     if (st == ATTN_OK) st = attn__check_tensor(layer->ctx, fn, "k_pe", k_pe, d->dtype, 2, shape, layer->backend->device);
     if (st == ATTN_OK) st = attn__check_kv_cache(layer, fn, kv_cache, 0);
-    if (st != ATTN_OK) return st;
+    if (st != ATTN_OK || !slots) return st;
     return attn__check_slots(layer, fn, kv_cache, slots, num_tokens);
 }
 
 ATTN_API attn_status attn_concat_and_cache_mla(attn_layer *layer, const attn_tensor *kv_c,
                                                const attn_tensor *k_pe, attn_tensor *kv_cache,
-                                               const int64_t *slot_mapping, int num_tokens,
-                                               void *stream) {
+                                               const attn_tensor *slot_mapping, void *stream) {
     attn_context *ctx = layer ? layer->ctx : NULL;
     const char *fn = "attn_concat_and_cache_mla";
     attn_status st;
+    int num_tokens = 0;
     if (!layer) return attn__null_arg(ctx, __func__, "layer");
     if (!kv_c) return attn__null_arg(ctx, __func__, "kv_c");
     if (!k_pe) return attn__null_arg(ctx, __func__, "k_pe");
@@ -4093,14 +4135,12 @@ ATTN_API attn_status attn_concat_and_cache_mla(attn_layer *layer, const attn_ten
         return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_CALL_UNSUPPORTED,
                           "%s: the layer is not MLA (allowed: use_mla = 1; standard layers use "
                           "attn_reshape_and_cache)", fn);
-    if (num_tokens < 0)
-        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
-                          "%s: num_tokens is %d (allowed: >= 0)", fn, num_tokens);
-    st = attn__check_latent_write(layer, fn, kv_c, k_pe, kv_cache, slot_mapping, num_tokens);
+    st = attn__check_latent_write(layer, fn, kv_c, k_pe, kv_cache, NULL, 0);
+    if (st == ATTN_OK) st = attn__check_slot_tensor(layer, fn, slot_mapping, kv_cache, &num_tokens);
+    if (st == ATTN_OK) st = attn__check_latent_write(layer, fn, kv_c, k_pe, kv_cache, NULL, num_tokens);
     if (st == ATTN_OK) st = attn__check_graph(layer, NULL, fn, stream, ATTN__PART_WRITE);
     if (st != ATTN_OK) return st;
-    return layer->backend->concat_and_cache_mla(layer->backend, layer, kv_c, k_pe, kv_cache,
-                                                slot_mapping, num_tokens, stream);
+    return layer->backend->concat_and_cache_mla(layer->backend, layer, kv_c, k_pe, kv_cache, slot_mapping, stream);
 }
 
 /* =======================================================================================
@@ -4613,7 +4653,7 @@ ATTN__INLINE attn__vf attn__vload_kv(const char *p, attn_dtype dt) {
     case ATTN_DTYPE_FP8_E4M3: return attn__vld_e4m3((const uint8_t *)(const void *)p);
     case ATTN_DTYPE_FP8_E5M2: return attn__vld_e5m2((const uint8_t *)(const void *)p);
     case ATTN_DTYPE_INT8: return attn__vld_i8((const int8_t *)(const void *)p);
-    case ATTN_DTYPE_AUTO: case ATTN_DTYPE_COUNT: break;
+    case ATTN_DTYPE_AUTO: case ATTN_DTYPE_INT64: case ATTN_DTYPE_COUNT: break;
     }
     ATTN_ASSERT(0);
     return attn__vzero();
@@ -4746,7 +4786,7 @@ ATTN__NOINLINE static void attn__cpu_qk_direct(const float *Q, int per_head, int
     case ATTN_DTYPE_FP8_E4M3: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, pf, ATTN_DTYPE_FP8_E4M3); return;
     case ATTN_DTYPE_FP8_E5M2: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, pf, ATTN_DTYPE_FP8_E5M2); return;
     case ATTN_DTYPE_INT8: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, pf, ATTN_DTYPE_INT8); return;
-    case ATTN_DTYPE_AUTO: case ATTN_DTYPE_COUNT: break;
+    case ATTN_DTYPE_AUTO: case ATTN_DTYPE_INT64: case ATTN_DTYPE_COUNT: break;
     }
     ATTN_ASSERT(0);
 }
@@ -4824,7 +4864,7 @@ ATTN__NOINLINE static void attn__cpu_pv_direct(const float *P, int ld, int M, co
     case ATTN_DTYPE_FP8_E4M3: attn__cpu_pv_direct_dt(P, ld, M, vp, hoff, n, D, dq, O, alpha, pf, ATTN_DTYPE_FP8_E4M3); return;
     case ATTN_DTYPE_FP8_E5M2: attn__cpu_pv_direct_dt(P, ld, M, vp, hoff, n, D, dq, O, alpha, pf, ATTN_DTYPE_FP8_E5M2); return;
     case ATTN_DTYPE_INT8: attn__cpu_pv_direct_dt(P, ld, M, vp, hoff, n, D, dq, O, alpha, pf, ATTN_DTYPE_INT8); return;
-    case ATTN_DTYPE_AUTO: case ATTN_DTYPE_COUNT: break;
+    case ATTN_DTYPE_AUTO: case ATTN_DTYPE_INT64: case ATTN_DTYPE_COUNT: break;
     }
     ATTN_ASSERT(0);
 }
@@ -5519,13 +5559,14 @@ static attn_status attn__cpu_forward(const attn_backend *self, attn_layer *layer
 
 static attn_status attn__cpu_reshape_and_cache(const attn_backend *self, attn_layer *layer,
                                                const attn_tensor *key, const attn_tensor *value,
-                                               attn_tensor *kv_cache, const int64_t *slot_mapping,
-                                               int num_tokens, void *stream) {
+                                               attn_tensor *kv_cache, const attn_tensor *slot_mapping,
+                                               void *stream) {
     float ks, vs;
     attn_status st = attn__kv_scales(layer->ctx, &layer->desc, "attn_reshape_and_cache", &ks, &vs);
     (void)self; (void)stream;
     if (st != ATTN_OK) return st;
-    attn__cpu_write_kv(layer, key, value, kv_cache, slot_mapping, num_tokens, ks, vs);
+    attn__cpu_write_kv(layer, key, value, kv_cache, (const int64_t *)slot_mapping->data, (int)slot_mapping->shape[0],
+                       ks, vs);
     return ATTN_OK;
 }
 
@@ -6058,18 +6099,16 @@ static attn_status attn__cpu_mla_forward_mha(const attn_backend *self, attn_laye
 
 /* ---- cache write and the fused layer call ------------------------------------------------ */
 
-/* The latent cache write (validated by the front door). */
-static attn_status attn__cpu_concat_and_cache_mla(const attn_backend *self, attn_layer *layer,
-                                                  const attn_tensor *kv_c, const attn_tensor *k_pe,
-                                                  attn_tensor *kv_cache, const int64_t *slot_mapping,
-                                                  int num_tokens, void *stream) {
+/* The latent cache write (validated by the front door) from host slots. */
+static attn_status attn__cpu_write_latent(attn_layer *layer, const char *fn, const attn_tensor *kv_c,
+                                          const attn_tensor *k_pe, attn_tensor *kv_cache,
+                                          const int64_t *slot_mapping, int num_tokens) {
     const attn_layer_desc *d = &layer->desc;
     attn_tensor c, p;
     size_t csz;
     int t, x;
     float ks, vs;
-    attn_status st = attn__kv_scales(layer->ctx, d, "attn_concat_and_cache_mla", &ks, &vs);
-    (void)self; (void)stream;
+    attn_status st = attn__kv_scales(layer->ctx, d, fn, &ks, &vs);
     if (st != ATTN_OK) return st;
     c = attn__tensor_resolved(kv_c);
     p = attn__tensor_resolved(k_pe);
@@ -6097,6 +6136,15 @@ static attn_status attn__cpu_concat_and_cache_mla(const attn_backend *self, attn
         }
     }
     return ATTN_OK;
+}
+
+static attn_status attn__cpu_concat_and_cache_mla(const attn_backend *self, attn_layer *layer,
+                                                  const attn_tensor *kv_c, const attn_tensor *k_pe,
+                                                  attn_tensor *kv_cache, const attn_tensor *slot_mapping,
+                                                  void *stream) {
+    (void)self; (void)stream;
+    return attn__cpu_write_latent(layer, "attn_concat_and_cache_mla", kv_c, k_pe, kv_cache,
+                                  (const int64_t *)slot_mapping->data, (int)slot_mapping->shape[0]);
 }
 
 /* The absorbed projections of the fused call, one head per task. */
@@ -6165,9 +6213,8 @@ static attn_status attn__cpu_mla_forward(const attn_backend *self, attn_layer *l
     if (st == ATTN_OK) st = attn__kv_scales(ctx, d, "attn_mla_forward", &ks, &vs);
     if (st != ATTN_OK) return st; /* before anything is written */
     attn__cpu_mla_ws_layout(d, attn_metadata_capacity(meta), cm->workspace_base, &ws);
-    if (kv_c)
-        attn__cpu_concat_and_cache_mla(self, layer, kv_c, k_pe, kv_cache, b->slot_mapping,
-                                       b->num_actual_tokens, stream);
+    if (kv_c) /* the scale was checked above: this cannot fail */
+        attn__cpu_write_latent(layer, "attn_mla_forward", kv_c, k_pe, kv_cache, b->slot_mapping, b->num_actual_tokens);
     if (td > 0) {
         attn__cpu_mla_proj pj;
         attn_tensor tql, tol;
@@ -6858,7 +6905,7 @@ static int attn__cuda_dt(attn_dtype d) {
     case ATTN_DTYPE_FP8_E4M3: return 4;
     case ATTN_DTYPE_FP8_E5M2: return 5;
     case ATTN_DTYPE_INT8: return 6;
-    case ATTN_DTYPE_COUNT: return -1;
+    case ATTN_DTYPE_INT64: case ATTN_DTYPE_COUNT: return -1;
     }
     return -1;
 }
@@ -6952,11 +6999,14 @@ typedef struct attn__cache_write_params {
     ATTN__DPTR(const float) v_scale;
     long long key_stride_token, key_stride_head;     /* elements */
     long long value_stride_token, value_stride_head; /* elements */
+    long long num_slots;                    /* num_blocks * block_size: slots are -1 .. num_slots - 1 */
     int num_tokens;
     int num_kv_heads;
     int block_size;
     float k_scale_value, v_scale_value;
-    int pad0;
+    int check_slots;                        /* 1: slots the host has not checked (device memory):
+                                               every CTA checks them all first, and none writes
+                                               when one is out of range */
 } attn__cache_write_params;
 
 /* attn_reshape_and_cache_inline: the same with the slots in the parameters. */
@@ -6973,8 +7023,9 @@ typedef struct attn__latent_write_params {
     ATTN__DPTR(const long long) slot_mapping; /* [tokens]; -1 skips (the _inline kernel: unused) */
     long long kv_c_stride_token;            /* elements */
     long long k_pe_stride_token;            /* elements */
+    long long num_slots;                    /* num_blocks * block_size */
     int num_tokens;
-    int pad0;
+    int check_slots;                        /* as attn__cache_write_params */
     ATTN__DPTR(const float) k_scale;        /* fp8 latent: the per-tensor scale (device float; NULL: value) */
     float k_scale_value;
     int pad1;
@@ -7067,10 +7118,10 @@ typedef struct attn__mla_prefill_params {
 #define ATTN__PARAMS_SIZE(T, n) typedef char T##_size_check[sizeof(T) == (n) ? 1 : -1]
 ATTN__PARAMS_SIZE(attn__launch_config, 32);
 ATTN__PARAMS_SIZE(attn__paged_params, 17 * 8 + 7 * 8 + 6 * 4);
-ATTN__PARAMS_SIZE(attn__cache_write_params, 6 * 8 + 4 * 8 + 6 * 4);
-ATTN__PARAMS_SIZE(attn__cache_write_inline_params, 104 + ATTN__INLINE_SLOTS * 8);
-ATTN__PARAMS_SIZE(attn__latent_write_params, 4 * 8 + 2 * 8 + 2 * 4 + 8 + 2 * 4);
-ATTN__PARAMS_SIZE(attn__latent_write_inline_params, 72 + ATTN__INLINE_SLOTS * 8);
+ATTN__PARAMS_SIZE(attn__cache_write_params, 6 * 8 + 5 * 8 + 6 * 4);
+ATTN__PARAMS_SIZE(attn__cache_write_inline_params, 112 + ATTN__INLINE_SLOTS * 8);
+ATTN__PARAMS_SIZE(attn__latent_write_params, 4 * 8 + 3 * 8 + 2 * 4 + 8 + 2 * 4);
+ATTN__PARAMS_SIZE(attn__latent_write_inline_params, 80 + ATTN__INLINE_SLOTS * 8);
 ATTN__PARAMS_SIZE(attn__mla_gather_params, 3 * 8 + 4 * 4 + 8 + 2 * 4);
 ATTN__PARAMS_SIZE(attn__merge_params, 6 * 8 + 12 * 8 + 6 * 4);
 ATTN__PARAMS_SIZE(attn__mla_decode_params, 12 * 8 + 9 * 8 + 2 * 4 + 2 * 8 + 2 * 4);
@@ -7744,6 +7795,7 @@ static void attn__cuda_write_params(const attn_layer_desc *d, const attn_tensor 
     wp->num_tokens = num_tokens;
     wp->num_kv_heads = d->num_kv_heads;
     wp->block_size = d->block_size;
+    wp->num_slots = kv_cache->shape[0] * (int64_t)d->block_size;
     attn__cuda_kv_scales(d, &wp->k_scale, &wp->v_scale, &wp->k_scale_value, &wp->v_scale_value);
 }
 
@@ -7861,18 +7913,27 @@ static attn_status attn__cuda_forward(const attn_backend *self, attn_layer *laye
     return rc ? attn__cu_fail(ctx, "attn_layer_forward", "cuLaunchKernel", rc) : ATTN_OK;
 }
 
-/* The public cache write: host slots (checked by the front door) in the parameters of
-   ATTN__INLINE_SLOTS-token launches on the caller's stream: it allocates nothing, copies
-   nothing and waits for nothing, so it returns while other streams are busy and may be
-   captured (the graph keeps the slots it was captured with). */
+/* CTAs of a cache write from device slots: each checks every slot before it writes, so
+   their number is bounded (four per SM: the check reads num_tokens x 8 bytes per CTA from
+   L2, about 35 MB at 8192 tokens on 132 SMs). */
+static unsigned attn__cuda_write_grid(const attn_context *ctx, int num_tokens) {
+    return (unsigned)ATTN__MIN(num_tokens, 4 * ATTN__MAX(1, ctx->platform.cuda_multiprocessors));
+}
+
+/* The public cache write, on the caller's stream, allocating, copying and waiting for
+   nothing. Device slots: one launch whose CTAs check every slot first (all or nothing).
+   Host slots (checked by the front door): in the parameters of ATTN__INLINE_SLOTS-token
+   launches of the _inline kernel, so a captured write keeps the slots it was captured
+   with. */
 static attn_status attn__cuda_reshape_and_cache(const attn_backend *self, attn_layer *layer,
                                                 const attn_tensor *key, const attn_tensor *value,
-                                                attn_tensor *kv_cache, const int64_t *slot_mapping,
-                                                int num_tokens, void *stream) {
+                                                attn_tensor *kv_cache, const attn_tensor *slot_mapping,
+                                                void *stream) {
     attn_context *ctx = attn_layer_context(layer);
     const attn__cuda_layer *L = (const attn__cuda_layer *)attn_layer_backend_state(layer);
     attn__cuda_driver *cu = ctx->cuda;
     attn__CUstream s = (attn__CUstream)stream;
+    const int num_tokens = (int)slot_mapping->shape[0];
     attn__cache_write_inline_params ip;
     attn__CUresult rc = 0;
     attn_status st;
@@ -7883,10 +7944,17 @@ static attn_status attn__cuda_reshape_and_cache(const attn_backend *self, attn_l
     if ((st = attn__cuda_cache_aligned(ctx, "attn_reshape_and_cache", kv_cache)) != ATTN_OK) return st;
     if ((st = attn__cuda_enter_stream(ctx, "attn_reshape_and_cache", stream)) != ATTN_OK) return st;
     args[0] = &ip;
-    for (t0 = 0; t0 < num_tokens && rc == 0; t0 += n) {
+    if (slot_mapping->device.kind == ATTN_DEVICE_CUDA) {
+        attn__cuda_write_params(attn_layer_get_desc(layer), key, value, kv_cache, 0, num_tokens, &ip.p);
+        ip.p.slot_mapping = attn__dptr(slot_mapping->data);
+        ip.p.check_slots = 1;
+        args[0] = &ip.p;
+        rc = cu->cuLaunchKernel(L->cache.main, attn__cuda_write_grid(ctx, num_tokens), 1, 1, 128, 1, 1, 0, s, args, NULL);
+    }
+    for (t0 = 0; slot_mapping->device.kind != ATTN_DEVICE_CUDA && t0 < num_tokens && rc == 0; t0 += n) {
         n = ATTN__MIN(num_tokens - t0, ATTN__INLINE_SLOTS);
         attn__cuda_write_params(attn_layer_get_desc(layer), key, value, kv_cache, t0, n, &ip.p);
-        memcpy(ip.slots, slot_mapping + t0, (size_t)n * sizeof(int64_t));
+        memcpy(ip.slots, (const int64_t *)slot_mapping->data + t0, (size_t)n * sizeof(int64_t));
         rc = cu->cuLaunchKernel(L->cache.second, (unsigned)n, 1, 1, 128, 1, 1, 0, s, args, NULL);
     }
     attn__cuda_leave(ctx);
@@ -8749,6 +8817,7 @@ static void attn__cuda_mla_write_params(const attn_layer_desc *d, const attn_ten
     wp->kv_c_stride_token = c.strides[0];
     wp->k_pe_stride_token = p.strides[0];
     wp->num_tokens = num_tokens;
+    wp->num_slots = kv_cache->shape[0] * (int64_t)d->block_size;
     attn__cuda_latent_scale(d, &wp->k_scale, &wp->k_scale_value);
 }
 
@@ -8767,13 +8836,14 @@ static attn__CUresult attn__cuda_mla_write(attn_context *ctx, const attn__cuda_m
                                      args, NULL);
 }
 
-/* The public latent write: host slots in the launch parameters, as attn_reshape_and_cache
-   on CUDA (no copy, no allocation, no synchronisation; capturable). */
+/* The public latent write: as attn_reshape_and_cache on CUDA (device slots in one checked
+   launch; host slots in the launch parameters). */
 static attn_status attn__cuda_mla_concat_and_cache(const attn_backend *self, attn_layer *layer, const attn_tensor *kv_c,
                                                    const attn_tensor *k_pe, attn_tensor *kv_cache,
-                                                   const int64_t *slot_mapping, int num_tokens, void *stream) {
+                                                   const attn_tensor *slot_mapping, void *stream) {
     attn_context *ctx = attn_layer_context(layer);
     const attn__cuda_mla_layer *L = (const attn__cuda_mla_layer *)attn_layer_backend_state(layer);
+    const int num_tokens = (int)slot_mapping->shape[0];
     attn__latent_write_inline_params ip;
     attn__CUresult rc = 0;
     attn_status st;
@@ -8783,10 +8853,18 @@ static attn_status attn__cuda_mla_concat_and_cache(const attn_backend *self, att
     if (num_tokens == 0) return ATTN_OK;
     if ((st = attn__cuda_enter_stream(ctx, "attn_concat_and_cache_mla", stream)) != ATTN_OK) return st;
     args[0] = &ip;
-    for (t0 = 0; t0 < num_tokens && rc == 0; t0 += n) {
+    if (slot_mapping->device.kind == ATTN_DEVICE_CUDA) {
+        attn__cuda_mla_write_params(attn_layer_get_desc(layer), kv_c, k_pe, kv_cache, 0, num_tokens, &ip.p);
+        ip.p.slot_mapping = attn__dptr(slot_mapping->data);
+        ip.p.check_slots = 1;
+        args[0] = &ip.p;
+        rc = ctx->cuda->cuLaunchKernel(L->cache.main, attn__cuda_write_grid(ctx, num_tokens), 1, 1, 128, 1, 1, 0,
+                                       (attn__CUstream)stream, args, NULL);
+    }
+    for (t0 = 0; slot_mapping->device.kind != ATTN_DEVICE_CUDA && t0 < num_tokens && rc == 0; t0 += n) {
         n = ATTN__MIN(num_tokens - t0, ATTN__INLINE_SLOTS);
         attn__cuda_mla_write_params(attn_layer_get_desc(layer), kv_c, k_pe, kv_cache, t0, n, &ip.p);
-        memcpy(ip.slots, slot_mapping + t0, (size_t)n * sizeof(int64_t));
+        memcpy(ip.slots, (const int64_t *)slot_mapping->data + t0, (size_t)n * sizeof(int64_t));
         rc = ctx->cuda->cuLaunchKernel(L->cache_inline, (unsigned)n, 1, 1, 128, 1, 1, 0, (attn__CUstream)stream, args,
                                        NULL);
     }
@@ -9292,7 +9370,7 @@ ATTN_API attn_status attn_merge_attn_states(attn_context *ctx, const attn_tensor
                           "%s: an LSE base is out of range (%d, %d, %d; allowed: ATTN_LSE_BASE_E, "
                           "ATTN_LSE_BASE_2)", fn, (int)base_a, (int)base_b, (int)base_out);
     if (out_a->ndim != 3 || out_a->shape[0] < 0 || out_a->shape[1] <= 0 || out_a->shape[2] <= 0 ||
-        attn_dtype_size(out_a->dtype) == 0)
+        (out_a->dtype != ATTN_DTYPE_F32 && out_a->dtype != ATTN_DTYPE_F16 && out_a->dtype != ATTN_DTYPE_BF16))
         return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE,
                           "%s: out_a must be [tokens, heads, head_size] of f32/f16/bf16 (ndim %d)",
                           fn, out_a->ndim);
@@ -9811,11 +9889,14 @@ static const char *const attn__kernel_src_attn_params_cuh[] = {
     "    ATTN__DPTR(const float) v_scale;\n",
     "    long long key_stride_token, key_stride_head;     /* elements */\n",
     "    long long value_stride_token, value_stride_head; /* elements */\n",
+    "    long long num_slots;                    /* num_blocks * block_size: slots are -1 .. num_slots - 1 */\n",
     "    int num_tokens;\n",
     "    int num_kv_heads;\n",
     "    int block_size;\n",
     "    float k_scale_value, v_scale_value;\n",
-    "    int pad0;\n",
+    "    int check_slots;                        /* 1: slots the host has not checked (device memory):\n",
+    "                                               every CTA checks them all first, and none writes\n",
+    "                                               when one is out of range */\n",
     "} attn__cache_write_params;\n",
     "\n",
     "/* attn_reshape_and_cache_inline: the same with the slots in the parameters. */\n",
@@ -9832,8 +9913,9 @@ static const char *const attn__kernel_src_attn_params_cuh[] = {
     "    ATTN__DPTR(const long long) slot_mapping; /* [tokens]; -1 skips (the _inline kernel: unused) */\n",
     "    long long kv_c_stride_token;            /* elements */\n",
     "    long long k_pe_stride_token;            /* elements */\n",
+    "    long long num_slots;                    /* num_blocks * block_size */\n",
     "    int num_tokens;\n",
-    "    int pad0;\n",
+    "    int check_slots;                        /* as attn__cache_write_params */\n",
     "    ATTN__DPTR(const float) k_scale;        /* fp8 latent: the per-tensor scale (device float; NULL: value) */\n",
     "    float k_scale_value;\n",
     "    int pad1;\n",
@@ -9926,10 +10008,10 @@ static const char *const attn__kernel_src_attn_params_cuh[] = {
     "#define ATTN__PARAMS_SIZE(T, n) typedef char T##_size_check[sizeof(T) == (n) ? 1 : -1]\n",
     "ATTN__PARAMS_SIZE(attn__launch_config, 32);\n",
     "ATTN__PARAMS_SIZE(attn__paged_params, 17 * 8 + 7 * 8 + 6 * 4);\n",
-    "ATTN__PARAMS_SIZE(attn__cache_write_params, 6 * 8 + 4 * 8 + 6 * 4);\n",
-    "ATTN__PARAMS_SIZE(attn__cache_write_inline_params, 104 + ATTN__INLINE_SLOTS * 8);\n",
-    "ATTN__PARAMS_SIZE(attn__latent_write_params, 4 * 8 + 2 * 8 + 2 * 4 + 8 + 2 * 4);\n",
-    "ATTN__PARAMS_SIZE(attn__latent_write_inline_params, 72 + ATTN__INLINE_SLOTS * 8);\n",
+    "ATTN__PARAMS_SIZE(attn__cache_write_params, 6 * 8 + 5 * 8 + 6 * 4);\n",
+    "ATTN__PARAMS_SIZE(attn__cache_write_inline_params, 112 + ATTN__INLINE_SLOTS * 8);\n",
+    "ATTN__PARAMS_SIZE(attn__latent_write_params, 4 * 8 + 3 * 8 + 2 * 4 + 8 + 2 * 4);\n",
+    "ATTN__PARAMS_SIZE(attn__latent_write_inline_params, 80 + ATTN__INLINE_SLOTS * 8);\n",
     "ATTN__PARAMS_SIZE(attn__mla_gather_params, 3 * 8 + 4 * 4 + 8 + 2 * 4);\n",
     "ATTN__PARAMS_SIZE(attn__merge_params, 6 * 8 + 12 * 8 + 6 * 4);\n",
     "ATTN__PARAMS_SIZE(attn__mla_decode_params, 12 * 8 + 9 * 8 + 2 * 4 + 2 * 8 + 2 * 4);\n",
@@ -9990,6 +10072,19 @@ static const char *const attn__kernel_src_cache_write_cu[] = {
     "#if ATTN_CACHE8 && defined(KV_LORA_RANK) && DT_CACHE == ATTN_DT_I8\n",
     "#error \"cache_write.cu: a latent cache takes fp8 (per-tensor scale), not int8\"\n",
     "#endif\n",
+    "\n",
+    "/* Whether every one of n slots is in [-1, num_slots). Slots from device memory (check_slots)\n",
+    "   are checked by every CTA, all of them, before it writes: a bad one anywhere makes every\n",
+    "   CTA write nothing, as the host-side check of host slots would (the host cannot read\n",
+    "   device slots without a synchronisation). */\n",
+    "ATTN_DEV int attn_slots_valid(const attn_i64 *slots, int n, attn_i64 num_slots) {\n",
+    "    int bad = 0;\n",
+    "    for (int t = threadIdx.x; t < n; t += blockDim.x) {\n",
+    "        const attn_i64 s = slots[t];\n",
+    "        bad |= s < -1 || s >= num_slots;\n",
+    "    }\n",
+    "    return !__syncthreads_or(bad);\n",
+    "}\n",
     "\n",
     "#if ATTN_CACHE8\n",
     "/* 8 elements of DT_IN as f32 (16-byte loads where vec) */\n",
@@ -10059,6 +10154,7 @@ static const char *const attn__kernel_src_cache_write_cu[] = {
     "\n",
     "ATTN_DEV void attn_reshape_and_cache_body(const attn__cache_write_params &p, const attn_i64 *slots) {\n",
     "    const int lane = threadIdx.x & 31, warps = blockDim.x >> 5, rows = 2 * p.num_kv_heads;\n",
+    "    if (p.check_slots && !attn_slots_valid(slots, p.num_tokens, p.num_slots)) return;\n",
     "    const float qmax = DT_CACHE == ATTN_DT_I8 ? 127.0f : 448.0f;\n",
     "    const attn_i64 half = (attn_i64)p.block_size * p.num_kv_heads * (HEAD_DIM + 4); /* bytes of a block half */\n",
     "    for (int t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {\n",
@@ -10091,6 +10187,7 @@ static const char *const attn__kernel_src_cache_write_cu[] = {
     "#else\n",
     "ATTN_DEV void attn_reshape_and_cache_body(const attn__cache_write_params &p, const attn_i64 *slots) {\n",
     "    const int chunks = HEAD_DIM / 8;                 /* 8-element chunks per head row */\n",
+    "    if (p.check_slots && !attn_slots_valid(slots, p.num_tokens, p.num_slots)) return;\n",
     "    const int per_side = p.num_kv_heads * chunks;    /* chunks of one token's K (or V) */\n",
     "    const int esz_in = attn_elem<DT_IN>::size, esz_c = ATTN_DT_SIZE(DT_CACHE);\n",
     "#if !ATTN_CACHE8\n",
@@ -10138,6 +10235,7 @@ static const char *const attn__kernel_src_cache_write_cu[] = {
     "\n",
     "ATTN_DEV void attn_concat_and_cache_mla_body(const attn__latent_write_params &p, const attn_i64 *slots) {\n",
     "    const int chunks_c = KV_LORA_RANK / 8, chunks = (KV_LORA_RANK + ROPE_DIM) / 8;\n",
+    "    if (p.check_slots && !attn_slots_valid(slots, p.num_tokens, p.num_slots)) return;\n",
     "    const int esz_in = attn_elem<DT_IN>::size, esz_c = ATTN_DT_SIZE(DT_CACHE);\n",
     "    const int cache_ok = attn_aligned16(p.kv_cache);\n",
     "#if ATTN_CACHE8 /* code(x / scale), the CPU's bytes */\n",

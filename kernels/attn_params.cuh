@@ -82,11 +82,14 @@ typedef struct attn__cache_write_params {
     ATTN__DPTR(const float) v_scale;
     long long key_stride_token, key_stride_head;     /* elements */
     long long value_stride_token, value_stride_head; /* elements */
+    long long num_slots;                    /* num_blocks * block_size: slots are -1 .. num_slots - 1 */
     int num_tokens;
     int num_kv_heads;
     int block_size;
     float k_scale_value, v_scale_value;
-    int pad0;
+    int check_slots;                        /* 1: slots the host has not checked (device memory):
+                                               every CTA checks them all first, and none writes
+                                               when one is out of range */
 } attn__cache_write_params;
 
 /* attn_reshape_and_cache_inline: the same with the slots in the parameters. */
@@ -103,8 +106,9 @@ typedef struct attn__latent_write_params {
     ATTN__DPTR(const long long) slot_mapping; /* [tokens]; -1 skips (the _inline kernel: unused) */
     long long kv_c_stride_token;            /* elements */
     long long k_pe_stride_token;            /* elements */
+    long long num_slots;                    /* num_blocks * block_size */
     int num_tokens;
-    int pad0;
+    int check_slots;                        /* as attn__cache_write_params */
     ATTN__DPTR(const float) k_scale;        /* fp8 latent: the per-tensor scale (device float; NULL: value) */
     float k_scale_value;
     int pad1;
@@ -197,10 +201,10 @@ typedef struct attn__mla_prefill_params {
 #define ATTN__PARAMS_SIZE(T, n) typedef char T##_size_check[sizeof(T) == (n) ? 1 : -1]
 ATTN__PARAMS_SIZE(attn__launch_config, 32);
 ATTN__PARAMS_SIZE(attn__paged_params, 17 * 8 + 7 * 8 + 6 * 4);
-ATTN__PARAMS_SIZE(attn__cache_write_params, 6 * 8 + 4 * 8 + 6 * 4);
-ATTN__PARAMS_SIZE(attn__cache_write_inline_params, 104 + ATTN__INLINE_SLOTS * 8);
-ATTN__PARAMS_SIZE(attn__latent_write_params, 4 * 8 + 2 * 8 + 2 * 4 + 8 + 2 * 4);
-ATTN__PARAMS_SIZE(attn__latent_write_inline_params, 72 + ATTN__INLINE_SLOTS * 8);
+ATTN__PARAMS_SIZE(attn__cache_write_params, 6 * 8 + 5 * 8 + 6 * 4);
+ATTN__PARAMS_SIZE(attn__cache_write_inline_params, 112 + ATTN__INLINE_SLOTS * 8);
+ATTN__PARAMS_SIZE(attn__latent_write_params, 4 * 8 + 3 * 8 + 2 * 4 + 8 + 2 * 4);
+ATTN__PARAMS_SIZE(attn__latent_write_inline_params, 80 + ATTN__INLINE_SLOTS * 8);
 ATTN__PARAMS_SIZE(attn__mla_gather_params, 3 * 8 + 4 * 4 + 8 + 2 * 4);
 ATTN__PARAMS_SIZE(attn__merge_params, 6 * 8 + 12 * 8 + 6 * 4);
 ATTN__PARAMS_SIZE(attn__mla_decode_params, 12 * 8 + 9 * 8 + 2 * 4 + 2 * 8 + 2 * 4);

@@ -50,6 +50,19 @@
 #error "cache_write.cu: a latent cache takes fp8 (per-tensor scale), not int8"
 #endif
 
+/* Whether every one of n slots is in [-1, num_slots). Slots from device memory (check_slots)
+   are checked by every CTA, all of them, before it writes: a bad one anywhere makes every
+   CTA write nothing, as the host-side check of host slots would (the host cannot read
+   device slots without a synchronisation). */
+ATTN_DEV int attn_slots_valid(const attn_i64 *slots, int n, attn_i64 num_slots) {
+    int bad = 0;
+    for (int t = threadIdx.x; t < n; t += blockDim.x) {
+        const attn_i64 s = slots[t];
+        bad |= s < -1 || s >= num_slots;
+    }
+    return !__syncthreads_or(bad);
+}
+
 #if ATTN_CACHE8
 /* 8 elements of DT_IN as f32 (16-byte loads where vec) */
 ATTN_DEV void attn_load8_in(const void *src, int vec, float *f) {
@@ -118,6 +131,7 @@ ATTN_DEV float attn_amax2(float a, float b) { return a != a || b != b ? __int_as
 
 ATTN_DEV void attn_reshape_and_cache_body(const attn__cache_write_params &p, const attn_i64 *slots) {
     const int lane = threadIdx.x & 31, warps = blockDim.x >> 5, rows = 2 * p.num_kv_heads;
+    if (p.check_slots && !attn_slots_valid(slots, p.num_tokens, p.num_slots)) return;
     const float qmax = DT_CACHE == ATTN_DT_I8 ? 127.0f : 448.0f;
     const attn_i64 half = (attn_i64)p.block_size * p.num_kv_heads * (HEAD_DIM + 4); /* bytes of a block half */
     for (int t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {
@@ -150,6 +164,7 @@ ATTN_DEV void attn_reshape_and_cache_body(const attn__cache_write_params &p, con
 #else
 ATTN_DEV void attn_reshape_and_cache_body(const attn__cache_write_params &p, const attn_i64 *slots) {
     const int chunks = HEAD_DIM / 8;                 /* 8-element chunks per head row */
+    if (p.check_slots && !attn_slots_valid(slots, p.num_tokens, p.num_slots)) return;
     const int per_side = p.num_kv_heads * chunks;    /* chunks of one token's K (or V) */
     const int esz_in = attn_elem<DT_IN>::size, esz_c = ATTN_DT_SIZE(DT_CACHE);
 #if !ATTN_CACHE8
@@ -197,6 +212,7 @@ extern "C" __global__ void attn_reshape_and_cache_inline(const __grid_constant__
 
 ATTN_DEV void attn_concat_and_cache_mla_body(const attn__latent_write_params &p, const attn_i64 *slots) {
     const int chunks_c = KV_LORA_RANK / 8, chunks = (KV_LORA_RANK + ROPE_DIM) / 8;
+    if (p.check_slots && !attn_slots_valid(slots, p.num_tokens, p.num_slots)) return;
     const int esz_in = attn_elem<DT_IN>::size, esz_c = ATTN_DT_SIZE(DT_CACHE);
     const int cache_ok = attn_aligned16(p.kv_cache);
 #if ATTN_CACHE8 /* code(x / scale), the CPU's bytes */

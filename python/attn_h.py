@@ -69,6 +69,7 @@ ATTN_ERROR_SHAPE_MISMATCH = 3
 ATTN_ERROR_INVALID_METADATA = 4
 ATTN_DTYPE_AUTO, ATTN_DTYPE_F32, ATTN_DTYPE_F16, ATTN_DTYPE_BF16 = 0, 1, 2, 3
 ATTN_DTYPE_FP8_E4M3, ATTN_DTYPE_FP8_E5M2, ATTN_DTYPE_INT8 = 4, 5, 6     # KV caches only
+ATTN_DTYPE_INT64 = 7                                                      # slot mappings only
 ATTN_KV_SCALE_PER_TENSOR, ATTN_KV_SCALE_PER_TOKEN_HEAD = 0, 1
 ATTN_DEVICE_CPU, ATTN_DEVICE_CUDA = 0, 1
 ATTN_PLATFORM_CPU, ATTN_PLATFORM_CUDA = 0, 1
@@ -289,10 +290,9 @@ _SIGNATURES = {
     "attn_mla_num_kv_splits": (C.c_int, [C.c_int, C.c_int, C.c_int]),
     "attn_reorder_batch": (C.c_int, [_P(C.c_int32), C.c_int, C.c_int, _P(C.c_int32),
                                      _P(C.c_int), _P(C.c_int)]),
-    "attn_reshape_and_cache": (C.c_int, [_vp, _TP, _TP, _TP, _P(C.c_int64), C.c_int, _vp]),
+    "attn_reshape_and_cache": (C.c_int, [_vp, _TP, _TP, _TP, _TP, _vp]),
     "attn_layer_forward": (C.c_int, [_vp, _vp, _TP, _TP, _TP, _TP, _TP, _TP, _vp]),
-    "attn_concat_and_cache_mla": (C.c_int, [_vp, _TP, _TP, _TP, _P(C.c_int64), C.c_int,
-                                            _vp]),
+    "attn_concat_and_cache_mla": (C.c_int, [_vp, _TP, _TP, _TP, _TP, _vp]),
     "attn_mla_forward_mqa": (C.c_int, [_vp, _vp, _TP, _TP, _TP, _TP, _TP, _vp]),
     "attn_mla_forward_mha": (C.c_int, [_vp, _vp, _TP, _TP, _TP, _TP, _TP, _TP, _vp]),
     "attn_mla_forward": (C.c_int, [_vp, _vp, _TP, _TP, _TP, _TP, _TP, _TP, _TP, _TP, _vp]),
@@ -531,14 +531,14 @@ def _text(raw):
 
 # ---- tensors ---------------------------------------------------------------------------
 
-_TORCH_DTYPES = {"torch.float32": ATTN_DTYPE_F32, "torch.float16": ATTN_DTYPE_F16,
+_TORCH_DTYPES = {"torch.int64": ATTN_DTYPE_INT64, "torch.float32": ATTN_DTYPE_F32, "torch.float16": ATTN_DTYPE_F16,
                  "torch.bfloat16": ATTN_DTYPE_BF16, "torch.float8_e4m3fn": ATTN_DTYPE_FP8_E4M3,
                  "torch.float8_e5m2": ATTN_DTYPE_FP8_E5M2, "torch.int8": ATTN_DTYPE_INT8}
 _TORCH_DTYPE_CODES = {}   # torch.dtype -> code (None: not an element type attn.h takes)
 _DEVICE_STRUCTS = {}      # torch.device -> attn_device
 _NUMPY_DTYPES = {"float32": ATTN_DTYPE_F32, "float16": ATTN_DTYPE_F16,
                  "bfloat16": ATTN_DTYPE_BF16, "float8_e4m3fn": ATTN_DTYPE_FP8_E4M3,
-                 "float8_e5m2": ATTN_DTYPE_FP8_E5M2, "int8": ATTN_DTYPE_INT8}
+                 "float8_e5m2": ATTN_DTYPE_FP8_E5M2, "int8": ATTN_DTYPE_INT8, "int64": ATTN_DTYPE_INT64}
 # (bfloat16 and the float8 types: ml_dtypes' numpy types; int8: KV caches only; uint8:
 # the bytes of an 8-bit cache, taken as the layer's kv_cache_dtype)
 _CACHE_ONLY = (ATTN_DTYPE_FP8_E4M3, ATTN_DTYPE_FP8_E5M2, ATTN_DTYPE_INT8)
@@ -674,6 +674,19 @@ def _host_ints(x, name, fn, ctype):
             _fail(ATTN_ERROR_INVALID_VALUE, "%s: %s holds %d..%d, outside %s"
                   % (fn, name, a.min(), a.max(), np.dtype(want).name))
     return np.ascontiguousarray(a, dtype=want)
+
+
+def _slots(x, fn):
+    """A cache write's slot mapping as (what keeps its memory alive, attn_tensor): an int64
+    CUDA tensor as it is (contiguous, one dimension); anything else through _host_ints."""
+    if _is_torch(x) and x.device.type == "cuda":
+        if str(x.dtype) != "torch.int64" or x.dim() != 1 or not x.is_contiguous():
+            _fail(ATTN_ERROR_SHAPE_MISMATCH, "%s: slot_mapping is a CUDA tensor of %s, shape %s "
+                  "(allowed on the device: a contiguous one-dimensional torch.int64 tensor; or "
+                  "host ints)" % (fn, x.dtype, tuple(x.shape)))
+        return x, _tensor(x, "slot_mapping", fn)
+    a = _host_ints(x, "slot_mapping", fn, C.c_int64).reshape(-1)
+    return a, _tensor(a, "slot_mapping", fn)
 
 
 def _ptr(a, ctype):
@@ -1016,15 +1029,17 @@ class Layer(_Owned):
     # -- standard attention --
 
     def reshape_and_cache(self, key, value, kv_cache, slot_mapping, stream=None):
-        """Writes key/value [num_tokens, num_kv_heads, head_size] into kv_cache at
-        slot_mapping (host ints, -1 skips; num_tokens = len(slot_mapping))."""
+        """Writes key/value [>= num_tokens, num_kv_heads, head_size] into kv_cache at
+        slot_mapping (-1 skips; num_tokens = len(slot_mapping)): host ints (a list, numpy or
+        a CPU tensor), or, for a CUDA layer, an int64 CUDA tensor used in place (no copy;
+        checked on the device: a slot out of range makes the write a no-op)."""
         fn = "reshape_and_cache"
-        slots = _host_ints(slot_mapping, "slot_mapping", fn, C.c_int64).reshape(-1)
+        slots, ts = _slots(slot_mapping, fn)
         tk, tv = _tensor(key, "key", fn), _tensor(value, "value", fn)
         tc = _tensor(kv_cache, "kv_cache", fn, write=True, cache_dtype=self._kv_dtype)
         self._check(library().attn_reshape_and_cache(
-            self._live(), tk, tv, tc, _ptr(slots, C.c_int64), slots.size,
-            _stream(stream, kv_cache, key)))
+            self._live(), tk, tv, tc, ts, _stream(stream, kv_cache, key)))
+        del slots
 
     def forward(self, meta, q, kv_cache, out=None, lse=None, k=None, v=None, stream=None):
         """Attention of a built batch. q [num_tokens, num_heads, head_size]; k, v: None
@@ -1048,14 +1063,15 @@ class Layer(_Owned):
 
     def concat_and_cache_mla(self, kv_c, k_pe, kv_cache, slot_mapping, stream=None):
         """Writes kv_c [num_tokens, kv_lora_rank] and k_pe [num_tokens, qk_rope_head_dim]
-        into the latent cache at slot_mapping (host ints, -1 skips)."""
+        into the latent cache at slot_mapping (as reshape_and_cache's: host ints, or an
+        int64 CUDA tensor for a CUDA layer; -1 skips)."""
         fn = "concat_and_cache_mla"
-        slots = _host_ints(slot_mapping, "slot_mapping", fn, C.c_int64).reshape(-1)
+        slots, ts = _slots(slot_mapping, fn)
         self._check(library().attn_concat_and_cache_mla(
             self._live(), _tensor(kv_c, "kv_c", fn), _tensor(k_pe, "k_pe", fn),
-            _tensor(kv_cache, "kv_cache", fn, write=True, cache_dtype=self._kv_dtype),
-            _ptr(slots, C.c_int64), slots.size,
+            _tensor(kv_cache, "kv_cache", fn, write=True, cache_dtype=self._kv_dtype), ts,
             _stream(stream, kv_cache, kv_c)))
+        del slots
 
     def mla_forward_mqa(self, meta, q, kv_cache, out_latent, q_pe=None, lse=None, stream=None):
         """Absorbed decode of the batch's decode tokens: q [.., num_heads, head_size] with

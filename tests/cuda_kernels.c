@@ -32,6 +32,9 @@
 #define _POSIX_C_SOURCE 200809L
 #define ATTN_IMPLEMENTATION
 #include "attn.h"
+
+/* The address of a host slot-mapping view over n slots (a compound literal of the block). */
+#define ATTN_SLOTS(s, n) (&(attn_tensor[1]){attn_tensor_slots((s), (n))}[0])
 #include "tools/tool_support.h"
 
 #include <dlfcn.h>
@@ -717,7 +720,7 @@ static void test_cache_write(int cases) {
             vt = attn_tensor_make((char *)vh + mis * ein, din, 3, s3);
             vt.strides[0] = (int64_t)row; vt.strides[1] = D; vt.strides[2] = 1;
             ct = attn_tensor_make(cpu, dc, ndim, shape);
-            if (attn_reshape_and_cache(layer, &kt, &vt, &ct, slots, T, NULL) != ATTN_OK) { failed++; attn_layer_destroy(layer); continue; }
+            if (attn_reshape_and_cache(layer, &kt, &vt, &ct, ATTN_SLOTS(slots, T), NULL) != ATTN_OK) { failed++; attn_layer_destroy(layer); continue; }
         }
         snprintf(defs, sizeof defs, "HEAD_DIM=%d DT_IN=%d DT_CACHE=%d", D, dcode(din), dcode(dc));
         {
@@ -786,7 +789,7 @@ static void test_cache_write(int cases) {
             s2[1] = P;
             pt = attn_tensor_make((char *)ph + mis * ein, din, 2, s2);
             kt = attn_tensor_make(cpu, dc, ndim, shape);
-            if (attn_concat_and_cache_mla(layer, &ct, &pt, &kt, slots, T, NULL) != ATTN_OK) {
+            if (attn_concat_and_cache_mla(layer, &ct, &pt, &kt, ATTN_SLOTS(slots, T), NULL) != ATTN_OK) {
                 printf("FAIL MLA write (CPU): %s\n", attn_context_last_error(context));
                 failed++;
                 attn_layer_destroy(layer);

@@ -22,6 +22,9 @@
 #define ATTN_IMPLEMENTATION
 #include "attn.h"
 
+/* The address of a host slot-mapping view over n slots (a compound literal of the block). */
+#define ATTN_SLOTS(s, n) (&(attn_tensor[1]){attn_tensor_slots((s), (n))}[0])
+
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -774,8 +777,7 @@ static void fz_std_cache_write(fz_in *in, fz_world *w) {
                                fz_slot_blocks(slots, n, d->block_size), FZ_DENSE | FZ_IN_ARGS))
         return;
     if (neg < 8) n = (neg & 1) ? -1 : INT32_MIN; /* a negative count reads nothing */
-    if (FZ_CALL(w->r, attn_reshape_and_cache(w->layer, fz_arg(&k), fz_arg(&v), fz_arg(&kv),
-                                             fz_byte(in) < 8 ? NULL : slots, n, NULL)) != ATTN_OK) {
+    if (FZ_CALL(w->r, attn_reshape_and_cache(w->layer, fz_arg(&k), fz_arg(&v), fz_arg(&kv), ATTN_SLOTS(fz_byte(in) < 8 ? NULL : slots, n), NULL)) != ATTN_OK) {
         FZ_REQUIRE(fz_unchanged(&kv), "a failed attn_reshape_and_cache wrote the cache");
         return;
     }
@@ -858,8 +860,7 @@ static void fz_mla_parts(fz_in *in, fz_world *w) {
         s[1] = P;
         if (!fz_tensor_decode(in, w->r, &qp, d->dtype, 2, s, FZ_AT_LEAST | FZ_IN_ARGS)) return;
         if (fz_byte(in) < 8) n = -1; /* a negative count reads nothing */
-        st = FZ_CALL(w->r, attn_concat_and_cache_mla(w->layer, fz_arg(&q), fz_arg(&qp), fz_arg(&kv),
-                                                     fz_byte(in) < 8 ? NULL : slots, n, NULL));
+        st = FZ_CALL(w->r, attn_concat_and_cache_mla(w->layer, fz_arg(&q), fz_arg(&qp), fz_arg(&kv), ATTN_SLOTS(fz_byte(in) < 8 ? NULL : slots, n), NULL));
         if (st != ATTN_OK) FZ_REQUIRE(fz_unchanged(&kv), "a failed MLA cache write wrote the cache");
         else fz_check_cache_slots(&kv, slots, n, d->block_size, 1,
                                   (size_t)d->head_size * fz_esize(d->kv_cache_dtype));
@@ -920,7 +921,7 @@ static void fz_wrong_calls(fz_in *in, fz_world *w, int built) {
             FZ_REQUIRE(st == ATTN_ERROR_INVALID_METADATA, "MLA call on unbuilt metadata: %s", attn_status_string(st));
             st = FZ_CALL(w->r, attn_layer_forward(w->layer, w->meta, &t, NULL, NULL, &t, &t, NULL, NULL));
             FZ_REQUIRE(st == ATTN_ERROR_UNSUPPORTED, "attn_layer_forward on MLA: %s", attn_status_string(st));
-            st = FZ_CALL(w->r, attn_reshape_and_cache(w->layer, &t, &t, &t, &slot, 1, NULL));
+            st = FZ_CALL(w->r, attn_reshape_and_cache(w->layer, &t, &t, &t, ATTN_SLOTS(&slot, 1), NULL));
             FZ_REQUIRE(st == ATTN_ERROR_UNSUPPORTED, "attn_reshape_and_cache on MLA: %s", attn_status_string(st));
         } else {
             st = FZ_CALL(w->r, attn_layer_forward(w->layer, w->meta, &t, NULL, NULL, &t, &t, NULL, NULL));
@@ -931,7 +932,7 @@ static void fz_wrong_calls(fz_in *in, fz_world *w, int built) {
             FZ_REQUIRE(st == ATTN_ERROR_UNSUPPORTED, "MLA prefill on a standard layer: %s", attn_status_string(st));
             st = FZ_CALL(w->r, attn_mla_forward(w->layer, w->meta, &t, &t, NULL, NULL, &t, &t, &t, &t, NULL));
             FZ_REQUIRE(st == ATTN_ERROR_UNSUPPORTED, "attn_mla_forward on a standard layer: %s", attn_status_string(st));
-            st = FZ_CALL(w->r, attn_concat_and_cache_mla(w->layer, &t2, &t2, &t, &slot, 1, NULL));
+            st = FZ_CALL(w->r, attn_concat_and_cache_mla(w->layer, &t2, &t2, &t, ATTN_SLOTS(&slot, 1), NULL));
             FZ_REQUIRE(st == ATTN_ERROR_UNSUPPORTED, "MLA cache write on a standard layer: %s", attn_status_string(st));
         }
     } else { /* a layer that differs in one field */

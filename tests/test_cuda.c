@@ -155,7 +155,7 @@ static int cu_fill_by_write(attn_layer *cpu, void *cache, attn_dtype kv_dt, int 
         cu_fill(hk, dt, n, 2.0f);
         cu_fill(hv, dt, n, 2.0f);
         for (s = 0; s < all; s++) hs[s] = s;
-        ok = attn_reshape_and_cache(cpu, &tk, &tv, &tc, hs, (int)all, NULL) == ATTN_OK;
+        ok = attn_reshape_and_cache(cpu, &tk, &tv, &tc, ATTN_TEST_SLOTS(hs, (int)all), NULL) == ATTN_OK;
     }
     free(hk); free(hv); free(hs);
     return ok;
@@ -731,7 +731,7 @@ ATTN_TEST(cuda_host_tensor_refused) {
         cache.data = (char *)dcache + 8; /* a cache that does not start on 16 bytes: refused before any launch */
         EXPECT_STATUS(attn_layer_forward(gpu, m, &q, NULL, NULL, &cache, &q, NULL, NULL), ATTN_ERROR_INVALID_VALUE);
         EXPECT_TRUE(strstr(attn_context_last_error(ctx), "not 16-byte aligned") != NULL);
-        EXPECT_STATUS(attn_reshape_and_cache(gpu, &q, &q, &cache, slots, 1, NULL), ATTN_ERROR_INVALID_VALUE);
+        EXPECT_STATUS(attn_reshape_and_cache(gpu, &q, &q, &cache, ATTN_TEST_SLOTS(slots, 1), NULL), ATTN_ERROR_INVALID_VALUE);
         EXPECT_TRUE(strstr(attn_context_last_error(ctx), "kv_cache.data") != NULL);
     } else {
         EXPECT_TRUE(0);
@@ -1187,6 +1187,150 @@ done:
     if (cg.lib) dlclose(cg.lib);
 }
 
+/* A cache write from device slots (vLLM's slot_mapping tensor) and a forward captured in
+   one CUDA graph, replayed after new builds with new slots, keys and values written into the
+   same device buffers: the cache bytes and the outputs follow, against the CPU layer doing
+   the same from host slots. Then a device slot out of range: the write writes nothing. */
+ATTN_TEST(cuda_graph_cache_write_from_device_slots) {
+    enum { H = 8, HKV = 2, D = 64, BS = 16, MAXR = 4, MAXT = 8, MAXB = 8, NB = 40 };
+    attn_test_log log;
+    attn_context *ctx = cu_ctx(&log);
+    void *graph = NULL, *exec = NULL;
+    cu_graph_api cg;
+    attn_layer_desc d;
+    attn_layer *cpu = NULL, *gpu = NULL;
+    attn_metadata *mc = NULL, *mg = NULL;
+    attn_metadata_desc md;
+    cu_buf q, k, v, kv, out, sl;
+    int64_t shape[ATTN_MAX_DIMS], one[1];
+    int ndim = 0, round, bad = 0, x;
+    int32_t bt[MAXR * MAXB];
+    size_t cbytes = (size_t)NB * 2 * BS * HKV * D * 2;
+    static uint16_t cpu_out[MAXT * H * D], gpu_out[MAXT * H * D];
+    unsigned char *ref = NULL;
+    memset(&q, 0, sizeof q); memset(&k, 0, sizeof k); memset(&v, 0, sizeof v);
+    memset(&kv, 0, sizeof kv); memset(&out, 0, sizeof out); memset(&sl, 0, sizeof sl);
+    CU_SKIP_IF_NO_GPU(ctx);
+    switch (cu_graph_open(&cg)) {
+    case 1: attn_context_destroy(ctx); SKIP("libcuda.so.1 not loadable by the test");
+    case -1: goto done;
+    }
+    memset(&d, 0, sizeof d);
+    d.num_heads = H; d.num_kv_heads = HKV; d.head_size = D; d.dtype = ATTN_DTYPE_BF16; d.block_size = BS;
+    memset(&md, 0, sizeof md);
+    md.max_num_reqs = MAXR; md.max_num_tokens = MAXT; md.max_blocks_per_req = MAXB; md.num_blocks = NB;
+    if (!cu_layer_pair(ctx, &d, &md, &cpu, &gpu, &mc, &mg)) goto done;
+    attn_layer_kv_cache_shape(gpu, NB, shape, &ndim);
+    ref = (unsigned char *)malloc(cbytes);
+    if (!ref || !cu_buf_make(ctx, &q, sizeof cpu_out) || !cu_buf_make(ctx, &out, sizeof cpu_out) ||
+        !cu_buf_make(ctx, &k, (size_t)MAXT * HKV * D * 2) || !cu_buf_make(ctx, &v, (size_t)MAXT * HKV * D * 2) ||
+        !cu_buf_make(ctx, &sl, MAXT * 8) || !cu_buf_make(ctx, &kv, cbytes)) goto done;
+    cu_fill(kv.host, ATTN_DTYPE_BF16, cbytes / 2, 2.0f); /* every earlier token's K/V */
+    memcpy(ref, kv.host, cbytes);
+    if (!cu_up(ctx, &kv)) goto done;
+    for (x = 0; x < MAXR * MAXB; x++) bt[x] = (x * 7 + 3) % NB; /* distinct blocks per request */
+    for (round = 0; round < 4 && !bad; round++) {
+        /* 4 requests: three decodes and (rounds 1, 3) a prefill of 5 tokens; every new
+           token's slot from the block table */
+        int32_t qsl[MAXR + 1], seq[MAXR];
+        int64_t *hs = (int64_t *)sl.host;
+        int r, t, maxq = 0, maxs = 0;
+        attn_batch b;
+        attn_tensor hq = cu_tensor(q.host, ATTN_DTYPE_BF16, 3, MAXT, H, D, 0);
+        attn_tensor ho = cu_tensor(cpu_out, ATTN_DTYPE_BF16, 3, MAXT, H, D, 0);
+        attn_tensor hc = attn_tensor_make(ref, ATTN_DTYPE_BF16, ndim, shape);
+        attn_tensor gq = cu_tensor(q.dev, ATTN_DTYPE_BF16, 3, MAXT, H, D, 1);
+        attn_tensor go = cu_tensor(out.dev, ATTN_DTYPE_BF16, 3, MAXT, H, D, 1);
+        attn_tensor gk = cu_tensor(k.dev, ATTN_DTYPE_BF16, 3, MAXT, HKV, D, 1);
+        attn_tensor gv = cu_tensor(v.dev, ATTN_DTYPE_BF16, 3, MAXT, HKV, D, 1);
+        attn_tensor hk = cu_tensor(k.host, ATTN_DTYPE_BF16, 3, MAXT, HKV, D, 0);
+        attn_tensor hv = cu_tensor(v.host, ATTN_DTYPE_BF16, 3, MAXT, HKV, D, 0);
+        attn_tensor gc = attn_tensor_make(kv.dev, ATTN_DTYPE_BF16, ndim, shape);
+        attn_tensor gs;
+        gc.device.kind = ATTN_DEVICE_CUDA;
+        qsl[0] = 0;
+        for (r = 0; r < MAXR; r++) {
+            int ql = r == 3 && round % 2 ? 5 : 1;
+            seq[r] = 20 + 9 * r + 13 * round;
+            qsl[r + 1] = qsl[r] + ql;
+            maxq = ql > maxq ? ql : maxq;
+            maxs = seq[r] > maxs ? seq[r] : maxs;
+            for (t = 0; t < ql; t++) {
+                int pos = seq[r] - ql + t;
+                hs[qsl[r] + t] = (int64_t)bt[r * MAXB + pos / BS] * BS + pos % BS;
+            }
+        }
+        for (t = qsl[MAXR]; t < MAXT; t++) hs[t] = -1; /* the capacity's padding rows */
+        one[0] = MAXT; /* the captured write covers the capacity; padding slots skip */
+        gs = attn_tensor_make(sl.dev, ATTN_DTYPE_INT64, 1, one);
+        gs.device.kind = ATTN_DEVICE_CUDA;
+        cu_fill(q.host, ATTN_DTYPE_BF16, MAXT * H * D, 2.0f);
+        cu_fill(k.host, ATTN_DTYPE_BF16, MAXT * HKV * D, 2.0f);
+        cu_fill(v.host, ATTN_DTYPE_BF16, MAXT * HKV * D, 2.0f);
+        if (!cu_up(ctx, &q) || !cu_up(ctx, &k) || !cu_up(ctx, &v) || !cu_up(ctx, &sl)) { bad++; break; }
+        memset(&b, 0, sizeof b);
+        b.query_start_loc = qsl; b.seq_lens = seq; b.block_table = bt; b.block_table_stride = MAXB;
+        b.num_reqs = MAXR; b.num_actual_tokens = qsl[MAXR]; b.max_query_len = maxq; b.max_seq_len = maxs;
+        b.slot_mapping = hs;
+        b.stream = cg.stream;
+        EXPECT_OK(attn_metadata_build(mc, 0, &b, 0));
+        EXPECT_OK(attn_metadata_build(mg, 0, &b, 0));
+        if (round == 0) { /* capture once: the write from the slot tensor, then the forward */
+            EXPECT_EQ_INT(cg.begin(cg.stream, 2 /* relaxed */), 0);
+            EXPECT_OK(attn_reshape_and_cache(gpu, &gk, &gv, &gc, &gs, cg.stream));
+            EXPECT_OK(attn_layer_forward(gpu, mg, &gq, NULL, NULL, &gc, &go, NULL, cg.stream));
+            EXPECT_EQ_INT(cg.end(cg.stream, &graph), 0);
+            if (!graph || cg.instantiate(&exec, graph, 0) != 0) {
+                attn_test_fail(__FILE__, __LINE__, "graph capture / instantiate failed");
+                bad++;
+                break;
+            }
+        }
+        EXPECT_OK(attn_reshape_and_cache(cpu, &hk, &hv, &hc, ATTN_TEST_SLOTS(hs, qsl[MAXR]), NULL));
+        {
+            char what[32];
+            snprintf(what, sizeof what, "round %d", round);
+            bad += cu_replay_matches_cpu(ctx, &cg, exec, &out, cpu, mc, &hq, &hc, &ho, cpu_out, gpu_out,
+                                         qsl[MAXR] * H * D, 3e-2f, 1e-2f, what);
+        }
+        if (cu_down(ctx, &kv, kv.host) && memcmp(kv.host, ref, cbytes) != 0) {
+            attn_test_fail(__FILE__, __LINE__, "round %d: the cache written from device slots differs from the CPU's",
+                           round);
+            bad++;
+        }
+    }
+    /* a slot out of range among good ones: no CTA writes (the cache keeps its bytes) */
+    if (!bad) {
+        int64_t *hs = (int64_t *)sl.host;
+        attn_tensor gk = cu_tensor(k.dev, ATTN_DTYPE_BF16, 3, MAXT, HKV, D, 1);
+        attn_tensor gv = cu_tensor(v.dev, ATTN_DTYPE_BF16, 3, MAXT, HKV, D, 1);
+        attn_tensor gc = attn_tensor_make(kv.dev, ATTN_DTYPE_BF16, ndim, shape), gs;
+        gc.device.kind = ATTN_DEVICE_CUDA;
+        for (x = 0; x < MAXT; x++) hs[x] = x;
+        hs[MAXT - 1] = (int64_t)NB * BS; /* one past the last slot */
+        one[0] = MAXT;
+        gs = attn_tensor_make(sl.dev, ATTN_DTYPE_INT64, 1, one);
+        gs.device.kind = ATTN_DEVICE_CUDA;
+        cu_fill(k.host, ATTN_DTYPE_BF16, MAXT * HKV * D, 2.0f);
+        EXPECT_TRUE(cu_up(ctx, &sl) && cu_up(ctx, &k));
+        EXPECT_OK(attn_reshape_and_cache(gpu, &gk, &gv, &gc, &gs, NULL));
+        EXPECT_OK(attn_cuda_synchronize(ctx, NULL));
+        EXPECT_TRUE(cu_down(ctx, &kv, kv.host) && memcmp(kv.host, ref, cbytes) == 0);
+    }
+    EXPECT_EQ_INT(bad, 0);
+done:
+    if (exec) cg.exec_destroy(exec);
+    if (graph) cg.graph_destroy(graph);
+    cu_graph_close(&cg);
+    cu_buf_free(ctx, &q); cu_buf_free(ctx, &k); cu_buf_free(ctx, &v); cu_buf_free(ctx, &kv);
+    cu_buf_free(ctx, &out); cu_buf_free(ctx, &sl);
+    free(ref);
+    attn_metadata_destroy(mc); attn_metadata_destroy(mg);
+    attn_layer_destroy(cpu); attn_layer_destroy(gpu);
+    attn_context_destroy(ctx);
+    if (cg.lib) dlclose(cg.lib);
+}
+
 /* An fp8 layer whose scales are device floats (vLLM's k_scale / v_scale tensors): a forward
    captured once in a CUDA graph and replayed after the scales change reads the new values
    (against a CPU layer reading host floats changed alike). */
@@ -1615,7 +1759,7 @@ ATTN_TEST(cuda_stream_of_another_context_refused) {
         EXPECT_STATUS(attn_layer_forward(gpu, m, &q, NULL, NULL, &cache, &out, NULL, stream), ATTN_ERROR_INVALID_VALUE);
         EXPECT_TRUE(strstr(attn_context_last_error(ctx), "attn_layer_forward: stream") != NULL);
         EXPECT_STATUS(attn_layer_forward(gpu, m, &q, &q, &q, &cache, &out, NULL, stream), ATTN_ERROR_INVALID_VALUE);
-        EXPECT_STATUS(attn_reshape_and_cache(gpu, &q, &q, &cache, slots, 1, stream), ATTN_ERROR_INVALID_VALUE);
+        EXPECT_STATUS(attn_reshape_and_cache(gpu, &q, &q, &cache, ATTN_TEST_SLOTS(slots, 1), stream), ATTN_ERROR_INVALID_VALUE);
         EXPECT_STATUS(attn_cuda_memcpy(ctx, dout, dq, 256, ATTN_COPY_DEVICE_TO_DEVICE, stream), ATTN_ERROR_INVALID_VALUE);
         EXPECT_STATUS(attn_cuda_synchronize(ctx, stream), ATTN_ERROR_INVALID_VALUE);
         {
@@ -1985,7 +2129,7 @@ typedef struct cu_write_case {
     int kv_heads, head, pth;
 } cu_write_case;
 
-ATTN_TEST(cuda_cache_writes_from_host_slots) {
+ATTN_TEST(cuda_cache_writes_match_cpu) {
     static const cu_write_case cases[] = {
         {ATTN_DTYPE_F16, ATTN_DTYPE_F16, 8, 128, 0},
         {ATTN_DTYPE_BF16, ATTN_DTYPE_FP8_E4M3, 4, 64, 0},
@@ -1997,6 +2141,7 @@ ATTN_TEST(cuda_cache_writes_from_host_slots) {
     attn_context *ctx = cu_ctx(&log);
     cu_busy bz;
     int64_t slots[NTOK], perm[BLOCKS * BS];
+    void *dslots = NULL;
     size_t c;
     int i;
     CU_SKIP_IF_NO_GPU(ctx);
@@ -2012,6 +2157,9 @@ ATTN_TEST(cuda_cache_writes_from_host_slots) {
         int64_t t = perm[i]; perm[i] = perm[j]; perm[j] = t;
     }
     for (i = 0; i < NTOK; i++) slots[i] = i % 7 == 3 ? -1 : perm[i];
+    if (attn_cuda_malloc(ctx, sizeof slots, &dslots) != ATTN_OK ||
+        attn_cuda_memcpy(ctx, dslots, slots, sizeof slots, ATTN_COPY_HOST_TO_DEVICE, NULL) != ATTN_OK)
+        EXPECT_TRUE(0);
     for (c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const cu_write_case *w = &cases[c];
         attn_layer_desc d;
@@ -2050,14 +2198,26 @@ ATTN_TEST(cuda_cache_writes_from_host_slots) {
                 dv = cu_tensor(v.dev, w->dt, 3, NTOK, w->kv_heads, w->head, 1);
                 dc = attn_tensor_make(kv.dev, w->kv_dt, ndim, shape);
                 dc.device.kind = ATTN_DEVICE_CUDA;
-                EXPECT_OK(attn_reshape_and_cache(cpu, &hk, &hv, &hc, slots, NTOK, NULL));
-                CU_WRITE_WHILE_BUSY(&bz, attn_reshape_and_cache(gpu, &dk, &dv, &dc, slots, NTOK, bz.g.stream));
+                EXPECT_OK(attn_reshape_and_cache(cpu, &hk, &hv, &hc, ATTN_TEST_SLOTS(slots, NTOK), NULL));
+                CU_WRITE_WHILE_BUSY(&bz, attn_reshape_and_cache(gpu, &dk, &dv, &dc, ATTN_TEST_SLOTS(slots, NTOK), bz.g.stream));
                 EXPECT_TRUE(cu_down(ctx, &kv, kv.host));
                 if (memcmp(kv.host, ref, cbytes) != 0) {
                     size_t at = 0;
                     while (((unsigned char *)kv.host)[at] == ((unsigned char *)ref)[at]) at++;
                     attn_test_fail(__FILE__, __LINE__, "case %d: the GPU cache differs from the CPU's at byte %zu of %zu",
                                    (int)c, at, cbytes);
+                }
+                /* the same from device slots (one checked launch) */
+                if (dslots) {
+                    attn_tensor ds = attn_tensor_slots((const int64_t *)dslots, NTOK);
+                    ds.device.kind = ATTN_DEVICE_CUDA;
+                    memset(kv.host, 0x5a, cbytes);
+                    EXPECT_TRUE(cu_up(ctx, &kv));
+                    CU_WRITE_WHILE_BUSY(&bz, attn_reshape_and_cache(gpu, &dk, &dv, &dc, &ds, bz.g.stream));
+                    EXPECT_TRUE(cu_down(ctx, &kv, kv.host));
+                    if (memcmp(kv.host, ref, cbytes) != 0)
+                        attn_test_fail(__FILE__, __LINE__, "case %d: the cache written from device slots differs from "
+                                       "the CPU's", (int)c);
                 }
             } else {
                 EXPECT_TRUE(0);
@@ -2095,10 +2255,19 @@ ATTN_TEST(cuda_cache_writes_from_host_slots) {
             memset(kv.host, 0x5a, cbytes);
             memset(ref, 0x5a, cbytes);
             EXPECT_TRUE(cu_up(ctx, &kc) && cu_up(ctx, &kp) && cu_up(ctx, &kv));
-            EXPECT_OK(attn_concat_and_cache_mla(cpu, &hkc, &hkp, &hc, slots, NTOK, NULL));
-            CU_WRITE_WHILE_BUSY(&bz, attn_concat_and_cache_mla(gpu, &dkc, &dkp, &dc, slots, NTOK, bz.g.stream));
+            EXPECT_OK(attn_concat_and_cache_mla(cpu, &hkc, &hkp, &hc, ATTN_TEST_SLOTS(slots, NTOK), NULL));
+            CU_WRITE_WHILE_BUSY(&bz, attn_concat_and_cache_mla(gpu, &dkc, &dkp, &dc, ATTN_TEST_SLOTS(slots, NTOK), bz.g.stream));
             EXPECT_TRUE(cu_down(ctx, &kv, kv.host));
             EXPECT_TRUE(memcmp(kv.host, ref, cbytes) == 0);
+            if (dslots) { /* from device slots */
+                attn_tensor ds = attn_tensor_slots((const int64_t *)dslots, NTOK);
+                ds.device.kind = ATTN_DEVICE_CUDA;
+                memset(kv.host, 0x5a, cbytes);
+                EXPECT_TRUE(cu_up(ctx, &kv));
+                CU_WRITE_WHILE_BUSY(&bz, attn_concat_and_cache_mla(gpu, &dkc, &dkp, &dc, &ds, bz.g.stream));
+                EXPECT_TRUE(cu_down(ctx, &kv, kv.host));
+                EXPECT_TRUE(memcmp(kv.host, ref, cbytes) == 0);
+            }
         } else {
             EXPECT_TRUE(0);
         }
@@ -2108,6 +2277,7 @@ ATTN_TEST(cuda_cache_writes_from_host_slots) {
         attn_layer_destroy(gpu);
     }
     cu_busy_close(&bz);
+    attn_cuda_free(ctx, dslots);
     attn_context_destroy(ctx);
 }
 
@@ -2119,10 +2289,11 @@ void suite_cuda(void) {
     ATTN_RUN(cuda_fp8_graph_replays_new_scales);
     ATTN_RUN(cuda_forward_matches_cpu);
     ATTN_RUN(cuda_host_tensor_refused);
-    ATTN_RUN(cuda_cache_writes_from_host_slots);
+    ATTN_RUN(cuda_cache_writes_match_cpu);
     ATTN_RUN(cuda_merge_matches_cpu);
     ATTN_RUN(cuda_layers_share_compiled_variants);
     ATTN_RUN(cuda_graph_replays_after_new_builds);
+    ATTN_RUN(cuda_graph_cache_write_from_device_slots);
     ATTN_RUN(cuda_batch_invariant_rows);
     ATTN_RUN(cuda_metadata_of_other_kernels_refused);
     ATTN_RUN(cuda_kernel_cache_faults_survived);

@@ -478,7 +478,7 @@ static fresult run_case(const fcase *c, rng *r, int keep_out) {
     shape[0] = nctx; shape[1] = HK; shape[2] = D;
     tkc = attn_tensor_make(kc, c->dtype, 3, shape);
     tvc = attn_tensor_make(vc, c->dtype, 3, shape);
-    if (nctx > 0) EXPECT_OK(attn_reshape_and_cache(layer, &tkc, &tvc, &tcache, ctx_slots, nctx, NULL));
+    if (nctx > 0) EXPECT_OK(attn_reshape_and_cache(layer, &tkc, &tvc, &tcache, ATTN_TEST_SLOTS(ctx_slots, nctx), NULL));
 
     /* new tokens: q, k, v rows in batch order, padding rows at the end */
     {
@@ -515,7 +515,7 @@ static fresult run_case(const fcase *c, rng *r, int keep_out) {
         tlse = attn_tensor_make(lse, ATTN_DTYPE_F32, 2, shape);
     }
     if (!c->write_in_forward && ntok > 0)
-        EXPECT_OK(attn_reshape_and_cache(layer, &tk, &tv, &tcache, slots, ntok, NULL));
+        EXPECT_OK(attn_reshape_and_cache(layer, &tk, &tv, &tcache, ATTN_TEST_SLOTS(slots, ntok), NULL));
 
     memset(&md, 0, sizeof md);
     md.max_num_reqs = c->num_reqs + 1;
@@ -804,7 +804,7 @@ ATTN_TEST(test_forward_per_token_head_layout) {
     shape[0] = T; shape[1] = HK; shape[2] = D;
     tk = attn_tensor_make(kf, ATTN_DTYPE_F32, 3, shape);
     tv = attn_tensor_make(vf, ATTN_DTYPE_F32, 3, shape);
-    EXPECT_OK(attn_reshape_and_cache(layer, &tk, &tv, &tc, slots, T, NULL));
+    EXPECT_OK(attn_reshape_and_cache(layer, &tk, &tv, &tc, ATTN_TEST_SLOTS(slots, T), NULL));
     for (t = 0; t < 2; t++)
         for (h = 0; h < HK; h++) {
             int kvi;
@@ -849,7 +849,7 @@ ATTN_TEST(test_forward_per_token_head_layout) {
             shape[0] = 1;
             tk = attn_tensor_make(kf, ATTN_DTYPE_F32, 3, shape);
             tv = attn_tensor_make(vf, ATTN_DTYPE_F32, 3, shape);
-            EXPECT_OK(attn_reshape_and_cache(layer, &tk, &tv, &tc, &one, 1, NULL));
+            EXPECT_OK(attn_reshape_and_cache(layer, &tk, &tv, &tc, ATTN_TEST_SLOTS(&one, 1), NULL));
             memcpy(&stored, cache + (size_t)BS * HK * D + (size_t)(7 * HK) * 4, 4); /* block 0, K, row 7, head 0 */
             EXPECT_TRUE(stored != stored);
             memcpy(&stored, cache + (size_t)BS * HK * D + (size_t)(7 * HK + 1) * 4, 4); /* head 1: finite */
@@ -932,7 +932,7 @@ ATTN_TEST(test_forward_fp8_scales) {
     tq = attn_tensor_make(q_f, ATTN_DTYPE_F32, 3, shape);
     to = attn_tensor_make(out1, ATTN_DTYPE_F32, 3, shape);
     tl = attn_tensor_make(lse, ATTN_DTYPE_F32, 2, shape);
-    EXPECT_OK(attn_reshape_and_cache(layer, &tk, &tv, &tc, slots, L, NULL));
+    EXPECT_OK(attn_reshape_and_cache(layer, &tk, &tv, &tc, ATTN_TEST_SLOTS(slots, L), NULL));
     /* the cache holds x / scale: K with k_scale, V with v_scale */
     EXPECT_EQ_INT(cache[(size_t)(1 * 2 + 0) * BS * H * D], attn_f32_to_fp8_e4m3(kv_f[0] / ks));
     EXPECT_EQ_INT(cache[(size_t)(1 * 2 + 1) * BS * H * D], attn_f32_to_fp8_e4m3(kv_f[0] / vs));
@@ -960,7 +960,7 @@ ATTN_TEST(test_forward_fp8_scales) {
         st = attn_layer_forward(layer, meta, &tq, &tk, &tv, &tc, &to, &tl, NULL);
         EXPECT_STATUS(st, ATTN_ERROR_INVALID_VALUE);
         EXPECT_TRUE(strstr(attn_context_last_error(ctx), "v_scale.ptr holds") != NULL);
-        EXPECT_STATUS(attn_reshape_and_cache(layer, &tk, &tv, &tc, slots, L, NULL), ATTN_ERROR_INVALID_VALUE);
+        EXPECT_STATUS(attn_reshape_and_cache(layer, &tk, &tv, &tc, ATTN_TEST_SLOTS(slots, L), NULL), ATTN_ERROR_INVALID_VALUE);
         EXPECT_TRUE(memcmp(cache, cache_copy, sizeof cache) == 0);
         EXPECT_TRUE(((const uint8_t *)outb)[0] == 0x55 && ((const uint8_t *)outb)[sizeof outb - 1] == 0x55);
         vs = saved;

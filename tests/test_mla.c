@@ -631,7 +631,7 @@ static int world_init(mworld *w, const mcfg *cfg) {
         tkc = won(w, attn_tensor_make(dkc, c->dt, 2, shape));
         shape[1] = ROPE;
         tkp = won(w, attn_tensor_make(dkp, c->dt, 2, shape));
-        EXPECT_OK(attn_concat_and_cache_mla(w->layer, &tkc, &tkp, &w->t_cache, cs, nctx, NULL));
+        EXPECT_OK(attn_concat_and_cache_mla(w->layer, &tkc, &tkp, &w->t_cache, ATTN_TEST_SLOTS(cs, nctx), NULL));
         wdown(w, NULL, dkc, 0);
         wdown(w, NULL, dkp, 0);
         free(kc);
@@ -662,7 +662,7 @@ static int world_init(mworld *w, const mcfg *cfg) {
         tkc = won(w, attn_tensor_make(dkc, c->dt, 2, shape));
         shape[1] = ROPE;
         tkp = won(w, attn_tensor_make(dkp, c->dt, 2, shape));
-        EXPECT_OK(attn_concat_and_cache_mla(w->layer, &tkc, &tkp, &w->t_cache, w->slots, w->ntok, NULL));
+        EXPECT_OK(attn_concat_and_cache_mla(w->layer, &tkc, &tkp, &w->t_cache, ATTN_TEST_SLOTS(w->slots, w->ntok), NULL));
         wdown(w, NULL, dkc, 0);
         wdown(w, NULL, dkp, 0);
     }
@@ -2913,23 +2913,23 @@ ATTN_TEST(test_mla_reject_calls) {
             slots[2] = (int64_t)w.nblocks * c.bs;
             for (x = 0; x < (int)w.cache_elems; x++) cache_copy[x] = ((float *)w.cache)[x];
             attn_test_log_reset(&wcap);
-            EXPECT_STATUS(attn_concat_and_cache_mla(w.layer, &tkc, &tkp, &w.t_cache, slots, 3, NULL),
+            EXPECT_STATUS(attn_concat_and_cache_mla(w.layer, &tkc, &tkp, &w.t_cache, ATTN_TEST_SLOTS(slots, 3), NULL),
                           ATTN_ERROR_INVALID_VALUE);
             EXPECT_TRUE(attn_test_log_has(&wcap, ATTN_LOG_INVALID_SLOT, ATTN_LOG_LEVEL_ERROR));
             slots[2] = -2;
-            EXPECT_STATUS(attn_concat_and_cache_mla(w.layer, &tkc, &tkp, &w.t_cache, slots, 3, NULL),
+            EXPECT_STATUS(attn_concat_and_cache_mla(w.layer, &tkc, &tkp, &w.t_cache, ATTN_TEST_SLOTS(slots, 3), NULL),
                           ATTN_ERROR_INVALID_VALUE);
             slots[2] = 7;
-            EXPECT_STATUS(attn_concat_and_cache_mla(w.layer, &tkc_bad, &tkp, &w.t_cache, slots, 3, NULL),
+            EXPECT_STATUS(attn_concat_and_cache_mla(w.layer, &tkc_bad, &tkp, &w.t_cache, ATTN_TEST_SLOTS(slots, 3), NULL),
                           ATTN_ERROR_SHAPE_MISMATCH);
-            EXPECT_STATUS(attn_concat_and_cache_mla(w.layer, &tkc, &tkp, &w.t_cache, slots, -1, NULL),
-                          ATTN_ERROR_INVALID_VALUE);
+            EXPECT_STATUS(attn_concat_and_cache_mla(w.layer, &tkc, &tkp, &w.t_cache, ATTN_TEST_SLOTS(slots, -1), NULL),
+                          ATTN_ERROR_SHAPE_MISMATCH);
             EXPECT_TRUE(memcmp(cache_copy, w.cache, w.cache_elems * sizeof(float)) == 0);
             /* -1 skips; the others land */
             slots[0] = -1;
             slots[1] = 3;
             slots[2] = -1;
-            EXPECT_OK(attn_concat_and_cache_mla(w.layer, &tkc, &tkp, &w.t_cache, slots, 3, NULL));
+            EXPECT_OK(attn_concat_and_cache_mla(w.layer, &tkc, &tkp, &w.t_cache, ATTN_TEST_SLOTS(slots, 3), NULL));
             EXPECT_TRUE(memcmp(cache_copy, w.cache, (size_t)3 * D * sizeof(float)) == 0);
             for (x = 0; x < R; x++)
                 EXPECT_TRUE(((float *)w.cache)[(size_t)3 * D + x] == ((float *)w.kvc_raw)[R + x]);
@@ -2939,7 +2939,7 @@ ATTN_TEST(test_mla_reject_calls) {
                                (w.cache_elems - (size_t)4 * D) * sizeof(float)) == 0);
             /* on a standard layer */
             if (std_layer)
-                EXPECT_STATUS(attn_concat_and_cache_mla(std_layer, &tkc, &tkp, &tsc, slots, 3, NULL),
+                EXPECT_STATUS(attn_concat_and_cache_mla(std_layer, &tkc, &tkp, &tsc, ATTN_TEST_SLOTS(slots, 3), NULL),
                               ATTN_ERROR_UNSUPPORTED);
         }
         /* metadata: unbuilt; of an MLA layer of another shape; no slot_mapping for a write;
@@ -3054,7 +3054,7 @@ ATTN_TEST(test_mla_reject_calls) {
             EXPECT_STATUS(attn_mla_forward_mqa(w.layer, std_meta, &tq, NULL, &w.t_cache, &to, &tl, NULL),
                           ATTN_ERROR_INVALID_METADATA);
             EXPECT_TRUE(attn_test_log_has(&wcap, ATTN_LOG_METADATA_MISMATCH, ATTN_LOG_LEVEL_ERROR));
-            EXPECT_STATUS(attn_reshape_and_cache(w.layer, &tsq, &tsq, &w.t_cache, w.slots, 1, NULL),
+            EXPECT_STATUS(attn_reshape_and_cache(w.layer, &tsq, &tsq, &w.t_cache, ATTN_TEST_SLOTS(w.slots, 1), NULL),
                           ATTN_ERROR_UNSUPPORTED);
             for (x = 0; x < (int)nq; x++)
                 if (o[x] == o[x]) {

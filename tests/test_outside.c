@@ -419,9 +419,9 @@ static attn_status out_b2_forward(const attn_backend *self, attn_layer *layer, c
     return ATTN_OK;
 }
 static attn_status out_b2_write(const attn_backend *self, attn_layer *layer, const attn_tensor *key,
-                                const attn_tensor *value, attn_tensor *kv_cache, const int64_t *slots, int n,
+                                const attn_tensor *value, attn_tensor *kv_cache, const attn_tensor *slots,
                                 void *stream) {
-    (void)self; (void)layer; (void)key; (void)value; (void)kv_cache; (void)slots; (void)n; (void)stream;
+    (void)self; (void)layer; (void)key; (void)value; (void)kv_cache; (void)slots; (void)stream;
     return ATTN_OK;
 }
 static int out_b2_shape(const attn_backend *self, const attn_layer_desc *d, int64_t num_blocks,
@@ -500,6 +500,53 @@ ATTN_TEST(out_lse_base_and_graph_level_enforced) {
     EXPECT_OK(attn_register_backend(ATTN_BACKEND_CUSTOM, NULL));
 }
 
+/* ---- issue 21: the cache writes take the slot mapping as a tensor ----------------------- */
+
+ATTN_TEST(out_slot_mapping_tensor_checked) {
+    attn_test_log log;
+    attn_context *ctx = attn_test_context(&log, ATTN_LOG_LEVEL_NONE, 1);
+    attn_layer_desc d;
+    attn_layer *layer = NULL;
+    float k[4 * 2 * 16], cache[2 * 2 * 16 * 2 * 16];
+    int64_t slots[8] = {0, 1, 2, 3, 4, 5, 6, 7}, sk[3] = {4, 2, 16}, sc[5] = {2, 2, 16, 2, 16}, two[2] = {2, 2};
+    int32_t slots32[4] = {0, 1, 2, 3};
+    attn_tensor tk, tc, sm;
+    int i;
+    REQUIRE(ctx != NULL);
+    memset(&d, 0, sizeof d);
+    d.num_heads = 2; d.head_size = 16; d.dtype = ATTN_DTYPE_F32;
+    REQUIRE_OK(attn_layer_create(ctx, &d, NULL, &layer));
+    for (i = 0; i < 4 * 2 * 16; i++) k[i] = (float)(i % 13) * 0.25f - 1.0f;
+    memset(cache, 0x7f, sizeof cache);
+    tk = attn_tensor_make(k, ATTN_DTYPE_F32, 3, sk);
+    tc = attn_tensor_make(cache, ATTN_DTYPE_F32, 5, sc);
+    /* slots of another element type (4-byte floats) */
+    sm = attn_tensor_make(slots32, ATTN_DTYPE_F32, 1, sk);
+    EXPECT_STATUS(attn_reshape_and_cache(layer, &tk, &tk, &tc, &sm, NULL), ATTN_ERROR_SHAPE_MISMATCH);
+    /* two dimensions */
+    sm = attn_tensor_make(slots, ATTN_DTYPE_INT64, 2, two);
+    EXPECT_STATUS(attn_reshape_and_cache(layer, &tk, &tk, &tc, &sm, NULL), ATTN_ERROR_SHAPE_MISMATCH);
+    /* every other slot (stride 2) */
+    sm = attn_tensor_slots(slots, 4);
+    sm.strides[0] = 2;
+    EXPECT_STATUS(attn_reshape_and_cache(layer, &tk, &tk, &tc, &sm, NULL), ATTN_ERROR_SHAPE_MISMATCH);
+    /* declared on a GPU for a CPU layer */
+    sm = attn_tensor_slots(slots, 4);
+    sm.device.kind = ATTN_DEVICE_CUDA;
+    EXPECT_STATUS(attn_reshape_and_cache(layer, &tk, &tk, &tc, &sm, NULL), ATTN_ERROR_SHAPE_MISMATCH);
+    EXPECT_TRUE(strstr(attn_context_last_error(ctx), "slot_mapping") != NULL);
+    /* more slots than key rows */
+    sm = attn_tensor_slots(slots, 8);
+    EXPECT_STATUS(attn_reshape_and_cache(layer, &tk, &tk, &tc, &sm, NULL), ATTN_ERROR_SHAPE_MISMATCH);
+    EXPECT_TRUE(out_all_bytes(cache, sizeof cache, 0x7f));
+    /* and the write that is right */
+    sm = attn_tensor_slots(slots, 4);
+    EXPECT_OK(attn_reshape_and_cache(layer, &tk, &tk, &tc, &sm, NULL));
+    EXPECT_TRUE(cache[0] == k[0] && cache[16] == k[16]); /* token 0, heads 0 and 1 */
+    attn_layer_destroy(layer);
+    attn_context_destroy(ctx);
+}
+
 void suite_outside(void) {
     ATTN_RUN(out_mla_metadata_of_other_widths_is_refused);
     ATTN_RUN(out_threads_failing_on_one_context_keep_their_messages);
@@ -507,4 +554,5 @@ void suite_outside(void) {
     ATTN_RUN(out_mla_messages_name_the_call_and_the_mla_scale);
     ATTN_RUN(out_no_cuda_build_opens_no_library);
     ATTN_RUN(out_lse_base_and_graph_level_enforced);
+    ATTN_RUN(out_slot_mapping_tensor_checked);
 }

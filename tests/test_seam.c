@@ -139,9 +139,9 @@ static attn_status sm_forward(const attn_backend *self, attn_layer *layer, const
     return ATTN_OK;
 }
 static attn_status sm_reshape(const attn_backend *self, attn_layer *layer, const attn_tensor *key,
-                              const attn_tensor *value, attn_tensor *kv, const int64_t *slots,
-                              int n, void *stream) {
-    (void)layer; (void)key; (void)value; (void)kv; (void)slots; (void)n; (void)stream;
+                              const attn_tensor *value, attn_tensor *kv, const attn_tensor *slots,
+                              void *stream) {
+    (void)layer; (void)key; (void)value; (void)kv; (void)slots; (void)stream;
     sm_hit(self, H_RESHAPE);
     return ATTN_OK;
 }
@@ -171,9 +171,9 @@ static attn_status sm_mla_forward(const attn_backend *self, attn_layer *layer, c
     return ATTN_OK;
 }
 static attn_status sm_concat(const attn_backend *self, attn_layer *layer, const attn_tensor *kv_c,
-                             const attn_tensor *k_pe, attn_tensor *kv, const int64_t *slots, int n,
+                             const attn_tensor *k_pe, attn_tensor *kv, const attn_tensor *slots,
                              void *stream) {
-    (void)layer; (void)kv_c; (void)k_pe; (void)kv; (void)slots; (void)n; (void)stream;
+    (void)layer; (void)kv_c; (void)k_pe; (void)kv; (void)slots; (void)stream;
     sm_hit(self, H_CONCAT);
     return ATTN_OK;
 }
@@ -314,7 +314,7 @@ ATTN_TEST(seam_plugin_every_standard_hook) {
         EXPECT_EQ_INT(sm_rec.calls[H_FORWARD], 1);
         EXPECT_EQ_INT(sm_rec.context_state_seen, 1);
         EXPECT_EQ_INT(sm_rec.layer_state_seen, 1);
-        EXPECT_OK(attn_reshape_and_cache(layer, &k, &k, &kv, sb.slots, 4, NULL));
+        EXPECT_OK(attn_reshape_and_cache(layer, &k, &k, &kv, ATTN_TEST_SLOTS(sb.slots, 4), NULL));
         EXPECT_EQ_INT(sm_rec.calls[H_RESHAPE], 1);
         /* the merge of CPU tensors runs on the first CPU backend with a merge: the plugin */
         {
@@ -324,7 +324,7 @@ ATTN_TEST(seam_plugin_every_standard_hook) {
             EXPECT_EQ_INT(sm_rec.calls[H_MERGE], 1);
         }
         /* the MLA entry points are refused before any hook of a standard layer */
-        EXPECT_STATUS(attn_concat_and_cache_mla(layer, &k, &k, &kv, sb.slots, 1, NULL), ATTN_ERROR_UNSUPPORTED);
+        EXPECT_STATUS(attn_concat_and_cache_mla(layer, &k, &k, &kv, ATTN_TEST_SLOTS(sb.slots, 1), NULL), ATTN_ERROR_UNSUPPORTED);
         EXPECT_EQ_INT(sm_rec.calls[H_CONCAT], 0);
     }
     attn_metadata_destroy(meta);
@@ -391,7 +391,7 @@ ATTN_TEST(seam_plugin_every_mla_hook) {
         kpe = sm_t(2, 4, 64, 1);
         EXPECT_OK(attn_mla_forward(layer, meta, &qn, &qpe, &kvc, &kpe, &kv, &wuk, &wuv, &out, NULL));
         EXPECT_EQ_INT(sm_rec.calls[H_MLA_FORWARD], 1);
-        EXPECT_OK(attn_concat_and_cache_mla(layer, &kvc, &kpe, &kv, sb.slots, 4, NULL));
+        EXPECT_OK(attn_concat_and_cache_mla(layer, &kvc, &kpe, &kv, ATTN_TEST_SLOTS(sb.slots, 4), NULL));
         EXPECT_EQ_INT(sm_rec.calls[H_CONCAT], 1);
         EXPECT_EQ_INT(sm_rec.calls[H_FORWARD], 0);
     }
@@ -772,7 +772,7 @@ ATTN_TEST(seam_no_allocation_after_create) {
         tc = attn_tensor_make(cache, ATTN_DTYPE_F32, 5, sc);
         EXPECT_OK(attn_layer_forward(layer, meta, &tq, &tk, &tk, &tc, &to, &tl, NULL));
         EXPECT_OK(attn_layer_forward(layer, meta, &tq, NULL, NULL, &tc, &to2, &tl2, NULL));
-        EXPECT_OK(attn_reshape_and_cache(layer, &tk, &tk, &tc, slots, ntok, NULL));
+        EXPECT_OK(attn_reshape_and_cache(layer, &tk, &tk, &tc, ATTN_TEST_SLOTS(slots, ntok), NULL));
         EXPECT_OK(attn_merge_attn_states(ctx, &to, &tl, ATTN_LSE_BASE_E, &to2, &tl2, ATTN_LSE_BASE_E,
                                          &to, &tl, ATTN_LSE_BASE_2, NULL));
         {
@@ -794,7 +794,7 @@ ATTN_TEST(seam_no_allocation_after_create) {
             c2[1] = 64;
             tp2 = attn_tensor_make(kpe, ATTN_DTYPE_F32, 2, c2);
             EXPECT_OK(attn_mla_forward(mla, mmeta, &tn, &tp, &tc2, &tp2, &tlat, &twk, &twv, &tmo, NULL));
-            EXPECT_OK(attn_concat_and_cache_mla(mla, &tc2, &tp2, &tlat, slots, ntok, NULL));
+            EXPECT_OK(attn_concat_and_cache_mla(mla, &tc2, &tp2, &tlat, ATTN_TEST_SLOTS(slots, ntok), NULL));
         }
     }
     EXPECT_EQ_INT((int)(attn_test_allocations - before), 0);

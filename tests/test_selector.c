@@ -89,8 +89,8 @@ static attn_status sel_plug_forward_mha(const attn_backend *self, attn_layer *la
 
 static attn_status sel_plug_cache(const attn_backend *self, attn_layer *layer, const attn_tensor *key,
                                   const attn_tensor *value, attn_tensor *kv_cache,
-                                  const int64_t *slots, int n, void *stream) {
-    (void)self; (void)layer; (void)key; (void)value; (void)kv_cache; (void)slots; (void)n; (void)stream;
+                                  const attn_tensor *slots, void *stream) {
+    (void)self; (void)layer; (void)key; (void)value; (void)kv_cache; (void)slots; (void)stream;
     return ATTN_ERROR_UNSUPPORTED; /* never run: selector tests only */
 }
 static attn_status sel_plug_mla_forward(const attn_backend *self, attn_layer *layer,
@@ -105,8 +105,8 @@ static attn_status sel_plug_mla_forward(const attn_backend *self, attn_layer *la
 }
 static attn_status sel_plug_latent(const attn_backend *self, attn_layer *layer, const attn_tensor *kv_c,
                                    const attn_tensor *k_pe, attn_tensor *kv_cache,
-                                   const int64_t *slots, int n, void *stream) {
-    (void)self; (void)layer; (void)kv_c; (void)k_pe; (void)kv_cache; (void)slots; (void)n; (void)stream;
+                                   const attn_tensor *slots, void *stream) {
+    (void)self; (void)layer; (void)kv_c; (void)k_pe; (void)kv_cache; (void)slots; (void)stream;
     return ATTN_ERROR_UNSUPPORTED;
 }
 

@@ -265,7 +265,7 @@ static void vf_cache_fails(vfix *f, const attn_tensor *key, const attn_tensor *v
     int e0 = f->cap.by_level[ATTN_LOG_LEVEL_ERROR];
     attn_status st;
     vf_poison(f);
-    st = attn_reshape_and_cache(f->layer, key, value, kv, slots, n, NULL);
+    st = attn_reshape_and_cache(f->layer, key, value, kv, ATTN_TEST_SLOTS(slots, n), NULL);
     if (st != want)
         attn_test_fail(__FILE__, line, "attn_reshape_and_cache: got %s, expected %s",
                        attn_status_string(st), attn_status_string(want));
@@ -919,7 +919,7 @@ ATTN_TEST(val_cache_null_arguments) {
     vf_setup(&F, 0);
     if (!vf_ready(&F)) { vf_teardown(&F); return; }
     vf_poison(&F);
-    VAL_FAILS_NOCTX(attn_reshape_and_cache(NULL, &F.tk, &F.tv, &F.tkv, F.slots, VF_NT, NULL), ATTN_ERROR_NULL_ARGUMENT);
+    VAL_FAILS_NOCTX(attn_reshape_and_cache(NULL, &F.tk, &F.tv, &F.tkv, ATTN_TEST_SLOTS(F.slots, VF_NT), NULL), ATTN_ERROR_NULL_ARGUMENT);
     VF_CACHE_FAILS(NULL, &F.tv, &F.tkv, F.slots, VF_NT, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL);
     VF_CACHE_FAILS(&F.tk, NULL, &F.tkv, F.slots, VF_NT, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL);
     VF_CACHE_FAILS(&F.tk, &F.tv, NULL, F.slots, VF_NT, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL);
@@ -942,7 +942,8 @@ ATTN_TEST(val_cache_bad_counts_and_slots) {
     vf_setup(&F, 0);
     if (!vf_ready(&F)) { vf_teardown(&F); return; }
     memcpy(slots, F.slots, sizeof slots);
-    VF_CACHE_FAILS(&F.tk, &F.tv, &F.tkv, slots, -1, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT);
+    /* a slot tensor of negative length (the count is its shape now) */
+    VF_CACHE_FAILS(&F.tk, &F.tv, &F.tkv, slots, -1, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE);
     VF_CACHE_FAILS(&F.tk, &F.tv, &F.tkv, slots, VF_ROWS + 1, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE); /* more rows than key has */
     /* One bad slot at the end: nothing before it may have been written. */
     slots[VF_NT - 1] = (int64_t)VF_NB * VF_BS;
@@ -953,7 +954,7 @@ ATTN_TEST(val_cache_bad_counts_and_slots) {
     memcpy(slots, F.slots, sizeof slots);
     slots[2] = -1;
     vf_poison(&F);
-    EXPECT_OK(attn_reshape_and_cache(F.layer, &F.tk, &F.tv, &F.tkv, slots, VF_NT, NULL));
+    EXPECT_OK(attn_reshape_and_cache(F.layer, &F.tk, &F.tv, &F.tkv, ATTN_TEST_SLOTS(slots, VF_NT), NULL));
     {
         /* token 0 -> slot 48 = block 3, offset 0; K at [3][0][0][h], V at [3][1][0][h] */
         size_t kdst = (size_t)(((3 * 2 + 0) * VF_BS + 0) * VF_HKV) * VF_D;
@@ -965,7 +966,7 @@ ATTN_TEST(val_cache_bad_counts_and_slots) {
     }
     /* Fewer tokens than key rows: only those are written. */
     vf_poison(&F);
-    EXPECT_OK(attn_reshape_and_cache(F.layer, &F.tk, &F.tv, &F.tkv, F.slots, 1, NULL));
+    EXPECT_OK(attn_reshape_and_cache(F.layer, &F.tk, &F.tv, &F.tkv, ATTN_TEST_SLOTS(F.slots, 1), NULL));
     EXPECT_TRUE(memcmp(F.kv + VF_KV_FLOATS / 2, F.kv_ref + VF_KV_FLOATS / 2,
                        VF_KV_FLOATS / 2 * sizeof(float)) == 0); /* blocks 4..7 untouched */
     vf_teardown(&F);
@@ -977,7 +978,7 @@ ATTN_TEST(val_cache_zero_tokens_with_padded_inputs) {
     vf_setup(&F, 0);
     if (!vf_ready(&F)) { vf_teardown(&F); return; }
     vf_poison(&F);
-    EXPECT_OK(attn_reshape_and_cache(F.layer, &F.tk, &F.tv, &F.tkv, F.slots, 0, NULL));
+    EXPECT_OK(attn_reshape_and_cache(F.layer, &F.tk, &F.tv, &F.tkv, ATTN_TEST_SLOTS(F.slots, 0), NULL));
     EXPECT_TRUE(vf_untouched(&F));
     vf_teardown(&F);
 }

@@ -39,6 +39,9 @@
 #define ATTN_IMPLEMENTATION
 #include "attn.h"
 
+/* The address of a host slot-mapping view over n slots (a compound literal of the block). */
+#define ATTN_SLOTS(s, n) (&(attn_tensor[1]){attn_tensor_slots((s), (n))}[0])
+
 #include <pthread.h>
 #include <time.h>
 #include <unistd.h>
@@ -715,7 +718,7 @@ static void bench_prefill(attn_context *ctx, const bench_opts *o, int len) {
     for (i = 0; i < len; i++)
         slots[i] = (int64_t)table[i / BENCH_BLOCK] * BENCH_BLOCK + i % BENCH_BLOCK;
     /* The sequence's K/V go into the cache once, outside the timing. */
-    CHECK(ctx, attn_reshape_and_cache(layer, &k, &v, &kv, slots, len, NULL));
+    CHECK(ctx, attn_reshape_and_cache(layer, &k, &v, &kv, ATTN_SLOTS(slots, len), NULL));
 
     memset(&md, 0, sizeof md);
     md.max_num_reqs = 1;

@@ -452,6 +452,34 @@ def test_cuda_calls_run_on_the_current_stream(ctx):
     assert_close(xp.f64(out), want, 1e-4, 1e-4, "out")
 
 
+def test_cuda_slot_mapping_as_a_cuda_tensor(ctx):
+    """Issue 21: a CUDA layer's cache write takes vLLM's slot_mapping as it is, an int64 CUDA
+    tensor (no copy): the same bytes as from host slots; a slot out of range writes nothing."""
+    if cuda_skip_reason():
+        pytest.skip(cuda_skip_reason())
+    layer = attn_h.Layer(ctx, num_heads=8, num_kv_heads=2, head_size=64, dtype="bfloat16", device="cuda")
+    g = torch.Generator().manual_seed(11)
+    k = torch.randn(300, 2, 64, generator=g).to(torch.bfloat16).cuda()
+    v = torch.randn(300, 2, 64, generator=g).to(torch.bfloat16).cuda()
+    slots = torch.randperm(32 * 16, generator=g)[:300]
+    slots[::7] = -1
+    shape = layer.kv_cache_shape(32)
+    a = torch.full(shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+    b = a.clone()
+    layer.reshape_and_cache(k, v, a, slots.numpy())                 # host slots
+    layer.reshape_and_cache(k, v, b, slots.cuda())                  # device slots, in place
+    torch.cuda.synchronize()
+    assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+    bad = slots.clone()
+    bad[-1] = 32 * 16                                               # one past the last slot
+    c = torch.full(shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+    layer.reshape_and_cache(k, v, c, bad.cuda())
+    torch.cuda.synchronize()
+    assert torch.isnan(c.float()).all(), "a device slot out of range: nothing may be written"
+    with pytest.raises(attn_h.AttnError, match="slot_mapping"):
+        layer.reshape_and_cache(k, v, c, slots.cuda().to(torch.int32))
+
+
 # ---- LSE merge ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
