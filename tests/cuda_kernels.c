@@ -726,7 +726,7 @@ static void test_cache_write(int cases) {
         {
             module_entry *m = get_module("cache_write.cu", defs, "attn_reshape_and_cache");
             attn__CUfunction f = m->main;
-            attn__cache_write_params p; /* attn.h's mirror of the kernel's struct */
+            attn__cache_write_params p; /* kernels/attn_params.cuh, as the kernel takes it */
             void *args[1];
             attn__CUdeviceptr dk = dupload(kh, in_elems * ein), dv = dupload(vh, in_elems * ein), dcache = dalloc(c_elems * ec),
                               ds = dupload(slots, (size_t)T * 8);
@@ -800,13 +800,16 @@ static void test_cache_write(int cases) {
         {
             module_entry *m = get_module("cache_write.cu", defs, "attn_concat_and_cache_mla");
             attn__CUfunction f = m->main;
-            struct { attn__CUdeviceptr kv_c, k_pe, cache, slots; int64_t cs, ps; int n, pad0; } p;
+            attn__latent_write_params p; /* kernels/attn_params.cuh, as the kernel takes it */
             void *args[1];
             attn__CUdeviceptr dcx = dupload(ch, ((size_t)T * (R + 8) + 1) * ein), dpx = dupload(ph, ((size_t)T * P + 1) * ein);
             attn__CUdeviceptr dcache = dalloc(c_elems * ec), ds = dupload(slots, (size_t)T * 8);
             CU_CHECK(cu->cuMemsetD8Async(dcache, 0, c_elems * ec, NULL));
-            p.kv_c = dcx + (attn__CUdeviceptr)(mis * ein); p.k_pe = dpx + (attn__CUdeviceptr)(mis * ein); p.cache = dcache; p.slots = ds;
-            p.cs = R + 8; p.ps = P; p.n = T; p.pad0 = 0;
+            memset(&p, 0, sizeof p);
+            p.kv_c = dcx + (attn__CUdeviceptr)(mis * ein); p.k_pe = dpx + (attn__CUdeviceptr)(mis * ein); p.kv_cache = dcache;
+            p.slot_mapping = ds;
+            p.kv_c_stride_token = R + 8; p.k_pe_stride_token = P; p.num_tokens = T;
+            p.num_slots = (int64_t)nblocks * BS;
             args[0] = &p;
             CU_CHECK(cu->cuLaunchKernel(f, (unsigned)rnd_int(1, T), 1, 1, 128, 1, 1, 0, NULL, args, NULL));
             CU_CHECK(cu->cuCtxSynchronize());
