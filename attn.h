@@ -211,9 +211,15 @@
        A backend is one const attn_backend: capability fields the selector and validation
        read, and hooks, each called with `self`. Registration checks the required hooks
        (standard: kv_cache_shape, forward, reshape_and_cache; MLA: kv_cache_shape,
-       forward_mqa, forward_mha, mla_forward, concat_and_cache_mla). Built-in backends
-       add a section (>>cpu, >>cpu_mla; >>cuda next), an id, a line in the built-in table
-       and a place in the per-platform priority lists; plugins use attn_register_backend.
+       forward_mqa, forward_mha, mla_forward, concat_and_cache_mla). Plugins use
+       attn_register_backend (tests/test_seam.c registers one through the public API and
+       runs every hook). A built-in backend is: its section (>>cpu, >>cpu_mla,
+       >>cuda_paged, >>cuda_mla), its id in attn_backend_id, one row of the built-in table
+       in >>builtin (name, vtable, its rank in each platform's automatic order: the name,
+       the registry and the priority lists all read it; the build fails if an id has no
+       row), and for a GPU backend its kernel-family row in >>cuda (per role: file, entry
+       points, architecture, launch config, parameter struct) that its layer_init and
+       launches read. An ATTN_NO_CUDA build keeps the row with a NULL vtable.
        Lifecycle, and which state lives where:
          check          pure: can it serve this descriptor on this platform? (a reason)
          context_init   once per context, lazily, the first time the selector would pick
@@ -2641,7 +2647,23 @@ static int attn__tensor_is_contiguous(const attn_tensor *t) {
    an entry under a lock (the only global mutable state in the library).
    ======================================================================================= */
 
-static const attn_backend *attn__builtin_backend(attn_backend_id id); /* >>cpu */
+/* The built-in registry rows (>>builtin, after every backend section): one per backend id.
+   A built-in backend is its section, one row here and (a GPU one) its kernel family rows. */
+typedef struct attn__builtin_row {
+    attn_backend_id id;
+    const char *name;            /* the slot's name (attn_backend_name) */
+    const attn_backend *backend; /* NULL: none built in (CUSTOM; the CUDA ones under ATTN_NO_CUDA) */
+    int rank_cpu, rank_cuda;     /* its place in each platform's automatic order, 1 = first */
+} attn__builtin_row;
+static const attn__builtin_row *attn__builtin_rows(int *count); /* >>builtin */
+
+static const attn_backend *attn__builtin_backend(attn_backend_id id) {
+    int count, i;
+    const attn__builtin_row *rows = attn__builtin_rows(&count);
+    for (i = 0; i < count; i++)
+        if (rows[i].id == id) return rows[i].backend;
+    return NULL;
+}
 
 static const attn_backend *attn__registry_override[ATTN_BACKEND_COUNT];
 static int attn__registry_overridden[ATTN_BACKEND_COUNT];
@@ -2654,24 +2676,16 @@ static pthread_mutex_t attn__registry_lock = PTHREAD_MUTEX_INITIALIZER;
 #define ATTN__REGISTRY_UNLOCK() ((void)0)
 #endif
 
-/* Automatic priority per platform: the first entry whose checks pass wins. CUSTOM leads
-   so that a registered plugin is preferred; an empty slot is not a candidate. */
-static const attn_backend_id attn__priority_cpu[] = {ATTN_BACKEND_CUSTOM, ATTN_BACKEND_CPU,
-                                                     ATTN_BACKEND_CPU_MLA, ATTN_BACKEND_CUDA_SM90,
-                                                     ATTN_BACKEND_CUDA, ATTN_BACKEND_CUDA_MLA_SM90,
-                                                     ATTN_BACKEND_CUDA_MLA};
-static const attn_backend_id attn__priority_cuda[] = {ATTN_BACKEND_CUSTOM, ATTN_BACKEND_CUDA_SM90,
-                                                      ATTN_BACKEND_CUDA, ATTN_BACKEND_CUDA_MLA_SM90,
-                                                      ATTN_BACKEND_CUDA_MLA, ATTN_BACKEND_CPU,
-                                                      ATTN_BACKEND_CPU_MLA};
-
-static const attn_backend_id *attn__priority_list(attn_platform_kind kind, int *count) {
-    if (kind == ATTN_PLATFORM_CUDA) {
-        *count = (int)(sizeof attn__priority_cuda / sizeof attn__priority_cuda[0]);
-        return attn__priority_cuda;
-    }
-    *count = (int)(sizeof attn__priority_cpu / sizeof attn__priority_cpu[0]);
-    return attn__priority_cpu;
+/* Automatic priority per platform, from the rows' ranks: the first entry whose checks pass
+   wins. CUSTOM leads so that a registered plugin is preferred; an empty slot is not a
+   candidate. Writes the order into list; returns its length. */
+static int attn__priority_list(attn_platform_kind kind, attn_backend_id list[ATTN_BACKEND_COUNT]) {
+    int count, n = 0, r, i;
+    const attn__builtin_row *rows = attn__builtin_rows(&count);
+    for (r = 1; r <= count; r++)
+        for (i = 0; i < count && n < (int)ATTN_BACKEND_COUNT; i++)
+            if ((kind == ATTN_PLATFORM_CUDA ? rows[i].rank_cuda : rows[i].rank_cpu) == r) list[n++] = rows[i].id;
+    return n;
 }
 
 ATTN_API const attn_backend *attn_backend_get(attn_backend_id id) {
@@ -2684,17 +2698,12 @@ ATTN_API const attn_backend *attn_backend_get(attn_backend_id id) {
 }
 
 ATTN_API const char *attn_backend_name(attn_backend_id id) {
-    switch (id) {
-    case ATTN_BACKEND_AUTO: return "AUTO";
-    case ATTN_BACKEND_CPU: return "CPU";
-    case ATTN_BACKEND_CPU_MLA: return "CPU_MLA";
-    case ATTN_BACKEND_CUSTOM: return "CUSTOM";
-    case ATTN_BACKEND_CUDA: return "CUDA";
-    case ATTN_BACKEND_CUDA_SM90: return "CUDA_SM90";
-    case ATTN_BACKEND_CUDA_MLA_SM90: return "CUDA_MLA_SM90";
-    case ATTN_BACKEND_CUDA_MLA: return "CUDA_MLA";
-    default: return "?";
-    }
+    int count, i;
+    const attn__builtin_row *rows = attn__builtin_rows(&count);
+    if (id == ATTN_BACKEND_AUTO) return "AUTO";
+    for (i = 0; i < count; i++)
+        if (rows[i].id == id) return rows[i].name;
+    return "?";
 }
 
 /* The valid names, for error messages: "CPU, CUSTOM". */
@@ -3100,8 +3109,9 @@ static void attn__selection_reasons(const attn_selection *s, char *buf, size_t s
 /* Walks the platform's priority list; `tried` (already rejected, or AUTO) is not rechecked. */
 static void attn__automatic(attn_context *ctx, const attn_layer_desc *d, attn_selection *s,
                             attn_backend_id tried, attn_layer *layer) {
-    int count, i;
-    const attn_backend_id *list = attn__priority_list(ctx->platform.kind, &count);
+    attn_backend_id list[ATTN_BACKEND_COUNT];
+    const int count = attn__priority_list(ctx->platform.kind, list);
+    int i;
     char reason[320];
     for (i = 0; i < count; i++) {
         const attn_backend *b = attn_backend_get(list[i]);
@@ -3121,8 +3131,9 @@ static attn_status attn__resolve(attn_context *ctx, const attn_layer_desc *d,
                                  const attn_select_request *req, attn_selection *s,
                                  attn_layer *layer) {
     const char *env = attn__trim_env("ATTN_BACKEND");
-    int count, i;
-    const attn_backend_id *list = attn__priority_list(ctx->platform.kind, &count);
+    attn_backend_id list[ATTN_BACKEND_COUNT];
+    const int count = attn__priority_list(ctx->platform.kind, list);
+    int i;
     char reasons[2048], reason[320];
     memset(s, 0, sizeof *s);
     attn__strlcpy(s->env_var, "ATTN_BACKEND", sizeof s->env_var);
@@ -6719,10 +6730,10 @@ ATTN_API int attn_kernel_compile_count(const attn_context *ctx) {
 
 /* =======================================================================================
    >>cuda
-   The CUDA path: the device's primary context (shared with the CUDA runtime and PyTorch),
-   helpers for C users without a runtime, and the CUDA paged-attention backend: kernels
-   compiled by NVRTC at layer creation, a fixed-capacity schedule uploaded by build with
-   one asynchronous copy, forward as launches on the caller's stream (graph-safe).
+   The CUDA platform: the device's primary context (shared with the CUDA runtime and
+   PyTorch), streams, memory helpers for C users without a runtime, the kernel parameter
+   structs (generated), kernel loading, the kernel-family table and the LSE merge kernel.
+   The backends follow: >>cuda_paged (CUDA, CUDA_SM90), >>cuda_mla (CUDA_MLA_SM90, CUDA_MLA).
    ======================================================================================= */
 
 #ifndef ATTN_NO_CUDA
@@ -7133,7 +7144,7 @@ ATTN__PARAMS_SIZE(attn__mla_prefill_params, 7 * 8 + 13 * 8 + 8 * 4);
 
 typedef struct attn__cuda_module {
     attn__CUmodule module;
-    attn__CUfunction main, second;   /* the kernel; second: a second one where asked for */
+    attn__CUfunction main, second, third; /* the kernel; the others of its role, where it has them */
     attn__launch_config config;      /* attention kernels: the one they export */
 } attn__cuda_module;
 
@@ -7209,6 +7220,126 @@ static attn_status attn__cuda_load(attn_context *ctx, const char *file, const ch
     return ATTN_OK;
 }
 
+
+/* ---- kernel families: which kernels a CUDA backend launches, as data ----------------------
+   A CUDA backend is one row: for each role a layer loads, the file, its entry points, the
+   architecture it is compiled for, the launch configuration it exports and the parameter
+   struct it takes (kernels/attn_params.cuh). Layer creation and the launch paths read the
+   row of the layer's backend, so a Hopper or Blackwell variant of a backend is a new row
+   and its kernel files, not new branches. The defines of a variant come from the layer
+   descriptor (attn__cuda_layer_variants, attn__cuda_mla_variants). */
+typedef enum attn__role {
+    ATTN__ROLE_DECODE,      /* decode tiles (standard) / the absorbed decode and its merge (MLA) */
+    ATTN__ROLE_PREFILL,     /* prefill tiles / the up-projected prefill attention */
+    ATTN__ROLE_CACHE,       /* the cache write and its _inline twin (MLA: and the gather) */
+    ATTN__ROLE_DECODE_WIDE, /* the wide decode shape (standard, sm_90 and newer; optional) */
+    ATTN__ROLE_COUNT
+} attn__role;
+
+typedef struct attn__kernel_role {
+    const char *file;                    /* kernels/FILE; NULL: the family has no such role */
+    const char *entry[3];                /* main, second, third entry points (NULL: none) */
+    const char *config;                  /* the attn__launch_config it exports, or NULL */
+    int arch_a;                          /* compiled for sm_XYa (wgmma): that exact device */
+    const char *params;                  /* the struct its entry points take */
+} attn__kernel_role;
+
+typedef struct attn__kernel_family {
+    attn_backend_id backend;
+    int min_cc;                          /* compute capability (major * 10 + minor) at least */
+    int exact_cc;                        /* > 0: exactly this one (sm_XYa kernels) */
+    attn__kernel_role role[ATTN__ROLE_COUNT];
+} attn__kernel_family;
+
+#define ATTN__PAGED_ROLE(file, entry, arch_a) {file, {entry, NULL, NULL}, "attn_paged_config", arch_a, "attn__paged_params"}
+#define ATTN__CACHE_ROLE {"cache_write.cu", {"attn_reshape_and_cache", "attn_reshape_and_cache_inline", NULL}, NULL, 0, \
+                          "attn__cache_write_params"}
+#define ATTN__LATENT_ROLE {"cache_write.cu", {"attn_concat_and_cache_mla", "attn_mla_gather", "attn_concat_and_cache_mla_inline"}, \
+                           NULL, 0, "attn__latent_write_params, attn__mla_gather_params"}
+#define ATTN__MLA_DECODE_ROLE(file, arch_a) {file, {"attn_mla_decode", "attn_mla_merge", NULL}, "attn_mla_config", arch_a, \
+                                             "attn__mla_decode_params"}
+#define ATTN__MLA_PREFILL_ROLE(file, arch_a) {file, {"attn_mla_prefill", NULL, NULL}, "attn_mha_config", arch_a, \
+                                              "attn__mla_prefill_params"}
+#define ATTN__NO_ROLE {NULL, {NULL, NULL, NULL}, NULL, 0, NULL}
+static const attn__kernel_family attn__kernel_families[] = {
+    {ATTN_BACKEND_CUDA, 80, 0,
+     {ATTN__PAGED_ROLE("paged_attention.cu", "attn_paged_attention", 0),
+      ATTN__PAGED_ROLE("paged_attention.cu", "attn_paged_attention", 0), ATTN__CACHE_ROLE,
+      ATTN__PAGED_ROLE("paged_attention.cu", "attn_paged_attention", 0)}},
+    {ATTN_BACKEND_CUDA_SM90, 90, 90,
+     {ATTN__PAGED_ROLE("paged_attention.cu", "attn_paged_attention", 0),
+      ATTN__PAGED_ROLE("paged_prefill_sm90.cu", "attn_paged_prefill_sm90", 1), ATTN__CACHE_ROLE,
+      ATTN__PAGED_ROLE("paged_attention.cu", "attn_paged_attention", 0)}},
+    {ATTN_BACKEND_CUDA_MLA_SM90, 90, 90,
+     {ATTN__MLA_DECODE_ROLE("mla_decode_sm90.cu", 1), ATTN__MLA_PREFILL_ROLE("mla_prefill_sm90.cu", 1),
+      ATTN__LATENT_ROLE, ATTN__NO_ROLE}},
+    {ATTN_BACKEND_CUDA_MLA, 80, 0,
+     {ATTN__MLA_DECODE_ROLE("mla_decode.cu", 0), ATTN__MLA_PREFILL_ROLE("mla_prefill.cu", 0), ATTN__LATENT_ROLE,
+      ATTN__NO_ROLE}},
+};
+#undef ATTN__PAGED_ROLE
+#undef ATTN__CACHE_ROLE
+#undef ATTN__LATENT_ROLE
+#undef ATTN__MLA_DECODE_ROLE
+#undef ATTN__MLA_PREFILL_ROLE
+#undef ATTN__NO_ROLE
+
+/* The kernel family of a built-in CUDA backend (NULL for any other id). */
+static const attn__kernel_family *attn__kernel_family_of(attn_backend_id id) {
+    size_t i;
+    for (i = 0; i < sizeof attn__kernel_families / sizeof attn__kernel_families[0]; i++)
+        if (attn__kernel_families[i].backend == id) return &attn__kernel_families[i];
+    return NULL;
+}
+
+/* 0 when the platform's device runs the family's kernels, else the reason. */
+static int attn__kernel_family_refuses(const attn__kernel_family *f, const attn_platform *p, char *reason, size_t size) {
+    const int cc = p->cuda_capability_major * 10 + p->cuda_capability_minor;
+    if (f->exact_cc && cc != f->exact_cc) {
+        attn__fmt(reason, size, "compute capability %d.%d (allowed: %d.%d: its kernels are compiled for sm_%da, "
+                  "whose instructions run on that device only)", p->cuda_capability_major, p->cuda_capability_minor,
+                  f->exact_cc / 10, f->exact_cc % 10, f->exact_cc);
+        return 1;
+    }
+    if (cc < f->min_cc) {
+        attn__fmt(reason, size, "compute capability %d.%d (allowed: %d.%d or newer: mma.sync, cp.async)",
+                  p->cuda_capability_major, p->cuda_capability_minor, f->min_cc / 10, f->min_cc % 10);
+        return 1;
+    }
+    if (!p->nvrtc_version) {
+        attn__fmt(reason, size, "%s", p->nvrtc_reason);
+        return 1;
+    }
+    return 0;
+}
+
+/* Compiles (or finds) one role's kernel with `options` and loads its entry points and
+   launch configuration. */
+static attn_status attn__cuda_load_role(attn_context *ctx, const attn__kernel_role *r, const char *options,
+                                        attn__cuda_module *m, char *reason, size_t reason_size) {
+    attn__CUresult rc;
+    attn_status st = attn__cuda_load(ctx, r->file, options, r->entry[0], r->entry[1],
+                                     r->arch_a ? ATTN__LOAD_ARCH_A : 0, m, reason, reason_size);
+    if (st != ATTN_OK) return st;
+    if (r->entry[2] && (rc = ctx->cuda->cuModuleGetFunction(&m->third, m->module, r->entry[2])) != 0) {
+        attn__fmt(reason, reason_size, "%s [%s]: no %s (CUresult %d)", r->file, options, r->entry[2], rc);
+        st = ATTN_ERROR_PLATFORM;
+    }
+    if (st == ATTN_OK && r->config) st = attn__cuda_configure(ctx, m, r->config, r->file, options, reason, reason_size);
+    if (st != ATTN_OK) {
+        ctx->cuda->cuModuleUnload(m->module);
+        memset(m, 0, sizeof *m);
+    }
+    return st;
+}
+
+/* =======================================================================================
+   >>cuda_paged
+   The paged-attention backends, CUDA and CUDA_SM90 (its prefill tiles on wgmma): kernels
+   compiled by NVRTC at layer creation, a fixed-capacity schedule uploaded by build with one
+   asynchronous copy, forward as launches on the caller's stream (graph-safe).
+   ======================================================================================= */
+
 /* ---- backend state ---------------------------------------------------------------------- */
 
 /* Context level: the merge kernels of attn_merge_attn_states, per (dtype, head size),
@@ -7246,18 +7377,22 @@ static void attn__cuda_kv_scales(const attn_layer_desc *d, attn__CUdeviceptr *kp
     *vv = per_tensor && !vs->ptr ? vs->value : 1.0f;
 }
 
+static const attn__kernel_family *attn__kernel_family_of(attn_backend_id id);
+static int attn__kernel_family_refuses(const attn__kernel_family *f, const attn_platform *p, char *reason, size_t size);
+
+/* The device runs the backend's kernel family (compute capability, NVRTC). */
+static int attn__cuda_family_check(const attn_backend *self, const attn_platform *p, char *reason, size_t size) {
+    const attn__kernel_family *f = attn__kernel_family_of(self->id);
+    if (!f) {
+        attn__fmt(reason, size, "backend %s has no CUDA kernel family (its id names none)", self->name);
+        return 1;
+    }
+    return attn__kernel_family_refuses(f, p, reason, size);
+}
+
 static int attn__cuda_check(const attn_backend *self, const attn_layer_desc *d, const attn_platform *p,
                             char *reason, size_t size) {
-    (void)self;
-    if (p->cuda_capability_major < 8) {
-        attn__fmt(reason, size, "compute capability %d.%d (allowed: 8.0 or newer: mma.sync, cp.async)",
-                  p->cuda_capability_major, p->cuda_capability_minor);
-        return 1;
-    }
-    if (!p->nvrtc_version) {
-        attn__fmt(reason, size, "%s", p->nvrtc_reason);
-        return 1;
-    }
+    if (attn__cuda_family_check(self, p, reason, size)) return 1;
     if (d->num_heads / d->num_kv_heads > 128) {
         attn__fmt(reason, size, "%d query heads per KV head (allowed: at most 128)",
                   d->num_heads / d->num_kv_heads);
@@ -7332,11 +7467,12 @@ static void attn__cuda_layer_free(attn_context *ctx, attn__cuda_layer *L) {
     attn__free(L);
 }
 
-/* The kernel variants a layer loads: [0] decode tiles, [1] prefill tiles (paged_attention.cu;
-   a CUDA_SM90 layer's: paged_prefill_sm90.cu for sm_90a), [2] the cache write
-   (cache_write.cu), [3] wide decode tiles (an empty string where the layer has none). One
+/* The defines of the kernel variants a layer loads, one per role of its family (attn__role:
+   decode tiles, prefill tiles, the cache write, wide decode tiles; an empty string where the
+   layer has none). The prefill tiles of a family whose prefill role is compiled for sm_XYa
+   (CUDA_SM90's wgmma kernel) are 128 rows and take neither soft cap nor ALiBi defines. One
    place, so tools (attn-bench's compile timings) and tests ask for exactly what layer
-   creation compiles: attn__cuda_variant_file(v, sm90) names the file.
+   creation compiles (the files: the family's roles).
    Decode tiles come in two shapes. The default CTA (4 warps, 64-key tiles, 3 stages on
    sm_90, two CTAs per SM) streams best when the batch fills the device; a batch of no more
    work items (decode and prefill tiles before splitting) than the wide CTAs the device
@@ -7346,12 +7482,6 @@ static void attn__cuda_layer_free(attn_context *ctx, attn__cuda_layer *L) {
    38.5 -> 33.1; batch 64 and up 1-4 % slower, so they keep the default). Only where its
    stages fit: sm_90 or newer with the shared memory (not sm_120's 99 KiB), tensor cores,
    head <= 128, decode tiles of one row tile. */
-#define ATTN__CUDA_LAYER_VARIANTS 4
-static const char *attn__cuda_variant_file(int v, int sm90) {
-    return v == 2 ? "cache_write.cu" : v == 1 && sm90 ? "paged_prefill_sm90.cu" : "paged_attention.cu";
-}
-/* Whether variant v is compiled for sm_90a (CUDA_SM90's wgmma prefill) */
-static int attn__cuda_variant_arch_a(int v, int sm90) { return v == 1 && sm90; }
 
 /* 16-row Q tile + 3 stages of 128 K and 128 V rows (padded by 16 bytes) + row offsets */
 static int attn__cuda_wide_smem(const attn_layer_desc *d) {
@@ -7365,8 +7495,9 @@ static int attn__cuda_has_wide_decode(const attn_layer_desc *d, const attn_platf
            d->dtype == d->kv_cache_dtype && d->dtype != ATTN_DTYPE_F32 && d->head_size <= 128 && group <= 16;
 }
 
-static void attn__cuda_layer_variants(const attn_layer_desc *d, const attn_platform *plat, int sm90,
-                                      char opt[ATTN__CUDA_LAYER_VARIANTS][256]) {
+static void attn__cuda_layer_variants(const attn_layer_desc *d, const attn_platform *plat, const attn__kernel_family *f,
+                                      char opt[ATTN__ROLE_COUNT][256]) {
+    const int sm90 = f->role[ATTN__ROLE_PREFILL].arch_a; /* the wgmma prefill tiles */
     int group = d->num_heads / d->num_kv_heads, pass;
     for (pass = 0; pass < 2; pass++) {
         int n = attn__fmt(opt[pass], 256, "-DHEAD_DIM=%d -DBLOCK_SIZE=%d -DGROUP=%d -DDT_Q=%d -DDT_KV=%d "
@@ -7383,7 +7514,7 @@ static void attn__cuda_layer_variants(const attn_layer_desc *d, const attn_platf
               attn__cuda_dt(d->dtype), attn__cuda_dt(d->kv_cache_dtype),
               d->kv_scale_kind == ATTN_KV_SCALE_PER_TOKEN_HEAD ? " -DKV_PTH=1" : "");
     opt[3][0] = 0;
-    if (attn__cuda_has_wide_decode(d, plat))
+    if (f->role[ATTN__ROLE_DECODE_WIDE].file && attn__cuda_has_wide_decode(d, plat))
         attn__fmt(opt[3], 256, "%s -DKV_TILE=128 -DWARPS_N=8 -DKV_STAGES=3", opt[0]);
 }
 
@@ -7391,11 +7522,15 @@ static attn_status attn__cuda_layer_init(const attn_backend *self, attn_layer *l
                                          char *reason, size_t size) {
     attn_context *ctx = attn_layer_context(layer);
     const attn_layer_desc *d = attn_layer_get_desc(layer);
-    const int sm90 = self->id == ATTN_BACKEND_CUDA_SM90;
-    int pass;
-    char opt[ATTN__CUDA_LAYER_VARIANTS][256];
+    const attn__kernel_family *f = attn__kernel_family_of(self->id);
+    int role;
+    char opt[ATTN__ROLE_COUNT][256];
     attn__cuda_layer *L;
     attn_status st;
+    if (!f) {
+        attn__fmt(reason, size, "backend %s has no CUDA kernel family (its id names none)", self->name);
+        return ATTN_ERROR_UNSUPPORTED;
+    }
     L = (attn__cuda_layer *)attn__calloc(1, sizeof *L);
     if (!L) {
         attn__fmt(reason, size, "out of memory");
@@ -7406,21 +7541,17 @@ static attn_status attn__cuda_layer_init(const attn_backend *self, attn_layer *l
         attn__free(L);
         return st;
     }
-    attn__cuda_layer_variants(d, &ctx->platform, sm90, opt);
-    for (pass = 0; pass < 2 && st == ATTN_OK; pass++)
-        st = attn__cuda_load(ctx, attn__cuda_variant_file(pass, sm90), opt[pass],
-                             pass && sm90 ? "attn_paged_prefill_sm90" : "attn_paged_attention", NULL,
-                             ATTN__LOAD_PAGED | (attn__cuda_variant_arch_a(pass, sm90) ? ATTN__LOAD_ARCH_A : 0),
-                             pass ? &L->prefill : &L->decode, reason, size);
-    if (st == ATTN_OK)
-        st = attn__cuda_load(ctx, attn__cuda_variant_file(2, sm90), opt[2], "attn_reshape_and_cache",
-                             "attn_reshape_and_cache_inline", 0, &L->cache, reason, size);
-    if (st == ATTN_OK && opt[3][0]) {
+    attn__cuda_layer_variants(d, &ctx->platform, f, opt);
+    for (role = ATTN__ROLE_DECODE; role <= ATTN__ROLE_CACHE && st == ATTN_OK; role++)
+        st = attn__cuda_load_role(ctx, &f->role[role], opt[role],
+                                  role == ATTN__ROLE_DECODE ? &L->decode : role == ATTN__ROLE_PREFILL ? &L->prefill : &L->cache,
+                                  reason, size);
+    if (st == ATTN_OK && opt[ATTN__ROLE_DECODE_WIDE][0]) {
         /* a speed-only variant: if it cannot load, the layer runs every decode tile in the
            default shape (one WARN, with the reason) */
         char why[256];
-        if (attn__cuda_load(ctx, attn__cuda_variant_file(3, sm90), opt[3], "attn_paged_attention", NULL, ATTN__LOAD_PAGED,
-                            &L->decode_wide, why, sizeof why) != ATTN_OK) {
+        if (attn__cuda_load_role(ctx, &f->role[ATTN__ROLE_DECODE_WIDE], opt[ATTN__ROLE_DECODE_WIDE], &L->decode_wide, why,
+                                 sizeof why) != ATTN_OK) {
             attn__log(ctx, ATTN_LOG_LEVEL_WARN, ATTN_LOG_KERNEL_COMPILE_FAILED,
                       "CUDA layer: the wide decode tiles (%s) are not available, small batches run the "
                       "default shape: %s", opt[3], why);
@@ -8082,11 +8213,6 @@ static int attn__cuda_sm90_check(const attn_backend *self, const attn_layer_desc
                   "the others)", d->head_size);
         return 1;
     }
-    if (p->cuda_capability_major != 9 || p->cuda_capability_minor != 0) {
-        attn__fmt(reason, size, "compute capability %d.%d (allowed: 9.0: its prefill is compiled for "
-                  "sm_90a, whose wgmma runs on 9.0 only)", p->cuda_capability_major, p->cuda_capability_minor);
-        return 1;
-    }
     if (d->dtype != d->kv_cache_dtype) {
         attn__fmt(reason, size, "dtype %s with kv_cache_dtype %s (allowed: one 16-bit type for both)",
                   attn_dtype_name(d->dtype), attn_dtype_name(d->kv_cache_dtype));
@@ -8119,6 +8245,13 @@ static const attn_backend attn__cuda_sm90_backend = {
     NULL, NULL, NULL, NULL,
     NULL                      /* attn_merge_attn_states on the device goes to CUDA */
 };
+
+/* =======================================================================================
+   >>cuda_mla
+   The MLA backends on the GPU, CUDA_MLA_SM90 (wgmma, Hopper) and CUDA_MLA (mma.sync, 8.0
+   and newer): one host path over their kernel families: absorbed decode with split-KV,
+   up-projected prefill through cuBLAS in chunks of keys, the fused layer call.
+   ======================================================================================= */
 
 /* ---- CUDA_MLA_SM90: MLA on wgmma (Hopper) ---------------------------------------------- */
 
@@ -8179,31 +8312,17 @@ static attn__mla_rows attn__mla_rows_of(const attn_tensor *t, int64_t row0) {
 /* CUDA_MLA (mma.sync, sm_80+) and CUDA_MLA_SM90 (wgmma, sm_90a) take the same layers. */
 static int attn__cuda_mla_check(const attn_backend *self, const attn_layer_desc *d, const attn_platform *p,
                                 char *reason, size_t size) {
-    if (self->id == ATTN_BACKEND_CUDA_MLA_SM90 && (p->cuda_capability_major != 9 || p->cuda_capability_minor != 0)) {
-        attn__fmt(reason, size, "compute capability %d.%d (allowed: 9.0: its kernels are compiled for "
-                  "sm_90a, whose wgmma runs on 9.0 only; CUDA_MLA takes 8.0 and newer)", p->cuda_capability_major,
-                  p->cuda_capability_minor);
-        return 1;
-    }
-    if (p->cuda_capability_major < 8) {
-        attn__fmt(reason, size, "compute capability %d.%d (allowed: 8.0 or newer: mma.sync, cp.async)",
-                  p->cuda_capability_major, p->cuda_capability_minor);
-        return 1;
-    }
-    if (!p->nvrtc_version) {
-        attn__fmt(reason, size, "%s", p->nvrtc_reason);
-        return 1;
-    }
+    const int fp8_latents = (self->kv_cache_dtypes & ATTN_DTYPE_BIT(ATTN_DTYPE_FP8_E4M3)) != 0;
+    if (attn__cuda_family_check(self, p, reason, size)) return 1;
     if (!((d->kv_lora_rank == 512 || d->kv_lora_rank == 256) && d->qk_rope_head_dim == 64)) {
         attn__fmt(reason, size, "head_size %d (kv_lora_rank %d + qk_rope_head_dim %d) not supported "
                   "(576 = 512 + 64, or 320 = 256 + 64)", d->head_size, d->kv_lora_rank, d->qk_rope_head_dim);
         return 1;
     }
-    if (d->dtype != d->kv_cache_dtype &&
-        (self->id == ATTN_BACKEND_CUDA_MLA_SM90 || !attn__dtypes[d->kv_cache_dtype].cache_only)) {
+    if (d->dtype != d->kv_cache_dtype && (!fp8_latents || !attn__dtypes[d->kv_cache_dtype].cache_only)) {
         attn__fmt(reason, size, "dtype %s with kv_cache_dtype %s (allowed: one 16-bit type for both%s)",
                   attn_dtype_name(d->dtype), attn_dtype_name(d->kv_cache_dtype),
-                  self->id == ATTN_BACKEND_CUDA_MLA_SM90 ? "; CUDA_MLA reads fp8 latents" : ", or an fp8 latent");
+                  fp8_latents ? ", or an fp8 latent" : "; CUDA_MLA reads fp8 latents");
         return 1;
     }
     if (d->kv_scale_kind != ATTN_KV_SCALE_PER_TENSOR) {
@@ -8272,8 +8391,8 @@ static void attn__cuda_mla_context_release(const attn_backend *self, attn_contex
    latent cache write (attn_concat_and_cache_mla + attn_mla_gather); the context's cuBLAS
    handle. */
 typedef struct attn__cuda_mla_layer {
-    attn__cuda_module decode, prefill, cache; /* cache: the latent write and the gather */
-    attn__CUfunction cache_inline;   /* the latent write from host slots (cache_write.cu) */
+    attn__cuda_module decode, prefill, cache; /* cache: the latent write, the gather, the
+                                                 write from host slots (main, second, third) */
     void *cublas;
     int sm90;                        /* CUDA_MLA_SM90's kernels (else CUDA_MLA's, mma.sync) */
     int rows;                        /* heads per decode CTA (its config.rows: its partials' rows) */
@@ -8286,14 +8405,10 @@ typedef struct attn__cuda_mla_layer {
    (mma.sync, sm_80+) for the device; the mma.sync decode's CTA holds 16, 32 or 64 heads
    (ROWS: the fewest that cover the layer's heads, 64 past 32). One place for layer
    creation and tools. */
-#define ATTN__CUDA_MLA_VARIANTS 3
-static const char *attn__cuda_mla_variant_file(int v, int sm90) {
-    return v == 2 ? "cache_write.cu" : v == 0 ? (sm90 ? "mla_decode_sm90.cu" : "mla_decode.cu")
-                                              : (sm90 ? "mla_prefill_sm90.cu" : "mla_prefill.cu");
-}
-static void attn__cuda_mla_variants(const attn_layer_desc *d, int sm90, char opt[ATTN__CUDA_MLA_VARIANTS][256]) {
+static void attn__cuda_mla_variants(const attn_layer_desc *d, const attn__kernel_family *f,
+                                    char opt[ATTN__ROLE_COUNT][256]) {
     int dt = attn__cuda_dt(d->dtype), kv = attn__cuda_dt(d->kv_cache_dtype); /* kv: = dt, or an fp8 latent */
-    if (sm90)
+    if (f->role[ATTN__ROLE_DECODE].arch_a) /* the wgmma decode: 64 heads a CTA, fused merges */
         attn__fmt(opt[0], 256, "-DKV_LORA=%d -DROPE=%d -DBLOCK_SIZE=%d -DDT=%d -DFUSED_MERGE=1", d->kv_lora_rank,
                   d->qk_rope_head_dim, d->block_size, dt);
     else
@@ -8303,6 +8418,7 @@ static void attn__cuda_mla_variants(const attn_layer_desc *d, int sm90, char opt
               d->v_head_dim, dt); /* the prefill attends over up-projected (DT) keys and values */
     attn__fmt(opt[2], 256, "-DKV_LORA_RANK=%d -DROPE_DIM=%d -DDT_IN=%d -DDT_CACHE=%d", d->kv_lora_rank,
               d->qk_rope_head_dim, dt, kv);
+    opt[3][0] = 0;
 }
 
 static void attn__cuda_mla_layer_free(attn_context *ctx, attn__cuda_mla_layer *L) {
@@ -8317,44 +8433,33 @@ static attn_status attn__cuda_mla_layer_init(const attn_backend *self, attn_laye
                                              char *reason, size_t size) {
     attn_context *ctx = attn_layer_context(layer);
     const attn_layer_desc *d = attn_layer_get_desc(layer);
+    const attn__kernel_family *f = attn__kernel_family_of(self->id);
     attn__cuda_mla_state *cs = NULL;
-    char opt[ATTN__CUDA_MLA_VARIANTS][256];
+    char opt[ATTN__ROLE_COUNT][256];
     attn__cuda_mla_layer *L;
+    int role;
     attn_status st = attn__backend_context(ctx, self, (void **)&cs, reason, size);
     if (st != ATTN_OK) return st;
+    if (!f) {
+        attn__fmt(reason, size, "backend %s has no CUDA kernel family (its id names none)", self->name);
+        return ATTN_ERROR_UNSUPPORTED;
+    }
     L = (attn__cuda_mla_layer *)attn__calloc(1, sizeof *L);
     if (!L) {
         attn__fmt(reason, size, "out of memory");
         return ATTN_ERROR_OUT_OF_MEMORY;
     }
     L->cublas = cs->cublas;
-    L->sm90 = self->id == ATTN_BACKEND_CUDA_MLA_SM90;
+    L->sm90 = f->role[ATTN__ROLE_DECODE].arch_a; /* the wgmma kernels: fused merges, the default split policy */
     if ((st = attn__cuda_enter(ctx, "CUDA MLA layer")) != ATTN_OK) {
         attn__fmt(reason, size, "%s", attn_context_last_error(ctx));
         attn__free(L);
         return st;
     }
-    attn__cuda_mla_variants(d, L->sm90, opt);
-    st = attn__cuda_load(ctx, attn__cuda_mla_variant_file(0, L->sm90), opt[0], "attn_mla_decode", "attn_mla_merge",
-                         L->sm90 ? ATTN__LOAD_ARCH_A : 0, &L->decode, reason, size);
-    if (st == ATTN_OK)
-        st = attn__cuda_load(ctx, attn__cuda_mla_variant_file(1, L->sm90), opt[1], "attn_mla_prefill", NULL,
-                             L->sm90 ? ATTN__LOAD_ARCH_A : 0, &L->prefill, reason, size);
-    if (st == ATTN_OK)
-        st = attn__cuda_load(ctx, attn__cuda_mla_variant_file(2, L->sm90), opt[2], "attn_concat_and_cache_mla",
-                             "attn_mla_gather", 0,
-                             &L->cache, reason, size);
-    if (st == ATTN_OK && ctx->cuda->cuModuleGetFunction(&L->cache_inline, L->cache.module,
-                                                        "attn_concat_and_cache_mla_inline") != 0) {
-        attn__fmt(reason, size, "%s [%s]: no attn_concat_and_cache_mla_inline", attn__cuda_mla_variant_file(2, L->sm90),
-                  opt[2]);
-        st = ATTN_ERROR_PLATFORM;
-    }
-    if (st == ATTN_OK) /* the two attention kernels' launch configuration */
-        st = attn__cuda_configure(ctx, &L->decode, "attn_mla_config", attn__cuda_mla_variant_file(0, L->sm90), opt[0],
-                                  reason, size);
-    if (st == ATTN_OK)
-        st = attn__cuda_configure(ctx, &L->prefill, "attn_mha_config", attn__cuda_mla_variant_file(1, L->sm90), opt[1],
+    attn__cuda_mla_variants(d, f, opt);
+    for (role = ATTN__ROLE_DECODE; role <= ATTN__ROLE_CACHE && st == ATTN_OK; role++)
+        st = attn__cuda_load_role(ctx, &f->role[role], opt[role],
+                                  role == ATTN__ROLE_DECODE ? &L->decode : role == ATTN__ROLE_PREFILL ? &L->prefill : &L->cache,
                                   reason, size);
     if (st == ATTN_OK) L->rows = L->decode.config.rows;
     if (st == ATTN_OK && !L->sm90) { /* the split policy's target: one wave of resident decode CTAs */
@@ -8865,7 +8970,7 @@ static attn_status attn__cuda_mla_concat_and_cache(const attn_backend *self, att
         n = ATTN__MIN(num_tokens - t0, ATTN__INLINE_SLOTS);
         attn__cuda_mla_write_params(attn_layer_get_desc(layer), kv_c, k_pe, kv_cache, t0, n, &ip.p);
         memcpy(ip.slots, (const int64_t *)slot_mapping->data + t0, (size_t)n * sizeof(int64_t));
-        rc = ctx->cuda->cuLaunchKernel(L->cache_inline, (unsigned)n, 1, 1, 128, 1, 1, 0, (attn__CUstream)stream, args,
+        rc = ctx->cuda->cuLaunchKernel(L->cache.third, (unsigned)n, 1, 1, 128, 1, 1, 0, (attn__CUstream)stream, args,
                                        NULL);
     }
     attn__cuda_leave(ctx);
@@ -9028,26 +9133,29 @@ ATTN_API attn_status attn_cuda_synchronize(attn_context *ctx, void *stream) {
    The built-in registry entries: one line per backend section above.
    ======================================================================================= */
 
-static const attn_backend *attn__builtin_backend(attn_backend_id id) {
-    switch (id) {
-    case ATTN_BACKEND_AUTO: return NULL;
-    case ATTN_BACKEND_CPU: return &attn__cpu_backend;
-    case ATTN_BACKEND_CPU_MLA: return &attn__cpu_mla_backend;
-    case ATTN_BACKEND_CUSTOM: return NULL; /* a plugin's slot */
-#ifndef ATTN_NO_CUDA
-    case ATTN_BACKEND_CUDA: return &attn__cuda_backend;
-    case ATTN_BACKEND_CUDA_SM90: return &attn__cuda_sm90_backend;
-    case ATTN_BACKEND_CUDA_MLA_SM90: return &attn__cuda_mla_sm90_backend;
-    case ATTN_BACKEND_CUDA_MLA: return &attn__cuda_mla_backend;
+#ifdef ATTN_NO_CUDA
+#define ATTN__CUDA_VTABLE(v) NULL
 #else
-    case ATTN_BACKEND_CUDA: return NULL;
-    case ATTN_BACKEND_CUDA_SM90: return NULL;
-    case ATTN_BACKEND_CUDA_MLA_SM90: return NULL;
-    case ATTN_BACKEND_CUDA_MLA: return NULL;
+#define ATTN__CUDA_VTABLE(v) (&(v))
 #endif
-    case ATTN_BACKEND_COUNT: return NULL;
-    }
-    return NULL;
+static const attn__builtin_row attn__builtin_table[] = {
+    /* id                        name             vtable                                        cpu cuda */
+    {ATTN_BACKEND_CUSTOM,        "CUSTOM",        NULL, /* a plugin's slot */                  1, 1},
+    {ATTN_BACKEND_CPU,           "CPU",           &attn__cpu_backend,                           2, 6},
+    {ATTN_BACKEND_CPU_MLA,       "CPU_MLA",       &attn__cpu_mla_backend,                       3, 7},
+    {ATTN_BACKEND_CUDA_SM90,     "CUDA_SM90",     ATTN__CUDA_VTABLE(attn__cuda_sm90_backend),     4, 2},
+    {ATTN_BACKEND_CUDA,          "CUDA",          ATTN__CUDA_VTABLE(attn__cuda_backend),          5, 3},
+    {ATTN_BACKEND_CUDA_MLA_SM90, "CUDA_MLA_SM90", ATTN__CUDA_VTABLE(attn__cuda_mla_sm90_backend), 6, 4},
+    {ATTN_BACKEND_CUDA_MLA,      "CUDA_MLA",      ATTN__CUDA_VTABLE(attn__cuda_mla_backend),      7, 5},
+};
+#undef ATTN__CUDA_VTABLE
+/* fails to compile when attn_backend_id gains an id without a row (AUTO has none) */
+typedef char attn__builtin_table_complete[
+    sizeof attn__builtin_table / sizeof attn__builtin_table[0] == (size_t)ATTN_BACKEND_COUNT - 1 ? 1 : -1];
+
+static const attn__builtin_row *attn__builtin_rows(int *count) {
+    *count = (int)(sizeof attn__builtin_table / sizeof attn__builtin_table[0]);
+    return attn__builtin_table;
 }
 
 /* =======================================================================================
@@ -9338,8 +9446,9 @@ ATTN_API attn_status attn_mla_forward(attn_layer *layer, const attn_metadata *me
 
 /* The first backend of the platform's priority list that serves `device` and merges. */
 static const attn_backend *attn__merge_backend(const attn_context *ctx, attn_device_kind device) {
-    int count, i;
-    const attn_backend_id *list = attn__priority_list(ctx->platform.kind, &count);
+    attn_backend_id list[ATTN_BACKEND_COUNT];
+    const int count = attn__priority_list(ctx->platform.kind, list);
+    int i;
     for (i = 0; i < count; i++) {
         const attn_backend *b = attn_backend_get(list[i]);
         if (b && b->device == device && b->merge_attn_states) return b;

@@ -1130,12 +1130,12 @@ static void rm_dir(const char *dir) {
     rmdir(dir);
 }
 
-static const char *const cuda_variant_label[ATTN__CUDA_LAYER_VARIANTS] = {"decode     ", "prefill    ", "cache      ", "decode wide"};
+static const char *const cuda_variant_label[ATTN__ROLE_COUNT] = {"decode     ", "prefill    ", "cache      ", "decode wide"};
 
 /* 1. Cold compile per variant, warm start per layer. */
 static void cuda_compile_times(const attn_platform *plat0, int quick) {
-    char dir[512], arch[16], arch_a[20], opt[CUDA_NUM_CFGS][ATTN__CUDA_LAYER_VARIANTS][256];
-    int sm90[CUDA_NUM_CFGS]; /* the layer resolves to CUDA_SM90: its prefill is the sm_90a kernel */
+    char dir[512], arch[16], arch_a[20], opt[CUDA_NUM_CFGS][ATTN__ROLE_COUNT][256];
+    const attn__kernel_family *fam[CUDA_NUM_CFGS]; /* the kernel family of the backend the layer resolves to */
     const char *tmp = getenv("TMPDIR");
     int have_gpu = plat0->kind == ATTN_PLATFORM_CUDA, c, v, n_cold = 0, n_nvrtc_cached = 0;
     int rounds = quick ? 1 : 3, r;
@@ -1162,16 +1162,19 @@ static void cuda_compile_times(const attn_platform *plat0, int quick) {
         }
         if (have_gpu) {
             attn_selection sel;
-            sm90[c] = attn_select_backend(ctx, &d, NULL, &sel) == ATTN_OK && sel.resolved == ATTN_BACKEND_CUDA_SM90;
+            int sm90 = attn_select_backend(ctx, &d, NULL, &sel) == ATTN_OK && sel.resolved == ATTN_BACKEND_CUDA_SM90;
+            fam[c] = attn__kernel_family_of(sm90 ? ATTN_BACKEND_CUDA_SM90 : ATTN_BACKEND_CUDA);
         } else { /* no GPU here: what an H200 would pick with ATTN_BACKEND unset */
             char why[256];
-            sm90[c] = attn__backend_check(attn_backend_get(ATTN_BACKEND_CUDA_SM90), &d, &h200, why, sizeof why) == 0;
+            int sm90 = attn__backend_check(attn_backend_get(ATTN_BACKEND_CUDA_SM90), &d, &h200, why, sizeof why) == 0;
+            fam[c] = attn__kernel_family_of(sm90 ? ATTN_BACKEND_CUDA_SM90 : ATTN_BACKEND_CUDA);
         }
-        attn__cuda_layer_variants(&d, &h200, sm90[c], opt[c]);
+        attn__cuda_layer_variants(&d, &h200, fam[c], opt[c]);
     }
     if (ctx) attn_context_destroy(ctx);
     snprintf(arch_a, sizeof arch_a, "%sa", arch);
-#define VARIANT_ARCH(c, v) (attn__cuda_variant_arch_a((v), sm90[c]) ? arch_a : arch)
+#define VARIANT_ARCH(c, v) (fam[c]->role[v].arch_a ? arch_a : arch)
+#define VARIANT_FILE(c, v) (fam[c]->role[v].file)
 
     printf("NVRTC %d.%d, kernels for %s%s; kernel cache: %s (fresh)\n", plat0->nvrtc_version / 1000,
            plat0->nvrtc_version % 1000 / 10, arch, have_gpu ? " (this GPU)" : " (no GPU here: the H200's arch)", dir);
@@ -1179,15 +1182,15 @@ static void cuda_compile_times(const attn_platform *plat0, int quick) {
            "wide decode tiles where the layer has them):\n");
     ctx = cuda_bench_context(dir);
     for (c = 0; c < CUDA_NUM_CFGS; c++)
-        for (v = 0; v < ATTN__CUDA_LAYER_VARIANTS; v++) {
+        for (v = 0; v < ATTN__ROLE_COUNT; v++) {
             double t;
             if (!opt[c][v][0]) continue; /* no wide decode tiles for this layer */
             t0 = now_s();
-            CHECK(ctx, attn_kernel_compile(ctx, attn__cuda_variant_file(v, sm90[c]), opt[c][v], VARIANT_ARCH(c, v), &info));
+            CHECK(ctx, attn_kernel_compile(ctx, VARIANT_FILE(c, v), opt[c][v], VARIANT_ARCH(c, v), &info));
             t = now_s() - t0;
             if (info.source != ATTN_KERNEL_COMPILED) {
                 printf("  %-34s %-21s (the same variant as an earlier layer: from memory)\n",
-                       v ? "" : cuda_cfgs[c].name, attn__cuda_variant_file(v, sm90[c]));
+                       v ? "" : cuda_cfgs[c].name, VARIANT_FILE(c, v));
                 continue;
             }
             if (!strstr(info.log, "ptxas")) {
@@ -1195,7 +1198,7 @@ static void cuda_compile_times(const attn_platform *plat0, int quick) {
                    this machine comes back fast and without the ptxas report. Not cold. */
                 n_nvrtc_cached++;
                 printf("  %-34s %-21s %s %7.0f ms wall: served by NVRTC's own cache (no ptxas report); "
-                       "not counted as cold\n", v ? "" : cuda_cfgs[c].name, attn__cuda_variant_file(v, sm90[c]),
+                       "not counted as cold\n", v ? "" : cuda_cfgs[c].name, VARIANT_FILE(c, v),
                        cuda_variant_label[v], t * 1e3);
                 continue;
             }
@@ -1203,7 +1206,7 @@ static void cuda_compile_times(const attn_platform *plat0, int quick) {
             cold_sum += t;
             if (t > cold_max) cold_max = t;
             printf("  %-34s %-21s %s %7.0f ms wall (NVRTC %6.0f ms), %3d registers, %5d B shared, "
-                   "spills %d/%d B, cubin %zu KiB\n", v ? "" : cuda_cfgs[c].name, attn__cuda_variant_file(v, sm90[c]),
+                   "spills %d/%d B, cubin %zu KiB\n", v ? "" : cuda_cfgs[c].name, VARIANT_FILE(c, v),
                    cuda_variant_label[v], t * 1e3, info.compile_ms, info.registers,
                    info.shared_bytes, info.spill_stores, info.spill_loads, info.cubin_bytes / 1024);
         }
@@ -1238,9 +1241,9 @@ static void cuda_compile_times(const attn_platform *plat0, int quick) {
                     attn_layer_desc d = cuda_desc(&cuda_cfgs[c]);
                     CHECK(ctx, attn_layer_create(ctx, &d, NULL, &layers[c]));
                 } else {
-                    for (v = 0; v < ATTN__CUDA_LAYER_VARIANTS; v++)
+                    for (v = 0; v < ATTN__ROLE_COUNT; v++)
                         if (opt[c][v][0])
-                            CHECK(ctx, attn_kernel_compile(ctx, attn__cuda_variant_file(v, sm90[c]), opt[c][v],
+                            CHECK(ctx, attn_kernel_compile(ctx, VARIANT_FILE(c, v), opt[c][v],
                                                            VARIANT_ARCH(c, v), NULL));
                 }
                 t = now_s() - t0;
@@ -1267,7 +1270,7 @@ static void cuda_compile_times(const attn_platform *plat0, int quick) {
     {
         bench_row *row = row_add();
         int any90a = 0;
-        for (c = 0; c < CUDA_NUM_CFGS; c++) any90a |= sm90[c];
+        for (c = 0; c < CUDA_NUM_CFGS; c++) any90a |= fam[c]->role[ATTN__ROLE_PREFILL].arch_a;
         snprintf(row->name, sizeof row->name, "cold NVRTC compile per variant (%d variants, %s%s)", n_cold, arch,
                  any90a ? "; wgmma: sm_90a" : "");
         row->ms = cold_max * 1e3;
@@ -1612,10 +1615,10 @@ static int bench_recompile(attn_context *ctx, const char *env, const char *file,
 /* ATTN_BENCH_MLA_DEFINES: a CUDA_MLA layer's decode recompiled (its split policy follows). */
 static void mla_bench_recompile(attn_context *ctx, attn_layer *layer) {
     attn__cuda_mla_layer *L;
-    char opt[ATTN__CUDA_MLA_VARIANTS][256];
+    char opt[ATTN__ROLE_COUNT][256];
     if (!getenv("ATTN_BENCH_MLA_DEFINES") || attn_layer_backend(layer)->id != ATTN_BACKEND_CUDA_MLA) return;
     L = (attn__cuda_mla_layer *)attn_layer_backend_state(layer);
-    attn__cuda_mla_variants(attn_layer_get_desc(layer), 0, opt);
+    attn__cuda_mla_variants(attn_layer_get_desc(layer), attn__kernel_family_of(ATTN_BACKEND_CUDA_MLA), opt);
     L->resident = bench_recompile(ctx, "ATTN_BENCH_MLA_DEFINES", "mla_decode.cu", opt[0], sizeof opt[0], "attn_mla_decode",
                                   "attn_mla_merge", 0, "attn_mla_config", &L->decode);
     CHECK(ctx, attn_layer_set_decode_parallelism(layer, L->resident, L->rows));
@@ -1945,8 +1948,9 @@ static void cuda_decode_8bit(attn_context *ctx, const cuda_bench *cb16, double r
         CHECK(ctx, attn_layer_create(ctx, &d, NULL, &cb.layer));
         if (getenv("ATTN_BENCH_KV8_DEFINES")) { /* tuning: the decode tiles recompiled with these defines */
             attn__cuda_layer *L = (attn__cuda_layer *)attn_layer_backend_state(cb.layer);
-            char opt[ATTN__CUDA_LAYER_VARIANTS][256];
-            attn__cuda_layer_variants(attn_layer_get_desc(cb.layer), &ctx->platform, 0, opt);
+            char opt[ATTN__ROLE_COUNT][256];
+            attn__cuda_layer_variants(attn_layer_get_desc(cb.layer), &ctx->platform, attn__kernel_family_of(ATTN_BACKEND_CUDA),
+                                      opt);
             L->resident = bench_recompile(ctx, "ATTN_BENCH_KV8_DEFINES", "paged_attention.cu", opt[0], sizeof opt[0],
                                           "attn_paged_attention", NULL, ATTN__LOAD_PAGED, NULL, &L->decode);
         }
