@@ -7,6 +7,8 @@
 #   MEMCHECK_TESTS  comma-separated test names for memcheck (ATTN_TEST_ONLY; default: none)
 #   PYTEST_K        pytest -k expression (default: all of tests/python/test_attn_h.py)
 #   BENCH_ARGS      extra attn-bench arguments (default: none = the whole default run)
+#   PEER=1          also tools/torch_peer.py --quick (PyTorch on the same shapes), after the bench
+#   HARNESS=1       also the kernel harness (cuda_kernels, paged and MLA kernels against the CPU)
 set -u
 cd "$(dirname "$0")/.."
 budget=${1:-540}
@@ -20,7 +22,7 @@ summary() { printf '%-30s %s\n' "$1" "$2" | tee -a "$OUT/summary.txt" >/dev/null
 last() { grep -E '^[0-9]+ passed, [0-9]+ failed' "$1" | tail -n 1; }
 summary "gpu" "$(nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader 2>/dev/null | head -1)"
 t0=$(date +%s)
-if ! make -j"$(nproc)" build/attn_tests build/attn-bench build/libattn.so > "$OUT/build.log" 2>&1; then
+if ! make -j"$(nproc)" build/attn_tests build/attn-bench build/libattn.so build/cuda_kernels > "$OUT/build.log" 2>&1; then
     summary "build" "FAILED (build.log)"; tail -n 30 "$OUT/build.log"; cat "$OUT/summary.txt"; exit 1
 fi
 summary "build" "ok ($(( $(date +%s) - t0 )) s)"
@@ -37,6 +39,14 @@ if [ -n "${MEMCHECK_TESTS:-}" ] && command -v compute-sanitizer >/dev/null 2>&1;
         ./build/attn_tests cuda > "$OUT/memcheck.log" 2>&1
     summary "memcheck" "exit $?, $(grep -c 'Invalid\|ERROR SUMMARY: [1-9]' "$OUT/memcheck.log") error lines; $(last "$OUT/memcheck.log") ($(( $(date +%s) - t0 )) s)"
 fi
+if [ -n "${HARNESS:-}" ]; then
+    t0=$(date +%s)
+    timeout 90 ./build/cuda_kernels --cases 6 > "$OUT/harness.log" 2>&1
+    summary "kernel harness" "$(last "$OUT/harness.log") ($(( $(date +%s) - t0 )) s)"
+    t0=$(date +%s)
+    timeout 90 ./build/cuda_kernels --mla --cases 6 > "$OUT/harness-mla.log" 2>&1
+    summary "kernel harness (MLA)" "$(last "$OUT/harness-mla.log") ($(( $(date +%s) - t0 )) s)"
+fi
 if python3 -c 'import numpy, pytest, torch; assert torch.cuda.is_available()' >/dev/null 2>&1; then
     t0=$(date +%s)
     timeout 150 python3 -m pytest -q -p no:cacheprovider tests/python/test_attn_h.py ${PYTEST_K:+-k "$PYTEST_K"} \
@@ -49,5 +59,10 @@ if [ "$(left)" -gt 60 ]; then
     timeout $(( $(left) - 15 )) ./build/attn-bench --device cuda --csv "$OUT/attn-bench.csv" ${BENCH_ARGS:-} \
         > "$OUT/attn-bench.log" 2>&1
     summary "attn-bench --device cuda" "exit $? ($(( $(date +%s) - t0 )) s)"
+fi
+if [ -n "${PEER:-}" ] && [ "$(left)" -gt 60 ]; then
+    t0=$(date +%s)
+    timeout $(( $(left) - 10 )) python3 tools/torch_peer.py --quick --csv "$OUT/torch-peer.csv" > "$OUT/torch-peer.log" 2>&1
+    summary "torch peer (--quick)" "exit $? ($(( $(date +%s) - t0 )) s)"
 fi
 cat "$OUT/summary.txt"
