@@ -8205,7 +8205,7 @@ static const attn_backend attn__cuda_backend = {
    write, schedule, merge, graph support). Its own registry entry so that the selection
    record says which prefill kernel a layer got and, where it did not get this one, why
    (H200, causal prefill 32/8 heads, head 128, bf16, through attn_layer_forward: 349-412
-   TFLOP/s against the mma.sync tiles' 284-317; BENCHMARKS.md, v4). */
+   TFLOP/s against the mma.sync tiles' 284-317; docs/history/BENCHMARKS-sessions-2026-11-29-to-12-02.md, v4). */
 static int attn__cuda_sm90_check(const attn_backend *self, const attn_layer_desc *d, const attn_platform *p,
                                  char *reason, size_t size) {
     if (d->head_size != 64 && d->head_size != 128) {
