@@ -186,7 +186,8 @@
        context   attn_context_create attn_context_destroy attn_context_last_error
                  attn_context_set_log_level attn_status_string attn_log_item_name
        types     attn_dtype_name attn_dtype_from_name attn_dtype_size attn_f32_to_f16
-                 attn_f16_to_f32 attn_f32_to_bf16 attn_bf16_to_f32 attn_tensor_make
+                 attn_f16_to_f32 attn_f32_to_bf16 attn_bf16_to_f32 attn_f32_to_fp8_e4m3
+                 attn_fp8_e4m3_to_f32 attn_f32_to_fp8_e5m2 attn_fp8_e5m2_to_f32 attn_tensor_make
                  attn_tensor_slots attn_tensor_nbytes
        platform  attn_platform_get attn_platform_format
        cuda      attn_cuda_malloc attn_cuda_free attn_cuda_memcpy attn_cuda_synchronize

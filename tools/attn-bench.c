@@ -6,7 +6,11 @@
                        with the widest vector loads and 8 independent accumulators; best pass.
         FP32 FMA     - 16 independent FMA chains per thread in the widest vectors (AVX-512,
                        else AVX2, else scalar), 2 flops per lane per FMA; best pass.
-   2. attn.h through its public API only (context, layer, metadata, forward, MLA forward_mqa):
+   2. attn.h, timed through its public API (context, layer, metadata, forward, MLA
+      forward_mqa). The tool itself is built with the implementation and still reaches some
+      private names: its CUDA part's ceilings (attn_read_probe through attn__cuda_load), the
+      compile-time table (attn__cuda_layer_variants) and the tuning knobs that recompile a
+      layer's decode kernel (ATTN_BENCH_*_DEFINES); issue 21 moves those to public seams:
         decode   - 32 query / 8 KV heads, head 128, context 4096, batch 1 and 8, KV cache f16,
                    f32 and bf16 (q/out in the same dtype). Metric: GB/s of KV read, against
                    the best read ceiling of the run, and GB/s per core. Every iteration reads a different set of blocks (randomly
