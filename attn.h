@@ -1,4 +1,4 @@
-/* attn.h - v0.9.1 - paged attention and MLA for C/C++, portable C and CUDA (NVRTC)
+/* attn.h - v0.10.0 - paged attention and MLA for C/C++, portable C and CUDA (NVRTC)
 
    Do this:
        #define ATTN_IMPLEMENTATION
@@ -291,6 +291,14 @@
               explicit requests name every failing check; CUDA cache writes from host
               slots allocate, copy and wait for nothing (slots in the launch parameters);
               the selection record shows an 8-bit cache's scale kind.
+       0.10.0 the house for more backends (issue 21, first steps). API changes: the cache
+              writes take the slot mapping as an int64 tensor (ATTN_DTYPE_INT64; host, or
+              the layer's device: one checked launch, capturable; attn_tensor_slots for a
+              host array), and so do the backends' reshape/concat hooks; attn_selection's
+              reasons and log line are longer. Every struct that crosses into a kernel is
+              defined once (kernels/attn_params.cuh, embedded into the host part); kernel
+              families and the registry are tables; ATTN_NO_CUDA removes the CUDA path
+              whole; a backend's cuda_graph level and LSE base are enforced.
 
    LICENSE: MIT, see the end of the file.
 */
@@ -298,9 +306,9 @@
 #define ATTN_H
 
 #define ATTN_VERSION_MAJOR 0
-#define ATTN_VERSION_MINOR 9
-#define ATTN_VERSION_PATCH 1
-#define ATTN_VERSION_STRING "0.9.1"
+#define ATTN_VERSION_MINOR 10
+#define ATTN_VERSION_PATCH 0
+#define ATTN_VERSION_STRING "0.10.0"
 
 #include <stddef.h>
 #include <stdint.h>

@@ -74,6 +74,15 @@ static inline void attn_test_env_restore(attn_test_env *e) {
    (a C99 compound literal: it lives to the end of the enclosing block). */
 #define ATTN_TEST_SLOTS(s, n) (&(attn_tensor[1]){attn_tensor_slots((s), (n))}[0])
 
+/* Whether all n bytes at p are b (an output a refused call must not have touched). */
+static inline int attn_test_all_bytes(const void *p, size_t n, unsigned char b) {
+    const unsigned char *c = (const unsigned char *)p;
+    size_t i;
+    for (i = 0; i < n; i++)
+        if (c[i] != b) return 0;
+    return 1;
+}
+
 /* 8-bit KV-cache types (fp8_e4m3, fp8_e5m2, int8): one byte an element. */
 static inline int attn_test_is_8bit(attn_dtype dt) {
     return dt == ATTN_DTYPE_FP8_E4M3 || dt == ATTN_DTYPE_FP8_E5M2 || dt == ATTN_DTYPE_INT8;

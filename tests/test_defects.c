@@ -223,14 +223,6 @@ static attn_tensor def_view(void *data, attn_dtype dt, int ndim, const int64_t *
     return t;
 }
 
-static int def_all_bytes(const void *p, size_t n, unsigned char b) {
-    const unsigned char *c = (const unsigned char *)p;
-    size_t i;
-    for (i = 0; i < n; i++)
-        if (c[i] != b) return 0;
-    return 1;
-}
-
 /* Standard layer: 4/2 heads of 16, one 3-token prefill; out and lse may not overlap. */
 #define DS_H 4
 #define DS_HKV 2
@@ -298,8 +290,8 @@ ATTN_TEST(def_output_overlap_forward) {
             o = def_view(out, ATTN_DTYPE_F32, 3, sq, bad_out[i]);
             DEF_FAILS(&cap, attn_layer_forward(layer, meta, &tq, &tk, &tv, &tkv, &o, NULL, NULL),
                       ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_LAYOUT);
-            EXPECT_TRUE(def_all_bytes(out, sizeof out, 0x7f));
-            EXPECT_TRUE(def_all_bytes(kv, sizeof kv, 0x7e)); /* the cache write waits too */
+            EXPECT_TRUE(attn_test_all_bytes(out, sizeof out, 0x7f));
+            EXPECT_TRUE(attn_test_all_bytes(kv, sizeof kv, 0x7e)); /* the cache write waits too */
         }
         for (i = 0; i < sizeof bad_lse / sizeof bad_lse[0]; i++) {
             memset(out, 0x7f, sizeof out);
@@ -307,8 +299,8 @@ ATTN_TEST(def_output_overlap_forward) {
             l = def_view(lse, ATTN_DTYPE_F32, 2, sl, bad_lse[i]);
             DEF_FAILS(&cap, attn_layer_forward(layer, meta, &tq, NULL, NULL, &tkv, &tout, &l, NULL),
                       ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_LAYOUT);
-            EXPECT_TRUE(def_all_bytes(out, sizeof out, 0x7f));
-            EXPECT_TRUE(def_all_bytes(lse, sizeof lse, 0x7f));
+            EXPECT_TRUE(attn_test_all_bytes(out, sizeof out, 0x7f));
+            EXPECT_TRUE(attn_test_all_bytes(lse, sizeof lse, 0x7f));
         }
         /* allowed: dense, padded rows and heads, and a broadcast input (q rows repeated) */
         memset(kv, 0, sizeof kv);
@@ -430,7 +422,7 @@ ATTN_TEST(def_output_overlap_mla_and_merge) {
     l = def_view(lse, ATTN_DTYPE_F32, 2, sl, st2_row0);
     DEF_FAILS(&cap, attn_mla_forward_mqa(layer, meta, &tqm, NULL, &tkv, &tol, &l, NULL),
               ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_LAYOUT);
-    EXPECT_TRUE(def_all_bytes(ol, sizeof ol, 0x7f));
+    EXPECT_TRUE(attn_test_all_bytes(ol, sizeof ol, 0x7f));
     EXPECT_OK(attn_mla_forward_mqa(layer, meta, &tqm, NULL, &tkv, &tol, &tlse, NULL));
 
     /* forward_mha: out, lse */
@@ -444,7 +436,7 @@ ATTN_TEST(def_output_overlap_mla_and_merge) {
     l = def_view(lse, ATTN_DTYPE_F32, 2, sl, st2_heads);
     DEF_FAILS(&cap, attn_mla_forward_mha(layer, meta, &tqh, &tkv, &tuk, &tuv, &tout, &l, NULL),
               ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_LAYOUT);
-    EXPECT_TRUE(def_all_bytes(out, sizeof out, 0x7f));
+    EXPECT_TRUE(attn_test_all_bytes(out, sizeof out, 0x7f));
     EXPECT_OK(attn_mla_forward_mha(layer, meta, &tqh, &tkv, &tuk, &tuv, &tout, &tlse, NULL));
 
     /* the fused call: out */
@@ -455,7 +447,7 @@ ATTN_TEST(def_output_overlap_mla_and_merge) {
     o = def_view(out, ATTN_DTYPE_F32, 3, so, st3_row0);
     DEF_FAILS(&cap, attn_mla_forward(layer, meta, &tqn, &tqp, NULL, NULL, &tkv, &tuk, &tuv, &o, NULL),
               ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_LAYOUT);
-    EXPECT_TRUE(def_all_bytes(out, sizeof out, 0x7f));
+    EXPECT_TRUE(attn_test_all_bytes(out, sizeof out, 0x7f));
     EXPECT_OK(attn_mla_forward(layer, meta, &tqn, &tqp, NULL, NULL, &tkv, &tuk, &tuv, &tout, NULL));
 
     /* the merge: out, lse; out may still alias an input, and inputs may broadcast */
@@ -469,8 +461,8 @@ ATTN_TEST(def_output_overlap_mla_and_merge) {
     DEF_FAILS(&cap, attn_merge_attn_states(ctx, &toa, &tla, ATTN_LSE_BASE_E, &toa, &tla,
                                            ATTN_LSE_BASE_E, &tout, &l, ATTN_LSE_BASE_E, NULL),
               ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_LAYOUT);
-    EXPECT_TRUE(def_all_bytes(out, sizeof out, 0x7f));
-    EXPECT_TRUE(def_all_bytes(lse, sizeof lse, 0x7f));
+    EXPECT_TRUE(attn_test_all_bytes(out, sizeof out, 0x7f));
+    EXPECT_TRUE(attn_test_all_bytes(lse, sizeof lse, 0x7f));
     {
         attn_tensor bcast = def_view(oa, ATTN_DTYPE_F32, 3, so, st3_row0);
         attn_tensor lb = def_view(la, ATTN_DTYPE_F32, 2, sl, st2_row0);

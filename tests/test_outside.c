@@ -29,12 +29,40 @@ static float *out_floats(size_t n, uint32_t seed) {
     return p;
 }
 
-static int out_all_bytes(const void *p, size_t n, unsigned char v) {
-    const unsigned char *b = (const unsigned char *)p;
-    size_t i;
-    for (i = 0; i < n; i++)
-        if (b[i] != v) return 0;
-    return 1;
+/* Metadata for `layer` with just the capacity of one batch (nreq requests: query starts
+   qsl, sequence lengths seq, block-table rows of `stride` ids, slots), built from it; NULL
+   after a failure (reported). */
+static attn_metadata *out_meta(attn_layer *layer, int nreq, const int32_t *qsl, const int32_t *seq,
+                               const int32_t *table, int stride, const int64_t *slots, int64_t num_blocks) {
+    attn_metadata_desc md;
+    attn_metadata *meta = NULL;
+    attn_batch bt;
+    int r;
+    memset(&md, 0, sizeof md);
+    md.max_num_reqs = nreq;
+    md.max_num_tokens = qsl[nreq];
+    md.max_blocks_per_req = stride;
+    md.num_blocks = num_blocks;
+    memset(&bt, 0, sizeof bt);
+    bt.query_start_loc = qsl;
+    bt.seq_lens = seq;
+    bt.block_table = table;
+    bt.block_table_stride = stride;
+    bt.slot_mapping = slots;
+    bt.num_reqs = nreq;
+    bt.num_actual_tokens = qsl[nreq];
+    for (r = 0; r < nreq; r++) {
+        if (qsl[r + 1] - qsl[r] > bt.max_query_len) bt.max_query_len = qsl[r + 1] - qsl[r];
+        if (seq[r] > bt.max_seq_len) bt.max_seq_len = seq[r];
+    }
+    if (!layer) return NULL;
+    EXPECT_OK(attn_metadata_create(layer, &md, &meta));
+    if (meta && attn_metadata_build(meta, 0, &bt, 0) != ATTN_OK) {
+        attn_test_fail(__FILE__, __LINE__, "attn_metadata_build: %s", attn_context_last_error(attn_layer_context(layer)));
+        attn_metadata_destroy(meta);
+        meta = NULL;
+    }
+    return meta;
 }
 
 /* ---- 1. metadata shared between MLA layers of other qk_nope / v widths ---------------- */
@@ -65,8 +93,6 @@ ATTN_TEST(out_mla_metadata_of_other_widths_is_refused) {
     attn_context *ctx = attn_test_context(&log, ATTN_LOG_LEVEL_NONE, 2);
     attn_layer *a, *b;
     attn_metadata *meta = NULL;
-    attn_metadata_desc md;
-    attn_batch bt;
     int32_t qsl[3] = {0, 1, OUT_MLA_T}, seq[2] = {20, 39}, table[2 * 4];
     int64_t slots[OUT_MLA_T];
     int i;
@@ -75,23 +101,7 @@ ATTN_TEST(out_mla_metadata_of_other_widths_is_refused) {
     b = out_mla_layer(ctx, 128, 128);
     for (i = 0; i < 8; i++) table[i] = i;
     for (i = 0; i < OUT_MLA_T; i++) slots[i] = i == 0 ? 19 : 64 + i - 1;
-    memset(&md, 0, sizeof md);
-    md.max_num_reqs = 2;
-    md.max_num_tokens = OUT_MLA_T;
-    md.max_blocks_per_req = 4;
-    md.num_blocks = OUT_MLA_BLOCKS;
-    memset(&bt, 0, sizeof bt);
-    bt.query_start_loc = qsl;
-    bt.seq_lens = seq;
-    bt.block_table = table;
-    bt.block_table_stride = 4;
-    bt.slot_mapping = slots;
-    bt.num_reqs = 2;
-    bt.num_actual_tokens = OUT_MLA_T;
-    bt.max_query_len = 39;
-    bt.max_seq_len = 39;
-    if (a) EXPECT_OK(attn_metadata_create(a, &md, &meta));
-    if (meta) EXPECT_OK(attn_metadata_build(meta, 0, &bt, 0));
+    meta = out_meta(a, 2, qsl, seq, table, 4, slots, OUT_MLA_BLOCKS);
     /* the fused call, forward_mha and forward_mqa of the 128-wide layer over the 64-wide
        layer's metadata: each refused, naming both widths, nothing written */
     if (meta && b) {
@@ -134,7 +144,7 @@ ATTN_TEST(out_mla_metadata_of_other_widths_is_refused) {
             EXPECT_TRUE(strstr(attn_context_last_error(ctx), "attn_mla_forward_mha") != NULL);
             EXPECT_STATUS(attn_mla_forward_mqa(b, meta, &tqm, NULL, &tc, &tol, NULL, NULL),
                           ATTN_ERROR_INVALID_METADATA);
-            EXPECT_TRUE(out_all_bytes(out, nq * OUT_MLA_R * sizeof(float), 0x7f));
+            EXPECT_TRUE(attn_test_all_bytes(out, nq * OUT_MLA_R * sizeof(float), 0x7f));
             /* the layer that created it still runs over it */
             if (a) {
                 int64_t sqn6[3] = {OUT_MLA_T, OUT_MLA_H, 64}, suk6[3] = {OUT_MLA_H, 64, OUT_MLA_R};
@@ -144,7 +154,7 @@ ATTN_TEST(out_mla_metadata_of_other_widths_is_refused) {
                 attn_tensor tuv6 = attn_tensor_make(wuv, ATTN_DTYPE_F32, 3, suv6);
                 attn_tensor to6 = attn_tensor_make(out, ATTN_DTYPE_F32, 3, so6);
                 EXPECT_OK(attn_mla_forward(a, meta, &tqn6, &tqp, NULL, NULL, &tc, &tuk6, &tuv6, &to6, NULL));
-                EXPECT_TRUE(out[0] == out[0] && !out_all_bytes(out, 4, 0x7f));
+                EXPECT_TRUE(out[0] == out[0] && !attn_test_all_bytes(out, 4, 0x7f));
             }
         }
         free(qn); free(qp); free(qh); free(cache); free(wuk); free(wuv); free(out);
@@ -288,8 +298,6 @@ ATTN_TEST(out_mla_messages_name_the_call_and_the_mla_scale) {
     attn_layer_desc d;
     attn_layer *layer = NULL;
     attn_metadata *meta = NULL;
-    attn_metadata_desc md;
-    attn_batch bt;
     float kscale = 0.5f;
     int32_t qsl[3] = {0, 1, 3}, seq[2] = {5, 2}, table[2] = {0, 1};
     int64_t slots[3] = {4, 16, 17};
@@ -312,23 +320,7 @@ ATTN_TEST(out_mla_messages_name_the_call_and_the_mla_scale) {
     d.kv_cache_dtype = ATTN_DTYPE_FP8_E4M3;
     d.k_scale.ptr = &kscale;
     EXPECT_OK(attn_layer_create(ctx, &d, NULL, &layer));
-    memset(&md, 0, sizeof md);
-    md.max_num_reqs = 2;
-    md.max_num_tokens = T;
-    md.max_blocks_per_req = 1;
-    md.num_blocks = 2;
-    memset(&bt, 0, sizeof bt);
-    bt.query_start_loc = qsl;
-    bt.seq_lens = seq;
-    bt.block_table = table;
-    bt.block_table_stride = 1;
-    bt.slot_mapping = slots;
-    bt.num_reqs = 2;
-    bt.num_actual_tokens = T;
-    bt.max_query_len = 2;
-    bt.max_seq_len = 5;
-    if (layer) EXPECT_OK(attn_metadata_create(layer, &md, &meta));
-    if (meta) EXPECT_OK(attn_metadata_build(meta, 0, &bt, 0));
+    meta = out_meta(layer, 2, qsl, seq, table, 1, slots, 2);
     if (meta) {
         float *qn = out_floats((size_t)T * H * N, 11), *qp = out_floats((size_t)T * H * P, 12);
         float *kc = out_floats((size_t)T * R, 13), *kp = out_floats((size_t)T * P, 14);
@@ -350,11 +342,11 @@ ATTN_TEST(out_mla_messages_name_the_call_and_the_mla_scale) {
         msg = attn_context_last_error(ctx);
         EXPECT_TRUE(strncmp(msg, "attn_mla_forward:", 17) == 0);
         EXPECT_TRUE(strstr(msg, "k_scale") != NULL);
-        EXPECT_TRUE(out_all_bytes(cache, sizeof cache, 0x11));
-        EXPECT_TRUE(out_all_bytes(out, sizeof out, 0x7f));
+        EXPECT_TRUE(attn_test_all_bytes(cache, sizeof cache, 0x11));
+        EXPECT_TRUE(attn_test_all_bytes(out, sizeof out, 0x7f));
         kscale = 0.5f;
         EXPECT_OK(attn_mla_forward(layer, meta, &tqn, &tqp, &tkc, &tkp, &tc, &tuk, &tuv, &to, NULL));
-        EXPECT_TRUE(!out_all_bytes(out, sizeof out, 0x7f) && out[0] == out[0]);
+        EXPECT_TRUE(!attn_test_all_bytes(out, sizeof out, 0x7f) && out[0] == out[0]);
         free(qn); free(qp); free(kc); free(kp); free(wuk); free(wuv);
     }
     attn_metadata_destroy(meta);
@@ -439,8 +431,6 @@ ATTN_TEST(out_lse_base_and_graph_level_enforced) {
     attn_select_request rq;
     attn_layer *layer = NULL;
     attn_metadata *meta = NULL;
-    attn_metadata_desc md;
-    attn_batch bt;
     int32_t qsl[3] = {0, 1, 3}, seq[2] = {1, 2}, table[2] = {0, 1};
     int64_t slots[3] = {0, 16, 17}, sq[3] = {3, 4, 16}, sl[2] = {3, 4}, sc[5] = {2, 2, 16, 4, 16};
     float q[3 * 4 * 16], out[3 * 4 * 16], lse[3 * 4], cache[2 * 2 * 16 * 4 * 16];
@@ -475,13 +465,7 @@ ATTN_TEST(out_lse_base_and_graph_level_enforced) {
     memset(&rq, 0, sizeof rq);
     rq.backend = ATTN_BACKEND_CUSTOM;
     if (ctx) EXPECT_OK(attn_layer_create(ctx, &d, &rq, &layer));
-    memset(&md, 0, sizeof md);
-    md.max_num_reqs = 2; md.max_num_tokens = 3; md.max_blocks_per_req = 1; md.num_blocks = 2;
-    memset(&bt, 0, sizeof bt);
-    bt.query_start_loc = qsl; bt.seq_lens = seq; bt.block_table = table; bt.block_table_stride = 1;
-    bt.slot_mapping = slots; bt.num_reqs = 2; bt.num_actual_tokens = 3; bt.max_query_len = 2; bt.max_seq_len = 2;
-    if (layer) EXPECT_OK(attn_metadata_create(layer, &md, &meta));
-    if (meta) EXPECT_OK(attn_metadata_build(meta, 0, &bt, 0));
+    meta = out_meta(layer, 2, qsl, seq, table, 1, slots, 2);
     if (meta) {
         memset(q, 0, sizeof q);
         memset(cache, 0, sizeof cache);
@@ -538,7 +522,7 @@ ATTN_TEST(out_slot_mapping_tensor_checked) {
     /* more slots than key rows */
     sm = attn_tensor_slots(slots, 8);
     EXPECT_STATUS(attn_reshape_and_cache(layer, &tk, &tk, &tc, &sm, NULL), ATTN_ERROR_SHAPE_MISMATCH);
-    EXPECT_TRUE(out_all_bytes(cache, sizeof cache, 0x7f));
+    EXPECT_TRUE(attn_test_all_bytes(cache, sizeof cache, 0x7f));
     /* and the write that is right */
     sm = attn_tensor_slots(slots, 4);
     EXPECT_OK(attn_reshape_and_cache(layer, &tk, &tk, &tc, &sm, NULL));
