@@ -59,6 +59,13 @@
                                attn_context_create unless attn_context_desc.kernel_cache_dir
        ATTN_LOG_LEVEL          error | warn | info (default) | debug | none
        ATTN_NUM_THREADS        CPU worker threads, 1..1024 (default: the online cores)
+       ATTN_KERNEL_DEFINES     tuning: "ROLE.NAME=VALUE ..." (ROLE decode, prefill, cache or
+                               decode_wide; NAME an identifier; VALUE digits or an
+                               identifier), -DNAME=VALUE appended to that role's kernel of
+                               every CUDA layer created while it is set (e.g.
+                               "decode.KV_TILE=64 decode.KV_STAGES=2"); the layer's record
+                               shows it (kernel_defines); a malformed value is one WARN and
+                               nothing is applied
        ATTN_BATCH_INVARIANT    on = never split a sequence's keys across threads (MLA: one
                                KV split, unless attn_metadata_desc.num_kv_splits forces a
                                count: an explicit count wins), so a row's result does not
@@ -877,6 +884,9 @@ typedef struct attn_selection {
         char reason[320];
     } skipped[ATTN_SELECTION_MAX_SKIPPED];
     char log_line[1024];               /* the INFO line that was logged */
+    /* a layer's record only: ATTN_KERNEL_DEFINES as the layer's kernels were compiled with
+       it ("" when unset, or when the layer's backend compiles no kernels) */
+    char kernel_defines[256];
 } attn_selection;
 
 /* Resolves without creating a layer. On ATTN_ERROR_BACKEND_UNAVAILABLE /
@@ -1982,6 +1992,51 @@ static int attn__env_int(const attn_context *ctx, const char *name, int lo, int 
     attn__fmt(allowed, sizeof allowed, "an integer from %d to %d", lo, hi);
     attn__env_invalid(ctx, name, v, allowed);
     return dflt;
+}
+
+/* ATTN_KERNEL_DEFINES (a tuning seam, see the doc block): "ROLE.NAME=VALUE ..." with ROLE
+   decode, prefill, cache or decode_wide (the CUDA kernel roles, in that order), NAME an
+   identifier, VALUE letters, digits and _. add[role] gets " -DNAME=VALUE" for each token of
+   that role. Returns 1 when set and well formed; 0 when unset, or malformed (one WARN
+   through ctx naming what is allowed, none when ctx is NULL; nothing to apply). */
+static int attn__ident_char(char c, int first) {
+    return c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (!first && c >= '0' && c <= '9');
+}
+static int attn__env_kernel_defines(const attn_context *ctx, char add[4][256]) {
+    static const char *const roles[4] = {"decode", "prefill", "cache", "decode_wide"};
+    const char *v = attn__trim_env("ATTN_KERNEL_DEFINES"), *p;
+    int pass, r;
+    memset(add, 0, 4 * sizeof add[0]);
+    if (!v) return 0;
+    for (pass = 0; pass < 2; pass++)
+        for (p = v; *p;) { /* tokens "ROLE.NAME=VALUE", separated by spaces */
+            const char *t = p, *dot, *eq, *end, *c;
+            int ok;
+            while (*t == ' ') t++;
+            if (!*t) break;
+            for (end = t; *end && *end != ' '; end++) {}
+            for (dot = t; dot < end && *dot != '.'; dot++) {}
+            for (eq = dot; eq < end && *eq != '='; eq++) {}
+            ok = dot < end && eq < end && eq > dot + 1 && eq + 1 < end && attn__ident_char(dot[1], 1);
+            for (r = 0; ok && r < 4; r++)
+                if ((size_t)(dot - t) == strlen(roles[r]) && !strncmp(t, roles[r], (size_t)(dot - t))) break;
+            ok = ok && r < 4;
+            for (c = dot + 1; ok && c < eq; c++) ok = attn__ident_char(*c, 0);
+            for (c = eq + 1; ok && c < end; c++) ok = attn__ident_char(*c, 0);
+            if (!ok) {
+                if (ctx) /* NULL: only asking whether it is well formed */
+                    attn__env_invalid(ctx, "ATTN_KERNEL_DEFINES", v, "space-separated ROLE.NAME=VALUE, ROLE one of "
+                                      "decode, prefill, cache, decode_wide; NAME an identifier; VALUE letters, digits, _");
+                memset(add, 0, 4 * sizeof add[0]);
+                return 0;
+            }
+            if (pass == 1) {
+                size_t n = strlen(add[r]);
+                attn__fmt(add[r] + n, 256 - n, " -D%.*s", (int)(end - dot - 1), dot + 1);
+            }
+            p = end;
+        }
+    return 1;
 }
 
 /* ATTN_LOG_LEVEL once more, to report a bad value through a context that has its logger. */
@@ -3399,7 +3454,8 @@ ATTN_API size_t attn_selection_format(const attn_selection *s, char *buf, size_t
                  "platform:\n"
                  "  kind: %s\n"
                  "log:\n"
-                 "  backend_line: %s\n",
+                 "  backend_line: %s\n"
+                 "%s%s%s",
                  s->env_var, s->env_set ? s->env_value : "(unset)",
                  s->forced_by_code ? attn_backend_name(s->forced_backend) : "no",
                  attn_backend_name(s->default_backend), attn_backend_name(s->requested),
@@ -3413,7 +3469,8 @@ ATTN_API size_t attn_selection_format(const attn_selection *s, char *buf, size_t
                  !s->resolved ? "(none)" : attn__graph_name(s->cuda_graph),
                  !s->resolved ? "(none)" : !s->can_return_lse ? "not returned"
                  : s->lse_base == ATTN_LSE_BASE_2 ? "base 2 (returned as base e)" : "base e",
-                 s->platform == ATTN_PLATFORM_CUDA ? "CUDA" : "CPU", s->log_line);
+                 s->platform == ATTN_PLATFORM_CUDA ? "CUDA" : "CPU", s->log_line,
+                 s->kernel_defines[0] ? "kernel_defines: " : "", s->kernel_defines, s->kernel_defines[0] ? "  # env ATTN_KERNEL_DEFINES\n" : "");
     return n < 0 ? 0 : (size_t)n;
 }
 
@@ -3478,6 +3535,12 @@ ATTN_API attn_status attn_layer_create(attn_context *ctx, const attn_layer_desc 
         return st;
     }
     layer->selection = sel;
+    if (layer->backend->device == ATTN_DEVICE_CUDA) { /* what its layer_init compiled in (well formed) */
+        char add[4][256];
+        if (attn__env_kernel_defines(NULL, add))
+            attn__strlcpy(layer->selection.kernel_defines, attn__trim_env("ATTN_KERNEL_DEFINES"),
+                          sizeof layer->selection.kernel_defines);
+    }
     *out = layer;
     return ATTN_OK;
 }
@@ -7322,6 +7385,21 @@ static int attn__kernel_family_refuses(const attn__kernel_family *f, const attn_
     return 0;
 }
 
+/* ATTN_KERNEL_DEFINES applied to a layer's variants (opt[role] not empty: roles it compiles);
+   a malformed value: one WARN, nothing applied (attn__env_kernel_defines). */
+static void attn__kernel_defines(const attn_context *ctx, char opt[ATTN__ROLE_COUNT][256]) {
+    char add[ATTN__ROLE_COUNT][256];
+    int r;
+    if (!attn__env_kernel_defines(ctx, add)) return;
+    for (r = 0; r < ATTN__ROLE_COUNT; r++) {
+        size_t n = strlen(opt[r]), m = strlen(add[r]);
+        if (!opt[r][0] || !m) continue;
+        if (n + m < 256) memcpy(opt[r] + n, add[r], m + 1);
+        else attn__env_invalid(ctx, "ATTN_KERNEL_DEFINES", attn__trim_env("ATTN_KERNEL_DEFINES"),
+                               "defines that fit a variant's 255 characters");
+    }
+}
+
 /* Compiles (or finds) one role's kernel with `options` and loads its entry points and
    launch configuration. */
 static attn_status attn__cuda_load_role(attn_context *ctx, const attn__kernel_role *r, const char *options,
@@ -7551,6 +7629,7 @@ static attn_status attn__cuda_layer_init(const attn_backend *self, attn_layer *l
         return st;
     }
     attn__cuda_layer_variants(d, &ctx->platform, f, opt);
+    attn__kernel_defines(ctx, opt);
     for (role = ATTN__ROLE_DECODE; role <= ATTN__ROLE_CACHE && st == ATTN_OK; role++)
         st = attn__cuda_load_role(ctx, &f->role[role], opt[role],
                                   role == ATTN__ROLE_DECODE ? &L->decode : role == ATTN__ROLE_PREFILL ? &L->prefill : &L->cache,
@@ -8466,6 +8545,7 @@ static attn_status attn__cuda_mla_layer_init(const attn_backend *self, attn_laye
         return st;
     }
     attn__cuda_mla_variants(d, f, opt);
+    attn__kernel_defines(ctx, opt);
     for (role = ATTN__ROLE_DECODE; role <= ATTN__ROLE_CACHE && st == ATTN_OK; role++)
         st = attn__cuda_load_role(ctx, &f->role[role], opt[role],
                                   role == ATTN__ROLE_DECODE ? &L->decode : role == ATTN__ROLE_PREFILL ? &L->prefill : &L->cache,

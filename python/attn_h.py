@@ -205,6 +205,7 @@ class attn_selection(C.Structure):
         ("num_skipped", C.c_int),
         ("skipped", attn_selection_skipped * ATTN_SELECTION_MAX_SKIPPED),
         ("log_line", C.c_char * 1024),
+        ("kernel_defines", C.c_char * 256),      # a layer's record: ATTN_KERNEL_DEFINES it was compiled with
     ]
 
 

@@ -68,7 +68,7 @@ static const attn_py_layout_entry attn_py__layout[] = {
     F(attn_selection, cuda_graph), F(attn_selection, can_return_lse),
     F(attn_selection, lse_base), F(attn_selection, num_skipped), F(attn_selection, skipped),
     F(attn_selection, skipped[0].backend), F(attn_selection, skipped[0].reason),
-    F(attn_selection, skipped[1]), F(attn_selection, log_line),
+    F(attn_selection, skipped[1]), F(attn_selection, log_line), F(attn_selection, kernel_defines),
 
     S(attn_batch), F(attn_batch, query_start_loc), F(attn_batch, seq_lens),
     F(attn_batch, block_table), F(attn_batch, block_table_stride), F(attn_batch, slot_mapping),

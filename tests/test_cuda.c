@@ -2281,6 +2281,43 @@ ATTN_TEST(cuda_cache_writes_match_cpu) {
     attn_context_destroy(ctx);
 }
 
+/* ATTN_KERNEL_DEFINES (the tuning seam): a layer created while it is set compiles its decode
+   tiles with those defines (2 stages instead of 3 here) and still matches the CPU; its record
+   shows the value; a malformed value is one WARN, nothing applied, an empty record. */
+ATTN_TEST(cuda_kernel_defines_env) {
+    attn_test_log log;
+    attn_context *ctx = cu_ctx(&log);
+    attn_test_env env = attn_test_env_save("ATTN_KERNEL_DEFINES");
+    attn_layer_desc d;
+    attn_layer *layer = NULL;
+    int n, fails = 0;
+    CU_SKIP_IF_NO_GPU(ctx);
+    setenv("ATTN_KERNEL_DEFINES", "decode.KV_STAGES=2 decode.KV_TILE=64", 1);
+    memset(&d, 0, sizeof d);
+    d.num_heads = 32; d.num_kv_heads = 8; d.head_size = 128; d.dtype = ATTN_DTYPE_BF16; d.device = ATTN_DEVICE_CUDA;
+    EXPECT_OK(attn_layer_create(ctx, &d, NULL, &layer));
+    if (layer) EXPECT_TRUE(strcmp(attn_layer_selection(layer)->kernel_defines, "decode.KV_STAGES=2 decode.KV_TILE=64") == 0);
+    attn_layer_destroy(layer);
+    layer = NULL;
+    for (n = 0; n < 6 && fails < 2; n++) { /* decodes and short prefills through the tuned tiles */
+        cu_case c;
+        memset(&c, 0, sizeof c);
+        c.heads = 32; c.kv_heads = 8; c.head = 128; c.dt = c.kv_dt = n % 2 ? ATTN_DTYPE_F16 : ATTN_DTYPE_BF16;
+        c.block = 16; c.causal = 1; c.lse = n % 2 == 0;
+        cu_random_reqs(&c, 20, 1500);
+        fails += cu_run_case(ctx, &c, __LINE__) > 0;
+    }
+    EXPECT_EQ_INT(fails, 0);
+    setenv("ATTN_KERNEL_DEFINES", "decode.KV STAGES=2", 1);
+    attn_test_log_reset(&log);
+    EXPECT_OK(attn_layer_create(ctx, &d, NULL, &layer));
+    EXPECT_TRUE(attn_test_log_has(&log, ATTN_LOG_ENV_INVALID, ATTN_LOG_LEVEL_WARN));
+    if (layer) EXPECT_TRUE(attn_layer_selection(layer)->kernel_defines[0] == 0);
+    attn_layer_destroy(layer);
+    attn_test_env_restore(&env);
+    attn_context_destroy(ctx);
+}
+
 void suite_cuda(void) {
     ATTN_RUN(cuda_selected_for_device_layers);
     ATTN_RUN(cuda_fp8_scale_pointer_device_checked);
@@ -2288,6 +2325,7 @@ void suite_cuda(void) {
     ATTN_RUN(cuda_fp8_bad_device_scale_writes_nothing);
     ATTN_RUN(cuda_fp8_graph_replays_new_scales);
     ATTN_RUN(cuda_forward_matches_cpu);
+    ATTN_RUN(cuda_kernel_defines_env);
     ATTN_RUN(cuda_host_tensor_refused);
     ATTN_RUN(cuda_cache_writes_match_cpu);
     ATTN_RUN(cuda_merge_matches_cpu);

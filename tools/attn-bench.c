@@ -1589,43 +1589,31 @@ enum { MB_R = 512, MB_P = 64, MB_D = 576, MB_N = 128, MB_V = 128, MB_BS = 64 };
    CUDA_MLA, the mma.sync fallback, on a Hopper GPU); unset, the selector chooses */
 static attn_select_request mla_request = {ATTN_BACKEND_AUTO, 0};
 
-/* Tuning: a layer's decode kernel recompiled with the defines of environment variable `env`
-   ("NAME=VALUE ...", each passed as -D) appended to its options opt: the new module replaces
-   *slot; returns the resident CTAs (occupancy x SMs) the split policies use. */
-static int bench_recompile(attn_context *ctx, const char *env, const char *file, char *opt, size_t opt_size,
-                           const char *kernel, const char *second, int flags, const char *config, attn__cuda_module *slot) {
-    char reason[256], *tok, defs[256];
-    size_t n;
-    int resident;
-    attn__cuda_module m;
-    snprintf(defs, sizeof defs, "%s", getenv(env));
-    for (tok = strtok(defs, " "); tok; tok = strtok(NULL, " "))
-        if ((n = strlen(opt)) + strlen(tok) + 4 < opt_size) snprintf(opt + n, opt_size - n, " -D%s", tok);
-    CHECK(ctx, attn__cuda_enter(ctx, "attn-bench"));
-    if (attn__cuda_load(ctx, file, opt, kernel, second, flags, &m, reason, sizeof reason) != ATTN_OK ||
-        (config && attn__cuda_configure(ctx, &m, config, file, opt, reason, sizeof reason) != ATTN_OK)) {
-        fprintf(stderr, "attn-bench: %s: %s\n", env, reason);
-        exit(1);
+/* Tuning: the bench's ATTN_BENCH_*_DEFINES knobs ("NAME=VALUE ...") become the decode
+   role's ATTN_KERNEL_DEFINES (the library's seam: read at layer creation, shown in the
+   layer's record) for the layers of that table: attn_layer_create under it, the variable
+   restored after. The split policies follow the recompiled kernel by themselves. */
+static void bench_layer_create(attn_context *ctx, const attn_layer_desc *d, const attn_select_request *req,
+                               const char *knob, attn_layer **out) {
+    char defs[512], buf[256], *tok, *saved = NULL;
+    const char *old = getenv("ATTN_KERNEL_DEFINES"), *k = knob ? getenv(knob) : NULL;
+    size_t n = 0;
+    if (k && *k) {
+        defs[0] = 0;
+        snprintf(buf, sizeof buf, "%s", k);
+        for (tok = strtok(buf, " "); tok; tok = strtok(NULL, " "))
+            n += (size_t)snprintf(defs + n, n < sizeof defs ? sizeof defs - n : 0, "%sdecode.%s", n ? " " : "", tok);
+        if (old) saved = strdup(old);
+        setenv("ATTN_KERNEL_DEFINES", defs, 1);
     }
-    ctx->cuda->cuModuleUnload(slot->module);
-    *slot = m;
-    resident = attn__cuda_resident(ctx, &m, 1);
-    attn__cuda_leave(ctx);
-    printf("  decode recompiled: %s (%d CTAs per SM, %d threads, %d bytes of shared memory)\n", opt,
-           resident / ATTN__MAX(1, ctx->platform.cuda_multiprocessors), m.config.threads, m.config.shared_bytes);
-    return resident;
-}
-
-/* ATTN_BENCH_MLA_DEFINES: a CUDA_MLA layer's decode recompiled (its split policy follows). */
-static void mla_bench_recompile(attn_context *ctx, attn_layer *layer) {
-    attn__cuda_mla_layer *L;
-    char opt[ATTN__ROLE_COUNT][256];
-    if (!getenv("ATTN_BENCH_MLA_DEFINES") || attn_layer_backend(layer)->id != ATTN_BACKEND_CUDA_MLA) return;
-    L = (attn__cuda_mla_layer *)attn_layer_backend_state(layer);
-    attn__cuda_mla_variants(attn_layer_get_desc(layer), attn__kernel_family_of(ATTN_BACKEND_CUDA_MLA), opt);
-    L->resident = bench_recompile(ctx, "ATTN_BENCH_MLA_DEFINES", "mla_decode.cu", opt[0], sizeof opt[0], "attn_mla_decode",
-                                  "attn_mla_merge", 0, "attn_mla_config", &L->decode);
-    CHECK(ctx, attn_layer_set_decode_parallelism(layer, L->resident, L->rows));
+    CHECK(ctx, attn_layer_create(ctx, d, req, out));
+    if (k && *k) {
+        if (saved) setenv("ATTN_KERNEL_DEFINES", saved, 1);
+        else unsetenv("ATTN_KERNEL_DEFINES");
+        free(saved);
+        printf("  %s: the decode kernels compiled with ATTN_KERNEL_DEFINES=\"%s\" (the record: \"%s\")\n", knob, defs,
+               attn_layer_selection(*out)->kernel_defines);
+    }
 }
 
 static attn_layer *mla_bench_layer(attn_context *ctx, int H) {
@@ -1642,9 +1630,8 @@ static attn_layer *mla_bench_layer(attn_context *ctx, int H) {
     d.block_size = MB_BS;
     d.dtype = d.kv_cache_dtype = ATTN_DTYPE_BF16;
     d.device = ATTN_DEVICE_CUDA;
-    CHECK(ctx, attn_layer_create(ctx, &d, &mla_request, &layer));
+    bench_layer_create(ctx, &d, &mla_request, "ATTN_BENCH_MLA_DEFINES", &layer);
     if (H == 16 || H == 128) printf("MLA layer, %d heads: backend %s\n", H, attn_backend_name(attn_layer_selection(layer)->resolved));
-    mla_bench_recompile(ctx, layer);
     return layer;
 }
 
@@ -1732,8 +1719,8 @@ static void cuda_mla_table(attn_context *ctx, cuda_bench *cb, double read_best, 
     c.w_uk = mla_dev_tensor(d_wuk, 3, 128, MB_N, MB_R);
     c.w_uv = mla_dev_tensor(d_wuv, 3, 128, MB_R, MB_V);
     /* tuning the fp8 latent's decode (ATTN_BENCH_MLA_FP8_ONLY: its 16-head rows only, against
-       bf16 times given there as six numbers; ATTN_BENCH_MLA_DEFINES "NAME=VALUE ...": every
-       CUDA_MLA decode recompiled with these defines; ATTN_BENCH_MLA_SPLITS: a forced split
+       bf16 times given there as six numbers; ATTN_BENCH_MLA_DEFINES "NAME=VALUE ...": the MLA
+       layers' decode compiled with these defines (ATTN_KERNEL_DEFINES); ATTN_BENCH_MLA_SPLITS: a forced split
        count) */
     const int fp8_h = getenv("ATTN_BENCH_MLA_FP8_H128") ? 1 : 0; /* with FP8_ONLY: the 128-head rows instead */
     if (getenv("ATTN_BENCH_MLA_FP8_ONLY"))
@@ -1845,8 +1832,7 @@ static void cuda_mla_table(attn_context *ctx, cuda_bench *cb, double read_best, 
         d.qk_nope_head_dim = MB_N; d.v_head_dim = MB_V; d.block_size = MB_BS;
         d.dtype = ATTN_DTYPE_BF16; d.kv_cache_dtype = ATTN_DTYPE_FP8_E4M3; d.k_scale.value = 1.0f / 64;
         d.device = ATTN_DEVICE_CUDA;
-        CHECK(ctx, attn_layer_create(ctx, &d, NULL, &c.layer));
-        mla_bench_recompile(ctx, c.layer);
+        bench_layer_create(ctx, &d, NULL, "ATTN_BENCH_MLA_DEFINES", &c.layer);
         bench_forced_splits = getenv("ATTN_BENCH_MLA_SPLITS") ? atoi(getenv("ATTN_BENCH_MLA_SPLITS")) : 0;
         c.cache = mla_dev_tensor(d_cache, 3, pool_blocks, MB_BS, MB_D);
         c.cache.dtype = ATTN_DTYPE_FP8_E4M3;
@@ -1949,15 +1935,7 @@ static void cuda_decode_8bit(attn_context *ctx, const cuda_bench *cb16, double r
         d.device = ATTN_DEVICE_CUDA;
         if (kinds[k].pth) d.kv_scale_kind = ATTN_KV_SCALE_PER_TOKEN_HEAD;
         else d.k_scale.value = d.v_scale.value = 1.0f / 64;
-        CHECK(ctx, attn_layer_create(ctx, &d, NULL, &cb.layer));
-        if (getenv("ATTN_BENCH_KV8_DEFINES")) { /* tuning: the decode tiles recompiled with these defines */
-            attn__cuda_layer *L = (attn__cuda_layer *)attn_layer_backend_state(cb.layer);
-            char opt[ATTN__ROLE_COUNT][256];
-            attn__cuda_layer_variants(attn_layer_get_desc(cb.layer), &ctx->platform, attn__kernel_family_of(ATTN_BACKEND_CUDA),
-                                      opt);
-            L->resident = bench_recompile(ctx, "ATTN_BENCH_KV8_DEFINES", "paged_attention.cu", opt[0], sizeof opt[0],
-                                          "attn_paged_attention", NULL, ATTN__LOAD_PAGED, NULL, &L->decode);
-        }
+        bench_layer_create(ctx, &d, NULL, "ATTN_BENCH_KV8_DEFINES", &cb.layer);
         CHECK(ctx, attn_layer_kv_cache_shape(cb.layer, cb.num_blocks, shape, &ndim));
         cb.kv = attn_tensor_make(pool, kinds[k].dt, ndim, shape);
         cb.kv.device.kind = ATTN_DEVICE_CUDA;
@@ -2256,8 +2234,10 @@ static void usage(FILE *f) {
                "  --case C      decode, prefill, mla or all (default all)\n"
                "  --mla-backend NAME  (cuda) the MLA table's layers forced onto NAME (CUDA_MLA: the\n"
                "                mma.sync fallback on a Hopper GPU; default: the selector's choice)\n"
-               "Tuning (cuda): ATTN_BENCH_KV8_DEFINES=\"KV_TILE=64 KV_STAGES=3 ...\" recompiles the 8-bit\n"
-               "table's decode tiles with these defines; ATTN_BENCH_KV8_ONLY=1 skips the bf16 decode rows.\n");
+               "Tuning (cuda): ATTN_BENCH_KV8_DEFINES=\"KV_TILE=64 KV_STAGES=3 ...\" compiles the 8-bit\n"
+               "table's decode tiles with these defines (through the library's ATTN_KERNEL_DEFINES, read at\n"
+               "layer creation); ATTN_BENCH_MLA_DEFINES the same for the MLA tables; ATTN_BENCH_KV8_ONLY=1\n"
+               "skips the bf16 decode rows.\n");
 }
 
 /* --selftest ROWS: the result table's own logic with ROWS synthetic rows (make test runs it
