@@ -7,6 +7,7 @@
 #define ATTN_MLA_COMMON_CUH
 #include "attn_common.cuh"
 #include "attn_params.cuh" /* attn__mla_decode_params, attn__mla_prefill_params */
+#include "online_softmax.cuh"
 
 /* The 16-byte chunk `col` (elements 8 col .. 8 col + 7) of the query row (row, head) held
    as two 16-bit tensors: columns [0, split) in a (q_latent, or q_nope), the rest in b
@@ -35,8 +36,7 @@ ATTN_DEV attn_i64 attn_mla_key_offset(const int *bt, int j, int key0, int key1, 
 ATTN_DEV void attn_mha_merge_weights(float lse_old, float *lse2, float *wn, float *wo) {
     const float lo = lse_old * ATTN_LOG2E, mx = fmaxf(lo, *lse2);
     if (mx == attn_neg_inf()) return;
-    const float a = lo == attn_neg_inf() ? 0.0f : attn_exp2(lo - mx);
-    const float b = *lse2 == attn_neg_inf() ? 0.0f : attn_exp2(*lse2 - mx);
+    const float a = attn_merge_weight(lo, mx), b = attn_merge_weight(*lse2, mx);
     const float inv = attn_rcp(a + b);
     *wo = a * inv;
     *wn *= b * inv;

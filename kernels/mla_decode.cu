@@ -428,10 +428,9 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, MIN_CTAS) attn_mla_de
                 float mx = attn_neg_inf();
 #pragma unroll
                 for (int k = 0; k < ATTN_S_KG; k++) mx = fmaxf(mx, sMax[k * ROWS + row]);
-                const float mnew = fmaxf(mS[r][h], mx * qk_scale);
-                const float b = mnew == attn_neg_inf() ? 0.0f : mnew;
-                lS[r][h] *= attn_exp2(mS[r][h] - b);
-                mS[r][h] = mnew;
+                float alpha_s;
+                const float b = attn_softmax_rebase(mS[r][h], mx * qk_scale, alpha_s);
+                lS[r][h] *= alpha_s;
                 float sum = 0.0f;
 #pragma unroll
                 for (int n = 0; n < ATTN_NT; n++) {
@@ -454,10 +453,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, MIN_CTAS) attn_mla_de
                 float mx = attn_neg_inf();
 #pragma unroll
                 for (int k = 0; k < ATTN_S_KG; k++) mx = fmaxf(mx, sMax[k * ROWS + row]);
-                const float mnew = fmaxf(mO[r][h], mx * qk_scale);
-                const float b = mnew == attn_neg_inf() ? 0.0f : mnew;
-                alpha[r][h] = attn_exp2(mO[r][h] - b);
-                mO[r][h] = mnew;
+                attn_softmax_rebase(mO[r][h], mx * qk_scale, alpha[r][h]);
             }
         __syncthreads(); /* P complete */
 
@@ -536,7 +532,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, MIN_CTAS) attn_mla_de
 #pragma unroll
             for (int k = 0; k < ATTN_S_KG; k++) l += sMax[k * ROWS + row];
             const float inv = l > 0.0f ? attn_rcp(l) : 0.0f;
-            const float lse2 = l > 0.0f ? mO[r][h] + attn_log2(l) : attn_neg_inf();
+            const float lse2 = attn_softmax_lse2(mO[r][h], l);
             if (row >= nrows) continue;
 #if ATTN_KV8
             { /* o tile n holds columns c(n) + 4 tq and + 2 (the PV phase's order); the scale */

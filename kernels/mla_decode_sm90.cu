@@ -224,10 +224,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mla_decode(co
         for (int h = 0; h < 2; h++) {
             const int row = row_a + 8 * h;
             const float mt = fmaxf(sRed[row], sRed[64 + row]);
-            const float mnew = fmaxf(m[h], mt * qk_scale);
-            const float b = mnew == attn_neg_inf() ? 0.0f : mnew;
-            alpha[h] = attn_exp2(m[h] - b);
-            m[h] = mnew;
+            const float b = attn_softmax_rebase(m[h], mt * qk_scale, alpha[h]);
             l[h] *= alpha[h];
             float sum = 0.0f;
 #pragma unroll
@@ -275,7 +272,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mla_decode(co
         const int row = row_a + 8 * h;
         const float L = sRed[row] + sRed[64 + row];
         const float inv = L > 0.0f ? attn_rcp(L) : 0.0f;
-        const float lse2 = L > 0.0f ? m[h] + attn_log2(L) : attn_neg_inf();
+        const float lse2 = attn_softmax_lse2(m[h], L);
         if (row >= nrows) continue;
         if (slot < 0) {
             char *orow = (char *)p.out + ((attn_i64)q_row * p.out_stride_token + (attn_i64)(head0 + row) * p.out_stride_head) * 2;

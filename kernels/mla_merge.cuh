@@ -29,7 +29,7 @@ ATTN_DEV void attn_mla_merge_entry(const attn__mla_decode_params &p, int mi, int
         mx = attn_warp_max(mx);
         for (int s = lane; s < splits; s += 32) {
             const float l = __ldcg(p.partial_lse + (attn_i64)(slot0 + s) * ROWS + row);
-            ws += l == attn_neg_inf() ? 0.0f : attn_exp2(l - mx);
+            ws += attn_merge_weight(l, mx);
         }
         ws = attn_warp_sum(ws);
         const float inv = ws > 0.0f ? 1.0f / ws : 0.0f;
@@ -37,14 +37,14 @@ ATTN_DEV void attn_mla_merge_entry(const attn__mla_decode_params &p, int mi, int
         if (cap)
             for (int s = lane; s < splits; s += 32) {
                 const float l = __ldcg(p.partial_lse + (attn_i64)(slot0 + s) * ROWS + row);
-                w[s] = l == attn_neg_inf() ? 0.0f : attn_exp2(l - mx) * inv;
+                w[s] = attn_merge_weight(l, mx) * inv;
             }
         if (lane == 0) {
             w[ATTN_MERGE_CAP] = mx;
             w[ATTN_MERGE_CAP + 1] = inv;
             if (p.lse)
                 p.lse[(attn_i64)q_row * p.lse_stride_token + (attn_i64)(head0 + row) * p.lse_stride_head] =
-                    ws > 0.0f ? (mx + attn_log2(ws)) * ATTN_LN2 : attn_neg_inf();
+                    attn_softmax_lse2(mx, ws) * ATTN_LN2;
         }
     }
     __syncthreads();

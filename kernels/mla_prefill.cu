@@ -188,10 +188,8 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_mla_prefill(cons
         float b2[2];
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            const float mnew = fmaxf(m[h], attn_quad_max(mx[h]) * qk_scale);
-            b2[h] = mnew == attn_neg_inf() ? 0.0f : mnew;
-            const float alpha = attn_exp2(m[h] - b2[h]);
-            m[h] = mnew;
+            float alpha;
+            b2[h] = attn_softmax_rebase(m[h], attn_quad_max(mx[h]) * qk_scale, alpha);
             l[h] *= alpha;
 #pragma unroll
             for (int n = 0; n < ATTN_OT; n++) { o[n][2 * h] *= alpha; o[n][2 * h + 1] *= alpha; }
@@ -233,7 +231,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_mla_prefill(cons
     for (int h = 0; h < 2; h++) {
         const int R = row_a + 8 * h;
         const float L = attn_quad_sum(l[h]);
-        float lse2 = L > 0.0f ? m[h] + attn_log2(L) : attn_neg_inf();
+        float lse2 = attn_softmax_lse2(m[h], L);
         float wn = L > 0.0f ? attn_rcp(L) : 0.0f, wo = 0.0f;
         if (R >= nq) continue;
         const attn_i64 lse_at = (attn_i64)(q_row0 + R) * p.lse_stride_token + (attn_i64)head * p.lse_stride_head;

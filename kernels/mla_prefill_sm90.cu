@@ -207,12 +207,9 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mla_prefill(c
             float bs[2], sum[2] = {0.0f, 0.0f};
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                const float mnew = fmaxf(m[h], attn_quad_max(mx[h]) * qk_scale);
-                const float b = mnew == attn_neg_inf() ? 0.0f : mnew;
-                const float alpha = attn_exp2(m[h] - b);
-                m[h] = mnew;
+                float alpha;
+                bs[h] = attn_softmax_rebase(m[h], attn_quad_max(mx[h]) * qk_scale, alpha);
                 l[h] *= alpha;
-                bs[h] = b;
 #pragma unroll
                 for (int i = 0; i < DV / 8; i++) { o[4 * i + 2 * h] *= alpha; o[4 * i + 2 * h + 1] *= alpha; }
             }
@@ -250,7 +247,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mla_prefill(c
     for (int h = 0; h < 2; h++) {
         const int R = row0 + 8 * h;
         const float L = attn_quad_sum(l[h]);
-        float lse2 = L > 0.0f ? m[h] + attn_log2(L) : attn_neg_inf(); /* this chunk's, base 2 */
+        float lse2 = attn_softmax_lse2(m[h], L); /* this chunk's, base 2 */
         float wn = L > 0.0f ? attn_rcp(L) : 0.0f, wo = 0.0f;           /* weights of new o and old out */
         const attn_i64 lse_at = (attn_i64)(q_row0 + R) * p.lse_stride_token + (attn_i64)head * p.lse_stride_head;
         const char *old = (const char *)p.out + ((attn_i64)(q_row0 + R) * p.out_stride_token + (attn_i64)head * p.out_stride_head + 2 * tq) * 2;

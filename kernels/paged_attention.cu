@@ -213,18 +213,26 @@
    8 rows without bank conflicts; for HEAD_DIM % 16 == 8 the Q and K rows carry 8 zero
    columns up to a multiple of 16. The epilogue reuses the K/V stages:
    [O: WARPS_N x ROW_TILES*16 x (HEAD_DIM + 4) f32][m: WARPS_N x rows][l: WARPS_N x rows x 4].
-   attn_paged_config.shared_bytes is the total; the kernel traps when the launch gives less. */
-#include "paged_common.cuh"
+   attn_paged_config.shared_bytes is the total; the kernel traps when the launch gives less.
 
+   =====================================================================================
+   THE CODE
+   =====================================================================================
+   attn_paged_traits turns the defines into one struct of constants (what the variant is,
+   its warps, tiles and shared-memory layout); every feature below is chosen by `if
+   constexpr` on it. The kernel is a sequence of named stages, each a function of its own:
+   the work-item prologue (paged_common.cuh), the Q load, the K/V tile loader
+   (paged_tile_loader.cuh for the addressing; attn_paged_issue here for the pitched
+   copies), S = Q K^T (8-bit, tensor-core and FMA forms), the scores and online softmax
+   (online_softmax.cuh), O += P V (three forms), the epilogue, and the split merge
+   (split_merge.cuh). */
+#include "paged_common.cuh"
+#include "paged_tile_loader.cuh"
+
+/* ---- the defines: required ones checked, the others given their defaults ---- */
 #if !defined(HEAD_DIM) || !defined(BLOCK_SIZE) || !defined(GROUP) || !defined(DT_Q) || \
     !defined(DT_KV) || !defined(TILE_TOKENS)
 #error "paged_attention.cu: define HEAD_DIM, BLOCK_SIZE, GROUP, DT_Q, DT_KV and TILE_TOKENS"
-#endif
-#if HEAD_DIM % 8 != 0 || HEAD_DIM < 8 || HEAD_DIM > 256
-#error "paged_attention.cu: HEAD_DIM must be a multiple of 8 in 8..256"
-#endif
-#if BLOCK_SIZE % 16 != 0 || BLOCK_SIZE <= 0
-#error "paged_attention.cu: BLOCK_SIZE must be a positive multiple of 16"
 #endif
 #ifndef WINDOW
 #define WINDOW 0
@@ -238,153 +246,170 @@
 #ifndef KV_PTH
 #define KV_PTH 0
 #endif
-#define ATTN_KV8 ATTN_DT_IS_8BIT(DT_KV)
-#if DT_Q < 0 || DT_Q > 2 || DT_KV < 0 || DT_KV > 6 || DT_KV == 3
-#error "paged_attention.cu: DT_Q must be 0-2, DT_KV 0-2 or 4-6"
-#endif
-#if KV_PTH && DT_KV != ATTN_DT_E4M3 && DT_KV != ATTN_DT_I8
-#error "paged_attention.cu: KV_PTH 1 takes DT_KV 4 (fp8 e4m3) or 6 (int8)"
-#endif
-#if DT_KV == ATTN_DT_I8 && !KV_PTH
-#error "paged_attention.cu: an int8 cache has per-token-head scales (KV_PTH 1)"
-#endif
-#if ATTN_KV8 && HEAD_DIM % 16 != 0
-#error "paged_attention.cu: 8-bit caches take HEAD_DIM a multiple of 16"
-#endif
-
-#define ATTN_ROWS (TILE_TOKENS * GROUP)
-#define ATTN_ROW_TILES ((ATTN_ROWS + 15) / 16)
-#define ATTN_ROWS_PAD (ATTN_ROW_TILES * 16)
-#if TILE_TOKENS < 1 || GROUP < 1 || ATTN_ROWS > 128
-#error "paged_attention.cu: need TILE_TOKENS >= 1, GROUP >= 1 and TILE_TOKENS * GROUP <= 128"
-#endif
-#define ATTN_USE_MMA (ATTN_KV8 || (DT_Q == DT_KV && DT_Q != ATTN_DT_F32))
-#define ATTN_DT_M (ATTN_KV8 ? ATTN_DT_F16 : DT_Q) /* the mma's input type */
-#define ATTN_ESZ_Q (DT_Q == ATTN_DT_F32 ? 4 : 2)
-#define ATTN_ESZ_SQ (ATTN_KV8 ? 2 : ATTN_ESZ_Q)   /* Q in shared memory: f16 for 8-bit caches */
-#define ATTN_ESZ_KV (DT_KV == ATTN_DT_F32 ? 4 : ATTN_KV8 ? 1 : 2)
-#define ATTN_BIG_ROWS (HEAD_DIM * ATTN_ESZ_KV > 512) /* FMA variant: f32 rows over 128 wide */
-
+/* tuning: 0 (Q_IN_REGS -1) is "the default", which attn_paged_traits works out */
 #ifndef WARP_ROWS
 #define WARP_ROWS 1
 #endif
-#if WARP_ROWS != 1 && WARP_ROWS != 2
-#error "paged_attention.cu: WARP_ROWS must be 1 or 2"
-#endif
-/* WARP_ROWS 2 is a request, in force only where it fits: tensor cores (the FMA variant keeps
-   one row tile per warp), an even number of row tiles, HEAD_DIM <= 128 (two row tiles of O
-   at 256 wide alone are 256 registers), SOFTCAP 0 and ALIBI 0 (ptxas sits at 255 registers
-   with two row tiles, and their per-score work tips it into spills at some head sizes).
-   Elsewhere it falls back to 1, so one -D can go to every variant of a layer. */
-#if WARP_ROWS == 2 && ATTN_USE_MMA && ATTN_ROW_TILES % 2 == 0 && HEAD_DIM <= 128 && !SOFTCAP && !ALIBI
-#define ATTN_WARP_ROWS 2
-#else
-#define ATTN_WARP_ROWS 1
-#endif
 #ifndef WARPS_N
-#if ATTN_USE_MMA || !ATTN_BIG_ROWS
-#define WARPS_N (ATTN_ROW_TILES == 1 ? 4 : ATTN_ROW_TILES == 2 ? 2 : 1)
-#else
-#define WARPS_N (ATTN_ROW_TILES <= 2 ? 2 : 1)
+#define WARPS_N 0
 #endif
-#endif
-#define ATTN_WARP_RT (ATTN_ROW_TILES / ATTN_WARP_ROWS) /* warps along the rows */
-#define ATTN_WARPS (ATTN_WARP_RT * WARPS_N)
-#define ATTN_THREADS (32 * ATTN_WARPS)
-#if ATTN_THREADS > 512
-#error "paged_attention.cu: more than 16 warps; lower WARPS_N"
-#endif
-
-#define ATTN_MAX_(a, b) ((a) > (b) ? (a) : (b))
-/* 8-bit decode shapes on sm_90 (H200, 32/8 heads, head 128, attn-bench's 8-bit table with
-   ATTN_BENCH_KV8_DEFINES): 128-key tiles x 2 stages, two CTAs per SM. Per tensor they beat
-   64 x 4 (batch 128 x 16k 1066 against 1136 us, 64 x 4k 148 against 157) and 64 x 3 with
-   three CTAs per SM (1106, 189). Per token and head, with registers for two CTAs (capped
-   for three, ptxas spills): e4m3 64 x 16k 586 against 790 us for 64 x 3 with three CTAs,
-   128 x 16k 1207 against 1270; int8 128 x 4k the one case behind (371 against 340 us) */
-#define ATTN_KV8_DECODE90 (ATTN_KV8 && ATTN_ROW_TILES == 1 && __CUDA_ARCH__ >= 900 && HEAD_DIM <= 128)
 #ifndef KV_TILE
-#if ATTN_KV8_DECODE90
-#define KV_TILE 128
-#elif ATTN_USE_MMA
-#define KV_TILE ATTN_MAX_(16 * WARPS_N, HEAD_DIM <= 128 ? 64 : 32)
-#else
-#define KV_TILE ATTN_MAX_(8 * WARPS_N, ATTN_BIG_ROWS ? 16 : 32)
-#endif
-#endif
-#define ATTN_KW (KV_TILE / WARPS_N) /* keys of a tile per warp */
-#define ATTN_NT (ATTN_KW / 8)       /* n8 tiles of S per warp */
-#define ATTN_OT (HEAD_DIM / 8)      /* n8 tiles of O per warp */
-#if KV_TILE % WARPS_N != 0 || ATTN_KW % (ATTN_USE_MMA ? 16 : 8) != 0
-#error "paged_attention.cu: KV_TILE / WARPS_N must be a multiple of 16 (tensor cores) or 8 (FMA)"
-#endif
-#ifndef Q_IN_REGS
-/* two row tiles of Q are 64 registers at head 128 (FlashAttention-2 too reads Q from shared
-   memory per K/V tile); at head 64 ptxas takes the 32 but then spills on the flags */
-#define Q_IN_REGS (ATTN_USE_MMA && HEAD_DIM <= 128 && ATTN_WARP_ROWS == 1)
-#endif
-
-#define ATTN_HDP ((HEAD_DIM + 15) / 16 * 16) /* k extent of Q K^T on tensor cores */
-/* Row pitches in elements: 16 bytes past the data (conflict-free ldmatrix). */
-#define ATTN_Q_PITCH (ATTN_USE_MMA ? ATTN_HDP + 8 : HEAD_DIM + 16 / ATTN_ESZ_Q)
-/* K/V rows that fragments are read from (8-bit caches: the f16 conversion buffer's) */
-#define ATTN_KV_PITCH (ATTN_USE_MMA ? ATTN_HDP + 8 : HEAD_DIM + 16 / ATTN_ESZ_KV)
-/* A stage row in bytes. 8-bit codes: HEAD_DIM bytes and 16 more where that makes an even
-   number of 16-byte units (an odd number: ldmatrix's 8 rows in 8 different bank groups). */
-#define ATTN_SROW (ATTN_KV8 ? HEAD_DIM + (HEAD_DIM / 16 % 2 == 0 ? 16 : 0) : ATTN_KV_PITCH * ATTN_ESZ_KV)
-/* 8-bit caches: the stages and scales of `st` stages */
-#define ATTN_KV8_BYTES(st) ((st) * (2 * KV_TILE * ATTN_SROW + (KV_PTH ? 8 * KV_TILE : 0)))
-#define ATTN_O_PITCH (HEAD_DIM + 4) /* floats, epilogue */
-#if !defined(KV_STAGES) && ATTN_KV8
-/* 8-bit caches: two stages (sm_90 decode: of 128 keys, see ATTN_KV8_DECODE90) */
-#define KV_STAGES 2
+#define KV_TILE 0
 #endif
 #ifndef KV_STAGES
-/* A decode-shaped CTA (one row tile) waits on memory: on sm_90 (228 KiB of shared memory
-   per SM) a third tile in flight pays (H200: 4.2 against 4.0 TB/s at batch 128) when the
-   stages stay within 112 KiB, two CTAs still fitting. A prefill CTA, and sm_80 (164 KiB),
-   are better off with two stages and more CTAs per SM. */
-#if ATTN_ROW_TILES == 1 && __CUDA_ARCH__ >= 900 && 3 * 2 * KV_TILE * ATTN_KV_PITCH * ATTN_ESZ_KV <= 114688
-#define KV_STAGES 3
-#else
-#define KV_STAGES 2
+#define KV_STAGES 0
 #endif
+#ifndef MIN_CTAS
+#define MIN_CTAS 0
 #endif
-#if KV_STAGES < 2
-#error "paged_attention.cu: KV_STAGES must be at least 2"
-#endif
-#define ATTN_SQ_BYTES (ATTN_ROWS_PAD * ATTN_Q_PITCH * ATTN_ESZ_SQ)
-#define ATTN_TILE_BYTES (KV_TILE * ATTN_SROW) /* one K (or V) tile */
-#define ATTN_SCL_BYTES (KV_PTH ? KV_STAGES * 2 * KV_TILE * 4 : 0) /* KV_PTH: K, V scales per stage */
-#define ATTN_KV_BYTES (KV_STAGES * 2 * ATTN_TILE_BYTES + ATTN_SCL_BYTES)
-#define ATTN_EPI_BYTES (WARPS_N * ATTN_ROWS_PAD * (ATTN_O_PITCH + 5) * 4) /* O, m, 4 partial l */
-/* cache row offsets of the tiles in flight (KV_PTH: and each row's scale offset from it) */
-#define ATTN_SBLK_BYTES (KV_STAGES * KV_TILE * (KV_PTH ? 12 : 8))
-#define ATTN_SMEM_BYTES (ATTN_SQ_BYTES + ATTN_SBLK_BYTES + ATTN_MAX_(ATTN_KV_BYTES, ATTN_EPI_BYTES))
-
-#define ATTN_KV_CPR (HEAD_DIM * ATTN_ESZ_KV / 16)   /* 16-byte chunks per K/V row */
-#define ATTN_KV_CHUNKS (KV_TILE * ATTN_KV_CPR)      /* chunks per K (or V) tile */
-#define ATTN_KV_LPT ((ATTN_KV_CHUNKS + ATTN_THREADS - 1) / ATTN_THREADS) /* per thread */
-#define ATTN_KV_BPT ((KV_TILE + ATTN_THREADS - 1) / ATTN_THREADS)   /* block numbers per thread */
-
-typedef typename attn_elem<DT_Q>::storage attn_q_t;
-#if ATTN_KV8
-typedef attn_u8 attn_kv_t;   /* codes */
-typedef attn_u16 attn_sq_t;  /* Q in shared memory: f16 */
-#else
-typedef typename attn_elem<DT_KV>::storage attn_kv_t;
-typedef attn_q_t attn_sq_t;
+#ifndef Q_IN_REGS
+#define Q_IN_REGS -1
 #endif
 
+__host__ __device__ constexpr int attn_cmax(int a, int b) { return a > b ? a : b; }
 
+/* The element type of a cache: its 16/32-bit storage, or a byte of code for 8-bit caches. */
+template <int DT, bool CODES = ATTN_DT_IS_8BIT(DT)> struct attn_cache_elem { typedef typename attn_elem<DT>::storage type; };
+template <int DT> struct attn_cache_elem<DT, true> { typedef attn_u8 type; };
+template <bool C, class A, class B> struct attn_pick { typedef A type; };
+template <class A, class B> struct attn_pick<false, A, B> { typedef B type; };
+
+struct attn_paged_traits {
+    /* the variant */
+    static constexpr int head_dim = HEAD_DIM, block_size = BLOCK_SIZE, group = GROUP, dt_q = DT_Q, dt_kv = DT_KV,
+                         tile_tokens = TILE_TOKENS;
+    static constexpr bool window = WINDOW != 0, softcap = SOFTCAP != 0, alibi = ALIBI != 0, kv_pth = KV_PTH != 0;
+    static constexpr bool kv8 = ATTN_DT_IS_8BIT(DT_KV);
+    static_assert(head_dim % 8 == 0 && head_dim >= 8 && head_dim <= 256, "paged_attention.cu: HEAD_DIM must be a multiple of 8 in 8..256");
+    static_assert(block_size % 16 == 0 && block_size > 0, "paged_attention.cu: BLOCK_SIZE must be a positive multiple of 16");
+    static_assert(dt_q >= 0 && dt_q <= 2 && dt_kv >= 0 && dt_kv <= 6 && dt_kv != 3, "paged_attention.cu: DT_Q must be 0-2, DT_KV 0-2 or 4-6");
+    static_assert(!kv_pth || dt_kv == ATTN_DT_E4M3 || dt_kv == ATTN_DT_I8, "paged_attention.cu: KV_PTH 1 takes DT_KV 4 (fp8 e4m3) or 6 (int8)");
+    static_assert(dt_kv != ATTN_DT_I8 || kv_pth, "paged_attention.cu: an int8 cache has per-token-head scales (KV_PTH 1)");
+    static_assert(!kv8 || head_dim % 16 == 0, "paged_attention.cu: 8-bit caches take HEAD_DIM a multiple of 16");
+
+    /* rows: TILE_TOKENS * GROUP, padded to row tiles of 16 (the M of mma) */
+    static constexpr int rows = tile_tokens * group, row_tiles = (rows + 15) / 16, rows_pad = row_tiles * 16;
+    static_assert(tile_tokens >= 1 && group >= 1 && rows <= 128, "paged_attention.cu: need TILE_TOKENS >= 1, GROUP >= 1 and TILE_TOKENS * GROUP <= 128");
+
+    /* element types: tensor cores for equal 16-bit types and every 8-bit cache (f16 mma);
+       the FMA form otherwise */
+    static constexpr bool use_mma = kv8 || (dt_q == dt_kv && dt_q != ATTN_DT_F32);
+    static constexpr int dt_m = kv8 ? ATTN_DT_F16 : dt_q; /* the mma's input type */
+    static constexpr int esz_q = dt_q == ATTN_DT_F32 ? 4 : 2;
+    static constexpr int esz_sq = kv8 ? 2 : esz_q; /* Q in shared memory: f16 for 8-bit caches */
+    static constexpr int esz_kv = ATTN_DT_SIZE(dt_kv);
+    static constexpr bool big_rows = head_dim * esz_kv > 512; /* FMA form: f32 rows over 128 wide */
+    typedef typename attn_elem<DT_Q>::storage q_t;
+    typedef typename attn_cache_elem<DT_KV>::type kv_t;      /* 8-bit caches: codes */
+    typedef typename attn_pick<kv8, attn_u16, q_t>::type sq_t; /* Q in shared memory */
+
+    /* warps. WARP_ROWS 2 is a request, in force only where it fits: tensor cores (the FMA
+       form keeps one row tile per warp), an even number of row tiles, HEAD_DIM <= 128 (two
+       row tiles of O at 256 wide alone are 256 registers), SOFTCAP 0 and ALIBI 0 (ptxas
+       sits at 255 registers with two row tiles, and their per-score work tips it into
+       spills at some head sizes), and on sm_80 HEAD_DIM a multiple of 16 (the zero columns
+       of HEAD_DIM 120 spilled 20 bytes at 255 registers there once the kernel was split
+       into stages; sm_90 keeps 2 without spills). Elsewhere it falls back to 1, so one -D
+       can go to every variant of a layer. */
+    static_assert(WARP_ROWS == 1 || WARP_ROWS == 2, "paged_attention.cu: WARP_ROWS must be 1 or 2");
+    static constexpr int warp_rows = WARP_ROWS == 2 && use_mma && row_tiles % 2 == 0 && head_dim <= 128 && !softcap &&
+                                             !alibi && (head_dim % 16 == 0 || __CUDA_ARCH__ >= 900) ? 2 : 1;
+    static constexpr int warps_n = WARPS_N > 0 ? WARPS_N
+                                   : use_mma || !big_rows ? (row_tiles == 1 ? 4 : row_tiles == 2 ? 2 : 1)
+                                                          : (row_tiles <= 2 ? 2 : 1);
+    static constexpr int warp_rt = row_tiles / warp_rows; /* warps along the rows */
+    static constexpr int warps = warp_rt * warps_n, threads = 32 * warps;
+    static_assert(threads <= 512, "paged_attention.cu: more than 16 warps; lower WARPS_N");
+
+    /* key tiles. 8-bit decode shapes on sm_90 (H200, 32/8 heads, head 128, attn-bench's
+       8-bit table with ATTN_BENCH_KV8_DEFINES): 128-key tiles x 2 stages, two CTAs per SM.
+       Per tensor they beat 64 x 4 (batch 128 x 16k 1066 against 1136 us, 64 x 4k 148
+       against 157) and 64 x 3 with three CTAs per SM (1106, 189). Per token and head, with
+       registers for two CTAs (capped for three, ptxas spills): e4m3 64 x 16k 586 against
+       790 us for 64 x 3 with three CTAs, 128 x 16k 1207 against 1270; int8 128 x 4k the
+       one case behind (371 against 340 us) */
+    static constexpr bool kv8_decode90 = kv8 && row_tiles == 1 && __CUDA_ARCH__ >= 900 && head_dim <= 128;
+    static constexpr int kv_tile = KV_TILE > 0 ? KV_TILE
+                                   : kv8_decode90 ? 128
+                                   : use_mma ? attn_cmax(16 * warps_n, head_dim <= 128 ? 64 : 32)
+                                             : attn_cmax(8 * warps_n, big_rows ? 16 : 32);
+    static constexpr int kw = kv_tile / warps_n; /* keys of a tile per warp */
+    static constexpr int nt = kw / 8;            /* n8 tiles of S per warp */
+    static constexpr int ot = head_dim / 8;      /* n8 tiles of O per warp */
+    static_assert(kv_tile % warps_n == 0 && kw % (use_mma ? 16 : 8) == 0,
+                  "paged_attention.cu: KV_TILE / WARPS_N must be a multiple of 16 (tensor cores) or 8 (FMA)");
+    /* two row tiles of Q are 64 registers at head 128 (FlashAttention-2 too reads Q from
+       shared memory per K/V tile); at head 64 ptxas takes the 32 but then spills on the flags */
+    static constexpr bool q_in_regs = Q_IN_REGS >= 0 ? Q_IN_REGS != 0 : use_mma && head_dim <= 128 && warp_rows == 1;
+
+    /* shared-memory rows */
+    static constexpr int hdp = (head_dim + 15) / 16 * 16; /* k extent of Q K^T on tensor cores */
+    /* row pitches in elements: 16 bytes past the data (conflict-free ldmatrix); K/V rows
+       that fragments are read from (8-bit caches: the codes) */
+    static constexpr int q_pitch = use_mma ? hdp + 8 : head_dim + 16 / esz_q;
+    static constexpr int kv_pitch = use_mma ? hdp + 8 : head_dim + 16 / esz_kv;
+    /* a stage row in bytes. 8-bit codes: HEAD_DIM bytes and 16 more where that makes an
+       even number of 16-byte units (an odd number: ldmatrix's 8 rows in 8 bank groups) */
+    static constexpr int srow = kv8 ? head_dim + (head_dim / 16 % 2 == 0 ? 16 : 0) : kv_pitch * esz_kv;
+    static constexpr int o_pitch = head_dim + 4; /* floats, epilogue */
+    /* K/V stages. 8-bit caches: two (sm_90 decode: of 128 keys). A decode-shaped CTA (one
+       row tile) waits on memory: on sm_90 (228 KiB of shared memory per SM) a third tile in
+       flight pays (H200: 4.2 against 4.0 TB/s at batch 128) when the stages stay within 112
+       KiB, two CTAs still fitting. A prefill CTA, and sm_80 (164 KiB), are better off with
+       two stages and more CTAs per SM. */
+    static constexpr int kv_stages =
+        KV_STAGES > 0 ? KV_STAGES
+        : !kv8 && row_tiles == 1 && __CUDA_ARCH__ >= 900 && 3 * 2 * kv_tile * kv_pitch * esz_kv <= 114688 ? 3 : 2;
+    static_assert(kv_stages >= 2, "paged_attention.cu: KV_STAGES must be at least 2");
+    /* CTAs per SM ptxas must leave registers for (__launch_bounds__). 8-bit decode on sm_90
+       (the shared memory of 128-key stages allows two CTAs per SM): per tensor, registers
+       capped as for three (measured so); per token and head, two (capped at three it spills) */
+    static constexpr int min_ctas = MIN_CTAS > 0 ? MIN_CTAS : kv8_decode90 && threads == 128 && kv_tile == 128 ? (kv_pth ? 2 : 3) : 1;
+
+    /* the loader: 16-byte chunks of a K (or V) tile, per thread; block numbers per thread */
+    static constexpr int kv_cpr = head_dim * esz_kv / 16;
+    static constexpr int kv_chunks = kv_tile * kv_cpr;
+    static constexpr int kv_lpt = (kv_chunks + threads - 1) / threads;
+    static constexpr int kv_bpt = (kv_tile + threads - 1) / threads;
+    /* FUSED MERGE: decode-shaped variants only (the ones the host splits; compiled into a
+       prefill variant it would cost registers for nothing) */
+    static constexpr bool fused_merge = rows <= 16;
+};
+
+/* The shared memory of a CTA: [Q][row table: offsets (KV_PTH: and scale deltas)][K stages]
+   [V stages][KV_PTH: K scales, V scales]; the epilogue reuses the stages for [O][m][l]. */
+template <class T> struct attn_paged_smem {
+    static constexpr int q_bytes = T::rows_pad * T::q_pitch * T::esz_sq;
+    static constexpr int table_bytes = T::kv_stages * T::kv_tile * (T::kv_pth ? 12 : 8);
+    static constexpr int tile_bytes = T::kv_tile * T::srow; /* one K (or V) tile */
+    static constexpr int scale_bytes = T::kv_pth ? T::kv_stages * 2 * T::kv_tile * 4 : 0;
+    static constexpr int kv_bytes = T::kv_stages * 2 * tile_bytes + scale_bytes;
+    static constexpr int epi_bytes = T::warps_n * T::rows_pad * (T::o_pitch + 5) * 4; /* O, m, 4 partial l */
+    static constexpr int bytes = q_bytes + table_bytes + attn_cmax(kv_bytes, epi_bytes);
+
+    char *base;
+    ATTN_DEV typename T::sq_t *q() const { return (typename T::sq_t *)base; }
+    ATTN_DEV attn_i64 *blk() const { return (attn_i64 *)(base + q_bytes); }                          /* [stage][key] */
+    ATTN_DEV int *del() const { return (int *)(blk() + T::kv_stages * T::kv_tile); }                  /* [stage][key] */
+    ATTN_DEV typename T::kv_t *k() const { return (typename T::kv_t *)(base + q_bytes + table_bytes); } /* [stage][key][pitch] */
+    ATTN_DEV typename T::kv_t *v() const { return (typename T::kv_t *)((char *)k() + T::kv_stages * tile_bytes); }
+    ATTN_DEV float *k_scales() const { return (float *)((char *)k() + 2 * T::kv_stages * tile_bytes); } /* [stage][key] */
+    ATTN_DEV float *v_scales() const { return k_scales() + T::kv_stages * T::kv_tile; }
+    ATTN_DEV float *epi_o() const { return (float *)k(); }                                  /* [WARPS_N][ROWS_PAD][O_PITCH] */
+    ATTN_DEV float *epi_m() const { return epi_o() + T::warps_n * T::rows_pad * T::o_pitch; } /* [WARPS_N][ROWS_PAD] */
+    ATTN_DEV float *epi_l() const { return epi_m() + T::warps_n * T::rows_pad; }              /* [WARPS_N][ROWS_PAD][4] */
+};
+
+typedef attn_paged_traits attn_pt;
 extern "C" __constant__ attn__launch_config attn_paged_config = {
-    ATTN_THREADS, ATTN_SMEM_BYTES, KV_TILE, ATTN_ROWS, TILE_TOKENS, KV_STAGES, WARPS_N, ATTN_USE_MMA};
+    attn_pt::threads, attn_paged_smem<attn_pt>::bytes, attn_pt::kv_tile, attn_pt::rows, attn_pt::tile_tokens,
+    attn_pt::kv_stages, attn_pt::warps_n, attn_pt::use_mma};
 
 
-/* Shared-memory reads of the FMA variant: 4 (or 2) consecutive elements as f32. */
+/* Shared-memory reads of the FMA form: 4 (or 2) consecutive elements as f32. */
 struct __align__(8) attn_vec8 { attn_u32 x, y; };
 template <int ET> ATTN_DEV void attn_lds4(const void *p, float *f) {
-    if (ET == ATTN_DT_F32) {
+    if constexpr (ET == ATTN_DT_F32) {
         attn_vec16 v = *(const attn_vec16 *)p;
         f[0] = __int_as_float(v.x); f[1] = __int_as_float(v.y);
         f[2] = __int_as_float(v.z); f[3] = __int_as_float(v.w);
@@ -395,7 +420,7 @@ template <int ET> ATTN_DEV void attn_lds4(const void *p, float *f) {
     }
 }
 template <int ET> ATTN_DEV void attn_lds2(const void *p, float *f) {
-    if (ET == ATTN_DT_F32) {
+    if constexpr (ET == ATTN_DT_F32) {
         attn_vec8 v = *(const attn_vec8 *)p;
         f[0] = __int_as_float(v.x); f[1] = __int_as_float(v.y);
     } else {
@@ -404,231 +429,466 @@ template <int ET> ATTN_DEV void attn_lds2(const void *p, float *f) {
     }
 }
 
-#if ATTN_USE_MMA
 /* The A fragment of P for keys 16 kk .. 16 kk + 15: the C fragments of S's n8 tiles 2 kk and
    2 kk + 1 (one row tile), rounded to the mma type. */
-ATTN_DEV void attn_p_fragment(const float (*s)[4], int kk, attn_u32 *a) {
-    a[0] = attn_elem<ATTN_DT_M>::pack2(s[2 * kk][0], s[2 * kk][1]);
-    a[1] = attn_elem<ATTN_DT_M>::pack2(s[2 * kk][2], s[2 * kk][3]);
-    a[2] = attn_elem<ATTN_DT_M>::pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-    a[3] = attn_elem<ATTN_DT_M>::pack2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+template <class T> ATTN_DEV void attn_p_fragment(const float (*s)[4], int kk, attn_u32 *a) {
+    a[0] = attn_elem<T::dt_m>::pack2(s[2 * kk][0], s[2 * kk][1]);
+    a[1] = attn_elem<T::dt_m>::pack2(s[2 * kk][2], s[2 * kk][3]);
+    a[2] = attn_elem<T::dt_m>::pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    a[3] = attn_elem<T::dt_m>::pack2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
 }
-#endif
+
+/* ---- the store of finished rows and the split merge ---- */
 
 /* Writes 8 finished elements (columns 8c..8c+7) of row R of a tile: out and lse, or the
    partial slot. O is unnormalised; (m, l) its base-2 max and sum. The CPU's
    attn__cpu_store_rows. out_vec: every out row is 16-byte aligned (attn_out_vec). */
+template <class T>
 ATTN_DEV void attn_store_row8(const attn__paged_params &p, int q_row0, int kv_head, int slot, int R,
                               int c, const float *O, float m, float l, int out_vec) {
     if (slot >= 0) {
-        float *dst = p.partial_o + ((attn_i64)slot * ATTN_ROWS + R) * HEAD_DIM + c * 8;
+        float *dst = p.partial_o + ((attn_i64)slot * T::rows + R) * T::head_dim + c * 8;
         attn_vec16 v[2];
         attn_pack8<ATTN_DT_F32>(O, v);
         attn_stg16(dst, v[0]);
         attn_stg16(dst + 4, v[1]);
         if (c == 0) {
-            float *ml = p.partial_ml + ((attn_i64)slot * ATTN_ROWS + R) * 2;
+            float *ml = p.partial_ml + ((attn_i64)slot * T::rows + R) * 2;
             ml[0] = m;
             ml[1] = l;
         }
         return;
     }
-    const int t = R / GROUP, head = kv_head * GROUP + (R - t * GROUP);
+    const int t = R / T::group, head = kv_head * T::group + (R - t * T::group);
     const attn_i64 token = q_row0 + t;
     float inv = l > 0.0f ? attn_rcp(l) : 0.0f, f[8]; /* l >= 1 when a key was seen */
 #pragma unroll
     for (int i = 0; i < 8; i++) f[i] = O[i] * inv;
-    char *dst = (char *)p.out + (token * p.out_stride_token + head * p.out_stride_head + c * 8) * ATTN_ESZ_Q;
+    char *dst = (char *)p.out + (token * p.out_stride_token + head * p.out_stride_head + c * 8) * T::esz_q;
     if (out_vec) {
         attn_vec16 v[2];
-        attn_pack8<DT_Q>(f, v);
+        attn_pack8<T::dt_q>(f, v);
         attn_stg16(dst, v[0]);
-        if (ATTN_ESZ_Q == 4) attn_stg16(dst + 16, v[1]);
+        if (T::esz_q == 4) attn_stg16(dst + 16, v[1]);
     } else {
 #pragma unroll
-        for (int i = 0; i < 8; i++) ((attn_q_t *)dst)[i] = attn_elem<DT_Q>::from_f32(f[i]);
+        for (int i = 0; i < 8; i++) ((typename T::q_t *)dst)[i] = attn_elem<T::dt_q>::from_f32(f[i]);
     }
     if (c == 0 && p.lse)
-        p.lse[token * p.lse_stride_token + head * p.lse_stride_head] =
-            l > 0.0f ? (m + attn_log2(l)) * ATTN_LN2 : attn_neg_inf();
+        p.lse[token * p.lse_stride_token + head * p.lse_stride_head] = attn_softmax_lse2(m, l) * ATTN_LN2;
 }
 
 /* The same for every row of the launch, so the choice is made once, not per element
    (a per-row test inside the store loops also makes ptxas spill). */
-ATTN_DEV int attn_out_vec(const attn__paged_params &p) {
-    return attn_aligned16(p.out) && ((p.out_stride_token * ATTN_ESZ_Q) & 15) == 0 &&
-           ((p.out_stride_head * ATTN_ESZ_Q) & 15) == 0;
+template <class T> ATTN_DEV int attn_out_vec(const attn__paged_params &p) {
+    return attn_aligned16(p.out) && ((p.out_stride_token * T::esz_q) & 15) == 0 &&
+           ((p.out_stride_head * T::esz_q) & 15) == 0;
 }
 
 /* Merges the partial slots of merge entry `mi` into out/lse (the CPU's attn__cpu_merge_run),
    thread per (row, 8 columns), `nthreads` threads from `tid`. Loads at L2 (ld.global.cg):
    in the FUSED MERGE the partials were written by other CTAs of the same launch. */
-ATTN_DEV void attn_merge_entry(const attn__paged_params &p, int mi, int tid, int nthreads) {
+template <class T> ATTN_DEV void attn_merge_entry(const attn__paged_params &p, int mi, int tid, int nthreads) {
     const int *item = p.merge + 8 * (attn_i64)mi;
     const int req = item[0], kv_head = item[1], tok0 = item[2], ntok = item[3];
     const int slot0 = item[4], nsplit = item[5];
-    const int q_row0 = p.query_start_loc[req] + tok0, out_vec = attn_out_vec(p);
-    for (int u = tid; u < ntok * GROUP * ATTN_OT; u += nthreads) {
-        const int R = u / ATTN_OT, c = u - R * ATTN_OT;
+    const int q_row0 = p.query_start_loc[req] + tok0, out_vec = attn_out_vec<T>(p);
+    for (int u = tid; u < ntok * T::group * T::ot; u += nthreads) {
+        const int R = u / T::ot, c = u - R * T::ot;
         float M = attn_neg_inf();
         for (int s = 0; s < nsplit; s++) {
-            const float *ml = p.partial_ml + ((attn_i64)(slot0 + s) * ATTN_ROWS + R) * 2;
-            M = fmaxf(M, __ldcg(ml + 1) > 0.0f ? __ldcg(ml) : attn_neg_inf());
+            const float *ml = p.partial_ml + ((attn_i64)(slot0 + s) * T::rows + R) * 2;
+            M = fmaxf(M, attn_merge_key(__ldcg(ml), __ldcg(ml + 1)));
         }
-        const float Mb = M == attn_neg_inf() ? 0.0f : M;
+        const float Mb = attn_merge_base(M);
         float L = 0.0f, f[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
         for (int s = 0; s < nsplit; s++) {
-            const attn_i64 row = (attn_i64)(slot0 + s) * ATTN_ROWS + R;
+            const attn_i64 row = (attn_i64)(slot0 + s) * T::rows + R;
             const float *ml = p.partial_ml + row * 2;
             const float ms = __ldcg(ml), ls = __ldcg(ml + 1);
             /* an empty split (l = 0) contributes nothing, whatever its O holds */
             const int used = ls > 0.0f;
-            const float w = used ? attn_exp2(ms - Mb) : 0.0f;
-            const float4 a = __ldcg((const float4 *)(p.partial_o + row * HEAD_DIM + c * 8));
-            const float4 b = __ldcg((const float4 *)(p.partial_o + row * HEAD_DIM + c * 8 + 4));
+            const float w = attn_merge_weight(attn_merge_key(ms, ls), Mb);
+            const float4 a = __ldcg((const float4 *)(p.partial_o + row * T::head_dim + c * 8));
+            const float4 b = __ldcg((const float4 *)(p.partial_o + row * T::head_dim + c * 8 + 4));
             const float x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
             L += used ? ls * w : 0.0f;
 #pragma unroll
             for (int i = 0; i < 8; i++) f[i] += used ? w * x[i] : 0.0f;
         }
-        attn_store_row8(p, q_row0, kv_head, -1, R, c, f, M, L, out_vec);
+        attn_store_row8<T>(p, q_row0, kv_head, -1, R, c, f, M, L, out_vec);
     }
 }
 
-#ifndef MIN_CTAS /* tuning: CTAs per SM ptxas must leave registers for (__launch_bounds__) */
-#if ATTN_KV8_DECODE90 && ATTN_THREADS == 128 && KV_TILE == 128
-/* 8-bit decode on sm_90 (the shared memory of 128-key stages allows two CTAs per SM): per
-   tensor, registers capped as for three (measured so); per token and head, two (capped at
-   three it spills) */
-#define MIN_CTAS (KV_PTH ? 2 : 3)
-#else
-#define MIN_CTAS 1
-#endif
-#endif
-extern "C" __global__ void __launch_bounds__(ATTN_THREADS, MIN_CTAS) attn_paged_attention(const attn__paged_params p) {
-    extern __shared__ attn_vec16 attn_smem[];
-    if (blockDim.x != ATTN_THREADS || attn_dynamic_smem_size() < ATTN_SMEM_BYTES) attn_trap();
-    if ((int)blockIdx.x >= *p.num_work) return;
-
-    const int *item = p.work + 8 * (attn_i64)blockIdx.x;
-    const int req = item[0], kv_head = item[1], tok0 = item[2], ntok = item[3], slot = item[6];
-    const int causal = item[7] & 1;
-    const int seq_len = p.seq_lens[req];
-    const int q_start = p.query_start_loc[req], query_len = p.query_start_loc[req + 1] - q_start;
-    const int key0 = attn_imax(item[4], 0), key1 = attn_imin(item[5], seq_len);
-    const int nrows = ntok * GROUP;
-#if ATTN_KV8 && !KV_PTH
-    /* per-tensor fp8 scales: a bad one (not finite and > 0) writes nothing, see 8-BIT CACHES */
-    const float k_scale = attn_cache_scale(p.k_scale, p.k_scale_value);
-    const float v_scale = attn_cache_scale(p.v_scale, p.v_scale_value);
-    if (k_scale == 0.0f || v_scale == 0.0f) return;
-#else
-    const float k_scale = 1.0f, v_scale = 1.0f;
-#endif
-
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int wm = warp / WARPS_N, wn = warp - wm * WARPS_N;
-    const int g = lane >> 2, tq = lane & 3; /* mma row group and lane within it */
-
-    char *smem = (char *)attn_smem;
-    attn_sq_t *sQ = (attn_sq_t *)smem;
-    attn_i64 *sBlk = (attn_i64 *)(smem + ATTN_SQ_BYTES);                    /* [stage][key] */
-    attn_kv_t *sK = (attn_kv_t *)(smem + ATTN_SQ_BYTES + ATTN_SBLK_BYTES);  /* [stage][key][pitch] */
-    attn_kv_t *sV = (attn_kv_t *)((char *)sK + KV_STAGES * ATTN_TILE_BYTES);
-    const attn_u32 sQ_addr = attn_smem_addr(sQ), sK_addr = attn_smem_addr(sK), sV_addr = attn_smem_addr(sV);
-#if KV_PTH
-    int *sDel = (int *)(sBlk + KV_STAGES * KV_TILE);           /* [stage][key]: scale offset - row offset */
-    float *sKs = (float *)((char *)sK + 2 * KV_STAGES * ATTN_TILE_BYTES); /* [stage][key] K scales */
-    float *sVs = sKs + KV_STAGES * KV_TILE;                                /* [stage][key] V scales */
-    const attn_u32 sKs_addr = attn_smem_addr(sKs), sVs_addr = attn_smem_addr(sVs);
-#endif
-#if ATTN_KV8
-    float q_unscale = 1.0f; /* 2^-e, the power of two Q was scaled by (8-BIT CACHES) */
-#endif
-
-    /* ---- Q rows -> shared memory (cp.async group 0, with the first K/V tile) ---- */
-#if ATTN_KV8
-    {   /* f16, scaled by 2^e: the CTA's largest |q| into [2^14, 2^15); the columns of each 16
-           in the order the K fragments come (8-BIT CACHES) */
+/* ---- stage: the Q rows -> shared memory (cp.async group 0, with the first K/V tile) ----
+   16/32-bit caches: Q as it is (16-byte copies where rows are aligned). 8-bit caches: f16,
+   scaled by 2^e: the CTA's largest |q| into [2^14, 2^15); the columns of each 16 in the
+   order the K fragments come (8-BIT CACHES). Returns 2^-e (1 for 16/32-bit caches). With
+   tensor cores and HEAD_DIM % 16 = 8 the 8 columns past HEAD_DIM enter Q K^T: zero in Q and
+   in every K stage (cp.async never writes them). */
+template <class T>
+ATTN_DEV float attn_paged_load_q(const attn__paged_params &p, const attn_paged_item &w, const attn_paged_smem<T> &sm,
+                                 int tid) {
+    typename T::sq_t *sQ = sm.q();
+    float q_unscale = 1.0f;
+    if constexpr (T::kv8) {
         __shared__ int attn_q_amax;
         if (tid == 0) attn_q_amax = 0;
         __syncthreads();
         auto q_at = [&](int r, int c) -> float {
-            const int t = r / GROUP;
-            return attn_load<DT_Q>(p.q, (attn_i64)(q_start + tok0 + t) * p.q_stride_token +
-                                            (attn_i64)(kv_head * GROUP + r - t * GROUP) * p.q_stride_head + c);
+            const int t = r / T::group;
+            return attn_load<T::dt_q>(p.q, (attn_i64)(w.q_start + w.tok0 + t) * p.q_stride_token +
+                                               (attn_i64)(w.kv_head * T::group + r - t * T::group) * p.q_stride_head + c);
         };
         float amax = 0.0f;
-        for (int u = tid; u < nrows * HEAD_DIM; u += ATTN_THREADS) amax = fmaxf(amax, fabsf(q_at(u / HEAD_DIM, u % HEAD_DIM)));
+        for (int u = tid; u < w.nrows * T::head_dim; u += T::threads)
+            amax = fmaxf(amax, fabsf(q_at(u / T::head_dim, u % T::head_dim)));
         atomicMax(&attn_q_amax, __float_as_int(amax)); /* non-negative floats order as ints */
         __syncthreads();
         const int ex = (attn_q_amax >> 23) & 0xff; /* biased exponent of the largest |q| */
         const int sh = attn_q_amax == 0 || ex == 255 ? 0 : attn_imax(-100, attn_imin(100, 141 - ex));
         const float qmul = __int_as_float((127 + sh / 2) << 23) * __int_as_float((127 + sh - sh / 2) << 23);
         q_unscale = __int_as_float((127 - sh / 2) << 23) * __int_as_float((127 - sh + sh / 2) << 23);
-        for (int u = tid; u < ATTN_ROWS_PAD * HEAD_DIM; u += ATTN_THREADS) {
-            const int r = u / HEAD_DIM, c = u - r * HEAD_DIM, x = c & 15;
+        for (int u = tid; u < T::rows_pad * T::head_dim; u += T::threads) {
+            const int r = u / T::head_dim, c = u - r * T::head_dim, x = c & 15;
             /* mma k column x of a 16-block holds dim 4 (x / 2) + x % 2 (x < 8) or that + 2 */
             const int dim = (c & ~15) + 4 * ((x & 7) >> 1) + (x & 1) + (x >= 8 ? 2 : 0);
-            sQ[r * ATTN_Q_PITCH + c] = attn_f32_to_f16(r < nrows ? q_at(r, dim) * qmul : 0.0f);
+            sQ[r * T::q_pitch + c] = attn_f32_to_f16(r < w.nrows ? q_at(r, dim) * qmul : 0.0f);
         }
-    }
-    {
-#else
-    {
-        const int cpr = HEAD_DIM * ATTN_ESZ_Q / 16;
-        const int vec = attn_aligned16(p.q) && ((p.q_stride_token * ATTN_ESZ_Q) & 15) == 0 &&
-                        ((p.q_stride_head * ATTN_ESZ_Q) & 15) == 0;
-        for (int c = tid; c < ATTN_ROWS_PAD * cpr; c += ATTN_THREADS) {
-            const int r = c / cpr, col = c - r * cpr, t = r / GROUP;
-            const int valid = r < nrows;
+    } else {
+        const int cpr = T::head_dim * T::esz_q / 16;
+        const int vec = attn_aligned16(p.q) && ((p.q_stride_token * T::esz_q) & 15) == 0 &&
+                        ((p.q_stride_head * T::esz_q) & 15) == 0;
+        for (int c = tid; c < T::rows_pad * cpr; c += T::threads) {
+            const int r = c / cpr, col = c - r * cpr, t = r / T::group;
+            const int valid = r < w.nrows;
             const char *src = valid ? (const char *)p.q +
-                                          ((attn_i64)(q_start + tok0 + t) * p.q_stride_token +
-                                           (attn_i64)(kv_head * GROUP + r - t * GROUP) * p.q_stride_head) * ATTN_ESZ_Q + col * 16
+                                          ((attn_i64)(w.q_start + w.tok0 + t) * p.q_stride_token +
+                                           (attn_i64)(w.kv_head * T::group + r - t * T::group) * p.q_stride_head) * T::esz_q + col * 16
                                     : (const char *)p.q;
-            char *dst = (char *)sQ + r * (ATTN_Q_PITCH * ATTN_ESZ_SQ) + col * 16;
+            char *dst = (char *)sQ + r * (T::q_pitch * T::esz_sq) + col * 16;
             if (vec) {
                 attn_cp_async16(attn_smem_addr(dst), src, valid ? 16 : 0);
             } else {
 #pragma unroll
-                for (int i = 0; i < 16 / ATTN_ESZ_Q; i++)
-                    ((attn_q_t *)dst)[i] = valid ? ((const attn_q_t *)src)[i] : (attn_q_t)0;
+                for (int i = 0; i < 16 / T::esz_q; i++)
+                    ((typename T::q_t *)dst)[i] = valid ? ((const typename T::q_t *)src)[i] : (typename T::q_t)0;
             }
         }
-#endif /* ATTN_KV8 */
-#if ATTN_USE_MMA && HEAD_DIM % 16 != 0
-        /* the 8 columns past HEAD_DIM enter Q K^T: zero in Q and in every K stage (cp.async
-           never writes them) */
-        for (int r = tid; r < ATTN_ROWS_PAD + KV_STAGES * KV_TILE; r += ATTN_THREADS) {
+    }
+    if constexpr (T::use_mma && T::head_dim % 16 != 0) {
+        for (int r = tid; r < T::rows_pad + T::kv_stages * T::kv_tile; r += T::threads) {
             attn_vec16 z = {0u, 0u, 0u, 0u};
-            if (r < ATTN_ROWS_PAD) *(attn_vec16 *)(sQ + r * ATTN_Q_PITCH + HEAD_DIM) = z;
-            else *(attn_vec16 *)(sK + (r - ATTN_ROWS_PAD) * ATTN_KV_PITCH + HEAD_DIM) = z;
+            if (r < T::rows_pad) *(attn_vec16 *)(sQ + r * T::q_pitch + T::head_dim) = z;
+            else *(attn_vec16 *)(sm.k() + (r - T::rows_pad) * T::kv_pitch + T::head_dim) = z;
         }
-#endif
+    }
+    return q_unscale;
+}
+
+/* ---- stage: the copies of one K/V tile ----
+   Thread chunk i: row kv_row(i) of the tile, 16-byte column kv_col(i) (the same positions
+   in every tile), from the cache offsets in the row table of `stage` (-1: zero-fill,
+   nothing read); KV_PTH: then each row's two scales (4-byte copies, 0 outside the range). */
+template <class T>
+ATTN_DEV void attn_paged_issue(const attn_paged_smem<T> &sm, const char *kv_base, attn_i64 v_bytes, int stage, unsigned utid) {
+    const attn_i64 *sBlk = sm.blk();
+    const attn_u32 sK_addr = attn_smem_addr(sm.k()), sV_addr = attn_smem_addr(sm.v());
+#pragma unroll
+    for (int i = 0; i < T::kv_lpt; i++) {
+        const int r = T::threads % T::kv_cpr == 0 ? (int)(utid / T::kv_cpr) + i * (T::threads / T::kv_cpr)
+                                                  : (int)((utid + i * T::threads) / T::kv_cpr);
+        const int col = T::threads % T::kv_cpr == 0 ? (int)(utid % T::kv_cpr) : (int)((utid + i * T::threads) % T::kv_cpr);
+        if (T::kv_chunks % T::threads == 0 || r < T::kv_tile) {
+            const attn_i64 b = sBlk[stage * T::kv_tile + r];
+            const char *src = kv_base + (b >= 0 ? b + col * 16 : 0);
+            const attn_u32 off = (attn_u32)((stage * T::kv_tile + r) * T::srow + col * 16);
+            attn_cp_async16_or_zero(sK_addr + off, src, b < 0);
+            attn_cp_async16_or_zero(sV_addr + off, src + (b >= 0 ? v_bytes : 0), b < 0);
+        }
+    }
+    if constexpr (T::kv_pth) {
+        const int *sDel = sm.del();
+        const attn_u32 sKs_addr = attn_smem_addr(sm.k_scales()), sVs_addr = attn_smem_addr(sm.v_scales());
+        for (int r = (int)utid; r < T::kv_tile; r += T::threads) {
+            const attn_i64 b = sBlk[stage * T::kv_tile + r];
+            const char *src = kv_base + (b >= 0 ? b + sDel[stage * T::kv_tile + r] : 0);
+            attn_cp_async4_or_zero(sKs_addr + (attn_u32)(stage * T::kv_tile + r) * 4, src, b < 0);
+            attn_cp_async4_or_zero(sVs_addr + (attn_u32)(stage * T::kv_tile + r) * 4, src + (b >= 0 ? v_bytes : 0), b < 0);
+        }
+    }
+}
+
+/* ---- stage: S = Q K^T for 16 rows x KW keys per row tile of the warp ----
+   Each K fragment feeds every row tile of the warp. Three forms: 8-bit codes (ldmatrix of
+   the codes as b16, converted in registers), 16-bit tensor cores, f32 FMA. Q fragments
+   from registers (qf, Q_IN_REGS) or from shared memory. */
+template <class T>
+ATTN_DEV void attn_paged_qk(float (&s)[T::warp_rows][T::nt][4], const attn_paged_smem<T> &sm,
+                            const attn_u32 (&qf)[T::warp_rows][T::hdp / 16][4], int stage, int row0, int lane,
+                            int wn) {
+    const int g = lane >> 2, tq = lane & 3;
+    const attn_u32 sQ_addr = attn_smem_addr(sm.q());
+    /* lane offsets (bytes) of the ldmatrix row addresses, see the fragment table in
+       attn_common.cuh: Q as A (rows lane%16, column half lane/16), K as B (keys lane%8 +
+       8*(lane/16), column half (lane/8)%2) */
+    const attn_u32 q_lane = (attn_u32)(((row0 + (lane & 15)) * T::q_pitch + (lane >> 4) * 8) * 2);
+    auto q_frag = [&](attn_u32 *a, int wr, int byte) { /* Q from shared memory */
+        attn_ldmatrix_x4(a, sQ_addr + q_lane + (attn_u32)(wr * 16 * T::q_pitch * 2) + byte);
+    };
+#pragma unroll
+    for (int wr = 0; wr < T::warp_rows; wr++)
+#pragma unroll
+        for (int n = 0; n < T::nt; n++) s[wr][n][0] = s[wr][n][1] = s[wr][n][2] = s[wr][n][3] = 0.0f;
+    if constexpr (T::kv8) {
+        /* lane (g, t) gets key g's four codes 4t..4t+3 of a 16-dim block, whose f16 are b0
+           and b1 of the B fragment for Q's column order; x4: keys 0-7 and 8-15 (n8 tiles
+           2np, 2np+1) x dims +0 and +16 (k chunks), matrices in the order keys 0-7 +0,
+           keys 0-7 +16, keys 8-15 +0, 8-15 +16; the x2: keys 0-7 +0, 8-15 +0 */
+        const attn_u32 k8_lane4 = (attn_u32)(((lane & 7) + ((lane >> 4) << 3)) * T::srow + ((lane >> 3) & 1) * 16);
+        const attn_u32 k8_lane2 = (attn_u32)(((lane & 7) + (((lane >> 3) & 1) << 3)) * T::srow);
+        const attn_u32 kb = attn_smem_addr(sm.k()) + (attn_u32)((stage * T::kv_tile + wn * T::kw) * T::srow);
+#pragma unroll
+        for (int np = 0; np < T::nt / 2; np++) {
+#pragma unroll
+            for (int kq = 0; kq < T::head_dim / 32; kq++) {
+                attn_u32 w[4], b[4][2];
+                attn_ldmatrix_x4(w, kb + k8_lane4 + (attn_u32)(np * 16 * T::srow + kq * 32));
+#pragma unroll
+                for (int i = 0; i < 4; i++) attn_codes4_to_f16x2<T::dt_kv>(w[i], b[i][0], b[i][1]);
+#pragma unroll
+                for (int wr = 0; wr < T::warp_rows; wr++) {
+                    attn_u32 a0[4], a1[4];
+                    if constexpr (T::q_in_regs) {
+#pragma unroll
+                        for (int i = 0; i < 4; i++) a0[i] = qf[wr][2 * kq][i], a1[i] = qf[wr][2 * kq + 1][i];
+                    } else {
+                        q_frag(a0, wr, kq * 64);
+                        q_frag(a1, wr, kq * 64 + 32);
+                    }
+                    attn_mma16816<T::dt_m>(s[wr][2 * np], a0, b[0]);
+                    attn_mma16816<T::dt_m>(s[wr][2 * np], a1, b[1]);
+                    attn_mma16816<T::dt_m>(s[wr][2 * np + 1], a0, b[2]);
+                    attn_mma16816<T::dt_m>(s[wr][2 * np + 1], a1, b[3]);
+                }
+            }
+            if constexpr (T::head_dim % 32 != 0) { /* the last 16 dims: x2, keys 0-7 and 8-15 */
+                attn_u32 w[2], b[2][2];
+                attn_ldmatrix_x2(w, kb + k8_lane2 + (attn_u32)(np * 16 * T::srow + T::head_dim - 16));
+#pragma unroll
+                for (int i = 0; i < 2; i++) attn_codes4_to_f16x2<T::dt_kv>(w[i], b[i][0], b[i][1]);
+#pragma unroll
+                for (int wr = 0; wr < T::warp_rows; wr++) {
+                    attn_u32 a[4];
+                    if constexpr (T::q_in_regs) {
+#pragma unroll
+                        for (int i = 0; i < 4; i++) a[i] = qf[wr][T::head_dim / 16 - 1][i];
+                    } else {
+                        q_frag(a, wr, (T::head_dim - 16) * 2);
+                    }
+                    attn_mma16816<T::dt_m>(s[wr][2 * np], a, b[0]);
+                    attn_mma16816<T::dt_m>(s[wr][2 * np + 1], a, b[1]);
+                }
+            }
+        }
+    } else if constexpr (T::use_mma) {
+        const attn_u32 k_lane = (attn_u32)((((lane & 7) + ((lane >> 4) << 3)) * T::kv_pitch + ((lane >> 3) & 1) * 8) * 2);
+        const attn_u32 kb = attn_smem_addr(sm.k()) + (attn_u32)((stage * T::kv_tile + wn * T::kw) * T::kv_pitch * 2) + k_lane;
+#pragma unroll
+        for (int ks = 0; ks < T::hdp / 16; ks++) {
+            attn_u32 qa[T::warp_rows][4];
+            if constexpr (T::q_in_regs) {
+#pragma unroll
+                for (int wr = 0; wr < T::warp_rows; wr++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) qa[wr][i] = qf[wr][ks][i];
+            } else {
+#pragma unroll
+                for (int wr = 0; wr < T::warp_rows; wr++) q_frag(qa[wr], wr, ks * 32);
+            }
+#pragma unroll
+            for (int np = 0; np < T::nt / 2; np++) {
+                attn_u32 b[4];
+                attn_ldmatrix_x4(b, kb + (attn_u32)((np * 16 * T::kv_pitch + ks * 16) * 2));
+#pragma unroll
+                for (int wr = 0; wr < T::warp_rows; wr++) {
+                    attn_mma16816<T::dt_m>(s[wr][2 * np], qa[wr], b);
+                    attn_mma16816<T::dt_m>(s[wr][2 * np + 1], qa[wr], b + 2);
+                }
+            }
+        }
+    } else {
+        const typename T::q_t *q0 = (const typename T::q_t *)sm.q() + (row0 + g) * T::q_pitch, *q1 = q0 + 8 * T::q_pitch;
+        const typename T::kv_t *kb = sm.k() + (stage * T::kv_tile + wn * T::kw + 2 * tq) * T::kv_pitch;
+#pragma unroll 2
+        for (int d = 0; d < T::head_dim; d += 4) {
+            float a0[4], a1[4];
+            attn_lds4<T::dt_q>(q0 + d, a0);
+            attn_lds4<T::dt_q>(q1 + d, a1);
+#pragma unroll
+            for (int n = 0; n < T::nt; n++) {
+                float k0[4], k1[4];
+                attn_lds4<T::dt_kv>(kb + n * 8 * T::kv_pitch + d, k0);
+                attn_lds4<T::dt_kv>(kb + (n * 8 + 1) * T::kv_pitch + d, k1);
+#pragma unroll
+                for (int x = 0; x < 4; x++) { /* one row tile per warp: s[0] */
+                    s[0][n][0] = fmaf(a0[x], k0[x], s[0][n][0]);
+                    s[0][n][1] = fmaf(a0[x], k1[x], s[0][n][1]);
+                    s[0][n][2] = fmaf(a1[x], k0[x], s[0][n][2]);
+                    s[0][n][3] = fmaf(a1[x], k1[x], s[0][n][3]);
+                }
+            }
+        }
+    }
+    if constexpr (T::kv_pth) { /* each key's K scale (lane keys 8n + 2tq, + 1) */
+        const float *ks = sm.k_scales() + stage * T::kv_tile + wn * T::kw + 2 * tq;
+#pragma unroll
+        for (int n = 0; n < T::nt; n++) {
+            const attn_vec8 kk = *(const attn_vec8 *)(ks + 8 * n);
+#pragma unroll
+            for (int wr = 0; wr < T::warp_rows; wr++) {
+                s[wr][n][0] *= __int_as_float(kk.x); s[wr][n][1] *= __int_as_float(kk.y);
+                s[wr][n][2] *= __int_as_float(kk.x); s[wr][n][3] *= __int_as_float(kk.y);
+            }
+        }
+    }
+}
+
+/* ---- stage: O += P V ----
+   P's A fragments straight from the S accumulators (tensor cores), V fragments by
+   ldmatrix.trans. 8-bit codes: lane (g, t) gets, for keys 2t and 2t + 1 (and + 8), the codes
+   of dims 2g and 2g + 1 of a 16-dim block; the even ones make the B fragment of an n8 tile
+   of the even dims, the odd ones of the odd dims: O's tiles 4q .. 4q + 3 hold dims
+   32q + {even, odd} and 32q + 16 + {even, odd} (the epilogue puts them back in order).
+   FMA form: P of key 8n + 2src + e for rows g and g + 8 lives in lane 4g + src (shuffles). */
+template <class T>
+ATTN_DEV void attn_paged_pv(float (&o)[T::warp_rows][T::ot][4], const float (&s)[T::warp_rows][T::nt][4],
+                            const attn_paged_smem<T> &sm, int stage, int lane, int wn) {
+    const int tq = lane & 3;
+    if constexpr (T::kv8) {
+        const attn_u32 v8_lane = (attn_u32)(((lane & 7) + (((lane >> 3) & 1) << 3)) * T::srow + (lane >> 4) * 16);
+        const attn_u32 vb = attn_smem_addr(sm.v()) + (attn_u32)((stage * T::kv_tile + wn * T::kw) * T::srow) + v8_lane;
+#pragma unroll
+        for (int kk = 0; kk < T::kw / 16; kk++) {
+            attn_u32 a[T::warp_rows][4];
+#pragma unroll
+            for (int wr = 0; wr < T::warp_rows; wr++) attn_p_fragment<T>(s[wr], kk, a[wr]);
+            const attn_u32 vrow = vb + (attn_u32)(kk * 16 * T::srow);
+#pragma unroll
+            for (int dq = 0; dq < (T::head_dim + 16) / 32; dq++) {
+                attn_u32 r[4], b[4][2];
+                const int halves = dq < T::head_dim / 32 ? 2 : 1; /* HEAD_DIM % 32: the last 16 dims */
+                if (halves == 2) attn_ldmatrix_x4_trans(r, vrow + dq * 32);
+                else attn_ldmatrix_x2_trans(r, vrow + dq * 32);
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    if (h < halves) {
+                        attn_codes4_to_f16x2<T::dt_kv>(attn_prmt(r[2 * h], r[2 * h + 1], 0x6420u), b[2 * h][0], b[2 * h][1]);
+                        attn_codes4_to_f16x2<T::dt_kv>(attn_prmt(r[2 * h], r[2 * h + 1], 0x7531u), b[2 * h + 1][0], b[2 * h + 1][1]);
+#pragma unroll
+                        for (int wr = 0; wr < T::warp_rows; wr++) {
+                            attn_mma16816<T::dt_m>(o[wr][4 * dq + 2 * h], a[wr], b[2 * h]);
+                            attn_mma16816<T::dt_m>(o[wr][4 * dq + 2 * h + 1], a[wr], b[2 * h + 1]);
+                        }
+                    }
+                }
+            }
+        }
+    } else if constexpr (T::use_mma) {
+        /* V as B transposed (keys lane%16, column half lane/16) */
+        const attn_u32 v_lane = (attn_u32)(((lane & 15) * T::kv_pitch + (lane >> 4) * 8) * 2);
+        const attn_u32 vb = attn_smem_addr(sm.v()) + (attn_u32)((stage * T::kv_tile + wn * T::kw) * T::kv_pitch * 2) + v_lane;
+#pragma unroll
+        for (int kk = 0; kk < T::kw / 16; kk++) {
+            attn_u32 a[T::warp_rows][4]; /* the C fragments of keys 16kk.. are the A fragment of P */
+#pragma unroll
+            for (int wr = 0; wr < T::warp_rows; wr++) attn_p_fragment<T>(s[wr], kk, a[wr]);
+            const attn_u32 vrow = vb + (attn_u32)(kk * 16 * T::kv_pitch * 2);
+#pragma unroll
+            for (int op = 0; op < T::ot / 2; op++) {
+                attn_u32 b[4]; /* one V fragment for every row tile of the warp */
+                attn_ldmatrix_x4_trans(b, vrow + op * 32);
+#pragma unroll
+                for (int wr = 0; wr < T::warp_rows; wr++) {
+                    attn_mma16816<T::dt_m>(o[wr][2 * op], a[wr], b);
+                    attn_mma16816<T::dt_m>(o[wr][2 * op + 1], a[wr], b + 2);
+                }
+            }
+            if constexpr (T::ot % 2 != 0) {
+                attn_u32 b[2];
+                attn_ldmatrix_x2_trans(b, vrow + (T::ot - 1) * 16);
+#pragma unroll
+                for (int wr = 0; wr < T::warp_rows; wr++) attn_mma16816<T::dt_m>(o[wr][T::ot - 1], a[wr], b);
+            }
+        }
+    } else {
+        const typename T::kv_t *vb = sm.v() + (stage * T::kv_tile + wn * T::kw) * T::kv_pitch + 2 * tq;
+#pragma unroll
+        for (int n = 0; n < T::nt; n++)
+#pragma unroll
+            for (int src = 0; src < 4; src++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const float p0 = __shfl_sync(0xffffffffu, s[0][n][e], (lane & ~3) | src);
+                    const float p1 = __shfl_sync(0xffffffffu, s[0][n][2 + e], (lane & ~3) | src);
+                    const typename T::kv_t *v = vb + (8 * n + 2 * src + e) * T::kv_pitch;
+#pragma unroll
+                    for (int i = 0; i < T::ot; i++) {
+                        float vv[2];
+                        attn_lds2<T::dt_kv>(v + i * 8, vv);
+                        o[0][i][0] = fmaf(p0, vv[0], o[0][i][0]);
+                        o[0][i][1] = fmaf(p0, vv[1], o[0][i][1]);
+                        o[0][i][2] = fmaf(p1, vv[0], o[0][i][2]);
+                        o[0][i][3] = fmaf(p1, vv[1], o[0][i][3]);
+                    }
+                }
+    }
+}
+
+/* ---- the kernel ---- */
+template <class T> ATTN_DEV void attn_paged_attention_body(const attn__paged_params &p) {
+    extern __shared__ attn_vec16 attn_smem[];
+    const attn_paged_smem<T> sm = {(char *)attn_smem};
+    if (blockDim.x != T::threads || attn_dynamic_smem_size() < attn_paged_smem<T>::bytes) attn_trap();
+    if ((int)blockIdx.x >= *p.num_work) return;
+
+    /* ---- prologue: the work item ---- */
+    const attn_paged_item w = attn_paged_item_load(p, blockIdx.x, T::group);
+    const int key0 = w.key0, key1 = w.key1, kv_head = w.kv_head, slot = w.slot;
+    /* per-tensor fp8 scales: a bad one (not finite and > 0) writes nothing, see 8-BIT CACHES */
+    float k_scale = 1.0f, v_scale = 1.0f;
+    if constexpr (T::kv8 && !T::kv_pth) {
+        k_scale = attn_cache_scale(p.k_scale, p.k_scale_value);
+        v_scale = attn_cache_scale(p.v_scale, p.v_scale_value);
+        if (k_scale == 0.0f || v_scale == 0.0f) return;
     }
 
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp / T::warps_n, wn = warp - wm * T::warps_n;
+    const int g = lane >> 2, tq = lane & 3; /* mma row group and lane within it */
+
+    const float q_unscale = attn_paged_load_q<T>(p, w, sm, tid); /* 8-bit caches: 2^-e */
+
     /* ---- this lane's rows (g and g + 8 of each of the warp's row tiles): visible keys ---- */
-    const int row0 = wm * ATTN_WARP_ROWS * 16; /* the warp's first row; row tile wr at row0 + 16 wr */
-    int lo[ATTN_WARP_ROWS][2], hi[ATTN_WARP_ROWS][2];
-#if ALIBI
-    int qpos[ATTN_WARP_ROWS][2];
-    float slope[ATTN_WARP_ROWS][2];
-#endif
+    const int row0 = wm * T::warp_rows * 16; /* the warp's first row; row tile wr at row0 + 16 wr */
+    int lo[T::warp_rows][2], hi[T::warp_rows][2];
+    int qpos[T::warp_rows][2];    /* ALIBI */
+    float slope[T::warp_rows][2]; /* ALIBI */
     int lo_min = 0x7fffffff, lo_max = (int)0x80000000, hi_min = 0x7fffffff, hi_max = (int)0x80000000;
 #pragma unroll
-    for (int x = 0; x < 2 * ATTN_WARP_ROWS; x++) {
+    for (int x = 0; x < 2 * T::warp_rows; x++) {
         const int wr = x >> 1, rr = x & 1;
-        const int R = row0 + wr * 16 + g + 8 * rr, t = R / GROUP;
-        const int valid = R < nrows;
-        const int pos = seq_len - query_len + tok0 + t;
+        const int R = row0 + wr * 16 + g + 8 * rr, t = R / T::group;
+        const int valid = R < w.nrows;
+        const int pos = w.seq_len - w.query_len + w.tok0 + t;
         int a, b;
-        attn_visible_keys<WINDOW>(p, causal, pos, seq_len, key0, key1, a, b);
+        attn_visible_keys<T::window>(p, w.causal, pos, w.seq_len, key0, key1, a, b);
         lo[wr][rr] = valid ? a : 0;
         hi[wr][rr] = valid ? b : 0;
-#if ALIBI
-        qpos[wr][rr] = pos;
-        slope[wr][rr] = valid ? p.alibi_slopes[kv_head * GROUP + (R - t * GROUP)] * ATTN_LOG2E : 0.0f;
-#endif
+        if constexpr (T::alibi) {
+            qpos[wr][rr] = pos;
+            slope[wr][rr] = valid ? p.alibi_slopes[kv_head * T::group + (R - t * T::group)] * ATTN_LOG2E : 0.0f;
+        }
         if (valid) {
             lo_min = attn_imin(lo_min, a); lo_max = attn_imax(lo_max, a);
             hi_min = attn_imin(hi_min, b); hi_max = attn_imax(hi_max, b);
@@ -637,314 +897,90 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, MIN_CTAS) attn_paged_
     lo_min = attn_warp_imin(lo_min); lo_max = attn_warp_imax(lo_max);
     hi_min = attn_warp_imin(hi_min); hi_max = attn_warp_imax(hi_max);
 
-    /* ---- K/V loader ----
-       Thread chunk i: row kv_row(i) of the tile, 16-byte column kv_col (the same positions
-       in every tile). The cache byte offset of every row of a tile (head 0's K row) is in
-       sBlk[stage][row] (-1: the key is outside [key0, key1): zero-fill, nothing read). The
-       offsets of tile it + KV_STAGES are loaded into registers while tile it computes and
-       stored to sBlk after it, so the block-table latency hides under compute. */
+    /* ---- the K/V tile loader: the row table of the first stages, their copies ---- */
+    const attn_paged_rows<T::block_size, T::head_dim * T::esz_kv, T::kv_pth ? 4 : 0> rows(p, w.req, kv_head, key0, key1);
     const char *kv_base = (const char *)p.kv_cache;
-    /* a block half (K or V): BLOCK_SIZE x num_kv_heads rows (KV_PTH: then their scales) */
-    const attn_i64 v_bytes = (attn_i64)BLOCK_SIZE * p.num_kv_heads * (HEAD_DIM * ATTN_ESZ_KV + (KV_PTH ? 4 : 0));
-    const attn_i64 blk_bytes = 2 * v_bytes;
-    const int *bt = p.block_table + (attn_i64)req * p.block_table_stride;
-    const unsigned utid = (unsigned)tid;
-
-    auto kv_row = [&](int i) -> int {
-        return ATTN_THREADS % ATTN_KV_CPR == 0 ? (int)(utid / ATTN_KV_CPR) + i * (ATTN_THREADS / ATTN_KV_CPR)
-                                               : (int)((utid + i * ATTN_THREADS) / ATTN_KV_CPR);
-    };
-    auto kv_col = [&](int i) -> int {
-        return ATTN_THREADS % ATTN_KV_CPR == 0 ? (int)(utid % ATTN_KV_CPR) : (int)((utid + i * ATTN_THREADS) % ATTN_KV_CPR);
-    };
-    auto block_of = [&](int j) -> int { /* physical block of key j, -1 outside [key0, key1) */
-        return j >= key0 && j < key1 ? bt[(unsigned)j / BLOCK_SIZE] : -1;
-    };
-    /* byte offset in the cache of key j's K row (j absolute) for this CTA's KV head, given
-       its block b; -1 for b = -1 */
-    auto row_offset = [&](int b, int j) -> attn_i64 {
-        return b >= 0 ? (attn_i64)b * blk_bytes +
-                            ((attn_i64)((unsigned)j % BLOCK_SIZE) * p.num_kv_heads + kv_head) * (HEAD_DIM * ATTN_ESZ_KV)
-                      : (attn_i64)-1;
-    };
-#if KV_PTH
-    /* the K scale of key j's row sits this many bytes after its codes (the V scale as far
-       after the V codes): the codes plane, then row x's scale, x = row in block * heads + head */
-    auto scale_delta = [&](int j) -> int {
-        const int x = (int)((unsigned)j % BLOCK_SIZE) * p.num_kv_heads + kv_head;
-        return BLOCK_SIZE * p.num_kv_heads * HEAD_DIM - x * (HEAD_DIM - 4);
-    };
-#endif
-    auto issue = [&](int stage) { /* cp.async of the tile whose rows sBlk[stage] holds */
-#pragma unroll
-        for (int i = 0; i < ATTN_KV_LPT; i++) {
-            const int r = kv_row(i), col = kv_col(i);
-            if (ATTN_KV_CHUNKS % ATTN_THREADS == 0 || r < KV_TILE) {
-                const attn_i64 b = sBlk[stage * KV_TILE + r];
-                const char *src = kv_base + (b >= 0 ? b + col * 16 : 0);
-                const attn_u32 off = (attn_u32)((stage * KV_TILE + r) * ATTN_SROW + col * 16);
-                attn_cp_async16_or_zero(sK_addr + off, src, b < 0);
-                attn_cp_async16_or_zero(sV_addr + off, src + (b >= 0 ? v_bytes : 0), b < 0);
-            }
-        }
-#if KV_PTH
-        for (int r = tid; r < KV_TILE; r += ATTN_THREADS) { /* the rows' scales (0 outside the range) */
-            const attn_i64 b = sBlk[stage * KV_TILE + r];
-            const char *src = kv_base + (b >= 0 ? b + sDel[stage * KV_TILE + r] : 0);
-            attn_cp_async4_or_zero(sKs_addr + (attn_u32)(stage * KV_TILE + r) * 4, src, b < 0);
-            attn_cp_async4_or_zero(sVs_addr + (attn_u32)(stage * KV_TILE + r) * 4, src + (b >= 0 ? v_bytes : 0), b < 0);
-        }
-#endif
-    };
-
-    const int tile0 = key1 > key0 ? key0 / KV_TILE * KV_TILE : 0;
-    const int ntiles = key1 > key0 ? (key1 - tile0 + KV_TILE - 1) / KV_TILE : 0;
-    /* prologue: block numbers of tiles 0..KV_STAGES-1, then the copies of 0..KV_STAGES-2 */
-#pragma unroll
-    for (int s = 0; s < KV_STAGES; s++)
-        for (int r = tid; r < KV_TILE; r += ATTN_THREADS) {
-            sBlk[s * KV_TILE + r] = row_offset(block_of(tile0 + s * KV_TILE + r), tile0 + s * KV_TILE + r);
-#if KV_PTH
-            sDel[s * KV_TILE + r] = scale_delta(tile0 + s * KV_TILE + r);
-#endif
-        }
+    int tile0, ntiles;
+    attn_paged_tiles<T::kv_tile>(key0, key1, tile0, ntiles);
+    rows.template fill<T::kv_stages, T::kv_tile, T::threads>(sm.blk(), sm.del(), tile0, tid);
     __syncthreads();
 #pragma unroll
-    for (int s = 0; s < KV_STAGES - 1; s++) {
-        if (s < ntiles) issue(s);
+    for (int s = 0; s < T::kv_stages - 1; s++) {
+        if (s < ntiles) attn_paged_issue<T>(sm, kv_base, rows.v_bytes, s, (unsigned)tid);
         attn_cp_async_commit(); /* one group per tile slot, empty or not: uniform counting */
     }
 
     /* ---- per-warp softmax state, per row tile wr: rows g (rr 0) and g + 8 (rr 1); O in
        C-fragment layout ---- */
-    float m[ATTN_WARP_ROWS][2], l[ATTN_WARP_ROWS][2], o[ATTN_WARP_ROWS][ATTN_OT][4];
+    float m[T::warp_rows][2], l[T::warp_rows][2], o[T::warp_rows][T::ot][4];
 #pragma unroll
-    for (int wr = 0; wr < ATTN_WARP_ROWS; wr++) {
+    for (int wr = 0; wr < T::warp_rows; wr++) {
         m[wr][0] = m[wr][1] = attn_neg_inf();
         l[wr][0] = l[wr][1] = 0.0f;
 #pragma unroll
-        for (int i = 0; i < ATTN_OT; i++) o[wr][i][0] = o[wr][i][1] = o[wr][i][2] = o[wr][i][3] = 0.0f;
+        for (int i = 0; i < T::ot; i++) o[wr][i][0] = o[wr][i][1] = o[wr][i][2] = o[wr][i][3] = 0.0f;
     }
-#if KV_PTH
-    int v_e = 1; /* biased exponent E: O holds sum p * (v scale / 2^(E - 127)) * code */
-#endif
+    int v_e = 1; /* KV_PTH: biased exponent E, O holds sum p * (v scale / 2^(E - 127)) * code */
     /* the q.k each score needs from the mma's: 8-bit caches, k_scale, 2^-e, the code factor */
-#if ATTN_KV8
-    const float kv_fac = k_scale * q_unscale * attn_code_factor<DT_KV>();
-#else
-    const float kv_fac = 1.0f;
-#endif
-#if SOFTCAP
-    const float cap_inv = 1.0f / p.softcap, cap_log2 = p.softcap * ATTN_LOG2E, qk_scale = p.scale * kv_fac;
-#else
-    const float qk_scale = p.scale * ATTN_LOG2E * kv_fac;
-#endif
-
-#if ATTN_USE_MMA
-    /* lane offsets (bytes) of the ldmatrix row addresses, see the fragment table in
-       attn_common.cuh: Q as A (rows lane%16, column half lane/16), K as B (keys lane%8 +
-       8*(lane/16), column half (lane/8)%2), V as B transposed (keys lane%16, column half
-       lane/16) */
-    const attn_u32 q_lane = (attn_u32)(((row0 + (lane & 15)) * ATTN_Q_PITCH + (lane >> 4) * 8) * 2);
-    const attn_u32 k_lane = (attn_u32)((((lane & 7) + ((lane >> 4) << 3)) * ATTN_KV_PITCH + ((lane >> 3) & 1) * 8) * 2);
-    const attn_u32 v_lane = (attn_u32)(((lane & 15) * ATTN_KV_PITCH + (lane >> 4) * 8) * 2);
-#if Q_IN_REGS
-    attn_u32 qf[ATTN_WARP_ROWS][ATTN_HDP / 16][4];
-#endif
-#if ATTN_KV8
-    /* 8-bit stages: row addresses of ldmatrix x4 over keys 0-7 / 8-15 x bytes +0 / +16 (K:
-       matrices in the order keys 0-7 +0, keys 0-7 +16, keys 8-15 +0, 8-15 +16; V and the x2s:
-       keys 0-7 +0, 8-15 +0, 0-7 +16, 8-15 +16) */
-    const attn_u32 k8_lane4 = (attn_u32)(((lane & 7) + ((lane >> 4) << 3)) * ATTN_SROW + ((lane >> 3) & 1) * 16);
-    const attn_u32 k8_lane2 = (attn_u32)(((lane & 7) + (((lane >> 3) & 1) << 3)) * ATTN_SROW);
-    const attn_u32 v8_lane = (attn_u32)(((lane & 7) + (((lane >> 3) & 1) << 3)) * ATTN_SROW + (lane >> 4) * 16);
-#endif
-#endif
+    const float kv_fac = T::kv8 ? k_scale * q_unscale * attn_code_factor<T::dt_kv>() : 1.0f;
+    const float cap_inv = T::softcap ? 1.0f / p.softcap : 0.0f, cap_log2 = T::softcap ? p.softcap * ATTN_LOG2E : 0.0f;
+    const float qk_scale = T::softcap ? p.scale * kv_fac : p.scale * ATTN_LOG2E * kv_fac;
+    attn_u32 qf[T::warp_rows][T::hdp / 16][4]; /* Q_IN_REGS: the Q fragments */
 
     for (int it = 0; it < ntiles; it++) {
-        attn_cp_async_wait<KV_STAGES - 2>(); /* this thread's part of tile `it` has landed */
-        __syncthreads();                      /* everyone's part; stage (it-1) is free again */
-        if (it + KV_STAGES - 1 < ntiles) issue((it + KV_STAGES - 1) % KV_STAGES);
+        attn_cp_async_wait<T::kv_stages - 2>(); /* this thread's part of tile `it` has landed */
+        __syncthreads();                         /* everyone's part; stage (it-1) is free again */
+        if (it + T::kv_stages - 1 < ntiles)
+            attn_paged_issue<T>(sm, kv_base, rows.v_bytes, (it + T::kv_stages - 1) % T::kv_stages, (unsigned)tid);
         attn_cp_async_commit();
-        int next_blk[ATTN_KV_BPT]; /* block numbers of tile it + KV_STAGES, stored after compute */
+        int next_blk[T::kv_bpt]; /* block numbers of tile it + KV_STAGES, stored after compute */
+        rows.template prefetch<T::kv_tile, T::threads>(tile0 + (it + T::kv_stages) * T::kv_tile, tid, next_blk);
+        if constexpr (T::use_mma && T::q_in_regs) {
+            if (it == 0) {
+                const attn_u32 q_lane = (attn_u32)(((row0 + (lane & 15)) * T::q_pitch + (lane >> 4) * 8) * 2);
 #pragma unroll
-        for (int i = 0; i < ATTN_KV_BPT; i++)
-            next_blk[i] = tid + i * ATTN_THREADS < KV_TILE ? block_of(tile0 + (it + KV_STAGES) * KV_TILE + tid + i * ATTN_THREADS) : -1;
-#if ATTN_USE_MMA && Q_IN_REGS
-        if (it == 0) {
+                for (int wr = 0; wr < T::warp_rows; wr++)
 #pragma unroll
-            for (int wr = 0; wr < ATTN_WARP_ROWS; wr++)
-#pragma unroll
-                for (int ks = 0; ks < ATTN_HDP / 16; ks++)
-                    attn_ldmatrix_x4(qf[wr][ks], sQ_addr + q_lane + (attn_u32)(wr * 16 * ATTN_Q_PITCH * 2) + ks * 32);
+                    for (int ks = 0; ks < T::hdp / 16; ks++)
+                        attn_ldmatrix_x4(qf[wr][ks], attn_smem_addr(sm.q()) + q_lane + (attn_u32)(wr * 16 * T::q_pitch * 2) + ks * 32);
+            }
         }
-#endif
-        const int stage = it % KV_STAGES;
-        const int kt0 = tile0 + it * KV_TILE + wn * ATTN_KW; /* this warp's first key */
+        const int stage = it % T::kv_stages;
+        const int kt0 = tile0 + it * T::kv_tile + wn * T::kw; /* this warp's first key */
         /* A warp whose rows see none of its keys skips them (causal tiles above the
            diagonal). The test is uniform over the warp already; __all_sync says so to
            ptxas, which otherwise builds the softmax shuffles a divergent slow path (a call,
            and spills around it). */
-        const int sees = __all_sync(0xffffffffu, kt0 + ATTN_KW > lo_min && kt0 < hi_max);
+        const int sees = __all_sync(0xffffffffu, kt0 + T::kw > lo_min && kt0 < hi_max);
         if (sees) {
-            const int need_mask = kt0 < lo_max || kt0 + ATTN_KW > hi_min;
+            const int need_mask = kt0 < lo_max || kt0 + T::kw > hi_min;
+            float s[T::warp_rows][T::nt][4];
+            attn_paged_qk<T>(s, sm, qf, stage, row0, lane, wn);
 
-            /* ---- S = Q K^T for 16 rows x KW keys per row tile; each K fragment feeds
-               every row tile of the warp (8-bit caches: after the ATTN_USE_MMA section) ---- */
-            float s[ATTN_WARP_ROWS][ATTN_NT][4];
-#pragma unroll
-            for (int wr = 0; wr < ATTN_WARP_ROWS; wr++)
-#pragma unroll
-                for (int n = 0; n < ATTN_NT; n++) s[wr][n][0] = s[wr][n][1] = s[wr][n][2] = s[wr][n][3] = 0.0f;
-#if ATTN_KV8
-            {   /* ldmatrix of the codes as b16: lane (g, t) gets key g's four codes 4t..4t+3 of a
-                   16-dim block, whose f16 are b0 and b1 of the B fragment for Q's column order;
-                   x4: keys 0-7 and 8-15 (n8 tiles 2np, 2np+1) x dims +0 and +16 (k chunks) */
-                const attn_u32 kb = sK_addr + (attn_u32)((stage * KV_TILE + wn * ATTN_KW) * ATTN_SROW);
-#pragma unroll
-                for (int np = 0; np < ATTN_NT / 2; np++) {
-#pragma unroll
-                    for (int kq = 0; kq < HEAD_DIM / 32; kq++) {
-                        attn_u32 w[4], b[4][2];
-                        attn_ldmatrix_x4(w, kb + k8_lane4 + (attn_u32)(np * 16 * ATTN_SROW + kq * 32));
-#pragma unroll
-                        for (int i = 0; i < 4; i++) attn_codes4_to_f16x2<DT_KV>(w[i], b[i][0], b[i][1]);
-#pragma unroll
-                        for (int wr = 0; wr < ATTN_WARP_ROWS; wr++) {
-#if Q_IN_REGS
-                            const attn_u32 *a0 = qf[wr][2 * kq], *a1 = qf[wr][2 * kq + 1];
-#else
-                            attn_u32 a0[4], a1[4];
-                            attn_ldmatrix_x4(a0, sQ_addr + q_lane + (attn_u32)(wr * 16 * ATTN_Q_PITCH * 2) + kq * 64);
-                            attn_ldmatrix_x4(a1, sQ_addr + q_lane + (attn_u32)(wr * 16 * ATTN_Q_PITCH * 2) + kq * 64 + 32);
-#endif
-                            attn_mma16816<ATTN_DT_M>(s[wr][2 * np], a0, b[0]);
-                            attn_mma16816<ATTN_DT_M>(s[wr][2 * np], a1, b[1]);
-                            attn_mma16816<ATTN_DT_M>(s[wr][2 * np + 1], a0, b[2]);
-                            attn_mma16816<ATTN_DT_M>(s[wr][2 * np + 1], a1, b[3]);
-                        }
-                    }
-#if HEAD_DIM % 32
-                    { /* the last 16 dims: x2, keys 0-7 and 8-15 */
-                        attn_u32 w[2], b[2][2];
-                        attn_ldmatrix_x2(w, kb + k8_lane2 + (attn_u32)(np * 16 * ATTN_SROW + HEAD_DIM - 16));
-#pragma unroll
-                        for (int i = 0; i < 2; i++) attn_codes4_to_f16x2<DT_KV>(w[i], b[i][0], b[i][1]);
-#pragma unroll
-                        for (int wr = 0; wr < ATTN_WARP_ROWS; wr++) {
-#if Q_IN_REGS
-                            const attn_u32 *a = qf[wr][HEAD_DIM / 16 - 1];
-#else
-                            attn_u32 a[4];
-                            attn_ldmatrix_x4(a, sQ_addr + q_lane + (attn_u32)(wr * 16 * ATTN_Q_PITCH * 2) + (HEAD_DIM - 16) * 2);
-#endif
-                            attn_mma16816<ATTN_DT_M>(s[wr][2 * np], a, b[0]);
-                            attn_mma16816<ATTN_DT_M>(s[wr][2 * np + 1], a, b[1]);
-                        }
-                    }
-#endif
-                }
-            }
-#elif ATTN_USE_MMA
-            {
-                const attn_u32 kb = sK_addr + (attn_u32)((stage * KV_TILE + wn * ATTN_KW) * ATTN_KV_PITCH * 2) + k_lane;
-#pragma unroll
-                for (int ks = 0; ks < ATTN_HDP / 16; ks++) {
-#if !Q_IN_REGS
-                    attn_u32 qa[ATTN_WARP_ROWS][4];
-#pragma unroll
-                    for (int wr = 0; wr < ATTN_WARP_ROWS; wr++)
-                        attn_ldmatrix_x4(qa[wr], sQ_addr + q_lane + (attn_u32)(wr * 16 * ATTN_Q_PITCH * 2) + ks * 32);
-#endif
-#pragma unroll
-                    for (int np = 0; np < ATTN_NT / 2; np++) {
-                        attn_u32 b[4];
-                        attn_ldmatrix_x4(b, kb + (attn_u32)((np * 16 * ATTN_KV_PITCH + ks * 16) * 2));
-#pragma unroll
-                        for (int wr = 0; wr < ATTN_WARP_ROWS; wr++) {
-#if Q_IN_REGS
-                            const attn_u32 *a = qf[wr][ks];
-#else
-                            const attn_u32 *a = qa[wr];
-#endif
-                            attn_mma16816<ATTN_DT_M>(s[wr][2 * np], a, b);
-                            attn_mma16816<ATTN_DT_M>(s[wr][2 * np + 1], a, b + 2);
-                        }
-                    }
-                }
-            }
-#else
-            {
-                const attn_q_t *q0 = sQ + (row0 + g) * ATTN_Q_PITCH, *q1 = q0 + 8 * ATTN_Q_PITCH;
-                const attn_kv_t *kb = sK + (stage * KV_TILE + wn * ATTN_KW + 2 * tq) * ATTN_KV_PITCH;
-#pragma unroll 2
-                for (int d = 0; d < HEAD_DIM; d += 4) {
-                    float a0[4], a1[4];
-                    attn_lds4<DT_Q>(q0 + d, a0);
-                    attn_lds4<DT_Q>(q1 + d, a1);
-#pragma unroll
-                    for (int n = 0; n < ATTN_NT; n++) {
-                        float k0[4], k1[4];
-                        attn_lds4<DT_KV>(kb + n * 8 * ATTN_KV_PITCH + d, k0);
-                        attn_lds4<DT_KV>(kb + (n * 8 + 1) * ATTN_KV_PITCH + d, k1);
-#pragma unroll
-                        for (int x = 0; x < 4; x++) { /* one row tile per warp: s[0] */
-                            s[0][n][0] = fmaf(a0[x], k0[x], s[0][n][0]);
-                            s[0][n][1] = fmaf(a0[x], k1[x], s[0][n][1]);
-                            s[0][n][2] = fmaf(a1[x], k0[x], s[0][n][2]);
-                            s[0][n][3] = fmaf(a1[x], k1[x], s[0][n][3]);
-                        }
-                    }
-                }
-            }
-#endif
-
-#if KV_PTH
-            { /* each key's K scale (lane keys 8n + 2tq, + 1) */
-                const float *ks = sKs + stage * KV_TILE + wn * ATTN_KW + 2 * tq;
-#pragma unroll
-                for (int n = 0; n < ATTN_NT; n++) {
-                    const attn_vec8 kk = *(const attn_vec8 *)(ks + 8 * n);
-#pragma unroll
-                    for (int wr = 0; wr < ATTN_WARP_ROWS; wr++) {
-                        s[wr][n][0] *= __int_as_float(kk.x); s[wr][n][1] *= __int_as_float(kk.y);
-                        s[wr][n][2] *= __int_as_float(kk.x); s[wr][n][3] *= __int_as_float(kk.y);
-                    }
-                }
-            }
-#endif
             /* ---- scores in base 2, masks, online softmax (row tile wr, element e: row rr =
                e / 2, key kt0 + 8n + 2tq + e % 2) ---- */
 #pragma unroll
-            for (int wr = 0; wr < ATTN_WARP_ROWS; wr++) {
+            for (int wr = 0; wr < T::warp_rows; wr++) {
                 float mx[2] = {attn_neg_inf(), attn_neg_inf()};
                 /* Per-tile row offsets, so that per element only the constant 8n + e%2 varies
                    (offsets like lo - 8n would be hoisted out of the tile loop: 32 registers). */
                 int dlo[2], dhi[2];
-#if ALIBI
-                float dpos[2];
-#endif
+                float dpos[2]; /* ALIBI */
 #pragma unroll
                 for (int rr = 0; rr < 2; rr++) {
                     dlo[rr] = lo[wr][rr] - (kt0 + 2 * tq);
                     dhi[rr] = hi[wr][rr] - (kt0 + 2 * tq);
-#if ALIBI
-                    dpos[rr] = (float)(kt0 + 2 * tq - qpos[wr][rr]);
-#endif
+                    if constexpr (T::alibi) dpos[rr] = (float)(kt0 + 2 * tq - qpos[wr][rr]);
                 }
 #pragma unroll
-                for (int n = 0; n < ATTN_NT; n++)
+                for (int n = 0; n < T::nt; n++)
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
                         const int rr = e >> 1, c = 8 * n + (e & 1); /* key = kt0 + 2tq + c */
-#if SOFTCAP
-                        float x = cap_log2 * attn_tanh(s[wr][n][e] * qk_scale * cap_inv);
-#else
-                        float x = s[wr][n][e] * qk_scale;
-#endif
-#if ALIBI
-                        x = fmaf(slope[wr][rr], dpos[rr] + (float)c, x);
-#endif
+                        float x;
+                        if constexpr (T::softcap) x = cap_log2 * attn_tanh(s[wr][n][e] * qk_scale * cap_inv);
+                        else x = s[wr][n][e] * qk_scale;
+                        if constexpr (T::alibi) x = fmaf(slope[wr][rr], dpos[rr] + (float)c, x);
                         if (need_mask && (c < dlo[rr] || c >= dhi[rr])) x = attn_neg_inf();
                         s[wr][n][e] = x;
                         mx[rr] = fmaxf(mx[rr], x);
@@ -952,10 +988,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, MIN_CTAS) attn_paged_
                 float sum[2] = {0.0f, 0.0f}, base[2], alpha[2];
 #pragma unroll
                 for (int rr = 0; rr < 2; rr++) {
-                    const float mnew = fmaxf(m[wr][rr], attn_quad_max(mx[rr]));
-                    base[rr] = mnew == attn_neg_inf() ? 0.0f : mnew; /* nothing seen yet: p = 0, not NaN */
-                    alpha[rr] = attn_exp2(m[wr][rr] - base[rr]);     /* m = -inf -> 0 */
-                    m[wr][rr] = mnew;
+                    base[rr] = attn_softmax_rebase(m[wr][rr], attn_quad_max(mx[rr]), alpha[rr]);
                     l[wr][rr] *= alpha[rr];
                 }
                 /* O is rescaled only when some row's max moved (after the first tiles of a
@@ -963,14 +996,14 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, MIN_CTAS) attn_paged_
                    multiplies). Decode-shaped CTAs only (one row tile): prefill rows move
                    their max often, and with two row tiles per warp the vote's registers
                    tip ptxas into spills at 255. */
-                if (ATTN_ROW_TILES > 1 || __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+                if (T::row_tiles > 1 || __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
                     for (int rr = 0; rr < 2; rr++)
 #pragma unroll
-                        for (int i = 0; i < ATTN_OT; i++) { o[wr][i][2 * rr] *= alpha[rr]; o[wr][i][2 * rr + 1] *= alpha[rr]; }
+                        for (int i = 0; i < T::ot; i++) { o[wr][i][2 * rr] *= alpha[rr]; o[wr][i][2 * rr + 1] *= alpha[rr]; }
                 }
 #pragma unroll
-                for (int n = 0; n < ATTN_NT; n++)
+                for (int n = 0; n < T::nt; n++)
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
                         s[wr][n][e] = attn_exp2(s[wr][n][e] - base[e >> 1]);
@@ -980,13 +1013,13 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, MIN_CTAS) attn_paged_
                 l[wr][1] += sum[1];
             }
 
-#if KV_PTH
-            { /* P times each key's V scale / 2^(E - 127); E follows the largest V scale (uniform
-                 over the warp: the four lanes of a row group hold all of its keys) */
-                const float *vs = sVs + stage * KV_TILE + wn * ATTN_KW + 2 * tq;
-                float vsc[ATTN_NT][2], vmax = 0.0f;
+            if constexpr (T::kv_pth) {
+                /* P times each key's V scale / 2^(E - 127); E follows the largest V scale
+                   (uniform over the warp: the four lanes of a row group hold all of its keys) */
+                const float *vs = sm.v_scales() + stage * T::kv_tile + wn * T::kw + 2 * tq;
+                float vsc[T::nt][2], vmax = 0.0f;
 #pragma unroll
-                for (int n = 0; n < ATTN_NT; n++) {
+                for (int n = 0; n < T::nt; n++) {
                     const attn_vec8 vv = *(const attn_vec8 *)(vs + 8 * n);
                     vsc[n][0] = __int_as_float(vv.x);
                     vsc[n][1] = __int_as_float(vv.y);
@@ -998,205 +1031,104 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, MIN_CTAS) attn_paged_
                     const int d = 127 + v_e - et;
                     const float f = d > 0 ? __int_as_float(d << 23) : 0.0f;
 #pragma unroll
-                    for (int wr = 0; wr < ATTN_WARP_ROWS; wr++)
+                    for (int wr = 0; wr < T::warp_rows; wr++)
 #pragma unroll
-                        for (int i = 0; i < ATTN_OT; i++) { o[wr][i][0] *= f; o[wr][i][1] *= f; o[wr][i][2] *= f; o[wr][i][3] *= f; }
+                        for (int i = 0; i < T::ot; i++) { o[wr][i][0] *= f; o[wr][i][1] *= f; o[wr][i][2] *= f; o[wr][i][3] *= f; }
                     v_e = et;
                 }
                 const float r = __int_as_float((254 - v_e) << 23);
 #pragma unroll
-                for (int n = 0; n < ATTN_NT; n++) {
+                for (int n = 0; n < T::nt; n++) {
                     const float f0 = vsc[n][0] * r, f1 = vsc[n][1] * r;
 #pragma unroll
-                    for (int wr = 0; wr < ATTN_WARP_ROWS; wr++) {
+                    for (int wr = 0; wr < T::warp_rows; wr++) {
                         s[wr][n][0] *= f0; s[wr][n][1] *= f1; s[wr][n][2] *= f0; s[wr][n][3] *= f1;
                     }
                 }
             }
-#endif
 
-            /* ---- O += P V ---- */
-#if ATTN_KV8
-            {   /* ldmatrix.trans of the codes as b16: lane (g, t) gets, for keys 2t and 2t + 1 (and
-                   + 8), the codes of dims 2g and 2g + 1 of a 16-dim block; the even ones make the
-                   B fragment of an n8 tile of the even dims, the odd ones of the odd dims: O's
-                   tiles 4q .. 4q + 3 hold dims 32q + {even, odd} and 32q + 16 + {even, odd}
-                   (the epilogue puts them back in order) */
-                const attn_u32 vb = sV_addr + (attn_u32)((stage * KV_TILE + wn * ATTN_KW) * ATTN_SROW) + v8_lane;
-#pragma unroll
-                for (int kk = 0; kk < ATTN_KW / 16; kk++) {
-                    attn_u32 a[ATTN_WARP_ROWS][4];
-#pragma unroll
-                    for (int wr = 0; wr < ATTN_WARP_ROWS; wr++) attn_p_fragment(s[wr], kk, a[wr]);
-                    const attn_u32 vrow = vb + (attn_u32)(kk * 16 * ATTN_SROW);
-#pragma unroll
-                    for (int dq = 0; dq < (HEAD_DIM + 16) / 32; dq++) {
-                        attn_u32 r[4], b[4][2];
-                        const int halves = dq < HEAD_DIM / 32 ? 2 : 1; /* HEAD_DIM % 32: the last 16 dims */
-                        if (halves == 2) attn_ldmatrix_x4_trans(r, vrow + dq * 32);
-                        else attn_ldmatrix_x2_trans(r, vrow + dq * 32);
-#pragma unroll
-                        for (int h = 0; h < 2; h++) {
-                            if (h < halves) {
-                                attn_codes4_to_f16x2<DT_KV>(attn_prmt(r[2 * h], r[2 * h + 1], 0x6420u), b[2 * h][0], b[2 * h][1]);
-                                attn_codes4_to_f16x2<DT_KV>(attn_prmt(r[2 * h], r[2 * h + 1], 0x7531u), b[2 * h + 1][0], b[2 * h + 1][1]);
-#pragma unroll
-                                for (int wr = 0; wr < ATTN_WARP_ROWS; wr++) {
-                                    attn_mma16816<ATTN_DT_M>(o[wr][4 * dq + 2 * h], a[wr], b[2 * h]);
-                                    attn_mma16816<ATTN_DT_M>(o[wr][4 * dq + 2 * h + 1], a[wr], b[2 * h + 1]);
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-#elif ATTN_USE_MMA
-            {
-                const attn_u32 vb = sV_addr + (attn_u32)((stage * KV_TILE + wn * ATTN_KW) * ATTN_KV_PITCH * 2) + v_lane;
-#pragma unroll
-                for (int kk = 0; kk < ATTN_KW / 16; kk++) {
-                    attn_u32 a[ATTN_WARP_ROWS][4]; /* the C fragments of keys 16kk.. are the A fragment of P */
-#pragma unroll
-                    for (int wr = 0; wr < ATTN_WARP_ROWS; wr++) attn_p_fragment(s[wr], kk, a[wr]);
-                    const attn_u32 vrow = vb + (attn_u32)(kk * 16 * ATTN_KV_PITCH * 2);
-#pragma unroll
-                    for (int op = 0; op < ATTN_OT / 2; op++) {
-                        attn_u32 b[4]; /* one V fragment for every row tile of the warp */
-                        attn_ldmatrix_x4_trans(b, vrow + op * 32);
-#pragma unroll
-                        for (int wr = 0; wr < ATTN_WARP_ROWS; wr++) {
-                            attn_mma16816<ATTN_DT_M>(o[wr][2 * op], a[wr], b);
-                            attn_mma16816<ATTN_DT_M>(o[wr][2 * op + 1], a[wr], b + 2);
-                        }
-                    }
-#if ATTN_OT % 2
-                    {
-                        attn_u32 b[2];
-                        attn_ldmatrix_x2_trans(b, vrow + (ATTN_OT - 1) * 16);
-#pragma unroll
-                        for (int wr = 0; wr < ATTN_WARP_ROWS; wr++) attn_mma16816<ATTN_DT_M>(o[wr][ATTN_OT - 1], a[wr], b);
-                    }
-#endif
-                }
-            }
-#else
-            {
-                const attn_kv_t *vb = sV + (stage * KV_TILE + wn * ATTN_KW) * ATTN_KV_PITCH + 2 * tq;
-#pragma unroll
-                for (int n = 0; n < ATTN_NT; n++)
-#pragma unroll
-                    for (int src = 0; src < 4; src++)
-#pragma unroll
-                        for (int e = 0; e < 2; e++) {
-                            /* P of key 8n + 2src + e for rows g and g + 8 lives in lane 4g + src */
-                            const float p0 = __shfl_sync(0xffffffffu, s[0][n][e], (lane & ~3) | src);
-                            const float p1 = __shfl_sync(0xffffffffu, s[0][n][2 + e], (lane & ~3) | src);
-                            const attn_kv_t *v = vb + (8 * n + 2 * src + e) * ATTN_KV_PITCH;
-#pragma unroll
-                            for (int i = 0; i < ATTN_OT; i++) {
-                                float vv[2];
-                                attn_lds2<DT_KV>(v + i * 8, vv);
-                                o[0][i][0] = fmaf(p0, vv[0], o[0][i][0]);
-                                o[0][i][1] = fmaf(p0, vv[1], o[0][i][1]);
-                                o[0][i][2] = fmaf(p1, vv[0], o[0][i][2]);
-                                o[0][i][3] = fmaf(p1, vv[1], o[0][i][3]);
-                            }
-                        }
-            }
-#endif
+            attn_paged_pv<T>(o, s, sm, stage, lane, wn);
         }
-        if (it + KV_STAGES < ntiles) { /* the slot of tile it + KV_STAGES held tile it: done */
-#pragma unroll
-            for (int i = 0; i < ATTN_KV_BPT; i++)
-                if (tid + i * ATTN_THREADS < KV_TILE) {
-                    const int j = tile0 + (it + KV_STAGES) * KV_TILE + tid + i * ATTN_THREADS;
-                    sBlk[((it + KV_STAGES) % KV_STAGES) * KV_TILE + tid + i * ATTN_THREADS] = row_offset(next_blk[i], j);
-#if KV_PTH
-                    sDel[((it + KV_STAGES) % KV_STAGES) * KV_TILE + tid + i * ATTN_THREADS] = scale_delta(j);
-#endif
-                }
-        }
+        if (it + T::kv_stages < ntiles) /* the slot of tile it + KV_STAGES held tile it: done */
+            rows.template store<T::kv_tile, T::threads>(sm.blk(), sm.del(), (it + T::kv_stages) % T::kv_stages,
+                                                        tile0 + (it + T::kv_stages) * T::kv_tile, tid, next_blk);
     }
 
     /* ---- epilogue: combine the WARPS_N key slices of each row, then store ---- */
     attn_cp_async_wait<0>(); /* nothing may still land in the stages being reused */
     __syncthreads();         /* every warp is done with the K/V stages */
-    float *sO = (float *)(smem + ATTN_SQ_BYTES + ATTN_SBLK_BYTES);   /* [WARPS_N][ROWS_PAD][O_PITCH] */
-    float *sM = sO + WARPS_N * ATTN_ROWS_PAD * ATTN_O_PITCH;          /* [WARPS_N][ROWS_PAD] */
-    float *sL = sM + WARPS_N * ATTN_ROWS_PAD;                         /* [WARPS_N][ROWS_PAD][4] */
+    float *sO = sm.epi_o(), *sM = sm.epi_m(), *sL = sm.epi_l();
     /* O in the values' units: 8-bit caches, v_scale (per tensor) or 2^(E - 127), code factor */
-#if KV_PTH
-    const float ofac = __int_as_float(v_e << 23) * attn_code_factor<DT_KV>();
-#elif ATTN_KV8
-    const float ofac = v_scale * attn_code_factor<DT_KV>();
-#else
-    const float ofac = 1.0f;
-#endif
+    const float ofac = T::kv_pth ? __int_as_float(v_e << 23) * attn_code_factor<T::dt_kv>()
+                       : T::kv8  ? v_scale * attn_code_factor<T::dt_kv>()
+                                 : 1.0f;
 #pragma unroll
-    for (int x = 0; x < 2 * ATTN_WARP_ROWS; x++) {
+    for (int x = 0; x < 2 * T::warp_rows; x++) {
         const int wr = x >> 1, rr = x & 1;
         const int R = row0 + wr * 16 + g + 8 * rr;
-#if ATTN_KV8
-        float *orow = sO + (wn * ATTN_ROWS_PAD + R) * ATTN_O_PITCH + 4 * tq;
+        if constexpr (T::kv8) {
+            float *orow = sO + (wn * T::rows_pad + R) * T::o_pitch + 4 * tq;
 #pragma unroll
-        for (int i = 0; i < ATTN_OT; i++) { /* tile i: dims d + (i & 1) + 4t and + 2 (see O += P V) */
-            const int d = (i >> 2) * 32 + ((i & 2) ? 16 : 0) + (i & 1);
-            orow[d] = o[wr][i][2 * rr] * ofac;
-            orow[d + 2] = o[wr][i][2 * rr + 1] * ofac;
-        }
-#else
-        float *orow = sO + (wn * ATTN_ROWS_PAD + R) * ATTN_O_PITCH + 2 * tq;
+            for (int i = 0; i < T::ot; i++) { /* tile i: dims d + (i & 1) + 4t and + 2 (see attn_paged_pv) */
+                const int d = (i >> 2) * 32 + ((i & 2) ? 16 : 0) + (i & 1);
+                orow[d] = o[wr][i][2 * rr] * ofac;
+                orow[d + 2] = o[wr][i][2 * rr + 1] * ofac;
+            }
+        } else {
+            float *orow = sO + (wn * T::rows_pad + R) * T::o_pitch + 2 * tq;
 #pragma unroll
-        for (int i = 0; i < ATTN_OT; i++) {
-            orow[i * 8] = o[wr][i][2 * rr] * ofac;
-            orow[i * 8 + 1] = o[wr][i][2 * rr + 1] * ofac;
+            for (int i = 0; i < T::ot; i++) {
+                orow[i * 8] = o[wr][i][2 * rr] * ofac;
+                orow[i * 8 + 1] = o[wr][i][2 * rr + 1] * ofac;
+            }
         }
-#endif
-        sL[(wn * ATTN_ROWS_PAD + R) * 4 + tq] = l[wr][rr]; /* the four lane-partial sums of the row */
-        if (tq == 0) sM[wn * ATTN_ROWS_PAD + R] = m[wr][rr];
+        sL[(wn * T::rows_pad + R) * 4 + tq] = l[wr][rr]; /* the four lane-partial sums of the row */
+        if (tq == 0) sM[wn * T::rows_pad + R] = m[wr][rr];
     }
     __syncthreads();
-    const int out_vec = attn_out_vec(p);
-    for (int u = tid; u < nrows * ATTN_OT; u += ATTN_THREADS) {
-        const int R = u / ATTN_OT, c = u - R * ATTN_OT;
+    const int out_vec = attn_out_vec<T>(p);
+    for (int u = tid; u < w.nrows * T::ot; u += T::threads) {
+        const int R = u / T::ot, c = u - R * T::ot;
         float M = attn_neg_inf();
 #pragma unroll
-        for (int w = 0; w < WARPS_N; w++) M = fmaxf(M, sM[w * ATTN_ROWS_PAD + R]);
-        const float Mb = M == attn_neg_inf() ? 0.0f : M;
+        for (int k = 0; k < T::warps_n; k++) M = fmaxf(M, sM[k * T::rows_pad + R]);
+        const float Mb = attn_merge_base(M);
         float L = 0.0f, f[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-        for (int w = 0; w < WARPS_N; w++) {
-            const float sc = WARPS_N == 1 ? 1.0f : attn_exp2(sM[w * ATTN_ROWS_PAD + R] - Mb);
-            const float *orow = sO + (w * ATTN_ROWS_PAD + R) * ATTN_O_PITCH + c * 8;
-            const float *lp = sL + (w * ATTN_ROWS_PAD + R) * 4;
+        for (int k = 0; k < T::warps_n; k++) { /* a slice that saw no key has m = -inf: weight 0 */
+            const float sc = T::warps_n == 1 ? 1.0f : attn_merge_weight(sM[k * T::rows_pad + R], Mb);
+            const float *orow = sO + (k * T::rows_pad + R) * T::o_pitch + c * 8;
+            const float *lp = sL + (k * T::rows_pad + R) * 4;
             L += sc * ((lp[0] + lp[1]) + (lp[2] + lp[3]));
 #pragma unroll
             for (int i = 0; i < 8; i++) f[i] += sc * orow[i];
         }
-        attn_store_row8(p, q_start + tok0, kv_head, slot, R, c, f, M, L, out_vec);
+        attn_store_row8<T>(p, w.q_start + w.tok0, kv_head, slot, R, c, f, M, L, out_vec);
     }
-#if ATTN_ROWS <= 16
-    /* FUSED MERGE (decode-shaped variants only, the ones the host splits: compiled into a
-       prefill variant it would cost registers for nothing): the last split of a merge
-       entry to finish merges it */
-    const int mi = (item[7] >> 8) - 1;
-    if (slot >= 0 && mi >= 0 && p.merge_count) {
-        __shared__ int attn_last_split;
-        __threadfence(); /* this CTA's partial is visible device-wide before it is counted */
-        __syncthreads();
-        if (tid == 0) attn_last_split = atomicAdd(p.merge_count + mi, 1) == p.merge[8 * (attn_i64)mi + 5] - 1;
-        __syncthreads();
-        if (attn_last_split) {
-            __threadfence(); /* the other splits' partials, counted before, are read after */
-            attn_merge_entry(p, mi, tid, ATTN_THREADS);
-            if (tid == 0) p.merge_count[mi] = 0;
+    if constexpr (T::fused_merge) {
+        /* FUSED MERGE: the last split of a merge entry to finish merges it */
+        const int mi = w.merge_index;
+        if (slot >= 0 && mi >= 0 && p.merge_count) {
+            __shared__ int attn_last_split;
+            __threadfence(); /* this CTA's partial is visible device-wide before it is counted */
+            __syncthreads();
+            if (tid == 0) attn_last_split = atomicAdd(p.merge_count + mi, 1) == p.merge[8 * (attn_i64)mi + 5] - 1;
+            __syncthreads();
+            if (attn_last_split) {
+                __threadfence(); /* the other splits' partials, counted before, are read after */
+                attn_merge_entry<T>(p, mi, tid, T::threads);
+                if (tid == 0) p.merge_count[mi] = 0;
+            }
         }
     }
-#endif
+}
+
+extern "C" __global__ void __launch_bounds__(attn_pt::threads, attn_pt::min_ctas) attn_paged_attention(const attn__paged_params p) {
+    attn_paged_attention_body<attn_pt>(p);
 }
 
 /* Second stage of split-KV as its own launch: one CTA per merge entry. */
 extern "C" __global__ void __launch_bounds__(128) attn_paged_merge_partials(const attn__paged_params p) {
     if ((int)blockIdx.x >= *p.num_merge) return;
-    attn_merge_entry(p, blockIdx.x, threadIdx.x, blockDim.x);
+    attn_merge_entry<attn_pt>(p, blockIdx.x, threadIdx.x, blockDim.x);
 }

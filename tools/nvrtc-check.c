@@ -33,7 +33,7 @@ static const attn__nvrtc *nv; /* ctx->nvrtc */
 static const char *save_dir;  /* --save: write every CUBIN there */
 
 /* ---- sources ---- */
-#define MAX_FILES 16
+#define MAX_FILES 64
 static int num_files;
 static const char *file_name[MAX_FILES];
 static char *file_text[MAX_FILES];
@@ -43,7 +43,11 @@ static char *file_text[MAX_FILES];
 static int load_sources(const char *dir) {
     int i;
     const char *name;
-    for (i = 0; (name = attn__kernel_source_name(i)) != NULL && num_files < MAX_FILES; i++) {
+    for (i = 0; (name = attn__kernel_source_name(i)) != NULL; i++) {
+        if (num_files == MAX_FILES - 1) { /* one slot stays free for --variant's draft */
+            fprintf(stderr, "nvrtc-check: more than %d kernel files; raise MAX_FILES\n", MAX_FILES - 1);
+            return 0;
+        }
         file_name[num_files] = name;
         if (dir) {
             char path[1024];
