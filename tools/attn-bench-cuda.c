@@ -236,8 +236,8 @@ static int gpu_load_probes(int major, int minor, char *why, size_t size) {
         program = NULL;
     } else if ((rc = gpu.nvrtc.nvrtcCompileProgram(program, 1, options)) != 0) {
         if (gpu.nvrtc.nvrtcGetProgramLogSize(program, &log_size) == 0 && log_size > 0 &&
-            (log = (char *)malloc(log_size + 1)) != NULL && gpu.nvrtc.nvrtcGetProgramLog(program, log) == 0)
-            log[log_size] = '\0';
+            (log = (char *)calloc(log_size + 1, 1)) != NULL && gpu.nvrtc.nvrtcGetProgramLog(program, log) != 0)
+            log[0] = '\0'; /* no log after all */
         snprintf(why, size, "NVRTC could not compile kernels/util.cu for sm_%d%d (nvrtcResult %d): %s", major, minor,
                  rc, log ? log : "(no log)");
     } else if ((rc = gpu.nvrtc.nvrtcGetCUBINSize(program, &cubin_size)) != 0 || cubin_size == 0 ||
