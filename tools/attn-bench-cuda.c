@@ -608,7 +608,8 @@ static double cuda_read_ceiling(attn_context *ctx, void *buf, size_t bytes, int 
 #define CUDA_MAX_TOKENS 16384                 /* q/out rows (prefill 4 x 4096) */
 
 /* What every GPU case shares: the layer (32/8 heads, head 128, bf16, block 16), the 16 GiB
-   paged cache with shuffled block ids, q/out buffers, and the timing groups (the events are the tool's: gpu.e0, gpu.e1). */
+   paged cache with shuffled block ids, q/out buffers, the timing groups (the events are the
+   tool's own: gpu.e0, gpu.e1). */
 typedef struct {
     attn_context *ctx;
     attn_layer *layer;
@@ -691,8 +692,6 @@ static void cuda_metas_free(attn_metadata **metas, int nsets) {
     free(metas);
 }
 
-/* Median seconds per forward: groups of per_group back-to-back forwards, each on the next
-   metadata set, between two CUDA events. The output is checked finite afterwards. */
 /* Median seconds per call of run(arg, i), i = 0, 1, ...: 3 warm-up calls, then groups of
    per_group back-to-back calls between two CUDA events. */
 static double bench_groups(cuda_bench *cb, void (*run)(void *, int), void *arg, int per_group) {
