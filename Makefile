@@ -14,7 +14,7 @@ TEST_DEP = attn.h tests/attn_test.h tests/fixtures.h $(TEST_SRC)
 .PHONY: all test demo bench embed check-embed clean info nvrtc-check cuda-test wgmma-check fuzz pytest
 
 all: $(B)/attn_tests $(B)/attn_tests_avx2 $(B)/attn_tests_c $(B)/attn_tests_nothreads \
-     $(B)/attn_tests_asan $(B)/attn_tests_tsan $(B)/attn-info $(B)/attn-bench $(B)/paged_decode \
+     $(B)/attn_tests_asan $(B)/attn_tests_tsan $(B)/attn-info $(B)/attn-bench $(B)/attn-bench-cuda $(B)/paged_decode \
      $(B)/libattn.so $(B)/nvrtc-check $(B)/wgmma_check $(B)/codes_check $(B)/cuda_kernels
 
 $(B):
@@ -58,8 +58,17 @@ fuzz: $(B)/fuzz_metadata
 
 $(B)/attn-info: tools/attn-info.c attn.h | $(B)
 	$(CC) $(CSTD) $(WARN) $(OPT) $(NATIVE) -I. $< -o $@ $(LIBS)
-$(B)/attn-bench: tools/attn-bench.c attn.h | $(B)
+# The benches: attn-bench (the CPU backend; --device cuda runs attn-bench-cuda beside it) and
+# attn-bench-cuda (the CUDA backends on a GPU; without one it prints SKIP and exits 0). Both
+# use attn.h's public API only; tools/bench_common.h holds their timing and result table.
+$(B)/attn-bench: tools/attn-bench.c tools/bench_common.h attn.h | $(B)
 	$(CC) $(CSTD) $(WARN) -O3 $(NATIVE) -I. $< -o $@ $(LIBS)
+$(B)/attn-bench-cuda: tools/attn-bench-cuda.c tools/bench_common.h attn.h $(B)/util_cu.inc | $(B)
+	$(CC) $(CSTD) $(WARN) -O3 $(NATIVE) -I. -I$(B) $< -o $@ $(LIBS)
+# kernels/util.cu (the read probe and the fill kernel) as one C string per line, for
+# attn-bench-cuda's own NVRTC compile: \ " and ? escaped (no trigraphs), each line a literal.
+$(B)/util_cu.inc: kernels/util.cu | $(B)
+	sed -e 's/\\/\\\\/g' -e 's/"/\\"/g' -e 's/?/\\?/g' -e 's/^/"/' -e 's/$$/\\n",/' $< > $@
 # Compiles every kernel variant with NVRTC (dlopen; no CUDA header, no GPU needed).
 $(B)/nvrtc-check: tools/nvrtc-check.c tools/tool_support.h attn.h | $(B)
 	$(CC) $(CSTD) $(WARN) $(OPT) -I. $< -o $@ $(LIBS)
@@ -88,7 +97,7 @@ test: all
 demo: $(B)/paged_decode
 	./$(B)/paged_decode
 
-bench: $(B)/attn-bench
+bench: $(B)/attn-bench $(B)/attn-bench-cuda
 	./$(B)/attn-bench
 
 info: $(B)/attn-info

@@ -176,7 +176,15 @@ check attn-info-8bit-caches bash -c '
     { ./build/attn-info --kv-cache-dtype fp8_e5m2 --per-token-head >/dev/null 2>&1; [ $? -eq 2 ]; }'
 # attn-bench's result table holds as many rows as a run makes (a fixed 64 cut the default
 # CUDA run short)
-check bench-table-rows bash -c '[ "$(./build/attn-bench --selftest 1000 | grep -c "^| selftest row")" = 1000 ]'
+check bench-table-rows bash -c '[ "$(./build/attn-bench --selftest 1000 | grep -c "^| selftest row")" = 1000 ] &&
+    [ "$(./build/attn-bench-cuda --selftest 1000 | grep -c "^| selftest row")" = 1000 ]'
+# attn-bench --device cuda runs attn-bench-cuda (its usage comes back); without a GPU the CUDA
+# bench prints one SKIP line and exits 0 (on a GPU host the check runs only --help)
+check bench-cuda-dispatch bash -c './build/attn-bench --device cuda --help | grep -q "^usage: attn-bench-cuda" &&
+    if [ -e /dev/nvidia0 ] || [ -e /dev/nvidiactl ]; then :; else
+        out=$(./build/attn-bench --device cuda) && echo "$out" | grep -q "^SKIP attn-bench-cuda: "; fi'
+# the benches use attn.h's public API only: no private (double-underscore) name
+check bench-public-api bash -c '! grep -n "attn__\|ATTN__" tools/attn-bench*.c tools/bench_common.h'
 # README.md: its C program compiled and run, its Python run, its make commands real
 if command -v python3 >/dev/null 2>&1; then run readme-snippets python3 tests/readme_check.py
 else skip readme-snippets "python3 not installed"

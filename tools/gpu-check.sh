@@ -4,7 +4,7 @@
 # (memcheck, then racecheck on a subset), the whole runner, python/attn_h.py's pytest suite
 # on CUDA tensors (where torch is installed), the kernel harness and its benchmark, the wgmma
 # probes and the sm_90a prefill (CUDA_SM90) against the CPU backend, the MLA kernels (and their timing), the
-# backend's benchmark (attn-bench --device cuda) and the PyTorch peer on the same shapes.
+# backend's benchmark (build/attn-bench-cuda) and the PyTorch peer on the same shapes.
 # Logs under $OUT (default build/gpu-out); a short table last.
 #   usage: tools/gpu-check.sh [--quick | --bench-only]
 #   RACECHECK_TIMEOUT (seconds, default 330): racecheck's limit over the cuda suite (the whole
@@ -18,14 +18,14 @@ summary() { printf '%-28s %s\n' "$1" "$2" | tee -a "$OUT/summary.txt"; }
 : > "$OUT/summary.txt"
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1; summary "gpu" "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
 t0=$(date +%s)
-if ! make -j"$(nproc)" build/attn_tests build/cuda_kernels build/attn-bench build/wgmma_check build/codes_check > "$OUT/build.log" 2>&1; then
+if ! make -j"$(nproc)" build/attn_tests build/cuda_kernels build/attn-bench build/attn-bench-cuda build/wgmma_check build/codes_check > "$OUT/build.log" 2>&1; then
     summary "build" "FAILED (see build.log)"; tail -n 30 "$OUT/build.log"; exit 1
 fi
 summary "build" "ok ($(( $(date +%s) - t0 )) s)"
 last() { grep -E '^[0-9]+ passed, [0-9]+ failed' "$1" | tail -n 1; }
 backend_bench() {
-    timeout 300 ./build/attn-bench --device cuda --csv "$OUT/attn-bench.csv" > "$OUT/attn-bench-cuda.log" 2>&1
-    summary "attn-bench --device cuda" "exit $? (attn-bench-cuda.log)"
+    timeout 300 ./build/attn-bench-cuda --csv "$OUT/attn-bench.csv" > "$OUT/attn-bench-cuda.log" 2>&1
+    summary "attn-bench-cuda" "exit $? (attn-bench-cuda.log)"
     if python3 -c 'import torch; assert torch.cuda.is_available()' >/dev/null 2>&1; then
         timeout 300 python3 tools/torch_peer.py --csv "$OUT/torch-peer.csv" > "$OUT/torch-peer.log" 2>&1
         summary "torch peer" "exit $? (torch-peer.log)"

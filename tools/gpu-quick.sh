@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # One device call within a time budget: build, the CUDA suites (cold compile, then from the
 # disk cache), the named tests under compute-sanitizer memcheck, the pytest suite on CUDA
-# tensors, and attn-bench --device cuda with whatever time is left. Logs under $OUT
+# tensors, and the CUDA bench (build/attn-bench-cuda) with whatever time is left. Logs under $OUT
 # (default build/gpu-out); a short table last.
 #   usage: tools/gpu-quick.sh [BUDGET_SECONDS (default 540)]
 #   MEMCHECK_TESTS  comma-separated test names for memcheck (ATTN_TEST_ONLY; default: none)
 #   PYTEST_K        pytest -k expression (default: all of tests/python/test_attn_h.py)
-#   BENCH_ARGS      extra attn-bench arguments (default: none = the whole default run)
+#   BENCH_ARGS      extra attn-bench-cuda arguments (default: none = the whole default run)
 #   PEER=1          also tools/torch_peer.py --quick (PyTorch on the same shapes), after the bench
 #   HARNESS=1       also the kernel harness (cuda_kernels, paged and MLA kernels against the CPU)
 set -u
@@ -22,7 +22,7 @@ summary() { printf '%-30s %s\n' "$1" "$2" | tee -a "$OUT/summary.txt" >/dev/null
 last() { grep -E '^[0-9]+ passed, [0-9]+ failed' "$1" | tail -n 1; }
 summary "gpu" "$(nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader 2>/dev/null | head -1)"
 t0=$(date +%s)
-if ! make -j"$(nproc)" build/attn_tests build/attn-bench build/libattn.so build/cuda_kernels > "$OUT/build.log" 2>&1; then
+if ! make -j"$(nproc)" build/attn_tests build/attn-bench build/attn-bench-cuda build/libattn.so build/cuda_kernels > "$OUT/build.log" 2>&1; then
     summary "build" "FAILED (build.log)"; tail -n 30 "$OUT/build.log"; cat "$OUT/summary.txt"; exit 1
 fi
 summary "build" "ok ($(( $(date +%s) - t0 )) s)"
@@ -56,9 +56,9 @@ fi
 if [ "$(left)" -gt 60 ]; then
     t0=$(date +%s)
     # shellcheck disable=SC2086
-    timeout $(( $(left) - 15 )) ./build/attn-bench --device cuda --csv "$OUT/attn-bench.csv" ${BENCH_ARGS:-} \
+    timeout $(( $(left) - 15 )) ./build/attn-bench-cuda --csv "$OUT/attn-bench.csv" ${BENCH_ARGS:-} \
         > "$OUT/attn-bench.log" 2>&1
-    summary "attn-bench --device cuda" "exit $? ($(( $(date +%s) - t0 )) s)"
+    summary "attn-bench-cuda" "exit $? ($(( $(date +%s) - t0 )) s)"
 fi
 if [ -n "${PEER:-}" ] && [ "$(left)" -gt 60 ]; then
     t0=$(date +%s)
