@@ -7558,8 +7558,9 @@ static void attn__cuda_layer_free(attn_context *ctx, attn__cuda_layer *L) {
    decode tiles, prefill tiles, the cache write, wide decode tiles; an empty string where the
    layer has none). The prefill tiles of a family whose prefill role is compiled for sm_XYa
    (CUDA_SM90's wgmma kernel) are 128 rows and take neither soft cap nor ALiBi defines. One
-   place, so tools (attn-bench's compile timings) and tests ask for exactly what layer
-   creation compiles (the files: the family's roles).
+   place, so tests (tests/test_cuda.c) ask for exactly what layer creation compiles (the
+   files: the family's roles); tools see the compiled variants through the public log
+   (ATTN_LOG_KERNEL_COMPILED) and attn_kernel_compile.
    Decode tiles come in two shapes. The default CTA (4 warps, 64-key tiles, 3 stages on
    sm_90, two CTAs per SM) streams best when the batch fills the device; a batch of no more
    work items (decode and prefill tiles before splitting) than the wide CTAs the device
@@ -13979,7 +13980,7 @@ static const char *const attn__kernel_src_split_merge_cuh[] = {
 static const char *const attn__kernel_src_util_cu[] = {
     "// util.cu — small device utilities: filling buffers (the tests poison outputs with NaN\n",
     "// before every GPU run; workspaces are cleared with it) and the read-bandwidth probe that\n",
-    "// tools/attn-bench measures the device's ceiling with.\n",
+    "// tools/attn-bench-cuda measures the device's ceiling with (it compiles this file itself).\n",
     "// Header-free on purpose: NVRTC has no include path (DESIGN.md).\n",
     "\n",
     "typedef unsigned int attn_u32;\n",

@@ -1,6 +1,6 @@
 // util.cu — small device utilities: filling buffers (the tests poison outputs with NaN
 // before every GPU run; workspaces are cleared with it) and the read-bandwidth probe that
-// tools/attn-bench measures the device's ceiling with.
+// tools/attn-bench-cuda measures the device's ceiling with (it compiles this file itself).
 // Header-free on purpose: NVRTC has no include path (DESIGN.md).
 
 typedef unsigned int attn_u32;
