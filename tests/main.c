@@ -19,23 +19,28 @@ static void *attn_test_realloc(void *p, size_t n) { attn_test_count(); return re
 #define ATTN_TEST_IMPLEMENTATION
 #include "attn_test.h"
 #include "fixtures.h"
+#include "mla_fixtures.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-void suite_types(void);      /* tests/test_forward.c */
-void suite_forward(void);    /* tests/test_forward.c */
-void suite_bf16dot(void);    /* tests/test_bf16dot.c */
-void suite_selector(void);   /* tests/test_selector.c */
-void suite_validation(void); /* tests/test_validation.c */
-void suite_regress(void);    /* tests/test_regress.c */
-void suite_mla(void);        /* tests/test_mla.c */
-void suite_seam(void);       /* tests/test_seam.c */
-void suite_defects(void);    /* tests/test_defects.c */
-void suite_outside(void);    /* tests/test_outside.c */
-void suite_nvrtc(void);      /* tests/test_nvrtc.c */
-void suite_cuda(void);       /* tests/test_cuda.c */
-void suite_cuda_mla(void);   /* tests/test_mla.c: MLA on the GPU */
+void suite_types(void);       /* tests/test_forward.c */
+void suite_forward(void);     /* tests/test_forward.c */
+void suite_bf16dot(void);     /* tests/test_bf16dot.c */
+void suite_selector(void);    /* tests/test_selector.c */
+void suite_validation(void);  /* tests/test_validation.c */
+void suite_regress(void);     /* tests/test_regress.c */
+void suite_mla_reject(void);  /* tests/test_mla_reject.c */
+void suite_mla_decode(void);  /* tests/test_mla_decode.c */
+void suite_mla_prefill(void); /* tests/test_mla_prefill.c */
+void suite_mla_batch(void);   /* tests/test_mla_batch.c */
+void suite_mla_merge(void);   /* tests/test_mla_merge.c */
+void suite_seam(void);        /* tests/test_seam.c */
+void suite_defects(void);     /* tests/test_defects.c */
+void suite_outside(void);     /* tests/test_outside.c */
+void suite_nvrtc(void);       /* tests/test_nvrtc.c */
+void suite_cuda(void);        /* tests/test_cuda.c */
+void suite_cuda_mla(void);    /* tests/test_mla_cuda.c: MLA on the GPU */
 
 int main(int argc, char **argv) {
     /* Optional filter: run only suites whose name contains argv[1]. */
@@ -47,7 +52,11 @@ int main(int argc, char **argv) {
     SUITE(suite_selector);
     SUITE(suite_validation);
     SUITE(suite_regress);
-    SUITE(suite_mla);
+    SUITE(suite_mla_reject); /* the MLA suites: "mla" or "suite_mla" selects them all */
+    SUITE(suite_mla_decode);
+    SUITE(suite_mla_prefill);
+    SUITE(suite_mla_batch);
+    SUITE(suite_mla_merge);
     SUITE(suite_seam);
     SUITE(suite_defects);
     SUITE(suite_outside);
