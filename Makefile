@@ -11,11 +11,11 @@ B        = build
 TEST_SRC = tests/main.c $(wildcard tests/test_*.c)
 TEST_DEP = attn.h tests/attn_test.h tests/fixtures.h tests/mla_fixtures.h $(TEST_SRC)
 
-.PHONY: all test demo bench embed check-embed clean info nvrtc-check cuda-test wgmma-check fuzz pytest
+.PHONY: all test demo bench embed check-embed clean info nvrtc-check cuda-test wgmma-check hopper-check fuzz pytest
 
 all: $(B)/attn_tests $(B)/attn_tests_avx2 $(B)/attn_tests_c $(B)/attn_tests_nothreads \
      $(B)/attn_tests_asan $(B)/attn_tests_tsan $(B)/attn-info $(B)/attn-bench $(B)/attn-bench-cuda $(B)/paged_decode \
-     $(B)/libattn.so $(B)/nvrtc-check $(B)/wgmma_check $(B)/codes_check $(B)/cuda_kernels
+     $(B)/libattn.so $(B)/nvrtc-check $(B)/wgmma_check $(B)/codes_check $(B)/hopper_check $(B)/cuda_kernels
 
 $(B):
 	mkdir -p $(B)
@@ -83,6 +83,11 @@ $(B)/wgmma_check: tests/wgmma_check.c tools/tool_support.h attn.h | $(B)
 # The 8-bit KV-cache codes of kernels/attn_common.cuh (tests/codes_probe.cu): compiles for
 # sm_80 and sm_90 (no GPU needed) and, on a GPU, decodes every code and encodes 200000
 # floats on the device, both e4m3 paths, against the CPU's conversions bit for bit.
+# The checks of kernels/hopper.cuh (TMA, mbarrier pipelines, setmaxnreg) and of the tensor-map
+# encoder: compiles tests/hopper_probe.cu for sm_90 and sm_90a (no GPU needed) and, on compute
+# capability 9.0, copies tiles and paged K/V through TMA pipelines, compared bit for bit.
+$(B)/hopper_check: tests/hopper_check.c tools/tool_support.h attn.h | $(B)
+	$(CC) $(CSTD) $(WARN) $(OPT) -I. $< -o $@ $(LIBS)
 $(B)/codes_check: tests/codes_check.c tools/tool_support.h attn.h | $(B)
 	$(CC) $(CSTD) $(WARN) $(OPT) -I. $< -o $@ $(LIBS)
 $(B)/paged_decode: examples/paged_decode.c attn.h | $(B)
@@ -111,6 +116,8 @@ cuda-test: $(B)/cuda_kernels
 
 wgmma-check: $(B)/wgmma_check
 	./$(B)/wgmma_check
+hopper-check: $(B)/hopper_check
+	./$(B)/hopper_check
 
 # The pytest suite of python/attn_h.py: numpy always; CPU torch tensors where torch imports;
 # CUDA tensors where torch sees a GPU and attn.h's platform is CUDA (skipped otherwise).

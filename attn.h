@@ -558,6 +558,10 @@ typedef struct attn_platform {
                                      attn_platform_get on a CUDA platform (not before:
                                      the library takes 50-400 ms to open) */
     char cublas_reason[160];      /* why cuBLAS is unavailable, else "" */
+    int cuda_tma;                 /* 1: the tensor memory accelerator is usable (compute
+                                     capability 9.0 or newer and a driver that encodes
+                                     tensor maps, cuTensorMapEncodeTiled); 0: not */
+    char cuda_tma_reason[96];     /* why not, else "" */
 } attn_platform;
 
 ATTN_API attn_status attn_platform_get(attn_context *ctx, attn_platform *out);
@@ -1309,6 +1313,13 @@ typedef struct attn__CUevent_st *attn__CUevent;
 #define ATTN__CU_EVENT_DISABLE_TIMING 2
 #define ATTN__CUDA_ERROR_NOT_READY 600
 
+/* CUtensorMap (cuda.h: CU_TENSOR_MAP_NUM_QWORDS 16 quadwords), what cuTensorMapEncodeTiled
+   writes for the Hopper kernels' TMA copies (kernels/hopper.cuh: attn_tma_map); passed to
+   a kernel by value, so its host copy needs no particular alignment. */
+typedef struct attn__tma_map {
+    uint64_t opaque[16];
+} attn__tma_map;
+
 /* The driver's library name; tests and unusual installs can point it elsewhere. The
    loader tries it, then "libcuda.so" (a development symlink some installs have only). */
 #ifndef ATTN_CUDA_DRIVER_LIBRARY
@@ -1370,12 +1381,22 @@ typedef struct attn__CUevent_st *attn__CUevent;
     X(cuPointerGetAttributes, "cuPointerGetAttributes",                                  \
       (unsigned num, int *attributes, void **data, attn__CUdeviceptr ptr))
 
+/* Driver functions attn.h uses where the driver has them, NULL where it does not (the
+   platform record says what is missing): cuTensorMapEncodeTiled (CUDA 12.0 drivers on;
+   the Hopper kernels' TMA copies). The enums are passed as int (C enums, int-sized). */
+#define ATTN__CUDA_DRIVER_OPTIONAL(X)                                                    \
+    X(cuTensorMapEncodeTiled, "cuTensorMapEncodeTiled",                                  \
+      (attn__tma_map * map, int data_type, unsigned rank, void *address, const uint64_t *dims, \
+       const uint64_t *strides, const uint32_t *box, const uint32_t *element_strides, int interleave, \
+       int swizzle, int l2_promotion, int oob_fill))
+
 /* The loaded driver, kept on the context for the backends that use it. */
 typedef struct attn__cuda_driver {
     void *library;                  /* NULL: not loaded (platform.cuda_reason says why) */
     char soname[64];                /* the name it was opened under */
 #define ATTN__DRIVER_POINTER(field, symbol, params) attn__CUresult (*field) params;
     ATTN__CUDA_DRIVER_FUNCTIONS(ATTN__DRIVER_POINTER)
+    ATTN__CUDA_DRIVER_OPTIONAL(ATTN__DRIVER_POINTER)
 #undef ATTN__DRIVER_POINTER
 } attn__cuda_driver;
 
@@ -1444,6 +1465,12 @@ typedef struct attn__symbol_slot {
 static const attn__symbol_slot attn__cuda_driver_symbols[] = {
 #define ATTN__DRIVER_SLOT(field, symbol, params) {symbol, offsetof(attn__cuda_driver, field)},
     ATTN__CUDA_DRIVER_FUNCTIONS(ATTN__DRIVER_SLOT)
+#undef ATTN__DRIVER_SLOT
+};
+
+static const attn__symbol_slot attn__cuda_driver_optional_symbols[] = {
+#define ATTN__DRIVER_SLOT(field, symbol, params) {symbol, offsetof(attn__cuda_driver, field)},
+    ATTN__CUDA_DRIVER_OPTIONAL(ATTN__DRIVER_SLOT)
 #undef ATTN__DRIVER_SLOT
 };
 
@@ -1573,6 +1600,7 @@ static void attn__probe_cuda(const attn_loader *loader, attn__cuda_driver *drv, 
     attn__CUresult rc;
     int n = 0;
     memset(drv, 0, sizeof *drv);
+    attn__fmt(p->cuda_tma_reason, sizeof p->cuda_tma_reason, "no CUDA device");
     drv->library = attn__load_library(loader, sonames, attn__cuda_driver_symbols,
                                       sizeof attn__cuda_driver_symbols / sizeof attn__cuda_driver_symbols[0],
                                       drv, drv->soname, sizeof drv->soname, reason, sizeof reason);
@@ -1605,6 +1633,22 @@ static void attn__probe_cuda(const attn_loader *loader, attn__cuda_driver *drv, 
         }
     }
     p->kind = ATTN_PLATFORM_CUDA;
+    {   /* the optional functions: NULL where this driver lacks them */
+        size_t i;
+        for (i = 0; i < sizeof attn__cuda_driver_optional_symbols / sizeof attn__cuda_driver_optional_symbols[0]; i++) {
+            void *sym = attn__loader_symbol(loader, drv->library, attn__cuda_driver_optional_symbols[i].name);
+            memcpy((char *)drv + attn__cuda_driver_optional_symbols[i].offset, &sym, sizeof sym);
+        }
+    }
+    p->cuda_tma_reason[0] = 0;
+    if (p->cuda_capability_major < 9)
+        attn__fmt(p->cuda_tma_reason, sizeof p->cuda_tma_reason, "compute capability %d.%d (TMA: 9.0 or newer)",
+                  p->cuda_capability_major, p->cuda_capability_minor);
+    else if (!drv->cuTensorMapEncodeTiled)
+        attn__fmt(p->cuda_tma_reason, sizeof p->cuda_tma_reason, "driver %s lacks cuTensorMapEncodeTiled (CUDA 12.0 "
+                  "or newer)", drv->soname);
+    else
+        p->cuda_tma = 1;
 }
 #endif /* ATTN_NO_CUDA (the CUDA platform) */
 
@@ -1628,7 +1672,8 @@ ATTN_API size_t attn_platform_format(const attn_platform *p, char *buf, size_t s
                  "  nvrtc_version: %d.%d\n"
                  "  nvrtc_unavailable_reason: %s\n"
                  "  cublas_version: %d.%d.%d\n"
-                 "  cublas_unavailable_reason: %s\n",
+                 "  cublas_unavailable_reason: %s\n"
+                 "  cuda_tma: %s%s%s\n",
                  p->kind == ATTN_PLATFORM_CUDA ? "CUDA" : "CPU", p->cpu_cores, p->cpu_threads,
                  p->cpu_simd, p->cuda_device_count,
                  p->cuda_device_name[0] ? p->cuda_device_name : "none",
@@ -1637,7 +1682,8 @@ ATTN_API size_t attn_platform_format(const attn_platform *p, char *buf, size_t s
                  p->cuda_reason[0] ? p->cuda_reason : "none", p->nvrtc_version / 1000,
                  p->nvrtc_version % 1000 / 10, p->nvrtc_reason[0] ? p->nvrtc_reason : "none",
                  p->cublas_version / 10000, p->cublas_version / 100 % 100, p->cublas_version % 100,
-                 p->cublas_reason[0] ? p->cublas_reason : "none");
+                 p->cublas_reason[0] ? p->cublas_reason : "none", p->cuda_tma ? "yes" : "no",
+                 p->cuda_tma_reason[0] ? ": " : "", p->cuda_tma_reason);
     return n < 0 ? 0 : (size_t)n;
 }
 
@@ -2185,6 +2231,7 @@ ATTN_API attn_status attn_context_create(const attn_context_desc *desc, attn_con
     attn__strlcpy(ctx->platform.cuda_reason, "the CUDA path is compiled out (ATTN_NO_CUDA)", sizeof ctx->platform.cuda_reason);
     attn__strlcpy(ctx->platform.nvrtc_reason, "the CUDA path is compiled out (ATTN_NO_CUDA)", sizeof ctx->platform.nvrtc_reason);
     attn__strlcpy(ctx->platform.cublas_reason, "the CUDA path is compiled out (ATTN_NO_CUDA)", sizeof ctx->platform.cublas_reason);
+    attn__strlcpy(ctx->platform.cuda_tma_reason, "the CUDA path is compiled out (ATTN_NO_CUDA)", sizeof ctx->platform.cuda_tma_reason);
 #else
     ctx->cuda = (struct attn__cuda_driver *)attn__calloc(1, sizeof *ctx->cuda);
     if (!ctx->cuda) {
@@ -6844,6 +6891,72 @@ static void attn__cuda_leave(attn_context *ctx) {
     ctx->cuda->cuCtxPopCurrent(&popped);
 }
 
+/* A tiled tensor map for the Hopper kernels' TMA copies (kernels/hopper.cuh): `rank`
+   dimensions innermost first, dims in elements, strides in bytes of dimensions 1 .. rank-1
+   (multiples of 16), the box in elements (each <= 256; box[0] * element size a multiple
+   of 16 and, swizzled, at most the swizzle span), swizzle 0 (none), 32, 64 or 128 bytes.
+   Out-of-range box elements read as zero. Checks what the driver requires and names the
+   argument that breaks it; the driver's own refusal comes back with its code. */
+#if defined(__GNUC__) || defined(__clang__)
+__attribute__((unused)) /* until the Hopper kernels' launch paths call it (issue 22); tests/hopper_check.c does */
+#endif
+static attn_status attn__tma_encode(attn_context *ctx, attn__tma_map *map, attn_dtype dt, int rank, const void *base,
+                                    const uint64_t *dims, const uint64_t *strides, const uint32_t *box, int swizzle) {
+    static const char *const fn = "attn__tma_encode";
+    const uint32_t ones[5] = {1, 1, 1, 1, 1};
+    int type, sw, i;
+    size_t esz = attn_dtype_size(dt);
+    attn__CUresult rc;
+    if (!ctx->platform.cuda_tma)
+        return attn__fail(ctx, ATTN_ERROR_PLATFORM, ATTN_LOG_PLATFORM_ERROR, "%s: no TMA on this platform (%s)", fn,
+                          ctx->platform.cuda_tma_reason);
+    switch (dt) {
+    case ATTN_DTYPE_F16: type = 6; break;  /* CU_TENSOR_MAP_DATA_TYPE_FLOAT16 */
+    case ATTN_DTYPE_BF16: type = 9; break; /* BFLOAT16 */
+    case ATTN_DTYPE_F32: type = 7; break;  /* FLOAT32 */
+    case ATTN_DTYPE_FP8_E4M3:
+    case ATTN_DTYPE_FP8_E5M2:
+    case ATTN_DTYPE_INT8: type = 0; break; /* UINT8: codes, copied as bytes */
+    default:
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                          "%s: dtype %s (allowed: f16, bf16, f32, fp8_e4m3, fp8_e5m2, int8)", fn, attn_dtype_name(dt));
+    }
+    switch (swizzle) {
+    case 0: sw = 0; break;
+    case 32: sw = 1; break;
+    case 64: sw = 2; break;
+    case 128: sw = 3; break;
+    default:
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                          "%s: swizzle %d (allowed: 0, 32, 64, 128 bytes)", fn, swizzle);
+    }
+    if (rank < 1 || rank > 5)
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT, "%s: rank %d (allowed: 1..5)", fn,
+                          rank);
+    if (((uintptr_t)base & 15) != 0)
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                          "%s: base %p is not 16-byte aligned", fn, base);
+    for (i = 0; i < rank; i++) {
+        if (dims[i] == 0 || dims[i] > ((uint64_t)1 << 32) || box[i] == 0 || box[i] > 256)
+            return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                              "%s: dims[%d] %llu, box[%d] %u (allowed: dims 1..2^32, box 1..256)", fn, i,
+                              (unsigned long long)dims[i], i, box[i]);
+        if (i > 0 && (strides[i - 1] % 16 != 0 || strides[i - 1] >= ((uint64_t)1 << 40)))
+            return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                              "%s: strides[%d] %llu bytes (allowed: a multiple of 16 below 2^40)", fn, i - 1,
+                              (unsigned long long)strides[i - 1]);
+    }
+    if ((box[0] * esz) % 16 != 0 || (swizzle && box[0] * esz > (size_t)swizzle))
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                          "%s: box[0] %u elements of %zu bytes (allowed: a multiple of 16 bytes, and at most the "
+                          "swizzle span, %d, when swizzled)", fn, box[0], esz, swizzle);
+    memset(map, 0, sizeof *map);
+    rc = ctx->cuda->cuTensorMapEncodeTiled(map, type, (unsigned)rank, (void *)(uintptr_t)base, dims, strides, box, ones,
+                                           0 /* no interleave */, sw, 2 /* L2 promotion 128 B */, 0 /* zero fill */);
+    if (rc != 0) return attn__cu_fail(ctx, fn, "cuTensorMapEncodeTiled", rc);
+    return ATTN_OK;
+}
+
 static int attn__stream_capturing(attn_context *ctx, void *stream) {
     int status = 0, rc;
     if (ctx->platform.kind != ATTN_PLATFORM_CUDA || attn__cuda_enter(ctx, "the graph check") != ATTN_OK) return 0;
@@ -10507,6 +10620,153 @@ static const char *const attn__kernel_src_cache_write_cu[] = {
     "#endif\n",
     "}\n",
     "#endif /* KV_LORA_RANK */\n",
+    0};
+static const char *const attn__kernel_src_hopper_cuh[] = {
+    "/* hopper.cuh - the Hopper toolkit: tile copies by the tensor memory accelerator (TMA)\n",
+    "   completing on mbarriers, the full/empty stage pipeline a producer warp and consumer\n",
+    "   warpgroups share, the proxy fences, and register reallocation between warpgroups.\n",
+    "   sm_90 or newer (setmaxnreg: sm_90a only). Checked by `make hopper-check`\n",
+    "   (tests/hopper_probe.cu: compiled for sm_90 and sm_90a with no spill, and on a device of\n",
+    "   compute capability 9.0 run against the host).\n",
+    "\n",
+    "   TMA. A tensor map (attn_tma_map: CUtensorMap, 128 opaque bytes, 64-aligned) is encoded\n",
+    "   on the host by the driver's cuTensorMapEncodeTiled (attn.h: attn__tma_encode) and passed\n",
+    "   to the kernel by value as a `const __grid_constant__ attn_tma_map` parameter, so the\n",
+    "   copy engine reads it from the parameter space. attn_tma_load_Nd copies the box at the\n",
+    "   given coordinates (innermost first, in elements) into shared memory at `dst` (its\n",
+    "   shared-window address, 128-byte aligned; 1024 for the 128B swizzle so that the pattern\n",
+    "   lines up with kernels/wgmma.cuh's descriptors) and adds the box's bytes to the\n",
+    "   transaction count of the mbarrier `bar`. Coordinates past the tensor's extent read as\n",
+    "   zero (the box is always whole in shared memory, and always counts all its bytes).\n",
+    "\n",
+    "   MBARRIERS. A 64-bit barrier in shared memory with an arrival count and a transaction\n",
+    "   count; its phase completes when both reach zero, and a waiter names the phase by its\n",
+    "   parity (0, 1, 0, ...). A full barrier per stage (count 1: the producer's\n",
+    "   arrive_expect_tx, then the TMA bytes) tells consumers the stage has landed; an empty\n",
+    "   barrier per stage (count: the consumer warps, one arrival each) tells the producer the\n",
+    "   stage may be overwritten. Nobody meets at a CTA-wide barrier inside the main loop.\n",
+    "\n",
+    "     producer, tile t:  s = t % S, n = t / S\n",
+    "                        wait empty[s] parity (n + 1) & 1 (the first round passes at once)\n",
+    "                        arrive_expect_tx full[s] bytes; TMA loads ... -> full[s]\n",
+    "     consumer, tile t:  wait full[s] parity n & 1; use stage s; one lane per warp arrives\n",
+    "                        on empty[s]\n",
+    "\n",
+    "   attn_pipe_state walks (stage, phase) for either side. Initialise the barriers from one\n",
+    "   thread (attn_mbar_init), then attn_mbar_init_fence and a __syncthreads before any\n",
+    "   thread waits or any copy names them. */\n",
+    "#ifndef ATTN_HOPPER_CUH\n",
+    "#define ATTN_HOPPER_CUH\n",
+    "\n",
+    "#include \"attn_common.cuh\"\n",
+    "\n",
+    "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900\n",
+    "#error \"hopper.cuh: TMA and the mbarrier transaction counts need sm_90 or newer\"\n",
+    "#endif\n",
+    "\n",
+    "/* CUtensorMap, as the driver lays it out (cuda.h: CU_TENSOR_MAP_NUM_QWORDS 16). */\n",
+    "struct __align__(64) attn_tma_map {\n",
+    "    attn_u64 opaque[16];\n",
+    "};\n",
+    "\n",
+    "/* ---- mbarriers (shared-window addresses, 8-byte aligned) ---- */\n",
+    "\n",
+    "ATTN_DEV void attn_mbar_init(attn_u32 bar, unsigned count) {\n",
+    "    asm volatile(\"mbarrier.init.shared::cta.b64 [%0], %1;\" ::\"r\"(bar), \"r\"(count) : \"memory\");\n",
+    "}\n",
+    "/* after the inits, before the __syncthreads that publishes them: visible to the copy\n",
+    "   engine (the async proxy) as well as to the other threads */\n",
+    "ATTN_DEV void attn_mbar_init_fence(void) { asm volatile(\"fence.mbarrier_init.release.cluster;\" ::: \"memory\"); }\n",
+    "\n",
+    "/* one arrival, and `bytes` more expected from copies (the producer, once per stage fill) */\n",
+    "ATTN_DEV void attn_mbar_arrive_expect_tx(attn_u32 bar, unsigned bytes) {\n",
+    "    asm volatile(\"mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;\" ::\"r\"(bar), \"r\"(bytes) : \"memory\");\n",
+    "}\n",
+    "/* one arrival (a consumer warp's lane, done with a stage) */\n",
+    "ATTN_DEV void attn_mbar_arrive(attn_u32 bar) {\n",
+    "    asm volatile(\"mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];\" ::\"r\"(bar) : \"memory\");\n",
+    "}\n",
+    "/* whether the phase of parity `parity` has completed (try_wait: the hardware may suspend\n",
+    "   the thread for a while before answering no) */\n",
+    "ATTN_DEV int attn_mbar_try_wait(attn_u32 bar, unsigned parity) {\n",
+    "    attn_u32 done;\n",
+    "    asm volatile(\n",
+    "        \"{\\n\"\n",
+    "        \"  .reg .pred p;\\n\"\n",
+    "        \"  mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2;\\n\"\n",
+    "        \"  selp.u32 %0, 1, 0, p;\\n\"\n",
+    "        \"}\\n\"\n",
+    "        : \"=r\"(done)\n",
+    "        : \"r\"(bar), \"r\"(parity)\n",
+    "        : \"memory\");\n",
+    "    return (int)done;\n",
+    "}\n",
+    "ATTN_DEV void attn_mbar_wait(attn_u32 bar, unsigned parity) {\n",
+    "    while (!attn_mbar_try_wait(bar, parity)) {\n",
+    "    }\n",
+    "}\n",
+    "\n",
+    "/* (stage, phase) of a pipeline of S stages, advanced once per tile by each side */\n",
+    "template <int S> struct attn_pipe_state {\n",
+    "    int stage;\n",
+    "    unsigned phase; /* parity of the round: flips each time stage wraps to 0 */\n",
+    "    ATTN_DEV void advance() {\n",
+    "        if (++stage == S) {\n",
+    "            stage = 0;\n",
+    "            phase ^= 1u;\n",
+    "        }\n",
+    "    }\n",
+    "};\n",
+    "\n",
+    "/* ---- TMA tile loads (global -> shared, completing on an mbarrier) ---- */\n",
+    "\n",
+    "ATTN_DEV void attn_tma_prefetch_map(const attn_tma_map *map) {\n",
+    "    asm volatile(\"prefetch.tensormap [%0];\" ::\"l\"((attn_u64)map) : \"memory\");\n",
+    "}\n",
+    "ATTN_DEV void attn_tma_load_2d(attn_u32 dst, const attn_tma_map *map, int c0, int c1, attn_u32 bar) {\n",
+    "    asm volatile(\"cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\"\n",
+    "                 ::\"r\"(dst), \"l\"((attn_u64)map), \"r\"(c0), \"r\"(c1), \"r\"(bar)\n",
+    "                 : \"memory\");\n",
+    "}\n",
+    "ATTN_DEV void attn_tma_load_3d(attn_u32 dst, const attn_tma_map *map, int c0, int c1, int c2, attn_u32 bar) {\n",
+    "    asm volatile(\"cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\"\n",
+    "                 ::\"r\"(dst), \"l\"((attn_u64)map), \"r\"(c0), \"r\"(c1), \"r\"(c2), \"r\"(bar)\n",
+    "                 : \"memory\");\n",
+    "}\n",
+    "ATTN_DEV void attn_tma_load_4d(attn_u32 dst, const attn_tma_map *map, int c0, int c1, int c2, int c3, attn_u32 bar) {\n",
+    "    asm volatile(\"cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\"\n",
+    "                 ::\"r\"(dst), \"l\"((attn_u64)map), \"r\"(c0), \"r\"(c1), \"r\"(c2), \"r\"(c3), \"r\"(bar)\n",
+    "                 : \"memory\");\n",
+    "}\n",
+    "ATTN_DEV void attn_tma_load_5d(attn_u32 dst, const attn_tma_map *map, int c0, int c1, int c2, int c3, int c4,\n",
+    "                               attn_u32 bar) {\n",
+    "    asm volatile(\"cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5, %6}], [%7];\"\n",
+    "                 ::\"r\"(dst), \"l\"((attn_u64)map), \"r\"(c0), \"r\"(c1), \"r\"(c2), \"r\"(c3), \"r\"(c4), \"r\"(bar)\n",
+    "                 : \"memory\");\n",
+    "}\n",
+    "\n",
+    "/* ---- fences ---- */\n",
+    "\n",
+    "/* ordinary shared-memory stores (st.shared, stmatrix) that the copy engine or the tensor\n",
+    "   cores read next: each writing thread, before the barrier that hands them over */\n",
+    "ATTN_DEV void attn_fence_proxy_async(void) { asm volatile(\"fence.proxy.async.shared::cta;\" ::: \"memory\"); }\n",
+    "\n",
+    "/* ---- register reallocation between warpgroups (sm_90a) ----\n",
+    "   In effect only when the kernel has a register cap at entry (__launch_bounds__(threads, 1))\n",
+    "   and each warpgroup's role is one branch of an if/else: the producer gives registers\n",
+    "   back (dec), the consumers take them (inc); N a multiple of 8 in 24..256. */\n",
+    "#if defined(__CUDA_ARCH_FEAT_SM90_ALL)\n",
+    "template <int N> ATTN_DEV void attn_regs_release(void) {\n",
+    "    static_assert(N % 8 == 0 && N >= 24 && N <= 256, \"setmaxnreg: a multiple of 8 in 24..256\");\n",
+    "    asm volatile(\"setmaxnreg.dec.sync.aligned.u32 %0;\" ::\"n\"(N));\n",
+    "}\n",
+    "template <int N> ATTN_DEV void attn_regs_acquire(void) {\n",
+    "    static_assert(N % 8 == 0 && N >= 24 && N <= 256, \"setmaxnreg: a multiple of 8 in 24..256\");\n",
+    "    asm volatile(\"setmaxnreg.inc.sync.aligned.u32 %0;\" ::\"n\"(N));\n",
+    "}\n",
+    "#endif\n",
+    "\n",
+    "#endif /* ATTN_HOPPER_CUH */\n",
     0};
 static const char *const attn__kernel_src_merge_cu[] = {
     "/* merge.cu - the LSE merge of two partial attention results (attn_merge_attn_states; the\n",
@@ -14287,11 +14547,12 @@ static const char *const attn__kernel_src_wgmma_cuh[] = {
     "\n",
     "#endif /* ATTN_WGMMA_CUH */\n",
     0};
-/* 18 kernel source file(s); the lookup is declared in >>nvrtc */
+/* 19 kernel source file(s); the lookup is declared in >>nvrtc */
 static const struct { const char *name; const char *const *lines; } attn__kernel_sources[] = {
     {"attn_common.cuh", attn__kernel_src_attn_common_cuh},
     {"attn_params.cuh", attn__kernel_src_attn_params_cuh},
     {"cache_write.cu", attn__kernel_src_cache_write_cu},
+    {"hopper.cuh", attn__kernel_src_hopper_cuh},
     {"merge.cu", attn__kernel_src_merge_cu},
     {"mla_common.cuh", attn__kernel_src_mla_common_cuh},
     {"mla_decode.cu", attn__kernel_src_mla_decode_cu},

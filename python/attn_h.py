@@ -133,6 +133,8 @@ class attn_platform(C.Structure):
         ("nvrtc_reason", C.c_char * 160),
         ("cublas_version", C.c_int),
         ("cublas_reason", C.c_char * 160),
+        ("cuda_tma", C.c_int),
+        ("cuda_tma_reason", C.c_char * 96),
     ]
 
 

@@ -10,7 +10,7 @@
    environment variable ATTN_TEST_SKIP (comma-separated test names) skips whole tests,
    for slow builds such as ThreadSanitizer's; ATTN_TEST_ONLY (the same form) runs only the
    tests it names (e.g. a few under compute-sanitizer). Some tests read their own knobs:
-   ATTN_TEST_SCALE (test_forward.c, test_mla.c), ATTN_TEST_8BIT_CASES and
+   ATTN_TEST_SCALE (test_forward.c, the test_mla_*.c suites), ATTN_TEST_8BIT_CASES and
    ATTN_TEST_8BIT_DEBUG (test_cuda.c's 8-bit tests: fewer cases; one-request cases that
    print rows on a mismatch).
    attn_test_summary() prints the closing line "N passed, N failed, N skipped" and

@@ -100,6 +100,10 @@ fi
 run wgmma-probe ./build/wgmma_check
 # the 8-bit cache codes on the device against the CPU's conversions (compiles without a GPU)
 run codes-check ./build/codes_check
+# kernels/hopper.cuh: its TMA/mbarrier probes compile for sm_90 and sm_90a with no spill, the
+# sm_80 guard holds, the tensor-map encoder says why it cannot run here (on an H200/H100 the
+# probes copy tiles and paged K/V through TMA pipelines, compared bit for bit)
+run hopper-probe ./build/hopper_check
 # kernels/paged_prefill_sm90.cu (CUDA_SM90's wgmma prefill): its variants compile for
 # sm_90a with no spill and fit the shared memory (no GPU needed; on compute capability 9.0
 # the harness also runs it against the CPU backend).

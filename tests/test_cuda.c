@@ -1797,7 +1797,7 @@ done:
 }
 
 /* ---- MLA on the GPU: selection, graph capture, bad input ----------------------------------
-   (the numerics of CUDA_MLA_SM90 against float64 and CPU_MLA: tests/test_mla.c, suite_cuda_mla) */
+   (the numerics of CUDA_MLA_SM90 against float64 and CPU_MLA: tests/test_mla_cuda.c, suite_cuda_mla) */
 
 static attn_layer_desc cu_mla_desc(int H, attn_dtype dt, attn_device_kind dev) {
     attn_layer_desc d;

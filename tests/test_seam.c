@@ -544,6 +544,7 @@ ATTN_TEST(seam_selection_cache_bounded) {
 
 typedef struct sm_fake_driver {
     int drop_symbol;      /* leave cuDeviceGetName out */
+    int drop_tma;         /* leave cuTensorMapEncodeTiled out (an optional symbol) */
     int opened, closed;
     const char *refuse;   /* soname to report as missing */
 } sm_fake_driver;
@@ -595,6 +596,7 @@ static void *sm_symbol(void *u, void *lib, const char *name) {
     if (strcmp(name, "cuDeviceGetName") == 0 && !f->drop_symbol) return sm_fn((void (*)(void))sm_cu_name);
     if (strcmp(name, "cuDeviceTotalMem_v2") == 0) return sm_fn((void (*)(void))sm_cu_mem);
     if (strcmp(name, "cuDeviceGetName") == 0) return NULL; /* dropped */
+    if (strcmp(name, "cuTensorMapEncodeTiled") == 0 && f->drop_tma) return NULL;
     return strncmp(name, "cu", 2) == 0 ? sm_fn((void (*)(void))sm_cu_unused) : NULL;
 }
 static void *sm_open_none(void *u, const char *soname) {
@@ -626,6 +628,8 @@ ATTN_TEST(seam_loader_injection) {
         EXPECT_TRUE(strstr(p.cublas_reason, "no CUDA device") != NULL); /* never opened here */
         EXPECT_TRUE(strstr(p.cuda_reason, "lacks symbol cuDeviceGetName") != NULL);
         EXPECT_TRUE(strstr(p.cuda_reason, "libcuda.so.1") != NULL);
+        EXPECT_EQ_INT(p.cuda_tma, 0);
+        EXPECT_TRUE(strstr(p.cuda_tma_reason, "no CUDA device") != NULL);
         EXPECT_EQ_INT(f.closed, 1);
         attn_context_destroy(ctx);
     }
@@ -640,6 +644,21 @@ ATTN_TEST(seam_loader_injection) {
         EXPECT_EQ_INT(f.opened, 1);
         attn_context_destroy(ctx);
         EXPECT_EQ_INT(f.closed, 1);
+    }
+
+    /* a driver without the tensor-map encoder (older than CUDA 12): CUDA still, no TMA,
+       and the reason names the missing function */
+    memset(&f, 0, sizeof f);
+    f.drop_tma = 1;
+    ctx = sm_ctx(1, &l);
+    if (ctx) {
+        EXPECT_OK(attn_platform_get(ctx, &p));
+        EXPECT_EQ_INT(p.kind, ATTN_PLATFORM_CUDA);
+        EXPECT_EQ_INT(p.cuda_tma, 0);
+        EXPECT_TRUE(strstr(p.cuda_tma_reason, "lacks cuTensorMapEncodeTiled") != NULL);
+        attn_platform_format(&p, text, sizeof text);
+        EXPECT_TRUE(strstr(text, "cuda_tma: no: driver libcuda.so.1 lacks cuTensorMapEncodeTiled") != NULL);
+        attn_context_destroy(ctx);
     }
 
     /* a working driver: the platform reads its device; the table is kept until destroy */
@@ -660,6 +679,9 @@ ATTN_TEST(seam_loader_injection) {
         EXPECT_TRUE(strcmp(p.cuda_device_name, "Fake H200") == 0);
         attn_platform_format(&p, text, sizeof text);
         EXPECT_TRUE(strstr(text, "Fake H200") != NULL);
+        EXPECT_EQ_INT(p.cuda_tma, 1); /* compute capability 9.0 and the encoder exported */
+        EXPECT_TRUE(p.cuda_tma_reason[0] == 0);
+        EXPECT_TRUE(strstr(text, "cuda_tma: yes\n") != NULL);
         EXPECT_EQ_INT(f.closed, 0);
         EXPECT_OK(attn_select_backend(ctx, &d, NULL, &sel)); /* CPU serves on a CUDA platform */
         EXPECT_EQ_INT(sel.resolved, ATTN_BACKEND_CPU);

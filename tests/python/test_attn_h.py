@@ -605,7 +605,7 @@ def test_mla(ctx, xp, dtype):
     assert (info["num_prefills"], info["num_prefill_tokens"]) == (2, ntok - td)
 
     abs_tol, lse_tol = MLA_TOL[dtype]
-    if xp.device == "cuda":  # the GPU also rounds q_latent, P and o_latent (tests/test_mla.c GPU_TOL)
+    if xp.device == "cuda":  # the GPU also rounds q_latent, P and o_latent (tests/mla_fixtures.h GPU_TOL)
         abs_tol, lse_tol = 2 * abs_tol, 2 * lse_tol
     # the fused call writes the new latents, then attends
     out = layer.mla_forward(meta, qn_t, qp_t, cache, wuk_t, wuv_t,
