@@ -39,7 +39,8 @@ static const attn_py_layout_entry attn_py__layout[] = {
     F(attn_platform, cuda_device_name), F(attn_platform, cuda_driver_version),
     F(attn_platform, cuda_memory_bytes), F(attn_platform, cuda_reason),
     F(attn_platform, nvrtc_version), F(attn_platform, nvrtc_reason),
-    F(attn_platform, cublas_version), F(attn_platform, cublas_reason),
+    F(attn_platform, cublas_version), F(attn_platform, cublas_reason), F(attn_platform, cuda_tma),
+    F(attn_platform, cuda_tma_reason),
 
     S(attn_layer_desc), F(attn_layer_desc, num_heads), F(attn_layer_desc, num_kv_heads),
     F(attn_layer_desc, head_size), F(attn_layer_desc, dtype), F(attn_layer_desc, kv_cache_dtype),
