@@ -127,6 +127,12 @@ ATTN_DEV void attn_tma_load_5d(attn_u32 dst, const attn_tma_map *map, int c0, in
    cores read next: each writing thread, before the barrier that hands them over */
 ATTN_DEV void attn_fence_proxy_async(void) { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
+/* ---- named barriers: a subset of the CTA's warps meets (id 1..15; id 0 is __syncthreads).
+   `threads` is a multiple of 32: every warp that takes part, all its lanes. ---- */
+ATTN_DEV void attn_named_barrier(int id, int threads) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
 /* ---- register reallocation between warpgroups (sm_90a) ----
    In effect only when the kernel has a register cap at entry (__launch_bounds__(threads, 1))
    and each warpgroup's role is one branch of an if/else: the producer gives registers

@@ -104,7 +104,29 @@ typedef struct module_entry {
     char key[320];
     attn__CUfunction main, second; /* the kernel asked for; paged: and attn_paged_merge_partials */
     attn__launch_config config;    /* the one the kernel exports (attn_params.cuh) */
+    int tma;                       /* 1: the kernel takes a tensor map over the cache first (--sm90-ws) */
 } module_entry;
+
+/* --sm90-ws: the tensor map the producer-fed prefill draft reads the cache through (5-D over
+   the whole cache: {head, kv heads, block, K/V, blocks}, box {64, 1, block, 1, 1}, 128B
+   swizzle), encoded for each cache before its launches */
+static attn__tma_map ws_map;
+static int ws_map_encode(attn__CUdeviceptr kv, attn_dtype dt, int num_blocks, int BS, int Hkv, int D) {
+    uint64_t dims[5], strides[4];
+    uint32_t box[5] = {64, 1, (uint32_t)BS, 1, 1};
+    dims[0] = (uint64_t)D; dims[1] = (uint64_t)Hkv; dims[2] = (uint64_t)BS; dims[3] = 2; dims[4] = (uint64_t)num_blocks;
+    strides[0] = (uint64_t)D * 2; strides[1] = (uint64_t)Hkv * D * 2; strides[2] = (uint64_t)BS * Hkv * D * 2;
+    strides[3] = (uint64_t)2 * BS * Hkv * D * 2;
+    if (attn__tma_encode(context, &ws_map, dt, 5, (const void *)(uintptr_t)kv, dims, strides, box, 128) == ATTN_OK) return 1;
+    printf("  FAIL sm90-ws tensor map: %s\n", attn_context_last_error(context));
+    return 0;
+}
+/* the launch arguments of m: the params, after the tensor map for a TMA kernel */
+static int launch_args(const module_entry *m, void **args, attn__paged_params *p) {
+    if (m->tma) { args[0] = &ws_map; args[1] = p; return 2; }
+    args[0] = p;
+    return 1;
+}
 static module_entry modules[1024];
 static int num_modules;
 
@@ -397,6 +419,17 @@ static draft_kernel sm90_kernel = {"sm90-prefill", "paged_prefill_sm90.cu", 1, 1
                                    "attn_paged_config", NULL};
 static module_entry *sm90_module(const char *defines, int load) { return draft_module(&sm90_kernel, defines, load); }
 
+/* ---- --sm90-ws: kernels/wip/paged_prefill_sm90_ws.cu, the producer-fed draft of the same
+   tiles (TMA + mbarriers, a producer warpgroup, setmaxnreg); same scope, same cases ---- */
+static int sm90_ws;
+static draft_kernel ws_kernel = {"sm90-ws", "kernels/wip/paged_prefill_sm90_ws.cu", 0, 1, "attn_paged_prefill_sm90_ws", NULL,
+                                 "attn_paged_config", NULL};
+static module_entry *ws_module(const char *defines, int load) {
+    module_entry *m = draft_module(&ws_kernel, defines, load);
+    if (m) m->tma = 1;
+    return m;
+}
+
 /* The compile report of --sm90-prefill, GPU or not: the variants the issue names. */
 static void sm90_compile_report(void) {
     static const char *const variants[] = {
@@ -413,8 +446,10 @@ static void sm90_compile_report(void) {
         return;
     }
     printf("sm90-prefill: %s for sm_90a (NVRTC %d.%d)\n", sm90_kernel.file, context->nvrtc->major, context->nvrtc->minor);
-    for (i = 0; i < sizeof variants / sizeof variants[0]; i++)
+    for (i = 0; i < sizeof variants / sizeof variants[0]; i++) {
         if (sm90_module(variants[i], 0)) passed++;
+        if (sm90_ws && ws_module(variants[i], 0)) passed++;
+    }
 }
 
 /* Within the sm_90a kernel's scope: one 16-bit type for q and cache, head 64 or 128, no soft
@@ -427,7 +462,7 @@ static int sm90_in_scope(const attn_case *c) {
 static void run_attention_case(const attn_case *c, int num_reqs, const int *qlens, const int *ctxlens) {
     int H = c->kv_heads * c->group, D = c->head, Hkv = c->kv_heads, BS = c->block, r, i;
     int32_t *qsl = (int32_t *)calloc((size_t)num_reqs + 1, 4), *sl = (int32_t *)calloc((size_t)num_reqs, 4);
-    int max_blocks = 0, total_blocks, T, max_q = 0, max_s = 0, tt, big, sm90 = sm90_prefill && sm90_in_scope(c);
+    int max_blocks = 0, total_blocks, T, max_q = 0, max_s = 0, tt, big, sm90 = (sm90_prefill || sm90_ws) && sm90_in_scope(c);
     int32_t *bt;
     float *alibi = NULL;
     attn_layer_desc d;
@@ -531,13 +566,14 @@ static void run_attention_case(const attn_case *c, int num_reqs, const int *qlen
         snprintf(defs, sizeof defs, "HEAD_DIM=%d BLOCK_SIZE=%d GROUP=%d DT_Q=%d DT_KV=%d TILE_TOKENS=%d WINDOW=%d SOFTCAP=%d ALIBI=%d %s",
                  D, BS, c->group, dcode(c->dq), dcode(c->dkv), tt, c->window > 0, c->softcap > 0, c->alibi, extra_defines);
     {
-        module_entry *m = sm90 ? sm90_module(defs, 1) : get_module("paged_attention.cu", defs, "attn_paged_attention");
+        module_entry *m = sm90 ? (sm90_ws ? ws_module(defs, 1) : sm90_module(defs, 1))
+                               : get_module("paged_attention.cu", defs, "attn_paged_attention");
         if (!m) goto free_all; /* the sm_90a kernel did not compile: counted as failed */
         {
         attn__CUfunction fa = m->main, fm = m->second;
         schedule s;
         attn__paged_params p;
-        void *args[1];
+        void *args[2];
         int zero_merge = 0;
         attn__CUdeviceptr d_q, d_kv, d_out, d_lse, d_bt, d_sl, d_qsl, d_alibi, d_work, d_nw, d_merge, d_nm, d_po, d_pml;
         float scale = 1.0f / sqrtf((float)D);
@@ -572,11 +608,15 @@ static void run_attention_case(const attn_case *c, int num_reqs, const int *qlen
         p.lse_stride_token = H; p.lse_stride_head = 1;
         p.block_table_stride = max_blocks;
         p.num_kv_heads = Hkv; p.scale = scale; p.softcap = c->softcap; p.window = c->window;
-        args[0] = &p;
-        /* one spare CTA past *num_work: it must exit without touching anything */
-        CU_CHECK(cu->cuLaunchKernel(fa, (unsigned)s.num_work + 1, 1, 1, (unsigned)m->config.threads, 1, 1,
-                                    (unsigned)m->config.shared_bytes, NULL, args, NULL));
-        if (s.num_merge) CU_CHECK(cu->cuLaunchKernel(fm, (unsigned)s.num_merge, 1, 1, 128, 1, 1, 0, NULL, args, NULL));
+        launch_args(m, args, &p);
+        if (m->tma && !ws_map_encode(d_kv, c->dkv, total_blocks, BS, Hkv, D)) {
+            failed++; /* no launch: the output stays NaN and the comparison below reports it too */
+        } else {
+            /* one spare CTA past *num_work: it must exit without touching anything */
+            CU_CHECK(cu->cuLaunchKernel(fa, (unsigned)s.num_work + 1, 1, 1, (unsigned)m->config.threads, 1, 1,
+                                        (unsigned)m->config.shared_bytes, NULL, args, NULL));
+            if (s.num_merge) CU_CHECK(cu->cuLaunchKernel(fm, (unsigned)s.num_merge, 1, 1, 128, 1, 1, 0, NULL, args, NULL));
+        }
         CU_CHECK(cu->cuCtxSynchronize());
         CU_CHECK(download(out_gpu, d_out, q_elems * esq));
         CU_CHECK(download(lse_gpu, d_lse, (size_t)T * H * 4));
@@ -920,10 +960,10 @@ static double now_s(void) {
 static float time_launch(module_entry *m, attn__paged_params *p, schedule *s, int reps) {
     attn__CUfunction fa = m->main, fm = m->second;
     attn__CUevent e0, e1;
-    void *args[1];
+    void *args[2];
     float ms = 0;
     int i;
-    args[0] = p;
+    launch_args(m, args, p);
     CU_CHECK(cu->cuEventCreate(&e0, 0));
     CU_CHECK(cu->cuEventCreate(&e1, 0));
     for (i = 0; i < reps + 3; i++) {
@@ -1045,12 +1085,15 @@ static void bench(const char *extra) {
             snprintf(defs, sizeof defs, "HEAD_DIM=%d BLOCK_SIZE=%d GROUP=%d DT_Q=2 DT_KV=2 TILE_TOKENS=%d %s", D, BS, G, ptt, extra);
             bench_prefill(get_module("paged_attention.cu", defs, "attn_paged_attention"), "", lens[li], ptt, d_q, d_kv, d_out,
                           d_bt, d_po, d_pml, (int)max_blocks);
-            if (sm90_prefill) { /* the sm_90a kernel on the same shape: 128 rows per CTA */
+            if (sm90_prefill || sm90_ws) { /* the sm_90a kernel on the same shape: 128 rows per CTA */
                 module_entry *m;
                 snprintf(defs, sizeof defs, "HEAD_DIM=%d BLOCK_SIZE=%d GROUP=%d DT_Q=2 DT_KV=2 TILE_TOKENS=%d %s", D, BS, G,
                          128 / G, extra);
                 if ((m = sm90_module(defs, 1)) != NULL)
                     bench_prefill(m, "sm90 ", lens[li], 128 / G, d_q, d_kv, d_out, d_bt, d_po, d_pml, (int)max_blocks);
+                if (sm90_ws && (m = ws_module(defs, 1)) != NULL &&
+                    ws_map_encode(d_kv, ATTN_DTYPE_BF16, (int)total_blocks, BS, Hkv, D))
+                    bench_prefill(m, "sm90-ws ", lens[li], 128 / G, d_q, d_kv, d_out, d_bt, d_po, d_pml, (int)max_blocks);
             }
         }
     }
@@ -1489,6 +1532,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--prefill-tt") && i + 1 < argc) prefill_tt = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--seed") && i + 1 < argc) rng_state = strtoull(argv[++i], NULL, 0) | 1;
         else if (!strcmp(argv[i], "--sm90-prefill")) sm90_prefill = 1;
+        else if (!strcmp(argv[i], "--sm90-ws")) sm90_prefill = sm90_ws = 1; /* the cases and bench of --sm90-prefill, on the draft */
         else if (!strcmp(argv[i], "--mla")) mla_mode = 1;
         else if (!strcmp(argv[i], "--mla-shape") && i + 1 < argc &&
                  sscanf(argv[++i], "%d,%d,%d,%d,%d", &mla_shape[0], &mla_shape[1], &mla_shape[2], &mla_shape[3],
@@ -1496,7 +1540,7 @@ int main(int argc, char **argv) {
             mla_mode = 1;
         else {
             fprintf(stderr, "usage: cuda_kernels [--cases N] [--seed S] [--bench | --bench-only | --decode-bench | --prefill-bench] [--contiguous] [--defines \"KV_STAGES=3 ...\"]\n"
-                            "                    [--prefill-tt N] [--sm90-prefill] [--mla] [--mla-shape H,B,CTX,SPLITS]\n");
+                            "                    [--prefill-tt N] [--sm90-prefill] [--sm90-ws] [--mla] [--mla-shape H,B,CTX,SPLITS]\n");
             return 2;
         }
     }
@@ -1516,7 +1560,7 @@ int main(int argc, char **argv) {
     if (sm90_prefill && arch != 90) {
         printf("  SKIP sm90-prefill GPU run: the device is sm_%d; sm_90a code runs on compute capability 9.0 only\n", arch);
         skipped++;
-        sm90_prefill = 0; /* the rest runs as without --sm90-prefill */
+        sm90_prefill = sm90_ws = 0; /* the rest runs as without --sm90-prefill */
     }
     if (mla_mode && mla_shape[0] > 0) { /* one decode shape on the wgmma kernel (profilers) */
         double us = 0;
