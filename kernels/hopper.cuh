@@ -132,6 +132,11 @@ ATTN_DEV void attn_fence_proxy_async(void) { asm volatile("fence.proxy.async.sha
 ATTN_DEV void attn_named_barrier(int id, int threads) {
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
+/* arrive without waiting: with bar.sync by the other warps, a one-way signal (threads is the
+   total of both sides) */
+ATTN_DEV void attn_named_barrier_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
 
 /* ---- register reallocation between warpgroups (sm_90a) ----
    In effect only when the kernel has a register cap at entry (__launch_bounds__(threads, 1))

@@ -49,6 +49,12 @@
 #ifndef KV_TILE
 #define KV_TILE 128
 #endif
+/* PINGPONG 1: the two consumer warpgroups take turns issuing their S = Q K^T (named
+   barriers 2 and 3, FlashAttention-3's schedule), so one's softmax runs under the other's
+   GEMMs instead of both contending for the tensor cores at once */
+#ifndef PINGPONG
+#define PINGPONG 0
+#endif
 
 struct attn_ws_traits {
     static constexpr int head_dim = HEAD_DIM, block_size = BLOCK_SIZE, group = GROUP, kv_tile = KV_TILE;
@@ -210,6 +216,7 @@ extern "C" __global__ void __launch_bounds__(WT::threads, 1)
     const attn_u32 sQ_wg = sQ + (attn_u32)(wg * 64 * 128);
 
     attn_pipe_state<WT::kv_stages> st = {0, 0u};
+    if (PINGPONG && wg == 1) attn_named_barrier_arrive(2, WT::consumers); /* warpgroup 0 goes first */
     for (int it = 0; it < ntiles; it++, st.advance()) {
         const int kt0 = tile0 + it * KV_TILE;
         const attn_u32 sK_st = sK + (attn_u32)(st.stage * WT::tile_bytes), sV_st = sV + (attn_u32)(st.stage * WT::tile_bytes);
@@ -226,6 +233,7 @@ extern "C" __global__ void __launch_bounds__(WT::threads, 1)
             attn_named_barrier(1, WT::consumers);
         }
         const int active = __all_sync(0xffffffffu, kt0 + KV_TILE > lo_min && kt0 < hi_max);
+        if (PINGPONG) attn_named_barrier(2 + wg, WT::consumers); /* my turn (every tile, active or not: the counts pair up) */
         if (active) {
             const int need_mask = kt0 < lo_max || kt0 + KV_TILE > hi_min;
             float s[KV_TILE / 2];
@@ -235,6 +243,7 @@ extern "C" __global__ void __launch_bounds__(WT::threads, 1)
                 attn_wgmma<KV_TILE, DT_Q>::template ss<0>(s, attn_wgmma_desc_k_major<WT::rows_pad>(sQ_wg, k),
                                                           attn_wgmma_desc_k_major<KV_TILE>(sK_st, k), k > 0);
             attn_wgmma_commit();
+            if (PINGPONG) attn_named_barrier_arrive(3 - wg, WT::consumers); /* the other's turn */
             attn_wgmma_wait<0>();
             attn_wgmma_fence_acc(s);
             float mx[2] = {attn_neg_inf(), attn_neg_inf()};
@@ -283,6 +292,8 @@ extern "C" __global__ void __launch_bounds__(WT::threads, 1)
             attn_wgmma_commit();
             attn_wgmma_wait<0>();
             attn_wgmma_fence_acc(o);
+        } else if (PINGPONG) {
+            attn_named_barrier_arrive(3 - wg, WT::consumers);
         }
         __syncwarp();
         if (lane == 0) attn_mbar_arrive(empty + 8 * st.stage); /* this warp is done with the stage */
