@@ -6904,7 +6904,7 @@ static attn_status attn__tma_encode(attn_context *ctx, attn__tma_map *map, attn_
                                     const uint64_t *dims, const uint64_t *strides, const uint32_t *box, int swizzle) {
     static const char *const fn = "attn__tma_encode";
     const uint32_t ones[5] = {1, 1, 1, 1, 1};
-    int type, sw, i;
+    int type = -1, sw, i;
     size_t esz = attn_dtype_size(dt);
     attn__CUresult rc;
     if (!ctx->platform.cuda_tma)
@@ -6917,10 +6917,11 @@ static attn_status attn__tma_encode(attn_context *ctx, attn__tma_map *map, attn_
     case ATTN_DTYPE_FP8_E4M3:
     case ATTN_DTYPE_FP8_E5M2:
     case ATTN_DTYPE_INT8: type = 0; break; /* UINT8: codes, copied as bytes */
-    default:
+    case ATTN_DTYPE_AUTO: case ATTN_DTYPE_INT64: case ATTN_DTYPE_COUNT: break; /* not element types */
+    }
+    if (type < 0)
         return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
                           "%s: dtype %s (allowed: f16, bf16, f32, fp8_e4m3, fp8_e5m2, int8)", fn, attn_dtype_name(dt));
-    }
     switch (swizzle) {
     case 0: sw = 0; break;
     case 32: sw = 1; break;
