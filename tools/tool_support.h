@@ -1,5 +1,5 @@
 /* tool_support.h - what the tools and the GPU check programs share (tools/nvrtc-check.c,
-   tests/wgmma_check.c, tests/codes_check.c, tests/cuda_kernels.c): finding NVRTC, reading
+   tests/wgmma_check.c, tests/hopper_check.c, tests/codes_check.c, tests/cuda_kernels.c): finding NVRTC, reading
    files, a quiet context, one NVRTC compile, reading ptxas's report and a CUBIN's globals. Include after attn.h (with
    ATTN_IMPLEMENTATION: ATTN__DLOPEN_FLAGS). Static inline, so a program that uses one
    piece pays nothing for the other. */
@@ -186,6 +186,26 @@ static inline void attn_tool_compile(const attn__nvrtc *nv, attn_tool_compiled *
     }
     if (!out->cubin) out->ok = 0;
     nv->nvrtcDestroyProgram(&prog);
+}
+
+/* An architecture guard: a kernel that only includes `header` must not compile for `arch`,
+   and the failure must be the header's #error naming `names` (e.g. the architecture it
+   needs). 1 when so; 0 with *detail saying what happened instead. */
+static inline int attn_tool_guard(const attn__nvrtc *nv, int nh, const char *const *hdr_text, const char *const *hdr_name,
+                                  const char *header, const char *arch, const char *names, char *detail, size_t size) {
+    char src[160];
+    attn_tool_compiled g;
+    int ok;
+    memset(&g, 0, sizeof g);
+    snprintf(src, sizeof src, "#include \"%s\"\nextern \"C\" __global__ void k(void) {}\n", header);
+    attn_tool_compile(nv, &g, src, "guard.cu", nh, hdr_text, hdr_name, arch, NULL);
+    ok = !g.ok && g.log && strstr(g.log, "#error") && strstr(g.log, names);
+    if (g.ok) snprintf(detail, size, "it compiled for %s", arch);
+    else if (!ok) snprintf(detail, size, "the compile failed without %s's #error", header);
+    else snprintf(detail, size, "its #error names %s", names);
+    free(g.log);
+    free(g.cubin);
+    return ok;
 }
 
 /* ---- globals of a CUBIN (an ELF64 image), without a GPU ---- */
