@@ -388,6 +388,7 @@ template <class T> struct attn_paged_smem {
     static constexpr int bytes = q_bytes + table_bytes + attn_cmax(kv_bytes, epi_bytes);
 
     char *base;
+    attn_u32 addr; /* base in the shared window (cvta once: ldmatrix / cp.async take these) */
     ATTN_DEV typename T::sq_t *q() const { return (typename T::sq_t *)base; }
     ATTN_DEV attn_i64 *blk() const { return (attn_i64 *)(base + q_bytes); }                          /* [stage][key] */
     ATTN_DEV int *del() const { return (int *)(blk() + T::kv_stages * T::kv_tile); }                  /* [stage][key] */
@@ -395,6 +396,11 @@ template <class T> struct attn_paged_smem {
     ATTN_DEV typename T::kv_t *v() const { return (typename T::kv_t *)((char *)k() + T::kv_stages * tile_bytes); }
     ATTN_DEV float *k_scales() const { return (float *)((char *)k() + 2 * T::kv_stages * tile_bytes); } /* [stage][key] */
     ATTN_DEV float *v_scales() const { return k_scales() + T::kv_stages * T::kv_tile; }
+    ATTN_DEV attn_u32 q_addr() const { return addr; }
+    ATTN_DEV attn_u32 k_addr() const { return addr + (attn_u32)(q_bytes + table_bytes); }
+    ATTN_DEV attn_u32 v_addr() const { return k_addr() + (attn_u32)(T::kv_stages * tile_bytes); }
+    ATTN_DEV attn_u32 k_scales_addr() const { return k_addr() + (attn_u32)(2 * T::kv_stages * tile_bytes); }
+    ATTN_DEV attn_u32 v_scales_addr() const { return k_scales_addr() + (attn_u32)(T::kv_stages * T::kv_tile * 4); }
     ATTN_DEV float *epi_o() const { return (float *)k(); }                                  /* [WARPS_N][ROWS_PAD][O_PITCH] */
     ATTN_DEV float *epi_m() const { return epi_o() + T::warps_n * T::rows_pad * T::o_pitch; } /* [WARPS_N][ROWS_PAD] */
     ATTN_DEV float *epi_l() const { return epi_m() + T::warps_n * T::rows_pad; }              /* [WARPS_N][ROWS_PAD][4] */
@@ -496,9 +502,12 @@ template <class T> ATTN_DEV void attn_merge_entry(const attn__paged_params &p, i
     for (int u = tid; u < ntok * T::group * T::ot; u += nthreads) {
         const int R = u / T::ot, c = u - R * T::ot;
         float M = attn_neg_inf();
+        /* m is read only for a split that saw a key (l > 0). Measured on the H200: reading
+           both unconditionally (attn_merge_key of the two loads) made this kernel 2-4 us
+           slower at 16-33 splits (docs/PERF.md, issue 21 bisect) */
         for (int s = 0; s < nsplit; s++) {
             const float *ml = p.partial_ml + ((attn_i64)(slot0 + s) * T::rows + R) * 2;
-            M = fmaxf(M, attn_merge_key(__ldcg(ml), __ldcg(ml + 1)));
+            M = fmaxf(M, __ldcg(ml + 1) > 0.0f ? __ldcg(ml) : attn_neg_inf());
         }
         const float Mb = attn_merge_base(M);
         float L = 0.0f, f[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
@@ -508,7 +517,7 @@ template <class T> ATTN_DEV void attn_merge_entry(const attn__paged_params &p, i
             const float ms = __ldcg(ml), ls = __ldcg(ml + 1);
             /* an empty split (l = 0) contributes nothing, whatever its O holds */
             const int used = ls > 0.0f;
-            const float w = attn_merge_weight(attn_merge_key(ms, ls), Mb);
+            const float w = used ? attn_exp2(ms - Mb) : 0.0f; /* = attn_merge_weight(attn_merge_key(ms, ls), Mb) */
             const float4 a = __ldcg((const float4 *)(p.partial_o + row * T::head_dim + c * 8));
             const float4 b = __ldcg((const float4 *)(p.partial_o + row * T::head_dim + c * 8 + 4));
             const float x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
@@ -593,7 +602,7 @@ ATTN_DEV float attn_paged_load_q(const attn__paged_params &p, const attn_paged_i
 template <class T>
 ATTN_DEV void attn_paged_issue(const attn_paged_smem<T> &sm, const char *kv_base, attn_i64 v_bytes, int stage, unsigned utid) {
     const attn_i64 *sBlk = sm.blk();
-    const attn_u32 sK_addr = attn_smem_addr(sm.k()), sV_addr = attn_smem_addr(sm.v());
+    const attn_u32 sK_addr = sm.k_addr(), sV_addr = sm.v_addr();
 #pragma unroll
     for (int i = 0; i < T::kv_lpt; i++) {
         const int r = T::threads % T::kv_cpr == 0 ? (int)(utid / T::kv_cpr) + i * (T::threads / T::kv_cpr)
@@ -609,7 +618,7 @@ ATTN_DEV void attn_paged_issue(const attn_paged_smem<T> &sm, const char *kv_base
     }
     if constexpr (T::kv_pth) {
         const int *sDel = sm.del();
-        const attn_u32 sKs_addr = attn_smem_addr(sm.k_scales()), sVs_addr = attn_smem_addr(sm.v_scales());
+        const attn_u32 sKs_addr = sm.k_scales_addr(), sVs_addr = sm.v_scales_addr();
         for (int r = (int)utid; r < T::kv_tile; r += T::threads) {
             const attn_i64 b = sBlk[stage * T::kv_tile + r];
             const char *src = kv_base + (b >= 0 ? b + sDel[stage * T::kv_tile + r] : 0);
@@ -628,7 +637,7 @@ ATTN_DEV void attn_paged_qk(float (&s)[T::warp_rows][T::nt][4], const attn_paged
                             const attn_u32 (&qf)[T::warp_rows][T::hdp / 16][4], int stage, int row0, int lane,
                             int wn) {
     const int g = lane >> 2, tq = lane & 3;
-    const attn_u32 sQ_addr = attn_smem_addr(sm.q());
+    const attn_u32 sQ_addr = sm.q_addr();
     /* lane offsets (bytes) of the ldmatrix row addresses, see the fragment table in
        attn_common.cuh: Q as A (rows lane%16, column half lane/16), K as B (keys lane%8 +
        8*(lane/16), column half (lane/8)%2) */
@@ -647,7 +656,7 @@ ATTN_DEV void attn_paged_qk(float (&s)[T::warp_rows][T::nt][4], const attn_paged
            keys 0-7 +16, keys 8-15 +0, 8-15 +16; the x2: keys 0-7 +0, 8-15 +0 */
         const attn_u32 k8_lane4 = (attn_u32)(((lane & 7) + ((lane >> 4) << 3)) * T::srow + ((lane >> 3) & 1) * 16);
         const attn_u32 k8_lane2 = (attn_u32)(((lane & 7) + (((lane >> 3) & 1) << 3)) * T::srow);
-        const attn_u32 kb = attn_smem_addr(sm.k()) + (attn_u32)((stage * T::kv_tile + wn * T::kw) * T::srow);
+        const attn_u32 kb = sm.k_addr() + (attn_u32)((stage * T::kv_tile + wn * T::kw) * T::srow);
 #pragma unroll
         for (int np = 0; np < T::nt / 2; np++) {
 #pragma unroll
@@ -693,7 +702,7 @@ ATTN_DEV void attn_paged_qk(float (&s)[T::warp_rows][T::nt][4], const attn_paged
         }
     } else if constexpr (T::use_mma) {
         const attn_u32 k_lane = (attn_u32)((((lane & 7) + ((lane >> 4) << 3)) * T::kv_pitch + ((lane >> 3) & 1) * 8) * 2);
-        const attn_u32 kb = attn_smem_addr(sm.k()) + (attn_u32)((stage * T::kv_tile + wn * T::kw) * T::kv_pitch * 2) + k_lane;
+        const attn_u32 kb = sm.k_addr() + (attn_u32)((stage * T::kv_tile + wn * T::kw) * T::kv_pitch * 2) + k_lane;
 #pragma unroll
         for (int ks = 0; ks < T::hdp / 16; ks++) {
             attn_u32 qa[T::warp_rows][4];
@@ -767,7 +776,7 @@ ATTN_DEV void attn_paged_pv(float (&o)[T::warp_rows][T::ot][4], const float (&s)
     const int tq = lane & 3;
     if constexpr (T::kv8) {
         const attn_u32 v8_lane = (attn_u32)(((lane & 7) + (((lane >> 3) & 1) << 3)) * T::srow + (lane >> 4) * 16);
-        const attn_u32 vb = attn_smem_addr(sm.v()) + (attn_u32)((stage * T::kv_tile + wn * T::kw) * T::srow) + v8_lane;
+        const attn_u32 vb = sm.v_addr() + (attn_u32)((stage * T::kv_tile + wn * T::kw) * T::srow) + v8_lane;
 #pragma unroll
         for (int kk = 0; kk < T::kw / 16; kk++) {
             attn_u32 a[T::warp_rows][4];
@@ -797,7 +806,7 @@ ATTN_DEV void attn_paged_pv(float (&o)[T::warp_rows][T::ot][4], const float (&s)
     } else if constexpr (T::use_mma) {
         /* V as B transposed (keys lane%16, column half lane/16) */
         const attn_u32 v_lane = (attn_u32)(((lane & 15) * T::kv_pitch + (lane >> 4) * 8) * 2);
-        const attn_u32 vb = attn_smem_addr(sm.v()) + (attn_u32)((stage * T::kv_tile + wn * T::kw) * T::kv_pitch * 2) + v_lane;
+        const attn_u32 vb = sm.v_addr() + (attn_u32)((stage * T::kv_tile + wn * T::kw) * T::kv_pitch * 2) + v_lane;
 #pragma unroll
         for (int kk = 0; kk < T::kw / 16; kk++) {
             attn_u32 a[T::warp_rows][4]; /* the C fragments of keys 16kk.. are the A fragment of P */
@@ -848,7 +857,7 @@ ATTN_DEV void attn_paged_pv(float (&o)[T::warp_rows][T::ot][4], const float (&s)
 /* ---- the kernel ---- */
 template <class T> ATTN_DEV void attn_paged_attention_body(const attn__paged_params &p) {
     extern __shared__ attn_vec16 attn_smem[];
-    const attn_paged_smem<T> sm = {(char *)attn_smem};
+    const attn_paged_smem<T> sm = {(char *)attn_smem, attn_smem_addr(attn_smem)};
     if (blockDim.x != T::threads || attn_dynamic_smem_size() < attn_paged_smem<T>::bytes) attn_trap();
     if ((int)blockIdx.x >= *p.num_work) return;
 
@@ -942,7 +951,7 @@ template <class T> ATTN_DEV void attn_paged_attention_body(const attn__paged_par
                 for (int wr = 0; wr < T::warp_rows; wr++)
 #pragma unroll
                     for (int ks = 0; ks < T::hdp / 16; ks++)
-                        attn_ldmatrix_x4(qf[wr][ks], attn_smem_addr(sm.q()) + q_lane + (attn_u32)(wr * 16 * T::q_pitch * 2) + ks * 32);
+                        attn_ldmatrix_x4(qf[wr][ks], sm.q_addr() + q_lane + (attn_u32)(wr * 16 * T::q_pitch * 2) + ks * 32);
             }
         }
         const int stage = it % T::kv_stages;

@@ -1,6 +1,7 @@
 /* paged_common.cuh - what the paged-attention kernels share beyond their parameters
    (attn__paged_params, defined once in attn_params.cuh for the kernels and the host): the
-   work-item prologue and the keys a query position sees. Included by paged_attention.cu and
+   work-item prologue (paged_attention.cu's; paged_prefill_sm90.cu writes it out, see there)
+   and the keys a query position sees. Included by paged_attention.cu and
    paged_prefill_sm90.cu. */
 #ifndef ATTN_PAGED_COMMON_CUH
 #define ATTN_PAGED_COMMON_CUH

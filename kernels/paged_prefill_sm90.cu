@@ -75,8 +75,8 @@
    Not yet (FlashAttention-3 proper): a TMA/producer warpgroup with mbarriers, softmax of
    tile it overlapped with S of tile it + 1 inside a warpgroup, ping-pong named barriers
    between the two warpgroups, setmaxnreg. */
-#include "paged_common.cuh"      /* attn__paged_params, the work item, as paged_attention.cu */
-#include "paged_tile_loader.cuh" /* the row table of the K/V stages */
+#include "paged_common.cuh" /* attn__paged_params, attn_visible_keys, as paged_attention.cu */
+#include "online_softmax.cuh"
 #include "wgmma.cuh"
 
 #if !defined(HEAD_DIM) || !defined(BLOCK_SIZE) || !defined(GROUP) || !defined(DT_Q) || \
@@ -175,12 +175,21 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_paged_prefill
     if (blockDim.x != ATTN_THREADS || attn_dynamic_smem_size() < ATTN_SMEM_BYTES) attn_trap();
     if ((int)blockIdx.x >= *p.num_work) return;
 
-    /* ---- prologue: the work item (paged_common.cuh) ---- */
-    const attn_paged_item w = attn_paged_item_load(p, blockIdx.x, GROUP);
-    if (w.slot >= 0) attn_trap(); /* prefill items are never split: no partial slots here */
-    const int req = w.req, kv_head = w.kv_head, tok0 = w.tok0, causal = w.causal;
-    const int seq_len = w.seq_len, q_start = w.q_start, query_len = w.query_len;
-    const int key0 = w.key0, key1 = w.key1, nrows = w.nrows;
+    /* The work item and (below) the K/V row addresses are written out here rather than
+       taken from attn_paged_item_load / attn_paged_rows (paged_common.cuh,
+       paged_tile_loader.cuh), which compute the same values: at this kernel's 235
+       registers ptxas schedules the helpers' IR into a loop 4-5 % slower (H200, same
+       lease: 355 against 375 TFLOP/s at 1 x 4096 causal; docs/PERF.md, issue 21 bisect),
+       while this form gives the SASS of the kernel before the helpers, instruction for
+       instruction. The producer-fed kernel (issue 22) replaces this one. */
+    const int *item = p.work + 8 * (attn_i64)blockIdx.x;
+    const int req = item[0], kv_head = item[1], tok0 = item[2], ntok = item[3];
+    if (item[6] >= 0) attn_trap(); /* prefill items are never split: no partial slots here */
+    const int causal = item[7] & 1;
+    const int seq_len = p.seq_lens[req];
+    const int q_start = p.query_start_loc[req], query_len = p.query_start_loc[req + 1] - q_start;
+    const int key0 = attn_imax(item[4], 0), key1 = attn_imin(item[5], seq_len);
+    const int nrows = ntok * GROUP;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wg = tid >> 7;                 /* warpgroup: rows 64 wg .. 64 wg + 63 */
@@ -251,11 +260,21 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_paged_prefill
        Thread chunk i: row kv_r0 + i * RPP of the tile, 16-byte column kv_col; RPP is a
        multiple of 8, so the swizzle (row % 8) is the same for every i. */
     const char *kv_base = (const char *)p.kv_cache;
-    const attn_paged_rows<BLOCK_SIZE, HEAD_DIM * ATTN_ESZ, 0> rows(p, req, kv_head, key0, key1); /* paged_tile_loader.cuh */
-    const attn_i64 v_bytes = rows.v_bytes; /* K row -> V row */
+    const attn_i64 tok_stride = (attn_i64)p.num_kv_heads * HEAD_DIM; /* elements */
+    const attn_i64 blk_stride = 2 * (attn_i64)BLOCK_SIZE * tok_stride;
+    const attn_i64 v_bytes = (attn_i64)BLOCK_SIZE * tok_stride * ATTN_ESZ; /* K row -> V row */
+    const attn_i64 head_off = (attn_i64)kv_head * HEAD_DIM;
+    const int *bt = p.block_table + (attn_i64)req * p.block_table_stride;
     const int kv_r0 = tid / ATTN_KV_CPR, kv_col = tid % ATTN_KV_CPR;
     const attn_u32 kv_swz = attn_wgmma_swizzle_offset<KV_TILE>(kv_r0, kv_col);
 
+    auto block_of = [&](int j) -> int { /* physical block of key j, -1 outside [key0, key1) */
+        return j >= key0 && j < key1 ? bt[(unsigned)j / BLOCK_SIZE] : -1;
+    };
+    auto row_offset = [&](int b, int j) -> attn_i64 { /* of key j (absolute) in block b (-1: none) */
+        return b >= 0 ? ((attn_i64)b * blk_stride + (attn_i64)((unsigned)j % BLOCK_SIZE) * tok_stride + head_off) * ATTN_ESZ
+                      : (attn_i64)-1;
+    };
     auto issue = [&](int stage) { /* cp.async of the tile whose rows sBlk[stage] holds */
         const attn_u32 k_dst = sK + (attn_u32)(stage * ATTN_TILE_BYTES) + kv_swz;
         const attn_u32 v_dst = sV + (attn_u32)(stage * ATTN_TILE_BYTES) + kv_swz;
@@ -268,9 +287,12 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_paged_prefill
         }
     };
 
-    int tile0, ntiles;
-    attn_paged_tiles<KV_TILE>(key0, key1, tile0, ntiles);
-    rows.fill<KV_STAGES, KV_TILE, ATTN_THREADS>(sBlk, (int *)0, tile0, tid);
+    const int tile0 = key1 > key0 ? key0 / KV_TILE * KV_TILE : 0;
+    const int ntiles = key1 > key0 ? (key1 - tile0 + KV_TILE - 1) / KV_TILE : 0;
+#pragma unroll
+    for (int s = 0; s < KV_STAGES; s++)
+        for (int r = tid; r < KV_TILE; r += ATTN_THREADS)
+            sBlk[s * KV_TILE + r] = row_offset(block_of(tile0 + s * KV_TILE + r), tile0 + s * KV_TILE + r);
     __syncthreads(); /* sBlk and sBounds */
 #pragma unroll
     for (int s = 0; s < KV_STAGES - 1; s++) {
@@ -304,7 +326,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_paged_prefill
         /* uniform over the warpgroup (its bounds); __all_sync tells ptxas so per warp */
         const int active = __all_sync(0xffffffffu, kt0 + KV_TILE > lo_min && kt0 < hi_max);
         /* block number of row tid of tile it + KV_STAGES, stored to sBlk after compute */
-        const int next_blk = tid < KV_TILE ? rows.block_of(tile0 + (it + KV_STAGES) * KV_TILE + tid) : -1;
+        const int next_blk = tid < KV_TILE ? block_of(tile0 + (it + KV_STAGES) * KV_TILE + tid) : -1;
         /* the copies of tile it + KV_STAGES - 1 into the stage tile it - 1 used (free: the
            barrier above); with LOAD_UNDER_S issued while S's wgmma runs (on both paths, so
            that no branch joins while the accumulators are in flight: ptxas would serialize) */
@@ -389,7 +411,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_paged_prefill
         }
 #endif
         if (it + KV_STAGES < ntiles && tid < KV_TILE) /* sBlk's slot of tile it + KV_STAGES held tile it: issued */
-            sBlk[stage * KV_TILE + tid] = rows.row_offset(next_blk, tile0 + (it + KV_STAGES) * KV_TILE + tid);
+            sBlk[stage * KV_TILE + tid] = row_offset(next_blk, tile0 + (it + KV_STAGES) * KV_TILE + tid);
     }
 
     /* ---- epilogue: O / l in DT_Q to shared memory (over the K/V stages), lse to global,

@@ -1,5 +1,5 @@
-/* paged_tile_loader.cuh - the paged K/V tile loader's addressing, shared by
-   paged_attention.cu (pitched stages) and paged_prefill_sm90.cu (128B-swizzled stages).
+/* paged_tile_loader.cuh - the paged K/V tile loader's addressing of paged_attention.cu's
+   pitched stages (paged_prefill_sm90.cu writes the same arithmetic out: see there why).
 
    A CTA walks tiles of TILE keys aligned to multiples of TILE, from floor(key0 / TILE) *
    TILE to key1 (attn_paged_tiles). For every key row of the STAGES tiles in flight the
