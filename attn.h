@@ -6897,9 +6897,6 @@ static void attn__cuda_leave(attn_context *ctx) {
    of 16 and, swizzled, at most the swizzle span), swizzle 0 (none), 32, 64 or 128 bytes.
    Out-of-range box elements read as zero. Checks what the driver requires and names the
    argument that breaks it; the driver's own refusal comes back with its code. */
-#if defined(__GNUC__) || defined(__clang__)
-__attribute__((unused)) /* until the Hopper kernels' launch paths call it (issue 22); tests/hopper_check.c does */
-#endif
 static attn_status attn__tma_encode(attn_context *ctx, attn__tma_map *map, attn_dtype dt, int rank, const void *base,
                                     const uint64_t *dims, const uint64_t *strides, const uint32_t *box, int swizzle) {
     static const char *const fn = "attn__tma_encode";
@@ -7150,6 +7147,8 @@ typedef struct attn__launch_config {
     int kv_stages;     /* pipeline depth */
     int warps;         /* paged: warps across the head dimension (WARPS_N); MLA: warps */
     int uses_mma;      /* 1: tensor cores (mma.sync / wgmma); 0: the FMA path */
+    int tma_box_rows;  /* kernels that read the cache through a tensor map (the first kernel
+                          parameter, attn_tma_map): the key rows of one box; 0: no map */
 } attn__launch_config;
 
 /* attn_paged_attention, attn_paged_merge_partials (paged_attention.cu) and
@@ -7313,7 +7312,7 @@ typedef struct attn__mla_prefill_params {
    compiler and the device's agree on every offset); a member added or moved must keep
    that, and the sizes here are updated with it. */
 #define ATTN__PARAMS_SIZE(T, n) typedef char T##_size_check[sizeof(T) == (n) ? 1 : -1]
-ATTN__PARAMS_SIZE(attn__launch_config, 32);
+ATTN__PARAMS_SIZE(attn__launch_config, 36);
 ATTN__PARAMS_SIZE(attn__paged_params, 17 * 8 + 7 * 8 + 6 * 4);
 ATTN__PARAMS_SIZE(attn__cache_write_params, 6 * 8 + 5 * 8 + 6 * 4);
 ATTN__PARAMS_SIZE(attn__cache_write_inline_params, 112 + ATTN__INLINE_SLOTS * 8);
@@ -7427,6 +7426,8 @@ typedef struct attn__kernel_role {
     const char *entry[3];                /* main, second, third entry points (NULL: none) */
     const char *config;                  /* the attn__launch_config it exports, or NULL */
     int arch_a;                          /* compiled for sm_XYa (wgmma): that exact device */
+    int tma;                             /* 1: reads the cache through a tensor map (its config's
+                                            tma_box_rows; the platform needs cuda_tma) */
     const char *params;                  /* the struct its entry points take */
 } attn__kernel_role;
 
@@ -7437,25 +7438,26 @@ typedef struct attn__kernel_family {
     attn__kernel_role role[ATTN__ROLE_COUNT];
 } attn__kernel_family;
 
-#define ATTN__PAGED_ROLE(file, entry, arch_a) {file, {entry, NULL, NULL}, "attn_paged_config", arch_a, "attn__paged_params"}
-#define ATTN__CACHE_ROLE {"cache_write.cu", {"attn_reshape_and_cache", "attn_reshape_and_cache_inline", NULL}, NULL, 0, \
+#define ATTN__PAGED_ROLE(file, entry, arch_a, tma) {file, {entry, NULL, NULL}, "attn_paged_config", arch_a, tma, \
+                                               "attn__paged_params"}
+#define ATTN__CACHE_ROLE {"cache_write.cu", {"attn_reshape_and_cache", "attn_reshape_and_cache_inline", NULL}, NULL, 0, 0, \
                           "attn__cache_write_params"}
 #define ATTN__LATENT_ROLE {"cache_write.cu", {"attn_concat_and_cache_mla", "attn_mla_gather", "attn_concat_and_cache_mla_inline"}, \
-                           NULL, 0, "attn__latent_write_params, attn__mla_gather_params"}
-#define ATTN__MLA_DECODE_ROLE(file, arch_a) {file, {"attn_mla_decode", "attn_mla_merge", NULL}, "attn_mla_config", arch_a, \
+                           NULL, 0, 0, "attn__latent_write_params, attn__mla_gather_params"}
+#define ATTN__MLA_DECODE_ROLE(file, arch_a) {file, {"attn_mla_decode", "attn_mla_merge", NULL}, "attn_mla_config", arch_a, 0, \
                                              "attn__mla_decode_params"}
-#define ATTN__MLA_PREFILL_ROLE(file, arch_a) {file, {"attn_mla_prefill", NULL, NULL}, "attn_mha_config", arch_a, \
+#define ATTN__MLA_PREFILL_ROLE(file, arch_a) {file, {"attn_mla_prefill", NULL, NULL}, "attn_mha_config", arch_a, 0, \
                                               "attn__mla_prefill_params"}
-#define ATTN__NO_ROLE {NULL, {NULL, NULL, NULL}, NULL, 0, NULL}
+#define ATTN__NO_ROLE {NULL, {NULL, NULL, NULL}, NULL, 0, 0, NULL}
 static const attn__kernel_family attn__kernel_families[] = {
     {ATTN_BACKEND_CUDA, 80, 0,
-     {ATTN__PAGED_ROLE("paged_attention.cu", "attn_paged_attention", 0),
-      ATTN__PAGED_ROLE("paged_attention.cu", "attn_paged_attention", 0), ATTN__CACHE_ROLE,
-      ATTN__PAGED_ROLE("paged_attention.cu", "attn_paged_attention", 0)}},
+     {ATTN__PAGED_ROLE("paged_attention.cu", "attn_paged_attention", 0, 0),
+      ATTN__PAGED_ROLE("paged_attention.cu", "attn_paged_attention", 0, 0), ATTN__CACHE_ROLE,
+      ATTN__PAGED_ROLE("paged_attention.cu", "attn_paged_attention", 0, 0)}},
     {ATTN_BACKEND_CUDA_SM90, 90, 90,
-     {ATTN__PAGED_ROLE("paged_attention.cu", "attn_paged_attention", 0),
-      ATTN__PAGED_ROLE("paged_prefill_sm90.cu", "attn_paged_prefill_sm90", 1), ATTN__CACHE_ROLE,
-      ATTN__PAGED_ROLE("paged_attention.cu", "attn_paged_attention", 0)}},
+     {ATTN__PAGED_ROLE("paged_attention.cu", "attn_paged_attention", 0, 0),
+      ATTN__PAGED_ROLE("paged_prefill_sm90.cu", "attn_paged_prefill_sm90", 1, 1), ATTN__CACHE_ROLE,
+      ATTN__PAGED_ROLE("paged_attention.cu", "attn_paged_attention", 0, 0)}},
     {ATTN_BACKEND_CUDA_MLA_SM90, 90, 90,
      {ATTN__MLA_DECODE_ROLE("mla_decode_sm90.cu", 1), ATTN__MLA_PREFILL_ROLE("mla_prefill_sm90.cu", 1),
       ATTN__LATENT_ROLE, ATTN__NO_ROLE}},
@@ -7481,6 +7483,7 @@ static const attn__kernel_family *attn__kernel_family_of(attn_backend_id id) {
 /* 0 when the platform's device runs the family's kernels, else the reason. */
 static int attn__kernel_family_refuses(const attn__kernel_family *f, const attn_platform *p, char *reason, size_t size) {
     const int cc = p->cuda_capability_major * 10 + p->cuda_capability_minor;
+    int r;
     if (f->exact_cc && cc != f->exact_cc) {
         attn__fmt(reason, size, "compute capability %d.%d (allowed: %d.%d: its kernels are compiled for sm_%da, "
                   "whose instructions run on that device only)", p->cuda_capability_major, p->cuda_capability_minor,
@@ -7492,6 +7495,12 @@ static int attn__kernel_family_refuses(const attn__kernel_family *f, const attn_
                   p->cuda_capability_major, p->cuda_capability_minor, f->min_cc / 10, f->min_cc % 10);
         return 1;
     }
+    for (r = 0; r < ATTN__ROLE_COUNT; r++)
+        if (f->role[r].tma && !p->cuda_tma) {
+            attn__fmt(reason, size, "its %s reads the cache through TMA, which this platform lacks (%s)",
+                      f->role[r].file, p->cuda_tma_reason);
+            return 1;
+        }
     if (!p->nvrtc_version) {
         attn__fmt(reason, size, "%s", p->nvrtc_reason);
         return 1;
@@ -8158,6 +8167,34 @@ static int attn__cuda_capturing(attn_context *ctx, attn__CUstream stream) {
     return ctx->cuda->cuStreamIsCapturing(stream, &status) != 0 || status != 0;
 }
 
+/* The tensor map a kernel that reads the cache through TMA takes first (its config's
+   tma_box_rows > 0; kernels/paged_prefill_sm90.cu's LAUNCH): 5-D over the whole cache,
+   innermost first {head, kv heads, block rows, K/V, blocks}, box {64 columns, 1 head,
+   box_rows rows, 1, 1}, 128-byte swizzle (wgmma's K-major tiles). Encoded on the host at
+   every forward that launches such a kernel: no device work, nothing allocated; a
+   captured forward keeps the map it was captured with, as it keeps the cache pointer. */
+static attn_status attn__cuda_kv_map(attn_context *ctx, const attn_layer_desc *d, const attn_tensor *kv_cache,
+                                     int box_rows, attn__tma_map *map) {
+    const uint64_t esz = (uint64_t)attn_dtype_size(d->kv_cache_dtype), row = (uint64_t)d->head_size * esz;
+    uint64_t dims[5], strides[4];
+    uint32_t box[5];
+    dims[0] = (uint64_t)d->head_size;
+    dims[1] = (uint64_t)d->num_kv_heads;
+    dims[2] = (uint64_t)d->block_size;
+    dims[3] = 2;
+    dims[4] = (uint64_t)kv_cache->shape[0];
+    strides[0] = row;
+    strides[1] = row * (uint64_t)d->num_kv_heads;
+    strides[2] = strides[1] * (uint64_t)d->block_size;
+    strides[3] = 2 * strides[2];
+    box[0] = (uint32_t)(128 / esz);
+    box[1] = 1;
+    box[2] = (uint32_t)box_rows;
+    box[3] = 1;
+    box[4] = 1;
+    return attn__tma_encode(ctx, map, d->kv_cache_dtype, 5, kv_cache->data, dims, strides, box, 128);
+}
+
 static attn_status attn__cuda_forward(const attn_backend *self, attn_layer *layer, const attn_metadata *meta,
                                       const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
                                       attn_tensor *kv_cache, attn_tensor *out, attn_tensor *lse, void *stream) {
@@ -8168,10 +8205,11 @@ static attn_status attn__cuda_forward(const attn_backend *self, attn_layer *laye
     attn__cuda_driver *cu = ctx->cuda;
     attn__CUstream s = (attn__CUstream)stream;
     attn__paged_params pp;
+    attn__tma_map kv_map;
     attn_tensor qr = attn__tensor_resolved(q), orr = attn__tensor_resolved(out), lr;
     attn__CUresult rc = 0;
     attn_status st;
-    void *args[1];
+    void *args[2];
     int v2, capturing;
     (void)self;
     /* The schedule's tile shapes come from the layer that created the metadata; a layer
@@ -8190,6 +8228,11 @@ static attn_status attn__cuda_forward(const attn_backend *self, attn_layer *laye
     if ((st = attn__cuda_cache_aligned(ctx, "attn_layer_forward", kv_cache)) != ATTN_OK) return st;
     if ((st = attn__cuda_enter_stream(ctx, "attn_layer_forward", stream)) != ATTN_OK) return st;
     capturing = attn__cuda_capturing(ctx, s);
+    if (L->prefill.config.tma_box_rows > 0 && (capturing || cm->host.counts[1] > 0) &&
+        (st = attn__cuda_kv_map(ctx, d, kv_cache, L->prefill.config.tma_box_rows, &kv_map)) != ATTN_OK) {
+        attn__cuda_leave(ctx); /* before anything is written */
+        return st;
+    }
     if (k && v)
         rc = attn__cuda_write_kv(ctx, L, d, k, v, kv_cache, attn__dptr(cm->dev.slot_mapping),
                                  capturing ? attn_metadata_capacity(meta)->max_num_tokens
@@ -8223,7 +8266,6 @@ static attn_status attn__cuda_forward(const attn_backend *self, attn_layer *laye
     pp.softcap = d->logits_soft_cap;
     pp.window = d->sliding_window;
     attn__cuda_kv_scales(d, &pp.k_scale, &pp.v_scale, &pp.k_scale_value, &pp.v_scale_value);
-    args[0] = &pp;
     /* Decode splits merge inside the decode launch (the last split of each entry to
        finish), so a forward runs at most two launches: decode tiles (default or wide shape,
        whichever the build chose), prefill tiles. A captured forward holds all three (the
@@ -8239,6 +8281,11 @@ static attn_status attn__cuda_forward(const attn_backend *self, attn_layer *laye
             if (!m->module || !grid) continue;
             pp.work = attn__dptr(cm->dev.work[launch[v2].list]);
             pp.num_work = attn__dptr(cm->dev.counts + launch[v2].count);
+            args[0] = &pp;
+            if (m->config.tma_box_rows > 0) { /* a kernel fed through TMA takes the cache's map first */
+                args[0] = &kv_map;
+                args[1] = &pp;
+            }
             rc = cu->cuLaunchKernel(m->main, grid, 1, 1, (unsigned)m->config.threads, 1, 1, (unsigned)m->config.shared_bytes, s,
                                     args, NULL);
         }
@@ -8403,12 +8450,12 @@ static const attn_backend attn__cuda_backend = {
     attn__cuda_merge_attn_states
 };
 
-/* CUDA_SM90: the CUDA backend whose layers run their prefill tiles on wgmma
-   (kernels/paged_prefill_sm90.cu, sm_90a); everything else is CUDA's (decode tiles, cache
-   write, schedule, merge, graph support). Its own registry entry so that the selection
-   record says which prefill kernel a layer got and, where it did not get this one, why
-   (H200, causal prefill 32/8 heads, head 128, bf16, through attn_layer_forward: 349-412
-   TFLOP/s against the mma.sync tiles' 284-317; docs/history/BENCHMARKS-sessions-2026-11-29-to-12-02.md, v4). */
+/* CUDA_SM90: the CUDA backend whose layers run their prefill tiles on wgmma fed by a
+   producer warpgroup through TMA (kernels/paged_prefill_sm90.cu, sm_90a; the platform needs
+   cuda_tma); everything else is CUDA's (decode tiles, cache write, schedule, merge, graph
+   support). Its own registry entry so that the selection record says which prefill kernel
+   a layer got and, where it did not get this one, why (the family's refusal names a
+   missing TMA; CUDA's mma.sync tiles take the layer then). Speed: docs/PERF.md, issue 22. */
 static int attn__cuda_sm90_check(const attn_backend *self, const attn_layer_desc *d, const attn_platform *p,
                                  char *reason, size_t size) {
     if (d->head_size != 64 && d->head_size != 128) {
@@ -10156,6 +10203,8 @@ static const char *const attn__kernel_src_attn_params_cuh[] = {
     "    int kv_stages;     /* pipeline depth */\n",
     "    int warps;         /* paged: warps across the head dimension (WARPS_N); MLA: warps */\n",
     "    int uses_mma;      /* 1: tensor cores (mma.sync / wgmma); 0: the FMA path */\n",
+    "    int tma_box_rows;  /* kernels that read the cache through a tensor map (the first kernel\n",
+    "                          parameter, attn_tma_map): the key rows of one box; 0: no map */\n",
     "} attn__launch_config;\n",
     "\n",
     "/* attn_paged_attention, attn_paged_merge_partials (paged_attention.cu) and\n",
@@ -10319,7 +10368,7 @@ static const char *const attn__kernel_src_attn_params_cuh[] = {
     "   compiler and the device's agree on every offset); a member added or moved must keep\n",
     "   that, and the sizes here are updated with it. */\n",
     "#define ATTN__PARAMS_SIZE(T, n) typedef char T##_size_check[sizeof(T) == (n) ? 1 : -1]\n",
-    "ATTN__PARAMS_SIZE(attn__launch_config, 32);\n",
+    "ATTN__PARAMS_SIZE(attn__launch_config, 36);\n",
     "ATTN__PARAMS_SIZE(attn__paged_params, 17 * 8 + 7 * 8 + 6 * 4);\n",
     "ATTN__PARAMS_SIZE(attn__cache_write_params, 6 * 8 + 5 * 8 + 6 * 4);\n",
     "ATTN__PARAMS_SIZE(attn__cache_write_inline_params, 112 + ATTN__INLINE_SLOTS * 8);\n",
@@ -13699,14 +13748,15 @@ static const char *const attn__kernel_src_paged_common_cuh[] = {
     "#endif /* ATTN_PAGED_COMMON_CUH */\n",
     0};
 static const char *const attn__kernel_src_paged_prefill_sm90_cu[] = {
-    "/* paged_prefill_sm90.cu - paged-attention prefill on Hopper warpgroup MMA (wgmma), sm_90a.\n",
+    "/* paged_prefill_sm90.cu - paged-attention prefill on Hopper, sm_90a: warpgroup MMA (wgmma)\n",
+    "   fed by a producer warpgroup through the tensor memory accelerator (TMA) and mbarriers.\n",
     "\n",
     "   The prefill tiles of the CUDA_SM90 backend (attn.h: a layer whose tensors are on a\n",
-    "   device of compute capability 9.0 and whose shape is in the scope below; its decode tiles\n",
-    "   and cache write are the CUDA backend's). Compiled for sm_90a only (wgmma does not exist\n",
-    "   in plain sm_90). Checked on an H200 against the CPU backend by tests/cuda_kernels.c\n",
-    "   --sm90-prefill (every random prefill-shaped case in scope, compute-sanitizer memcheck\n",
-    "   and racecheck clean) and by the CUDA suite through the backend.\n",
+    "   device of compute capability 9.0 with TMA and whose shape is in the scope below; its\n",
+    "   decode tiles and cache write are the CUDA backend's). Compiled for sm_90a only (wgmma\n",
+    "   and setmaxnreg do not exist in plain sm_90). Checked on an H200 against the CPU backend\n",
+    "   by tests/cuda_kernels.c --sm90-prefill (random prefill-shaped cases in scope, under\n",
+    "   compute-sanitizer too) and by the CUDA suite through the backend.\n",
     "\n",
     "   =====================================================================================\n",
     "   WHAT IT COMPUTES\n",
@@ -13716,7 +13766,8 @@ static const char *const attn__kernel_src_paged_prefill_sm90_cu[] = {
     "     - q and cache of one 16-bit type: DT_Q == DT_KV, 1 (f16) or 2 (bf16);\n",
     "     - HEAD_DIM 64 or 128; any GROUP, TILE_TOKENS * GROUP <= 128 rows (padded to 128);\n",
     "       BLOCK_SIZE a multiple of 16;\n",
-    "     - WINDOW 0 or 1 (window from params as there); SOFTCAP and ALIBI 0 (#error else);\n",
+    "     - WINDOW 0 or 1 (window from params as there); no soft cap, no ALiBi (the defines\n",
+    "       SOFTCAP / ALIBI 1 are refused);\n",
     "     - work items that write out/lse: slot -1 (prefill items are never split; a slot >= 0\n",
     "       traps). Causality per work item (flags bit 0), as there.\n",
     "   Query token t of a work item sits at pos = seq_len - query_len + tok0 + t; key j is\n",
@@ -13728,73 +13779,88 @@ static const char *const attn__kernel_src_paged_prefill_sm90_cu[] = {
     "   =====================================================================================\n",
     "   LAUNCH\n",
     "   =====================================================================================\n",
-    "   attn_paged_prefill_sm90: grid (>= *num_work), block 256 (attn_paged_config.threads), dynamic\n",
-    "   shared memory attn_paged_config.shared_bytes (set CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES).\n",
-    "   sm_90a only (compute capability 9.0). One CTA per SM (two warpgroups at up\n",
-    "   to 255 registers fill the register file). CTAs past *num_work exit. The same params and\n",
-    "   work list as attn_paged_attention: the host drives it with the prefill variant's\n",
-    "   schedule (TILE_TOKENS = attn_paged_config.tile_tokens). The config (an extern \"C\"\n",
-    "   __constant__ attn__launch_config named as paged_attention.cu's, so one loader reads both):\n",
-    "   {threads, dynamic shared bytes, KV_TILE, TILE_TOKENS * GROUP, TILE_TOKENS, KV_STAGES, 0, 1}.\n",
+    "   attn_paged_prefill_sm90(const __grid_constant__ attn_tma_map kv_map, const\n",
+    "   attn__paged_params p): grid (>= *num_work), block 384 (attn_paged_config.threads),\n",
+    "   dynamic shared memory attn_paged_config.shared_bytes, one CTA per SM. CTAs past\n",
+    "   *num_work exit. The same params and work list as attn_paged_attention: the host drives\n",
+    "   it with the prefill variant's schedule (TILE_TOKENS = attn_paged_config.tile_tokens).\n",
+    "   kv_map: a tiled tensor map over the whole cache (p.kv_cache), encoded by the host for\n",
+    "   each forward (attn.h, attn__cuda_kv_map): 5-D, innermost first, dims {HEAD_DIM,\n",
+    "   num_kv_heads, BLOCK_SIZE, 2, num_blocks}, byte strides {HEAD_DIM * 2, num_kv_heads *\n",
+    "   HEAD_DIM * 2, BLOCK_SIZE * num_kv_heads * HEAD_DIM * 2, 2 * that}, box {64, 1, BOX_ROWS,\n",
+    "   1, 1}, 128-byte swizzle, zero fill. One box is BOX_ROWS consecutive rows of one block,\n",
+    "   64 columns of one head, K (coordinate 3 = 0) or V (1). BOX_ROWS (exported as\n",
+    "   attn_paged_config.tma_box_rows) is the largest piece that never straddles a block or a\n",
+    "   tile: KV_TILE when BLOCK_SIZE is a multiple of it, BLOCK_SIZE when it divides KV_TILE,\n",
+    "   16 otherwise. The config: {threads, dynamic shared bytes, KV_TILE, TILE_TOKENS * GROUP,\n",
+    "   TILE_TOKENS, KV_STAGES, 0, 1, BOX_ROWS}.\n",
     "\n",
     "   =====================================================================================\n",
-    "   INSIDE A CTA (FlashAttention-3's compute, FlashAttention-2's pipeline)\n",
+    "   INSIDE A CTA (FlashAttention-3's structure: a producer, two consumer warpgroups)\n",
     "   =====================================================================================\n",
-    "   256 threads = two consumer warpgroups, no producer warpgroup. Warpgroup w owns query\n",
-    "   rows 64w .. 64w + 63 of the 128-row tile (row R = token R / GROUP, head member\n",
-    "   R % GROUP; rows >= ntok * GROUP are padding: zero Q, never stored).\n",
+    "   Warpgroup 0 produces (one thread issues the copies; the group gives its registers\n",
+    "   back, setmaxnreg 40); warpgroups 1 and 2 consume query rows 0-63 and 64-127 of the\n",
+    "   128-row tile (setmaxnreg 232; row R = token R / GROUP, head member R % GROUP; rows >=\n",
+    "   ntok * GROUP are padding: zero Q, never stored).\n",
     "   Shared memory (dynamic, base rounded up to 1024 at run time; every tile 1024-aligned):\n",
     "       [Q: 128 rows x HEAD_DIM, 128B-swizzled K-major (wgmma.cuh), HEAD_DIM / 64 panels]\n",
     "       [K: KV_STAGES x (KV_TILE rows x HEAD_DIM, swizzled K-major: the B of S = Q K^T)]\n",
     "       [V: KV_STAGES x (KV_TILE keys x HEAD_DIM, swizzled, read MN-major: the B of P V)]\n",
-    "       [sBlk: KV_STAGES x KV_TILE int64: cache byte offset of each key row in flight]\n",
-    "       [bounds: 8 warps x 4 int: the warps' lo/hi extremes, reduced per warpgroup]\n",
-    "   The epilogue reuses the K/V stages for O in DT_Q, 128 rows x (HEAD_DIM + 8).\n",
-    "   Loader (all 256 threads, as paged_attention.cu's): tiles of KV_TILE keys aligned to\n",
-    "   multiples of KV_TILE from floor(key0 / KV_TILE) * KV_TILE to key1; each thread copies\n",
-    "   fixed 16-byte chunks of K and V with cp.async into stage tile % KV_STAGES at their\n",
-    "   swizzled position; keys outside [key0, key1) are zero-filled (cp.async ignore-src) and\n",
-    "   their block_table entries never read. Q goes with tile 0's group.\n",
-    "   Per tile (one __syncthreads): cp.async wait for the tile, fence.proxy.async (this\n",
-    "   thread's generic-proxy writes, cp.async included, become visible to wgmma's async\n",
-    "   proxy), __syncthreads (everyone's part; the stage about to be refilled is free: both\n",
-    "   warpgroups' wgmma on it completed, wgmma.wait_group 0), then per warpgroup (tile it +\n",
-    "   KV_STAGES - 1 is issued between S's commit and its wait, LOAD_UNDER_S 1, or before S\n",
-    "   with LOAD_UNDER_S 0; by every thread on both branches of the skip), unless none of its 64 rows sees a key of the tile (causal tiles\n",
-    "   above the diagonal, window tiles before it: uniform over the warpgroup, from the\n",
-    "   per-warpgroup bounds):\n",
+    "       [full[KV_STAGES], empty[KV_STAGES]: mbarriers] [bounds: 8 warps x 4 int]\n",
+    "   A stage's panel c holds KV_TILE rows x 128 bytes (columns 64c .. 64c + 63): the layout\n",
+    "   one TMA box per BOX_ROWS rows writes, and the wgmma descriptors read.\n",
+    "     Q: the consumers copy it with cp.async into the swizzled K-major tile, once.\n",
+    "     full[s] (count 1: the producer's arrive_expect_tx, then the copies' bytes) and\n",
+    "     empty[s] (count 8: lane 0 of each consumer warp, after its wgmma on the stage\n",
+    "     completed).\n",
+    "     Producer, tile it (tiles of KV_TILE keys aligned to multiples of KV_TILE from\n",
+    "     floor(key0 / KV_TILE) * KV_TILE to key1): wait empty[s]; for each piece of BOX_ROWS\n",
+    "     keys that holds a key in [key0, key1): its block from block_table, then its K and V\n",
+    "     boxes (2 x HEAD_DIM / 64 copies); the bytes expected are those of the pieces copied.\n",
+    "     Pieces wholly outside are not read (nor their block_table entries).\n",
+    "     Consumers, tile it: wait full[s]. On an edge tile (one holding a key outside [key0,\n",
+    "     key1): rows of pieces not copied keep a stage's old contents, keys past seq_len in a\n",
+    "     copied piece hold whatever the cache holds) the V rows of those keys are zeroed (each\n",
+    "     consumer thread a share), fence.proxy.async, and the 256 consumer threads meet at a\n",
+    "     named barrier before P V; K's rows need nothing (their scores are replaced by -inf).\n",
+    "     Then per warpgroup, unless none of its 64 rows sees a key of the tile (causal tiles\n",
+    "     above the diagonal, window tiles before it: uniform over the warpgroup, from the\n",
+    "     per-warpgroup bounds):\n",
     "       S[64][KV_TILE] = Q K^T     wgmma ss m64nKV_TILEk16, HEAD_DIM / 16 steps, wait 0\n",
-    "       online softmax in f32 registers, base 2 (each thread holds 2 rows; a row's max and\n",
-    "       sum over the 4 lanes q = 0..3 by shuffles; masking only on tiles that cross a\n",
-    "       visible-range edge of some row); O rescaled by 2^(m_old - m_new)\n",
+    "       online softmax in f32 registers, base 2 (online_softmax.cuh; each thread holds 2\n",
+    "       rows, a row's max and sum over its 4 lanes by shuffles; masking only on tiles that\n",
+    "       cross a visible-range edge of some row); O rescaled by 2^(m_old - m_new)\n",
     "       O[64][HEAD_DIM] += P V     P packed to DT_Q from the S accumulator as the register\n",
-    "                                  A operand (attn_wgmma_a_from_acc), wgmma rs\n",
-    "                                  m64nHEAD_DIMk16 tnspB 1, KV_TILE / 16 steps, wait 0\n",
-    "   Epilogue: l summed over the row's 4 lanes; O / l to shared memory in DT_Q, lse (base e)\n",
-    "   straight to global; __syncthreads; 16-byte rows out (element stores when q/out rows are\n",
-    "   not 16-byte aligned).\n",
-    "   Not yet (FlashAttention-3 proper): a TMA/producer warpgroup with mbarriers, softmax of\n",
-    "   tile it overlapped with S of tile it + 1 inside a warpgroup, ping-pong named barriers\n",
-    "   between the two warpgroups, setmaxnreg. */\n",
-    "#include \"paged_common.cuh\" /* attn__paged_params, attn_visible_keys, as paged_attention.cu */\n",
-    "#include \"online_softmax.cuh\"\n",
+    "                                  A operand (attn_wgmma_a_from_acc), wgmma rs, wait 0\n",
+    "     and lane 0 of each warp arrives on empty[s]. The consumers never meet at a CTA-wide\n",
+    "     barrier inside the loop (only on edge tiles, at a named barrier of the 256).\n",
+    "   PINGPONG 1 (tuning, default 0): the consumer warpgroups take turns issuing S (named\n",
+    "   barriers 2 and 3); measured within 1 % of 0 on the H200 (docs/PERF.md).\n",
+    "   Epilogue (the consumers; named barrier 1): l summed over the row's 4 lanes; O / l in\n",
+    "   DT_Q to shared memory over the stages, lse (base e) straight to global; 16-byte rows\n",
+    "   out (element stores when q/out rows are not 16-byte aligned).\n",
+    "   Not yet: softmax of tile it overlapped with S of tile it + 1 inside a warpgroup, P V\n",
+    "   inside the ping-pong turn, persistent CTAs (issue 22). */\n",
+    "#include \"paged_common.cuh\"\n",
+    "#include \"paged_tile_loader.cuh\"\n",
     "#include \"wgmma.cuh\"\n",
+    "#include \"hopper.cuh\"\n",
     "\n",
     "#if !defined(HEAD_DIM) || !defined(BLOCK_SIZE) || !defined(GROUP) || !defined(DT_Q) || \\\n",
     "    !defined(DT_KV) || !defined(TILE_TOKENS)\n",
     "#error \"paged_prefill_sm90.cu: define HEAD_DIM, BLOCK_SIZE, GROUP, DT_Q, DT_KV and TILE_TOKENS\"\n",
     "#endif\n",
-    "#if HEAD_DIM != 64 && HEAD_DIM != 128\n",
-    "#error \"paged_prefill_sm90.cu: HEAD_DIM must be 64 or 128\"\n",
-    "#endif\n",
-    "#if DT_Q != DT_KV || (DT_Q != ATTN_DT_F16 && DT_Q != ATTN_DT_BF16)\n",
-    "#error \"paged_prefill_sm90.cu: q and cache must be one 16-bit type (DT_Q == DT_KV, 1 or 2)\"\n",
-    "#endif\n",
-    "#if BLOCK_SIZE % 16 != 0 || BLOCK_SIZE <= 0\n",
-    "#error \"paged_prefill_sm90.cu: BLOCK_SIZE must be a positive multiple of 16\"\n",
-    "#endif\n",
     "#ifndef WINDOW\n",
     "#define WINDOW 0\n",
+    "#endif\n",
+    "#ifndef KV_TILE\n",
+    "#define KV_TILE 128\n",
+    "#endif\n",
+    "/* PINGPONG 1: the two consumer warpgroups take turns issuing their S = Q K^T (named\n",
+    "   barriers 2 and 3, FlashAttention-3's schedule), so one's softmax runs under the other's\n",
+    "   GEMMs instead of both contending for the tensor cores at once */\n",
+    "#ifndef PINGPONG\n",
+    "#define PINGPONG 0\n",
     "#endif\n",
     "#if defined(SOFTCAP) && SOFTCAP\n",
     "#error \"paged_prefill_sm90.cu: no soft cap (SOFTCAP 1 takes paged_attention.cu)\"\n",
@@ -13802,137 +13868,134 @@ static const char *const attn__kernel_src_paged_prefill_sm90_cu[] = {
     "#if defined(ALIBI) && ALIBI\n",
     "#error \"paged_prefill_sm90.cu: no ALiBi (ALIBI 1 takes paged_attention.cu)\"\n",
     "#endif\n",
-    "#if WINDOW != 0 && WINDOW != 1\n",
-    "#error \"paged_prefill_sm90.cu: WINDOW must be 0 or 1\"\n",
-    "#endif\n",
-    "\n",
-    "#define ATTN_ROWS (TILE_TOKENS * GROUP)\n",
-    "#if TILE_TOKENS < 1 || GROUP < 1 || ATTN_ROWS > 128\n",
-    "#error \"paged_prefill_sm90.cu: need TILE_TOKENS >= 1, GROUP >= 1 and TILE_TOKENS * GROUP <= 128\"\n",
-    "#endif\n",
-    "#define ATTN_ROWS_PAD 128\n",
-    "#define ATTN_THREADS 256\n",
-    "#define ATTN_ESZ 2\n",
-    "\n",
-    "#ifndef KV_TILE\n",
-    "#define KV_TILE 128\n",
-    "#endif\n",
-    "#if KV_TILE != 64 && KV_TILE != 128\n",
-    "#error \"paged_prefill_sm90.cu: KV_TILE must be 64 or 128\"\n",
-    "#endif\n",
-    "\n",
-    "#define ATTN_SQ_BYTES (ATTN_ROWS_PAD * HEAD_DIM * ATTN_ESZ)\n",
-    "#define ATTN_TILE_BYTES (KV_TILE * HEAD_DIM * ATTN_ESZ) /* one K (or V) stage */\n",
-    "#define ATTN_SMEM_LIMIT (227 * 1024)\n",
-    "/* the bytes past the K/V stages: sBlk, bounds, and the slack that aligns the base */\n",
-    "#define ATTN_EXTRA_BYTES(stages) ((stages) * KV_TILE * 8 + 128 + 1024)\n",
     "#ifndef KV_STAGES\n",
-    "#if ATTN_SQ_BYTES + 3 * 2 * ATTN_TILE_BYTES + ATTN_EXTRA_BYTES(3) <= ATTN_SMEM_LIMIT\n",
-    "#define KV_STAGES 3\n",
-    "#else\n",
-    "#define KV_STAGES 2\n",
-    "#endif\n",
-    "#endif\n",
-    "#if KV_STAGES != 2 && KV_STAGES != 3\n",
-    "#error \"paged_prefill_sm90.cu: KV_STAGES must be 2 or 3\"\n",
-    "#endif\n",
-    "#define ATTN_SK_OFF ATTN_SQ_BYTES\n",
-    "#define ATTN_SV_OFF (ATTN_SK_OFF + KV_STAGES * ATTN_TILE_BYTES)\n",
-    "#define ATTN_SBLK_OFF (ATTN_SV_OFF + KV_STAGES * ATTN_TILE_BYTES)\n",
-    "#define ATTN_BOUNDS_OFF (ATTN_SBLK_OFF + KV_STAGES * KV_TILE * 8)\n",
-    "#define ATTN_SMEM_BYTES (ATTN_BOUNDS_OFF + 128 + 1024) /* + the slack that aligns the base */\n",
-    "#if ATTN_SMEM_BYTES > ATTN_SMEM_LIMIT\n",
-    "#error \"paged_prefill_sm90.cu: shared memory over 227 KiB; lower KV_STAGES or KV_TILE\"\n",
-    "#endif\n",
-    "#define ATTN_O_PITCH (HEAD_DIM + 8) /* epilogue rows, elements: conflict-free pair stores */\n",
-    "#if ATTN_ROWS_PAD * ATTN_O_PITCH * ATTN_ESZ > 2 * KV_STAGES * ATTN_TILE_BYTES\n",
-    "#error \"paged_prefill_sm90.cu: the epilogue's O does not fit over the K/V stages\"\n",
+    "#define KV_STAGES 0 /* 0: the traits' choice, 3 where shared memory holds three */\n",
     "#endif\n",
     "\n",
-    "#define ATTN_KV_CPR (HEAD_DIM * ATTN_ESZ / 16)           /* 16-byte chunks per K/V row */\n",
-    "#define ATTN_KV_RPP (ATTN_THREADS / ATTN_KV_CPR)          /* rows per pass of all threads */\n",
-    "#define ATTN_KV_LPT (KV_TILE * ATTN_KV_CPR / ATTN_THREADS) /* chunks per thread per tile */\n",
-    "#if ATTN_KV_RPP % 8 != 0 || KV_TILE % ATTN_KV_RPP != 0\n",
-    "#error \"paged_prefill_sm90.cu: the loader's rows per pass must be whole swizzle atoms\"\n",
-    "#endif\n",
-    "#ifndef LOAD_UNDER_S\n",
-    "#define LOAD_UNDER_S 1 /* the next tile's copies are issued while S's wgmma runs */\n",
-    "#endif\n",
-    "#if LOAD_UNDER_S != 0 && LOAD_UNDER_S != 1\n",
-    "#error \"paged_prefill_sm90.cu: LOAD_UNDER_S must be 0 or 1\"\n",
-    "#endif\n",
-    "#define ATTN_ST (KV_TILE / 2)  /* S accumulator registers per thread (m64nKV_TILE) */\n",
-    "#define ATTN_OT (HEAD_DIM / 2) /* O accumulator registers per thread (m64nHEAD_DIM) */\n",
-    "\n",
-    "typedef typename attn_elem<DT_Q>::storage attn_q_t;\n",
-    "\n",
+    "struct attn_ws_traits {\n",
+    "    static constexpr int head_dim = HEAD_DIM, block_size = BLOCK_SIZE, group = GROUP, kv_tile = KV_TILE;\n",
+    "    static constexpr int rows = TILE_TOKENS * GROUP, rows_pad = 128, esz = 2;\n",
+    "    static constexpr int threads = 384, consumers = 256;\n",
+    "    static constexpr int q_bytes = rows_pad * head_dim * esz;\n",
+    "    static constexpr int tile_bytes = kv_tile * head_dim * esz; /* one K (or V) stage */\n",
+    "    static constexpr int panels = head_dim / 64;\n",
+    "    /* the rows of one TMA box: a piece of a tile that lies in one block */\n",
+    "    static constexpr int box_rows = block_size % kv_tile == 0 ? kv_tile : kv_tile % block_size == 0 ? block_size : 16;\n",
+    "    static constexpr int box_bytes = box_rows * 128;            /* one TMA box: box_rows x 64 columns */\n",
+    "    static constexpr int pieces = kv_tile / box_rows;           /* boxes per tile and panel, per K or V */\n",
+    "    static constexpr int smem_limit = 227 * 1024;\n",
+    "    static constexpr int stages_fit3 = q_bytes + 3 * 2 * tile_bytes + 3 * 16 + 128 + 1024 <= smem_limit;\n",
+    "    static constexpr int kv_stages = KV_STAGES ? KV_STAGES : stages_fit3 ? 3 : 2;\n",
+    "    static constexpr int k_off = q_bytes, v_off = k_off + kv_stages * tile_bytes, bar_off = v_off + kv_stages * tile_bytes;\n",
+    "    static constexpr int smem_bytes = bar_off + 2 * kv_stages * 8 + 128 + 1024; /* barriers, bounds scratch, the slack that aligns the base */\n",
+    "    static constexpr int o_pitch = head_dim + 8;\n",
+    "    static_assert(head_dim == 64 || head_dim == 128, \"paged_prefill_sm90.cu: HEAD_DIM must be 64 or 128\");\n",
+    "    static_assert(DT_Q == DT_KV && (DT_Q == ATTN_DT_F16 || DT_Q == ATTN_DT_BF16),\n",
+    "                  \"paged_prefill_sm90.cu: q and cache must be one 16-bit type\");\n",
+    "    static_assert(block_size % 16 == 0 && block_size > 0, \"paged_prefill_sm90.cu: BLOCK_SIZE a positive multiple of 16\");\n",
+    "    static_assert(kv_stages == 2 || kv_stages == 3, \"paged_prefill_sm90.cu: KV_STAGES must be 2 or 3\");\n",
+    "    static_assert(WINDOW == 0 || WINDOW == 1, \"paged_prefill_sm90.cu: WINDOW must be 0 or 1\");\n",
+    "    static_assert(PINGPONG == 0 || PINGPONG == 1, \"paged_prefill_sm90.cu: PINGPONG must be 0 or 1\");\n",
+    "    static_assert(kv_tile == 64 || kv_tile == 128, \"paged_prefill_sm90.cu: KV_TILE must be 64 or 128\");\n",
+    "    static_assert(TILE_TOKENS >= 1 && GROUP >= 1 && rows <= 128, \"paged_prefill_sm90.cu: TILE_TOKENS * GROUP <= 128\");\n",
+    "    static_assert(smem_bytes <= smem_limit, \"paged_prefill_sm90.cu: shared memory over 227 KiB\");\n",
+    "    static_assert(rows_pad * o_pitch * esz <= 2 * kv_stages * tile_bytes, \"the epilogue's O fits over the stages\");\n",
+    "};\n",
+    "typedef attn_ws_traits WT;\n",
     "\n",
     "extern \"C\" __constant__ attn__launch_config attn_paged_config = {\n",
-    "    ATTN_THREADS, ATTN_SMEM_BYTES, KV_TILE, ATTN_ROWS, TILE_TOKENS, KV_STAGES, 0, 1};\n",
+    "    WT::threads, WT::smem_bytes, WT::kv_tile, WT::rows, TILE_TOKENS, WT::kv_stages, 0, 1, WT::box_rows};\n",
     "\n",
-    "\n",
-    "extern \"C\" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_paged_prefill_sm90(const attn__paged_params p) {\n",
+    "extern \"C\" __global__ void __launch_bounds__(WT::threads, 1)\n",
+    "    attn_paged_prefill_sm90(const __grid_constant__ attn_tma_map kv_map, const attn__paged_params p) {\n",
     "    extern __shared__ attn_vec16 attn_smem[];\n",
-    "    if (blockDim.x != ATTN_THREADS || attn_dynamic_smem_size() < ATTN_SMEM_BYTES) attn_trap();\n",
+    "    if (blockDim.x != WT::threads || attn_dynamic_smem_size() < WT::smem_bytes) attn_trap();\n",
     "    if ((int)blockIdx.x >= *p.num_work) return;\n",
     "\n",
-    "    /* The work item and (below) the K/V row addresses are written out here rather than\n",
-    "       taken from attn_paged_item_load / attn_paged_rows (paged_common.cuh,\n",
-    "       paged_tile_loader.cuh), which compute the same values: at this kernel's 235\n",
-    "       registers ptxas schedules the helpers' IR into a loop 4-5 % slower (H200, same\n",
-    "       lease: 355 against 375 TFLOP/s at 1 x 4096 causal; docs/PERF.md, issue 21 bisect),\n",
-    "       while this form gives the SASS of the kernel before the helpers, instruction for\n",
-    "       instruction. The producer-fed kernel (issue 22) replaces this one. */\n",
-    "    const int *item = p.work + 8 * (attn_i64)blockIdx.x;\n",
-    "    const int req = item[0], kv_head = item[1], tok0 = item[2], ntok = item[3];\n",
-    "    if (item[6] >= 0) attn_trap(); /* prefill items are never split: no partial slots here */\n",
-    "    const int causal = item[7] & 1;\n",
-    "    const int seq_len = p.seq_lens[req];\n",
-    "    const int q_start = p.query_start_loc[req], query_len = p.query_start_loc[req + 1] - q_start;\n",
-    "    const int key0 = attn_imax(item[4], 0), key1 = attn_imin(item[5], seq_len);\n",
-    "    const int nrows = ntok * GROUP;\n",
-    "\n",
+    "    const attn_paged_item w = attn_paged_item_load(p, blockIdx.x, GROUP);\n",
+    "    if (w.slot >= 0) attn_trap(); /* prefill items are never split */\n",
     "    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;\n",
-    "    const int wg = tid >> 7;                 /* warpgroup: rows 64 wg .. 64 wg + 63 */\n",
-    "    const int g = lane >> 2, tq = lane & 3;  /* accumulator row group and lane within it */\n",
     "\n",
-    "    /* the 1024-aligned base; the config's byte count includes the slack */\n",
     "    const attn_u32 smem0 = attn_smem_addr(attn_smem);\n",
     "    const attn_u32 base = (smem0 + 1023u) & ~1023u;\n",
     "    char *const smem = (char *)attn_smem + (base - smem0);\n",
-    "    const attn_u32 sQ = base, sK = base + ATTN_SK_OFF, sV = base + ATTN_SV_OFF;\n",
-    "    attn_i64 *const sBlk = (attn_i64 *)(smem + ATTN_SBLK_OFF); /* [stage][key] */\n",
-    "    int *const sBounds = (int *)(smem + ATTN_BOUNDS_OFF);      /* [warp][4] */\n",
+    "    const attn_u32 sQ = base, sK = base + WT::k_off, sV = base + WT::v_off;\n",
+    "    const attn_u32 full = base + WT::bar_off, empty = full + 8 * WT::kv_stages;\n",
+    "    int tile0, ntiles;\n",
+    "    attn_paged_tiles<KV_TILE>(w.key0, w.key1, tile0, ntiles);\n",
     "\n",
-    "    /* ---- Q rows -> the swizzled K-major tile (cp.async, committed with tile 0) ---- */\n",
-    "    {\n",
-    "        const int cpr = HEAD_DIM * ATTN_ESZ / 16;\n",
-    "        const int vec = attn_aligned16(p.q) && ((p.q_stride_token * ATTN_ESZ) & 15) == 0 &&\n",
-    "                        ((p.q_stride_head * ATTN_ESZ) & 15) == 0;\n",
-    "        for (int c = tid; c < ATTN_ROWS_PAD * cpr; c += ATTN_THREADS) {\n",
+    "    if (tid == 0) {\n",
+    "        for (int s = 0; s < WT::kv_stages; s++) {\n",
+    "            attn_mbar_init(full + 8 * s, 1);\n",
+    "            attn_mbar_init(empty + 8 * s, 8);\n",
+    "        }\n",
+    "        attn_mbar_init_fence();\n",
+    "    }\n",
+    "    __syncthreads(); /* the barriers; the last CTA-wide barrier */\n",
+    "\n",
+    "    if (tid < 128) { /* ---- the producer warpgroup ---- */\n",
+    "        attn_regs_release<40>();\n",
+    "        if (tid == 0) {\n",
+    "            const int *bt = p.block_table + (attn_i64)w.req * p.block_table_stride;\n",
+    "            attn_tma_prefetch_map(&kv_map);\n",
+    "            attn_pipe_state<WT::kv_stages> st = {0, 0u};\n",
+    "            for (int it = 0; it < ntiles; it++, st.advance()) {\n",
+    "                const int kt0 = tile0 + it * KV_TILE;\n",
+    "                int np = 0;\n",
+    "                for (int j = 0; j < WT::pieces; j++) /* pieces holding a key in [key0, key1) */\n",
+    "                    np += kt0 + (j + 1) * WT::box_rows > w.key0 && kt0 + j * WT::box_rows < w.key1;\n",
+    "                attn_mbar_wait(empty + 8 * st.stage, st.phase ^ 1u);\n",
+    "                attn_mbar_arrive_expect_tx(full + 8 * st.stage, (unsigned)(np * 2 * WT::panels * WT::box_bytes));\n",
+    "                for (int j = 0; j < WT::pieces; j++) {\n",
+    "                    const int k = kt0 + j * WT::box_rows;\n",
+    "                    if (!(k + WT::box_rows > w.key0 && k < w.key1)) continue;\n",
+    "                    const int b = bt[(unsigned)k / BLOCK_SIZE], row = (int)((unsigned)k % BLOCK_SIZE);\n",
+    "#pragma unroll\n",
+    "                    for (int c = 0; c < WT::panels; c++) {\n",
+    "                        const attn_u32 off = (attn_u32)(st.stage * WT::tile_bytes + c * KV_TILE * 128 + j * WT::box_bytes);\n",
+    "                        attn_tma_load_5d(sK + off, &kv_map, 64 * c, w.kv_head, row, 0, b, full + 8 * st.stage);\n",
+    "                        attn_tma_load_5d(sV + off, &kv_map, 64 * c, w.kv_head, row, 1, b, full + 8 * st.stage);\n",
+    "                    }\n",
+    "                }\n",
+    "            }\n",
+    "        }\n",
+    "        return;\n",
+    "    }\n",
+    "\n",
+    "    /* ---- the consumer warpgroups ---- */\n",
+    "    attn_regs_acquire<232>();\n",
+    "    const int ctid = tid - 128, wg = ctid >> 7; /* warpgroup 0/1: rows 64 wg .. 64 wg + 63 */\n",
+    "    const int g = lane >> 2, tq = lane & 3;\n",
+    "    const int nrows = w.nrows;\n",
+    "\n",
+    "    {   /* Q rows -> the swizzled K-major tile */\n",
+    "        const int cpr = HEAD_DIM * WT::esz / 16;\n",
+    "        const int vec = attn_aligned16(p.q) && ((p.q_stride_token * WT::esz) & 15) == 0 && ((p.q_stride_head * WT::esz) & 15) == 0;\n",
+    "        for (int c = ctid; c < WT::rows_pad * cpr; c += WT::consumers) {\n",
     "            const int r = c / cpr, col = c - r * cpr, t = r / GROUP;\n",
     "            const int valid = r < nrows;\n",
-    "            const char *src = valid ? (const char *)p.q +\n",
-    "                                          ((attn_i64)(q_start + tok0 + t) * p.q_stride_token +\n",
-    "                                           (attn_i64)(kv_head * GROUP + r - t * GROUP) * p.q_stride_head) * ATTN_ESZ + col * 16\n",
+    "            const char *src = valid ? (const char *)p.q + ((attn_i64)(w.q_start + w.tok0 + t) * p.q_stride_token +\n",
+    "                                                           (attn_i64)(w.kv_head * GROUP + r - t * GROUP) * p.q_stride_head) * WT::esz + col * 16\n",
     "                                    : (const char *)p.q;\n",
-    "            const attn_u32 dst = sQ + attn_wgmma_swizzle_offset<ATTN_ROWS_PAD>(r, col);\n",
+    "            const attn_u32 dst = sQ + attn_wgmma_swizzle_offset<WT::rows_pad>(r, col);\n",
     "            if (vec) {\n",
     "                attn_cp_async16_or_zero(dst, src, !valid);\n",
     "            } else {\n",
     "                attn_u16 h[8];\n",
     "#pragma unroll\n",
     "                for (int i = 0; i < 8; i++) h[i] = valid ? ((const attn_u16 *)src)[i] : (attn_u16)0;\n",
-    "                attn_vec16 v = {h[0] | (attn_u32)h[1] << 16, h[2] | (attn_u32)h[3] << 16,\n",
-    "                                h[4] | (attn_u32)h[5] << 16, h[6] | (attn_u32)h[7] << 16};\n",
+    "                attn_vec16 v = {h[0] | (attn_u32)h[1] << 16, h[2] | (attn_u32)h[3] << 16, h[4] | (attn_u32)h[5] << 16,\n",
+    "                                h[6] | (attn_u32)h[7] << 16};\n",
     "                *(attn_vec16 *)(smem + (dst - base)) = v;\n",
     "            }\n",
     "        }\n",
+    "        attn_cp_async_commit();\n",
+    "        attn_cp_async_wait<0>();\n",
+    "        attn_fence_proxy_async();       /* Q is read by wgmma (the async proxy) */\n",
+    "        attn_named_barrier(1, WT::consumers);\n",
     "    }\n",
     "\n",
-    "    /* ---- this thread's two rows (accumulator rows g and g + 8 of its warp's 16):\n",
-    "       visible keys, and the warpgroup's extremes (the skip must be uniform over the 128\n",
-    "       threads that issue one wgmma) ---- */\n",
+    "    /* this thread's two rows: visible keys; the warpgroup's extremes through shared memory */\n",
     "    const int row0 = 64 * wg + 16 * (warp & 3) + g;\n",
     "    int lo[2], hi[2];\n",
     "    int lo_min = 0x7fffffff, lo_max = (int)0x80000000, hi_min = 0x7fffffff, hi_max = (int)0x80000000;\n",
@@ -13940,9 +14003,9 @@ static const char *const attn__kernel_src_paged_prefill_sm90_cu[] = {
     "    for (int h = 0; h < 2; h++) {\n",
     "        const int R = row0 + 8 * h, t = R / GROUP;\n",
     "        const int valid = R < nrows;\n",
-    "        const int pos = seq_len - query_len + tok0 + t;\n",
+    "        const int pos = w.seq_len - w.query_len + w.tok0 + t;\n",
     "        int a, b;\n",
-    "        attn_visible_keys<WINDOW>(p, causal, pos, seq_len, key0, key1, a, b);\n",
+    "        attn_visible_keys<WINDOW>(p, w.causal, pos, w.seq_len, w.key0, w.key1, a, b);\n",
     "        lo[h] = valid ? a : 0;\n",
     "        hi[h] = valid ? b : 0;\n",
     "        if (valid) {\n",
@@ -13950,113 +14013,59 @@ static const char *const attn__kernel_src_paged_prefill_sm90_cu[] = {
     "            hi_min = attn_imin(hi_min, b); hi_max = attn_imax(hi_max, b);\n",
     "        }\n",
     "    }\n",
-    "    lo_min = attn_warp_imin(lo_min); lo_max = attn_warp_imax(lo_max);\n",
-    "    hi_min = attn_warp_imin(hi_min); hi_max = attn_warp_imax(hi_max);\n",
-    "    if (lane == 0) {\n",
-    "        sBounds[4 * warp + 0] = lo_min; sBounds[4 * warp + 1] = lo_max;\n",
-    "        sBounds[4 * warp + 2] = hi_min; sBounds[4 * warp + 3] = hi_max;\n",
-    "    }\n",
-    "\n",
-    "    /* ---- K/V loader (paged_attention.cu's, into the swizzled layout) ----\n",
-    "       Thread chunk i: row kv_r0 + i * RPP of the tile, 16-byte column kv_col; RPP is a\n",
-    "       multiple of 8, so the swizzle (row % 8) is the same for every i. */\n",
-    "    const char *kv_base = (const char *)p.kv_cache;\n",
-    "    const attn_i64 tok_stride = (attn_i64)p.num_kv_heads * HEAD_DIM; /* elements */\n",
-    "    const attn_i64 blk_stride = 2 * (attn_i64)BLOCK_SIZE * tok_stride;\n",
-    "    const attn_i64 v_bytes = (attn_i64)BLOCK_SIZE * tok_stride * ATTN_ESZ; /* K row -> V row */\n",
-    "    const attn_i64 head_off = (attn_i64)kv_head * HEAD_DIM;\n",
-    "    const int *bt = p.block_table + (attn_i64)req * p.block_table_stride;\n",
-    "    const int kv_r0 = tid / ATTN_KV_CPR, kv_col = tid % ATTN_KV_CPR;\n",
-    "    const attn_u32 kv_swz = attn_wgmma_swizzle_offset<KV_TILE>(kv_r0, kv_col);\n",
-    "\n",
-    "    auto block_of = [&](int j) -> int { /* physical block of key j, -1 outside [key0, key1) */\n",
-    "        return j >= key0 && j < key1 ? bt[(unsigned)j / BLOCK_SIZE] : -1;\n",
-    "    };\n",
-    "    auto row_offset = [&](int b, int j) -> attn_i64 { /* of key j (absolute) in block b (-1: none) */\n",
-    "        return b >= 0 ? ((attn_i64)b * blk_stride + (attn_i64)((unsigned)j % BLOCK_SIZE) * tok_stride + head_off) * ATTN_ESZ\n",
-    "                      : (attn_i64)-1;\n",
-    "    };\n",
-    "    auto issue = [&](int stage) { /* cp.async of the tile whose rows sBlk[stage] holds */\n",
-    "        const attn_u32 k_dst = sK + (attn_u32)(stage * ATTN_TILE_BYTES) + kv_swz;\n",
-    "        const attn_u32 v_dst = sV + (attn_u32)(stage * ATTN_TILE_BYTES) + kv_swz;\n",
-    "#pragma unroll\n",
-    "        for (int i = 0; i < ATTN_KV_LPT; i++) {\n",
-    "            const attn_i64 b = sBlk[stage * KV_TILE + kv_r0 + i * ATTN_KV_RPP];\n",
-    "            const char *src = kv_base + (b >= 0 ? b + kv_col * 16 : 0);\n",
-    "            attn_cp_async16_or_zero(k_dst + i * ATTN_KV_RPP * 128, src, b < 0);\n",
-    "            attn_cp_async16_or_zero(v_dst + i * ATTN_KV_RPP * 128, src + (b >= 0 ? v_bytes : 0), b < 0);\n",
-    "        }\n",
-    "    };\n",
-    "\n",
-    "    const int tile0 = key1 > key0 ? key0 / KV_TILE * KV_TILE : 0;\n",
-    "    const int ntiles = key1 > key0 ? (key1 - tile0 + KV_TILE - 1) / KV_TILE : 0;\n",
-    "#pragma unroll\n",
-    "    for (int s = 0; s < KV_STAGES; s++)\n",
-    "        for (int r = tid; r < KV_TILE; r += ATTN_THREADS)\n",
-    "            sBlk[s * KV_TILE + r] = row_offset(block_of(tile0 + s * KV_TILE + r), tile0 + s * KV_TILE + r);\n",
-    "    __syncthreads(); /* sBlk and sBounds */\n",
-    "#pragma unroll\n",
-    "    for (int s = 0; s < KV_STAGES - 1; s++) {\n",
-    "        if (s < ntiles) issue(s);\n",
-    "        attn_cp_async_commit(); /* one group per tile slot, empty or not: uniform counting */\n",
-    "    }\n",
-    "    {   /* the warpgroup's extremes from its four warps */\n",
-    "        const int *wb = sBounds + 16 * wg;\n",
+    "    {   /* reduced over the warp, then over the warpgroup's 4 warps (a scratch past the\n",
+    "           barriers: 8 consumer warps x 4 ints) */\n",
+    "        int *sb = (int *)(smem + WT::bar_off + 2 * 8 * WT::kv_stages);\n",
+    "        lo_min = attn_warp_imin(lo_min); lo_max = attn_warp_imax(lo_max);\n",
+    "        hi_min = attn_warp_imin(hi_min); hi_max = attn_warp_imax(hi_max);\n",
+    "        const int cw = warp - 4;\n",
+    "        if (lane == 0) { sb[4 * cw] = lo_min; sb[4 * cw + 1] = lo_max; sb[4 * cw + 2] = hi_min; sb[4 * cw + 3] = hi_max; }\n",
+    "        attn_named_barrier(1, WT::consumers);\n",
+    "        const int *wb = sb + 16 * wg;\n",
     "        lo_min = attn_imin(attn_imin(wb[0], wb[4]), attn_imin(wb[8], wb[12]));\n",
     "        lo_max = attn_imax(attn_imax(wb[1], wb[5]), attn_imax(wb[9], wb[13]));\n",
     "        hi_min = attn_imin(attn_imin(wb[2], wb[6]), attn_imin(wb[10], wb[14]));\n",
     "        hi_max = attn_imax(attn_imax(wb[3], wb[7]), attn_imax(wb[11], wb[15]));\n",
     "    }\n",
     "\n",
-    "    /* ---- softmax state of the thread's two rows; O in the accumulator layout\n",
-    "       o[4i + 2h + b] = O[row0 + 8h][8i + 2tq + b] ---- */\n",
     "    float m[2] = {attn_neg_inf(), attn_neg_inf()}, l[2] = {0.0f, 0.0f};\n",
-    "    float o[ATTN_OT];\n",
+    "    float o[HEAD_DIM / 2];\n",
     "#pragma unroll\n",
-    "    for (int i = 0; i < ATTN_OT; i++) o[i] = 0.0f;\n",
+    "    for (int i = 0; i < HEAD_DIM / 2; i++) o[i] = 0.0f;\n",
     "    const float qk_scale = p.scale * ATTN_LOG2E;\n",
-    "    const attn_u32 sQ_wg = sQ + (attn_u32)(wg * 64 * 128); /* row 64 wg of every panel */\n",
+    "    const attn_u32 sQ_wg = sQ + (attn_u32)(wg * 64 * 128);\n",
     "\n",
-    "    for (int it = 0; it < ntiles; it++) {\n",
-    "        attn_cp_async_wait<KV_STAGES - 2>(); /* this thread's part of tile `it` (and Q) landed */\n",
-    "        attn_wgmma_fence_smem_writes();      /* ... and is visible to the async proxy */\n",
-    "        __syncthreads();                      /* everyone's part; stage (it-1) is free again */\n",
-    "        const int stage = it % KV_STAGES;\n",
+    "    attn_pipe_state<WT::kv_stages> st = {0, 0u};\n",
+    "    if (PINGPONG && wg == 1) attn_named_barrier_arrive(2, WT::consumers); /* warpgroup 0 goes first */\n",
+    "    for (int it = 0; it < ntiles; it++, st.advance()) {\n",
     "        const int kt0 = tile0 + it * KV_TILE;\n",
-    "        const attn_u32 sK_st = sK + (attn_u32)(stage * ATTN_TILE_BYTES), sV_st = sV + (attn_u32)(stage * ATTN_TILE_BYTES);\n",
-    "        /* uniform over the warpgroup (its bounds); __all_sync tells ptxas so per warp */\n",
+    "        const attn_u32 sK_st = sK + (attn_u32)(st.stage * WT::tile_bytes), sV_st = sV + (attn_u32)(st.stage * WT::tile_bytes);\n",
+    "        attn_mbar_wait(full + 8 * st.stage, st.phase);\n",
+    "        if (kt0 < w.key0 || kt0 + KV_TILE > w.key1) { /* an edge tile: zero the V rows of keys outside [key0, key1) */\n",
+    "            for (int u = ctid; u < KV_TILE * (HEAD_DIM / 8); u += WT::consumers) {\n",
+    "                const int r = u / (HEAD_DIM / 8), ch = u - r * (HEAD_DIM / 8), k = kt0 + r;\n",
+    "                if (k < w.key0 || k >= w.key1) {\n",
+    "                    const attn_vec16 zero = {0u, 0u, 0u, 0u};\n",
+    "                    *(attn_vec16 *)(smem + (sV_st - base) + attn_wgmma_swizzle_offset<KV_TILE>(r, ch)) = zero;\n",
+    "                }\n",
+    "            }\n",
+    "            attn_fence_proxy_async();\n",
+    "            attn_named_barrier(1, WT::consumers);\n",
+    "        }\n",
     "        const int active = __all_sync(0xffffffffu, kt0 + KV_TILE > lo_min && kt0 < hi_max);\n",
-    "        /* block number of row tid of tile it + KV_STAGES, stored to sBlk after compute */\n",
-    "        const int next_blk = tid < KV_TILE ? block_of(tile0 + (it + KV_STAGES) * KV_TILE + tid) : -1;\n",
-    "        /* the copies of tile it + KV_STAGES - 1 into the stage tile it - 1 used (free: the\n",
-    "           barrier above); with LOAD_UNDER_S issued while S's wgmma runs (on both paths, so\n",
-    "           that no branch joins while the accumulators are in flight: ptxas would serialize) */\n",
-    "        auto issue_next = [&]() {\n",
-    "            if (it + KV_STAGES - 1 < ntiles) issue((it + KV_STAGES - 1) % KV_STAGES);\n",
-    "            attn_cp_async_commit();\n",
-    "        };\n",
-    "#if !LOAD_UNDER_S\n",
-    "        issue_next();\n",
-    "#endif\n",
+    "        if (PINGPONG) attn_named_barrier(2 + wg, WT::consumers); /* my turn (every tile, active or not: the counts pair up) */\n",
     "        if (active) {\n",
     "            const int need_mask = kt0 < lo_max || kt0 + KV_TILE > hi_min;\n",
-    "\n",
-    "            /* ---- S = Q K^T: m64nKV_TILEk16, HEAD_DIM / 16 steps ---- */\n",
-    "            float s[ATTN_ST];\n",
+    "            float s[KV_TILE / 2];\n",
     "            attn_wgmma_fence();\n",
     "#pragma unroll\n",
     "            for (int k = 0; k < HEAD_DIM; k += 16)\n",
-    "                attn_wgmma<KV_TILE, DT_Q>::template ss<0>(s, attn_wgmma_desc_k_major<ATTN_ROWS_PAD>(sQ_wg, k),\n",
+    "                attn_wgmma<KV_TILE, DT_Q>::template ss<0>(s, attn_wgmma_desc_k_major<WT::rows_pad>(sQ_wg, k),\n",
     "                                                          attn_wgmma_desc_k_major<KV_TILE>(sK_st, k), k > 0);\n",
     "            attn_wgmma_commit();\n",
-    "#if LOAD_UNDER_S\n",
-    "            issue_next();\n",
-    "#endif\n",
+    "            if (PINGPONG) attn_named_barrier_arrive(3 - wg, WT::consumers); /* the other's turn */\n",
     "            attn_wgmma_wait<0>();\n",
     "            attn_wgmma_fence_acc(s);\n",
-    "\n",
-    "            /* ---- mask (raw scores; the scale is folded into the exp2 below), row max:\n",
-    "               element 4i + 2h + b is row h, key kt0 + 8i + 2tq + b ---- */\n",
     "            float mx[2] = {attn_neg_inf(), attn_neg_inf()};\n",
     "            int dlo[2], dhi[2];\n",
     "#pragma unroll\n",
@@ -14077,7 +14086,7 @@ static const char *const attn__kernel_src_paged_prefill_sm90_cu[] = {
     "            float base_s[2], sum[2] = {0.0f, 0.0f};\n",
     "#pragma unroll\n",
     "            for (int h = 0; h < 2; h++) {\n",
-    "                float alpha; /* scale > 0: the scaled max is the max of the scaled scores */\n",
+    "                float alpha;\n",
     "                base_s[h] = attn_softmax_rebase(m[h], attn_quad_max(mx[h]) * qk_scale, alpha);\n",
     "                l[h] *= alpha;\n",
     "#pragma unroll\n",
@@ -14091,67 +14100,60 @@ static const char *const attn__kernel_src_paged_prefill_sm90_cu[] = {
     "                    s[4 * i + e] = x;\n",
     "                    sum[e >> 1] += x;\n",
     "                }\n",
-    "            l[0] += sum[0]; /* lane-partial sums; the row's 4 lanes are added in the epilogue */\n",
+    "            l[0] += sum[0];\n",
     "            l[1] += sum[1];\n",
-    "\n",
-    "            /* ---- O += P V: P from the S registers, m64nHEAD_DIMk16, KV_TILE / 16 steps ---- */\n",
     "            attn_u32 a[KV_TILE / 16][4];\n",
     "#pragma unroll\n",
     "            for (int j = 0; j < KV_TILE / 16; j++) attn_wgmma_a_from_acc<DT_Q>(a[j], s, j);\n",
-    "            attn_wgmma_fence(); /* O and the A registers were written by ordinary instructions */\n",
+    "            attn_wgmma_fence();\n",
     "#pragma unroll\n",
     "            for (int j = 0; j < KV_TILE / 16; j++)\n",
     "                attn_wgmma<HEAD_DIM, DT_Q>::template rs<1>(o, a[j], attn_wgmma_desc_mn_major<KV_TILE>(sV_st, 16 * j), 1);\n",
     "            attn_wgmma_commit();\n",
     "            attn_wgmma_wait<0>();\n",
     "            attn_wgmma_fence_acc(o);\n",
+    "        } else if (PINGPONG) {\n",
+    "            attn_named_barrier_arrive(3 - wg, WT::consumers);\n",
     "        }\n",
-    "#if LOAD_UNDER_S\n",
-    "        else {\n",
-    "            issue_next();\n",
-    "        }\n",
-    "#endif\n",
-    "        if (it + KV_STAGES < ntiles && tid < KV_TILE) /* sBlk's slot of tile it + KV_STAGES held tile it: issued */\n",
-    "            sBlk[stage * KV_TILE + tid] = row_offset(next_blk, tile0 + (it + KV_STAGES) * KV_TILE + tid);\n",
+    "        __syncwarp();\n",
+    "        if (lane == 0) attn_mbar_arrive(empty + 8 * st.stage); /* this warp is done with the stage */\n",
     "    }\n",
     "\n",
-    "    /* ---- epilogue: O / l in DT_Q to shared memory (over the K/V stages), lse to global,\n",
-    "       then 16-byte rows out ---- */\n",
-    "    attn_cp_async_wait<0>(); /* nothing may still land in the stages being reused */\n",
-    "    __syncthreads();         /* every warpgroup is done with the K/V stages */\n",
-    "    char *const sO = smem + ATTN_SK_OFF; /* [128][O_PITCH] DT_Q */\n",
+    "    /* ---- epilogue (the consumers): O / l to shared memory over the stages, lse, rows out.\n",
+    "       Every copy landed: each full barrier was waited on. ---- */\n",
+    "    attn_named_barrier(1, WT::consumers); /* both warpgroups are done with the stages */\n",
+    "    char *const sO = smem + WT::k_off;\n",
     "#pragma unroll\n",
     "    for (int h = 0; h < 2; h++) {\n",
     "        const int R = row0 + 8 * h;\n",
     "        const float L = attn_quad_sum(l[h]);\n",
-    "        const float inv = L > 0.0f ? attn_rcp(L) : 0.0f; /* L >= 1 when a key was seen */\n",
-    "        char *orow = sO + (R * ATTN_O_PITCH + 2 * tq) * ATTN_ESZ;\n",
+    "        const float inv = L > 0.0f ? attn_rcp(L) : 0.0f;\n",
+    "        char *orow = sO + (R * WT::o_pitch + 2 * tq) * WT::esz;\n",
     "#pragma unroll\n",
     "        for (int i = 0; i < HEAD_DIM / 8; i++)\n",
-    "            *(attn_u32 *)(orow + 8 * i * ATTN_ESZ) = attn_elem<DT_Q>::pack2(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv);\n",
+    "            *(attn_u32 *)(orow + 8 * i * WT::esz) = attn_elem<DT_Q>::pack2(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv);\n",
     "        if (tq == 0 && R < nrows && p.lse) {\n",
-    "            const int t = R / GROUP, head = kv_head * GROUP + (R - t * GROUP);\n",
-    "            p.lse[(attn_i64)(q_start + tok0 + t) * p.lse_stride_token + head * p.lse_stride_head] =\n",
+    "            const int t = R / GROUP, head = w.kv_head * GROUP + (R - t * GROUP);\n",
+    "            p.lse[(attn_i64)(w.q_start + w.tok0 + t) * p.lse_stride_token + head * p.lse_stride_head] =\n",
     "                attn_softmax_lse2(m[h], L) * ATTN_LN2;\n",
     "        }\n",
     "    }\n",
-    "    __syncthreads();\n",
-    "    const int out_vec = attn_aligned16(p.out) && ((p.out_stride_token * ATTN_ESZ) & 15) == 0 &&\n",
-    "                        ((p.out_stride_head * ATTN_ESZ) & 15) == 0;\n",
-    "    for (int u = tid; u < nrows * ATTN_KV_CPR; u += ATTN_THREADS) {\n",
-    "        const int R = u / ATTN_KV_CPR, c = u - R * ATTN_KV_CPR;\n",
-    "        const int t = R / GROUP, head = kv_head * GROUP + (R - t * GROUP);\n",
-    "        const attn_vec16 v = *(const attn_vec16 *)(sO + (R * ATTN_O_PITCH + c * 8) * ATTN_ESZ);\n",
-    "        char *dst = (char *)p.out + ((attn_i64)(q_start + tok0 + t) * p.out_stride_token +\n",
-    "                                     (attn_i64)head * p.out_stride_head + c * 8) * ATTN_ESZ;\n",
+    "    attn_named_barrier(1, WT::consumers);\n",
+    "    const int cpr = HEAD_DIM * WT::esz / 16;\n",
+    "    const int out_vec = attn_aligned16(p.out) && ((p.out_stride_token * WT::esz) & 15) == 0 && ((p.out_stride_head * WT::esz) & 15) == 0;\n",
+    "    for (int u = ctid; u < nrows * cpr; u += WT::consumers) {\n",
+    "        const int R = u / cpr, c = u - R * cpr;\n",
+    "        const int t = R / GROUP, head = w.kv_head * GROUP + (R - t * GROUP);\n",
+    "        const attn_vec16 v = *(const attn_vec16 *)(sO + (R * WT::o_pitch + c * 8) * WT::esz);\n",
+    "        char *dst = (char *)p.out + ((attn_i64)(w.q_start + w.tok0 + t) * p.out_stride_token + (attn_i64)head * p.out_stride_head + c * 8) * WT::esz;\n",
     "        if (out_vec) {\n",
     "            attn_stg16(dst, v);\n",
     "        } else {\n",
-    "            const attn_u32 w[4] = {v.x, v.y, v.z, v.w};\n",
+    "            const attn_u32 x[4] = {v.x, v.y, v.z, v.w};\n",
     "#pragma unroll\n",
     "            for (int i = 0; i < 4; i++) {\n",
-    "                ((attn_u16 *)dst)[2 * i] = (attn_u16)(w[i] & 0xffffu);\n",
-    "                ((attn_u16 *)dst)[2 * i + 1] = (attn_u16)(w[i] >> 16);\n",
+    "                ((attn_u16 *)dst)[2 * i] = (attn_u16)(x[i] & 0xffffu);\n",
+    "                ((attn_u16 *)dst)[2 * i + 1] = (attn_u16)(x[i] >> 16);\n",
     "            }\n",
     "        }\n",
     "    }\n",

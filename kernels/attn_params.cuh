@@ -36,6 +36,8 @@ typedef struct attn__launch_config {
     int kv_stages;     /* pipeline depth */
     int warps;         /* paged: warps across the head dimension (WARPS_N); MLA: warps */
     int uses_mma;      /* 1: tensor cores (mma.sync / wgmma); 0: the FMA path */
+    int tma_box_rows;  /* kernels that read the cache through a tensor map (the first kernel
+                          parameter, attn_tma_map): the key rows of one box; 0: no map */
 } attn__launch_config;
 
 /* attn_paged_attention, attn_paged_merge_partials (paged_attention.cu) and
@@ -199,7 +201,7 @@ typedef struct attn__mla_prefill_params {
    compiler and the device's agree on every offset); a member added or moved must keep
    that, and the sizes here are updated with it. */
 #define ATTN__PARAMS_SIZE(T, n) typedef char T##_size_check[sizeof(T) == (n) ? 1 : -1]
-ATTN__PARAMS_SIZE(attn__launch_config, 32);
+ATTN__PARAMS_SIZE(attn__launch_config, 36);
 ATTN__PARAMS_SIZE(attn__paged_params, 17 * 8 + 7 * 8 + 6 * 4);
 ATTN__PARAMS_SIZE(attn__cache_write_params, 6 * 8 + 5 * 8 + 6 * 4);
 ATTN__PARAMS_SIZE(attn__cache_write_inline_params, 112 + ATTN__INLINE_SLOTS * 8);

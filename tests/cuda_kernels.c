@@ -104,26 +104,28 @@ typedef struct module_entry {
     char key[320];
     attn__CUfunction main, second; /* the kernel asked for; paged: and attn_paged_merge_partials */
     attn__launch_config config;    /* the one the kernel exports (attn_params.cuh) */
-    int tma;                       /* 1: the kernel takes a tensor map over the cache first (--sm90-ws) */
 } module_entry;
 
-/* --sm90-ws: the tensor map the producer-fed prefill draft reads the cache through (5-D over
-   the whole cache: {head, kv heads, block, K/V, blocks}, box {64, 1, block, 1, 1}, 128B
-   swizzle), encoded for each cache before its launches */
-static attn__tma_map ws_map;
-static int ws_map_encode(attn__CUdeviceptr kv, attn_dtype dt, int num_blocks, int BS, int Hkv, int D) {
+/* The tensor map a kernel that reads the cache through TMA takes first (its config's
+   tma_box_rows > 0: the sm90 prefill): 5-D over the whole cache, {head, kv heads, block, K/V,
+   blocks}, box {64, 1, tma_box_rows, 1, 1}, 128B swizzle, as attn.h's attn__cuda_kv_map;
+   encoded for each cache before its launches */
+static attn__tma_map kv_map;
+static int kv_map_encode(const module_entry *m, attn__CUdeviceptr kv, attn_dtype dt, int num_blocks, int BS, int Hkv,
+                         int D) {
     uint64_t dims[5], strides[4];
-    uint32_t box[5] = {64, 1, (uint32_t)BS, 1, 1};
+    uint32_t box[5] = {64, 1, 0, 1, 1};
+    box[2] = (uint32_t)m->config.tma_box_rows;
     dims[0] = (uint64_t)D; dims[1] = (uint64_t)Hkv; dims[2] = (uint64_t)BS; dims[3] = 2; dims[4] = (uint64_t)num_blocks;
     strides[0] = (uint64_t)D * 2; strides[1] = (uint64_t)Hkv * D * 2; strides[2] = (uint64_t)BS * Hkv * D * 2;
     strides[3] = (uint64_t)2 * BS * Hkv * D * 2;
-    if (attn__tma_encode(context, &ws_map, dt, 5, (const void *)(uintptr_t)kv, dims, strides, box, 128) == ATTN_OK) return 1;
-    printf("  FAIL sm90-ws tensor map: %s\n", attn_context_last_error(context));
+    if (attn__tma_encode(context, &kv_map, dt, 5, (const void *)(uintptr_t)kv, dims, strides, box, 128) == ATTN_OK) return 1;
+    printf("  FAIL tensor map of the cache: %s\n", attn_context_last_error(context)); /* the caller counts it */
     return 0;
 }
-/* the launch arguments of m: the params, after the tensor map for a TMA kernel */
+/* the launch arguments of m: the params, after the cache's tensor map for a TMA kernel */
 static int launch_args(const module_entry *m, void **args, attn__paged_params *p) {
-    if (m->tma) { args[0] = &ws_map; args[1] = p; return 2; }
+    if (m->config.tma_box_rows > 0) { args[0] = &kv_map; args[1] = p; return 2; }
     args[0] = p;
     return 1;
 }
@@ -419,17 +421,6 @@ static draft_kernel sm90_kernel = {"sm90-prefill", "paged_prefill_sm90.cu", 1, 1
                                    "attn_paged_config", NULL};
 static module_entry *sm90_module(const char *defines, int load) { return draft_module(&sm90_kernel, defines, load); }
 
-/* ---- --sm90-ws: kernels/wip/paged_prefill_sm90_ws.cu, the producer-fed draft of the same
-   tiles (TMA + mbarriers, a producer warpgroup, setmaxnreg); same scope, same cases ---- */
-static int sm90_ws;
-static draft_kernel ws_kernel = {"sm90-ws", "kernels/wip/paged_prefill_sm90_ws.cu", 0, 1, "attn_paged_prefill_sm90_ws", NULL,
-                                 "attn_paged_config", NULL};
-static module_entry *ws_module(const char *defines, int load) {
-    module_entry *m = draft_module(&ws_kernel, defines, load);
-    if (m) m->tma = 1;
-    return m;
-}
-
 /* The compile report of --sm90-prefill, GPU or not: the variants the issue names. */
 static void sm90_compile_report(void) {
     static const char *const variants[] = {
@@ -448,7 +439,6 @@ static void sm90_compile_report(void) {
     printf("sm90-prefill: %s for sm_90a (NVRTC %d.%d)\n", sm90_kernel.file, context->nvrtc->major, context->nvrtc->minor);
     for (i = 0; i < sizeof variants / sizeof variants[0]; i++) {
         if (sm90_module(variants[i], 0)) passed++;
-        if (sm90_ws && ws_module(variants[i], 0)) passed++;
     }
 }
 
@@ -462,7 +452,7 @@ static int sm90_in_scope(const attn_case *c) {
 static void run_attention_case(const attn_case *c, int num_reqs, const int *qlens, const int *ctxlens) {
     int H = c->kv_heads * c->group, D = c->head, Hkv = c->kv_heads, BS = c->block, r, i;
     int32_t *qsl = (int32_t *)calloc((size_t)num_reqs + 1, 4), *sl = (int32_t *)calloc((size_t)num_reqs, 4);
-    int max_blocks = 0, total_blocks, T, max_q = 0, max_s = 0, tt, big, sm90 = (sm90_prefill || sm90_ws) && sm90_in_scope(c);
+    int max_blocks = 0, total_blocks, T, max_q = 0, max_s = 0, tt, big, sm90 = sm90_prefill && sm90_in_scope(c);
     int32_t *bt;
     float *alibi = NULL;
     attn_layer_desc d;
@@ -566,7 +556,7 @@ static void run_attention_case(const attn_case *c, int num_reqs, const int *qlen
         snprintf(defs, sizeof defs, "HEAD_DIM=%d BLOCK_SIZE=%d GROUP=%d DT_Q=%d DT_KV=%d TILE_TOKENS=%d WINDOW=%d SOFTCAP=%d ALIBI=%d %s",
                  D, BS, c->group, dcode(c->dq), dcode(c->dkv), tt, c->window > 0, c->softcap > 0, c->alibi, extra_defines);
     {
-        module_entry *m = sm90 ? (sm90_ws ? ws_module(defs, 1) : sm90_module(defs, 1))
+        module_entry *m = sm90 ? sm90_module(defs, 1)
                                : get_module("paged_attention.cu", defs, "attn_paged_attention");
         if (!m) goto free_all; /* the sm_90a kernel did not compile: counted as failed */
         {
@@ -609,7 +599,7 @@ static void run_attention_case(const attn_case *c, int num_reqs, const int *qlen
         p.block_table_stride = max_blocks;
         p.num_kv_heads = Hkv; p.scale = scale; p.softcap = c->softcap; p.window = c->window;
         launch_args(m, args, &p);
-        if (m->tma && !ws_map_encode(d_kv, c->dkv, total_blocks, BS, Hkv, D)) {
+        if (m->config.tma_box_rows > 0 && !kv_map_encode(m, d_kv, c->dkv, total_blocks, BS, Hkv, D)) {
             failed++; /* no launch: the output stays NaN and the comparison below reports it too */
         } else {
             /* one spare CTA past *num_work: it must exit without touching anything */
@@ -687,7 +677,10 @@ static void test_attention(int cases) {
         c.head = heads[rnd_int(0, 7)];
         c.group = groups[rnd_int(0, 5)];
         c.kv_heads = rnd_int(1, c.group >= 8 ? 2 : 3);
-        c.block = rnd_int(0, 2) ? 16 : 32;
+        { /* the sm90 prefill's box shapes: a block per box, 16-row boxes, a tile per box */
+            static const int blocks[] = {16, 16, 16, 32, 32, 48, 64, 256};
+            c.block = blocks[rnd_int(0, 7)];
+        }
         c.causal = rnd_int(0, 4) != 0;
         c.window = rnd_int(0, 4) == 0 ? rnd_int(1, 300) : 0;
         c.softcap = rnd_int(0, 5) == 0 ? rnd_float(5.0f, 50.0f) : 0.0f;
@@ -1085,15 +1078,12 @@ static void bench(const char *extra) {
             snprintf(defs, sizeof defs, "HEAD_DIM=%d BLOCK_SIZE=%d GROUP=%d DT_Q=2 DT_KV=2 TILE_TOKENS=%d %s", D, BS, G, ptt, extra);
             bench_prefill(get_module("paged_attention.cu", defs, "attn_paged_attention"), "", lens[li], ptt, d_q, d_kv, d_out,
                           d_bt, d_po, d_pml, (int)max_blocks);
-            if (sm90_prefill || sm90_ws) { /* the sm_90a kernel on the same shape: 128 rows per CTA */
+            if (sm90_prefill) { /* the sm_90a kernel on the same shape: 128 rows per CTA */
                 module_entry *m;
                 snprintf(defs, sizeof defs, "HEAD_DIM=%d BLOCK_SIZE=%d GROUP=%d DT_Q=2 DT_KV=2 TILE_TOKENS=%d %s", D, BS, G,
                          128 / G, extra);
-                if ((m = sm90_module(defs, 1)) != NULL)
+                if ((m = sm90_module(defs, 1)) != NULL && kv_map_encode(m, d_kv, ATTN_DTYPE_BF16, (int)total_blocks, BS, Hkv, D))
                     bench_prefill(m, "sm90 ", lens[li], 128 / G, d_q, d_kv, d_out, d_bt, d_po, d_pml, (int)max_blocks);
-                if (sm90_ws && (m = ws_module(defs, 1)) != NULL &&
-                    ws_map_encode(d_kv, ATTN_DTYPE_BF16, (int)total_blocks, BS, Hkv, D))
-                    bench_prefill(m, "sm90-ws ", lens[li], 128 / G, d_q, d_kv, d_out, d_bt, d_po, d_pml, (int)max_blocks);
             }
         }
     }
@@ -1532,7 +1522,6 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--prefill-tt") && i + 1 < argc) prefill_tt = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--seed") && i + 1 < argc) rng_state = strtoull(argv[++i], NULL, 0) | 1;
         else if (!strcmp(argv[i], "--sm90-prefill")) sm90_prefill = 1;
-        else if (!strcmp(argv[i], "--sm90-ws")) sm90_prefill = sm90_ws = 1; /* the cases and bench of --sm90-prefill, on the draft */
         else if (!strcmp(argv[i], "--mla")) mla_mode = 1;
         else if (!strcmp(argv[i], "--mla-shape") && i + 1 < argc &&
                  sscanf(argv[++i], "%d,%d,%d,%d,%d", &mla_shape[0], &mla_shape[1], &mla_shape[2], &mla_shape[3],
@@ -1540,7 +1529,7 @@ int main(int argc, char **argv) {
             mla_mode = 1;
         else {
             fprintf(stderr, "usage: cuda_kernels [--cases N] [--seed S] [--bench | --bench-only | --decode-bench | --prefill-bench] [--contiguous] [--defines \"KV_STAGES=3 ...\"]\n"
-                            "                    [--prefill-tt N] [--sm90-prefill] [--sm90-ws] [--mla] [--mla-shape H,B,CTX,SPLITS]\n");
+                            "                    [--prefill-tt N] [--sm90-prefill] [--mla] [--mla-shape H,B,CTX,SPLITS]\n");
             return 2;
         }
     }
@@ -1560,7 +1549,7 @@ int main(int argc, char **argv) {
     if (sm90_prefill && arch != 90) {
         printf("  SKIP sm90-prefill GPU run: the device is sm_%d; sm_90a code runs on compute capability 9.0 only\n", arch);
         skipped++;
-        sm90_prefill = sm90_ws = 0; /* the rest runs as without --sm90-prefill */
+        sm90_prefill = 0; /* the rest runs as without --sm90-prefill */
     }
     if (mla_mode && mla_shape[0] > 0) { /* one decode shape on the wgmma kernel (profilers) */
         double us = 0;

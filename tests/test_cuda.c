@@ -505,7 +505,9 @@ ATTN_TEST(cuda_forward_matches_cpu) {
         memset(&c, 0, sizeof c);
         c.heads = shapes[n % 5][0]; c.kv_heads = shapes[n % 5][1]; c.head = shapes[n % 5][2];
         c.dt = c.kv_dt = n % 3 == 1 ? ATTN_DTYPE_F16 : ATTN_DTYPE_BF16;
-        c.block = n % 4 == 3 ? 32 : 16;
+        /* block sizes that give the TMA prefill each box shape: a block per box (16, 32),
+           16-row boxes (48: neither divides the 128-key tile), a tile per box (256) */
+        c.block = n % 8 == 3 ? 32 : n % 8 == 5 ? 48 : n % 8 == 7 ? 256 : 16;
         c.causal = n % 5 != 4;
         c.window = n % 6 == 2 ? 150 : 0;
         c.lse = n % 2 == 0;

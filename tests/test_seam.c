@@ -658,6 +658,17 @@ ATTN_TEST(seam_loader_injection) {
         EXPECT_TRUE(strstr(p.cuda_tma_reason, "lacks cuTensorMapEncodeTiled") != NULL);
         attn_platform_format(&p, text, sizeof text);
         EXPECT_TRUE(strstr(text, "cuda_tma: no: driver libcuda.so.1 lacks cuTensorMapEncodeTiled") != NULL);
+        if (attn_backend_get(ATTN_BACKEND_CUDA_SM90)) { /* its prefill reads the cache through TMA: skipped, and why */
+            attn_layer_desc d = sm_desc(0);
+            attn_selection sel;
+            d.device = ATTN_DEVICE_CUDA;
+            d.dtype = ATTN_DTYPE_BF16;
+            d.num_heads = 32; d.num_kv_heads = 8; d.head_size = 128; d.block_size = 16;
+            attn_select_backend(ctx, &d, NULL, &sel); /* nothing serves it here: the fake has no NVRTC */
+            EXPECT_TRUE(sm_skipped(&sel, ATTN_BACKEND_CUDA_SM90, "paged_prefill_sm90.cu reads the cache through TMA"));
+            EXPECT_TRUE(sm_skipped(&sel, ATTN_BACKEND_CUDA_SM90, "lacks cuTensorMapEncodeTiled"));
+            EXPECT_TRUE(sm_skipped(&sel, ATTN_BACKEND_CUDA, "libnvrtc")); /* CUDA needs no TMA: its reason is NVRTC */
+        }
         attn_context_destroy(ctx);
     }
 

@@ -174,6 +174,10 @@ static variant manifest_builtin[] = {
     {"paged_prefill_sm90.cu", "HEAD_DIM=128 BLOCK_SIZE=16 GROUP=8 DT_Q=2 DT_KV=2 TILE_TOKENS=16 WINDOW=1", ARCH_90A},
     {"paged_prefill_sm90.cu", "HEAD_DIM=64 BLOCK_SIZE=32 GROUP=3 DT_Q=2 DT_KV=2 TILE_TOKENS=42 WINDOW=1", ARCH_90A},
     {"paged_prefill_sm90.cu", "HEAD_DIM=128 BLOCK_SIZE=32 GROUP=16 DT_Q=1 DT_KV=1 TILE_TOKENS=8", ARCH_90A},
+    /* the TMA box shapes: 16-row boxes (48 divides no 128-key tile), a tile per box (256) */
+    {"paged_prefill_sm90.cu", "HEAD_DIM=128 BLOCK_SIZE=48 GROUP=4 DT_Q=2 DT_KV=2 TILE_TOKENS=32", ARCH_90A},
+    {"paged_prefill_sm90.cu", "HEAD_DIM=64 BLOCK_SIZE=256 GROUP=2 DT_Q=1 DT_KV=1 TILE_TOKENS=64 WINDOW=1", ARCH_90A},
+    {"paged_prefill_sm90.cu", "HEAD_DIM=128 BLOCK_SIZE=16 GROUP=4 DT_Q=2 DT_KV=2 TILE_TOKENS=32 PINGPONG=1", ARCH_90A},
     /* the CUDA_MLA_SM90 backend (sm_90a only): decode with the fused merge (576: pages 64 and
        16, bf16 and f16; 320), the separate merge; the up-projected prefill and its gather */
     {"mla_decode_sm90.cu", "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2 FUSED_MERGE=1", ARCH_90A},
@@ -243,7 +247,8 @@ typedef struct job {
     double ms;
     int num_funcs;
     func_info funcs[MAX_FUNCS];
-    int config[8], has_config; /* attn_paged_config, when the variant exports it */
+    attn__launch_config config; /* attn_paged_config, when the variant exports it (has_config) */
+    int has_config;
     char *log;
 } job;
 
@@ -327,8 +332,8 @@ static void run_job(job *j) {
         unsigned char *cubin = (unsigned char *)malloc(size);
         j->ok = 1;
         if (cubin && nv->nvrtcGetCUBIN(prog, (char *)cubin) == 0) {
-            /* attn_paged_config (an initialised __constant__ int[8]) */
-            j->has_config = attn_tool_cubin_global(cubin, size, "attn_paged_config", j->config,
+            /* attn_paged_config (an initialised __constant__ attn__launch_config) */
+            j->has_config = attn_tool_cubin_global(cubin, size, "attn_paged_config", &j->config,
                                                    sizeof j->config);
             if (save_dir) {
                 char path[1024];
@@ -458,7 +463,7 @@ int main(int argc, char **argv) {
         for (i = 0; i < j->num_funcs; i++) {
             func_info *f = &j->funcs[i];
             int dyn = j->has_config && (!strcmp(f->name, "attn_paged_attention") || !strcmp(f->name, "attn_paged_prefill_sm90"))
-                          ? j->config[1] : 0;
+                          ? j->config.shared_bytes : 0;
             int spill = f->p.spill_st + f->p.spill_ld;
             const char *bad = spill ? "  <- SPILL" : f->p.smem + dyn > smem_limit(j->arch) ? "  <- SMEM" : "";
             if (*bad) failed = 1;

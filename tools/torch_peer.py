@@ -25,8 +25,9 @@ v != qk) on contiguous q/k/v, beside attn.h's attn_mla_forward_mha through attn_
 includes the latent gather and the up-projection GEMMs). TFLOP/s = 2 H L(L+1)/2 (192 + 128).
 And MLA decode through attn_h.py (mla_forward_mqa, latent 576, pages of 64, heads 16 and 128)
 on the decode shapes of attn-bench (PyTorch has no latent-cache decode to set beside it).
+--prefill-only: the standard prefill shapes alone (no decode table, no MLA).
 
-usage: python3 tools/torch_peer.py [--quick] [--csv FILE] [--no-attn-h] [--mla-only]
+usage: python3 tools/torch_peer.py [--quick] [--csv FILE] [--no-attn-h] [--mla-only | --prefill-only]
 """
 import os
 import sys
@@ -257,7 +258,7 @@ def main():
                 f.write("\n".join(csv) + "\n")
         return
 
-    for b in BATCHES:
+    for b in ([] if "--prefill-only" in sys.argv else BATCHES):
         for c in CONTEXTS:
             set_bytes = b * c * HKV * D * 2 * 2
             nsets = max(2, min(64, -(-ROTATE // set_bytes)))
