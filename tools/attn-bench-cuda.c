@@ -95,7 +95,15 @@
     X(cuEventRecord, "cuEventRecord", (void *event, void *stream))                           \
     X(cuEventSynchronize, "cuEventSynchronize", (void *event))                               \
     X(cuEventElapsedTime, "cuEventElapsedTime", (float *ms, void *start, void *end))         \
-    X(cuEventDestroy, "cuEventDestroy_v2", (void *event))
+    X(cuEventDestroy, "cuEventDestroy_v2", (void *event))                                     \
+    X(cuStreamCreate, "cuStreamCreate", (void **stream, unsigned flags))                     \
+    X(cuStreamDestroy, "cuStreamDestroy_v2", (void *stream))                                 \
+    X(cuStreamBeginCapture, "cuStreamBeginCapture_v2", (void *stream, int mode))             \
+    X(cuStreamEndCapture, "cuStreamEndCapture", (void *stream, void **graph))                \
+    X(cuGraphInstantiate, "cuGraphInstantiateWithFlags", (void **exec, void *graph, unsigned long long flags)) \
+    X(cuGraphLaunch, "cuGraphLaunch", (void *exec, void *stream))                            \
+    X(cuGraphExecDestroy, "cuGraphExecDestroy", (void *exec))                                \
+    X(cuGraphDestroy, "cuGraphDestroy", (void *graph))
 
 #define BENCH_NVRTC_FUNCTIONS(X)                                                             \
     X(nvrtcCreateProgram, "nvrtcCreateProgram",                                              \
@@ -182,7 +190,7 @@ static const char *const util_cu_lines[] = {
     NULL};
 
 /* The tool's hold on the device: the driver, the primary context pushed on this thread,
-   the probes of kernels/util.cu, two events, cuBLAS. */
+   the probes of kernels/util.cu, two events, cuBLAS, a stream for CUDA-graph capture. */
 typedef struct {
     bench_driver cu;
     bench_nvrtc nvrtc;
@@ -191,6 +199,7 @@ typedef struct {
     void *primary;
     void *probes, *read_probe, *fill_u32; /* module and its kernels */
     void *e0, *e1;
+    void *stream;                         /* non-blocking: graphs are captured and replayed on it */
 } bench_gpu;
 
 static bench_gpu gpu;
@@ -299,6 +308,7 @@ static int gpu_open(const attn_platform *plat, char *why, size_t size) {
     if (!gpu_load_probes(plat->cuda_capability_major, plat->cuda_capability_minor, why, size)) return 0;
     CU(gpu.cu.cuEventCreate(&gpu.e0, 0));
     CU(gpu.cu.cuEventCreate(&gpu.e1, 0));
+    CU(gpu.cu.cuStreamCreate(&gpu.stream, 1 /* CU_STREAM_NON_BLOCKING */));
     gpu_load_cublas();
     return 1;
 }
@@ -309,10 +319,11 @@ static void gpu_close(void) {
     void *popped = NULL;
     if (gpu.e0) CU(gpu.cu.cuEventDestroy(gpu.e0));
     if (gpu.e1) CU(gpu.cu.cuEventDestroy(gpu.e1));
+    if (gpu.stream) CU(gpu.cu.cuStreamDestroy(gpu.stream));
     if (gpu.probes) CU(gpu.cu.cuModuleUnload(gpu.probes));
     if (gpu.pushed) CU(gpu.cu.cuCtxPopCurrent(&popped));
     if (gpu.primary) CU(gpu.cu.cuDevicePrimaryCtxRelease(gpu.device));
-    gpu.e0 = gpu.e1 = gpu.probes = gpu.primary = NULL;
+    gpu.e0 = gpu.e1 = gpu.probes = gpu.primary = gpu.stream = NULL;
     gpu.pushed = 0;
 }
 
@@ -1108,10 +1119,44 @@ static void cuda_mla_table(attn_context *ctx, cuda_bench *cb, double read_best, 
 
 /* One decode forward of B requests of context C (a query token each) on cb's layer and
    cache, timed over enough metadata sets to read CUDA_ROTATE_BYTES (iter_bytes a forward):
-   the median seconds and the number of sets. (The schedule of a built metadata, work items,
+   the median seconds eagerly and (graph) as CUDA-graph replays, and the number of sets. (The schedule of a built metadata, work items,
    merges and wide tiles, is attn.h's private state: not shown.) */
-typedef struct { double med; int nsets; } cuda_decode_run;
-static cuda_decode_run cuda_decode_time(cuda_bench *cb, int B, int C, size_t iter_bytes) {
+typedef struct { double med, graph; int nsets; } cuda_decode_run;
+
+/* The same forwards as CUDA-graph replays, as engines run decode: one graph per metadata
+   set, captured on gpu.stream (relaxed mode), replayed back to back between two events on
+   that stream; the median seconds per replay (device time: a replay is enqueued in ~2 us,
+   less than any forward here takes). */
+static double cuda_graph_time(cuda_bench *cb, attn_metadata **metas, int nsets, int ntok, int per_group) {
+    int64_t qshape[3];
+    attn_tensor q, out;
+    void **exec = (void **)bench_alloc((size_t)nsets * sizeof(void *));
+    double t[16];
+    int k, g, next = 0;
+    qshape[0] = ntok; qshape[1] = CB_H; qshape[2] = CB_D;
+    q = attn_tensor_make(cb->d_q, ATTN_DTYPE_BF16, 3, qshape);
+    out = attn_tensor_make(cb->d_out, ATTN_DTYPE_BF16, 3, qshape);
+    q.device.kind = out.device.kind = ATTN_DEVICE_CUDA;
+    for (k = 0; k < nsets; k++) {
+        void *graph = NULL;
+        CU(gpu.cu.cuStreamBeginCapture(gpu.stream, 2 /* CU_STREAM_CAPTURE_MODE_RELAXED */));
+        CHECK(cb->ctx, attn_layer_forward(cb->layer, metas[k], &q, NULL, NULL, &cb->kv, &out, NULL, gpu.stream));
+        CU(gpu.cu.cuStreamEndCapture(gpu.stream, &graph));
+        CU(gpu.cu.cuGraphInstantiate(&exec[k], graph, 0));
+        CU(gpu.cu.cuGraphDestroy(graph));
+    }
+    for (k = 0; k < 3; k++) CU(gpu.cu.cuGraphLaunch(exec[next++ % nsets], gpu.stream)); /* warm-up */
+    for (g = 0; g < cb->groups; g++) {
+        CU(gpu.cu.cuEventRecord(gpu.e0, gpu.stream));
+        for (k = 0; k < per_group; k++) CU(gpu.cu.cuGraphLaunch(exec[next++ % nsets], gpu.stream));
+        CU(gpu.cu.cuEventRecord(gpu.e1, gpu.stream));
+        t[g] = (double)gpu_elapsed_ms() * 1e-3 / per_group;
+    }
+    for (k = 0; k < nsets; k++) CU(gpu.cu.cuGraphExecDestroy(exec[k]));
+    free(exec);
+    return median(t, cb->groups);
+}
+static cuda_decode_run cuda_decode_time(cuda_bench *cb, int B, int C, size_t iter_bytes, int graph) {
     cuda_decode_run d;
     int32_t *ql = (int32_t *)bench_alloc((size_t)B * 4), *sl = (int32_t *)bench_alloc((size_t)B * 4);
     attn_metadata **metas;
@@ -1122,6 +1167,7 @@ static cuda_decode_run cuda_decode_time(cuda_bench *cb, int B, int C, size_t ite
     for (r = 0; r < B; r++) { ql[r] = 1; sl[r] = C; }
     metas = cuda_metas(cb, B, ql, sl, d.nsets);
     d.med = cuda_time(cb, metas, d.nsets, B, d.nsets < 20 ? 20 : d.nsets);
+    d.graph = graph ? cuda_graph_time(cb, metas, d.nsets, B, d.nsets < 20 ? 20 : d.nsets) : 0;
     cuda_metas_free(metas, d.nsets);
     free(ql); free(sl);
     return d;
@@ -1180,7 +1226,7 @@ static void cuda_decode_8bit(attn_context *ctx, const cuda_bench *cb16, double r
             for (ci = 1; ci < 3; ci++) {
                 const int B = batches[bi], C = contexts[ci];
                 const size_t iter_bytes = (size_t)B * (size_t)C * CB_HKV * (CB_D + (kinds[k].pth ? 4 : 0)) * 2;
-                const double med = cuda_decode_time(&cb, B, C, iter_bytes).med, gbs = (double)iter_bytes / med / 1e9;
+                const double med = cuda_decode_time(&cb, B, C, iter_bytes, 0).med, gbs = (double)iter_bytes / med / 1e9;
                 bench_row *row;
                 printf("    batch %3d context %5d: %9.1f us median  %7.0f GB/s  %5.1f%% of read  %.2fx bf16 (%.1f us)\n",
                        B, C, med * 1e6, gbs, 100.0 * gbs / read_best, bf16_us[bi][ci] / (med * 1e6), bf16_us[bi][ci]);
@@ -1283,12 +1329,13 @@ static void cuda_backend_table(attn_context *ctx, const attn_platform *plat, int
         for (ci = 0; ci < 3; ci++) {
             const int B = batches[bi], C = contexts[ci];
             const size_t iter_bytes = (size_t)B * (size_t)C * CB_HKV * CB_D * 2 * 2;
-            const cuda_decode_run run = cuda_decode_time(&cb, B, C, iter_bytes);
+            const cuda_decode_run run = cuda_decode_time(&cb, B, C, iter_bytes, 1);
             const double med = run.med, gbs = (double)iter_bytes / med / 1e9;
             bench_row *row;
             bf16_us[bi][ci] = med * 1e6;
-            printf("  batch %3d context %5d: %9.1f us median  %7.0f GB/s  %5.1f%% of read  [%d sets x %.1f MiB]\n", B, C,
-                   med * 1e6, gbs, 100.0 * gbs / read_best, run.nsets, (double)iter_bytes / MIB);
+            printf("  batch %3d context %5d: %9.1f us median  %7.0f GB/s  %5.1f%% of read; graph replay %9.1f us  "
+                   "%7.0f GB/s  [%d sets x %.1f MiB]\n", B, C, med * 1e6, gbs, 100.0 * gbs / read_best, run.graph * 1e6,
+                   (double)iter_bytes / run.graph / 1e9, run.nsets, (double)iter_bytes / MIB);
             fflush(stdout);
             row = row_add();
             snprintf(row->name, sizeof row->name, "decode b=%d ctx=%d", B, C);
@@ -1297,6 +1344,7 @@ static void cuda_backend_table(attn_context *ctx, const attn_platform *plat, int
             row->read_gbs = gbs;
             row->other_cores = -1;
             csv_row("attn.h", "decode", B, C, med * 1e6, gbs, "GB/s");
+            csv_row("attn.h", "decode_graph", B, C, run.graph * 1e6, (double)iter_bytes / run.graph / 1e9, "GB/s");
         }
 
     if (!cuda_mla_only) cuda_decode_8bit(ctx, &cb, read_best, bf16_us);

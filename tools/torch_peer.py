@@ -9,7 +9,9 @@ case). "default" calls SDPA with enable_gqa=True (what a model port writes); "fl
 "cudnn" get the 4 query heads of each KV head folded into the query length, q [B, 8, 4, 128]
 (exact for decode: every query sees every key), because not every backend takes
 enable_gqa. attn_h: the same K/V values' bytes in a paged cache [blocks, 2, 16, 8, 128] with
-shuffled block ids, one metadata per rotation set. GB/s = K+V bytes / time.
+shuffled block ids, one metadata per rotation set. GB/s = K+V bytes / time. Every decode
+row is timed twice: eager calls, and "graph": CUDA-graph replays (one graph per rotation
+set, replayed back to back: device time, as engines run decode).
 
 Prefill: causal, 32 heads, head 128, bf16, batch 4 x 4096 and 1 x 16384; PyTorch gets K/V
 with 8 heads and enable_gqa where the backend takes it, else K/V repeated to 32 heads (same
@@ -60,6 +62,39 @@ def timed(fn, per_group, groups):
     return t[len(t) // 2]
 
 
+def timed_graph(fn, nsets, per_group, groups):
+    """Seconds per CUDA-graph replay of fn: one graph per set i (fn(i) captured once, after
+    a warm-up on a side stream as torch requires), replayed back to back between two
+    events; the median over groups. Device time, as engines run decode."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for i in range(min(nsets, 3)):
+            fn(i)
+    torch.cuda.current_stream().wait_stream(side)
+    graphs = []
+    for i in range(nsets):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn(i)
+        graphs.append(g)
+    torch.cuda.synchronize()
+    for i in range(3):
+        graphs[i % nsets].replay()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t, k = [], 0
+    for _ in range(groups):
+        e0.record()
+        for _ in range(per_group):
+            graphs[k % nsets].replay()
+            k += 1
+        e1.record()
+        e1.synchronize()
+        t.append(e0.elapsed_time(e1) * 1e-3 / per_group)
+    t.sort()
+    return t[len(t) // 2]
+
+
 def read_ceiling():
     x = torch.rand((4 << 30) // 4, dtype=torch.float32, device="cuda")
     best = 0.0
@@ -84,13 +119,16 @@ def sdpa_backend(name):
                          "cudnn": SDPBackend.CUDNN_ATTENTION}[name]])
 
 
-def try_time(label, make_fn, check, per_group, groups, backend="default"):
+def try_time(label, make_fn, check, per_group, groups, backend="default", graph_sets=0):
     """(seconds, None) or (None, why): a backend may refuse a shape. The SDPA backend is
-    forced around the whole timing (its context manager is entered once)."""
+    forced around the whole timing (its context manager is entered once). graph_sets > 0:
+    CUDA-graph replays over that many sets (timed_graph) instead of eager calls."""
     try:
         with sdpa_backend(backend):
             fn = make_fn()
             check(fn(0))
+            if graph_sets:
+                return timed_graph(fn, graph_sets, per_group, groups), None
             return timed(fn, per_group, groups), None
     except Exception as e:  # noqa: BLE001 - any refusal is a result to report
         why = str(e).strip().splitlines()[0][:100] if str(e).strip() else type(e).__name__
@@ -136,12 +174,16 @@ class AttnH:
         return fn, (cache, metas)
 
 
-def add_attn_h(ah, res, label, b, qlens, seqlens, nsets, g, per_group, groups):
-    """Times attn.h through attn_h.py on the case (when it loaded) into res["attn_h"]."""
+def add_attn_h(ah, res, label, b, qlens, seqlens, nsets, g, per_group, groups, graph=False):
+    """Times attn.h through attn_h.py on the case (when it loaded) into res["attn_h"] (and,
+    with graph, its CUDA-graph replays into res["attn_h graph"])."""
     if not ah:
         return
     case = ah.case(b, qlens, seqlens, nsets, g)  # (forward, the cache and metadata it holds)
     res["attn_h"], _ = try_time(f"{label} attn_h", lambda: case[0], lambda out: None, per_group, groups)
+    if graph:
+        res["attn_h graph"], _ = try_time(f"{label} attn_h graph", lambda: case[0], lambda out: None, per_group, groups,
+                                          graph_sets=nsets)
     case = None  # frees the cache before the next case
     torch.cuda.empty_cache()
 
@@ -285,10 +327,12 @@ def main():
                     def mk():
                         return lambda i: F.scaled_dot_product_attention(qf, k[i % nsets], v[i % nsets])
                 res[impl], _ = try_time(f"b{b} c{c} {impl}", mk, check, per_group, groups, impl)
+                res[impl + " graph"], _ = try_time(f"b{b} c{c} {impl} graph", mk, check, per_group, groups, impl,
+                                                   graph_sets=nsets)
             k = v = None  # free before the next case
             torch.cuda.empty_cache()
-            add_attn_h(ah, res, f"b{b} c{c}", b, [1] * b, [c] * b, nsets, g, per_group, groups)
-            report(impls, csv, table, "decode", b, c, set_bytes, res)
+            add_attn_h(ah, res, f"b{b} c{c}", b, [1] * b, [c] * b, nsets, g, per_group, groups, graph=True)
+            report(impls + [i + " graph" for i in impls], csv, table, "decode", b, c, set_bytes, res)
 
     for b, L in PREFILLS:
         flops = b * 4.0 * H * D * L * (L + 1) / 2
@@ -319,12 +363,13 @@ def main():
         add_attn_h(ah, res, f"prefill b{b} L{L}", b, [L] * b, [L] * b, nsets, g, 3, groups)
         report(impls, csv, table, "prefill", b, L, flops, res)
 
-    hdr = " | ".join(impls)
-    print(f"\n| case | {hdr} (µs; GB/s or TFLOP/s) |")
-    print("| --- |" + " ---: |" * len(impls))
+    cols = impls + ([i + " graph" for i in impls] if any(r[0] == "decode" for r in table) else [])
+    hdr = " | ".join(cols)
+    print(f"\n| case | {hdr} (µs; GB/s or TFLOP/s; graph: CUDA-graph replays) |")
+    print("| --- |" + " ---: |" * len(cols))
     for kind, b, c, amount, res in table:
         cells = []
-        for impl in impls:
+        for impl in cols:
             t = res.get(impl)
             if not t:
                 cells.append("--")
