@@ -7945,7 +7945,13 @@ static attn_status attn__cuda_metadata_init(const attn_backend *self, attn_layer
        smaller). A captured forward launches the whole capacity (graph safety), so it
        carries no slack beyond that bound. */
     cm->work_capacity[0] = cap->max_num_reqs * d->num_kv_heads + cm->parallelism;
-    cm->work_capacity[1] = d->num_kv_heads * (cap->max_num_tokens / cm->tile[1] + cap->max_num_reqs);
+    /* prefill tiles come from requests of more than tile[0] query tokens (the others fit a
+       decode tile): at most max_num_tokens / (tile[0] + 1) of them, each ceil(ql / tile[1])
+       tiles, so sum <= max_num_tokens / tile[1] + that count. A decode-only capacity (engines'
+       decode graphs: max_num_tokens = max_num_reqs <= tile[0]) launches no prefill CTA at all;
+       a batch of 64 launches 8 x (2 + 12) empty ones instead of 8 x (2 + 64). */
+    cm->work_capacity[1] = d->num_kv_heads * (cap->max_num_tokens / cm->tile[1] +
+                                              ATTN__MIN(cap->max_num_reqs, cap->max_num_tokens / (cm->tile[0] + 1)));
     cm->merge_capacity = ATTN__MIN(cap->max_num_reqs * d->num_kv_heads, cm->parallelism);
     cm->slot_capacity = cm->parallelism;
     cm->up.bytes = attn__cuda_plan_layout(cm, cap, NULL, &cm->host);
