@@ -324,13 +324,12 @@ extern "C" __global__ void __launch_bounds__(WT::threads, 1)
                                  wgmma ignores it) ptxas serializes every wgmma (C7515) */
 #pragma unroll
         for (int i = 0; i < KV_TILE / 2; i++) s[i] = 0.0f;
-        attn_wgmma_fence_acc(s); /* defined here, not sunk into the branches below */
         /* ---- the turn: S of this tile, then P V of the last active one ---- */
         if (PINGPONG) attn_named_barrier(2 + wg, WT::consumers); /* my turn (every tile: the counts pair up) */
         /* two groups every turn, either possibly empty, so that the waits below are the same
            on every path (a wait in a branch makes ptxas serialize every wgmma, C7520) */
+        attn_wgmma_fence(); /* pv_a and O were written by ordinary instructions */
         if (active) {
-            attn_wgmma_fence(); /* S's registers were written by ordinary instructions */
 #pragma unroll
             for (int k = 0; k < HEAD_DIM; k += 16)
                 attn_wgmma<KV_TILE, DT_Q>::template ss<0>(s, attn_wgmma_desc_k_major<WT::rows_pad>(sQ_wg, k),
@@ -340,7 +339,6 @@ extern "C" __global__ void __launch_bounds__(WT::threads, 1)
         const int pv_pending = __all_sync(0xffffffffu, pv_stage >= 0); /* uniform: ptxas sees no divergence */
         if (pv_pending) {
             const attn_u32 sV_pv = sV + (attn_u32)(pv_stage * WT::tile_bytes);
-            attn_wgmma_fence(); /* O and pv_a were written by ordinary instructions */
 #pragma unroll
             for (int j = 0; j < KV_TILE / 16; j++)
                 attn_wgmma<HEAD_DIM, DT_Q>::template rs<1>(o, pv_a[j], attn_wgmma_desc_mn_major<KV_TILE>(sV_pv, 16 * j), 1);
