@@ -49,8 +49,8 @@
    INSIDE A CTA (FlashAttention-3's structure: a producer, two consumer warpgroups)
    =====================================================================================
    Warpgroup 0 produces (one thread issues the copies; the group gives its registers
-   back, setmaxnreg REGS_PRODUCER, 40); warpgroups 1 and 2 consume query rows 0-63 and
-   64-127 of the 128-row tile (setmaxnreg REGS_CONSUMER, 232; row R = token R / GROUP, head member R % GROUP; rows >=
+   back, setmaxnreg 40); warpgroups 1 and 2 consume query rows 0-63 and 64-127 of the
+   128-row tile (setmaxnreg 232; row R = token R / GROUP, head member R % GROUP; rows >=
    ntok * GROUP are padding: zero Q, never stored).
    Shared memory (dynamic, base rounded up to 1024 at run time; every tile 1024-aligned):
        [Q: 128 rows x HEAD_DIM, 128B-swizzled K-major (wgmma.cuh), HEAD_DIM / 64 panels]
@@ -121,14 +121,6 @@
 #ifndef KV_STAGES
 #define KV_STAGES 0 /* 0: the traits' choice, 3 where shared memory holds three */
 #endif
-/* tuning: the registers per thread setmaxnreg gives the producer warpgroup and takes for
-   each consumer one (128 x producer + 256 x consumer <= 64 K, multiples of 8) */
-#ifndef REGS_PRODUCER
-#define REGS_PRODUCER 40
-#endif
-#ifndef REGS_CONSUMER
-#define REGS_CONSUMER 232
-#endif
 
 struct attn_ws_traits {
     static constexpr int head_dim = HEAD_DIM, block_size = BLOCK_SIZE, group = GROUP, kv_tile = KV_TILE;
@@ -154,9 +146,6 @@ struct attn_ws_traits {
     static_assert(kv_stages == 2 || kv_stages == 3, "paged_prefill_sm90.cu: KV_STAGES must be 2 or 3");
     static_assert(WINDOW == 0 || WINDOW == 1, "paged_prefill_sm90.cu: WINDOW must be 0 or 1");
     static_assert(PINGPONG == 0 || PINGPONG == 1, "paged_prefill_sm90.cu: PINGPONG must be 0 or 1");
-    static_assert(REGS_PRODUCER % 8 == 0 && REGS_CONSUMER % 8 == 0 && REGS_PRODUCER >= 24 && REGS_CONSUMER <= 256 &&
-                      128 * REGS_PRODUCER + 256 * REGS_CONSUMER <= 65536,
-                  "paged_prefill_sm90.cu: REGS_PRODUCER / REGS_CONSUMER: multiples of 8 within the register file");
     static_assert(kv_tile == 64 || kv_tile == 128, "paged_prefill_sm90.cu: KV_TILE must be 64 or 128");
     static_assert(TILE_TOKENS >= 1 && GROUP >= 1 && rows <= 128, "paged_prefill_sm90.cu: TILE_TOKENS * GROUP <= 128");
     static_assert(smem_bytes <= smem_limit, "paged_prefill_sm90.cu: shared memory over 227 KiB");
@@ -195,7 +184,7 @@ extern "C" __global__ void __launch_bounds__(WT::threads, 1)
     __syncthreads(); /* the barriers; the last CTA-wide barrier */
 
     if (tid < 128) { /* ---- the producer warpgroup ---- */
-        attn_regs_release<REGS_PRODUCER>();
+        attn_regs_release<40>();
         if (tid == 0) {
             const int *bt = p.block_table + (attn_i64)w.req * p.block_table_stride;
             attn_tma_prefetch_map(&kv_map);
@@ -224,7 +213,7 @@ extern "C" __global__ void __launch_bounds__(WT::threads, 1)
     }
 
     /* ---- the consumer warpgroups ---- */
-    attn_regs_acquire<REGS_CONSUMER>();
+    attn_regs_acquire<232>();
     const int ctid = tid - 128, wg = ctid >> 7; /* warpgroup 0/1: rows 64 wg .. 64 wg + 63 */
     const int g = lane >> 2, tq = lane & 3;
     const int nrows = w.nrows;
@@ -296,13 +285,7 @@ extern "C" __global__ void __launch_bounds__(WT::threads, 1)
     const float qk_scale = p.scale * ATTN_LOG2E;
     const attn_u32 sQ_wg = sQ + (attn_u32)(wg * 64 * 128);
 
-    /* The loop runs S of tile it and P V of the tile before it as one turn of wgmma
-       (FlashAttention-3's intra-warpgroup overlap): the softmax of tile it runs while that
-       P V is in flight, and a stage goes back to the producer once the P V that read it
-       has completed. pv_*: the P V still to issue (P packed to DT_Q, its stage). */
     attn_pipe_state<WT::kv_stages> st = {0, 0u};
-    attn_u32 pv_a[KV_TILE / 16][4];
-    int pv_stage = -1; /* -1: none pending */
     if (PINGPONG && wg == 1) attn_named_barrier_arrive(2, WT::consumers); /* warpgroup 0 goes first */
     for (int it = 0; it < ntiles; it++, st.advance()) {
         const int kt0 = tile0 + it * KV_TILE;
@@ -320,38 +303,19 @@ extern "C" __global__ void __launch_bounds__(WT::threads, 1)
             attn_named_barrier(1, WT::consumers);
         }
         const int active = __all_sync(0xffffffffu, kt0 + KV_TILE > lo_min && kt0 < hi_max);
-        float s[KV_TILE / 2]; /* defined here, before the turn: left undefined (the first S
-                                 wgmma ignores it) ptxas serializes every wgmma (C7515) */
-#pragma unroll
-        for (int i = 0; i < KV_TILE / 2; i++) s[i] = 0.0f;
-        /* ---- the turn: S of this tile, then P V of the last active one ---- */
-        if (PINGPONG) attn_named_barrier(2 + wg, WT::consumers); /* my turn (every tile: the counts pair up) */
-        /* two groups every turn, either possibly empty, so that the waits below are the same
-           on every path (a wait in a branch makes ptxas serialize every wgmma, C7520) */
-        attn_wgmma_fence(); /* pv_a and O were written by ordinary instructions */
+        if (PINGPONG) attn_named_barrier(2 + wg, WT::consumers); /* my turn (every tile, active or not: the counts pair up) */
         if (active) {
+            const int need_mask = kt0 < lo_max || kt0 + KV_TILE > hi_min;
+            float s[KV_TILE / 2];
+            attn_wgmma_fence();
 #pragma unroll
             for (int k = 0; k < HEAD_DIM; k += 16)
                 attn_wgmma<KV_TILE, DT_Q>::template ss<0>(s, attn_wgmma_desc_k_major<WT::rows_pad>(sQ_wg, k),
                                                           attn_wgmma_desc_k_major<KV_TILE>(sK_st, k), k > 0);
-        }
-        attn_wgmma_commit();
-        const int pv_pending = __all_sync(0xffffffffu, pv_stage >= 0); /* uniform: ptxas sees no divergence */
-        if (pv_pending) {
-            const attn_u32 sV_pv = sV + (attn_u32)(pv_stage * WT::tile_bytes);
-#pragma unroll
-            for (int j = 0; j < KV_TILE / 16; j++)
-                attn_wgmma<HEAD_DIM, DT_Q>::template rs<1>(o, pv_a[j], attn_wgmma_desc_mn_major<KV_TILE>(sV_pv, 16 * j), 1);
-        }
-        attn_wgmma_commit();
-        if (PINGPONG) attn_named_barrier_arrive(3 - wg, WT::consumers); /* the other's turn */
-
-        /* ---- the softmax of this tile, under the P V just issued ---- */
-        float alpha[2] = {1.0f, 1.0f}, sum[2] = {0.0f, 0.0f};
-        attn_wgmma_wait<1>(); /* S done (groups complete in order); P V may run on */
-        attn_wgmma_fence_acc(s);
-        if (active) {
-            const int need_mask = kt0 < lo_max || kt0 + KV_TILE > hi_min;
+            attn_wgmma_commit();
+            if (PINGPONG) attn_named_barrier_arrive(3 - wg, WT::consumers); /* the other's turn */
+            attn_wgmma_wait<0>();
+            attn_wgmma_fence_acc(s);
             float mx[2] = {attn_neg_inf(), attn_neg_inf()};
             int dlo[2], dhi[2];
 #pragma unroll
@@ -369,9 +333,15 @@ extern "C" __global__ void __launch_bounds__(WT::threads, 1)
                     s[4 * i + e] = x;
                     mx[h] = fmaxf(mx[h], x);
                 }
-            float base_s[2];
+            float base_s[2], sum[2] = {0.0f, 0.0f};
 #pragma unroll
-            for (int h = 0; h < 2; h++) base_s[h] = attn_softmax_rebase(m[h], attn_quad_max(mx[h]) * qk_scale, alpha[h]);
+            for (int h = 0; h < 2; h++) {
+                float alpha;
+                base_s[h] = attn_softmax_rebase(m[h], attn_quad_max(mx[h]) * qk_scale, alpha);
+                l[h] *= alpha;
+#pragma unroll
+                for (int i = 0; i < HEAD_DIM / 8; i++) { o[4 * i + 2 * h] *= alpha; o[4 * i + 2 * h + 1] *= alpha; }
+            }
 #pragma unroll
             for (int i = 0; i < KV_TILE / 8; i++)
 #pragma unroll
@@ -380,45 +350,23 @@ extern "C" __global__ void __launch_bounds__(WT::threads, 1)
                     s[4 * i + e] = x;
                     sum[e >> 1] += x;
                 }
+            l[0] += sum[0];
+            l[1] += sum[1];
+            attn_u32 a[KV_TILE / 16][4];
+#pragma unroll
+            for (int j = 0; j < KV_TILE / 16; j++) attn_wgmma_a_from_acc<DT_Q>(a[j], s, j);
+            attn_wgmma_fence();
+#pragma unroll
+            for (int j = 0; j < KV_TILE / 16; j++)
+                attn_wgmma<HEAD_DIM, DT_Q>::template rs<1>(o, a[j], attn_wgmma_desc_mn_major<KV_TILE>(sV_st, 16 * j), 1);
+            attn_wgmma_commit();
+            attn_wgmma_wait<0>();
+            attn_wgmma_fence_acc(o);
+        } else if (PINGPONG) {
+            attn_named_barrier_arrive(3 - wg, WT::consumers);
         }
-        /* ---- the P V issued above has completed: its stage goes back, O takes this tile's rescale ---- */
-        attn_wgmma_wait<0>();
-        attn_wgmma_fence_acc(o);
-#pragma unroll
-        for (int j = 0; j < KV_TILE / 16; j++) attn_wgmma_fence_frag(pv_a[j]); /* read by the P V until here */
-        if (pv_stage >= 0) {
-            __syncwarp();
-            if (lane == 0) attn_mbar_arrive(empty + 8 * pv_stage);
-            pv_stage = -1;
-        }
-        if (active) {
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                l[h] = l[h] * alpha[h] + sum[h];
-#pragma unroll
-                for (int i = 0; i < HEAD_DIM / 8; i++) { o[4 * i + 2 * h] *= alpha[h]; o[4 * i + 2 * h + 1] *= alpha[h]; }
-            }
-#pragma unroll
-            for (int j = 0; j < KV_TILE / 16; j++) attn_wgmma_a_from_acc<DT_Q>(pv_a[j], s, j);
-            pv_stage = st.stage;
-        } else {
-            __syncwarp();
-            if (lane == 0) attn_mbar_arrive(empty + 8 * st.stage); /* nothing of it is read */
-        }
-        /* the rescaled O and the packed P are complete before the next turn's wgmma.fence */
-        attn_wgmma_fence_acc(o);
-#pragma unroll
-        for (int j = 0; j < KV_TILE / 16; j++) attn_wgmma_fence_frag(pv_a[j]);
-    }
-    if (pv_stage >= 0) { /* the last active tile's P V */
-        const attn_u32 sV_pv = sV + (attn_u32)(pv_stage * WT::tile_bytes);
-        attn_wgmma_fence();
-#pragma unroll
-        for (int j = 0; j < KV_TILE / 16; j++)
-            attn_wgmma<HEAD_DIM, DT_Q>::template rs<1>(o, pv_a[j], attn_wgmma_desc_mn_major<KV_TILE>(sV_pv, 16 * j), 1);
-        attn_wgmma_commit();
-        attn_wgmma_wait<0>();
-        attn_wgmma_fence_acc(o);
+        __syncwarp();
+        if (lane == 0) attn_mbar_arrive(empty + 8 * st.stage); /* this warp is done with the stage */
     }
 
     /* ---- epilogue (the consumers): O / l to shared memory over the stages, lse, rows out.
