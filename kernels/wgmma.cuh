@@ -151,6 +151,13 @@ template <int R> ATTN_DEV void attn_wgmma_fence_acc(float (&d)[R]) {
     for (int i = 0; i < R; i++) asm volatile("" : "+f"(d[i]) :: "memory");
 }
 
+/* The same for a register A fragment an rs wgmma reads: its registers stay this value (no
+   other value may take them) until here, after the wait that retires the wgmma. */
+ATTN_DEV void attn_wgmma_fence_frag(attn_u32 (&a)[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) asm volatile("" : "+r"(a[i]) :: "memory");
+}
+
 /* The A fragment of k16 step j of a P . V product from the f32 accumulator of S (N >= 16j
    + 16): the layouts line up (top of file); ET is the 16-bit type P is rounded to (RNE). */
 template <int ET, int R> ATTN_DEV void attn_wgmma_a_from_acc(attn_u32 (&a)[4], const float (&d)[R], int j) {
