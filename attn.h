@@ -1,4 +1,4 @@
-/* attn.h - v0.10.0 - paged attention and MLA for C/C++, portable C and CUDA (NVRTC)
+/* attn.h - v0.11.0 - paged attention and MLA for C/C++, portable C and CUDA (NVRTC)
 
    Do this:
        #define ATTN_IMPLEMENTATION
@@ -306,6 +306,12 @@
               defined once (kernels/attn_params.cuh, embedded into the host part); kernel
               families and the registry are tables; ATTN_NO_CUDA removes the CUDA path
               whole; a backend's cuda_graph level and LSE base are enforced.
+       0.11.0 Hopper pipelines, first kernel (issue 22): CUDA_SM90's prefill tiles are fed
+              by a producer warpgroup through TMA (a tensor map of the cache encoded at each
+              forward; attn_platform.cuda_tma; no TMA: CUDA serves, the record says why),
+              any block size that is a multiple of 16; attn__launch_config gains
+              tma_box_rows. The kernel split of 0.10 no longer costs split decode or the
+              sm90 prefill time (issue 21). A decode-only metadata captures no prefill launch.
 
    LICENSE: MIT, see the end of the file.
 */
@@ -313,9 +319,9 @@
 #define ATTN_H
 
 #define ATTN_VERSION_MAJOR 0
-#define ATTN_VERSION_MINOR 10
+#define ATTN_VERSION_MINOR 11
 #define ATTN_VERSION_PATCH 0
-#define ATTN_VERSION_STRING "0.10.0"
+#define ATTN_VERSION_STRING "0.11.0"
 
 #include <stddef.h>
 #include <stdint.h>
