@@ -13,7 +13,8 @@
    under $CUDA_HOME, $CUDA_PATH and /usr/local/cuda by this tool's loader).
 
    Exit status: 0 all compiled with no spill and within the shared-memory limit of the
-   architecture; 1 a compile error, a spill or too much shared memory; 2 bad flags;
+   architecture; 1 a compile error, a spill, too much shared memory, or wgmma that ptxas
+   serialized (C7515/C7520) or fenced on its own (warpgroup.arrive injected, C7519); 2 bad flags;
    3 libnvrtc cannot be loaded (--probe prints why and exits 3 the same way). */
 #define _POSIX_C_SOURCE 200809L
 #define ATTN_IMPLEMENTATION
@@ -475,6 +476,12 @@ int main(int argc, char **argv) {
         if (j->log && strstr(j->log, "Potential Performance Loss")) { /* C7515: wgmma serialized */
             printf("%-26s %-58s %-6s <- ptxas serialized wgmma (C7515; -v shows the log)\n", v->file, v->defines,
                    arch_name(j->arch));
+            failed = 1;
+        }
+        if (j->log && strstr(j->log, "(C7519)")) { /* warpgroup.arrive injected by ptxas */
+            printf("%-26s %-58s %-6s <- ptxas injected warpgroup.arrive (C7519: a wgmma's registers written between "
+                   "its fence and it; cost the sm90 prefill 10 %%, docs/PERF.md; -v shows where)\n", v->file,
+                   v->defines, arch_name(j->arch));
             failed = 1;
         }
         if (verbose && j->log) printf("%s\n", j->log);
