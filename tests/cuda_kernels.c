@@ -107,19 +107,19 @@ typedef struct module_entry {
 } module_entry;
 
 /* The tensor map a kernel that reads the cache through TMA takes first (its config's
-   tma_box_rows > 0: the sm90 prefill): 5-D over the whole cache, {head, kv heads, block, K/V,
-   blocks}, box {64, 1, tma_box_rows, 1, 1}, 128B swizzle, as attn.h's attn__cuda_kv_map;
-   encoded for each cache before its launches */
+   tma_box_rows > 0: the sm90 prefill), encoded by the library's own attn__cuda_kv_map for a
+   [num_blocks, 2, BS, Hkv, D] cache, before the launches over that cache */
 static attn__tma_map kv_map;
 static int kv_map_encode(const module_entry *m, attn__CUdeviceptr kv, attn_dtype dt, int num_blocks, int BS, int Hkv,
                          int D) {
-    uint64_t dims[5], strides[4];
-    uint32_t box[5] = {64, 1, 0, 1, 1};
-    box[2] = (uint32_t)m->config.tma_box_rows;
-    dims[0] = (uint64_t)D; dims[1] = (uint64_t)Hkv; dims[2] = (uint64_t)BS; dims[3] = 2; dims[4] = (uint64_t)num_blocks;
-    strides[0] = (uint64_t)D * 2; strides[1] = (uint64_t)Hkv * D * 2; strides[2] = (uint64_t)BS * Hkv * D * 2;
-    strides[3] = (uint64_t)2 * BS * Hkv * D * 2;
-    if (attn__tma_encode(context, &kv_map, dt, 5, (const void *)(uintptr_t)kv, dims, strides, box, 128) == ATTN_OK) return 1;
+    attn_layer_desc d;
+    int64_t shape[5];
+    attn_tensor cache;
+    memset(&d, 0, sizeof d);
+    d.head_size = D; d.num_kv_heads = Hkv; d.block_size = BS; d.kv_cache_dtype = dt;
+    shape[0] = num_blocks; shape[1] = 2; shape[2] = BS; shape[3] = Hkv; shape[4] = D;
+    cache = attn_tensor_make((void *)(uintptr_t)kv, dt, 5, shape);
+    if (attn__cuda_kv_map(context, &d, &cache, m->config.tma_box_rows, &kv_map) == ATTN_OK) return 1;
     printf("  FAIL tensor map of the cache: %s\n", attn_context_last_error(context)); /* the caller counts it */
     return 0;
 }

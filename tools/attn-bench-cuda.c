@@ -704,15 +704,16 @@ static void cuda_metas_free(attn_metadata **metas, int nsets) {
 }
 
 /* Median seconds per call of run(arg, i), i = 0, 1, ...: 3 warm-up calls, then groups of
-   per_group back-to-back calls between two CUDA events. */
-static double bench_groups(cuda_bench *cb, void (*run)(void *, int), void *arg, int per_group) {
+   per_group back-to-back calls between two CUDA events recorded on `stream` (the one the
+   calls run on). */
+static double bench_groups(cuda_bench *cb, void (*run)(void *, int), void *arg, int per_group, void *stream) {
     double t[16];
     int g, k, next = 0;
     for (k = 0; k < 3; k++) run(arg, k); /* warm-up */
     for (g = 0; g < cb->groups; g++) {
-        CU(gpu.cu.cuEventRecord(gpu.e0, NULL));
+        CU(gpu.cu.cuEventRecord(gpu.e0, stream));
         for (k = 0; k < per_group; k++) run(arg, next++);
-        CU(gpu.cu.cuEventRecord(gpu.e1, NULL));
+        CU(gpu.cu.cuEventRecord(gpu.e1, stream));
         t[g] = (double)gpu_elapsed_ms() * 1e-3 / per_group;
     }
     return median(t, cb->groups);
@@ -723,27 +724,41 @@ typedef struct {
     attn_metadata **metas;
     int nsets;
     attn_tensor q, out;
+    void *stream;   /* the forward's stream: NULL, or gpu.stream while a graph is captured */
+    void **exec;    /* cuda_graph_time: the graph of each set */
 } cuda_forward_call;
 
-static void cuda_forward_run(void *arg, int i) {
-    cuda_forward_call *c = (cuda_forward_call *)arg;
-    CHECK(c->cb->ctx, attn_layer_forward(c->cb->layer, c->metas[i % c->nsets], &c->q, NULL, NULL, &c->cb->kv, &c->out,
-                                         NULL, NULL));
-}
-
-static double cuda_time(cuda_bench *cb, attn_metadata **metas, int nsets, int ntok, int per_group) {
+/* A forward of ntok query tokens over the sets of metas, on the bench's q/out buffers. */
+static cuda_forward_call cuda_forward_make(cuda_bench *cb, attn_metadata **metas, int nsets, int ntok) {
     int64_t qshape[3];
     cuda_forward_call c;
-    uint16_t *host;
-    double med;
     qshape[0] = ntok; qshape[1] = CB_H; qshape[2] = CB_D;
+    memset(&c, 0, sizeof c);
     c.cb = cb;
     c.metas = metas;
     c.nsets = nsets;
     c.q = attn_tensor_make(cb->d_q, ATTN_DTYPE_BF16, 3, qshape);
     c.out = attn_tensor_make(cb->d_out, ATTN_DTYPE_BF16, 3, qshape);
     c.q.device.kind = c.out.device.kind = ATTN_DEVICE_CUDA;
-    med = bench_groups(cb, cuda_forward_run, &c, per_group);
+    return c;
+}
+
+static void cuda_forward_run(void *arg, int i) {
+    cuda_forward_call *c = (cuda_forward_call *)arg;
+    CHECK(c->cb->ctx, attn_layer_forward(c->cb->layer, c->metas[i % c->nsets], &c->q, NULL, NULL, &c->cb->kv, &c->out,
+                                         NULL, c->stream));
+}
+
+static void cuda_graph_run(void *arg, int i) {
+    cuda_forward_call *c = (cuda_forward_call *)arg;
+    CU(gpu.cu.cuGraphLaunch(c->exec[i % c->nsets], gpu.stream));
+}
+
+static double cuda_time(cuda_bench *cb, attn_metadata **metas, int nsets, int ntok, int per_group) {
+    cuda_forward_call c = cuda_forward_make(cb, metas, nsets, ntok);
+    uint16_t *host;
+    double med;
+    med = bench_groups(cb, cuda_forward_run, &c, per_group, NULL);
     host = (uint16_t *)bench_alloc((size_t)ntok * CB_H * CB_D * 2);
     CHECK(cb->ctx, attn_cuda_memcpy(cb->ctx, host, cb->d_out, (size_t)ntok * CB_H * CB_D * 2,
                                     ATTN_COPY_DEVICE_TO_HOST, NULL));
@@ -990,7 +1005,7 @@ static void cuda_mla_table(attn_context *ctx, cuda_bench *cb, double read_best, 
                 double med, gbs, tf;
                 memset(&info, 0, sizeof info);
                 mla_decode_case(ctx, &c, ids, pool_blocks, B, C, H, iter_bytes, d_q, d_qpe, d_out);
-                med = bench_groups(cb, mla_call_run, &c, c.nsets < 20 ? 20 : c.nsets);
+                med = bench_groups(cb, mla_call_run, &c, c.nsets < 20 ? 20 : c.nsets, NULL);
                 bf16_us[hi][bi][ci] = med * 1e6;
                 gbs = (double)iter_bytes / med / 1e9;
                 tf = flops / med / 1e12;
@@ -1017,7 +1032,7 @@ static void cuda_mla_table(attn_context *ctx, cuda_bench *cb, double read_best, 
                     c.kind = 1;
                     c.q = mla_dev_tensor(d_q, 3, B, H, MB_N);
                     c.out = mla_dev_tensor(d_out, 3, B, H, MB_V);
-                    mf = bench_groups(cb, mla_call_run, &c, 20);
+                    mf = bench_groups(cb, mla_call_run, &c, 20, NULL);
                     printf("  batch %3d context %5d: %9.1f us through attn_mla_forward (q_nope . W_UK, decode, . W_UV: "
                            "%.1f us around the decode)\n", B, C, mf * 1e6, (mf - med) * 1e6);
                     row = row_add();
@@ -1049,7 +1064,7 @@ static void cuda_mla_table(attn_context *ctx, cuda_bench *cb, double read_best, 
                 c.kind = 2;
                 c.q = mla_dev_tensor(d_q, 3, L, H, MB_N + MB_P);
                 c.out = mla_dev_tensor(d_out, 3, L, H, MB_V);
-                med = bench_groups(cb, mla_call_run, &c, 4);
+                med = bench_groups(cb, mla_call_run, &c, 4, NULL);
                 tf = flops / med / 1e12;
                 CHECK(ctx, attn_metadata_mla_info(c.metas[0], &info));
                 printf("MLA prefill: 128 heads, 1 x %d causal, qk 192 / v 128, forward_mha with workspace %s (chunks of "
@@ -1091,7 +1106,7 @@ static void cuda_mla_table(attn_context *ctx, cuda_bench *cb, double read_best, 
                 const size_t iter_bytes = (size_t)B * (size_t)C * MB_D;
                 double med;
                 mla_decode_case(ctx, &c, ids, pool_blocks, B, C, H, iter_bytes, d_q, d_qpe, d_out);
-                med = bench_groups(cb, mla_call_run, &c, c.nsets < 20 ? 20 : c.nsets);
+                med = bench_groups(cb, mla_call_run, &c, c.nsets < 20 ? 20 : c.nsets, NULL);
                 printf("  batch %3d context %5d: %9.1f us  %7.0f GB/s (%5.1f%% of read)  %.2fx the bf16 latent (%.1f us)\n", B,
                        C, med * 1e6, (double)iter_bytes / med / 1e9, 100.0 * (double)iter_bytes / med / 1e9 / read_best,
                        bf16_us[hi][bi][ci] / (med * 1e6), bf16_us[hi][bi][ci]);
@@ -1128,33 +1143,23 @@ typedef struct { double med, graph; int nsets; } cuda_decode_run;
    that stream; the median seconds per replay (device time: a replay is enqueued in ~2 us,
    less than any forward here takes). */
 static double cuda_graph_time(cuda_bench *cb, attn_metadata **metas, int nsets, int ntok, int per_group) {
-    int64_t qshape[3];
-    attn_tensor q, out;
-    void **exec = (void **)bench_alloc((size_t)nsets * sizeof(void *));
-    double t[16];
-    int k, g, next = 0;
-    qshape[0] = ntok; qshape[1] = CB_H; qshape[2] = CB_D;
-    q = attn_tensor_make(cb->d_q, ATTN_DTYPE_BF16, 3, qshape);
-    out = attn_tensor_make(cb->d_out, ATTN_DTYPE_BF16, 3, qshape);
-    q.device.kind = out.device.kind = ATTN_DEVICE_CUDA;
+    cuda_forward_call c = cuda_forward_make(cb, metas, nsets, ntok);
+    double med;
+    int k;
+    c.exec = (void **)bench_alloc((size_t)nsets * sizeof(void *));
+    c.stream = gpu.stream;
     for (k = 0; k < nsets; k++) {
         void *graph = NULL;
         CU(gpu.cu.cuStreamBeginCapture(gpu.stream, 2 /* CU_STREAM_CAPTURE_MODE_RELAXED */));
-        CHECK(cb->ctx, attn_layer_forward(cb->layer, metas[k], &q, NULL, NULL, &cb->kv, &out, NULL, gpu.stream));
+        cuda_forward_run(&c, k);
         CU(gpu.cu.cuStreamEndCapture(gpu.stream, &graph));
-        CU(gpu.cu.cuGraphInstantiate(&exec[k], graph, 0));
+        CU(gpu.cu.cuGraphInstantiate(&c.exec[k], graph, 0));
         CU(gpu.cu.cuGraphDestroy(graph));
     }
-    for (k = 0; k < 3; k++) CU(gpu.cu.cuGraphLaunch(exec[next++ % nsets], gpu.stream)); /* warm-up */
-    for (g = 0; g < cb->groups; g++) {
-        CU(gpu.cu.cuEventRecord(gpu.e0, gpu.stream));
-        for (k = 0; k < per_group; k++) CU(gpu.cu.cuGraphLaunch(exec[next++ % nsets], gpu.stream));
-        CU(gpu.cu.cuEventRecord(gpu.e1, gpu.stream));
-        t[g] = (double)gpu_elapsed_ms() * 1e-3 / per_group;
-    }
-    for (k = 0; k < nsets; k++) CU(gpu.cu.cuGraphExecDestroy(exec[k]));
-    free(exec);
-    return median(t, cb->groups);
+    med = bench_groups(cb, cuda_graph_run, &c, per_group, gpu.stream);
+    for (k = 0; k < nsets; k++) CU(gpu.cu.cuGraphExecDestroy(c.exec[k]));
+    free(c.exec);
+    return med;
 }
 static cuda_decode_run cuda_decode_time(cuda_bench *cb, int B, int C, size_t iter_bytes, int graph) {
     cuda_decode_run d;

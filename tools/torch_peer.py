@@ -64,8 +64,8 @@ def timed(fn, per_group, groups):
 
 def timed_graph(fn, nsets, per_group, groups):
     """Seconds per CUDA-graph replay of fn: one graph per set i (fn(i) captured once, after
-    a warm-up on a side stream as torch requires), replayed back to back between two
-    events; the median over groups. Device time, as engines run decode."""
+    a warm-up on a side stream as torch requires), the replays timed as timed() times calls.
+    Device time, as engines run decode."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -78,21 +78,7 @@ def timed_graph(fn, nsets, per_group, groups):
         with torch.cuda.graph(g):
             fn(i)
         graphs.append(g)
-    torch.cuda.synchronize()
-    for i in range(3):
-        graphs[i % nsets].replay()
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    t, k = [], 0
-    for _ in range(groups):
-        e0.record()
-        for _ in range(per_group):
-            graphs[k % nsets].replay()
-            k += 1
-        e1.record()
-        e1.synchronize()
-        t.append(e0.elapsed_time(e1) * 1e-3 / per_group)
-    t.sort()
-    return t[len(t) // 2]
+    return timed(lambda i: graphs[i % nsets].replay(), per_group, groups)
 
 
 def read_ceiling():
