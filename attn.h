@@ -70,7 +70,9 @@
                                KV split, unless attn_metadata_desc.num_kv_splits forces a
                                count: an explicit count wins), so a row's result does not
                                depend on what else is in the batch; read at
-                               attn_metadata_build (default off)
+                               attn_metadata_build (the CUDA and CUDA_SM90 backends: at
+                               attn_metadata_create, so that a captured graph holds exactly
+                               the decode kernels its builds can run) (default off)
        Booleans read 1/0, true/false, yes/no, on/off (case-insensitive). Apart from
        ATTN_BACKEND, a value that is not allowed logs one WARN line (ATTN_LOG_ENV_INVALID,
        through the context's hook) naming the variable, the value and what is allowed, and
@@ -984,7 +986,8 @@ ATTN_API attn_context *attn_metadata_context(const attn_metadata *meta);
 ATTN_API const attn_metadata_desc *attn_metadata_capacity(const attn_metadata *meta);
 /* Validates every field (naming the first bad one), copies the batch, and runs the
    backend's builder. On a validation error the previous contents are kept; if the
-   builder runs out of memory the metadata is left unbuilt. Reads ATTN_BATCH_INVARIANT. */
+   builder runs out of memory the metadata is left unbuilt. Reads ATTN_BATCH_INVARIANT
+   (CUDA, CUDA_SM90: attn_metadata_create does). */
 ATTN_API attn_status attn_metadata_build(attn_metadata *meta, int common_prefix_len,
                                          const attn_batch *batch, int fast_build);
 
@@ -7884,6 +7887,10 @@ typedef struct attn__cuda_meta {
     int parallelism;               /* resident decode CTAs (the layer's occupancy x SMs) */
     int parallelism_wide, kv_tile_wide; /* the same for the wide decode tiles (0: none) */
     int wide;                      /* the last build runs its decode tiles wide */
+    int invariant;                 /* ATTN_BATCH_INVARIANT when the metadata was created */
+    int decode_shapes;             /* the decode shapes a build of this capacity can run: 1 the
+                                      default, 2 the wide one (a captured forward launches only
+                                      these) */
     attn__cuda_staged up;          /* the region: plan, batch */
     attn__CUdeviceptr partial_o, partial_ml;
     attn__CUdeviceptr merge_count;   /* [merge_capacity] fused-merge arrivals, zero between forwards */
@@ -7960,6 +7967,17 @@ static attn_status attn__cuda_metadata_init(const attn_backend *self, attn_layer
                                               ATTN__MIN(cap->max_num_reqs, cap->max_num_tokens / (cm->tile[0] + 1)));
     cm->merge_capacity = ATTN__MIN(cap->max_num_reqs * d->num_kv_heads, cm->parallelism);
     cm->slot_capacity = cm->parallelism;
+    /* A build's base items (attn__cuda_build) number at most num_kv_heads x (max_num_reqs +
+       max_num_tokens / tile[1]): one per KV head for a request that fits a decode tile,
+       ceil(ql / tile[1]) <= 1 + floor(ql / tile[1]) per KV head otherwise. Where that fits
+       the wide shape's parallelism every build runs wide, so a captured forward holds one
+       decode kernel, not two (engines' small decode graphs). Batch invariance keeps one shape,
+       the default: it is read here, once, for that reason. */
+    cm->invariant = attn__env_batch_invariant(ctx);
+    if (cm->parallelism_wide == 0 || cm->invariant) cm->decode_shapes = 1;
+    else if ((int64_t)d->num_kv_heads * (cap->max_num_reqs + cap->max_num_tokens / cm->tile[1]) <= cm->parallelism_wide)
+        cm->decode_shapes = 2;
+    else cm->decode_shapes = 3;
     cm->up.bytes = attn__cuda_plan_layout(cm, cap, NULL, &cm->host);
     if ((st = attn__cuda_enter(ctx, "attn_metadata_create")) != ATTN_OK) {
         attn__free(cm);
@@ -8037,7 +8055,7 @@ static attn_status attn__cuda_build(const attn_backend *self, attn_layer *layer,
     attn__cuda_plan *p = &cm->host;
     attn__cuda_driver *cu = ctx->cuda;
     int causal = b->causal == ATTN_CAUSAL_YES, r, h, nw[2] = {0, 0}, nm = 0, slots = 0, base;
-    int split, invariant = attn__env_batch_invariant(ctx), par, kt;
+    int split, invariant = cm->invariant, par, kt; /* ATTN_BATCH_INVARIANT as the metadata was created */
     size_t upload;
     attn__CUresult rc;
     attn_status st;
@@ -8107,6 +8125,7 @@ static attn_status attn__cuda_build(const attn_backend *self, attn_layer *layer,
     attn__cuda_sort_work(p->work[1], nw[1]);
     p->counts[0] = cm->wide ? 0 : nw[0];
     p->counts[1] = nw[1];
+    ATTN_ASSERT((cm->decode_shapes & 1) || p->counts[0] == 0); /* the capacity bound above */
     p->counts[2] = nm;
     p->counts[3] = cm->wide ? nw[0] : 0;
     memcpy(p->query_start_loc, b->query_start_loc, ((size_t)b->num_reqs + 1) * 4);
@@ -8288,8 +8307,10 @@ static attn_status attn__cuda_forward(const attn_backend *self, attn_layer *laye
             {&L->decode, 0, 0}, {&L->prefill, 1, 1}, {&L->decode_wide, 0, 3}};
         for (v2 = 0; v2 < 3 && rc == 0; v2++) {
             const attn__cuda_module *m = launch[v2].m;
-            const unsigned grid = (unsigned)(capturing ? cm->work_capacity[launch[v2].list]
-                                                       : cm->host.counts[launch[v2].count]);
+            unsigned grid = (unsigned)(capturing ? cm->work_capacity[launch[v2].list]
+                                                 : cm->host.counts[launch[v2].count]);
+            if (capturing && ((v2 == 0 && !(cm->decode_shapes & 1)) || (v2 == 2 && !(cm->decode_shapes & 2))))
+                grid = 0; /* a decode shape no build of this capacity runs */
             if (!m->module || !grid) continue;
             pp.work = attn__dptr(cm->dev.work[launch[v2].list]);
             pp.num_work = attn__dptr(cm->dev.counts + launch[v2].count);

@@ -26,6 +26,9 @@
    at 128 rows per CTA, instead of the prefill variant, against the CPU backend (the merge
    and cache-write tests are left out); with --prefill-bench it is timed after the prefill
    variant on each causal shape. Elsewhere its GPU part is a skip.
+   --sm90-source FILE:ENTRY runs a draft of that kernel (read from FILE, e.g.
+   a file under kernels/wip/, entry ENTRY) in its place: the same cases,
+   compile report and timings, so a draft and the embedded kernel compare in one lease.
 
    Ends with "N passed, N failed[, N skipped]" like the other test binaries. Exit 0 when
    nothing failed; with no GPU (or no NVRTC) every test is a skip and the exit is 0. */
@@ -1522,6 +1525,14 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--prefill-tt") && i + 1 < argc) prefill_tt = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--seed") && i + 1 < argc) rng_state = strtoull(argv[++i], NULL, 0) | 1;
         else if (!strcmp(argv[i], "--sm90-prefill")) sm90_prefill = 1;
+        else if (!strcmp(argv[i], "--sm90-source") && i + 1 < argc && strchr(argv[i + 1], ':')) {
+            char *colon = strchr(argv[++i], ':'); /* FILE:ENTRY, argv kept alive for main's run */
+            *colon = '\0';
+            sm90_kernel.file = argv[i];
+            sm90_kernel.fn = colon + 1;
+            sm90_kernel.embedded = 0;
+            sm90_prefill = 1;
+        }
         else if (!strcmp(argv[i], "--mla")) mla_mode = 1;
         else if (!strcmp(argv[i], "--mla-shape") && i + 1 < argc &&
                  sscanf(argv[++i], "%d,%d,%d,%d,%d", &mla_shape[0], &mla_shape[1], &mla_shape[2], &mla_shape[3],
@@ -1529,7 +1540,7 @@ int main(int argc, char **argv) {
             mla_mode = 1;
         else {
             fprintf(stderr, "usage: cuda_kernels [--cases N] [--seed S] [--bench | --bench-only | --decode-bench | --prefill-bench] [--contiguous] [--defines \"KV_STAGES=3 ...\"]\n"
-                            "                    [--prefill-tt N] [--sm90-prefill] [--mla] [--mla-shape H,B,CTX,SPLITS]\n");
+                            "                    [--prefill-tt N] [--sm90-prefill] [--sm90-source FILE:ENTRY] [--mla] [--mla-shape H,B,CTX,SPLITS]\n");
             return 2;
         }
     }
