@@ -1109,11 +1109,13 @@ static int mla_shape[5]; /* --mla-shape H,B,CTX,SPLITS[,V]: one decode shape tim
 /* MLA kernels (all embedded): 0 mla_decode.cu (CUDA_MLA's decode, mma.sync), 1
    mla_decode_sm90.cu, 2 mla_prefill_sm90.cu, 3 mla_prefill.cu (CUDA_MLA's prefill attention,
    same params and pass as 2) */
-static draft_kernel mla_kernels[4] = {
+static draft_kernel mla_kernels[5] = {
     {"mla", "mla_decode.cu", 1, 0, "attn_mla_decode", "attn_mla_merge", "attn_mla_config", NULL},
     {"mla", "mla_decode_sm90.cu", 1, 1, "attn_mla_decode", "attn_mla_merge", "attn_mla_config", NULL},
     {"mha", "mla_prefill_sm90.cu", 1, 1, "attn_mla_prefill", NULL, "attn_mha_config", NULL},
-    {"mha", "mla_prefill.cu", 1, 0, "attn_mla_prefill", NULL, "attn_mha_config", NULL}};
+    {"mha", "mla_prefill.cu", 1, 0, "attn_mla_prefill", NULL, "attn_mha_config", NULL},
+    /* 4: the draft on the Hopper toolkit (producer-fed, FlashMLA's schedule; issue 22) */
+    {"mla", "kernels/wip/mla_decode_sm90_ws.cu", 0, 1, "attn_mla_decode", "attn_mla_merge", "attn_mla_config", NULL}};
 static module_entry *mla_module(const char *defines, int which, int load) {
     return draft_module(&mla_kernels[which], defines, load);
 }
@@ -1121,6 +1123,8 @@ static module_entry *mla_module(const char *defines, int which, int load) {
 /* the first five: mla_decode.cu; the last three: mla_decode_sm90.cu (ROWS 64) */
 #define MLA_NV 5
 #define MLA_NV_SM90 6 /* the last two: 32-key tiles, 4 stages (KV_TILE=32 KV_STAGES=4) */
+#define MLA_NV_WS 5   /* after those: kernels/wip/mla_decode_sm90_ws.cu (TMA: the cache's map first) */
+#define MLA_WS0 (MLA_NV + MLA_NV_SM90)
 static const char *mla_variants[] = {
     "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2 ROWS=16",
     "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2 ROWS=64",
@@ -1133,9 +1137,29 @@ static const char *mla_variants[] = {
     "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2 FUSED_MERGE=1",
     "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2 KV_TILE=32 KV_STAGES=4",
     "KV_LORA=256 ROPE=64 BLOCK_SIZE=16 DT=1 KV_TILE=32 KV_STAGES=4 FUSED_MERGE=1",
+    "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2",
+    "KV_LORA=512 ROPE=64 BLOCK_SIZE=16 DT=1",
+    "KV_LORA=256 ROPE=64 BLOCK_SIZE=32 DT=2",
+    "KV_LORA=512 ROPE=64 BLOCK_SIZE=128 DT=2",
+    "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2 SPLIT_WAIT=0",
 };
+static int mla_ws_only; /* --mla-ws: the random cases and the decode bench on the draft (and the
+                           embedded wgmma kernel beside it in the bench) */
 /* the kernel (mla_kernels index) of variant v */
-static int mla_variant_kernel(int v) { return v < MLA_NV ? 0 : v < MLA_NV + MLA_NV_SM90 ? 1 : 4; }
+static int mla_variant_kernel(int v) { return v < MLA_NV ? 0 : v < MLA_WS0 ? 1 : 4; }
+
+/* The tensor map of a [num_blocks, BS, D] 16-bit latent cache for a kernel that reads it
+   through TMA (config.tma_box_rows > 0): 3-D {D, BS, blocks}, box {64, box rows, 1}, 128B
+   swizzle. */
+static attn__tma_map mla_map;
+static int mla_map_encode(const module_entry *m, attn__CUdeviceptr kv, attn_dtype dt, int num_blocks, int BS, int D) {
+    const uint64_t dims[3] = {(uint64_t)D, (uint64_t)BS, (uint64_t)num_blocks};
+    const uint64_t strides[2] = {(uint64_t)D * 2, (uint64_t)D * 2 * BS};
+    const uint32_t box[3] = {64, (uint32_t)m->config.tma_box_rows, 1};
+    if (attn__tma_encode(context, &mla_map, dt, 3, (const void *)(uintptr_t)kv, dims, strides, box, 128) == ATTN_OK) return 1;
+    printf("  FAIL tensor map of the latent cache: %s\n", attn_context_last_error(context));
+    return 0;
+}
 
 static const char *mha_variants[] = {"DN=128 ROPE=64 DV=128 DT=2 KV_LORA=512", "DN=128 ROPE=64 DV=128 DT=1 KV_LORA=512",
                                      "DN=64 ROPE=64 DV=64 DT=2 KV_LORA=256"};
@@ -1181,7 +1205,7 @@ static int mla_case(int v, int H, int nreq, int max_ctx, int splits, int timing,
         attn__CUdeviceptr dq, dqpe, dkv, dout, dlse, dbt, dw, dnw, dm, dnm, dpo, dpl, dmc;
         const int fused = strstr(mla_variants[v], "FUSED_MERGE=1") != NULL; /* split items merge in the decode launch */
         attn__mla_decode_params p;
-        void *args[1];
+        void *args[2], *margs[1];
         for (r = 0; r < nreq; r++) {
             qlen[r] = timing ? 1 : (rnd_int(0, 3) == 0 ? 2 : 1);
             sl[r] = timing ? max_ctx : rnd_int(qlen[r], max_ctx);
@@ -1207,6 +1231,14 @@ static int mla_case(int v, int H, int nreq, int max_ctx, int splits, int timing,
         fill_random(q, et, (size_t)nq * H * L, 1.0f);
         fill_random(qpe, et, (size_t)nq * H * R, 1.0f);
         fill_random(kvc, et, (size_t)nb * BS * D, 1.0f);
+        { /* NaN in every cache row no query may read: past each request's keys in its blocks,
+             and the two spare blocks (a kernel that lets one into a product fails) */
+            int j;
+            for (r = 0; r < nreq; r++)
+                for (j = sl[r]; j < maxb * BS; j++)
+                    memset(kvc + ((size_t)bt[r * maxb + j / BS] * BS + j % BS) * D, 0xff, (size_t)D * 2);
+            for (i = nreq * maxb; i < nb; i++) memset(kvc + (size_t)i * BS * D, 0xff, (size_t)BS * D * 2);
+        }
         memset(out, 0xff, (size_t)nq * H * L * 2); /* NaN poison */
         memset(lse, 0xff, (size_t)nq * H * 4);
         { /* the work list: per query row and head tile, `splits` parts of its keys */
@@ -1247,11 +1279,17 @@ static int mla_case(int v, int H, int nreq, int max_ctx, int splits, int timing,
         p.q_stride_token = (int64_t)H * L; p.q_stride_head = L; p.q_pe_stride_token = (int64_t)H * R; p.q_pe_stride_head = R;
         p.out_stride_token = (int64_t)H * L; p.out_stride_head = L; p.lse_stride_token = H; p.lse_stride_head = 1;
         p.block_table_stride = maxb; p.num_heads = H; p.scale = scale; p.merge_count = fused ? dmc : 0;
-        args[0] = &p;
-        CU_CHECK(cu->cuLaunchKernel(m->main, (unsigned)nw, 1, 1, (unsigned)m->config.threads, 1, 1, (unsigned)m->config.shared_bytes, NULL, args, NULL));
-        if (nm && !fused) CU_CHECK(cu->cuLaunchKernel(mm->second, (unsigned)nm, (unsigned)prow, 1, 256, 1, 1, 0, NULL, args, NULL));
+        margs[0] = &p;
+        if (m->config.tma_box_rows > 0) {
+            if (!mla_map_encode(m, dkv, et, nb, BS, D)) ok = 0;
+            args[0] = &mla_map; args[1] = &p;
+        } else {
+            args[0] = &p;
+        }
+        if (ok) CU_CHECK(cu->cuLaunchKernel(m->main, (unsigned)nw, 1, 1, (unsigned)m->config.threads, 1, 1, (unsigned)m->config.shared_bytes, NULL, args, NULL));
+        if (ok && nm && !fused) CU_CHECK(cu->cuLaunchKernel(mm->second, (unsigned)nm, (unsigned)prow, 1, 256, 1, 1, 0, NULL, margs, NULL));
         CU_CHECK(cu->cuStreamSynchronize(NULL));
-        if (timing) {
+        if (timing && ok) {
             attn__CUevent e0, e1;
             float ms = 0;
             int k;
@@ -1259,7 +1297,7 @@ static int mla_case(int v, int H, int nreq, int max_ctx, int splits, int timing,
             CU_CHECK(cu->cuEventRecord(e0, NULL));
             for (k = 0; k < 20; k++) {
                 CU_CHECK(cu->cuLaunchKernel(m->main, (unsigned)nw, 1, 1, (unsigned)m->config.threads, 1, 1, (unsigned)m->config.shared_bytes, NULL, args, NULL));
-                if (nm && !fused) CU_CHECK(cu->cuLaunchKernel(mm->second, (unsigned)nm, (unsigned)prow, 1, 256, 1, 1, 0, NULL, args, NULL));
+                if (nm && !fused) CU_CHECK(cu->cuLaunchKernel(mm->second, (unsigned)nm, (unsigned)prow, 1, 256, 1, 1, 0, NULL, margs, NULL));
             }
             CU_CHECK(cu->cuEventRecord(e1, NULL));
             CU_CHECK(cu->cuEventSynchronize(e1));
@@ -1297,7 +1335,7 @@ static int mla_case(int v, int H, int nreq, int max_ctx, int splits, int timing,
                         {
                             float gl = lse[(size_t)qrow * H + h];
                             if (!(fabs(gl - want_lse) <= 2e-3 * (1 + fabs(want_lse))) && !(kend == 0 && isinf(gl) && gl < 0)) {
-                                printf("FAIL mla [%s] H %d splits %d: req %d row %d head %d (keys %d): lse %g, want %g\n", defs, H, splits, r, t,
+                                printf("FAIL mla %s [%s] H %d splits %d: req %d row %d head %d (keys %d): lse %g, want %g\n", mla_kernels[which].file, defs, H, splits, r, t,
                                        h, kend, gl, want_lse);
                                 bad++;
                             }
@@ -1306,7 +1344,7 @@ static int mla_case(int v, int H, int nreq, int max_ctx, int splits, int timing,
                             double want = kend ? acc[c] / sum : 0.0;
                             float got = get(out, et, ((size_t)qrow * H + h) * L + c);
                             if (!(fabs(got - want) <= (dt == 1 ? 4e-3 : 2e-2) + 2e-2 * fabs(want))) {
-                                printf("FAIL mla [%s] H %d splits %d: req %d row %d head %d col %d (keys %d): out %g, want %g\n", defs, H,
+                                printf("FAIL mla %s [%s] H %d splits %d: req %d row %d head %d col %d (keys %d): out %g, want %g\n", mla_kernels[which].file, defs, H,
                                        splits, r, t, h, c, kend, got, want);
                                 bad++;
                             }
@@ -1314,7 +1352,7 @@ static int mla_case(int v, int H, int nreq, int max_ctx, int splits, int timing,
                     }
                 }
             free(sc); free(acc);
-            ok = bad == 0 && checked > 0;
+            ok = ok && bad == 0 && checked > 0;
         }
         cu->cuMemFree(dq); cu->cuMemFree(dqpe); cu->cuMemFree(dkv); cu->cuMemFree(dout); cu->cuMemFree(dlse); cu->cuMemFree(dbt);
         cu->cuMemFree(dw); cu->cuMemFree(dnw); cu->cuMemFree(dm); cu->cuMemFree(dnm); cu->cuMemFree(dpo); cu->cuMemFree(dpl); cu->cuMemFree(dmc);
@@ -1459,21 +1497,40 @@ static int mha_case(int which, int v, int H, int nreq, int max_len, int timing, 
 
 static void mla_tests(int cases, int bench) {
     int n;
-    const int nv = MLA_NV + (arch == 90 ? MLA_NV_SM90 : 0); /* the wgmma kernels on compute capability 9.0 only */
+    const int nv = MLA_NV + (arch == 90 ? MLA_NV_SM90 + MLA_NV_WS : 0); /* the wgmma kernels on compute capability 9.0 only */
     for (n = 0; n < cases; n++) {
-        int v = n % nv, Hs[] = {16, 128, 20, 40, 64}, H = Hs[(n / nv) % 5], splits = n % 3 == 2 ? 1 + rnd_int(1, 4) : 1;
+        int v = mla_ws_only ? MLA_WS0 + n % MLA_NV_WS : n % nv, Hs[] = {16, 128, 20, 40, 64},
+            H = Hs[(n / (mla_ws_only ? MLA_NV_WS : nv)) % 5], splits = n % 3 == 2 ? 1 + rnd_int(1, 4) : 1;
         double us;
         if (mla_case(v, H, rnd_int(1, 5), rnd_int(1, 1500), splits, 0, &us)) passed++;
         else failed++;
     }
     /* MLA's prefill attention: on mma.sync (CUDA_MLA's, any sm_80+) and on wgmma
        (compute capability 9.0) */
-    for (n = 0; n < cases; n++) {
+    for (n = 0; n < (mla_ws_only ? 0 : cases); n++) {
         double us;
         const int which = n % 2 ? 3 : 2;
         if (which == 2 && arch != 90) continue;
         if (mha_case(which, n / 2 % 3, 1 + rnd_int(0, 5), rnd_int(1, 3), rnd_int(1, 400), 0, &us)) passed++;
         else failed++;
+    }
+    if (bench && mla_ws_only && arch == 90) { /* the draft beside the embedded wgmma kernel, same shapes and splits */
+        static const int shapes[][3] = {{128, 64, 4096}, {128, 128, 4096}, {128, 64, 16384}, {16, 64, 4096},
+                                        {16, 128, 16384}, {128, 1, 16384}, {128, 16, 4096}};
+        int k, ws;
+        for (k = 0; k < (int)(sizeof shapes / sizeof shapes[0]); k++)
+            for (ws = 0; ws < 3; ws++) { /* the embedded kernel, the draft, the draft with SPLIT_WAIT=0 */
+                const int H = shapes[k][0], B = shapes[k][1], C = shapes[k][2], v = ws == 2 ? MLA_WS0 + 4 : ws ? MLA_WS0 : MLA_NV;
+                int items = B * ((H + 63) / 64), splits = 1;
+                double us = 0;
+                while (items * splits * 2 <= 2 * num_sms && C / (splits * 2) >= 256 && splits < 64) splits *= 2;
+                if (!mla_case(v, H, B, C, splits, 1, &us)) { failed++; continue; }
+                passed++;
+                printf("  mla %-8s bench H %3d batch %3d ctx %5d: splits %2d  %8.1f us  %6.2f TB/s  %6.1f TFLOP/s\n",
+                       ws == 2 ? "ws-wait0" : ws ? "wgmma-ws" : "wgmma", H, B, C, splits, us, (double)B * C * 576 * 2 / (us * 1e-6) / 1e12,
+                       2.0 * B * H * C * (576 + 512) / (us * 1e-6) / 1e12);
+            }
+        return;
     }
     if (bench) { /* issue 9's prefill shape: 128 heads, one sequence of 4096, causal */
         int which;
@@ -1534,13 +1591,14 @@ int main(int argc, char **argv) {
             sm90_prefill = 1;
         }
         else if (!strcmp(argv[i], "--mla")) mla_mode = 1;
+        else if (!strcmp(argv[i], "--mla-ws")) mla_mode = mla_ws_only = 1;
         else if (!strcmp(argv[i], "--mla-shape") && i + 1 < argc &&
                  sscanf(argv[++i], "%d,%d,%d,%d,%d", &mla_shape[0], &mla_shape[1], &mla_shape[2], &mla_shape[3],
                         &mla_shape[4]) >= 4)
             mla_mode = 1;
         else {
             fprintf(stderr, "usage: cuda_kernels [--cases N] [--seed S] [--bench | --bench-only | --decode-bench | --prefill-bench] [--contiguous] [--defines \"KV_STAGES=3 ...\"]\n"
-                            "                    [--prefill-tt N] [--sm90-prefill] [--sm90-source FILE:ENTRY] [--mla] [--mla-shape H,B,CTX,SPLITS]\n");
+                            "                    [--prefill-tt N] [--sm90-prefill] [--sm90-source FILE:ENTRY] [--mla] [--mla-ws] [--mla-shape H,B,CTX,SPLITS[,V]]\n");
             return 2;
         }
     }
@@ -1564,7 +1622,7 @@ int main(int argc, char **argv) {
     }
     if (mla_mode && mla_shape[0] > 0) { /* one decode shape on the wgmma kernel (profilers) */
         double us = 0;
-        const int v = MLA_NV + (mla_shape[4] >= 0 && mla_shape[4] < MLA_NV_SM90 ? mla_shape[4] : 0);
+        const int v = MLA_NV + (mla_shape[4] >= 0 && mla_shape[4] < MLA_NV_SM90 + MLA_NV_WS ? mla_shape[4] : 0);
         if (arch == 90 && mla_case(v, mla_shape[0], mla_shape[1], mla_shape[2], mla_shape[3], 1, &us)) {
             passed++;
             printf("  mla wgmma [%s] H %d batch %d ctx %d splits %d: %.1f us (kernel + merge, 20 launches)\n",

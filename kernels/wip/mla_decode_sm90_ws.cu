@@ -1,0 +1,451 @@
+/* mla_decode_sm90_ws.cu - DRAFT (issue 22): the MLA absorbed decode on the Hopper toolkit,
+   FlashMLA's "seesaw" schedule fed through TMA. Not embedded; run by tests/cuda_kernels.c
+   (--mla-ws: random cases against float64 on this kernel, and its timings beside
+   kernels/mla_decode_sm90.cu's). Replaces mla_decode_sm90.cu if it wins.
+
+   WHAT IT COMPUTES, WORK LIST, SPLITS, params, merge: exactly kernels/mla_decode_sm90.cu's
+   (same attn__mla_decode_params, work items, partial layout with ROWS = 64, the merge as its
+   own launch: attn_mla_merge; no fused merge). 16-bit latents only. The kernel takes the
+   cache's tensor map first: 3-D {KV_LORA + ROPE, BLOCK_SIZE, blocks}, box {64 columns,
+   BOX_ROWS keys, 1 block}, 128-byte swizzle.
+
+   =====================================================================================
+   INSIDE A CTA
+   =====================================================================================
+   256 threads: two warpgroups C0 and C1, 64 query rows (heads head0 .. head0 + 63 of one
+   token: one wgmma M). Shared memory, 1024-aligned, 128B-swizzled:
+       [Q: 64 x D][slot 0: 64 keys x D][slot 1: 64 keys x D][4 mbarriers][m: 2 x 64 f32][l: 2 x 64 f32]
+   = 216 KiB + 1.1 KiB + 1 KiB slack at D = 576 (KV_LORA 512), 120 KiB at D = 320.
+   A slot is D / 64 panels of 64 keys x 64 columns (8 KiB). Keys are taken two 64-key tiles
+   at a time (a pair): tile 2i in slot 0, tile 2i + 1 in slot 1. The output O = [O_L | O_R]
+   (64 x KV_LORA f32) is split by columns: C0 holds O_L, C1 holds O_R (128 registers each at
+   KV_LORA 512).
+
+   Per pair (FlashMLA's seesaw: one O, the two halves of V, S of one tile each):
+     C0: S0 = Q K0^T (wgmma m64n64, all D) -> row max -> m0 = max(m, max S0) to shared memory
+         [M0] -> P0 = 2^(S0 - m0) into slot 0's rope panel [P0] -> O_L = a0 O_L + P0 V0_L
+         -> [M1] -> O_L = a1 O_L + P1 V1_L
+     C1: S1 = Q K1^T -> row max -> [M0] m1 = max(m0, max S1) [M1] -> P1 into slot 1's rope
+         panel [P1] -> [P0] O_R = a0 O_R + P0 V0_R -> O_R = a1 O_R + P1 V1_R
+   [X] are one-way named barriers (bar.arrive by the writer, bar.sync by the reader; what the
+   writer put in shared memory is published by them). C0's softmax runs under C1's S, C1's
+   under C0's P V. A P V takes P as register fragments: a warpgroup's own P from its S
+   accumulators, the other's read from the rope panel (ld.shared). Both warpgroups run the
+   same wgmma instructions with operands chosen by value: a wgmma under a branch on the
+   warpgroup makes ptxas serialize all of them (C7520).
+   The rope panel (64 columns) of a slot is read only by its tile's S, so after that S the
+   tile's P (64 x 64 16-bit, 8 KiB) is written over it: the P buffers cost no memory.
+
+   Loads (TMA, completing on a full mbarrier per group; no producer warp): each slot is two
+   groups, refilled with the next pair's tile by the warpgroup that reads the group last, as
+   soon as it is done with it (a warpgroup barrier, then one thread issues the boxes):
+       slot 0: A0 = panels [0, NL/2)          C0 refills it after O_L += P0 V0_L
+               B0 = panels [NL/2, D/64)       C1 refills it after O_R += P0 V0_R (P0 read)
+       slot 1: A1 = panels [0, NL/2) + rope   C0 refills it after O_L += P1 V1_L (P1 read)
+               B1 = panels [NL/2, NL)         C1 refills it after O_R += P1 V1_R
+   (NL = KV_LORA / 64.) The other warpgroup's reads of a group are done before the refill:
+   C0's S0 reads B0 before [M0], which C1 waited for; C1's S1 reads A1 before [M1]. S waits
+   for each group's full barrier before its panels, so it starts when the first half has
+   landed. Boxes hold keys of one block: BOX_ROWS = 64 where BLOCK_SIZE is a multiple of 64,
+   BLOCK_SIZE where it divides 64. Boxes with no key in [key0, key1) are not loaded (their
+   rows keep stale bytes); a tile that reaches past [key0, key1) (an edge tile, or the
+   missing second tile of an odd count) has its V rows outside the range zeroed by the
+   warpgroup that owns the slot, before any P V reads them (0 x a stale NaN would be NaN);
+   the scores of those keys are masked to -inf.
+
+   Epilogue: row sums of both warpgroups through shared memory; O / l out (or the
+   normalised f32 partial); lse by C0. */
+#include "wgmma.cuh"
+#include "hopper.cuh"
+#include "mla_common.cuh" /* attn__mla_decode_params */
+
+#if !defined(KV_LORA) || !defined(ROPE) || !defined(BLOCK_SIZE) || !defined(DT)
+#error "mla_decode_sm90_ws.cu: define KV_LORA, ROPE, BLOCK_SIZE and DT"
+#endif
+#if DT != ATTN_DT_F16 && DT != ATTN_DT_BF16
+#error "mla_decode_sm90_ws.cu: DT must be 1 (f16) or 2 (bf16)"
+#endif
+#if KV_LORA != 512 && KV_LORA != 256
+#error "mla_decode_sm90_ws.cu: KV_LORA must be 512 or 256"
+#endif
+#if ROPE != 64
+#error "mla_decode_sm90_ws.cu: ROPE must be 64"
+#endif
+#if !(BLOCK_SIZE % 64 == 0 || (64 % BLOCK_SIZE == 0 && BLOCK_SIZE % 8 == 0))
+#error "mla_decode_sm90_ws.cu: BLOCK_SIZE must be a multiple of 64 or one of 8, 16, 32"
+#endif
+#ifdef ROWS
+#error "mla_decode_sm90_ws.cu: ROWS is always 64 (one wgmma M); do not define it"
+#endif
+#define ROWS 64
+#include "mla_merge.cuh" /* attn_mla_merge_kernel */
+#if defined(FUSED_MERGE) && FUSED_MERGE
+#error "mla_decode_sm90_ws.cu: no fused merge (attn_mla_merge merges every split)"
+#endif
+#ifndef SPLIT_WAIT
+#define SPLIT_WAIT 1 /* tuning: 1 S starts on a slot's first group and waits for the second halfway;
+                        0 S waits for both first */
+#endif
+
+struct attn_mla_ws {
+    static constexpr int d = KV_LORA + ROPE, np = d / 64, nl = KV_LORA / 64, nh = nl / 2;
+    static constexpr int cw = KV_LORA / 2, o_regs = cw / 2;  /* columns of O per warpgroup, its registers */
+    static constexpr int rope = nl;                          /* the rope panel: P after S */
+    static constexpr int panel = 64 * 128;                   /* 64 rows x 64 columns, 8 KiB */
+    static constexpr int box_rows = BLOCK_SIZE % 64 == 0 ? 64 : BLOCK_SIZE;
+    static constexpr int pieces = 64 / box_rows;             /* boxes per tile and panel */
+    static constexpr int slot_bytes = np * panel;
+    static constexpr int q_off = 0, slot_off = np * panel, bar_off = slot_off + 2 * slot_bytes;
+    static constexpr int m_off = bar_off + 32, l_off = m_off + 2 * 64 * 4;
+    static constexpr int smem_bytes = l_off + 2 * 64 * 4 + 1024; /* + the slack that aligns the base */
+    static constexpr int threads = 256;
+    static_assert(smem_bytes <= 227 * 1024, "mla_decode_sm90_ws.cu: shared memory over 227 KiB");
+};
+typedef attn_mla_ws MW;
+
+/* named barriers (id 0 is __syncthreads): 1 both warpgroups; 2..5 the one-way signals M0,
+   M1, P0, P1 (C0 -> C1, C1 -> C0, C0 -> C1, C1 -> C0); 6, 7 one warpgroup */
+#define ATTN_NB_BOTH 1
+#define ATTN_NB_M0 2
+#define ATTN_NB_M1 3
+#define ATTN_NB_P0 4
+#define ATTN_NB_P1 5
+#define ATTN_NB_WG 6
+
+extern "C" __constant__ attn__launch_config attn_mla_config = {MW::threads, MW::smem_bytes, 64, ROWS, 1, 2, 8, 1,
+                                                                MW::box_rows};
+
+/* group g (0 A0, 1 B0, 2 A1, 3 B1): its panels (A1 carries slot 1's rope panel) */
+ATTN_DEV constexpr int attn_mla_ws_group_count(int g) {
+    return g == 0 ? MW::nh : g == 1 ? MW::np - MW::nh : g == 2 ? MW::nh + 1 : MW::nl - MW::nh;
+}
+ATTN_DEV constexpr int attn_mla_ws_group_panel(int g, int i) {
+    return g == 0 ? i : g == 1 ? MW::nh + i : g == 2 ? (i < MW::nh ? i : MW::rope) : MW::nh + i;
+}
+
+/* The boxes of group g of tile t (keys kt .. kt + 63) that hold a key in [key0, key1), into
+   slot `dst`, completing on `bar`; blk[j]: the block of piece j (read before). One thread. */
+ATTN_DEV void attn_mla_ws_fill(const attn_tma_map *map, int g, attn_u32 dst, attn_u32 bar, int kt, int key0, int key1,
+                               const int (&blk)[MW::pieces], int valid) {
+    int nb = 0;
+#pragma unroll
+    for (int j = 0; j < MW::pieces; j++) nb += valid && kt + (j + 1) * MW::box_rows > key0 && kt + j * MW::box_rows < key1;
+    attn_mbar_arrive_expect_tx(bar, (unsigned)(nb * attn_mla_ws_group_count(g) * MW::box_rows * 128));
+#pragma unroll
+    for (int j = 0; j < MW::pieces; j++) {
+        const int k = kt + j * MW::box_rows;
+        if (!(valid && k + MW::box_rows > key0 && k < key1)) continue;
+        const int row = (int)((unsigned)k % BLOCK_SIZE);
+#pragma unroll
+        for (int i = 0; i < attn_mla_ws_group_count(g); i++) {
+            const int c = attn_mla_ws_group_panel(g, i);
+            attn_tma_load_3d(dst + (attn_u32)(c * MW::panel + j * MW::box_rows * 128), map, 64 * c, row, blk[j], bar);
+        }
+    }
+}
+
+/* the blocks of tile t's pieces (0 for pieces out of [key0, key1) or past the tiles) */
+ATTN_DEV void attn_mla_ws_blocks(int (&blk)[MW::pieces], const int *bt, int kt, int key0, int key1) {
+#pragma unroll
+    for (int j = 0; j < MW::pieces; j++) {
+        const int k = kt + j * MW::box_rows;
+        blk[j] = k + MW::box_rows > key0 && k < key1 ? bt[(unsigned)k / BLOCK_SIZE] : 0;
+    }
+}
+
+/* P (64 x 64, 16-bit, K-major swizzled at `panel`) as this thread's A fragments of the four
+   k16 steps (wgmma.cuh's A layout: rows row_a, row_a + 8; columns 16 j + 2 tq (+8)) */
+ATTN_DEV void attn_mla_ws_load_p(attn_u32 (&pf)[4][4], const char *panel, int row_a, int tq) {
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+        for (int x = 0; x < 4; x++) {
+            const int row = row_a + 8 * (x & 1), col = 16 * j + 2 * tq + 8 * (x >> 1);
+            pf[j][x] = *(const attn_u32 *)(panel + attn_wgmma_swizzle_offset<64>(row, col >> 3) + (col & 7) * 2);
+        }
+}
+
+extern "C" __global__ void __launch_bounds__(MW::threads, 1)
+    attn_mla_decode(const __grid_constant__ attn_tma_map kv_map, const attn__mla_decode_params p) {
+    extern __shared__ attn_vec16 attn_smem[];
+    if (blockDim.x != MW::threads || attn_dynamic_smem_size() < MW::smem_bytes) attn_trap();
+    if ((int)blockIdx.x >= *p.num_work) return;
+    const int *item = p.work + 8 * (attn_i64)blockIdx.x;
+    const int req = item[0], head0 = item[1], q_row = item[2], slot = item[6];
+    const int key0 = item[4], key1 = item[5];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = tid >> 7;
+    const int g = lane >> 2, tq = lane & 3;
+    const int c1 = __all_sync(0xffffffffu, wg == 1); /* wg, as a value ptxas knows is warp-uniform */
+    const int issuer = (tid & 127) == 0;            /* the thread of each warpgroup that issues its refills */
+    const attn_u32 smem0 = attn_smem_addr(attn_smem);
+    const attn_u32 base = (smem0 + 1023u) & ~1023u;
+    char *const smem = (char *)attn_smem + (base - smem0);
+    const attn_u32 sQ = base + MW::q_off, sS0 = base + MW::slot_off, sS1 = sS0 + MW::slot_bytes;
+    const attn_u32 full = base + MW::bar_off; /* [4]: A0 B0 A1 B1 */
+    float *const sM = (float *)(smem + MW::m_off); /* [2][64]: m after tile 2i (C0), after 2i + 1 (C1) */
+    float *const sL = (float *)(smem + MW::l_off);
+    const int *bt = p.block_table + (attn_i64)req * p.block_table_stride;
+    const int tile0 = key1 > key0 ? key0 / 64 * 64 : 0;
+    const int ntiles = key1 > key0 ? (key1 - tile0 + 63) / 64 : 0;
+    const int npairs = (ntiles + 1) / 2;
+    const int nrows = attn_imin(ROWS, p.num_heads - head0);
+    const int row_a = 16 * (warp & 3) + g; /* this thread's accumulator rows: row_a, row_a + 8 */
+
+    if (tid == 0) {
+        for (int i = 0; i < 4; i++) attn_mbar_init(full + 8 * i, 1);
+        attn_mbar_init_fence();
+    }
+    __syncthreads(); /* the barriers */
+    if (tid == 0 && npairs > 0) { /* pair 0, all four groups */
+        int b0[MW::pieces], b1[MW::pieces];
+        attn_tma_prefetch_map(&kv_map);
+        attn_mla_ws_blocks(b0, bt, tile0, key0, key1);
+        attn_mla_ws_blocks(b1, bt, tile0 + 64, key0, key1);
+        attn_mla_ws_fill(&kv_map, 0, sS0, full + 0, tile0, key0, key1, b0, 1);
+        attn_mla_ws_fill(&kv_map, 1, sS0, full + 8, tile0, key0, key1, b0, 1);
+        attn_mla_ws_fill(&kv_map, 2, sS1, full + 16, tile0 + 64, key0, key1, b1, ntiles > 1);
+        attn_mla_ws_fill(&kv_map, 3, sS1, full + 24, tile0 + 64, key0, key1, b1, ntiles > 1);
+    }
+
+    /* Q rows: [q_latent | q_pe], zero past num_heads */
+    for (int c = tid; c < ROWS * (MW::d / 8); c += MW::threads) {
+        const int r = c / (MW::d / 8), col = c - r * (MW::d / 8);
+        const int valid = r < nrows;
+        const char *src = valid ? attn_mla_q_chunk(p.q, p.q_stride_token, p.q_stride_head, p.q_pe, p.q_pe_stride_token,
+                                                   p.q_pe_stride_head, KV_LORA, q_row, head0 + r, col)
+                                : (const char *)p.q;
+        attn_cp_async16_or_zero(sQ + attn_wgmma_swizzle_offset<ROWS>(r, col), src, !valid);
+    }
+    attn_cp_async_commit();
+    attn_cp_async_wait<0>();
+    attn_fence_proxy_async(); /* Q is read by wgmma (the async proxy) */
+    __syncthreads();
+
+    const float qk_scale = p.scale * ATTN_LOG2E;
+    const attn_u32 mine = c1 ? sS1 : sS0; /* the slot of this warpgroup's S */
+    const attn_u32 fullA = full + 16 * c1, fullB = fullA + 8;
+    float m[2] = {attn_neg_inf(), attn_neg_inf()}, l[2] = {0.0f, 0.0f};
+    float o[MW::o_regs];
+#pragma unroll
+    for (int i = 0; i < MW::o_regs; i++) o[i] = 0.0f;
+
+    for (int pr = 0; pr < npairs; pr++) {
+        const unsigned ph = (unsigned)(pr & 1);
+        const int kt = tile0 + 64 * (2 * pr + c1); /* this warpgroup's tile */
+        const int next = pr + 1 < npairs, kn = tile0 + 128 * (pr + 1);
+        /* the next pair's blocks, read now (lane j of each warp: piece j % pieces of tile j / pieces),
+           handed to the issuer with shuffles when it refills */
+        int nblk = 0;
+        if (next && lane < 2 * MW::pieces) {
+            const int k = kn + 64 * (lane / MW::pieces) + (lane % MW::pieces) * MW::box_rows;
+            if (k + MW::box_rows > key0 && k < key1) nblk = bt[(unsigned)k / BLOCK_SIZE];
+        }
+
+        /* ---- S = Q K^T over this warpgroup's tile. The same order for both: panels 0 .. nh-1
+           (A0 / A1), nh .. nl-1 (B0 / B1), then the rope panel (in B0 for C0, A1 for C1: waited
+           for by then either way) ---- */
+        float s[32];
+#pragma unroll
+        for (int i = 0; i < 32; i++) s[i] = 0.0f;
+        /* the shared addresses of Q and the slot, opaque to the compiler here: otherwise it
+           hoists all 72 loop-invariant descriptors out of the pair loop (144 registers) */
+        attn_u32 q_at, k_at;
+        asm volatile("mov.b32 %0, %1;" : "=r"(q_at) : "r"(sQ));
+        asm volatile("mov.b32 %0, %1;" : "=r"(k_at) : "r"(mine));
+        attn_mbar_wait(fullA, ph);
+        if (!SPLIT_WAIT) attn_mbar_wait(fullB, ph);
+        attn_wgmma_fence();
+#pragma unroll
+        for (int c = 0; c < MW::nh; c++)
+#pragma unroll
+            for (int k = 0; k < 64; k += 16)
+                attn_wgmma<64, DT>::template ss<0>(s, attn_wgmma_desc_k_major<ROWS>(q_at, 64 * c + k),
+                                                   attn_wgmma_desc_k_major<64>(k_at, 64 * c + k), 1);
+        if (SPLIT_WAIT) {
+            attn_mbar_wait(fullB, ph);
+            attn_wgmma_fence(); /* after a branch among the wgmma: ptxas would put one here itself (C7519) */
+        }
+#pragma unroll
+        for (int c = MW::nh; c < MW::np; c++)
+#pragma unroll
+            for (int k = 0; k < 64; k += 16)
+                attn_wgmma<64, DT>::template ss<0>(s, attn_wgmma_desc_k_major<ROWS>(q_at, 64 * c + k),
+                                                   attn_wgmma_desc_k_major<64>(k_at, 64 * c + k), 1);
+        attn_wgmma_commit();
+        attn_wgmma_wait<0>();
+        attn_wgmma_fence_acc(s);
+
+        /* ---- mask to [key0, key1); the tile's row maxima; m0 (C0 -> C1), m1 (C1 -> C0) ---- */
+        float mx[2] = {attn_neg_inf(), attn_neg_inf()};
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int j = kt + 8 * i + 2 * tq + (e & 1);
+                const float x = j >= key0 && j < key1 ? s[4 * i + e] : attn_neg_inf();
+                s[4 * i + e] = x;
+                mx[e >> 1] = fmaxf(mx[e >> 1], x);
+            }
+        float alpha0[2], alpha1[2] = {1.0f, 1.0f}, b[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) mx[h] = attn_quad_max(mx[h]) * qk_scale;
+        if (!c1) {
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                b[h] = attn_softmax_rebase(m[h], mx[h], alpha0[h]);
+                if (tq == 0) sM[row_a + 8 * h] = m[h];
+            }
+            attn_named_barrier_arrive(ATTN_NB_M0, MW::threads);
+        } else {
+            attn_named_barrier(ATTN_NB_M0, MW::threads);
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                attn_softmax_rebase(m[h], sM[row_a + 8 * h], alpha0[h]);
+                b[h] = attn_softmax_rebase(m[h], mx[h], alpha1[h]);
+                if (tq == 0) sM[64 + row_a + 8 * h] = m[h];
+            }
+            attn_named_barrier_arrive(ATTN_NB_M1, MW::threads);
+        }
+
+        /* ---- P = 2^(S - base) into the rope panel; this warpgroup's row sums ---- */
+        char *const my_p = smem + (mine - base) + MW::rope * MW::panel;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float sum = 0.0f;
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const float p0 = attn_exp2(fmaf(s[4 * i + 2 * h], qk_scale, -b[h]));
+                const float p1 = attn_exp2(fmaf(s[4 * i + 2 * h + 1], qk_scale, -b[h]));
+                s[4 * i + 2 * h] = p0;
+                s[4 * i + 2 * h + 1] = p1;
+                sum += p0 + p1;
+                const int col = 8 * i + 2 * tq, row = row_a + 8 * h;
+                *(attn_u32 *)(my_p + attn_wgmma_swizzle_offset<64>(row, col >> 3) + (col & 7) * 2) = attn_elem<DT>::pack2(p0, p1);
+            }
+            l[h] = l[h] * alpha0[h] * alpha1[h] + sum; /* C0: alpha1 comes with [M1], below */
+        }
+        attn_u32 pown[4][4]; /* this warpgroup's P as A fragments (the S registers are free after this) */
+#pragma unroll
+        for (int j = 0; j < 4; j++) attn_wgmma_a_from_acc<DT>(pown[j], s, j);
+        if (kt < key0 || kt + 64 > key1) { /* an edge tile: zero the V rows of keys outside [key0, key1) */
+            for (int u = tid & 127; u < 64 * MW::nl * 8; u += 128) {
+                const int r = u / (MW::nl * 8), ch = u - r * (MW::nl * 8), k = kt + r;
+                if (k < key0 || k >= key1) {
+                    const attn_vec16 zero = {0u, 0u, 0u, 0u};
+                    *(attn_vec16 *)(smem + (mine - base) + attn_wgmma_swizzle_offset<64>(r, ch)) = zero;
+                }
+            }
+        }
+        attn_fence_proxy_async();                     /* zeroed rows are read by wgmma */
+        attn_named_barrier(ATTN_NB_WG + wg, 128);     /* this warpgroup's P and zeroed rows are whole */
+        attn_named_barrier_arrive(c1 ? ATTN_NB_P1 : ATTN_NB_P0, MW::threads);
+
+        /* ---- O = a0 O + P0 V0 (this warpgroup's half of V0): C0's P0 from its S, C1's read ---- */
+        attn_u32 pf[4][4];
+        if (!c1) {
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int x = 0; x < 4; x++) pf[j][x] = pown[j][x];
+        } else {
+            attn_named_barrier(ATTN_NB_P0, MW::threads);
+            attn_mbar_wait(full + 8, ph); /* B0 (complete: C0 waited for it; the acquire for this warpgroup) */
+            attn_mla_ws_load_p(pf, smem + (sS0 - base) + MW::rope * MW::panel, row_a, tq);
+        }
+#pragma unroll
+        for (int i = 0; i < MW::o_regs / 4; i++) {
+            o[4 * i] *= alpha0[0]; o[4 * i + 1] *= alpha0[0];
+            o[4 * i + 2] *= alpha0[1]; o[4 * i + 3] *= alpha0[1];
+        }
+        attn_wgmma_fence();
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            attn_wgmma<MW::cw, DT>::template rs<1>(o, pf[j], attn_wgmma_desc_mn_major<64>(sS0 + (attn_u32)(c1 * MW::nh * MW::panel), 16 * j), 1);
+        attn_wgmma_commit();
+        if (!c1) { /* m1 from C1 */
+            attn_named_barrier(ATTN_NB_M1, MW::threads);
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                attn_softmax_rebase(m[h], sM[64 + row_a + 8 * h], alpha1[h]);
+                l[h] *= alpha1[h];
+            }
+        }
+        attn_wgmma_wait<0>();
+        attn_wgmma_fence_acc(o);
+        attn_named_barrier(ATTN_NB_WG + wg, 128); /* the warpgroup is done with slot 0's A0 (C0) / B0 (C1) */
+        {
+            int blk[MW::pieces];
+#pragma unroll
+            for (int j = 0; j < MW::pieces; j++) blk[j] = __shfl_sync(0xffffffffu, nblk, j);
+            if (issuer && next) attn_mla_ws_fill(&kv_map, c1, sS0, full + 8 * c1, kn, key0, key1, blk, 1);
+        }
+
+        /* ---- O = a1 O + P1 V1: C1's P1 from its S, C0's read ---- */
+        if (!c1) {
+            attn_named_barrier(ATTN_NB_P1, MW::threads);
+            attn_mbar_wait(full + 16, ph); /* A1 (complete: C1 waited for it) */
+            attn_mla_ws_load_p(pf, smem + (sS1 - base) + MW::rope * MW::panel, row_a, tq);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int x = 0; x < 4; x++) pf[j][x] = pown[j][x];
+        }
+#pragma unroll
+        for (int i = 0; i < MW::o_regs / 4; i++) {
+            o[4 * i] *= alpha1[0]; o[4 * i + 1] *= alpha1[0];
+            o[4 * i + 2] *= alpha1[1]; o[4 * i + 3] *= alpha1[1];
+        }
+        attn_wgmma_fence();
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            attn_wgmma<MW::cw, DT>::template rs<1>(o, pf[j], attn_wgmma_desc_mn_major<64>(sS1 + (attn_u32)(c1 * MW::nh * MW::panel), 16 * j), 1);
+        attn_wgmma_commit();
+        attn_wgmma_wait<0>();
+        attn_wgmma_fence_acc(o);
+        attn_named_barrier(ATTN_NB_WG + wg, 128); /* done with slot 1's A1 (C0, P1 read) / B1 (C1) */
+        {
+            int blk[MW::pieces];
+#pragma unroll
+            for (int j = 0; j < MW::pieces; j++) blk[j] = __shfl_sync(0xffffffffu, nblk, MW::pieces + j);
+            if (issuer && next)
+                attn_mla_ws_fill(&kv_map, 2 + c1, sS1, full + 16 + 8 * c1, kn + 64, key0, key1, blk, 2 * (pr + 1) + 1 < ntiles);
+        }
+    }
+
+    /* ---- epilogue: L = both warpgroups' sums; O / L ---- */
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const float lq = attn_quad_sum(l[h]);
+        if (tq == 0) sL[wg * 64 + row_a + 8 * h] = lq;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int row = row_a + 8 * h;
+        const float L = sL[row] + sL[64 + row];
+        const float inv = L > 0.0f ? attn_rcp(L) : 0.0f;
+        const float lse2 = attn_softmax_lse2(m[h], L);
+        if (row >= nrows) continue;
+        if (slot < 0) {
+            char *orow = (char *)p.out + ((attn_i64)q_row * p.out_stride_token + (attn_i64)(head0 + row) * p.out_stride_head) * 2;
+#pragma unroll
+            for (int i = 0; i < MW::o_regs / 4; i++)
+                *(attn_u32 *)(orow + (wg * MW::cw + 8 * i + 2 * tq) * 2) =
+                    attn_elem<DT>::pack2(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv);
+            if (p.lse && wg == 0 && tq == 0)
+                p.lse[(attn_i64)q_row * p.lse_stride_token + (attn_i64)(head0 + row) * p.lse_stride_head] = lse2 * ATTN_LN2;
+        } else {
+            float *po = p.partial_o + ((attn_i64)slot * ROWS + row) * KV_LORA + wg * MW::cw;
+#pragma unroll
+            for (int i = 0; i < MW::o_regs / 4; i++)
+                *(float2 *)(po + 8 * i + 2 * tq) = make_float2(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv);
+            if (wg == 0 && tq == 0) p.partial_lse[(attn_i64)slot * ROWS + row] = lse2;
+        }
+    }
+}
+
+/* The merge as its own launch (mla_merge.cuh): grid (entries, 64), one CTA per row. */
+extern "C" __global__ void __launch_bounds__(256) attn_mla_merge(const attn__mla_decode_params p) {
+    attn_mla_merge_kernel(p);
+}
