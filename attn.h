@@ -46,9 +46,6 @@
                                a chunk of keys; running outputs of a group of queries). On
                                the GPU a chunk costs heads x (qk_nope + v) x 2 bytes a key:
                                960 keys at 128 heads; 320 MiB gives 4096
-       ATTN_MLA_FUSED_MERGE_MAX  CUDA_MLA_SM90: split entries of splits x rows <= this merge
-                               in the decode launch (default 0: all in attn_mla_merge, which
-                               measured faster on the H200)
 
    ENVIRONMENT VARIABLES
        ATTN_BACKEND            force a backend by name (case-insensitive): CPU, CPU_MLA, CUDA,
@@ -7292,7 +7289,6 @@ typedef struct attn__mla_decode_params {
     long long block_table_stride;
     int num_heads;
     float scale;
-    ATTN__DPTR(int) merge_count;            /* FUSED_MERGE: [merge entries], zero between launches */
     ATTN__DPTR(const float) k_scale;        /* fp8 latent (DT_KV 4/5): the per-tensor scale, one
                                                device float read at every launch; NULL: the value */
     float k_scale_value;
@@ -7329,7 +7325,7 @@ ATTN__PARAMS_SIZE(attn__latent_write_params, 4 * 8 + 3 * 8 + 2 * 4 + 8 + 2 * 4);
 ATTN__PARAMS_SIZE(attn__latent_write_inline_params, 80 + ATTN__INLINE_SLOTS * 8);
 ATTN__PARAMS_SIZE(attn__mla_gather_params, 3 * 8 + 4 * 4 + 8 + 2 * 4);
 ATTN__PARAMS_SIZE(attn__merge_params, 6 * 8 + 12 * 8 + 6 * 4);
-ATTN__PARAMS_SIZE(attn__mla_decode_params, 12 * 8 + 9 * 8 + 2 * 4 + 2 * 8 + 2 * 4);
+ATTN__PARAMS_SIZE(attn__mla_decode_params, 12 * 8 + 9 * 8 + 2 * 4 + 8 + 2 * 4);
 ATTN__PARAMS_SIZE(attn__mla_prefill_params, 7 * 8 + 13 * 8 + 8 * 4);
 #undef ATTN__PARAMS_SIZE
 
@@ -7453,7 +7449,7 @@ typedef struct attn__kernel_family {
                           "attn__cache_write_params"}
 #define ATTN__LATENT_ROLE {"cache_write.cu", {"attn_concat_and_cache_mla", "attn_mla_gather", "attn_concat_and_cache_mla_inline"}, \
                            NULL, 0, 0, "attn__latent_write_params, attn__mla_gather_params"}
-#define ATTN__MLA_DECODE_ROLE(file, arch_a) {file, {"attn_mla_decode", "attn_mla_merge", NULL}, "attn_mla_config", arch_a, 0, \
+#define ATTN__MLA_DECODE_ROLE(file, arch_a, tma) {file, {"attn_mla_decode", "attn_mla_merge", NULL}, "attn_mla_config", arch_a, tma, \
                                              "attn__mla_decode_params"}
 #define ATTN__MLA_PREFILL_ROLE(file, arch_a) {file, {"attn_mla_prefill", NULL, NULL}, "attn_mha_config", arch_a, 0, \
                                               "attn__mla_prefill_params"}
@@ -7468,10 +7464,10 @@ static const attn__kernel_family attn__kernel_families[] = {
       ATTN__PAGED_ROLE("paged_prefill_sm90.cu", "attn_paged_prefill_sm90", 1, 1), ATTN__CACHE_ROLE,
       ATTN__PAGED_ROLE("paged_attention.cu", "attn_paged_attention", 0, 0)}},
     {ATTN_BACKEND_CUDA_MLA_SM90, 90, 90,
-     {ATTN__MLA_DECODE_ROLE("mla_decode_sm90.cu", 1), ATTN__MLA_PREFILL_ROLE("mla_prefill_sm90.cu", 1),
+     {ATTN__MLA_DECODE_ROLE("mla_decode_sm90.cu", 1, 1), ATTN__MLA_PREFILL_ROLE("mla_prefill_sm90.cu", 1),
       ATTN__LATENT_ROLE, ATTN__NO_ROLE}},
     {ATTN_BACKEND_CUDA_MLA, 80, 0,
-     {ATTN__MLA_DECODE_ROLE("mla_decode.cu", 0), ATTN__MLA_PREFILL_ROLE("mla_prefill.cu", 0), ATTN__LATENT_ROLE,
+     {ATTN__MLA_DECODE_ROLE("mla_decode.cu", 0, 0), ATTN__MLA_PREFILL_ROLE("mla_prefill.cu", 0), ATTN__LATENT_ROLE,
       ATTN__NO_ROLE}},
 };
 #undef ATTN__PAGED_ROLE
@@ -8691,8 +8687,8 @@ typedef struct attn__cuda_mla_layer {
 static void attn__cuda_mla_variants(const attn_layer_desc *d, const attn__kernel_family *f,
                                     char opt[ATTN__ROLE_COUNT][256]) {
     int dt = attn__cuda_dt(d->dtype), kv = attn__cuda_dt(d->kv_cache_dtype); /* kv: = dt, or an fp8 latent */
-    if (f->role[ATTN__ROLE_DECODE].arch_a) /* the wgmma decode: 64 heads a CTA, fused merges */
-        attn__fmt(opt[0], 256, "-DKV_LORA=%d -DROPE=%d -DBLOCK_SIZE=%d -DDT=%d -DFUSED_MERGE=1", d->kv_lora_rank,
+    if (f->role[ATTN__ROLE_DECODE].arch_a) /* the wgmma decode: 64 heads a CTA */
+        attn__fmt(opt[0], 256, "-DKV_LORA=%d -DROPE=%d -DBLOCK_SIZE=%d -DDT=%d", d->kv_lora_rank,
                   d->qk_rope_head_dim, d->block_size, dt);
     else
         attn__fmt(opt[0], 256, "-DKV_LORA=%d -DROPE=%d -DBLOCK_SIZE=%d -DDT=%d -DROWS=%d -DDT_KV=%d", d->kv_lora_rank,
@@ -8769,7 +8765,7 @@ static void attn__cuda_mla_layer_release(const attn_backend *self, attn_layer *l
 /* ---- metadata: decode work list, device workspace ---- */
 
 typedef struct attn__cuda_mla_plan {
-    int32_t *counts;               /* [4]: decode work items, merge entries, of them unfused */
+    int32_t *counts;               /* [4]: decode work items, merge entries, -, - */
     int32_t *work;                 /* [work_capacity][8] (kernels/mla_decode_sm90.cu) */
     int32_t *merge;                /* [merge_capacity][8] */
     int64_t *slot_mapping;         /* [max_num_tokens], -1 past the batch */
@@ -8792,7 +8788,7 @@ typedef struct attn__cuda_mla_meta {
     int work_capacity, merge_capacity, slot_capacity;
     size_t ws_bytes;
     attn__cuda_staged up;          /* the region: work list, merges, batch */
-    attn__CUdeviceptr partial_o, partial_lse, merge_count, ws_base;
+    attn__CUdeviceptr partial_o, partial_lse, ws_base;
     attn__cuda_mla_plan host, dev;
     attn__cuda_mla_ws ws;
 } attn__cuda_mla_meta;
@@ -8832,7 +8828,6 @@ static void attn__cuda_mla_meta_free(attn_context *ctx, attn__cuda_mla_meta *cm)
     attn__cuda_staged_free(cu, &cm->up);
     if (cm->partial_o) cu->cuMemFree(cm->partial_o);
     if (cm->partial_lse) cu->cuMemFree(cm->partial_lse);
-    if (cm->merge_count) cu->cuMemFree(cm->merge_count);
     if (cm->ws_base) cu->cuMemFree(cm->ws_base);
     attn__free(cm);
 }
@@ -8887,10 +8882,7 @@ static attn_status attn__cuda_mla_metadata_init(const attn_backend *self, attn_l
         (rc = cu->cuMemAlloc(&cm->partial_o, (size_t)ATTN__MAX(1, cm->slot_capacity) * (size_t)cm->rows *
                                                  (size_t)d->kv_lora_rank * 4)) != 0 ||
         (rc = cu->cuMemAlloc(&cm->partial_lse, (size_t)ATTN__MAX(1, cm->slot_capacity) * (size_t)cm->rows * 4)) != 0 ||
-        (rc = cu->cuMemAlloc(&cm->merge_count, (size_t)ATTN__MAX(1, cm->merge_capacity) * 4)) != 0 ||
-        (rc = cu->cuMemAlloc(&cm->ws_base, cm->ws_bytes)) != 0 ||
-        (rc = cu->cuMemsetD8Async(cm->merge_count, 0, (size_t)ATTN__MAX(1, cm->merge_capacity) * 4, NULL)) != 0 ||
-        (rc = cu->cuStreamSynchronize(NULL)) != 0) {
+        (rc = cu->cuMemAlloc(&cm->ws_base, cm->ws_bytes)) != 0) {
         size_t bytes = cm->up.bytes + cm->ws_bytes;
         attn__cuda_mla_meta_free(ctx, cm);
         attn__cuda_leave(ctx);
@@ -8919,9 +8911,9 @@ static void attn__cuda_mla_metadata_release(const attn_backend *self, attn_metad
     attn_metadata_private_set(meta, NULL);
 }
 
-/* One decode work item (kernels/mla_decode_sm90.cu); entry1: its merge entry + 1, or 0. */
-static void attn__cuda_mla_item(int32_t *w, int req, int head0, int q_row, int key0, int key1, int slot, int entry1) {
-    w[0] = req; w[1] = head0; w[2] = q_row; w[3] = 0; w[4] = key0; w[5] = key1; w[6] = slot; w[7] = entry1;
+/* One decode work item (kernels/mla_decode_sm90.cu). */
+static void attn__cuda_mla_item(int32_t *w, int req, int head0, int q_row, int key0, int key1, int slot) {
+    w[0] = req; w[1] = head0; w[2] = q_row; w[3] = 0; w[4] = key0; w[5] = key1; w[6] = slot; w[7] = 0;
 }
 
 /* The decode work list (the batch lists its decodes first): per decode token and 64
@@ -8937,7 +8929,7 @@ static attn_status attn__cuda_mla_build(const attn_backend *self, attn_layer *la
     attn__cuda_mla_plan *p = &cm->host;
     attn__cuda_driver *cu = ctx->cuda;
     attn_mla_info info;
-    int r, t, h0, nw = 0, nm = 0, slots = 0, separate = 0;
+    int r, t, h0, nw = 0, nm = 0, slots = 0;
     size_t upload;
     attn__CUresult rc;
     attn_status st;
@@ -8957,24 +8949,20 @@ static attn_status attn__cuda_mla_build(const attn_backend *self, attn_layer *la
             int hi = ATTN__MAX(0, ATTN__MIN(sl, sl - ql + t + 1)); /* causal: keys 0 .. pos */
             int ns = ATTN__MIN(info.num_kv_splits, (hi + 63) / 64), s;
             for (h0 = 0; h0 < d->num_heads; h0 += cm->rows) {
-                if (ns > 1) {
-                    /* merged in the decode launch by the entry's last split, or (many splits:
-                       one CTA would read ns x 128 KiB) by the merge kernel, a CTA per row */
+                if (ns > 1) { /* merged by attn_mla_merge, a CTA per row */
                     int32_t *m = p->merge + 8 * nm++;
-                    int fused = cm->sm90 && ns * ATTN__MIN(cm->rows, d->num_heads - h0) <= ATTN_MLA_FUSED_MERGE_MAX;
                     ATTN_ASSERT(nm <= cm->merge_capacity && slots + ns <= cm->slot_capacity);
-                    m[0] = q0 + t; m[1] = h0; m[2] = ns; m[3] = slots; m[4] = fused; m[5] = m[6] = m[7] = 0;
-                    separate += !fused;
+                    m[0] = q0 + t; m[1] = h0; m[2] = ns; m[3] = slots; m[4] = m[5] = m[6] = m[7] = 0;
                     for (s = 0; s < ns; s++) {
                         int k0 = s == 0 ? 0 : (int)((int64_t)hi * s / ns) / 64 * 64;
                         int k1 = s == ns - 1 ? hi : (int)((int64_t)hi * (s + 1) / ns) / 64 * 64;
                         ATTN_ASSERT(nw < cm->work_capacity);
-                        attn__cuda_mla_item(p->work + 8 * nw++, r, h0, q0 + t, k0, k1, slots + s, fused ? nm : 0);
+                        attn__cuda_mla_item(p->work + 8 * nw++, r, h0, q0 + t, k0, k1, slots + s);
                     }
                     slots += ns;
                 } else {
                     ATTN_ASSERT(nw < cm->work_capacity);
-                    attn__cuda_mla_item(p->work + 8 * nw++, r, h0, q0 + t, 0, hi, -1, 0);
+                    attn__cuda_mla_item(p->work + 8 * nw++, r, h0, q0 + t, 0, hi, -1);
                 }
             }
         }
@@ -8982,7 +8970,6 @@ static attn_status attn__cuda_mla_build(const attn_backend *self, attn_layer *la
     attn__cuda_sort_work(p->work, nw);
     p->counts[0] = nw;
     p->counts[1] = nm;
-    p->counts[2] = separate; /* entries the merge kernel takes */
     rc = attn__cuda_staged_send(cu, &cm->up, cap, b, p->slot_mapping, p->block_table, &upload);
     attn__cuda_leave(ctx);
     return rc ? attn__cu_fail(ctx, "attn_metadata_build", "the schedule upload", rc) : ATTN_OK;
@@ -9018,17 +9005,37 @@ static int attn__cuda_mla_gemm(attn_context *ctx, void *h, const attn_layer_desc
                                                    batch, ATTN__CUBLAS_COMPUTE_32F, ATTN__CUBLAS_GEMM_DEFAULT);
 }
 
+/* The tensor map of an MLA latent cache [num_blocks, block_size, row] (rows contiguous) for
+   a kernel that reads it through TMA (kernels/mla_decode_sm90.cu's LAUNCH): 3-D {row, block
+   rows, blocks}, box {64 columns, box_rows rows, 1 block}, 128-byte swizzle (wgmma's K-major
+   tiles). Host arithmetic and one driver call, nothing on the device: encoded at every
+   forward, and a captured forward keeps its map as it keeps the cache pointer. */
+static attn_status attn__cuda_mla_map(attn_context *ctx, attn_dtype dt, const void *cache, int64_t num_blocks,
+                                      int block_size, int row, int box_rows, attn__tma_map *map) {
+    const uint64_t esz = (uint64_t)attn_dtype_size(dt);
+    uint64_t dims[3], strides[2];
+    uint32_t box[3];
+    dims[0] = (uint64_t)row;
+    dims[1] = (uint64_t)block_size;
+    dims[2] = (uint64_t)num_blocks;
+    strides[0] = (uint64_t)row * esz;
+    strides[1] = strides[0] * (uint64_t)block_size;
+    box[0] = (uint32_t)(128 / esz);
+    box[1] = (uint32_t)box_rows;
+    box[2] = 1;
+    return attn__tma_encode(ctx, map, dt, 3, cache, dims, strides, box, 128);
+}
+
 /* The decode launch: q [.][H][R] and q_pe [.][H][P] rows by the work list's q_row, out
    [.][H][R], lse [.][H] or none. */
 static attn__CUresult attn__cuda_mla_decode(attn_context *ctx, const attn__cuda_mla_layer *L, const attn__cuda_mla_meta *cm,
                                             const attn_metadata *meta, const attn_layer_desc *d, attn__mla_rows q,
-                                            attn__mla_rows q_pe, const attn_tensor *kv_cache, attn__mla_rows out,
-                                            const attn_tensor *lse, attn__CUstream s, int capturing) {
+                                            attn__mla_rows q_pe, const attn_tensor *kv_cache, const attn__tma_map *map,
+                                            attn__mla_rows out, const attn_tensor *lse, attn__CUstream s, int capturing) {
     attn__mla_decode_params dp;
-    void *args[1];
+    void *args[2];
     unsigned grid = (unsigned)(capturing ? cm->work_capacity : cm->host.counts[0]);
-    /* the merge kernel's grid covers every entry (those merged in the decode exit at once) */
-    unsigned merges = (unsigned)(capturing ? cm->merge_capacity : cm->host.counts[2] ? cm->host.counts[1] : 0);
+    unsigned merges = (unsigned)(capturing ? cm->merge_capacity : cm->host.counts[1]);
     attn__CUresult rc;
     if (!grid) return 0;
     memset(&dp, 0, sizeof dp);
@@ -9050,16 +9057,27 @@ static attn__CUresult attn__cuda_mla_decode(attn_context *ctx, const attn__cuda_
     dp.num_merge = attn__dptr(cm->dev.counts + 1);
     dp.partial_o = cm->partial_o;
     dp.partial_lse = cm->partial_lse;
-    dp.merge_count = cm->merge_count;
     dp.num_heads = d->num_heads;
     dp.scale = d->scale;
     attn__cuda_latent_scale(d, &dp.k_scale, &dp.k_scale_value);
-    args[0] = &dp;
+    args[0] = (void *)map; /* a kernel fed through TMA takes the cache's map first */
+    args[1] = &dp;
     rc = ctx->cuda->cuLaunchKernel(L->decode.main, grid, 1, 1, (unsigned)L->decode.config.threads, 1, 1,
-                                   (unsigned)L->decode.config.shared_bytes, s, args, NULL);
-    if (rc == 0 && merges) /* the unfused entries (a captured forward holds the launch always) */
-        rc = ctx->cuda->cuLaunchKernel(L->decode.second, merges, (unsigned)L->rows, 1, 256, 1, 1, 0, s, args, NULL);
+                                   (unsigned)L->decode.config.shared_bytes, s, map ? args : args + 1, NULL);
+    if (rc == 0 && merges) /* the merges (a captured forward holds the launch always) */
+        rc = ctx->cuda->cuLaunchKernel(L->decode.second, merges, (unsigned)L->rows, 1, 256, 1, 1, 0, s, args + 1, NULL);
     return rc;
+}
+
+/* The cache's tensor map where the layer's decode kernel reads it through TMA (its config's
+   tma_box_rows > 0; *use 0 otherwise): encoded before a forward writes or launches anything,
+   so a cache the map refuses changes nothing. */
+static attn_status attn__cuda_mla_decode_map(attn_context *ctx, const attn__cuda_mla_layer *L, const attn_layer_desc *d,
+                                             const attn_tensor *kv_cache, attn__tma_map *map, int *use) {
+    *use = L->decode.config.tma_box_rows > 0;
+    if (!*use) return ATTN_OK;
+    return attn__cuda_mla_map(ctx, d->kv_cache_dtype, kv_cache->data, kv_cache->shape[0], d->block_size, d->head_size,
+                              L->decode.config.tma_box_rows, map);
 }
 
 static attn_status attn__cuda_mla_forward_mqa(const attn_backend *self, attn_layer *layer, const attn_metadata *meta,
@@ -9072,8 +9090,10 @@ static attn_status attn__cuda_mla_forward_mqa(const attn_backend *self, attn_lay
     const attn__cuda_mla_meta *cm = (const attn__cuda_mla_meta *)attn_metadata_private(meta);
     const char *fn = "attn_mla_forward_mqa";
     attn__mla_rows qr = attn__mla_rows_of(q, 0), pr;
+    attn__tma_map map;
     attn__CUresult rc;
     attn_status st;
+    int use_map;
     (void)self;
     if ((st = attn__cuda_mla_aligned(ctx, fn, "q", q)) != ATTN_OK ||
         (q_pe && (st = attn__cuda_mla_aligned(ctx, fn, "q_pe", q_pe)) != ATTN_OK) ||
@@ -9084,9 +9104,10 @@ static attn_status attn__cuda_mla_forward_mqa(const attn_backend *self, attn_lay
         pr = qr;
         pr.data += (attn__CUdeviceptr)d->kv_lora_rank * attn_dtype_size(d->dtype);
     }
+    if ((st = attn__cuda_mla_decode_map(ctx, L, d, kv_cache, &map, &use_map)) != ATTN_OK) return st;
     if ((st = attn__cuda_enter_stream(ctx, fn, stream)) != ATTN_OK) return st;
-    rc = attn__cuda_mla_decode(ctx, L, cm, meta, d, qr, pr, kv_cache, attn__mla_rows_of(out_latent, 0), lse,
-                               (attn__CUstream)stream, attn__cuda_capturing(ctx, (attn__CUstream)stream));
+    rc = attn__cuda_mla_decode(ctx, L, cm, meta, d, qr, pr, kv_cache, use_map ? &map : NULL, attn__mla_rows_of(out_latent, 0),
+                               lse, (attn__CUstream)stream, attn__cuda_capturing(ctx, (attn__CUstream)stream));
     attn__cuda_leave(ctx);
     return rc ? attn__cu_fail(ctx, fn, "cuLaunchKernel", rc) : ATTN_OK;
 }
@@ -9276,13 +9297,15 @@ static attn_status attn__cuda_mla_forward(const attn_backend *self, attn_layer *
     const int H = d->num_heads, R = d->kv_lora_rank, td = meta->mla.num_decode_tokens;
     attn__CUstream s = (attn__CUstream)stream;
     attn__mla_rows qn = attn__mla_rows_of(q_nope, 0), qp = attn__mla_rows_of(q_pe, 0), o = attn__mla_rows_of(out, 0);
+    attn__tma_map map;
     attn__CUresult rc = 0;
     attn_status st;
-    int capturing, crc = 0;
+    int capturing, crc = 0, use_map;
     (void)self;
     if ((st = attn__cuda_mla_aligned(ctx, fn, "q_nope", q_nope)) != ATTN_OK ||
         (st = attn__cuda_mla_aligned(ctx, fn, "q_pe", q_pe)) != ATTN_OK ||
-        (st = attn__cuda_mla_aligned(ctx, fn, "out", out)) != ATTN_OK)
+        (st = attn__cuda_mla_aligned(ctx, fn, "out", out)) != ATTN_OK ||
+        (st = attn__cuda_mla_decode_map(ctx, L, d, kv_cache, &map, &use_map)) != ATTN_OK)
         return st;
     if ((st = attn__cuda_enter_stream(ctx, fn, stream)) != ATTN_OK) return st;
     capturing = attn__cuda_capturing(ctx, s);
@@ -9301,7 +9324,7 @@ static attn_status attn__cuda_mla_forward(const attn_backend *self, attn_layer *
             (crc = attn__cuda_mla_gemm(ctx, L->cublas, d, ATTN__CUBLAS_OP_N, R, td, d->qk_nope_head_dim, attn__dptr(uk.data),
                                        uk.strides[1], uk.strides[0], qn.data, qn.s0, qn.s1, ql.data, ql.s0, ql.s1, H)) != 0)
             goto cublas_failed;
-        rc = attn__cuda_mla_decode(ctx, L, cm, meta, d, ql, qp, kv_cache, ol, NULL, s, capturing);
+        rc = attn__cuda_mla_decode(ctx, L, cm, meta, d, ql, qp, kv_cache, use_map ? &map : NULL, ol, NULL, s, capturing);
         /* out[t][h] = o_latent[t][h] . W_UV[h] */
         if (rc == 0 &&
             (crc = attn__cuda_mla_gemm(ctx, L->cublas, d, ATTN__CUBLAS_OP_N, d->v_head_dim, td, R, attn__dptr(uv.data),
@@ -10372,7 +10395,6 @@ static const char *const attn__kernel_src_attn_params_cuh[] = {
     "    long long block_table_stride;\n",
     "    int num_heads;\n",
     "    float scale;\n",
-    "    ATTN__DPTR(int) merge_count;            /* FUSED_MERGE: [merge entries], zero between launches */\n",
     "    ATTN__DPTR(const float) k_scale;        /* fp8 latent (DT_KV 4/5): the per-tensor scale, one\n",
     "                                               device float read at every launch; NULL: the value */\n",
     "    float k_scale_value;\n",
@@ -10409,7 +10431,7 @@ static const char *const attn__kernel_src_attn_params_cuh[] = {
     "ATTN__PARAMS_SIZE(attn__latent_write_inline_params, 80 + ATTN__INLINE_SLOTS * 8);\n",
     "ATTN__PARAMS_SIZE(attn__mla_gather_params, 3 * 8 + 4 * 4 + 8 + 2 * 4);\n",
     "ATTN__PARAMS_SIZE(attn__merge_params, 6 * 8 + 12 * 8 + 6 * 4);\n",
-    "ATTN__PARAMS_SIZE(attn__mla_decode_params, 12 * 8 + 9 * 8 + 2 * 4 + 2 * 8 + 2 * 4);\n",
+    "ATTN__PARAMS_SIZE(attn__mla_decode_params, 12 * 8 + 9 * 8 + 2 * 4 + 8 + 2 * 4);\n",
     "ATTN__PARAMS_SIZE(attn__mla_prefill_params, 7 * 8 + 13 * 8 + 8 * 4);\n",
     "#undef ATTN__PARAMS_SIZE\n",
     "\n",
@@ -11073,7 +11095,7 @@ static const char *const attn__kernel_src_mla_decode_cu[] = {
     "               2^(m_old - m_new), O += P V with V = columns 0 .. KV_LORA of the K stage\n",
     "               (ldmatrix.trans), P fragments by ldmatrix.\n",
     "   Epilogue: row sums (S_KG x 4 lanes) summed through shared memory, O / l out. */\n",
-    "#include \"mla_common.cuh\" /* attn__mla_decode_params (its merge_count unused here) */\n",
+    "#include \"mla_common.cuh\" /* attn__mla_decode_params */\n",
     "\n",
     "#if !defined(KV_LORA) || !defined(ROPE) || !defined(BLOCK_SIZE) || !defined(DT) || !defined(ROWS)\n",
     "#error \"mla_decode.cu: define KV_LORA, ROPE, BLOCK_SIZE, DT and ROWS\"\n",
@@ -11605,48 +11627,77 @@ static const char *const attn__kernel_src_mla_decode_cu[] = {
     "}\n",
     0};
 static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
-    "/* mla_decode_sm90.cu - MLA absorbed decode on Hopper warpgroup MMA (wgmma), sm_90a: the\n",
+    "/* mla_decode_sm90.cu - MLA absorbed decode on Hopper, sm_90a: warpgroup MMA (wgmma) fed\n",
+    "   through the tensor memory accelerator (TMA) in FlashMLA's \"seesaw\" schedule; the\n",
     "   CUDA_MLA_SM90 backend's forward_mqa (and the decode half of its fused attn_mla_forward).\n",
+    "   Checked on an H200 against float64 by tests/cuda_kernels.c --mla (random decode batches,\n",
+    "   splits, block sizes 16..128, a cache whose unread rows are NaN) and through the backend\n",
+    "   by the CUDA MLA suite.\n",
     "\n",
     "   WHAT IT COMPUTES, WORK LIST, SPLITS, params, merge: exactly kernels/mla_decode.cu's (the\n",
     "   mma.sync form, sm_80+, the CUDA_MLA backend's; same attn__mla_decode_params, same work\n",
-    "   items, same partial layout with ROWS = 64), for 16-bit DT only.\n",
-    "   Work item (8 int32): {req, head0, q_row, -, key0, key1, slot, merge entry + 1}: the 64\n",
-    "   heads head0 .. head0 + 63 (those below num_heads) of query row q_row over keys [key0,\n",
-    "   key1); slot -1 writes out/lse, slot >= 0 a normalised f32 partial (partial_o[slot][64]\n",
-    "   [KV_LORA], partial_lse[slot][64] base 2). Merge entry: {q_row, head0, splits, first\n",
-    "   slot, fused, ...}. FUSED_MERGE 1 (what the backend compiles): an item with item[7] =\n",
-    "   entry + 1 > 0 is a split of a fused entry (fused = 1): the last of its splits to finish\n",
-    "   merges it in this launch (counter in merge_count, back to 0 after), so a forward is one\n",
-    "   launch. attn_mla_merge, grid (entries, 64), block 256, merges the entries with fused = 0\n",
-    "   (all with FUSED_MERGE 0): one CTA per row, where one CTA merging a whole entry of many\n",
-    "   splits (it reads splits x 128 KiB of partials) would be slow. The backend compiles\n",
-    "   FUSED_MERGE 1 and fuses an entry when splits x its rows <= ATTN_MLA_FUSED_MERGE_MAX,\n",
-    "   which is 0 by default: every split merges in attn_mla_merge, which measured faster on\n",
-    "   the H200 (docs/PERF.md); the fused path stays for that knob and the kernel harness.\n",
+    "   items, same partial layout with ROWS = 64), for 16-bit latents only, and every split\n",
+    "   entry is merged by attn_mla_merge (its own launch; no fused merge).\n",
+    "   Work item (8 int32): {req, head0, q_row, -, key0, key1, slot, -}: the 64 heads head0 ..\n",
+    "   head0 + 63 (those below num_heads) of query row q_row over keys [key0, key1); slot -1\n",
+    "   writes out/lse, slot >= 0 a normalised f32 partial (partial_o[slot][64][KV_LORA],\n",
+    "   partial_lse[slot][64] base 2). Merge entry: {q_row, head0, splits, first slot, ...}.\n",
+    "   attn_mla_merge, grid (entries, 64), block 256: one CTA per row.\n",
+    "\n",
+    "   LAUNCH: attn_mla_decode(kv_map, params): the cache's tensor map first (attn.h:\n",
+    "   attn__cuda_mla_map, encoded on the host at each forward), 3-D {KV_LORA + ROPE,\n",
+    "   BLOCK_SIZE, blocks}, box {64 columns, BOX_ROWS keys, 1 block} (attn_mla_config's\n",
+    "   tma_box_rows), 128-byte swizzle; grid >= *num_work, 256 threads, attn_mla_config's\n",
+    "   dynamic shared memory.\n",
     "\n",
     "   =====================================================================================\n",
-    "   INSIDE A CTA (FlashMLA's shape, written with kernels/wgmma.cuh)\n",
+    "   INSIDE A CTA\n",
     "   =====================================================================================\n",
-    "   256 threads = two warpgroups; 64 query rows (heads head0 .. head0 + 63 of one token:\n",
-    "   one wgmma M). Shared memory, every tile 1024-aligned, 128B-swizzled (wgmma.cuh):\n",
-    "       [Q: 64 x D, K-major: D / 64 panels][K: KV_STAGES x (KV_TILE keys x D, K-major)]\n",
-    "       [P: 64 x 64 DT, K-major][row maxima / sums: 2 x 64 f32][row offsets: stages x tile int64]\n",
-    "   = 72 + 144 + 8 KiB + 1.5 KiB + 1 KiB of alignment slack (226.5 KiB) at D = 576, for\n",
-    "   KV_TILE x KV_STAGES = 64 x 2 (default) or 32 x 4 (KW = KV_TILE / 2 keys per warpgroup).\n",
-    "   Tile i + KV_STAGES - 1 is issued when tile i starts (into tile i - 1's stage), so\n",
-    "   KV_STAGES - 1 tiles are in flight while one is computed. Per tile:\n",
-    "     S   warpgroup w: S_w[64][KW] = Q . K[keys KW w ..]^T, wgmma m64nKWk16 ss over D / 16\n",
-    "         steps (the copies of tile i + KV_STAGES - 1 are issued while it runs); masked to\n",
-    "         [key0, key1); row maxima over its KW keys -> shared memory.    barrier\n",
-    "     P   both warpgroups derive the same new row max; p = 2^(s - m) -> P (DT, swizzled) in\n",
-    "         shared memory; lane-partial row sums; fence.proxy.async.  barrier\n",
-    "     PV  warpgroup w: O_w[64][256] (columns 256w ..) = alpha O_w + P . V, V = columns\n",
-    "         256w .. 256w + 255 of the K stage read MN-major (LBO = one 64-column panel),\n",
-    "         wgmma m64n256k16 ss over 4 steps; 128 accumulator registers per thread.\n",
+    "   256 threads: two warpgroups C0 and C1, 64 query rows (heads head0 .. head0 + 63 of one\n",
+    "   token: one wgmma M). Shared memory, 1024-aligned, 128B-swizzled:\n",
+    "       [Q: 64 x D][slot 0: 64 keys x D][slot 1: 64 keys x D][4 mbarriers][m: 2 x 64 f32][l: 2 x 64 f32]\n",
+    "   = 216 KiB + 1.1 KiB + 1 KiB slack at D = 576 (KV_LORA 512), 120 KiB at D = 320.\n",
+    "   A slot is D / 64 panels of 64 keys x 64 columns (8 KiB). Keys are taken two 64-key tiles\n",
+    "   at a time (a pair): tile 2i in slot 0, tile 2i + 1 in slot 1. The output O = [O_L | O_R]\n",
+    "   (64 x KV_LORA f32) is split by columns: C0 holds O_L, C1 holds O_R (128 registers each at\n",
+    "   KV_LORA 512).\n",
+    "\n",
+    "   Per pair (FlashMLA's seesaw: one O, the two halves of V, S of one tile each):\n",
+    "     C0: S0 = Q K0^T (wgmma m64n64, all D) -> row max -> m0 = max(m, max S0) to shared memory\n",
+    "         [M0] -> P0 = 2^(S0 - m0) into slot 0's rope panel [P0] -> O_L = a0 O_L + P0 V0_L\n",
+    "         -> [M1] -> O_L = a1 O_L + P1 V1_L\n",
+    "     C1: S1 = Q K1^T -> row max -> [M0] m1 = max(m0, max S1) [M1] -> P1 into slot 1's rope\n",
+    "         panel [P1] -> [P0] O_R = a0 O_R + P0 V0_R -> O_R = a1 O_R + P1 V1_R\n",
+    "   [X] are one-way named barriers (bar.arrive by the writer, bar.sync by the reader; what the\n",
+    "   writer put in shared memory is published by them). C0's softmax runs under C1's S, C1's\n",
+    "   under C0's P V. A P V takes P as register fragments: a warpgroup's own P from its S\n",
+    "   accumulators, the other's read from the rope panel (ld.shared). Both warpgroups run the\n",
+    "   same wgmma instructions with operands chosen by value: a wgmma under a branch on the\n",
+    "   warpgroup makes ptxas serialize all of them (C7520).\n",
+    "   The rope panel (64 columns) of a slot is read only by its tile's S, so after that S the\n",
+    "   tile's P (64 x 64 16-bit, 8 KiB) is written over it: the P buffers cost no memory.\n",
+    "\n",
+    "   Loads (TMA, completing on a full mbarrier per group; no producer warp): each slot is two\n",
+    "   groups, refilled with the next pair's tile by the warpgroup that reads the group last, as\n",
+    "   soon as it is done with it (a warpgroup barrier, then one thread issues the boxes):\n",
+    "       slot 0: A0 = panels [0, NL/2)          C0 refills it after O_L += P0 V0_L\n",
+    "               B0 = panels [NL/2, D/64)       C1 refills it after O_R += P0 V0_R (P0 read)\n",
+    "       slot 1: A1 = panels [0, NL/2) + rope   C0 refills it after O_L += P1 V1_L (P1 read)\n",
+    "               B1 = panels [NL/2, NL)         C1 refills it after O_R += P1 V1_R\n",
+    "   (NL = KV_LORA / 64.) The other warpgroup's reads of a group are done before the refill:\n",
+    "   C0's S0 reads B0 before [M0], which C1 waited for; C1's S1 reads A1 before [M1]. S waits\n",
+    "   for each group's full barrier before its panels, so it starts when the first half has\n",
+    "   landed. Boxes hold keys of one block: BOX_ROWS = 64 where BLOCK_SIZE is a multiple of 64,\n",
+    "   BLOCK_SIZE where it divides 64, 16 otherwise (BLOCK_SIZE is a multiple of 16). Boxes with no key in [key0, key1) are not loaded (their\n",
+    "   rows keep stale bytes); a tile that reaches past [key0, key1) (an edge tile, or the\n",
+    "   missing second tile of an odd count) has its V rows outside the range zeroed by the\n",
+    "   warpgroup that owns the slot, before any P V reads them (0 x a stale NaN would be NaN);\n",
+    "   the scores of those keys are masked to -inf.\n",
+    "\n",
     "   Epilogue: row sums of both warpgroups through shared memory; O / l out (or the\n",
-    "   partial); lse by warpgroup 0. */\n",
+    "   normalised f32 partial); lse by C0. */\n",
     "#include \"wgmma.cuh\"\n",
+    "#include \"hopper.cuh\"\n",
     "#include \"mla_common.cuh\" /* attn__mla_decode_params */\n",
     "\n",
     "#if !defined(KV_LORA) || !defined(ROPE) || !defined(BLOCK_SIZE) || !defined(DT)\n",
@@ -11661,263 +11712,381 @@ static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
     "#if ROPE != 64\n",
     "#error \"mla_decode_sm90.cu: ROPE must be 64\"\n",
     "#endif\n",
+    "#if BLOCK_SIZE % 16 || BLOCK_SIZE <= 0\n",
+    "#error \"mla_decode_sm90.cu: BLOCK_SIZE must be a positive multiple of 16\"\n",
+    "#endif\n",
     "#ifdef ROWS\n",
-    "#error \"mla_decode_sm90.cu: ROWS is always 64 (one wgmma M); do not define it (wgmma.cuh uses the name)\"\n",
+    "#error \"mla_decode_sm90.cu: ROWS is always 64 (one wgmma M); do not define it\"\n",
     "#endif\n",
     "#define ROWS 64\n",
-    "#include \"mla_merge.cuh\" /* attn_mla_merge_entry, attn_mla_merge_kernel */\n",
-    "\n",
-    "#ifndef FUSED_MERGE\n",
-    "#define FUSED_MERGE 0 /* 1: the last split of a merge entry merges it (item[7] = entry + 1) */\n",
+    "#include \"mla_merge.cuh\" /* attn_mla_merge_kernel */\n",
+    "#if defined(FUSED_MERGE) && FUSED_MERGE\n",
+    "#error \"mla_decode_sm90.cu: no fused merge (attn_mla_merge merges every split)\"\n",
+    "#endif\n",
+    "#ifndef SPLIT_WAIT\n",
+    "#define SPLIT_WAIT 1 /* tuning: 1 S starts on a slot's first group and waits for the second halfway;\n",
+    "                        0 S waits for both first */\n",
     "#endif\n",
     "\n",
-    "#define ATTN_D (KV_LORA + ROPE)\n",
-    "/* Keys per tile and stages of the K ring: 64 x 2 (default) or 32 x 4 (the same 144 KiB,\n",
-    "   three tiles in flight while one is computed). */\n",
-    "#ifndef KV_TILE\n",
-    "#define KV_TILE 64\n",
-    "#endif\n",
-    "#ifndef KV_STAGES\n",
-    "#define KV_STAGES (128 / KV_TILE)\n",
-    "#endif\n",
-    "#if !(KV_TILE == 64 && KV_STAGES == 2) && !(KV_TILE == 32 && (KV_STAGES == 2 || KV_STAGES == 4))\n",
-    "#error \"mla_decode_sm90.cu: KV_TILE x KV_STAGES must be 64 x 2, 32 x 2 or 32 x 4\"\n",
-    "#endif\n",
-    "#define ATTN_KW (KV_TILE / 2)                 /* keys of S per warpgroup (its wgmma N) */\n",
-    "#define ATTN_THREADS 256\n",
-    "#define ATTN_CW (KV_LORA / 2)                 /* output columns per warpgroup: 256 or 128 */\n",
-    "#define ATTN_OR (ATTN_CW / 2)                 /* O accumulator registers per thread */\n",
-    "#define ATTN_TILE_BYTES (64 * ATTN_D * 2)     /* Q: D / 64 panels of 8 KiB */\n",
-    "#define ATTN_STAGE_BYTES (KV_TILE * ATTN_D * 2) /* one K stage: D / 64 panels of KV_TILE x 128 bytes */\n",
-    "#define ATTN_SQ_OFF 0\n",
-    "#define ATTN_SK_OFF ATTN_TILE_BYTES\n",
-    "#define ATTN_SP_OFF (ATTN_SK_OFF + KV_STAGES * ATTN_STAGE_BYTES)\n",
-    "#define ATTN_SRED_OFF (ATTN_SP_OFF + 64 * 64 * 2)\n",
-    "#define ATTN_SBLK_OFF (ATTN_SRED_OFF + 2 * 64 * 4)\n",
-    "#define ATTN_SMEM_BYTES (ATTN_SBLK_OFF + KV_STAGES * KV_TILE * 8 + 1024) /* + alignment slack */\n",
-    "#if ATTN_SMEM_BYTES > 232448\n",
-    "#error \"mla_decode_sm90.cu: shared memory over 227 KiB\"\n",
-    "#endif\n",
-    "#define ATTN_CPR (ATTN_D / 8) /* 16-byte chunks per row */\n",
-    "#define ATTN_NC_L (KV_LORA / 8) /* ... of its latent part */\n",
-    "#define ATTN_NC_R (ROPE / 8)    /* ... of its rope part */\n",
-    "#if ATTN_THREADS % ATTN_NC_L || ATTN_THREADS % ATTN_NC_R || (KV_TILE * ATTN_NC_L) % ATTN_THREADS || (KV_TILE * ATTN_NC_R) % ATTN_THREADS\n",
-    "#error \"mla_decode_sm90.cu: the loader needs chunks per row that divide the threads\"\n",
-    "#endif\n",
+    "struct attn_mla_seesaw {\n",
+    "    static constexpr int d = KV_LORA + ROPE, np = d / 64, nl = KV_LORA / 64, nh = nl / 2;\n",
+    "    static constexpr int cw = KV_LORA / 2, o_regs = cw / 2;  /* columns of O per warpgroup, its registers */\n",
+    "    static constexpr int rope = nl;                          /* the rope panel: P after S */\n",
+    "    static constexpr int panel = 64 * 128;                   /* 64 rows x 64 columns, 8 KiB */\n",
+    "    static constexpr int box_rows = BLOCK_SIZE % 64 == 0 ? 64 : 64 % BLOCK_SIZE == 0 ? BLOCK_SIZE : 16;\n",
+    "    static constexpr int pieces = 64 / box_rows;             /* boxes per tile and panel */\n",
+    "    static constexpr int slot_bytes = np * panel;\n",
+    "    static constexpr int q_off = 0, slot_off = np * panel, bar_off = slot_off + 2 * slot_bytes;\n",
+    "    static constexpr int m_off = bar_off + 32, l_off = m_off + 2 * 64 * 4;\n",
+    "    static constexpr int smem_bytes = l_off + 2 * 64 * 4 + 1024; /* + the slack that aligns the base */\n",
+    "    static constexpr int threads = 256;\n",
+    "    static_assert(smem_bytes <= 227 * 1024, \"mla_decode_sm90.cu: shared memory over 227 KiB\");\n",
+    "};\n",
+    "typedef attn_mla_seesaw MW;\n",
     "\n",
-    "extern \"C\" __constant__ attn__launch_config attn_mla_config = {ATTN_THREADS, ATTN_SMEM_BYTES, KV_TILE, ROWS, 1, KV_STAGES, 8, 1};\n",
+    "/* named barriers (id 0 is __syncthreads): 1 both warpgroups; 2..5 the one-way signals M0,\n",
+    "   M1, P0, P1 (C0 -> C1, C1 -> C0, C0 -> C1, C1 -> C0); 6, 7 one warpgroup */\n",
+    "#define ATTN_NB_BOTH 1\n",
+    "#define ATTN_NB_M0 2\n",
+    "#define ATTN_NB_M1 3\n",
+    "#define ATTN_NB_P0 4\n",
+    "#define ATTN_NB_P1 5\n",
+    "#define ATTN_NB_WG 6\n",
     "\n",
+    "extern \"C\" __constant__ attn__launch_config attn_mla_config = {MW::threads, MW::smem_bytes, 64, ROWS, 1, 2, 8, 1,\n",
+    "                                                                MW::box_rows};\n",
     "\n",
-    "extern \"C\" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mla_decode(const attn__mla_decode_params p) {\n",
+    "/* group g (0 A0, 1 B0, 2 A1, 3 B1): its panels (A1 carries slot 1's rope panel) */\n",
+    "ATTN_DEV constexpr int attn_mla_seesaw_group_count(int g) {\n",
+    "    return g == 0 ? MW::nh : g == 1 ? MW::np - MW::nh : g == 2 ? MW::nh + 1 : MW::nl - MW::nh;\n",
+    "}\n",
+    "ATTN_DEV constexpr int attn_mla_seesaw_group_panel(int g, int i) {\n",
+    "    return g == 0 ? i : g == 1 ? MW::nh + i : g == 2 ? (i < MW::nh ? i : MW::rope) : MW::nh + i;\n",
+    "}\n",
+    "\n",
+    "/* The boxes of group g of tile t (keys kt .. kt + 63) that hold a key in [key0, key1), into\n",
+    "   slot `dst`, completing on `bar`; blk[j]: the block of piece j (read before). One thread. */\n",
+    "ATTN_DEV void attn_mla_seesaw_fill(const attn_tma_map *map, int g, attn_u32 dst, attn_u32 bar, int kt, int key0, int key1,\n",
+    "                               const int (&blk)[MW::pieces], int valid) {\n",
+    "    int nb = 0;\n",
+    "#pragma unroll\n",
+    "    for (int j = 0; j < MW::pieces; j++) nb += valid && kt + (j + 1) * MW::box_rows > key0 && kt + j * MW::box_rows < key1;\n",
+    "    attn_mbar_arrive_expect_tx(bar, (unsigned)(nb * attn_mla_seesaw_group_count(g) * MW::box_rows * 128));\n",
+    "#pragma unroll\n",
+    "    for (int j = 0; j < MW::pieces; j++) {\n",
+    "        const int k = kt + j * MW::box_rows;\n",
+    "        if (!(valid && k + MW::box_rows > key0 && k < key1)) continue;\n",
+    "        const int row = (int)((unsigned)k % BLOCK_SIZE);\n",
+    "#pragma unroll\n",
+    "        for (int i = 0; i < attn_mla_seesaw_group_count(g); i++) {\n",
+    "            const int c = attn_mla_seesaw_group_panel(g, i);\n",
+    "            attn_tma_load_3d(dst + (attn_u32)(c * MW::panel + j * MW::box_rows * 128), map, 64 * c, row, blk[j], bar);\n",
+    "        }\n",
+    "    }\n",
+    "}\n",
+    "\n",
+    "/* the blocks of tile t's pieces (0 for pieces out of [key0, key1) or past the tiles) */\n",
+    "ATTN_DEV void attn_mla_seesaw_blocks(int (&blk)[MW::pieces], const int *bt, int kt, int key0, int key1) {\n",
+    "#pragma unroll\n",
+    "    for (int j = 0; j < MW::pieces; j++) {\n",
+    "        const int k = kt + j * MW::box_rows;\n",
+    "        blk[j] = k + MW::box_rows > key0 && k < key1 ? bt[(unsigned)k / BLOCK_SIZE] : 0;\n",
+    "    }\n",
+    "}\n",
+    "\n",
+    "/* P (64 x 64, 16-bit, K-major swizzled at `panel`) as this thread's A fragments of the four\n",
+    "   k16 steps (wgmma.cuh's A layout: rows row_a, row_a + 8; columns 16 j + 2 tq (+8)) */\n",
+    "ATTN_DEV void attn_mla_seesaw_load_p(attn_u32 (&pf)[4][4], const char *panel, int row_a, int tq) {\n",
+    "#pragma unroll\n",
+    "    for (int j = 0; j < 4; j++)\n",
+    "#pragma unroll\n",
+    "        for (int x = 0; x < 4; x++) {\n",
+    "            const int row = row_a + 8 * (x & 1), col = 16 * j + 2 * tq + 8 * (x >> 1);\n",
+    "            pf[j][x] = *(const attn_u32 *)(panel + attn_wgmma_swizzle_offset<64>(row, col >> 3) + (col & 7) * 2);\n",
+    "        }\n",
+    "}\n",
+    "\n",
+    "extern \"C\" __global__ void __launch_bounds__(MW::threads, 1)\n",
+    "    attn_mla_decode(const __grid_constant__ attn_tma_map kv_map, const attn__mla_decode_params p) {\n",
     "    extern __shared__ attn_vec16 attn_smem[];\n",
-    "    if (blockDim.x != ATTN_THREADS || attn_dynamic_smem_size() < ATTN_SMEM_BYTES) attn_trap();\n",
+    "    if (blockDim.x != MW::threads || attn_dynamic_smem_size() < MW::smem_bytes) attn_trap();\n",
     "    if ((int)blockIdx.x >= *p.num_work) return;\n",
     "    const int *item = p.work + 8 * (attn_i64)blockIdx.x;\n",
     "    const int req = item[0], head0 = item[1], q_row = item[2], slot = item[6];\n",
     "    const int key0 = item[4], key1 = item[5];\n",
-    "    const int nrows = attn_imin(ROWS, p.num_heads - head0);\n",
     "    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = tid >> 7;\n",
     "    const int g = lane >> 2, tq = lane & 3;\n",
+    "    const int c1 = __all_sync(0xffffffffu, wg == 1); /* wg, as a value ptxas knows is warp-uniform */\n",
+    "    const int issuer = (tid & 127) == 0;            /* the thread of each warpgroup that issues its refills */\n",
     "    const attn_u32 smem0 = attn_smem_addr(attn_smem);\n",
     "    const attn_u32 base = (smem0 + 1023u) & ~1023u;\n",
     "    char *const smem = (char *)attn_smem + (base - smem0);\n",
-    "    const attn_u32 sQ = base + ATTN_SQ_OFF, sK = base + ATTN_SK_OFF, sP = base + ATTN_SP_OFF;\n",
-    "    float *const sRed = (float *)(smem + ATTN_SRED_OFF);       /* [wg][64] */\n",
-    "    attn_i64 *const sBlk = (attn_i64 *)(smem + ATTN_SBLK_OFF); /* [stage][key] */\n",
+    "    const attn_u32 sQ = base + MW::q_off, sS0 = base + MW::slot_off, sS1 = sS0 + MW::slot_bytes;\n",
+    "    const attn_u32 full = base + MW::bar_off; /* [4]: A0 B0 A1 B1 */\n",
+    "    float *const sM = (float *)(smem + MW::m_off); /* [2][64]: m after tile 2i (C0), after 2i + 1 (C1) */\n",
+    "    float *const sL = (float *)(smem + MW::l_off);\n",
+    "    const int *bt = p.block_table + (attn_i64)req * p.block_table_stride;\n",
+    "    const int tile0 = key1 > key0 ? key0 / 64 * 64 : 0;\n",
+    "    const int ntiles = key1 > key0 ? (key1 - tile0 + 63) / 64 : 0;\n",
+    "    const int npairs = (ntiles + 1) / 2;\n",
+    "    const int nrows = attn_imin(ROWS, p.num_heads - head0);\n",
+    "    const int row_a = 16 * (warp & 3) + g; /* this thread's accumulator rows: row_a, row_a + 8 */\n",
     "\n",
-    "    /* ---- Q rows: [q_latent | q_pe], zero past num_heads ---- */\n",
-    "    for (int c = tid; c < ROWS * ATTN_CPR; c += ATTN_THREADS) {\n",
-    "        const int r = c / ATTN_CPR, col = c - r * ATTN_CPR;\n",
+    "    if (tid == 0) {\n",
+    "        for (int i = 0; i < 4; i++) attn_mbar_init(full + 8 * i, 1);\n",
+    "        attn_mbar_init_fence();\n",
+    "    }\n",
+    "    __syncthreads(); /* the barriers */\n",
+    "    if (tid == 0 && npairs > 0) { /* pair 0, all four groups */\n",
+    "        int b0[MW::pieces], b1[MW::pieces];\n",
+    "        attn_tma_prefetch_map(&kv_map);\n",
+    "        attn_mla_seesaw_blocks(b0, bt, tile0, key0, key1);\n",
+    "        attn_mla_seesaw_blocks(b1, bt, tile0 + 64, key0, key1);\n",
+    "        attn_mla_seesaw_fill(&kv_map, 0, sS0, full + 0, tile0, key0, key1, b0, 1);\n",
+    "        attn_mla_seesaw_fill(&kv_map, 1, sS0, full + 8, tile0, key0, key1, b0, 1);\n",
+    "        attn_mla_seesaw_fill(&kv_map, 2, sS1, full + 16, tile0 + 64, key0, key1, b1, ntiles > 1);\n",
+    "        attn_mla_seesaw_fill(&kv_map, 3, sS1, full + 24, tile0 + 64, key0, key1, b1, ntiles > 1);\n",
+    "    }\n",
+    "\n",
+    "    /* Q rows: [q_latent | q_pe], zero past num_heads */\n",
+    "    for (int c = tid; c < ROWS * (MW::d / 8); c += MW::threads) {\n",
+    "        const int r = c / (MW::d / 8), col = c - r * (MW::d / 8);\n",
     "        const int valid = r < nrows;\n",
     "        const char *src = valid ? attn_mla_q_chunk(p.q, p.q_stride_token, p.q_stride_head, p.q_pe, p.q_pe_stride_token,\n",
     "                                                   p.q_pe_stride_head, KV_LORA, q_row, head0 + r, col)\n",
     "                                : (const char *)p.q;\n",
     "        attn_cp_async16_or_zero(sQ + attn_wgmma_swizzle_offset<ROWS>(r, col), src, !valid);\n",
     "    }\n",
-    "\n",
-    "    /* ---- the K ring ---- */\n",
-    "    const int *bt = p.block_table + (attn_i64)req * p.block_table_stride;\n",
-    "    const char *kv = (const char *)p.kv_cache;\n",
-    "    const int tile0 = key1 > key0 ? key0 / KV_TILE * KV_TILE : 0;\n",
-    "    const int ntiles = key1 > key0 ? (key1 - tile0 + KV_TILE - 1) / KV_TILE : 0;\n",
-    "    auto row_off = [&](int j) -> attn_i64 {\n",
-    "        return attn_mla_key_offset(bt, j, key0, key1, BLOCK_SIZE, ATTN_D * 2);\n",
-    "    };\n",
-    "    /* each thread copies fixed 16-byte columns of its rows: the latent part (KV_LORA / 8\n",
-    "       chunks a row) and the rope part (8), shifts instead of a division by D / 8 */\n",
-    "    auto issue = [&](int tile) {\n",
-    "        const int st = tile % KV_STAGES;\n",
-    "        const attn_u32 dst = sK + (attn_u32)(st * ATTN_STAGE_BYTES);\n",
-    "        const attn_i64 *blk = sBlk + st * KV_TILE;\n",
-    "#pragma unroll\n",
-    "        for (int i = 0; i < KV_TILE * ATTN_NC_L / ATTN_THREADS; i++) {\n",
-    "            const int r = tid / ATTN_NC_L + i * (ATTN_THREADS / ATTN_NC_L), col = tid % ATTN_NC_L;\n",
-    "            const attn_i64 off = blk[r];\n",
-    "            attn_cp_async16_or_zero(dst + attn_wgmma_swizzle_offset<KV_TILE>(r, col), kv + (off >= 0 ? off + col * 16 : 0), off < 0);\n",
-    "        }\n",
-    "#pragma unroll\n",
-    "        for (int i = 0; i < KV_TILE * ATTN_NC_R / ATTN_THREADS; i++) {\n",
-    "            const int r = tid / ATTN_NC_R + i * (ATTN_THREADS / ATTN_NC_R), col = ATTN_NC_L + tid % ATTN_NC_R;\n",
-    "            const attn_i64 off = blk[r];\n",
-    "            attn_cp_async16_or_zero(dst + attn_wgmma_swizzle_offset<KV_TILE>(r, col), kv + (off >= 0 ? off + col * 16 : 0), off < 0);\n",
-    "        }\n",
-    "    };\n",
-    "    for (int s = 0; s < KV_STAGES; s++)\n",
-    "        for (int r = tid; r < KV_TILE; r += ATTN_THREADS) sBlk[s * KV_TILE + r] = row_off(tile0 + s * KV_TILE + r);\n",
+    "    attn_cp_async_commit();\n",
+    "    attn_cp_async_wait<0>();\n",
+    "    attn_fence_proxy_async(); /* Q is read by wgmma (the async proxy) */\n",
     "    __syncthreads();\n",
-    "    /* tiles 0 .. KV_STAGES - 2 in flight, a commit group each (Q with tile 0) */\n",
-    "#pragma unroll\n",
-    "    for (int s = 0; s < KV_STAGES - 1; s++) {\n",
-    "        if (s < ntiles) issue(s);\n",
-    "        attn_cp_async_commit();\n",
-    "    }\n",
     "\n",
     "    const float qk_scale = p.scale * ATTN_LOG2E;\n",
-    "    const int row_a = 16 * (warp & 3) + g; /* this thread's accumulator rows: row_a, row_a + 8 */\n",
+    "    const attn_u32 mine = c1 ? sS1 : sS0; /* the slot of this warpgroup's S */\n",
+    "    const attn_u32 fullA = full + 16 * c1, fullB = fullA + 8;\n",
     "    float m[2] = {attn_neg_inf(), attn_neg_inf()}, l[2] = {0.0f, 0.0f};\n",
-    "    float o[ATTN_OR];\n",
+    "    float o[MW::o_regs];\n",
     "#pragma unroll\n",
-    "    for (int i = 0; i < ATTN_OR; i++) o[i] = 0.0f;\n",
+    "    for (int i = 0; i < MW::o_regs; i++) o[i] = 0.0f;\n",
     "\n",
-    "    for (int it = 0; it < ntiles; it++) {\n",
-    "        attn_cp_async_wait<KV_STAGES - 2>(); /* this thread's part of tile it (and Q) */\n",
-    "        attn_wgmma_fence_smem_writes();\n",
-    "        __syncthreads();                      /* everyone's part; tile it-1's P and stage are free */\n",
-    "        const int st = it % KV_STAGES;\n",
-    "        const int kt = tile0 + it * KV_TILE;\n",
-    "        const attn_u32 sKst = sK + (attn_u32)(st * ATTN_STAGE_BYTES);\n",
-    "        /* row offsets of tile it + KV_STAGES into this stage's slot (tile it's copies are\n",
-    "           done; the slot is read when that tile is issued, the next iteration) */\n",
-    "        for (int r = tid; r < KV_TILE; r += ATTN_THREADS) sBlk[st * KV_TILE + r] = row_off(tile0 + (it + KV_STAGES) * KV_TILE + r);\n",
+    "    for (int pr = 0; pr < npairs; pr++) {\n",
+    "        const unsigned ph = (unsigned)(pr & 1);\n",
+    "        const int kt = tile0 + 64 * (2 * pr + c1); /* this warpgroup's tile */\n",
+    "        const int next = pr + 1 < npairs, kn = tile0 + 128 * (pr + 1);\n",
+    "        /* the next pair's blocks, read now (lane j of each warp: piece j % pieces of tile j / pieces),\n",
+    "           handed to the issuer with shuffles when it refills */\n",
+    "        int nblk = 0;\n",
+    "        if (next && lane < 2 * MW::pieces) {\n",
+    "            const int k = kn + 64 * (lane / MW::pieces) + (lane % MW::pieces) * MW::box_rows;\n",
+    "            if (k + MW::box_rows > key0 && k < key1) nblk = bt[(unsigned)k / BLOCK_SIZE];\n",
+    "        }\n",
     "\n",
-    "        /* ---- S_w = Q K[32 wg ..]^T, the next tile's copies under it ---- */\n",
-    "        float s[ATTN_KW / 2];\n",
+    "        /* ---- S = Q K^T over this warpgroup's tile. The same order for both: panels 0 .. nh-1\n",
+    "           (A0 / A1), nh .. nl-1 (B0 / B1), then the rope panel (in B0 for C0, A1 for C1: waited\n",
+    "           for by then either way) ---- */\n",
+    "        float s[32];\n",
+    "#pragma unroll\n",
+    "        for (int i = 0; i < 32; i++) s[i] = 0.0f;\n",
+    "        /* the shared addresses of Q and the slot, opaque to the compiler here: otherwise it\n",
+    "           hoists all 72 loop-invariant descriptors out of the pair loop (144 registers) */\n",
+    "        attn_u32 q_at, k_at;\n",
+    "        asm volatile(\"mov.b32 %0, %1;\" : \"=r\"(q_at) : \"r\"(sQ));\n",
+    "        asm volatile(\"mov.b32 %0, %1;\" : \"=r\"(k_at) : \"r\"(mine));\n",
+    "        attn_mbar_wait(fullA, ph);\n",
+    "        if (!SPLIT_WAIT) attn_mbar_wait(fullB, ph);\n",
     "        attn_wgmma_fence();\n",
     "#pragma unroll\n",
-    "        for (int k = 0; k < ATTN_D; k += 16)\n",
-    "            attn_wgmma<ATTN_KW, DT>::template ss<0>(s, attn_wgmma_desc_k_major<ROWS>(sQ, k),\n",
-    "                                                    attn_wgmma_desc_k_major<KV_TILE>(sKst + (attn_u32)(wg * ATTN_KW * 128), k),\n",
-    "                                                    k > 0);\n",
+    "        for (int c = 0; c < MW::nh; c++)\n",
+    "#pragma unroll\n",
+    "            for (int k = 0; k < 64; k += 16)\n",
+    "                attn_wgmma<64, DT>::template ss<0>(s, attn_wgmma_desc_k_major<ROWS>(q_at, 64 * c + k),\n",
+    "                                                   attn_wgmma_desc_k_major<64>(k_at, 64 * c + k), 1);\n",
+    "        if (SPLIT_WAIT) {\n",
+    "            attn_mbar_wait(fullB, ph);\n",
+    "            attn_wgmma_fence(); /* after a branch among the wgmma: ptxas would put one here itself (C7519) */\n",
+    "        }\n",
+    "#pragma unroll\n",
+    "        for (int c = MW::nh; c < MW::np; c++)\n",
+    "#pragma unroll\n",
+    "            for (int k = 0; k < 64; k += 16)\n",
+    "                attn_wgmma<64, DT>::template ss<0>(s, attn_wgmma_desc_k_major<ROWS>(q_at, 64 * c + k),\n",
+    "                                                   attn_wgmma_desc_k_major<64>(k_at, 64 * c + k), 1);\n",
     "        attn_wgmma_commit();\n",
-    "        /* tile it + KV_STAGES - 1 into stage (it - 1) % KV_STAGES: tile it-1's, free since the\n",
-    "           barrier; a commit group every iteration, empty past the last tile */\n",
-    "        if (it + KV_STAGES - 1 < ntiles) issue(it + KV_STAGES - 1);\n",
-    "        attn_cp_async_commit();\n",
     "        attn_wgmma_wait<0>();\n",
     "        attn_wgmma_fence_acc(s);\n",
     "\n",
-    "        /* ---- mask, row maxima over this warpgroup's KW keys ---- */\n",
-    "        const int kw0 = kt + ATTN_KW * wg + 2 * tq;\n",
+    "        /* ---- mask to [key0, key1); the tile's row maxima; m0 (C0 -> C1), m1 (C1 -> C0) ---- */\n",
     "        float mx[2] = {attn_neg_inf(), attn_neg_inf()};\n",
     "#pragma unroll\n",
-    "        for (int i = 0; i < ATTN_KW / 8; i++)\n",
+    "        for (int i = 0; i < 8; i++)\n",
     "#pragma unroll\n",
     "            for (int e = 0; e < 4; e++) {\n",
-    "                const int j = kw0 + 8 * i + (e & 1);\n",
+    "                const int j = kt + 8 * i + 2 * tq + (e & 1);\n",
     "                const float x = j >= key0 && j < key1 ? s[4 * i + e] : attn_neg_inf();\n",
     "                s[4 * i + e] = x;\n",
     "                mx[e >> 1] = fmaxf(mx[e >> 1], x);\n",
     "            }\n",
+    "        float alpha0[2], alpha1[2] = {1.0f, 1.0f}, b[2];\n",
     "#pragma unroll\n",
-    "        for (int h = 0; h < 2; h++) {\n",
-    "            mx[h] = attn_quad_max(mx[h]);\n",
-    "            if (tq == 0) sRed[wg * 64 + row_a + 8 * h] = mx[h];\n",
+    "        for (int h = 0; h < 2; h++) mx[h] = attn_quad_max(mx[h]) * qk_scale;\n",
+    "        if (!c1) {\n",
+    "#pragma unroll\n",
+    "            for (int h = 0; h < 2; h++) {\n",
+    "                b[h] = attn_softmax_rebase(m[h], mx[h], alpha0[h]);\n",
+    "                if (tq == 0) sM[row_a + 8 * h] = m[h];\n",
+    "            }\n",
+    "            attn_named_barrier_arrive(ATTN_NB_M0, MW::threads);\n",
+    "        } else {\n",
+    "            attn_named_barrier(ATTN_NB_M0, MW::threads);\n",
+    "#pragma unroll\n",
+    "            for (int h = 0; h < 2; h++) {\n",
+    "                attn_softmax_rebase(m[h], sM[row_a + 8 * h], alpha0[h]);\n",
+    "                b[h] = attn_softmax_rebase(m[h], mx[h], alpha1[h]);\n",
+    "                if (tq == 0) sM[64 + row_a + 8 * h] = m[h];\n",
+    "            }\n",
+    "            attn_named_barrier_arrive(ATTN_NB_M1, MW::threads);\n",
     "        }\n",
-    "        __syncthreads(); /* both warpgroups' maxima */\n",
     "\n",
-    "        /* ---- softmax: P to shared memory ---- */\n",
-    "        float alpha[2];\n",
+    "        /* ---- P = 2^(S - base) into the rope panel; this warpgroup's row sums ---- */\n",
+    "        char *const my_p = smem + (mine - base) + MW::rope * MW::panel;\n",
     "#pragma unroll\n",
     "        for (int h = 0; h < 2; h++) {\n",
-    "            const int row = row_a + 8 * h;\n",
-    "            const float mt = fmaxf(sRed[row], sRed[64 + row]);\n",
-    "            const float b = attn_softmax_rebase(m[h], mt * qk_scale, alpha[h]);\n",
-    "            l[h] *= alpha[h];\n",
     "            float sum = 0.0f;\n",
     "#pragma unroll\n",
-    "            for (int i = 0; i < ATTN_KW / 8; i++) {\n",
-    "                const float p0 = attn_exp2(fmaf(s[4 * i + 2 * h], qk_scale, -b));\n",
-    "                const float p1 = attn_exp2(fmaf(s[4 * i + 2 * h + 1], qk_scale, -b));\n",
+    "            for (int i = 0; i < 8; i++) {\n",
+    "                const float p0 = attn_exp2(fmaf(s[4 * i + 2 * h], qk_scale, -b[h]));\n",
+    "                const float p1 = attn_exp2(fmaf(s[4 * i + 2 * h + 1], qk_scale, -b[h]));\n",
+    "                s[4 * i + 2 * h] = p0;\n",
+    "                s[4 * i + 2 * h + 1] = p1;\n",
     "                sum += p0 + p1;\n",
-    "                const int col = ATTN_KW * wg + 8 * i + 2 * tq; /* key column of P */\n",
-    "                *(attn_u32 *)(smem + ATTN_SP_OFF + attn_wgmma_swizzle_offset<64>(row, col >> 3) + (col & 7) * 2) =\n",
-    "                    attn_elem<DT>::pack2(p0, p1);\n",
+    "                const int col = 8 * i + 2 * tq, row = row_a + 8 * h;\n",
+    "                *(attn_u32 *)(my_p + attn_wgmma_swizzle_offset<64>(row, col >> 3) + (col & 7) * 2) = attn_elem<DT>::pack2(p0, p1);\n",
     "            }\n",
-    "            l[h] += sum;\n",
+    "            l[h] = l[h] * alpha0[h] * alpha1[h] + sum; /* C0: alpha1 comes with [M1], below */\n",
     "        }\n",
-    "        attn_wgmma_fence_smem_writes(); /* P is read by wgmma (async proxy) */\n",
-    "        __syncthreads();                /* P complete */\n",
+    "        attn_u32 pown[4][4]; /* this warpgroup's P as A fragments (the S registers are free after this) */\n",
+    "#pragma unroll\n",
+    "        for (int j = 0; j < 4; j++) attn_wgmma_a_from_acc<DT>(pown[j], s, j);\n",
+    "        if (kt < key0 || kt + 64 > key1) { /* an edge tile: zero the V rows of keys outside [key0, key1) */\n",
+    "            for (int u = tid & 127; u < 64 * MW::nl * 8; u += 128) {\n",
+    "                const int r = u / (MW::nl * 8), ch = u - r * (MW::nl * 8), k = kt + r;\n",
+    "                if (k < key0 || k >= key1) {\n",
+    "                    const attn_vec16 zero = {0u, 0u, 0u, 0u};\n",
+    "                    *(attn_vec16 *)(smem + (mine - base) + attn_wgmma_swizzle_offset<64>(r, ch)) = zero;\n",
+    "                }\n",
+    "            }\n",
+    "        }\n",
+    "        attn_fence_proxy_async();                     /* zeroed rows are read by wgmma */\n",
+    "        attn_named_barrier(ATTN_NB_WG + wg, 128);     /* this warpgroup's P and zeroed rows are whole */\n",
+    "        attn_named_barrier_arrive(c1 ? ATTN_NB_P1 : ATTN_NB_P0, MW::threads);\n",
     "\n",
-    "        /* ---- O_w = alpha O_w + P V[:, 256 wg ..] ---- */\n",
+    "        /* ---- O = a0 O + P0 V0 (this warpgroup's half of V0): C0's P0 from its S, C1's read ---- */\n",
+    "        attn_u32 pf[4][4];\n",
+    "        if (!c1) {\n",
     "#pragma unroll\n",
-    "        for (int i = 0; i < ATTN_OR / 4; i++) {\n",
-    "            o[4 * i] *= alpha[0]; o[4 * i + 1] *= alpha[0];\n",
-    "            o[4 * i + 2] *= alpha[1]; o[4 * i + 3] *= alpha[1];\n",
+    "            for (int j = 0; j < 4; j++)\n",
+    "#pragma unroll\n",
+    "                for (int x = 0; x < 4; x++) pf[j][x] = pown[j][x];\n",
+    "        } else {\n",
+    "            attn_named_barrier(ATTN_NB_P0, MW::threads);\n",
+    "            attn_mbar_wait(full + 8, ph); /* B0 (complete: C0 waited for it; the acquire for this warpgroup) */\n",
+    "            attn_mla_seesaw_load_p(pf, smem + (sS0 - base) + MW::rope * MW::panel, row_a, tq);\n",
     "        }\n",
-    "        attn_wgmma_fence(); /* O was written by ordinary instructions */\n",
     "#pragma unroll\n",
-    "        for (int j = 0; j < KV_TILE / 16; j++)\n",
-    "            attn_wgmma<ATTN_CW, DT>::template ss<1>(o, attn_wgmma_desc_k_major<64>(sP, 16 * j),\n",
-    "                                                    attn_wgmma_desc_mn_major<KV_TILE>(sKst + (attn_u32)(wg * (ATTN_CW / 64) * KV_TILE * 128), 16 * j),\n",
-    "                                                    1);\n",
+    "        for (int i = 0; i < MW::o_regs / 4; i++) {\n",
+    "            o[4 * i] *= alpha0[0]; o[4 * i + 1] *= alpha0[0];\n",
+    "            o[4 * i + 2] *= alpha0[1]; o[4 * i + 3] *= alpha0[1];\n",
+    "        }\n",
+    "        attn_wgmma_fence();\n",
+    "#pragma unroll\n",
+    "        for (int j = 0; j < 4; j++)\n",
+    "            attn_wgmma<MW::cw, DT>::template rs<1>(o, pf[j], attn_wgmma_desc_mn_major<64>(sS0 + (attn_u32)(c1 * MW::nh * MW::panel), 16 * j), 1);\n",
+    "        attn_wgmma_commit();\n",
+    "        if (!c1) { /* m1 from C1 */\n",
+    "            attn_named_barrier(ATTN_NB_M1, MW::threads);\n",
+    "#pragma unroll\n",
+    "            for (int h = 0; h < 2; h++) {\n",
+    "                attn_softmax_rebase(m[h], sM[64 + row_a + 8 * h], alpha1[h]);\n",
+    "                l[h] *= alpha1[h];\n",
+    "            }\n",
+    "        }\n",
+    "        attn_wgmma_wait<0>();\n",
+    "        attn_wgmma_fence_acc(o);\n",
+    "        attn_named_barrier(ATTN_NB_WG + wg, 128); /* the warpgroup is done with slot 0's A0 (C0) / B0 (C1) */\n",
+    "        {\n",
+    "            int blk[MW::pieces];\n",
+    "#pragma unroll\n",
+    "            for (int j = 0; j < MW::pieces; j++) blk[j] = __shfl_sync(0xffffffffu, nblk, j);\n",
+    "            if (issuer && next) attn_mla_seesaw_fill(&kv_map, c1, sS0, full + 8 * c1, kn, key0, key1, blk, 1);\n",
+    "        }\n",
+    "\n",
+    "        /* ---- O = a1 O + P1 V1: C1's P1 from its S, C0's read ---- */\n",
+    "        if (!c1) {\n",
+    "            attn_named_barrier(ATTN_NB_P1, MW::threads);\n",
+    "            attn_mbar_wait(full + 16, ph); /* A1 (complete: C1 waited for it) */\n",
+    "            attn_mla_seesaw_load_p(pf, smem + (sS1 - base) + MW::rope * MW::panel, row_a, tq);\n",
+    "        } else {\n",
+    "#pragma unroll\n",
+    "            for (int j = 0; j < 4; j++)\n",
+    "#pragma unroll\n",
+    "                for (int x = 0; x < 4; x++) pf[j][x] = pown[j][x];\n",
+    "        }\n",
+    "#pragma unroll\n",
+    "        for (int i = 0; i < MW::o_regs / 4; i++) {\n",
+    "            o[4 * i] *= alpha1[0]; o[4 * i + 1] *= alpha1[0];\n",
+    "            o[4 * i + 2] *= alpha1[1]; o[4 * i + 3] *= alpha1[1];\n",
+    "        }\n",
+    "        attn_wgmma_fence();\n",
+    "#pragma unroll\n",
+    "        for (int j = 0; j < 4; j++)\n",
+    "            attn_wgmma<MW::cw, DT>::template rs<1>(o, pf[j], attn_wgmma_desc_mn_major<64>(sS1 + (attn_u32)(c1 * MW::nh * MW::panel), 16 * j), 1);\n",
     "        attn_wgmma_commit();\n",
     "        attn_wgmma_wait<0>();\n",
     "        attn_wgmma_fence_acc(o);\n",
+    "        attn_named_barrier(ATTN_NB_WG + wg, 128); /* done with slot 1's A1 (C0, P1 read) / B1 (C1) */\n",
+    "        {\n",
+    "            int blk[MW::pieces];\n",
+    "#pragma unroll\n",
+    "            for (int j = 0; j < MW::pieces; j++) blk[j] = __shfl_sync(0xffffffffu, nblk, MW::pieces + j);\n",
+    "            if (issuer && next)\n",
+    "                attn_mla_seesaw_fill(&kv_map, 2 + c1, sS1, full + 16 + 8 * c1, kn + 64, key0, key1, blk, 2 * (pr + 1) + 1 < ntiles);\n",
+    "        }\n",
     "    }\n",
     "\n",
-    "    /* ---- epilogue ---- */\n",
-    "    attn_cp_async_wait<0>();\n",
-    "    __syncthreads(); /* sRed is free */\n",
+    "    /* ---- epilogue: L = both warpgroups' sums; O / L ---- */\n",
     "#pragma unroll\n",
     "    for (int h = 0; h < 2; h++) {\n",
     "        const float lq = attn_quad_sum(l[h]);\n",
-    "        if (tq == 0) sRed[wg * 64 + row_a + 8 * h] = lq;\n",
+    "        if (tq == 0) sL[wg * 64 + row_a + 8 * h] = lq;\n",
     "    }\n",
     "    __syncthreads();\n",
     "#pragma unroll\n",
     "    for (int h = 0; h < 2; h++) {\n",
     "        const int row = row_a + 8 * h;\n",
-    "        const float L = sRed[row] + sRed[64 + row];\n",
+    "        const float L = sL[row] + sL[64 + row];\n",
     "        const float inv = L > 0.0f ? attn_rcp(L) : 0.0f;\n",
     "        const float lse2 = attn_softmax_lse2(m[h], L);\n",
     "        if (row >= nrows) continue;\n",
     "        if (slot < 0) {\n",
     "            char *orow = (char *)p.out + ((attn_i64)q_row * p.out_stride_token + (attn_i64)(head0 + row) * p.out_stride_head) * 2;\n",
     "#pragma unroll\n",
-    "            for (int i = 0; i < ATTN_OR / 4; i++)\n",
-    "                *(attn_u32 *)(orow + (wg * ATTN_CW + 8 * i + 2 * tq) * 2) =\n",
+    "            for (int i = 0; i < MW::o_regs / 4; i++)\n",
+    "                *(attn_u32 *)(orow + (wg * MW::cw + 8 * i + 2 * tq) * 2) =\n",
     "                    attn_elem<DT>::pack2(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv);\n",
     "            if (p.lse && wg == 0 && tq == 0)\n",
     "                p.lse[(attn_i64)q_row * p.lse_stride_token + (attn_i64)(head0 + row) * p.lse_stride_head] = lse2 * ATTN_LN2;\n",
     "        } else {\n",
-    "            float *po = p.partial_o + ((attn_i64)slot * ROWS + row) * KV_LORA + wg * ATTN_CW;\n",
+    "            float *po = p.partial_o + ((attn_i64)slot * ROWS + row) * KV_LORA + wg * MW::cw;\n",
     "#pragma unroll\n",
-    "            for (int i = 0; i < ATTN_OR / 4; i++) {\n",
-    "                po[8 * i + 2 * tq] = o[4 * i + 2 * h] * inv;\n",
-    "                po[8 * i + 2 * tq + 1] = o[4 * i + 2 * h + 1] * inv;\n",
-    "            }\n",
+    "            for (int i = 0; i < MW::o_regs / 4; i++)\n",
+    "                *(float2 *)(po + 8 * i + 2 * tq) = make_float2(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv);\n",
     "            if (wg == 0 && tq == 0) p.partial_lse[(attn_i64)slot * ROWS + row] = lse2;\n",
     "        }\n",
     "    }\n",
-    "#if FUSED_MERGE\n",
-    "    /* the last split of the entry to finish merges it (paged_attention.cu's FUSED MERGE) */\n",
-    "    const int mi = item[7] - 1;\n",
-    "    if (slot >= 0 && mi >= 0 && p.merge_count) {\n",
-    "        __shared__ int attn_last_split;\n",
-    "        __threadfence(); /* this CTA's partial is visible device-wide before it is counted */\n",
-    "        __syncthreads();\n",
-    "        if (tid == 0) attn_last_split = atomicAdd(p.merge_count + mi, 1) == p.merge[8 * (attn_i64)mi + 2] - 1;\n",
-    "        __syncthreads();\n",
-    "        if (attn_last_split) {\n",
-    "            __threadfence(); /* the other splits' partials, counted before, are read after */\n",
-    "            attn_mla_merge_entry(p, mi, 0, ROWS, tid, ATTN_THREADS, (float *)smem); /* the stages are free */\n",
-    "            if (tid == 0) p.merge_count[mi] = 0;\n",
-    "        }\n",
-    "    }\n",
-    "#endif\n",
     "}\n",
     "\n",
-    "/* The merge as its own launch (mla_merge.cuh): grid (entries, ROWS), one CTA per row. */\n",
+    "/* The merge as its own launch (mla_merge.cuh): grid (entries, 64), one CTA per row. */\n",
     "extern \"C\" __global__ void __launch_bounds__(256) attn_mla_merge(const attn__mla_decode_params p) {\n",
     "    attn_mla_merge_kernel(p);\n",
     "}\n",
@@ -11994,11 +12163,10 @@ static const char *const attn__kernel_src_mla_merge_cuh[] = {
     "    }\n",
     "}\n",
     "\n",
-    "/* attn_mla_merge's body: grid (>= *num_merge, ROWS), one CTA per row of an entry; an entry\n",
-    "   merged in the decode launch ([4] set) is skipped. */\n",
+    "/* attn_mla_merge's body: grid (>= *num_merge, ROWS), one CTA per row of an entry. */\n",
     "ATTN_DEV void attn_mla_merge_kernel(const attn__mla_decode_params &p) {\n",
     "    __shared__ float sw[ATTN_MERGE_SW_FLOATS];\n",
-    "    if ((int)blockIdx.x >= *p.num_merge || p.merge[8 * (attn_i64)blockIdx.x + 4]) return;\n",
+    "    if ((int)blockIdx.x >= *p.num_merge) return;\n",
     "    attn_mla_merge_entry(p, blockIdx.x, blockIdx.y, blockIdx.y + 1, threadIdx.x, blockDim.x, sw);\n",
     "}\n",
     "\n",

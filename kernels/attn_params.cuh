@@ -172,7 +172,6 @@ typedef struct attn__mla_decode_params {
     long long block_table_stride;
     int num_heads;
     float scale;
-    ATTN__DPTR(int) merge_count;            /* FUSED_MERGE: [merge entries], zero between launches */
     ATTN__DPTR(const float) k_scale;        /* fp8 latent (DT_KV 4/5): the per-tensor scale, one
                                                device float read at every launch; NULL: the value */
     float k_scale_value;

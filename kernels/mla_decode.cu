@@ -55,7 +55,7 @@
                2^(m_old - m_new), O += P V with V = columns 0 .. KV_LORA of the K stage
                (ldmatrix.trans), P fragments by ldmatrix.
    Epilogue: row sums (S_KG x 4 lanes) summed through shared memory, O / l out. */
-#include "mla_common.cuh" /* attn__mla_decode_params (its merge_count unused here) */
+#include "mla_common.cuh" /* attn__mla_decode_params */
 
 #if !defined(KV_LORA) || !defined(ROPE) || !defined(BLOCK_SIZE) || !defined(DT) || !defined(ROWS)
 #error "mla_decode.cu: define KV_LORA, ROPE, BLOCK_SIZE, DT and ROWS"

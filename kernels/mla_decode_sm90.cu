@@ -1,45 +1,74 @@
-/* mla_decode_sm90.cu - MLA absorbed decode on Hopper warpgroup MMA (wgmma), sm_90a: the
+/* mla_decode_sm90.cu - MLA absorbed decode on Hopper, sm_90a: warpgroup MMA (wgmma) fed
+   through the tensor memory accelerator (TMA) in FlashMLA's "seesaw" schedule; the
    CUDA_MLA_SM90 backend's forward_mqa (and the decode half of its fused attn_mla_forward).
+   Checked on an H200 against float64 by tests/cuda_kernels.c --mla (random decode batches,
+   splits, block sizes 16..128, a cache whose unread rows are NaN) and through the backend
+   by the CUDA MLA suite.
 
    WHAT IT COMPUTES, WORK LIST, SPLITS, params, merge: exactly kernels/mla_decode.cu's (the
    mma.sync form, sm_80+, the CUDA_MLA backend's; same attn__mla_decode_params, same work
-   items, same partial layout with ROWS = 64), for 16-bit DT only.
-   Work item (8 int32): {req, head0, q_row, -, key0, key1, slot, merge entry + 1}: the 64
-   heads head0 .. head0 + 63 (those below num_heads) of query row q_row over keys [key0,
-   key1); slot -1 writes out/lse, slot >= 0 a normalised f32 partial (partial_o[slot][64]
-   [KV_LORA], partial_lse[slot][64] base 2). Merge entry: {q_row, head0, splits, first
-   slot, fused, ...}. FUSED_MERGE 1 (what the backend compiles): an item with item[7] =
-   entry + 1 > 0 is a split of a fused entry (fused = 1): the last of its splits to finish
-   merges it in this launch (counter in merge_count, back to 0 after), so a forward is one
-   launch. attn_mla_merge, grid (entries, 64), block 256, merges the entries with fused = 0
-   (all with FUSED_MERGE 0): one CTA per row, where one CTA merging a whole entry of many
-   splits (it reads splits x 128 KiB of partials) would be slow. The backend compiles
-   FUSED_MERGE 1 and fuses an entry when splits x its rows <= ATTN_MLA_FUSED_MERGE_MAX,
-   which is 0 by default: every split merges in attn_mla_merge, which measured faster on
-   the H200 (docs/PERF.md); the fused path stays for that knob and the kernel harness.
+   items, same partial layout with ROWS = 64), for 16-bit latents only, and every split
+   entry is merged by attn_mla_merge (its own launch; no fused merge).
+   Work item (8 int32): {req, head0, q_row, -, key0, key1, slot, -}: the 64 heads head0 ..
+   head0 + 63 (those below num_heads) of query row q_row over keys [key0, key1); slot -1
+   writes out/lse, slot >= 0 a normalised f32 partial (partial_o[slot][64][KV_LORA],
+   partial_lse[slot][64] base 2). Merge entry: {q_row, head0, splits, first slot, ...}.
+   attn_mla_merge, grid (entries, 64), block 256: one CTA per row.
+
+   LAUNCH: attn_mla_decode(kv_map, params): the cache's tensor map first (attn.h:
+   attn__cuda_mla_map, encoded on the host at each forward), 3-D {KV_LORA + ROPE,
+   BLOCK_SIZE, blocks}, box {64 columns, BOX_ROWS keys, 1 block} (attn_mla_config's
+   tma_box_rows), 128-byte swizzle; grid >= *num_work, 256 threads, attn_mla_config's
+   dynamic shared memory.
 
    =====================================================================================
-   INSIDE A CTA (FlashMLA's shape, written with kernels/wgmma.cuh)
+   INSIDE A CTA
    =====================================================================================
-   256 threads = two warpgroups; 64 query rows (heads head0 .. head0 + 63 of one token:
-   one wgmma M). Shared memory, every tile 1024-aligned, 128B-swizzled (wgmma.cuh):
-       [Q: 64 x D, K-major: D / 64 panels][K: KV_STAGES x (KV_TILE keys x D, K-major)]
-       [P: 64 x 64 DT, K-major][row maxima / sums: 2 x 64 f32][row offsets: stages x tile int64]
-   = 72 + 144 + 8 KiB + 1.5 KiB + 1 KiB of alignment slack (226.5 KiB) at D = 576, for
-   KV_TILE x KV_STAGES = 64 x 2 (default) or 32 x 4 (KW = KV_TILE / 2 keys per warpgroup).
-   Tile i + KV_STAGES - 1 is issued when tile i starts (into tile i - 1's stage), so
-   KV_STAGES - 1 tiles are in flight while one is computed. Per tile:
-     S   warpgroup w: S_w[64][KW] = Q . K[keys KW w ..]^T, wgmma m64nKWk16 ss over D / 16
-         steps (the copies of tile i + KV_STAGES - 1 are issued while it runs); masked to
-         [key0, key1); row maxima over its KW keys -> shared memory.    barrier
-     P   both warpgroups derive the same new row max; p = 2^(s - m) -> P (DT, swizzled) in
-         shared memory; lane-partial row sums; fence.proxy.async.  barrier
-     PV  warpgroup w: O_w[64][256] (columns 256w ..) = alpha O_w + P . V, V = columns
-         256w .. 256w + 255 of the K stage read MN-major (LBO = one 64-column panel),
-         wgmma m64n256k16 ss over 4 steps; 128 accumulator registers per thread.
+   256 threads: two warpgroups C0 and C1, 64 query rows (heads head0 .. head0 + 63 of one
+   token: one wgmma M). Shared memory, 1024-aligned, 128B-swizzled:
+       [Q: 64 x D][slot 0: 64 keys x D][slot 1: 64 keys x D][4 mbarriers][m: 2 x 64 f32][l: 2 x 64 f32]
+   = 216 KiB + 1.1 KiB + 1 KiB slack at D = 576 (KV_LORA 512), 120 KiB at D = 320.
+   A slot is D / 64 panels of 64 keys x 64 columns (8 KiB). Keys are taken two 64-key tiles
+   at a time (a pair): tile 2i in slot 0, tile 2i + 1 in slot 1. The output O = [O_L | O_R]
+   (64 x KV_LORA f32) is split by columns: C0 holds O_L, C1 holds O_R (128 registers each at
+   KV_LORA 512).
+
+   Per pair (FlashMLA's seesaw: one O, the two halves of V, S of one tile each):
+     C0: S0 = Q K0^T (wgmma m64n64, all D) -> row max -> m0 = max(m, max S0) to shared memory
+         [M0] -> P0 = 2^(S0 - m0) into slot 0's rope panel [P0] -> O_L = a0 O_L + P0 V0_L
+         -> [M1] -> O_L = a1 O_L + P1 V1_L
+     C1: S1 = Q K1^T -> row max -> [M0] m1 = max(m0, max S1) [M1] -> P1 into slot 1's rope
+         panel [P1] -> [P0] O_R = a0 O_R + P0 V0_R -> O_R = a1 O_R + P1 V1_R
+   [X] are one-way named barriers (bar.arrive by the writer, bar.sync by the reader; what the
+   writer put in shared memory is published by them). C0's softmax runs under C1's S, C1's
+   under C0's P V. A P V takes P as register fragments: a warpgroup's own P from its S
+   accumulators, the other's read from the rope panel (ld.shared). Both warpgroups run the
+   same wgmma instructions with operands chosen by value: a wgmma under a branch on the
+   warpgroup makes ptxas serialize all of them (C7520).
+   The rope panel (64 columns) of a slot is read only by its tile's S, so after that S the
+   tile's P (64 x 64 16-bit, 8 KiB) is written over it: the P buffers cost no memory.
+
+   Loads (TMA, completing on a full mbarrier per group; no producer warp): each slot is two
+   groups, refilled with the next pair's tile by the warpgroup that reads the group last, as
+   soon as it is done with it (a warpgroup barrier, then one thread issues the boxes):
+       slot 0: A0 = panels [0, NL/2)          C0 refills it after O_L += P0 V0_L
+               B0 = panels [NL/2, D/64)       C1 refills it after O_R += P0 V0_R (P0 read)
+       slot 1: A1 = panels [0, NL/2) + rope   C0 refills it after O_L += P1 V1_L (P1 read)
+               B1 = panels [NL/2, NL)         C1 refills it after O_R += P1 V1_R
+   (NL = KV_LORA / 64.) The other warpgroup's reads of a group are done before the refill:
+   C0's S0 reads B0 before [M0], which C1 waited for; C1's S1 reads A1 before [M1]. S waits
+   for each group's full barrier before its panels, so it starts when the first half has
+   landed. Boxes hold keys of one block: BOX_ROWS = 64 where BLOCK_SIZE is a multiple of 64,
+   BLOCK_SIZE where it divides 64, 16 otherwise (BLOCK_SIZE is a multiple of 16). Boxes with no key in [key0, key1) are not loaded (their
+   rows keep stale bytes); a tile that reaches past [key0, key1) (an edge tile, or the
+   missing second tile of an odd count) has its V rows outside the range zeroed by the
+   warpgroup that owns the slot, before any P V reads them (0 x a stale NaN would be NaN);
+   the scores of those keys are masked to -inf.
+
    Epilogue: row sums of both warpgroups through shared memory; O / l out (or the
-   partial); lse by warpgroup 0. */
+   normalised f32 partial); lse by C0. */
 #include "wgmma.cuh"
+#include "hopper.cuh"
 #include "mla_common.cuh" /* attn__mla_decode_params */
 
 #if !defined(KV_LORA) || !defined(ROPE) || !defined(BLOCK_SIZE) || !defined(DT)
@@ -54,263 +83,381 @@
 #if ROPE != 64
 #error "mla_decode_sm90.cu: ROPE must be 64"
 #endif
+#if BLOCK_SIZE % 16 || BLOCK_SIZE <= 0
+#error "mla_decode_sm90.cu: BLOCK_SIZE must be a positive multiple of 16"
+#endif
 #ifdef ROWS
-#error "mla_decode_sm90.cu: ROWS is always 64 (one wgmma M); do not define it (wgmma.cuh uses the name)"
+#error "mla_decode_sm90.cu: ROWS is always 64 (one wgmma M); do not define it"
 #endif
 #define ROWS 64
-#include "mla_merge.cuh" /* attn_mla_merge_entry, attn_mla_merge_kernel */
-
-#ifndef FUSED_MERGE
-#define FUSED_MERGE 0 /* 1: the last split of a merge entry merges it (item[7] = entry + 1) */
+#include "mla_merge.cuh" /* attn_mla_merge_kernel */
+#if defined(FUSED_MERGE) && FUSED_MERGE
+#error "mla_decode_sm90.cu: no fused merge (attn_mla_merge merges every split)"
+#endif
+#ifndef SPLIT_WAIT
+#define SPLIT_WAIT 1 /* tuning: 1 S starts on a slot's first group and waits for the second halfway;
+                        0 S waits for both first */
 #endif
 
-#define ATTN_D (KV_LORA + ROPE)
-/* Keys per tile and stages of the K ring: 64 x 2 (default) or 32 x 4 (the same 144 KiB,
-   three tiles in flight while one is computed). */
-#ifndef KV_TILE
-#define KV_TILE 64
-#endif
-#ifndef KV_STAGES
-#define KV_STAGES (128 / KV_TILE)
-#endif
-#if !(KV_TILE == 64 && KV_STAGES == 2) && !(KV_TILE == 32 && (KV_STAGES == 2 || KV_STAGES == 4))
-#error "mla_decode_sm90.cu: KV_TILE x KV_STAGES must be 64 x 2, 32 x 2 or 32 x 4"
-#endif
-#define ATTN_KW (KV_TILE / 2)                 /* keys of S per warpgroup (its wgmma N) */
-#define ATTN_THREADS 256
-#define ATTN_CW (KV_LORA / 2)                 /* output columns per warpgroup: 256 or 128 */
-#define ATTN_OR (ATTN_CW / 2)                 /* O accumulator registers per thread */
-#define ATTN_TILE_BYTES (64 * ATTN_D * 2)     /* Q: D / 64 panels of 8 KiB */
-#define ATTN_STAGE_BYTES (KV_TILE * ATTN_D * 2) /* one K stage: D / 64 panels of KV_TILE x 128 bytes */
-#define ATTN_SQ_OFF 0
-#define ATTN_SK_OFF ATTN_TILE_BYTES
-#define ATTN_SP_OFF (ATTN_SK_OFF + KV_STAGES * ATTN_STAGE_BYTES)
-#define ATTN_SRED_OFF (ATTN_SP_OFF + 64 * 64 * 2)
-#define ATTN_SBLK_OFF (ATTN_SRED_OFF + 2 * 64 * 4)
-#define ATTN_SMEM_BYTES (ATTN_SBLK_OFF + KV_STAGES * KV_TILE * 8 + 1024) /* + alignment slack */
-#if ATTN_SMEM_BYTES > 232448
-#error "mla_decode_sm90.cu: shared memory over 227 KiB"
-#endif
-#define ATTN_CPR (ATTN_D / 8) /* 16-byte chunks per row */
-#define ATTN_NC_L (KV_LORA / 8) /* ... of its latent part */
-#define ATTN_NC_R (ROPE / 8)    /* ... of its rope part */
-#if ATTN_THREADS % ATTN_NC_L || ATTN_THREADS % ATTN_NC_R || (KV_TILE * ATTN_NC_L) % ATTN_THREADS || (KV_TILE * ATTN_NC_R) % ATTN_THREADS
-#error "mla_decode_sm90.cu: the loader needs chunks per row that divide the threads"
-#endif
+struct attn_mla_seesaw {
+    static constexpr int d = KV_LORA + ROPE, np = d / 64, nl = KV_LORA / 64, nh = nl / 2;
+    static constexpr int cw = KV_LORA / 2, o_regs = cw / 2;  /* columns of O per warpgroup, its registers */
+    static constexpr int rope = nl;                          /* the rope panel: P after S */
+    static constexpr int panel = 64 * 128;                   /* 64 rows x 64 columns, 8 KiB */
+    static constexpr int box_rows = BLOCK_SIZE % 64 == 0 ? 64 : 64 % BLOCK_SIZE == 0 ? BLOCK_SIZE : 16;
+    static constexpr int pieces = 64 / box_rows;             /* boxes per tile and panel */
+    static constexpr int slot_bytes = np * panel;
+    static constexpr int q_off = 0, slot_off = np * panel, bar_off = slot_off + 2 * slot_bytes;
+    static constexpr int m_off = bar_off + 32, l_off = m_off + 2 * 64 * 4;
+    static constexpr int smem_bytes = l_off + 2 * 64 * 4 + 1024; /* + the slack that aligns the base */
+    static constexpr int threads = 256;
+    static_assert(smem_bytes <= 227 * 1024, "mla_decode_sm90.cu: shared memory over 227 KiB");
+};
+typedef attn_mla_seesaw MW;
 
-extern "C" __constant__ attn__launch_config attn_mla_config = {ATTN_THREADS, ATTN_SMEM_BYTES, KV_TILE, ROWS, 1, KV_STAGES, 8, 1};
+/* named barriers (id 0 is __syncthreads): 1 both warpgroups; 2..5 the one-way signals M0,
+   M1, P0, P1 (C0 -> C1, C1 -> C0, C0 -> C1, C1 -> C0); 6, 7 one warpgroup */
+#define ATTN_NB_BOTH 1
+#define ATTN_NB_M0 2
+#define ATTN_NB_M1 3
+#define ATTN_NB_P0 4
+#define ATTN_NB_P1 5
+#define ATTN_NB_WG 6
 
+extern "C" __constant__ attn__launch_config attn_mla_config = {MW::threads, MW::smem_bytes, 64, ROWS, 1, 2, 8, 1,
+                                                                MW::box_rows};
 
-extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mla_decode(const attn__mla_decode_params p) {
+/* group g (0 A0, 1 B0, 2 A1, 3 B1): its panels (A1 carries slot 1's rope panel) */
+ATTN_DEV constexpr int attn_mla_seesaw_group_count(int g) {
+    return g == 0 ? MW::nh : g == 1 ? MW::np - MW::nh : g == 2 ? MW::nh + 1 : MW::nl - MW::nh;
+}
+ATTN_DEV constexpr int attn_mla_seesaw_group_panel(int g, int i) {
+    return g == 0 ? i : g == 1 ? MW::nh + i : g == 2 ? (i < MW::nh ? i : MW::rope) : MW::nh + i;
+}
+
+/* The boxes of group g of tile t (keys kt .. kt + 63) that hold a key in [key0, key1), into
+   slot `dst`, completing on `bar`; blk[j]: the block of piece j (read before). One thread. */
+ATTN_DEV void attn_mla_seesaw_fill(const attn_tma_map *map, int g, attn_u32 dst, attn_u32 bar, int kt, int key0, int key1,
+                               const int (&blk)[MW::pieces], int valid) {
+    int nb = 0;
+#pragma unroll
+    for (int j = 0; j < MW::pieces; j++) nb += valid && kt + (j + 1) * MW::box_rows > key0 && kt + j * MW::box_rows < key1;
+    attn_mbar_arrive_expect_tx(bar, (unsigned)(nb * attn_mla_seesaw_group_count(g) * MW::box_rows * 128));
+#pragma unroll
+    for (int j = 0; j < MW::pieces; j++) {
+        const int k = kt + j * MW::box_rows;
+        if (!(valid && k + MW::box_rows > key0 && k < key1)) continue;
+        const int row = (int)((unsigned)k % BLOCK_SIZE);
+#pragma unroll
+        for (int i = 0; i < attn_mla_seesaw_group_count(g); i++) {
+            const int c = attn_mla_seesaw_group_panel(g, i);
+            attn_tma_load_3d(dst + (attn_u32)(c * MW::panel + j * MW::box_rows * 128), map, 64 * c, row, blk[j], bar);
+        }
+    }
+}
+
+/* the blocks of tile t's pieces (0 for pieces out of [key0, key1) or past the tiles) */
+ATTN_DEV void attn_mla_seesaw_blocks(int (&blk)[MW::pieces], const int *bt, int kt, int key0, int key1) {
+#pragma unroll
+    for (int j = 0; j < MW::pieces; j++) {
+        const int k = kt + j * MW::box_rows;
+        blk[j] = k + MW::box_rows > key0 && k < key1 ? bt[(unsigned)k / BLOCK_SIZE] : 0;
+    }
+}
+
+/* P (64 x 64, 16-bit, K-major swizzled at `panel`) as this thread's A fragments of the four
+   k16 steps (wgmma.cuh's A layout: rows row_a, row_a + 8; columns 16 j + 2 tq (+8)) */
+ATTN_DEV void attn_mla_seesaw_load_p(attn_u32 (&pf)[4][4], const char *panel, int row_a, int tq) {
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+        for (int x = 0; x < 4; x++) {
+            const int row = row_a + 8 * (x & 1), col = 16 * j + 2 * tq + 8 * (x >> 1);
+            pf[j][x] = *(const attn_u32 *)(panel + attn_wgmma_swizzle_offset<64>(row, col >> 3) + (col & 7) * 2);
+        }
+}
+
+extern "C" __global__ void __launch_bounds__(MW::threads, 1)
+    attn_mla_decode(const __grid_constant__ attn_tma_map kv_map, const attn__mla_decode_params p) {
     extern __shared__ attn_vec16 attn_smem[];
-    if (blockDim.x != ATTN_THREADS || attn_dynamic_smem_size() < ATTN_SMEM_BYTES) attn_trap();
+    if (blockDim.x != MW::threads || attn_dynamic_smem_size() < MW::smem_bytes) attn_trap();
     if ((int)blockIdx.x >= *p.num_work) return;
     const int *item = p.work + 8 * (attn_i64)blockIdx.x;
     const int req = item[0], head0 = item[1], q_row = item[2], slot = item[6];
     const int key0 = item[4], key1 = item[5];
-    const int nrows = attn_imin(ROWS, p.num_heads - head0);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = tid >> 7;
     const int g = lane >> 2, tq = lane & 3;
+    const int c1 = __all_sync(0xffffffffu, wg == 1); /* wg, as a value ptxas knows is warp-uniform */
+    const int issuer = (tid & 127) == 0;            /* the thread of each warpgroup that issues its refills */
     const attn_u32 smem0 = attn_smem_addr(attn_smem);
     const attn_u32 base = (smem0 + 1023u) & ~1023u;
     char *const smem = (char *)attn_smem + (base - smem0);
-    const attn_u32 sQ = base + ATTN_SQ_OFF, sK = base + ATTN_SK_OFF, sP = base + ATTN_SP_OFF;
-    float *const sRed = (float *)(smem + ATTN_SRED_OFF);       /* [wg][64] */
-    attn_i64 *const sBlk = (attn_i64 *)(smem + ATTN_SBLK_OFF); /* [stage][key] */
+    const attn_u32 sQ = base + MW::q_off, sS0 = base + MW::slot_off, sS1 = sS0 + MW::slot_bytes;
+    const attn_u32 full = base + MW::bar_off; /* [4]: A0 B0 A1 B1 */
+    float *const sM = (float *)(smem + MW::m_off); /* [2][64]: m after tile 2i (C0), after 2i + 1 (C1) */
+    float *const sL = (float *)(smem + MW::l_off);
+    const int *bt = p.block_table + (attn_i64)req * p.block_table_stride;
+    const int tile0 = key1 > key0 ? key0 / 64 * 64 : 0;
+    const int ntiles = key1 > key0 ? (key1 - tile0 + 63) / 64 : 0;
+    const int npairs = (ntiles + 1) / 2;
+    const int nrows = attn_imin(ROWS, p.num_heads - head0);
+    const int row_a = 16 * (warp & 3) + g; /* this thread's accumulator rows: row_a, row_a + 8 */
 
-    /* ---- Q rows: [q_latent | q_pe], zero past num_heads ---- */
-    for (int c = tid; c < ROWS * ATTN_CPR; c += ATTN_THREADS) {
-        const int r = c / ATTN_CPR, col = c - r * ATTN_CPR;
+    if (tid == 0) {
+        for (int i = 0; i < 4; i++) attn_mbar_init(full + 8 * i, 1);
+        attn_mbar_init_fence();
+    }
+    __syncthreads(); /* the barriers */
+    if (tid == 0 && npairs > 0) { /* pair 0, all four groups */
+        int b0[MW::pieces], b1[MW::pieces];
+        attn_tma_prefetch_map(&kv_map);
+        attn_mla_seesaw_blocks(b0, bt, tile0, key0, key1);
+        attn_mla_seesaw_blocks(b1, bt, tile0 + 64, key0, key1);
+        attn_mla_seesaw_fill(&kv_map, 0, sS0, full + 0, tile0, key0, key1, b0, 1);
+        attn_mla_seesaw_fill(&kv_map, 1, sS0, full + 8, tile0, key0, key1, b0, 1);
+        attn_mla_seesaw_fill(&kv_map, 2, sS1, full + 16, tile0 + 64, key0, key1, b1, ntiles > 1);
+        attn_mla_seesaw_fill(&kv_map, 3, sS1, full + 24, tile0 + 64, key0, key1, b1, ntiles > 1);
+    }
+
+    /* Q rows: [q_latent | q_pe], zero past num_heads */
+    for (int c = tid; c < ROWS * (MW::d / 8); c += MW::threads) {
+        const int r = c / (MW::d / 8), col = c - r * (MW::d / 8);
         const int valid = r < nrows;
         const char *src = valid ? attn_mla_q_chunk(p.q, p.q_stride_token, p.q_stride_head, p.q_pe, p.q_pe_stride_token,
                                                    p.q_pe_stride_head, KV_LORA, q_row, head0 + r, col)
                                 : (const char *)p.q;
         attn_cp_async16_or_zero(sQ + attn_wgmma_swizzle_offset<ROWS>(r, col), src, !valid);
     }
-
-    /* ---- the K ring ---- */
-    const int *bt = p.block_table + (attn_i64)req * p.block_table_stride;
-    const char *kv = (const char *)p.kv_cache;
-    const int tile0 = key1 > key0 ? key0 / KV_TILE * KV_TILE : 0;
-    const int ntiles = key1 > key0 ? (key1 - tile0 + KV_TILE - 1) / KV_TILE : 0;
-    auto row_off = [&](int j) -> attn_i64 {
-        return attn_mla_key_offset(bt, j, key0, key1, BLOCK_SIZE, ATTN_D * 2);
-    };
-    /* each thread copies fixed 16-byte columns of its rows: the latent part (KV_LORA / 8
-       chunks a row) and the rope part (8), shifts instead of a division by D / 8 */
-    auto issue = [&](int tile) {
-        const int st = tile % KV_STAGES;
-        const attn_u32 dst = sK + (attn_u32)(st * ATTN_STAGE_BYTES);
-        const attn_i64 *blk = sBlk + st * KV_TILE;
-#pragma unroll
-        for (int i = 0; i < KV_TILE * ATTN_NC_L / ATTN_THREADS; i++) {
-            const int r = tid / ATTN_NC_L + i * (ATTN_THREADS / ATTN_NC_L), col = tid % ATTN_NC_L;
-            const attn_i64 off = blk[r];
-            attn_cp_async16_or_zero(dst + attn_wgmma_swizzle_offset<KV_TILE>(r, col), kv + (off >= 0 ? off + col * 16 : 0), off < 0);
-        }
-#pragma unroll
-        for (int i = 0; i < KV_TILE * ATTN_NC_R / ATTN_THREADS; i++) {
-            const int r = tid / ATTN_NC_R + i * (ATTN_THREADS / ATTN_NC_R), col = ATTN_NC_L + tid % ATTN_NC_R;
-            const attn_i64 off = blk[r];
-            attn_cp_async16_or_zero(dst + attn_wgmma_swizzle_offset<KV_TILE>(r, col), kv + (off >= 0 ? off + col * 16 : 0), off < 0);
-        }
-    };
-    for (int s = 0; s < KV_STAGES; s++)
-        for (int r = tid; r < KV_TILE; r += ATTN_THREADS) sBlk[s * KV_TILE + r] = row_off(tile0 + s * KV_TILE + r);
+    attn_cp_async_commit();
+    attn_cp_async_wait<0>();
+    attn_fence_proxy_async(); /* Q is read by wgmma (the async proxy) */
     __syncthreads();
-    /* tiles 0 .. KV_STAGES - 2 in flight, a commit group each (Q with tile 0) */
-#pragma unroll
-    for (int s = 0; s < KV_STAGES - 1; s++) {
-        if (s < ntiles) issue(s);
-        attn_cp_async_commit();
-    }
 
     const float qk_scale = p.scale * ATTN_LOG2E;
-    const int row_a = 16 * (warp & 3) + g; /* this thread's accumulator rows: row_a, row_a + 8 */
+    const attn_u32 mine = c1 ? sS1 : sS0; /* the slot of this warpgroup's S */
+    const attn_u32 fullA = full + 16 * c1, fullB = fullA + 8;
     float m[2] = {attn_neg_inf(), attn_neg_inf()}, l[2] = {0.0f, 0.0f};
-    float o[ATTN_OR];
+    float o[MW::o_regs];
 #pragma unroll
-    for (int i = 0; i < ATTN_OR; i++) o[i] = 0.0f;
+    for (int i = 0; i < MW::o_regs; i++) o[i] = 0.0f;
 
-    for (int it = 0; it < ntiles; it++) {
-        attn_cp_async_wait<KV_STAGES - 2>(); /* this thread's part of tile it (and Q) */
-        attn_wgmma_fence_smem_writes();
-        __syncthreads();                      /* everyone's part; tile it-1's P and stage are free */
-        const int st = it % KV_STAGES;
-        const int kt = tile0 + it * KV_TILE;
-        const attn_u32 sKst = sK + (attn_u32)(st * ATTN_STAGE_BYTES);
-        /* row offsets of tile it + KV_STAGES into this stage's slot (tile it's copies are
-           done; the slot is read when that tile is issued, the next iteration) */
-        for (int r = tid; r < KV_TILE; r += ATTN_THREADS) sBlk[st * KV_TILE + r] = row_off(tile0 + (it + KV_STAGES) * KV_TILE + r);
+    for (int pr = 0; pr < npairs; pr++) {
+        const unsigned ph = (unsigned)(pr & 1);
+        const int kt = tile0 + 64 * (2 * pr + c1); /* this warpgroup's tile */
+        const int next = pr + 1 < npairs, kn = tile0 + 128 * (pr + 1);
+        /* the next pair's blocks, read now (lane j of each warp: piece j % pieces of tile j / pieces),
+           handed to the issuer with shuffles when it refills */
+        int nblk = 0;
+        if (next && lane < 2 * MW::pieces) {
+            const int k = kn + 64 * (lane / MW::pieces) + (lane % MW::pieces) * MW::box_rows;
+            if (k + MW::box_rows > key0 && k < key1) nblk = bt[(unsigned)k / BLOCK_SIZE];
+        }
 
-        /* ---- S_w = Q K[32 wg ..]^T, the next tile's copies under it ---- */
-        float s[ATTN_KW / 2];
+        /* ---- S = Q K^T over this warpgroup's tile. The same order for both: panels 0 .. nh-1
+           (A0 / A1), nh .. nl-1 (B0 / B1), then the rope panel (in B0 for C0, A1 for C1: waited
+           for by then either way) ---- */
+        float s[32];
+#pragma unroll
+        for (int i = 0; i < 32; i++) s[i] = 0.0f;
+        /* the shared addresses of Q and the slot, opaque to the compiler here: otherwise it
+           hoists all 72 loop-invariant descriptors out of the pair loop (144 registers) */
+        attn_u32 q_at, k_at;
+        asm volatile("mov.b32 %0, %1;" : "=r"(q_at) : "r"(sQ));
+        asm volatile("mov.b32 %0, %1;" : "=r"(k_at) : "r"(mine));
+        attn_mbar_wait(fullA, ph);
+        if (!SPLIT_WAIT) attn_mbar_wait(fullB, ph);
         attn_wgmma_fence();
 #pragma unroll
-        for (int k = 0; k < ATTN_D; k += 16)
-            attn_wgmma<ATTN_KW, DT>::template ss<0>(s, attn_wgmma_desc_k_major<ROWS>(sQ, k),
-                                                    attn_wgmma_desc_k_major<KV_TILE>(sKst + (attn_u32)(wg * ATTN_KW * 128), k),
-                                                    k > 0);
+        for (int c = 0; c < MW::nh; c++)
+#pragma unroll
+            for (int k = 0; k < 64; k += 16)
+                attn_wgmma<64, DT>::template ss<0>(s, attn_wgmma_desc_k_major<ROWS>(q_at, 64 * c + k),
+                                                   attn_wgmma_desc_k_major<64>(k_at, 64 * c + k), 1);
+        if (SPLIT_WAIT) {
+            attn_mbar_wait(fullB, ph);
+            attn_wgmma_fence(); /* after a branch among the wgmma: ptxas would put one here itself (C7519) */
+        }
+#pragma unroll
+        for (int c = MW::nh; c < MW::np; c++)
+#pragma unroll
+            for (int k = 0; k < 64; k += 16)
+                attn_wgmma<64, DT>::template ss<0>(s, attn_wgmma_desc_k_major<ROWS>(q_at, 64 * c + k),
+                                                   attn_wgmma_desc_k_major<64>(k_at, 64 * c + k), 1);
         attn_wgmma_commit();
-        /* tile it + KV_STAGES - 1 into stage (it - 1) % KV_STAGES: tile it-1's, free since the
-           barrier; a commit group every iteration, empty past the last tile */
-        if (it + KV_STAGES - 1 < ntiles) issue(it + KV_STAGES - 1);
-        attn_cp_async_commit();
         attn_wgmma_wait<0>();
         attn_wgmma_fence_acc(s);
 
-        /* ---- mask, row maxima over this warpgroup's KW keys ---- */
-        const int kw0 = kt + ATTN_KW * wg + 2 * tq;
+        /* ---- mask to [key0, key1); the tile's row maxima; m0 (C0 -> C1), m1 (C1 -> C0) ---- */
         float mx[2] = {attn_neg_inf(), attn_neg_inf()};
 #pragma unroll
-        for (int i = 0; i < ATTN_KW / 8; i++)
+        for (int i = 0; i < 8; i++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const int j = kw0 + 8 * i + (e & 1);
+                const int j = kt + 8 * i + 2 * tq + (e & 1);
                 const float x = j >= key0 && j < key1 ? s[4 * i + e] : attn_neg_inf();
                 s[4 * i + e] = x;
                 mx[e >> 1] = fmaxf(mx[e >> 1], x);
             }
+        float alpha0[2], alpha1[2] = {1.0f, 1.0f}, b[2];
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            mx[h] = attn_quad_max(mx[h]);
-            if (tq == 0) sRed[wg * 64 + row_a + 8 * h] = mx[h];
+        for (int h = 0; h < 2; h++) mx[h] = attn_quad_max(mx[h]) * qk_scale;
+        if (!c1) {
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                b[h] = attn_softmax_rebase(m[h], mx[h], alpha0[h]);
+                if (tq == 0) sM[row_a + 8 * h] = m[h];
+            }
+            attn_named_barrier_arrive(ATTN_NB_M0, MW::threads);
+        } else {
+            attn_named_barrier(ATTN_NB_M0, MW::threads);
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                attn_softmax_rebase(m[h], sM[row_a + 8 * h], alpha0[h]);
+                b[h] = attn_softmax_rebase(m[h], mx[h], alpha1[h]);
+                if (tq == 0) sM[64 + row_a + 8 * h] = m[h];
+            }
+            attn_named_barrier_arrive(ATTN_NB_M1, MW::threads);
         }
-        __syncthreads(); /* both warpgroups' maxima */
 
-        /* ---- softmax: P to shared memory ---- */
-        float alpha[2];
+        /* ---- P = 2^(S - base) into the rope panel; this warpgroup's row sums ---- */
+        char *const my_p = smem + (mine - base) + MW::rope * MW::panel;
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            const int row = row_a + 8 * h;
-            const float mt = fmaxf(sRed[row], sRed[64 + row]);
-            const float b = attn_softmax_rebase(m[h], mt * qk_scale, alpha[h]);
-            l[h] *= alpha[h];
             float sum = 0.0f;
 #pragma unroll
-            for (int i = 0; i < ATTN_KW / 8; i++) {
-                const float p0 = attn_exp2(fmaf(s[4 * i + 2 * h], qk_scale, -b));
-                const float p1 = attn_exp2(fmaf(s[4 * i + 2 * h + 1], qk_scale, -b));
+            for (int i = 0; i < 8; i++) {
+                const float p0 = attn_exp2(fmaf(s[4 * i + 2 * h], qk_scale, -b[h]));
+                const float p1 = attn_exp2(fmaf(s[4 * i + 2 * h + 1], qk_scale, -b[h]));
+                s[4 * i + 2 * h] = p0;
+                s[4 * i + 2 * h + 1] = p1;
                 sum += p0 + p1;
-                const int col = ATTN_KW * wg + 8 * i + 2 * tq; /* key column of P */
-                *(attn_u32 *)(smem + ATTN_SP_OFF + attn_wgmma_swizzle_offset<64>(row, col >> 3) + (col & 7) * 2) =
-                    attn_elem<DT>::pack2(p0, p1);
+                const int col = 8 * i + 2 * tq, row = row_a + 8 * h;
+                *(attn_u32 *)(my_p + attn_wgmma_swizzle_offset<64>(row, col >> 3) + (col & 7) * 2) = attn_elem<DT>::pack2(p0, p1);
             }
-            l[h] += sum;
+            l[h] = l[h] * alpha0[h] * alpha1[h] + sum; /* C0: alpha1 comes with [M1], below */
         }
-        attn_wgmma_fence_smem_writes(); /* P is read by wgmma (async proxy) */
-        __syncthreads();                /* P complete */
+        attn_u32 pown[4][4]; /* this warpgroup's P as A fragments (the S registers are free after this) */
+#pragma unroll
+        for (int j = 0; j < 4; j++) attn_wgmma_a_from_acc<DT>(pown[j], s, j);
+        if (kt < key0 || kt + 64 > key1) { /* an edge tile: zero the V rows of keys outside [key0, key1) */
+            for (int u = tid & 127; u < 64 * MW::nl * 8; u += 128) {
+                const int r = u / (MW::nl * 8), ch = u - r * (MW::nl * 8), k = kt + r;
+                if (k < key0 || k >= key1) {
+                    const attn_vec16 zero = {0u, 0u, 0u, 0u};
+                    *(attn_vec16 *)(smem + (mine - base) + attn_wgmma_swizzle_offset<64>(r, ch)) = zero;
+                }
+            }
+        }
+        attn_fence_proxy_async();                     /* zeroed rows are read by wgmma */
+        attn_named_barrier(ATTN_NB_WG + wg, 128);     /* this warpgroup's P and zeroed rows are whole */
+        attn_named_barrier_arrive(c1 ? ATTN_NB_P1 : ATTN_NB_P0, MW::threads);
 
-        /* ---- O_w = alpha O_w + P V[:, 256 wg ..] ---- */
+        /* ---- O = a0 O + P0 V0 (this warpgroup's half of V0): C0's P0 from its S, C1's read ---- */
+        attn_u32 pf[4][4];
+        if (!c1) {
 #pragma unroll
-        for (int i = 0; i < ATTN_OR / 4; i++) {
-            o[4 * i] *= alpha[0]; o[4 * i + 1] *= alpha[0];
-            o[4 * i + 2] *= alpha[1]; o[4 * i + 3] *= alpha[1];
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int x = 0; x < 4; x++) pf[j][x] = pown[j][x];
+        } else {
+            attn_named_barrier(ATTN_NB_P0, MW::threads);
+            attn_mbar_wait(full + 8, ph); /* B0 (complete: C0 waited for it; the acquire for this warpgroup) */
+            attn_mla_seesaw_load_p(pf, smem + (sS0 - base) + MW::rope * MW::panel, row_a, tq);
         }
-        attn_wgmma_fence(); /* O was written by ordinary instructions */
 #pragma unroll
-        for (int j = 0; j < KV_TILE / 16; j++)
-            attn_wgmma<ATTN_CW, DT>::template ss<1>(o, attn_wgmma_desc_k_major<64>(sP, 16 * j),
-                                                    attn_wgmma_desc_mn_major<KV_TILE>(sKst + (attn_u32)(wg * (ATTN_CW / 64) * KV_TILE * 128), 16 * j),
-                                                    1);
+        for (int i = 0; i < MW::o_regs / 4; i++) {
+            o[4 * i] *= alpha0[0]; o[4 * i + 1] *= alpha0[0];
+            o[4 * i + 2] *= alpha0[1]; o[4 * i + 3] *= alpha0[1];
+        }
+        attn_wgmma_fence();
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            attn_wgmma<MW::cw, DT>::template rs<1>(o, pf[j], attn_wgmma_desc_mn_major<64>(sS0 + (attn_u32)(c1 * MW::nh * MW::panel), 16 * j), 1);
+        attn_wgmma_commit();
+        if (!c1) { /* m1 from C1 */
+            attn_named_barrier(ATTN_NB_M1, MW::threads);
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                attn_softmax_rebase(m[h], sM[64 + row_a + 8 * h], alpha1[h]);
+                l[h] *= alpha1[h];
+            }
+        }
+        attn_wgmma_wait<0>();
+        attn_wgmma_fence_acc(o);
+        attn_named_barrier(ATTN_NB_WG + wg, 128); /* the warpgroup is done with slot 0's A0 (C0) / B0 (C1) */
+        {
+            int blk[MW::pieces];
+#pragma unroll
+            for (int j = 0; j < MW::pieces; j++) blk[j] = __shfl_sync(0xffffffffu, nblk, j);
+            if (issuer && next) attn_mla_seesaw_fill(&kv_map, c1, sS0, full + 8 * c1, kn, key0, key1, blk, 1);
+        }
+
+        /* ---- O = a1 O + P1 V1: C1's P1 from its S, C0's read ---- */
+        if (!c1) {
+            attn_named_barrier(ATTN_NB_P1, MW::threads);
+            attn_mbar_wait(full + 16, ph); /* A1 (complete: C1 waited for it) */
+            attn_mla_seesaw_load_p(pf, smem + (sS1 - base) + MW::rope * MW::panel, row_a, tq);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int x = 0; x < 4; x++) pf[j][x] = pown[j][x];
+        }
+#pragma unroll
+        for (int i = 0; i < MW::o_regs / 4; i++) {
+            o[4 * i] *= alpha1[0]; o[4 * i + 1] *= alpha1[0];
+            o[4 * i + 2] *= alpha1[1]; o[4 * i + 3] *= alpha1[1];
+        }
+        attn_wgmma_fence();
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            attn_wgmma<MW::cw, DT>::template rs<1>(o, pf[j], attn_wgmma_desc_mn_major<64>(sS1 + (attn_u32)(c1 * MW::nh * MW::panel), 16 * j), 1);
         attn_wgmma_commit();
         attn_wgmma_wait<0>();
         attn_wgmma_fence_acc(o);
+        attn_named_barrier(ATTN_NB_WG + wg, 128); /* done with slot 1's A1 (C0, P1 read) / B1 (C1) */
+        {
+            int blk[MW::pieces];
+#pragma unroll
+            for (int j = 0; j < MW::pieces; j++) blk[j] = __shfl_sync(0xffffffffu, nblk, MW::pieces + j);
+            if (issuer && next)
+                attn_mla_seesaw_fill(&kv_map, 2 + c1, sS1, full + 16 + 8 * c1, kn + 64, key0, key1, blk, 2 * (pr + 1) + 1 < ntiles);
+        }
     }
 
-    /* ---- epilogue ---- */
-    attn_cp_async_wait<0>();
-    __syncthreads(); /* sRed is free */
+    /* ---- epilogue: L = both warpgroups' sums; O / L ---- */
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         const float lq = attn_quad_sum(l[h]);
-        if (tq == 0) sRed[wg * 64 + row_a + 8 * h] = lq;
+        if (tq == 0) sL[wg * 64 + row_a + 8 * h] = lq;
     }
     __syncthreads();
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         const int row = row_a + 8 * h;
-        const float L = sRed[row] + sRed[64 + row];
+        const float L = sL[row] + sL[64 + row];
         const float inv = L > 0.0f ? attn_rcp(L) : 0.0f;
         const float lse2 = attn_softmax_lse2(m[h], L);
         if (row >= nrows) continue;
         if (slot < 0) {
             char *orow = (char *)p.out + ((attn_i64)q_row * p.out_stride_token + (attn_i64)(head0 + row) * p.out_stride_head) * 2;
 #pragma unroll
-            for (int i = 0; i < ATTN_OR / 4; i++)
-                *(attn_u32 *)(orow + (wg * ATTN_CW + 8 * i + 2 * tq) * 2) =
+            for (int i = 0; i < MW::o_regs / 4; i++)
+                *(attn_u32 *)(orow + (wg * MW::cw + 8 * i + 2 * tq) * 2) =
                     attn_elem<DT>::pack2(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv);
             if (p.lse && wg == 0 && tq == 0)
                 p.lse[(attn_i64)q_row * p.lse_stride_token + (attn_i64)(head0 + row) * p.lse_stride_head] = lse2 * ATTN_LN2;
         } else {
-            float *po = p.partial_o + ((attn_i64)slot * ROWS + row) * KV_LORA + wg * ATTN_CW;
+            float *po = p.partial_o + ((attn_i64)slot * ROWS + row) * KV_LORA + wg * MW::cw;
 #pragma unroll
-            for (int i = 0; i < ATTN_OR / 4; i++) {
-                po[8 * i + 2 * tq] = o[4 * i + 2 * h] * inv;
-                po[8 * i + 2 * tq + 1] = o[4 * i + 2 * h + 1] * inv;
-            }
+            for (int i = 0; i < MW::o_regs / 4; i++)
+                *(float2 *)(po + 8 * i + 2 * tq) = make_float2(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv);
             if (wg == 0 && tq == 0) p.partial_lse[(attn_i64)slot * ROWS + row] = lse2;
         }
     }
-#if FUSED_MERGE
-    /* the last split of the entry to finish merges it (paged_attention.cu's FUSED MERGE) */
-    const int mi = item[7] - 1;
-    if (slot >= 0 && mi >= 0 && p.merge_count) {
-        __shared__ int attn_last_split;
-        __threadfence(); /* this CTA's partial is visible device-wide before it is counted */
-        __syncthreads();
-        if (tid == 0) attn_last_split = atomicAdd(p.merge_count + mi, 1) == p.merge[8 * (attn_i64)mi + 2] - 1;
-        __syncthreads();
-        if (attn_last_split) {
-            __threadfence(); /* the other splits' partials, counted before, are read after */
-            attn_mla_merge_entry(p, mi, 0, ROWS, tid, ATTN_THREADS, (float *)smem); /* the stages are free */
-            if (tid == 0) p.merge_count[mi] = 0;
-        }
-    }
-#endif
 }
 
-/* The merge as its own launch (mla_merge.cuh): grid (entries, ROWS), one CTA per row. */
+/* The merge as its own launch (mla_merge.cuh): grid (entries, 64), one CTA per row. */
 extern "C" __global__ void __launch_bounds__(256) attn_mla_merge(const attn__mla_decode_params p) {
     attn_mla_merge_kernel(p);
 }

@@ -69,11 +69,10 @@ ATTN_DEV void attn_mla_merge_entry(const attn__mla_decode_params &p, int mi, int
     }
 }
 
-/* attn_mla_merge's body: grid (>= *num_merge, ROWS), one CTA per row of an entry; an entry
-   merged in the decode launch ([4] set) is skipped. */
+/* attn_mla_merge's body: grid (>= *num_merge, ROWS), one CTA per row of an entry. */
 ATTN_DEV void attn_mla_merge_kernel(const attn__mla_decode_params &p) {
     __shared__ float sw[ATTN_MERGE_SW_FLOATS];
-    if ((int)blockIdx.x >= *p.num_merge || p.merge[8 * (attn_i64)blockIdx.x + 4]) return;
+    if ((int)blockIdx.x >= *p.num_merge) return;
     attn_mla_merge_entry(p, blockIdx.x, blockIdx.y, blockIdx.y + 1, threadIdx.x, blockDim.x, sw);
 }
 

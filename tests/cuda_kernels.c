@@ -1109,22 +1109,18 @@ static int mla_shape[5]; /* --mla-shape H,B,CTX,SPLITS[,V]: one decode shape tim
 /* MLA kernels (all embedded): 0 mla_decode.cu (CUDA_MLA's decode, mma.sync), 1
    mla_decode_sm90.cu, 2 mla_prefill_sm90.cu, 3 mla_prefill.cu (CUDA_MLA's prefill attention,
    same params and pass as 2) */
-static draft_kernel mla_kernels[5] = {
+static draft_kernel mla_kernels[4] = {
     {"mla", "mla_decode.cu", 1, 0, "attn_mla_decode", "attn_mla_merge", "attn_mla_config", NULL},
     {"mla", "mla_decode_sm90.cu", 1, 1, "attn_mla_decode", "attn_mla_merge", "attn_mla_config", NULL},
     {"mha", "mla_prefill_sm90.cu", 1, 1, "attn_mla_prefill", NULL, "attn_mha_config", NULL},
-    {"mha", "mla_prefill.cu", 1, 0, "attn_mla_prefill", NULL, "attn_mha_config", NULL},
-    /* 4: the draft on the Hopper toolkit (producer-fed, FlashMLA's schedule; issue 22) */
-    {"mla", "kernels/wip/mla_decode_sm90_ws.cu", 0, 1, "attn_mla_decode", "attn_mla_merge", "attn_mla_config", NULL}};
+    {"mha", "mla_prefill.cu", 1, 0, "attn_mla_prefill", NULL, "attn_mha_config", NULL}};
 static module_entry *mla_module(const char *defines, int which, int load) {
     return draft_module(&mla_kernels[which], defines, load);
 }
 
-/* the first five: mla_decode.cu; the last three: mla_decode_sm90.cu (ROWS 64) */
+/* the first five: mla_decode.cu; then mla_decode_sm90.cu (ROWS 64; the cache's tensor map first) */
 #define MLA_NV 5
-#define MLA_NV_SM90 6 /* the last two: 32-key tiles, 4 stages (KV_TILE=32 KV_STAGES=4) */
-#define MLA_NV_WS 5   /* after those: kernels/wip/mla_decode_sm90_ws.cu (TMA: the cache's map first) */
-#define MLA_WS0 (MLA_NV + MLA_NV_SM90)
+#define MLA_NV_SM90 6
 static const char *mla_variants[] = {
     "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2 ROWS=16",
     "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2 ROWS=64",
@@ -1134,29 +1130,20 @@ static const char *mla_variants[] = {
     "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2",
     "KV_LORA=512 ROPE=64 BLOCK_SIZE=16 DT=1",
     "KV_LORA=256 ROPE=64 BLOCK_SIZE=32 DT=2",
-    "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2 FUSED_MERGE=1",
-    "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2 KV_TILE=32 KV_STAGES=4",
-    "KV_LORA=256 ROPE=64 BLOCK_SIZE=16 DT=1 KV_TILE=32 KV_STAGES=4 FUSED_MERGE=1",
-    "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2",
-    "KV_LORA=512 ROPE=64 BLOCK_SIZE=16 DT=1",
-    "KV_LORA=256 ROPE=64 BLOCK_SIZE=32 DT=2",
     "KV_LORA=512 ROPE=64 BLOCK_SIZE=128 DT=2",
+    "KV_LORA=512 ROPE=64 BLOCK_SIZE=48 DT=2",
     "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2 SPLIT_WAIT=0",
 };
-static int mla_ws_only; /* --mla-ws: the random cases and the decode bench on the draft (and the
-                           embedded wgmma kernel beside it in the bench) */
+static int mla_sm90_only; /* --mla-sm90: the random cases and the decode bench on mla_decode_sm90.cu only */
 /* the kernel (mla_kernels index) of variant v */
-static int mla_variant_kernel(int v) { return v < MLA_NV ? 0 : v < MLA_WS0 ? 1 : 4; }
+static int mla_variant_kernel(int v) { return v < MLA_NV ? 0 : 1; }
 
 /* The tensor map of a [num_blocks, BS, D] 16-bit latent cache for a kernel that reads it
-   through TMA (config.tma_box_rows > 0): 3-D {D, BS, blocks}, box {64, box rows, 1}, 128B
-   swizzle. */
+   through TMA (config.tma_box_rows > 0), encoded by the library's attn__cuda_mla_map. */
 static attn__tma_map mla_map;
 static int mla_map_encode(const module_entry *m, attn__CUdeviceptr kv, attn_dtype dt, int num_blocks, int BS, int D) {
-    const uint64_t dims[3] = {(uint64_t)D, (uint64_t)BS, (uint64_t)num_blocks};
-    const uint64_t strides[2] = {(uint64_t)D * 2, (uint64_t)D * 2 * BS};
-    const uint32_t box[3] = {64, (uint32_t)m->config.tma_box_rows, 1};
-    if (attn__tma_encode(context, &mla_map, dt, 3, (const void *)(uintptr_t)kv, dims, strides, box, 128) == ATTN_OK) return 1;
+    if (attn__cuda_mla_map(context, dt, (const void *)(uintptr_t)kv, num_blocks, BS, D, m->config.tma_box_rows, &mla_map) == ATTN_OK)
+        return 1;
     printf("  FAIL tensor map of the latent cache: %s\n", attn_context_last_error(context));
     return 0;
 }
@@ -1202,8 +1189,7 @@ static int mla_case(int v, int H, int nreq, int max_ctx, int splits, int timing,
         int *qsl = (int *)calloc((size_t)nreq + 1, sizeof(int)), *bt, *work, *merge;
         uint16_t *q, *qpe, *kvc, *out;
         float *lse, scale = 1.0f / sqrtf((float)(128 + R));
-        attn__CUdeviceptr dq, dqpe, dkv, dout, dlse, dbt, dw, dnw, dm, dnm, dpo, dpl, dmc;
-        const int fused = strstr(mla_variants[v], "FUSED_MERGE=1") != NULL; /* split items merge in the decode launch */
+        attn__CUdeviceptr dq, dqpe, dkv, dout, dlse, dbt, dw, dnw, dm, dnm, dpo, dpl;
         attn__mla_decode_params p;
         void *args[2], *margs[1];
         for (r = 0; r < nreq; r++) {
@@ -1237,7 +1223,13 @@ static int mla_case(int v, int H, int nreq, int max_ctx, int splits, int timing,
             for (r = 0; r < nreq; r++)
                 for (j = sl[r]; j < maxb * BS; j++)
                     memset(kvc + ((size_t)bt[r * maxb + j / BS] * BS + j % BS) * D, 0xff, (size_t)D * 2);
-            for (i = nreq * maxb; i < nb; i++) memset(kvc + (size_t)i * BS * D, 0xff, (size_t)BS * D * 2);
+            { /* the blocks no table names */
+                char *named = (char *)calloc((size_t)nb, 1);
+                for (i = 0; i < nreq * maxb; i++) named[bt[i]] = 1;
+                for (i = 0; i < nb; i++)
+                    if (!named[i]) memset(kvc + (size_t)i * BS * D, 0xff, (size_t)BS * D * 2);
+                free(named);
+            }
         }
         memset(out, 0xff, (size_t)nq * H * L * 2); /* NaN poison */
         memset(lse, 0xff, (size_t)nq * H * 4);
@@ -1260,7 +1252,7 @@ static int mla_case(int v, int H, int nreq, int max_ctx, int splits, int timing,
                             int *w = work + 8 * nw++;
                             w[0] = r; w[1] = h; w[2] = qrow; w[4] = (int)((int64_t)kend * i / ns);
                             w[5] = (int)((int64_t)kend * (i + 1) / ns); w[6] = ns > 1 ? s0 + i : -1;
-                            w[7] = fused && ns > 1 ? nm : 0; /* merge entry + 1 (nm counts it already) */
+                            w[7] = 0;
                         }
                     }
                 }
@@ -1271,14 +1263,12 @@ static int mla_case(int v, int H, int nreq, int max_ctx, int splits, int timing,
         dw = dupload(work, (size_t)nw * 32 + 32); dnw = dupload(&nw, 4);
         dm = dupload(merge, (size_t)nm * 32 + 32); dnm = dupload(&nm, 4);
         dpo = dalloc((size_t)(nslot + 1) * prow * L * 4); dpl = dalloc((size_t)(nslot + 1) * prow * 4);
-        dmc = dalloc((size_t)(nm + 1) * 4);
-        CU_CHECK(cu->cuMemsetD8Async(dmc, 0, (size_t)(nm + 1) * 4, NULL));
         memset(&p, 0, sizeof p);
         p.q = dq; p.q_pe = dqpe; p.kv_cache = dkv; p.out = dout; p.lse = dlse; p.block_table = dbt;
         p.work = dw; p.num_work = dnw; p.merge = dm; p.num_merge = dnm; p.partial_o = dpo; p.partial_lse = dpl;
         p.q_stride_token = (int64_t)H * L; p.q_stride_head = L; p.q_pe_stride_token = (int64_t)H * R; p.q_pe_stride_head = R;
         p.out_stride_token = (int64_t)H * L; p.out_stride_head = L; p.lse_stride_token = H; p.lse_stride_head = 1;
-        p.block_table_stride = maxb; p.num_heads = H; p.scale = scale; p.merge_count = fused ? dmc : 0;
+        p.block_table_stride = maxb; p.num_heads = H; p.scale = scale;
         margs[0] = &p;
         if (m->config.tma_box_rows > 0) {
             if (!mla_map_encode(m, dkv, et, nb, BS, D)) ok = 0;
@@ -1287,7 +1277,7 @@ static int mla_case(int v, int H, int nreq, int max_ctx, int splits, int timing,
             args[0] = &p;
         }
         if (ok) CU_CHECK(cu->cuLaunchKernel(m->main, (unsigned)nw, 1, 1, (unsigned)m->config.threads, 1, 1, (unsigned)m->config.shared_bytes, NULL, args, NULL));
-        if (ok && nm && !fused) CU_CHECK(cu->cuLaunchKernel(mm->second, (unsigned)nm, (unsigned)prow, 1, 256, 1, 1, 0, NULL, margs, NULL));
+        if (ok && nm) CU_CHECK(cu->cuLaunchKernel(mm->second, (unsigned)nm, (unsigned)prow, 1, 256, 1, 1, 0, NULL, margs, NULL));
         CU_CHECK(cu->cuStreamSynchronize(NULL));
         if (timing && ok) {
             attn__CUevent e0, e1;
@@ -1297,7 +1287,7 @@ static int mla_case(int v, int H, int nreq, int max_ctx, int splits, int timing,
             CU_CHECK(cu->cuEventRecord(e0, NULL));
             for (k = 0; k < 20; k++) {
                 CU_CHECK(cu->cuLaunchKernel(m->main, (unsigned)nw, 1, 1, (unsigned)m->config.threads, 1, 1, (unsigned)m->config.shared_bytes, NULL, args, NULL));
-                if (nm && !fused) CU_CHECK(cu->cuLaunchKernel(mm->second, (unsigned)nm, (unsigned)prow, 1, 256, 1, 1, 0, NULL, margs, NULL));
+                if (nm) CU_CHECK(cu->cuLaunchKernel(mm->second, (unsigned)nm, (unsigned)prow, 1, 256, 1, 1, 0, NULL, margs, NULL));
             }
             CU_CHECK(cu->cuEventRecord(e1, NULL));
             CU_CHECK(cu->cuEventSynchronize(e1));
@@ -1355,7 +1345,7 @@ static int mla_case(int v, int H, int nreq, int max_ctx, int splits, int timing,
             ok = ok && bad == 0 && checked > 0;
         }
         cu->cuMemFree(dq); cu->cuMemFree(dqpe); cu->cuMemFree(dkv); cu->cuMemFree(dout); cu->cuMemFree(dlse); cu->cuMemFree(dbt);
-        cu->cuMemFree(dw); cu->cuMemFree(dnw); cu->cuMemFree(dm); cu->cuMemFree(dnm); cu->cuMemFree(dpo); cu->cuMemFree(dpl); cu->cuMemFree(dmc);
+        cu->cuMemFree(dw); cu->cuMemFree(dnw); cu->cuMemFree(dm); cu->cuMemFree(dnm); cu->cuMemFree(dpo); cu->cuMemFree(dpl);
         free(qlen); free(sl); free(qsl); free(bt); free(work); free(merge); free(q); free(qpe); free(kvc); free(out); free(lse);
     }
     return ok;
@@ -1497,37 +1487,37 @@ static int mha_case(int which, int v, int H, int nreq, int max_len, int timing, 
 
 static void mla_tests(int cases, int bench) {
     int n;
-    const int nv = MLA_NV + (arch == 90 ? MLA_NV_SM90 + MLA_NV_WS : 0); /* the wgmma kernels on compute capability 9.0 only */
+    const int nv = MLA_NV + (arch == 90 ? MLA_NV_SM90 : 0); /* the wgmma kernel on compute capability 9.0 only */
     for (n = 0; n < cases; n++) {
-        int v = mla_ws_only ? MLA_WS0 + n % MLA_NV_WS : n % nv, Hs[] = {16, 128, 20, 40, 64},
-            H = Hs[(n / (mla_ws_only ? MLA_NV_WS : nv)) % 5], splits = n % 3 == 2 ? 1 + rnd_int(1, 4) : 1;
+        int v = mla_sm90_only ? MLA_NV + n % MLA_NV_SM90 : n % nv, Hs[] = {16, 128, 20, 40, 64},
+            H = Hs[(n / (mla_sm90_only ? MLA_NV_SM90 : nv)) % 5], splits = n % 3 == 2 ? 1 + rnd_int(1, 4) : 1;
         double us;
         if (mla_case(v, H, rnd_int(1, 5), rnd_int(1, 1500), splits, 0, &us)) passed++;
         else failed++;
     }
     /* MLA's prefill attention: on mma.sync (CUDA_MLA's, any sm_80+) and on wgmma
        (compute capability 9.0) */
-    for (n = 0; n < (mla_ws_only ? 0 : cases); n++) {
+    for (n = 0; n < (mla_sm90_only ? 0 : cases); n++) {
         double us;
         const int which = n % 2 ? 3 : 2;
         if (which == 2 && arch != 90) continue;
         if (mha_case(which, n / 2 % 3, 1 + rnd_int(0, 5), rnd_int(1, 3), rnd_int(1, 400), 0, &us)) passed++;
         else failed++;
     }
-    if (bench && mla_ws_only && arch == 90) { /* the draft beside the embedded wgmma kernel, same shapes and splits */
+    if (bench && mla_sm90_only && arch == 90) { /* the wgmma kernel (SPLIT_WAIT 1, 0) on issue 22's shapes */
         static const int shapes[][3] = {{128, 64, 4096}, {128, 128, 4096}, {128, 64, 16384}, {16, 64, 4096},
                                         {16, 128, 16384}, {128, 1, 16384}, {128, 16, 4096}};
         int k, ws;
         for (k = 0; k < (int)(sizeof shapes / sizeof shapes[0]); k++)
-            for (ws = 0; ws < 3; ws++) { /* the embedded kernel, the draft, the draft with SPLIT_WAIT=0 */
-                const int H = shapes[k][0], B = shapes[k][1], C = shapes[k][2], v = ws == 2 ? MLA_WS0 + 4 : ws ? MLA_WS0 : MLA_NV;
+            for (ws = 0; ws < 2; ws++) {
+                const int H = shapes[k][0], B = shapes[k][1], C = shapes[k][2], v = ws ? MLA_NV + 5 : MLA_NV;
                 int items = B * ((H + 63) / 64), splits = 1;
                 double us = 0;
                 while (items * splits * 2 <= 2 * num_sms && C / (splits * 2) >= 256 && splits < 64) splits *= 2;
                 if (!mla_case(v, H, B, C, splits, 1, &us)) { failed++; continue; }
                 passed++;
                 printf("  mla %-8s bench H %3d batch %3d ctx %5d: splits %2d  %8.1f us  %6.2f TB/s  %6.1f TFLOP/s\n",
-                       ws == 2 ? "ws-wait0" : ws ? "wgmma-ws" : "wgmma", H, B, C, splits, us, (double)B * C * 576 * 2 / (us * 1e-6) / 1e12,
+                       ws ? "wait0" : "wgmma", H, B, C, splits, us, (double)B * C * 576 * 2 / (us * 1e-6) / 1e12,
                        2.0 * B * H * C * (576 + 512) / (us * 1e-6) / 1e12);
             }
         return;
@@ -1550,18 +1540,17 @@ static void mla_tests(int cases, int bench) {
         static const int shapes[][3] = {{16, 64, 4096}, {128, 64, 4096}, {128, 1, 16384}, {16, 1, 16384}, {128, 16, 4096},
                                         {16, 128, 16384}};
         int si;
-        for (si = 0; si < (arch == 90 ? 16 : 5); si++) { /* mma.sync, then the wgmma kernel (64 x 2, then
-                                                              32 x 4 tiles x stages) */
-            const int k = si < 10 ? si % 5 : si - 10;
+        for (si = 0; si < (arch == 90 ? 10 : 5); si++) { /* mma.sync, then the wgmma kernel */
+            const int k = si % 5;
             int H = shapes[k][0], B = shapes[k][1], C = shapes[k][2];
-            int v = si >= 10 ? MLA_NV + 4 : si >= 5 ? MLA_NV : H == 16 ? 0 : 1;
+            int v = si >= 5 ? MLA_NV : H == 16 ? 0 : 1;
             int rows = v == 0 ? 16 : 64, items = B * ((H + rows - 1) / rows), splits = 1;
             double us = 0;
             while (items * splits * 2 <= 2 * num_sms && C / (splits * 2) >= 256 && splits < 32) splits *= 2;
             if (!mla_case(v, H, B, C, splits, 1, &us)) { failed++; continue; }
             passed++;
             printf("  mla%s bench H %3d batch %3d ctx %5d: splits %2d  %8.1f us  %6.2f TB/s  %6.1f TFLOP/s\n",
-                   si >= 10 ? " wgmma-32x4" : v >= MLA_NV ? " wgmma" : "", H, B, C, splits, us,
+                   v >= MLA_NV ? " wgmma" : "", H, B, C, splits, us,
                    (double)B * C * 576 * 2 / (us * 1e-6) / 1e12, 2.0 * B * H * C * (576 + 512) / (us * 1e-6) / 1e12);
         }
     }
@@ -1591,14 +1580,14 @@ int main(int argc, char **argv) {
             sm90_prefill = 1;
         }
         else if (!strcmp(argv[i], "--mla")) mla_mode = 1;
-        else if (!strcmp(argv[i], "--mla-ws")) mla_mode = mla_ws_only = 1;
+        else if (!strcmp(argv[i], "--mla-sm90")) mla_mode = mla_sm90_only = 1;
         else if (!strcmp(argv[i], "--mla-shape") && i + 1 < argc &&
                  sscanf(argv[++i], "%d,%d,%d,%d,%d", &mla_shape[0], &mla_shape[1], &mla_shape[2], &mla_shape[3],
                         &mla_shape[4]) >= 4)
             mla_mode = 1;
         else {
             fprintf(stderr, "usage: cuda_kernels [--cases N] [--seed S] [--bench | --bench-only | --decode-bench | --prefill-bench] [--contiguous] [--defines \"KV_STAGES=3 ...\"]\n"
-                            "                    [--prefill-tt N] [--sm90-prefill] [--sm90-source FILE:ENTRY] [--mla] [--mla-ws] [--mla-shape H,B,CTX,SPLITS[,V]]\n");
+                            "                    [--prefill-tt N] [--sm90-prefill] [--sm90-source FILE:ENTRY] [--mla] [--mla-sm90] [--mla-shape H,B,CTX,SPLITS[,V]]\n");
             return 2;
         }
     }
@@ -1622,7 +1611,7 @@ int main(int argc, char **argv) {
     }
     if (mla_mode && mla_shape[0] > 0) { /* one decode shape on the wgmma kernel (profilers) */
         double us = 0;
-        const int v = MLA_NV + (mla_shape[4] >= 0 && mla_shape[4] < MLA_NV_SM90 + MLA_NV_WS ? mla_shape[4] : 0);
+        const int v = MLA_NV + (mla_shape[4] >= 0 && mla_shape[4] < MLA_NV_SM90 ? mla_shape[4] : 0);
         if (arch == 90 && mla_case(v, mla_shape[0], mla_shape[1], mla_shape[2], mla_shape[3], 1, &us)) {
             passed++;
             printf("  mla wgmma [%s] H %d batch %d ctx %d splits %d: %.1f us (kernel + merge, 20 launches)\n",

@@ -669,6 +669,19 @@ ATTN_TEST(seam_loader_injection) {
             EXPECT_TRUE(sm_skipped(&sel, ATTN_BACKEND_CUDA_SM90, "lacks cuTensorMapEncodeTiled"));
             EXPECT_TRUE(sm_skipped(&sel, ATTN_BACKEND_CUDA, "libnvrtc")); /* CUDA needs no TMA: its reason is NVRTC */
         }
+        if (attn_backend_get(ATTN_BACKEND_CUDA_MLA_SM90)) { /* its decode reads the latent cache through TMA */
+            attn_layer_desc d;
+            attn_selection sel;
+            memset(&d, 0, sizeof d);
+            d.use_mla = 1; d.num_heads = 128; d.head_size = 576; d.kv_lora_rank = 512; d.qk_rope_head_dim = 64;
+            d.qk_nope_head_dim = 128; d.v_head_dim = 128; d.dtype = ATTN_DTYPE_BF16; d.block_size = 64;
+            d.device = ATTN_DEVICE_CUDA;
+            attn_select_backend(ctx, &d, NULL, &sel);
+            EXPECT_TRUE(sm_skipped(&sel, ATTN_BACKEND_CUDA_MLA_SM90, "mla_decode_sm90.cu reads the cache through TMA"));
+            EXPECT_TRUE(sm_skipped(&sel, ATTN_BACKEND_CUDA_MLA_SM90, "lacks cuTensorMapEncodeTiled"));
+            if (attn_backend_get(ATTN_BACKEND_CUDA_MLA)) /* the mma.sync MLA kernels need no TMA */
+                EXPECT_TRUE(!sm_skipped(&sel, ATTN_BACKEND_CUDA_MLA, "TMA"));
+        }
         attn_context_destroy(ctx);
     }
 

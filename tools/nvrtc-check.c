@@ -181,11 +181,12 @@ static variant manifest_builtin[] = {
     {"paged_prefill_sm90.cu", "HEAD_DIM=128 BLOCK_SIZE=16 GROUP=4 DT_Q=2 DT_KV=2 TILE_TOKENS=32 PINGPONG=1", ARCH_90A},
     /* the CUDA_MLA_SM90 backend (sm_90a only): decode with the fused merge (576: pages 64 and
        16, bf16 and f16; 320), the separate merge; the up-projected prefill and its gather */
-    {"mla_decode_sm90.cu", "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2 FUSED_MERGE=1", ARCH_90A},
-    {"mla_decode_sm90.cu", "KV_LORA=512 ROPE=64 BLOCK_SIZE=16 DT=1 FUSED_MERGE=1", ARCH_90A},
-    {"mla_decode_sm90.cu", "KV_LORA=256 ROPE=64 BLOCK_SIZE=32 DT=2 FUSED_MERGE=1", ARCH_90A},
-    {"mla_decode_sm90.cu", "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2 FUSED_MERGE=0", ARCH_90A},
-    {"mla_decode_sm90.cu", "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2 KV_TILE=32 KV_STAGES=4", ARCH_90A},
+    {"mla_decode_sm90.cu", "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2", ARCH_90A},
+    {"mla_decode_sm90.cu", "KV_LORA=512 ROPE=64 BLOCK_SIZE=16 DT=1", ARCH_90A},
+    {"mla_decode_sm90.cu", "KV_LORA=256 ROPE=64 BLOCK_SIZE=32 DT=2", ARCH_90A},
+    {"mla_decode_sm90.cu", "KV_LORA=512 ROPE=64 BLOCK_SIZE=48 DT=1", ARCH_90A},
+    {"mla_decode_sm90.cu", "KV_LORA=256 ROPE=64 BLOCK_SIZE=256 DT=2", ARCH_90A},
+    {"mla_decode_sm90.cu", "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2 SPLIT_WAIT=0", ARCH_90A},
     {"mla_prefill_sm90.cu", "DN=128 ROPE=64 DV=128 DT=2 KV_LORA=512", ARCH_90A},
     {"mla_prefill_sm90.cu", "DN=128 ROPE=64 DV=128 DT=1 KV_LORA=256", ARCH_90A},
     {"mla_prefill_sm90.cu", "DN=64 ROPE=64 DV=64 DT=2 KV_LORA=512", ARCH_90A},
