@@ -208,7 +208,7 @@ ATTN__PARAMS_SIZE(attn__latent_write_params, 4 * 8 + 3 * 8 + 2 * 4 + 8 + 2 * 4);
 ATTN__PARAMS_SIZE(attn__latent_write_inline_params, 80 + ATTN__INLINE_SLOTS * 8);
 ATTN__PARAMS_SIZE(attn__mla_gather_params, 3 * 8 + 4 * 4 + 8 + 2 * 4);
 ATTN__PARAMS_SIZE(attn__merge_params, 6 * 8 + 12 * 8 + 6 * 4);
-ATTN__PARAMS_SIZE(attn__mla_decode_params, 12 * 8 + 9 * 8 + 2 * 4 + 2 * 8 + 2 * 4);
+ATTN__PARAMS_SIZE(attn__mla_decode_params, 12 * 8 + 9 * 8 + 2 * 4 + 8 + 2 * 4);
 ATTN__PARAMS_SIZE(attn__mla_prefill_params, 7 * 8 + 13 * 8 + 8 * 4);
 #undef ATTN__PARAMS_SIZE
 
