@@ -109,6 +109,19 @@ ATTN_DEV void attn_tma_load_3d(attn_u32 dst, const attn_tma_map *map, int c0, in
                  ::"r"(dst), "l"((attn_u64)map), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
                  : "memory");
 }
+/* the same with an L2 eviction policy (attn_l2_evict_first_policy): data read once */
+ATTN_DEV void attn_tma_load_3d_hint(attn_u32 dst, const attn_tma_map *map, int c0, int c1, int c2, attn_u32 bar,
+                                    attn_u64 policy) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, %3, %4}], [%5], %6;"
+                 ::"r"(dst), "l"((attn_u64)map), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "l"(policy)
+                 : "memory");
+}
+/* an L2 cache policy: evict these lines first */
+ATTN_DEV attn_u64 attn_l2_evict_first_policy(void) {
+    attn_u64 policy;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    return policy;
+}
 ATTN_DEV void attn_tma_load_4d(attn_u32 dst, const attn_tma_map *map, int c0, int c1, int c2, int c3, attn_u32 bar) {
     asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];"
                  ::"r"(dst), "l"((attn_u64)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)

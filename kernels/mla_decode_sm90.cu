@@ -94,6 +94,9 @@
 #if defined(FUSED_MERGE) && FUSED_MERGE
 #error "mla_decode_sm90.cu: no fused merge (attn_mla_merge merges every split)"
 #endif
+#ifndef EVICT_FIRST
+#define EVICT_FIRST 0 /* tuning: 1 the latent tiles are loaded with an L2 evict-first policy */
+#endif
 #ifndef SPLIT_WAIT
 #define SPLIT_WAIT 1 /* tuning: 1 S starts on a slot's first group and waits for the second halfway;
                         0 S waits for both first */
@@ -151,7 +154,11 @@ ATTN_DEV void attn_mla_seesaw_fill(const attn_tma_map *map, int g, attn_u32 dst,
 #pragma unroll
         for (int i = 0; i < attn_mla_seesaw_group_count(g); i++) {
             const int c = attn_mla_seesaw_group_panel(g, i);
-            attn_tma_load_3d(dst + (attn_u32)(c * MW::panel + j * MW::box_rows * 128), map, 64 * c, row, blk[j], bar);
+            if (EVICT_FIRST)
+                attn_tma_load_3d_hint(dst + (attn_u32)(c * MW::panel + j * MW::box_rows * 128), map, 64 * c, row, blk[j], bar,
+                                      attn_l2_evict_first_policy());
+            else
+                attn_tma_load_3d(dst + (attn_u32)(c * MW::panel + j * MW::box_rows * 128), map, 64 * c, row, blk[j], bar);
         }
     }
 }
