@@ -187,7 +187,7 @@ static variant manifest_builtin[] = {
     {"mla_decode_sm90.cu", "KV_LORA=512 ROPE=64 BLOCK_SIZE=48 DT=1", ARCH_90A},
     {"mla_decode_sm90.cu", "KV_LORA=256 ROPE=64 BLOCK_SIZE=256 DT=2", ARCH_90A},
     {"mla_decode_sm90.cu", "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2 SPLIT_WAIT=0", ARCH_90A},
-    {"mla_decode_sm90.cu", "KV_LORA=512 ROPE=64 BLOCK_SIZE=16 DT=2 EVICT_FIRST=1", ARCH_90A},
+    {"mla_decode_sm90.cu", "KV_LORA=512 ROPE=64 BLOCK_SIZE=16 DT=2 EVICT_FIRST=0", ARCH_90A},
     {"mla_prefill_sm90.cu", "DN=128 ROPE=64 DV=128 DT=2 KV_LORA=512", ARCH_90A},
     {"mla_prefill_sm90.cu", "DN=128 ROPE=64 DV=128 DT=1 KV_LORA=256", ARCH_90A},
     {"mla_prefill_sm90.cu", "DN=64 ROPE=64 DV=64 DT=2 KV_LORA=512", ARCH_90A},
