@@ -1,4 +1,4 @@
-/* attn.h - v0.11.0 - paged attention and MLA for C/C++, portable C and CUDA (NVRTC)
+/* attn.h - v0.12.0 - paged attention and MLA for C/C++, portable C and CUDA (NVRTC)
 
    Do this:
        #define ATTN_IMPLEMENTATION
@@ -311,6 +311,14 @@
               any block size that is a multiple of 16; attn__launch_config gains
               tma_box_rows. The kernel split of 0.10 no longer costs split decode or the
               sm90 prefill time (issue 21). A decode-only metadata captures no prefill launch.
+       0.12.0 Hopper pipelines (issue 22): CUDA_MLA_SM90's decode is FlashMLA's seesaw
+              schedule fed through TMA (a tensor map of the latent cache encoded at each
+              forward; no TMA: CUDA_MLA serves, the record says why), any block size that
+              is a multiple of 16: 128 heads 488-532 TFLOP/s (was 336-349), 16 heads up to
+              4.0 TB/s on the H200. ATTN_MLA_FUSED_MERGE_MAX is gone (the fused MLA merge
+              was never faster; split entries merge in attn_mla_merge). A captured CUDA
+              forward launches only the decode shapes its metadata can build;
+              ATTN_BATCH_INVARIANT is read at attn_metadata_create on CUDA/CUDA_SM90.
 
    LICENSE: MIT, see the end of the file.
 */
@@ -318,9 +326,9 @@
 #define ATTN_H
 
 #define ATTN_VERSION_MAJOR 0
-#define ATTN_VERSION_MINOR 11
+#define ATTN_VERSION_MINOR 12
 #define ATTN_VERSION_PATCH 0
-#define ATTN_VERSION_STRING "0.11.0"
+#define ATTN_VERSION_STRING "0.12.0"
 
 #include <stddef.h>
 #include <stdint.h>
