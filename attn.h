@@ -8542,10 +8542,11 @@ static const attn_backend attn__cuda_sm90_backend = {
 
 /* ---- CUDA_MLA_SM90: MLA on wgmma (Hopper) ---------------------------------------------- */
 
-/* The MLA backend of compute capability 9.0: absorbed decode on wgmma over 64 heads of one
-   token per CTA (kernels/mla_decode_sm90.cu; split-KV partials merged by LSE in
-   attn_mla_merge, a CTA per row, or in the decode launch for entries of at most
-   ATTN_MLA_FUSED_MERGE_MAX splits x rows), the latent cache write (cache_write.cu), and the up-projected prefill: per request and
+/* The MLA backend of compute capability 9.0 with TMA: absorbed decode on wgmma over 64 heads
+   of one token per CTA in FlashMLA's seesaw schedule, the latent cache read through a tensor
+   map encoded at each forward (kernels/mla_decode_sm90.cu; split-KV partials merged by LSE in
+   attn_mla_merge, a CTA per row; a fused merge in the decode launch was never faster on the
+   H200 and is gone since 0.12), the latent cache write (cache_write.cu), and the up-projected prefill: per request and
    chunk of keys, the chunk's latent rows gathered from the paged cache, up-projected into
    K_nope and V by two strided-batched cuBLAS GEMMs (one batch entry per head, f32
    accumulation), attended by kernels/mla_prefill_sm90.cu, and merged by LSE into the
@@ -8556,14 +8557,6 @@ static const attn_backend attn__cuda_sm90_backend = {
    a forward allocates nothing and does not synchronise the host. */
 
 #define ATTN__MLA_HEADS_PER_CTA 64     /* kernels/mla_decode_sm90.cu's ROWS */
-/* A split entry of splits x rows <= this merges in the decode launch (its last CTA reads
-   them all), a larger one in attn_mla_merge (a CTA per row, one launch more). 0 (the
-   default): never fused. Measured on the H200 (attn-bench --case mla, 256 against 0): the
-   fused merge is never faster and up to 1.7x slower (128 heads, 1 x 1024: 55 -> 32 us;
-   16 x 4096: 103 -> 84 us), the last split's CTA reading all partials alone. */
-#ifndef ATTN_MLA_FUSED_MERGE_MAX
-#define ATTN_MLA_FUSED_MERGE_MAX 0
-#endif
 #define ATTN__MLA_CUBLAS_WS (32u << 20) /* cuBLAS's workspace (its Hopper recommendation) */
 
 /* cuBLAS's constants (cublas_api.h, library_types.h) */
@@ -8737,7 +8730,7 @@ static attn_status attn__cuda_mla_layer_init(const attn_backend *self, attn_laye
         return ATTN_ERROR_OUT_OF_MEMORY;
     }
     L->cublas = cs->cublas;
-    L->sm90 = f->role[ATTN__ROLE_DECODE].arch_a; /* the wgmma kernels: fused merges, the default split policy */
+    L->sm90 = f->role[ATTN__ROLE_DECODE].arch_a; /* the wgmma kernels: the default split policy */
     if ((st = attn__cuda_enter(ctx, "CUDA MLA layer")) != ATTN_OK) {
         attn__fmt(reason, size, "%s", attn_context_last_error(ctx));
         attn__free(L);
@@ -8792,7 +8785,7 @@ typedef struct attn__cuda_mla_ws {
 
 typedef struct attn__cuda_mla_meta {
     int heads, tiles, decode_tokens, chunk;
-    int rows, sm90;                  /* the creating layer's (metadata may outlive it) */
+    int rows;                        /* the creating layer's (metadata may outlive it) */
     int work_capacity, merge_capacity, slot_capacity;
     size_t ws_bytes;
     attn__cuda_staged up;          /* the region: work list, merges, batch */
@@ -8857,7 +8850,6 @@ static attn_status attn__cuda_mla_metadata_init(const attn_backend *self, attn_l
                           "attn_metadata_create: cannot allocate the CUDA MLA schedule");
     cm->heads = d->num_heads;
     cm->rows = L->rows;
-    cm->sm90 = L->sm90;
     cm->tiles = (d->num_heads + cm->rows - 1) / cm->rows;
     cm->decode_tokens = (int)ATTN__MIN((int64_t)cap->max_num_tokens, (int64_t)cap->max_num_reqs * cap->decode_threshold);
     cm->chunk = attn__mla_prefill_chunk(d, cap->workspace_bytes, ATTN_DEVICE_CUDA);
