@@ -85,7 +85,8 @@
      and lane 0 of each warp arrives on empty[s]. The consumers never meet at a CTA-wide
      barrier inside the loop (only on edge tiles, at a named barrier of the 256).
    PINGPONG 1 (tuning, default 0): the consumer warpgroups take turns issuing S (named
-   barriers 2 and 3); measured within 1 % of 0 on the H200 (docs/PERF.md).
+   barriers 2 and 3); measured within 1 % of 0 on the H200 (docs/PERF.md). PINGPONG 2: they
+   take turns issuing P V as well (FlashAttention-3's ping-pong; not measured yet).
    Epilogue (the consumers; named barrier 1): l summed over the row's 4 lanes; O / l in
    DT_Q to shared memory over the stages, lse (base e) straight to global; 16-byte rows
    out (element stores when q/out rows are not 16-byte aligned).
@@ -107,8 +108,10 @@
 #define KV_TILE 128
 #endif
 /* PINGPONG 1: the two consumer warpgroups take turns issuing their S = Q K^T (named
-   barriers 2 and 3, FlashAttention-3's schedule), so one's softmax runs under the other's
-   GEMMs instead of both contending for the tensor cores at once */
+   barriers 2 and 3), so one's softmax runs under the other's GEMMs instead of both
+   contending for the tensor cores at once. PINGPONG 2: their P V too, FlashAttention-3's
+   schedule: the tensor cores see S0 S1 PV0 PV1 S0' ..., each softmax under the other
+   warpgroup's GEMM, with no more live registers (tuning; measured 1: within 1 % of 0) */
 #ifndef PINGPONG
 #define PINGPONG 0
 #endif
@@ -145,7 +148,7 @@ struct attn_ws_traits {
     static_assert(block_size % 16 == 0 && block_size > 0, "paged_prefill_sm90.cu: BLOCK_SIZE a positive multiple of 16");
     static_assert(kv_stages == 2 || kv_stages == 3, "paged_prefill_sm90.cu: KV_STAGES must be 2 or 3");
     static_assert(WINDOW == 0 || WINDOW == 1, "paged_prefill_sm90.cu: WINDOW must be 0 or 1");
-    static_assert(PINGPONG == 0 || PINGPONG == 1, "paged_prefill_sm90.cu: PINGPONG must be 0 or 1");
+    static_assert(PINGPONG >= 0 && PINGPONG <= 2, "paged_prefill_sm90.cu: PINGPONG must be 0, 1 or 2");
     static_assert(kv_tile == 64 || kv_tile == 128, "paged_prefill_sm90.cu: KV_TILE must be 64 or 128");
     static_assert(TILE_TOKENS >= 1 && GROUP >= 1 && rows <= 128, "paged_prefill_sm90.cu: TILE_TOKENS * GROUP <= 128");
     static_assert(smem_bytes <= smem_limit, "paged_prefill_sm90.cu: shared memory over 227 KiB");
@@ -355,15 +358,21 @@ extern "C" __global__ void __launch_bounds__(WT::threads, 1)
             attn_u32 a[KV_TILE / 16][4];
 #pragma unroll
             for (int j = 0; j < KV_TILE / 16; j++) attn_wgmma_a_from_acc<DT_Q>(a[j], s, j);
+            if (PINGPONG == 2) attn_named_barrier(2 + wg, WT::consumers); /* my P V turn */
             attn_wgmma_fence();
 #pragma unroll
             for (int j = 0; j < KV_TILE / 16; j++)
                 attn_wgmma<HEAD_DIM, DT_Q>::template rs<1>(o, a[j], attn_wgmma_desc_mn_major<KV_TILE>(sV_st, 16 * j), 1);
             attn_wgmma_commit();
+            if (PINGPONG == 2) attn_named_barrier_arrive(3 - wg, WT::consumers);
             attn_wgmma_wait<0>();
             attn_wgmma_fence_acc(o);
         } else if (PINGPONG) {
             attn_named_barrier_arrive(3 - wg, WT::consumers);
+            if (PINGPONG == 2) { /* the P V turn too: the counts pair up */
+                attn_named_barrier(2 + wg, WT::consumers);
+                attn_named_barrier_arrive(3 - wg, WT::consumers);
+            }
         }
         __syncwarp();
         if (lane == 0) attn_mbar_arrive(empty + 8 * st.stage); /* this warp is done with the stage */

@@ -179,6 +179,8 @@ static variant manifest_builtin[] = {
     {"paged_prefill_sm90.cu", "HEAD_DIM=128 BLOCK_SIZE=48 GROUP=4 DT_Q=2 DT_KV=2 TILE_TOKENS=32", ARCH_90A},
     {"paged_prefill_sm90.cu", "HEAD_DIM=64 BLOCK_SIZE=256 GROUP=2 DT_Q=1 DT_KV=1 TILE_TOKENS=64 WINDOW=1", ARCH_90A},
     {"paged_prefill_sm90.cu", "HEAD_DIM=128 BLOCK_SIZE=16 GROUP=4 DT_Q=2 DT_KV=2 TILE_TOKENS=32 PINGPONG=1", ARCH_90A},
+    {"paged_prefill_sm90.cu", "HEAD_DIM=128 BLOCK_SIZE=16 GROUP=4 DT_Q=2 DT_KV=2 TILE_TOKENS=32 PINGPONG=2", ARCH_90A},
+    {"paged_prefill_sm90.cu", "HEAD_DIM=64 BLOCK_SIZE=48 GROUP=2 DT_Q=1 DT_KV=1 TILE_TOKENS=64 WINDOW=1 PINGPONG=2", ARCH_90A},
     /* the CUDA_MLA_SM90 backend (sm_90a only): decode with the fused merge (576: pages 64 and
        16, bf16 and f16; 320), the separate merge; the up-projected prefill and its gather */
     {"mla_decode_sm90.cu", "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2", ARCH_90A},
