@@ -8145,9 +8145,9 @@ static attn_status attn__cuda_build(const attn_backend *self, attn_layer *layer,
 
 static attn__CUdeviceptr attn__dptr(const void *p) { return (attn__CUdeviceptr)(uintptr_t)p; }
 
-/* The paged kernels copy the cache in 16-byte pieces (cp.async) and the 8-bit cache write
-   stores 8 bytes at a time: the cache must start on 16 bytes (cudaMalloc and PyTorch give
-   256). Checked before anything is launched. */
+/* The paged kernels copy the cache in 16-byte pieces (cp.async or TMA) and the 8-bit cache
+   write stores 8 bytes at a time: the cache must start on 16 bytes (cudaMalloc and PyTorch
+   give 256). Checked before anything is launched (the MLA calls too). */
 static attn_status attn__cuda_cache_aligned(attn_context *ctx, const char *fn, const attn_tensor *kv_cache) {
     if ((uintptr_t)kv_cache->data & 15)
         return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
@@ -9072,10 +9072,12 @@ static attn__CUresult attn__cuda_mla_decode(attn_context *ctx, const attn__cuda_
 /* The cache's tensor map where the layer's decode kernel reads it through TMA (its config's
    tma_box_rows > 0; *use 0 otherwise): encoded before a forward writes or launches anything,
    so a cache the map refuses changes nothing. */
-static attn_status attn__cuda_mla_decode_map(attn_context *ctx, const attn__cuda_mla_layer *L, const attn_layer_desc *d,
-                                             const attn_tensor *kv_cache, attn__tma_map *map, int *use) {
+static attn_status attn__cuda_mla_decode_map(attn_context *ctx, const char *fn, const attn__cuda_mla_layer *L,
+                                             const attn_layer_desc *d, const attn_tensor *kv_cache, attn__tma_map *map,
+                                             int *use) {
+    attn_status st;
     *use = L->decode.config.tma_box_rows > 0;
-    if (!*use) return ATTN_OK;
+    if ((st = attn__cuda_cache_aligned(ctx, fn, kv_cache)) != ATTN_OK || !*use) return st;
     return attn__cuda_mla_map(ctx, d->kv_cache_dtype, kv_cache->data, kv_cache->shape[0], d->block_size, d->head_size,
                               L->decode.config.tma_box_rows, map);
 }
@@ -9104,7 +9106,7 @@ static attn_status attn__cuda_mla_forward_mqa(const attn_backend *self, attn_lay
         pr = qr;
         pr.data += (attn__CUdeviceptr)d->kv_lora_rank * attn_dtype_size(d->dtype);
     }
-    if ((st = attn__cuda_mla_decode_map(ctx, L, d, kv_cache, &map, &use_map)) != ATTN_OK) return st;
+    if ((st = attn__cuda_mla_decode_map(ctx, fn, L, d, kv_cache, &map, &use_map)) != ATTN_OK) return st;
     if ((st = attn__cuda_enter_stream(ctx, fn, stream)) != ATTN_OK) return st;
     rc = attn__cuda_mla_decode(ctx, L, cm, meta, d, qr, pr, kv_cache, use_map ? &map : NULL, attn__mla_rows_of(out_latent, 0),
                                lse, (attn__CUstream)stream, attn__cuda_capturing(ctx, (attn__CUstream)stream));
@@ -9305,7 +9307,7 @@ static attn_status attn__cuda_mla_forward(const attn_backend *self, attn_layer *
     if ((st = attn__cuda_mla_aligned(ctx, fn, "q_nope", q_nope)) != ATTN_OK ||
         (st = attn__cuda_mla_aligned(ctx, fn, "q_pe", q_pe)) != ATTN_OK ||
         (st = attn__cuda_mla_aligned(ctx, fn, "out", out)) != ATTN_OK ||
-        (st = attn__cuda_mla_decode_map(ctx, L, d, kv_cache, &map, &use_map)) != ATTN_OK)
+        (st = attn__cuda_mla_decode_map(ctx, fn, L, d, kv_cache, &map, &use_map)) != ATTN_OK)
         return st;
     if ((st = attn__cuda_enter_stream(ctx, fn, stream)) != ATTN_OK) return st;
     capturing = attn__cuda_capturing(ctx, s);

@@ -2039,7 +2039,7 @@ ATTN_TEST(cuda_mla_unaligned_rows_refused) {
     b.query_start_loc = qsl; b.seq_lens = seq; b.block_table = bt; b.block_table_stride = 4;
     b.num_reqs = 1; b.num_actual_tokens = 1; b.max_query_len = 1; b.max_seq_len = 100;
     EXPECT_OK(attn_metadata_build(m, 0, &b, 0));
-    if (!cu_buf_make(ctx, &q, (size_t)H * D * 2 + 64) || !cu_buf_make(ctx, &kv, (size_t)NB * BS * D * 2) ||
+    if (!cu_buf_make(ctx, &q, (size_t)H * D * 2 + 64) || !cu_buf_make(ctx, &kv, (size_t)NB * BS * D * 2 + 64) ||
         !cu_buf_make(ctx, &out, sizeof after)) goto done;
     cu_fill(q.host, ATTN_DTYPE_BF16, (size_t)H * D, 1.0f);
     cu_fill(kv.host, ATTN_DTYPE_BF16, (size_t)NB * BS * D, 1.0f);
@@ -2055,6 +2055,11 @@ ATTN_TEST(cuda_mla_unaligned_rows_refused) {
         go.strides[0] = (int64_t)H * (R + 4); go.strides[1] = R + 4; go.strides[2] = 1; /* 8-byte head stride */
         EXPECT_STATUS(attn_mla_forward_mqa(gpu, m, &gq, NULL, &gc, &go, NULL, NULL), ATTN_ERROR_INVALID_VALUE);
         EXPECT_TRUE(strstr(attn_context_last_error(ctx), "out_latent rows are not 16-byte aligned") != NULL);
+        go.strides[0] = (int64_t)H * R; go.strides[1] = R;
+        gc.data = (char *)kv.dev + 2; /* a cache 2 bytes off (the buffer has 64 to spare): refused before any launch */
+        EXPECT_STATUS(attn_mla_forward_mqa(gpu, m, &gq, NULL, &gc, &go, NULL, NULL), ATTN_ERROR_INVALID_VALUE);
+        EXPECT_TRUE(strstr(attn_context_last_error(ctx), "kv_cache.data") != NULL &&
+                    strstr(attn_context_last_error(ctx), "16-byte aligned") != NULL);
     }
     if (!cu_down(ctx, &out, after)) goto done;
     for (x = 0; x < (int)(sizeof after / 2); x++) changed |= after[x] != 0xffff;
