@@ -9069,17 +9069,21 @@ static attn__CUresult attn__cuda_mla_decode(attn_context *ctx, const attn__cuda_
     return rc;
 }
 
-/* The cache's tensor map where the layer's decode kernel reads it through TMA (its config's
-   tma_box_rows > 0; *use 0 otherwise): encoded before a forward writes or launches anything,
-   so a cache the map refuses changes nothing. */
+/* Before a forward writes or launches anything, so that a cache refused here changes
+   nothing: the cache's alignment, and where a decode launch follows (`decodes`) and the
+   layer's decode kernel reads the cache through TMA (its config's tma_box_rows > 0), its
+   tensor map, encoded into `storage`; *map is then storage, else NULL. */
 static attn_status attn__cuda_mla_decode_map(attn_context *ctx, const char *fn, const attn__cuda_mla_layer *L,
-                                             const attn_layer_desc *d, const attn_tensor *kv_cache, attn__tma_map *map,
-                                             int *use) {
+                                             const attn_layer_desc *d, const attn_tensor *kv_cache, int decodes,
+                                             attn__tma_map *storage, const attn__tma_map **map) {
     attn_status st;
-    *use = L->decode.config.tma_box_rows > 0;
-    if ((st = attn__cuda_cache_aligned(ctx, fn, kv_cache)) != ATTN_OK || !*use) return st;
-    return attn__cuda_mla_map(ctx, d->kv_cache_dtype, kv_cache->data, kv_cache->shape[0], d->block_size, d->head_size,
-                              L->decode.config.tma_box_rows, map);
+    *map = NULL;
+    if ((st = attn__cuda_cache_aligned(ctx, fn, kv_cache)) != ATTN_OK || !decodes || L->decode.config.tma_box_rows <= 0)
+        return st;
+    if ((st = attn__cuda_mla_map(ctx, d->kv_cache_dtype, kv_cache->data, kv_cache->shape[0], d->block_size, d->head_size,
+                                 L->decode.config.tma_box_rows, storage)) == ATTN_OK)
+        *map = storage;
+    return st;
 }
 
 static attn_status attn__cuda_mla_forward_mqa(const attn_backend *self, attn_layer *layer, const attn_metadata *meta,
@@ -9092,10 +9096,10 @@ static attn_status attn__cuda_mla_forward_mqa(const attn_backend *self, attn_lay
     const attn__cuda_mla_meta *cm = (const attn__cuda_mla_meta *)attn_metadata_private(meta);
     const char *fn = "attn_mla_forward_mqa";
     attn__mla_rows qr = attn__mla_rows_of(q, 0), pr;
-    attn__tma_map map;
+    attn__tma_map storage;
+    const attn__tma_map *map;
     attn__CUresult rc;
     attn_status st;
-    int use_map;
     (void)self;
     if ((st = attn__cuda_mla_aligned(ctx, fn, "q", q)) != ATTN_OK ||
         (q_pe && (st = attn__cuda_mla_aligned(ctx, fn, "q_pe", q_pe)) != ATTN_OK) ||
@@ -9106,10 +9110,10 @@ static attn_status attn__cuda_mla_forward_mqa(const attn_backend *self, attn_lay
         pr = qr;
         pr.data += (attn__CUdeviceptr)d->kv_lora_rank * attn_dtype_size(d->dtype);
     }
-    if ((st = attn__cuda_mla_decode_map(ctx, fn, L, d, kv_cache, &map, &use_map)) != ATTN_OK) return st;
+    if ((st = attn__cuda_mla_decode_map(ctx, fn, L, d, kv_cache, 1, &storage, &map)) != ATTN_OK) return st;
     if ((st = attn__cuda_enter_stream(ctx, fn, stream)) != ATTN_OK) return st;
-    rc = attn__cuda_mla_decode(ctx, L, cm, meta, d, qr, pr, kv_cache, use_map ? &map : NULL, attn__mla_rows_of(out_latent, 0),
-                               lse, (attn__CUstream)stream, attn__cuda_capturing(ctx, (attn__CUstream)stream));
+    rc = attn__cuda_mla_decode(ctx, L, cm, meta, d, qr, pr, kv_cache, map, attn__mla_rows_of(out_latent, 0), lse,
+                               (attn__CUstream)stream, attn__cuda_capturing(ctx, (attn__CUstream)stream));
     attn__cuda_leave(ctx);
     return rc ? attn__cu_fail(ctx, fn, "cuLaunchKernel", rc) : ATTN_OK;
 }
@@ -9299,15 +9303,16 @@ static attn_status attn__cuda_mla_forward(const attn_backend *self, attn_layer *
     const int H = d->num_heads, R = d->kv_lora_rank, td = meta->mla.num_decode_tokens;
     attn__CUstream s = (attn__CUstream)stream;
     attn__mla_rows qn = attn__mla_rows_of(q_nope, 0), qp = attn__mla_rows_of(q_pe, 0), o = attn__mla_rows_of(out, 0);
-    attn__tma_map map;
+    attn__tma_map storage;
+    const attn__tma_map *map;
     attn__CUresult rc = 0;
     attn_status st;
-    int capturing, crc = 0, use_map;
+    int capturing, crc = 0;
     (void)self;
     if ((st = attn__cuda_mla_aligned(ctx, fn, "q_nope", q_nope)) != ATTN_OK ||
         (st = attn__cuda_mla_aligned(ctx, fn, "q_pe", q_pe)) != ATTN_OK ||
         (st = attn__cuda_mla_aligned(ctx, fn, "out", out)) != ATTN_OK ||
-        (st = attn__cuda_mla_decode_map(ctx, fn, L, d, kv_cache, &map, &use_map)) != ATTN_OK)
+        (st = attn__cuda_mla_decode_map(ctx, fn, L, d, kv_cache, td > 0, &storage, &map)) != ATTN_OK)
         return st;
     if ((st = attn__cuda_enter_stream(ctx, fn, stream)) != ATTN_OK) return st;
     capturing = attn__cuda_capturing(ctx, s);
@@ -9326,7 +9331,7 @@ static attn_status attn__cuda_mla_forward(const attn_backend *self, attn_layer *
             (crc = attn__cuda_mla_gemm(ctx, L->cublas, d, ATTN__CUBLAS_OP_N, R, td, d->qk_nope_head_dim, attn__dptr(uk.data),
                                        uk.strides[1], uk.strides[0], qn.data, qn.s0, qn.s1, ql.data, ql.s0, ql.s1, H)) != 0)
             goto cublas_failed;
-        rc = attn__cuda_mla_decode(ctx, L, cm, meta, d, ql, qp, kv_cache, use_map ? &map : NULL, ol, NULL, s, capturing);
+        rc = attn__cuda_mla_decode(ctx, L, cm, meta, d, ql, qp, kv_cache, map, ol, NULL, s, capturing);
         /* out[t][h] = o_latent[t][h] . W_UV[h] */
         if (rc == 0 &&
             (crc = attn__cuda_mla_gemm(ctx, L->cublas, d, ATTN__CUBLAS_OP_N, d->v_head_dim, td, R, attn__dptr(uv.data),
@@ -11892,14 +11897,41 @@ static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
     "    float o[MW::o_regs];\n",
     "#pragma unroll\n",
     "    for (int i = 0; i < MW::o_regs; i++) o[i] = 0.0f;\n",
+    "    attn_u32 pown[4][4], pf[4][4]; /* this warpgroup's P as A fragments; the P of the P V issued next */\n",
+    "    int nblk = 0;                  /* a block of the pair the refills load (lane j: piece j % pieces of tile j / pieces) */\n",
+    "    /* pf = this warpgroup's own P */\n",
+    "    auto own_p = [&]() {\n",
+    "#pragma unroll\n",
+    "        for (int j = 0; j < 4; j++)\n",
+    "#pragma unroll\n",
+    "            for (int x = 0; x < 4; x++) pf[j][x] = pown[j][x];\n",
+    "    };\n",
+    "    /* O = a O + pf V over this warpgroup's half of the V in `slot_at`, issued and committed\n",
+    "       (both warpgroups run these same wgmma; the caller waits) */\n",
+    "    auto pv = [&](attn_u32 slot_at, const float (&a)[2]) {\n",
+    "        attn_wgmma_scale_rows(o, a[0], a[1]);\n",
+    "        attn_wgmma_fence();\n",
+    "#pragma unroll\n",
+    "        for (int j = 0; j < 4; j++)\n",
+    "            attn_wgmma<MW::cw, DT>::template rs<1>(o, pf[j], attn_wgmma_desc_mn_major<64>(slot_at + (attn_u32)(c1 * MW::nh * MW::panel), 16 * j), 1);\n",
+    "        attn_wgmma_commit();\n",
+    "    };\n",
+    "    /* the warpgroup is done with group g of `slot_at`: its issuer refills it with tile `ktile`\n",
+    "       of the next pair (blocks from lanes first .. first + pieces - 1) */\n",
+    "    auto refill = [&](int g, attn_u32 slot_at, int first, int ktile, int valid, int next) {\n",
+    "        int blk[MW::pieces];\n",
+    "        attn_named_barrier(ATTN_NB_WG + wg, 128);\n",
+    "#pragma unroll\n",
+    "        for (int j = 0; j < MW::pieces; j++) blk[j] = __shfl_sync(0xffffffffu, nblk, first + j);\n",
+    "        if (issuer && next) attn_mla_seesaw_fill(&kv_map, g, slot_at, full + 8 * g, ktile, key0, key1, blk, valid);\n",
+    "    };\n",
     "\n",
     "    for (int pr = 0; pr < npairs; pr++) {\n",
     "        const unsigned ph = (unsigned)(pr & 1);\n",
     "        const int kt = tile0 + 64 * (2 * pr + c1); /* this warpgroup's tile */\n",
     "        const int next = pr + 1 < npairs, kn = tile0 + 128 * (pr + 1);\n",
-    "        /* the next pair's blocks, read now (lane j of each warp: piece j % pieces of tile j / pieces),\n",
-    "           handed to the issuer with shuffles when it refills */\n",
-    "        int nblk = 0;\n",
+    "        /* the next pair's blocks, read now, handed to the issuer with shuffles when it refills */\n",
+    "        nblk = 0;\n",
     "        if (next && lane < 2 * MW::pieces) {\n",
     "            const int k = kn + 64 * (lane / MW::pieces) + (lane % MW::pieces) * MW::box_rows;\n",
     "            if (k + MW::box_rows > key0 && k < key1) nblk = bt[(unsigned)k / BLOCK_SIZE];\n",
@@ -11988,9 +12020,8 @@ static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
     "            }\n",
     "            l[h] = l[h] * alpha0[h] * alpha1[h] + sum; /* C0: alpha1 comes with [M1], below */\n",
     "        }\n",
-    "        attn_u32 pown[4][4]; /* this warpgroup's P as A fragments (the S registers are free after this) */\n",
     "#pragma unroll\n",
-    "        for (int j = 0; j < 4; j++) attn_wgmma_a_from_acc<DT>(pown[j], s, j);\n",
+    "        for (int j = 0; j < 4; j++) attn_wgmma_a_from_acc<DT>(pown[j], s, j); /* the S registers are free after this */\n",
     "        if (kt < key0 || kt + 64 > key1) { /* an edge tile: zero the V rows of keys outside [key0, key1) */\n",
     "            for (int u = tid & 127; u < 64 * MW::nl * 8; u += 128) {\n",
     "                const int r = u / (MW::nl * 8), ch = u - r * (MW::nl * 8), k = kt + r;\n",
@@ -12005,27 +12036,14 @@ static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
     "        attn_named_barrier_arrive(c1 ? ATTN_NB_P1 : ATTN_NB_P0, MW::threads);\n",
     "\n",
     "        /* ---- O = a0 O + P0 V0 (this warpgroup's half of V0): C0's P0 from its S, C1's read ---- */\n",
-    "        attn_u32 pf[4][4];\n",
     "        if (!c1) {\n",
-    "#pragma unroll\n",
-    "            for (int j = 0; j < 4; j++)\n",
-    "#pragma unroll\n",
-    "                for (int x = 0; x < 4; x++) pf[j][x] = pown[j][x];\n",
+    "            own_p();\n",
     "        } else {\n",
     "            attn_named_barrier(ATTN_NB_P0, MW::threads);\n",
     "            attn_mbar_wait(full + 8, ph); /* B0 (complete: C0 waited for it; the acquire for this warpgroup) */\n",
     "            attn_mla_seesaw_load_p(pf, smem + (sS0 - base) + MW::rope * MW::panel, row_a, tq);\n",
     "        }\n",
-    "#pragma unroll\n",
-    "        for (int i = 0; i < MW::o_regs / 4; i++) {\n",
-    "            o[4 * i] *= alpha0[0]; o[4 * i + 1] *= alpha0[0];\n",
-    "            o[4 * i + 2] *= alpha0[1]; o[4 * i + 3] *= alpha0[1];\n",
-    "        }\n",
-    "        attn_wgmma_fence();\n",
-    "#pragma unroll\n",
-    "        for (int j = 0; j < 4; j++)\n",
-    "            attn_wgmma<MW::cw, DT>::template rs<1>(o, pf[j], attn_wgmma_desc_mn_major<64>(sS0 + (attn_u32)(c1 * MW::nh * MW::panel), 16 * j), 1);\n",
-    "        attn_wgmma_commit();\n",
+    "        pv(sS0, alpha0);\n",
     "        if (!c1) { /* m1 from C1 */\n",
     "            attn_named_barrier(ATTN_NB_M1, MW::threads);\n",
     "#pragma unroll\n",
@@ -12036,13 +12054,7 @@ static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
     "        }\n",
     "        attn_wgmma_wait<0>();\n",
     "        attn_wgmma_fence_acc(o);\n",
-    "        attn_named_barrier(ATTN_NB_WG + wg, 128); /* the warpgroup is done with slot 0's A0 (C0) / B0 (C1) */\n",
-    "        {\n",
-    "            int blk[MW::pieces];\n",
-    "#pragma unroll\n",
-    "            for (int j = 0; j < MW::pieces; j++) blk[j] = __shfl_sync(0xffffffffu, nblk, j);\n",
-    "            if (issuer && next) attn_mla_seesaw_fill(&kv_map, c1, sS0, full + 8 * c1, kn, key0, key1, blk, 1);\n",
-    "        }\n",
+    "        refill(c1, sS0, 0, kn, 1, next); /* slot 0's A0 (C0) / B0 (C1) */\n",
     "\n",
     "        /* ---- O = a1 O + P1 V1: C1's P1 from its S, C0's read ---- */\n",
     "        if (!c1) {\n",
@@ -12050,31 +12062,12 @@ static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
     "            attn_mbar_wait(full + 16, ph); /* A1 (complete: C1 waited for it) */\n",
     "            attn_mla_seesaw_load_p(pf, smem + (sS1 - base) + MW::rope * MW::panel, row_a, tq);\n",
     "        } else {\n",
-    "#pragma unroll\n",
-    "            for (int j = 0; j < 4; j++)\n",
-    "#pragma unroll\n",
-    "                for (int x = 0; x < 4; x++) pf[j][x] = pown[j][x];\n",
+    "            own_p();\n",
     "        }\n",
-    "#pragma unroll\n",
-    "        for (int i = 0; i < MW::o_regs / 4; i++) {\n",
-    "            o[4 * i] *= alpha1[0]; o[4 * i + 1] *= alpha1[0];\n",
-    "            o[4 * i + 2] *= alpha1[1]; o[4 * i + 3] *= alpha1[1];\n",
-    "        }\n",
-    "        attn_wgmma_fence();\n",
-    "#pragma unroll\n",
-    "        for (int j = 0; j < 4; j++)\n",
-    "            attn_wgmma<MW::cw, DT>::template rs<1>(o, pf[j], attn_wgmma_desc_mn_major<64>(sS1 + (attn_u32)(c1 * MW::nh * MW::panel), 16 * j), 1);\n",
-    "        attn_wgmma_commit();\n",
+    "        pv(sS1, alpha1);\n",
     "        attn_wgmma_wait<0>();\n",
     "        attn_wgmma_fence_acc(o);\n",
-    "        attn_named_barrier(ATTN_NB_WG + wg, 128); /* done with slot 1's A1 (C0, P1 read) / B1 (C1) */\n",
-    "        {\n",
-    "            int blk[MW::pieces];\n",
-    "#pragma unroll\n",
-    "            for (int j = 0; j < MW::pieces; j++) blk[j] = __shfl_sync(0xffffffffu, nblk, MW::pieces + j);\n",
-    "            if (issuer && next)\n",
-    "                attn_mla_seesaw_fill(&kv_map, 2 + c1, sS1, full + 16 + 8 * c1, kn + 64, key0, key1, blk, 2 * (pr + 1) + 1 < ntiles);\n",
-    "        }\n",
+    "        refill(2 + c1, sS1, MW::pieces, kn + 64, 2 * (pr + 1) + 1 < ntiles, next); /* slot 1's A1 (C0, P1 read) / B1 (C1) */\n",
     "    }\n",
     "\n",
     "    /* ---- epilogue: L = both warpgroups' sums; O / L ---- */\n",
@@ -12655,15 +12648,13 @@ static const char *const attn__kernel_src_mla_prefill_sm90_cu[] = {
     "                    s[4 * i + e] = x;\n",
     "                    mx[h] = fmaxf(mx[h], x);\n",
     "                }\n",
-    "            float bs[2], sum[2] = {0.0f, 0.0f};\n",
+    "            float bs[2], sum[2] = {0.0f, 0.0f}, alpha[2];\n",
     "#pragma unroll\n",
     "            for (int h = 0; h < 2; h++) {\n",
-    "                float alpha;\n",
-    "                bs[h] = attn_softmax_rebase(m[h], attn_quad_max(mx[h]) * qk_scale, alpha);\n",
-    "                l[h] *= alpha;\n",
-    "#pragma unroll\n",
-    "                for (int i = 0; i < DV / 8; i++) { o[4 * i + 2 * h] *= alpha; o[4 * i + 2 * h + 1] *= alpha; }\n",
+    "                bs[h] = attn_softmax_rebase(m[h], attn_quad_max(mx[h]) * qk_scale, alpha[h]);\n",
+    "                l[h] *= alpha[h];\n",
     "            }\n",
+    "            attn_wgmma_scale_rows(o, alpha[0], alpha[1]);\n",
     "#pragma unroll\n",
     "            for (int i = 0; i < KV_TILE / 8; i++)\n",
     "#pragma unroll\n",
@@ -14310,15 +14301,13 @@ static const char *const attn__kernel_src_paged_prefill_sm90_cu[] = {
     "                    s[4 * i + e] = x;\n",
     "                    mx[h] = fmaxf(mx[h], x);\n",
     "                }\n",
-    "            float base_s[2], sum[2] = {0.0f, 0.0f};\n",
+    "            float base_s[2], sum[2] = {0.0f, 0.0f}, alpha[2];\n",
     "#pragma unroll\n",
     "            for (int h = 0; h < 2; h++) {\n",
-    "                float alpha;\n",
-    "                base_s[h] = attn_softmax_rebase(m[h], attn_quad_max(mx[h]) * qk_scale, alpha);\n",
-    "                l[h] *= alpha;\n",
-    "#pragma unroll\n",
-    "                for (int i = 0; i < HEAD_DIM / 8; i++) { o[4 * i + 2 * h] *= alpha; o[4 * i + 2 * h + 1] *= alpha; }\n",
+    "                base_s[h] = attn_softmax_rebase(m[h], attn_quad_max(mx[h]) * qk_scale, alpha[h]);\n",
+    "                l[h] *= alpha[h];\n",
     "            }\n",
+    "            attn_wgmma_scale_rows(o, alpha[0], alpha[1]);\n",
     "#pragma unroll\n",
     "            for (int i = 0; i < KV_TILE / 8; i++)\n",
     "#pragma unroll\n",
@@ -14726,6 +14715,16 @@ static const char *const attn__kernel_src_wgmma_cuh[] = {
     "ATTN_DEV void attn_wgmma_fence_frag(attn_u32 (&a)[4]) {\n",
     "#pragma unroll\n",
     "    for (int i = 0; i < 4; i++) asm volatile(\"\" : \"+r\"(a[i]) :: \"memory\");\n",
+    "}\n",
+    "\n",
+    "/* The online softmax's rescale of an accumulator: this thread's rows 16w + g times a0, 16w +\n",
+    "   g + 8 times a1 (the accumulator layout at the top). */\n",
+    "template <int R> ATTN_DEV void attn_wgmma_scale_rows(float (&d)[R], float a0, float a1) {\n",
+    "#pragma unroll\n",
+    "    for (int i = 0; i < R / 4; i++) {\n",
+    "        d[4 * i] *= a0; d[4 * i + 1] *= a0;\n",
+    "        d[4 * i + 2] *= a1; d[4 * i + 3] *= a1;\n",
+    "    }\n",
     "}\n",
     "\n",
     "/* The A fragment of k16 step j of a P . V product from the f32 accumulator of S (N >= 16j\n",

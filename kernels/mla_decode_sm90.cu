@@ -248,14 +248,41 @@ extern "C" __global__ void __launch_bounds__(MW::threads, 1)
     float o[MW::o_regs];
 #pragma unroll
     for (int i = 0; i < MW::o_regs; i++) o[i] = 0.0f;
+    attn_u32 pown[4][4], pf[4][4]; /* this warpgroup's P as A fragments; the P of the P V issued next */
+    int nblk = 0;                  /* a block of the pair the refills load (lane j: piece j % pieces of tile j / pieces) */
+    /* pf = this warpgroup's own P */
+    auto own_p = [&]() {
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int x = 0; x < 4; x++) pf[j][x] = pown[j][x];
+    };
+    /* O = a O + pf V over this warpgroup's half of the V in `slot_at`, issued and committed
+       (both warpgroups run these same wgmma; the caller waits) */
+    auto pv = [&](attn_u32 slot_at, const float (&a)[2]) {
+        attn_wgmma_scale_rows(o, a[0], a[1]);
+        attn_wgmma_fence();
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            attn_wgmma<MW::cw, DT>::template rs<1>(o, pf[j], attn_wgmma_desc_mn_major<64>(slot_at + (attn_u32)(c1 * MW::nh * MW::panel), 16 * j), 1);
+        attn_wgmma_commit();
+    };
+    /* the warpgroup is done with group g of `slot_at`: its issuer refills it with tile `ktile`
+       of the next pair (blocks from lanes first .. first + pieces - 1) */
+    auto refill = [&](int g, attn_u32 slot_at, int first, int ktile, int valid, int next) {
+        int blk[MW::pieces];
+        attn_named_barrier(ATTN_NB_WG + wg, 128);
+#pragma unroll
+        for (int j = 0; j < MW::pieces; j++) blk[j] = __shfl_sync(0xffffffffu, nblk, first + j);
+        if (issuer && next) attn_mla_seesaw_fill(&kv_map, g, slot_at, full + 8 * g, ktile, key0, key1, blk, valid);
+    };
 
     for (int pr = 0; pr < npairs; pr++) {
         const unsigned ph = (unsigned)(pr & 1);
         const int kt = tile0 + 64 * (2 * pr + c1); /* this warpgroup's tile */
         const int next = pr + 1 < npairs, kn = tile0 + 128 * (pr + 1);
-        /* the next pair's blocks, read now (lane j of each warp: piece j % pieces of tile j / pieces),
-           handed to the issuer with shuffles when it refills */
-        int nblk = 0;
+        /* the next pair's blocks, read now, handed to the issuer with shuffles when it refills */
+        nblk = 0;
         if (next && lane < 2 * MW::pieces) {
             const int k = kn + 64 * (lane / MW::pieces) + (lane % MW::pieces) * MW::box_rows;
             if (k + MW::box_rows > key0 && k < key1) nblk = bt[(unsigned)k / BLOCK_SIZE];
@@ -344,9 +371,8 @@ extern "C" __global__ void __launch_bounds__(MW::threads, 1)
             }
             l[h] = l[h] * alpha0[h] * alpha1[h] + sum; /* C0: alpha1 comes with [M1], below */
         }
-        attn_u32 pown[4][4]; /* this warpgroup's P as A fragments (the S registers are free after this) */
 #pragma unroll
-        for (int j = 0; j < 4; j++) attn_wgmma_a_from_acc<DT>(pown[j], s, j);
+        for (int j = 0; j < 4; j++) attn_wgmma_a_from_acc<DT>(pown[j], s, j); /* the S registers are free after this */
         if (kt < key0 || kt + 64 > key1) { /* an edge tile: zero the V rows of keys outside [key0, key1) */
             for (int u = tid & 127; u < 64 * MW::nl * 8; u += 128) {
                 const int r = u / (MW::nl * 8), ch = u - r * (MW::nl * 8), k = kt + r;
@@ -361,27 +387,14 @@ extern "C" __global__ void __launch_bounds__(MW::threads, 1)
         attn_named_barrier_arrive(c1 ? ATTN_NB_P1 : ATTN_NB_P0, MW::threads);
 
         /* ---- O = a0 O + P0 V0 (this warpgroup's half of V0): C0's P0 from its S, C1's read ---- */
-        attn_u32 pf[4][4];
         if (!c1) {
-#pragma unroll
-            for (int j = 0; j < 4; j++)
-#pragma unroll
-                for (int x = 0; x < 4; x++) pf[j][x] = pown[j][x];
+            own_p();
         } else {
             attn_named_barrier(ATTN_NB_P0, MW::threads);
             attn_mbar_wait(full + 8, ph); /* B0 (complete: C0 waited for it; the acquire for this warpgroup) */
             attn_mla_seesaw_load_p(pf, smem + (sS0 - base) + MW::rope * MW::panel, row_a, tq);
         }
-#pragma unroll
-        for (int i = 0; i < MW::o_regs / 4; i++) {
-            o[4 * i] *= alpha0[0]; o[4 * i + 1] *= alpha0[0];
-            o[4 * i + 2] *= alpha0[1]; o[4 * i + 3] *= alpha0[1];
-        }
-        attn_wgmma_fence();
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-            attn_wgmma<MW::cw, DT>::template rs<1>(o, pf[j], attn_wgmma_desc_mn_major<64>(sS0 + (attn_u32)(c1 * MW::nh * MW::panel), 16 * j), 1);
-        attn_wgmma_commit();
+        pv(sS0, alpha0);
         if (!c1) { /* m1 from C1 */
             attn_named_barrier(ATTN_NB_M1, MW::threads);
 #pragma unroll
@@ -392,13 +405,7 @@ extern "C" __global__ void __launch_bounds__(MW::threads, 1)
         }
         attn_wgmma_wait<0>();
         attn_wgmma_fence_acc(o);
-        attn_named_barrier(ATTN_NB_WG + wg, 128); /* the warpgroup is done with slot 0's A0 (C0) / B0 (C1) */
-        {
-            int blk[MW::pieces];
-#pragma unroll
-            for (int j = 0; j < MW::pieces; j++) blk[j] = __shfl_sync(0xffffffffu, nblk, j);
-            if (issuer && next) attn_mla_seesaw_fill(&kv_map, c1, sS0, full + 8 * c1, kn, key0, key1, blk, 1);
-        }
+        refill(c1, sS0, 0, kn, 1, next); /* slot 0's A0 (C0) / B0 (C1) */
 
         /* ---- O = a1 O + P1 V1: C1's P1 from its S, C0's read ---- */
         if (!c1) {
@@ -406,31 +413,12 @@ extern "C" __global__ void __launch_bounds__(MW::threads, 1)
             attn_mbar_wait(full + 16, ph); /* A1 (complete: C1 waited for it) */
             attn_mla_seesaw_load_p(pf, smem + (sS1 - base) + MW::rope * MW::panel, row_a, tq);
         } else {
-#pragma unroll
-            for (int j = 0; j < 4; j++)
-#pragma unroll
-                for (int x = 0; x < 4; x++) pf[j][x] = pown[j][x];
+            own_p();
         }
-#pragma unroll
-        for (int i = 0; i < MW::o_regs / 4; i++) {
-            o[4 * i] *= alpha1[0]; o[4 * i + 1] *= alpha1[0];
-            o[4 * i + 2] *= alpha1[1]; o[4 * i + 3] *= alpha1[1];
-        }
-        attn_wgmma_fence();
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-            attn_wgmma<MW::cw, DT>::template rs<1>(o, pf[j], attn_wgmma_desc_mn_major<64>(sS1 + (attn_u32)(c1 * MW::nh * MW::panel), 16 * j), 1);
-        attn_wgmma_commit();
+        pv(sS1, alpha1);
         attn_wgmma_wait<0>();
         attn_wgmma_fence_acc(o);
-        attn_named_barrier(ATTN_NB_WG + wg, 128); /* done with slot 1's A1 (C0, P1 read) / B1 (C1) */
-        {
-            int blk[MW::pieces];
-#pragma unroll
-            for (int j = 0; j < MW::pieces; j++) blk[j] = __shfl_sync(0xffffffffu, nblk, MW::pieces + j);
-            if (issuer && next)
-                attn_mla_seesaw_fill(&kv_map, 2 + c1, sS1, full + 16 + 8 * c1, kn + 64, key0, key1, blk, 2 * (pr + 1) + 1 < ntiles);
-        }
+        refill(2 + c1, sS1, MW::pieces, kn + 64, 2 * (pr + 1) + 1 < ntiles, next); /* slot 1's A1 (C0, P1 read) / B1 (C1) */
     }
 
     /* ---- epilogue: L = both warpgroups' sums; O / L ---- */

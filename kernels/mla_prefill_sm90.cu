@@ -204,15 +204,13 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mla_prefill(c
                     s[4 * i + e] = x;
                     mx[h] = fmaxf(mx[h], x);
                 }
-            float bs[2], sum[2] = {0.0f, 0.0f};
+            float bs[2], sum[2] = {0.0f, 0.0f}, alpha[2];
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                float alpha;
-                bs[h] = attn_softmax_rebase(m[h], attn_quad_max(mx[h]) * qk_scale, alpha);
-                l[h] *= alpha;
-#pragma unroll
-                for (int i = 0; i < DV / 8; i++) { o[4 * i + 2 * h] *= alpha; o[4 * i + 2 * h + 1] *= alpha; }
+                bs[h] = attn_softmax_rebase(m[h], attn_quad_max(mx[h]) * qk_scale, alpha[h]);
+                l[h] *= alpha[h];
             }
+            attn_wgmma_scale_rows(o, alpha[0], alpha[1]);
 #pragma unroll
             for (int i = 0; i < KV_TILE / 8; i++)
 #pragma unroll

@@ -336,15 +336,13 @@ extern "C" __global__ void __launch_bounds__(WT::threads, 1)
                     s[4 * i + e] = x;
                     mx[h] = fmaxf(mx[h], x);
                 }
-            float base_s[2], sum[2] = {0.0f, 0.0f};
+            float base_s[2], sum[2] = {0.0f, 0.0f}, alpha[2];
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                float alpha;
-                base_s[h] = attn_softmax_rebase(m[h], attn_quad_max(mx[h]) * qk_scale, alpha);
-                l[h] *= alpha;
-#pragma unroll
-                for (int i = 0; i < HEAD_DIM / 8; i++) { o[4 * i + 2 * h] *= alpha; o[4 * i + 2 * h + 1] *= alpha; }
+                base_s[h] = attn_softmax_rebase(m[h], attn_quad_max(mx[h]) * qk_scale, alpha[h]);
+                l[h] *= alpha[h];
             }
+            attn_wgmma_scale_rows(o, alpha[0], alpha[1]);
 #pragma unroll
             for (int i = 0; i < KV_TILE / 8; i++)
 #pragma unroll

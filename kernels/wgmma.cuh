@@ -158,6 +158,16 @@ ATTN_DEV void attn_wgmma_fence_frag(attn_u32 (&a)[4]) {
     for (int i = 0; i < 4; i++) asm volatile("" : "+r"(a[i]) :: "memory");
 }
 
+/* The online softmax's rescale of an accumulator: this thread's rows 16w + g times a0, 16w +
+   g + 8 times a1 (the accumulator layout at the top). */
+template <int R> ATTN_DEV void attn_wgmma_scale_rows(float (&d)[R], float a0, float a1) {
+#pragma unroll
+    for (int i = 0; i < R / 4; i++) {
+        d[4 * i] *= a0; d[4 * i + 1] *= a0;
+        d[4 * i + 2] *= a1; d[4 * i + 3] *= a1;
+    }
+}
+
 /* The A fragment of k16 step j of a P . V product from the f32 accumulator of S (N >= 16j
    + 16): the layouts line up (top of file); ET is the 16-bit type P is rounded to (RNE). */
 template <int ET, int R> ATTN_DEV void attn_wgmma_a_from_acc(attn_u32 (&a)[4], const float (&d)[R], int j) {
