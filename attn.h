@@ -1,4 +1,4 @@
-/* attn.h - v0.12.0 - paged attention and MLA for C/C++, portable C and CUDA (NVRTC)
+/* attn.h - v0.13.0 - paged attention and MLA for C/C++, portable C and CUDA (NVRTC)
 
    Do this:
        #define ATTN_IMPLEMENTATION
@@ -319,6 +319,12 @@
               was never faster; split entries merge in attn_mla_merge). A captured CUDA
               forward launches only the decode shapes its metadata can build;
               ATTN_BATCH_INVARIANT is read at attn_metadata_create on CUDA/CUDA_SM90.
+       0.13.0 attention sinks (issue 23, first step): attn_layer_desc.sinks (gpt-oss; read
+              at every call, a graph replay included; the LSE includes the sink) on CPU,
+              CUDA and CUDA_SM90; the MLA backends refuse a layer with sinks by name
+              (attn_backend.supports_sinks, a new capability field after supports_alibi). The CUDA decode kernel loops over its
+              work items (PERSISTENT), so a captured decode launches one wave of CTAs
+              whatever the metadata's capacity; attn__launch_config gains persistent.
 
    LICENSE: MIT, see the end of the file.
 */
@@ -326,9 +332,9 @@
 #define ATTN_H
 
 #define ATTN_VERSION_MAJOR 0
-#define ATTN_VERSION_MINOR 12
+#define ATTN_VERSION_MINOR 13
 #define ATTN_VERSION_PATCH 0
-#define ATTN_VERSION_STRING "0.12.0"
+#define ATTN_VERSION_STRING "0.13.0"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -691,6 +697,18 @@ typedef struct attn_layer_desc {
        pointer set anyway must still be valid). */
     attn_kv_scale k_scale, v_scale;
     attn_kv_scale_kind kv_scale_kind; /* PER_TENSOR (default) or PER_TOKEN_HEAD (no k/v_scale) */
+    /* Attention sinks (gpt-oss): NULL: none; else num_heads finite logits, one per query
+       head, each joining its head's softmax as a key with no value:
+         out = sum_j e^(s_j) v_j / (e^(sinks[h]) + sum_j e^(s_j)),
+       s_j the logits after scale, soft cap and ALiBi (the sink is not capped). They live
+       where the layer's tensors do (desc.device: host memory for CPU layers, device memory
+       for CUDA ones) and are read at every forward, not copied, so new values take effect
+       at the next call (and at a CUDA graph's next replay). The LSE a forward returns
+       includes the sink, lse = log(e^(sinks[h]) + sum_j e^(s_j)), as vLLM's and
+       FlashAttention's sink kernels return it; a row that sees no key gets out 0 and lse =
+       sinks[h]. (attn_merge_attn_states of two outputs that both include the sink counts
+       it twice: merge partials of a sinkless layer and let one side carry the sink.) */
+    const float *sinks;
 } attn_layer_desc;
 
 /* ---------------------------------------------------------------------------------------
@@ -747,6 +765,7 @@ struct attn_backend {
     int supports_sliding_window;
     int supports_logits_soft_cap;
     int supports_alibi;
+    int supports_sinks;              /* attn_layer_desc.sinks */
     int is_mla;
     attn_cuda_graph_support cuda_graph; /* which calls a captured graph may hold: a call on
                                         a capturing stream outside it is refused (NEVER: all;
@@ -3065,7 +3084,33 @@ static attn_status attn__desc_resolve(attn_context *ctx, const char *fn,
                                   fn, nm, (double)s->value, attn_dtype_name(d.kv_cache_dtype), nm);
         }
     }
+    if (d.sinks) { /* host values are checked here and at every call (attn__sinks_check) */
+        int kind = ctx ? attn__cuda_pointer_kind(ctx, d.sinks) : -1;
+        if (kind >= 0 && kind != (d.device == ATTN_DEVICE_CUDA)) /* the driver knows */
+            return attn__bad_desc(ctx, "%s: desc.sinks points to %s memory (the CUDA driver says so) for a %s "
+                                       "layer (allowed: %s memory, where desc.device puts the layer's tensors)",
+                                  fn, kind ? "CUDA device" : "host", attn__device_name(d.device),
+                                  d.device == ATTN_DEVICE_CUDA ? "device" : "host");
+        if (d.device == ATTN_DEVICE_CPU)
+            for (i = 0; i < d.num_heads; i++)
+                if (!(d.sinks[i] - d.sinks[i] == 0.0f))
+                    return attn__bad_desc(ctx, "%s: desc.sinks[%d] is %g (allowed: finite logits)", fn, i,
+                                          (double)d.sinks[i]);
+    }
     *out = d;
+    return ATTN_OK;
+}
+
+/* A CPU layer's sinks as they are now (read at every call): each finite, else
+   ATTN_ERROR_INVALID_VALUE and the caller changes nothing. */
+static attn_status attn__sinks_check(attn_context *ctx, const attn_layer_desc *d, const char *fn) {
+    int i;
+    if (!d->sinks || d->device != ATTN_DEVICE_CPU) return ATTN_OK;
+    for (i = 0; i < d->num_heads; i++)
+        if (!(d->sinks[i] - d->sinks[i] == 0.0f))
+            return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                              "%s: desc.sinks[%d] holds %g (allowed: finite logits); nothing was written", fn, i,
+                              (double)d->sinks[i]);
     return ATTN_OK;
 }
 
@@ -3180,6 +3225,7 @@ static int attn__backend_check(const attn_backend *b, const attn_layer_desc *d,
     if (d->logits_soft_cap > 0.0f && !b->supports_logits_soft_cap)
         attn__reason_add(reason, size, &n, b->name, "logits_soft_cap not supported");
     if (d->alibi_slopes && !b->supports_alibi) attn__reason_add(reason, size, &n, b->name, "ALiBi not supported");
+    if (d->sinks && !b->supports_sinks) attn__reason_add(reason, size, &n, b->name, "attention sinks not supported");
     if (custom[0] && !custom_used) attn__reason_add(reason, size, &n, b->name, "%s", custom);
     return n;
 }
@@ -3211,7 +3257,7 @@ static int attn__desc_equal(const attn_layer_desc *a, const attn_layer_desc *b) 
            a->use_mla == b->use_mla && a->device == b->device && a->kv_lora_rank == b->kv_lora_rank &&
            a->qk_rope_head_dim == b->qk_rope_head_dim &&
            a->qk_nope_head_dim == b->qk_nope_head_dim && a->v_head_dim == b->v_head_dim &&
-           a->kv_scale_kind == b->kv_scale_kind;
+           a->kv_scale_kind == b->kv_scale_kind && !a->sinks == !b->sinks;
 }
 
 static void attn__selection_add_skip(attn_selection *s, attn_backend_id id, const char *reason) {
@@ -5350,8 +5396,15 @@ static void attn__cpu_store_rows(const attn__cpu_run *a, int req, int head0, int
         return;
     }
     for (i = 0; i < rows; i++) {
-        float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+        float mi = m[i], li = l[i], w = 1.0f, inv; /* base 2: O = sum 2^(s - mi) v, li = sum 2^(s - mi) */
         attn__cpu_row_owner(d, head0, tok0, tok1, i, &tok, &head);
+        if (d->sinks) { /* the sink joins the denominator once, here (partials never see it) */
+            const float sk = d->sinks[head] * ATTN__LOG2E, mx = mi > sk ? mi : sk;
+            w = li > 0.0f ? exp2f(mi - mx) : 0.0f;
+            li = li * w + exp2f(sk - mx);
+            mi = mx;
+        }
+        inv = li > 0.0f ? w / li : 0.0f;
         tok += qs;
         for (x = 0; x < a->dv; x++) tmp[x] = O[(size_t)i * (size_t)dp + x] * inv;
         attn__row_from_f32(tmp, a->out.dtype,
@@ -5359,7 +5412,7 @@ static void attn__cpu_store_rows(const attn__cpu_run *a, int req, int head0, int
                            a->dv);
         if (a->has_lse)
             ((float *)a->lse.data)[tok * a->lse.strides[0] + head * a->lse.strides[1]] =
-                l[i] > 0.0f ? (m[i] + log2f(l[i])) * ATTN__LN2 : -INFINITY;
+                li > 0.0f ? (mi + log2f(li)) * ATTN__LN2 : -INFINITY;
     }
 }
 
@@ -5694,6 +5747,7 @@ static attn_status attn__cpu_forward(const attn_backend *self, attn_layer *layer
     /* the scratch was reserved at metadata create; this only allocates when the metadata
        came from another context. Before the cache write, so a failure changes nothing. */
     st = attn__kv_scales(layer->ctx, d, "attn_layer_forward", &a.k_scale, &a.v_scale);
+    if (st == ATTN_OK) st = attn__sinks_check(layer->ctx, d, "attn_layer_forward");
     if (st == ATTN_OK) st = attn__scratch_reserve(layer->ctx, a.cm->scratch_floats);
     if (st != ATTN_OK) return st;
     if (k && v)
@@ -5790,6 +5844,7 @@ static const attn_backend attn__cpu_backend = {
     8, 512, 8,                /* head sizes: multiples of 8 from 8 to 512 */
     16, 0,                    /* block sizes: any multiple of 16 */
     1, 1, 1, 1,               /* non-causal, sliding window, soft cap, ALiBi */
+    1,                        /* attention sinks */
     0,                        /* is_mla */
     ATTN_CUDA_GRAPH_NEVER,    /* no graphs on the CPU */
     1, ATTN_LSE_BASE_E,       /* returns LSE; its kernels work in base 2 and convert */
@@ -6398,6 +6453,7 @@ static const attn_backend attn__cpu_mla_backend = {
     320, 576, 8,              /* head sizes: 576 or 320 exactly (attn__cpu_mla_check) */
     16, 0,                    /* block sizes: any multiple of 16 */
     0, 0, 0, 0,               /* non-causal, sliding window, soft cap, ALiBi: no */
+    0,                        /* attention sinks: not yet (issue 23) */
     1,                        /* is_mla */
     ATTN_CUDA_GRAPH_NEVER,    /* no graphs on the CPU */
     1, ATTN_LSE_BASE_E,
@@ -7163,6 +7219,8 @@ typedef struct attn__launch_config {
     int uses_mma;      /* 1: tensor cores (mma.sync / wgmma); 0: the FMA path */
     int tma_box_rows;  /* kernels that read the cache through a tensor map (the first kernel
                           parameter, attn_tma_map): the key rows of one box; 0: no map */
+    int persistent;    /* 1: the CTAs loop over the work items, so any grid runs them all (a
+                          captured launch takes one wave); 0: one CTA per item */
 } attn__launch_config;
 
 /* attn_paged_attention, attn_paged_merge_partials (paged_attention.cu) and
@@ -7188,6 +7246,8 @@ typedef struct attn__paged_params {
     ATTN__DPTR(const float) k_scale;        /* 8-bit caches with per-tensor scales: one float each
                                                on the device, read at every launch; NULL: the value */
     ATTN__DPTR(const float) v_scale;
+    ATTN__DPTR(const float) sinks;          /* [num_heads] attention sinks (natural-log logits),
+                                               read at every launch; NULL: none */
     long long q_stride_token, q_stride_head;
     long long out_stride_token, out_stride_head;
     long long lse_stride_token, lse_stride_head;
@@ -7325,8 +7385,8 @@ typedef struct attn__mla_prefill_params {
    compiler and the device's agree on every offset); a member added or moved must keep
    that, and the sizes here are updated with it. */
 #define ATTN__PARAMS_SIZE(T, n) typedef char T##_size_check[sizeof(T) == (n) ? 1 : -1]
-ATTN__PARAMS_SIZE(attn__launch_config, 36);
-ATTN__PARAMS_SIZE(attn__paged_params, 17 * 8 + 7 * 8 + 6 * 4);
+ATTN__PARAMS_SIZE(attn__launch_config, 40);
+ATTN__PARAMS_SIZE(attn__paged_params, 18 * 8 + 7 * 8 + 6 * 4);
 ATTN__PARAMS_SIZE(attn__cache_write_params, 6 * 8 + 5 * 8 + 6 * 4);
 ATTN__PARAMS_SIZE(attn__cache_write_inline_params, 112 + ATTN__INLINE_SLOTS * 8);
 ATTN__PARAMS_SIZE(attn__latent_write_params, 4 * 8 + 3 * 8 + 2 * 4 + 8 + 2 * 4);
@@ -7731,8 +7791,9 @@ static void attn__cuda_layer_variants(const attn_layer_desc *d, const attn_platf
         if (d->kv_scale_kind == ATTN_KV_SCALE_PER_TOKEN_HEAD) /* the 8-bit caches' scale layout */
             n += attn__fmt(opt[pass] + n, 256 - (size_t)n, " -DKV_PTH=1");
         if (!(pass && sm90)) /* paged_attention.cu's features (CUDA_SM90's scope has neither) */
-            attn__fmt(opt[pass] + n, 256 - (size_t)n, " -DSOFTCAP=%d -DALIBI=%d -DWARP_ROWS=%d",
-                      d->logits_soft_cap > 0.0f, d->alibi_slopes != NULL, pass ? attn__cuda_warp_rows(d) : 1);
+            attn__fmt(opt[pass] + n, 256 - (size_t)n, " -DSOFTCAP=%d -DALIBI=%d -DWARP_ROWS=%d%s",
+                      d->logits_soft_cap > 0.0f, d->alibi_slopes != NULL, pass ? attn__cuda_warp_rows(d) : 1,
+                      pass ? "" : " -DPERSISTENT=1"); /* decode: a captured launch is one wave */
     }
     attn__fmt(opt[2], 256, "-DHEAD_DIM=%d -DDT_IN=%d -DDT_CACHE=%d%s", d->head_size,
               attn__cuda_dt(d->dtype), attn__cuda_dt(d->kv_cache_dtype),
@@ -8280,6 +8341,7 @@ static attn_status attn__cuda_forward(const attn_backend *self, attn_layer *laye
     pp.seq_lens = attn__dptr(cm->dev.seq_lens);
     pp.query_start_loc = attn__dptr(cm->dev.query_start_loc);
     pp.alibi_slopes = L->alibi;
+    pp.sinks = attn__dptr(d->sinks); /* device floats, read by the launch (a replay reads them anew) */
     pp.merge = attn__dptr(cm->dev.merge);
     pp.num_merge = attn__dptr(cm->dev.counts + 2);
     pp.partial_o = cm->partial_o;
@@ -8303,8 +8365,9 @@ static attn_status attn__cuda_forward(const attn_backend *self, attn_layer *laye
     attn__cuda_kv_scales(d, &pp.k_scale, &pp.v_scale, &pp.k_scale_value, &pp.v_scale_value);
     /* Decode splits merge inside the decode launch (the last split of each entry to
        finish), so a forward runs at most two launches: decode tiles (default or wide shape,
-       whichever the build chose), prefill tiles. A captured forward holds all three (the
-       graph replays later builds; the unused shape's count is 0). */
+       whichever the build chose), prefill tiles. A captured forward holds each shape a build
+       of its capacity can run (the graph replays later builds; an unused shape's count is
+       0), a decode shape as one wave of CTAs that loop over the items. */
     {
         /* each launch: its module, its work list (plan.work[]), its count (plan.counts[]) */
         const struct { const attn__cuda_module *m; int list, count; } launch[3] = {
@@ -8315,6 +8378,8 @@ static attn_status attn__cuda_forward(const attn_backend *self, attn_layer *laye
                                                  : cm->host.counts[launch[v2].count]);
             if (capturing && ((v2 == 0 && !(cm->decode_shapes & 1)) || (v2 == 2 && !(cm->decode_shapes & 2))))
                 grid = 0; /* a decode shape no build of this capacity runs */
+            if (capturing && m->config.persistent && v2 != 1) /* one wave, looping over the replayed build's items */
+                grid = (unsigned)ATTN__MIN((int)grid, ATTN__MAX(1, v2 ? L->resident_wide : L->resident));
             if (!m->module || !grid) continue;
             pp.work = attn__dptr(cm->dev.work[launch[v2].list]);
             pp.num_work = attn__dptr(cm->dev.counts + launch[v2].count);
@@ -8471,6 +8536,7 @@ static const attn_backend attn__cuda_backend = {
     8, 256, 8,                /* head sizes: multiples of 8 up to 256 (the kernels' register tiles) */
     16, 0,                    /* block sizes: any multiple of 16 */
     1, 1, 1, 1,               /* non-causal, sliding window, soft cap, ALiBi */
+    1,                        /* attention sinks */
     0,                        /* is_mla */
     ATTN_CUDA_GRAPH_ALWAYS,   /* captured forward: capacity grids, counts read on the device */
     1, ATTN_LSE_BASE_E,
@@ -8517,6 +8583,7 @@ static const attn_backend attn__cuda_sm90_backend = {
     64, 128, 64,              /* head sizes 64 and 128 */
     16, 0,                    /* block sizes: any multiple of 16 */
     1, 1, 0, 0,               /* non-causal, sliding window; no soft cap, no ALiBi */
+    1,                        /* attention sinks */
     0,                        /* is_mla */
     ATTN_CUDA_GRAPH_ALWAYS,
     1, ATTN_LSE_BASE_E,
@@ -9356,6 +9423,7 @@ static const attn_backend attn__cuda_mla_sm90_backend = {
     320, 576, 8,              /* head sizes: 576 or 320 exactly (attn__cuda_mla_check) */
     16, 0,                    /* block sizes: any multiple of 16 (64 recommended) */
     0, 0, 0, 0,               /* non-causal, sliding window, soft cap, ALiBi: no */
+    0,                        /* attention sinks: not yet (issue 23) */
     1,                        /* is_mla */
     ATTN_CUDA_GRAPH_UNIFORM_SINGLE_TOKEN_DECODE, /* decode: capacity grids, counts on the device */
     1, ATTN_LSE_BASE_E,
@@ -9389,6 +9457,7 @@ static const attn_backend attn__cuda_mla_backend = {
     320, 576, 8,
     16, 0,
     0, 0, 0, 0,
+    0,                        /* attention sinks: not yet (issue 23) */
     1,                        /* is_mla */
     ATTN_CUDA_GRAPH_UNIFORM_SINGLE_TOKEN_DECODE,
     1, ATTN_LSE_BASE_E,
@@ -10268,6 +10337,8 @@ static const char *const attn__kernel_src_attn_params_cuh[] = {
     "    int uses_mma;      /* 1: tensor cores (mma.sync / wgmma); 0: the FMA path */\n",
     "    int tma_box_rows;  /* kernels that read the cache through a tensor map (the first kernel\n",
     "                          parameter, attn_tma_map): the key rows of one box; 0: no map */\n",
+    "    int persistent;    /* 1: the CTAs loop over the work items, so any grid runs them all (a\n",
+    "                          captured launch takes one wave); 0: one CTA per item */\n",
     "} attn__launch_config;\n",
     "\n",
     "/* attn_paged_attention, attn_paged_merge_partials (paged_attention.cu) and\n",
@@ -10293,6 +10364,8 @@ static const char *const attn__kernel_src_attn_params_cuh[] = {
     "    ATTN__DPTR(const float) k_scale;        /* 8-bit caches with per-tensor scales: one float each\n",
     "                                               on the device, read at every launch; NULL: the value */\n",
     "    ATTN__DPTR(const float) v_scale;\n",
+    "    ATTN__DPTR(const float) sinks;          /* [num_heads] attention sinks (natural-log logits),\n",
+    "                                               read at every launch; NULL: none */\n",
     "    long long q_stride_token, q_stride_head;\n",
     "    long long out_stride_token, out_stride_head;\n",
     "    long long lse_stride_token, lse_stride_head;\n",
@@ -10430,8 +10503,8 @@ static const char *const attn__kernel_src_attn_params_cuh[] = {
     "   compiler and the device's agree on every offset); a member added or moved must keep\n",
     "   that, and the sizes here are updated with it. */\n",
     "#define ATTN__PARAMS_SIZE(T, n) typedef char T##_size_check[sizeof(T) == (n) ? 1 : -1]\n",
-    "ATTN__PARAMS_SIZE(attn__launch_config, 36);\n",
-    "ATTN__PARAMS_SIZE(attn__paged_params, 17 * 8 + 7 * 8 + 6 * 4);\n",
+    "ATTN__PARAMS_SIZE(attn__launch_config, 40);\n",
+    "ATTN__PARAMS_SIZE(attn__paged_params, 18 * 8 + 7 * 8 + 6 * 4);\n",
     "ATTN__PARAMS_SIZE(attn__cache_write_params, 6 * 8 + 5 * 8 + 6 * 4);\n",
     "ATTN__PARAMS_SIZE(attn__cache_write_inline_params, 112 + ATTN__INLINE_SLOTS * 8);\n",
     "ATTN__PARAMS_SIZE(attn__latent_write_params, 4 * 8 + 3 * 8 + 2 * 4 + 8 + 2 * 4);\n",
@@ -12754,6 +12827,20 @@ static const char *const attn__kernel_src_online_softmax_cuh[] = {
     "/* The row's log-sum-exp in base 2 from its final (m, l); -inf when no key was seen. */\n",
     "ATTN_DEV float attn_softmax_lse2(float m, float l) { return l > 0.0f ? m + attn_log2(l) : attn_neg_inf(); }\n",
     "\n",
+    "/* Attention sinks: joins a row's final (m, l) with its head's sink, a logit (natural log,\n",
+    "   like the scaled scores before the base-2 fold) in the denominator with no value: m :=\n",
+    "   max(m, sink), l := l 2^(m_old - m) + 2^(sink - m). Returns the factor O (summed over the\n",
+    "   old m) takes: O / l after the join is sum 2^(x - m) v / (sum 2^(x - m) + 2^(sink - m)).\n",
+    "   Applied once per row, where a row is finished (never to split partials: the merge\n",
+    "   applies it). A row that saw no key gets l = 1, factor 0: out 0, lse = the sink. */\n",
+    "ATTN_DEV float attn_softmax_sink(float sink, float &m, float &l) {\n",
+    "    const float sk = sink * ATTN_LOG2E, mx = fmaxf(m, sk);\n",
+    "    const float w = l > 0.0f ? attn_exp2(m - mx) : 0.0f;\n",
+    "    l = l * w + attn_exp2(sk - mx);\n",
+    "    m = mx;\n",
+    "    return w;\n",
+    "}\n",
+    "\n",
     "#endif /* ATTN_ONLINE_SOFTMAX_CUH */\n",
     0};
 static const char *const attn__kernel_src_paged_attention_cu[] = {
@@ -12808,6 +12895,8 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "                          decode shapes on sm_90 whose stages fit in 112 KiB)\n",
     "             MIN_CTAS     CTAs per SM the registers must allow (default 1; 3 for the 8-bit\n",
     "                          decode on sm_90)\n",
+    "             PERSISTENT   1: CTAs loop over the work items (grid any size, LAUNCH); the\n",
+    "                          library sets it for its decode shapes. 0 (default): one item per CTA\n",
     "             Q_IN_REGS    keep the Q fragments in registers (default: MMA, HEAD_DIM <= 128\n",
     "                          and one row tile per warp; with two, Q is read from shared memory\n",
     "                          per K/V tile)\n",
@@ -12830,11 +12919,17 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "   =====================================================================================\n",
     "   LAUNCH\n",
     "   =====================================================================================\n",
-    "   attn_paged_attention:      grid (>= *num_work, 1, 1), block (attn_paged_config.threads),\n",
-    "                              dynamic shared memory attn_paged_config.shared_bytes bytes (over 48 KiB\n",
-    "                              for most variants: set CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_\n",
-    "                              SIZE_BYTES once after loading). CTAs past *num_work exit, so a\n",
-    "                              graph captured with the capacity replays any smaller batch.\n",
+    "   attn_paged_attention:      grid (PERSISTENT 1: any; 0: >= *num_work, 1, 1), block\n",
+    "                              (attn_paged_config.threads), dynamic shared memory\n",
+    "                              attn_paged_config.shared_bytes bytes (over 48 KiB for most\n",
+    "                              variants: set CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES once\n",
+    "                              after loading). PERSISTENT 1: CTA b runs items b, b + grid, ...\n",
+    "                              below *num_work, so an eager launch gives each item its CTA (grid\n",
+    "                              = *num_work) and a captured one at most the CTAs the device holds\n",
+    "                              at once (it then replays any batch of the capacity in one wave,\n",
+    "                              without CTAs that load *num_work and exit). PERSISTENT 0: CTAs past\n",
+    "                              *num_work exit, so a graph captured with the capacity replays any\n",
+    "                              smaller batch.\n",
     "                              A wrong block size or too little shared memory traps.\n",
     "   attn_paged_merge_partials: grid (>= *num_merge), block 128, no shared memory; launch it\n",
     "                              after attn_paged_attention on the same stream when work items\n",
@@ -12846,7 +12941,8 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "   paths are taken when they are).\n",
     "   attn_paged_config (an extern \"C\" __constant__ attn__launch_config, attn_params.cuh; read it with cuModuleGetGlobal +\n",
     "   cuMemcpyDtoH at layer init): {threads, dynamic shared bytes, KV_TILE, TILE_TOKENS * GROUP\n",
-    "   (= rows of a partial slot), TILE_TOKENS, KV_STAGES, WARPS_N, 1 if tensor cores}.\n",
+    "   (= rows of a partial slot), TILE_TOKENS, KV_STAGES, WARPS_N, 1 if tensor cores, 0 (no\n",
+    "   tensor map), PERSISTENT}.\n",
     "\n",
     "   =====================================================================================\n",
     "   WORK LIST (host-built, device memory; one entry per CTA, 8 x int32 = 32 bytes)\n",
@@ -13021,6 +13117,9 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "#ifndef MIN_CTAS\n",
     "#define MIN_CTAS 0\n",
     "#endif\n",
+    "#ifndef PERSISTENT\n",
+    "#define PERSISTENT 0\n",
+    "#endif\n",
     "#ifndef Q_IN_REGS\n",
     "#define Q_IN_REGS -1\n",
     "#endif\n",
@@ -13168,7 +13267,7 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "typedef attn_paged_traits attn_pt;\n",
     "extern \"C\" __constant__ attn__launch_config attn_paged_config = {\n",
     "    attn_pt::threads, attn_paged_smem<attn_pt>::bytes, attn_pt::kv_tile, attn_pt::rows, attn_pt::tile_tokens,\n",
-    "    attn_pt::kv_stages, attn_pt::warps_n, attn_pt::use_mma};\n",
+    "    attn_pt::kv_stages, attn_pt::warps_n, attn_pt::use_mma, 0, PERSISTENT};\n",
     "\n",
     "\n",
     "/* Shared-memory reads of the FMA form: 4 (or 2) consecutive elements as f32. */\n",
@@ -13226,7 +13325,8 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "    }\n",
     "    const int t = R / T::group, head = kv_head * T::group + (R - t * T::group);\n",
     "    const attn_i64 token = q_row0 + t;\n",
-    "    float inv = l > 0.0f ? attn_rcp(l) : 0.0f, f[8]; /* l >= 1 when a key was seen */\n",
+    "    const float w = p.sinks ? attn_softmax_sink(__ldg(p.sinks + head), m, l) : 1.0f; /* once, here */\n",
+    "    float inv = l > 0.0f ? w * attn_rcp(l) : 0.0f, f[8]; /* l >= 1 when a key (or a sink) was seen */\n",
     "#pragma unroll\n",
     "    for (int i = 0; i < 8; i++) f[i] = O[i] * inv;\n",
     "    char *dst = (char *)p.out + (token * p.out_stride_token + head * p.out_stride_head + c * 8) * T::esz_q;\n",
@@ -13614,14 +13714,14 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "}\n",
     "\n",
     "/* ---- the kernel ---- */\n",
-    "template <class T> ATTN_DEV void attn_paged_attention_body(const attn__paged_params &p) {\n",
+    "/* One work item (`item` of the list); every thread of the CTA calls it with the same item\n",
+    "   and returns from it together (a bad fp8 scale returns before any barrier). */\n",
+    "template <class T> ATTN_DEV void attn_paged_attention_item(const attn__paged_params &p, const int item) {\n",
     "    extern __shared__ attn_vec16 attn_smem[];\n",
     "    const attn_paged_smem<T> sm = {(char *)attn_smem, attn_smem_addr(attn_smem)};\n",
-    "    if (blockDim.x != T::threads || attn_dynamic_smem_size() < attn_paged_smem<T>::bytes) attn_trap();\n",
-    "    if ((int)blockIdx.x >= *p.num_work) return;\n",
     "\n",
     "    /* ---- prologue: the work item ---- */\n",
-    "    const attn_paged_item w = attn_paged_item_load(p, blockIdx.x, T::group);\n",
+    "    const attn_paged_item w = attn_paged_item_load(p, item, T::group);\n",
     "    const int key0 = w.key0, key1 = w.key1, kv_head = w.kv_head, slot = w.slot;\n",
     "    /* per-tensor fp8 scales: a bad one (not finite and > 0) writes nothing, see 8-BIT CACHES */\n",
     "    float k_scale = 1.0f, v_scale = 1.0f;\n",
@@ -13891,12 +13991,28 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "    }\n",
     "}\n",
     "\n",
+    "/* PERSISTENT 1 (the decode shapes): items blockIdx.x, + gridDim.x, ...: an eager launch has\n",
+    "   one CTA per item, a captured one (the capacity's items) at most one wave of CTAs, which\n",
+    "   loop (LAUNCH). The barrier between items: the next item's Q and K/V stages reuse shared\n",
+    "   memory the epilogue still reads. PERSISTENT 0 (prefill: the loop costs the two-row-tile\n",
+    "   variants registers they do not have): one item per CTA, CTAs past *num_work exit. */\n",
     "extern \"C\" __global__ void __launch_bounds__(attn_pt::threads, attn_pt::min_ctas) attn_paged_attention(const attn__paged_params p) {\n",
-    "    attn_paged_attention_body<attn_pt>(p);\n",
+    "    if (blockDim.x != attn_pt::threads || attn_dynamic_smem_size() < attn_paged_smem<attn_pt>::bytes) attn_trap();\n",
+    "    if constexpr (PERSISTENT) {\n",
+    "        const int n = *p.num_work;\n",
+    "        for (int item = blockIdx.x; item < n; item += gridDim.x) {\n",
+    "            if (item != (int)blockIdx.x) __syncthreads();\n",
+    "            attn_paged_attention_item<attn_pt>(p, item);\n",
+    "        }\n",
+    "    } else if ((int)blockIdx.x < *p.num_work) {\n",
+    "        attn_paged_attention_item<attn_pt>(p, blockIdx.x);\n",
+    "    }\n",
     "}\n",
     "\n",
-    "/* Second stage of split-KV as its own launch: one CTA per merge entry. */\n",
-    "extern \"C\" __global__ void __launch_bounds__(128) attn_paged_merge_partials(const attn__paged_params p) {\n",
+    "/* Second stage of split-KV as its own launch: one CTA per merge entry. (128, 8): registers\n",
+    "   up to 64 — with (128) alone ptxas held sm_90 to 32 and spilled once the sink joined the\n",
+    "   store.) */\n",
+    "extern \"C\" __global__ void __launch_bounds__(128, 8) attn_paged_merge_partials(const attn__paged_params p) {\n",
     "    if ((int)blockIdx.x >= *p.num_merge) return;\n",
     "    attn_merge_entry<attn_pt>(p, blockIdx.x, threadIdx.x, blockDim.x);\n",
     "}\n",
@@ -14051,12 +14167,13 @@ static const char *const attn__kernel_src_paged_prefill_sm90_cu[] = {
     "     barrier inside the loop (only on edge tiles, at a named barrier of the 256).\n",
     "   PINGPONG 1 (tuning, default 0): the consumer warpgroups take turns issuing S (named\n",
     "   barriers 2 and 3); measured within 1 % of 0 on the H200 (docs/PERF.md). PINGPONG 2: they\n",
-    "   take turns issuing P V as well (FlashAttention-3's ping-pong; not measured yet).\n",
+    "   take turns issuing P V as well (FlashAttention-3's ping-pong): +3 % at 1 x 1k, -1 to -2 %\n",
+    "   at 4k and 16k on the H200 (docs/PERF.md, runs 9-10), so not the default.\n",
     "   Epilogue (the consumers; named barrier 1): l summed over the row's 4 lanes; O / l in\n",
     "   DT_Q to shared memory over the stages, lse (base e) straight to global; 16-byte rows\n",
     "   out (element stores when q/out rows are not 16-byte aligned).\n",
-    "   Not yet: softmax of tile it overlapped with S of tile it + 1 inside a warpgroup, P V\n",
-    "   inside the ping-pong turn, persistent CTAs (issue 22). */\n",
+    "   Not yet: softmax of tile it overlapped with S of tile it + 1 inside a warpgroup (two\n",
+    "   drafts measured 10 % slower, docs/PERF.md), persistent CTAs (issue 22). */\n",
     "#include \"paged_common.cuh\"\n",
     "#include \"paged_tile_loader.cuh\"\n",
     "#include \"wgmma.cuh\"\n",
@@ -14348,8 +14465,12 @@ static const char *const attn__kernel_src_paged_prefill_sm90_cu[] = {
     "#pragma unroll\n",
     "    for (int h = 0; h < 2; h++) {\n",
     "        const int R = row0 + 8 * h;\n",
-    "        const float L = attn_quad_sum(l[h]);\n",
-    "        const float inv = L > 0.0f ? attn_rcp(L) : 0.0f;\n",
+    "        float L = attn_quad_sum(l[h]), M = m[h], ws = 1.0f;\n",
+    "        if (p.sinks && R < nrows) { /* attention sinks: the row's head's, once (never split) */\n",
+    "            const int t = R / GROUP;\n",
+    "            ws = attn_softmax_sink(__ldg(p.sinks + w.kv_head * GROUP + (R - t * GROUP)), M, L);\n",
+    "        }\n",
+    "        const float inv = L > 0.0f ? ws * attn_rcp(L) : 0.0f;\n",
     "        char *orow = sO + (R * WT::o_pitch + 2 * tq) * WT::esz;\n",
     "#pragma unroll\n",
     "        for (int i = 0; i < HEAD_DIM / 8; i++)\n",
@@ -14357,7 +14478,7 @@ static const char *const attn__kernel_src_paged_prefill_sm90_cu[] = {
     "        if (tq == 0 && R < nrows && p.lse) {\n",
     "            const int t = R / GROUP, head = w.kv_head * GROUP + (R - t * GROUP);\n",
     "            p.lse[(attn_i64)(w.q_start + w.tok0 + t) * p.lse_stride_token + head * p.lse_stride_head] =\n",
-    "                attn_softmax_lse2(m[h], L) * ATTN_LN2;\n",
+    "                attn_softmax_lse2(M, L) * ATTN_LN2;\n",
     "        }\n",
     "    }\n",
     "    attn_named_barrier(1, WT::consumers);\n",

@@ -38,6 +38,8 @@ typedef struct attn__launch_config {
     int uses_mma;      /* 1: tensor cores (mma.sync / wgmma); 0: the FMA path */
     int tma_box_rows;  /* kernels that read the cache through a tensor map (the first kernel
                           parameter, attn_tma_map): the key rows of one box; 0: no map */
+    int persistent;    /* 1: the CTAs loop over the work items, so any grid runs them all (a
+                          captured launch takes one wave); 0: one CTA per item */
 } attn__launch_config;
 
 /* attn_paged_attention, attn_paged_merge_partials (paged_attention.cu) and
@@ -63,6 +65,8 @@ typedef struct attn__paged_params {
     ATTN__DPTR(const float) k_scale;        /* 8-bit caches with per-tensor scales: one float each
                                                on the device, read at every launch; NULL: the value */
     ATTN__DPTR(const float) v_scale;
+    ATTN__DPTR(const float) sinks;          /* [num_heads] attention sinks (natural-log logits),
+                                               read at every launch; NULL: none */
     long long q_stride_token, q_stride_head;
     long long out_stride_token, out_stride_head;
     long long lse_stride_token, lse_stride_head;
@@ -200,8 +204,8 @@ typedef struct attn__mla_prefill_params {
    compiler and the device's agree on every offset); a member added or moved must keep
    that, and the sizes here are updated with it. */
 #define ATTN__PARAMS_SIZE(T, n) typedef char T##_size_check[sizeof(T) == (n) ? 1 : -1]
-ATTN__PARAMS_SIZE(attn__launch_config, 36);
-ATTN__PARAMS_SIZE(attn__paged_params, 17 * 8 + 7 * 8 + 6 * 4);
+ATTN__PARAMS_SIZE(attn__launch_config, 40);
+ATTN__PARAMS_SIZE(attn__paged_params, 18 * 8 + 7 * 8 + 6 * 4);
 ATTN__PARAMS_SIZE(attn__cache_write_params, 6 * 8 + 5 * 8 + 6 * 4);
 ATTN__PARAMS_SIZE(attn__cache_write_inline_params, 112 + ATTN__INLINE_SLOTS * 8);
 ATTN__PARAMS_SIZE(attn__latent_write_params, 4 * 8 + 3 * 8 + 2 * 4 + 8 + 2 * 4);

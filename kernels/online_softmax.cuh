@@ -37,4 +37,18 @@ ATTN_DEV float attn_softmax_rebase(float &m, float tile_max, float &alpha) {
 /* The row's log-sum-exp in base 2 from its final (m, l); -inf when no key was seen. */
 ATTN_DEV float attn_softmax_lse2(float m, float l) { return l > 0.0f ? m + attn_log2(l) : attn_neg_inf(); }
 
+/* Attention sinks: joins a row's final (m, l) with its head's sink, a logit (natural log,
+   like the scaled scores before the base-2 fold) in the denominator with no value: m :=
+   max(m, sink), l := l 2^(m_old - m) + 2^(sink - m). Returns the factor O (summed over the
+   old m) takes: O / l after the join is sum 2^(x - m) v / (sum 2^(x - m) + 2^(sink - m)).
+   Applied once per row, where a row is finished (never to split partials: the merge
+   applies it). A row that saw no key gets l = 1, factor 0: out 0, lse = the sink. */
+ATTN_DEV float attn_softmax_sink(float sink, float &m, float &l) {
+    const float sk = sink * ATTN_LOG2E, mx = fmaxf(m, sk);
+    const float w = l > 0.0f ? attn_exp2(m - mx) : 0.0f;
+    l = l * w + attn_exp2(sk - mx);
+    m = mx;
+    return w;
+}
+
 #endif /* ATTN_ONLINE_SOFTMAX_CUH */

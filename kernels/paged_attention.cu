@@ -49,6 +49,8 @@
                           decode shapes on sm_90 whose stages fit in 112 KiB)
              MIN_CTAS     CTAs per SM the registers must allow (default 1; 3 for the 8-bit
                           decode on sm_90)
+             PERSISTENT   1: CTAs loop over the work items (grid any size, LAUNCH); the
+                          library sets it for its decode shapes. 0 (default): one item per CTA
              Q_IN_REGS    keep the Q fragments in registers (default: MMA, HEAD_DIM <= 128
                           and one row tile per warp; with two, Q is read from shared memory
                           per K/V tile)
@@ -71,11 +73,17 @@
    =====================================================================================
    LAUNCH
    =====================================================================================
-   attn_paged_attention:      grid (>= *num_work, 1, 1), block (attn_paged_config.threads),
-                              dynamic shared memory attn_paged_config.shared_bytes bytes (over 48 KiB
-                              for most variants: set CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_
-                              SIZE_BYTES once after loading). CTAs past *num_work exit, so a
-                              graph captured with the capacity replays any smaller batch.
+   attn_paged_attention:      grid (PERSISTENT 1: any; 0: >= *num_work, 1, 1), block
+                              (attn_paged_config.threads), dynamic shared memory
+                              attn_paged_config.shared_bytes bytes (over 48 KiB for most
+                              variants: set CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES once
+                              after loading). PERSISTENT 1: CTA b runs items b, b + grid, ...
+                              below *num_work, so an eager launch gives each item its CTA (grid
+                              = *num_work) and a captured one at most the CTAs the device holds
+                              at once (it then replays any batch of the capacity in one wave,
+                              without CTAs that load *num_work and exit). PERSISTENT 0: CTAs past
+                              *num_work exit, so a graph captured with the capacity replays any
+                              smaller batch.
                               A wrong block size or too little shared memory traps.
    attn_paged_merge_partials: grid (>= *num_merge), block 128, no shared memory; launch it
                               after attn_paged_attention on the same stream when work items
@@ -87,7 +95,8 @@
    paths are taken when they are).
    attn_paged_config (an extern "C" __constant__ attn__launch_config, attn_params.cuh; read it with cuModuleGetGlobal +
    cuMemcpyDtoH at layer init): {threads, dynamic shared bytes, KV_TILE, TILE_TOKENS * GROUP
-   (= rows of a partial slot), TILE_TOKENS, KV_STAGES, WARPS_N, 1 if tensor cores}.
+   (= rows of a partial slot), TILE_TOKENS, KV_STAGES, WARPS_N, 1 if tensor cores, 0 (no
+   tensor map), PERSISTENT}.
 
    =====================================================================================
    WORK LIST (host-built, device memory; one entry per CTA, 8 x int32 = 32 bytes)
@@ -262,6 +271,9 @@
 #ifndef MIN_CTAS
 #define MIN_CTAS 0
 #endif
+#ifndef PERSISTENT
+#define PERSISTENT 0
+#endif
 #ifndef Q_IN_REGS
 #define Q_IN_REGS -1
 #endif
@@ -409,7 +421,7 @@ template <class T> struct attn_paged_smem {
 typedef attn_paged_traits attn_pt;
 extern "C" __constant__ attn__launch_config attn_paged_config = {
     attn_pt::threads, attn_paged_smem<attn_pt>::bytes, attn_pt::kv_tile, attn_pt::rows, attn_pt::tile_tokens,
-    attn_pt::kv_stages, attn_pt::warps_n, attn_pt::use_mma};
+    attn_pt::kv_stages, attn_pt::warps_n, attn_pt::use_mma, 0, PERSISTENT};
 
 
 /* Shared-memory reads of the FMA form: 4 (or 2) consecutive elements as f32. */
@@ -467,7 +479,8 @@ ATTN_DEV void attn_store_row8(const attn__paged_params &p, int q_row0, int kv_he
     }
     const int t = R / T::group, head = kv_head * T::group + (R - t * T::group);
     const attn_i64 token = q_row0 + t;
-    float inv = l > 0.0f ? attn_rcp(l) : 0.0f, f[8]; /* l >= 1 when a key was seen */
+    const float w = p.sinks ? attn_softmax_sink(__ldg(p.sinks + head), m, l) : 1.0f; /* once, here */
+    float inv = l > 0.0f ? w * attn_rcp(l) : 0.0f, f[8]; /* l >= 1 when a key (or a sink) was seen */
 #pragma unroll
     for (int i = 0; i < 8; i++) f[i] = O[i] * inv;
     char *dst = (char *)p.out + (token * p.out_stride_token + head * p.out_stride_head + c * 8) * T::esz_q;
@@ -855,14 +868,14 @@ ATTN_DEV void attn_paged_pv(float (&o)[T::warp_rows][T::ot][4], const float (&s)
 }
 
 /* ---- the kernel ---- */
-template <class T> ATTN_DEV void attn_paged_attention_body(const attn__paged_params &p) {
+/* One work item (`item` of the list); every thread of the CTA calls it with the same item
+   and returns from it together (a bad fp8 scale returns before any barrier). */
+template <class T> ATTN_DEV void attn_paged_attention_item(const attn__paged_params &p, const int item) {
     extern __shared__ attn_vec16 attn_smem[];
     const attn_paged_smem<T> sm = {(char *)attn_smem, attn_smem_addr(attn_smem)};
-    if (blockDim.x != T::threads || attn_dynamic_smem_size() < attn_paged_smem<T>::bytes) attn_trap();
-    if ((int)blockIdx.x >= *p.num_work) return;
 
     /* ---- prologue: the work item ---- */
-    const attn_paged_item w = attn_paged_item_load(p, blockIdx.x, T::group);
+    const attn_paged_item w = attn_paged_item_load(p, item, T::group);
     const int key0 = w.key0, key1 = w.key1, kv_head = w.kv_head, slot = w.slot;
     /* per-tensor fp8 scales: a bad one (not finite and > 0) writes nothing, see 8-BIT CACHES */
     float k_scale = 1.0f, v_scale = 1.0f;
@@ -1132,12 +1145,28 @@ template <class T> ATTN_DEV void attn_paged_attention_body(const attn__paged_par
     }
 }
 
+/* PERSISTENT 1 (the decode shapes): items blockIdx.x, + gridDim.x, ...: an eager launch has
+   one CTA per item, a captured one (the capacity's items) at most one wave of CTAs, which
+   loop (LAUNCH). The barrier between items: the next item's Q and K/V stages reuse shared
+   memory the epilogue still reads. PERSISTENT 0 (prefill: the loop costs the two-row-tile
+   variants registers they do not have): one item per CTA, CTAs past *num_work exit. */
 extern "C" __global__ void __launch_bounds__(attn_pt::threads, attn_pt::min_ctas) attn_paged_attention(const attn__paged_params p) {
-    attn_paged_attention_body<attn_pt>(p);
+    if (blockDim.x != attn_pt::threads || attn_dynamic_smem_size() < attn_paged_smem<attn_pt>::bytes) attn_trap();
+    if constexpr (PERSISTENT) {
+        const int n = *p.num_work;
+        for (int item = blockIdx.x; item < n; item += gridDim.x) {
+            if (item != (int)blockIdx.x) __syncthreads();
+            attn_paged_attention_item<attn_pt>(p, item);
+        }
+    } else if ((int)blockIdx.x < *p.num_work) {
+        attn_paged_attention_item<attn_pt>(p, blockIdx.x);
+    }
 }
 
-/* Second stage of split-KV as its own launch: one CTA per merge entry. */
-extern "C" __global__ void __launch_bounds__(128) attn_paged_merge_partials(const attn__paged_params p) {
+/* Second stage of split-KV as its own launch: one CTA per merge entry. (128, 8): registers
+   up to 64 — with (128) alone ptxas held sm_90 to 32 and spilled once the sink joined the
+   store.) */
+extern "C" __global__ void __launch_bounds__(128, 8) attn_paged_merge_partials(const attn__paged_params p) {
     if ((int)blockIdx.x >= *p.num_merge) return;
     attn_merge_entry<attn_pt>(p, blockIdx.x, threadIdx.x, blockDim.x);
 }

@@ -86,12 +86,13 @@
      barrier inside the loop (only on edge tiles, at a named barrier of the 256).
    PINGPONG 1 (tuning, default 0): the consumer warpgroups take turns issuing S (named
    barriers 2 and 3); measured within 1 % of 0 on the H200 (docs/PERF.md). PINGPONG 2: they
-   take turns issuing P V as well (FlashAttention-3's ping-pong; not measured yet).
+   take turns issuing P V as well (FlashAttention-3's ping-pong): +3 % at 1 x 1k, -1 to -2 %
+   at 4k and 16k on the H200 (docs/PERF.md, runs 9-10), so not the default.
    Epilogue (the consumers; named barrier 1): l summed over the row's 4 lanes; O / l in
    DT_Q to shared memory over the stages, lse (base e) straight to global; 16-byte rows
    out (element stores when q/out rows are not 16-byte aligned).
-   Not yet: softmax of tile it overlapped with S of tile it + 1 inside a warpgroup, P V
-   inside the ping-pong turn, persistent CTAs (issue 22). */
+   Not yet: softmax of tile it overlapped with S of tile it + 1 inside a warpgroup (two
+   drafts measured 10 % slower, docs/PERF.md), persistent CTAs (issue 22). */
 #include "paged_common.cuh"
 #include "paged_tile_loader.cuh"
 #include "wgmma.cuh"
@@ -383,8 +384,12 @@ extern "C" __global__ void __launch_bounds__(WT::threads, 1)
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         const int R = row0 + 8 * h;
-        const float L = attn_quad_sum(l[h]);
-        const float inv = L > 0.0f ? attn_rcp(L) : 0.0f;
+        float L = attn_quad_sum(l[h]), M = m[h], ws = 1.0f;
+        if (p.sinks && R < nrows) { /* attention sinks: the row's head's, once (never split) */
+            const int t = R / GROUP;
+            ws = attn_softmax_sink(__ldg(p.sinks + w.kv_head * GROUP + (R - t * GROUP)), M, L);
+        }
+        const float inv = L > 0.0f ? ws * attn_rcp(L) : 0.0f;
         char *orow = sO + (R * WT::o_pitch + 2 * tq) * WT::esz;
 #pragma unroll
         for (int i = 0; i < HEAD_DIM / 8; i++)
@@ -392,7 +397,7 @@ extern "C" __global__ void __launch_bounds__(WT::threads, 1)
         if (tq == 0 && R < nrows && p.lse) {
             const int t = R / GROUP, head = w.kv_head * GROUP + (R - t * GROUP);
             p.lse[(attn_i64)(w.q_start + w.tok0 + t) * p.lse_stride_token + head * p.lse_stride_head] =
-                attn_softmax_lse2(m[h], L) * ATTN_LN2;
+                attn_softmax_lse2(M, L) * ATTN_LN2;
         }
     }
     attn_named_barrier(1, WT::consumers);

@@ -164,6 +164,7 @@ class attn_layer_desc(C.Structure):
         ("k_scale", attn_kv_scale),               # fp8 caches: per-tensor scales
         ("v_scale", attn_kv_scale),
         ("kv_scale_kind", C.c_int),               # PER_TENSOR or PER_TOKEN_HEAD (in the cache)
+        ("sinks", C.POINTER(C.c_float)),          # attention sinks: num_heads logits, read every call
     ]
 
 
@@ -866,6 +867,31 @@ def _selection_dict(s):
     return d
 
 
+def _sinks(x, num_heads, device, keep):
+    """desc.sinks from a float32 numpy array / torch tensor of num_heads logits: its address
+    (read by the library at every call, so values written into it take effect at the next
+    call and a CUDA graph's next replay). On the layer's device: numpy or a CPU tensor for
+    device 'cpu', a CUDA tensor for 'cuda'."""
+    if isinstance(x, np.ndarray):
+        kind, dev, ptr, n = "a numpy array", ATTN_DEVICE_CPU, x.ctypes.data, x.size
+        ok = x.dtype == np.float32 and x.flags["C_CONTIGUOUS"]
+    elif _is_torch(x):
+        kind, ptr, n = "a tensor", x.data_ptr(), x.numel()
+        dev = ATTN_DEVICE_CUDA if x.device.type == "cuda" else ATTN_DEVICE_CPU
+        ok = str(x.dtype) == "torch.float32" and x.is_contiguous()
+    else:
+        _fail(ATTN_ERROR_INVALID_VALUE, "Layer: sinks is %s (allowed: None, or a float32 numpy array / "
+              "torch tensor of num_heads = %d logits)" % (type(x).__name__, num_heads))
+    if not ok or n != num_heads:
+        _fail(ATTN_ERROR_INVALID_VALUE, "Layer: sinks is %s of %s with %d elements (allowed: num_heads = %d "
+              "contiguous float32 logits)" % (kind, x.dtype, n, num_heads))
+    if dev != device:
+        _fail(ATTN_ERROR_INVALID_VALUE, "Layer: sinks is on %s for a %s layer (allowed: the layer's device)"
+              % (_DEVICE_NAMES.get(dev, dev), _DEVICE_NAMES.get(device, device)))
+    keep.append(x)
+    return C.cast(C.c_void_p(ptr), C.POINTER(C.c_float))
+
+
 def _kv_scale(field, x, what, keep):
     """attn_kv_scale from a number (the value) or a one-element float32 numpy array / torch
     tensor (its address: read by the library at every call, so writing a new value into it
@@ -899,6 +925,9 @@ class Layer(_Owned):
     holds k / k_scale and v / v_scale; or 'int8' / 'fp8_e4m3' with
     per_token_head=True: a scale per (token, KV head) row, kept in the cache. causal: True, False, or None (the library's default, causal).
     sliding_window, logits_soft_cap: 0 = none. alibi_slopes: None or num_heads floats.
+    sinks: None, or attention sinks (gpt-oss): a float32 numpy array / torch tensor of num_heads
+    logits on the layer's device, read at every call (not copied: values written into it
+    take effect at the next call); the returned LSE includes the sink.
     scale: None = 1/sqrt(head_size) (MLA: of the query width). device: 'cpu' or 'cuda'.
     backend: None (automatic, or env ATTN_BACKEND) or a name ('CPU', 'CUDA', 'CUDA_SM90', 'CPU_MLA',
              'CUDA_MLA_SM90', 'CUDA_MLA'; an fp8 latent on a GPU runs on CUDA_MLA);
@@ -913,7 +942,7 @@ class Layer(_Owned):
                  dtype="float16", kv_cache_dtype=None, causal=True, sliding_window=0,
                  logits_soft_cap=0.0, alibi_slopes=None, scale=None, device="cpu",
                  backend=None, allow_fallback=False, mla=None, k_scale=None, v_scale=None,
-                 per_token_head=False):
+                 per_token_head=False, sinks=None):
         super().__init__()
         lib = library()
         self.ctx = ctx
@@ -961,6 +990,8 @@ class Layer(_Owned):
             _fail(ATTN_ERROR_INVALID_VALUE, "Layer: device is %r (allowed: 'cpu', 'cuda')"
                   % (device,))
         desc.device = kinds[dev]
+        if sinks is not None:
+            desc.sinks = _sinks(sinks, desc.num_heads, desc.device, self._scales)
         self._desc = desc                       # alibi_slopes points into self._alibi
         request = attn_select_request()
         request.allow_fallback = int(bool(allow_fallback))
@@ -1012,7 +1043,7 @@ class Layer(_Owned):
 
     @property
     def desc(self):
-        d = _struct_dict(self._effective(), skip=("alibi_slopes",))
+        d = _struct_dict(self._effective(), skip=("alibi_slopes", "sinks"))
         for key in ("dtype", "kv_cache_dtype"):
             d[key] = _dtype_name(d[key])
         d["causal"] = {ATTN_CAUSAL_YES: True, ATTN_CAUSAL_NO: False}.get(d["causal"])

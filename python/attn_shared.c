@@ -50,7 +50,7 @@ static const attn_py_layout_entry attn_py__layout[] = {
     F(attn_layer_desc, kv_lora_rank), F(attn_layer_desc, qk_rope_head_dim),
     F(attn_layer_desc, qk_nope_head_dim), F(attn_layer_desc, v_head_dim),
     F(attn_layer_desc, device), F(attn_layer_desc, k_scale), F(attn_layer_desc, v_scale),
-    F(attn_layer_desc, kv_scale_kind),
+    F(attn_layer_desc, kv_scale_kind), F(attn_layer_desc, sinks),
     S(attn_kv_scale), F(attn_kv_scale, value), F(attn_kv_scale, ptr), F(attn_kv_scale, device),
 
     S(attn_select_request), F(attn_select_request, backend),

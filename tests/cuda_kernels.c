@@ -263,7 +263,7 @@ static int near_ok(float a, float b, float atol, float rtol) {
 }
 
 typedef struct attn_case {
-    int head, group, kv_heads, block, causal, window, alibi, want_lse, splits, decode_shape;
+    int head, group, kv_heads, block, causal, window, alibi, want_lse, splits, decode_shape, sinks;
     float softcap;
     attn_dtype dq, dkv;
     int q_pad, q_misalign; /* q/out row strides wider than the heads; q/out offset by one element */
@@ -271,9 +271,9 @@ typedef struct attn_case {
 
 static void describe(const attn_case *c, char *buf, size_t n) {
     snprintf(buf, n, "head %d group %d kv_heads %d block %d %s q=%s kv=%s causal %d window %d softcap %g alibi %d "
-                     "lse %d splits %d pad %d misalign %d",
+                     "sinks %d lse %d splits %d pad %d misalign %d",
              c->head, c->group, c->kv_heads, c->block, c->decode_shape ? "decode-shape" : "prefill-shape",
-             attn_dtype_name(c->dq), attn_dtype_name(c->dkv), c->causal, c->window, c->softcap, c->alibi,
+             attn_dtype_name(c->dq), attn_dtype_name(c->dkv), c->causal, c->window, c->softcap, c->alibi, c->sinks,
              c->want_lse, c->splits, c->q_pad, c->q_misalign);
 }
 
@@ -457,7 +457,7 @@ static void run_attention_case(const attn_case *c, int num_reqs, const int *qlen
     int32_t *qsl = (int32_t *)calloc((size_t)num_reqs + 1, 4), *sl = (int32_t *)calloc((size_t)num_reqs, 4);
     int max_blocks = 0, total_blocks, T, max_q = 0, max_s = 0, tt, big, sm90 = sm90_prefill && sm90_in_scope(c);
     int32_t *bt;
-    float *alibi = NULL;
+    float *alibi = NULL, *sinks = NULL;
     attn_layer_desc d;
     attn_layer *layer = NULL;
     attn_metadata *meta = NULL;
@@ -469,7 +469,8 @@ static void run_attention_case(const attn_case *c, int num_reqs, const int *qlen
     float *lse_cpu = NULL, *lse_gpu = NULL;
     size_t kv_elems, q_row, q_elems, esq = dsize(c->dq), eskv = dsize(c->dkv);
     int64_t shape[ATTN_MAX_DIMS];
-    int ndim, bad = 0;
+    int ndim, bad = 0, items = 0;
+    unsigned grid = 0; /* the attention launch's CTAs, for the failure report */
     float atol, rtol;
     describe(c, desc, sizeof desc);
     for (r = 0; r < num_reqs; r++) {
@@ -497,6 +498,11 @@ static void run_attention_case(const attn_case *c, int num_reqs, const int *qlen
         alibi = (float *)malloc((size_t)H * sizeof(float));
         for (i = 0; i < H; i++) alibi[i] = -rnd_float(0.01f, 0.5f);
         d.alibi_slopes = alibi;
+    }
+    if (c->sinks) { /* around the logits, now and then far above them */
+        sinks = (float *)malloc((size_t)H * sizeof(float));
+        for (i = 0; i < H; i++) sinks[i] = rnd_int(0, 5) ? rnd_float(-3.0f, 5.0f) : rnd_float(8.0f, 25.0f);
+        d.sinks = sinks; /* the CPU layer reads them from host memory */
     }
     memset(&req, 0, sizeof req);
     req.backend = ATTN_BACKEND_CPU;
@@ -556,8 +562,9 @@ static void run_attention_case(const attn_case *c, int num_reqs, const int *qlen
         snprintf(defs, sizeof defs, "HEAD_DIM=%d BLOCK_SIZE=%d GROUP=%d DT_Q=%d DT_KV=%d TILE_TOKENS=%d WINDOW=%d %s", D, BS,
                  c->group, dcode(c->dq), dcode(c->dkv), tt, c->window > 0, extra_defines);
     else
-        snprintf(defs, sizeof defs, "HEAD_DIM=%d BLOCK_SIZE=%d GROUP=%d DT_Q=%d DT_KV=%d TILE_TOKENS=%d WINDOW=%d SOFTCAP=%d ALIBI=%d %s",
-                 D, BS, c->group, dcode(c->dq), dcode(c->dkv), tt, c->window > 0, c->softcap > 0, c->alibi, extra_defines);
+        snprintf(defs, sizeof defs, "HEAD_DIM=%d BLOCK_SIZE=%d GROUP=%d DT_Q=%d DT_KV=%d TILE_TOKENS=%d WINDOW=%d SOFTCAP=%d ALIBI=%d%s %s",
+                 D, BS, c->group, dcode(c->dq), dcode(c->dkv), tt, c->window > 0, c->softcap > 0, c->alibi,
+                 c->decode_shape && rnd_int(0, 1) ? " PERSISTENT=1" : "", extra_defines); /* the library's decode: 1 */
     {
         module_entry *m = sm90 ? sm90_module(defs, 1)
                                : get_module("paged_attention.cu", defs, "attn_paged_attention");
@@ -568,7 +575,7 @@ static void run_attention_case(const attn_case *c, int num_reqs, const int *qlen
         attn__paged_params p;
         void *args[2];
         int zero_merge = 0;
-        attn__CUdeviceptr d_q, d_kv, d_out, d_lse, d_bt, d_sl, d_qsl, d_alibi, d_work, d_nw, d_merge, d_nm, d_po, d_pml;
+        attn__CUdeviceptr d_q, d_kv, d_out, d_lse, d_bt, d_sl, d_qsl, d_alibi, d_sinks, d_work, d_nw, d_merge, d_nm, d_po, d_pml;
         float scale = 1.0f / sqrtf((float)D);
         build_work(&s, num_reqs, qsl, sl, Hkv, tt, c->causal, c->window, c->splits, m->config.kv_tile);
         d_q = dupload(qh, q_elems * esq);
@@ -581,6 +588,7 @@ static void run_attention_case(const attn_case *c, int num_reqs, const int *qlen
         d_sl = dupload(sl, (size_t)num_reqs * 4);
         d_qsl = dupload(qsl, (size_t)(num_reqs + 1) * 4);
         d_alibi = alibi ? dupload(alibi, (size_t)H * 4) : 0;
+        d_sinks = sinks ? dupload(sinks, (size_t)H * 4) : 0;
         d_work = dupload(s.work, (size_t)s.num_work * 32);
         d_nw = dupload(&s.num_work, 4);
         d_merge = dupload(s.merge, (size_t)(s.num_merge ? s.num_merge : 1) * 32);
@@ -594,6 +602,7 @@ static void run_attention_case(const attn_case *c, int num_reqs, const int *qlen
         p.out = d_out + (attn__CUdeviceptr)(c->q_misalign * esq);
         p.lse = c->want_lse ? d_lse : 0;
         p.block_table = d_bt; p.seq_lens = d_sl; p.query_start_loc = d_qsl; p.alibi_slopes = d_alibi;
+        p.sinks = d_sinks;
         p.work = d_work; p.num_work = d_nw; p.merge = d_merge; p.num_merge = d_nm;
         p.partial_o = d_po; p.partial_ml = d_pml;
         p.q_stride_token = (int64_t)q_row; p.q_stride_head = D;
@@ -605,8 +614,12 @@ static void run_attention_case(const attn_case *c, int num_reqs, const int *qlen
         if (m->config.tma_box_rows > 0 && !kv_map_encode(m, d_kv, c->dkv, total_blocks, BS, Hkv, D)) {
             failed++; /* no launch: the output stays NaN and the comparison below reports it too */
         } else {
-            /* one spare CTA past *num_work: it must exit without touching anything */
-            CU_CHECK(cu->cuLaunchKernel(fa, (unsigned)s.num_work + 1, 1, 1, (unsigned)m->config.threads, 1, 1,
+            /* one spare CTA past *num_work: it must exit without touching anything; a
+               persistent kernel gets fewer CTAs than items (they loop) or one spare */
+            items = s.num_work;
+            grid = (unsigned)s.num_work + 1;
+            if (m->config.persistent && s.num_work > 1 && rnd_int(0, 3)) grid = (unsigned)rnd_int(1, s.num_work - 1);
+            CU_CHECK(cu->cuLaunchKernel(fa, grid, 1, 1, (unsigned)m->config.threads, 1, 1,
                                         (unsigned)m->config.shared_bytes, NULL, args, NULL));
             if (s.num_merge) CU_CHECK(cu->cuLaunchKernel(fm, (unsigned)s.num_merge, 1, 1, 128, 1, 1, 0, NULL, args, NULL));
         }
@@ -614,7 +627,7 @@ static void run_attention_case(const attn_case *c, int num_reqs, const int *qlen
         CU_CHECK(download(out_gpu, d_out, q_elems * esq));
         CU_CHECK(download(lse_gpu, d_lse, (size_t)T * H * 4));
         cu->cuMemFree(d_q); cu->cuMemFree(d_kv); cu->cuMemFree(d_out); cu->cuMemFree(d_lse); cu->cuMemFree(d_bt); cu->cuMemFree(d_sl);
-        cu->cuMemFree(d_qsl); if (d_alibi) cu->cuMemFree(d_alibi); cu->cuMemFree(d_work); cu->cuMemFree(d_nw); cu->cuMemFree(d_merge);
+        cu->cuMemFree(d_qsl); if (d_alibi) cu->cuMemFree(d_alibi); if (d_sinks) cu->cuMemFree(d_sinks); cu->cuMemFree(d_work); cu->cuMemFree(d_nw); cu->cuMemFree(d_merge);
         cu->cuMemFree(d_nm); cu->cuMemFree(d_po); cu->cuMemFree(d_pml);
         free(s.work);
         free(s.merge);
@@ -652,7 +665,8 @@ static void run_attention_case(const attn_case *c, int num_reqs, const int *qlen
             bad++;
         }
         if (bad) {
-            printf("FAIL attention %s%s (reqs %d, tokens %d; %s)\n", sm90 ? "[sm90 prefill] " : "", desc, num_reqs, T, defs);
+            printf("FAIL attention %s%s (reqs %d, tokens %d; %s; grid %u for %d items)\n", sm90 ? "[sm90 prefill] " : "", desc,
+                   num_reqs, T, defs, grid, items);
             for (r = 0; r < num_reqs; r++) printf("    req %d: query %d context %d\n", r, qlens[r], ctxlens[r]);
             failed++;
         } else {
@@ -666,7 +680,7 @@ free_all:
 done:
     if (meta) attn_metadata_destroy(meta);
     if (layer) attn_layer_destroy(layer);
-    free(alibi); free(bt); free(qsl); free(sl);
+    free(alibi); free(sinks); free(bt); free(qsl); free(sl);
 }
 
 static void test_attention(int cases) {
@@ -704,6 +718,7 @@ static void test_attention(int cases) {
             c.splits = 1;
             c.decode_shape = 0;
         }
+        c.sinks = rnd_int(0, 2) == 0; /* drawn last: the other draws of a seed stay as they were */
         for (r = 0; r < nr; r++) {
             int shape = rnd_int(0, 3);
             if (shape == 0) { qlens[r] = 1; ctx[r] = rnd_int(0, 700); }                 /* decode */
@@ -978,6 +993,8 @@ static float time_launch(module_entry *m, attn__paged_params *p, schedule *s, in
 static int decode_only;  /* --decode-bench: time the decode shapes only */
 static int prefill_only; /* --prefill-bench: the prefill shapes only */
 static int contiguous;  /* --contiguous: block_table rows in cache order (an upper bound of paging's cost) */
+static int bench_sinks; /* --sinks: the benches run with attention sinks (p.sinks, a logit per head) */
+static attn__CUdeviceptr bench_sinks_dev;
 
 /* Times one causal prefill of n tokens (32/8 heads, head 128, bf16, block 16) with module m
    at ptt query tokens per CTA; prints TFLOP/s. */
@@ -1007,7 +1024,7 @@ static void bench_prefill(module_entry *m, const char *label, int n, int ptt, at
     p.q = d_q; p.kv_cache = d_kv; p.out = d_out; p.block_table = d_bt; p.seq_lens = d_sl; p.query_start_loc = d_qsl;
     p.work = d_w; p.num_work = d_nw; p.merge = d_m; p.num_merge = d_nm; p.partial_o = d_po; p.partial_ml = d_pml;
     p.q_stride_token = (int64_t)H * D; p.q_stride_head = D; p.out_stride_token = (int64_t)H * D; p.out_stride_head = D;
-    p.block_table_stride = (int64_t)max_blocks; p.num_kv_heads = Hkv; p.scale = 0.088f;
+    p.block_table_stride = (int64_t)max_blocks; p.num_kv_heads = Hkv; p.scale = 0.088f; p.sinks = bench_sinks_dev;
     ms = time_launch(m, &p, &s, 10);
     printf("  %stokens %5d (%d per CTA, %d threads, %d B smem): ctas %5d  %9.1f us  %6.1f TFLOP/s\n", label, n, ptt,
            m->config.threads, m->config.shared_bytes, s.num_work, ms * 1e3, flops / (ms * 1e-3) / 1e12);
@@ -1033,8 +1050,13 @@ static void bench(const char *extra) {
     for (i = 0; i < total_blocks; i++) /* scattered pages (--contiguous: in order) */
         bt[i] = contiguous ? (int32_t)i : (int32_t)((i * 7919) % total_blocks);
     d_bt = dupload(bt, total_blocks * 4);
-    printf("decode: bf16, %d/%d heads, head %d, block %d%s%s (bytes = K+V read once)\n", H, Hkv, D, BS,
-           extra[0] ? ", " : "", extra);
+    if (bench_sinks) {
+        float sk[64];
+        for (i = 0; i < 64; i++) sk[i] = 0.5f + 0.01f * (float)i;
+        bench_sinks_dev = dupload(sk, sizeof sk);
+    }
+    printf("decode: bf16, %d/%d heads, head %d, block %d%s%s%s (bytes = K+V read once)\n", H, Hkv, D, BS,
+           extra[0] ? ", " : "", extra, bench_sinks ? ", attention sinks" : "");
     for (bi = 0; bi < (prefill_only ? 0 : 4); bi++)
         for (ci = 0; ci < 3; ci++) {
             int B = batches[bi], ctx = ctxs[ci], r, splits, per_sm = 1;
@@ -1064,7 +1086,7 @@ static void bench(const char *extra) {
             p.q = d_q; p.kv_cache = d_kv; p.out = d_out; p.block_table = d_bt; p.seq_lens = d_sl; p.query_start_loc = d_qsl;
             p.work = d_w; p.num_work = d_nw; p.merge = d_m; p.num_merge = d_nm; p.partial_o = d_po; p.partial_ml = d_pml;
             p.q_stride_token = (int64_t)H * D; p.q_stride_head = D; p.out_stride_token = (int64_t)H * D; p.out_stride_head = D;
-            p.block_table_stride = (int64_t)max_blocks; p.num_kv_heads = Hkv; p.scale = 0.088f;
+            p.block_table_stride = (int64_t)max_blocks; p.num_kv_heads = Hkv; p.scale = 0.088f; p.sinks = bench_sinks_dev;
             ms = time_launch(m, &p, &s, 20);
             printf("  batch %3d context %5d: splits %2d ctas %5d (%d per SM, %d threads, %d B shared)  %8.1f us  %6.2f TB/s\n",
                    B, ctx, splits, s.num_work, per_sm, m->config.threads, m->config.shared_bytes, ms * 1e3, bytes / (ms * 1e-3) / 1e12);
@@ -1567,6 +1589,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--decode-bench")) do_bench = only_bench = decode_only = 1;
         else if (!strcmp(argv[i], "--prefill-bench")) do_bench = only_bench = prefill_only = 1;
         else if (!strcmp(argv[i], "--contiguous")) contiguous = 1;
+        else if (!strcmp(argv[i], "--sinks")) bench_sinks = 1;
         else if (!strcmp(argv[i], "--defines") && i + 1 < argc) extra_defines = argv[++i];
         else if (!strcmp(argv[i], "--cases") && i + 1 < argc) cases = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--prefill-tt") && i + 1 < argc) prefill_tt = atoi(argv[++i]);
@@ -1587,7 +1610,7 @@ int main(int argc, char **argv) {
                         &mla_shape[4]) >= 4)
             mla_mode = 1;
         else {
-            fprintf(stderr, "usage: cuda_kernels [--cases N] [--seed S] [--bench | --bench-only | --decode-bench | --prefill-bench] [--contiguous] [--defines \"KV_STAGES=3 ...\"]\n"
+            fprintf(stderr, "usage: cuda_kernels [--cases N] [--seed S] [--bench | --bench-only | --decode-bench | --prefill-bench] [--contiguous] [--sinks] [--defines \"KV_STAGES=3 ...\"]\n"
                             "                    [--prefill-tt N] [--sm90-prefill] [--sm90-source FILE:ENTRY] [--mla] [--mla-sm90] [--mla-shape H,B,CTX,SPLITS[,V]]\n");
             return 2;
         }

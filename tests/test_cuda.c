@@ -102,6 +102,7 @@ typedef struct cu_case {
     /* 8-bit caches (kv_dt fp8 / int8): per-token-head scales, or per-tensor scales given to
        the CUDA layer as device pointers (the CPU layer takes the values) */
     int pth, scale_ptr;
+    int sinks; /* attention sinks: host floats for the CPU layer, the same in device memory for the CUDA one */
 } cu_case;
 
 /* What the selector picks for a CUDA layer: CUDA_SM90 (the wgmma prefill) on compute
@@ -175,14 +176,15 @@ static int cu_run_case(attn_context *ctx, const cu_case *c, int line) {
     size_t esz = attn_dtype_size(c->dt), ksz = attn_dtype_size(c->kv_dt);
     const int q8 = attn_test_is_8bit(c->kv_dt);
     const float scales[2] = {1.0f / 64.0f, 1.0f / 32.0f}; /* per-tensor k, v: values in +-1 use the fp8 range */
-    cu_buf q, k, v, kv, out, lse, dscale;
+    cu_buf q, k, v, kv, out, lse, dscale, dsinks;
+    float sinks[64];
     float *ref_out = NULL, *ref_lse = NULL, *got_lse = NULL;
     void *got_out = NULL, *cpu_out = NULL;
     int64_t cache_shape[ATTN_MAX_DIMS];
     int ndim = 0;
     memset(&q, 0, sizeof q); memset(&k, 0, sizeof k); memset(&v, 0, sizeof v);
     memset(&kv, 0, sizeof kv); memset(&out, 0, sizeof out); memset(&lse, 0, sizeof lse);
-    memset(&dscale, 0, sizeof dscale);
+    memset(&dscale, 0, sizeof dscale); memset(&dsinks, 0, sizeof dsinks);
     memset(&d, 0, sizeof d);
     d.num_heads = c->heads; d.num_kv_heads = c->kv_heads; d.head_size = c->head;
     d.dtype = c->dt; d.kv_cache_dtype = c->kv_dt; d.block_size = c->block;
@@ -191,6 +193,10 @@ static int cu_run_case(attn_context *ctx, const cu_case *c, int line) {
     d.logits_soft_cap = c->softcap;
     for (i = 0; i < c->heads && i < 64; i++) slopes[i] = -0.05f * (float)(i + 1) / (float)c->heads;
     if (c->alibi) d.alibi_slopes = slopes;
+    if (c->sinks) { /* around the logits, one head in 7 far above them */
+        for (i = 0; i < c->heads && i < 64; i++) sinks[i] = i % 7 == 3 ? 12.0f : 6.0f * cu_uniform() + 1.0f;
+        d.sinks = sinks;
+    }
     if (q8 && c->pth) d.kv_scale_kind = ATTN_KV_SCALE_PER_TOKEN_HEAD;
     else if (q8) { d.k_scale.value = scales[0]; d.v_scale.value = scales[1]; }
     qsl[0] = 0;
@@ -236,6 +242,12 @@ static int cu_run_case(attn_context *ctx, const cu_case *c, int line) {
         d.k_scale.ptr = (const float *)dscale.dev;
         d.v_scale.ptr = (const float *)dscale.dev + 1;
         d.k_scale.device = d.v_scale.device = ATTN_DEVICE_CUDA;
+    }
+    if (c->sinks) { /* the CUDA layer reads its sinks from device memory */
+        if (!cu_buf_make(ctx, &dsinks, (size_t)c->heads * 4)) { bad++; goto done; }
+        memcpy(dsinks.host, sinks, (size_t)c->heads * 4);
+        if (!cu_up(ctx, &dsinks)) { bad++; goto done; }
+        d.sinks = (const float *)dsinks.dev;
     }
     {
         attn_select_request req;
@@ -368,7 +380,7 @@ static int cu_run_case(attn_context *ctx, const cu_case *c, int line) {
 done:
     free(cpu_out); free(got_out); free(got_lse); free(ref_lse); free(ref_out);
     cu_buf_free(ctx, &q); cu_buf_free(ctx, &k); cu_buf_free(ctx, &v); cu_buf_free(ctx, &kv);
-    cu_buf_free(ctx, &out); cu_buf_free(ctx, &lse); cu_buf_free(ctx, &dscale);
+    cu_buf_free(ctx, &out); cu_buf_free(ctx, &lse); cu_buf_free(ctx, &dscale); cu_buf_free(ctx, &dsinks);
     attn_metadata_destroy(mc); attn_metadata_destroy(mg);
     attn_layer_destroy(cpu); attn_layer_destroy(gpu);
     free(bt); free(slots);
@@ -492,6 +504,7 @@ ATTN_TEST(cuda_forward_matches_cpu) {
         c.softcap = n % 6 == 3 ? 30.0f : 0.0f;
         c.alibi = n % 6 == 5;
         c.lse = n % 2 == 0;
+        c.sinks = n % 3 == 1;
         cu_random_reqs(&c, 70, 900);
         fails += cu_run_case(ctx, &c, __LINE__) > 0;
     }
@@ -511,6 +524,7 @@ ATTN_TEST(cuda_forward_matches_cpu) {
         c.causal = n % 5 != 4;
         c.window = n % 6 == 2 ? 150 : 0;
         c.lse = n % 2 == 0;
+        c.sinks = n % 4 == 1;
         c.nreq = 1 + (int)(cu_rand() % 4);
         for (r = 0; r < c.nreq; r++) {
             c.qlen[r] = r == 0 ? 1 : 1 + (int)(cu_rand() % 300);
@@ -526,6 +540,8 @@ ATTN_TEST(cuda_forward_matches_cpu) {
         c.heads = 32; c.kv_heads = 8; c.head = 128; c.dt = c.kv_dt = ATTN_DTYPE_BF16; c.block = 16;
         c.causal = 1; c.lse = 1; c.nreq = 1; c.qlen[0] = 1; c.ctxlen[0] = 8000;
         fails += cu_run_case(ctx, &c, __LINE__) > 0;
+        c.sinks = 1; /* the sink joins once, in the merge */
+        fails += cu_run_case(ctx, &c, __LINE__) > 0;
     }
     /* long decodes at the largest group that splits (16 query heads per KV head: a
        16-row tile, fused merge) and past it (32: a 32-row tile, which must not split) */
@@ -537,6 +553,7 @@ ATTN_TEST(cuda_forward_matches_cpu) {
         c.qlen[0] = 1; c.ctxlen[0] = 6000;
         c.qlen[1] = 1; c.ctxlen[1] = 1500;
         c.qlen[2] = 40; c.ctxlen[2] = 700;
+        c.sinks = n == 0;
         fails += cu_run_case(ctx, &c, __LINE__) > 0;
     }
     /* a batch of more (request, KV head) tiles than the device has SMs: decode tiles take
@@ -596,6 +613,7 @@ ATTN_TEST(cuda_forward_8bit_matches_cpu) {
         c.softcap = n % 9 == 5 ? 30.0f : 0.0f;
         c.alibi = n % 9 == 7;
         c.lse = n % 2 == 0;
+        c.sinks = n % 5 == 1 || n % 5 == 4;
         cu_random_reqs(&c, 90, 1200);
         if (n % 5 == 4) { c.nreq = 1; c.qlen[0] = 1; c.ctxlen[0] = 5000 + (int)(cu_rand() % 3000); } /* splits */
         fails += cu_run_case(ctx, &c, __LINE__) > 0;
@@ -1333,9 +1351,10 @@ done:
     if (cg.lib) dlclose(cg.lib);
 }
 
-/* An fp8 layer whose scales are device floats (vLLM's k_scale / v_scale tensors): a forward
-   captured once in a CUDA graph and replayed after the scales change reads the new values
-   (against a CPU layer reading host floats changed alike). */
+/* An fp8 layer whose scales and attention sinks are device floats (vLLM's k_scale / v_scale
+   tensors, gpt-oss's sinks): a forward captured once in a CUDA graph and replayed after the
+   scales and sinks change reads the new values (against a CPU layer reading host floats
+   changed alike). */
 ATTN_TEST(cuda_fp8_graph_replays_new_scales) {
     enum { H = 8, HKV = 2, D = 128, BS = 16, R = 3, MAXB = 16, NB = R * MAXB };
     attn_test_log log;
@@ -1350,7 +1369,7 @@ ATTN_TEST(cuda_fp8_graph_replays_new_scales) {
     int64_t shape[ATTN_MAX_DIMS];
     int ndim = 0, round, bad = 0, i;
     int32_t bt[R * MAXB], qsl[R + 1] = {0, 1, 2, 3}, seq[R] = {100, 250, 17};
-    float hs[2] = {1.0f / 64, 1.0f / 32};
+    float hs[2 + H] = {1.0f / 64, 1.0f / 32}; /* k_scale, v_scale, then the H sinks */
     static const float rounds[3][2] = {{1.0f / 64, 1.0f / 32}, {1.0f / 16, 1.0f / 128}, {0.5f, 0.75f}};
     static uint16_t cpu_out[R * H * D], gpu_out[R * H * D];
     memset(&q, 0, sizeof q); memset(&kv, 0, sizeof kv); memset(&out, 0, sizeof out); memset(&sc, 0, sizeof sc);
@@ -1364,10 +1383,12 @@ ATTN_TEST(cuda_fp8_graph_replays_new_scales) {
     d.num_heads = H; d.num_kv_heads = HKV; d.head_size = D; d.dtype = ATTN_DTYPE_BF16; d.block_size = BS;
     d.kv_cache_dtype = ATTN_DTYPE_FP8_E4M3;
     d.k_scale.ptr = &hs[0]; d.v_scale.ptr = &hs[1]; /* the CPU layer: host floats */
+    d.sinks = hs + 2;
     EXPECT_OK(attn_layer_create(ctx, &d, NULL, &cpu));
     d.device = ATTN_DEVICE_CUDA; /* the CUDA layer: device floats */
     d.k_scale.ptr = (const float *)sc.dev; d.v_scale.ptr = (const float *)sc.dev + 1;
     d.k_scale.device = d.v_scale.device = ATTN_DEVICE_CUDA;
+    d.sinks = (const float *)sc.dev + 2;
     EXPECT_OK(attn_layer_create(ctx, &d, NULL, &gpu));
     memset(&md, 0, sizeof md);
     md.max_num_reqs = R; md.max_num_tokens = R; md.max_blocks_per_req = MAXB; md.num_blocks = NB;
@@ -1399,6 +1420,7 @@ ATTN_TEST(cuda_fp8_graph_replays_new_scales) {
         attn_tensor gc = attn_tensor_make(kv.dev, ATTN_DTYPE_FP8_E4M3, ndim, shape);
         gc.device.kind = ATTN_DEVICE_CUDA;
         hs[0] = rounds[round][0]; hs[1] = rounds[round][1];
+        for (i = 0; i < H; i++) hs[2 + i] = (float)(round * 3 - i) * 0.75f; /* new sinks each round */
         memcpy(sc.host, hs, sizeof hs);
         if (!cu_up(ctx, &sc)) { bad++; break; }
         if (round == 0 && !cu_capture_forward(&cg, gpu, mg, &gq, &gc, &go, &graph, &exec)) { /* capture once */

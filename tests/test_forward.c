@@ -295,6 +295,7 @@ typedef struct fcase {
     float k_scale, v_scale;    /* fp8 caches: the per-tensor scales */
     int scale_ptr;             /* fp8: the scales through desc.k_scale.ptr / v_scale.ptr */
     int per_token_head;        /* int8 / fp8_e4m3 with a scale per (token, KV head) row */
+    int sinks;                 /* attention sinks: a random logit per query head (desc.sinks) */
 } fcase;
 
 typedef struct fresult {
@@ -322,9 +323,10 @@ static void tol_for(attn_dtype dt, double *abs_tol, double *rel_tol) {
 
 /* The float64 attention of one query row qd (D values) for KV head kh over keys and values
    laid out [slen][num_kv_heads][D]: logit[j] (-inf where key j is not visible), acc = the
-   normalised output; returns the LSE. slope: the head's ALiBi slope (0: none). */
+   normalised output; returns the LSE. slope: the head's ALiBi slope (0: none); sink: the
+   head's attention sink, a logit with no value in the denominator and the LSE (NaN: none). */
 static double ref_attend(const fcase *c, const double *qd, const float *keys, const float *values, int kh, int slen,
-                         int pos, double scale, double slope, double *logit, double *acc) {
+                         int pos, double scale, double slope, double sink, double *logit, double *acc) {
     const int HK = c->num_kv_heads, D = c->head_size;
     double mx = -INFINITY, sum = 0;
     int j, x;
@@ -348,6 +350,12 @@ static double ref_attend(const fcase *c, const double *qd, const float *keys, co
         sum += p;
         for (x = 0; x < D; x++) acc[x] += p * (double)v[x];
     }
+    if (sink == sink) { /* sum e^(s - m) + e^(sink - m) over the new maximum m */
+        double m2 = mx > sink ? mx : sink, w = sum > 0 ? exp(mx - m2) : 0.0;
+        sum = sum * w + exp(sink - m2);
+        for (x = 0; x < D; x++) acc[x] *= w;
+        mx = m2;
+    }
     for (x = 0; x < D; x++) acc[x] /= sum;
     return mx + log(sum);
 }
@@ -369,7 +377,7 @@ static fresult run_case(const fcase *c, rng *r, int keep_out) {
     float *K[MAX_REQS], *V[MAX_REQS]; /* per request [slen][HK][D], the values the cache holds */
     float *KU[MAX_REQS], *VU[MAX_REQS]; /* fp8: the values before quantization (layer dtype) */
     float ks_now = c->k_scale, vs_now = c->v_scale; /* what desc.k_scale.ptr / v_scale.ptr point to */
-    float *slopes = NULL;
+    float *slopes = NULL, *sinks = NULL;
     void *q, *kn, *vn, *kc, *vc, *out, *cache;
     float *lse;
     size_t esz = attn_dtype_size(c->dtype), ksz = attn_dtype_size(c->kv_dtype);
@@ -398,10 +406,15 @@ static fresult run_case(const fcase *c, rng *r, int keep_out) {
         for (h = 0; h < H; h++) slopes[h] = rng_uniform(r, 0.01f, 0.3f);
         d.alibi_slopes = slopes;
     }
+    if (c->sinks) { /* around the logits' range, and now and then far above it (rows then ~0) */
+        sinks = (float *)malloc((size_t)H * sizeof(float));
+        for (h = 0; h < H; h++) sinks[h] = rng_int(r, 0, 7) ? rng_uniform(r, -4.0f, 4.0f) : rng_uniform(r, 8.0f, 30.0f);
+        d.sinks = sinks;
+    }
     scale = c->scale > 0 ? c->scale : 1.0 / sqrt((double)D);
     st = attn_layer_create(ctx, &d, NULL, &layer);
     EXPECT_OK(st);
-    if (st != ATTN_OK) { res.failures = 1; attn_context_destroy(ctx); free(slopes); return res; }
+    if (st != ATTN_OK) { res.failures = 1; attn_context_destroy(ctx); free(slopes); free(sinks); return res; }
 
     qsl[0] = 0;
     for (i = 0; i < c->num_reqs; i++) {
@@ -553,7 +566,8 @@ static fresult run_case(const fcase *c, rng *r, int keep_out) {
                     int kh = h / G;
                     double lse_ref;
                     for (x = 0; x < D; x++) qd[x] = get(q, c->dtype, ((size_t)row * (size_t)H + (size_t)h) * (size_t)D + (size_t)x);
-                    lse_ref = ref_attend(c, qd, K[rq], V[rq], kh, c->slen[rq], pos, scale, slopes ? slopes[h] : 0.0, logit, acc);
+                    lse_ref = ref_attend(c, qd, K[rq], V[rq], kh, c->slen[rq], pos, scale, slopes ? slopes[h] : 0.0,
+                                         sinks ? sinks[h] : NAN, logit, acc);
                     if (attn_test_is_8bit(c->kv_dtype)) { /* against the unquantized keys and values: the bound */
                         double ds = 0, dv = 0, vmax = 0;
                         for (j = 0; j < c->slen[rq]; j++) {
@@ -570,7 +584,8 @@ static fresult run_case(const fcase *c, rng *r, int keep_out) {
                             }
                             if (sd * scale > ds) ds = sd * scale;
                         }
-                        ref_attend(c, qd, KU[rq], VU[rq], kh, c->slen[rq], pos, scale, slopes ? slopes[h] : 0.0, logit, accu);
+                        ref_attend(c, qd, KU[rq], VU[rq], kh, c->slen[rq], pos, scale, slopes ? slopes[h] : 0.0,
+                                   sinks ? sinks[h] : NAN, logit, accu);
                         /* |out - out_u| <= max|dv| + (e^(2 max|ds|) - 1) max|v_u| (softmax weights
                            move by at most that factor when every logit moves by at most ds) */
                         {
@@ -627,7 +642,7 @@ static fresult run_case(const fcase *c, rng *r, int keep_out) {
 
     for (i = 0; i < c->num_reqs; i++) { free(K[i]); free(V[i]); free(KU[i]); free(VU[i]); }
     free(bt); free(perm); free(cache); free(kc); free(vc); free(ctx_slots);
-    free(q); free(out); free(kn); free(vn); free(lse); free(slots); free(slopes);
+    free(q); free(out); free(kn); free(vn); free(lse); free(slots); free(slopes); free(sinks);
     attn_metadata_destroy(meta);
     attn_layer_destroy(layer);
     attn_context_destroy(ctx);
@@ -637,10 +652,10 @@ static fresult run_case(const fcase *c, rng *r, int keep_out) {
 static void describe(const fcase *c, char *buf, size_t size) {
     int i;
     size_t n;
-    snprintf(buf, size, "H=%d HK=%d D=%d bs=%d %s/%s causal=%d win=%d cap=%g alibi=%d thr=%d reqs:",
+    snprintf(buf, size, "H=%d HK=%d D=%d bs=%d %s/%s causal=%d win=%d cap=%g alibi=%d sinks=%d thr=%d reqs:",
              c->num_heads, c->num_kv_heads, c->head_size, c->block_size, attn_dtype_name(c->dtype),
              attn_dtype_name(c->kv_dtype), c->causal == ATTN_CAUSAL_YES, c->window, (double)c->soft_cap,
-             c->alibi, c->threads);
+             c->alibi, c->sinks, c->threads);
     for (i = 0; i < c->num_reqs; i++) {
         n = strlen(buf);
         snprintf(buf + n, size - n, " %d/%d", c->qlen[i], c->slen[i]);
@@ -694,6 +709,7 @@ static void random_case(rng *r, fcase *c, double budget) {
         c->qlen[0] = 1;
         if (c->slen[0] > 3000) c->slen[0] = 3000;
     }
+    c->sinks = rng_int(r, 0, 2) == 0; /* drawn last: the cases before sinks keep their shapes */
 }
 
 ATTN_TEST(test_forward_random_cases) {
@@ -1047,6 +1063,121 @@ ATTN_TEST(test_forward_split_kv_decode) {
     EXPECT_EQ_INT(res.failures, 0);
 }
 
+/* Attention sinks (desc.sinks) on gpt-oss's shapes: 64 query heads over 8 KV heads of 64,
+   bf16, layers alternating a 128-token window and full attention; then a long decode split
+   across threads (the sink counted once, after the merge) and an fp8 cache. Against float64
+   with the sink in the denominator and the LSE. */
+ATTN_TEST(test_forward_sinks) {
+    rng r = {0x51ab};
+    fcase c;
+    fresult res;
+    int w;
+    memset(&c, 0, sizeof c);
+    c.num_heads = 64; c.num_kv_heads = 8; c.head_size = 64; c.block_size = 16;
+    c.dtype = ATTN_DTYPE_BF16; c.kv_dtype = ATTN_DTYPE_BF16; c.causal = ATTN_CAUSAL_YES;
+    c.threads = 2; c.num_reqs = 4; c.write_in_forward = 1; c.sinks = 1;
+    c.qlen[0] = 1; c.slen[0] = 700;
+    c.qlen[1] = 1; c.slen[1] = 90;
+    c.qlen[2] = 150; c.slen[2] = 150;
+    c.qlen[3] = 40; c.slen[3] = 400;
+    for (w = 0; w < 2; w++) {
+        c.window = w ? 0 : 128;
+        res = run_case(&c, &r, 0);
+        EXPECT_EQ_INT(res.failures, 0);
+    }
+    memset(&c, 0, sizeof c);
+    c.num_heads = 8; c.num_kv_heads = 1; c.head_size = 128; c.block_size = 32;
+    c.dtype = ATTN_DTYPE_F32; c.kv_dtype = ATTN_DTYPE_F32; c.causal = ATTN_CAUSAL_YES;
+    c.threads = 3; c.num_reqs = 1; c.write_in_forward = 1; c.sinks = 1;
+    c.qlen[0] = 1; c.slen[0] = 5000;
+    res = run_case(&c, &r, 0);
+    EXPECT_EQ_INT(res.failures, 0);
+    c.dtype = ATTN_DTYPE_BF16; c.kv_dtype = ATTN_DTYPE_FP8_E4M3; c.k_scale = 0.01f; c.v_scale = 0.02f;
+    c.num_heads = 16; c.num_kv_heads = 4; c.num_reqs = 2; c.qlen[1] = 30; c.slen[1] = 300;
+    res = run_case(&c, &r, 0);
+    EXPECT_EQ_INT(res.failures, 0);
+}
+
+/* desc.sinks is read at every call: a layer with sinks against the same layer without, on
+   one cache and batch, row by row (lse_s = log(e^lse + e^sink), out_s = out e^(lse - lse_s));
+   new values written into the array take effect at the next call; a NaN is refused by name
+   at the call (nothing written) and at create. */
+ATTN_TEST(test_forward_sinks_read_every_call) {
+    enum { H = 4, HK = 2, D = 32, BS = 16, NB = 8 };
+    attn_context *ctx = attn_test_context(NULL, ATTN_LOG_LEVEL_NONE, 2);
+    attn_layer_desc d;
+    attn_layer *plain = NULL, *sunk = NULL, *bad = NULL;
+    attn_metadata *meta = NULL;
+    attn_metadata_desc md;
+    attn_batch b;
+    float sinks[H] = {0.5f, -1.0f, 2.0f, 9.0f};
+    static float cache[NB * 2 * BS * HK * D], q[6 * H * D], out0[6 * H * D], out1[6 * H * D], lse0[6 * H], lse1[6 * H];
+    int32_t qsl[3] = {0, 1, 6}, seq[2] = {40, 5}, bt[2 * 4] = {3, 0, 6, 1, 5, 2, 4, 7};
+    int64_t shape[ATTN_MAX_DIMS];
+    int ndim, i, x, round;
+    rng r = {77};
+    attn_tensor tq, to0, to1, tl0, tl1, tc;
+    REQUIRE(ctx != NULL);
+    memset(&d, 0, sizeof d);
+    d.num_heads = H; d.num_kv_heads = HK; d.head_size = D; d.dtype = ATTN_DTYPE_F32; d.block_size = BS;
+    EXPECT_OK(attn_layer_create(ctx, &d, NULL, &plain));
+    d.sinks = sinks;
+    EXPECT_OK(attn_layer_create(ctx, &d, NULL, &sunk));
+    REQUIRE(plain && sunk);
+    for (i = 0; i < NB * 2 * BS * HK * D; i++) cache[i] = rng_uniform(&r, -1.0f, 1.0f);
+    for (i = 0; i < 6 * H * D; i++) q[i] = rng_uniform(&r, -1.0f, 1.0f);
+    EXPECT_OK(attn_layer_kv_cache_shape(plain, NB, shape, &ndim));
+    tc = attn_tensor_make(cache, ATTN_DTYPE_F32, ndim, shape);
+    shape[0] = 6; shape[1] = H; shape[2] = D;
+    tq = attn_tensor_make(q, ATTN_DTYPE_F32, 3, shape);
+    to0 = attn_tensor_make(out0, ATTN_DTYPE_F32, 3, shape);
+    to1 = attn_tensor_make(out1, ATTN_DTYPE_F32, 3, shape);
+    tl0 = attn_tensor_make(lse0, ATTN_DTYPE_F32, 2, shape);
+    tl1 = attn_tensor_make(lse1, ATTN_DTYPE_F32, 2, shape);
+    memset(&md, 0, sizeof md);
+    md.max_num_reqs = 2; md.max_num_tokens = 6; md.max_blocks_per_req = 4; md.num_blocks = NB;
+    EXPECT_OK(attn_metadata_create(plain, &md, &meta));
+    memset(&b, 0, sizeof b);
+    b.query_start_loc = qsl; b.seq_lens = seq; b.block_table = bt; b.block_table_stride = 4;
+    b.num_reqs = 2; b.num_actual_tokens = 6; b.max_query_len = 5; b.max_seq_len = 40;
+    REQUIRE(meta != NULL);
+    EXPECT_OK(attn_metadata_build(meta, 0, &b, 0));
+    EXPECT_OK(attn_layer_forward(plain, meta, &tq, NULL, NULL, &tc, &to0, &tl0, NULL));
+    for (round = 0; round < 2; round++) {
+        if (round) for (i = 0; i < H; i++) sinks[i] = 3.0f - 1.5f * (float)i; /* new values, same array */
+        EXPECT_OK(attn_layer_forward(sunk, meta, &tq, NULL, NULL, &tc, &to1, &tl1, NULL));
+        for (i = 0; i < 6 * H; i++) {
+            const double s = sinks[i % H], l0 = lse0[i], ls = l0 > s ? l0 + log1p(exp(s - l0)) : s + log1p(exp(l0 - s));
+            if (!attn_test_near(lse1[i], ls, 1e-5, 1e-5))
+                attn_test_fail(__FILE__, __LINE__, "round %d row %d head %d: lse %.7g, expected %.7g", round, i / H,
+                               i % H, (double)lse1[i], ls);
+            for (x = 0; x < D; x++)
+                if (!attn_test_near(out1[i * D + x], out0[i * D + x] * exp(l0 - ls), 1e-5, 1e-4)) {
+                    attn_test_fail(__FILE__, __LINE__, "round %d row %d head %d [%d]: out %.7g, expected %.7g", round,
+                                   i / H, i % H, x, (double)out1[i * D + x], out0[i * D + x] * exp(l0 - ls));
+                    break;
+                }
+        }
+    }
+    /* a NaN now: refused at the call by name, nothing written */
+    sinks[2] = NAN;
+    for (i = 0; i < 6 * H * D; i++) out1[i] = -7.0f;
+    EXPECT_STATUS(attn_layer_forward(sunk, meta, &tq, NULL, NULL, &tc, &to1, &tl1, NULL), ATTN_ERROR_INVALID_VALUE);
+    EXPECT_TRUE(strstr(attn_context_last_error(ctx), "desc.sinks[2]") != NULL);
+    for (i = 0; i < 6 * H * D; i++)
+        if (out1[i] != -7.0f) { attn_test_fail(__FILE__, __LINE__, "out[%d] written by a refused call", i); break; }
+    /* and at create */
+    EXPECT_STATUS(attn_layer_create(ctx, &d, NULL, &bad), ATTN_ERROR_INVALID_VALUE);
+    EXPECT_TRUE(bad == NULL && strstr(attn_context_last_error(ctx), "desc.sinks[2] is nan") != NULL);
+    sinks[2] = INFINITY;
+    EXPECT_STATUS(attn_layer_create(ctx, &d, NULL, &bad), ATTN_ERROR_INVALID_VALUE);
+    EXPECT_TRUE(bad == NULL);
+    attn_metadata_destroy(meta);
+    attn_layer_destroy(plain);
+    attn_layer_destroy(sunk);
+    attn_context_destroy(ctx);
+}
+
 /* ATTN_BATCH_INVARIANT=1: a request's rows are bitwise identical alone and in a batch. */
 ATTN_TEST(test_forward_batch_invariant) {
     rng r1 = {5}, r2 = {5};
@@ -1111,6 +1242,8 @@ void suite_forward(void) {
     ATTN_RUN(test_forward_llama_shapes);
     ATTN_RUN(test_forward_all_head_sizes);
     ATTN_RUN(test_forward_split_kv_decode);
+    ATTN_RUN(test_forward_sinks);
+    ATTN_RUN(test_forward_sinks_read_every_call);
     ATTN_RUN(test_forward_many_kv_heads_decode);
     ATTN_RUN(test_forward_batch_invariant);
     ATTN_RUN(test_forward_window_edges);

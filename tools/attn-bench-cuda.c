@@ -637,6 +637,10 @@ enum { CB_H = 32, CB_HKV = 8, CB_D = 128, CB_BS = 16 };
    sum(ceil(seq / block_size)) ids of `ids`. workspace: attn_metadata_desc.workspace_bytes. */
 static int bench_forced_splits; /* attn_metadata_desc.num_kv_splits of bench_metas (0: automatic) */
 
+/* Requests (and tokens) a metadata is created for beyond the batch it builds: 0, the batch;
+   the capacity table sets it to an engine's max_num_reqs (one graph for any batch up to it). */
+static int bench_capacity_reqs;
+
 static attn_metadata **bench_metas(attn_context *ctx, attn_layer *layer, const int32_t *ids, int64_t pool_blocks,
                                    int block_size, int max_tokens, int nreq, const int32_t *qlens, const int32_t *seqs,
                                    int nsets, int64_t workspace) {
@@ -668,8 +672,8 @@ static attn_metadata **bench_metas(attn_context *ctx, attn_layer *layer, const i
             used += nb;
         }
         memset(&md, 0, sizeof md);
-        md.max_num_reqs = nreq;
-        md.max_num_tokens = qsl[nreq];
+        md.max_num_reqs = nreq > bench_capacity_reqs ? nreq : bench_capacity_reqs;
+        md.max_num_tokens = qsl[nreq] > bench_capacity_reqs ? qsl[nreq] : bench_capacity_reqs;
         md.max_blocks_per_req = bps;
         md.num_blocks = pool_blocks;
         md.workspace_bytes = workspace;
@@ -1330,7 +1334,8 @@ static void cuda_backend_table(attn_context *ctx, const attn_platform *plat, int
            "schedule)\n", CB_H, CB_HKV, CB_D, CB_BS);
     memset(bf16_us, 0, sizeof bf16_us);
     /* ATTN_BENCH_KV8_ONLY (tuning): the 8-bit table alone, no bf16 rows to compare with */
-    for (bi = 0; bi < (cuda_mla_only || getenv("ATTN_BENCH_KV8_ONLY") ? 0 : 4); bi++)
+    /* ATTN_BENCH_CAPACITY_ONLY (tuning): the capacity-256 decode table alone */
+    for (bi = 0; bi < (cuda_mla_only || getenv("ATTN_BENCH_KV8_ONLY") || getenv("ATTN_BENCH_CAPACITY_ONLY") ? 0 : 4); bi++)
         for (ci = 0; ci < 3; ci++) {
             const int B = batches[bi], C = contexts[ci];
             const size_t iter_bytes = (size_t)B * (size_t)C * CB_HKV * CB_D * 2 * 2;
@@ -1352,7 +1357,29 @@ static void cuda_backend_table(attn_context *ctx, const attn_platform *plat, int
             csv_row("attn.h", "decode_graph", B, C, run.graph * 1e6, (double)iter_bytes / run.graph / 1e9, "GB/s");
         }
 
-    if (!cuda_mla_only) cuda_decode_8bit(ctx, &cb, read_best, bf16_us);
+    /* An engine captures one graph per batch-size bucket with metadata created for its
+       max_num_reqs, and replays it for smaller batches: the same decodes with a capacity of
+       256 requests (and tokens), eager and replayed. */
+    if (!cuda_mla_only && !getenv("ATTN_BENCH_KV8_ONLY")) {
+        static const int cap_b[] = {1, 16, 64}, cap_c[] = {1024, 4096};
+        printf("decode, metadata capacity 256 requests (an engine's graph replayed for a smaller batch):\n");
+        bench_capacity_reqs = 256;
+        for (bi = 0; bi < 3; bi++)
+            for (ci = 0; ci < 2; ci++) {
+                const int B = cap_b[bi], C = cap_c[ci];
+                const size_t iter_bytes = (size_t)B * (size_t)C * CB_HKV * CB_D * 2 * 2;
+                const cuda_decode_run run = cuda_decode_time(&cb, B, C, iter_bytes, 1);
+                printf("  batch %3d context %5d: %9.1f us median  %7.0f GB/s; graph replay %9.1f us  %7.0f GB/s\n", B, C,
+                       run.med * 1e6, (double)iter_bytes / run.med / 1e9, run.graph * 1e6,
+                       (double)iter_bytes / run.graph / 1e9);
+                fflush(stdout);
+                csv_row("attn.h", "decode_cap256", B, C, run.med * 1e6, (double)iter_bytes / run.med / 1e9, "GB/s");
+                csv_row("attn.h", "decode_graph_cap256", B, C, run.graph * 1e6, (double)iter_bytes / run.graph / 1e9, "GB/s");
+            }
+        bench_capacity_reqs = 0;
+    }
+
+    if (!cuda_mla_only && !getenv("ATTN_BENCH_CAPACITY_ONLY")) cuda_decode_8bit(ctx, &cb, read_best, bf16_us);
 
     printf("prefill: causal, %d/%d heads, head %d, bf16; TFLOP/s over causal-useful pairs, "
            "4 * heads * head * L(L+1)/2 per sequence\n", CB_H, CB_HKV, CB_D);

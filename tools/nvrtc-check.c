@@ -96,40 +96,41 @@ typedef struct variant { const char *file, *defines; int min_arch; } variant;
                            " TILE_TOKENS=" #tt flags " KV_TILE=128 WARPS_N=8 KV_STAGES=3", 90}
 
 static variant manifest_builtin[] = {
-    /* decode (TILE_TOKENS = 16 / GROUP) and prefill (64 / GROUP) shapes; DT 0 f32, 1 f16, 2 bf16 */
-    PA(128, 16, 4, 2, 2, 4, ""),   /* the decode target: 32/8 heads, bf16, block 16 */
+    /* decode (TILE_TOKENS = 16 / GROUP, PERSISTENT 1 as the library compiles them) and prefill
+       (64 / GROUP) shapes; DT 0 f32, 1 f16, 2 bf16 */
+    PA(128, 16, 4, 2, 2, 4, " PERSISTENT=1"),   /* the decode target: 32/8 heads, bf16, block 16 */
     PA(128, 16, 4, 2, 2, 16, ""),  /* the prefill target */
-    PA(128, 32, 4, 1, 1, 4, ""),
+    PA(128, 32, 4, 1, 1, 4, " PERSISTENT=1"),
     PA(128, 32, 4, 1, 1, 16, ""),
-    PA(128, 16, 8, 2, 2, 2, ""),
+    PA(128, 16, 8, 2, 2, 2, " PERSISTENT=1"),
     PA(128, 16, 8, 1, 1, 8, ""),
-    PA(128, 16, 1, 2, 2, 16, ""),
+    PA(128, 16, 1, 2, 2, 16, " PERSISTENT=1"),
     PA(128, 16, 1, 1, 1, 64, ""),
-    PA(64, 16, 1, 1, 1, 16, ""),
+    PA(64, 16, 1, 1, 1, 16, " PERSISTENT=1"),
     PA(64, 16, 4, 2, 2, 16, ""),
-    PA(80, 16, 4, 1, 1, 4, ""),
+    PA(80, 16, 4, 1, 1, 4, " PERSISTENT=1"),
     PA(80, 16, 4, 2, 2, 16, ""),
-    PA(96, 32, 8, 2, 2, 2, ""),
+    PA(96, 32, 8, 2, 2, 2, " PERSISTENT=1"),
     PA(96, 16, 8, 1, 1, 8, ""),
     PA(120, 16, 4, 2, 2, 16, ""),  /* HEAD_DIM % 16 == 8: zero columns */
-    PA(256, 16, 4, 2, 2, 4, ""),
+    PA(256, 16, 4, 2, 2, 4, " PERSISTENT=1"),
     PA(256, 16, 4, 2, 2, 16, ""),
     PA(256, 32, 8, 1, 1, 8, ""),
-    PA(128, 16, 3, 2, 2, 5, ""),   /* a group that is no power of two */
-    PA(128, 16, 16, 2, 2, 1, ""),
+    PA(128, 16, 3, 2, 2, 5, " PERSISTENT=1"),   /* a group that is no power of two */
+    PA(128, 16, 16, 2, 2, 1, " PERSISTENT=1"),
     /* the FMA variants: f32, and q/cache types that differ */
-    PA(128, 16, 4, 0, 0, 4, ""),
+    PA(128, 16, 4, 0, 0, 4, " PERSISTENT=1"),
     PA(128, 16, 4, 0, 0, 16, ""),
     PA(64, 32, 1, 0, 0, 64, ""),
-    PA(256, 16, 4, 0, 0, 4, ""),
+    PA(256, 16, 4, 0, 0, 4, " PERSISTENT=1"),
     PA(256, 16, 4, 0, 0, 16, ""),
     PA(128, 16, 4, 1, 0, 16, ""),
-    PA(128, 16, 4, 2, 1, 4, ""),
+    PA(128, 16, 4, 2, 1, 4, " PERSISTENT=1"),
     /* each feature flag once, then all together (causality is per work item, not a define) */
     PA(128, 16, 4, 2, 2, 16, " WINDOW=1"),
     PA(128, 16, 4, 1, 1, 16, " SOFTCAP=1"),
     PA(128, 16, 4, 2, 2, 16, " ALIBI=1"),
-    PA(128, 16, 4, 2, 2, 4, " WINDOW=1 SOFTCAP=1 ALIBI=1"),
+    PA(128, 16, 4, 2, 2, 4, " WINDOW=1 SOFTCAP=1 ALIBI=1 PERSISTENT=1"),
     PA(256, 16, 4, 0, 0, 16, " WINDOW=1 SOFTCAP=1 ALIBI=1"),
     /* two row tiles per warp (WARP_ROWS 2): the 128-row prefill CTA (FlashAttention-2's 128 x 64),
        the 64-row one (two warps), the zero-column path, a group of 3 (126 rows), a window;
@@ -147,27 +148,27 @@ static variant manifest_builtin[] = {
     /* 8-bit caches (DT_KV 4 fp8 e4m3, 5 e5m2 per tensor; 6 int8 and 4 with KV_PTH=1 per token
        and head): the decode target (4 stages on sm_90) and prefill for each, q f16 / f32, head
        sizes 112 and 80 (the last 16 dims by x2 ldmatrix), 256, the flags, group 16, 3 CTAs */
-    PA(128, 16, 4, 2, 4, 4, ""),
+    PA(128, 16, 4, 2, 4, 4, " PERSISTENT=1"),
     PA(128, 16, 4, 2, 4, 16, ""),
-    PA(128, 16, 4, 2, 5, 4, ""),
+    PA(128, 16, 4, 2, 5, 4, " PERSISTENT=1"),
     PA(128, 16, 4, 1, 5, 16, ""),
-    PA(128, 16, 4, 2, 6, 4, " KV_PTH=1"),
+    PA(128, 16, 4, 2, 6, 4, " KV_PTH=1 PERSISTENT=1"),
     PA(128, 16, 4, 2, 6, 16, " KV_PTH=1"),
-    PA(128, 32, 4, 1, 4, 4, " KV_PTH=1"),
+    PA(128, 32, 4, 1, 4, 4, " KV_PTH=1 PERSISTENT=1"),
     PA(128, 16, 4, 0, 4, 16, " KV_PTH=1"),
-    PA(112, 16, 1, 0, 5, 16, ""),
+    PA(112, 16, 1, 0, 5, 16, " PERSISTENT=1"),
     PA(80, 16, 8, 1, 6, 8, " KV_PTH=1 SOFTCAP=1"),
     PA(128, 16, 4, 2, 6, 4, " KV_PTH=1 KV_TILE=64 KV_STAGES=3 MIN_CTAS=3"),
-    PA(256, 16, 8, 2, 6, 2, " KV_PTH=1"),
+    PA(256, 16, 8, 2, 6, 2, " KV_PTH=1 PERSISTENT=1"),
     PA(64, 16, 2, 2, 4, 32, " KV_PTH=1 WINDOW=1 SOFTCAP=1 ALIBI=1"),
-    PA(128, 16, 16, 2, 4, 1, ""),
+    PA(128, 16, 16, 2, 4, 1, " PERSISTENT=1"),
     /* wide decode tiles (sm_90 only): the decode target, group 1 and 16, block 32, the
        zero-column path, every flag */
-    PA_WIDE(128, 16, 4, 2, 2, 4, ""),
-    PA_WIDE(64, 16, 1, 1, 1, 16, ""),
-    PA_WIDE(128, 32, 16, 2, 2, 1, ""),
-    PA_WIDE(120, 16, 4, 2, 2, 4, ""),
-    PA_WIDE(96, 16, 8, 1, 1, 2, " WINDOW=1 SOFTCAP=1 ALIBI=1"),
+    PA_WIDE(128, 16, 4, 2, 2, 4, " PERSISTENT=1"),
+    PA_WIDE(64, 16, 1, 1, 1, 16, " PERSISTENT=1"),
+    PA_WIDE(128, 32, 16, 2, 2, 1, " PERSISTENT=1"),
+    PA_WIDE(120, 16, 4, 2, 2, 4, " PERSISTENT=1"),
+    PA_WIDE(96, 16, 8, 1, 1, 2, " WINDOW=1 SOFTCAP=1 ALIBI=1 PERSISTENT=1"),
     /* the CUDA_SM90 backend's wgmma prefill (sm_90a only; TILE_TOKENS = 128 / GROUP): the
        prefill target, head 64 with 3 stages, a window, a group of 3 (126 rows), group 16 */
     {"paged_prefill_sm90.cu", "HEAD_DIM=128 BLOCK_SIZE=16 GROUP=4 DT_Q=2 DT_KV=2 TILE_TOKENS=32", ARCH_90A},

@@ -99,8 +99,10 @@ def visible_keys(pos, seq_len, causal, window):
     return lo, hi
 
 
-def reference(q, keys, values, reqs, heads, kv_heads, scale, causal, window, soft_cap, slopes):
-    """q: [tokens, heads, D] float64; keys/values: per request [seq_len, kv_heads, D]."""
+def reference(q, keys, values, reqs, heads, kv_heads, scale, causal, window, soft_cap, slopes,
+              sinks=None):
+    """q: [tokens, heads, D] float64; keys/values: per request [seq_len, kv_heads, D];
+    sinks: None, or a logit per head in every row's denominator (and its LSE), with no value."""
     group = heads // kv_heads
     ntok = q.shape[0]
     out = np.zeros((ntok, heads, q.shape[2]))
@@ -118,10 +120,11 @@ def reference(q, keys, values, reqs, heads, kv_heads, scale, causal, window, sof
                     s = soft_cap * np.tanh(s / soft_cap)
                 if slopes is not None:
                     s = s + slopes[h] * (np.arange(lo, hi) - pos)
-                m = s.max()
+                m = s.max() if sinks is None else max(s.max(), float(sinks[h]))
                 p = np.exp(s - m)
-                out[row, h] = (p @ v) / p.sum()
-                lse[row, h] = m + math.log(p.sum())
+                total = p.sum() + (0.0 if sinks is None else math.exp(float(sinks[h]) - m))
+                out[row, h] = (p @ v) / total
+                lse[row, h] = m + math.log(total)
             row += 1
     return out, lse
 

@@ -178,6 +178,10 @@ STANDARD = [
          head_size=40, causal=False, alibi=True, scale=0.3, reqs=[(1, 40), (17, 17), (9, 30)]),
     dict(id="f16-q-f32-cache-gqa4/2", dtype="float16", kv_cache_dtype="float32", heads=4,
          kv_heads=2, head_size=64, reqs=[(1, 30), (11, 11), (4, 19)]),
+    dict(id="bf16-gqa8/2-d64-window16-sinks", dtype="bfloat16", heads=8, kv_heads=2, head_size=64,
+         window=16, sinks=True, reqs=[(1, 70), (24, 24), (6, 40)]),
+    dict(id="f32-gqa4/2-d32-sinks-kv-through-forward", dtype="float32", heads=4, kv_heads=2,
+         head_size=32, sinks=True, pass_kv=True, reqs=[(1, 33), (9, 9), (3, 20)]),
 ]
 
 
@@ -193,11 +197,14 @@ def run_standard(ctx, xp, cfg, seed):
     reqs, pass_kv, pad = cfg["reqs"], cfg.get("pass_kv", False), cfg.get("pad_rows", 0)
     slopes = (np.array([2.0 ** (-8.0 * (i + 1) / H) for i in range(H)], np.float32)
               if cfg.get("alibi") else None)
+    sinks = (np.asarray(rng.uniform(-3, 5, H), np.float32) if cfg.get("sinks") else None)
+    if sinks is not None and xp.kind != "numpy":
+        sinks = torch.from_numpy(sinks).to(xp.device)
     layer = attn_h.Layer(ctx, num_heads=H, num_kv_heads=HKV, head_size=D, block_size=bs,
                          dtype=dt, kv_cache_dtype=cfg.get("kv_cache_dtype"),
                          causal=cfg.get("causal", True), sliding_window=cfg.get("window", 0),
                          logits_soft_cap=cfg.get("soft_cap", 0.0), alibi_slopes=slopes,
-                         scale=cfg.get("scale"), device=xp.device)
+                         scale=cfg.get("scale"), device=xp.device, sinks=sinks)
     b = paged_batch(rng, reqs, bs)
     cache = xp.nan(layer.kv_cache_shape(b["num_blocks"]), kvdt)
 
@@ -231,6 +238,7 @@ def run_standard(ctx, xp, cfg, seed):
     xp.sync()
     return dict(layer=layer, meta=meta, cache=cache, q=xp.f64(q), out=xp.f64(out),
                 lse=xp.f64(lse), keys=keys, values=values, batch=b, ntok=ntok, slopes=slopes,
+                sinks=None if sinks is None else xp.f64(sinks),
                 scale=cfg.get("scale") or 1.0 / math.sqrt(D), cfg=cfg)
 
 
@@ -256,7 +264,7 @@ def test_forward_against_numpy_reference(ctx, xp, cfg):
     want_out, want_lse = ref.reference(run["q"][:ntok], run["keys"], run["values"], cfg["reqs"],
                                        H, cfg["kv_heads"], run["scale"], causal,
                                        cfg.get("window", 0), cfg.get("soft_cap", 0.0),
-                                       run["slopes"])
+                                       run["slopes"], run["sinks"])
     code = DTYPE_CODE[cfg["dtype"]]
     tol, ltol = ref.TOLERANCE[code], ref.LSE_TOLERANCE[code]
     assert_close(run["out"][:ntok], want_out, tol, tol, "out")
@@ -769,6 +777,17 @@ def test_bad_input_raises_attn_error_naming_the_argument():
            np.zeros((2, 4)), [1, 2, 3, 4, 5])
     raises("ATTN_ERROR_INVALID_VALUE", "dtype", attn_h.Layer, ctx, num_heads=4,
            head_size=32, dtype="float64")
+    raises("ATTN_ERROR_INVALID_VALUE", "sinks", attn_h.Layer, ctx, num_heads=4, head_size=32,
+           sinks=np.zeros(3, np.float32))
+    raises("ATTN_ERROR_INVALID_VALUE", "sinks", attn_h.Layer, ctx, num_heads=4, head_size=32,
+           sinks=np.zeros(4, np.float64))
+    raises("ATTN_ERROR_INVALID_VALUE", "desc.sinks[1] is nan", attn_h.Layer, ctx, num_heads=4,
+           head_size=32, sinks=np.array([0, np.nan, 0, 0], np.float32))
+    sinks = np.zeros(4, np.float32)                    # read at every call: a NaN written later
+    sunk = attn_h.Layer(ctx, num_heads=4, num_kv_heads=2, head_size=32, sinks=sinks)
+    sinks[3] = np.inf
+    raises("ATTN_ERROR_INVALID_VALUE", "desc.sinks[3] holds inf", sunk.forward, meta, q, cache, out)
+    assert np.isnan(out).all(), "a rejected call wrote its output"
     with pytest.raises(TypeError, match="q is a list"):
         layer.forward(meta, [[1.0]], cache, out)
     # each library rejection logged its item (ERROR)
