@@ -3514,9 +3514,17 @@ static const char *attn__graph_name(attn_cuda_graph_support g) {
 }
 
 ATTN_API size_t attn_selection_format(const attn_selection *s, char *buf, size_t size) {
-    char skipped[ATTN_SELECTION_MAX_SKIPPED * 330 + 1], cap[32], kv[64];
+    char skipped[ATTN_SELECTION_MAX_SKIPPED * 330 + 1], cap[32], kv[64], features[96];
+    const attn_backend *rb;
     int n, i;
     if (!s) return 0;
+    rb = s->resolved ? attn_backend_get(s->resolved) : NULL;
+    features[0] = 0; /* what the resolved backend's layers may ask for (attn_backend's supports_*) */
+    if (rb)
+        attn__fmt(features, sizeof features, "%s%s%s%s%s", rb->supports_non_causal ? " non-causal" : "",
+                  rb->supports_sliding_window ? " sliding-window" : "", rb->supports_logits_soft_cap ? " soft-cap" : "",
+                  rb->supports_alibi ? " alibi" : "", rb->supports_sinks ? " sinks" : "");
+    if (!features[0]) attn__strlcpy(features, rb ? " causal only" : " (none)", sizeof features);
     attn__strlcpy(kv, attn_dtype_name(s->kv_cache_dtype), sizeof kv);
     if (s->kv_cache_dtype == ATTN_DTYPE_FP8_E4M3 || s->kv_cache_dtype == ATTN_DTYPE_FP8_E5M2 ||
         s->kv_cache_dtype == ATTN_DTYPE_INT8)
@@ -3558,6 +3566,7 @@ ATTN_API size_t attn_selection_format(const attn_selection *s, char *buf, size_t
                  "  device: %s\n"
                  "  cuda_graph: %s\n"
                  "  lse: %s\n"
+                 "  features:%s\n"
                  "platform:\n"
                  "  kind: %s\n"
                  "log:\n"
@@ -3576,7 +3585,7 @@ ATTN_API size_t attn_selection_format(const attn_selection *s, char *buf, size_t
                  !s->resolved ? "(none)" : attn__graph_name(s->cuda_graph),
                  !s->resolved ? "(none)" : !s->can_return_lse ? "not returned"
                  : s->lse_base == ATTN_LSE_BASE_2 ? "base 2 (returned as base e)" : "base e",
-                 s->platform == ATTN_PLATFORM_CUDA ? "CUDA" : "CPU", s->log_line,
+                 features, s->platform == ATTN_PLATFORM_CUDA ? "CUDA" : "CPU", s->log_line,
                  s->kernel_defines[0] ? "kernel_defines: " : "", s->kernel_defines, s->kernel_defines[0] ? "  # env ATTN_KERNEL_DEFINES\n" : "");
     return n < 0 ? 0 : (size_t)n;
 }

@@ -476,9 +476,12 @@ ATTN_TEST(seam_record_shows_declared_capabilities) {
     EXPECT_TRUE(strstr(text, "cuda_graph: NEVER") != NULL);
     EXPECT_TRUE(strstr(text, "lse: base e") != NULL);
     EXPECT_TRUE(strstr(text, "device: cpu") != NULL);
+    EXPECT_TRUE(strstr(text, "features: non-causal sliding-window soft-cap alibi sinks\n") != NULL);
     d = sm_desc(1);
     EXPECT_OK(attn_select_backend(ctx, &d, NULL, &sel));
     EXPECT_EQ_INT(sel.cuda_graph, attn_backend_get(ATTN_BACKEND_CPU_MLA)->cuda_graph);
+    attn_selection_format(&sel, text, sizeof text);
+    EXPECT_TRUE(strstr(text, "features: causal only\n") != NULL); /* MLA: none of the options */
     attn_context_destroy(ctx);
 }
 

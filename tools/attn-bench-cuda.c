@@ -1165,6 +1165,10 @@ static double cuda_graph_time(cuda_bench *cb, attn_metadata **metas, int nsets, 
     free(c.exec);
     return med;
 }
+/* Speculative decoding's verification steps: query tokens per request of the decode tables
+   (1: plain decode; the spec-decode table sets 2-8, causal within the draft). */
+static int bench_decode_qlen = 1;
+
 static cuda_decode_run cuda_decode_time(cuda_bench *cb, int B, int C, size_t iter_bytes, int graph) {
     cuda_decode_run d;
     int32_t *ql = (int32_t *)bench_alloc((size_t)B * 4), *sl = (int32_t *)bench_alloc((size_t)B * 4);
@@ -1173,10 +1177,10 @@ static cuda_decode_run cuda_decode_time(cuda_bench *cb, int B, int C, size_t ite
     d.nsets = (int)((CUDA_ROTATE_BYTES + iter_bytes - 1) / iter_bytes);
     if (d.nsets < 2) d.nsets = 2;
     if (d.nsets > CUDA_MAX_SETS) d.nsets = CUDA_MAX_SETS;
-    for (r = 0; r < B; r++) { ql[r] = 1; sl[r] = C; }
+    for (r = 0; r < B; r++) { ql[r] = bench_decode_qlen; sl[r] = C; }
     metas = cuda_metas(cb, B, ql, sl, d.nsets);
-    d.med = cuda_time(cb, metas, d.nsets, B, d.nsets < 20 ? 20 : d.nsets);
-    d.graph = graph ? cuda_graph_time(cb, metas, d.nsets, B, d.nsets < 20 ? 20 : d.nsets) : 0;
+    d.med = cuda_time(cb, metas, d.nsets, B * bench_decode_qlen, d.nsets < 20 ? 20 : d.nsets);
+    d.graph = graph ? cuda_graph_time(cb, metas, d.nsets, B * bench_decode_qlen, d.nsets < 20 ? 20 : d.nsets) : 0;
     cuda_metas_free(metas, d.nsets);
     free(ql); free(sl);
     return d;
@@ -1377,6 +1381,26 @@ static void cuda_backend_table(attn_context *ctx, const attn_platform *plat, int
                 csv_row("attn.h", "decode_graph_cap256", B, C, run.graph * 1e6, (double)iter_bytes / run.graph / 1e9, "GB/s");
             }
         bench_capacity_reqs = 0;
+        /* speculative decoding: 2, 4, 8 query tokens per request (the K/V bytes are read once
+           per request when a request's rows fit one tile per KV head) */
+        printf("spec decode: %d/%d heads, head %d, bf16; query tokens per request 2 / 4 / 8 (causal within "
+               "the draft); GB/s = K+V bytes / time, as the decode table\n", CB_H, CB_HKV, CB_D);
+        for (bi = 0; bi < 2; bi++)
+            for (ci = 0; ci < 3; ci++) {
+                static const int sb[] = {16, 64}, sq[] = {2, 4, 8};
+                const int B = sb[bi], C = 4096;
+                const size_t iter_bytes = (size_t)B * (size_t)C * CB_HKV * CB_D * 2 * 2;
+                cuda_decode_run run;
+                bench_decode_qlen = sq[ci];
+                run = cuda_decode_time(&cb, B, C, iter_bytes, 1);
+                printf("  batch %3d context %5d, %d query tokens: %9.1f us median  %7.0f GB/s  %5.1f%% of read; graph "
+                       "replay %9.1f us\n", B, C, sq[ci], run.med * 1e6, (double)iter_bytes / run.med / 1e9,
+                       100.0 * (double)iter_bytes / run.med / 1e9 / read_best, run.graph * 1e6);
+                fflush(stdout);
+                csv_row("attn.h", sq[ci] == 2 ? "spec_decode_q2" : sq[ci] == 4 ? "spec_decode_q4" : "spec_decode_q8", B, C,
+                        run.med * 1e6, (double)iter_bytes / run.med / 1e9, "GB/s");
+            }
+        bench_decode_qlen = 1;
     }
 
     if (!cuda_mla_only && !getenv("ATTN_BENCH_CAPACITY_ONLY")) cuda_decode_8bit(ctx, &cb, read_best, bf16_us);

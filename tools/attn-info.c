@@ -40,6 +40,7 @@ static void usage(FILE *f) {
             "  --soft-cap X           logits soft cap, X > 0 (default 0 = off)\n"
             "  --non-causal           bidirectional attention (default causal)\n"
             "  --alibi                ALiBi slopes (the standard geometric sequence)\n"
+            "  --sinks                attention sinks (gpt-oss), a logit per query head\n"
             "  --mla                  multi-head latent attention: kv_lora_rank 512,\n"
             "                         qk_rope_head_dim 64, qk_nope_head_dim 128, v_head_dim 128\n"
             "  --device D             where the layer's tensors live: cpu | cuda (default cpu)\n"
@@ -118,9 +119,10 @@ int main(int argc, char **argv) {
     attn_context *ctx = NULL;
     attn_status st;
     const char *backend_name = NULL;
-    int kv_heads_given = 0, head_size_given = 0, alibi = 0, per_token_head = 0, i;
+    int kv_heads_given = 0, head_size_given = 0, alibi = 0, sinks = 0, per_token_head = 0, i;
     float k_scale = 0.0f, v_scale = 0.0f;
-    float *slopes = NULL;
+    float *slopes = NULL, *sink_values = NULL;
+    void *sinks_dev = NULL;
 
     memset(&desc, 0, sizeof desc);
     memset(&request, 0, sizeof request);
@@ -198,6 +200,9 @@ int main(int argc, char **argv) {
         } else if (strcmp(flag, "--alibi") == 0) {
             NO_VALUE();
             alibi = 1;
+        } else if (strcmp(flag, "--sinks") == 0) {
+            NO_VALUE();
+            sinks = 1;
         } else if (strcmp(flag, "--mla") == 0) {
             NO_VALUE();
             desc.use_mla = 1;
@@ -216,7 +221,7 @@ int main(int argc, char **argv) {
             bad_flag(flag, NULL, "unknown flag (allowed: --heads, --kv-heads, --head-size, "
                                  "--dtype, --kv-cache-dtype, --k-scale, --v-scale, --per-token-head, "
                                  "--block-size, --sliding-window, "
-                                 "--soft-cap, --non-causal, --alibi, --mla, --device, --backend, "
+                                 "--soft-cap, --non-causal, --alibi, --sinks, --mla, --device, --backend, "
                                  "--allow-fallback, --help)");
         }
 #undef NEEDS_VALUE
@@ -280,6 +285,18 @@ int main(int argc, char **argv) {
             slopes[i] = (float)pow(2.0, -8.0 * (i + 1) / desc.num_heads);
         desc.alibi_slopes = slopes;
     }
+    if (sinks) {
+        /* zeros where the layer's tensors live: device memory for --device cuda on a GPU
+           (the library checks where a pointer points when a driver can tell) */
+        sink_values = (float *)calloc((size_t)desc.num_heads, sizeof *sink_values);
+        if (!sink_values) { fprintf(stderr, "%s: out of memory\n", prog); return 1; }
+        desc.sinks = sink_values;
+        if (desc.device == ATTN_DEVICE_CUDA &&
+            attn_cuda_malloc(ctx, (size_t)desc.num_heads * sizeof(float), &sinks_dev) == ATTN_OK &&
+            attn_cuda_memcpy(ctx, sinks_dev, sink_values, (size_t)desc.num_heads * sizeof(float),
+                             ATTN_COPY_HOST_TO_DEVICE, NULL) == ATTN_OK)
+            desc.sinks = (const float *)sinks_dev;
+    }
 
     printf("attn.h %s\n", ATTN_VERSION_STRING);
     st = attn_platform_get(ctx, &platform);
@@ -292,6 +309,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "%s: invalid layer configuration: %s\n", prog,
                 attn_context_last_error(ctx));
         free(slopes);
+        free(sink_values);
+        attn_cuda_free(ctx, sinks_dev);
         attn_context_destroy(ctx);
         return 2;
     }
@@ -302,6 +321,8 @@ int main(int argc, char **argv) {
                 attn_context_last_error(ctx));
 
     free(slopes);
+    free(sink_values);
+    attn_cuda_free(ctx, sinks_dev);
     attn_context_destroy(ctx);
     return st == ATTN_OK ? 0 : 1;
 }
