@@ -1011,7 +1011,16 @@ ATTN_API const attn_metadata_desc *attn_metadata_capacity(const attn_metadata *m
 /* Validates every field (naming the first bad one), copies the batch, and runs the
    backend's builder. On a validation error the previous contents are kept; if the
    builder runs out of memory the metadata is left unbuilt. Reads ATTN_BATCH_INVARIANT
-   (CUDA, CUDA_SM90: attn_metadata_create does). */
+   (CUDA, CUDA_SM90: attn_metadata_create does).
+   common_prefix_len (cascade attention, vLLM's argument): 0, or the number of leading
+   tokens every request of the batch shares — whole blocks (a multiple of block_size), the
+   same block-table entries in every request, and no longer than any request's context
+   (seq_len - query_len), as vLLM computes it; anything else is a named error. A backend
+   may then attend the shared prefix once for all query rows and join it by LSE with each
+   request's own keys; the results are the same as with 0 (within rounding). CPU: for
+   batches of at most max_num_reqs x decode_threshold tokens (the rows the metadata keeps
+   for it) and layers without a sliding window; CUDA backends: not yet (they compute the
+   batch as with 0). */
 ATTN_API attn_status attn_metadata_build(attn_metadata *meta, int common_prefix_len,
                                          const attn_batch *batch, int fast_build);
 
@@ -4123,6 +4132,30 @@ static attn_status attn__batch_validate(attn_context *ctx, const attn_metadata *
     if (common_prefix_len < 0 || common_prefix_len > max_s)
         return attn__bad_batch(ctx, "%s: common_prefix_len is %d (allowed: 0..%d, max_seq_len)",
                                     fn, common_prefix_len, max_s);
+    if (common_prefix_len > 0) { /* whole blocks every request holds, before its queries */
+        const int bs = m->built_for.block_size, nb = common_prefix_len / bs;
+        int j;
+        if (common_prefix_len % bs)
+            return attn__bad_batch(ctx, "%s: common_prefix_len is %d (allowed: 0, or a multiple of "
+                                        "block_size %d: the shared prefix is whole blocks)", fn,
+                                        common_prefix_len, bs);
+        for (i = 0; i < b->num_reqs; i++) {
+            const int ql = b->query_start_loc[i + 1] - b->query_start_loc[i], cl = b->seq_lens[i] - ql;
+            if (common_prefix_len > cl)
+                return attn__bad_batch(ctx, "%s: common_prefix_len is %d but request %d has %d tokens of "
+                                            "context (seq_len %d - query_len %d; allowed: at most every "
+                                            "request's context, as vLLM computes it)", fn,
+                                            common_prefix_len, i, cl, b->seq_lens[i], ql);
+            for (j = 0; i > 0 && j < nb; j++)
+                if (b->block_table[(size_t)i * (size_t)b->block_table_stride + (size_t)j] != b->block_table[j])
+                    return attn__bad_batch(ctx, "%s: common_prefix_len is %d but request %d's block_table[%d] "
+                                                "is %d, request 0's %d (allowed: the first common_prefix_len / "
+                                                "block_size = %d blocks the same in every request)", fn,
+                                                common_prefix_len, i, j,
+                                                b->block_table[(size_t)i * (size_t)b->block_table_stride + (size_t)j],
+                                                b->block_table[j], nb);
+        }
+    }
     {
         attn_causal c = b->causal ? b->causal : m->built_for.causal;
         if (c == ATTN_CAUSAL_NO && !m->backend->supports_non_causal)
@@ -4355,6 +4388,7 @@ ATTN_API attn_status attn_concat_and_cache_mla(attn_layer *layer, const attn_ten
 #define ATTN__CPU_NT 64        /* keys per tile */
 #define ATTN__CPU_ROWS 64      /* target query rows (tokens x group heads) per task */
 #define ATTN__CPU_SPLIT_MIN 512 /* fewest keys worth a split of their own */
+#define ATTN__CPU_CASCADE_ROWS 256 /* query rows (tokens x group heads) of a shared-prefix task */
 #define ATTN__CPU_MAX_SPLITS 16
 
 /* ATTN_CPU_BF16_DOT (define it before the implementation; off by default): decode QK on
@@ -5124,6 +5158,15 @@ typedef struct attn__cpu_meta {
     void *workspace;              /* MLA: the fused call's latents and forward_mha's chunk */
     void *workspace_base;         /* its 64-byte aligned start, where the layout carves */
     size_t workspace_bytes;
+    /* Cascade attention (attn_metadata_build's common_prefix_len): the shared prefix's keys
+       are attended by every query row in prefix tasks (the prefix read once per KV head and
+       chunk of tokens, not once per request); the other tasks see only keys past it, and
+       each finished row joins its prefix row by LSE where it is stored. */
+    int cascade_len;              /* the current build's prefix in keys (0: none) */
+    int cascade_tokens;           /* batch tokens per prefix task */
+    int num_prefix_tasks;
+    int64_t prefix_capacity;      /* token x head rows prefix_partial holds (fixed at create) */
+    float *prefix_partial;        /* [token][head] rows of (dp + 2): the prefix pass's O, m, l */
 } attn__cpu_meta;
 
 static int attn__cpu_dp(int head_size) { return (head_size + 15) / 16 * 16; }
@@ -5194,13 +5237,28 @@ static attn_status attn__cpu_meta_reserve(attn_layer *layer, attn_metadata *meta
     cm->scratch_floats = scratch_floats;
     st = attn__scratch_reserve(layer->ctx, scratch_floats);
     if (st != ATTN_OK) {
-        attn__free(cm->tasks); attn__free(cm->merges); attn__free(cm->partial); attn__free(cm);
+        attn__free(cm->tasks); attn__free(cm->merges); attn__free(cm->partial); attn__free(cm->prefix_partial);
+        attn__free(cm);
         attn_metadata_private_set(meta, NULL);
     }
     return st;
 }
 
 static size_t attn__cpu_scratch_floats(const attn__cpu_meta *cm, int dpk, int dpv);
+static void attn__cpu_metadata_release(const attn_backend *self, attn_metadata *meta);
+
+/* Query rows of a prefix task: whole tokens (all of a KV head's group), about
+   ATTN__CPU_CASCADE_ROWS. */
+static int attn__cpu_prefix_tokens(const attn_layer_desc *d) {
+    return ATTN__MAX(1, ATTN__CPU_CASCADE_ROWS / (d->num_heads / d->num_kv_heads));
+}
+
+/* A prefix task's scratch: Q, O and S of its rows, one K/V tile in f32, m, l, alpha. */
+static size_t attn__cpu_prefix_scratch_floats(const attn_layer_desc *d) {
+    size_t rows = (size_t)attn__cpu_prefix_tokens(d) * (size_t)(d->num_heads / d->num_kv_heads);
+    size_t dp = (size_t)attn__cpu_dp(d->head_size);
+    return rows * (2 * dp + ATTN__CPU_NT + 3) + (size_t)ATTN__CPU_NT * 2 * dp + 64;
+}
 
 static attn_status attn__cpu_metadata_init(const attn_backend *self, attn_layer *layer, attn_metadata *meta) {
     const attn_layer_desc *d = &layer->desc;
@@ -5210,18 +5268,28 @@ static attn_status attn__cpu_metadata_init(const attn_backend *self, attn_layer 
     int want = 4 * layer->ctx->num_threads;
     int64_t base = (int64_t)d->num_kv_heads *
                    ((int64_t)cap->max_num_tokens / tt + 1 + cap->max_num_reqs);
-    int64_t rows = ATTN__MAX(tt * group, ATTN__CPU_ROWS);
+    int64_t rows = ATTN__MAX(tt * group, ATTN__CPU_ROWS), prefix_rows;
     attn__cpu_meta *cm = NULL;
     attn_status st;
-    (void)self;
     /* splits happen only while the batch has fewer than `want` base tasks, and at most
        ceil(want / base) per tile: fewer than 2 * want split tasks in all */
     st = attn__cpu_meta_attach(layer, meta, base + (int64_t)want * ATTN__CPU_MAX_SPLITS, want, rows,
                                ATTN__MAX(ATTN__CPU_NT, d->num_kv_heads * attn__cpu_tile_keys(d->num_kv_heads)),
                                2 * (int64_t)want * rows, attn__cpu_dp(d->head_size), &cm);
     if (st != ATTN_OK) return st;
+    /* cascade rows: batches of at most max_num_reqs x decode_threshold tokens (decodes and
+       speculative verification steps, where a shared prefix dominates the reads) */
+    prefix_rows = (int64_t)ATTN__MIN(cap->max_num_tokens, (int64_t)cap->max_num_reqs * cap->decode_threshold) * d->num_heads;
+    cm->prefix_capacity = prefix_rows;
+    cm->prefix_partial = (float *)attn__calloc((size_t)prefix_rows * (size_t)(attn__cpu_dp(d->head_size) + 2), sizeof(float));
+    if (prefix_rows && !cm->prefix_partial) {
+        attn__cpu_metadata_release(self, meta);
+        return attn__fail(layer->ctx, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
+                          "attn_metadata_create: cannot allocate the CPU cascade rows (%lld)", (long long)prefix_rows);
+    }
     return attn__cpu_meta_reserve(layer, meta, cm,
-                                  attn__cpu_scratch_floats(cm, attn__cpu_dp(d->head_size), attn__cpu_dp(d->head_size)));
+                                  ATTN__MAX(attn__cpu_scratch_floats(cm, attn__cpu_dp(d->head_size), attn__cpu_dp(d->head_size)),
+                                            attn__cpu_prefix_scratch_floats(d)));
 }
 
 static void attn__cpu_metadata_release(const attn_backend *self, attn_metadata *meta) {
@@ -5232,6 +5300,7 @@ static void attn__cpu_metadata_release(const attn_backend *self, attn_metadata *
     attn__free(cm->merges);
     attn__free(cm->partial);
     attn__free(cm->workspace);
+    attn__free(cm->prefix_partial);
     attn__free(cm);
     attn_metadata_private_set(meta, NULL);
 }
@@ -5313,10 +5382,19 @@ static attn_status attn__cpu_build(const attn_backend *self, attn_layer *layer, 
     int group = d->num_heads / d->num_kv_heads, tt = attn__cpu_tile_tokens(group);
     int causal = b->causal == ATTN_CAUSAL_YES;
     int want = 4 * layer->ctx->num_threads, base = 0, r, h, t0, nt = 0, nm = 0, prows = 0;
-    int split;
+    int split, P = 0;
     (void)self;
-    (void)common_prefix_len;
     (void)fast_build;
+    /* cascade (common_prefix_len: whole blocks before every request's queries, validated):
+       where every row sees the whole prefix (no sliding window) and the rows fit */
+    cm->cascade_len = cm->num_prefix_tasks = 0;
+    if (common_prefix_len > 0 && !d->sliding_window && b->num_reqs > 1 &&
+        (int64_t)b->num_actual_tokens * d->num_heads <= cm->prefix_capacity) {
+        const int ct = attn__cpu_prefix_tokens(d);
+        P = cm->cascade_len = common_prefix_len;
+        cm->cascade_tokens = ct;
+        cm->num_prefix_tasks = d->num_kv_heads * ((b->num_actual_tokens + ct - 1) / ct);
+    }
     for (r = 0; r < b->num_reqs; r++) {
         int ql = b->query_start_loc[r + 1] - b->query_start_loc[r];
         base += attn__cpu_all_heads(d, ql) ? (ql > 0) : d->num_kv_heads * ((ql + tt - 1) / tt);
@@ -5329,7 +5407,7 @@ static attn_status attn__cpu_build(const attn_backend *self, attn_layer *layer, 
             int t1 = ATTN__MIN(ql, t0 + step), lo0, hi0, lo1, hi1, lo, hi, ns = 1;
             attn__cpu_visible_keys(d, causal, sl - ql + t0, sl, &lo0, &hi0);
             attn__cpu_visible_keys(d, causal, sl - ql + t1 - 1, sl, &lo1, &hi1);
-            lo = ATTN__MIN(lo0, lo1);
+            lo = ATTN__MAX(ATTN__MIN(lo0, lo1), P); /* cascade: the prefix tasks saw [0, P) */
             hi = ATTN__MAX(hi0, hi1);
             if (split && t0 == 0 && t1 == ql && hi - lo >= 2 * ATTN__CPU_SPLIT_MIN) {
                 ns = (hi - lo) / ATTN__CPU_SPLIT_MIN;
@@ -5405,17 +5483,34 @@ static void attn__cpu_store_rows(const attn__cpu_run *a, int req, int head0, int
         return;
     }
     for (i = 0; i < rows; i++) {
-        float mi = m[i], li = l[i], w = 1.0f, inv; /* base 2: O = sum 2^(s - mi) v, li = sum 2^(s - mi) */
+        float mi = m[i], li = l[i], w = 1.0f, wp = 0.0f, inv; /* base 2: O = sum 2^(s - mi) v, li = sum 2^(s - mi) */
+        const float *op = NULL;
         attn__cpu_row_owner(d, head0, tok0, tok1, i, &tok, &head);
+        if (a->cm->cascade_len) { /* the row's part of the shared prefix (prefix tasks): by LSE */
+            const float *pr = a->cm->prefix_partial + ((size_t)(a->b->query_start_loc[req] + tok) * (size_t)d->num_heads +
+                                                       (size_t)head) * (size_t)(dp + 2);
+            const float mp = pr[dp], lp = pr[dp + 1], mx = mi > mp ? mi : mp;
+            if (lp > 0.0f) {
+                w = li > 0.0f ? exp2f(mi - mx) : 0.0f;
+                wp = exp2f(mp - mx);
+                li = li * w + lp * wp;
+                mi = mx;
+                op = pr;
+            }
+        }
         if (d->sinks) { /* the sink joins the denominator once, here (partials never see it) */
             const float sk = d->sinks[head] * ATTN__LOG2E, mx = mi > sk ? mi : sk;
-            w = li > 0.0f ? exp2f(mi - mx) : 0.0f;
-            li = li * w + exp2f(sk - mx);
+            const float f = li > 0.0f ? exp2f(mi - mx) : 0.0f;
+            w *= f;
+            wp *= f;
+            li = li * f + exp2f(sk - mx);
             mi = mx;
         }
-        inv = li > 0.0f ? w / li : 0.0f;
+        inv = li > 0.0f ? 1.0f / li : 0.0f;
         tok += qs;
-        for (x = 0; x < a->dv; x++) tmp[x] = O[(size_t)i * (size_t)dp + x] * inv;
+        for (x = 0; x < a->dv; x++) tmp[x] = O[(size_t)i * (size_t)dp + x] * (w * inv);
+        if (op)
+            for (x = 0; x < a->dv; x++) tmp[x] += op[x] * (wp * inv);
         attn__row_from_f32(tmp, a->out.dtype,
                            (char *)a->out.data + (size_t)(tok * a->out.strides[0] + head * a->out.strides[1]) * osz,
                            a->dv);
@@ -5641,10 +5736,86 @@ static void attn__cpu_merge_run(void *varg, int mi, int thread) {
     attn__cpu_store_rows(a, mg->req, mg->head0, mg->head1, mg->tok0, mg->tok1, -1, O, mrow, lrow, tmp);
 }
 
-/* Runs a schedule: stage 1 (tasks), then stage 2 (merges of split partials). */
+/* Cascade: one prefix task, the shared prefix's keys [0, cascade_len) of KV head kh for
+   batch tokens [c0, c1) (every row sees all of them: each query lies past the prefix and
+   the layer has no window). The keys are request 0's blocks, the same in every request
+   (validated). Rows are (token, group member); each is stored, unnormalised in value
+   units, with its base-2 (m, l) into prefix_partial[token][head] for attn__cpu_store_rows. */
+static void attn__cpu_prefix_run(void *varg, int pi, int thread) {
+    const attn__cpu_run *a = (const attn__cpu_run *)varg;
+    const attn__cpu_meta *cm = a->cm;
+    const attn_layer_desc *d = &a->d;
+    const attn_batch *b = a->b;
+    const int group = d->num_heads / d->num_kv_heads, kh = pi % d->num_kv_heads, dpk = a->dpk, dpv = a->dpv;
+    const int c0 = pi / d->num_kv_heads * cm->cascade_tokens, c1 = ATTN__MIN(b->num_actual_tokens, c0 + cm->cascade_tokens);
+    const int rows = (c1 - c0) * group, P = cm->cascade_len;
+    const float cap = d->logits_soft_cap;
+    const float qscale = (cap > 0.0f ? d->scale : d->scale * ATTN__LOG2E) * a->k_scale;
+    const size_t qsz = attn_dtype_size(a->q.dtype), csz = attn_dtype_size(a->kv_dtype);
+    const size_t vdelta = (a->v_offset - a->k_offset) * csz;
+    float *base = (float *)(void *)(((uintptr_t)a->ctx->scratch[thread] + 63) & ~(uintptr_t)63);
+    float *Q = base, *O = Q + (size_t)rows * (size_t)dpk, *S = O + (size_t)rows * (size_t)dpv;
+    float *K = S + (size_t)rows * ATTN__CPU_NT, *V = K + (size_t)ATTN__CPU_NT * (size_t)dpk;
+    float *m = V + (size_t)ATTN__CPU_NT * (size_t)dpv, *l = m + rows, *alpha = l + rows;
+    int i, j, j0, x, req = 0;
+    for (i = 0; i < rows; i++) {
+        const int tok = c0 + i / group, head = kh * group + i % group;
+        float *qr = Q + (size_t)i * (size_t)dpk;
+        attn__row_to_f32((const char *)a->q.data + (size_t)((tok - a->row0) * a->q.strides[0] + head * a->q.strides[1]) * qsz,
+                         a->q.dtype, qr, a->dk, dpk);
+        for (x = 0; x < a->dk; x++) qr[x] *= qscale;
+        memset(O + (size_t)i * (size_t)dpv, 0, (size_t)dpv * sizeof(float));
+        m[i] = -INFINITY;
+        l[i] = 0.0f;
+    }
+    for (j0 = 0; j0 < P; j0 += ATTN__CPU_NT) {
+        const int n = ATTN__MIN(ATTN__CPU_NT, P - j0);
+        for (j = 0; j < n; j++) { /* K and V rows of the tile in f32, per-token-head scales applied */
+            const char *kr = attn__cpu_krow(a, b->block_table, j0 + j, kh);
+            float *kd = K + (size_t)j * (size_t)dpk, *vd = V + (size_t)j * (size_t)dpv;
+            attn__row_to_f32(kr, a->kv_dtype, kd, a->dk, dpk);
+            attn__row_to_f32(kr + vdelta, a->kv_dtype, vd, a->dv, dpv);
+            if (a->row_scales) {
+                const float ks = attn__cpu_row_scale(a, b->block_table, j0 + j, kh, 0);
+                const float vs = attn__cpu_row_scale(a, b->block_table, j0 + j, kh, 1);
+                for (x = 0; x < a->dk; x++) kd[x] *= ks;
+                for (x = 0; x < a->dv; x++) vd[x] *= vs;
+            }
+        }
+        attn__cpu_qk(Q, rows, K, n, dpk, S, ATTN__CPU_NT);
+        req = 0; /* rows are in token order: a row's request only moves forward */
+        for (i = 0; i < rows; i++) {
+            float *sr = S + (size_t)i * ATTN__CPU_NT;
+            if (cap > 0.0f)
+                for (j = 0; j < n; j++) sr[j] = cap * tanhf(sr[j] / cap) * ATTN__LOG2E;
+            if (a->alibi) {
+                const int tok = c0 + i / group, head = kh * group + i % group;
+                float slope, pos;
+                while (b->query_start_loc[req + 1] <= tok) req++;
+                pos = (float)(b->seq_lens[req] - (b->query_start_loc[req + 1] - b->query_start_loc[req]) +
+                              (tok - b->query_start_loc[req]));
+                slope = a->alibi[head] * ATTN__LOG2E;
+                for (j = 0; j < n; j++) sr[j] += slope * ((float)(j0 + j) - pos);
+            }
+            alpha[i] = attn__cpu_softmax_row(sr, n, &m[i], &l[i]);
+        }
+        attn__cpu_pv(S, ATTN__CPU_NT, rows, V, dpv, n, dpv, O, alpha);
+    }
+    for (i = 0; i < rows; i++) {
+        const int tok = c0 + i / group, head = kh * group + i % group;
+        float *dst = cm->prefix_partial + ((size_t)tok * (size_t)d->num_heads + (size_t)head) * (size_t)(dpv + 2);
+        for (x = 0; x < dpv; x++) dst[x] = O[(size_t)i * (size_t)dpv + x] * a->v_scale; /* v = code * v_scale */
+        dst[dpv] = m[i];
+        dst[dpv + 1] = l[i];
+    }
+}
+
+/* Runs a schedule: the cascade's prefix tasks (when the build has a shared prefix), stage 1
+   (tasks), then stage 2 (merges of split partials). */
 static attn_status attn__cpu_execute(attn__cpu_run *a) {
     attn_status st = attn__scratch_reserve(a->ctx, a->cm->scratch_floats); /* reserved at create */
     if (st != ATTN_OK) return st;
+    if (a->cm->num_prefix_tasks) attn__pool_run(a->ctx->pool, attn__cpu_prefix_run, a, a->cm->num_prefix_tasks);
     attn__pool_run(a->ctx->pool, attn__cpu_task_run, a, a->cm->num_tasks);
     if (a->cm->num_merges) attn__pool_run(a->ctx->pool, attn__cpu_merge_run, a, a->cm->num_merges);
     return ATTN_OK;

@@ -296,6 +296,8 @@ typedef struct fcase {
     int scale_ptr;             /* fp8: the scales through desc.k_scale.ptr / v_scale.ptr */
     int per_token_head;        /* int8 / fp8_e4m3 with a scale per (token, KV head) row */
     int sinks;                 /* attention sinks: a random logit per query head (desc.sinks) */
+    int prefix;                /* cascade: every request's first `prefix` tokens are the same blocks
+                                  (a multiple of block_size), passed as common_prefix_len */
 } fcase;
 
 typedef struct fresult {
@@ -440,6 +442,7 @@ static fresult run_case(const fcase *c, rng *r, int keep_out) {
             int nb = (c->slen[i] + bs - 1) / bs, k;
             for (k = 0; k < nb; k++) bt[i * stride + k] = perm[next++];
             for (k = nb; k < stride; k++) bt[i * stride + k] = -5; /* never read */
+            for (k = 0; i > 0 && k < c->prefix / bs; k++) bt[i * stride + k] = bt[k]; /* the shared prefix */
         }
     }
     st = attn_layer_kv_cache_shape(layer, nblocks, shape, &ndim);
@@ -472,6 +475,10 @@ static fresult run_case(const fcase *c, rng *r, int keep_out) {
                 quantize_row(c->kv_dtype, K[i] + (size_t)x * (size_t)D, D);
                 quantize_row(c->kv_dtype, V[i] + (size_t)x * (size_t)D, D);
             }
+        if (i > 0 && c->prefix) { /* the shared prefix holds request 0's tokens */
+            size_t np = (size_t)c->prefix * (size_t)HK * (size_t)D * sizeof(float);
+            memcpy(K[i], K[0], np); memcpy(V[i], V[0], np); memcpy(KU[i], KU[0], np); memcpy(VU[i], VU[0], np);
+        }
     }
     /* context tokens go in through attn_reshape_and_cache */
     kc = malloc(((size_t)nctx + 1) * (size_t)HK * (size_t)D * esz);
@@ -535,6 +542,7 @@ static fresult run_case(const fcase *c, rng *r, int keep_out) {
     md.max_num_tokens = ntok + c->pad_tokens + 1;
     md.max_blocks_per_req = stride + 1;
     md.num_blocks = nblocks;
+    if (c->prefix) md.decode_threshold = 16; /* cascade rows for up to 16 tokens a request (the CPU sizes them so) */
     EXPECT_OK(attn_metadata_create(layer, &md, &meta));
     memset(&b, 0, sizeof b);
     b.query_start_loc = qsl;
@@ -546,7 +554,7 @@ static fresult run_case(const fcase *c, rng *r, int keep_out) {
     b.num_actual_tokens = ntok;
     b.max_query_len = maxq;
     b.max_seq_len = maxs;
-    if (meta) EXPECT_OK(attn_metadata_build(meta, 0, &b, 0));
+    if (meta) EXPECT_OK(attn_metadata_build(meta, c->prefix, &b, 0));
     if (meta)
         EXPECT_OK(attn_layer_forward(layer, meta, &tq, c->write_in_forward ? &tk : NULL,
                                      c->write_in_forward ? &tv : NULL, &tcache, &tout, &tlse, NULL));
@@ -1098,6 +1106,48 @@ ATTN_TEST(test_forward_sinks) {
     EXPECT_EQ_INT(res.failures, 0);
 }
 
+/* Cascade attention (common_prefix_len): requests sharing their first blocks, the prefix
+   attended by every query row in one pass and joined by LSE with each request's own keys.
+   Against float64 on decodes, speculative verification steps (3 and 8 tokens) and a chunk,
+   GQA and MQA, f32 and bf16, sinks, soft cap, ALiBi, non-causal, 8-bit caches (fp8 per
+   tensor, int8 per token and head), a long suffix split across threads, and a window (where
+   the CPU backend runs without the cascade: every row must still see exactly its keys). */
+ATTN_TEST(test_forward_cascade) {
+    rng r = {0xca5c};
+    fcase c;
+    fresult res;
+    int k, i;
+    for (k = 0; k < 9; k++) {
+        memset(&c, 0, sizeof c);
+        c.num_heads = k % 3 == 2 ? 8 : 16; c.num_kv_heads = k % 3 == 2 ? 1 : 4; c.head_size = k % 2 ? 64 : 128;
+        c.block_size = k == 4 ? 32 : 16;
+        c.dtype = c.kv_dtype = k % 2 ? ATTN_DTYPE_BF16 : ATTN_DTYPE_F32;
+        c.causal = k == 5 ? ATTN_CAUSAL_NO : ATTN_CAUSAL_YES;
+        c.threads = 1 + k % 3; c.write_in_forward = k % 2;
+        c.sinks = k % 3 == 1;
+        c.soft_cap = k == 3 ? 20.0f : 0.0f;
+        c.alibi = k == 3;
+        c.window = k == 8 ? 100 : 0;
+        if (k == 6) { c.dtype = ATTN_DTYPE_BF16; c.kv_dtype = ATTN_DTYPE_FP8_E4M3; c.k_scale = 0.01f; c.v_scale = 0.02f; }
+        if (k == 7) { c.dtype = ATTN_DTYPE_F16; c.kv_dtype = ATTN_DTYPE_INT8; c.per_token_head = 1; }
+        c.prefix = c.block_size * (k == 2 ? 40 : 12);
+        c.num_reqs = k == 2 ? 2 : 10;
+        for (i = 0; i < c.num_reqs; i++) {
+            const int own = rng_int(&r, 1, k == 2 ? 3000 : 300);
+            c.qlen[i] = i == 3 ? 3 : i == 5 ? 8 : i == 7 ? 40 : 1;
+            if (c.qlen[i] > own) c.qlen[i] = own;
+            c.slen[i] = c.prefix + own;
+        }
+        res = run_case(&c, &r, 0);
+        if (res.failures) {
+            char buf[512];
+            describe(&c, buf, sizeof buf);
+            attn_test_fail(__FILE__, __LINE__, "cascade case %d (prefix %d): %d elements off, max err %.3g: %s", k,
+                           c.prefix, res.failures, res.max_err, buf);
+        }
+    }
+}
+
 /* desc.sinks is read at every call: a layer with sinks against the same layer without, on
    one cache and batch, row by row (lse_s = log(e^lse + e^sink), out_s = out e^(lse - lse_s));
    new values written into the array take effect at the next call; a NaN is refused by name
@@ -1244,6 +1294,7 @@ void suite_forward(void) {
     ATTN_RUN(test_forward_split_kv_decode);
     ATTN_RUN(test_forward_sinks);
     ATTN_RUN(test_forward_sinks_read_every_call);
+    ATTN_RUN(test_forward_cascade);
     ATTN_RUN(test_forward_many_kv_heads_decode);
     ATTN_RUN(test_forward_batch_invariant);
     ATTN_RUN(test_forward_window_edges);

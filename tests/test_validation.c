@@ -866,12 +866,29 @@ ATTN_TEST(val_build_block_table_stride) {
     vf_teardown(&F);
 }
 
+/* common_prefix_len (cascade attention): whole blocks, before every request's queries, the
+   same blocks in every request; anything else is refused by name, the metadata kept. */
 ATTN_TEST(val_build_common_prefix_len) {
     vf_setup(&F, 1);
     if (!vf_ready(&F)) { vf_teardown(&F); return; }
     VF_BUILD_FAILS(-1, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
     VF_BUILD_FAILS(21, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA); /* > max_seq_len 20 */
-    EXPECT_OK(attn_metadata_build(F.meta, 5, &F.batch, 0));
+    VF_BUILD_FAILS(5, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);  /* not whole blocks */
+    EXPECT_TRUE(strstr(attn_context_last_error(F.ctx), "multiple of block_size 16") != NULL);
+    VF_BUILD_FAILS(16, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA); /* request 0: no context */
+    EXPECT_TRUE(strstr(attn_context_last_error(F.ctx), "request 0 has 0 tokens of context") != NULL);
+    /* two decodes of 20 and 18 tokens whose first block is the same: 16 shared tokens */
+    F.qsl[1] = 1; F.qsl[2] = 2;
+    F.seq_lens[0] = 20; F.seq_lens[1] = 18;
+    F.block_table[0 * VF_MAXBLK + 0] = 5; F.block_table[0 * VF_MAXBLK + 1] = 6;
+    F.block_table[1 * VF_MAXBLK + 0] = 5; F.block_table[1 * VF_MAXBLK + 1] = 7;
+    F.slots[0] = 6 * VF_BS + 3; F.slots[1] = 7 * VF_BS + 1;
+    F.batch.num_actual_tokens = 2; F.batch.max_query_len = 1; F.batch.max_seq_len = 20;
+    EXPECT_OK(attn_metadata_build(F.meta, 16, &F.batch, 0));
+    EXPECT_OK(attn_metadata_build(F.meta, 0, &F.batch, 0));
+    F.block_table[1 * VF_MAXBLK + 0] = 4; /* not shared after all */
+    VF_BUILD_FAILS(16, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_INVALID_METADATA);
+    EXPECT_TRUE(strstr(attn_context_last_error(F.ctx), "request 1's block_table[0] is 4, request 0's 5") != NULL);
     vf_teardown(&F);
 }
 

@@ -299,6 +299,98 @@ static void bench_decode(attn_context *ctx, bench_opts *o, int batch, attn_dtype
 }
 
 /* ---------------------------------------------------------------------------------------
+   Cascade: decodes sharing a prefix, with and without attn_metadata_build's
+   common_prefix_len (issue 23's shape: 64 decodes, a 16k-token shared prefix, 512 tokens
+   each of their own; --quick: 16 decodes, 4k). One cache, shuffled blocks; the two
+   forwards' outputs must agree (f16 rounding).
+   ------------------------------------------------------------------------------------- */
+
+static void bench_cascade(attn_context *ctx, const bench_opts *o) {
+    const int batch = o->quick ? 16 : 64, prefix = o->quick ? 4096 : 16384, own = 512;
+    const int pb = prefix / BENCH_BLOCK, ob = own / BENCH_BLOCK, bps = pb + ob;
+    const int64_t num_blocks = pb + (int64_t)batch * ob;
+    attn_layer_desc d;
+    attn_layer *layer = NULL;
+    attn_metadata *meta[2] = {NULL, NULL};
+    attn_tensor kv, q, out[2];
+    int64_t shape[ATTN_MAX_DIMS], qshape[3];
+    int ndim, i, k, reps;
+    size_t esz = 2, nq = (size_t)batch * BENCH_HEADS * BENCH_HEAD_SIZE;
+    int32_t *ids, *table, *qsl, *seq_lens;
+    void *kv_data, *q_data, *out_data[2];
+    double med[2], maxdiff = 0.0;
+    bench_row *row;
+
+    memset(&d, 0, sizeof d);
+    d.num_heads = BENCH_HEADS; d.num_kv_heads = BENCH_KV_HEADS; d.head_size = BENCH_HEAD_SIZE;
+    d.dtype = d.kv_cache_dtype = ATTN_DTYPE_F16; d.block_size = BENCH_BLOCK;
+    CHECK(ctx, attn_layer_create(ctx, &d, NULL, &layer));
+    CHECK(ctx, attn_layer_kv_cache_shape(layer, num_blocks, shape, &ndim));
+    kv = attn_tensor_make(NULL, ATTN_DTYPE_F16, ndim, shape);
+    kv.data = kv_data = bench_alloc(attn_tensor_nbytes(&kv));
+    fill_random(kv_data, ATTN_DTYPE_F16, attn_tensor_nbytes(&kv) / esz, 31);
+    qshape[0] = batch; qshape[1] = BENCH_HEADS; qshape[2] = BENCH_HEAD_SIZE;
+    q_data = bench_alloc(nq * esz);
+    fill_random(q_data, ATTN_DTYPE_F16, nq, 32);
+    q = attn_tensor_make(q_data, ATTN_DTYPE_F16, 3, qshape);
+    ids = (int32_t *)bench_alloc((size_t)num_blocks * sizeof(int32_t));
+    shuffle_ids(ids, (int)num_blocks, 33);
+    table = (int32_t *)bench_alloc((size_t)batch * (size_t)bps * sizeof(int32_t));
+    for (i = 0; i < batch; i++) /* the prefix's blocks in every row, then the request's own */
+        for (k = 0; k < bps; k++) table[(size_t)i * (size_t)bps + (size_t)k] = k < pb ? ids[k] : ids[pb + i * ob + (k - pb)];
+    qsl = (int32_t *)bench_alloc(((size_t)batch + 1) * sizeof(int32_t));
+    seq_lens = (int32_t *)bench_alloc((size_t)batch * sizeof(int32_t));
+    for (i = 0; i <= batch; i++) qsl[i] = i;
+    for (i = 0; i < batch; i++) seq_lens[i] = prefix + own;
+    for (k = 0; k < 2; k++) {
+        attn_metadata_desc md;
+        attn_batch b;
+        out_data[k] = bench_alloc(nq * esz);
+        out[k] = attn_tensor_make(out_data[k], ATTN_DTYPE_F16, 3, qshape);
+        memset(&md, 0, sizeof md);
+        md.max_num_reqs = batch; md.max_num_tokens = batch; md.max_blocks_per_req = bps; md.num_blocks = num_blocks;
+        CHECK(ctx, attn_metadata_create(layer, &md, &meta[k]));
+        memset(&b, 0, sizeof b);
+        b.query_start_loc = qsl; b.seq_lens = seq_lens; b.block_table = table; b.block_table_stride = bps;
+        b.num_reqs = batch; b.num_actual_tokens = batch; b.max_query_len = 1; b.max_seq_len = prefix + own;
+        CHECK(ctx, attn_metadata_build(meta[k], k ? prefix : 0, &b, 0));
+    }
+    for (k = 0; k < 2; k++) {
+        double t0 = now_s(), *t;
+        CHECK(ctx, attn_layer_forward(layer, meta[k], &q, NULL, NULL, &kv, &out[k], NULL, NULL));
+        reps = reps_for(o, now_s() - t0, 0);
+        t = (double *)bench_alloc((size_t)reps * sizeof(double));
+        for (i = 0; i < reps; i++) {
+            t0 = now_s();
+            CHECK(ctx, attn_layer_forward(layer, meta[k], &q, NULL, NULL, &kv, &out[k], NULL, NULL));
+            t[i] = now_s() - t0;
+        }
+        med[k] = median(t, reps);
+        free(t);
+    }
+    check_finite(out_data[1], ATTN_DTYPE_F16, nq, "cascade");
+    for (i = 0; i < (int)nq; i++) {
+        double a = attn_f16_to_f32(((const uint16_t *)out_data[0])[i]), c = attn_f16_to_f32(((const uint16_t *)out_data[1])[i]);
+        if (fabs(a - c) > maxdiff) maxdiff = fabs(a - c);
+    }
+    if (maxdiff > 2e-3) {
+        fprintf(stderr, "attn-bench: cascade and plain forwards differ by %.3g (allowed: f16 rounding, 2e-3)\n", maxdiff);
+        exit(1);
+    }
+    row = row_add();
+    snprintf(row->name, sizeof row->name, "cascade b=%d prefix=%d own=%d, KV f16", batch, prefix, own);
+    row->ms = med[1] * 1e3;
+    snprintf(row->metric, sizeof row->metric, "%.2fx the same batch without common_prefix_len", med[0] / med[1]);
+    row->other_cores = -1.0;
+    printf("%-40s %8.3f ms median with common_prefix_len %d, %8.3f ms without: %.2fx  (max |out diff| %.2g)\n",
+           row->name, med[1] * 1e3, prefix, med[0] * 1e3, med[0] / med[1], maxdiff);
+    fflush(stdout);
+    for (k = 0; k < 2; k++) { attn_metadata_destroy(meta[k]); free(out_data[k]); }
+    attn_layer_destroy(layer);
+    free(ids); free(table); free(qsl); free(seq_lens); free(kv_data); free(q_data);
+}
+
+/* ---------------------------------------------------------------------------------------
    Prefill: one causal sequence of L tokens, K/V already in the (shuffled) paged cache
    ------------------------------------------------------------------------------------- */
 
@@ -851,6 +943,7 @@ int main(int argc, char **argv) {
         bench_decode(ctx, &o, 8, ATTN_DTYPE_BF16, ATTN_DTYPE_FP8_E5M2, 0);
         bench_decode(ctx, &o, 8, ATTN_DTYPE_F16, ATTN_DTYPE_INT8, 1); /* per-token-head scales */
         bench_decode(ctx, &o, 8, ATTN_DTYPE_F16, ATTN_DTYPE_FP8_E4M3, 1);
+        bench_cascade(ctx, &o);
         printf("read ceiling during the decode cases: %.1f to %.1f GB/s (%d threads); rows use the "
                "best, %.1f GB/s\n", o.read_worst, o.read_best, cores, o.read_best);
         {

@@ -273,6 +273,56 @@ def test_forward_against_numpy_reference(ctx, xp, cfg):
         "padding rows past num_actual_tokens were written"
 
 
+def test_cascade_common_prefix_len_numpy():
+    """Decodes and a 4-token verification step sharing 3 blocks (48 tokens): the forward with
+    common_prefix_len=48 equals the one with 0, and both the float64 reference; a prefix the
+    requests do not share is refused by name."""
+    rng = np.random.default_rng(23)
+    H, HKV, D, bs, P = 8, 2, 32, 16, 48
+    reqs = [(1, 70), (1, 60), (4, 90), (1, 49)]
+    ctx = attn_h.Context(log_level="error")
+    layer = attn_h.Layer(ctx, num_heads=H, num_kv_heads=HKV, head_size=D, dtype="float32",
+                         sinks=np.asarray(rng.uniform(-1, 2, H), np.float32))
+    b = paged_batch(rng, reqs, bs)
+    table = b["table"].copy()
+    table[1:, :P // bs] = table[0, :P // bs]                       # the shared prefix blocks
+    slots = [table[r, np.arange(s) // bs].astype(np.int64) * bs + np.arange(s) % bs
+             for r, (_, s) in enumerate(reqs)]
+    cache = np.full(layer.kv_cache_shape(b["num_blocks"]), np.nan, np.float32)
+    k0 = rng.uniform(-1, 1, (max(s for _, s in reqs), HKV, D)).astype(np.float32)
+    v0 = rng.uniform(-1, 1, k0.shape).astype(np.float32)
+    keys, values = [], []
+    for r, (_, s) in enumerate(reqs):
+        k = rng.uniform(-1, 1, (s, HKV, D)).astype(np.float32)
+        v = rng.uniform(-1, 1, (s, HKV, D)).astype(np.float32)
+        k[:P], v[:P] = k0[:P], v0[:P]
+        layer.reshape_and_cache(k, v, cache, slots[r])
+        keys.append(k.astype(np.float64))
+        values.append(v.astype(np.float64))
+    ntok = int(b["qsl"][-1])
+    q = rng.uniform(-2, 2, (ntok, H, D)).astype(np.float32)
+    new_slots = np.concatenate([sl[s - qn:] for sl, (qn, s) in zip(slots, reqs)])
+    outs = []
+    for prefix in (0, P):
+        meta = attn_h.Metadata(layer, max_num_reqs=4, max_num_tokens=ntok, max_blocks_per_req=b["stride"],
+                               num_blocks=b["num_blocks"], decode_threshold=4)
+        meta.build(b["qsl"], b["seq_lens"], table, new_slots, common_prefix_len=prefix)
+        out, lse = np.full((ntok, H, D), np.nan, np.float32), np.full((ntok, H), np.nan, np.float32)
+        layer.forward(meta, q, cache, out, lse=lse)
+        outs.append((out.astype(np.float64), lse.astype(np.float64)))
+    want_out, want_lse = ref.reference(q.astype(np.float64), keys, values, reqs, H, HKV,
+                                       1.0 / math.sqrt(D), True, 0, 0.0, None,
+                                       layer._scales[-1].astype(np.float64))
+    for out, lse in outs:
+        assert_close(out, want_out, 1e-5, 1e-5, "out")
+        assert_close(lse, want_lse, 1e-5, 1e-5, "lse")
+    np.testing.assert_allclose(outs[0][0], outs[1][0], atol=2e-6, rtol=1e-5)
+    table[2, 1] += 1                                                # not shared any more
+    with pytest.raises(attn_h.AttnError, match=r"request 2's block_table\[1\]"):
+        meta.build(b["qsl"], b["seq_lens"], table, new_slots, common_prefix_len=P)
+    ctx.close()
+
+
 # ---- 8-bit KV caches ----------------------------------------------------------------------
 
 def cache_values_8bit(xp, cache, kvdt, per_token_head, slots, kv_heads, head_size, block_size,
