@@ -119,6 +119,11 @@ wgmma-check: $(B)/wgmma_check
 hopper-check: $(B)/hopper_check
 	./$(B)/hopper_check
 
+# pip install of the attn_h package into a fresh venv, checked as a user would use it
+# (tests/pip_check.sh; needs python3-venv and PyPI for pip's build requirements).
+pip-check:
+	bash tests/pip_check.sh
+
 # The pytest suite of python/attn_h.py: numpy always; CPU torch tensors where torch imports;
 # CUDA tensors where torch sees a GPU and attn.h's platform is CUDA (skipped otherwise).
 pytest: $(B)/libattn.so

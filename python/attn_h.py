@@ -39,8 +39,10 @@ numpy arrays work), int32/int64 where the API wants ints. Every failure of the l
 raises AttnError (a RuntimeError) with the status name and the context's last error,
 which names the argument; so does input this module can tell is wrong before the call.
 
-The library: env ATTN_LIB, else build/libattn.so of this repository, else libattn.so on
-the loader path. At import the ctypes mirrors below are compared with the library's own
+The library: env ATTN_LIB, else the libattn.so installed beside this module (``pip
+install .`` builds it), else build/libattn.so of this repository, else libattn.so on the
+loader path. ``attn_h.__version__`` is the header's ATTN_VERSION_STRING; ``python -m attn_h
+info`` prints the platform and the selection record of a layer, like attn-info. At import the ctypes mirrors below are compared with the library's own
 sizes and offsets (attn_py_layout in python/attn_shared.c); a difference raises
 ImportError naming the struct and field.
 
@@ -310,7 +312,26 @@ def _library_paths():
     here = os.path.dirname(os.path.abspath(__file__))
     if os.environ.get("ATTN_LIB"):
         return [os.environ["ATTN_LIB"]]
-    return [os.path.join(os.path.dirname(here), "build", "libattn.so"), "libattn.so"]
+    paths = [os.path.join(here, "libattn.so")] if os.path.exists(os.path.join(here, "libattn.so")) else []
+    return paths + [os.path.join(os.path.dirname(here), "build", "libattn.so"), "libattn.so"]
+
+
+def _header_version():
+    """ATTN_VERSION_STRING of the attn.h installed beside this module (pip install) or of
+    this repository's; "unknown" when neither is there."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for path in (os.path.join(here, "attn.h"), os.path.join(os.path.dirname(here), "attn.h")):
+        try:
+            with open(path, encoding="utf-8") as f:
+                for line in f:
+                    if line.startswith("#define ATTN_VERSION_STRING "):
+                        return line.split('"')[1]
+        except OSError:
+            continue
+    return "unknown"
+
+
+__version__ = _header_version()
 
 
 def load_library(path=None):
@@ -1042,6 +1063,17 @@ class Layer(_Owned):
         return self.selection["resolved"]
 
     @property
+    def features(self):
+        """What the resolved backend's layers may ask for, as the selection record's
+        `features:` line lists it: a tuple of 'non-causal', 'sliding-window', 'soft-cap',
+        'alibi', 'sinks' (empty: causal attention only)."""
+        for line in self.selection_text.splitlines():
+            if line.strip().startswith("features:"):
+                words = line.split(":", 1)[1].split()
+                return () if words == ["causal", "only"] else tuple(words)
+        return ()
+
+    @property
     def desc(self):
         d = _struct_dict(self._effective(), skip=("alibi_slopes", "sinks"))
         for key in ("dtype", "kv_cache_dtype"):
@@ -1299,3 +1331,43 @@ def mla_num_kv_splits(max_seq_len, parallelism, batch_invariant=False):
 
 
 library()   # load now: a missing library or a stale mirror fails at import
+
+
+def main(argv=None):
+    """python -m attn_h info [--heads N --kv-heads N --head-size N --dtype T --device D
+    --mla --sinks]: the platform and the selection record of one layer, as attn-info prints
+    them. Returns the exit status (0 resolved, 1 not, 2 bad arguments)."""
+    import argparse
+    import sys
+    parser = argparse.ArgumentParser(prog="python -m attn_h", description=main.__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="cmd")
+    info = sub.add_parser("info", help="the platform and the selection record of one layer")
+    info.add_argument("--heads", type=int, default=32)
+    info.add_argument("--kv-heads", type=int, default=None)
+    info.add_argument("--head-size", type=int, default=None)
+    info.add_argument("--dtype", default="float16")
+    info.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    info.add_argument("--mla", action="store_true", help="DeepSeek's MLA dims (latent 512 + 64)")
+    args = parser.parse_args(argv)
+    if args.cmd != "info":
+        parser.print_help()
+        return 2
+    print("attn_h %s (attn.h %s)" % (__version__, VERSION if _lib else "not loaded yet"))
+    with Context(log_level="none") as ctx:
+        print(ctx.platform_text)
+        mla = (dict(kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128)
+               if args.mla else None)
+        kv = args.kv_heads if args.kv_heads is not None else (None if args.mla else 8)
+        try:
+            layer = Layer(ctx, num_heads=args.heads, num_kv_heads=kv, head_size=args.head_size or
+                          (None if args.mla else 128), dtype=args.dtype, device=args.device, mla=mla)
+        except AttnError as e:
+            print("no backend: %s" % e, file=sys.stderr)
+            return 1
+        print(layer.selection_text)
+        layer.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -156,6 +156,17 @@ if ! command -v python3 >/dev/null 2>&1; then skip python-numpy "python3 not ins
 elif ! python3 -c 'import numpy' >/dev/null 2>&1; then skip python-numpy "numpy not installed"
 else run python-numpy python3 tests/python/check_numpy.py
 fi
+venv_probe() { local d; d=$(mktemp -d); python3 -m venv "$d/v" >/dev/null 2>&1; local rc=$?; rm -rf "$d"; return "$rc"; }
+# pip install of the attn_h package in a fresh venv: sdist, wheels, import from elsewhere,
+# the README's Python example, python -m attn_h info, uninstall (tests/pip_check.sh).
+if ! command -v python3 >/dev/null 2>&1; then skip pip-install "python3 not installed"
+elif ! python3 -c 'import numpy' >/dev/null 2>&1; then skip pip-install "numpy not installed"
+elif ! venv_probe; then skip pip-install "python3 -m venv cannot make a venv with pip (python3-venv not installed)"
+else
+    check pip-install bash tests/pip_check.sh
+    grep -E '^(sdist|import ok|pip install)' "$logs/pip-install.log" | sed 's/^/    /'
+fi
+
 # The pytest suite of python/attn_h.py, one check (its torch and CUDA parts skip themselves).
 if ! command -v python3 >/dev/null 2>&1; then skip python-pytest "python3 not installed"
 elif ! python3 -c 'import numpy' >/dev/null 2>&1; then skip python-pytest "numpy not installed"
