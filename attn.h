@@ -54,6 +54,13 @@
        ATTN_CACHE_DIR          where compiled kernels are kept (default $XDG_CACHE_HOME/attn,
                                else ~/.cache/attn; "off": in memory only); read at
                                attn_context_create unless attn_context_desc.kernel_cache_dir
+       ATTN_CUDA_LIBRARY, ATTN_NVRTC_LIBRARY, ATTN_CUBLAS_LIBRARY
+                               the CUDA driver, NVRTC and cuBLAS to open: a full path or a
+                               soname, the only name tried (default: the compile-time
+                               defaults above and their fallbacks); read at
+                               attn_context_create unless attn_context_desc names them;
+                               attn_platform's cuda_library / nvrtc_library /
+                               cublas_library say what was opened
        ATTN_LOG_LEVEL          error | warn | info (default) | debug | none
        ATTN_NUM_THREADS        CPU worker threads, 1..1024 (default: the online cores)
        ATTN_KERNEL_DEFINES     tuning: "ROLE.NAME=VALUE ..." (ROLE decode, prefill, cache or
@@ -535,6 +542,13 @@ typedef struct attn_context_desc {
     const attn_loader *loader; /* NULL: dlopen; copied at create */
     const char *kernel_cache_dir; /* NULL: env ATTN_CACHE_DIR, else $XDG_CACHE_HOME/attn,
                                      else ~/.cache/attn; "off": memory only */
+    /* The CUDA libraries to open, each a full path or a soname (copied at create): NULL or
+       "": env ATTN_CUDA_LIBRARY / ATTN_NVRTC_LIBRARY / ATTN_CUBLAS_LIBRARY, else the
+       compile-time defaults of the same names and their fallbacks (the config block). A
+       name given here or in the environment is the only one tried; attn_platform says which
+       file each library was opened as. (PyTorch's wheels keep NVRTC and cuBLAS under
+       site-packages/nvidia/..., off the loader path: point these there.) */
+    const char *cuda_library, *nvrtc_library, *cublas_library;
 } attn_context_desc;
 
 /* desc may be NULL (all defaults). On failure *out is NULL and the message is in
@@ -581,6 +595,9 @@ typedef struct attn_platform {
                                      capability 9.0 or newer and a driver that encodes
                                      tensor maps, cuTensorMapEncodeTiled); 0: not */
     char cuda_tma_reason[96];     /* why not, else "" */
+    char cuda_library[256];       /* the name (path or soname) each library was opened as; */
+    char nvrtc_library[256];      /*   "" when it was not (the reasons above say why) */
+    char cublas_library[256];
 } attn_platform;
 
 ATTN_API attn_status attn_platform_get(attn_context *ctx, attn_platform *out);
@@ -1435,7 +1452,7 @@ typedef struct attn__tma_map {
 /* The loaded driver, kept on the context for the backends that use it. */
 typedef struct attn__cuda_driver {
     void *library;                  /* NULL: not loaded (platform.cuda_reason says why) */
-    char soname[64];                /* the name it was opened under */
+    char soname[256];               /* the name it was opened under (a soname or a path) */
 #define ATTN__DRIVER_POINTER(field, symbol, params) attn__CUresult (*field) params;
     ATTN__CUDA_DRIVER_FUNCTIONS(ATTN__DRIVER_POINTER)
     ATTN__CUDA_DRIVER_OPTIONAL(ATTN__DRIVER_POINTER)
@@ -1461,7 +1478,7 @@ typedef struct attn__nvrtcProgram_st *attn__nvrtcProgram;
 
 typedef struct attn__nvrtc {
     void *library;                  /* NULL: not loaded (platform.nvrtc_reason says why) */
-    char soname[64];
+    char soname[256];
     int major, minor;
 #define ATTN__NVRTC_POINTER(field, symbol, params) attn__nvrtcResult (*field) params;
     ATTN__NVRTC_FUNCTIONS(ATTN__NVRTC_POINTER)
@@ -1488,7 +1505,7 @@ typedef int attn__cublasStatus;
 
 typedef struct attn__cublas {
     void *library;                  /* NULL: not loaded (platform.cublas_reason says why) */
-    char soname[64];
+    char soname[256];
     int tried;                      /* loading was attempted (once per context) */
 #define ATTN__CUBLAS_POINTER(field, symbol, params) attn__cublasStatus (*field) params;
     ATTN__CUBLAS_FUNCTIONS(ATTN__CUBLAS_POINTER)
@@ -1586,15 +1603,27 @@ static void *attn__load_library(const attn_loader *l, const char *const *sonames
 }
 
 /* Loads NVRTC into *nv and fills p->nvrtc_version or p->nvrtc_reason. */
-static void attn__probe_nvrtc(const attn_loader *loader, attn__nvrtc *nv, attn_platform *p) {
-    static const char *const sonames[] = {ATTN_NVRTC_LIBRARY, "libnvrtc.so.12", "libnvrtc.so", NULL};
+/* The names a probe tries: `override` alone when one was given (attn_context_desc, or the
+   environment), else the defaults. */
+static const char *const *attn__probe_names(const char *override, const char *const *defaults, const char **one) {
+    if (!override || !override[0]) return defaults;
+    one[0] = override;
+    one[1] = NULL;
+    return one;
+}
+
+static void attn__probe_nvrtc(const attn_loader *loader, const char *override, attn__nvrtc *nv, attn_platform *p) {
+    static const char *const defaults[] = {ATTN_NVRTC_LIBRARY, "libnvrtc.so.12", "libnvrtc.so", NULL};
+    const char *one[2], *const *sonames = attn__probe_names(override, defaults, one);
     char reason[160];
     memset(nv, 0, sizeof *nv);
+    p->nvrtc_library[0] = 0;
     nv->library = attn__load_library(loader, sonames, attn__nvrtc_symbols,
                                      sizeof attn__nvrtc_symbols / sizeof attn__nvrtc_symbols[0], nv,
                                      nv->soname, sizeof nv->soname, reason, sizeof reason);
     if (!nv->library) {
-        attn__fmt(p->nvrtc_reason, sizeof p->nvrtc_reason, "no NVRTC: %s", reason);
+        attn__fmt(p->nvrtc_reason, sizeof p->nvrtc_reason, "no NVRTC: %s%s", reason,
+                  sonames == one ? " (ATTN_NVRTC_LIBRARY)" : "");
         return;
     }
     if (nv->nvrtcVersion(&nv->major, &nv->minor) != 0 || nv->major < 12) {
@@ -1605,11 +1634,13 @@ static void attn__probe_nvrtc(const attn_loader *loader, attn__nvrtc *nv, attn_p
         return;
     }
     p->nvrtc_version = nv->major * 1000 + nv->minor * 10;
+    attn__strlcpy(p->nvrtc_library, nv->soname, sizeof p->nvrtc_library);
 }
 
 /* Loads cuBLAS into *cb (once) and fills p->cublas_version or p->cublas_reason. */
-static void attn__probe_cublas(const attn_loader *loader, attn__cublas *cb, attn_platform *p) {
-    static const char *const sonames[] = {ATTN_CUBLAS_LIBRARY, "libcublas.so.12", "libcublas.so", NULL};
+static void attn__probe_cublas(const attn_loader *loader, const char *override, attn__cublas *cb, attn_platform *p) {
+    static const char *const defaults[] = {ATTN_CUBLAS_LIBRARY, "libcublas.so.12", "libcublas.so", NULL};
+    const char *one[2], *const *sonames = attn__probe_names(override, defaults, one);
     char reason[160];
     int v[3] = {0, 0, 0};
     if (cb->tried) return;
@@ -1623,7 +1654,8 @@ static void attn__probe_cublas(const attn_loader *loader, attn__cublas *cb, attn
                                      sizeof attn__cublas_symbols / sizeof attn__cublas_symbols[0], cb,
                                      cb->soname, sizeof cb->soname, reason, sizeof reason);
     if (!cb->library) {
-        attn__fmt(p->cublas_reason, sizeof p->cublas_reason, "no cuBLAS: %s", reason);
+        attn__fmt(p->cublas_reason, sizeof p->cublas_reason, "no cuBLAS: %s%s", reason,
+                  sonames == one ? " (ATTN_CUBLAS_LIBRARY)" : "");
         return;
     }
     cb->cublasGetProperty(0, &v[0]); /* MAJOR_VERSION, MINOR_VERSION, PATCH_LEVEL */
@@ -1631,12 +1663,14 @@ static void attn__probe_cublas(const attn_loader *loader, attn__cublas *cb, attn
     cb->cublasGetProperty(2, &v[2]);
     p->cublas_version = v[0] * 10000 + v[1] * 100 + v[2];
     p->cublas_reason[0] = 0;
+    attn__strlcpy(p->cublas_library, cb->soname, sizeof p->cublas_library);
 }
 
 /* Loads the driver into *drv and fills the CUDA part of p; a missing piece is a reason
    in p->cuda_reason and leaves drv->library NULL. */
-static void attn__probe_cuda(const attn_loader *loader, attn__cuda_driver *drv, attn_platform *p) {
-    static const char *const sonames[] = {ATTN_CUDA_DRIVER_LIBRARY, "libcuda.so", NULL};
+static void attn__probe_cuda(const attn_loader *loader, const char *override, attn__cuda_driver *drv, attn_platform *p) {
+    static const char *const defaults[] = {ATTN_CUDA_DRIVER_LIBRARY, "libcuda.so", NULL};
+    const char *one[2], *const *sonames = attn__probe_names(override, defaults, one);
     char reason[160];
     attn__CUdevice dev;
     attn__CUresult rc;
@@ -1647,7 +1681,8 @@ static void attn__probe_cuda(const attn_loader *loader, attn__cuda_driver *drv, 
                                       sizeof attn__cuda_driver_symbols / sizeof attn__cuda_driver_symbols[0],
                                       drv, drv->soname, sizeof drv->soname, reason, sizeof reason);
     if (!drv->library) {
-        attn__fmt(p->cuda_reason, sizeof p->cuda_reason, "no CUDA driver: %s", reason);
+        attn__fmt(p->cuda_reason, sizeof p->cuda_reason, "no CUDA driver: %s%s", reason,
+                  sonames == one ? " (ATTN_CUDA_LIBRARY)" : "");
         return;
     }
     if ((rc = drv->cuInit(0)) != 0)
@@ -1675,6 +1710,7 @@ static void attn__probe_cuda(const attn_loader *loader, attn__cuda_driver *drv, 
         }
     }
     p->kind = ATTN_PLATFORM_CUDA;
+    attn__strlcpy(p->cuda_library, drv->soname, sizeof p->cuda_library);
     {   /* the optional functions: NULL where this driver lacks them */
         size_t i;
         for (i = 0; i < sizeof attn__cuda_driver_optional_symbols / sizeof attn__cuda_driver_optional_symbols[0]; i++) {
@@ -1715,7 +1751,10 @@ ATTN_API size_t attn_platform_format(const attn_platform *p, char *buf, size_t s
                  "  nvrtc_unavailable_reason: %s\n"
                  "  cublas_version: %d.%d.%d\n"
                  "  cublas_unavailable_reason: %s\n"
-                 "  cuda_tma: %s%s%s\n",
+                 "  cuda_tma: %s%s%s\n"
+                 "  cuda_library: %s\n"
+                 "  nvrtc_library: %s\n"
+                 "  cublas_library: %s\n",
                  p->kind == ATTN_PLATFORM_CUDA ? "CUDA" : "CPU", p->cpu_cores, p->cpu_threads,
                  p->cpu_simd, p->cuda_device_count,
                  p->cuda_device_name[0] ? p->cuda_device_name : "none",
@@ -1725,7 +1764,8 @@ ATTN_API size_t attn_platform_format(const attn_platform *p, char *buf, size_t s
                  p->nvrtc_version % 1000 / 10, p->nvrtc_reason[0] ? p->nvrtc_reason : "none",
                  p->cublas_version / 10000, p->cublas_version / 100 % 100, p->cublas_version % 100,
                  p->cublas_reason[0] ? p->cublas_reason : "none", p->cuda_tma ? "yes" : "no",
-                 p->cuda_tma_reason[0] ? ": " : "", p->cuda_tma_reason);
+                 p->cuda_tma_reason[0] ? ": " : "", p->cuda_tma_reason, p->cuda_library[0] ? p->cuda_library : "none",
+                 p->nvrtc_library[0] ? p->nvrtc_library : "none", p->cublas_library[0] ? p->cublas_library : "none");
     return n < 0 ? 0 : (size_t)n;
 }
 
@@ -1890,6 +1930,7 @@ struct attn_context {
     attn__selection_cache_entry *cache;
     int cache_count, cache_capacity;
     attn_loader loader;              /* how run-time libraries are opened */
+    char library_override[3][256];   /* CUDA driver, NVRTC, cuBLAS names to open ("": defaults) */
 #ifndef ATTN_NO_CUDA
     struct attn__cuda_driver *cuda;  /* the driver's function table (library NULL: none) */
     struct attn__nvrtc *nvrtc;       /* the run-time compiler's table (library NULL: none) */
@@ -2269,6 +2310,15 @@ ATTN_API attn_status attn_context_create(const attn_context_desc *desc, attn_con
     ctx->platform.cpu_threads = threads;
     attn__strlcpy(ctx->platform.cpu_simd, attn__simd_name(), sizeof ctx->platform.cpu_simd);
     if (d.loader) ctx->loader = *d.loader;
+    { /* the CUDA libraries' names: the desc's, else the environment's (copied now) */
+        const char *given[3], *envs[3] = {"ATTN_CUDA_LIBRARY", "ATTN_NVRTC_LIBRARY", "ATTN_CUBLAS_LIBRARY"};
+        int k;
+        given[0] = d.cuda_library; given[1] = d.nvrtc_library; given[2] = d.cublas_library;
+        for (k = 0; k < 3; k++) {
+            const char *v = given[k] && given[k][0] ? given[k] : attn__trim_env(envs[k]);
+            attn__strlcpy(ctx->library_override[k], v ? v : "", sizeof ctx->library_override[k]);
+        }
+    }
 #ifdef ATTN_NO_CUDA
     attn__strlcpy(ctx->platform.cuda_reason, "the CUDA path is compiled out (ATTN_NO_CUDA)", sizeof ctx->platform.cuda_reason);
     attn__strlcpy(ctx->platform.nvrtc_reason, "the CUDA path is compiled out (ATTN_NO_CUDA)", sizeof ctx->platform.nvrtc_reason);
@@ -2281,7 +2331,7 @@ ATTN_API attn_status attn_context_create(const attn_context_desc *desc, attn_con
         return attn__create_fail(&logger, ATTN_ERROR_OUT_OF_MEMORY,
                           ATTN_LOG_OUT_OF_MEMORY, "attn_context_create: cannot allocate the driver table");
     }
-    attn__probe_cuda(&ctx->loader, ctx->cuda, &ctx->platform);
+    attn__probe_cuda(&ctx->loader, ctx->library_override[0], ctx->cuda, &ctx->platform);
     ctx->nvrtc = (struct attn__nvrtc *)attn__calloc(1, sizeof *ctx->nvrtc);
     ctx->cublas = (struct attn__cublas *)attn__calloc(1, sizeof *ctx->cublas);
     ctx->kernels = attn__kernel_cache_create(d.kernel_cache_dir);
@@ -2290,9 +2340,9 @@ ATTN_API attn_status attn_context_create(const attn_context_desc *desc, attn_con
         return attn__create_fail(&logger, ATTN_ERROR_OUT_OF_MEMORY,
                           ATTN_LOG_OUT_OF_MEMORY, "attn_context_create: cannot allocate the compiler tables");
     }
-    attn__probe_nvrtc(&ctx->loader, ctx->nvrtc, &ctx->platform);
+    attn__probe_nvrtc(&ctx->loader, ctx->library_override[1], ctx->nvrtc, &ctx->platform);
     if (ctx->platform.kind != ATTN_PLATFORM_CUDA) /* no device: cuBLAS is never opened */
-        attn__probe_cublas(&ctx->loader, ctx->cublas, &ctx->platform);
+        attn__probe_cublas(&ctx->loader, ctx->library_override[2], ctx->cublas, &ctx->platform);
 #endif
     if (ctx->platform.kind != ATTN_PLATFORM_CUDA)
         attn__log(ctx, ATTN_LOG_LEVEL_DEBUG, ATTN_LOG_CUDA_UNAVAILABLE, "CUDA: %s",
@@ -2404,7 +2454,7 @@ ATTN_API attn_status attn_platform_get(attn_context *ctx, attn_platform *out) {
     if (!ctx) return attn__null_arg(ctx, __func__, "ctx");
     if (!out) return attn__null_arg(ctx, __func__, "out");
 #ifndef ATTN_NO_CUDA
-    attn__probe_cublas(&ctx->loader, ctx->cublas, &ctx->platform); /* once, on a GPU host */
+    attn__probe_cublas(&ctx->loader, ctx->library_override[2], ctx->cublas, &ctx->platform); /* once, on a GPU host */
 #endif
     *out = ctx->platform;
     return ATTN_OK;
@@ -8876,7 +8926,7 @@ static attn_status attn__cuda_mla_context_init(const attn_backend *self, attn_co
     attn_status st;
     int rc;
     (void)self;
-    attn__probe_cublas(&ctx->loader, ctx->cublas, &ctx->platform);
+    attn__probe_cublas(&ctx->loader, ctx->library_override[2], ctx->cublas, &ctx->platform);
     if (!ctx->cublas->library) {
         attn__fmt(reason, size, "%s (the MLA projections run on cuBLAS; ATTN_CUBLAS_LIBRARY names it)",
                   ctx->platform.cublas_reason);

@@ -113,6 +113,9 @@ class attn_context_desc(C.Structure):
         ("num_threads", C.c_int),
         ("loader", C.c_void_p),                   # const attn_loader *: NULL = dlopen
         ("kernel_cache_dir", C.c_char_p),
+        ("cuda_library", C.c_char_p),             # NULL: env ATTN_CUDA_LIBRARY, else the default
+        ("nvrtc_library", C.c_char_p),            # NULL: env ATTN_NVRTC_LIBRARY, ...
+        ("cublas_library", C.c_char_p),           # NULL: env ATTN_CUBLAS_LIBRARY, ...
     ]
 
 
@@ -137,6 +140,9 @@ class attn_platform(C.Structure):
         ("cublas_reason", C.c_char * 160),
         ("cuda_tma", C.c_int),
         ("cuda_tma_reason", C.c_char * 96),
+        ("cuda_library", C.c_char * 256),         # the file each library was opened as
+        ("nvrtc_library", C.c_char * 256),
+        ("cublas_library", C.c_char * 256),
     ]
 
 
@@ -794,6 +800,34 @@ class _Owned:
             pass
 
 
+_PIP_CUDA = {  # attn.h's default sonames, and where PyTorch's CUDA wheels keep each library
+    "nvrtc": (("libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"), ("nvidia/cu13/lib", "nvidia/cuda_nvrtc/lib")),
+    "cublas": (("libcublas.so.13", "libcublas.so.12", "libcublas.so"), ("nvidia/cu13/lib", "nvidia/cublas/lib")),
+}
+
+
+def _pip_cuda_library(kind):
+    """The path of NVRTC / cuBLAS as a pip wheel installs it (nvidia-cuda-nvrtc,
+    nvidia-cublas, which PyTorch depends on), when the loader finds none of the system's
+    sonames; else None (attn.h then tries its defaults)."""
+    import glob
+    import sys
+    sonames, subdirs = _PIP_CUDA[kind]
+    for soname in sonames:
+        try:
+            C.CDLL(soname)
+            return None                       # the system has one: attn.h finds it itself
+        except OSError:
+            pass
+    for base in sys.path:
+        for sub in subdirs:
+            for soname in sonames:
+                hits = sorted(glob.glob(os.path.join(base or ".", sub, soname + "*")))
+                if hits:
+                    return hits[0]
+    return None
+
+
 class Context(_Owned):
     """attn_context: logger, last error, worker threads, selection and kernel caches.
 
@@ -801,9 +835,15 @@ class Context(_Owned):
     'warn', 'info', 'debug', 'none' or None (env ATTN_LOG_LEVEL, else info). log: None
     (lines go to stderr) or a callable(level, item, message) with names as strings, e.g.
     ('info', 'ATTN_LOG_SELECT_RESOLVED', 'attn_layer_create: ...').
-    kernel_cache_dir: None = env ATTN_CACHE_DIR or the user cache; 'off' = memory only."""
+    kernel_cache_dir: None = env ATTN_CACHE_DIR or the user cache; 'off' = memory only.
+    cuda_library, nvrtc_library, cublas_library: the CUDA driver, NVRTC and cuBLAS to open
+    (a full path or a soname); None = env ATTN_CUDA_LIBRARY / ATTN_NVRTC_LIBRARY /
+    ATTN_CUBLAS_LIBRARY, else — for NVRTC and cuBLAS — the copies PyTorch's wheels keep
+    under site-packages/nvidia/ when the loader finds none of the system's, else the
+    library's defaults. ``platform`` says which file each was opened as."""
 
-    def __init__(self, num_threads=None, log_level=None, kernel_cache_dir=None, log=None):
+    def __init__(self, num_threads=None, log_level=None, kernel_cache_dir=None, log=None,
+                 cuda_library=None, nvrtc_library=None, cublas_library=None):
         super().__init__()
         lib = library()
         desc = attn_context_desc()
@@ -811,6 +851,15 @@ class Context(_Owned):
         desc.num_threads = 0 if num_threads is None else int(num_threads)
         self._cache_dir = None if kernel_cache_dir is None else os.fsencode(kernel_cache_dir)
         desc.kernel_cache_dir = self._cache_dir
+        self._libraries = []                     # the names the desc points into
+        for field, given, env, pip in (("cuda_library", cuda_library, "ATTN_CUDA_LIBRARY", None),
+                                       ("nvrtc_library", nvrtc_library, "ATTN_NVRTC_LIBRARY", "nvrtc"),
+                                       ("cublas_library", cublas_library, "ATTN_CUBLAS_LIBRARY", "cublas")):
+            name = given if given is not None else (None if os.environ.get(env) or not pip
+                                                     else _pip_cuda_library(pip))
+            if name is not None:
+                self._libraries.append(os.fsencode(name))
+                setattr(desc, field, self._libraries[-1])
         self._log_fn = None
         if log is not None:
             def trampoline(user_data, level, item, message):

@@ -30,6 +30,7 @@ static const attn_py_layout_entry attn_py__layout[] = {
     S(attn_context_desc), F(attn_context_desc, log), F(attn_context_desc, log_user_data),
     F(attn_context_desc, log_level), F(attn_context_desc, num_threads),
     F(attn_context_desc, loader), F(attn_context_desc, kernel_cache_dir),
+    F(attn_context_desc, cuda_library), F(attn_context_desc, nvrtc_library), F(attn_context_desc, cublas_library),
 
     S(attn_platform), F(attn_platform, kind), F(attn_platform, cpu_cores),
     F(attn_platform, cpu_threads), F(attn_platform, cpu_simd),
@@ -40,7 +41,8 @@ static const attn_py_layout_entry attn_py__layout[] = {
     F(attn_platform, cuda_memory_bytes), F(attn_platform, cuda_reason),
     F(attn_platform, nvrtc_version), F(attn_platform, nvrtc_reason),
     F(attn_platform, cublas_version), F(attn_platform, cublas_reason), F(attn_platform, cuda_tma),
-    F(attn_platform, cuda_tma_reason),
+    F(attn_platform, cuda_tma_reason), F(attn_platform, cuda_library), F(attn_platform, nvrtc_library),
+    F(attn_platform, cublas_library),
 
     S(attn_layer_desc), F(attn_layer_desc, num_heads), F(attn_layer_desc, num_kv_heads),
     F(attn_layer_desc, head_size), F(attn_layer_desc, dtype), F(attn_layer_desc, kv_cache_dtype),

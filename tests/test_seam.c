@@ -2,6 +2,7 @@
    every hook proves each is called (with self) and when; context- and layer-level init
    failures become skip reasons; the record shows what a backend declares; the loader's
    injection point; and nothing is allocated by build or forward after create. */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include "attn.h"
 #include "attn_test.h"
 #include "fixtures.h"
@@ -574,7 +575,8 @@ static int sm_cu_name(char *name, int len, int dev) {
 }
 static void *sm_open(void *u, const char *soname) {
     sm_fake_driver *f = (sm_fake_driver *)u;
-    if (strncmp(soname, "libcuda", 7) != 0) return NULL; /* only a driver is faked */
+    const char *base = strrchr(soname, '/') ? strrchr(soname, '/') + 1 : soname;
+    if (strncmp(base, "libcuda", 7) != 0) return NULL; /* only a driver is faked (any directory) */
     if (f->refuse && strcmp(soname, f->refuse) == 0) return NULL;
     f->opened++;
     return f;
@@ -730,9 +732,76 @@ ATTN_TEST(seam_loader_injection) {
         EXPECT_EQ_INT(f.closed, 0);
     }
 }
+/* The CUDA libraries by name (attn_context_desc, else ATTN_*_LIBRARY): the name given is the
+   only one tried, the platform says what each was opened as, a missing one is named in the
+   reason with where the name came from; desc beats env. */
+ATTN_TEST(seam_library_names) {
+    sm_fake_driver f;
+    attn_loader l;
+    attn_platform p;
+    attn_context_desc cd;
+    attn_context *ctx = NULL;
+    attn_test_env e1 = attn_test_env_save("ATTN_CUDA_LIBRARY"), e2 = attn_test_env_save("ATTN_NVRTC_LIBRARY");
+    attn_test_env e3 = attn_test_env_save("ATTN_CUBLAS_LIBRARY");
+    char text[4096];
+    memset(&l, 0, sizeof l);
+    l.open = sm_open; l.symbol = sm_symbol; l.close = sm_close; l.user_data = &f;
+    memset(&f, 0, sizeof f);
+    memset(&cd, 0, sizeof cd);
+    cd.log_level = ATTN_LOG_LEVEL_NONE;
+    cd.num_threads = 1;
+    cd.loader = &l;
+    cd.cuda_library = "/opt/site-packages/nvidia/libcuda.so.1";
+    cd.nvrtc_library = "/opt/site-packages/nvidia/cu13/lib/libnvrtc.so.13";
+    cd.cublas_library = "/opt/nowhere/libcublas.so.13";
+    EXPECT_OK(attn_context_create(&cd, &ctx));
+    if (ctx) {
+        EXPECT_OK(attn_platform_get(ctx, &p));
+        EXPECT_EQ_INT(p.kind, ATTN_PLATFORM_CUDA);
+        EXPECT_TRUE(strcmp(p.cuda_library, "/opt/site-packages/nvidia/libcuda.so.1") == 0);
+        EXPECT_EQ_INT(f.opened, 1);
+        EXPECT_TRUE(strstr(p.nvrtc_reason, "tried /opt/site-packages/nvidia/cu13/lib/libnvrtc.so.13) (ATTN_NVRTC_LIBRARY)") != NULL);
+        EXPECT_TRUE(strstr(p.nvrtc_reason, "libnvrtc.so.12") == NULL); /* the name given is the only one tried */
+        EXPECT_TRUE(p.nvrtc_library[0] == 0);
+        EXPECT_TRUE(strstr(p.cublas_reason, "tried /opt/nowhere/libcublas.so.13) (ATTN_CUBLAS_LIBRARY)") != NULL);
+        attn_platform_format(&p, text, sizeof text);
+        EXPECT_TRUE(strstr(text, "cuda_library: /opt/site-packages/nvidia/libcuda.so.1\n") != NULL);
+        EXPECT_TRUE(strstr(text, "nvrtc_library: none\n") != NULL);
+        attn_context_destroy(ctx);
+        ctx = NULL;
+    }
+    /* the environment, when the desc names none; the desc, when both do */
+    memset(&f, 0, sizeof f);
+    setenv("ATTN_CUDA_LIBRARY", "/env/libcuda.so.1", 1);
+    setenv("ATTN_NVRTC_LIBRARY", "/env/libnvrtc.so.13", 1);
+    cd.cuda_library = NULL;
+    cd.nvrtc_library = "";
+    cd.cublas_library = NULL;
+    EXPECT_OK(attn_context_create(&cd, &ctx));
+    if (ctx) {
+        EXPECT_OK(attn_platform_get(ctx, &p));
+        EXPECT_TRUE(strcmp(p.cuda_library, "/env/libcuda.so.1") == 0);
+        EXPECT_TRUE(strstr(p.nvrtc_reason, "tried /env/libnvrtc.so.13)") != NULL);
+        EXPECT_TRUE(strstr(p.cublas_reason, "libcublas.so.13, libcublas.so.12") != NULL); /* the defaults */
+        attn_context_destroy(ctx);
+        ctx = NULL;
+    }
+    memset(&f, 0, sizeof f);
+    cd.cuda_library = "/desc/libcuda.so.1";
+    EXPECT_OK(attn_context_create(&cd, &ctx));
+    if (ctx) {
+        EXPECT_OK(attn_platform_get(ctx, &p));
+        EXPECT_TRUE(strcmp(p.cuda_library, "/desc/libcuda.so.1") == 0);
+        attn_context_destroy(ctx);
+    }
+    attn_test_env_restore(&e1); attn_test_env_restore(&e2); attn_test_env_restore(&e3);
+}
 #else
 ATTN_TEST(seam_loader_injection) {
     SKIP("built with ATTN_NO_CUDA: the loader is never called (tests/test_outside.c checks that)");
+}
+ATTN_TEST(seam_library_names) {
+    SKIP("built with ATTN_NO_CUDA: no CUDA library is opened");
 }
 #endif
 
@@ -950,6 +1019,7 @@ void suite_seam(void) {
     ATTN_RUN(seam_layer_device);
     ATTN_RUN(seam_selection_cache_bounded);
     ATTN_RUN(seam_loader_injection);
+    ATTN_RUN(seam_library_names);
     ATTN_RUN(seam_no_allocation_after_create);
     ATTN_RUN(seam_mla_small_workspace_groups);
 }

@@ -975,6 +975,37 @@ def test_struct_layout_matches_the_library(monkeypatch):
         attn_h.check_layout(lib)
 
 
+def test_cuda_library_names_and_pytorch_copies(monkeypatch, tmp_path):
+    """Context(nvrtc_library=...) is the only NVRTC tried and the platform says so; with no
+    name and no system NVRTC, the copy a pip wheel keeps under site-packages/nvidia/ is used."""
+    ctx = attn_h.Context(log_level="none", nvrtc_library=str(tmp_path / "libnvrtc.so.13"))
+    p = ctx.platform
+    assert p["nvrtc_library"] == "" and "tried %s" % (tmp_path / "libnvrtc.so.13") in p["nvrtc_reason"]
+    assert "ATTN_NVRTC_LIBRARY" in p["nvrtc_reason"]
+    assert "nvrtc_library: none" in ctx.platform_text
+    ctx.close()
+    # a site-packages with PyTorch's layout, and a loader that finds no system copy
+    lib = tmp_path / "site" / "nvidia" / "cuda_nvrtc" / "lib"
+    lib.mkdir(parents=True)
+    (lib / "libnvrtc.so.12").write_bytes(b"")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    real_cdll = attn_h.C.CDLL
+
+    def no_system_copy(name, *a, **kw):
+        if os.path.basename(str(name)).startswith(("libnvrtc", "libcublas")):
+            raise OSError("%s: not on the loader path (test)" % name)
+        return real_cdll(name, *a, **kw)
+    monkeypatch.setattr(attn_h.C, "CDLL", no_system_copy)
+    assert attn_h._pip_cuda_library("nvrtc") == str(lib / "libnvrtc.so.12")
+    assert attn_h._pip_cuda_library("cublas") is None            # no cuBLAS wheel here
+    monkeypatch.setattr(attn_h.C, "CDLL", real_cdll)
+    monkeypatch.delenv("ATTN_NVRTC_LIBRARY", raising=False)
+    monkeypatch.setattr(attn_h, "_pip_cuda_library", lambda kind: str(lib / ("lib%s.so.12" % kind)))
+    ctx = attn_h.Context(log_level="none")                       # picks the pip copy: an empty file
+    assert str(lib / "libnvrtc.so.12") in ctx.platform["nvrtc_reason"]
+    ctx.close()
+
+
 def test_library_not_found_names_the_paths(monkeypatch, tmp_path):
     missing = str(tmp_path / "nowhere" / "libattn.so")
     monkeypatch.setenv("ATTN_LIB", missing)
