@@ -329,9 +329,13 @@
        0.13.0 attention sinks (issue 23, first step): attn_layer_desc.sinks (gpt-oss; read
               at every call, a graph replay included; the LSE includes the sink) on CPU,
               CUDA and CUDA_SM90; the MLA backends refuse a layer with sinks by name
-              (attn_backend.supports_sinks, a new capability field after supports_alibi). The CUDA decode kernel loops over its
-              work items (PERSISTENT), so a captured decode launches one wave of CTAs
-              whatever the metadata's capacity; attn__launch_config gains persistent.
+              (attn_backend.supports_sinks, a new capability field after supports_alibi).
+              The CUDA decode kernel loops over its work items (PERSISTENT), so a captured
+              decode launches one wave of CTAs whatever the metadata's capacity;
+              attn__launch_config gains persistent. Cascade attention on the CPU
+              (common_prefix_len, now validated); the CUDA libraries by name at run time
+              (ATTN_CUDA_LIBRARY / ATTN_NVRTC_LIBRARY / ATTN_CUBLAS_LIBRARY, attn_context_desc,
+              attn_platform's *_library).
 
    LICENSE: MIT, see the end of the file.
 */
@@ -3019,6 +3023,14 @@ static int attn__cuda_pointer_kind(attn_context *ctx, const void *ptr);
 /* Whether `stream` is capturing a CUDA graph now: 1 yes; 0 no, or no device (>>cuda). */
 static int attn__stream_capturing(attn_context *ctx, void *stream);
 
+/* The index of the first value of f[0..n) that is not finite (NaN, inf), or -1. */
+static int attn__nonfinite_at(const float *f, int n) {
+    int i;
+    for (i = 0; i < n; i++)
+        if (!(f[i] - f[i] == 0.0f)) return i;
+    return -1;
+}
+
 static attn_status attn__desc_resolve(attn_context *ctx, const char *fn,
                                       const attn_layer_desc *in, attn_layer_desc *out) {
     attn_layer_desc d = *in;
@@ -3096,11 +3108,9 @@ static attn_status attn__desc_resolve(attn_context *ctx, const char *fn,
     if (!(d.logits_soft_cap >= 0.0f) || d.logits_soft_cap > FLT_MAX)
         return attn__bad_desc(ctx, "%s: desc.logits_soft_cap is %g (allowed: 0 = none, or a finite "
                                    "value > 0)", fn, (double)d.logits_soft_cap);
-    if (d.alibi_slopes)
-        for (i = 0; i < d.num_heads; i++)
-            if (!(d.alibi_slopes[i] - d.alibi_slopes[i] == 0.0f))
-                return attn__bad_desc(ctx, "%s: desc.alibi_slopes[%d] is %g (allowed: finite "
-                                           "values)", fn, i, (double)d.alibi_slopes[i]);
+    if (d.alibi_slopes && (i = attn__nonfinite_at(d.alibi_slopes, d.num_heads)) >= 0)
+        return attn__bad_desc(ctx, "%s: desc.alibi_slopes[%d] is %g (allowed: finite "
+                                   "values)", fn, i, (double)d.alibi_slopes[i]);
     if ((int)d.kv_scale_kind != ATTN_KV_SCALE_PER_TENSOR && (int)d.kv_scale_kind != ATTN_KV_SCALE_PER_TOKEN_HEAD)
         return attn__bad_desc(ctx, "%s: desc.kv_scale_kind is %d (allowed: ATTN_KV_SCALE_PER_TENSOR, "
                                    "ATTN_KV_SCALE_PER_TOKEN_HEAD)", fn, (int)d.kv_scale_kind);
@@ -3150,11 +3160,9 @@ static attn_status attn__desc_resolve(attn_context *ctx, const char *fn,
                                        "layer (allowed: %s memory, where desc.device puts the layer's tensors)",
                                   fn, kind ? "CUDA device" : "host", attn__device_name(d.device),
                                   d.device == ATTN_DEVICE_CUDA ? "device" : "host");
-        if (d.device == ATTN_DEVICE_CPU)
-            for (i = 0; i < d.num_heads; i++)
-                if (!(d.sinks[i] - d.sinks[i] == 0.0f))
-                    return attn__bad_desc(ctx, "%s: desc.sinks[%d] is %g (allowed: finite logits)", fn, i,
-                                          (double)d.sinks[i]);
+        if (d.device == ATTN_DEVICE_CPU && (i = attn__nonfinite_at(d.sinks, d.num_heads)) >= 0)
+            return attn__bad_desc(ctx, "%s: desc.sinks[%d] is %g (allowed: finite logits)", fn, i,
+                                  (double)d.sinks[i]);
     }
     *out = d;
     return ATTN_OK;
@@ -3163,14 +3171,11 @@ static attn_status attn__desc_resolve(attn_context *ctx, const char *fn,
 /* A CPU layer's sinks as they are now (read at every call): each finite, else
    ATTN_ERROR_INVALID_VALUE and the caller changes nothing. */
 static attn_status attn__sinks_check(attn_context *ctx, const attn_layer_desc *d, const char *fn) {
-    int i;
-    if (!d->sinks || d->device != ATTN_DEVICE_CPU) return ATTN_OK;
-    for (i = 0; i < d->num_heads; i++)
-        if (!(d->sinks[i] - d->sinks[i] == 0.0f))
-            return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
-                              "%s: desc.sinks[%d] holds %g (allowed: finite logits); nothing was written", fn, i,
-                              (double)d->sinks[i]);
-    return ATTN_OK;
+    const int i = d->sinks && d->device == ATTN_DEVICE_CPU ? attn__nonfinite_at(d->sinks, d->num_heads) : -1;
+    if (i < 0) return ATTN_OK;
+    return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                      "%s: desc.sinks[%d] holds %g (allowed: finite logits); nothing was written", fn, i,
+                      (double)d->sinks[i]);
 }
 
 /* The layer's fp8 scales for one call (1, 1 for other caches): the values, or the floats

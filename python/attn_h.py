@@ -42,9 +42,10 @@ which names the argument; so does input this module can tell is wrong before the
 The library: env ATTN_LIB, else the libattn.so installed beside this module (``pip
 install .`` builds it), else build/libattn.so of this repository, else libattn.so on the
 loader path. ``attn_h.__version__`` is the header's ATTN_VERSION_STRING; ``python -m attn_h
-info`` prints the platform and the selection record of a layer, like attn-info. At import the ctypes mirrors below are compared with the library's own
-sizes and offsets (attn_py_layout in python/attn_shared.c); a difference raises
-ImportError naming the struct and field.
+info`` prints the platform and the selection record of a layer, like attn-info. At import
+the ctypes mirrors below are compared with the library's own sizes and offsets
+(attn_py_layout in python/attn_shared.c); a difference raises ImportError naming the
+struct and field.
 
 Objects: Context -> Layer -> Metadata. Each holds its parent, so a child never outlives
 what it points into; close() (or ``with``) frees at once, children first; __del__ is a
@@ -809,23 +810,28 @@ _PIP_CUDA = {  # attn.h's default sonames, and where PyTorch's CUDA wheels keep 
 def _pip_cuda_library(kind):
     """The path of NVRTC / cuBLAS as a pip wheel installs it (nvidia-cuda-nvrtc,
     nvidia-cublas, which PyTorch depends on), when the loader finds none of the system's
-    sonames; else None (attn.h then tries its defaults)."""
+    sonames; else None (attn.h then tries its defaults). The pip copy is looked for first:
+    only where one exists is the system's opened to see whether it loads (cuBLAS takes
+    50-400 ms to open, which attn.h otherwise defers to its first use)."""
     import glob
     import sys
     sonames, subdirs = _PIP_CUDA[kind]
+    found = None
+    for base in sys.path:
+        for sub in subdirs:
+            for soname in sonames:
+                hits = sorted(glob.glob(os.path.join(base or ".", sub, soname + "*")))
+                if hits and found is None:
+                    found = hits[0]
+    if found is None:
+        return None
     for soname in sonames:
         try:
             C.CDLL(soname)
             return None                       # the system has one: attn.h finds it itself
         except OSError:
             pass
-    for base in sys.path:
-        for sub in subdirs:
-            for soname in sonames:
-                hits = sorted(glob.glob(os.path.join(base or ".", sub, soname + "*")))
-                if hits:
-                    return hits[0]
-    return None
+    return found
 
 
 class Context(_Owned):
@@ -1384,8 +1390,8 @@ library()   # load now: a missing library or a stale mirror fails at import
 
 def main(argv=None):
     """python -m attn_h info [--heads N --kv-heads N --head-size N --dtype T --device D
-    --mla --sinks]: the platform and the selection record of one layer, as attn-info prints
-    them. Returns the exit status (0 resolved, 1 not, 2 bad arguments)."""
+    --mla]: the platform and the selection record of one layer, as attn-info prints them.
+    Returns the exit status (0 resolved, 1 not, 2 bad arguments)."""
     import argparse
     import sys
     parser = argparse.ArgumentParser(prog="python -m attn_h", description=main.__doc__.split("\n")[0])
