@@ -336,6 +336,13 @@
               (common_prefix_len, now validated); the CUDA libraries by name at run time
               (ATTN_CUDA_LIBRARY / ATTN_NVRTC_LIBRARY / ATTN_CUBLAS_LIBRARY, attn_context_desc,
               attn_platform's *_library).
+       0.14.0 cascade attention on CUDA and CUDA_SM90 (issue 23): a decode batch built with
+              common_prefix_len runs a prefix pass on the prefill tiles and joins it where
+              the decode tiles store each row, captured in graphs too; the wgmma prefill
+              writes partials for items with a slot; attn__paged_params gains the prefix
+              fields, attn_backend gains supports_cascade (after supports_sinks), the
+              record's features line lists cascade, and a build that uses the prefix logs
+              CASCADE_PLANNED (DEBUG, a new log item at the end of the list).
 
    LICENSE: MIT, see the end of the file.
 */
@@ -343,9 +350,9 @@
 #define ATTN_H
 
 #define ATTN_VERSION_MAJOR 0
-#define ATTN_VERSION_MINOR 13
+#define ATTN_VERSION_MINOR 14
 #define ATTN_VERSION_PATCH 0
-#define ATTN_VERSION_STRING "0.13.0"
+#define ATTN_VERSION_STRING "0.14.0"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -418,7 +425,8 @@ typedef enum attn_status {
     X(INVALID_SLOT, "a cache slot is out of range")                             \
     X(CALL_UNSUPPORTED, "the call does not fit the layer's kind or backend")     \
     X(METADATA_MISMATCH, "metadata not built, or built for another layer")       \
-    X(CAPACITY_EXCEEDED, "a batch or capacity exceeds what is allowed")
+    X(CAPACITY_EXCEEDED, "a batch or capacity exceeds what is allowed")       \
+    X(CASCADE_PLANNED, "a build attends the batch's shared prefix once (cascade)")
 
 typedef enum attn_log_item {
 #define ATTN__LOG_ENUM(name, text) ATTN_LOG_##name,
@@ -787,6 +795,8 @@ struct attn_backend {
     int supports_logits_soft_cap;
     int supports_alibi;
     int supports_sinks;              /* attn_layer_desc.sinks */
+    int supports_cascade;            /* uses attn_metadata_build's common_prefix_len (cascade
+                                        attention; where it does not, results are the same) */
     int is_mla;
     attn_cuda_graph_support cuda_graph; /* which calls a captured graph may hold: a call on
                                         a capturing stream outside it is refused (NEVER: all;
@@ -1040,8 +1050,14 @@ ATTN_API const attn_metadata_desc *attn_metadata_capacity(const attn_metadata *m
    may then attend the shared prefix once for all query rows and join it by LSE with each
    request's own keys; the results are the same as with 0 (within rounding). CPU: for
    batches of at most max_num_reqs x decode_threshold tokens (the rows the metadata keeps
-   for it) and layers without a sliding window; CUDA backends: not yet (they compute the
-   batch as with 0). */
+   for it) and layers without a sliding window. CUDA, CUDA_SM90: for batches of more than
+   one request whose requests all fit a decode tile (16 / (num_heads / num_kv_heads) query
+   tokens, at least 1: decodes, speculative verification), on layers without a sliding
+   window or ALiBi, outside ATTN_BATCH_INVARIANT: a prefix pass on the prefill tiles, then
+   the decode tiles over each request's own keys, both captured in a CUDA graph (a replay
+   follows the build: with or without a prefix). The metadata holds the prefix pass's
+   partials for it (two waves of prefill CTAs: 17 MB on an H200 at head 128). MLA backends
+   compute the batch as with 0. A build that uses the prefix logs CASCADE_PLANNED (DEBUG). */
 ATTN_API attn_status attn_metadata_build(attn_metadata *meta, int common_prefix_len,
                                          const attn_batch *batch, int fast_build);
 
@@ -3585,9 +3601,10 @@ ATTN_API size_t attn_selection_format(const attn_selection *s, char *buf, size_t
     rb = s->resolved ? attn_backend_get(s->resolved) : NULL;
     features[0] = 0; /* what the resolved backend's layers may ask for (attn_backend's supports_*) */
     if (rb)
-        attn__fmt(features, sizeof features, "%s%s%s%s%s", rb->supports_non_causal ? " non-causal" : "",
+        attn__fmt(features, sizeof features, "%s%s%s%s%s%s", rb->supports_non_causal ? " non-causal" : "",
                   rb->supports_sliding_window ? " sliding-window" : "", rb->supports_logits_soft_cap ? " soft-cap" : "",
-                  rb->supports_alibi ? " alibi" : "", rb->supports_sinks ? " sinks" : "");
+                  rb->supports_alibi ? " alibi" : "", rb->supports_sinks ? " sinks" : "",
+                  rb->supports_cascade ? " cascade" : "");
     if (!features[0]) attn__strlcpy(features, rb ? " causal only" : " (none)", sizeof features);
     attn__strlcpy(kv, attn_dtype_name(s->kv_cache_dtype), sizeof kv);
     if (s->kv_cache_dtype == ATTN_DTYPE_FP8_E4M3 || s->kv_cache_dtype == ATTN_DTYPE_FP8_E5M2 ||
@@ -5449,6 +5466,9 @@ static attn_status attn__cpu_build(const attn_backend *self, attn_layer *layer, 
         P = cm->cascade_len = common_prefix_len;
         cm->cascade_tokens = ct;
         cm->num_prefix_tasks = d->num_kv_heads * ((b->num_actual_tokens + ct - 1) / ct);
+        attn__log(layer->ctx, ATTN_LOG_LEVEL_DEBUG, ATTN_LOG_CASCADE_PLANNED,
+                  "attn_metadata_build: cascade: %d prefix keys for %d tokens, %d prefix tasks", P,
+                  b->num_actual_tokens, cm->num_prefix_tasks);
     }
     for (r = 0; r < b->num_reqs; r++) {
         int ql = b->query_start_loc[r + 1] - b->query_start_loc[r];
@@ -6080,6 +6100,7 @@ static const attn_backend attn__cpu_backend = {
     16, 0,                    /* block sizes: any multiple of 16 */
     1, 1, 1, 1,               /* non-causal, sliding window, soft cap, ALiBi */
     1,                        /* attention sinks */
+    1,                        /* cascade (common_prefix_len) */
     0,                        /* is_mla */
     ATTN_CUDA_GRAPH_NEVER,    /* no graphs on the CPU */
     1, ATTN_LSE_BASE_E,       /* returns LSE; its kernels work in base 2 and convert */
@@ -6689,6 +6710,7 @@ static const attn_backend attn__cpu_mla_backend = {
     16, 0,                    /* block sizes: any multiple of 16 */
     0, 0, 0, 0,               /* non-causal, sliding window, soft cap, ALiBi: no */
     0,                        /* attention sinks: not yet (issue 23) */
+    0,                        /* cascade: not yet (the batch computed as with common_prefix_len 0) */
     1,                        /* is_mla */
     ATTN_CUDA_GRAPH_NEVER,    /* no graphs on the CPU */
     1, ATTN_LSE_BASE_E,
@@ -7483,6 +7505,11 @@ typedef struct attn__paged_params {
     ATTN__DPTR(const float) v_scale;
     ATTN__DPTR(const float) sinks;          /* [num_heads] attention sinks (natural-log logits),
                                                read at every launch; NULL: none */
+    ATTN__DPTR(const float) prefix_o;       /* cascade (paged_attention.cu, CASCADE): the prefix
+                                               pass's partials [slots][prefix_rows][HEAD_DIM] */
+    ATTN__DPTR(const float) prefix_ml;      /* [slots][prefix_rows][2] */
+    ATTN__DPTR(const int) prefix_splits;    /* one int: the prefix pass's splits (0: no prefix in
+                                               this launch's batch); NULL: never */
     long long q_stride_token, q_stride_head;
     long long out_stride_token, out_stride_head;
     long long lse_stride_token, lse_stride_head;
@@ -7492,6 +7519,8 @@ typedef struct attn__paged_params {
     float softcap;                          /* SOFTCAP: the cap (> 0) */
     int window;                             /* WINDOW: sliding window in tokens (0: none) */
     float k_scale_value, v_scale_value;     /* where k_scale / v_scale are NULL */
+    int prefix_tile_tokens, prefix_rows;    /* cascade: the prefix pass's query tokens and rows
+                                               per partial slot */
 } attn__paged_params;
 
 /* attn_reshape_and_cache (cache_write.cu): key/value rows into the standard cache. */
@@ -7621,7 +7650,7 @@ typedef struct attn__mla_prefill_params {
    that, and the sizes here are updated with it. */
 #define ATTN__PARAMS_SIZE(T, n) typedef char T##_size_check[sizeof(T) == (n) ? 1 : -1]
 ATTN__PARAMS_SIZE(attn__launch_config, 40);
-ATTN__PARAMS_SIZE(attn__paged_params, 18 * 8 + 7 * 8 + 6 * 4);
+ATTN__PARAMS_SIZE(attn__paged_params, 21 * 8 + 7 * 8 + 8 * 4);
 ATTN__PARAMS_SIZE(attn__cache_write_params, 6 * 8 + 5 * 8 + 6 * 4);
 ATTN__PARAMS_SIZE(attn__cache_write_inline_params, 112 + ATTN__INLINE_SLOTS * 8);
 ATTN__PARAMS_SIZE(attn__latent_write_params, 4 * 8 + 3 * 8 + 2 * 4 + 8 + 2 * 4);
@@ -7880,6 +7909,10 @@ typedef struct attn__cuda_layer {
     attn__CUdeviceptr alibi;
     int resident;                    /* decode CTAs the device holds at once: occupancy x SMs */
     int resident_wide;               /* the same for decode_wide (0: none) */
+    int resident_prefill;            /* the same for the prefill tiles */
+    int cascade;                     /* the prefill tiles can run a cascade's prefix pass: no
+                                        sliding window, no ALiBi (the prefix rows' positions are
+                                        not their own); see attn__cuda_build */
 } attn__cuda_layer;
 
 /* A layer's per-tensor fp8 scales as the kernels take them: a device pointer (read at every
@@ -8028,7 +8061,8 @@ static void attn__cuda_layer_variants(const attn_layer_desc *d, const attn_platf
         if (!(pass && sm90)) /* paged_attention.cu's features (CUDA_SM90's scope has neither) */
             attn__fmt(opt[pass] + n, 256 - (size_t)n, " -DSOFTCAP=%d -DALIBI=%d -DWARP_ROWS=%d%s",
                       d->logits_soft_cap > 0.0f, d->alibi_slopes != NULL, pass ? attn__cuda_warp_rows(d) : 1,
-                      pass ? "" : " -DPERSISTENT=1"); /* decode: a captured launch is one wave */
+                      pass ? "" : " -DPERSISTENT=1 -DCASCADE=1"); /* decode: a captured launch is one
+                                                                      wave; rows join a cascade's prefix */
     }
     attn__fmt(opt[2], 256, "-DHEAD_DIM=%d -DDT_IN=%d -DDT_CACHE=%d%s", d->head_size,
               attn__cuda_dt(d->dtype), attn__cuda_dt(d->kv_cache_dtype),
@@ -8083,6 +8117,8 @@ static attn_status attn__cuda_layer_init(const attn_backend *self, attn_layer *l
         L->resident = attn__cuda_resident(ctx, &L->decode, 2);
         if (L->decode_wide.module)
             L->resident_wide = attn__cuda_resident(ctx, &L->decode_wide, 1); /* its shared memory allows one per SM */
+        L->resident_prefill = attn__cuda_resident(ctx, &L->prefill, 1);
+        L->cascade = d->sliding_window == 0 && !d->alibi_slopes;
     }
     if (st == ATTN_OK && d->alibi_slopes) {
         size_t bytes = (size_t)d->num_heads * sizeof(float);
@@ -8117,10 +8153,12 @@ static void attn__cuda_layer_release(const attn_backend *self, attn_layer *layer
 /* One region, laid out by one function (sizes with base NULL, carves otherwise), copied
    to the device with one cuMemcpyHtoDAsync per build: counts, work lists, merges, batch. */
 typedef struct attn__cuda_plan {
-    int32_t *counts;               /* [4]: decode work, prefill work, decode merges, wide decode
+    int32_t *counts;               /* [6]: decode work, prefill work, decode merges, wide decode
                                       work (decode tiles run with one of the two decode
-                                      variants: the other's count is 0) */
-    int32_t *work[2];              /* [capacity][8] per variant (0 decode either shape, 1 prefill) */
+                                      variants: the other's count is 0), cascade prefix work,
+                                      cascade prefix splits (0: no prefix) */
+    int32_t *work[3];              /* [capacity][8] per list (0 decode either shape, 1 prefill,
+                                      2 the cascade's prefix pass on the prefill tiles) */
     int32_t *merge;                /* [capacity][8] (decode splits) */
     int32_t *query_start_loc, *seq_lens;
     int64_t *slot_mapping;
@@ -8183,7 +8221,7 @@ static attn__CUresult attn__cuda_staged_send(attn__cuda_driver *cu, attn__cuda_s
 typedef struct attn__cuda_meta {
     /* geometry copied from the layer: metadata may outlive it */
     int group, num_kv_heads, tile[2], rows[2], kv_tile[2];
-    int work_capacity[2], merge_capacity, slot_capacity;
+    int work_capacity[3], merge_capacity, slot_capacity;
     int parallelism;               /* resident decode CTAs (the layer's occupancy x SMs) */
     int parallelism_wide, kv_tile_wide; /* the same for the wide decode tiles (0: none) */
     int wide;                      /* the last build runs its decode tiles wide */
@@ -8194,6 +8232,9 @@ typedef struct attn__cuda_meta {
     attn__cuda_staged up;          /* the region: plan, batch */
     attn__CUdeviceptr partial_o, partial_ml;
     attn__CUdeviceptr merge_count;   /* [merge_capacity] fused-merge arrivals, zero between forwards */
+    attn__CUdeviceptr prefix_o, prefix_ml; /* cascade: work_capacity[2] partial slots of rows[1] rows */
+    int parallelism_prefill;       /* resident prefill CTAs */
+    int cascade_len, cascade_splits; /* the last build's prefix pass (0: none) */
     size_t upload_bytes;           /* of the last build */
     attn__cuda_plan host;          /* pointers into staging */
     attn__cuda_plan dev;           /* the same offsets as device addresses (in pointer form) */
@@ -8203,9 +8244,10 @@ typedef struct attn__cuda_meta {
 static size_t attn__cuda_plan_layout(const attn__cuda_meta *cm, const attn_metadata_desc *cap, char *base,
                                      attn__cuda_plan *p) {
     size_t used = 0;
-    p->counts = (int32_t *)attn__carve(base, &used, 4 * sizeof(int32_t), 256);
+    p->counts = (int32_t *)attn__carve(base, &used, 6 * sizeof(int32_t), 256);
     p->work[0] = (int32_t *)attn__carve(base, &used, (size_t)cm->work_capacity[0] * 32, 256);
     p->work[1] = (int32_t *)attn__carve(base, &used, (size_t)cm->work_capacity[1] * 32, 256);
+    p->work[2] = (int32_t *)attn__carve(base, &used, (size_t)cm->work_capacity[2] * 32, 256);
     p->merge = (int32_t *)attn__carve(base, &used, (size_t)cm->merge_capacity * 32, 256);
     p->query_start_loc = (int32_t *)attn__carve(base, &used, ((size_t)cap->max_num_reqs + 1) * 4, 256);
     p->seq_lens = (int32_t *)attn__carve(base, &used, (size_t)cap->max_num_reqs * 4, 256);
@@ -8222,6 +8264,8 @@ static void attn__cuda_meta_free(attn_context *ctx, attn__cuda_meta *cm) {
     if (cm->partial_o) cu->cuMemFree(cm->partial_o);
     if (cm->partial_ml) cu->cuMemFree(cm->partial_ml);
     if (cm->merge_count) cu->cuMemFree(cm->merge_count);
+    if (cm->prefix_o) cu->cuMemFree(cm->prefix_o);
+    if (cm->prefix_ml) cu->cuMemFree(cm->prefix_ml);
     attn__free(cm);
 }
 
@@ -8267,6 +8311,15 @@ static attn_status attn__cuda_metadata_init(const attn_backend *self, attn_layer
                                               ATTN__MIN(cap->max_num_reqs, cap->max_num_tokens / (cm->tile[0] + 1)));
     cm->merge_capacity = ATTN__MIN(cap->max_num_reqs * d->num_kv_heads, cm->parallelism);
     cm->slot_capacity = cm->parallelism;
+    /* Cascade (attn__cuda_build): the prefix pass's items, one partial slot each: two waves
+       of prefill CTAs, or a decode-only batch of the whole capacity at one split, whichever
+       is more (H200, head 128, 128-row tiles: 264 slots, 17 MB). None where the layer cannot
+       cascade or the capacity holds one request. */
+    cm->parallelism_prefill = ATTN__MAX(1, L->resident_prefill);
+    if (L->cascade && cap->max_num_reqs > 1)
+        cm->work_capacity[2] = ATTN__MAX(2 * cm->parallelism_prefill,
+                                         d->num_kv_heads * ((ATTN__MIN(cap->max_num_tokens, cap->max_num_reqs * cm->tile[0]) +
+                                                             cm->tile[1] - 1) / cm->tile[1]));
     /* A build's base items (attn__cuda_build) number at most num_kv_heads x (max_num_reqs +
        max_num_tokens / tile[1]): one per KV head for a request that fits a decode tile,
        ceil(ql / tile[1]) <= 1 + floor(ql / tile[1]) per KV head otherwise. Where that fits
@@ -8288,6 +8341,9 @@ static attn_status attn__cuda_metadata_init(const attn_backend *self, attn_layer
         (rc = cu->cuMemAlloc(&cm->partial_ml, (size_t)cm->slot_capacity * (size_t)cm->rows[0] * 2 * 4)) != 0 ||
         (rc = cu->cuMemAlloc(&cm->merge_count, (size_t)ATTN__MAX(1, cm->merge_capacity) * 4)) != 0 ||
         (rc = cu->cuMemsetD8Async(cm->merge_count, 0, (size_t)ATTN__MAX(1, cm->merge_capacity) * 4, NULL)) != 0 ||
+        (cm->work_capacity[2] > 0 &&
+         ((rc = cu->cuMemAlloc(&cm->prefix_o, (size_t)cm->work_capacity[2] * (size_t)cm->rows[1] * (size_t)d->head_size * 4)) != 0 ||
+          (rc = cu->cuMemAlloc(&cm->prefix_ml, (size_t)cm->work_capacity[2] * (size_t)cm->rows[1] * 2 * 4)) != 0)) ||
         (rc = cu->cuStreamSynchronize(NULL)) != 0) {
         size_t bytes = cm->up.bytes; /* read before the free */
         attn__cuda_meta_free(ctx, cm);
@@ -8356,16 +8412,49 @@ static attn_status attn__cuda_build(const attn_backend *self, attn_layer *layer,
     attn__cuda_driver *cu = ctx->cuda;
     int causal = b->causal == ATTN_CAUSAL_YES, r, h, nw[2] = {0, 0}, nm = 0, slots = 0, base;
     int split, invariant = cm->invariant, par, kt; /* ATTN_BATCH_INVARIANT as the metadata was created */
+    int P = 0, np = 0;                             /* cascade: the prefix's keys, its items */
     size_t upload;
     attn__CUresult rc;
     attn_status st;
     (void)self;
-    (void)common_prefix_len;
     (void)fast_build;
     if ((st = attn__cuda_enter_stream(ctx, "attn_metadata_build", b->stream)) != ATTN_OK) return st;
     if ((rc = attn__cuda_staged_wait(cu, &cm->up)) != 0) {
         attn__cuda_leave(ctx);
         return attn__cu_fail(ctx, "attn_metadata_build", "cuEventSynchronize", rc);
+    }
+    /* Cascade (common_prefix_len: whole blocks before every request's queries, validated):
+       on a batch whose requests all fit decode tiles (decodes, speculative verification),
+       a prefix pass on the prefill tiles attends keys [0, P) for every batch token at once
+       (its items are request 0's, whose block table holds the prefix, with tok0 counting
+       batch tokens: kernels/paged_attention.cu, CASCADE), split so its items fill a wave
+       of prefill CTAs; the decode items then read keys [P, seq_len) and join the prefix's
+       partials where each row is stored. Not under batch invariance (a row's sum would
+       depend on its batch), nor where the layer cannot (attn__cuda_layer.cascade). */
+    cm->cascade_len = cm->cascade_splits = 0;
+    if (common_prefix_len > 0 && cm->work_capacity[2] > 0 && !invariant && b->num_reqs > 1) {
+        const int T = b->num_actual_tokens, tp = cm->tile[1], J = (T + tp - 1) / tp, H = d->num_kv_heads;
+        int fits = J * H <= cm->work_capacity[2], ns, j, s2;
+        for (r = 0; r < b->num_reqs && fits; r++)
+            fits = b->query_start_loc[r + 1] - b->query_start_loc[r] <= cm->tile[0];
+        if (fits) {
+            ns = ATTN__MAX(1, cm->parallelism_prefill / (J * H));                /* one wave */
+            ns = ATTN__MIN(ns, ATTN__MAX(1, common_prefix_len / (2 * ATTN__CUDA_SPLIT_MIN))); /* >= 512 keys */
+            ns = ATTN__MIN(ns, cm->work_capacity[2] / (J * H));
+            P = cm->cascade_len = common_prefix_len;
+            cm->cascade_splits = ns;
+            attn__log(ctx, ATTN_LOG_LEVEL_DEBUG, ATTN_LOG_CASCADE_PLANNED,
+                      "attn_metadata_build: cascade: %d prefix keys for %d tokens, %d splits (%d items)", P, T, ns,
+                      J * H * ns);
+            for (j = 0; j < J; j++)
+                for (h = 0; h < H; h++)
+                    for (s2 = 0; s2 < ns; s2++) { /* split bounds on the prefill tiles' KV_TILE */
+                        int k0 = (int)((int64_t)P * s2 / ns) / cm->kv_tile[1] * cm->kv_tile[1];
+                        int k1 = s2 == ns - 1 ? P : (int)((int64_t)P * (s2 + 1) / ns) / cm->kv_tile[1] * cm->kv_tile[1];
+                        attn__cuda_item(p->work[2] + 8 * np++, 0, h, j * tp, ATTN__MIN(tp, T - j * tp), k0, k1,
+                                        (j * H + h) * ns + s2, 0, -1);
+                    }
+        }
     }
     /* base items: decodes (a request that fits one decode tile) one per KV head */
     base = 0;
@@ -8391,7 +8480,7 @@ static attn_status attn__cuda_build(const attn_backend *self, attn_layer *layer,
             int t1 = ATTN__MIN(ql, t0 + tt), lo0, hi0, lo1, hi1, lo, hi, ns = 1, s;
             attn__cpu_visible_keys(d, causal, sl - ql + t0, sl, &lo0, &hi0);
             attn__cpu_visible_keys(d, causal, sl - ql + t1 - 1, sl, &lo1, &hi1);
-            lo = ATTN__MIN(lo0, lo1);
+            lo = ATTN__MAX(ATTN__MIN(lo0, lo1), P); /* cascade: the prefix is the prefix pass's */
             hi = ATTN__MAX(hi0, hi1);
             if (v == 0 && split && hi - lo >= 2 * ATTN__CUDA_SPLIT_MIN) {
                 ns = (hi - lo) / ATTN__CUDA_SPLIT_MIN;
@@ -8428,6 +8517,8 @@ static attn_status attn__cuda_build(const attn_backend *self, attn_layer *layer,
     ATTN_ASSERT((cm->decode_shapes & 1) || p->counts[0] == 0); /* the capacity bound above */
     p->counts[2] = nm;
     p->counts[3] = cm->wide ? nw[0] : 0;
+    p->counts[4] = np;
+    p->counts[5] = cm->cascade_splits;
     memcpy(p->query_start_loc, b->query_start_loc, ((size_t)b->num_reqs + 1) * 4);
     if (b->num_reqs) memcpy(p->seq_lens, b->seq_lens, (size_t)b->num_reqs * 4);
     rc = attn__cuda_staged_send(cu, &cm->up, cap, b, p->slot_mapping, p->block_table, &upload);
@@ -8556,10 +8647,15 @@ static attn_status attn__cuda_forward(const attn_backend *self, attn_layer *laye
                           cm->tile[0], cm->tile[1], cm->parallelism_wide ? " and the wide decode shape" : "",
                           L->decode.config.tile_tokens, L->prefill.config.tile_tokens,
                           L->decode_wide.module ? " and the wide decode shape" : "");
+    if (cm->cascade_len > 0 && !L->cascade) /* metadata shared with a layer of other ALiBi */
+        return attn__fail(ctx, ATTN_ERROR_INVALID_METADATA, ATTN_LOG_METADATA_MISMATCH,
+                          "attn_layer_forward: meta was built with common_prefix_len %d, whose prefix pass "
+                          "cannot take this layer's ALiBi slopes (allowed: such a layer's metadata built "
+                          "with common_prefix_len 0, or metadata created by it)", cm->cascade_len);
     if ((st = attn__cuda_cache_aligned(ctx, "attn_layer_forward", kv_cache)) != ATTN_OK) return st;
     if ((st = attn__cuda_enter_stream(ctx, "attn_layer_forward", stream)) != ATTN_OK) return st;
     capturing = attn__cuda_capturing(ctx, s);
-    if (L->prefill.config.tma_box_rows > 0 && (capturing || cm->host.counts[1] > 0) &&
+    if (L->prefill.config.tma_box_rows > 0 && (capturing || cm->host.counts[1] > 0 || cm->host.counts[4] > 0) &&
         (st = attn__cuda_kv_map(ctx, d, kv_cache, L->prefill.config.tma_box_rows, &kv_map)) != ATTN_OK) {
         attn__cuda_leave(ctx); /* before anything is written */
         return st;
@@ -8598,26 +8694,36 @@ static attn_status attn__cuda_forward(const attn_backend *self, attn_layer *laye
     pp.softcap = d->logits_soft_cap;
     pp.window = d->sliding_window;
     attn__cuda_kv_scales(d, &pp.k_scale, &pp.v_scale, &pp.k_scale_value, &pp.v_scale_value);
+    pp.prefix_o = cm->prefix_o; /* cascade: the prefix pass's partials, joined by the decode tiles */
+    pp.prefix_ml = cm->prefix_ml;
+    pp.prefix_tile_tokens = cm->tile[1];
+    pp.prefix_rows = cm->rows[1];
     /* Decode splits merge inside the decode launch (the last split of each entry to
        finish), so a forward runs at most two launches: decode tiles (default or wide shape,
        whichever the build chose), prefill tiles. A captured forward holds each shape a build
        of its capacity can run (the graph replays later builds; an unused shape's count is
        0), a decode shape as one wave of CTAs that loop over the items. */
     {
-        /* each launch: its module, its work list (plan.work[]), its count (plan.counts[]) */
-        const struct { const attn__cuda_module *m; int list, count; } launch[3] = {
-            {&L->decode, 0, 0}, {&L->prefill, 1, 1}, {&L->decode_wide, 0, 3}};
-        for (v2 = 0; v2 < 3 && rc == 0; v2++) {
+        /* each launch: its module, its work list (plan.work[]), its count (plan.counts[]);
+           the cascade's prefix pass first (the decode tiles read its partials) */
+        const struct { const attn__cuda_module *m; int list, count; } launch[4] = {
+            {&L->prefill, 2, 4}, {&L->decode, 0, 0}, {&L->prefill, 1, 1}, {&L->decode_wide, 0, 3}};
+        for (v2 = 0; v2 < 4 && rc == 0; v2++) {
             const attn__cuda_module *m = launch[v2].m;
             unsigned grid = (unsigned)(capturing ? cm->work_capacity[launch[v2].list]
                                                  : cm->host.counts[launch[v2].count]);
-            if (capturing && ((v2 == 0 && !(cm->decode_shapes & 1)) || (v2 == 2 && !(cm->decode_shapes & 2))))
+            if (capturing && ((v2 == 1 && !(cm->decode_shapes & 1)) || (v2 == 3 && !(cm->decode_shapes & 2))))
                 grid = 0; /* a decode shape no build of this capacity runs */
-            if (capturing && m->config.persistent && v2 != 1) /* one wave, looping over the replayed build's items */
-                grid = (unsigned)ATTN__MIN((int)grid, ATTN__MAX(1, v2 ? L->resident_wide : L->resident));
+            if (capturing && m->config.persistent && (v2 == 1 || v2 == 3)) /* one wave, looping over the replayed build's items */
+                grid = (unsigned)ATTN__MIN((int)grid, ATTN__MAX(1, v2 == 3 ? L->resident_wide : L->resident));
             if (!m->module || !grid) continue;
             pp.work = attn__dptr(cm->dev.work[launch[v2].list]);
             pp.num_work = attn__dptr(cm->dev.counts + launch[v2].count);
+            /* the prefix pass writes partials into the cascade's slots; the decode tiles join
+               them (a count of 0 splits: no prefix in this build) */
+            pp.partial_o = v2 == 0 ? cm->prefix_o : cm->partial_o;
+            pp.partial_ml = v2 == 0 ? cm->prefix_ml : cm->partial_ml;
+            pp.prefix_splits = (v2 == 1 || v2 == 3) && cm->prefix_o ? attn__dptr(cm->dev.counts + 5) : 0;
             args[0] = &pp;
             if (m->config.tma_box_rows > 0) { /* a kernel fed through TMA takes the cache's map first */
                 args[0] = &kv_map;
@@ -8772,6 +8878,7 @@ static const attn_backend attn__cuda_backend = {
     16, 0,                    /* block sizes: any multiple of 16 */
     1, 1, 1, 1,               /* non-causal, sliding window, soft cap, ALiBi */
     1,                        /* attention sinks */
+    1,                        /* cascade (common_prefix_len) */
     0,                        /* is_mla */
     ATTN_CUDA_GRAPH_ALWAYS,   /* captured forward: capacity grids, counts read on the device */
     1, ATTN_LSE_BASE_E,
@@ -8819,6 +8926,7 @@ static const attn_backend attn__cuda_sm90_backend = {
     16, 0,                    /* block sizes: any multiple of 16 */
     1, 1, 0, 0,               /* non-causal, sliding window; no soft cap, no ALiBi */
     1,                        /* attention sinks */
+    1,                        /* cascade (common_prefix_len) */
     0,                        /* is_mla */
     ATTN_CUDA_GRAPH_ALWAYS,
     1, ATTN_LSE_BASE_E,
@@ -9659,6 +9767,7 @@ static const attn_backend attn__cuda_mla_sm90_backend = {
     16, 0,                    /* block sizes: any multiple of 16 (64 recommended) */
     0, 0, 0, 0,               /* non-causal, sliding window, soft cap, ALiBi: no */
     0,                        /* attention sinks: not yet (issue 23) */
+    0,                        /* cascade: not yet (the batch computed as with common_prefix_len 0) */
     1,                        /* is_mla */
     ATTN_CUDA_GRAPH_UNIFORM_SINGLE_TOKEN_DECODE, /* decode: capacity grids, counts on the device */
     1, ATTN_LSE_BASE_E,
@@ -9693,6 +9802,7 @@ static const attn_backend attn__cuda_mla_backend = {
     16, 0,
     0, 0, 0, 0,
     0,                        /* attention sinks: not yet (issue 23) */
+    0,                        /* cascade: not yet (the batch computed as with common_prefix_len 0) */
     1,                        /* is_mla */
     ATTN_CUDA_GRAPH_UNIFORM_SINGLE_TOKEN_DECODE,
     1, ATTN_LSE_BASE_E,
@@ -10601,6 +10711,11 @@ static const char *const attn__kernel_src_attn_params_cuh[] = {
     "    ATTN__DPTR(const float) v_scale;\n",
     "    ATTN__DPTR(const float) sinks;          /* [num_heads] attention sinks (natural-log logits),\n",
     "                                               read at every launch; NULL: none */\n",
+    "    ATTN__DPTR(const float) prefix_o;       /* cascade (paged_attention.cu, CASCADE): the prefix\n",
+    "                                               pass's partials [slots][prefix_rows][HEAD_DIM] */\n",
+    "    ATTN__DPTR(const float) prefix_ml;      /* [slots][prefix_rows][2] */\n",
+    "    ATTN__DPTR(const int) prefix_splits;    /* one int: the prefix pass's splits (0: no prefix in\n",
+    "                                               this launch's batch); NULL: never */\n",
     "    long long q_stride_token, q_stride_head;\n",
     "    long long out_stride_token, out_stride_head;\n",
     "    long long lse_stride_token, lse_stride_head;\n",
@@ -10610,6 +10725,8 @@ static const char *const attn__kernel_src_attn_params_cuh[] = {
     "    float softcap;                          /* SOFTCAP: the cap (> 0) */\n",
     "    int window;                             /* WINDOW: sliding window in tokens (0: none) */\n",
     "    float k_scale_value, v_scale_value;     /* where k_scale / v_scale are NULL */\n",
+    "    int prefix_tile_tokens, prefix_rows;    /* cascade: the prefix pass's query tokens and rows\n",
+    "                                               per partial slot */\n",
     "} attn__paged_params;\n",
     "\n",
     "/* attn_reshape_and_cache (cache_write.cu): key/value rows into the standard cache. */\n",
@@ -10739,7 +10856,7 @@ static const char *const attn__kernel_src_attn_params_cuh[] = {
     "   that, and the sizes here are updated with it. */\n",
     "#define ATTN__PARAMS_SIZE(T, n) typedef char T##_size_check[sizeof(T) == (n) ? 1 : -1]\n",
     "ATTN__PARAMS_SIZE(attn__launch_config, 40);\n",
-    "ATTN__PARAMS_SIZE(attn__paged_params, 18 * 8 + 7 * 8 + 6 * 4);\n",
+    "ATTN__PARAMS_SIZE(attn__paged_params, 21 * 8 + 7 * 8 + 8 * 4);\n",
     "ATTN__PARAMS_SIZE(attn__cache_write_params, 6 * 8 + 5 * 8 + 6 * 4);\n",
     "ATTN__PARAMS_SIZE(attn__cache_write_inline_params, 112 + ATTN__INLINE_SLOTS * 8);\n",
     "ATTN__PARAMS_SIZE(attn__latent_write_params, 4 * 8 + 3 * 8 + 2 * 4 + 8 + 2 * 4);\n",
@@ -13132,6 +13249,9 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "                          decode on sm_90)\n",
     "             PERSISTENT   1: CTAs loop over the work items (grid any size, LAUNCH); the\n",
     "                          library sets it for its decode shapes. 0 (default): one item per CTA\n",
+    "             CASCADE      1: rows written to out join the partials of a cascade's prefix\n",
+    "                          pass (see CASCADE below; the library sets it for its decode\n",
+    "                          shapes). 0 (default): prefix_splits is ignored\n",
     "             Q_IN_REGS    keep the Q fragments in registers (default: MMA, HEAD_DIM <= 128\n",
     "                          and one row tile per warp; with two, Q is read from shared memory\n",
     "                          per K/V tile)\n",
@@ -13223,6 +13343,18 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "   num_splits - 1 reads every partial (L2 loads, never the read-only path) and writes\n",
     "   out/lse, then sets merge_count[i] back to 0, so the counters are zero between launches\n",
     "   (the host zeroes them once; a replayed graph finds them so).\n",
+    "   CASCADE (attn.h's common_prefix_len on a decode batch): a launch before this one (the\n",
+    "   prefill tiles of paged_attention.cu or paged_prefill_sm90.cu, its own work list) attends\n",
+    "   the shared prefix keys [0, P) for every query token of the batch: items of request 0\n",
+    "   (whose block table holds the prefix, as every request's does), tok0 = the first batch\n",
+    "   token of a tile of prefix_tile_tokens (request 0's query_start_loc is 0, so tok0 counts\n",
+    "   batch tokens), non-causal (every query follows the prefix), split into ns key ranges,\n",
+    "   each writing a partial (the PARTIAL WORKSPACE's format, prefix_rows rows a slot) into\n",
+    "   prefix_o / prefix_ml: slot (j * num_kv_heads + kv_head) * ns + s for tile j and split s.\n",
+    "   This launch's items then cover keys [P, seq_len) only, and every row that writes out\n",
+    "   joins its prefix partials by LSE before the sink and the normalisation (attn_store_row8:\n",
+    "   *prefix_splits = ns > 0; 0 or prefix_splits NULL: no prefix). A graph replays both\n",
+    "   launches; a build without a prefix sets the count of the first and ns to 0.\n",
     "\n",
     "   =====================================================================================\n",
     "   8-BIT CACHES (DT_KV 4, 5, 6: the CPU backend's fp8 and int8 caches, same bytes)\n",
@@ -13351,6 +13483,9 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "#endif\n",
     "#ifndef MIN_CTAS\n",
     "#define MIN_CTAS 0\n",
+    "#endif\n",
+    "#ifndef CASCADE\n",
+    "#define CASCADE 0 /* 1: rows stored to out join the prefix pass's partials (CASCADE; decode shapes) */\n",
     "#endif\n",
     "#ifndef PERSISTENT\n",
     "#define PERSISTENT 0\n",
@@ -13539,6 +13674,40 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "\n",
     "/* ---- the store of finished rows and the split merge ---- */\n",
     "\n",
+    "/* CASCADE: joins the prefix pass's partials of one row (query `token`, head member `member`\n",
+    "   of kv_head; columns 8c .. 8c + 7) into its own finished state (m, l, O unnormalised),\n",
+    "   the merge of split_merge.cuh over 1 + ns states. The prefix pass (a launch before this\n",
+    "   one) wrote tile j = token / prefix_tile_tokens, kv_head, split s into slot (j *\n",
+    "   num_kv_heads + kv_head) * ns + s, row (token - j * prefix_tile_tokens) * GROUP + member. */\n",
+    "ATTN_DEV void attn_cascade_join(const attn__paged_params &p, int token, int kv_head, int member, int group,\n",
+    "                                int head_dim, int c, int ns, float *O, float &m, float &l) {\n",
+    "    const int j = token / p.prefix_tile_tokens, Rp = (token - j * p.prefix_tile_tokens) * group + member;\n",
+    "    const attn_i64 row0 = ((attn_i64)j * p.num_kv_heads + kv_head) * ns * p.prefix_rows + Rp;\n",
+    "    float M = attn_merge_key(m, l);\n",
+    "#pragma unroll 1\n",
+    "    for (int s = 0; s < ns; s++) {\n",
+    "        const float *ml = p.prefix_ml + (row0 + (attn_i64)s * p.prefix_rows) * 2;\n",
+    "        M = fmaxf(M, attn_merge_key(__ldg(ml), __ldg(ml + 1)));\n",
+    "    }\n",
+    "    const float Mb = attn_merge_base(M), wa = attn_merge_weight(attn_merge_key(m, l), Mb);\n",
+    "    l *= wa;\n",
+    "#pragma unroll\n",
+    "    for (int i = 0; i < 8; i++) O[i] *= wa;\n",
+    "#pragma unroll 1\n",
+    "    for (int s = 0; s < ns; s++) {\n",
+    "        const attn_i64 row = row0 + (attn_i64)s * p.prefix_rows;\n",
+    "        const float ms = __ldg(p.prefix_ml + row * 2), ls = __ldg(p.prefix_ml + row * 2 + 1);\n",
+    "        const float ws = attn_merge_weight(attn_merge_key(ms, ls), Mb); /* an empty split weighs 0 */\n",
+    "        if (ws == 0.0f) continue;\n",
+    "        const float4 a = __ldg((const float4 *)(p.prefix_o + row * head_dim + c * 8));\n",
+    "        const float4 b = __ldg((const float4 *)(p.prefix_o + row * head_dim + c * 8 + 4));\n",
+    "        l += ws * ls;\n",
+    "        O[0] += ws * a.x; O[1] += ws * a.y; O[2] += ws * a.z; O[3] += ws * a.w;\n",
+    "        O[4] += ws * b.x; O[5] += ws * b.y; O[6] += ws * b.z; O[7] += ws * b.w;\n",
+    "    }\n",
+    "    m = M;\n",
+    "}\n",
+    "\n",
     "/* Writes 8 finished elements (columns 8c..8c+7) of row R of a tile: out and lse, or the\n",
     "   partial slot. O is unnormalised; (m, l) its base-2 max and sum. The CPU's\n",
     "   attn__cpu_store_rows. out_vec: every out row is 16-byte aligned (attn_out_vec). */\n",
@@ -13560,10 +13729,17 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "    }\n",
     "    const int t = R / T::group, head = kv_head * T::group + (R - t * T::group);\n",
     "    const attn_i64 token = q_row0 + t;\n",
-    "    const float w = p.sinks ? attn_softmax_sink(__ldg(p.sinks + head), m, l) : 1.0f; /* once, here */\n",
-    "    float inv = l > 0.0f ? w * attn_rcp(l) : 0.0f, f[8]; /* l >= 1 when a key (or a sink) was seen */\n",
+    "    float f[8];\n",
     "#pragma unroll\n",
-    "    for (int i = 0; i < 8; i++) f[i] = O[i] * inv;\n",
+    "    for (int i = 0; i < 8; i++) f[i] = O[i];\n",
+    "    if (CASCADE && p.prefix_splits) { /* the shared prefix's partials join first, the sink after */\n",
+    "        const int ns = *p.prefix_splits;\n",
+    "        if (ns > 0) attn_cascade_join(p, (int)token, kv_head, R - t * T::group, T::group, T::head_dim, c, ns, f, m, l);\n",
+    "    }\n",
+    "    const float w = p.sinks ? attn_softmax_sink(__ldg(p.sinks + head), m, l) : 1.0f; /* once, here */\n",
+    "    const float inv = l > 0.0f ? w * attn_rcp(l) : 0.0f; /* l >= 1 when a key (or a sink) was seen */\n",
+    "#pragma unroll\n",
+    "    for (int i = 0; i < 8; i++) f[i] *= inv;\n",
     "    char *dst = (char *)p.out + (token * p.out_stride_token + head * p.out_stride_head + c * 8) * T::esz_q;\n",
     "    if (out_vec) {\n",
     "        attn_vec16 v[2];\n",
@@ -14334,8 +14510,10 @@ static const char *const attn__kernel_src_paged_prefill_sm90_cu[] = {
     "       BLOCK_SIZE a multiple of 16;\n",
     "     - WINDOW 0 or 1 (window from params as there); no soft cap, no ALiBi (the defines\n",
     "       SOFTCAP / ALIBI 1 are refused);\n",
-    "     - work items that write out/lse: slot -1 (prefill items are never split; a slot >= 0\n",
-    "       traps). Causality per work item (flags bit 0), as there.\n",
+    "     - work items that write out/lse (slot -1) or an unnormalised partial into partial slot\n",
+    "       `slot` (paged_attention.cu's PARTIAL WORKSPACE, WT::rows rows a slot: the prefix pass\n",
+    "       of its CASCADE; a merge index in the flags traps: nothing here merges). Causality\n",
+    "       per work item (flags bit 0), as there.\n",
     "   Query token t of a work item sits at pos = seq_len - query_len + tok0 + t; key j is\n",
     "   visible iff lo <= j < hi (lo, hi as in paged_attention.cu, clamped to [key0, key1)).\n",
     "   Scores in base 2 with the scale folded in: s = q.k * scale * log2(e); out = sum_j\n",
@@ -14483,7 +14661,7 @@ static const char *const attn__kernel_src_paged_prefill_sm90_cu[] = {
     "    if ((int)blockIdx.x >= *p.num_work) return;\n",
     "\n",
     "    const attn_paged_item w = attn_paged_item_load(p, blockIdx.x, GROUP);\n",
-    "    if (w.slot >= 0) attn_trap(); /* prefill items are never split */\n",
+    "    if (w.merge_index >= 0) attn_trap(); /* partials are merged by their reader (CASCADE), never here */\n",
     "    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;\n",
     "\n",
     "    const attn_u32 smem0 = attn_smem_addr(attn_smem);\n",
@@ -14695,6 +14873,24 @@ static const char *const attn__kernel_src_paged_prefill_sm90_cu[] = {
     "\n",
     "    /* ---- epilogue (the consumers): O / l to shared memory over the stages, lse, rows out.\n",
     "       Every copy landed: each full barrier was waited on. ---- */\n",
+    "    if (w.slot >= 0) { /* a partial (CASCADE's prefix pass): O, m, l of each row as they are */\n",
+    "#pragma unroll\n",
+    "        for (int h = 0; h < 2; h++) {\n",
+    "            const int R = row0 + 8 * h;\n",
+    "            const float L = attn_quad_sum(l[h]); /* every lane: a warp shuffle */\n",
+    "            if (R >= nrows) continue;\n",
+    "            const attn_i64 prow = (attn_i64)w.slot * WT::rows + R;\n",
+    "            float *dst = p.partial_o + prow * HEAD_DIM + 2 * tq;\n",
+    "#pragma unroll\n",
+    "            for (int i = 0; i < HEAD_DIM / 8; i++)\n",
+    "                *(float2 *)(dst + 8 * i) = make_float2(o[4 * i + 2 * h], o[4 * i + 2 * h + 1]);\n",
+    "            if (tq == 0) {\n",
+    "                p.partial_ml[prow * 2] = m[h];\n",
+    "                p.partial_ml[prow * 2 + 1] = L;\n",
+    "            }\n",
+    "        }\n",
+    "        return;\n",
+    "    }\n",
     "    attn_named_barrier(1, WT::consumers); /* both warpgroups are done with the stages */\n",
     "    char *const sO = smem + WT::k_off;\n",
     "#pragma unroll\n",

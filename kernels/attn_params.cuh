@@ -67,6 +67,11 @@ typedef struct attn__paged_params {
     ATTN__DPTR(const float) v_scale;
     ATTN__DPTR(const float) sinks;          /* [num_heads] attention sinks (natural-log logits),
                                                read at every launch; NULL: none */
+    ATTN__DPTR(const float) prefix_o;       /* cascade (paged_attention.cu, CASCADE): the prefix
+                                               pass's partials [slots][prefix_rows][HEAD_DIM] */
+    ATTN__DPTR(const float) prefix_ml;      /* [slots][prefix_rows][2] */
+    ATTN__DPTR(const int) prefix_splits;    /* one int: the prefix pass's splits (0: no prefix in
+                                               this launch's batch); NULL: never */
     long long q_stride_token, q_stride_head;
     long long out_stride_token, out_stride_head;
     long long lse_stride_token, lse_stride_head;
@@ -76,6 +81,8 @@ typedef struct attn__paged_params {
     float softcap;                          /* SOFTCAP: the cap (> 0) */
     int window;                             /* WINDOW: sliding window in tokens (0: none) */
     float k_scale_value, v_scale_value;     /* where k_scale / v_scale are NULL */
+    int prefix_tile_tokens, prefix_rows;    /* cascade: the prefix pass's query tokens and rows
+                                               per partial slot */
 } attn__paged_params;
 
 /* attn_reshape_and_cache (cache_write.cu): key/value rows into the standard cache. */
@@ -205,7 +212,7 @@ typedef struct attn__mla_prefill_params {
    that, and the sizes here are updated with it. */
 #define ATTN__PARAMS_SIZE(T, n) typedef char T##_size_check[sizeof(T) == (n) ? 1 : -1]
 ATTN__PARAMS_SIZE(attn__launch_config, 40);
-ATTN__PARAMS_SIZE(attn__paged_params, 18 * 8 + 7 * 8 + 6 * 4);
+ATTN__PARAMS_SIZE(attn__paged_params, 21 * 8 + 7 * 8 + 8 * 4);
 ATTN__PARAMS_SIZE(attn__cache_write_params, 6 * 8 + 5 * 8 + 6 * 4);
 ATTN__PARAMS_SIZE(attn__cache_write_inline_params, 112 + ATTN__INLINE_SLOTS * 8);
 ATTN__PARAMS_SIZE(attn__latent_write_params, 4 * 8 + 3 * 8 + 2 * 4 + 8 + 2 * 4);

@@ -51,6 +51,9 @@
                           decode on sm_90)
              PERSISTENT   1: CTAs loop over the work items (grid any size, LAUNCH); the
                           library sets it for its decode shapes. 0 (default): one item per CTA
+             CASCADE      1: rows written to out join the partials of a cascade's prefix
+                          pass (see CASCADE below; the library sets it for its decode
+                          shapes). 0 (default): prefix_splits is ignored
              Q_IN_REGS    keep the Q fragments in registers (default: MMA, HEAD_DIM <= 128
                           and one row tile per warp; with two, Q is read from shared memory
                           per K/V tile)
@@ -142,6 +145,18 @@
    num_splits - 1 reads every partial (L2 loads, never the read-only path) and writes
    out/lse, then sets merge_count[i] back to 0, so the counters are zero between launches
    (the host zeroes them once; a replayed graph finds them so).
+   CASCADE (attn.h's common_prefix_len on a decode batch): a launch before this one (the
+   prefill tiles of paged_attention.cu or paged_prefill_sm90.cu, its own work list) attends
+   the shared prefix keys [0, P) for every query token of the batch: items of request 0
+   (whose block table holds the prefix, as every request's does), tok0 = the first batch
+   token of a tile of prefix_tile_tokens (request 0's query_start_loc is 0, so tok0 counts
+   batch tokens), non-causal (every query follows the prefix), split into ns key ranges,
+   each writing a partial (the PARTIAL WORKSPACE's format, prefix_rows rows a slot) into
+   prefix_o / prefix_ml: slot (j * num_kv_heads + kv_head) * ns + s for tile j and split s.
+   This launch's items then cover keys [P, seq_len) only, and every row that writes out
+   joins its prefix partials by LSE before the sink and the normalisation (attn_store_row8:
+   *prefix_splits = ns > 0; 0 or prefix_splits NULL: no prefix). A graph replays both
+   launches; a build without a prefix sets the count of the first and ns to 0.
 
    =====================================================================================
    8-BIT CACHES (DT_KV 4, 5, 6: the CPU backend's fp8 and int8 caches, same bytes)
@@ -270,6 +285,9 @@
 #endif
 #ifndef MIN_CTAS
 #define MIN_CTAS 0
+#endif
+#ifndef CASCADE
+#define CASCADE 0 /* 1: rows stored to out join the prefix pass's partials (CASCADE; decode shapes) */
 #endif
 #ifndef PERSISTENT
 #define PERSISTENT 0
@@ -458,6 +476,40 @@ template <class T> ATTN_DEV void attn_p_fragment(const float (*s)[4], int kk, at
 
 /* ---- the store of finished rows and the split merge ---- */
 
+/* CASCADE: joins the prefix pass's partials of one row (query `token`, head member `member`
+   of kv_head; columns 8c .. 8c + 7) into its own finished state (m, l, O unnormalised),
+   the merge of split_merge.cuh over 1 + ns states. The prefix pass (a launch before this
+   one) wrote tile j = token / prefix_tile_tokens, kv_head, split s into slot (j *
+   num_kv_heads + kv_head) * ns + s, row (token - j * prefix_tile_tokens) * GROUP + member. */
+ATTN_DEV void attn_cascade_join(const attn__paged_params &p, int token, int kv_head, int member, int group,
+                                int head_dim, int c, int ns, float *O, float &m, float &l) {
+    const int j = token / p.prefix_tile_tokens, Rp = (token - j * p.prefix_tile_tokens) * group + member;
+    const attn_i64 row0 = ((attn_i64)j * p.num_kv_heads + kv_head) * ns * p.prefix_rows + Rp;
+    float M = attn_merge_key(m, l);
+#pragma unroll 1
+    for (int s = 0; s < ns; s++) {
+        const float *ml = p.prefix_ml + (row0 + (attn_i64)s * p.prefix_rows) * 2;
+        M = fmaxf(M, attn_merge_key(__ldg(ml), __ldg(ml + 1)));
+    }
+    const float Mb = attn_merge_base(M), wa = attn_merge_weight(attn_merge_key(m, l), Mb);
+    l *= wa;
+#pragma unroll
+    for (int i = 0; i < 8; i++) O[i] *= wa;
+#pragma unroll 1
+    for (int s = 0; s < ns; s++) {
+        const attn_i64 row = row0 + (attn_i64)s * p.prefix_rows;
+        const float ms = __ldg(p.prefix_ml + row * 2), ls = __ldg(p.prefix_ml + row * 2 + 1);
+        const float ws = attn_merge_weight(attn_merge_key(ms, ls), Mb); /* an empty split weighs 0 */
+        if (ws == 0.0f) continue;
+        const float4 a = __ldg((const float4 *)(p.prefix_o + row * head_dim + c * 8));
+        const float4 b = __ldg((const float4 *)(p.prefix_o + row * head_dim + c * 8 + 4));
+        l += ws * ls;
+        O[0] += ws * a.x; O[1] += ws * a.y; O[2] += ws * a.z; O[3] += ws * a.w;
+        O[4] += ws * b.x; O[5] += ws * b.y; O[6] += ws * b.z; O[7] += ws * b.w;
+    }
+    m = M;
+}
+
 /* Writes 8 finished elements (columns 8c..8c+7) of row R of a tile: out and lse, or the
    partial slot. O is unnormalised; (m, l) its base-2 max and sum. The CPU's
    attn__cpu_store_rows. out_vec: every out row is 16-byte aligned (attn_out_vec). */
@@ -479,10 +531,17 @@ ATTN_DEV void attn_store_row8(const attn__paged_params &p, int q_row0, int kv_he
     }
     const int t = R / T::group, head = kv_head * T::group + (R - t * T::group);
     const attn_i64 token = q_row0 + t;
-    const float w = p.sinks ? attn_softmax_sink(__ldg(p.sinks + head), m, l) : 1.0f; /* once, here */
-    float inv = l > 0.0f ? w * attn_rcp(l) : 0.0f, f[8]; /* l >= 1 when a key (or a sink) was seen */
+    float f[8];
 #pragma unroll
-    for (int i = 0; i < 8; i++) f[i] = O[i] * inv;
+    for (int i = 0; i < 8; i++) f[i] = O[i];
+    if (CASCADE && p.prefix_splits) { /* the shared prefix's partials join first, the sink after */
+        const int ns = *p.prefix_splits;
+        if (ns > 0) attn_cascade_join(p, (int)token, kv_head, R - t * T::group, T::group, T::head_dim, c, ns, f, m, l);
+    }
+    const float w = p.sinks ? attn_softmax_sink(__ldg(p.sinks + head), m, l) : 1.0f; /* once, here */
+    const float inv = l > 0.0f ? w * attn_rcp(l) : 0.0f; /* l >= 1 when a key (or a sink) was seen */
+#pragma unroll
+    for (int i = 0; i < 8; i++) f[i] *= inv;
     char *dst = (char *)p.out + (token * p.out_stride_token + head * p.out_stride_head + c * 8) * T::esz_q;
     if (out_vec) {
         attn_vec16 v[2];

@@ -18,8 +18,10 @@
        BLOCK_SIZE a multiple of 16;
      - WINDOW 0 or 1 (window from params as there); no soft cap, no ALiBi (the defines
        SOFTCAP / ALIBI 1 are refused);
-     - work items that write out/lse: slot -1 (prefill items are never split; a slot >= 0
-       traps). Causality per work item (flags bit 0), as there.
+     - work items that write out/lse (slot -1) or an unnormalised partial into partial slot
+       `slot` (paged_attention.cu's PARTIAL WORKSPACE, WT::rows rows a slot: the prefix pass
+       of its CASCADE; a merge index in the flags traps: nothing here merges). Causality
+       per work item (flags bit 0), as there.
    Query token t of a work item sits at pos = seq_len - query_len + tok0 + t; key j is
    visible iff lo <= j < hi (lo, hi as in paged_attention.cu, clamped to [key0, key1)).
    Scores in base 2 with the scale folded in: s = q.k * scale * log2(e); out = sum_j
@@ -167,7 +169,7 @@ extern "C" __global__ void __launch_bounds__(WT::threads, 1)
     if ((int)blockIdx.x >= *p.num_work) return;
 
     const attn_paged_item w = attn_paged_item_load(p, blockIdx.x, GROUP);
-    if (w.slot >= 0) attn_trap(); /* prefill items are never split */
+    if (w.merge_index >= 0) attn_trap(); /* partials are merged by their reader (CASCADE), never here */
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
     const attn_u32 smem0 = attn_smem_addr(attn_smem);
@@ -379,6 +381,24 @@ extern "C" __global__ void __launch_bounds__(WT::threads, 1)
 
     /* ---- epilogue (the consumers): O / l to shared memory over the stages, lse, rows out.
        Every copy landed: each full barrier was waited on. ---- */
+    if (w.slot >= 0) { /* a partial (CASCADE's prefix pass): O, m, l of each row as they are */
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int R = row0 + 8 * h;
+            const float L = attn_quad_sum(l[h]); /* every lane: a warp shuffle */
+            if (R >= nrows) continue;
+            const attn_i64 prow = (attn_i64)w.slot * WT::rows + R;
+            float *dst = p.partial_o + prow * HEAD_DIM + 2 * tq;
+#pragma unroll
+            for (int i = 0; i < HEAD_DIM / 8; i++)
+                *(float2 *)(dst + 8 * i) = make_float2(o[4 * i + 2 * h], o[4 * i + 2 * h + 1]);
+            if (tq == 0) {
+                p.partial_ml[prow * 2] = m[h];
+                p.partial_ml[prow * 2 + 1] = L;
+            }
+        }
+        return;
+    }
     attn_named_barrier(1, WT::consumers); /* both warpgroups are done with the stages */
     char *const sO = smem + WT::k_off;
 #pragma unroll

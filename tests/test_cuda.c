@@ -103,6 +103,9 @@ typedef struct cu_case {
        the CUDA layer as device pointers (the CPU layer takes the values) */
     int pth, scale_ptr;
     int sinks; /* attention sinks: host floats for the CPU layer, the same in device memory for the CUDA one */
+    int prefix; /* cascade: every request's first `prefix` tokens are request 0's blocks (a multiple of
+                   block, at most every context), the CUDA metadata built with common_prefix_len =
+                   prefix, the CPU's with 0 (the reference computes every row over its own keys) */
 } cu_case;
 
 /* What the selector picks for a CUDA layer: CUDA_SM90 (the wgmma prefill) on compute
@@ -219,6 +222,8 @@ static int cu_run_case(attn_context *ctx, const cu_case *c, int line) {
         for (i = nb - 1; i > 0; i--) { int j = (int)(cu_rand() % (unsigned)(i + 1)), t = perm[i]; perm[i] = perm[j]; perm[j] = t; }
         for (i = 0; i < c->nreq * stride; i++) bt[i] = perm[i];
         free(perm);
+        for (r = 1; r < c->nreq; r++) /* the shared prefix */
+            for (i = 0; i < c->prefix / c->block; i++) bt[r * stride + i] = bt[i];
     }
     for (r = 0; r < c->nreq; r++)
         for (i = 0; i < c->qlen[r]; i++) {
@@ -267,7 +272,7 @@ static int cu_run_case(attn_context *ctx, const cu_case *c, int line) {
         }
     }
     if (attn_metadata_create(cpu, &md, &mc) != ATTN_OK || attn_metadata_create(gpu, &md, &mg) != ATTN_OK ||
-        attn_metadata_build(mc, 0, &b, 0) != ATTN_OK || attn_metadata_build(mg, 0, &b, 0) != ATTN_OK) {
+        attn_metadata_build(mc, 0, &b, 0) != ATTN_OK || attn_metadata_build(mg, c->prefix, &b, 0) != ATTN_OK) {
         attn_test_fail(__FILE__, line, "metadata: %s", attn_context_last_error(ctx));
         bad++;
         goto done;
@@ -395,6 +400,58 @@ done:
             SKIP(why_);                              \
         }                                            \
     } while (0)
+
+/* Cascade attention on CUDA and CUDA_SM90: decode and speculative batches whose requests
+   share their first blocks, built with common_prefix_len (a prefix pass on the prefill
+   tiles, joined where the decode tiles store each row), against the CPU computing every row
+   over its own keys: GQA, MQA, large groups, f16/bf16/f32, 8-bit caches, sinks, soft cap,
+   LSE, prefixes of one block to thousands of keys, suffixes split or not. The build logs
+   CASCADE_PLANNED (DEBUG) exactly where the prefix pass runs: not with ALiBi, a window, a
+   request longer than a decode tile, or one request. */
+ATTN_TEST(cuda_cascade_matches_cpu) {
+    attn_test_log log;
+    attn_context *ctx = attn_test_context(&log, ATTN_LOG_LEVEL_DEBUG, 2);
+    int k, r, fails = 0;
+    CU_SKIP_IF_NO_GPU(ctx);
+    for (k = 0; k < 16; k++) {
+        cu_case c;
+        int planned, want = 1;
+        memset(&c, 0, sizeof c);
+        c.heads = k % 4 == 1 ? 8 : k % 4 == 2 ? 32 : 16;
+        c.kv_heads = k % 4 == 1 ? 1 : k % 4 == 2 ? 2 : 4;
+        c.head = k % 3 == 1 ? 64 : 128;
+        c.block = k % 5 == 3 ? 32 : 16;
+        c.dt = c.kv_dt = k % 2 ? ATTN_DTYPE_BF16 : ATTN_DTYPE_F16;
+        if (k == 5) c.dt = c.kv_dt = ATTN_DTYPE_F32;
+        if (k == 6) { c.dt = ATTN_DTYPE_BF16; c.kv_dt = ATTN_DTYPE_FP8_E4M3; }
+        if (k == 7) { c.dt = ATTN_DTYPE_F16; c.kv_dt = ATTN_DTYPE_INT8; c.pth = 1; }
+        c.causal = 1;
+        c.lse = k % 2 == 0;
+        c.sinks = k % 3 == 0;
+        c.softcap = k == 9 ? 30.0f : 0.0f;
+        c.alibi = k == 10;     /* no prefix pass: the rows' positions are their own */
+        c.window = k == 11 ? 200 : 0; /* no prefix pass */
+        c.prefix = c.block * (k == 12 ? 1 : k == 13 ? 300 : 8 + k % 5);
+        c.nreq = k == 14 ? 1 : 3 + (int)(cu_rand() % 6);
+        for (r = 0; r < c.nreq; r++) {
+            c.qlen[r] = k == 15 && r == 1 ? 40 : k == 4 && r % 2 ? 2 : 1; /* 15: a prefill tile, no pass */
+            c.ctxlen[r] = c.prefix + (int)(cu_rand() % (k == 8 ? 3000u : 400u));
+        }
+        if (c.alibi || c.window || c.nreq == 1 || k == 15) want = 0;
+        if (k == 4 && c.heads / c.kv_heads > 8) want = 0; /* 2 tokens need a decode tile of 2 */
+        c.backend = (k & 8) ? ATTN_BACKEND_CUDA : 0; /* the selector's (CUDA_SM90 on an H100/H200) */
+        attn_test_log_reset(&log);
+        fails += cu_run_case(ctx, &c, __LINE__) > 0;
+        planned = log.by_item[ATTN_LOG_CASCADE_PLANNED] > 0;
+        if (planned != want) {
+            attn_test_fail(__FILE__, __LINE__, "case %d: the build %s the prefix pass (expected %s)", k,
+                           planned ? "planned" : "did not plan", want ? "one" : "none");
+            fails++;
+        }
+    }
+    EXPECT_EQ_INT(fails, 0);
+    attn_context_destroy(ctx);
+}
 
 ATTN_TEST(cuda_selected_for_device_layers) {
     attn_test_log log;
@@ -1154,10 +1211,13 @@ ATTN_TEST(cuda_graph_replays_after_new_builds) {
         int i;
         for (i = 0; i < MAXR * MAXB; i++) bt[i] = (i * 37) % NB;
     }
-    for (round = 0; round < 5 && !bad; round++) {
-        /* a new batch each round: decodes and a short prefill, other lengths */
+    for (round = 0; round < 7 && !bad; round++) {
+        /* a new batch each round: decodes and a short prefill, other lengths; round 5 a
+           cascade (8 decodes sharing 256 keys: the captured prefix pass, then the decode
+           tiles' join), round 6 the same batch without it (a replay that joins nothing) */
         int32_t qsl[MAXR + 1], seq[MAXR];
-        int nreq = round == 4 ? 24 : 2 + round, r, maxq = 0, maxs = 0;
+        int nreq = round == 4 ? 24 : round >= 5 ? 8 : 2 + round, r, maxq = 0, maxs = 0;
+        int prefix = round == 5 ? 256 : 0;
         attn_batch b;
         attn_tensor hq = cu_tensor(q.host, ATTN_DTYPE_BF16, 3, MAXT, H, D, 0);
         attn_tensor ho = cu_tensor(cpu_out, ATTN_DTYPE_BF16, 3, MAXT, H, D, 0);
@@ -1172,7 +1232,8 @@ ATTN_TEST(cuda_graph_replays_after_new_builds) {
                the graph must still hold every launch the later rounds need (a prefill of
                8..12 tokens is past the 4-token decode tile; 1750 keys split) */
             int ql = r == nreq - 1 && round > 0 && round < 4 ? 6 + 2 * round : 1;
-            seq[r] = round == 4 ? 64 + 37 * r : 100 + 300 * r + 150 * round;
+            seq[r] = round == 4 ? 64 + 37 * r : round >= 5 ? 300 + 97 * r : 100 + 300 * r + 150 * round;
+            if (round == 5) memcpy(bt + r * MAXB, bt, (size_t)(prefix / BS) * sizeof bt[0]);
             qsl[r + 1] = qsl[r] + ql;
             maxq = ql > maxq ? ql : maxq;
             maxs = seq[r] > maxs ? seq[r] : maxs;
@@ -1183,7 +1244,7 @@ ATTN_TEST(cuda_graph_replays_after_new_builds) {
         b.stream = cg.stream;
         b.causal = round % 2 ? ATTN_CAUSAL_NO : ATTN_CAUSAL_DEFAULT; /* the graph follows the build */
         EXPECT_OK(attn_metadata_build(mc, 0, &b, 0));
-        EXPECT_OK(attn_metadata_build(mg, 0, &b, 0));
+        EXPECT_OK(attn_metadata_build(mg, prefix, &b, 0));
         if (round == 0 && !cu_capture_forward(&cg, gpu, mg, &gq, &gc, &go, &graph, &exec)) { /* capture once */
             bad++;
             break;
@@ -2349,6 +2410,7 @@ ATTN_TEST(cuda_kernel_defines_env) {
 
 void suite_cuda(void) {
     ATTN_RUN(cuda_selected_for_device_layers);
+    ATTN_RUN(cuda_cascade_matches_cpu);
     ATTN_RUN(cuda_fp8_scale_pointer_device_checked);
     ATTN_RUN(cuda_forward_8bit_matches_cpu);
     ATTN_RUN(cuda_fp8_bad_device_scale_writes_nothing);

@@ -477,7 +477,7 @@ ATTN_TEST(seam_record_shows_declared_capabilities) {
     EXPECT_TRUE(strstr(text, "cuda_graph: NEVER") != NULL);
     EXPECT_TRUE(strstr(text, "lse: base e") != NULL);
     EXPECT_TRUE(strstr(text, "device: cpu") != NULL);
-    EXPECT_TRUE(strstr(text, "features: non-causal sliding-window soft-cap alibi sinks\n") != NULL);
+    EXPECT_TRUE(strstr(text, "features: non-causal sliding-window soft-cap alibi sinks cascade\n") != NULL);
     d = sm_desc(1);
     EXPECT_OK(attn_select_backend(ctx, &d, NULL, &sel));
     EXPECT_EQ_INT(sel.cuda_graph, attn_backend_get(ATTN_BACKEND_CPU_MLA)->cuda_graph);

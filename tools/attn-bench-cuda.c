@@ -641,18 +641,23 @@ static int bench_forced_splits; /* attn_metadata_desc.num_kv_splits of bench_met
    the capacity table sets it to an engine's max_num_reqs (one graph for any batch up to it). */
 static int bench_capacity_reqs;
 
+/* Cascade: bench_metas' requests share the blocks of their first bench_prefix_len tokens (a
+   multiple of the block size); bench_prefix_build 1 passes it as common_prefix_len. */
+static int bench_prefix_len, bench_prefix_build;
+
 static attn_metadata **bench_metas(attn_context *ctx, attn_layer *layer, const int32_t *ids, int64_t pool_blocks,
                                    int block_size, int max_tokens, int nreq, const int32_t *qlens, const int32_t *seqs,
                                    int nsets, int64_t workspace) {
     attn_metadata **metas = (attn_metadata **)bench_alloc((size_t)nsets * sizeof *metas);
     int32_t *qsl = (int32_t *)bench_alloc(((size_t)nreq + 1) * 4), *table;
-    int r, k, bps = 0, per_set = 0, maxq = 0, maxs = 0;
+    const int pb = bench_prefix_len / block_size; /* shared blocks: once per set */
+    int r, k, bps = 0, per_set = pb, maxq = 0, maxs = 0;
     for (r = 0; r < nreq; r++) {
         int nb = (seqs[r] + block_size - 1) / block_size;
         if (nb > bps) bps = nb;
         if (qlens[r] > maxq) maxq = qlens[r];
         if (seqs[r] > maxs) maxs = seqs[r];
-        per_set += nb;
+        per_set += nb - pb;
     }
     qsl[0] = 0;
     for (r = 0; r < nreq; r++) qsl[r + 1] = qsl[r] + qlens[r];
@@ -665,11 +670,11 @@ static attn_metadata **bench_metas(attn_context *ctx, attn_layer *layer, const i
         attn_metadata_desc md;
         attn_batch b;
         const int32_t *set = ids + (size_t)k * (size_t)per_set;
-        int used = 0;
+        int used = pb;
         for (r = 0; r < nreq; r++) {
             int nb = (seqs[r] + block_size - 1) / block_size, j;
-            for (j = 0; j < bps; j++) table[(size_t)r * bps + j] = j < nb ? set[used + j] : 0;
-            used += nb;
+            for (j = 0; j < bps; j++) table[(size_t)r * bps + j] = j < pb ? set[j] : j < nb ? set[used + j - pb] : 0;
+            used += nb - pb;
         }
         memset(&md, 0, sizeof md);
         md.max_num_reqs = nreq > bench_capacity_reqs ? nreq : bench_capacity_reqs;
@@ -688,7 +693,7 @@ static attn_metadata **bench_metas(attn_context *ctx, attn_layer *layer, const i
         b.num_actual_tokens = qsl[nreq];
         b.max_query_len = maxq;
         b.max_seq_len = maxs;
-        CHECK(ctx, attn_metadata_build(metas[k], 0, &b, 0));
+        CHECK(ctx, attn_metadata_build(metas[k], bench_prefix_build ? bench_prefix_len : 0, &b, 0));
     }
     CHECK(ctx, attn_cuda_synchronize(ctx, NULL));
     free(qsl);
@@ -1186,6 +1191,71 @@ static cuda_decode_run cuda_decode_time(cuda_bench *cb, int B, int C, size_t ite
     return d;
 }
 
+/* Cascade attention (issue 23): B decodes sharing a prefix of P tokens, `own` tokens each of
+   their own, with and without common_prefix_len, eager and replayed; the two builds'
+   outputs of set 0 must agree within bf16 rounding. GB/s: the bytes the cascade must read
+   (the prefix once, every request's own keys) over its time. */
+static void cuda_cascade_table(cuda_bench *cb, double read_best) {
+    static const int shapes[][3] = {{64, 16384, 512}, {16, 4096, 512}, {128, 8192, 256}};
+    const size_t nout_max = (size_t)128 * CB_H * CB_D;
+    uint16_t *o[2];
+    int si, k;
+    o[0] = (uint16_t *)bench_alloc(nout_max * 2);
+    o[1] = (uint16_t *)bench_alloc(nout_max * 2);
+    printf("cascade: %d/%d heads, head %d, bf16; B decodes over a shared prefix of P tokens + own tokens each, "
+           "with and without common_prefix_len; GB/s = (prefix once + own) K+V bytes / time\n", CB_H, CB_HKV, CB_D);
+    for (si = 0; si < 3; si++) {
+        const int B = shapes[si][0], P = shapes[si][1], own = shapes[si][2];
+        const size_t tok_bytes = (size_t)CB_HKV * CB_D * 2 * 2, need = ((size_t)P + (size_t)B * own) * tok_bytes;
+        const size_t plain_bytes = (size_t)B * (size_t)(P + own) * tok_bytes;
+        int32_t *ql = (int32_t *)bench_alloc((size_t)B * 4), *sl = (int32_t *)bench_alloc((size_t)B * 4);
+        double eager[2], graph[2], maxdiff = 0.0;
+        size_t x, n = (size_t)B * CB_H * CB_D;
+        bench_row *row;
+        for (k = 0; k < B; k++) { ql[k] = 1; sl[k] = P + own; }
+        bench_prefix_len = P;
+        for (k = 0; k < 2; k++) {
+            const int nsets = 2;
+            attn_metadata **metas;
+            cuda_forward_call c;
+            bench_prefix_build = k;
+            metas = cuda_metas(cb, B, ql, sl, nsets);
+            eager[k] = cuda_time(cb, metas, nsets, B, 20);
+            graph[k] = cuda_graph_time(cb, metas, nsets, B, 20);
+            c = cuda_forward_make(cb, metas, nsets, B);
+            cuda_forward_run(&c, 0); /* set 0's output, for the comparison */
+            CHECK(cb->ctx, attn_cuda_memcpy(cb->ctx, o[k], cb->d_out, n * 2, ATTN_COPY_DEVICE_TO_HOST, NULL));
+            cuda_metas_free(metas, nsets);
+        }
+        bench_prefix_len = bench_prefix_build = 0;
+        for (x = 0; x < n; x++) {
+            double a = attn_bf16_to_f32(o[0][x]), b = attn_bf16_to_f32(o[1][x]), e = fabs(a - b) / (1.0 + fabs(a));
+            if (e > maxdiff) maxdiff = e;
+        }
+        if (maxdiff > 2e-2) {
+            fprintf(stderr, "attn-bench-cuda: cascade and plain forwards differ by %.3g (allowed: bf16 rounding, 2e-2)\n",
+                    maxdiff);
+            exit(1);
+        }
+        printf("  batch %3d prefix %5d own %4d: %8.1f us (graph %8.1f) with the prefix, %8.1f us (graph %8.1f) "
+               "without: %5.2fx eager, %5.2fx replayed; %6.0f GB/s %5.1f%% of read (max rel diff %.2g)\n", B, P, own,
+               eager[1] * 1e6, graph[1] * 1e6, eager[0] * 1e6, graph[0] * 1e6, eager[0] / eager[1], graph[0] / graph[1],
+               (double)need / eager[1] / 1e9, 100.0 * (double)need / eager[1] / 1e9 / read_best, maxdiff);
+        fflush(stdout);
+        row = row_add();
+        snprintf(row->name, sizeof row->name, "cascade b=%d prefix=%d own=%d", B, P, own);
+        row->ms = eager[1] * 1e3;
+        snprintf(row->metric, sizeof row->metric, "%.2fx without (graph %.2fx)", eager[0] / eager[1], graph[0] / graph[1]);
+        snprintf(row->ceiling, sizeof row->ceiling, "%.1f%% of read BW", 100.0 * (double)need / eager[1] / 1e9 / read_best);
+        row->other_cores = -1;
+        csv_row("attn.h", "cascade", B, P, eager[1] * 1e6, eager[0] / eager[1], "x");
+        csv_row("attn.h", "cascade_graph", B, P, graph[1] * 1e6, graph[0] / graph[1], "x");
+        (void)plain_bytes;
+        free(ql); free(sl);
+    }
+    free(o[0]); free(o[1]);
+}
+
 /* 2. The backend on the GPU: ceilings, decode, prefill, a mixed batch (then MLA: 3.). */
 /* 8-bit caches: the decode of the table above (32/8 heads, head 128, q/out bf16, block 16)
    over fp8 e4m3 / e5m2 caches with per-tensor scales and int8 / e4m3 ones with
@@ -1401,6 +1471,7 @@ static void cuda_backend_table(attn_context *ctx, const attn_platform *plat, int
                         run.med * 1e6, (double)iter_bytes / run.med / 1e9, "GB/s");
             }
         bench_decode_qlen = 1;
+        cuda_cascade_table(&cb, read_best);
     }
 
     if (!cuda_mla_only && !getenv("ATTN_BENCH_CAPACITY_ONLY")) cuda_decode_8bit(ctx, &cb, read_best, bf16_us);

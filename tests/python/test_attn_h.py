@@ -317,7 +317,7 @@ def test_cascade_common_prefix_len_numpy():
         assert_close(out, want_out, 1e-5, 1e-5, "out")
         assert_close(lse, want_lse, 1e-5, 1e-5, "lse")
     np.testing.assert_allclose(outs[0][0], outs[1][0], atol=2e-6, rtol=1e-5)
-    assert layer.features == ("non-causal", "sliding-window", "soft-cap", "alibi", "sinks")
+    assert layer.features == ("non-causal", "sliding-window", "soft-cap", "alibi", "sinks", "cascade")
     table[2, 1] += 1                                                # not shared any more
     with pytest.raises(attn_h.AttnError, match=r"request 2's block_table\[1\]"):
         meta.build(b["qsl"], b["seq_lens"], table, new_slots, common_prefix_len=P)
