@@ -1,4 +1,4 @@
-/* attn.h - v0.13.0 - paged attention and MLA for C/C++, portable C and CUDA (NVRTC)
+/* attn.h - v0.14.0 - paged attention and MLA for C/C++, portable C and CUDA (NVRTC)
 
    Do this:
        #define ATTN_IMPLEMENTATION
@@ -466,6 +466,12 @@ typedef enum attn_dtype {
     ATTN_DTYPE_FP8_E5M2 = 5, /* OCP e5m2: bias 15, max 57344, infinities, NaN */
     ATTN_DTYPE_INT8 = 6,     /* KV caches with per-token-head scales only: codes -127..127 */
     ATTN_DTYPE_INT64 = 7,    /* indices only: a cache write's slot mapping */
+    ATTN_DTYPE_INT32 = 8,    /* indices only: sparse MLA's top-k token indices */
+    /* DeepSeek-V3.2's fp8 latent cache (FlashMLA's "FP8 with scale", vLLM's fp8_ds_mla), MLA
+       layers of kv_lora_rank 512 + rope 64 only: a token's row is 656 bytes, 512 e4m3 codes
+       of kv_c, 4 f32 scales (one per 128 codes: x = code * scale), 64 bf16 k_pe values. The
+       cache is [num_blocks, block_size, 656] bytes; it carries its own scales (no k_scale). */
+    ATTN_DTYPE_FP8_DS_MLA = 9,
     ATTN_DTYPE_COUNT
 } attn_dtype;
 
@@ -884,6 +890,13 @@ struct attn_backend {
                                      const attn_tensor *lse_b, attn_lse_base base_b,
                                      attn_tensor *out, attn_tensor *lse,
                                      attn_lse_base base_out, void *stream);
+    /* Sparse MLA (attn_mla_forward_sparse; NULL: the backend has none, the call is refused
+       by name). Last, so plugins written before it leave it NULL. */
+    attn_status (*forward_sparse)(const attn_backend *self, attn_layer *layer,
+                                  const attn_metadata *meta, const attn_tensor *q,
+                                  const attn_tensor *q_pe, const attn_tensor *kv_cache,
+                                  const attn_tensor *indices, attn_tensor *out_latent,
+                                  attn_tensor *lse, void *stream);
 };
 
 ATTN_API const attn_backend *attn_backend_get(attn_backend_id id); /* NULL if empty */
@@ -1162,6 +1175,29 @@ ATTN_API attn_status attn_mla_forward(attn_layer *layer, const attn_metadata *me
                                       const attn_tensor *kv_c, const attn_tensor *k_pe,
                                       attn_tensor *kv_cache, const attn_tensor *w_uk,
                                       const attn_tensor *w_uv, attn_tensor *out, void *stream);
+
+/* Sparse MLA (DeepSeek-V3.2's DSA): every query token of the built batch — decodes,
+   speculative tokens and prefill tokens alike, in batch order — attends absorbed (MQA over
+   the latent, as forward_mqa) only to the tokens its row of `indices` names.
+   q: [>= num_actual_tokens, num_heads, head_size] with q_pe == NULL, or q_latent
+   [.., num_heads, kv_lora_rank] plus q_pe [.., num_heads, qk_rope_head_dim].
+   indices: int32 [>= num_actual_tokens, topk] (1 <= topk <= 16384), contiguous rows, where
+   the layer's tensors live. As vLLM's FLASHMLA_SPARSE backend receives them from the
+   indexer: an index is the position of a token in the query token's own request (0 ..
+   seq_len - 1; the block table finds its slot, as vLLM's
+   triton_convert_req_index_to_global_index does); -1 is padding (attends nothing). The
+   indices alone decide what a token sees (causality is the indexer's); a position named
+   twice counts twice. Any other value is an error: named on the CPU (nothing written); on
+   the GPU, where the values are not read by the host, such an entry is skipped like -1.
+   out_latent [.., num_heads, kv_lora_rank] (layer dtype); lse f32 [.., num_heads] (base e)
+   or NULL. A token with no valid index gets out 0 and lse -inf. The layer's sinks
+   (desc.sinks) join every row's softmax here (the LSE includes them). Caches: the layer's
+   16-bit or f32 latent, fp8 with a per-tensor scale, or fp8_ds_mla (656-byte rows with
+   their own scales, written by attn_concat_and_cache_mla; the dense MLA calls refuse it). */
+ATTN_API attn_status attn_mla_forward_sparse(attn_layer *layer, const attn_metadata *meta,
+                                             const attn_tensor *q, const attn_tensor *q_pe,
+                                             const attn_tensor *kv_cache, const attn_tensor *indices,
+                                             attn_tensor *out_latent, attn_tensor *lse, void *stream);
 
 /* ---------------------------------------------------------------------------------------
    LSE merge of partial attention results (split-KV, context-parallel shards)
@@ -2623,7 +2659,9 @@ typedef struct attn__dtype_info {
     size_t size;                                          /* bytes; 0: not an element type */
     void (*load_row)(const void *src, float *dst, int n); /* n elements -> f32 */
     void (*store_row)(const float *src, void *dst, int n);
-    int cache_only;                                       /* 1: KV caches only, scaled (fp8) */
+    int cache_only;                                       /* 1: KV caches only, scaled (fp8);
+                                                             2: a cache row format that holds its
+                                                             own scales (fp8_ds_mla) */
     int index_only;                                       /* 1: indices (slot mappings) only */
 } attn__dtype_info;
 
@@ -2635,7 +2673,9 @@ static const attn__dtype_info attn__dtypes[] = { /* one row per attn_dtype, in o
     {"fp8_e4m3", "float8_e4m3fn", 1, attn__e4m3_row, attn__row_to_e4m3, 1, 0},
     {"fp8_e5m2", "float8_e5m2", 1, attn__e5m2_row, attn__row_to_e5m2, 1, 0},
     {"int8", "int8", 1, attn__i8_row, attn__row_to_i8, 1, 0},
-    {"int64", "int64", 8, NULL, NULL, 0, 1}
+    {"int64", "int64", 8, NULL, NULL, 0, 1},
+    {"int32", "int32", 4, NULL, NULL, 0, 1},
+    {"fp8_ds_mla", "fp8_ds_mla", 1, NULL, NULL, 2, 0} /* rows of 656 bytes: attn__ds_mla_row */
 };
 /* fails to compile when attn_dtype gains an enumerator without a row */
 typedef char attn__dtype_table_complete[
@@ -2743,7 +2783,7 @@ static float attn__load_elem(const void *p, attn_dtype dt, int64_t i) {
     case ATTN_DTYPE_FP8_E4M3: return attn_fp8_e4m3_to_f32(((const uint8_t *)p)[i]);
     case ATTN_DTYPE_FP8_E5M2: return attn_fp8_e5m2_to_f32(((const uint8_t *)p)[i]);
     case ATTN_DTYPE_INT8: return (float)((const int8_t *)p)[i];
-    case ATTN_DTYPE_AUTO: case ATTN_DTYPE_INT64: case ATTN_DTYPE_COUNT: break; /* not element types */
+    case ATTN_DTYPE_AUTO: case ATTN_DTYPE_INT64: case ATTN_DTYPE_INT32: case ATTN_DTYPE_FP8_DS_MLA: case ATTN_DTYPE_COUNT: break; /* not element types */
     }
     ATTN_ASSERT(0);
     return 0.0f;
@@ -2757,9 +2797,47 @@ static void attn__store_elem(void *p, attn_dtype dt, int64_t i, float x) {
     case ATTN_DTYPE_FP8_E4M3: ((uint8_t *)p)[i] = attn_f32_to_fp8_e4m3(x); return;
     case ATTN_DTYPE_FP8_E5M2: ((uint8_t *)p)[i] = attn_f32_to_fp8_e5m2(x); return;
     case ATTN_DTYPE_INT8: ((int8_t *)p)[i] = attn__f32_to_i8(x); return;
-    case ATTN_DTYPE_AUTO: case ATTN_DTYPE_INT64: case ATTN_DTYPE_COUNT: break;
+    case ATTN_DTYPE_AUTO: case ATTN_DTYPE_INT64: case ATTN_DTYPE_INT32: case ATTN_DTYPE_FP8_DS_MLA: case ATTN_DTYPE_COUNT: break;
     }
     ATTN_ASSERT(0);
+}
+
+/* fp8_ds_mla rows (ATTN_DTYPE_FP8_DS_MLA): 512 e4m3 codes of kv_c, 4 f32 scales (one per
+   128 codes), 64 bf16 k_pe values. The write takes each 128-value tile's scale as max|x| /
+   448 (at least FLT_MIN: an all-zero tile still has a finite scale), its codes as x /
+   scale rounded to nearest even and saturated, as vLLM's concat_and_cache_ds_mla does. */
+#define ATTN__DS_MLA_ROW 656
+static void attn__ds_mla_row_load(const uint8_t *row, float *dst) { /* 576 values */
+    float sc[4];
+    int i;
+    memcpy(sc, row + 512, sizeof sc);
+    for (i = 0; i < 512; i++) dst[i] = attn_fp8_e4m3_to_f32(row[i]) * sc[i >> 7];
+    for (i = 0; i < 64; i++) {
+        uint16_t b;
+        memcpy(&b, row + 528 + 2 * i, 2);
+        dst[512 + i] = attn_bf16_to_f32(b);
+    }
+}
+
+static void attn__ds_mla_row_store(const float *kv_c, const float *k_pe, uint8_t *row) {
+    int t, i;
+    for (t = 0; t < 4; t++) {
+        float amax = 0.0f, sc;
+        for (i = 0; i < 128; i++) amax = ATTN__MAX(amax, fabsf(kv_c[128 * t + i]));
+        sc = ATTN__MAX(amax / 448.0f, FLT_MIN);
+        for (i = 0; i < 128; i++) row[128 * t + i] = attn_f32_to_fp8_e4m3(kv_c[128 * t + i] / sc);
+        memcpy(row + 512 + 4 * t, &sc, 4);
+    }
+    for (i = 0; i < 64; i++) {
+        uint16_t b = attn_f32_to_bf16(k_pe[i]);
+        memcpy(row + 528 + 2 * i, &b, 2);
+    }
+}
+
+/* Bytes of one latent row of an MLA layer's cache. */
+static size_t attn__mla_row_bytes(const attn_layer_desc *d) {
+    return d->kv_cache_dtype == ATTN_DTYPE_FP8_DS_MLA ? (size_t)ATTN__DS_MLA_ROW
+                                                       : (size_t)d->head_size * attn_dtype_size(d->kv_cache_dtype);
 }
 
 static const char *attn__device_name(attn_device_kind d) {
@@ -3130,6 +3208,16 @@ static attn_status attn__desc_resolve(attn_context *ctx, const char *fn,
     if ((int)d.kv_scale_kind != ATTN_KV_SCALE_PER_TENSOR && (int)d.kv_scale_kind != ATTN_KV_SCALE_PER_TOKEN_HEAD)
         return attn__bad_desc(ctx, "%s: desc.kv_scale_kind is %d (allowed: ATTN_KV_SCALE_PER_TENSOR, "
                                    "ATTN_KV_SCALE_PER_TOKEN_HEAD)", fn, (int)d.kv_scale_kind);
+    if (d.kv_cache_dtype == ATTN_DTYPE_FP8_DS_MLA) { /* its own format: the rows carry their scales */
+        if (!d.use_mla || d.kv_lora_rank != 512 || d.qk_rope_head_dim != 64)
+            return attn__bad_desc(ctx, "%s: desc.kv_cache_dtype is fp8_ds_mla for %s (allowed: MLA layers of "
+                                       "kv_lora_rank 512 + qk_rope_head_dim 64, DeepSeek-V3.2's latent)", fn,
+                                  d.use_mla ? "another latent shape" : "a standard layer");
+        if (d.kv_scale_kind != ATTN_KV_SCALE_PER_TENSOR || d.k_scale.value != 0.0f || d.k_scale.ptr ||
+            d.v_scale.value != 0.0f || d.v_scale.ptr)
+            return attn__bad_desc(ctx, "%s: desc.k_scale / v_scale / kv_scale_kind are set with kv_cache_dtype "
+                                       "fp8_ds_mla (allowed: unset; every row holds its own four scales)", fn);
+    }
     if (d.kv_scale_kind == ATTN_KV_SCALE_PER_TOKEN_HEAD) {
         if (d.kv_cache_dtype != ATTN_DTYPE_INT8 && d.kv_cache_dtype != ATTN_DTYPE_FP8_E4M3)
             return attn__bad_desc(ctx, "%s: desc.kv_scale_kind is PER_TOKEN_HEAD with kv_cache_dtype %s "
@@ -3146,7 +3234,7 @@ static attn_status attn__desc_resolve(attn_context *ctx, const char *fn,
     for (i = 0; i < 2 && d.kv_scale_kind == ATTN_KV_SCALE_PER_TENSOR; i++) { /* the fp8 scales */
         const attn_kv_scale *s = i ? &d.v_scale : &d.k_scale;
         const char *nm = i ? "v_scale" : "k_scale";
-        int needed = attn__dtypes[d.kv_cache_dtype].cache_only && !(i == 1 && d.use_mla);
+        int needed = attn__dtypes[d.kv_cache_dtype].cache_only == 1 && !(i == 1 && d.use_mla);
         if ((int)s->device != ATTN_DEVICE_CPU && (int)s->device != ATTN_DEVICE_CUDA)
             return attn__bad_desc(ctx, "%s: desc.%s.device is %d (allowed: ATTN_DEVICE_CPU, ATTN_DEVICE_CUDA)",
                                   fn, nm, (int)s->device);
@@ -3201,8 +3289,8 @@ static attn_status attn__kv_scales(attn_context *ctx, const attn_layer_desc *d, 
                                    float *vs) {
     int i;
     *ks = *vs = 1.0f;
-    if (!attn__dtypes[d->kv_cache_dtype].cache_only || d->kv_scale_kind == ATTN_KV_SCALE_PER_TOKEN_HEAD)
-        return ATTN_OK; /* per-token-head: the scales are in the cache */
+    if (attn__dtypes[d->kv_cache_dtype].cache_only != 1 || d->kv_scale_kind == ATTN_KV_SCALE_PER_TOKEN_HEAD)
+        return ATTN_OK; /* per-token-head, fp8_ds_mla: the scales are in the cache */
     for (i = 0; i < 2; i++) {
         const attn_kv_scale *s = i ? &d->v_scale : &d->k_scale;
         float x;
@@ -4304,6 +4392,40 @@ ATTN_API attn_status attn_metadata_build(attn_metadata *meta, int common_prefix_
    the fused MLA call: the batch decides), ATTN__PART_DECODES (forward_mqa),
    ATTN__PART_PREFILLS (forward_mha), ATTN__PART_WRITE (a cache write: meta NULL). */
 enum { ATTN__PART_ALL, ATTN__PART_DECODES, ATTN__PART_PREFILLS, ATTN__PART_WRITE };
+
+#define ATTN__SPARSE_TOPK_MAX 16384 /* attn_mla_forward_sparse's largest topk */
+#define ATTN__MLA_SPARSE_SPLITS 16  /* the most splits of a token's indices on the GPU */
+
+/* The request of batch token t (query_start_loc[r] <= t < query_start_loc[r + 1]). */
+static int attn__token_request(const attn_batch *b, int t) {
+    int lo = 0, hi = b->num_reqs - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (b->query_start_loc[mid] <= t) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+/* Host indices of a sparse MLA call: each -1 or a position of its token's request. */
+static attn_status attn__sparse_indices_check(const attn_metadata *meta, const attn_tensor *indices,
+                                              const char *fn) {
+    const attn_batch *b = &meta->batch;
+    const attn_tensor ix = attn__tensor_resolved(indices);
+    const int topk = (int)ix.shape[1];
+    int t, k;
+    for (t = 0; t < b->num_actual_tokens; t++) {
+        const int r = attn__token_request(b, t), sl = b->seq_lens[r];
+        const int32_t *row = (const int32_t *)ix.data + (size_t)t * (size_t)ix.strides[0];
+        for (k = 0; k < topk; k++)
+            if (row[k] < -1 || row[k] >= sl)
+                return attn__fail(meta->layer->ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                                  "%s: indices[%d][%d] is %d (allowed: -1 = padding, or a position 0..%d of token "
+                                  "%d's request %d, seq_len %d); nothing was written", fn, t, k, (int)row[k], sl - 1,
+                                  t, r, sl);
+    }
+    return ATTN_OK;
+}
 static attn_status attn__check_graph(attn_layer *layer, const attn_metadata *meta, const char *fn, void *stream,
                                      int part);
 
@@ -4958,7 +5080,7 @@ ATTN__INLINE attn__vf attn__vload_kv(const char *p, attn_dtype dt) {
     case ATTN_DTYPE_FP8_E4M3: return attn__vld_e4m3((const uint8_t *)(const void *)p);
     case ATTN_DTYPE_FP8_E5M2: return attn__vld_e5m2((const uint8_t *)(const void *)p);
     case ATTN_DTYPE_INT8: return attn__vld_i8((const int8_t *)(const void *)p);
-    case ATTN_DTYPE_AUTO: case ATTN_DTYPE_INT64: case ATTN_DTYPE_COUNT: break;
+    case ATTN_DTYPE_AUTO: case ATTN_DTYPE_INT64: case ATTN_DTYPE_INT32: case ATTN_DTYPE_FP8_DS_MLA: case ATTN_DTYPE_COUNT: break;
     }
     ATTN_ASSERT(0);
     return attn__vzero();
@@ -5091,7 +5213,7 @@ ATTN__NOINLINE static void attn__cpu_qk_direct(const float *Q, int per_head, int
     case ATTN_DTYPE_FP8_E4M3: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, pf, ATTN_DTYPE_FP8_E4M3); return;
     case ATTN_DTYPE_FP8_E5M2: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, pf, ATTN_DTYPE_FP8_E5M2); return;
     case ATTN_DTYPE_INT8: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, pf, ATTN_DTYPE_INT8); return;
-    case ATTN_DTYPE_AUTO: case ATTN_DTYPE_INT64: case ATTN_DTYPE_COUNT: break;
+    case ATTN_DTYPE_AUTO: case ATTN_DTYPE_INT64: case ATTN_DTYPE_INT32: case ATTN_DTYPE_FP8_DS_MLA: case ATTN_DTYPE_COUNT: break;
     }
     ATTN_ASSERT(0);
 }
@@ -5169,7 +5291,7 @@ ATTN__NOINLINE static void attn__cpu_pv_direct(const float *P, int ld, int M, co
     case ATTN_DTYPE_FP8_E4M3: attn__cpu_pv_direct_dt(P, ld, M, vp, hoff, n, D, dq, O, alpha, pf, ATTN_DTYPE_FP8_E4M3); return;
     case ATTN_DTYPE_FP8_E5M2: attn__cpu_pv_direct_dt(P, ld, M, vp, hoff, n, D, dq, O, alpha, pf, ATTN_DTYPE_FP8_E5M2); return;
     case ATTN_DTYPE_INT8: attn__cpu_pv_direct_dt(P, ld, M, vp, hoff, n, D, dq, O, alpha, pf, ATTN_DTYPE_INT8); return;
-    case ATTN_DTYPE_AUTO: case ATTN_DTYPE_INT64: case ATTN_DTYPE_COUNT: break;
+    case ATTN_DTYPE_AUTO: case ATTN_DTYPE_INT64: case ATTN_DTYPE_INT32: case ATTN_DTYPE_FP8_DS_MLA: case ATTN_DTYPE_COUNT: break;
     }
     ATTN_ASSERT(0);
 }
@@ -6114,7 +6236,8 @@ static const attn_backend attn__cpu_backend = {
     attn__cpu_forward,
     attn__cpu_reshape_and_cache,
     NULL, NULL, NULL, NULL,   /* MLA entry points: standard backend */
-    attn__cpu_merge_attn_states
+    attn__cpu_merge_attn_states,
+    NULL                      /* sparse MLA: standard backend */
 };
 
 /* =======================================================================================
@@ -6131,7 +6254,7 @@ static int attn__cpu_mla_kv_cache_shape(const attn_backend *self, const attn_lay
     (void)self;
     shape[0] = num_blocks;
     shape[1] = d->block_size;
-    shape[2] = d->head_size;
+    shape[2] = d->kv_cache_dtype == ATTN_DTYPE_FP8_DS_MLA ? ATTN__DS_MLA_ROW : d->head_size; /* bytes of a row */
     return 3;
 }
 
@@ -6300,6 +6423,111 @@ static attn_status attn__cpu_mla_forward_mqa(const attn_backend *self, attn_laye
         if (st != ATTN_OK) return st;
     }
     return attn__cpu_execute(&a);
+}
+
+/* ---- sparse MLA (forward_sparse) --------------------------------------------------------- */
+
+/* One task: a query token and a group of ATTN__CPU_SPARSE_HEADS heads. Its indices' latent
+   rows are gathered into the thread's scratch as f32 (dequantized: fp8 by the layer's
+   scale, fp8_ds_mla by its rows' scales), then each head's row attends them exactly:
+   s_j = q . k_j * scale, out = sum softmax(s)_j k_j[0 .. R), the sink in the denominator. */
+#define ATTN__CPU_SPARSE_HEADS 16
+
+typedef struct attn__cpu_sparse {
+    attn_context *ctx;
+    const attn_layer_desc *d;
+    const attn_batch *b;
+    attn_tensor q, q2, out, lse, idx;
+    int has_q2, has_lse, topk, groups;
+    const char *kv;
+    float k_scale;
+} attn__cpu_sparse;
+
+static void attn__cpu_sparse_run(void *varg, int task, int thread) {
+    const attn__cpu_sparse *a = (const attn__cpu_sparse *)varg;
+    const attn_layer_desc *d = a->d;
+    const int t = task / a->groups, h0 = (task % a->groups) * ATTN__CPU_SPARSE_HEADS;
+    const int h1 = ATTN__MIN(d->num_heads, h0 + ATTN__CPU_SPARSE_HEADS);
+    const int D = d->head_size, R = d->kv_lora_rank, r = attn__token_request(a->b, t);
+    const int32_t *bt = a->b->block_table + (size_t)r * (size_t)a->b->block_table_stride;
+    const int32_t *ix = (const int32_t *)a->idx.data + (size_t)t * (size_t)a->idx.strides[0];
+    const size_t rb = attn__mla_row_bytes(d), qsz = attn_dtype_size(a->q.dtype), osz = attn_dtype_size(a->out.dtype);
+    float *K = a->ctx->scratch[thread], *S = K + (size_t)a->topk * (size_t)D, *qf = S + a->topk, *o = qf + D;
+    int n = 0, k, h, j, x;
+    for (k = 0; k < a->topk; k++) { /* gather the valid rows */
+        const int p = ix[k];
+        const char *row;
+        float *dst = K + (size_t)n * (size_t)D;
+        if (p < 0 || p >= a->b->seq_lens[r]) continue; /* padding (the front door refused the rest) */
+        row = a->kv + ((size_t)bt[p / d->block_size] * (size_t)d->block_size + (size_t)(p % d->block_size)) * rb;
+        if (d->kv_cache_dtype == ATTN_DTYPE_FP8_DS_MLA) {
+            attn__ds_mla_row_load((const uint8_t *)row, dst);
+        } else {
+            attn__row_to_f32(row, d->kv_cache_dtype, dst, D, D);
+            if (a->k_scale != 1.0f)
+                for (x = 0; x < D; x++) dst[x] *= a->k_scale;
+        }
+        n++;
+    }
+    for (h = h0; h < h1; h++) {
+        float m = -INFINITY, l = 0.0f, inv, lse;
+        const char *qr = (const char *)a->q.data + (size_t)(t * a->q.strides[0] + h * a->q.strides[1]) * qsz;
+        char *orow = (char *)a->out.data + (size_t)(t * a->out.strides[0] + h * a->out.strides[1]) * osz;
+        if (a->has_q2) {
+            const char *pr = (const char *)a->q2.data + (size_t)(t * a->q2.strides[0] + h * a->q2.strides[1]) * qsz;
+            attn__row_to_f32(qr, a->q.dtype, qf, R, R);
+            attn__row_to_f32(pr, a->q2.dtype, qf + R, D - R, D - R);
+        } else {
+            attn__row_to_f32(qr, a->q.dtype, qf, D, D);
+        }
+        for (j = 0; j < n; j++) {
+            S[j] = attn__dot(qf, K + (size_t)j * (size_t)D, D) * d->scale;
+            m = ATTN__MAX(m, S[j]);
+        }
+        if (d->sinks) m = ATTN__MAX(m, d->sinks[h]);
+        for (x = 0; x < R; x++) o[x] = 0.0f;
+        for (j = 0; j < n; j++) {
+            const float pj = expf(S[j] - m), *kv = K + (size_t)j * (size_t)D;
+            l += pj;
+            for (x = 0; x < R; x++) o[x] += pj * kv[x];
+        }
+        if (d->sinks) l += expf(d->sinks[h] - m);
+        inv = l > 0.0f && n > 0 ? 1.0f / l : 0.0f; /* no key: out 0 (a sink alone weighs nothing) */
+        for (x = 0; x < R; x++) o[x] *= inv;
+        attn__row_from_f32(o, a->out.dtype, orow, R);
+        lse = l > 0.0f ? m + logf(l) : -INFINITY;
+        if (a->has_lse) ((float *)a->lse.data)[t * a->lse.strides[0] + h * a->lse.strides[1]] = lse;
+    }
+}
+
+static attn_status attn__cpu_mla_forward_sparse(const attn_backend *self, attn_layer *layer,
+                                                const attn_metadata *meta, const attn_tensor *q,
+                                                const attn_tensor *q_pe, const attn_tensor *kv_cache,
+                                                const attn_tensor *indices, attn_tensor *out_latent,
+                                                attn_tensor *lse, void *stream) {
+    const attn_layer_desc *d = &layer->desc;
+    attn__cpu_sparse a;
+    float vs;
+    attn_status st;
+    (void)self;
+    (void)stream;
+    memset(&a, 0, sizeof a);
+    a.ctx = layer->ctx;
+    a.d = d;
+    a.b = attn_metadata_batch(meta);
+    a.q = attn__tensor_resolved(q);
+    if (q_pe) { a.q2 = attn__tensor_resolved(q_pe); a.has_q2 = 1; }
+    a.out = attn__tensor_resolved(out_latent);
+    if (lse) { a.lse = attn__tensor_resolved(lse); a.has_lse = 1; }
+    a.idx = attn__tensor_resolved(indices);
+    a.topk = (int)indices->shape[1];
+    a.groups = (d->num_heads + ATTN__CPU_SPARSE_HEADS - 1) / ATTN__CPU_SPARSE_HEADS;
+    a.kv = (const char *)kv_cache->data;
+    if ((st = attn__kv_scales(layer->ctx, d, "attn_mla_forward_sparse", &a.k_scale, &vs)) != ATTN_OK) return st;
+    st = attn__scratch_reserve(layer->ctx, (size_t)a.topk * (size_t)(d->head_size + 1) + 2 * (size_t)d->head_size + 64);
+    if (st != ATTN_OK) return st;
+    attn__pool_run(layer->ctx->pool, attn__cpu_sparse_run, &a, a.b->num_actual_tokens * a.groups);
+    return ATTN_OK;
 }
 
 /* ---- projections: C = A . B through the attention kernels -------------------------------- */
@@ -6574,8 +6802,13 @@ static attn_status attn__cpu_write_latent(attn_layer *layer, const char *fn, con
         const char *cs = (const char *)c.data + (size_t)(t * c.strides[0]) * attn_dtype_size(c.dtype);
         const char *ps = (const char *)p.data + (size_t)(t * p.strides[0]) * attn_dtype_size(p.dtype);
         if (slot < 0) continue;
-        row = (char *)kv_cache->data + (size_t)slot * (size_t)d->head_size * csz;
-        if (attn__dtypes[d->kv_cache_dtype].cache_only) { /* fp8: x / scale, rounded, saturated */
+        row = (char *)kv_cache->data + (size_t)slot * attn__mla_row_bytes(d);
+        if (d->kv_cache_dtype == ATTN_DTYPE_FP8_DS_MLA) { /* scales per 128 values, k_pe bf16 */
+            float fc[512], fp[64];
+            for (x = 0; x < 512; x++) fc[x] = attn__load_elem(cs, c.dtype, x);
+            for (x = 0; x < 64; x++) fp[x] = attn__load_elem(ps, p.dtype, x);
+            attn__ds_mla_row_store(fc, fp, (uint8_t *)row);
+        } else if (attn__dtypes[d->kv_cache_dtype].cache_only) { /* fp8: x / scale, rounded, saturated */
             for (x = 0; x < d->kv_lora_rank; x++)
                 attn__store_elem(row, d->kv_cache_dtype, x, attn__load_elem(cs, c.dtype, x) / ks);
             for (x = 0; x < d->qk_rope_head_dim; x++)
@@ -6705,11 +6938,12 @@ static const attn_backend attn__cpu_mla_backend = {
     ATTN_DEVICE_CPU,          /* device */
     ATTN_DTYPE_BIT(ATTN_DTYPE_F32) | ATTN_DTYPE_BIT(ATTN_DTYPE_F16) | ATTN_DTYPE_BIT(ATTN_DTYPE_BF16),
     ATTN_DTYPE_BIT(ATTN_DTYPE_F32) | ATTN_DTYPE_BIT(ATTN_DTYPE_F16) | ATTN_DTYPE_BIT(ATTN_DTYPE_BF16) |
-        ATTN_DTYPE_BIT(ATTN_DTYPE_FP8_E4M3) | ATTN_DTYPE_BIT(ATTN_DTYPE_FP8_E5M2), /* caches: fp8 with per-tensor scales too */
+        ATTN_DTYPE_BIT(ATTN_DTYPE_FP8_E4M3) | ATTN_DTYPE_BIT(ATTN_DTYPE_FP8_E5M2) | /* fp8 with per-tensor scales */
+        ATTN_DTYPE_BIT(ATTN_DTYPE_FP8_DS_MLA), /* DeepSeek-V3.2's rows (attn_mla_forward_sparse) */
     320, 576, 8,              /* head sizes: 576 or 320 exactly (attn__cpu_mla_check) */
     16, 0,                    /* block sizes: any multiple of 16 */
     0, 0, 0, 0,               /* non-causal, sliding window, soft cap, ALiBi: no */
-    0,                        /* attention sinks: not yet (issue 23) */
+    1,                        /* attention sinks: attn_mla_forward_sparse (the dense calls refuse them) */
     0,                        /* cascade: not yet (the batch computed as with common_prefix_len 0) */
     1,                        /* is_mla */
     ATTN_CUDA_GRAPH_NEVER,    /* no graphs on the CPU */
@@ -6726,7 +6960,8 @@ static const attn_backend attn__cpu_mla_backend = {
     attn__cpu_mla_forward_mha,
     attn__cpu_mla_forward,
     attn__cpu_concat_and_cache_mla,
-    attn__cpu_merge_attn_states
+    attn__cpu_merge_attn_states,
+    attn__cpu_mla_forward_sparse
 };
 
 /* =======================================================================================
@@ -7241,7 +7476,7 @@ static attn_status attn__tma_encode(attn_context *ctx, attn__tma_map *map, attn_
     case ATTN_DTYPE_FP8_E4M3:
     case ATTN_DTYPE_FP8_E5M2:
     case ATTN_DTYPE_INT8: type = 0; break; /* UINT8: codes, copied as bytes */
-    case ATTN_DTYPE_AUTO: case ATTN_DTYPE_INT64: case ATTN_DTYPE_COUNT: break; /* not element types */
+    case ATTN_DTYPE_AUTO: case ATTN_DTYPE_INT64: case ATTN_DTYPE_INT32: case ATTN_DTYPE_FP8_DS_MLA: case ATTN_DTYPE_COUNT: break; /* not element types */
     }
     if (type < 0)
         return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
@@ -7426,7 +7661,7 @@ static int attn__cuda_dt(attn_dtype d) {
     case ATTN_DTYPE_FP8_E4M3: return 4;
     case ATTN_DTYPE_FP8_E5M2: return 5;
     case ATTN_DTYPE_INT8: return 6;
-    case ATTN_DTYPE_INT64: case ATTN_DTYPE_COUNT: return -1;
+    case ATTN_DTYPE_INT64: case ATTN_DTYPE_INT32: case ATTN_DTYPE_FP8_DS_MLA: case ATTN_DTYPE_COUNT: return -1;
     }
     return -1;
 }
@@ -7625,6 +7860,15 @@ typedef struct attn__mla_decode_params {
                                                device float read at every launch; NULL: the value */
     float k_scale_value;
     int pad0;
+    /* sparse MLA (mla_decode.cu, SPARSE 1): query token t attends the positions of its
+       request that indices[t][0 .. topk) name (-1 or out of [0, seq_len): skipped) */
+    ATTN__DPTR(const int) indices;          /* [tokens][indices_stride] int32 */
+    ATTN__DPTR(const int) seq_lens;         /* [reqs] */
+    ATTN__DPTR(const int) token_req;        /* [tokens]: each batch token's request */
+    ATTN__DPTR(const float) sinks;          /* [num_heads] natural-log sinks (SPARSE) or NULL */
+    long long indices_stride;
+    int topk;
+    int pad1;
 } attn__mla_decode_params;
 
 /* attn_mla_prefill (mla_prefill.cu, mla_prefill_sm90.cu): one launch per request and chunk
@@ -7657,7 +7901,7 @@ ATTN__PARAMS_SIZE(attn__latent_write_params, 4 * 8 + 3 * 8 + 2 * 4 + 8 + 2 * 4);
 ATTN__PARAMS_SIZE(attn__latent_write_inline_params, 80 + ATTN__INLINE_SLOTS * 8);
 ATTN__PARAMS_SIZE(attn__mla_gather_params, 3 * 8 + 4 * 4 + 8 + 2 * 4);
 ATTN__PARAMS_SIZE(attn__merge_params, 6 * 8 + 12 * 8 + 6 * 4);
-ATTN__PARAMS_SIZE(attn__mla_decode_params, 12 * 8 + 9 * 8 + 2 * 4 + 8 + 2 * 4);
+ATTN__PARAMS_SIZE(attn__mla_decode_params, 12 * 8 + 9 * 8 + 2 * 4 + 8 + 2 * 4 + 4 * 8 + 8 + 2 * 4);
 ATTN__PARAMS_SIZE(attn__mla_prefill_params, 7 * 8 + 13 * 8 + 8 * 4);
 #undef ATTN__PARAMS_SIZE
 
@@ -7754,7 +7998,8 @@ typedef enum attn__role {
     ATTN__ROLE_DECODE,      /* decode tiles (standard) / the absorbed decode and its merge (MLA) */
     ATTN__ROLE_PREFILL,     /* prefill tiles / the up-projected prefill attention */
     ATTN__ROLE_CACHE,       /* the cache write and its _inline twin (MLA: and the gather) */
-    ATTN__ROLE_DECODE_WIDE, /* the wide decode shape (standard, sm_90 and newer; optional) */
+    ATTN__ROLE_DECODE_WIDE, /* the wide decode shape (standard, sm_90 and newer; optional) /
+                               the sparse MLA decode (MLA: mla_decode.cu, SPARSE 1) */
     ATTN__ROLE_COUNT
 } attn__role;
 
@@ -7785,6 +8030,8 @@ typedef struct attn__kernel_family {
                                              "attn__mla_decode_params"}
 #define ATTN__MLA_PREFILL_ROLE(file, arch_a) {file, {"attn_mla_prefill", NULL, NULL}, "attn_mha_config", arch_a, 0, \
                                               "attn__mla_prefill_params"}
+#define ATTN__MLA_SPARSE_ROLE {"mla_decode.cu", {"attn_mla_decode", "attn_mla_merge", NULL}, "attn_mla_config", 0, 0, \
+                               "attn__mla_decode_params"}
 #define ATTN__NO_ROLE {NULL, {NULL, NULL, NULL}, NULL, 0, 0, NULL}
 static const attn__kernel_family attn__kernel_families[] = {
     {ATTN_BACKEND_CUDA, 80, 0,
@@ -7797,16 +8044,17 @@ static const attn__kernel_family attn__kernel_families[] = {
       ATTN__PAGED_ROLE("paged_attention.cu", "attn_paged_attention", 0, 0)}},
     {ATTN_BACKEND_CUDA_MLA_SM90, 90, 90,
      {ATTN__MLA_DECODE_ROLE("mla_decode_sm90.cu", 1, 1), ATTN__MLA_PREFILL_ROLE("mla_prefill_sm90.cu", 1),
-      ATTN__LATENT_ROLE, ATTN__NO_ROLE}},
+      ATTN__LATENT_ROLE, ATTN__MLA_SPARSE_ROLE}},
     {ATTN_BACKEND_CUDA_MLA, 80, 0,
      {ATTN__MLA_DECODE_ROLE("mla_decode.cu", 0, 0), ATTN__MLA_PREFILL_ROLE("mla_prefill.cu", 0), ATTN__LATENT_ROLE,
-      ATTN__NO_ROLE}},
+      ATTN__MLA_SPARSE_ROLE}},
 };
 #undef ATTN__PAGED_ROLE
 #undef ATTN__CACHE_ROLE
 #undef ATTN__LATENT_ROLE
 #undef ATTN__MLA_DECODE_ROLE
 #undef ATTN__MLA_PREFILL_ROLE
+#undef ATTN__MLA_SPARSE_ROLE
 #undef ATTN__NO_ROLE
 
 /* The kernel family of a built-in CUDA backend (NULL for any other id). */
@@ -7920,7 +8168,7 @@ typedef struct attn__cuda_layer {
    token and head, and 16/32-bit caches: value 1, no pointer (the kernels ignore them). */
 static void attn__cuda_kv_scales(const attn_layer_desc *d, attn__CUdeviceptr *kp, attn__CUdeviceptr *vp, float *kv,
                                  float *vv) {
-    int per_tensor = attn__dtypes[d->kv_cache_dtype].cache_only && d->kv_scale_kind == ATTN_KV_SCALE_PER_TENSOR;
+    int per_tensor = attn__dtypes[d->kv_cache_dtype].cache_only == 1 && d->kv_scale_kind == ATTN_KV_SCALE_PER_TENSOR;
     const attn_kv_scale *vs = d->use_mla ? &d->k_scale : &d->v_scale; /* MLA: one latent scale */
     *kp = per_tensor && d->k_scale.ptr ? (attn__CUdeviceptr)(uintptr_t)d->k_scale.ptr : 0;
     *vp = per_tensor && vs->ptr ? (attn__CUdeviceptr)(uintptr_t)vs->ptr : 0;
@@ -8892,7 +9140,8 @@ static const attn_backend attn__cuda_backend = {
     attn__cuda_forward,
     attn__cuda_reshape_and_cache,
     NULL, NULL, NULL, NULL,   /* MLA entry points: standard backend */
-    attn__cuda_merge_attn_states
+    attn__cuda_merge_attn_states,
+    NULL                      /* sparse MLA: standard backend */
 };
 
 /* CUDA_SM90: the CUDA backend whose layers run their prefill tiles on wgmma fed by a
@@ -8940,7 +9189,8 @@ static const attn_backend attn__cuda_sm90_backend = {
     attn__cuda_forward,
     attn__cuda_reshape_and_cache,
     NULL, NULL, NULL, NULL,
-    NULL                      /* attn_merge_attn_states on the device goes to CUDA */
+    NULL,                     /* attn_merge_attn_states on the device goes to CUDA */
+    NULL                      /* sparse MLA: standard backend */
 };
 
 /* =======================================================================================
@@ -9083,6 +9333,8 @@ static void attn__cuda_mla_context_release(const attn_backend *self, attn_contex
 typedef struct attn__cuda_mla_layer {
     attn__cuda_module decode, prefill, cache; /* cache: the latent write, the gather, the
                                                  write from host slots (main, second, third) */
+    attn__cuda_module sparse;        /* attn_mla_forward_sparse: mla_decode.cu, SPARSE 1 (both
+                                        MLA backends: the mma.sync tiles gather by index) */
     void *cublas;
     int sm90;                        /* CUDA_MLA_SM90's kernels (else CUDA_MLA's, mma.sync) */
     int rows;                        /* heads per decode CTA (its config.rows: its partials' rows) */
@@ -9108,7 +9360,11 @@ static void attn__cuda_mla_variants(const attn_layer_desc *d, const attn__kernel
               d->v_head_dim, dt); /* the prefill attends over up-projected (DT) keys and values */
     attn__fmt(opt[2], 256, "-DKV_LORA_RANK=%d -DROPE_DIM=%d -DDT_IN=%d -DDT_CACHE=%d", d->kv_lora_rank,
               d->qk_rope_head_dim, dt, kv);
-    opt[3][0] = 0;
+    /* the sparse decode: as the mma.sync decode, but 16 heads a CTA over an fp8 latent (at
+       32 the index handling makes ptxas spill) */
+    attn__fmt(opt[3], 256, "-DKV_LORA=%d -DROPE=%d -DBLOCK_SIZE=%d -DDT=%d -DROWS=%d -DDT_KV=%d -DSPARSE=1",
+              d->kv_lora_rank, d->qk_rope_head_dim, d->block_size, dt,
+              d->num_heads <= 16 || kv != dt ? 16 : d->num_heads <= 32 ? 32 : 64, kv);
 }
 
 static void attn__cuda_mla_layer_free(attn_context *ctx, attn__cuda_mla_layer *L) {
@@ -9116,6 +9372,7 @@ static void attn__cuda_mla_layer_free(attn_context *ctx, attn__cuda_mla_layer *L
     if (L->decode.module) ctx->cuda->cuModuleUnload(L->decode.module);
     if (L->prefill.module) ctx->cuda->cuModuleUnload(L->prefill.module);
     if (L->cache.module) ctx->cuda->cuModuleUnload(L->cache.module);
+    if (L->sparse.module) ctx->cuda->cuModuleUnload(L->sparse.module);
     attn__free(L);
 }
 
@@ -9152,6 +9409,9 @@ static attn_status attn__cuda_mla_layer_init(const attn_backend *self, attn_laye
         st = attn__cuda_load_role(ctx, &f->role[role], opt[role],
                                   role == ATTN__ROLE_DECODE ? &L->decode : role == ATTN__ROLE_PREFILL ? &L->prefill : &L->cache,
                                   reason, size);
+    if (st == ATTN_OK && f->role[ATTN__ROLE_DECODE_WIDE].file) /* the sparse MLA decode */
+        st = attn__cuda_load_role(ctx, &f->role[ATTN__ROLE_DECODE_WIDE], opt[ATTN__ROLE_DECODE_WIDE], &L->sparse, reason,
+                                  size);
     if (st == ATTN_OK) L->rows = L->decode.config.rows;
     if (st == ATTN_OK && !L->sm90) { /* the split policy's target: one wave of resident decode CTAs */
         L->resident = attn__cuda_resident(ctx, &L->decode, 1);
@@ -9176,9 +9436,13 @@ static void attn__cuda_mla_layer_release(const attn_backend *self, attn_layer *l
 /* ---- metadata: decode work list, device workspace ---- */
 
 typedef struct attn__cuda_mla_plan {
-    int32_t *counts;               /* [4]: decode work items, merge entries, -, - */
+    int32_t *counts;               /* [6]: decode work items, merge entries, batch tokens, sparse
+                                      splits, sparse merge entries, - */
     int32_t *work;                 /* [work_capacity][8] (kernels/mla_decode_sm90.cu) */
     int32_t *merge;                /* [merge_capacity][8] */
+    int32_t *smerge;               /* [sparse_slots][8]: sparse MLA's merge entries */
+    int32_t *seq_lens;             /* [max_num_reqs] (sparse MLA) */
+    int32_t *token_req;            /* [max_num_tokens]: each batch token's request (sparse MLA) */
     int64_t *slot_mapping;         /* [max_num_tokens], -1 past the batch */
     int32_t *block_table;          /* last: the upload stops after the rows in use */
 } attn__cuda_mla_plan;
@@ -9195,6 +9459,11 @@ typedef struct attn__cuda_mla_ws {
 
 typedef struct attn__cuda_mla_meta {
     int heads, tiles, decode_tokens, chunk;
+    /* sparse MLA: heads per CTA of the layer's sparse decode, its head tiles, and its split
+       partials (a build splits each token's indices while tokens x tiles x splits fit one
+       wave, ATTN__MLA_SPARSE_SPLITS at most) */
+    int sparse_rows, sparse_tiles, sparse_slots;
+    attn__CUdeviceptr sparse_o, sparse_lse;
     int rows;                        /* the creating layer's (metadata may outlive it) */
     int work_capacity, merge_capacity, slot_capacity;
     size_t ws_bytes;
@@ -9207,9 +9476,12 @@ typedef struct attn__cuda_mla_meta {
 static size_t attn__cuda_mla_plan_layout(const attn__cuda_mla_meta *cm, const attn_metadata_desc *cap, char *base,
                                          attn__cuda_mla_plan *p) {
     size_t used = 0;
-    p->counts = (int32_t *)attn__carve(base, &used, 4 * sizeof(int32_t), 256);
+    p->counts = (int32_t *)attn__carve(base, &used, 6 * sizeof(int32_t), 256);
     p->work = (int32_t *)attn__carve(base, &used, (size_t)cm->work_capacity * 32, 256);
     p->merge = (int32_t *)attn__carve(base, &used, (size_t)ATTN__MAX(1, cm->merge_capacity) * 32, 256);
+    p->smerge = (int32_t *)attn__carve(base, &used, (size_t)ATTN__MAX(1, cm->sparse_slots) * 32, 256);
+    p->seq_lens = (int32_t *)attn__carve(base, &used, (size_t)cap->max_num_reqs * 4, 256);
+    p->token_req = (int32_t *)attn__carve(base, &used, (size_t)cap->max_num_tokens * 4, 256);
     p->slot_mapping = (int64_t *)attn__carve(base, &used, (size_t)cap->max_num_tokens * 8, 256);
     p->block_table = (int32_t *)attn__carve(base, &used,
                                             (size_t)cap->max_num_reqs * (size_t)cap->max_blocks_per_req * 4, 256);
@@ -9239,6 +9511,8 @@ static void attn__cuda_mla_meta_free(attn_context *ctx, attn__cuda_mla_meta *cm)
     attn__cuda_staged_free(cu, &cm->up);
     if (cm->partial_o) cu->cuMemFree(cm->partial_o);
     if (cm->partial_lse) cu->cuMemFree(cm->partial_lse);
+    if (cm->sparse_o) cu->cuMemFree(cm->sparse_o);
+    if (cm->sparse_lse) cu->cuMemFree(cm->sparse_lse);
     if (cm->ws_base) cu->cuMemFree(cm->ws_base);
     attn__free(cm);
 }
@@ -9282,6 +9556,9 @@ static attn_status attn__cuda_mla_metadata_init(const attn_backend *self, attn_l
     cm->work_capacity = (int)(items + slots);
     cm->merge_capacity = slots ? (int)items : 0;
     cm->slot_capacity = (int)slots;
+    cm->sparse_rows = L->sparse.module ? L->sparse.config.rows : 0;
+    cm->sparse_tiles = cm->sparse_rows ? (d->num_heads + cm->sparse_rows - 1) / cm->sparse_rows : 0;
+    cm->sparse_slots = cm->sparse_rows ? ATTN__MAX(1, ctx->platform.cuda_multiprocessors) : 0; /* one wave */
     cm->up.bytes = attn__cuda_mla_plan_layout(cm, cap, NULL, &cm->host);
     cm->ws_bytes = attn__cuda_mla_ws_layout(cm, d, cap, 0, &cm->ws);
     if ((st = attn__cuda_enter(ctx, "attn_metadata_create")) != ATTN_OK) {
@@ -9292,6 +9569,9 @@ static attn_status attn__cuda_mla_metadata_init(const attn_backend *self, attn_l
         (rc = cu->cuMemAlloc(&cm->partial_o, (size_t)ATTN__MAX(1, cm->slot_capacity) * (size_t)cm->rows *
                                                  (size_t)d->kv_lora_rank * 4)) != 0 ||
         (rc = cu->cuMemAlloc(&cm->partial_lse, (size_t)ATTN__MAX(1, cm->slot_capacity) * (size_t)cm->rows * 4)) != 0 ||
+        (cm->sparse_slots &&
+         ((rc = cu->cuMemAlloc(&cm->sparse_o, (size_t)cm->sparse_slots * (size_t)cm->sparse_rows * (size_t)d->kv_lora_rank * 4)) != 0 ||
+          (rc = cu->cuMemAlloc(&cm->sparse_lse, (size_t)cm->sparse_slots * (size_t)cm->sparse_rows * 4)) != 0)) ||
         (rc = cu->cuMemAlloc(&cm->ws_base, cm->ws_bytes)) != 0) {
         size_t bytes = cm->up.bytes + cm->ws_bytes;
         attn__cuda_mla_meta_free(ctx, cm);
@@ -9380,6 +9660,25 @@ static attn_status attn__cuda_mla_build(const attn_backend *self, attn_layer *la
     attn__cuda_sort_work(p->work, nw);
     p->counts[0] = nw;
     p->counts[1] = nm;
+    p->counts[2] = b->num_actual_tokens; /* sparse MLA: one CTA row per batch token */
+    p->counts[3] = 1;                    /* its splits: while the batch's CTAs fill less than a wave */
+    p->counts[4] = 0;
+    if (cm->sparse_tiles && b->num_actual_tokens > 0 && !attn__env_batch_invariant(ctx)) {
+        const int items = b->num_actual_tokens * cm->sparse_tiles;
+        int ns = ATTN__MIN(ATTN__MLA_SPARSE_SPLITS, cm->sparse_slots / items), e;
+        if (ns > 1) {
+            p->counts[3] = ns;
+            p->counts[4] = items;
+            for (e = 0; e < items; e++) { /* entry (t, y): slots e ns .. e ns + ns - 1 (mla_decode.cu, SPARSE) */
+                int32_t *m = p->smerge + 8 * e;
+                m[0] = e / cm->sparse_tiles; m[1] = (e % cm->sparse_tiles) * cm->sparse_rows; m[2] = ns; m[3] = e * ns;
+                m[4] = m[5] = m[6] = m[7] = 0;
+            }
+        }
+    }
+    if (b->num_reqs) memcpy(p->seq_lens, b->seq_lens, (size_t)b->num_reqs * 4);
+    for (r = 0; r < b->num_reqs; r++)
+        for (t = b->query_start_loc[r]; t < b->query_start_loc[r + 1]; t++) p->token_req[t] = r;
     rc = attn__cuda_staged_send(cu, &cm->up, cap, b, p->slot_mapping, p->block_table, &upload);
     attn__cuda_leave(ctx);
     return rc ? attn__cu_fail(ctx, "attn_metadata_build", "the schedule upload", rc) : ATTN_OK;
@@ -9490,9 +9789,13 @@ static attn_status attn__cuda_mla_decode_map(attn_context *ctx, const char *fn, 
     *map = NULL;
     if ((st = attn__cuda_cache_aligned(ctx, fn, kv_cache)) != ATTN_OK || !decodes || L->decode.config.tma_box_rows <= 0)
         return st;
-    if ((st = attn__cuda_mla_map(ctx, d->kv_cache_dtype, kv_cache->data, kv_cache->shape[0], d->block_size, d->head_size,
-                                 L->decode.config.tma_box_rows, storage)) == ATTN_OK)
-        *map = storage;
+    /* the driver's encoder wants a current context (it reads the device's limits): the
+       layer's, entered for the call alone */
+    if ((st = attn__cuda_enter(ctx, fn)) != ATTN_OK) return st;
+    st = attn__cuda_mla_map(ctx, d->kv_cache_dtype, kv_cache->data, kv_cache->shape[0], d->block_size, d->head_size,
+                            L->decode.config.tma_box_rows, storage);
+    attn__cuda_leave(ctx);
+    if (st == ATTN_OK) *map = storage;
     return st;
 }
 
@@ -9524,6 +9827,83 @@ static attn_status attn__cuda_mla_forward_mqa(const attn_backend *self, attn_lay
     if ((st = attn__cuda_enter_stream(ctx, fn, stream)) != ATTN_OK) return st;
     rc = attn__cuda_mla_decode(ctx, L, cm, meta, d, qr, pr, kv_cache, map, attn__mla_rows_of(out_latent, 0), lse,
                                (attn__CUstream)stream, attn__cuda_capturing(ctx, (attn__CUstream)stream));
+    attn__cuda_leave(ctx);
+    return rc ? attn__cu_fail(ctx, fn, "cuLaunchKernel", rc) : ATTN_OK;
+}
+
+/* Sparse MLA: one launch of the layer's sparse decode (kernels/mla_decode.cu, SPARSE 1),
+   grid (batch tokens, head tiles); a captured call covers the capacity's tokens (CTAs past
+   the replayed build's count exit), so a graph replays for any batch of the metadata. */
+static attn_status attn__cuda_mla_forward_sparse(const attn_backend *self, attn_layer *layer, const attn_metadata *meta,
+                                                 const attn_tensor *q, const attn_tensor *q_pe,
+                                                 const attn_tensor *kv_cache, const attn_tensor *indices,
+                                                 attn_tensor *out_latent, attn_tensor *lse, void *stream) {
+    attn_context *ctx = attn_layer_context(layer);
+    const attn_layer_desc *d = attn_layer_get_desc(layer);
+    const attn__cuda_mla_layer *L = (const attn__cuda_mla_layer *)attn_layer_backend_state(layer);
+    const attn__cuda_mla_meta *cm = (const attn__cuda_mla_meta *)attn_metadata_private(meta);
+    const char *fn = "attn_mla_forward_sparse";
+    attn__mla_rows qr = attn__mla_rows_of(q, 0), pr, orr;
+    attn_tensor ir = attn__tensor_resolved(indices);
+    attn__mla_decode_params dp;
+    attn__CUresult rc;
+    attn_status st;
+    unsigned grid, splits, merges;
+    int capturing;
+    void *args[1];
+    (void)self;
+    if ((st = attn__cuda_mla_aligned(ctx, fn, "q", q)) != ATTN_OK ||
+        (q_pe && (st = attn__cuda_mla_aligned(ctx, fn, "q_pe", q_pe)) != ATTN_OK) ||
+        (st = attn__cuda_mla_aligned(ctx, fn, "out_latent", out_latent)) != ATTN_OK ||
+        (st = attn__cuda_cache_aligned(ctx, fn, kv_cache)) != ATTN_OK)
+        return st;
+    if (q_pe) pr = attn__mla_rows_of(q_pe, 0);
+    else { /* one tensor [.][H][R + P]: q_pe is its tail */
+        pr = qr;
+        pr.data += (attn__CUdeviceptr)d->kv_lora_rank * attn_dtype_size(d->dtype);
+    }
+    orr = attn__mla_rows_of(out_latent, 0);
+    memset(&dp, 0, sizeof dp);
+    dp.q = qr.data; dp.q_stride_token = qr.s0; dp.q_stride_head = qr.s1;
+    dp.q_pe = pr.data; dp.q_pe_stride_token = pr.s0; dp.q_pe_stride_head = pr.s1;
+    dp.kv_cache = attn__dptr(kv_cache->data);
+    dp.out = orr.data; dp.out_stride_token = orr.s0; dp.out_stride_head = orr.s1;
+    if (lse) {
+        attn_tensor lr = attn__tensor_resolved(lse);
+        dp.lse = attn__dptr(lr.data);
+        dp.lse_stride_token = lr.strides[0];
+        dp.lse_stride_head = lr.strides[1];
+    }
+    dp.block_table = attn__dptr(cm->dev.block_table);
+    dp.block_table_stride = attn_metadata_capacity(meta)->max_blocks_per_req;
+    dp.num_work = attn__dptr(cm->dev.counts + 2); /* the build's token count, then its splits */
+    dp.merge = attn__dptr(cm->dev.smerge);
+    dp.num_merge = attn__dptr(cm->dev.counts + 4);
+    dp.partial_o = cm->sparse_o;
+    dp.partial_lse = cm->sparse_lse;
+    dp.num_heads = d->num_heads;
+    dp.scale = d->scale;
+    attn__cuda_latent_scale(d, &dp.k_scale, &dp.k_scale_value);
+    dp.indices = attn__dptr(ir.data);
+    dp.indices_stride = ir.strides[0];
+    dp.topk = (int)ir.shape[1];
+    dp.seq_lens = attn__dptr(cm->dev.seq_lens);
+    dp.token_req = attn__dptr(cm->dev.token_req);
+    dp.sinks = attn__dptr(d->sinks); /* device floats, read by the launch */
+    if ((st = attn__cuda_enter_stream(ctx, fn, stream)) != ATTN_OK) return st;
+    capturing = attn__cuda_capturing(ctx, (attn__CUstream)stream);
+    /* a captured call covers the capacity (tokens, the most splits, the most merge entries) */
+    grid = (unsigned)(capturing ? attn_metadata_capacity(meta)->max_num_tokens : meta->batch.num_actual_tokens);
+    splits = (unsigned)(capturing ? ATTN__MLA_SPARSE_SPLITS : cm->host.counts[3]);
+    merges = (unsigned)(capturing ? cm->sparse_slots : cm->host.counts[4]);
+    args[0] = &dp;
+    rc = grid ? ctx->cuda->cuLaunchKernel(L->sparse.main, grid, (unsigned)cm->sparse_tiles, splits,
+                                          (unsigned)L->sparse.config.threads, 1, 1,
+                                          (unsigned)L->sparse.config.shared_bytes, (attn__CUstream)stream, args, NULL)
+              : 0;
+    if (rc == 0 && grid && merges) /* the splits merged, a CTA per row (the sinks joined there) */
+        rc = ctx->cuda->cuLaunchKernel(L->sparse.second, merges, (unsigned)cm->sparse_rows, 1, 256, 1, 1, 0,
+                                       (attn__CUstream)stream, args, NULL);
     attn__cuda_leave(ctx);
     return rc ? attn__cu_fail(ctx, fn, "cuLaunchKernel", rc) : ATTN_OK;
 }
@@ -9766,7 +10146,7 @@ static const attn_backend attn__cuda_mla_sm90_backend = {
     320, 576, 8,              /* head sizes: 576 or 320 exactly (attn__cuda_mla_check) */
     16, 0,                    /* block sizes: any multiple of 16 (64 recommended) */
     0, 0, 0, 0,               /* non-causal, sliding window, soft cap, ALiBi: no */
-    0,                        /* attention sinks: not yet (issue 23) */
+    1,                        /* attention sinks: attn_mla_forward_sparse (the dense calls refuse them) */
     0,                        /* cascade: not yet (the batch computed as with common_prefix_len 0) */
     1,                        /* is_mla */
     ATTN_CUDA_GRAPH_UNIFORM_SINGLE_TOKEN_DECODE, /* decode: capacity grids, counts on the device */
@@ -9783,7 +10163,8 @@ static const attn_backend attn__cuda_mla_sm90_backend = {
     attn__cuda_mla_forward_mha,
     attn__cuda_mla_forward,
     attn__cuda_mla_concat_and_cache,
-    NULL                      /* attn_merge_attn_states on the device goes to CUDA */
+    NULL,                     /* attn_merge_attn_states on the device goes to CUDA */
+    attn__cuda_mla_forward_sparse
 };
 
 /* CUDA_MLA: the same backend on mma.sync kernels (kernels/mla_decode.cu, mla_prefill.cu),
@@ -9801,7 +10182,7 @@ static const attn_backend attn__cuda_mla_backend = {
     320, 576, 8,
     16, 0,
     0, 0, 0, 0,
-    0,                        /* attention sinks: not yet (issue 23) */
+    1,                        /* attention sinks: attn_mla_forward_sparse (the dense calls refuse them) */
     0,                        /* cascade: not yet (the batch computed as with common_prefix_len 0) */
     1,                        /* is_mla */
     ATTN_CUDA_GRAPH_UNIFORM_SINGLE_TOKEN_DECODE,
@@ -9818,7 +10199,8 @@ static const attn_backend attn__cuda_mla_backend = {
     attn__cuda_mla_forward_mha,
     attn__cuda_mla_forward,
     attn__cuda_mla_concat_and_cache,
-    NULL
+    NULL,
+    attn__cuda_mla_forward_sparse
 };
 
 #else /* ATTN_NO_CUDA: the helpers answer, the backend does not exist */
@@ -10003,9 +10385,22 @@ ATTN_API attn_status attn_layer_forward(attn_layer *layer, const attn_metadata *
 
 static attn_status attn__check_mla_call(attn_layer *layer, const attn_metadata *meta, const char *fn) {
     attn_context *ctx = layer->ctx;
+    const int sparse = !strcmp(fn, "attn_mla_forward_sparse");
     if (!layer->desc.use_mla || !layer->backend->is_mla)
         return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_CALL_UNSUPPORTED,
                           "%s: the layer is not MLA (allowed: a layer created with use_mla = 1)", fn);
+    if (!sparse && layer->desc.kv_cache_dtype == ATTN_DTYPE_FP8_DS_MLA)
+        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_CALL_UNSUPPORTED,
+                          "%s: the layer's cache is fp8_ds_mla (allowed: attn_mla_forward_sparse, the one MLA "
+                          "call that reads it; dense MLA layers use a 16-bit or fp8 latent)", fn);
+    if (!sparse && layer->desc.sinks)
+        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_CALL_UNSUPPORTED,
+                          "%s: the MLA layer has desc.sinks (allowed: attn_mla_forward_sparse, the one MLA call "
+                          "that takes sinks so far; create the layer without sinks for the dense calls)", fn);
+    if (sparse && !layer->backend->forward_sparse)
+        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_CALL_UNSUPPORTED,
+                          "%s: backend %s has no sparse MLA (allowed: CPU_MLA, CUDA_MLA, CUDA_MLA_SM90)", fn,
+                          layer->backend->name);
     return attn__check_meta(layer, meta, fn);
 }
 
@@ -10051,6 +10446,62 @@ ATTN_API attn_status attn_mla_forward_mqa(attn_layer *layer, const attn_metadata
     if ((st = attn__check_graph(layer, meta, fn, stream, ATTN__PART_DECODES)) != ATTN_OK) return st;
     st = layer->backend->forward_mqa(layer->backend, layer, meta, q, q_pe, kv_cache, out_latent, lse, stream);
     if (st == ATTN_OK) attn__lse_to_base_e(layer, lse, td);
+    return st;
+}
+
+ATTN_API attn_status attn_mla_forward_sparse(attn_layer *layer, const attn_metadata *meta,
+                                             const attn_tensor *q, const attn_tensor *q_pe,
+                                             const attn_tensor *kv_cache, const attn_tensor *indices,
+                                             attn_tensor *out_latent, attn_tensor *lse, void *stream) {
+    attn_context *ctx = layer ? layer->ctx : NULL;
+    const char *fn = "attn_mla_forward_sparse";
+    const attn_layer_desc *d;
+    attn_device_kind dev;
+    int64_t shape[3];
+    attn_status st;
+    int nt;
+    if (!layer) return attn__null_arg(ctx, __func__, "layer");
+    if (!meta) return attn__null_arg(ctx, __func__, "meta");
+    if (!q) return attn__null_arg(ctx, __func__, "q");
+    if (!kv_cache) return attn__null_arg(ctx, __func__, "kv_cache");
+    if (!indices) return attn__null_arg(ctx, __func__, "indices");
+    if (!out_latent) return attn__null_arg(ctx, __func__, "out_latent");
+    st = attn__check_mla_call(layer, meta, fn);
+    if (st != ATTN_OK) return st;
+    d = &layer->desc;
+    dev = layer->backend->device;
+    nt = meta->batch.num_actual_tokens;
+    shape[0] = ATTN__AT_LEAST(nt); shape[1] = d->num_heads;
+    shape[2] = q_pe ? d->kv_lora_rank : d->head_size;
+    st = attn__check_tensor(ctx, fn, "q", q, d->dtype, 3, shape, dev);
+    if (st == ATTN_OK && q_pe) {
+        shape[2] = d->qk_rope_head_dim;
+        st = attn__check_tensor(ctx, fn, "q_pe", q_pe, d->dtype, 3, shape, dev);
+    }
+    shape[2] = d->kv_lora_rank;
+    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out_latent", out_latent, d->dtype, 3, shape, dev);
+    if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out_latent", out_latent);
+    if (st == ATTN_OK && lse) st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, dev);
+    if (st == ATTN_OK && lse) st = attn__check_output_tensor(ctx, fn, "lse", lse);
+    if (st == ATTN_OK) st = attn__check_kv_cache(layer, fn, kv_cache, 0);
+    if (st != ATTN_OK) return st;
+    if (kv_cache->shape[0] < meta->cap.num_blocks)
+        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE,
+                          "%s: kv_cache.shape[0] is %lld (allowed: >= num_blocks %lld of the metadata)",
+                          fn, (long long)kv_cache->shape[0], (long long)meta->cap.num_blocks);
+    shape[1] = indices->ndim == 2 ? indices->shape[1] : 1;
+    if (shape[1] < 1 || shape[1] > ATTN__SPARSE_TOPK_MAX)
+        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE,
+                          "%s: indices.shape[1] (topk) is %lld (allowed: 1..%d)", fn, (long long)shape[1],
+                          ATTN__SPARSE_TOPK_MAX);
+    st = attn__check_tensor(ctx, fn, "indices", indices, ATTN_DTYPE_INT32, 2, shape, dev);
+    if (st == ATTN_OK && dev == ATTN_DEVICE_CPU) st = attn__sparse_indices_check(meta, indices, fn);
+    if (st == ATTN_OK) st = attn__sinks_check(ctx, d, fn);
+    if (st != ATTN_OK) return st;
+    if ((st = attn__check_graph(layer, meta, fn, stream, ATTN__PART_DECODES)) != ATTN_OK) return st;
+    st = layer->backend->forward_sparse(layer->backend, layer, meta, q, q_pe, kv_cache, indices, out_latent, lse,
+                                        stream);
+    if (st == ATTN_OK) attn__lse_to_base_e(layer, lse, nt);
     return st;
 }
 
@@ -10831,6 +11282,15 @@ static const char *const attn__kernel_src_attn_params_cuh[] = {
     "                                               device float read at every launch; NULL: the value */\n",
     "    float k_scale_value;\n",
     "    int pad0;\n",
+    "    /* sparse MLA (mla_decode.cu, SPARSE 1): query token t attends the positions of its\n",
+    "       request that indices[t][0 .. topk) name (-1 or out of [0, seq_len): skipped) */\n",
+    "    ATTN__DPTR(const int) indices;          /* [tokens][indices_stride] int32 */\n",
+    "    ATTN__DPTR(const int) seq_lens;         /* [reqs] */\n",
+    "    ATTN__DPTR(const int) token_req;        /* [tokens]: each batch token's request */\n",
+    "    ATTN__DPTR(const float) sinks;          /* [num_heads] natural-log sinks (SPARSE) or NULL */\n",
+    "    long long indices_stride;\n",
+    "    int topk;\n",
+    "    int pad1;\n",
     "} attn__mla_decode_params;\n",
     "\n",
     "/* attn_mla_prefill (mla_prefill.cu, mla_prefill_sm90.cu): one launch per request and chunk\n",
@@ -10863,7 +11323,7 @@ static const char *const attn__kernel_src_attn_params_cuh[] = {
     "ATTN__PARAMS_SIZE(attn__latent_write_inline_params, 80 + ATTN__INLINE_SLOTS * 8);\n",
     "ATTN__PARAMS_SIZE(attn__mla_gather_params, 3 * 8 + 4 * 4 + 8 + 2 * 4);\n",
     "ATTN__PARAMS_SIZE(attn__merge_params, 6 * 8 + 12 * 8 + 6 * 4);\n",
-    "ATTN__PARAMS_SIZE(attn__mla_decode_params, 12 * 8 + 9 * 8 + 2 * 4 + 8 + 2 * 4);\n",
+    "ATTN__PARAMS_SIZE(attn__mla_decode_params, 12 * 8 + 9 * 8 + 2 * 4 + 8 + 2 * 4 + 4 * 8 + 8 + 2 * 4);\n",
     "ATTN__PARAMS_SIZE(attn__mla_prefill_params, 7 * 8 + 13 * 8 + 8 * 4);\n",
     "#undef ATTN__PARAMS_SIZE\n",
     "\n",
@@ -11561,6 +12021,16 @@ static const char *const attn__kernel_src_mla_decode_cu[] = {
     "#error \"mla_decode.cu: DT_KV must be DT, 4 (fp8 e4m3) or 5 (fp8 e5m2)\"\n",
     "#endif\n",
     "#define ATTN_DT_M (ATTN_KV8 ? ATTN_DT_F16 : DT) /* the mma's input type (Q, P, K, V) */\n",
+    "/* SPARSE 1: sparse MLA (DeepSeek-V3.2, attn_mla_forward_sparse): grid (>= num_work[0]\n",
+    "   tokens, ceil(num_heads / ROWS), >= num_work[1] splits); CTA (t, y, z) serves heads y *\n",
+    "   ROWS .. of batch token t over entries [z c, z c + c) of its indices row (c = ceil(topk /\n",
+    "   splits); -1 and positions outside [0, seq_len of its request) are skipped), gathered\n",
+    "   through its request's block table; no work list. One split: it writes out/lse, the\n",
+    "   sinks (params.sinks) joined; more: slot (t gridDim.y + y) splits + z of the partials,\n",
+    "   merged by attn_mla_merge over params.merge (the sinks joined there). */\n",
+    "#ifndef SPARSE\n",
+    "#define SPARSE 0\n",
+    "#endif\n",
     "/* MIN_CTAS: CTAs per SM the registers are budgeted for (launch bounds) */\n",
     "#ifndef MIN_CTAS\n",
     "#define MIN_CTAS 1\n",
@@ -11643,9 +12113,28 @@ static const char *const attn__kernel_src_mla_decode_cu[] = {
     "    char *const smem = (char *)attn_smem;\n",
     "    if (blockDim.x != ATTN_THREADS || attn_dynamic_smem_size() < ATTN_SMEM_BYTES) attn_trap();\n",
     "    if ((int)blockIdx.x >= *p.num_work) return;\n",
+    "#if SPARSE\n",
+    "    /* SPARSE: CTA (t, head tile) for t < *num_work (the batch's tokens); keys are the\n",
+    "       positions of token t's indices row, the \"key\" j its j-th entry */\n",
+    "    const int nsplit = p.num_work[1], z = blockIdx.z; /* the build's splits of each token's entries */\n",
+    "    if (z >= nsplit) return;\n",
+    "    const int chunk = (p.topk + nsplit - 1) / nsplit;\n",
+    "    const int q_row = blockIdx.x, head0 = blockIdx.y * ROWS;\n",
+    "    const int key0 = attn_imin(p.topk, z * chunk), key1 = attn_imin(p.topk, key0 + chunk);\n",
+    "    const int slot = nsplit > 1 ? (q_row * (int)gridDim.y + (int)blockIdx.y) * nsplit + z : -1;\n",
+    "    const int req = __ldg(p.token_req + q_row), seq_len = __ldg(p.seq_lens + req);\n",
+    "    const int *const ix = p.indices + (attn_i64)q_row * p.indices_stride;\n",
+    "    auto visible = [&](int j) -> bool { /* entry j names a position of the request */\n",
+    "        if (j < key0 || j >= key1) return false;\n",
+    "        const int x = __ldg(ix + j);\n",
+    "        return x >= 0 && x < seq_len;\n",
+    "    };\n",
+    "#else\n",
     "    const int *item = p.work + 8 * (attn_i64)blockIdx.x;\n",
     "    const int req = item[0], head0 = item[1], q_row = item[2], slot = item[6];\n",
     "    const int key0 = item[4], key1 = item[5];\n",
+    "    auto visible = [&](int j) -> bool { return j >= key0 && j < key1; };\n",
+    "#endif\n",
     "    const int nrows = attn_imin(ROWS, p.num_heads - head0);\n",
     "#if ATTN_KV8\n",
     "    const float k_scale = attn_cache_scale(p.k_scale, p.k_scale_value);\n",
@@ -11677,7 +12166,14 @@ static const char *const attn__kernel_src_mla_decode_cu[] = {
     "    const int tile0 = key1 > key0 ? key0 / KV_TILE * KV_TILE : 0;\n",
     "    const int ntiles = key1 > key0 ? (key1 - tile0 + KV_TILE - 1) / KV_TILE : 0;\n",
     "    auto row_off = [&](int j) -> attn_i64 { /* byte offset of key j's row, -1 outside */\n",
+    "#if SPARSE\n",
+    "        if (!visible(j)) return (attn_i64)-1;\n",
+    "        const int x = __ldg(ix + j);\n",
+    "        return ((attn_i64)__ldg(bt + (unsigned)x / BLOCK_SIZE) * BLOCK_SIZE + (attn_i64)((unsigned)x % BLOCK_SIZE)) *\n",
+    "               (ATTN_D * (ATTN_KV8 ? 1 : 2));\n",
+    "#else\n",
     "        return attn_mla_key_offset(bt, j, key0, key1, BLOCK_SIZE, ATTN_D * (ATTN_KV8 ? 1 : 2));\n",
+    "#endif\n",
     "    };\n",
     "    auto issue = [&](int tile) { /* cp.async of tile `tile` into its stage */\n",
     "        const int st = tile % KV_STAGES;\n",
@@ -11892,7 +12388,7 @@ static const char *const attn__kernel_src_mla_decode_cu[] = {
     "#pragma unroll\n",
     "                for (int e = 0; e < 4; e++) {\n",
     "                    const int j = kw0 + 8 * n + (e & 1);\n",
-    "                    float x = j >= key0 && j < key1 ? s[r][n][e] : attn_neg_inf();\n",
+    "                    float x = visible(j) ? s[r][n][e] : attn_neg_inf();\n",
     "                    s[r][n][e] = x;\n",
     "                    mx[e >> 1] = fmaxf(mx[e >> 1], x);\n",
     "                }\n",
@@ -12013,11 +12509,13 @@ static const char *const attn__kernel_src_mla_decode_cu[] = {
     "#pragma unroll\n",
     "        for (int h = 0; h < 2; h++) {\n",
     "            const int row = r * 16 + g + 8 * h;\n",
-    "            float l = 0.0f;\n",
+    "            float l = 0.0f, mrow = mO[r][h], wsink = 1.0f;\n",
     "#pragma unroll\n",
     "            for (int k = 0; k < ATTN_S_KG; k++) l += sMax[k * ROWS + row];\n",
-    "            const float inv = l > 0.0f ? attn_rcp(l) : 0.0f;\n",
-    "            const float lse2 = attn_softmax_lse2(mO[r][h], l);\n",
+    "            if (p.sinks && slot < 0 && row < nrows) /* the head's sink, once, where the row is finished */\n",
+    "                wsink = attn_softmax_sink(__ldg(p.sinks + head0 + row), mrow, l);\n",
+    "            const float inv = l > 0.0f ? wsink * attn_rcp(l) : 0.0f;\n",
+    "            const float lse2 = attn_softmax_lse2(mrow, l);\n",
     "            if (row >= nrows) continue;\n",
     "#if ATTN_KV8\n",
     "            { /* o tile n holds columns c(n) + 4 tq and + 2 (the PV phase's order); the scale */\n",
@@ -12562,11 +13060,14 @@ static const char *const attn__kernel_src_mla_merge_cuh[] = {
     "        float mx = attn_neg_inf(), ws = 0.0f;\n",
     "        for (int s = lane; s < splits; s += 32) mx = fmaxf(mx, __ldcg(p.partial_lse + (attn_i64)(slot0 + s) * ROWS + row));\n",
     "        mx = attn_warp_max(mx);\n",
+    "        /* a sink (sparse MLA: params.sinks) is one more state with lse = the sink, no value */\n",
+    "        const float sk = p.sinks ? __ldg(p.sinks + head0 + row) * ATTN_LOG2E : attn_neg_inf();\n",
+    "        mx = fmaxf(mx, sk);\n",
     "        for (int s = lane; s < splits; s += 32) {\n",
     "            const float l = __ldcg(p.partial_lse + (attn_i64)(slot0 + s) * ROWS + row);\n",
     "            ws += attn_merge_weight(l, mx);\n",
     "        }\n",
-    "        ws = attn_warp_sum(ws);\n",
+    "        ws = attn_warp_sum(ws) + attn_merge_weight(sk, mx);\n",
     "        const float inv = ws > 0.0f ? 1.0f / ws : 0.0f;\n",
     "        float *w = sw + row * (ATTN_MERGE_CAP + 2);\n",
     "        if (cap)\n",

@@ -187,6 +187,15 @@ typedef struct attn__mla_decode_params {
                                                device float read at every launch; NULL: the value */
     float k_scale_value;
     int pad0;
+    /* sparse MLA (mla_decode.cu, SPARSE 1): query token t attends the positions of its
+       request that indices[t][0 .. topk) name (-1 or out of [0, seq_len): skipped) */
+    ATTN__DPTR(const int) indices;          /* [tokens][indices_stride] int32 */
+    ATTN__DPTR(const int) seq_lens;         /* [reqs] */
+    ATTN__DPTR(const int) token_req;        /* [tokens]: each batch token's request */
+    ATTN__DPTR(const float) sinks;          /* [num_heads] natural-log sinks (SPARSE) or NULL */
+    long long indices_stride;
+    int topk;
+    int pad1;
 } attn__mla_decode_params;
 
 /* attn_mla_prefill (mla_prefill.cu, mla_prefill_sm90.cu): one launch per request and chunk
@@ -219,7 +228,7 @@ ATTN__PARAMS_SIZE(attn__latent_write_params, 4 * 8 + 3 * 8 + 2 * 4 + 8 + 2 * 4);
 ATTN__PARAMS_SIZE(attn__latent_write_inline_params, 80 + ATTN__INLINE_SLOTS * 8);
 ATTN__PARAMS_SIZE(attn__mla_gather_params, 3 * 8 + 4 * 4 + 8 + 2 * 4);
 ATTN__PARAMS_SIZE(attn__merge_params, 6 * 8 + 12 * 8 + 6 * 4);
-ATTN__PARAMS_SIZE(attn__mla_decode_params, 12 * 8 + 9 * 8 + 2 * 4 + 8 + 2 * 4);
+ATTN__PARAMS_SIZE(attn__mla_decode_params, 12 * 8 + 9 * 8 + 2 * 4 + 8 + 2 * 4 + 4 * 8 + 8 + 2 * 4);
 ATTN__PARAMS_SIZE(attn__mla_prefill_params, 7 * 8 + 13 * 8 + 8 * 4);
 #undef ATTN__PARAMS_SIZE
 

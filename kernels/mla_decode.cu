@@ -76,6 +76,16 @@
 #error "mla_decode.cu: DT_KV must be DT, 4 (fp8 e4m3) or 5 (fp8 e5m2)"
 #endif
 #define ATTN_DT_M (ATTN_KV8 ? ATTN_DT_F16 : DT) /* the mma's input type (Q, P, K, V) */
+/* SPARSE 1: sparse MLA (DeepSeek-V3.2, attn_mla_forward_sparse): grid (>= num_work[0]
+   tokens, ceil(num_heads / ROWS), >= num_work[1] splits); CTA (t, y, z) serves heads y *
+   ROWS .. of batch token t over entries [z c, z c + c) of its indices row (c = ceil(topk /
+   splits); -1 and positions outside [0, seq_len of its request) are skipped), gathered
+   through its request's block table; no work list. One split: it writes out/lse, the
+   sinks (params.sinks) joined; more: slot (t gridDim.y + y) splits + z of the partials,
+   merged by attn_mla_merge over params.merge (the sinks joined there). */
+#ifndef SPARSE
+#define SPARSE 0
+#endif
 /* MIN_CTAS: CTAs per SM the registers are budgeted for (launch bounds) */
 #ifndef MIN_CTAS
 #define MIN_CTAS 1
@@ -158,9 +168,28 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, MIN_CTAS) attn_mla_de
     char *const smem = (char *)attn_smem;
     if (blockDim.x != ATTN_THREADS || attn_dynamic_smem_size() < ATTN_SMEM_BYTES) attn_trap();
     if ((int)blockIdx.x >= *p.num_work) return;
+#if SPARSE
+    /* SPARSE: CTA (t, head tile) for t < *num_work (the batch's tokens); keys are the
+       positions of token t's indices row, the "key" j its j-th entry */
+    const int nsplit = p.num_work[1], z = blockIdx.z; /* the build's splits of each token's entries */
+    if (z >= nsplit) return;
+    const int chunk = (p.topk + nsplit - 1) / nsplit;
+    const int q_row = blockIdx.x, head0 = blockIdx.y * ROWS;
+    const int key0 = attn_imin(p.topk, z * chunk), key1 = attn_imin(p.topk, key0 + chunk);
+    const int slot = nsplit > 1 ? (q_row * (int)gridDim.y + (int)blockIdx.y) * nsplit + z : -1;
+    const int req = __ldg(p.token_req + q_row), seq_len = __ldg(p.seq_lens + req);
+    const int *const ix = p.indices + (attn_i64)q_row * p.indices_stride;
+    auto visible = [&](int j) -> bool { /* entry j names a position of the request */
+        if (j < key0 || j >= key1) return false;
+        const int x = __ldg(ix + j);
+        return x >= 0 && x < seq_len;
+    };
+#else
     const int *item = p.work + 8 * (attn_i64)blockIdx.x;
     const int req = item[0], head0 = item[1], q_row = item[2], slot = item[6];
     const int key0 = item[4], key1 = item[5];
+    auto visible = [&](int j) -> bool { return j >= key0 && j < key1; };
+#endif
     const int nrows = attn_imin(ROWS, p.num_heads - head0);
 #if ATTN_KV8
     const float k_scale = attn_cache_scale(p.k_scale, p.k_scale_value);
@@ -192,7 +221,14 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, MIN_CTAS) attn_mla_de
     const int tile0 = key1 > key0 ? key0 / KV_TILE * KV_TILE : 0;
     const int ntiles = key1 > key0 ? (key1 - tile0 + KV_TILE - 1) / KV_TILE : 0;
     auto row_off = [&](int j) -> attn_i64 { /* byte offset of key j's row, -1 outside */
+#if SPARSE
+        if (!visible(j)) return (attn_i64)-1;
+        const int x = __ldg(ix + j);
+        return ((attn_i64)__ldg(bt + (unsigned)x / BLOCK_SIZE) * BLOCK_SIZE + (attn_i64)((unsigned)x % BLOCK_SIZE)) *
+               (ATTN_D * (ATTN_KV8 ? 1 : 2));
+#else
         return attn_mla_key_offset(bt, j, key0, key1, BLOCK_SIZE, ATTN_D * (ATTN_KV8 ? 1 : 2));
+#endif
     };
     auto issue = [&](int tile) { /* cp.async of tile `tile` into its stage */
         const int st = tile % KV_STAGES;
@@ -407,7 +443,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, MIN_CTAS) attn_mla_de
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int j = kw0 + 8 * n + (e & 1);
-                    float x = j >= key0 && j < key1 ? s[r][n][e] : attn_neg_inf();
+                    float x = visible(j) ? s[r][n][e] : attn_neg_inf();
                     s[r][n][e] = x;
                     mx[e >> 1] = fmaxf(mx[e >> 1], x);
                 }
@@ -528,11 +564,13 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, MIN_CTAS) attn_mla_de
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const int row = r * 16 + g + 8 * h;
-            float l = 0.0f;
+            float l = 0.0f, mrow = mO[r][h], wsink = 1.0f;
 #pragma unroll
             for (int k = 0; k < ATTN_S_KG; k++) l += sMax[k * ROWS + row];
-            const float inv = l > 0.0f ? attn_rcp(l) : 0.0f;
-            const float lse2 = attn_softmax_lse2(mO[r][h], l);
+            if (p.sinks && slot < 0 && row < nrows) /* the head's sink, once, where the row is finished */
+                wsink = attn_softmax_sink(__ldg(p.sinks + head0 + row), mrow, l);
+            const float inv = l > 0.0f ? wsink * attn_rcp(l) : 0.0f;
+            const float lse2 = attn_softmax_lse2(mrow, l);
             if (row >= nrows) continue;
 #if ATTN_KV8
             { /* o tile n holds columns c(n) + 4 tq and + 2 (the PV phase's order); the scale */

@@ -27,11 +27,14 @@ ATTN_DEV void attn_mla_merge_entry(const attn__mla_decode_params &p, int mi, int
         float mx = attn_neg_inf(), ws = 0.0f;
         for (int s = lane; s < splits; s += 32) mx = fmaxf(mx, __ldcg(p.partial_lse + (attn_i64)(slot0 + s) * ROWS + row));
         mx = attn_warp_max(mx);
+        /* a sink (sparse MLA: params.sinks) is one more state with lse = the sink, no value */
+        const float sk = p.sinks ? __ldg(p.sinks + head0 + row) * ATTN_LOG2E : attn_neg_inf();
+        mx = fmaxf(mx, sk);
         for (int s = lane; s < splits; s += 32) {
             const float l = __ldcg(p.partial_lse + (attn_i64)(slot0 + s) * ROWS + row);
             ws += attn_merge_weight(l, mx);
         }
-        ws = attn_warp_sum(ws);
+        ws = attn_warp_sum(ws) + attn_merge_weight(sk, mx);
         const float inv = ws > 0.0f ? 1.0f / ws : 0.0f;
         float *w = sw + row * (ATTN_MERGE_CAP + 2);
         if (cap)

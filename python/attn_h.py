@@ -73,6 +73,8 @@ ATTN_ERROR_INVALID_METADATA = 4
 ATTN_DTYPE_AUTO, ATTN_DTYPE_F32, ATTN_DTYPE_F16, ATTN_DTYPE_BF16 = 0, 1, 2, 3
 ATTN_DTYPE_FP8_E4M3, ATTN_DTYPE_FP8_E5M2, ATTN_DTYPE_INT8 = 4, 5, 6     # KV caches only
 ATTN_DTYPE_INT64 = 7                                                      # slot mappings only
+ATTN_DTYPE_INT32 = 8                                                      # sparse MLA's top-k indices
+ATTN_DTYPE_FP8_DS_MLA = 9     # DeepSeek-V3.2's 656-byte latent rows (uint8 caches), MLA 512 + 64 only
 ATTN_KV_SCALE_PER_TENSOR, ATTN_KV_SCALE_PER_TOKEN_HEAD = 0, 1
 ATTN_DEVICE_CPU, ATTN_DEVICE_CUDA = 0, 1
 ATTN_PLATFORM_CPU, ATTN_PLATFORM_CUDA = 0, 1
@@ -307,6 +309,7 @@ _SIGNATURES = {
     "attn_layer_forward": (C.c_int, [_vp, _vp, _TP, _TP, _TP, _TP, _TP, _TP, _vp]),
     "attn_concat_and_cache_mla": (C.c_int, [_vp, _TP, _TP, _TP, _TP, _vp]),
     "attn_mla_forward_mqa": (C.c_int, [_vp, _vp, _TP, _TP, _TP, _TP, _TP, _vp]),
+    "attn_mla_forward_sparse": (C.c_int, [_vp, _vp, _TP, _TP, _TP, _TP, _TP, _TP, _vp]),
     "attn_mla_forward_mha": (C.c_int, [_vp, _vp, _TP, _TP, _TP, _TP, _TP, _TP, _vp]),
     "attn_mla_forward": (C.c_int, [_vp, _vp, _TP, _TP, _TP, _TP, _TP, _TP, _TP, _TP, _vp]),
     "attn_merge_attn_states": (C.c_int, [_vp, _TP, _TP, C.c_int, _TP, _TP, C.c_int, _TP,
@@ -494,6 +497,7 @@ _DTYPE_BY_NAME = {
     "fp8": ATTN_DTYPE_FP8_E4M3, "fp8_e4m3": ATTN_DTYPE_FP8_E4M3,
     "float8_e4m3fn": ATTN_DTYPE_FP8_E4M3, "fp8_e5m2": ATTN_DTYPE_FP8_E5M2,
     "float8_e5m2": ATTN_DTYPE_FP8_E5M2, "int8": ATTN_DTYPE_INT8,
+    "fp8_ds_mla": ATTN_DTYPE_FP8_DS_MLA,
 }
 _LEVEL_BY_NAME = {"default": 0, "error": 1, "warn": 2, "warning": 2, "info": 3,
                   "debug": 4, "none": 5}
@@ -521,7 +525,7 @@ def _dtype(value, what):
         return _DTYPE_BY_NAME[name]
     _fail(ATTN_ERROR_INVALID_VALUE, "%s is %r (allowed: float32 (f32, fp32, float), float16 "
           "(f16, fp16, half), bfloat16 (bf16); for KV caches also fp8 = fp8_e4m3 "
-          "(float8_e4m3fn), fp8_e5m2 (float8_e5m2), int8)" % (what, value))
+          "(float8_e4m3fn), fp8_e5m2 (float8_e5m2), int8, and for MLA latents fp8_ds_mla)" % (what, value))
 
 
 def _dtype_name(code):
@@ -563,17 +567,18 @@ def _text(raw):
 
 # ---- tensors ---------------------------------------------------------------------------
 
-_TORCH_DTYPES = {"torch.int64": ATTN_DTYPE_INT64, "torch.float32": ATTN_DTYPE_F32, "torch.float16": ATTN_DTYPE_F16,
+_TORCH_DTYPES = {"torch.int64": ATTN_DTYPE_INT64, "torch.int32": ATTN_DTYPE_INT32, "torch.float32": ATTN_DTYPE_F32, "torch.float16": ATTN_DTYPE_F16,
                  "torch.bfloat16": ATTN_DTYPE_BF16, "torch.float8_e4m3fn": ATTN_DTYPE_FP8_E4M3,
                  "torch.float8_e5m2": ATTN_DTYPE_FP8_E5M2, "torch.int8": ATTN_DTYPE_INT8}
 _TORCH_DTYPE_CODES = {}   # torch.dtype -> code (None: not an element type attn.h takes)
 _DEVICE_STRUCTS = {}      # torch.device -> attn_device
 _NUMPY_DTYPES = {"float32": ATTN_DTYPE_F32, "float16": ATTN_DTYPE_F16,
                  "bfloat16": ATTN_DTYPE_BF16, "float8_e4m3fn": ATTN_DTYPE_FP8_E4M3,
-                 "float8_e5m2": ATTN_DTYPE_FP8_E5M2, "int8": ATTN_DTYPE_INT8, "int64": ATTN_DTYPE_INT64}
+                 "float8_e5m2": ATTN_DTYPE_FP8_E5M2, "int8": ATTN_DTYPE_INT8, "int64": ATTN_DTYPE_INT64,
+                 "int32": ATTN_DTYPE_INT32}
 # (bfloat16 and the float8 types: ml_dtypes' numpy types; int8: KV caches only; uint8:
 # the bytes of an 8-bit cache, taken as the layer's kv_cache_dtype)
-_CACHE_ONLY = (ATTN_DTYPE_FP8_E4M3, ATTN_DTYPE_FP8_E5M2, ATTN_DTYPE_INT8)
+_CACHE_ONLY = (ATTN_DTYPE_FP8_E4M3, ATTN_DTYPE_FP8_E5M2, ATTN_DTYPE_INT8, ATTN_DTYPE_FP8_DS_MLA)
 
 
 def _is_torch(x):
@@ -1204,6 +1209,26 @@ class Layer(_Owned):
             self._live(), meta._live(), _ref(_tensor(q, "q", fn)),
             _ref(_tensor(q_pe, "q_pe", fn)),
             _ref(_tensor(kv_cache, "kv_cache", fn, cache_dtype=self._kv_dtype)),
+            _ref(_tensor(out_latent, "out_latent", fn, write=True)),
+            _ref(_tensor(lse, "lse", fn, write=True)),
+            _stream(stream, q, kv_cache)))
+        return out_latent
+
+    def mla_forward_sparse(self, meta, q, kv_cache, indices, out_latent, q_pe=None, lse=None, stream=None):
+        """Sparse MLA (DeepSeek-V3.2's DSA): every batch token attends, absorbed, only to
+        the positions of its request its row of indices names: int32 [num_tokens, topk]
+        (numpy, or a torch tensor where the layer's tensors live), -1 = padding; positions
+        are request-local, as vLLM's FLASHMLA_SPARSE backend receives them from the
+        indexer. q as mla_forward_mqa's; writes out_latent [.., num_heads, kv_lora_rank]
+        and lse. The layer's sinks join the softmax. kv_cache may be fp8_ds_mla (uint8
+        [blocks, block_size, 656])."""
+        fn = "mla_forward_sparse"
+        _need(meta, Metadata, "meta", fn)
+        self._check(library().attn_mla_forward_sparse(
+            self._live(), meta._live(), _ref(_tensor(q, "q", fn)),
+            _ref(_tensor(q_pe, "q_pe", fn)),
+            _ref(_tensor(kv_cache, "kv_cache", fn, cache_dtype=self._kv_dtype)),
+            _ref(_tensor(indices, "indices", fn)),
             _ref(_tensor(out_latent, "out_latent", fn, write=True)),
             _ref(_tensor(lse, "lse", fn, write=True)),
             _stream(stream, q, kv_cache)))

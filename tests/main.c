@@ -35,6 +35,7 @@ void suite_mla_decode(void);  /* tests/test_mla_decode.c */
 void suite_mla_prefill(void); /* tests/test_mla_prefill.c */
 void suite_mla_batch(void);   /* tests/test_mla_batch.c */
 void suite_mla_merge(void);   /* tests/test_mla_merge.c */
+void suite_mla_sparse(void);  /* tests/test_mla_sparse.c */
 void suite_seam(void);        /* tests/test_seam.c */
 void suite_defects(void);     /* tests/test_defects.c */
 void suite_outside(void);     /* tests/test_outside.c */
@@ -57,6 +58,7 @@ int main(int argc, char **argv) {
     SUITE(suite_mla_prefill);
     SUITE(suite_mla_batch);
     SUITE(suite_mla_merge);
+    SUITE(suite_mla_sparse);
     SUITE(suite_seam);
     SUITE(suite_defects);
     SUITE(suite_outside);

@@ -53,7 +53,6 @@ static void ld_rope_max(attn_layer_desc *d, attn_select_request *r) { (void)r; d
 static void ld_rank_neg(attn_layer_desc *d, attn_select_request *r) { (void)r; d->kv_lora_rank = -1; }
 static void ld_kv_heads(attn_layer_desc *d, attn_select_request *r) { (void)r; d->num_kv_heads = 2; }
 static void ld_alibi(attn_layer_desc *d, attn_select_request *r) { (void)r; d->alibi_slopes = slopes16; }
-static void ld_sinks(attn_layer_desc *d, attn_select_request *r) { (void)r; d->sinks = slopes16; }
 static void ld_window(attn_layer_desc *d, attn_select_request *r) { (void)r; d->sliding_window = 128; }
 static void ld_soft_cap(attn_layer_desc *d, attn_select_request *r) { (void)r; d->logits_soft_cap = 30.0f; }
 static void ld_non_causal(attn_layer_desc *d, attn_select_request *r) { (void)r; d->causal = ATTN_CAUSAL_NO; }
@@ -90,8 +89,6 @@ static const layer_case layer_cases[] = {
     {"two KV heads", ld_kv_heads, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC, "num_kv_heads is 2"},
     /* features MLA does not have */
     {"ALiBi", ld_alibi, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_SELECT_NO_BACKEND, "CPU_MLA: ALiBi not supported"},
-    {"attention sinks", ld_sinks, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_SELECT_NO_BACKEND,
-     "CPU_MLA: attention sinks not supported"},
     {"sliding window", ld_window, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_SELECT_NO_BACKEND,
      "CPU_MLA: sliding_window 128"},
     {"soft cap", ld_soft_cap, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_SELECT_NO_BACKEND, "CPU_MLA: logits_soft_cap"},

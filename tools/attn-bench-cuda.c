@@ -910,8 +910,8 @@ typedef struct {
     attn_context *ctx;
     attn_layer *layer;
     attn_metadata **metas;
-    int nsets, kind;                   /* kind: 0 forward_mqa, 1 fused decode, 2 forward_mha */
-    attn_tensor cache, q, q_pe, out, w_uk, w_uv;
+    int nsets, kind;                   /* kind: 0 forward_mqa, 1 fused decode, 2 forward_mha, 3 forward_sparse */
+    attn_tensor cache, q, q_pe, out, w_uk, w_uv, indices;
 } mla_call;
 
 static void mla_call_run(void *arg, int k) { /* bench_groups' run */
@@ -920,7 +920,8 @@ static void mla_call_run(void *arg, int k) { /* bench_groups' run */
     if (c->kind == 0) CHECK(c->ctx, attn_mla_forward_mqa(c->layer, m, &c->q, &c->q_pe, &c->cache, &c->out, NULL, NULL));
     else if (c->kind == 1)
         CHECK(c->ctx, attn_mla_forward(c->layer, m, &c->q, &c->q_pe, NULL, NULL, &c->cache, &c->w_uk, &c->w_uv, &c->out, NULL));
-    else CHECK(c->ctx, attn_mla_forward_mha(c->layer, m, &c->q, &c->cache, &c->w_uk, &c->w_uv, &c->out, NULL, NULL));
+    else if (c->kind == 2) CHECK(c->ctx, attn_mla_forward_mha(c->layer, m, &c->q, &c->cache, &c->w_uk, &c->w_uv, &c->out, NULL, NULL));
+    else CHECK(c->ctx, attn_mla_forward_sparse(c->layer, m, &c->q, &c->q_pe, &c->cache, &c->indices, &c->out, NULL, NULL));
 }
 
 static attn_tensor mla_dev_tensor(void *p, int ndim, int64_t a, int64_t b, int64_t c) {
@@ -931,6 +932,72 @@ static attn_tensor mla_dev_tensor(void *p, int ndim, int64_t a, int64_t b, int64
     t.device.kind = ATTN_DEVICE_CUDA;
     return t;
 }
+
+/* Sparse MLA (DeepSeek-V3.2's DSA, attn_mla_forward_sparse): B decodes over C keys each, every
+   token attending `topk` distinct random positions of its request; TFLOP/s = 2 B H topk (576
+   + 512), GB/s of latent rows gathered (B topk 576 2 bytes). Issue 23's target: 128 heads,
+   topk 2048, batch 128 >= 350 TFLOP/s. */
+static void cuda_mla_sparse_rows(attn_context *ctx, cuda_bench *cb, mla_call *c, const int32_t *ids, int64_t pool_blocks,
+                                 int H, void *d_q, void *d_qpe, void *d_out, double read_best, double mm) {
+    static const int batches[] = {1, 32, 128};
+    const int topk = 2048, C = 8192;
+    int bi, i, k;
+    for (bi = 0; bi < 3; bi++) {
+        const int B = batches[bi];
+        const double flops = 2.0 * B * H * (double)topk * (MB_D + MB_R);
+        const size_t bytes = (size_t)B * topk * MB_D * 2;
+        int32_t *ql = (int32_t *)bench_alloc((size_t)B * 4), *sl = (int32_t *)bench_alloc((size_t)B * 4);
+        int32_t *hidx = (int32_t *)bench_alloc((size_t)B * topk * 4), *perm = (int32_t *)bench_alloc((size_t)C * 4);
+        void *d_idx = NULL;
+        int64_t ish[2];
+        double med, tf, gbs;
+        bench_row *row;
+        unsigned seed = 77;
+        for (i = 0; i < B; i++) { ql[i] = 1; sl[i] = C; }
+        for (i = 0; i < B; i++) { /* topk distinct positions, shuffled */
+            for (k = 0; k < C; k++) perm[k] = k;
+            for (k = 0; k < topk; k++) {
+                int j;
+                seed = seed * 1664525u + 1013904223u;
+                j = k + (int)((seed >> 8) % (unsigned)(C - k));
+                hidx[(size_t)i * topk + k] = perm[j];
+                perm[j] = perm[k];
+            }
+        }
+        CHECK(ctx, attn_cuda_malloc(ctx, (size_t)B * topk * 4, &d_idx));
+        CHECK(ctx, attn_cuda_memcpy(ctx, d_idx, hidx, (size_t)B * topk * 4, ATTN_COPY_HOST_TO_DEVICE, NULL));
+        c->nsets = 2;
+        c->metas = bench_metas(ctx, c->layer, ids, pool_blocks, MB_BS, B, B, ql, sl, c->nsets, 0);
+        c->kind = 3;
+        c->q = mla_dev_tensor(d_q, 3, B, H, MB_R);
+        c->q_pe = mla_dev_tensor(d_qpe, 3, B, H, MB_P);
+        c->out = mla_dev_tensor(d_out, 3, B, H, MB_R);
+        ish[0] = B; ish[1] = topk;
+        c->indices = attn_tensor_make(d_idx, ATTN_DTYPE_INT32, 2, ish);
+        c->indices.device.kind = ATTN_DEVICE_CUDA;
+        med = bench_groups(cb, mla_call_run, c, 20, NULL);
+        tf = flops / med / 1e12;
+        gbs = (double)bytes / med / 1e9;
+        printf("  sparse batch %3d, topk %d of %d keys: %9.1f us  %6.1f TFLOP/s (%5.1f%% of matmul)  %7.0f GB/s gathered "
+               "(%5.1f%% of read)\n", B, topk, C, med * 1e6, tf, mm > 0 ? 100.0 * tf / mm : 0.0, gbs, 100.0 * gbs / read_best);
+        fflush(stdout);
+        row = row_add();
+        snprintf(row->name, sizeof row->name, "MLA sparse H=%d b=%d topk=%d", H, B, topk);
+        row->ms = med * 1e3;
+        snprintf(row->metric, sizeof row->metric, "%.1f TFLOP/s", tf);
+        if (mm > 0) snprintf(row->ceiling, sizeof row->ceiling, "%.1f%% of the matmul ceiling", 100.0 * tf / mm);
+        row->other_cores = -1;
+        {
+            char kind[32];
+            snprintf(kind, sizeof kind, "mla_sparse_h%d", H);
+            csv_row("attn.h", kind, B, topk, med * 1e6, tf, "TFLOP/s");
+        }
+        cuda_metas_free(c->metas, c->nsets);
+        CHECK(ctx, attn_cuda_free(ctx, d_idx));
+        free(ql); free(sl); free(hidx); free(perm);
+    }
+}
+
 
 /* One uniform decode case of the MLA table: B single-token requests of C keys, metadata sets
    rotating over CUDA_ROTATE_BYTES of the pool (iter_bytes a forward), forward_mqa. */
@@ -1001,6 +1068,13 @@ static void cuda_mla_table(attn_context *ctx, cuda_bench *cb, double read_best, 
         const int H = heads[hi];
         c.layer = mla_bench_layer(ctx, H);
         c.w_uk.shape[0] = c.w_uv.shape[0] = H;
+        printf("MLA sparse decode (attn_mla_forward_sparse): %d heads, latent 576, bf16, topk 2048; TFLOP/s = 2 B H topk "
+               "(576 + 512)\n", H);
+        cuda_mla_sparse_rows(ctx, cb, &c, ids, pool_blocks, H, d_q, d_qpe, d_out, read_best, mm);
+        if (getenv("ATTN_BENCH_MLA_SPARSE_ONLY")) { /* tuning: the sparse rows alone */
+            attn_layer_destroy(c.layer);
+            continue;
+        }
         printf("MLA decode: %d heads, latent 576 (512 + 64), bf16, pages of %d; backend %s; forward_mqa; GB/s of "
                "latent read (B L 576 2 bytes), TFLOP/s = 2 B H L (576 + 512) (splits: attn_metadata_mla_info; the work "
                "items per launch are attn.h's private schedule: not shown)\n", H, MB_BS,
@@ -1095,7 +1169,8 @@ static void cuda_mla_table(attn_context *ctx, cuda_bench *cb, double read_best, 
     }
     /* fp8 latents (per-tensor scale 1/64; the pool's bytes read as e4m3 codes: timing only),
        forward_mqa against the bf16 latent's time above; issue 10's target: 16 heads >= 1.6x */
-    for (hi = getenv("ATTN_BENCH_MLA_FP8_ONLY") ? fp8_h : 0; hi < (getenv("ATTN_BENCH_MLA_FP8_ONLY") ? fp8_h + 1 : 2); hi++) {
+    for (hi = getenv("ATTN_BENCH_MLA_FP8_ONLY") ? fp8_h : 0;
+         hi < (getenv("ATTN_BENCH_MLA_SPARSE_ONLY") ? 0 : getenv("ATTN_BENCH_MLA_FP8_ONLY") ? fp8_h + 1 : 2); hi++) {
         const int H = heads[hi];
         attn_layer_desc d;
         memset(&d, 0, sizeof d);

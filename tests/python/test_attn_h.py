@@ -625,7 +625,7 @@ def test_mla(ctx, xp, dtype):
                                   qk_nope_head_dim=NOPE, v_head_dim=VDIM))
     assert layer.backend == ("CUDA_MLA_SM90" if xp.device == "cuda" else "CPU_MLA")
     assert layer.selection["use_mla"]
-    assert layer.features == ()                        # MLA: causal, no window, cap, ALiBi or sinks
+    assert layer.features == ("sinks",)                # MLA: causal, no window, cap or ALiBi; sinks (the sparse call)
     scale = layer.desc["scale"]
     assert scale == pytest.approx(1 / math.sqrt(NOPE + ROPE))
 
@@ -689,6 +689,95 @@ def test_mla(ctx, xp, dtype):
     layer.mla_forward_mha(meta, q_full, cache, wuk_t, wuv_t, out_p, lse=lse_p)
     assert_rows_close(xp.f64(out_p), want_out[td:], abs_tol, abs_tol, "mha out")
     assert_close(xp.f64(lse_p), want_lse[td:], lse_tol, 0, "mha lse")
+
+
+def ds_mla_decode(rows):
+    """fp8_ds_mla bytes [N, 656] -> float64 [N, 576], decoded here from the format's
+    definition: 512 e4m3 codes times their tile's f32 scale (bytes 512..527), 64 bf16."""
+    rows = np.asarray(rows, dtype=np.uint8)
+    codes = rows[:, :512].astype(np.int64)
+    sign = np.where(codes & 0x80, -1.0, 1.0)
+    e, m = (codes >> 3) & 0xF, codes & 0x7
+    val = np.where(e == 0, m / 8.0 * 2.0 ** -6, (1 + m / 8.0) * 2.0 ** (e - 7.0)) * sign
+    scales = rows[:, 512:528].copy().view(np.float32).astype(np.float64)      # [N, 4]
+    nope = val * np.repeat(scales, 128, axis=1)
+    pe = (rows[:, 528:656].copy().view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    return np.concatenate([nope, pe.astype(np.float64)], axis=1)
+
+
+@pytest.mark.parametrize("kv", ["bfloat16", "fp8_ds_mla"])
+def test_mla_sparse(ctx, xp, kv):
+    """attn_mla_forward_sparse (DeepSeek-V3.2's DSA) against float64: request-local top-k
+    indices with -1 padding and a repeat, sinks, LSE; an fp8_ds_mla cache written by
+    concat_and_cache_mla and decoded here from its bytes; an index past its request refused."""
+    if not xp.supports("bfloat16"):
+        pytest.skip(NO_BF16)
+    if xp.device == "cuda" and kv == "fp8_ds_mla":
+        pytest.skip("the CUDA MLA backends do not read fp8_ds_mla yet (CPU_MLA does)")
+    rng = np.random.default_rng(11)
+    H, bs, RL, topk = 16, 16, 512, 40
+    sinks = rng.uniform(-1, 2, H).astype(np.float32)
+    layer = attn_h.Layer(ctx, num_heads=H, block_size=bs, dtype="bfloat16", kv_cache_dtype=kv,
+                         device=xp.device, sinks=sinks if xp.device == "cpu" else torch.from_numpy(sinks).cuda(),
+                         mla=dict(kv_lora_rank=RL, qk_rope_head_dim=ROPE, qk_nope_head_dim=NOPE, v_head_dim=VDIM))
+    assert "sinks" in layer.features
+    reqs = [(1, 90), (1, 33), (3, 60)]                         # decodes first, as MLA metadata wants
+    b = paged_batch(rng, reqs, bs)
+    ntok = int(b["qsl"][-1])
+    lat = [rng.uniform(-1, 1, (s, RL + ROPE)) for _, s in reqs]
+    shape = layer.kv_cache_shape(b["num_blocks"])
+    if kv == "fp8_ds_mla":
+        assert tuple(shape) == (b["num_blocks"], bs, 656)
+        cache = np.zeros(shape, np.uint8) if xp.kind == "numpy" else torch.zeros(tuple(shape), dtype=torch.uint8)
+    else:
+        cache = xp.nan(shape, "bfloat16")
+    rows = xp.store(np.concatenate(lat), "bfloat16")
+    layer.concat_and_cache_mla(rows[:, :RL], rows[:, RL:], cache, np.concatenate(b["slots"]))
+    xp.sync()
+    if kv == "fp8_ds_mla":                                      # uint8 rows, decoded from their bytes
+        flat = np.asarray(cache) if xp.kind == "numpy" else cache.cpu().numpy()
+        stored = ds_mla_decode(flat.reshape(b["num_blocks"] * bs, -1))
+    else:
+        stored = xp.f64(cache).reshape(-1, RL + ROPE)
+    idx = np.full((ntok, topk), -1, np.int32)
+    t = 0
+    for r, (q, s) in enumerate(reqs):
+        for _ in range(q):
+            n = rng.integers(1, topk + 1)
+            idx[t, :n] = rng.integers(0, s, n)
+            idx[t, 1] = idx[t, 0]                      # a position named twice counts twice
+            t += 1
+    q_t = xp.store(rng.uniform(-1, 1, (ntok, H, RL + ROPE)), "bfloat16")
+    qv = xp.f64(q_t)
+    scale = layer.desc["scale"]
+    want, want_lse = np.zeros((ntok, H, RL)), np.zeros((ntok, H))
+    t = 0
+    for r, (q, s) in enumerate(reqs):
+        for _ in range(q):
+            sel = [p for p in idx[t] if p >= 0]
+            K = stored[b["slots"][r][sel]]                      # [n, 576]
+            S = qv[t] @ K.T * scale                             # [H, n]
+            mx = np.maximum(S.max(-1), sinks)
+            P = np.exp(S - mx[:, None])
+            den = P.sum(-1) + np.exp(sinks - mx)
+            want[t] = P @ K[:, :RL] / den[:, None]
+            want_lse[t] = mx + np.log(den)
+            t += 1
+    meta = attn_h.Metadata(layer, len(reqs), ntok, b["stride"], b["num_blocks"])
+    meta.build(b["qsl"], b["seq_lens"], b["table"], np.full(ntok, -1, np.int64))
+    out, lse = xp.nan((ntok, H, RL), "bfloat16"), xp.nan((ntok, H), "float32")
+    ix = idx if xp.kind == "numpy" else torch.from_numpy(idx).to(xp.device)
+    layer.mla_forward_sparse(meta, q_t, cache, ix, out, lse=lse)
+    xp.sync()
+    assert_rows_close(xp.f64(out), want, 3e-2, 3e-2, "sparse out")
+    assert_close(xp.f64(lse), want_lse, 2e-3, 1e-3, "sparse lse")
+    if xp.device == "cpu":                                      # host indices are checked
+        bad = idx.copy()
+        bad[1, 0] = reqs[1][1]                                  # one past request 1's last position
+        with pytest.raises(attn_h.AttnError, match=r"indices\[1\]\[0\]"):
+            layer.mla_forward_sparse(meta, q_t, cache, bad if xp.kind == "numpy" else torch.from_numpy(bad), out)
+        assert [item for _, item, _ in ctx.lines] == ["ATTN_LOG_INVALID_ARGUMENT"]   # logged once, as an error
+        ctx.lines.clear()
 
 
 FP8_MLA = [dict(id="e4m3-bf16", kv_cache_dtype="fp8_e4m3", dtype="bfloat16"),
