@@ -3689,10 +3689,10 @@ ATTN_API size_t attn_selection_format(const attn_selection *s, char *buf, size_t
     rb = s->resolved ? attn_backend_get(s->resolved) : NULL;
     features[0] = 0; /* what the resolved backend's layers may ask for (attn_backend's supports_*) */
     if (rb)
-        attn__fmt(features, sizeof features, "%s%s%s%s%s%s", rb->supports_non_causal ? " non-causal" : "",
+        attn__fmt(features, sizeof features, "%s%s%s%s%s%s%s", rb->supports_non_causal ? " non-causal" : "",
                   rb->supports_sliding_window ? " sliding-window" : "", rb->supports_logits_soft_cap ? " soft-cap" : "",
                   rb->supports_alibi ? " alibi" : "", rb->supports_sinks ? " sinks" : "",
-                  rb->supports_cascade ? " cascade" : "");
+                  rb->supports_cascade ? " cascade" : "", rb->forward_sparse ? " sparse-mla" : "");
     if (!features[0]) attn__strlcpy(features, rb ? " causal only" : " (none)", sizeof features);
     attn__strlcpy(kv, attn_dtype_name(s->kv_cache_dtype), sizeof kv);
     if (s->kv_cache_dtype == ATTN_DTYPE_FP8_E4M3 || s->kv_cache_dtype == ATTN_DTYPE_FP8_E5M2 ||
@@ -7661,7 +7661,8 @@ static int attn__cuda_dt(attn_dtype d) {
     case ATTN_DTYPE_FP8_E4M3: return 4;
     case ATTN_DTYPE_FP8_E5M2: return 5;
     case ATTN_DTYPE_INT8: return 6;
-    case ATTN_DTYPE_INT64: case ATTN_DTYPE_INT32: case ATTN_DTYPE_FP8_DS_MLA: case ATTN_DTYPE_COUNT: return -1;
+    case ATTN_DTYPE_FP8_DS_MLA: return 9; /* ATTN_DT_DS_MLA: latent rows with their own scales */
+    case ATTN_DTYPE_INT64: case ATTN_DTYPE_INT32: case ATTN_DTYPE_COUNT: return -1;
     }
     return -1;
 }
@@ -9259,7 +9260,8 @@ static int attn__cuda_mla_check(const attn_backend *self, const attn_layer_desc 
                   "(576 = 512 + 64, or 320 = 256 + 64)", d->head_size, d->kv_lora_rank, d->qk_rope_head_dim);
         return 1;
     }
-    if (d->dtype != d->kv_cache_dtype && (!fp8_latents || !attn__dtypes[d->kv_cache_dtype].cache_only)) {
+    if (d->dtype != d->kv_cache_dtype && d->kv_cache_dtype != ATTN_DTYPE_FP8_DS_MLA &&
+        (!fp8_latents || !attn__dtypes[d->kv_cache_dtype].cache_only)) {
         attn__fmt(reason, size, "dtype %s with kv_cache_dtype %s (allowed: one 16-bit type for both%s)",
                   attn_dtype_name(d->dtype), attn_dtype_name(d->kv_cache_dtype),
                   fp8_latents ? ", or an fp8 latent" : "; CUDA_MLA reads fp8 latents");
@@ -9360,11 +9362,12 @@ static void attn__cuda_mla_variants(const attn_layer_desc *d, const attn__kernel
               d->v_head_dim, dt); /* the prefill attends over up-projected (DT) keys and values */
     attn__fmt(opt[2], 256, "-DKV_LORA_RANK=%d -DROPE_DIM=%d -DDT_IN=%d -DDT_CACHE=%d", d->kv_lora_rank,
               d->qk_rope_head_dim, dt, kv);
-    /* the sparse decode: as the mma.sync decode, but 16 heads a CTA over an fp8 latent (at
-       32 the index handling makes ptxas spill) */
+    /* the sparse decode: as the mma.sync decode, but 16 heads a CTA over an fp8 latent with
+       a per-tensor scale (at 32 the index handling makes ptxas spill); fp8_ds_mla rows are
+       widened into 16-bit stages, so they take the 16-bit shapes */
     attn__fmt(opt[3], 256, "-DKV_LORA=%d -DROPE=%d -DBLOCK_SIZE=%d -DDT=%d -DROWS=%d -DDT_KV=%d -DSPARSE=1",
               d->kv_lora_rank, d->qk_rope_head_dim, d->block_size, dt,
-              d->num_heads <= 16 || kv != dt ? 16 : d->num_heads <= 32 ? 32 : 64, kv);
+              d->num_heads <= 16 || attn__dtypes[d->kv_cache_dtype].cache_only == 1 ? 16 : d->num_heads <= 32 ? 32 : 64, kv);
 }
 
 static void attn__cuda_mla_layer_free(attn_context *ctx, attn__cuda_mla_layer *L) {
@@ -10142,7 +10145,8 @@ static const attn_backend attn__cuda_mla_sm90_backend = {
     ATTN_BACKEND_CUDA_MLA_SM90, /* id */
     ATTN_DEVICE_CUDA,         /* device */
     ATTN_DTYPE_BIT(ATTN_DTYPE_F16) | ATTN_DTYPE_BIT(ATTN_DTYPE_BF16),
-    ATTN_DTYPE_BIT(ATTN_DTYPE_F16) | ATTN_DTYPE_BIT(ATTN_DTYPE_BF16),
+    ATTN_DTYPE_BIT(ATTN_DTYPE_F16) | ATTN_DTYPE_BIT(ATTN_DTYPE_BF16) |
+        ATTN_DTYPE_BIT(ATTN_DTYPE_FP8_DS_MLA), /* fp8_ds_mla: the sparse call (mma.sync, widened in shared memory) */
     320, 576, 8,              /* head sizes: 576 or 320 exactly (attn__cuda_mla_check) */
     16, 0,                    /* block sizes: any multiple of 16 (64 recommended) */
     0, 0, 0, 0,               /* non-causal, sliding window, soft cap, ALiBi: no */
@@ -10178,7 +10182,8 @@ static const attn_backend attn__cuda_mla_backend = {
     ATTN_DEVICE_CUDA,         /* device */
     ATTN_DTYPE_BIT(ATTN_DTYPE_F16) | ATTN_DTYPE_BIT(ATTN_DTYPE_BF16),
     ATTN_DTYPE_BIT(ATTN_DTYPE_F16) | ATTN_DTYPE_BIT(ATTN_DTYPE_BF16) | ATTN_DTYPE_BIT(ATTN_DTYPE_FP8_E4M3) |
-        ATTN_DTYPE_BIT(ATTN_DTYPE_FP8_E5M2), /* fp8 latents with a per-tensor scale */
+        ATTN_DTYPE_BIT(ATTN_DTYPE_FP8_E5M2) | /* fp8 latents with a per-tensor scale */
+        ATTN_DTYPE_BIT(ATTN_DTYPE_FP8_DS_MLA), /* fp8_ds_mla: the sparse call */
     320, 576, 8,
     16, 0,
     0, 0, 0, 0,
@@ -10721,6 +10726,10 @@ static const char *const attn__kernel_src_attn_common_cuh[] = {
     "#define ATTN_DT_E5M2 5\n",
     "#define ATTN_DT_I8 6\n",
     "#define ATTN_DT_IS_8BIT(t) ((t) >= ATTN_DT_E4M3 && (t) <= ATTN_DT_I8)\n",
+    "/* DeepSeek-V3.2's latent rows (attn.h's fp8_ds_mla): 656 bytes, 512 e4m3 codes, 4 f32\n",
+    "   scales (one per 128 codes), 64 bf16 values; MLA caches only (DT_CACHE, DT_KV) */\n",
+    "#define ATTN_DT_DS_MLA 9\n",
+    "#define ATTN_DS_MLA_ROW 656\n",
     "#define ATTN_DT_SIZE(t) ((t) == ATTN_DT_F32 ? 4 : ATTN_DT_IS_8BIT(t) ? 1 : 2) /* bytes */\n",
     "\n",
     "#define ATTN_DEV __device__ __forceinline__\n",
@@ -11381,6 +11390,13 @@ static const char *const attn__kernel_src_cache_write_cu[] = {
     "#if ATTN_CACHE8 && defined(KV_LORA_RANK) && DT_CACHE == ATTN_DT_I8\n",
     "#error \"cache_write.cu: a latent cache takes fp8 (per-tensor scale), not int8\"\n",
     "#endif\n",
+    "/* DT_CACHE 9 (ATTN_DT_DS_MLA): DeepSeek-V3.2's 656-byte latent rows, KV_LORA_RANK 512 and\n",
+    "   ROPE_DIM 64 only: per 128 values of kv_c a scale s = max(max |x| / 448, FLT_MIN) and the\n",
+    "   e4m3 codes of x / s (the CPU's attn__ds_mla_row_store, byte for byte), k_pe as bf16 */\n",
+    "#define ATTN_DS (DT_CACHE == ATTN_DT_DS_MLA)\n",
+    "#if ATTN_DS && (!defined(KV_LORA_RANK) || KV_LORA_RANK != 512 || ROPE_DIM != 64)\n",
+    "#error \"cache_write.cu: DT_CACHE 9 (fp8_ds_mla) is a latent cache of 512 + 64 only\"\n",
+    "#endif\n",
     "\n",
     "/* Whether every one of n slots is in [-1, num_slots). Slots from device memory (check_slots)\n",
     "   are checked by every CTA, all of them, before it writes: a bad one anywhere makes every\n",
@@ -11417,7 +11433,7 @@ static const char *const attn__kernel_src_cache_write_cu[] = {
     "}\n",
     "#endif\n",
     "\n",
-    "#if !ATTN_CACHE8\n",
+    "#if !ATTN_CACHE8 && !ATTN_DS\n",
     "/* Copies (converting) 8 elements from src to dst; vec: both are 16-byte aligned. */\n",
     "ATTN_DEV void attn_move8(const void *src, void *dst, int vec) {\n",
     "    typedef typename attn_elem<DT_IN>::storage in_t;\n",
@@ -11542,6 +11558,39 @@ static const char *const attn__kernel_src_cache_write_cu[] = {
     "#error \"cache_write.cu: KV_LORA_RANK and ROPE_DIM must be defined, multiples of 8\"\n",
     "#endif\n",
     "\n",
+    "#if ATTN_DS\n",
+    "/* fp8_ds_mla: warp w < 4 writes tile w of kv_c (each lane 4 values; the tile's max |x| by a\n",
+    "   warp reduction), threads 0 .. 63 k_pe. Needs blockDim >= 128 (attn.h launches 128). */\n",
+    "ATTN_DEV void attn_concat_and_cache_mla_body(const attn__latent_write_params &p, const attn_i64 *slots) {\n",
+    "    if (p.check_slots && !attn_slots_valid(slots, p.num_tokens, p.num_slots)) return;\n",
+    "    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;\n",
+    "    for (int t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {\n",
+    "        const attn_i64 slot = slots[t];\n",
+    "        if (slot < 0) continue;\n",
+    "        char *row = (char *)p.kv_cache + slot * (attn_i64)ATTN_DS_MLA_ROW;\n",
+    "        if (warp < 4) {\n",
+    "            const char *src = (const char *)p.kv_c + (t * p.kv_c_stride_token + 128 * warp + 4 * lane) * attn_elem<DT_IN>::size;\n",
+    "            float f[4], amax = 0.0f;\n",
+    "#pragma unroll\n",
+    "            for (int i = 0; i < 4; i++) {\n",
+    "                f[i] = attn_load<DT_IN>(src, i);\n",
+    "                amax = fmaxf(amax, fabsf(f[i]));\n",
+    "            }\n",
+    "            amax = attn_warp_max(amax);\n",
+    "            const float sc = fmaxf(amax / 448.0f, 1.17549435e-38f); /* FLT_MIN */\n",
+    "            attn_u32 w = 0u;\n",
+    "#pragma unroll\n",
+    "            for (int i = 0; i < 4; i++) w |= attn_f32_to_code<ATTN_DT_E4M3>(f[i] / sc) << (8 * i);\n",
+    "            *(attn_u32 *)(row + 128 * warp + 4 * lane) = w;\n",
+    "            if (lane == 0) *(float *)(row + 512 + 4 * warp) = sc;\n",
+    "        }\n",
+    "        if (tid < 64) {\n",
+    "            const char *src = (const char *)p.k_pe + (t * p.k_pe_stride_token + tid) * attn_elem<DT_IN>::size;\n",
+    "            *(attn_u16 *)(row + 528 + 2 * tid) = attn_elem<ATTN_DT_BF16>::from_f32(attn_load<DT_IN>(src, 0));\n",
+    "        }\n",
+    "    }\n",
+    "}\n",
+    "#else\n",
     "ATTN_DEV void attn_concat_and_cache_mla_body(const attn__latent_write_params &p, const attn_i64 *slots) {\n",
     "    const int chunks_c = KV_LORA_RANK / 8, chunks = (KV_LORA_RANK + ROPE_DIM) / 8;\n",
     "    if (p.check_slots && !attn_slots_valid(slots, p.num_tokens, p.num_slots)) return;\n",
@@ -11570,6 +11619,7 @@ static const char *const attn__kernel_src_cache_write_cu[] = {
     "        }\n",
     "    }\n",
     "}\n",
+    "#endif /* ATTN_DS */\n",
     "\n",
     "extern \"C\" __global__ void attn_concat_and_cache_mla(const __grid_constant__ attn__latent_write_params p) {\n",
     "    attn_concat_and_cache_mla_body(p, p.slot_mapping);\n",
@@ -11584,7 +11634,10 @@ static const char *const attn__kernel_src_cache_write_cu[] = {
     "   16-byte chunks), any block; cache and destination 16-byte aligned. */\n",
     "\n",
     "extern \"C\" __global__ void attn_mla_gather(const attn__mla_gather_params p) {\n",
-    "#if ATTN_CACHE8 /* dequantizing: 8 codes -> 8 DT_IN elements (16 bytes at bf16/f16) per step */\n",
+    "#if ATTN_DS /* fp8_ds_mla serves the sparse call only: no up-projected prefill reads it */\n",
+    "    (void)p;\n",
+    "    attn_trap();\n",
+    "#elif ATTN_CACHE8 /* dequantizing: 8 codes -> 8 DT_IN elements (16 bytes at bf16/f16) per step */\n",
     "    const int D = KV_LORA_RANK + ROPE_DIM, cpr = D / 8;\n",
     "    const float ks = attn_cache_scale(p.k_scale, p.k_scale_value) * attn_code_factor<DT_CACHE>();\n",
     "    if (ks == 0.0f) return;\n",
@@ -12017,8 +12070,13 @@ static const char *const attn__kernel_src_mla_decode_cu[] = {
     "#define DT_KV DT\n",
     "#endif\n",
     "#define ATTN_KV8 (DT_KV == ATTN_DT_E4M3 || DT_KV == ATTN_DT_E5M2)\n",
-    "#if DT_KV != DT && !ATTN_KV8\n",
-    "#error \"mla_decode.cu: DT_KV must be DT, 4 (fp8 e4m3) or 5 (fp8 e5m2)\"\n",
+    "/* DT_KV 9 (ATTN_DT_DS_MLA, SPARSE only, 512 + 64): DeepSeek-V3.2's 656-byte rows, copied\n",
+    "   raw (cp.async) into a staging ring beside the K stages and widened there, each tile once,\n",
+    "   into the 16-bit K stage (codes x their 128-value tile's scale; the bf16 k_pe as DT): S\n",
+    "   and P V then run the 16-bit path. */\n",
+    "#define ATTN_DS (DT_KV == ATTN_DT_DS_MLA)\n",
+    "#if DT_KV != DT && !ATTN_KV8 && !ATTN_DS\n",
+    "#error \"mla_decode.cu: DT_KV must be DT, 4 (fp8 e4m3), 5 (fp8 e5m2) or 9 (fp8_ds_mla, SPARSE)\"\n",
     "#endif\n",
     "#define ATTN_DT_M (ATTN_KV8 ? ATTN_DT_F16 : DT) /* the mma's input type (Q, P, K, V) */\n",
     "/* SPARSE 1: sparse MLA (DeepSeek-V3.2, attn_mla_forward_sparse): grid (>= num_work[0]\n",
@@ -12098,12 +12156,14 @@ static const char *const attn__kernel_src_mla_decode_cu[] = {
     "#define ATTN_SP_OFF (ATTN_SK_OFF + KV_STAGES * KV_TILE * ATTN_KROW)\n",
     "#define ATTN_SMAX_OFF (ATTN_SP_OFF + ROWS * ATTN_PPITCH * 2)\n",
     "#define ATTN_SBLK_OFF (ATTN_SMAX_OFF + ATTN_S_KG * ROWS * 4)\n",
-    "#define ATTN_SMEM_BYTES (ATTN_SBLK_OFF + KV_STAGES * KV_TILE * 8)\n",
+    "#define ATTN_SR_OFF (ATTN_SBLK_OFF + KV_STAGES * KV_TILE * 8) /* fp8_ds_mla: the raw rows */\n",
+    "#define ATTN_SMEM_BYTES (ATTN_SR_OFF + (ATTN_DS ? KV_STAGES * KV_TILE * ATTN_DS_MLA_ROW : 0))\n",
     "#if ATTN_SBLK_OFF % 8 != 0\n",
     "#error \"mla_decode.cu: the block offsets must be 8-byte aligned\"\n",
     "#endif\n",
     "#define ATTN_CPR (ATTN_D * 2 / 16) /* 16-byte chunks per latent row (Q) */\n",
-    "#define ATTN_KCPR (ATTN_D * (ATTN_KV8 ? 1 : 2) / 16) /* 16-byte chunks per cache row */\n",
+    "#define ATTN_ROWB (ATTN_DS ? ATTN_DS_MLA_ROW : ATTN_D * (ATTN_KV8 ? 1 : 2)) /* bytes of a cache row */\n",
+    "#define ATTN_KCPR (ATTN_ROWB / 16) /* 16-byte chunks per cache row */\n",
     "\n",
     "extern \"C\" __constant__ attn__launch_config attn_mla_config = {ATTN_THREADS, ATTN_SMEM_BYTES, KV_TILE, ROWS, 1, KV_STAGES, WARPS, 1};\n",
     "\n",
@@ -12170,7 +12230,7 @@ static const char *const attn__kernel_src_mla_decode_cu[] = {
     "        if (!visible(j)) return (attn_i64)-1;\n",
     "        const int x = __ldg(ix + j);\n",
     "        return ((attn_i64)__ldg(bt + (unsigned)x / BLOCK_SIZE) * BLOCK_SIZE + (attn_i64)((unsigned)x % BLOCK_SIZE)) *\n",
-    "               (ATTN_D * (ATTN_KV8 ? 1 : 2));\n",
+    "               ATTN_ROWB;\n",
     "#else\n",
     "        return attn_mla_key_offset(bt, j, key0, key1, BLOCK_SIZE, ATTN_D * (ATTN_KV8 ? 1 : 2));\n",
     "#endif\n",
@@ -12180,8 +12240,9 @@ static const char *const attn__kernel_src_mla_decode_cu[] = {
     "        for (int c = tid; c < KV_TILE * ATTN_KCPR; c += ATTN_THREADS) {\n",
     "            const int r = c / ATTN_KCPR, col = c - r * ATTN_KCPR;\n",
     "            const attn_i64 off = sBlk[st * KV_TILE + r];\n",
-    "            attn_cp_async16_or_zero(sK + (attn_u32)((st * KV_TILE + r) * ATTN_KROW + col * 16),\n",
-    "                                    kv + (off >= 0 ? off + col * 16 : 0), off < 0);\n",
+    "            const attn_u32 dst = ATTN_DS ? sbase + ATTN_SR_OFF + (attn_u32)((st * KV_TILE + r) * ATTN_DS_MLA_ROW + col * 16)\n",
+    "                                         : sK + (attn_u32)((st * KV_TILE + r) * ATTN_KROW + col * 16);\n",
+    "            attn_cp_async16_or_zero(dst, kv + (off >= 0 ? off + col * 16 : 0), off < 0);\n",
     "        }\n",
     "    };\n",
     "    for (int s = 0; s < KV_STAGES; s++)\n",
@@ -12277,6 +12338,35 @@ static const char *const attn__kernel_src_mla_decode_cu[] = {
     "        for (int r = tid; r < KV_TILE; r += ATTN_THREADS)\n",
     "            sBlk[st * KV_TILE + r] = row_off(tile0 + (it + KV_STAGES) * KV_TILE + r);\n",
     "        const attn_u32 sKst = sK + (attn_u32)(st * KV_TILE * ATTN_KROW);\n",
+    "#if ATTN_DS\n",
+    "        {   /* widen tile it's raw rows into K stage st (its last readers, tile it - KV_STAGES's\n",
+    "               S and P V, finished before the previous iteration's barrier); rows of skipped\n",
+    "               entries were zero-filled: scale 0, codes 0 */\n",
+    "            const char *raw = smem + ATTN_SR_OFF + st * KV_TILE * ATTN_DS_MLA_ROW;\n",
+    "            for (int u = tid; u < KV_TILE * (ATTN_D / 8); u += ATTN_THREADS) {\n",
+    "                const int r = u / (ATTN_D / 8), c8 = u - r * (ATTN_D / 8);\n",
+    "                const char *row = raw + r * ATTN_DS_MLA_ROW;\n",
+    "                float f[8];\n",
+    "                attn_vec16 o[2];\n",
+    "                if (c8 < KV_LORA / 8) { /* 8 codes of tile c8 / 16 */\n",
+    "                    const float sc = *(const float *)(row + 512 + 4 * (c8 >> 4)) * attn_code_factor<ATTN_DT_E4M3>();\n",
+    "                    const uint2 w = *(const uint2 *)(row + c8 * 8);\n",
+    "                    attn_vec16 h;\n",
+    "                    attn_codes4_to_f16x2<ATTN_DT_E4M3>(w.x, h.x, h.y);\n",
+    "                    attn_codes4_to_f16x2<ATTN_DT_E4M3>(w.y, h.z, h.w);\n",
+    "                    attn_unpack8<ATTN_DT_F16>(&h, f);\n",
+    "#pragma unroll\n",
+    "                    for (int i = 0; i < 8; i++) f[i] *= sc;\n",
+    "                } else { /* 8 bf16 of k_pe */\n",
+    "                    const attn_vec16 b = *(const attn_vec16 *)(row + 512 + 16 + (c8 - KV_LORA / 8) * 16);\n",
+    "                    attn_unpack8<ATTN_DT_BF16>(&b, f);\n",
+    "                }\n",
+    "                attn_pack8<DT>(f, o);\n",
+    "                *(attn_vec16 *)(smem + ATTN_SK_OFF + (st * KV_TILE + r) * ATTN_KROW + c8 * 16) = o[0];\n",
+    "            }\n",
+    "            __syncthreads();\n",
+    "        }\n",
+    "#endif\n",
     "\n",
     "        /* ---- S phase: S_ACC partial sums sp, added into s ---- */\n",
     "        float s[ATTN_RT_S][ATTN_NT][4], sp[S_ACC][ATTN_RT_S][ATTN_NT][4];\n",

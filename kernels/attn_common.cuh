@@ -33,6 +33,10 @@ typedef unsigned long long attn_u64;
 #define ATTN_DT_E5M2 5
 #define ATTN_DT_I8 6
 #define ATTN_DT_IS_8BIT(t) ((t) >= ATTN_DT_E4M3 && (t) <= ATTN_DT_I8)
+/* DeepSeek-V3.2's latent rows (attn.h's fp8_ds_mla): 656 bytes, 512 e4m3 codes, 4 f32
+   scales (one per 128 codes), 64 bf16 values; MLA caches only (DT_CACHE, DT_KV) */
+#define ATTN_DT_DS_MLA 9
+#define ATTN_DS_MLA_ROW 656
 #define ATTN_DT_SIZE(t) ((t) == ATTN_DT_F32 ? 4 : ATTN_DT_IS_8BIT(t) ? 1 : 2) /* bytes */
 
 #define ATTN_DEV __device__ __forceinline__

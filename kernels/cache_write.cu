@@ -49,6 +49,13 @@
 #if ATTN_CACHE8 && defined(KV_LORA_RANK) && DT_CACHE == ATTN_DT_I8
 #error "cache_write.cu: a latent cache takes fp8 (per-tensor scale), not int8"
 #endif
+/* DT_CACHE 9 (ATTN_DT_DS_MLA): DeepSeek-V3.2's 656-byte latent rows, KV_LORA_RANK 512 and
+   ROPE_DIM 64 only: per 128 values of kv_c a scale s = max(max |x| / 448, FLT_MIN) and the
+   e4m3 codes of x / s (the CPU's attn__ds_mla_row_store, byte for byte), k_pe as bf16 */
+#define ATTN_DS (DT_CACHE == ATTN_DT_DS_MLA)
+#if ATTN_DS && (!defined(KV_LORA_RANK) || KV_LORA_RANK != 512 || ROPE_DIM != 64)
+#error "cache_write.cu: DT_CACHE 9 (fp8_ds_mla) is a latent cache of 512 + 64 only"
+#endif
 
 /* Whether every one of n slots is in [-1, num_slots). Slots from device memory (check_slots)
    are checked by every CTA, all of them, before it writes: a bad one anywhere makes every
@@ -85,7 +92,7 @@ ATTN_DEV void attn_store8_codes(void *dst, const float *f, float div, int zero) 
 }
 #endif
 
-#if !ATTN_CACHE8
+#if !ATTN_CACHE8 && !ATTN_DS
 /* Copies (converting) 8 elements from src to dst; vec: both are 16-byte aligned. */
 ATTN_DEV void attn_move8(const void *src, void *dst, int vec) {
     typedef typename attn_elem<DT_IN>::storage in_t;
@@ -210,6 +217,39 @@ extern "C" __global__ void attn_reshape_and_cache_inline(const __grid_constant__
 #error "cache_write.cu: KV_LORA_RANK and ROPE_DIM must be defined, multiples of 8"
 #endif
 
+#if ATTN_DS
+/* fp8_ds_mla: warp w < 4 writes tile w of kv_c (each lane 4 values; the tile's max |x| by a
+   warp reduction), threads 0 .. 63 k_pe. Needs blockDim >= 128 (attn.h launches 128). */
+ATTN_DEV void attn_concat_and_cache_mla_body(const attn__latent_write_params &p, const attn_i64 *slots) {
+    if (p.check_slots && !attn_slots_valid(slots, p.num_tokens, p.num_slots)) return;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    for (int t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {
+        const attn_i64 slot = slots[t];
+        if (slot < 0) continue;
+        char *row = (char *)p.kv_cache + slot * (attn_i64)ATTN_DS_MLA_ROW;
+        if (warp < 4) {
+            const char *src = (const char *)p.kv_c + (t * p.kv_c_stride_token + 128 * warp + 4 * lane) * attn_elem<DT_IN>::size;
+            float f[4], amax = 0.0f;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                f[i] = attn_load<DT_IN>(src, i);
+                amax = fmaxf(amax, fabsf(f[i]));
+            }
+            amax = attn_warp_max(amax);
+            const float sc = fmaxf(amax / 448.0f, 1.17549435e-38f); /* FLT_MIN */
+            attn_u32 w = 0u;
+#pragma unroll
+            for (int i = 0; i < 4; i++) w |= attn_f32_to_code<ATTN_DT_E4M3>(f[i] / sc) << (8 * i);
+            *(attn_u32 *)(row + 128 * warp + 4 * lane) = w;
+            if (lane == 0) *(float *)(row + 512 + 4 * warp) = sc;
+        }
+        if (tid < 64) {
+            const char *src = (const char *)p.k_pe + (t * p.k_pe_stride_token + tid) * attn_elem<DT_IN>::size;
+            *(attn_u16 *)(row + 528 + 2 * tid) = attn_elem<ATTN_DT_BF16>::from_f32(attn_load<DT_IN>(src, 0));
+        }
+    }
+}
+#else
 ATTN_DEV void attn_concat_and_cache_mla_body(const attn__latent_write_params &p, const attn_i64 *slots) {
     const int chunks_c = KV_LORA_RANK / 8, chunks = (KV_LORA_RANK + ROPE_DIM) / 8;
     if (p.check_slots && !attn_slots_valid(slots, p.num_tokens, p.num_slots)) return;
@@ -238,6 +278,7 @@ ATTN_DEV void attn_concat_and_cache_mla_body(const attn__latent_write_params &p,
         }
     }
 }
+#endif /* ATTN_DS */
 
 extern "C" __global__ void attn_concat_and_cache_mla(const __grid_constant__ attn__latent_write_params p) {
     attn_concat_and_cache_mla_body(p, p.slot_mapping);
@@ -252,7 +293,10 @@ extern "C" __global__ void attn_concat_and_cache_mla_inline(const __grid_constan
    16-byte chunks), any block; cache and destination 16-byte aligned. */
 
 extern "C" __global__ void attn_mla_gather(const attn__mla_gather_params p) {
-#if ATTN_CACHE8 /* dequantizing: 8 codes -> 8 DT_IN elements (16 bytes at bf16/f16) per step */
+#if ATTN_DS /* fp8_ds_mla serves the sparse call only: no up-projected prefill reads it */
+    (void)p;
+    attn_trap();
+#elif ATTN_CACHE8 /* dequantizing: 8 codes -> 8 DT_IN elements (16 bytes at bf16/f16) per step */
     const int D = KV_LORA_RANK + ROPE_DIM, cpr = D / 8;
     const float ks = attn_cache_scale(p.k_scale, p.k_scale_value) * attn_code_factor<DT_CACHE>();
     if (ks == 0.0f) return;

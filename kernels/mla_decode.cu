@@ -72,8 +72,13 @@
 #define DT_KV DT
 #endif
 #define ATTN_KV8 (DT_KV == ATTN_DT_E4M3 || DT_KV == ATTN_DT_E5M2)
-#if DT_KV != DT && !ATTN_KV8
-#error "mla_decode.cu: DT_KV must be DT, 4 (fp8 e4m3) or 5 (fp8 e5m2)"
+/* DT_KV 9 (ATTN_DT_DS_MLA, SPARSE only, 512 + 64): DeepSeek-V3.2's 656-byte rows, copied
+   raw (cp.async) into a staging ring beside the K stages and widened there, each tile once,
+   into the 16-bit K stage (codes x their 128-value tile's scale; the bf16 k_pe as DT): S
+   and P V then run the 16-bit path. */
+#define ATTN_DS (DT_KV == ATTN_DT_DS_MLA)
+#if DT_KV != DT && !ATTN_KV8 && !ATTN_DS
+#error "mla_decode.cu: DT_KV must be DT, 4 (fp8 e4m3), 5 (fp8 e5m2) or 9 (fp8_ds_mla, SPARSE)"
 #endif
 #define ATTN_DT_M (ATTN_KV8 ? ATTN_DT_F16 : DT) /* the mma's input type (Q, P, K, V) */
 /* SPARSE 1: sparse MLA (DeepSeek-V3.2, attn_mla_forward_sparse): grid (>= num_work[0]
@@ -153,12 +158,14 @@
 #define ATTN_SP_OFF (ATTN_SK_OFF + KV_STAGES * KV_TILE * ATTN_KROW)
 #define ATTN_SMAX_OFF (ATTN_SP_OFF + ROWS * ATTN_PPITCH * 2)
 #define ATTN_SBLK_OFF (ATTN_SMAX_OFF + ATTN_S_KG * ROWS * 4)
-#define ATTN_SMEM_BYTES (ATTN_SBLK_OFF + KV_STAGES * KV_TILE * 8)
+#define ATTN_SR_OFF (ATTN_SBLK_OFF + KV_STAGES * KV_TILE * 8) /* fp8_ds_mla: the raw rows */
+#define ATTN_SMEM_BYTES (ATTN_SR_OFF + (ATTN_DS ? KV_STAGES * KV_TILE * ATTN_DS_MLA_ROW : 0))
 #if ATTN_SBLK_OFF % 8 != 0
 #error "mla_decode.cu: the block offsets must be 8-byte aligned"
 #endif
 #define ATTN_CPR (ATTN_D * 2 / 16) /* 16-byte chunks per latent row (Q) */
-#define ATTN_KCPR (ATTN_D * (ATTN_KV8 ? 1 : 2) / 16) /* 16-byte chunks per cache row */
+#define ATTN_ROWB (ATTN_DS ? ATTN_DS_MLA_ROW : ATTN_D * (ATTN_KV8 ? 1 : 2)) /* bytes of a cache row */
+#define ATTN_KCPR (ATTN_ROWB / 16) /* 16-byte chunks per cache row */
 
 extern "C" __constant__ attn__launch_config attn_mla_config = {ATTN_THREADS, ATTN_SMEM_BYTES, KV_TILE, ROWS, 1, KV_STAGES, WARPS, 1};
 
@@ -225,7 +232,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, MIN_CTAS) attn_mla_de
         if (!visible(j)) return (attn_i64)-1;
         const int x = __ldg(ix + j);
         return ((attn_i64)__ldg(bt + (unsigned)x / BLOCK_SIZE) * BLOCK_SIZE + (attn_i64)((unsigned)x % BLOCK_SIZE)) *
-               (ATTN_D * (ATTN_KV8 ? 1 : 2));
+               ATTN_ROWB;
 #else
         return attn_mla_key_offset(bt, j, key0, key1, BLOCK_SIZE, ATTN_D * (ATTN_KV8 ? 1 : 2));
 #endif
@@ -235,8 +242,9 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, MIN_CTAS) attn_mla_de
         for (int c = tid; c < KV_TILE * ATTN_KCPR; c += ATTN_THREADS) {
             const int r = c / ATTN_KCPR, col = c - r * ATTN_KCPR;
             const attn_i64 off = sBlk[st * KV_TILE + r];
-            attn_cp_async16_or_zero(sK + (attn_u32)((st * KV_TILE + r) * ATTN_KROW + col * 16),
-                                    kv + (off >= 0 ? off + col * 16 : 0), off < 0);
+            const attn_u32 dst = ATTN_DS ? sbase + ATTN_SR_OFF + (attn_u32)((st * KV_TILE + r) * ATTN_DS_MLA_ROW + col * 16)
+                                         : sK + (attn_u32)((st * KV_TILE + r) * ATTN_KROW + col * 16);
+            attn_cp_async16_or_zero(dst, kv + (off >= 0 ? off + col * 16 : 0), off < 0);
         }
     };
     for (int s = 0; s < KV_STAGES; s++)
@@ -332,6 +340,35 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, MIN_CTAS) attn_mla_de
         for (int r = tid; r < KV_TILE; r += ATTN_THREADS)
             sBlk[st * KV_TILE + r] = row_off(tile0 + (it + KV_STAGES) * KV_TILE + r);
         const attn_u32 sKst = sK + (attn_u32)(st * KV_TILE * ATTN_KROW);
+#if ATTN_DS
+        {   /* widen tile it's raw rows into K stage st (its last readers, tile it - KV_STAGES's
+               S and P V, finished before the previous iteration's barrier); rows of skipped
+               entries were zero-filled: scale 0, codes 0 */
+            const char *raw = smem + ATTN_SR_OFF + st * KV_TILE * ATTN_DS_MLA_ROW;
+            for (int u = tid; u < KV_TILE * (ATTN_D / 8); u += ATTN_THREADS) {
+                const int r = u / (ATTN_D / 8), c8 = u - r * (ATTN_D / 8);
+                const char *row = raw + r * ATTN_DS_MLA_ROW;
+                float f[8];
+                attn_vec16 o[2];
+                if (c8 < KV_LORA / 8) { /* 8 codes of tile c8 / 16 */
+                    const float sc = *(const float *)(row + 512 + 4 * (c8 >> 4)) * attn_code_factor<ATTN_DT_E4M3>();
+                    const uint2 w = *(const uint2 *)(row + c8 * 8);
+                    attn_vec16 h;
+                    attn_codes4_to_f16x2<ATTN_DT_E4M3>(w.x, h.x, h.y);
+                    attn_codes4_to_f16x2<ATTN_DT_E4M3>(w.y, h.z, h.w);
+                    attn_unpack8<ATTN_DT_F16>(&h, f);
+#pragma unroll
+                    for (int i = 0; i < 8; i++) f[i] *= sc;
+                } else { /* 8 bf16 of k_pe */
+                    const attn_vec16 b = *(const attn_vec16 *)(row + 512 + 16 + (c8 - KV_LORA / 8) * 16);
+                    attn_unpack8<ATTN_DT_BF16>(&b, f);
+                }
+                attn_pack8<DT>(f, o);
+                *(attn_vec16 *)(smem + ATTN_SK_OFF + (st * KV_TILE + r) * ATTN_KROW + c8 * 16) = o[0];
+            }
+            __syncthreads();
+        }
+#endif
 
         /* ---- S phase: S_ACC partial sums sp, added into s ---- */
         float s[ATTN_RT_S][ATTN_NT][4], sp[S_ACC][ATTN_RT_S][ATTN_NT][4];

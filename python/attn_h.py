@@ -1126,7 +1126,8 @@ class Layer(_Owned):
     def features(self):
         """What the resolved backend's layers may ask for, as the selection record's
         `features:` line lists it: a tuple of 'non-causal', 'sliding-window', 'soft-cap',
-        'alibi', 'sinks', 'cascade' (common_prefix_len used; empty: causal attention only)."""
+        'alibi', 'sinks', 'cascade' (common_prefix_len used), 'sparse-mla' (mla_forward_sparse;
+        empty: causal attention only)."""
         for line in self.selection_text.splitlines():
             if line.strip().startswith("features:"):
                 words = line.split(":", 1)[1].split()

@@ -482,7 +482,7 @@ ATTN_TEST(seam_record_shows_declared_capabilities) {
     EXPECT_OK(attn_select_backend(ctx, &d, NULL, &sel));
     EXPECT_EQ_INT(sel.cuda_graph, attn_backend_get(ATTN_BACKEND_CPU_MLA)->cuda_graph);
     attn_selection_format(&sel, text, sizeof text);
-    EXPECT_TRUE(strstr(text, "features: sinks\n") != NULL); /* MLA: sinks (the sparse call), none of the others */
+    EXPECT_TRUE(strstr(text, "features: sinks sparse-mla\n") != NULL); /* MLA: sinks (the sparse call), sparse MLA */
     attn_context_destroy(ctx);
 }
 

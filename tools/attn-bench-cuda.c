@@ -982,14 +982,15 @@ static void cuda_mla_sparse_rows(attn_context *ctx, cuda_bench *cb, mla_call *c,
                "(%5.1f%% of read)\n", B, topk, C, med * 1e6, tf, mm > 0 ? 100.0 * tf / mm : 0.0, gbs, 100.0 * gbs / read_best);
         fflush(stdout);
         row = row_add();
-        snprintf(row->name, sizeof row->name, "MLA sparse H=%d b=%d topk=%d", H, B, topk);
+        snprintf(row->name, sizeof row->name, "MLA sparse H=%d b=%d topk=%d, %s", H, B, topk,
+                 attn_dtype_name(attn_layer_get_desc(c->layer)->kv_cache_dtype));
         row->ms = med * 1e3;
         snprintf(row->metric, sizeof row->metric, "%.1f TFLOP/s", tf);
         if (mm > 0) snprintf(row->ceiling, sizeof row->ceiling, "%.1f%% of the matmul ceiling", 100.0 * tf / mm);
         row->other_cores = -1;
         {
             char kind[32];
-            snprintf(kind, sizeof kind, "mla_sparse_h%d", H);
+            snprintf(kind, sizeof kind, "mla_sparse_h%d_%s", H, attn_dtype_name(attn_layer_get_desc(c->layer)->kv_cache_dtype));
             csv_row("attn.h", kind, B, topk, med * 1e6, tf, "TFLOP/s");
         }
         cuda_metas_free(c->metas, c->nsets);
@@ -1071,6 +1072,35 @@ static void cuda_mla_table(attn_context *ctx, cuda_bench *cb, double read_best, 
         printf("MLA sparse decode (attn_mla_forward_sparse): %d heads, latent 576, bf16, topk 2048; TFLOP/s = 2 B H topk "
                "(576 + 512)\n", H);
         cuda_mla_sparse_rows(ctx, cb, &c, ids, pool_blocks, H, d_q, d_qpe, d_out, read_best, mm);
+        if (H == 128) { /* the same over an fp8_ds_mla cache (656-byte rows; bytes 0x38: finite codes, scales, bf16) */
+            attn_layer_desc dd = *attn_layer_get_desc(c.layer);
+            attn_layer *keep = c.layer;
+            attn_tensor keep_cache = c.cache;
+            void *d_ds = NULL;
+            const size_t ds_bytes = (size_t)pool_blocks * MB_BS * 656;
+            char *fill = (char *)bench_alloc(chunk);
+            memset(fill, 0x38, chunk);
+            dd.kv_cache_dtype = ATTN_DTYPE_FP8_DS_MLA;
+            bench_layer_create(ctx, &dd, &mla_request, "ATTN_BENCH_MLA_DEFINES", &c.layer);
+            CHECK(ctx, attn_cuda_malloc(ctx, ds_bytes, &d_ds));
+            for (off = 0; off < ds_bytes; off += chunk)
+                CHECK(ctx, attn_cuda_memcpy(ctx, (char *)d_ds + off, fill, BENCH_MIN(chunk, ds_bytes - off), ATTN_COPY_HOST_TO_DEVICE,
+                                            NULL));
+            free(fill);
+            {
+                int64_t sh[3];
+                sh[0] = pool_blocks; sh[1] = MB_BS; sh[2] = 656;
+                c.cache = attn_tensor_make(d_ds, ATTN_DTYPE_FP8_DS_MLA, 3, sh);
+                c.cache.device.kind = ATTN_DEVICE_CUDA;
+            }
+            printf("MLA sparse decode over fp8_ds_mla (656-byte rows), 128 heads, topk 2048; backend %s\n",
+                   attn_layer_backend(c.layer)->name);
+            cuda_mla_sparse_rows(ctx, cb, &c, ids, pool_blocks, H, d_q, d_qpe, d_out, read_best, mm);
+            attn_layer_destroy(c.layer);
+            CHECK(ctx, attn_cuda_free(ctx, d_ds));
+            c.layer = keep;
+            c.cache = keep_cache;
+        }
         if (getenv("ATTN_BENCH_MLA_SPARSE_ONLY")) { /* tuning: the sparse rows alone */
             attn_layer_destroy(c.layer);
             continue;

@@ -211,6 +211,10 @@ static variant manifest_builtin[] = {
     {"mla_decode.cu", "KV_LORA=512 ROPE=64 BLOCK_SIZE=16 DT=1 ROWS=16 DT_KV=4 SPARSE=1", 0},
     {"mla_decode.cu", "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2 ROWS=32 DT_KV=2 SPARSE=1", 0},
     {"mla_decode.cu", "KV_LORA=256 ROPE=64 BLOCK_SIZE=32 DT=1 ROWS=64 DT_KV=1 SPARSE=1", 0},
+    /* fp8_ds_mla (DT_KV 9): raw rows widened in shared memory; its cache write (DT_CACHE 9) */
+    {"mla_decode.cu", "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2 ROWS=64 DT_KV=9 SPARSE=1", 0},
+    {"mla_decode.cu", "KV_LORA=512 ROPE=64 BLOCK_SIZE=16 DT=1 ROWS=16 DT_KV=9 SPARSE=1", 0},
+    {"cache_write.cu", "KV_LORA_RANK=512 ROPE_DIM=64 DT_IN=2 DT_CACHE=9", 0},
     {"mla_prefill.cu", "DN=128 ROPE=64 DV=128 DT=2", 0},
     {"mla_prefill.cu", "DN=128 ROPE=64 DV=128 DT=1", 0},
     {"mla_prefill.cu", "DN=64 ROPE=64 DV=64 DT=2", 0},

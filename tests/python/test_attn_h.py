@@ -625,7 +625,7 @@ def test_mla(ctx, xp, dtype):
                                   qk_nope_head_dim=NOPE, v_head_dim=VDIM))
     assert layer.backend == ("CUDA_MLA_SM90" if xp.device == "cuda" else "CPU_MLA")
     assert layer.selection["use_mla"]
-    assert layer.features == ("sinks",)                # MLA: causal, no window, cap or ALiBi; sinks (the sparse call)
+    assert layer.features == ("sinks", "sparse-mla")   # MLA: causal, no window, cap or ALiBi; sinks (the sparse call)
     scale = layer.desc["scale"]
     assert scale == pytest.approx(1 / math.sqrt(NOPE + ROPE))
 
@@ -712,8 +712,6 @@ def test_mla_sparse(ctx, xp, kv):
     concat_and_cache_mla and decoded here from its bytes; an index past its request refused."""
     if not xp.supports("bfloat16"):
         pytest.skip(NO_BF16)
-    if xp.device == "cuda" and kv == "fp8_ds_mla":
-        pytest.skip("the CUDA MLA backends do not read fp8_ds_mla yet (CPU_MLA does)")
     rng = np.random.default_rng(11)
     H, bs, RL, topk = 16, 16, 512, 40
     sinks = rng.uniform(-1, 2, H).astype(np.float32)
@@ -728,7 +726,8 @@ def test_mla_sparse(ctx, xp, kv):
     shape = layer.kv_cache_shape(b["num_blocks"])
     if kv == "fp8_ds_mla":
         assert tuple(shape) == (b["num_blocks"], bs, 656)
-        cache = np.zeros(shape, np.uint8) if xp.kind == "numpy" else torch.zeros(tuple(shape), dtype=torch.uint8)
+        cache = np.zeros(shape, np.uint8) if xp.kind == "numpy" else \
+            torch.zeros(tuple(shape), dtype=torch.uint8, device=xp.device)
     else:
         cache = xp.nan(shape, "bfloat16")
     rows = xp.store(np.concatenate(lat), "bfloat16")
