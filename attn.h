@@ -164,6 +164,10 @@
        fp8 latent decodes 1.65-1.96x faster than the bf16 latent on CUDA_MLA_SM90 at 16
        heads and batch x context >= 16 x 16k or 64 x 4k, but 0.8x at 128 heads (mma.sync
        against wgmma, compute-bound): BENCHMARKS.md.
+       fp8_ds_mla (DeepSeek-V3.2's cache: 656-byte rows carrying 4 scales each) serves the
+       sparse call only (attn_mla_forward_sparse): CPU_MLA decodes its rows exactly; the
+       CUDA MLA backends copy them raw into shared memory and widen them there into the
+       layer's 16-bit type (so the keys are rounded to bf16/f16 before S).
 
    ERRORS AND LOGGING
        Every public function returns attn_status (ATTN_OK = 0); attn_status_string() names
@@ -219,6 +223,7 @@
        forward   attn_layer_forward
        mla       attn_reorder_batch attn_metadata_mla_info attn_mla_num_kv_splits
                  attn_mla_forward_mqa attn_mla_forward_mha attn_mla_forward
+                 attn_mla_forward_sparse
        merge     attn_merge_attn_states
 
    ADDING A BACKEND (miniaudio's backend callbacks are the model)
@@ -342,7 +347,15 @@
               writes partials for items with a slot; attn__paged_params gains the prefix
               fields, attn_backend gains supports_cascade (after supports_sinks), the
               record's features line lists cascade, and a build that uses the prefix logs
-              CASCADE_PLANNED (DEBUG, a new log item at the end of the list).
+              CASCADE_PLANNED (DEBUG, a new log item at the end of the list). Sparse MLA
+              (DeepSeek-V3.2's DSA): attn_mla_forward_sparse (request-local top-k indices,
+              -1 padding), ATTN_DTYPE_INT32 and ATTN_DTYPE_FP8_DS_MLA (656-byte latent rows,
+              written by attn_concat_and_cache_mla), MLA layers take desc.sinks (the sparse
+              call joins them; the dense MLA calls refuse them by name), attn_backend gains
+              forward_sparse (last), attn__mla_decode_params the sparse fields; on CPU_MLA
+              and both CUDA MLA backends. Fixed: CUDA_MLA_SM90's decode encoded its tensor
+              map outside the context (C callers without a current context got
+              CUDA_ERROR_INVALID_CONTEXT).
 
    LICENSE: MIT, see the end of the file.
 */
