@@ -51,9 +51,12 @@ Objects: Context -> Layer -> Metadata. Each holds its parent, so a child never o
 what it points into; close() (or ``with``) frees at once, children first; __del__ is a
 best effort.
 """
+from __future__ import annotations   # the hints below are strings: no torch import needed
+
 import ctypes as C
 import os
 import weakref
+from typing import Any, Callable, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -86,8 +89,16 @@ ATTN_LSE_BASE_E, ATTN_LSE_BASE_2 = 0, 1
 ATTN_SELECTION_AUTO, ATTN_SELECTION_CODE, ATTN_SELECTION_ENV = 0, 1, 2
 (ATTN_CUDA_GRAPH_NEVER, ATTN_CUDA_GRAPH_UNIFORM_SINGLE_TOKEN_DECODE,
  ATTN_CUDA_GRAPH_UNIFORM_BATCH, ATTN_CUDA_GRAPH_ALWAYS) = range(4)
+ATTN_COPY_HOST_TO_DEVICE, ATTN_COPY_DEVICE_TO_HOST, ATTN_COPY_DEVICE_TO_DEVICE = 1, 2, 3
+ATTN_KERNEL_COMPILED, ATTN_KERNEL_FROM_MEMORY, ATTN_KERNEL_FROM_DISK = 1, 2, 3
 
 _CONSTANTS = [name for name in dir() if name.startswith("ATTN_")]
+
+# Type hints: an array argument is a numpy array (host) or a torch tensor (host or CUDA);
+# a stream an int CUstream, a torch.cuda.Stream, or None (torch's current stream of the
+# call's CUDA tensors, else the legacy default stream).
+Array = Any          # numpy.ndarray | torch.Tensor
+Stream = Any         # int | torch.cuda.Stream | None
 VERSION = None    # the library's "major.minor.patch", set at load
 
 ATTN_LOG_FN = C.CFUNCTYPE(None, C.c_void_p, C.c_int, C.c_int, C.c_char_p)
@@ -262,6 +273,21 @@ class attn_mla_info(C.Structure):
     ]
 
 
+class attn_kernel_info(C.Structure):
+    _fields_ = [
+        ("kernel", C.c_char * 64),
+        ("arch", C.c_char * 16),
+        ("source", C.c_int),
+        ("cubin_bytes", C.c_size_t),
+        ("registers", C.c_int),
+        ("shared_bytes", C.c_int),
+        ("spill_stores", C.c_int),
+        ("spill_loads", C.c_int),
+        ("compile_ms", C.c_double),
+        ("log", C.c_char * 1024),
+    ]
+
+
 class attn_py_layout_entry(C.Structure):
     _fields_ = [("name", C.c_char_p), ("a", C.c_int64), ("b", C.c_int64)]
 
@@ -269,7 +295,7 @@ class attn_py_layout_entry(C.Structure):
 # The structs whose layout the library reports (enums: the size of a C int).
 _MIRRORS = {cls.__name__: cls for cls in (
     attn_device, attn_tensor, attn_context_desc, attn_platform, attn_layer_desc, attn_kv_scale,
-    attn_select_request, attn_selection, attn_batch, attn_metadata_desc, attn_mla_info)}
+    attn_select_request, attn_selection, attn_batch, attn_metadata_desc, attn_mla_info, attn_kernel_info)}
 _ENUMS = ("attn_status", "attn_dtype", "attn_backend_id")
 
 # ---- the library ---------------------------------------------------------------------
@@ -314,6 +340,12 @@ _SIGNATURES = {
     "attn_mla_forward": (C.c_int, [_vp, _vp, _TP, _TP, _TP, _TP, _TP, _TP, _TP, _TP, _vp]),
     "attn_merge_attn_states": (C.c_int, [_vp, _TP, _TP, C.c_int, _TP, _TP, C.c_int, _TP,
                                          _TP, C.c_int, _vp]),
+    "attn_cuda_malloc": (C.c_int, [_vp, C.c_size_t, _P(_vp)]),
+    "attn_cuda_free": (C.c_int, [_vp, _vp]),
+    "attn_cuda_memcpy": (C.c_int, [_vp, _vp, _vp, C.c_size_t, C.c_int, _vp]),
+    "attn_cuda_synchronize": (C.c_int, [_vp, _vp]),
+    "attn_kernel_compile": (C.c_int, [_vp, C.c_char_p, C.c_char_p, C.c_char_p, _P(attn_kernel_info)]),
+    "attn_kernel_compile_count": (C.c_int, [_vp]),
     "attn_py_layout": (_P(attn_py_layout_entry), [_P(C.c_int)]),
 }
 
@@ -776,7 +808,7 @@ class _Owned:
         self._children = weakref.WeakSet()
         self._lib = library()      # held, so that __del__ at interpreter exit still has it
 
-    def close(self):
+    def close(self) -> None:
         """Frees the C object (children first). Idempotent."""
         for child in list(self._children):
             child.close()
@@ -785,7 +817,7 @@ class _Owned:
             self._destroy(ptr)
 
     @property
-    def closed(self):
+    def closed(self) -> bool:
         return not self._ptr
 
     def _live(self):
@@ -853,8 +885,10 @@ class Context(_Owned):
     under site-packages/nvidia/ when the loader finds none of the system's, else the
     library's defaults. ``platform`` says which file each was opened as."""
 
-    def __init__(self, num_threads=None, log_level=None, kernel_cache_dir=None, log=None,
-                 cuda_library=None, nvrtc_library=None, cublas_library=None):
+    def __init__(self, num_threads: Optional[int] = None, log_level: Optional[str] = None,
+                 kernel_cache_dir: Optional[str] = None, log: Optional[Callable[[str, str, str], None]] = None,
+                 cuda_library: Optional[str] = None, nvrtc_library: Optional[str] = None,
+                 cublas_library: Optional[str] = None) -> None:
         super().__init__()
         lib = library()
         desc = attn_context_desc()
@@ -892,10 +926,10 @@ class Context(_Owned):
         _check(code, self._ptr)
 
     @property
-    def last_error(self):
+    def last_error(self) -> str:
         return _text(library().attn_context_last_error(self._live()) or b"")
 
-    def set_log_level(self, level):
+    def set_log_level(self, level: Optional[str]) -> None:
         self._check(library().attn_context_set_log_level(self._live(), _level(level)))
 
     def _platform(self):
@@ -904,21 +938,95 @@ class Context(_Owned):
         return p
 
     @property
-    def platform(self):
+    def platform(self) -> dict:
         """attn_platform as a dict; kind is 'cpu' or 'cuda'."""
         d = _struct_dict(self._platform())
         d["kind"] = _PLATFORM_NAMES.get(d["kind"], d["kind"])
         return d
 
     @property
-    def platform_text(self):
+    def platform_text(self) -> str:
         p = self._platform()
         n = library().attn_platform_format(C.byref(p), None, 0)
         buf = C.create_string_buffer(n + 1)
         library().attn_platform_format(C.byref(p), buf, n + 1)
         return _text(buf.value)
 
-    def selection_cache_clear(self):
+    # ---- the CUDA allocator, copies and NVRTC, as C callers have them ----
+
+    def cuda_malloc(self, nbytes: int) -> int:
+        """Device memory of nbytes bytes (attn_cuda_malloc): its address, an int. Free it with
+        cuda_free. Raises AttnError naming the reason where there is no CUDA device."""
+        ptr = _vp()
+        if int(nbytes) < 0:
+            _fail(ATTN_ERROR_INVALID_VALUE, "cuda_malloc: nbytes is %d (allowed: >= 0)" % int(nbytes))
+        self._check(library().attn_cuda_malloc(self._live(), int(nbytes), C.byref(ptr)))
+        return int(ptr.value or 0)
+
+    def cuda_free(self, ptr: int) -> None:
+        """Frees device memory from cuda_malloc (0 or None: nothing)."""
+        self._check(library().attn_cuda_free(self._live(), _vp(int(ptr or 0))))
+
+    def cuda_memcpy(self, dst: Union[int, Array], src: Union[int, Array], nbytes: int, kind: str,
+                    stream: Stream = None) -> None:
+        """Copies nbytes bytes (attn_cuda_memcpy). kind: 'h2d', 'd2h' or 'd2d'. Device sides
+        are addresses (ints, e.g. from cuda_malloc or a CUDA tensor's data_ptr()); host
+        sides a C-contiguous numpy array of at least nbytes bytes (written for 'd2h') or
+        an address. stream: None = the legacy default stream (the copy is complete on
+        return), an int CUstream, or a torch.cuda.Stream."""
+        fn = "cuda_memcpy"
+        kinds = {"h2d": ATTN_COPY_HOST_TO_DEVICE, "d2h": ATTN_COPY_DEVICE_TO_HOST, "d2d": ATTN_COPY_DEVICE_TO_DEVICE}
+        if kind not in kinds:
+            _fail(ATTN_ERROR_INVALID_VALUE, "%s: kind is %r (allowed: 'h2d', 'd2h', 'd2d')" % (fn, kind))
+        n = int(nbytes)
+
+        def address(x, name, host, write):
+            if isinstance(x, np.ndarray):
+                if not host:
+                    _fail(ATTN_ERROR_INVALID_VALUE, "%s: %s is a numpy array but kind %r makes it device "
+                          "memory (allowed: an int address)" % (fn, name, kind))
+                if not x.flags.c_contiguous or x.nbytes < n or (write and not x.flags.writeable):
+                    _fail(ATTN_ERROR_INVALID_VALUE, "%s: %s is a numpy array of %d bytes%s (allowed: a "
+                          "C-contiguous%s array of at least nbytes = %d bytes)" % (
+                              fn, name, x.nbytes, "" if x.flags.c_contiguous else ", not contiguous",
+                              " writeable" if write else "", n))
+                return x.ctypes.data
+            if _is_torch(x):
+                return x.data_ptr()
+            return int(x)
+
+        d = address(dst, "dst", kind == "d2h", True)
+        s_ = address(src, "src", kind == "h2d", False)
+        self._check(library().attn_cuda_memcpy(self._live(), _vp(d), _vp(s_), n, kinds[kind],
+                                               _stream(stream, None, None)))
+
+    def cuda_synchronize(self, stream: Stream = None) -> None:
+        """Waits for the stream (None: the whole context's device work)."""
+        self._check(library().attn_cuda_synchronize(self._live(), _stream(stream, None, None)))
+
+    def kernel_compile(self, kernel: str, options: str = "", arch: str = "sm_90") -> dict:
+        """Compiles one variant of an embedded kernel with NVRTC, or finds it in the memory or
+        disk cache (attn_kernel_compile; no GPU needed): kernel e.g. 'paged_attention.cu',
+        options e.g. '-DHEAD_DIM=128 ...', arch 'sm_80', 'sm_90' or 'sm_90a'. Returns the
+        report: kernel, arch, source ('compiled', 'memory', 'disk'), cubin_bytes, registers,
+        shared_bytes, spill_stores, spill_loads, compile_ms, log. A compile error raises
+        AttnError with the NVRTC log."""
+        info = attn_kernel_info()
+        self._check(library().attn_kernel_compile(self._live(), kernel.encode(), options.encode(),
+                                                  arch.encode(), C.byref(info)))
+        return dict(kernel=info.kernel.decode(), arch=info.arch.decode(),
+                    source={ATTN_KERNEL_COMPILED: "compiled", ATTN_KERNEL_FROM_MEMORY: "memory",
+                            ATTN_KERNEL_FROM_DISK: "disk"}.get(info.source, "?"),
+                    cubin_bytes=int(info.cubin_bytes), registers=info.registers, shared_bytes=info.shared_bytes,
+                    spill_stores=info.spill_stores, spill_loads=info.spill_loads, compile_ms=info.compile_ms,
+                    log=info.log.decode(errors="replace"))
+
+    @property
+    def kernel_compile_count(self) -> int:
+        """NVRTC compilations this context has run (cache hits excluded)."""
+        return int(library().attn_kernel_compile_count(self._live()))
+
+    def selection_cache_clear(self) -> None:
         self._check(library().attn_selection_cache_clear(self._live()))
 
 
@@ -1019,11 +1127,13 @@ class Layer(_Owned):
     selection: the selection record (dict); selection_text: the same as attn.h prints it;
     desc: the effective descriptor (defaults filled in)."""
 
-    def __init__(self, ctx, num_heads, num_kv_heads=None, head_size=None, block_size=16,
-                 dtype="float16", kv_cache_dtype=None, causal=True, sliding_window=0,
-                 logits_soft_cap=0.0, alibi_slopes=None, scale=None, device="cpu",
-                 backend=None, allow_fallback=False, mla=None, k_scale=None, v_scale=None,
-                 per_token_head=False, sinks=None):
+    def __init__(self, ctx: Context, num_heads: int, num_kv_heads: Optional[int] = None,
+                 head_size: Optional[int] = None, block_size: int = 16, dtype: Any = "float16",
+                 kv_cache_dtype: Any = None, causal: bool = True, sliding_window: int = 0,
+                 logits_soft_cap: float = 0.0, alibi_slopes: Optional[Sequence[float]] = None,
+                 scale: Optional[float] = None, device: str = "cpu", backend: Optional[str] = None,
+                 allow_fallback: bool = False, mla: Optional[dict] = None, k_scale: Any = None,
+                 v_scale: Any = None, per_token_head: bool = False, sinks: Optional[Array] = None) -> None:
         super().__init__()
         lib = library()
         self.ctx = ctx
@@ -1106,11 +1216,11 @@ class Layer(_Owned):
         self.ctx._check(code)
 
     @property
-    def selection(self):
+    def selection(self) -> dict:
         return _selection_dict(library().attn_layer_selection(self._live()).contents)
 
     @property
-    def selection_text(self):
+    def selection_text(self) -> str:
         s = library().attn_layer_selection(self._live())
         n = library().attn_selection_format(s, None, 0)
         buf = C.create_string_buffer(n + 1)
@@ -1118,12 +1228,12 @@ class Layer(_Owned):
         return _text(buf.value)
 
     @property
-    def backend(self):
+    def backend(self) -> str:
         """The resolved backend's name ('CPU', 'CPU_MLA', 'CUDA', 'CUDA_SM90', 'CUDA_MLA_SM90', ...)."""
         return self.selection["resolved"]
 
     @property
-    def features(self):
+    def features(self) -> Tuple[str, ...]:
         """What the resolved backend's layers may ask for, as the selection record's
         `features:` line lists it: a tuple of 'non-causal', 'sliding-window', 'soft-cap',
         'alibi', 'sinks', 'cascade' (common_prefix_len used), 'sparse-mla' (mla_forward_sparse;
@@ -1135,7 +1245,7 @@ class Layer(_Owned):
         return ()
 
     @property
-    def desc(self):
+    def desc(self) -> dict:
         d = _struct_dict(self._effective(), skip=("alibi_slopes", "sinks"))
         for key in ("dtype", "kv_cache_dtype"):
             d[key] = _dtype_name(d[key])
@@ -1144,7 +1254,7 @@ class Layer(_Owned):
         d["use_mla"] = bool(d["use_mla"])
         return d
 
-    def kv_cache_shape(self, num_blocks):
+    def kv_cache_shape(self, num_blocks: int) -> Tuple[int, ...]:
         """The cache's shape for num_blocks blocks: standard [num_blocks, 2, block_size,
         num_kv_heads, head_size]; MLA [num_blocks, block_size, head_size]."""
         shape = (C.c_int64 * ATTN_MAX_DIMS)()
@@ -1155,7 +1265,8 @@ class Layer(_Owned):
 
     # -- standard attention --
 
-    def reshape_and_cache(self, key, value, kv_cache, slot_mapping, stream=None):
+    def reshape_and_cache(self, key: Array, value: Array, kv_cache: Array, slot_mapping: Array,
+                          stream: Stream = None) -> None:
         """Writes key/value [>= num_tokens, num_kv_heads, head_size] into kv_cache at
         slot_mapping (-1 skips; num_tokens = len(slot_mapping)): host ints (a list, numpy or
         a CPU tensor), or, for a CUDA layer, an int64 CUDA tensor used in place (no copy;
@@ -1168,7 +1279,9 @@ class Layer(_Owned):
             self._live(), tk, tv, tc, ts, _stream(stream, kv_cache, key)))
         del slots
 
-    def forward(self, meta, q, kv_cache, out=None, lse=None, k=None, v=None, stream=None):
+    def forward(self, meta: Metadata, q: Array, kv_cache: Array, out: Optional[Array] = None,
+                lse: Optional[Array] = None, k: Optional[Array] = None, v: Optional[Array] = None,
+                stream: Stream = None) -> Array:
         """Attention of a built batch. q [num_tokens, num_heads, head_size]; k, v: None
         (already cached) or the new tokens' [num_tokens, num_kv_heads, head_size], written
         to the cache first by the batch's slot_mapping. out: like q (allocated when None);
@@ -1188,7 +1301,8 @@ class Layer(_Owned):
 
     # -- MLA --
 
-    def concat_and_cache_mla(self, kv_c, k_pe, kv_cache, slot_mapping, stream=None):
+    def concat_and_cache_mla(self, kv_c: Array, k_pe: Array, kv_cache: Array, slot_mapping: Array,
+                             stream: Stream = None) -> None:
         """Writes kv_c [num_tokens, kv_lora_rank] and k_pe [num_tokens, qk_rope_head_dim]
         into the latent cache at slot_mapping (as reshape_and_cache's: host ints, or an
         int64 CUDA tensor for a CUDA layer; -1 skips)."""
@@ -1200,7 +1314,8 @@ class Layer(_Owned):
             _stream(stream, kv_cache, kv_c)))
         del slots
 
-    def mla_forward_mqa(self, meta, q, kv_cache, out_latent, q_pe=None, lse=None, stream=None):
+    def mla_forward_mqa(self, meta: Metadata, q: Array, kv_cache: Array, out_latent: Array,
+                        q_pe: Optional[Array] = None, lse: Optional[Array] = None, stream: Stream = None) -> Array:
         """Absorbed decode of the batch's decode tokens: q [.., num_heads, head_size] with
         q_pe None, or q_latent [.., num_heads, kv_lora_rank] plus q_pe [.., num_heads,
         qk_rope_head_dim]. Writes out_latent [.., num_heads, kv_lora_rank] and lse."""
@@ -1215,7 +1330,8 @@ class Layer(_Owned):
             _stream(stream, q, kv_cache)))
         return out_latent
 
-    def mla_forward_sparse(self, meta, q, kv_cache, indices, out_latent, q_pe=None, lse=None, stream=None):
+    def mla_forward_sparse(self, meta: Metadata, q: Array, kv_cache: Array, indices: Array, out_latent: Array,
+                           q_pe: Optional[Array] = None, lse: Optional[Array] = None, stream: Stream = None) -> Array:
         """Sparse MLA (DeepSeek-V3.2's DSA): every batch token attends, absorbed, only to
         the positions of its request its row of indices names: int32 [num_tokens, topk]
         (numpy, or a torch tensor where the layer's tensors live), -1 = padding; positions
@@ -1235,7 +1351,8 @@ class Layer(_Owned):
             _stream(stream, q, kv_cache)))
         return out_latent
 
-    def mla_forward_mha(self, meta, q, kv_cache, w_uk, w_uv, out, lse=None, stream=None):
+    def mla_forward_mha(self, meta: Metadata, q: Array, kv_cache: Array, w_uk: Array, w_uv: Array, out: Array,
+                        lse: Optional[Array] = None, stream: Stream = None) -> Array:
         """Up-projected prefill of the batch's prefill tokens: q [.., num_heads, qk_nope +
         qk_rope] (prefill rows in order), W_UK [num_heads, qk_nope, kv_lora_rank], W_UV
         [num_heads, kv_lora_rank, v_head_dim]; out [.., num_heads, v_head_dim]."""
@@ -1249,8 +1366,9 @@ class Layer(_Owned):
             _stream(stream, q, kv_cache)))
         return out
 
-    def mla_forward(self, meta, q_nope, q_pe, kv_cache, w_uk, w_uv, out=None, kv_c=None,
-                    k_pe=None, stream=None):
+    def mla_forward(self, meta: Metadata, q_nope: Array, q_pe: Array, kv_cache: Array, w_uk: Array,
+                    w_uv: Array, out: Optional[Array] = None, kv_c: Optional[Array] = None,
+                    k_pe: Optional[Array] = None, stream: Stream = None) -> Array:
         """The whole MLA attention of a built batch (decodes absorbed, prefills up-projected);
         kv_c/k_pe (both or neither) are written to the cache first. out [.., num_heads,
         v_head_dim] (allocated when None). Returns out."""
@@ -1283,8 +1401,9 @@ class Metadata(_Owned):
     defaults to the blocks of the cache it will index; required). MLA only:
     decode_threshold, num_kv_splits, workspace_bytes (0: defaults)."""
 
-    def __init__(self, layer, max_num_reqs, max_num_tokens, max_blocks_per_req, num_blocks,
-                 decode_threshold=0, num_kv_splits=0, workspace_bytes=0):
+    def __init__(self, layer: Layer, max_num_reqs: int, max_num_tokens: int, max_blocks_per_req: int,
+                 num_blocks: int, decode_threshold: int = 0, num_kv_splits: int = 0,
+                 workspace_bytes: int = 0) -> None:
         super().__init__()
         _need(layer, Layer, "layer", "Metadata")
         self.layer = layer
@@ -1305,12 +1424,13 @@ class Metadata(_Owned):
         self.layer._check(code)
 
     @property
-    def capacity(self):
+    def capacity(self) -> dict:
         """The capacity with every default resolved (dict)."""
         return _struct_dict(library().attn_metadata_capacity(self._live()).contents)
 
-    def build(self, query_start_loc, seq_lens, block_table, slot_mapping, causal=None,
-              stream=None, common_prefix_len=0, fast_build=False):
+    def build(self, query_start_loc: Array, seq_lens: Array, block_table: Array, slot_mapping: Array,
+              causal: Optional[bool] = None, stream: Stream = None, common_prefix_len: int = 0,
+              fast_build: bool = False) -> None:
         """Validates and copies a batch (host int arrays; torch tensors on a GPU are copied
         to the host): query_start_loc [num_reqs + 1], seq_lens [num_reqs], block_table
         [num_reqs, stride] (its row count may exceed num_reqs), slot_mapping
@@ -1364,7 +1484,7 @@ class Metadata(_Owned):
                                                   C.byref(batch), int(bool(fast_build))))
 
     @property
-    def mla_info(self):
+    def mla_info(self) -> dict:
         """The decode/prefill split of a built MLA batch (dict)."""
         info = attn_mla_info()
         self._check(library().attn_metadata_mla_info(self._live(), C.byref(info)))
@@ -1373,8 +1493,9 @@ class Metadata(_Owned):
 
 # ---- free functions --------------------------------------------------------------------
 
-def merge_attn_states(ctx, out_a, lse_a, out_b, lse_b, out=None, lse=None, base_a="e",
-                      base_b="e", base_out="e", stream=None):
+def merge_attn_states(ctx: Context, out_a: Array, lse_a: Array, out_b: Array, lse_b: Array,
+                      out: Optional[Array] = None, lse: Optional[Array] = None, base_a: Union[str, int] = "e",
+                      base_b: Union[str, int] = "e", base_out: Union[str, int] = "e", stream: Stream = None) -> Array:
     """out = merge((out_a, lse_a), (out_b, lse_b)) of two partial attention results:
     out_* [tokens, heads, head_size] of one dtype, lse_* float32 [tokens, heads] in base
     base_a / base_b ('e' or 2). out (allocated like out_a when None) may alias out_a or
@@ -1393,7 +1514,7 @@ def merge_attn_states(ctx, out_a, lse_a, out_b, lse_b, out=None, lse=None, base_
     return out
 
 
-def reorder_batch(query_lens, decode_threshold=0):
+def reorder_batch(query_lens: Array, decode_threshold: int = 0) -> Tuple[Any, int]:
     """Decodes-first order for an MLA batch: (perm, num_decodes), perm[new] = old, the
     requests with query_len <= decode_threshold (0: 1) first, with the fewest moves."""
     lens = _host_ints(query_lens, "query_lens", "reorder_batch", C.c_int32).reshape(-1)
@@ -1405,7 +1526,7 @@ def reorder_batch(query_lens, decode_threshold=0):
     return perm, num_decodes.value
 
 
-def mla_num_kv_splits(max_seq_len, parallelism, batch_invariant=False):
+def mla_num_kv_splits(max_seq_len: int, parallelism: int, batch_invariant: bool = False) -> int:
     """The split-KV count attn.h uses for MLA decode (see attn_mla_num_kv_splits)."""
     return library().attn_mla_num_kv_splits(int(max_seq_len), int(parallelism),
                                             int(bool(batch_invariant)))

@@ -87,6 +87,11 @@ static const attn_py_layout_entry attn_py__layout[] = {
     F(attn_mla_info, num_prefills), F(attn_mla_info, num_prefill_tokens),
     F(attn_mla_info, num_kv_splits), F(attn_mla_info, prefill_chunk),
 
+    S(attn_kernel_info), F(attn_kernel_info, kernel), F(attn_kernel_info, arch), F(attn_kernel_info, source),
+    F(attn_kernel_info, cubin_bytes), F(attn_kernel_info, registers), F(attn_kernel_info, shared_bytes),
+    F(attn_kernel_info, spill_stores), F(attn_kernel_info, spill_loads), F(attn_kernel_info, compile_ms),
+    F(attn_kernel_info, log),
+
     /* enums are C int: attn_h.py passes them as such */
     S(attn_status), S(attn_dtype), S(attn_backend_id),
     K(ATTN_MAX_DIMS), K(ATTN_SELECTION_MAX_SKIPPED), K(ATTN_OK),
@@ -103,6 +108,8 @@ static const attn_py_layout_entry attn_py__layout[] = {
     K(ATTN_SELECTION_AUTO), K(ATTN_SELECTION_CODE), K(ATTN_SELECTION_ENV),
     K(ATTN_CUDA_GRAPH_NEVER), K(ATTN_CUDA_GRAPH_UNIFORM_SINGLE_TOKEN_DECODE),
     K(ATTN_CUDA_GRAPH_UNIFORM_BATCH), K(ATTN_CUDA_GRAPH_ALWAYS),
+    K(ATTN_COPY_HOST_TO_DEVICE), K(ATTN_COPY_DEVICE_TO_HOST), K(ATTN_COPY_DEVICE_TO_DEVICE),
+    K(ATTN_KERNEL_COMPILED), K(ATTN_KERNEL_FROM_MEMORY), K(ATTN_KERNEL_FROM_DISK),
     K(ATTN_VERSION_MAJOR), K(ATTN_VERSION_MINOR), K(ATTN_VERSION_PATCH),
 };
 

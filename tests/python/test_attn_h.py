@@ -779,6 +779,72 @@ def test_mla_sparse(ctx, xp, kv):
         ctx.lines.clear()
 
 
+def test_public_surface_typed_and_documented():
+    """Every public callable of attn_h (Context, Layer, Metadata, the module functions) has
+    a docstring or is a property, and type hints on its parameters and return."""
+    import inspect
+    import typing
+    missing = []
+    items = [(n, f) for n, f in vars(attn_h).items() if inspect.isfunction(f) and not n.startswith("_")
+             and f.__module__ == attn_h.__name__ and n not in ("main", "load_library", "library", "check_layout")]
+    for cls in (attn_h.Context, attn_h.Layer, attn_h.Metadata):
+        for n, f in vars(cls).items():
+            if isinstance(f, property):
+                f = f.fget
+            if inspect.isfunction(f) and (not n.startswith("_") or n == "__init__"):
+                items.append(("%s.%s" % (cls.__name__, n), f))
+    for cls in (attn_h.Context, attn_h.Layer, attn_h.Metadata):   # close / closed are inherited
+        items += [("%s.close" % cls.__name__, cls.close), ("%s.closed" % cls.__name__, cls.closed.fget)]
+    for name, f in items:
+        hints = typing.get_type_hints(f, globalns=vars(attn_h))
+        params = [p for p in inspect.signature(f).parameters if p not in ("self",)]
+        if "return" not in hints or any(p not in hints for p in params):
+            missing.append(name)
+    assert not missing, "without type hints: %s" % ", ".join(sorted(set(missing)))
+
+
+def test_kernel_compile(ctx):
+    """NVRTC through Context.kernel_compile (no GPU needed): a variant's report, the memory
+    cache on a second call, a compile error raised with NVRTC's log."""
+    if not ctx.platform["nvrtc_version"]:
+        pytest.skip("no NVRTC: " + ctx.platform["nvrtc_reason"])
+    info = ctx.kernel_compile("merge.cu", "-DHEAD_DIM=128 -DDT=2", "sm_90")
+    assert info["kernel"] == "merge.cu" and info["arch"] == "sm_90"
+    assert info["source"] in ("compiled", "disk") and info["cubin_bytes"] > 0
+    assert info["registers"] > 0 and info["spill_stores"] == 0 and info["spill_loads"] == 0
+    again = ctx.kernel_compile("merge.cu", "-DHEAD_DIM=128 -DDT=2", "sm_90")
+    assert again["source"] == "memory"
+    assert ctx.kernel_compile_count <= 1
+    with pytest.raises(attn_h.AttnError, match="merge.cu"):
+        ctx.kernel_compile("merge.cu", "-DHEAD_DIM=128", "sm_90")                  # no DT: its #error
+    ctx.lines.clear()
+
+
+def test_cuda_memory(ctx):
+    """Context.cuda_malloc / cuda_memcpy / cuda_free / cuda_synchronize: a round trip on a
+    CUDA platform; elsewhere every call raises AttnError naming why. Bad kinds and short
+    arrays are refused by name before any copy."""
+    host = np.arange(64, dtype=np.float32)
+    with pytest.raises(attn_h.AttnError, match="kind"):
+        ctx.cuda_memcpy(0, host, host.nbytes, "host-to-device")
+    with pytest.raises(attn_h.AttnError, match="at least nbytes"):
+        ctx.cuda_memcpy(0, host[:4], host.nbytes, "h2d")
+    if ctx.platform["kind"] != "cuda":
+        with pytest.raises(attn_h.AttnError, match="CUDA"):
+            ctx.cuda_malloc(256)
+        ctx.lines.clear()
+        return
+    ctx.lines.clear()
+    ptr = ctx.cuda_malloc(host.nbytes)
+    assert ptr
+    ctx.cuda_memcpy(ptr, host, host.nbytes, "h2d")
+    back = np.zeros_like(host)
+    ctx.cuda_memcpy(back, ptr, host.nbytes, "d2h")
+    ctx.cuda_synchronize()
+    np.testing.assert_array_equal(back, host)
+    ctx.cuda_free(ptr)
+
+
 FP8_MLA = [dict(id="e4m3-bf16", kv_cache_dtype="fp8_e4m3", dtype="bfloat16"),
            dict(id="e5m2-f16", kv_cache_dtype="fp8_e5m2", dtype="float16")]
 
