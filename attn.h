@@ -2820,11 +2820,12 @@ static void attn__store_elem(void *p, attn_dtype dt, int64_t i, float x) {
    448 (at least FLT_MIN: an all-zero tile still has a finite scale), its codes as x /
    scale rounded to nearest even and saturated, as vLLM's concat_and_cache_ds_mla does. */
 #define ATTN__DS_MLA_ROW 656
-static void attn__ds_mla_row_load(const uint8_t *row, float *dst) { /* 576 values */
+static void attn__ds_mla_row_load(const uint8_t *row, float *dst, const float *lut) { /* 576 values; lut: the
+                                                                                   256 e4m3 values */
     float sc[4];
     int i;
     memcpy(sc, row + 512, sizeof sc);
-    for (i = 0; i < 512; i++) dst[i] = attn_fp8_e4m3_to_f32(row[i]) * sc[i >> 7];
+    for (i = 0; i < 512; i++) dst[i] = lut[row[i]] * sc[i >> 7];
     for (i = 0; i < 64; i++) {
         uint16_t b;
         memcpy(&b, row + 528 + 2 * i, 2);
@@ -6442,9 +6443,12 @@ static attn_status attn__cpu_mla_forward_mqa(const attn_backend *self, attn_laye
 
 /* One task: a query token and a group of ATTN__CPU_SPARSE_HEADS heads. Its indices' latent
    rows are gathered into the thread's scratch as f32 (dequantized: fp8 by the layer's
-   scale, fp8_ds_mla by its rows' scales), then each head's row attends them exactly:
-   s_j = q . k_j * scale, out = sum softmax(s)_j k_j[0 .. R), the sink in the denominator. */
+   scale, fp8_ds_mla by its rows' scales), then the group's heads attend them chunk by chunk
+   (ATTN__CPU_SPARSE_CHUNK keys, in L2 while every head of the group passes over them) with
+   an online softmax: s_j = q . k_j * scale, out = sum softmax(s)_j k_j[0 .. R), the sink
+   in the denominator. */
 #define ATTN__CPU_SPARSE_HEADS 16
+#define ATTN__CPU_SPARSE_CHUNK 64 /* keys a head group attends at a time (64 x 576 f32: 147 KiB, L2) */
 
 typedef struct attn__cpu_sparse {
     attn_context *ctx;
@@ -6454,6 +6458,7 @@ typedef struct attn__cpu_sparse {
     int has_q2, has_lse, topk, groups;
     const char *kv;
     float k_scale;
+    float e4m3[256];               /* fp8_ds_mla: every e4m3 code's value */
 } attn__cpu_sparse;
 
 static void attn__cpu_sparse_run(void *varg, int task, int thread) {
@@ -6465,7 +6470,7 @@ static void attn__cpu_sparse_run(void *varg, int task, int thread) {
     const int32_t *bt = a->b->block_table + (size_t)r * (size_t)a->b->block_table_stride;
     const int32_t *ix = (const int32_t *)a->idx.data + (size_t)t * (size_t)a->idx.strides[0];
     const size_t rb = attn__mla_row_bytes(d), qsz = attn_dtype_size(a->q.dtype), osz = attn_dtype_size(a->out.dtype);
-    float *K = a->ctx->scratch[thread], *S = K + (size_t)a->topk * (size_t)D, *qf = S + a->topk, *o = qf + D;
+    float *K = a->ctx->scratch[thread], *S = K + (size_t)a->topk * (size_t)D, *o = S + ATTN__CPU_SPARSE_CHUNK;
     int n = 0, k, h, j, x;
     for (k = 0; k < a->topk; k++) { /* gather the valid rows */
         const int p = ix[k];
@@ -6474,7 +6479,7 @@ static void attn__cpu_sparse_run(void *varg, int task, int thread) {
         if (p < 0 || p >= a->b->seq_lens[r]) continue; /* padding (the front door refused the rest) */
         row = a->kv + ((size_t)bt[p / d->block_size] * (size_t)d->block_size + (size_t)(p % d->block_size)) * rb;
         if (d->kv_cache_dtype == ATTN_DTYPE_FP8_DS_MLA) {
-            attn__ds_mla_row_load((const uint8_t *)row, dst);
+            attn__ds_mla_row_load((const uint8_t *)row, dst, a->e4m3);
         } else {
             attn__row_to_f32(row, d->kv_cache_dtype, dst, D, D);
             if (a->k_scale != 1.0f)
@@ -6482,34 +6487,61 @@ static void attn__cpu_sparse_run(void *varg, int task, int thread) {
         }
         n++;
     }
-    for (h = h0; h < h1; h++) {
-        float m = -INFINITY, l = 0.0f, inv, lse;
-        const char *qr = (const char *)a->q.data + (size_t)(t * a->q.strides[0] + h * a->q.strides[1]) * qsz;
-        char *orow = (char *)a->out.data + (size_t)(t * a->out.strides[0] + h * a->out.strides[1]) * osz;
-        if (a->has_q2) {
-            const char *pr = (const char *)a->q2.data + (size_t)(t * a->q2.strides[0] + h * a->q2.strides[1]) * qsz;
-            attn__row_to_f32(qr, a->q.dtype, qf, R, R);
-            attn__row_to_f32(pr, a->q2.dtype, qf + R, D - R, D - R);
-        } else {
-            attn__row_to_f32(qr, a->q.dtype, qf, D, D);
+    { /* keys in chunks that stay in L2 across the group's heads: online softmax per head */
+        const int nh = h1 - h0;
+        float *Q = o, *O = Q + (size_t)nh * (size_t)D, *M = O + (size_t)nh * (size_t)R, *L = M + nh;
+        for (h = 0; h < nh; h++) { /* the group's query rows (f32), running max, sum and output */
+            const char *qr = (const char *)a->q.data + (size_t)(t * a->q.strides[0] + (h0 + h) * a->q.strides[1]) * qsz;
+            float *qf2 = Q + (size_t)h * (size_t)D;
+            if (a->has_q2) {
+                const char *pr = (const char *)a->q2.data + (size_t)(t * a->q2.strides[0] + (h0 + h) * a->q2.strides[1]) * qsz;
+                attn__row_to_f32(qr, a->q.dtype, qf2, R, R);
+                attn__row_to_f32(pr, a->q2.dtype, qf2 + R, D - R, D - R);
+            } else {
+                attn__row_to_f32(qr, a->q.dtype, qf2, D, D);
+            }
+            M[h] = -INFINITY;
+            L[h] = 0.0f;
+            for (x = 0; x < R; x++) O[(size_t)h * (size_t)R + x] = 0.0f;
         }
-        for (j = 0; j < n; j++) {
-            S[j] = attn__dot(qf, K + (size_t)j * (size_t)D, D) * d->scale;
-            m = ATTN__MAX(m, S[j]);
+        for (k = 0; k < n; k += ATTN__CPU_SPARSE_CHUNK) {
+            const int kn = ATTN__MIN(ATTN__CPU_SPARSE_CHUNK, n - k);
+            for (h = 0; h < nh; h++) {
+                float mx = M[h], alpha, *oh = O + (size_t)h * (size_t)R;
+                for (j = 0; j < kn; j++) {
+                    S[j] = attn__dot(Q + (size_t)h * (size_t)D, K + (size_t)(k + j) * (size_t)D, D) * d->scale;
+                    mx = ATTN__MAX(mx, S[j]);
+                }
+                alpha = M[h] == -INFINITY ? 0.0f : expf(M[h] - mx);
+                if (alpha != 1.0f) {
+                    const attn__vf av = attn__vset1(alpha);
+                    for (x = 0; x < R; x += ATTN__W) attn__vst(oh + x, attn__vmul(av, attn__vld(oh + x)));
+                }
+                L[h] *= alpha;
+                M[h] = mx;
+                for (j = 0; j < kn; j++) {
+                    const float pj = expf(S[j] - mx), *kv = K + (size_t)(k + j) * (size_t)D;
+                    const attn__vf pv = attn__vset1(pj);
+                    L[h] += pj;
+                    for (x = 0; x < R; x += ATTN__W) attn__vst(oh + x, attn__vfma(pv, attn__vld(kv + x), attn__vld(oh + x)));
+                }
+            }
         }
-        if (d->sinks) m = ATTN__MAX(m, d->sinks[h]);
-        for (x = 0; x < R; x++) o[x] = 0.0f;
-        for (j = 0; j < n; j++) {
-            const float pj = expf(S[j] - m), *kv = K + (size_t)j * (size_t)D;
-            l += pj;
-            for (x = 0; x < R; x++) o[x] += pj * kv[x];
+        for (h = 0; h < nh; h++) { /* the sink joins the denominator; out and lse */
+            float m = M[h], l = L[h], w = 1.0f, inv, lse, *oh = O + (size_t)h * (size_t)R;
+            char *orow = (char *)a->out.data + (size_t)(t * a->out.strides[0] + (h0 + h) * a->out.strides[1]) * osz;
+            if (d->sinks) {
+                const float sk = d->sinks[h0 + h], mx = ATTN__MAX(m, sk);
+                w = m == -INFINITY ? 0.0f : expf(m - mx);
+                l = l * w + expf(sk - mx);
+                m = mx;
+            }
+            inv = l > 0.0f && n > 0 ? w / l : 0.0f; /* no key: out 0 (a sink alone weighs nothing) */
+            for (x = 0; x < R; x++) oh[x] *= inv;
+            attn__row_from_f32(oh, a->out.dtype, orow, R);
+            lse = l > 0.0f ? m + logf(l) : -INFINITY;
+            if (a->has_lse) ((float *)a->lse.data)[t * a->lse.strides[0] + (h0 + h) * a->lse.strides[1]] = lse;
         }
-        if (d->sinks) l += expf(d->sinks[h] - m);
-        inv = l > 0.0f && n > 0 ? 1.0f / l : 0.0f; /* no key: out 0 (a sink alone weighs nothing) */
-        for (x = 0; x < R; x++) o[x] *= inv;
-        attn__row_from_f32(o, a->out.dtype, orow, R);
-        lse = l > 0.0f ? m + logf(l) : -INFINITY;
-        if (a->has_lse) ((float *)a->lse.data)[t * a->lse.strides[0] + h * a->lse.strides[1]] = lse;
     }
 }
 
@@ -6522,6 +6554,7 @@ static attn_status attn__cpu_mla_forward_sparse(const attn_backend *self, attn_l
     attn__cpu_sparse a;
     float vs;
     attn_status st;
+    int i;
     (void)self;
     (void)stream;
     memset(&a, 0, sizeof a);
@@ -6536,8 +6569,11 @@ static attn_status attn__cpu_mla_forward_sparse(const attn_backend *self, attn_l
     a.topk = (int)indices->shape[1];
     a.groups = (d->num_heads + ATTN__CPU_SPARSE_HEADS - 1) / ATTN__CPU_SPARSE_HEADS;
     a.kv = (const char *)kv_cache->data;
+    for (i = 0; i < 256; i++) a.e4m3[i] = attn_fp8_e4m3_to_f32((uint8_t)i);
     if ((st = attn__kv_scales(layer->ctx, d, "attn_mla_forward_sparse", &a.k_scale, &vs)) != ATTN_OK) return st;
-    st = attn__scratch_reserve(layer->ctx, (size_t)a.topk * (size_t)(d->head_size + 1) + 2 * (size_t)d->head_size + 64);
+    /* K [topk][D], S [chunk], then the group's Q [heads][D], O [heads][R], M, L */
+    st = attn__scratch_reserve(layer->ctx, (size_t)a.topk * (size_t)d->head_size + ATTN__CPU_SPARSE_CHUNK +
+                                               (size_t)ATTN__CPU_SPARSE_HEADS * (size_t)(d->head_size + d->kv_lora_rank + 2) + 64);
     if (st != ATTN_OK) return st;
     attn__pool_run(layer->ctx->pool, attn__cpu_sparse_run, &a, a.b->num_actual_tokens * a.groups);
     return ATTN_OK;

@@ -714,6 +714,110 @@ static void bench_mla(attn_context *ctx, const bench_opts *o, attn_dtype dt, att
     free(cache_data);
 }
 
+/* Sparse MLA (attn_mla_forward_sparse, DeepSeek-V3.2's DSA): 4 decodes over BENCH_CONTEXT keys
+   each, every token attending 2048 distinct random positions of its request, 16 heads,
+   latent 576 bf16 and fp8_ds_mla (656-byte rows written by attn_concat_and_cache_mla);
+   GFLOP/s = 2 B H topk (576 + 512) / time. */
+static void bench_mla_sparse(attn_context *ctx, const bench_opts *o, attn_dtype cdt) {
+    enum { B = 4, H = 16, TOPK = 2048 };
+    const int bps = BENCH_CONTEXT / BENCH_MLA_BLOCK;
+    const int64_t num_blocks = (int64_t)B * bps;
+    attn_layer_desc d;
+    attn_layer *layer = NULL;
+    attn_metadata *meta = NULL;
+    attn_metadata_desc md;
+    attn_batch b;
+    attn_tensor cache, q, out, idx;
+    int64_t shape[ATTN_MAX_DIMS], sh[3];
+    int ndim, i, k, reps;
+    int32_t qsl[B + 1], seq_lens[B], *table, *ind, *perm;
+    void *cache_data, *q_data, *out_data;
+    double *t, med, gflops, t0;
+    bench_row *row;
+    memset(&d, 0, sizeof d);
+    d.num_heads = H; d.num_kv_heads = 1; d.head_size = BENCH_MLA_HEAD; d.dtype = ATTN_DTYPE_BF16;
+    d.kv_cache_dtype = cdt; d.block_size = BENCH_MLA_BLOCK; d.use_mla = 1; d.kv_lora_rank = BENCH_MLA_RANK;
+    d.qk_rope_head_dim = BENCH_MLA_ROPE; d.qk_nope_head_dim = BENCH_MLA_NOPE; d.v_head_dim = BENCH_MLA_V;
+    CHECK(ctx, attn_layer_create(ctx, &d, NULL, &layer));
+    CHECK(ctx, attn_layer_kv_cache_shape(layer, num_blocks, shape, &ndim));
+    cache_data = bench_alloc((size_t)num_blocks * BENCH_MLA_BLOCK * (size_t)shape[2] * attn_dtype_size(cdt));
+    cache = attn_tensor_make(cache_data, cdt, ndim, shape);
+    { /* every slot written from random latents through the library (fp8_ds_mla: its scales) */
+        const int64_t n = num_blocks * BENCH_MLA_BLOCK;
+        void *kc = bench_alloc((size_t)n * BENCH_MLA_RANK * 2), *kp = bench_alloc((size_t)n * BENCH_MLA_ROPE * 2);
+        int64_t *slots = (int64_t *)bench_alloc((size_t)n * 8), s2[2];
+        attn_tensor tc, tp;
+        fill_random(kc, ATTN_DTYPE_BF16, (size_t)n * BENCH_MLA_RANK, 81);
+        fill_random(kp, ATTN_DTYPE_BF16, (size_t)n * BENCH_MLA_ROPE, 82);
+        for (i = 0; i < n; i++) slots[i] = i;
+        s2[0] = n; s2[1] = BENCH_MLA_RANK;
+        tc = attn_tensor_make(kc, ATTN_DTYPE_BF16, 2, s2);
+        s2[1] = BENCH_MLA_ROPE;
+        tp = attn_tensor_make(kp, ATTN_DTYPE_BF16, 2, s2);
+        CHECK(ctx, attn_concat_and_cache_mla(layer, &tc, &tp, &cache, ATTN_SLOTS(slots, (int)n), NULL));
+        free(kc); free(kp); free(slots);
+    }
+    table = (int32_t *)bench_alloc((size_t)B * bps * 4);
+    for (i = 0; i < B * bps; i++) table[i] = i;
+    for (i = 0; i <= B; i++) qsl[i] = i;
+    for (i = 0; i < B; i++) seq_lens[i] = BENCH_CONTEXT;
+    memset(&md, 0, sizeof md);
+    md.max_num_reqs = B; md.max_num_tokens = B; md.max_blocks_per_req = bps; md.num_blocks = num_blocks;
+    CHECK(ctx, attn_metadata_create(layer, &md, &meta));
+    memset(&b, 0, sizeof b);
+    b.query_start_loc = qsl; b.seq_lens = seq_lens; b.block_table = table; b.block_table_stride = bps;
+    b.num_reqs = B; b.num_actual_tokens = B; b.max_query_len = 1; b.max_seq_len = BENCH_CONTEXT;
+    CHECK(ctx, attn_metadata_build(meta, 0, &b, 0));
+    ind = (int32_t *)bench_alloc((size_t)B * TOPK * 4);
+    perm = (int32_t *)bench_alloc((size_t)BENCH_CONTEXT * 4);
+    {
+        uint64_t seed = 91;
+        for (i = 0; i < B; i++) { /* TOPK distinct positions, shuffled */
+            for (k = 0; k < BENCH_CONTEXT; k++) perm[k] = k;
+            for (k = 0; k < TOPK; k++) {
+                int j;
+                seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+                j = k + (int)((seed >> 33) % (uint64_t)(BENCH_CONTEXT - k));
+                ind[(size_t)i * TOPK + k] = perm[j];
+                perm[j] = perm[k];
+            }
+        }
+    }
+    sh[0] = B; sh[1] = TOPK;
+    idx = attn_tensor_make(ind, ATTN_DTYPE_INT32, 2, sh);
+    q_data = bench_alloc((size_t)B * H * BENCH_MLA_HEAD * 2);
+    out_data = bench_alloc((size_t)B * H * BENCH_MLA_RANK * 2);
+    fill_random(q_data, ATTN_DTYPE_BF16, (size_t)B * H * BENCH_MLA_HEAD, 83);
+    sh[0] = B; sh[1] = H; sh[2] = BENCH_MLA_HEAD;
+    q = attn_tensor_make(q_data, ATTN_DTYPE_BF16, 3, sh);
+    sh[2] = BENCH_MLA_RANK;
+    out = attn_tensor_make(out_data, ATTN_DTYPE_BF16, 3, sh);
+    t0 = now_s();
+    CHECK(ctx, attn_mla_forward_sparse(layer, meta, &q, NULL, &cache, &idx, &out, NULL, NULL));
+    reps = reps_for(o, now_s() - t0, 0);
+    t = (double *)bench_alloc((size_t)reps * sizeof(double));
+    for (i = 0; i < reps; i++) {
+        t0 = now_s();
+        CHECK(ctx, attn_mla_forward_sparse(layer, meta, &q, NULL, &cache, &idx, &out, NULL, NULL));
+        t[i] = now_s() - t0;
+    }
+    check_finite(out_data, ATTN_DTYPE_BF16, (size_t)B * H * BENCH_MLA_RANK, "sparse MLA");
+    med = median(t, reps);
+    gflops = 2.0 * B * H * (double)TOPK * (BENCH_MLA_HEAD + BENCH_MLA_RANK) / med / 1e9;
+    row = row_add();
+    snprintf(row->name, sizeof row->name, "MLA sparse H=%d b=%d topk=%d, %s", H, B, TOPK, attn_dtype_name(cdt));
+    row->ms = med * 1e3;
+    snprintf(row->metric, sizeof row->metric, "%.1f GFLOP/s", gflops);
+    row->gflops = gflops;
+    row->other_cores = -1.0;
+    printf("%-40s %8.3f ms median  %7.1f GFLOP/s  %5.1f%% of FMA peak\n", row->name, med * 1e3, gflops,
+           100.0 * gflops / o->fma_gflops);
+    fflush(stdout);
+    attn_metadata_destroy(meta);
+    attn_layer_destroy(layer);
+    free(cache_data); free(table); free(ind); free(perm); free(q_data); free(out_data); free(t);
+}
+
 /* The 1-minute load average (Linux), or -1: other busy processes skew every number here. */
 static double load_average(void) {
     FILE *f = fopen("/proc/loadavg", "r");
@@ -969,6 +1073,8 @@ int main(int argc, char **argv) {
         bench_mla(ctx, &o, ATTN_DTYPE_BF16, ATTN_DTYPE_BF16);
         bench_mla(ctx, &o, ATTN_DTYPE_F16, ATTN_DTYPE_F16);
         bench_mla(ctx, &o, ATTN_DTYPE_BF16, ATTN_DTYPE_FP8_E4M3); /* fp8 latent, per-tensor scale */
+        bench_mla_sparse(ctx, &o, ATTN_DTYPE_BF16);
+        bench_mla_sparse(ctx, &o, ATTN_DTYPE_FP8_DS_MLA);
     }
 
     /* 3. The table. */
