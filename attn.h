@@ -10437,9 +10437,10 @@ ATTN_API attn_status attn_layer_forward(attn_layer *layer, const attn_metadata *
     return st;
 }
 
-static attn_status attn__check_mla_call(attn_layer *layer, const attn_metadata *meta, const char *fn) {
+/* sparse: the call is attn_mla_forward_sparse (the one MLA call that reads fp8_ds_mla and
+   takes sinks) */
+static attn_status attn__check_mla_call(attn_layer *layer, const attn_metadata *meta, const char *fn, int sparse) {
     attn_context *ctx = layer->ctx;
-    const int sparse = !strcmp(fn, "attn_mla_forward_sparse");
     if (!layer->desc.use_mla || !layer->backend->is_mla)
         return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_CALL_UNSUPPORTED,
                           "%s: the layer is not MLA (allowed: a layer created with use_mla = 1)", fn);
@@ -10458,28 +10459,20 @@ static attn_status attn__check_mla_call(attn_layer *layer, const attn_metadata *
     return attn__check_meta(layer, meta, fn);
 }
 
-ATTN_API attn_status attn_mla_forward_mqa(attn_layer *layer, const attn_metadata *meta,
-                                          const attn_tensor *q, const attn_tensor *q_pe,
-                                          const attn_tensor *kv_cache, attn_tensor *out_latent,
-                                          attn_tensor *lse, void *stream) {
-    attn_context *ctx = layer ? layer->ctx : NULL;
-    const char *fn = "attn_mla_forward_mqa";
-    const attn_layer_desc *d;
-    attn_device_kind dev;
+/* The checks the two absorbed (MQA over the latent) calls share: the call fits the layer
+   and meta, q [>= rows, H, D] or q_latent + q_pe, out_latent [>= rows, H, R], lse [>= rows,
+   H] if given, and the cache. */
+static attn_status attn__check_latent_call(attn_layer *layer, const attn_metadata *meta, const char *fn, int sparse,
+                                           int rows, const attn_tensor *q, const attn_tensor *q_pe,
+                                           const attn_tensor *kv_cache, const attn_tensor *out_latent,
+                                           const attn_tensor *lse) {
+    attn_context *ctx = layer->ctx;
+    const attn_layer_desc *d = &layer->desc;
+    const attn_device_kind dev = layer->backend->device;
     int64_t shape[3];
-    attn_status st;
-    int td;
-    if (!layer) return attn__null_arg(ctx, __func__, "layer");
-    if (!meta) return attn__null_arg(ctx, __func__, "meta");
-    if (!q) return attn__null_arg(ctx, __func__, "q");
-    if (!kv_cache) return attn__null_arg(ctx, __func__, "kv_cache");
-    if (!out_latent) return attn__null_arg(ctx, __func__, "out_latent");
-    st = attn__check_mla_call(layer, meta, fn);
+    attn_status st = attn__check_mla_call(layer, meta, fn, sparse);
     if (st != ATTN_OK) return st;
-    d = &layer->desc;
-    dev = layer->backend->device;
-    td = meta->mla.num_decode_tokens;
-    shape[0] = ATTN__AT_LEAST(td); shape[1] = d->num_heads;
+    shape[0] = ATTN__AT_LEAST(rows); shape[1] = d->num_heads;
     shape[2] = q_pe ? d->kv_lora_rank : d->head_size;
     st = attn__check_tensor(ctx, fn, "q", q, d->dtype, 3, shape, dev);
     if (st == ATTN_OK && q_pe) {
@@ -10492,11 +10485,29 @@ ATTN_API attn_status attn_mla_forward_mqa(attn_layer *layer, const attn_metadata
     if (st == ATTN_OK && lse) st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, dev);
     if (st == ATTN_OK && lse) st = attn__check_output_tensor(ctx, fn, "lse", lse);
     if (st == ATTN_OK) st = attn__check_kv_cache(layer, fn, kv_cache, 0);
+    if (st == ATTN_OK && kv_cache->shape[0] < meta->cap.num_blocks)
+        st = attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE,
+                        "%s: kv_cache.shape[0] is %lld (allowed: >= num_blocks %lld of the metadata)",
+                        fn, (long long)kv_cache->shape[0], (long long)meta->cap.num_blocks);
+    return st;
+}
+
+ATTN_API attn_status attn_mla_forward_mqa(attn_layer *layer, const attn_metadata *meta,
+                                          const attn_tensor *q, const attn_tensor *q_pe,
+                                          const attn_tensor *kv_cache, attn_tensor *out_latent,
+                                          attn_tensor *lse, void *stream) {
+    attn_context *ctx = layer ? layer->ctx : NULL;
+    const char *fn = "attn_mla_forward_mqa";
+    attn_status st;
+    int td;
+    if (!layer) return attn__null_arg(ctx, __func__, "layer");
+    if (!meta) return attn__null_arg(ctx, __func__, "meta");
+    if (!q) return attn__null_arg(ctx, __func__, "q");
+    if (!kv_cache) return attn__null_arg(ctx, __func__, "kv_cache");
+    if (!out_latent) return attn__null_arg(ctx, __func__, "out_latent");
+    td = meta->mla.num_decode_tokens;
+    st = attn__check_latent_call(layer, meta, fn, 0, td, q, q_pe, kv_cache, out_latent, lse);
     if (st != ATTN_OK) return st;
-    if (kv_cache->shape[0] < meta->cap.num_blocks)
-        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE,
-                          "%s: kv_cache.shape[0] is %lld (allowed: >= num_blocks %lld of the metadata)",
-                          fn, (long long)kv_cache->shape[0], (long long)meta->cap.num_blocks);
     if ((st = attn__check_graph(layer, meta, fn, stream, ATTN__PART_DECODES)) != ATTN_OK) return st;
     st = layer->backend->forward_mqa(layer->backend, layer, meta, q, q_pe, kv_cache, out_latent, lse, stream);
     if (st == ATTN_OK) attn__lse_to_base_e(layer, lse, td);
@@ -10509,9 +10520,8 @@ ATTN_API attn_status attn_mla_forward_sparse(attn_layer *layer, const attn_metad
                                              attn_tensor *out_latent, attn_tensor *lse, void *stream) {
     attn_context *ctx = layer ? layer->ctx : NULL;
     const char *fn = "attn_mla_forward_sparse";
-    const attn_layer_desc *d;
     attn_device_kind dev;
-    int64_t shape[3];
+    int64_t shape[2];
     attn_status st;
     int nt;
     if (!layer) return attn__null_arg(ctx, __func__, "layer");
@@ -10520,29 +10530,11 @@ ATTN_API attn_status attn_mla_forward_sparse(attn_layer *layer, const attn_metad
     if (!kv_cache) return attn__null_arg(ctx, __func__, "kv_cache");
     if (!indices) return attn__null_arg(ctx, __func__, "indices");
     if (!out_latent) return attn__null_arg(ctx, __func__, "out_latent");
-    st = attn__check_mla_call(layer, meta, fn);
-    if (st != ATTN_OK) return st;
-    d = &layer->desc;
-    dev = layer->backend->device;
     nt = meta->batch.num_actual_tokens;
-    shape[0] = ATTN__AT_LEAST(nt); shape[1] = d->num_heads;
-    shape[2] = q_pe ? d->kv_lora_rank : d->head_size;
-    st = attn__check_tensor(ctx, fn, "q", q, d->dtype, 3, shape, dev);
-    if (st == ATTN_OK && q_pe) {
-        shape[2] = d->qk_rope_head_dim;
-        st = attn__check_tensor(ctx, fn, "q_pe", q_pe, d->dtype, 3, shape, dev);
-    }
-    shape[2] = d->kv_lora_rank;
-    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out_latent", out_latent, d->dtype, 3, shape, dev);
-    if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out_latent", out_latent);
-    if (st == ATTN_OK && lse) st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, dev);
-    if (st == ATTN_OK && lse) st = attn__check_output_tensor(ctx, fn, "lse", lse);
-    if (st == ATTN_OK) st = attn__check_kv_cache(layer, fn, kv_cache, 0);
+    st = attn__check_latent_call(layer, meta, fn, 1, nt, q, q_pe, kv_cache, out_latent, lse);
     if (st != ATTN_OK) return st;
-    if (kv_cache->shape[0] < meta->cap.num_blocks)
-        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE,
-                          "%s: kv_cache.shape[0] is %lld (allowed: >= num_blocks %lld of the metadata)",
-                          fn, (long long)kv_cache->shape[0], (long long)meta->cap.num_blocks);
+    dev = layer->backend->device;
+    shape[0] = ATTN__AT_LEAST(nt);
     shape[1] = indices->ndim == 2 ? indices->shape[1] : 1;
     if (shape[1] < 1 || shape[1] > ATTN__SPARSE_TOPK_MAX)
         return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE,
@@ -10550,7 +10542,7 @@ ATTN_API attn_status attn_mla_forward_sparse(attn_layer *layer, const attn_metad
                           ATTN__SPARSE_TOPK_MAX);
     st = attn__check_tensor(ctx, fn, "indices", indices, ATTN_DTYPE_INT32, 2, shape, dev);
     if (st == ATTN_OK && dev == ATTN_DEVICE_CPU) st = attn__sparse_indices_check(meta, indices, fn);
-    if (st == ATTN_OK) st = attn__sinks_check(ctx, d, fn);
+    if (st == ATTN_OK) st = attn__sinks_check(ctx, &layer->desc, fn);
     if (st != ATTN_OK) return st;
     if ((st = attn__check_graph(layer, meta, fn, stream, ATTN__PART_DECODES)) != ATTN_OK) return st;
     st = layer->backend->forward_sparse(layer->backend, layer, meta, q, q_pe, kv_cache, indices, out_latent, lse,
@@ -10596,7 +10588,7 @@ ATTN_API attn_status attn_mla_forward_mha(attn_layer *layer, const attn_metadata
     if (!w_uk) return attn__null_arg(ctx, __func__, "w_uk");
     if (!w_uv) return attn__null_arg(ctx, __func__, "w_uv");
     if (!out) return attn__null_arg(ctx, __func__, "out");
-    st = attn__check_mla_call(layer, meta, fn);
+    st = attn__check_mla_call(layer, meta, fn, 0);
     if (st != ATTN_OK) return st;
     d = &layer->desc;
     dev = layer->backend->device;
@@ -10639,7 +10631,7 @@ ATTN_API attn_status attn_mla_forward(attn_layer *layer, const attn_metadata *me
     if (!w_uk) return attn__null_arg(ctx, __func__, "w_uk");
     if (!w_uv) return attn__null_arg(ctx, __func__, "w_uv");
     if (!out) return attn__null_arg(ctx, __func__, "out");
-    st = attn__check_mla_call(layer, meta, fn);
+    st = attn__check_mla_call(layer, meta, fn, 0);
     if (st != ATTN_OK) return st;
     d = &layer->desc;
     b = attn_metadata_batch(meta);

@@ -321,7 +321,10 @@ static void sp_case(spcase *c, int k, rng *r) {
     c->seed = 1000u + (unsigned)k;
 }
 
-ATTN_TEST(test_mla_sparse_matches_float64) {
+static int sp_run_cuda(spworld *w, const spcase *c, const char *what);
+
+/* The 9 random cases of sp_case, each world run on the CPU or (cuda) the GPU layer. */
+static void sp_cases(int cuda) {
     rng r;
     int k;
     rng_seed(&r, 0x5a5e);
@@ -335,11 +338,15 @@ ATTN_TEST(test_mla_sparse_matches_float64) {
             sp_free(&w);
             continue;
         }
-        snprintf(what, sizeof what, "case %d (H %d, %s cache, topk %d, %d tokens)", k, c.heads,
+        snprintf(what, sizeof what, "%scase %d (H %d, %s cache, topk %d, %d tokens)", cuda ? "CUDA " : "", k, c.heads,
                  attn_dtype_name(w.d.kv_cache_dtype), c.topk, w.ntok);
-        EXPECT_EQ_INT(sp_run_cpu(&w, &c, what), 0);
+        EXPECT_EQ_INT(cuda ? sp_run_cuda(&w, &c, what) : sp_run_cpu(&w, &c, what), 0);
         sp_free(&w);
     }
+}
+
+ATTN_TEST(test_mla_sparse_matches_float64) {
+    sp_cases(0);
 }
 
 /* The fp8_ds_mla bytes as the format defines them: codes of x / (max|tile| / 448), the
@@ -618,8 +625,6 @@ done:
 ATTN_TEST(test_mla_sparse_cuda_matches_float64) {
     attn_context *probe = attn_test_context(NULL, ATTN_LOG_LEVEL_NONE, 1);
     const char *why = sp_no_gpu(probe);
-    rng r;
-    int k;
     if (why) {
         static char reason[256];
         snprintf(reason, sizeof reason, "%s", why);
@@ -627,22 +632,7 @@ ATTN_TEST(test_mla_sparse_cuda_matches_float64) {
         SKIP(reason);
     }
     attn_context_destroy(probe);
-    rng_seed(&r, 0x5a5e);
-    for (k = 0; k < 9; k++) {
-        spcase c;
-        spworld w;
-        char what[96];
-        sp_case(&c, k, &r);
-        if (!sp_open(&w, &c)) {
-            attn_test_fail(__FILE__, __LINE__, "case %d: world", k);
-            sp_free(&w);
-            continue;
-        }
-        snprintf(what, sizeof what, "CUDA case %d (H %d, %s cache, topk %d, %d tokens)", k, c.heads,
-                 attn_dtype_name(w.d.kv_cache_dtype), c.topk, w.ntok);
-        EXPECT_EQ_INT(sp_run_cuda(&w, &c, what), 0);
-        sp_free(&w);
-    }
+    sp_cases(1);
 }
 
 void suite_mla_sparse(void) {

@@ -941,7 +941,7 @@ static void cuda_mla_sparse_rows(attn_context *ctx, cuda_bench *cb, mla_call *c,
                                  int H, void *d_q, void *d_qpe, void *d_out, double read_best, double mm) {
     static const int batches[] = {1, 32, 128};
     const int topk = 2048, C = 8192;
-    int bi, i, k;
+    int bi, i;
     for (bi = 0; bi < 3; bi++) {
         const int B = batches[bi];
         const double flops = 2.0 * B * H * (double)topk * (MB_D + MB_R);
@@ -952,18 +952,8 @@ static void cuda_mla_sparse_rows(attn_context *ctx, cuda_bench *cb, mla_call *c,
         int64_t ish[2];
         double med, tf, gbs;
         bench_row *row;
-        unsigned seed = 77;
         for (i = 0; i < B; i++) { ql[i] = 1; sl[i] = C; }
-        for (i = 0; i < B; i++) { /* topk distinct positions, shuffled */
-            for (k = 0; k < C; k++) perm[k] = k;
-            for (k = 0; k < topk; k++) {
-                int j;
-                seed = seed * 1664525u + 1013904223u;
-                j = k + (int)((seed >> 8) % (unsigned)(C - k));
-                hidx[(size_t)i * topk + k] = perm[j];
-                perm[j] = perm[k];
-            }
-        }
+        bench_topk_positions(hidx, B, topk, C, perm, 77);
         CHECK(ctx, attn_cuda_malloc(ctx, (size_t)B * topk * 4, &d_idx));
         CHECK(ctx, attn_cuda_memcpy(ctx, d_idx, hidx, (size_t)B * topk * 4, ATTN_COPY_HOST_TO_DEVICE, NULL));
         c->nsets = 2;

@@ -729,7 +729,7 @@ static void bench_mla_sparse(attn_context *ctx, const bench_opts *o, attn_dtype 
     attn_batch b;
     attn_tensor cache, q, out, idx;
     int64_t shape[ATTN_MAX_DIMS], sh[3];
-    int ndim, i, k, reps;
+    int ndim, i, reps;
     int32_t qsl[B + 1], seq_lens[B], *table, *ind, *perm;
     void *cache_data, *q_data, *out_data;
     double *t, med, gflops, t0;
@@ -770,19 +770,7 @@ static void bench_mla_sparse(attn_context *ctx, const bench_opts *o, attn_dtype 
     CHECK(ctx, attn_metadata_build(meta, 0, &b, 0));
     ind = (int32_t *)bench_alloc((size_t)B * TOPK * 4);
     perm = (int32_t *)bench_alloc((size_t)BENCH_CONTEXT * 4);
-    {
-        uint64_t seed = 91;
-        for (i = 0; i < B; i++) { /* TOPK distinct positions, shuffled */
-            for (k = 0; k < BENCH_CONTEXT; k++) perm[k] = k;
-            for (k = 0; k < TOPK; k++) {
-                int j;
-                seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-                j = k + (int)((seed >> 33) % (uint64_t)(BENCH_CONTEXT - k));
-                ind[(size_t)i * TOPK + k] = perm[j];
-                perm[j] = perm[k];
-            }
-        }
-    }
+    bench_topk_positions(ind, B, TOPK, BENCH_CONTEXT, perm, 91);
     sh[0] = B; sh[1] = TOPK;
     idx = attn_tensor_make(ind, ATTN_DTYPE_INT32, 2, sh);
     q_data = bench_alloc((size_t)B * H * BENCH_MLA_HEAD * 2);

@@ -76,6 +76,22 @@ static inline void bench_check(attn_context *ctx, attn_status st, const char *wh
 /* Random values in [-1, 1) in the given dtype. For large f16/bf16 buffers the values come
    from a 64 Ki-entry table of converted random floats (converting 300M elements one by one
    would dominate the run); every element is still independently drawn. */
+/* Sparse MLA's indices: for each of `rows` tokens, topk distinct positions of 0 .. ctx - 1 in
+   random order (a partial Fisher-Yates shuffle; perm: ctx ints of scratch). */
+static inline void bench_topk_positions(int32_t *out, int rows, int topk, int ctx, int32_t *perm, uint64_t seed) {
+    int i, k;
+    for (i = 0; i < rows; i++) {
+        for (k = 0; k < ctx; k++) perm[k] = k;
+        for (k = 0; k < topk; k++) {
+            int j;
+            seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+            j = k + (int)((seed >> 33) % (uint64_t)(ctx - k));
+            out[(size_t)i * (size_t)topk + (size_t)k] = perm[j];
+            perm[j] = perm[k];
+        }
+    }
+}
+
 static inline void fill_random(void *data, attn_dtype dt, size_t n, uint64_t seed) {
     uint64_t s = rng_seed(seed);
     size_t i;
