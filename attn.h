@@ -8253,6 +8253,20 @@ static int attn__cuda_check(const attn_backend *self, const attn_layer_desc *d, 
                   attn_dtype_name(d->kv_cache_dtype));
         return 1;
     }
+    /* past 256 two warp groups split O's columns (paged_attention.cu, WIDE HEADS): tensor
+       cores only, halves of whole 16-column fragments */
+    if (d->head_size > 256 && d->head_size % 32 != 0) {
+        attn__fmt(reason, size, "head_size %d (allowed: multiples of 8 up to 256, of 32 from 288 to 512; the "
+                  "CPU backend takes the others)", d->head_size);
+        return 1;
+    }
+    if (d->head_size > 256 && !attn__dtypes[d->kv_cache_dtype].cache_only &&
+        (d->dtype != d->kv_cache_dtype || d->dtype == ATTN_DTYPE_F32)) {
+        attn__fmt(reason, size, "head_size %d with dtype %s and kv_cache_dtype %s (allowed past 256: one 16-bit "
+                  "type for both, or an 8-bit cache: the tensor-core kernels; the CPU backend takes the others)",
+                  d->head_size, attn_dtype_name(d->dtype), attn_dtype_name(d->kv_cache_dtype));
+        return 1;
+    }
     return 0;
 }
 
@@ -8299,10 +8313,15 @@ static int attn__cuda_warp_rows(const attn_layer_desc *d) {
     return ((t * group + 15) / 16) % 2 == 0 ? 2 : 1;
 }
 
-/* sm90: the CUDA_SM90 layer's prefill kernel (128 rows per CTA, two warpgroups) */
-static int attn__cuda_tile_tokens(const attn_layer_desc *d, int prefill, int sm90) {
+/* sm90: the CUDA_SM90 layer's prefill kernel (128 rows per CTA, two warpgroups). Heads past
+   256 (WIDE HEADS): 64-row prefill tiles need 196 KiB of shared memory (Q, two stages of 32
+   K and V rows of 1 KiB, or the epilogue's f32 O); with less per block (sm_80's 163 KiB),
+   32 rows and 16-key tiles (the kernel's own choice there). */
+static int attn__cuda_tile_tokens(const attn_layer_desc *d, const attn_platform *plat, int prefill, int sm90) {
     int group = d->num_heads / d->num_kv_heads;
-    int t = (prefill ? (sm90 || attn__cuda_warp_rows(d) == 2 ? 128 : 64) : 16) / group;
+    int rows = !prefill ? 16 : sm90 || attn__cuda_warp_rows(d) == 2 ? 128
+               : d->head_size > 256 && plat->cuda_shared_per_block < 200 * 1024 ? 32 : 64;
+    int t = rows / group;
     return t > 0 ? t : 1;
 }
 
@@ -8353,7 +8372,7 @@ static void attn__cuda_layer_variants(const attn_layer_desc *d, const attn_platf
         int n = attn__fmt(opt[pass], 256, "-DHEAD_DIM=%d -DBLOCK_SIZE=%d -DGROUP=%d -DDT_Q=%d -DDT_KV=%d "
                           "-DTILE_TOKENS=%d -DWINDOW=%d", d->head_size, d->block_size, group,
                           attn__cuda_dt(d->dtype), attn__cuda_dt(d->kv_cache_dtype),
-                          attn__cuda_tile_tokens(d, pass, pass && sm90), d->sliding_window > 0);
+                          attn__cuda_tile_tokens(d, plat, pass, pass && sm90), d->sliding_window > 0);
         if (d->kv_scale_kind == ATTN_KV_SCALE_PER_TOKEN_HEAD) /* the 8-bit caches' scale layout */
             n += attn__fmt(opt[pass] + n, 256 - (size_t)n, " -DKV_PTH=1");
         if (!(pass && sm90)) /* paged_attention.cu's features (CUDA_SM90's scope has neither) */
@@ -9172,7 +9191,7 @@ static const attn_backend attn__cuda_backend = {
     ATTN_DTYPE_BIT(ATTN_DTYPE_F32) | ATTN_DTYPE_BIT(ATTN_DTYPE_F16) | ATTN_DTYPE_BIT(ATTN_DTYPE_BF16) |
         ATTN_DTYPE_BIT(ATTN_DTYPE_FP8_E4M3) | ATTN_DTYPE_BIT(ATTN_DTYPE_FP8_E5M2) |
         ATTN_DTYPE_BIT(ATTN_DTYPE_INT8), /* caches: fp8 per tensor, int8 / fp8_e4m3 per token and head */
-    8, 256, 8,                /* head sizes: multiples of 8 up to 256 (the kernels' register tiles) */
+    8, 512, 8,                /* head sizes: multiples of 8 up to 256, of 32 up to 512 (attn__cuda_check) */
     16, 0,                    /* block sizes: any multiple of 16 */
     1, 1, 1, 1,               /* non-causal, sliding window, soft cap, ALiBi */
     1,                        /* attention sinks */
@@ -11399,7 +11418,7 @@ static const char *const attn__kernel_src_cache_write_cu[] = {
     "       (KV_PTH 1, int8 / e4m3): a warp per (token, K or V, head) row computes amax (a NaN\n",
     "       anywhere makes it NaN), scale = amax / 127 (int8) or / 448 (e4m3), stores\n",
     "       code(x / scale) (0 where scale is 0) and the scale in the block half's scale plane\n",
-    "       (layout: paged_attention.cu, 8-BIT CACHES); HEAD_DIM <= 256.\n",
+    "       (layout: paged_attention.cu, 8-BIT CACHES); HEAD_DIM <= 512.\n",
     "\n",
     "   attn_concat_and_cache_mla                       defines: KV_LORA_RANK ROPE_DIM DT_IN DT_CACHE\n",
     "       kv_c [tokens, KV_LORA_RANK] and k_pe [tokens, ROPE_DIM] (token strides in elements)\n",
@@ -11512,8 +11531,8 @@ static const char *const attn__kernel_src_cache_write_cu[] = {
     "#endif\n",
     "\n",
     "#if ATTN_CACHE8 && KV_PTH\n",
-    "#if HEAD_DIM > 256\n",
-    "#error \"cache_write.cu: per-token-head scales take HEAD_DIM <= 256\"\n",
+    "#if HEAD_DIM > 512\n",
+    "#error \"cache_write.cu: per-token-head scales take HEAD_DIM <= 512\"\n",
     "#endif\n",
     "/* NaN-sticky max (the CPU's amax loop) */\n",
     "ATTN_DEV float attn_amax2(float a, float b) { return a != a || b != b ? __int_as_float(0x7fc00000) : fmaxf(a, b); }\n",
@@ -11533,19 +11552,26 @@ static const char *const attn__kernel_src_cache_write_cu[] = {
     "                                   : (const char *)p.key + (t * p.key_stride_token + h * p.key_stride_head) * attn_elem<DT_IN>::size;\n",
     "            char *base = (char *)p.kv_cache + blk * 2 * half + side * half;\n",
     "            const attn_i64 x = off * p.num_kv_heads + h; /* row in the block half */\n",
-    "            float f[8];\n",
+    "            constexpr int CPL = (HEAD_DIM / 8 + 31) / 32; /* 8-element chunks per lane: 2 past 256 */\n",
+    "            float f[CPL][8];\n",
     "            float amax = 0.0f;\n",
-    "            const int has = lane < HEAD_DIM / 8;\n",
-    "            if (has) {\n",
-    "                const char *s = src + (attn_i64)lane * 8 * attn_elem<DT_IN>::size;\n",
-    "                attn_load8_in(s, attn_aligned16(s), f);\n",
     "#pragma unroll\n",
-    "                for (int i = 0; i < 8; i++) amax = attn_amax2(amax, fabsf(f[i]));\n",
+    "            for (int k = 0; k < CPL; k++) {\n",
+    "                const int c = lane + 32 * k;\n",
+    "                if (c < HEAD_DIM / 8) {\n",
+    "                    const char *s = src + (attn_i64)c * 8 * attn_elem<DT_IN>::size;\n",
+    "                    attn_load8_in(s, attn_aligned16(s), f[k]);\n",
+    "#pragma unroll\n",
+    "                    for (int i = 0; i < 8; i++) amax = attn_amax2(amax, fabsf(f[k][i]));\n",
+    "                }\n",
     "            }\n",
     "#pragma unroll\n",
     "            for (int o = 16; o > 0; o >>= 1) amax = attn_amax2(amax, __shfl_xor_sync(0xffffffffu, amax, o));\n",
     "            const float scale = amax / qmax; /* NaN or inf rows read back NaN */\n",
-    "            if (has) attn_store8_codes(base + x * HEAD_DIM + lane * 8, f, scale, !(scale > 0.0f));\n",
+    "#pragma unroll\n",
+    "            for (int k = 0; k < CPL; k++)\n",
+    "                if (lane + 32 * k < HEAD_DIM / 8)\n",
+    "                    attn_store8_codes(base + x * HEAD_DIM + (lane + 32 * k) * 8, f[k], scale, !(scale > 0.0f));\n",
     "            if (lane == 0) *(float *)(base + (attn_i64)p.block_size * p.num_kv_heads * HEAD_DIM + x * 4) = scale;\n",
     "        }\n",
     "    }\n",
@@ -13856,7 +13882,8 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "   DEFINES (every one a compile-time constant; the host compiles one variant per layer)\n",
     "   =====================================================================================\n",
     "   required  HEAD_DIM     multiple of 8, 8..256 (run against the CPU on an H200: 64, 80,\n",
-    "                          96, 120, 128, 256; 120 takes the zero-column path)\n",
+    "                          96, 120, 128, 256; 120 takes the zero-column path), or a\n",
+    "                          multiple of 32 in 288..512 with tensor cores (WIDE HEADS)\n",
     "             BLOCK_SIZE   cache block size, a multiple of 16 (any; tiles need not align)\n",
     "             GROUP        query heads per KV head (num_heads / num_kv_heads), >= 1\n",
     "             DT_Q         q/out element type: 0 f32, 1 f16, 2 bf16\n",
@@ -14023,11 +14050,30 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "   Q rows need no alignment here (read element by element, once per CTA).\n",
     "\n",
     "   =====================================================================================\n",
+    "   WIDE HEADS (HEAD_DIM 288..512, Gemma-class 512)\n",
+    "   =====================================================================================\n",
+    "   A warp keeps O for its 16 rows in registers: HEAD_DIM / 8 n8 tiles x 4 floats, 128\n",
+    "   registers at 256, 256 at 512 (the whole register file). Past 256 the CTA's warps come in\n",
+    "   two column groups (VSPLIT 2): warp group wv keeps O's columns [wv * HEAD_DIM / 2, (wv + 1)\n",
+    "   * HEAD_DIM / 2) and reads only that half of each V row from shared memory in P V. K and\n",
+    "   V are copied into shared memory once for both groups (every byte of the cache is still\n",
+    "   read once), and each group computes the full S = Q K^T over all HEAD_DIM dims of its\n",
+    "   rows and keys itself: the two groups' scores, maxima and sums are the same numbers (the\n",
+    "   same instructions on the same operands), so each has the softmax it needs without an\n",
+    "   exchange, at the cost of S computed twice (a decode tile waits on memory, not on the\n",
+    "   mma; a prefill tile pays 3/2 of the FLOPs: docs/PERF.md, issue 23 (5)). The epilogue\n",
+    "   writes each group's half of O into the same shared rows (m and l once, from group 0)\n",
+    "   and from there on nothing differs. Q is read from shared memory per K/V tile (Q_IN_REGS\n",
+    "   0), tiles are 32 keys (16 on sm_80 for tiles of more than one row tile: its 163 KiB),\n",
+    "   two warps split a decode tile's keys (WARPS_N 2: four warps in all).\n",
+    "\n",
+    "   =====================================================================================\n",
     "   INSIDE A CTA\n",
     "   =====================================================================================\n",
     "   Rows: the CTA's ROWS = TILE_TOKENS * GROUP query rows (row R = token R / GROUP, head\n",
     "   member R % GROUP; rows of tokens >= ntok are padding, zero Q, never stored), padded to\n",
-    "   ROW_TILES * 16. Warp w = wm * WARPS_N + wn owns row tiles wm * WARP_ROWS ..\n",
+    "   ROW_TILES * 16. Warp w = (wv * ROW_TILES / WARP_ROWS + wm) * WARPS_N + wn (wv: the\n",
+    "   column group of WIDE HEADS, 0 below 288) owns row tiles wm * WARP_ROWS ..\n",
     "   wm * WARP_ROWS + WARP_ROWS - 1 (16 rows each, the M of mma) and key slice wn: keys\n",
     "   [wn * KW, (wn + 1) * KW) of every K/V tile, KW = KV_TILE / WARPS_N; the CTA has\n",
     "   ROW_TILES / WARP_ROWS * WARPS_N warps (attn_paged_config.threads / 32). So a decode CTA (one\n",
@@ -14140,7 +14186,7 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "                         tile_tokens = TILE_TOKENS;\n",
     "    static constexpr bool window = WINDOW != 0, softcap = SOFTCAP != 0, alibi = ALIBI != 0, kv_pth = KV_PTH != 0;\n",
     "    static constexpr bool kv8 = ATTN_DT_IS_8BIT(DT_KV);\n",
-    "    static_assert(head_dim % 8 == 0 && head_dim >= 8 && head_dim <= 256, \"paged_attention.cu: HEAD_DIM must be a multiple of 8 in 8..256\");\n",
+    "    static_assert(head_dim % 8 == 0 && head_dim >= 8 && head_dim <= 512, \"paged_attention.cu: HEAD_DIM must be a multiple of 8 in 8..256 (or of 32 in 288..512)\");\n",
     "    static_assert(block_size % 16 == 0 && block_size > 0, \"paged_attention.cu: BLOCK_SIZE must be a positive multiple of 16\");\n",
     "    static_assert(dt_q >= 0 && dt_q <= 2 && dt_kv >= 0 && dt_kv <= 6 && dt_kv != 3, \"paged_attention.cu: DT_Q must be 0-2, DT_KV 0-2 or 4-6\");\n",
     "    static_assert(!kv_pth || dt_kv == ATTN_DT_E4M3 || dt_kv == ATTN_DT_I8, \"paged_attention.cu: KV_PTH 1 takes DT_KV 4 (fp8 e4m3) or 6 (int8)\");\n",
@@ -14154,6 +14200,13 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "    /* element types: tensor cores for equal 16-bit types and every 8-bit cache (f16 mma);\n",
     "       the FMA form otherwise */\n",
     "    static constexpr bool use_mma = kv8 || (dt_q == dt_kv && dt_q != ATTN_DT_F32);\n",
+    "    /* WIDE HEADS: two warp groups split O's columns past 256 */\n",
+    "    static_assert(head_dim <= 256 || (head_dim % 32 == 0 && use_mma),\n",
+    "                  \"paged_attention.cu: HEAD_DIM over 256 takes a multiple of 32 and the tensor-core forms \"\n",
+    "                  \"(DT_Q == DT_KV, 16-bit, or an 8-bit cache)\");\n",
+    "    static constexpr int vsplit = head_dim > 256 ? 2 : 1; /* warp groups along O's columns */\n",
+    "    static constexpr int ovw = head_dim / vsplit;         /* O columns a warp keeps */\n",
+    "    static constexpr int otw = ovw / 8;                   /* its n8 tiles of O */\n",
     "    static constexpr int dt_m = kv8 ? ATTN_DT_F16 : dt_q; /* the mma's input type */\n",
     "    static constexpr int esz_q = dt_q == ATTN_DT_F32 ? 4 : 2;\n",
     "    static constexpr int esz_sq = kv8 ? 2 : esz_q; /* Q in shared memory: f16 for 8-bit caches */\n",
@@ -14175,10 +14228,11 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "    static constexpr int warp_rows = WARP_ROWS == 2 && use_mma && row_tiles % 2 == 0 && head_dim <= 128 && !softcap &&\n",
     "                                             !alibi && (head_dim % 16 == 0 || __CUDA_ARCH__ >= 900) ? 2 : 1;\n",
     "    static constexpr int warps_n = WARPS_N > 0 ? WARPS_N\n",
+    "                                   : vsplit > 1 ? (row_tiles == 1 ? 2 : 1)\n",
     "                                   : use_mma || !big_rows ? (row_tiles == 1 ? 4 : row_tiles == 2 ? 2 : 1)\n",
     "                                                          : (row_tiles <= 2 ? 2 : 1);\n",
     "    static constexpr int warp_rt = row_tiles / warp_rows; /* warps along the rows */\n",
-    "    static constexpr int warps = warp_rt * warps_n, threads = 32 * warps;\n",
+    "    static constexpr int warps = warp_rt * warps_n * vsplit, threads = 32 * warps;\n",
     "    static_assert(threads <= 512, \"paged_attention.cu: more than 16 warps; lower WARPS_N\");\n",
     "\n",
     "    /* key tiles. 8-bit decode shapes on sm_90 (H200, 32/8 heads, head 128, attn-bench's\n",
@@ -14191,11 +14245,12 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "    static constexpr bool kv8_decode90 = kv8 && row_tiles == 1 && __CUDA_ARCH__ >= 900 && head_dim <= 128;\n",
     "    static constexpr int kv_tile = KV_TILE > 0 ? KV_TILE\n",
     "                                   : kv8_decode90 ? 128\n",
+    "                                   : vsplit > 1 ? (__CUDA_ARCH__ >= 900 || row_tiles == 1 ? 32 : 16)\n",
     "                                   : use_mma ? attn_cmax(16 * warps_n, head_dim <= 128 ? 64 : 32)\n",
     "                                             : attn_cmax(8 * warps_n, big_rows ? 16 : 32);\n",
     "    static constexpr int kw = kv_tile / warps_n; /* keys of a tile per warp */\n",
     "    static constexpr int nt = kw / 8;            /* n8 tiles of S per warp */\n",
-    "    static constexpr int ot = head_dim / 8;      /* n8 tiles of O per warp */\n",
+    "    static constexpr int ot = head_dim / 8;      /* n8 tiles of a row of O (otw of them per warp) */\n",
     "    static_assert(kv_tile % warps_n == 0 && kw % (use_mma ? 16 : 8) == 0,\n",
     "                  \"paged_attention.cu: KV_TILE / WARPS_N must be a multiple of 16 (tensor cores) or 8 (FMA)\");\n",
     "    /* two row tiles of Q are 64 registers at head 128 (FlashAttention-2 too reads Q from\n",
@@ -14671,14 +14726,15 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "   of dims 2g and 2g + 1 of a 16-dim block; the even ones make the B fragment of an n8 tile\n",
     "   of the even dims, the odd ones of the odd dims: O's tiles 4q .. 4q + 3 hold dims\n",
     "   32q + {even, odd} and 32q + 16 + {even, odd} (the epilogue puts them back in order).\n",
-    "   FMA form: P of key 8n + 2src + e for rows g and g + 8 lives in lane 4g + src (shuffles). */\n",
+    "   FMA form: P of key 8n + 2src + e for rows g and g + 8 lives in lane 4g + src (shuffles).\n",
+    "   WIDE HEADS: the warp's O columns start at wv * OVW (the V rows' half of its group). */\n",
     "template <class T>\n",
-    "ATTN_DEV void attn_paged_pv(float (&o)[T::warp_rows][T::ot][4], const float (&s)[T::warp_rows][T::nt][4],\n",
-    "                            const attn_paged_smem<T> &sm, int stage, int lane, int wn) {\n",
+    "ATTN_DEV void attn_paged_pv(float (&o)[T::warp_rows][T::otw][4], const float (&s)[T::warp_rows][T::nt][4],\n",
+    "                            const attn_paged_smem<T> &sm, int stage, int lane, int wn, int wv) {\n",
     "    const int tq = lane & 3;\n",
     "    if constexpr (T::kv8) {\n",
     "        const attn_u32 v8_lane = (attn_u32)(((lane & 7) + (((lane >> 3) & 1) << 3)) * T::srow + (lane >> 4) * 16);\n",
-    "        const attn_u32 vb = sm.v_addr() + (attn_u32)((stage * T::kv_tile + wn * T::kw) * T::srow) + v8_lane;\n",
+    "        const attn_u32 vb = sm.v_addr() + (attn_u32)((stage * T::kv_tile + wn * T::kw) * T::srow + wv * T::ovw) + v8_lane;\n",
     "#pragma unroll\n",
     "        for (int kk = 0; kk < T::kw / 16; kk++) {\n",
     "            attn_u32 a[T::warp_rows][4];\n",
@@ -14686,9 +14742,9 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "            for (int wr = 0; wr < T::warp_rows; wr++) attn_p_fragment<T>(s[wr], kk, a[wr]);\n",
     "            const attn_u32 vrow = vb + (attn_u32)(kk * 16 * T::srow);\n",
     "#pragma unroll\n",
-    "            for (int dq = 0; dq < (T::head_dim + 16) / 32; dq++) {\n",
+    "            for (int dq = 0; dq < (T::ovw + 16) / 32; dq++) {\n",
     "                attn_u32 r[4], b[4][2];\n",
-    "                const int halves = dq < T::head_dim / 32 ? 2 : 1; /* HEAD_DIM % 32: the last 16 dims */\n",
+    "                const int halves = dq < T::ovw / 32 ? 2 : 1; /* OVW % 32: the last 16 dims */\n",
     "                if (halves == 2) attn_ldmatrix_x4_trans(r, vrow + dq * 32);\n",
     "                else attn_ldmatrix_x2_trans(r, vrow + dq * 32);\n",
     "#pragma unroll\n",
@@ -14708,7 +14764,7 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "    } else if constexpr (T::use_mma) {\n",
     "        /* V as B transposed (keys lane%16, column half lane/16) */\n",
     "        const attn_u32 v_lane = (attn_u32)(((lane & 15) * T::kv_pitch + (lane >> 4) * 8) * 2);\n",
-    "        const attn_u32 vb = sm.v_addr() + (attn_u32)((stage * T::kv_tile + wn * T::kw) * T::kv_pitch * 2) + v_lane;\n",
+    "        const attn_u32 vb = sm.v_addr() + (attn_u32)(((stage * T::kv_tile + wn * T::kw) * T::kv_pitch + wv * T::ovw) * 2) + v_lane;\n",
     "#pragma unroll\n",
     "        for (int kk = 0; kk < T::kw / 16; kk++) {\n",
     "            attn_u32 a[T::warp_rows][4]; /* the C fragments of keys 16kk.. are the A fragment of P */\n",
@@ -14716,7 +14772,7 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "            for (int wr = 0; wr < T::warp_rows; wr++) attn_p_fragment<T>(s[wr], kk, a[wr]);\n",
     "            const attn_u32 vrow = vb + (attn_u32)(kk * 16 * T::kv_pitch * 2);\n",
     "#pragma unroll\n",
-    "            for (int op = 0; op < T::ot / 2; op++) {\n",
+    "            for (int op = 0; op < T::otw / 2; op++) {\n",
     "                attn_u32 b[4]; /* one V fragment for every row tile of the warp */\n",
     "                attn_ldmatrix_x4_trans(b, vrow + op * 32);\n",
     "#pragma unroll\n",
@@ -14725,15 +14781,15 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "                    attn_mma16816<T::dt_m>(o[wr][2 * op + 1], a[wr], b + 2);\n",
     "                }\n",
     "            }\n",
-    "            if constexpr (T::ot % 2 != 0) {\n",
+    "            if constexpr (T::otw % 2 != 0) {\n",
     "                attn_u32 b[2];\n",
-    "                attn_ldmatrix_x2_trans(b, vrow + (T::ot - 1) * 16);\n",
+    "                attn_ldmatrix_x2_trans(b, vrow + (T::otw - 1) * 16);\n",
     "#pragma unroll\n",
-    "                for (int wr = 0; wr < T::warp_rows; wr++) attn_mma16816<T::dt_m>(o[wr][T::ot - 1], a[wr], b);\n",
+    "                for (int wr = 0; wr < T::warp_rows; wr++) attn_mma16816<T::dt_m>(o[wr][T::otw - 1], a[wr], b);\n",
     "            }\n",
     "        }\n",
     "    } else {\n",
-    "        const typename T::kv_t *vb = sm.v() + (stage * T::kv_tile + wn * T::kw) * T::kv_pitch + 2 * tq;\n",
+    "        const typename T::kv_t *vb = sm.v() + (stage * T::kv_tile + wn * T::kw) * T::kv_pitch + wv * T::ovw + 2 * tq;\n",
     "#pragma unroll\n",
     "        for (int n = 0; n < T::nt; n++)\n",
     "#pragma unroll\n",
@@ -14744,7 +14800,7 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "                    const float p1 = __shfl_sync(0xffffffffu, s[0][n][2 + e], (lane & ~3) | src);\n",
     "                    const typename T::kv_t *v = vb + (8 * n + 2 * src + e) * T::kv_pitch;\n",
     "#pragma unroll\n",
-    "                    for (int i = 0; i < T::ot; i++) {\n",
+    "                    for (int i = 0; i < T::otw; i++) {\n",
     "                        float vv[2];\n",
     "                        attn_lds2<T::dt_kv>(v + i * 8, vv);\n",
     "                        o[0][i][0] = fmaf(p0, vv[0], o[0][i][0]);\n",
@@ -14775,7 +14831,8 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "    }\n",
     "\n",
     "    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;\n",
-    "    const int wm = warp / T::warps_n, wn = warp - wm * T::warps_n;\n",
+    "    const int wv = T::vsplit > 1 ? warp / (T::warp_rt * T::warps_n) : 0; /* WIDE HEADS: the column group */\n",
+    "    const int wm = (warp - wv * T::warp_rt * T::warps_n) / T::warps_n, wn = warp - (wv * T::warp_rt + wm) * T::warps_n;\n",
     "    const int g = lane >> 2, tq = lane & 3; /* mma row group and lane within it */\n",
     "\n",
     "    const float q_unscale = attn_paged_load_q<T>(p, w, sm, tid); /* 8-bit caches: 2^-e */\n",
@@ -14823,13 +14880,13 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "\n",
     "    /* ---- per-warp softmax state, per row tile wr: rows g (rr 0) and g + 8 (rr 1); O in\n",
     "       C-fragment layout ---- */\n",
-    "    float m[T::warp_rows][2], l[T::warp_rows][2], o[T::warp_rows][T::ot][4];\n",
+    "    float m[T::warp_rows][2], l[T::warp_rows][2], o[T::warp_rows][T::otw][4];\n",
     "#pragma unroll\n",
     "    for (int wr = 0; wr < T::warp_rows; wr++) {\n",
     "        m[wr][0] = m[wr][1] = attn_neg_inf();\n",
     "        l[wr][0] = l[wr][1] = 0.0f;\n",
     "#pragma unroll\n",
-    "        for (int i = 0; i < T::ot; i++) o[wr][i][0] = o[wr][i][1] = o[wr][i][2] = o[wr][i][3] = 0.0f;\n",
+    "        for (int i = 0; i < T::otw; i++) o[wr][i][0] = o[wr][i][1] = o[wr][i][2] = o[wr][i][3] = 0.0f;\n",
     "    }\n",
     "    int v_e = 1; /* KV_PTH: biased exponent E, O holds sum p * (v scale / 2^(E - 127)) * code */\n",
     "    /* the q.k each score needs from the mma's: 8-bit caches, k_scale, 2^-e, the code factor */\n",
@@ -14911,7 +14968,7 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "#pragma unroll\n",
     "                    for (int rr = 0; rr < 2; rr++)\n",
     "#pragma unroll\n",
-    "                        for (int i = 0; i < T::ot; i++) { o[wr][i][2 * rr] *= alpha[rr]; o[wr][i][2 * rr + 1] *= alpha[rr]; }\n",
+    "                        for (int i = 0; i < T::otw; i++) { o[wr][i][2 * rr] *= alpha[rr]; o[wr][i][2 * rr + 1] *= alpha[rr]; }\n",
     "                }\n",
     "#pragma unroll\n",
     "                for (int n = 0; n < T::nt; n++)\n",
@@ -14944,7 +15001,7 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "#pragma unroll\n",
     "                    for (int wr = 0; wr < T::warp_rows; wr++)\n",
     "#pragma unroll\n",
-    "                        for (int i = 0; i < T::ot; i++) { o[wr][i][0] *= f; o[wr][i][1] *= f; o[wr][i][2] *= f; o[wr][i][3] *= f; }\n",
+    "                        for (int i = 0; i < T::otw; i++) { o[wr][i][0] *= f; o[wr][i][1] *= f; o[wr][i][2] *= f; o[wr][i][3] *= f; }\n",
     "                    v_e = et;\n",
     "                }\n",
     "                const float r = __int_as_float((254 - v_e) << 23);\n",
@@ -14958,7 +15015,7 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "                }\n",
     "            }\n",
     "\n",
-    "            attn_paged_pv<T>(o, s, sm, stage, lane, wn);\n",
+    "            attn_paged_pv<T>(o, s, sm, stage, lane, wn, wv);\n",
     "        }\n",
     "        if (it + T::kv_stages < ntiles) /* the slot of tile it + KV_STAGES held tile it: done */\n",
     "            rows.template store<T::kv_tile, T::threads>(sm.blk(), sm.del(), (it + T::kv_stages) % T::kv_stages,\n",
@@ -14978,23 +15035,25 @@ static const char *const attn__kernel_src_paged_attention_cu[] = {
     "        const int wr = x >> 1, rr = x & 1;\n",
     "        const int R = row0 + wr * 16 + g + 8 * rr;\n",
     "        if constexpr (T::kv8) {\n",
-    "            float *orow = sO + (wn * T::rows_pad + R) * T::o_pitch + 4 * tq;\n",
+    "            float *orow = sO + (wn * T::rows_pad + R) * T::o_pitch + wv * T::ovw + 4 * tq;\n",
     "#pragma unroll\n",
-    "            for (int i = 0; i < T::ot; i++) { /* tile i: dims d + (i & 1) + 4t and + 2 (see attn_paged_pv) */\n",
+    "            for (int i = 0; i < T::otw; i++) { /* tile i: dims d + (i & 1) + 4t and + 2 (see attn_paged_pv) */\n",
     "                const int d = (i >> 2) * 32 + ((i & 2) ? 16 : 0) + (i & 1);\n",
     "                orow[d] = o[wr][i][2 * rr] * ofac;\n",
     "                orow[d + 2] = o[wr][i][2 * rr + 1] * ofac;\n",
     "            }\n",
     "        } else {\n",
-    "            float *orow = sO + (wn * T::rows_pad + R) * T::o_pitch + 2 * tq;\n",
+    "            float *orow = sO + (wn * T::rows_pad + R) * T::o_pitch + wv * T::ovw + 2 * tq;\n",
     "#pragma unroll\n",
-    "            for (int i = 0; i < T::ot; i++) {\n",
+    "            for (int i = 0; i < T::otw; i++) {\n",
     "                orow[i * 8] = o[wr][i][2 * rr] * ofac;\n",
     "                orow[i * 8 + 1] = o[wr][i][2 * rr + 1] * ofac;\n",
     "            }\n",
     "        }\n",
-    "        sL[(wn * T::rows_pad + R) * 4 + tq] = l[wr][rr]; /* the four lane-partial sums of the row */\n",
-    "        if (tq == 0) sM[wn * T::rows_pad + R] = m[wr][rr];\n",
+    "        if (wv == 0) { /* WIDE HEADS: both column groups hold the same m and l */\n",
+    "            sL[(wn * T::rows_pad + R) * 4 + tq] = l[wr][rr]; /* the four lane-partial sums of the row */\n",
+    "            if (tq == 0) sM[wn * T::rows_pad + R] = m[wr][rr];\n",
+    "        }\n",
     "    }\n",
     "    __syncthreads();\n",
     "    const int out_vec = attn_out_vec<T>(p);\n",

@@ -17,7 +17,7 @@
        (KV_PTH 1, int8 / e4m3): a warp per (token, K or V, head) row computes amax (a NaN
        anywhere makes it NaN), scale = amax / 127 (int8) or / 448 (e4m3), stores
        code(x / scale) (0 where scale is 0) and the scale in the block half's scale plane
-       (layout: paged_attention.cu, 8-BIT CACHES); HEAD_DIM <= 256.
+       (layout: paged_attention.cu, 8-BIT CACHES); HEAD_DIM <= 512.
 
    attn_concat_and_cache_mla                       defines: KV_LORA_RANK ROPE_DIM DT_IN DT_CACHE
        kv_c [tokens, KV_LORA_RANK] and k_pe [tokens, ROPE_DIM] (token strides in elements)
@@ -130,8 +130,8 @@ ATTN_DEV void attn_move8(const void *src, void *dst, int vec) {
 #endif
 
 #if ATTN_CACHE8 && KV_PTH
-#if HEAD_DIM > 256
-#error "cache_write.cu: per-token-head scales take HEAD_DIM <= 256"
+#if HEAD_DIM > 512
+#error "cache_write.cu: per-token-head scales take HEAD_DIM <= 512"
 #endif
 /* NaN-sticky max (the CPU's amax loop) */
 ATTN_DEV float attn_amax2(float a, float b) { return a != a || b != b ? __int_as_float(0x7fc00000) : fmaxf(a, b); }
@@ -151,19 +151,26 @@ ATTN_DEV void attn_reshape_and_cache_body(const attn__cache_write_params &p, con
                                    : (const char *)p.key + (t * p.key_stride_token + h * p.key_stride_head) * attn_elem<DT_IN>::size;
             char *base = (char *)p.kv_cache + blk * 2 * half + side * half;
             const attn_i64 x = off * p.num_kv_heads + h; /* row in the block half */
-            float f[8];
+            constexpr int CPL = (HEAD_DIM / 8 + 31) / 32; /* 8-element chunks per lane: 2 past 256 */
+            float f[CPL][8];
             float amax = 0.0f;
-            const int has = lane < HEAD_DIM / 8;
-            if (has) {
-                const char *s = src + (attn_i64)lane * 8 * attn_elem<DT_IN>::size;
-                attn_load8_in(s, attn_aligned16(s), f);
 #pragma unroll
-                for (int i = 0; i < 8; i++) amax = attn_amax2(amax, fabsf(f[i]));
+            for (int k = 0; k < CPL; k++) {
+                const int c = lane + 32 * k;
+                if (c < HEAD_DIM / 8) {
+                    const char *s = src + (attn_i64)c * 8 * attn_elem<DT_IN>::size;
+                    attn_load8_in(s, attn_aligned16(s), f[k]);
+#pragma unroll
+                    for (int i = 0; i < 8; i++) amax = attn_amax2(amax, fabsf(f[k][i]));
+                }
             }
 #pragma unroll
             for (int o = 16; o > 0; o >>= 1) amax = attn_amax2(amax, __shfl_xor_sync(0xffffffffu, amax, o));
             const float scale = amax / qmax; /* NaN or inf rows read back NaN */
-            if (has) attn_store8_codes(base + x * HEAD_DIM + lane * 8, f, scale, !(scale > 0.0f));
+#pragma unroll
+            for (int k = 0; k < CPL; k++)
+                if (lane + 32 * k < HEAD_DIM / 8)
+                    attn_store8_codes(base + x * HEAD_DIM + (lane + 32 * k) * 8, f[k], scale, !(scale > 0.0f));
             if (lane == 0) *(float *)(base + (attn_i64)p.block_size * p.num_kv_heads * HEAD_DIM + x * 4) = scale;
         }
     }

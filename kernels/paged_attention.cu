@@ -26,7 +26,8 @@
    DEFINES (every one a compile-time constant; the host compiles one variant per layer)
    =====================================================================================
    required  HEAD_DIM     multiple of 8, 8..256 (run against the CPU on an H200: 64, 80,
-                          96, 120, 128, 256; 120 takes the zero-column path)
+                          96, 120, 128, 256; 120 takes the zero-column path), or a
+                          multiple of 32 in 288..512 with tensor cores (WIDE HEADS)
              BLOCK_SIZE   cache block size, a multiple of 16 (any; tiles need not align)
              GROUP        query heads per KV head (num_heads / num_kv_heads), >= 1
              DT_Q         q/out element type: 0 f32, 1 f16, 2 bf16
@@ -193,11 +194,30 @@
    Q rows need no alignment here (read element by element, once per CTA).
 
    =====================================================================================
+   WIDE HEADS (HEAD_DIM 288..512, Gemma-class 512)
+   =====================================================================================
+   A warp keeps O for its 16 rows in registers: HEAD_DIM / 8 n8 tiles x 4 floats, 128
+   registers at 256, 256 at 512 (the whole register file). Past 256 the CTA's warps come in
+   two column groups (VSPLIT 2): warp group wv keeps O's columns [wv * HEAD_DIM / 2, (wv + 1)
+   * HEAD_DIM / 2) and reads only that half of each V row from shared memory in P V. K and
+   V are copied into shared memory once for both groups (every byte of the cache is still
+   read once), and each group computes the full S = Q K^T over all HEAD_DIM dims of its
+   rows and keys itself: the two groups' scores, maxima and sums are the same numbers (the
+   same instructions on the same operands), so each has the softmax it needs without an
+   exchange, at the cost of S computed twice (a decode tile waits on memory, not on the
+   mma; a prefill tile pays 3/2 of the FLOPs: docs/PERF.md, issue 23 (5)). The epilogue
+   writes each group's half of O into the same shared rows (m and l once, from group 0)
+   and from there on nothing differs. Q is read from shared memory per K/V tile (Q_IN_REGS
+   0), tiles are 32 keys (16 on sm_80 for tiles of more than one row tile: its 163 KiB),
+   two warps split a decode tile's keys (WARPS_N 2: four warps in all).
+
+   =====================================================================================
    INSIDE A CTA
    =====================================================================================
    Rows: the CTA's ROWS = TILE_TOKENS * GROUP query rows (row R = token R / GROUP, head
    member R % GROUP; rows of tokens >= ntok are padding, zero Q, never stored), padded to
-   ROW_TILES * 16. Warp w = wm * WARPS_N + wn owns row tiles wm * WARP_ROWS ..
+   ROW_TILES * 16. Warp w = (wv * ROW_TILES / WARP_ROWS + wm) * WARPS_N + wn (wv: the
+   column group of WIDE HEADS, 0 below 288) owns row tiles wm * WARP_ROWS ..
    wm * WARP_ROWS + WARP_ROWS - 1 (16 rows each, the M of mma) and key slice wn: keys
    [wn * KW, (wn + 1) * KW) of every K/V tile, KW = KV_TILE / WARPS_N; the CTA has
    ROW_TILES / WARP_ROWS * WARPS_N warps (attn_paged_config.threads / 32). So a decode CTA (one
@@ -310,7 +330,7 @@ struct attn_paged_traits {
                          tile_tokens = TILE_TOKENS;
     static constexpr bool window = WINDOW != 0, softcap = SOFTCAP != 0, alibi = ALIBI != 0, kv_pth = KV_PTH != 0;
     static constexpr bool kv8 = ATTN_DT_IS_8BIT(DT_KV);
-    static_assert(head_dim % 8 == 0 && head_dim >= 8 && head_dim <= 256, "paged_attention.cu: HEAD_DIM must be a multiple of 8 in 8..256");
+    static_assert(head_dim % 8 == 0 && head_dim >= 8 && head_dim <= 512, "paged_attention.cu: HEAD_DIM must be a multiple of 8 in 8..256 (or of 32 in 288..512)");
     static_assert(block_size % 16 == 0 && block_size > 0, "paged_attention.cu: BLOCK_SIZE must be a positive multiple of 16");
     static_assert(dt_q >= 0 && dt_q <= 2 && dt_kv >= 0 && dt_kv <= 6 && dt_kv != 3, "paged_attention.cu: DT_Q must be 0-2, DT_KV 0-2 or 4-6");
     static_assert(!kv_pth || dt_kv == ATTN_DT_E4M3 || dt_kv == ATTN_DT_I8, "paged_attention.cu: KV_PTH 1 takes DT_KV 4 (fp8 e4m3) or 6 (int8)");
@@ -324,6 +344,13 @@ struct attn_paged_traits {
     /* element types: tensor cores for equal 16-bit types and every 8-bit cache (f16 mma);
        the FMA form otherwise */
     static constexpr bool use_mma = kv8 || (dt_q == dt_kv && dt_q != ATTN_DT_F32);
+    /* WIDE HEADS: two warp groups split O's columns past 256 */
+    static_assert(head_dim <= 256 || (head_dim % 32 == 0 && use_mma),
+                  "paged_attention.cu: HEAD_DIM over 256 takes a multiple of 32 and the tensor-core forms "
+                  "(DT_Q == DT_KV, 16-bit, or an 8-bit cache)");
+    static constexpr int vsplit = head_dim > 256 ? 2 : 1; /* warp groups along O's columns */
+    static constexpr int ovw = head_dim / vsplit;         /* O columns a warp keeps */
+    static constexpr int otw = ovw / 8;                   /* its n8 tiles of O */
     static constexpr int dt_m = kv8 ? ATTN_DT_F16 : dt_q; /* the mma's input type */
     static constexpr int esz_q = dt_q == ATTN_DT_F32 ? 4 : 2;
     static constexpr int esz_sq = kv8 ? 2 : esz_q; /* Q in shared memory: f16 for 8-bit caches */
@@ -345,10 +372,11 @@ struct attn_paged_traits {
     static constexpr int warp_rows = WARP_ROWS == 2 && use_mma && row_tiles % 2 == 0 && head_dim <= 128 && !softcap &&
                                              !alibi && (head_dim % 16 == 0 || __CUDA_ARCH__ >= 900) ? 2 : 1;
     static constexpr int warps_n = WARPS_N > 0 ? WARPS_N
+                                   : vsplit > 1 ? (row_tiles == 1 ? 2 : 1)
                                    : use_mma || !big_rows ? (row_tiles == 1 ? 4 : row_tiles == 2 ? 2 : 1)
                                                           : (row_tiles <= 2 ? 2 : 1);
     static constexpr int warp_rt = row_tiles / warp_rows; /* warps along the rows */
-    static constexpr int warps = warp_rt * warps_n, threads = 32 * warps;
+    static constexpr int warps = warp_rt * warps_n * vsplit, threads = 32 * warps;
     static_assert(threads <= 512, "paged_attention.cu: more than 16 warps; lower WARPS_N");
 
     /* key tiles. 8-bit decode shapes on sm_90 (H200, 32/8 heads, head 128, attn-bench's
@@ -361,11 +389,12 @@ struct attn_paged_traits {
     static constexpr bool kv8_decode90 = kv8 && row_tiles == 1 && __CUDA_ARCH__ >= 900 && head_dim <= 128;
     static constexpr int kv_tile = KV_TILE > 0 ? KV_TILE
                                    : kv8_decode90 ? 128
+                                   : vsplit > 1 ? (__CUDA_ARCH__ >= 900 || row_tiles == 1 ? 32 : 16)
                                    : use_mma ? attn_cmax(16 * warps_n, head_dim <= 128 ? 64 : 32)
                                              : attn_cmax(8 * warps_n, big_rows ? 16 : 32);
     static constexpr int kw = kv_tile / warps_n; /* keys of a tile per warp */
     static constexpr int nt = kw / 8;            /* n8 tiles of S per warp */
-    static constexpr int ot = head_dim / 8;      /* n8 tiles of O per warp */
+    static constexpr int ot = head_dim / 8;      /* n8 tiles of a row of O (otw of them per warp) */
     static_assert(kv_tile % warps_n == 0 && kw % (use_mma ? 16 : 8) == 0,
                   "paged_attention.cu: KV_TILE / WARPS_N must be a multiple of 16 (tensor cores) or 8 (FMA)");
     /* two row tiles of Q are 64 registers at head 128 (FlashAttention-2 too reads Q from
@@ -841,14 +870,15 @@ ATTN_DEV void attn_paged_qk(float (&s)[T::warp_rows][T::nt][4], const attn_paged
    of dims 2g and 2g + 1 of a 16-dim block; the even ones make the B fragment of an n8 tile
    of the even dims, the odd ones of the odd dims: O's tiles 4q .. 4q + 3 hold dims
    32q + {even, odd} and 32q + 16 + {even, odd} (the epilogue puts them back in order).
-   FMA form: P of key 8n + 2src + e for rows g and g + 8 lives in lane 4g + src (shuffles). */
+   FMA form: P of key 8n + 2src + e for rows g and g + 8 lives in lane 4g + src (shuffles).
+   WIDE HEADS: the warp's O columns start at wv * OVW (the V rows' half of its group). */
 template <class T>
-ATTN_DEV void attn_paged_pv(float (&o)[T::warp_rows][T::ot][4], const float (&s)[T::warp_rows][T::nt][4],
-                            const attn_paged_smem<T> &sm, int stage, int lane, int wn) {
+ATTN_DEV void attn_paged_pv(float (&o)[T::warp_rows][T::otw][4], const float (&s)[T::warp_rows][T::nt][4],
+                            const attn_paged_smem<T> &sm, int stage, int lane, int wn, int wv) {
     const int tq = lane & 3;
     if constexpr (T::kv8) {
         const attn_u32 v8_lane = (attn_u32)(((lane & 7) + (((lane >> 3) & 1) << 3)) * T::srow + (lane >> 4) * 16);
-        const attn_u32 vb = sm.v_addr() + (attn_u32)((stage * T::kv_tile + wn * T::kw) * T::srow) + v8_lane;
+        const attn_u32 vb = sm.v_addr() + (attn_u32)((stage * T::kv_tile + wn * T::kw) * T::srow + wv * T::ovw) + v8_lane;
 #pragma unroll
         for (int kk = 0; kk < T::kw / 16; kk++) {
             attn_u32 a[T::warp_rows][4];
@@ -856,9 +886,9 @@ ATTN_DEV void attn_paged_pv(float (&o)[T::warp_rows][T::ot][4], const float (&s)
             for (int wr = 0; wr < T::warp_rows; wr++) attn_p_fragment<T>(s[wr], kk, a[wr]);
             const attn_u32 vrow = vb + (attn_u32)(kk * 16 * T::srow);
 #pragma unroll
-            for (int dq = 0; dq < (T::head_dim + 16) / 32; dq++) {
+            for (int dq = 0; dq < (T::ovw + 16) / 32; dq++) {
                 attn_u32 r[4], b[4][2];
-                const int halves = dq < T::head_dim / 32 ? 2 : 1; /* HEAD_DIM % 32: the last 16 dims */
+                const int halves = dq < T::ovw / 32 ? 2 : 1; /* OVW % 32: the last 16 dims */
                 if (halves == 2) attn_ldmatrix_x4_trans(r, vrow + dq * 32);
                 else attn_ldmatrix_x2_trans(r, vrow + dq * 32);
 #pragma unroll
@@ -878,7 +908,7 @@ ATTN_DEV void attn_paged_pv(float (&o)[T::warp_rows][T::ot][4], const float (&s)
     } else if constexpr (T::use_mma) {
         /* V as B transposed (keys lane%16, column half lane/16) */
         const attn_u32 v_lane = (attn_u32)(((lane & 15) * T::kv_pitch + (lane >> 4) * 8) * 2);
-        const attn_u32 vb = sm.v_addr() + (attn_u32)((stage * T::kv_tile + wn * T::kw) * T::kv_pitch * 2) + v_lane;
+        const attn_u32 vb = sm.v_addr() + (attn_u32)(((stage * T::kv_tile + wn * T::kw) * T::kv_pitch + wv * T::ovw) * 2) + v_lane;
 #pragma unroll
         for (int kk = 0; kk < T::kw / 16; kk++) {
             attn_u32 a[T::warp_rows][4]; /* the C fragments of keys 16kk.. are the A fragment of P */
@@ -886,7 +916,7 @@ ATTN_DEV void attn_paged_pv(float (&o)[T::warp_rows][T::ot][4], const float (&s)
             for (int wr = 0; wr < T::warp_rows; wr++) attn_p_fragment<T>(s[wr], kk, a[wr]);
             const attn_u32 vrow = vb + (attn_u32)(kk * 16 * T::kv_pitch * 2);
 #pragma unroll
-            for (int op = 0; op < T::ot / 2; op++) {
+            for (int op = 0; op < T::otw / 2; op++) {
                 attn_u32 b[4]; /* one V fragment for every row tile of the warp */
                 attn_ldmatrix_x4_trans(b, vrow + op * 32);
 #pragma unroll
@@ -895,15 +925,15 @@ ATTN_DEV void attn_paged_pv(float (&o)[T::warp_rows][T::ot][4], const float (&s)
                     attn_mma16816<T::dt_m>(o[wr][2 * op + 1], a[wr], b + 2);
                 }
             }
-            if constexpr (T::ot % 2 != 0) {
+            if constexpr (T::otw % 2 != 0) {
                 attn_u32 b[2];
-                attn_ldmatrix_x2_trans(b, vrow + (T::ot - 1) * 16);
+                attn_ldmatrix_x2_trans(b, vrow + (T::otw - 1) * 16);
 #pragma unroll
-                for (int wr = 0; wr < T::warp_rows; wr++) attn_mma16816<T::dt_m>(o[wr][T::ot - 1], a[wr], b);
+                for (int wr = 0; wr < T::warp_rows; wr++) attn_mma16816<T::dt_m>(o[wr][T::otw - 1], a[wr], b);
             }
         }
     } else {
-        const typename T::kv_t *vb = sm.v() + (stage * T::kv_tile + wn * T::kw) * T::kv_pitch + 2 * tq;
+        const typename T::kv_t *vb = sm.v() + (stage * T::kv_tile + wn * T::kw) * T::kv_pitch + wv * T::ovw + 2 * tq;
 #pragma unroll
         for (int n = 0; n < T::nt; n++)
 #pragma unroll
@@ -914,7 +944,7 @@ ATTN_DEV void attn_paged_pv(float (&o)[T::warp_rows][T::ot][4], const float (&s)
                     const float p1 = __shfl_sync(0xffffffffu, s[0][n][2 + e], (lane & ~3) | src);
                     const typename T::kv_t *v = vb + (8 * n + 2 * src + e) * T::kv_pitch;
 #pragma unroll
-                    for (int i = 0; i < T::ot; i++) {
+                    for (int i = 0; i < T::otw; i++) {
                         float vv[2];
                         attn_lds2<T::dt_kv>(v + i * 8, vv);
                         o[0][i][0] = fmaf(p0, vv[0], o[0][i][0]);
@@ -945,7 +975,8 @@ template <class T> ATTN_DEV void attn_paged_attention_item(const attn__paged_par
     }
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int wm = warp / T::warps_n, wn = warp - wm * T::warps_n;
+    const int wv = T::vsplit > 1 ? warp / (T::warp_rt * T::warps_n) : 0; /* WIDE HEADS: the column group */
+    const int wm = (warp - wv * T::warp_rt * T::warps_n) / T::warps_n, wn = warp - (wv * T::warp_rt + wm) * T::warps_n;
     const int g = lane >> 2, tq = lane & 3; /* mma row group and lane within it */
 
     const float q_unscale = attn_paged_load_q<T>(p, w, sm, tid); /* 8-bit caches: 2^-e */
@@ -993,13 +1024,13 @@ template <class T> ATTN_DEV void attn_paged_attention_item(const attn__paged_par
 
     /* ---- per-warp softmax state, per row tile wr: rows g (rr 0) and g + 8 (rr 1); O in
        C-fragment layout ---- */
-    float m[T::warp_rows][2], l[T::warp_rows][2], o[T::warp_rows][T::ot][4];
+    float m[T::warp_rows][2], l[T::warp_rows][2], o[T::warp_rows][T::otw][4];
 #pragma unroll
     for (int wr = 0; wr < T::warp_rows; wr++) {
         m[wr][0] = m[wr][1] = attn_neg_inf();
         l[wr][0] = l[wr][1] = 0.0f;
 #pragma unroll
-        for (int i = 0; i < T::ot; i++) o[wr][i][0] = o[wr][i][1] = o[wr][i][2] = o[wr][i][3] = 0.0f;
+        for (int i = 0; i < T::otw; i++) o[wr][i][0] = o[wr][i][1] = o[wr][i][2] = o[wr][i][3] = 0.0f;
     }
     int v_e = 1; /* KV_PTH: biased exponent E, O holds sum p * (v scale / 2^(E - 127)) * code */
     /* the q.k each score needs from the mma's: 8-bit caches, k_scale, 2^-e, the code factor */
@@ -1081,7 +1112,7 @@ template <class T> ATTN_DEV void attn_paged_attention_item(const attn__paged_par
 #pragma unroll
                     for (int rr = 0; rr < 2; rr++)
 #pragma unroll
-                        for (int i = 0; i < T::ot; i++) { o[wr][i][2 * rr] *= alpha[rr]; o[wr][i][2 * rr + 1] *= alpha[rr]; }
+                        for (int i = 0; i < T::otw; i++) { o[wr][i][2 * rr] *= alpha[rr]; o[wr][i][2 * rr + 1] *= alpha[rr]; }
                 }
 #pragma unroll
                 for (int n = 0; n < T::nt; n++)
@@ -1114,7 +1145,7 @@ template <class T> ATTN_DEV void attn_paged_attention_item(const attn__paged_par
 #pragma unroll
                     for (int wr = 0; wr < T::warp_rows; wr++)
 #pragma unroll
-                        for (int i = 0; i < T::ot; i++) { o[wr][i][0] *= f; o[wr][i][1] *= f; o[wr][i][2] *= f; o[wr][i][3] *= f; }
+                        for (int i = 0; i < T::otw; i++) { o[wr][i][0] *= f; o[wr][i][1] *= f; o[wr][i][2] *= f; o[wr][i][3] *= f; }
                     v_e = et;
                 }
                 const float r = __int_as_float((254 - v_e) << 23);
@@ -1128,7 +1159,7 @@ template <class T> ATTN_DEV void attn_paged_attention_item(const attn__paged_par
                 }
             }
 
-            attn_paged_pv<T>(o, s, sm, stage, lane, wn);
+            attn_paged_pv<T>(o, s, sm, stage, lane, wn, wv);
         }
         if (it + T::kv_stages < ntiles) /* the slot of tile it + KV_STAGES held tile it: done */
             rows.template store<T::kv_tile, T::threads>(sm.blk(), sm.del(), (it + T::kv_stages) % T::kv_stages,
@@ -1148,23 +1179,25 @@ template <class T> ATTN_DEV void attn_paged_attention_item(const attn__paged_par
         const int wr = x >> 1, rr = x & 1;
         const int R = row0 + wr * 16 + g + 8 * rr;
         if constexpr (T::kv8) {
-            float *orow = sO + (wn * T::rows_pad + R) * T::o_pitch + 4 * tq;
+            float *orow = sO + (wn * T::rows_pad + R) * T::o_pitch + wv * T::ovw + 4 * tq;
 #pragma unroll
-            for (int i = 0; i < T::ot; i++) { /* tile i: dims d + (i & 1) + 4t and + 2 (see attn_paged_pv) */
+            for (int i = 0; i < T::otw; i++) { /* tile i: dims d + (i & 1) + 4t and + 2 (see attn_paged_pv) */
                 const int d = (i >> 2) * 32 + ((i & 2) ? 16 : 0) + (i & 1);
                 orow[d] = o[wr][i][2 * rr] * ofac;
                 orow[d + 2] = o[wr][i][2 * rr + 1] * ofac;
             }
         } else {
-            float *orow = sO + (wn * T::rows_pad + R) * T::o_pitch + 2 * tq;
+            float *orow = sO + (wn * T::rows_pad + R) * T::o_pitch + wv * T::ovw + 2 * tq;
 #pragma unroll
-            for (int i = 0; i < T::ot; i++) {
+            for (int i = 0; i < T::otw; i++) {
                 orow[i * 8] = o[wr][i][2 * rr] * ofac;
                 orow[i * 8 + 1] = o[wr][i][2 * rr + 1] * ofac;
             }
         }
-        sL[(wn * T::rows_pad + R) * 4 + tq] = l[wr][rr]; /* the four lane-partial sums of the row */
-        if (tq == 0) sM[wn * T::rows_pad + R] = m[wr][rr];
+        if (wv == 0) { /* WIDE HEADS: both column groups hold the same m and l */
+            sL[(wn * T::rows_pad + R) * 4 + tq] = l[wr][rr]; /* the four lane-partial sums of the row */
+            if (tq == 0) sM[wn * T::rows_pad + R] = m[wr][rr];
+        }
     }
     __syncthreads();
     const int out_vec = attn_out_vec<T>(p);

@@ -684,7 +684,7 @@ done:
 }
 
 static void test_attention(int cases) {
-    static const int heads[] = {64, 80, 96, 128, 256, 120, 128, 128};
+    static const int heads[] = {64, 80, 96, 128, 256, 120, 128, 128}; /* and 288-512 below */
     static const int groups[] = {1, 4, 8, 3, 4, 16};
     int k;
     for (k = 0; k < cases; k++) {
@@ -719,6 +719,10 @@ static void test_attention(int cases) {
             c.decode_shape = 0;
         }
         c.sinks = rnd_int(0, 2) == 0; /* drawn last: the other draws of a seed stay as they were */
+        if (!sm90_prefill && rnd_int(0, 5) == 0) { /* WIDE HEADS (after the others, for the same reason) */
+            c.head = rnd_int(0, 2) ? 512 : rnd_int(0, 1) ? 384 : 288;
+            if (c.dq != c.dkv || c.dq == ATTN_DTYPE_F32) c.dq = c.dkv = rnd_int(0, 1) ? ATTN_DTYPE_BF16 : ATTN_DTYPE_F16;
+        }
         for (r = 0; r < nr; r++) {
             int shape = rnd_int(0, 3);
             if (shape == 0) { qlens[r] = 1; ctx[r] = rnd_int(0, 700); }                 /* decode */

@@ -502,8 +502,22 @@ ATTN_TEST(cuda_selected_for_device_layers) {
     d.head_size = 120; /* 8-bit caches on the GPU: head sizes in multiples of 16 */
     EXPECT_TRUE(attn_select_backend(ctx, &d, NULL, &s) != ATTN_OK);
     EXPECT_TRUE(cu_skip_reason(&s, ATTN_BACKEND_CUDA, "multiple of 16"));
-    d.head_size = 128;
+    d.head_size = 512; /* WIDE HEADS: CUDA takes 512 with an 8-bit cache ... */
+    EXPECT_OK(attn_select_backend(ctx, &d, NULL, &s));
+    EXPECT_EQ_INT(s.resolved, ATTN_BACKEND_CUDA);
+    d.head_size = 272; /* ... and past 256 multiples of 32 only */
+    EXPECT_TRUE(attn_select_backend(ctx, &d, NULL, &s) != ATTN_OK);
+    EXPECT_TRUE(cu_skip_reason(&s, ATTN_BACKEND_CUDA, "of 32 from 288 to 512"));
+    d.head_size = 512;
     d.kv_scale_kind = ATTN_KV_SCALE_PER_TENSOR;
+    d.dtype = d.kv_cache_dtype = ATTN_DTYPE_F32; /* past 256: no FMA form */
+    EXPECT_TRUE(attn_select_backend(ctx, &d, NULL, &s) != ATTN_OK);
+    EXPECT_TRUE(cu_skip_reason(&s, ATTN_BACKEND_CUDA, "allowed past 256"));
+    d.dtype = d.kv_cache_dtype = ATTN_DTYPE_BF16;
+    EXPECT_OK(attn_select_backend(ctx, &d, NULL, &s));
+    EXPECT_EQ_INT(s.resolved, ATTN_BACKEND_CUDA); /* CUDA_SM90's record: 64 or 128 */
+    if (s.device_capability == 90) EXPECT_TRUE(cu_skip_reason(&s, ATTN_BACKEND_CUDA_SM90, "64 or 128"));
+    d.head_size = 128;
     d.kv_cache_dtype = ATTN_DTYPE_AUTO;
     d.device = ATTN_DEVICE_CPU; /* CPU tensors on a GPU machine stay on the CPU */
     EXPECT_OK(attn_select_backend(ctx, &d, NULL, &s));
@@ -621,6 +635,60 @@ ATTN_TEST(cuda_forward_matches_cpu) {
         c.heads = 32; c.kv_heads = 32; c.head = 64; c.dt = c.kv_dt = ATTN_DTYPE_BF16; c.block = 16;
         c.causal = 1; c.lse = 1; c.nreq = 8;
         for (r = 0; r < 8; r++) { c.qlen[r] = r == 7 ? 20 : 1; c.ctxlen[r] = 200 + 170 * r; }
+        fails += cu_run_case(ctx, &c, __LINE__) > 0;
+    }
+    EXPECT_EQ_INT(fails, 0);
+    attn_context_destroy(ctx);
+}
+
+/* Heads past 256 on the GPU (kernels/paged_attention.cu, WIDE HEADS: two warp groups split
+   O's columns) against the CPU backend: 512 (Gemma-class), 384, 288 (halves of 144, an odd
+   number of 16-column pairs); bf16/f16 caches, fp8 e4m3/e5m2 per tensor, int8 and e4m3 per
+   token and head; decodes, speculative steps (4 tokens), chunked prefills, non-causal,
+   long decodes that split (fused and separate merges), windows, soft cap, ALiBi, sinks,
+   LSE, a cascade prefix. */
+ATTN_TEST(cuda_wide_heads_match_cpu) {
+    attn_test_log log;
+    attn_context *ctx = cu_ctx(&log);
+    static const int heads[][3] = {{8, 2, 512}, {16, 1, 512}, {4, 4, 512}, {12, 4, 384}, {8, 8, 288}, {32, 8, 512}};
+    static const attn_dtype kdts[6] = {ATTN_DTYPE_BF16, ATTN_DTYPE_F16, ATTN_DTYPE_FP8_E4M3, ATTN_DTYPE_FP8_E5M2,
+                                       ATTN_DTYPE_INT8, ATTN_DTYPE_FP8_E4M3};
+    int n, r, fails = 0, cases = 24;
+    CU_SKIP_IF_NO_GPU(ctx);
+    if (getenv("ATTN_TEST_WIDE_CASES")) cases = atoi(getenv("ATTN_TEST_WIDE_CASES")); /* fewer under racecheck */
+    for (n = 0; n < cases && fails < 3; n++) {
+        cu_case c;
+        memset(&c, 0, sizeof c);
+        c.heads = heads[n % 6][0]; c.kv_heads = heads[n % 6][1]; c.head = heads[n % 6][2];
+        c.kv_dt = kdts[(n / 2) % 6];
+        c.dt = c.kv_dt == ATTN_DTYPE_F16 || n % 4 == 3 ? ATTN_DTYPE_F16 : ATTN_DTYPE_BF16;
+        if (!attn_test_is_8bit(c.kv_dt)) c.kv_dt = c.dt; /* 16-bit: one type for both */
+        c.pth = c.kv_dt == ATTN_DTYPE_INT8 || (n / 2) % 6 == 5;
+        c.scale_ptr = n % 5 == 2;
+        c.block = n % 4 == 3 ? 32 : 16;
+        c.causal = n % 7 != 6;
+        if (n % 5 == 1) c.batch_causal = c.causal ? ATTN_CAUSAL_NO : ATTN_CAUSAL_YES;
+        c.window = n % 6 == 2 ? 150 : 0;
+        c.softcap = n % 6 == 3 ? 30.0f : 0.0f;
+        c.alibi = n % 6 == 5;
+        c.lse = n % 2 == 0;
+        c.sinks = n % 3 == 1;
+        if (n % 8 == 4) { /* speculative steps: 4 tokens a request, decode tiles */
+            c.nreq = 5;
+            for (r = 0; r < c.nreq; r++) { c.qlen[r] = 4; c.ctxlen[r] = 100 + (int)(cu_rand() % 900); }
+        } else if (n % 8 == 7) { /* one long decode: split-KV */
+            c.nreq = 2; c.qlen[0] = 1; c.ctxlen[0] = 6000 + (int)(cu_rand() % 2000); c.qlen[1] = 1; c.ctxlen[1] = 300;
+        } else {
+            cu_random_reqs(&c, 90, 700);
+        }
+        fails += cu_run_case(ctx, &c, __LINE__) > 0;
+    }
+    { /* a cascade: 6 decodes sharing a 40-block prefix */
+        cu_case c;
+        memset(&c, 0, sizeof c);
+        c.heads = 8; c.kv_heads = 2; c.head = 512; c.dt = c.kv_dt = ATTN_DTYPE_BF16; c.block = 16;
+        c.causal = 1; c.lse = 1; c.sinks = 1; c.prefix = 640; c.nreq = 6;
+        for (r = 0; r < c.nreq; r++) { c.qlen[r] = 1; c.ctxlen[r] = c.prefix + (int)(cu_rand() % 500); }
         fails += cu_run_case(ctx, &c, __LINE__) > 0;
     }
     EXPECT_EQ_INT(fails, 0);
@@ -2413,6 +2481,7 @@ void suite_cuda(void) {
     ATTN_RUN(cuda_cascade_matches_cpu);
     ATTN_RUN(cuda_fp8_scale_pointer_device_checked);
     ATTN_RUN(cuda_forward_8bit_matches_cpu);
+    ATTN_RUN(cuda_wide_heads_match_cpu);
     ATTN_RUN(cuda_fp8_bad_device_scale_writes_nothing);
     ATTN_RUN(cuda_fp8_graph_replays_new_scales);
     ATTN_RUN(cuda_forward_matches_cpu);

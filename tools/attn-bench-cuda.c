@@ -43,7 +43,8 @@
    keeps private (no public query of a built metadata's schedule).
 
    Build: make build/attn-bench-cuda.  Usage: attn-bench-cuda [--quick]
-   [--case decode|prefill|mla|all] [--csv FILE] [--mla-backend NAME] */
+   [--case decode|prefill|mla|wide|all] [--csv FILE] [--mla-backend NAME]
+   (wide: the head-512 table alone, cuda_wide_table) */
 #define ATTN_IMPLEMENTATION
 #include "attn.h"
 
@@ -629,6 +630,7 @@ typedef struct {
     int32_t *ids;
     void *d_kv, *d_q, *d_out;
     int groups, sms;   /* timing groups per case; the device's multiprocessors */
+    int h, d;          /* the layer's query heads and head size (q/out rows): CB_H, CB_D but in the wide-head table */
 } cuda_bench;
 
 enum { CB_H = 32, CB_HKV = 8, CB_D = 128, CB_BS = 16 };
@@ -741,7 +743,7 @@ typedef struct {
 static cuda_forward_call cuda_forward_make(cuda_bench *cb, attn_metadata **metas, int nsets, int ntok) {
     int64_t qshape[3];
     cuda_forward_call c;
-    qshape[0] = ntok; qshape[1] = CB_H; qshape[2] = CB_D;
+    qshape[0] = ntok; qshape[1] = cb->h; qshape[2] = cb->d;
     memset(&c, 0, sizeof c);
     c.cb = cb;
     c.metas = metas;
@@ -768,10 +770,10 @@ static double cuda_time(cuda_bench *cb, attn_metadata **metas, int nsets, int nt
     uint16_t *host;
     double med;
     med = bench_groups(cb, cuda_forward_run, &c, per_group, NULL);
-    host = (uint16_t *)bench_alloc((size_t)ntok * CB_H * CB_D * 2);
-    CHECK(cb->ctx, attn_cuda_memcpy(cb->ctx, host, cb->d_out, (size_t)ntok * CB_H * CB_D * 2,
+    host = (uint16_t *)bench_alloc((size_t)ntok * cb->h * cb->d * 2);
+    CHECK(cb->ctx, attn_cuda_memcpy(cb->ctx, host, cb->d_out, (size_t)ntok * cb->h * cb->d * 2,
                                     ATTN_COPY_DEVICE_TO_HOST, NULL));
-    check_finite(host, ATTN_DTYPE_BF16, (size_t)ntok * CB_H * CB_D, "cuda forward");
+    check_finite(host, ATTN_DTYPE_BF16, (size_t)ntok * cb->h * cb->d, "cuda forward");
     free(host);
     return med;
 }
@@ -1440,6 +1442,116 @@ static void cuda_decode_8bit(attn_context *ctx, const cuda_bench *cb16, double r
     CHECK(ctx, attn_cuda_free(ctx, pool));
 }
 
+/* Heads past 256 (issue 23 (5), kernels/paged_attention.cu WIDE HEADS): 32/8 heads, head 512
+   (Gemma-class), block 16. bf16: the bf16 pool's bytes seen as head-512 blocks (256 KiB
+   each, their own shuffled ids); fp8 e4m3 per tensor: a pool of codes 0x20-0x3f (finite
+   positive values). Decode eager and replayed, GB/s of K+V bytes against the run's read
+   ceiling (target >= 85 % at batch >= 16 x >= 4k); prefill causal 1 x 4096 and 2 x 2048 in
+   TFLOP/s over the causal-useful pairs (4 * 32 * 512 * L(L+1)/2 a sequence) against the
+   matmul ceiling (PyTorch's SDPA at head 512 beside it: tools/torch_peer.py --head 512). */
+static int cuda_wide_only; /* --case wide: this table alone */
+static void cuda_wide_table(attn_context *ctx, const cuda_bench *cb16, double read_best, double mm) {
+    static const int shapes[][2] = {{1, 16384}, {16, 4096}, {16, 16384}, {64, 4096}, {128, 4096}};
+    static const int pre[][2] = {{1, 4096}, {2, 2048}};
+    enum { WH = 32, WHKV = 8, WD = 512 };
+    const size_t tok_bytes = (size_t)WHKV * WD * 2 * 2; /* K+V of a token, bf16 */
+    cuda_bench cb = *cb16;
+    void *pool8 = NULL;
+    int k, si;
+    cb.h = WH;
+    cb.d = WD;
+    printf("wide heads: %d/%d heads, head %d, block %d (kernels/paged_attention.cu, WIDE HEADS); GB/s = K+V bytes / "
+           "time\n", WH, WHKV, WD, CB_BS);
+    for (k = 0; k < 2; k++) {
+        attn_layer_desc d;
+        int64_t shape[ATTN_MAX_DIMS];
+        int ndim = 0, esz = k ? 1 : 2;
+        const size_t block_bytes = (size_t)2 * CB_BS * WHKV * WD * (size_t)esz;
+        memset(&d, 0, sizeof d);
+        d.num_heads = WH; d.num_kv_heads = WHKV; d.head_size = WD; d.block_size = CB_BS;
+        d.dtype = ATTN_DTYPE_BF16;
+        d.kv_cache_dtype = k ? ATTN_DTYPE_FP8_E4M3 : ATTN_DTYPE_BF16;
+        if (k) d.k_scale.value = d.v_scale.value = 1.0f / 64;
+        d.device = ATTN_DEVICE_CUDA;
+        bench_layer_create(ctx, &d, NULL, k ? "ATTN_BENCH_WIDE8_DEFINES" : "ATTN_BENCH_WIDE_DEFINES", &cb.layer);
+        if (k) { /* 8 GiB of codes: two sets of the largest case */
+            const size_t bytes = (size_t)8 << 30, chunk = (size_t)64 << 20;
+            unsigned char *host = (unsigned char *)bench_alloc(chunk + 1024);
+            uint64_t st = 99;
+            size_t off, i;
+            for (i = 0; i < chunk + 1024; i++) {
+                st = st * 6364136223846793005ull + 1442695040888963407ull;
+                host[i] = (unsigned char)(0x20 + ((st >> 33) & 0x1f));
+            }
+            CHECK(ctx, attn_cuda_malloc(ctx, bytes, &pool8));
+            for (off = 0; off < bytes; off += chunk)
+                CHECK(ctx, attn_cuda_memcpy(ctx, (char *)pool8 + off, host + (off / chunk % 7) * 128, chunk,
+                                            ATTN_COPY_HOST_TO_DEVICE, NULL));
+            free(host);
+            cb.num_blocks = (int64_t)(bytes / block_bytes);
+        } else {
+            cb.num_blocks = (int64_t)(CUDA_POOL_BYTES / block_bytes);
+        }
+        cb.ids = (int32_t *)bench_alloc((size_t)cb.num_blocks * sizeof(int32_t));
+        shuffle_ids(cb.ids, (int)cb.num_blocks, 43 + k);
+        CHECK(ctx, attn_layer_kv_cache_shape(cb.layer, cb.num_blocks, shape, &ndim));
+        cb.kv = attn_tensor_make(k ? pool8 : cb16->d_kv, d.kv_cache_dtype, ndim, shape);
+        cb.kv.device.kind = ATTN_DEVICE_CUDA;
+        printf("  KV %s (backend %s, decode kernel: %s):\n", attn_dtype_name(d.kv_cache_dtype),
+               attn_layer_backend(cb.layer)->name, attn_layer_selection(cb.layer)->kernel_defines);
+        for (si = 0; si < 5; si++) {
+            const int B = shapes[si][0], C = shapes[si][1];
+            const size_t iter_bytes = (size_t)B * (size_t)C * tok_bytes / (size_t)(2 / esz);
+            const cuda_decode_run run = cuda_decode_time(&cb, B, C, iter_bytes, 1);
+            const double gbs = (double)iter_bytes / run.med / 1e9, ggbs = (double)iter_bytes / run.graph / 1e9;
+            bench_row *row;
+            char kind[48];
+            printf("    decode batch %3d context %5d: %9.1f us median  %7.0f GB/s  %5.1f%% of read; graph replay %9.1f "
+                   "us  %7.0f GB/s  %5.1f%%\n", B, C, run.med * 1e6, gbs, 100.0 * gbs / read_best, run.graph * 1e6, ggbs,
+                   100.0 * ggbs / read_best);
+            fflush(stdout);
+            row = row_add();
+            snprintf(row->name, sizeof row->name, "head 512 decode b=%d ctx=%d, KV %s", B, C, attn_dtype_name(d.kv_cache_dtype));
+            row->ms = run.med * 1e3;
+            snprintf(row->metric, sizeof row->metric, "%.0f GB/s KV read (graph %.0f)", gbs, ggbs);
+            row->read_gbs = gbs;
+            row->other_cores = -1;
+            snprintf(kind, sizeof kind, "decode_d512_%s", k ? "fp8" : "bf16");
+            csv_row("attn.h", kind, B, C, run.med * 1e6, gbs, "GB/s");
+            snprintf(kind, sizeof kind, "decode_graph_d512_%s", k ? "fp8" : "bf16");
+            csv_row("attn.h", kind, B, C, run.graph * 1e6, ggbs, "GB/s");
+        }
+        for (si = 0; si < 2; si++) {
+            const int B = pre[si][0], L = pre[si][1], nsets = 4;
+            int32_t ql[2], sl[2];
+            attn_metadata **metas;
+            double med, tf, flops = (double)B * 4.0 * WH * WD * (double)L * (L + 1) / 2;
+            bench_row *row;
+            char kind[48];
+            ql[0] = ql[1] = sl[0] = sl[1] = L;
+            metas = cuda_metas(&cb, B, ql, sl, nsets);
+            med = cuda_time(&cb, metas, nsets, B * L, 4);
+            tf = flops / med / 1e12;
+            printf("    prefill causal %d x %5d: %9.1f us median  %6.1f TFLOP/s  %5.1f%% of the matmul ceiling\n", B, L,
+                   med * 1e6, tf, mm > 0 ? 100.0 * tf / mm : 0.0);
+            fflush(stdout);
+            row = row_add();
+            snprintf(row->name, sizeof row->name, "head 512 prefill causal b=%d L=%d, KV %s", B, L,
+                     attn_dtype_name(d.kv_cache_dtype));
+            row->ms = med * 1e3;
+            snprintf(row->metric, sizeof row->metric, "%.1f TFLOP/s", tf);
+            if (mm > 0) snprintf(row->ceiling, sizeof row->ceiling, "%.1f%% of the matmul ceiling", 100.0 * tf / mm);
+            row->other_cores = -1;
+            snprintf(kind, sizeof kind, "prefill_d512_%s", k ? "fp8" : "bf16");
+            csv_row("attn.h", kind, B, L, med * 1e6, tf, "TFLOP/s");
+            cuda_metas_free(metas, nsets);
+        }
+        attn_layer_destroy(cb.layer);
+        free(cb.ids);
+    }
+    if (pool8) CHECK(ctx, attn_cuda_free(ctx, pool8));
+}
+
 static void cuda_backend_table(attn_context *ctx, const attn_platform *plat, int quick) {
     static const int batches[] = {1, 16, 64, 128}, contexts[] = {1024, 4096, 16384};
     static const int pre_b[] = {4, 1}, pre_l[] = {4096, 16384};
@@ -1457,6 +1569,8 @@ static void cuda_backend_table(attn_context *ctx, const attn_platform *plat, int
     cb.ctx = ctx;
     cb.groups = quick ? 5 : 11;
     cb.sms = plat->cuda_multiprocessors;
+    cb.h = CB_H;
+    cb.d = CB_D;
     cb.num_blocks = (int64_t)(CUDA_POOL_BYTES / block_bytes);
     memset(&d, 0, sizeof d);
     d.num_heads = CB_H; d.num_kv_heads = CB_HKV; d.head_size = CB_D; d.block_size = CB_BS;
@@ -1504,6 +1618,10 @@ static void cuda_backend_table(attn_context *ctx, const attn_platform *plat, int
     memset(bf16_us, 0, sizeof bf16_us);
     /* ATTN_BENCH_KV8_ONLY (tuning): the 8-bit table alone, no bf16 rows to compare with */
     /* ATTN_BENCH_CAPACITY_ONLY (tuning): the capacity-256 decode table alone */
+    if (cuda_wide_only) {
+        cuda_wide_table(ctx, &cb, read_best, mm);
+        goto ceilings;
+    }
     for (bi = 0; bi < (cuda_mla_only || getenv("ATTN_BENCH_KV8_ONLY") || getenv("ATTN_BENCH_CAPACITY_ONLY") ? 0 : 4); bi++)
         for (ci = 0; ci < 3; ci++) {
             const int B = batches[bi], C = contexts[ci];
@@ -1627,6 +1745,8 @@ static void cuda_backend_table(attn_context *ctx, const attn_platform *plat, int
     }
 
     if (!cuda_decode_only) cuda_mla_table(ctx, &cb, read_best, mm);
+    if (!cuda_decode_only && !cuda_mla_only) cuda_wide_table(ctx, &cb, read_best, mm);
+ceilings:
     read_best2 = cuda_read_ceiling(ctx, cb.d_kv, (size_t)4 << 30, cb.sms, 10, &read_med2);
     if (read_best2 > read_best) read_best = read_best2;
     printf("read ceiling after the table: %.0f GB/s best, %.0f median; rows use the best of the run, %.0f GB/s\n",
@@ -1668,7 +1788,7 @@ static void cuda_backend_table(attn_context *ctx, const attn_platform *plat, int
    ------------------------------------------------------------------------------------- */
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: attn-bench-cuda [--quick] [--case decode|prefill|mla|all] [--csv FILE] [--mla-backend NAME]\n"
+    fprintf(f, "usage: attn-bench-cuda [--quick] [--case decode|prefill|mla|wide|all] [--csv FILE] [--mla-backend NAME]\n"
                "       attn-bench-cuda --selftest ROWS   the result table alone, with ROWS synthetic rows\n"
                "       (attn-bench --device cuda ... runs this program with the same arguments)\n"
                "  On a GPU: NVRTC compile time per kernel variant (attn_layer_create in a fresh kernel cache)\n"
@@ -1677,7 +1797,8 @@ static void usage(FILE *f) {
                "  NVRTC): one SKIP line with the reason, exit 0.\n"
                "  --csv FILE    also write the rows as CSV (tools/plot_bench.py)\n"
                "  --quick       fewer repetitions\n"
-               "  --case C      decode (the decode tables: bf16, 8-bit), prefill, mla or all (default all)\n"
+               "  --case C      decode (the decode tables: bf16, 8-bit), prefill, mla, wide (head 512)\n"
+               "                or all (default all)\n"
                "  --mla-backend NAME  the MLA table's layers forced onto NAME (CUDA_MLA: the mma.sync\n"
                "                fallback on a Hopper GPU; default: the selector's choice)\n"
                "  --device cuda, --threads N   accepted (attn-bench's options); --threads has no effect here\n"
@@ -1722,8 +1843,9 @@ int main(int argc, char **argv) {
             else if (!strcmp(c, "prefill")) { run_decode = 0; run_prefill = 1; run_mla = 0; }
             else if (!strcmp(c, "mla")) { run_decode = 0; run_prefill = 0; run_mla = 1; }
             else if (!strcmp(c, "all")) { run_decode = 1; run_prefill = 1; run_mla = 1; }
+            else if (!strcmp(c, "wide")) { run_decode = 0; run_prefill = 0; run_mla = 0; cuda_wide_only = 1; }
             else {
-                fprintf(stderr, "attn-bench-cuda: --case %s (allowed: decode, prefill, mla, all)\n", c);
+                fprintf(stderr, "attn-bench-cuda: --case %s (allowed: decode, prefill, mla, wide, all)\n", c);
                 return 2;
             }
         } else if (!strcmp(argv[i], "--mla-backend") && i + 1 < argc) {
@@ -1772,7 +1894,7 @@ int main(int argc, char **argv) {
     printf("command: %s\n\n", cmd);
     fflush(stdout);
     /* before the tool takes the primary context: the warm rounds time its first retain */
-    if (!cuda_mla_only) cuda_compile_times(&plat, quick);
+    if (!cuda_mla_only && !cuda_wide_only) cuda_compile_times(&plat, quick);
     printf("\n");
     if (!gpu_open(&plat, why, sizeof why)) {
         gpu_close();

@@ -116,6 +116,17 @@ static variant manifest_builtin[] = {
     PA(256, 16, 4, 2, 2, 4, " PERSISTENT=1"),
     PA(256, 16, 4, 2, 2, 16, ""),
     PA(256, 32, 8, 1, 1, 8, ""),
+    /* WIDE HEADS (288..512, two warp groups split O): decode; prefill 64 rows on sm_90
+       (196 KiB), 32 rows where a block has less (sm_80); 8-bit caches; a 288 (half 144) */
+    PA(512, 16, 4, 2, 2, 4, " PERSISTENT=1 CASCADE=1"),
+    PA(512, 16, 8, 1, 4, 2, " PERSISTENT=1 CASCADE=1 SOFTCAP=1"),
+    PA(512, 16, 2, 2, 6, 8, " PERSISTENT=1 CASCADE=1 KV_PTH=1"),
+    PA(512, 16, 4, 2, 2, 8, " WINDOW=1"),
+    {"paged_attention.cu", "HEAD_DIM=512 BLOCK_SIZE=16 GROUP=4 DT_Q=2 DT_KV=2 TILE_TOKENS=16", 90},
+    {"paged_attention.cu", "HEAD_DIM=512 BLOCK_SIZE=32 GROUP=2 DT_Q=1 DT_KV=4 TILE_TOKENS=32 ALIBI=1", 90},
+    PA(512, 16, 1, 2, 4, 32, " KV_PTH=1"),
+    PA(288, 16, 4, 1, 1, 4, " PERSISTENT=1 CASCADE=1"),
+    PA(288, 16, 4, 2, 5, 8, ""),
     PA(128, 16, 3, 2, 2, 5, " PERSISTENT=1"),   /* a group that is no power of two */
     PA(128, 16, 16, 2, 2, 1, " PERSISTENT=1"),
     /* the FMA variants: f32, and q/cache types that differ */
@@ -227,6 +238,8 @@ static variant manifest_builtin[] = {
     {"cache_write.cu", "HEAD_DIM=120 DT_IN=0 DT_CACHE=5", 0},
     {"cache_write.cu", "HEAD_DIM=128 DT_IN=2 DT_CACHE=6 KV_PTH=1", 0}, /* per token and head */
     {"cache_write.cu", "HEAD_DIM=256 DT_IN=1 DT_CACHE=4 KV_PTH=1", 0},
+    {"cache_write.cu", "HEAD_DIM=512 DT_IN=2 DT_CACHE=6 KV_PTH=1", 0},
+    {"cache_write.cu", "HEAD_DIM=512 DT_IN=1 DT_CACHE=4", 0},
     {"cache_write.cu", "KV_LORA_RANK=512 ROPE_DIM=64 DT_IN=2 DT_CACHE=2", 0},
     {"cache_write.cu", "KV_LORA_RANK=256 ROPE_DIM=64 DT_IN=0 DT_CACHE=2", 0},
     {"cache_write.cu", "KV_LORA_RANK=512 ROPE_DIM=64 DT_IN=2 DT_CACHE=4", 0}, /* fp8 latent: write, gather */

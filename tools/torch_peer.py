@@ -29,7 +29,13 @@ And MLA decode through attn_h.py (mla_forward_mqa, latent 576, pages of 64, head
 on the decode shapes of attn-bench (PyTorch has no latent-cache decode to set beside it).
 --prefill-only: the standard prefill shapes alone (no decode table, no MLA).
 
+--head 512 (issue 23 (5)): the same tables at head 512 (Gemma-class), decode batch {1, 16, 64}
+x context {4k, 16k} and prefill 1 x 4096, 2 x 2048, with SDPA's memory-efficient and math
+backends beside its default, flash and cuDNN (not every backend takes a head of 512; a refusal
+is reported).
+
 usage: python3 tools/torch_peer.py [--quick] [--csv FILE] [--no-attn-h] [--mla-only | --prefill-only]
+                                   [--head 512]
 """
 import os
 import sys
@@ -102,7 +108,9 @@ def sdpa_backend(name):
         return nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
     return sdpa_kernel([{"flash": SDPBackend.FLASH_ATTENTION,
-                         "cudnn": SDPBackend.CUDNN_ATTENTION}[name]])
+                         "cudnn": SDPBackend.CUDNN_ATTENTION,
+                         "efficient": SDPBackend.EFFICIENT_ATTENTION,
+                         "math": SDPBackend.MATH}[name]])
 
 
 def try_time(label, make_fn, check, per_group, groups, backend="default", graph_sets=0):
@@ -263,7 +271,12 @@ def mla_part(ah_ok, csv, table, groups):
 
 
 def main():
+    global D, BATCHES, CONTEXTS, PREFILLS
     quick = "--quick" in sys.argv
+    wide = "--head" in sys.argv
+    if wide:
+        D = int(sys.argv[sys.argv.index("--head") + 1])
+        BATCHES, CONTEXTS, PREFILLS = (1, 16, 64), (4096, 16384), ((1, 4096), (2, 2048))
     csv_path = sys.argv[sys.argv.index("--csv") + 1] if "--csv" in sys.argv else None
     groups = 5 if quick else 11
     dev = torch.cuda.get_device_properties(0)
@@ -276,7 +289,8 @@ def main():
             ah = AttnH()
         except Exception as e:  # noqa: BLE001
             print(f"attn_h: not run ({e})")
-    impls = ["default", "flash", "cudnn"] + (["attn_h"] if ah else [])
+    peers = ["default", "flash", "cudnn"] + (["efficient", "math"] if wide else [])
+    impls = peers + (["attn_h"] if ah else [])
     csv = ["impl,kind,batch,context,us,value,unit"]
     table = []
     if "--mla-only" in sys.argv:
@@ -305,7 +319,9 @@ def main():
                 assert err < 3e-2, f"differs from the fp32 reference by {err}"
 
             res = {}
-            for impl in impls[:3]:
+            for impl in peers:
+                if impl == "math" and b * c > 16 * 4096:
+                    continue  # the math path's fp32 copies of K/V: skip the large cases
                 if impl == "default":
                     def mk():
                         return lambda i: F.scaled_dot_product_attention(q, k[i % nsets], v[i % nsets], enable_gqa=True)
@@ -332,7 +348,7 @@ def main():
         vs = [torch.empty((b, HKV, L, D), device="cuda", dtype=torch.bfloat16).uniform_(-1, 1, generator=g)
               for _ in range(nsets)]
         res = {}
-        for impl in impls[:3]:
+        for impl in peers:
             def mk(gqa=True):
                 kk = ks if gqa else [x.repeat_interleave(H // HKV, dim=1) for x in ks]
                 vv = vs if gqa else [x.repeat_interleave(H // HKV, dim=1) for x in vs]
