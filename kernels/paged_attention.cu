@@ -207,7 +207,16 @@
    exchange, at the cost of S computed twice (a decode tile waits on memory, not on the
    mma; a prefill tile pays 3/2 of the FLOPs: docs/PERF.md, issue 23 (5)). The epilogue
    writes each group's half of O into the same shared rows (m and l once, from group 0)
-   and from there on nothing differs. Q is read from shared memory per K/V tile (Q_IN_REGS
+   and from there on nothing differs. SPLIT_S 1 (the default where HEAD_DIM % 64 == 0):
+   instead of computing S twice, group wv computes the partial S over dims [wv * HEAD_DIM /
+   2, (wv + 1) * HEAD_DIM / 2), the two warps of a pair (same rows, same keys) exchange their
+   partials through shared memory (a second __syncthreads per tile, which every warp meets,
+   the ones that skip the tile too: a barrier of the pair's 64 threads alone was faster to
+   write but compute-sanitizer's racecheck reported hazards around it) and both form S =
+   partial(0) + partial(1), in that order, so their scores are still the same numbers; one
+   exchange buffer suffices, because the tile's first __syncthreads keeps a warp from
+   writing the next tile's partial before its partner has read this one. Q is read from
+   shared memory per K/V tile (Q_IN_REGS
    0), tiles are 32 keys (16 on sm_80 for tiles of more than one row tile: its 163 KiB),
    two warps split a decode tile's keys (WARPS_N 2: four warps in all).
 
@@ -315,6 +324,9 @@
 #ifndef Q_IN_REGS
 #define Q_IN_REGS -1
 #endif
+#ifndef SPLIT_S
+#define SPLIT_S -1 /* WIDE HEADS: -1 the default (1 where HEAD_DIM % 64 == 0), 0 S computed by both groups */
+#endif
 
 __host__ __device__ constexpr int attn_cmax(int a, int b) { return a > b ? a : b; }
 
@@ -351,6 +363,9 @@ struct attn_paged_traits {
     static constexpr int vsplit = head_dim > 256 ? 2 : 1; /* warp groups along O's columns */
     static constexpr int ovw = head_dim / vsplit;         /* O columns a warp keeps */
     static constexpr int otw = ovw / 8;                   /* its n8 tiles of O */
+    /* WIDE HEADS, SPLIT_S: each group computes half of S's dot products (exchanged) */
+    static constexpr bool split_s = vsplit > 1 && (SPLIT_S >= 0 ? SPLIT_S != 0 : head_dim % 64 == 0);
+    static_assert(!split_s || head_dim % 64 == 0, "paged_attention.cu: SPLIT_S 1 takes HEAD_DIM a multiple of 64");
     static constexpr int dt_m = kv8 ? ATTN_DT_F16 : dt_q; /* the mma's input type */
     static constexpr int esz_q = dt_q == ATTN_DT_F32 ? 4 : 2;
     static constexpr int esz_sq = kv8 ? 2 : esz_q; /* Q in shared memory: f16 for 8-bit caches */
@@ -444,7 +459,9 @@ template <class T> struct attn_paged_smem {
     static constexpr int scale_bytes = T::kv_pth ? T::kv_stages * 2 * T::kv_tile * 4 : 0;
     static constexpr int kv_bytes = T::kv_stages * 2 * tile_bytes + scale_bytes;
     static constexpr int epi_bytes = T::warps_n * T::rows_pad * (T::o_pitch + 5) * 4; /* O, m, 4 partial l */
-    static constexpr int bytes = q_bytes + table_bytes + attn_cmax(kv_bytes, epi_bytes);
+    /* SPLIT_S: every warp's partial S, [warp][element][lane] f32 */
+    static constexpr int xch_bytes = T::split_s ? T::warps * T::warp_rows * T::nt * 4 * 32 * 4 : 0;
+    static constexpr int bytes = q_bytes + table_bytes + attn_cmax(kv_bytes, epi_bytes) + xch_bytes;
 
     char *base;
     attn_u32 addr; /* base in the shared window (cvta once: ldmatrix / cp.async take these) */
@@ -463,6 +480,7 @@ template <class T> struct attn_paged_smem {
     ATTN_DEV float *epi_o() const { return (float *)k(); }                                  /* [WARPS_N][ROWS_PAD][O_PITCH] */
     ATTN_DEV float *epi_m() const { return epi_o() + T::warps_n * T::rows_pad * T::o_pitch; } /* [WARPS_N][ROWS_PAD] */
     ATTN_DEV float *epi_l() const { return epi_m() + T::warps_n * T::rows_pad; }              /* [WARPS_N][ROWS_PAD][4] */
+    ATTN_DEV float *xch() const { return (float *)(base + q_bytes + table_bytes + attn_cmax(kv_bytes, epi_bytes)); }
 };
 
 typedef attn_paged_traits attn_pt;
@@ -729,6 +747,25 @@ ATTN_DEV void attn_paged_issue(const attn_paged_smem<T> &sm, const char *kv_base
     }
 }
 
+/* KV_PTH: each score times its key's K scale. */
+template <class T>
+ATTN_DEV void attn_paged_k_scales(float (&s)[T::warp_rows][T::nt][4], const attn_paged_smem<T> &sm, int stage, int lane,
+                                  int wn) {
+    const int tq = lane & 3;
+    if constexpr (T::kv_pth) { /* each key's K scale (lane keys 8n + 2tq, + 1) */
+        const float *ks = sm.k_scales() + stage * T::kv_tile + wn * T::kw + 2 * tq;
+#pragma unroll
+        for (int n = 0; n < T::nt; n++) {
+            const attn_vec8 kk = *(const attn_vec8 *)(ks + 8 * n);
+#pragma unroll
+            for (int wr = 0; wr < T::warp_rows; wr++) {
+                s[wr][n][0] *= __int_as_float(kk.x); s[wr][n][1] *= __int_as_float(kk.y);
+                s[wr][n][2] *= __int_as_float(kk.x); s[wr][n][3] *= __int_as_float(kk.y);
+            }
+        }
+    }
+}
+
 /* ---- stage: S = Q K^T for 16 rows x KW keys per row tile of the warp ----
    Each K fragment feeds every row tile of the warp. Three forms: 8-bit codes (ldmatrix of
    the codes as b16, converted in registers), 16-bit tensor cores, f32 FMA. Q fragments
@@ -736,7 +773,7 @@ ATTN_DEV void attn_paged_issue(const attn_paged_smem<T> &sm, const char *kv_base
 template <class T>
 ATTN_DEV void attn_paged_qk(float (&s)[T::warp_rows][T::nt][4], const attn_paged_smem<T> &sm,
                             const attn_u32 (&qf)[T::warp_rows][T::hdp / 16][4], int stage, int row0, int lane,
-                            int wn) {
+                            int wn, int wv, int warp) {
     const int g = lane >> 2, tq = lane & 3;
     const attn_u32 sQ_addr = sm.q_addr();
     /* lane offsets (bytes) of the ldmatrix row addresses, see the fragment table in
@@ -758,10 +795,13 @@ ATTN_DEV void attn_paged_qk(float (&s)[T::warp_rows][T::nt][4], const attn_paged
         const attn_u32 k8_lane4 = (attn_u32)(((lane & 7) + ((lane >> 4) << 3)) * T::srow + ((lane >> 3) & 1) * 16);
         const attn_u32 k8_lane2 = (attn_u32)(((lane & 7) + (((lane >> 3) & 1) << 3)) * T::srow);
         const attn_u32 kb = sm.k_addr() + (attn_u32)((stage * T::kv_tile + wn * T::kw) * T::srow);
+        constexpr int kqn = T::split_s ? T::head_dim / 64 : T::head_dim / 32; /* SPLIT_S: this group's half */
+        const int kq0 = T::split_s ? wv * kqn : 0;
 #pragma unroll
         for (int np = 0; np < T::nt / 2; np++) {
 #pragma unroll
-            for (int kq = 0; kq < T::head_dim / 32; kq++) {
+            for (int kx = 0; kx < kqn; kx++) {
+                const int kq = kq0 + kx;
                 attn_u32 w[4], b[4][2];
                 attn_ldmatrix_x4(w, kb + k8_lane4 + (attn_u32)(np * 16 * T::srow + kq * 32));
 #pragma unroll
@@ -769,9 +809,9 @@ ATTN_DEV void attn_paged_qk(float (&s)[T::warp_rows][T::nt][4], const attn_paged
 #pragma unroll
                 for (int wr = 0; wr < T::warp_rows; wr++) {
                     attn_u32 a0[4], a1[4];
-                    if constexpr (T::q_in_regs) {
+                    if constexpr (T::q_in_regs) { /* (never with SPLIT_S: Q_IN_REGS needs HEAD_DIM <= 128) */
 #pragma unroll
-                        for (int i = 0; i < 4; i++) a0[i] = qf[wr][2 * kq][i], a1[i] = qf[wr][2 * kq + 1][i];
+                        for (int i = 0; i < 4; i++) a0[i] = qf[wr][2 * kx][i], a1[i] = qf[wr][2 * kx + 1][i];
                     } else {
                         q_frag(a0, wr, kq * 64);
                         q_frag(a1, wr, kq * 64 + 32);
@@ -804,14 +844,17 @@ ATTN_DEV void attn_paged_qk(float (&s)[T::warp_rows][T::nt][4], const attn_paged
     } else if constexpr (T::use_mma) {
         const attn_u32 k_lane = (attn_u32)((((lane & 7) + ((lane >> 4) << 3)) * T::kv_pitch + ((lane >> 3) & 1) * 8) * 2);
         const attn_u32 kb = sm.k_addr() + (attn_u32)((stage * T::kv_tile + wn * T::kw) * T::kv_pitch * 2) + k_lane;
+        constexpr int ksn = T::split_s ? T::hdp / 32 : T::hdp / 16; /* SPLIT_S: this group's half */
+        const int ks0 = T::split_s ? wv * ksn : 0;
 #pragma unroll
-        for (int ks = 0; ks < T::hdp / 16; ks++) {
+        for (int kx = 0; kx < ksn; kx++) {
+            const int ks = ks0 + kx;
             attn_u32 qa[T::warp_rows][4];
             if constexpr (T::q_in_regs) {
 #pragma unroll
                 for (int wr = 0; wr < T::warp_rows; wr++)
 #pragma unroll
-                    for (int i = 0; i < 4; i++) qa[wr][i] = qf[wr][ks][i];
+                    for (int i = 0; i < 4; i++) qa[wr][i] = qf[wr][kx][i];
             } else {
 #pragma unroll
                 for (int wr = 0; wr < T::warp_rows; wr++) q_frag(qa[wr], wr, ks * 32);
@@ -850,18 +893,38 @@ ATTN_DEV void attn_paged_qk(float (&s)[T::warp_rows][T::nt][4], const attn_paged
             }
         }
     }
-    if constexpr (T::kv_pth) { /* each key's K scale (lane keys 8n + 2tq, + 1) */
-        const float *ks = sm.k_scales() + stage * T::kv_tile + wn * T::kw + 2 * tq;
+    if constexpr (T::split_s) { /* this group's partial, for its partner (attn_paged_s_join) */
+        constexpr int E = T::warp_rows * T::nt * 4;
+        float *mine = sm.xch() + warp * E * 32 + lane;
 #pragma unroll
-        for (int n = 0; n < T::nt; n++) {
-            const attn_vec8 kk = *(const attn_vec8 *)(ks + 8 * n);
+        for (int wr = 0; wr < T::warp_rows; wr++)
 #pragma unroll
-            for (int wr = 0; wr < T::warp_rows; wr++) {
-                s[wr][n][0] *= __int_as_float(kk.x); s[wr][n][1] *= __int_as_float(kk.y);
-                s[wr][n][2] *= __int_as_float(kk.x); s[wr][n][3] *= __int_as_float(kk.y);
-            }
-        }
+            for (int n = 0; n < T::nt; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) mine[((wr * T::nt + n) * 4 + e) * 32] = s[wr][n][e];
+    } else {
+        attn_paged_k_scales<T>(s, sm, stage, lane, wn);
     }
+}
+
+/* SPLIT_S: after a __syncthreads, S = partial(group 0) + partial(group 1), in that order in
+   both warps of the pair (the same numbers), then the K scales (KV_PTH). */
+template <class T>
+ATTN_DEV void attn_paged_s_join(float (&s)[T::warp_rows][T::nt][4], const attn_paged_smem<T> &sm, int stage, int lane,
+                                int wn, int wv, int warp) {
+    constexpr int E = T::warp_rows * T::nt * 4;
+    const int partner = warp + (wv ? -1 : 1) * T::warp_rt * T::warps_n;
+    const float *theirs = sm.xch() + partner * E * 32 + lane;
+#pragma unroll
+    for (int wr = 0; wr < T::warp_rows; wr++)
+#pragma unroll
+        for (int n = 0; n < T::nt; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float o = theirs[((wr * T::nt + n) * 4 + e) * 32];
+                s[wr][n][e] = wv ? o + s[wr][n][e] : s[wr][n][e] + o;
+            }
+    attn_paged_k_scales<T>(s, sm, stage, lane, wn);
 }
 
 /* ---- stage: O += P V ----
@@ -1064,10 +1127,15 @@ template <class T> ATTN_DEV void attn_paged_attention_item(const attn__paged_par
            ptxas, which otherwise builds the softmax shuffles a divergent slow path (a call,
            and spills around it). */
         const int sees = __all_sync(0xffffffffu, kt0 + T::kw > lo_min && kt0 < hi_max);
+        float s[T::warp_rows][T::nt][4];
+        if constexpr (T::split_s) { /* WIDE HEADS: the pair's partial S, exchanged across a __syncthreads */
+            if (sees) attn_paged_qk<T>(s, sm, qf, stage, row0, lane, wn, wv, warp);
+            __syncthreads();
+            if (sees) attn_paged_s_join<T>(s, sm, stage, lane, wn, wv, warp);
+        }
         if (sees) {
             const int need_mask = kt0 < lo_max || kt0 + T::kw > hi_min;
-            float s[T::warp_rows][T::nt][4];
-            attn_paged_qk<T>(s, sm, qf, stage, row0, lane, wn);
+            if constexpr (!T::split_s) attn_paged_qk<T>(s, sm, qf, stage, row0, lane, wn, wv, warp);
 
             /* ---- scores in base 2, masks, online softmax (row tile wr, element e: row rr =
                e / 2, key kt0 + 8n + 2tq + e % 2) ---- */

@@ -182,6 +182,11 @@ STANDARD = [
          window=16, sinks=True, reqs=[(1, 70), (24, 24), (6, 40)]),
     dict(id="f32-gqa4/2-d32-sinks-kv-through-forward", dtype="float32", heads=4, kv_heads=2,
          head_size=32, sinks=True, pass_kv=True, reqs=[(1, 33), (9, 9), (3, 20)]),
+    # heads past 256 (Gemma-class 512; on CUDA the WIDE HEADS kernels, issue 23 item 5)
+    dict(id="f16-gqa4/2-d512-sinks", dtype="float16", heads=4, kv_heads=2, head_size=512,
+         sinks=True, reqs=[(1, 90), (19, 19), (4, 40), (1, 300)]),
+    dict(id="bf16-gqa8/2-d384-window24", dtype="bfloat16", heads=8, kv_heads=2, head_size=384,
+         window=24, reqs=[(1, 60), (13, 13), (2, 33)]),
 ]
 
 
