@@ -62,7 +62,8 @@ import numpy as np
 
 __all__ = [
     "AttnError", "Context", "Layer", "Metadata", "merge_attn_states", "reorder_batch",
-    "mla_num_kv_splits", "load_library", "library", "check_layout",
+    "mla_num_kv_splits", "load_library", "library", "check_layout", "PreparedForward",
+    "torch_ops", "op_handle",
 ]
 
 # ---- attn.h, mirrored (enums are C int; values checked against the library at import) -
@@ -624,22 +625,34 @@ def _host_writable(ptr, nbytes):
     at the first write."""
     if nbytes <= 0:
         return True
+    end = ptr + nbytes
+    for lo, hi in _WRITABLE:   # mappings seen writable (reading the map costs ~1 ms with torch loaded)
+        if lo <= ptr and end <= hi:
+            return True
     try:
         with open("/proc/self/maps") as f:
             lines = f.readlines()
     except OSError:
         return True
-    end = ptr + nbytes
+    seen = []
     for line in lines:
         fields = line.split()
         lo, hi = (int(x, 16) for x in fields[0].split("-"))
         if lo <= ptr < hi:
             if "w" not in fields[1]:
                 return False
+            seen.append((lo, hi))
             if end <= hi:
+                if len(seen) == 1:
+                    if len(_WRITABLE) >= 64:
+                        del _WRITABLE[0]
+                    _WRITABLE.append(seen[0])
                 return True
             ptr = hi
     return False   # [ptr, end) runs into unmapped memory
+
+
+_WRITABLE = []   # (lo, hi) of writable mappings _host_writable found (most recent last, at most 64)
 
 
 def _tensor(x, name, fn, write=False, cache_dtype=None):
@@ -1299,6 +1312,13 @@ class Layer(_Owned):
             _stream(stream, q, kv_cache)))
         return out
 
+    def prepare_forward(self, meta: Metadata, q: Array, kv_cache: Array, out: Array,
+                        lse: Optional[Array] = None, k: Optional[Array] = None, v: Optional[Array] = None,
+                        stream: Stream = None) -> "PreparedForward":
+        """forward on these torch tensors now, and a PreparedForward that repeats it on
+        tensors of the same kinds with the argument structs built once (see PreparedForward)."""
+        return PreparedForward(self, meta, q, kv_cache, out, lse, k, v, stream)
+
     # -- MLA --
 
     def concat_and_cache_mla(self, kv_c: Array, k_pe: Array, kv_cache: Array, slot_mapping: Array,
@@ -1489,6 +1509,209 @@ class Metadata(_Owned):
         info = attn_mla_info()
         self._check(library().attn_metadata_mla_info(self._live(), C.byref(info)))
         return _struct_dict(info)
+
+
+# ---- the prepared forward and the PyTorch custom ops (issue 24 section 3) ---------------
+
+def _torch_sig(x):
+    """What a prepared call checks of a tensor at every call: dtype, shape, strides, device."""
+    return (x.dtype, x.shape, x.stride(), x.device.type, x.get_device()) if x is not None else None
+
+
+class PreparedForward:
+    """Layer.forward with its argument structs built once (issue 24): the first call (at
+    construction) validates every argument as Layer.forward does and keeps the attn_tensor
+    structs; a call then checks that each tensor has the prepared dtype, shape, strides and
+    device (AttnError naming the argument otherwise), writes the data pointers into the
+    structs and calls attn_layer_forward: no struct is built, nothing allocated. torch
+    tensors only. stream None: torch's current stream of q's device at each call (so a CUDA
+    graph captures the launch on its capture stream). Holds the layer and the metadata;
+    closed (and refusing calls) when either is closed."""
+
+    def __init__(self, layer: "Layer", meta: "Metadata", q: Array, kv_cache: Array, out: Array,
+                 lse: Optional[Array] = None, k: Optional[Array] = None, v: Optional[Array] = None,
+                 stream: Stream = None) -> None:
+        fn = "prepare_forward"
+        _need(layer, Layer, "layer", fn)
+        _need(meta, Metadata, "meta", fn)
+        for name, x in (("q", q), ("kv_cache", kv_cache), ("out", out), ("lse", lse), ("k", k), ("v", v)):
+            if x is not None and not _is_torch(x):
+                raise TypeError("%s: %s is a %s (allowed: a torch tensor; numpy arrays go through "
+                                "Layer.forward)" % (fn, name, type(x).__name__))
+        if (k is None) != (v is None):
+            _fail(ATTN_ERROR_INVALID_VALUE, "%s: k and v are given together or not at all" % fn)
+        self.layer, self.meta = layer, meta
+        self._t = [_tensor(q, "q", fn), _tensor(k, "k", fn), _tensor(v, "v", fn),
+                   _tensor(kv_cache, "kv_cache", fn, write=k is not None, cache_dtype=layer._kv_dtype),
+                   _tensor(out, "out", fn, write=True), _tensor(lse, "lse", fn, write=True)]
+        self._sig = [_torch_sig(x) for x in (q, k, v, kv_cache, out, lse)]
+        self._refs = [_ref(t) for t in self._t]
+        self._fixed_stream = None if stream is None else getattr(stream, "cuda_stream", stream)
+        self._cuda = q.device.type == "cuda"
+        self._dev = q.get_device() if self._cuda else -1
+        self._raw_stream = None
+        if self._cuda and stream is None:
+            import torch
+            self._raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+            if self._raw_stream is None:   # older torch: the public (slower) call
+                self._raw_stream = lambda d, cs=torch.cuda.current_stream: cs(d).cuda_stream
+        self._call = library().attn_layer_forward
+        self(q, kv_cache, out, lse, k, v)
+
+    _NAMES = ("q", "k", "v", "kv_cache", "out", "lse")
+
+    def __call__(self, q: Array, kv_cache: Array, out: Array, lse: Optional[Array] = None,
+                 k: Optional[Array] = None, v: Optional[Array] = None) -> Array:
+        """The forward on these tensors (of the prepared kinds). Returns out."""
+        xs = (q, k, v, kv_cache, out, lse)
+        sig, ts = self._sig, self._t
+        for i in range(6):
+            x = xs[i]
+            if x is None:
+                if sig[i] is not None:
+                    _fail(ATTN_ERROR_INVALID_VALUE, "prepared forward: %s is None (allowed: a tensor "
+                          "like the prepared one, %s)" % (self._NAMES[i], sig[i][:3]))
+                continue
+            if sig[i] is None or (x.dtype, x.shape, x.stride(), x.device.type, x.get_device()) != sig[i]:
+                _fail(ATTN_ERROR_SHAPE_MISMATCH, "prepared forward: %s is %s (allowed: the prepared "
+                      "%s; prepare again for other shapes)" % (self._NAMES[i], None if x is None else
+                                                               _torch_sig(x)[:3], sig[i] and sig[i][:3]))
+            ts[i].data = x.data_ptr()
+        layer, meta = self.layer, self.meta
+        if not meta._ptr or not layer._ptr:
+            raise ValueError("prepared forward: its %s is closed" % ("metadata" if not meta._ptr else "layer"))
+        r = self._refs
+        stream = self._fixed_stream if self._raw_stream is None else self._raw_stream(self._dev)
+        rc = self._call(layer._ptr, meta._ptr, r[0], r[1], r[2], r[3], r[4], r[5], stream)
+        if rc:
+            layer._check(rc)
+        return out
+
+
+_TORCH_LIB = None
+_HANDLES = {}
+
+
+def _handle_of(obj):
+    """The int that stands for a Layer or Metadata in a custom op's arguments."""
+    h = getattr(obj, "_op_handle", None)
+    if h is None:
+        h = obj._op_handle = id(obj)
+        _HANDLES[h] = weakref.ref(obj)
+    return h
+
+
+def _from_handle(h, cls, name):
+    ref = _HANDLES.get(int(h))
+    obj = ref() if ref is not None else None
+    if not isinstance(obj, cls):
+        _fail(ATTN_ERROR_INVALID_VALUE, "attn_h op: %s handle %d names no live attn_h.%s (allowed: "
+              "attn_h.op_handle(obj))" % (name, int(h), cls.__name__))
+    return obj
+
+
+def op_handle(obj: Any) -> int:
+    """The int that passes a Layer or a Metadata to the torch.ops.attn_h ops (torch_ops())."""
+    if not isinstance(obj, (Layer, Metadata)):
+        raise TypeError("op_handle: obj is a %s (allowed: an attn_h.Layer or attn_h.Metadata)"
+                        % type(obj).__name__)
+    return _handle_of(obj)
+
+
+def torch_ops() -> Any:
+    """Registers attn.h's calls as PyTorch custom ops in the namespace attn_h (once) and
+    returns torch.ops.attn_h. Layers and metadata pass as ints (op_handle); outputs are
+    given, the ops return nothing (fake implementations for torch.compile's tracing):
+      forward(layer, meta, q, kv_cache!, out!, lse!?, k?, v?)   (prepared per layer, metadata
+              and tensor kinds: see PreparedForward)
+      reshape_and_cache(layer, key, value, kv_cache!, slot_mapping)
+      concat_and_cache_mla(layer, kv_c, k_pe, kv_cache!, slot_mapping)
+      mla_forward_mqa(layer, meta, q, q_pe?, kv_cache, out_latent!, lse!?)
+      mla_forward_mha(layer, meta, q, kv_cache, w_uk, w_uv, out!, lse!?)
+      mla_forward_sparse(layer, meta, q, q_pe?, kv_cache, indices, out_latent!, lse!?)
+      merge_attn_states(out_a, lse_a, out_b, lse_b, out!, lse!?)   (base e; the context of
+              the first layer handle given to any op, or a context of its own)
+    Each runs on torch's current stream, so CUDA graphs capture it."""
+    global _TORCH_LIB
+    import torch
+    if _TORCH_LIB is not None:
+        return torch.ops.attn_h
+    lib = torch.library.Library("attn_h", "DEF")
+    defs = {
+        "forward": "forward(int layer, int meta, Tensor q, Tensor(a!) kv_cache, Tensor(b!) out, "
+                   "Tensor(c!)? lse=None, Tensor? k=None, Tensor? v=None) -> ()",
+        "reshape_and_cache": "reshape_and_cache(int layer, Tensor key, Tensor value, Tensor(a!) kv_cache, "
+                             "Tensor slot_mapping) -> ()",
+        "concat_and_cache_mla": "concat_and_cache_mla(int layer, Tensor kv_c, Tensor k_pe, Tensor(a!) kv_cache, "
+                                "Tensor slot_mapping) -> ()",
+        "mla_forward_mqa": "mla_forward_mqa(int layer, int meta, Tensor q, Tensor? q_pe, Tensor kv_cache, "
+                           "Tensor(a!) out_latent, Tensor(b!)? lse=None) -> ()",
+        "mla_forward_mha": "mla_forward_mha(int layer, int meta, Tensor q, Tensor kv_cache, Tensor w_uk, "
+                           "Tensor w_uv, Tensor(a!) out, Tensor(b!)? lse=None) -> ()",
+        "mla_forward_sparse": "mla_forward_sparse(int layer, int meta, Tensor q, Tensor? q_pe, Tensor kv_cache, "
+                              "Tensor indices, Tensor(a!) out_latent, Tensor(b!)? lse=None) -> ()",
+        "merge_attn_states": "merge_attn_states(Tensor out_a, Tensor lse_a, Tensor out_b, Tensor lse_b, "
+                             "Tensor(a!) out, Tensor(b!)? lse=None) -> ()",
+    }
+    for d in defs.values():
+        lib.define(d)
+    prepared = {}   # (layer, meta, k given) -> PreparedForward, rebuilt when the tensors' kinds change
+
+    def forward(layer, meta, q, kv_cache, out, lse=None, k=None, v=None):
+        key = (layer, meta, k is None)
+        p = prepared.get(key)
+        if p is not None and p.meta._ptr and p.layer._ptr:
+            try:
+                p(q, kv_cache, out, lse, k, v)
+                return
+            except AttnError as e:
+                if e.status != "ATTN_ERROR_SHAPE_MISMATCH" and e.status != "ATTN_ERROR_INVALID_VALUE":
+                    raise
+        L = _from_handle(layer, Layer, "layer")
+        M = _from_handle(meta, Metadata, "meta")
+        if len(prepared) > 256:
+            prepared.clear()
+        prepared[key] = PreparedForward(L, M, q, kv_cache, out, lse, k, v)
+
+    def reshape_and_cache(layer, key, value, kv_cache, slot_mapping):
+        _from_handle(layer, Layer, "layer").reshape_and_cache(key, value, kv_cache, slot_mapping)
+
+    def concat_and_cache_mla(layer, kv_c, k_pe, kv_cache, slot_mapping):
+        _from_handle(layer, Layer, "layer").concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping)
+
+    def mla_forward_mqa(layer, meta, q, q_pe, kv_cache, out_latent, lse=None):
+        _from_handle(layer, Layer, "layer").mla_forward_mqa(
+            _from_handle(meta, Metadata, "meta"), q, kv_cache, out_latent, q_pe=q_pe, lse=lse)
+
+    def mla_forward_mha(layer, meta, q, kv_cache, w_uk, w_uv, out, lse=None):
+        _from_handle(layer, Layer, "layer").mla_forward_mha(
+            _from_handle(meta, Metadata, "meta"), q, kv_cache, w_uk, w_uv, out, lse=lse)
+
+    def mla_forward_sparse(layer, meta, q, q_pe, kv_cache, indices, out_latent, lse=None):
+        _from_handle(layer, Layer, "layer").mla_forward_sparse(
+            _from_handle(meta, Metadata, "meta"), q, kv_cache, indices, out_latent, q_pe=q_pe, lse=lse)
+
+    merge_ctx = []
+
+    def merge(out_a, lse_a, out_b, lse_b, out, lse=None):
+        ctx = next((r().ctx for r in _HANDLES.values() if isinstance(r(), Layer)), None)
+        if ctx is None:
+            if not merge_ctx:
+                merge_ctx.append(Context(log_level="warn"))
+            ctx = merge_ctx[0]
+        merge_attn_states(ctx, out_a, lse_a, out_b, lse_b, out=out, lse=lse)
+
+    impls = dict(forward=forward, reshape_and_cache=reshape_and_cache,
+                 concat_and_cache_mla=concat_and_cache_mla, mla_forward_mqa=mla_forward_mqa,
+                 mla_forward_mha=mla_forward_mha, mla_forward_sparse=mla_forward_sparse,
+                 merge_attn_states=merge)
+    for name, f in impls.items():
+        lib.impl(name, f, "CPU")
+        lib.impl(name, f, "CUDA")
+        # fake (meta) implementations: every op writes given outputs and returns nothing
+        torch.library.register_fake("attn_h::" + name, lambda *a, **kw: None, lib=lib)
+    _TORCH_LIB = lib
+    return torch.ops.attn_h
 
 
 # ---- free functions --------------------------------------------------------------------

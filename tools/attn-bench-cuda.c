@@ -43,7 +43,7 @@
    keeps private (no public query of a built metadata's schedule).
 
    Build: make build/attn-bench-cuda.  Usage: attn-bench-cuda [--quick]
-   [--case decode|prefill|mla|wide|all] [--csv FILE] [--mla-backend NAME]
+   [--case decode|prefill|mla|wide|host|all] [--csv FILE] [--mla-backend NAME]
    (wide: the head-512 table alone, cuda_wide_table) */
 #define ATTN_IMPLEMENTATION
 #include "attn.h"
@@ -1450,6 +1450,29 @@ static void cuda_decode_8bit(attn_context *ctx, const cuda_bench *cb16, double r
    TFLOP/s over the causal-useful pairs (4 * 32 * 512 * L(L+1)/2 a sequence) against the
    matmul ceiling (PyTorch's SDPA at head 512 beside it: tools/torch_peer.py --head 512). */
 static int cuda_wide_only; /* --case wide: this table alone */
+static int cuda_host_only; /* --case host: the host time per forward alone */
+
+/* Host time per forward through the C API (issue 24's baseline for attn_h's prepared path
+   and torch ops, tools/op_overhead.py): batch 1 decode over 1024 keys (32/8 heads, head
+   128, bf16), 200 forwards enqueued back to back, the host's wall time over them / 200
+   (the device runs behind: nothing waits on it inside the group), median of 11 groups. */
+static double cuda_host_per_forward(cuda_bench *cb) {
+    int32_t ql[1] = {1}, sl[1] = {1024};
+    attn_metadata **metas = cuda_metas(cb, 1, ql, sl, 1);
+    cuda_forward_call c = cuda_forward_make(cb, metas, 1, 1);
+    double t[11];
+    int g, k;
+    for (g = -1; g < 11; g++) {
+        double t0;
+        CHECK(cb->ctx, attn_cuda_synchronize(cb->ctx, NULL));
+        t0 = now_s();
+        for (k = 0; k < 200; k++) cuda_forward_run(&c, 0);
+        if (g >= 0) t[g] = (now_s() - t0) / 200;
+    }
+    CHECK(cb->ctx, attn_cuda_synchronize(cb->ctx, NULL));
+    cuda_metas_free(metas, 1);
+    return median(t, 11);
+}
 static void cuda_wide_table(attn_context *ctx, const cuda_bench *cb16, double read_best, double mm) {
     static const int shapes[][2] = {{1, 16384}, {16, 4096}, {16, 16384}, {64, 4096}, {128, 4096}};
     static const int pre[][2] = {{1, 4096}, {2, 2048}};
@@ -1622,6 +1645,14 @@ static void cuda_backend_table(attn_context *ctx, const attn_platform *plat, int
         cuda_wide_table(ctx, &cb, read_best, mm);
         goto ceilings;
     }
+    {
+        const double host = cuda_host_per_forward(&cb);
+        printf("host time per forward (C API, batch 1 x 1024 decode, 200 enqueued back to back, median of 11): "
+               "%.2f us\n", host * 1e6);
+        csv_row("attn.h", "host_per_forward", 1, 1024, host * 1e6, 0, "us");
+        fflush(stdout);
+        if (cuda_host_only) goto ceilings;
+    }
     for (bi = 0; bi < (cuda_mla_only || getenv("ATTN_BENCH_KV8_ONLY") || getenv("ATTN_BENCH_CAPACITY_ONLY") ? 0 : 4); bi++)
         for (ci = 0; ci < 3; ci++) {
             const int B = batches[bi], C = contexts[ci];
@@ -1788,7 +1819,7 @@ ceilings:
    ------------------------------------------------------------------------------------- */
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: attn-bench-cuda [--quick] [--case decode|prefill|mla|wide|all] [--csv FILE] [--mla-backend NAME]\n"
+    fprintf(f, "usage: attn-bench-cuda [--quick] [--case decode|prefill|mla|wide|host|all] [--csv FILE] [--mla-backend NAME]\n"
                "       attn-bench-cuda --selftest ROWS   the result table alone, with ROWS synthetic rows\n"
                "       (attn-bench --device cuda ... runs this program with the same arguments)\n"
                "  On a GPU: NVRTC compile time per kernel variant (attn_layer_create in a fresh kernel cache)\n"
@@ -1797,8 +1828,8 @@ static void usage(FILE *f) {
                "  NVRTC): one SKIP line with the reason, exit 0.\n"
                "  --csv FILE    also write the rows as CSV (tools/plot_bench.py)\n"
                "  --quick       fewer repetitions\n"
-               "  --case C      decode (the decode tables: bf16, 8-bit), prefill, mla, wide (head 512)\n"
-               "                or all (default all)\n"
+               "  --case C      decode (the decode tables: bf16, 8-bit), prefill, mla, wide (head 512),\n"
+               "                host (the host time per forward) or all (default all)\n"
                "  --mla-backend NAME  the MLA table's layers forced onto NAME (CUDA_MLA: the mma.sync\n"
                "                fallback on a Hopper GPU; default: the selector's choice)\n"
                "  --device cuda, --threads N   accepted (attn-bench's options); --threads has no effect here\n"
@@ -1844,8 +1875,9 @@ int main(int argc, char **argv) {
             else if (!strcmp(c, "mla")) { run_decode = 0; run_prefill = 0; run_mla = 1; }
             else if (!strcmp(c, "all")) { run_decode = 1; run_prefill = 1; run_mla = 1; }
             else if (!strcmp(c, "wide")) { run_decode = 0; run_prefill = 0; run_mla = 0; cuda_wide_only = 1; }
+            else if (!strcmp(c, "host")) { run_decode = 0; run_prefill = 0; run_mla = 0; cuda_host_only = 1; }
             else {
-                fprintf(stderr, "attn-bench-cuda: --case %s (allowed: decode, prefill, mla, wide, all)\n", c);
+                fprintf(stderr, "attn-bench-cuda: --case %s (allowed: decode, prefill, mla, wide, host, all)\n", c);
                 return 2;
             }
         } else if (!strcmp(argv[i], "--mla-backend") && i + 1 < argc) {
@@ -1894,7 +1926,7 @@ int main(int argc, char **argv) {
     printf("command: %s\n\n", cmd);
     fflush(stdout);
     /* before the tool takes the primary context: the warm rounds time its first retain */
-    if (!cuda_mla_only && !cuda_wide_only) cuda_compile_times(&plat, quick);
+    if (!cuda_mla_only && !cuda_wide_only && !cuda_host_only) cuda_compile_times(&plat, quick);
     printf("\n");
     if (!gpu_open(&plat, why, sizeof why)) {
         gpu_close();

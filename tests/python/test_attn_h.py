@@ -465,10 +465,16 @@ def test_forward_against_torch_sdpa(ctx, tx, cfg):
                 mask &= kpos > qpos - window
         elif window:
             mask &= (kpos > qpos - window) & (kpos < qpos + window)
-        want_out.append(F.scaled_dot_product_attention(qr, k, v, attn_mask=mask,
+        bias = torch.zeros(H, ql, sl, dtype=torch.float64).masked_fill(~mask, -math.inf)
+        if run["sinks"] is not None:   # a sink: one more key, zero value, its logit as the bias
+            sink = torch.from_numpy(run["sinks"])[:, None, None].expand(H, ql, 1)
+            bias = torch.cat([bias, sink], -1)
+            k = torch.cat([k, torch.zeros(H, 1, k.shape[-1], dtype=k.dtype)], 1)
+            v = torch.cat([v, torch.zeros(H, 1, v.shape[-1], dtype=v.dtype)], 1)
+        want_out.append(F.scaled_dot_product_attention(qr, k, v, attn_mask=bias,
                                                        scale=run["scale"]).transpose(0, 1))
-        scores = (qr @ k.transpose(1, 2)) * run["scale"]
-        want_lse.append(torch.logsumexp(scores.masked_fill(~mask, -math.inf), -1).T)
+        scores = (qr @ k.transpose(1, 2)) * run["scale"] + bias
+        want_lse.append(torch.logsumexp(scores, -1).T)
         row += ql
     code = DTYPE_CODE[cfg["dtype"]]
     tol, ltol = ref.TOLERANCE[code], ref.LSE_TOLERANCE[code]
@@ -1147,7 +1153,8 @@ def test_cuda_library_names_and_pytorch_copies(monkeypatch, tmp_path):
     lib = tmp_path / "site" / "nvidia" / "cuda_nvrtc" / "lib"
     lib.mkdir(parents=True)
     (lib / "libnvrtc.so.12").write_bytes(b"")
-    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    # sys.path holds that site-packages alone (the test's own may have PyTorch's real wheels)
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "site")])
     real_cdll = attn_h.C.CDLL
 
     def no_system_copy(name, *a, **kw):
@@ -1229,3 +1236,77 @@ def test_module_docstring_example(capsys):
     assert capsys.readouterr().out.strip() == "CPU"
     out = scope["out"]
     assert out.shape == (21, 8, 64) and np.isfinite(out).all()
+
+
+def test_prepared_forward_and_torch_ops(ctx, tx):
+    """Issue 24: Layer.prepare_forward (structs built once, pointers updated per call) and
+    the torch.library ops (torch.ops.attn_h): the same results as Layer.forward, named
+    refusals, torch.compile tracing through the op (fullgraph), and on CUDA a captured CUDA
+    graph that replays the op on new inputs."""
+    H, HKV, D, BS, nb = 8, 2, 64, 16, 48
+    dev = tx.device
+    layer = attn_h.Layer(ctx, num_heads=H, num_kv_heads=HKV, head_size=D, block_size=BS, dtype="bfloat16",
+                         device=dev)
+    meta = attn_h.Metadata(layer, 4, 64, 16, nb)
+    meta.build(np.array([0, 1, 5, 6], np.int32), np.array([100, 37, 250], np.int32),
+               np.arange(48, dtype=np.int32).reshape(3, 16), np.full(6, -1, np.int64))
+    g = torch.Generator().manual_seed(7)
+    cache = torch.empty(layer.kv_cache_shape(nb), dtype=torch.bfloat16).uniform_(-1, 1, generator=g).to(dev)
+    q = torch.empty(6, H, D, dtype=torch.bfloat16).uniform_(-1, 1, generator=g).to(dev)
+    q2 = torch.empty(6, H, D, dtype=torch.bfloat16).uniform_(-1, 1, generator=g).to(dev)
+    want = layer.forward(meta, q, cache, lse=torch.empty(6, H, device=dev))
+    want2 = layer.forward(meta, q2, cache)
+    out, lse = torch.full_like(q, float("nan")), torch.full((6, H), float("nan"), device=dev)
+    p = layer.prepare_forward(meta, q, cache, out, lse=lse)
+    tx.sync()
+    assert torch.equal(out, want)
+    assert p(q2, cache, out, lse) is out
+    tx.sync()
+    assert torch.equal(out, want2)
+    with pytest.raises(attn_h.AttnError, match="prepared forward: q is .*allowed: the prepared"):
+        p(q[:5], cache, out, lse)
+    with pytest.raises(attn_h.AttnError, match="prepared forward: lse is None"):
+        p(q, cache, out)
+    with pytest.raises(TypeError, match="allowed: a torch tensor"):
+        attn_h.PreparedForward(layer, meta, q.cpu().float().numpy(), cache, out)
+
+    ops = attn_h.torch_ops()
+    assert attn_h.torch_ops() is ops
+    lh, mh = attn_h.op_handle(layer), attn_h.op_handle(meta)
+    out.fill_(float("nan"))
+    ops.forward(lh, mh, q, cache, out)
+    tx.sync()
+    assert torch.equal(out, want)
+    with pytest.raises(attn_h.AttnError, match="meta handle .* names no live attn_h.Metadata"):
+        ops.forward(lh, 12345, q, cache, out)
+    with pytest.raises(TypeError, match="op_handle: obj is a int"):
+        attn_h.op_handle(3)
+
+    def step(q, cache, out):
+        ops.forward(lh, mh, q, cache, out)
+        return out.float() * 2
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    out.fill_(float("nan"))
+    got = compiled(q2, cache, out)
+    tx.sync()
+    assert torch.equal(got, want2.float() * 2)
+
+    if dev == "cuda":   # the op under CUDA-graph capture, replayed on new q values
+        qg, og = q.clone(), torch.empty_like(q)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            ops.forward(lh, mh, qg, cache, og)
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            ops.forward(lh, mh, qg, cache, og)
+        qg.copy_(q2)
+        og.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(og, want2)
+    meta.close()
+    with pytest.raises(ValueError, match="metadata is closed"):
+        p(q, cache, out, lse)
