@@ -1514,8 +1514,9 @@ class Metadata(_Owned):
 # ---- the prepared forward and the PyTorch custom ops (issue 24 section 3) ---------------
 
 def _torch_sig(x):
-    """What a prepared call checks of a tensor at every call: dtype, shape, strides, device."""
-    return (x.dtype, x.shape, x.stride(), x.device.type, x.get_device()) if x is not None else None
+    """What a prepared call checks of a tensor at every call: dtype, shape, strides and the
+    device (get_device(): -1 for the CPU, the index of a GPU; x.device would cost ~1 us)."""
+    return (x.dtype, x.shape, x.stride(), x.get_device()) if x is not None else None
 
 
 class PreparedForward:
@@ -1572,7 +1573,7 @@ class PreparedForward:
                     _fail(ATTN_ERROR_INVALID_VALUE, "prepared forward: %s is None (allowed: a tensor "
                           "like the prepared one, %s)" % (self._NAMES[i], sig[i][:3]))
                 continue
-            if sig[i] is None or (x.dtype, x.shape, x.stride(), x.device.type, x.get_device()) != sig[i]:
+            if sig[i] is None or (x.dtype, x.shape, x.stride(), x.get_device()) != sig[i]:
                 _fail(ATTN_ERROR_SHAPE_MISMATCH, "prepared forward: %s is %s (allowed: the prepared "
                       "%s; prepare again for other shapes)" % (self._NAMES[i], None if x is None else
                                                                _torch_sig(x)[:3], sig[i] and sig[i][:3]))
@@ -1660,13 +1661,15 @@ def torch_ops() -> Any:
     def forward(layer, meta, q, kv_cache, out, lse=None, k=None, v=None):
         key = (layer, meta, k is None)
         p = prepared.get(key)
-        if p is not None and p.meta._ptr and p.layer._ptr:
+        if p is not None:
             try:
                 p(q, kv_cache, out, lse, k, v)
                 return
-            except AttnError as e:
+            except AttnError as e:   # other tensor kinds: prepared again below
                 if e.status != "ATTN_ERROR_SHAPE_MISMATCH" and e.status != "ATTN_ERROR_INVALID_VALUE":
                     raise
+            except ValueError:       # its layer or metadata was closed (a handle may now name another)
+                pass
         L = _from_handle(layer, Layer, "layer")
         M = _from_handle(meta, Metadata, "meta")
         if len(prepared) > 256:
