@@ -8322,13 +8322,14 @@ static int attn__cuda_warp_rows(const attn_layer_desc *d) {
 }
 
 /* sm90: the CUDA_SM90 layer's prefill kernel (128 rows per CTA, two warpgroups). Heads past
-   256 (WIDE HEADS): 64-row prefill tiles need 196 KiB of shared memory (Q, two stages of 32
-   K and V rows of 1 KiB, or the epilogue's f32 O); with less per block (sm_80's 163 KiB),
-   32 rows and 16-key tiles (the kernel's own choice there). */
+   256 (WIDE HEADS): 64-row prefill tiles need 212 KiB of shared memory at head 512 (Q, then
+   two stages of 32 K and V rows of 1 KiB or the epilogue's f32 O, then the exchanged
+   partial S); with less per block (sm_80's 163 KiB), 32 rows and 16-key tiles (the kernel's
+   own choice there). */
 static int attn__cuda_tile_tokens(const attn_layer_desc *d, const attn_platform *plat, int prefill, int sm90) {
     int group = d->num_heads / d->num_kv_heads;
     int rows = !prefill ? 16 : sm90 || attn__cuda_warp_rows(d) == 2 ? 128
-               : d->head_size > 256 && plat->cuda_shared_per_block < 200 * 1024 ? 32 : 64;
+               : d->head_size > 256 && plat->cuda_shared_per_block < 212 * 1024 ? 32 : 64;
     int t = rows / group;
     return t > 0 ? t : 1;
 }

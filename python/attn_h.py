@@ -634,19 +634,18 @@ def _host_writable(ptr, nbytes):
             lines = f.readlines()
     except OSError:
         return True
-    seen = []
+    start = ptr
     for line in lines:
         fields = line.split()
         lo, hi = (int(x, 16) for x in fields[0].split("-"))
         if lo <= ptr < hi:
             if "w" not in fields[1]:
                 return False
-            seen.append((lo, hi))
             if end <= hi:
-                if len(seen) == 1:
+                if lo <= start:   # one mapping holds it all: remember that mapping
                     if len(_WRITABLE) >= 64:
                         del _WRITABLE[0]
-                    _WRITABLE.append(seen[0])
+                    _WRITABLE.append((lo, hi))
                 return True
             ptr = hi
     return False   # [ptr, end) runs into unmapped memory
@@ -1435,9 +1434,11 @@ class Metadata(_Owned):
         layer._check(library().attn_metadata_create(layer._live(), C.byref(desc),
                                                     C.byref(ptr)))
         self._ptr = ptr.value
+        self._op_prepared = {}   # torch_ops()'s forward: its PreparedForward calls on this batch
         layer._children.add(self)
 
     def _destroy(self, ptr):
+        self._op_prepared.clear()
         self._lib.attn_metadata_destroy(ptr)
 
     def _check(self, code):
@@ -1548,10 +1549,9 @@ class PreparedForward:
         self._sig = [_torch_sig(x) for x in (q, k, v, kv_cache, out, lse)]
         self._refs = [_ref(t) for t in self._t]
         self._fixed_stream = None if stream is None else getattr(stream, "cuda_stream", stream)
-        self._cuda = q.device.type == "cuda"
-        self._dev = q.get_device() if self._cuda else -1
+        self._dev = q.get_device()   # -1: the CPU
         self._raw_stream = None
-        if self._cuda and stream is None:
+        if self._dev >= 0 and stream is None:
             import torch
             self._raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
             if self._raw_stream is None:   # older torch: the public (slower) call
@@ -1573,10 +1573,10 @@ class PreparedForward:
                     _fail(ATTN_ERROR_INVALID_VALUE, "prepared forward: %s is None (allowed: a tensor "
                           "like the prepared one, %s)" % (self._NAMES[i], sig[i][:3]))
                 continue
-            if sig[i] is None or (x.dtype, x.shape, x.stride(), x.get_device()) != sig[i]:
+            if sig[i] is None or (x.dtype, x.shape, x.stride(), x.get_device()) != sig[i]:  # _torch_sig, inline
                 _fail(ATTN_ERROR_SHAPE_MISMATCH, "prepared forward: %s is %s (allowed: the prepared "
-                      "%s; prepare again for other shapes)" % (self._NAMES[i], None if x is None else
-                                                               _torch_sig(x)[:3], sig[i] and sig[i][:3]))
+                      "%s; prepare again for other shapes)" % (self._NAMES[i], _torch_sig(x)[:3],
+                                                               sig[i] and sig[i][:3]))
             ts[i].data = x.data_ptr()
         layer, meta = self.layer, self.meta
         if not meta._ptr or not layer._ptr:
@@ -1630,8 +1630,8 @@ def torch_ops() -> Any:
       mla_forward_mqa(layer, meta, q, q_pe?, kv_cache, out_latent!, lse!?)
       mla_forward_mha(layer, meta, q, kv_cache, w_uk, w_uv, out!, lse!?)
       mla_forward_sparse(layer, meta, q, q_pe?, kv_cache, indices, out_latent!, lse!?)
-      merge_attn_states(out_a, lse_a, out_b, lse_b, out!, lse!?)   (base e; the context of
-              the first layer handle given to any op, or a context of its own)
+      merge_attn_states(out_a, lse_a, out_b, lse_b, out!, lse!?)   (base e, on a context of
+              the ops' own)
     Each runs on torch's current stream, so CUDA graphs capture it."""
     global _TORCH_LIB
     import torch
@@ -1656,11 +1656,13 @@ def torch_ops() -> Any:
     }
     for d in defs.values():
         lib.define(d)
-    prepared = {}   # (layer, meta, k given) -> PreparedForward, rebuilt when the tensors' kinds change
-
     def forward(layer, meta, q, kv_cache, out, lse=None, k=None, v=None):
-        key = (layer, meta, k is None)
-        p = prepared.get(key)
+        # the prepared calls live on their Metadata (keyed by layer handle and whether k/v
+        # come along), so they go with it: a cache here would keep every layer alive (the
+        # cycle through p.meta is broken at close; the collector takes a dropped one)
+        M = _from_handle(meta, Metadata, "meta")
+        key = (layer, k is None)
+        p = M._op_prepared.get(key)
         if p is not None:
             try:
                 p(q, kv_cache, out, lse, k, v)
@@ -1668,13 +1670,7 @@ def torch_ops() -> Any:
             except AttnError as e:   # other tensor kinds: prepared again below
                 if e.status != "ATTN_ERROR_SHAPE_MISMATCH" and e.status != "ATTN_ERROR_INVALID_VALUE":
                     raise
-            except ValueError:       # its layer or metadata was closed (a handle may now name another)
-                pass
-        L = _from_handle(layer, Layer, "layer")
-        M = _from_handle(meta, Metadata, "meta")
-        if len(prepared) > 256:
-            prepared.clear()
-        prepared[key] = PreparedForward(L, M, q, kv_cache, out, lse, k, v)
+        M._op_prepared[key] = PreparedForward(_from_handle(layer, Layer, "layer"), M, q, kv_cache, out, lse, k, v)
 
     def reshape_and_cache(layer, key, value, kv_cache, slot_mapping):
         _from_handle(layer, Layer, "layer").reshape_and_cache(key, value, kv_cache, slot_mapping)
@@ -1694,15 +1690,12 @@ def torch_ops() -> Any:
         _from_handle(layer, Layer, "layer").mla_forward_sparse(
             _from_handle(meta, Metadata, "meta"), q, kv_cache, indices, out_latent, q_pe=q_pe, lse=lse)
 
-    merge_ctx = []
+    merge_ctx = []   # the merge's own context, made at its first call
 
     def merge(out_a, lse_a, out_b, lse_b, out, lse=None):
-        ctx = next((r().ctx for r in _HANDLES.values() if isinstance(r(), Layer)), None)
-        if ctx is None:
-            if not merge_ctx:
-                merge_ctx.append(Context(log_level="warn"))
-            ctx = merge_ctx[0]
-        merge_attn_states(ctx, out_a, lse_a, out_b, lse_b, out=out, lse=lse)
+        if not merge_ctx:
+            merge_ctx.append(Context(log_level="warn"))
+        merge_attn_states(merge_ctx[0], out_a, lse_a, out_b, lse_b, out=out, lse=lse)
 
     impls = dict(forward=forward, reshape_and_cache=reshape_and_cache,
                  concat_and_cache_mla=concat_and_cache_mla, mla_forward_mqa=mla_forward_mqa,

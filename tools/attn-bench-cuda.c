@@ -1354,6 +1354,27 @@ static void cuda_cascade_table(cuda_bench *cb, double read_best) {
 }
 
 /* 2. The backend on the GPU: ceilings, decode, prefill, a mixed batch (then MLA: 3.). */
+/* A device pool of `bytes` 8-bit cache codes 0x20-0x3f (positive, finite values of every
+   8-bit type and, read as f32, finite positive scales), filled 64 MiB at a time from one host
+   buffer at rotating offsets (LCG from `seed`). */
+static void *cuda_code_pool(attn_context *ctx, size_t bytes, uint64_t seed) {
+    const size_t chunk = (size_t)64 << 20;
+    unsigned char *host = (unsigned char *)bench_alloc(chunk + 1024);
+    void *pool = NULL;
+    size_t off, i;
+    for (i = 0; i < chunk + 1024; i++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        host[i] = (unsigned char)(0x20 + ((seed >> 33) & 0x1f));
+    }
+    CHECK(ctx, attn_cuda_malloc(ctx, bytes, &pool));
+    for (off = 0; off < bytes; off += chunk) {
+        size_t n = bytes - off < chunk ? bytes - off : chunk;
+        CHECK(ctx, attn_cuda_memcpy(ctx, (char *)pool + off, host + (off / chunk % 7) * 128, n, ATTN_COPY_HOST_TO_DEVICE, NULL));
+    }
+    free(host);
+    return pool;
+}
+
 /* 8-bit caches: the decode of the table above (32/8 heads, head 128, q/out bf16, block 16)
    over fp8 e4m3 / e5m2 caches with per-tensor scales and int8 / e4m3 ones with
    per-token-head scales, from a pool of their own (the bf16 pool's block count; codes
@@ -1366,24 +1387,10 @@ static void cuda_decode_8bit(attn_context *ctx, const cuda_bench *cb16, double r
         {ATTN_DTYPE_FP8_E4M3, 0}, {ATTN_DTYPE_FP8_E5M2, 0}, {ATTN_DTYPE_INT8, 1}, {ATTN_DTYPE_FP8_E4M3, 1}};
     static const int batches[] = {1, 16, 64, 128}, contexts[] = {1024, 4096, 16384};
     const size_t row_bytes = CB_D + 4; /* the larger layout (per-token-head) sizes the pool */
-    const size_t block_bytes = (size_t)2 * CB_BS * CB_HKV * row_bytes, chunk = (size_t)64 << 20;
+    const size_t block_bytes = (size_t)2 * CB_BS * CB_HKV * row_bytes;
     cuda_bench cb = *cb16;
-    void *pool = NULL;
-    unsigned char *host;
-    size_t off, i;
+    void *pool = cuda_code_pool(ctx, (size_t)cb.num_blocks * block_bytes, 77);
     int k, bi, ci;
-    uint64_t st = 77;
-    CHECK(ctx, attn_cuda_malloc(ctx, (size_t)cb.num_blocks * block_bytes, &pool));
-    host = (unsigned char *)bench_alloc(chunk + 1024);
-    for (i = 0; i < chunk + 1024; i++) {
-        st = st * 6364136223846793005ull + 1442695040888963407ull;
-        host[i] = (unsigned char)(0x20 + ((st >> 33) & 0x1f));
-    }
-    for (off = 0; off < (size_t)cb.num_blocks * block_bytes; off += chunk) {
-        size_t n = (size_t)cb.num_blocks * block_bytes - off < chunk ? (size_t)cb.num_blocks * block_bytes - off : chunk;
-        CHECK(ctx, attn_cuda_memcpy(ctx, (char *)pool + off, host + (off / chunk % 7) * 128, n, ATTN_COPY_HOST_TO_DEVICE, NULL));
-    }
-    free(host);
     printf("decode, 8-bit caches (q/out bf16; the same shapes; GB/s of cache bytes read: codes, and scales per token "
            "and head; x: speed-up over the bf16 cache above):\n");
     for (k = 0; k < 4; k++) {
@@ -1477,7 +1484,6 @@ static void cuda_wide_table(attn_context *ctx, const cuda_bench *cb16, double re
     static const int shapes[][2] = {{1, 16384}, {16, 4096}, {16, 16384}, {64, 4096}, {128, 4096}};
     static const int pre[][2] = {{1, 4096}, {2, 2048}};
     enum { WH = 32, WHKV = 8, WD = 512 };
-    const size_t tok_bytes = (size_t)WHKV * WD * 2 * 2; /* K+V of a token, bf16 */
     cuda_bench cb = *cb16;
     void *pool8 = NULL;
     int k, si;
@@ -1498,19 +1504,8 @@ static void cuda_wide_table(attn_context *ctx, const cuda_bench *cb16, double re
         d.device = ATTN_DEVICE_CUDA;
         bench_layer_create(ctx, &d, NULL, k ? "ATTN_BENCH_WIDE8_DEFINES" : "ATTN_BENCH_WIDE_DEFINES", &cb.layer);
         if (k) { /* 8 GiB of codes: two sets of the largest case */
-            const size_t bytes = (size_t)8 << 30, chunk = (size_t)64 << 20;
-            unsigned char *host = (unsigned char *)bench_alloc(chunk + 1024);
-            uint64_t st = 99;
-            size_t off, i;
-            for (i = 0; i < chunk + 1024; i++) {
-                st = st * 6364136223846793005ull + 1442695040888963407ull;
-                host[i] = (unsigned char)(0x20 + ((st >> 33) & 0x1f));
-            }
-            CHECK(ctx, attn_cuda_malloc(ctx, bytes, &pool8));
-            for (off = 0; off < bytes; off += chunk)
-                CHECK(ctx, attn_cuda_memcpy(ctx, (char *)pool8 + off, host + (off / chunk % 7) * 128, chunk,
-                                            ATTN_COPY_HOST_TO_DEVICE, NULL));
-            free(host);
+            const size_t bytes = (size_t)8 << 30;
+            pool8 = cuda_code_pool(ctx, bytes, 99);
             cb.num_blocks = (int64_t)(bytes / block_bytes);
         } else {
             cb.num_blocks = (int64_t)(CUDA_POOL_BYTES / block_bytes);
@@ -1524,7 +1519,7 @@ static void cuda_wide_table(attn_context *ctx, const cuda_bench *cb16, double re
                attn_layer_backend(cb.layer)->name, attn_layer_selection(cb.layer)->kernel_defines);
         for (si = 0; si < 5; si++) {
             const int B = shapes[si][0], C = shapes[si][1];
-            const size_t iter_bytes = (size_t)B * (size_t)C * tok_bytes / (size_t)(2 / esz);
+            const size_t iter_bytes = (size_t)B * (size_t)C * WHKV * WD * 2 * (size_t)esz; /* K + V */
             const cuda_decode_run run = cuda_decode_time(&cb, B, C, iter_bytes, 1);
             const double gbs = (double)iter_bytes / run.med / 1e9, ggbs = (double)iter_bytes / run.graph / 1e9;
             bench_row *row;
