@@ -1214,7 +1214,10 @@ ATTN_API attn_status attn_mla_forward(attn_layer *layer, const attn_metadata *me
    or NULL. A token with no valid index gets out 0 and lse -inf. The layer's sinks
    (desc.sinks) join every row's softmax here (the LSE includes them). Caches: the layer's
    16-bit or f32 latent, fp8 with a per-tensor scale, or fp8_ds_mla (656-byte rows with
-   their own scales, written by attn_concat_and_cache_mla; the dense MLA calls refuse it). */
+   their own scales, written by attn_concat_and_cache_mla; the dense MLA calls refuse it).
+   Kernels: CUDA_MLA_SM90 gathers the rows of a 16-bit latent into its wgmma decode (64
+   heads a CTA) when the layer has more than 32 heads; every other CUDA case runs the
+   mma.sync decode (16, 32 or 64 heads a CTA). */
 ATTN_API attn_status attn_mla_forward_sparse(attn_layer *layer, const attn_metadata *meta,
                                              const attn_tensor *q, const attn_tensor *q_pe,
                                              const attn_tensor *kv_cache, const attn_tensor *indices,
@@ -8057,7 +8060,8 @@ typedef enum attn__role {
     ATTN__ROLE_PREFILL,     /* prefill tiles / the up-projected prefill attention */
     ATTN__ROLE_CACHE,       /* the cache write and its _inline twin (MLA: and the gather) */
     ATTN__ROLE_DECODE_WIDE, /* the wide decode shape (standard, sm_90 and newer; optional) /
-                               the sparse MLA decode (MLA: mla_decode.cu, SPARSE 1) */
+                               the sparse MLA decode (MLA: SPARSE 1 of the family's file;
+                               attn__cuda_mla_sparse_role) */
     ATTN__ROLE_COUNT
 } attn__role;
 
@@ -8088,8 +8092,8 @@ typedef struct attn__kernel_family {
                                              "attn__mla_decode_params"}
 #define ATTN__MLA_PREFILL_ROLE(file, arch_a) {file, {"attn_mla_prefill", NULL, NULL}, "attn_mha_config", arch_a, 0, \
                                               "attn__mla_prefill_params"}
-#define ATTN__MLA_SPARSE_ROLE {"mla_decode.cu", {"attn_mla_decode", "attn_mla_merge", NULL}, "attn_mla_config", 0, 0, \
-                               "attn__mla_decode_params"}
+#define ATTN__MLA_SPARSE_ROLE(file, arch_a) {file, {"attn_mla_decode", "attn_mla_merge", NULL}, "attn_mla_config", arch_a, 0, \
+                                            "attn__mla_decode_params"}
 #define ATTN__NO_ROLE {NULL, {NULL, NULL, NULL}, NULL, 0, 0, NULL}
 static const attn__kernel_family attn__kernel_families[] = {
     {ATTN_BACKEND_CUDA, 80, 0,
@@ -8102,10 +8106,10 @@ static const attn__kernel_family attn__kernel_families[] = {
       ATTN__PAGED_ROLE("paged_attention.cu", "attn_paged_attention", 0, 0)}},
     {ATTN_BACKEND_CUDA_MLA_SM90, 90, 90,
      {ATTN__MLA_DECODE_ROLE("mla_decode_sm90.cu", 1, 1), ATTN__MLA_PREFILL_ROLE("mla_prefill_sm90.cu", 1),
-      ATTN__LATENT_ROLE, ATTN__MLA_SPARSE_ROLE}},
+      ATTN__LATENT_ROLE, ATTN__MLA_SPARSE_ROLE("mla_decode_sm90.cu", 1)}},
     {ATTN_BACKEND_CUDA_MLA, 80, 0,
      {ATTN__MLA_DECODE_ROLE("mla_decode.cu", 0, 0), ATTN__MLA_PREFILL_ROLE("mla_prefill.cu", 0), ATTN__LATENT_ROLE,
-      ATTN__MLA_SPARSE_ROLE}},
+      ATTN__MLA_SPARSE_ROLE("mla_decode.cu", 0)}},
 };
 #undef ATTN__PAGED_ROLE
 #undef ATTN__CACHE_ROLE
@@ -9421,6 +9425,17 @@ typedef struct attn__cuda_mla_layer {
                                         CUDA_MLA_SM90: 0, the default policy) */
 } attn__cuda_mla_layer;
 
+/* The sparse MLA decode a layer loads: its family's role, except that CUDA_MLA_SM90's wgmma
+   gather (mla_decode_sm90.cu, SPARSE 1: 64 heads a CTA, 16-bit latents) leaves to the
+   mma.sync one (CUDA_MLA's role: 16, 32 or 64 heads a CTA, fp8 latents, fp8_ds_mla) a
+   layer whose cache is not its 16-bit q type or that has 32 heads or fewer (where 64 rows
+   a CTA would be mostly padding). */
+static const attn__kernel_role *attn__cuda_mla_sparse_role(const attn__kernel_family *f, const attn_layer_desc *d) {
+    if (!f->role[ATTN__ROLE_DECODE_WIDE].arch_a || (d->kv_cache_dtype == d->dtype && d->num_heads > 32))
+        return &f->role[ATTN__ROLE_DECODE_WIDE];
+    return &attn__kernel_family_of(ATTN_BACKEND_CUDA_MLA)->role[ATTN__ROLE_DECODE_WIDE];
+}
+
 /* The kernel variants an MLA layer loads: [0] decode, [1] prefill, [2] cache write;
    CUDA_MLA_SM90's decode and prefill are compiled for sm_90a (wgmma), CUDA_MLA's
    (mma.sync, sm_80+) for the device; the mma.sync decode's CTA holds 16, 32 or 64 heads
@@ -9439,10 +9454,15 @@ static void attn__cuda_mla_variants(const attn_layer_desc *d, const attn__kernel
               d->v_head_dim, dt); /* the prefill attends over up-projected (DT) keys and values */
     attn__fmt(opt[2], 256, "-DKV_LORA_RANK=%d -DROPE_DIM=%d -DDT_IN=%d -DDT_CACHE=%d", d->kv_lora_rank,
               d->qk_rope_head_dim, dt, kv);
-    /* the sparse decode: as the mma.sync decode, but 16 heads a CTA over an fp8 latent with
-       a per-tensor scale (at 32 the index handling makes ptxas spill); fp8_ds_mla rows are
-       widened into 16-bit stages, so they take the 16-bit shapes */
-    attn__fmt(opt[3], 256, "-DKV_LORA=%d -DROPE=%d -DBLOCK_SIZE=%d -DDT=%d -DROWS=%d -DDT_KV=%d -DSPARSE=1",
+    /* the sparse decode (attn__cuda_mla_sparse_role): the wgmma gather, 64 heads a CTA; or
+       as the mma.sync decode, but 16 heads a CTA over an fp8 latent with a per-tensor scale
+       (at 32 the index handling makes ptxas spill); fp8_ds_mla rows are widened into 16-bit
+       stages, so they take the 16-bit shapes */
+    if (attn__cuda_mla_sparse_role(f, d)->arch_a)
+        attn__fmt(opt[3], 256, "-DKV_LORA=%d -DROPE=%d -DBLOCK_SIZE=%d -DDT=%d -DSPARSE=1", d->kv_lora_rank,
+                  d->qk_rope_head_dim, d->block_size, dt);
+    else
+        attn__fmt(opt[3], 256, "-DKV_LORA=%d -DROPE=%d -DBLOCK_SIZE=%d -DDT=%d -DROWS=%d -DDT_KV=%d -DSPARSE=1",
               d->kv_lora_rank, d->qk_rope_head_dim, d->block_size, dt,
               d->num_heads <= 16 || attn__dtypes[d->kv_cache_dtype].cache_only == 1 ? 16 : d->num_heads <= 32 ? 32 : 64, kv);
 }
@@ -9490,7 +9510,7 @@ static attn_status attn__cuda_mla_layer_init(const attn_backend *self, attn_laye
                                   role == ATTN__ROLE_DECODE ? &L->decode : role == ATTN__ROLE_PREFILL ? &L->prefill : &L->cache,
                                   reason, size);
     if (st == ATTN_OK && f->role[ATTN__ROLE_DECODE_WIDE].file) /* the sparse MLA decode */
-        st = attn__cuda_load_role(ctx, &f->role[ATTN__ROLE_DECODE_WIDE], opt[ATTN__ROLE_DECODE_WIDE], &L->sparse, reason,
+        st = attn__cuda_load_role(ctx, attn__cuda_mla_sparse_role(f, d), opt[ATTN__ROLE_DECODE_WIDE], &L->sparse, reason,
                                   size);
     if (st == ATTN_OK) L->rows = L->decode.config.rows;
     if (st == ATTN_OK && !L->sm90) { /* the split policy's target: one wave of resident decode CTAs */
@@ -11812,6 +11832,13 @@ static const char *const attn__kernel_src_hopper_cuh[] = {
     "ATTN_DEV void attn_mbar_arrive(attn_u32 bar) {\n",
     "    asm volatile(\"mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];\" ::\"r\"(bar) : \"memory\");\n",
     "}\n",
+    "/* one arrival on `bar` made when every cp.async this thread issued before it has landed\n",
+    "   (.noinc: the barrier's expected count includes this arrival). The bytes land through the\n",
+    "   generic proxy: a reader through the async proxy (wgmma) issues attn_fence_proxy_async\n",
+    "   after its wait. */\n",
+    "ATTN_DEV void attn_cp_async_mbar_arrive(attn_u32 bar) {\n",
+    "    asm volatile(\"cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\" ::\"r\"(bar) : \"memory\");\n",
+    "}\n",
     "/* whether the phase of parity `parity` has completed (try_wait: the hardware may suspend\n",
     "   the thread for a while before answering no) */\n",
     "ATTN_DEV int attn_mbar_try_wait(attn_u32 bar, unsigned parity) {\n",
@@ -12804,7 +12831,25 @@ static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
     "   the scores of those keys are masked to -inf.\n",
     "\n",
     "   Epilogue: row sums of both warpgroups through shared memory; O / l out (or the\n",
-    "   normalised f32 partial); lse by C0. */\n",
+    "   normalised f32 partial); lse by C0.\n",
+    "\n",
+    "   =====================================================================================\n",
+    "   SPARSE 1: DeepSeek-V3.2's sparse MLA (attn_mla_forward_sparse), 16-bit latents\n",
+    "   =====================================================================================\n",
+    "   The grid, keys, splits, slots and sinks of kernels/mla_decode.cu's SPARSE (CTA (t, y, z):\n",
+    "   heads 64 y .. of batch token t over entries [z c, z c + c) of its indices row, an entry\n",
+    "   naming a position of the token's request, -1 or out of [0, seq_len) skipped; one split\n",
+    "   writes out/lse with the sink joined, more write slot (t gridDim.y + y) splits + z for\n",
+    "   attn_mla_merge), on the seesaw above. The \"keys\" of a tile are 64 entries; a tensor map\n",
+    "   cannot gather rows by index on sm_90, so the loads are cp.async, issued by the same\n",
+    "   warpgroup that would have issued the group's boxes: thread u of it copies row u / 2 of the\n",
+    "   tile, every other 16-byte chunk of the group's panels, into the swizzled slot (zeros\n",
+    "   for an entry that names no row: its V row is 0 and its score masked), then makes one\n",
+    "   cp.async arrival on the group's full barrier (128 expected: no transaction bytes). A\n",
+    "   reader of the group issues a proxy fence after its wait (the bytes came through the\n",
+    "   generic proxy; wgmma reads through the async proxy). A row's address takes two dependent\n",
+    "   loads, both made during the pair before its copies: the entry at the top of the pair, its\n",
+    "   block-table row under the S wgmma. The S owner's mask is a ballot of its tile's entries. */\n",
     "#include \"wgmma.cuh\"\n",
     "#include \"hopper.cuh\"\n",
     "#include \"mla_common.cuh\" /* attn__mla_decode_params */\n",
@@ -12835,6 +12880,9 @@ static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
     "#ifndef EVICT_FIRST\n",
     "#define EVICT_FIRST 1 /* tuning: the latent tiles are loaded with an L2 evict-first policy (0: the default\n",
     "                         policy; 1 measured 0-5 % faster on the H200, docs/PERF.md) */\n",
+    "#endif\n",
+    "#ifndef SPARSE\n",
+    "#define SPARSE 0 /* 1: the index-gathered decode (SPARSE 1 above); no tensor map */\n",
     "#endif\n",
     "#ifndef SPLIT_WAIT\n",
     "#define SPLIT_WAIT 1 /* tuning: 1 S starts on a slot's first group and waits for the second halfway;\n",
@@ -12923,14 +12971,29 @@ static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
     "        }\n",
     "}\n",
     "\n",
+    "#if SPARSE\n",
+    "extern \"C\" __global__ void __launch_bounds__(MW::threads, 1) attn_mla_decode(const attn__mla_decode_params p) {\n",
+    "#else\n",
     "extern \"C\" __global__ void __launch_bounds__(MW::threads, 1)\n",
     "    attn_mla_decode(const __grid_constant__ attn_tma_map kv_map, const attn__mla_decode_params p) {\n",
+    "#endif\n",
     "    extern __shared__ attn_vec16 attn_smem[];\n",
     "    if (blockDim.x != MW::threads || attn_dynamic_smem_size() < MW::smem_bytes) attn_trap();\n",
     "    if ((int)blockIdx.x >= *p.num_work) return;\n",
+    "#if SPARSE\n",
+    "    const int nsplit = p.num_work[1], z = (int)blockIdx.z; /* the build's splits of each token's entries */\n",
+    "    if (z >= nsplit) return;\n",
+    "    const int chunk = (p.topk + nsplit - 1) / nsplit;\n",
+    "    const int q_row = (int)blockIdx.x, head0 = (int)blockIdx.y * ROWS;\n",
+    "    const int key0 = attn_imin(p.topk, z * chunk), key1 = attn_imin(p.topk, key0 + chunk);\n",
+    "    const int slot = nsplit > 1 ? (q_row * (int)gridDim.y + (int)blockIdx.y) * nsplit + z : -1;\n",
+    "    const int req = __ldg(p.token_req + q_row), seq_len = __ldg(p.seq_lens + req);\n",
+    "    const int *const ix = p.indices + (attn_i64)q_row * p.indices_stride;\n",
+    "#else\n",
     "    const int *item = p.work + 8 * (attn_i64)blockIdx.x;\n",
     "    const int req = item[0], head0 = item[1], q_row = item[2], slot = item[6];\n",
     "    const int key0 = item[4], key1 = item[5];\n",
+    "#endif\n",
     "    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = tid >> 7;\n",
     "    const int g = lane >> 2, tq = lane & 3;\n",
     "    const int c1 = __all_sync(0xffffffffu, wg == 1); /* wg, as a value ptxas knows is warp-uniform */\n",
@@ -12948,13 +13011,46 @@ static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
     "    const int npairs = (ntiles + 1) / 2;\n",
     "    const int nrows = attn_imin(ROWS, p.num_heads - head0);\n",
     "    const int row_a = 16 * (warp & 3) + g; /* this thread's accumulator rows: row_a, row_a + 8 */\n",
+    "#if SPARSE\n",
+    "    const char *const kv = (const char *)p.kv_cache;\n",
+    "    const int grow = (tid & 127) >> 1; /* the row of a tile this thread gathers */\n",
+    "    /* entry j's position in the request; -1 outside [key0, key1) or naming none */\n",
+    "    auto entry = [&](int j) -> int {\n",
+    "        const int x = j >= key0 && j < key1 ? __ldg(ix + j) : -1;\n",
+    "        return x >= 0 && x < seq_len ? x : -1;\n",
+    "    };\n",
+    "    /* the byte offset of position x's cache row (-1: none) */\n",
+    "    auto row_of = [&](int x) -> attn_i64 {\n",
+    "        return x < 0 ? (attn_i64)-1\n",
+    "                     : ((attn_i64)__ldg(bt + (unsigned)x / BLOCK_SIZE) * BLOCK_SIZE + (attn_i64)((unsigned)x % BLOCK_SIZE)) *\n",
+    "                           (MW::d * 2);\n",
+    "    };\n",
+    "    /* this thread's share of group g of a tile into `slot_at` (its row's cache row `off`,\n",
+    "       zeros for -1), then its arrival on the group's full barrier once the copies land */\n",
+    "    auto gather = [&](int g, attn_u32 slot_at, attn_i64 off) {\n",
+    "        const char *src = (const char *)kv + (off >= 0 ? off : 0);\n",
+    "#pragma unroll\n",
+    "        for (int i = 0; i < MW::nh + 1; i++) {\n",
+    "            if (i >= attn_mla_seesaw_group_count(g)) break;\n",
+    "            const int c = attn_mla_seesaw_group_panel(g, i);\n",
+    "#pragma unroll\n",
+    "            for (int k = 0; k < 4; k++) {\n",
+    "                const int ch = 2 * k + (tid & 1);\n",
+    "                attn_cp_async16_or_zero(slot_at + (attn_u32)(c * MW::panel) + attn_wgmma_swizzle_offset<64>(grow, ch),\n",
+    "                                        src + (64 * c + 8 * ch) * 2, off < 0);\n",
+    "            }\n",
+    "        }\n",
+    "        attn_cp_async_mbar_arrive(full + 8 * g);\n",
+    "    };\n",
+    "#endif\n",
     "\n",
     "    if (tid == 0) {\n",
-    "        for (int i = 0; i < 4; i++) attn_mbar_init(full + 8 * i, 1);\n",
+    "        for (int i = 0; i < 4; i++) attn_mbar_init(full + 8 * i, SPARSE ? 128 : 1);\n",
     "        attn_mbar_init_fence();\n",
     "    }\n",
     "    __syncthreads(); /* the barriers */\n",
-    "    if (tid == 0 && npairs > 0) { /* pair 0, all four groups */\n",
+    "    if (!SPARSE && tid == 0 && npairs > 0) { /* pair 0, all four groups */\n",
+    "#if !SPARSE\n",
     "        int b0[MW::pieces], b1[MW::pieces];\n",
     "        attn_tma_prefetch_map(&kv_map);\n",
     "        attn_mla_seesaw_blocks(b0, bt, tile0, key0, key1);\n",
@@ -12963,6 +13059,7 @@ static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
     "        attn_mla_seesaw_fill(&kv_map, 1, sS0, full + 8, tile0, key0, key1, b0, 1);\n",
     "        attn_mla_seesaw_fill(&kv_map, 2, sS1, full + 16, tile0 + 64, key0, key1, b1, ntiles > 1);\n",
     "        attn_mla_seesaw_fill(&kv_map, 3, sS1, full + 24, tile0 + 64, key0, key1, b1, ntiles > 1);\n",
+    "#endif\n",
     "    }\n",
     "\n",
     "    /* Q rows: [q_latent | q_pe], zero past num_heads */\n",
@@ -12975,6 +13072,12 @@ static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
     "        attn_cp_async16_or_zero(sQ + attn_wgmma_swizzle_offset<ROWS>(r, col), src, !valid);\n",
     "    }\n",
     "    attn_cp_async_commit();\n",
+    "#if SPARSE\n",
+    "    if (npairs > 0) { /* pair 0: C0 gathers A0 and A1, C1 B0 and B1 (not committed: Q's wait below is Q's alone) */\n",
+    "        gather(c1, sS0, row_of(entry(tile0 + grow)));\n",
+    "        gather(2 + c1, sS1, row_of(entry(tile0 + 64 + grow)));\n",
+    "    }\n",
+    "#endif\n",
     "    attn_cp_async_wait<0>();\n",
     "    attn_fence_proxy_async(); /* Q is read by wgmma (the async proxy) */\n",
     "    __syncthreads();\n",
@@ -12987,7 +13090,9 @@ static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
     "#pragma unroll\n",
     "    for (int i = 0; i < MW::o_regs; i++) o[i] = 0.0f;\n",
     "    attn_u32 pown[4][4], pf[4][4]; /* this warpgroup's P as A fragments; the P of the P V issued next */\n",
+    "#if !SPARSE\n",
     "    int nblk = 0;                  /* a block of the pair the refills load (lane j: piece j % pieces of tile j / pieces) */\n",
+    "#endif\n",
     "    /* pf = this warpgroup's own P */\n",
     "    auto own_p = [&]() {\n",
     "#pragma unroll\n",
@@ -13007,6 +13112,13 @@ static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
     "    };\n",
     "    /* the warpgroup is done with group g of `slot_at`: its issuer refills it with tile `ktile`\n",
     "       of the next pair (blocks from lanes first .. first + pieces - 1) */\n",
+    "#if SPARSE\n",
+    "    auto refill = [&](int g, attn_u32 slot_at, attn_i64 off, int next) {\n",
+    "        attn_named_barrier(ATTN_NB_WG + wg, 128);\n",
+    "        if (next) gather(g, slot_at, off);\n",
+    "    };\n",
+    "    (void)issuer;\n",
+    "#else\n",
     "    auto refill = [&](int g, attn_u32 slot_at, int first, int ktile, int valid, int next) {\n",
     "        int blk[MW::pieces];\n",
     "        attn_named_barrier(ATTN_NB_WG + wg, 128);\n",
@@ -13014,17 +13126,30 @@ static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
     "        for (int j = 0; j < MW::pieces; j++) blk[j] = __shfl_sync(0xffffffffu, nblk, first + j);\n",
     "        if (issuer && next) attn_mla_seesaw_fill(&kv_map, g, slot_at, full + 8 * g, ktile, key0, key1, blk, valid);\n",
     "    };\n",
+    "#endif\n",
     "\n",
     "    for (int pr = 0; pr < npairs; pr++) {\n",
     "        const unsigned ph = (unsigned)(pr & 1);\n",
     "        const int kt = tile0 + 64 * (2 * pr + c1); /* this warpgroup's tile */\n",
     "        const int next = pr + 1 < npairs, kn = tile0 + 128 * (pr + 1);\n",
+    "#if SPARSE\n",
+    "        /* the next pair's positions of this thread's rows (their cache rows are looked up under\n",
+    "           the S wgmma), and which of this warpgroup's tile's entries name a row */\n",
+    "        int xa = -1, xb = -1;\n",
+    "        if (next) {\n",
+    "            xa = entry(kn + grow);\n",
+    "            xb = entry(kn + 64 + grow);\n",
+    "        }\n",
+    "        const unsigned vm0 = __ballot_sync(0xffffffffu, entry(kt + lane) >= 0);\n",
+    "        const unsigned vm1 = __ballot_sync(0xffffffffu, entry(kt + 32 + lane) >= 0);\n",
+    "#else\n",
     "        /* the next pair's blocks, read now, handed to the issuer with shuffles when it refills */\n",
     "        nblk = 0;\n",
     "        if (next && lane < 2 * MW::pieces) {\n",
     "            const int k = kn + 64 * (lane / MW::pieces) + (lane % MW::pieces) * MW::box_rows;\n",
     "            if (k + MW::box_rows > key0 && k < key1) nblk = bt[(unsigned)k / BLOCK_SIZE];\n",
     "        }\n",
+    "#endif\n",
     "\n",
     "        /* ---- S = Q K^T over this warpgroup's tile. The same order for both: panels 0 .. nh-1\n",
     "           (A0 / A1), nh .. nl-1 (B0 / B1), then the rope panel (in B0 for C0, A1 for C1: waited\n",
@@ -13039,6 +13164,7 @@ static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
     "        asm volatile(\"mov.b32 %0, %1;\" : \"=r\"(k_at) : \"r\"(mine));\n",
     "        attn_mbar_wait(fullA, ph);\n",
     "        if (!SPLIT_WAIT) attn_mbar_wait(fullB, ph);\n",
+    "        if (SPARSE) attn_fence_proxy_async(); /* the gathered bytes, to wgmma */\n",
     "        attn_wgmma_fence();\n",
     "#pragma unroll\n",
     "        for (int c = 0; c < MW::nh; c++)\n",
@@ -13048,6 +13174,7 @@ static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
     "                                                   attn_wgmma_desc_k_major<64>(k_at, 64 * c + k), 1);\n",
     "        if (SPLIT_WAIT) {\n",
     "            attn_mbar_wait(fullB, ph);\n",
+    "            if (SPARSE) attn_fence_proxy_async();\n",
     "            attn_wgmma_fence(); /* after a branch among the wgmma: ptxas would put one here itself (C7519) */\n",
     "        }\n",
     "#pragma unroll\n",
@@ -13057,6 +13184,9 @@ static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
     "                attn_wgmma<64, DT>::template ss<0>(s, attn_wgmma_desc_k_major<ROWS>(q_at, 64 * c + k),\n",
     "                                                   attn_wgmma_desc_k_major<64>(k_at, 64 * c + k), 1);\n",
     "        attn_wgmma_commit();\n",
+    "#if SPARSE\n",
+    "        const attn_i64 offa = row_of(xa), offb = row_of(xb); /* under the S wgmma */\n",
+    "#endif\n",
     "        attn_wgmma_wait<0>();\n",
     "        attn_wgmma_fence_acc(s);\n",
     "\n",
@@ -13066,8 +13196,13 @@ static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
     "        for (int i = 0; i < 8; i++)\n",
     "#pragma unroll\n",
     "            for (int e = 0; e < 4; e++) {\n",
-    "                const int j = kt + 8 * i + 2 * tq + (e & 1);\n",
-    "                const float x = j >= key0 && j < key1 ? s[4 * i + e] : attn_neg_inf();\n",
+    "                const int j = 8 * i + 2 * tq + (e & 1);\n",
+    "#if SPARSE\n",
+    "                const int seen = (int)(((j < 32 ? vm0 : vm1) >> (j & 31)) & 1u);\n",
+    "#else\n",
+    "                const int seen = kt + j >= key0 && kt + j < key1;\n",
+    "#endif\n",
+    "                const float x = seen ? s[4 * i + e] : attn_neg_inf();\n",
     "                s[4 * i + e] = x;\n",
     "                mx[e >> 1] = fmaxf(mx[e >> 1], x);\n",
     "            }\n",
@@ -13111,7 +13246,7 @@ static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
     "        }\n",
     "#pragma unroll\n",
     "        for (int j = 0; j < 4; j++) attn_wgmma_a_from_acc<DT>(pown[j], s, j); /* the S registers are free after this */\n",
-    "        if (kt < key0 || kt + 64 > key1) { /* an edge tile: zero the V rows of keys outside [key0, key1) */\n",
+    "        if (!SPARSE && (kt < key0 || kt + 64 > key1)) { /* an edge tile: zero the V rows of keys outside [key0, key1) */\n",
     "            for (int u = tid & 127; u < 64 * MW::nl * 8; u += 128) {\n",
     "                const int r = u / (MW::nl * 8), ch = u - r * (MW::nl * 8), k = kt + r;\n",
     "                if (k < key0 || k >= key1) {\n",
@@ -13130,6 +13265,7 @@ static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
     "        } else {\n",
     "            attn_named_barrier(ATTN_NB_P0, MW::threads);\n",
     "            attn_mbar_wait(full + 8, ph); /* B0 (complete: C0 waited for it; the acquire for this warpgroup) */\n",
+    "            if (SPARSE) attn_fence_proxy_async();\n",
     "            attn_mla_seesaw_load_p(pf, smem + (sS0 - base) + MW::rope * MW::panel, row_a, tq);\n",
     "        }\n",
     "        pv(sS0, alpha0);\n",
@@ -13143,12 +13279,17 @@ static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
     "        }\n",
     "        attn_wgmma_wait<0>();\n",
     "        attn_wgmma_fence_acc(o);\n",
+    "#if SPARSE\n",
+    "        refill(c1, sS0, offa, next);\n",
+    "#else\n",
     "        refill(c1, sS0, 0, kn, 1, next); /* slot 0's A0 (C0) / B0 (C1) */\n",
+    "#endif\n",
     "\n",
     "        /* ---- O = a1 O + P1 V1: C1's P1 from its S, C0's read ---- */\n",
     "        if (!c1) {\n",
     "            attn_named_barrier(ATTN_NB_P1, MW::threads);\n",
     "            attn_mbar_wait(full + 16, ph); /* A1 (complete: C1 waited for it) */\n",
+    "            if (SPARSE) attn_fence_proxy_async();\n",
     "            attn_mla_seesaw_load_p(pf, smem + (sS1 - base) + MW::rope * MW::panel, row_a, tq);\n",
     "        } else {\n",
     "            own_p();\n",
@@ -13156,7 +13297,11 @@ static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
     "        pv(sS1, alpha1);\n",
     "        attn_wgmma_wait<0>();\n",
     "        attn_wgmma_fence_acc(o);\n",
+    "#if SPARSE\n",
+    "        refill(2 + c1, sS1, offb, next);\n",
+    "#else\n",
     "        refill(2 + c1, sS1, MW::pieces, kn + 64, 2 * (pr + 1) + 1 < ntiles, next); /* slot 1's A1 (C0, P1 read) / B1 (C1) */\n",
+    "#endif\n",
     "    }\n",
     "\n",
     "    /* ---- epilogue: L = both warpgroups' sums; O / L ---- */\n",
@@ -13169,9 +13314,13 @@ static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
     "#pragma unroll\n",
     "    for (int h = 0; h < 2; h++) {\n",
     "        const int row = row_a + 8 * h;\n",
-    "        const float L = sL[row] + sL[64 + row];\n",
-    "        const float inv = L > 0.0f ? attn_rcp(L) : 0.0f;\n",
-    "        const float lse2 = attn_softmax_lse2(m[h], L);\n",
+    "        float L = sL[row] + sL[64 + row], mrow = m[h], wsink = 1.0f;\n",
+    "#if SPARSE\n",
+    "        if (p.sinks && slot < 0 && row < nrows) /* the head's sink, once, where the row is finished */\n",
+    "            wsink = attn_softmax_sink(__ldg(p.sinks + head0 + row), mrow, L);\n",
+    "#endif\n",
+    "        const float inv = L > 0.0f ? wsink * attn_rcp(L) : 0.0f;\n",
+    "        const float lse2 = attn_softmax_lse2(mrow, L);\n",
     "        if (row >= nrows) continue;\n",
     "        if (slot < 0) {\n",
     "            char *orow = (char *)p.out + ((attn_i64)q_row * p.out_stride_token + (attn_i64)(head0 + row) * p.out_stride_head) * 2;\n",

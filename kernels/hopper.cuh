@@ -62,6 +62,13 @@ ATTN_DEV void attn_mbar_arrive_expect_tx(attn_u32 bar, unsigned bytes) {
 ATTN_DEV void attn_mbar_arrive(attn_u32 bar) {
     asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
+/* one arrival on `bar` made when every cp.async this thread issued before it has landed
+   (.noinc: the barrier's expected count includes this arrival). The bytes land through the
+   generic proxy: a reader through the async proxy (wgmma) issues attn_fence_proxy_async
+   after its wait. */
+ATTN_DEV void attn_cp_async_mbar_arrive(attn_u32 bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
 /* whether the phase of parity `parity` has completed (try_wait: the hardware may suspend
    the thread for a while before answering no) */
 ATTN_DEV int attn_mbar_try_wait(attn_u32 bar, unsigned parity) {

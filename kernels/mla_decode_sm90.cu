@@ -66,7 +66,25 @@
    the scores of those keys are masked to -inf.
 
    Epilogue: row sums of both warpgroups through shared memory; O / l out (or the
-   normalised f32 partial); lse by C0. */
+   normalised f32 partial); lse by C0.
+
+   =====================================================================================
+   SPARSE 1: DeepSeek-V3.2's sparse MLA (attn_mla_forward_sparse), 16-bit latents
+   =====================================================================================
+   The grid, keys, splits, slots and sinks of kernels/mla_decode.cu's SPARSE (CTA (t, y, z):
+   heads 64 y .. of batch token t over entries [z c, z c + c) of its indices row, an entry
+   naming a position of the token's request, -1 or out of [0, seq_len) skipped; one split
+   writes out/lse with the sink joined, more write slot (t gridDim.y + y) splits + z for
+   attn_mla_merge), on the seesaw above. The "keys" of a tile are 64 entries; a tensor map
+   cannot gather rows by index on sm_90, so the loads are cp.async, issued by the same
+   warpgroup that would have issued the group's boxes: thread u of it copies row u / 2 of the
+   tile, every other 16-byte chunk of the group's panels, into the swizzled slot (zeros
+   for an entry that names no row: its V row is 0 and its score masked), then makes one
+   cp.async arrival on the group's full barrier (128 expected: no transaction bytes). A
+   reader of the group issues a proxy fence after its wait (the bytes came through the
+   generic proxy; wgmma reads through the async proxy). A row's address takes two dependent
+   loads, both made during the pair before its copies: the entry at the top of the pair, its
+   block-table row under the S wgmma. The S owner's mask is a ballot of its tile's entries. */
 #include "wgmma.cuh"
 #include "hopper.cuh"
 #include "mla_common.cuh" /* attn__mla_decode_params */
@@ -97,6 +115,9 @@
 #ifndef EVICT_FIRST
 #define EVICT_FIRST 1 /* tuning: the latent tiles are loaded with an L2 evict-first policy (0: the default
                          policy; 1 measured 0-5 % faster on the H200, docs/PERF.md) */
+#endif
+#ifndef SPARSE
+#define SPARSE 0 /* 1: the index-gathered decode (SPARSE 1 above); no tensor map */
 #endif
 #ifndef SPLIT_WAIT
 #define SPLIT_WAIT 1 /* tuning: 1 S starts on a slot's first group and waits for the second halfway;
@@ -185,14 +206,29 @@ ATTN_DEV void attn_mla_seesaw_load_p(attn_u32 (&pf)[4][4], const char *panel, in
         }
 }
 
+#if SPARSE
+extern "C" __global__ void __launch_bounds__(MW::threads, 1) attn_mla_decode(const attn__mla_decode_params p) {
+#else
 extern "C" __global__ void __launch_bounds__(MW::threads, 1)
     attn_mla_decode(const __grid_constant__ attn_tma_map kv_map, const attn__mla_decode_params p) {
+#endif
     extern __shared__ attn_vec16 attn_smem[];
     if (blockDim.x != MW::threads || attn_dynamic_smem_size() < MW::smem_bytes) attn_trap();
     if ((int)blockIdx.x >= *p.num_work) return;
+#if SPARSE
+    const int nsplit = p.num_work[1], z = (int)blockIdx.z; /* the build's splits of each token's entries */
+    if (z >= nsplit) return;
+    const int chunk = (p.topk + nsplit - 1) / nsplit;
+    const int q_row = (int)blockIdx.x, head0 = (int)blockIdx.y * ROWS;
+    const int key0 = attn_imin(p.topk, z * chunk), key1 = attn_imin(p.topk, key0 + chunk);
+    const int slot = nsplit > 1 ? (q_row * (int)gridDim.y + (int)blockIdx.y) * nsplit + z : -1;
+    const int req = __ldg(p.token_req + q_row), seq_len = __ldg(p.seq_lens + req);
+    const int *const ix = p.indices + (attn_i64)q_row * p.indices_stride;
+#else
     const int *item = p.work + 8 * (attn_i64)blockIdx.x;
     const int req = item[0], head0 = item[1], q_row = item[2], slot = item[6];
     const int key0 = item[4], key1 = item[5];
+#endif
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = tid >> 7;
     const int g = lane >> 2, tq = lane & 3;
     const int c1 = __all_sync(0xffffffffu, wg == 1); /* wg, as a value ptxas knows is warp-uniform */
@@ -210,13 +246,46 @@ extern "C" __global__ void __launch_bounds__(MW::threads, 1)
     const int npairs = (ntiles + 1) / 2;
     const int nrows = attn_imin(ROWS, p.num_heads - head0);
     const int row_a = 16 * (warp & 3) + g; /* this thread's accumulator rows: row_a, row_a + 8 */
+#if SPARSE
+    const char *const kv = (const char *)p.kv_cache;
+    const int grow = (tid & 127) >> 1; /* the row of a tile this thread gathers */
+    /* entry j's position in the request; -1 outside [key0, key1) or naming none */
+    auto entry = [&](int j) -> int {
+        const int x = j >= key0 && j < key1 ? __ldg(ix + j) : -1;
+        return x >= 0 && x < seq_len ? x : -1;
+    };
+    /* the byte offset of position x's cache row (-1: none) */
+    auto row_of = [&](int x) -> attn_i64 {
+        return x < 0 ? (attn_i64)-1
+                     : ((attn_i64)__ldg(bt + (unsigned)x / BLOCK_SIZE) * BLOCK_SIZE + (attn_i64)((unsigned)x % BLOCK_SIZE)) *
+                           (MW::d * 2);
+    };
+    /* this thread's share of group g of a tile into `slot_at` (its row's cache row `off`,
+       zeros for -1), then its arrival on the group's full barrier once the copies land */
+    auto gather = [&](int g, attn_u32 slot_at, attn_i64 off) {
+        const char *src = (const char *)kv + (off >= 0 ? off : 0);
+#pragma unroll
+        for (int i = 0; i < MW::nh + 1; i++) {
+            if (i >= attn_mla_seesaw_group_count(g)) break;
+            const int c = attn_mla_seesaw_group_panel(g, i);
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const int ch = 2 * k + (tid & 1);
+                attn_cp_async16_or_zero(slot_at + (attn_u32)(c * MW::panel) + attn_wgmma_swizzle_offset<64>(grow, ch),
+                                        src + (64 * c + 8 * ch) * 2, off < 0);
+            }
+        }
+        attn_cp_async_mbar_arrive(full + 8 * g);
+    };
+#endif
 
     if (tid == 0) {
-        for (int i = 0; i < 4; i++) attn_mbar_init(full + 8 * i, 1);
+        for (int i = 0; i < 4; i++) attn_mbar_init(full + 8 * i, SPARSE ? 128 : 1);
         attn_mbar_init_fence();
     }
     __syncthreads(); /* the barriers */
-    if (tid == 0 && npairs > 0) { /* pair 0, all four groups */
+    if (!SPARSE && tid == 0 && npairs > 0) { /* pair 0, all four groups */
+#if !SPARSE
         int b0[MW::pieces], b1[MW::pieces];
         attn_tma_prefetch_map(&kv_map);
         attn_mla_seesaw_blocks(b0, bt, tile0, key0, key1);
@@ -225,6 +294,7 @@ extern "C" __global__ void __launch_bounds__(MW::threads, 1)
         attn_mla_seesaw_fill(&kv_map, 1, sS0, full + 8, tile0, key0, key1, b0, 1);
         attn_mla_seesaw_fill(&kv_map, 2, sS1, full + 16, tile0 + 64, key0, key1, b1, ntiles > 1);
         attn_mla_seesaw_fill(&kv_map, 3, sS1, full + 24, tile0 + 64, key0, key1, b1, ntiles > 1);
+#endif
     }
 
     /* Q rows: [q_latent | q_pe], zero past num_heads */
@@ -237,6 +307,12 @@ extern "C" __global__ void __launch_bounds__(MW::threads, 1)
         attn_cp_async16_or_zero(sQ + attn_wgmma_swizzle_offset<ROWS>(r, col), src, !valid);
     }
     attn_cp_async_commit();
+#if SPARSE
+    if (npairs > 0) { /* pair 0: C0 gathers A0 and A1, C1 B0 and B1 (not committed: Q's wait below is Q's alone) */
+        gather(c1, sS0, row_of(entry(tile0 + grow)));
+        gather(2 + c1, sS1, row_of(entry(tile0 + 64 + grow)));
+    }
+#endif
     attn_cp_async_wait<0>();
     attn_fence_proxy_async(); /* Q is read by wgmma (the async proxy) */
     __syncthreads();
@@ -249,7 +325,9 @@ extern "C" __global__ void __launch_bounds__(MW::threads, 1)
 #pragma unroll
     for (int i = 0; i < MW::o_regs; i++) o[i] = 0.0f;
     attn_u32 pown[4][4], pf[4][4]; /* this warpgroup's P as A fragments; the P of the P V issued next */
+#if !SPARSE
     int nblk = 0;                  /* a block of the pair the refills load (lane j: piece j % pieces of tile j / pieces) */
+#endif
     /* pf = this warpgroup's own P */
     auto own_p = [&]() {
 #pragma unroll
@@ -269,6 +347,13 @@ extern "C" __global__ void __launch_bounds__(MW::threads, 1)
     };
     /* the warpgroup is done with group g of `slot_at`: its issuer refills it with tile `ktile`
        of the next pair (blocks from lanes first .. first + pieces - 1) */
+#if SPARSE
+    auto refill = [&](int g, attn_u32 slot_at, attn_i64 off, int next) {
+        attn_named_barrier(ATTN_NB_WG + wg, 128);
+        if (next) gather(g, slot_at, off);
+    };
+    (void)issuer;
+#else
     auto refill = [&](int g, attn_u32 slot_at, int first, int ktile, int valid, int next) {
         int blk[MW::pieces];
         attn_named_barrier(ATTN_NB_WG + wg, 128);
@@ -276,17 +361,30 @@ extern "C" __global__ void __launch_bounds__(MW::threads, 1)
         for (int j = 0; j < MW::pieces; j++) blk[j] = __shfl_sync(0xffffffffu, nblk, first + j);
         if (issuer && next) attn_mla_seesaw_fill(&kv_map, g, slot_at, full + 8 * g, ktile, key0, key1, blk, valid);
     };
+#endif
 
     for (int pr = 0; pr < npairs; pr++) {
         const unsigned ph = (unsigned)(pr & 1);
         const int kt = tile0 + 64 * (2 * pr + c1); /* this warpgroup's tile */
         const int next = pr + 1 < npairs, kn = tile0 + 128 * (pr + 1);
+#if SPARSE
+        /* the next pair's positions of this thread's rows (their cache rows are looked up under
+           the S wgmma), and which of this warpgroup's tile's entries name a row */
+        int xa = -1, xb = -1;
+        if (next) {
+            xa = entry(kn + grow);
+            xb = entry(kn + 64 + grow);
+        }
+        const unsigned vm0 = __ballot_sync(0xffffffffu, entry(kt + lane) >= 0);
+        const unsigned vm1 = __ballot_sync(0xffffffffu, entry(kt + 32 + lane) >= 0);
+#else
         /* the next pair's blocks, read now, handed to the issuer with shuffles when it refills */
         nblk = 0;
         if (next && lane < 2 * MW::pieces) {
             const int k = kn + 64 * (lane / MW::pieces) + (lane % MW::pieces) * MW::box_rows;
             if (k + MW::box_rows > key0 && k < key1) nblk = bt[(unsigned)k / BLOCK_SIZE];
         }
+#endif
 
         /* ---- S = Q K^T over this warpgroup's tile. The same order for both: panels 0 .. nh-1
            (A0 / A1), nh .. nl-1 (B0 / B1), then the rope panel (in B0 for C0, A1 for C1: waited
@@ -301,6 +399,7 @@ extern "C" __global__ void __launch_bounds__(MW::threads, 1)
         asm volatile("mov.b32 %0, %1;" : "=r"(k_at) : "r"(mine));
         attn_mbar_wait(fullA, ph);
         if (!SPLIT_WAIT) attn_mbar_wait(fullB, ph);
+        if (SPARSE) attn_fence_proxy_async(); /* the gathered bytes, to wgmma */
         attn_wgmma_fence();
 #pragma unroll
         for (int c = 0; c < MW::nh; c++)
@@ -310,6 +409,7 @@ extern "C" __global__ void __launch_bounds__(MW::threads, 1)
                                                    attn_wgmma_desc_k_major<64>(k_at, 64 * c + k), 1);
         if (SPLIT_WAIT) {
             attn_mbar_wait(fullB, ph);
+            if (SPARSE) attn_fence_proxy_async();
             attn_wgmma_fence(); /* after a branch among the wgmma: ptxas would put one here itself (C7519) */
         }
 #pragma unroll
@@ -319,6 +419,9 @@ extern "C" __global__ void __launch_bounds__(MW::threads, 1)
                 attn_wgmma<64, DT>::template ss<0>(s, attn_wgmma_desc_k_major<ROWS>(q_at, 64 * c + k),
                                                    attn_wgmma_desc_k_major<64>(k_at, 64 * c + k), 1);
         attn_wgmma_commit();
+#if SPARSE
+        const attn_i64 offa = row_of(xa), offb = row_of(xb); /* under the S wgmma */
+#endif
         attn_wgmma_wait<0>();
         attn_wgmma_fence_acc(s);
 
@@ -328,8 +431,13 @@ extern "C" __global__ void __launch_bounds__(MW::threads, 1)
         for (int i = 0; i < 8; i++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const int j = kt + 8 * i + 2 * tq + (e & 1);
-                const float x = j >= key0 && j < key1 ? s[4 * i + e] : attn_neg_inf();
+                const int j = 8 * i + 2 * tq + (e & 1);
+#if SPARSE
+                const int seen = (int)(((j < 32 ? vm0 : vm1) >> (j & 31)) & 1u);
+#else
+                const int seen = kt + j >= key0 && kt + j < key1;
+#endif
+                const float x = seen ? s[4 * i + e] : attn_neg_inf();
                 s[4 * i + e] = x;
                 mx[e >> 1] = fmaxf(mx[e >> 1], x);
             }
@@ -373,7 +481,7 @@ extern "C" __global__ void __launch_bounds__(MW::threads, 1)
         }
 #pragma unroll
         for (int j = 0; j < 4; j++) attn_wgmma_a_from_acc<DT>(pown[j], s, j); /* the S registers are free after this */
-        if (kt < key0 || kt + 64 > key1) { /* an edge tile: zero the V rows of keys outside [key0, key1) */
+        if (!SPARSE && (kt < key0 || kt + 64 > key1)) { /* an edge tile: zero the V rows of keys outside [key0, key1) */
             for (int u = tid & 127; u < 64 * MW::nl * 8; u += 128) {
                 const int r = u / (MW::nl * 8), ch = u - r * (MW::nl * 8), k = kt + r;
                 if (k < key0 || k >= key1) {
@@ -392,6 +500,7 @@ extern "C" __global__ void __launch_bounds__(MW::threads, 1)
         } else {
             attn_named_barrier(ATTN_NB_P0, MW::threads);
             attn_mbar_wait(full + 8, ph); /* B0 (complete: C0 waited for it; the acquire for this warpgroup) */
+            if (SPARSE) attn_fence_proxy_async();
             attn_mla_seesaw_load_p(pf, smem + (sS0 - base) + MW::rope * MW::panel, row_a, tq);
         }
         pv(sS0, alpha0);
@@ -405,12 +514,17 @@ extern "C" __global__ void __launch_bounds__(MW::threads, 1)
         }
         attn_wgmma_wait<0>();
         attn_wgmma_fence_acc(o);
+#if SPARSE
+        refill(c1, sS0, offa, next);
+#else
         refill(c1, sS0, 0, kn, 1, next); /* slot 0's A0 (C0) / B0 (C1) */
+#endif
 
         /* ---- O = a1 O + P1 V1: C1's P1 from its S, C0's read ---- */
         if (!c1) {
             attn_named_barrier(ATTN_NB_P1, MW::threads);
             attn_mbar_wait(full + 16, ph); /* A1 (complete: C1 waited for it) */
+            if (SPARSE) attn_fence_proxy_async();
             attn_mla_seesaw_load_p(pf, smem + (sS1 - base) + MW::rope * MW::panel, row_a, tq);
         } else {
             own_p();
@@ -418,7 +532,11 @@ extern "C" __global__ void __launch_bounds__(MW::threads, 1)
         pv(sS1, alpha1);
         attn_wgmma_wait<0>();
         attn_wgmma_fence_acc(o);
+#if SPARSE
+        refill(2 + c1, sS1, offb, next);
+#else
         refill(2 + c1, sS1, MW::pieces, kn + 64, 2 * (pr + 1) + 1 < ntiles, next); /* slot 1's A1 (C0, P1 read) / B1 (C1) */
+#endif
     }
 
     /* ---- epilogue: L = both warpgroups' sums; O / L ---- */
@@ -431,9 +549,13 @@ extern "C" __global__ void __launch_bounds__(MW::threads, 1)
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         const int row = row_a + 8 * h;
-        const float L = sL[row] + sL[64 + row];
-        const float inv = L > 0.0f ? attn_rcp(L) : 0.0f;
-        const float lse2 = attn_softmax_lse2(m[h], L);
+        float L = sL[row] + sL[64 + row], mrow = m[h], wsink = 1.0f;
+#if SPARSE
+        if (p.sinks && slot < 0 && row < nrows) /* the head's sink, once, where the row is finished */
+            wsink = attn_softmax_sink(__ldg(p.sinks + head0 + row), mrow, L);
+#endif
+        const float inv = L > 0.0f ? wsink * attn_rcp(L) : 0.0f;
+        const float lse2 = attn_softmax_lse2(mrow, L);
         if (row >= nrows) continue;
         if (slot < 0) {
             char *orow = (char *)p.out + ((attn_i64)q_row * p.out_stride_token + (attn_i64)(head0 + row) * p.out_stride_head) * 2;

@@ -1,6 +1,6 @@
 /* Sparse MLA (attn_mla_forward_sparse, DeepSeek-V3.2's DSA) against a float64 reference:
    random varlen batches (decodes, speculative tokens, a prefill chunk), top-k index rows
-   with padding (-1) and repeated positions, 16/128/20 heads, f32/f16/bf16 latents, fp8
+   with padding (-1) and repeated positions, 16/20/40/64/128 heads, f32/f16/bf16 latents, fp8
    with a per-tensor scale, fp8_ds_mla (656-byte rows with their own scales, written by
    attn_concat_and_cache_mla and read back here byte by byte), q as one tensor or as
    q_latent + q_pe, sinks, LSE. Outputs are NaN-poisoned first. Then the named errors: an
@@ -318,21 +318,46 @@ static void sp_case(spcase *c, int k, rng *r) {
     c->split_q = k % 2;
     c->sinks = k % 3 == 1 || k == 6;
     c->lse = k % 2 == 0 || k == 1;
+    if (k >= 9) { /* the wgmma gather's shapes (CUDA_MLA_SM90: 16-bit latents past 32 heads) */
+        c->heads = k == 9 ? 64 : k == 10 ? 40 : 128;
+        c->block = k == 10 ? 16 : 64;
+        c->dt = c->kv = k == 10 ? ATTN_DTYPE_F16 : ATTN_DTYPE_BF16;
+        c->topk = k == 9 ? 777 : k == 10 ? 129 : 2048;
+        if (k == 10) { /* 150 tokens: more CTAs than a wave, no splits; the sink in the kernel */
+            c->nreq = 3;
+            c->qlen[0] = 1; c->qlen[1] = 9; c->qlen[2] = 140;
+            for (i = 0; i < 3; i++) c->slen[i] = c->qlen[i] + rng_int(r, 1, 400);
+        }
+        if (k == 11) { /* one token over 2048 of ~3000 positions: split 16 ways, merged with the sink */
+            c->nreq = 1;
+            c->qlen[0] = 1;
+            c->slen[0] = 2900 + rng_int(r, 0, 200);
+        }
+        c->sinks = k != 9;
+        c->lse = 1;
+    }
     c->seed = 1000u + (unsigned)k;
 }
 
 static int sp_run_cuda(spworld *w, const spcase *c, const char *what);
 
-/* The 9 random cases of sp_case, each world run on the CPU or (cuda) the GPU layer. */
+/* The 12 random cases of sp_case, each world run on the CPU or (cuda) the GPU layer. */
 static void sp_cases(int cuda) {
     rng r;
     int k;
     rng_seed(&r, 0x5a5e);
-    for (k = 0; k < 9; k++) {
+    const char *only = getenv("ATTN_TEST_SPARSE_CASES"); /* "1,9,11": these cases only (racecheck) */
+    for (k = 0; k < 12; k++) {
         spcase c;
         spworld w;
-        char what[96];
+        char what[96], tag[8];
         sp_case(&c, k, &r);
+        snprintf(tag, sizeof tag, ",%d,", k);
+        if (only) {
+            char list[64];
+            snprintf(list, sizeof list, ",%s,", only);
+            if (!strstr(list, tag)) continue;
+        }
         if (!sp_open(&w, &c)) {
             attn_test_fail(__FILE__, __LINE__, "case %d: world", k);
             sp_free(&w);
