@@ -8092,7 +8092,7 @@ typedef struct attn__kernel_family {
                                              "attn__mla_decode_params"}
 #define ATTN__MLA_PREFILL_ROLE(file, arch_a) {file, {"attn_mla_prefill", NULL, NULL}, "attn_mha_config", arch_a, 0, \
                                               "attn__mla_prefill_params"}
-#define ATTN__MLA_SPARSE_ROLE(file, arch_a) {file, {"attn_mla_decode", "attn_mla_merge", NULL}, "attn_mla_config", arch_a, 0, \
+#define ATTN__MLA_SPARSE_ROLE(file, arch_a, tma) {file, {"attn_mla_decode", "attn_mla_merge", NULL}, "attn_mla_config", arch_a, tma, \
                                             "attn__mla_decode_params"}
 #define ATTN__NO_ROLE {NULL, {NULL, NULL, NULL}, NULL, 0, 0, NULL}
 static const attn__kernel_family attn__kernel_families[] = {
@@ -8106,10 +8106,10 @@ static const attn__kernel_family attn__kernel_families[] = {
       ATTN__PAGED_ROLE("paged_attention.cu", "attn_paged_attention", 0, 0)}},
     {ATTN_BACKEND_CUDA_MLA_SM90, 90, 90,
      {ATTN__MLA_DECODE_ROLE("mla_decode_sm90.cu", 1, 1), ATTN__MLA_PREFILL_ROLE("mla_prefill_sm90.cu", 1),
-      ATTN__LATENT_ROLE, ATTN__MLA_SPARSE_ROLE("mla_decode_sm90.cu", 1)}},
+      ATTN__LATENT_ROLE, ATTN__MLA_SPARSE_ROLE("mla_decode_sm90.cu", 1, 1)}},
     {ATTN_BACKEND_CUDA_MLA, 80, 0,
      {ATTN__MLA_DECODE_ROLE("mla_decode.cu", 0, 0), ATTN__MLA_PREFILL_ROLE("mla_prefill.cu", 0), ATTN__LATENT_ROLE,
-      ATTN__MLA_SPARSE_ROLE("mla_decode.cu", 0)}},
+      ATTN__MLA_SPARSE_ROLE("mla_decode.cu", 0, 0)}},
 };
 #undef ATTN__PAGED_ROLE
 #undef ATTN__CACHE_ROLE
@@ -9946,11 +9946,12 @@ static attn_status attn__cuda_mla_forward_sparse(const attn_backend *self, attn_
     attn__mla_rows qr = attn__mla_rows_of(q, 0), pr, orr;
     attn_tensor ir = attn__tensor_resolved(indices);
     attn__mla_decode_params dp;
+    attn__tma_map map; /* the wgmma gather's (its config's tma_box_rows: one-row boxes) */
     attn__CUresult rc;
     attn_status st;
     unsigned grid, splits, merges;
-    int capturing;
-    void *args[1];
+    int capturing, mapped = L->sparse.config.tma_box_rows > 0;
+    void *args[2];
     (void)self;
     if ((st = attn__cuda_mla_aligned(ctx, fn, "q", q)) != ATTN_OK ||
         (q_pe && (st = attn__cuda_mla_aligned(ctx, fn, "q_pe", q_pe)) != ATTN_OK) ||
@@ -9991,19 +9992,25 @@ static attn_status attn__cuda_mla_forward_sparse(const attn_backend *self, attn_
     dp.token_req = attn__dptr(cm->dev.token_req);
     dp.sinks = attn__dptr(d->sinks); /* device floats, read by the launch */
     if ((st = attn__cuda_enter_stream(ctx, fn, stream)) != ATTN_OK) return st;
+    if (mapped && (st = attn__cuda_mla_map(ctx, d->kv_cache_dtype, kv_cache->data, kv_cache->shape[0], d->block_size,
+                                           d->head_size, L->sparse.config.tma_box_rows, &map)) != ATTN_OK) {
+        attn__cuda_leave(ctx);
+        return st;
+    }
     capturing = attn__cuda_capturing(ctx, (attn__CUstream)stream);
     /* a captured call covers the capacity (tokens, the most splits, the most merge entries) */
     grid = (unsigned)(capturing ? attn_metadata_capacity(meta)->max_num_tokens : meta->batch.num_actual_tokens);
     splits = (unsigned)(capturing ? ATTN__MLA_SPARSE_SPLITS : cm->host.counts[3]);
     merges = (unsigned)(capturing ? cm->sparse_slots : cm->host.counts[4]);
-    args[0] = &dp;
+    args[0] = &map; /* a kernel fed through TMA takes the cache's map first */
+    args[1] = &dp;
     rc = grid ? ctx->cuda->cuLaunchKernel(L->sparse.main, grid, (unsigned)cm->sparse_tiles, splits,
-                                          (unsigned)L->sparse.config.threads, 1, 1,
-                                          (unsigned)L->sparse.config.shared_bytes, (attn__CUstream)stream, args, NULL)
+                                          (unsigned)L->sparse.config.threads, 1, 1, (unsigned)L->sparse.config.shared_bytes,
+                                          (attn__CUstream)stream, mapped ? args : args + 1, NULL)
               : 0;
     if (rc == 0 && grid && merges) /* the splits merged, a CTA per row (the sinks joined there) */
         rc = ctx->cuda->cuLaunchKernel(L->sparse.second, merges, (unsigned)cm->sparse_rows, 1, 256, 1, 1, 0,
-                                       (attn__CUstream)stream, args, NULL);
+                                       (attn__CUstream)stream, args + 1, NULL);
     attn__cuda_leave(ctx);
     return rc ? attn__cu_fail(ctx, fn, "cuLaunchKernel", rc) : ATTN_OK;
 }
@@ -12784,7 +12791,8 @@ static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
     "   attn__cuda_mla_map, encoded on the host at each forward), 3-D {KV_LORA + ROPE,\n",
     "   BLOCK_SIZE, blocks}, box {64 columns, BOX_ROWS keys, 1 block} (attn_mla_config's\n",
     "   tma_box_rows), 128-byte swizzle; grid >= *num_work, 256 threads, attn_mla_config's\n",
-    "   dynamic shared memory.\n",
+    "   dynamic shared memory. SPARSE: the same map with box rows 1, grid (tokens, head tiles,\n",
+    "   splits); SPARSE_TMA 0: attn_mla_decode(params) alone (tma_box_rows 0).\n",
     "\n",
     "   =====================================================================================\n",
     "   INSIDE A CTA\n",
@@ -12840,16 +12848,20 @@ static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
     "   heads 64 y .. of batch token t over entries [z c, z c + c) of its indices row, an entry\n",
     "   naming a position of the token's request, -1 or out of [0, seq_len) skipped; one split\n",
     "   writes out/lse with the sink joined, more write slot (t gridDim.y + y) splits + z for\n",
-    "   attn_mla_merge), on the seesaw above. The \"keys\" of a tile are 64 entries; a tensor map\n",
-    "   cannot gather rows by index on sm_90, so the loads are cp.async, issued by the same\n",
-    "   warpgroup that would have issued the group's boxes: thread u of it copies row u / 2 of the\n",
-    "   tile, every other 16-byte chunk of the group's panels, into the swizzled slot (zeros\n",
-    "   for an entry that names no row: its V row is 0 and its score masked), then makes one\n",
-    "   cp.async arrival on the group's full barrier (128 expected: no transaction bytes). A\n",
-    "   reader of the group issues a proxy fence after its wait (the bytes came through the\n",
-    "   generic proxy; wgmma reads through the async proxy). A row's address takes two dependent\n",
-    "   loads, both made during the pair before its copies: the entry at the top of the pair, its\n",
-    "   block-table row under the S wgmma. The S owner's mask is a ballot of its tile's entries. */\n",
+    "   attn_mla_merge), on the seesaw above. The \"keys\" of a tile are 64 entries. A tensor map\n",
+    "   cannot gather rows by index on sm_90, so each row comes in one-row boxes (box rows 1 of\n",
+    "   LAUNCH's map, at (column 64 c, the position's row in its block, its block)), one per panel\n",
+    "   of the group: thread u of the warpgroup that would have issued the group's boxes issues\n",
+    "   row u / 2's panels i with i % 2 = u % 2, its issuer expects the group's 64 x panels x 128\n",
+    "   bytes. The swizzle follows the shared address (a row lands at row r of a 1024-aligned\n",
+    "   panel as a 64-row box would put it). An entry that names no row loads block -1: outside\n",
+    "   the map, so TMA fills zeros (its V row is 0) and still counts the bytes; its score is\n",
+    "   masked. A row's box coordinates take two dependent loads, both made during the pair\n",
+    "   before its copies: the entry at the top of the pair, its block-table row under the S\n",
+    "   wgmma. The S owner's mask is a ballot of its tile's entries, loaded a pair ahead.\n",
+    "   SPARSE_TMA 0 copies by cp.async instead (16-byte pieces into the swizzled slots, one\n",
+    "   cp.async arrival per thread on the group's barrier, a proxy fence after each wait):\n",
+    "   correct, but held to ~10 GB/s an SM by the cp.async in flight (docs/PERF.md). */\n",
     "#include \"wgmma.cuh\"\n",
     "#include \"hopper.cuh\"\n",
     "#include \"mla_common.cuh\" /* attn__mla_decode_params */\n",
@@ -12884,6 +12896,19 @@ static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
     "#ifndef SPARSE\n",
     "#define SPARSE 0 /* 1: the index-gathered decode (SPARSE 1 above); no tensor map */\n",
     "#endif\n",
+    "#ifndef SPARSE_TMA\n",
+    "#define SPARSE_TMA 1 /* SPARSE: 1 each row's panels by TMA (one-row boxes, the map of LAUNCH with box\n",
+    "                        rows 1); 0 by cp.async (16-byte pieces; docs/PERF.md: the per-SM limit on\n",
+    "                        cp.async in flight held it to ~10 GB/s an SM) */\n",
+    "#endif\n",
+    "#define ATTN_MLA_MAPPED (!SPARSE || SPARSE_TMA) /* the kernel takes the cache's tensor map */\n",
+    "#ifndef SPARSE_FENCE\n",
+    "#define SPARSE_FENCE 1 /* 1: a reader of gathered bytes issues the proxy fence after its wait */\n",
+    "#endif\n",
+    "#ifndef SPARSE_PROBE\n",
+    "#define SPARSE_PROBE 0 /* diagnosis only, wrong results: 1 gathers rows 0..63 of the cache for every tile\n",
+    "                          (contiguous), 2 copies nothing (arrives at once) */\n",
+    "#endif\n",
     "#ifndef SPLIT_WAIT\n",
     "#define SPLIT_WAIT 1 /* tuning: 1 S starts on a slot's first group and waits for the second halfway;\n",
     "                        0 S waits for both first */\n",
@@ -12915,7 +12940,7 @@ static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
     "#define ATTN_NB_WG 6\n",
     "\n",
     "extern \"C\" __constant__ attn__launch_config attn_mla_config = {MW::threads, MW::smem_bytes, 64, ROWS, 1, 2, 8, 1,\n",
-    "                                                                MW::box_rows};\n",
+    "                                                                SPARSE ? (SPARSE_TMA ? 1 : 0) : MW::box_rows};\n",
     "\n",
     "/* group g (0 A0, 1 B0, 2 A1, 3 B1): its panels (A1 carries slot 1's rope panel) */\n",
     "ATTN_DEV constexpr int attn_mla_seesaw_group_count(int g) {\n",
@@ -12971,7 +12996,7 @@ static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
     "        }\n",
     "}\n",
     "\n",
-    "#if SPARSE\n",
+    "#if !ATTN_MLA_MAPPED\n",
     "extern \"C\" __global__ void __launch_bounds__(MW::threads, 1) attn_mla_decode(const attn__mla_decode_params p) {\n",
     "#else\n",
     "extern \"C\" __global__ void __launch_bounds__(MW::threads, 1)\n",
@@ -13012,22 +13037,51 @@ static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
     "    const int nrows = attn_imin(ROWS, p.num_heads - head0);\n",
     "    const int row_a = 16 * (warp & 3) + g; /* this thread's accumulator rows: row_a, row_a + 8 */\n",
     "#if SPARSE\n",
+    "#if !SPARSE_TMA\n",
     "    const char *const kv = (const char *)p.kv_cache;\n",
+    "#endif\n",
     "    const int grow = (tid & 127) >> 1; /* the row of a tile this thread gathers */\n",
     "    /* entry j's position in the request; -1 outside [key0, key1) or naming none */\n",
     "    auto entry = [&](int j) -> int {\n",
     "        const int x = j >= key0 && j < key1 ? __ldg(ix + j) : -1;\n",
     "        return x >= 0 && x < seq_len ? x : -1;\n",
     "    };\n",
-    "    /* the byte offset of position x's cache row (-1: none) */\n",
+    "    /* where position x's cache row is (SPARSE_TMA: block << 32 | row in the block, block -1\n",
+    "       for none; else its byte offset, -1 for none) */\n",
     "    auto row_of = [&](int x) -> attn_i64 {\n",
+    "        if (SPARSE_TMA)\n",
+    "            return x < 0 ? (attn_i64)((attn_u64)0xffffffffu << 32)\n",
+    "                         : (attn_i64)(((attn_u64)(attn_u32)__ldg(bt + (unsigned)x / BLOCK_SIZE) << 32) | ((unsigned)x % BLOCK_SIZE));\n",
     "        return x < 0 ? (attn_i64)-1\n",
     "                     : ((attn_i64)__ldg(bt + (unsigned)x / BLOCK_SIZE) * BLOCK_SIZE + (attn_i64)((unsigned)x % BLOCK_SIZE)) *\n",
     "                           (MW::d * 2);\n",
     "    };\n",
+    "#if SPARSE_TMA\n",
+    "    /* this thread's share of group g of a tile into `slot_at`: its row's panels i with i % 2\n",
+    "       = tid % 2, one-row boxes at (block, row) (block -1: outside the map, zeros), on the\n",
+    "       group's full barrier; the warpgroup's issuer expects the group's bytes (every box\n",
+    "       counts, zero-filled or not) */\n",
+    "    auto gather = [&](int g, attn_u32 slot_at, attn_i64 at) {\n",
+    "        const int blk = (int)(at >> 32), row = (int)(at & 0xffffffff);\n",
+    "        const attn_u32 bar = full + 8 * g;\n",
+    "        if (issuer) attn_mbar_arrive_expect_tx(bar, (unsigned)(64 * attn_mla_seesaw_group_count(g) * 128));\n",
+    "#pragma unroll\n",
+    "        for (int i = 0; i < MW::nh + 1; i++) {\n",
+    "            if (i >= attn_mla_seesaw_group_count(g)) break;\n",
+    "            if ((i & 1) != (tid & 1)) continue;\n",
+    "            const int c = attn_mla_seesaw_group_panel(g, i);\n",
+    "            attn_tma_load_3d(slot_at + (attn_u32)(c * MW::panel + grow * 128), &kv_map, 64 * c, row, blk, bar);\n",
+    "        }\n",
+    "    };\n",
+    "#else\n",
     "    /* this thread's share of group g of a tile into `slot_at` (its row's cache row `off`,\n",
     "       zeros for -1), then its arrival on the group's full barrier once the copies land */\n",
     "    auto gather = [&](int g, attn_u32 slot_at, attn_i64 off) {\n",
+    "        if (SPARSE_PROBE == 2) {\n",
+    "            attn_mbar_arrive(full + 8 * g);\n",
+    "            return;\n",
+    "        }\n",
+    "        if (SPARSE_PROBE == 1) off = (attn_i64)grow * (MW::d * 2);\n",
     "        const char *src = (const char *)kv + (off >= 0 ? off : 0);\n",
     "#pragma unroll\n",
     "        for (int i = 0; i < MW::nh + 1; i++) {\n",
@@ -13043,9 +13097,10 @@ static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
     "        attn_cp_async_mbar_arrive(full + 8 * g);\n",
     "    };\n",
     "#endif\n",
+    "#endif\n",
     "\n",
     "    if (tid == 0) {\n",
-    "        for (int i = 0; i < 4; i++) attn_mbar_init(full + 8 * i, SPARSE ? 128 : 1);\n",
+    "        for (int i = 0; i < 4; i++) attn_mbar_init(full + 8 * i, SPARSE && !SPARSE_TMA ? 128 : 1);\n",
     "        attn_mbar_init_fence();\n",
     "    }\n",
     "    __syncthreads(); /* the barriers */\n",
@@ -13117,7 +13172,7 @@ static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
     "        attn_named_barrier(ATTN_NB_WG + wg, 128);\n",
     "        if (next) gather(g, slot_at, off);\n",
     "    };\n",
-    "    (void)issuer;\n",
+    "    (void)issuer; /* (the cp.async gather has none) */\n",
     "#else\n",
     "    auto refill = [&](int g, attn_u32 slot_at, int first, int ktile, int valid, int next) {\n",
     "        int blk[MW::pieces];\n",
@@ -13128,6 +13183,9 @@ static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
     "    };\n",
     "#endif\n",
     "\n",
+    "#if SPARSE\n",
+    "    int me0 = entry(tile0 + 64 * c1 + lane), me1 = entry(tile0 + 64 * c1 + 32 + lane); /* pair 0's mask entries */\n",
+    "#endif\n",
     "    for (int pr = 0; pr < npairs; pr++) {\n",
     "        const unsigned ph = (unsigned)(pr & 1);\n",
     "        const int kt = tile0 + 64 * (2 * pr + c1); /* this warpgroup's tile */\n",
@@ -13140,8 +13198,11 @@ static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
     "            xa = entry(kn + grow);\n",
     "            xb = entry(kn + 64 + grow);\n",
     "        }\n",
-    "        const unsigned vm0 = __ballot_sync(0xffffffffu, entry(kt + lane) >= 0);\n",
-    "        const unsigned vm1 = __ballot_sync(0xffffffffu, entry(kt + 32 + lane) >= 0);\n",
+    "        const unsigned vm0 = __ballot_sync(0xffffffffu, me0 >= 0), vm1 = __ballot_sync(0xffffffffu, me1 >= 0);\n",
+    "        if (next) { /* the entries of this warpgroup's tile of the next pair, for its mask */\n",
+    "            me0 = entry(kt + 128 + lane);\n",
+    "            me1 = entry(kt + 160 + lane);\n",
+    "        }\n",
     "#else\n",
     "        /* the next pair's blocks, read now, handed to the issuer with shuffles when it refills */\n",
     "        nblk = 0;\n",
@@ -13164,7 +13225,7 @@ static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
     "        asm volatile(\"mov.b32 %0, %1;\" : \"=r\"(k_at) : \"r\"(mine));\n",
     "        attn_mbar_wait(fullA, ph);\n",
     "        if (!SPLIT_WAIT) attn_mbar_wait(fullB, ph);\n",
-    "        if (SPARSE) attn_fence_proxy_async(); /* the gathered bytes, to wgmma */\n",
+    "        if (SPARSE && !SPARSE_TMA && SPARSE_FENCE) attn_fence_proxy_async(); /* the gathered bytes, to wgmma */\n",
     "        attn_wgmma_fence();\n",
     "#pragma unroll\n",
     "        for (int c = 0; c < MW::nh; c++)\n",
@@ -13174,7 +13235,7 @@ static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
     "                                                   attn_wgmma_desc_k_major<64>(k_at, 64 * c + k), 1);\n",
     "        if (SPLIT_WAIT) {\n",
     "            attn_mbar_wait(fullB, ph);\n",
-    "            if (SPARSE) attn_fence_proxy_async();\n",
+    "            if (SPARSE && !SPARSE_TMA && SPARSE_FENCE) attn_fence_proxy_async();\n",
     "            attn_wgmma_fence(); /* after a branch among the wgmma: ptxas would put one here itself (C7519) */\n",
     "        }\n",
     "#pragma unroll\n",
@@ -13265,7 +13326,7 @@ static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
     "        } else {\n",
     "            attn_named_barrier(ATTN_NB_P0, MW::threads);\n",
     "            attn_mbar_wait(full + 8, ph); /* B0 (complete: C0 waited for it; the acquire for this warpgroup) */\n",
-    "            if (SPARSE) attn_fence_proxy_async();\n",
+    "            if (SPARSE && !SPARSE_TMA && SPARSE_FENCE) attn_fence_proxy_async();\n",
     "            attn_mla_seesaw_load_p(pf, smem + (sS0 - base) + MW::rope * MW::panel, row_a, tq);\n",
     "        }\n",
     "        pv(sS0, alpha0);\n",
@@ -13289,7 +13350,7 @@ static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
     "        if (!c1) {\n",
     "            attn_named_barrier(ATTN_NB_P1, MW::threads);\n",
     "            attn_mbar_wait(full + 16, ph); /* A1 (complete: C1 waited for it) */\n",
-    "            if (SPARSE) attn_fence_proxy_async();\n",
+    "            if (SPARSE && !SPARSE_TMA && SPARSE_FENCE) attn_fence_proxy_async();\n",
     "            attn_mla_seesaw_load_p(pf, smem + (sS1 - base) + MW::rope * MW::panel, row_a, tq);\n",
     "        } else {\n",
     "            own_p();\n",

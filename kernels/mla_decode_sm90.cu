@@ -19,7 +19,8 @@
    attn__cuda_mla_map, encoded on the host at each forward), 3-D {KV_LORA + ROPE,
    BLOCK_SIZE, blocks}, box {64 columns, BOX_ROWS keys, 1 block} (attn_mla_config's
    tma_box_rows), 128-byte swizzle; grid >= *num_work, 256 threads, attn_mla_config's
-   dynamic shared memory.
+   dynamic shared memory. SPARSE: the same map with box rows 1, grid (tokens, head tiles,
+   splits); SPARSE_TMA 0: attn_mla_decode(params) alone (tma_box_rows 0).
 
    =====================================================================================
    INSIDE A CTA
@@ -75,16 +76,20 @@
    heads 64 y .. of batch token t over entries [z c, z c + c) of its indices row, an entry
    naming a position of the token's request, -1 or out of [0, seq_len) skipped; one split
    writes out/lse with the sink joined, more write slot (t gridDim.y + y) splits + z for
-   attn_mla_merge), on the seesaw above. The "keys" of a tile are 64 entries; a tensor map
-   cannot gather rows by index on sm_90, so the loads are cp.async, issued by the same
-   warpgroup that would have issued the group's boxes: thread u of it copies row u / 2 of the
-   tile, every other 16-byte chunk of the group's panels, into the swizzled slot (zeros
-   for an entry that names no row: its V row is 0 and its score masked), then makes one
-   cp.async arrival on the group's full barrier (128 expected: no transaction bytes). A
-   reader of the group issues a proxy fence after its wait (the bytes came through the
-   generic proxy; wgmma reads through the async proxy). A row's address takes two dependent
-   loads, both made during the pair before its copies: the entry at the top of the pair, its
-   block-table row under the S wgmma. The S owner's mask is a ballot of its tile's entries. */
+   attn_mla_merge), on the seesaw above. The "keys" of a tile are 64 entries. A tensor map
+   cannot gather rows by index on sm_90, so each row comes in one-row boxes (box rows 1 of
+   LAUNCH's map, at (column 64 c, the position's row in its block, its block)), one per panel
+   of the group: thread u of the warpgroup that would have issued the group's boxes issues
+   row u / 2's panels i with i % 2 = u % 2, its issuer expects the group's 64 x panels x 128
+   bytes. The swizzle follows the shared address (a row lands at row r of a 1024-aligned
+   panel as a 64-row box would put it). An entry that names no row loads block -1: outside
+   the map, so TMA fills zeros (its V row is 0) and still counts the bytes; its score is
+   masked. A row's box coordinates take two dependent loads, both made during the pair
+   before its copies: the entry at the top of the pair, its block-table row under the S
+   wgmma. The S owner's mask is a ballot of its tile's entries, loaded a pair ahead.
+   SPARSE_TMA 0 copies by cp.async instead (16-byte pieces into the swizzled slots, one
+   cp.async arrival per thread on the group's barrier, a proxy fence after each wait):
+   correct, but held to ~10 GB/s an SM by the cp.async in flight (docs/PERF.md). */
 #include "wgmma.cuh"
 #include "hopper.cuh"
 #include "mla_common.cuh" /* attn__mla_decode_params */
@@ -119,6 +124,19 @@
 #ifndef SPARSE
 #define SPARSE 0 /* 1: the index-gathered decode (SPARSE 1 above); no tensor map */
 #endif
+#ifndef SPARSE_TMA
+#define SPARSE_TMA 1 /* SPARSE: 1 each row's panels by TMA (one-row boxes, the map of LAUNCH with box
+                        rows 1); 0 by cp.async (16-byte pieces; docs/PERF.md: the per-SM limit on
+                        cp.async in flight held it to ~10 GB/s an SM) */
+#endif
+#define ATTN_MLA_MAPPED (!SPARSE || SPARSE_TMA) /* the kernel takes the cache's tensor map */
+#ifndef SPARSE_FENCE
+#define SPARSE_FENCE 1 /* 1: a reader of gathered bytes issues the proxy fence after its wait */
+#endif
+#ifndef SPARSE_PROBE
+#define SPARSE_PROBE 0 /* diagnosis only, wrong results: 1 gathers rows 0..63 of the cache for every tile
+                          (contiguous), 2 copies nothing (arrives at once) */
+#endif
 #ifndef SPLIT_WAIT
 #define SPLIT_WAIT 1 /* tuning: 1 S starts on a slot's first group and waits for the second halfway;
                         0 S waits for both first */
@@ -150,7 +168,7 @@ typedef attn_mla_seesaw MW;
 #define ATTN_NB_WG 6
 
 extern "C" __constant__ attn__launch_config attn_mla_config = {MW::threads, MW::smem_bytes, 64, ROWS, 1, 2, 8, 1,
-                                                                MW::box_rows};
+                                                                SPARSE ? (SPARSE_TMA ? 1 : 0) : MW::box_rows};
 
 /* group g (0 A0, 1 B0, 2 A1, 3 B1): its panels (A1 carries slot 1's rope panel) */
 ATTN_DEV constexpr int attn_mla_seesaw_group_count(int g) {
@@ -206,7 +224,7 @@ ATTN_DEV void attn_mla_seesaw_load_p(attn_u32 (&pf)[4][4], const char *panel, in
         }
 }
 
-#if SPARSE
+#if !ATTN_MLA_MAPPED
 extern "C" __global__ void __launch_bounds__(MW::threads, 1) attn_mla_decode(const attn__mla_decode_params p) {
 #else
 extern "C" __global__ void __launch_bounds__(MW::threads, 1)
@@ -247,22 +265,51 @@ extern "C" __global__ void __launch_bounds__(MW::threads, 1)
     const int nrows = attn_imin(ROWS, p.num_heads - head0);
     const int row_a = 16 * (warp & 3) + g; /* this thread's accumulator rows: row_a, row_a + 8 */
 #if SPARSE
+#if !SPARSE_TMA
     const char *const kv = (const char *)p.kv_cache;
+#endif
     const int grow = (tid & 127) >> 1; /* the row of a tile this thread gathers */
     /* entry j's position in the request; -1 outside [key0, key1) or naming none */
     auto entry = [&](int j) -> int {
         const int x = j >= key0 && j < key1 ? __ldg(ix + j) : -1;
         return x >= 0 && x < seq_len ? x : -1;
     };
-    /* the byte offset of position x's cache row (-1: none) */
+    /* where position x's cache row is (SPARSE_TMA: block << 32 | row in the block, block -1
+       for none; else its byte offset, -1 for none) */
     auto row_of = [&](int x) -> attn_i64 {
+        if (SPARSE_TMA)
+            return x < 0 ? (attn_i64)((attn_u64)0xffffffffu << 32)
+                         : (attn_i64)(((attn_u64)(attn_u32)__ldg(bt + (unsigned)x / BLOCK_SIZE) << 32) | ((unsigned)x % BLOCK_SIZE));
         return x < 0 ? (attn_i64)-1
                      : ((attn_i64)__ldg(bt + (unsigned)x / BLOCK_SIZE) * BLOCK_SIZE + (attn_i64)((unsigned)x % BLOCK_SIZE)) *
                            (MW::d * 2);
     };
+#if SPARSE_TMA
+    /* this thread's share of group g of a tile into `slot_at`: its row's panels i with i % 2
+       = tid % 2, one-row boxes at (block, row) (block -1: outside the map, zeros), on the
+       group's full barrier; the warpgroup's issuer expects the group's bytes (every box
+       counts, zero-filled or not) */
+    auto gather = [&](int g, attn_u32 slot_at, attn_i64 at) {
+        const int blk = (int)(at >> 32), row = (int)(at & 0xffffffff);
+        const attn_u32 bar = full + 8 * g;
+        if (issuer) attn_mbar_arrive_expect_tx(bar, (unsigned)(64 * attn_mla_seesaw_group_count(g) * 128));
+#pragma unroll
+        for (int i = 0; i < MW::nh + 1; i++) {
+            if (i >= attn_mla_seesaw_group_count(g)) break;
+            if ((i & 1) != (tid & 1)) continue;
+            const int c = attn_mla_seesaw_group_panel(g, i);
+            attn_tma_load_3d(slot_at + (attn_u32)(c * MW::panel + grow * 128), &kv_map, 64 * c, row, blk, bar);
+        }
+    };
+#else
     /* this thread's share of group g of a tile into `slot_at` (its row's cache row `off`,
        zeros for -1), then its arrival on the group's full barrier once the copies land */
     auto gather = [&](int g, attn_u32 slot_at, attn_i64 off) {
+        if (SPARSE_PROBE == 2) {
+            attn_mbar_arrive(full + 8 * g);
+            return;
+        }
+        if (SPARSE_PROBE == 1) off = (attn_i64)grow * (MW::d * 2);
         const char *src = (const char *)kv + (off >= 0 ? off : 0);
 #pragma unroll
         for (int i = 0; i < MW::nh + 1; i++) {
@@ -278,9 +325,10 @@ extern "C" __global__ void __launch_bounds__(MW::threads, 1)
         attn_cp_async_mbar_arrive(full + 8 * g);
     };
 #endif
+#endif
 
     if (tid == 0) {
-        for (int i = 0; i < 4; i++) attn_mbar_init(full + 8 * i, SPARSE ? 128 : 1);
+        for (int i = 0; i < 4; i++) attn_mbar_init(full + 8 * i, SPARSE && !SPARSE_TMA ? 128 : 1);
         attn_mbar_init_fence();
     }
     __syncthreads(); /* the barriers */
@@ -352,7 +400,7 @@ extern "C" __global__ void __launch_bounds__(MW::threads, 1)
         attn_named_barrier(ATTN_NB_WG + wg, 128);
         if (next) gather(g, slot_at, off);
     };
-    (void)issuer;
+    (void)issuer; /* (the cp.async gather has none) */
 #else
     auto refill = [&](int g, attn_u32 slot_at, int first, int ktile, int valid, int next) {
         int blk[MW::pieces];
@@ -363,6 +411,9 @@ extern "C" __global__ void __launch_bounds__(MW::threads, 1)
     };
 #endif
 
+#if SPARSE
+    int me0 = entry(tile0 + 64 * c1 + lane), me1 = entry(tile0 + 64 * c1 + 32 + lane); /* pair 0's mask entries */
+#endif
     for (int pr = 0; pr < npairs; pr++) {
         const unsigned ph = (unsigned)(pr & 1);
         const int kt = tile0 + 64 * (2 * pr + c1); /* this warpgroup's tile */
@@ -375,8 +426,11 @@ extern "C" __global__ void __launch_bounds__(MW::threads, 1)
             xa = entry(kn + grow);
             xb = entry(kn + 64 + grow);
         }
-        const unsigned vm0 = __ballot_sync(0xffffffffu, entry(kt + lane) >= 0);
-        const unsigned vm1 = __ballot_sync(0xffffffffu, entry(kt + 32 + lane) >= 0);
+        const unsigned vm0 = __ballot_sync(0xffffffffu, me0 >= 0), vm1 = __ballot_sync(0xffffffffu, me1 >= 0);
+        if (next) { /* the entries of this warpgroup's tile of the next pair, for its mask */
+            me0 = entry(kt + 128 + lane);
+            me1 = entry(kt + 160 + lane);
+        }
 #else
         /* the next pair's blocks, read now, handed to the issuer with shuffles when it refills */
         nblk = 0;
@@ -399,7 +453,7 @@ extern "C" __global__ void __launch_bounds__(MW::threads, 1)
         asm volatile("mov.b32 %0, %1;" : "=r"(k_at) : "r"(mine));
         attn_mbar_wait(fullA, ph);
         if (!SPLIT_WAIT) attn_mbar_wait(fullB, ph);
-        if (SPARSE) attn_fence_proxy_async(); /* the gathered bytes, to wgmma */
+        if (SPARSE && !SPARSE_TMA && SPARSE_FENCE) attn_fence_proxy_async(); /* the gathered bytes, to wgmma */
         attn_wgmma_fence();
 #pragma unroll
         for (int c = 0; c < MW::nh; c++)
@@ -409,7 +463,7 @@ extern "C" __global__ void __launch_bounds__(MW::threads, 1)
                                                    attn_wgmma_desc_k_major<64>(k_at, 64 * c + k), 1);
         if (SPLIT_WAIT) {
             attn_mbar_wait(fullB, ph);
-            if (SPARSE) attn_fence_proxy_async();
+            if (SPARSE && !SPARSE_TMA && SPARSE_FENCE) attn_fence_proxy_async();
             attn_wgmma_fence(); /* after a branch among the wgmma: ptxas would put one here itself (C7519) */
         }
 #pragma unroll
@@ -500,7 +554,7 @@ extern "C" __global__ void __launch_bounds__(MW::threads, 1)
         } else {
             attn_named_barrier(ATTN_NB_P0, MW::threads);
             attn_mbar_wait(full + 8, ph); /* B0 (complete: C0 waited for it; the acquire for this warpgroup) */
-            if (SPARSE) attn_fence_proxy_async();
+            if (SPARSE && !SPARSE_TMA && SPARSE_FENCE) attn_fence_proxy_async();
             attn_mla_seesaw_load_p(pf, smem + (sS0 - base) + MW::rope * MW::panel, row_a, tq);
         }
         pv(sS0, alpha0);
@@ -524,7 +578,7 @@ extern "C" __global__ void __launch_bounds__(MW::threads, 1)
         if (!c1) {
             attn_named_barrier(ATTN_NB_P1, MW::threads);
             attn_mbar_wait(full + 16, ph); /* A1 (complete: C1 waited for it) */
-            if (SPARSE) attn_fence_proxy_async();
+            if (SPARSE && !SPARSE_TMA && SPARSE_FENCE) attn_fence_proxy_async();
             attn_mla_seesaw_load_p(pf, smem + (sS1 - base) + MW::rope * MW::panel, row_a, tq);
         } else {
             own_p();
