@@ -126,8 +126,7 @@
 #endif
 #ifndef SPARSE_TMA
 #define SPARSE_TMA 1 /* SPARSE: 1 each row's panels by TMA (one-row boxes, the map of LAUNCH with box
-                        rows 1); 0 by cp.async (16-byte pieces; docs/PERF.md: the per-SM limit on
-                        cp.async in flight held it to ~10 GB/s an SM) */
+                        rows 1); 0 by cp.async (16-byte pieces); 2 half of each by either */
 #endif
 #define ATTN_MLA_MAPPED (!SPARSE || SPARSE_TMA) /* the kernel takes the cache's tensor map */
 #ifndef SPARSE_FENCE
@@ -285,21 +284,41 @@ extern "C" __global__ void __launch_bounds__(MW::threads, 1)
                            (MW::d * 2);
     };
 #if SPARSE_TMA
-    /* this thread's share of group g of a tile into `slot_at`: its row's panels i with i % 2
-       = tid % 2, one-row boxes at (block, row) (block -1: outside the map, zeros), on the
-       group's full barrier; the warpgroup's issuer expects the group's bytes (every box
-       counts, zero-filled or not) */
+    /* this thread's share of group g of a tile into `slot_at`, on the group's full barrier:
+       SPARSE_TMA 1, its row's panels i with i % 2 = tid % 2 as one-row boxes at (block, row)
+       (block -1: outside the map, zeros; every box counts its bytes); 2, the even panels so
+       (i % 4 = 2 (tid % 2)) and the odd ones by cp.async (chunks 2 k + tid % 2, zeros for
+       block -1), then a cp.async arrival. Each thread arrives expecting its own boxes' bytes. */
     auto gather = [&](int g, attn_u32 slot_at, attn_i64 at) {
-        const int blk = (int)(at >> 32), row = (int)(at & 0xffffffff);
+        const int blk = (int)(at >> 32), row = (int)(at & 0xffffffff), h = tid & 1;
         const attn_u32 bar = full + 8 * g;
-        if (issuer) attn_mbar_arrive_expect_tx(bar, (unsigned)(64 * attn_mla_seesaw_group_count(g) * 128));
+        int mine = 0;
+#pragma unroll
+        for (int i = 0; i < MW::nh + 1; i++)
+            mine += i < attn_mla_seesaw_group_count(g) && (SPARSE_TMA == 1 ? (i & 1) == h : (i & 3) == 2 * h);
+        attn_mbar_arrive_expect_tx(bar, (unsigned)(mine * 128));
 #pragma unroll
         for (int i = 0; i < MW::nh + 1; i++) {
             if (i >= attn_mla_seesaw_group_count(g)) break;
-            if ((i & 1) != (tid & 1)) continue;
+            if (SPARSE_TMA == 1 ? (i & 1) != h : (i & 3) != 2 * h) continue;
             const int c = attn_mla_seesaw_group_panel(g, i);
             attn_tma_load_3d(slot_at + (attn_u32)(c * MW::panel + grow * 128), &kv_map, 64 * c, row, blk, bar);
         }
+#if SPARSE_TMA == 2
+        const char *src = (const char *)p.kv_cache + (blk >= 0 ? ((attn_i64)blk * BLOCK_SIZE + row) * (MW::d * 2) : 0);
+#pragma unroll
+        for (int i = 1; i < MW::nh + 1; i += 2) {
+            if (i >= attn_mla_seesaw_group_count(g)) break;
+            const int c = attn_mla_seesaw_group_panel(g, i);
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const int ch = 2 * k + h;
+                attn_cp_async16_or_zero(slot_at + (attn_u32)(c * MW::panel) + attn_wgmma_swizzle_offset<64>(grow, ch),
+                                        src + (64 * c + 8 * ch) * 2, blk < 0);
+            }
+        }
+        attn_cp_async_mbar_arrive(bar);
+#endif
     };
 #else
     /* this thread's share of group g of a tile into `slot_at` (its row's cache row `off`,
@@ -328,7 +347,7 @@ extern "C" __global__ void __launch_bounds__(MW::threads, 1)
 #endif
 
     if (tid == 0) {
-        for (int i = 0; i < 4; i++) attn_mbar_init(full + 8 * i, SPARSE && !SPARSE_TMA ? 128 : 1);
+        for (int i = 0; i < 4; i++) attn_mbar_init(full + 8 * i, !SPARSE ? 1 : SPARSE_TMA == 2 ? 256 : 128);
         attn_mbar_init_fence();
     }
     __syncthreads(); /* the barriers */
@@ -453,7 +472,7 @@ extern "C" __global__ void __launch_bounds__(MW::threads, 1)
         asm volatile("mov.b32 %0, %1;" : "=r"(k_at) : "r"(mine));
         attn_mbar_wait(fullA, ph);
         if (!SPLIT_WAIT) attn_mbar_wait(fullB, ph);
-        if (SPARSE && !SPARSE_TMA && SPARSE_FENCE) attn_fence_proxy_async(); /* the gathered bytes, to wgmma */
+        if (SPARSE && SPARSE_TMA != 1 && SPARSE_FENCE) attn_fence_proxy_async(); /* the gathered bytes, to wgmma */
         attn_wgmma_fence();
 #pragma unroll
         for (int c = 0; c < MW::nh; c++)
@@ -463,7 +482,7 @@ extern "C" __global__ void __launch_bounds__(MW::threads, 1)
                                                    attn_wgmma_desc_k_major<64>(k_at, 64 * c + k), 1);
         if (SPLIT_WAIT) {
             attn_mbar_wait(fullB, ph);
-            if (SPARSE && !SPARSE_TMA && SPARSE_FENCE) attn_fence_proxy_async();
+            if (SPARSE && SPARSE_TMA != 1 && SPARSE_FENCE) attn_fence_proxy_async();
             attn_wgmma_fence(); /* after a branch among the wgmma: ptxas would put one here itself (C7519) */
         }
 #pragma unroll
@@ -554,7 +573,7 @@ extern "C" __global__ void __launch_bounds__(MW::threads, 1)
         } else {
             attn_named_barrier(ATTN_NB_P0, MW::threads);
             attn_mbar_wait(full + 8, ph); /* B0 (complete: C0 waited for it; the acquire for this warpgroup) */
-            if (SPARSE && !SPARSE_TMA && SPARSE_FENCE) attn_fence_proxy_async();
+            if (SPARSE && SPARSE_TMA != 1 && SPARSE_FENCE) attn_fence_proxy_async();
             attn_mla_seesaw_load_p(pf, smem + (sS0 - base) + MW::rope * MW::panel, row_a, tq);
         }
         pv(sS0, alpha0);
@@ -578,7 +597,7 @@ extern "C" __global__ void __launch_bounds__(MW::threads, 1)
         if (!c1) {
             attn_named_barrier(ATTN_NB_P1, MW::threads);
             attn_mbar_wait(full + 16, ph); /* A1 (complete: C1 waited for it) */
-            if (SPARSE && !SPARSE_TMA && SPARSE_FENCE) attn_fence_proxy_async();
+            if (SPARSE && SPARSE_TMA != 1 && SPARSE_FENCE) attn_fence_proxy_async();
             attn_mla_seesaw_load_p(pf, smem + (sS1 - base) + MW::rope * MW::panel, row_a, tq);
         } else {
             own_p();
