@@ -103,6 +103,10 @@ template <int S> struct attn_pipe_state {
 
 /* ---- TMA tile loads (global -> shared, completing on an mbarrier) ---- */
 
+/* a bulk prefetch of `bytes` (a multiple of 16, from 16-aligned global memory) into L2 */
+ATTN_DEV void attn_prefetch_l2_bulk(const void *gmem, unsigned bytes) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(gmem), "r"(bytes) : "memory");
+}
 ATTN_DEV void attn_tma_prefetch_map(const attn_tma_map *map) {
     asm volatile("prefetch.tensormap [%0];" ::"l"((attn_u64)map) : "memory");
 }

@@ -129,6 +129,10 @@
                         rows 1); 0 by cp.async (16-byte pieces); 2 half of each by either */
 #endif
 #define ATTN_MLA_MAPPED (!SPARSE || SPARSE_TMA) /* the kernel takes the cache's tensor map */
+#ifndef SPARSE_L2_AHEAD
+#define SPARSE_L2_AHEAD 1 /* SPARSE: 1 C0 prefetches the rows of the pair after next into L2 (one bulk
+                             prefetch a row) */
+#endif
 #ifndef SPARSE_FENCE
 #define SPARSE_FENCE 1 /* 1: a reader of gathered bytes issues the proxy fence after its wait */
 #endif
@@ -432,6 +436,14 @@ extern "C" __global__ void __launch_bounds__(MW::threads, 1)
 
 #if SPARSE
     int me0 = entry(tile0 + 64 * c1 + lane), me1 = entry(tile0 + 64 * c1 + 32 + lane); /* pair 0's mask entries */
+    /* position x's cache row into L2, ahead of its boxes */
+    auto prefetch_row = [&](int x) {
+        if (x >= 0)
+            attn_prefetch_l2_bulk((const char *)p.kv_cache + ((attn_i64)__ldg(bt + (unsigned)x / BLOCK_SIZE) * BLOCK_SIZE +
+                                                              (attn_i64)((unsigned)x % BLOCK_SIZE)) * (MW::d * 2),
+                                  (unsigned)(MW::d * 2));
+    };
+    if (SPARSE_L2_AHEAD && !c1 && npairs > 1) prefetch_row(entry(tile0 + 128 + 64 * (tid & 1) + grow)); /* pair 1's rows */
 #endif
     for (int pr = 0; pr < npairs; pr++) {
         const unsigned ph = (unsigned)(pr & 1);
@@ -440,7 +452,8 @@ extern "C" __global__ void __launch_bounds__(MW::threads, 1)
 #if SPARSE
         /* the next pair's positions of this thread's rows (their cache rows are looked up under
            the S wgmma), and which of this warpgroup's tile's entries name a row */
-        int xa = -1, xb = -1;
+        int xa = -1, xb = -1, xp = -1; /* xp: C0's row of the pair after next (tile A for even tid, B for odd) */
+        if (SPARSE_L2_AHEAD && !c1 && pr + 2 < npairs) xp = entry(tile0 + 128 * (pr + 2) + 64 * (tid & 1) + grow);
         if (next) {
             xa = entry(kn + grow);
             xb = entry(kn + 64 + grow);
@@ -494,6 +507,7 @@ extern "C" __global__ void __launch_bounds__(MW::threads, 1)
         attn_wgmma_commit();
 #if SPARSE
         const attn_i64 offa = row_of(xa), offb = row_of(xb); /* under the S wgmma */
+        if (SPARSE_L2_AHEAD) prefetch_row(xp);
 #endif
         attn_wgmma_wait<0>();
         attn_wgmma_fence_acc(s);
