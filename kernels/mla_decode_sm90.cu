@@ -126,12 +126,13 @@
 #endif
 #ifndef SPARSE_TMA
 #define SPARSE_TMA 1 /* SPARSE: 1 each row's panels by TMA (one-row boxes, the map of LAUNCH with box
-                        rows 1); 0 by cp.async (16-byte pieces); 2 half of each by either */
+                        rows 1); 0 by cp.async (16-byte pieces); 2 half of each by either (H200,
+                        128 heads, batch 128: 245 / 166 / 220 TFLOP/s, docs/PERF.md) */
 #endif
 #define ATTN_MLA_MAPPED (!SPARSE || SPARSE_TMA) /* the kernel takes the cache's tensor map */
 #ifndef SPARSE_L2_AHEAD
-#define SPARSE_L2_AHEAD 1 /* SPARSE: 1 C0 prefetches the rows of the pair after next into L2 (one bulk
-                             prefetch a row) */
+#define SPARSE_L2_AHEAD 0 /* SPARSE tuning: 1 C0 prefetches the rows of the pair after next into L2 (one
+                             bulk prefetch a row; H200: 242 -> 223 TFLOP/s, docs/PERF.md) */
 #endif
 #ifndef SPARSE_FENCE
 #define SPARSE_FENCE 1 /* 1: a reader of gathered bytes issues the proxy fence after its wait */

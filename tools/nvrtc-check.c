@@ -221,6 +221,8 @@ static variant manifest_builtin[] = {
     {"mla_decode_sm90.cu", "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2 SPARSE=1", ARCH_90A},
     {"mla_decode_sm90.cu", "KV_LORA=512 ROPE=64 BLOCK_SIZE=16 DT=1 SPARSE=1", ARCH_90A},
     {"mla_decode_sm90.cu", "KV_LORA=256 ROPE=64 BLOCK_SIZE=32 DT=2 SPARSE=1", ARCH_90A},
+    {"mla_decode_sm90.cu", "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2 SPARSE=1 SPARSE_TMA=0", ARCH_90A},
+    {"mla_decode_sm90.cu", "KV_LORA=512 ROPE=64 BLOCK_SIZE=16 DT=1 SPARSE=1 SPARSE_TMA=2 SPARSE_L2_AHEAD=1", ARCH_90A},
     {"mla_decode.cu", "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2 ROWS=64 DT_KV=2 SPARSE=1", 0},
     {"mla_decode.cu", "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2 ROWS=16 DT_KV=2 SPARSE=1", 0},
     {"mla_decode.cu", "KV_LORA=512 ROPE=64 BLOCK_SIZE=16 DT=1 ROWS=16 DT_KV=4 SPARSE=1", 0},
