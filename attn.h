@@ -364,8 +364,8 @@
               or an 8-bit cache; the others are refused by name and the CPU takes them);
               the per-token-head cache write takes heads up to 512. attn_h.py:
               PreparedForward / Layer.prepare_forward and torch_ops() (torch.library ops).
-       0.15.1 CUDA_MLA_SM90's sparse call on a 16-bit latent with more than 32 heads runs
-              the wgmma decode with rows gathered as one-row TMA boxes
+       0.15.1 CUDA_MLA_SM90's sparse call on a 16-bit 512 + 64 latent with more than 32
+              heads runs the wgmma decode with rows gathered as one-row TMA boxes
               (kernels/mla_decode_sm90.cu, SPARSE 1; the sparse role of the family table
               takes the cache's map like the dense decode); H200, 128 heads, top-k 2048,
               batch 128: 161.6 -> 244.6 TFLOP/s. No API change.
@@ -1220,9 +1220,9 @@ ATTN_API attn_status attn_mla_forward(attn_layer *layer, const attn_metadata *me
    (desc.sinks) join every row's softmax here (the LSE includes them). Caches: the layer's
    16-bit or f32 latent, fp8 with a per-tensor scale, or fp8_ds_mla (656-byte rows with
    their own scales, written by attn_concat_and_cache_mla; the dense MLA calls refuse it).
-   Kernels: CUDA_MLA_SM90 gathers the rows of a 16-bit latent into its wgmma decode (64
-   heads a CTA) when the layer has more than 32 heads; every other CUDA case runs the
-   mma.sync decode (16, 32 or 64 heads a CTA). */
+   Kernels: CUDA_MLA_SM90 gathers the rows of a 16-bit 512 + 64 latent into its wgmma
+   decode (64 heads a CTA) when the layer has more than 32 heads; every other CUDA case runs
+   the mma.sync decode (16, 32 or 64 heads a CTA). */
 ATTN_API attn_status attn_mla_forward_sparse(attn_layer *layer, const attn_metadata *meta,
                                              const attn_tensor *q, const attn_tensor *q_pe,
                                              const attn_tensor *kv_cache, const attn_tensor *indices,
@@ -9433,10 +9433,12 @@ typedef struct attn__cuda_mla_layer {
 /* The sparse MLA decode a layer loads: its family's role, except that CUDA_MLA_SM90's wgmma
    gather (mla_decode_sm90.cu, SPARSE 1: 64 heads a CTA, 16-bit latents) leaves to the
    mma.sync one (CUDA_MLA's role: 16, 32 or 64 heads a CTA, fp8 latents, fp8_ds_mla) a
-   layer whose cache is not its 16-bit q type or that has 32 heads or fewer (where 64 rows
-   a CTA would be mostly padding). */
+   layer whose cache is not its 16-bit q type, that has 32 heads or fewer (where 64 rows a
+   CTA would be mostly padding) or whose latent is not 512 wide (DeepSeek-V3.2's; the
+   only width the GPU tests check the gather at). */
 static const attn__kernel_role *attn__cuda_mla_sparse_role(const attn__kernel_family *f, const attn_layer_desc *d) {
-    if (!f->role[ATTN__ROLE_DECODE_WIDE].arch_a || (d->kv_cache_dtype == d->dtype && d->num_heads > 32))
+    if (!f->role[ATTN__ROLE_DECODE_WIDE].arch_a ||
+        (d->kv_cache_dtype == d->dtype && d->num_heads > 32 && d->kv_lora_rank == 512))
         return &f->role[ATTN__ROLE_DECODE_WIDE];
     return &attn__kernel_family_of(ATTN_BACKEND_CUDA_MLA)->role[ATTN__ROLE_DECODE_WIDE];
 }

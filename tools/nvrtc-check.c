@@ -217,10 +217,9 @@ static variant manifest_builtin[] = {
     {"mla_decode.cu", "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2 ROWS=64 DT_KV=4", 0},
     {"mla_decode.cu", "KV_LORA=256 ROPE=64 BLOCK_SIZE=32 DT=1 ROWS=64 DT_KV=4", 0},
     /* sparse MLA (attn_mla_forward_sparse: the index-gathered decode, every MLA layer; on
-       CUDA_MLA_SM90 the wgmma gather for 16-bit latents past 32 heads) */
+       CUDA_MLA_SM90 the wgmma gather for 16-bit 512-wide latents past 32 heads) */
     {"mla_decode_sm90.cu", "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2 SPARSE=1", ARCH_90A},
     {"mla_decode_sm90.cu", "KV_LORA=512 ROPE=64 BLOCK_SIZE=16 DT=1 SPARSE=1", ARCH_90A},
-    {"mla_decode_sm90.cu", "KV_LORA=256 ROPE=64 BLOCK_SIZE=32 DT=2 SPARSE=1", ARCH_90A},
     {"mla_decode_sm90.cu", "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2 SPARSE=1 SPARSE_TMA=0", ARCH_90A},
     {"mla_decode_sm90.cu", "KV_LORA=512 ROPE=64 BLOCK_SIZE=16 DT=1 SPARSE=1 SPARSE_TMA=2 SPARSE_L2_AHEAD=1", ARCH_90A},
     {"mla_decode.cu", "KV_LORA=512 ROPE=64 BLOCK_SIZE=64 DT=2 ROWS=64 DT_KV=2 SPARSE=1", 0},
