@@ -350,7 +350,7 @@ static void sp_cases(int cuda) {
     for (k = 0; k < 12; k++) {
         spcase c;
         spworld w;
-        char what[96], tag[8];
+        char what[96], tag[16];
         sp_case(&c, k, &r);
         snprintf(tag, sizeof tag, ",%d,", k);
         if (only) {
