@@ -1310,3 +1310,52 @@ def test_prepared_forward_and_torch_ops(ctx, tx):
     meta.close()
     with pytest.raises(ValueError, match="metadata is closed"):
         p(q, cache, out, lse)
+
+
+def _transformers_paged_reason(device):
+    """Why the transformers example cannot run here ('' when it can): it needs transformers
+    whose continuous batching takes "paged|<name>" implementations (5.17 does; 5.23 and later
+    accept only paged|eager, sdpa and flash there) and psutil (its CPU memory probe)."""
+    try:
+        import transformers
+        from transformers.generation.continuous_batching import continuous_api
+    except Exception as e:   # noqa: BLE001 (any import failure is a reason to skip)
+        return "transformers is not importable: %s" % e
+    import inspect
+    if '"paged|" not in target_implem' not in inspect.getsource(continuous_api):
+        return ("transformers %s: its continuous batching takes no paged|<name> implementation "
+                "(the example targets 5.17, the H200 machine's)" % transformers.__version__)
+    if device == "cpu":
+        try:
+            import psutil  # noqa: F401
+        except ImportError:
+            return "psutil is not installed (transformers' continuous batching sizes its CPU cache with it)"
+    return ""
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_transformers_generate_example(device, capsys):
+    """examples/transformers_generate.py as a user runs it: a seeded random Llama-architecture
+    model (GQA) on transformers' continuous batching, 16 prompts of mixed lengths, 64 greedy new
+    tokens, on "paged|attn_h" and on transformers' own "paged|sdpa": tokens must agree (or
+    diverge only at near-ties after log-probs within tolerance), and attn.h must have run."""
+    if torch is None:
+        pytest.skip("torch is not installed")
+    if device == "cuda" and cuda_skip_reason():
+        pytest.skip(cuda_skip_reason())
+    reason = _transformers_paged_reason(device)
+    if reason:
+        pytest.skip(reason)
+    sys.path.insert(0, os.path.join(HERE, "..", "..", "examples"))
+    try:
+        import transformers_generate as tg
+    finally:
+        sys.path.pop(0)
+    rc = tg.main(["--device", device, "--prompts", "16", "--new-tokens", "64", "--layers", "2", "--check"])
+    text = capsys.readouterr().out
+    print(text)
+    assert rc == 0, text
+    assert "result: agree" in text
+    calls = int(text.split("attn.h calls: ")[1].split()[0])
+    assert calls >= 2 * 64, text   # every step of both layers went through attn.h
+    assert ("attn.h CPU" in text) == (device == "cpu"), text
