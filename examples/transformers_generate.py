@@ -1,11 +1,17 @@
 """transformers' continuous batching on attn.h (issue 24, section 4).
 
 Registers attn.h as the attention implementation "paged|attn_h" in transformers'
-AttentionInterface and runs greedy `generate_batch` on a small Llama-architecture model
-(GQA) built from transformers' own modeling code with a seeded random initialisation (no
-downloads). The same prompts are then generated with transformers' own "paged|sdpa". The
-script prints the tokens/s of each and whether the tokens agree. Where they differ, it prints
-the first divergence and how far apart the chosen tokens' log-probabilities were before it.
+AttentionInterface and runs greedy `generate_batch` (continuous batching) on a small model
+built from transformers' own modeling code, seeded and randomly initialised (no downloads):
+--model llama (GQA) or --model deepseek_v3 (MLA attention, MoE). The same prompts then run on
+a reference, and the script prints both runs' tokens/s and whether their tokens agree. Where
+the tokens differ, it prints the first divergence and how far apart the chosen tokens'
+log-probs were before it. The reference:
+- Llama: transformers' own "paged|sdpa".
+- DeepSeek-V3: "paged|torch_ref". transformers 5.17 cannot run its own paged|sdpa there (it
+  sizes the paged cache by config.head_dim, the RoPE width), so this is torch's SDPA with its
+  own pages, one request at a time. The test suite checks that it gives paged|sdpa's tokens
+  and log-probs on Llama. transformers' regular `generate` also runs, for information.
 
 How the function fits the engine. transformers' paged cache keeps K and V as two tensors a
 layer ([pages, kv_heads, head], page = block * block_size + offset), while attn.h keeps a
@@ -19,12 +25,17 @@ trash blocks transformers writes padding to. Each step it:
 transformers' own cache tensors are written too (by the engine's sdpa run only): the two
 runs are separate.
 
-Scope (step 1): full-attention layers (no sliding window), one layer group, the transformers
+transformers runs DeepSeek-V3's attention over up-projected keys and values: q/k of width
+qk_nope + rope, v of width v_head_dim. attn.h's standard layer takes them with V zero-padded to
+the q width, and the output is cropped. attn.h's latent MLA path (a 576-wide latent cache, the
+absorbed decode) needs the latent, which transformers does not hand to an attention function.
+
+Scope: full-attention layers (no sliding window), one layer group, and the transformers
 version whose continuous batching takes "paged|<name>" implementations (5.17; later versions
 accept only paged|eager, sdpa and flash there).
 
-usage: python3 examples/transformers_generate.py [--device cpu|cuda] [--prompts N]
-           [--new-tokens N] [--dtype float32|bfloat16|float16] [--layers N] [--check]
+usage: python3 examples/transformers_generate.py [--device cpu|cuda] [--model llama|deepseek_v3]
+           [--prompts N] [--new-tokens N] [--dtype float32|bfloat16|float16] [--layers N] [--check]
   --check: exit 1 unless the tokens agree, or diverge only where the two runs' log-probs
            were within --tol of each other up to the divergence and within 2 tol there (a
            near-tie); --tol defaults to 1e-3 (f32), 3e-2 (f16), 0.125 (bf16): a logit of
@@ -57,10 +68,8 @@ class AttnHPaged:
         self.meta_key = None
         self.calls = 0
 
-    def _layer(self, module, query):
-        cfg = module.config
+    def _layer(self, module, query, kv_heads):
         heads, head = query.shape[1], query.shape[3]
-        kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
         key = (heads, kv_heads, head, query.dtype, query.device.type, float(module.scaling), self.block_size)
         layer = self.layers.get(key)
         if layer is None:
@@ -129,20 +138,72 @@ class AttnHPaged:
         self.block_size = cache.block_size
         num_pages = cache.key_cache[0].shape[0]           # the engine's pages, trash blocks included
         num_blocks = num_pages // cache.block_size
-        layer = self._layer(module, query)
+        layer = self._layer(module, query, key.shape[1])
         meta = self._schedule(layer, kwargs["cu_seq_lens_q"], cu_k, kwargs["write_index"][group],
                               kwargs["read_index"][group], num_blocks)
         kv = self.caches.get(module.layer_idx)
-        if kv is None or kv.device != query.device or kv.dtype != query.dtype:
-            kv = torch.zeros(layer.kv_cache_shape(num_blocks), dtype=query.dtype, device=query.device)
+        shape = tuple(layer.kv_cache_shape(num_blocks))
+        if kv is None or tuple(kv.shape) != shape or kv.device != query.device or kv.dtype != query.dtype:
+            kv = torch.zeros(shape, dtype=query.dtype, device=query.device)   # another model or engine
             self.caches[module.layer_idx] = kv
         q = query[0].transpose(0, 1).contiguous()           # [tokens, heads, head]
         k = key[0].transpose(0, 1).contiguous()
-        v = value[0].transpose(0, 1).contiguous()
+        v = value[0].transpose(0, 1)
+        dv = v.shape[-1]
+        if dv != q.shape[-1]:   # DeepSeek-V3's up-projected V is narrower than q/k: zeros to the width
+            v = torch.nn.functional.pad(v, (0, q.shape[-1] - dv))
+        v = v.contiguous()
         out = torch.zeros_like(q)                          # padding rows stay 0
         layer.forward(meta, q, kv, out=out, k=k, v=v)
         self.calls += 1
-        return out.unsqueeze(0), None                      # [1, tokens, heads, head], no weights
+        return out[..., :dv].unsqueeze(0), None            # [1, tokens, heads, v head], no weights
+
+
+class TorchPagedReference:
+    """"paged|torch_ref": the reference for models transformers' continuous batching cannot
+    run on its own paged|sdpa (5.17 sizes the paged cache by config.head_dim, which is
+    DeepSeek-V3's RoPE width). It has the same kwargs and page numbering as AttnHPaged, keeps
+    K and V pages of its own, and attends with torch's scaled_dot_product_attention one
+    request at a time, causal from the end: query t of Lq sees keys 0 .. L - Lq + t."""
+
+    def __init__(self):
+        self.pages = {}
+
+    def __call__(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+        cache = kwargs["cache"]
+        group, _ = cache.layer_index_to_group_indices[module.layer_idx]
+        cu_q = kwargs["cu_seq_lens_q"].tolist()
+        cu_k = kwargs["cu_seq_lens_k"]
+        cu_k = (cu_k["full_attention"] if isinstance(cu_k, dict) else cu_k).tolist()
+        w, r = kwargs["write_index"][group], kwargs["read_index"][group]
+        k = key[0].transpose(0, 1)
+        v = value[0].transpose(0, 1)
+        num_pages = cache.key_cache[0].shape[0]
+        kp, vp = self.pages.get(module.layer_idx, (None, None))
+        if kp is None or kp.shape[1:] != k.shape[1:] or vp.shape[1:] != v.shape[1:] or kp.shape[0] != num_pages \
+                or kp.dtype != k.dtype or kp.device != k.device:
+            kp = torch.zeros((num_pages,) + tuple(k.shape[1:]), dtype=k.dtype, device=k.device)
+            vp = torch.zeros((num_pages,) + tuple(v.shape[1:]), dtype=v.dtype, device=v.device)
+            self.pages[module.layer_idx] = (kp, vp)
+        kp.index_copy_(0, w, k[: w.numel()])
+        vp.index_copy_(0, w, v[: w.numel()])
+        if r.numel() == 0:
+            r, cu_k = w, cu_q
+        out = torch.zeros(query.shape[2], query.shape[1], v.shape[-1], dtype=query.dtype, device=query.device)
+        rep = query.shape[1] // k.shape[1]
+        for i in range(len(cu_q) - 1):
+            q0, q1, k0, k1 = cu_q[i], cu_q[i + 1], cu_k[i], cu_k[i + 1]
+            if q1 == q0:
+                continue
+            pages = r[k0:k1]
+            ki = kp[pages].transpose(0, 1).repeat_interleave(rep, dim=0)   # [heads, L, d]
+            vi = vp[pages].transpose(0, 1).repeat_interleave(rep, dim=0)
+            lq, lk = q1 - q0, k1 - k0
+            mask = torch.arange(lk, device=query.device)[None, :] <= (lk - lq + torch.arange(lq, device=query.device))[:, None]
+            o = torch.nn.functional.scaled_dot_product_attention(query[0][:, q0:q1], ki, vi, attn_mask=mask,
+                                                                 scale=float(module.scaling))
+            out[q0:q1] = o.transpose(0, 1)
+        return out.unsqueeze(0), None
 
 
 def tiny_llama(layers, dtype, device, seed=0):
@@ -159,6 +220,48 @@ def tiny_llama(layers, dtype, device, seed=0):
             if p.dim() >= 2:
                 p.normal_(0.0, 0.08)
     return model.to(device=device, dtype=dtype).eval()
+
+
+def tiny_deepseek_v3(layers, dtype, device, seed=0):
+    """DeepSeek-V3's architecture (MLA attention: q/k 64 + 32 RoPE, v 64, latent 128; MoE past
+    the first layer), small. transformers runs its attention over the up-projected keys and
+    values: the attention function gets q/k [.., 96] and v [.., 64] for every head."""
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+    torch.manual_seed(seed)
+    cfg = DeepseekV3Config(vocab_size=1024, hidden_size=512, intermediate_size=1024, moe_intermediate_size=256,
+                           num_hidden_layers=layers, num_attention_heads=8, num_key_value_heads=8,
+                           n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=1,
+                           n_group=1, topk_group=1, kv_lora_rank=128, q_lora_rank=None, qk_rope_head_dim=32,
+                           qk_nope_head_dim=64, v_head_dim=64, max_position_embeddings=4096, rope_scaling=None,
+                           tie_word_embeddings=False)
+    model = DeepseekV3ForCausalLM(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.08)
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def generate_plain(model, inputs, new_tokens):
+    """transformers' regular generate (sdpa, its dynamic cache), one prompt at a time: the
+    reference where its continuous batching cannot run the model's own paged|sdpa (5.17 sizes
+    the paged cache by config.head_dim, DeepSeek-V3's RoPE width)."""
+    from transformers import GenerationConfig
+    model.set_attn_implementation("sdpa")
+    gen = GenerationConfig(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, eos_token_id=None,
+                           pad_token_id=0, output_scores=True, return_dict_in_generate=True)
+    rows, ntok = [], 0
+    t0 = time.perf_counter()
+    for p in inputs:
+        ids = torch.tensor([p], device=model.device)
+        with torch.no_grad():
+            r = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=gen)
+        toks = r.sequences[0, len(p):].tolist()
+        logprobs = [float(torch.log_softmax(sc[0].float(), -1)[t]) for sc, t in zip(r.scores, toks)]
+        rows.append((toks, logprobs))
+        ntok += len(toks)
+    dt = time.perf_counter() - t0
+    return rows, ntok / dt, dt
 
 
 def prompts(n, seed=1):
@@ -212,6 +315,7 @@ def compare(ours, ref, tol):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--model", default="llama", choices=["llama", "deepseek_v3"])
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--dtype", default=None, help="float32 (CPU default) | bfloat16 (CUDA default) | float16")
@@ -230,21 +334,39 @@ def main(argv=None):
     ctx = attn_h.Context(log_level="warn")
     fn = AttnHPaged(ctx)
     AttentionInterface.register("paged|attn_h", fn)
-    model = tiny_llama(a.layers, dtype, a.device)
+    model = (tiny_llama if a.model == "llama" else tiny_deepseek_v3)(a.layers, dtype, a.device)
     inputs = prompts(a.prompts)
-    for impl in ("paged|attn_h", "paged|sdpa"):   # one-time costs (imports, first kernels) off the clock
-        generate(model, impl, inputs[:2], 2, a.block_size)
+    generate(model, "paged|attn_h", inputs[:2], 2, a.block_size)   # one-time costs off the clock
     ours, tps_ours, dt_ours = generate(model, "paged|attn_h", inputs, a.new_tokens, a.block_size)
-    ref, tps_ref, dt_ref = generate(model, "paged|sdpa", inputs, a.new_tokens, a.block_size)
+    if a.model == "llama":
+        generate(model, "paged|sdpa", inputs[:2], 2, a.block_size)
+        ref, tps_ref, dt_ref = generate(model, "paged|sdpa", inputs, a.new_tokens, a.block_size)
+        ref_name = "paged|sdpa (transformers' continuous batching)"
+    else:   # transformers' CB cannot run this model on its paged|sdpa: the torch reference in CB,
+        # and transformers' regular generate beside it (its tokens compared, for information)
+        AttentionInterface.register("paged|torch_ref", TorchPagedReference())
+        generate(model, "paged|torch_ref", inputs[:2], 2, a.block_size)
+        ref, tps_ref, dt_ref = generate(model, "paged|torch_ref", inputs, a.new_tokens, a.block_size)
+        ref_name = "paged|torch_ref (torch SDPA per request, in transformers' continuous batching)"
+        generate_plain(model, inputs[:1], 2)
+        plain, tps_plain, dt_plain = generate_plain(model, inputs, a.new_tokens)
     backend = next(iter(fn.layers.values())).selection["resolved"] if fn.layers else "none"
-    print("transformers %s, torch %s, attn_h %s; Llama-architecture, %d layers, 8/2 heads, head 64, %s, %s; "
-          "%d prompts of %d-%d tokens, %d new tokens each (greedy)"
-          % (transformers.__version__, torch.__version__, attn_h.__version__, a.layers, str(dtype).split(".")[-1],
-             a.device, len(inputs), min(map(len, inputs)), max(map(len, inputs)), a.new_tokens))
+    arch = ("Llama-architecture, 8/2 heads, head 64" if a.model == "llama" else
+            "DeepSeek-V3-architecture (MLA: latent 128, q/k 64 + 32 RoPE, v 64, 8 heads; MoE)")
+    print("transformers %s, torch %s, attn_h %s; %s, %d layers, %s, %s; %d prompts of %d-%d tokens, %d new "
+          "tokens each (greedy)"
+          % (transformers.__version__, torch.__version__, attn_h.__version__, arch, a.layers,
+             str(dtype).split(".")[-1], a.device, len(inputs), min(map(len, inputs)), max(map(len, inputs)),
+             a.new_tokens))
     print("| implementation | tokens/s | seconds |")
     print("| --- | ---: | ---: |")
     print("| paged|attn_h (attn.h %s) | %.1f | %.2f |" % (backend, tps_ours, dt_ours))
-    print("| paged|sdpa (transformers) | %.1f | %.2f |" % (tps_ref, dt_ref))
+    print("| %s | %.1f | %.2f |" % (ref_name, tps_ref, dt_ref))
+    if a.model != "llama":
+        print("| sdpa (transformers' generate, one prompt at a time) | %.1f | %.2f |" % (tps_plain, dt_plain))
+        same_plain = sum(1 for (t1, _), (t2, _) in zip(ours, plain) if t1 == t2)
+        print("tokens equal to transformers' generate for %d of %d prompts (its log-probs differ from "
+              "continuous batching's by itself too: information, not checked)" % (same_plain, len(inputs)))
     ok, lines = compare(ours, ref, tol)
     same = sum(1 for (t1, _), (t2, _) in zip(ours, ref) if t1 == t2)
     print("tokens equal for %d of %d prompts; attn.h calls: %d" % (same, len(inputs), fn.calls))

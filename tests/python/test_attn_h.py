@@ -1333,12 +1333,7 @@ def _transformers_paged_reason(device):
     return ""
 
 
-@pytest.mark.parametrize("device", ["cpu", "cuda"])
-def test_transformers_generate_example(device, capsys):
-    """examples/transformers_generate.py as a user runs it: a seeded random Llama-architecture
-    model (GQA) on transformers' continuous batching, 16 prompts of mixed lengths, 64 greedy new
-    tokens, on "paged|attn_h" and on transformers' own "paged|sdpa": tokens must agree (or
-    diverge only at near-ties after log-probs within tolerance), and attn.h must have run."""
+def _transformers_example(device):
     if torch is None:
         pytest.skip("torch is not installed")
     if device == "cuda" and cuda_skip_reason():
@@ -1351,7 +1346,21 @@ def test_transformers_generate_example(device, capsys):
         import transformers_generate as tg
     finally:
         sys.path.pop(0)
-    rc = tg.main(["--device", device, "--prompts", "16", "--new-tokens", "64", "--layers", "2", "--check"])
+    return tg
+
+
+@pytest.mark.parametrize("model", ["llama", "deepseek_v3"])
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_transformers_generate_example(device, model, capsys):
+    """examples/transformers_generate.py as a user runs it: a seeded random model built from
+    transformers' own modeling code (Llama: GQA; DeepSeek-V3: MLA and MoE) on transformers'
+    continuous batching, 16 prompts of mixed lengths, 64 greedy new tokens, on "paged|attn_h"
+    and on the reference (Llama: transformers' own "paged|sdpa"; DeepSeek-V3, which 5.17 cannot
+    run on paged|sdpa: the example's torch SDPA reference): tokens must agree (or diverge only at
+    near-ties after log-probs within tolerance), and attn.h must have run."""
+    tg = _transformers_example(device)
+    rc = tg.main(["--device", device, "--model", model, "--prompts", "16", "--new-tokens", "64", "--layers", "2",
+                  "--check"])
     text = capsys.readouterr().out
     print(text)
     assert rc == 0, text
@@ -1359,3 +1368,18 @@ def test_transformers_generate_example(device, capsys):
     calls = int(text.split("attn.h calls: ")[1].split()[0])
     assert calls >= 2 * 64, text   # every step of both layers went through attn.h
     assert ("attn.h CPU" in text) == (device == "cpu"), text
+
+
+def test_transformers_torch_reference_is_paged_sdpa():
+    """The example's paged|torch_ref (the DeepSeek-V3 reference) gives transformers' own
+    paged|sdpa tokens and log-probs on a model both run (Llama, f32, CPU)."""
+    tg = _transformers_example("cpu")
+    from transformers import AttentionInterface
+    AttentionInterface.register("paged|torch_ref", tg.TorchPagedReference())
+    model = tg.tiny_llama(2, torch.float32, "cpu")
+    inputs = tg.prompts(8)
+    ours, _, _ = tg.generate(model, "paged|torch_ref", inputs, 24, 32)
+    ref, _, _ = tg.generate(model, "paged|sdpa", inputs, 24, 32)
+    ok, lines = tg.compare(ours, ref, 1e-4)
+    assert ok and not lines, lines
+    assert all(t for t, _ in ours)
