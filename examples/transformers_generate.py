@@ -342,12 +342,14 @@ def main(argv=None):
         generate(model, "paged|sdpa", inputs[:2], 2, a.block_size)
         ref, tps_ref, dt_ref = generate(model, "paged|sdpa", inputs, a.new_tokens, a.block_size)
         ref_name = "paged|sdpa (transformers' continuous batching)"
+        ref_impl = "paged|sdpa"
     else:   # transformers' CB cannot run this model on its paged|sdpa: the torch reference in CB,
         # and transformers' regular generate beside it (its tokens compared, for information)
         AttentionInterface.register("paged|torch_ref", TorchPagedReference())
         generate(model, "paged|torch_ref", inputs[:2], 2, a.block_size)
         ref, tps_ref, dt_ref = generate(model, "paged|torch_ref", inputs, a.new_tokens, a.block_size)
         ref_name = "paged|torch_ref (torch SDPA per request, in transformers' continuous batching)"
+        ref_impl = "paged|torch_ref"
         generate_plain(model, inputs[:1], 2)
         plain, tps_plain, dt_plain = generate_plain(model, inputs, a.new_tokens)
     backend = next(iter(fn.layers.values())).selection["resolved"] if fn.layers else "none"
@@ -375,6 +377,16 @@ def main(argv=None):
     if fn.calls == 0:
         ok = False
         print("attn.h was never called")
+    if dtype != torch.float32:
+        # which 16-bit run stays closer to the same model in f32 (the reference implementation
+        # there): the new tokens up to each run's first difference, summed over the prompts
+        model32 = model.to(torch.float32)
+        f32, _, _ = generate(model32, ref_impl, inputs, a.new_tokens, a.block_size)
+        lead = [sum(next((j for j, (x, y) in enumerate(zip(t, t32)) if x != y), len(t32)) for (t, _), (t32, _)
+                    in zip(run, f32)) for run in (ours, ref)]
+        print("against the f32 model: new tokens before the first difference, summed over the prompts: "
+              "attn.h %d, reference %d (of %d)" % (lead[0], lead[1], sum(len(t) for t, _ in f32)))
+        model.to(dtype)
     print("result: %s" % ("agree" if ok else "DISAGREE"))
     return 0 if ok or not a.check else 1
 
