@@ -25,10 +25,14 @@ trash blocks transformers writes padding to. Each step it:
 transformers' own cache tensors are written too (by the engine's sdpa run only): the two
 runs are separate.
 
-transformers runs DeepSeek-V3's attention over up-projected keys and values: q/k of width
-qk_nope + rope, v of width v_head_dim. attn.h's standard layer takes them with V zero-padded to
-the q width, and the output is cropped. attn.h's latent MLA path (a 576-wide latent cache, the
-absorbed decode) needs the latent, which transformers does not hand to an attention function.
+DeepSeek-V3 (MLA). transformers runs its attention over up-projected keys and values: q/k of
+width qk_nope + rope and v of width v_head_dim, which is not what attn.h's MLA caches. So by
+default (--mla latent) use_latent_mla points each DeepSeek-V3 attention module at attn.h's MLA
+path while paged|attn_h runs. The module's own projections, norm and RoPE still run; then the
+latent (kv_c, k_pe) goes into attn.h's latent cache, decodes run absorbed and prefills
+up-projected with kv_b_proj's halves (attn_mla_forward, decode requests first). With --mla
+padded, attn.h's standard layer takes transformers' up-projected keys and values instead, V
+zero-padded to the q width and the output cropped.
 
 Scope: full-attention layers (no sliding window), one layer group, and the transformers
 version whose continuous batching takes "paged|<name>" implementations (5.17; later versions
@@ -63,9 +67,8 @@ class AttnHPaged:
         self.ctx = ctx
         self.layers = {}       # (heads, kv_heads, head, dtype, device, scale, block_size) -> attn_h.Layer
         self.caches = {}       # model layer index -> attn.h cache tensor
-        self.meta = None       # the step's schedule, and what it was built from
-        self.meta_layer = None
-        self.meta_key = None
+        self.metas = {}        # id(attn_h.Layer) -> [Metadata, what it was built from, token order]
+        self.weights = {}      # DeepSeek-V3 module -> (its kv_b_proj weight's version, W_UK, W_UV)
         self.calls = 0
 
     def _layer(self, module, query, kv_heads):
@@ -79,12 +82,15 @@ class AttnHPaged:
             self.layers[key] = layer
         return layer
 
-    def _schedule(self, layer, cu_q, cu_k, write_index, read_index, num_blocks):
-        """The attn.h schedule of this step (rebuilt when the step's indices change)."""
+    def _schedule(self, layer, cu_q, cu_k, write_index, read_index, num_blocks, decodes_first=False):
+        """The attn.h schedule of this step for `layer` (rebuilt when the step's indices
+        change) and the token order it runs in: None, or (decodes_first: the MLA calls take
+        the decode requests first) rows[new] = old."""
         host = [t.detach().to("cpu", torch.int64).numpy() for t in (cu_q, cu_k, write_index, read_index)]
-        key = tuple(a.tobytes() for a in host) + (id(layer),)
-        if key == self.meta_key:
-            return self.meta
+        key = tuple(a.tobytes() for a in host)
+        entry = self.metas.get(id(layer))
+        if entry is not None and entry[1] == key:
+            return entry[0], entry[2]
         cq, ck, w, r = host
         # trailing requests with no query tokens are the engine's padding for static shapes
         n = len(cq) - 1
@@ -109,26 +115,35 @@ class AttnHPaged:
                                    "block_size)" % i)
             table[i, : (slen[i] + bs - 1) // bs] = pages[::bs] // bs
         tokens = int(cq[n])
-        cap = self.meta.capacity if self.meta is not None else None
-        if (cap is None or self.meta_layer is not layer or cap["max_num_reqs"] < max(n, 1)
-                or cap["max_num_tokens"] < max(tokens, 1) or cap["max_blocks_per_req"] < stride):
-            if self.meta is not None:
-                self.meta.close()
-            self.meta = attn_h.Metadata(layer, max_num_reqs=max(2 * n, 8), max_num_tokens=max(2 * tokens, 64),
-                                        max_blocks_per_req=max(2 * stride, 8), num_blocks=num_blocks)
-            self.meta_layer = layer
-        self.meta.build(cq[: n + 1].astype(np.int32), slen.astype(np.int32), table, w[:tokens].astype(np.int64))
-        self.meta_key = key
-        return self.meta
+        rows = None
+        if decodes_first and n:
+            perm, _ = attn_h.reorder_batch(qlen.astype(np.int32))
+            if not np.array_equal(perm, np.arange(n)):
+                rows = np.concatenate([np.arange(cq[p], cq[p + 1]) for p in perm])
+                qlen, slen, table = qlen[perm], slen[perm], table[perm]
+                cq = np.concatenate([[0], np.cumsum(qlen)])
+                w = np.concatenate([w[rows], w[tokens:]])
+        meta = entry[0] if entry is not None else None
+        cap = meta.capacity if meta is not None else None
+        if (cap is None or cap["max_num_reqs"] < max(n, 1) or cap["max_num_tokens"] < max(tokens, 1)
+                or cap["max_blocks_per_req"] < stride):
+            if meta is not None:
+                meta.close()
+            meta = attn_h.Metadata(layer, max_num_reqs=max(2 * n, 8), max_num_tokens=max(2 * tokens, 64),
+                                   max_blocks_per_req=max(2 * stride, 8), num_blocks=num_blocks)
+        meta.build(cq[: n + 1].astype(np.int32), slen.astype(np.int32), table, w[:tokens].astype(np.int64))
+        rows_t = None if rows is None else torch.from_numpy(rows)
+        self.metas[id(layer)] = [meta, key, rows_t]
+        return meta, rows_t
 
-    def __call__(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    def _step_inputs(self, module, kwargs):
         cache = kwargs.get("cache")
         if cache is None:
             raise ValueError("paged|attn_h: called without transformers' paged cache (it serves continuous "
                              "batching only; use sdpa for a plain forward)")
         if getattr(module, "sliding_window", None):
-            raise NotImplementedError("paged|attn_h: sliding-window layers are not wired yet (step 1: full "
-                                      "attention)")
+            raise NotImplementedError("paged|attn_h: sliding-window layers are not wired yet (full attention "
+                                      "only)")
         if kwargs.get("block_table") is not None:
             raise NotImplementedError("paged|attn_h: the engine's block-table decode path (flash only)")
         group, _ = cache.layer_index_to_group_indices[module.layer_idx]
@@ -136,16 +151,62 @@ class AttnHPaged:
         if isinstance(cu_k, dict):
             cu_k = cu_k["full_attention"]
         self.block_size = cache.block_size
-        num_pages = cache.key_cache[0].shape[0]           # the engine's pages, trash blocks included
-        num_blocks = num_pages // cache.block_size
-        layer = self._layer(module, query, key.shape[1])
-        meta = self._schedule(layer, kwargs["cu_seq_lens_q"], cu_k, kwargs["write_index"][group],
-                              kwargs["read_index"][group], num_blocks)
+        num_blocks = cache.key_cache[0].shape[0] // cache.block_size   # the engine's pages, trash blocks included
+        return kwargs["cu_seq_lens_q"], cu_k, kwargs["write_index"][group], kwargs["read_index"][group], num_blocks
+
+    def _cache(self, module, layer, num_blocks, like):
         kv = self.caches.get(module.layer_idx)
         shape = tuple(layer.kv_cache_shape(num_blocks))
-        if kv is None or tuple(kv.shape) != shape or kv.device != query.device or kv.dtype != query.dtype:
-            kv = torch.zeros(shape, dtype=query.dtype, device=query.device)   # another model or engine
+        if kv is None or tuple(kv.shape) != shape or kv.device != like.device or kv.dtype != like.dtype:
+            kv = torch.zeros(shape, dtype=like.dtype, device=like.device)   # another model or engine
             self.caches[module.layer_idx] = kv
+        return kv
+
+    def mla(self, module, q_nope, q_pe, kv_c, k_pe, kwargs):
+        """DeepSeek-V3's attention on attn.h's MLA path: the latent (kv_c, k_pe after its
+        norm and RoPE) cached as [blocks, block_size, kv_lora_rank + rope], decodes absorbed,
+        prefills up-projected with kv_b_proj's halves. q_nope/q_pe [tokens, heads, ..]; returns
+        [tokens, heads, v_head_dim]."""
+        cu_q, cu_k, w, r, num_blocks = self._step_inputs(module, kwargs)
+        heads, nope, rope = q_nope.shape[1], q_nope.shape[2], q_pe.shape[2]
+        rank, vdim = kv_c.shape[-1], module.v_head_dim
+        lkey = ("mla", heads, rank, rope, nope, vdim, q_nope.dtype, q_nope.device.type, float(module.scaling),
+                self.block_size)
+        layer = self.layers.get(lkey)
+        if layer is None:
+            layer = attn_h.Layer(self.ctx, num_heads=heads, block_size=self.block_size, dtype=q_nope.dtype,
+                                 scale=float(module.scaling), device=q_nope.device.type,
+                                 mla=dict(kv_lora_rank=rank, qk_rope_head_dim=rope, qk_nope_head_dim=nope,
+                                          v_head_dim=vdim))
+            self.layers[lkey] = layer
+        wt = module.kv_b_proj.weight
+        got = self.weights.get(module)
+        if got is None or got[0] != (wt.data_ptr(), wt._version, wt.dtype):
+            wv = wt.detach().view(heads, nope + vdim, rank)
+            got = ((wt.data_ptr(), wt._version, wt.dtype), wv[:, :nope].contiguous(),
+                   wv[:, nope:].transpose(1, 2).contiguous())
+            self.weights[module] = got
+        meta, rows = self._schedule(layer, cu_q, cu_k, w, r, num_blocks, decodes_first=True)
+        kv = self._cache(module, layer, num_blocks, q_nope)
+        tokens = int(cu_q[-1])
+        if rows is not None:
+            rows = rows.to(q_nope.device)
+            q_nope, q_pe, kv_c, k_pe = q_nope[rows], q_pe[rows], kv_c[rows], k_pe[rows]
+        out = torch.zeros(q_nope.shape[0], heads, vdim, dtype=q_nope.dtype, device=q_nope.device)
+        layer.mla_forward(meta, q_nope.contiguous(), q_pe.contiguous(), kv, got[1], got[2], out=out,
+                          kv_c=kv_c[:tokens].contiguous(), k_pe=k_pe[:tokens].contiguous())
+        self.calls += 1
+        if rows is None:
+            return out
+        full = torch.zeros_like(out)
+        full[rows] = out
+        return full
+
+    def __call__(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+        cu_q, cu_k, w, r, num_blocks = self._step_inputs(module, kwargs)
+        layer = self._layer(module, query, key.shape[1])
+        meta, _ = self._schedule(layer, cu_q, cu_k, w, r, num_blocks)
+        kv = self._cache(module, layer, num_blocks, query)
         q = query[0].transpose(0, 1).contiguous()           # [tokens, heads, head]
         k = key[0].transpose(0, 1).contiguous()
         v = value[0].transpose(0, 1)
@@ -223,16 +284,17 @@ def tiny_llama(layers, dtype, device, seed=0):
 
 
 def tiny_deepseek_v3(layers, dtype, device, seed=0):
-    """DeepSeek-V3's architecture (MLA attention: q/k 64 + 32 RoPE, v 64, latent 128; MoE past
-    the first layer), small. transformers runs its attention over the up-projected keys and
-    values: the attention function gets q/k [.., 96] and v [.., 64] for every head."""
+    """DeepSeek-V3's architecture at its MLA widths (latent 512 + 64 RoPE, q/k 128 + 64, v 128;
+    MoE past the first layer), small otherwise (8 heads, hidden 512). transformers runs its
+    attention over the up-projected keys and values: an attention function gets q/k [.., 192]
+    and v [.., 128] for every head (use_latent_mla hands attn.h the latent instead)."""
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
     torch.manual_seed(seed)
     cfg = DeepseekV3Config(vocab_size=1024, hidden_size=512, intermediate_size=1024, moe_intermediate_size=256,
                            num_hidden_layers=layers, num_attention_heads=8, num_key_value_heads=8,
                            n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=1,
-                           n_group=1, topk_group=1, kv_lora_rank=128, q_lora_rank=None, qk_rope_head_dim=32,
-                           qk_nope_head_dim=64, v_head_dim=64, max_position_embeddings=4096, rope_scaling=None,
+                           n_group=1, topk_group=1, kv_lora_rank=512, q_lora_rank=None, qk_rope_head_dim=64,
+                           qk_nope_head_dim=128, v_head_dim=128, max_position_embeddings=4096, rope_scaling=None,
                            tie_word_embeddings=False)
     model = DeepseekV3ForCausalLM(cfg)
     with torch.no_grad():
@@ -240,6 +302,46 @@ def tiny_deepseek_v3(layers, dtype, device, seed=0):
             if p.dim() >= 2:
                 p.normal_(0.0, 0.08)
     return model.to(device=device, dtype=dtype).eval()
+
+
+def use_latent_mla(model, fn):
+    """Routes the model's DeepSeek-V3 attention modules to attn.h's MLA path (fn.mla) while the
+    implementation is paged|attn_h under continuous batching; otherwise (other
+    implementations, a plain forward) the module's own forward runs. The projections, norms
+    and RoPE are the module's, step by step as its forward does them: what changes is that the
+    latent, not the up-projected keys and values, reaches the attention."""
+    import types
+    from transformers.models.deepseek_v3 import modeling_deepseek_v3 as md
+
+    def forward(mod, hidden_states, position_embeddings, attention_mask, past_key_values=None, **kwargs):
+        if mod.config._attn_implementation != "paged|attn_h" or kwargs.get("cache") is None:
+            return type(mod).forward(mod, hidden_states, position_embeddings, attention_mask, past_key_values,
+                                     **kwargs)
+        b, t = hidden_states.shape[:-1]
+        if b != 1:
+            raise ValueError("paged|attn_h: continuous batching packs the batch into one row; got %d" % b)
+        if mod.q_lora_rank is None:
+            q = mod.q_proj(hidden_states)
+        else:
+            q = mod.q_b_proj(mod.q_a_layernorm(mod.q_a_proj(hidden_states)))
+        q = q.view(b, t, -1, mod.qk_head_dim).transpose(1, 2)
+        q_nope, q_rot = torch.split(q, [mod.qk_nope_head_dim, mod.qk_rope_head_dim], dim=-1)
+        kv_c, k_rot = torch.split(mod.kv_a_proj_with_mqa(hidden_states), [mod.kv_lora_rank, mod.qk_rope_head_dim],
+                                  dim=-1)
+        kv_c = mod.kv_a_layernorm(kv_c)
+        k_rot = k_rot.view(b, 1, t, mod.qk_rope_head_dim)
+        cos, sin = position_embeddings
+        rope = md.apply_rotary_pos_emb_interleave if mod.config.rope_interleave else md.apply_rotary_pos_emb
+        q_rot, k_rot = rope(q_rot, k_rot, cos, sin)
+        out = fn.mla(mod, q_nope[0].transpose(0, 1), q_rot[0].transpose(0, 1), kv_c[0], k_rot[0, 0], kwargs)
+        return mod.o_proj(out.reshape(b, t, -1)), None
+
+    n = 0
+    for m in model.modules():
+        if isinstance(m, md.DeepseekV3Attention):
+            m.forward = types.MethodType(forward, m)
+            n += 1
+    return n
 
 
 def generate_plain(model, inputs, new_tokens):
@@ -316,6 +418,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--model", default="llama", choices=["llama", "deepseek_v3"])
+    ap.add_argument("--mla", default="latent", choices=["latent", "padded"],
+                    help="deepseek_v3: attn.h's MLA path over the cached latent (default), or its standard "
+                         "layer over transformers' up-projected keys and values, V zero-padded")
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--dtype", default=None, help="float32 (CPU default) | bfloat16 (CUDA default) | float16")
@@ -335,6 +440,8 @@ def main(argv=None):
     fn = AttnHPaged(ctx)
     AttentionInterface.register("paged|attn_h", fn)
     model = (tiny_llama if a.model == "llama" else tiny_deepseek_v3)(a.layers, dtype, a.device)
+    if a.model == "deepseek_v3" and a.mla == "latent":
+        use_latent_mla(model, fn)
     inputs = prompts(a.prompts)
     generate(model, "paged|attn_h", inputs[:2], 2, a.block_size)   # one-time costs off the clock
     ours, tps_ours, dt_ours = generate(model, "paged|attn_h", inputs, a.new_tokens, a.block_size)
@@ -354,7 +461,8 @@ def main(argv=None):
         plain, tps_plain, dt_plain = generate_plain(model, inputs, a.new_tokens)
     backend = next(iter(fn.layers.values())).selection["resolved"] if fn.layers else "none"
     arch = ("Llama-architecture, 8/2 heads, head 64" if a.model == "llama" else
-            "DeepSeek-V3-architecture (MLA: latent 128, q/k 64 + 32 RoPE, v 64, 8 heads; MoE)")
+            "DeepSeek-V3-architecture (MLA: latent 512 + 64 RoPE, q/k 128 + 64, v 128, 8 heads; MoE; attn.h %s)"
+            % ("MLA over the cached latent" if a.mla == "latent" else "standard layer, V padded"))
     print("transformers %s, torch %s, attn_h %s; %s, %d layers, %s, %s; %d prompts of %d-%d tokens, %d new "
           "tokens each (greedy)"
           % (transformers.__version__, torch.__version__, attn_h.__version__, arch, a.layers,

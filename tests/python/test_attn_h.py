@@ -1349,7 +1349,7 @@ def _transformers_example(device):
     return tg
 
 
-@pytest.mark.parametrize("model", ["llama", "deepseek_v3"])
+@pytest.mark.parametrize("model", ["llama", "deepseek_v3", "deepseek_v3-padded"])
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_transformers_generate_example(device, model, capsys):
     """examples/transformers_generate.py as a user runs it: a seeded random model built from
@@ -1357,16 +1357,22 @@ def test_transformers_generate_example(device, model, capsys):
     continuous batching, 16 prompts of mixed lengths, 64 greedy new tokens, on "paged|attn_h"
     and on the reference (Llama: transformers' own "paged|sdpa"; DeepSeek-V3, which 5.17 cannot
     run on paged|sdpa: the example's torch SDPA reference): tokens must agree (or diverge only at
-    near-ties after log-probs within tolerance), and attn.h must have run."""
+    near-ties after log-probs within tolerance), and attn.h must have run. DeepSeek-V3 goes
+    through attn.h's MLA over the cached latent; "-padded": its standard layer over the
+    up-projected keys and values (a shorter run)."""
     tg = _transformers_example(device)
-    rc = tg.main(["--device", device, "--model", model, "--prompts", "16", "--new-tokens", "64", "--layers", "2",
-                  "--check"])
+    size = ["--prompts", "8", "--new-tokens", "32"] if model.endswith("-padded") else \
+        ["--prompts", "16", "--new-tokens", "64"]
+    mla = ["--mla", "padded"] if model.endswith("-padded") else []
+    rc = tg.main(["--device", device, "--model", model.split("-")[0], "--layers", "2", "--check"] + size + mla)
     text = capsys.readouterr().out
     print(text)
     assert rc == 0, text
     assert "result: agree" in text
     calls = int(text.split("attn.h calls: ")[1].split()[0])
-    assert calls >= 2 * 64, text   # every step of both layers went through attn.h
+    assert calls >= 2 * int(size[3]), text   # every step of both layers went through attn.h
+    if model == "deepseek_v3":
+        assert "attn.h MLA over the cached latent" in text and "_MLA" in text, text
     assert ("attn.h CPU" in text) == (device == "cpu"), text
 
 
