@@ -34,6 +34,10 @@ up-projected with kv_b_proj's halves (attn_mla_forward, decode requests first). 
 padded, attn.h's standard layer takes transformers' up-projected keys and values instead, V
 zero-padded to the q width and the output cropped.
 
+The engine runs with CUDA graphs off (ContinuousBatchingConfig(use_cuda_graph=False)): the
+function reads the step's indices on the host to build attn.h's schedule. A graph-captured
+step would need the schedule built before capture, which is not wired yet.
+
 Scope: full-attention layers (no sliding window), one layer group, and the transformers
 version whose continuous batching takes "paged|<name>" implementations (5.17; later versions
 accept only paged|eager, sdpa and flash there).
