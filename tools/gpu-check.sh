@@ -2,7 +2,8 @@
 # The GPU half of the suite, for a machine with a CUDA device (CI has none): builds the test
 # runner, runs the CUDA suite against the CPU backend, the same under compute-sanitizer
 # (memcheck, then racecheck on a subset), the whole runner, python/attn_h.py's pytest suite
-# on CUDA tensors (where torch is installed), the kernel harness and its benchmark, the wgmma
+# on CUDA tensors (where torch is installed; with transformers 5.17 it runs the transformers
+# example too) and tools/loader_check.sh, the kernel harness and its benchmark, the wgmma
 # probes and the sm_90a prefill (CUDA_SM90) against the CPU backend, the MLA kernels (and their timing), the
 # backend's benchmark (build/attn-bench-cuda) and the PyTorch peer on the same shapes.
 # Logs under $OUT (default build/gpu-out); a short table last.
@@ -62,6 +63,13 @@ if python3 -c 'import numpy, pytest, torch; assert torch.cuda.is_available()' >/
     timeout 300 python3 -m pytest -q -p no:cacheprovider tests/python/test_attn_h.py \
         > "$OUT/pytest.log" 2>&1
     summary "pytest (attn_h, torch CUDA)" "exit $?; $(tail -n 1 "$OUT/pytest.log")"
+    # NVRTC and cuBLAS from PyTorch's wheels with the toolkit's folder hidden (issue 24 section 2)
+    if command -v unshare >/dev/null 2>&1; then
+        timeout 200 tools/loader_check.sh "$OUT/loader-check" > "$OUT/loader-check.log" 2>&1
+        summary "loader check" "exit $?; $(tail -n 1 "$OUT/loader-check.log")"
+    else
+        summary "loader check" "skipped: no unshare"
+    fi
 else
     summary "pytest (attn_h, torch CUDA)" "skipped: needs python3 with numpy, pytest, CUDA torch"
 fi
