@@ -91,7 +91,7 @@ class AttnHPaged:
         change) and the token order it runs in: None, or (decodes_first: the MLA calls take
         the decode requests first) rows[new] = old."""
         host = [t.detach().to("cpu", torch.int64).numpy() for t in (cu_q, cu_k, write_index, read_index)]
-        key = tuple(a.tobytes() for a in host)
+        key = tuple(a.tobytes() for a in host) + (num_blocks, decodes_first)
         entry = self.metas.get(id(layer))
         if entry is not None and entry[1] == key:
             return entry[0], entry[2]
@@ -130,7 +130,7 @@ class AttnHPaged:
         meta = entry[0] if entry is not None else None
         cap = meta.capacity if meta is not None else None
         if (cap is None or cap["max_num_reqs"] < max(n, 1) or cap["max_num_tokens"] < max(tokens, 1)
-                or cap["max_blocks_per_req"] < stride):
+                or cap["max_blocks_per_req"] < stride or cap["num_blocks"] != num_blocks):
             if meta is not None:
                 meta.close()
             meta = attn_h.Metadata(layer, max_num_reqs=max(2 * n, 8), max_num_tokens=max(2 * tokens, 64),
