@@ -269,24 +269,36 @@ extern "C" __global__ void __launch_bounds__(MW::threads, 1)
     const int nrows = attn_imin(ROWS, p.num_heads - head0);
     const int row_a = 16 * (warp & 3) + g; /* this thread's accumulator rows: row_a, row_a + 8 */
 #if SPARSE
-#if !SPARSE_TMA
-    const char *const kv = (const char *)p.kv_cache;
-#endif
     const int grow = (tid & 127) >> 1; /* the row of a tile this thread gathers */
     /* entry j's position in the request; -1 outside [key0, key1) or naming none */
     auto entry = [&](int j) -> int {
         const int x = j >= key0 && j < key1 ? __ldg(ix + j) : -1;
         return x >= 0 && x < seq_len ? x : -1;
     };
-    /* where position x's cache row is (SPARSE_TMA: block << 32 | row in the block, block -1
-       for none; else its byte offset, -1 for none) */
+    /* where position x's cache row is: block << 32 | row in the block (block -1: none) */
     auto row_of = [&](int x) -> attn_i64 {
-        if (SPARSE_TMA)
-            return x < 0 ? (attn_i64)((attn_u64)0xffffffffu << 32)
-                         : (attn_i64)(((attn_u64)(attn_u32)__ldg(bt + (unsigned)x / BLOCK_SIZE) << 32) | ((unsigned)x % BLOCK_SIZE));
-        return x < 0 ? (attn_i64)-1
-                     : ((attn_i64)__ldg(bt + (unsigned)x / BLOCK_SIZE) * BLOCK_SIZE + (attn_i64)((unsigned)x % BLOCK_SIZE)) *
-                           (MW::d * 2);
+        return x < 0 ? (attn_i64)((attn_u64)0xffffffffu << 32)
+                     : (attn_i64)(((attn_u64)(attn_u32)__ldg(bt + (unsigned)x / BLOCK_SIZE) << 32) | ((unsigned)x % BLOCK_SIZE));
+    };
+    /* the row of row_of's `at` in the cache (NULL: none) */
+    auto row_ptr = [&](attn_i64 at) -> const char * {
+        const int blk = (int)(at >> 32), row = (int)(at & 0xffffffff);
+        return blk < 0 ? NULL : (const char *)p.kv_cache + ((attn_i64)blk * BLOCK_SIZE + row) * (MW::d * 2);
+    };
+    /* this thread's 16-byte chunks 2 k + tid % 2 of panels i = first, first + step, .. of group
+       g of the row `src` (zeros for NULL) into `slot_at`, by cp.async */
+    auto copy_panels = [&](int g, attn_u32 slot_at, const char *src, int first, int step) {
+#pragma unroll
+        for (int i = first; i < MW::nh + 1; i += step) {
+            if (i >= attn_mla_seesaw_group_count(g)) break;
+            const int c = attn_mla_seesaw_group_panel(g, i);
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const int ch = 2 * k + (tid & 1);
+                attn_cp_async16_or_zero(slot_at + (attn_u32)(c * MW::panel) + attn_wgmma_swizzle_offset<64>(grow, ch),
+                                        (src ? src : (const char *)p.kv_cache) + (64 * c + 8 * ch) * 2, !src);
+            }
+        }
     };
 #if SPARSE_TMA
     /* this thread's share of group g of a tile into `slot_at`, on the group's full barrier:
@@ -310,42 +322,19 @@ extern "C" __global__ void __launch_bounds__(MW::threads, 1)
             attn_tma_load_3d(slot_at + (attn_u32)(c * MW::panel + grow * 128), &kv_map, 64 * c, row, blk, bar);
         }
 #if SPARSE_TMA == 2
-        const char *src = (const char *)p.kv_cache + (blk >= 0 ? ((attn_i64)blk * BLOCK_SIZE + row) * (MW::d * 2) : 0);
-#pragma unroll
-        for (int i = 1; i < MW::nh + 1; i += 2) {
-            if (i >= attn_mla_seesaw_group_count(g)) break;
-            const int c = attn_mla_seesaw_group_panel(g, i);
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                const int ch = 2 * k + h;
-                attn_cp_async16_or_zero(slot_at + (attn_u32)(c * MW::panel) + attn_wgmma_swizzle_offset<64>(grow, ch),
-                                        src + (64 * c + 8 * ch) * 2, blk < 0);
-            }
-        }
+        copy_panels(g, slot_at, row_ptr(at), 1, 2);
         attn_cp_async_mbar_arrive(bar);
 #endif
     };
 #else
-    /* this thread's share of group g of a tile into `slot_at` (its row's cache row `off`,
-       zeros for -1), then its arrival on the group's full barrier once the copies land */
-    auto gather = [&](int g, attn_u32 slot_at, attn_i64 off) {
+    /* this thread's share of group g of a tile into `slot_at` (its row, row_of's `at`,
+       zeros for none), then its arrival on the group's full barrier once the copies land */
+    auto gather = [&](int g, attn_u32 slot_at, attn_i64 at) {
         if (SPARSE_PROBE == 2) {
             attn_mbar_arrive(full + 8 * g);
             return;
         }
-        if (SPARSE_PROBE == 1) off = (attn_i64)grow * (MW::d * 2);
-        const char *src = (const char *)kv + (off >= 0 ? off : 0);
-#pragma unroll
-        for (int i = 0; i < MW::nh + 1; i++) {
-            if (i >= attn_mla_seesaw_group_count(g)) break;
-            const int c = attn_mla_seesaw_group_panel(g, i);
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                const int ch = 2 * k + (tid & 1);
-                attn_cp_async16_or_zero(slot_at + (attn_u32)(c * MW::panel) + attn_wgmma_swizzle_offset<64>(grow, ch),
-                                        src + (64 * c + 8 * ch) * 2, off < 0);
-            }
-        }
+        copy_panels(g, slot_at, SPARSE_PROBE == 1 ? (const char *)p.kv_cache + grow * (MW::d * 2) : row_ptr(at), 0, 1);
         attn_cp_async_mbar_arrive(full + 8 * g);
     };
 #endif
@@ -356,8 +345,8 @@ extern "C" __global__ void __launch_bounds__(MW::threads, 1)
         attn_mbar_init_fence();
     }
     __syncthreads(); /* the barriers */
-    if (!SPARSE && tid == 0 && npairs > 0) { /* pair 0, all four groups */
 #if !SPARSE
+    if (tid == 0 && npairs > 0) { /* pair 0, all four groups */
         int b0[MW::pieces], b1[MW::pieces];
         attn_tma_prefetch_map(&kv_map);
         attn_mla_seesaw_blocks(b0, bt, tile0, key0, key1);
@@ -366,8 +355,8 @@ extern "C" __global__ void __launch_bounds__(MW::threads, 1)
         attn_mla_seesaw_fill(&kv_map, 1, sS0, full + 8, tile0, key0, key1, b0, 1);
         attn_mla_seesaw_fill(&kv_map, 2, sS1, full + 16, tile0 + 64, key0, key1, b1, ntiles > 1);
         attn_mla_seesaw_fill(&kv_map, 3, sS1, full + 24, tile0 + 64, key0, key1, b1, ntiles > 1);
-#endif
     }
+#endif
 
     /* Q rows: [q_latent | q_pe], zero past num_heads */
     for (int c = tid; c < ROWS * (MW::d / 8); c += MW::threads) {
@@ -424,7 +413,7 @@ extern "C" __global__ void __launch_bounds__(MW::threads, 1)
         attn_named_barrier(ATTN_NB_WG + wg, 128);
         if (next) gather(g, slot_at, off);
     };
-    (void)issuer; /* (the cp.async gather has none) */
+    (void)issuer; /* (every thread of the warpgroup issues its own copies) */
 #else
     auto refill = [&](int g, attn_u32 slot_at, int first, int ktile, int valid, int next) {
         int blk[MW::pieces];
@@ -439,10 +428,7 @@ extern "C" __global__ void __launch_bounds__(MW::threads, 1)
     int me0 = entry(tile0 + 64 * c1 + lane), me1 = entry(tile0 + 64 * c1 + 32 + lane); /* pair 0's mask entries */
     /* position x's cache row into L2, ahead of its boxes */
     auto prefetch_row = [&](int x) {
-        if (x >= 0)
-            attn_prefetch_l2_bulk((const char *)p.kv_cache + ((attn_i64)__ldg(bt + (unsigned)x / BLOCK_SIZE) * BLOCK_SIZE +
-                                                              (attn_i64)((unsigned)x % BLOCK_SIZE)) * (MW::d * 2),
-                                  (unsigned)(MW::d * 2));
+        if (x >= 0) attn_prefetch_l2_bulk(row_ptr(row_of(x)), (unsigned)(MW::d * 2));
     };
     if (SPARSE_L2_AHEAD && !c1 && npairs > 1) prefetch_row(entry(tile0 + 128 + 64 * (tid & 1) + grow)); /* pair 1's rows */
 #endif
