@@ -69,33 +69,36 @@ class AttnHPaged:
 
     def __init__(self, ctx: "attn_h.Context"):
         self.ctx = ctx
-        self.layers = {}       # (heads, kv_heads, head, dtype, device, scale, block_size) -> attn_h.Layer
+        self.layers = {}       # the Layer arguments (as a sorted tuple) -> attn_h.Layer
         self.caches = {}       # model layer index -> attn.h cache tensor
-        self.metas = {}        # id(attn_h.Layer) -> [Metadata, what it was built from, token order]
+        self.metas = {}        # id(attn_h.Layer) -> [Metadata, what it was built from, token order, tokens]
         self.weights = {}      # DeepSeek-V3 module -> (its kv_b_proj weight's version, W_UK, W_UV)
         self.calls = 0
 
-    def _layer(self, module, query, kv_heads):
-        heads, head = query.shape[1], query.shape[3]
-        key = (heads, kv_heads, head, query.dtype, query.device.type, float(module.scaling), self.block_size)
+    def _layer(self, like, module, **args):
+        """The attn_h.Layer of these arguments (one for every model layer of the same shape),
+        of `like`'s dtype and device and the module's scale."""
+        args.update(block_size=self.block_size, dtype=like.dtype, device=like.device.type,
+                    scale=float(module.scaling))
+        key = tuple(sorted((k, str(v)) for k, v in args.items()))
         layer = self.layers.get(key)
         if layer is None:
-            layer = attn_h.Layer(self.ctx, num_heads=heads, num_kv_heads=kv_heads, head_size=head,
-                                 block_size=self.block_size, dtype=query.dtype, scale=float(module.scaling),
-                                 device=query.device.type)
-            self.layers[key] = layer
+            layer = self.layers[key] = attn_h.Layer(self.ctx, **args)
         return layer
 
     def _schedule(self, layer, cu_q, cu_k, write_index, read_index, num_blocks, decodes_first=False):
-        """The attn.h schedule of this step for `layer` (rebuilt when the step's indices
-        change) and the token order it runs in: None, or (decodes_first: the MLA calls take
-        the decode requests first) rows[new] = old."""
-        host = [t.detach().to("cpu", torch.int64).numpy() for t in (cu_q, cu_k, write_index, read_index)]
-        key = tuple(a.tobytes() for a in host) + (num_blocks, decodes_first)
+        """The attn.h schedule of this step for `layer`, the token order it runs in (None, or
+        with decodes_first — the MLA calls take the decode requests first — rows[new] = old)
+        and the step's token count. Every layer of a step gets the same index tensors: the
+        schedule is rebuilt when one of them is another tensor or was written since (its
+        storage, shape and version counter), so the step's first layer alone reads them to
+        the host."""
+        ins = (cu_q, cu_k, write_index, read_index)
+        key = tuple((t.data_ptr(), tuple(t.shape), t._version) for t in ins) + (num_blocks, decodes_first)
         entry = self.metas.get(id(layer))
         if entry is not None and entry[1] == key:
-            return entry[0], entry[2]
-        cq, ck, w, r = host
+            return entry[0], entry[2], entry[3]
+        cq, ck, w, r = (t.detach().to("cpu", torch.int64).numpy() for t in ins)
         # trailing requests with no query tokens are the engine's padding for static shapes
         n = len(cq) - 1
         while n > 0 and cq[n] == cq[n - 1]:
@@ -136,9 +139,9 @@ class AttnHPaged:
             meta = attn_h.Metadata(layer, max_num_reqs=max(2 * n, 8), max_num_tokens=max(2 * tokens, 64),
                                    max_blocks_per_req=max(2 * stride, 8), num_blocks=num_blocks)
         meta.build(cq[: n + 1].astype(np.int32), slen.astype(np.int32), table, w[:tokens].astype(np.int64))
-        rows_t = None if rows is None else torch.from_numpy(rows)
-        self.metas[id(layer)] = [meta, key, rows_t]
-        return meta, rows_t
+        rows_t = None if rows is None else torch.from_numpy(rows).to(write_index.device)
+        self.metas[id(layer)] = [meta, key, rows_t, tokens]
+        return meta, rows_t, tokens
 
     def _step_inputs(self, module, kwargs):
         cache = kwargs.get("cache")
@@ -174,15 +177,8 @@ class AttnHPaged:
         cu_q, cu_k, w, r, num_blocks = self._step_inputs(module, kwargs)
         heads, nope, rope = q_nope.shape[1], q_nope.shape[2], q_pe.shape[2]
         rank, vdim = kv_c.shape[-1], module.v_head_dim
-        lkey = ("mla", heads, rank, rope, nope, vdim, q_nope.dtype, q_nope.device.type, float(module.scaling),
-                self.block_size)
-        layer = self.layers.get(lkey)
-        if layer is None:
-            layer = attn_h.Layer(self.ctx, num_heads=heads, block_size=self.block_size, dtype=q_nope.dtype,
-                                 scale=float(module.scaling), device=q_nope.device.type,
-                                 mla=dict(kv_lora_rank=rank, qk_rope_head_dim=rope, qk_nope_head_dim=nope,
-                                          v_head_dim=vdim))
-            self.layers[lkey] = layer
+        layer = self._layer(q_nope, module, num_heads=heads,
+                            mla=dict(kv_lora_rank=rank, qk_rope_head_dim=rope, qk_nope_head_dim=nope, v_head_dim=vdim))
         wt = module.kv_b_proj.weight
         got = self.weights.get(module)
         if got is None or got[0] != (wt.data_ptr(), wt._version, wt.dtype):
@@ -190,11 +186,9 @@ class AttnHPaged:
             got = ((wt.data_ptr(), wt._version, wt.dtype), wv[:, :nope].contiguous(),
                    wv[:, nope:].transpose(1, 2).contiguous())
             self.weights[module] = got
-        meta, rows = self._schedule(layer, cu_q, cu_k, w, r, num_blocks, decodes_first=True)
+        meta, rows, tokens = self._schedule(layer, cu_q, cu_k, w, r, num_blocks, decodes_first=True)
         kv = self._cache(module, layer, num_blocks, q_nope)
-        tokens = int(cu_q[-1])
         if rows is not None:
-            rows = rows.to(q_nope.device)
             q_nope, q_pe, kv_c, k_pe = q_nope[rows], q_pe[rows], kv_c[rows], k_pe[rows]
         out = torch.zeros(q_nope.shape[0], heads, vdim, dtype=q_nope.dtype, device=q_nope.device)
         layer.mla_forward(meta, q_nope.contiguous(), q_pe.contiguous(), kv, got[1], got[2], out=out,
@@ -208,8 +202,9 @@ class AttnHPaged:
 
     def __call__(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
         cu_q, cu_k, w, r, num_blocks = self._step_inputs(module, kwargs)
-        layer = self._layer(module, query, key.shape[1])
-        meta, _ = self._schedule(layer, cu_q, cu_k, w, r, num_blocks)
+        layer = self._layer(query, module, num_heads=query.shape[1], num_kv_heads=key.shape[1],
+                            head_size=query.shape[3])
+        meta, _, _ = self._schedule(layer, cu_q, cu_k, w, r, num_blocks)
         kv = self._cache(module, layer, num_blocks, query)
         q = query[0].transpose(0, 1).contiguous()           # [tokens, heads, head]
         k = key[0].transpose(0, 1).contiguous()
@@ -271,20 +266,24 @@ class TorchPagedReference:
         return out.unsqueeze(0), None
 
 
-def tiny_llama(layers, dtype, device, seed=0):
-    from transformers import LlamaConfig, LlamaForCausalLM
+def _random_model(cls, cfg, dtype, device, seed):
+    """cls(cfg) built under `seed`, its matrices redrawn N(0, 0.08): a wider spread than the
+    default init, whose near-flat logits let any rounding pick another argmax."""
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=1024, hidden_size=512, intermediate_size=1024, num_hidden_layers=layers,
-                      num_attention_heads=8, num_key_value_heads=2, head_dim=64, max_position_embeddings=4096,
-                      rms_norm_eps=1e-5, tie_word_embeddings=False)
-    model = LlamaForCausalLM(cfg)
-    # a wider spread than the default init: random models otherwise make near-flat logits, where
-    # any rounding picks another argmax
+    model = cls(cfg)
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() >= 2:
                 p.normal_(0.0, 0.08)
     return model.to(device=device, dtype=dtype).eval()
+
+
+def tiny_llama(layers, dtype, device, seed=0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(vocab_size=1024, hidden_size=512, intermediate_size=1024, num_hidden_layers=layers,
+                      num_attention_heads=8, num_key_value_heads=2, head_dim=64, max_position_embeddings=4096,
+                      rms_norm_eps=1e-5, tie_word_embeddings=False)
+    return _random_model(LlamaForCausalLM, cfg, dtype, device, seed)
 
 
 def tiny_deepseek_v3(layers, dtype, device, seed=0):
@@ -293,19 +292,13 @@ def tiny_deepseek_v3(layers, dtype, device, seed=0):
     attention over the up-projected keys and values: an attention function gets q/k [.., 192]
     and v [.., 128] for every head (use_latent_mla hands attn.h the latent instead)."""
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
-    torch.manual_seed(seed)
     cfg = DeepseekV3Config(vocab_size=1024, hidden_size=512, intermediate_size=1024, moe_intermediate_size=256,
                            num_hidden_layers=layers, num_attention_heads=8, num_key_value_heads=8,
                            n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=1,
                            n_group=1, topk_group=1, kv_lora_rank=512, q_lora_rank=None, qk_rope_head_dim=64,
                            qk_nope_head_dim=128, v_head_dim=128, max_position_embeddings=4096, rope_scaling=None,
                            tie_word_embeddings=False)
-    model = DeepseekV3ForCausalLM(cfg)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, 0.08)
-    return model.to(device=device, dtype=dtype).eval()
+    return _random_model(DeepseekV3ForCausalLM, cfg, dtype, device, seed)
 
 
 def use_latent_mla(model, fn):
