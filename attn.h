@@ -227,6 +227,8 @@
                  attn_mla_forward_mqa attn_mla_forward_mha attn_mla_forward
                  attn_mla_forward_sparse
        merge     attn_merge_attn_states
+       dcp       attn_dcp_local_tokens attn_dcp_combine attn_communicator_create_local
+                 attn_communicator_destroy (decode context parallelism: attn_metadata_desc)
 
    ADDING A BACKEND (miniaudio's backend callbacks are the model)
        A backend is one const attn_backend: capability fields the selector and validation
@@ -1053,6 +1055,27 @@ struct attn_batch {
                                        (NULL: the legacy default stream); CPU: ignored */
 };
 
+/* A DCP group's exchange (attn_metadata_desc.dcp_comm): `size` ranks, this one `rank`.
+   all_gather copies every rank's `bytes` from `send` into `recv` in rank order (recv
+   holds size * bytes); it is called by every rank of the group in the same order, with
+   the same byte count, and returns 0 when done (CPU) or enqueued on `stream` (a GPU
+   communicator), anything else on failure (the forward then fails with
+   ATTN_ERROR_PLATFORM, naming it). A caller may fill one of these around its own transport;
+   attn_communicator_create_local makes the in-process one (ranks as threads). */
+typedef struct attn_communicator attn_communicator;
+struct attn_communicator {
+    int size, rank;
+    int (*all_gather)(attn_communicator *self, const void *send, void *recv, size_t bytes, void *stream);
+    void (*destroy)(attn_communicator *self); /* attn_communicator_destroy calls it; may be NULL */
+    void *impl;                               /* the implementation's state */
+};
+
+/* An in-process group of `size` ranks (1..64) that exchange through shared memory: comms
+   gets size communicators, comms[r] for the thread that runs rank r; each is destroyed
+   on its own (the group's state goes with the last). */
+ATTN_API attn_status attn_communicator_create_local(attn_context *ctx, int size, attn_communicator **comms);
+ATTN_API void attn_communicator_destroy(attn_communicator *comm); /* NULL: nothing */
+
 /* Fixed capacity, so that buffers never move between builds (CUDA-graph friendly). */
 typedef struct attn_metadata_desc {
     int max_num_reqs;        /* required */
@@ -1064,7 +1087,39 @@ typedef struct attn_metadata_desc {
     int num_kv_splits;       /* decode split-KV count, 1..1024; 0: attn_mla_num_kv_splits() */
     int64_t workspace_bytes; /* MLA prefill: bytes for up-projected K/V and running outputs,
                                 0: ATTN_MLA_WORKSPACE_BYTES; at least 1 MiB */
+    /* Decode context parallelism (DCP, vLLM's decode_context_parallel_size): each
+       sequence's KV cache is dealt over dcp_world_size ranks in runs of dcp_interleave
+       tokens (position p lives on rank (p / interleave) % world_size, at that rank's local
+       index attn_dcp_local_tokens(world_size, rank, interleave, p)). A metadata of rank r
+       takes the global batch (query_start_loc, seq_lens: the requests' full lengths) with
+       block tables of rank r's own blocks, which hold its tokens at their local indices,
+       and a slot mapping with -1 for the tokens other ranks own (checked). A forward then
+       gives rank r's partial: every query over rank r's keys, out normalised over them and
+       LSE (a row with none of its keys on the rank: out 0, LSE -inf); attn_dcp_combine
+       joins the ranks' partials into the single-rank result. Sinks join rank 0's partial
+       only (so the combined softmax counts them once). CPU and CPU_MLA backends;
+       not with ALiBi, cascade (common_prefix_len) or the sparse MLA call (named errors). */
+    int dcp_world_size;      /* 0 or 1: off; else 2..64 */
+    int dcp_rank;            /* 0..dcp_world_size - 1 */
+    int dcp_interleave;      /* tokens per run, 1..65536; 0: 1 (vLLM's default
+                                cp_kv_cache_interleave_size) */
+    attn_communicator *dcp_comm; /* NULL: a forward returns the rank's partial (out, LSE) for
+                                the caller to gather and attn_dcp_combine. Else its size and
+                                rank must be dcp_world_size and dcp_rank, and every forward
+                                (attn_layer_forward, attn_mla_forward_mqa/_mha) computes the
+                                partial into the metadata's buffers, all-gathers (out, LSE)
+                                through it and writes the combined result to out and lse
+                                (on every rank); each rank holds every head's q (vLLM gathers
+                                q first for MLA). The metadata keeps (dcp_world_size + 1) x
+                                max_num_tokens x num_heads rows of the widest output for it. */
 } attn_metadata_desc;
+
+/* DCP (above): how many of positions [0, position) rank `rank` of `world_size` holds with
+   runs of `interleave` tokens, i.e. the local index of a token at `position` on its own
+   rank; a request of seq_len tokens needs ceil(attn_dcp_local_tokens(.., seq_len) /
+   block_size) blocks there. -1 for arguments outside world_size 1..64, rank
+   0..world_size - 1, interleave 1..65536, position >= 0. */
+ATTN_API int64_t attn_dcp_local_tokens(int world_size, int rank, int interleave, int64_t position);
 
 ATTN_API attn_status attn_metadata_create(attn_layer *layer, const attn_metadata_desc *desc,
                                           attn_metadata **out);
@@ -1244,6 +1299,17 @@ ATTN_API attn_status attn_merge_attn_states(attn_context *ctx, const attn_tensor
                                             attn_lse_base base_b, attn_tensor *out,
                                             attn_tensor *lse, attn_lse_base base_out,
                                             void *stream);
+
+/* DCP (attn_metadata_desc): the n ranks' partials (out_i [tokens, heads, head_size] of
+   one dtype, lse_i f32 [tokens, heads] base e, as the ranks' forwards return them) joined
+   by LSE into out and lse: the single-rank result. A row no rank holds keys of gets out 0,
+   lse -inf. n 1..64; all tensors on one device; out may alias outs[0]. CPU tensors: one
+   pass, f32 sums (lse may be NULL). CUDA tensors: n - 1 launches of
+   attn_merge_attn_states on `stream` (n >= 2, and lse is required: it is the running LSE;
+   out holds each step's result in its dtype). */
+ATTN_API attn_status attn_dcp_combine(attn_context *ctx, int n, const attn_tensor *const *outs,
+                                      const attn_tensor *const *lses, attn_tensor *out,
+                                      attn_tensor *lse, void *stream);
 
 #ifdef __cplusplus
 }
@@ -3954,6 +4020,10 @@ struct attn_metadata {
     int planned;                   /* the batch is copied and planned (set before build) */
     attn_mla_info mla;             /* MLA: the decode/prefill split of the built batch */
     void *priv;
+    /* DCP with a communicator: the rank's partial (out rows of dcp_width elements of the
+       layer dtype, then f32 LSEs) and the gathered partials of every rank after it */
+    void *dcp_buf;
+    int dcp_width;
 };
 
 /* Work items one pass runs side by side on a device: what split-KV counts aim to fill. */
@@ -4152,7 +4222,135 @@ ATTN_API void attn_metadata_destroy(attn_metadata *meta) {
     attn__free(meta->seq_lens);
     attn__free(meta->block_table);
     attn__free(meta->slot_mapping);
+    attn__free(meta->dcp_buf);
     attn__free(meta);
+}
+
+/* The in-process DCP communicator (attn_communicator_create_local): ranks are threads of
+   one process; all_gather publishes each rank's send pointer, meets the others at a
+   barrier, copies every rank's bytes, and meets them again before a send buffer may
+   change. */
+typedef struct attn__local_group {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    int size, refs, arrived;
+    unsigned long phase;           /* barrier generation */
+    const void *send[64];
+    size_t bytes[64];
+} attn__local_group;
+
+typedef struct attn__local_comm {
+    attn_communicator c;           /* first: the public part */
+    attn__local_group *g;
+} attn__local_comm;
+
+static void attn__local_barrier(attn__local_group *g) {
+    unsigned long ph;
+    pthread_mutex_lock(&g->lock);
+    ph = g->phase;
+    if (++g->arrived == g->size) {
+        g->arrived = 0;
+        g->phase++;
+        pthread_cond_broadcast(&g->cond);
+    } else {
+        while (g->phase == ph) pthread_cond_wait(&g->cond, &g->lock);
+    }
+    pthread_mutex_unlock(&g->lock);
+}
+
+static int attn__local_all_gather(attn_communicator *self, const void *send, void *recv, size_t bytes, void *stream) {
+    attn__local_group *g = ((attn__local_comm *)(void *)self)->g;
+    int i, rc = 0;
+    (void)stream;
+    g->send[self->rank] = send;    /* published by the barrier's lock */
+    g->bytes[self->rank] = bytes;
+    attn__local_barrier(g);
+    for (i = 0; i < g->size; i++)
+        if (g->bytes[i] != bytes) rc = 1; /* ranks disagree on the size: nothing copied */
+    for (i = 0; i < g->size && !rc; i++) memcpy((char *)recv + (size_t)i * bytes, g->send[i], bytes);
+    attn__local_barrier(g);        /* every rank has read every send buffer */
+    return rc;
+}
+
+static void attn__local_destroy(attn_communicator *self) {
+    attn__local_group *g = ((attn__local_comm *)(void *)self)->g;
+    int last;
+    pthread_mutex_lock(&g->lock);
+    last = --g->refs == 0;
+    pthread_mutex_unlock(&g->lock);
+    attn__free(self);
+    if (last) {
+        pthread_mutex_destroy(&g->lock);
+        pthread_cond_destroy(&g->cond);
+        attn__free(g);
+    }
+}
+
+ATTN_API attn_status attn_communicator_create_local(attn_context *ctx, int size, attn_communicator **comms) {
+    attn__local_group *g;
+    int i;
+    if (!ctx) return attn__null_arg(ctx, __func__, "ctx");
+    if (!comms) return attn__null_arg(ctx, __func__, "comms");
+    if (size < 1 || size > 64)
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                          "attn_communicator_create_local: size is %d (allowed: 1..64 ranks)", size);
+    for (i = 0; i < size; i++) comms[i] = NULL;
+    g = (attn__local_group *)attn__calloc(1, sizeof *g);
+    if (!g) goto oom;
+    g->size = g->refs = size;
+    pthread_mutex_init(&g->lock, NULL);
+    pthread_cond_init(&g->cond, NULL);
+    for (i = 0; i < size; i++) {
+        attn__local_comm *c = (attn__local_comm *)attn__calloc(1, sizeof *c);
+        if (!c) { /* the ones made so far, then the group (its refs count the rest) */
+            int j;
+            g->refs = i;
+            for (j = 0; j < i; j++) attn__local_destroy(comms[j]), comms[j] = NULL;
+            if (i == 0) {
+                pthread_mutex_destroy(&g->lock);
+                pthread_cond_destroy(&g->cond);
+                attn__free(g);
+            }
+            goto oom;
+        }
+        c->c.size = size;
+        c->c.rank = i;
+        c->c.all_gather = attn__local_all_gather;
+        c->c.destroy = attn__local_destroy;
+        c->c.impl = g;
+        c->g = g;
+        comms[i] = &c->c;
+    }
+    return ATTN_OK;
+oom:
+    return attn__fail(ctx, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY,
+                      "attn_communicator_create_local: cannot allocate a group of %d ranks", size);
+}
+
+ATTN_API void attn_communicator_destroy(attn_communicator *comm) {
+    if (comm && comm->destroy) comm->destroy(comm);
+}
+
+/* DCP: rank r's count of positions [0, p) with W ranks and runs of I tokens (the identity
+   when W is 1). Ownership is monotone, so a global key range [lo, hi) is the local range
+   [L(lo), L(hi)) on every rank. */
+static int64_t attn__dcp_local(int W, int r, int I, int64_t p) {
+    int64_t run, rem;
+    if (W <= 1) return p;
+    run = (int64_t)W * I;
+    rem = p % run - (int64_t)r * I;
+    return p / run * I + (rem < 0 ? 0 : rem > I ? I : rem);
+}
+/* The same for a metadata's capacity (its DCP fields resolved at create). */
+static int attn__dcp_len(const attn_metadata_desc *cap, int64_t p) {
+    return (int)attn__dcp_local(cap->dcp_world_size, cap->dcp_rank, cap->dcp_interleave, p);
+}
+
+ATTN_API int64_t attn_dcp_local_tokens(int world_size, int rank, int interleave, int64_t position) {
+    if (world_size < 1 || world_size > 64 || rank < 0 || rank >= world_size || interleave < 1 ||
+        interleave > 65536 || position < 0)
+        return -1;
+    return attn__dcp_local(world_size, rank, interleave, position);
 }
 
 static attn_status attn__bad_capacity(attn_context *ctx, const char *field, int64_t value,
@@ -4187,6 +4385,35 @@ ATTN_API attn_status attn_metadata_create(attn_layer *layer, const attn_metadata
         return attn__bad_capacity(ctx, "num_kv_splits", desc->num_kv_splits, 0, 1024);
     if (desc->workspace_bytes && (desc->workspace_bytes < (1 << 20) || desc->workspace_bytes > ((int64_t)1 << 40)))
         return attn__bad_capacity(ctx, "workspace_bytes", desc->workspace_bytes, 1 << 20, (int64_t)1 << 40);
+    if (desc->dcp_world_size < 0 || desc->dcp_world_size > 64)
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC,
+                          "%s: desc.dcp_world_size is %d (allowed: 0 or 1 = no DCP, 2..64 ranks)", fn,
+                          desc->dcp_world_size);
+    if (desc->dcp_rank < 0 || desc->dcp_rank >= ATTN__MAX(1, desc->dcp_world_size))
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC,
+                          "%s: desc.dcp_rank is %d (allowed: 0..%d, dcp_world_size - 1)", fn, desc->dcp_rank,
+                          ATTN__MAX(1, desc->dcp_world_size) - 1);
+    if (desc->dcp_interleave < 0 || desc->dcp_interleave > 65536)
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC,
+                          "%s: desc.dcp_interleave is %d (allowed: 1..65536 tokens per run, or 0 = 1)", fn,
+                          desc->dcp_interleave);
+    if (desc->dcp_world_size > 1 && layer->backend->id != ATTN_BACKEND_CPU && layer->backend->id != ATTN_BACKEND_CPU_MLA)
+        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_DESC,
+                          "%s: desc.dcp_world_size is %d but the layer's backend %s has no decode context "
+                          "parallelism yet (allowed there: 0 or 1; CPU and CPU_MLA layers take 2..64)", fn,
+                          desc->dcp_world_size, layer->backend->name);
+    if (desc->dcp_comm && (desc->dcp_comm->size != ATTN__MAX(1, desc->dcp_world_size) ||
+                           desc->dcp_comm->rank != desc->dcp_rank || !desc->dcp_comm->all_gather))
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC,
+                          "%s: desc.dcp_comm is rank %d of %d%s (allowed: a communicator of dcp_world_size %d "
+                          "ranks at dcp_rank %d, with all_gather)", fn, desc->dcp_comm->rank, desc->dcp_comm->size,
+                          desc->dcp_comm->all_gather ? "" : " without all_gather", ATTN__MAX(1, desc->dcp_world_size),
+                          desc->dcp_rank);
+    if (desc->dcp_world_size > 1 && layer->desc.alibi_slopes)
+        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_DESC,
+                          "%s: desc.dcp_world_size is %d on a layer with ALiBi slopes (allowed: DCP without "
+                          "ALiBi; a rank's keys are local indices, ALiBi needs their positions)", fn,
+                          desc->dcp_world_size);
     m = (attn_metadata *)attn__calloc(1, sizeof *m);
     if (!m) goto oom;
     m->creator = *layer;
@@ -4198,6 +4425,8 @@ ATTN_API attn_status attn_metadata_create(attn_layer *layer, const attn_metadata
     m->cap = *desc;
     if (!m->cap.decode_threshold) m->cap.decode_threshold = 1;
     if (!m->cap.workspace_bytes) m->cap.workspace_bytes = ATTN_MLA_WORKSPACE_BYTES;
+    if (m->cap.dcp_world_size < 1) m->cap.dcp_world_size = 1;
+    if (m->cap.dcp_interleave < 1) m->cap.dcp_interleave = 1;
     m->kv_splits_forced = desc->num_kv_splits > 0;
     if (!m->kv_splits_forced) /* the most any batch of this capacity gets */
         m->cap.num_kv_splits = attn__mla_splits(
@@ -4212,6 +4441,14 @@ ATTN_API attn_status attn_metadata_create(attn_layer *layer, const attn_metadata
                                              sizeof(int32_t));
     m->slot_mapping = (int64_t *)attn__calloc((size_t)desc->max_num_tokens, sizeof(int64_t));
     if (!m->query_start_loc || !m->seq_lens || !m->block_table || !m->slot_mapping) goto oom;
+    if (desc->dcp_comm) { /* the widest output row: the head, or the MLA latent / v */
+        const attn_layer_desc *d = &layer->desc;
+        const size_t rows = (size_t)desc->max_num_tokens * (size_t)d->num_heads;
+        m->dcp_width = ATTN__MAX(d->head_size, d->use_mla ? ATTN__MAX(d->kv_lora_rank, d->v_head_dim) : 0);
+        m->dcp_buf = attn__calloc(((size_t)m->cap.dcp_world_size + 1) * rows,
+                                  (size_t)m->dcp_width * attn_dtype_size(d->dtype) + sizeof(float));
+        if (!m->dcp_buf) goto oom;
+    }
     if (m->backend->metadata_init) {
         st = m->backend->metadata_init(m->backend, layer, m);
         if (st != ATTN_OK) {
@@ -4285,11 +4522,12 @@ static attn_status attn__batch_validate(attn_context *ctx, const attn_metadata *
         if (ql > sl)
             return attn__bad_batch(ctx, "%s: request %d has query_len %d > seq_lens[%d] %d "
                                         "(allowed: query_len <= seq_len)", fn, i, ql, i, sl);
-        nb = (int)(((int64_t)sl + m->built_for.block_size - 1) / m->built_for.block_size);
+        nb = (int)(((int64_t)attn__dcp_len(&m->cap, sl) + m->built_for.block_size - 1) / m->built_for.block_size);
         if (nb > b->block_table_stride)
-            return attn__bad_batch(ctx, "%s: batch.seq_lens[%d] is %d, needing %d blocks of %d, "
+            return attn__bad_batch(ctx, "%s: batch.seq_lens[%d] is %d, needing %d blocks of %d%s, "
                                         "but the block table row holds %d (block_table_stride)",
                                         fn, i, sl, nb, m->built_for.block_size,
+                                        m->cap.dcp_world_size > 1 ? " on this DCP rank" : "",
                                         b->block_table_stride);
         for (k = 0; k < nb; k++) {
             int32_t id = b->block_table[(size_t)i * (size_t)b->block_table_stride + (size_t)k];
@@ -4319,9 +4557,31 @@ static attn_status attn__batch_validate(attn_context *ctx, const attn_metadata *
                                             "padding, or 0..%lld = num_blocks * block_size - 1)",
                                             fn, i, (long long)s, (long long)num_slots - 1);
         }
+    if (b->slot_mapping && m->cap.dcp_world_size > 1) /* the rank's own tokens, at their local slots */
+        for (i = 0; i < b->num_reqs; i++) {
+            const int q0 = b->query_start_loc[i], ql = b->query_start_loc[i + 1] - q0, sl = b->seq_lens[i];
+            const int W = m->cap.dcp_world_size, I = m->cap.dcp_interleave, bs = m->built_for.block_size;
+            int t;
+            for (t = 0; t < ql; t++) {
+                const int pos = sl - ql + t, mine = (pos / I) % W == m->cap.dcp_rank, j = attn__dcp_len(&m->cap, pos);
+                const int64_t want = mine ? (int64_t)b->block_table[(size_t)i * (size_t)b->block_table_stride +
+                                                                     (size_t)(j / bs)] * bs + j % bs : -1;
+                if (b->slot_mapping[q0 + t] != want && !(mine && b->slot_mapping[q0 + t] == -1))
+                    return attn__bad_batch(ctx, "%s: batch.slot_mapping[%d] is %lld but DCP rank %d of %d "
+                                                "(interleave %d) %s position %d of request %d (allowed: %lld%s)",
+                                                fn, q0 + t, (long long)b->slot_mapping[q0 + t], m->cap.dcp_rank, W,
+                                                I, mine ? "holds" : "does not hold", pos, i, (long long)want,
+                                                mine ? ", its local index's slot, or -1 = padding" : " = another rank's token");
+            }
+        }
     if (common_prefix_len < 0 || common_prefix_len > max_s)
         return attn__bad_batch(ctx, "%s: common_prefix_len is %d (allowed: 0..%d, max_seq_len)",
                                     fn, common_prefix_len, max_s);
+    if (common_prefix_len > 0 && m->cap.dcp_world_size > 1)
+        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_METADATA,
+                          "%s: common_prefix_len is %d with dcp_world_size %d (allowed: 0 under DCP; cascade "
+                          "attention over a sharded prefix is not built)", fn, common_prefix_len,
+                          m->cap.dcp_world_size);
     if (common_prefix_len > 0) { /* whole blocks every request holds, before its queries */
         const int bs = m->built_for.block_size, nb = common_prefix_len / bs;
         int j;
@@ -4380,7 +4640,8 @@ ATTN_API attn_status attn_metadata_build(attn_metadata *meta, int common_prefix_
     if (batch->num_reqs > 0) {
         memcpy(meta->seq_lens, batch->seq_lens, (size_t)batch->num_reqs * sizeof(int32_t));
         for (i = 0; i < batch->num_reqs; i++) {
-            int nb = (int)(((int64_t)batch->seq_lens[i] + meta->built_for.block_size - 1) / meta->built_for.block_size);
+            int nb = (int)(((int64_t)attn__dcp_len(&meta->cap, batch->seq_lens[i]) + meta->built_for.block_size - 1) /
+                           meta->built_for.block_size);
             memcpy(meta->block_table + (size_t)i * (size_t)meta->cap.max_blocks_per_req,
                    batch->block_table + (size_t)i * (size_t)batch->block_table_stride,
                    (size_t)nb * sizeof(int32_t));
@@ -5391,6 +5652,9 @@ typedef struct attn__cpu_meta {
     int num_prefix_tasks;
     int64_t prefix_capacity;      /* token x head rows prefix_partial holds (fixed at create) */
     float *prefix_partial;        /* [token][head] rows of (dp + 2): the prefix pass's O, m, l */
+    /* DCP (attn_metadata_desc): the keys are this rank's local indices; visible ranges go
+       through attn__dcp_local; sinks join rank 0's rows only */
+    int dcp_w, dcp_r, dcp_i;
 } attn__cpu_meta;
 
 static int attn__cpu_dp(int head_size) { return (head_size + 15) / 16 * 16; }
@@ -5538,6 +5802,16 @@ static void attn__cpu_visible_keys(const attn_layer_desc *d, int causal, int pos
     else *hi = w ? (int)ATTN__MIN((int64_t)seq_len, (int64_t)pos + w) : seq_len;
 }
 
+/* The same as this rank's local key range (DCP; unchanged without). */
+static void attn__cpu_visible_local(const attn_layer_desc *d, const attn__cpu_meta *cm, int causal, int pos,
+                                    int seq_len, int *lo, int *hi) {
+    attn__cpu_visible_keys(d, causal, pos, seq_len, lo, hi);
+    if (cm->dcp_w > 1) {
+        *lo = (int)attn__dcp_local(cm->dcp_w, cm->dcp_r, cm->dcp_i, *lo);
+        *hi = (int)attn__dcp_local(cm->dcp_w, cm->dcp_r, cm->dcp_i, *hi);
+    }
+}
+
 /* Appends the tasks of one (request, KV heads, query tile): ns splits of the key range
    [lo, hi), and the merge that joins them when ns > 1. */
 static void attn__cpu_emit(attn__cpu_meta *cm, int *nt, int *nm, int *prow, int req, int h0,
@@ -5607,8 +5881,10 @@ static attn_status attn__cpu_build(const attn_backend *self, attn_layer *layer, 
     int causal = b->causal == ATTN_CAUSAL_YES;
     int want = 4 * layer->ctx->num_threads, base = 0, r, h, t0, nt = 0, nm = 0, prows = 0;
     int split, P = 0;
+    const attn_metadata_desc *cap = attn_metadata_capacity(meta);
     (void)self;
     (void)fast_build;
+    cm->dcp_w = cap->dcp_world_size; cm->dcp_r = cap->dcp_rank; cm->dcp_i = cap->dcp_interleave;
     /* cascade (common_prefix_len: whole blocks before every request's queries, validated):
        where every row sees the whole prefix (no sliding window) and the rows fit */
     cm->cascade_len = cm->num_prefix_tasks = 0;
@@ -5632,8 +5908,8 @@ static attn_status attn__cpu_build(const attn_backend *self, attn_layer *layer, 
         int all = attn__cpu_all_heads(d, ql), step = all ? ql : tt;
         for (t0 = 0; t0 < ql; t0 += step) {
             int t1 = ATTN__MIN(ql, t0 + step), lo0, hi0, lo1, hi1, lo, hi, ns = 1;
-            attn__cpu_visible_keys(d, causal, sl - ql + t0, sl, &lo0, &hi0);
-            attn__cpu_visible_keys(d, causal, sl - ql + t1 - 1, sl, &lo1, &hi1);
+            attn__cpu_visible_local(d, cm, causal, sl - ql + t0, sl, &lo0, &hi0);
+            attn__cpu_visible_local(d, cm, causal, sl - ql + t1 - 1, sl, &lo1, &hi1);
             lo = ATTN__MAX(ATTN__MIN(lo0, lo1), P); /* cascade: the prefix tasks saw [0, P) */
             hi = ATTN__MAX(hi0, hi1);
             if (split && t0 == 0 && t1 == ql && hi - lo >= 2 * ATTN__CPU_SPLIT_MIN) {
@@ -5725,7 +6001,8 @@ static void attn__cpu_store_rows(const attn__cpu_run *a, int req, int head0, int
                 op = pr;
             }
         }
-        if (d->sinks) { /* the sink joins the denominator once, here (partials never see it) */
+        if (d->sinks && a->cm->dcp_r == 0) { /* the sink joins the denominator once, here (partials
+                                                   never see it; under DCP rank 0's rows only) */
             const float sk = d->sinks[head] * ATTN__LOG2E, mx = mi > sk ? mi : sk;
             const float f = li > 0.0f ? exp2f(mi - mx) : 0.0f;
             w *= f;
@@ -5823,7 +6100,7 @@ static void attn__cpu_task_run(void *varg, int ti, int thread) {
         int t, head;
         float *qr = Q + (size_t)i * (size_t)dpk;
         attn__cpu_row_owner(d, tk->head0, tk->tok0, tk->tok1, i, &t, &head);
-        attn__cpu_visible_keys(d, causal, sl - ql + t, sl, &lo[i], &hi[i]);
+        attn__cpu_visible_local(d, a->cm, causal, sl - ql + t, sl, &lo[i], &hi[i]);
         lo[i] = ATTN__MAX(lo[i], tk->key0);
         hi[i] = ATTN__MIN(hi[i], tk->key1);
         if (lo[i] < hi[i]) { kmin = ATTN__MIN(kmin, lo[i]); kmax = ATTN__MAX(kmax, hi[i]); }
@@ -6407,13 +6684,15 @@ static attn_status attn__cpu_mla_build(const attn_backend *self, attn_layer *lay
     (void)self;
     (void)common_prefix_len;
     (void)fast_build;
+    const attn_metadata_desc *cap = attn_metadata_capacity(meta);
     memset(&info, 0, sizeof info);
+    cm->dcp_w = cap->dcp_world_size; cm->dcp_r = cap->dcp_rank; cm->dcp_i = cap->dcp_interleave;
     st = attn_metadata_mla_info(meta, &info);
     if (st != ATTN_OK) return st;
     for (r = 0; r < info.num_decodes; r++) {
         int ql = b->query_start_loc[r + 1] - b->query_start_loc[r];
         if (ql == 0) continue;
-        attn__cpu_emit(cm, &nt, &nm, &prows, r, 0, 1, 0, ql, 0, b->seq_lens[r], info.num_kv_splits,
+        attn__cpu_emit(cm, &nt, &nm, &prows, r, 0, 1, 0, ql, 0, attn__dcp_len(cap, b->seq_lens[r]), info.num_kv_splits,
                        ql * layer->desc.num_heads);
     }
     return attn__cpu_schedule_finish(cm, nt, nm, prows);
@@ -6654,6 +6933,7 @@ typedef struct attn__cpu_mla_prefill_run {
     int state_row0;                /* batch token of state row 0 */
     int g0, gq;                    /* the group of the request's queries: [g0, g0 + gq) */
     int ntiles;                    /* query tiles of the group per head */
+    const attn_metadata_desc *cap; /* DCP: keys are local indices (attn__dcp_len) */
 } attn__cpu_mla_prefill_run;
 
 /* Up-projects the chunk for one head: K = [lat . W_UK[h]^T | k_pe], V = lat . W_UV[h]. */
@@ -6697,8 +6977,8 @@ static void attn__cpu_mla_attend(void *varg, int task, int thread) {
     const float *K = a->kw + (size_t)h * (size_t)a->chunk * (size_t)a->dpk;
     const float *V = a->vw + (size_t)h * (size_t)a->chunk * (size_t)a->dpv;
     float qscale = d->scale * ATTN__LOG2E;
-    int last_pos = sl - ql + t1 - 1;
-    if (rows <= 0 || a->c0 > last_pos) return; /* the whole chunk is in this tile's future */
+    int last_pos = sl - ql + t1 - 1, lim = attn__dcp_len(a->cap, last_pos + 1); /* local keys [0, lim) */
+    if (rows <= 0 || a->c0 >= lim) return; /* the whole chunk is in this tile's future */
     for (i = 0; i < rows; i++) {
         int tok = q0 + t0 + i;
         float *qr = Q + (size_t)i * (size_t)a->dpk;
@@ -6718,14 +6998,14 @@ static void attn__cpu_mla_attend(void *varg, int task, int thread) {
         m[i] = -INFINITY;
         l[i] = 0.0f;
     }
-    for (j0 = a->c0; j0 < ATTN__MIN(a->c1, last_pos + 1); j0 += ATTN__CPU_NT) {
-        n = ATTN__MIN(ATTN__CPU_NT, ATTN__MIN(a->c1, last_pos + 1) - j0);
+    for (j0 = a->c0; j0 < ATTN__MIN(a->c1, lim); j0 += ATTN__CPU_NT) {
+        n = ATTN__MIN(ATTN__CPU_NT, ATTN__MIN(a->c1, lim) - j0);
         attn__cpu_qk(Q, rows, K + (size_t)(j0 - a->c0) * (size_t)a->dpk, n, a->dpk, S, ATTN__CPU_NT);
         for (i = 0; i < rows; i++) {
             float *s = S + (size_t)i * ATTN__CPU_NT;
-            int pos = sl - ql + t0 + i;
-            if (j0 + n - 1 > pos)
-                for (j = 0; j < n; j++) if (j0 + j > pos) s[j] = -INFINITY;
+            int hi = attn__dcp_len(a->cap, sl - ql + t0 + i + 1); /* the row sees local keys [0, hi) */
+            if (j0 + n > hi)
+                for (j = 0; j < n; j++) if (j0 + j >= hi) s[j] = -INFINITY;
             alpha[i] = attn__cpu_softmax_row(s, n, &m[i], &l[i]);
         }
         attn__cpu_pv(S, ATTN__CPU_NT, rows, V + (size_t)(j0 - a->c0) * (size_t)a->dpv, a->dpv, n, a->dpv, O, alpha);
@@ -6783,6 +7063,7 @@ static attn_status attn__cpu_mla_prefill(attn_layer *layer, const attn_metadata 
     if (q2) { a.q2 = attn__tensor_resolved(q2); a.q_split = q_split; }
     a.row0 = row0;
     a.latc = ws.latc; a.latpe = ws.latpe; a.kw = ws.kw; a.vw = ws.vw; a.state = ws.state;
+    a.cap = attn_metadata_capacity(meta);
     ls = lse ? attn__tensor_resolved(lse) : o;
     for (r = info.num_decodes; r < b->num_reqs; r++) {
         int q0 = b->query_start_loc[r], ql = b->query_start_loc[r + 1] - q0, sl = b->seq_lens[r];
@@ -6793,7 +7074,8 @@ static attn_status attn__cpu_mla_prefill(attn_layer *layer, const attn_metadata 
             a.gq = ATTN__MIN(ws.group, ql - a.g0);
             a.ntiles = (a.gq + ATTN__CPU_MLA_TILE - 1) / ATTN__CPU_MLA_TILE;
             a.state_row0 = q0 + a.g0;
-            last_key = sl - ql + a.g0 + a.gq - 1; /* causal: the group sees keys 0..last_key */
+            last_key = attn__dcp_len(a.cap, sl - ql + a.g0 + a.gq) - 1; /* causal: the group sees (local)
+                                                                          keys 0..last_key */
             for (i = 0; i < a.gq * H; i++) {
                 float *sr = ws.state + (size_t)i * (size_t)(a.dpv + 1);
                 memset(sr, 0, (size_t)a.dpv * sizeof(float));
@@ -10426,6 +10708,58 @@ static attn_status attn__check_graph(attn_layer *layer, const attn_metadata *met
 
 /* A backend that declares base-2 LSE (CPU backends only: attn_register_backend) hands the
    front door rows in base 2; the caller always gets base e. */
+/* DCP with a communicator: the rank's partial of `rows` tokens x heads x `width` as
+   contiguous views into the metadata's buffer (rank slot 0; the gathered ranks follow). */
+static void attn__dcp_partial(const attn_metadata *meta, int slot, int rows, int width, attn_tensor *out,
+                              attn_tensor *lse) {
+    const attn_layer_desc *d = &meta->layer->desc;
+    const size_t cap_rows = (size_t)meta->cap.max_num_tokens * (size_t)d->num_heads;
+    const size_t esz = attn_dtype_size(d->dtype), W1 = (size_t)meta->cap.dcp_world_size + 1;
+    char *outs = (char *)meta->dcp_buf, *lses = outs + W1 * cap_rows * (size_t)meta->dcp_width * esz;
+    int64_t os[3], ls[2];
+    os[0] = ls[0] = rows; os[1] = ls[1] = d->num_heads; os[2] = width;
+    *out = attn_tensor_make(outs + (size_t)slot * (size_t)rows * (size_t)d->num_heads * (size_t)width * esz, d->dtype,
+                            3, os);
+    *lse = attn_tensor_make(lses + (size_t)slot * (size_t)rows * (size_t)d->num_heads * sizeof(float),
+                            ATTN_DTYPE_F32, 2, ls);
+}
+
+/* All-gathers the rank's partial (slot 0) into slots 1..W and combines them into out/lse. */
+static attn_status attn__dcp_exchange(const attn_metadata *meta, const char *fn, int rows, int width,
+                                      attn_tensor *out, attn_tensor *lse, void *stream) {
+    attn_context *ctx = meta->layer->ctx;
+    attn_communicator *c = meta->cap.dcp_comm;
+    const int W = meta->cap.dcp_world_size, H = meta->layer->desc.num_heads;
+    const size_t esz = attn_dtype_size(meta->layer->desc.dtype);
+    attn_tensor po, pl, go[64], gl[64], o, l;
+    const attn_tensor *pgo[64], *pgl[64];
+    int i, rc;
+    if (rows <= 0) return ATTN_OK;
+    attn__dcp_partial(meta, 0, rows, width, &po, &pl);
+    attn__dcp_partial(meta, 1, rows, width, &go[0], &gl[0]);
+    rc = c->all_gather(c, po.data, go[0].data, (size_t)rows * (size_t)H * (size_t)width * esz, stream);
+    if (!rc) rc = c->all_gather(c, pl.data, gl[0].data, (size_t)rows * (size_t)H * sizeof(float), stream);
+    if (rc)
+        return attn__fail(ctx, ATTN_ERROR_PLATFORM, ATTN_LOG_PLATFORM_ERROR,
+                          "%s: the DCP communicator's all_gather failed (%d) at rank %d of %d", fn, rc, c->rank,
+                          c->size);
+    for (i = 0; i < W; i++) { /* rank i's rows in the gathered blocks */
+        go[i] = go[0];
+        gl[i] = gl[0];
+        go[i].data = (char *)go[0].data + (size_t)i * (size_t)rows * (size_t)H * (size_t)width * esz;
+        gl[i].data = (float *)gl[0].data + (size_t)i * (size_t)rows * (size_t)H;
+        pgo[i] = &go[i];
+        pgl[i] = &gl[i];
+    }
+    o = attn__tensor_resolved(out);
+    o.shape[0] = rows;
+    if (lse) {
+        l = attn__tensor_resolved(lse);
+        l.shape[0] = rows;
+    }
+    return attn_dcp_combine(ctx, W, pgo, pgl, &o, lse ? &l : NULL, stream);
+}
+
 static void attn__lse_to_base_e(const attn_layer *layer, attn_tensor *lse, int64_t rows) {
     attn_tensor l;
     int64_t t, h;
@@ -10494,6 +10828,13 @@ ATTN_API attn_status attn_layer_forward(attn_layer *layer, const attn_metadata *
         if (st != ATTN_OK) return st;
     }
     if ((st = attn__check_graph(layer, meta, fn, stream, ATTN__PART_ALL)) != ATTN_OK) return st;
+    if (meta->cap.dcp_comm) { /* the partial into the metadata, then gathered and combined */
+        attn_tensor po, pl;
+        attn__dcp_partial(meta, 0, ntok, d->head_size, &po, &pl);
+        st = layer->backend->forward(layer->backend, layer, meta, q, k, v, kv_cache, &po, &pl, stream);
+        if (st == ATTN_OK) attn__lse_to_base_e(layer, &pl, ntok);
+        return st == ATTN_OK ? attn__dcp_exchange(meta, fn, ntok, d->head_size, out, lse, stream) : st;
+    }
     st = layer->backend->forward(layer->backend, layer, meta, q, k, v, kv_cache, out, lse, stream);
     if (st == ATTN_OK) attn__lse_to_base_e(layer, lse, ntok);
     return st;
@@ -10571,6 +10912,13 @@ ATTN_API attn_status attn_mla_forward_mqa(attn_layer *layer, const attn_metadata
     st = attn__check_latent_call(layer, meta, fn, 0, td, q, q_pe, kv_cache, out_latent, lse);
     if (st != ATTN_OK) return st;
     if ((st = attn__check_graph(layer, meta, fn, stream, ATTN__PART_DECODES)) != ATTN_OK) return st;
+    if (meta->cap.dcp_comm) { /* the partial into the metadata, then gathered and combined */
+        attn_tensor po, pl;
+        attn__dcp_partial(meta, 0, td, layer->desc.kv_lora_rank, &po, &pl);
+        st = layer->backend->forward_mqa(layer->backend, layer, meta, q, q_pe, kv_cache, &po, &pl, stream);
+        if (st == ATTN_OK) attn__lse_to_base_e(layer, &pl, td);
+        return st == ATTN_OK ? attn__dcp_exchange(meta, fn, td, layer->desc.kv_lora_rank, out_latent, lse, stream) : st;
+    }
     st = layer->backend->forward_mqa(layer->backend, layer, meta, q, q_pe, kv_cache, out_latent, lse, stream);
     if (st == ATTN_OK) attn__lse_to_base_e(layer, lse, td);
     return st;
@@ -10593,6 +10941,11 @@ ATTN_API attn_status attn_mla_forward_sparse(attn_layer *layer, const attn_metad
     if (!indices) return attn__null_arg(ctx, __func__, "indices");
     if (!out_latent) return attn__null_arg(ctx, __func__, "out_latent");
     nt = meta->batch.num_actual_tokens;
+    if (meta->cap.dcp_world_size > 1)
+        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_CALL_UNSUPPORTED,
+                          "%s: the metadata is DCP rank %d of %d (allowed: a metadata without DCP; the sparse "
+                          "call's indices are global positions, not built for a sharded cache)", fn,
+                          meta->cap.dcp_rank, meta->cap.dcp_world_size);
     st = attn__check_latent_call(layer, meta, fn, 1, nt, q, q_pe, kv_cache, out_latent, lse);
     if (st != ATTN_OK) return st;
     dev = layer->backend->device;
@@ -10665,6 +11018,14 @@ ATTN_API attn_status attn_mla_forward_mha(attn_layer *layer, const attn_metadata
     if (st == ATTN_OK) st = attn__check_mla_weights(layer, meta, fn, kv_cache, w_uk, w_uv);
     if (st != ATTN_OK) return st;
     if ((st = attn__check_graph(layer, meta, fn, stream, ATTN__PART_PREFILLS)) != ATTN_OK) return st;
+    if (meta->cap.dcp_comm) { /* the partial into the metadata, then gathered and combined */
+        const int tp = meta->mla.num_prefill_tokens;
+        attn_tensor po, pl;
+        attn__dcp_partial(meta, 0, tp, d->v_head_dim, &po, &pl);
+        st = layer->backend->forward_mha(layer->backend, layer, meta, q, kv_cache, w_uk, w_uv, &po, &pl, stream);
+        if (st == ATTN_OK) attn__lse_to_base_e(layer, &pl, tp);
+        return st == ATTN_OK ? attn__dcp_exchange(meta, fn, tp, d->v_head_dim, out, lse, stream) : st;
+    }
     st = layer->backend->forward_mha(layer->backend, layer, meta, q, kv_cache, w_uk, w_uv, out, lse, stream);
     if (st == ATTN_OK && lse) { /* lse rows are the prefill tokens, in order */
         attn_tensor l = attn__tensor_resolved(lse);
@@ -10695,6 +11056,11 @@ ATTN_API attn_status attn_mla_forward(attn_layer *layer, const attn_metadata *me
     if (!out) return attn__null_arg(ctx, __func__, "out");
     st = attn__check_mla_call(layer, meta, fn, 0);
     if (st != ATTN_OK) return st;
+    if (meta->cap.dcp_world_size > 1)
+        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_CALL_UNSUPPORTED,
+                          "%s: the metadata is DCP rank %d of %d (allowed: attn_mla_forward_mqa and "
+                          "attn_mla_forward_mha under DCP, whose LSE joins the ranks)", fn, meta->cap.dcp_rank,
+                          meta->cap.dcp_world_size);
     d = &layer->desc;
     b = attn_metadata_batch(meta);
     dev = layer->backend->device;
@@ -10789,6 +11155,95 @@ ATTN_API attn_status attn_merge_attn_states(attn_context *ctx, const attn_tensor
     if (st != ATTN_OK) return st;
     return be->merge_attn_states(be, ctx, out_a, lse_a, base_a, out_b, lse_b, base_b, out, lse,
                                  base_out, stream);
+}
+
+ATTN_API attn_status attn_dcp_combine(attn_context *ctx, int n, const attn_tensor *const *outs,
+                                      const attn_tensor *const *lses, attn_tensor *out,
+                                      attn_tensor *lse, void *stream) {
+    const char *fn = "attn_dcp_combine";
+    int64_t shape[3], t, h, T, H;
+    attn_device_kind dev;
+    attn_status st = ATTN_OK;
+    int i, x, D;
+    char name[32];
+    if (!ctx) return attn__null_arg(ctx, __func__, "ctx");
+    if (n < 1 || n > 64)
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                          "%s: n is %d (allowed: 1..64, the ranks' partials)", fn, n);
+    if (!outs) return attn__null_arg(ctx, __func__, "outs");
+    if (!lses) return attn__null_arg(ctx, __func__, "lses");
+    if (!out) return attn__null_arg(ctx, __func__, "out");
+    for (i = 0; i < n; i++)
+        if (!outs[i] || !lses[i])
+            return attn__fail(ctx, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_INVALID_ARGUMENT,
+                              "%s: %s[%d] is NULL (allowed: n = %d tensors in outs and in lses)", fn,
+                              outs[i] ? "lses" : "outs", i, n);
+    if (outs[0]->ndim != 3 || outs[0]->shape[0] < 0 || outs[0]->shape[1] <= 0 || outs[0]->shape[2] <= 0 ||
+        (outs[0]->dtype != ATTN_DTYPE_F32 && outs[0]->dtype != ATTN_DTYPE_F16 && outs[0]->dtype != ATTN_DTYPE_BF16))
+        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE,
+                          "%s: outs[0] must be [tokens, heads, head_size] of f32/f16/bf16 (ndim %d)", fn,
+                          outs[0]->ndim);
+    dev = outs[0]->device.kind;
+    shape[0] = outs[0]->shape[0]; shape[1] = outs[0]->shape[1]; shape[2] = outs[0]->shape[2];
+    for (i = 0; i < n && st == ATTN_OK; i++) {
+        snprintf(name, sizeof name, "outs[%d]", i);
+        st = attn__check_tensor(ctx, fn, name, outs[i], outs[0]->dtype, 3, shape, dev);
+        snprintf(name, sizeof name, "lses[%d]", i);
+        if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, name, lses[i], ATTN_DTYPE_F32, 2, shape, dev);
+    }
+    if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "out", out, outs[0]->dtype, 3, shape, dev);
+    if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out", out);
+    if (st == ATTN_OK && lse) st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, dev);
+    if (st == ATTN_OK && lse) st = attn__check_output_tensor(ctx, fn, "lse", lse);
+    if (st != ATTN_OK) return st;
+    if (dev != ATTN_DEVICE_CPU) { /* a fold of pairwise merges on the device's merge */
+        if (n < 2 || !lse)
+            return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_CALL_UNSUPPORTED,
+                              "%s: %s on %s tensors (allowed there: n >= 2 and an lse tensor, the running LSE "
+                              "of the merges; a world of one rank has its result already)", fn,
+                              n < 2 ? "n is 1" : "lse is NULL", attn__device_name(dev));
+        st = attn_merge_attn_states(ctx, outs[0], lses[0], ATTN_LSE_BASE_E, outs[1], lses[1], ATTN_LSE_BASE_E, out,
+                                    lse, ATTN_LSE_BASE_E, stream);
+        for (i = 2; i < n && st == ATTN_OK; i++)
+            st = attn_merge_attn_states(ctx, out, lse, ATTN_LSE_BASE_E, outs[i], lses[i], ATTN_LSE_BASE_E, out, lse,
+                                        ATTN_LSE_BASE_E, stream);
+        return st;
+    }
+    T = shape[0]; H = shape[1]; D = (int)shape[2];
+    {
+        attn_tensor o[64], l[64], oo = attn__tensor_resolved(out), lo;
+        const size_t esz = attn_dtype_size(outs[0]->dtype);
+        float w[64];
+        for (i = 0; i < n; i++) { o[i] = attn__tensor_resolved(outs[i]); l[i] = attn__tensor_resolved(lses[i]); }
+        lo = lse ? attn__tensor_resolved(lse) : l[0];
+        for (t = 0; t < T; t++)
+            for (h = 0; h < H; h++) {
+                float mx = -INFINITY, sum = 0.0f, inv;
+                char *po = (char *)oo.data + (size_t)(t * oo.strides[0] + h * oo.strides[1]) * esz;
+                for (i = 0; i < n; i++) { /* +inf and NaN count as empty, as attn_merge_attn_states does */
+                    float v = ((const float *)l[i].data)[t * l[i].strides[0] + h * l[i].strides[1]];
+                    w[i] = v < INFINITY ? v : -INFINITY;
+                    if (w[i] > mx) mx = w[i];
+                }
+                for (i = 0; i < n; i++) {
+                    w[i] = mx > -INFINITY && w[i] > -INFINITY ? expf(w[i] - mx) : 0.0f;
+                    sum += w[i];
+                }
+                inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+                for (x = 0; x < D; x++) { /* every input's element before the store: out may alias outs[0] */
+                    float acc = 0.0f;
+                    for (i = 0; i < n; i++)
+                        if (w[i] > 0.0f)
+                            acc += w[i] * attn__load_elem((const char *)o[i].data + (size_t)(t * o[i].strides[0] +
+                                                                                               h * o[i].strides[1]) * esz,
+                                                          o[i].dtype, x);
+                    attn__store_elem(po, oo.dtype, x, acc * inv);
+                }
+                if (lse)
+                    ((float *)lo.data)[t * lo.strides[0] + h * lo.strides[1]] = sum > 0.0f ? mx + logf(sum) : -INFINITY;
+            }
+    }
+    return ATTN_OK;
 }
 
 /* >>kernels-begin (generated by tools/embed from kernels/; do not edit) */

@@ -288,13 +288,17 @@ def tiny_llama(layers, dtype, device, seed=0):
 
 def tiny_deepseek_v3(layers, dtype, device, seed=0):
     """DeepSeek-V3's architecture at its MLA widths (latent 512 + 64 RoPE, q/k 128 + 64, v 128;
-    MoE past the first layer), small otherwise (8 heads, hidden 512). transformers runs its
+    MoE past the first layer), small otherwise (8 heads, hidden 512). Every token takes all 4
+    routed experts (weighted by the router, with the shared one): a top-k choice among them
+    is a discrete step that bf16 rounding anywhere flips, and one flip moves a log-prob by
+    0.5-1 (device run 29: with top-2, attn.h's MLA and its standard layer both agreed with
+    the reference's tokens but not its log-probs; attn.h stayed as close to the f32 model). transformers runs its
     attention over the up-projected keys and values: an attention function gets q/k [.., 192]
     and v [.., 128] for every head (use_latent_mla hands attn.h the latent instead)."""
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
     cfg = DeepseekV3Config(vocab_size=1024, hidden_size=512, intermediate_size=1024, moe_intermediate_size=256,
                            num_hidden_layers=layers, num_attention_heads=8, num_key_value_heads=8,
-                           n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=1,
+                           n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=4, first_k_dense_replace=1,
                            n_group=1, topk_group=1, kv_lora_rank=512, q_lora_rank=None, qk_rope_head_dim=64,
                            qk_nope_head_dim=128, v_head_dim=128, max_position_embeddings=4096, rope_scaling=None,
                            tie_word_embeddings=False)
@@ -390,6 +394,22 @@ def generate(model, implementation, inputs, new_tokens, block_size):
     return rows, ntok / dt, dt
 
 
+def f32_error(ours, ref, f32):
+    """Each 16-bit run's log-prob error against the f32 model's, over the new tokens of each
+    prompt before the first place where either 16-bit run chose a token other than f32's (the
+    same positions for both): {"n": count, "rms": (attn.h, reference), "max": (.., ..)}."""
+    d = ([], [])
+    for (t1, l1), (t2, l2), (t32, l32) in zip(ours, ref, f32):
+        for j in range(min(len(t1), len(t2), len(t32), len(l1), len(l2), len(l32))):
+            if t1[j] != t32[j] or t2[j] != t32[j]:
+                break
+            d[0].append(l1[j] - l32[j])
+            d[1].append(l2[j] - l32[j])
+    rms = tuple(float(np.sqrt(np.mean(np.square(x)))) if x else 0.0 for x in d)
+    mx = tuple(float(np.max(np.abs(x))) if x else 0.0 for x in d)
+    return {"n": len(d[0]), "rms": rms, "max": mx}
+
+
 def compare(ours, ref, tol):
     """(agree, report lines): per prompt, the first divergence and the log-prob gap before it."""
     lines, ok = [], True
@@ -474,6 +494,20 @@ def main(argv=None):
         same_plain = sum(1 for (t1, _), (t2, _) in zip(ours, plain) if t1 == t2)
         print("tokens equal to transformers' generate for %d of %d prompts (its log-probs differ from "
               "continuous batching's by itself too: information, not checked)" % (same_plain, len(inputs)))
+    err = None
+    if dtype != torch.float32:
+        # the same model in f32 (the reference implementation there): how far bf16/f16 rounding
+        # alone moves this model's log-probs, and which 16-bit run stays closer to f32
+        model32 = model.to(torch.float32)
+        f32, _, _ = generate(model32, ref_impl, inputs, a.new_tokens, a.block_size)
+        model.to(dtype)
+        err = f32_error(ours, ref, f32)
+        if err["n"] >= 32 and 2 * err["max"][1] > tol:
+            # two runs each within e of the f32 log-probs are within 2 e of each other
+            print("tolerance %g raised to %.3g: twice the reference's own largest log-prob error against the f32 "
+                  "model (%s rounding through %d layers)" % (tol, 2 * err["max"][1], str(dtype).split(".")[-1],
+                                                              a.layers))
+            tol = 2 * err["max"][1]
     ok, lines = compare(ours, ref, tol)
     same = sum(1 for (t1, _), (t2, _) in zip(ours, ref) if t1 == t2)
     print("tokens equal for %d of %d prompts; attn.h calls: %d" % (same, len(inputs), fn.calls))
@@ -482,16 +516,17 @@ def main(argv=None):
     if fn.calls == 0:
         ok = False
         print("attn.h was never called")
-    if dtype != torch.float32:
-        # which 16-bit run stays closer to the same model in f32 (the reference implementation
-        # there): the new tokens up to each run's first difference, summed over the prompts
-        model32 = model.to(torch.float32)
-        f32, _, _ = generate(model32, ref_impl, inputs, a.new_tokens, a.block_size)
+    if err is not None:
         lead = [sum(next((j for j, (x, y) in enumerate(zip(t, t32)) if x != y), len(t32)) for (t, _), (t32, _)
                     in zip(run, f32)) for run in (ours, ref)]
         print("against the f32 model: new tokens before the first difference, summed over the prompts: "
               "attn.h %d, reference %d (of %d)" % (lead[0], lead[1], sum(len(t) for t, _ in f32)))
-        model.to(dtype)
+        print("against the f32 model, over the %d new tokens where both 16-bit runs still chose its tokens: "
+              "log-prob error RMS attn.h %.2e, reference %.2e; max %.2e, %.2e"
+              % (err["n"], err["rms"][0], err["rms"][1], err["max"][0], err["max"][1]))
+        if err["n"] >= 32 and err["rms"][0] > 1.5 * err["rms"][1] + 1e-3:
+            ok = False
+            print("attn.h's 16-bit run is further from the f32 model than the reference's (RMS over 1.5x)")
     print("result: %s" % ("agree" if ok else "DISAGREE"))
     return 0 if ok or not a.check else 1
 

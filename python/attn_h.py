@@ -61,7 +61,8 @@ from typing import Any, Callable, Optional, Sequence, Tuple, Union
 import numpy as np
 
 __all__ = [
-    "AttnError", "Context", "Layer", "Metadata", "merge_attn_states", "reorder_batch",
+    "AttnError", "Context", "Layer", "Metadata", "merge_attn_states", "dcp_combine", "dcp_local_tokens",
+    "reorder_batch",
     "mla_num_kv_splits", "load_library", "library", "check_layout", "PreparedForward",
     "torch_ops", "op_handle",
 ]
@@ -260,6 +261,10 @@ class attn_metadata_desc(C.Structure):
         ("decode_threshold", C.c_int),            # MLA only
         ("num_kv_splits", C.c_int),               # MLA only
         ("workspace_bytes", C.c_int64),           # MLA only
+        ("dcp_world_size", C.c_int),              # decode context parallelism: 0/1 off
+        ("dcp_rank", C.c_int),
+        ("dcp_interleave", C.c_int),              # 0: 1
+        ("dcp_comm", C.c_void_p),                 # attn_communicator * (C callers; None here)
     ]
 
 
@@ -330,6 +335,8 @@ _SIGNATURES = {
     "attn_metadata_build": (C.c_int, [_vp, C.c_int, _P(attn_batch), C.c_int]),
     "attn_metadata_mla_info": (C.c_int, [_vp, _P(attn_mla_info)]),
     "attn_mla_num_kv_splits": (C.c_int, [C.c_int, C.c_int, C.c_int]),
+    "attn_dcp_local_tokens": (C.c_int64, [C.c_int, C.c_int, C.c_int, C.c_int64]),
+    "attn_dcp_combine": (C.c_int, [_vp, C.c_int, _P(_TP), _P(_TP), _TP, _TP, _vp]),
     "attn_reorder_batch": (C.c_int, [_P(C.c_int32), C.c_int, C.c_int, _P(C.c_int32),
                                      _P(C.c_int), _P(C.c_int)]),
     "attn_reshape_and_cache": (C.c_int, [_vp, _TP, _TP, _TP, _TP, _vp]),
@@ -1418,18 +1425,22 @@ class Metadata(_Owned):
 
     max_num_reqs, max_num_tokens, max_blocks_per_req, num_blocks: the capacity (num_blocks
     defaults to the blocks of the cache it will index; required). MLA only:
-    decode_threshold, num_kv_splits, workspace_bytes (0: defaults)."""
+    decode_threshold, num_kv_splits, workspace_bytes (0: defaults). Decode context
+    parallelism (CPU, CPU_MLA): dcp_world_size ranks, this one dcp_rank, runs of
+    dcp_interleave tokens (attn_metadata_desc in attn.h; dcp_local_tokens, dcp_combine)."""
 
     def __init__(self, layer: Layer, max_num_reqs: int, max_num_tokens: int, max_blocks_per_req: int,
                  num_blocks: int, decode_threshold: int = 0, num_kv_splits: int = 0,
-                 workspace_bytes: int = 0) -> None:
+                 workspace_bytes: int = 0, dcp_world_size: int = 0, dcp_rank: int = 0,
+                 dcp_interleave: int = 0) -> None:
         super().__init__()
         _need(layer, Layer, "layer", "Metadata")
         self.layer = layer
         desc = attn_metadata_desc(int(max_num_reqs), int(max_num_tokens),
                                   int(max_blocks_per_req), int(num_blocks),
                                   int(decode_threshold), int(num_kv_splits),
-                                  int(workspace_bytes))
+                                  int(workspace_bytes), int(dcp_world_size), int(dcp_rank),
+                                  int(dcp_interleave))
         ptr = C.c_void_p()
         layer._check(library().attn_metadata_create(layer._live(), C.byref(desc),
                                                     C.byref(ptr)))
@@ -1730,6 +1741,39 @@ def merge_attn_states(ctx: Context, out_a: Array, lse_a: Array, out_b: Array, ls
         _ref(_tensor(lse_b, "lse_b", fn)), _base(base_b, "base_b"),
         _ref(_tensor(out, "out", fn, write=True)), _ref(_tensor(lse, "lse", fn, write=True)),
         _base(base_out, "base_out"), _stream(stream, out_a)))
+    return out
+
+
+def dcp_local_tokens(world_size: int, rank: int, interleave: int, position: int) -> int:
+    """Decode context parallelism: how many of positions [0, position) rank `rank` of
+    `world_size` holds with runs of `interleave` tokens (the local index of its token at
+    `position`). Raises ValueError for arguments attn.h refuses."""
+    n = library().attn_dcp_local_tokens(int(world_size), int(rank), int(interleave), int(position))
+    if n < 0:
+        raise ValueError("dcp_local_tokens(%r, %r, %r, %r): allowed world_size 1..64, rank 0..world_size-1, "
+                         "interleave 1..65536, position >= 0" % (world_size, rank, interleave, position))
+    return int(n)
+
+
+def dcp_combine(ctx: Context, outs: Sequence[Array], lses: Sequence[Array], out: Optional[Array] = None,
+                lse: Optional[Array] = None, stream: Stream = None) -> Array:
+    """Joins the DCP ranks' partials (out_i [tokens, heads, head_size], lse_i float32
+    [tokens, heads], base e) by LSE into out (allocated like outs[0] when None) and lse (None:
+    not written on CPU; required for CUDA tensors). Returns out."""
+    fn = "dcp_combine"
+    _need(ctx, Context, "ctx", fn)
+    if not isinstance(outs, (list, tuple)) or not isinstance(lses, (list, tuple)) or len(outs) != len(lses):
+        raise TypeError("%s: outs and lses must be lists of the same length (got %s and %s)"
+                        % (fn, type(outs).__name__, type(lses).__name__))
+    ts = [_tensor(o, "outs[%d]" % i, fn) for i, o in enumerate(outs)]
+    ls = [_tensor(x, "lses[%d]" % i, fn) for i, x in enumerate(lses)]
+    if out is None:
+        out = _empty_like(outs[0], _shape_of(outs[0], "outs[0]", fn), ts[0].dtype)
+    po = (_TP * len(ts))(*[C.pointer(t) for t in ts])   # ts, ls stay referenced through the call
+    pl = (_TP * len(ls))(*[C.pointer(t) for t in ls])
+    ctx._check(library().attn_dcp_combine(ctx._live(), len(ts), po, pl, _ref(_tensor(out, "out", fn, write=True)),
+                                          _ref(_tensor(lse, "lse", fn, write=True)),
+                                          _stream(stream, outs[0] if outs else None)))
     return out
 
 

@@ -82,6 +82,8 @@ static const attn_py_layout_entry attn_py__layout[] = {
     F(attn_metadata_desc, max_num_tokens), F(attn_metadata_desc, max_blocks_per_req),
     F(attn_metadata_desc, num_blocks), F(attn_metadata_desc, decode_threshold),
     F(attn_metadata_desc, num_kv_splits), F(attn_metadata_desc, workspace_bytes),
+    F(attn_metadata_desc, dcp_world_size), F(attn_metadata_desc, dcp_rank), F(attn_metadata_desc, dcp_interleave),
+    F(attn_metadata_desc, dcp_comm),
 
     S(attn_mla_info), F(attn_mla_info, num_decodes), F(attn_mla_info, num_decode_tokens),
     F(attn_mla_info, num_prefills), F(attn_mla_info, num_prefill_tokens),

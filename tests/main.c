@@ -36,6 +36,7 @@ void suite_mla_prefill(void); /* tests/test_mla_prefill.c */
 void suite_mla_batch(void);   /* tests/test_mla_batch.c */
 void suite_mla_merge(void);   /* tests/test_mla_merge.c */
 void suite_mla_sparse(void);  /* tests/test_mla_sparse.c */
+void suite_dcp(void);         /* tests/test_dcp.c */
 void suite_seam(void);        /* tests/test_seam.c */
 void suite_defects(void);     /* tests/test_defects.c */
 void suite_outside(void);     /* tests/test_outside.c */
@@ -59,6 +60,7 @@ int main(int argc, char **argv) {
     SUITE(suite_mla_batch);
     SUITE(suite_mla_merge);
     SUITE(suite_mla_sparse);
+    SUITE(suite_dcp);
     SUITE(suite_seam);
     SUITE(suite_defects);
     SUITE(suite_outside);

@@ -553,6 +553,55 @@ def test_cuda_slot_mapping_as_a_cuda_tensor(ctx):
 # ---- LSE merge ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_dcp_combine(ctx, xp, dtype):
+    """attn_dcp_combine of 3 ranks' partials: the LSE-weighted mean and the joint LSE; a row
+    one rank has no key of (-inf) and a row no rank has (out 0, lse -inf, no NaN)."""
+    if not xp.supports(dtype):
+        pytest.skip(NO_BF16)
+    rng = np.random.default_rng(12)
+    T, H, D, W = 7, 4, 64, 3
+    outs = [xp.store(rng.uniform(-1, 1, (T, H, D)), dtype) for _ in range(W)]
+    ls = [rng.uniform(-3, 3, (T, H)) for _ in range(W)]
+    ls[1][0, 1] = -np.inf
+    for x in ls:
+        x[3, 2] = -np.inf
+    lses = [xp.store(x, "float32") for x in ls]
+    out, lse = xp.nan((T, H, D), dtype), xp.nan((T, H), "float32")
+    got = attn_h.dcp_combine(ctx, outs, lses, out, lse)
+    assert got is out
+    xp.sync()
+    o = np.stack([xp.f64(x) for x in outs])
+    lv = np.stack([xp.f64(x) for x in lses])
+    m = lv.max(axis=0)
+    w = np.where(np.isfinite(lv), np.exp(lv - np.where(np.isfinite(m), m, 0)), 0.0)
+    s = w.sum(axis=0)
+    want = np.where(s[..., None] > 0, (w[..., None] * o).sum(axis=0) / np.where(s > 0, s, 1)[..., None], 0.0)
+    tol = 2 * ref.TOLERANCE[DTYPE_CODE[dtype]]   # the device folds pairwise merges in the dtype
+    assert_close(xp.f64(out), want, tol, tol, "combined out")
+    got_lse = xp.f64(lse)
+    assert got_lse[3, 2] == -np.inf and np.all(xp.f64(out)[3, 2] == 0)
+    fin = np.isfinite(m)
+    assert_close(got_lse[fin], (m + np.log(np.where(s > 0, s, 1)))[fin], 1e-5, 1e-5, "combined lse")
+
+
+def test_dcp_metadata_and_local_tokens(ctx):
+    """The Python surface of DCP: dcp_local_tokens (and its ValueError), a Metadata of one
+    rank, and attn.h's named error for a rank outside the world."""
+    brute = sum(1 for p in range(100) if (p // 16) % 4 == 1)
+    assert attn_h.dcp_local_tokens(4, 1, 16, 100) == brute
+    with pytest.raises(ValueError):
+        attn_h.dcp_local_tokens(4, 4, 16, 100)
+    layer = attn_h.Layer(ctx, num_heads=4, head_size=64, dtype="float32")
+    m = attn_h.Metadata(layer, 4, 32, 8, 16, dcp_world_size=2, dcp_rank=1, dcp_interleave=16)
+    cap = m.capacity
+    assert (cap["dcp_world_size"], cap["dcp_rank"], cap["dcp_interleave"]) == (2, 1, 16)
+    with pytest.raises(attn_h.AttnError, match="dcp_rank is 2"):
+        attn_h.Metadata(layer, 4, 32, 8, 16, dcp_world_size=2, dcp_rank=2)
+    assert any("dcp_rank is 2" in line[2] for line in ctx.lines)
+    ctx.lines.clear()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_merge_attn_states(ctx, xp, dtype):
     if not xp.supports(dtype):
         pytest.skip(NO_BF16)
@@ -1374,6 +1423,42 @@ def test_transformers_generate_example(device, model, capsys):
     if model == "deepseek_v3":
         assert "attn.h MLA over the cached latent" in text and "_MLA" in text, text
     assert ("attn.h CPU" in text) == (device == "cpu"), text
+
+
+@pytest.mark.parametrize("dtype,scale", [("float32", 1.002), ("bfloat16", 1.1)])
+def test_transformers_example_check_catches_a_wrong_attention(dtype, scale, monkeypatch, capsys):
+    """The example's --check is not a test that cannot fail: with attn.h's attention output
+    scaled by `scale` it reports DISAGREE and exits 1 (Llama, CPU). Its reach, measured: in f32
+    a 0.2 % error fails the log-prob tolerance; in bf16 the model's own rounding noise (log-prob
+    RMS 0.038 against f32 for either implementation) hides 1 %, 3 % moves attn.h's RMS to 1.3x
+    the reference's, 10 % to 2.4x (over the 1.5x bound). The f32 runs are the sharp check."""
+    tg = _transformers_example("cpu")
+    real = tg.AttnHPaged.__call__
+
+    def wrong(self, *args, **kwargs):
+        out, w = real(self, *args, **kwargs)
+        return out * scale, w
+
+    monkeypatch.setattr(tg.AttnHPaged, "__call__", wrong)
+    rc = tg.main(["--device", "cpu", "--model", "llama", "--layers", "2", "--prompts", "16", "--new-tokens", "64",
+                  "--dtype", dtype, "--check"])
+    text = capsys.readouterr().out
+    assert rc == 1 and "result: DISAGREE" in text, text
+
+
+@pytest.mark.parametrize("model", ["llama", "deepseek_v3-padded"])
+def test_transformers_generate_example_cuda_f32(model, capsys):
+    """The example on CUDA tensors in f32, where the check is sharp (log-probs within 1e-3 of
+    the reference's): attn.h's CUDA kernels in a real engine. (DeepSeek-V3 through its
+    standard layer: the CUDA MLA backends take f16/bf16 only, and name that.)"""
+    tg = _transformers_example("cuda")
+    mla = ["--mla", "padded"] if model.endswith("-padded") else []
+    rc = tg.main(["--device", "cuda", "--model", model.split("-")[0], "--layers", "2", "--dtype", "float32",
+                  "--prompts", "16", "--new-tokens", "64", "--check"] + mla)
+    text = capsys.readouterr().out
+    print(text)
+    assert rc == 0 and "result: agree" in text, text
+    assert "attn.h CUDA" in text, text
 
 
 def test_transformers_torch_reference_is_paged_sdpa():
