@@ -1097,14 +1097,17 @@ typedef struct attn_metadata_desc {
        gives rank r's partial: every query over rank r's keys, out normalised over them and
        LSE (a row with none of its keys on the rank: out 0, LSE -inf); attn_dcp_combine
        joins the ranks' partials into the single-rank result. Sinks join rank 0's partial
-       only (so the combined softmax counts them once). CPU and CPU_MLA backends;
-       not with ALiBi, cascade (common_prefix_len) or the sparse MLA call (named errors). */
+       only (so the combined softmax counts them once). CPU, CPU_MLA, CUDA and CUDA_SM90
+       backends (the CUDA MLA backends refuse it by name); not with ALiBi, cascade
+       (common_prefix_len), the fused attn_mla_forward or the sparse MLA call (named
+       errors). */
     int dcp_world_size;      /* 0 or 1: off; else 2..64 */
     int dcp_rank;            /* 0..dcp_world_size - 1 */
     int dcp_interleave;      /* tokens per run, 1..65536; 0: 1 (vLLM's default
                                 cp_kv_cache_interleave_size) */
     attn_communicator *dcp_comm; /* NULL: a forward returns the rank's partial (out, LSE) for
-                                the caller to gather and attn_dcp_combine. Else its size and
+                                the caller to gather and attn_dcp_combine. CPU layers only so
+                                far (a CUDA layer's metadata refuses it by name). Else its size and
                                 rank must be dcp_world_size and dcp_rank, and every forward
                                 (attn_layer_forward, attn_mla_forward_mqa/_mha) computes the
                                 partial into the metadata's buffers, all-gathers (out, LSE)
@@ -4397,11 +4400,17 @@ ATTN_API attn_status attn_metadata_create(attn_layer *layer, const attn_metadata
         return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC,
                           "%s: desc.dcp_interleave is %d (allowed: 1..65536 tokens per run, or 0 = 1)", fn,
                           desc->dcp_interleave);
-    if (desc->dcp_world_size > 1 && layer->backend->id != ATTN_BACKEND_CPU && layer->backend->id != ATTN_BACKEND_CPU_MLA)
+    if (desc->dcp_world_size > 1 && layer->backend->id != ATTN_BACKEND_CPU && layer->backend->id != ATTN_BACKEND_CPU_MLA &&
+        layer->backend->id != ATTN_BACKEND_CUDA && layer->backend->id != ATTN_BACKEND_CUDA_SM90)
         return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_DESC,
                           "%s: desc.dcp_world_size is %d but the layer's backend %s has no decode context "
-                          "parallelism yet (allowed there: 0 or 1; CPU and CPU_MLA layers take 2..64)", fn,
-                          desc->dcp_world_size, layer->backend->name);
+                          "parallelism yet (allowed there: 0 or 1; CPU, CPU_MLA, CUDA and CUDA_SM90 layers take "
+                          "2..64)", fn, desc->dcp_world_size, layer->backend->name);
+    if (desc->dcp_comm && layer->backend->device != ATTN_DEVICE_CPU)
+        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_DESC,
+                          "%s: desc.dcp_comm is set on a %s layer (allowed: NULL there so far: the forward "
+                          "returns the rank's partial; gather it with your own NCCL or torch.distributed call "
+                          "and join with attn_dcp_combine on the device)", fn, layer->backend->name);
     if (desc->dcp_comm && (desc->dcp_comm->size != ATTN__MAX(1, desc->dcp_world_size) ||
                            desc->dcp_comm->rank != desc->dcp_rank || !desc->dcp_comm->all_gather))
         return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC,
@@ -5802,7 +5811,15 @@ static void attn__cpu_visible_keys(const attn_layer_desc *d, int causal, int pos
     else *hi = w ? (int)ATTN__MIN((int64_t)seq_len, (int64_t)pos + w) : seq_len;
 }
 
-/* The same as this rank's local key range (DCP; unchanged without). */
+/* The same as a DCP rank's local key range (the metadata's capacity; unchanged without). */
+static void attn__visible_local(const attn_layer_desc *d, const attn_metadata_desc *cap, int causal, int pos,
+                                int seq_len, int *lo, int *hi) {
+    attn__cpu_visible_keys(d, causal, pos, seq_len, lo, hi);
+    if (cap->dcp_world_size > 1) {
+        *lo = attn__dcp_len(cap, *lo);
+        *hi = attn__dcp_len(cap, *hi);
+    }
+}
 static void attn__cpu_visible_local(const attn_layer_desc *d, const attn__cpu_meta *cm, int causal, int pos,
                                     int seq_len, int *lo, int *hi) {
     attn__cpu_visible_keys(d, causal, pos, seq_len, lo, hi);
@@ -8104,6 +8121,8 @@ typedef struct attn__paged_params {
     float k_scale_value, v_scale_value;     /* where k_scale / v_scale are NULL */
     int prefix_tile_tokens, prefix_rows;    /* cascade: the prefix pass's query tokens and rows
                                                per partial slot */
+    int dcp_world_size, dcp_rank;           /* decode context parallelism (attn_metadata_desc): */
+    int dcp_interleave, dcp_pad;            /*   keys are this rank's local indices; size 1: off */
 } attn__paged_params;
 
 /* attn_reshape_and_cache (cache_write.cu): key/value rows into the standard cache. */
@@ -8242,7 +8261,7 @@ typedef struct attn__mla_prefill_params {
    that, and the sizes here are updated with it. */
 #define ATTN__PARAMS_SIZE(T, n) typedef char T##_size_check[sizeof(T) == (n) ? 1 : -1]
 ATTN__PARAMS_SIZE(attn__launch_config, 40);
-ATTN__PARAMS_SIZE(attn__paged_params, 21 * 8 + 7 * 8 + 8 * 4);
+ATTN__PARAMS_SIZE(attn__paged_params, 21 * 8 + 7 * 8 + 12 * 4);
 ATTN__PARAMS_SIZE(attn__cache_write_params, 6 * 8 + 5 * 8 + 6 * 4);
 ATTN__PARAMS_SIZE(attn__cache_write_inline_params, 112 + ATTN__INLINE_SLOTS * 8);
 ATTN__PARAMS_SIZE(attn__latent_write_params, 4 * 8 + 3 * 8 + 2 * 4 + 8 + 2 * 4);
@@ -9095,8 +9114,8 @@ static attn_status attn__cuda_build(const attn_backend *self, attn_layer *layer,
         if (ql <= 0) continue;
         for (t0 = 0; t0 < ql; t0 += tt) {
             int t1 = ATTN__MIN(ql, t0 + tt), lo0, hi0, lo1, hi1, lo, hi, ns = 1, s;
-            attn__cpu_visible_keys(d, causal, sl - ql + t0, sl, &lo0, &hi0);
-            attn__cpu_visible_keys(d, causal, sl - ql + t1 - 1, sl, &lo1, &hi1);
+            attn__visible_local(d, cap, causal, sl - ql + t0, sl, &lo0, &hi0);
+            attn__visible_local(d, cap, causal, sl - ql + t1 - 1, sl, &lo1, &hi1);
             lo = ATTN__MAX(ATTN__MIN(lo0, lo1), P); /* cascade: the prefix is the prefix pass's */
             hi = ATTN__MAX(hi0, hi1);
             if (v == 0 && split && hi - lo >= 2 * ATTN__CUDA_SPLIT_MIN) {
@@ -9315,6 +9334,13 @@ static attn_status attn__cuda_forward(const attn_backend *self, attn_layer *laye
     pp.prefix_ml = cm->prefix_ml;
     pp.prefix_tile_tokens = cm->tile[1];
     pp.prefix_rows = cm->rows[1];
+    {
+        const attn_metadata_desc *cap = attn_metadata_capacity(meta);
+        pp.dcp_world_size = cap->dcp_world_size;
+        pp.dcp_rank = cap->dcp_rank;
+        pp.dcp_interleave = cap->dcp_interleave;
+        if (cap->dcp_rank > 0) pp.sinks = 0; /* DCP: the sinks join rank 0's partial only */
+    }
     /* Decode splits merge inside the decode launch (the last split of each entry to
        finish), so a forward runs at most two launches: decode tiles (default or wide shape,
        whichever the build chose), prefill tiles. A captured forward holds each shape a build
@@ -11745,6 +11771,8 @@ static const char *const attn__kernel_src_attn_params_cuh[] = {
     "    float k_scale_value, v_scale_value;     /* where k_scale / v_scale are NULL */\n",
     "    int prefix_tile_tokens, prefix_rows;    /* cascade: the prefix pass's query tokens and rows\n",
     "                                               per partial slot */\n",
+    "    int dcp_world_size, dcp_rank;           /* decode context parallelism (attn_metadata_desc): */\n",
+    "    int dcp_interleave, dcp_pad;            /*   keys are this rank's local indices; size 1: off */\n",
     "} attn__paged_params;\n",
     "\n",
     "/* attn_reshape_and_cache (cache_write.cu): key/value rows into the standard cache. */\n",
@@ -11883,7 +11911,7 @@ static const char *const attn__kernel_src_attn_params_cuh[] = {
     "   that, and the sizes here are updated with it. */\n",
     "#define ATTN__PARAMS_SIZE(T, n) typedef char T##_size_check[sizeof(T) == (n) ? 1 : -1]\n",
     "ATTN__PARAMS_SIZE(attn__launch_config, 40);\n",
-    "ATTN__PARAMS_SIZE(attn__paged_params, 21 * 8 + 7 * 8 + 8 * 4);\n",
+    "ATTN__PARAMS_SIZE(attn__paged_params, 21 * 8 + 7 * 8 + 12 * 4);\n",
     "ATTN__PARAMS_SIZE(attn__cache_write_params, 6 * 8 + 5 * 8 + 6 * 4);\n",
     "ATTN__PARAMS_SIZE(attn__cache_write_inline_params, 112 + ATTN__INLINE_SLOTS * 8);\n",
     "ATTN__PARAMS_SIZE(attn__latent_write_params, 4 * 8 + 3 * 8 + 2 * 4 + 8 + 2 * 4);\n",
@@ -15941,6 +15969,13 @@ static const char *const attn__kernel_src_paged_common_cuh[] = {
     "/* The keys [lo, hi) that query position pos of a request of seq_len keys sees inside a work\n",
     "   item's [key0, key1): the CPU's attn__cpu_visible_keys. Causal is the item's flag; the\n",
     "   sliding window applies when W (the kernel's WINDOW define) and p.window > 0. */\n",
+    "/* DCP: how many of positions [0, x) the rank holds (the host's attn__dcp_local). */\n",
+    "ATTN_DEV int attn_dcp_local(const attn__paged_params &p, int x) {\n",
+    "    const attn_i64 run = (attn_i64)p.dcp_world_size * p.dcp_interleave;\n",
+    "    const attn_i64 rem = x % run - (attn_i64)p.dcp_rank * p.dcp_interleave;\n",
+    "    return (int)(x / run * p.dcp_interleave + (rem < 0 ? 0 : rem > p.dcp_interleave ? p.dcp_interleave : rem));\n",
+    "}\n",
+    "\n",
     "template <int W>\n",
     "ATTN_DEV void attn_visible_keys(const attn__paged_params &p, int causal, int pos, int seq_len, int key0, int key1,\n",
     "                                int &lo, int &hi) {\n",
@@ -15948,6 +15983,10 @@ static const char *const attn__kernel_src_paged_common_cuh[] = {
     "    if (W && p.window > 0) {\n",
     "        a = attn_imax(0, pos - p.window + 1);\n",
     "        if (!causal) b = (int)(((attn_i64)pos + p.window) < seq_len ? (attn_i64)pos + p.window : seq_len);\n",
+    "    }\n",
+    "    if (p.dcp_world_size > 1) { /* the global range as this rank's local keys (ownership is monotone) */\n",
+    "        a = attn_dcp_local(p, a);\n",
+    "        b = attn_dcp_local(p, b);\n",
     "    }\n",
     "    lo = attn_imax(a, key0);\n",
     "    hi = attn_imin(b, key1);\n",

@@ -83,6 +83,8 @@ typedef struct attn__paged_params {
     float k_scale_value, v_scale_value;     /* where k_scale / v_scale are NULL */
     int prefix_tile_tokens, prefix_rows;    /* cascade: the prefix pass's query tokens and rows
                                                per partial slot */
+    int dcp_world_size, dcp_rank;           /* decode context parallelism (attn_metadata_desc): */
+    int dcp_interleave, dcp_pad;            /*   keys are this rank's local indices; size 1: off */
 } attn__paged_params;
 
 /* attn_reshape_and_cache (cache_write.cu): key/value rows into the standard cache. */
@@ -221,7 +223,7 @@ typedef struct attn__mla_prefill_params {
    that, and the sizes here are updated with it. */
 #define ATTN__PARAMS_SIZE(T, n) typedef char T##_size_check[sizeof(T) == (n) ? 1 : -1]
 ATTN__PARAMS_SIZE(attn__launch_config, 40);
-ATTN__PARAMS_SIZE(attn__paged_params, 21 * 8 + 7 * 8 + 8 * 4);
+ATTN__PARAMS_SIZE(attn__paged_params, 21 * 8 + 7 * 8 + 12 * 4);
 ATTN__PARAMS_SIZE(attn__cache_write_params, 6 * 8 + 5 * 8 + 6 * 4);
 ATTN__PARAMS_SIZE(attn__cache_write_inline_params, 112 + ATTN__INLINE_SLOTS * 8);
 ATTN__PARAMS_SIZE(attn__latent_write_params, 4 * 8 + 3 * 8 + 2 * 4 + 8 + 2 * 4);

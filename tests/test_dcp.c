@@ -159,7 +159,22 @@ typedef struct {
     int H, KVH, D, window, sinks, W, I, mla, R;
     attn_dtype dt, kvdt;
     int threads;         /* ranks as threads with the in-process communicator */
+    attn_layer *gpu;     /* set: the forwards run on this CUDA layer (the cache written on the
+                            CPU layer, then copied: both backends share its layout) */
+    const float *gpu_sinks;
 } dcase;
+
+/* A device copy of `bytes` of host memory (NULL on failure, with a test failure). */
+static void *dev_copy(attn_context *ctx, const void *host, size_t bytes) {
+    void *d = NULL;
+    if (attn_cuda_malloc(ctx, bytes ? bytes : 1, &d) != ATTN_OK ||
+        (bytes && attn_cuda_memcpy(ctx, d, host, bytes, ATTN_COPY_HOST_TO_DEVICE, NULL) != ATTN_OK)) {
+        attn_test_fail(__FILE__, __LINE__, "device copy: %s", attn_context_last_error(ctx));
+        attn_cuda_free(ctx, d);
+        return NULL;
+    }
+    return d;
+}
 
 static void describe(const dcase *c, const dbatch *b, char *buf, size_t n) {
     int i, o = snprintf(buf, n, "%s H %d/%d D %d %s cache %s window %d sinks %d W %d I %d; reqs", c->mla ? "MLA" : "std",
@@ -196,6 +211,44 @@ static int run_rank(attn_layer *layer, const dcase *c, const dbatch *b, const dl
     md.max_num_reqs = 8; md.max_num_tokens = 256; md.max_blocks_per_req = L->stride; md.num_blocks = L->num_blocks;
     md.dcp_world_size = L->W; md.dcp_rank = L->rank; md.dcp_interleave = L->I; md.dcp_comm = comm;
     if (!write_cache(layer, b, L, c->mla, k, v, c->KVH, c->D, c->R, P, c->dt, &cache)) { free(cmem); return 0; }
+    if (c->gpu) { /* the forward on the CUDA layer: its metadata, the cache copied */
+        attn_context *gctx = attn_layer_context(c->gpu);
+        int64_t qs[3] = {b->T, H, c->D}, ls[2] = {b->T, H};
+        size_t qn = (size_t)b->T * (size_t)H * (size_t)c->D, esz = attn_dtype_size(c->dt);
+        void *qm = malloc(qn * esz + 8), *dq, *dcache, *dout, *dlse;
+        attn_tensor tq, to, tl, tc;
+        for (x = 0; x < qn; x++) put_elem(qm, c->dt, x, q[x]);
+        res->out = alloc_poisoned(c->dt, qn);
+        res->lse = (float *)alloc_poisoned(ATTN_DTYPE_F32, (size_t)b->T * (size_t)H);
+        dq = dev_copy(gctx, qm, qn * esz);
+        dcache = dev_copy(gctx, cmem, cbytes);
+        dout = dev_copy(gctx, res->out, qn * esz);
+        dlse = dev_copy(gctx, res->lse, (size_t)b->T * (size_t)H * sizeof(float));
+        ok = dq && dcache && dout && dlse;
+        if (ok && (attn_metadata_create(c->gpu, &md, &meta) != ATTN_OK || attn_metadata_build(meta, 0, &bv, 0) != ATTN_OK)) {
+            attn_test_fail(__FILE__, __LINE__, "CUDA rank %d of %d: %s", L->rank, L->W, attn_context_last_error(gctx));
+            ok = 0;
+        }
+        if (ok) {
+            tq = attn_tensor_make(dq, c->dt, 3, qs); tq.device.kind = ATTN_DEVICE_CUDA;
+            to = attn_tensor_make(dout, c->dt, 3, qs); to.device.kind = ATTN_DEVICE_CUDA;
+            tl = attn_tensor_make(dlse, ATTN_DTYPE_F32, 2, ls); tl.device.kind = ATTN_DEVICE_CUDA;
+            tc = attn_tensor_make(dcache, c->kvdt, cnd, cshape); tc.device.kind = ATTN_DEVICE_CUDA;
+            if (attn_layer_forward(c->gpu, meta, &tq, NULL, NULL, &tc, &to, &tl, NULL) != ATTN_OK ||
+                attn_cuda_memcpy(gctx, res->out, dout, qn * esz, ATTN_COPY_DEVICE_TO_HOST, NULL) != ATTN_OK ||
+                attn_cuda_memcpy(gctx, res->lse, dlse, (size_t)b->T * (size_t)H * sizeof(float),
+                                 ATTN_COPY_DEVICE_TO_HOST, NULL) != ATTN_OK) {
+                attn_test_fail(__FILE__, __LINE__, "CUDA forward, rank %d of %d: %s", L->rank, L->W,
+                               attn_context_last_error(gctx));
+                ok = 0;
+            }
+        }
+        attn_cuda_free(gctx, dq); attn_cuda_free(gctx, dcache); attn_cuda_free(gctx, dout); attn_cuda_free(gctx, dlse);
+        free(qm);
+        attn_metadata_destroy(meta);
+        free(cmem);
+        return ok;
+    }
     if (attn_metadata_create(layer, &md, &meta) != ATTN_OK || attn_metadata_build(meta, 0, &bv, 0) != ATTN_OK) {
         attn_test_fail(__FILE__, __LINE__, "rank %d of %d: %s", L->rank, L->W, attn_context_last_error(ctx));
         attn_metadata_destroy(meta);
@@ -294,7 +347,7 @@ static int combine(attn_context *ctx, int W, attn_dtype dt, void **outs, float *
 
 static int compare_rows(const dcase *c, const char *what, const void *got, const float *glse, const void *want,
                         const float *wlse, int t0, int t1, int H, int width, const char *tag) {
-    double at = c->dt == ATTN_DTYPE_F32 ? 2e-5 : 2e-2, rt = c->dt == ATTN_DTYPE_F32 ? 2e-5 : 2e-2;
+    double at = c->dt == ATTN_DTYPE_F32 ? (c->gpu ? 2e-4 : 2e-5) : 2e-2, rt = at;
     int t, h, x, bad = 0;
     for (t = t0; t < t1 && bad < 3; t++)
         for (h = 0; h < H && bad < 3; h++) {
@@ -363,6 +416,7 @@ static void run_case(attn_context *ctx, const dcase *c, uint64_t seed) {
     describe(c, &b, tag, sizeof tag);
     memset(&ld, 0, sizeof ld);
     ld.num_heads = c->H; ld.dtype = c->dt; ld.kv_cache_dtype = c->kvdt; ld.block_size = 16;
+    ld.causal = ATTN_CAUSAL_YES;
     if (c->mla) {
         ld.use_mla = 1; ld.num_kv_heads = 1; ld.kv_lora_rank = c->R; ld.qk_rope_head_dim = P; ld.qk_nope_head_dim = N;
         ld.v_head_dim = V; ld.head_size = c->R + P;
@@ -399,8 +453,12 @@ static void run_case(attn_context *ctx, const dcase *c, uint64_t seed) {
     memset(&one, 0, sizeof one); memset(part, 0, sizeof part); memset(&joined, 0, sizeof joined);
     memset(Lr, 0, sizeof Lr);
     layout_make(&L1, &b, 1, 0, 1, 16, &r);
-    if (!run_rank(layer, c, &b, &L1, (const float *const *)k, (const float *const *)v, q, wuk, wuv, NULL, &one))
-        goto done;
+    {
+        dcase c1 = *c; /* the one-rank result on the CPU (a CUDA case compares its ranks with it) */
+        c1.gpu = NULL;
+        if (!run_rank(layer, &c1, &b, &L1, (const float *const *)k, (const float *const *)v, q, wuk, wuv, NULL, &one))
+            goto done;
+    }
     for (rank = 0; rank < c->W; rank++) layout_make(&Lr[rank], &b, c->W, rank, c->I, 16, &r);
     if (c->threads) { /* ranks as threads, each with its own context and layer, exchanging
                          through the in-process communicator: every rank gets the result */
@@ -697,11 +755,70 @@ ATTN_TEST(test_dcp_threads_local_communicator) {
     attn_context_destroy(ctx);
 }
 
+/* The same on CUDA (and CUDA_SM90 where the device has it): each rank's forward on the
+   GPU over a copy of the cache the CPU layer wrote, combined on the host, against the
+   single-rank forward on the CPU. */
+ATTN_TEST(test_dcp_cuda_matches_cpu) {
+    attn_context *ctx = cpu_ctx(), *gctx = NULL;
+    attn_context_desc cd;
+    attn_platform pf;
+    int W, k;
+    REQUIRE(ctx != NULL);
+    memset(&cd, 0, sizeof cd);
+    cd.log_level = ATTN_LOG_LEVEL_NONE;
+    if (attn_context_create(&cd, &gctx) != ATTN_OK || attn_platform_get(gctx, &pf) != ATTN_OK ||
+        pf.kind != ATTN_PLATFORM_CUDA || !pf.nvrtc_version) {
+        static char why[256];
+        snprintf(why, sizeof why, "no CUDA device with NVRTC: %.200s", gctx ? pf.cuda_reason : "no context");
+        attn_context_destroy(gctx);
+        attn_context_destroy(ctx);
+        SKIP(why);
+    }
+    for (W = 1; W <= 8; W++)
+        for (k = 0; k < 3; k++) {
+            dcase c;
+            attn_layer_desc gd;
+            float sinks_host[8];
+            void *dsinks = NULL;
+            int i;
+            memset(&c, 0, sizeof c);
+            c.W = W; c.I = k == 1 ? 1 : 16;
+            c.H = 8; c.KVH = k == 2 ? 8 : 2; c.D = k == 2 ? 64 : 128;
+            c.dt = k == 0 ? ATTN_DTYPE_BF16 : k == 1 ? ATTN_DTYPE_F16 : ATTN_DTYPE_F32;
+            c.kvdt = k == 1 && W % 2 ? ATTN_DTYPE_FP8_E4M3 : c.dt;
+            c.window = k == 2 ? 29 + W : 0;
+            c.sinks = k == 0;
+            memset(&gd, 0, sizeof gd);
+            gd.num_heads = c.H; gd.num_kv_heads = c.KVH; gd.head_size = c.D; gd.dtype = c.dt; gd.kv_cache_dtype = c.kvdt;
+            gd.block_size = 16; gd.sliding_window = c.window; gd.device = ATTN_DEVICE_CUDA; gd.causal = ATTN_CAUSAL_YES;
+            if (c.kvdt == ATTN_DTYPE_FP8_E4M3) gd.k_scale.value = gd.v_scale.value = 1.0f / 32;
+            if (c.sinks) { /* the run_case draws the CPU layer's sinks from the same seed: copied below */
+                drng r = {(uint64_t)(500 + 10 * W + k) * 0x9E3779B97F4A7C15ull + 1};
+                dbatch bb;
+                random_batch(&r, &bb, 0);
+                for (i = 0; i < c.H; i++) sinks_host[i] = 2.0f * d_uni(&r);
+                dsinks = dev_copy(gctx, sinks_host, sizeof sinks_host);
+                gd.sinks = (const float *)dsinks;
+            }
+            if (attn_layer_create(gctx, &gd, NULL, &c.gpu) != ATTN_OK) {
+                attn_test_fail(__FILE__, __LINE__, "CUDA layer: %s", attn_context_last_error(gctx));
+                attn_cuda_free(gctx, dsinks);
+                continue;
+            }
+            run_case(ctx, &c, (uint64_t)(500 + 10 * W + k));
+            attn_layer_destroy(c.gpu);
+            attn_cuda_free(gctx, dsinks);
+        }
+    attn_context_destroy(gctx);
+    attn_context_destroy(ctx);
+}
+
 void suite_dcp(void) {
     ATTN_RUN(test_dcp_local_tokens);
     ATTN_RUN(test_dcp_threads_local_communicator);
     ATTN_RUN(test_dcp_standard_matches_one_rank);
     ATTN_RUN(test_dcp_mla_matches_one_rank);
+    ATTN_RUN(test_dcp_cuda_matches_cpu);
     ATTN_RUN(test_dcp_empty_rank);
     ATTN_RUN(test_dcp_named_errors);
 }
