@@ -1070,10 +1070,22 @@ struct attn_communicator {
     void *impl;                               /* the implementation's state */
 };
 
-/* An in-process group of `size` ranks (1..64) that exchange through shared memory: comms
-   gets size communicators, comms[r] for the thread that runs rank r; each is destroyed
-   on its own (the group's state goes with the last). */
-ATTN_API attn_status attn_communicator_create_local(attn_context *ctx, int size, attn_communicator **comms);
+/* An in-process group of `size` ranks (1..64), threads of one process: comms gets size
+   communicators, comms[r] for the thread that runs rank r; each is destroyed on its own
+   (the group's state goes with the last). device ATTN_DEVICE_CPU: host buffers, copied
+   with memcpy. ATTN_DEVICE_CUDA: device buffers on ctx's GPU (ranks sharing one GPU, as
+   tests and single-GPU runs of a multi-rank setup do): each rank's stream is synchronised,
+   then the copies run device to device; not capturable into a CUDA graph (NCCL is). */
+ATTN_API attn_status attn_communicator_create_local(attn_context *ctx, attn_device_kind device, int size,
+                                                    attn_communicator **comms);
+/* Around the caller's NCCL communicator (an ncclComm_t, as torch.distributed's NCCL
+   process group or ncclCommInitRank made it): all_gather is ncclAllGather of bytes
+   (ncclUint8) on the call's stream (graph-capturable); size and rank are the comm's
+   (ncclCommCount, ncclCommUserRank). NCCL is opened with dlopen: `library` (a path or
+   soname), else env ATTN_NCCL_LIBRARY, else libnccl.so.2; a missing library or symbol is
+   ATTN_ERROR_PLATFORM naming what was tried. No link-time dependency. */
+ATTN_API attn_status attn_communicator_create_nccl(attn_context *ctx, void *nccl_comm, const char *library,
+                                                   attn_communicator **out);
 ATTN_API void attn_communicator_destroy(attn_communicator *comm); /* NULL: nothing */
 
 /* Fixed capacity, so that buffers never move between builds (CUDA-graph friendly). */
@@ -1106,15 +1118,15 @@ typedef struct attn_metadata_desc {
     int dcp_interleave;      /* tokens per run, 1..65536; 0: 1 (vLLM's default
                                 cp_kv_cache_interleave_size) */
     attn_communicator *dcp_comm; /* NULL: a forward returns the rank's partial (out, LSE) for
-                                the caller to gather and attn_dcp_combine. CPU layers only so
-                                far (a CUDA layer's metadata refuses it by name). Else its size and
+                                the caller to gather and attn_dcp_combine. Else its size and
                                 rank must be dcp_world_size and dcp_rank, and every forward
                                 (attn_layer_forward, attn_mla_forward_mqa/_mha) computes the
                                 partial into the metadata's buffers, all-gathers (out, LSE)
                                 through it and writes the combined result to out and lse
                                 (on every rank); each rank holds every head's q (vLLM gathers
-                                q first for MLA). The metadata keeps (dcp_world_size + 1) x
-                                max_num_tokens x num_heads rows of the widest output for it. */
+                                q first for MLA). The metadata keeps (dcp_world_size + 2) x
+                                max_num_tokens x num_heads rows of the widest output for it,
+                                on the layer's device. */
 } attn_metadata_desc;
 
 /* DCP (above): how many of positions [0, position) rank `rank` of `world_size` holds with
@@ -4027,6 +4039,7 @@ struct attn_metadata {
        layer dtype, then f32 LSEs) and the gathered partials of every rank after it */
     void *dcp_buf;
     int dcp_width;
+    int dcp_on_device;             /* dcp_buf is device memory (attn_cuda_malloc) */
 };
 
 /* Work items one pass runs side by side on a device: what split-KV counts aim to fill. */
@@ -4225,7 +4238,8 @@ ATTN_API void attn_metadata_destroy(attn_metadata *meta) {
     attn__free(meta->seq_lens);
     attn__free(meta->block_table);
     attn__free(meta->slot_mapping);
-    attn__free(meta->dcp_buf);
+    if (meta->dcp_on_device) attn_cuda_free(meta->layer->ctx, meta->dcp_buf);
+    else attn__free(meta->dcp_buf);
     attn__free(meta);
 }
 
@@ -4234,8 +4248,12 @@ ATTN_API void attn_metadata_destroy(attn_metadata *meta) {
    barrier, copies every rank's bytes, and meets them again before a send buffer may
    change. */
 typedef struct attn__local_group {
+#ifndef ATTN_NO_THREADS
     pthread_mutex_t lock;
     pthread_cond_t cond;
+#endif
+    attn_context *ctx;             /* CUDA groups: the context whose GPU the buffers are on */
+    attn_device_kind device;
     int size, refs, arrived;
     unsigned long phase;           /* barrier generation */
     const void *send[64];
@@ -4248,6 +4266,9 @@ typedef struct attn__local_comm {
 } attn__local_comm;
 
 static void attn__local_barrier(attn__local_group *g) {
+#ifdef ATTN_NO_THREADS
+    (void)g; /* one rank (create_local refuses more): nobody to meet */
+#else
     unsigned long ph;
     pthread_mutex_lock(&g->lock);
     ph = g->phase;
@@ -4259,37 +4280,56 @@ static void attn__local_barrier(attn__local_group *g) {
         while (g->phase == ph) pthread_cond_wait(&g->cond, &g->lock);
     }
     pthread_mutex_unlock(&g->lock);
+#endif
 }
 
 static int attn__local_all_gather(attn_communicator *self, const void *send, void *recv, size_t bytes, void *stream) {
     attn__local_group *g = ((attn__local_comm *)(void *)self)->g;
     int i, rc = 0;
-    (void)stream;
+    if (g->device == ATTN_DEVICE_CUDA && attn_cuda_synchronize(g->ctx, stream) != ATTN_OK)
+        rc = 2;                    /* still meets the others: they would wait forever */
     g->send[self->rank] = send;    /* published by the barrier's lock */
     g->bytes[self->rank] = bytes;
     attn__local_barrier(g);
     for (i = 0; i < g->size; i++)
         if (g->bytes[i] != bytes) rc = 1; /* ranks disagree on the size: nothing copied */
-    for (i = 0; i < g->size && !rc; i++) memcpy((char *)recv + (size_t)i * bytes, g->send[i], bytes);
+    for (i = 0; i < g->size && !rc; i++) {
+        if (g->device == ATTN_DEVICE_CUDA) {
+            if (bytes && attn_cuda_memcpy(g->ctx, (char *)recv + (size_t)i * bytes, g->send[i], bytes,
+                                          ATTN_COPY_DEVICE_TO_DEVICE, NULL) != ATTN_OK)
+                rc = 3;
+        } else {
+            memcpy((char *)recv + (size_t)i * bytes, g->send[i], bytes);
+        }
+    }
     attn__local_barrier(g);        /* every rank has read every send buffer */
     return rc;
+}
+
+static void attn__local_group_free(attn__local_group *g) {
+#ifndef ATTN_NO_THREADS
+    pthread_mutex_destroy(&g->lock);
+    pthread_cond_destroy(&g->cond);
+#endif
+    attn__free(g);
 }
 
 static void attn__local_destroy(attn_communicator *self) {
     attn__local_group *g = ((attn__local_comm *)(void *)self)->g;
     int last;
+#ifndef ATTN_NO_THREADS
     pthread_mutex_lock(&g->lock);
+#endif
     last = --g->refs == 0;
+#ifndef ATTN_NO_THREADS
     pthread_mutex_unlock(&g->lock);
+#endif
     attn__free(self);
-    if (last) {
-        pthread_mutex_destroy(&g->lock);
-        pthread_cond_destroy(&g->cond);
-        attn__free(g);
-    }
+    if (last) attn__local_group_free(g);
 }
 
-ATTN_API attn_status attn_communicator_create_local(attn_context *ctx, int size, attn_communicator **comms) {
+ATTN_API attn_status attn_communicator_create_local(attn_context *ctx, attn_device_kind device, int size,
+                                                    attn_communicator **comms) {
     attn__local_group *g;
     int i;
     if (!ctx) return attn__null_arg(ctx, __func__, "ctx");
@@ -4297,23 +4337,37 @@ ATTN_API attn_status attn_communicator_create_local(attn_context *ctx, int size,
     if (size < 1 || size > 64)
         return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
                           "attn_communicator_create_local: size is %d (allowed: 1..64 ranks)", size);
+    if (device != ATTN_DEVICE_CPU && device != ATTN_DEVICE_CUDA)
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                          "attn_communicator_create_local: device is %d (allowed: ATTN_DEVICE_CPU, ATTN_DEVICE_CUDA)",
+                          (int)device);
+#ifdef ATTN_NO_THREADS
+    if (size > 1)
+        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_ARGUMENT,
+                          "attn_communicator_create_local: size is %d in a build with ATTN_NO_THREADS (allowed: 1; "
+                          "its ranks could not meet)", size);
+#endif
+    if (device == ATTN_DEVICE_CUDA) { /* the device's context made current once here, not by racing threads */
+        attn_status st = attn_cuda_synchronize(ctx, NULL);
+        if (st != ATTN_OK) return st;
+    }
     for (i = 0; i < size; i++) comms[i] = NULL;
     g = (attn__local_group *)attn__calloc(1, sizeof *g);
     if (!g) goto oom;
+    g->ctx = ctx;
+    g->device = device;
     g->size = g->refs = size;
+#ifndef ATTN_NO_THREADS
     pthread_mutex_init(&g->lock, NULL);
     pthread_cond_init(&g->cond, NULL);
+#endif
     for (i = 0; i < size; i++) {
         attn__local_comm *c = (attn__local_comm *)attn__calloc(1, sizeof *c);
         if (!c) { /* the ones made so far, then the group (its refs count the rest) */
             int j;
             g->refs = i;
             for (j = 0; j < i; j++) attn__local_destroy(comms[j]), comms[j] = NULL;
-            if (i == 0) {
-                pthread_mutex_destroy(&g->lock);
-                pthread_cond_destroy(&g->cond);
-                attn__free(g);
-            }
+            if (i == 0) attn__local_group_free(g);
             goto oom;
         }
         c->c.size = size;
@@ -4406,11 +4460,6 @@ ATTN_API attn_status attn_metadata_create(attn_layer *layer, const attn_metadata
                           "%s: desc.dcp_world_size is %d but the layer's backend %s has no decode context "
                           "parallelism yet (allowed there: 0 or 1; CPU, CPU_MLA, CUDA and CUDA_SM90 layers take "
                           "2..64)", fn, desc->dcp_world_size, layer->backend->name);
-    if (desc->dcp_comm && layer->backend->device != ATTN_DEVICE_CPU)
-        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_DESC,
-                          "%s: desc.dcp_comm is set on a %s layer (allowed: NULL there so far: the forward "
-                          "returns the rank's partial; gather it with your own NCCL or torch.distributed call "
-                          "and join with attn_dcp_combine on the device)", fn, layer->backend->name);
     if (desc->dcp_comm && (desc->dcp_comm->size != ATTN__MAX(1, desc->dcp_world_size) ||
                            desc->dcp_comm->rank != desc->dcp_rank || !desc->dcp_comm->all_gather))
         return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC,
@@ -4453,10 +4502,20 @@ ATTN_API attn_status attn_metadata_create(attn_layer *layer, const attn_metadata
     if (desc->dcp_comm) { /* the widest output row: the head, or the MLA latent / v */
         const attn_layer_desc *d = &layer->desc;
         const size_t rows = (size_t)desc->max_num_tokens * (size_t)d->num_heads;
+        const size_t bytes = ((size_t)m->cap.dcp_world_size + 2) * rows *
+                             ((size_t)ATTN__MAX(d->head_size, d->use_mla ? ATTN__MAX(d->kv_lora_rank, d->v_head_dim) : 0) *
+                                  attn_dtype_size(d->dtype) + sizeof(float));
         m->dcp_width = ATTN__MAX(d->head_size, d->use_mla ? ATTN__MAX(d->kv_lora_rank, d->v_head_dim) : 0);
-        m->dcp_buf = attn__calloc(((size_t)m->cap.dcp_world_size + 1) * rows,
-                                  (size_t)m->dcp_width * attn_dtype_size(d->dtype) + sizeof(float));
-        if (!m->dcp_buf) goto oom;
+        if (layer->backend->device == ATTN_DEVICE_CUDA) {
+            if ((st = attn_cuda_malloc(ctx, bytes, &m->dcp_buf)) != ATTN_OK) {
+                m->backend = NULL;
+                attn_metadata_destroy(m);
+                return st;
+            }
+            m->dcp_on_device = 1;
+        } else if (!(m->dcp_buf = attn__calloc(1, bytes))) {
+            goto oom;
+        }
     }
     if (m->backend->metadata_init) {
         st = m->backend->metadata_init(m->backend, layer, m);
@@ -5811,22 +5870,18 @@ static void attn__cpu_visible_keys(const attn_layer_desc *d, int causal, int pos
     else *hi = w ? (int)ATTN__MIN((int64_t)seq_len, (int64_t)pos + w) : seq_len;
 }
 
-/* The same as a DCP rank's local key range (the metadata's capacity; unchanged without). */
-static void attn__visible_local(const attn_layer_desc *d, const attn_metadata_desc *cap, int causal, int pos,
-                                int seq_len, int *lo, int *hi) {
+/* The same as a DCP rank's local key range (W ranks, this one r, runs of I; W 1: unchanged). */
+static void attn__visible_local(const attn_layer_desc *d, int W, int r, int I, int causal, int pos, int seq_len,
+                                int *lo, int *hi) {
     attn__cpu_visible_keys(d, causal, pos, seq_len, lo, hi);
-    if (cap->dcp_world_size > 1) {
-        *lo = attn__dcp_len(cap, *lo);
-        *hi = attn__dcp_len(cap, *hi);
+    if (W > 1) {
+        *lo = (int)attn__dcp_local(W, r, I, *lo);
+        *hi = (int)attn__dcp_local(W, r, I, *hi);
     }
 }
 static void attn__cpu_visible_local(const attn_layer_desc *d, const attn__cpu_meta *cm, int causal, int pos,
                                     int seq_len, int *lo, int *hi) {
-    attn__cpu_visible_keys(d, causal, pos, seq_len, lo, hi);
-    if (cm->dcp_w > 1) {
-        *lo = (int)attn__dcp_local(cm->dcp_w, cm->dcp_r, cm->dcp_i, *lo);
-        *hi = (int)attn__dcp_local(cm->dcp_w, cm->dcp_r, cm->dcp_i, *hi);
-    }
+    attn__visible_local(d, cm->dcp_w, cm->dcp_r, cm->dcp_i, causal, pos, seq_len, lo, hi);
 }
 
 /* Appends the tasks of one (request, KV heads, query tile): ns splits of the key range
@@ -8012,6 +8067,73 @@ ATTN_API attn_status attn_cuda_synchronize(attn_context *ctx, void *stream) {
     return rc ? attn__cu_fail(ctx, "attn_cuda_synchronize", "cuStreamSynchronize", rc) : ATTN_OK;
 }
 
+/* ---- the NCCL communicator (attn_communicator_create_nccl) ------------------------------ */
+
+typedef struct attn__nccl_comm {
+    attn_communicator c;           /* first: the public part */
+    attn_loader loader;            /* the context's, to close the library with */
+    void *lib, *comm;
+    int (*all_gather)(const void *send, void *recv, size_t count, int datatype, void *comm, void *stream);
+} attn__nccl_comm;
+
+static int attn__nccl_all_gather(attn_communicator *self, const void *send, void *recv, size_t bytes, void *stream) {
+    attn__nccl_comm *n = (attn__nccl_comm *)(void *)self;
+    return n->all_gather(send, recv, bytes, 1 /* ncclUint8 */, n->comm, stream);
+}
+
+static void attn__nccl_destroy(attn_communicator *self) {
+    attn__nccl_comm *n = (attn__nccl_comm *)(void *)self;
+    attn__loader_close(&n->loader, n->lib);
+    attn__free(n);
+}
+
+ATTN_API attn_status attn_communicator_create_nccl(attn_context *ctx, void *nccl_comm, const char *library,
+                                                   attn_communicator **out) {
+    const char *fn = "attn_communicator_create_nccl", *env = getenv("ATTN_NCCL_LIBRARY");
+    const char *name = library && *library ? library : env && *env ? env : "libnccl.so.2";
+    int (*count)(void *, int *), (*user_rank)(void *, int *), rc;
+    attn__nccl_comm *n;
+    if (!out) return attn__null_arg(ctx, __func__, "out");
+    *out = NULL;
+    if (!ctx) return attn__null_arg(ctx, __func__, "ctx");
+    if (!nccl_comm) return attn__null_arg(ctx, __func__, "nccl_comm");
+    n = (attn__nccl_comm *)attn__calloc(1, sizeof *n);
+    if (!n)
+        return attn__fail(ctx, ATTN_ERROR_OUT_OF_MEMORY, ATTN_LOG_OUT_OF_MEMORY, "%s: cannot allocate", fn);
+    n->loader = ctx->loader;
+    n->lib = attn__loader_open(&n->loader, name);
+    if (!n->lib) {
+        attn__free(n);
+        return attn__fail(ctx, ATTN_ERROR_PLATFORM, ATTN_LOG_PLATFORM_ERROR,
+                          "%s: NCCL not loadable: tried %s (%s; set ATTN_NCCL_LIBRARY or pass library: torch's wheels "
+                          "keep it in site-packages/nvidia/nccl/lib)", fn, name,
+                          library && *library ? "the library argument" : env && *env ? "ATTN_NCCL_LIBRARY" : "the default");
+    }
+    *(void **)(void *)&n->all_gather = attn__loader_symbol(&n->loader, n->lib, "ncclAllGather");
+    *(void **)(void *)&count = attn__loader_symbol(&n->loader, n->lib, "ncclCommCount");
+    *(void **)(void *)&user_rank = attn__loader_symbol(&n->loader, n->lib, "ncclCommUserRank");
+    if (!n->all_gather || !count || !user_rank) {
+        attn__nccl_destroy(&n->c);
+        return attn__fail(ctx, ATTN_ERROR_PLATFORM, ATTN_LOG_PLATFORM_ERROR,
+                          "%s: %s lacks %s (allowed: an NCCL 2 library)", fn, name,
+                          !n->all_gather ? "ncclAllGather" : !count ? "ncclCommCount" : "ncclCommUserRank");
+    }
+    n->comm = nccl_comm;
+    if ((rc = count(nccl_comm, &n->c.size)) != 0 || (rc = user_rank(nccl_comm, &n->c.rank)) != 0 || n->c.size < 1 ||
+        n->c.size > 64) {
+        int size = n->c.size;
+        attn__nccl_destroy(&n->c);
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_ARGUMENT,
+                          "%s: nccl_comm: %s (result %d; allowed: an initialised ncclComm_t of 1..64 ranks)", fn,
+                          rc ? "ncclCommCount/ncclCommUserRank failed" : "its size", rc ? rc : size);
+    }
+    n->c.all_gather = attn__nccl_all_gather;
+    n->c.destroy = attn__nccl_destroy;
+    n->c.impl = n;
+    *out = &n->c;
+    return ATTN_OK;
+}
+
 /* ---- kernel variants: compiled, loaded, configured ------------------------------------- */
 
 /* The kernels' element numbering (DT_*): 0 f32, 1 f16, 2 bf16, and for caches 4 fp8 e4m3,
@@ -9114,8 +9236,10 @@ static attn_status attn__cuda_build(const attn_backend *self, attn_layer *layer,
         if (ql <= 0) continue;
         for (t0 = 0; t0 < ql; t0 += tt) {
             int t1 = ATTN__MIN(ql, t0 + tt), lo0, hi0, lo1, hi1, lo, hi, ns = 1, s;
-            attn__visible_local(d, cap, causal, sl - ql + t0, sl, &lo0, &hi0);
-            attn__visible_local(d, cap, causal, sl - ql + t1 - 1, sl, &lo1, &hi1);
+            attn__visible_local(d, cap->dcp_world_size, cap->dcp_rank, cap->dcp_interleave, causal, sl - ql + t0, sl,
+                                &lo0, &hi0);
+            attn__visible_local(d, cap->dcp_world_size, cap->dcp_rank, cap->dcp_interleave, causal, sl - ql + t1 - 1,
+                                sl, &lo1, &hi1);
             lo = ATTN__MAX(ATTN__MIN(lo0, lo1), P); /* cascade: the prefix is the prefix pass's */
             hi = ATTN__MAX(hi0, hi1);
             if (v == 0 && split && hi - lo >= 2 * ATTN__CUDA_SPLIT_MIN) {
@@ -10660,6 +10784,12 @@ ATTN_API attn_status attn_cuda_synchronize(attn_context *ctx, void *stream) {
     (void)stream;
     return attn__cuda_compiled_out(ctx, "attn_cuda_synchronize");
 }
+ATTN_API attn_status attn_communicator_create_nccl(attn_context *ctx, void *nccl_comm, const char *library,
+                                                   attn_communicator **out) {
+    (void)nccl_comm; (void)library;
+    if (out) *out = NULL;
+    return attn__cuda_compiled_out(ctx, "attn_communicator_create_nccl");
+}
 #endif /* ATTN_NO_CUDA */
 
 /* =======================================================================================
@@ -10740,7 +10870,7 @@ static void attn__dcp_partial(const attn_metadata *meta, int slot, int rows, int
                               attn_tensor *lse) {
     const attn_layer_desc *d = &meta->layer->desc;
     const size_t cap_rows = (size_t)meta->cap.max_num_tokens * (size_t)d->num_heads;
-    const size_t esz = attn_dtype_size(d->dtype), W1 = (size_t)meta->cap.dcp_world_size + 1;
+    const size_t esz = attn_dtype_size(d->dtype), W1 = (size_t)meta->cap.dcp_world_size + 2;
     char *outs = (char *)meta->dcp_buf, *lses = outs + W1 * cap_rows * (size_t)meta->dcp_width * esz;
     int64_t os[3], ls[2];
     os[0] = ls[0] = rows; os[1] = ls[1] = d->num_heads; os[2] = width;
@@ -10748,6 +10878,7 @@ static void attn__dcp_partial(const attn_metadata *meta, int slot, int rows, int
                             3, os);
     *lse = attn_tensor_make(lses + (size_t)slot * (size_t)rows * (size_t)d->num_heads * sizeof(float),
                             ATTN_DTYPE_F32, 2, ls);
+    out->device.kind = lse->device.kind = meta->layer->backend->device;
 }
 
 /* All-gathers the rank's partial (slot 0) into slots 1..W and combines them into out/lse. */
@@ -10782,8 +10913,11 @@ static attn_status attn__dcp_exchange(const attn_metadata *meta, const char *fn,
     if (lse) {
         l = attn__tensor_resolved(lse);
         l.shape[0] = rows;
+    } else if (meta->dcp_on_device) { /* the device fold needs a running LSE: the spare slot */
+        attn_tensor spare;
+        attn__dcp_partial(meta, W + 1, rows, width, &spare, &l);
     }
-    return attn_dcp_combine(ctx, W, pgo, pgl, &o, lse ? &l : NULL, stream);
+    return attn_dcp_combine(ctx, W, pgo, pgl, &o, lse || meta->dcp_on_device ? &l : NULL, stream);
 }
 
 static void attn__lse_to_base_e(const attn_layer *layer, attn_tensor *lse, int64_t rows) {
@@ -10854,7 +10988,8 @@ ATTN_API attn_status attn_layer_forward(attn_layer *layer, const attn_metadata *
         if (st != ATTN_OK) return st;
     }
     if ((st = attn__check_graph(layer, meta, fn, stream, ATTN__PART_ALL)) != ATTN_OK) return st;
-    if (meta->cap.dcp_comm) { /* the partial into the metadata, then gathered and combined */
+    if (meta->cap.dcp_comm && meta->cap.dcp_world_size > 1) { /* the partial into the metadata, then gathered
+                                                                  and combined */
         attn_tensor po, pl;
         attn__dcp_partial(meta, 0, ntok, d->head_size, &po, &pl);
         st = layer->backend->forward(layer->backend, layer, meta, q, k, v, kv_cache, &po, &pl, stream);
@@ -10938,7 +11073,8 @@ ATTN_API attn_status attn_mla_forward_mqa(attn_layer *layer, const attn_metadata
     st = attn__check_latent_call(layer, meta, fn, 0, td, q, q_pe, kv_cache, out_latent, lse);
     if (st != ATTN_OK) return st;
     if ((st = attn__check_graph(layer, meta, fn, stream, ATTN__PART_DECODES)) != ATTN_OK) return st;
-    if (meta->cap.dcp_comm) { /* the partial into the metadata, then gathered and combined */
+    if (meta->cap.dcp_comm && meta->cap.dcp_world_size > 1) { /* the partial into the metadata, then gathered
+                                                                  and combined */
         attn_tensor po, pl;
         attn__dcp_partial(meta, 0, td, layer->desc.kv_lora_rank, &po, &pl);
         st = layer->backend->forward_mqa(layer->backend, layer, meta, q, q_pe, kv_cache, &po, &pl, stream);
@@ -11044,7 +11180,8 @@ ATTN_API attn_status attn_mla_forward_mha(attn_layer *layer, const attn_metadata
     if (st == ATTN_OK) st = attn__check_mla_weights(layer, meta, fn, kv_cache, w_uk, w_uv);
     if (st != ATTN_OK) return st;
     if ((st = attn__check_graph(layer, meta, fn, stream, ATTN__PART_PREFILLS)) != ATTN_OK) return st;
-    if (meta->cap.dcp_comm) { /* the partial into the metadata, then gathered and combined */
+    if (meta->cap.dcp_comm && meta->cap.dcp_world_size > 1) { /* the partial into the metadata, then gathered
+                                                                  and combined */
         const int tp = meta->mla.num_prefill_tokens;
         attn_tensor po, pl;
         attn__dcp_partial(meta, 0, tp, d->v_head_dim, &po, &pl);

@@ -62,6 +62,7 @@ import numpy as np
 
 __all__ = [
     "AttnError", "Context", "Layer", "Metadata", "merge_attn_states", "dcp_combine", "dcp_local_tokens",
+    "dcp_all_gather_combine",
     "reorder_batch",
     "mla_num_kv_splits", "load_library", "library", "check_layout", "PreparedForward",
     "torch_ops", "op_handle",
@@ -1775,6 +1776,36 @@ def dcp_combine(ctx: Context, outs: Sequence[Array], lses: Sequence[Array], out:
                                           _ref(_tensor(lse, "lse", fn, write=True)),
                                           _stream(stream, outs[0] if outs else None)))
     return out
+
+
+def dcp_all_gather_combine(ctx: Context, out: Any, lse: Any, group: Any = None, combined_out: Any = None,
+                           combined_lse: Any = None) -> Tuple[Any, Any]:
+    """The torch.distributed path of decode context parallelism: gathers every rank's partial
+    (out [tokens, heads, head_size], lse float32 [tokens, heads], from a forward on a DCP
+    metadata without a communicator) over `group` (None: the default process group; NCCL for
+    CUDA tensors, gloo for CPU ones) with torch.distributed.all_gather, and joins them with
+    dcp_combine in rank order. Returns (combined_out, combined_lse), allocated like out/lse
+    when None."""
+    import torch
+    import torch.distributed as dist
+    fn = "dcp_all_gather_combine"
+    if not isinstance(out, torch.Tensor) or not isinstance(lse, torch.Tensor):
+        raise TypeError("%s: out and lse must be torch tensors (got %s, %s)" % (fn, type(out).__name__,
+                                                                               type(lse).__name__))
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("%s: torch.distributed is not initialised (init_process_group first)" % fn)
+    world = dist.get_world_size(group)
+    out, lse = out.contiguous(), lse.contiguous()
+    outs = [torch.empty_like(out) for _ in range(world)]
+    lses = [torch.empty_like(lse) for _ in range(world)]
+    dist.all_gather(outs, out, group=group)
+    dist.all_gather(lses, lse, group=group)
+    if combined_out is None:
+        combined_out = torch.empty_like(out)
+    if combined_lse is None:
+        combined_lse = torch.empty_like(lse)
+    dcp_combine(ctx, outs, lses, combined_out, combined_lse)
+    return combined_out, combined_lse
 
 
 def reorder_batch(query_lens: Array, decode_threshold: int = 0) -> Tuple[Any, int]:

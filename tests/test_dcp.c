@@ -9,6 +9,7 @@
 #include "attn.h"
 #include "attn_test.h"
 
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -161,7 +162,7 @@ typedef struct {
     int threads;         /* ranks as threads with the in-process communicator */
     attn_layer *gpu;     /* set: the forwards run on this CUDA layer (the cache written on the
                             CPU layer, then copied: both backends share its layout) */
-    const float *gpu_sinks;
+    const attn_layer_desc *gpu_desc; /* threads on the GPU: each thread's CUDA layer */
 } dcase;
 
 /* A device copy of `bytes` of host memory (NULL on failure, with a test failure). */
@@ -391,8 +392,16 @@ static void *rank_thread(void *p) {
     memset(&cd, 0, sizeof cd);
     cd.log_level = ATTN_LOG_LEVEL_NONE;
     cd.num_threads = 1;
-    if (attn_context_create(&cd, &ctx) == ATTN_OK && attn_layer_create(ctx, a->ld, NULL, &layer) == ATTN_OK)
-        a->ok = run_rank(layer, a->c, a->b, a->L, a->k, a->v, a->q, a->wuk, a->wuv, a->comm, a->res);
+    if (attn_context_create(&cd, &ctx) == ATTN_OK && attn_layer_create(ctx, a->ld, NULL, &layer) == ATTN_OK) {
+        dcase c2 = *a->c;  /* on the GPU: this thread's own CUDA layer beside the CPU one that writes */
+        attn_layer *gpu = NULL;
+        c2.gpu = NULL;
+        if (!a->c->gpu_desc || attn_layer_create(ctx, a->c->gpu_desc, NULL, &gpu) == ATTN_OK) {
+            c2.gpu = gpu;
+            a->ok = run_rank(layer, &c2, a->b, a->L, a->k, a->v, a->q, a->wuk, a->wuv, a->comm, a->res);
+        }
+        attn_layer_destroy(gpu);
+    }
     attn_layer_destroy(layer);
     attn_context_destroy(ctx);
     return NULL;
@@ -465,7 +474,8 @@ static void run_case(attn_context *ctx, const dcase *c, uint64_t seed) {
         attn_communicator *comms[8];
         pthread_t th[8];
         dthread args[8];
-        if (attn_communicator_create_local(ctx, c->W, comms) != ATTN_OK) {
+        attn_context *cctx = c->gpu ? attn_layer_context(c->gpu) : ctx;
+        if (attn_communicator_create_local(cctx, c->gpu ? ATTN_DEVICE_CUDA : ATTN_DEVICE_CPU, c->W, comms) != ATTN_OK) {
             attn_test_fail(__FILE__, __LINE__, "%s: communicator: %s", tag, attn_context_last_error(ctx));
             goto done_ranks;
         }
@@ -737,8 +747,17 @@ ATTN_TEST(test_dcp_named_errors) {
 /* Ranks as threads exchanging through attn_communicator_create_local: each forward
    gathers the partials itself and every rank ends with the single-rank result. */
 ATTN_TEST(test_dcp_threads_local_communicator) {
-    attn_context *ctx = cpu_ctx();
+    attn_context *ctx;
     int W;
+#ifdef ATTN_NO_THREADS
+    attn_communicator *two[2];
+    ctx = cpu_ctx();
+    REQUIRE(ctx != NULL);
+    EXPECT_STATUS(attn_communicator_create_local(ctx, ATTN_DEVICE_CPU, 2, two), ATTN_ERROR_UNSUPPORTED);
+    attn_context_destroy(ctx);
+    SKIP("built with ATTN_NO_THREADS: the in-process communicator takes one rank (refusal checked)");
+#endif
+    ctx = cpu_ctx();
     REQUIRE(ctx != NULL);
     for (W = 1; W <= 8; W++) {
         dcase c;
@@ -806,10 +825,77 @@ ATTN_TEST(test_dcp_cuda_matches_cpu) {
                 continue;
             }
             run_case(ctx, &c, (uint64_t)(500 + 10 * W + k));
+#ifndef ATTN_NO_THREADS
+            if (k != 1) { /* ranks as threads on the one GPU, the forwards gathering through the
+                             device communicator (the same batch and sinks) */
+                c.threads = 1;
+                c.gpu_desc = &gd;
+                run_case(ctx, &c, (uint64_t)(500 + 10 * W + k));
+            }
+#endif
             attn_layer_destroy(c.gpu);
             attn_cuda_free(gctx, dsinks);
         }
     attn_context_destroy(gctx);
+    attn_context_destroy(ctx);
+}
+
+/* attn_communicator_create_nccl: a missing library is a named ATTN_ERROR_PLATFORM (CI);
+   with NCCL and a GPU (ATTN_NCCL_LIBRARY, e.g. torch's copy), a one-rank ncclComm_t from
+   ncclCommInitAll: size 1, rank 0, and its all_gather copies device bytes. (NCCL takes one
+   rank per GPU: more ranks need the multi-GPU machines, issue 25.) */
+ATTN_TEST(test_dcp_nccl_communicator) {
+    attn_context *ctx = NULL;
+    attn_context_desc cd;
+    attn_communicator *c = NULL;
+    attn_platform pf;
+    const char *lib = getenv("ATTN_NCCL_LIBRARY");
+    void *h, *fake = (void *)&cd, *comm = NULL, *d0 = NULL, *d1 = NULL;
+    (void)fake;
+    int (*init_all)(void **, int, const int *), (*destroy)(void *), dev = 0, i, ok;
+    unsigned char src[256], back[256];
+    memset(&cd, 0, sizeof cd);
+    cd.log_level = ATTN_LOG_LEVEL_NONE;
+    REQUIRE_OK(attn_context_create(&cd, &ctx));
+#ifndef ATTN_NO_CUDA
+    EXPECT_STATUS(attn_communicator_create_nccl(ctx, fake, "libattn-no-such-nccl.so.2", &c), ATTN_ERROR_PLATFORM);
+    EXPECT_TRUE(strstr(attn_context_last_error(ctx), "NCCL not loadable: tried libattn-no-such-nccl.so.2") != NULL);
+    EXPECT_TRUE(c == NULL);
+    EXPECT_STATUS(attn_communicator_create_nccl(ctx, NULL, NULL, &c), ATTN_ERROR_NULL_ARGUMENT);
+#endif
+    h = dlopen(lib && *lib ? lib : "libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (!h || attn_platform_get(ctx, &pf) != ATTN_OK || pf.kind != ATTN_PLATFORM_CUDA) {
+        if (h) dlclose(h);
+        attn_context_destroy(ctx);
+        SKIP("no NCCL library (set ATTN_NCCL_LIBRARY) or no CUDA device");
+    }
+    *(void **)(void *)&init_all = dlsym(h, "ncclCommInitAll");
+    *(void **)(void *)&destroy = dlsym(h, "ncclCommDestroy");
+    REQUIRE(init_all && destroy);
+    REQUIRE(attn_cuda_synchronize(ctx, NULL) == ATTN_OK); /* the primary context current for NCCL */
+    if (init_all(&comm, 1, &dev) != 0) {
+        dlclose(h);
+        attn_context_destroy(ctx);
+        SKIP("ncclCommInitAll failed on this machine");
+    }
+    ok = attn_communicator_create_nccl(ctx, comm, lib, &c) == ATTN_OK;
+    EXPECT_TRUE(ok);
+    if (ok) {
+        EXPECT_EQ_INT(c->size, 1);
+        EXPECT_EQ_INT(c->rank, 0);
+        for (i = 0; i < 256; i++) { src[i] = (unsigned char)(i * 7 + 3); back[i] = 0; }
+        d0 = dev_copy(ctx, src, sizeof src);
+        d1 = dev_copy(ctx, back, sizeof back);
+        EXPECT_EQ_INT(c->all_gather(c, d0, d1, sizeof src, NULL), 0);
+        EXPECT_OK(attn_cuda_synchronize(ctx, NULL));
+        EXPECT_OK(attn_cuda_memcpy(ctx, back, d1, sizeof back, ATTN_COPY_DEVICE_TO_HOST, NULL));
+        EXPECT_TRUE(memcmp(src, back, sizeof src) == 0);
+        attn_cuda_free(ctx, d0);
+        attn_cuda_free(ctx, d1);
+    }
+    attn_communicator_destroy(c);
+    destroy(comm);
+    dlclose(h);
     attn_context_destroy(ctx);
 }
 
@@ -819,6 +905,7 @@ void suite_dcp(void) {
     ATTN_RUN(test_dcp_standard_matches_one_rank);
     ATTN_RUN(test_dcp_mla_matches_one_rank);
     ATTN_RUN(test_dcp_cuda_matches_cpu);
+    ATTN_RUN(test_dcp_nccl_communicator);
     ATTN_RUN(test_dcp_empty_rank);
     ATTN_RUN(test_dcp_named_errors);
 }

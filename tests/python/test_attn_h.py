@@ -584,6 +584,86 @@ def test_dcp_combine(ctx, xp, dtype):
     assert_close(got_lse[fin], (m + np.log(np.where(s > 0, s, 1)))[fin], 1e-5, 1e-5, "combined lse")
 
 
+def _dcp_gloo_rank(rank, world, init_file, result_file):
+    """One process of test_dcp_torch_distributed_gloo: the whole batch on one rank (the
+    reference), then this rank's shard, its partial forward and the gathered combine."""
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=world)
+    try:
+        ctx = attn_h.Context(log_level="warn", num_threads=1)
+        H, HKV, D, bs, I = 4, 2, 64, 16, 16
+        reqs = [(1, 70), (3, 33), (12, 50), (1, 5)]                  # (query_len, seq_len)
+        rng = np.random.default_rng(77)                              # the same batch in every process
+        ks = [torch.from_numpy(rng.uniform(-1, 1, (s, HKV, D)).astype(np.float32)) for _, s in reqs]
+        vs = [torch.from_numpy(rng.uniform(-1, 1, (s, HKV, D)).astype(np.float32)) for _, s in reqs]
+        ntok = sum(q for q, _ in reqs)
+        q = torch.from_numpy(rng.uniform(-2, 2, (ntok, H, D)).astype(np.float32))
+        qsl = np.concatenate([[0], np.cumsum([q_ for q_, _ in reqs])]).astype(np.int32)
+        lens = np.array([s for _, s in reqs], np.int32)
+        layer = attn_h.Layer(ctx, num_heads=H, num_kv_heads=HKV, head_size=D, block_size=bs, dtype="float32")
+
+        def run(W, r):
+            """Rank r of W: its tokens at local indices in blocks of its own (W 1: all)."""
+            local = [attn_h.dcp_local_tokens(W, r, I, s) for _, s in reqs]
+            nbs = [(n + bs - 1) // bs for n in local]
+            stride = max(nbs) + 1
+            table = np.zeros((len(reqs), stride), np.int32)
+            nb = 0
+            for i, n in enumerate(nbs):
+                table[i, :n] = np.arange(nb, nb + n)
+                nb += n
+            cache = torch.full(layer.kv_cache_shape(nb + 1), float("nan"))
+            slots, kk, vv, new_slots = [], [], [], []
+            for i, (ql, s) in enumerate(reqs):
+                for p in range(s):
+                    if (p // I) % W == r:
+                        j = attn_h.dcp_local_tokens(W, r, I, p)
+                        slot = int(table[i, j // bs]) * bs + j % bs
+                        slots.append(slot)
+                        kk.append(ks[i][p])
+                        vv.append(vs[i][p])
+                    else:
+                        slot = -1
+                    if p >= s - ql:
+                        new_slots.append(slot)
+            layer.reshape_and_cache(torch.stack(kk), torch.stack(vv), cache, np.array(slots, np.int64))
+            meta = attn_h.Metadata(layer, len(reqs), ntok, stride, nb + 1, dcp_world_size=W, dcp_rank=r,
+                                   dcp_interleave=I)
+            meta.build(qsl, lens, table, np.array(new_slots, np.int64))
+            out = torch.full((ntok, H, D), float("nan"))
+            lse = torch.full((ntok, H), float("nan"))
+            layer.forward(meta, q, cache, out, lse=lse)
+            return out, lse
+
+        ref_out, ref_lse = run(1, 0)
+        part_out, part_lse = run(world, rank)
+        got_out, got_lse = attn_h.dcp_all_gather_combine(ctx, part_out, part_lse)
+        err = max(float((got_out - ref_out).abs().max()), float((got_lse - ref_lse).abs().max()))
+        with open(result_file + ".%d" % rank, "w") as f:
+            f.write("%r" % err)
+        ctx.close()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_dcp_torch_distributed_gloo(world, tmp_path):
+    """attn_h's torch.distributed path: `world` processes (gloo, CPU tensors), each holding
+    its shard of a varlen batch's caches, a partial forward on its DCP metadata, then
+    dcp_all_gather_combine: every process gets the one-rank result."""
+    if torch is None:
+        pytest.skip("torch is not installed")
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    res = str(tmp_path / "result")
+    mp.spawn(_dcp_gloo_rank, args=(world, str(tmp_path / "init"), res), nprocs=world, join=True)
+    for r in range(world):
+        err = float(open(res + ".%d" % r).read())
+        assert err < 1e-5, "rank %d: combined result %g from the one-rank result" % (r, err)
+
+
 def test_dcp_metadata_and_local_tokens(ctx):
     """The Python surface of DCP: dcp_local_tokens (and its ValueError), a Metadata of one
     rank, and attn.h's named error for a rank outside the world."""
