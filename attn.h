@@ -371,6 +371,14 @@
               (kernels/mla_decode_sm90.cu, SPARSE 1; the sparse role of the family table
               takes the cache's map like the dense decode); H200, 128 heads, top-k 2048,
               batch 128: 161.6 -> 244.6 TFLOP/s. No API change.
+       0.16.0 decode context parallelism (issue 25): attn_metadata_desc gains dcp_world_size,
+              dcp_rank, dcp_interleave and dcp_comm (at the end; a zeroed desc keeps DCP
+              off); attn_dcp_local_tokens, attn_dcp_combine, attn_communicator (a public
+              struct) with attn_communicator_create_local (CPU, or ranks as threads on one
+              GPU), attn_communicator_create_nccl (NCCL by dlopen) and
+              attn_communicator_destroy. CPU, CPU_MLA, CUDA, CUDA_SM90; attn__paged_params
+              gains the dcp fields; merge.cu gains attn_dcp_combine. attn_h.py: the desc
+              fields, dcp_local_tokens, dcp_combine, dcp_all_gather_combine.
 
    LICENSE: MIT, see the end of the file.
 */
@@ -378,9 +386,9 @@
 #define ATTN_H
 
 #define ATTN_VERSION_MAJOR 0
-#define ATTN_VERSION_MINOR 15
-#define ATTN_VERSION_PATCH 1
-#define ATTN_VERSION_STRING "0.15.1"
+#define ATTN_VERSION_MINOR 16
+#define ATTN_VERSION_PATCH 0
+#define ATTN_VERSION_STRING "0.16.0"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -1319,9 +1327,10 @@ ATTN_API attn_status attn_merge_attn_states(attn_context *ctx, const attn_tensor
    one dtype, lse_i f32 [tokens, heads] base e, as the ranks' forwards return them) joined
    by LSE into out and lse: the single-rank result. A row no rank holds keys of gets out 0,
    lse -inf. n 1..64; all tensors on one device; out may alias outs[0]. CPU tensors: one
-   pass, f32 sums (lse may be NULL). CUDA tensors: n - 1 launches of
-   attn_merge_attn_states on `stream` (n >= 2, and lse is required: it is the running LSE;
-   out holds each step's result in its dtype). */
+   pass, f32 sums (lse may be NULL). CUDA tensors: one launch on `stream` (f32 sums;
+   capturable) where the inputs share their strides (lse may be NULL), else n - 1
+   launches of attn_merge_attn_states (n >= 2 and lse required: the running LSE; out
+   holds each step's result in its dtype). */
 ATTN_API attn_status attn_dcp_combine(attn_context *ctx, int n, const attn_tensor *const *outs,
                                       const attn_tensor *const *lses, attn_tensor *out,
                                       attn_tensor *lse, void *stream);
@@ -8325,6 +8334,22 @@ typedef struct attn__merge_params {
     int pad0;
 } attn__merge_params;
 
+/* attn_dcp_combine (merge.cu): the n partials of decode context parallelism joined by LSE
+   in one pass. Every input has the same strides (the host checks; else it folds pairwise
+   merges). */
+#define ATTN__COMBINE_MAX 64
+typedef struct attn__combine_params {
+    ATTN__DPTR(const void) outs[ATTN__COMBINE_MAX]; /* DT [tokens, heads, HEAD_DIM] each */
+    ATTN__DPTR(const float) lses[ATTN__COMBINE_MAX]; /* f32 [tokens, heads], base e */
+    ATTN__DPTR(void) out;
+    ATTN__DPTR(float) lse;                  /* NULL: no LSE output */
+    long long in_stride_token, in_stride_head;   /* elements, every input */
+    long long lse_in_stride_token, lse_in_stride_head;
+    long long out_stride_token, out_stride_head;
+    long long lse_stride_token, lse_stride_head;
+    int n, num_tokens, num_heads, pad0;
+} attn__combine_params;
+
 /* attn_mla_decode, attn_mla_merge (mla_decode.cu, mla_decode_sm90.cu): the work list and
    partials are described at the top of mla_decode_sm90.cu. */
 typedef struct attn__mla_decode_params {
@@ -8390,6 +8415,7 @@ ATTN__PARAMS_SIZE(attn__latent_write_params, 4 * 8 + 3 * 8 + 2 * 4 + 8 + 2 * 4);
 ATTN__PARAMS_SIZE(attn__latent_write_inline_params, 80 + ATTN__INLINE_SLOTS * 8);
 ATTN__PARAMS_SIZE(attn__mla_gather_params, 3 * 8 + 4 * 4 + 8 + 2 * 4);
 ATTN__PARAMS_SIZE(attn__merge_params, 6 * 8 + 12 * 8 + 6 * 4);
+ATTN__PARAMS_SIZE(attn__combine_params, 2 * 64 * 8 + 2 * 8 + 8 * 8 + 4 * 4);
 ATTN__PARAMS_SIZE(attn__mla_decode_params, 12 * 8 + 9 * 8 + 2 * 4 + 8 + 2 * 4 + 4 * 8 + 8 + 2 * 4);
 ATTN__PARAMS_SIZE(attn__mla_prefill_params, 7 * 8 + 13 * 8 + 8 * 4);
 #undef ATTN__PARAMS_SIZE
@@ -9571,8 +9597,8 @@ static attn_status attn__cuda_merge_kernel(attn_context *ctx, attn__cuda_state *
         cs->num_merges--;
     }
     attn__fmt(opt, sizeof opt, "-DHEAD_DIM=%d -DDT=%d", head_dim, dt);
-    st = attn__cuda_load(ctx, "merge.cu", opt, "attn_merge_attn_states", NULL, 0, &cs->merges[cs->num_merges].m,
-                         reason, sizeof reason);
+    st = attn__cuda_load(ctx, "merge.cu", opt, "attn_merge_attn_states", "attn_dcp_combine", 0,
+                         &cs->merges[cs->num_merges].m, reason, sizeof reason);
     if (st != ATTN_OK)
         return attn__fail(ctx, st, ATTN_LOG_KERNEL_COMPILE_FAILED, "attn_merge_attn_states: %s", reason);
     cs->merges[cs->num_merges].dt = dt;
@@ -9662,6 +9688,56 @@ static const attn_backend attn__cuda_backend = {
     attn__cuda_merge_attn_states,
     NULL                      /* sparse MLA: standard backend */
 };
+
+/* attn_dcp_combine on the device in one launch (merge.cu's attn_dcp_combine): the inputs
+   share their strides (the front door checks). */
+static attn_status attn__cuda_dcp_combine(attn_context *ctx, int n, const attn_tensor *const *outs,
+                                          const attn_tensor *const *lses, attn_tensor *out, attn_tensor *lse,
+                                          void *stream) {
+    attn__cuda_state *cs = NULL;
+    const attn__cuda_module *m = NULL;
+    attn_tensor o0 = attn__tensor_resolved(outs[0]), l0 = attn__tensor_resolved(lses[0]), oo = attn__tensor_resolved(out);
+    attn__combine_params cp;
+    attn__CUresult rc;
+    attn_status st;
+    char reason[160];
+    void *args[1];
+    int64_t rows = o0.shape[0] * o0.shape[1];
+    int i;
+    if (rows == 0) return ATTN_OK;
+    st = attn__backend_context(ctx, &attn__cuda_backend, (void **)&cs, reason, sizeof reason);
+    if (st != ATTN_OK) return attn__fail(ctx, st, ATTN_LOG_PLATFORM_ERROR, "attn_dcp_combine: %s", reason);
+    if ((st = attn__cuda_enter_stream(ctx, "attn_dcp_combine", stream)) != ATTN_OK) return st;
+    st = attn__cuda_merge_kernel(ctx, cs, attn__cuda_dt(o0.dtype), (int)o0.shape[2], &m);
+    if (st != ATTN_OK) {
+        attn__cuda_leave(ctx);
+        return st;
+    }
+    memset(&cp, 0, sizeof cp);
+    for (i = 0; i < n; i++) {
+        cp.outs[i] = attn__dptr(attn__tensor_resolved(outs[i]).data);
+        cp.lses[i] = attn__dptr(attn__tensor_resolved(lses[i]).data);
+    }
+    cp.out = attn__dptr(oo.data);
+    cp.in_stride_token = o0.strides[0]; cp.in_stride_head = o0.strides[1];
+    cp.lse_in_stride_token = l0.strides[0]; cp.lse_in_stride_head = l0.strides[1];
+    cp.out_stride_token = oo.strides[0]; cp.out_stride_head = oo.strides[1];
+    if (lse) {
+        attn_tensor lo = attn__tensor_resolved(lse);
+        cp.lse = attn__dptr(lo.data);
+        cp.lse_stride_token = lo.strides[0];
+        cp.lse_stride_head = lo.strides[1];
+    }
+    cp.n = n;
+    cp.num_tokens = (int32_t)o0.shape[0];
+    cp.num_heads = (int32_t)o0.shape[1];
+    args[0] = &cp;
+    rc = ctx->cuda->cuLaunchKernel(m->second, (unsigned)ATTN__MIN((rows + 3) / 4, 65535), 1, 1, 128, 1, 1, 0,
+                                   (attn__CUstream)stream, args, NULL);
+    attn__cuda_leave(ctx);
+    return rc ? attn__cu_fail(ctx, "attn_dcp_combine", "cuLaunchKernel", rc) : ATTN_OK;
+}
+
 
 /* CUDA_SM90: the CUDA backend whose layers run their prefill tiles on wgmma fed by a
    producer warpgroup through TMA (kernels/paged_prefill_sm90.cu, sm_90a; the platform needs
@@ -11359,6 +11435,18 @@ ATTN_API attn_status attn_dcp_combine(attn_context *ctx, int n, const attn_tenso
     if (st == ATTN_OK && lse) st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, dev);
     if (st == ATTN_OK && lse) st = attn__check_output_tensor(ctx, fn, "lse", lse);
     if (st != ATTN_OK) return st;
+#ifndef ATTN_NO_CUDA
+    if (dev == ATTN_DEVICE_CUDA) { /* one launch where the inputs share their strides */
+        const attn_tensor o0 = attn__tensor_resolved(outs[0]), l0 = attn__tensor_resolved(lses[0]);
+        int same = 1;
+        for (i = 1; i < n && same; i++) {
+            const attn_tensor oi = attn__tensor_resolved(outs[i]), li = attn__tensor_resolved(lses[i]);
+            same = oi.strides[0] == o0.strides[0] && oi.strides[1] == o0.strides[1] && oi.strides[2] == o0.strides[2] &&
+                   li.strides[0] == l0.strides[0] && li.strides[1] == l0.strides[1];
+        }
+        if (same) return attn__cuda_dcp_combine(ctx, n, outs, lses, out, lse, stream);
+    }
+#endif
     if (dev != ATTN_DEVICE_CPU) { /* a fold of pairwise merges on the device's merge */
         if (n < 2 || !lse)
             return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_CALL_UNSUPPORTED,
@@ -11990,6 +12078,22 @@ static const char *const attn__kernel_src_attn_params_cuh[] = {
     "    int pad0;\n",
     "} attn__merge_params;\n",
     "\n",
+    "/* attn_dcp_combine (merge.cu): the n partials of decode context parallelism joined by LSE\n",
+    "   in one pass. Every input has the same strides (the host checks; else it folds pairwise\n",
+    "   merges). */\n",
+    "#define ATTN__COMBINE_MAX 64\n",
+    "typedef struct attn__combine_params {\n",
+    "    ATTN__DPTR(const void) outs[ATTN__COMBINE_MAX]; /* DT [tokens, heads, HEAD_DIM] each */\n",
+    "    ATTN__DPTR(const float) lses[ATTN__COMBINE_MAX]; /* f32 [tokens, heads], base e */\n",
+    "    ATTN__DPTR(void) out;\n",
+    "    ATTN__DPTR(float) lse;                  /* NULL: no LSE output */\n",
+    "    long long in_stride_token, in_stride_head;   /* elements, every input */\n",
+    "    long long lse_in_stride_token, lse_in_stride_head;\n",
+    "    long long out_stride_token, out_stride_head;\n",
+    "    long long lse_stride_token, lse_stride_head;\n",
+    "    int n, num_tokens, num_heads, pad0;\n",
+    "} attn__combine_params;\n",
+    "\n",
     "/* attn_mla_decode, attn_mla_merge (mla_decode.cu, mla_decode_sm90.cu): the work list and\n",
     "   partials are described at the top of mla_decode_sm90.cu. */\n",
     "typedef struct attn__mla_decode_params {\n",
@@ -12055,6 +12159,7 @@ static const char *const attn__kernel_src_attn_params_cuh[] = {
     "ATTN__PARAMS_SIZE(attn__latent_write_inline_params, 80 + ATTN__INLINE_SLOTS * 8);\n",
     "ATTN__PARAMS_SIZE(attn__mla_gather_params, 3 * 8 + 4 * 4 + 8 + 2 * 4);\n",
     "ATTN__PARAMS_SIZE(attn__merge_params, 6 * 8 + 12 * 8 + 6 * 4);\n",
+    "ATTN__PARAMS_SIZE(attn__combine_params, 2 * 64 * 8 + 2 * 8 + 8 * 8 + 4 * 4);\n",
     "ATTN__PARAMS_SIZE(attn__mla_decode_params, 12 * 8 + 9 * 8 + 2 * 4 + 8 + 2 * 4 + 4 * 8 + 8 + 2 * 4);\n",
     "ATTN__PARAMS_SIZE(attn__mla_prefill_params, 7 * 8 + 13 * 8 + 8 * 4);\n",
     "#undef ATTN__PARAMS_SIZE\n",
@@ -12601,7 +12706,13 @@ static const char *const attn__kernel_src_merge_cu[] = {
     "       out may alias out_a or out_b, and lse may alias lse_a or lse_b, element for element:\n",
     "       each row is read completely before any of it is written.\n",
     "\n",
-    "   Launch: 1-D, any grid (a grid-stride loop over rows), 128 threads (a multiple of 32), no\n",
+    "   attn_dcp_combine                                defines: HEAD_DIM DT\n",
+    "       The same for n = 1..64 inputs (decode context parallelism's ranks, attn_dcp_combine):\n",
+    "       m = the largest non-empty LSE, w_i = exp(lse_i - m) (0 if empty), out = sum w_i out_i\n",
+    "       / sum w_i, lse = m + log(sum w_i); all empty: out 0, lse -inf. The inputs share their\n",
+    "       strides (attn__combine_params); out may alias an input element for element.\n",
+    "\n",
+    "   Launch (both): 1-D, any grid (a grid-stride loop over rows), 128 threads (a multiple of 32), no\n",
     "   shared memory. A row is handled by LANES lanes of one warp (below), 8 elements per lane\n",
     "   and step with 16-byte accesses when HEAD_DIM % 8 == 0 and the row is 16-byte aligned.\n",
     "   HEAD_DIM: any positive size. DT: 0 f32, 1 f16, 2 bf16. */\n",
@@ -12685,6 +12796,48 @@ static const char *const attn__kernel_src_merge_cu[] = {
     "        __syncwarp();\n",
     "        if (valid && sub == 0 && p.lse)\n",
     "            p.lse[t * p.lse_stride_token + h * p.lse_stride_head] = p.base_out ? l * ATTN_LOG2E : l;\n",
+    "    }\n",
+    "}\n",
+    "\n",
+    "extern \"C\" __global__ void __launch_bounds__(128) attn_dcp_combine(const attn__combine_params p) {\n",
+    "    typedef typename attn_elem<DT>::storage elem_t;\n",
+    "    const int esz = attn_elem<DT>::size;\n",
+    "    const int lane = threadIdx.x & 31, sub = lane % ATTN_MERGE_LANES;\n",
+    "    const int rows_per_warp = 32 / ATTN_MERGE_LANES;\n",
+    "    const attn_i64 rows = (attn_i64)p.num_tokens * p.num_heads;\n",
+    "    const attn_i64 warp0 = ((attn_i64)blockIdx.x * blockDim.x + threadIdx.x) / 32;\n",
+    "    const attn_i64 warps = (attn_i64)gridDim.x * blockDim.x / 32;\n",
+    "    for (attn_i64 base = warp0 * rows_per_warp; base < rows; base += warps * rows_per_warp) {\n",
+    "        attn_i64 row = base + lane / ATTN_MERGE_LANES;\n",
+    "        int valid = row < rows;\n",
+    "        int t = valid ? (int)(row / p.num_heads) : 0, h = valid ? (int)(row - (attn_i64)t * p.num_heads) : 0;\n",
+    "        const attn_i64 li = t * p.lse_in_stride_token + h * p.lse_in_stride_head;\n",
+    "        const attn_i64 oi = (t * p.in_stride_token + h * p.in_stride_head) * esz;\n",
+    "        float m = attn_neg_inf(), sum = 0.0f, inv = 0.0f, l = attn_neg_inf();\n",
+    "        for (int i = 0; valid && i < p.n; i++) m = fmaxf(m, attn_merge_lse_in(p.lses[i][li], 0));\n",
+    "        if (m > attn_neg_inf()) {\n",
+    "            for (int i = 0; i < p.n; i++) {\n",
+    "                const float x = attn_merge_lse_in(p.lses[i][li], 0);\n",
+    "                sum += x == attn_neg_inf() ? 0.0f : expf(x - m);\n",
+    "            }\n",
+    "            inv = attn_rcp(sum); /* sum is in [1, n] */\n",
+    "            l = m + logf(sum);\n",
+    "        }\n",
+    "        char *po = (char *)p.out + (t * p.out_stride_token + h * p.out_stride_head) * esz;\n",
+    "        if (valid) {\n",
+    "            /* Each element is read (from every input) and written by the same lane. */\n",
+    "            for (int x = sub; x < HEAD_DIM; x += ATTN_MERGE_LANES) {\n",
+    "                float acc = 0.0f;\n",
+    "                for (int i = 0; i < p.n && m > attn_neg_inf(); i++) {\n",
+    "                    const float y = attn_merge_lse_in(p.lses[i][li], 0);\n",
+    "                    if (y > attn_neg_inf())\n",
+    "                        acc += expf(y - m) * attn_elem<DT>::to_f32(((const elem_t *)((const char *)p.outs[i] + oi))[x]);\n",
+    "                }\n",
+    "                ((elem_t *)po)[x] = attn_elem<DT>::from_f32(acc * inv); /* all empty: inv = 0 -> 0 */\n",
+    "            }\n",
+    "        }\n",
+    "        __syncwarp();\n",
+    "        if (valid && sub == 0 && p.lse) p.lse[t * p.lse_stride_token + h * p.lse_stride_head] = l;\n",
     "    }\n",
     "}\n",
     0};

@@ -165,6 +165,22 @@ typedef struct attn__merge_params {
     int pad0;
 } attn__merge_params;
 
+/* attn_dcp_combine (merge.cu): the n partials of decode context parallelism joined by LSE
+   in one pass. Every input has the same strides (the host checks; else it folds pairwise
+   merges). */
+#define ATTN__COMBINE_MAX 64
+typedef struct attn__combine_params {
+    ATTN__DPTR(const void) outs[ATTN__COMBINE_MAX]; /* DT [tokens, heads, HEAD_DIM] each */
+    ATTN__DPTR(const float) lses[ATTN__COMBINE_MAX]; /* f32 [tokens, heads], base e */
+    ATTN__DPTR(void) out;
+    ATTN__DPTR(float) lse;                  /* NULL: no LSE output */
+    long long in_stride_token, in_stride_head;   /* elements, every input */
+    long long lse_in_stride_token, lse_in_stride_head;
+    long long out_stride_token, out_stride_head;
+    long long lse_stride_token, lse_stride_head;
+    int n, num_tokens, num_heads, pad0;
+} attn__combine_params;
+
 /* attn_mla_decode, attn_mla_merge (mla_decode.cu, mla_decode_sm90.cu): the work list and
    partials are described at the top of mla_decode_sm90.cu. */
 typedef struct attn__mla_decode_params {
@@ -230,6 +246,7 @@ ATTN__PARAMS_SIZE(attn__latent_write_params, 4 * 8 + 3 * 8 + 2 * 4 + 8 + 2 * 4);
 ATTN__PARAMS_SIZE(attn__latent_write_inline_params, 80 + ATTN__INLINE_SLOTS * 8);
 ATTN__PARAMS_SIZE(attn__mla_gather_params, 3 * 8 + 4 * 4 + 8 + 2 * 4);
 ATTN__PARAMS_SIZE(attn__merge_params, 6 * 8 + 12 * 8 + 6 * 4);
+ATTN__PARAMS_SIZE(attn__combine_params, 2 * 64 * 8 + 2 * 8 + 8 * 8 + 4 * 4);
 ATTN__PARAMS_SIZE(attn__mla_decode_params, 12 * 8 + 9 * 8 + 2 * 4 + 8 + 2 * 4 + 4 * 8 + 8 + 2 * 4);
 ATTN__PARAMS_SIZE(attn__mla_prefill_params, 7 * 8 + 13 * 8 + 8 * 4);
 #undef ATTN__PARAMS_SIZE

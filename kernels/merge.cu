@@ -15,7 +15,13 @@
        out may alias out_a or out_b, and lse may alias lse_a or lse_b, element for element:
        each row is read completely before any of it is written.
 
-   Launch: 1-D, any grid (a grid-stride loop over rows), 128 threads (a multiple of 32), no
+   attn_dcp_combine                                defines: HEAD_DIM DT
+       The same for n = 1..64 inputs (decode context parallelism's ranks, attn_dcp_combine):
+       m = the largest non-empty LSE, w_i = exp(lse_i - m) (0 if empty), out = sum w_i out_i
+       / sum w_i, lse = m + log(sum w_i); all empty: out 0, lse -inf. The inputs share their
+       strides (attn__combine_params); out may alias an input element for element.
+
+   Launch (both): 1-D, any grid (a grid-stride loop over rows), 128 threads (a multiple of 32), no
    shared memory. A row is handled by LANES lanes of one warp (below), 8 elements per lane
    and step with 16-byte accesses when HEAD_DIM % 8 == 0 and the row is 16-byte aligned.
    HEAD_DIM: any positive size. DT: 0 f32, 1 f16, 2 bf16. */
@@ -99,5 +105,47 @@ extern "C" __global__ void __launch_bounds__(128) attn_merge_attn_states(const a
         __syncwarp();
         if (valid && sub == 0 && p.lse)
             p.lse[t * p.lse_stride_token + h * p.lse_stride_head] = p.base_out ? l * ATTN_LOG2E : l;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(128) attn_dcp_combine(const attn__combine_params p) {
+    typedef typename attn_elem<DT>::storage elem_t;
+    const int esz = attn_elem<DT>::size;
+    const int lane = threadIdx.x & 31, sub = lane % ATTN_MERGE_LANES;
+    const int rows_per_warp = 32 / ATTN_MERGE_LANES;
+    const attn_i64 rows = (attn_i64)p.num_tokens * p.num_heads;
+    const attn_i64 warp0 = ((attn_i64)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    const attn_i64 warps = (attn_i64)gridDim.x * blockDim.x / 32;
+    for (attn_i64 base = warp0 * rows_per_warp; base < rows; base += warps * rows_per_warp) {
+        attn_i64 row = base + lane / ATTN_MERGE_LANES;
+        int valid = row < rows;
+        int t = valid ? (int)(row / p.num_heads) : 0, h = valid ? (int)(row - (attn_i64)t * p.num_heads) : 0;
+        const attn_i64 li = t * p.lse_in_stride_token + h * p.lse_in_stride_head;
+        const attn_i64 oi = (t * p.in_stride_token + h * p.in_stride_head) * esz;
+        float m = attn_neg_inf(), sum = 0.0f, inv = 0.0f, l = attn_neg_inf();
+        for (int i = 0; valid && i < p.n; i++) m = fmaxf(m, attn_merge_lse_in(p.lses[i][li], 0));
+        if (m > attn_neg_inf()) {
+            for (int i = 0; i < p.n; i++) {
+                const float x = attn_merge_lse_in(p.lses[i][li], 0);
+                sum += x == attn_neg_inf() ? 0.0f : expf(x - m);
+            }
+            inv = attn_rcp(sum); /* sum is in [1, n] */
+            l = m + logf(sum);
+        }
+        char *po = (char *)p.out + (t * p.out_stride_token + h * p.out_stride_head) * esz;
+        if (valid) {
+            /* Each element is read (from every input) and written by the same lane. */
+            for (int x = sub; x < HEAD_DIM; x += ATTN_MERGE_LANES) {
+                float acc = 0.0f;
+                for (int i = 0; i < p.n && m > attn_neg_inf(); i++) {
+                    const float y = attn_merge_lse_in(p.lses[i][li], 0);
+                    if (y > attn_neg_inf())
+                        acc += expf(y - m) * attn_elem<DT>::to_f32(((const elem_t *)((const char *)p.outs[i] + oi))[x]);
+                }
+                ((elem_t *)po)[x] = attn_elem<DT>::from_f32(acc * inv); /* all empty: inv = 0 -> 0 */
+            }
+        }
+        __syncwarp();
+        if (valid && sub == 0 && p.lse) p.lse[t * p.lse_stride_token + h * p.lse_stride_head] = l;
     }
 }

@@ -582,6 +582,16 @@ def test_dcp_combine(ctx, xp, dtype):
     assert got_lse[3, 2] == -np.inf and np.all(xp.f64(out)[3, 2] == 0)
     fin = np.isfinite(m)
     assert_close(got_lse[fin], (m + np.log(np.where(s > 0, s, 1)))[fin], 1e-5, 1e-5, "combined lse")
+    # inputs of different strides (one a view into a wider tensor): on CUDA the fold of
+    # pairwise merges instead of the one-pass kernel, the same result
+    wide = xp.nan((T, H, 2 * D), dtype)
+    wide[:, :, :D] = outs[1]
+    mixed = [outs[0], wide[:, :, :D], outs[2]]
+    out2, lse2 = xp.nan((T, H, D), dtype), xp.nan((T, H), "float32")
+    attn_h.dcp_combine(ctx, mixed, lses, out2, lse2)
+    xp.sync()
+    assert_close(xp.f64(out2), want, 2 * tol, 2 * tol, "combined out (mixed strides)")
+    assert_close(xp.f64(lse2)[fin], (m + np.log(np.where(s > 0, s, 1)))[fin], 1e-5, 1e-5, "combined lse (mixed)")
 
 
 def _dcp_gloo_rank(rank, world, init_file, result_file):

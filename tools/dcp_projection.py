@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""Decode context parallelism on one GPU (issue 25): what one rank of W does and what the
+combine costs, to project the multi-GPU speed-up before the multi-GPU machines are lent.
+
+Batch-1 decode over a 256k-token context (32/8 heads, head 128, bf16, blocks of 16,
+interleave 16). For W = 1, 2, 4, 8: rank 0's shard (L / W tokens) in its own cache, its
+forward on a DCP metadata (partial out and LSE), timed eagerly and as a CUDA-graph replay
+(median of CUDA-event timings); then attn_dcp_combine of W partials on the device, eagerly
+(a Python call: its host time) and replayed from a CUDA graph (the kernel). The projection
+t(1) / (t_rank(W) + t_combine(W)), both replays, leaves out the exchange (an all-gather of
+W x 32 x 128 x 2 bytes of out and W x 32 x 4 of LSE: microseconds over NVLink), which only
+the multi-GPU run can measure.
+
+usage: python3 tools/dcp_projection.py [--context 262144] [--iters 50]"""
+import argparse
+import os
+import sys
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+import attn_h  # noqa: E402
+
+
+def timed(fn, iters):
+    """Median milliseconds of fn() over iters runs, by CUDA events."""
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return float(np.median(times))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--context", type=int, default=262144)
+    ap.add_argument("--iters", type=int, default=50)
+    a = ap.parse_args()
+    H, HKV, D, bs, I, L = 32, 8, 128, 16, 16, a.context
+    ctx = attn_h.Context(log_level="warn")
+    layer = attn_h.Layer(ctx, num_heads=H, num_kv_heads=HKV, head_size=D, block_size=bs, dtype="bfloat16",
+                         device="cuda")
+    nblocks = L // bs + 1
+    cache = torch.randn(layer.kv_cache_shape(nblocks), dtype=torch.bfloat16, device="cuda")
+    q = torch.randn(1, H, D, dtype=torch.bfloat16, device="cuda")
+    print("DCP on one H200: rank 0 of W, batch-1 decode over %d tokens (32/8 heads, head 128, bf16, interleave %d); "
+          "backend %s" % (L, I, layer.selection["resolved"]))
+    print("| W | rank-0 keys | rank forward, eager (us) | graph replay (us) | combine, eager Python (us) | "
+          "combine, graph replay (us) | projected speed-up (replays) |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    base = None
+    for W in (1, 2, 4, 8):
+        local = attn_h.dcp_local_tokens(W, 0, I, L)
+        nb = (local + bs - 1) // bs
+        table = np.arange(nb, dtype=np.int32).reshape(1, nb)
+        owner = ((L - 1) // I) % W
+        slot = attn_h.dcp_local_tokens(W, 0, I, L - 1) if owner == 0 else -1
+        meta = attn_h.Metadata(layer, 1, 1, nb, nblocks, dcp_world_size=W, dcp_rank=0, dcp_interleave=I)
+        meta.build(np.array([0, 1], np.int32), np.array([L], np.int32), table, np.array([slot], np.int64))
+        out = torch.empty(1, H, D, dtype=torch.bfloat16, device="cuda")
+        lse = torch.empty(1, H, dtype=torch.float32, device="cuda")
+        fwd = lambda: layer.forward(meta, q, cache, out, lse=lse)  # noqa: E731
+        for _ in range(5):
+            fwd()
+        t_eager = timed(fwd, a.iters)
+        g = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            fwd()
+            torch.cuda.synchronize()
+            with torch.cuda.graph(g, stream=s):
+                fwd()
+        torch.cuda.synchronize()
+        t_graph = timed(g.replay, a.iters)
+        outs = [out.clone() for _ in range(W)]
+        lses = [lse.clone() for _ in range(W)]
+        c_out, c_lse = torch.empty_like(out), torch.empty_like(lse)
+        comb = lambda: attn_h.dcp_combine(ctx, outs, lses, c_out, c_lse)  # noqa: E731
+        t_comb_eager = t_comb = 0.0
+        if W > 1:   # eagerly (the Python call's host time) and as a graph replay (the kernel)
+            t_comb_eager = timed(comb, a.iters)
+            gc = torch.cuda.CUDAGraph()
+            with torch.cuda.stream(s):
+                comb()
+                torch.cuda.synchronize()
+                with torch.cuda.graph(gc, stream=s):
+                    comb()
+            torch.cuda.synchronize()
+            t_comb = timed(gc.replay, a.iters)
+        t_rank = t_graph
+        if base is None:
+            base = t_rank
+        print("| %d | %d | %.1f | %.1f | %.1f | %.1f | %.2f |" % (W, local, t_eager * 1e3, t_graph * 1e3,
+                                                               t_comb_eager * 1e3, t_comb * 1e3,
+                                                               base / (t_rank + t_comb)))
+        del g
+    ctx.close()
+
+
+if __name__ == "__main__":
+    main()
