@@ -1,4 +1,4 @@
-/* attn.h - v0.15.1 - paged attention and MLA for C/C++, portable C and CUDA (NVRTC)
+/* attn.h - v0.16.0 - paged attention and MLA for C/C++, portable C and CUDA (NVRTC)
 
    Do this:
        #define ATTN_IMPLEMENTATION
