@@ -1083,13 +1083,16 @@ struct attn_communicator {
    (the group's state goes with the last). device ATTN_DEVICE_CPU: host buffers, copied
    with memcpy. ATTN_DEVICE_CUDA: device buffers on ctx's GPU (ranks sharing one GPU, as
    tests and single-GPU runs of a multi-rank setup do): each rank's stream is synchronised,
-   then the copies run device to device; not capturable into a CUDA graph (NCCL is). */
+   then the copies run device to device through ctx (which the group uses from every rank's
+   thread: keep ctx for the group alone); not capturable into a CUDA graph (NCCL is). A
+   rank whose stream or copy fails makes every rank's all_gather return the failure. */
 ATTN_API attn_status attn_communicator_create_local(attn_context *ctx, attn_device_kind device, int size,
                                                     attn_communicator **comms);
 /* Around the caller's NCCL communicator (an ncclComm_t, as torch.distributed's NCCL
    process group or ncclCommInitRank made it): all_gather is ncclAllGather of bytes
    (ncclUint8) on the call's stream (graph-capturable); size and rank are the comm's
-   (ncclCommCount, ncclCommUserRank). NCCL is opened with dlopen: `library` (a path or
+   (ncclCommCount, ncclCommUserRank); a blocking communicator (a non-blocking one's
+   ncclInProgress counts as a failure). NCCL is opened with dlopen: `library` (a path or
    soname), else env ATTN_NCCL_LIBRARY, else libnccl.so.2; a missing library or symbol is
    ATTN_ERROR_PLATFORM naming what was tried. No link-time dependency. */
 ATTN_API attn_status attn_communicator_create_nccl(attn_context *ctx, void *nccl_comm, const char *library,
@@ -1132,9 +1135,11 @@ typedef struct attn_metadata_desc {
                                 partial into the metadata's buffers, all-gathers (out, LSE)
                                 through it and writes the combined result to out and lse
                                 (on every rank); each rank holds every head's q (vLLM gathers
-                                q first for MLA). The metadata keeps (dcp_world_size + 2) x
-                                max_num_tokens x num_heads rows of the widest output for it,
-                                on the layer's device. */
+                                q first for MLA). The metadata keeps (dcp_world_size + 1) x
+                                max_num_tokens x num_heads rows of the widest output (and
+                                their LSEs) for it, on the layer's device. Every rank must
+                                make every forward call (a collective): a rank that returns
+                                early leaves the others waiting in all_gather. */
 } attn_metadata_desc;
 
 /* DCP (above): how many of positions [0, position) rank `rank` of `world_size` holds with
@@ -4267,6 +4272,7 @@ typedef struct attn__local_group {
     unsigned long phase;           /* barrier generation */
     const void *send[64];
     size_t bytes[64];
+    int sync_rc[64], copy_rc[64];  /* each rank's failures, read by all: every rank returns the same */
 } attn__local_group;
 
 typedef struct attn__local_comm {
@@ -4295,23 +4301,29 @@ static void attn__local_barrier(attn__local_group *g) {
 static int attn__local_all_gather(attn_communicator *self, const void *send, void *recv, size_t bytes, void *stream) {
     attn__local_group *g = ((attn__local_comm *)(void *)self)->g;
     int i, rc = 0;
-    if (g->device == ATTN_DEVICE_CUDA && attn_cuda_synchronize(g->ctx, stream) != ATTN_OK)
-        rc = 2;                    /* still meets the others: they would wait forever */
+    /* A failing rank still meets the others, and all of them return its failure: the
+       flags are written before the barrier that publishes them and read before the next
+       one, which no rank passes until every rank has read them. */
+    g->sync_rc[self->rank] = g->device == ATTN_DEVICE_CUDA && attn_cuda_synchronize(g->ctx, stream) != ATTN_OK;
     g->send[self->rank] = send;    /* published by the barrier's lock */
     g->bytes[self->rank] = bytes;
     attn__local_barrier(g);
-    for (i = 0; i < g->size; i++)
+    for (i = 0; i < g->size; i++) {
         if (g->bytes[i] != bytes) rc = 1; /* ranks disagree on the size: nothing copied */
+        if (g->sync_rc[i] && !rc) rc = 2; /* a rank's stream failed: its bytes are not final */
+    }
+    g->copy_rc[self->rank] = 0;
     for (i = 0; i < g->size && !rc; i++) {
         if (g->device == ATTN_DEVICE_CUDA) {
             if (bytes && attn_cuda_memcpy(g->ctx, (char *)recv + (size_t)i * bytes, g->send[i], bytes,
                                           ATTN_COPY_DEVICE_TO_DEVICE, NULL) != ATTN_OK)
-                rc = 3;
+                g->copy_rc[self->rank] = 3;
         } else {
             memcpy((char *)recv + (size_t)i * bytes, g->send[i], bytes);
         }
     }
     attn__local_barrier(g);        /* every rank has read every send buffer */
+    for (i = 0; i < g->size && !rc; i++) rc = g->copy_rc[i];
     return rc;
 }
 
@@ -4476,6 +4488,13 @@ ATTN_API attn_status attn_metadata_create(attn_layer *layer, const attn_metadata
                           "ranks at dcp_rank %d, with all_gather)", fn, desc->dcp_comm->rank, desc->dcp_comm->size,
                           desc->dcp_comm->all_gather ? "" : " without all_gather", ATTN__MAX(1, desc->dcp_world_size),
                           desc->dcp_rank);
+    if (desc->dcp_comm && desc->dcp_comm->all_gather == attn__local_all_gather &&
+        ((attn__local_comm *)(void *)desc->dcp_comm)->g->device != layer->backend->device)
+        return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC,
+                          "%s: desc.dcp_comm is an in-process group on %s buffers, the layer's backend %s runs on %s "
+                          "(allowed: attn_communicator_create_local with the layer's device)", fn,
+                          attn__device_name(((attn__local_comm *)(void *)desc->dcp_comm)->g->device),
+                          layer->backend->name, attn__device_name(layer->backend->device));
     if (desc->dcp_world_size > 1 && layer->desc.alibi_slopes)
         return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_DESC,
                           "%s: desc.dcp_world_size is %d on a layer with ALiBi slopes (allowed: DCP without "
@@ -4508,13 +4527,13 @@ ATTN_API attn_status attn_metadata_create(attn_layer *layer, const attn_metadata
                                              sizeof(int32_t));
     m->slot_mapping = (int64_t *)attn__calloc((size_t)desc->max_num_tokens, sizeof(int64_t));
     if (!m->query_start_loc || !m->seq_lens || !m->block_table || !m->slot_mapping) goto oom;
-    if (desc->dcp_comm) { /* the widest output row: the head, or the MLA latent / v */
+    if (desc->dcp_comm && m->cap.dcp_world_size > 1) { /* the widest output row gathered: the head, or the
+                                                            MLA latent / v */
         const attn_layer_desc *d = &layer->desc;
         const size_t rows = (size_t)desc->max_num_tokens * (size_t)d->num_heads;
-        const size_t bytes = ((size_t)m->cap.dcp_world_size + 2) * rows *
-                             ((size_t)ATTN__MAX(d->head_size, d->use_mla ? ATTN__MAX(d->kv_lora_rank, d->v_head_dim) : 0) *
-                                  attn_dtype_size(d->dtype) + sizeof(float));
-        m->dcp_width = ATTN__MAX(d->head_size, d->use_mla ? ATTN__MAX(d->kv_lora_rank, d->v_head_dim) : 0);
+        size_t bytes;
+        m->dcp_width = d->use_mla ? ATTN__MAX(d->kv_lora_rank, d->v_head_dim) : d->head_size;
+        bytes = ((size_t)m->cap.dcp_world_size + 1) * rows * ((size_t)m->dcp_width * attn_dtype_size(d->dtype) + sizeof(float));
         if (layer->backend->device == ATTN_DEVICE_CUDA) {
             if ((st = attn_cuda_malloc(ctx, bytes, &m->dcp_buf)) != ATTN_OK) {
                 m->backend = NULL;
@@ -8122,10 +8141,10 @@ ATTN_API attn_status attn_communicator_create_nccl(attn_context *ctx, void *nccl
     *(void **)(void *)&count = attn__loader_symbol(&n->loader, n->lib, "ncclCommCount");
     *(void **)(void *)&user_rank = attn__loader_symbol(&n->loader, n->lib, "ncclCommUserRank");
     if (!n->all_gather || !count || !user_rank) {
+        const char *missing = !n->all_gather ? "ncclAllGather" : !count ? "ncclCommCount" : "ncclCommUserRank";
         attn__nccl_destroy(&n->c);
         return attn__fail(ctx, ATTN_ERROR_PLATFORM, ATTN_LOG_PLATFORM_ERROR,
-                          "%s: %s lacks %s (allowed: an NCCL 2 library)", fn, name,
-                          !n->all_gather ? "ncclAllGather" : !count ? "ncclCommCount" : "ncclCommUserRank");
+                          "%s: %s lacks %s (allowed: an NCCL 2 library)", fn, name, missing);
     }
     n->comm = nccl_comm;
     if ((rc = count(nccl_comm, &n->c.size)) != 0 || (rc = user_rank(nccl_comm, &n->c.rank)) != 0 || n->c.size < 1 ||
@@ -10942,19 +10961,33 @@ static attn_status attn__check_graph(attn_layer *layer, const attn_metadata *met
    front door rows in base 2; the caller always gets base e. */
 /* DCP with a communicator: the rank's partial of `rows` tokens x heads x `width` as
    contiguous views into the metadata's buffer (rank slot 0; the gathered ranks follow). */
+static size_t attn__dcp_slot_bytes(const attn_metadata *meta, int rows, int width) {
+    const size_t r = (size_t)rows * (size_t)meta->layer->desc.num_heads;
+    return r * (size_t)width * attn_dtype_size(meta->layer->desc.dtype) + r * sizeof(float);
+}
+/* Slot `slot` holds [out rows | f32 LSE rows] contiguously (out's bytes are a multiple of 16:
+   widths are multiples of 8), so one all-gather moves a rank's whole partial. */
 static void attn__dcp_partial(const attn_metadata *meta, int slot, int rows, int width, attn_tensor *out,
                               attn_tensor *lse) {
     const attn_layer_desc *d = &meta->layer->desc;
-    const size_t cap_rows = (size_t)meta->cap.max_num_tokens * (size_t)d->num_heads;
-    const size_t esz = attn_dtype_size(d->dtype), W1 = (size_t)meta->cap.dcp_world_size + 2;
-    char *outs = (char *)meta->dcp_buf, *lses = outs + W1 * cap_rows * (size_t)meta->dcp_width * esz;
+    char *base = (char *)meta->dcp_buf + (size_t)slot * attn__dcp_slot_bytes(meta, rows, width);
     int64_t os[3], ls[2];
     os[0] = ls[0] = rows; os[1] = ls[1] = d->num_heads; os[2] = width;
-    *out = attn_tensor_make(outs + (size_t)slot * (size_t)rows * (size_t)d->num_heads * (size_t)width * esz, d->dtype,
-                            3, os);
-    *lse = attn_tensor_make(lses + (size_t)slot * (size_t)rows * (size_t)d->num_heads * sizeof(float),
+    *out = attn_tensor_make(base, d->dtype, 3, os);
+    *lse = attn_tensor_make(base + (size_t)rows * (size_t)d->num_heads * (size_t)width * attn_dtype_size(d->dtype),
                             ATTN_DTYPE_F32, 2, ls);
     out->device.kind = lse->device.kind = meta->layer->backend->device;
+}
+
+/* A DCP rank's forward without a communicator returns a partial that only its LSE can join
+   to the others': the LSE is required then. */
+static attn_status attn__dcp_need_lse(const attn_metadata *meta, const char *fn, const attn_tensor *lse) {
+    if (meta->cap.dcp_world_size > 1 && !meta->cap.dcp_comm && !lse)
+        return attn__fail(meta->layer->ctx, ATTN_ERROR_NULL_ARGUMENT, ATTN_LOG_ARG_NULL,
+                          "%s: lse is NULL but the metadata is DCP rank %d of %d without a communicator (allowed: an "
+                          "lse tensor, which attn_dcp_combine needs to join the ranks' partials)", fn,
+                          meta->cap.dcp_rank, meta->cap.dcp_world_size);
+    return ATTN_OK;
 }
 
 /* All-gathers the rank's partial (slot 0) into slots 1..W and combines them into out/lse. */
@@ -10967,20 +11000,18 @@ static attn_status attn__dcp_exchange(const attn_metadata *meta, const char *fn,
     attn_tensor po, pl, go[64], gl[64], o, l;
     const attn_tensor *pgo[64], *pgl[64];
     int i, rc;
+    (void)esz; (void)H;
     if (rows <= 0) return ATTN_OK;
     attn__dcp_partial(meta, 0, rows, width, &po, &pl);
-    attn__dcp_partial(meta, 1, rows, width, &go[0], &gl[0]);
-    rc = c->all_gather(c, po.data, go[0].data, (size_t)rows * (size_t)H * (size_t)width * esz, stream);
-    if (!rc) rc = c->all_gather(c, pl.data, gl[0].data, (size_t)rows * (size_t)H * sizeof(float), stream);
+    /* one call per forward, so a rank that fails still meets the others exactly once */
+    rc = c->all_gather(c, po.data, (char *)meta->dcp_buf + attn__dcp_slot_bytes(meta, rows, width),
+                       attn__dcp_slot_bytes(meta, rows, width), stream);
     if (rc)
         return attn__fail(ctx, ATTN_ERROR_PLATFORM, ATTN_LOG_PLATFORM_ERROR,
                           "%s: the DCP communicator's all_gather failed (%d) at rank %d of %d", fn, rc, c->rank,
                           c->size);
-    for (i = 0; i < W; i++) { /* rank i's rows in the gathered blocks */
-        go[i] = go[0];
-        gl[i] = gl[0];
-        go[i].data = (char *)go[0].data + (size_t)i * (size_t)rows * (size_t)H * (size_t)width * esz;
-        gl[i].data = (float *)gl[0].data + (size_t)i * (size_t)rows * (size_t)H;
+    for (i = 0; i < W; i++) { /* rank i's partial: slot 1 + i (the gathered slots share their strides) */
+        attn__dcp_partial(meta, 1 + i, rows, width, &go[i], &gl[i]);
         pgo[i] = &go[i];
         pgl[i] = &gl[i];
     }
@@ -10989,11 +11020,8 @@ static attn_status attn__dcp_exchange(const attn_metadata *meta, const char *fn,
     if (lse) {
         l = attn__tensor_resolved(lse);
         l.shape[0] = rows;
-    } else if (meta->dcp_on_device) { /* the device fold needs a running LSE: the spare slot */
-        attn_tensor spare;
-        attn__dcp_partial(meta, W + 1, rows, width, &spare, &l);
     }
-    return attn_dcp_combine(ctx, W, pgo, pgl, &o, lse || meta->dcp_on_device ? &l : NULL, stream);
+    return attn_dcp_combine(ctx, W, pgo, pgl, &o, lse ? &l : NULL, stream);
 }
 
 static void attn__lse_to_base_e(const attn_layer *layer, attn_tensor *lse, int64_t rows) {
@@ -11063,6 +11091,7 @@ ATTN_API attn_status attn_layer_forward(attn_layer *layer, const attn_metadata *
         if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "lse", lse);
         if (st != ATTN_OK) return st;
     }
+    if ((st = attn__dcp_need_lse(meta, fn, lse)) != ATTN_OK) return st;
     if ((st = attn__check_graph(layer, meta, fn, stream, ATTN__PART_ALL)) != ATTN_OK) return st;
     if (meta->cap.dcp_comm && meta->cap.dcp_world_size > 1) { /* the partial into the metadata, then gathered
                                                                   and combined */
@@ -11148,6 +11177,7 @@ ATTN_API attn_status attn_mla_forward_mqa(attn_layer *layer, const attn_metadata
     td = meta->mla.num_decode_tokens;
     st = attn__check_latent_call(layer, meta, fn, 0, td, q, q_pe, kv_cache, out_latent, lse);
     if (st != ATTN_OK) return st;
+    if ((st = attn__dcp_need_lse(meta, fn, lse)) != ATTN_OK) return st;
     if ((st = attn__check_graph(layer, meta, fn, stream, ATTN__PART_DECODES)) != ATTN_OK) return st;
     if (meta->cap.dcp_comm && meta->cap.dcp_world_size > 1) { /* the partial into the metadata, then gathered
                                                                   and combined */
@@ -11255,6 +11285,7 @@ ATTN_API attn_status attn_mla_forward_mha(attn_layer *layer, const attn_metadata
     if (st == ATTN_OK && lse) st = attn__check_output_tensor(ctx, fn, "lse", lse);
     if (st == ATTN_OK) st = attn__check_mla_weights(layer, meta, fn, kv_cache, w_uk, w_uv);
     if (st != ATTN_OK) return st;
+    if ((st = attn__dcp_need_lse(meta, fn, lse)) != ATTN_OK) return st;
     if ((st = attn__check_graph(layer, meta, fn, stream, ATTN__PART_PREFILLS)) != ATTN_OK) return st;
     if (meta->cap.dcp_comm && meta->cap.dcp_world_size > 1) { /* the partial into the metadata, then gathered
                                                                   and combined */

@@ -1427,8 +1427,9 @@ class Metadata(_Owned):
     max_num_reqs, max_num_tokens, max_blocks_per_req, num_blocks: the capacity (num_blocks
     defaults to the blocks of the cache it will index; required). MLA only:
     decode_threshold, num_kv_splits, workspace_bytes (0: defaults). Decode context
-    parallelism (CPU, CPU_MLA): dcp_world_size ranks, this one dcp_rank, runs of
-    dcp_interleave tokens (attn_metadata_desc in attn.h; dcp_local_tokens, dcp_combine)."""
+    parallelism (CPU, CPU_MLA, CUDA, CUDA_SM90): dcp_world_size ranks, this one dcp_rank,
+    runs of dcp_interleave tokens (attn_metadata_desc in attn.h); a forward then returns the
+    rank's partial with its LSE (required), joined by dcp_combine or dcp_all_gather_combine."""
 
     def __init__(self, layer: Layer, max_num_reqs: int, max_num_tokens: int, max_blocks_per_req: int,
                  num_blocks: int, decode_threshold: int = 0, num_kv_splits: int = 0,
@@ -1760,12 +1761,15 @@ def dcp_combine(ctx: Context, outs: Sequence[Array], lses: Sequence[Array], out:
                 lse: Optional[Array] = None, stream: Stream = None) -> Array:
     """Joins the DCP ranks' partials (out_i [tokens, heads, head_size], lse_i float32
     [tokens, heads], base e) by LSE into out (allocated like outs[0] when None) and lse (None:
-    not written on CPU; required for CUDA tensors). Returns out."""
+    not written; CUDA tensors of different strides need it, as the running LSE of the
+    pairwise fold). Returns out."""
     fn = "dcp_combine"
     _need(ctx, Context, "ctx", fn)
-    if not isinstance(outs, (list, tuple)) or not isinstance(lses, (list, tuple)) or len(outs) != len(lses):
-        raise TypeError("%s: outs and lses must be lists of the same length (got %s and %s)"
-                        % (fn, type(outs).__name__, type(lses).__name__))
+    if not isinstance(outs, (list, tuple)) or not isinstance(lses, (list, tuple)) or len(outs) != len(lses) \
+            or not outs or len(outs) > 64:
+        raise ValueError("%s: outs and lses must be lists of the same length, 1..64 (got %s of %s and %s of %s)"
+                         % (fn, type(outs).__name__, len(outs) if hasattr(outs, "__len__") else "?",
+                            type(lses).__name__, len(lses) if hasattr(lses, "__len__") else "?"))
     ts = [_tensor(o, "outs[%d]" % i, fn) for i, o in enumerate(outs)]
     ls = [_tensor(x, "lses[%d]" % i, fn) for i, x in enumerate(lses)]
     if out is None:

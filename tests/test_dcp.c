@@ -658,6 +658,19 @@ ATTN_TEST(test_dcp_empty_rank) {
     attn_context_destroy(ctx);
 }
 
+#ifndef ATTN_NO_THREADS
+/* Two ranks as threads calling all_gather with different byte counts: both return the
+   failure (neither hangs, nothing is copied). */
+typedef struct { attn_communicator *c; size_t bytes; int rc; unsigned char send[64], recv[128]; } gjob;
+static void *gather_thread(void *p) {
+    gjob *j = (gjob *)p;
+    memset(j->send, j->c->rank + 1, sizeof j->send);
+    memset(j->recv, 0xee, sizeof j->recv);
+    j->rc = j->c->all_gather(j->c, j->send, j->recv, j->bytes, NULL);
+    return NULL;
+}
+#endif
+
 static int msg_has(attn_context *ctx, const char *a, const char *b) {
     const char *m = attn_context_last_error(ctx);
     int ok = m && strstr(m, a) && (!b || strstr(m, b));
@@ -722,7 +735,49 @@ ATTN_TEST(test_dcp_named_errors) {
     b.block_table_stride = 3;
     EXPECT_STATUS(attn_metadata_build(meta, 16, &b, 0), ATTN_ERROR_UNSUPPORTED);
     msg_has(ctx, "common_prefix_len is 16 with dcp_world_size 2", NULL);
+    {   /* a DCP forward without a communicator needs the LSE its partial is joined by */
+        float qv[32], ov[32], cache[3 * 2 * 16 * 2 * 16];
+        int64_t qs[3] = {2, 2, 16}, cs[8];
+        int nd = 0, x;
+        attn_tensor tq, to, tc;
+        for (x = 0; x < 32; x++) qv[x] = ov[x] = 0.0f;
+        memset(cache, 0, sizeof cache);
+        slots[0] = -1; slots[1] = 19;
+        EXPECT_OK(attn_metadata_build(meta, 0, &b, 0));
+        EXPECT_OK(attn_layer_kv_cache_shape(layer, 3, cs, &nd));
+        tq = attn_tensor_make(qv, ATTN_DTYPE_F32, 3, qs);
+        to = attn_tensor_make(ov, ATTN_DTYPE_F32, 3, qs);
+        tc = attn_tensor_make(cache, ATTN_DTYPE_F32, nd, cs);
+        EXPECT_STATUS(attn_layer_forward(layer, meta, &tq, NULL, NULL, &tc, &to, NULL, NULL), ATTN_ERROR_NULL_ARGUMENT);
+        msg_has(ctx, "lse is NULL but the metadata is DCP rank 1 of 2", NULL);
+    }
     attn_metadata_destroy(meta);
+#ifndef ATTN_NO_THREADS
+    {   /* the in-process group agrees on a failure */
+        attn_communicator *cm[2];
+        pthread_t th[2];
+        gjob g[2];
+        int i;
+        REQUIRE_OK(attn_communicator_create_local(ctx, ATTN_DEVICE_CPU, 2, cm));
+        for (i = 0; i < 2; i++) {
+            g[i].c = cm[i];
+            g[i].bytes = i ? 32 : 64;
+            pthread_create(&th[i], NULL, gather_thread, &g[i]);
+        }
+        for (i = 0; i < 2; i++) pthread_join(th[i], NULL);
+        EXPECT_TRUE(g[0].rc != 0 && g[0].rc == g[1].rc);
+        EXPECT_TRUE(g[0].recv[0] == 0xee && g[1].recv[0] == 0xee);
+        for (i = 0; i < 2; i++) { /* then a matching call works */
+            g[i].bytes = 64;
+            pthread_create(&th[i], NULL, gather_thread, &g[i]);
+        }
+        for (i = 0; i < 2; i++) pthread_join(th[i], NULL);
+        EXPECT_TRUE(g[0].rc == 0 && g[1].rc == 0);
+        EXPECT_TRUE(g[0].recv[0] == 1 && g[0].recv[64] == 2 && g[1].recv[63] == 1 && g[1].recv[127] == 2);
+        attn_communicator_destroy(cm[0]);
+        attn_communicator_destroy(cm[1]);
+    }
+#endif
     /* attn_dcp_combine's own checks */
     {
         float o[2][16], l[2][2], oo[16], lo[2];
