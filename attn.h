@@ -9626,31 +9626,45 @@ static attn_status attn__cuda_merge_kernel(attn_context *ctx, attn__cuda_state *
     return ATTN_OK;
 }
 
+/* The merge module's prologue and launch, shared by attn_merge_attn_states and
+   attn_dcp_combine: the backend context, the stream entered, the module of (dtype, head
+   size); on ATTN_OK the caller launches with attn__cuda_merge_launch, which leaves. */
+static attn_status attn__cuda_merge_enter(attn_context *ctx, const attn_backend *self, const char *fn, void *stream,
+                                          const attn_tensor *like, const attn__cuda_module **m) {
+    attn__cuda_state *cs = NULL;
+    char reason[160];
+    attn_status st = attn__backend_context(ctx, self, (void **)&cs, reason, sizeof reason);
+    if (st != ATTN_OK) return attn__fail(ctx, st, ATTN_LOG_PLATFORM_ERROR, "%s: %s", fn, reason);
+    if ((st = attn__cuda_enter_stream(ctx, fn, stream)) != ATTN_OK) return st;
+    st = attn__cuda_merge_kernel(ctx, cs, attn__cuda_dt(like->dtype), (int)like->shape[2], m);
+    if (st != ATTN_OK) attn__cuda_leave(ctx);
+    return st;
+}
+static attn_status attn__cuda_merge_launch(attn_context *ctx, attn__CUfunction f, int64_t rows, void *params,
+                                           void *stream, const char *fn) {
+    void *args[1];
+    attn__CUresult rc;
+    args[0] = params;
+    rc = ctx->cuda->cuLaunchKernel(f, (unsigned)ATTN__MIN((rows + 3) / 4, 65535), 1, 1, 128, 1, 1, 0,
+                                   (attn__CUstream)stream, args, NULL);
+    attn__cuda_leave(ctx);
+    return rc ? attn__cu_fail(ctx, fn, "cuLaunchKernel", rc) : ATTN_OK;
+}
+
 static attn_status attn__cuda_merge_attn_states(const attn_backend *self, attn_context *ctx,
                                                 const attn_tensor *out_a, const attn_tensor *lse_a,
                                                 attn_lse_base base_a, const attn_tensor *out_b,
                                                 const attn_tensor *lse_b, attn_lse_base base_b,
                                                 attn_tensor *out, attn_tensor *lse, attn_lse_base base_out,
                                                 void *stream) {
-    attn__cuda_state *cs = NULL;
     const attn__cuda_module *m = NULL;
     attn_tensor oa = attn__tensor_resolved(out_a), ob = attn__tensor_resolved(out_b), oo = attn__tensor_resolved(out);
     attn_tensor la = attn__tensor_resolved(lse_a), lb = attn__tensor_resolved(lse_b);
     attn__merge_params mp;
-    attn__CUresult rc;
     attn_status st;
-    char reason[160];
-    void *args[1];
     int64_t rows = oa.shape[0] * oa.shape[1];
     if (rows == 0) return ATTN_OK;
-    st = attn__backend_context(ctx, self, (void **)&cs, reason, sizeof reason);
-    if (st != ATTN_OK) return attn__fail(ctx, st, ATTN_LOG_PLATFORM_ERROR, "attn_merge_attn_states: %s", reason);
-    if ((st = attn__cuda_enter_stream(ctx, "attn_merge_attn_states", stream)) != ATTN_OK) return st;
-    st = attn__cuda_merge_kernel(ctx, cs, attn__cuda_dt(oa.dtype), (int)oa.shape[2], &m);
-    if (st != ATTN_OK) {
-        attn__cuda_leave(ctx);
-        return st;
-    }
+    if ((st = attn__cuda_merge_enter(ctx, self, "attn_merge_attn_states", stream, &oa, &m)) != ATTN_OK) return st;
     memset(&mp, 0, sizeof mp);
     mp.out_a = attn__dptr(oa.data); mp.lse_a = attn__dptr(la.data);
     mp.out_b = attn__dptr(ob.data); mp.lse_b = attn__dptr(lb.data);
@@ -9671,11 +9685,7 @@ static attn_status attn__cuda_merge_attn_states(const attn_backend *self, attn_c
     mp.base_a = base_a == ATTN_LSE_BASE_2;
     mp.base_b = base_b == ATTN_LSE_BASE_2;
     mp.base_out = base_out == ATTN_LSE_BASE_2;
-    args[0] = &mp;
-    rc = ctx->cuda->cuLaunchKernel(m->main, (unsigned)ATTN__MIN((rows + 3) / 4, 65535), 1, 1, 128, 1, 1, 0,
-                                   (attn__CUstream)stream, args, NULL);
-    attn__cuda_leave(ctx);
-    return rc ? attn__cu_fail(ctx, "attn_merge_attn_states", "cuLaunchKernel", rc) : ATTN_OK;
+    return attn__cuda_merge_launch(ctx, m->main, rows, &mp, stream, "attn_merge_attn_states");
 }
 
 static const attn_backend attn__cuda_backend = {
@@ -9713,25 +9723,15 @@ static const attn_backend attn__cuda_backend = {
 static attn_status attn__cuda_dcp_combine(attn_context *ctx, int n, const attn_tensor *const *outs,
                                           const attn_tensor *const *lses, attn_tensor *out, attn_tensor *lse,
                                           void *stream) {
-    attn__cuda_state *cs = NULL;
     const attn__cuda_module *m = NULL;
     attn_tensor o0 = attn__tensor_resolved(outs[0]), l0 = attn__tensor_resolved(lses[0]), oo = attn__tensor_resolved(out);
     attn__combine_params cp;
-    attn__CUresult rc;
     attn_status st;
-    char reason[160];
-    void *args[1];
     int64_t rows = o0.shape[0] * o0.shape[1];
     int i;
     if (rows == 0) return ATTN_OK;
-    st = attn__backend_context(ctx, &attn__cuda_backend, (void **)&cs, reason, sizeof reason);
-    if (st != ATTN_OK) return attn__fail(ctx, st, ATTN_LOG_PLATFORM_ERROR, "attn_dcp_combine: %s", reason);
-    if ((st = attn__cuda_enter_stream(ctx, "attn_dcp_combine", stream)) != ATTN_OK) return st;
-    st = attn__cuda_merge_kernel(ctx, cs, attn__cuda_dt(o0.dtype), (int)o0.shape[2], &m);
-    if (st != ATTN_OK) {
-        attn__cuda_leave(ctx);
+    if ((st = attn__cuda_merge_enter(ctx, &attn__cuda_backend, "attn_dcp_combine", stream, &o0, &m)) != ATTN_OK)
         return st;
-    }
     memset(&cp, 0, sizeof cp);
     for (i = 0; i < n; i++) {
         cp.outs[i] = attn__dptr(attn__tensor_resolved(outs[i]).data);
@@ -9750,11 +9750,7 @@ static attn_status attn__cuda_dcp_combine(attn_context *ctx, int n, const attn_t
     cp.n = n;
     cp.num_tokens = (int32_t)o0.shape[0];
     cp.num_heads = (int32_t)o0.shape[1];
-    args[0] = &cp;
-    rc = ctx->cuda->cuLaunchKernel(m->second, (unsigned)ATTN__MIN((rows + 3) / 4, 65535), 1, 1, 128, 1, 1, 0,
-                                   (attn__CUstream)stream, args, NULL);
-    attn__cuda_leave(ctx);
-    return rc ? attn__cu_fail(ctx, "attn_dcp_combine", "cuLaunchKernel", rc) : ATTN_OK;
+    return attn__cuda_merge_launch(ctx, m->second, rows, &cp, stream, "attn_dcp_combine");
 }
 
 

@@ -83,6 +83,18 @@ static inline int attn_test_all_bytes(const void *p, size_t n, unsigned char b) 
     return 1;
 }
 
+/* Element i of an f32 / f16 / bf16 array, written from or read as f32 (RNE for 16-bit). */
+static inline void attn_test_put(void *p, attn_dtype dt, size_t i, float x) {
+    if (dt == ATTN_DTYPE_F32) ((float *)p)[i] = x;
+    else if (dt == ATTN_DTYPE_BF16) ((uint16_t *)p)[i] = attn_f32_to_bf16(x);
+    else ((uint16_t *)p)[i] = attn_f32_to_f16(x);
+}
+static inline float attn_test_get(const void *p, attn_dtype dt, size_t i) {
+    if (dt == ATTN_DTYPE_F32) return ((const float *)p)[i];
+    if (dt == ATTN_DTYPE_BF16) return attn_bf16_to_f32(((const uint16_t *)p)[i]);
+    return attn_f16_to_f32(((const uint16_t *)p)[i]);
+}
+
 /* 8-bit KV-cache types (fp8_e4m3, fp8_e5m2, int8): one byte an element. */
 static inline int attn_test_is_8bit(attn_dtype dt) {
     return dt == ATTN_DTYPE_FP8_E4M3 || dt == ATTN_DTYPE_FP8_E5M2 || dt == ATTN_DTYPE_INT8;

@@ -8,6 +8,7 @@
    every call. Then the named errors. */
 #include "attn.h"
 #include "attn_test.h"
+#include "fixtures.h"
 
 #include <dlfcn.h>
 #include <pthread.h>
@@ -23,20 +24,10 @@ static uint64_t d_next(drng *r) {
 static int d_int(drng *r, int lo, int hi) { return lo + (int)(d_next(r) % (uint64_t)(hi - lo + 1)); }
 static float d_uni(drng *r) { return (float)((d_next(r) >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f; }
 
-static void put_elem(void *p, attn_dtype dt, size_t i, float x) {
-    if (dt == ATTN_DTYPE_F32) ((float *)p)[i] = x;
-    else if (dt == ATTN_DTYPE_BF16) ((uint16_t *)p)[i] = attn_f32_to_bf16(x);
-    else ((uint16_t *)p)[i] = attn_f32_to_f16(x);
-}
-static float get_elem(const void *p, attn_dtype dt, size_t i) {
-    if (dt == ATTN_DTYPE_F32) return ((const float *)p)[i];
-    if (dt == ATTN_DTYPE_BF16) return attn_bf16_to_f32(((const uint16_t *)p)[i]);
-    return attn_f16_to_f32(((const uint16_t *)p)[i]);
-}
 static void *alloc_poisoned(attn_dtype dt, size_t n) { /* NaN in every element */
     size_t esz = attn_dtype_size(dt), i;
     void *p = malloc(n * esz + 1);
-    for (i = 0; i < n; i++) put_elem(p, dt, i, NAN);
+    for (i = 0; i < n; i++) attn_test_put(p, dt, i, NAN);
     return p;
 }
 
@@ -135,8 +126,8 @@ static int write_cache(attn_layer *layer, const dbatch *b, const dlayout *L, int
             size_t x;
             slots[pos] = (pos / L->I) % L->W == L->rank ?
                 (int64_t)L->table[(size_t)i * (size_t)L->stride + (size_t)(j / L->bs)] * L->bs + j % L->bs : -1;
-            for (x = 0; x < w1; x++) put_elem(a, dt, (size_t)pos * w1 + x, k[i][(size_t)pos * w1 + x]);
-            for (x = 0; x < w2; x++) put_elem(c, dt, (size_t)pos * w2 + x, v[i][(size_t)pos * w2 + x]);
+            for (x = 0; x < w1; x++) attn_test_put(a, dt, (size_t)pos * w1 + x, k[i][(size_t)pos * w1 + x]);
+            for (x = 0; x < w2; x++) attn_test_put(c, dt, (size_t)pos * w2 + x, v[i][(size_t)pos * w2 + x]);
             n++;
         }
         {
@@ -218,7 +209,7 @@ static int run_rank(attn_layer *layer, const dcase *c, const dbatch *b, const dl
         size_t qn = (size_t)b->T * (size_t)H * (size_t)c->D, esz = attn_dtype_size(c->dt);
         void *qm = malloc(qn * esz + 8), *dq, *dcache, *dout, *dlse;
         attn_tensor tq, to, tl, tc;
-        for (x = 0; x < qn; x++) put_elem(qm, c->dt, x, q[x]);
+        for (x = 0; x < qn; x++) attn_test_put(qm, c->dt, x, q[x]);
         res->out = alloc_poisoned(c->dt, qn);
         res->lse = (float *)alloc_poisoned(ATTN_DTYPE_F32, (size_t)b->T * (size_t)H);
         dq = dev_copy(gctx, qm, qn * esz);
@@ -260,7 +251,7 @@ static int run_rank(attn_layer *layer, const dcase *c, const dbatch *b, const dl
         int64_t qs[3] = {b->T, H, c->D}, ls[2] = {b->T, H};
         void *qm = malloc((size_t)b->T * (size_t)H * (size_t)c->D * attn_dtype_size(c->dt) + 8);
         attn_tensor tq, to, tl;
-        for (x = 0; x < (size_t)b->T * (size_t)H * (size_t)c->D; x++) put_elem(qm, c->dt, x, q[x]);
+        for (x = 0; x < (size_t)b->T * (size_t)H * (size_t)c->D; x++) attn_test_put(qm, c->dt, x, q[x]);
         res->out = alloc_poisoned(c->dt, (size_t)b->T * (size_t)H * (size_t)c->D);
         res->lse = (float *)alloc_poisoned(ATTN_DTYPE_F32, (size_t)b->T * (size_t)H);
         tq = attn_tensor_make(qm, c->dt, 3, qs);
@@ -284,7 +275,7 @@ static int run_rank(attn_layer *layer, const dcase *c, const dbatch *b, const dl
             int64_t qs[3] = {td, H, R + P}, os[3] = {td, H, R}, ls[2] = {td, H};
             void *qm = malloc((size_t)td * (size_t)H * (size_t)(R + P) * attn_dtype_size(c->dt));
             attn_tensor tq, to, tl;
-            for (x = 0; x < (size_t)td * (size_t)H * (size_t)(R + P); x++) put_elem(qm, c->dt, x, q[x]);
+            for (x = 0; x < (size_t)td * (size_t)H * (size_t)(R + P); x++) attn_test_put(qm, c->dt, x, q[x]);
             tq = attn_tensor_make(qm, c->dt, 3, qs);
             to = attn_tensor_make(res->out, c->dt, 3, os);
             tl = attn_tensor_make(res->lse, ATTN_DTYPE_F32, 2, ls);
@@ -302,9 +293,9 @@ static int run_rank(attn_layer *layer, const dcase *c, const dbatch *b, const dl
             void *vm = malloc((size_t)H * (size_t)R * (size_t)V * attn_dtype_size(c->dt));
             attn_tensor tq, to, tl, tk, tv;
             const float *qp = q + (size_t)td * (size_t)H * (size_t)(R + P); /* the prefill q block */
-            for (x = 0; x < (size_t)tp * (size_t)H * (size_t)(N + P); x++) put_elem(qm, c->dt, x, qp[x]);
-            for (x = 0; x < (size_t)H * (size_t)N * (size_t)R; x++) put_elem(km, c->dt, x, wuk[x]);
-            for (x = 0; x < (size_t)H * (size_t)R * (size_t)V; x++) put_elem(vm, c->dt, x, wuv[x]);
+            for (x = 0; x < (size_t)tp * (size_t)H * (size_t)(N + P); x++) attn_test_put(qm, c->dt, x, qp[x]);
+            for (x = 0; x < (size_t)H * (size_t)N * (size_t)R; x++) attn_test_put(km, c->dt, x, wuk[x]);
+            for (x = 0; x < (size_t)H * (size_t)R * (size_t)V; x++) attn_test_put(vm, c->dt, x, wuv[x]);
             tq = attn_tensor_make(qm, c->dt, 3, qs);
             to = attn_tensor_make((char *)res->out2 + (size_t)td * (size_t)H * (size_t)V * attn_dtype_size(c->dt), c->dt, 3, os);
             tl = attn_tensor_make(res->lse2 + (size_t)td * (size_t)H, ATTN_DTYPE_F32, 2, ls);
@@ -359,8 +350,8 @@ static int compare_rows(const dcase *c, const char *what, const void *got, const
                 bad++;
             }
             for (x = 0; x < width && bad < 3; x++) {
-                float g = get_elem(got, c->dt, row * (size_t)width + (size_t)x);
-                float w = get_elem(want, c->dt, row * (size_t)width + (size_t)x);
+                float g = attn_test_get(got, c->dt, row * (size_t)width + (size_t)x);
+                float w = attn_test_get(want, c->dt, row * (size_t)width + (size_t)x);
                 if (!attn_test_near(g, w, at, rt)) {
                     attn_test_fail(__FILE__, __LINE__, "%s: %s[%d][%d][%d] %.7g, one rank %.7g", tag, what, t, h, x,
                                    (double)g, (double)w);
@@ -386,13 +377,9 @@ typedef struct {
 
 static void *rank_thread(void *p) {
     dthread *a = (dthread *)p;
-    attn_context_desc cd;
-    attn_context *ctx = NULL;
+    attn_context *ctx = attn_test_context(NULL, ATTN_LOG_LEVEL_NONE, 1);
     attn_layer *layer = NULL;
-    memset(&cd, 0, sizeof cd);
-    cd.log_level = ATTN_LOG_LEVEL_NONE;
-    cd.num_threads = 1;
-    if (attn_context_create(&cd, &ctx) == ATTN_OK && attn_layer_create(ctx, a->ld, NULL, &layer) == ATTN_OK) {
+    if (ctx && attn_layer_create(ctx, a->ld, NULL, &layer) == ATTN_OK) {
         dcase c2 = *a->c;  /* on the GPU: this thread's own CUDA layer beside the CPU one that writes */
         attn_layer *gpu = NULL;
         c2.gpu = NULL;
@@ -535,14 +522,7 @@ done:
     attn_layer_destroy(layer);
 }
 
-static attn_context *cpu_ctx(void) {
-    attn_context_desc cd;
-    attn_context *ctx = NULL;
-    memset(&cd, 0, sizeof cd);
-    cd.log_level = ATTN_LOG_LEVEL_NONE;
-    if (attn_context_create(&cd, &ctx) != ATTN_OK) return NULL;
-    return ctx;
-}
+static attn_context *cpu_ctx(void) { return attn_test_context(NULL, ATTN_LOG_LEVEL_NONE, 0); }
 
 ATTN_TEST(test_dcp_local_tokens) {
     int W, r, I, p;
@@ -833,14 +813,11 @@ ATTN_TEST(test_dcp_threads_local_communicator) {
    GPU over a copy of the cache the CPU layer wrote, combined on the host, against the
    single-rank forward on the CPU. */
 ATTN_TEST(test_dcp_cuda_matches_cpu) {
-    attn_context *ctx = cpu_ctx(), *gctx = NULL;
-    attn_context_desc cd;
+    attn_context *ctx = cpu_ctx(), *gctx = cpu_ctx();
     attn_platform pf;
     int W, k;
     REQUIRE(ctx != NULL);
-    memset(&cd, 0, sizeof cd);
-    cd.log_level = ATTN_LOG_LEVEL_NONE;
-    if (attn_context_create(&cd, &gctx) != ATTN_OK || attn_platform_get(gctx, &pf) != ATTN_OK ||
+    if (!gctx || attn_platform_get(gctx, &pf) != ATTN_OK ||
         pf.kind != ATTN_PLATFORM_CUDA || !pf.nvrtc_version) {
         static char why[256];
         snprintf(why, sizeof why, "no CUDA device with NVRTC: %.200s", gctx ? pf.cuda_reason : "no context");
@@ -900,20 +877,16 @@ ATTN_TEST(test_dcp_cuda_matches_cpu) {
    ncclCommInitAll: size 1, rank 0, and its all_gather copies device bytes. (NCCL takes one
    rank per GPU: more ranks need the multi-GPU machines, issue 25.) */
 ATTN_TEST(test_dcp_nccl_communicator) {
-    attn_context *ctx = NULL;
-    attn_context_desc cd;
+    attn_context *ctx = cpu_ctx();
     attn_communicator *c = NULL;
     attn_platform pf;
     const char *lib = getenv("ATTN_NCCL_LIBRARY");
-    void *h, *fake = (void *)&cd, *comm = NULL, *d0 = NULL, *d1 = NULL;
-    (void)fake;
+    void *h, *comm = NULL, *d0 = NULL, *d1 = NULL;
     int (*init_all)(void **, int, const int *), (*destroy)(void *), dev = 0, i, ok;
     unsigned char src[256], back[256];
-    memset(&cd, 0, sizeof cd);
-    cd.log_level = ATTN_LOG_LEVEL_NONE;
-    REQUIRE_OK(attn_context_create(&cd, &ctx));
+    REQUIRE(ctx != NULL);
 #ifndef ATTN_NO_CUDA
-    EXPECT_STATUS(attn_communicator_create_nccl(ctx, fake, "libattn-no-such-nccl.so.2", &c), ATTN_ERROR_PLATFORM);
+    EXPECT_STATUS(attn_communicator_create_nccl(ctx, (void *)src, "libattn-no-such-nccl.so.2", &c), ATTN_ERROR_PLATFORM);
     EXPECT_TRUE(strstr(attn_context_last_error(ctx), "NCCL not loadable: tried libattn-no-such-nccl.so.2") != NULL);
     EXPECT_TRUE(c == NULL);
     EXPECT_STATUS(attn_communicator_create_nccl(ctx, NULL, NULL, &c), ATTN_ERROR_NULL_ARGUMENT);

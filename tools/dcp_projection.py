@@ -36,6 +36,22 @@ def timed(fn, iters):
     return float(np.median(times))
 
 
+def eager_and_replay(fn, iters):
+    """(eager ms, CUDA-graph replay ms) of fn: warmed up, then captured on a side stream."""
+    for _ in range(5):
+        fn()
+    eager = timed(fn, iters)
+    g, s = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+        torch.cuda.synchronize()
+        with torch.cuda.graph(g, stream=s):
+            fn()
+    torch.cuda.synchronize()
+    return eager, timed(g.replay, iters)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--context", type=int, default=262144)
@@ -64,42 +80,20 @@ def main():
         meta.build(np.array([0, 1], np.int32), np.array([L], np.int32), table, np.array([slot], np.int64))
         out = torch.empty(1, H, D, dtype=torch.bfloat16, device="cuda")
         lse = torch.empty(1, H, dtype=torch.float32, device="cuda")
-        fwd = lambda: layer.forward(meta, q, cache, out, lse=lse)  # noqa: E731
-        for _ in range(5):
-            fwd()
-        t_eager = timed(fwd, a.iters)
-        g = torch.cuda.CUDAGraph()
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            fwd()
-            torch.cuda.synchronize()
-            with torch.cuda.graph(g, stream=s):
-                fwd()
-        torch.cuda.synchronize()
-        t_graph = timed(g.replay, a.iters)
+        t_eager, t_graph = eager_and_replay(lambda: layer.forward(meta, q, cache, out, lse=lse), a.iters)
         outs = [out.clone() for _ in range(W)]
         lses = [lse.clone() for _ in range(W)]
         c_out, c_lse = torch.empty_like(out), torch.empty_like(lse)
-        comb = lambda: attn_h.dcp_combine(ctx, outs, lses, c_out, c_lse)  # noqa: E731
         t_comb_eager = t_comb = 0.0
         if W > 1:   # eagerly (the Python call's host time) and as a graph replay (the kernel)
-            t_comb_eager = timed(comb, a.iters)
-            gc = torch.cuda.CUDAGraph()
-            with torch.cuda.stream(s):
-                comb()
-                torch.cuda.synchronize()
-                with torch.cuda.graph(gc, stream=s):
-                    comb()
-            torch.cuda.synchronize()
-            t_comb = timed(gc.replay, a.iters)
+            t_comb_eager, t_comb = eager_and_replay(lambda: attn_h.dcp_combine(ctx, outs, lses, c_out, c_lse),
+                                                    a.iters)
         t_rank = t_graph
         if base is None:
             base = t_rank
         print("| %d | %d | %.1f | %.1f | %.1f | %.1f | %.2f |" % (W, local, t_eager * 1e3, t_graph * 1e3,
                                                                t_comb_eager * 1e3, t_comb * 1e3,
                                                                base / (t_rank + t_comb)))
-        del g
     ctx.close()
 
 
