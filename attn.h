@@ -1120,8 +1120,8 @@ typedef struct attn_metadata_desc {
        gives rank r's partial: every query over rank r's keys, out normalised over them and
        LSE (a row with none of its keys on the rank: out 0, LSE -inf); attn_dcp_combine
        joins the ranks' partials into the single-rank result. Sinks join rank 0's partial
-       only (so the combined softmax counts them once). CPU, CPU_MLA, CUDA and CUDA_SM90
-       backends (the CUDA MLA backends refuse it by name); not with ALiBi, cascade
+       only (so the combined softmax counts them once). Every backend (CPU, CPU_MLA, CUDA,
+       CUDA_SM90, CUDA_MLA, CUDA_MLA_SM90); not with ALiBi, cascade
        (common_prefix_len), the fused attn_mla_forward or the sparse MLA call (named
        errors). */
     int dcp_world_size;      /* 0 or 1: off; else 2..64 */
@@ -3467,7 +3467,8 @@ static void attn__reason_add(char *reason, size_t size, int *count, const char *
 
 /* 0 when b can serve the (resolved) descriptor on the platform, else every failing check
    is written into reason (the platform first, then the fields in the order of the struct,
-   then the backend's own check) and the count of them is returned. A GPU backend's own
+   then the backend's own check) and the count of them is returned; a backend of another
+   device than the layer's gets that reason alone. A GPU backend's own
    check runs only where the platform has a device: on a CPU host its reason would only
    repeat "no device". */
 static int attn__backend_check(const attn_backend *b, const attn_layer_desc *d,
@@ -3478,9 +3479,12 @@ static int attn__backend_check(const attn_backend *b, const attn_layer_desc *d,
     reason[0] = 0;
     if (!platform_ok)
         attn__reason_add(reason, size, &n, b->name, "%s", p->cuda_reason[0] ? p->cuda_reason : "no CUDA device");
-    if (b->device != d->device)
+    if (b->device != d->device) { /* nothing else about this backend matters to the layer (and its
+                                     reasons would push the other backends' out of a bounded record) */
         attn__reason_add(reason, size, &n, b->name, "runs on %s tensors; the layer's tensors are on %s "
                          "(attn_layer_desc.device)", attn__device_name(b->device), attn__device_name(d->device));
+        return n;
+    }
     if (b->is_mla != d->use_mla)
         attn__reason_add(reason, size, &n, b->name, b->is_mla ? "MLA backend, the layer is not MLA (use_mla = 0)"
                                                               : "standard-attention backend, the layer is MLA "
@@ -4475,12 +4479,6 @@ ATTN_API attn_status attn_metadata_create(attn_layer *layer, const attn_metadata
         return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC,
                           "%s: desc.dcp_interleave is %d (allowed: 1..65536 tokens per run, or 0 = 1)", fn,
                           desc->dcp_interleave);
-    if (desc->dcp_world_size > 1 && layer->backend->id != ATTN_BACKEND_CPU && layer->backend->id != ATTN_BACKEND_CPU_MLA &&
-        layer->backend->id != ATTN_BACKEND_CUDA && layer->backend->id != ATTN_BACKEND_CUDA_SM90)
-        return attn__fail(ctx, ATTN_ERROR_UNSUPPORTED, ATTN_LOG_INVALID_DESC,
-                          "%s: desc.dcp_world_size is %d but the layer's backend %s has no decode context "
-                          "parallelism yet (allowed there: 0 or 1; CPU, CPU_MLA, CUDA and CUDA_SM90 layers take "
-                          "2..64)", fn, desc->dcp_world_size, layer->backend->name);
     if (desc->dcp_comm && (desc->dcp_comm->size != ATTN__MAX(1, desc->dcp_world_size) ||
                            desc->dcp_comm->rank != desc->dcp_rank || !desc->dcp_comm->all_gather))
         return attn__fail(ctx, ATTN_ERROR_INVALID_VALUE, ATTN_LOG_INVALID_DESC,
@@ -8366,7 +8364,8 @@ typedef struct attn__combine_params {
     long long lse_in_stride_token, lse_in_stride_head;
     long long out_stride_token, out_stride_head;
     long long lse_stride_token, lse_stride_head;
-    int n, num_tokens, num_heads, pad0;
+    int n, num_tokens, num_heads;
+    int vec16;                              /* every row 16-byte aligned, HEAD_DIM % 8 == 0 */
 } attn__combine_params;
 
 /* attn_mla_decode, attn_mla_merge (mla_decode.cu, mla_decode_sm90.cu): the work list and
@@ -8419,7 +8418,8 @@ typedef struct attn__mla_prefill_params {
     long long out_stride_token, out_stride_head, lse_stride_token, lse_stride_head;
     int q_row0, nq, pos0, key_pos0, nkeys, flags; /* flags: 1 causal, 2 merge into out/lse */
     float scale;
-    int pad0;
+    int dcp_world_size, dcp_rank, dcp_interleave; /* DCP (attn_metadata_desc's): keys are the rank's
+                                                     local indices, key_pos0 one of them; size 1: off */
 } attn__mla_prefill_params;
 
 /* Each size is the sum of its members' (no implicit padding anywhere, so the host's C
@@ -8436,7 +8436,7 @@ ATTN__PARAMS_SIZE(attn__mla_gather_params, 3 * 8 + 4 * 4 + 8 + 2 * 4);
 ATTN__PARAMS_SIZE(attn__merge_params, 6 * 8 + 12 * 8 + 6 * 4);
 ATTN__PARAMS_SIZE(attn__combine_params, 2 * 64 * 8 + 2 * 8 + 8 * 8 + 4 * 4);
 ATTN__PARAMS_SIZE(attn__mla_decode_params, 12 * 8 + 9 * 8 + 2 * 4 + 8 + 2 * 4 + 4 * 8 + 8 + 2 * 4);
-ATTN__PARAMS_SIZE(attn__mla_prefill_params, 7 * 8 + 13 * 8 + 8 * 4);
+ATTN__PARAMS_SIZE(attn__mla_prefill_params, 7 * 8 + 13 * 8 + 10 * 4);
 #undef ATTN__PARAMS_SIZE
 
 #endif /* ATTN_PARAMS_CUH */
@@ -9748,6 +9748,13 @@ static attn_status attn__cuda_dcp_combine(attn_context *ctx, int n, const attn_t
         cp.lse_stride_head = lo.strides[1];
     }
     cp.n = n;
+    { /* 16-byte rows: every base, and the strides in bytes, multiples of 16 */
+        const int64_t es = (int64_t)attn_dtype_size(o0.dtype);
+        cp.vec16 = o0.shape[2] % 8 == 0 && (cp.out & 15) == 0 && (cp.in_stride_token * es) % 16 == 0 &&
+                   (cp.in_stride_head * es) % 16 == 0 && (cp.out_stride_token * es) % 16 == 0 &&
+                   (cp.out_stride_head * es) % 16 == 0;
+        for (i = 0; i < n; i++) cp.vec16 = cp.vec16 && (cp.outs[i] & 15) == 0;
+    }
     cp.num_tokens = (int32_t)o0.shape[0];
     cp.num_heads = (int32_t)o0.shape[1];
     return attn__cuda_merge_launch(ctx, m->second, rows, &cp, stream, "attn_dcp_combine");
@@ -10266,7 +10273,8 @@ static attn_status attn__cuda_mla_build(const attn_backend *self, attn_layer *la
     for (r = 0; r < info.num_decodes; r++) {
         int q0 = b->query_start_loc[r], ql = b->query_start_loc[r + 1] - q0, sl = b->seq_lens[r];
         for (t = 0; t < ql; t++) {
-            int hi = ATTN__MAX(0, ATTN__MIN(sl, sl - ql + t + 1)); /* causal: keys 0 .. pos */
+            /* causal: keys 0 .. pos (DCP: the rank's local keys of those) */
+            int hi = attn__dcp_len(cap, ATTN__MAX(0, ATTN__MIN(sl, sl - ql + t + 1)));
             int ns = ATTN__MIN(info.num_kv_splits, (hi + 63) / 64), s;
             for (h0 = 0; h0 < d->num_heads; h0 += cm->rows) {
                 if (ns > 1) { /* merged by attn_mla_merge, a CTA per row */
@@ -10558,6 +10566,7 @@ static attn_status attn__cuda_mla_prefill(attn_context *ctx, const char *fn, att
     const attn__cuda_mla_meta *cm = (const attn__cuda_mla_meta *)attn_metadata_private(meta);
     const attn_batch *b = attn_metadata_batch(meta);
     const attn_mla_info *info = &meta->mla;
+    const attn_metadata_desc *cap = attn_metadata_capacity(meta);
     const int H = d->num_heads, R = d->kv_lora_rank, LD = d->head_size, DN = d->qk_nope_head_dim, DV = d->v_head_dim;
     const size_t es = attn_dtype_size(d->dtype);
     attn_tensor uk = attn__tensor_resolved(w_uk), uv = attn__tensor_resolved(w_uv);
@@ -10589,26 +10598,44 @@ static attn_status attn__cuda_mla_prefill(attn_context *ctx, const char *fn, att
     if ((crc = ctx->cublas->cublasSetStream(L->cublas, (void *)s)) != 0 ||
         (crc = ctx->cublas->cublasSetWorkspace(L->cublas, (void *)(uintptr_t)cm->ws.cublas, ATTN__MLA_CUBLAS_WS)) != 0)
         goto cublas_failed;
+    pp.dcp_world_size = cap->dcp_world_size > 1 ? cap->dcp_world_size : 1;
+    pp.dcp_rank = cap->dcp_rank;
+    pp.dcp_interleave = cap->dcp_interleave;
     for (r = info->num_decodes; r < b->num_reqs && rc == 0; r++) {
         int q0 = b->query_start_loc[r], ql = b->query_start_loc[r + 1] - q0, sl = b->seq_lens[r];
-        int past = sl - ql; /* keys before the request's first query */
+        int past = sl - ql;                   /* keys before the request's first query */
+        int nk = attn__dcp_len(cap, sl);      /* the keys held (DCP: the rank's local ones) */
         if (ql <= 0) continue;
-        for (c0 = 0; c0 < sl && rc == 0; c0 += cm->chunk) {
-            int n = ATTN__MIN(cm->chunk, sl - c0), tq0 = ATTN__MAX(0, c0 - past);
+        /* Chunk 0 runs even without keys (a DCP rank may hold none): it writes every row,
+           out 0 and LSE -inf where no key is seen. */
+        for (c0 = 0; (c0 == 0 || c0 < nk) && rc == 0; c0 += cm->chunk) {
+            int n = ATTN__MIN(cm->chunk, nk - c0), tq0 = 0;
+            if (c0 > 0) { /* the first query that sees local key c0: pos + 1 > c0 without DCP */
+                int lo = 0, hi = ql;
+                while (lo < hi) {
+                    int mid = lo + (hi - lo) / 2;
+                    if (attn__dcp_len(cap, (int64_t)past + mid + 1) > c0) hi = mid; else lo = mid + 1;
+                }
+                tq0 = lo;
+            }
             if (tq0 >= ql) break; /* causal: no query sees this chunk or a later one */
-            gp.block_table = attn__dptr(cm->dev.block_table + (size_t)r * (size_t)attn_metadata_capacity(meta)->max_blocks_per_req);
-            gp.key0 = c0;
-            gp.nkeys = n;
-            args[0] = &gp;
-            rc = ctx->cuda->cuLaunchKernel(L->cache.second, (unsigned)ATTN__MIN(1024, ((int64_t)n * LD / 8 + 255) / 256),
-                                           1, 1, 256, 1, 1, 0, s, args, NULL);
-            if (rc) break;
-            /* K_nope[j][h] = lat[j][:R] . W_UK[h]^T; V[j][h] = lat[j][:R] . W_UV[h] */
-            if ((crc = attn__cuda_mla_gemm(ctx, L->cublas, d, ATTN__CUBLAS_OP_T, DN, n, R, attn__dptr(uk.data), uk.strides[1],
-                                           uk.strides[0], cm->ws.lat, LD, 0, cm->ws.k_nope, (int64_t)H * DN, DN, H)) != 0 ||
-                (crc = attn__cuda_mla_gemm(ctx, L->cublas, d, ATTN__CUBLAS_OP_N, DV, n, R, attn__dptr(uv.data), uv.strides[1],
-                                           uv.strides[0], cm->ws.lat, LD, 0, cm->ws.v, (int64_t)H * DV, DV, H)) != 0)
-                goto cublas_failed;
+            if (n > 0) {
+                gp.block_table = attn__dptr(cm->dev.block_table + (size_t)r * (size_t)cap->max_blocks_per_req);
+                gp.key0 = c0;
+                gp.nkeys = n;
+                args[0] = &gp;
+                rc = ctx->cuda->cuLaunchKernel(L->cache.second, (unsigned)ATTN__MIN(1024, ((int64_t)n * LD / 8 + 255) / 256),
+                                               1, 1, 256, 1, 1, 0, s, args, NULL);
+                if (rc) break;
+                /* K_nope[j][h] = lat[j][:R] . W_UK[h]^T; V[j][h] = lat[j][:R] . W_UV[h] */
+                if ((crc = attn__cuda_mla_gemm(ctx, L->cublas, d, ATTN__CUBLAS_OP_T, DN, n, R, attn__dptr(uk.data),
+                                               uk.strides[1], uk.strides[0], cm->ws.lat, LD, 0, cm->ws.k_nope,
+                                               (int64_t)H * DN, DN, H)) != 0 ||
+                    (crc = attn__cuda_mla_gemm(ctx, L->cublas, d, ATTN__CUBLAS_OP_N, DV, n, R, attn__dptr(uv.data),
+                                               uv.strides[1], uv.strides[0], cm->ws.lat, LD, 0, cm->ws.v,
+                                               (int64_t)H * DV, DV, H)) != 0)
+                    goto cublas_failed;
+            }
             pp.q_row0 = q0 - row0 + tq0;
             pp.nq = ql - tq0;
             pp.pos0 = past + tq0;
@@ -12118,7 +12145,8 @@ static const char *const attn__kernel_src_attn_params_cuh[] = {
     "    long long lse_in_stride_token, lse_in_stride_head;\n",
     "    long long out_stride_token, out_stride_head;\n",
     "    long long lse_stride_token, lse_stride_head;\n",
-    "    int n, num_tokens, num_heads, pad0;\n",
+    "    int n, num_tokens, num_heads;\n",
+    "    int vec16;                              /* every row 16-byte aligned, HEAD_DIM % 8 == 0 */\n",
     "} attn__combine_params;\n",
     "\n",
     "/* attn_mla_decode, attn_mla_merge (mla_decode.cu, mla_decode_sm90.cu): the work list and\n",
@@ -12171,7 +12199,8 @@ static const char *const attn__kernel_src_attn_params_cuh[] = {
     "    long long out_stride_token, out_stride_head, lse_stride_token, lse_stride_head;\n",
     "    int q_row0, nq, pos0, key_pos0, nkeys, flags; /* flags: 1 causal, 2 merge into out/lse */\n",
     "    float scale;\n",
-    "    int pad0;\n",
+    "    int dcp_world_size, dcp_rank, dcp_interleave; /* DCP (attn_metadata_desc's): keys are the rank's\n",
+    "                                                     local indices, key_pos0 one of them; size 1: off */\n",
     "} attn__mla_prefill_params;\n",
     "\n",
     "/* Each size is the sum of its members' (no implicit padding anywhere, so the host's C\n",
@@ -12188,7 +12217,7 @@ static const char *const attn__kernel_src_attn_params_cuh[] = {
     "ATTN__PARAMS_SIZE(attn__merge_params, 6 * 8 + 12 * 8 + 6 * 4);\n",
     "ATTN__PARAMS_SIZE(attn__combine_params, 2 * 64 * 8 + 2 * 8 + 8 * 8 + 4 * 4);\n",
     "ATTN__PARAMS_SIZE(attn__mla_decode_params, 12 * 8 + 9 * 8 + 2 * 4 + 8 + 2 * 4 + 4 * 8 + 8 + 2 * 4);\n",
-    "ATTN__PARAMS_SIZE(attn__mla_prefill_params, 7 * 8 + 13 * 8 + 8 * 4);\n",
+    "ATTN__PARAMS_SIZE(attn__mla_prefill_params, 7 * 8 + 13 * 8 + 10 * 4);\n",
     "#undef ATTN__PARAMS_SIZE\n",
     "\n",
     "#endif /* ATTN_PARAMS_CUH */\n",
@@ -12737,7 +12766,10 @@ static const char *const attn__kernel_src_merge_cu[] = {
     "       The same for n = 1..64 inputs (decode context parallelism's ranks, attn_dcp_combine):\n",
     "       m = the largest non-empty LSE, w_i = exp(lse_i - m) (0 if empty), out = sum w_i out_i\n",
     "       / sum w_i, lse = m + log(sum w_i); all empty: out 0, lse -inf. The inputs share their\n",
-    "       strides (attn__combine_params); out may alias an input element for element.\n",
+    "       strides (attn__combine_params); out may alias an input element for element. With\n",
+    "       params.vec16 (the host checked that every row is 16-byte aligned) a lane reads 16 bytes\n",
+    "       of up to 8 inputs before it uses any (issue 25: the scalar loop it replaced waited on\n",
+    "       each load in turn).\n",
     "\n",
     "   Launch (both): 1-D, any grid (a grid-stride loop over rows), 128 threads (a multiple of 32), no\n",
     "   shared memory. A row is handled by LANES lanes of one warp (below), 8 elements per lane\n",
@@ -12755,6 +12787,9 @@ static const char *const attn__kernel_src_merge_cu[] = {
     "#define ATTN_MERGE_CHUNKS ((HEAD_DIM + 7) / 8)\n",
     "#define ATTN_MERGE_LANES (ATTN_MERGE_CHUNKS >= 32 ? 32 : ATTN_MERGE_CHUNKS > 8 ? (ATTN_MERGE_CHUNKS > 16 ? 32 : 16) \\\n",
     "                          : ATTN_MERGE_CHUNKS > 4 ? 8 : ATTN_MERGE_CHUNKS > 2 ? 4 : ATTN_MERGE_CHUNKS > 1 ? 2 : 1)\n",
+    "\n",
+    "/* attn_dcp_combine: inputs whose loads are issued together (W = 2, 4, 8 in one batch). */\n",
+    "#define ATTN_COMBINE_BATCH 8\n",
     "\n",
     "/* An LSE in base e, with every kind of \"empty\" (+inf, NaN, -inf) as -inf. */\n",
     "ATTN_DEV float attn_merge_lse_in(float x, int base2) {\n",
@@ -12840,22 +12875,67 @@ static const char *const attn__kernel_src_merge_cu[] = {
     "        int t = valid ? (int)(row / p.num_heads) : 0, h = valid ? (int)(row - (attn_i64)t * p.num_heads) : 0;\n",
     "        const attn_i64 li = t * p.lse_in_stride_token + h * p.lse_in_stride_head;\n",
     "        const attn_i64 oi = (t * p.in_stride_token + h * p.in_stride_head) * esz;\n",
+    "        const int n = valid ? p.n : 0;\n",
+    "        /* m and sum over the inputs' LSEs, ATTN_COMBINE_BATCH loads in flight at a time */\n",
     "        float m = attn_neg_inf(), sum = 0.0f, inv = 0.0f, l = attn_neg_inf();\n",
-    "        for (int i = 0; valid && i < p.n; i++) m = fmaxf(m, attn_merge_lse_in(p.lses[i][li], 0));\n",
+    "        for (int i0 = 0; i0 < n; i0 += ATTN_COMBINE_BATCH) {\n",
+    "            float y[ATTN_COMBINE_BATCH];\n",
+    "#pragma unroll\n",
+    "            for (int u = 0; u < ATTN_COMBINE_BATCH; u++)\n",
+    "                y[u] = i0 + u < n ? attn_merge_lse_in(p.lses[i0 + u][li], 0) : attn_neg_inf();\n",
+    "#pragma unroll\n",
+    "            for (int u = 0; u < ATTN_COMBINE_BATCH; u++) m = fmaxf(m, y[u]);\n",
+    "        }\n",
     "        if (m > attn_neg_inf()) {\n",
-    "            for (int i = 0; i < p.n; i++) {\n",
-    "                const float x = attn_merge_lse_in(p.lses[i][li], 0);\n",
-    "                sum += x == attn_neg_inf() ? 0.0f : expf(x - m);\n",
+    "            for (int i0 = 0; i0 < n; i0 += ATTN_COMBINE_BATCH) {\n",
+    "                float y[ATTN_COMBINE_BATCH];\n",
+    "#pragma unroll\n",
+    "                for (int u = 0; u < ATTN_COMBINE_BATCH; u++)\n",
+    "                    y[u] = i0 + u < n ? attn_merge_lse_in(p.lses[i0 + u][li], 0) : attn_neg_inf();\n",
+    "#pragma unroll\n",
+    "                for (int u = 0; u < ATTN_COMBINE_BATCH; u++) sum += y[u] == attn_neg_inf() ? 0.0f : expf(y[u] - m);\n",
     "            }\n",
     "            inv = attn_rcp(sum); /* sum is in [1, n] */\n",
     "            l = m + logf(sum);\n",
     "        }\n",
     "        char *po = (char *)p.out + (t * p.out_stride_token + h * p.out_stride_head) * esz;\n",
-    "        if (valid) {\n",
-    "            /* Each element is read (from every input) and written by the same lane. */\n",
+    "        /* Each element is read (from every input) and written by the same lane, so out may\n",
+    "           alias an input. An input whose LSE is empty weighs 0 whatever its row holds. */\n",
+    "        if (valid && HEAD_DIM % 8 == 0 && p.vec16) {\n",
+    "            for (int c = sub; c < ATTN_MERGE_CHUNKS; c += ATTN_MERGE_LANES) {\n",
+    "                const int off = c * 8 * esz;\n",
+    "                float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};\n",
+    "                for (int i0 = 0; i0 < n; i0 += ATTN_COMBINE_BATCH) { /* all empty: every w is 0 */\n",
+    "                    attn_vec16 v[ATTN_COMBINE_BATCH][2];\n",
+    "                    float w[ATTN_COMBINE_BATCH];\n",
+    "#pragma unroll\n",
+    "                    for (int u = 0; u < ATTN_COMBINE_BATCH; u++) { /* the batch's loads first */\n",
+    "                        const int in = i0 + u < n;\n",
+    "                        const float y = in ? attn_merge_lse_in(p.lses[i0 + u][li], 0) : attn_neg_inf();\n",
+    "                        const char *src = (const char *)p.outs[attn_imin(i0 + u, n - 1)] + oi + off;\n",
+    "                        w[u] = y == attn_neg_inf() ? 0.0f : expf(y - m);\n",
+    "                        v[u][0] = attn_ld16(src);\n",
+    "                        if (esz == 4) v[u][1] = attn_ld16(src + 16);\n",
+    "                    }\n",
+    "#pragma unroll\n",
+    "                    for (int u = 0; u < ATTN_COMBINE_BATCH; u++) {\n",
+    "                        float f[8];\n",
+    "                        attn_unpack8<DT>(v[u], f);\n",
+    "#pragma unroll\n",
+    "                        for (int e = 0; e < 8; e++) acc[e] += w[u] > 0.0f ? w[u] * f[e] : 0.0f;\n",
+    "                    }\n",
+    "                }\n",
+    "                attn_vec16 vo[2];\n",
+    "#pragma unroll\n",
+    "                for (int e = 0; e < 8; e++) acc[e] *= inv; /* all empty: inv = 0 -> 0 */\n",
+    "                attn_pack8<DT>(acc, vo);\n",
+    "                attn_stg16(po + off, vo[0]);\n",
+    "                if (esz == 4) attn_stg16(po + off + 16, vo[1]);\n",
+    "            }\n",
+    "        } else if (valid) {\n",
     "            for (int x = sub; x < HEAD_DIM; x += ATTN_MERGE_LANES) {\n",
     "                float acc = 0.0f;\n",
-    "                for (int i = 0; i < p.n && m > attn_neg_inf(); i++) {\n",
+    "                for (int i = 0; i < n && m > attn_neg_inf(); i++) {\n",
     "                    const float y = attn_merge_lse_in(p.lses[i][li], 0);\n",
     "                    if (y > attn_neg_inf())\n",
     "                        acc += expf(y - m) * attn_elem<DT>::to_f32(((const elem_t *)((const char *)p.outs[i] + oi))[x]);\n",
@@ -12899,6 +12979,17 @@ static const char *const attn__kernel_src_mla_common_cuh[] = {
     "\n",
     "#define ATTN_MHA_CAUSAL 1\n",
     "#define ATTN_MHA_MERGE 2\n",
+    "\n",
+    "/* The causal end of query position pos: the keys [0, end) it sees, pos + 1; under DCP the\n",
+    "   rank's local count of positions [0, pos + 1) (the host's attn__dcp_local), keys being the\n",
+    "   rank's local indices. */\n",
+    "ATTN_DEV int attn_mha_causal_end(const attn__mla_prefill_params &p, int pos) {\n",
+    "    const attn_i64 x = (attn_i64)pos + 1;\n",
+    "    if (p.dcp_world_size <= 1) return (int)x;\n",
+    "    const attn_i64 run = (attn_i64)p.dcp_world_size * p.dcp_interleave;\n",
+    "    const attn_i64 rem = x % run - (attn_i64)p.dcp_rank * p.dcp_interleave;\n",
+    "    return (int)(x / run * p.dcp_interleave + (rem < 0 ? 0 : rem > p.dcp_interleave ? p.dcp_interleave : rem));\n",
+    "}\n",
     "\n",
     "/* MERGE of one row: the earlier chunks' lse (base e, lse_old; -inf: none) and this chunk's\n",
     "   (base 2, *lse2; -inf: no key). On return *wn is the weight of this chunk's normalised\n",
@@ -14342,7 +14433,8 @@ static const char *const attn__kernel_src_mla_prefill_cu[] = {
     "   [DN | ROPE] and V tiles [KV_TILE][DV] stream through a cp.async ring of KV_STAGES stages\n",
     "   (padded rows: conflict-free ldmatrix); each thread copies fixed 16-byte columns (chunks\n",
     "   per row divide the 128 threads). Per tile: S = Q K^T (m16n8k16, K by ldmatrix), masked\n",
-    "   (key j visible iff j < nkeys and, causal, key_pos0 + j <= pos0 + row), online softmax\n",
+    "   (key j visible iff j < nkeys and, causal, key_pos0 + j < attn_mha_causal_end(pos0 + row):\n",
+    "   key_pos0 + j <= pos0 + row, or the DCP rank's local count), online softmax\n",
     "   in base 2 in registers, P packed from the S accumulators into A fragments, O += P V (V\n",
     "   by ldmatrix.trans). Epilogue: O / l (merged with the earlier chunks' out/lse with MERGE),\n",
     "   4-byte stores per lane. */\n",
@@ -14413,7 +14505,7 @@ static const char *const attn__kernel_src_mla_prefill_cu[] = {
     "    }\n",
     "\n",
     "    /* ---- keys this CTA sees: [0, kend) of the chunk ---- */\n",
-    "    const int kend = causal ? attn_imax(0, attn_imin(nkeys, pos0 + nq - 1 - key_pos0 + 1)) : nkeys;\n",
+    "    const int kend = causal ? attn_imax(0, attn_imin(nkeys, attn_mha_causal_end(p, pos0 + nq - 1) - key_pos0)) : nkeys;\n",
     "    const int ntiles = (kend + KV_TILE - 1) / KV_TILE;\n",
     "    const char *const kn_base = (const char *)p.k_nope + ((attn_i64)head * p.k_stride_head + (tid % ATTN_NC_K) * 8) * 2;\n",
     "    const char *const kp_base = (const char *)p.k_pe + (tid % ATTN_NC_P) * 8 * 2;\n",
@@ -14459,7 +14551,7 @@ static const char *const attn__kernel_src_mla_prefill_cu[] = {
     "#pragma unroll\n",
     "    for (int h = 0; h < 2; h++) {\n",
     "        const int R = row_a + 8 * h;\n",
-    "        hi[h] = R >= nq ? 0 : causal ? attn_imax(0, attn_imin(nkeys, pos0 + R - key_pos0 + 1)) : nkeys;\n",
+    "        hi[h] = R >= nq ? 0 : causal ? attn_imax(0, attn_imin(nkeys, attn_mha_causal_end(p, pos0 + R) - key_pos0)) : nkeys;\n",
     "    }\n",
     "    attn_u32 qf[ATTN_KS][4];\n",
     "    float m[2] = {attn_neg_inf(), attn_neg_inf()}, l[2] = {0.0f, 0.0f};\n",
@@ -14589,7 +14681,9 @@ static const char *const attn__kernel_src_mla_prefill_sm90_cu[] = {
     "   0 .. nkeys - 1 of the K/V tensors (a chunk of one request's keys, up-projected by the\n",
     "   host's GEMMs) at positions key_pos0 + j; query t of the launch is row q_row0 + t of\n",
     "   q/out/lse at position pos0 + t and sees key j iff (not causal or key_pos0 + j <= pos0 +\n",
-    "   t). A row that sees no key: out 0, lse -inf.\n",
+    "   t). Under DCP (params.dcp_world_size > 1) key j is the rank's local key key_pos0 + j and\n",
+    "   query t sees it iff key_pos0 + j < the rank's local count of positions [0, pos0 + t + 1)\n",
+    "   (attn_mha_causal_end). A row that sees no key: out 0, lse -inf.\n",
     "   MERGE (flags bit 1): out/lse already hold the result over earlier chunks (lse base e;\n",
     "   -inf: none); the CTA merges its chunk's result into them by LSE (weights 2^(lse - max);\n",
     "   a side with lse -inf weighs 0, whatever its out holds). So a request of many chunks is\n",
@@ -14690,7 +14784,7 @@ static const char *const attn__kernel_src_mla_prefill_sm90_cu[] = {
     "#pragma unroll\n",
     "    for (int h = 0; h < 2; h++) {\n",
     "        const int R = row0 + 8 * h;\n",
-    "        const int b = causal ? attn_imax(0, attn_imin(nkeys, pos0 + R - key_pos0 + 1)) : nkeys;\n",
+    "        const int b = causal ? attn_imax(0, attn_imin(nkeys, attn_mha_causal_end(p, pos0 + R) - key_pos0)) : nkeys;\n",
     "        hi[h] = R < nq ? b : 0;\n",
     "        if (R < nq) { hi_min = attn_imin(hi_min, b); hi_max = attn_imax(hi_max, b); }\n",
     "    }\n",

@@ -178,7 +178,8 @@ typedef struct attn__combine_params {
     long long lse_in_stride_token, lse_in_stride_head;
     long long out_stride_token, out_stride_head;
     long long lse_stride_token, lse_stride_head;
-    int n, num_tokens, num_heads, pad0;
+    int n, num_tokens, num_heads;
+    int vec16;                              /* every row 16-byte aligned, HEAD_DIM % 8 == 0 */
 } attn__combine_params;
 
 /* attn_mla_decode, attn_mla_merge (mla_decode.cu, mla_decode_sm90.cu): the work list and
@@ -231,7 +232,8 @@ typedef struct attn__mla_prefill_params {
     long long out_stride_token, out_stride_head, lse_stride_token, lse_stride_head;
     int q_row0, nq, pos0, key_pos0, nkeys, flags; /* flags: 1 causal, 2 merge into out/lse */
     float scale;
-    int pad0;
+    int dcp_world_size, dcp_rank, dcp_interleave; /* DCP (attn_metadata_desc's): keys are the rank's
+                                                     local indices, key_pos0 one of them; size 1: off */
 } attn__mla_prefill_params;
 
 /* Each size is the sum of its members' (no implicit padding anywhere, so the host's C
@@ -248,7 +250,7 @@ ATTN__PARAMS_SIZE(attn__mla_gather_params, 3 * 8 + 4 * 4 + 8 + 2 * 4);
 ATTN__PARAMS_SIZE(attn__merge_params, 6 * 8 + 12 * 8 + 6 * 4);
 ATTN__PARAMS_SIZE(attn__combine_params, 2 * 64 * 8 + 2 * 8 + 8 * 8 + 4 * 4);
 ATTN__PARAMS_SIZE(attn__mla_decode_params, 12 * 8 + 9 * 8 + 2 * 4 + 8 + 2 * 4 + 4 * 8 + 8 + 2 * 4);
-ATTN__PARAMS_SIZE(attn__mla_prefill_params, 7 * 8 + 13 * 8 + 8 * 4);
+ATTN__PARAMS_SIZE(attn__mla_prefill_params, 7 * 8 + 13 * 8 + 10 * 4);
 #undef ATTN__PARAMS_SIZE
 
 #endif /* ATTN_PARAMS_CUH */

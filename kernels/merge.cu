@@ -19,7 +19,10 @@
        The same for n = 1..64 inputs (decode context parallelism's ranks, attn_dcp_combine):
        m = the largest non-empty LSE, w_i = exp(lse_i - m) (0 if empty), out = sum w_i out_i
        / sum w_i, lse = m + log(sum w_i); all empty: out 0, lse -inf. The inputs share their
-       strides (attn__combine_params); out may alias an input element for element.
+       strides (attn__combine_params); out may alias an input element for element. With
+       params.vec16 (the host checked that every row is 16-byte aligned) a lane reads 16 bytes
+       of up to 8 inputs before it uses any (issue 25: the scalar loop it replaced waited on
+       each load in turn).
 
    Launch (both): 1-D, any grid (a grid-stride loop over rows), 128 threads (a multiple of 32), no
    shared memory. A row is handled by LANES lanes of one warp (below), 8 elements per lane
@@ -37,6 +40,9 @@
 #define ATTN_MERGE_CHUNKS ((HEAD_DIM + 7) / 8)
 #define ATTN_MERGE_LANES (ATTN_MERGE_CHUNKS >= 32 ? 32 : ATTN_MERGE_CHUNKS > 8 ? (ATTN_MERGE_CHUNKS > 16 ? 32 : 16) \
                           : ATTN_MERGE_CHUNKS > 4 ? 8 : ATTN_MERGE_CHUNKS > 2 ? 4 : ATTN_MERGE_CHUNKS > 1 ? 2 : 1)
+
+/* attn_dcp_combine: inputs whose loads are issued together (W = 2, 4, 8 in one batch). */
+#define ATTN_COMBINE_BATCH 8
 
 /* An LSE in base e, with every kind of "empty" (+inf, NaN, -inf) as -inf. */
 ATTN_DEV float attn_merge_lse_in(float x, int base2) {
@@ -122,22 +128,67 @@ extern "C" __global__ void __launch_bounds__(128) attn_dcp_combine(const attn__c
         int t = valid ? (int)(row / p.num_heads) : 0, h = valid ? (int)(row - (attn_i64)t * p.num_heads) : 0;
         const attn_i64 li = t * p.lse_in_stride_token + h * p.lse_in_stride_head;
         const attn_i64 oi = (t * p.in_stride_token + h * p.in_stride_head) * esz;
+        const int n = valid ? p.n : 0;
+        /* m and sum over the inputs' LSEs, ATTN_COMBINE_BATCH loads in flight at a time */
         float m = attn_neg_inf(), sum = 0.0f, inv = 0.0f, l = attn_neg_inf();
-        for (int i = 0; valid && i < p.n; i++) m = fmaxf(m, attn_merge_lse_in(p.lses[i][li], 0));
+        for (int i0 = 0; i0 < n; i0 += ATTN_COMBINE_BATCH) {
+            float y[ATTN_COMBINE_BATCH];
+#pragma unroll
+            for (int u = 0; u < ATTN_COMBINE_BATCH; u++)
+                y[u] = i0 + u < n ? attn_merge_lse_in(p.lses[i0 + u][li], 0) : attn_neg_inf();
+#pragma unroll
+            for (int u = 0; u < ATTN_COMBINE_BATCH; u++) m = fmaxf(m, y[u]);
+        }
         if (m > attn_neg_inf()) {
-            for (int i = 0; i < p.n; i++) {
-                const float x = attn_merge_lse_in(p.lses[i][li], 0);
-                sum += x == attn_neg_inf() ? 0.0f : expf(x - m);
+            for (int i0 = 0; i0 < n; i0 += ATTN_COMBINE_BATCH) {
+                float y[ATTN_COMBINE_BATCH];
+#pragma unroll
+                for (int u = 0; u < ATTN_COMBINE_BATCH; u++)
+                    y[u] = i0 + u < n ? attn_merge_lse_in(p.lses[i0 + u][li], 0) : attn_neg_inf();
+#pragma unroll
+                for (int u = 0; u < ATTN_COMBINE_BATCH; u++) sum += y[u] == attn_neg_inf() ? 0.0f : expf(y[u] - m);
             }
             inv = attn_rcp(sum); /* sum is in [1, n] */
             l = m + logf(sum);
         }
         char *po = (char *)p.out + (t * p.out_stride_token + h * p.out_stride_head) * esz;
-        if (valid) {
-            /* Each element is read (from every input) and written by the same lane. */
+        /* Each element is read (from every input) and written by the same lane, so out may
+           alias an input. An input whose LSE is empty weighs 0 whatever its row holds. */
+        if (valid && HEAD_DIM % 8 == 0 && p.vec16) {
+            for (int c = sub; c < ATTN_MERGE_CHUNKS; c += ATTN_MERGE_LANES) {
+                const int off = c * 8 * esz;
+                float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+                for (int i0 = 0; i0 < n; i0 += ATTN_COMBINE_BATCH) { /* all empty: every w is 0 */
+                    attn_vec16 v[ATTN_COMBINE_BATCH][2];
+                    float w[ATTN_COMBINE_BATCH];
+#pragma unroll
+                    for (int u = 0; u < ATTN_COMBINE_BATCH; u++) { /* the batch's loads first */
+                        const int in = i0 + u < n;
+                        const float y = in ? attn_merge_lse_in(p.lses[i0 + u][li], 0) : attn_neg_inf();
+                        const char *src = (const char *)p.outs[attn_imin(i0 + u, n - 1)] + oi + off;
+                        w[u] = y == attn_neg_inf() ? 0.0f : expf(y - m);
+                        v[u][0] = attn_ld16(src);
+                        if (esz == 4) v[u][1] = attn_ld16(src + 16);
+                    }
+#pragma unroll
+                    for (int u = 0; u < ATTN_COMBINE_BATCH; u++) {
+                        float f[8];
+                        attn_unpack8<DT>(v[u], f);
+#pragma unroll
+                        for (int e = 0; e < 8; e++) acc[e] += w[u] > 0.0f ? w[u] * f[e] : 0.0f;
+                    }
+                }
+                attn_vec16 vo[2];
+#pragma unroll
+                for (int e = 0; e < 8; e++) acc[e] *= inv; /* all empty: inv = 0 -> 0 */
+                attn_pack8<DT>(acc, vo);
+                attn_stg16(po + off, vo[0]);
+                if (esz == 4) attn_stg16(po + off + 16, vo[1]);
+            }
+        } else if (valid) {
             for (int x = sub; x < HEAD_DIM; x += ATTN_MERGE_LANES) {
                 float acc = 0.0f;
-                for (int i = 0; i < p.n && m > attn_neg_inf(); i++) {
+                for (int i = 0; i < n && m > attn_neg_inf(); i++) {
                     const float y = attn_merge_lse_in(p.lses[i][li], 0);
                     if (y > attn_neg_inf())
                         acc += expf(y - m) * attn_elem<DT>::to_f32(((const elem_t *)((const char *)p.outs[i] + oi))[x]);

@@ -18,7 +18,8 @@
    [DN | ROPE] and V tiles [KV_TILE][DV] stream through a cp.async ring of KV_STAGES stages
    (padded rows: conflict-free ldmatrix); each thread copies fixed 16-byte columns (chunks
    per row divide the 128 threads). Per tile: S = Q K^T (m16n8k16, K by ldmatrix), masked
-   (key j visible iff j < nkeys and, causal, key_pos0 + j <= pos0 + row), online softmax
+   (key j visible iff j < nkeys and, causal, key_pos0 + j < attn_mha_causal_end(pos0 + row):
+   key_pos0 + j <= pos0 + row, or the DCP rank's local count), online softmax
    in base 2 in registers, P packed from the S accumulators into A fragments, O += P V (V
    by ldmatrix.trans). Epilogue: O / l (merged with the earlier chunks' out/lse with MERGE),
    4-byte stores per lane. */
@@ -89,7 +90,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_mla_prefill(cons
     }
 
     /* ---- keys this CTA sees: [0, kend) of the chunk ---- */
-    const int kend = causal ? attn_imax(0, attn_imin(nkeys, pos0 + nq - 1 - key_pos0 + 1)) : nkeys;
+    const int kend = causal ? attn_imax(0, attn_imin(nkeys, attn_mha_causal_end(p, pos0 + nq - 1) - key_pos0)) : nkeys;
     const int ntiles = (kend + KV_TILE - 1) / KV_TILE;
     const char *const kn_base = (const char *)p.k_nope + ((attn_i64)head * p.k_stride_head + (tid % ATTN_NC_K) * 8) * 2;
     const char *const kp_base = (const char *)p.k_pe + (tid % ATTN_NC_P) * 8 * 2;
@@ -135,7 +136,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attn_mla_prefill(cons
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         const int R = row_a + 8 * h;
-        hi[h] = R >= nq ? 0 : causal ? attn_imax(0, attn_imin(nkeys, pos0 + R - key_pos0 + 1)) : nkeys;
+        hi[h] = R >= nq ? 0 : causal ? attn_imax(0, attn_imin(nkeys, attn_mha_causal_end(p, pos0 + R) - key_pos0)) : nkeys;
     }
     attn_u32 qf[ATTN_KS][4];
     float m[2] = {attn_neg_inf(), attn_neg_inf()}, l[2] = {0.0f, 0.0f};

@@ -12,7 +12,9 @@
    0 .. nkeys - 1 of the K/V tensors (a chunk of one request's keys, up-projected by the
    host's GEMMs) at positions key_pos0 + j; query t of the launch is row q_row0 + t of
    q/out/lse at position pos0 + t and sees key j iff (not causal or key_pos0 + j <= pos0 +
-   t). A row that sees no key: out 0, lse -inf.
+   t). Under DCP (params.dcp_world_size > 1) key j is the rank's local key key_pos0 + j and
+   query t sees it iff key_pos0 + j < the rank's local count of positions [0, pos0 + t + 1)
+   (attn_mha_causal_end). A row that sees no key: out 0, lse -inf.
    MERGE (flags bit 1): out/lse already hold the result over earlier chunks (lse base e;
    -inf: none); the CTA merges its chunk's result into them by LSE (weights 2^(lse - max);
    a side with lse -inf weighs 0, whatever its out holds). So a request of many chunks is
@@ -113,7 +115,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, 1) attn_mla_prefill(c
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         const int R = row0 + 8 * h;
-        const int b = causal ? attn_imax(0, attn_imin(nkeys, pos0 + R - key_pos0 + 1)) : nkeys;
+        const int b = causal ? attn_imax(0, attn_imin(nkeys, attn_mha_causal_end(p, pos0 + R) - key_pos0)) : nkeys;
         hi[h] = R < nq ? b : 0;
         if (R < nq) { hi_min = attn_imin(hi_min, b); hi_max = attn_imax(hi_max, b); }
     }

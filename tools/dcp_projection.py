@@ -11,7 +11,11 @@ t(1) / (t_rank(W) + t_combine(W)), both replays, leaves out the exchange (an all
 W x 32 x 128 x 2 bytes of out and W x 32 x 4 of LSE: microseconds over NVLink), which only
 the multi-GPU run can measure.
 
-usage: python3 tools/dcp_projection.py [--context 262144] [--iters 50]"""
+The same for MLA (issue 25's second shape): batch-1 absorbed decode over the same context,
+128 heads, latent 512 + RoPE 64 (576), bf16, on the CUDA MLA backend: rank 0's
+attn_mla_forward_mqa over its shard, then the combine of W partials of width 512.
+
+usage: python3 tools/dcp_projection.py [--context 262144] [--iters 50] [--only std|mla]"""
 import argparse
 import os
 import sys
@@ -52,11 +56,7 @@ def eager_and_replay(fn, iters):
     return eager, timed(g.replay, iters)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--context", type=int, default=262144)
-    ap.add_argument("--iters", type=int, default=50)
-    a = ap.parse_args()
+def standard(a):
     H, HKV, D, bs, I, L = 32, 8, 128, 16, 16, a.context
     ctx = attn_h.Context(log_level="warn")
     layer = attn_h.Layer(ctx, num_heads=H, num_kv_heads=HKV, head_size=D, block_size=bs, dtype="bfloat16",
@@ -95,6 +95,59 @@ def main():
                                                                t_comb_eager * 1e3, t_comb * 1e3,
                                                                base / (t_rank + t_comb)))
     ctx.close()
+
+
+def mla(a):
+    H, R, P, bs, I, L = 128, 512, 64, 64, 64, a.context
+    ctx = attn_h.Context(log_level="warn")
+    layer = attn_h.Layer(ctx, num_heads=H, block_size=bs, dtype="bfloat16", device="cuda",
+                         mla=dict(kv_lora_rank=R, qk_rope_head_dim=P, qk_nope_head_dim=128, v_head_dim=128))
+    nblocks = L // bs + 1
+    cache = torch.randn(layer.kv_cache_shape(nblocks), dtype=torch.bfloat16, device="cuda")
+    q = torch.randn(1, H, R + P, dtype=torch.bfloat16, device="cuda")
+    print()
+    print("DCP on one H200, MLA: rank 0 of W, batch-1 absorbed decode over %d tokens (128 heads, latent 512 + 64, "
+          "bf16, blocks of %d, interleave %d); backend %s" % (L, bs, I, layer.selection["resolved"]))
+    print("| W | rank-0 keys | rank forward, eager (us) | graph replay (us) | combine, eager Python (us) | "
+          "combine, graph replay (us) | projected speed-up (replays) |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    base = None
+    for W in (1, 2, 4, 8):
+        local = attn_h.dcp_local_tokens(W, 0, I, L)
+        nb = (local + bs - 1) // bs
+        table = np.arange(nb, dtype=np.int32).reshape(1, nb)
+        owner = ((L - 1) // I) % W
+        slot = attn_h.dcp_local_tokens(W, 0, I, L - 1) if owner == 0 else -1
+        meta = attn_h.Metadata(layer, 1, 1, nb, nblocks, dcp_world_size=W, dcp_rank=0, dcp_interleave=I)
+        meta.build(np.array([0, 1], np.int32), np.array([L], np.int32), table, np.array([slot], np.int64))
+        out = torch.empty(1, H, R, dtype=torch.bfloat16, device="cuda")
+        lse = torch.empty(1, H, dtype=torch.float32, device="cuda")
+        t_eager, t_graph = eager_and_replay(lambda: layer.mla_forward_mqa(meta, q, cache, out, lse=lse), a.iters)
+        outs = [out.clone() for _ in range(W)]
+        lses = [lse.clone() for _ in range(W)]
+        c_out, c_lse = torch.empty_like(out), torch.empty_like(lse)
+        t_comb_eager = t_comb = 0.0
+        if W > 1:
+            t_comb_eager, t_comb = eager_and_replay(lambda: attn_h.dcp_combine(ctx, outs, lses, c_out, c_lse),
+                                                    a.iters)
+        if base is None:
+            base = t_graph
+        print("| %d | %d | %.1f | %.1f | %.1f | %.1f | %.2f |" % (W, local, t_eager * 1e3, t_graph * 1e3,
+                                                               t_comb_eager * 1e3, t_comb * 1e3,
+                                                               base / (t_graph + t_comb)))
+    ctx.close()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--context", type=int, default=262144)
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--only", choices=("std", "mla"), default=None)
+    a = ap.parse_args()
+    if a.only != "mla":
+        standard(a)
+    if a.only != "std":
+        mla(a)
 
 
 if __name__ == "__main__":
