@@ -654,7 +654,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, MIN_CTAS) attn_mla_de
 
 /* The splits of one (query row, head tile) merged (mla_merge.cuh): grid (>= *num_merge,
    ROWS), one CTA per row. */
-extern "C" __global__ void __launch_bounds__(256) attn_mla_merge(const attn__mla_decode_params p) {
+extern "C" __global__ void __launch_bounds__(ATTN_MLA_MERGE_THREADS) attn_mla_merge(const attn__mla_decode_params p) {
 #if ATTN_KV8
     if (attn_cache_scale(p.k_scale, p.k_scale_value) == 0.0f) return; /* the decode wrote nothing: neither does the merge */
 #endif

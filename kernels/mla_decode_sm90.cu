@@ -650,6 +650,6 @@ extern "C" __global__ void __launch_bounds__(MW::threads, 1)
 }
 
 /* The merge as its own launch (mla_merge.cuh): grid (entries, 64), one CTA per row. */
-extern "C" __global__ void __launch_bounds__(256) attn_mla_merge(const attn__mla_decode_params p) {
+extern "C" __global__ void __launch_bounds__(ATTN_MLA_MERGE_THREADS) attn_mla_merge(const attn__mla_decode_params p) {
     attn_mla_merge_kernel(p);
 }

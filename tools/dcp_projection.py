@@ -40,6 +40,23 @@ def timed(fn, iters):
     return float(np.median(times))
 
 
+def kernel_us(fn, iters=20):
+    """Microseconds of device time per fn() call: the sum of its kernels' durations as
+    CUPTI records them (torch.profiler), so launch and graph overheads stay out."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    total = 0.0
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            total += e.device_time if hasattr(e, "device_time") else e.cuda_time
+    return total / iters
+
+
 def eager_and_replay(fn, iters):
     """(eager ms, CUDA-graph replay ms) of fn: warmed up, then captured on a side stream."""
     for _ in range(5):
@@ -67,8 +84,8 @@ def standard(a):
     print("DCP on one H200: rank 0 of W, batch-1 decode over %d tokens (32/8 heads, head 128, bf16, interleave %d); "
           "backend %s" % (L, I, layer.selection["resolved"]))
     print("| W | rank-0 keys | rank forward, eager (us) | graph replay (us) | combine, eager Python (us) | "
-          "combine, graph replay (us) | projected speed-up (replays) |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+          "combine, graph replay (us) | kernels: rank, combine (us) | projected speed-up (replays) |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     base = None
     for W in (1, 2, 4, 8):
         local = attn_h.dcp_local_tokens(W, 0, I, L)
@@ -84,16 +101,18 @@ def standard(a):
         outs = [out.clone() for _ in range(W)]
         lses = [lse.clone() for _ in range(W)]
         c_out, c_lse = torch.empty_like(out), torch.empty_like(lse)
-        t_comb_eager = t_comb = 0.0
+        t_comb_eager = t_comb = k_comb = 0.0
+        k_rank = kernel_us(lambda: layer.forward(meta, q, cache, out, lse=lse))
         if W > 1:   # eagerly (the Python call's host time) and as a graph replay (the kernel)
             t_comb_eager, t_comb = eager_and_replay(lambda: attn_h.dcp_combine(ctx, outs, lses, c_out, c_lse),
                                                     a.iters)
+            k_comb = kernel_us(lambda: attn_h.dcp_combine(ctx, outs, lses, c_out, c_lse))
         t_rank = t_graph
         if base is None:
             base = t_rank
-        print("| %d | %d | %.1f | %.1f | %.1f | %.1f | %.2f |" % (W, local, t_eager * 1e3, t_graph * 1e3,
-                                                               t_comb_eager * 1e3, t_comb * 1e3,
-                                                               base / (t_rank + t_comb)))
+        print("| %d | %d | %.1f | %.1f | %.1f | %.1f | %.1f, %.1f | %.2f |" % (
+            W, local, t_eager * 1e3, t_graph * 1e3, t_comb_eager * 1e3, t_comb * 1e3, k_rank, k_comb,
+            base / (t_rank + t_comb)))
     ctx.close()
 
 
@@ -109,8 +128,8 @@ def mla(a):
     print("DCP on one H200, MLA: rank 0 of W, batch-1 absorbed decode over %d tokens (128 heads, latent 512 + 64, "
           "bf16, blocks of %d, interleave %d); backend %s" % (L, bs, I, layer.selection["resolved"]))
     print("| W | rank-0 keys | rank forward, eager (us) | graph replay (us) | combine, eager Python (us) | "
-          "combine, graph replay (us) | projected speed-up (replays) |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+          "combine, graph replay (us) | kernels: rank, combine (us) | projected speed-up (replays) |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     base = None
     for W in (1, 2, 4, 8):
         local = attn_h.dcp_local_tokens(W, 0, I, L)
@@ -126,15 +145,17 @@ def mla(a):
         outs = [out.clone() for _ in range(W)]
         lses = [lse.clone() for _ in range(W)]
         c_out, c_lse = torch.empty_like(out), torch.empty_like(lse)
-        t_comb_eager = t_comb = 0.0
+        t_comb_eager = t_comb = k_comb = 0.0
+        k_rank = kernel_us(lambda: layer.mla_forward_mqa(meta, q, cache, out, lse=lse))
         if W > 1:
             t_comb_eager, t_comb = eager_and_replay(lambda: attn_h.dcp_combine(ctx, outs, lses, c_out, c_lse),
                                                     a.iters)
+            k_comb = kernel_us(lambda: attn_h.dcp_combine(ctx, outs, lses, c_out, c_lse))
         if base is None:
             base = t_graph
-        print("| %d | %d | %.1f | %.1f | %.1f | %.1f | %.2f |" % (W, local, t_eager * 1e3, t_graph * 1e3,
-                                                               t_comb_eager * 1e3, t_comb * 1e3,
-                                                               base / (t_graph + t_comb)))
+        print("| %d | %d | %.1f | %.1f | %.1f | %.1f | %.1f, %.1f | %.2f |" % (
+            W, local, t_eager * 1e3, t_graph * 1e3, t_comb_eager * 1e3, t_comb * 1e3, k_rank, k_comb,
+            base / (t_graph + t_comb)))
     ctx.close()
 
 
