@@ -1559,6 +1559,25 @@ typedef struct attn__tma_map {
     uint64_t opaque[16];
 } attn__tma_map;
 
+/* cuLaunchKernelEx's launch description (cuda.h's CUlaunchConfig and CUlaunchAttribute, the
+   same layout): attn.h sets one attribute, the cluster dimension (id 4). */
+#define ATTN__CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION 4
+typedef struct attn__CUlaunchAttribute {
+    int id;
+    char pad[4];
+    union {
+        char pad[64];
+        struct { unsigned x, y, z; } cluster;
+        uint64_t align;
+    } value;
+} attn__CUlaunchAttribute;
+typedef struct attn__CUlaunchConfig {
+    unsigned grid_x, grid_y, grid_z, block_x, block_y, block_z, shared_bytes;
+    attn__CUstream stream;
+    attn__CUlaunchAttribute *attrs;
+    unsigned num_attrs;
+} attn__CUlaunchConfig;
+
 /* The driver's library name; tests and unusual installs can point it elsewhere. The
    loader tries it, then "libcuda.so" (a development symlink some installs have only). */
 #ifndef ATTN_CUDA_DRIVER_LIBRARY
@@ -1622,12 +1641,15 @@ typedef struct attn__tma_map {
 
 /* Driver functions attn.h uses where the driver has them, NULL where it does not (the
    platform record says what is missing): cuTensorMapEncodeTiled (CUDA 12.0 drivers on;
-   the Hopper kernels' TMA copies). The enums are passed as int (C enums, int-sized). */
+   the Hopper kernels' TMA copies), cuLaunchKernelEx (12.0 on: the sparse MLA decode's
+   clusters; without it the launch has none). The enums are passed as int (C enums, int-sized). */
 #define ATTN__CUDA_DRIVER_OPTIONAL(X)                                                    \
     X(cuTensorMapEncodeTiled, "cuTensorMapEncodeTiled",                                  \
       (attn__tma_map * map, int data_type, unsigned rank, void *address, const uint64_t *dims, \
        const uint64_t *strides, const uint32_t *box, const uint32_t *element_strides, int interleave, \
-       int swizzle, int l2_promotion, int oob_fill))
+       int swizzle, int l2_promotion, int oob_fill))                                     \
+    X(cuLaunchKernelEx, "cuLaunchKernelEx",                                              \
+      (const attn__CUlaunchConfig *config, attn__CUfunction f, void **params, void **extra))
 
 /* The loaded driver, kept on the context for the backends that use it. */
 typedef struct attn__cuda_driver {
@@ -9959,6 +9981,10 @@ typedef struct attn__cuda_mla_layer {
     int rows;                        /* heads per decode CTA (its config.rows: its partials' rows) */
     int resident;                    /* decode CTAs resident at once (CUDA_MLA: occupancy x SMs;
                                         CUDA_MLA_SM90: 0, the default policy) */
+    int sparse_cluster;              /* the sparse decode launches head tiles in pairs (a cluster
+                                        of 2 sharing each row's gather: mla_decode_sm90.cu's
+                                        SPARSE_CLUSTER) where the tiles are even; env
+                                        ATTN_MLA_SPARSE_CLUSTER=0 turns it off */
 } attn__cuda_mla_layer;
 
 /* The sparse MLA decode a layer loads: its family's role, except that CUDA_MLA_SM90's wgmma
@@ -10051,6 +10077,8 @@ static attn_status attn__cuda_mla_layer_init(const attn_backend *self, attn_laye
         st = attn__cuda_load_role(ctx, attn__cuda_mla_sparse_role(f, d), opt[ATTN__ROLE_DECODE_WIDE], &L->sparse, reason,
                                   size);
     if (st == ATTN_OK) L->rows = L->decode.config.rows;
+    L->sparse_cluster = L->sm90 && L->sparse.config.tma_box_rows == 1 && ctx->cuda->cuLaunchKernelEx &&
+                        attn__env_bool(ctx, "ATTN_MLA_SPARSE_CLUSTER", 1);
     if (st == ATTN_OK && !L->sm90) { /* the split policy's target: one wave of resident decode CTAs */
         L->resident = attn__cuda_resident(ctx, &L->decode, 1);
         st = attn_layer_set_decode_parallelism(layer, L->resident, L->rows);
@@ -10544,10 +10572,27 @@ static attn_status attn__cuda_mla_forward_sparse(const attn_backend *self, attn_
     merges = (unsigned)(capturing ? cm->sparse_slots : cm->host.counts[4]);
     args[0] = &map; /* a kernel fed through TMA takes the cache's map first */
     args[1] = &dp;
-    rc = grid ? ctx->cuda->cuLaunchKernel(L->sparse.main, grid, (unsigned)cm->sparse_tiles, splits,
-                                          (unsigned)L->sparse.config.threads, 1, 1, (unsigned)L->sparse.config.shared_bytes,
-                                          (attn__CUstream)stream, mapped ? args : args + 1, NULL)
-              : 0;
+    if (grid && mapped && L->sparse_cluster && cm->sparse_tiles % 2 == 0) { /* head tiles in pairs */
+        attn__CUlaunchAttribute at;
+        attn__CUlaunchConfig lc;
+        memset(&at, 0, sizeof at);
+        memset(&lc, 0, sizeof lc);
+        at.id = ATTN__CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+        at.value.cluster.x = 1; at.value.cluster.y = 2; at.value.cluster.z = 1;
+        lc.grid_x = grid; lc.grid_y = (unsigned)cm->sparse_tiles; lc.grid_z = splits;
+        lc.block_x = (unsigned)L->sparse.config.threads; lc.block_y = lc.block_z = 1;
+        lc.shared_bytes = (unsigned)L->sparse.config.shared_bytes;
+        lc.stream = (attn__CUstream)stream;
+        lc.attrs = &at;
+        lc.num_attrs = 1;
+        rc = ctx->cuda->cuLaunchKernelEx(&lc, L->sparse.main, args, NULL);
+    } else {
+        rc = grid ? ctx->cuda->cuLaunchKernel(L->sparse.main, grid, (unsigned)cm->sparse_tiles, splits,
+                                              (unsigned)L->sparse.config.threads, 1, 1,
+                                              (unsigned)L->sparse.config.shared_bytes, (attn__CUstream)stream,
+                                              mapped ? args : args + 1, NULL)
+                  : 0;
+    }
     if (rc == 0 && grid && merges) /* the splits merged, a CTA per row (the sinks joined there) */
         rc = ctx->cuda->cuLaunchKernel(L->sparse.second, merges, (unsigned)cm->sparse_rows, 1, ATTN__MLA_MERGE_THREADS, 1, 1, 0,
                                        (attn__CUstream)stream, args + 1, NULL);
@@ -12712,6 +12757,53 @@ static const char *const attn__kernel_src_hopper_cuh[] = {
     "                 : \"memory\");\n",
     "}\n",
     "\n",
+    "/* the same load multicast: the box lands at `dst` (an offset in this CTA's shared window) in\n",
+    "   every CTA of the cluster whose bit is set in `cta_mask`, completing bytes on the mbarrier\n",
+    "   at `bar`'s offset in each of them */\n",
+    "ATTN_DEV void attn_tma_load_3d_multicast(attn_u32 dst, const attn_tma_map *map, int c0, int c1, int c2, attn_u32 bar,\n",
+    "                                         unsigned short cta_mask) {\n",
+    "    asm volatile(\"cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3, %4}], [%5], %6;\"\n",
+    "                 ::\"r\"(dst), \"l\"((attn_u64)map), \"r\"(c0), \"r\"(c1), \"r\"(c2), \"r\"(bar), \"h\"(cta_mask)\n",
+    "                 : \"memory\");\n",
+    "}\n",
+    "\n",
+    "/* ---- thread-block clusters (a launch with a cluster dimension; 1 CTA otherwise) ---- */\n",
+    "ATTN_DEV unsigned attn_cluster_rank(void) {\n",
+    "    unsigned r;\n",
+    "    asm volatile(\"mov.u32 %0, %%cluster_ctarank;\" : \"=r\"(r));\n",
+    "    return r;\n",
+    "}\n",
+    "ATTN_DEV unsigned attn_cluster_size(void) {\n",
+    "    unsigned n;\n",
+    "    asm volatile(\"mov.u32 %0, %%cluster_nctarank;\" : \"=r\"(n));\n",
+    "    return n;\n",
+    "}\n",
+    "/* every thread of every CTA of the cluster meets (release / acquire at cluster scope) */\n",
+    "ATTN_DEV void attn_cluster_sync(void) {\n",
+    "    asm volatile(\"barrier.cluster.arrive.release.aligned;\\n\\tbarrier.cluster.wait.acquire.aligned;\" ::: \"memory\");\n",
+    "}\n",
+    "/* an arrival on the mbarrier at `bar`'s offset in CTA `cta` of the cluster (this one too) */\n",
+    "ATTN_DEV void attn_mbar_arrive_remote(attn_u32 bar, unsigned cta) {\n",
+    "    asm volatile(\"{\\n\\t.reg .b32 ra;\\n\\tmapa.shared::cluster.u32 ra, %0, %1;\\n\\t\"\n",
+    "                 \"mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\\n\\t}\" ::\"r\"(bar), \"r\"(cta)\n",
+    "                 : \"memory\");\n",
+    "}\n",
+    "/* attn_mbar_wait at cluster scope: what the arriving CTAs did before their arrivals (remote\n",
+    "   ones included) is visible after it */\n",
+    "ATTN_DEV void attn_mbar_wait_cluster(attn_u32 bar, unsigned parity) {\n",
+    "    attn_u32 done = 0;\n",
+    "    while (!done)\n",
+    "        asm volatile(\n",
+    "            \"{\\n\"\n",
+    "            \"  .reg .pred p;\\n\"\n",
+    "            \"  mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\\n\"\n",
+    "            \"  selp.u32 %0, 1, 0, p;\\n\"\n",
+    "            \"}\\n\"\n",
+    "            : \"=r\"(done)\n",
+    "            : \"r\"(bar), \"r\"(parity)\n",
+    "            : \"memory\");\n",
+    "}\n",
+    "\n",
     "/* ---- fences ---- */\n",
     "\n",
     "/* ordinary shared-memory stores (st.shared, stmatrix) that the copy engine or the tensor\n",
@@ -13763,6 +13855,14 @@ static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
     "   masked. A row's box coordinates take two dependent loads, both made during the pair\n",
     "   before its copies: the entry at the top of the pair, its block-table row under the S\n",
     "   wgmma. The S owner's mask is a ballot of its tile's entries, loaded a pair ahead.\n",
+    "   SPARSE_CLUSTER (the host's choice, where the head tiles are even: 128 heads and more): the\n",
+    "   launch pairs head tiles 2k and 2k + 1 of a token in a cluster of 2. Each CTA issues the\n",
+    "   boxes of the rows of its parity only, multicast into both CTAs' slots (the same offsets;\n",
+    "   each CTA's full barrier counts the bytes that land in it, from either), so each gathers\n",
+    "   half the rows. A slot is then written by the peer too, so a refill first meets the\n",
+    "   peer's: the refilling warpgroup's issuer arrives on the group's empty barrier in both\n",
+    "   CTAs (count 2) and the warpgroup waits on its own (parity of the pair) before its boxes.\n",
+    "   A cluster barrier follows the barriers' init and ends the kernel.\n",
     "   SPARSE_TMA 0 copies by cp.async instead (16-byte pieces into the swizzled slots, one\n",
     "   cp.async arrival per thread on the group's barrier, a proxy fence after each wait):\n",
     "   correct, but held to ~10 GB/s an SM by the cp.async in flight (docs/PERF.md). */\n",
@@ -13831,7 +13931,7 @@ static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
     "    static constexpr int pieces = 64 / box_rows;             /* boxes per tile and panel */\n",
     "    static constexpr int slot_bytes = np * panel;\n",
     "    static constexpr int q_off = 0, slot_off = np * panel, bar_off = slot_off + 2 * slot_bytes;\n",
-    "    static constexpr int m_off = bar_off + 32, l_off = m_off + 2 * 64 * 4;\n",
+    "    static constexpr int m_off = bar_off + 64, l_off = m_off + 2 * 64 * 4; /* 4 full, 4 empty barriers */\n",
     "    static constexpr int smem_bytes = l_off + 2 * 64 * 4 + 1024; /* + the slack that aligns the base */\n",
     "    static constexpr int threads = 256;\n",
     "    static_assert(smem_bytes <= 227 * 1024, \"mla_decode_sm90.cu: shared memory over 227 KiB\");\n",
@@ -13931,11 +14031,20 @@ static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
     "    const int g = lane >> 2, tq = lane & 3;\n",
     "    const int c1 = __all_sync(0xffffffffu, wg == 1); /* wg, as a value ptxas knows is warp-uniform */\n",
     "    const int issuer = (tid & 127) == 0;            /* the thread of each warpgroup that issues its refills */\n",
+    "#if SPARSE && SPARSE_TMA == 1\n",
+    "    /* a cluster of 2 (the host's launch, 128 heads and more): the CTAs of one token's two head\n",
+    "       tiles each gather half of every tile's rows, multicast into both (SPARSE_CLUSTER) */\n",
+    "    const unsigned ncl = attn_cluster_size(), crank = attn_cluster_rank();\n",
+    "#else\n",
+    "    const unsigned ncl = 1, crank = 0;\n",
+    "    (void)crank;\n",
+    "#endif\n",
     "    const attn_u32 smem0 = attn_smem_addr(attn_smem);\n",
     "    const attn_u32 base = (smem0 + 1023u) & ~1023u;\n",
     "    char *const smem = (char *)attn_smem + (base - smem0);\n",
     "    const attn_u32 sQ = base + MW::q_off, sS0 = base + MW::slot_off, sS1 = sS0 + MW::slot_bytes;\n",
     "    const attn_u32 full = base + MW::bar_off; /* [4]: A0 B0 A1 B1 */\n",
+    "    const attn_u32 empty = full + 32;         /* [4]: in a cluster, the group's slot is free in both CTAs */\n",
     "    float *const sM = (float *)(smem + MW::m_off); /* [2][64]: m after tile 2i (C0), after 2i + 1 (C1) */\n",
     "    float *const sL = (float *)(smem + MW::l_off);\n",
     "    const int *bt = p.block_table + (attn_i64)req * p.block_table_stride;\n",
@@ -13995,7 +14104,11 @@ static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
     "            if (i >= attn_mla_seesaw_group_count(g)) break;\n",
     "            if (SPARSE_TMA == 1 ? (i & 1) != h : (i & 3) != 2 * h) continue;\n",
     "            const int c = attn_mla_seesaw_group_panel(g, i);\n",
-    "            attn_tma_load_3d(slot_at + (attn_u32)(c * MW::panel + grow * 128), &kv_map, 64 * c, row, blk, bar);\n",
+    "            if (ncl == 1)\n",
+    "                attn_tma_load_3d(slot_at + (attn_u32)(c * MW::panel + grow * 128), &kv_map, 64 * c, row, blk, bar);\n",
+    "            else if ((unsigned)(grow & 1) == crank) /* this CTA's half of the rows, into both */\n",
+    "                attn_tma_load_3d_multicast(slot_at + (attn_u32)(c * MW::panel + grow * 128), &kv_map, 64 * c, row, blk, bar,\n",
+    "                                           (unsigned short)3);\n",
     "        }\n",
     "#if SPARSE_TMA == 2\n",
     "        copy_panels(g, slot_at, row_ptr(at), 1, 2);\n",
@@ -14018,9 +14131,12 @@ static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
     "\n",
     "    if (tid == 0) {\n",
     "        for (int i = 0; i < 4; i++) attn_mbar_init(full + 8 * i, !SPARSE ? 1 : SPARSE_TMA == 2 ? 256 : 128);\n",
+    "        if (ncl > 1)\n",
+    "            for (int i = 0; i < 4; i++) attn_mbar_init(empty + 8 * i, 2); /* the refilling warpgroups of both CTAs */\n",
     "        attn_mbar_init_fence();\n",
     "    }\n",
     "    __syncthreads(); /* the barriers */\n",
+    "    if (ncl > 1) attn_cluster_sync(); /* the peer's too, before any multicast lands on them */\n",
     "#if !SPARSE\n",
     "    if (tid == 0 && npairs > 0) { /* pair 0, all four groups */\n",
     "        int b0[MW::pieces], b1[MW::pieces];\n",
@@ -14085,11 +14201,20 @@ static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
     "    /* the warpgroup is done with group g of `slot_at`: its issuer refills it with tile `ktile`\n",
     "       of the next pair (blocks from lanes first .. first + pieces - 1) */\n",
     "#if SPARSE\n",
-    "    auto refill = [&](int g, attn_u32 slot_at, attn_i64 off, int next) {\n",
+    "    auto refill = [&](int g, attn_u32 slot_at, attn_i64 off, int next, unsigned par) {\n",
     "        attn_named_barrier(ATTN_NB_WG + wg, 128);\n",
-    "        if (next) gather(g, slot_at, off);\n",
+    "        if (!next) return;\n",
+    "        if (ncl > 1) { /* the peer writes this slot too: both CTAs' readers must be done with group g */\n",
+    "            if (issuer) {\n",
+    "                attn_mbar_arrive(empty + 8 * g);\n",
+    "                attn_mbar_arrive_remote(empty + 8 * g, crank ^ 1u);\n",
+    "            }\n",
+    "            attn_mbar_wait_cluster(empty + 8 * g, par);\n",
+    "        }\n",
+    "        gather(g, slot_at, off);\n",
     "    };\n",
-    "    (void)issuer; /* (every thread of the warpgroup issues its own copies) */\n",
+    "    /* (every thread of the warpgroup issues its own copies; in a cluster the issuer arrives\n",
+    "       for the warpgroup on both CTAs' empty barriers) */\n",
     "#else\n",
     "    auto refill = [&](int g, attn_u32 slot_at, int first, int ktile, int valid, int next) {\n",
     "        int blk[MW::pieces];\n",
@@ -14265,7 +14390,7 @@ static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
     "        attn_wgmma_wait<0>();\n",
     "        attn_wgmma_fence_acc(o);\n",
     "#if SPARSE\n",
-    "        refill(c1, sS0, offa, next);\n",
+    "        refill(c1, sS0, offa, next, ph);\n",
     "#else\n",
     "        refill(c1, sS0, 0, kn, 1, next); /* slot 0's A0 (C0) / B0 (C1) */\n",
     "#endif\n",
@@ -14283,7 +14408,7 @@ static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
     "        attn_wgmma_wait<0>();\n",
     "        attn_wgmma_fence_acc(o);\n",
     "#if SPARSE\n",
-    "        refill(2 + c1, sS1, offb, next);\n",
+    "        refill(2 + c1, sS1, offb, next, ph);\n",
     "#else\n",
     "        refill(2 + c1, sS1, MW::pieces, kn + 64, 2 * (pr + 1) + 1 < ntiles, next); /* slot 1's A1 (C0, P1 read) / B1 (C1) */\n",
     "#endif\n",
@@ -14323,6 +14448,7 @@ static const char *const attn__kernel_src_mla_decode_sm90_cu[] = {
     "            if (wg == 0 && tq == 0) p.partial_lse[(attn_i64)slot * ROWS + row] = lse2;\n",
     "        }\n",
     "    }\n",
+    "    if (ncl > 1) attn_cluster_sync(); /* no CTA leaves while its peer may still write to it */\n",
     "}\n",
     "\n",
     "/* The merge as its own launch (mla_merge.cuh): grid (entries, 64), one CTA per row. */\n",

@@ -145,6 +145,53 @@ ATTN_DEV void attn_tma_load_5d(attn_u32 dst, const attn_tma_map *map, int c0, in
                  : "memory");
 }
 
+/* the same load multicast: the box lands at `dst` (an offset in this CTA's shared window) in
+   every CTA of the cluster whose bit is set in `cta_mask`, completing bytes on the mbarrier
+   at `bar`'s offset in each of them */
+ATTN_DEV void attn_tma_load_3d_multicast(attn_u32 dst, const attn_tma_map *map, int c0, int c1, int c2, attn_u32 bar,
+                                         unsigned short cta_mask) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3, %4}], [%5], %6;"
+                 ::"r"(dst), "l"((attn_u64)map), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "h"(cta_mask)
+                 : "memory");
+}
+
+/* ---- thread-block clusters (a launch with a cluster dimension; 1 CTA otherwise) ---- */
+ATTN_DEV unsigned attn_cluster_rank(void) {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+ATTN_DEV unsigned attn_cluster_size(void) {
+    unsigned n;
+    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
+    return n;
+}
+/* every thread of every CTA of the cluster meets (release / acquire at cluster scope) */
+ATTN_DEV void attn_cluster_sync(void) {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+/* an arrival on the mbarrier at `bar`'s offset in CTA `cta` of the cluster (this one too) */
+ATTN_DEV void attn_mbar_arrive_remote(attn_u32 bar, unsigned cta) {
+    asm volatile("{\n\t.reg .b32 ra;\n\tmapa.shared::cluster.u32 ra, %0, %1;\n\t"
+                 "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n\t}" ::"r"(bar), "r"(cta)
+                 : "memory");
+}
+/* attn_mbar_wait at cluster scope: what the arriving CTAs did before their arrivals (remote
+   ones included) is visible after it */
+ATTN_DEV void attn_mbar_wait_cluster(attn_u32 bar, unsigned parity) {
+    attn_u32 done = 0;
+    while (!done)
+        asm volatile(
+            "{\n"
+            "  .reg .pred p;\n"
+            "  mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+            "  selp.u32 %0, 1, 0, p;\n"
+            "}\n"
+            : "=r"(done)
+            : "r"(bar), "r"(parity)
+            : "memory");
+}
+
 /* ---- fences ---- */
 
 /* ordinary shared-memory stores (st.shared, stmatrix) that the copy engine or the tensor

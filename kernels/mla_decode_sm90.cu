@@ -87,6 +87,14 @@
    masked. A row's box coordinates take two dependent loads, both made during the pair
    before its copies: the entry at the top of the pair, its block-table row under the S
    wgmma. The S owner's mask is a ballot of its tile's entries, loaded a pair ahead.
+   SPARSE_CLUSTER (the host's choice, where the head tiles are even: 128 heads and more): the
+   launch pairs head tiles 2k and 2k + 1 of a token in a cluster of 2. Each CTA issues the
+   boxes of the rows of its parity only, multicast into both CTAs' slots (the same offsets;
+   each CTA's full barrier counts the bytes that land in it, from either), so each gathers
+   half the rows. A slot is then written by the peer too, so a refill first meets the
+   peer's: the refilling warpgroup's issuer arrives on the group's empty barrier in both
+   CTAs (count 2) and the warpgroup waits on its own (parity of the pair) before its boxes.
+   A cluster barrier follows the barriers' init and ends the kernel.
    SPARSE_TMA 0 copies by cp.async instead (16-byte pieces into the swizzled slots, one
    cp.async arrival per thread on the group's barrier, a proxy fence after each wait):
    correct, but held to ~10 GB/s an SM by the cp.async in flight (docs/PERF.md). */
@@ -155,7 +163,7 @@ struct attn_mla_seesaw {
     static constexpr int pieces = 64 / box_rows;             /* boxes per tile and panel */
     static constexpr int slot_bytes = np * panel;
     static constexpr int q_off = 0, slot_off = np * panel, bar_off = slot_off + 2 * slot_bytes;
-    static constexpr int m_off = bar_off + 32, l_off = m_off + 2 * 64 * 4;
+    static constexpr int m_off = bar_off + 64, l_off = m_off + 2 * 64 * 4; /* 4 full, 4 empty barriers */
     static constexpr int smem_bytes = l_off + 2 * 64 * 4 + 1024; /* + the slack that aligns the base */
     static constexpr int threads = 256;
     static_assert(smem_bytes <= 227 * 1024, "mla_decode_sm90.cu: shared memory over 227 KiB");
@@ -255,11 +263,20 @@ extern "C" __global__ void __launch_bounds__(MW::threads, 1)
     const int g = lane >> 2, tq = lane & 3;
     const int c1 = __all_sync(0xffffffffu, wg == 1); /* wg, as a value ptxas knows is warp-uniform */
     const int issuer = (tid & 127) == 0;            /* the thread of each warpgroup that issues its refills */
+#if SPARSE && SPARSE_TMA == 1
+    /* a cluster of 2 (the host's launch, 128 heads and more): the CTAs of one token's two head
+       tiles each gather half of every tile's rows, multicast into both (SPARSE_CLUSTER) */
+    const unsigned ncl = attn_cluster_size(), crank = attn_cluster_rank();
+#else
+    const unsigned ncl = 1, crank = 0;
+    (void)crank;
+#endif
     const attn_u32 smem0 = attn_smem_addr(attn_smem);
     const attn_u32 base = (smem0 + 1023u) & ~1023u;
     char *const smem = (char *)attn_smem + (base - smem0);
     const attn_u32 sQ = base + MW::q_off, sS0 = base + MW::slot_off, sS1 = sS0 + MW::slot_bytes;
     const attn_u32 full = base + MW::bar_off; /* [4]: A0 B0 A1 B1 */
+    const attn_u32 empty = full + 32;         /* [4]: in a cluster, the group's slot is free in both CTAs */
     float *const sM = (float *)(smem + MW::m_off); /* [2][64]: m after tile 2i (C0), after 2i + 1 (C1) */
     float *const sL = (float *)(smem + MW::l_off);
     const int *bt = p.block_table + (attn_i64)req * p.block_table_stride;
@@ -319,7 +336,11 @@ extern "C" __global__ void __launch_bounds__(MW::threads, 1)
             if (i >= attn_mla_seesaw_group_count(g)) break;
             if (SPARSE_TMA == 1 ? (i & 1) != h : (i & 3) != 2 * h) continue;
             const int c = attn_mla_seesaw_group_panel(g, i);
-            attn_tma_load_3d(slot_at + (attn_u32)(c * MW::panel + grow * 128), &kv_map, 64 * c, row, blk, bar);
+            if (ncl == 1)
+                attn_tma_load_3d(slot_at + (attn_u32)(c * MW::panel + grow * 128), &kv_map, 64 * c, row, blk, bar);
+            else if ((unsigned)(grow & 1) == crank) /* this CTA's half of the rows, into both */
+                attn_tma_load_3d_multicast(slot_at + (attn_u32)(c * MW::panel + grow * 128), &kv_map, 64 * c, row, blk, bar,
+                                           (unsigned short)3);
         }
 #if SPARSE_TMA == 2
         copy_panels(g, slot_at, row_ptr(at), 1, 2);
@@ -342,9 +363,12 @@ extern "C" __global__ void __launch_bounds__(MW::threads, 1)
 
     if (tid == 0) {
         for (int i = 0; i < 4; i++) attn_mbar_init(full + 8 * i, !SPARSE ? 1 : SPARSE_TMA == 2 ? 256 : 128);
+        if (ncl > 1)
+            for (int i = 0; i < 4; i++) attn_mbar_init(empty + 8 * i, 2); /* the refilling warpgroups of both CTAs */
         attn_mbar_init_fence();
     }
     __syncthreads(); /* the barriers */
+    if (ncl > 1) attn_cluster_sync(); /* the peer's too, before any multicast lands on them */
 #if !SPARSE
     if (tid == 0 && npairs > 0) { /* pair 0, all four groups */
         int b0[MW::pieces], b1[MW::pieces];
@@ -409,11 +433,20 @@ extern "C" __global__ void __launch_bounds__(MW::threads, 1)
     /* the warpgroup is done with group g of `slot_at`: its issuer refills it with tile `ktile`
        of the next pair (blocks from lanes first .. first + pieces - 1) */
 #if SPARSE
-    auto refill = [&](int g, attn_u32 slot_at, attn_i64 off, int next) {
+    auto refill = [&](int g, attn_u32 slot_at, attn_i64 off, int next, unsigned par) {
         attn_named_barrier(ATTN_NB_WG + wg, 128);
-        if (next) gather(g, slot_at, off);
+        if (!next) return;
+        if (ncl > 1) { /* the peer writes this slot too: both CTAs' readers must be done with group g */
+            if (issuer) {
+                attn_mbar_arrive(empty + 8 * g);
+                attn_mbar_arrive_remote(empty + 8 * g, crank ^ 1u);
+            }
+            attn_mbar_wait_cluster(empty + 8 * g, par);
+        }
+        gather(g, slot_at, off);
     };
-    (void)issuer; /* (every thread of the warpgroup issues its own copies) */
+    /* (every thread of the warpgroup issues its own copies; in a cluster the issuer arrives
+       for the warpgroup on both CTAs' empty barriers) */
 #else
     auto refill = [&](int g, attn_u32 slot_at, int first, int ktile, int valid, int next) {
         int blk[MW::pieces];
@@ -589,7 +622,7 @@ extern "C" __global__ void __launch_bounds__(MW::threads, 1)
         attn_wgmma_wait<0>();
         attn_wgmma_fence_acc(o);
 #if SPARSE
-        refill(c1, sS0, offa, next);
+        refill(c1, sS0, offa, next, ph);
 #else
         refill(c1, sS0, 0, kn, 1, next); /* slot 0's A0 (C0) / B0 (C1) */
 #endif
@@ -607,7 +640,7 @@ extern "C" __global__ void __launch_bounds__(MW::threads, 1)
         attn_wgmma_wait<0>();
         attn_wgmma_fence_acc(o);
 #if SPARSE
-        refill(2 + c1, sS1, offb, next);
+        refill(2 + c1, sS1, offb, next, ph);
 #else
         refill(2 + c1, sS1, MW::pieces, kn + 64, 2 * (pr + 1) + 1 < ntiles, next); /* slot 1's A1 (C0, P1 read) / B1 (C1) */
 #endif
@@ -647,6 +680,7 @@ extern "C" __global__ void __launch_bounds__(MW::threads, 1)
             if (wg == 0 && tq == 0) p.partial_lse[(attn_i64)slot * ROWS + row] = lse2;
         }
     }
+    if (ncl > 1) attn_cluster_sync(); /* no CTA leaves while its peer may still write to it */
 }
 
 /* The merge as its own launch (mla_merge.cuh): grid (entries, 64), one CTA per row. */
