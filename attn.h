@@ -1,4 +1,4 @@
-/* attn.h - v0.16.0 - paged attention and MLA for C/C++, portable C and CUDA (NVRTC)
+/* attn.h - v0.17.0 - paged attention and MLA for C/C++, portable C and CUDA (NVRTC)
 
    Do this:
        #define ATTN_IMPLEMENTATION
@@ -77,6 +77,10 @@
                                attn_metadata_build (the CUDA and CUDA_SM90 backends: at
                                attn_metadata_create, so that a captured graph holds exactly
                                the decode kernels its builds can run) (default off)
+       ATTN_MLA_SPARSE_CLUSTER tuning: off = CUDA_MLA_SM90's sparse decode runs each head tile
+                               alone instead of pairing a token's head tiles in 2-CTA
+                               clusters that share its row gathers; read at layer creation
+                               (default on)
        Booleans read 1/0, true/false, yes/no, on/off (case-insensitive). Apart from
        ATTN_BACKEND, a value that is not allowed logs one WARN line (ATTN_LOG_ENV_INVALID,
        through the context's hook) naming the variable, the value and what is allowed, and
@@ -379,6 +383,15 @@
               attn_communicator_destroy. CPU, CPU_MLA, CUDA, CUDA_SM90; attn__paged_params
               gains the dcp fields; merge.cu gains attn_dcp_combine. attn_h.py: the desc
               fields, dcp_local_tokens, dcp_combine, dcp_all_gather_combine.
+       0.17.0 DCP on CUDA_MLA and CUDA_MLA_SM90 (attn__mla_prefill_params gains the dcp
+              triple; the absorbed decode's ranges come from the host schedule);
+              attn_dcp_combine's 16-byte path loads up to 8 inputs at once
+              (attn__combine_params.vec16); attn_mla_merge rewritten (512 threads, splits in
+              groups: 27.3 -> 6.9 us at 66 splits on the H200); the sparse MLA decode of
+              CUDA_MLA_SM90 runs head tiles in 2-CTA clusters with multicast row gathers
+              (cuLaunchKernelEx, an optional driver symbol; ATTN_MLA_SPARSE_CLUSTER=0 off;
+              236.9 -> 253.0 TFLOP/s); a backend of another device than the layer's reports
+              only that in the selection record. No API change.
 
    LICENSE: MIT, see the end of the file.
 */
@@ -386,9 +399,9 @@
 #define ATTN_H
 
 #define ATTN_VERSION_MAJOR 0
-#define ATTN_VERSION_MINOR 16
+#define ATTN_VERSION_MINOR 17
 #define ATTN_VERSION_PATCH 0
-#define ATTN_VERSION_STRING "0.16.0"
+#define ATTN_VERSION_STRING "0.17.0"
 
 #include <stddef.h>
 #include <stdint.h>
