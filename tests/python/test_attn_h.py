@@ -841,6 +841,89 @@ def test_mla(ctx, xp, dtype):
     assert_close(xp.f64(lse_p), want_lse[td:], lse_tol, 0, "mha lse")
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_dcp_mla(ctx, xp, dtype):
+    """MLA under decode context parallelism, against float64: W = 3 ranks (interleave 4),
+    each with its own latent cache of the positions it owns (written through
+    concat_and_cache_mla at its local slots) and a DCP metadata of the global batch; each
+    rank's absorbed decode and up-projected prefill give partials with LSE, dcp_combine
+    joins them. On CUDA this is CUDA_MLA_SM90's decode and prefill over a rank's shard."""
+    if xp.device == "cuda":
+        if dtype == "float32":
+            pytest.skip("CUDA_MLA_SM90 takes f16 and bf16 (f32 MLA runs on CPU_MLA)")
+        if torch.cuda.get_device_capability() != (9, 0):
+            pytest.skip("CUDA_MLA_SM90 needs compute capability 9.0")
+    if not xp.supports(dtype):
+        pytest.skip(NO_BF16)
+    rng = np.random.default_rng(25)
+    H, bs, W, I = 4, 16, 3, 4
+    layer = attn_h.Layer(ctx, num_heads=H, block_size=bs, dtype=dtype, device=xp.device,
+                         mla=dict(kv_lora_rank=R, qk_rope_head_dim=ROPE,
+                                  qk_nope_head_dim=NOPE, v_head_dim=VDIM))
+    scale = layer.desc["scale"]
+    reqs = [(1, 40), (1, 3), (9, 30), (12, 12)]       # decodes first; request 1 has no key on rank 2
+    td, ntok = 2, sum(q for q, _ in reqs)
+    qsl = np.concatenate([[0], np.cumsum([q for q, _ in reqs])]).astype(np.int32)
+    seq_lens = np.array([s for _, s in reqs], dtype=np.int32)
+    a = math.sqrt(3.0 / R)
+    lat_t = [xp.store(rng.uniform(-1, 1, (s, R + ROPE)), dtype) for _, s in reqs]
+    lat = [xp.f64(x) for x in lat_t]
+    wuk_t = xp.store(rng.uniform(-a, a, (H, NOPE, R)), dtype)
+    wuv_t = xp.store(rng.uniform(-a, a, (H, R, VDIM)), dtype)
+    qn_t = xp.store(rng.uniform(-2, 2, (ntok, H, NOPE)), dtype)
+    qp_t = xp.store(rng.uniform(-2, 2, (ntok, H, ROPE)), dtype)
+    wuk, wuv, qn, qp = xp.f64(wuk_t), xp.f64(wuv_t), xp.f64(qn_t), xp.f64(qp_t)
+    want_out, want_lat, want_lse = mla_reference(lat, qn, qp, wuk, wuv, reqs, scale)
+    q_lat = xp.store(np.einsum("thn,hnr->thr", qn[:td], wuk), dtype)
+    cat = np.concatenate if xp.kind == "numpy" else torch.cat
+    q_full = cat([qn_t[td:], qp_t[td:]], -1)
+    parts = []
+    for rank in range(W):
+        local = [attn_h.dcp_local_tokens(W, rank, I, s) for _, s in reqs]
+        need = [(n + bs - 1) // bs for n in local]
+        stride, nblocks = max(max(need), 1) + 1, sum(need) + 2
+        table = np.full((len(reqs), stride), -7, dtype=np.int32)
+        pool = rng.permutation(nblocks).astype(np.int32)
+        at = 0
+        for r, n in enumerate(need):
+            table[r, :n] = pool[at:at + n]
+            at += n
+        cache = xp.nan(layer.kv_cache_shape(nblocks), dtype)
+        slot_of = []   # per request: each position's slot on this rank, -1 where another rank owns it
+        for r, (q, s) in enumerate(reqs):
+            pos = np.arange(s)
+            j = np.array([attn_h.dcp_local_tokens(W, rank, I, p) for p in pos], dtype=np.int64)
+            mine = (pos // I) % W == rank
+            slot_of.append(np.where(mine, table[r, np.minimum(j // bs, stride - 1)].astype(np.int64) * bs + j % bs, -1))
+            if mine.any():
+                idx = np.nonzero(mine)[0]
+                rows = lat_t[r][idx.tolist()] if xp.kind != "numpy" else lat_t[r][idx]
+                layer.concat_and_cache_mla(rows[:, :R], rows[:, R:], cache, slot_of[r][idx])
+        meta = attn_h.Metadata(layer, len(reqs), ntok, stride, nblocks, dcp_world_size=W, dcp_rank=rank,
+                               dcp_interleave=I)
+        meta.build(qsl, seq_lens, table, np.concatenate([so[s - q:] for so, (q, s) in zip(slot_of, reqs)]))
+        out_lat, lse_d = xp.nan((td, H, R), dtype), xp.nan((td, H), "float32")
+        layer.mla_forward_mqa(meta, q_lat, cache, out_lat, q_pe=qp_t[:td], lse=lse_d)
+        out_p, lse_p = xp.nan((ntok - td, H, VDIM), dtype), xp.nan((ntok - td, H), "float32")
+        layer.mla_forward_mha(meta, q_full, cache, wuk_t, wuv_t, out_p, lse=lse_p)
+        parts.append((out_lat, lse_d, out_p, lse_p))
+    assert np.all(xp.f64(parts[2][1])[1] == -np.inf) and np.all(xp.f64(parts[2][0])[1] == 0), \
+        "a rank without keys: out 0, LSE -inf"
+    out_lat, lse_d = xp.nan((td, H, R), dtype), xp.nan((td, H), "float32")
+    attn_h.dcp_combine(ctx, [p[0] for p in parts], [p[1] for p in parts], out_lat, lse_d)
+    out_p, lse_p = xp.nan((ntok - td, H, VDIM), dtype), xp.nan((ntok - td, H), "float32")
+    attn_h.dcp_combine(ctx, [p[2] for p in parts], [p[3] for p in parts], out_p, lse_p)
+    xp.sync()
+    abs_tol, lse_tol = MLA_TOL[dtype]
+    abs_tol, lse_tol = 2 * abs_tol, 2 * lse_tol       # the partials are rounded to the dtype once more
+    if xp.device == "cuda":
+        abs_tol, lse_tol = 2 * abs_tol, 2 * lse_tol
+    assert_rows_close(xp.f64(out_lat), want_lat[:td], abs_tol, abs_tol, "DCP out_latent")
+    assert_close(xp.f64(lse_d), want_lse[:td], lse_tol, 0, "DCP mqa lse")
+    assert_rows_close(xp.f64(out_p), want_out[td:], abs_tol, abs_tol, "DCP mha out")
+    assert_close(xp.f64(lse_p), want_lse[td:], lse_tol, 0, "DCP mha lse")
+
+
 def ds_mla_decode(rows):
     """fp8_ds_mla bytes [N, 656] -> float64 [N, 576], decoded here from the format's
     definition: 512 e4m3 codes times their tile's f32 scale (bytes 512..527), 64 bf16."""
