@@ -1427,7 +1427,7 @@ class Metadata(_Owned):
     max_num_reqs, max_num_tokens, max_blocks_per_req, num_blocks: the capacity (num_blocks
     defaults to the blocks of the cache it will index; required). MLA only:
     decode_threshold, num_kv_splits, workspace_bytes (0: defaults). Decode context
-    parallelism (CPU, CPU_MLA, CUDA, CUDA_SM90): dcp_world_size ranks, this one dcp_rank,
+    parallelism (every backend): dcp_world_size ranks, this one dcp_rank,
     runs of dcp_interleave tokens (attn_metadata_desc in attn.h); a forward then returns the
     rank's partial with its LSE (required), joined by dcp_combine or dcp_all_gather_combine."""
 
