@@ -163,10 +163,12 @@ ATTN_TEST(test_mla_cuda_mixed_batch) {
 /* The same decode batch with num_kv_splits forced to 1, 2, 7, 32 (32 leaves empty splits
    over short contexts), and automatic. */
 ATTN_TEST(test_mla_cuda_splits) {
-    static const int splits[] = {1, 2, 7, 32, 0};
+    /* 7, 12 and 32 split entries take the merge's 128-, 256- and 512-thread CTAs
+       (attn__mla_merge_threads) */
+    static const int splits[] = {1, 2, 7, 12, 32, 0};
     int k;
     MLA_CUDA_SKIP();
-    for (k = 0; k < 5; k++) {
+    for (k = 0; k < 6; k++) {
         mcfg c;
         char name[64];
         base_cfg(&c, k & 1 ? 128 : 16, 512, ATTN_DTYPE_BF16, ATTN_DTYPE_BF16);
