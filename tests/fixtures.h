@@ -95,6 +95,18 @@ static inline float attn_test_get(const void *p, attn_dtype dt, size_t i) {
     return attn_f16_to_f32(((const uint16_t *)p)[i]);
 }
 
+/* A device copy of `bytes` of host memory (host NULL: left uninitialised; at least one byte
+   is allocated), or NULL on failure (the context's last error says why). */
+static inline void *attn_test_device_copy(attn_context *ctx, const void *host, size_t bytes) {
+    void *d = NULL;
+    if (attn_cuda_malloc(ctx, bytes ? bytes : 1, &d) != ATTN_OK) return NULL;
+    if (host && bytes && attn_cuda_memcpy(ctx, d, host, bytes, ATTN_COPY_HOST_TO_DEVICE, NULL) != ATTN_OK) {
+        attn_cuda_free(ctx, d);
+        return NULL;
+    }
+    return d;
+}
+
 /* 8-bit KV-cache types (fp8_e4m3, fp8_e5m2, int8): one byte an element. */
 static inline int attn_test_is_8bit(attn_dtype dt) {
     return dt == ATTN_DTYPE_FP8_E4M3 || dt == ATTN_DTYPE_FP8_E5M2 || dt == ATTN_DTYPE_INT8;

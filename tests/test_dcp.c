@@ -159,13 +159,8 @@ typedef struct {
 
 /* A device copy of `bytes` of host memory (NULL on failure, with a test failure). */
 static void *dev_copy(attn_context *ctx, const void *host, size_t bytes) {
-    void *d = NULL;
-    if (attn_cuda_malloc(ctx, bytes ? bytes : 1, &d) != ATTN_OK ||
-        (bytes && attn_cuda_memcpy(ctx, d, host, bytes, ATTN_COPY_HOST_TO_DEVICE, NULL) != ATTN_OK)) {
-        attn_test_fail(__FILE__, __LINE__, "device copy: %s", attn_context_last_error(ctx));
-        attn_cuda_free(ctx, d);
-        return NULL;
-    }
+    void *d = attn_test_device_copy(ctx, host, bytes);
+    if (!d) attn_test_fail(__FILE__, __LINE__, "device copy: %s", attn_context_last_error(ctx));
     return d;
 }
 

@@ -517,16 +517,6 @@ static const char *sp_no_gpu(attn_context *ctx) {
     return NULL;
 }
 
-static void *sp_dev(attn_context *ctx, const void *host, size_t bytes) {
-    void *d = NULL;
-    if (attn_cuda_malloc(ctx, bytes, &d) != ATTN_OK) return NULL;
-    if (host && attn_cuda_memcpy(ctx, d, host, bytes, ATTN_COPY_HOST_TO_DEVICE, NULL) != ATTN_OK) {
-        attn_cuda_free(ctx, d);
-        return NULL;
-    }
-    return d;
-}
-
 /* Case c on the GPU layer of the world's descriptor (f32 q: refused by name, the CUDA MLA
    kernels take 16-bit q); the GPU's cache write of the world's latents must give the CPU's
    bytes. Returns the failures. */
@@ -542,7 +532,7 @@ static int sp_run_cuda(spworld *w, const spcase *c, const char *what) {
     int bad = 0;
     d.device = ATTN_DEVICE_CUDA;
     d.sinks = NULL;
-    if (c->sinks && !(dsinks = sp_dev(w->ctx, w->sinks, (size_t)c->heads * 4))) { bad++; goto done; }
+    if (c->sinks && !(dsinks = attn_test_device_copy(w->ctx, w->sinks, (size_t)c->heads * 4))) { bad++; goto done; }
     d.sinks = (const float *)dsinks;
     if (attn_layer_create(w->ctx, &d, NULL, &gpu) != ATTN_OK) { /* refused by name: f32 q, which no CUDA MLA kernel takes */
         if (d.dtype == ATTN_DTYPE_F32 && strstr(attn_context_last_error(w->ctx), "f32")) goto done;
@@ -560,12 +550,12 @@ static int sp_run_cuda(spworld *w, const spcase *c, const char *what) {
     }
     memset(hout, 0xff, (size_t)w->ntok * c->heads * SP_R * esz);
     memset(hlse, 0xff, (size_t)w->ntok * c->heads * 4);
-    if (!(dq = sp_dev(w->ctx, w->q, (size_t)w->ntok * c->heads * SP_D * esz)) ||
-        !(dqpe = sp_dev(w->ctx, w->qpe, (size_t)w->ntok * c->heads * SP_P * esz)) ||
-        !(dcache = sp_dev(w->ctx, w->cache, (size_t)w->nb * c->block * rb)) ||
-        !(didx = sp_dev(w->ctx, w->idx, (size_t)w->ntok * c->topk * 4)) ||
-        !(dout = sp_dev(w->ctx, hout, (size_t)w->ntok * c->heads * SP_R * esz)) ||
-        !(dlse = sp_dev(w->ctx, hlse, (size_t)w->ntok * c->heads * 4))) {
+    if (!(dq = attn_test_device_copy(w->ctx, w->q, (size_t)w->ntok * c->heads * SP_D * esz)) ||
+        !(dqpe = attn_test_device_copy(w->ctx, w->qpe, (size_t)w->ntok * c->heads * SP_P * esz)) ||
+        !(dcache = attn_test_device_copy(w->ctx, w->cache, (size_t)w->nb * c->block * rb)) ||
+        !(didx = attn_test_device_copy(w->ctx, w->idx, (size_t)w->ntok * c->topk * 4)) ||
+        !(dout = attn_test_device_copy(w->ctx, hout, (size_t)w->ntok * c->heads * SP_R * esz)) ||
+        !(dlse = attn_test_device_copy(w->ctx, hlse, (size_t)w->ntok * c->heads * 4))) {
         attn_test_fail(__FILE__, __LINE__, "%s: device buffers: %s", what, attn_context_last_error(w->ctx));
         bad++;
         goto done;
@@ -587,8 +577,8 @@ static int sp_run_cuda(spworld *w, const spcase *c, const char *what) {
         lse = attn_tensor_make(dlse, ATTN_DTYPE_F32, 2, lsh);
         lse.device.kind = ATTN_DEVICE_CUDA;
         { /* the GPU's cache write of the same latents: the CPU's bytes (fp8_ds_mla: codes, scales, bf16) */
-            void *dkc = sp_dev(w->ctx, w->kcd, (size_t)w->nw * SP_R * esz), *dkp = sp_dev(w->ctx, w->kpd, (size_t)w->nw * SP_P * esz);
-            void *dslots = sp_dev(w->ctx, w->slots, (size_t)w->nw * 8), *dfresh = sp_dev(w->ctx, NULL, (size_t)w->nb * c->block * rb);
+            void *dkc = attn_test_device_copy(w->ctx, w->kcd, (size_t)w->nw * SP_R * esz), *dkp = attn_test_device_copy(w->ctx, w->kpd, (size_t)w->nw * SP_P * esz);
+            void *dslots = attn_test_device_copy(w->ctx, w->slots, (size_t)w->nw * 8), *dfresh = attn_test_device_copy(w->ctx, NULL, (size_t)w->nb * c->block * rb);
             unsigned char *back = (unsigned char *)malloc((size_t)w->nb * c->block * rb);
             int64_t sh[2];
             attn_tensor tkc, tkp, tsl, tfresh;
