@@ -50,28 +50,31 @@ ATTN_DEV float attn_merge_lse_in(float x, int base2) {
     return x < attn_inf() ? x : attn_neg_inf();
 }
 
-/* The grid-stride loop over (token, head) rows both kernels share: ATTN_MERGE_LANES lanes of
-   a warp a row, body(t, h, valid, sub) for each of this lane's rows (sub: its lane within the
-   row; valid 0 past the last row, where t = h = 0). Every lane of a warp runs the same
-   iterations, so a body may __syncwarp. */
-template <typename Body> ATTN_DEV void attn_merge_rows(int num_tokens, int num_heads, Body body) {
-    const int lane = threadIdx.x & 31, sub = lane % ATTN_MERGE_LANES;
-    const int rows_per_warp = 32 / ATTN_MERGE_LANES;
-    const attn_i64 rows = (attn_i64)num_tokens * num_heads;
-    const attn_i64 warp0 = ((attn_i64)blockIdx.x * blockDim.x + threadIdx.x) / 32;
-    const attn_i64 warps = (attn_i64)gridDim.x * blockDim.x / 32;
-    for (attn_i64 base = warp0 * rows_per_warp; base < rows; base += warps * rows_per_warp) {
-        const attn_i64 row = base + lane / ATTN_MERGE_LANES;
-        const int valid = row < rows;
-        const int t = valid ? (int)(row / num_heads) : 0, h = valid ? (int)(row - (attn_i64)t * num_heads) : 0;
-        body(t, h, valid, sub);
-    }
+/* The grid-stride loop over (token, head) rows both kernels share, ATTN_MERGE_LANES lanes of
+   a warp a row:
+       for (attn_i64 base = attn_merge_first_row(); base < rows; base += attn_merge_row_step())
+   and this lane's row of `base` (valid 0 past the last row, where t = h = 0). Every lane of a
+   warp runs the same iterations, so a loop body may __syncwarp. */
+ATTN_DEV attn_i64 attn_merge_first_row(void) {
+    return ((attn_i64)blockIdx.x * blockDim.x + threadIdx.x) / 32 * (32 / ATTN_MERGE_LANES);
+}
+ATTN_DEV attn_i64 attn_merge_row_step(void) { return (attn_i64)gridDim.x * blockDim.x / 32 * (32 / ATTN_MERGE_LANES); }
+ATTN_DEV int attn_merge_row(attn_i64 base, attn_i64 rows, int num_heads, int &t, int &h) {
+    const attn_i64 row = base + (threadIdx.x & 31) / ATTN_MERGE_LANES;
+    const int valid = row < rows;
+    t = valid ? (int)(row / num_heads) : 0;
+    h = valid ? (int)(row - (attn_i64)t * num_heads) : 0;
+    return valid;
 }
 
 extern "C" __global__ void __launch_bounds__(128) attn_merge_attn_states(const attn__merge_params p) {
     typedef typename attn_elem<DT>::storage elem_t;
     const int esz = attn_elem<DT>::size;
-    attn_merge_rows(p.num_tokens, p.num_heads, [&](int t, int h, int valid, int sub) {
+    const int sub = (threadIdx.x & 31) % ATTN_MERGE_LANES;
+    const attn_i64 rows = (attn_i64)p.num_tokens * p.num_heads;
+    for (attn_i64 base = attn_merge_first_row(); base < rows; base += attn_merge_row_step()) {
+        int t, h;
+        const int valid = attn_merge_row(base, rows, p.num_heads, t, h);
         float a = attn_neg_inf(), b = attn_neg_inf();
         if (valid) {
             a = attn_merge_lse_in(p.lse_a[t * p.lse_a_stride_token + h * p.lse_a_stride_head], p.base_a);
@@ -120,13 +123,17 @@ extern "C" __global__ void __launch_bounds__(128) attn_merge_attn_states(const a
         __syncwarp();
         if (valid && sub == 0 && p.lse)
             p.lse[t * p.lse_stride_token + h * p.lse_stride_head] = p.base_out ? l * ATTN_LOG2E : l;
-    });
+    }
 }
 
 extern "C" __global__ void __launch_bounds__(128) attn_dcp_combine(const attn__combine_params p) {
     typedef typename attn_elem<DT>::storage elem_t;
     const int esz = attn_elem<DT>::size;
-    attn_merge_rows(p.num_tokens, p.num_heads, [&](int t, int h, int valid, int sub) {
+    const int sub = (threadIdx.x & 31) % ATTN_MERGE_LANES;
+    const attn_i64 rows = (attn_i64)p.num_tokens * p.num_heads;
+    for (attn_i64 base = attn_merge_first_row(); base < rows; base += attn_merge_row_step()) {
+        int t, h;
+        const int valid = attn_merge_row(base, rows, p.num_heads, t, h);
         const attn_i64 li = t * p.lse_in_stride_token + h * p.lse_in_stride_head;
         const attn_i64 oi = (t * p.in_stride_token + h * p.in_stride_head) * esz;
         const int n = valid ? p.n : 0;
@@ -199,5 +206,5 @@ extern "C" __global__ void __launch_bounds__(128) attn_dcp_combine(const attn__c
         }
         __syncwarp();
         if (valid && sub == 0 && p.lse) p.lse[t * p.lse_stride_token + h * p.lse_stride_head] = l;
-    });
+    }
 }
