@@ -9,31 +9,15 @@ num_kv_splits (0: the library's choice), the kernels' device times as CUPTI reco
 usage: python3 tools/mla_decode_splits.py [--contexts 32768,65536,131072,262144]
                                            [--splits 0,16,33,66,132]"""
 import argparse
-import collections
 import os
 import sys
 
 import numpy as np
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import attn_h  # noqa: E402
-
-
-def kernels(fn, iters=20):
-    """{kernel name: microseconds per call}."""
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
-    t = collections.defaultdict(float)
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            t[e.name] += (e.device_time if hasattr(e, "device_time") else e.cuda_time) / iters
-    return t
+from dcp_projection import kernel_times  # noqa: E402  (this directory: the same profiler helper)
 
 
 def main():
@@ -61,7 +45,7 @@ def main():
             meta = attn_h.Metadata(layer, 1, 1, nb, nblocks, num_kv_splits=s)
             meta.build(np.array([0, 1], np.int32), np.array([L], np.int32), table, np.array([L - 1], np.int64))
             used = meta.mla_info["num_kv_splits"]
-            k = kernels(lambda: layer.mla_forward_mqa(meta, q, cache, out, lse=lse))
+            k = kernel_times(lambda: layer.mla_forward_mqa(meta, q, cache, out, lse=lse))
             dec = sum(v for n, v in k.items() if "merge" not in n)
             mer = sum(v for n, v in k.items() if "merge" in n)
             flops = L * H * ((R + P) * 2 + R * 2)
