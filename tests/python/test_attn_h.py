@@ -759,8 +759,8 @@ def assert_rows_close(got, want, abs_tol, rel_tol, what):
     assert_close(got, want, abs_tol * rms, rel_tol, what)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-def test_mla(ctx, xp, dtype):
+def mla_skip(xp, dtype):
+    """Skips what the MLA backends of xp's device do not take."""
     if xp.device == "cuda":
         if dtype == "float32":
             pytest.skip("CUDA_MLA_SM90 takes f16 and bf16 (f32 MLA runs on CPU_MLA)")
@@ -768,6 +768,29 @@ def test_mla(ctx, xp, dtype):
             pytest.skip("CUDA_MLA_SM90 needs compute capability 9.0")
     if not xp.supports(dtype):
         pytest.skip(NO_BF16)
+
+
+def mla_inputs(rng, xp, dtype, reqs, H, scale):
+    """An MLA batch's random inputs in dtype (as xp tensors and their float64 values) and
+    the float64 reference: (lat_t, lat, wuk_t, wuv_t, qn_t, qp_t, wuk, wuv, qn, qp, want_out,
+    want_lat, want_lse); latents [seq_len, R + ROPE] per request, W_UK [H, NOPE, R], W_UV
+    [H, R, VDIM], q_nope / q_pe [tokens, H, .]."""
+    ntok = sum(q for q, _ in reqs)
+    a = math.sqrt(3.0 / R)
+    lat_t = [xp.store(rng.uniform(-1, 1, (s, R + ROPE)), dtype) for _, s in reqs]
+    lat = [xp.f64(x) for x in lat_t]
+    wuk_t = xp.store(rng.uniform(-a, a, (H, NOPE, R)), dtype)
+    wuv_t = xp.store(rng.uniform(-a, a, (H, R, VDIM)), dtype)
+    qn_t = xp.store(rng.uniform(-2, 2, (ntok, H, NOPE)), dtype)
+    qp_t = xp.store(rng.uniform(-2, 2, (ntok, H, ROPE)), dtype)
+    wuk, wuv, qn, qp = xp.f64(wuk_t), xp.f64(wuv_t), xp.f64(qn_t), xp.f64(qp_t)
+    return (lat_t, lat, wuk_t, wuv_t, qn_t, qp_t, wuk, wuv, qn, qp) + \
+        tuple(mla_reference(lat, qn, qp, wuk, wuv, reqs, scale))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_mla(ctx, xp, dtype):
+    mla_skip(xp, dtype)
     rng = np.random.default_rng(3)
     H, bs = 4, 16
     layer = attn_h.Layer(ctx, num_heads=H, block_size=bs, dtype=dtype, device=xp.device,
@@ -789,15 +812,8 @@ def test_mla(ctx, xp, dtype):
     b = paged_batch(rng, reqs, bs)
     ntok = int(b["qsl"][-1])
     td = sum(q for q, _ in reqs[:num_decodes])
-    a = math.sqrt(3.0 / R)
-    lat_t = [xp.store(rng.uniform(-1, 1, (s, R + ROPE)), dtype) for _, s in reqs]
-    lat = [xp.f64(x) for x in lat_t]
-    wuk_t = xp.store(rng.uniform(-a, a, (H, NOPE, R)), dtype)
-    wuv_t = xp.store(rng.uniform(-a, a, (H, R, VDIM)), dtype)
-    qn_t = xp.store(rng.uniform(-2, 2, (ntok, H, NOPE)), dtype)
-    qp_t = xp.store(rng.uniform(-2, 2, (ntok, H, ROPE)), dtype)
-    wuk, wuv, qn, qp = xp.f64(wuk_t), xp.f64(wuv_t), xp.f64(qn_t), xp.f64(qp_t)
-    want_out, want_lat, want_lse = mla_reference(lat, qn, qp, wuk, wuv, reqs, scale)
+    (lat_t, lat, wuk_t, wuv_t, qn_t, qp_t, wuk, wuv, qn, qp,
+     want_out, want_lat, want_lse) = mla_inputs(rng, xp, dtype, reqs, H, scale)
 
     cache = xp.nan(layer.kv_cache_shape(b["num_blocks"]), dtype)
     assert tuple(cache.shape) == (b["num_blocks"], bs, R + ROPE)
@@ -848,13 +864,7 @@ def test_dcp_mla(ctx, xp, dtype):
     concat_and_cache_mla at its local slots) and a DCP metadata of the global batch; each
     rank's absorbed decode and up-projected prefill give partials with LSE, dcp_combine
     joins them. On CUDA this is CUDA_MLA_SM90's decode and prefill over a rank's shard."""
-    if xp.device == "cuda":
-        if dtype == "float32":
-            pytest.skip("CUDA_MLA_SM90 takes f16 and bf16 (f32 MLA runs on CPU_MLA)")
-        if torch.cuda.get_device_capability() != (9, 0):
-            pytest.skip("CUDA_MLA_SM90 needs compute capability 9.0")
-    if not xp.supports(dtype):
-        pytest.skip(NO_BF16)
+    mla_skip(xp, dtype)
     rng = np.random.default_rng(25)
     H, bs, W, I = 4, 16, 3, 4
     layer = attn_h.Layer(ctx, num_heads=H, block_size=bs, dtype=dtype, device=xp.device,
@@ -865,15 +875,8 @@ def test_dcp_mla(ctx, xp, dtype):
     td, ntok = 2, sum(q for q, _ in reqs)
     qsl = np.concatenate([[0], np.cumsum([q for q, _ in reqs])]).astype(np.int32)
     seq_lens = np.array([s for _, s in reqs], dtype=np.int32)
-    a = math.sqrt(3.0 / R)
-    lat_t = [xp.store(rng.uniform(-1, 1, (s, R + ROPE)), dtype) for _, s in reqs]
-    lat = [xp.f64(x) for x in lat_t]
-    wuk_t = xp.store(rng.uniform(-a, a, (H, NOPE, R)), dtype)
-    wuv_t = xp.store(rng.uniform(-a, a, (H, R, VDIM)), dtype)
-    qn_t = xp.store(rng.uniform(-2, 2, (ntok, H, NOPE)), dtype)
-    qp_t = xp.store(rng.uniform(-2, 2, (ntok, H, ROPE)), dtype)
-    wuk, wuv, qn, qp = xp.f64(wuk_t), xp.f64(wuv_t), xp.f64(qn_t), xp.f64(qp_t)
-    want_out, want_lat, want_lse = mla_reference(lat, qn, qp, wuk, wuv, reqs, scale)
+    (lat_t, lat, wuk_t, wuv_t, qn_t, qp_t, wuk, wuv, qn, qp,
+     want_out, want_lat, want_lse) = mla_inputs(rng, xp, dtype, reqs, H, scale)
     q_lat = xp.store(np.einsum("thn,hnr->thr", qn[:td], wuk), dtype)
     cat = np.concatenate if xp.kind == "numpy" else torch.cat
     q_full = cat([qn_t[td:], qp_t[td:]], -1)
