@@ -369,6 +369,14 @@ ATTN_DEV float attn_tanh(float x) {
     return copysignf(r, x);
 }
 
+/* Decode context parallelism: how many of positions [0, x) rank r of W holds when runs of I
+   tokens are dealt round-robin (the host's attn__dcp_local; x itself when W is 1). */
+ATTN_DEV int attn_dcp_positions(int W, int r, int I, attn_i64 x) {
+    if (W <= 1) return (int)x;
+    const attn_i64 run = (attn_i64)W * I, rem = x % run - (attn_i64)r * I;
+    return (int)(x / run * I + (rem < 0 ? 0 : rem > I ? I : rem));
+}
+
 /* ---- warp reductions ---- */
 ATTN_DEV int attn_imin(int a, int b) { return a < b ? a : b; }
 ATTN_DEV int attn_imax(int a, int b) { return a > b ? a : b; }

@@ -30,14 +30,9 @@ ATTN_DEV attn_i64 attn_mla_key_offset(const int *bt, int j, int key0, int key1, 
 #define ATTN_MHA_MERGE 2
 
 /* The causal end of query position pos: the keys [0, end) it sees, pos + 1; under DCP the
-   rank's local count of positions [0, pos + 1) (the host's attn__dcp_local), keys being the
-   rank's local indices. */
+   rank's local count of positions [0, pos + 1), keys being the rank's local indices. */
 ATTN_DEV int attn_mha_causal_end(const attn__mla_prefill_params &p, int pos) {
-    const attn_i64 x = (attn_i64)pos + 1;
-    if (p.dcp_world_size <= 1) return (int)x;
-    const attn_i64 run = (attn_i64)p.dcp_world_size * p.dcp_interleave;
-    const attn_i64 rem = x % run - (attn_i64)p.dcp_rank * p.dcp_interleave;
-    return (int)(x / run * p.dcp_interleave + (rem < 0 ? 0 : rem > p.dcp_interleave ? p.dcp_interleave : rem));
+    return attn_dcp_positions(p.dcp_world_size, p.dcp_rank, p.dcp_interleave, (attn_i64)pos + 1);
 }
 
 /* MERGE of one row: the earlier chunks' lse (base e, lse_old; -inf: none) and this chunk's

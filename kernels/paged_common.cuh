@@ -44,13 +44,6 @@ ATTN_DEV attn_paged_item attn_paged_item_load(const attn__paged_params &p, int i
 /* The keys [lo, hi) that query position pos of a request of seq_len keys sees inside a work
    item's [key0, key1): the CPU's attn__cpu_visible_keys. Causal is the item's flag; the
    sliding window applies when W (the kernel's WINDOW define) and p.window > 0. */
-/* DCP: how many of positions [0, x) the rank holds (the host's attn__dcp_local). */
-ATTN_DEV int attn_dcp_local(const attn__paged_params &p, int x) {
-    const attn_i64 run = (attn_i64)p.dcp_world_size * p.dcp_interleave;
-    const attn_i64 rem = x % run - (attn_i64)p.dcp_rank * p.dcp_interleave;
-    return (int)(x / run * p.dcp_interleave + (rem < 0 ? 0 : rem > p.dcp_interleave ? p.dcp_interleave : rem));
-}
-
 template <int W>
 ATTN_DEV void attn_visible_keys(const attn__paged_params &p, int causal, int pos, int seq_len, int key0, int key1,
                                 int &lo, int &hi) {
@@ -60,8 +53,8 @@ ATTN_DEV void attn_visible_keys(const attn__paged_params &p, int causal, int pos
         if (!causal) b = (int)(((attn_i64)pos + p.window) < seq_len ? (attn_i64)pos + p.window : seq_len);
     }
     if (p.dcp_world_size > 1) { /* the global range as this rank's local keys (ownership is monotone) */
-        a = attn_dcp_local(p, a);
-        b = attn_dcp_local(p, b);
+        a = attn_dcp_positions(p.dcp_world_size, p.dcp_rank, p.dcp_interleave, a);
+        b = attn_dcp_positions(p.dcp_world_size, p.dcp_rank, p.dcp_interleave, b);
     }
     lo = attn_imax(a, key0);
     hi = attn_imin(b, key1);
