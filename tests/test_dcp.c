@@ -200,18 +200,74 @@ static void describe(const dcase *c, const dbatch *b, char *buf, size_t n) {
    the decodes' out_latent (width R) and the prefills' out (width v) in two tensors. */
 typedef struct { void *out, *out2; float *lse, *lse2; } dres;
 
+/* Where a rank's forward runs: the CPU layer on host buffers, or the case's CUDA layer on
+   device copies of them (every placed buffer freed by place_free; results come back through
+   place_back). */
+typedef struct {
+    attn_layer *layer;
+    attn_context *ctx;
+    int gpu, ok;
+    void *own[16]; /* what place_free frees: device copies, or converted host arrays (9 at most) */
+    int n_own;
+} dplace;
+
+static void *place_keep(dplace *pl, void *p) {
+    if (!p || pl->n_own == (int)(sizeof pl->own / sizeof pl->own[0])) {
+        if (p) attn_test_fail(__FILE__, __LINE__, "dplace: more than %d buffers", pl->n_own);
+        if (pl->gpu) attn_cuda_free(pl->ctx, p);
+        else free(p);
+        pl->ok = 0;
+        return NULL;
+    }
+    return pl->own[pl->n_own++] = p;
+}
+/* `bytes` of host memory where the forward reads or writes it (the host pointer on the CPU). */
+static void *place_bytes(dplace *pl, void *host, size_t bytes) {
+    return pl->gpu ? place_keep(pl, dev_copy(pl->ctx, host, bytes)) : host;
+}
+/* n floats as dt where the forward reads them. */
+static void *place_values(dplace *pl, attn_dtype dt, const float *x, size_t n) {
+    void *h;
+    size_t i;
+    if (pl->gpu) return place_keep(pl, dev_values(pl->ctx, dt, x, n));
+    h = place_keep(pl, malloc(n * attn_dtype_size(dt) + 8));
+    for (i = 0; h && i < n; i++) attn_test_put(h, dt, i, x[i]);
+    return h;
+}
+static attn_tensor place_tensor(const dplace *pl, void *p, attn_dtype dt, int nd, const int64_t *shape) {
+    return pl->gpu ? dev_tensor(p, dt, nd, shape) : attn_tensor_make(p, dt, nd, shape);
+}
+/* A placed output back into its host buffer (nothing to do on the CPU). */
+static void place_back(dplace *pl, void *host, const void *placed, size_t bytes) {
+    if (pl->gpu && pl->ok && !dev_back(pl->ctx, host, placed, bytes)) pl->ok = 0;
+}
+static void place_free(dplace *pl) {
+    int i;
+    for (i = 0; i < pl->n_own; i++) {
+        if (pl->gpu) attn_cuda_free(pl->ctx, pl->own[i]);
+        else free(pl->own[i]);
+    }
+    pl->n_own = 0;
+}
+/* A failed call of the rank's forward: recorded with the layer's last error. */
+static void place_fail(dplace *pl, const char *what, const dlayout *L) {
+    attn_test_fail(__FILE__, __LINE__, "%s%s, rank %d of %d: %s", pl->gpu ? "CUDA " : "", what, L->rank, L->W,
+                   attn_context_last_error(pl->ctx));
+    pl->ok = 0;
+}
+
 static int run_rank(attn_layer *layer, const dcase *c, const dbatch *b, const dlayout *L, const float *const *k,
                     const float *const *v, const float *q, const float *wuk, const float *wuv,
                     attn_communicator *comm, dres *res) {
-    attn_context *ctx = attn_layer_context(layer);
     attn_metadata_desc md;
     attn_metadata *meta = NULL;
     attn_batch bv = batch_view(b, L);
     int64_t cshape[8];
-    int cnd = 0, ok = 1, H = c->H, P = 64, N = 128, V = 128;
+    int cnd = 0, ok, H = c->H, P = 64, N = 128, V = 128;
     attn_tensor cache;
     void *cmem;
-    size_t cbytes = 1, x;
+    size_t cbytes = 1, x, esz = attn_dtype_size(c->dt);
+    dplace pl;
     attn_layer_kv_cache_shape(layer, L->num_blocks, cshape, &cnd);
     for (x = 0; x < (size_t)cnd; x++) cbytes *= (size_t)cshape[x];
     cbytes *= attn_dtype_size(c->kvdt);
@@ -223,173 +279,71 @@ static int run_rank(attn_layer *layer, const dcase *c, const dbatch *b, const dl
     md.max_num_reqs = 8; md.max_num_tokens = 256; md.max_blocks_per_req = L->stride; md.num_blocks = L->num_blocks;
     md.dcp_world_size = L->W; md.dcp_rank = L->rank; md.dcp_interleave = L->I; md.dcp_comm = comm;
     if (!write_cache(layer, b, L, c->mla, k, v, c->KVH, c->D, c->R, P, c->dt, &cache)) { free(cmem); return 0; }
-    if (c->gpu && c->mla) { /* the MLA forwards on the CUDA layer: absorbed decodes, up-projected prefills */
-        attn_context *gctx = attn_layer_context(c->gpu);
-        size_t esz = attn_dtype_size(c->dt);
-        attn_mla_info info;
-        int td = 0, tp = 0, R = c->R;
-        void *dcache = dev_copy(gctx, cmem, cbytes);
-        attn_tensor tc = dev_tensor(dcache, c->kvdt, cnd, cshape);
-        ok = dcache != NULL;
-        if (ok && (attn_metadata_create(c->gpu, &md, &meta) != ATTN_OK || attn_metadata_build(meta, 0, &bv, 0) != ATTN_OK ||
-                   attn_metadata_mla_info(meta, &info) != ATTN_OK)) {
-            attn_test_fail(__FILE__, __LINE__, "CUDA MLA rank %d of %d: %s", L->rank, L->W, attn_context_last_error(gctx));
-            ok = 0;
-        }
-        if (ok) { td = info.num_decode_tokens; tp = b->T - td; }
-        res->out = alloc_poisoned(c->dt, (size_t)b->T * (size_t)H * (size_t)R);
-        res->lse = (float *)alloc_poisoned(ATTN_DTYPE_F32, (size_t)b->T * (size_t)H);
-        res->out2 = alloc_poisoned(c->dt, (size_t)b->T * (size_t)H * (size_t)V);
-        res->lse2 = (float *)alloc_poisoned(ATTN_DTYPE_F32, (size_t)b->T * (size_t)H);
-        if (ok && td > 0) { /* q [td][H][R + P] */
-            int64_t qs[3] = {td, H, R + P}, os[3] = {td, H, R}, ls[2] = {td, H};
-            size_t ob = (size_t)td * (size_t)H * (size_t)R * esz, lb = (size_t)td * (size_t)H * 4;
-            void *dq = dev_values(gctx, c->dt, q, (size_t)td * (size_t)H * (size_t)(R + P));
-            void *dout = dev_copy(gctx, res->out, ob), *dlse = dev_copy(gctx, res->lse, lb);
-            attn_tensor tq = dev_tensor(dq, c->dt, 3, qs), to = dev_tensor(dout, c->dt, 3, os);
-            attn_tensor tl = dev_tensor(dlse, ATTN_DTYPE_F32, 2, ls);
-            ok = dq && dout && dlse;
-            if (ok && attn_mla_forward_mqa(c->gpu, meta, &tq, NULL, &tc, &to, &tl, NULL) != ATTN_OK) {
-                attn_test_fail(__FILE__, __LINE__, "CUDA forward_mqa, rank %d of %d: %s", L->rank, L->W,
-                               attn_context_last_error(gctx));
-                ok = 0;
-            }
-            ok = ok && dev_back(gctx, res->out, dout, ob) && dev_back(gctx, res->lse, dlse, lb);
-            attn_cuda_free(gctx, dq); attn_cuda_free(gctx, dout); attn_cuda_free(gctx, dlse);
-        }
-        if (ok && tp > 0) { /* q [tp][H][N + P] after the decodes' rows; W_UK [H][N][R], W_UV [H][R][V] */
-            int64_t qs[3] = {tp, H, N + P}, os[3] = {tp, H, V}, ls[2] = {tp, H}, ks[3] = {H, N, R}, vs[3] = {H, R, V};
-            size_t ob = (size_t)tp * (size_t)H * (size_t)V * esz, lb = (size_t)tp * (size_t)H * 4;
-            char *hout = (char *)res->out2 + (size_t)td * (size_t)H * (size_t)V * esz;
-            float *hlse = res->lse2 + (size_t)td * (size_t)H;
-            void *dq = dev_values(gctx, c->dt, q + (size_t)td * (size_t)H * (size_t)(R + P), (size_t)tp * (size_t)H * (size_t)(N + P));
-            void *dk = dev_values(gctx, c->dt, wuk, (size_t)H * (size_t)N * (size_t)R);
-            void *dv = dev_values(gctx, c->dt, wuv, (size_t)H * (size_t)R * (size_t)V);
-            void *dout = dev_copy(gctx, hout, ob), *dlse = dev_copy(gctx, hlse, lb);
-            attn_tensor tq = dev_tensor(dq, c->dt, 3, qs), to = dev_tensor(dout, c->dt, 3, os);
-            attn_tensor tl = dev_tensor(dlse, ATTN_DTYPE_F32, 2, ls), tk = dev_tensor(dk, c->dt, 3, ks);
-            attn_tensor tv = dev_tensor(dv, c->dt, 3, vs);
-            ok = dq && dk && dv && dout && dlse;
-            if (ok && attn_mla_forward_mha(c->gpu, meta, &tq, &tc, &tk, &tv, &to, &tl, NULL) != ATTN_OK) {
-                attn_test_fail(__FILE__, __LINE__, "CUDA forward_mha, rank %d of %d: %s", L->rank, L->W,
-                               attn_context_last_error(gctx));
-                ok = 0;
-            }
-            ok = ok && dev_back(gctx, hout, dout, ob) && dev_back(gctx, hlse, dlse, lb);
-            attn_cuda_free(gctx, dq); attn_cuda_free(gctx, dk); attn_cuda_free(gctx, dv);
-            attn_cuda_free(gctx, dout); attn_cuda_free(gctx, dlse);
-        }
-        attn_cuda_free(gctx, dcache);
-        attn_metadata_destroy(meta);
-        free(cmem);
-        return ok;
-    }
-    if (c->gpu) { /* the forward on the CUDA layer: its metadata, the cache copied */
-        attn_context *gctx = attn_layer_context(c->gpu);
+    /* the cache is written on the CPU layer; a CUDA case copies it (both backends share its layout) */
+    memset(&pl, 0, sizeof pl);
+    pl.layer = c->gpu ? c->gpu : layer;
+    pl.ctx = attn_layer_context(pl.layer);
+    pl.gpu = c->gpu != NULL;
+    pl.ok = 1;
+    cache = place_tensor(&pl, place_bytes(&pl, cmem, cbytes), c->kvdt, cnd, cshape);
+    if (pl.ok && (attn_metadata_create(pl.layer, &md, &meta) != ATTN_OK || attn_metadata_build(meta, 0, &bv, 0) != ATTN_OK))
+        place_fail(&pl, "metadata", L);
+    if (!c->mla) { /* q, out [T][H][D], lse [T][H] */
         int64_t qs[3] = {b->T, H, c->D}, ls[2] = {b->T, H};
-        size_t qn = (size_t)b->T * (size_t)H * (size_t)c->D, esz = attn_dtype_size(c->dt);
-        void *qm = malloc(qn * esz + 8), *dq, *dcache, *dout, *dlse;
-        attn_tensor tq, to, tl, tc;
-        for (x = 0; x < qn; x++) attn_test_put(qm, c->dt, x, q[x]);
+        size_t qn = (size_t)b->T * (size_t)H * (size_t)c->D, lb = (size_t)b->T * (size_t)H * 4;
         res->out = alloc_poisoned(c->dt, qn);
         res->lse = (float *)alloc_poisoned(ATTN_DTYPE_F32, (size_t)b->T * (size_t)H);
-        dq = dev_copy(gctx, qm, qn * esz);
-        dcache = dev_copy(gctx, cmem, cbytes);
-        dout = dev_copy(gctx, res->out, qn * esz);
-        dlse = dev_copy(gctx, res->lse, (size_t)b->T * (size_t)H * sizeof(float));
-        ok = dq && dcache && dout && dlse;
-        if (ok && (attn_metadata_create(c->gpu, &md, &meta) != ATTN_OK || attn_metadata_build(meta, 0, &bv, 0) != ATTN_OK)) {
-            attn_test_fail(__FILE__, __LINE__, "CUDA rank %d of %d: %s", L->rank, L->W, attn_context_last_error(gctx));
-            ok = 0;
+        if (pl.ok) {
+            attn_tensor tq = place_tensor(&pl, place_values(&pl, c->dt, q, qn), c->dt, 3, qs);
+            attn_tensor to = place_tensor(&pl, place_bytes(&pl, res->out, qn * esz), c->dt, 3, qs);
+            attn_tensor tl = place_tensor(&pl, place_bytes(&pl, res->lse, lb), ATTN_DTYPE_F32, 2, ls);
+            if (pl.ok && attn_layer_forward(pl.layer, meta, &tq, NULL, NULL, &cache, &to, &tl, NULL) != ATTN_OK)
+                place_fail(&pl, "forward", L);
+            place_back(&pl, res->out, to.data, qn * esz);
+            place_back(&pl, res->lse, tl.data, lb);
         }
-        if (ok) {
-            tq = attn_tensor_make(dq, c->dt, 3, qs); tq.device.kind = ATTN_DEVICE_CUDA;
-            to = attn_tensor_make(dout, c->dt, 3, qs); to.device.kind = ATTN_DEVICE_CUDA;
-            tl = attn_tensor_make(dlse, ATTN_DTYPE_F32, 2, ls); tl.device.kind = ATTN_DEVICE_CUDA;
-            tc = attn_tensor_make(dcache, c->kvdt, cnd, cshape); tc.device.kind = ATTN_DEVICE_CUDA;
-            if (attn_layer_forward(c->gpu, meta, &tq, NULL, NULL, &tc, &to, &tl, NULL) != ATTN_OK ||
-                attn_cuda_memcpy(gctx, res->out, dout, qn * esz, ATTN_COPY_DEVICE_TO_HOST, NULL) != ATTN_OK ||
-                attn_cuda_memcpy(gctx, res->lse, dlse, (size_t)b->T * (size_t)H * sizeof(float),
-                                 ATTN_COPY_DEVICE_TO_HOST, NULL) != ATTN_OK) {
-                attn_test_fail(__FILE__, __LINE__, "CUDA forward, rank %d of %d: %s", L->rank, L->W,
-                               attn_context_last_error(gctx));
-                ok = 0;
-            }
-        }
-        attn_cuda_free(gctx, dq); attn_cuda_free(gctx, dcache); attn_cuda_free(gctx, dout); attn_cuda_free(gctx, dlse);
-        free(qm);
-        attn_metadata_destroy(meta);
-        free(cmem);
-        return ok;
-    }
-    if (attn_metadata_create(layer, &md, &meta) != ATTN_OK || attn_metadata_build(meta, 0, &bv, 0) != ATTN_OK) {
-        attn_test_fail(__FILE__, __LINE__, "rank %d of %d: %s", L->rank, L->W, attn_context_last_error(ctx));
-        attn_metadata_destroy(meta);
-        free(cmem);
-        return 0;
-    }
-    if (!c->mla) {
-        int64_t qs[3] = {b->T, H, c->D}, ls[2] = {b->T, H};
-        void *qm = malloc((size_t)b->T * (size_t)H * (size_t)c->D * attn_dtype_size(c->dt) + 8);
-        attn_tensor tq, to, tl;
-        for (x = 0; x < (size_t)b->T * (size_t)H * (size_t)c->D; x++) attn_test_put(qm, c->dt, x, q[x]);
-        res->out = alloc_poisoned(c->dt, (size_t)b->T * (size_t)H * (size_t)c->D);
-        res->lse = (float *)alloc_poisoned(ATTN_DTYPE_F32, (size_t)b->T * (size_t)H);
-        tq = attn_tensor_make(qm, c->dt, 3, qs);
-        to = attn_tensor_make(res->out, c->dt, 3, qs);
-        tl = attn_tensor_make(res->lse, ATTN_DTYPE_F32, 2, ls);
-        if (attn_layer_forward(layer, meta, &tq, NULL, NULL, &cache, &to, &tl, NULL) != ATTN_OK) {
-            attn_test_fail(__FILE__, __LINE__, "forward, rank %d of %d: %s", L->rank, L->W, attn_context_last_error(ctx));
-            ok = 0;
-        }
-        free(qm);
-    } else {
+    } else { /* the decodes' out_latent (width R) in out / lse, the prefills' out (width V) in out2 / lse2 */
         attn_mla_info info;
-        int td, tp, R = c->R;
-        attn_metadata_mla_info(meta, &info);
+        int td = 0, tp = 0, R = c->R;
+        memset(&info, 0, sizeof info);
+        if (pl.ok) attn_metadata_mla_info(meta, &info);
         td = info.num_decode_tokens; tp = b->T - td;
         res->out = alloc_poisoned(c->dt, (size_t)b->T * (size_t)H * (size_t)R);
         res->lse = (float *)alloc_poisoned(ATTN_DTYPE_F32, (size_t)b->T * (size_t)H);
         res->out2 = alloc_poisoned(c->dt, (size_t)b->T * (size_t)H * (size_t)V);
         res->lse2 = (float *)alloc_poisoned(ATTN_DTYPE_F32, (size_t)b->T * (size_t)H);
-        if (td > 0) { /* absorbed: q is [td][H][R + P] */
+        if (pl.ok && td > 0) { /* absorbed: q is [td][H][R + P] */
             int64_t qs[3] = {td, H, R + P}, os[3] = {td, H, R}, ls[2] = {td, H};
-            void *qm = malloc((size_t)td * (size_t)H * (size_t)(R + P) * attn_dtype_size(c->dt));
-            attn_tensor tq, to, tl;
-            for (x = 0; x < (size_t)td * (size_t)H * (size_t)(R + P); x++) attn_test_put(qm, c->dt, x, q[x]);
-            tq = attn_tensor_make(qm, c->dt, 3, qs);
-            to = attn_tensor_make(res->out, c->dt, 3, os);
-            tl = attn_tensor_make(res->lse, ATTN_DTYPE_F32, 2, ls);
-            if (attn_mla_forward_mqa(layer, meta, &tq, NULL, &cache, &to, &tl, NULL) != ATTN_OK) {
-                attn_test_fail(__FILE__, __LINE__, "forward_mqa, rank %d of %d: %s", L->rank, L->W,
-                               attn_context_last_error(ctx));
-                ok = 0;
-            }
-            free(qm);
+            size_t ob = (size_t)td * (size_t)H * (size_t)R * esz, lb = (size_t)td * (size_t)H * 4;
+            attn_tensor tq = place_tensor(&pl, place_values(&pl, c->dt, q, (size_t)td * (size_t)H * (size_t)(R + P)),
+                                          c->dt, 3, qs);
+            attn_tensor to = place_tensor(&pl, place_bytes(&pl, res->out, ob), c->dt, 3, os);
+            attn_tensor tl = place_tensor(&pl, place_bytes(&pl, res->lse, lb), ATTN_DTYPE_F32, 2, ls);
+            if (pl.ok && attn_mla_forward_mqa(pl.layer, meta, &tq, NULL, &cache, &to, &tl, NULL) != ATTN_OK)
+                place_fail(&pl, "forward_mqa", L);
+            place_back(&pl, res->out, to.data, ob);
+            place_back(&pl, res->lse, tl.data, lb);
         }
-        if (tp > 0) { /* up-projected: q is [tp][H][N + P] after the decodes' rows */
+        if (pl.ok && tp > 0) { /* up-projected: q is [tp][H][N + P] after the decodes' rows; W_UK [H][N][R], W_UV [H][R][V] */
             int64_t qs[3] = {tp, H, N + P}, os[3] = {tp, H, V}, ls[2] = {tp, H}, ks[3] = {H, N, R}, vs[3] = {H, R, V};
-            void *qm = malloc((size_t)tp * (size_t)H * (size_t)(N + P) * attn_dtype_size(c->dt));
-            void *km = malloc((size_t)H * (size_t)N * (size_t)R * attn_dtype_size(c->dt));
-            void *vm = malloc((size_t)H * (size_t)R * (size_t)V * attn_dtype_size(c->dt));
-            attn_tensor tq, to, tl, tk, tv;
+            size_t ob = (size_t)tp * (size_t)H * (size_t)V * esz, lb = (size_t)tp * (size_t)H * 4;
+            char *hout = (char *)res->out2 + (size_t)td * (size_t)H * (size_t)V * esz;
+            float *hlse = res->lse2 + (size_t)td * (size_t)H;
             const float *qp = q + (size_t)td * (size_t)H * (size_t)(R + P); /* the prefill q block */
-            for (x = 0; x < (size_t)tp * (size_t)H * (size_t)(N + P); x++) attn_test_put(qm, c->dt, x, qp[x]);
-            for (x = 0; x < (size_t)H * (size_t)N * (size_t)R; x++) attn_test_put(km, c->dt, x, wuk[x]);
-            for (x = 0; x < (size_t)H * (size_t)R * (size_t)V; x++) attn_test_put(vm, c->dt, x, wuv[x]);
-            tq = attn_tensor_make(qm, c->dt, 3, qs);
-            to = attn_tensor_make((char *)res->out2 + (size_t)td * (size_t)H * (size_t)V * attn_dtype_size(c->dt), c->dt, 3, os);
-            tl = attn_tensor_make(res->lse2 + (size_t)td * (size_t)H, ATTN_DTYPE_F32, 2, ls);
-            tk = attn_tensor_make(km, c->dt, 3, ks);
-            tv = attn_tensor_make(vm, c->dt, 3, vs);
-            if (attn_mla_forward_mha(layer, meta, &tq, &cache, &tk, &tv, &to, &tl, NULL) != ATTN_OK) {
-                attn_test_fail(__FILE__, __LINE__, "forward_mha, rank %d of %d: %s", L->rank, L->W,
-                               attn_context_last_error(ctx));
-                ok = 0;
-            }
-            free(qm); free(km); free(vm);
+            attn_tensor tq = place_tensor(&pl, place_values(&pl, c->dt, qp, (size_t)tp * (size_t)H * (size_t)(N + P)),
+                                          c->dt, 3, qs);
+            attn_tensor tk = place_tensor(&pl, place_values(&pl, c->dt, wuk, (size_t)H * (size_t)N * (size_t)R), c->dt, 3, ks);
+            attn_tensor tv = place_tensor(&pl, place_values(&pl, c->dt, wuv, (size_t)H * (size_t)R * (size_t)V), c->dt, 3, vs);
+            attn_tensor to = place_tensor(&pl, place_bytes(&pl, hout, ob), c->dt, 3, os);
+            attn_tensor tl = place_tensor(&pl, place_bytes(&pl, hlse, lb), ATTN_DTYPE_F32, 2, ls);
+            if (pl.ok && attn_mla_forward_mha(pl.layer, meta, &tq, &cache, &tk, &tv, &to, &tl, NULL) != ATTN_OK)
+                place_fail(&pl, "forward_mha", L);
+            place_back(&pl, hout, to.data, ob);
+            place_back(&pl, hlse, tl.data, lb);
         }
     }
+    ok = pl.ok;
+    place_free(&pl);
     attn_metadata_destroy(meta);
     free(cmem);
     return ok;
