@@ -11,7 +11,7 @@ B        = build
 TEST_SRC = tests/main.c $(wildcard tests/test_*.c)
 TEST_DEP = attn.h tests/attn_test.h tests/fixtures.h tests/mla_fixtures.h $(TEST_SRC)
 
-.PHONY: all test demo bench embed check-embed clean info nvrtc-check cuda-test wgmma-check hopper-check fuzz pytest
+.PHONY: all test demo bench embed check-embed clean info nvrtc-check cuda-test wgmma-check hopper-check fuzz fuzz-dcp pytest
 
 all: $(B)/attn_tests $(B)/attn_tests_avx2 $(B)/attn_tests_c $(B)/attn_tests_nothreads \
      $(B)/attn_tests_asan $(B)/attn_tests_tsan $(B)/attn-info $(B)/attn-bench $(B)/attn-bench-cuda $(B)/paged_decode \
@@ -55,6 +55,19 @@ fuzz: $(B)/fuzz_metadata
 	LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp:print_suppressions=0 \
 	  ./$(B)/fuzz_metadata -max_total_time=$(FUZZ_TIME) -timeout=20 -max_len=4096 \
 	  -artifact_prefix=$(B)/fuzz-artifacts/ $(FUZZ_ARGS) $(FUZZ_CORPUS) tests/fuzz_corpus
+
+# The DCP target (tests/fuzz_dcp.c): every rank of a world of 1..8 builds and runs over its
+# own blocks at the edge of the capacity; combined, the ranks equal one rank. `make fuzz-dcp`
+# runs it for FUZZ_TIME seconds from tests/fuzz_dcp_corpus.
+FUZZ_DCP_CORPUS ?= $(B)/fuzz-dcp-corpus
+$(B)/fuzz_dcp: tests/fuzz_dcp.c attn.h | $(B)
+	$(FUZZ_CC) $(CSTD) $(WARN) -O1 -g $(NATIVE) -fsanitize=fuzzer,address,undefined \
+	  -fno-sanitize-recover=undefined -fno-omit-frame-pointer -I. $< -o $@ $(LIBS)
+fuzz-dcp: $(B)/fuzz_dcp
+	@mkdir -p $(FUZZ_DCP_CORPUS) $(B)/fuzz-artifacts
+	LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp:print_suppressions=0 \
+	  ./$(B)/fuzz_dcp -max_total_time=$(FUZZ_TIME) -timeout=20 -max_len=256 \
+	  -artifact_prefix=$(B)/fuzz-artifacts/dcp- $(FUZZ_ARGS) $(FUZZ_DCP_CORPUS) tests/fuzz_dcp_corpus
 
 $(B)/attn-info: tools/attn-info.c attn.h | $(B)
 	$(CC) $(CSTD) $(WARN) $(OPT) $(NATIVE) -I. $< -o $@ $(LIBS)

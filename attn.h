@@ -4125,6 +4125,21 @@ static int attn__mla_prefill_chunk(const attn_layer_desc *d, int64_t workspace_b
     return (int)ATTN__MIN(4096, ATTN__MAX(64, workspace_bytes / per_key / 64 * 64));
 }
 
+/* DCP: rank r's count of positions [0, p) with W ranks and runs of I tokens (the identity
+   when W is 1). Ownership is monotone, so a global key range [lo, hi) is the local range
+   [L(lo), L(hi)) on every rank. */
+static int64_t attn__dcp_local(int W, int r, int I, int64_t p) {
+    int64_t run, rem;
+    if (W <= 1) return p;
+    run = (int64_t)W * I;
+    rem = p % run - (int64_t)r * I;
+    return p / run * I + (rem < 0 ? 0 : rem > I ? I : rem);
+}
+/* The same for a metadata's capacity (its DCP fields resolved at create). */
+static int attn__dcp_len(const attn_metadata_desc *cap, int64_t p) {
+    return (int)attn__dcp_local(cap->dcp_world_size, cap->dcp_rank, cap->dcp_interleave, p);
+}
+
 /* Split-KV policy. Two policies, for a reason: the standard CPU schedule splits only
    when the batch's own tasks cannot fill the threads, and only as much as needed (it
    adapts per batch: attn__cpu_build); MLA decode splits every decode request the same
@@ -4203,7 +4218,9 @@ static attn_mla_info attn__mla_plan(const attn_metadata *m, const attn_batch *b)
     int nd = 0, r, max_dec = 0, par;
     memset(&info, 0, sizeof info);
     while (nd < b->num_reqs && b->query_start_loc[nd + 1] - b->query_start_loc[nd] <= m->cap.decode_threshold) nd++;
-    for (r = 0; r < nd; r++) max_dec = ATTN__MAX(max_dec, b->seq_lens[r]);
+    /* the keys a decode reads here: under DCP the rank's local count, the same count the
+       capacity (max_blocks_per_req) was sized for at create */
+    for (r = 0; r < nd; r++) max_dec = ATTN__MAX(max_dec, attn__dcp_len(&m->cap, b->seq_lens[r]));
     info.num_decodes = nd;
     info.num_decode_tokens = b->query_start_loc[nd];
     info.num_prefills = b->num_reqs - nd;
@@ -4218,9 +4235,12 @@ static attn_mla_info attn__mla_plan(const attn_metadata *m, const attn_batch *b)
         int items = m->layer->decode_items ? m->layer->decode_items : ATTN__MAX(1, par / 2);
         par = ATTN__MAX(1, items / ATTN__MAX(1, info.num_decode_tokens * ((m->built_for.num_heads + rows - 1) / rows)));
     }
+    /* never more than the create-time count the schedule and split rows were sized for */
     info.num_kv_splits = m->kv_splits_forced
                              ? m->cap.num_kv_splits
-                             : attn__mla_splits(m->backend->device, max_dec, par, attn__env_batch_invariant(m->layer->ctx));
+                             : ATTN__MIN(m->cap.num_kv_splits,
+                                         attn__mla_splits(m->backend->device, max_dec, par,
+                                                          attn__env_batch_invariant(m->layer->ctx)));
     info.prefill_chunk = attn__mla_prefill_chunk(&m->built_for, m->cap.workspace_bytes, m->backend->device);
     return info;
 }
@@ -4446,21 +4466,6 @@ oom:
 
 ATTN_API void attn_communicator_destroy(attn_communicator *comm) {
     if (comm && comm->destroy) comm->destroy(comm);
-}
-
-/* DCP: rank r's count of positions [0, p) with W ranks and runs of I tokens (the identity
-   when W is 1). Ownership is monotone, so a global key range [lo, hi) is the local range
-   [L(lo), L(hi)) on every rank. */
-static int64_t attn__dcp_local(int W, int r, int I, int64_t p) {
-    int64_t run, rem;
-    if (W <= 1) return p;
-    run = (int64_t)W * I;
-    rem = p % run - (int64_t)r * I;
-    return p / run * I + (rem < 0 ? 0 : rem > I ? I : rem);
-}
-/* The same for a metadata's capacity (its DCP fields resolved at create). */
-static int attn__dcp_len(const attn_metadata_desc *cap, int64_t p) {
-    return (int)attn__dcp_local(cap->dcp_world_size, cap->dcp_rank, cap->dcp_interleave, p);
 }
 
 ATTN_API int64_t attn_dcp_local_tokens(int world_size, int rank, int interleave, int64_t position) {

@@ -40,6 +40,7 @@ void suite_dcp(void);         /* tests/test_dcp.c */
 void suite_seam(void);        /* tests/test_seam.c */
 void suite_defects(void);     /* tests/test_defects.c */
 void suite_outside(void);     /* tests/test_outside.c */
+void suite_found(void);       /* tests/test_found.c */
 void suite_nvrtc(void);       /* tests/test_nvrtc.c */
 void suite_cuda(void);        /* tests/test_cuda.c */
 void suite_cuda_mla(void);    /* tests/test_mla_cuda.c: MLA on the GPU */
@@ -64,6 +65,7 @@ int main(int argc, char **argv) {
     SUITE(suite_seam);
     SUITE(suite_defects);
     SUITE(suite_outside);
+    SUITE(suite_found);
     SUITE(suite_nvrtc);
     SUITE(suite_cuda);
     SUITE(suite_cuda_mla);

@@ -222,11 +222,20 @@ fuzz_run() {
     rm -rf build/fuzz-corpus-test
     make -s fuzz FUZZ_TIME="$fuzz_seconds" FUZZ_CORPUS=build/fuzz-corpus-test FUZZ_ARGS=-seed=1
 }
-if ! command -v clang >/dev/null 2>&1; then skip fuzz-metadata "clang not installed"
-elif ! fuzz_probe; then skip fuzz-metadata "clang's libFuzzer runtime not installed (libclang-rt-<version>-dev)"
+# The DCP target (tests/fuzz_dcp.c): ATTN_FUZZ_DCP_SECONDS (20) the same way.
+fuzz_dcp_run() {
+    rm -rf build/fuzz-dcp-corpus-test
+    make -s fuzz-dcp FUZZ_TIME="${ATTN_FUZZ_DCP_SECONDS:-20}" FUZZ_DCP_CORPUS=build/fuzz-dcp-corpus-test FUZZ_ARGS=-seed=1
+}
+if ! command -v clang >/dev/null 2>&1; then skip fuzz-metadata "clang not installed"; skip fuzz-dcp "clang not installed"
+elif ! fuzz_probe; then
+    skip fuzz-metadata "clang's libFuzzer runtime not installed (libclang-rt-<version>-dev)"
+    skip fuzz-dcp "clang's libFuzzer runtime not installed (libclang-rt-<version>-dev)"
 else
     check fuzz-metadata fuzz_run
     grep -hE '^Done [0-9]+ runs|^fuzz_metadata: [0-9]+ inputs' "$logs/fuzz-metadata.log" | sed 's/^/    /'
+    check fuzz-dcp fuzz_dcp_run
+    grep -hE '^Done [0-9]+ runs|^fuzz_dcp: [0-9]+ inputs' "$logs/fuzz-dcp.log" | sed 's/^/    /'
 fi
 
 echo "$P passed, $F failed, $S skipped"
