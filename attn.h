@@ -72,8 +72,9 @@
                                nothing is applied
        ATTN_BATCH_INVARIANT    on = never split a sequence's keys across threads (MLA: one
                                KV split, unless attn_metadata_desc.num_kv_splits forces a
-                               count: an explicit count wins), so a row's result does not
-                               depend on what else is in the batch; read at
+                               count: an explicit count wins) and never attend a shared
+                               prefix apart (cascade: common_prefix_len runs as 0), so a
+                               row's result does not depend on what else is in the batch; read at
                                attn_metadata_build (the CUDA and CUDA_SM90 backends: at
                                attn_metadata_create, so that a captured graph holds exactly
                                the decode kernels its builds can run) (default off)
@@ -1118,9 +1119,11 @@ typedef struct attn_metadata_desc {
     int max_num_tokens;      /* required */
     int max_blocks_per_req;  /* required: block_table_stride may not exceed it */
     int64_t num_blocks;      /* required: blocks in the KV cache this metadata indexes */
-    /* MLA only (ignored by standard layers) */
-    int decode_threshold;    /* requests with query_len <= this are decodes, 0..16; 0: 1 */
-    int num_kv_splits;       /* decode split-KV count, 1..1024; 0: attn_mla_num_kv_splits() */
+    /* MLA: requests with query_len <= decode_threshold are decodes. Standard layers on the
+       CPU: the cascade rows the metadata keeps (max_num_reqs x decode_threshold tokens: a
+       batch of speculative rows of up to decode_threshold tokens each can cascade). */
+    int decode_threshold;    /* 0..16; 0: 1 */
+    int num_kv_splits;       /* MLA: decode split-KV count, 1..1024; 0: attn_mla_num_kv_splits() */
     int64_t workspace_bytes; /* MLA prefill: bytes for up-projected K/V and running outputs,
                                 0: ATTN_MLA_WORKSPACE_BYTES; at least 1 MiB */
     /* Decode context parallelism (DCP, vLLM's decode_context_parallel_size): each
@@ -1185,7 +1188,7 @@ ATTN_API const attn_metadata_desc *attn_metadata_capacity(const attn_metadata *m
    may then attend the shared prefix once for all query rows and join it by LSE with each
    request's own keys; the results are the same as with 0 (within rounding). CPU: for
    batches of at most max_num_reqs x decode_threshold tokens (the rows the metadata keeps
-   for it) and layers without a sliding window. CUDA, CUDA_SM90: for batches of more than
+   for it) and layers without a sliding window, outside ATTN_BATCH_INVARIANT. CUDA, CUDA_SM90: for batches of more than
    one request whose requests all fit a decode tile (16 / (num_heads / num_kv_heads) query
    tokens, at least 1: decodes, speculative verification), on layers without a sliding
    window or ALiBi, outside ATTN_BATCH_INVARIANT: a prefix pass on the prefill tiles, then
@@ -1312,8 +1315,9 @@ ATTN_API attn_status attn_mla_forward(attn_layer *layer, const attn_metadata *me
    twice counts twice. Any other value is an error: named on the CPU (nothing written); on
    the GPU, where the values are not read by the host, such an entry is skipped like -1.
    out_latent [.., num_heads, kv_lora_rank] (layer dtype); lse f32 [.., num_heads] (base e)
-   or NULL. A token with no valid index gets out 0 and lse -inf. The layer's sinks
-   (desc.sinks) join every row's softmax here (the LSE includes them). Caches: the layer's
+   or NULL. A token with no valid index gets out 0 and lse -inf (with sinks: lse = its
+   head's sink). The layer's sinks (desc.sinks) join every row's softmax here (the LSE
+   includes them). A NaN that reaches a row's scores makes its out and lse NaN. Caches: the layer's
    16-bit or f32 latent, fp8 with a per-tensor scale, or fp8_ds_mla (656-byte rows with
    their own scales, written by attn_concat_and_cache_mla; the dense MLA calls refuse it).
    Kernels: CUDA_MLA_SM90 gathers the rows of a 16-bit 512 + 64 latent into its wgmma
@@ -1330,8 +1334,9 @@ ATTN_API attn_status attn_mla_forward_sparse(attn_layer *layer, const attn_metad
 
 /* out = merge((out_a, lse_a), (out_b, lse_b)): out_* [tokens, heads, head_size] of one
    dtype (f32/f16/bf16), lse_* f32 [tokens, heads] in base base_a / base_b, all on one
-   device. An empty partition has LSE -inf (or +inf/NaN, as some kernels report it) and
-   contributes nothing (both empty: out 0, lse -inf, no NaN). lse may be NULL; its base
+   device. An empty partition has LSE -inf (or +inf, as some kernels report it) and
+   contributes nothing (both empty: out 0, lse -inf, no NaN); a NaN LSE (a partial whose
+   inputs held a NaN) makes the row's out and lse NaN. lse may be NULL; its base
    is base_out. out may alias out_a or out_b. Runs on the first backend of the platform's
    priority list that serves the tensors' device and has a merge; stream as above. */
 ATTN_API attn_status attn_merge_attn_states(attn_context *ctx, const attn_tensor *out_a,
@@ -4235,12 +4240,12 @@ static attn_mla_info attn__mla_plan(const attn_metadata *m, const attn_batch *b)
         int items = m->layer->decode_items ? m->layer->decode_items : ATTN__MAX(1, par / 2);
         par = ATTN__MAX(1, items / ATTN__MAX(1, info.num_decode_tokens * ((m->built_for.num_heads + rows - 1) / rows)));
     }
-    /* never more than the create-time count the schedule and split rows were sized for */
-    info.num_kv_splits = m->kv_splits_forced
-                             ? m->cap.num_kv_splits
-                             : ATTN__MIN(m->cap.num_kv_splits,
-                                         attn__mla_splits(m->backend->device, max_dec, par,
-                                                          attn__env_batch_invariant(m->layer->ctx)));
+    if (m->kv_splits_forced) {
+        info.num_kv_splits = m->cap.num_kv_splits;
+    } else { /* never more than the create-time count the schedule and split rows were sized for */
+        int n = attn__mla_splits(m->backend->device, max_dec, par, attn__env_batch_invariant(m->layer->ctx));
+        info.num_kv_splits = ATTN__MIN(m->cap.num_kv_splits, n);
+    }
     info.prefill_chunk = attn__mla_prefill_chunk(&m->built_for, m->cap.workspace_bytes, m->backend->device);
     return info;
 }
@@ -5037,6 +5042,7 @@ ATTN__INLINE attn__vf attn__vsub(attn__vf a, attn__vf b) { return _mm512_sub_ps(
 ATTN__INLINE attn__vf attn__vmax(attn__vf a, attn__vf b) { return _mm512_max_ps(a, b); }
 ATTN__INLINE float attn__vhadd(attn__vf v) { return _mm512_reduce_add_ps(v); }
 ATTN__INLINE float attn__vhmax(attn__vf v) { return _mm512_reduce_max_ps(v); }
+ATTN__INLINE int attn__vany_nan(attn__vf v) { return _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q) != 0; }
 ATTN__INLINE attn__vf attn__vround(attn__vf v) {
     return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
@@ -5125,6 +5131,7 @@ ATTN__INLINE float attn__vhmax(attn__vf v) {
     s = _mm_max_ss(s, _mm_shuffle_ps(s, s, 1));
     return _mm_cvtss_f32(s);
 }
+ATTN__INLINE int attn__vany_nan(attn__vf v) { return _mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)) != 0; }
 ATTN__INLINE attn__vf attn__vround(attn__vf v) {
     return _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
@@ -5201,6 +5208,9 @@ ATTN__INLINE float attn__vhadd(attn__vf v) {
 }
 ATTN__INLINE float attn__vhmax(attn__vf v) {
     float m = v.v[0]; int i; for (i = 1; i < ATTN__W; i++) m = v.v[i] > m ? v.v[i] : m; return m;
+}
+ATTN__INLINE int attn__vany_nan(attn__vf v) {
+    int i, n = 0; for (i = 0; i < ATTN__W; i++) n |= v.v[i] != v.v[i]; return n;
 }
 ATTN__INLINE attn__vf attn__vround(attn__vf v) { int i; for (i = 0; i < ATTN__W; i++) v.v[i] = nearbyintf(v.v[i]); return v; }
 ATTN__INLINE attn__vf attn__vpow2i(attn__vf n) {
@@ -5722,13 +5732,25 @@ ATTN__NOINLINE static void attn__cpu_pv_direct(const float *P, int ld, int M, co
 }
 
 /* Online-softmax step for one row of base-2 scores s[0..n) (padded to a multiple of W):
-   updates the running max *m and sum *l, turns s into probabilities, returns alpha. */
+   updates the running max *m and sum *l, turns s into probabilities, returns alpha. A NaN
+   score (a NaN in q, k or a scale) makes the row NaN for good: *m = *l = alpha = NaN, so O
+   turns NaN and the row's out and LSE come out NaN (a max alone would skip a NaN and
+   report a row of NaN scores as one that saw no key). */
 static float attn__cpu_softmax_row(float *s, int n, float *m, float *l) {
-    int np = (n + ATTN__W - 1) / ATTN__W * ATTN__W, j;
+    int np = (n + ATTN__W - 1) / ATTN__W * ATTN__W, j, nan = *m != *m;
     attn__vf vm = attn__vset1(-INFINITY), sum = attn__vzero(), mv;
     float mx, mnew, alpha;
     for (j = n; j < np; j++) s[j] = -INFINITY;
-    for (j = 0; j < np; j += ATTN__W) vm = attn__vmax(vm, attn__vld(s + j));
+    for (j = 0; j < np; j += ATTN__W) {
+        attn__vf v = attn__vld(s + j);
+        vm = attn__vmax(vm, v);
+        nan |= attn__vany_nan(v);
+    }
+    if (nan) {
+        for (j = 0; j < np; j++) s[j] = 0.0f;
+        *m = *l = NAN;
+        return NAN;
+    }
     mx = attn__vhmax(vm);
     mnew = mx > *m ? mx : *m;
     if (mnew == -INFINITY) { /* nothing visible yet */
@@ -6018,15 +6040,17 @@ static attn_status attn__cpu_build(const attn_backend *self, attn_layer *layer, 
     int group = d->num_heads / d->num_kv_heads, tt = attn__cpu_tile_tokens(group);
     int causal = b->causal == ATTN_CAUSAL_YES;
     int want = 4 * layer->ctx->num_threads, base = 0, r, h, t0, nt = 0, nm = 0, prows = 0;
-    int split, P = 0;
+    int split, P = 0, invariant = attn__env_batch_invariant(layer->ctx);
     const attn_metadata_desc *cap = attn_metadata_capacity(meta);
     (void)self;
     (void)fast_build;
     cm->dcp_w = cap->dcp_world_size; cm->dcp_r = cap->dcp_rank; cm->dcp_i = cap->dcp_interleave;
     /* cascade (common_prefix_len: whole blocks before every request's queries, validated):
-       where every row sees the whole prefix (no sliding window) and the rows fit */
+       where every row sees the whole prefix (no sliding window) and the rows fit; never
+       under ATTN_BATCH_INVARIANT (a row's prefix joined by LSE is not the bits of the same
+       row attended in one pass, so a row would depend on whether its batch shares a prefix) */
     cm->cascade_len = cm->num_prefix_tasks = 0;
-    if (common_prefix_len > 0 && !d->sliding_window && b->num_reqs > 1 &&
+    if (common_prefix_len > 0 && !invariant && !d->sliding_window && b->num_reqs > 1 &&
         (int64_t)b->num_actual_tokens * d->num_heads <= cm->prefix_capacity) {
         const int ct = attn__cpu_prefix_tokens(d);
         P = cm->cascade_len = common_prefix_len;
@@ -6040,7 +6064,7 @@ static attn_status attn__cpu_build(const attn_backend *self, attn_layer *layer, 
         int ql = b->query_start_loc[r + 1] - b->query_start_loc[r];
         base += attn__cpu_all_heads(d, ql) ? (ql > 0) : d->num_kv_heads * ((ql + tt - 1) / tt);
     }
-    split = !attn__env_batch_invariant(layer->ctx) && base > 0 && base < want;
+    split = !invariant && base > 0 && base < want;
     for (r = 0; r < b->num_reqs; r++) {
         int ql = b->query_start_loc[r + 1] - b->query_start_loc[r], sl = b->seq_lens[r];
         int all = attn__cpu_all_heads(d, ql), step = all ? ql : tt;
@@ -6124,14 +6148,14 @@ static void attn__cpu_store_rows(const attn__cpu_run *a, int req, int head0, int
         return;
     }
     for (i = 0; i < rows; i++) {
-        float mi = m[i], li = l[i], w = 1.0f, wp = 0.0f, inv; /* base 2: O = sum 2^(s - mi) v, li = sum 2^(s - mi) */
+        float mi = m[i], li = l[i], w = 1.0f, wp = 0.0f, inv, lse; /* base 2: O = sum 2^(s - mi) v, li = sum 2^(s - mi) */
         const float *op = NULL;
         attn__cpu_row_owner(d, head0, tok0, tok1, i, &tok, &head);
         if (a->cm->cascade_len) { /* the row's part of the shared prefix (prefix tasks): by LSE */
             const float *pr = a->cm->prefix_partial + ((size_t)(a->b->query_start_loc[req] + tok) * (size_t)d->num_heads +
                                                        (size_t)head) * (size_t)(dp + 2);
             const float mp = pr[dp], lp = pr[dp + 1], mx = mi > mp ? mi : mp;
-            if (lp > 0.0f) {
+            if (lp > 0.0f || lp != lp) { /* a NaN prefix row (lp NaN) makes the row NaN */
                 w = li > 0.0f ? exp2f(mi - mx) : 0.0f;
                 wp = exp2f(mp - mx);
                 li = li * w + lp * wp;
@@ -6139,16 +6163,20 @@ static void attn__cpu_store_rows(const attn__cpu_run *a, int req, int head0, int
                 op = pr;
             }
         }
+        /* -inf: no key; NaN: a NaN score (li NaN) */
+        lse = li > 0.0f || li != li ? (mi + log2f(li)) * ATTN__LN2 : -INFINITY;
         if (d->sinks && a->cm->dcp_r == 0) { /* the sink joins the denominator once, here (partials
                                                    never see it; under DCP rank 0's rows only) */
-            const float sk = d->sinks[head] * ATTN__LOG2E, mx = mi > sk ? mi : sk;
-            const float f = li > 0.0f ? exp2f(mi - mx) : 0.0f;
-            w *= f;
-            wp *= f;
-            li = li * f + exp2f(sk - mx);
-            mi = mx;
+            /* in natural logs and doubles: a finite sink past FLT_MAX / log2(e) has no base-2
+               float (its exp2 overflowed and the row's LSE came out -inf). g: the keys' share
+               of the denominator; lse = log(e^lse + e^sink) */
+            const double sk = d->sinks[head], mx = lse > sk || lse != lse ? (double)lse : sk;
+            const double sum = exp(lse - mx) + exp(sk - mx), g = exp(lse - mx) / sum;
+            inv = li > 0.0f || li != li ? (float)(g / li) : 0.0f;
+            lse = (float)(mx + log(sum));
+        } else {
+            inv = li > 0.0f ? 1.0f / li : 0.0f;
         }
-        inv = li > 0.0f ? 1.0f / li : 0.0f;
         tok += qs;
         for (x = 0; x < a->dv; x++) tmp[x] = O[(size_t)i * (size_t)dp + x] * (w * inv);
         if (op)
@@ -6156,9 +6184,7 @@ static void attn__cpu_store_rows(const attn__cpu_run *a, int req, int head0, int
         attn__row_from_f32(tmp, a->out.dtype,
                            (char *)a->out.data + (size_t)(tok * a->out.strides[0] + head * a->out.strides[1]) * osz,
                            a->dv);
-        if (a->has_lse)
-            ((float *)a->lse.data)[tok * a->lse.strides[0] + head * a->lse.strides[1]] =
-                li > 0.0f ? (mi + log2f(li)) * ATTN__LN2 : -INFINITY;
+        if (a->has_lse) ((float *)a->lse.data)[tok * a->lse.strides[0] + head * a->lse.strides[1]] = lse;
     }
 }
 
@@ -6359,9 +6385,16 @@ static void attn__cpu_merge_run(void *varg, int mi, int thread) {
     float *mrow = O + (size_t)rows * (size_t)dp, *lrow = mrow + rows, *tmp = lrow + rows;
     for (i = 0; i < rows; i++) {
         float mx = -INFINITY, lsum = 0.0f;
+        int nan = 0;
         for (s = 0; s < mg->num_splits; s++) {
             const float *p = a->cm->partial + (size_t)mg->row0 * (size_t)(dp + 2) + (size_t)s * stride + (size_t)i * (size_t)(dp + 2);
             if (p[dp + 1] > 0.0f && p[dp] > mx) mx = p[dp];
+            nan |= p[dp + 1] != p[dp + 1]; /* a split that met a NaN score: the row is NaN */
+        }
+        if (nan) {
+            for (x = 0; x < dp; x++) O[(size_t)i * (size_t)dp + x] = NAN;
+            mrow[i] = lrow[i] = NAN;
+            continue;
         }
         for (x = 0; x < dp; x++) O[(size_t)i * (size_t)dp + x] = 0.0f;
         for (s = 0; s < mg->num_splits && mx > -INFINITY; s++) {
@@ -6591,8 +6624,9 @@ static attn_status attn__cpu_reshape_and_cache(const attn_backend *self, attn_la
 }
 
 /* The LSE merge on the CPU, element by element (no buffer): weights from the two LSEs
-   (base e), an empty side (-inf, or +inf/NaN as some kernels report it) contributes
-   nothing whatever its output holds. out may alias out_a or out_b. */
+   (base e), an empty side (-inf, or +inf as some kernels report it) contributes nothing
+   whatever its output holds; a NaN LSE (a partial that met a NaN) makes the row NaN. out
+   may alias out_a or out_b. */
 static attn_status attn__cpu_merge_attn_states(const attn_backend *self, attn_context *ctx,
                                                const attn_tensor *out_a, const attn_tensor *lse_a,
                                                attn_lse_base base_a, const attn_tensor *out_b,
@@ -6616,10 +6650,13 @@ static attn_status attn__cpu_merge_attn_states(const attn_backend *self, attn_co
             float m, wa, wb, inv, l;
             if (base_a == ATTN_LSE_BASE_2) a *= ATTN__LN2;
             if (base_b == ATTN_LSE_BASE_2) b *= ATTN__LN2;
-            if (!(a < INFINITY)) a = -INFINITY;
-            if (!(b < INFINITY)) b = -INFINITY;
+            if (a == INFINITY) a = -INFINITY;
+            if (b == INFINITY) b = -INFINITY;
             m = a > b ? a : b;
-            if (m == -INFINITY) { /* both empty */
+            if (a != a || b != b) { /* a NaN partial (a NaN score): the row is NaN */
+                for (x = 0; x < D; x++) attn__store_elem(po, oo.dtype, x, NAN);
+                l = NAN;
+            } else if (m == -INFINITY) { /* both empty */
                 for (x = 0; x < D; x++) attn__store_elem(po, oo.dtype, x, 0.0f);
                 l = -INFINITY;
             } else {
@@ -6972,7 +7009,7 @@ static void attn__cpu_sparse_run(void *varg, int task, int thread) {
             inv = l > 0.0f && n > 0 ? w / l : 0.0f; /* no key: out 0 (a sink alone weighs nothing) */
             for (x = 0; x < R; x++) oh[x] *= inv;
             attn__row_from_f32(oh, a->out.dtype, orow, R);
-            lse = l > 0.0f ? m + logf(l) : -INFINITY;
+            lse = l > 0.0f || l != l ? m + logf(l) : -INFINITY; /* NaN: a NaN score */
             if (a->has_lse) ((float *)a->lse.data)[t * a->lse.strides[0] + (h0 + h) * a->lse.strides[1]] = lse;
         }
     }
@@ -7040,6 +7077,11 @@ static void attn__cpu_gemm_nt(const float *A, int M, const float *B, int N, int 
 static void attn__cpu_lse_merge_row(float *o, float *l, const float *ob, float lb, int n) {
     float la = *l, m = la > lb ? la : lb, wa, wb, inv;
     int x;
+    if (la != la || lb != lb) { /* a NaN score on either side: the row is NaN */
+        for (x = 0; x < n; x++) o[x] = NAN;
+        *l = NAN;
+        return;
+    }
     if (m == -INFINITY) { /* both empty */
         for (x = 0; x < n; x++) o[x] = 0.0f;
         *l = -INFINITY;
@@ -7152,7 +7194,7 @@ static void attn__cpu_mla_attend(void *varg, int task, int thread) {
     for (i = 0; i < rows; i++) {
         int tok = q0 + t0 + i, x;
         float *st = a->state + ((size_t)(tok - a->state_row0) * (size_t)H + (size_t)h) * (size_t)(a->dpv + 1);
-        float lse_c = l[i] > 0.0f ? (m[i] + log2f(l[i])) * ATTN__LN2 : -INFINITY;
+        float lse_c = l[i] > 0.0f || l[i] != l[i] ? (m[i] + log2f(l[i])) * ATTN__LN2 : -INFINITY; /* NaN stays */
         float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
         float *o = O + (size_t)i * (size_t)a->dpv;
         for (x = 0; x < Vd; x++) o[x] *= inv;
@@ -11600,10 +11642,17 @@ ATTN_API attn_status attn_dcp_combine(attn_context *ctx, int n, const attn_tenso
             for (h = 0; h < H; h++) {
                 float mx = -INFINITY, sum = 0.0f, inv;
                 char *po = (char *)oo.data + (size_t)(t * oo.strides[0] + h * oo.strides[1]) * esz;
-                for (i = 0; i < n; i++) { /* +inf and NaN count as empty, as attn_merge_attn_states does */
+                int nan = 0;
+                for (i = 0; i < n; i++) { /* +inf counts as empty and NaN stays NaN, as in attn_merge_attn_states */
                     float v = ((const float *)l[i].data)[t * l[i].strides[0] + h * l[i].strides[1]];
-                    w[i] = v < INFINITY ? v : -INFINITY;
+                    w[i] = v == INFINITY ? -INFINITY : v;
+                    nan |= v != v;
                     if (w[i] > mx) mx = w[i];
+                }
+                if (nan) {
+                    for (x = 0; x < D; x++) attn__store_elem(po, oo.dtype, x, NAN);
+                    if (lse) ((float *)lo.data)[t * lo.strides[0] + h * lo.strides[1]] = NAN;
+                    continue;
                 }
                 for (i = 0; i < n; i++) {
                     w[i] = mx > -INFINITY && w[i] > -INFINITY ? expf(w[i] - mx) : 0.0f;

@@ -6,6 +6,7 @@
 #include "attn_test.h"
 #include "fixtures.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -92,6 +93,472 @@ ATTN_TEST(found_dcp_mla_splits_from_local_tokens) {
     attn_context_destroy(ctx);
 }
 
+/* ---- 2. NaN inputs propagate; rows that see no key stay empty -------------------------- */
+
+/* A standard f32 layer (4 heads over 2 KV heads, head 32) and a batch of a 5-token chunk
+   over 40 cached tokens and a 1500-token decode (split along its keys on a 2-thread
+   context): the cache holds every token, q and the cache fresh random values. */
+#define FN_H 4
+#define FN_KVH 2
+#define FN_D 32
+#define FN_T 6
+#define FN_BLOCKS 100
+typedef struct fn_world {
+    attn_context *ctx;
+    attn_layer *layer;
+    attn_metadata *meta;
+    float *q, *cache, *out, *lse, *sinks;
+    int64_t cache_floats;
+} fn_world;
+
+static const int32_t fn_qsl[3] = {0, 5, 6}, fn_seq[2] = {45, 1500};
+
+static int fn_open(fn_world *w, int sliding_window) {
+    attn_layer_desc d;
+    attn_metadata_desc md;
+    attn_batch b;
+    int32_t bt[2 * 94];
+    int64_t slots[FN_T], shape[6];
+    int nd = 0, i;
+    uint32_t seed = 7;
+    memset(w, 0, sizeof *w);
+    w->ctx = attn_test_context(NULL, ATTN_LOG_LEVEL_WARN, 2);
+    if (!w->ctx) return 0;
+    memset(&d, 0, sizeof d);
+    d.num_heads = FN_H; d.num_kv_heads = FN_KVH; d.head_size = FN_D; d.dtype = ATTN_DTYPE_F32; d.block_size = 16;
+    d.sliding_window = sliding_window;
+    EXPECT_OK(attn_layer_create(w->ctx, &d, NULL, &w->layer));
+    if (!w->layer) return 0;
+    for (i = 0; i < 94; i++) { bt[i] = i < 3 ? i : 0; bt[94 + i] = 3 + i < FN_BLOCKS ? 3 + i : 0; }
+    for (i = 0; i < 5; i++) slots[i] = 40 + i;
+    slots[5] = 3 * 16 + 1499;
+    memset(&md, 0, sizeof md);
+    md.max_num_reqs = 2; md.max_num_tokens = FN_T; md.max_blocks_per_req = 94; md.num_blocks = FN_BLOCKS;
+    EXPECT_OK(attn_metadata_create(w->layer, &md, &w->meta));
+    if (!w->meta) return 0;
+    memset(&b, 0, sizeof b);
+    b.query_start_loc = fn_qsl; b.seq_lens = fn_seq; b.block_table = bt; b.block_table_stride = 94;
+    b.slot_mapping = slots; b.num_reqs = 2; b.num_actual_tokens = FN_T; b.max_query_len = 5; b.max_seq_len = 1500;
+    EXPECT_OK(attn_metadata_build(w->meta, 0, &b, 0));
+    EXPECT_OK(attn_layer_kv_cache_shape(w->layer, FN_BLOCKS, shape, &nd));
+    w->cache_floats = (int64_t)FN_BLOCKS * 2 * 16 * FN_KVH * FN_D;
+    w->q = (float *)malloc(sizeof(float) * FN_T * FN_H * FN_D);
+    w->cache = (float *)malloc(sizeof(float) * (size_t)w->cache_floats);
+    w->out = (float *)malloc(sizeof(float) * FN_T * FN_H * FN_D);
+    w->lse = (float *)malloc(sizeof(float) * FN_T * FN_H);
+    for (i = 0; i < FN_T * FN_H * FN_D; i++) w->q[i] = fd_rand(&seed);
+    for (i = 0; i < w->cache_floats; i++) w->cache[i] = fd_rand(&seed);
+    return 1;
+}
+
+static void fn_close(fn_world *w) {
+    attn_metadata_destroy(w->meta);
+    attn_layer_destroy(w->layer);
+    attn_context_destroy(w->ctx);
+    free(w->q); free(w->cache); free(w->out); free(w->lse);
+}
+
+static void fn_forward(fn_world *w) {
+    int64_t sq[3] = {FN_T, FN_H, FN_D}, sl[2] = {FN_T, FN_H}, sc[5] = {FN_BLOCKS, 2, 16, FN_KVH, FN_D};
+    attn_tensor tq = attn_tensor_make(w->q, ATTN_DTYPE_F32, 3, sq), to = attn_tensor_make(w->out, ATTN_DTYPE_F32, 3, sq);
+    attn_tensor tl = attn_tensor_make(w->lse, ATTN_DTYPE_F32, 2, sl), tc = attn_tensor_make(w->cache, ATTN_DTYPE_F32, 5, sc);
+    int i;
+    for (i = 0; i < FN_T * FN_H * FN_D; i++) w->out[i] = 12345.0f; /* poisoned with a value no row gives */
+    for (i = 0; i < FN_T * FN_H; i++) w->lse[i] = 12345.0f;
+    EXPECT_OK(attn_layer_forward(w->layer, w->meta, &tq, NULL, NULL, &tc, &to, &tl, NULL));
+}
+
+/* The cache index of (position p of request r, KV head h, element x) in K (v 0) or V (v 1). */
+static int64_t fn_at(int r, int p, int v, int h, int x) {
+    int64_t blk = r == 0 ? p / 16 : 3 + p / 16;
+    return (((blk * 2 + v) * 16 + p % 16) * FN_KVH + h) * FN_D + x;
+}
+
+/* Row (token t, head h) is all NaN (out and LSE: nan_lse; with nan_lse 0 only out's
+   element col) or equal to the clean run's. */
+static void fn_expect_rows(const fn_world *w, const float *clean_out, const float *clean_lse,
+                           const int nan_rows[FN_T][FN_H], int nan_lse, int col, const char *what) {
+    int t, h, x, bad = 0;
+    for (t = 0; t < FN_T; t++)
+        for (h = 0; h < FN_H; h++) {
+            const float *o = w->out + (t * FN_H + h) * FN_D, *c = clean_out + (t * FN_H + h) * FN_D;
+            float l = w->lse[t * FN_H + h];
+            for (x = 0; x < FN_D && !bad; x++)
+                if (nan_rows[t][h] && (nan_lse || x == col) ? o[x] == o[x] : o[x] != c[x]) {
+                    attn_test_fail(__FILE__, __LINE__, "%s: token %d head %d out[%d] = %g (%s)", what, t, h, x, o[x],
+                                   nan_rows[t][h] ? "NaN expected" : "the clean value expected");
+                    bad = 1;
+                }
+            if (!bad && (nan_rows[t][h] && nan_lse ? l == l : l != clean_lse[t * FN_H + h] && !nan_rows[t][h])) {
+                attn_test_fail(__FILE__, __LINE__, "%s: token %d head %d lse = %g", what, t, h, l);
+                bad = 1;
+            }
+            if (!bad && nan_rows[t][h] && !nan_lse && !(l == l && l > -INFINITY && l < INFINITY)) {
+                attn_test_fail(__FILE__, __LINE__, "%s: token %d head %d lse = %g (finite expected)", what, t, h, l);
+                bad = 1;
+            }
+        }
+    EXPECT_TRUE(!bad);
+}
+
+/* A NaN in q made the row "see no key" (out 0, LSE -inf) while a NaN in k propagated: now
+   every NaN that reaches a row's scores makes its out and LSE NaN, a NaN in v its out, on
+   a prefill row, a decode row split along its keys, and only the rows that see the key
+   (causal: earlier tokens and the other request stay clean; a window that ends before the
+   key too). NaN scales and sinks are refused by name. */
+ATTN_TEST(found_nan_propagates_cpu) {
+    fn_world w;
+    float clean_out[FN_T * FN_H * FN_D], clean_lse[FN_T * FN_H], keep;
+    int rows[FN_T][FN_H], t, h;
+    int64_t at;
+    if (!fn_open(&w, 0)) { fn_close(&w); return; }
+    fn_forward(&w);
+    memcpy(clean_out, w.out, sizeof clean_out);
+    memcpy(clean_lse, w.lse, sizeof clean_lse);
+    for (t = 0; t < FN_T * FN_H; t++) EXPECT_TRUE(clean_lse[t] > -INFINITY && clean_lse[t] < INFINITY);
+    /* q: token 1 head 3 (prefill), token 5 head 0 (the split decode) */
+    memset(rows, 0, sizeof rows);
+    w.q[(1 * FN_H + 3) * FN_D + 7] = NAN;
+    w.q[(5 * FN_H + 0) * FN_D + 0] = NAN;
+    rows[1][3] = rows[5][0] = 1;
+    fn_forward(&w);
+    fn_expect_rows(&w, clean_out, clean_lse, (const int (*)[FN_H])rows, 1, -1, "NaN in q");
+    w.q[(1 * FN_H + 3) * FN_D + 7] = 0.5f;
+    w.q[(5 * FN_H + 0) * FN_D + 0] = 0.5f;
+    fn_forward(&w);
+    memcpy(clean_out, w.out, sizeof clean_out);
+    memcpy(clean_lse, w.lse, sizeof clean_lse);
+    /* k: request 0 position 42, KV head 1: tokens 2..4 (positions 42..44) of heads 2, 3 */
+    memset(rows, 0, sizeof rows);
+    at = fn_at(0, 42, 0, 1, 3);
+    keep = w.cache[at];
+    w.cache[at] = NAN;
+    for (t = 2; t < 5; t++) rows[t][2] = rows[t][3] = 1;
+    fn_forward(&w);
+    fn_expect_rows(&w, clean_out, clean_lse, (const int (*)[FN_H])rows, 1, -1, "NaN in k");
+    w.cache[at] = keep;
+    /* k of the decode at position 700 (one split's keys), KV head 0: heads 0, 1 of token 5 */
+    memset(rows, 0, sizeof rows);
+    at = fn_at(1, 700, 0, 0, 0);
+    keep = w.cache[at];
+    w.cache[at] = NAN;
+    rows[5][0] = rows[5][1] = 1;
+    fn_forward(&w);
+    fn_expect_rows(&w, clean_out, clean_lse, (const int (*)[FN_H])rows, 1, -1, "NaN in a split's k");
+    w.cache[at] = keep;
+    /* v of position 40 (every token of the chunk sees it): out NaN, LSE as clean. (A NaN v
+       of a key a row does not see can still reach it as 0 x NaN in a tile's P.V, as in
+       SDPA's matrix product.) */
+    memset(rows, 0, sizeof rows);
+    at = fn_at(0, 40, 1, 0, 5);
+    keep = w.cache[at];
+    w.cache[at] = NAN;
+    for (t = 0; t < 5; t++) rows[t][0] = rows[t][1] = 1;
+    fn_forward(&w);
+    fn_expect_rows(&w, clean_out, clean_lse, (const int (*)[FN_H])rows, 0, 5, "NaN in v");
+    for (t = 0; t < 5; t++)
+        for (h = 0; h < 2; h++) EXPECT_TRUE(w.lse[t * FN_H + h] == clean_lse[t * FN_H + h]);
+    w.cache[at] = keep;
+    fn_close(&w);
+    /* a window of 2: position 42's key is seen by positions 42, 43 only */
+    if (!fn_open(&w, 2)) { fn_close(&w); return; }
+    fn_forward(&w);
+    memcpy(clean_out, w.out, sizeof clean_out);
+    memcpy(clean_lse, w.lse, sizeof clean_lse);
+    memset(rows, 0, sizeof rows);
+    w.cache[fn_at(0, 42, 0, 1, 3)] = NAN;
+    rows[2][2] = rows[2][3] = rows[3][2] = rows[3][3] = 1;
+    fn_forward(&w);
+    fn_expect_rows(&w, clean_out, clean_lse, (const int (*)[FN_H])rows, 1, -1, "NaN in k outside a window");
+    fn_close(&w);
+}
+
+/* The merges: a NaN LSE makes the row NaN (+inf and -inf still mean an empty side). */
+ATTN_TEST(found_nan_merges) {
+    attn_context *ctx = attn_test_context(NULL, ATTN_LOG_LEVEL_WARN, 1);
+    float oa[4] = {1, 2, 3, 4}, ob[4] = {5, 6, 7, 8}, o[4], la[2] = {NAN, 0.5f}, lb[2] = {0.25f, INFINITY}, l[2];
+    int64_t s3[3] = {1, 2, 2}, s2[2] = {1, 2};
+    attn_tensor ta = attn_tensor_make(oa, ATTN_DTYPE_F32, 3, s3), tb = attn_tensor_make(ob, ATTN_DTYPE_F32, 3, s3);
+    attn_tensor to = attn_tensor_make(o, ATTN_DTYPE_F32, 3, s3);
+    attn_tensor tla = attn_tensor_make(la, ATTN_DTYPE_F32, 2, s2), tlb = attn_tensor_make(lb, ATTN_DTYPE_F32, 2, s2);
+    attn_tensor tl = attn_tensor_make(l, ATTN_DTYPE_F32, 2, s2);
+    const attn_tensor *po[2] = {&ta, &tb}, *pl[2] = {&tla, &tlb};
+    if (!ctx) return;
+    EXPECT_OK(attn_merge_attn_states(ctx, &ta, &tla, ATTN_LSE_BASE_E, &tb, &tlb, ATTN_LSE_BASE_E, &to, &tl,
+                                     ATTN_LSE_BASE_E, NULL));
+    EXPECT_TRUE(o[0] != o[0] && o[1] != o[1] && l[0] != l[0]);   /* head 0: a NaN side */
+    EXPECT_TRUE(o[2] == 3.0f && o[3] == 4.0f && l[1] == 0.5f);    /* head 1: b empty (+inf) */
+    memset(o, 0, sizeof o);
+    EXPECT_OK(attn_dcp_combine(ctx, 2, po, pl, &to, &tl, NULL));
+    EXPECT_TRUE(o[0] != o[0] && o[1] != o[1] && l[0] != l[0]);
+    EXPECT_TRUE(o[2] == 3.0f && o[3] == 4.0f && l[1] == 0.5f);
+    attn_context_destroy(ctx);
+}
+
+/* ---- 2 (MLA). NaN through CPU_MLA's absorbed decode (split), up-projected prefill, sparse --- */
+
+#define FM_H 4
+#define FM_R 512
+#define FM_HS 576
+#define FM_N 16
+#define FM_V 16
+#define FM_BLOCKS 97 /* 94 for the decode, 3 for the prefill */
+
+ATTN_TEST(found_nan_propagates_cpu_mla) {
+    attn_context *ctx = attn_test_context(NULL, ATTN_LOG_LEVEL_WARN, 2);
+    attn_layer_desc d;
+    attn_layer *layer = NULL;
+    attn_metadata_desc md;
+    attn_metadata *meta = NULL;
+    attn_batch b;
+    attn_mla_info info;
+    int32_t qsl[3] = {0, 1, 5}, seq[2] = {1500, 40}, bt[2 * 94], idx[5 * 8];
+    int64_t slots[5] = {93 * 16 + 11, 94 * 16 + 36, 94 * 16 + 37, 94 * 16 + 38, 94 * 16 + 39};
+    float *cache = NULL, *q = NULL, *qp = NULL, *wuk = NULL, *wuv = NULL, *ol = NULL, *om = NULL, *lse = NULL;
+    float *clean = NULL, clean_lse[5 * FM_H];
+    uint32_t seed = 11;
+    int i, pass, h, x;
+    size_t ncache = (size_t)FM_BLOCKS * 16 * FM_HS;
+    if (!ctx) return;
+    memset(&d, 0, sizeof d);
+    d.num_heads = FM_H; d.head_size = FM_HS; d.kv_lora_rank = FM_R; d.qk_rope_head_dim = 64;
+    d.qk_nope_head_dim = FM_N; d.v_head_dim = FM_V; d.dtype = ATTN_DTYPE_F32; d.block_size = 16; d.use_mla = 1;
+    EXPECT_OK(attn_layer_create(ctx, &d, NULL, &layer));
+    memset(&md, 0, sizeof md);
+    md.max_num_reqs = 2; md.max_num_tokens = 5; md.max_blocks_per_req = 94; md.num_blocks = FM_BLOCKS;
+    if (layer) EXPECT_OK(attn_metadata_create(layer, &md, &meta));
+    for (i = 0; i < 94; i++) { bt[i] = i; bt[94 + i] = i < 3 ? 94 + i : 0; }
+    memset(&b, 0, sizeof b);
+    b.query_start_loc = qsl; b.seq_lens = seq; b.block_table = bt; b.block_table_stride = 94; b.slot_mapping = slots;
+    b.num_reqs = 2; b.num_actual_tokens = 5; b.max_query_len = 4; b.max_seq_len = 1500;
+    if (meta) EXPECT_OK(attn_metadata_build(meta, 0, &b, 0));
+    if (!meta || attn_metadata_mla_info(meta, &info) != ATTN_OK) goto done;
+    EXPECT_TRUE(info.num_decodes == 1 && info.num_kv_splits == 2); /* the decode is split */
+    cache = (float *)malloc(sizeof(float) * ncache);
+    q = (float *)malloc(sizeof(float) * 5 * FM_H * FM_HS);
+    qp = (float *)malloc(sizeof(float) * 4 * FM_H * (FM_N + 64));
+    wuk = (float *)malloc(sizeof(float) * FM_H * FM_N * FM_R);
+    wuv = (float *)malloc(sizeof(float) * FM_H * FM_R * FM_V);
+    ol = (float *)malloc(sizeof(float) * 5 * FM_H * FM_R);
+    om = (float *)malloc(sizeof(float) * 4 * FM_H * FM_V);
+    lse = (float *)malloc(sizeof(float) * 5 * FM_H);
+    clean = (float *)malloc(sizeof(float) * 5 * FM_H * FM_R);
+    for (i = 0; i < (int)ncache; i++) cache[i] = fd_rand(&seed);
+    for (i = 0; i < 5 * FM_H * FM_HS; i++) q[i] = fd_rand(&seed);
+    for (i = 0; i < 4 * FM_H * (FM_N + 64); i++) qp[i] = fd_rand(&seed);
+    for (i = 0; i < FM_H * FM_N * FM_R; i++) wuk[i] = fd_rand(&seed) * 0.1f;
+    for (i = 0; i < FM_H * FM_R * FM_V; i++) wuv[i] = fd_rand(&seed) * 0.1f;
+    for (i = 0; i < 5; i++) {
+        int k;
+        for (k = 0; k < 8; k++) idx[i * 8 + k] = i == 0 ? 100 * k + 3 : k * 5 + i; /* request-local positions */
+    }
+    for (pass = 0; pass < 2; pass++) { /* clean, then NaN in q of head 2 (decode), token 1 head 0 (prefill) */
+        int64_t sc[3] = {FM_BLOCKS, 16, FM_HS}, sq[3] = {1, FM_H, FM_HS}, so[3] = {1, FM_H, FM_R}, sl[2] = {1, FM_H};
+        int64_t sq2[3] = {4, FM_H, FM_N + 64}, so2[3] = {4, FM_H, FM_V}, sl2[2] = {4, FM_H};
+        int64_t su[3] = {FM_H, FM_N, FM_R}, sv[3] = {FM_H, FM_R, FM_V}, sqs[3] = {5, FM_H, FM_HS}, sos[3] = {5, FM_H, FM_R};
+        int64_t sls[2] = {5, FM_H}, si[2] = {5, 8};
+        attn_tensor tc = attn_tensor_make(cache, ATTN_DTYPE_F32, 3, sc);
+        attn_tensor tq = attn_tensor_make(q, ATTN_DTYPE_F32, 3, sq), to = attn_tensor_make(ol, ATTN_DTYPE_F32, 3, so);
+        attn_tensor tl = attn_tensor_make(lse, ATTN_DTYPE_F32, 2, sl);
+        attn_tensor tq2 = attn_tensor_make(qp, ATTN_DTYPE_F32, 3, sq2), to2 = attn_tensor_make(om, ATTN_DTYPE_F32, 3, so2);
+        attn_tensor tl2 = attn_tensor_make(lse + FM_H, ATTN_DTYPE_F32, 2, sl2);
+        attn_tensor tu = attn_tensor_make(wuk, ATTN_DTYPE_F32, 3, su), tv = attn_tensor_make(wuv, ATTN_DTYPE_F32, 3, sv);
+        attn_tensor tqs = attn_tensor_make(q, ATTN_DTYPE_F32, 3, sqs), tos = attn_tensor_make(ol, ATTN_DTYPE_F32, 3, sos);
+        attn_tensor tls = attn_tensor_make(lse, ATTN_DTYPE_F32, 2, sls), ti = attn_tensor_make(idx, ATTN_DTYPE_INT32, 2, si);
+        if (pass) { q[2 * FM_HS + 100] = NAN; qp[(1 * FM_H + 0) * (FM_N + 64) + 3] = NAN; }
+        EXPECT_OK(attn_mla_forward_mqa(layer, meta, &tq, NULL, &tc, &to, &tl, NULL));
+        EXPECT_OK(attn_mla_forward_mha(layer, meta, &tq2, &tc, &tu, &tv, &to2, &tl2, NULL));
+        for (h = 0; h < FM_H; h++) { /* decode */
+            int nan = pass && h == 2;
+            for (x = 0; x < FM_R; x++)
+                if (nan ? ol[h * FM_R + x] == ol[h * FM_R + x] : pass && ol[h * FM_R + x] != clean[h * FM_R + x]) {
+                    attn_test_fail(__FILE__, __LINE__, "decode head %d out[%d] = %g", h, x, ol[h * FM_R + x]);
+                    break;
+                }
+            EXPECT_TRUE(nan ? lse[h] != lse[h] : lse[h] == lse[h] && (!pass || lse[h] == clean_lse[h]));
+        }
+        for (i = 0; i < 4 * FM_H; i++) { /* prefill: token 1 of request 1 sees nothing that is NaN but its q */
+            int nan = pass && i == 1 * FM_H + 0;
+            for (x = 0; x < FM_V; x++)
+                if (nan ? om[i * FM_V + x] == om[i * FM_V + x] : pass && om[i * FM_V + x] != clean[FM_H * FM_R + i * FM_V + x]) {
+                    attn_test_fail(__FILE__, __LINE__, "prefill row %d out[%d] = %g", i, x, om[i * FM_V + x]);
+                    break;
+                }
+            EXPECT_TRUE(nan ? lse[FM_H + i] != lse[FM_H + i]
+                            : lse[FM_H + i] == lse[FM_H + i] && (!pass || lse[FM_H + i] == clean_lse[FM_H + i]));
+        }
+        if (!pass) {
+            memcpy(clean, ol, sizeof(float) * FM_H * FM_R);
+            memcpy(clean + FM_H * FM_R, om, sizeof(float) * 4 * FM_H * FM_V);
+            memcpy(clean_lse, lse, sizeof(float) * 5 * FM_H);
+        }
+        /* sparse: every token over its 8 indices, q as the decode's for token 0 */
+        EXPECT_OK(attn_mla_forward_sparse(layer, meta, &tqs, NULL, &tc, &ti, &tos, &tls, NULL));
+        for (i = 0; i < 5 * FM_H; i++) {
+            int nan = pass && i == 2;
+            EXPECT_TRUE(nan ? lse[i] != lse[i] && ol[i * FM_R] != ol[i * FM_R]
+                            : lse[i] == lse[i] && lse[i] > -INFINITY && ol[i * FM_R] == ol[i * FM_R]);
+        }
+    }
+done:
+    free(cache); free(q); free(qp); free(wuk); free(wuv); free(ol); free(om); free(lse); free(clean);
+    attn_metadata_destroy(meta);
+    attn_layer_destroy(layer);
+    attn_context_destroy(ctx);
+}
+
+/* ---- 3. ATTN_BATCH_INVARIANT holds when the batch shares a prefix ----------------------- */
+
+/* NULL when this context has a CUDA device with NVRTC, else why not. */
+static const char *fb_no_gpu(attn_context *ctx) {
+    static attn_platform p;
+    if (attn_platform_get(ctx, &p) != ATTN_OK) return "no platform";
+    if (p.kind != ATTN_PLATFORM_CUDA) return p.cuda_reason;
+    if (!p.nvrtc_version) return p.nvrtc_reason;
+    return NULL;
+}
+
+/* Request 0's decode row (token 0), built alone, then in a batch of 8 decodes whose first
+   4 blocks (64 tokens) are the same blocks, with common_prefix_len 64: under
+   ATTN_BATCH_INVARIANT the two rows must be the same bits (the CPU ran the batch's prefix
+   as a cascade pass joined by LSE: 471 of 512 elements differed). Standard (CPU, CUDA) and
+   MLA (CPU_MLA, CUDA MLA) layers, on the device given. Returns 0 when it could not run. */
+static int fb_invariant_rows(attn_context *ctx, attn_device_kind dev, int mla) {
+    enum { R = 8, NB = 64, MAXB = 20 };
+    const int H = 8, HKV = mla ? 1 : 2, D = mla ? 576 : 64, DO = mla ? 512 : 64;
+    const attn_dtype dt = dev == ATTN_DEVICE_CUDA ? ATTN_DTYPE_BF16 : ATTN_DTYPE_F32;
+    const size_t esz = attn_dtype_size(dt);
+    attn_layer_desc d;
+    attn_layer *layer = NULL;
+    attn_metadata_desc md;
+    attn_metadata *meta = NULL;
+    int32_t bt[R * MAXB], qsl[R + 1], seq[R];
+    int64_t shape[ATTN_MAX_DIMS], sq[3] = {R, H, D}, so[3] = {R, H, DO};
+    size_t ncache, i;
+    int nd = 0, pass, r, ok = 0;
+    void *hq = NULL, *hc = NULL, *ho = NULL, *q = NULL, *c = NULL, *o = NULL;
+    unsigned char *rows[2] = {NULL, NULL};
+    uint32_t seed = 5;
+    memset(&d, 0, sizeof d);
+    d.num_heads = H; d.num_kv_heads = HKV; d.head_size = D; d.dtype = dt; d.block_size = 16; d.device = dev;
+    if (mla) { d.use_mla = 1; d.kv_lora_rank = 512; d.qk_rope_head_dim = 64; d.qk_nope_head_dim = 64; d.v_head_dim = 64; }
+    EXPECT_OK(attn_layer_create(ctx, &d, NULL, &layer));
+    memset(&md, 0, sizeof md);
+    md.max_num_reqs = R; md.max_num_tokens = R; md.max_blocks_per_req = MAXB; md.num_blocks = NB;
+    if (!layer || attn_metadata_create(layer, &md, &meta) != ATTN_OK) goto done;
+    EXPECT_OK(attn_layer_kv_cache_shape(layer, NB, shape, &nd));
+    for (ncache = 1, i = 0; i < (size_t)nd; i++) ncache *= (size_t)shape[i];
+    hq = malloc((size_t)R * H * D * esz);
+    hc = malloc(ncache * esz);
+    ho = malloc((size_t)R * H * DO * esz);
+    rows[0] = (unsigned char *)malloc((size_t)H * DO * esz);
+    rows[1] = (unsigned char *)malloc((size_t)H * DO * esz);
+    for (i = 0; i < (size_t)R * H * D; i++) attn_test_put(hq, dt, i, fd_rand(&seed));
+    for (i = 0; i < ncache; i++) attn_test_put(hc, dt, i, fd_rand(&seed));
+    if (dev == ATTN_DEVICE_CUDA) {
+        q = attn_test_device_copy(ctx, hq, (size_t)R * H * D * esz);
+        c = attn_test_device_copy(ctx, hc, ncache * esz);
+        o = attn_test_device_copy(ctx, NULL, (size_t)R * H * DO * esz);
+        if (!q || !c || !o) goto done;
+    } else {
+        q = hq; c = hc; o = ho;
+    }
+    for (r = 0; r < R; r++) { /* blocks 0..3 shared, then 2 of the request's own */
+        int k;
+        for (k = 0; k < MAXB; k++) bt[r * MAXB + k] = k < 4 ? k : k < 6 ? 4 + 2 * r + (k - 4) : 0;
+    }
+    for (pass = 0; pass < 2; pass++) {
+        int n = pass ? R : 1;
+        attn_batch b;
+        attn_tensor tq = attn_tensor_make(q, dt, 3, sq), to = attn_tensor_make(o, dt, 3, so);
+        attn_tensor tc = attn_tensor_make(c, dt, nd, shape);
+        tq.shape[0] = to.shape[0] = n;
+        tq.device.kind = to.device.kind = tc.device.kind = dev;
+        qsl[0] = 0;
+        for (r = 0; r < n; r++) { qsl[r + 1] = r + 1; seq[r] = 64 + 20 + 3 * r; }
+        memset(&b, 0, sizeof b);
+        b.query_start_loc = qsl; b.seq_lens = seq; b.block_table = bt; b.block_table_stride = MAXB;
+        b.num_reqs = n; b.num_actual_tokens = n; b.max_query_len = 1; b.max_seq_len = seq[n - 1];
+        EXPECT_OK(attn_metadata_build(meta, pass ? 64 : 0, &b, 0));
+        if (mla) EXPECT_OK(attn_mla_forward_mqa(layer, meta, &tq, NULL, &tc, &to, NULL, NULL));
+        else EXPECT_OK(attn_layer_forward(layer, meta, &tq, NULL, NULL, &tc, &to, NULL, NULL));
+        if (dev == ATTN_DEVICE_CUDA) {
+            if (attn_cuda_memcpy(ctx, rows[pass], o, (size_t)H * DO * esz, ATTN_COPY_DEVICE_TO_HOST, NULL) != ATTN_OK) goto done;
+        } else {
+            memcpy(rows[pass], o, (size_t)H * DO * esz);
+        }
+    }
+    ok = 1;
+    if (memcmp(rows[0], rows[1], (size_t)H * DO * esz) != 0)
+        attn_test_fail(__FILE__, __LINE__, "ATTN_BATCH_INVARIANT=1 (%s, %s): request 0's row alone differs from the "
+                       "same row in a batch sharing a 64-token prefix", attn_layer_backend(layer)->name,
+                       mla ? "MLA" : "standard");
+done:
+    if (dev == ATTN_DEVICE_CUDA) { attn_cuda_free(ctx, q); attn_cuda_free(ctx, c); attn_cuda_free(ctx, o); }
+    free(hq); free(hc); free(ho); free(rows[0]); free(rows[1]);
+    attn_metadata_destroy(meta);
+    attn_layer_destroy(layer);
+    return ok;
+}
+
+static void fb_invariant(attn_device_kind dev) {
+    attn_test_env saved = attn_test_env_save("ATTN_BATCH_INVARIANT");
+    attn_context *ctx = attn_test_context(NULL, ATTN_LOG_LEVEL_WARN, 2);
+    const char *why = ctx && dev == ATTN_DEVICE_CUDA ? fb_no_gpu(ctx) : NULL;
+    if (ctx && !why) {
+        setenv("ATTN_BATCH_INVARIANT", "1", 1);
+        EXPECT_TRUE(fb_invariant_rows(ctx, dev, 0));
+        EXPECT_TRUE(fb_invariant_rows(ctx, dev, 1));
+    }
+    attn_context_destroy(ctx);
+    attn_test_env_restore(&saved);
+    if (why) SKIP(why);
+}
+ATTN_TEST(found_batch_invariant_under_cascade_cpu) { fb_invariant(ATTN_DEVICE_CPU); }
+ATTN_TEST(found_batch_invariant_under_cascade_cuda) { fb_invariant(ATTN_DEVICE_CUDA); }
+
+/* ---- 4. a finite sink past FLT_MAX / log2(e) ------------------------------------------- */
+
+/* The base-2 LSE overflowed: LSE -inf. Now a huge sink takes the whole denominator (LSE =
+   the sink, out ~0), a hugely negative one nothing (out and LSE as without sinks). */
+ATTN_TEST(found_huge_sinks) {
+    fn_world w;
+    float plain_out[FN_T * FN_H * FN_D], plain_lse[FN_T * FN_H], sinks[FN_H];
+    attn_layer_desc d;
+    attn_layer *sl = NULL;
+    int i, k;
+    if (!fn_open(&w, 0)) { fn_close(&w); return; }
+    fn_forward(&w);
+    memcpy(plain_out, w.out, sizeof plain_out);
+    memcpy(plain_lse, w.lse, sizeof plain_lse);
+    for (k = 0; k < 2; k++) {
+        d = *attn_layer_get_desc(w.layer);
+        for (i = 0; i < FN_H; i++) sinks[i] = k == 0 ? 3.0e38f : -3.0e38f;
+        sinks[1] = k == 0 ? FLT_MAX : -FLT_MAX;
+        d.sinks = sinks;
+        EXPECT_OK(attn_layer_create(w.ctx, &d, NULL, &sl));
+        if (!sl) break;
+        attn_layer_destroy(w.layer);
+        w.layer = sl;
+        fn_forward(&w);
+        for (i = 0; i < FN_T * FN_H; i++) {
+            if (k == 0) EXPECT_NEAR(w.lse[i], sinks[i % FN_H], 0, 1e-6);
+            else EXPECT_NEAR(w.lse[i], plain_lse[i], 1e-6, 1e-6);
+        }
+        for (i = 0; i < FN_T * FN_H * FN_D; i++) {
+            if (k == 0) EXPECT_NEAR(w.out[i], 0.0, 1e-30, 0);
+            else EXPECT_NEAR(w.out[i], plain_out[i], 1e-6, 1e-5);
+        }
+    }
+    fn_close(&w);
+}
+
 void suite_found(void) {
     ATTN_RUN(found_dcp_mla_splits_from_local_tokens);
+    ATTN_RUN(found_nan_propagates_cpu);
+    ATTN_RUN(found_nan_merges);
+    ATTN_RUN(found_nan_propagates_cpu_mla);
+    ATTN_RUN(found_huge_sinks);
+    ATTN_RUN(found_batch_invariant_under_cascade_cpu);
+    ATTN_RUN(found_batch_invariant_under_cascade_cuda);
 }
