@@ -62,7 +62,19 @@
                                attn_platform's cuda_library / nvrtc_library /
                                cublas_library say what was opened
        ATTN_LOG_LEVEL          error | warn | info (default) | debug | none
-       ATTN_NUM_THREADS        CPU worker threads, 1..1024 (default: the online cores)
+       ATTN_NUM_THREADS        CPU worker threads, 1..1024 (default: the online cores), read
+                               at attn_context_create unless attn_context_desc.num_threads
+                               is set. The workers sleep on a condition variable between
+                               calls (they never spin), and a forward of little work (under
+                               ATTN__CPU_INLINE_FMAS, 2^19 multiply-adds: a few tens of
+                               microseconds) runs on the calling thread alone, so threads
+                               of the caller's own (PyTorch's OpenMP pool between its ops)
+                               keep their cores. OpenMP runtimes keep their threads
+                               spinning for a while after each parallel region (libgomp:
+                               GOMP_SPINCOUNT, 300000 spins; Intel's: KMP_BLOCKTIME, 200
+                               ms), taking the cores attn.h's workers wake on: beside
+                               attn.h on few cores set OMP_WAIT_POLICY=PASSIVE, or give one
+                               side fewer threads
        ATTN_KERNEL_DEFINES     tuning: "ROLE.NAME=VALUE ..." (ROLE decode, prefill, cache or
                                decode_wide; NAME an identifier; VALUE digits or an
                                identifier), -DNAME=VALUE appended to that role's kernel of
@@ -6485,14 +6497,30 @@ static void attn__cpu_prefix_run(void *varg, int pi, int thread) {
     }
 }
 
+/* A forward of fewer multiply-adds than this runs on the calling thread alone: waking the
+   workers and waiting for them costs about as much (tens of microseconds on a loaded
+   machine), and each wake takes a core from whatever runs beside the library (a PyTorch
+   model's own threads between its attention calls). */
+#ifndef ATTN__CPU_INLINE_FMAS
+#define ATTN__CPU_INLINE_FMAS (1 << 19)
+#endif
+
 /* Runs a schedule: the cascade's prefix tasks (when the build has a shared prefix), stage 1
-   (tasks), then stage 2 (merges of split partials). */
+   (tasks), then stage 2 (merges of split partials); small ones on the calling thread. */
 static attn_status attn__cpu_execute(attn__cpu_run *a) {
-    attn_status st = attn__scratch_reserve(a->ctx, a->cm->scratch_floats); /* reserved at create */
+    const attn__cpu_meta *cm = a->cm;
+    attn__threadpool *pool;
+    attn_status st = attn__scratch_reserve(a->ctx, cm->scratch_floats); /* reserved at create */
+    int64_t fmas = 0;
+    int i;
     if (st != ATTN_OK) return st;
-    if (a->cm->num_prefix_tasks) attn__pool_run(a->ctx->pool, attn__cpu_prefix_run, a, a->cm->num_prefix_tasks);
-    attn__pool_run(a->ctx->pool, attn__cpu_task_run, a, a->cm->num_tasks);
-    if (a->cm->num_merges) attn__pool_run(a->ctx->pool, attn__cpu_merge_run, a, a->cm->num_merges);
+    /* a task's cost counts keys x tokens x KV heads; each pair is group rows of dk + dv */
+    for (i = 0; i < cm->num_tasks && fmas < ATTN__CPU_INLINE_FMAS; i++)
+        fmas += cm->tasks[i].cost * (a->d.num_heads / a->d.num_kv_heads) * (a->dk + a->dv);
+    pool = cm->num_prefix_tasks || fmas >= ATTN__CPU_INLINE_FMAS ? a->ctx->pool : NULL;
+    if (cm->num_prefix_tasks) attn__pool_run(pool, attn__cpu_prefix_run, a, cm->num_prefix_tasks);
+    attn__pool_run(pool, attn__cpu_task_run, a, cm->num_tasks);
+    if (cm->num_merges) attn__pool_run(pool, attn__cpu_merge_run, a, cm->num_merges);
     return ATTN_OK;
 }
 
