@@ -1226,7 +1226,8 @@ ATTN_API attn_status attn_metadata_build(attn_metadata *meta, int common_prefix_
    on `stream` that allocate, copy and wait for nothing: it returns while other streams
    are busy and may be captured into a CUDA graph. Device slots: one launch, which a replay
    runs over whatever the slot tensor holds then. Host slots travel in the launches'
-   parameters (448 tokens a launch), so a captured write keeps the captured slots. */
+   parameters (448 tokens a launch), so a captured write keeps the captured slots. The
+   cache shares no byte with key or value (a named error). */
 ATTN_API attn_status attn_reshape_and_cache(attn_layer *layer, const attn_tensor *key,
                                             const attn_tensor *value, attn_tensor *kv_cache,
                                             const attn_tensor *slot_mapping, void *stream);
@@ -1235,7 +1236,11 @@ ATTN_API attn_status attn_reshape_and_cache(attn_layer *layer, const attn_tensor
    both NULL (already cached); when given they are written to the cache by the metadata's
    slot_mapping first. out: [num_tokens, num_heads, head_size] of the layer dtype.
    lse: NULL or f32 [num_tokens, num_heads], base e. stream: CUDA stream (NULL on CPU).
-   num_tokens may exceed the batch's num_actual_tokens (padding rows are not written). */
+   num_tokens may exceed the batch's num_actual_tokens (padding rows are not written).
+   Memory: out may be q itself (the same view: each row's q is read before its out is
+   written); otherwise out and lse share no byte with q, k, v, the cache or each other
+   (a named error: ATTN_ERROR_SHAPE_MISMATCH, TENSOR_LAYOUT). A NaN that reaches a row's
+   scores (in q, in a key it sees) makes the row's out and lse NaN; a NaN in v its out. */
 ATTN_API attn_status attn_layer_forward(attn_layer *layer, const attn_metadata *meta,
                                         const attn_tensor *q, const attn_tensor *k,
                                         const attn_tensor *v, attn_tensor *kv_cache,
@@ -1286,7 +1291,8 @@ ATTN_API attn_status attn_concat_and_cache_mla(attn_layer *layer, const attn_ten
    [.., num_heads, kv_lora_rank] plus q_pe [.., num_heads, qk_rope_head_dim]. Writes
    out_latent [.., num_heads, kv_lora_rank] (layer dtype) and, if lse != NULL, f32
    [.., num_heads] (base e). Split-KV in two stages: partial outputs per split, merged
-   by LSE. */
+   by LSE. The MLA calls' outputs (out_latent, out, lse; the fused call's cache when it
+   writes one) share no byte with their inputs or each other (a named error). */
 ATTN_API attn_status attn_mla_forward_mqa(attn_layer *layer, const attn_metadata *meta,
                                           const attn_tensor *q, const attn_tensor *q_pe,
                                           const attn_tensor *kv_cache, attn_tensor *out_latent,
@@ -1349,7 +1355,8 @@ ATTN_API attn_status attn_mla_forward_sparse(attn_layer *layer, const attn_metad
    device. An empty partition has LSE -inf (or +inf, as some kernels report it) and
    contributes nothing (both empty: out 0, lse -inf, no NaN); a NaN LSE (a partial whose
    inputs held a NaN) makes the row's out and lse NaN. lse may be NULL; its base
-   is base_out. out may alias out_a or out_b. Runs on the first backend of the platform's
+   is base_out. In place: out may be exactly out_a or out_b, lse exactly lse_a or lse_b;
+   any other shared byte is a named error. Runs on the first backend of the platform's
    priority list that serves the tensors' device and has a merge; stream as above. */
 ATTN_API attn_status attn_merge_attn_states(attn_context *ctx, const attn_tensor *out_a,
                                             const attn_tensor *lse_a, attn_lse_base base_a,
@@ -1361,7 +1368,8 @@ ATTN_API attn_status attn_merge_attn_states(attn_context *ctx, const attn_tensor
 /* DCP (attn_metadata_desc): the n ranks' partials (out_i [tokens, heads, head_size] of
    one dtype, lse_i f32 [tokens, heads] base e, as the ranks' forwards return them) joined
    by LSE into out and lse: the single-rank result. A row no rank holds keys of gets out 0,
-   lse -inf. n 1..64; all tensors on one device; out may alias outs[0]. CPU tensors: one
+   lse -inf. n 1..64; all tensors on one device; in place: out may be exactly outs[0], lse
+   exactly lses[0] (another input, or a partial overlap, is a named error). CPU tensors: one
    pass, f32 sums (lse may be NULL). CUDA tensors: one launch on `stream` (f32 sums;
    capturable) where the inputs share their strides (lse may be NULL), else n - 1
    launches of attn_merge_attn_states (n >= 2 and lse required: the running LSE; out
@@ -3103,6 +3111,59 @@ static attn_status attn__check_output_tensor(attn_context *ctx, const char *fn, 
                               (long long)r.strides[k], k, (long long)r.shape[k], (long long)span);
         span = (r.shape[k] - 1 > (INT64_MAX - span) / r.strides[k])
                    ? INT64_MAX : span + (r.shape[k] - 1) * r.strides[k];
+    }
+    return ATTN_OK;
+}
+
+/* The bytes [*lo, *hi) a view spans (0, 0 for an empty or data-less view). */
+static void attn__tensor_span(const attn_tensor *t, uintptr_t *lo, uintptr_t *hi) {
+    attn_tensor r = attn__tensor_resolved(t);
+    uint64_t last = 0;
+    int i;
+    *lo = *hi = 0;
+    if (!r.data || r.ndim < 1) return;
+    for (i = 0; i < r.ndim; i++) {
+        if (r.shape[i] <= 0) return;
+        if (r.strides[i] > 0) last += (uint64_t)(r.shape[i] - 1) * (uint64_t)r.strides[i];
+    }
+    *lo = (uintptr_t)r.data;
+    *hi = *lo + (uintptr_t)((last + 1) * attn_dtype_size(r.dtype));
+}
+
+/* Whether two views are the same elements in the same order (data, dtype, shape, strides). */
+static int attn__tensor_same_view(const attn_tensor *a, const attn_tensor *b) {
+    attn_tensor x = attn__tensor_resolved(a), y = attn__tensor_resolved(b);
+    int i;
+    if (x.data != y.data || x.dtype != y.dtype || x.ndim != y.ndim) return 0;
+    for (i = 0; i < x.ndim; i++)
+        if (x.shape[i] != y.shape[i] || (x.shape[i] > 1 && x.strides[i] != y.strides[i])) return 0;
+    return 1;
+}
+
+/* An output and the other arguments of one call may not share memory, where a call that
+   reads one while writing the other would read what it wrote (out on q or on the cache,
+   lse on out): the spans of out and of each named tensor are disjoint, or (where `same` is
+   set for that one) the two are exactly the same view, which the call supports in place.
+   NULL entries are skipped. Both on one device (an address on another is another space). */
+typedef struct attn__other { const char *name; const attn_tensor *t; int same; } attn__other;
+static attn_status attn__check_disjoint(attn_context *ctx, const char *fn, const char *name, const attn_tensor *out,
+                                        const attn__other *others, int n) {
+    uintptr_t lo, hi, l2, h2;
+    int i;
+    if (!out) return ATTN_OK;
+    attn__tensor_span(out, &lo, &hi);
+    if (lo == hi) return ATTN_OK;
+    for (i = 0; i < n; i++) {
+        const attn_tensor *t = others[i].t;
+        if (!t || t->device.kind != out->device.kind) continue;
+        attn__tensor_span(t, &l2, &h2);
+        if (l2 == h2 || h2 <= lo || hi <= l2) continue;
+        if (others[i].same && attn__tensor_same_view(out, t)) continue;
+        return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_LAYOUT,
+                          "%s: %s overlaps %s (bytes %#llx..%#llx and %#llx..%#llx; allowed: %s memory of its "
+                          "own%s)", fn, name, others[i].name, (unsigned long long)lo, (unsigned long long)hi,
+                          (unsigned long long)l2, (unsigned long long)h2, name,
+                          others[i].same ? ", or exactly the same view (in place)" : "");
     }
     return ATTN_OK;
 }
@@ -4943,6 +5004,10 @@ static attn_status attn__check_kv_write(attn_layer *layer, const char *fn, const
     st = attn__check_tensor(layer->ctx, fn, "key", key, d->dtype, 3, shape, dev);
     if (st == ATTN_OK) st = attn__check_tensor(layer->ctx, fn, "value", value, d->dtype, 3, shape, dev);
     if (st == ATTN_OK) st = attn__check_kv_cache(layer, fn, kv_cache, 0);
+    if (st == ATTN_OK) { /* the cache written on neither input */
+        const attn__other o[2] = {{"key", key, 0}, {"value", value, 0}};
+        st = attn__check_disjoint(layer->ctx, fn, "kv_cache", kv_cache, o, 2);
+    }
     if (st != ATTN_OK || !slots) return st;
     return attn__check_slots(layer, fn, kv_cache, slots, num_tokens);
 }
@@ -4983,6 +5048,10 @@ static attn_status attn__check_latent_write(attn_layer *layer, const char *fn, c
     shape[1] = d->qk_rope_head_dim;
     if (st == ATTN_OK) st = attn__check_tensor(layer->ctx, fn, "k_pe", k_pe, d->dtype, 2, shape, layer->backend->device);
     if (st == ATTN_OK) st = attn__check_kv_cache(layer, fn, kv_cache, 0);
+    if (st == ATTN_OK) { /* the cache written on neither input */
+        const attn__other o[2] = {{"kv_c", kv_c, 0}, {"k_pe", k_pe, 0}};
+        st = attn__check_disjoint(layer->ctx, fn, "kv_cache", kv_cache, o, 2);
+    }
     if (st != ATTN_OK || !slots) return st;
     return attn__check_slots(layer, fn, kv_cache, slots, num_tokens);
 }
@@ -11259,6 +11328,12 @@ ATTN_API attn_status attn_layer_forward(attn_layer *layer, const attn_metadata *
         if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "lse", lse);
         if (st != ATTN_OK) return st;
     }
+    { /* out may be q itself (rows are read before they are written), nothing else */
+        const attn__other o[5] = {{"q", q, 1}, {"k", k, 0}, {"v", v, 0}, {"kv_cache", kv_cache, 0}, {"lse", lse, 0}};
+        const attn__other l[4] = {{"q", q, 0}, {"k", k, 0}, {"v", v, 0}, {"kv_cache", kv_cache, 0}};
+        if ((st = attn__check_disjoint(ctx, fn, "out", out, o, 5)) != ATTN_OK) return st;
+        if ((st = attn__check_disjoint(ctx, fn, "lse", lse, l, 4)) != ATTN_OK) return st;
+    }
     if ((st = attn__dcp_need_lse(meta, fn, lse)) != ATTN_OK) return st;
     if ((st = attn__check_graph(layer, meta, fn, stream, ATTN__PART_ALL)) != ATTN_OK) return st;
     if (meta->cap.dcp_comm && meta->cap.dcp_world_size > 1) { /* the partial into the metadata, then gathered
@@ -11326,6 +11401,11 @@ static attn_status attn__check_latent_call(attn_layer *layer, const attn_metadat
         st = attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_SHAPE,
                         "%s: kv_cache.shape[0] is %lld (allowed: >= num_blocks %lld of the metadata)",
                         fn, (long long)kv_cache->shape[0], (long long)meta->cap.num_blocks);
+    if (st == ATTN_OK) { /* the outputs on no input and not on each other */
+        const attn__other o[4] = {{"q", q, 0}, {"q_pe", q_pe, 0}, {"kv_cache", kv_cache, 0}, {"lse", lse, 0}};
+        st = attn__check_disjoint(ctx, fn, "out_latent", out_latent, o, 4);
+        if (st == ATTN_OK) st = attn__check_disjoint(ctx, fn, "lse", lse, o, 3);
+    }
     return st;
 }
 
@@ -11392,6 +11472,11 @@ ATTN_API attn_status attn_mla_forward_sparse(attn_layer *layer, const attn_metad
                           "%s: indices.shape[1] (topk) is %lld (allowed: 1..%d)", fn, (long long)shape[1],
                           ATTN__SPARSE_TOPK_MAX);
     st = attn__check_tensor(ctx, fn, "indices", indices, ATTN_DTYPE_INT32, 2, shape, dev);
+    if (st == ATTN_OK) {
+        const attn__other o[1] = {{"indices", indices, 0}};
+        st = attn__check_disjoint(ctx, fn, "out_latent", out_latent, o, 1);
+        if (st == ATTN_OK) st = attn__check_disjoint(ctx, fn, "lse", lse, o, 1);
+    }
     if (st == ATTN_OK && dev == ATTN_DEVICE_CPU) st = attn__sparse_indices_check(meta, indices, fn);
     if (st == ATTN_OK) st = attn__sinks_check(ctx, &layer->desc, fn);
     if (st != ATTN_OK) return st;
@@ -11452,6 +11537,12 @@ ATTN_API attn_status attn_mla_forward_mha(attn_layer *layer, const attn_metadata
     if (st == ATTN_OK && lse) st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, dev);
     if (st == ATTN_OK && lse) st = attn__check_output_tensor(ctx, fn, "lse", lse);
     if (st == ATTN_OK) st = attn__check_mla_weights(layer, meta, fn, kv_cache, w_uk, w_uv);
+    if (st == ATTN_OK) { /* the outputs on no input and not on each other */
+        const attn__other o[5] = {{"q", q, 0}, {"kv_cache", kv_cache, 0}, {"w_uk", w_uk, 0}, {"w_uv", w_uv, 0},
+                                  {"lse", lse, 0}};
+        st = attn__check_disjoint(ctx, fn, "out", out, o, 5);
+        if (st == ATTN_OK) st = attn__check_disjoint(ctx, fn, "lse", lse, o, 4);
+    }
     if (st != ATTN_OK) return st;
     if ((st = attn__dcp_need_lse(meta, fn, lse)) != ATTN_OK) return st;
     if ((st = attn__check_graph(layer, meta, fn, stream, ATTN__PART_PREFILLS)) != ATTN_OK) return st;
@@ -11524,6 +11615,12 @@ ATTN_API attn_status attn_mla_forward(attn_layer *layer, const attn_metadata *me
                                       b->num_actual_tokens);
         if (st != ATTN_OK) return st;
     }
+    { /* out on no input; the cache (written when kv_c is given) on no other argument */
+        const attn__other o[7] = {{"q_nope", q_nope, 0}, {"q_pe", q_pe, 0}, {"w_uk", w_uk, 0}, {"w_uv", w_uv, 0},
+                                  {"kv_c", kv_c, 0}, {"k_pe", k_pe, 0}, {"kv_cache", kv_cache, 0}};
+        if ((st = attn__check_disjoint(ctx, fn, "out", out, o, 7)) != ATTN_OK) return st;
+        if (kv_c && (st = attn__check_disjoint(ctx, fn, "kv_cache", kv_cache, o, 4)) != ATTN_OK) return st;
+    }
     if ((st = attn__check_graph(layer, meta, fn, stream, ATTN__PART_ALL)) != ATTN_OK) return st;
     return layer->backend->mla_forward(layer->backend, layer, meta, q_nope, q_pe, kv_c, k_pe,
                                        kv_cache, w_uk, w_uv, out, stream);
@@ -11590,6 +11687,13 @@ ATTN_API attn_status attn_merge_attn_states(attn_context *ctx, const attn_tensor
     if (st == ATTN_OK) st = attn__check_tensor(ctx, fn, "lse_b", lse_b, ATTN_DTYPE_F32, 2, shape, dev);
     if (st == ATTN_OK && lse) st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, dev);
     if (st == ATTN_OK && lse) st = attn__check_output_tensor(ctx, fn, "lse", lse);
+    if (st == ATTN_OK) { /* in place: out on out_a or out_b, lse on lse_a or lse_b, exactly */
+        const attn__other o[5] = {{"out_a", out_a, 1}, {"out_b", out_b, 1}, {"lse_a", lse_a, 0}, {"lse_b", lse_b, 0},
+                                  {"lse", lse, 0}};
+        const attn__other l[4] = {{"lse_a", lse_a, 1}, {"lse_b", lse_b, 1}, {"out_a", out_a, 0}, {"out_b", out_b, 0}};
+        st = attn__check_disjoint(ctx, fn, "out", out, o, 5);
+        if (st == ATTN_OK) st = attn__check_disjoint(ctx, fn, "lse", lse, l, 4);
+    }
     if (st != ATTN_OK) return st;
     return be->merge_attn_states(be, ctx, out_a, lse_a, base_a, out_b, lse_b, base_b, out, lse,
                                  base_out, stream);
@@ -11633,6 +11737,20 @@ ATTN_API attn_status attn_dcp_combine(attn_context *ctx, int n, const attn_tenso
     if (st == ATTN_OK) st = attn__check_output_tensor(ctx, fn, "out", out);
     if (st == ATTN_OK && lse) st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, dev);
     if (st == ATTN_OK && lse) st = attn__check_output_tensor(ctx, fn, "lse", lse);
+    for (i = 0; i < n && st == ATTN_OK; i++) { /* in place: out on outs[0], lse on lses[0], exactly (a later
+                                                  rank's input would be read after the first step wrote it) */
+        char on[32], ln[32];
+        attn__other o[3], l[3];
+        snprintf(on, sizeof on, "outs[%d]", i);
+        snprintf(ln, sizeof ln, "lses[%d]", i);
+        o[0].name = on; o[0].t = outs[i]; o[0].same = i == 0;
+        o[1].name = ln; o[1].t = lses[i]; o[1].same = 0;
+        o[2].name = "lse"; o[2].t = lse; o[2].same = 0;
+        l[0] = o[0]; l[0].same = 0;
+        l[1] = o[1]; l[1].same = i == 0;
+        st = attn__check_disjoint(ctx, fn, "out", out, o, 3);
+        if (st == ATTN_OK) st = attn__check_disjoint(ctx, fn, "lse", lse, l, 2);
+    }
     if (st != ATTN_OK) return st;
 #ifndef ATTN_NO_CUDA
     if (dev == ATTN_DEVICE_CUDA) { /* one launch where the inputs share their strides */

@@ -755,11 +755,11 @@ ATTN_TEST(test_dcp_named_errors) {
     EXPECT_STATUS(attn_metadata_build(meta, 16, &b, 0), ATTN_ERROR_UNSUPPORTED);
     msg_has(ctx, "common_prefix_len is 16 with dcp_world_size 2", NULL);
     {   /* a DCP forward without a communicator needs the LSE its partial is joined by */
-        float qv[32], ov[32], cache[3 * 2 * 16 * 2 * 16];
+        float qv[64], ov[64], cache[3 * 2 * 16 * 2 * 16]; /* [2, 2, 16] */
         int64_t qs[3] = {2, 2, 16}, cs[8];
         int nd = 0, x;
         attn_tensor tq, to, tc;
-        for (x = 0; x < 32; x++) qv[x] = ov[x] = 0.0f;
+        for (x = 0; x < 64; x++) qv[x] = ov[x] = 0.0f;
         memset(cache, 0, sizeof cache);
         slots[0] = -1; slots[1] = 19;
         EXPECT_OK(attn_metadata_build(meta, 0, &b, 0));

@@ -109,6 +109,7 @@ typedef struct fn_world {
     attn_metadata *meta;
     float *q, *cache, *out, *lse, *sinks;
     int64_t cache_floats;
+    attn_test_log log; /* the context's ERROR and WARN lines */
 } fn_world;
 
 static const int32_t fn_qsl[3] = {0, 5, 6}, fn_seq[2] = {45, 1500};
@@ -122,7 +123,7 @@ static int fn_open(fn_world *w, int sliding_window) {
     int nd = 0, i;
     uint32_t seed = 7;
     memset(w, 0, sizeof *w);
-    w->ctx = attn_test_context(NULL, ATTN_LOG_LEVEL_WARN, 2);
+    w->ctx = attn_test_context(&w->log, ATTN_LOG_LEVEL_WARN, 2);
     if (!w->ctx) return 0;
     memset(&d, 0, sizeof d);
     d.num_heads = FN_H; d.num_kv_heads = FN_KVH; d.head_size = FN_D; d.dtype = ATTN_DTYPE_F32; d.block_size = 16;
@@ -553,6 +554,145 @@ ATTN_TEST(found_huge_sinks) {
     fn_close(&w);
 }
 
+/* ---- 5. aliased arguments ---------------------------------------------------------------- */
+
+/* The call failed with SHAPE_MISMATCH and the layout item, naming both tensors. */
+static void fa_refused(fn_world *w, attn_status st, const char *a, const char *b, int line) {
+    const char *m = attn_context_last_error(w->ctx);
+    if (st != ATTN_ERROR_SHAPE_MISMATCH || !attn_test_log_has(&w->log, ATTN_LOG_TENSOR_LAYOUT, ATTN_LOG_LEVEL_ERROR) ||
+        !(m && strstr(m, a) && strstr(m, " overlaps ") && strstr(m, b)))
+        attn_test_fail(__FILE__, line, "%s over %s: %s, '%s' (expected SHAPE_MISMATCH naming both)", a, b,
+                       attn_status_string(st), m ? m : "(null)");
+    attn_test_log_reset(&w->log);
+}
+#define FA_REFUSED(w, call, a, b) fa_refused((w), (call), (a), (b), __LINE__)
+
+/* An out partly over q or the cache, an lse over out, a cache write's cache over its key,
+   an MLA out_latent over q, a merge's out partly over an input and a DCP combine's out on
+   a later rank's input were accepted (and gave wrong results). Each is refused by name and
+   changes nothing; what works in place stays allowed and gives the same bits: out exactly
+   q (the standard forward), a merge's out exactly out_a / out_b and lse exactly lse_a /
+   lse_b, a combine's out exactly outs[0] and lse exactly lses[0]. */
+ATTN_TEST(found_aliasing_refused) {
+    enum { N = FN_T * FN_H * FN_D };
+    fn_world w;
+    int64_t sq[3] = {FN_T, FN_H, FN_D}, sl[2] = {FN_T, FN_H}, sc[5] = {FN_BLOCKS, 2, 16, FN_KVH, FN_D};
+    int64_t skv[3] = {FN_T, FN_KVH, FN_D}, slots[FN_T] = {0, 1, 2, 3, 4, 5};
+    static float big[3 * N], ref[N], ref_lse[FN_T * FN_H], lse2[FN_T * FN_H];
+    attn_tensor tq, to, tl, tc, tk;
+    int i;
+    if (!fn_open(&w, 0)) { fn_close(&w); return; }
+    fn_forward(&w);
+    memcpy(ref, w.out, sizeof ref);
+    memcpy(ref_lse, w.lse, sizeof ref_lse);
+    tc = attn_tensor_make(w.cache, ATTN_DTYPE_F32, 5, sc);
+    tl = attn_tensor_make(lse2, ATTN_DTYPE_F32, 2, sl);
+    /* out exactly q: in place, the same bits as into memory of its own */
+    memcpy(big, w.q, sizeof ref);
+    tq = attn_tensor_make(big, ATTN_DTYPE_F32, 3, sq);
+    EXPECT_OK(attn_layer_forward(w.layer, w.meta, &tq, NULL, NULL, &tc, &tq, &tl, NULL));
+    EXPECT_TRUE(memcmp(big, ref, sizeof ref) == 0 && memcmp(lse2, ref_lse, sizeof lse2) == 0);
+    /* out half a row past q: refused, q and the rest unchanged */
+    memcpy(big, w.q, sizeof ref);
+    for (i = N; i < 3 * N; i++) big[i] = 7.0f;
+    to = attn_tensor_make(big + FN_D / 2, ATTN_DTYPE_F32, 3, sq);
+    FA_REFUSED(&w, attn_layer_forward(w.layer, w.meta, &tq, NULL, NULL, &tc, &to, &tl, NULL), "out", "q");
+    EXPECT_TRUE(memcmp(big, w.q, sizeof ref) == 0 && big[N + 5] == 7.0f);
+    /* out on the cache; lse on out; lse on q */
+    to = attn_tensor_make(w.cache + 100, ATTN_DTYPE_F32, 3, sq);
+    FA_REFUSED(&w, attn_layer_forward(w.layer, w.meta, &tq, NULL, NULL, &tc, &to, &tl, NULL), "out", "kv_cache");
+    to = attn_tensor_make(big + N, ATTN_DTYPE_F32, 3, sq);
+    {
+        attn_tensor lo = attn_tensor_make(big + N + 8, ATTN_DTYPE_F32, 2, sl);
+        FA_REFUSED(&w, attn_layer_forward(w.layer, w.meta, &tq, NULL, NULL, &tc, &to, &lo, NULL), "out", "lse");
+        lo = attn_tensor_make(big + 8, ATTN_DTYPE_F32, 2, sl);
+        FA_REFUSED(&w, attn_layer_forward(w.layer, w.meta, &tq, NULL, NULL, &tc, &to, &lo, NULL), "lse", "q");
+    }
+    EXPECT_TRUE(big[N + 5] == 7.0f);
+    /* a cache write whose key lies in the cache */
+    tk = attn_tensor_make(w.cache + 64, ATTN_DTYPE_F32, 3, skv);
+    FA_REFUSED(&w, attn_reshape_and_cache(w.layer, &tk, &tk, &tc, ATTN_TEST_SLOTS(slots, FN_T), NULL), "kv_cache", "key");
+    /* the merge: out partly over out_a refused; out exactly out_b and lse exactly lse_a allowed */
+    {
+        int64_t m3[3] = {2, 2, 4}, m2[2] = {2, 2};
+        float oa[16], ob[16], la[4] = {0.1f, 0.2f, 0.3f, 0.4f}, lb[4] = {0.4f, 0.3f, 0.2f, 0.1f}, want[16], wl[4];
+        attn_tensor ta = attn_tensor_make(oa, ATTN_DTYPE_F32, 3, m3), tb = attn_tensor_make(ob, ATTN_DTYPE_F32, 3, m3);
+        attn_tensor tla = attn_tensor_make(la, ATTN_DTYPE_F32, 2, m2), tlb = attn_tensor_make(lb, ATTN_DTYPE_F32, 2, m2);
+        attn_tensor tw = attn_tensor_make(want, ATTN_DTYPE_F32, 3, m3), twl = attn_tensor_make(wl, ATTN_DTYPE_F32, 2, m2);
+        attn_tensor part = attn_tensor_make(oa + 2, ATTN_DTYPE_F32, 3, m3);
+        const attn_tensor *po[2] = {&ta, &tb}, *pl[2] = {&tla, &tlb};
+        for (i = 0; i < 16; i++) { oa[i] = (float)i; ob[i] = (float)(16 - i); }
+        EXPECT_OK(attn_merge_attn_states(w.ctx, &ta, &tla, ATTN_LSE_BASE_E, &tb, &tlb, ATTN_LSE_BASE_E, &tw, &twl,
+                                         ATTN_LSE_BASE_E, NULL));
+        FA_REFUSED(&w, attn_merge_attn_states(w.ctx, &ta, &tla, ATTN_LSE_BASE_E, &tb, &tlb, ATTN_LSE_BASE_E, &part,
+                                              &twl, ATTN_LSE_BASE_E, NULL), "out", "out_a");
+        {
+            attn_tensor on_out = attn_tensor_make(want + 4, ATTN_DTYPE_F32, 2, m2);
+            FA_REFUSED(&w, attn_merge_attn_states(w.ctx, &ta, &tla, ATTN_LSE_BASE_E, &tb, &tlb, ATTN_LSE_BASE_E, &tw,
+                                                  &on_out, ATTN_LSE_BASE_E, NULL), "out", "lse");
+        }
+        /* out == outs[1] for the combine: refused (a later rank's input); outs[0]: allowed */
+        FA_REFUSED(&w, attn_dcp_combine(w.ctx, 2, po, pl, &tb, &twl, NULL), "out", "outs[1]");
+        FA_REFUSED(&w, attn_dcp_combine(w.ctx, 2, po, pl, &tw, &tlb, NULL), "lse", "lses[1]");
+        EXPECT_OK(attn_merge_attn_states(w.ctx, &ta, &tla, ATTN_LSE_BASE_E, &tb, &tlb, ATTN_LSE_BASE_E, &tb, &tla,
+                                         ATTN_LSE_BASE_E, NULL));
+        EXPECT_TRUE(memcmp(ob, want, sizeof want) == 0 && memcmp(la, wl, sizeof wl) == 0);
+        for (i = 0; i < 16; i++) { oa[i] = (float)i; ob[i] = (float)(16 - i); }
+        la[0] = 0.1f; la[1] = 0.2f; la[2] = 0.3f; la[3] = 0.4f;
+        EXPECT_OK(attn_dcp_combine(w.ctx, 2, po, pl, &ta, &tla, NULL));
+        for (i = 0; i < 16; i++) EXPECT_NEAR(oa[i], want[i], 1e-6, 1e-6);
+        for (i = 0; i < 4; i++) EXPECT_NEAR(la[i], wl[i], 1e-6, 1e-6);
+    }
+    fn_close(&w);
+}
+
+/* MLA: out_latent over q, lse over out_latent, forward_mha's out over w_uv. */
+ATTN_TEST(found_aliasing_refused_mla) {
+    fn_world w; /* its context and log */
+    attn_layer_desc d;
+    attn_layer *layer = NULL;
+    attn_metadata_desc md;
+    attn_metadata *meta = NULL;
+    attn_batch b;
+    int32_t qsl[3] = {0, 1, 3}, seq[2] = {20, 2}, bt[4] = {0, 1, 2, 0};
+    static float buf[1 << 16], cache[3 * 16 * 320];
+    int64_t sq[3] = {1, 2, 320}, so[3] = {1, 2, 256}, sl[2] = {1, 2}, sc[3] = {3, 16, 320};
+    int64_t sq2[3] = {2, 2, 80}, so2[3] = {2, 2, 16}, su[3] = {2, 16, 256}, sv[3] = {2, 256, 16};
+    attn_tensor tq, to, tl, tc, tu, tv;
+    memset(&w, 0, sizeof w);
+    w.ctx = attn_test_context(&w.log, ATTN_LOG_LEVEL_WARN, 1);
+    if (!w.ctx) return;
+    memset(&d, 0, sizeof d);
+    d.num_heads = 2; d.head_size = 320; d.kv_lora_rank = 256; d.qk_rope_head_dim = 64; d.qk_nope_head_dim = 16;
+    d.v_head_dim = 16; d.dtype = ATTN_DTYPE_F32; d.block_size = 16; d.use_mla = 1;
+    EXPECT_OK(attn_layer_create(w.ctx, &d, NULL, &layer));
+    memset(&md, 0, sizeof md);
+    md.max_num_reqs = 2; md.max_num_tokens = 3; md.max_blocks_per_req = 2; md.num_blocks = 3;
+    if (layer) EXPECT_OK(attn_metadata_create(layer, &md, &meta));
+    memset(&b, 0, sizeof b);
+    b.query_start_loc = qsl; b.seq_lens = seq; b.block_table = bt; b.block_table_stride = 2;
+    b.num_reqs = 2; b.num_actual_tokens = 3; b.max_query_len = 2; b.max_seq_len = 20;
+    if (meta) EXPECT_OK(attn_metadata_build(meta, 0, &b, 0));
+    if (meta) {
+        tc = attn_tensor_make(cache, ATTN_DTYPE_F32, 3, sc);
+        tq = attn_tensor_make(buf, ATTN_DTYPE_F32, 3, sq);
+        to = attn_tensor_make(buf + 64, ATTN_DTYPE_F32, 3, so);
+        tl = attn_tensor_make(buf + 4096, ATTN_DTYPE_F32, 2, sl);
+        FA_REFUSED(&w, attn_mla_forward_mqa(layer, meta, &tq, NULL, &tc, &to, &tl, NULL), "out_latent", "q");
+        to = attn_tensor_make(buf + 1024, ATTN_DTYPE_F32, 3, so);
+        tl = attn_tensor_make(buf + 1030, ATTN_DTYPE_F32, 2, sl);
+        FA_REFUSED(&w, attn_mla_forward_mqa(layer, meta, &tq, NULL, &tc, &to, &tl, NULL), "out_latent", "lse");
+        tq = attn_tensor_make(buf, ATTN_DTYPE_F32, 3, sq2);
+        tu = attn_tensor_make(buf + 8192, ATTN_DTYPE_F32, 3, su);
+        tv = attn_tensor_make(buf + 16384, ATTN_DTYPE_F32, 3, sv);
+        to = attn_tensor_make(buf + 16384 + 100, ATTN_DTYPE_F32, 3, so2);
+        FA_REFUSED(&w, attn_mla_forward_mha(layer, meta, &tq, &tc, &tu, &tv, &to, NULL, NULL), "out", "w_uv");
+    }
+    attn_metadata_destroy(meta);
+    attn_layer_destroy(layer);
+    attn_context_destroy(w.ctx);
+}
+
 /* ---- 7. the worker threads leave the caller's own threads their cores -------------------- */
 
 #ifndef ATTN_NO_THREADS
@@ -663,6 +803,8 @@ void suite_found(void) {
     ATTN_RUN(found_huge_sinks);
     ATTN_RUN(found_batch_invariant_under_cascade_cpu);
     ATTN_RUN(found_batch_invariant_under_cascade_cuda);
+    ATTN_RUN(found_aliasing_refused);
+    ATTN_RUN(found_aliasing_refused_mla);
 #ifndef ATTN_NO_THREADS
     ATTN_RUN(found_small_forwards_leave_neighbour_cores);
 #endif

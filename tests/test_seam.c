@@ -266,10 +266,14 @@ static attn_metadata_desc sm_md(void) {
 
 static float sm_buf[4 * 4 * 2 * 16 * 2 * 576];
 
+/* A view of memory of its own (the front doors refuse outputs that share an input's
+   memory): the next of 16 slots, each as large as the largest view here. */
+static float sm_views[16][2 * 512 * 128];
 static attn_tensor sm_t(int ndim, int64_t a, int64_t b, int64_t c) {
+    static int next;
     int64_t shape[3];
     shape[0] = a; shape[1] = b; shape[2] = c;
-    return attn_tensor_make(sm_buf, ATTN_DTYPE_F32, ndim, shape);
+    return attn_tensor_make(sm_views[next++ % 16], ATTN_DTYPE_F32, ndim, shape);
 }
 
 /* Every hook of a standard plugin is reached, through the front doors, with self. */
