@@ -47,9 +47,16 @@ typedef unsigned long long attn_u64;
 /* Sixteen bytes moved as one unit (a 16-byte vector load or store). */
 struct __align__(16) attn_vec16 { attn_u32 x, y, z, w; };
 
-/* ---- infinities without <math.h> constants ---- */
+/* ---- infinities and NaN without <math.h> constants ---- */
 ATTN_DEV float attn_inf(void) { return __int_as_float(0x7f800000); }
 ATTN_DEV float attn_neg_inf(void) { return __int_as_float(0xff800000); }
+ATTN_DEV float attn_nan(void) { return __int_as_float(0x7fc00000); }
+/* max(a, b), NaN if either is NaN (PTX max.NaN, sm_80+): fmaxf returns the other one. */
+ATTN_DEV float attn_fmax_nan(float a, float b) {
+    float d;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
+    return d;
+}
 
 /* ---- scalar conversions (PTX cvt: round to nearest even, NaN kept as a NaN) ---- */
 ATTN_DEV float attn_f16_to_f32(attn_u16 h) {

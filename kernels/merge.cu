@@ -4,8 +4,9 @@
    attn_merge_attn_states                          defines: HEAD_DIM DT
        For every (token, head):
            a = lse_a (base e, or base 2 when base_a is 1, then converted), b likewise;
-           an LSE that is -inf, +inf or NaN means an empty partition: it contributes
-           nothing, whatever its output row holds (NaN included);
+           an LSE that is -inf or +inf means an empty partition: it contributes
+           nothing, whatever its output row holds (NaN included); a NaN LSE (a partial
+           whose inputs held a NaN) makes the row's out and lse NaN;
            both empty:  out = 0, lse = -inf;
            else         m = max(a, b), wa = exp(a - m) (0 if a is empty), wb likewise,
                         out = (wa * out_a + wb * out_b) / (wa + wb)   (rounded to DT, RNE)
@@ -44,10 +45,10 @@
 /* attn_dcp_combine: inputs whose loads are issued together (W = 2, 4, 8 in one batch). */
 #define ATTN_COMBINE_BATCH 8
 
-/* An LSE in base e, with every kind of "empty" (+inf, NaN, -inf) as -inf. */
+/* An LSE in base e, with both kinds of "empty" (+inf, -inf) as -inf; NaN stays NaN. */
 ATTN_DEV float attn_merge_lse_in(float x, int base2) {
     if (base2) x *= ATTN_LN2;
-    return x < attn_inf() ? x : attn_neg_inf();
+    return x == attn_inf() ? attn_neg_inf() : x;
 }
 
 /* The grid-stride loop over (token, head) rows both kernels share, ATTN_MERGE_LANES lanes of
@@ -80,8 +81,8 @@ extern "C" __global__ void __launch_bounds__(128) attn_merge_attn_states(const a
             a = attn_merge_lse_in(p.lse_a[t * p.lse_a_stride_token + h * p.lse_a_stride_head], p.base_a);
             b = attn_merge_lse_in(p.lse_b[t * p.lse_b_stride_token + h * p.lse_b_stride_head], p.base_b);
         }
-        float m = fmaxf(a, b), wa = 0.0f, wb = 0.0f, inv = 0.0f, l = attn_neg_inf();
-        if (m > attn_neg_inf()) {
+        float m = attn_fmax_nan(a, b), wa = 0.0f, wb = 0.0f, inv = 0.0f, l = attn_neg_inf();
+        if (!(m <= attn_neg_inf())) { /* a NaN m (a NaN partial) comes in too: inv and l turn NaN */
             wa = a == attn_neg_inf() ? 0.0f : expf(a - m);
             wb = b == attn_neg_inf() ? 0.0f : expf(b - m);
             inv = attn_rcp(wa + wb); /* wa + wb is in [1, 2] */
@@ -145,9 +146,9 @@ extern "C" __global__ void __launch_bounds__(128) attn_dcp_combine(const attn__c
             for (int u = 0; u < ATTN_COMBINE_BATCH; u++)
                 y[u] = i0 + u < n ? attn_merge_lse_in(p.lses[i0 + u][li], 0) : attn_neg_inf();
 #pragma unroll
-            for (int u = 0; u < ATTN_COMBINE_BATCH; u++) m = fmaxf(m, y[u]);
+            for (int u = 0; u < ATTN_COMBINE_BATCH; u++) m = attn_fmax_nan(m, y[u]); /* a NaN input: m NaN */
         }
-        if (m > attn_neg_inf()) {
+        if (!(m <= attn_neg_inf())) { /* a NaN m (a NaN input) comes in too: inv and l turn NaN */
             for (int i0 = 0; i0 < n; i0 += ATTN_COMBINE_BATCH) {
                 float y[ATTN_COMBINE_BATCH];
 #pragma unroll

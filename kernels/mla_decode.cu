@@ -601,13 +601,14 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, MIN_CTAS) attn_mla_de
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const int row = r * 16 + g + 8 * h;
-            float l = 0.0f, mrow = mO[r][h], wsink = 1.0f;
+            float l = 0.0f, wsink = 1.0f;
 #pragma unroll
             for (int k = 0; k < ATTN_S_KG; k++) l += sMax[k * ROWS + row];
+            const float lse2 = attn_softmax_lse2(mO[r][h], l); /* a split's partial: base 2, no sink */
+            float lse = lse2 * ATTN_LN2;
             if (p.sinks && slot < 0 && row < nrows) /* the head's sink, once, where the row is finished */
-                wsink = attn_softmax_sink(__ldg(p.sinks + head0 + row), mrow, l);
+                wsink = attn_softmax_sink(__ldg(p.sinks + head0 + row), lse);
             const float inv = l > 0.0f ? wsink * attn_rcp(l) : 0.0f;
-            const float lse2 = attn_softmax_lse2(mrow, l);
             if (row >= nrows) continue;
 #if ATTN_KV8
             { /* o tile n holds columns c(n) + 4 tq and + 2 (the PV phase's order); the scale */
@@ -627,7 +628,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, MIN_CTAS) attn_mla_de
                     }
                 }
                 if (slot < 0 && p.lse && warp == 0 && tq == 0)
-                    p.lse[(attn_i64)q_row * p.lse_stride_token + (attn_i64)(head0 + row) * p.lse_stride_head] = lse2 * ATTN_LN2;
+                    p.lse[(attn_i64)q_row * p.lse_stride_token + (attn_i64)(head0 + row) * p.lse_stride_head] = lse;
                 if (slot >= 0 && warp == 0 && tq == 0) p.partial_lse[(attn_i64)slot * ROWS + row] = lse2;
                 continue;
             }
@@ -639,7 +640,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS, MIN_CTAS) attn_mla_de
                     *(attn_u32 *)(orow + (warp * ATTN_CW + 8 * n + 2 * tq) * 2) =
                         attn_elem<DT>::pack2(o[r][n][2 * h] * inv, o[r][n][2 * h + 1] * inv);
                 if (p.lse && warp == 0 && tq == 0)
-                    p.lse[(attn_i64)q_row * p.lse_stride_token + (attn_i64)(head0 + row) * p.lse_stride_head] = lse2 * ATTN_LN2;
+                    p.lse[(attn_i64)q_row * p.lse_stride_token + (attn_i64)(head0 + row) * p.lse_stride_head] = lse;
             } else {
                 float *po = p.partial_o + ((attn_i64)slot * ROWS + row) * KV_LORA;
 #pragma unroll

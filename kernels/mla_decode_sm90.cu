@@ -656,13 +656,14 @@ extern "C" __global__ void __launch_bounds__(MW::threads, 1)
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         const int row = row_a + 8 * h;
-        float L = sL[row] + sL[64 + row], mrow = m[h], wsink = 1.0f;
+        const float L = sL[row] + sL[64 + row];
+        const float lse2 = attn_softmax_lse2(m[h], L); /* a split's partial: base 2, no sink */
+        float lse = lse2 * ATTN_LN2, wsink = 1.0f;
 #if SPARSE
         if (p.sinks && slot < 0 && row < nrows) /* the head's sink, once, where the row is finished */
-            wsink = attn_softmax_sink(__ldg(p.sinks + head0 + row), mrow, L);
+            wsink = attn_softmax_sink(__ldg(p.sinks + head0 + row), lse);
 #endif
         const float inv = L > 0.0f ? wsink * attn_rcp(L) : 0.0f;
-        const float lse2 = attn_softmax_lse2(mrow, L);
         if (row >= nrows) continue;
         if (slot < 0) {
             char *orow = (char *)p.out + ((attn_i64)q_row * p.out_stride_token + (attn_i64)(head0 + row) * p.out_stride_head) * 2;
@@ -671,7 +672,7 @@ extern "C" __global__ void __launch_bounds__(MW::threads, 1)
                 *(attn_u32 *)(orow + (wg * MW::cw + 8 * i + 2 * tq) * 2) =
                     attn_elem<DT>::pack2(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv);
             if (p.lse && wg == 0 && tq == 0)
-                p.lse[(attn_i64)q_row * p.lse_stride_token + (attn_i64)(head0 + row) * p.lse_stride_head] = lse2 * ATTN_LN2;
+                p.lse[(attn_i64)q_row * p.lse_stride_token + (attn_i64)(head0 + row) * p.lse_stride_head] = lse;
         } else {
             float *po = p.partial_o + ((attn_i64)slot * ROWS + row) * KV_LORA + wg * MW::cw;
 #pragma unroll

@@ -27,7 +27,7 @@ ATTN_DEV float attn_mla_merge_reduce(float v, int op, int t, int n, float *red) 
 }
 
 /* Merges the splits of row `row` of entry `mi`: out = sum_i w_i o_i, w_i = 2^(lse_i - max) /
-   sum (splits that saw no key weigh 0; a sink is one more state with no value); lse to base
+   sum (splits that saw no key weigh 0; a sink then joins the denominator with no value); lse to base
    e. Called by all n threads of the CTA (t = thread index). Phase 1: every split's LSE read
    once (threads over splits), the max and the weight sum reduced over the CTA, the weights
    into shared memory. Phase 2: the n threads are groups of KV_LORA / 4 column quads; group g
@@ -46,19 +46,20 @@ ATTN_DEV void attn_mla_merge_row(const attn__mla_decode_params &p, int mi, int r
         if (cap) w[s] = l;
         mx = fmaxf(mx, l);
     }
-    /* a sink (sparse MLA: params.sinks) is one more state with lse = the sink, no value */
-    const float sk = p.sinks ? __ldg(p.sinks + head0 + row) * ATTN_LOG2E : attn_neg_inf();
-    mx = fmaxf(attn_mla_merge_reduce(mx, 0, t, n, red), sk);
+    mx = attn_mla_merge_reduce(mx, 0, t, n, red);
     float ws = 0.0f;
     for (int s = t; s < splits; s += n) {
         const float x = attn_merge_weight(cap ? w[s] : __ldcg(plse + (attn_i64)s * ROWS), mx);
         if (cap) w[s] = x;
         ws += x;
     }
-    ws = attn_mla_merge_reduce(ws, 1, t, n, red) + attn_merge_weight(sk, mx);
-    const float inv = ws > 0.0f ? 1.0f / ws : 0.0f;
-    if (t == 0 && p.lse)
-        p.lse[(attn_i64)q_row * p.lse_stride_token + (attn_i64)(head0 + row) * p.lse_stride_head] = attn_softmax_lse2(mx, ws) * ATTN_LN2;
+    ws = attn_mla_merge_reduce(ws, 1, t, n, red);
+    /* a sink (sparse MLA: params.sinks) joins the merged row: one more term of the
+       denominator with no value (attn_softmax_sink, in natural logs) */
+    float lse = attn_softmax_lse2(mx, ws) * ATTN_LN2;
+    const float wsink = p.sinks ? attn_softmax_sink(__ldg(p.sinks + head0 + row), lse) : 1.0f;
+    const float inv = ws > 0.0f ? wsink / ws : 0.0f;
+    if (t == 0 && p.lse) p.lse[(attn_i64)q_row * p.lse_stride_token + (attn_i64)(head0 + row) * p.lse_stride_head] = lse;
     __syncthreads(); /* the weights are in w */
 
     const int quads = KV_LORA / 4, groups = n >= 2 * quads ? n / quads : 1;

@@ -15,6 +15,10 @@
    in base 2 (-inf for a row that saw no key; l >= 1 otherwise, the max key contributing
    exp2(0)). The merge of such (m, l, O) states across splits or warps is split_merge.cuh.
 
+   NaN: a NaN score (a NaN in q, in a key the row sees, in a scale) is skipped by the max
+   (fmaxf) but not by exp2, so l and O turn NaN; attn_softmax_lse2 and the merges keep it,
+   and the row's out and lse come out NaN (a row of NaN scores is not a row that saw no key).
+
    The reductions that make tile_max a row's maximum differ per kernel (the 4 lanes of an
    mma row group, or several warps through shared memory) and stay with the kernels. */
 #ifndef ATTN_ONLINE_SOFTMAX_CUH
@@ -34,21 +38,24 @@ ATTN_DEV float attn_softmax_rebase(float &m, float tile_max, float &alpha) {
     return base;
 }
 
-/* The row's log-sum-exp in base 2 from its final (m, l); -inf when no key was seen. */
-ATTN_DEV float attn_softmax_lse2(float m, float l) { return l > 0.0f ? m + attn_log2(l) : attn_neg_inf(); }
+/* The row's log-sum-exp in base 2 from its final (m, l); -inf when no key was seen, NaN
+   when a NaN score made l NaN. */
+ATTN_DEV float attn_softmax_lse2(float m, float l) {
+    return l > 0.0f || l != l ? m + attn_log2(l) : attn_neg_inf();
+}
 
-/* Attention sinks: joins a row's final (m, l) with its head's sink, a logit (natural log,
-   like the scaled scores before the base-2 fold) in the denominator with no value: m :=
-   max(m, sink), l := l 2^(m_old - m) + 2^(sink - m). Returns the factor O (summed over the
-   old m) takes: O / l after the join is sum 2^(x - m) v / (sum 2^(x - m) + 2^(sink - m)).
-   Applied once per row, where a row is finished (never to split partials: the merge
-   applies it). A row that saw no key gets l = 1, factor 0: out 0, lse = the sink. */
-ATTN_DEV float attn_softmax_sink(float sink, float &m, float &l) {
-    const float sk = sink * ATTN_LOG2E, mx = fmaxf(m, sk);
-    const float w = l > 0.0f ? attn_exp2(m - mx) : 0.0f;
-    l = l * w + attn_exp2(sk - mx);
-    m = mx;
-    return w;
+/* Attention sinks: joins a finished row's log-sum-exp `lse` (natural log, of its keys;
+   -inf: none) with its head's sink, a logit in the denominator with no value: lse :=
+   log(e^lse + e^sink). Returns the share of the denominator the keys keep, the factor the
+   row's normalised output O / l takes. In natural logs, not the scores' base 2: a finite
+   sink past FLT_MAX ln 2 has no base-2 float. Applied once per row, where a row is
+   finished (never to split partials: the merge applies it). A row that saw no key gets
+   factor 0 (out 0) and lse = the sink; a NaN lse stays NaN. */
+ATTN_DEV float attn_softmax_sink(float sink, float &lse) {
+    const float mx = fmaxf(lse, sink); /* the differences to mx are <= 0: their exp2 is safe */
+    const float a = attn_exp2((lse - mx) * ATTN_LOG2E), b = attn_exp2((sink - mx) * ATTN_LOG2E);
+    lse = mx + attn_log2(a + b) * ATTN_LN2;
+    return a * attn_rcp(a + b);
 }
 
 #endif /* ATTN_ONLINE_SOFTMAX_CUH */

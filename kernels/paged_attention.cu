@@ -587,8 +587,9 @@ ATTN_DEV void attn_store_row8(const attn__paged_params &p, int q_row0, int kv_he
         const int ns = *p.prefix_splits;
         if (ns > 0) attn_cascade_join(p, (int)token, kv_head, R - t * T::group, T::group, T::head_dim, c, ns, f, m, l);
     }
-    const float w = p.sinks ? attn_softmax_sink(__ldg(p.sinks + head), m, l) : 1.0f; /* once, here */
-    const float inv = l > 0.0f ? w * attn_rcp(l) : 0.0f; /* l >= 1 when a key (or a sink) was seen */
+    float lse = attn_softmax_lse2(m, l) * ATTN_LN2;
+    const float w = p.sinks ? attn_softmax_sink(__ldg(p.sinks + head), lse) : 1.0f; /* once, here */
+    const float inv = l > 0.0f ? w * attn_rcp(l) : 0.0f; /* l >= 1 when a key was seen */
 #pragma unroll
     for (int i = 0; i < 8; i++) f[i] *= inv;
     char *dst = (char *)p.out + (token * p.out_stride_token + head * p.out_stride_head + c * 8) * T::esz_q;
@@ -601,8 +602,7 @@ ATTN_DEV void attn_store_row8(const attn__paged_params &p, int q_row0, int kv_he
 #pragma unroll
         for (int i = 0; i < 8; i++) ((typename T::q_t *)dst)[i] = attn_elem<T::dt_q>::from_f32(f[i]);
     }
-    if (c == 0 && p.lse)
-        p.lse[token * p.lse_stride_token + head * p.lse_stride_head] = attn_softmax_lse2(m, l) * ATTN_LN2;
+    if (c == 0 && p.lse) p.lse[token * p.lse_stride_token + head * p.lse_stride_head] = lse;
 }
 
 /* The same for every row of the launch, so the choice is made once, not per element
@@ -636,8 +636,9 @@ template <class T> ATTN_DEV void attn_merge_entry(const attn__paged_params &p, i
             const attn_i64 row = (attn_i64)(slot0 + s) * T::rows + R;
             const float *ml = p.partial_ml + row * 2;
             const float ms = __ldcg(ml), ls = __ldcg(ml + 1);
-            /* an empty split (l = 0) contributes nothing, whatever its O holds */
-            const int used = ls > 0.0f;
+            /* an empty split (l = 0) contributes nothing, whatever its O holds; a NaN one
+               (l NaN) makes the row NaN */
+            const int used = !(ls <= 0.0f);
             const float w = used ? attn_exp2(ms - Mb) : 0.0f; /* = attn_merge_weight(attn_merge_key(ms, ls), Mb) */
             const float4 a = __ldcg((const float4 *)(p.partial_o + row * T::head_dim + c * 8));
             const float4 b = __ldcg((const float4 *)(p.partial_o + row * T::head_dim + c * 8 + 4));

@@ -404,10 +404,10 @@ extern "C" __global__ void __launch_bounds__(WT::threads, 1)
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         const int R = row0 + 8 * h;
-        float L = attn_quad_sum(l[h]), M = m[h], ws = 1.0f;
+        float L = attn_quad_sum(l[h]), lse = attn_softmax_lse2(m[h], L) * ATTN_LN2, ws = 1.0f;
         if (p.sinks && R < nrows) { /* attention sinks: the row's head's, once (never split) */
             const int t = R / GROUP;
-            ws = attn_softmax_sink(__ldg(p.sinks + w.kv_head * GROUP + (R - t * GROUP)), M, L);
+            ws = attn_softmax_sink(__ldg(p.sinks + w.kv_head * GROUP + (R - t * GROUP)), lse);
         }
         const float inv = L > 0.0f ? ws * attn_rcp(L) : 0.0f;
         char *orow = sO + (R * WT::o_pitch + 2 * tq) * WT::esz;
@@ -416,8 +416,7 @@ extern "C" __global__ void __launch_bounds__(WT::threads, 1)
             *(attn_u32 *)(orow + 8 * i * WT::esz) = attn_elem<DT_Q>::pack2(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv);
         if (tq == 0 && R < nrows && p.lse) {
             const int t = R / GROUP, head = w.kv_head * GROUP + (R - t * GROUP);
-            p.lse[(attn_i64)(w.q_start + w.tok0 + t) * p.lse_stride_token + head * p.lse_stride_head] =
-                attn_softmax_lse2(M, L) * ATTN_LN2;
+            p.lse[(attn_i64)(w.q_start + w.tok0 + t) * p.lse_stride_token + head * p.lse_stride_head] = lse;
         }
     }
     attn_named_barrier(1, WT::consumers);

@@ -32,8 +32,11 @@ ATTN_TEST(found_dcp_mla_splits_from_local_tokens) {
     attn_context *ctx = attn_test_context(&log, ATTN_LOG_LEVEL_WARN, 2);
     attn_layer_desc d;
     attn_layer *layer = NULL;
-    int W, I, r, seq;
+    attn_platform p;
+    int W, I, r, seq, threads;
     if (!ctx) return;
+    EXPECT_OK(attn_platform_get(ctx, &p));
+    threads = p.cpu_threads; /* 2, or 1 without threads */
     memset(&d, 0, sizeof d);
     d.num_heads = 16;
     d.head_size = 576;
@@ -83,7 +86,7 @@ ATTN_TEST(found_dcp_mla_splits_from_local_tokens) {
                         EXPECT_OK(attn_metadata_build(meta, 0, &b, 0));
                         EXPECT_OK(attn_metadata_mla_info(meta, &info));
                         /* the split count follows the rank's keys, as the capacity did */
-                        EXPECT_EQ_INT(info.num_kv_splits, attn_mla_num_kv_splits((int)local, 2, 0));
+                        EXPECT_EQ_INT(info.num_kv_splits, attn_mla_num_kv_splits((int)local, threads, 0));
                         EXPECT_TRUE(info.num_kv_splits <= attn_metadata_capacity(meta)->num_kv_splits);
                     }
                     attn_metadata_destroy(meta);
@@ -327,6 +330,7 @@ ATTN_TEST(found_nan_propagates_cpu_mla) {
     EXPECT_OK(attn_layer_create(ctx, &d, NULL, &layer));
     memset(&md, 0, sizeof md);
     md.max_num_reqs = 2; md.max_num_tokens = 5; md.max_blocks_per_req = 94; md.num_blocks = FM_BLOCKS;
+    md.num_kv_splits = 2; /* the decode split in two on every build (no-threads too) */
     if (layer) EXPECT_OK(attn_metadata_create(layer, &md, &meta));
     for (i = 0; i < 94; i++) { bt[i] = i; bt[94 + i] = i < 3 ? 94 + i : 0; }
     memset(&b, 0, sizeof b);
