@@ -9,7 +9,7 @@ LIBS     = -lpthread -lm -ldl
 B        = build
 
 TEST_SRC = tests/main.c $(wildcard tests/test_*.c)
-TEST_DEP = attn.h tests/attn_test.h tests/fixtures.h tests/mla_fixtures.h $(TEST_SRC)
+TEST_DEP = attn.h tests/attn_test.h tests/fixtures.h tests/mla_fixtures.h tests/cuda_fixtures.h $(TEST_SRC)
 
 .PHONY: all test demo bench embed check-embed clean info nvrtc-check cuda-test wgmma-check hopper-check fuzz fuzz-dcp pytest
 

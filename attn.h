@@ -175,7 +175,7 @@
        launch, so a replayed CUDA graph sees new values) or values. A device scale that is
        not finite and > 0 cannot be reported without a synchronisation: the kernels then
        write nothing (cache and output unchanged). CPU and CUDA agree within the f16
-       rounding of q and of the probabilities (tests/test_cuda.c).
+       rounding of q and of the probabilities (tests/test_cuda_forward.c).
        CUDA_MLA reads an fp8 latent (e4m3 or e5m2, per-tensor k_scale) the same way in its
        decode (forward_mqa and the fused call's decode half); attn_concat_and_cache_mla
        quantizes with the CPU's bytes; forward_mha gathers the chunk's latent rows
@@ -9004,7 +9004,7 @@ static void attn__cuda_layer_free(attn_context *ctx, attn__cuda_layer *L) {
    decode tiles, prefill tiles, the cache write, wide decode tiles; an empty string where the
    layer has none). The prefill tiles of a family whose prefill role is compiled for sm_XYa
    (CUDA_SM90's wgmma kernel) are 128 rows and take neither soft cap nor ALiBi defines. One
-   place, so tests (tests/test_cuda.c) ask for exactly what layer creation compiles (the
+   place, so tests (tests/test_cuda_compile.c) ask for exactly what layer creation compiles (the
    files: the family's roles); tools see the compiled variants through the public log
    (ATTN_LOG_KERNEL_COMPILED) and attn_kernel_compile.
    Decode tiles come in two shapes. The default CTA (4 warps, 64-key tiles, 3 stages on

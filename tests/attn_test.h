@@ -11,8 +11,8 @@
    for slow builds such as ThreadSanitizer's; ATTN_TEST_ONLY (the same form) runs only the
    tests it names (e.g. a few under compute-sanitizer). Some tests read their own knobs:
    ATTN_TEST_SCALE (test_forward.c, the test_mla_*.c suites), ATTN_TEST_8BIT_CASES and
-   ATTN_TEST_8BIT_DEBUG (test_cuda.c's 8-bit tests: fewer cases; one-request cases that
-   print rows on a mismatch).
+   ATTN_TEST_8BIT_DEBUG (test_cuda_forward.c's 8-bit tests: fewer cases; one-request cases
+   that print rows on a mismatch).
    attn_test_summary() prints the closing line "N passed, N failed, N skipped" and
    returns the process exit code. Define ATTN_TEST_IMPLEMENTATION in one file. */
 #ifndef ATTN_TEST_H

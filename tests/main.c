@@ -20,6 +20,7 @@ static void *attn_test_realloc(void *p, size_t n) { attn_test_count(); return re
 #include "attn_test.h"
 #include "fixtures.h"
 #include "mla_fixtures.h"
+#include "cuda_fixtures.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -42,8 +43,14 @@ void suite_defects(void);     /* tests/test_defects.c */
 void suite_outside(void);     /* tests/test_outside.c */
 void suite_found(void);       /* tests/test_found.c */
 void suite_nvrtc(void);       /* tests/test_nvrtc.c */
-void suite_cuda(void);        /* tests/test_cuda.c */
-void suite_cuda_mla(void);    /* tests/test_mla_cuda.c: MLA on the GPU */
+void suite_cuda_reject(void);  /* tests/test_cuda_reject.c */
+void suite_cuda_forward(void); /* tests/test_cuda_forward.c */
+void suite_cuda_cache(void);   /* tests/test_cuda_cache.c */
+void suite_cuda_merge(void);   /* tests/test_cuda_merge.c */
+void suite_cuda_graph(void);   /* tests/test_cuda_graph.c */
+void suite_cuda_compile(void); /* tests/test_cuda_compile.c */
+void suite_cuda_mla_api(void); /* tests/test_cuda_mla_api.c: MLA on the GPU, the API */
+void suite_cuda_mla(void);     /* tests/test_mla_cuda.c: MLA on the GPU, the numerics */
 
 int main(int argc, char **argv) {
     /* Optional filter: run only suites whose name contains argv[1]. */
@@ -67,7 +74,13 @@ int main(int argc, char **argv) {
     SUITE(suite_outside);
     SUITE(suite_found);
     SUITE(suite_nvrtc);
-    SUITE(suite_cuda);
+    SUITE(suite_cuda_reject); /* the CUDA suites: "cuda" or "suite_cuda" selects them all */
+    SUITE(suite_cuda_forward);
+    SUITE(suite_cuda_cache);
+    SUITE(suite_cuda_merge);
+    SUITE(suite_cuda_graph);
+    SUITE(suite_cuda_compile);
+    SUITE(suite_cuda_mla_api); /* "mla" selects these two too (MLA on the GPU) */
     SUITE(suite_cuda_mla);
 #undef SUITE
     return attn_test_summary();

@@ -176,7 +176,7 @@ static int sel_skipped_has(const attn_selection *s, attn_backend_id id) {
 
 /* An fp8 cache resolves to CPU (standard) / CPU_MLA (latent) with the type in the record;
    the backends whose kernels cannot read it say so in their capability masks (and so in
-   the record, where they are candidates: tests/test_cuda.c checks it on a GPU). */
+   the record, where they are candidates: tests/test_cuda_reject.c checks it on a GPU). */
 ATTN_TEST(sel_fp8_cache_record) {
     attn_context *ctx;
     attn_layer_desc d = sel_desc();

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU half of the suite, for a machine with a CUDA device (CI has none): builds the test
-# runner, runs the CUDA suite against the CPU backend, the same under compute-sanitizer
+# runner, runs the CUDA suites against the CPU backend, the same under compute-sanitizer
 # (memcheck, then racecheck on a subset), the whole runner, python/attn_h.py's pytest suite
 # on CUDA tensors (where torch is installed; with transformers 5.17 it runs the transformers
 # example too) and tools/loader_check.sh, the kernel harness and its benchmark, the wgmma
