@@ -50,6 +50,7 @@ void suite_cuda_merge(void);   /* tests/test_cuda_merge.c */
 void suite_cuda_graph(void);   /* tests/test_cuda_graph.c */
 void suite_cuda_compile(void); /* tests/test_cuda_compile.c */
 void suite_cuda_mla_api(void); /* tests/test_cuda_mla_api.c: MLA on the GPU, the API */
+void suite_found_cuda(void);  /* tests/test_found_cuda.c: issue 37 on the GPU */
 void suite_cuda_mla(void);     /* tests/test_mla_cuda.c: MLA on the GPU, the numerics */
 
 int main(int argc, char **argv) {
@@ -81,6 +82,7 @@ int main(int argc, char **argv) {
     SUITE(suite_cuda_graph);
     SUITE(suite_cuda_compile);
     SUITE(suite_cuda_mla_api); /* "mla" selects these two too (MLA on the GPU) */
+    SUITE(suite_found_cuda);
     SUITE(suite_cuda_mla);
 #undef SUITE
     return attn_test_summary();
