@@ -1,4 +1,6 @@
 /* attn.h - v0.17.0 - paged attention and MLA for C/C++, portable C and CUDA (NVRTC)
+   MIT license (the LICENSE file beside this one, and the end of this file): copy it into
+   your project freely; keep the copyright notice.
 
    Do this:
        #define ATTN_IMPLEMENTATION
@@ -137,9 +139,10 @@
                 see QUANTIZED CACHES), which CUDA_MLA_SM90 leaves to it
        A candidate is skipped, with a recorded reason, when a check fails (dtype, KV-cache
        dtype, head size, block size, feature, platform). Explicit requests (code or env)
-       that cannot be honoured fail with ATTN_ERROR_BACKEND_UNAVAILABLE and every reason,
-       unless attn_select_request.allow_fallback is set: then the automatic choice is used
-       and a WARN line says why.
+       that cannot be honoured fail with ATTN_ERROR_BACKEND_UNAVAILABLE and every failing
+       check of the requested backend (for a backend of another device than the layer's,
+       that one reason: the device), unless attn_select_request.allow_fallback is set: then
+       the automatic choice is used and a WARN line says why.
 
    QUANTIZED CACHES (issue 10; CPU, CPU_MLA, CUDA and CUDA_MLA; CUDA_SM90 and CUDA_MLA_SM90
    skip them with the reason in the record, and the selector moves on to CUDA / CUDA_MLA)
@@ -4505,6 +4508,10 @@ ATTN_API attn_status attn_communicator_create_local(attn_context *ctx, attn_devi
                           "attn_communicator_create_local: size is %d in a build with ATTN_NO_THREADS (allowed: 1; "
                           "its ranks could not meet)", size);
 #endif
+    if (device == ATTN_DEVICE_CUDA && ctx->platform.kind != ATTN_PLATFORM_CUDA)
+        return attn__fail(ctx, ATTN_ERROR_PLATFORM, ATTN_LOG_PLATFORM_ERROR,
+                          "attn_communicator_create_local: device is ATTN_DEVICE_CUDA but the context has no CUDA "
+                          "device (%s; allowed here: ATTN_DEVICE_CPU)", ctx->platform.cuda_reason);
     if (device == ATTN_DEVICE_CUDA) { /* the device's context made current once here, not by racing threads */
         attn_status st = attn_cuda_synchronize(ctx, NULL);
         if (st != ATTN_OK) return st;

@@ -33,6 +33,7 @@ class BuildPackage(build_py):
         os.makedirs(pkg, exist_ok=True)
         shutil.copyfile(os.path.join(ROOT, "python", "attn_h.py"), os.path.join(pkg, "__init__.py"))
         shutil.copyfile(os.path.join(ROOT, "attn.h"), os.path.join(pkg, "attn.h"))
+        shutil.copyfile(os.path.join(ROOT, "LICENSE"), os.path.join(pkg, "LICENSE"))
         with open(os.path.join(pkg, "__main__.py"), "w", encoding="utf-8") as f:
             f.write("from attn_h import main\n\nraise SystemExit(main())\n")
         cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
@@ -77,6 +78,8 @@ setup(
     long_description=open(os.path.join(ROOT, "README.md"), encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     license="MIT",
+    license_files=["LICENSE"],
+    classifiers=["License :: OSI Approved :: MIT License"],
     python_requires=">=3.8",
     install_requires=["numpy"],
     packages=[],

@@ -204,6 +204,10 @@ check bench-public-api bash -c '! grep -n "attn__\|ATTN__" tools/attn-bench*.c t
 if command -v python3 >/dev/null 2>&1; then run readme-snippets python3 tests/readme_check.py
 else skip readme-snippets "python3 not installed"
 fi
+# LICENSE is the license text at the end of attn.h, word for word, and the header's first
+# lines name it
+check license-file bash -c 'test -f LICENSE && sed -n 2p attn.h | grep -q "MIT license" &&
+    awk "/^MIT License\$/{f=1} f&&/^------------------------------/{exit} f" attn.h | diff - LICENSE'
 # line 1's version and ATTN_VERSION_STRING come from the version macros: a stale line fails
 need version-derived python3 && check version-derived bash -c '
     t=$(mktemp -d); sed "1s/ - v[0-9.]* - / - v0.0.1 - /" attn.h >"$t/attn.h";

@@ -697,6 +697,25 @@ ATTN_TEST(found_aliasing_refused_mla) {
     attn_context_destroy(w.ctx);
 }
 
+/* ---- 13. what the header says -------------------------------------------------------- */
+
+/* A local DCP group on CUDA without a GPU reported its error under attn_cuda_synchronize:
+   it names attn_communicator_create_local and what is allowed, and creates nothing. */
+ATTN_TEST(found_local_communicator_without_gpu_named) {
+    attn_context *ctx = attn_test_context(NULL, ATTN_LOG_LEVEL_NONE, 1);
+    attn_communicator *comms[2] = {NULL, NULL};
+    attn_platform p;
+    const char *m;
+    if (!ctx) return;
+    EXPECT_OK(attn_platform_get(ctx, &p));
+    if (p.kind == ATTN_PLATFORM_CUDA) { attn_context_destroy(ctx); SKIP("this host has a CUDA device"); }
+    EXPECT_STATUS(attn_communicator_create_local(ctx, ATTN_DEVICE_CUDA, 2, comms), ATTN_ERROR_PLATFORM);
+    m = attn_context_last_error(ctx);
+    EXPECT_TRUE(strncmp(m, "attn_communicator_create_local:", 31) == 0 && strstr(m, "allowed here: ATTN_DEVICE_CPU"));
+    EXPECT_TRUE(comms[0] == NULL && comms[1] == NULL);
+    attn_context_destroy(ctx);
+}
+
 /* ---- 7. the worker threads leave the caller's own threads their cores -------------------- */
 
 #ifndef ATTN_NO_THREADS
@@ -809,6 +828,7 @@ void suite_found(void) {
     ATTN_RUN(found_batch_invariant_under_cascade_cuda);
     ATTN_RUN(found_aliasing_refused);
     ATTN_RUN(found_aliasing_refused_mla);
+    ATTN_RUN(found_local_communicator_without_gpu_named);
 #ifndef ATTN_NO_THREADS
     ATTN_RUN(found_small_forwards_leave_neighbour_cores);
 #endif
