@@ -9,6 +9,9 @@
 #   BENCH_ARGS      extra attn-bench-cuda arguments (default: none = the whole default run)
 #   PEER=1          also tools/torch_peer.py --quick (PyTorch on the same shapes), after the bench
 #   HARNESS=1       also the kernel harness (cuda_kernels, paged and MLA kernels against the CPU)
+#   SM90_CASES=N    also the sm_90a prefill (CUDA_SM90's wgmma tiles) against the CPU, N cases
+#   SUITES          the runner's suite filters after the cold CUDA run (default: outside)
+#   NO_BENCH=1      skip the CUDA bench
 set -u
 cd "$(dirname "$0")/.."
 budget=${1:-540}
@@ -30,9 +33,12 @@ t0=$(date +%s)
 timeout $(( $(left) / 2 )) ./build/attn_tests cuda > "$OUT/cuda-suite.log" 2>&1
 summary "cuda suites (cold)" "$(last "$OUT/cuda-suite.log") ($(( $(date +%s) - t0 )) s)"
 grep -E '^  FAIL|^FAIL' "$OUT/cuda-suite.log" | head -n 12 >> "$OUT/summary.txt"
-t0=$(date +%s)
-timeout 120 ./build/attn_tests outside > "$OUT/outside.log" 2>&1
-summary "outside suite" "$(last "$OUT/outside.log") ($(( $(date +%s) - t0 )) s)"
+for suite in ${SUITES:-outside}; do
+    t0=$(date +%s)
+    timeout 200 ./build/attn_tests "$suite" > "$OUT/suite-$suite.log" 2>&1
+    summary "suites '$suite'" "$(last "$OUT/suite-$suite.log") ($(( $(date +%s) - t0 )) s)"
+    grep -E '^  FAIL|^FAIL' "$OUT/suite-$suite.log" | head -n 8 >> "$OUT/summary.txt"
+done
 if [ -n "${MEMCHECK_TESTS:-}" ] && command -v compute-sanitizer >/dev/null 2>&1; then
     t0=$(date +%s)
     ATTN_TEST_ONLY=$MEMCHECK_TESTS timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 \
@@ -47,13 +53,18 @@ if [ -n "${HARNESS:-}" ]; then
     timeout 90 ./build/cuda_kernels --mla --cases 6 > "$OUT/harness-mla.log" 2>&1
     summary "kernel harness (MLA)" "$(last "$OUT/harness-mla.log") ($(( $(date +%s) - t0 )) s)"
 fi
+if [ -n "${SM90_CASES:-}" ]; then
+    t0=$(date +%s)
+    timeout 150 ./build/cuda_kernels --sm90-prefill --cases "$SM90_CASES" > "$OUT/sm90-prefill.log" 2>&1
+    summary "sm_90a prefill harness" "$(last "$OUT/sm90-prefill.log") ($(( $(date +%s) - t0 )) s)"
+fi
 if python3 -c 'import numpy, pytest, torch; assert torch.cuda.is_available()' >/dev/null 2>&1; then
     t0=$(date +%s)
     timeout 150 python3 -m pytest -q -p no:cacheprovider tests/python/test_attn_h.py ${PYTEST_K:+-k "$PYTEST_K"} \
         > "$OUT/pytest.log" 2>&1
     summary "pytest (torch CUDA)" "exit $?; $(tail -n 1 "$OUT/pytest.log") ($(( $(date +%s) - t0 )) s)"
 fi
-if [ "$(left)" -gt 60 ]; then
+if [ -z "${NO_BENCH:-}" ] && [ "$(left)" -gt 60 ]; then
     t0=$(date +%s)
     # shellcheck disable=SC2086
     timeout $(( $(left) - 15 )) ./build/attn-bench-cuda --csv "$OUT/attn-bench.csv" ${BENCH_ARGS:-} \
