@@ -1,5 +1,6 @@
 /* attn_merge_attn_states on CUDA tensors: run on the GPU, it agrees with the CPU merge
-   (LSE in both bases, infinite and NaN LSEs, a NaN output row). SKIPs (with the reason)
+   (LSE in both bases, infinite LSEs, a NaN LSE, which makes its row NaN on both, a NaN
+   output row of an empty side, which does not). SKIPs (with the reason)
    where the platform has no CUDA device. */
 #include "attn.h"
 #include "attn_test.h"
@@ -45,15 +46,18 @@ ATTN_TEST(cuda_merge_matches_cpu) {
         EXPECT_OK(attn_cuda_memcpy(ctx, o_gpu, dout, sizeof o_gpu, ATTN_COPY_DEVICE_TO_HOST, NULL));
         EXPECT_OK(attn_cuda_memcpy(ctx, l_gpu, dl, sizeof l_gpu, ATTN_COPY_DEVICE_TO_HOST, NULL));
         for (i = 0; i < T * H * D && bad < 4; i++)
-            if (!(fabsf(o_cpu[i] - o_gpu[i]) <= 1e-5f + 1e-5f * fabsf(o_cpu[i]))) {
+            if (!(fabsf(o_cpu[i] - o_gpu[i]) <= 1e-5f + 1e-5f * fabsf(o_cpu[i])) && !(o_cpu[i] != o_cpu[i] && o_gpu[i] != o_gpu[i])) {
                 attn_test_fail(__FILE__, __LINE__, "merge out[%d]: cpu %g cuda %g", i, o_cpu[i], o_gpu[i]);
                 bad++;
             }
         for (i = 0; i < T * H && bad < 4; i++)
-            if (!(fabsf(l_cpu[i] - l_gpu[i]) <= 1e-5f + 1e-5f * fabsf(l_cpu[i])) && !(l_cpu[i] == l_gpu[i])) {
+            if (!(fabsf(l_cpu[i] - l_gpu[i]) <= 1e-5f + 1e-5f * fabsf(l_cpu[i])) && !(l_cpu[i] == l_gpu[i]) &&
+                !(l_cpu[i] != l_cpu[i] && l_gpu[i] != l_gpu[i])) {
                 attn_test_fail(__FILE__, __LINE__, "merge lse[%d]: cpu %g cuda %g", i, l_cpu[i], l_gpu[i]);
                 bad++;
             }
+        /* row 7 (lb NaN) is NaN on both; row 3 (a empty, a NaN in its output) is b's */
+        EXPECT_TRUE(o_gpu[7 * D] != o_gpu[7 * D] && l_gpu[7] != l_gpu[7] && o_gpu[3 * D] == o_gpu[3 * D]);
     } else {
         EXPECT_TRUE(0);
     }

@@ -34,6 +34,7 @@ typedef struct fc_world {
     uint16_t q[FC_N], out[2][FC_N]; /* out: CPU, GPU */
     float lse[2][FC_T * FC_H];
     uint16_t *cache;
+    void *dsinks;
     cu_buf dq, dc, dout, dlse;
 } fc_world;
 
@@ -52,10 +53,17 @@ static int fc_open(fc_world *w, const float *sinks) {
     int i;
     memset(&d, 0, sizeof d);
     d.num_heads = FC_H; d.num_kv_heads = FC_KVH; d.head_size = FC_D; d.dtype = ATTN_DTYPE_BF16; d.block_size = 16;
-    d.sinks = sinks;
+    d.sinks = sinks; /* host floats for the CPU layer, a device copy for the GPU one */
     memset(&md, 0, sizeof md);
     md.max_num_reqs = 2; md.max_num_tokens = FC_T; md.max_blocks_per_req = 94; md.num_blocks = FC_BLOCKS;
-    if (!cu_layer_pair(w->ctx, &d, &md, &w->cpu, &w->gpu, &w->mc, &w->mg)) return 0;
+    EXPECT_OK(attn_layer_create(w->ctx, &d, NULL, &w->cpu));
+    if (sinks && !(w->dsinks = attn_test_device_copy(w->ctx, sinks, sizeof(float) * FC_H))) return 0;
+    d.sinks = (const float *)w->dsinks;
+    d.device = ATTN_DEVICE_CUDA;
+    EXPECT_OK(attn_layer_create(w->ctx, &d, NULL, &w->gpu));
+    if (!w->cpu || !w->gpu || attn_metadata_create(w->cpu, &md, &w->mc) != ATTN_OK ||
+        attn_metadata_create(w->gpu, &md, &w->mg) != ATTN_OK)
+        return 0;
     for (i = 0; i < 94; i++) { bt[i] = i < 3 ? i : 0; bt[94 + i] = 3 + i < FC_BLOCKS ? 3 + i : 0; }
     memset(&b, 0, sizeof b);
     b.query_start_loc = fc_qsl; b.seq_lens = fc_seq; b.block_table = bt; b.block_table_stride = 94;
@@ -71,7 +79,8 @@ static void fc_close(fc_world *w) {
     cu_buf_free(w->ctx, &w->dlse);
     attn_metadata_destroy(w->mc); attn_metadata_destroy(w->mg);
     attn_layer_destroy(w->cpu); attn_layer_destroy(w->gpu);
-    w->cpu = w->gpu = NULL; w->mc = w->mg = NULL;
+    attn_cuda_free(w->ctx, w->dsinks);
+    w->cpu = w->gpu = NULL; w->mc = w->mg = NULL; w->dsinks = NULL;
 }
 
 /* Both forwards; the GPU one into dout (or in place into q when in_place). */
