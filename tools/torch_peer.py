@@ -34,6 +34,13 @@ x context {4k, 16k} and prefill 1 x 4096, 2 x 2048, with SDPA's memory-efficient
 backends beside its default, flash and cuDNN (not every backend takes a head of 512; a refusal
 is reported).
 
+FlashAttention-3 ("fa3": the `fa3-fwd` wheel, imported as fa3_fwd_interface; carried to the
+device as a wheel) beside them where it imports (else skipped, saying why): prefill through
+flash_attn_func on [B, L, heads, D] q/k/v (GQA native, causal), decode through
+flash_attn_with_kvcache on contiguous [B, ctx, 8, 128] K/V caches with its own split
+heuristic (num_splits=0), eager and graph like the rest. MLA prefill (qk 192 / v 128): FA3's
+flash_attn_func takes v narrower than q/k.
+
 usage: python3 tools/torch_peer.py [--quick] [--csv FILE] [--no-attn-h] [--mla-only | --prefill-only]
                                    [--head 512]
 """
@@ -101,10 +108,20 @@ def read_ceiling():
     return best
 
 
+def load_fa3():
+    """FlashAttention-3's interface module, or None (printing why)."""
+    try:
+        import fa3_fwd_interface as fa3  # the fa3-fwd wheel
+        return fa3
+    except Exception as e:  # noqa: BLE001 - a missing or broken wheel is a result to report
+        print(f"fa3: not run ({type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''})")
+        return None
+
+
 def sdpa_backend(name):
     """A context manager forcing one SDPA backend (None: PyTorch's own choice)."""
     from contextlib import nullcontext
-    if name == "default":
+    if name in ("default", "fa3"):
         return nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
     return sdpa_kernel([{"flash": SDPBackend.FLASH_ATTENTION,
@@ -203,8 +220,14 @@ def mla_part(ah_ok, csv, table, groups):
     q = torch.empty((1, Hm, L, DQK), device="cuda", dtype=torch.bfloat16).uniform_(-1, 1, generator=g)
     k = torch.empty((1, Hm, L, DQK), device="cuda", dtype=torch.bfloat16).uniform_(-1, 1, generator=g)
     v = torch.empty((1, Hm, L, DV), device="cuda", dtype=torch.bfloat16).uniform_(-1, 1, generator=g)
-    impls = ["default", "flash", "cudnn", "efficient"] + (["attn_h"] if ah_ok else [])
+    fa3 = load_fa3()
+    impls = ["default", "flash", "cudnn", "efficient"] + (["fa3"] if fa3 else []) + (["attn_h"] if ah_ok else [])
     res = {}
+    if fa3:
+        qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))  # [1, L, H, D]
+        res["fa3"], _ = try_time("mla prefill fa3", lambda: (lambda i: fa3.flash_attn_func(qt, kt, vt, causal=True)),
+                                 lambda out: None, 3, groups, "fa3")
+        qt = kt = vt = None
     for impl in impls[:4]:
         def mk():
             return lambda i: F.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -289,7 +312,8 @@ def main():
             ah = AttnH()
         except Exception as e:  # noqa: BLE001
             print(f"attn_h: not run ({e})")
-    peers = ["default", "flash", "cudnn"] + (["efficient", "math"] if wide else [])
+    fa3 = None if "--mla-only" in sys.argv else load_fa3()
+    peers = ["default", "flash", "cudnn"] + (["efficient", "math"] if wide else []) + (["fa3"] if fa3 else [])
     impls = peers + (["attn_h"] if ah else [])
     csv = ["impl,kind,batch,context,us,value,unit"]
     table = []
@@ -322,7 +346,16 @@ def main():
             for impl in peers:
                 if impl == "math" and b * c > 16 * 4096:
                     continue  # the math path's fp32 copies of K/V: skip the large cases
-                if impl == "default":
+                if impl == "fa3":  # [B, ctx, 8, D] caches; q [B, 1, 32, D]; out [B, 1, 32, D]
+                    kf = [x.transpose(1, 2).contiguous() for x in k]
+                    vf = [x.transpose(1, 2).contiguous() for x in v]
+                    qt = q.transpose(1, 2).contiguous()
+                    seqlens = torch.full((b,), c, dtype=torch.int32, device="cuda")
+
+                    def mk():
+                        return lambda i: fa3.flash_attn_with_kvcache(qt, kf[i % nsets], vf[i % nsets],
+                                                                     cache_seqlens=seqlens).transpose(1, 2)
+                elif impl == "default":
                     def mk():
                         return lambda i: F.scaled_dot_product_attention(q, k[i % nsets], v[i % nsets], enable_gqa=True)
                 else:
@@ -331,7 +364,7 @@ def main():
                 res[impl], _ = try_time(f"b{b} c{c} {impl}", mk, check, per_group, groups, impl)
                 res[impl + " graph"], _ = try_time(f"b{b} c{c} {impl} graph", mk, check, per_group, groups, impl,
                                                    graph_sets=nsets)
-            k = v = None  # free before the next case
+            k = v = kf = vf = None  # free before the next case
             torch.cuda.empty_cache()
             add_attn_h(ah, res, f"b{b} c{c}", b, [1] * b, [c] * b, nsets, g, per_group, groups, graph=True)
             report(impls + [i + " graph" for i in impls], csv, table, "decode", b, c, set_bytes, res)
@@ -349,6 +382,18 @@ def main():
               for _ in range(nsets)]
         res = {}
         for impl in peers:
+            if impl == "fa3":
+                qt = [x.transpose(1, 2).contiguous() for x in qs]
+                kt = [x.transpose(1, 2).contiguous() for x in ks]
+                vt = [x.transpose(1, 2).contiguous() for x in vs]
+                res[impl], _ = try_time(f"prefill b{b} L{L} fa3",
+                                        lambda: (lambda i: fa3.flash_attn_func(qt[i % nsets], kt[i % nsets], vt[i % nsets],
+                                                                               causal=True)),
+                                        lambda out: None, 3, groups, "fa3")
+                qt = kt = vt = None
+                torch.cuda.empty_cache()
+                continue
+
             def mk(gqa=True):
                 kk = ks if gqa else [x.repeat_interleave(H // HKV, dim=1) for x in ks]
                 vv = vs if gqa else [x.repeat_interleave(H // HKV, dim=1) for x in vs]
