@@ -55,6 +55,8 @@ static const attn_py_layout_entry attn_py__layout[] = {
     F(attn_layer_desc, kv_scale_kind), F(attn_layer_desc, sinks),
     S(attn_kv_scale), F(attn_kv_scale, value), F(attn_kv_scale, ptr), F(attn_kv_scale, device),
 
+    F(attn_backend, name), /* attn_h.py mirrors only this first member (a prefix) */
+
     S(attn_select_request), F(attn_select_request, backend),
     F(attn_select_request, allow_fallback),
 
@@ -98,6 +100,7 @@ static const attn_py_layout_entry attn_py__layout[] = {
     S(attn_status), S(attn_dtype), S(attn_backend_id),
     K(ATTN_MAX_DIMS), K(ATTN_SELECTION_MAX_SKIPPED), K(ATTN_OK),
     K(ATTN_ERROR_SHAPE_MISMATCH), K(ATTN_ERROR_INVALID_VALUE), K(ATTN_ERROR_INVALID_METADATA),
+    K(ATTN_ERROR_UNKNOWN_BACKEND),
     K(ATTN_DTYPE_AUTO), K(ATTN_DTYPE_F32), K(ATTN_DTYPE_F16), K(ATTN_DTYPE_BF16),
     K(ATTN_DTYPE_FP8_E4M3), K(ATTN_DTYPE_FP8_E5M2), K(ATTN_DTYPE_INT8), K(ATTN_DTYPE_INT64), K(ATTN_DTYPE_INT32),
     K(ATTN_DTYPE_FP8_DS_MLA),
