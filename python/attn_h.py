@@ -57,6 +57,7 @@ best effort.
 """
 from __future__ import annotations   # the hints below are strings: no torch import needed
 
+import array
 import ctypes as C
 import logging
 import math
@@ -373,6 +374,7 @@ _SIGNATURES = {
     "attn_kernel_compile": (C.c_int, [_vp, C.c_char_p, C.c_char_p, C.c_char_p, _P(attn_kernel_info)]),
     "attn_kernel_compile_count": (C.c_int, [_vp]),
     "attn_py_layout": (_P(attn_py_layout_entry), [_P(C.c_int)]),
+    "attn_py_layer_forward": (C.c_int, [_P(C.c_uint64)]),
 }
 
 
@@ -743,7 +745,8 @@ _TORCH_DTYPES = {"torch.int64": ATTN_DTYPE_INT64, "torch.int32": ATTN_DTYPE_INT3
                  "torch.bfloat16": ATTN_DTYPE_BF16, "torch.float8_e4m3fn": ATTN_DTYPE_FP8_E4M3,
                  "torch.float8_e5m2": ATTN_DTYPE_FP8_E5M2, "torch.int8": ATTN_DTYPE_INT8}
 _TORCH_DTYPE_CODES = {}   # torch.dtype -> code (None: not an element type attn.h takes)
-_DEVICE_STRUCTS = {}      # torch.device -> attn_device
+_DEVICE_STRUCTS = {}      # CUDA device index -> attn_device
+_CPU_DEVICE = attn_device(ATTN_DEVICE_CPU, 0)
 _NUMPY_DTYPES = {"float32": ATTN_DTYPE_F32, "float16": ATTN_DTYPE_F16,
                  "bfloat16": ATTN_DTYPE_BF16, "float8_e4m3fn": ATTN_DTYPE_FP8_E4M3,
                  "float8_e5m2": ATTN_DTYPE_FP8_E5M2, "int8": ATTN_DTYPE_INT8, "int64": ATTN_DTYPE_INT64,
@@ -753,8 +756,17 @@ _NUMPY_DTYPES = {"float32": ATTN_DTYPE_F32, "float16": ATTN_DTYPE_F16,
 _CACHE_ONLY = (ATTN_DTYPE_FP8_E4M3, ATTN_DTYPE_FP8_E5M2, ATTN_DTYPE_INT8, ATTN_DTYPE_FP8_DS_MLA)
 
 
+_TORCH_TYPES = set()   # the tensor types seen (torch.Tensor, Parameter, subclasses): one set look-up
+
+
 def _is_torch(x):
-    return type(x).__module__.startswith("torch") and hasattr(x, "data_ptr")
+    t = type(x)
+    if t in _TORCH_TYPES:
+        return True
+    if t.__module__.startswith("torch") and hasattr(x, "data_ptr"):
+        _TORCH_TYPES.add(t)
+        return True
+    return False
 
 
 def _host_writable(ptr, nbytes):
@@ -820,19 +832,21 @@ def _tensor(x, name, fn, write=False, cache_dtype=None):
             dtype = _TORCH_DTYPE_CODES[tdt] = _TORCH_DTYPES.get(str(tdt))
         type_name, ptr = tdt, x.data_ptr()
         shape, strides = x.shape, x.stride()
-        dev = x.device
-        if write and dev.type == "cpu" and not _host_writable(
-                ptr, (max((n - 1) * abs(st) for n, st in zip(shape, strides)) + 1 if x.numel() else 0)
-                * x.element_size()):
-            _fail(ATTN_ERROR_INVALID_VALUE, "%s: %s is a view of read-only memory (allowed: a "
-                  "tensor in writeable memory: this call writes %s)" % (fn, name, name))
-        device = _DEVICE_STRUCTS.get(dev)
-        if device is None:
-            kind = {"cpu": ATTN_DEVICE_CPU, "cuda": ATTN_DEVICE_CUDA}.get(dev.type)
-            if kind is None:
-                _fail(ATTN_ERROR_SHAPE_MISMATCH, "%s: %s is on device %s (allowed: cpu, cuda)"
-                      % (fn, name, dev))
-            device = _DEVICE_STRUCTS[dev] = attn_device(kind, dev.index or 0)
+        if x.is_cuda:
+            index = x.get_device()
+            device = _DEVICE_STRUCTS.get(index)
+            if device is None:
+                device = _DEVICE_STRUCTS[index] = attn_device(ATTN_DEVICE_CUDA, index)
+        elif x.is_cpu:
+            device = _CPU_DEVICE
+            if write and not _host_writable(ptr, x.numel() * x.element_size() if x.is_contiguous() else (
+                    max((n - 1) * abs(st) for n, st in zip(shape, strides)) + 1 if x.numel() else 0)
+                    * x.element_size()):
+                _fail(ATTN_ERROR_INVALID_VALUE, "%s: %s is a view of read-only memory (allowed: a "
+                      "tensor in writeable memory: this call writes %s)" % (fn, name, name))
+        else:
+            _fail(ATTN_ERROR_SHAPE_MISMATCH, "%s: %s is on device %s (allowed: cpu, cuda)"
+                  % (fn, name, x.device))
     else:
         raise TypeError("%s: %s is a %s (allowed: a numpy array or a torch tensor)"
                         % (fn, name, type(x).__name__))
@@ -919,10 +933,22 @@ def _stream(stream, *tensors):
     if stream is not None:
         return getattr(stream, "cuda_stream", stream)
     for x in tensors:
-        if x is not None and _is_torch(x) and x.device.type == "cuda":
-            import torch
-            return torch.cuda.current_stream(x.device).cuda_stream
+        if x is not None and _is_torch(x) and x.is_cuda:
+            return _current_raw_stream()(x.get_device())
     return None
+
+
+_RAW_STREAM = []   # torch's current raw stream of a device index (an int), found once
+
+
+def _current_raw_stream():
+    """torch._C._cuda_getCurrentRawStream (~0.1 us), else torch.cuda.current_stream(d).cuda_stream
+    (which builds a Stream object: several us)."""
+    if not _RAW_STREAM:
+        import torch
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        _RAW_STREAM.append(raw or (lambda d, cs=torch.cuda.current_stream: cs(d).cuda_stream))
+    return _RAW_STREAM[0]
 
 
 def _empty_like(ref, shape, dtype_code):
@@ -1708,11 +1734,13 @@ class PreparedForward:
     """Layer.forward with its argument structs built once (issue 24): the first call (at
     construction) validates every argument as Layer.forward does and keeps the attn_tensor
     structs; a call then checks that each tensor has the prepared dtype, shape, strides and
-    device (AttnError naming the argument otherwise), writes the data pointers into the
-    structs and calls attn_layer_forward: no struct is built, nothing allocated. torch
+    device (AttnError naming the argument otherwise) and calls attn_layer_forward with the
+    new data pointers (through attn_py_layer_forward, which writes them into the structs, so
+    that ctypes converts one argument): no struct is built, nothing allocated. torch
     tensors only. stream None: torch's current stream of q's device at each call (so a CUDA
     graph captures the launch on its capture stream). Holds the layer and the metadata;
-    closed (and refusing calls) when either is closed."""
+    closed (and refusing calls) when either is closed. One thread at a time: a call writes
+    the structs the library then reads."""
 
     def __init__(self, layer: "Layer", meta: "Metadata", q: Array, kv_cache: Array, out: Array,
                  lse: Optional[Array] = None, k: Optional[Array] = None, v: Optional[Array] = None,
@@ -1727,55 +1755,121 @@ class PreparedForward:
         if (k is None) != (v is None):
             _fail(ATTN_ERROR_INVALID_VALUE, "%s: k and v are given together or not at all" % fn)
         self.layer, self.meta = layer, meta
+        xs = (q, k, v, kv_cache, out, lse)
         self._t = [_tensor(q, "q", fn), _tensor(k, "k", fn), _tensor(v, "v", fn),
                    _tensor(kv_cache, "kv_cache", fn, write=k is not None, cache_dtype=layer._kv_dtype),
                    _tensor(out, "out", fn, write=True), _tensor(lse, "lse", fn, write=True)]
-        self._sig = [_torch_sig(x) for x in (q, k, v, kv_cache, out, lse)]
-        self._refs = [_ref(t) for t in self._t]
-        self._fixed_stream = None if stream is None else getattr(stream, "cuda_stream", stream)
+        self._sig = [_torch_sig(x) for x in xs]
         self._dev = q.get_device()   # -1: the CPU
-        self._raw_stream = None
+        self._raw_stream = None      # torch's current raw stream of a device, called per call
+        fixed = None if stream is None else getattr(stream, "cuda_stream", stream)
         if self._dev >= 0 and stream is None:
-            import torch
-            self._raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-            if self._raw_stream is None:   # older torch: the public (slower) call
-                self._raw_stream = lambda d, cs=torch.cuda.current_stream: cs(d).cuda_stream
-        self._call = library().attn_layer_forward
-        self(q, kv_cache, out, lse, k, v)
-
-    _NAMES = ("q", "k", "v", "kv_cache", "out", "lse")
+            self._raw_stream = _current_raw_stream()
+        # attn_layer_forward's arguments in one array for attn_py_layer_forward (attn_shared.c):
+        # layer, metadata, the six structs (0: none), the stream, then the six data pointers
+        # it writes into the structs; a call sets the stream and the pointers (array items
+        # cost a fraction of ctypes fields) and passes one pointer, without argtypes
+        self._args = array.array("Q", [layer._live(), meta._live()] +
+                                 [C.addressof(t) if t is not None else 0 for t in self._t] + [fixed or 0] + [0] * 6)
+        lib = library()
+        self._call = lib._FuncPtr(("attn_py_layer_forward", lib))
+        self._call.restype = C.c_int
+        self._run = _prepared_run(self)
+        self._run(q, kv_cache, out, lse, k, v)
 
     def __call__(self, q: Array, kv_cache: Array, out: Array, lse: Optional[Array] = None,
                  k: Optional[Array] = None, v: Optional[Array] = None) -> Array:
         """The forward on these tensors (of the prepared kinds). Returns out."""
-        xs = (q, k, v, kv_cache, out, lse)
-        sig, ts = self._sig, self._t
-        for i in range(6):
-            x = xs[i]
-            if x is None:
-                if sig[i] is not None:
-                    _fail(ATTN_ERROR_INVALID_VALUE, "prepared forward: %s is None (allowed: a tensor "
-                          "like the prepared one, %s)" % (self._NAMES[i], sig[i][:3]))
-                continue
-            if sig[i] is None or (x.dtype, x.shape, x.stride(), x.get_device()) != sig[i]:  # _torch_sig, inline
-                _fail(ATTN_ERROR_SHAPE_MISMATCH, "prepared forward: %s is %s (allowed: the prepared "
-                      "%s; prepare again for other shapes)" % (self._NAMES[i], _torch_sig(x)[:3],
-                                                               sig[i] and sig[i][:3]),
-                      _ITEM_DTYPE if sig[i] is not None and x.dtype != sig[i][0] else None)
-            ts[i].data = x.data_ptr()
-        layer, meta = self.layer, self.meta
+        return self._run(q, kv_cache, out, lse, k, v)
+
+
+_PREPARED_NAMES = ("q", "k", "v", "kv_cache", "out", "lse")
+
+
+def _prepared_run(p):
+    """PreparedForward's call as one closure over what it checks and where it writes: each
+    given tensor's dtype (is), shape, strides (a contiguous one: is_contiguous(), half the
+    cost of stride(); the prepared strides then address the same elements) and device
+    (get_device(): -1 for the CPU; x.device would cost ~1 us) against the prepared ones, its
+    data pointer into the argument array, the stream, then one ctypes call. No loop and no
+    attribute look-up on the way; it holds no reference to p."""
+    sig, args, call = p._sig, p._args, p._call
+    ptr = C.c_void_p(args.buffer_info()[0])       # the array is never resized: its address holds
+    contiguous = [s is not None and _contiguous_strides(s[1]) == s[2] for s in sig]
+    (qd, qs, qst, qv), (cd, cs, cst, cv), (od, os_, ost, ov) = sig[0], sig[3], sig[4]
+    qc, cc, oc = contiguous[0], contiguous[3], contiguous[4]
+    ks, vs, ls = sig[1], sig[2], sig[5]
+    layer, meta, raw, dev = p.layer, p.meta, p._raw_stream, p._dev
+
+    def run(q, kv_cache, out, lse=None, k=None, v=None):
+        if q is None or q.dtype is not qd or q.shape != qs or q.get_device() != qv or \
+                not (q.is_contiguous() if qc else q.stride() == qst):
+            _prepared_refuse(sig, 0, q)
+        if kv_cache is None or kv_cache.dtype is not cd or kv_cache.shape != cs or kv_cache.get_device() != cv or \
+                not (kv_cache.is_contiguous() if cc else kv_cache.stride() == cst):
+            _prepared_refuse(sig, 3, kv_cache)
+        if out is None or out.dtype is not od or out.shape != os_ or out.get_device() != ov or \
+                not (out.is_contiguous() if oc else out.stride() == ost):
+            _prepared_refuse(sig, 4, out)
+        args[9] = q.data_ptr()
+        args[12] = kv_cache.data_ptr()
+        args[13] = out.data_ptr()
+        if lse is not None or ls is not None:
+            if lse is None or ls is None or lse.dtype is not ls[0] or lse.shape != ls[1] or lse.stride() != ls[2] \
+                    or lse.get_device() != ls[3]:
+                _prepared_refuse(sig, 5, lse)
+            args[14] = lse.data_ptr()
+        if k is not None or v is not None or ks is not None:
+            for i, x, s in ((1, k, ks), (2, v, vs)):
+                if x is None or s is None or x.dtype is not s[0] or x.shape != s[1] or x.stride() != s[2] \
+                        or x.get_device() != s[3]:
+                    _prepared_refuse(sig, i, x)
+                args[9 + i] = x.data_ptr()
         if not meta._ptr or not layer._ptr:
             raise ValueError("prepared forward: its %s is closed" % ("metadata" if not meta._ptr else "layer"))
-        r = self._refs
-        stream = self._fixed_stream if self._raw_stream is None else self._raw_stream(self._dev)
-        rc = self._call(layer._ptr, meta._ptr, r[0], r[1], r[2], r[3], r[4], r[5], stream)
+        if raw is not None:
+            args[8] = raw(dev)
+        rc = call(ptr)
         if rc:
             layer._check(rc)
         return out
+    run.structs = p._t   # what args points into lives as long as the closure
+    return run
+
+
+def _contiguous_strides(shape):
+    """The strides (elements) of a C-contiguous tensor of this shape."""
+    strides, step = [], 1
+    for n in reversed(tuple(shape)):
+        strides.append(step)
+        step *= n
+    return tuple(reversed(strides))
+
+
+def _prepared_refuse(sig, i, x):
+    """Raises the error for argument i of a prepared call (x: what the call got, sig: the
+    prepared _torch_sig of each argument)."""
+    name, s = _PREPARED_NAMES[i], sig[i]
+    if x is None:
+        _fail(ATTN_ERROR_INVALID_VALUE, "prepared forward: %s is None (allowed: a tensor like the "
+              "prepared one, %s)" % (name, s[:3]))
+    if s is None:
+        _fail(ATTN_ERROR_INVALID_VALUE, "prepared forward: %s is given (allowed: None, as prepared; "
+              "prepare again with it)" % name)
+    if not _is_torch(x):
+        raise TypeError("prepared forward: %s is a %s (allowed: a torch tensor like the prepared one)"
+                        % (name, type(x).__name__))
+    _fail(ATTN_ERROR_SHAPE_MISMATCH, "prepared forward: %s is %s (allowed: the prepared %s; prepare "
+          "again for other shapes)" % (name, _torch_sig(x)[:3], s[:3]),
+          _ITEM_DTYPE if x.dtype != s[0] else None)
 
 
 _TORCH_LIB = None
 _HANDLES = {}
+# (layer handle, meta handle, k is None) -> weak reference to the op's PreparedForward for
+# them (held by that Metadata): a live one holds its layer and metadata, whose ids (the
+# handles) no other object can then have
+_OP_FORWARDS = {}
 
 
 def _handle_of(obj):
@@ -1844,18 +1938,22 @@ def torch_ops() -> Any:
     def forward(layer, meta, q, kv_cache, out, lse=None, k=None, v=None):
         # the prepared calls live on their Metadata (keyed by layer handle and whether k/v
         # come along), so they go with it: a cache here would keep every layer alive (the
-        # cycle through p.meta is broken at close; the collector takes a dropped one)
-        M = _from_handle(meta, Metadata, "meta")
-        key = (layer, k is None)
-        p = M._op_prepared.get(key)
+        # cycle through p.meta is broken at close; the collector takes a dropped one).
+        # _OP_FORWARDS finds them in one look-up, by weak reference.
+        key = (layer, meta, k is None)
+        ref = _OP_FORWARDS.get(key)
+        p = ref() if ref is not None else None
         if p is not None:
             try:
-                p(q, kv_cache, out, lse, k, v)
+                p._run(q, kv_cache, out, lse, k, v)
                 return
             except AttnError as e:   # other tensor kinds: prepared again below
                 if e.status != "ATTN_ERROR_SHAPE_MISMATCH" and e.status != "ATTN_ERROR_INVALID_VALUE":
                     raise
-        M._op_prepared[key] = PreparedForward(_from_handle(layer, Layer, "layer"), M, q, kv_cache, out, lse, k, v)
+        M = _from_handle(meta, Metadata, "meta")
+        p = M._op_prepared[(layer, k is None)] = PreparedForward(
+            _from_handle(layer, Layer, "layer"), M, q, kv_cache, out, lse, k, v)
+        _OP_FORWARDS[key] = weakref.ref(p, lambda r, key=key: _OP_FORWARDS.get(key) is r and _OP_FORWARDS.pop(key))
 
     def reshape_and_cache(layer, key, value, kv_cache, slot_mapping):
         _from_handle(layer, Layer, "layer").reshape_and_cache(key, value, kv_cache, slot_mapping)

@@ -1649,7 +1649,8 @@ def test_prepared_forward_and_torch_ops(ctx, tx):
     q = torch.empty(6, H, D, dtype=torch.bfloat16).uniform_(-1, 1, generator=g).to(dev)
     q2 = torch.empty(6, H, D, dtype=torch.bfloat16).uniform_(-1, 1, generator=g).to(dev)
     want = layer.forward(meta, q, cache, lse=torch.empty(6, H, device=dev))
-    want2 = layer.forward(meta, q2, cache)
+    lse_want2 = torch.empty(6, H, device=dev)
+    want2 = layer.forward(meta, q2, cache, lse=lse_want2)
     out, lse = torch.full_like(q, float("nan")), torch.full((6, H), float("nan"), device=dev)
     p = layer.prepare_forward(meta, q, cache, out, lse=lse)
     tx.sync()
@@ -1671,6 +1672,11 @@ def test_prepared_forward_and_torch_ops(ctx, tx):
     ops.forward(lh, mh, q, cache, out)
     tx.sync()
     assert torch.equal(out, want)
+    lse_op = torch.full((6, H), float("nan"), device=dev)
+    ops.forward(lh, mh, q2, cache, out, lse_op)      # with an LSE: prepared again for these kinds
+    ops.forward(lh, mh, q, cache, out)               # and without: the first kinds again
+    tx.sync()
+    assert torch.equal(out, want) and torch.equal(lse_op, lse_want2), "the op's re-prepared calls"
     with pytest.raises(attn_h.AttnError, match="meta handle .* names no live attn_h.Metadata"):
         ops.forward(lh, 12345, q, cache, out)
     with pytest.raises(TypeError, match="op_handle: obj is a int"):
@@ -1704,6 +1710,9 @@ def test_prepared_forward_and_torch_ops(ctx, tx):
     meta.close()
     with pytest.raises(ValueError, match="metadata is closed"):
         p(q, cache, out, lse)
+    with pytest.raises(ValueError, match="closed"):
+        ops.forward(lh, mh, q, cache, out)
+    assert not [key for key in attn_h._OP_FORWARDS if key[1] == mh], "the op's calls outlive their metadata"
 
 
 def _transformers_paged_reason(device):
