@@ -7905,7 +7905,12 @@ static attn_status attn__kernel_get_locked(attn_context *ctx, const char *file, 
     argv[0] = arch_opt;
     argv[1] = "--ptxas-options=-v";
     argv[2] = "--std=c++17";
-    argc = 3 + attn__split_options(opt_buf, argv + 3, 64);
+    argc = 3;
+    /* NVRTC 12.9+ has a cache of its own (where a driver is loaded): a compile served from it
+       runs no ptxas, so the log has no report and registers/spills would read, and be kept
+       on disk, as 0. Ours caches the same variants. */
+    if (major > 12 || (major == 12 && minor >= 9)) argv[argc++] = "--no-cache";
+    argc += attn__split_options(opt_buf, argv + argc, 64);
     t0 = attn__now_ms();
     if (nv->nvrtcCreateProgram(&prog, text, file, nh, hdr_src, hdr_name) != 0) {
         st = attn__fail(ctx, ATTN_ERROR_PLATFORM, ATTN_LOG_KERNEL_COMPILE_FAILED,

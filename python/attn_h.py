@@ -37,7 +37,11 @@ seq_lens, block_table, slot_mapping) are host arrays, as in attn.h.
 Element types: float32, float16, bfloat16 (torch; numpy has none, but ml_dtypes' bfloat16
 numpy arrays work), int32/int64 where the API wants ints. Every failure of the library
 raises AttnError (a RuntimeError) with the status name and the context's last error,
-which names the argument; so does input this module can tell is wrong before the call.
+which names the argument; so does input this module can tell is wrong before the call. A
+tensor of the wrong element type raises AttnDtypeError (an AttnError and a TypeError; its
+item is 'ATTN_LOG_TENSOR_DTYPE'). The exception is the one report of a failure: nothing is
+printed. The library's log lines go to Python's logging, logger 'attn_h' (Context's log=
+takes them instead); its ERROR line for a call that raised arrives there at DEBUG.
 
 The library: env ATTN_LIB, else the libattn.so installed beside this module (``pip
 install .`` builds it), else build/libattn.so of this repository, else libattn.so on the
@@ -53,7 +57,10 @@ best effort.
 """
 from __future__ import annotations   # the hints below are strings: no torch import needed
 
+import array
 import ctypes as C
+import logging
+import math
 import os
 import weakref
 from typing import Any, Callable, Optional, Sequence, Tuple, Union
@@ -61,7 +68,7 @@ from typing import Any, Callable, Optional, Sequence, Tuple, Union
 import numpy as np
 
 __all__ = [
-    "AttnError", "Context", "Layer", "Metadata", "merge_attn_states", "dcp_combine", "dcp_local_tokens",
+    "AttnError", "AttnDtypeError", "Context", "Layer", "Metadata", "merge_attn_states", "dcp_combine", "dcp_local_tokens",
     "dcp_all_gather_combine",
     "reorder_batch",
     "mla_num_kv_splits", "load_library", "library", "check_layout", "PreparedForward",
@@ -76,6 +83,7 @@ ATTN_OK = 0
 ATTN_ERROR_INVALID_VALUE = 2
 ATTN_ERROR_SHAPE_MISMATCH = 3
 ATTN_ERROR_INVALID_METADATA = 4
+ATTN_ERROR_UNKNOWN_BACKEND = 7
 ATTN_DTYPE_AUTO, ATTN_DTYPE_F32, ATTN_DTYPE_F16, ATTN_DTYPE_BF16 = 0, 1, 2, 3
 ATTN_DTYPE_FP8_E4M3, ATTN_DTYPE_FP8_E5M2, ATTN_DTYPE_INT8 = 4, 5, 6     # KV caches only
 ATTN_DTYPE_INT64 = 7                                                      # slot mappings only
@@ -295,6 +303,12 @@ class attn_kernel_info(C.Structure):
     ]
 
 
+class attn_backend(C.Structure):
+    """The first member of attn.h's attn_backend (a prefix: read through attn_backend_get's
+    pointer, never allocated here)."""
+    _fields_ = [("name", C.c_char_p)]
+
+
 class attn_py_layout_entry(C.Structure):
     _fields_ = [("name", C.c_char_p), ("a", C.c_int64), ("b", C.c_int64)]
 
@@ -302,7 +316,9 @@ class attn_py_layout_entry(C.Structure):
 # The structs whose layout the library reports (enums: the size of a C int).
 _MIRRORS = {cls.__name__: cls for cls in (
     attn_device, attn_tensor, attn_context_desc, attn_platform, attn_layer_desc, attn_kv_scale,
-    attn_select_request, attn_selection, attn_batch, attn_metadata_desc, attn_mla_info, attn_kernel_info)}
+    attn_select_request, attn_selection, attn_batch, attn_metadata_desc, attn_mla_info, attn_kernel_info,
+    attn_backend)}
+_PREFIXES = ("attn_backend",)   # mirrors of a struct's leading members only: no size to compare
 _ENUMS = ("attn_status", "attn_dtype", "attn_backend_id")
 
 # ---- the library ---------------------------------------------------------------------
@@ -316,6 +332,8 @@ _SIGNATURES = {
     "attn_dtype_name": (C.c_char_p, [C.c_int]),
     "attn_backend_name": (C.c_char_p, [C.c_int]),
     "attn_backend_from_name": (C.c_int, [C.c_char_p, _P(C.c_int)]),
+    "attn_backend_get": (_P(attn_backend), [C.c_int]),
+    "attn_dtype_from_name": (C.c_int, [C.c_char_p, _P(C.c_int)]),
     "attn_context_create": (C.c_int, [_P(attn_context_desc), _P(_vp)]),
     "attn_context_destroy": (None, [_vp]),
     "attn_context_last_error": (C.c_char_p, [_vp]),
@@ -356,6 +374,7 @@ _SIGNATURES = {
     "attn_kernel_compile": (C.c_int, [_vp, C.c_char_p, C.c_char_p, C.c_char_p, _P(attn_kernel_info)]),
     "attn_kernel_compile_count": (C.c_int, [_vp]),
     "attn_py_layout": (_P(attn_py_layout_entry), [_P(C.c_int)]),
+    "attn_py_layer_forward": (C.c_int, [_P(C.c_uint64)]),
 }
 
 
@@ -501,30 +520,102 @@ def library():
     return _lib
 
 
-# ---- errors --------------------------------------------------------------------------
+# ---- errors and the log hook ------------------------------------------------------------
 
 class AttnError(RuntimeError):
-    """A call failed: status (e.g. 'ATTN_ERROR_SHAPE_MISMATCH'), code (its number) and
-    message (the context's last error, which names the argument and what is allowed)."""
+    """A call failed: status (e.g. 'ATTN_ERROR_SHAPE_MISMATCH'), code (its number), message
+    (the context's last error, which names the argument and what is allowed) and item (the
+    log item the library logged the failure under, e.g. 'ATTN_LOG_TENSOR_SHAPE'; None for
+    this module's own checks that have none). The exception is the failure's one report:
+    the library's ERROR line for it is not printed (see Context's log)."""
 
-    def __init__(self, status, code, message):
-        super().__init__("%s: %s" % (status, message))
-        self.status, self.code, self.message = status, code, message
+    kind = None   # a subclass's words for what went wrong, ahead of the status in str()
+
+    def __init__(self, status, code, message, item=None):
+        super().__init__("%s: %s" % (status if self.kind is None else "%s (%s)" % (self.kind, status),
+                                     message))
+        self.status, self.code, self.message, self.item = status, code, message, item
+
+
+class AttnDtypeError(AttnError, TypeError):
+    """A tensor's element type is not the one the call allows (item 'ATTN_LOG_TENSOR_DTYPE').
+    attn.h returns ATTN_ERROR_SHAPE_MISMATCH for it (that status covers a tensor's dtype,
+    shape, strides and device alike), which status and code keep; the class, a TypeError
+    too, and the text, 'dtype mismatch (ATTN_ERROR_SHAPE_MISMATCH): ...', tell it apart."""
+
+    kind = "dtype mismatch"
+
+
+_ITEM_DTYPE = "ATTN_LOG_TENSOR_DTYPE"
+_ERROR_CLASSES = {_ITEM_DTYPE: AttnDtypeError}   # log item -> the AttnError subclass raised
 
 
 def _status_name(code):
     return library().attn_status_string(code).decode()
 
 
-def _check(code, ctx_ptr):
+def _error(code, message, item=None):
+    return _ERROR_CLASSES.get(item, AttnError)(_status_name(code), code, message, item)
+
+
+def _fail(code, message, item=None):
+    raise _error(code, message, item)
+
+
+_LOGGER = logging.getLogger("attn_h")
+_PY_LEVELS = {ATTN_LOG_LEVEL_ERROR: logging.ERROR, ATTN_LOG_LEVEL_WARN: logging.WARNING,
+              ATTN_LOG_LEVEL_INFO: logging.INFO, ATTN_LOG_LEVEL_DEBUG: logging.DEBUG}
+
+
+class _LogRoute:
+    """Where a context's log lines go: the user's log callable, else the logger 'attn_h' of
+    Python's logging (extra attn_item: the item's name). ERROR lines are also kept (pending)
+    until the call that logged them returns: a failing call raises its line as the AttnError
+    (whose class its item chooses) and logging gets it at DEBUG only; an ERROR line of a
+    call that then succeeded goes to logging at ERROR. quiet (log_level 'none'): the library
+    still reports ERROR lines, for their items, but nothing is passed on."""
+
+    def __init__(self, user, quiet):
+        self.user, self.quiet, self.pending = user, quiet, []
+
+    def line(self, level, item, text):
+        if level == ATTN_LOG_LEVEL_ERROR:
+            self.pending.append((item, text))
+        if self.quiet:
+            return
+        if self.user is not None:
+            self.user(_LEVEL_NAMES.get(level, str(level)), item, text)
+        elif level != ATTN_LOG_LEVEL_ERROR:
+            pylevel = _PY_LEVELS.get(level, logging.DEBUG)
+            if _LOGGER.isEnabledFor(pylevel):
+                _LOGGER.log(pylevel, "%s", text, extra={"attn_item": item})
+
+    def flush(self, raised=""):
+        """Passes on the pending ERROR lines; the one that starts `raised` (the line of the
+        error being raised) at DEBUG. Returns the item of that one (else of the last)."""
+        pending, self.pending = self.pending, []
+        item = pending[-1][0] if raised and pending else None
+        for name, text in pending:
+            is_raised = bool(raised) and raised.startswith(text)
+            if is_raised:
+                item = name
+            if not self.quiet and self.user is None:
+                pylevel = logging.DEBUG if is_raised else logging.ERROR
+                if _LOGGER.isEnabledFor(pylevel):
+                    _LOGGER.log(pylevel, "%s", text, extra={"attn_item": name})
+        return item
+
+
+def _check(code, ctx_ptr=None, route=None):
+    """Raises the AttnError of a failed call (code != ATTN_OK): the context's last error
+    (ctx_ptr None: the thread's), classed by the item its ERROR line had (route: the
+    context's _LogRoute, which that line reached)."""
     if code != ATTN_OK:
-        lib = library()
-        msg = lib.attn_context_last_error(ctx_ptr) or b""
-        raise AttnError(_status_name(code), code, msg.decode(errors="replace"))
-
-
-def _fail(code, message):
-    raise AttnError(_status_name(code), code, message)
+        msg = _text(library().attn_context_last_error(ctx_ptr) or b"")
+        item = route.flush("%s: %s" % (_status_name(code), msg)) if route is not None else None
+        raise _error(code, msg, item)
+    if route is not None and route.pending:
+        route.flush()
 
 
 # ---- names <-> enums -------------------------------------------------------------------
@@ -541,8 +632,8 @@ _DTYPE_BY_NAME = {
     "fp8_ds_mla": ATTN_DTYPE_FP8_DS_MLA,
 }
 _LEVEL_BY_NAME = {"default": 0, "error": 1, "warn": 2, "warning": 2, "info": 3,
-                  "debug": 4, "none": 5}
-_LEVEL_NAMES = {v: k for k, v in _LEVEL_BY_NAME.items() if k not in ("warning",)}
+                  "debug": 4, "none": 5, "off": 5}
+_LEVEL_NAMES = {v: k for k, v in _LEVEL_BY_NAME.items() if k not in ("warning", "off")}
 _DEVICE_NAMES = {ATTN_DEVICE_CPU: "cpu", ATTN_DEVICE_CUDA: "cuda"}
 _PLATFORM_NAMES = {ATTN_PLATFORM_CPU: "cpu", ATTN_PLATFORM_CUDA: "cuda"}
 _SOURCE_NAMES = {ATTN_SELECTION_AUTO: "auto", ATTN_SELECTION_CODE: "code",
@@ -554,19 +645,46 @@ _GRAPH_NAMES = {ATTN_CUDA_GRAPH_NEVER: "never",
 _BASE_BY_NAME = {"e": ATTN_LSE_BASE_E, "2": ATTN_LSE_BASE_2, 2: ATTN_LSE_BASE_2}
 
 
-def _dtype(value, what):
-    """An attn_dtype from a name ('f16', 'bfloat16'), a numpy or torch dtype, or None."""
+def _dtype(value, what, auto=False):
+    """An attn_dtype from a name ('f16', 'bfloat16'; case-insensitive, attn_dtype_from_name's
+    names and a few more), a numpy or torch dtype, or None; auto: also 'auto' (= None: the
+    layer's dtype), as attn-info's --kv-cache-dtype takes it."""
     if value is None:
         return ATTN_DTYPE_AUTO
     name = str(getattr(value, "name", None) or value).lower()
     name = name.replace("torch.", "").replace("numpy.", "")
     if name.startswith("<class"):                      # np.float16 and friends
         name = np.dtype(value).name
+    if auto and name == "auto":
+        return ATTN_DTYPE_AUTO
     if name in _DTYPE_BY_NAME:
         return _DTYPE_BY_NAME[name]
-    _fail(ATTN_ERROR_INVALID_VALUE, "%s is %r (allowed: float32 (f32, fp32, float), float16 "
+    _fail(ATTN_ERROR_INVALID_VALUE, "%s is %r (allowed: %sfloat32 (f32, fp32, float), float16 "
           "(f16, fp16, half), bfloat16 (bf16); for KV caches also fp8 = fp8_e4m3 "
-          "(float8_e4m3fn), fp8_e5m2 (float8_e5m2), int8, and for MLA latents fp8_ds_mla)" % (what, value))
+          "(float8_e4m3fn), fp8_e5m2 (float8_e5m2), int8, and for MLA latents fp8_ds_mla)"
+          % (what, value, "auto or None (the layer's dtype), " if auto else ""))
+
+
+def _backend_id(name):
+    """The backend id of a name (case-insensitive: a registered backend's own name or its
+    slot's, as attn_backend_from_name matches them), found here: attn_backend_from_name has
+    no context, so its refusal would print to stderr besides the AttnError."""
+    lib = library()
+    ids, names = {}, []
+    for bid in range(1, 64):
+        b = lib.attn_backend_get(bid)
+        if not b:
+            continue
+        for n in (b.contents.name, lib.attn_backend_name(bid)):
+            if n and n.decode().lower() not in ids:
+                ids[n.decode().lower()] = bid
+        names.append(b.contents.name.decode())
+    bid = ids.get(str(name).lower())
+    if bid is None:
+        _fail(ATTN_ERROR_UNKNOWN_BACKEND, "Layer: backend %r names no registered backend (allowed, "
+              "case-insensitive: %s, or None for the automatic choice / env ATTN_BACKEND)"
+              % (name, ", ".join(names)))
+    return bid
 
 
 def _dtype_name(code):
@@ -586,6 +704,21 @@ def _level(value):
         return value
     _fail(ATTN_ERROR_INVALID_VALUE, "log_level is %r (allowed: error, warn, info, debug, "
           "none, or None for env ATTN_LOG_LEVEL)" % (value,))
+
+
+def _levels(value):
+    """(the threshold attn.h gets, quiet) for a log_level: 'none' (given, or env
+    ATTN_LOG_LEVEL=none / off under None) reaches the library as 'error' with quiet set, so
+    that a failure's item still reaches the hook (it picks the AttnError's class)."""
+    level = _level(value)
+    if level == ATTN_LOG_LEVEL_DEFAULT:
+        env = os.environ.get("ATTN_LOG_LEVEL") or ""
+        if env.lower() not in ("none", "off"):
+            return level, False          # the library reads env ATTN_LOG_LEVEL (and names a bad one)
+        level = ATTN_LOG_LEVEL_NONE
+    if level == ATTN_LOG_LEVEL_NONE:
+        return ATTN_LOG_LEVEL_ERROR, True
+    return level, False
 
 
 def _causal(value, what):
@@ -612,7 +745,8 @@ _TORCH_DTYPES = {"torch.int64": ATTN_DTYPE_INT64, "torch.int32": ATTN_DTYPE_INT3
                  "torch.bfloat16": ATTN_DTYPE_BF16, "torch.float8_e4m3fn": ATTN_DTYPE_FP8_E4M3,
                  "torch.float8_e5m2": ATTN_DTYPE_FP8_E5M2, "torch.int8": ATTN_DTYPE_INT8}
 _TORCH_DTYPE_CODES = {}   # torch.dtype -> code (None: not an element type attn.h takes)
-_DEVICE_STRUCTS = {}      # torch.device -> attn_device
+_DEVICE_STRUCTS = {}      # CUDA device index -> attn_device
+_CPU_DEVICE = attn_device(ATTN_DEVICE_CPU, 0)
 _NUMPY_DTYPES = {"float32": ATTN_DTYPE_F32, "float16": ATTN_DTYPE_F16,
                  "bfloat16": ATTN_DTYPE_BF16, "float8_e4m3fn": ATTN_DTYPE_FP8_E4M3,
                  "float8_e5m2": ATTN_DTYPE_FP8_E5M2, "int8": ATTN_DTYPE_INT8, "int64": ATTN_DTYPE_INT64,
@@ -622,8 +756,17 @@ _NUMPY_DTYPES = {"float32": ATTN_DTYPE_F32, "float16": ATTN_DTYPE_F16,
 _CACHE_ONLY = (ATTN_DTYPE_FP8_E4M3, ATTN_DTYPE_FP8_E5M2, ATTN_DTYPE_INT8, ATTN_DTYPE_FP8_DS_MLA)
 
 
+_TORCH_TYPES = set()   # the tensor types seen (torch.Tensor, Parameter, subclasses): one set look-up
+
+
 def _is_torch(x):
-    return type(x).__module__.startswith("torch") and hasattr(x, "data_ptr")
+    t = type(x)
+    if t in _TORCH_TYPES:
+        return True
+    if t.__module__.startswith("torch") and hasattr(x, "data_ptr"):
+        _TORCH_TYPES.add(t)
+        return True
+    return False
 
 
 def _host_writable(ptr, nbytes):
@@ -689,19 +832,21 @@ def _tensor(x, name, fn, write=False, cache_dtype=None):
             dtype = _TORCH_DTYPE_CODES[tdt] = _TORCH_DTYPES.get(str(tdt))
         type_name, ptr = tdt, x.data_ptr()
         shape, strides = x.shape, x.stride()
-        dev = x.device
-        if write and dev.type == "cpu" and not _host_writable(
-                ptr, (max((n - 1) * abs(st) for n, st in zip(shape, strides)) + 1 if x.numel() else 0)
-                * x.element_size()):
-            _fail(ATTN_ERROR_INVALID_VALUE, "%s: %s is a view of read-only memory (allowed: a "
-                  "tensor in writeable memory: this call writes %s)" % (fn, name, name))
-        device = _DEVICE_STRUCTS.get(dev)
-        if device is None:
-            kind = {"cpu": ATTN_DEVICE_CPU, "cuda": ATTN_DEVICE_CUDA}.get(dev.type)
-            if kind is None:
-                _fail(ATTN_ERROR_SHAPE_MISMATCH, "%s: %s is on device %s (allowed: cpu, cuda)"
-                      % (fn, name, dev))
-            device = _DEVICE_STRUCTS[dev] = attn_device(kind, dev.index or 0)
+        if x.is_cuda:
+            index = x.get_device()
+            device = _DEVICE_STRUCTS.get(index)
+            if device is None:
+                device = _DEVICE_STRUCTS[index] = attn_device(ATTN_DEVICE_CUDA, index)
+        elif x.is_cpu:
+            device = _CPU_DEVICE
+            if write and not _host_writable(ptr, x.numel() * x.element_size() if x.is_contiguous() else (
+                    max((n - 1) * abs(st) for n, st in zip(shape, strides)) + 1 if x.numel() else 0)
+                    * x.element_size()):
+                _fail(ATTN_ERROR_INVALID_VALUE, "%s: %s is a view of read-only memory (allowed: a "
+                      "tensor in writeable memory: this call writes %s)" % (fn, name, name))
+        else:
+            _fail(ATTN_ERROR_SHAPE_MISMATCH, "%s: %s is on device %s (allowed: cpu, cuda)"
+                  % (fn, name, x.device))
     else:
         raise TypeError("%s: %s is a %s (allowed: a numpy array or a torch tensor)"
                         % (fn, name, type(x).__name__))
@@ -710,7 +855,7 @@ def _tensor(x, name, fn, write=False, cache_dtype=None):
     if dtype is None:
         _fail(ATTN_ERROR_SHAPE_MISMATCH, "%s: %s has element type %s (allowed: float32, "
               "float16, bfloat16; KV caches also float8_e4m3fn, float8_e5m2, int8, or uint8 "
-              "holding the bytes of the layer's 8-bit cache type)" % (fn, name, type_name))
+              "holding the bytes of the layer's 8-bit cache type)" % (fn, name, type_name), _ITEM_DTYPE)
     if len(shape) > ATTN_MAX_DIMS:
         _fail(ATTN_ERROR_SHAPE_MISMATCH, "%s: %s has %d dimensions (allowed: at most %d)"
               % (fn, name, len(shape), ATTN_MAX_DIMS))
@@ -788,10 +933,22 @@ def _stream(stream, *tensors):
     if stream is not None:
         return getattr(stream, "cuda_stream", stream)
     for x in tensors:
-        if x is not None and _is_torch(x) and x.device.type == "cuda":
-            import torch
-            return torch.cuda.current_stream(x.device).cuda_stream
+        if x is not None and _is_torch(x) and x.is_cuda:
+            return _current_raw_stream()(x.get_device())
     return None
+
+
+_RAW_STREAM = []   # torch's current raw stream of a device index (an int), found once
+
+
+def _current_raw_stream():
+    """torch._C._cuda_getCurrentRawStream (~0.1 us), else torch.cuda.current_stream(d).cuda_stream
+    (which builds a Stream object: several us)."""
+    if not _RAW_STREAM:
+        import torch
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        _RAW_STREAM.append(raw or (lambda d, cs=torch.cuda.current_stream: cs(d).cuda_stream))
+    return _RAW_STREAM[0]
 
 
 def _empty_like(ref, shape, dtype_code):
@@ -894,10 +1051,15 @@ def _pip_cuda_library(kind):
 class Context(_Owned):
     """attn_context: logger, last error, worker threads, selection and kernel caches.
 
-    num_threads: None = env ATTN_NUM_THREADS, else the online cores. log_level: 'error',
-    'warn', 'info', 'debug', 'none' or None (env ATTN_LOG_LEVEL, else info). log: None
-    (lines go to stderr) or a callable(level, item, message) with names as strings, e.g.
-    ('info', 'ATTN_LOG_SELECT_RESOLVED', 'attn_layer_create: ...').
+    num_threads: None = env ATTN_NUM_THREADS, else the online cores. log_level: which lines
+    the library logs: 'error', 'warn', 'info', 'debug', 'none' or None (env ATTN_LOG_LEVEL,
+    else info). log: None, or a callable(level, item, message) that gets every line, with
+    names as strings, e.g. ('info', 'ATTN_LOG_SELECT_RESOLVED', 'attn_layer_create: ...').
+    None: the lines go to Python's logging, logger 'attn_h' (record.attn_item: the item's
+    name), whose configuration decides what shows (by default WARNING and above, on stderr;
+    ``logging.basicConfig(level=logging.INFO)`` shows the selector's INFO line too). A
+    failing call raises AttnError with the library's message and prints nothing: its ERROR
+    line reaches logging at DEBUG only (the exception is its report).
     kernel_cache_dir: None = env ATTN_CACHE_DIR or the user cache; 'off' = memory only.
     cuda_library, nvrtc_library, cublas_library: the CUDA driver, NVRTC and cuBLAS to open
     (a full path or a soname); None = env ATTN_CUDA_LIBRARY / ATTN_NVRTC_LIBRARY /
@@ -912,7 +1074,7 @@ class Context(_Owned):
         super().__init__()
         lib = library()
         desc = attn_context_desc()
-        desc.log_level = _level(log_level)
+        desc.log_level, quiet = _levels(log_level)
         desc.num_threads = 0 if num_threads is None else int(num_threads)
         self._cache_dir = None if kernel_cache_dir is None else os.fsencode(kernel_cache_dir)
         desc.kernel_cache_dir = self._cache_dir
@@ -925,32 +1087,35 @@ class Context(_Owned):
             if name is not None:
                 self._libraries.append(os.fsencode(name))
                 setattr(desc, field, self._libraries[-1])
-        self._log_fn = None
-        if log is not None:
-            def trampoline(user_data, level, item, message):
-                try:
-                    log(_LEVEL_NAMES.get(level, str(level)),
-                        lib.attn_log_item_name(item).decode(), _text(message))
-                except Exception:   # never unwind through C
-                    pass
-            self._log_fn = ATTN_LOG_FN(trampoline)   # kept: C calls it for the context's life
-            desc.log = self._log_fn
+        route = self._route = _LogRoute(log, quiet)   # the hook's state (not self: no cycle)
+
+        def trampoline(user_data, level, item, message):
+            try:
+                route.line(level, lib.attn_log_item_name(item).decode(), _text(message))
+            except Exception:   # never unwind through C
+                pass
+        self._log_fn = ATTN_LOG_FN(trampoline)   # kept: C calls it for the context's life
+        desc.log = self._log_fn
         ptr = C.c_void_p()
-        _check(lib.attn_context_create(C.byref(desc), C.byref(ptr)), None)
+        _check(lib.attn_context_create(C.byref(desc), C.byref(ptr)), None, route)
         self._ptr = ptr.value
 
     def _destroy(self, ptr):
         self._lib.attn_context_destroy(ptr)
 
     def _check(self, code):
-        _check(code, self._ptr)
+        if code or self._route.pending:
+            _check(code, self._ptr, self._route)
 
     @property
     def last_error(self) -> str:
         return _text(library().attn_context_last_error(self._live()) or b"")
 
     def set_log_level(self, level: Optional[str]) -> None:
-        self._check(library().attn_context_set_log_level(self._live(), _level(level)))
+        """Which lines the library logs from now on (as log_level of the constructor)."""
+        threshold, quiet = _levels(level)
+        self._check(library().attn_context_set_log_level(self._live(), threshold))
+        self._route.quiet = quiet
 
     def _platform(self):
         p = attn_platform()
@@ -1101,6 +1266,39 @@ def _sinks(x, num_heads, device, keep):
     return C.cast(C.c_void_p(ptr), C.POINTER(C.c_float))
 
 
+def _check_kv_scales(kv_dtype, per_token_head, mla, k_scale, v_scale):
+    """Layer's k_scale / v_scale against its cache type, named as Layer's arguments (attn.h
+    would name its desc fields): an fp8 cache with per-tensor scales needs k_scale and
+    (standard layers) v_scale; a cache that keeps its own scales takes neither; a number
+    must be finite and > 0."""
+    given = [n for n, x in (("k_scale", k_scale), ("v_scale", v_scale)) if x is not None]
+    fp8 = kv_dtype in (ATTN_DTYPE_FP8_E4M3, ATTN_DTYPE_FP8_E5M2)
+    if given and (per_token_head or kv_dtype == ATTN_DTYPE_FP8_DS_MLA):
+        _fail(ATTN_ERROR_INVALID_VALUE, "Layer: %s given with %s (allowed: None; %s)" % (
+            " and ".join(n + "=" for n in given),
+            "per_token_head=True" if per_token_head else "kv_cache_dtype 'fp8_ds_mla'",
+            "the cache write computes and stores a scale per token and KV head" if per_token_head
+            else "every fp8_ds_mla row holds its own scales"))
+    if fp8 and not per_token_head:
+        need = ["k_scale"] + ([] if mla else ["v_scale"])
+        missing = [n for n in need if n not in given]
+        if missing:
+            _fail(ATTN_ERROR_INVALID_VALUE, "Layer: kv_cache_dtype %s needs %s (the per-tensor scales: the "
+                  "cache holds k / k_scale%s; each a number > 0, e.g. 1.0, or a one-element float32 "
+                  "array / tensor read at every call; or per_token_head=True for fp8_e4m3)" % (
+                      _dtype_name(kv_dtype), " and ".join(n + "=" for n in missing),
+                      "" if mla else " and v / v_scale"))
+    for name, x in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if x is not None and not isinstance(x, np.ndarray) and not _is_torch(x):
+            try:
+                ok = math.isfinite(float(x)) and float(x) > 0
+            except (TypeError, ValueError):
+                ok = False
+            if not ok:
+                _fail(ATTN_ERROR_INVALID_VALUE, "Layer: %s=%r (allowed: a finite number > 0, or a "
+                      "one-element float32 array / tensor)" % (name, x))
+
+
 def _kv_scale(field, x, what, keep):
     """attn_kv_scale from a number (the value) or a one-element float32 numpy array / torch
     tensor (its address: read by the library at every call, so writing a new value into it
@@ -1173,15 +1371,16 @@ class Layer(_Owned):
                 head_size = desc.kv_lora_rank + desc.qk_rope_head_dim
         desc.head_size = int(head_size or 0)
         desc.dtype = _dtype(dtype, "Layer: dtype")
-        desc.kv_cache_dtype = _dtype(kv_cache_dtype, "Layer: kv_cache_dtype")
-        self._scales = []                      # arrays whose memory the scale pointers name
-        _kv_scale(desc.k_scale, k_scale, "Layer: k_scale", self._scales)
-        _kv_scale(desc.v_scale, v_scale, "Layer: v_scale", self._scales)
-        desc.kv_scale_kind = ATTN_KV_SCALE_PER_TOKEN_HEAD if per_token_head else ATTN_KV_SCALE_PER_TENSOR
+        desc.kv_cache_dtype = _dtype(kv_cache_dtype, "Layer: kv_cache_dtype", auto=True)
         if desc.kv_cache_dtype == ATTN_DTYPE_INT8 and not per_token_head:
             _fail(ATTN_ERROR_INVALID_VALUE, "Layer: kv_cache_dtype 'int8' needs per_token_head=True "
                   "(an int8 cache keeps a scale per token and KV head, computed by the cache "
                   "write; per-tensor scales take 'fp8' / 'fp8_e5m2')")
+        _check_kv_scales(desc.kv_cache_dtype, per_token_head, mla is not None, k_scale, v_scale)
+        self._scales = []                      # arrays whose memory the scale pointers name
+        _kv_scale(desc.k_scale, k_scale, "Layer: k_scale", self._scales)
+        _kv_scale(desc.v_scale, v_scale, "Layer: v_scale", self._scales)
+        desc.kv_scale_kind = ATTN_KV_SCALE_PER_TOKEN_HEAD if per_token_head else ATTN_KV_SCALE_PER_TENSOR
         desc.block_size = int(block_size or 0)
         desc.scale = float(scale or 0.0)
         desc.causal = _causal(causal, "Layer: causal")
@@ -1207,9 +1406,7 @@ class Layer(_Owned):
         request = attn_select_request()
         request.allow_fallback = int(bool(allow_fallback))
         if backend is not None:
-            bid = C.c_int()
-            _check(lib.attn_backend_from_name(str(backend).encode(), C.byref(bid)), None)
-            request.backend = bid.value
+            request.backend = _backend_id(backend)
         ptr = C.c_void_p()
         _need(ctx, Context, "ctx", "Layer")
         ctx._check(lib.attn_layer_create(ctx._live(), C.byref(desc), C.byref(request),
@@ -1537,11 +1734,13 @@ class PreparedForward:
     """Layer.forward with its argument structs built once (issue 24): the first call (at
     construction) validates every argument as Layer.forward does and keeps the attn_tensor
     structs; a call then checks that each tensor has the prepared dtype, shape, strides and
-    device (AttnError naming the argument otherwise), writes the data pointers into the
-    structs and calls attn_layer_forward: no struct is built, nothing allocated. torch
+    device (AttnError naming the argument otherwise) and calls attn_layer_forward with the
+    new data pointers (through attn_py_layer_forward, which writes them into the structs, so
+    that ctypes converts one argument): no struct is built, nothing allocated. torch
     tensors only. stream None: torch's current stream of q's device at each call (so a CUDA
     graph captures the launch on its capture stream). Holds the layer and the metadata;
-    closed (and refusing calls) when either is closed."""
+    closed (and refusing calls) when either is closed. One thread at a time: a call writes
+    the structs the library then reads."""
 
     def __init__(self, layer: "Layer", meta: "Metadata", q: Array, kv_cache: Array, out: Array,
                  lse: Optional[Array] = None, k: Optional[Array] = None, v: Optional[Array] = None,
@@ -1556,54 +1755,121 @@ class PreparedForward:
         if (k is None) != (v is None):
             _fail(ATTN_ERROR_INVALID_VALUE, "%s: k and v are given together or not at all" % fn)
         self.layer, self.meta = layer, meta
+        xs = (q, k, v, kv_cache, out, lse)
         self._t = [_tensor(q, "q", fn), _tensor(k, "k", fn), _tensor(v, "v", fn),
                    _tensor(kv_cache, "kv_cache", fn, write=k is not None, cache_dtype=layer._kv_dtype),
                    _tensor(out, "out", fn, write=True), _tensor(lse, "lse", fn, write=True)]
-        self._sig = [_torch_sig(x) for x in (q, k, v, kv_cache, out, lse)]
-        self._refs = [_ref(t) for t in self._t]
-        self._fixed_stream = None if stream is None else getattr(stream, "cuda_stream", stream)
+        self._sig = [_torch_sig(x) for x in xs]
         self._dev = q.get_device()   # -1: the CPU
-        self._raw_stream = None
+        self._raw_stream = None      # torch's current raw stream of a device, called per call
+        fixed = None if stream is None else getattr(stream, "cuda_stream", stream)
         if self._dev >= 0 and stream is None:
-            import torch
-            self._raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-            if self._raw_stream is None:   # older torch: the public (slower) call
-                self._raw_stream = lambda d, cs=torch.cuda.current_stream: cs(d).cuda_stream
-        self._call = library().attn_layer_forward
-        self(q, kv_cache, out, lse, k, v)
-
-    _NAMES = ("q", "k", "v", "kv_cache", "out", "lse")
+            self._raw_stream = _current_raw_stream()
+        # attn_layer_forward's arguments in one array for attn_py_layer_forward (attn_shared.c):
+        # layer, metadata, the six structs (0: none), the stream, then the six data pointers
+        # it writes into the structs; a call sets the stream and the pointers (array items
+        # cost a fraction of ctypes fields) and passes one pointer, without argtypes
+        self._args = array.array("Q", [layer._live(), meta._live()] +
+                                 [C.addressof(t) if t is not None else 0 for t in self._t] + [fixed or 0] + [0] * 6)
+        lib = library()
+        self._call = lib._FuncPtr(("attn_py_layer_forward", lib))
+        self._call.restype = C.c_int
+        self._run = _prepared_run(self)
+        self._run(q, kv_cache, out, lse, k, v)
 
     def __call__(self, q: Array, kv_cache: Array, out: Array, lse: Optional[Array] = None,
                  k: Optional[Array] = None, v: Optional[Array] = None) -> Array:
         """The forward on these tensors (of the prepared kinds). Returns out."""
-        xs = (q, k, v, kv_cache, out, lse)
-        sig, ts = self._sig, self._t
-        for i in range(6):
-            x = xs[i]
-            if x is None:
-                if sig[i] is not None:
-                    _fail(ATTN_ERROR_INVALID_VALUE, "prepared forward: %s is None (allowed: a tensor "
-                          "like the prepared one, %s)" % (self._NAMES[i], sig[i][:3]))
-                continue
-            if sig[i] is None or (x.dtype, x.shape, x.stride(), x.get_device()) != sig[i]:  # _torch_sig, inline
-                _fail(ATTN_ERROR_SHAPE_MISMATCH, "prepared forward: %s is %s (allowed: the prepared "
-                      "%s; prepare again for other shapes)" % (self._NAMES[i], _torch_sig(x)[:3],
-                                                               sig[i] and sig[i][:3]))
-            ts[i].data = x.data_ptr()
-        layer, meta = self.layer, self.meta
+        return self._run(q, kv_cache, out, lse, k, v)
+
+
+_PREPARED_NAMES = ("q", "k", "v", "kv_cache", "out", "lse")
+
+
+def _prepared_run(p):
+    """PreparedForward's call as one closure over what it checks and where it writes: each
+    given tensor's dtype (is), shape, strides (a contiguous one: is_contiguous(), half the
+    cost of stride(); the prepared strides then address the same elements) and device
+    (get_device(): -1 for the CPU; x.device would cost ~1 us) against the prepared ones, its
+    data pointer into the argument array, the stream, then one ctypes call. No loop and no
+    attribute look-up on the way; it holds no reference to p."""
+    sig, args, call = p._sig, p._args, p._call
+    ptr = C.c_void_p(args.buffer_info()[0])       # the array is never resized: its address holds
+    contiguous = [s is not None and _contiguous_strides(s[1]) == s[2] for s in sig]
+    (qd, qs, qst, qv), (cd, cs, cst, cv), (od, os_, ost, ov) = sig[0], sig[3], sig[4]
+    qc, cc, oc = contiguous[0], contiguous[3], contiguous[4]
+    ks, vs, ls = sig[1], sig[2], sig[5]
+    layer, meta, raw, dev = p.layer, p.meta, p._raw_stream, p._dev
+
+    def run(q, kv_cache, out, lse=None, k=None, v=None):
+        if q is None or q.dtype is not qd or q.shape != qs or q.get_device() != qv or \
+                not (q.is_contiguous() if qc else q.stride() == qst):
+            _prepared_refuse(sig, 0, q)
+        if kv_cache is None or kv_cache.dtype is not cd or kv_cache.shape != cs or kv_cache.get_device() != cv or \
+                not (kv_cache.is_contiguous() if cc else kv_cache.stride() == cst):
+            _prepared_refuse(sig, 3, kv_cache)
+        if out is None or out.dtype is not od or out.shape != os_ or out.get_device() != ov or \
+                not (out.is_contiguous() if oc else out.stride() == ost):
+            _prepared_refuse(sig, 4, out)
+        args[9] = q.data_ptr()
+        args[12] = kv_cache.data_ptr()
+        args[13] = out.data_ptr()
+        if lse is not None or ls is not None:
+            if lse is None or ls is None or lse.dtype is not ls[0] or lse.shape != ls[1] or lse.stride() != ls[2] \
+                    or lse.get_device() != ls[3]:
+                _prepared_refuse(sig, 5, lse)
+            args[14] = lse.data_ptr()
+        if k is not None or v is not None or ks is not None:
+            for i, x, s in ((1, k, ks), (2, v, vs)):
+                if x is None or s is None or x.dtype is not s[0] or x.shape != s[1] or x.stride() != s[2] \
+                        or x.get_device() != s[3]:
+                    _prepared_refuse(sig, i, x)
+                args[9 + i] = x.data_ptr()
         if not meta._ptr or not layer._ptr:
             raise ValueError("prepared forward: its %s is closed" % ("metadata" if not meta._ptr else "layer"))
-        r = self._refs
-        stream = self._fixed_stream if self._raw_stream is None else self._raw_stream(self._dev)
-        rc = self._call(layer._ptr, meta._ptr, r[0], r[1], r[2], r[3], r[4], r[5], stream)
+        if raw is not None:
+            args[8] = raw(dev)
+        rc = call(ptr)
         if rc:
             layer._check(rc)
         return out
+    run.structs = p._t   # what args points into lives as long as the closure
+    return run
+
+
+def _contiguous_strides(shape):
+    """The strides (elements) of a C-contiguous tensor of this shape."""
+    strides, step = [], 1
+    for n in reversed(tuple(shape)):
+        strides.append(step)
+        step *= n
+    return tuple(reversed(strides))
+
+
+def _prepared_refuse(sig, i, x):
+    """Raises the error for argument i of a prepared call (x: what the call got, sig: the
+    prepared _torch_sig of each argument)."""
+    name, s = _PREPARED_NAMES[i], sig[i]
+    if x is None:
+        _fail(ATTN_ERROR_INVALID_VALUE, "prepared forward: %s is None (allowed: a tensor like the "
+              "prepared one, %s)" % (name, s[:3]))
+    if s is None:
+        _fail(ATTN_ERROR_INVALID_VALUE, "prepared forward: %s is given (allowed: None, as prepared; "
+              "prepare again with it)" % name)
+    if not _is_torch(x):
+        raise TypeError("prepared forward: %s is a %s (allowed: a torch tensor like the prepared one)"
+                        % (name, type(x).__name__))
+    _fail(ATTN_ERROR_SHAPE_MISMATCH, "prepared forward: %s is %s (allowed: the prepared %s; prepare "
+          "again for other shapes)" % (name, _torch_sig(x)[:3], s[:3]),
+          _ITEM_DTYPE if x.dtype != s[0] else None)
 
 
 _TORCH_LIB = None
 _HANDLES = {}
+# (layer handle, meta handle, k is None) -> weak reference to the op's PreparedForward for
+# them (held by that Metadata): a live one holds its layer and metadata, whose ids (the
+# handles) no other object can then have
+_OP_FORWARDS = {}
 
 
 def _handle_of(obj):
@@ -1672,18 +1938,22 @@ def torch_ops() -> Any:
     def forward(layer, meta, q, kv_cache, out, lse=None, k=None, v=None):
         # the prepared calls live on their Metadata (keyed by layer handle and whether k/v
         # come along), so they go with it: a cache here would keep every layer alive (the
-        # cycle through p.meta is broken at close; the collector takes a dropped one)
-        M = _from_handle(meta, Metadata, "meta")
-        key = (layer, k is None)
-        p = M._op_prepared.get(key)
+        # cycle through p.meta is broken at close; the collector takes a dropped one).
+        # _OP_FORWARDS finds them in one look-up, by weak reference.
+        key = (layer, meta, k is None)
+        ref = _OP_FORWARDS.get(key)
+        p = ref() if ref is not None else None
         if p is not None:
             try:
-                p(q, kv_cache, out, lse, k, v)
+                p._run(q, kv_cache, out, lse, k, v)
                 return
             except AttnError as e:   # other tensor kinds: prepared again below
                 if e.status != "ATTN_ERROR_SHAPE_MISMATCH" and e.status != "ATTN_ERROR_INVALID_VALUE":
                     raise
-        M._op_prepared[key] = PreparedForward(_from_handle(layer, Layer, "layer"), M, q, kv_cache, out, lse, k, v)
+        M = _from_handle(meta, Metadata, "meta")
+        p = M._op_prepared[(layer, k is None)] = PreparedForward(
+            _from_handle(layer, Layer, "layer"), M, q, kv_cache, out, lse, k, v)
+        _OP_FORWARDS[key] = weakref.ref(p, lambda r, key=key: _OP_FORWARDS.get(key) is r and _OP_FORWARDS.pop(key))
 
     def reshape_and_cache(layer, key, value, kv_cache, slot_mapping):
         _from_handle(layer, Layer, "layer").reshape_and_cache(key, value, kv_cache, slot_mapping)

@@ -344,6 +344,8 @@ static void run_job(job *j) {
     snprintf(optbuf[no], sizeof optbuf[no], "--gpu-architecture=%s", arch_name(j->arch)); opts[no] = optbuf[no]; no++;
     opts[no++] = "--ptxas-options=-v";
     opts[no++] = "-std=c++17";
+    if (nv->major > 12 || (nv->major == 12 && nv->minor >= 9))
+        opts[no++] = "--no-cache"; /* NVRTC's own cache: a hit runs no ptxas, and the log has no report */
     snprintf(defs, sizeof defs, "%s", v->defines);
     for (tok = strtok_r(defs, " ", &save); tok && no < 24; tok = strtok_r(NULL, " ", &save)) {
         snprintf(optbuf[no], sizeof optbuf[no], "-D%s", tok);

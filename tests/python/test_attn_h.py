@@ -1039,21 +1039,45 @@ def test_public_surface_typed_and_documented():
     assert not missing, "without type hints: %s" % ", ".join(sorted(set(missing)))
 
 
-def test_kernel_compile(ctx):
-    """NVRTC through Context.kernel_compile (no GPU needed): a variant's report, the memory
-    cache on a second call, a compile error raised with NVRTC's log."""
+def test_kernel_compile(tmp_path, capfd):
+    """NVRTC through Context.kernel_compile (no GPU needed): a variant's report (ptxas: the
+    registers, no spills), the memory cache on a second call, the disk cache in a new
+    context with the same report, a memory-only context that compiles again, a compile error
+    raised with NVRTC's log. Issue 37 item 14: the contexts here have kernel caches of this
+    test's own (an empty directory, then 'off'), so no source depends on what ran before: a
+    session or ATTN_CACHE_DIR directory may hold the variant already, written by a compile
+    that NVRTC 12.9+ served from its own cache (no ptxas run, no report: registers 0), which
+    attn.h now turns off (--no-cache)."""
+    variant = ("merge.cu", "-DHEAD_DIM=128 -DDT=2", "sm_90")
+    kdir = str(tmp_path / "kernels")
+    ctx = attn_h.Context(log_level="warn", num_threads=1, kernel_cache_dir=kdir)
     if not ctx.platform["nvrtc_version"]:
         pytest.skip("no NVRTC: " + ctx.platform["nvrtc_reason"])
-    info = ctx.kernel_compile("merge.cu", "-DHEAD_DIM=128 -DDT=2", "sm_90")
-    assert info["kernel"] == "merge.cu" and info["arch"] == "sm_90"
-    assert info["source"] in ("compiled", "disk") and info["cubin_bytes"] > 0
-    assert info["registers"] > 0 and info["spill_stores"] == 0 and info["spill_loads"] == 0
-    again = ctx.kernel_compile("merge.cu", "-DHEAD_DIM=128 -DDT=2", "sm_90")
-    assert again["source"] == "memory"
-    assert ctx.kernel_compile_count <= 1
+
+    def check_report(info, source):
+        assert (info["kernel"], info["arch"], info["source"]) == ("merge.cu", "sm_90", source), info
+        assert info["cubin_bytes"] > 0
+        assert info["registers"] > 0 and info["spill_stores"] == 0 and info["spill_loads"] == 0, info
+        if source == "compiled":
+            assert "ptxas info" in info["log"], info["log"]
+
+    info = ctx.kernel_compile(*variant)
+    check_report(info, "compiled")
+    check_report(ctx.kernel_compile(*variant), "memory")
+    assert ctx.kernel_compile_count == 1
     with pytest.raises(attn_h.AttnError, match="merge.cu"):
         ctx.kernel_compile("merge.cu", "-DHEAD_DIM=128", "sm_90")                  # no DT: its #error
-    ctx.lines.clear()
+    ctx.close()
+    with attn_h.Context(log_level="warn", num_threads=1, kernel_cache_dir=kdir) as again:
+        disk = again.kernel_compile(*variant)
+        check_report(disk, "disk")
+        assert disk["registers"] == info["registers"] and disk["cubin_bytes"] == info["cubin_bytes"]
+        assert again.kernel_compile_count == 0
+    with attn_h.Context(log_level="warn", num_threads=1, kernel_cache_dir="off") as memory_only:
+        check_report(memory_only.kernel_compile(*variant), "compiled")     # NVRTC's cache would serve this one
+        assert memory_only.kernel_compile_count == 1
+    captured = capfd.readouterr()
+    assert captured.err == "", captured.err                                # the compile error: raised, not printed
 
 
 def test_cuda_memory(ctx):
@@ -1185,13 +1209,17 @@ def test_bad_input_raises_attn_error_naming_the_argument():
         assert isinstance(e.value, RuntimeError)
         assert e.value.status == status, str(e.value)
         assert needle in e.value.message, str(e.value)
-        assert str(e.value).startswith(status + ": ")
+        kind = "dtype mismatch (%s): " % status if isinstance(e.value, attn_h.AttnDtypeError) else status + ": "
+        assert str(e.value).startswith(kind)
         return e.value
 
     # the library's own checks (the message is attn_context_last_error)
-    raises("ATTN_ERROR_SHAPE_MISMATCH", "q.dtype", layer.forward, meta, q.astype(np.float32),
-           cache, out)
-    raises("ATTN_ERROR_SHAPE_MISMATCH", "out.shape", layer.forward, meta, q, cache, out[:, :2])
+    e = raises("ATTN_ERROR_SHAPE_MISMATCH", "q.dtype", layer.forward, meta, q.astype(np.float32),
+               cache, out)
+    assert isinstance(e, attn_h.AttnDtypeError) and isinstance(e, TypeError), type(e)
+    assert e.item == "ATTN_LOG_TENSOR_DTYPE" and str(e).startswith("dtype mismatch"), str(e)
+    e = raises("ATTN_ERROR_SHAPE_MISMATCH", "out.shape", layer.forward, meta, q, cache, out[:, :2])
+    assert type(e) is attn_h.AttnError and e.item == "ATTN_LOG_TENSOR_SHAPE", (type(e), e.item)
     raises("ATTN_ERROR_SHAPE_MISMATCH", "kv_cache", layer.forward, meta, q, cache[:4], out)
     raises("ATTN_ERROR_SHAPE_MISMATCH", "lse", layer.forward, meta, q, cache, out,
            lse=np.zeros((5, 3), np.float32))
@@ -1207,8 +1235,9 @@ def test_bad_input_raises_attn_error_naming_the_argument():
            [0, 1, 2, 3, 10 ** 6])
     assert np.isnan(cache).all(), "a rejected cache write wrote"
     # checks on the Python side, before the call: same error type, the argument named
-    raises("ATTN_ERROR_SHAPE_MISMATCH", "q", layer.forward, meta, q.astype(np.float64),
-           cache, out)
+    e = raises("ATTN_ERROR_SHAPE_MISMATCH", "q", layer.forward, meta, q.astype(np.float64),
+               cache, out)
+    assert isinstance(e, attn_h.AttnDtypeError) and e.item == "ATTN_LOG_TENSOR_DTYPE", (type(e), e.item)
     raises("ATTN_ERROR_SHAPE_MISMATCH", "all strides 0", layer.forward, meta,
            np.broadcast_to(np.float16(1), (5, 4, 32)), cache, out)
     raises("ATTN_ERROR_INVALID_METADATA", "query_start_loc", meta.build, [0, 1], [20, 4],
@@ -1234,6 +1263,146 @@ def test_bad_input_raises_attn_error_naming_the_argument():
         layer.forward(meta, [[1.0]], cache, out)
     # each library rejection logged its item (ERROR)
     assert {"ATTN_LOG_TENSOR_DTYPE", "ATTN_LOG_TENSOR_SHAPE", "ATTN_LOG_INVALID_SLOT"} <= set(items)
+    ctx.close()
+
+
+FAILING_CALLS = """
+import logging, sys
+import numpy as np
+sys.path.insert(0, %r)
+import attn_h
+ctx = attn_h.Context(num_threads=1)
+for kw in (dict(num_kv_heads=3), dict(backend="nope"), dict(kv_cache_dtype="fp8", dtype="float32")):
+    try:
+        attn_h.Layer(ctx, num_heads=4, head_size=32, **kw)
+    except attn_h.AttnError as e:
+        print(type(e).__name__, e.status, e.message)
+layer = attn_h.Layer(ctx, num_heads=4, num_kv_heads=2, head_size=32, dtype="float16")
+meta = attn_h.Metadata(layer, 4, 32, 4, 8)
+meta.build([0, 1], [20], np.arange(4, dtype=np.int32)[None], [19])
+cache = np.zeros(layer.kv_cache_shape(8), np.float16)
+try:
+    layer.forward(meta, np.zeros((1, 4, 32), np.float32), cache)
+except TypeError as e:
+    print(type(e).__name__, e.status, e.message)
+"""
+
+
+def test_a_failing_call_raises_once_and_prints_nothing(capfd, caplog, monkeypatch):
+    """Issue 37 item 12: a failing call raises AttnError with the library's message, which
+    names the argument, and prints nothing (the library logged its ERROR line to stderr
+    besides, through the default hook; a bad backend name through a call without a
+    context); the lines go to Python's logging, logger 'attn_h', the raised one at DEBUG only."""
+    import logging
+    monkeypatch.delenv("ATTN_LOG_LEVEL", raising=False)
+    ctx = attn_h.Context(num_threads=1)          # the defaults: no log callable, level info
+    caplog.set_level(logging.DEBUG, logger="attn_h")
+    with pytest.raises(attn_h.AttnError) as e:
+        attn_h.Layer(ctx, num_heads=4, num_kv_heads=3, head_size=32)
+    assert "num_kv_heads" in e.value.message and e.value.status == "ATTN_ERROR_INVALID_VALUE"
+    with pytest.raises(attn_h.AttnError) as e:
+        attn_h.Layer(ctx, num_heads=4, head_size=32, backend="nope")
+    assert e.value.status == "ATTN_ERROR_UNKNOWN_BACKEND" and "'nope'" in e.value.message, str(e.value)
+    assert "CUDA_MLA" in e.value.message and "CPU" in e.value.message, e.value.message
+    assert attn_h.Layer(ctx, num_heads=4, head_size=32, backend="cpu").backend == "CPU"
+    layer, meta = small_layer(ctx)
+    with pytest.raises(TypeError) as e:           # AttnDtypeError: an AttnError and a TypeError
+        layer.forward(meta, np.zeros((5, 4, 32), np.float32), np.zeros(layer.kv_cache_shape(8), np.float16))
+    assert isinstance(e.value, attn_h.AttnDtypeError) and e.value.item == "ATTN_LOG_TENSOR_DTYPE"
+    assert "q.dtype" in e.value.message
+    captured = capfd.readouterr()
+    assert captured.err == "" and captured.out == "", captured
+    records = [(r.levelno, r.attn_item, r.getMessage()) for r in caplog.records if r.name == "attn_h"]
+    assert not [r for r in records if r[0] >= logging.WARNING], records
+    assert (logging.DEBUG, "ATTN_LOG_TENSOR_DTYPE", "ATTN_ERROR_SHAPE_MISMATCH: " + e.value.message) in records
+    assert any(r[:2] == (logging.INFO, "ATTN_LOG_SELECT_RESOLVED") for r in records), records
+    ctx.close()
+    # log_level 'none': nothing logged anywhere, the failure still classed by its item
+    caplog.clear()
+    quiet = attn_h.Context(log_level="none")
+    layer, meta = small_layer(quiet)
+    with pytest.raises(attn_h.AttnDtypeError):
+        layer.forward(meta, np.zeros((5, 4, 32), np.float32), np.zeros(layer.kv_cache_shape(8), np.float16))
+    quiet.set_log_level("error")
+    lines = []
+    told = attn_h.Context(log_level="error", log=lambda *line: lines.append(line))
+    layer, meta = small_layer(told)
+    with pytest.raises(attn_h.AttnDtypeError):    # a log callable gets the ERROR line as well
+        layer.forward(meta, np.zeros((5, 4, 32), np.float32), np.zeros(layer.kv_cache_shape(8), np.float16))
+    assert [line[:2] for line in lines] == [("error", "ATTN_LOG_TENSOR_DTYPE")], lines
+    assert not [r for r in caplog.records if r.name == "attn_h"]
+    captured = capfd.readouterr()
+    assert captured.err == "" and captured.out == "", captured
+    quiet.close()
+    told.close()
+    # as a script with Python's logging unconfigured: stderr stays empty, each error raised once
+    import subprocess
+    env = dict(os.environ)
+    env.pop("ATTN_LOG_LEVEL", None)
+    p = subprocess.run([sys.executable, "-c", FAILING_CALLS % os.path.join(HERE, "..", "..", "python")],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, timeout=120)
+    assert p.returncode == 0 and p.stderr == "", p.stderr
+    out = p.stdout.splitlines()
+    assert len(out) == 4, p.stdout
+    assert out[0].startswith("AttnError ATTN_ERROR_INVALID_VALUE") and "num_kv_heads" in out[0]
+    assert out[1].startswith("AttnError ATTN_ERROR_UNKNOWN_BACKEND") and "nope" in out[1]
+    assert out[2].startswith("AttnError ATTN_ERROR_INVALID_VALUE") and "k_scale=" in out[2]
+    assert out[3].startswith("AttnDtypeError ATTN_ERROR_SHAPE_MISMATCH") and "q.dtype" in out[3]
+
+
+def test_kv_cache_dtype_names_as_attn_info_takes_them():
+    """Issue 37 item 12: kv_cache_dtype takes what attn-info's --kv-cache-dtype takes: 'auto'
+    (the layer's dtype) and attn_dtype_from_name's names, case-insensitively, each to the
+    same type."""
+    ctx = attn_h.Context(log_level="none")
+    for name in ("auto", "AUTO", None):
+        layer = attn_h.Layer(ctx, num_heads=4, num_kv_heads=2, head_size=32, dtype="bf16", kv_cache_dtype=name)
+        assert layer.desc["kv_cache_dtype"] == "bf16", (name, layer.desc)
+    import ctypes
+    lib = attn_h.library()
+    names = ["f32", "f16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2", "int8", "fp8_ds_mla", "float32",
+             "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"]
+    for d in range(1, 16):                           # the library's short names of its element types
+        n = lib.attn_dtype_name(d).decode()
+        if n != "?" and not n.startswith("int") or n == "int8":
+            names.append(n)
+    for name in names + [n.upper() for n in names]:
+        code = ctypes.c_int()
+        assert lib.attn_dtype_from_name(name.encode(), ctypes.byref(code)) == attn_h.ATTN_OK, name
+        assert attn_h._dtype(name, "kv_cache_dtype", auto=True) == code.value, name
+    layer = attn_h.Layer(ctx, num_heads=4, num_kv_heads=2, head_size=32, dtype="f32", kv_cache_dtype="FP8_E5M2",
+                         k_scale=1.0, v_scale=1.0)
+    assert layer.desc["kv_cache_dtype"] == "fp8_e5m2"
+    with pytest.raises(attn_h.AttnError, match="'auto'"):
+        attn_h.Layer(ctx, num_heads=4, head_size=32, dtype="auto")   # attn-info's --dtype refuses it too
+    ctx.close()
+
+
+def test_fp8_scales_named_as_layer_arguments():
+    """Issue 37 item 12: an fp8 cache without its scales (or with scales it does not take)
+    is refused naming Layer's arguments, k_scale= / v_scale=, not attn.h's desc fields."""
+    ctx = attn_h.Context(log_level="none")
+    base = dict(num_heads=4, num_kv_heads=2, head_size=32, dtype="float32")
+
+    def refused(needles, **kw):
+        with pytest.raises(attn_h.AttnError) as e:
+            attn_h.Layer(ctx, **dict(base, **kw))
+        assert e.value.status == "ATTN_ERROR_INVALID_VALUE", str(e.value)
+        for needle in needles:
+            assert needle in e.value.message, (needle, e.value.message)
+        assert "desc." not in e.value.message, e.value.message
+        return e.value.message
+
+    refused(["k_scale=", "v_scale=", "fp8_e4m3"], kv_cache_dtype="fp8")
+    assert "k_scale=" not in refused(["v_scale="], kv_cache_dtype="fp8_e5m2", k_scale=0.5)
+    refused(["k_scale=0"], kv_cache_dtype="fp8", k_scale=0.0, v_scale=1.0)
+    refused(["v_scale=nan"], kv_cache_dtype="fp8", k_scale=1.0, v_scale=float("nan"))
+    refused(["k_scale=", "per_token_head=True"], kv_cache_dtype="fp8", per_token_head=True, k_scale=1.0)
+    mla = dict(kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128)
+    msg = refused(["k_scale="], num_heads=2, num_kv_heads=None, head_size=None, kv_cache_dtype="fp8", mla=mla)
+    assert "v_scale=" not in msg, msg                # MLA: one latent, one scale
+    attn_h.Layer(ctx, num_heads=2, dtype="float32", kv_cache_dtype="fp8", mla=mla, k_scale=0.5)
+    attn_h.Layer(ctx, **dict(base, kv_cache_dtype="fp8", k_scale=np.ones(1, np.float32), v_scale=2.0))
     ctx.close()
 
 
@@ -1341,7 +1510,7 @@ def test_struct_layout_matches_the_library(monkeypatch):
     attn_h.check_layout(lib)                           # what import did
     reported = {name for name, _, _ in attn_h._layout_table(lib)}
     for name, cls in attn_h._MIRRORS.items():
-        assert name in reported
+        assert name in reported or name in attn_h._PREFIXES, name
         for field, _ in cls._fields_:
             assert "%s.%s" % (name, field) in reported
 
@@ -1480,7 +1649,8 @@ def test_prepared_forward_and_torch_ops(ctx, tx):
     q = torch.empty(6, H, D, dtype=torch.bfloat16).uniform_(-1, 1, generator=g).to(dev)
     q2 = torch.empty(6, H, D, dtype=torch.bfloat16).uniform_(-1, 1, generator=g).to(dev)
     want = layer.forward(meta, q, cache, lse=torch.empty(6, H, device=dev))
-    want2 = layer.forward(meta, q2, cache)
+    lse_want2 = torch.empty(6, H, device=dev)
+    want2 = layer.forward(meta, q2, cache, lse=lse_want2)
     out, lse = torch.full_like(q, float("nan")), torch.full((6, H), float("nan"), device=dev)
     p = layer.prepare_forward(meta, q, cache, out, lse=lse)
     tx.sync()
@@ -1502,6 +1672,11 @@ def test_prepared_forward_and_torch_ops(ctx, tx):
     ops.forward(lh, mh, q, cache, out)
     tx.sync()
     assert torch.equal(out, want)
+    lse_op = torch.full((6, H), float("nan"), device=dev)
+    ops.forward(lh, mh, q2, cache, out, lse_op)      # with an LSE: prepared again for these kinds
+    ops.forward(lh, mh, q, cache, out)               # and without: the first kinds again
+    tx.sync()
+    assert torch.equal(out, want) and torch.equal(lse_op, lse_want2), "the op's re-prepared calls"
     with pytest.raises(attn_h.AttnError, match="meta handle .* names no live attn_h.Metadata"):
         ops.forward(lh, 12345, q, cache, out)
     with pytest.raises(TypeError, match="op_handle: obj is a int"):
@@ -1535,6 +1710,9 @@ def test_prepared_forward_and_torch_ops(ctx, tx):
     meta.close()
     with pytest.raises(ValueError, match="metadata is closed"):
         p(q, cache, out, lse)
+    with pytest.raises(ValueError, match="closed"):
+        ops.forward(lh, mh, q, cache, out)
+    assert not [key for key in attn_h._OP_FORWARDS if key[1] == mh], "the op's calls outlive their metadata"
 
 
 def _transformers_paged_reason(device):
