@@ -73,12 +73,6 @@ import os
 import sys
 import time
 
-import numpy as np
-import torch
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-import attn_h  # noqa: E402
-
 OLDEST = "5.17.0"           # the first release whose continuous batching an attention function can serve
 NEWEST_TESTED = "5.25.0"    # tests/transformers_versions.sh runs the oldest and this one
 
@@ -88,27 +82,36 @@ class UnsupportedTransformers(ImportError):
     which version and the supported range (the script prints that line alone)."""
 
 
+def release(version):
+    """(major, minor, patch) of a version string ("5.26.0.dev0" -> (5, 26, 0)); no packaging
+    module needed, so the check below runs before anything of transformers' is imported."""
+    import re
+    m = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", version)
+    if m is None:
+        raise ValueError("not a version: %r" % version)
+    return tuple(int(x or 0) for x in m.groups())
+
+
 def transformers_support(version=None):
     """(problem, note) for a transformers version string (the installed one by default):
     problem is '' where this example supports it, else one line naming the version and the
     supported range; note is '' or one line for a release newer than NEWEST_TESTED, which runs
     and fails at the first step that changed, naming it, rather than being refused here."""
-    from packaging.version import Version
     if version is None:
         import transformers
         version = transformers.__version__
-    v = Version(version)
-    if v < Version(OLDEST):
+    if release(version) < release(OLDEST):
         return ("transformers %s is not supported: this example needs %s or later (tested %s to %s); "
                 "older continuous batching takes no attention function of ours" % (version, OLDEST, OLDEST,
                                                                                    NEWEST_TESTED)), ""
-    if v.release[:2] > Version(NEWEST_TESTED).release[:2]:
+    if release(version)[:2] > release(NEWEST_TESTED)[:2]:
         return "", ("transformers %s is newer than the newest release tested here (%s to %s)"
                     % (version, OLDEST, NEWEST_TESTED))
     return "", ""
 
 
 def _check_transformers():
+    """The installed transformers' (major, minor, patch), or UnsupportedTransformers."""
     try:
         import transformers
     except ImportError as e:
@@ -119,21 +122,26 @@ def _check_transformers():
         raise UnsupportedTransformers(problem)
     if note:
         print("transformers_generate.py: note: %s" % note, file=sys.stderr)
-    from packaging.version import Version
-    return Version(transformers.__version__)
+    return release(transformers.__version__)
 
 
 try:
     TRANSFORMERS_VERSION = _check_transformers()
+    TRANSFORMERS = "%d.%d.%d" % TRANSFORMERS_VERSION
 except UnsupportedTransformers as e:
     if __name__ == "__main__":
         sys.exit("transformers_generate.py: %s" % e)
     raise
 
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 from transformers import AttentionInterface  # noqa: E402
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+import attn_h  # noqa: E402
+
 # 5.17-5.18: continuous batching runs any "paged|<name>"; from 5.19 a fixed list (see below)
-PAGED_NAMES_RUN = TRANSFORMERS_VERSION.release[:2] < (5, 19)
+PAGED_NAMES_RUN = TRANSFORMERS_VERSION[:2] < (5, 19)
 # transformers' own paged sdpa: "paged|sdpa" until 5.18; from 5.19 plain "sdpa" serves
 # continuous batching too (5.20 on strips "paged|" from it, with a FutureWarning)
 REFERENCE = "paged|sdpa" if PAGED_NAMES_RUN else "sdpa"
@@ -261,7 +269,7 @@ class Step:
                 sel = self._new_rows[x.device] = torch.from_numpy(sel).to(x.device)
             return x[0].index_select(1, sel).transpose(0, 1)
         raise RuntimeError("%s: the engine passed %d key rows, neither the step's %d query rows nor its %d keys "
-                           "(transformers %s)" % (who, rows, query.shape[2], self.ck[self.n], TRANSFORMERS_VERSION))
+                           "(transformers %s)" % (who, rows, query.shape[2], self.ck[self.n], TRANSFORMERS))
 
 
 class StepReader:
@@ -593,7 +601,7 @@ def continuous_batching_config(block_size):
     missing = sorted(set(args) - fields)
     if missing:
         raise RuntimeError("transformers %s: ContinuousBatchingConfig has no %s (tested %s to %s)"
-                           % (TRANSFORMERS_VERSION, ", ".join(missing), OLDEST, NEWEST_TESTED))
+                           % (TRANSFORMERS, ", ".join(missing), OLDEST, NEWEST_TESTED))
     return ContinuousBatchingConfig(**args)
 
 
@@ -612,7 +620,7 @@ def generate(model, implementation, inputs, new_tokens, block_size):
         if "not supported" not in str(e):
             raise
         raise RuntimeError("transformers %s's continuous batching refuses %r (tested %s to %s): %s"
-                           % (TRANSFORMERS_VERSION, implementation, OLDEST, NEWEST_TESTED, e)) from e
+                           % (TRANSFORMERS, implementation, OLDEST, NEWEST_TESTED, e)) from e
     dt = time.perf_counter() - t0
     by_prompt = {}
     for r in out.values():
@@ -695,10 +703,15 @@ def main(argv=None):
         ref_name = "%s (transformers' continuous batching)" % REFERENCE
         registered = contextlib.nullcontext(REFERENCE)
     else:   # transformers' CB cannot run this model on its paged sdpa before 5.24: the torch reference in
-        # CB, and transformers' regular generate beside it (its tokens compared, for information)
+        # CB; beside it transformers' regular generate and, where it runs, its own paged sdpa in CB
+        # (their tokens compared, for information)
         registered = continuous_batching_attention(TorchPagedReference(a.block_size), "torch_ref")
         generate_plain(model, inputs[:1], 2)
         plain, tps_plain, dt_plain = generate_plain(model, inputs, a.new_tokens)
+        try:
+            own = generate(model, REFERENCE, inputs, a.new_tokens, a.block_size)
+        except RuntimeError as e:   # 5.17-5.23: its cache is sized by the RoPE width
+            own = str(e).split("\n")[0]
     f32 = None
     with registered as ref_impl:
         if a.model != "llama":
@@ -728,6 +741,16 @@ def main(argv=None):
         same_plain = sum(1 for (t1, _), (t2, _) in zip(ours, plain) if t1 == t2)
         print("tokens equal to transformers' generate for %d of %d prompts (its log-probs differ from "
               "continuous batching's by itself too: information, not checked)" % (same_plain, len(inputs)))
+        if isinstance(own, str):
+            print("transformers' own %s cannot run this model in continuous batching here: %s"
+                  % (REFERENCE, own[:160]))
+        else:
+            agree, _ = compare(ours, own[0], tol)
+            print("| %s (transformers' continuous batching, its own MLA cache) | %.1f | %.2f |"
+                  % (REFERENCE, own[1], own[2]))
+            print("tokens equal to transformers' own %s for %d of %d prompts, %s within the tolerance (information, "
+                  "not checked)" % (REFERENCE, sum(1 for (t1, _), (t2, _) in zip(ours, own[0]) if t1 == t2),
+                                    len(inputs), "all" if agree else "NOT all"))
     err = None
     if f32 is not None:
         err = f32_error(ours, ref, f32)

@@ -1537,41 +1537,62 @@ def test_prepared_forward_and_torch_ops(ctx, tx):
         p(q, cache, out, lse)
 
 
-def _transformers_paged_reason(device):
-    """Why the transformers example cannot run here ('' when it can): it needs transformers
-    whose continuous batching takes "paged|<name>" implementations (5.17 does; 5.23 and later
-    accept only paged|eager, sdpa and flash there) and psutil (its CPU memory probe)."""
-    try:
-        import transformers
-        from transformers.generation.continuous_batching import continuous_api
-    except Exception as e:   # noqa: BLE001 (any import failure is a reason to skip)
-        return "transformers is not importable: %s" % e
-    import inspect
-    if '"paged|" not in target_implem' not in inspect.getsource(continuous_api):
-        return ("transformers %s: its continuous batching takes no paged|<name> implementation "
-                "(the example targets 5.17, the H200 machine's)" % transformers.__version__)
-    if device == "cpu":
-        try:
-            import psutil  # noqa: F401
-        except ImportError:
-            return "psutil is not installed (transformers' continuous batching sizes its CPU cache with it)"
-    return ""
-
-
 def _transformers_example(device):
+    """examples/transformers_generate.py as a module, or a skip with the reason: torch, the
+    device (None: any), transformers 5.17 or later (the example's own check at import says which version is
+    installed and the supported range) and, on the CPU, psutil (transformers' continuous
+    batching sizes its CPU cache with it)."""
     if torch is None:
         pytest.skip("torch is not installed")
     if device == "cuda" and cuda_skip_reason():
         pytest.skip(cuda_skip_reason())
-    reason = _transformers_paged_reason(device)
-    if reason:
-        pytest.skip(reason)
     sys.path.insert(0, os.path.join(HERE, "..", "..", "examples"))
     try:
         import transformers_generate as tg
+    except ImportError as e:
+        if type(e).__name__ != "UnsupportedTransformers":
+            raise
+        pytest.skip(str(e))
     finally:
         sys.path.pop(0)
+    if device == "cpu":
+        try:
+            import psutil  # noqa: F401
+        except ImportError:
+            pytest.skip("psutil is not installed (transformers' continuous batching sizes its CPU cache with it)")
     return tg
+
+
+def test_transformers_version_check():
+    """The example's version check (transformers_support) refuses releases before 5.17 in one
+    line naming the version and the supported range, takes 5.17-5.25, and only notes a newer
+    release (which fails at the first step that changed, naming it)."""
+    tg = _transformers_example(None)
+    for v in ("4.57.6", "5.16.1", "5.0.0"):
+        problem, note = tg.transformers_support(v)
+        assert problem.startswith("transformers %s is not supported" % v) and "5.17.0" in problem, problem
+        assert "\n" not in problem and not note
+    for v in ("5.17.0", "5.18.0", "5.20.2", "5.22.2", "5.25.0", "5.25.1"):
+        assert tg.transformers_support(v) == ("", ""), v
+    problem, note = tg.transformers_support("5.26.0")
+    assert not problem and "5.26.0 is newer" in note and "5.25.0" in note
+
+
+def test_transformers_unsupported_version_is_one_line(tmp_path):
+    """The script, run on a transformers older than 5.17, exits with one line naming the version
+    and the supported range (no traceback): a stand-in transformers package of version 5.16.1
+    on PYTHONPATH. The check runs before torch is imported, so this runs without torch too."""
+    import subprocess
+    fake = tmp_path / "transformers"
+    fake.mkdir()
+    (fake / "__init__.py").write_text('__version__ = "5.16.1"\n')
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, os.path.join(HERE, "..", "..", "examples", "transformers_generate.py"),
+                        "--device", "cpu"], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "transformers 5.16.1 is not supported" in lines[0] and "5.17.0" in lines[0], r.stderr
+    assert "Traceback" not in r.stderr
 
 
 @pytest.mark.parametrize("model", ["llama", "deepseek_v3", "deepseek_v3-padded"])
@@ -1579,10 +1600,11 @@ def _transformers_example(device):
 def test_transformers_generate_example(device, model, capsys):
     """examples/transformers_generate.py as a user runs it: a seeded random model built from
     transformers' own modeling code (Llama: GQA; DeepSeek-V3: MLA and MoE) on transformers'
-    continuous batching, 16 prompts of mixed lengths, 64 greedy new tokens, on "paged|attn_h"
-    and on the reference (Llama: transformers' own "paged|sdpa"; DeepSeek-V3, which 5.17 cannot
-    run on paged|sdpa: the example's torch SDPA reference): tokens must agree (or diverge only at
-    near-ties after log-probs within tolerance), and attn.h must have run. DeepSeek-V3 goes
+    continuous batching (whichever release 5.17-5.25 is installed), 16 prompts of mixed lengths,
+    64 greedy new tokens, on attn.h and on the reference (Llama: transformers' own paged sdpa;
+    DeepSeek-V3, which 5.17-5.23 cannot run on it: the example's torch SDPA reference): tokens
+    must agree (or diverge only at near-ties after log-probs within tolerance), and attn.h must
+    have run. DeepSeek-V3 goes
     through attn.h's MLA over the cached latent; "-padded": its standard layer over the
     up-projected keys and values (a shorter run)."""
     tg = _transformers_example(device)
@@ -1638,15 +1660,14 @@ def test_transformers_generate_example_cuda_f32(model, capsys):
 
 
 def test_transformers_torch_reference_is_paged_sdpa():
-    """The example's paged|torch_ref (the DeepSeek-V3 reference) gives transformers' own
-    paged|sdpa tokens and log-probs on a model both run (Llama, f32, CPU)."""
+    """The example's torch_ref (the DeepSeek-V3 reference) gives transformers' own paged sdpa
+    tokens and log-probs on a model both run (Llama, f32, CPU)."""
     tg = _transformers_example("cpu")
-    from transformers import AttentionInterface
-    AttentionInterface.register("paged|torch_ref", tg.TorchPagedReference())
     model = tg.tiny_llama(2, torch.float32, "cpu")
     inputs = tg.prompts(8)
-    ours, _, _ = tg.generate(model, "paged|torch_ref", inputs, 24, 32)
-    ref, _, _ = tg.generate(model, "paged|sdpa", inputs, 24, 32)
+    with tg.continuous_batching_attention(tg.TorchPagedReference(32), "torch_ref") as impl:
+        ours, _, _ = tg.generate(model, impl, inputs, 24, 32)
+    ref, _, _ = tg.generate(model, tg.REFERENCE, inputs, 24, 32)
     ok, lines = tg.compare(ours, ref, 1e-4)
     assert ok and not lines, lines
     assert all(t for t, _ in ours)
