@@ -175,6 +175,16 @@ else
     check python-pytest python3 -m pytest -q -p no:cacheprovider tests/python/test_attn_h.py
     grep -E '^=* ?[0-9]+ (passed|failed|skipped|error)' "$logs/python-pytest.log" | tail -n 1 | sed 's/^/    /'
 fi
+# transformers' continuous batching on attn.h on the oldest and the newest supported transformers
+# (5.17.0, 5.25.0), a venv each sharing one torch, the example's --check for Llama and DeepSeek-V3
+# on the CPU (tests/transformers_versions.sh; .ci/run installs the venvs first)
+if ! command -v python3 >/dev/null 2>&1; then skip transformers-versions "python3 not installed"
+elif tf_probe=$(bash tests/transformers_versions.sh --probe 2>&1); then
+    check transformers-versions bash tests/transformers_versions.sh
+    grep -E '^(transformers [0-9]|summary:)' "$logs/transformers-versions.log" | sed 's/^/    /'
+else
+    skip transformers-versions "$(echo "$tf_probe" | tail -n 1)"
+fi
 check demo ./build/paged_decode
 # a device the demo does not know: exit 2, naming what is allowed
 check demo-device-named bash -c './build/paged_decode --device gpu 2>&1 >/dev/null; [ $? -eq 2 ] &&
