@@ -352,6 +352,8 @@ def cache_values_8bit(xp, cache, kvdt, per_token_head, slots, kv_heads, head_siz
         raw.shape[0], 2, block_size, kv_heads)
     if kvdt == "int8":
         codes = codes.view(np.int8).astype(np.float64)
+    elif xp.kind != "numpy":    # torch reads its own float8 codes (ml_dtypes may not be installed)
+        codes = torch.from_numpy(np.ascontiguousarray(codes)).view(torch.float8_e4m3fn).to(torch.float64).numpy()
     else:
         codes = np.ascontiguousarray(codes).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
     return (codes[blk, 0, row] * scales[blk, 0, row][..., None],
