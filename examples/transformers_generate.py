@@ -47,7 +47,9 @@ path while attn.h is the model's implementation. The module's own projections, n
 still run; then the latent (kv_c, k_pe) goes into attn.h's latent cache, decodes run absorbed
 and prefills up-projected with kv_b_proj's halves (attn_mla_forward, decode requests first).
 With --mla padded, attn.h's standard layer takes transformers' up-projected keys and values
-instead, V zero-padded to the q width and the output cropped.
+instead, V zero-padded to the q width and the output cropped. Either way, and for the torch
+reference, without_transformers_cache keeps the modules from writing transformers' own cache
+(5.24's attention module writes it itself and it cannot hold DeepSeek-V3's latents).
 
 The engine runs with CUDA graphs off (ContinuousBatchingConfig(use_cuda_graph=False)): the
 function reads the step's indices on the host to build attn.h's schedule. A graph-captured
@@ -560,6 +562,30 @@ def use_latent_mla(model, fn):
     return n
 
 
+def without_transformers_cache(model, *fns):
+    """While one of fns is the model's attention function under continuous batching, the
+    model's attention modules run with no cache argument, so transformers' paged cache is
+    neither written nor read back: fns keep caches of their own and get the step's new keys and
+    values. DeepSeek-V3 needs it on 5.24, where the attention module writes the cache itself and
+    the cache cannot hold the model's latents (5.25's can; 5.17-5.23 leave the write to the
+    attention function); elsewhere it saves the copy. (Llama runs without it: attn.h then reads
+    what every release hands a registered function.)"""
+    def wrap(mod):
+        inner = mod.forward       # the module's own, or use_latent_mla's
+
+        def forward(*args, **kwargs):
+            if kwargs.get("write_index") is not None and any(runs_on(mod, f) for f in fns):
+                for name in ("cache", "past_key_values"):    # past_key_values through 5.23, cache from 5.24
+                    if name in kwargs:
+                        kwargs[name] = None
+            return inner(*args, **kwargs)
+        mod.forward = forward
+
+    for layer in model.model.layers:
+        wrap(layer.self_attn)
+    return len(model.model.layers)
+
+
 def generate_plain(model, inputs, new_tokens):
     """transformers' regular generate (sdpa, its dynamic cache), one prompt at a time: the
     reference where its continuous batching cannot run the model's own paged|sdpa (5.17 sizes
@@ -693,8 +719,11 @@ def main(argv=None):
     ctx = attn_h.Context(log_level="warn")
     fn = AttnHPaged(ctx, a.block_size)
     model = (tiny_llama if a.model == "llama" else tiny_deepseek_v3)(a.layers, dtype, a.device)
-    if a.model == "deepseek_v3" and a.mla == "latent":
-        use_latent_mla(model, fn)
+    torch_ref = TorchPagedReference(a.block_size)
+    if a.model == "deepseek_v3":
+        if a.mla == "latent":
+            use_latent_mla(model, fn)
+        without_transformers_cache(model, fn, torch_ref)
     inputs = prompts(a.prompts)
     with continuous_batching_attention(fn, "attn_h") as impl:
         generate(model, impl, inputs[:2], 2, a.block_size)   # one-time costs off the clock
@@ -705,7 +734,7 @@ def main(argv=None):
     else:   # transformers' CB cannot run this model on its paged sdpa before 5.24: the torch reference in
         # CB; beside it transformers' regular generate and, where it runs, its own paged sdpa in CB
         # (their tokens compared, for information)
-        registered = continuous_batching_attention(TorchPagedReference(a.block_size), "torch_ref")
+        registered = continuous_batching_attention(torch_ref, "torch_ref")
         generate_plain(model, inputs[:1], 2)
         plain, tps_plain, dt_plain = generate_plain(model, inputs, a.new_tokens)
         try:
