@@ -1661,6 +1661,36 @@ def test_transformers_generate_example_cuda_f32(model, capsys):
     assert "attn.h CUDA" in text, text
 
 
+def test_transformers_step_maps_pages():
+    """The example's Step on a step laid out as 5.18 on lay the cache (a block's rows strided by
+    2 x layers x page_size, here 16): our blocks are handed out densely in first-seen order,
+    the new tokens' blocks first, the block table and slots follow them, trailing requests with no query tokens (padding) are
+    dropped, and keys that are not whole blocks in key order are refused, naming the request."""
+    tg = _transformers_example(None)
+    bs = 4
+    pages = tg.PageMap(bs)
+
+    def idx(blocks, n):   # transformers' indices of n keys in these blocks (16 rows a block)
+        return [16 * b + j for b in blocks for j in range(bs)][:n]
+
+    t = lambda x: torch.tensor(x, dtype=torch.int64)  # noqa: E731
+    # request 0: 6 keys (2 new) in blocks 7, 3; request 1: 3 new keys (a prefill) in block 5; one padding request
+    read = idx([7, 3], 6) + idx([5], 3)
+    write = read[4:6] + read[6:9] + [0, 1]
+    step = tg.Step(t([0, 2, 5, 5]), t([0, 6, 9, 9]), t(write), t(read), pages, "test")
+    assert step.n == 2 and step.tokens == 5 and pages.num_blocks == 3 and pages.capacity == 64
+    assert step.table.tolist() == [[2, 0], [1, 0]]                     # ours: 3 -> 0, 5 -> 1, 7 -> 2
+    assert step.write_slots.tolist() == [0, 1, 4, 5, 6]
+    assert step.read_slots.tolist() == [8, 9, 10, 11, 0, 1, 4, 5, 6]
+    again = tg.Step(t([0, 1]), t([0, 7]), t(idx([7, 3], 7)[6:]), t(idx([7, 3], 7)), pages, "test")
+    assert again.table.tolist() == [[2, 0]] and again.write_slots.tolist() == [2]
+    assert pages.num_blocks == 3                                          # the same blocks, no new one
+    with pytest.raises(RuntimeError, match="request 0's keys are not whole blocks of 4"):
+        tg.Step(t([0, 1]), t([0, 2]), t([18]), t([17, 18]), tg.PageMap(4), "test")     # starts mid-block
+    with pytest.raises(RuntimeError, match="request 0's keys are not whole blocks"):
+        tg.Step(t([0, 1]), t([0, 3]), t([19]), t([16, 18, 19]), tg.PageMap(4), "test")  # skips a row
+
+
 def test_transformers_torch_reference_is_paged_sdpa():
     """The example's torch_ref (the DeepSeek-V3 reference) gives transformers' own paged sdpa
     tokens and log-probs on a model both run (Llama, f32, CPU)."""
