@@ -12,8 +12,9 @@ reference:
 - DeepSeek-V3: "torch_ref". transformers 5.17-5.23 cannot run their own paged sdpa there (they
   size the paged cache by config.head_dim, the RoPE width), so this is torch's SDPA with its
   own pages, one request at a time, registered like attn.h. The test suite checks that it
-  gives paged sdpa's tokens and log-probs on Llama. transformers' regular `generate` also
-  runs, for information.
+  gives paged sdpa's tokens and log-probs on Llama. transformers' regular `generate` and,
+  where it runs DeepSeek-V3 (5.25: a paged cache of latents), its own paged sdpa also run,
+  for information.
 
 Releases (transformers_support says which one is installed; older ones are refused at import):
 - which names continuous batching runs: 5.17-5.18 any "paged|<name>" registered in
@@ -23,7 +24,7 @@ Releases (transformers_support says which one is installed; older ones are refus
   and values (and, with sdpa, writes the cache); from 5.24 the attention module writes the
   cache and hands the function every key of the step's requests, read back from it;
 - the cache's layout: 5.17 numbers a layer's pages block * page_size + offset; from 5.18 one
-  tensor holds every layer of a group, a block's rows strided by the layer count.
+  tensor holds every layer of a group, a block's rows 2 x layers x page_size apart.
 So the functions read only what every release passes an attention function (cu_seq_lens_q/k,
 read_index, write_index, the query, key and value tensors), never the cache object: attn.h's
 block of a transformers block (page_size indices that share index // page_size) is the next
@@ -75,7 +76,7 @@ import os
 import sys
 import time
 
-OLDEST = "5.17.0"           # the first release whose continuous batching an attention function can serve
+OLDEST = "5.17.0"           # the oldest release supported: the H200 machine's, and the first tested
 NEWEST_TESTED = "5.25.0"    # tests/transformers_versions.sh runs the oldest and this one
 
 
@@ -103,9 +104,8 @@ def transformers_support(version=None):
         import transformers
         version = transformers.__version__
     if release(version) < release(OLDEST):
-        return ("transformers %s is not supported: this example needs %s or later (tested %s to %s); "
-                "older continuous batching takes no attention function of ours" % (version, OLDEST, OLDEST,
-                                                                                   NEWEST_TESTED)), ""
+        return ("transformers %s is not supported: this example needs %s or later (tested %s to %s)"
+                % (version, OLDEST, OLDEST, NEWEST_TESTED)), ""
     if release(version)[:2] > release(NEWEST_TESTED)[:2]:
         return "", ("transformers %s is newer than the newest release tested here (%s to %s)"
                     % (version, OLDEST, NEWEST_TESTED))
