@@ -2,8 +2,9 @@
 # Runs every test build of attn.h and prints the total as the last line:
 #   N passed, N failed, N skipped
 # Each binary's own closing line is added in; single checks (header compiles, demo,
-# embedded-kernel freshness, the fuzz run) count one each. A check whose tool is not
-# installed (clang, python3, numpy, pytest, the libFuzzer runtime) is skipped with the reason.
+# embedded-kernel freshness, the fuzz run, the transformers releases) count one each. A check
+# whose tool is not installed (clang, python3, numpy, pytest, the libFuzzer runtime, a venv with
+# pip and PyPI for the transformers venvs) is skipped with the reason.
 # Full logs go to build/test-logs/.
 set -u
 cd "$(dirname "$0")/.."
