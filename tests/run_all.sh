@@ -2,8 +2,9 @@
 # Runs every test build of attn.h and prints the total as the last line:
 #   N passed, N failed, N skipped
 # Each binary's own closing line is added in; single checks (header compiles, demo,
-# embedded-kernel freshness, the fuzz run) count one each. A check whose tool is not
-# installed (clang, python3, numpy, pytest, the libFuzzer runtime) is skipped with the reason.
+# embedded-kernel freshness, the fuzz run, the transformers releases) count one each. A check
+# whose tool is not installed (clang, python3, numpy, pytest, the libFuzzer runtime, a venv with
+# pip and PyPI for the transformers venvs) is skipped with the reason.
 # Full logs go to build/test-logs/.
 set -u
 cd "$(dirname "$0")/.."
@@ -174,6 +175,16 @@ elif ! python3 -c 'import pytest' >/dev/null 2>&1; then skip python-pytest "pyte
 else
     check python-pytest python3 -m pytest -q -p no:cacheprovider tests/python/test_attn_h.py
     grep -E '^=* ?[0-9]+ (passed|failed|skipped|error)' "$logs/python-pytest.log" | tail -n 1 | sed 's/^/    /'
+fi
+# transformers' continuous batching on attn.h on the oldest and the newest supported transformers
+# (5.17.0, 5.25.0), a venv each sharing one torch, the example's --check for Llama and DeepSeek-V3
+# on the CPU (tests/transformers_versions.sh; .ci/run installs the venvs first)
+if ! command -v python3 >/dev/null 2>&1; then skip transformers-versions "python3 not installed"
+elif tf_probe=$(bash tests/transformers_versions.sh --probe 2>&1); then
+    check transformers-versions bash tests/transformers_versions.sh
+    grep -E '^(transformers [0-9]|summary:)' "$logs/transformers-versions.log" | sed 's/^/    /'
+else
+    skip transformers-versions "$(echo "$tf_probe" | tail -n 1)"
 fi
 check demo ./build/paged_decode
 # a device the demo does not know: exit 2, naming what is allowed

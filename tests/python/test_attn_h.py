@@ -352,6 +352,8 @@ def cache_values_8bit(xp, cache, kvdt, per_token_head, slots, kv_heads, head_siz
         raw.shape[0], 2, block_size, kv_heads)
     if kvdt == "int8":
         codes = codes.view(np.int8).astype(np.float64)
+    elif xp.kind != "numpy":    # torch reads its own float8 codes (ml_dtypes may not be installed)
+        codes = torch.from_numpy(np.ascontiguousarray(codes)).view(torch.float8_e4m3fn).to(torch.float64).numpy()
     else:
         codes = np.ascontiguousarray(codes).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
     return (codes[blk, 0, row] * scales[blk, 0, row][..., None],
@@ -1715,41 +1717,62 @@ def test_prepared_forward_and_torch_ops(ctx, tx):
     assert not [key for key in attn_h._OP_FORWARDS if key[1] == mh], "the op's calls outlive their metadata"
 
 
-def _transformers_paged_reason(device):
-    """Why the transformers example cannot run here ('' when it can): it needs transformers
-    whose continuous batching takes "paged|<name>" implementations (5.17 does; 5.23 and later
-    accept only paged|eager, sdpa and flash there) and psutil (its CPU memory probe)."""
-    try:
-        import transformers
-        from transformers.generation.continuous_batching import continuous_api
-    except Exception as e:   # noqa: BLE001 (any import failure is a reason to skip)
-        return "transformers is not importable: %s" % e
-    import inspect
-    if '"paged|" not in target_implem' not in inspect.getsource(continuous_api):
-        return ("transformers %s: its continuous batching takes no paged|<name> implementation "
-                "(the example targets 5.17, the H200 machine's)" % transformers.__version__)
-    if device == "cpu":
-        try:
-            import psutil  # noqa: F401
-        except ImportError:
-            return "psutil is not installed (transformers' continuous batching sizes its CPU cache with it)"
-    return ""
-
-
 def _transformers_example(device):
+    """examples/transformers_generate.py as a module, or a skip with the reason: torch, the
+    device (None: any), transformers 5.17 or later (the example's own check at import says which version is
+    installed and the supported range) and, on the CPU, psutil (transformers' continuous
+    batching sizes its CPU cache with it)."""
     if torch is None:
         pytest.skip("torch is not installed")
     if device == "cuda" and cuda_skip_reason():
         pytest.skip(cuda_skip_reason())
-    reason = _transformers_paged_reason(device)
-    if reason:
-        pytest.skip(reason)
     sys.path.insert(0, os.path.join(HERE, "..", "..", "examples"))
     try:
         import transformers_generate as tg
+    except ImportError as e:
+        if type(e).__name__ != "UnsupportedTransformers":
+            raise
+        pytest.skip(str(e))
     finally:
         sys.path.pop(0)
+    if device == "cpu":
+        try:
+            import psutil  # noqa: F401
+        except ImportError:
+            pytest.skip("psutil is not installed (transformers' continuous batching sizes its CPU cache with it)")
     return tg
+
+
+def test_transformers_version_check():
+    """The example's version check (transformers_support) refuses releases before 5.17 in one
+    line naming the version and the supported range, takes 5.17-5.25, and only notes a newer
+    release (which fails at the first step that changed, naming it)."""
+    tg = _transformers_example(None)
+    for v in ("4.57.6", "5.16.1", "5.0.0"):
+        problem, note = tg.transformers_support(v)
+        assert problem.startswith("transformers %s is not supported" % v) and "5.17.0" in problem, problem
+        assert "\n" not in problem and not note
+    for v in ("5.17.0", "5.18.0", "5.20.2", "5.22.2", "5.25.0", "5.25.1"):
+        assert tg.transformers_support(v) == ("", ""), v
+    problem, note = tg.transformers_support("5.26.0")
+    assert not problem and "5.26.0 is newer" in note and "5.25.0" in note
+
+
+def test_transformers_unsupported_version_is_one_line(tmp_path):
+    """The script, run on a transformers older than 5.17, exits with one line naming the version
+    and the supported range (no traceback): a stand-in transformers package of version 5.16.1
+    on PYTHONPATH. The check runs before torch is imported, so this runs without torch too."""
+    import subprocess
+    fake = tmp_path / "transformers"
+    fake.mkdir()
+    (fake / "__init__.py").write_text('__version__ = "5.16.1"\n')
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, os.path.join(HERE, "..", "..", "examples", "transformers_generate.py"),
+                        "--device", "cpu"], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "transformers 5.16.1 is not supported" in lines[0] and "5.17.0" in lines[0], r.stderr
+    assert "Traceback" not in r.stderr
 
 
 @pytest.mark.parametrize("model", ["llama", "deepseek_v3", "deepseek_v3-padded"])
@@ -1757,10 +1780,11 @@ def _transformers_example(device):
 def test_transformers_generate_example(device, model, capsys):
     """examples/transformers_generate.py as a user runs it: a seeded random model built from
     transformers' own modeling code (Llama: GQA; DeepSeek-V3: MLA and MoE) on transformers'
-    continuous batching, 16 prompts of mixed lengths, 64 greedy new tokens, on "paged|attn_h"
-    and on the reference (Llama: transformers' own "paged|sdpa"; DeepSeek-V3, which 5.17 cannot
-    run on paged|sdpa: the example's torch SDPA reference): tokens must agree (or diverge only at
-    near-ties after log-probs within tolerance), and attn.h must have run. DeepSeek-V3 goes
+    continuous batching (whichever release 5.17-5.25 is installed), 16 prompts of mixed lengths,
+    64 greedy new tokens, on attn.h and on the reference (Llama: transformers' own paged sdpa;
+    DeepSeek-V3, which 5.17-5.23 cannot run on it: the example's torch SDPA reference): tokens
+    must agree (or diverge only at near-ties after log-probs within tolerance), and attn.h must
+    have run. DeepSeek-V3 goes
     through attn.h's MLA over the cached latent; "-padded": its standard layer over the
     up-projected keys and values (a shorter run)."""
     tg = _transformers_example(device)
@@ -1815,16 +1839,45 @@ def test_transformers_generate_example_cuda_f32(model, capsys):
     assert "attn.h CUDA" in text, text
 
 
+def test_transformers_step_maps_pages():
+    """The example's Step on a step laid out as 5.18 on lay the cache (a block's rows strided by
+    2 x layers x page_size, here 16): our blocks are handed out densely in first-seen order,
+    the new tokens' blocks first, the block table and slots follow them, trailing requests with no query tokens (padding) are
+    dropped, and keys that are not whole blocks in key order are refused, naming the request."""
+    tg = _transformers_example(None)
+    bs = 4
+    pages = tg.PageMap(bs)
+
+    def idx(blocks, n):   # transformers' indices of n keys in these blocks (16 rows a block)
+        return [16 * b + j for b in blocks for j in range(bs)][:n]
+
+    t = lambda x: torch.tensor(x, dtype=torch.int64)  # noqa: E731
+    # request 0: 6 keys (2 new) in blocks 7, 3; request 1: 3 new keys (a prefill) in block 5; one padding request
+    read = idx([7, 3], 6) + idx([5], 3)
+    write = read[4:6] + read[6:9] + [0, 1]
+    step = tg.Step(t([0, 2, 5, 5]), t([0, 6, 9, 9]), t(write), t(read), pages, "test")
+    assert step.n == 2 and step.tokens == 5 and pages.num_blocks == 3 and pages.capacity == 64
+    assert step.table.tolist() == [[2, 0], [1, 0]]                     # ours: 3 -> 0, 5 -> 1, 7 -> 2
+    assert step.write_slots.tolist() == [0, 1, 4, 5, 6]
+    assert step.read_slots.tolist() == [8, 9, 10, 11, 0, 1, 4, 5, 6]
+    again = tg.Step(t([0, 1]), t([0, 7]), t(idx([7, 3], 7)[6:]), t(idx([7, 3], 7)), pages, "test")
+    assert again.table.tolist() == [[2, 0]] and again.write_slots.tolist() == [2]
+    assert pages.num_blocks == 3                                          # the same blocks, no new one
+    with pytest.raises(RuntimeError, match="request 0's keys are not whole blocks of 4"):
+        tg.Step(t([0, 1]), t([0, 2]), t([18]), t([17, 18]), tg.PageMap(4), "test")     # starts mid-block
+    with pytest.raises(RuntimeError, match="request 0's keys are not whole blocks"):
+        tg.Step(t([0, 1]), t([0, 3]), t([19]), t([16, 18, 19]), tg.PageMap(4), "test")  # skips a row
+
+
 def test_transformers_torch_reference_is_paged_sdpa():
-    """The example's paged|torch_ref (the DeepSeek-V3 reference) gives transformers' own
-    paged|sdpa tokens and log-probs on a model both run (Llama, f32, CPU)."""
+    """The example's torch_ref (the DeepSeek-V3 reference) gives transformers' own paged sdpa
+    tokens and log-probs on a model both run (Llama, f32, CPU)."""
     tg = _transformers_example("cpu")
-    from transformers import AttentionInterface
-    AttentionInterface.register("paged|torch_ref", tg.TorchPagedReference())
     model = tg.tiny_llama(2, torch.float32, "cpu")
     inputs = tg.prompts(8)
-    ours, _, _ = tg.generate(model, "paged|torch_ref", inputs, 24, 32)
-    ref, _, _ = tg.generate(model, "paged|sdpa", inputs, 24, 32)
+    with tg.continuous_batching_attention(tg.TorchPagedReference(32), "torch_ref") as impl:
+        ours, _, _ = tg.generate(model, impl, inputs, 24, 32)
+    ref, _, _ = tg.generate(model, tg.REFERENCE, inputs, 24, 32)
     ok, lines = tg.compare(ours, ref, 1e-4)
     assert ok and not lines, lines
     assert all(t for t, _ in ours)
