@@ -643,7 +643,8 @@ typedef struct attn_platform {
     attn_platform_kind kind;      /* CUDA when a driver and a device were found */
     int cpu_cores;                /* online cores */
     int cpu_threads;              /* worker threads the context uses */
-    char cpu_simd[32];            /* the inner loops compiled in: "avx512", "avx2", "c" */
+    char cpu_simd[32];            /* the CPU inner loops this context runs: "avx512", "avx2",
+                                     "c" (chosen at create; cpu_simd_reason says why) */
     int cuda_device_count;
     int cuda_capability_major;    /* of device 0; 0 when none */
     int cuda_capability_minor;
@@ -666,6 +667,9 @@ typedef struct attn_platform {
     char cuda_library[256];       /* the name (path or soname) each library was opened as; */
     char nvrtc_library[256];      /*   "" when it was not (the reasons above say why) */
     char cublas_library[256];
+    char cpu_simd_reason[192];    /* why cpu_simd: the CPU's features, ATTN_CPU_SIMD, the
+                                     variants compiled in (e.g. "the widest variant this CPU
+                                     runs; cpu: avx512f avx2 fma f16c; compiled: avx512 avx2 c") */
 } attn_platform;
 
 ATTN_API attn_status attn_platform_get(attn_context *ctx, attn_platform *out);
@@ -1369,7 +1373,10 @@ ATTN_API attn_status attn_dcp_combine(attn_context *ctx, int n, const attn_tenso
    ======================================================================================= */
 
 #ifdef ATTN_IMPLEMENTATION
-#ifndef ATTN_IMPLEMENTATION_DONE
+/* ATTN__SIMD_PASS: the header including itself to compile >>cpu's SIMD block once more, for
+   another variant (ATTN__SIMD_DISPATCH); everything else is skipped then. */
+#if !defined(ATTN_IMPLEMENTATION_DONE) || defined(ATTN__SIMD_PASS)
+#ifndef ATTN__SIMD_PASS
 #define ATTN_IMPLEMENTATION_DONE
 
 /* =======================================================================================
@@ -1428,14 +1435,38 @@ ATTN_API attn_status attn_dcp_combine(attn_context *ctx, int n, const attn_tenso
 #define ATTN__PRINTF(a, b)
 #endif
 
-#if !defined(ATTN_NO_SIMD) && defined(__AVX512F__)
-#define ATTN__SIMD_AVX512 1
-#elif !defined(ATTN_NO_SIMD) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#define ATTN__SIMD_AVX2 1
+/* The CPU inner loops (>>cpu's SIMD block) come in variants: c (portable C), avx2 (AVX2 +
+   FMA + F16C) and avx512 (AVX-512F). ATTN__SIMD_BUILD is the one the build's flags target.
+   With dispatch (ATTN__SIMD_DISPATCH: x86-64 under gcc or clang, unless the build targets
+   AVX-512 already, ATTN_NO_SIMD or ATTN_NO_SIMD_DISPATCH; ATTN_SIMD_DISPATCH forces it) the
+   block is compiled for every variant in this one translation unit, each wider one under a
+   target attribute, and each context runs the widest its CPU has (attn__cpu_kernels_choose;
+   env ATTN_CPU_SIMD forces one). Without, only the build's variant is compiled. */
+#define ATTN__SIMD_ID_C 0
+#define ATTN__SIMD_ID_AVX2 1
+#define ATTN__SIMD_ID_AVX512 2
+#if defined(ATTN_NO_SIMD)
+#define ATTN__SIMD_BUILD ATTN__SIMD_ID_C
+#elif defined(__AVX512F__)
+#define ATTN__SIMD_BUILD ATTN__SIMD_ID_AVX512
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define ATTN__SIMD_BUILD ATTN__SIMD_ID_AVX2
 #else
-#define ATTN__SIMD_C 1
+#define ATTN__SIMD_BUILD ATTN__SIMD_ID_C
 #endif
-#if defined(ATTN__SIMD_AVX512) || defined(ATTN__SIMD_AVX2)
+#if !defined(ATTN_NO_SIMD) && !defined(ATTN_NO_SIMD_DISPATCH) && defined(__x86_64__) && \
+    (defined(__GNUC__) || defined(__clang__)) && (ATTN__SIMD_BUILD != ATTN__SIMD_ID_AVX512 || defined(ATTN_SIMD_DISPATCH))
+#define ATTN__SIMD_DISPATCH 1
+#else
+#define ATTN__SIMD_DISPATCH 0
+#endif
+#ifndef ATTN_SELF_INCLUDE
+#define ATTN_SELF_INCLUDE "attn.h" /* how the header includes itself (per SIMD variant) */
+#endif
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h> /* attn__cpu_features */
+#endif
+#if ATTN__SIMD_BUILD != ATTN__SIMD_ID_C || ATTN__SIMD_DISPATCH
 #if defined(__GNUC__) && !defined(__clang__)
 /* g++ 12 flags its own AVX-512 headers (-Wmaybe-uninitialized on _mm512_undefined_*). */
 #pragma GCC diagnostic push
@@ -1526,23 +1557,13 @@ static const char *attn__trim_env(const char *name) {
 
 /* =======================================================================================
    >>platform
-   What this process can run on: cores, the compiled SIMD path, and the run-time
-   libraries (CUDA driver, NVRTC) loaded through one table each; a missing piece is a reason.
+   What this process can run on: cores, and the run-time libraries (CUDA driver, NVRTC)
+   loaded through one table each; a missing piece is a reason. (The CPU's SIMD variant: >>cpu.)
    ======================================================================================= */
 
 static int attn__cpu_cores(void) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 ? (int)n : 1;
-}
-
-static const char *attn__simd_name(void) {
-#if defined(ATTN__SIMD_AVX512)
-    return "avx512";
-#elif defined(ATTN__SIMD_AVX2)
-    return "avx2";
-#else
-    return "c";
-#endif
 }
 
 /* The CUDA platform: everything below, to the end of attn__probe_cuda, is compiled only
@@ -1959,6 +1980,7 @@ ATTN_API size_t attn_platform_format(const attn_platform *p, char *buf, size_t s
                  "  cpu_cores: %d\n"
                  "  cpu_threads: %d\n"
                  "  cpu_simd: %s\n"
+                 "  cpu_simd_reason: %s\n"
                  "  cuda_devices: %d\n"
                  "  cuda_device: %s\n"
                  "  device_capability: %d.%d\n"
@@ -1976,7 +1998,7 @@ ATTN_API size_t attn_platform_format(const attn_platform *p, char *buf, size_t s
                  "  nvrtc_library: %s\n"
                  "  cublas_library: %s\n",
                  p->kind == ATTN_PLATFORM_CUDA ? "CUDA" : "CPU", p->cpu_cores, p->cpu_threads,
-                 p->cpu_simd, p->cuda_device_count,
+                 p->cpu_simd, p->cpu_simd_reason[0] ? p->cpu_simd_reason : "none", p->cuda_device_count,
                  p->cuda_device_name[0] ? p->cuda_device_name : "none",
                  p->cuda_capability_major, p->cuda_capability_minor, p->cuda_multiprocessors,
                  p->cuda_shared_per_block, p->cuda_driver_version, (unsigned long long)(p->cuda_memory_bytes >> 20),
@@ -2143,6 +2165,7 @@ struct attn_context {
     attn_log_level log_level;
     uint64_t serial;                 /* names the context in the threads' error slots */
     attn_platform platform;
+    const struct attn__cpu_kernels *cpu_kernels; /* the SIMD variant its CPU work runs (>>cpu) */
     int num_threads;
     attn__threadpool *pool;
     float **scratch;                 /* one per thread, grown on demand */
@@ -2458,6 +2481,7 @@ static attn_status attn__create_fail(attn_context *logger, attn_status status, a
     return status;
 }
 
+static void attn__cpu_kernels_choose(attn_context *ctx);          /* >>cpu */
 #ifndef ATTN_NO_CUDA
 static void attn__cuda_release(attn_context *ctx);                /* >>cuda */
 struct attn__kernel_cache;                                         /* >>nvrtc */
@@ -2528,7 +2552,7 @@ ATTN_API attn_status attn_context_create(const attn_context_desc *desc, attn_con
     }
     ctx->platform.cpu_cores = attn__cpu_cores();
     ctx->platform.cpu_threads = threads;
-    attn__strlcpy(ctx->platform.cpu_simd, attn__simd_name(), sizeof ctx->platform.cpu_simd);
+    attn__cpu_kernels_choose(ctx); /* the CPU inner loops: platform.cpu_simd and its reason */
     if (d.loader) ctx->loader = *d.loader;
     { /* the CUDA libraries' names: the desc's, else the environment's (copied now) */
         const char *given[3], *envs[3] = {"ATTN_CUDA_LIBRARY", "ATTN_NVRTC_LIBRARY", "ATTN_CUBLAS_LIBRARY"};
@@ -2568,9 +2592,9 @@ ATTN_API attn_status attn_context_create(const attn_context_desc *desc, attn_con
         attn__log(ctx, ATTN_LOG_LEVEL_DEBUG, ATTN_LOG_CUDA_UNAVAILABLE, "CUDA: %s",
                   ctx->platform.cuda_reason);
     attn__log(ctx, ATTN_LOG_LEVEL_DEBUG, ATTN_LOG_PLATFORM_PROBED,
-              "platform %s, %d cores, %d threads, simd %s",
+              "platform %s, %d cores, %d threads, simd %s (%s)",
               ctx->platform.kind == ATTN_PLATFORM_CUDA ? "CUDA" : "CPU",
-              ctx->platform.cpu_cores, threads, ctx->platform.cpu_simd);
+              ctx->platform.cpu_cores, threads, ctx->platform.cpu_simd, ctx->platform.cpu_simd_reason);
     *out = ctx;
     return ATTN_OK;
 }
@@ -5027,6 +5051,68 @@ ATTN_API attn_status attn_concat_and_cache_mla(attn_layer *layer, const attn_ten
 #define ATTN__CPU_BF16_DOT_ON 0
 #endif
 
+/* The inner loops of one SIMD variant, as the runner and the MLA paths call them: a
+   context holds the table of the variant it runs (attn__cpu_kernels_choose). width: the
+   f32 lanes of its vectors (the direct decode kernels take head sizes in multiples of it);
+   qk_bf16dot / q_to_bf16: ATTN_CPU_BF16_DOT's decode QK, NULL where the variant has none. */
+struct attn__cpu_pf;
+typedef struct attn__cpu_kernels {
+    const char *name;
+    int width;
+    void (*load_row)(const void *src, attn_dtype dt, float *dst, int n); /* n elements -> f32 */
+    void (*store_row)(const float *src, attn_dtype dt, void *dst, int n); /* f32 -> n elements (RNE) */
+    void (*qk)(const float *Q, int M, const float *K, int n, int dp, float *S, int ld);
+    void (*pv)(const float *P, int ld, int M, const float *V, int ldv, int n, int dp, float *O,
+               const float *alpha);
+    void (*qk_direct)(const float *Q, int per_head, int nheads, const char *const *kp, size_t head_bytes,
+                      int n, int D, int dq, float *S, int ld, struct attn__cpu_pf *pf, attn_dtype dt);
+    void (*pv_direct)(const float *P, int ld, int M, const char *const *vp, size_t hoff, int n, int D,
+                      int dq, float *O, const float *alpha, struct attn__cpu_pf *pf, attn_dtype dt);
+    float (*softmax_row)(float *s, int n, float *m, float *l);
+    void (*qk_bf16dot)(const uint16_t *Qb, int per_head, int nheads, const char *const *kp,
+                       size_t head_bytes, int n, int D, int dq, float *S, int ld, struct attn__cpu_pf *pf);
+    void (*q_to_bf16)(const float *Q, int rows, int D, int dq, uint16_t *Qb);
+} attn__cpu_kernels;
+
+#endif /* !ATTN__SIMD_PASS */
+/* ---- the SIMD block: from here to attn__cpu_softmax_row, compiled once per variant -------
+   In place for the build's own variant (ATTN__SIMD_BUILD); under dispatch once more for each
+   other one, by the header including itself with ATTN__SIMD_PASS set to it (the block's
+   names then carry the variant's suffix, see the pass driver after it). The variant being
+   compiled is ATTN__SIMD_V; parts without vector code sit in #ifndef ATTN__SIMD_PASS. */
+#ifdef ATTN__SIMD_PASS
+#define ATTN__SIMD_V ATTN__SIMD_PASS
+#else
+#define ATTN__SIMD_V ATTN__SIMD_BUILD
+#endif
+#if ATTN__SIMD_V == ATTN__SIMD_ID_AVX512
+#define ATTN__SIMD_AVX512 1
+#define ATTN__SIMD_TABLE attn__cpu_kernels_avx512
+#elif ATTN__SIMD_V == ATTN__SIMD_ID_AVX2
+#define ATTN__SIMD_AVX2 1
+#define ATTN__SIMD_TABLE attn__cpu_kernels_avx2
+#else
+#define ATTN__SIMD_C 1
+#define ATTN__SIMD_TABLE attn__cpu_kernels_c
+#endif
+/* A variant wider than the build's flags: every function of the block gets its target. */
+#if ATTN__SIMD_V > ATTN__SIMD_BUILD && defined(__clang__)
+#define ATTN__SIMD_TARGETED 1
+#if ATTN__SIMD_V == ATTN__SIMD_ID_AVX512
+#pragma clang attribute push(__attribute__((target("avx512f,avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#endif
+#elif ATTN__SIMD_V > ATTN__SIMD_BUILD
+#define ATTN__SIMD_TARGETED 1
+#pragma GCC push_options
+#if ATTN__SIMD_V == ATTN__SIMD_ID_AVX512
+#pragma GCC target("avx512f,avx2,fma,f16c")
+#else
+#pragma GCC target("avx2,fma,f16c")
+#endif
+#endif
+
 #if defined(ATTN__SIMD_AVX512)
 #define ATTN__W 16
 #define ATTN__QK_RB 4
@@ -5288,6 +5374,31 @@ static void attn__row_to_bf16(const float *s, void *dst, int n) {
     int i;
     for (i = 0; i < n; i++) d[i] = attn_f32_to_bf16(s[i]);
 }
+/* The variant's rows of every element type (attn__cpu_kernels.load_row / store_row). */
+static void attn__cpu_load_row(const void *src, attn_dtype dt, float *dst, int n) {
+    switch (dt) {
+    case ATTN_DTYPE_F32: attn__f32_row(src, dst, n); return;
+    case ATTN_DTYPE_F16: attn__f16_row(src, dst, n); return;
+    case ATTN_DTYPE_BF16: attn__bf16_row(src, dst, n); return;
+    case ATTN_DTYPE_FP8_E4M3: attn__e4m3_row(src, dst, n); return;
+    case ATTN_DTYPE_FP8_E5M2: attn__e5m2_row(src, dst, n); return;
+    case ATTN_DTYPE_INT8: attn__i8_row(src, dst, n); return;
+    case ATTN_DTYPE_AUTO: case ATTN_DTYPE_INT64: case ATTN_DTYPE_INT32: case ATTN_DTYPE_FP8_DS_MLA: case ATTN_DTYPE_COUNT: break;
+    }
+    ATTN_ASSERT(0);
+}
+static void attn__cpu_store_row(const float *src, attn_dtype dt, void *dst, int n) {
+    switch (dt) {
+    case ATTN_DTYPE_F32: attn__row_store_f32(src, dst, n); return;
+    case ATTN_DTYPE_F16: attn__row_to_f16(src, dst, n); return;
+    case ATTN_DTYPE_BF16: attn__row_to_bf16(src, dst, n); return;
+    case ATTN_DTYPE_FP8_E4M3: attn__row_to_e4m3(src, dst, n); return;
+    case ATTN_DTYPE_FP8_E5M2: attn__row_to_e5m2(src, dst, n); return;
+    case ATTN_DTYPE_INT8: attn__row_to_i8(src, dst, n); return;
+    case ATTN_DTYPE_AUTO: case ATTN_DTYPE_INT64: case ATTN_DTYPE_INT32: case ATTN_DTYPE_FP8_DS_MLA: case ATTN_DTYPE_COUNT: break;
+    }
+    ATTN_ASSERT(0);
+}
 
 /* 2^x with |relative error| < 2e-7; x <= -127 gives exactly 0 (masked scores). */
 ATTN__INLINE attn__vf attn__vexp2(attn__vf x) {
@@ -5304,19 +5415,6 @@ ATTN__INLINE attn__vf attn__vexp2(attn__vf x) {
     p = attn__vfma(p, f, attn__vset1(6.9314718e-01f));
     p = attn__vfma(p, f, attn__vset1(1.0f));
     return attn__vmul(p, attn__vpow2i(n));
-}
-
-/* A row of n elements of type dt -> f32, zero-padded to npad (through the dtype table). */
-static void attn__row_to_f32(const void *src, attn_dtype dt, float *dst, int n, int npad) {
-    int i;
-    ATTN_ASSERT(attn__dtype_valid(dt) && attn__dtypes[dt].load_row);
-    attn__dtypes[dt].load_row(src, dst, n);
-    for (i = n; i < npad; i++) dst[i] = 0.0f;
-}
-
-static void attn__row_from_f32(const float *src, attn_dtype dt, void *dst, int n) {
-    ATTN_ASSERT(attn__dtype_valid(dt) && attn__dtypes[dt].store_row);
-    attn__dtypes[dt].store_row(src, dst, n);
 }
 
 ATTN__INLINE float attn__dot(const float *a, const float *b, int dp) {
@@ -5429,6 +5527,7 @@ static void attn__cpu_pv(const float *P, int ld, int M, const float *V, int ldv,
     }
 }
 
+#ifndef ATTN__SIMD_PASS /* the prefetch helpers: no vector code, compiled once */
 /* How far ahead the decode kernels ask for K (keys) and V (rows) while they compute: the
    only requests for a task's first tile, later a second one for rows the pipeline below
    asked for (measured: it helps when that one is late or dropped). Hint 2 is T1, which
@@ -5504,6 +5603,7 @@ ATTN__INLINE void attn__cpu_pf_step(attn__cpu_pf *pf) {
     (void)pf;
 #endif
 }
+#endif /* !ATTN__SIMD_PASS */
 
 /* One vector of a K/V row straight from the cache, converted to f32 in registers. dt is a
    compile-time constant in every instantiation, so the switch folds away. */
@@ -5652,7 +5752,7 @@ ATTN__NOINLINE static void attn__cpu_qk_direct(const float *Q, int per_head, int
     }
     ATTN_ASSERT(0);
 }
-#if ATTN__CPU_BF16_DOT_ON
+#if ATTN__CPU_BF16_DOT_ON && defined(ATTN__SIMD_AVX512)
 /* q . k over D bf16 elements (D a multiple of 32), 32 per vdpbf16ps. */
 ATTN__INLINE float attn__cpu_dot_bf16(const uint16_t *q, const char *k, int D) {
     __m512 acc = _mm512_setzero_ps();
@@ -5767,6 +5867,238 @@ static float attn__cpu_softmax_row(float *s, int n, float *m, float *l) {
     *l = *l * alpha + attn__vhadd(sum);
     *m = mnew;
     return alpha;
+}
+
+static const attn__cpu_kernels ATTN__SIMD_TABLE = {
+#if defined(ATTN__SIMD_AVX512)
+    "avx512",
+#elif defined(ATTN__SIMD_AVX2)
+    "avx2",
+#else
+    "c",
+#endif
+    ATTN__W, attn__cpu_load_row, attn__cpu_store_row, attn__cpu_qk, attn__cpu_pv, attn__cpu_qk_direct,
+    attn__cpu_pv_direct, attn__cpu_softmax_row,
+#if ATTN__CPU_BF16_DOT_ON && defined(ATTN__SIMD_AVX512)
+    attn__cpu_qk_bf16dot, attn__cpu_q_to_bf16
+#else
+    NULL, NULL
+#endif
+};
+
+#ifdef ATTN__SIMD_TARGETED
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+#undef ATTN__SIMD_TARGETED
+#endif
+#undef ATTN__SIMD_V
+#undef ATTN__SIMD_TABLE
+#undef ATTN__SIMD_AVX512
+#undef ATTN__SIMD_AVX2
+#undef ATTN__SIMD_C
+#undef ATTN__W
+#undef ATTN__QK_RB
+#undef ATTN__VKEEP
+/* ---- end of the SIMD block ------------------------------------------------------------- */
+#ifndef ATTN__SIMD_PASS
+
+/* The pass driver. The block's names become macros that append ATTN__SIMD_SUFFIX, so that
+   each pass compiles the block under names of its own (attn__cpu_qk_avx2, ...); past the
+   passes they end in a suffix nothing defines, so code below reaches the kernels through
+   a context's table (ctx->cpu_kernels) only, never one variant by name. */
+#define ATTN__SIMD_NAME(n) ATTN__SIMD_PASTE(n, ATTN__SIMD_SUFFIX)
+#define ATTN__SIMD_PASTE(a, b) ATTN__SIMD_PASTE2(a, b)
+#define ATTN__SIMD_PASTE2(a, b) a##b
+#define attn__vf ATTN__SIMD_NAME(attn__vf)
+#define attn__vld ATTN__SIMD_NAME(attn__vld)
+#define attn__vst ATTN__SIMD_NAME(attn__vst)
+#define attn__vset1 ATTN__SIMD_NAME(attn__vset1)
+#define attn__vzero ATTN__SIMD_NAME(attn__vzero)
+#define attn__vfma ATTN__SIMD_NAME(attn__vfma)
+#define attn__vmul ATTN__SIMD_NAME(attn__vmul)
+#define attn__vadd ATTN__SIMD_NAME(attn__vadd)
+#define attn__vsub ATTN__SIMD_NAME(attn__vsub)
+#define attn__vmax ATTN__SIMD_NAME(attn__vmax)
+#define attn__vhadd ATTN__SIMD_NAME(attn__vhadd)
+#define attn__vhmax ATTN__SIMD_NAME(attn__vhmax)
+#define attn__vany_nan ATTN__SIMD_NAME(attn__vany_nan)
+#define attn__vround ATTN__SIMD_NAME(attn__vround)
+#define attn__vpow2i ATTN__SIMD_NAME(attn__vpow2i)
+#define attn__vclamp ATTN__SIMD_NAME(attn__vclamp)
+#define attn__hsum_block_store ATTN__SIMD_NAME(attn__hsum_block_store)
+#define attn__vld_f16 ATTN__SIMD_NAME(attn__vld_f16)
+#define attn__vld_bf16 ATTN__SIMD_NAME(attn__vld_bf16)
+#define attn__vst_f16 ATTN__SIMD_NAME(attn__vst_f16)
+#define attn__vld_e4m3 ATTN__SIMD_NAME(attn__vld_e4m3)
+#define attn__vld_i8 ATTN__SIMD_NAME(attn__vld_i8)
+#define attn__vld_e5m2 ATTN__SIMD_NAME(attn__vld_e5m2)
+#define attn__f16_row ATTN__SIMD_NAME(attn__f16_row)
+#define attn__bf16_row ATTN__SIMD_NAME(attn__bf16_row)
+#define attn__e4m3_row ATTN__SIMD_NAME(attn__e4m3_row)
+#define attn__e5m2_row ATTN__SIMD_NAME(attn__e5m2_row)
+#define attn__i8_row ATTN__SIMD_NAME(attn__i8_row)
+#define attn__row_to_f16 ATTN__SIMD_NAME(attn__row_to_f16)
+#define attn__row_to_bf16 ATTN__SIMD_NAME(attn__row_to_bf16)
+#define attn__cpu_load_row ATTN__SIMD_NAME(attn__cpu_load_row)
+#define attn__cpu_store_row ATTN__SIMD_NAME(attn__cpu_store_row)
+#define attn__vexp2 ATTN__SIMD_NAME(attn__vexp2)
+#define attn__dot ATTN__SIMD_NAME(attn__dot)
+#define attn__cpu_qk ATTN__SIMD_NAME(attn__cpu_qk)
+#define attn__cpu_pv ATTN__SIMD_NAME(attn__cpu_pv)
+#define attn__vload_kv ATTN__SIMD_NAME(attn__vload_kv)
+#define attn__cpu_qk_direct_dt ATTN__SIMD_NAME(attn__cpu_qk_direct_dt)
+#define attn__cpu_pv_direct_dt ATTN__SIMD_NAME(attn__cpu_pv_direct_dt)
+#define attn__cpu_qk_direct ATTN__SIMD_NAME(attn__cpu_qk_direct)
+#define attn__cpu_dot_bf16 ATTN__SIMD_NAME(attn__cpu_dot_bf16)
+#define attn__cpu_qk_bf16dot ATTN__SIMD_NAME(attn__cpu_qk_bf16dot)
+#define attn__cpu_q_to_bf16 ATTN__SIMD_NAME(attn__cpu_q_to_bf16)
+#define attn__cpu_pv_direct ATTN__SIMD_NAME(attn__cpu_pv_direct)
+#define attn__cpu_softmax_row ATTN__SIMD_NAME(attn__cpu_softmax_row)
+#if ATTN__SIMD_DISPATCH && ATTN__SIMD_BUILD != ATTN__SIMD_ID_C
+#define ATTN__SIMD_PASS ATTN__SIMD_ID_C
+#define ATTN__SIMD_SUFFIX _c
+#include ATTN_SELF_INCLUDE /* a renamed header: define ATTN_SELF_INCLUDE (or ATTN_NO_SIMD_DISPATCH) */
+#undef ATTN__SIMD_SUFFIX
+#undef ATTN__SIMD_PASS
+#endif
+#if ATTN__SIMD_DISPATCH && ATTN__SIMD_BUILD != ATTN__SIMD_ID_AVX2
+#define ATTN__SIMD_PASS ATTN__SIMD_ID_AVX2
+#define ATTN__SIMD_SUFFIX _avx2
+#include ATTN_SELF_INCLUDE
+#undef ATTN__SIMD_SUFFIX
+#undef ATTN__SIMD_PASS
+#endif
+#if ATTN__SIMD_DISPATCH && ATTN__SIMD_BUILD != ATTN__SIMD_ID_AVX512
+#define ATTN__SIMD_PASS ATTN__SIMD_ID_AVX512
+#define ATTN__SIMD_SUFFIX _avx512
+#include ATTN_SELF_INCLUDE
+#undef ATTN__SIMD_SUFFIX
+#undef ATTN__SIMD_PASS
+#endif
+#define ATTN__SIMD_SUFFIX _is_per_variant_call_it_through_ctx_cpu_kernels
+
+/* ---- which variant a context runs ------------------------------------------------------ */
+
+/* The variants compiled into this build, by id (NULL: not compiled). */
+static const attn__cpu_kernels *const attn__cpu_variants[3] = {
+#if ATTN__SIMD_DISPATCH || ATTN__SIMD_BUILD == ATTN__SIMD_ID_C
+    &attn__cpu_kernels_c,
+#else
+    NULL,
+#endif
+#if ATTN__SIMD_DISPATCH || ATTN__SIMD_BUILD == ATTN__SIMD_ID_AVX2
+    &attn__cpu_kernels_avx2,
+#else
+    NULL,
+#endif
+#if ATTN__SIMD_DISPATCH || ATTN__SIMD_BUILD == ATTN__SIMD_ID_AVX512
+    &attn__cpu_kernels_avx512
+#else
+    NULL
+#endif
+};
+
+/* Which variants this CPU runs (runs[id]) and the features that decide it, as text. x86
+   under gcc or clang asks the CPU: __builtin_cpu_supports, which also checks that the OS
+   saves the AVX / AVX-512 registers; F16C from cpuid (clang's builtin does not know it; AVX2
+   implies the OS part). The variants up to the build's own run by construction. */
+static void attn__cpu_features(int runs[3], char *cpu, size_t size) {
+    int i;
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+    static const char *const names[4] = {"avx512f", "avx2", "fma", "f16c"};
+    char have[40] = "", lack[40] = "";
+    size_t nh = 0, nl = 0;
+    int has[4];
+    __builtin_cpu_init();
+    has[0] = __builtin_cpu_supports("avx512f") != 0;
+    has[1] = __builtin_cpu_supports("avx2") != 0;
+    has[2] = __builtin_cpu_supports("fma") != 0;
+    {
+        unsigned eax, ebx, ecx = 0, edx;
+        has[3] = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) && has[1];
+    }
+    for (i = 0; i < 4; i++) {
+        if (has[i]) nh += (size_t)attn__fmt(have + nh, sizeof have - nh, "%s%s", nh ? " " : "", names[i]);
+        else nl += (size_t)attn__fmt(lack + nl, sizeof lack - nl, " %s", names[i]);
+    }
+    attn__fmt(cpu, size, "%s%s%s", have, nl ? (nh ? ", no" : "no") : "", lack); /* "avx2 fma f16c, no avx512f" */
+    runs[ATTN__SIMD_ID_AVX2] = has[1] && has[2] && has[3];
+    runs[ATTN__SIMD_ID_AVX512] = has[0] && has[1] && has[2] && has[3];
+#else
+    attn__strlcpy(cpu, "not probed", size);
+    runs[ATTN__SIMD_ID_AVX2] = runs[ATTN__SIMD_ID_AVX512] = 0;
+#endif
+    runs[ATTN__SIMD_ID_C] = 1;
+    for (i = 0; i <= ATTN__SIMD_BUILD; i++) runs[i] = 1;
+}
+
+/* At attn_context_create: the widest compiled variant the CPU runs, unless env
+   ATTN_CPU_SIMD names another that it runs (one that is not compiled in, or that the CPU
+   lacks, is one WARN, ATTN_LOG_ENV_INVALID, and the widest runs). Fills ctx->cpu_kernels,
+   platform.cpu_simd and platform.cpu_simd_reason. */
+static void attn__cpu_kernels_choose(attn_context *ctx) {
+    static const char *const names[3] = {"c", "avx2", "avx512"};
+    const char *env = attn__trim_env("ATTN_CPU_SIMD");
+    char cpu[64], compiled[32], why[112];
+    int runs[3], best = ATTN__SIMD_ID_C, pick, want = -1, i;
+    size_t used = 0;
+    attn__cpu_features(runs, cpu, sizeof cpu);
+    compiled[0] = 0;
+    for (i = 2; i >= 0; i--) {
+        if (!attn__cpu_variants[i]) continue;
+        used += (size_t)attn__fmt(compiled + used, sizeof compiled - used, "%s%s", used ? " " : "", names[i]);
+        if (runs[i] && best == ATTN__SIMD_ID_C) best = i;
+    }
+    if (!attn__cpu_variants[best]) best = ATTN__SIMD_BUILD; /* a build of one variant: that one */
+    pick = best;
+#if ATTN__SIMD_DISPATCH
+    attn__strlcpy(why, "the widest variant this CPU runs", sizeof why);
+#elif defined(ATTN_NO_SIMD)
+    attn__strlcpy(why, "the only variant compiled in (ATTN_NO_SIMD)", sizeof why);
+#elif defined(ATTN_NO_SIMD_DISPATCH)
+    attn__strlcpy(why, "the only variant compiled in (ATTN_NO_SIMD_DISPATCH: the build's flags choose)", sizeof why);
+#elif ATTN__SIMD_BUILD == ATTN__SIMD_ID_AVX512
+    attn__strlcpy(why, "the only variant compiled in (the build targets AVX-512)", sizeof why);
+#else
+    attn__strlcpy(why, "the only variant compiled in (no run-time choice with this compiler or CPU)", sizeof why);
+#endif
+    if (env && !attn__strieq(env, "auto")) {
+        for (i = 0; i < 3; i++)
+            if (attn__strieq(env, names[i])) want = i;
+        if (want < 0) {
+            attn__env_invalid(ctx, "ATTN_CPU_SIMD", env, "auto, avx512, avx2, c (case-insensitive)");
+        } else if (!attn__cpu_variants[want] || !runs[want]) {
+            const char *no = !attn__cpu_variants[want] ? "is not compiled into this build" : "cannot run on this CPU";
+            char w[112];
+            attn__log(ctx, ATTN_LOG_LEVEL_WARN, ATTN_LOG_ENV_INVALID,
+                      "ATTN_CPU_SIMD='%s' %s (cpu: %s; compiled: %s); running %s", env, no, cpu, compiled,
+                      names[pick]);
+            attn__fmt(w, sizeof w, "ATTN_CPU_SIMD=%s %s, so %s", names[want], no, why);
+            attn__strlcpy(why, w, sizeof why);
+        } else {
+            pick = want;
+            attn__fmt(why, sizeof why, "forced by ATTN_CPU_SIMD=%s", names[want]);
+        }
+    }
+    ctx->cpu_kernels = attn__cpu_variants[pick];
+    attn__strlcpy(ctx->platform.cpu_simd, names[pick], sizeof ctx->platform.cpu_simd);
+    attn__fmt(ctx->platform.cpu_simd_reason, sizeof ctx->platform.cpu_simd_reason, "%s; cpu: %s; compiled: %s",
+              why, cpu, compiled);
+}
+
+/* A row of n elements of type dt -> f32 through a variant's loops, zero-padded to npad. */
+static void attn__row_to_f32(const attn__cpu_kernels *k, const void *src, attn_dtype dt, float *dst, int n,
+                             int npad) {
+    int i;
+    k->load_row(src, dt, dst, n);
+    for (i = n; i < npad; i++) dst[i] = 0.0f;
+}
+
+static void attn__row_from_f32(const attn__cpu_kernels *k, const float *src, attn_dtype dt, void *dst, int n) {
+    k->store_row(src, dt, dst, n);
 }
 
 /* ---- schedule: the metadata's private part and the builder ------------------------------- */
@@ -6181,7 +6513,7 @@ static void attn__cpu_store_rows(const attn__cpu_run *a, int req, int head0, int
         for (x = 0; x < a->dv; x++) tmp[x] = O[(size_t)i * (size_t)dp + x] * (w * inv);
         if (op)
             for (x = 0; x < a->dv; x++) tmp[x] += op[x] * (wp * inv);
-        attn__row_from_f32(tmp, a->out.dtype,
+        attn__row_from_f32(a->ctx->cpu_kernels, tmp, a->out.dtype,
                            (char *)a->out.data + (size_t)(tok * a->out.strides[0] + head * a->out.strides[1]) * osz,
                            a->dv);
         if (a->has_lse) ((float *)a->lse.data)[tok * a->lse.strides[0] + head * a->lse.strides[1]] = lse;
@@ -6220,18 +6552,17 @@ static float attn__cpu_row_scale(const attn__cpu_run *a, const int32_t *bt, int 
 
 static void attn__cpu_task_run(void *varg, int ti, int thread) {
     const attn__cpu_run *a = (const attn__cpu_run *)varg;
+    const attn__cpu_kernels *kern = a->ctx->cpu_kernels;
     const attn__cpu_task *tk = &a->cm->tasks[ti];
     const attn_layer_desc *d = &a->d;
     const attn_batch *b = a->b;
     int group = d->num_heads / d->num_kv_heads, dpk = a->dpk, dpv = a->dpv, dk = a->dk, dv = a->dv;
     int nheads = tk->head1 - tk->head0, per_head = (tk->tok1 - tk->tok0) * group;
     int rows = per_head * nheads, rp = (rows + 15) / 16 * 16;
-    int direct = per_head <= 8 && dk % ATTN__W == 0 && dv % ATTN__W == 0 && !a->v_in_k;
+    int direct = per_head <= 8 && dk % kern->width == 0 && dv % kern->width == 0 && !a->v_in_k;
     int nt_keys = direct ? attn__cpu_direct_tile_keys(nheads, a->dk, a->kv_dtype) : attn__cpu_tile_keys(nheads);
     const char *rows_a[ATTN__CPU_NT], *rows_b[ATTN__CPU_NT], *vp[ATTN__CPU_NT];
-#if ATTN__CPU_BF16_DOT_ON
-    int bf16dot = direct && a->kv_dtype == ATTN_DTYPE_BF16 && dk % 32 == 0;
-#endif
+    int bf16dot = kern->qk_bf16dot && direct && a->kv_dtype == ATTN_DTYPE_BF16 && dk % 32 == 0;
     const char **kp = rows_a, **kp_next = rows_b;  /* this tile's K rows, the next tile's */
     attn__cpu_pf pf;
     int ql = b->query_start_loc[tk->req + 1] - b->query_start_loc[tk->req];
@@ -6270,12 +6601,12 @@ static void attn__cpu_task_run(void *varg, int ti, int thread) {
         if (lo[i] < hi[i]) { kmin = ATTN__MIN(kmin, lo[i]); kmax = ATTN__MAX(kmax, hi[i]); }
         if (a->q_split) {
             size_t q2sz = attn_dtype_size(a->q2.dtype);
-            attn__row_to_f32((const char *)a->q.data + (size_t)((qs + t) * a->q.strides[0] + head * a->q.strides[1]) * qsz,
+            attn__row_to_f32(kern, (const char *)a->q.data + (size_t)((qs + t) * a->q.strides[0] + head * a->q.strides[1]) * qsz,
                              a->q.dtype, qr, a->q_split, a->q_split);
-            attn__row_to_f32((const char *)a->q2.data + (size_t)((qs + t) * a->q2.strides[0] + head * a->q2.strides[1]) * q2sz,
+            attn__row_to_f32(kern, (const char *)a->q2.data + (size_t)((qs + t) * a->q2.strides[0] + head * a->q2.strides[1]) * q2sz,
                              a->q2.dtype, qr + a->q_split, dk - a->q_split, dpk - a->q_split);
         } else {
-            attn__row_to_f32((const char *)a->q.data + (size_t)((qs + t) * a->q.strides[0] + head * a->q.strides[1]) * qsz,
+            attn__row_to_f32(kern, (const char *)a->q.data + (size_t)((qs + t) * a->q.strides[0] + head * a->q.strides[1]) * qsz,
                              a->q.dtype, qr, dk, dpk);
         }
         for (j = 0; j < dk; j++) qr[j] *= qscale;
@@ -6283,9 +6614,7 @@ static void attn__cpu_task_run(void *varg, int ti, int thread) {
         m[i] = -INFINITY;
         l[i] = 0.0f;
     }
-#if ATTN__CPU_BF16_DOT_ON
-    if (bf16dot) attn__cpu_q_to_bf16(Q, rows, dk, dpk, (uint16_t *)(void *)K); /* K is free here */
-#endif
+    if (bf16dot) kern->q_to_bf16(Q, rows, dk, dpk, (uint16_t *)(void *)K); /* K is free here */
     for (j0 = kmin; j0 < kmax; j0 += nt_keys) {
         int n = ATTN__MIN(nt_keys, kmax - j0), n_next;
         if (direct) { /* row pointers only; the kernels read and convert */
@@ -6299,13 +6628,11 @@ static void attn__cpu_task_run(void *varg, int ti, int thread) {
                 attn__cpu_pf_init(&pf, vp, n, nheads, head_bytes, (n + 3) / 4 * nheads);
             else
                 attn__cpu_pf_init(&pf, vp, n, 1, (size_t)nheads * head_bytes, (n + 3) / 4 * nheads);
-#if ATTN__CPU_BF16_DOT_ON
             if (bf16dot)
-                attn__cpu_qk_bf16dot((const uint16_t *)(const void *)K, per_head, nheads, kp, head_bytes, n,
-                                     dk, dpk, S, ATTN__CPU_NT, &pf);
+                kern->qk_bf16dot((const uint16_t *)(const void *)K, per_head, nheads, kp, head_bytes, n,
+                                 dk, dpk, S, ATTN__CPU_NT, &pf);
             else
-#endif
-            attn__cpu_qk_direct(Q, per_head, nheads, kp, head_bytes, n, dk, dpk, S, ATTN__CPU_NT,
+                kern->qk_direct(Q, per_head, nheads, kp, head_bytes, n, dk, dpk, S, ATTN__CPU_NT,
                                 &pf, a->kv_dtype);
             n_next = ATTN__MIN(nt_keys, kmax - j0 - n);
             for (j = 0; j < n_next; j++) kp_next[j] = attn__cpu_krow(a, bt, j0 + n + j, tk->head0);
@@ -6316,8 +6643,8 @@ static void attn__cpu_task_run(void *varg, int ti, int thread) {
                 for (h = 0; h < nheads; h++) {
                     float *kd = K + ((size_t)h * (size_t)nt_keys + (size_t)j) * (size_t)dpk;
                     float *vd = V + ((size_t)h * (size_t)nt_keys + (size_t)j) * (size_t)dpv;
-                    attn__row_to_f32(kr + (size_t)h * head_bytes, a->kv_dtype, kd, dk, dpk);
-                    if (!a->v_in_k) attn__row_to_f32(kr + (size_t)h * head_bytes + vdelta, a->kv_dtype, vd, dv, dpv);
+                    attn__row_to_f32(kern, kr + (size_t)h * head_bytes, a->kv_dtype, kd, dk, dpk);
+                    if (!a->v_in_k) attn__row_to_f32(kern, kr + (size_t)h * head_bytes + vdelta, a->kv_dtype, vd, dv, dpv);
                     if (a->row_scales) { /* codes * the row's scale */
                         float ks = attn__cpu_row_scale(a, bt, j0 + j, tk->head0 + h, 0);
                         float vs = attn__cpu_row_scale(a, bt, j0 + j, tk->head0 + h, 1);
@@ -6333,7 +6660,7 @@ static void attn__cpu_task_run(void *varg, int ti, int thread) {
             const float *Kh = K + (size_t)h * (size_t)nt_keys * (size_t)dpk;
             const float *Vh = a->v_in_k ? Kh : V + (size_t)h * (size_t)nt_keys * (size_t)dpv;
             int r0 = h * per_head, scaled = direct && a->row_scales;
-            if (!direct) attn__cpu_qk(Q + (size_t)r0 * (size_t)dpk, per_head, Kh, n, dpk, S + (size_t)r0 * ATTN__CPU_NT, ATTN__CPU_NT);
+            if (!direct) kern->qk(Q + (size_t)r0 * (size_t)dpk, per_head, Kh, n, dpk, S + (size_t)r0 * ATTN__CPU_NT, ATTN__CPU_NT);
             if (scaled) /* per-token-head scales of this head's rows: s *= k scale, then p *= v scale */
                 for (j = 0; j < n; j++) {
                     rscale[j] = attn__cpu_row_scale(a, bt, j0 + j, tk->head0 + h, 0);
@@ -6355,15 +6682,15 @@ static void attn__cpu_task_run(void *varg, int ti, int thread) {
                 if (j0 < lo[i] || j0 + n > hi[i])
                     for (j = 0; j < n; j++)
                         if (j0 + j < lo[i] || j0 + j >= hi[i]) s[j] = -INFINITY;
-                alpha[i] = attn__cpu_softmax_row(s, n, &m[i], &l[i]);
+                alpha[i] = kern->softmax_row(s, n, &m[i], &l[i]);
                 if (scaled) /* l counted the unscaled p */
                     for (j = 0; j < n; j++) s[j] *= rscale[ATTN__CPU_NT + j];
             }
             if (direct)
-                attn__cpu_pv_direct(Sh, ATTN__CPU_NT, per_head, vp, (size_t)h * head_bytes, n, dv, dpv,
-                                    O + (size_t)r0 * (size_t)dpv, alpha + r0, &pf, a->kv_dtype);
+                kern->pv_direct(Sh, ATTN__CPU_NT, per_head, vp, (size_t)h * head_bytes, n, dv, dpv,
+                                O + (size_t)r0 * (size_t)dpv, alpha + r0, &pf, a->kv_dtype);
             else
-                attn__cpu_pv(Sh, ATTN__CPU_NT, per_head, Vh, ldv, n, dpv, O + (size_t)r0 * (size_t)dpv, alpha + r0);
+                kern->pv(Sh, ATTN__CPU_NT, per_head, Vh, ldv, n, dpv, O + (size_t)r0 * (size_t)dpv, alpha + r0);
         }
     }
     if (a->v_scale != 1.0f) /* v = code * v_scale: O is linear in v */
@@ -6418,6 +6745,7 @@ static void attn__cpu_merge_run(void *varg, int mi, int thread) {
    units, with its base-2 (m, l) into prefix_partial[token][head] for attn__cpu_store_rows. */
 static void attn__cpu_prefix_run(void *varg, int pi, int thread) {
     const attn__cpu_run *a = (const attn__cpu_run *)varg;
+    const attn__cpu_kernels *kern = a->ctx->cpu_kernels;
     const attn__cpu_meta *cm = a->cm;
     const attn_layer_desc *d = &a->d;
     const attn_batch *b = a->b;
@@ -6436,7 +6764,7 @@ static void attn__cpu_prefix_run(void *varg, int pi, int thread) {
     for (i = 0; i < rows; i++) {
         const int tok = c0 + i / group, head = kh * group + i % group;
         float *qr = Q + (size_t)i * (size_t)dpk;
-        attn__row_to_f32((const char *)a->q.data + (size_t)((tok - a->row0) * a->q.strides[0] + head * a->q.strides[1]) * qsz,
+        attn__row_to_f32(kern, (const char *)a->q.data + (size_t)((tok - a->row0) * a->q.strides[0] + head * a->q.strides[1]) * qsz,
                          a->q.dtype, qr, a->dk, dpk);
         for (x = 0; x < a->dk; x++) qr[x] *= qscale;
         memset(O + (size_t)i * (size_t)dpv, 0, (size_t)dpv * sizeof(float));
@@ -6448,8 +6776,8 @@ static void attn__cpu_prefix_run(void *varg, int pi, int thread) {
         for (j = 0; j < n; j++) { /* K and V rows of the tile in f32, per-token-head scales applied */
             const char *kr = attn__cpu_krow(a, b->block_table, j0 + j, kh);
             float *kd = K + (size_t)j * (size_t)dpk, *vd = V + (size_t)j * (size_t)dpv;
-            attn__row_to_f32(kr, a->kv_dtype, kd, a->dk, dpk);
-            attn__row_to_f32(kr + vdelta, a->kv_dtype, vd, a->dv, dpv);
+            attn__row_to_f32(kern, kr, a->kv_dtype, kd, a->dk, dpk);
+            attn__row_to_f32(kern, kr + vdelta, a->kv_dtype, vd, a->dv, dpv);
             if (a->row_scales) {
                 const float ks = attn__cpu_row_scale(a, b->block_table, j0 + j, kh, 0);
                 const float vs = attn__cpu_row_scale(a, b->block_table, j0 + j, kh, 1);
@@ -6457,7 +6785,7 @@ static void attn__cpu_prefix_run(void *varg, int pi, int thread) {
                 for (x = 0; x < a->dv; x++) vd[x] *= vs;
             }
         }
-        attn__cpu_qk(Q, rows, K, n, dpk, S, ATTN__CPU_NT);
+        kern->qk(Q, rows, K, n, dpk, S, ATTN__CPU_NT);
         req = 0; /* rows are in token order: a row's request only moves forward */
         for (i = 0; i < rows; i++) {
             float *sr = S + (size_t)i * ATTN__CPU_NT;
@@ -6472,9 +6800,9 @@ static void attn__cpu_prefix_run(void *varg, int pi, int thread) {
                 slope = a->alibi[head] * ATTN__LOG2E;
                 for (j = 0; j < n; j++) sr[j] += slope * ((float)(j0 + j) - pos);
             }
-            alpha[i] = attn__cpu_softmax_row(sr, n, &m[i], &l[i]);
+            alpha[i] = kern->softmax_row(sr, n, &m[i], &l[i]);
         }
-        attn__cpu_pv(S, ATTN__CPU_NT, rows, V, dpv, n, dpv, O, alpha);
+        kern->pv(S, ATTN__CPU_NT, rows, V, dpv, n, dpv, O, alpha);
     }
     for (i = 0; i < rows; i++) {
         const int tok = c0 + i / group, head = kh * group + i % group;
@@ -6933,6 +7261,7 @@ typedef struct attn__cpu_sparse {
 
 static void attn__cpu_sparse_run(void *varg, int task, int thread) {
     const attn__cpu_sparse *a = (const attn__cpu_sparse *)varg;
+    const attn__cpu_kernels *kern = a->ctx->cpu_kernels;
     const attn_layer_desc *d = a->d;
     const int t = task / a->groups, h0 = (task % a->groups) * ATTN__CPU_SPARSE_HEADS;
     const int h1 = ATTN__MIN(d->num_heads, h0 + ATTN__CPU_SPARSE_HEADS);
@@ -6951,7 +7280,7 @@ static void attn__cpu_sparse_run(void *varg, int task, int thread) {
         if (d->kv_cache_dtype == ATTN_DTYPE_FP8_DS_MLA) {
             attn__ds_mla_row_load((const uint8_t *)row, dst, a->e4m3);
         } else {
-            attn__row_to_f32(row, d->kv_cache_dtype, dst, D, D);
+            attn__row_to_f32(kern, row, d->kv_cache_dtype, dst, D, D);
             if (a->k_scale != 1.0f)
                 for (x = 0; x < D; x++) dst[x] *= a->k_scale;
         }
@@ -6965,10 +7294,10 @@ static void attn__cpu_sparse_run(void *varg, int task, int thread) {
             float *qf2 = Q + (size_t)h * (size_t)D;
             if (a->has_q2) {
                 const char *pr = (const char *)a->q2.data + (size_t)(t * a->q2.strides[0] + (h0 + h) * a->q2.strides[1]) * qsz;
-                attn__row_to_f32(qr, a->q.dtype, qf2, R, R);
-                attn__row_to_f32(pr, a->q2.dtype, qf2 + R, D - R, D - R);
+                attn__row_to_f32(kern, qr, a->q.dtype, qf2, R, R);
+                attn__row_to_f32(kern, pr, a->q2.dtype, qf2 + R, D - R, D - R);
             } else {
-                attn__row_to_f32(qr, a->q.dtype, qf2, D, D);
+                attn__row_to_f32(kern, qr, a->q.dtype, qf2, D, D);
             }
             M[h] = -INFINITY;
             L[h] = 0.0f;
@@ -6976,25 +7305,21 @@ static void attn__cpu_sparse_run(void *varg, int task, int thread) {
         }
         for (k = 0; k < n; k += ATTN__CPU_SPARSE_CHUNK) {
             const int kn = ATTN__MIN(ATTN__CPU_SPARSE_CHUNK, n - k);
-            for (h = 0; h < nh; h++) {
+            for (h = 0; h < nh; h++) { /* one query row against the chunk: QK, softmax, PV */
                 float mx = M[h], alpha, *oh = O + (size_t)h * (size_t)R;
+                kern->qk(Q + (size_t)h * (size_t)D, 1, K + (size_t)k * (size_t)D, kn, D, S, ATTN__CPU_SPARSE_CHUNK);
                 for (j = 0; j < kn; j++) {
-                    S[j] = attn__dot(Q + (size_t)h * (size_t)D, K + (size_t)(k + j) * (size_t)D, D) * d->scale;
+                    S[j] *= d->scale;
                     mx = ATTN__MAX(mx, S[j]);
                 }
                 alpha = M[h] == -INFINITY ? 0.0f : expf(M[h] - mx);
-                if (alpha != 1.0f) {
-                    const attn__vf av = attn__vset1(alpha);
-                    for (x = 0; x < R; x += ATTN__W) attn__vst(oh + x, attn__vmul(av, attn__vld(oh + x)));
-                }
                 L[h] *= alpha;
                 M[h] = mx;
                 for (j = 0; j < kn; j++) {
-                    const float pj = expf(S[j] - mx), *kv = K + (size_t)(k + j) * (size_t)D;
-                    const attn__vf pv = attn__vset1(pj);
-                    L[h] += pj;
-                    for (x = 0; x < R; x += ATTN__W) attn__vst(oh + x, attn__vfma(pv, attn__vld(kv + x), attn__vld(oh + x)));
+                    S[j] = expf(S[j] - mx);
+                    L[h] += S[j];
                 }
+                kern->pv(S, ATTN__CPU_SPARSE_CHUNK, 1, K + (size_t)k * (size_t)D, D, kn, R, oh, &alpha); /* oh = oh alpha + S.V */
             }
         }
         for (h = 0; h < nh; h++) { /* the sink joins the denominator; out and lse */
@@ -7008,7 +7333,7 @@ static void attn__cpu_sparse_run(void *varg, int task, int thread) {
             }
             inv = l > 0.0f && n > 0 ? w / l : 0.0f; /* no key: out 0 (a sink alone weighs nothing) */
             for (x = 0; x < R; x++) oh[x] *= inv;
-            attn__row_from_f32(oh, a->out.dtype, orow, R);
+            attn__row_from_f32(kern, oh, a->out.dtype, orow, R);
             lse = l > 0.0f || l != l ? m + logf(l) : -INFINITY; /* NaN: a NaN score */
             if (a->has_lse) ((float *)a->lse.data)[t * a->lse.strides[0] + (h0 + h) * a->lse.strides[1]] = lse;
         }
@@ -7052,25 +7377,27 @@ static attn_status attn__cpu_mla_forward_sparse(const attn_backend *self, attn_l
 /* ---- projections: C = A . B through the attention kernels -------------------------------- */
 
 /* B (rows x cols, of dtype dt, row stride ldb elements) -> dst f32 with row stride ldd. */
-static void attn__cpu_matrix_to_f32(const void *src, attn_dtype dt, int rows, int cols, int64_t ldb,
-                                float *dst, int ldd) {
+static void attn__cpu_matrix_to_f32(const attn__cpu_kernels *k, const void *src, attn_dtype dt, int rows,
+                                    int cols, int64_t ldb, float *dst, int ldd) {
     int r;
     size_t esz = attn_dtype_size(dt);
     for (r = 0; r < rows; r++)
-        attn__row_to_f32((const char *)src + (size_t)r * (size_t)ldb * esz, dt, dst + (size_t)r * (size_t)ldd, cols, ldd);
+        attn__row_to_f32(k, (const char *)src + (size_t)r * (size_t)ldb * esz, dt, dst + (size_t)r * (size_t)ldd, cols, ldd);
 }
 
 /* C[M][N] (row stride N, a multiple of W) = A[M][K] (ld lda) . B[K][N] (ld N): the PV
    kernel starting from zero. */
-static void attn__cpu_gemm_nn(const float *A, int lda, int M, const float *B, int K, int N, float *C) {
-    attn__cpu_pv(A, lda, M, B, N, K, N, C, NULL);
+static void attn__cpu_gemm_nn(const attn__cpu_kernels *k, const float *A, int lda, int M, const float *B, int K,
+                              int N, float *C) {
+    k->pv(A, lda, M, B, N, K, N, C, NULL);
 }
 
 /* C[M][N] (ld ldc) = A[M][K] (ld K) . B[N][K]^T (ld K): the QK kernel, in strips of keys. */
-static void attn__cpu_gemm_nt(const float *A, int M, const float *B, int N, int K, float *C, int ldc) {
+static void attn__cpu_gemm_nt(const attn__cpu_kernels *k, const float *A, int M, const float *B, int N, int K,
+                              float *C, int ldc) {
     int n0;
     for (n0 = 0; n0 < N; n0 += ATTN__CPU_NT)
-        attn__cpu_qk(A, M, B + (size_t)n0 * (size_t)K, ATTN__MIN(ATTN__CPU_NT, N - n0), K, C + n0, ldc);
+        k->qk(A, M, B + (size_t)n0 * (size_t)K, ATTN__MIN(ATTN__CPU_NT, N - n0), K, C + n0, ldc);
 }
 
 /* The LSE merge of one row: (o, l) and (ob, lb), base-e LSEs; result into (o, l). */
@@ -7119,6 +7446,7 @@ typedef struct attn__cpu_mla_prefill_run {
 /* Up-projects the chunk for one head: K = [lat . W_UK[h]^T | k_pe], V = lat . W_UV[h]. */
 static void attn__cpu_mla_project(void *varg, int h, int thread) {
     const attn__cpu_mla_prefill_run *a = (const attn__cpu_mla_prefill_run *)varg;
+    const attn__cpu_kernels *kern = a->layer->ctx->cpu_kernels;
     const attn_layer_desc *d = &a->layer->desc;
     int R = d->kv_lora_rank, P = d->qk_rope_head_dim, N = d->qk_nope_head_dim, Vd = d->v_head_dim;
     int n = a->c1 - a->c0, j;
@@ -7128,20 +7456,21 @@ static void attn__cpu_mla_project(void *varg, int h, int thread) {
     size_t esz = attn_dtype_size(uk.dtype);
     float *K = a->kw + (size_t)h * (size_t)a->chunk * (size_t)a->dpk;
     float *V = a->vw + (size_t)h * (size_t)a->chunk * (size_t)a->dpv;
-    attn__cpu_matrix_to_f32((const char *)uk.data + (size_t)(h * uk.strides[0]) * esz, uk.dtype, N, R, uk.strides[1], wk, R);
-    attn__cpu_matrix_to_f32((const char *)uv.data + (size_t)(h * uv.strides[0]) * esz, uv.dtype, R, Vd, uv.strides[1], wv, a->dpv);
-    attn__cpu_gemm_nt(a->latc, n, wk, N, R, K, a->dpk);        /* K_nope = latent . W_UK[h]^T */
+    attn__cpu_matrix_to_f32(kern, (const char *)uk.data + (size_t)(h * uk.strides[0]) * esz, uk.dtype, N, R, uk.strides[1], wk, R);
+    attn__cpu_matrix_to_f32(kern, (const char *)uv.data + (size_t)(h * uv.strides[0]) * esz, uv.dtype, R, Vd, uv.strides[1], wv, a->dpv);
+    attn__cpu_gemm_nt(kern, a->latc, n, wk, N, R, K, a->dpk);        /* K_nope = latent . W_UK[h]^T */
     for (j = 0; j < n; j++) {                               /* K = [K_nope | k_pe] */
         int x;
         memcpy(K + (size_t)j * (size_t)a->dpk + N, a->latpe + (size_t)j * (size_t)P, (size_t)P * sizeof(float));
         for (x = N + P; x < a->dpk; x++) K[(size_t)j * (size_t)a->dpk + x] = 0.0f;
     }
-    attn__cpu_gemm_nn(a->latc, R, n, wv, R, a->dpv, V);       /* V = latent . W_UV[h] */
+    attn__cpu_gemm_nn(kern, a->latc, R, n, wv, R, a->dpv, V);       /* V = latent . W_UV[h] */
 }
 
 /* Attention of one (head, query tile) against the chunk, merged into the running state. */
 static void attn__cpu_mla_attend(void *varg, int task, int thread) {
     const attn__cpu_mla_prefill_run *a = (const attn__cpu_mla_prefill_run *)varg;
+    const attn__cpu_kernels *kern = a->layer->ctx->cpu_kernels;
     const attn_layer_desc *d = &a->layer->desc;
     const attn_batch *b = a->b;
     int H = d->num_heads, h = task / a->ntiles, tile = task % a->ntiles;
@@ -7165,12 +7494,12 @@ static void attn__cpu_mla_attend(void *varg, int task, int thread) {
         size_t qsz = attn_dtype_size(a->q.dtype);
         if (a->q_split) {
             size_t q2sz = attn_dtype_size(a->q2.dtype);
-            attn__row_to_f32((const char *)a->q.data + (size_t)((tok - a->row0) * a->q.strides[0] + h * a->q.strides[1]) * qsz,
+            attn__row_to_f32(kern, (const char *)a->q.data + (size_t)((tok - a->row0) * a->q.strides[0] + h * a->q.strides[1]) * qsz,
                              a->q.dtype, qr, a->q_split, a->q_split);
-            attn__row_to_f32((const char *)a->q2.data + (size_t)((tok - a->row0) * a->q2.strides[0] + h * a->q2.strides[1]) * q2sz,
+            attn__row_to_f32(kern, (const char *)a->q2.data + (size_t)((tok - a->row0) * a->q2.strides[0] + h * a->q2.strides[1]) * q2sz,
                              a->q2.dtype, qr + a->q_split, dk - a->q_split, a->dpk - a->q_split);
         } else {
-            attn__row_to_f32((const char *)a->q.data + (size_t)((tok - a->row0) * a->q.strides[0] + h * a->q.strides[1]) * qsz,
+            attn__row_to_f32(kern, (const char *)a->q.data + (size_t)((tok - a->row0) * a->q.strides[0] + h * a->q.strides[1]) * qsz,
                              a->q.dtype, qr, dk, a->dpk);
         }
         for (j = 0; j < dk; j++) qr[j] *= qscale;
@@ -7180,15 +7509,15 @@ static void attn__cpu_mla_attend(void *varg, int task, int thread) {
     }
     for (j0 = a->c0; j0 < ATTN__MIN(a->c1, lim); j0 += ATTN__CPU_NT) {
         n = ATTN__MIN(ATTN__CPU_NT, ATTN__MIN(a->c1, lim) - j0);
-        attn__cpu_qk(Q, rows, K + (size_t)(j0 - a->c0) * (size_t)a->dpk, n, a->dpk, S, ATTN__CPU_NT);
+        kern->qk(Q, rows, K + (size_t)(j0 - a->c0) * (size_t)a->dpk, n, a->dpk, S, ATTN__CPU_NT);
         for (i = 0; i < rows; i++) {
             float *s = S + (size_t)i * ATTN__CPU_NT;
             int hi = attn__dcp_len(a->cap, sl - ql + t0 + i + 1); /* the row sees local keys [0, hi) */
             if (j0 + n > hi)
                 for (j = 0; j < n; j++) if (j0 + j >= hi) s[j] = -INFINITY;
-            alpha[i] = attn__cpu_softmax_row(s, n, &m[i], &l[i]);
+            alpha[i] = kern->softmax_row(s, n, &m[i], &l[i]);
         }
-        attn__cpu_pv(S, ATTN__CPU_NT, rows, V + (size_t)(j0 - a->c0) * (size_t)a->dpv, a->dpv, n, a->dpv, O, alpha);
+        kern->pv(S, ATTN__CPU_NT, rows, V + (size_t)(j0 - a->c0) * (size_t)a->dpv, a->dpv, n, a->dpv, O, alpha);
     }
     /* this chunk's partial (normalised output, base-e LSE) merged into the running state */
     for (i = 0; i < rows; i++) {
@@ -7266,8 +7595,8 @@ static attn_status attn__cpu_mla_prefill(attn_layer *layer, const attn_metadata 
                 for (j = c0; j < c1; j++) {
                     size_t blk = (size_t)bt[j / d->block_size], off = (size_t)(j % d->block_size);
                     const char *row = (const char *)kv_cache->data + (blk * (size_t)d->block_size + off) * (size_t)LD * csz;
-                    attn__row_to_f32(row, d->kv_cache_dtype, ws.latc + (size_t)(j - c0) * (size_t)R, R, R);
-                    attn__row_to_f32(row + (size_t)R * csz, d->kv_cache_dtype, ws.latpe + (size_t)(j - c0) * (size_t)P, P, P);
+                    attn__row_to_f32(layer->ctx->cpu_kernels, row, d->kv_cache_dtype, ws.latc + (size_t)(j - c0) * (size_t)R, R, R);
+                    attn__row_to_f32(layer->ctx->cpu_kernels, row + (size_t)R * csz, d->kv_cache_dtype, ws.latpe + (size_t)(j - c0) * (size_t)P, P, P);
                     if (ks != 1.0f) { /* fp8: latent = code * scale */
                         float *lc = ws.latc + (size_t)(j - c0) * (size_t)R, *lp = ws.latpe + (size_t)(j - c0) * (size_t)P;
                         int x;
@@ -7284,7 +7613,7 @@ static attn_status attn__cpu_mla_prefill(attn_layer *layer, const attn_metadata 
                 int tok = a.state_row0 + i, h;
                 for (h = 0; h < H; h++) {
                     const float *sr = ws.state + ((size_t)i * (size_t)H + (size_t)h) * (size_t)(a.dpv + 1);
-                    attn__row_from_f32(sr, o.dtype,
+                    attn__row_from_f32(layer->ctx->cpu_kernels, sr, o.dtype,
                                        (char *)o.data + (size_t)((tok - out_row0) * o.strides[0] + h * o.strides[1]) * osz,
                                        d->v_head_dim);
                     if (lse) ((float *)ls.data)[(tok - out_row0) * ls.strides[0] + h * ls.strides[1]] = sr[a.dpv];
@@ -7376,6 +7705,7 @@ typedef struct attn__cpu_mla_proj {
 
 static void attn__cpu_mla_proj_run(void *varg, int h, int thread) {
     const attn__cpu_mla_proj *a = (const attn__cpu_mla_proj *)varg;
+    const attn__cpu_kernels *kern = a->layer->ctx->cpu_kernels;
     const attn_layer_desc *d = &a->layer->desc;
     int H = d->num_heads, R = d->kv_lora_rank, N = d->qk_nope_head_dim, Vd = d->v_head_dim;
     int dpv = attn__cpu_dp(Vd), t;
@@ -7385,24 +7715,24 @@ static void attn__cpu_mla_proj_run(void *varg, int h, int thread) {
     if (a->absorb) { /* q_latent[t][h] = q_nope[t][h] . W_UK[h]   ([N] x [N][R]) */
         float *w = base, *A = w + (size_t)N * (size_t)R, *C = A + (size_t)a->td * (size_t)N;
         size_t ssz = attn_dtype_size(a->src.dtype);
-        attn__cpu_matrix_to_f32(wh, a->w.dtype, N, R, a->w.strides[1], w, R);
+        attn__cpu_matrix_to_f32(kern, wh, a->w.dtype, N, R, a->w.strides[1], w, R);
         for (t = 0; t < a->td; t++)
-            attn__row_to_f32((const char *)a->src.data + (size_t)(t * a->src.strides[0] + h * a->src.strides[1]) * ssz,
+            attn__row_to_f32(kern, (const char *)a->src.data + (size_t)(t * a->src.strides[0] + h * a->src.strides[1]) * ssz,
                              a->src.dtype, A + (size_t)t * (size_t)N, N, N);
-        attn__cpu_gemm_nn(A, N, a->td, w, N, R, C);
+        attn__cpu_gemm_nn(kern, A, N, a->td, w, N, R, C);
         for (t = 0; t < a->td; t++)
             memcpy(a->dst_f32 + ((size_t)t * (size_t)H + (size_t)h) * (size_t)R, C + (size_t)t * (size_t)R,
                    (size_t)R * sizeof(float));
     } else { /* out[t][h] = o_latent[t][h] . W_UV[h]   ([R] x [R][Vd]) */
         float *w = base, *A = w + (size_t)R * (size_t)dpv, *C = A + (size_t)a->td * (size_t)R;
         size_t osz = attn_dtype_size(a->dst.dtype);
-        attn__cpu_matrix_to_f32(wh, a->w.dtype, R, Vd, a->w.strides[1], w, dpv);
+        attn__cpu_matrix_to_f32(kern, wh, a->w.dtype, R, Vd, a->w.strides[1], w, dpv);
         for (t = 0; t < a->td; t++)
             memcpy(A + (size_t)t * (size_t)R, a->src_f32 + ((size_t)t * (size_t)H + (size_t)h) * (size_t)R,
                    (size_t)R * sizeof(float));
-        attn__cpu_gemm_nn(A, R, a->td, w, R, dpv, C);
+        attn__cpu_gemm_nn(kern, A, R, a->td, w, R, dpv, C);
         for (t = 0; t < a->td; t++)
-            attn__row_from_f32(C + (size_t)t * (size_t)dpv, a->dst.dtype,
+            attn__row_from_f32(kern, C + (size_t)t * (size_t)dpv, a->dst.dtype,
                                (char *)a->dst.data + (size_t)(t * a->dst.strides[0] + h * a->dst.strides[1]) * osz, Vd);
     }
 }
@@ -17576,6 +17906,7 @@ static const char *const *attn__kernel_source_lines(const char *name) {
 #endif /* ATTN_NO_CUDA */
 /* >>kernels-end */
 
+#endif /* !ATTN__SIMD_PASS */
 #endif /* ATTN_IMPLEMENTATION_DONE */
 #endif /* ATTN_IMPLEMENTATION */
 
