@@ -26,10 +26,19 @@
                                custom allocator: define all three or none
        ATTN_ASSERT(x)          internal invariant check (default: assert.h)
        ATTN_NO_THREADS         compile the thread pool out (single-threaded CPU backend)
-       ATTN_NO_SIMD            use the plain-C inner loops even where AVX2/AVX-512 exist
+       ATTN_NO_SIMD            use the plain-C inner loops even where AVX2/AVX-512 exist (the
+                               only variant compiled; see CPU INNER LOOPS)
+       ATTN_NO_SIMD_DISPATCH   compile only the variant the build's flags target (-mavx2 -mfma
+                               -mf16c: avx2; no -m flag: c), no run-time choice
+       ATTN_SIMD_DISPATCH      compile every variant even where the build targets AVX-512
+                               (x86-64, gcc or clang; tests/test_simd.c does, to compare them)
+       ATTN_SELF_INCLUDE       the header's own file name, for its inclusion of itself per
+                               variant (default "attn.h", found beside itself): define it as
+                               "name.h" for a renamed copy, or use ATTN_NO_SIMD_DISPATCH
        ATTN_CPU_BF16_DOT       opt-in: decode QK on bf16 caches with AVX512-BF16 dot products
                                (vdpbf16ps); q is rounded to bf16, so results change slightly;
-                               ignored where the build lacks AVX512-BF16
+                               ignored where the build lacks AVX512-BF16 (it needs a build that
+                               targets it, -mavx512bf16 / -march=native: it is not dispatched)
        ATTN_NO_CUDA            compile the CUDA path out whole: no CUDA library is ever
                                opened (no driver, NVRTC or cuBLAS probe), no kernel text or
                                compiler state is built in (the object is under a third of
@@ -82,6 +91,12 @@
                                alone instead of pairing a token's head tiles in 2-CTA
                                clusters that share its row gathers; read at layer creation
                                (default on)
+       ATTN_CPU_SIMD           the CPU inner loops a context runs: auto (default: the widest
+                               compiled variant the CPU has), avx512, avx2 or c
+                               (case-insensitive); read at attn_context_create. One that is not
+                               compiled in or that the CPU lacks is one WARN
+                               (ATTN_LOG_ENV_INVALID) and the automatic choice runs;
+                               attn_platform.cpu_simd_reason says so
        Booleans read 1/0, true/false, yes/no, on/off (case-insensitive). Apart from
        ATTN_BACKEND, a value that is not allowed logs one WARN line (ATTN_LOG_ENV_INVALID,
        through the context's hook) naming the variable, the value and what is allowed, and
@@ -175,6 +190,22 @@
        sparse call only (attn_mla_forward_sparse): CPU_MLA decodes its rows exactly; the
        CUDA MLA backends copy them raw into shared memory and widen them there into the
        layer's 16-bit type (so the keys are rounded to bf16/f16 before S).
+
+   CPU INNER LOOPS (issue 37)
+       The CPU backends' inner loops (QK and PV tiles, the decode kernels, softmax, row
+       conversions) come in variants: avx512 (AVX-512F), avx2 (AVX2 + FMA + F16C) and c
+       (portable C). On x86-64 with gcc or clang all three are compiled into the one object
+       (the header includes itself once per extra variant, compiled under a target
+       attribute: no -m flag needed) and each context runs the widest one its CPU has
+       (CPUID, with the OS's AVX / AVX-512 state), chosen at attn_context_create: so a build
+       with plain -O2 (pip's, a wheel's) runs AVX-512 where the CPU has it and plain C where
+       it has neither, at the speed of a -march=native build. attn_platform.cpu_simd names
+       the variant, cpu_simd_reason why (attn-info and python -m attn_h info print both);
+       env ATTN_CPU_SIMD forces one. Compile-time choice: a build that targets AVX-512
+       already (-mavx512f, -march=native on such a CPU) compiles that variant alone, as
+       ATTN_NO_SIMD_DISPATCH, ATTN_NO_SIMD, other compilers and other architectures compile
+       the one the flags give (aarch64: c, which the compiler may vectorise; no NEON
+       variant yet). Variants agree within f32 rounding (tests/test_simd.c).
 
    ERRORS AND LOGGING
        Every public function returns attn_status (ATTN_OK = 0); attn_status_string() names
@@ -393,6 +424,12 @@
               (cuLaunchKernelEx, an optional driver symbol; ATTN_MLA_SPARSE_CLUSTER=0 off;
               236.9 -> 253.0 TFLOP/s); a backend of another device than the layer's reports
               only that in the selection record. No API change.
+       0.18.0 the CPU inner loops chosen at run time (issue 37): avx512, avx2 and c compiled
+              into one object on x86-64 (gcc, clang) and picked per context by the CPU, so
+              pip's plain -O2 build decodes at -march=native's speed (16 x 2048 f16: 11x
+              faster than 0.17's pip build); attn_platform gains cpu_simd_reason (at the
+              end), env ATTN_CPU_SIMD forces a variant, ATTN_NO_SIMD_DISPATCH /
+              ATTN_SIMD_DISPATCH / ATTN_SELF_INCLUDE configure it (CPU INNER LOOPS).
 
    LICENSE: MIT, see the end of the file.
 */
@@ -2800,7 +2837,8 @@ ATTN_API float attn_fp8_e4m3_to_f32(uint8_t c) {
 ATTN_API float attn_fp8_e5m2_to_f32(uint8_t c) { return attn_f16_to_f32((uint16_t)((uint16_t)c << 8)); }
 
 /* Rows of n elements between storage and f32 (stores round to nearest even). The f16 and
-   bf16 ones are defined in >>cpu, next to the vector layer they use. */
+   bf16 ones are defined in >>cpu, next to the vector layer they use: the table below holds
+   the build's own variant's; the CPU kernels read their context's (attn__cpu_kernels). */
 static void attn__f32_row(const void *src, float *dst, int n) {
     memcpy(dst, src, (size_t)n * sizeof(float));
 }
@@ -5028,7 +5066,8 @@ ATTN_API attn_status attn_concat_and_cache_mla(attn_layer *layer, const attn_ten
    The portable C backend (CPU). Work is split into tasks of (request, KV heads, query
    tile[, key split]); a task loads all query heads of its KV-head group, so each K/V row is
    read once per group. Inner loops run on f32 tiles through a small vector layer: AVX-512,
-   AVX2+FMA+F16C, or plain C. The MLA backend (>>cpu_mla) runs on the same kernels and runner.
+   AVX2+FMA+F16C, or plain C, one variant per context (the SIMD block below: every variant
+   compiled in, chosen at create). The MLA backend (>>cpu_mla) runs on the same kernels.
    ======================================================================================= */
 
 /* ---- SIMD layer and row conversions ------------------------------------------------------ */
@@ -7269,7 +7308,8 @@ static void attn__cpu_sparse_run(void *varg, int task, int thread) {
     const int32_t *bt = a->b->block_table + (size_t)r * (size_t)a->b->block_table_stride;
     const int32_t *ix = (const int32_t *)a->idx.data + (size_t)t * (size_t)a->idx.strides[0];
     const size_t rb = attn__mla_row_bytes(d), qsz = attn_dtype_size(a->q.dtype), osz = attn_dtype_size(a->out.dtype);
-    float *K = a->ctx->scratch[thread], *S = K + (size_t)a->topk * (size_t)D, *o = S + ATTN__CPU_SPARSE_CHUNK;
+    float *K = a->ctx->scratch[thread], *S = K + (size_t)a->topk * (size_t)D;
+    float *o = S + ATTN__CPU_SPARSE_HEADS * ATTN__CPU_SPARSE_CHUNK;
     int n = 0, k, h, j, x;
     for (k = 0; k < a->topk; k++) { /* gather the valid rows */
         const int p = ix[k];
@@ -7288,7 +7328,7 @@ static void attn__cpu_sparse_run(void *varg, int task, int thread) {
     }
     { /* keys in chunks that stay in L2 across the group's heads: online softmax per head */
         const int nh = h1 - h0;
-        float *Q = o, *O = Q + (size_t)nh * (size_t)D, *M = O + (size_t)nh * (size_t)R, *L = M + nh;
+        float *Q = o, *O = Q + (size_t)nh * (size_t)D, *M = O + (size_t)nh * (size_t)R, *L = M + nh, *A = L + nh;
         for (h = 0; h < nh; h++) { /* the group's query rows (f32), running max, sum and output */
             const char *qr = (const char *)a->q.data + (size_t)(t * a->q.strides[0] + (h0 + h) * a->q.strides[1]) * qsz;
             float *qf2 = Q + (size_t)h * (size_t)D;
@@ -7303,24 +7343,25 @@ static void attn__cpu_sparse_run(void *varg, int task, int thread) {
             L[h] = 0.0f;
             for (x = 0; x < R; x++) O[(size_t)h * (size_t)R + x] = 0.0f;
         }
-        for (k = 0; k < n; k += ATTN__CPU_SPARSE_CHUNK) {
+        for (k = 0; k < n; k += ATTN__CPU_SPARSE_CHUNK) { /* the group's rows against the chunk */
             const int kn = ATTN__MIN(ATTN__CPU_SPARSE_CHUNK, n - k);
-            for (h = 0; h < nh; h++) { /* one query row against the chunk: QK, softmax, PV */
-                float mx = M[h], alpha, *oh = O + (size_t)h * (size_t)R;
-                kern->qk(Q + (size_t)h * (size_t)D, 1, K + (size_t)k * (size_t)D, kn, D, S, ATTN__CPU_SPARSE_CHUNK);
+            const float *Kc = K + (size_t)k * (size_t)D;
+            kern->qk(Q, nh, Kc, kn, D, S, ATTN__CPU_SPARSE_CHUNK); /* S[h][j] = q_h . k_j */
+            for (h = 0; h < nh; h++) { /* each head's online softmax step */
+                float mx = M[h], *s = S + (size_t)h * ATTN__CPU_SPARSE_CHUNK;
                 for (j = 0; j < kn; j++) {
-                    S[j] *= d->scale;
-                    mx = ATTN__MAX(mx, S[j]);
+                    s[j] *= d->scale;
+                    mx = ATTN__MAX(mx, s[j]);
                 }
-                alpha = M[h] == -INFINITY ? 0.0f : expf(M[h] - mx);
-                L[h] *= alpha;
+                A[h] = M[h] == -INFINITY ? 0.0f : expf(M[h] - mx);
+                L[h] *= A[h];
                 M[h] = mx;
                 for (j = 0; j < kn; j++) {
-                    S[j] = expf(S[j] - mx);
-                    L[h] += S[j];
+                    s[j] = expf(s[j] - mx);
+                    L[h] += s[j];
                 }
-                kern->pv(S, ATTN__CPU_SPARSE_CHUNK, 1, K + (size_t)k * (size_t)D, D, kn, R, oh, &alpha); /* oh = oh alpha + S.V */
             }
+            kern->pv(S, ATTN__CPU_SPARSE_CHUNK, nh, Kc, D, kn, R, O, A); /* O = O A + P . (the keys' first R) */
         }
         for (h = 0; h < nh; h++) { /* the sink joins the denominator; out and lse */
             float m = M[h], l = L[h], w = 1.0f, inv, lse, *oh = O + (size_t)h * (size_t)R;
@@ -7366,9 +7407,10 @@ static attn_status attn__cpu_mla_forward_sparse(const attn_backend *self, attn_l
     a.kv = (const char *)kv_cache->data;
     for (i = 0; i < 256; i++) a.e4m3[i] = attn_fp8_e4m3_to_f32((uint8_t)i);
     if ((st = attn__kv_scales(layer->ctx, d, "attn_mla_forward_sparse", &a.k_scale, &vs)) != ATTN_OK) return st;
-    /* K [topk][D], S [chunk], then the group's Q [heads][D], O [heads][R], M, L */
-    st = attn__scratch_reserve(layer->ctx, (size_t)a.topk * (size_t)d->head_size + ATTN__CPU_SPARSE_CHUNK +
-                                               (size_t)ATTN__CPU_SPARSE_HEADS * (size_t)(d->head_size + d->kv_lora_rank + 2) + 64);
+    /* K [topk][D], S [heads][chunk], then the group's Q [heads][D], O [heads][R], M, L, alpha */
+    st = attn__scratch_reserve(layer->ctx, (size_t)a.topk * (size_t)d->head_size +
+                                               ATTN__CPU_SPARSE_HEADS * ATTN__CPU_SPARSE_CHUNK +
+                                               (size_t)ATTN__CPU_SPARSE_HEADS * (size_t)(d->head_size + d->kv_lora_rank + 3) + 64);
     if (st != ATTN_OK) return st;
     attn__pool_run(layer->ctx->pool, attn__cpu_sparse_run, &a, a.b->num_actual_tokens * a.groups);
     return ATTN_OK;
