@@ -5104,9 +5104,9 @@ typedef struct attn__cpu_kernels {
     void (*pv)(const float *P, int ld, int M, const float *V, int ldv, int n, int dp, float *O,
                const float *alpha);
     void (*qk_direct)(const float *Q, int per_head, int nheads, const char *const *kp, size_t head_bytes,
-                      int n, int D, int dq, float *S, int ld, struct attn__cpu_pf *pf, attn_dtype dt);
-    void (*pv_direct)(const float *P, int ld, int M, const char *const *vp, size_t hoff, int n, int D,
-                      int dq, float *O, const float *alpha, struct attn__cpu_pf *pf, attn_dtype dt);
+                      int n, int D, int dq, float *S, struct attn__cpu_pf *pf, attn_dtype dt); /* S: ld NT */
+    void (*pv_direct)(const float *P, int M, const char *const *vp, size_t hoff, int n, int D, int dq,
+                      float *O, const float *alpha, struct attn__cpu_pf *pf, attn_dtype dt); /* P: ld NT */
     float (*softmax_row)(float *s, int n, float *m, float *l);
     void (*qk_bf16dot)(const uint16_t *Qb, int per_head, int nheads, const char *const *kp,
                        size_t head_bytes, int n, int D, int dq, float *S, int ld, struct attn__cpu_pf *pf);
@@ -5774,19 +5774,21 @@ ATTN__INLINE void attn__cpu_pv_direct_dt(const float *P, int ld, int M, const ch
         }
 }
 
-/* One instantiation per cache dtype, so the conversion is fixed inside the loops. Not
-   inlined into attn__cpu_task_run: the kernels' registers are then allocated on their own,
+/* One instantiation per cache dtype, so the conversion is fixed inside the loops; S rows
+   are ATTN__CPU_NT apart, a constant in the loops (called through the kernel table, a
+   row stride passed in cost decodes 4-13%). Not inlined into attn__cpu_task_run: the
+   kernels' registers are then allocated on their own,
    and an edit elsewhere in that large function cannot spill them (one did: -6% decode). */
 ATTN__NOINLINE static void attn__cpu_qk_direct(const float *Q, int per_head, int nheads, const char *const *kp,
-                                size_t head_bytes, int n, int D, int dq, float *S, int ld,
-                                attn__cpu_pf *pf, attn_dtype dt) {
+                                size_t head_bytes, int n, int D, int dq, float *S, attn__cpu_pf *pf,
+                                attn_dtype dt) {
     switch (dt) {
-    case ATTN_DTYPE_F32: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, pf, ATTN_DTYPE_F32); return;
-    case ATTN_DTYPE_F16: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, pf, ATTN_DTYPE_F16); return;
-    case ATTN_DTYPE_BF16: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, pf, ATTN_DTYPE_BF16); return;
-    case ATTN_DTYPE_FP8_E4M3: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, pf, ATTN_DTYPE_FP8_E4M3); return;
-    case ATTN_DTYPE_FP8_E5M2: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, pf, ATTN_DTYPE_FP8_E5M2); return;
-    case ATTN_DTYPE_INT8: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, pf, ATTN_DTYPE_INT8); return;
+    case ATTN_DTYPE_F32: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ATTN__CPU_NT, pf, ATTN_DTYPE_F32); return;
+    case ATTN_DTYPE_F16: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ATTN__CPU_NT, pf, ATTN_DTYPE_F16); return;
+    case ATTN_DTYPE_BF16: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ATTN__CPU_NT, pf, ATTN_DTYPE_BF16); return;
+    case ATTN_DTYPE_FP8_E4M3: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ATTN__CPU_NT, pf, ATTN_DTYPE_FP8_E4M3); return;
+    case ATTN_DTYPE_FP8_E5M2: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ATTN__CPU_NT, pf, ATTN_DTYPE_FP8_E5M2); return;
+    case ATTN_DTYPE_INT8: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ATTN__CPU_NT, pf, ATTN_DTYPE_INT8); return;
     case ATTN_DTYPE_AUTO: case ATTN_DTYPE_INT64: case ATTN_DTYPE_INT32: case ATTN_DTYPE_FP8_DS_MLA: case ATTN_DTYPE_COUNT: break;
     }
     ATTN_ASSERT(0);
@@ -5855,16 +5857,16 @@ static void attn__cpu_q_to_bf16(const float *Q, int rows, int D, int dq, uint16_
 }
 #endif
 
-ATTN__NOINLINE static void attn__cpu_pv_direct(const float *P, int ld, int M, const char *const *vp, size_t hoff,
+ATTN__NOINLINE static void attn__cpu_pv_direct(const float *P, int M, const char *const *vp, size_t hoff,
                                 int n, int D, int dq, float *O, const float *alpha, attn__cpu_pf *pf,
-                                attn_dtype dt) {
+                                attn_dtype dt) { /* P rows ATTN__CPU_NT apart, as S above */
     switch (dt) {
-    case ATTN_DTYPE_F32: attn__cpu_pv_direct_dt(P, ld, M, vp, hoff, n, D, dq, O, alpha, pf, ATTN_DTYPE_F32); return;
-    case ATTN_DTYPE_F16: attn__cpu_pv_direct_dt(P, ld, M, vp, hoff, n, D, dq, O, alpha, pf, ATTN_DTYPE_F16); return;
-    case ATTN_DTYPE_BF16: attn__cpu_pv_direct_dt(P, ld, M, vp, hoff, n, D, dq, O, alpha, pf, ATTN_DTYPE_BF16); return;
-    case ATTN_DTYPE_FP8_E4M3: attn__cpu_pv_direct_dt(P, ld, M, vp, hoff, n, D, dq, O, alpha, pf, ATTN_DTYPE_FP8_E4M3); return;
-    case ATTN_DTYPE_FP8_E5M2: attn__cpu_pv_direct_dt(P, ld, M, vp, hoff, n, D, dq, O, alpha, pf, ATTN_DTYPE_FP8_E5M2); return;
-    case ATTN_DTYPE_INT8: attn__cpu_pv_direct_dt(P, ld, M, vp, hoff, n, D, dq, O, alpha, pf, ATTN_DTYPE_INT8); return;
+    case ATTN_DTYPE_F32: attn__cpu_pv_direct_dt(P, ATTN__CPU_NT, M, vp, hoff, n, D, dq, O, alpha, pf, ATTN_DTYPE_F32); return;
+    case ATTN_DTYPE_F16: attn__cpu_pv_direct_dt(P, ATTN__CPU_NT, M, vp, hoff, n, D, dq, O, alpha, pf, ATTN_DTYPE_F16); return;
+    case ATTN_DTYPE_BF16: attn__cpu_pv_direct_dt(P, ATTN__CPU_NT, M, vp, hoff, n, D, dq, O, alpha, pf, ATTN_DTYPE_BF16); return;
+    case ATTN_DTYPE_FP8_E4M3: attn__cpu_pv_direct_dt(P, ATTN__CPU_NT, M, vp, hoff, n, D, dq, O, alpha, pf, ATTN_DTYPE_FP8_E4M3); return;
+    case ATTN_DTYPE_FP8_E5M2: attn__cpu_pv_direct_dt(P, ATTN__CPU_NT, M, vp, hoff, n, D, dq, O, alpha, pf, ATTN_DTYPE_FP8_E5M2); return;
+    case ATTN_DTYPE_INT8: attn__cpu_pv_direct_dt(P, ATTN__CPU_NT, M, vp, hoff, n, D, dq, O, alpha, pf, ATTN_DTYPE_INT8); return;
     case ATTN_DTYPE_AUTO: case ATTN_DTYPE_INT64: case ATTN_DTYPE_INT32: case ATTN_DTYPE_FP8_DS_MLA: case ATTN_DTYPE_COUNT: break;
     }
     ATTN_ASSERT(0);
@@ -6671,8 +6673,7 @@ static void attn__cpu_task_run(void *varg, int ti, int thread) {
                 kern->qk_bf16dot((const uint16_t *)(const void *)K, per_head, nheads, kp, head_bytes, n,
                                  dk, dpk, S, ATTN__CPU_NT, &pf);
             else
-                kern->qk_direct(Q, per_head, nheads, kp, head_bytes, n, dk, dpk, S, ATTN__CPU_NT,
-                                &pf, a->kv_dtype);
+                kern->qk_direct(Q, per_head, nheads, kp, head_bytes, n, dk, dpk, S, &pf, a->kv_dtype);
             n_next = ATTN__MIN(nt_keys, kmax - j0 - n);
             for (j = 0; j < n_next; j++) kp_next[j] = attn__cpu_krow(a, bt, j0 + n + j, tk->head0);
             attn__cpu_pf_init(&pf, kp_next, n_next, 1, (size_t)nheads * head_bytes, n * nheads);
@@ -6726,8 +6727,8 @@ static void attn__cpu_task_run(void *varg, int ti, int thread) {
                     for (j = 0; j < n; j++) s[j] *= rscale[ATTN__CPU_NT + j];
             }
             if (direct)
-                kern->pv_direct(Sh, ATTN__CPU_NT, per_head, vp, (size_t)h * head_bytes, n, dv, dpv,
-                                O + (size_t)r0 * (size_t)dpv, alpha + r0, &pf, a->kv_dtype);
+                kern->pv_direct(Sh, per_head, vp, (size_t)h * head_bytes, n, dv, dpv, O + (size_t)r0 * (size_t)dpv,
+                                alpha + r0, &pf, a->kv_dtype);
             else
                 kern->pv(Sh, ATTN__CPU_NT, per_head, Vh, ldv, n, dpv, O + (size_t)r0 * (size_t)dpv, alpha + r0);
         }
