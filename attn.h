@@ -6211,9 +6211,14 @@ static int attn__cpu_tile_keys(int heads) {
 #define ATTN__CPU_MAX_ROWS (1 << 20)
 
 static attn_status attn__cpu_meta_attach(attn_layer *layer, attn_metadata *meta, int64_t task_capacity,
-                                         int merge_capacity, int64_t rows_per_task, int tile_rows,
+                                         int merge_capacity, int64_t rows_per_task, int64_t tile_rows,
                                          int64_t partial_rows, int partial_dp, attn__cpu_meta **out) {
     attn__cpu_meta *cm = NULL;
+    if (tile_rows > ATTN__CPU_MAX_ROWS) /* K/V rows of a tile: KV heads x keys (the fuzzer's 1.8e9 heads) */
+        return attn__fail(layer->ctx, ATTN_ERROR_CAPACITY, ATTN_LOG_CAPACITY_EXCEEDED,
+                          "attn_metadata_create: a tile of the CPU schedule holds %lld K/V rows "
+                          "(num_kv_heads x its keys; allowed: at most %d)", (long long)tile_rows,
+                          ATTN__CPU_MAX_ROWS);
     if (task_capacity > ATTN__CPU_MAX_TASKS || rows_per_task > ATTN__CPU_MAX_ROWS ||
         partial_rows > (int64_t)ATTN__CPU_MAX_TASKS * 16)
         return attn__fail(layer->ctx, ATTN_ERROR_CAPACITY, ATTN_LOG_CAPACITY_EXCEEDED,
@@ -6228,7 +6233,7 @@ static attn_status attn__cpu_meta_attach(attn_layer *layer, attn_metadata *meta,
         cm->task_capacity = (int)task_capacity;
         cm->merge_capacity = merge_capacity;
         cm->rows_per_task = (int)rows_per_task;
-        cm->tile_rows = tile_rows;
+        cm->tile_rows = (int)tile_rows;
         cm->partial_capacity = (int)partial_rows;
         cm->partial_dp = partial_dp;
         cm->tasks = (attn__cpu_task *)attn__calloc((size_t)task_capacity, sizeof *cm->tasks);
@@ -6291,7 +6296,7 @@ static attn_status attn__cpu_metadata_init(const attn_backend *self, attn_layer 
     /* splits happen only while the batch has fewer than `want` base tasks, and at most
        ceil(want / base) per tile: fewer than 2 * want split tasks in all */
     st = attn__cpu_meta_attach(layer, meta, base + (int64_t)want * ATTN__CPU_MAX_SPLITS, want, rows,
-                               ATTN__MAX(ATTN__CPU_NT, d->num_kv_heads * attn__cpu_tile_keys(d->num_kv_heads)),
+                               ATTN__MAX(ATTN__CPU_NT, (int64_t)d->num_kv_heads * attn__cpu_tile_keys(d->num_kv_heads)),
                                2 * (int64_t)want * rows, attn__cpu_dp(d->head_size), &cm);
     if (st != ATTN_OK) return st;
     /* cascade rows: batches of at most max_num_reqs x decode_threshold tokens (decodes and
