@@ -133,8 +133,9 @@ hopper-check: $(B)/hopper_check
 	./$(B)/hopper_check
 
 # pip install of the attn_h package into a fresh venv, checked as a user would use it
-# (tests/pip_check.sh; needs python3-venv and PyPI for pip's build requirements).
-pip-check:
+# (tests/pip_check.sh; needs python3-venv and PyPI for pip's build requirements); its decode
+# is timed against build/libattn.so.
+pip-check: $(B)/libattn.so
 	bash tests/pip_check.sh
 
 # The pytest suite of python/attn_h.py: numpy always; CPU torch tensors where torch imports;

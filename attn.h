@@ -28,10 +28,19 @@
                                custom allocator: define all three or none
        ATTN_ASSERT(x)          internal invariant check (default: assert.h)
        ATTN_NO_THREADS         compile the thread pool out (single-threaded CPU backend)
-       ATTN_NO_SIMD            use the plain-C inner loops even where AVX2/AVX-512 exist
+       ATTN_NO_SIMD            use the plain-C inner loops even where AVX2/AVX-512 exist (the
+                               only variant compiled; see CPU INNER LOOPS)
+       ATTN_NO_SIMD_DISPATCH   compile only the variant the build's flags target (-mavx2 -mfma
+                               -mf16c: avx2; no -m flag: c), no run-time choice
+       ATTN_SIMD_DISPATCH      compile every variant even where the build targets AVX-512
+                               (x86-64, gcc or clang; tests/test_simd.c does, to compare them)
+       ATTN_SELF_INCLUDE       the header's own file name, for its inclusion of itself per
+                               variant (default "attn.h", found beside itself): define it as
+                               "name.h" for a renamed copy, or use ATTN_NO_SIMD_DISPATCH
        ATTN_CPU_BF16_DOT       opt-in: decode QK on bf16 caches with AVX512-BF16 dot products
                                (vdpbf16ps); q is rounded to bf16, so results change slightly;
-                               ignored where the build lacks AVX512-BF16
+                               ignored where the build lacks AVX512-BF16 (it needs a build that
+                               targets it, -mavx512bf16 / -march=native: it is not dispatched)
        ATTN_NO_CUDA            compile the CUDA path out whole: no CUDA library is ever
                                opened (no driver, NVRTC or cuBLAS probe), no kernel text or
                                compiler state is built in (the object is under a third of
@@ -96,6 +105,12 @@
                                alone instead of pairing a token's head tiles in 2-CTA
                                clusters that share its row gathers; read at layer creation
                                (default on)
+       ATTN_CPU_SIMD           the CPU inner loops a context runs: auto (default: the widest
+                               compiled variant the CPU has), avx512, avx2 or c
+                               (case-insensitive); read at attn_context_create. One that is not
+                               compiled in or that the CPU lacks is one WARN
+                               (ATTN_LOG_ENV_INVALID) and the automatic choice runs;
+                               attn_platform.cpu_simd_reason says so
        Booleans read 1/0, true/false, yes/no, on/off (case-insensitive). Apart from
        ATTN_BACKEND, a value that is not allowed logs one WARN line (ATTN_LOG_ENV_INVALID,
        through the context's hook) naming the variable, the value and what is allowed, and
@@ -190,6 +205,22 @@
        sparse call only (attn_mla_forward_sparse): CPU_MLA decodes its rows exactly; the
        CUDA MLA backends copy them raw into shared memory and widen them there into the
        layer's 16-bit type (so the keys are rounded to bf16/f16 before S).
+
+   CPU INNER LOOPS (issue 37)
+       The CPU backends' inner loops (QK and PV tiles, the decode kernels, softmax, row
+       conversions) come in variants: avx512 (AVX-512F), avx2 (AVX2 + FMA + F16C) and c
+       (portable C). On x86-64 with gcc or clang all three are compiled into the one object
+       (the header includes itself once per extra variant, compiled under a target
+       attribute: no -m flag needed) and each context runs the widest one its CPU has
+       (CPUID, with the OS's AVX / AVX-512 state), chosen at attn_context_create: so a build
+       with plain -O2 (pip's, a wheel's) runs AVX-512 where the CPU has it and plain C where
+       it has neither, at the speed of a -march=native build. attn_platform.cpu_simd names
+       the variant, cpu_simd_reason why (attn-info and python -m attn_h info print both);
+       env ATTN_CPU_SIMD forces one. Compile-time choice: a build that targets AVX-512
+       already (-mavx512f, -march=native on such a CPU) compiles that variant alone, as
+       ATTN_NO_SIMD_DISPATCH, ATTN_NO_SIMD, other compilers and other architectures compile
+       the one the flags give (aarch64: c, which the compiler may vectorise; no NEON
+       variant yet). Variants agree within f32 rounding (tests/test_simd.c).
 
    ERRORS AND LOGGING
        Every public function returns attn_status (ATTN_OK = 0); attn_status_string() names
@@ -408,6 +439,12 @@
               (cuLaunchKernelEx, an optional driver symbol; ATTN_MLA_SPARSE_CLUSTER=0 off;
               236.9 -> 253.0 TFLOP/s); a backend of another device than the layer's reports
               only that in the selection record. No API change.
+       0.18.0 the CPU inner loops chosen at run time (issue 37): avx512, avx2 and c compiled
+              into one object on x86-64 (gcc, clang) and picked per context by the CPU, so
+              pip's plain -O2 build decodes at -march=native's speed (16 x 2048 f16 on
+              AVX-512: 109 -> 10.5 ms; make's 10.0); attn_platform gains cpu_simd_reason
+              (at the end), env ATTN_CPU_SIMD forces a variant, ATTN_NO_SIMD_DISPATCH /
+              ATTN_SIMD_DISPATCH / ATTN_SELF_INCLUDE configure it (CPU INNER LOOPS).
 
    LICENSE: MIT, see the end of the file.
 */
@@ -658,7 +695,8 @@ typedef struct attn_platform {
     attn_platform_kind kind;      /* CUDA when a driver and a device were found */
     int cpu_cores;                /* online cores */
     int cpu_threads;              /* worker threads the context uses */
-    char cpu_simd[32];            /* the inner loops compiled in: "avx512", "avx2", "c" */
+    char cpu_simd[32];            /* the CPU inner loops this context runs: "avx512", "avx2",
+                                     "c" (chosen at create; cpu_simd_reason says why) */
     int cuda_device_count;
     int cuda_capability_major;    /* of device 0; 0 when none */
     int cuda_capability_minor;
@@ -681,6 +719,9 @@ typedef struct attn_platform {
     char cuda_library[256];       /* the name (path or soname) each library was opened as; */
     char nvrtc_library[256];      /*   "" when it was not (the reasons above say why) */
     char cublas_library[256];
+    char cpu_simd_reason[192];    /* why cpu_simd: the CPU's features, ATTN_CPU_SIMD, the
+                                     variants compiled in (e.g. "the widest variant this CPU
+                                     runs; cpu: avx512f avx2 fma f16c; compiled: avx512 avx2 c") */
 } attn_platform;
 
 ATTN_API attn_status attn_platform_get(attn_context *ctx, attn_platform *out);
@@ -1392,7 +1433,10 @@ ATTN_API attn_status attn_dcp_combine(attn_context *ctx, int n, const attn_tenso
    ======================================================================================= */
 
 #ifdef ATTN_IMPLEMENTATION
-#ifndef ATTN_IMPLEMENTATION_DONE
+/* ATTN__SIMD_PASS: the header including itself to compile >>cpu's SIMD block once more, for
+   another variant (ATTN__SIMD_DISPATCH); everything else is skipped then. */
+#if !defined(ATTN_IMPLEMENTATION_DONE) || defined(ATTN__SIMD_PASS)
+#ifndef ATTN__SIMD_PASS
 #define ATTN_IMPLEMENTATION_DONE
 
 /* =======================================================================================
@@ -1451,14 +1495,38 @@ ATTN_API attn_status attn_dcp_combine(attn_context *ctx, int n, const attn_tenso
 #define ATTN__PRINTF(a, b)
 #endif
 
-#if !defined(ATTN_NO_SIMD) && defined(__AVX512F__)
-#define ATTN__SIMD_AVX512 1
-#elif !defined(ATTN_NO_SIMD) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#define ATTN__SIMD_AVX2 1
+/* The CPU inner loops (>>cpu's SIMD block) come in variants: c (portable C), avx2 (AVX2 +
+   FMA + F16C) and avx512 (AVX-512F). ATTN__SIMD_BUILD is the one the build's flags target.
+   With dispatch (ATTN__SIMD_DISPATCH: x86-64 under gcc or clang, unless the build targets
+   AVX-512 already, ATTN_NO_SIMD or ATTN_NO_SIMD_DISPATCH; ATTN_SIMD_DISPATCH forces it) the
+   block is compiled for every variant in this one translation unit, each wider one under a
+   target attribute, and each context runs the widest its CPU has (attn__cpu_kernels_choose;
+   env ATTN_CPU_SIMD forces one). Without, only the build's variant is compiled. */
+#define ATTN__SIMD_ID_C 0
+#define ATTN__SIMD_ID_AVX2 1
+#define ATTN__SIMD_ID_AVX512 2
+#if defined(ATTN_NO_SIMD)
+#define ATTN__SIMD_BUILD ATTN__SIMD_ID_C
+#elif defined(__AVX512F__)
+#define ATTN__SIMD_BUILD ATTN__SIMD_ID_AVX512
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define ATTN__SIMD_BUILD ATTN__SIMD_ID_AVX2
 #else
-#define ATTN__SIMD_C 1
+#define ATTN__SIMD_BUILD ATTN__SIMD_ID_C
 #endif
-#if defined(ATTN__SIMD_AVX512) || defined(ATTN__SIMD_AVX2)
+#if !defined(ATTN_NO_SIMD) && !defined(ATTN_NO_SIMD_DISPATCH) && defined(__x86_64__) && \
+    (defined(__GNUC__) || defined(__clang__)) && (ATTN__SIMD_BUILD != ATTN__SIMD_ID_AVX512 || defined(ATTN_SIMD_DISPATCH))
+#define ATTN__SIMD_DISPATCH 1
+#else
+#define ATTN__SIMD_DISPATCH 0
+#endif
+#ifndef ATTN_SELF_INCLUDE
+#define ATTN_SELF_INCLUDE "attn.h" /* how the header includes itself (per SIMD variant) */
+#endif
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h> /* attn__cpu_features */
+#endif
+#if ATTN__SIMD_BUILD != ATTN__SIMD_ID_C || ATTN__SIMD_DISPATCH
 #if defined(__GNUC__) && !defined(__clang__)
 /* g++ 12 flags its own AVX-512 headers (-Wmaybe-uninitialized on _mm512_undefined_*). */
 #pragma GCC diagnostic push
@@ -1549,23 +1617,13 @@ static const char *attn__trim_env(const char *name) {
 
 /* =======================================================================================
    >>platform
-   What this process can run on: cores, the compiled SIMD path, and the run-time
-   libraries (CUDA driver, NVRTC) loaded through one table each; a missing piece is a reason.
+   What this process can run on: cores, and the run-time libraries (CUDA driver, NVRTC)
+   loaded through one table each; a missing piece is a reason. (The CPU's SIMD variant: >>cpu.)
    ======================================================================================= */
 
 static int attn__cpu_cores(void) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 ? (int)n : 1;
-}
-
-static const char *attn__simd_name(void) {
-#if defined(ATTN__SIMD_AVX512)
-    return "avx512";
-#elif defined(ATTN__SIMD_AVX2)
-    return "avx2";
-#else
-    return "c";
-#endif
 }
 
 /* The CUDA platform: everything below, to the end of attn__probe_cuda, is compiled only
@@ -1982,6 +2040,7 @@ ATTN_API size_t attn_platform_format(const attn_platform *p, char *buf, size_t s
                  "  cpu_cores: %d\n"
                  "  cpu_threads: %d\n"
                  "  cpu_simd: %s\n"
+                 "  cpu_simd_reason: %s\n"
                  "  cuda_devices: %d\n"
                  "  cuda_device: %s\n"
                  "  device_capability: %d.%d\n"
@@ -1999,7 +2058,7 @@ ATTN_API size_t attn_platform_format(const attn_platform *p, char *buf, size_t s
                  "  nvrtc_library: %s\n"
                  "  cublas_library: %s\n",
                  p->kind == ATTN_PLATFORM_CUDA ? "CUDA" : "CPU", p->cpu_cores, p->cpu_threads,
-                 p->cpu_simd, p->cuda_device_count,
+                 p->cpu_simd, p->cpu_simd_reason[0] ? p->cpu_simd_reason : "none", p->cuda_device_count,
                  p->cuda_device_name[0] ? p->cuda_device_name : "none",
                  p->cuda_capability_major, p->cuda_capability_minor, p->cuda_multiprocessors,
                  p->cuda_shared_per_block, p->cuda_driver_version, (unsigned long long)(p->cuda_memory_bytes >> 20),
@@ -2166,6 +2225,7 @@ struct attn_context {
     attn_log_level log_level;
     uint64_t serial;                 /* names the context in the threads' error slots */
     attn_platform platform;
+    const struct attn__cpu_kernels *cpu_kernels; /* the SIMD variant its CPU work runs (>>cpu) */
     int num_threads;
     attn__threadpool *pool;
     float **scratch;                 /* one per thread, grown on demand */
@@ -2481,6 +2541,7 @@ static attn_status attn__create_fail(attn_context *logger, attn_status status, a
     return status;
 }
 
+static void attn__cpu_kernels_choose(attn_context *ctx);          /* >>cpu */
 #ifndef ATTN_NO_CUDA
 static void attn__cuda_release(attn_context *ctx);                /* >>cuda */
 struct attn__kernel_cache;                                         /* >>nvrtc */
@@ -2551,7 +2612,7 @@ ATTN_API attn_status attn_context_create(const attn_context_desc *desc, attn_con
     }
     ctx->platform.cpu_cores = attn__cpu_cores();
     ctx->platform.cpu_threads = threads;
-    attn__strlcpy(ctx->platform.cpu_simd, attn__simd_name(), sizeof ctx->platform.cpu_simd);
+    attn__cpu_kernels_choose(ctx); /* the CPU inner loops: platform.cpu_simd and its reason */
     if (d.loader) ctx->loader = *d.loader;
     { /* the CUDA libraries' names: the desc's, else the environment's (copied now) */
         const char *given[3], *envs[3] = {"ATTN_CUDA_LIBRARY", "ATTN_NVRTC_LIBRARY", "ATTN_CUBLAS_LIBRARY"};
@@ -2591,9 +2652,9 @@ ATTN_API attn_status attn_context_create(const attn_context_desc *desc, attn_con
         attn__log(ctx, ATTN_LOG_LEVEL_DEBUG, ATTN_LOG_CUDA_UNAVAILABLE, "CUDA: %s",
                   ctx->platform.cuda_reason);
     attn__log(ctx, ATTN_LOG_LEVEL_DEBUG, ATTN_LOG_PLATFORM_PROBED,
-              "platform %s, %d cores, %d threads, simd %s",
+              "platform %s, %d cores, %d threads, simd %s (%s)",
               ctx->platform.kind == ATTN_PLATFORM_CUDA ? "CUDA" : "CPU",
-              ctx->platform.cpu_cores, threads, ctx->platform.cpu_simd);
+              ctx->platform.cpu_cores, threads, ctx->platform.cpu_simd, ctx->platform.cpu_simd_reason);
     *out = ctx;
     return ATTN_OK;
 }
@@ -2799,7 +2860,8 @@ ATTN_API float attn_fp8_e4m3_to_f32(uint8_t c) {
 ATTN_API float attn_fp8_e5m2_to_f32(uint8_t c) { return attn_f16_to_f32((uint16_t)((uint16_t)c << 8)); }
 
 /* Rows of n elements between storage and f32 (stores round to nearest even). The f16 and
-   bf16 ones are defined in >>cpu, next to the vector layer they use. */
+   bf16 ones are defined in >>cpu, next to the vector layer they use: the table below holds
+   the build's own variant's; the CPU kernels read their context's (attn__cpu_kernels). */
 static void attn__f32_row(const void *src, float *dst, int n) {
     memcpy(dst, src, (size_t)n * sizeof(float));
 }
@@ -5092,7 +5154,8 @@ ATTN_API attn_status attn_concat_and_cache_mla(attn_layer *layer, const attn_ten
    The portable C backend (CPU). Work is split into tasks of (request, KV heads, query
    tile[, key split]); a task loads all query heads of its KV-head group, so each K/V row is
    read once per group. Inner loops run on f32 tiles through a small vector layer: AVX-512,
-   AVX2+FMA+F16C, or plain C. The MLA backend (>>cpu_mla) runs on the same kernels and runner.
+   AVX2+FMA+F16C, or plain C, one variant per context (the SIMD block below: every variant
+   compiled in, chosen at create). The MLA backend (>>cpu_mla) runs on the same kernels.
    ======================================================================================= */
 
 /* ---- SIMD layer and row conversions ------------------------------------------------------ */
@@ -5113,6 +5176,68 @@ ATTN_API attn_status attn_concat_and_cache_mla(attn_layer *layer, const attn_ten
 #define ATTN__CPU_BF16_DOT_ON 1
 #else
 #define ATTN__CPU_BF16_DOT_ON 0
+#endif
+
+/* The inner loops of one SIMD variant, as the runner and the MLA paths call them: a
+   context holds the table of the variant it runs (attn__cpu_kernels_choose). width: the
+   f32 lanes of its vectors (the direct decode kernels take head sizes in multiples of it);
+   qk_bf16dot / q_to_bf16: ATTN_CPU_BF16_DOT's decode QK, NULL where the variant has none. */
+struct attn__cpu_pf;
+typedef struct attn__cpu_kernels {
+    const char *name;
+    int width;
+    void (*load_row)(const void *src, attn_dtype dt, float *dst, int n); /* n elements -> f32 */
+    void (*store_row)(const float *src, attn_dtype dt, void *dst, int n); /* f32 -> n elements (RNE) */
+    void (*qk)(const float *Q, int M, const float *K, int n, int dp, float *S, int ld);
+    void (*pv)(const float *P, int ld, int M, const float *V, int ldv, int n, int dp, float *O,
+               const float *alpha);
+    void (*qk_direct)(const float *Q, int per_head, int nheads, const char *const *kp, size_t head_bytes,
+                      int n, int D, int dq, float *S, struct attn__cpu_pf *pf, attn_dtype dt); /* S: ld NT */
+    void (*pv_direct)(const float *P, int M, const char *const *vp, size_t hoff, int n, int D, int dq,
+                      float *O, const float *alpha, struct attn__cpu_pf *pf, attn_dtype dt); /* P: ld NT */
+    float (*softmax_row)(float *s, int n, float *m, float *l);
+    void (*qk_bf16dot)(const uint16_t *Qb, int per_head, int nheads, const char *const *kp,
+                       size_t head_bytes, int n, int D, int dq, float *S, int ld, struct attn__cpu_pf *pf);
+    void (*q_to_bf16)(const float *Q, int rows, int D, int dq, uint16_t *Qb);
+} attn__cpu_kernels;
+
+#endif /* !ATTN__SIMD_PASS */
+/* ---- the SIMD block: from here to attn__cpu_softmax_row, compiled once per variant -------
+   In place for the build's own variant (ATTN__SIMD_BUILD); under dispatch once more for each
+   other one, by the header including itself with ATTN__SIMD_PASS set to it (the block's
+   names then carry the variant's suffix, see the pass driver after it). The variant being
+   compiled is ATTN__SIMD_V; parts without vector code sit in #ifndef ATTN__SIMD_PASS. */
+#ifdef ATTN__SIMD_PASS
+#define ATTN__SIMD_V ATTN__SIMD_PASS
+#else
+#define ATTN__SIMD_V ATTN__SIMD_BUILD
+#endif
+#if ATTN__SIMD_V == ATTN__SIMD_ID_AVX512
+#define ATTN__SIMD_AVX512 1
+#define ATTN__SIMD_TABLE attn__cpu_kernels_avx512
+#elif ATTN__SIMD_V == ATTN__SIMD_ID_AVX2
+#define ATTN__SIMD_AVX2 1
+#define ATTN__SIMD_TABLE attn__cpu_kernels_avx2
+#else
+#define ATTN__SIMD_C 1
+#define ATTN__SIMD_TABLE attn__cpu_kernels_c
+#endif
+/* A variant wider than the build's flags: every function of the block gets its target. */
+#if ATTN__SIMD_V > ATTN__SIMD_BUILD && defined(__clang__)
+#define ATTN__SIMD_TARGETED 1
+#if ATTN__SIMD_V == ATTN__SIMD_ID_AVX512
+#pragma clang attribute push(__attribute__((target("avx512f,avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#endif
+#elif ATTN__SIMD_V > ATTN__SIMD_BUILD
+#define ATTN__SIMD_TARGETED 1
+#pragma GCC push_options
+#if ATTN__SIMD_V == ATTN__SIMD_ID_AVX512
+#pragma GCC target("avx512f,avx2,fma,f16c")
+#else
+#pragma GCC target("avx2,fma,f16c")
+#endif
 #endif
 
 #if defined(ATTN__SIMD_AVX512)
@@ -5376,6 +5501,31 @@ static void attn__row_to_bf16(const float *s, void *dst, int n) {
     int i;
     for (i = 0; i < n; i++) d[i] = attn_f32_to_bf16(s[i]);
 }
+/* The variant's rows of every element type (attn__cpu_kernels.load_row / store_row). */
+static void attn__cpu_load_row(const void *src, attn_dtype dt, float *dst, int n) {
+    switch (dt) {
+    case ATTN_DTYPE_F32: attn__f32_row(src, dst, n); return;
+    case ATTN_DTYPE_F16: attn__f16_row(src, dst, n); return;
+    case ATTN_DTYPE_BF16: attn__bf16_row(src, dst, n); return;
+    case ATTN_DTYPE_FP8_E4M3: attn__e4m3_row(src, dst, n); return;
+    case ATTN_DTYPE_FP8_E5M2: attn__e5m2_row(src, dst, n); return;
+    case ATTN_DTYPE_INT8: attn__i8_row(src, dst, n); return;
+    case ATTN_DTYPE_AUTO: case ATTN_DTYPE_INT64: case ATTN_DTYPE_INT32: case ATTN_DTYPE_FP8_DS_MLA: case ATTN_DTYPE_COUNT: break;
+    }
+    ATTN_ASSERT(0);
+}
+static void attn__cpu_store_row(const float *src, attn_dtype dt, void *dst, int n) {
+    switch (dt) {
+    case ATTN_DTYPE_F32: attn__row_store_f32(src, dst, n); return;
+    case ATTN_DTYPE_F16: attn__row_to_f16(src, dst, n); return;
+    case ATTN_DTYPE_BF16: attn__row_to_bf16(src, dst, n); return;
+    case ATTN_DTYPE_FP8_E4M3: attn__row_to_e4m3(src, dst, n); return;
+    case ATTN_DTYPE_FP8_E5M2: attn__row_to_e5m2(src, dst, n); return;
+    case ATTN_DTYPE_INT8: attn__row_to_i8(src, dst, n); return;
+    case ATTN_DTYPE_AUTO: case ATTN_DTYPE_INT64: case ATTN_DTYPE_INT32: case ATTN_DTYPE_FP8_DS_MLA: case ATTN_DTYPE_COUNT: break;
+    }
+    ATTN_ASSERT(0);
+}
 
 /* 2^x with |relative error| < 2e-7; x <= -127 gives exactly 0 (masked scores). */
 ATTN__INLINE attn__vf attn__vexp2(attn__vf x) {
@@ -5392,19 +5542,6 @@ ATTN__INLINE attn__vf attn__vexp2(attn__vf x) {
     p = attn__vfma(p, f, attn__vset1(6.9314718e-01f));
     p = attn__vfma(p, f, attn__vset1(1.0f));
     return attn__vmul(p, attn__vpow2i(n));
-}
-
-/* A row of n elements of type dt -> f32, zero-padded to npad (through the dtype table). */
-static void attn__row_to_f32(const void *src, attn_dtype dt, float *dst, int n, int npad) {
-    int i;
-    ATTN_ASSERT(attn__dtype_valid(dt) && attn__dtypes[dt].load_row);
-    attn__dtypes[dt].load_row(src, dst, n);
-    for (i = n; i < npad; i++) dst[i] = 0.0f;
-}
-
-static void attn__row_from_f32(const float *src, attn_dtype dt, void *dst, int n) {
-    ATTN_ASSERT(attn__dtype_valid(dt) && attn__dtypes[dt].store_row);
-    attn__dtypes[dt].store_row(src, dst, n);
 }
 
 ATTN__INLINE float attn__dot(const float *a, const float *b, int dp) {
@@ -5517,6 +5654,7 @@ static void attn__cpu_pv(const float *P, int ld, int M, const float *V, int ldv,
     }
 }
 
+#ifndef ATTN__SIMD_PASS /* the prefetch helpers: no vector code, compiled once */
 /* How far ahead the decode kernels ask for K (keys) and V (rows) while they compute: the
    only requests for a task's first tile, later a second one for rows the pipeline below
    asked for (measured: it helps when that one is late or dropped). Hint 2 is T1, which
@@ -5592,6 +5730,7 @@ ATTN__INLINE void attn__cpu_pf_step(attn__cpu_pf *pf) {
     (void)pf;
 #endif
 }
+#endif /* !ATTN__SIMD_PASS */
 
 /* One vector of a K/V row straight from the cache, converted to f32 in registers. dt is a
    compile-time constant in every instantiation, so the switch folds away. */
@@ -5723,24 +5862,26 @@ ATTN__INLINE void attn__cpu_pv_direct_dt(const float *P, int ld, int M, const ch
         }
 }
 
-/* One instantiation per cache dtype, so the conversion is fixed inside the loops. Not
-   inlined into attn__cpu_task_run: the kernels' registers are then allocated on their own,
+/* One instantiation per cache dtype, so the conversion is fixed inside the loops; S rows
+   are ATTN__CPU_NT apart, a constant in the loops (called through the kernel table, a
+   row stride passed in cost decodes 4-13%). Not inlined into attn__cpu_task_run: the
+   kernels' registers are then allocated on their own,
    and an edit elsewhere in that large function cannot spill them (one did: -6% decode). */
 ATTN__NOINLINE static void attn__cpu_qk_direct(const float *Q, int per_head, int nheads, const char *const *kp,
-                                size_t head_bytes, int n, int D, int dq, float *S, int ld,
-                                attn__cpu_pf *pf, attn_dtype dt) {
+                                size_t head_bytes, int n, int D, int dq, float *S, attn__cpu_pf *pf,
+                                attn_dtype dt) {
     switch (dt) {
-    case ATTN_DTYPE_F32: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, pf, ATTN_DTYPE_F32); return;
-    case ATTN_DTYPE_F16: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, pf, ATTN_DTYPE_F16); return;
-    case ATTN_DTYPE_BF16: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, pf, ATTN_DTYPE_BF16); return;
-    case ATTN_DTYPE_FP8_E4M3: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, pf, ATTN_DTYPE_FP8_E4M3); return;
-    case ATTN_DTYPE_FP8_E5M2: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, pf, ATTN_DTYPE_FP8_E5M2); return;
-    case ATTN_DTYPE_INT8: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ld, pf, ATTN_DTYPE_INT8); return;
+    case ATTN_DTYPE_F32: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ATTN__CPU_NT, pf, ATTN_DTYPE_F32); return;
+    case ATTN_DTYPE_F16: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ATTN__CPU_NT, pf, ATTN_DTYPE_F16); return;
+    case ATTN_DTYPE_BF16: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ATTN__CPU_NT, pf, ATTN_DTYPE_BF16); return;
+    case ATTN_DTYPE_FP8_E4M3: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ATTN__CPU_NT, pf, ATTN_DTYPE_FP8_E4M3); return;
+    case ATTN_DTYPE_FP8_E5M2: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ATTN__CPU_NT, pf, ATTN_DTYPE_FP8_E5M2); return;
+    case ATTN_DTYPE_INT8: attn__cpu_qk_direct_dt(Q, per_head, nheads, kp, head_bytes, n, D, dq, S, ATTN__CPU_NT, pf, ATTN_DTYPE_INT8); return;
     case ATTN_DTYPE_AUTO: case ATTN_DTYPE_INT64: case ATTN_DTYPE_INT32: case ATTN_DTYPE_FP8_DS_MLA: case ATTN_DTYPE_COUNT: break;
     }
     ATTN_ASSERT(0);
 }
-#if ATTN__CPU_BF16_DOT_ON
+#if ATTN__CPU_BF16_DOT_ON && defined(ATTN__SIMD_AVX512)
 /* q . k over D bf16 elements (D a multiple of 32), 32 per vdpbf16ps. */
 ATTN__INLINE float attn__cpu_dot_bf16(const uint16_t *q, const char *k, int D) {
     __m512 acc = _mm512_setzero_ps();
@@ -5804,16 +5945,16 @@ static void attn__cpu_q_to_bf16(const float *Q, int rows, int D, int dq, uint16_
 }
 #endif
 
-ATTN__NOINLINE static void attn__cpu_pv_direct(const float *P, int ld, int M, const char *const *vp, size_t hoff,
+ATTN__NOINLINE static void attn__cpu_pv_direct(const float *P, int M, const char *const *vp, size_t hoff,
                                 int n, int D, int dq, float *O, const float *alpha, attn__cpu_pf *pf,
-                                attn_dtype dt) {
+                                attn_dtype dt) { /* P rows ATTN__CPU_NT apart, as S above */
     switch (dt) {
-    case ATTN_DTYPE_F32: attn__cpu_pv_direct_dt(P, ld, M, vp, hoff, n, D, dq, O, alpha, pf, ATTN_DTYPE_F32); return;
-    case ATTN_DTYPE_F16: attn__cpu_pv_direct_dt(P, ld, M, vp, hoff, n, D, dq, O, alpha, pf, ATTN_DTYPE_F16); return;
-    case ATTN_DTYPE_BF16: attn__cpu_pv_direct_dt(P, ld, M, vp, hoff, n, D, dq, O, alpha, pf, ATTN_DTYPE_BF16); return;
-    case ATTN_DTYPE_FP8_E4M3: attn__cpu_pv_direct_dt(P, ld, M, vp, hoff, n, D, dq, O, alpha, pf, ATTN_DTYPE_FP8_E4M3); return;
-    case ATTN_DTYPE_FP8_E5M2: attn__cpu_pv_direct_dt(P, ld, M, vp, hoff, n, D, dq, O, alpha, pf, ATTN_DTYPE_FP8_E5M2); return;
-    case ATTN_DTYPE_INT8: attn__cpu_pv_direct_dt(P, ld, M, vp, hoff, n, D, dq, O, alpha, pf, ATTN_DTYPE_INT8); return;
+    case ATTN_DTYPE_F32: attn__cpu_pv_direct_dt(P, ATTN__CPU_NT, M, vp, hoff, n, D, dq, O, alpha, pf, ATTN_DTYPE_F32); return;
+    case ATTN_DTYPE_F16: attn__cpu_pv_direct_dt(P, ATTN__CPU_NT, M, vp, hoff, n, D, dq, O, alpha, pf, ATTN_DTYPE_F16); return;
+    case ATTN_DTYPE_BF16: attn__cpu_pv_direct_dt(P, ATTN__CPU_NT, M, vp, hoff, n, D, dq, O, alpha, pf, ATTN_DTYPE_BF16); return;
+    case ATTN_DTYPE_FP8_E4M3: attn__cpu_pv_direct_dt(P, ATTN__CPU_NT, M, vp, hoff, n, D, dq, O, alpha, pf, ATTN_DTYPE_FP8_E4M3); return;
+    case ATTN_DTYPE_FP8_E5M2: attn__cpu_pv_direct_dt(P, ATTN__CPU_NT, M, vp, hoff, n, D, dq, O, alpha, pf, ATTN_DTYPE_FP8_E5M2); return;
+    case ATTN_DTYPE_INT8: attn__cpu_pv_direct_dt(P, ATTN__CPU_NT, M, vp, hoff, n, D, dq, O, alpha, pf, ATTN_DTYPE_INT8); return;
     case ATTN_DTYPE_AUTO: case ATTN_DTYPE_INT64: case ATTN_DTYPE_INT32: case ATTN_DTYPE_FP8_DS_MLA: case ATTN_DTYPE_COUNT: break;
     }
     ATTN_ASSERT(0);
@@ -5855,6 +5996,238 @@ static float attn__cpu_softmax_row(float *s, int n, float *m, float *l) {
     *l = *l * alpha + attn__vhadd(sum);
     *m = mnew;
     return alpha;
+}
+
+static const attn__cpu_kernels ATTN__SIMD_TABLE = {
+#if defined(ATTN__SIMD_AVX512)
+    "avx512",
+#elif defined(ATTN__SIMD_AVX2)
+    "avx2",
+#else
+    "c",
+#endif
+    ATTN__W, attn__cpu_load_row, attn__cpu_store_row, attn__cpu_qk, attn__cpu_pv, attn__cpu_qk_direct,
+    attn__cpu_pv_direct, attn__cpu_softmax_row,
+#if ATTN__CPU_BF16_DOT_ON && defined(ATTN__SIMD_AVX512)
+    attn__cpu_qk_bf16dot, attn__cpu_q_to_bf16
+#else
+    NULL, NULL
+#endif
+};
+
+#ifdef ATTN__SIMD_TARGETED
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+#undef ATTN__SIMD_TARGETED
+#endif
+#undef ATTN__SIMD_V
+#undef ATTN__SIMD_TABLE
+#undef ATTN__SIMD_AVX512
+#undef ATTN__SIMD_AVX2
+#undef ATTN__SIMD_C
+#undef ATTN__W
+#undef ATTN__QK_RB
+#undef ATTN__VKEEP
+/* ---- end of the SIMD block ------------------------------------------------------------- */
+#ifndef ATTN__SIMD_PASS
+
+/* The pass driver. The block's names become macros that append ATTN__SIMD_SUFFIX, so that
+   each pass compiles the block under names of its own (attn__cpu_qk_avx2, ...); past the
+   passes they end in a suffix nothing defines, so code below reaches the kernels through
+   a context's table (ctx->cpu_kernels) only, never one variant by name. */
+#define ATTN__SIMD_NAME(n) ATTN__SIMD_PASTE(n, ATTN__SIMD_SUFFIX)
+#define ATTN__SIMD_PASTE(a, b) ATTN__SIMD_PASTE2(a, b)
+#define ATTN__SIMD_PASTE2(a, b) a##b
+#define attn__vf ATTN__SIMD_NAME(attn__vf)
+#define attn__vld ATTN__SIMD_NAME(attn__vld)
+#define attn__vst ATTN__SIMD_NAME(attn__vst)
+#define attn__vset1 ATTN__SIMD_NAME(attn__vset1)
+#define attn__vzero ATTN__SIMD_NAME(attn__vzero)
+#define attn__vfma ATTN__SIMD_NAME(attn__vfma)
+#define attn__vmul ATTN__SIMD_NAME(attn__vmul)
+#define attn__vadd ATTN__SIMD_NAME(attn__vadd)
+#define attn__vsub ATTN__SIMD_NAME(attn__vsub)
+#define attn__vmax ATTN__SIMD_NAME(attn__vmax)
+#define attn__vhadd ATTN__SIMD_NAME(attn__vhadd)
+#define attn__vhmax ATTN__SIMD_NAME(attn__vhmax)
+#define attn__vany_nan ATTN__SIMD_NAME(attn__vany_nan)
+#define attn__vround ATTN__SIMD_NAME(attn__vround)
+#define attn__vpow2i ATTN__SIMD_NAME(attn__vpow2i)
+#define attn__vclamp ATTN__SIMD_NAME(attn__vclamp)
+#define attn__hsum_block_store ATTN__SIMD_NAME(attn__hsum_block_store)
+#define attn__vld_f16 ATTN__SIMD_NAME(attn__vld_f16)
+#define attn__vld_bf16 ATTN__SIMD_NAME(attn__vld_bf16)
+#define attn__vst_f16 ATTN__SIMD_NAME(attn__vst_f16)
+#define attn__vld_e4m3 ATTN__SIMD_NAME(attn__vld_e4m3)
+#define attn__vld_i8 ATTN__SIMD_NAME(attn__vld_i8)
+#define attn__vld_e5m2 ATTN__SIMD_NAME(attn__vld_e5m2)
+#define attn__f16_row ATTN__SIMD_NAME(attn__f16_row)
+#define attn__bf16_row ATTN__SIMD_NAME(attn__bf16_row)
+#define attn__e4m3_row ATTN__SIMD_NAME(attn__e4m3_row)
+#define attn__e5m2_row ATTN__SIMD_NAME(attn__e5m2_row)
+#define attn__i8_row ATTN__SIMD_NAME(attn__i8_row)
+#define attn__row_to_f16 ATTN__SIMD_NAME(attn__row_to_f16)
+#define attn__row_to_bf16 ATTN__SIMD_NAME(attn__row_to_bf16)
+#define attn__cpu_load_row ATTN__SIMD_NAME(attn__cpu_load_row)
+#define attn__cpu_store_row ATTN__SIMD_NAME(attn__cpu_store_row)
+#define attn__vexp2 ATTN__SIMD_NAME(attn__vexp2)
+#define attn__dot ATTN__SIMD_NAME(attn__dot)
+#define attn__cpu_qk ATTN__SIMD_NAME(attn__cpu_qk)
+#define attn__cpu_pv ATTN__SIMD_NAME(attn__cpu_pv)
+#define attn__vload_kv ATTN__SIMD_NAME(attn__vload_kv)
+#define attn__cpu_qk_direct_dt ATTN__SIMD_NAME(attn__cpu_qk_direct_dt)
+#define attn__cpu_pv_direct_dt ATTN__SIMD_NAME(attn__cpu_pv_direct_dt)
+#define attn__cpu_qk_direct ATTN__SIMD_NAME(attn__cpu_qk_direct)
+#define attn__cpu_dot_bf16 ATTN__SIMD_NAME(attn__cpu_dot_bf16)
+#define attn__cpu_qk_bf16dot ATTN__SIMD_NAME(attn__cpu_qk_bf16dot)
+#define attn__cpu_q_to_bf16 ATTN__SIMD_NAME(attn__cpu_q_to_bf16)
+#define attn__cpu_pv_direct ATTN__SIMD_NAME(attn__cpu_pv_direct)
+#define attn__cpu_softmax_row ATTN__SIMD_NAME(attn__cpu_softmax_row)
+#if ATTN__SIMD_DISPATCH && ATTN__SIMD_BUILD != ATTN__SIMD_ID_C
+#define ATTN__SIMD_PASS ATTN__SIMD_ID_C
+#define ATTN__SIMD_SUFFIX _c
+#include ATTN_SELF_INCLUDE /* a renamed header: define ATTN_SELF_INCLUDE (or ATTN_NO_SIMD_DISPATCH) */
+#undef ATTN__SIMD_SUFFIX
+#undef ATTN__SIMD_PASS
+#endif
+#if ATTN__SIMD_DISPATCH && ATTN__SIMD_BUILD != ATTN__SIMD_ID_AVX2
+#define ATTN__SIMD_PASS ATTN__SIMD_ID_AVX2
+#define ATTN__SIMD_SUFFIX _avx2
+#include ATTN_SELF_INCLUDE
+#undef ATTN__SIMD_SUFFIX
+#undef ATTN__SIMD_PASS
+#endif
+#if ATTN__SIMD_DISPATCH && ATTN__SIMD_BUILD != ATTN__SIMD_ID_AVX512
+#define ATTN__SIMD_PASS ATTN__SIMD_ID_AVX512
+#define ATTN__SIMD_SUFFIX _avx512
+#include ATTN_SELF_INCLUDE
+#undef ATTN__SIMD_SUFFIX
+#undef ATTN__SIMD_PASS
+#endif
+#define ATTN__SIMD_SUFFIX _is_per_variant_call_it_through_ctx_cpu_kernels
+
+/* ---- which variant a context runs ------------------------------------------------------ */
+
+/* The variants compiled into this build, by id (NULL: not compiled). */
+static const attn__cpu_kernels *const attn__cpu_variants[3] = {
+#if ATTN__SIMD_DISPATCH || ATTN__SIMD_BUILD == ATTN__SIMD_ID_C
+    &attn__cpu_kernels_c,
+#else
+    NULL,
+#endif
+#if ATTN__SIMD_DISPATCH || ATTN__SIMD_BUILD == ATTN__SIMD_ID_AVX2
+    &attn__cpu_kernels_avx2,
+#else
+    NULL,
+#endif
+#if ATTN__SIMD_DISPATCH || ATTN__SIMD_BUILD == ATTN__SIMD_ID_AVX512
+    &attn__cpu_kernels_avx512
+#else
+    NULL
+#endif
+};
+
+/* Which variants this CPU runs (runs[id]) and the features that decide it, as text. x86
+   under gcc or clang asks the CPU: __builtin_cpu_supports, which also checks that the OS
+   saves the AVX / AVX-512 registers; F16C from cpuid (clang's builtin does not know it; AVX2
+   implies the OS part). The variants up to the build's own run by construction. */
+static void attn__cpu_features(int runs[3], char *cpu, size_t size) {
+    int i;
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+    static const char *const names[4] = {"avx512f", "avx2", "fma", "f16c"};
+    char have[40] = "", lack[40] = "";
+    size_t nh = 0, nl = 0;
+    int has[4];
+    __builtin_cpu_init();
+    has[0] = __builtin_cpu_supports("avx512f") != 0;
+    has[1] = __builtin_cpu_supports("avx2") != 0;
+    has[2] = __builtin_cpu_supports("fma") != 0;
+    {
+        unsigned eax, ebx, ecx = 0, edx;
+        has[3] = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) && has[1];
+    }
+    for (i = 0; i < 4; i++) {
+        if (has[i]) nh += (size_t)attn__fmt(have + nh, sizeof have - nh, "%s%s", nh ? " " : "", names[i]);
+        else nl += (size_t)attn__fmt(lack + nl, sizeof lack - nl, " %s", names[i]);
+    }
+    attn__fmt(cpu, size, "%s%s%s", have, nl ? (nh ? ", no" : "no") : "", lack); /* "avx2 fma f16c, no avx512f" */
+    runs[ATTN__SIMD_ID_AVX2] = has[1] && has[2] && has[3];
+    runs[ATTN__SIMD_ID_AVX512] = has[0] && has[1] && has[2] && has[3];
+#else
+    attn__strlcpy(cpu, "not probed", size);
+    runs[ATTN__SIMD_ID_AVX2] = runs[ATTN__SIMD_ID_AVX512] = 0;
+#endif
+    runs[ATTN__SIMD_ID_C] = 1;
+    for (i = 0; i <= ATTN__SIMD_BUILD; i++) runs[i] = 1;
+}
+
+/* At attn_context_create: the widest compiled variant the CPU runs, unless env
+   ATTN_CPU_SIMD names another that it runs (one that is not compiled in, or that the CPU
+   lacks, is one WARN, ATTN_LOG_ENV_INVALID, and the widest runs). Fills ctx->cpu_kernels,
+   platform.cpu_simd and platform.cpu_simd_reason. */
+static void attn__cpu_kernels_choose(attn_context *ctx) {
+    static const char *const names[3] = {"c", "avx2", "avx512"};
+    const char *env = attn__trim_env("ATTN_CPU_SIMD");
+    char cpu[64], compiled[32], why[112];
+    int runs[3], best = ATTN__SIMD_ID_C, pick, want = -1, i;
+    size_t used = 0;
+    attn__cpu_features(runs, cpu, sizeof cpu);
+    compiled[0] = 0;
+    for (i = 2; i >= 0; i--) {
+        if (!attn__cpu_variants[i]) continue;
+        used += (size_t)attn__fmt(compiled + used, sizeof compiled - used, "%s%s", used ? " " : "", names[i]);
+        if (runs[i] && best == ATTN__SIMD_ID_C) best = i;
+    }
+    if (!attn__cpu_variants[best]) best = ATTN__SIMD_BUILD; /* a build of one variant: that one */
+    pick = best;
+#if ATTN__SIMD_DISPATCH
+    attn__strlcpy(why, "the widest variant this CPU runs", sizeof why);
+#elif defined(ATTN_NO_SIMD)
+    attn__strlcpy(why, "the only variant compiled in (ATTN_NO_SIMD)", sizeof why);
+#elif defined(ATTN_NO_SIMD_DISPATCH)
+    attn__strlcpy(why, "the only variant compiled in (ATTN_NO_SIMD_DISPATCH: the build's flags choose)", sizeof why);
+#elif ATTN__SIMD_BUILD == ATTN__SIMD_ID_AVX512
+    attn__strlcpy(why, "the only variant compiled in (the build targets AVX-512)", sizeof why);
+#else
+    attn__strlcpy(why, "the only variant compiled in (no run-time choice with this compiler or CPU)", sizeof why);
+#endif
+    if (env && !attn__strieq(env, "auto")) {
+        for (i = 0; i < 3; i++)
+            if (attn__strieq(env, names[i])) want = i;
+        if (want < 0) {
+            attn__env_invalid(ctx, "ATTN_CPU_SIMD", env, "auto, avx512, avx2, c (case-insensitive)");
+        } else if (!attn__cpu_variants[want] || !runs[want]) {
+            const char *no = !attn__cpu_variants[want] ? "is not compiled into this build" : "cannot run on this CPU";
+            char w[112];
+            attn__log(ctx, ATTN_LOG_LEVEL_WARN, ATTN_LOG_ENV_INVALID,
+                      "ATTN_CPU_SIMD='%s' %s (cpu: %s; compiled: %s); running %s", env, no, cpu, compiled,
+                      names[pick]);
+            attn__fmt(w, sizeof w, "ATTN_CPU_SIMD=%s %s, so %s", names[want], no, why);
+            attn__strlcpy(why, w, sizeof why);
+        } else {
+            pick = want;
+            attn__fmt(why, sizeof why, "forced by ATTN_CPU_SIMD=%s", names[want]);
+        }
+    }
+    ctx->cpu_kernels = attn__cpu_variants[pick];
+    attn__strlcpy(ctx->platform.cpu_simd, names[pick], sizeof ctx->platform.cpu_simd);
+    attn__fmt(ctx->platform.cpu_simd_reason, sizeof ctx->platform.cpu_simd_reason, "%s; cpu: %s; compiled: %s",
+              why, cpu, compiled);
+}
+
+/* A row of n elements of type dt -> f32 through a variant's loops, zero-padded to npad. */
+static void attn__row_to_f32(const attn__cpu_kernels *k, const void *src, attn_dtype dt, float *dst, int n,
+                             int npad) {
+    int i;
+    k->load_row(src, dt, dst, n);
+    for (i = n; i < npad; i++) dst[i] = 0.0f;
+}
+
+static void attn__row_from_f32(const attn__cpu_kernels *k, const float *src, attn_dtype dt, void *dst, int n) {
+    k->store_row(src, dt, dst, n);
 }
 
 /* ---- schedule: the metadata's private part and the builder ------------------------------- */
@@ -5926,9 +6299,14 @@ static int attn__cpu_tile_keys(int heads) {
 #define ATTN__CPU_MAX_ROWS (1 << 20)
 
 static attn_status attn__cpu_meta_attach(attn_layer *layer, attn_metadata *meta, int64_t task_capacity,
-                                         int merge_capacity, int64_t rows_per_task, int tile_rows,
+                                         int merge_capacity, int64_t rows_per_task, int64_t tile_rows,
                                          int64_t partial_rows, int partial_dp, attn__cpu_meta **out) {
     attn__cpu_meta *cm = NULL;
+    if (tile_rows > ATTN__CPU_MAX_ROWS) /* K/V rows of a tile: KV heads x keys (the fuzzer's 1.8e9 heads) */
+        return attn__fail(layer->ctx, ATTN_ERROR_CAPACITY, ATTN_LOG_CAPACITY_EXCEEDED,
+                          "attn_metadata_create: a tile of the CPU schedule holds %lld K/V rows "
+                          "(num_kv_heads x its keys; allowed: at most %d)", (long long)tile_rows,
+                          ATTN__CPU_MAX_ROWS);
     if (task_capacity > ATTN__CPU_MAX_TASKS || rows_per_task > ATTN__CPU_MAX_ROWS ||
         partial_rows > (int64_t)ATTN__CPU_MAX_TASKS * 16)
         return attn__fail(layer->ctx, ATTN_ERROR_CAPACITY, ATTN_LOG_CAPACITY_EXCEEDED,
@@ -5943,7 +6321,7 @@ static attn_status attn__cpu_meta_attach(attn_layer *layer, attn_metadata *meta,
         cm->task_capacity = (int)task_capacity;
         cm->merge_capacity = merge_capacity;
         cm->rows_per_task = (int)rows_per_task;
-        cm->tile_rows = tile_rows;
+        cm->tile_rows = (int)tile_rows;
         cm->partial_capacity = (int)partial_rows;
         cm->partial_dp = partial_dp;
         cm->tasks = (attn__cpu_task *)attn__calloc((size_t)task_capacity, sizeof *cm->tasks);
@@ -6006,7 +6384,7 @@ static attn_status attn__cpu_metadata_init(const attn_backend *self, attn_layer 
     /* splits happen only while the batch has fewer than `want` base tasks, and at most
        ceil(want / base) per tile: fewer than 2 * want split tasks in all */
     st = attn__cpu_meta_attach(layer, meta, base + (int64_t)want * ATTN__CPU_MAX_SPLITS, want, rows,
-                               ATTN__MAX(ATTN__CPU_NT, d->num_kv_heads * attn__cpu_tile_keys(d->num_kv_heads)),
+                               ATTN__MAX(ATTN__CPU_NT, (int64_t)d->num_kv_heads * attn__cpu_tile_keys(d->num_kv_heads)),
                                2 * (int64_t)want * rows, attn__cpu_dp(d->head_size), &cm);
     if (st != ATTN_OK) return st;
     /* cascade rows: batches of at most max_num_reqs x decode_threshold tokens (decodes and
@@ -6269,7 +6647,7 @@ static void attn__cpu_store_rows(const attn__cpu_run *a, int req, int head0, int
         for (x = 0; x < a->dv; x++) tmp[x] = O[(size_t)i * (size_t)dp + x] * (w * inv);
         if (op)
             for (x = 0; x < a->dv; x++) tmp[x] += op[x] * (wp * inv);
-        attn__row_from_f32(tmp, a->out.dtype,
+        attn__row_from_f32(a->ctx->cpu_kernels, tmp, a->out.dtype,
                            (char *)a->out.data + (size_t)(tok * a->out.strides[0] + head * a->out.strides[1]) * osz,
                            a->dv);
         if (a->has_lse) ((float *)a->lse.data)[tok * a->lse.strides[0] + head * a->lse.strides[1]] = lse;
@@ -6308,18 +6686,17 @@ static float attn__cpu_row_scale(const attn__cpu_run *a, const int32_t *bt, int 
 
 static void attn__cpu_task_run(void *varg, int ti, int thread) {
     const attn__cpu_run *a = (const attn__cpu_run *)varg;
+    const attn__cpu_kernels *kern = a->ctx->cpu_kernels;
     const attn__cpu_task *tk = &a->cm->tasks[ti];
     const attn_layer_desc *d = &a->d;
     const attn_batch *b = a->b;
     int group = d->num_heads / d->num_kv_heads, dpk = a->dpk, dpv = a->dpv, dk = a->dk, dv = a->dv;
     int nheads = tk->head1 - tk->head0, per_head = (tk->tok1 - tk->tok0) * group;
     int rows = per_head * nheads, rp = (rows + 15) / 16 * 16;
-    int direct = per_head <= 8 && dk % ATTN__W == 0 && dv % ATTN__W == 0 && !a->v_in_k;
+    int direct = per_head <= 8 && dk % kern->width == 0 && dv % kern->width == 0 && !a->v_in_k;
     int nt_keys = direct ? attn__cpu_direct_tile_keys(nheads, a->dk, a->kv_dtype) : attn__cpu_tile_keys(nheads);
     const char *rows_a[ATTN__CPU_NT], *rows_b[ATTN__CPU_NT], *vp[ATTN__CPU_NT];
-#if ATTN__CPU_BF16_DOT_ON
-    int bf16dot = direct && a->kv_dtype == ATTN_DTYPE_BF16 && dk % 32 == 0;
-#endif
+    int bf16dot = kern->qk_bf16dot && direct && a->kv_dtype == ATTN_DTYPE_BF16 && dk % 32 == 0;
     const char **kp = rows_a, **kp_next = rows_b;  /* this tile's K rows, the next tile's */
     attn__cpu_pf pf;
     int ql = b->query_start_loc[tk->req + 1] - b->query_start_loc[tk->req];
@@ -6358,12 +6735,12 @@ static void attn__cpu_task_run(void *varg, int ti, int thread) {
         if (lo[i] < hi[i]) { kmin = ATTN__MIN(kmin, lo[i]); kmax = ATTN__MAX(kmax, hi[i]); }
         if (a->q_split) {
             size_t q2sz = attn_dtype_size(a->q2.dtype);
-            attn__row_to_f32((const char *)a->q.data + (size_t)((qs + t) * a->q.strides[0] + head * a->q.strides[1]) * qsz,
+            attn__row_to_f32(kern, (const char *)a->q.data + (size_t)((qs + t) * a->q.strides[0] + head * a->q.strides[1]) * qsz,
                              a->q.dtype, qr, a->q_split, a->q_split);
-            attn__row_to_f32((const char *)a->q2.data + (size_t)((qs + t) * a->q2.strides[0] + head * a->q2.strides[1]) * q2sz,
+            attn__row_to_f32(kern, (const char *)a->q2.data + (size_t)((qs + t) * a->q2.strides[0] + head * a->q2.strides[1]) * q2sz,
                              a->q2.dtype, qr + a->q_split, dk - a->q_split, dpk - a->q_split);
         } else {
-            attn__row_to_f32((const char *)a->q.data + (size_t)((qs + t) * a->q.strides[0] + head * a->q.strides[1]) * qsz,
+            attn__row_to_f32(kern, (const char *)a->q.data + (size_t)((qs + t) * a->q.strides[0] + head * a->q.strides[1]) * qsz,
                              a->q.dtype, qr, dk, dpk);
         }
         for (j = 0; j < dk; j++) qr[j] *= qscale;
@@ -6371,9 +6748,7 @@ static void attn__cpu_task_run(void *varg, int ti, int thread) {
         m[i] = -INFINITY;
         l[i] = 0.0f;
     }
-#if ATTN__CPU_BF16_DOT_ON
-    if (bf16dot) attn__cpu_q_to_bf16(Q, rows, dk, dpk, (uint16_t *)(void *)K); /* K is free here */
-#endif
+    if (bf16dot) kern->q_to_bf16(Q, rows, dk, dpk, (uint16_t *)(void *)K); /* K is free here */
     for (j0 = kmin; j0 < kmax; j0 += nt_keys) {
         int n = ATTN__MIN(nt_keys, kmax - j0), n_next;
         if (direct) { /* row pointers only; the kernels read and convert */
@@ -6387,14 +6762,11 @@ static void attn__cpu_task_run(void *varg, int ti, int thread) {
                 attn__cpu_pf_init(&pf, vp, n, nheads, head_bytes, (n + 3) / 4 * nheads);
             else
                 attn__cpu_pf_init(&pf, vp, n, 1, (size_t)nheads * head_bytes, (n + 3) / 4 * nheads);
-#if ATTN__CPU_BF16_DOT_ON
             if (bf16dot)
-                attn__cpu_qk_bf16dot((const uint16_t *)(const void *)K, per_head, nheads, kp, head_bytes, n,
-                                     dk, dpk, S, ATTN__CPU_NT, &pf);
+                kern->qk_bf16dot((const uint16_t *)(const void *)K, per_head, nheads, kp, head_bytes, n,
+                                 dk, dpk, S, ATTN__CPU_NT, &pf);
             else
-#endif
-            attn__cpu_qk_direct(Q, per_head, nheads, kp, head_bytes, n, dk, dpk, S, ATTN__CPU_NT,
-                                &pf, a->kv_dtype);
+                kern->qk_direct(Q, per_head, nheads, kp, head_bytes, n, dk, dpk, S, &pf, a->kv_dtype);
             n_next = ATTN__MIN(nt_keys, kmax - j0 - n);
             for (j = 0; j < n_next; j++) kp_next[j] = attn__cpu_krow(a, bt, j0 + n + j, tk->head0);
             attn__cpu_pf_init(&pf, kp_next, n_next, 1, (size_t)nheads * head_bytes, n * nheads);
@@ -6404,8 +6776,8 @@ static void attn__cpu_task_run(void *varg, int ti, int thread) {
                 for (h = 0; h < nheads; h++) {
                     float *kd = K + ((size_t)h * (size_t)nt_keys + (size_t)j) * (size_t)dpk;
                     float *vd = V + ((size_t)h * (size_t)nt_keys + (size_t)j) * (size_t)dpv;
-                    attn__row_to_f32(kr + (size_t)h * head_bytes, a->kv_dtype, kd, dk, dpk);
-                    if (!a->v_in_k) attn__row_to_f32(kr + (size_t)h * head_bytes + vdelta, a->kv_dtype, vd, dv, dpv);
+                    attn__row_to_f32(kern, kr + (size_t)h * head_bytes, a->kv_dtype, kd, dk, dpk);
+                    if (!a->v_in_k) attn__row_to_f32(kern, kr + (size_t)h * head_bytes + vdelta, a->kv_dtype, vd, dv, dpv);
                     if (a->row_scales) { /* codes * the row's scale */
                         float ks = attn__cpu_row_scale(a, bt, j0 + j, tk->head0 + h, 0);
                         float vs = attn__cpu_row_scale(a, bt, j0 + j, tk->head0 + h, 1);
@@ -6421,7 +6793,7 @@ static void attn__cpu_task_run(void *varg, int ti, int thread) {
             const float *Kh = K + (size_t)h * (size_t)nt_keys * (size_t)dpk;
             const float *Vh = a->v_in_k ? Kh : V + (size_t)h * (size_t)nt_keys * (size_t)dpv;
             int r0 = h * per_head, scaled = direct && a->row_scales;
-            if (!direct) attn__cpu_qk(Q + (size_t)r0 * (size_t)dpk, per_head, Kh, n, dpk, S + (size_t)r0 * ATTN__CPU_NT, ATTN__CPU_NT);
+            if (!direct) kern->qk(Q + (size_t)r0 * (size_t)dpk, per_head, Kh, n, dpk, S + (size_t)r0 * ATTN__CPU_NT, ATTN__CPU_NT);
             if (scaled) /* per-token-head scales of this head's rows: s *= k scale, then p *= v scale */
                 for (j = 0; j < n; j++) {
                     rscale[j] = attn__cpu_row_scale(a, bt, j0 + j, tk->head0 + h, 0);
@@ -6443,15 +6815,15 @@ static void attn__cpu_task_run(void *varg, int ti, int thread) {
                 if (j0 < lo[i] || j0 + n > hi[i])
                     for (j = 0; j < n; j++)
                         if (j0 + j < lo[i] || j0 + j >= hi[i]) s[j] = -INFINITY;
-                alpha[i] = attn__cpu_softmax_row(s, n, &m[i], &l[i]);
+                alpha[i] = kern->softmax_row(s, n, &m[i], &l[i]);
                 if (scaled) /* l counted the unscaled p */
                     for (j = 0; j < n; j++) s[j] *= rscale[ATTN__CPU_NT + j];
             }
             if (direct)
-                attn__cpu_pv_direct(Sh, ATTN__CPU_NT, per_head, vp, (size_t)h * head_bytes, n, dv, dpv,
-                                    O + (size_t)r0 * (size_t)dpv, alpha + r0, &pf, a->kv_dtype);
+                kern->pv_direct(Sh, per_head, vp, (size_t)h * head_bytes, n, dv, dpv, O + (size_t)r0 * (size_t)dpv,
+                                alpha + r0, &pf, a->kv_dtype);
             else
-                attn__cpu_pv(Sh, ATTN__CPU_NT, per_head, Vh, ldv, n, dpv, O + (size_t)r0 * (size_t)dpv, alpha + r0);
+                kern->pv(Sh, ATTN__CPU_NT, per_head, Vh, ldv, n, dpv, O + (size_t)r0 * (size_t)dpv, alpha + r0);
         }
     }
     if (a->v_scale != 1.0f) /* v = code * v_scale: O is linear in v */
@@ -6506,6 +6878,7 @@ static void attn__cpu_merge_run(void *varg, int mi, int thread) {
    units, with its base-2 (m, l) into prefix_partial[token][head] for attn__cpu_store_rows. */
 static void attn__cpu_prefix_run(void *varg, int pi, int thread) {
     const attn__cpu_run *a = (const attn__cpu_run *)varg;
+    const attn__cpu_kernels *kern = a->ctx->cpu_kernels;
     const attn__cpu_meta *cm = a->cm;
     const attn_layer_desc *d = &a->d;
     const attn_batch *b = a->b;
@@ -6524,7 +6897,7 @@ static void attn__cpu_prefix_run(void *varg, int pi, int thread) {
     for (i = 0; i < rows; i++) {
         const int tok = c0 + i / group, head = kh * group + i % group;
         float *qr = Q + (size_t)i * (size_t)dpk;
-        attn__row_to_f32((const char *)a->q.data + (size_t)((tok - a->row0) * a->q.strides[0] + head * a->q.strides[1]) * qsz,
+        attn__row_to_f32(kern, (const char *)a->q.data + (size_t)((tok - a->row0) * a->q.strides[0] + head * a->q.strides[1]) * qsz,
                          a->q.dtype, qr, a->dk, dpk);
         for (x = 0; x < a->dk; x++) qr[x] *= qscale;
         memset(O + (size_t)i * (size_t)dpv, 0, (size_t)dpv * sizeof(float));
@@ -6536,8 +6909,8 @@ static void attn__cpu_prefix_run(void *varg, int pi, int thread) {
         for (j = 0; j < n; j++) { /* K and V rows of the tile in f32, per-token-head scales applied */
             const char *kr = attn__cpu_krow(a, b->block_table, j0 + j, kh);
             float *kd = K + (size_t)j * (size_t)dpk, *vd = V + (size_t)j * (size_t)dpv;
-            attn__row_to_f32(kr, a->kv_dtype, kd, a->dk, dpk);
-            attn__row_to_f32(kr + vdelta, a->kv_dtype, vd, a->dv, dpv);
+            attn__row_to_f32(kern, kr, a->kv_dtype, kd, a->dk, dpk);
+            attn__row_to_f32(kern, kr + vdelta, a->kv_dtype, vd, a->dv, dpv);
             if (a->row_scales) {
                 const float ks = attn__cpu_row_scale(a, b->block_table, j0 + j, kh, 0);
                 const float vs = attn__cpu_row_scale(a, b->block_table, j0 + j, kh, 1);
@@ -6545,7 +6918,7 @@ static void attn__cpu_prefix_run(void *varg, int pi, int thread) {
                 for (x = 0; x < a->dv; x++) vd[x] *= vs;
             }
         }
-        attn__cpu_qk(Q, rows, K, n, dpk, S, ATTN__CPU_NT);
+        kern->qk(Q, rows, K, n, dpk, S, ATTN__CPU_NT);
         req = 0; /* rows are in token order: a row's request only moves forward */
         for (i = 0; i < rows; i++) {
             float *sr = S + (size_t)i * ATTN__CPU_NT;
@@ -6560,9 +6933,9 @@ static void attn__cpu_prefix_run(void *varg, int pi, int thread) {
                 slope = a->alibi[head] * ATTN__LOG2E;
                 for (j = 0; j < n; j++) sr[j] += slope * ((float)(j0 + j) - pos);
             }
-            alpha[i] = attn__cpu_softmax_row(sr, n, &m[i], &l[i]);
+            alpha[i] = kern->softmax_row(sr, n, &m[i], &l[i]);
         }
-        attn__cpu_pv(S, ATTN__CPU_NT, rows, V, dpv, n, dpv, O, alpha);
+        kern->pv(S, ATTN__CPU_NT, rows, V, dpv, n, dpv, O, alpha);
     }
     for (i = 0; i < rows; i++) {
         const int tok = c0 + i / group, head = kh * group + i % group;
@@ -7037,6 +7410,7 @@ typedef struct attn__cpu_sparse {
 
 static void attn__cpu_sparse_run(void *varg, int task, int thread) {
     const attn__cpu_sparse *a = (const attn__cpu_sparse *)varg;
+    const attn__cpu_kernels *kern = a->ctx->cpu_kernels;
     const attn_layer_desc *d = a->d;
     const int t = task / a->groups, h0 = (task % a->groups) * ATTN__CPU_SPARSE_HEADS;
     const int h1 = ATTN__MIN(d->num_heads, h0 + ATTN__CPU_SPARSE_HEADS);
@@ -7044,7 +7418,8 @@ static void attn__cpu_sparse_run(void *varg, int task, int thread) {
     const int32_t *bt = a->b->block_table + (size_t)r * (size_t)a->b->block_table_stride;
     const int32_t *ix = (const int32_t *)a->idx.data + (size_t)t * (size_t)a->idx.strides[0];
     const size_t rb = attn__mla_row_bytes(d), qsz = attn_dtype_size(a->q.dtype), osz = attn_dtype_size(a->out.dtype);
-    float *K = a->ctx->scratch[thread], *S = K + (size_t)a->topk * (size_t)D, *o = S + ATTN__CPU_SPARSE_CHUNK;
+    float *K = a->ctx->scratch[thread], *S = K + (size_t)a->topk * (size_t)D;
+    float *o = S + ATTN__CPU_SPARSE_HEADS * ATTN__CPU_SPARSE_CHUNK;
     int n = 0, k, h, j, x;
     for (k = 0; k < a->topk; k++) { /* gather the valid rows */
         const int p = ix[k];
@@ -7055,7 +7430,7 @@ static void attn__cpu_sparse_run(void *varg, int task, int thread) {
         if (d->kv_cache_dtype == ATTN_DTYPE_FP8_DS_MLA) {
             attn__ds_mla_row_load((const uint8_t *)row, dst, a->e4m3);
         } else {
-            attn__row_to_f32(row, d->kv_cache_dtype, dst, D, D);
+            attn__row_to_f32(kern, row, d->kv_cache_dtype, dst, D, D);
             if (a->k_scale != 1.0f)
                 for (x = 0; x < D; x++) dst[x] *= a->k_scale;
         }
@@ -7063,43 +7438,40 @@ static void attn__cpu_sparse_run(void *varg, int task, int thread) {
     }
     { /* keys in chunks that stay in L2 across the group's heads: online softmax per head */
         const int nh = h1 - h0;
-        float *Q = o, *O = Q + (size_t)nh * (size_t)D, *M = O + (size_t)nh * (size_t)R, *L = M + nh;
+        float *Q = o, *O = Q + (size_t)nh * (size_t)D, *M = O + (size_t)nh * (size_t)R, *L = M + nh, *A = L + nh;
         for (h = 0; h < nh; h++) { /* the group's query rows (f32), running max, sum and output */
             const char *qr = (const char *)a->q.data + (size_t)(t * a->q.strides[0] + (h0 + h) * a->q.strides[1]) * qsz;
             float *qf2 = Q + (size_t)h * (size_t)D;
             if (a->has_q2) {
                 const char *pr = (const char *)a->q2.data + (size_t)(t * a->q2.strides[0] + (h0 + h) * a->q2.strides[1]) * qsz;
-                attn__row_to_f32(qr, a->q.dtype, qf2, R, R);
-                attn__row_to_f32(pr, a->q2.dtype, qf2 + R, D - R, D - R);
+                attn__row_to_f32(kern, qr, a->q.dtype, qf2, R, R);
+                attn__row_to_f32(kern, pr, a->q2.dtype, qf2 + R, D - R, D - R);
             } else {
-                attn__row_to_f32(qr, a->q.dtype, qf2, D, D);
+                attn__row_to_f32(kern, qr, a->q.dtype, qf2, D, D);
             }
             M[h] = -INFINITY;
             L[h] = 0.0f;
             for (x = 0; x < R; x++) O[(size_t)h * (size_t)R + x] = 0.0f;
         }
-        for (k = 0; k < n; k += ATTN__CPU_SPARSE_CHUNK) {
+        for (k = 0; k < n; k += ATTN__CPU_SPARSE_CHUNK) { /* the group's rows against the chunk */
             const int kn = ATTN__MIN(ATTN__CPU_SPARSE_CHUNK, n - k);
-            for (h = 0; h < nh; h++) {
-                float mx = M[h], alpha, *oh = O + (size_t)h * (size_t)R;
+            const float *Kc = K + (size_t)k * (size_t)D;
+            kern->qk(Q, nh, Kc, kn, D, S, ATTN__CPU_SPARSE_CHUNK); /* S[h][j] = q_h . k_j */
+            for (h = 0; h < nh; h++) { /* each head's online softmax step */
+                float mx = M[h], *s = S + (size_t)h * ATTN__CPU_SPARSE_CHUNK;
                 for (j = 0; j < kn; j++) {
-                    S[j] = attn__dot(Q + (size_t)h * (size_t)D, K + (size_t)(k + j) * (size_t)D, D) * d->scale;
-                    mx = ATTN__MAX(mx, S[j]);
+                    s[j] *= d->scale;
+                    mx = ATTN__MAX(mx, s[j]);
                 }
-                alpha = M[h] == -INFINITY ? 0.0f : expf(M[h] - mx);
-                if (alpha != 1.0f) {
-                    const attn__vf av = attn__vset1(alpha);
-                    for (x = 0; x < R; x += ATTN__W) attn__vst(oh + x, attn__vmul(av, attn__vld(oh + x)));
-                }
-                L[h] *= alpha;
+                A[h] = M[h] == -INFINITY ? 0.0f : expf(M[h] - mx);
+                L[h] *= A[h];
                 M[h] = mx;
                 for (j = 0; j < kn; j++) {
-                    const float pj = expf(S[j] - mx), *kv = K + (size_t)(k + j) * (size_t)D;
-                    const attn__vf pv = attn__vset1(pj);
-                    L[h] += pj;
-                    for (x = 0; x < R; x += ATTN__W) attn__vst(oh + x, attn__vfma(pv, attn__vld(kv + x), attn__vld(oh + x)));
+                    s[j] = expf(s[j] - mx);
+                    L[h] += s[j];
                 }
             }
+            kern->pv(S, ATTN__CPU_SPARSE_CHUNK, nh, Kc, D, kn, R, O, A); /* O = O A + P . (the keys' first R) */
         }
         for (h = 0; h < nh; h++) { /* the sink joins the denominator; out and lse */
             float m = M[h], l = L[h], w = 1.0f, inv, lse, *oh = O + (size_t)h * (size_t)R;
@@ -7112,7 +7484,7 @@ static void attn__cpu_sparse_run(void *varg, int task, int thread) {
             }
             inv = l > 0.0f && n > 0 ? w / l : 0.0f; /* no key: out 0 (a sink alone weighs nothing) */
             for (x = 0; x < R; x++) oh[x] *= inv;
-            attn__row_from_f32(oh, a->out.dtype, orow, R);
+            attn__row_from_f32(kern, oh, a->out.dtype, orow, R);
             lse = l > 0.0f || l != l ? m + logf(l) : -INFINITY; /* NaN: a NaN score */
             if (a->has_lse) ((float *)a->lse.data)[t * a->lse.strides[0] + (h0 + h) * a->lse.strides[1]] = lse;
         }
@@ -7145,9 +7517,10 @@ static attn_status attn__cpu_mla_forward_sparse(const attn_backend *self, attn_l
     a.kv = (const char *)kv_cache->data;
     for (i = 0; i < 256; i++) a.e4m3[i] = attn_fp8_e4m3_to_f32((uint8_t)i);
     if ((st = attn__kv_scales(layer->ctx, d, "attn_mla_forward_sparse", &a.k_scale, &vs)) != ATTN_OK) return st;
-    /* K [topk][D], S [chunk], then the group's Q [heads][D], O [heads][R], M, L */
-    st = attn__scratch_reserve(layer->ctx, (size_t)a.topk * (size_t)d->head_size + ATTN__CPU_SPARSE_CHUNK +
-                                               (size_t)ATTN__CPU_SPARSE_HEADS * (size_t)(d->head_size + d->kv_lora_rank + 2) + 64);
+    /* K [topk][D], S [heads][chunk], then the group's Q [heads][D], O [heads][R], M, L, alpha */
+    st = attn__scratch_reserve(layer->ctx, (size_t)a.topk * (size_t)d->head_size +
+                                               ATTN__CPU_SPARSE_HEADS * ATTN__CPU_SPARSE_CHUNK +
+                                               (size_t)ATTN__CPU_SPARSE_HEADS * (size_t)(d->head_size + d->kv_lora_rank + 3) + 64);
     if (st != ATTN_OK) return st;
     attn__pool_run(layer->ctx->pool, attn__cpu_sparse_run, &a, a.b->num_actual_tokens * a.groups);
     return ATTN_OK;
@@ -7156,25 +7529,27 @@ static attn_status attn__cpu_mla_forward_sparse(const attn_backend *self, attn_l
 /* ---- projections: C = A . B through the attention kernels -------------------------------- */
 
 /* B (rows x cols, of dtype dt, row stride ldb elements) -> dst f32 with row stride ldd. */
-static void attn__cpu_matrix_to_f32(const void *src, attn_dtype dt, int rows, int cols, int64_t ldb,
-                                float *dst, int ldd) {
+static void attn__cpu_matrix_to_f32(const attn__cpu_kernels *k, const void *src, attn_dtype dt, int rows,
+                                    int cols, int64_t ldb, float *dst, int ldd) {
     int r;
     size_t esz = attn_dtype_size(dt);
     for (r = 0; r < rows; r++)
-        attn__row_to_f32((const char *)src + (size_t)r * (size_t)ldb * esz, dt, dst + (size_t)r * (size_t)ldd, cols, ldd);
+        attn__row_to_f32(k, (const char *)src + (size_t)r * (size_t)ldb * esz, dt, dst + (size_t)r * (size_t)ldd, cols, ldd);
 }
 
 /* C[M][N] (row stride N, a multiple of W) = A[M][K] (ld lda) . B[K][N] (ld N): the PV
    kernel starting from zero. */
-static void attn__cpu_gemm_nn(const float *A, int lda, int M, const float *B, int K, int N, float *C) {
-    attn__cpu_pv(A, lda, M, B, N, K, N, C, NULL);
+static void attn__cpu_gemm_nn(const attn__cpu_kernels *k, const float *A, int lda, int M, const float *B, int K,
+                              int N, float *C) {
+    k->pv(A, lda, M, B, N, K, N, C, NULL);
 }
 
 /* C[M][N] (ld ldc) = A[M][K] (ld K) . B[N][K]^T (ld K): the QK kernel, in strips of keys. */
-static void attn__cpu_gemm_nt(const float *A, int M, const float *B, int N, int K, float *C, int ldc) {
+static void attn__cpu_gemm_nt(const attn__cpu_kernels *k, const float *A, int M, const float *B, int N, int K,
+                              float *C, int ldc) {
     int n0;
     for (n0 = 0; n0 < N; n0 += ATTN__CPU_NT)
-        attn__cpu_qk(A, M, B + (size_t)n0 * (size_t)K, ATTN__MIN(ATTN__CPU_NT, N - n0), K, C + n0, ldc);
+        k->qk(A, M, B + (size_t)n0 * (size_t)K, ATTN__MIN(ATTN__CPU_NT, N - n0), K, C + n0, ldc);
 }
 
 /* The LSE merge of one row: (o, l) and (ob, lb), base-e LSEs; result into (o, l). */
@@ -7223,6 +7598,7 @@ typedef struct attn__cpu_mla_prefill_run {
 /* Up-projects the chunk for one head: K = [lat . W_UK[h]^T | k_pe], V = lat . W_UV[h]. */
 static void attn__cpu_mla_project(void *varg, int h, int thread) {
     const attn__cpu_mla_prefill_run *a = (const attn__cpu_mla_prefill_run *)varg;
+    const attn__cpu_kernels *kern = a->layer->ctx->cpu_kernels;
     const attn_layer_desc *d = &a->layer->desc;
     int R = d->kv_lora_rank, P = d->qk_rope_head_dim, N = d->qk_nope_head_dim, Vd = d->v_head_dim;
     int n = a->c1 - a->c0, j;
@@ -7232,20 +7608,21 @@ static void attn__cpu_mla_project(void *varg, int h, int thread) {
     size_t esz = attn_dtype_size(uk.dtype);
     float *K = a->kw + (size_t)h * (size_t)a->chunk * (size_t)a->dpk;
     float *V = a->vw + (size_t)h * (size_t)a->chunk * (size_t)a->dpv;
-    attn__cpu_matrix_to_f32((const char *)uk.data + (size_t)(h * uk.strides[0]) * esz, uk.dtype, N, R, uk.strides[1], wk, R);
-    attn__cpu_matrix_to_f32((const char *)uv.data + (size_t)(h * uv.strides[0]) * esz, uv.dtype, R, Vd, uv.strides[1], wv, a->dpv);
-    attn__cpu_gemm_nt(a->latc, n, wk, N, R, K, a->dpk);        /* K_nope = latent . W_UK[h]^T */
+    attn__cpu_matrix_to_f32(kern, (const char *)uk.data + (size_t)(h * uk.strides[0]) * esz, uk.dtype, N, R, uk.strides[1], wk, R);
+    attn__cpu_matrix_to_f32(kern, (const char *)uv.data + (size_t)(h * uv.strides[0]) * esz, uv.dtype, R, Vd, uv.strides[1], wv, a->dpv);
+    attn__cpu_gemm_nt(kern, a->latc, n, wk, N, R, K, a->dpk);        /* K_nope = latent . W_UK[h]^T */
     for (j = 0; j < n; j++) {                               /* K = [K_nope | k_pe] */
         int x;
         memcpy(K + (size_t)j * (size_t)a->dpk + N, a->latpe + (size_t)j * (size_t)P, (size_t)P * sizeof(float));
         for (x = N + P; x < a->dpk; x++) K[(size_t)j * (size_t)a->dpk + x] = 0.0f;
     }
-    attn__cpu_gemm_nn(a->latc, R, n, wv, R, a->dpv, V);       /* V = latent . W_UV[h] */
+    attn__cpu_gemm_nn(kern, a->latc, R, n, wv, R, a->dpv, V);       /* V = latent . W_UV[h] */
 }
 
 /* Attention of one (head, query tile) against the chunk, merged into the running state. */
 static void attn__cpu_mla_attend(void *varg, int task, int thread) {
     const attn__cpu_mla_prefill_run *a = (const attn__cpu_mla_prefill_run *)varg;
+    const attn__cpu_kernels *kern = a->layer->ctx->cpu_kernels;
     const attn_layer_desc *d = &a->layer->desc;
     const attn_batch *b = a->b;
     int H = d->num_heads, h = task / a->ntiles, tile = task % a->ntiles;
@@ -7269,12 +7646,12 @@ static void attn__cpu_mla_attend(void *varg, int task, int thread) {
         size_t qsz = attn_dtype_size(a->q.dtype);
         if (a->q_split) {
             size_t q2sz = attn_dtype_size(a->q2.dtype);
-            attn__row_to_f32((const char *)a->q.data + (size_t)((tok - a->row0) * a->q.strides[0] + h * a->q.strides[1]) * qsz,
+            attn__row_to_f32(kern, (const char *)a->q.data + (size_t)((tok - a->row0) * a->q.strides[0] + h * a->q.strides[1]) * qsz,
                              a->q.dtype, qr, a->q_split, a->q_split);
-            attn__row_to_f32((const char *)a->q2.data + (size_t)((tok - a->row0) * a->q2.strides[0] + h * a->q2.strides[1]) * q2sz,
+            attn__row_to_f32(kern, (const char *)a->q2.data + (size_t)((tok - a->row0) * a->q2.strides[0] + h * a->q2.strides[1]) * q2sz,
                              a->q2.dtype, qr + a->q_split, dk - a->q_split, a->dpk - a->q_split);
         } else {
-            attn__row_to_f32((const char *)a->q.data + (size_t)((tok - a->row0) * a->q.strides[0] + h * a->q.strides[1]) * qsz,
+            attn__row_to_f32(kern, (const char *)a->q.data + (size_t)((tok - a->row0) * a->q.strides[0] + h * a->q.strides[1]) * qsz,
                              a->q.dtype, qr, dk, a->dpk);
         }
         for (j = 0; j < dk; j++) qr[j] *= qscale;
@@ -7284,15 +7661,15 @@ static void attn__cpu_mla_attend(void *varg, int task, int thread) {
     }
     for (j0 = a->c0; j0 < ATTN__MIN(a->c1, lim); j0 += ATTN__CPU_NT) {
         n = ATTN__MIN(ATTN__CPU_NT, ATTN__MIN(a->c1, lim) - j0);
-        attn__cpu_qk(Q, rows, K + (size_t)(j0 - a->c0) * (size_t)a->dpk, n, a->dpk, S, ATTN__CPU_NT);
+        kern->qk(Q, rows, K + (size_t)(j0 - a->c0) * (size_t)a->dpk, n, a->dpk, S, ATTN__CPU_NT);
         for (i = 0; i < rows; i++) {
             float *s = S + (size_t)i * ATTN__CPU_NT;
             int hi = attn__dcp_len(a->cap, sl - ql + t0 + i + 1); /* the row sees local keys [0, hi) */
             if (j0 + n > hi)
                 for (j = 0; j < n; j++) if (j0 + j >= hi) s[j] = -INFINITY;
-            alpha[i] = attn__cpu_softmax_row(s, n, &m[i], &l[i]);
+            alpha[i] = kern->softmax_row(s, n, &m[i], &l[i]);
         }
-        attn__cpu_pv(S, ATTN__CPU_NT, rows, V + (size_t)(j0 - a->c0) * (size_t)a->dpv, a->dpv, n, a->dpv, O, alpha);
+        kern->pv(S, ATTN__CPU_NT, rows, V + (size_t)(j0 - a->c0) * (size_t)a->dpv, a->dpv, n, a->dpv, O, alpha);
     }
     /* this chunk's partial (normalised output, base-e LSE) merged into the running state */
     for (i = 0; i < rows; i++) {
@@ -7370,8 +7747,8 @@ static attn_status attn__cpu_mla_prefill(attn_layer *layer, const attn_metadata 
                 for (j = c0; j < c1; j++) {
                     size_t blk = (size_t)bt[j / d->block_size], off = (size_t)(j % d->block_size);
                     const char *row = (const char *)kv_cache->data + (blk * (size_t)d->block_size + off) * (size_t)LD * csz;
-                    attn__row_to_f32(row, d->kv_cache_dtype, ws.latc + (size_t)(j - c0) * (size_t)R, R, R);
-                    attn__row_to_f32(row + (size_t)R * csz, d->kv_cache_dtype, ws.latpe + (size_t)(j - c0) * (size_t)P, P, P);
+                    attn__row_to_f32(layer->ctx->cpu_kernels, row, d->kv_cache_dtype, ws.latc + (size_t)(j - c0) * (size_t)R, R, R);
+                    attn__row_to_f32(layer->ctx->cpu_kernels, row + (size_t)R * csz, d->kv_cache_dtype, ws.latpe + (size_t)(j - c0) * (size_t)P, P, P);
                     if (ks != 1.0f) { /* fp8: latent = code * scale */
                         float *lc = ws.latc + (size_t)(j - c0) * (size_t)R, *lp = ws.latpe + (size_t)(j - c0) * (size_t)P;
                         int x;
@@ -7388,7 +7765,7 @@ static attn_status attn__cpu_mla_prefill(attn_layer *layer, const attn_metadata 
                 int tok = a.state_row0 + i, h;
                 for (h = 0; h < H; h++) {
                     const float *sr = ws.state + ((size_t)i * (size_t)H + (size_t)h) * (size_t)(a.dpv + 1);
-                    attn__row_from_f32(sr, o.dtype,
+                    attn__row_from_f32(layer->ctx->cpu_kernels, sr, o.dtype,
                                        (char *)o.data + (size_t)((tok - out_row0) * o.strides[0] + h * o.strides[1]) * osz,
                                        d->v_head_dim);
                     if (lse) ((float *)ls.data)[(tok - out_row0) * ls.strides[0] + h * ls.strides[1]] = sr[a.dpv];
@@ -7480,6 +7857,7 @@ typedef struct attn__cpu_mla_proj {
 
 static void attn__cpu_mla_proj_run(void *varg, int h, int thread) {
     const attn__cpu_mla_proj *a = (const attn__cpu_mla_proj *)varg;
+    const attn__cpu_kernels *kern = a->layer->ctx->cpu_kernels;
     const attn_layer_desc *d = &a->layer->desc;
     int H = d->num_heads, R = d->kv_lora_rank, N = d->qk_nope_head_dim, Vd = d->v_head_dim;
     int dpv = attn__cpu_dp(Vd), t;
@@ -7489,24 +7867,24 @@ static void attn__cpu_mla_proj_run(void *varg, int h, int thread) {
     if (a->absorb) { /* q_latent[t][h] = q_nope[t][h] . W_UK[h]   ([N] x [N][R]) */
         float *w = base, *A = w + (size_t)N * (size_t)R, *C = A + (size_t)a->td * (size_t)N;
         size_t ssz = attn_dtype_size(a->src.dtype);
-        attn__cpu_matrix_to_f32(wh, a->w.dtype, N, R, a->w.strides[1], w, R);
+        attn__cpu_matrix_to_f32(kern, wh, a->w.dtype, N, R, a->w.strides[1], w, R);
         for (t = 0; t < a->td; t++)
-            attn__row_to_f32((const char *)a->src.data + (size_t)(t * a->src.strides[0] + h * a->src.strides[1]) * ssz,
+            attn__row_to_f32(kern, (const char *)a->src.data + (size_t)(t * a->src.strides[0] + h * a->src.strides[1]) * ssz,
                              a->src.dtype, A + (size_t)t * (size_t)N, N, N);
-        attn__cpu_gemm_nn(A, N, a->td, w, N, R, C);
+        attn__cpu_gemm_nn(kern, A, N, a->td, w, N, R, C);
         for (t = 0; t < a->td; t++)
             memcpy(a->dst_f32 + ((size_t)t * (size_t)H + (size_t)h) * (size_t)R, C + (size_t)t * (size_t)R,
                    (size_t)R * sizeof(float));
     } else { /* out[t][h] = o_latent[t][h] . W_UV[h]   ([R] x [R][Vd]) */
         float *w = base, *A = w + (size_t)R * (size_t)dpv, *C = A + (size_t)a->td * (size_t)R;
         size_t osz = attn_dtype_size(a->dst.dtype);
-        attn__cpu_matrix_to_f32(wh, a->w.dtype, R, Vd, a->w.strides[1], w, dpv);
+        attn__cpu_matrix_to_f32(kern, wh, a->w.dtype, R, Vd, a->w.strides[1], w, dpv);
         for (t = 0; t < a->td; t++)
             memcpy(A + (size_t)t * (size_t)R, a->src_f32 + ((size_t)t * (size_t)H + (size_t)h) * (size_t)R,
                    (size_t)R * sizeof(float));
-        attn__cpu_gemm_nn(A, R, a->td, w, R, dpv, C);
+        attn__cpu_gemm_nn(kern, A, R, a->td, w, R, dpv, C);
         for (t = 0; t < a->td; t++)
-            attn__row_from_f32(C + (size_t)t * (size_t)dpv, a->dst.dtype,
+            attn__row_from_f32(kern, C + (size_t)t * (size_t)dpv, a->dst.dtype,
                                (char *)a->dst.data + (size_t)(t * a->dst.strides[0] + h * a->dst.strides[1]) * osz, Vd);
     }
 }
@@ -17754,6 +18132,7 @@ static const char *const *attn__kernel_source_lines(const char *name) {
 #endif /* ATTN_NO_CUDA */
 /* >>kernels-end */
 
+#endif /* !ATTN__SIMD_PASS */
 #endif /* ATTN_IMPLEMENTATION_DONE */
 #endif /* ATTN_IMPLEMENTATION */
 

@@ -39,6 +39,9 @@ class BuildPackage(build_py):
         cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
         if not cc:
             raise RuntimeError("attn_h: no C compiler found (set CC, or install gcc or clang)")
+        # No -march: the library must run on any machine of this architecture (a wheel moves).
+        # On x86-64 the header compiles its AVX-512, AVX2 and plain-C loops side by side and
+        # each context runs the widest its CPU has (attn.h, CPU INNER LOOPS).
         cmd = [cc, "-std=c99", "-O2", "-fPIC", "-shared", "-I", ROOT,
                os.path.join(ROOT, "python", "attn_shared.c"), "-o", os.path.join(pkg, "libattn.so"),
                "-lpthread", "-lm", "-ldl"]

@@ -168,6 +168,7 @@ class attn_platform(C.Structure):
         ("cuda_library", C.c_char * 256),         # the file each library was opened as
         ("nvrtc_library", C.c_char * 256),
         ("cublas_library", C.c_char * 256),
+        ("cpu_simd_reason", C.c_char * 192),     # why cpu_simd (CPU features, ATTN_CPU_SIMD)
     ]
 
 

@@ -43,7 +43,7 @@ static const attn_py_layout_entry attn_py__layout[] = {
     F(attn_platform, nvrtc_version), F(attn_platform, nvrtc_reason),
     F(attn_platform, cublas_version), F(attn_platform, cublas_reason), F(attn_platform, cuda_tma),
     F(attn_platform, cuda_tma_reason), F(attn_platform, cuda_library), F(attn_platform, nvrtc_library),
-    F(attn_platform, cublas_library),
+    F(attn_platform, cublas_library), F(attn_platform, cpu_simd_reason),
 
     S(attn_layer_desc), F(attn_layer_desc, num_heads), F(attn_layer_desc, num_kv_heads),
     F(attn_layer_desc, head_size), F(attn_layer_desc, dtype), F(attn_layer_desc, kv_cache_dtype),

@@ -28,6 +28,7 @@ static void *attn_test_realloc(void *p, size_t n) { attn_test_count(); return re
 void suite_types(void);       /* tests/test_forward.c */
 void suite_forward(void);     /* tests/test_forward.c */
 void suite_bf16dot(void);     /* tests/test_bf16dot.c */
+void suite_simd(void);        /* tests/test_simd.c */
 void suite_selector(void);    /* tests/test_selector.c */
 void suite_validation(void);  /* tests/test_validation.c */
 void suite_regress(void);     /* tests/test_regress.c */
@@ -60,6 +61,7 @@ int main(int argc, char **argv) {
     SUITE(suite_types);
     SUITE(suite_forward);
     SUITE(suite_bf16dot);
+    SUITE(suite_simd);
     SUITE(suite_selector);
     SUITE(suite_validation);
     SUITE(suite_regress);

@@ -73,6 +73,20 @@ need header-c99-avx2 gcc && \
 check header-c99-avx2    gcc -std=c99 -Wall -Wextra -Wpedantic -Werror -O2 -mavx2 -mfma -mf16c -I. -c "$hdr/t.c" -o "$hdr/e.o"
 need header-c99-static gcc && \
 check header-c99-static  gcc -std=c99 -Wall -Wextra -Wpedantic -Werror -DATTN_STATIC -Wno-unused-function -I. -c "$hdr/t.c" -o "$hdr/f.o"
+# The SIMD variants: compile-time choice only (ATTN_NO_SIMD_DISPATCH); the header including
+# itself per variant from another directory than the includer's, and as a renamed copy
+# (ATTN_SELF_INCLUDE)
+need header-c99-no-dispatch gcc && \
+check header-c99-no-dispatch gcc -std=c99 -Wall -Wextra -Wpedantic -Werror -O2 -DATTN_NO_SIMD_DISPATCH -I. -c "$hdr/t.c" -o "$hdr/h.o"
+self_include() {
+    mkdir -p "$hdr/inc" "$hdr/src" && cp attn.h "$hdr/inc/attn.h" && cp attn.h "$hdr/inc/attn_copy.h" &&
+    printf '#define ATTN_IMPLEMENTATION\n#include "../inc/attn.h"\nint main(void){return 0;}\n' >"$hdr/src/a.c" &&
+    printf '#define ATTN_IMPLEMENTATION\n#define ATTN_SELF_INCLUDE "attn_copy.h"\n#include "attn_copy.h"\nint main(void){return 0;}\n' >"$hdr/src/b.c" &&
+    gcc -std=c99 -Wall -Wextra -Wpedantic -Werror -c "$hdr/src/a.c" -o "$hdr/i.o" &&
+    clang -std=c99 -Wall -Wextra -Wpedantic -Werror -I "$hdr/inc" -c "$hdr/src/b.c" -o "$hdr/j.o" &&
+    nm "$hdr/i.o" | grep -q 'attn__cpu_kernels_avx512' && nm "$hdr/j.o" | grep -q 'attn__cpu_kernels_avx2'
+}
+need header-self-include clang && check header-self-include self_include
 # ATTN_NO_CUDA removes the CUDA path whole: loaders, their state, the embedded kernels (the
 # object keeps under half the full one's size; tests-plain-c-no-cuda checks that no library
 # is opened)
@@ -117,7 +131,8 @@ run mla-kernels ./build/cuda_kernels --mla --cases 0
 
 run tests-native ./build/attn_tests
 if grep -q ' avx2 ' /proc/cpuinfo && grep -q ' fma ' /proc/cpuinfo && grep -q ' f16c ' /proc/cpuinfo; then
-    run tests-avx2 env ATTN_TEST_SCALE=0.5 ./build/attn_tests_avx2
+    # the build also has the avx512 variant, which an AVX-512 CPU would pick: force avx2
+    run tests-avx2 env ATTN_TEST_SCALE=0.5 ATTN_CPU_SIMD=avx2 ./build/attn_tests_avx2
 else
     skip tests-avx2 "this CPU lacks AVX2/FMA/F16C"
 fi
@@ -165,7 +180,7 @@ elif ! python3 -c 'import numpy' >/dev/null 2>&1; then skip pip-install "numpy n
 elif ! venv_probe; then skip pip-install "python3 -m venv cannot make a venv with pip (python3-venv not installed)"
 else
     check pip-install bash tests/pip_check.sh
-    grep -E '^(sdist|import ok|pip install)' "$logs/pip-install.log" | sed 's/^/    /'
+    grep -E '^(sdist|import ok|pip install|pip build decode)' "$logs/pip-install.log" | sed 's/^/    /'
 fi
 
 # The pytest suite of python/attn_h.py, one check (its torch and CUDA parts skip themselves).
@@ -191,6 +206,19 @@ check demo ./build/paged_decode
 check demo-device-named bash -c './build/paged_decode --device gpu 2>&1 >/dev/null; [ $? -eq 2 ] &&
     ./build/paged_decode --device gpu 2>&1 | grep -q "allowed: auto, cpu, cuda"'
 check attn-info ./build/attn-info
+# A build without -march flags (pip's: cc -std=c99 -O2) runs the widest SIMD variant this CPU
+# has (/proc/cpuinfo's flags), says why, and runs another one when ATTN_CPU_SIMD asks
+simd_dispatch() {
+    local want=c bin=build/attn-info-plain
+    grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo && grep -qw f16c /proc/cpuinfo && want=avx2
+    [ "$want" = avx2 ] && grep -qw avx512f /proc/cpuinfo && want=avx512
+    cc -std=c99 -Wall -Wextra -Wpedantic -Werror -O2 -I. tools/attn-info.c -o "$bin" -lpthread -lm -ldl &&
+    "$bin" 2>/dev/null | tee /dev/stderr | grep -qx "  cpu_simd: $want" &&
+    "$bin" 2>/dev/null | grep -q '^  cpu_simd_reason: the widest variant this CPU runs; cpu: .*; compiled: avx512 avx2 c$' &&
+    ATTN_CPU_SIMD=c "$bin" 2>/dev/null | grep -qx '  cpu_simd: c'
+}
+if [ "$(uname -m)" = x86_64 ]; then check simd-dispatch-plain-build simd_dispatch
+else skip simd-dispatch-plain-build "not an x86-64 machine (one variant compiled)"; fi
 check attn-info-env-unknown bash -c '! ATTN_BACKEND=nope ./build/attn-info'
 # the 8-bit caches' records: fp8 per tensor, int8 / e4m3 per token and head; bad mixes exit 2
 check attn-info-8bit-caches bash -c '

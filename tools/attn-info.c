@@ -50,7 +50,8 @@ static void usage(FILE *f) {
             "  --help                 this text\n"
             "\n"
             "environment: ATTN_BACKEND (force a backend by name), ATTN_LOG_LEVEL,\n"
-            "ATTN_NUM_THREADS.\n"
+            "ATTN_NUM_THREADS, ATTN_CPU_SIMD (auto | avx512 | avx2 | c: the CPU inner loops;\n"
+            "the platform's cpu_simd and cpu_simd_reason say which run and why).\n"
             "exit status: 0 resolved, 1 resolution failed (the record says why), 2 bad flags.\n",
             prog);
 }
