@@ -1,4 +1,4 @@
-/* attn.h - v0.17.0 - paged attention and MLA for C/C++, portable C and CUDA (NVRTC)
+/* attn.h - v0.18.0 - paged attention and MLA for C/C++, portable C and CUDA (NVRTC)
    MIT license (the LICENSE file beside this one, and the end of this file): copy it into
    your project freely; keep the copyright notice.
 
@@ -445,6 +445,17 @@
               AVX-512: 109 -> 10.5 ms; make's 10.0); attn_platform gains cpu_simd_reason
               (at the end), env ATTN_CPU_SIMD forces a variant, ATTN_NO_SIMD_DISPATCH /
               ATTN_SIMD_DISPATCH / ATTN_SELF_INCLUDE configure it (CPU INNER LOOPS).
+              Defects found from outside (issue 37): an MLA decode's split count under DCP
+              follows the rank's local keys (CPU_MLA wrote past its split rows; a libFuzzer
+              target over DCP worlds, tests/fuzz_dcp.c); NaN inputs propagate on every
+              backend (a NaN score makes the row's out and LSE NaN; attn_merge_attn_states
+              and attn_dcp_combine now treat a NaN LSE as NaN, not as empty: +inf and -inf
+              still mean empty); the CPU skips cascade under ATTN_BATCH_INVARIANT; sinks join
+              in natural logs (a finite sink past FLT_MAX / log2 e gave LSE -inf); outputs
+              that share memory with an input are refused by name (in place: out = q, the
+              merges' out = an input and lse = an input's lse, exactly); a CPU forward of
+              little work runs on the calling thread alone; NVRTC >= 12.9 gets --no-cache
+              (its own cache served compiles without a ptxas report); LICENSE file.
 
    LICENSE: MIT, see the end of the file.
 */
@@ -452,9 +463,9 @@
 #define ATTN_H
 
 #define ATTN_VERSION_MAJOR 0
-#define ATTN_VERSION_MINOR 17
+#define ATTN_VERSION_MINOR 18
 #define ATTN_VERSION_PATCH 0
-#define ATTN_VERSION_STRING "0.17.0"
+#define ATTN_VERSION_STRING "0.18.0"
 
 #include <stddef.h>
 #include <stdint.h>
