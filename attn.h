@@ -3191,13 +3191,16 @@ static attn_status attn__check_output_tensor(attn_context *ctx, const char *fn, 
     return ATTN_OK;
 }
 
-/* The bytes [*lo, *hi) a view spans (0, 0 for an empty or data-less view). */
-static void attn__tensor_span(const attn_tensor *t, uintptr_t *lo, uintptr_t *hi) {
+/* The bytes [*lo, *hi) of the first `rows` rows of a view (rows < 0: all; 0, 0 for no
+   rows, an empty or a data-less view): a call touches only the rows its batch has, and a
+   view may be longer than the memory behind it past them. */
+static void attn__tensor_span(const attn_tensor *t, int64_t rows, uintptr_t *lo, uintptr_t *hi) {
     attn_tensor r = attn__tensor_resolved(t);
     uint64_t last = 0;
     int i;
     *lo = *hi = 0;
     if (!r.data || r.ndim < 1) return;
+    if (rows >= 0 && rows < r.shape[0]) r.shape[0] = rows;
     for (i = 0; i < r.ndim; i++) {
         if (r.shape[i] <= 0) return;
         if (r.strides[i] > 0) last += (uint64_t)(r.shape[i] - 1) * (uint64_t)r.strides[i];
@@ -3220,19 +3223,22 @@ static int attn__tensor_same_view(const attn_tensor *a, const attn_tensor *b) {
    reads one while writing the other would read what it wrote (out on q or on the cache,
    lse on out): the spans of out and of each named tensor are disjoint, or (where `same` is
    set for that one) the two are exactly the same view, which the call supports in place.
-   NULL entries are skipped. Both on one device (an address on another is another space). */
-typedef struct attn__other { const char *name; const attn_tensor *t; int same; } attn__other;
+   NULL entries are skipped. Both on one device (an address on another is another space).
+   Only the rows the call touches count: `rows` of every token-indexed tensor (out, q, k, v,
+   lse, indices: the batch's tokens), the metadata's blocks of a cache, every row (-1) of
+   the others (weights; the merges' inputs) — `rows` in attn__other too. */
+typedef struct attn__other { const char *name; const attn_tensor *t; int same; int64_t rows; } attn__other;
 static attn_status attn__check_disjoint(attn_context *ctx, const char *fn, const char *name, const attn_tensor *out,
-                                        const attn__other *others, int n) {
+                                        int64_t rows, const attn__other *others, int n) {
     uintptr_t lo, hi, l2, h2;
     int i;
     if (!out) return ATTN_OK;
-    attn__tensor_span(out, &lo, &hi);
+    attn__tensor_span(out, rows, &lo, &hi);
     if (lo == hi) return ATTN_OK;
     for (i = 0; i < n; i++) {
         const attn_tensor *t = others[i].t;
         if (!t || t->device.kind != out->device.kind) continue;
-        attn__tensor_span(t, &l2, &h2);
+        attn__tensor_span(t, others[i].rows, &l2, &h2);
         if (l2 == h2 || h2 <= lo || hi <= l2) continue;
         if (others[i].same && attn__tensor_same_view(out, t)) continue;
         return attn__fail(ctx, ATTN_ERROR_SHAPE_MISMATCH, ATTN_LOG_TENSOR_LAYOUT,
@@ -5085,8 +5091,8 @@ static attn_status attn__check_kv_write(attn_layer *layer, const char *fn, const
     if (st == ATTN_OK) st = attn__check_tensor(layer->ctx, fn, "value", value, d->dtype, 3, shape, dev);
     if (st == ATTN_OK) st = attn__check_kv_cache(layer, fn, kv_cache, 0);
     if (st == ATTN_OK) { /* the cache written on neither input */
-        const attn__other o[2] = {{"key", key, 0}, {"value", value, 0}};
-        st = attn__check_disjoint(layer->ctx, fn, "kv_cache", kv_cache, o, 2);
+        const attn__other o[2] = {{"key", key, 0, num_tokens}, {"value", value, 0, num_tokens}};
+        st = attn__check_disjoint(layer->ctx, fn, "kv_cache", kv_cache, -1, o, 2);
     }
     if (st != ATTN_OK || !slots) return st;
     return attn__check_slots(layer, fn, kv_cache, slots, num_tokens);
@@ -5129,8 +5135,8 @@ static attn_status attn__check_latent_write(attn_layer *layer, const char *fn, c
     if (st == ATTN_OK) st = attn__check_tensor(layer->ctx, fn, "k_pe", k_pe, d->dtype, 2, shape, layer->backend->device);
     if (st == ATTN_OK) st = attn__check_kv_cache(layer, fn, kv_cache, 0);
     if (st == ATTN_OK) { /* the cache written on neither input */
-        const attn__other o[2] = {{"kv_c", kv_c, 0}, {"k_pe", k_pe, 0}};
-        st = attn__check_disjoint(layer->ctx, fn, "kv_cache", kv_cache, o, 2);
+        const attn__other o[2] = {{"kv_c", kv_c, 0, num_tokens}, {"k_pe", k_pe, 0, num_tokens}};
+        st = attn__check_disjoint(layer->ctx, fn, "kv_cache", kv_cache, -1, o, 2);
     }
     if (st != ATTN_OK || !slots) return st;
     return attn__check_slots(layer, fn, kv_cache, slots, num_tokens);
@@ -11730,10 +11736,11 @@ ATTN_API attn_status attn_layer_forward(attn_layer *layer, const attn_metadata *
         if (st != ATTN_OK) return st;
     }
     { /* out may be q itself (rows are read before they are written), nothing else */
-        const attn__other o[5] = {{"q", q, 1}, {"k", k, 0}, {"v", v, 0}, {"kv_cache", kv_cache, 0}, {"lse", lse, 0}};
-        const attn__other l[4] = {{"q", q, 0}, {"k", k, 0}, {"v", v, 0}, {"kv_cache", kv_cache, 0}};
-        if ((st = attn__check_disjoint(ctx, fn, "out", out, o, 5)) != ATTN_OK) return st;
-        if ((st = attn__check_disjoint(ctx, fn, "lse", lse, l, 4)) != ATTN_OK) return st;
+        attn__other o[5] = {{"q", q, 1, ntok}, {"k", k, 0, ntok}, {"v", v, 0, ntok},
+                            {"kv_cache", kv_cache, 0, meta->cap.num_blocks}, {"lse", lse, 0, ntok}};
+        if ((st = attn__check_disjoint(ctx, fn, "out", out, ntok, o, 5)) != ATTN_OK) return st;
+        o[0].same = 0;
+        if ((st = attn__check_disjoint(ctx, fn, "lse", lse, ntok, o, 4)) != ATTN_OK) return st;
     }
     if ((st = attn__dcp_need_lse(meta, fn, lse)) != ATTN_OK) return st;
     if ((st = attn__check_graph(layer, meta, fn, stream, ATTN__PART_ALL)) != ATTN_OK) return st;
@@ -11803,9 +11810,10 @@ static attn_status attn__check_latent_call(attn_layer *layer, const attn_metadat
                         "%s: kv_cache.shape[0] is %lld (allowed: >= num_blocks %lld of the metadata)",
                         fn, (long long)kv_cache->shape[0], (long long)meta->cap.num_blocks);
     if (st == ATTN_OK) { /* the outputs on no input and not on each other */
-        const attn__other o[4] = {{"q", q, 0}, {"q_pe", q_pe, 0}, {"kv_cache", kv_cache, 0}, {"lse", lse, 0}};
-        st = attn__check_disjoint(ctx, fn, "out_latent", out_latent, o, 4);
-        if (st == ATTN_OK) st = attn__check_disjoint(ctx, fn, "lse", lse, o, 3);
+        const attn__other o[4] = {{"q", q, 0, rows}, {"q_pe", q_pe, 0, rows},
+                                  {"kv_cache", kv_cache, 0, meta->cap.num_blocks}, {"lse", lse, 0, rows}};
+        st = attn__check_disjoint(ctx, fn, "out_latent", out_latent, rows, o, 4);
+        if (st == ATTN_OK) st = attn__check_disjoint(ctx, fn, "lse", lse, rows, o, 3);
     }
     return st;
 }
@@ -11874,9 +11882,9 @@ ATTN_API attn_status attn_mla_forward_sparse(attn_layer *layer, const attn_metad
                           ATTN__SPARSE_TOPK_MAX);
     st = attn__check_tensor(ctx, fn, "indices", indices, ATTN_DTYPE_INT32, 2, shape, dev);
     if (st == ATTN_OK) {
-        const attn__other o[1] = {{"indices", indices, 0}};
-        st = attn__check_disjoint(ctx, fn, "out_latent", out_latent, o, 1);
-        if (st == ATTN_OK) st = attn__check_disjoint(ctx, fn, "lse", lse, o, 1);
+        const attn__other o[1] = {{"indices", indices, 0, nt}};
+        st = attn__check_disjoint(ctx, fn, "out_latent", out_latent, nt, o, 1);
+        if (st == ATTN_OK) st = attn__check_disjoint(ctx, fn, "lse", lse, nt, o, 1);
     }
     if (st == ATTN_OK && dev == ATTN_DEVICE_CPU) st = attn__sparse_indices_check(meta, indices, fn);
     if (st == ATTN_OK) st = attn__sinks_check(ctx, &layer->desc, fn);
@@ -11939,10 +11947,11 @@ ATTN_API attn_status attn_mla_forward_mha(attn_layer *layer, const attn_metadata
     if (st == ATTN_OK && lse) st = attn__check_output_tensor(ctx, fn, "lse", lse);
     if (st == ATTN_OK) st = attn__check_mla_weights(layer, meta, fn, kv_cache, w_uk, w_uv);
     if (st == ATTN_OK) { /* the outputs on no input and not on each other */
-        const attn__other o[5] = {{"q", q, 0}, {"kv_cache", kv_cache, 0}, {"w_uk", w_uk, 0}, {"w_uv", w_uv, 0},
-                                  {"lse", lse, 0}};
-        st = attn__check_disjoint(ctx, fn, "out", out, o, 5);
-        if (st == ATTN_OK) st = attn__check_disjoint(ctx, fn, "lse", lse, o, 4);
+        const int64_t tp = meta->mla.num_prefill_tokens;
+        const attn__other o[5] = {{"q", q, 0, tp}, {"kv_cache", kv_cache, 0, meta->cap.num_blocks},
+                                  {"w_uk", w_uk, 0, -1}, {"w_uv", w_uv, 0, -1}, {"lse", lse, 0, tp}};
+        st = attn__check_disjoint(ctx, fn, "out", out, tp, o, 5);
+        if (st == ATTN_OK) st = attn__check_disjoint(ctx, fn, "lse", lse, tp, o, 4);
     }
     if (st != ATTN_OK) return st;
     if ((st = attn__dcp_need_lse(meta, fn, lse)) != ATTN_OK) return st;
@@ -12017,10 +12026,13 @@ ATTN_API attn_status attn_mla_forward(attn_layer *layer, const attn_metadata *me
         if (st != ATTN_OK) return st;
     }
     { /* out on no input; the cache (written when kv_c is given) on no other argument */
-        const attn__other o[7] = {{"q_nope", q_nope, 0}, {"q_pe", q_pe, 0}, {"w_uk", w_uk, 0}, {"w_uv", w_uv, 0},
-                                  {"kv_c", kv_c, 0}, {"k_pe", k_pe, 0}, {"kv_cache", kv_cache, 0}};
-        if ((st = attn__check_disjoint(ctx, fn, "out", out, o, 7)) != ATTN_OK) return st;
-        if (kv_c && (st = attn__check_disjoint(ctx, fn, "kv_cache", kv_cache, o, 4)) != ATTN_OK) return st;
+        const int64_t nt = b->num_actual_tokens;
+        const attn__other o[7] = {{"q_nope", q_nope, 0, nt}, {"q_pe", q_pe, 0, nt}, {"w_uk", w_uk, 0, -1},
+                                  {"w_uv", w_uv, 0, -1}, {"kv_c", kv_c, 0, nt}, {"k_pe", k_pe, 0, nt},
+                                  {"kv_cache", kv_cache, 0, meta->cap.num_blocks}};
+        if ((st = attn__check_disjoint(ctx, fn, "out", out, nt, o, 7)) != ATTN_OK) return st;
+        if (kv_c && (st = attn__check_disjoint(ctx, fn, "kv_cache", kv_cache, meta->cap.num_blocks, o, 4)) != ATTN_OK)
+            return st;
     }
     if ((st = attn__check_graph(layer, meta, fn, stream, ATTN__PART_ALL)) != ATTN_OK) return st;
     return layer->backend->mla_forward(layer->backend, layer, meta, q_nope, q_pe, kv_c, k_pe,
@@ -12089,11 +12101,12 @@ ATTN_API attn_status attn_merge_attn_states(attn_context *ctx, const attn_tensor
     if (st == ATTN_OK && lse) st = attn__check_tensor(ctx, fn, "lse", lse, ATTN_DTYPE_F32, 2, shape, dev);
     if (st == ATTN_OK && lse) st = attn__check_output_tensor(ctx, fn, "lse", lse);
     if (st == ATTN_OK) { /* in place: out on out_a or out_b, lse on lse_a or lse_b, exactly */
-        const attn__other o[5] = {{"out_a", out_a, 1}, {"out_b", out_b, 1}, {"lse_a", lse_a, 0}, {"lse_b", lse_b, 0},
-                                  {"lse", lse, 0}};
-        const attn__other l[4] = {{"lse_a", lse_a, 1}, {"lse_b", lse_b, 1}, {"out_a", out_a, 0}, {"out_b", out_b, 0}};
-        st = attn__check_disjoint(ctx, fn, "out", out, o, 5);
-        if (st == ATTN_OK) st = attn__check_disjoint(ctx, fn, "lse", lse, l, 4);
+        const attn__other o[5] = {{"out_a", out_a, 1, -1}, {"out_b", out_b, 1, -1}, {"lse_a", lse_a, 0, -1},
+                                  {"lse_b", lse_b, 0, -1}, {"lse", lse, 0, -1}};
+        const attn__other l[4] = {{"lse_a", lse_a, 1, -1}, {"lse_b", lse_b, 1, -1}, {"out_a", out_a, 0, -1},
+                                  {"out_b", out_b, 0, -1}};
+        st = attn__check_disjoint(ctx, fn, "out", out, -1, o, 5);
+        if (st == ATTN_OK) st = attn__check_disjoint(ctx, fn, "lse", lse, -1, l, 4);
     }
     if (st != ATTN_OK) return st;
     return be->merge_attn_states(be, ctx, out_a, lse_a, base_a, out_b, lse_b, base_b, out, lse,
@@ -12144,13 +12157,13 @@ ATTN_API attn_status attn_dcp_combine(attn_context *ctx, int n, const attn_tenso
         attn__other o[3], l[3];
         snprintf(on, sizeof on, "outs[%d]", i);
         snprintf(ln, sizeof ln, "lses[%d]", i);
-        o[0].name = on; o[0].t = outs[i]; o[0].same = i == 0;
-        o[1].name = ln; o[1].t = lses[i]; o[1].same = 0;
-        o[2].name = "lse"; o[2].t = lse; o[2].same = 0;
+        o[0].name = on; o[0].t = outs[i]; o[0].same = i == 0; o[0].rows = -1;
+        o[1].name = ln; o[1].t = lses[i]; o[1].same = 0; o[1].rows = -1;
+        o[2].name = "lse"; o[2].t = lse; o[2].same = 0; o[2].rows = -1;
         l[0] = o[0]; l[0].same = 0;
         l[1] = o[1]; l[1].same = i == 0;
-        st = attn__check_disjoint(ctx, fn, "out", out, o, 3);
-        if (st == ATTN_OK) st = attn__check_disjoint(ctx, fn, "lse", lse, l, 2);
+        st = attn__check_disjoint(ctx, fn, "out", out, -1, o, 3);
+        if (st == ATTN_OK) st = attn__check_disjoint(ctx, fn, "lse", lse, -1, l, 2);
     }
     if (st != ATTN_OK) return st;
 #ifndef ATTN_NO_CUDA

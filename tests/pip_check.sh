@@ -25,7 +25,7 @@ py="$tmp/venv/bin/python"
 
 # the source tree a user would get: the files MANIFEST.in names
 mkdir -p "$tmp/src/python"
-cp "$root"/{attn.h,README.md,setup.py,pyproject.toml,MANIFEST.in} "$tmp/src/"
+cp "$root"/{attn.h,README.md,LICENSE,setup.py,pyproject.toml,MANIFEST.in} "$tmp/src/"
 cp "$root"/python/{attn_h.py,attn_shared.c} "$tmp/src/python/"
 "$py" -m pip install -q build                # PyPA's sdist/wheel builder (its own isolated env)
 "$py" -m build -q --sdist --outdir "$tmp/sdist" "$tmp/src" >/dev/null
