@@ -722,20 +722,20 @@ ATTN_TEST(found_local_communicator_without_gpu_named) {
 #include <pthread.h>
 #include <time.h>
 
-static volatile int fp_stop;
+static int fp_stop; /* both through __atomic builtins: the spinning thread and the test's */
 static double fp_now(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
-static volatile long fp_count;
+static long fp_count;
 static void *fp_spin(void *arg) { /* a compute-bound neighbour (a PyTorch op between attention calls) */
     volatile double x = 1.0;
     (void)arg;
-    while (!fp_stop) {
+    while (!__atomic_load_n(&fp_stop, __ATOMIC_RELAXED)) {
         int i;
         for (i = 0; i < 2000; i++) x = x * 1.0000001 + 1e-9;
-        fp_count++;
+        __atomic_fetch_add(&fp_count, 1, __ATOMIC_RELAXED);
     }
     return NULL;
 }
@@ -785,8 +785,8 @@ ATTN_TEST(found_small_forwards_leave_neighbour_cores) {
         for (i = 0; i < 8 * 4 * 64; i++) q[i] = fd_rand(&seed);
         for (i = 0; i < 56 * 2 * 16 * 2 * 64; i++) c[i] = fd_rand(&seed);
     }
-    fp_stop = 0;
-    fp_count = 0;
+    __atomic_store_n(&fp_stop, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&fp_count, 0, __ATOMIC_RELAXED);
     if (pthread_create(&th, NULL, fp_spin, NULL) != 0) { free(q); free(o); free(c); fn_close(&w); SKIP("no thread"); }
     for (k = 0; k < 9; k++) {
         double rate[2];
@@ -796,16 +796,16 @@ ATTN_TEST(found_small_forwards_leave_neighbour_cores) {
             attn_tensor tc = attn_tensor_make(c, ATTN_DTYPE_F32, 5, sc);
             volatile double x = 1.0;
             double t0 = fp_now(), t1;
-            long n0 = fp_count;
+            long n0 = __atomic_load_n(&fp_count, __ATOMIC_RELAXED);
             while ((t1 = fp_now()) - t0 < 0.05) {
                 if (phase) EXPECT_OK(attn_layer_forward(w.layer, w.meta, &tq, NULL, NULL, &tc, &to, NULL, NULL));
                 else for (i = 0; i < 2000; i++) x = x * 1.0000001 + 1e-9;
             }
-            rate[phase] = (double)(fp_count - n0) / (t1 - t0);
+            rate[phase] = (double)(__atomic_load_n(&fp_count, __ATOMIC_RELAXED) - n0) / (t1 - t0);
         }
         ratio[k] = rate[1] / rate[0];
     }
-    fp_stop = 1;
+    __atomic_store_n(&fp_stop, 1, __ATOMIC_RELAXED);
     pthread_join(th, NULL);
     for (i = 0; i < 9; i++) /* sort: the median */
         for (k = i + 1; k < 9; k++)
